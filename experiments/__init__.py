@@ -1,0 +1,1 @@
+"""One module per experiment; each registers its schema and function on import."""

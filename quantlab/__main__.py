@@ -1,0 +1,74 @@
+"""Hydra entry point: ``python -m quantlab +exp=<name> [group=option ...] [key=value ...]``."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from quantlab.config import register_all, to_config
+from quantlab.experiment import ExperimentResult, RunContext, lookup, registered
+from quantlab.progress import set_progress
+from quantlab.report import publish, write_report
+from quantlab.report.io import atomic_write_text
+
+DONE_MARKER = "DONE"
+
+register_all()
+
+
+def _usage() -> str:
+    names = sorted(registered())
+    lines = ["quantlab: choose an experiment with +exp=<name>. Available experiments:"]
+    lines += [f"  python -m quantlab +exp={n}" for n in names]
+    lines.append("Groups and options: python -m quantlab --help")
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | None:
+    """Run the experiment chosen in ``cfg`` and write its report into ``output_dir``.
+
+    A folder that already holds a finished run (its DONE marker) is not run again: this is how
+    a sweep rerun in the same folder skips finished jobs.
+    """
+    if cfg.get("exp") is None:
+        print(_usage())
+        return None
+    output_dir = Path(output_dir)
+    if (output_dir / DONE_MARKER).exists():
+        print(f"quantlab: {output_dir} already holds a finished run; skipped", file=sys.stderr)
+        return None
+    conf = to_config(cfg)
+    set_progress(conf.progress)
+    if conf.seed is not None:
+        import numpy as np
+        import torch
+
+        random.seed(conf.seed)
+        np.random.seed(conf.seed)
+        torch.manual_seed(conf.seed)
+    entry = lookup(type(conf.exp))
+    ctx = RunContext(platform=conf.platform, model=conf.model, data=conf.data, seed=conf.seed,
+                     output_dir=output_dir)
+    result = entry.fn(conf.exp, ctx)
+    write_report(result, output_dir, command, OmegaConf.to_yaml(cfg, resolve=True))
+    if conf.publish_dir:
+        publish(output_dir, Path(conf.publish_dir))
+    atomic_write_text(output_dir / DONE_MARKER, "")
+    return result
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    command = "python -m quantlab " + " ".join(hc.overrides.task)
+    run(cfg, Path(hc.runtime.output_dir), command)
+
+
+if __name__ == "__main__":
+    main()

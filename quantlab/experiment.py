@@ -1,0 +1,94 @@
+"""Experiments: a schema dataclass, one function, a registry keyed by the schema's type.
+
+An experiment composes library calls and returns an ``ExperimentResult``: a tidy table (one row
+per measurement, one column per parameter and metric) plus what the shared report code needs to
+draw plots and write ``report.md``. Experiments never write files or plot by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from quantlab.report.plots import Plot
+
+
+@dataclass
+class RunContext:
+    """What an experiment may use besides its own config."""
+
+    platform: Any  # quantlab.platforms.PlatformConfig
+    model: Any  # quantlab.models.schema.ModelConfig
+    data: Any  # quantlab.data.schema.DataConfig
+    seed: int | None
+    output_dir: Path
+    sweep_value: dict[str, Any] = field(default_factory=dict)  # overrides of this job
+
+
+@dataclass
+class ExperimentResult:
+    """A tidy ``table`` plus the report's findings, extra tables and plots."""
+
+    table: pd.DataFrame
+    title: str
+    findings: list[str] = field(default_factory=list)  # sentences with numbers, shown first
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # extra tables (also CSV)
+    plots: list[Plot] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # method notes shown after the tables
+
+
+ExperimentFn = Callable[[Any, RunContext], ExperimentResult]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    schema: type
+    fn: ExperimentFn
+
+
+_REGISTRY: dict[type, _Entry] = {}
+
+
+def experiment(schema: type, name: str) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Register ``fn`` as the experiment for configs of type ``schema`` (``+exp=<name>``)."""
+
+    def register(fn: ExperimentFn) -> ExperimentFn:
+        _REGISTRY[schema] = _Entry(name, schema, fn)
+        return fn
+
+    return register
+
+
+def lookup(schema_type: type) -> _Entry:
+    """The experiment registered for a config type; LookupError lists the known ones."""
+    load_all()
+    try:
+        return _REGISTRY[schema_type]
+    except KeyError:
+        known = ", ".join(sorted(e.name for e in _REGISTRY.values()))
+        raise LookupError(
+            f"no experiment is registered for config type {schema_type.__name__}; "
+            f"known experiments: {known}"
+        ) from None
+
+
+def registered() -> dict[str, _Entry]:
+    load_all()
+    return {e.name: e for e in _REGISTRY.values()}
+
+
+def load_all() -> None:
+    """Import every module of the ``experiments`` package so that each registers itself."""
+    import importlib
+    import pkgutil
+
+    import experiments
+
+    for info in pkgutil.iter_modules(experiments.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"experiments.{info.name}")

@@ -1,0 +1,108 @@
+"""Plots drawn from a tidy table by one shared function (experiments never plot by hand)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+class PlotKind(enum.Enum):
+    LINE = "line"
+    SCATTER = "scatter"
+    BAR = "bar"  # horizontal bars: y is the value, x the category (ranked top to bottom)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure made from a table: a panel per ``facet`` value, a series per ``hue`` value.
+
+    ``xlabel``/``ylabel`` must carry units (e.g. "W (pixels)", "max error (output LSB)").
+    ``table`` names an extra table of the result (default: the main results table).
+    ``vlines`` names a column of that table holding x positions to mark with dotted lines,
+    drawn per facet and hue (e.g. a LUT's dividing points).
+    ``reference`` names a column plotted as a dashed black line (e.g. a predicted law).
+    """
+
+    name: str
+    x: str
+    y: str
+    xlabel: str
+    ylabel: str
+    title: str = ""
+    hue: str | None = None
+    facet: str | None = None
+    kind: PlotKind = PlotKind.LINE
+    logx: bool = False
+    logy: bool = False
+    table: str | None = None
+    vlines: str | None = None
+    reference: str | None = None
+    max_facets: int = 12
+
+
+def draw(plot: Plot, df: pd.DataFrame):
+    """Return a matplotlib Figure for ``plot`` drawn from ``df``."""
+    for col in (plot.x, plot.y, plot.hue, plot.facet, plot.vlines, plot.reference):
+        if col is not None and col not in df.columns:
+            raise KeyError(f"plot {plot.name!r}: column {col!r} not in table columns "
+                           f"{list(df.columns)}")
+    facets = [None] if plot.facet is None else list(dict.fromkeys(df[plot.facet]))
+    facets = facets[: plot.max_facets]
+    n = len(facets)
+    ncol = min(n, 3)
+    nrow = (n + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.8 * nrow), squeeze=False)
+    for ax, fv in zip(axes.flat, facets, strict=False):
+        sub = df if fv is None else df[df[plot.facet] == fv]
+        _draw_panel(ax, plot, sub)
+        ax.set_title(f"{plot.facet} = {fv}" if fv is not None else plot.title, fontsize=10)
+        if plot.kind is PlotKind.BAR:  # horizontal bars: the value runs along x
+            ax.set_xlabel(plot.ylabel)
+            ax.set_ylabel(plot.xlabel)
+        else:
+            ax.set_xlabel(plot.xlabel)
+            ax.set_ylabel(plot.ylabel)
+        if plot.logx:
+            ax.set_xscale("log")
+        if plot.logy:
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    if plot.title and plot.facet is not None:
+        fig.suptitle(plot.title)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
+    groups = [(None, sub)] if plot.hue is None else list(sub.groupby(plot.hue, sort=False))
+    if plot.kind is PlotKind.BAR:
+        labels = sub[plot.x].astype(str).tolist()
+        ax.barh(range(len(labels)), sub[plot.y].to_numpy(), color="tab:blue")
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.invert_yaxis()
+        return
+    for key, g in groups:
+        g = g.sort_values(plot.x) if plot.kind is PlotKind.LINE else g
+        label = None if key is None else str(key)
+        if plot.kind is PlotKind.LINE:
+            (line,) = ax.plot(g[plot.x], g[plot.y], marker="." if len(g) < 40 else None,
+                              label=label)
+        else:
+            line = ax.scatter(g[plot.x], g[plot.y], s=14, label=label)
+        if plot.vlines is not None:
+            color = line.get_color() if hasattr(line, "get_color") else None
+            for xv in pd.unique(g[plot.vlines].dropna()):
+                ax.axvline(float(xv), color=color, ls=":", lw=0.8, alpha=0.7)
+    if plot.reference is not None:
+        r = sub[[plot.x, plot.reference]].dropna().drop_duplicates().sort_values(plot.x)
+        ax.plot(r[plot.x], r[plot.reference], "k--", lw=1, label=plot.reference)
+    if plot.hue is not None or plot.reference is not None:
+        ax.legend(fontsize=7, title=plot.hue, title_fontsize=7)

