@@ -48,11 +48,16 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         import torch
 
         random.seed(conf.seed)
-        np.random.seed(conf.seed)
+        np.random.seed(conf.seed)  # noqa: NPY002 (legacy global RNG, seeded for user code)
         torch.manual_seed(conf.seed)
     entry = lookup(type(conf.exp))
-    ctx = RunContext(platform=conf.platform, model=conf.model, data=conf.data, seed=conf.seed,
-                     output_dir=output_dir)
+    ctx = RunContext(
+        platform=conf.platform,
+        model=conf.model,
+        data=conf.data,
+        seed=conf.seed,
+        output_dir=output_dir,
+    )
     result = entry.fn(conf.exp, ctx)
     write_report(result, output_dir, command, OmegaConf.to_yaml(cfg, resolve=True))
     if conf.publish_dir:

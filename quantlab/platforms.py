@@ -65,7 +65,7 @@ class PlatformConfig:
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
-    int16_matmul_coarsen: bool = True  # coarsen int16 matmul operands by max(32767/32639, sqrt(K/2))
+    int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
     high_precision_output: DType = DType.INT32  # GEMM feeding a model output (int32, or float32)
 
     # --- float16 (s.1)
@@ -126,7 +126,8 @@ class PlatformConfig:
                     "(platform.float16_available=false); allowed: INT8, INT16"
                 )
         _check_choice(
-            "platform.high_precision_output", self.high_precision_output,
+            "platform.high_precision_output",
+            self.high_precision_output,
             (DType.INT32, DType.FLOAT32),
         )
 

@@ -18,8 +18,9 @@ def set_progress(enabled: bool) -> None:
     _ENABLED = enabled
 
 
-def progress(items: Iterable[T], desc: str, total: int | None = None, every_s: float = 2.0
-             ) -> Iterator[T]:
+def progress(
+    items: Iterable[T], desc: str, total: int | None = None, every_s: float = 2.0
+) -> Iterator[T]:
     """Yield ``items``, printing ``[desc] i/total (pct) elapsed, eta`` at most every ``every_s``."""
     if total is None:
         try:

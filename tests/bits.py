@@ -14,8 +14,9 @@ def _as_tensor(a) -> torch.Tensor:
     return a
 
 
-def assert_bits_equal(actual, expected, inputs: dict | None = None, check_dtype: bool = True,
-                      max_show: int = 5) -> None:
+def assert_bits_equal(
+    actual, expected, inputs: dict | None = None, check_dtype: bool = True, max_show: int = 5
+) -> None:
     """Demand identical values (and dtype, shape). On failure show the first mismatches and the
     inputs at those positions (``inputs``: name -> tensor of the same shape, optional)."""
     a, e = _as_tensor(actual), _as_tensor(expected)
@@ -36,8 +37,11 @@ def assert_bits_equal(actual, expected, inputs: dict | None = None, check_dtype:
         t = tuple(idx)
         extra = ""
         if inputs:
-            extra = " " + ", ".join(f"{k}={_as_tensor(v)[t].item()}" for k, v in inputs.items()
-                                    if tuple(_as_tensor(v).shape) == tuple(a.shape))
+            extra = " " + ", ".join(
+                f"{k}={_as_tensor(v)[t].item()}"
+                for k, v in inputs.items()
+                if tuple(_as_tensor(v).shape) == tuple(a.shape)
+            )
         lines.append(f"  at {t}: actual={a[t].item()} expected={e[t].item()}{extra}")
     raise AssertionError("\n".join(lines))
 

@@ -50,9 +50,13 @@ class QuantStats:
         self.saturated += other.saturated
 
 
-def compute_scale(amax: Tensor | float, dtype: DType, rule: ScaleRule = ScaleRule.HALF_RANGE,
-                  narrow_range: bool = False) -> Tensor:
-    """Scale (float32) for a symmetric integer ``dtype`` from ``amax`` >= 0 (per-tensor or per-channel).
+def compute_scale(
+    amax: Tensor | float,
+    dtype: DType,
+    rule: ScaleRule = ScaleRule.HALF_RANGE,
+    narrow_range: bool = False,
+) -> Tensor:
+    """Scale (float32) for symmetric integer ``dtype`` from ``amax`` >= 0 (per-tensor or channel).
 
     HALF_RANGE: amax / ((qmax - qmin) / 2); QMAX: amax / qmax (qmax = qmax for narrow ranges too);
     POT: 2**ceil(log2(amax / qmax)). The result is floored at float32 eps so it is never 0.
@@ -94,9 +98,16 @@ def _broadcast_scale(scale: Tensor, x: Tensor, axis: int | None) -> Tensor:
     return scale.reshape(shape)
 
 
-def quantize(x: Tensor, scale: Tensor | float, dtype: DType, rounding: Round = Round.HALF_EVEN,
-             axis: int | None = None, qmin: int | None = None, qmax: int | None = None,
-             stats: QuantStats | None = None) -> Tensor:
+def quantize(
+    x: Tensor,
+    scale: Tensor | float,
+    dtype: DType,
+    rounding: Round = Round.HALF_EVEN,
+    axis: int | None = None,
+    qmin: int | None = None,
+    qmax: int | None = None,
+    stats: QuantStats | None = None,
+) -> Tensor:
     """codes = clamp(round(x / scale), qmin, qmax), returned in ``dtype``'s torch dtype.
 
     Rounding: ``rounding`` applied once to x / scale computed in float32 (x is cast to float32
@@ -146,9 +157,15 @@ def fake_cast(x: Tensor, dtype: DType, saturate: bool = True) -> Tensor:
     return xf.to(torch.float16).to(torch.float32)
 
 
-def fake_quant(x: Tensor, scale: Tensor | float | None, dtype: DType,
-               rounding: Round = Round.HALF_EVEN, axis: int | None = None,
-               stats: QuantStats | None = None, saturate_float: bool = True) -> Tensor:
+def fake_quant(
+    x: Tensor,
+    scale: Tensor | float | None,
+    dtype: DType,
+    rounding: Round = Round.HALF_EVEN,
+    axis: int | None = None,
+    stats: QuantStats | None = None,
+    saturate_float: bool = True,
+) -> Tensor:
     """QAT numerics: dequantize(quantize(x)) for integer dtypes, fake_cast for float dtypes.
 
     Returns float32. For FLOAT16/FLOAT32 ``scale`` is ignored (may be None).

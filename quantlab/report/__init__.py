@@ -31,8 +31,9 @@ def markdown_table(df: pd.DataFrame, max_rows: int = 40, floatfmt: str = ".4g") 
     return "\n".join(lines)
 
 
-def write_report(result, out_dir: Path, command: str, config_yaml: str,
-                 summary_columns: list[str] | None = None) -> Path:
+def write_report(
+    result, out_dir: Path, command: str, config_yaml: str, summary_columns: list[str] | None = None
+) -> Path:
     """Write ``result`` (an ExperimentResult) into ``out_dir``; return the report path.
 
     Files: results.csv (the tidy table), <name>.csv per extra table, <plot>.png per plot,
@@ -66,9 +67,16 @@ def write_report(result, out_dir: Path, command: str, config_yaml: str,
             md += [f"![{plot.title or plot.name}]({plot.name}.png)", ""]
     if result.notes:
         md += ["## Method", ""] + [f"- {n}" for n in result.notes] + [""]
-    md += ["## Reproduce", "", "```bash", command, "```", "",
-           f"Raw results: `results.csv` ({len(result.table)} rows); resolved config: "
-           "`config.yaml`.", ""]
+    md += [
+        "## Reproduce",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"Raw results: `results.csv` ({len(result.table)} rows); resolved config: `config.yaml`.",
+        "",
+    ]
     return atomic_write_text(out_dir / "report.md", "\n".join(md))
 
 

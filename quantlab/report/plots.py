@@ -50,8 +50,9 @@ def draw(plot: Plot, df: pd.DataFrame):
     """Return a matplotlib Figure for ``plot`` drawn from ``df``."""
     for col in (plot.x, plot.y, plot.hue, plot.facet, plot.vlines, plot.reference):
         if col is not None and col not in df.columns:
-            raise KeyError(f"plot {plot.name!r}: column {col!r} not in table columns "
-                           f"{list(df.columns)}")
+            raise KeyError(
+                f"plot {plot.name!r}: column {col!r} not in table columns {list(df.columns)}"
+            )
     facets = [None] if plot.facet is None else list(dict.fromkeys(df[plot.facet]))
     facets = facets[: plot.max_facets]
     n = len(facets)
@@ -93,8 +94,9 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
         g = g.sort_values(plot.x) if plot.kind is PlotKind.LINE else g
         label = None if key is None else str(key)
         if plot.kind is PlotKind.LINE:
-            (line,) = ax.plot(g[plot.x], g[plot.y], marker="." if len(g) < 40 else None,
-                              label=label)
+            (line,) = ax.plot(
+                g[plot.x], g[plot.y], marker="." if len(g) < 40 else None, label=label
+            )
         else:
             line = ax.scatter(g[plot.x], g[plot.y], s=14, label=label)
         if plot.vlines is not None:

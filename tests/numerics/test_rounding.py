@@ -49,8 +49,11 @@ def test_rshift_round_matches_exact_rational(mode):
             return f + 1
         if r < Fraction(1, 2):
             return f
-        return {Round.HALF_UP: f + 1, Round.HALF_AWAY: f + 1 if v > 0 else f,
-                Round.HALF_EVEN: f + (f % 2)}[mode]
+        return {
+            Round.HALF_UP: f + 1,
+            Round.HALF_AWAY: f + 1 if v > 0 else f,
+            Round.HALF_EVEN: f + (f % 2),
+        }[mode]
 
     xs = torch.cat([edge_values(DType.INT32), torch.arange(-70, 71)])
     for n in range(0, 33):
