@@ -1,0 +1,119 @@
+"""Every option of every config group composes into typed dataclasses; bad values fail clearly."""
+
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException, HydraException
+
+from quantlab.config import CONFIG_DIR, compose
+from quantlab.data.schema import DataConfig
+from quantlab.models.schema import ModelConfig
+from quantlab.numerics.dtypes import DType
+from quantlab.platforms import PLATFORM_NAMES, PlatformConfig, load_platform
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def test_platform_yaml_files_match_names():
+    assert set(_options("platform")) == set(PLATFORM_NAMES)
+
+
+@pytest.mark.parametrize("name", _options("platform"))
+def test_every_platform_composes(name):
+    p = load_platform(name)
+    assert isinstance(p, PlatformConfig)
+    assert p.name == name
+
+
+@pytest.mark.parametrize("name", _options("model"))
+def test_every_model_option_composes(name):
+    cfg = compose([f"model={name}"])
+    assert isinstance(cfg.model, ModelConfig)
+    assert cfg.model.name == name
+
+
+@pytest.mark.parametrize("name", _options("data"))
+def test_every_data_option_composes(name):
+    cfg = compose([f"data={name}"])
+    assert isinstance(cfg.data, DataConfig)
+    assert cfg.data.name == name
+
+
+@pytest.mark.parametrize("name", _options("exp"))
+def test_every_experiment_composes_to_its_schema(name):
+    from quantlab.experiment import lookup
+
+    cfg = compose([f"+exp={name}"])
+    entry = lookup(type(cfg.exp))
+    assert entry.name == name
+
+
+def test_platform_templates_follow_the_vendor_recipes():
+    for name in ("j6e", "j6m", "j6b"):
+        p = load_platform(name)
+        assert p.global_dtype is DType.INT8 and p.sensitive_dtype is DType.INT16
+    for name in ("j6h", "j6p"):
+        p = load_platform(name)
+        assert p.global_dtype is DType.FLOAT16 and p.gemm_input_dtype is DType.INT8
+    assert load_platform("j6m").max_int16_gemm_operands == 1
+
+
+def test_misspelt_platform_lists_allowed_options():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["platform=j6x"])
+    msg = str(e.value) + str(e.value.__cause__ or "")
+    assert "j6x" in msg
+
+
+def test_misspelt_enum_names_allowed_values():
+    with pytest.raises(HydraException) as e:
+        compose(["platform.requant_round=HALF_DOWN"])
+    text = str(e.value) + repr(e.value.__cause__)
+    assert "HALF_EVEN" in text and "HALF_UP" in text
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(HydraException) as e:
+        compose(["platform.acum_bits=3"])
+    assert "acum_bits" in str(e.value) + repr(e.value.__cause__)
+
+
+def test_invalid_value_fails_in_post_init_naming_field():
+    with pytest.raises(ValueError, match="platform.requant_mult_bits"):
+        compose(["platform.requant_mult_bits=12"])
+    with pytest.raises(ValueError, match="float16 is not available"):
+        compose(["platform=j6m", "platform.global_dtype=FLOAT16"])
+
+
+def test_cli_without_experiment_lists_experiments(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-m", "quantlab", f"hydra.run.dir={tmp_path}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "+exp=" in out.stdout
+
+
+def test_cli_misspelt_platform_names_allowed_values(tmp_path):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-m", "quantlab", "platform=j6x", f"hydra.run.dir={tmp_path}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "j6m" in out.stderr and "j6p" in out.stderr
