@@ -186,7 +186,7 @@ def test_combine_modes_differ_by_at_most_one_lsb_and_do_differ():
 
 
 def test_multiplier_shift_is_exact_for_powers_of_two_and_bounded():
-    big, n = multiplier_shift(torch.tensor([0.5, 2.0**-20, 0.3]), 31)
+    big, n = multiplier_shift(torch.tensor([0.5, 2.0**-20, 0.3], dtype=torch.float64), 31)
     assert big.tolist()[:2] == [2**30, 2**30]
     assert n.tolist()[:2] == [31, 50]
     assert abs(big[2].item() / 2 ** n[2].item() - 0.3) < 2**-32
