@@ -1,0 +1,80 @@
+"""Input formats: how an image becomes a model input (size, resize rule, normalisation).
+
+A model's registry entry names its format; the data registry applies it, so every image dataset
+can feed every image model with the preprocessing that model was trained with.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class Resize(enum.Enum):
+    """SHORT_SIDE_CROP: resize the short side to ``round(size * crop_ratio)`` (bilinear, with
+    antialiasing), then centre-crop ``height`` x ``width`` (the torchvision ImageNet recipe).
+    STRETCH: resize to exactly ``height`` x ``width`` (bilinear, antialiasing).
+    KEEP: keep the image size (``height`` and ``width`` are ignored)."""
+
+    SHORT_SIDE_CROP = "short_side_crop"
+    STRETCH = "stretch"
+    KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class ImageFormat:
+    """(x - mean) / std of RGB pixels x in [0, 1] after resizing; float32 (B, 3, H, W)."""
+
+    height: int
+    width: int
+    resize: Resize
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    crop_ratio: float = 256 / 224
+
+    def apply(self, image: Tensor) -> Tensor:
+        """``image``: (3, H, W) or (B, 3, H, W) float in [0, 1] -> (B, 3, height, width)."""
+        x = image if image.dim() == 4 else image.unsqueeze(0)
+        x = x.to(torch.float32)
+        if self.resize is Resize.SHORT_SIDE_CROP:
+            h, w = x.shape[2:]
+            s = round(min(self.height, self.width) * self.crop_ratio) / min(h, w)
+            nh, nw = max(self.height, round(h * s)), max(self.width, round(w * s))
+            x = F.interpolate(x, size=(nh, nw), mode="bilinear", antialias=True)
+            top, left = (nh - self.height) // 2, (nw - self.width) // 2
+            x = x[:, :, top : top + self.height, left : left + self.width]
+        elif self.resize is Resize.STRETCH:
+            x = F.interpolate(x, size=(self.height, self.width), mode="bilinear", antialias=True)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(1, 3, 1, 1)
+        return ((x - mean) / std).contiguous()
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+IMAGENET = ImageFormat(224, 224, Resize.SHORT_SIDE_CROP, IMAGENET_MEAN, IMAGENET_STD)
+"""torchvision ImageNet preprocessing: short side 256, centre crop 224, ImageNet mean/std."""
+
+TOY_32 = ImageFormat(32, 32, Resize.SHORT_SIDE_CROP, IMAGENET_MEAN, IMAGENET_STD)
+"""Toy CNN inputs: short side 37, centre crop 32x32, ImageNet mean/std."""
+
+SIGNED_UNIT = ImageFormat(224, 224, Resize.SHORT_SIDE_CROP, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+"""EfficientNet-Lite preprocessing: short side 256, centre crop 224, pixels scaled to [-1, 1]."""
+
+MTCNN_MEAN = (127.5 / 255, 127.5 / 255, 127.5 / 255)
+MTCNN_STD = (128 / 255, 128 / 255, 128 / 255)
+MTCNN_48 = ImageFormat(48, 48, Resize.STRETCH, MTCNN_MEAN, MTCNN_STD)
+"""MTCNN ONet: 48x48 crop, (255 x - 127.5) / 128."""
+MTCNN_24 = ImageFormat(24, 24, Resize.STRETCH, MTCNN_MEAN, MTCNN_STD)
+"""MTCNN RNet: 24x24 crop, (255 x - 127.5) / 128."""
+
+UVDOC = ImageFormat(712, 488, Resize.STRETCH)
+"""UVDoc: the page photo stretched to 488 wide x 712 high, pixels in [0, 1]."""
+
+UNIT = ImageFormat(0, 0, Resize.KEEP)
+"""Pixels in [0, 1] at the image's own size."""
