@@ -1,8 +1,50 @@
-"""Exact integer GEMM (conv1d/conv2d, linear, batched matmul) for int8/int16 operands."""
+"""Exact integer GEMM (conv1d/conv2d, linear, batched matmul) for int8/int16 operand codes.
+
+Every function returns the exact sum of products as int64. The fast paths run float BLAS on
+integer-valued tensors and are exact by a bound, not by luck (bit-exact-emulation s.2.1): if
+every operand is an integer and K * max|a| * max|b| <= 2**p (p = 24 for float32, 53 for
+float64), every partial sum any kernel forms (any blocking, order or FMA) is an integer of
+magnitude <= 2**p, so no rounding ever happens.
+
+* float32 on K-chunks: K is split so that each chunk meets the 2**24 bound (int8 x int8 with
+  max|a| = max|b| = 128: 1024 terms); chunk results are summed in float64, exact while the whole
+  sum is <= 2**53.
+* float64 directly (int16 operands): exact for K * max|a| * max|b| <= 2**53 (int16 x int16:
+  K <= 2**23).
+* int64 torch kernels: slow, exact below 2**63 (used when neither bound holds).
+Precision flags are pinned on every call (float32 matmul precision "highest", oneDNN fp32
+precision "ieee", NNPACK off: no reduced-precision or transform-based algorithm).
+``quantlab.numerics.selftest`` checks the claim at start-up with adversarial operands.
+
+Quantized ops (``qconv2d``, ``qconv1d``, ``qlinear``, ``qmatmul``) combine the exact sum with a
+bias, the platform's int32 accumulator contract and requantization. They read platform fields
+only; they never look at the platform's name.
+"""
 
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import QuantStats
+from quantlab.numerics.requant import make_requant, requant_scale, requantize
+from quantlab.numerics.rounding import Round, round_float
+
+if TYPE_CHECKING:
+    from quantlab.platforms import PlatformConfig
+
+FLOAT32_EXACT = 1 << 24
+FLOAT64_EXACT = 1 << 53
+MIN_CHUNK_K = 64  # below this many terms per float32 chunk, float64 is the faster exact path
+OPERAND_DTYPES = (torch.int8, torch.int16)
 
 
 class Overflow(enum.Enum):
@@ -10,3 +52,501 @@ class Overflow(enum.Enum):
 
     SATURATE = "saturate"
     WRAP = "wrap"
+
+
+class GemmPath(enum.Enum):
+    """How the exact sum is computed. AUTO picks the fastest path whose bound holds.
+
+    FLOAT32: float32 BLAS on K-chunks within 2**24, chunks summed in float64.
+    FLOAT64: float64 BLAS, exact within 2**53.
+    INT64:   torch int64 kernels (slow; exact below 2**63).
+    """
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    INT64 = "int64"
+
+
+def pin_exact_flags() -> None:
+    """Pin the flags the exactness proof relies on (cheap; called by every fast path)."""
+    if torch.get_float32_matmul_precision() != "highest":
+        torch.set_float32_matmul_precision("highest")
+    mk = torch.backends.mkldnn
+    if getattr(mk.matmul, "fp32_precision", "ieee") != "ieee":
+        mk.matmul.fp32_precision = "ieee"
+    if getattr(mk.conv, "fp32_precision", "ieee") != "ieee":
+        mk.conv.fp32_precision = "ieee"
+    if torch._C._get_nnpack_enabled():
+        torch.backends.nnpack.set_flags(False)
+
+
+def _check_operand(t: Tensor, name: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int8/int16 codes, got {type(t)}")
+    if t.dtype not in OPERAND_DTYPES:
+        raise TypeError(f"{name} must hold int8 or int16 codes, got {t.dtype}")
+
+
+def _amax(t: Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(-int(lo), int(hi))
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """The path chosen for one GEMM and the number of K-terms (or channels) per float32 chunk."""
+
+    path: GemmPath
+    chunk: int  # FLOAT32: units per chunk (a conv unit is one input channel); else 0
+    bound: int  # max|a| * max|b|
+
+
+def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = GemmPath.AUTO):
+    """Choose a provably exact path for a K-term sum of products (K = ``k`` units of ``unit``).
+
+    FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO takes it when a
+    chunk holds at least MIN_CHUNK_K terms (or all of K), else FLOAT64 when
+    K * unit * a_max * b_max <= 2**53, else INT64. A forced path whose bound fails raises.
+    """
+    bound = a_max * b_max
+    total = k * unit * bound
+    per_unit = unit * bound
+    c = k if per_unit == 0 else min(k, FLOAT32_EXACT // per_unit)
+    f32_ok = c >= 1
+    if path is GemmPath.AUTO:
+        if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
+            return GemmPlan(GemmPath.FLOAT32, max(c, 1), bound)
+        if total <= FLOAT64_EXACT:
+            return GemmPlan(GemmPath.FLOAT64, 0, bound)
+        return GemmPlan(GemmPath.INT64, 0, bound)
+    if path is GemmPath.FLOAT32:
+        if not f32_ok:
+            raise ValueError(
+                f"path FLOAT32 cannot be exact here: one chunk unit of {unit} terms with "
+                f"max|a|*max|b| = {bound} exceeds 2**24; use AUTO, FLOAT64 or INT64"
+            )
+        if total > FLOAT64_EXACT:
+            raise ValueError(f"sum bound {total} exceeds 2**53 for float64 chunk sums; use INT64")
+        return GemmPlan(GemmPath.FLOAT32, c, bound)
+    if path is GemmPath.FLOAT64:
+        if total > FLOAT64_EXACT:
+            raise ValueError(f"path FLOAT64 cannot be exact: K*max|a|*max|b| = {total} > 2**53")
+        return GemmPlan(GemmPath.FLOAT64, 0, bound)
+    if path is GemmPath.INT64:
+        return GemmPlan(GemmPath.INT64, 0, bound)
+    raise ValueError(f"unknown path {path!r}; allowed: {', '.join(p.name for p in GemmPath)}")
+
+
+# --------------------------------------------------------------------------- matmul / linear
+
+
+def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
+    """Exact a @ b (torch.matmul semantics: 1-d, 2-d and broadcast batches) as int64.
+
+    Operands: int8/int16 code tensors. Exactness: see the module docstring (no saturation, no
+    wrap; apply ``accumulate`` for the device's int32 contract).
+    """
+    _check_operand(a, "a")
+    _check_operand(b, "b")
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError("int_matmul needs tensors with at least one dimension")
+    k = a.shape[-1]
+    kb = b.shape[0] if b.dim() == 1 else b.shape[-2]
+    if k != kb:
+        raise ValueError(
+            f"int_matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: "
+            f"a has K={k} columns, b has {kb} rows"
+        )
+    plan = plan_gemm(_amax(a), _amax(b), k, 1, path)
+    pin_exact_flags()
+    if plan.path is GemmPath.INT64:
+        return torch.matmul(a.to(torch.int64), b.to(torch.int64))
+    if plan.path is GemmPath.FLOAT64:
+        return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
+    af, bf = a.to(torch.float32), b.to(torch.float32)
+    if plan.chunk >= k:
+        return torch.matmul(af, bf).to(torch.int64)
+    acc = None
+    for k0 in range(0, k, plan.chunk):
+        k1 = k0 + plan.chunk
+        bs = bf[k0:k1] if bf.dim() == 1 else bf[..., k0:k1, :]
+        part = torch.matmul(af[..., k0:k1], bs).to(torch.float64)
+        acc = part if acc is None else acc.add_(part)
+    return acc.to(torch.int64)
+
+
+def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
+    """Exact x @ w.T as int64 (F.linear without bias): x (..., in), w (out, in) codes."""
+    _check_operand(w, "w")
+    if w.dim() != 2:
+        raise ValueError(f"int_linear weight must be 2-d (out, in), got shape {tuple(w.shape)}")
+    _check_operand(x, "x")
+    if x.dim() == 0 or x.shape[-1] != w.shape[1]:
+        raise ValueError(
+            f"int_linear input {tuple(x.shape)} does not match weight {tuple(w.shape)}: "
+            f"last dim must be {w.shape[1]}"
+        )
+    return int_matmul(x, w.t(), path)
+
+
+# --------------------------------------------------------------------------- convolution
+
+
+def _conv_exact(
+    x: Tensor,
+    w: Tensor,
+    nsp: int,
+    conv: Callable[..., Tensor],
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    path: GemmPath,
+) -> Tensor:
+    _check_operand(x, "x")
+    _check_operand(w, "w")
+    if w.dim() != nsp + 2:
+        raise ValueError(f"conv{nsp}d weight must be {nsp + 2}-d, got shape {tuple(w.shape)}")
+    unbatched = x.dim() == nsp + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    if x.dim() != nsp + 2:
+        raise ValueError(f"conv{nsp}d input must be {nsp + 1}-d or {nsp + 2}-d, got {x.dim()}-d")
+    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups:
+        raise ValueError(
+            f"groups={groups} must divide input channels {x.shape[1]} and output channels "
+            f"{w.shape[0]}"
+        )
+    cin_g = x.shape[1] // groups
+    if w.shape[1] != cin_g:
+        raise ValueError(
+            f"conv{nsp}d weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
+            f"with groups={groups}, input has {x.shape[1]}"
+        )
+    unit = math.prod(w.shape[2:])
+    plan = plan_gemm(_amax(x), _amax(w), cin_g, unit, path)
+    pin_exact_flags()
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    if plan.path is GemmPath.INT64:
+        out = conv(x.to(torch.int64), w.to(torch.int64), **kw)
+    elif plan.path is GemmPath.FLOAT64:
+        out = conv(x.to(torch.float64), w.to(torch.float64), **kw).to(torch.int64)
+    elif plan.chunk >= cin_g:
+        out = conv(x.to(torch.float32), w.to(torch.float32), **kw).to(torch.int64)
+    else:
+        n = x.shape[0]
+        sp = x.shape[2:]
+        xg = x.to(torch.float32).reshape(n, groups, cin_g, *sp)
+        wf = w.to(torch.float32)
+        acc = None
+        for c0 in range(0, cin_g, plan.chunk):
+            c1 = min(c0 + plan.chunk, cin_g)
+            xs = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), *sp)
+            part = conv(xs, wf[:, c0:c1], **kw).to(torch.float64)
+            acc = part if acc is None else acc.add_(part)
+        out = acc.to(torch.int64)
+    return out.squeeze(0) if unbatched else out
+
+
+def int_conv2d(
+    x: Tensor,
+    w: Tensor,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] | str = 0,
+    dilation: int | tuple[int, int] = 1,
+    groups: int = 1,
+    path: GemmPath = GemmPath.AUTO,
+) -> Tensor:
+    """Exact F.conv2d (zero padding, no bias) of int8/int16 codes as int64.
+
+    x: (N, C, H, W) or (C, H, W); w: (O, C/groups, kh, kw). Chunks split input channels.
+    """
+    return _conv_exact(x, w, 2, F.conv2d, stride, padding, dilation, groups, path)
+
+
+def int_conv1d(
+    x: Tensor,
+    w: Tensor,
+    stride: int | tuple[int] = 1,
+    padding: int | tuple[int] | str = 0,
+    dilation: int | tuple[int] = 1,
+    groups: int = 1,
+    path: GemmPath = GemmPath.AUTO,
+) -> Tensor:
+    """Exact F.conv1d (zero padding, no bias) of int8/int16 codes as int64.
+
+    x: (N, C, L) or (C, L); w: (O, C/groups, k).
+    """
+    return _conv_exact(x, w, 1, F.conv1d, stride, padding, dilation, groups, path)
+
+
+# --------------------------------------------------------------------------- accumulator
+
+
+def accumulate(
+    acc: Tensor, dtype: DType = DType.INT32, overflow: Overflow = Overflow.SATURATE
+) -> tuple[Tensor, int]:
+    """Apply the accumulator contract to exact sums: (values in ``dtype``'s range, count).
+
+    SATURATE clamps to [dtype.qmin, dtype.qmax]; WRAP is two's complement modulo 2**bits.
+    Returns int64 values (so later integer math cannot wrap by accident) and the number of
+    elements that were outside the range.
+    """
+    if acc.is_floating_point():
+        raise TypeError(f"accumulate expects exact integer sums, got {acc.dtype}")
+    if not dtype.is_int:
+        raise ValueError(f"accumulator dtype must be an integer format, got {dtype.name}")
+    a = acc.to(torch.int64)
+    lo, hi = dtype.qmin, dtype.qmax
+    outside = (a < lo) | (a > hi)
+    count = int(outside.sum())
+    if count == 0:
+        return a, 0
+    if overflow is Overflow.SATURATE:
+        return a.clamp(lo, hi), count
+    if overflow is Overflow.WRAP:
+        return ((a - lo) % (1 << dtype.bits)) + lo, count
+    raise ValueError(f"unknown overflow mode {overflow!r}; allowed: SATURATE, WRAP")
+
+
+# --------------------------------------------------------------------------- quantized ops
+
+
+@dataclass
+class GemmStats:
+    """What a quantized GEMM had to force: accumulator overflow, bias and output saturation."""
+
+    outputs: int = 0
+    acc_overflow: int = 0  # accumulator values outside int32 (saturated or wrapped)
+    bias_saturated: int = 0  # integer bias values clamped to int32
+    saturated: int = 0  # output codes clamped to the output dtype
+
+    def add(self, other: GemmStats) -> None:
+        self.outputs += other.outputs
+        self.acc_overflow += other.acc_overflow
+        self.bias_saturated += other.bias_saturated
+        self.saturated += other.saturated
+
+
+def acc_scale(x_scale: Tensor | float, w_scale: Tensor | float) -> Tensor:
+    """Scale of the integer accumulator: float32 product fl32(x_scale * w_scale) (ONNX)."""
+    return torch.as_tensor(x_scale, dtype=torch.float32) * torch.as_tensor(
+        w_scale, dtype=torch.float32
+    )
+
+
+def quantize_bias(
+    bias: Tensor, x_scale: Tensor | float, w_scale: Tensor | float, stats: GemmStats | None = None
+) -> Tensor:
+    """int32 bias codes = round_half_even(fl32(bias / fl32(x_scale * w_scale))) as int64.
+
+    The ONNX Runtime quantizer's rule (numpy float32 division, ``round`` half to even); values
+    beyond int32 saturate (counted in ``stats.bias_saturated``). j6-numerics s.6: the J6 bias
+    reaches the compiler as float32; this integer handling is assumed for every platform.
+    """
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a float tensor (real values), got {bias.dtype}")
+    q = round_float(bias.to(torch.float32) / acc_scale(x_scale, w_scale), Round.HALF_EVEN)
+    lo, hi = DType.INT32.qmin, DType.INT32.qmax
+    if stats is not None:
+        stats.bias_saturated += int(((q < lo) | (q > hi)).sum())
+    return q.clamp(lo, hi).to(torch.int64)
+
+
+def check_gemm_operands(x: Tensor, w: Tensor, platform: PlatformConfig) -> None:
+    """Reject an int16 x int16 GEMM on a platform that allows fewer int16 operands (s.6)."""
+    n16 = int(x.dtype == torch.int16) + int(w.dtype == torch.int16)
+    if n16 > platform.max_int16_gemm_operands:
+        raise ValueError(
+            f"a GEMM with {n16} int16 operands is not available on {platform.name} "
+            f"(platform.max_int16_gemm_operands={platform.max_int16_gemm_operands}); "
+            "use int8 for one operand"
+        )
+
+
+def _shape_bias(b: Tensor, acc: Tensor, axis: int) -> Tensor:
+    ax = axis % acc.dim()
+    if b.dim() != 1 or b.numel() != acc.shape[ax]:
+        raise ValueError(
+            f"bias must have shape ({acc.shape[ax]},) for output channel axis {ax}, "
+            f"got {tuple(b.shape)}"
+        )
+    shape = [1] * acc.dim()
+    shape[ax] = -1
+    return b.reshape(shape)
+
+
+def finish_gemm(
+    acc: Tensor,
+    x_scale: Tensor | float,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    platform: PlatformConfig,
+    channel_axis: int,
+) -> tuple[Tensor, GemmStats]:
+    """Exact sums -> outputs: + int32 bias, accumulator contract, then requant or wide output.
+
+    Order: bias (``quantize_bias``) is added to the exact sum, then the platform's accumulator
+    contract (``platform.accumulator``, ``accumulator_overflow``) applies once.
+    out_dtype INT8/INT16: ``requantize`` with ``platform.requant``, ``requant_round``,
+      ``requant_mult_bits`` and M = requant_scale(x_scale, w_scale, out_scale).
+    out_dtype INT32 (high-precision output): the int32 accumulator (torch.int32), whose scale
+      is ``acc_scale(x_scale, w_scale)``.
+    out_dtype FLOAT32 (high-precision float output): fl32(fl32(acc) * acc_scale).
+    Per-channel ``w_scale`` (1-d) applies along ``channel_axis`` of the output.
+    """
+    stats = GemmStats(outputs=acc.numel())
+    if bias is not None:
+        acc = acc + _shape_bias(quantize_bias(bias, x_scale, w_scale, stats), acc, channel_axis)
+    acc32, over = accumulate(acc, platform.accumulator, platform.accumulator_overflow)
+    stats.acc_overflow = over
+    ws = torch.as_tensor(w_scale, dtype=torch.float32)
+    if out_dtype is DType.INT32:
+        return acc32.to(torch.int32), stats
+    if out_dtype is DType.FLOAT32:
+        s = acc_scale(x_scale, ws)
+        if s.dim() == 1:
+            s = _shape_bias(s, acc32, channel_axis)
+        return acc32.to(torch.float32) * s, stats
+    if out_dtype not in (DType.INT8, DType.INT16):
+        raise ValueError(
+            f"out_dtype must be INT8, INT16, INT32 or FLOAT32 for a quantized GEMM, "
+            f"got {out_dtype.name}"
+        )
+    if out_scale is None:
+        raise ValueError(f"out_scale is needed for a requantized {out_dtype.name} output")
+    real = requant_scale(x_scale, ws, out_scale, platform.requant)
+    params = make_requant(real, platform.requant, platform.requant_mult_bits)
+    q = QuantStats()
+    codes = requantize(acc32, params, out_dtype, platform.requant_round, axis=channel_axis, stats=q)
+    stats.saturated = q.saturated
+    return codes, stats
+
+
+def qconv2d(
+    x_codes: Tensor,
+    x_scale: Tensor | float,
+    w_codes: Tensor,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    platform: PlatformConfig,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] | str = 0,
+    dilation: int | tuple[int, int] = 1,
+    groups: int = 1,
+) -> tuple[Tensor, GemmStats]:
+    """Quantized conv2d: exact ``int_conv2d`` then ``finish_gemm`` (output channels on dim 1).
+
+    w_scale: scalar or per output channel (O,); bias: float (O,) or None.
+    """
+    check_gemm_operands(x_codes, w_codes, platform)
+    acc = int_conv2d(x_codes, w_codes, stride, padding, dilation, groups)
+    axis = 1 if acc.dim() == 4 else 0
+    return finish_gemm(acc, x_scale, w_scale, bias, out_scale, out_dtype, platform, axis)
+
+
+def qconv1d(
+    x_codes: Tensor,
+    x_scale: Tensor | float,
+    w_codes: Tensor,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    platform: PlatformConfig,
+    stride: int | tuple[int] = 1,
+    padding: int | tuple[int] | str = 0,
+    dilation: int | tuple[int] = 1,
+    groups: int = 1,
+) -> tuple[Tensor, GemmStats]:
+    """Quantized conv1d: exact ``int_conv1d`` then ``finish_gemm`` (output channels on dim 1)."""
+    check_gemm_operands(x_codes, w_codes, platform)
+    acc = int_conv1d(x_codes, w_codes, stride, padding, dilation, groups)
+    axis = 1 if acc.dim() == 3 else 0
+    return finish_gemm(acc, x_scale, w_scale, bias, out_scale, out_dtype, platform, axis)
+
+
+def qlinear(
+    x_codes: Tensor,
+    x_scale: Tensor | float,
+    w_codes: Tensor,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    platform: PlatformConfig,
+) -> tuple[Tensor, GemmStats]:
+    """Quantized linear: exact x @ w.T, w (out, in) with per-out-channel scales on the last dim."""
+    check_gemm_operands(x_codes, w_codes, platform)
+    acc = int_linear(x_codes, w_codes)
+    return finish_gemm(acc, x_scale, w_scale, bias, out_scale, out_dtype, platform, -1)
+
+
+def qmatmul(
+    x_codes: Tensor,
+    x_scale: Tensor | float,
+    w_codes: Tensor,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    platform: PlatformConfig,
+) -> tuple[Tensor, GemmStats]:
+    """Quantized matmul x @ w (torch.matmul shapes); a 1-d w_scale is per column of w (last dim).
+
+    For int16 operands on J6 apply ``clamp_int16_operand`` and ``coarsen_int16_matmul_scale``
+    first (the simulator does this when quantizing the operands).
+    """
+    check_gemm_operands(x_codes, w_codes, platform)
+    acc = int_matmul(x_codes, w_codes)
+    return finish_gemm(acc, x_scale, w_scale, bias, out_scale, out_dtype, platform, -1)
+
+
+# --------------------------------------------------------------------------- J6 int16 operands
+
+
+def int16_operand_range(platform: PlatformConfig) -> tuple[int, int]:
+    """Usable int16 GEMM operand codes: [-32768, platform.int16_operand_max] (s.6, inferred)."""
+    return DType.INT16.qmin, platform.int16_operand_max
+
+
+def clamp_int16_operand(
+    codes: Tensor, platform: PlatformConfig, stats: QuantStats | None = None
+) -> Tensor:
+    """Saturate int16 operand codes to ``int16_operand_range`` (J6: int16 = two int8 halves).
+
+    Returns int16 codes; values above ``platform.int16_operand_max`` are counted as saturated.
+    """
+    if codes.dtype != torch.int16:
+        raise TypeError(f"clamp_int16_operand expects int16 codes, got {codes.dtype}")
+    lo, hi = int16_operand_range(platform)
+    if stats is not None:
+        stats.total += codes.numel()
+        stats.saturated += int((codes > hi).sum())
+    return codes.clamp(lo, hi)
+
+
+def int16_matmul_scale_factor(k: int, platform: PlatformConfig) -> float:
+    """max(32767 / int16_operand_max, sqrt(K / 2)) when ``platform.int16_matmul_coarsen``, else 1.
+
+    j6-numerics s.6: the plugin's integer matmul coarsens each int16 operand's scale by this
+    factor so that a K-term int16 x int16 sum cannot overflow int32. float64 arithmetic.
+    """
+    if k < 1:
+        raise ValueError(f"K must be >= 1, got {k}")
+    if not platform.int16_matmul_coarsen:
+        return 1.0
+    return max(32767.0 / platform.int16_operand_max, math.sqrt(k / 2.0))
+
+
+def coarsen_int16_matmul_scale(scale: Tensor | float, k: int, platform: PlatformConfig) -> Tensor:
+    """scale * int16_matmul_scale_factor(K), one float32 product (the operand's new scale)."""
+    f = int16_matmul_scale_factor(k, platform)
+    return torch.as_tensor(scale, dtype=torch.float32) * torch.tensor(f, dtype=torch.float32)

@@ -1,11 +1,27 @@
-"""Requantization: int32 accumulator -> int8/int16 output codes (j6-numerics section 7).
+"""Requantization: an exact integer accumulator -> int8/int16 output codes (j6-numerics s.7).
 
-Scheme enum only; the kernels are added alongside (see requant functions below).
+A real multiplier ``M = s_x * s_w / s_out`` (per tensor or per output channel) is applied to the
+accumulator by one of four schemes (bit-exact-emulation s.1); ``make_requant`` encodes M once
+and ``requantize`` applies it. The J6 add rule and a float-rescale add live here too.
+
+All functions are pure; integer work is done in int64 with stated bounds, float work in float32
+exactly as the reference runtime does it.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import QuantStats
+from quantlab.numerics.rounding import Round, round_float, rshift_round
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
 
 
 class Requant(enum.Enum):
@@ -23,3 +39,304 @@ class Requant(enum.Enum):
     MUL_SHIFT = "mul_shift"
     MUL_SHIFT_DOUBLE = "mul_shift_double"
     MUL_SHIFT_INT64 = "mul_shift_int64"
+
+
+@dataclass(frozen=True)
+class RequantParams:
+    """An encoded real multiplier M (0-d per tensor, 1-d per channel).
+
+    ``real``: FLOAT_RESCALE: the float32 M that is multiplied; integer schemes: the float64 M
+    that was encoded. ``multiplier``/``shift`` (int64): M ~= multiplier * 2**(shift - mult_bits),
+    multiplier in [2**(mult_bits-1), 2**mult_bits) or 0 (TFLite QuantizeMultiplier convention:
+    shift > 0 scales up). FLOAT_RESCALE carries the same encoding for information only.
+    """
+
+    scheme: Requant
+    real: Tensor
+    multiplier: Tensor
+    shift: Tensor
+    mult_bits: int = 31
+
+    @property
+    def per_channel(self) -> bool:
+        return self.real.dim() == 1
+
+
+def requant_scale(
+    x_scale: Tensor | float,
+    w_scale: Tensor | float,
+    out_scale: Tensor | float,
+    scheme: Requant,
+) -> Tensor:
+    """The real multiplier M = x_scale * w_scale / out_scale as each runtime forms it.
+
+    FLOAT_RESCALE (ONNX Runtime qlinearconv.cc / qlinearmatmul.cc): float32, left to right,
+    ``fl32(fl32(x_scale * w_scale) / out_scale)``; returns float32.
+    Integer schemes (TFLite per-channel ``QuantizeMultiplier`` input): float64
+    ``double(x_scale) * double(w_scale) / double(out_scale)``; returns float64.
+    ``w_scale`` may be per channel (1-d); the others are scalars.
+    """
+    if scheme is Requant.FLOAT_RESCALE:
+        sx = torch.as_tensor(x_scale, dtype=torch.float32)
+        sw = torch.as_tensor(w_scale, dtype=torch.float32)
+        so = torch.as_tensor(out_scale, dtype=torch.float32)
+        return (sx * sw) / so
+    sx = torch.as_tensor(x_scale, dtype=torch.float32).to(torch.float64)
+    sw = torch.as_tensor(w_scale, dtype=torch.float32).to(torch.float64)
+    so = torch.as_tensor(out_scale, dtype=torch.float32).to(torch.float64)
+    return sx * sw / so
+
+
+def quantize_multiplier(real: Tensor, mult_bits: int = 31) -> tuple[Tensor, Tensor]:
+    """Encode M >= 0 (float64) as (q, shift) with M ~= q * 2**(shift - mult_bits).
+
+    TFLite ``QuantizeMultiplier``: frexp gives M = f * 2**e, f in [0.5, 1); q = round(f *
+    2**mult_bits) with ties away from zero (``std::round``); q == 2**mult_bits becomes
+    2**(mult_bits-1) with e + 1; e < -31 flushes to q = 0, shift = 0. M = 0 gives (0, 0).
+    Exactness: f * 2**mult_bits is exact in float64 (a power-of-two scaling).
+    """
+    m = torch.as_tensor(real, dtype=torch.float64)
+    if not bool(torch.isfinite(m).all()) or bool((m < 0).any()):
+        raise ValueError("requantization multiplier must be finite and >= 0")
+    frac, exp = torch.frexp(m)
+    q = round_float(frac * float(1 << mult_bits), Round.HALF_AWAY).to(torch.int64)
+    e = exp.to(torch.int64)
+    full = q == (1 << mult_bits)
+    q = torch.where(full, q // 2, q)
+    e = torch.where(full, e + 1, e)
+    flush = (e < -31) | (m == 0)
+    q = torch.where(flush, torch.zeros_like(q), q)
+    e = torch.where(flush, torch.zeros_like(e), e)
+    return q, e
+
+
+def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 31) -> RequantParams:
+    """Encode the real multiplier ``real_scale`` (scalar or 1-d per channel) for ``scheme``.
+
+    FLOAT_RESCALE keeps ``real_scale`` rounded once to float32 (pass ``requant_scale(...,
+    FLOAT_RESCALE)`` to reproduce ONNX Runtime). The integer schemes encode it in float64 with
+    ``quantize_multiplier``; MUL_SHIFT_DOUBLE and MUL_SHIFT_INT64 need ``mult_bits=31``
+    (TFLite), MUL_SHIFT takes 31 or 15.
+    """
+    if not isinstance(scheme, Requant):
+        raise ValueError(f"scheme must be a Requant, got {scheme!r}; allowed: {_names(Requant)}")
+    if mult_bits not in (15, 31):
+        raise ValueError(f"mult_bits must be 15 or 31, got {mult_bits}")
+    if scheme in (Requant.MUL_SHIFT_DOUBLE, Requant.MUL_SHIFT_INT64) and mult_bits != 31:
+        raise ValueError(f"{scheme.name} uses a 31-bit multiplier (mult_bits=31), got {mult_bits}")
+    r = torch.as_tensor(real_scale)
+    if r.dim() > 1:
+        raise ValueError(
+            f"real_scale must be a scalar or 1-d per channel, got shape {tuple(r.shape)}"
+        )
+    if scheme is Requant.FLOAT_RESCALE:
+        real = r.to(torch.float32)
+        q, e = quantize_multiplier(real.to(torch.float64), mult_bits)
+    else:
+        real = r.to(torch.float64)
+        q, e = quantize_multiplier(real, mult_bits)
+    return RequantParams(scheme, real, q, e, mult_bits)
+
+
+def _names(enum_cls) -> str:
+    return ", ".join(m.name for m in enum_cls)
+
+
+def _along(p: Tensor, acc: Tensor, axis: int | None) -> Tensor:
+    """Shape a per-tensor (0-d) or per-channel (1-d) parameter to broadcast along ``axis``."""
+    if p.dim() == 0:
+        return p
+    if axis is None:
+        raise ValueError("per-channel requant parameters need axis= (the output channel axis)")
+    ax = axis % acc.dim()
+    if acc.shape[ax] != p.numel():
+        raise ValueError(
+            f"per-channel requant has {p.numel()} channels but acc axis {ax} has size "
+            f"{acc.shape[ax]} (acc shape {tuple(acc.shape)})"
+        )
+    shape = [1] * acc.dim()
+    shape[ax] = -1
+    return p.reshape(shape)
+
+
+def srdhm(a: Tensor, b: Tensor) -> Tensor:
+    """gemmlowp SaturatingRoundingDoublingHighMul: round(a * b / 2**31), ties toward +inf.
+
+    Domain: int32 values carried in int64. Saturation: only a = b = INT32_MIN -> INT32_MAX.
+    Exactness: |a * b| <= 2**62 in int64. Same bits as NEON VQRDMULH.
+    """
+    out = rshift_round(a * b, 31, Round.HALF_UP)
+    both_min = (a == INT32_MIN) & (b == INT32_MIN)
+    return torch.where(both_min, torch.full_like(out, INT32_MAX), out)
+
+
+def _wrap_int32(x: Tensor) -> Tensor:
+    return ((x - INT32_MIN) % (1 << 32)) + INT32_MIN
+
+
+def requantize(
+    acc: Tensor,
+    params: RequantParams,
+    out: DType,
+    rounding: Round,
+    axis: int | None = None,
+    stats: QuantStats | None = None,
+) -> Tensor:
+    """Output codes = saturate(round(acc * M)) in ``out``'s torch dtype.
+
+    acc: integer tensor (int32 values; int64 for MUL_SHIFT_INT64, |acc| < 2**47). Per-channel
+    params broadcast along ``axis`` of acc. Saturation: clamps to [out.qmin, out.qmax] (counted
+    in ``stats.saturated`` when given).
+    FLOAT_RESCALE: float32(acc) * float32 M (one IEEE product; acc is rounded to float32 when
+      |acc| > 2**24, as ONNX Runtime does), then ``rounding`` (ONNX Runtime: HALF_EVEN).
+    MUL_SHIFT: round(acc * q / 2**(mult_bits - shift)) with one rounding by ``rounding``; exact
+      in int64 (|acc * q| < 2**62).
+    MUL_SHIFT_DOUBLE: TFLite MultiplyByQuantizedMultiplier: x = wrap32(acc * 2**max(shift, 0)),
+      SRDHM(x, q) (ties toward +inf), then a right shift by max(-shift, 0) rounded by
+      ``rounding`` (TFLite RoundingDivideByPOT = HALF_AWAY).
+    MUL_SHIFT_INT64: TFLite int64 overload (16x8): r = (q + 2**15) >> 16 (0x7FFF if q >=
+      0x7FFF0000), round(acc * r / 2**(15 - shift)) once by ``rounding`` (TFLite: HALF_UP).
+    """
+    if acc.is_floating_point() or acc.dtype == torch.bool:
+        raise TypeError(f"requantize expects an integer accumulator, got {acc.dtype}")
+    if not out.is_int or out is DType.INT32:
+        raise ValueError(f"requantize output must be INT8 or INT16, got {out.name}")
+    a = acc.to(torch.int64)
+    scheme = params.scheme
+    if scheme is not Requant.MUL_SHIFT_INT64:
+        if a.numel() and (int(a.min()) < INT32_MIN or int(a.max()) > INT32_MAX):
+            raise ValueError(
+                f"{scheme.name} takes int32 accumulator values; apply accumulate() first"
+            )
+    if scheme is Requant.FLOAT_RESCALE:
+        m = _along(params.real.to(torch.float32), a, axis)
+        r = round_float(a.to(torch.float32) * m, rounding)
+        return _saturate_codes(r, out, stats)
+    q = _along(params.multiplier, a, axis)
+    e = _along(params.shift, a, axis)
+    if scheme is Requant.MUL_SHIFT:
+        n = params.mult_bits - e  # right shift; negative means a left shift
+        prod = a * q
+        # a left shift only grows |prod|; clamp first so the shift cannot wrap int64
+        left = (-n).clamp_min(0).clamp_max(30)
+        prod = torch.where(n < 0, prod.clamp(-(1 << 32), 1 << 32) << left, prod)
+        r = rshift_round(prod, n.clamp_min(0), rounding)
+    elif scheme is Requant.MUL_SHIFT_DOUBLE:
+        left = e.clamp_min(0)
+        right = (-e).clamp_min(0)
+        x = _wrap_int32(a << left.clamp_max(32))
+        r = rshift_round(srdhm(x, q), right, rounding)
+    elif scheme is Requant.MUL_SHIFT_INT64:
+        if a.numel() and int(a.abs().max()) >= (1 << 47):
+            raise ValueError("MUL_SHIFT_INT64 needs |acc| < 2**47 (TFLite int64 overload)")
+        red = torch.where(q < 0x7FFF0000, (q + (1 << 15)) >> 16, torch.full_like(q, 0x7FFF))
+        total = 15 - e
+        prod = a * red
+        left = (-total).clamp_min(0).clamp_max(30)
+        prod = torch.where(total < 0, prod.clamp(-(1 << 32), 1 << 32) << left, prod)
+        r = rshift_round(prod, total.clamp_min(0), rounding)
+    else:
+        raise ValueError(f"unknown requant scheme {scheme!r}; allowed: {_names(Requant)}")
+    return _saturate_codes(r, out, stats)
+
+
+def _saturate_codes(r: Tensor, out: DType, stats: QuantStats | None) -> Tensor:
+    if stats is not None:
+        stats.total += r.numel()
+        stats.saturated += int(((r < out.qmin) | (r > out.qmax)).sum())
+    return r.clamp(out.qmin, out.qmax).to(out.torch_dtype)
+
+
+# --------------------------------------------------------------------------- additions
+
+
+@dataclass(frozen=True)
+class InterScale:
+    """The J6 add rule's operands: inter = max(sx, sy) / 2**shift, mx = round(sx / inter), ..."""
+
+    inter: Tensor  # float32 scale of the int32 sum
+    mx: int
+    my: int
+
+
+def inter_scale(
+    x_scale: Tensor | float, y_scale: Tensor | float, inter_shift: int = 14
+) -> InterScale:
+    """inter = max(sx, sy) / 2**inter_shift; mx = round(sx/inter), my = round(sy/inter).
+
+    j6-numerics s.7 (assumed): float32 arithmetic (scales are float32); the divisions by a
+    power of two are exact, the ratio sx/inter is rounded once to float32 and then to an integer
+    half to even (``torch.round``). The larger multiplier is exactly 2**inter_shift.
+    """
+    if not 0 <= inter_shift <= 30:
+        raise ValueError(f"inter_shift must be in [0, 30], got {inter_shift}")
+    sx = torch.as_tensor(x_scale, dtype=torch.float32).reshape(())
+    sy = torch.as_tensor(y_scale, dtype=torch.float32).reshape(())
+    if not (float(sx) > 0 and float(sy) > 0):
+        raise ValueError(f"add scales must be > 0, got x_scale={float(sx)}, y_scale={float(sy)}")
+    inter = torch.maximum(sx, sy) / float(1 << inter_shift)
+    mx = int(torch.round(sx / inter))
+    my = int(torch.round(sy / inter))
+    return InterScale(inter, mx, my)
+
+
+def add_inter_scale(
+    x: Tensor,
+    x_scale: Tensor | float,
+    y: Tensor,
+    y_scale: Tensor | float,
+    out_scale: Tensor | float,
+    out: DType,
+    scheme: Requant,
+    rounding: Round,
+    inter_shift: int = 14,
+    mult_bits: int = 31,
+    stats: QuantStats | None = None,
+) -> Tensor:
+    """J6 add (s.7, assumed): acc = x*mx + y*my in int32, then requantize by inter / out_scale.
+
+    x, y: integer codes (int8/int16, broadcastable). acc is exact in int64 and saturated to
+    int32 (|x*mx| <= 2**15 * 2**inter_shift, so it never saturates for inter_shift <= 15).
+    The requant multiplier inter/out_scale is formed in float32 (FLOAT_RESCALE) or float64.
+    """
+    _require_codes(x, "x")
+    _require_codes(y, "y")
+    s = inter_scale(x_scale, y_scale, inter_shift)
+    acc = x.to(torch.int64) * s.mx + y.to(torch.int64) * s.my
+    acc = acc.clamp(INT32_MIN, INT32_MAX)
+    so = torch.as_tensor(out_scale, dtype=torch.float32)
+    if scheme is Requant.FLOAT_RESCALE:
+        real = s.inter / so
+    else:
+        real = s.inter.to(torch.float64) / so.to(torch.float64)
+    params = make_requant(real, scheme, mult_bits)
+    return requantize(acc, params, out, rounding, stats=stats)
+
+
+def add_float_rescale(
+    x: Tensor,
+    x_scale: Tensor | float,
+    y: Tensor,
+    y_scale: Tensor | float,
+    out_scale: Tensor | float,
+    out: DType,
+    rounding: Round = Round.HALF_EVEN,
+    stats: QuantStats | None = None,
+) -> Tensor:
+    """Float-rescale add (ONNX Runtime QLinearAdd, MLAS scalar formula, zero points 0).
+
+    v = fl32(fl32(x * fl32(sx/so)) + fl32(y * fl32(sy/so))), rounded by ``rounding`` (ONNX:
+    HALF_EVEN) and saturated to ``out``. Every step is one IEEE float32 operation (no FMA).
+    """
+    _require_codes(x, "x")
+    _require_codes(y, "y")
+    so = torch.as_tensor(out_scale, dtype=torch.float32)
+    rx = torch.as_tensor(x_scale, dtype=torch.float32) / so
+    ry = torch.as_tensor(y_scale, dtype=torch.float32) / so
+    v = x.to(torch.float32) * rx + y.to(torch.float32) * ry
+    return _saturate_codes(round_float(v, rounding), out, stats)
+
+
+def _require_codes(t: Tensor, name: str) -> None:
+    if t.is_floating_point() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer codes (int8/int16), got {t.dtype}")
