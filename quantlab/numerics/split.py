@@ -28,7 +28,7 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import Overflow
 from quantlab.numerics.quantize import fake_cast
-from quantlab.numerics.requant import Requant
+from quantlab.numerics.requant import Requant, quantize_multiplier
 from quantlab.numerics.rounding import Round, round_float, rshift_round
 
 SPLIT_K_ALLOWED = tuple(range(1, 9))
@@ -260,23 +260,20 @@ def combine_partials(
 
 
 def multiplier_shift(real: Tensor | float, mult_bits: int) -> tuple[Tensor, Tensor]:
-    """(M, n) int64 with real ~ M / 2**n, 2**(mult_bits-1) <= M < 2**mult_bits.
+    """(M, n) int64 with real ~ M / 2**n and 2**(mult_bits-1) <= M <= 2**mult_bits - 1.
 
-    M = round_half_even(mantissa(real) * 2**mult_bits) (float64 frexp is exact); a carry to
-    2**mult_bits renormalizes. Domain: 0 < real, 0 <= n <= 62 (else ValueError).
+    M comes from ``requant.quantize_multiplier`` (TFLite QuantizeMultiplier: frexp, ties away),
+    so a split partial uses the same multiplier as an unsplit GEMM; n = mult_bits - exponent.
+    Domain: 0 < real, 0 <= n <= 62 (else ValueError).
     """
     if mult_bits not in (15, 31):
         raise ValueError(f"mult_bits must be 15 or 31, got {mult_bits}")
     r = torch.as_tensor(real, dtype=torch.float64)
     if not bool((r > 0).all()) or not bool(torch.isfinite(r).all()):
         raise ValueError("requantization scale must be finite and > 0")
-    m, e = torch.frexp(r)
-    big = torch.round(m * float(1 << mult_bits)).to(torch.int64)
-    n = mult_bits - e.to(torch.int64)
-    carry = big == (1 << mult_bits)
-    big = torch.where(carry, big // 2, big)
-    n = torch.where(carry, n - 1, n)
-    if bool((n < 0).any()) or bool((n > 62).any()):
+    big, e = quantize_multiplier(r, mult_bits)
+    n = mult_bits - e
+    if bool((n < 0).any()) or bool((n > 62).any()) or bool((big == 0).any()):
         raise ValueError(f"requantization scale {r.tolist()} is outside [2**-31, 1] by far")
     return big, n
 

@@ -18,6 +18,7 @@ from quantlab.numerics.split import (
     combine_split,
     exact_conv2d,
     multiplier_shift,
+    requant_partial,
     split_conv2d,
     split_error_bound,
     split_fake_weight,
@@ -132,7 +133,7 @@ def test_int16_byte_split_exhaustive():
 def requant_reference(acc: int, real: float, mode: Round, mult_bits: int) -> int:
     """Python-int multiplier/shift: real ~ M / 2**n, one rounding of acc * M / 2**n."""
     m, e = np.frexp(real)
-    big = int(np.round(m * 2**mult_bits))
+    big = int(Fraction(m) * 2**mult_bits + Fraction(1, 2))  # ties away (m > 0)
     n = mult_bits - int(e)
     if big == 2**mult_bits:
         big //= 2
@@ -301,3 +302,15 @@ def test_bad_inputs():
         )
     with pytest.raises(ValueError, match="at least one"):
         combine_partials([], 0.1, DType.INT8, SplitCombine.WIDE_ACCUMULATOR)
+
+
+@pytest.mark.parametrize("rounding", [Round.HALF_UP, Round.HALF_EVEN, Round.HALF_AWAY])
+def test_separate_partial_requant_equals_numerics_requantize(rounding):
+    from quantlab.numerics.requant import make_requant, requantize
+
+    g = torch.Generator().manual_seed(11)
+    acc = torch.randint(-(2**31), 2**31, (4000,), generator=g)
+    for real in (3.3e-5, 0.0123, 0.49):
+        mine = requant_partial(acc, real, rounding, Requant.MUL_SHIFT, 31)
+        theirs = requantize(acc, make_requant(real, Requant.MUL_SHIFT), DType.INT16, rounding)
+        assert_bits_equal(mine.clamp(-32768, 32767).to(torch.int16), theirs)
