@@ -1,0 +1,257 @@
+"""Op capture while an unmodified eager model runs, with stable op names.
+
+A ``torch.overrides.TorchFunctionMode`` sees every torch function call (``F.conv2d``,
+``torch.sigmoid``, ``x + y``, ``x[..., :2]``, ...). The module path comes from global forward
+pre/post hooks (a stack), so nothing is traced and Python control flow works.
+
+Op names are ``<module path>:<op_type>#<k>`` where k counts the calls of that op type inside
+that module during one forward (module path "" for the top level), e.g.
+``features.0.0:conv2d#0`` or ``:add#1``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import quantlab.ops
+
+
+class OpCategory(enum.Enum):
+    """How an op is simulated.
+
+    GEMM: conv/linear/matmul (integer GEMM + requantization in fixed mode).
+    ADD / MUL / DIV: elementwise arithmetic (tensor or scalar operands).
+    PASS_THROUGH: moves or selects values (reshape, slicing, relu, max pooling): keeps scale.
+    REQUANT: merges or clamps values and requantizes to its own output scale (cat, stack, clamp).
+    LUT: unary nonlinear function (segment look-up table in fixed mode).
+    REDUCE: sum / mean; POOL: average pooling; SOFTMAX; NORM: layer_norm;
+    RESAMPLE: interpolate; GRID_SAMPLE.
+    """
+
+    GEMM = "gemm"
+    ADD = "add"
+    MUL = "mul"
+    DIV = "div"
+    PASS_THROUGH = "pass_through"
+    REQUANT = "requant"
+    LUT = "lut"
+    REDUCE = "reduce"
+    POOL = "pool"
+    SOFTMAX = "softmax"
+    NORM = "norm"
+    RESAMPLE = "resample"
+    GRID_SAMPLE = "grid_sample"
+
+
+# function __name__ -> (op_type, category)
+_BY_NAME: dict[str, tuple[str, OpCategory]] = {}
+
+
+def _reg(names: str, op_type: str | None, cat: OpCategory) -> None:
+    for n in names.split():
+        _BY_NAME[n] = (op_type or n.strip("_"), cat)
+
+
+_reg("conv1d", None, OpCategory.GEMM)
+_reg("conv2d", None, OpCategory.GEMM)
+_reg("linear", None, OpCategory.GEMM)
+_reg("matmul bmm mm __matmul__ __rmatmul__", "matmul", OpCategory.GEMM)
+_reg("add __add__ __radd__ __iadd__ add_", "add", OpCategory.ADD)
+_reg("sub __sub__ __rsub__ __isub__ sub_ subtract rsub", "sub", OpCategory.ADD)
+_reg("mul __mul__ __rmul__ __imul__ mul_ multiply", "mul", OpCategory.MUL)
+_reg("div __truediv__ __rtruediv__ __rdiv__ __div__ true_divide divide", "div", OpCategory.DIV)
+_reg("reciprocal", None, OpCategory.LUT)
+_reg("sum", None, OpCategory.REDUCE)
+_reg("mean", None, OpCategory.REDUCE)
+_reg("cat concat concatenate", "cat", OpCategory.REQUANT)
+_reg("stack", None, OpCategory.REQUANT)
+_reg("clamp clip clamp_min clamp_max", "clamp", OpCategory.REQUANT)
+_reg(
+    "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
+    "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
+    "__getitem__",
+    None,
+    OpCategory.PASS_THROUGH,
+)
+_reg("relu relu_", "relu", OpCategory.PASS_THROUGH)
+_reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCategory.POOL)
+_reg("interpolate", None, OpCategory.RESAMPLE)
+_reg("grid_sample", None, OpCategory.GRID_SAMPLE)
+_reg("sigmoid tanh exp log sqrt rsqrt sin cos gelu silu", None, OpCategory.LUT)
+_reg("softmax", None, OpCategory.SOFTMAX)
+_reg("layer_norm", None, OpCategory.NORM)
+
+# functions whose __name__ is not telling (boolean_dispatch wrappers, model-level patterns)
+_BY_IDENTITY: dict[Any, tuple[str, OpCategory]] = {
+    F.max_pool1d: ("max_pool1d", OpCategory.PASS_THROUGH),
+    F.max_pool2d: ("max_pool2d", OpCategory.PASS_THROUGH),
+    F.adaptive_max_pool2d: ("adaptive_max_pool2d", OpCategory.PASS_THROUGH),
+    quantlab.ops.inverse_sigmoid: ("inverse_sigmoid", OpCategory.LUT),
+}
+
+# calls that never produce a new activation (metadata, casts we follow as the same tensor)
+_IGNORED = frozenset(
+    "size dim numel __get__ __len__ __format__ __repr__ __bool__ __index__ __int__ __float__ "
+    "item tolist stride is_contiguous is_floating_point data_ptr element_size __eq__ __ne__ "
+    "__lt__ __le__ __gt__ __ge__ eq ne lt le gt ge isnan isinf isfinite any all argmax argmin "
+    "__hash__ __iter__ __setstate__ __reduce_ex__ __deepcopy__ requires_grad_ type dtype "
+    "device shape".split()
+)
+
+KNOWN_OP_TYPES = frozenset(
+    {t for t, _ in _BY_NAME.values()} | {t for t, _ in _BY_IDENTITY.values()} | {"relu6"}
+)
+
+
+def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None] | None:
+    """(op_type, category) of a torch function call; category None = an op quantlab does not
+    model (it runs in float); None = not an op at all (metadata, comparisons)."""
+    hit = _BY_IDENTITY.get(func)
+    if hit is not None:
+        return hit
+    name = getattr(func, "__name__", "")
+    if name == "hardtanh":
+        lo = kwargs.get("min_val", args[1] if len(args) > 1 else -1.0)
+        hi = kwargs.get("max_val", args[2] if len(args) > 2 else 1.0)
+        if lo == 0.0 and hi == 6.0:
+            return "relu6", OpCategory.REQUANT
+        return "clamp", OpCategory.REQUANT
+    hit = _BY_NAME.get(name)
+    if hit is not None:
+        return hit
+    if name in _IGNORED:
+        return None
+    return name.strip("_") or type(func).__name__, None
+
+
+@dataclass
+class OpCall:
+    """One captured call: its stable name and what was called with what."""
+
+    name: str
+    op_type: str
+    category: OpCategory | None  # None: not modelled (runs in float)
+    module: str
+    call_index: int
+    func: Callable
+    args: tuple
+    kwargs: dict
+    result: Any = None  # already computed (ops that are not modelled run before the handler)
+
+    def run(self, args: tuple | None = None, kwargs: dict | None = None) -> Any:
+        """Call the original function (with replaced arguments if given)."""
+        return self.func(*(self.args if args is None else args), **(kwargs or self.kwargs))
+
+
+class ModuleTracker:
+    """Module path stack from global forward pre/post hooks, installed only while active."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._names = {id(m): n for n, m in model.named_modules()}
+        self.stack: list[str] = [""]
+        self._handles: list = []
+
+    def _pre(self, module: nn.Module, _inputs) -> None:
+        name = self._names.get(id(module))
+        if name is None:
+            parent = self.stack[-1]
+            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+        self.stack.append(name)
+
+    def _post(self, module: nn.Module, _inputs, _output) -> None:
+        if len(self.stack) > 1:
+            self.stack.pop()
+
+    def __enter__(self) -> ModuleTracker:
+        self.stack = [""]
+        reg = nn.modules.module
+        self._handles = [
+            reg.register_module_forward_pre_hook(self._pre),
+            reg.register_module_forward_hook(self._post, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    @property
+    def current(self) -> str:
+        return self.stack[-1]
+
+
+Handler = Callable[[OpCall], Any]
+
+
+class CaptureMode(TorchFunctionMode):
+    """Name every op call and hand it to ``handler`` (which must return the op's result).
+
+    Calls made by the handler itself are not captured (torch pops the mode while a handler runs).
+    """
+
+    def __init__(
+        self,
+        tracker: ModuleTracker,
+        handler: Handler,
+        on_mutation: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.handler = handler
+        self.on_mutation = on_mutation
+        self.counts: dict[tuple[str, str], int] = defaultdict(int)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = classify(func, args, kwargs)
+        if kind is None or not _has_float_tensor(args, kwargs):
+            return func(*args, **kwargs)
+        op_type, category = kind
+        result = None
+        if category is None:
+            result = func(*args, **kwargs)
+            fname = getattr(func, "__name__", "")
+            mutates = fname.endswith("_") and not fname.startswith("_") or fname in _MUTATING
+            if mutates and self.on_mutation is not None and isinstance(args[0], torch.Tensor):
+                self.on_mutation(args[0])
+            if not _is_float_output(result):
+                return result
+        module = self.tracker.current
+        k = self.counts[(module, op_type)]
+        self.counts[(module, op_type)] = k + 1
+        call = OpCall(
+            f"{module}:{op_type}#{k}", op_type, category, module, k, func, args, kwargs, result
+        )
+        return self.handler(call)
+
+
+_MUTATING = frozenset({"__setitem__", "__iand__", "__ior__", "__itruediv__", "__ipow__"})
+
+
+def _is_float_output(out) -> bool:
+    if isinstance(out, torch.Tensor):
+        return out.is_floating_point()
+    if isinstance(out, (list, tuple)):
+        return any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in out)
+    return False
+
+
+def _has_float_tensor(args, kwargs) -> bool:
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return True
+        if isinstance(a, (list, tuple)) and any(
+            isinstance(b, torch.Tensor) and b.is_floating_point() for b in a
+        ):
+            return True
+    return False

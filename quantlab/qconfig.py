@@ -1,0 +1,220 @@
+"""Per-op quantization configs and their resolution against a platform template.
+
+Resolution, field by field (the first rule that sets a field wins):
+``by_name`` > ``by_module`` (fnmatch glob on the module path; the longest matching pattern wins)
+> ``by_type`` > platform template > ``global_`` > platform baseline.
+
+Platform templates (j6-numerics s.6 and s.8) read fields of the PlatformConfig only:
+- every op's activations in ``platform.global_dtype`` (int8 on J6E/M/B, float16 on J6H/P);
+- Conv / Linear / MatMul inputs in ``platform.gemm_input_dtype`` and weights in
+  ``platform.weight_dtype``;
+- a GEMM whose output is a model output keeps a high-precision output
+  (``platform.high_precision_output``: int32 on E/M/B, float32 on H/P);
+- the ops producing a grid_sample grid run at ``platform.grid_chain_dtype``.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from dataclasses import dataclass, field, fields
+
+from quantlab.numerics.dtypes import DType
+from quantlab.platforms import PlatformConfig
+
+
+class ObserverKind(enum.Enum):
+    """How an activation scale is calibrated (j6-numerics s.1).
+
+    MINMAX:     EMA of min/max, ``new = old + 0.01 * (cur - old)`` (first batch sets it).
+    MSE:        ``amax * (1 - 0.01 i)``, i = 0..94, keeping the lowest L2 error after fake quant.
+    PERCENTILE: the ``percentile`` of |x| over the calibration samples.
+    FIXED:      ``fixed_scale`` (default 1.0), e.g. for index-like tensors.
+    """
+
+    MINMAX = "minmax"
+    MSE = "mse"
+    PERCENTILE = "percentile"
+    FIXED = "fixed"
+
+
+@dataclass
+class OpQConfig:
+    """Quantization of one op; every field optional (None = inherit from the next rule).
+
+    input_dtype: dtype the op's activation inputs are converted to (None: take what arrives;
+        a float input that carries no quantization is quantized at the op's output dtype).
+    weight_dtype: dtype of weights (per-channel on axis 0, MinMax).
+    output_dtype: dtype of the op's output activation.
+    observer / fixed_scale / percentile: activation calibration (see ObserverKind).
+    lut_strategy: ``quantlab.numerics.lut.Strategy`` member for LUT ops (None: per-op default).
+    high_precision_output: a GEMM keeps its accumulator (int32 on E/M/B, float32 on H/P).
+    weight_split: 0 off; k in {7, 8}: the high/low int8 weight split (j6-numerics s.6).
+    """
+
+    input_dtype: DType | None = None
+    weight_dtype: DType | None = None
+    output_dtype: DType | None = None
+    observer: ObserverKind | None = None
+    fixed_scale: float | None = None
+    percentile: float | None = None
+    lut_strategy: object | None = None
+    high_precision_output: bool | None = None
+    weight_split: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input_dtype", "weight_dtype", "output_dtype"):
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, DType.parse(v))
+        if isinstance(self.observer, str):
+            names = {m.name: m for m in ObserverKind} | {m.value: m for m in ObserverKind}
+            if self.observer not in names:
+                allowed = ", ".join(m.name for m in ObserverKind)
+                raise ValueError(f"observer={self.observer!r} is not allowed; allowed: {allowed}")
+            self.observer = names[self.observer]
+        if self.weight_split not in (None, 0, 7, 8):
+            raise ValueError(f"weight_split must be 0, 7 or 8, got {self.weight_split}")
+        if self.fixed_scale is not None and not self.fixed_scale > 0:
+            raise ValueError(f"fixed_scale must be > 0, got {self.fixed_scale}")
+        if self.percentile is not None and not 0 < self.percentile <= 100:
+            raise ValueError(f"percentile must be in (0, 100], got {self.percentile}")
+        if self.weight_dtype is not None and not self.weight_dtype.is_int:
+            if self.weight_dtype is not DType.FLOAT16 and self.weight_dtype is not DType.FLOAT32:
+                raise ValueError(f"weight_dtype {self.weight_dtype.name} is not allowed")
+
+
+@dataclass(frozen=True)
+class ResolvedQConfig:
+    """An op's qconfig with every field decided (what the simulator executes)."""
+
+    input_dtype: DType | None
+    weight_dtype: DType
+    output_dtype: DType
+    observer: ObserverKind
+    fixed_scale: float
+    percentile: float
+    lut_strategy: object | None
+    high_precision_output: bool
+    weight_split: int
+
+
+@dataclass
+class QConfigSpec:
+    """User rules; see the module docstring for the resolution order."""
+
+    global_: OpQConfig | None = None
+    by_type: dict[str, OpQConfig] = field(default_factory=dict)
+    by_module: dict[str, OpQConfig] = field(default_factory=dict)
+    by_name: dict[str, OpQConfig] = field(default_factory=dict)
+    use_platform_template: bool = True
+
+
+GEMM_TYPES = frozenset({"conv1d", "conv2d", "linear", "matmul"})
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What a template needs to know about one op (from the discovery run)."""
+
+    name: str
+    op_type: str
+    module: str
+    feeds_output: bool = False  # its output reaches a model output (through pass-through ops)
+    in_grid_chain: bool = False  # it produces (part of) a grid_sample grid
+
+
+def platform_baseline(platform: PlatformConfig) -> OpQConfig:
+    """The values every op starts from: global dtype, MSE activations, MinMax int8 weights."""
+    return OpQConfig(
+        input_dtype=None,
+        weight_dtype=platform.weight_dtype,
+        output_dtype=platform.global_dtype,
+        observer=ObserverKind.MSE,
+        fixed_scale=1.0,
+        percentile=99.99,
+        lut_strategy=None,
+        high_precision_output=False,
+        weight_split=0,
+    )
+
+
+def platform_template(platform: PlatformConfig, ctx: OpContext) -> OpQConfig:
+    """The vendor-recipe rules for one op (j6-numerics s.6, s.8), from platform fields only."""
+    t = OpQConfig()
+    if ctx.op_type in GEMM_TYPES:
+        if platform.gemm_input_dtype != platform.global_dtype:
+            t.input_dtype = platform.gemm_input_dtype
+        t.weight_dtype = platform.weight_dtype
+        if ctx.feeds_output:
+            t.high_precision_output = True
+    if ctx.in_grid_chain:
+        t.output_dtype = platform.grid_chain_dtype
+    return t
+
+
+def _merge(rules: list[OpQConfig | None]) -> dict:
+    out: dict = {}
+    for f in fields(OpQConfig):
+        for r in rules:
+            if r is not None and getattr(r, f.name) is not None:
+                out[f.name] = getattr(r, f.name)
+                break
+    return out
+
+
+def module_rule(spec: QConfigSpec, module: str) -> OpQConfig | None:
+    """The ``by_module`` rule for a module path: the longest matching glob wins."""
+    best = None
+    for pattern, rule in spec.by_module.items():
+        if fnmatch.fnmatchcase(module, pattern) and (best is None or len(pattern) > len(best[0])):
+            best = (pattern, rule)
+    return None if best is None else best[1]
+
+
+def resolve(spec: QConfigSpec, platform: PlatformConfig, ctx: OpContext) -> ResolvedQConfig:
+    """Resolve one op's qconfig: by_name > by_module > by_type > template > global_ > baseline."""
+    template = platform_template(platform, ctx) if spec.use_platform_template else None
+    merged = _merge(
+        [
+            spec.by_name.get(ctx.name),
+            module_rule(spec, ctx.module),
+            spec.by_type.get(ctx.op_type),
+            template,
+            spec.global_,
+            platform_baseline(platform),
+        ]
+    )
+    merged.setdefault("input_dtype", None)
+    merged.setdefault("lut_strategy", None)
+    r = ResolvedQConfig(**merged)
+    _check_float16(r, platform, ctx)
+    return r
+
+
+def _check_float16(r: ResolvedQConfig, platform: PlatformConfig, ctx: OpContext) -> None:
+    if platform.float16_available:
+        return
+    for name in ("input_dtype", "weight_dtype", "output_dtype"):
+        if getattr(r, name) is DType.FLOAT16:
+            raise ValueError(
+                f"op {ctx.name}: {name}=FLOAT16 but float16 is not available on {platform.name} "
+                "(platform.float16_available=false); allowed: INT8, INT16"
+            )
+
+
+def validate_names(spec: QConfigSpec, op_names: list[str], op_types: set[str]) -> None:
+    """Fail on a ``by_name`` key the model does not have (listing its ops) or an unknown type."""
+    names = set(op_names)
+    unknown = [n for n in spec.by_name if n not in names]
+    if unknown:
+        listing = "\n  ".join(op_names)
+        raise ValueError(
+            f"qconfig.by_name names unknown op(s) {unknown}; the model's ops are:\n  {listing}"
+        )
+    bad_types = [t for t in spec.by_type if t not in op_types]
+    if bad_types:
+        raise ValueError(
+            f"qconfig.by_type names unknown op type(s) {bad_types}; allowed: "
+            + ", ".join(sorted(op_types))
+        )

@@ -1,0 +1,72 @@
+"""Which arguments of a captured call are activations, which the weight and which the bias."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from quantlab.capture import OpCall, OpCategory
+
+Slot = tuple  # ("a", i) positional, ("a", i, j) element j of a list argument, ("k", name)
+
+
+@dataclass
+class ArgPlan:
+    """Slots of one call: activations (quantized), weight (per-channel), bias (kept float)."""
+
+    acts: list[Slot]
+    weight: Slot | None = None
+    bias: Slot | None = None
+
+
+def get(call_args: tuple, kwargs: dict, slot: Slot):
+    if slot[0] == "k":
+        return kwargs.get(slot[1])
+    v = call_args[slot[1]] if slot[1] < len(call_args) else None
+    return v[slot[2]] if len(slot) == 3 and v is not None else v
+
+
+def put(call_args: list, kwargs: dict, slot: Slot, value) -> None:
+    if slot[0] == "k":
+        kwargs[slot[1]] = value
+    elif len(slot) == 3:
+        seq = list(call_args[slot[1]])
+        seq[slot[2]] = value
+        call_args[slot[1]] = seq
+    else:
+        call_args[slot[1]] = value
+
+
+def _slot(call: OpCall, pos: int, kw: str) -> Slot | None:
+    if pos < len(call.args):
+        return ("a", pos)
+    if kw in call.kwargs:
+        return ("k", kw)
+    return None
+
+
+def plan(call: OpCall) -> ArgPlan:
+    """The ArgPlan of a modelled call (category not None)."""
+    cat = call.category
+    a0 = _slot(call, 0, "input")
+    if call.op_type in ("conv1d", "conv2d", "linear"):
+        w = _slot(call, 1, "weight")
+        b = _slot(call, 2, "bias")
+        wv = get(call.args, call.kwargs, w) if w else None
+        if isinstance(wv, nn.Parameter):
+            return ArgPlan([a0], w, b)
+        return ArgPlan([a0, w], None, b)
+    if cat in (OpCategory.GEMM, OpCategory.ADD, OpCategory.MUL, OpCategory.DIV):
+        other = _slot(call, 1, "other")
+        return ArgPlan([s for s in (a0, other) if s is not None])
+    if cat is OpCategory.REQUANT and call.op_type in ("cat", "stack"):
+        seq = call.args[0] if call.args else call.kwargs.get("tensors")
+        return ArgPlan([("a", 0, j) for j in range(len(seq))]) if call.args else ArgPlan([])
+    if cat is OpCategory.GRID_SAMPLE:
+        return ArgPlan([a0, _slot(call, 1, "grid")])
+    return ArgPlan([a0] if a0 is not None else [])
+
+
+def is_float_tensor(v) -> bool:
+    return isinstance(v, Tensor) and v.is_floating_point()

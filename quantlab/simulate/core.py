@@ -1,0 +1,534 @@
+"""Simulator: run one unmodified eager model in float, fake-quant and fixed-point modes.
+
+Ops are captured as the model runs (quantlab.capture); each modelled op quantizes its
+activation inputs that arrive unquantized (or in another dtype than its ``input_dtype``), its
+weights per channel, and its output at ``output_dtype`` with a calibrated scale. Pass-through
+ops keep their input's quantization. In fixed mode integer kernels decide the output codes
+(quantlab.simulate.fixed_ops); ops without a fixed kernel evaluate their function on the exact
+dequantized inputs and quantize the output once (listed as ``float_fallback``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
+
+from quantlab.capture import CaptureMode, ModuleTracker, OpCall, OpCategory
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, quantize
+from quantlab.platforms import PlatformConfig, load_platform
+from quantlab.qconfig import (
+    GEMM_TYPES,
+    ObserverKind,
+    OpContext,
+    QConfigSpec,
+    ResolvedQConfig,
+    resolve,
+    validate_names,
+)
+from quantlab.simulate import args as A
+from quantlab.simulate import fixed_ops
+from quantlab.simulate.modes import Mode, OpMode, Trace, View
+from quantlab.simulate.observers import ActivationObserver, weight_amax
+from quantlab.simulate.qtensor import QInfo, QTable
+
+
+@dataclass
+class _OpInfo:
+    name: str
+    op_type: str
+    category: OpCategory | None
+    module: str
+    call_index: int
+    input_shapes: list
+    output_shape: tuple | None
+    has_weight: bool
+    flops: int
+    producers: list  # producer op name (or None) of each activation input
+    input_dtypes: list = field(default_factory=list)
+
+
+@dataclass
+class _RunState:
+    mode: Mode
+    op_modes: Mapping[str, OpMode]
+    replay: Trace | None = None
+    replay_active: bool = False
+    calibrating: bool = False
+    trace: Trace | None = None
+    isolate: Trace | None = None
+    qt: QTable = field(default_factory=QTable)
+    producers: QTable = field(default_factory=QTable)
+    order: list = field(default_factory=list)
+    infos: dict = field(default_factory=dict)
+
+
+class Simulator:
+    """Run ``model`` the way QAT (FAKE) and the deployed chip (FIXED) compute it, per platform."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        platform: PlatformConfig | str = "j6m",
+        qconfig: QConfigSpec | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.platform = load_platform(platform) if isinstance(platform, str) else platform
+        self.spec = qconfig if qconfig is not None else QConfigSpec()
+        self._tracker = ModuleTracker(model)
+        self._obs: dict[str, ActivationObserver] = {}
+        self._scale_cache: dict[tuple, Tensor] = {}
+        self._wcache: dict[tuple, tuple] = {}
+        self._info: dict[str, _OpInfo] = {}
+        self._order: list[str] = []
+        self._ctx: dict[str, OpContext] = {}
+        self._resolved: dict[str, ResolvedQConfig] = {}
+        self._discovered = False
+        self._calibrated = False
+        self._state: _RunState | None = None
+        self._luts: dict[tuple, Any] = {}
+
+    # ------------------------------------------------------------------ public API
+    def calibrate(self, batches: Iterable[tuple[Tensor, ...]]) -> None:
+        """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers."""
+        from quantlab.progress import progress
+
+        n = 0
+        for batch in progress(batches, "calibrate"):
+            batch = batch if isinstance(batch, (tuple, list)) else (batch,)
+            st = _RunState(Mode.FLOAT, {}, calibrating=True)
+            self._forward(tuple(batch), st)
+            n += 1
+        if n == 0:
+            raise ValueError("calibrate() needs at least one batch")
+        self._calibrated = True
+        self._scale_cache.clear()
+
+    def run(
+        self,
+        *inputs: Any,
+        mode: Mode | str = Mode.FIXED,
+        op_modes: Mapping[str, OpMode] | None = None,
+        replay: Trace | None = None,
+    ) -> Any:
+        """What ``model(*inputs)`` returns, computed in ``mode`` (with per-op overrides).
+
+        With ``replay``, every op executed before the first op named in ``op_modes`` returns its
+        recorded output instead of being recomputed.
+        """
+        st = self._new_state(mode, op_modes, replay)
+        return self._forward(inputs, st)
+
+    def trace(self, *inputs: Any, mode: Mode | str = Mode.FIXED, _isolate: Trace | None = None):
+        """Run once in ``mode`` and record every captured op's output."""
+        st = self._new_state(mode, None, None)
+        st.trace = Trace(Mode.parse(mode))
+        st.isolate = _isolate
+        st.trace.result = self._forward(inputs, st)
+        return st.trace
+
+    def compare(
+        self, *inputs: Any, a: Mode | str, b: Mode | str, view: View = View.ACCUMULATED
+    ) -> pd.DataFrame:
+        """Per-op comparison of modes ``a`` (reference) and ``b``; see analysis.compare."""
+        from quantlab.analysis.compare import compare_modes
+
+        return compare_modes(self, inputs, Mode.parse(a), Mode.parse(b), view)
+
+    def set_qconfig(self, spec: QConfigSpec) -> None:
+        """Replace the qconfig rules and re-resolve every op (calibration statistics are kept)."""
+        self.spec = spec
+        self._resolved.clear()
+        self._scale_cache.clear()
+        self._luts.clear()
+        if self._discovered:
+            self._validate()
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        """One row per captured op call of the latest run, in execution order."""
+        rows = []
+        for name in self._order:
+            inf = self._info[name]
+            rq = self.qconfig_of(name) if inf.category is not None else None
+            rows.append(
+                {
+                    "name": name,
+                    "op_type": inf.op_type,
+                    "module": inf.module,
+                    "call_index": inf.call_index,
+                    "input_shapes": inf.input_shapes,
+                    "output_shape": inf.output_shape,
+                    "supported": self.supported(inf.op_type, inf.category),
+                    "category": inf.category.name if inf.category else "NONE",
+                    "fixed_kernel": fixed_ops.kernel_name(inf.op_type, inf.category, self),
+                    "input_dtype": _dt_names(inf.input_dtypes),
+                    "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
+                    "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
+                    "has_weight": inf.has_weight,
+                    "flops": inf.flops,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def supported(self, op_type: str, category: OpCategory | None) -> bool:
+        """Whether ``op_type`` runs quantized on this platform (else it falls back to float)."""
+        if category is None:
+            return False
+        sup = self.platform.supported_ops
+        return not sup or op_type in sup
+
+    def qconfig_of(self, name: str) -> ResolvedQConfig:
+        """The resolved qconfig of op ``name``."""
+        rq = self._resolved.get(name)
+        if rq is None:
+            inf = self._info.get(name)
+            ctx = self._ctx.get(name)
+            if ctx is None:
+                if inf is None:
+                    raise ValueError(f"unknown op {name!r}; run the model first")
+                ctx = OpContext(name, inf.op_type, inf.module)
+            rq = resolve(self.spec, self.platform, ctx)
+            self._resolved[name] = rq
+        return rq
+
+    # ------------------------------------------------------------------ running
+    def _new_state(self, mode, op_modes, replay) -> _RunState:
+        mode = Mode.parse(mode)
+        op_modes = dict(op_modes or {})
+        if mode is not Mode.FLOAT or any(m.mode is not Mode.FLOAT for m in op_modes.values()):
+            if not self._calibrated:
+                raise ValueError("run in FAKE or FIXED mode needs calibrate(batches) first")
+        if op_modes and self._discovered:
+            unknown = [n for n in op_modes if n not in self._info]
+            if unknown:
+                listing = "\n  ".join(self._order)
+                raise ValueError(f"op_modes names unknown op(s) {unknown}; ops:\n  {listing}")
+        return _RunState(mode, op_modes, replay=replay, replay_active=replay is not None)
+
+    def _forward(self, inputs: tuple, st: _RunState) -> Any:
+        if not self._discovered and (st.mode is not Mode.FLOAT or st.op_modes):
+            self._forward(inputs, _RunState(Mode.FLOAT, {}))
+        prev, self._state = self._state, st
+        try:
+            with (
+                torch.no_grad(),
+                self._tracker,
+                CaptureMode(self._tracker, self._handle, st.qt.drop),
+            ):
+                out = self.model(*inputs)
+        finally:
+            self._state = prev
+        for name in st.order:
+            self._info[name] = st.infos[name]
+        self._order = list(st.order)
+        if not self._discovered:
+            self._discover(out, st)
+        return out
+
+    def _discover(self, out: Any, st: _RunState) -> None:
+        feeds = set()
+        for leaf in tree_flatten(out)[0]:
+            p = st.producers.get(leaf)
+            while p is not None:
+                inf = st.infos[p]
+                if inf.category is not OpCategory.PASS_THROUGH:
+                    feeds.add(p)
+                    break
+                p = inf.producers[0] if inf.producers else None
+        chain = set()
+        for name in st.order:
+            inf = st.infos[name]
+            if inf.category is OpCategory.GRID_SAMPLE and len(inf.producers) > 1:
+                todo, depth = [inf.producers[1]], 0
+                while todo and depth < 64:
+                    p = todo.pop()
+                    depth += 1
+                    if p is None or p in chain:
+                        continue
+                    chain.add(p)
+                    pinf = st.infos[p]
+                    if pinf.op_type not in GEMM_TYPES:
+                        todo.extend(pinf.producers)
+        for name in st.order:
+            inf = st.infos[name]
+            self._ctx[name] = OpContext(name, inf.op_type, inf.module, name in feeds, name in chain)
+        self._discovered = True
+        self._resolved.clear()
+        self._validate()
+
+    def _validate(self) -> None:
+        from quantlab.capture import KNOWN_OP_TYPES
+
+        validate_names(self.spec, self._order, set(KNOWN_OP_TYPES))
+        out_dt: dict[str, DType] = {}
+        for name in self._order:
+            inf = self._info[name]
+            if inf.category is None or not self.supported(inf.op_type, inf.category):
+                out_dt[name] = DType.FLOAT32
+                continue
+            rq = self.qconfig_of(name)
+            ins = [
+                rq.input_dtype or (out_dt.get(p) if p else None) or rq.output_dtype
+                for p in inf.producers
+            ]
+            inf.input_dtypes = ins
+            if inf.category is OpCategory.PASS_THROUGH and ins:
+                out_dt[name] = ins[0]
+            else:
+                out_dt[name] = self._out_dtype(name)
+            if inf.category is OpCategory.GEMM:
+                ops = ins + ([rq.weight_dtype] if inf.has_weight else [])
+                self._check_gemm(name, inf.op_type, ops)
+            if inf.category is OpCategory.GRID_SAMPLE and inf.input_shapes:
+                self._check_grid(name, inf.input_shapes[0])
+
+    def _out_dtype(self, name: str) -> DType:
+        rq = self.qconfig_of(name)
+        inf = self._info.get(name)
+        if inf is not None and inf.category is OpCategory.GEMM and rq.high_precision_output:
+            return self.platform.high_precision_output
+        return rq.output_dtype
+
+    def _check_gemm(self, name: str, op_type: str, dtypes: list) -> None:
+        n16 = sum(1 for d in dtypes if d is DType.INT16)
+        if n16 >= 2 and self.platform.max_int16_gemm_operands < 2:
+            raise ValueError(
+                f"op {name} ({op_type}): int16 x int16 GEMM is not available on "
+                f"{self.platform.name} (platform.max_int16_gemm_operands="
+                f"{self.platform.max_int16_gemm_operands}); make the input or the weight INT8"
+            )
+
+    def _check_grid(self, name: str, shape) -> None:
+        if len(shape) != 4:
+            return
+        h, w = int(shape[2]), int(shape[3])
+        side, area = self.platform.grid_max_side, self.platform.grid_max_area
+        if side and (h > side or w > side) or area and h * w > area:
+            raise ValueError(
+                f"op {name} (grid_sample): input H={h}, W={w} exceeds the {self.platform.name} "
+                f"limits H, W <= {side} (platform.grid_max_side) and H*W <= {area} "
+                "(platform.grid_max_area)"
+            )
+
+    # ------------------------------------------------------------------ one op
+    def _handle(self, call: OpCall) -> Any:
+        st = self._state
+        assert st is not None
+        om = st.op_modes.get(call.name)
+        plan = A.plan(call) if call.category is not None else A.ArgPlan(_float_slots(call))
+        inf = self._record(call, plan, st)
+        if st.replay_active:
+            if om is not None:
+                st.replay_active = False
+            elif call.name in st.replay.outputs:
+                out = st.replay.outputs[call.name]
+                self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
+                return out
+        mode = om.mode if om is not None else st.mode
+        if call.result is not None:  # not modelled: ran in float already
+            out, info = call.result, None
+        elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
+            out, info = call.run(), None
+            if st.calibrating:
+                self._observe(call, plan, out)
+        else:
+            out, info = self._run_quantized(call, plan, mode, om, st)
+        inf.output_shape = _shape_of(out)
+        inf.flops = _flops(call, plan, out)
+        if st.trace is not None:
+            st.trace.order.append(call.name)
+            st.trace.outputs[call.name] = out
+            st.trace.qinfo[call.name] = info
+        if st.isolate is not None and call.name in st.isolate.outputs:
+            out, info = st.isolate.outputs[call.name], st.isolate.qinfo.get(call.name)
+        self._set_out_info(out, info, st, call.name)
+        return out
+
+    def _record(self, call: OpCall, plan: A.ArgPlan, st: _RunState) -> _OpInfo:
+        shapes, producers = [], []
+        for slot in plan.acts:
+            v = A.get(call.args, call.kwargs, slot)
+            if isinstance(v, Tensor):
+                shapes.append(tuple(v.shape))
+                producers.append(st.producers.get(v))
+            else:
+                shapes.append(())
+                producers.append(None)
+        w = A.get(call.args, call.kwargs, plan.weight) if plan.weight else None
+        inf = _OpInfo(
+            call.name,
+            call.op_type,
+            call.category,
+            call.module,
+            call.call_index,
+            shapes,
+            None,
+            w is not None,
+            0,
+            producers,
+        )
+        old = self._info.get(call.name)
+        if old is not None:
+            inf.input_dtypes = old.input_dtypes
+        st.infos[call.name] = inf
+        st.order.append(call.name)
+        return inf
+
+    def _set_out_info(self, out: Any, info: Any, st: _RunState, name: str) -> None:
+        leaves = tree_flatten(out)[0]
+        infos = info if isinstance(info, list) else [info] * len(leaves)
+        for leaf, li in zip(leaves, infos):
+            if isinstance(leaf, Tensor):
+                st.producers.set(leaf, name)
+                if li is not None:
+                    st.qt.set(leaf, li)
+                else:
+                    st.qt.drop(leaf)
+
+    def _observe(self, call: OpCall, plan: A.ArgPlan, out: Any) -> None:
+        for i, slot in enumerate(plan.acts):
+            v = A.get(call.args, call.kwargs, slot)
+            if A.is_float_tensor(v):
+                self._obs.setdefault(f"{call.name}/in{i}", ActivationObserver()).update(v)
+        o = tree_flatten(out)[0]
+        if o and A.is_float_tensor(o[0]) and call.category is not OpCategory.PASS_THROUGH:
+            self._obs.setdefault(f"{call.name}/out", ActivationObserver()).update(o[0])
+
+    # ------------------------------------------------------------------ quantization
+    def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
+        """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype``."""
+        ck = (name, key, dtype, rq.observer, rq.fixed_scale, rq.percentile)
+        s = self._scale_cache.get(ck)
+        if s is not None:
+            return s
+        if rq.observer is ObserverKind.FIXED:
+            s = torch.tensor(rq.fixed_scale, dtype=torch.float32)
+        else:
+            obs = self._obs.get(f"{name}/{key}")
+            if obs is None:
+                raise ValueError(
+                    f"op {name}: no calibration statistics for its {key}; calibrate with inputs "
+                    "that reach this op"
+                )
+            amax = obs.amax(rq.observer, dtype, self.platform.fake_round, rq.percentile)
+            s = compute_scale(amax, dtype, self.platform.scale_rule)
+        self._scale_cache[ck] = s
+        return s
+
+    def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool):
+        """(codes int64, scale float32 per channel) of a weight; cached until it changes."""
+        ck = (name, dtype, per_channel)
+        hit = self._wcache.get(ck)
+        if hit is not None and hit[0] is w and hit[1] == w._version:
+            return hit[2], hit[3]
+        amax = weight_amax(w, per_channel)
+        s = compute_scale(
+            amax, dtype, self.platform.scale_rule, narrow_range=self.platform.weight_narrow_range
+        )
+        lo = -dtype.qmax if self.platform.weight_narrow_range else None
+        axis = 0 if per_channel else None
+        codes = quantize(w.detach(), s, dtype, self.platform.fake_round, axis=axis, qmin=lo).to(
+            torch.int64
+        )
+        self._wcache[ck] = (w, w._version, codes, s)
+        return codes, s
+
+    def quantize_act(self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode):
+        """(value, QInfo) of ``x`` quantized at activation point ``name/key``."""
+        if dtype.is_float:
+            y = fake_cast(x, dtype, self.platform.float16_saturate)
+            return y, QInfo(dtype)
+        s = self.act_scale(name, key, dtype, rq)
+        codes = quantize(x, s, dtype, self.platform.fake_round)
+        y = dequantize(codes, s)
+        return y, QInfo(dtype, s, codes if mode is Mode.FIXED else None)
+
+    def _run_quantized(self, call, plan, mode, om, st):
+        rq = self.qconfig_of(call.name)
+        args, kwargs = list(call.args), dict(call.kwargs)
+        in_infos: list = []
+        for i, slot in enumerate(plan.acts):
+            v = A.get(args, kwargs, slot)
+            if not A.is_float_tensor(v):
+                in_infos.append(None)
+                continue
+            info = st.qt.get(v)
+            want = rq.input_dtype or (info.dtype if info is not None else rq.output_dtype)
+            if info is None or info.dtype is not want:
+                if info is not None and info.dtype.is_float and want.is_float:
+                    v, info = fake_cast(v, want, self.platform.float16_saturate), QInfo(want)
+                else:
+                    v, info = self.quantize_act(call.name, f"in{i}", v, want, rq, mode)
+                A.put(args, kwargs, slot, v)
+            in_infos.append(info)
+        wq = None
+        if plan.weight is not None and (om is None or om.quantize_weight):
+            w = A.get(args, kwargs, plan.weight)
+            if rq.weight_dtype.is_int:
+                codes, s = self.weight_q(call.name, w, rq.weight_dtype, True)
+                wq = (codes, s)
+                A.put(args, kwargs, plan.weight, dequantize(codes, s, axis=0))
+            else:
+                A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))
+        if call.category is OpCategory.GEMM:
+            dts = [i.dtype for i in in_infos if i is not None]
+            self._check_gemm(call.name, call.op_type, dts + ([rq.weight_dtype] if wq else []))
+        if call.category is OpCategory.GRID_SAMPLE:
+            self._check_grid(call.name, A.get(args, kwargs, plan.acts[0]).shape)
+        quant_out = om is None or om.quantize_output
+        if mode is Mode.FIXED:
+            res = fixed_ops.run_fixed(self, call, plan, args, kwargs, in_infos, wq, rq, quant_out)
+            if res is not None:
+                return res
+        out = call.func(*args, **kwargs)
+        return self._quant_output(call, out, in_infos, rq, quant_out, mode)
+
+    def _quant_output(self, call, out, in_infos, rq, quant_out, mode):
+        if call.category is OpCategory.PASS_THROUGH:
+            src = in_infos[0] if in_infos else None
+            if src is None or src.dtype.is_float:
+                return out, src
+            leaves = tree_flatten(out)[0]
+            return out, [QInfo(src.dtype, src.scale) for _ in leaves]
+        if not quant_out or not A.is_float_tensor(out):
+            return out, None
+        if call.category is OpCategory.GEMM and rq.high_precision_output:
+            return out, None
+        return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode)
+
+
+def _float_slots(call: OpCall) -> list:
+    return [("a", i) for i, v in enumerate(call.args) if A.is_float_tensor(v)]
+
+
+def _shape_of(out) -> tuple | None:
+    if isinstance(out, Tensor):
+        return tuple(out.shape)
+    leaves = [tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+    return tuple(leaves) if leaves else None
+
+
+def _flops(call: OpCall, plan: A.ArgPlan, out) -> int:
+    if not isinstance(out, Tensor):
+        return 0
+    n = out.numel()
+    if call.category is OpCategory.GEMM:
+        if plan.weight is not None:
+            w = A.get(call.args, call.kwargs, plan.weight)
+            k = w[0].numel() if call.op_type != "linear" else w.shape[-1]
+        else:
+            a = A.get(call.args, call.kwargs, plan.acts[0])
+            k = a.shape[-1] if call.op_type != "conv2d" else 1
+        return 2 * n * int(k)
+    return n
+
+
+def _dt_names(dts: list) -> str:
+    return ",".join(d.name if isinstance(d, DType) else "" for d in dts)

@@ -1,0 +1,57 @@
+"""Run modes, per-op overrides, comparison views and recorded traces."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Mode(enum.Enum):
+    """FLOAT: the model as written. FAKE: QAT numerics (exact float functions on fake-quantized
+    tensors, float16 fake casts). FIXED: deployed numerics (integer GEMM + requantization,
+    segment LUTs, int16 grids, period reduction)."""
+
+    FLOAT = "float"
+    FAKE = "fake"
+    FIXED = "fixed"
+
+    @classmethod
+    def parse(cls, value: Mode | str) -> Mode:
+        if isinstance(value, Mode):
+            return value
+        for m in cls:
+            if isinstance(value, str) and value in (m.name, m.value):
+                return m
+        raise ValueError(f"unknown mode {value!r}; allowed: {', '.join(m.name for m in cls)}")
+
+
+class View(enum.Enum):
+    """ISOLATED: each op of run b is fed the inputs run a gave it. ACCUMULATED: errors propagate."""
+
+    ISOLATED = "isolated"
+    ACCUMULATED = "accumulated"
+
+
+@dataclass(frozen=True)
+class OpMode:
+    """Per-op override of a run's default mode.
+
+    quantize_output=False keeps this op's output in float (sensitivity "weight" pass);
+    quantize_weight=False keeps its weights in float (sensitivity "activation" pass).
+    """
+
+    mode: Mode
+    quantize_output: bool = True
+    quantize_weight: bool = True
+
+
+@dataclass
+class Trace:
+    """Every captured op's output in one run (detached), with its quantization side info."""
+
+    mode: Mode
+    order: list[str] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    qinfo: dict[str, Any] = field(default_factory=dict)  # name -> QInfo, list of them, or None
+    result: Any = None  # what the model returned

@@ -1,0 +1,88 @@
+"""Calibration observers: activation statistics gathered in float mode, turned into scales.
+
+Scales follow j6-numerics s.1 through ``quantlab.numerics.quantize.compute_scale`` with the
+platform's ``scale_rule``; the observer only decides ``amax``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import compute_scale, fake_quant
+from quantlab.numerics.rounding import Round
+from quantlab.qconfig import ObserverKind
+
+EMA_MOMENTUM = 0.01  # MinMax observer: new = old + 0.01 * (cur - old)  (j6-numerics s.1)
+MSE_CANDIDATES = 95  # MSE observer: amax * (1 - 0.01 i), i = 0..94      (j6-numerics s.1)
+SAMPLE_CAP = 1 << 16  # values kept per batch for the MSE / percentile search
+
+
+class ActivationObserver:
+    """Statistics of one activation tensor (per-tensor) across calibration batches.
+
+    Keeps the EMA min/max (MinMax), the running min/max, and a deterministic strided subsample
+    of at most ``SAMPLE_CAP`` values per batch (plus the batch extremes) for MSE and percentile.
+    """
+
+    def __init__(self) -> None:
+        self.ema_min: float | None = None
+        self.ema_max: float | None = None
+        self.run_min = float("inf")
+        self.run_max = float("-inf")
+        self.samples: list[Tensor] = []
+        self.batches = 0
+
+    def update(self, x: Tensor) -> None:
+        x = x.detach().float()
+        finite = x[torch.isfinite(x)]
+        if finite.numel() == 0:
+            return
+        lo, hi = float(finite.min()), float(finite.max())
+        if self.ema_min is None:
+            self.ema_min, self.ema_max = lo, hi
+        else:
+            self.ema_min += EMA_MOMENTUM * (lo - self.ema_min)
+            self.ema_max += EMA_MOMENTUM * (hi - self.ema_max)
+        self.run_min, self.run_max = min(self.run_min, lo), max(self.run_max, hi)
+        flat = finite.reshape(-1)
+        step = max(1, flat.numel() // SAMPLE_CAP)
+        self.samples.append(torch.cat([flat[::step], flat.new_tensor([lo, hi])]))
+        self.batches += 1
+
+    def amax(self, kind: ObserverKind, dtype: DType, rounding: Round, percentile: float) -> float:
+        """The calibrated absolute maximum for ``kind`` (FIXED is handled by the caller)."""
+        if self.ema_min is None:
+            raise ValueError("observer saw no finite values")
+        if kind is ObserverKind.MINMAX:
+            return max(-self.ema_min, self.ema_max, 0.0)
+        data = torch.cat(self.samples)
+        if kind is ObserverKind.PERCENTILE:
+            return float(torch.quantile(data.abs().double(), percentile / 100.0))
+        if kind is ObserverKind.MSE:
+            return mse_amax(data, dtype, rounding)
+        raise ValueError(f"observer {kind} has no amax; allowed: MINMAX, MSE, PERCENTILE")
+
+
+def mse_amax(data: Tensor, dtype: DType, rounding: Round) -> float:
+    """The candidate ``amax * (1 - 0.01 i)`` (i = 0..94) with the lowest L2 fake-quant error."""
+    amax = float(data.abs().max())
+    if amax == 0.0:
+        return 0.0
+    best, best_err = amax, float("inf")
+    for i in range(MSE_CANDIDATES):
+        cand = amax * (1 - 0.01 * i)
+        s = compute_scale(cand, dtype)
+        err = float(((fake_quant(data, s, dtype, rounding) - data) ** 2).sum())
+        if err < best_err:
+            best, best_err = cand, err
+    return best
+
+
+def weight_amax(w: Tensor, per_channel: bool) -> Tensor:
+    """Per-channel (axis 0) or per-tensor MinMax absolute maximum of a weight, float32."""
+    w = w.detach().float()
+    if per_channel and w.dim() > 1:
+        return w.abs().reshape(w.shape[0], -1).amax(dim=1)
+    return w.abs().max().reshape(1) if per_channel else w.abs().max()

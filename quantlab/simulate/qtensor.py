@@ -1,0 +1,71 @@
+"""The side table that carries quantization with a tensor between ops.
+
+In fixed mode every quantized activation is a float32 tensor whose values equal
+``codes * scale`` exactly (one float32 product of an integer |code| < 2**24 and the scale); its
+``QInfo`` holds the integer codes, the scale and the dtype. The entry lives exactly as long as
+the tensor (a weak reference removes it), keyed by the tensor object, never by its values.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+
+
+@dataclass(frozen=True)
+class QInfo:
+    """How a tensor is quantized: ``dtype``; for integer dtypes ``scale`` (float32, one value)
+    and optionally the integer ``codes`` (values == codes * scale exactly)."""
+
+    dtype: DType
+    scale: Tensor | None = None
+    codes: Tensor | None = None
+
+    def codes_of(self, value: Tensor) -> Tensor:
+        """The integer codes (int64) of ``value``.
+
+        Exactness: ``value = fl(code * s)`` with |code| <= 2**15, so ``value / s`` is within
+        2**-8 of ``code`` and rounding recovers it exactly (used after pass-through ops, which
+        select values without changing them).
+        """
+        if self.codes is not None and self.codes.shape == value.shape:
+            return self.codes.to(torch.int64)
+        assert self.scale is not None and self.dtype.is_int and self.dtype.bits <= 16
+        return torch.round(value.float() / self.scale).to(torch.int64)
+
+
+class QTable:
+    """id(tensor) -> (weak reference, value); entries vanish with their tensors."""
+
+    def __init__(self) -> None:
+        self._d: dict[int, tuple[weakref.ref, object]] = {}
+
+    def set(self, t: Tensor, info: object) -> None:
+        key = id(t)
+        d = self._d
+
+        def _gone(_ref, key=key, d=d) -> None:
+            entry = d.get(key)
+            if entry is not None and entry[0] is _ref:
+                del d[key]
+
+        self._d[key] = (weakref.ref(t, _gone), info)
+
+    def get(self, t: object):
+        if not isinstance(t, Tensor):
+            return None
+        e = self._d.get(id(t))
+        if e is None or e[0]() is not t:
+            return None
+        return e[1]
+
+    def drop(self, t: Tensor) -> None:
+        self._d.pop(id(t), None)
+
+    def clear(self) -> None:
+        self._d.clear()
