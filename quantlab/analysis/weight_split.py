@@ -1,0 +1,229 @@
+"""Per-layer precision of GEMM operand formats: int8, high/low split (k, combine mode), int16.
+
+Given one GEMM call (its float input and weight, or its two float operands for a MatMul), each
+format is run in fixed point (exact integer accumulators, requantization to the output dtype)
+and compared with the float64 GEMM of the *quantized* input, so only the weight/operand format
+and the output rounding differ between formats. Scales follow j6-numerics s.1: activations
+per tensor, weights per output channel, amax / ((qmax - qmin) / 2).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import Overflow
+from quantlab.numerics.quantize import compute_scale, quantize
+from quantlab.numerics.requant import Requant
+from quantlab.numerics.rounding import Round
+from quantlab.numerics.split import (
+    INT16_SPLIT_MAX,
+    SplitCombine,
+    check_split_k,
+    combine_partials,
+    exact_conv2d,
+    exact_matmul,
+    int32_accumulate,
+    split_int16_codes,
+    split_weight,
+)
+
+
+class OperandFormat(enum.Enum):
+    """How the weight (Conv/Linear) or the second operand (MatMul) is held.
+
+    INT8:  one int8 code per value, one int8 pass.
+    SPLIT: Conv/Linear: int8 high + int8 low part with shift k (two int8 passes);
+           MatMul: the operand quantized to int16 and taken as hi * 256 + lo (two passes).
+    INT16: one int16 code per value (native int16 operand where the platform has it).
+    """
+
+    INT8 = "int8"
+    SPLIT = "split"
+    INT16 = "int16"
+
+
+@dataclass(frozen=True)
+class FormatChoice:
+    """One operand format: ``fmt``, the split shift ``k`` and the ``combine`` mode (SPLIT)."""
+
+    fmt: OperandFormat
+    k: int = 7
+    combine: SplitCombine = SplitCombine.WIDE_ACCUMULATOR
+
+    def __post_init__(self) -> None:
+        if self.fmt is OperandFormat.SPLIT:
+            check_split_k(self.k)
+
+    @property
+    def label(self) -> str:
+        if self.fmt is OperandFormat.SPLIT:
+            mode = "wide" if self.combine is SplitCombine.WIDE_ACCUMULATOR else "separate"
+            return f"split_k{self.k}_{mode}"
+        return self.fmt.value
+
+    @property
+    def passes(self) -> int:
+        """int8 MAC passes per multiply-accumulate (an int16 operand is two int8 halves)."""
+        return 1 if self.fmt is OperandFormat.INT8 else 2
+
+    @property
+    def weight_bytes_per_value(self) -> int:
+        return 1 if self.fmt is OperandFormat.INT8 else 2
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """One captured GEMM: ``kind`` conv2d / linear / matmul, operands, conv arguments."""
+
+    name: str
+    kind: str
+    x: Tensor  # input (conv2d/linear) or left operand (matmul), float
+    w: Tensor  # weight (conv2d: OIHW, linear: (out, in)) or right operand (matmul), float
+    conv_args: tuple = ()  # (stride, padding, dilation, groups) for conv2d
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of this call."""
+        if self.kind == "conv2d":
+            y = _conv_shape(self)
+            return int(math.prod(y) * self.w[0].numel())
+        if self.kind == "linear":
+            return int(self.x.numel() // self.x.shape[-1] * self.w.numel())
+        out = torch.broadcast_shapes(self.x.shape[:-2], self.w.shape[:-2])
+        return int(math.prod(out) * self.x.shape[-2] * self.x.shape[-1] * self.w.shape[-1])
+
+    @property
+    def weight_values(self) -> int:
+        """Stored weight values (0 for a MatMul of two activations)."""
+        return 0 if self.kind == "matmul" else int(self.w.numel())
+
+
+def _conv_shape(call: GemmCall) -> tuple[int, ...]:
+    stride, padding, dilation, groups = call.conv_args
+    return tuple(
+        F.conv2d(
+            torch.zeros(1, *call.x.shape[1:]),
+            torch.zeros_like(call.w),
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+        ).shape[1:]
+    ) + (call.x.shape[0],)
+
+
+def _float_gemm(call: GemmCall, x: Tensor, w: Tensor) -> Tensor:
+    if call.kind == "conv2d":
+        stride, padding, dilation, groups = call.conv_args
+        return F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    if call.kind == "linear":
+        return F.linear(x, w)
+    return torch.matmul(x, w)
+
+
+def _int_gemm(call: GemmCall, xc: Tensor, wc: Tensor) -> Tensor:
+    if call.kind == "conv2d":
+        stride, padding, dilation, groups = call.conv_args
+        return exact_conv2d(
+            xc, wc, stride=stride, padding=padding, dilation=dilation, groups=groups
+        )
+    if call.kind == "linear":
+        return exact_matmul(xc, wc.transpose(0, 1))
+    return exact_matmul(xc, wc)
+
+
+def evaluate_formats(
+    call: GemmCall,
+    formats: list[FormatChoice],
+    in_dtype: DType = DType.INT8,
+    out_dtype: DType = DType.INT16,
+    rounding: Round = Round.HALF_UP,
+    scheme: Requant = Requant.MUL_SHIFT,
+    overflow: Overflow = Overflow.SATURATE,
+) -> list[dict]:
+    """One row per format: output SQNR (dB), error in output LSBs (max, mean), saturations.
+
+    Reference: float64 GEMM of the dequantized ``in_dtype`` input and the float weight. Each
+    format: exact integer accumulators (int32 per pass, ``overflow``), partials combined by
+    ``combine_partials`` (a single partial for INT8/INT16), requantized to ``out_dtype`` with
+    the per-tensor output scale amax(reference) / ((qmax - qmin) / 2).
+    """
+    x = call.x.to(torch.float32)
+    w = call.w.to(torch.float32)
+    sx = compute_scale(x.abs().max(), in_dtype)
+    xc = quantize(x, sx, in_dtype)
+    per_channel = call.kind != "matmul"
+    waxis = 0 if per_channel else None
+    if per_channel:
+        wamax = w.abs().reshape(w.shape[0], -1).amax(1)
+    else:
+        wamax = w.abs().max()
+    ref = _float_gemm(call, xc.double() * float(sx), w.double())
+    so = compute_scale(ref.abs().max(), out_dtype)
+    caxis = 1 if call.kind == "conv2d" else (-1 if call.kind == "linear" else None)
+    rows = []
+    seen = set()
+    for f in formats:
+        label = f.label
+        if call.kind == "matmul" and f.fmt is OperandFormat.SPLIT:
+            label = "split16_" + label.split("_")[-1]  # byte split: k does not apply
+        if label in seen:
+            continue
+        seen.add(label)
+        wdt = DType.INT8 if f.fmt is OperandFormat.INT8 else DType.INT16
+        if f.fmt is OperandFormat.SPLIT and per_channel:
+            sw = compute_scale(wamax, DType.INT8)
+            hi, lo = split_weight(w, sw, f.k, axis=0)
+            parts = [(_int_gemm(call, xc, hi), 0), (_int_gemm(call, xc, lo), -f.k)]
+        else:
+            sw = compute_scale(wamax, wdt)
+            qmax = None
+            if f.fmt is OperandFormat.SPLIT:  # MatMul operand: int16 in the splittable range,
+                qmax = INT16_SPLIT_MAX  # scale coarsened by 32767/32639 as the plugin does
+                sw = (sw.double() * (32767 / INT16_SPLIT_MAX)).to(torch.float32)
+            wc = quantize(w, sw, wdt, axis=waxis, qmax=qmax)
+            if f.fmt is OperandFormat.SPLIT:
+                bh, bl = split_int16_codes(wc)
+                parts = [(_int_gemm(call, xc, bh), 8), (_int_gemm(call, xc, bl), 0)]
+            else:
+                parts = [(_int_gemm(call, xc, wc), 0)]
+        sat = 0
+        held = []
+        for acc, e in parts:
+            a32 = int32_accumulate(acc, overflow)
+            sat += int((a32 != acc).sum())
+            held.append((a32, e))
+        real = float(sx) * sw.double() / float(so)
+        axis = caxis if (per_channel and real.numel() > 1) else None
+        codes = combine_partials(
+            held, real, out_dtype, f.combine, rounding=rounding, scheme=scheme, axis=axis
+        )
+        y = codes.double() * float(so)
+        err_lsb = (codes.double() - ref / float(so)).abs()
+        noise = (y - ref).norm()
+        sqnr = float(20 * torch.log10(ref.norm() / noise)) if float(noise) > 0 else math.inf
+        rows.append(
+            {
+                "layer": call.name,
+                "op_type": call.kind,
+                "format": label,
+                "in_dtype": in_dtype.name,
+                "out_dtype": out_dtype.name,
+                "sqnr_db": sqnr,
+                "max_err_lsb": float(err_lsb.max()),
+                "mean_err_lsb": float(err_lsb.mean()),
+                "out_saturated": int((codes.long().abs() >= out_dtype.qmax).sum()),
+                "acc_saturated": sat,
+                "macs": call.macs,
+                "int8_passes": call.macs * f.passes,
+                "weight_bytes": call.weight_values * f.weight_bytes_per_value,
+            }
+        )
+    return rows
