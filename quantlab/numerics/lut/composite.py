@@ -1,0 +1,123 @@
+"""Ops the vendor builds from several LUTs: softmax, and inverse_sigmoid from reciprocal + log.
+
+Intermediate requantizations (the sum in softmax, the products) multiply an exact int64 value
+by a float64 scale ratio and round HALF_UP, then saturate **(assumed)**: the compiler's integer
+requantization is not public (j6-numerics s.7); quantlab's requant kernels model it per platform.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
+from quantlab.numerics.lut.strategies import Strategy
+from quantlab.numerics.lut.table import J6_FORMAT, LutFormat, build_lut
+from quantlab.numerics.rounding import Round, round_float
+
+SOFTMAX_EXP_RANGE = (-12.0, 0.0)  # vendor: exp(-12) already fake-quantizes to 0 (s.1.5)
+SOFTMAX_EXP_SCALE = 2.0 / 65535  # vendor comment: exp output scale 2/65535 (int16)
+RECIPROCAL_CLIP_CODES_INT16 = 32  # QAT clips |x| >= 32 s_in for int16 reciprocal inputs (s.1.5)
+
+
+def softmax_exp_spec() -> LutSpec:
+    """The exp table inside softmax: curvature on [-12, 0], flat left tail (gradient 0)."""
+    return LutSpec(Strategy.CURVATURE, input_range=SOFTMAX_EXP_RANGE, gradients=(0.0, None))
+
+
+def requant_half_up(v: Tensor, ratio: float, dtype: DType) -> Tensor:
+    """saturate(round_half_up(v * ratio)) for int64 ``v``; float64 multiply (exact for |v| <
+    2**53, one rounding of the product), HALF_UP, saturated to ``dtype`` (int64 result)."""
+    r = round_float(v.to(torch.float64) * float(ratio), Round.HALF_UP)
+    return r.clamp(dtype.qmin, dtype.qmax).to(torch.int64)
+
+
+def lut_softmax(
+    codes: Tensor,
+    in_scale: float,
+    in_dtype: DType = DType.INT16,
+    dim: int = -1,
+    out_scale: float | None = None,
+    out_dtype: DType = DType.INT16,
+    fmt: LutFormat = J6_FORMAT,
+    exp_scale: float = SOFTMAX_EXP_SCALE,
+    sum_scale: float | None = None,
+    recip_scale: float | None = None,
+) -> Tensor:
+    """Softmax the vendor way (j6-numerics s.3), on input codes; returns ``out_dtype`` codes.
+
+    1. d = x - max(x) in int16 codes (scale in_scale), saturated at -32768;
+    2. e = exp LUT (int16 -> int16, scale ``exp_scale``) on [-12, 0] with a flat left tail;
+    3. S = sum(e) exact in int64, requantized to int16 with ``sum_scale`` (default
+       n * exp_scale, so it cannot saturate);
+    4. r = reciprocal LUT (int16 -> int16, default spec, scale ``recip_scale``, default 1/32767);
+    5. out = requant(e * r, exp_scale * recip_scale / out_scale) (default out_scale 1/qmax).
+    Requantizations: float64 ratio, HALF_UP, saturation (assumed, module docstring).
+    """
+    in_dtype = DType.parse(in_dtype)
+    out_dtype = DType.parse(out_dtype)
+    if codes.dtype != in_dtype.torch_dtype:
+        raise ValueError(f"lut_softmax expects {in_dtype.name} codes, got {codes.dtype}")
+    n = codes.shape[dim]
+    out_scale = 1.0 / out_dtype.qmax if out_scale is None else float(out_scale)
+    sum_scale = n * exp_scale if sum_scale is None else float(sum_scale)
+    recip_scale = 1.0 / DType.INT16.qmax if recip_scale is None else float(recip_scale)
+    x = codes.to(torch.int64)
+    d = (x - x.amax(dim=dim, keepdim=True)).clamp_min(DType.INT16.qmin).to(torch.int16)
+    exp_lut = build_lut(
+        "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(), fmt
+    )
+    e = exp_lut.evaluate(d).to(torch.int64)
+    s = requant_half_up(e.sum(dim=dim, keepdim=True), exp_scale / sum_scale, DType.INT16)
+    recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
+    r = recip.evaluate(s.to(torch.int16)).to(torch.int64)
+    out = requant_half_up(e * r, exp_scale * recip_scale / out_scale, out_dtype)
+    return out.to(out_dtype.torch_dtype)
+
+
+def inverse_sigmoid_composite(
+    codes: Tensor,
+    in_scale: float,
+    out_scale: float,
+    in_dtype: DType = DType.INT16,
+    out_dtype: DType = DType.INT16,
+    eps: float = INVERSE_SIGMOID_EPS,
+    fmt: LutFormat = J6_FORMAT,
+    recip_clip_codes: int = RECIPROCAL_CLIP_CODES_INT16,
+) -> Tensor:
+    """inverse_sigmoid as vendor ops build it: log(clamp(x, eps) * reciprocal(clamp(1 - x, eps))).
+
+    Codes q (scale in_scale, x in [0, 1]):
+    1. one_minus = saturate(round_half_even(1 / in_scale) - q) (same scale), clamped below at
+       max(round(eps / in_scale), recip_clip_codes) (the QAT reciprocal input clip, 32 codes for
+       int16: it caps 1/(1-x) at 1 / (32 in_scale));
+    2. r = reciprocal LUT (default spec) to int16 with scale r_max / 32767, r_max that cap;
+    3. p = requant(max(q, round(eps / in_scale)) * r) to int16 with the same scale as r;
+    4. out = log LUT (default spec: symmetric, curvature, floor -10) to ``out_dtype``.
+    The result is bounded below by -10 (log floor) and above by log(r_max): asymmetric, unlike
+    the float op's +-ln((1 - eps)/eps). Requantizations: float64 ratio, HALF_UP (assumed).
+    """
+    in_dtype = DType.parse(in_dtype)
+    out_dtype = DType.parse(out_dtype)
+    if codes.dtype != in_dtype.torch_dtype:
+        raise ValueError(
+            f"inverse_sigmoid_composite expects {in_dtype.name} codes, got {codes.dtype}"
+        )
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    if recip_clip_codes < 1:
+        raise ValueError(f"recip_clip_codes must be >= 1, got {recip_clip_codes}")
+    q = codes.to(torch.int64)
+    one = int(torch.round(torch.tensor(1.0 / in_scale, dtype=torch.float64)))
+    eps_code = int(torch.round(torch.tensor(eps / in_scale, dtype=torch.float64)))
+    lower = max(eps_code, recip_clip_codes)
+    one_minus = (one - q).clamp(lower, in_dtype.qmax)
+    r_max = 1.0 / (lower * in_scale)
+    r_scale = r_max / DType.INT16.qmax
+    recip = build_lut("reciprocal", in_dtype, in_scale, DType.INT16, r_scale, None, fmt)
+    r = recip.evaluate(one_minus.to(in_dtype.torch_dtype)).to(torch.int64)
+    x1 = q.clamp_min(max(eps_code, 0))
+    p = requant_half_up(x1 * r, in_scale, DType.INT16)  # (x1 s_in)(r r_scale) / r_scale
+    log_lut = build_lut("log", DType.INT16, r_scale, out_dtype, out_scale, default_spec("log"), fmt)
+    return log_lut.evaluate(p.to(torch.int16))

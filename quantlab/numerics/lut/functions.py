@@ -1,0 +1,267 @@
+"""The functions a segment LUT can hold: float64 targets with documented clamps, and per-op specs.
+
+A table never holds NaN or inf: every function is made finite everywhere by the rule in its
+registry entry (``LutFunction.clamp_rule``), and table entries are then saturated to the output
+dtype. The per-op defaults (``default_spec``) follow the vendor plugin (j6-numerics s.3,
+horizon-plugin.md s.1.5).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.lut.strategies import Strategy
+
+TINY = 1e-30  # smallest |x| fed to 1/x and 1/sqrt(x): keeps 1/x finite (1e30), saturated later
+EXP_INPUT_MAX = 700.0  # exp input clamp: exp(700) ~ 1e304 is finite in float64
+
+
+class RangeRule(enum.Enum):
+    """How a function narrows the table's input range (horizon-plugin.md s.1.3).
+
+    NONE:      the full input range.
+    EXP_CAP:   the maximum is capped at log(largest output) (vendor rule for exp).
+    INVERSE:   the minimum becomes f^-1(out_max) for a decreasing f, f^-1(out_min) for an
+               increasing f (decided by comparing f(max/4) with f(max/2), as the vendor does):
+               no table entries are spent where the output saturates.
+    """
+
+    NONE = "none"
+    EXP_CAP = "exp_cap"
+    INVERSE = "inverse"
+
+
+@dataclass(frozen=True)
+class LutSpec:
+    """How one op's table is built. Frozen and hashable (built tables are cached on it).
+
+    strategy:        dividing-point rule (Strategy); MANUAL needs ``dividing_points``.
+    symmetric:       centrosymmetric mode: tables cover [0, max], x < 0 answers -f(-x).
+    dividing_points: MANUAL points in float input units, ``tables + 1`` values (or the vendor's
+                     ``tables + 2``: the last is the right tail's bound and is ignored, it is
+                     always the input qmax). Points are rounded to input codes and clamped to the
+                     input range; duplicates after rounding merge (fewer active tables).
+    input_range:     user (lo, hi) intersected with the range; either bound may be None.
+    gradients:       (left, right) tail slopes in output units per input unit; None: the secant
+                     between the table edge and the range end, or of the adjacent table step.
+    eps:             inverse_sigmoid: clamp of x and 1 - x (must be > 0); rsqrt: added to x.
+    log_floor:       log: outputs below this are clamped (the vendor's hard_log, -10).
+    range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
+    """
+
+    strategy: Strategy = Strategy.EVENLY
+    symmetric: bool = False
+    dividing_points: tuple[float, ...] | None = None
+    input_range: tuple[float | None, float | None] | None = None
+    gradients: tuple[float | None, float | None] = (None, None)
+    eps: float = 0.0
+    log_floor: float = -10.0
+    range_rule: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.strategy, Strategy):
+            allowed = ", ".join(s.name for s in Strategy)
+            raise ValueError(
+                f"LutSpec.strategy must be a Strategy ({allowed}), got {self.strategy!r}"
+            )
+        if (self.strategy is Strategy.MANUAL) != (self.dividing_points is not None):
+            raise ValueError(
+                "LutSpec.dividing_points must be given exactly when strategy is MANUAL "
+                f"(strategy={self.strategy.name}, dividing_points={self.dividing_points})"
+            )
+        if self.dividing_points is not None:
+            pts = tuple(float(p) for p in self.dividing_points)
+            if any(math.isnan(p) for p in pts) or list(pts) != sorted(pts):
+                raise ValueError(f"LutSpec.dividing_points must be non-decreasing, got {pts}")
+            object.__setattr__(self, "dividing_points", pts)
+        if self.input_range is not None:
+            if len(self.input_range) != 2:
+                raise ValueError(f"LutSpec.input_range must be (lo, hi), got {self.input_range}")
+            lo, hi = self.input_range
+            if lo is not None and hi is not None and not hi > lo:
+                raise ValueError(
+                    f"LutSpec.input_range has zero or negative width: {self.input_range}"
+                )
+            object.__setattr__(self, "input_range", (lo, hi))
+        if len(self.gradients) != 2:
+            raise ValueError(f"LutSpec.gradients must be (left, right), got {self.gradients}")
+        object.__setattr__(self, "gradients", tuple(self.gradients))
+        if not math.isfinite(self.eps) or self.eps < 0:
+            raise ValueError(f"LutSpec.eps must be finite and >= 0, got {self.eps}")
+        if not math.isfinite(self.log_floor):
+            raise ValueError(f"LutSpec.log_floor must be finite, got {self.log_floor}")
+
+
+def _log(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.log(x.clamp_min(0.0)).clamp_min(spec.log_floor)
+
+
+def _reciprocal(x: Tensor, spec: LutSpec) -> Tensor:
+    mag = x.abs().clamp_min(TINY)
+    return torch.where(x < 0, -1.0 / mag, 1.0 / mag)
+
+
+def _rsqrt(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.rsqrt((x + spec.eps).clamp_min(TINY))
+
+
+def _inverse_sigmoid(x: Tensor, spec: LutSpec) -> Tensor:
+    if spec.eps <= 0:
+        raise ValueError(f"inverse_sigmoid needs LutSpec.eps > 0, got {spec.eps}")
+    return torch.log(x.clamp_min(spec.eps) / (1 - x).clamp_min(spec.eps))
+
+
+def _gelu(x: Tensor, spec: LutSpec) -> Tensor:
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+@dataclass(frozen=True)
+class LutFunction:
+    """One function of the registry.
+
+    fn:           float64 target, finite for every finite input (clamp_rule says how).
+    clamp_rule:   the documented rule that keeps fn finite where the math is undefined.
+    range_rule:   RangeRule (exp cap or inverse-function narrowing).
+    inverse:      inverse of fn on its monotone branch (for RangeRule.INVERSE / EXP_CAP).
+    odd:          f(-x) = -f(x) mathematically (symmetric mode is then exact).
+    sample_range: a typical input range (float), used by experiments to pick the input scale.
+    sample_out_amax: a typical output magnitude for the output scale (None: max |f| on
+                  sample_range); needed where f is unbounded (1/x, 1/sqrt(x)).
+    """
+
+    name: str
+    fn: Callable[[Tensor, LutSpec], Tensor]
+    clamp_rule: str
+    range_rule: RangeRule = RangeRule.NONE
+    inverse: Callable[[float, LutSpec], float] | None = None
+    odd: bool = False
+    sample_range: tuple[float, float] = (-8.0, 8.0)
+    sample_out_amax: float | None = None
+
+    def target(self, x: Tensor, spec: LutSpec) -> Tensor:
+        """The function the table approximates, float64: fn, mirrored as -fn(-x) for x < 0 in
+        symmetric mode. Finite for every finite x."""
+        x = x.to(torch.float64)
+        if not spec.symmetric:
+            return self.fn(x, spec)
+        y = self.fn(x.abs(), spec)
+        return torch.where(x < 0, -y, y)
+
+
+def _safe_exp_inverse(y: float, spec: LutSpec) -> float:
+    return math.log(y) if y > 0 else -math.inf
+
+
+FUNCTIONS: dict[str, LutFunction] = {
+    f.name: f
+    for f in (
+        LutFunction("sigmoid", lambda x, s: torch.sigmoid(x), "none needed", odd=False),
+        LutFunction(
+            "tanh", lambda x, s: torch.tanh(x), "none needed", odd=True, sample_range=(-4.0, 4.0)
+        ),
+        LutFunction(
+            "exp",
+            lambda x, s: torch.exp(x.clamp_max(EXP_INPUT_MAX)),
+            f"input clamped at {EXP_INPUT_MAX} (finite float64); outputs saturate",
+            range_rule=RangeRule.EXP_CAP,
+            inverse=_safe_exp_inverse,
+            sample_range=(-10.0, 2.0),
+        ),
+        LutFunction(
+            "log",
+            _log,
+            "log(max(x, 0)) clamped below at LutSpec.log_floor (-10: hard_log); x <= 0 -> floor",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: math.exp(max(y, s.log_floor)),
+            sample_range=(0.0, 16.0),
+        ),
+        LutFunction(
+            "reciprocal",
+            _reciprocal,
+            f"1/x with |x| floored at {TINY} (x = 0 gives +{1 / TINY:g}); outputs saturate",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: 1.0 / y if y > 0 else math.inf,
+            odd=True,
+            sample_range=(0.0, 16.0),
+            sample_out_amax=64.0,
+        ),
+        LutFunction(
+            "sqrt",
+            lambda x, s: torch.sqrt(x.clamp_min(0.0)),
+            "sqrt(max(x, 0))",
+            sample_range=(0.0, 16.0),
+        ),
+        LutFunction(
+            "rsqrt",
+            _rsqrt,
+            f"1/sqrt(x + eps) with x + eps floored at {TINY}; outputs saturate",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: 1.0 / (y * y) - s.eps if y > 0 else math.inf,
+            sample_range=(0.0, 16.0),
+            sample_out_amax=64.0,
+        ),
+        LutFunction(
+            "sin",
+            lambda x, s: torch.sin(x),
+            "none needed",
+            odd=True,
+            sample_range=(-8.0, 8.0),
+        ),
+        LutFunction("cos", lambda x, s: torch.cos(x), "none needed", sample_range=(-8.0, 8.0)),
+        LutFunction("silu", lambda x, s: torch.nn.functional.silu(x), "none needed"),
+        LutFunction("gelu", _gelu, "none needed (exact erf form)", sample_range=(-8.0, 8.0)),
+        LutFunction(
+            "inverse_sigmoid",
+            _inverse_sigmoid,
+            "log(max(x, eps) / max(1 - x, eps)), eps = LutSpec.eps > 0 (bounded by "
+            "+-ln((1 - eps) / eps) on [0, 1])",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: 1.0 / (1.0 + math.exp(-y)),
+            sample_range=(0.0, 1.0),
+        ),
+    )
+}
+
+GELU_POINTS = (-5.0, -3.0, -2.0, -1.0, -0.75, 0.0, 5.5, math.inf)
+INVERSE_SIGMOID_EPS = 1e-5
+
+_DEFAULTS: dict[str, LutSpec] = {
+    "sigmoid": LutSpec(Strategy.EVENLY),
+    "tanh": LutSpec(Strategy.EVENLY, symmetric=True),
+    "exp": LutSpec(Strategy.CURVATURE),
+    "log": LutSpec(Strategy.CURVATURE, symmetric=True, log_floor=-10.0),
+    "reciprocal": LutSpec(Strategy.CURVATURE, symmetric=True, gradients=(0.0, None)),
+    "sqrt": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "rsqrt": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "sin": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "cos": LutSpec(Strategy.CURVATURE),
+    "silu": LutSpec(Strategy.CURVATURE),
+    "gelu": LutSpec(Strategy.MANUAL, dividing_points=GELU_POINTS),
+    "inverse_sigmoid": LutSpec(Strategy.EVENLY, eps=INVERSE_SIGMOID_EPS),
+}
+
+
+def get_function(func: str) -> LutFunction:
+    """The registry entry of ``func``; ValueError listing the known names otherwise."""
+    try:
+        return FUNCTIONS[func]
+    except KeyError:
+        raise ValueError(
+            f"unknown LUT function {func!r}; allowed: {', '.join(sorted(FUNCTIONS))}"
+        ) from None
+
+
+def default_spec(func: str) -> LutSpec:
+    """The vendor's per-op default (j6-numerics s.3): sigmoid evenly; tanh symmetric evenly; exp
+    curvature (+ cap); log symmetric curvature, floor -10; reciprocal/sqrt/rsqrt symmetric
+    curvature (reciprocal's left tail flat); sin symmetric curvature, cos curvature; silu
+    curvature; gelu the fixed points [-5, -3, -2, -1, -0.75, 0, 5.5, inf]; inverse_sigmoid evenly
+    (the plugin's SegmentLUT default) with eps = 1e-5."""
+    get_function(func)
+    return _DEFAULTS[func]

@@ -1,0 +1,188 @@
+"""Where a segment LUT puts its dividing points: the vendor's two rules, manual points, and ours.
+
+Every strategy returns ``tables + 1`` increasing float points ``lo = p_0 < ... < p_T = hi`` on the
+table range; table ``i`` covers ``[p_i, p_{i+1}]``. Points are later rounded to input codes
+(table.py). ``g`` is the table's target function on float64 tensors (finite everywhere).
+
+EVENLY:         equal widths, ``p_i = lo + i (hi - lo) / T`` (vendor ``evenly``, j6-numerics s.3).
+CURVATURE:      the vendor's ``curvature`` rule exactly: g on 257 points (256 intervals), |g''| by
+                finite differences (last value repeated), cumulative sum, and a point at the first
+                grid node where ``floor(cumsum / (total / T))`` reaches each of 1..T-1
+                (horizon-plugin.md s.1.4). Fewer points (a near-vertical g) are padded with hi.
+SQRT_CURVATURE: ours: equidistribute the integral of sqrt|g''| (de Boor's rule for linear
+                pieces, the asymptotically optimal density; bit-exact-emulation.md s.4.3), on a
+                4096-interval grid with linear interpolation of the cumulative integral.
+MINIMAX:        ours: bisection on the error level eps; for each eps the tables are laid greedily
+                from lo, each as wide as its interpolation error (``entries`` uniform samples,
+                float) stays <= eps; the smallest feasible eps wins. build_lut then keeps the
+                candidate with the lowest *measured* integer error among MINIMAX, SQRT_CURVATURE,
+                EVENLY and CURVATURE, so MINIMAX is never worse than either vendor rule.
+MANUAL:         user points (``LutSpec.dividing_points``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+TargetFn = Callable[[Tensor], Tensor]
+
+CURVATURE_INTERVALS = 256  # the vendor's accu_divide_num
+SQRT_CURVATURE_INTERVALS = 4096
+MINIMAX_PROBES_PER_STEP = 8  # error probes inside each table step (float model)
+MINIMAX_ITERATIONS = 40
+
+
+class Strategy(enum.Enum):
+    """Dividing-point strategy of a segment LUT (see the module docstring for each rule)."""
+
+    EVENLY = "evenly"
+    CURVATURE = "curvature"
+    SQRT_CURVATURE = "sqrt_curvature"
+    MINIMAX = "minimax"
+    MANUAL = "manual"
+
+
+def _check_range(lo: float, hi: float, tables: int) -> None:
+    if not (math.isfinite(lo) and math.isfinite(hi)) or not hi > lo:
+        raise ValueError(f"table range must be finite with hi > lo, got [{lo}, {hi}]")
+    if tables < 1:
+        raise ValueError(f"tables must be >= 1, got {tables}")
+
+
+def evenly_points(lo: float, hi: float, tables: int) -> list[float]:
+    """``tables`` equal-width tables on [lo, hi]."""
+    _check_range(lo, hi, tables)
+    return [lo + i * (hi - lo) / tables for i in range(tables)] + [hi]
+
+
+def _abs_second_difference(g: TargetFn, lo: float, hi: float, intervals: int) -> Tensor:
+    """|g''| on ``intervals`` cells of [lo, hi] by finite differences, last value repeated."""
+    x = torch.linspace(lo, hi, intervals + 1, dtype=torch.float64)
+    step = (hi - lo) / intervals
+    y = g(x)
+    dy = (y[1:] - y[:-1]) / step
+    ddy = ((dy[1:] - dy[:-1]) / step).abs()
+    ddy = torch.nan_to_num(ddy, nan=0.0, posinf=1e300, neginf=1e300)
+    return torch.cat([ddy, ddy[-1:]])
+
+
+def curvature_points(g: TargetFn, lo: float, hi: float, tables: int) -> list[float]:
+    """The vendor's rule: equal shares of cumsum|g''| on a 256-interval grid (module docstring)."""
+    _check_range(lo, hi, tables)
+    n = CURVATURE_INTERVALS
+    x = torch.linspace(lo, hi, n + 1, dtype=torch.float64)
+    acc = torch.cumsum(_abs_second_difference(g, lo, hi, n), 0)
+    total = float(acc[-1])
+    if total <= 0.0:  # a straight line: no curvature to share
+        return evenly_points(lo, hi, tables)
+    seg = torch.floor(acc / (total / tables))
+    points = [lo]
+    for s, p in zip((seg + 1).tolist(), x[1:].tolist()):
+        if s > tables:
+            break
+        if s > len(points) and len(points) < tables:
+            points.append(p)
+    points = points[:tables]
+    points += [hi] * (tables + 1 - len(points))
+    return points
+
+
+def sqrt_curvature_points(g: TargetFn, lo: float, hi: float, tables: int) -> list[float]:
+    """Ours: equal shares of the integral of sqrt|g''| (linear interpolation of the integral)."""
+    _check_range(lo, hi, tables)
+    n = SQRT_CURVATURE_INTERVALS
+    x = torch.linspace(lo, hi, n + 1, dtype=torch.float64)
+    dens = _abs_second_difference(g, lo, hi, n).sqrt()
+    # a small floor keeps straight stretches from collapsing to zero width
+    dens = dens + 1e-6 * float(dens.max().clamp_min(1e-300))
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(dens, 0)])
+    total = float(cum[-1])
+    targets = torch.arange(1, tables, dtype=torch.float64) * (total / tables)
+    idx = torch.searchsorted(cum, targets).clamp(1, n)
+    c0, c1 = cum[idx - 1], cum[idx]
+    t = ((targets - c0) / (c1 - c0).clamp_min(1e-300)).clamp(0, 1)
+    inner = (x[idx - 1] + t * (x[idx] - x[idx - 1])).tolist()
+    return [lo] + inner + [hi]
+
+
+def interpolation_error(g: TargetFn, a: float, b: float, entries: int) -> float:
+    """Max |g - L| on [a, b], L the linear interpolant of ``entries`` uniform samples (float).
+
+    Probed at MINIMAX_PROBES_PER_STEP interior points of every table step (a model of the error,
+    used for placement only; the integer error is measured separately).
+    """
+    if b <= a:
+        return 0.0
+    steps = entries - 1
+    xs = torch.linspace(a, b, entries, dtype=torch.float64)
+    ys = g(xs)
+    frac = (torch.arange(MINIMAX_PROBES_PER_STEP, dtype=torch.float64) + 0.5) / (
+        MINIMAX_PROBES_PER_STEP
+    )
+    h = (b - a) / steps
+    px = xs[:-1, None] + frac[None, :] * h
+    lin = ys[:-1, None] + frac[None, :] * (ys[1:, None] - ys[:-1, None])
+    return float((g(px.reshape(-1)).reshape(px.shape) - lin).abs().max())
+
+
+def _greedy(
+    g: TargetFn, lo: float, hi: float, tables: int, entries: int, eps: float, quantum: float
+) -> list[float] | None:
+    """Lay tables from lo, each as wide as its error allows (<= eps); None if hi is not reached.
+
+    Table ends are searched by bisection on a grid of ``quantum`` (one input code).
+    """
+    points = [lo]
+    a = lo
+    for _ in range(tables):
+        if interpolation_error(g, a, hi, entries) <= eps:
+            points.append(hi)
+            break
+        left, right = 1, max(1, int(math.floor((hi - a) / quantum)))
+        if interpolation_error(g, a, a + quantum, entries) > eps:
+            left = 1  # even one code is too wide: take it anyway and continue
+            right = 1
+        while left < right:  # largest n with err(a, a + n*quantum) <= eps
+            mid = (left + right + 1) // 2
+            if interpolation_error(g, a, a + mid * quantum, entries) <= eps:
+                left = mid
+            else:
+                right = mid - 1
+        a = a + left * quantum
+        points.append(a)
+    if points[-1] < hi:
+        return None
+    while len(points) < tables + 1:  # reached hi early: split the widest table
+        widths = [points[i + 1] - points[i] for i in range(len(points) - 1)]
+        i = max(range(len(widths)), key=widths.__getitem__)
+        points.insert(i + 1, points[i] + widths[i] / 2)
+    return points
+
+
+def minimax_points(
+    g: TargetFn, lo: float, hi: float, tables: int, entries: int, quantum: float
+) -> list[float]:
+    """Ours: the smallest eps for which greedy tables reach hi (bisection on eps, float model)."""
+    _check_range(lo, hi, tables)
+    quantum = min(quantum, (hi - lo) / tables) if quantum > 0 else (hi - lo) / 65536
+    start = evenly_points(lo, hi, tables)
+    eps_hi = max(interpolation_error(g, a, b, entries) for a, b in zip(start[:-1], start[1:]))
+    best = start
+    if eps_hi <= 0.0:
+        return best
+    eps_lo = 0.0
+    for _ in range(MINIMAX_ITERATIONS):
+        eps = 0.5 * (eps_lo + eps_hi)
+        pts = _greedy(g, lo, hi, tables, entries, eps, quantum)
+        if pts is None:
+            eps_lo = eps
+        else:
+            eps_hi, best = eps, pts
+        if eps_hi - eps_lo <= 1e-3 * eps_hi:
+            break
+    return best

@@ -1,0 +1,508 @@
+"""Building a segment LUT's integer parameters from a function, scales and dtypes.
+
+Geometry (j6-numerics s.3, horizon-plugin.md s.1.2), all parameters integers:
+  * int8 in and int8 out (``LutFormat.direct_int8``): one direct table, ``T[q] = Q(f(q s_in))``
+    for every code q; only output rounding.
+  * otherwise: dividing points ``d_0 < ... < d_T`` as input codes (T = ``tables`` or fewer when
+    points merge after rounding); table i holds ``entries`` samples of f at
+    ``(d_i + k (d_{i+1} - d_i) / (entries - 1)) s_in``, k = 0..entries-1 (both ends), quantized
+    to the output dtype/scale; codes below d_0 / above d_T use integer linear tails
+    ``y = (x k + (b << lshift)) >> rshift`` with a ``slope_bits`` slope mantissa (evaluate.py).
+  * table index (assumed, s.3): ``idx = ((x - d_i) * m_i) >> r_i`` with an index multiplier
+    ``m_i = round((entries - 1) 2^F 2^r_i / (d_{i+1} - d_i))`` of ``slope_bits`` bits (F =
+    ``index_frac_bits``), clamped to ``(entries - 1) << F``; ``idx >> F`` picks the entry and the
+    low F bits weight the linear interpolation.
+Table entries are quantized with ``LutFormat.table_round`` (HALF_EVEN, like fake quant).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut.functions import (
+    LutFunction,
+    LutSpec,
+    RangeRule,
+    default_spec,
+    get_function,
+)
+from quantlab.numerics.lut.strategies import (
+    Strategy,
+    curvature_points,
+    evenly_points,
+    minimax_points,
+    sqrt_curvature_points,
+)
+from quantlab.numerics.rounding import Round, round_float
+
+
+@dataclass(frozen=True)
+class LutFormat:
+    """The hardware's table format. Other devices are profiles of the same fields.
+
+    tables:          inner tables between the dividing points (J6: 6).
+    entries:         entries per table, both ends included (J6: 64).
+    index_frac_bits: fractional bits of the table index = interpolation weight bits (J6: 8).
+    interp_round:    rounding of the interpolation and of the tails (assumed HALF_UP, s.3).
+    direct_int8:     int8 in / int8 out uses one direct table of 256 entries.
+    table_round:     rounding of table entries (HALF_EVEN, the fake-quant rounding, s.1).
+    slope_bits:      signed mantissa bits of tail slopes, intercepts and index multipliers (16).
+    """
+
+    tables: int = 6
+    entries: int = 64
+    index_frac_bits: int = 8
+    interp_round: Round = Round.HALF_UP
+    direct_int8: bool = True
+    table_round: Round = Round.HALF_EVEN
+    slope_bits: int = 16
+
+    def __post_init__(self) -> None:
+        if self.tables < 1:
+            raise ValueError(f"LutFormat.tables must be >= 1, got {self.tables}")
+        if self.entries < 2:
+            raise ValueError(
+                f"LutFormat.entries must be >= 2 (both table ends), got {self.entries}"
+            )
+        if not 0 <= self.index_frac_bits <= 15:
+            raise ValueError(
+                f"LutFormat.index_frac_bits must be in [0, 15], got {self.index_frac_bits}"
+            )
+        if not 2 <= self.slope_bits <= 24:
+            raise ValueError(f"LutFormat.slope_bits must be in [2, 24], got {self.slope_bits}")
+        for name in ("interp_round", "table_round"):
+            if not isinstance(getattr(self, name), Round):
+                allowed = ", ".join(r.name for r in Round)
+                raise ValueError(f"LutFormat.{name} must be a Round ({allowed})")
+
+    @classmethod
+    def from_platform(cls, p) -> LutFormat:
+        """The format of a PlatformConfig (fields ``lut_tables``, ``lut_entries``,
+        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
+        return cls(
+            tables=p.lut_tables,
+            entries=p.lut_entries,
+            index_frac_bits=p.lut_index_frac_bits,
+            interp_round=p.lut_interp_round,
+            direct_int8=p.lut_direct_int8,
+        )
+
+
+J6_FORMAT = LutFormat()
+TOSA_LIKE_FORMAT = LutFormat(tables=1, entries=513, index_frac_bits=7, direct_int8=True)
+"""One 513-entry table over the whole int16 range with 7 fraction bits (TOSA TABLE geometry,
+bit-exact-emulation.md s.4.2); unlike TOSA, the output is rounded to the output dtype here."""
+
+
+@dataclass(frozen=True)
+class Tail:
+    """Integer linear tail ``y = round((x * k + (b << lshift)) / 2**rshift)`` on input codes x."""
+
+    k: int
+    b: int
+    lshift: int
+    rshift: int
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentLut:
+    """A built table: integer parameters only (plus the float facts they came from).
+
+    Evaluate with ``evaluate`` (fast: one gather through a cached code -> code map built by the
+    exact integer path) or ``evaluate_reference`` (slow, numpy int64, obviously correct).
+    Input: codes of ``in_dtype`` (torch int8/int16); output: codes of ``out_dtype``.
+    """
+
+    func: str
+    in_dtype: DType
+    in_scale: float
+    out_dtype: DType
+    out_scale: float
+    spec: LutSpec
+    fmt: LutFormat
+    direct: bool
+    direct_table: np.ndarray | None  # int64 [256], index q + 128 (direct mode only)
+    points: tuple[int, ...]  # dividing points as input codes, strictly increasing
+    tables: np.ndarray  # int64 [T, entries]
+    index_mult: tuple[int, ...]
+    index_shift: tuple[int, ...]
+    left: Tail | None
+    right: Tail | None
+    table_range: tuple[float, float]  # the narrowed float range the points were placed on
+    chosen_strategy: Strategy  # for MINIMAX: the candidate actually kept
+    _map: list = field(default_factory=list, repr=False)  # cached code -> code map (1 element)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.spec.symmetric
+
+    @property
+    def dividing_points_float(self) -> tuple[float, ...]:
+        """The dividing points in float input units (codes * in_scale)."""
+        return tuple(p * self.in_scale for p in self.points)
+
+    @property
+    def function(self) -> LutFunction:
+        return get_function(self.func)
+
+    def code_map(self) -> Tensor:
+        """All outputs indexed by the input code as unsigned (code mod 2**bits), computed once by
+        the exact integer path (evaluate.evaluate_codes_int) and cached."""
+        if not self._map:
+            from quantlab.numerics.lut.evaluate import build_code_map
+
+            self._map.append(build_code_map(self))
+        return self._map[0]
+
+    def evaluate(self, codes: Tensor) -> Tensor:
+        """Output codes for input ``codes`` (dtype ``in_dtype``): one gather, bit-exact with
+        ``evaluate_reference``."""
+        from quantlab.numerics.lut.evaluate import evaluate_fast
+
+        return evaluate_fast(self, codes)
+
+    def evaluate_reference(self, codes: Tensor) -> Tensor:
+        """Slow numpy-int64 reference of the integer evaluation (same contract as evaluate)."""
+        from quantlab.numerics.lut.evaluate import evaluate_reference
+
+        return evaluate_reference(self, codes)
+
+
+def _check_dtype(name: str, dt: DType) -> DType:
+    dt = DType.parse(dt)
+    if dt not in (DType.INT8, DType.INT16):
+        raise ValueError(f"{name} must be INT8 or INT16 for a LUT, got {dt.name}")
+    return dt
+
+
+def _check_scale(name: str, s: float) -> float:
+    s = float(s)
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {s}")
+    return s
+
+
+def input_range(
+    fn: LutFunction,
+    spec: LutSpec,
+    in_dtype: DType,
+    in_scale: float,
+    out_dtype: DType,
+    out_scale: float,
+    observed_range: tuple[float, float] | None = None,
+) -> tuple[float, float]:
+    """The float range the tables cover (horizon-plugin.md s.1.3), in this order: the input
+    quantization range; the function's RangeRule (exp cap, inverse rule); ``spec.input_range``;
+    ``observed_range``; symmetric mode then uses [0, max(|lo|, |hi|)]. Raises ValueError when the
+    result is empty or narrower than one input code."""
+    lo, hi = in_dtype.qmin * in_scale, in_dtype.qmax * in_scale
+    out_lo, out_hi = out_dtype.qmin * out_scale, out_dtype.qmax * out_scale
+    if spec.range_rule and fn.range_rule is RangeRule.EXP_CAP and fn.inverse is not None:
+        hi = min(hi, fn.inverse(out_hi, spec))
+    elif spec.range_rule and fn.range_rule is RangeRule.INVERSE and fn.inverse is not None:
+        probe = hi if hi > 0 else 1.0
+        a, b = (
+            float(fn.fn(torch.tensor([probe / d], dtype=torch.float64), spec)[0]) for d in (4, 2)
+        )
+        bound = fn.inverse(out_hi, spec) if a > b else fn.inverse(out_lo, spec)
+        if math.isfinite(bound):
+            lo = max(lo, bound)
+    for rng, name in ((spec.input_range, "spec.input_range"), (observed_range, "observed_range")):
+        if rng is None:
+            continue
+        r_lo, r_hi = rng
+        if r_lo is not None and r_hi is not None and not r_hi > r_lo:
+            raise ValueError(f"{name} has zero or negative width: {rng}")
+        if r_lo is not None:
+            lo = max(lo, float(r_lo))
+        if r_hi is not None:
+            hi = min(hi, float(r_hi))
+    if spec.symmetric and lo < 0:
+        lo, hi = 0.0, min(max(hi, -lo), in_dtype.qmax * in_scale)
+    if not hi - lo >= in_scale:
+        raise ValueError(
+            f"{fn.name}: the table input range [{lo:.6g}, {hi:.6g}] is narrower than one input "
+            f"code ({in_scale:.6g}); widen spec.input_range / observed_range or the input scale"
+        )
+    return lo, hi
+
+
+def _round_code(v: float, in_dtype: DType, lowest: int) -> int:
+    """Nearest input code (ties to even, like torch.round), clamped to [lowest, qmax]."""
+    if math.isnan(v):
+        raise ValueError("a dividing point is NaN")
+    if math.isinf(v):
+        return lowest if v < 0 else in_dtype.qmax
+    return int(min(max(round(v), lowest), in_dtype.qmax))
+
+
+def _quantize_values(y: Tensor, out_scale: float, out_dtype: DType, mode: Round) -> Tensor:
+    """round(y / out_scale) by ``mode`` in float64, saturated to ``out_dtype`` (int64 codes)."""
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError("a LUT target produced a non-finite value (a clamp rule is missing)")
+    r = round_float(y / out_scale, mode)
+    return r.clamp(out_dtype.qmin, out_dtype.qmax).to(torch.int64)
+
+
+def _fit_mantissa(value: float, bits: int, max_shift: int = 31) -> tuple[int, int]:
+    """(m, r) with m = round(value * 2**r) and |m| <= 2**(bits-1) - 1, r as large as possible in
+    [0, max_shift]; the mantissa saturates when even r = 0 does not fit."""
+    lim = (1 << (bits - 1)) - 1
+    for r in range(max_shift, -1, -1):
+        m = round(value * (1 << r))
+        if abs(m) <= lim:
+            return int(m), r
+    return int(max(-lim, min(lim, round(value)))), 0
+
+
+def _tail(x_anchor: int, y_anchor: float, slope: float, bits: int) -> Tail:
+    """Integer tail through (x_anchor, y_anchor) (input code, output code units) with ``slope``
+    output codes per input code; ``|b << lshift| < 2**31`` (horizon-plugin.md s.1.2)."""
+    lim = (1 << (bits - 1)) - 1
+    k, rshift = _fit_mantissa(slope, bits)
+    while True:
+        big_b = round(y_anchor * (1 << rshift) - x_anchor * k)
+        if abs(big_b) < (1 << 31) or rshift == 0:
+            break
+        rshift -= 1
+        k = int(max(-lim, min(lim, round(slope * (1 << rshift)))))
+    lshift = 0
+    b = big_b
+    while abs(b) > lim:
+        lshift += 1
+        b = round(big_b / (1 << lshift))
+    return Tail(int(k), int(b), lshift, rshift)
+
+
+def _index_multiplier(width: int, entries: int, frac_bits: int, bits: int) -> tuple[int, int]:
+    """(m, r) with ``((x - d) * m) >> r`` ~ ``(x - d) (entries - 1) 2^F / width``."""
+    target = ((entries - 1) << frac_bits) / width
+    lim = (1 << (bits - 1)) - 1
+    if round(target) > lim:
+        raise ValueError(
+            f"a table {width} input code(s) wide cannot index {entries} entries with "
+            f"{frac_bits} fraction bits in a {bits}-bit multiplier; use fewer entries or a "
+            "wider input range"
+        )
+    return _fit_mantissa(target, bits)
+
+
+def _strategy_points(
+    fn: LutFunction,
+    spec: LutSpec,
+    strategy: Strategy,
+    lo: float,
+    hi: float,
+    fmt: LutFormat,
+    in_scale: float,
+) -> list[float]:
+    def g(x: Tensor) -> Tensor:
+        return fn.target(x, spec)
+
+    if strategy is Strategy.EVENLY:
+        return evenly_points(lo, hi, fmt.tables)
+    if strategy is Strategy.CURVATURE:
+        return curvature_points(g, lo, hi, fmt.tables)
+    if strategy is Strategy.SQRT_CURVATURE:
+        return sqrt_curvature_points(g, lo, hi, fmt.tables)
+    if strategy is Strategy.MINIMAX:
+        return minimax_points(g, lo, hi, fmt.tables, fmt.entries, in_scale)
+    if strategy is Strategy.MANUAL:
+        pts = list(spec.dividing_points or ())
+        if len(pts) not in (fmt.tables + 1, fmt.tables + 2):
+            raise ValueError(
+                f"dividing_points must have tables + 1 = {fmt.tables + 1} values (or the "
+                f"vendor's tables + 2 = {fmt.tables + 2}), got {len(pts)}"
+            )
+        return pts[: fmt.tables + 1]
+    raise ValueError(f"unknown strategy {strategy!r}; allowed: {[s.name for s in Strategy]}")
+
+
+def _assemble(
+    func: str,
+    in_dtype: DType,
+    in_scale: float,
+    out_dtype: DType,
+    out_scale: float,
+    spec: LutSpec,
+    fmt: LutFormat,
+    rng: tuple[float, float],
+    float_points: list[float],
+    chosen: Strategy,
+) -> SegmentLut:
+    """Integer parameters from float points: codes, tables, index multipliers, tails."""
+    fn = get_function(func)
+    lowest = 0 if spec.symmetric else in_dtype.qmin
+    codes: list[int] = []
+    for p in float_points:
+        c = _round_code(p / in_scale, in_dtype, lowest)
+        if not codes or c > codes[-1]:
+            codes.append(c)
+    if len(codes) < 2:
+        raise ValueError(
+            f"{func}: the dividing points {float_points} collapse to one input code; the table "
+            "range has zero width"
+        )
+    n, f = fmt.entries, fmt.index_frac_bits
+    out_lo, out_hi = out_dtype.qmin * out_scale, out_dtype.qmax * out_scale
+
+    def g_sat(x: Tensor) -> Tensor:
+        return fn.target(x, spec).clamp(out_lo, out_hi)
+
+    tables, mults, shifts = [], [], []
+    k = torch.arange(n, dtype=torch.float64)
+    for d0, d1 in zip(codes[:-1], codes[1:]):
+        x = (d0 + k * ((d1 - d0) / (n - 1))) * in_scale
+        tables.append(_quantize_values(fn.target(x, spec), out_scale, out_dtype, fmt.table_round))
+        m, r = _index_multiplier(d1 - d0, n, f, fmt.slope_bits)
+        mults.append(m)
+        shifts.append(r)
+    tab = torch.stack(tables).numpy().astype(np.int64)
+
+    def val(code: float) -> float:
+        return float(g_sat(torch.tensor([code * in_scale], dtype=torch.float64))[0]) / out_scale
+
+    step0 = (codes[1] - codes[0]) / (n - 1)
+    step1 = (codes[-1] - codes[-2]) / (n - 1)
+    grad_l, grad_r = spec.gradients
+    if grad_l is not None:
+        slope_l = grad_l * in_scale / out_scale
+    elif codes[0] == lowest:
+        slope_l = (val(codes[0] + step0) - val(codes[0])) / step0
+    else:
+        slope_l = (val(codes[0]) - val(lowest)) / (codes[0] - lowest)
+    if grad_r is not None:
+        slope_r = grad_r * in_scale / out_scale
+    elif codes[-1] == in_dtype.qmax:
+        slope_r = (val(codes[-1]) - val(codes[-1] - step1)) / step1
+    else:
+        slope_r = (val(in_dtype.qmax) - val(codes[-1])) / (in_dtype.qmax - codes[-1])
+    left = _tail(codes[0], val(codes[0]), slope_l, fmt.slope_bits)
+    right = _tail(codes[-1], val(codes[-1]), slope_r, fmt.slope_bits)
+    return SegmentLut(
+        func=func,
+        in_dtype=in_dtype,
+        in_scale=in_scale,
+        out_dtype=out_dtype,
+        out_scale=out_scale,
+        spec=spec,
+        fmt=fmt,
+        direct=False,
+        direct_table=None,
+        points=tuple(codes),
+        tables=tab,
+        index_mult=tuple(mults),
+        index_shift=tuple(shifts),
+        left=left,
+        right=right,
+        table_range=rng,
+        chosen_strategy=chosen,
+    )
+
+
+def _direct(
+    func: str, in_scale: float, out_scale: float, spec: LutSpec, fmt: LutFormat
+) -> SegmentLut:
+    fn = get_function(func)
+    q = torch.arange(-128, 128, dtype=torch.float64)
+    table = _quantize_values(fn.target(q * in_scale, spec), out_scale, DType.INT8, fmt.table_round)
+    return SegmentLut(
+        func=func,
+        in_dtype=DType.INT8,
+        in_scale=in_scale,
+        out_dtype=DType.INT8,
+        out_scale=out_scale,
+        spec=spec,
+        fmt=fmt,
+        direct=True,
+        direct_table=table.numpy().astype(np.int64),
+        points=(-128, 127),
+        tables=np.zeros((0, fmt.entries), dtype=np.int64),
+        index_mult=(),
+        index_shift=(),
+        left=None,
+        right=None,
+        table_range=(-128 * in_scale, 127 * in_scale),
+        chosen_strategy=spec.strategy,
+    )
+
+
+MINIMAX_CANDIDATES = (
+    Strategy.MINIMAX,
+    Strategy.SQRT_CURVATURE,
+    Strategy.EVENLY,
+    Strategy.CURVATURE,
+)
+
+
+@lru_cache(maxsize=1024)
+def _build_cached(
+    func: str,
+    in_dtype: DType,
+    in_scale: float,
+    out_dtype: DType,
+    out_scale: float,
+    spec: LutSpec,
+    fmt: LutFormat,
+    observed_range: tuple[float, float] | None,
+) -> SegmentLut:
+    if fmt.direct_int8 and in_dtype is DType.INT8 and out_dtype is DType.INT8:
+        return _direct(func, in_scale, out_scale, spec, fmt)
+    fn = get_function(func)
+    rng = input_range(fn, spec, in_dtype, in_scale, out_dtype, out_scale, observed_range)
+    args = (func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng)
+    if spec.strategy is not Strategy.MINIMAX:
+        pts = _strategy_points(fn, spec, spec.strategy, *rng, fmt, in_scale)
+        return _assemble(*args, pts, spec.strategy)
+    from quantlab.numerics.lut.analysis import max_error_lsb
+
+    best, best_err = None, math.inf
+    for strategy in MINIMAX_CANDIDATES:
+        pts = _strategy_points(fn, spec, strategy, *rng, fmt, in_scale)
+        lut = _assemble(*args, pts, strategy)
+        err = max_error_lsb(lut)
+        if err < best_err:
+            best, best_err = lut, err
+    return best
+
+
+def build_lut(
+    func: str,
+    in_dtype: DType,
+    in_scale: float,
+    out_dtype: DType,
+    out_scale: float,
+    spec: LutSpec | None = None,
+    fmt: LutFormat = J6_FORMAT,
+    observed_range: tuple[float, float] | None = None,
+) -> SegmentLut:
+    """Build (or fetch from the cache) the integer LUT of ``func`` for these scales and dtypes.
+
+    ``spec`` defaults to ``default_spec(func)``. int8 -> int8 gives the direct 256-entry table
+    when ``fmt.direct_int8``; everything else the segment format (module docstring). Raises
+    ValueError for an unknown function, a non-int8/int16 dtype, a non-positive scale, a table
+    range narrower than one input code, or points that collapse to one code.
+    """
+    get_function(func)
+    in_dtype = _check_dtype("in_dtype", in_dtype)
+    out_dtype = _check_dtype("out_dtype", out_dtype)
+    in_scale = _check_scale("in_scale", in_scale)
+    out_scale = _check_scale("out_scale", out_scale)
+    spec = default_spec(func) if spec is None else spec
+    if not isinstance(spec, LutSpec):
+        raise ValueError(f"spec must be a LutSpec or None, got {type(spec).__name__}")
+    if not isinstance(fmt, LutFormat):
+        raise ValueError(f"fmt must be a LutFormat, got {type(fmt).__name__}")
+    obs = None
+    if observed_range is not None:
+        obs = (float(observed_range[0]), float(observed_range[1]))
+        if not obs[1] > obs[0]:
+            raise ValueError(f"observed_range has zero or negative width: {observed_range}")
+    return _build_cached(func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, obs)
