@@ -69,6 +69,9 @@ def missing(pkg: Package, what: str) -> MissingPackageError:
 
 def package_dir(pkg: Package, what: str) -> Path:
     """The installed folder of ``pkg`` WITHOUT executing its ``__init__``."""
+    loaded = sys.modules.get(pkg.module)
+    if loaded is not None and getattr(loaded, "__path__", None):
+        return Path(list(loaded.__path__)[0])  # imported already, or a stub of import_submodule
     try:
         spec = importlib.util.find_spec(pkg.module)
     except (ImportError, ValueError):
