@@ -422,6 +422,13 @@ class Simulator:
         self._scale_cache[ck] = s
         return s
 
+    def observed_range(self, name: str, key: str) -> tuple[float, float] | None:
+        """Running (min, max) seen at activation point ``name/key`` during calibration."""
+        obs = self._obs.get(f"{name}/{key}")
+        if obs is None or not obs.run_max > obs.run_min:
+            return None
+        return obs.run_min, obs.run_max
+
     def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool):
         """(codes int64, scale float32 per channel) of a weight; cached until it changes."""
         ck = (name, dtype, per_channel)
@@ -483,6 +490,8 @@ class Simulator:
         if call.category is OpCategory.GRID_SAMPLE:
             self._check_grid(call.name, A.get(args, kwargs, plan.acts[0]).shape)
         quant_out = om is None or om.quantize_output
+        if call.category is OpCategory.GRID_SAMPLE and mode is Mode.FAKE:
+            _fake_grid(self.platform, args, kwargs, plan)
         if mode is Mode.FIXED:
             res = fixed_ops.run_fixed(self, call, plan, args, kwargs, in_infos, wq, rq, quant_out)
             if res is not None:
@@ -499,9 +508,45 @@ class Simulator:
             return out, [QInfo(src.dtype, src.scale) for _ in leaves]
         if not quant_out or not A.is_float_tensor(out):
             return out, None
+        src = in_infos[0] if in_infos else None
+        if call.category is OpCategory.GRID_SAMPLE and src is not None and src.dtype.is_int:
+            codes = quantize(out, src.scale, src.dtype, self.platform.fake_round)
+            return dequantize(codes, src.scale), QInfo(src.dtype, src.scale)
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode)
+
+
+def _fake_grid(platform: PlatformConfig, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
+    """QAT numerics of a grid_sample grid: fake quant per axis at the fixed grid scale (s.4)."""
+    from quantlab.numerics.grid_sample import quantize_grid
+
+    if not platform.grid_dtype.is_int:
+        return
+    x = A.get(args, kwargs, plan.acts[0])
+    grid = A.get(args, kwargs, plan.acts[1])
+    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
+    if x.dim() != 4 or not A.is_float_tensor(grid):
+        return
+    qg = quantize_grid(
+        grid,
+        x.shape[2],
+        x.shape[3],
+        align,
+        platform.grid_coord,
+        platform.grid_dtype,
+        platform.fake_round,
+    )
+    if qg.coord.name == "NORMALIZED":
+        scale = torch.tensor([qg.scale_x, qg.scale_y], dtype=torch.float32)
+        A.put(args, kwargs, plan.acts[1], qg.codes.to(torch.float32) * scale)
+    else:
+        from quantlab.numerics.grid_sample import normalize
+
+        pos = qg.codes.to(torch.float64) / (1 << qg.frac_bits)
+        gx = normalize(pos[..., 0], x.shape[3], align)
+        gy = normalize(pos[..., 1], x.shape[2], align)
+        A.put(args, kwargs, plan.acts[1], torch.stack([gx, gy], -1).to(torch.float32))
 
 
 def _float_slots(call: OpCall) -> list:
