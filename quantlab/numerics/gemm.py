@@ -349,11 +349,14 @@ def quantize_bias(
     """
     if not bias.is_floating_point():
         raise TypeError(f"bias must be a float tensor (real values), got {bias.dtype}")
+    if not bool(torch.isfinite(bias).all()):
+        raise ValueError("bias must be finite (no NaN or inf)")
     q = round_float(bias.to(torch.float32) / acc_scale(x_scale, w_scale), Round.HALF_EVEN)
     lo, hi = DType.INT32.qmin, DType.INT32.qmax
     if stats is not None:
         stats.bias_saturated += int(((q < lo) | (q > hi)).sum())
-    return q.clamp(lo, hi).to(torch.int64)
+    # clamp in float64 (int32 bounds are exact there), then convert: float32 cannot hold 2**31-1
+    return q.to(torch.float64).clamp(lo, hi).to(torch.int64)
 
 
 def check_gemm_operands(x: Tensor, w: Tensor, platform: PlatformConfig) -> None:
