@@ -1,0 +1,143 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from bits import assert_bits_equal, tie_values
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import (
+    QuantStats,
+    ScaleRule,
+    compute_scale,
+    dequantize,
+    fake_cast,
+    fake_quant,
+    quantize,
+)
+from quantlab.numerics.rounding import Round
+
+INTS = [DType.INT8, DType.INT16]
+
+
+def test_nonfinite_inputs_saturate_and_are_counted():
+    x = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.0, 1e9, -1e9, 0.0])
+    for dt in INTS:
+        stats = QuantStats()
+        q = quantize(x, 0.1, dt, stats=stats)
+        assert q.tolist() == [dt.qmax, dt.qmin, 0, 10, dt.qmax, dt.qmin, 0]
+        assert (stats.total, stats.nan, stats.inf, stats.saturated) == (7, 1, 2, 2)
+        assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(x, 0.1, dt)))
+
+
+def test_nonfinite_counts_accumulate():
+    total = QuantStats()
+    for _ in range(3):
+        s = QuantStats()
+        quantize(torch.tensor([float("nan"), 2.0]), 1.0, DType.INT8, stats=s)
+        total.add(s)
+    assert (total.total, total.nan) == (6, 3)
+
+
+def test_fake_quant_nonfinite():
+    y = fake_quant(torch.tensor([float("inf"), float("nan")]), 0.5, DType.INT8)
+    assert y.tolist() == [127 * 0.5, 0.0]
+
+
+EXPECTED_TIES = {
+    Round.HALF_EVEN: lambda k: k if k % 2 == 0 else k + 1,
+    Round.HALF_UP: lambda k: k + 1,
+    Round.HALF_AWAY: lambda k: k + 1 if k >= 0 else k,
+    Round.FLOOR: lambda k: k,
+    Round.TRUNC: lambda k: k if k >= 0 else k + 1,
+}
+
+
+@pytest.mark.parametrize("mode", list(Round))
+def test_quantize_ties_every_round(mode):
+    x = tie_values().to(torch.float32)  # k + 0.5 with scale 1: exact ties
+    q = quantize(x, 1.0, DType.INT8, rounding=mode)
+    assert q.tolist() == [EXPECTED_TIES[mode](k) for k in range(-8, 9)]
+
+
+@pytest.mark.parametrize("mode", list(Round))
+@pytest.mark.parametrize("dt", INTS)
+def test_quantize_matches_reference(mode, dt):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(500, generator=g) * 50
+    s = 0.37 if dt is DType.INT8 else 0.0013
+    q = quantize(x, s, dt, rounding=mode)
+    assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(x, s, dt, mode)))
+
+
+def test_per_channel_quantize_dequantize():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(4, 3, 2, 2, generator=g)
+    amax = w.abs().amax(dim=(1, 2, 3))
+    s = compute_scale(amax, DType.INT8)
+    q = quantize(w, s, DType.INT8, axis=0)
+    assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(w, s, DType.INT8, axis=0)))
+    d = dequantize(q, s, axis=0)
+    assert_bits_equal(d, q.float() * s.reshape(-1, 1, 1, 1))
+    assert float((d - w).abs().max()) <= float(s.max()) / 2 + 1e-7
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    xs=st.lists(st.floats(-1e4, 1e4, width=32), min_size=1, max_size=30),
+    scale=st.floats(0.0001220703125, 8.0, width=32),
+    mode=st.sampled_from(list(Round)),
+)
+def test_quantize_property(xs, scale, mode):
+    x = torch.tensor(xs, dtype=torch.float32)
+    q = quantize(x, scale, DType.INT16, rounding=mode)
+    assert_bits_equal(
+        q.to(torch.int64), torch.from_numpy(ref.quantize(x, scale, DType.INT16, mode))
+    )
+
+
+def test_compute_scale_rules():
+    amax = torch.tensor(12.75)
+    assert float(compute_scale(amax, DType.INT8)) == pytest.approx(12.75 / 127.5)
+    assert float(compute_scale(amax, DType.INT8, ScaleRule.QMAX)) == pytest.approx(12.75 / 127)
+    assert float(compute_scale(amax, DType.INT16)) == pytest.approx(12.75 / 32767.5)
+    pot = float(compute_scale(amax, DType.INT8, ScaleRule.POT))
+    assert pot == 0.125 and math.log2(pot).is_integer()
+    assert float(compute_scale(0.0, DType.INT8)) == float(torch.finfo(torch.float32).eps)
+
+
+def test_fake_cast_float16():
+    x = torch.tensor([1.0 + 2**-11, 1e5, -1e5, float("inf"), 65519.0, 65520.0])
+    y = fake_cast(x, DType.FLOAT16)
+    assert y[0] == 1.0  # tie to even
+    assert y[1] == 65504 and y[2] == -65504 and y[3] == float("inf")
+    unsat = fake_cast(x, DType.FLOAT16, saturate=False)
+    assert unsat[1] == float("inf") and unsat[4] == 65504 and unsat[5] == float("inf")
+
+
+def test_quantize_errors():
+    with pytest.raises(ValueError, match="integer dtype"):
+        quantize(torch.zeros(2), 1.0, DType.FLOAT16)
+    with pytest.raises(TypeError, match="float tensor"):
+        quantize(torch.zeros(2, dtype=torch.int32), 1.0, DType.INT8)
+    with pytest.raises(ValueError, match="one scale"):
+        quantize(torch.zeros(2, 3), torch.ones(3), DType.INT8)
+    with pytest.raises(ValueError, match="per-channel scale must have shape"):
+        quantize(torch.zeros(2, 3), torch.ones(2), DType.INT8, axis=1)
+    with pytest.raises(ValueError, match="needs a scale"):
+        fake_quant(torch.zeros(2), None, DType.INT8)
+    with pytest.raises(ValueError, match="finite"):
+        compute_scale(float("inf"), DType.INT8)
+    with pytest.raises(ValueError, match="allowed"):
+        DType.parse("int4")
+
+
+def test_dequantize_is_exact_product():
+    q = torch.arange(-128, 128, dtype=torch.int8)
+    s = np.float32(0.0173)
+    assert_bits_equal(
+        dequantize(q, float(s)), torch.from_numpy(np.arange(-128, 128).astype(np.float32) * s)
+    )
