@@ -1,0 +1,419 @@
+"""Per-op sensitivity ranking (the vendor algorithm, j6-numerics s.9), fast and cached.
+
+Three passes, each quantizing exactly one op at a time and comparing the model output with the
+pass's baseline run:
+
+- ACTIVATION: baseline all-float; the op runs FAKE with only its output quantized
+  (``OpMode(Mode.FAKE, quantize_weight=False)``);
+- WEIGHT: baseline all-float; the op runs FAKE with only its weight quantized
+  (``OpMode(Mode.FAKE, quantize_output=False)``), ops with a weight only;
+- FIXED: baseline all-FAKE; the op runs FIXED (which op hurts most after export: LUTs, period
+  reduction, grids, requantization).
+
+Ops studied: every op the platform runs quantized, except pass-through ops (reshape, relu,
+max pooling, ...), which have no quantizer of their own: they keep their input's scale.
+
+Speed: the baseline of each batch is recorded once (``Simulator.trace``) and every per-op run
+replays it, so the ops upstream of the studied op are not recomputed. Discontinuous index ops
+(topk, sort, argsort, argmax, argmin, max/min along a dim) reuse the baseline's indices
+(``FrozenIndices``), so a tiny perturbation that flips an index does not dominate the ranking;
+grid_sample and interpolate downstream of the studied op already run in float (baseline mode).
+
+Metrics compare the model output of the run (y) with the baseline (x), all float tensors of the
+output flattened and concatenated over batches, in float64: L1 = mean |x - y|; COSINE = signed
+cosine similarity (no abs: anti-correlated outputs score -1); MSE; KL = mean over positions of
+KL(softmax(x) || softmax(y)) along dim 1 (dim 0 for 1-d outputs), in nats; SQNR = 20 log10(|x| /
+|x - y|) in dB (inf when equal); MAX_ABS = max |x - y|; TASK = the model's task metric
+(``ModelBundle.task``) of the run against the baseline. Rank 1 is the most sensitive op: COSINE,
+SQNR and a higher-is-better TASK sort ascending, the others descending; ties keep execution order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from quantlab.numerics.dtypes import DType
+from quantlab.progress import progress
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, OpMode, Simulator
+
+COLUMNS = [
+    "op_name",
+    "sensitive_type",
+    "op_type",
+    "metric",
+    "value",
+    "quant_dtype",
+    "flops_share",
+    "rank",
+]
+
+
+class SensitiveType(enum.Enum):
+    """Which quantization of one op is switched on (see the module docstring)."""
+
+    ACTIVATION = "activation"
+    WEIGHT = "weight"
+    FIXED = "fixed"
+
+    @classmethod
+    def parse(cls, value: SensitiveType | str) -> SensitiveType:
+        return _parse_enum(cls, value, "sensitive_type")
+
+
+class Metric(enum.Enum):
+    """Output comparison metrics (module docstring); ``lower_is_worse`` gives the sort order."""
+
+    L1 = "l1"
+    COSINE = "cosine"
+    MSE = "mse"
+    KL = "kl"
+    SQNR = "sqnr"
+    MAX_ABS = "max_abs"
+    TASK = "task"
+
+    @classmethod
+    def parse(cls, value: Metric | str) -> Metric:
+        return _parse_enum(cls, value, "metric")
+
+
+def _parse_enum(cls, value, what: str):
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        for m in cls:
+            if value.lower() in (m.name.lower(), m.value):
+                return m
+    allowed = ", ".join(m.name for m in cls)
+    raise ValueError(f"unknown {what} {value!r}; allowed: {allowed}")
+
+
+def lower_is_worse(metric: Metric, task: Any = None) -> bool:
+    """True when a smaller value means a more sensitive op (rank ascending)."""
+    if metric is Metric.TASK:
+        return bool(task.higher_is_better)
+    return metric in (Metric.COSINE, Metric.SQNR)
+
+
+# ------------------------------------------------------------------------------- metrics
+def _leaves(out: Any) -> list[Tensor]:
+    return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.is_floating_point()]
+
+
+def output_metrics(ref: list, test: list, metrics: Sequence[Metric], task=None) -> dict:
+    """Each metric of the run outputs ``test`` against ``ref`` (lists of per-batch outputs)."""
+    xs = [t.detach().to(torch.float64) for o in ref for t in _leaves(o)]
+    ys = [t.detach().to(torch.float64) for o in test for t in _leaves(o)]
+    if not xs or len(xs) != len(ys):
+        raise ValueError("the model returned no float tensor to compare")
+    x = torch.cat([t.reshape(-1) for t in xs])
+    y = torch.cat([t.reshape(-1) for t in ys])
+    d = x - y
+    res: dict = {}
+    for m in metrics:
+        if m is Metric.L1:
+            res[m] = float(d.abs().mean())
+        elif m is Metric.MSE:
+            res[m] = float((d * d).mean())
+        elif m is Metric.MAX_ABS:
+            res[m] = float(d.abs().max())
+        elif m is Metric.COSINE:
+            nx, ny = float(x.norm()), float(y.norm())
+            res[m] = 1.0 if nx == 0 and ny == 0 else float(x @ y) / max(nx * ny, 1e-300)
+        elif m is Metric.SQNR:
+            nd = float(d.norm())
+            res[m] = math.inf if nd == 0 else 20 * math.log10(max(float(x.norm()), 1e-300) / nd)
+        elif m is Metric.KL:
+            kls = []
+            for a, b in zip(xs, ys):
+                dim = 1 if a.ndim >= 2 else 0
+                lp, lq = a.log_softmax(dim), b.log_softmax(dim)
+                kls.append((lp.exp() * (lp - lq)).sum(dim).reshape(-1))
+            res[m] = float(torch.cat(kls).mean())
+        elif m is Metric.TASK:
+            if task is None:
+                raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
+            res[m] = float(task(ref, test))
+    return res
+
+
+# ------------------------------------------------------------------ discontinuous index ops
+_INDEX_FUNCS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
+
+
+class FrozenIndices(TorchFunctionMode):
+    """Record the indices of index-producing ops in one run and reuse them in later runs.
+
+    ``record()`` stores, per call in execution order, the input and the indices that topk/sort/
+    argsort/argmax/argmin/max(dim)/min(dim) returned. ``replay()`` answers a later call with the
+    recorded indices (and the values of the current input gathered at them): the recorded call
+    of the same function and input shape, at or after the last match, whose recorded input is
+    nearest the current one (exactly equal for calls upstream of a perturbation; calls skipped by
+    a replayed trace are thereby passed over), provided max |recorded - current| is at most
+    ``MATCH_TOLERANCE`` x max |recorded| (a perturbed input, not an unrelated tensor). Calls
+    without a dim (global max) are untouched. The mode sits below the simulator's capture mode,
+    so the tolerance also keeps the simulator's own arithmetic from being matched.
+    """
+
+    MATCH_TOLERANCE = 0.25
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded: list[tuple[str, tuple, Tensor, Tensor]] = []
+        self.recording = True
+        self.pos = 0
+
+    def record(self) -> FrozenIndices:
+        self.recorded, self.recording, self.pos = [], True, 0
+        return self
+
+    def replay(self) -> FrozenIndices:
+        self.recording, self.pos = False, 0
+        return self
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        out = func(*args, **kwargs)
+        if name not in _INDEX_FUNCS or not args or not isinstance(args[0], Tensor):
+            return out
+        idx = _indices_of(name, out)
+        if idx is None:
+            return out
+        x = args[0]
+        sig = (name, tuple(x.shape))
+        if self.recording:
+            self.recorded.append((name, sig[1], x.detach().clone(), idx))
+            return out
+        best, best_d = None, math.inf
+        for j in range(self.pos, len(self.recorded)):
+            rname, rshape, rx, ridx = self.recorded[j]
+            if (rname, rshape) != sig or ridx.shape != idx.shape:
+                continue
+            d = float((rx.to(torch.float64) - x.detach().to(torch.float64)).abs().max())
+            if d < best_d:
+                best, best_d = j, d
+            if d == 0:
+                break
+        if best is None:
+            return out
+        scale = float(self.recorded[best][2].abs().max()) if self.recorded[best][2].numel() else 0
+        if best_d > self.MATCH_TOLERANCE * scale:
+            return out
+        self.pos = best + 1
+        ridx = self.recorded[best][3]
+        if name in ("argmax", "argmin", "argsort"):
+            return ridx
+        dim = _dim_of(name, args, kwargs)
+        values = x.gather(dim, ridx if ridx.ndim == x.ndim else ridx.unsqueeze(dim))
+        if ridx.ndim != x.ndim:
+            values = values.squeeze(dim)
+        return type(out)((values, ridx))
+
+
+def _indices_of(name: str, out: Any) -> Tensor | None:
+    if name in ("argmax", "argmin", "argsort"):
+        return out if isinstance(out, Tensor) else None
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Tensor):
+        return out[1]
+    return None
+
+
+def _dim_of(name: str, args: tuple, kwargs: dict) -> int:
+    if "dim" in kwargs:
+        return int(kwargs["dim"])
+    if name == "topk":
+        return int(args[2]) if len(args) > 2 else -1
+    if name == "sort":
+        return int(args[1]) if len(args) > 1 else -1
+    return int(args[1])
+
+
+# ------------------------------------------------------------------------------ the passes
+@dataclass
+class SensitivityRun:
+    """A sensitivity table plus how it was made (runs executed, seconds, cache use)."""
+
+    table: pd.DataFrame
+    runs: int = 0
+    seconds: float = 0.0
+    cached: bool = False
+    studied: dict[str, list[str]] = field(default_factory=dict)
+
+
+def studied_ops(sim: Simulator, kind: SensitiveType) -> list[str]:
+    """Names of the ops a pass studies (module docstring), in execution order."""
+    ops = sim.ops
+    keep = ops["supported"] & (ops["category"] != "PASS_THROUGH")
+    if kind is SensitiveType.WEIGHT:
+        keep &= ops["has_weight"]
+    return ops.loc[keep, "name"].tolist()
+
+
+def float_inputs_spec(spec: QConfigSpec, op_types: set[str]) -> QConfigSpec:
+    """``spec`` with every rule's ``input_dtype`` set to FLOAT32 (op types in ``op_types``).
+
+    An op in FAKE mode quantizes activation inputs that arrive in float; in the ACTIVATION and
+    WEIGHT passes only the studied op's output (or weight) may be quantized, as in the vendor
+    tool, so its inputs are declared float32 for those passes.
+    """
+
+    def lift(rule: OpQConfig | None) -> OpQConfig:
+        return dataclasses.replace(rule or OpQConfig(), input_dtype=DType.FLOAT32)
+
+    return QConfigSpec(
+        global_=lift(spec.global_),
+        by_type={t: lift(spec.by_type.get(t)) for t in sorted(op_types | set(spec.by_type))},
+        by_module={k: lift(v) for k, v in spec.by_module.items()},
+        by_name={k: lift(v) for k, v in spec.by_name.items()},
+        use_platform_template=spec.use_platform_template,
+    )
+
+
+def _op_modes(kind: SensitiveType, name: str) -> tuple[Mode, dict]:
+    if kind is SensitiveType.ACTIVATION:
+        return Mode.FLOAT, {name: OpMode(Mode.FAKE, quantize_weight=False)}
+    if kind is SensitiveType.WEIGHT:
+        return Mode.FLOAT, {name: OpMode(Mode.FAKE, quantize_output=False)}
+    return Mode.FAKE, {name: OpMode(Mode.FIXED)}
+
+
+def check_batches(batches: Sequence[tuple]) -> list[tuple]:
+    """Batches as a list of tuples; ValueError for no batch or a batch holding an empty tensor."""
+    out = [tuple(b) if isinstance(b, tuple | list) else (b,) for b in batches]
+    if not out:
+        raise ValueError("sensitivity needs at least one input batch; got none")
+    for i, b in enumerate(out):
+        for t in b:
+            if isinstance(t, Tensor) and t.numel() == 0:
+                raise ValueError(
+                    f"input batch {i} holds an empty tensor of shape {tuple(t.shape)}; "
+                    "sensitivity needs at least one sample per batch"
+                )
+    return out
+
+
+def sensitivity(
+    sim: Simulator,
+    batches: Sequence[tuple],
+    kinds: Sequence[SensitiveType | str] = (SensitiveType.ACTIVATION, SensitiveType.WEIGHT),
+    metrics: Sequence[Metric | str] = (Metric.L1,),
+    task: Any = None,
+    replay: bool = True,
+    freeze_indices: bool = True,
+) -> SensitivityRun:
+    """Rank the ops of a calibrated ``sim`` by sensitivity; one table row per op, kind, metric.
+
+    ``replay=False`` is the naive method (one full forward per op), kept for benchmarks.
+    Columns: COLUMNS. Raises ValueError for no batch, an empty batch, an unknown kind or
+    metric, TASK without ``task``, or a model with no quantizable op.
+    """
+    kinds = [SensitiveType.parse(k) for k in kinds]
+    metrics = [Metric.parse(m) for m in metrics]
+    if Metric.TASK in metrics and task is None:
+        raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
+    batches = check_batches(batches)
+    start = time.perf_counter()
+    sim.run(*batches[0], mode=Mode.FLOAT)  # discover the ops
+    ops = sim.ops
+    if not studied_ops(sim, SensitiveType.ACTIVATION):
+        listing = ", ".join(f"{n} ({t})" for n, t in zip(ops["name"], ops["op_type"]))
+        raise ValueError(
+            "the model has no quantizable op on this platform, nothing to rank; "
+            f"captured ops: {listing or 'none'}"
+        )
+    total_flops = float(ops["flops"].sum()) or 1.0
+    info = ops.set_index("name")
+    rows, runs, studied = [], 0, {}
+    user_spec = sim.spec
+    quantized_types = set(ops.loc[ops["supported"], "op_type"])
+    for kind in kinds:
+        names = studied_ops(sim, kind)
+        studied[kind.value] = names
+        if not names:
+            continue
+        want = (
+            user_spec
+            if kind is SensitiveType.FIXED
+            else float_inputs_spec(user_spec, quantized_types)
+        )
+        if sim.spec is not want:
+            sim.set_qconfig(want)
+        base_mode = _op_modes(kind, names[0])[0]
+        freezes = [FrozenIndices() for _ in batches]
+        traces, refs = [], []
+        for b, fr in zip(batches, freezes):
+            with fr.record() if freeze_indices else _nullcontext():
+                tr = sim.trace(*b, mode=base_mode)
+            traces.append(tr)
+            refs.append(tr.result)
+        for name in progress(names, f"sensitivity {kind.value}"):
+            mode, op_modes = _op_modes(kind, name)
+            outs = []
+            for b, tr, fr in zip(batches, traces, freezes):
+                with fr.replay() if freeze_indices else _nullcontext():
+                    outs.append(
+                        sim.run(*b, mode=mode, op_modes=op_modes, replay=tr if replay else None)
+                    )
+                runs += 1
+            values = output_metrics(refs, outs, metrics, task)
+            rq = sim.qconfig_of(name)
+            qdt = rq.weight_dtype if kind is SensitiveType.WEIGHT else info.at[name, "output_dtype"]
+            for m, v in values.items():
+                rows.append(
+                    {
+                        "op_name": name,
+                        "sensitive_type": kind.value,
+                        "op_type": info.at[name, "op_type"],
+                        "metric": m.name,
+                        "value": v,
+                        "quant_dtype": getattr(qdt, "name", qdt),
+                        "flops_share": float(info.at[name, "flops"]) / total_flops,
+                    }
+                )
+    if sim.spec is not user_spec:
+        sim.set_qconfig(user_spec)
+    table = rank_table(pd.DataFrame(rows, columns=COLUMNS[:-1]), task)
+    return SensitivityRun(table, runs, time.perf_counter() - start, False, studied)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def rank_table(table: pd.DataFrame, task: Any = None) -> pd.DataFrame:
+    """Add ``rank`` (1 = most sensitive) per (sensitive_type, metric) and sort by it."""
+    parts = []
+    for (_kind, metric), g in table.groupby(["sensitive_type", "metric"], sort=False):
+        asc = lower_is_worse(Metric[metric], task)
+        g = g.sort_values("value", ascending=asc, kind="stable", na_position="last")
+        parts.append(g.assign(rank=range(1, len(g) + 1)))
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(parts, ignore_index=True)[COLUMNS]
+
+
+def top_ops(table: pd.DataFrame, metric: Metric | str, k: int) -> pd.DataFrame:
+    """The ``k`` most sensitive rows per sensitive type for one metric."""
+    m = Metric.parse(metric).name
+    sub = table[table["metric"] == m]
+    if sub.empty:
+        have = ", ".join(sorted(table["metric"].unique()))
+        raise ValueError(f"metric {m} is not in the sensitivity table; it has: {have}")
+    return sub[sub["rank"] <= k].reset_index(drop=True)
