@@ -10,6 +10,8 @@ dequantized inputs and quantize the output once (listed as ``float_fallback``).
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_ops
 from quantlab.simulate.modes import Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ActivationObserver, weight_amax
+from quantlab.simulate.qat import qat_fake_quant
 from quantlab.simulate.qtensor import QInfo, QTable
 
 
@@ -79,7 +82,7 @@ class Simulator:
         qconfig: QConfigSpec | None = None,
     ) -> None:
         self.model = model.eval()
-        self.platform = load_platform(platform) if isinstance(platform, str) else platform
+        self.platform = _platform(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
         self._obs: dict[str, ActivationObserver] = {}
@@ -453,9 +456,10 @@ class Simulator:
             y = fake_cast(x, dtype, self.platform.float16_saturate)
             return y, QInfo(dtype)
         s = self.act_scale(name, key, dtype, rq)
+        if mode is not Mode.FIXED:
+            return qat_fake_quant(x, s, dtype, self.platform.fake_round), QInfo(dtype, s)
         codes = quantize(x, s, dtype, self.platform.fake_round)
-        y = dequantize(codes, s)
-        return y, QInfo(dtype, s, codes if mode is Mode.FIXED else None)
+        return dequantize(codes, s), QInfo(dtype, s, codes)
 
     def _run_quantized(self, call, plan, mode, om, st):
         rq = self.qconfig_of(call.name)
@@ -481,7 +485,12 @@ class Simulator:
             if rq.weight_dtype.is_int:
                 codes, s = self.weight_q(call.name, w, rq.weight_dtype, True)
                 wq = (codes, s)
-                A.put(args, kwargs, plan.weight, dequantize(codes, s, axis=0))
+                if mode is Mode.FIXED:
+                    wv = dequantize(codes, s, axis=0)
+                else:
+                    lo = -rq.weight_dtype.qmax if self.platform.weight_narrow_range else None
+                    wv = qat_fake_quant(w, s, rq.weight_dtype, self.platform.fake_round, 0, lo)
+                A.put(args, kwargs, plan.weight, wv)
             else:
                 A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))
         if call.category is OpCategory.GEMM:
@@ -515,6 +524,16 @@ class Simulator:
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode)
+
+
+@functools.lru_cache(maxsize=16)
+def _platform_cached(name: str) -> PlatformConfig:
+    return load_platform(name)
+
+
+def _platform(name: str) -> PlatformConfig:
+    """``configs/platform/<name>.yaml`` composed once per process (a private copy each time)."""
+    return copy.deepcopy(_platform_cached(name))
 
 
 def _fake_grid(platform: PlatformConfig, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
