@@ -70,6 +70,7 @@ class _RunState:
     producers: QTable = field(default_factory=QTable)
     order: list = field(default_factory=list)
     infos: dict = field(default_factory=dict)
+    float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
 
 
 class Simulator:
@@ -339,6 +340,8 @@ class Simulator:
             out, info = call.result, None
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
             out, info = call.run(), None
+            if mode is Mode.FLOAT:
+                st.float_ops.add(call.name)
             if st.calibrating:
                 self._observe(call, plan, out)
         else:
@@ -471,6 +474,9 @@ class Simulator:
                 in_infos.append(None)
                 continue
             info = st.qt.get(v)
+            if info is None and mode is Mode.FAKE and st.producers.get(v) in st.float_ops:
+                in_infos.append(None)  # a float op's output stays float (sensitivity runs)
+                continue
             want = rq.input_dtype or (info.dtype if info is not None else rq.output_dtype)
             if info is None or info.dtype is not want:
                 if info is not None and info.dtype.is_float and want.is_float:
