@@ -73,8 +73,13 @@ def int_linear(x, w) -> np.ndarray:
 def int_conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:
     """Zero-padded conv2d in numpy int64: a loop over groups and kernel taps, each tap an
     int64 einsum of a strided input slice with one weight column."""
-    x = _np(x).astype(np.int64)
-    w = _np(w).astype(np.int64)
+    return _conv2d_loops(
+        _np(x).astype(np.int64), _np(w).astype(np.int64), stride, padding, dilation, groups
+    )
+
+
+def _conv2d_loops(x, w, stride, padding, dilation, groups):
+    """The tap loop on arrays of any exact dtype (int64, or object holding Python ints)."""
     squeeze = x.ndim == 3
     if squeeze:
         x = x[None]
@@ -84,11 +89,11 @@ def int_conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1) -> np.nda
     n, cin, h, wd = x.shape
     cout, cin_g, kh, kw = w.shape
     cout_g = cout // groups
-    xp = np.zeros((n, cin, h + 2 * ph, wd + 2 * pw), dtype=np.int64)
+    xp = np.zeros((n, cin, h + 2 * ph, wd + 2 * pw), dtype=x.dtype)
     xp[:, :, ph : ph + h, pw : pw + wd] = x
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((n, cout, ho, wo), dtype=np.int64)
+    out = np.zeros((n, cout, ho, wo), dtype=x.dtype)
     for g in range(groups):
         xs = xp[:, g * cin_g : (g + 1) * cin_g]
         wg = w[g * cout_g : (g + 1) * cout_g]
@@ -281,3 +286,90 @@ def quantize(x, scale, dtype: DType, mode: Round = Round.HALF_EVEN, axis=None) -
         else:
             out.append(min(max(round_fraction(Fraction(t), mode), dtype.qmin), dtype.qmax))
     return np.array(out, dtype=np.int64).reshape(v.shape)
+
+
+# --------------------------------------------------------------------------- float16
+
+_F16_SCALE = 1 << 24  # every float16 value is an integer multiple of 2**-24
+
+
+def round_to_float16(v: Fraction) -> float:
+    """The float16 nearest to the exact rational ``v`` (ties to the even significand; inf at
+    or beyond 65520), found by checking the neighbours of a float32 guess exactly."""
+    if v == 0:
+        return 0.0
+    if abs(v) >= 65520:
+        return math.inf if v > 0 else -math.inf
+    with np.errstate(over="ignore"):
+        return _nearest_f16(v)
+
+
+def _nearest_f16(v: Fraction) -> float:
+    guess = np.float16(np.float32(float(v)))
+    if np.isinf(guess):
+        guess = np.float16(65504.0) if v > 0 else np.float16(-65504.0)
+    cands = {
+        guess,
+        np.nextafter(guess, np.float16(np.inf)),
+        np.nextafter(guess, np.float16(-np.inf)),
+    }
+    cands = [c for c in cands if np.isfinite(c)]
+    best = min(cands, key=lambda c: (abs(Fraction(float(c)) - v), int(c.view(np.uint16)) & 1))
+    return float(best)
+
+
+def f16_binary(a, b, op: str) -> np.ndarray:
+    """Correctly rounded float16 a (op) b for finite a, b, with Fractions and IEEE zero signs."""
+    aa, bb = np.broadcast_arrays(_np(a).astype(np.float16), _np(b).astype(np.float16))
+    out = np.empty(aa.shape, dtype=np.float16)
+    for idx in np.ndindex(aa.shape):
+        x, y = float(aa[idx]), float(bb[idx])
+        fx, fy = Fraction(x), Fraction(y)
+        if op == "add":
+            v = fx + fy
+        elif op == "sub":
+            v = fx - fy
+        elif op == "mul":
+            v = fx * fy
+        elif op == "div":
+            v = fx / fy
+        else:
+            raise ValueError(op)
+        r = round_to_float16(v)
+        if r == 0:  # the sign of a zero result (exact zero or underflow)
+            if v != 0:
+                neg = v < 0
+            elif op in ("mul", "div"):
+                neg = math.copysign(1, x) * math.copysign(1, y) < 0
+            else:
+                y_eff = -y if op == "sub" else y
+                neg = math.copysign(1, x) < 0 and math.copysign(1, y_eff) < 0
+            r = -0.0 if neg else 0.0
+        out[idx] = r
+    return out
+
+
+def _f16_ints(t) -> np.ndarray:
+    a = _np(t).astype(np.float64)
+    return np.array([int(v * _F16_SCALE) for v in a.ravel()], dtype=object).reshape(a.shape)
+
+
+def _ints_to_f16(n: np.ndarray, frac_bits: int) -> np.ndarray:
+    out = [round_to_float16(Fraction(int(v), 1 << frac_bits)) for v in n.ravel()]
+    return np.array(out, dtype=np.float16).reshape(n.shape)
+
+
+def f16_matmul(a, b, bias=None) -> np.ndarray:
+    """float16 a @ b (+ bias per column) summed exactly with Python ints, rounded once."""
+    acc = np.matmul(_f16_ints(a), _f16_ints(b))
+    if bias is not None:
+        acc = acc + _f16_ints(bias) * _F16_SCALE
+    return _ints_to_f16(acc, 48)
+
+
+def f16_conv2d(x, w, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:
+    """float16 conv2d summed exactly with Python ints (the integer tap loop), rounded once."""
+    acc = _conv2d_loops(_f16_ints(x), _f16_ints(w), stride, padding, dilation, groups)
+    if bias is not None:
+        acc = acc + (_f16_ints(bias) * _F16_SCALE).reshape(1, -1, 1, 1)
+    return _ints_to_f16(acc, 48)
