@@ -23,7 +23,7 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int, lut_fake_codes
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
-from quantlab.numerics.lut.table import SegmentLut
+from quantlab.numerics.lut.table import SegmentLut, single_thread
 
 BOUND_PROBES_PER_STEP = 32  # grid density for max|f''| of a table (finite differences)
 
@@ -70,12 +70,18 @@ def _regions_and_positions(lut: SegmentLut, codes: np.ndarray) -> tuple[np.ndarr
     region[:] = [f"table {k}" for k in i]
     region[a < d[0]] = "left tail"
     region[a > d[-1]] = "right tail"
+    region[neg & (codes == lut.in_dtype.qmin)] = "mirror edge"  # -qmin saturates to qmax
     pos = np.where(neg, -pos, pos)
     return region, pos
 
 
 def profile(lut: SegmentLut) -> Profile:
     """Evaluate every input code: fixed, fake, exact (see the module docstring)."""
+    with single_thread():
+        return _profile(lut)
+
+
+def _profile(lut: SegmentLut) -> Profile:
     codes_t = all_codes(lut.in_dtype)
     fixed = evaluate_codes_int(lut, codes_t).numpy()
     x = codes_t.to(torch.float64) * lut.in_scale
@@ -88,6 +94,11 @@ def profile(lut: SegmentLut) -> Profile:
 
 def max_error_lsb(lut: SegmentLut) -> float:
     """Largest |LUT output - saturated f| over every input code, in output LSBs."""
+    with single_thread():
+        return _max_error_lsb(lut)
+
+
+def _max_error_lsb(lut: SegmentLut) -> float:
     codes = all_codes(lut.in_dtype)
     fixed = evaluate_codes_int(lut, codes).to(torch.float64)
     exact = _target_sat(lut, codes.to(torch.float64) * lut.in_scale) / lut.out_scale
@@ -100,6 +111,11 @@ def table_bounds(lut: SegmentLut) -> list[dict]:
     ``h^2/8 max|f''|`` in float and in output LSBs."""
     if lut.direct:
         return []
+    with single_thread():
+        return _table_bounds(lut)
+
+
+def _table_bounds(lut: SegmentLut) -> list[dict]:
     rows = []
     n = lut.fmt.entries
     for i, (d0, d1) in enumerate(zip(lut.points[:-1], lut.points[1:])):
@@ -140,7 +156,7 @@ def analyze(lut: SegmentLut) -> pd.DataFrame:
     bounds = {r["region"]: r for r in table_bounds(lut)}
     rows = []
     order = ["left tail"] + [f"table {i}" for i in range(len(lut.points) - 1)] + ["right tail"]
-    order = ["direct"] if lut.direct else order
+    order = ["direct"] if lut.direct else order + ["mirror edge"]
     for name in order + ["all"]:
         sel = np.ones(p.codes.shape, dtype=bool) if name == "all" else (p.region == name)
         if not sel.any():

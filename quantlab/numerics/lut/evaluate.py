@@ -22,45 +22,63 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
-from quantlab.numerics.rounding import Round, round_float, rshift_round
+from quantlab.numerics.rounding import Round, round_float
 
 if TYPE_CHECKING:
     from quantlab.numerics.lut.table import SegmentLut
 
 
-def evaluate_codes_int(lut: SegmentLut, codes: Tensor) -> Tensor:
-    """Vectorised integer evaluation (torch int64) of input codes; returns int64 output codes.
+def _rshift_round_bits(v: np.ndarray, n: int, mode: Round) -> np.ndarray:
+    """v / 2**n rounded by ``mode`` with shifts and masks (numpy int64; exact)."""
+    if n == 0:
+        return v.copy()
+    q = v >> n  # floor
+    rem = v & ((1 << n) - 1)
+    half = 1 << (n - 1)
+    if mode is Round.FLOOR:
+        return q
+    if mode is Round.HALF_UP:
+        return (v + half) >> n
+    if mode is Round.HALF_EVEN:
+        return q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    if mode is Round.HALF_AWAY:
+        return q + ((rem > half) | ((rem == half) & (v >= 0)))
+    if mode is Round.TRUNC:
+        return q + ((rem != 0) & (v < 0))
+    raise ValueError(f"unknown rounding mode {mode!r}")
 
-    This is the exact path used to build the cached code map; it is not tuned for speed.
+
+def evaluate_codes_int(lut: SegmentLut, codes: Tensor) -> Tensor:
+    """Vectorised integer evaluation of input codes (numpy int64: gathers by table index and
+    masks, no per-region loop); returns int64 output codes as a torch tensor.
+
+    This is the exact path that builds the cached code map (and the analysis); numpy because
+    small int64 torch ops are slow on a busy CPU.
     """
-    x = codes.to(torch.int64)
+    x = codes.detach().cpu().numpy().astype(np.int64)
     if lut.direct:
-        table = torch.from_numpy(lut.direct_table)
-        return table[x + 128]
+        return torch.from_numpy(lut.direct_table[x + 128])
     fmt = lut.fmt
     qmax, omin, omax = lut.in_dtype.qmax, lut.out_dtype.qmin, lut.out_dtype.qmax
-    neg = (x < 0) if lut.symmetric else torch.zeros_like(x, dtype=torch.bool)
-    a = torch.where(neg, (-x).clamp_max(qmax), x)
-    d = torch.tensor(lut.points, dtype=torch.int64)
-    t = len(lut.points) - 1
-    i = (torch.bucketize(a, d, right=True) - 1).clamp(0, t - 1)
-    mult = torch.tensor(lut.index_mult, dtype=torch.int64)[i]
-    shift = torch.tensor(lut.index_shift, dtype=torch.int64)[i]
+    neg = (x < 0) if lut.symmetric else np.zeros(x.shape, dtype=bool)
+    a = np.where(neg, np.minimum(-x, qmax), x)
+    d = np.asarray(lut.points, dtype=np.int64)
+    i = np.clip(np.searchsorted(d, a, side="right") - 1, 0, len(d) - 2)
+    mult = np.asarray(lut.index_mult, dtype=np.int64)[i]
+    shift = np.asarray(lut.index_shift, dtype=np.int64)[i]
     f = fmt.index_frac_bits
-    idx = torch.bitwise_right_shift((a - d[i]) * mult, shift)
-    idx = idx.clamp(0, (fmt.entries - 1) << f)
-    j = torch.bitwise_right_shift(idx, f)
-    w = torch.bitwise_and(idx, (1 << f) - 1)
-    tab = torch.from_numpy(lut.tables)
-    tab = torch.cat([tab, tab[:, -1:]], dim=1)  # T[entries] := T[entries - 1]
+    idx = np.clip(((a - d[i]) * mult) >> shift, 0, (fmt.entries - 1) << f)
+    j = idx >> f
+    w = idx & ((1 << f) - 1)
+    tab = np.concatenate([lut.tables, lut.tables[:, -1:]], axis=1)  # T[entries] := T[entries-1]
     t0 = tab[i, j]
     t1 = tab[i, j + 1]
-    y = rshift_round(torch.bitwise_left_shift(t0, f) + (t1 - t0) * w, f, fmt.interp_round)
+    y = _rshift_round_bits((t0 << f) + (t1 - t0) * w, f, fmt.interp_round)
     for tail, mask in ((lut.left, a < d[0]), (lut.right, a > d[-1])):
         v = a * tail.k + (tail.b << tail.lshift)
-        y = torch.where(mask, rshift_round(v, tail.rshift, fmt.interp_round), y)
-    y = y.clamp(omin, omax)
-    return torch.where(neg, (-y).clamp(omin, omax), y)
+        y = np.where(mask, _rshift_round_bits(v, tail.rshift, fmt.interp_round), y)
+    y = np.clip(y, omin, omax)
+    return torch.from_numpy(np.where(neg, np.clip(-y, omin, omax), y))
 
 
 def all_codes(dtype: DType) -> Tensor:

@@ -110,53 +110,93 @@ def sqrt_curvature_points(g: TargetFn, lo: float, hi: float, tables: int) -> lis
     return [lo] + inner + [hi]
 
 
-def interpolation_error(g: TargetFn, a: float, b: float, entries: int) -> float:
-    """Max |g - L| on [a, b], L the linear interpolant of ``entries`` uniform samples (float).
+def table_errors(
+    g: TargetFn, a: float, ends: Tensor, entries: int, frac_bits: int | None = None
+) -> Tensor:
+    """Model of the max error of a table on [a, b] for each b in ``ends`` (float64, shape (K,)).
 
-    Probed at MINIMAX_PROBES_PER_STEP interior points of every table step (a model of the error,
-    used for placement only; the integer error is measured separately).
+    Interpolation part: max |g - L| over MINIMAX_PROBES_PER_STEP interior points of every step,
+    L the linear interpolant of ``entries`` uniform samples. Index part (when ``frac_bits`` is
+    given): a floored index with F fraction bits moves the input by up to one 2^-F of a step,
+    so max |L(k+1) - L(k)| / 2^F is added. Used for placement only; the integer error is
+    measured separately.
     """
-    if b <= a:
-        return 0.0
     steps = entries - 1
-    xs = torch.linspace(a, b, entries, dtype=torch.float64)
-    ys = g(xs)
+    k = torch.arange(entries, dtype=torch.float64)
+    width = (ends - a).clamp_min(0.0)
+    xs = a + width[:, None] * (k[None, :] / steps)  # (K, entries)
+    ys = g(xs.reshape(-1)).reshape(xs.shape)
     frac = (torch.arange(MINIMAX_PROBES_PER_STEP, dtype=torch.float64) + 0.5) / (
         MINIMAX_PROBES_PER_STEP
     )
-    h = (b - a) / steps
-    px = xs[:-1, None] + frac[None, :] * h
-    lin = ys[:-1, None] + frac[None, :] * (ys[1:, None] - ys[:-1, None])
-    return float((g(px.reshape(-1)).reshape(px.shape) - lin).abs().max())
+    px = xs[:, :-1, None] + frac * (width[:, None, None] / steps)
+    dy = ys[:, 1:] - ys[:, :-1]
+    lin = ys[:, :-1, None] + frac * dy[:, :, None]
+    err = (g(px.reshape(-1)).reshape(px.shape) - lin).abs().amax(dim=(1, 2))
+    if frac_bits is not None:
+        err = err + dy.abs().amax(dim=1) / (1 << frac_bits)
+    return torch.where(width > 0, err, torch.zeros_like(err))
+
+
+def interpolation_error(
+    g: TargetFn, a: float, b: float, entries: int, frac_bits: int | None = None
+) -> float:
+    """``table_errors`` for one table [a, b]."""
+    return float(table_errors(g, a, torch.tensor([b], dtype=torch.float64), entries, frac_bits)[0])
+
+
+SEARCH_CANDIDATES = 48  # table ends tried at once (two rounds: geometric, then linear)
+
+
+def _widest_table(
+    g: TargetFn, a: float, hi: float, entries: int, frac_bits: int, eps: float, quantum: float
+) -> float:
+    """The largest end b in (a, hi] (on a grid of ``quantum``) whose table error is <= eps;
+    a + quantum if none is (the table is then one code wide)."""
+    total = hi - a
+    if total <= quantum:
+        return hi
+    ratio = torch.logspace(
+        torch.log10(torch.tensor(quantum / total)), 0.0, SEARCH_CANDIDATES, dtype=torch.float64
+    )
+    ends = a + ratio * total
+    ok = table_errors(g, a, ends, entries, frac_bits) <= eps
+    if bool(ok[-1]):
+        return hi
+    n_ok = int(ok.to(torch.int64).cumprod(0).sum())  # leading feasible candidates
+    if n_ok == 0:
+        return a + quantum
+    lo_end, hi_end = float(ends[n_ok - 1]), float(ends[n_ok])
+    ends = torch.linspace(lo_end, hi_end, SEARCH_CANDIDATES, dtype=torch.float64)
+    ok = table_errors(g, a, ends, entries, frac_bits) <= eps
+    n_ok = max(1, int(ok.to(torch.int64).cumprod(0).sum()))
+    b = float(ends[n_ok - 1])
+    b = a + max(1.0, float(int((b - a) / quantum))) * quantum  # whole input codes
+    return min(b, hi)
 
 
 def _greedy(
-    g: TargetFn, lo: float, hi: float, tables: int, entries: int, eps: float, quantum: float
+    g: TargetFn,
+    lo: float,
+    hi: float,
+    tables: int,
+    entries: int,
+    frac_bits: int,
+    eps: float,
+    quantum: float,
 ) -> list[float] | None:
-    """Lay tables from lo, each as wide as its error allows (<= eps); None if hi is not reached.
-
-    Table ends are searched by bisection on a grid of ``quantum`` (one input code).
-    """
+    """Lay tables from lo, each as wide as its modelled error allows (<= eps); None if hi is not
+    reached. Table ends lie on a grid of ``quantum`` (one input code) from lo."""
     points = [lo]
     a = lo
     for _ in range(tables):
-        if interpolation_error(g, a, hi, entries) <= eps:
-            points.append(hi)
-            break
-        left, right = 1, max(1, int(math.floor((hi - a) / quantum)))
-        if interpolation_error(g, a, a + quantum, entries) > eps:
-            left = 1  # even one code is too wide: take it anyway and continue
-            right = 1
-        while left < right:  # largest n with err(a, a + n*quantum) <= eps
-            mid = (left + right + 1) // 2
-            if interpolation_error(g, a, a + mid * quantum, entries) <= eps:
-                left = mid
-            else:
-                right = mid - 1
-        a = a + left * quantum
+        a = _widest_table(g, a, hi, entries, frac_bits, eps, quantum)
         points.append(a)
+        if a >= hi:
+            break
     if points[-1] < hi:
         return None
+    points[-1] = hi
     while len(points) < tables + 1:  # reached hi early: split the widest table
         widths = [points[i + 1] - points[i] for i in range(len(points) - 1)]
         i = max(range(len(widths)), key=widths.__getitem__)
@@ -165,20 +205,29 @@ def _greedy(
 
 
 def minimax_points(
-    g: TargetFn, lo: float, hi: float, tables: int, entries: int, quantum: float
+    g: TargetFn,
+    lo: float,
+    hi: float,
+    tables: int,
+    entries: int,
+    quantum: float,
+    frac_bits: int = 8,
 ) -> list[float]:
-    """Ours: the smallest eps for which greedy tables reach hi (bisection on eps, float model)."""
+    """Ours: the smallest eps for which greedy tables reach hi (bisection on eps; the error
+    model of ``table_errors`` with the index term)."""
     _check_range(lo, hi, tables)
     quantum = min(quantum, (hi - lo) / tables) if quantum > 0 else (hi - lo) / 65536
     start = evenly_points(lo, hi, tables)
-    eps_hi = max(interpolation_error(g, a, b, entries) for a, b in zip(start[:-1], start[1:]))
+    eps_hi = max(
+        interpolation_error(g, a, b, entries, frac_bits) for a, b in zip(start[:-1], start[1:])
+    )
     best = start
     if eps_hi <= 0.0:
         return best
     eps_lo = 0.0
     for _ in range(MINIMAX_ITERATIONS):
         eps = 0.5 * (eps_lo + eps_hi)
-        pts = _greedy(g, lo, hi, tables, entries, eps, quantum)
+        pts = _greedy(g, lo, hi, tables, entries, frac_bits, eps, quantum)
         if pts is None:
             eps_lo = eps
         else:
