@@ -1,0 +1,168 @@
+"""Per-op sensitivity: the fragile op ranks first, replay equals the naive method, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from quantlab.analysis.sensitivity import (
+    COLUMNS,
+    FrozenIndices,
+    Metric,
+    SensitiveType,
+    lower_is_worse,
+    output_metrics,
+    sensitivity,
+    top_ops,
+)
+from quantlab.simulate import Simulator
+
+
+class FragileSin(nn.Module):
+    """fc2 feeds sin with inputs near 200 rad: int8 steps of ~1.6 rad there wreck the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+        with torch.no_grad():
+            for m in (self.fc1, self.fc2, self.fc3):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g) / m.in_features**0.5)
+                m.bias.zero_()
+            self.fc2.bias.fill_(200.0)
+
+    def forward(self, x):
+        return self.fc3(torch.sin(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class TopkHead(nn.Module):
+    """Scores pick the top 3 rows of the features (a discontinuous selection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.score, self.feat = nn.Linear(4, 1), nn.Linear(4, 4)
+        with torch.no_grad():
+            for m in (self.score, self.feat):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=g))
+
+    def forward(self, x):
+        s = self.score(x).squeeze(-1)
+        idx = s.topk(3, dim=-1).indices
+        return torch.gather(self.feat(x), 1, idx.unsqueeze(-1).expand(-1, -1, 4))
+
+
+def _inputs(shape, seed=1):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)),)
+
+
+@pytest.fixture(scope="module")
+def fragile_sim():
+    x = _inputs((16, 8))
+    sim = Simulator(FragileSin(), "j6m")
+    sim.calibrate([x])
+    return sim, x
+
+
+def test_fragile_op_ranks_first(fragile_sim):
+    sim, x = fragile_sim
+    metrics = ["L1", "cosine", "MSE", "kl", "sqnr", "max_abs"]
+    run = sensitivity(sim, [x], kinds=["activation", "weight"], metrics=metrics)
+    t = run.table
+    assert list(t.columns) == COLUMNS
+    act = t[t.sensitive_type == "activation"]
+    for m in metrics:
+        first = act[(act.metric == Metric.parse(m).name) & (act["rank"] == 1)]
+        assert first.op_name.tolist() == ["fc2:linear#0"], (m, act[act.metric == m.upper()])
+    # the weight pass studies only ops with a weight; pass-through relu is never studied
+    assert set(t[t.sensitive_type == "weight"].op_name) == {f"fc{i}:linear#0" for i in (1, 2, 3)}
+    assert ":relu#0" not in set(t.op_name)
+    assert run.studied["activation"] == ["fc1:linear#0", "fc2:linear#0", ":sin#0", "fc3:linear#0"]
+    assert math.isclose(t.drop_duplicates("op_name").flops_share.sum(), 1 - 256 / 14848)
+    assert set(t.quant_dtype) <= {"INT8", "INT32"}
+    assert top_ops(t, "l1", 1).op_name.tolist() == ["fc2:linear#0", "fc3:linear#0"]
+
+
+def test_replay_gives_the_naive_numbers(fragile_sim):
+    sim, x = fragile_sim
+    fast = sensitivity(sim, [x, x], metrics=["l1", "mse"], replay=True).table
+    naive = sensitivity(sim, [x, x], metrics=["l1", "mse"], replay=False).table
+    pd.testing.assert_frame_equal(fast, naive, check_exact=True)
+
+
+def test_fixed_pass_runs_one_op_fixed(fragile_sim):
+    sim, x = fragile_sim
+    t = sensitivity(sim, [x], kinds=["fixed"], metrics=["sqnr"]).table
+    assert set(t.sensitive_type) == {"fixed"}
+    assert t.op_name.tolist()[0] in {"fc1:linear#0", "fc2:linear#0", ":sin#0", "fc3:linear#0"}
+    assert t["rank"].tolist() == list(range(1, len(t) + 1))
+
+
+def test_frozen_indices_keep_the_baseline_selection():
+    model = TopkHead()
+    x = _inputs((2, 10, 4), seed=3)
+    freeze = FrozenIndices()
+    with freeze.record():
+        ref = model(*x)
+    noisy = (x[0] + 0.05 * torch.randn(x[0].shape, generator=torch.Generator().manual_seed(0)),)
+    free_idx = model.score(noisy[0]).squeeze(-1).topk(3, dim=-1).indices
+    ref_idx = model.score(x[0]).squeeze(-1).topk(3, dim=-1).indices
+    assert not torch.equal(free_idx, ref_idx), "the noise should flip a selection"
+    with freeze.replay():
+        out = model(*noisy)
+    expect = torch.gather(model.feat(noisy[0]), 1, ref_idx.unsqueeze(-1).expand(-1, -1, 4))
+    assert torch.equal(out, expect) and ref.shape == out.shape
+    # an unrelated tensor of the same shape is not matched
+    with freeze.replay():
+        far = (torch.arange(20.0).reshape(2, 10) * 1e3).topk(3, dim=-1).indices
+    assert torch.equal(far, torch.tensor([[9, 8, 7], [9, 8, 7]]))
+
+
+def test_output_metrics_and_sort_order():
+    x = [torch.tensor([[1.0, 2.0, 3.0]])]
+    same = output_metrics(x, [x[0].clone()], list(Metric)[:-1])
+    assert same[Metric.L1] == 0 and same[Metric.SQNR] == math.inf and same[Metric.KL] == 0
+    flipped = output_metrics(x, [-x[0]], [Metric.COSINE, Metric.MAX_ABS, Metric.MSE])
+    assert flipped[Metric.COSINE] == pytest.approx(-1.0)  # signed, not abs
+    assert flipped[Metric.MAX_ABS] == 6.0 and flipped[Metric.MSE] == pytest.approx(56 / 3)
+    assert [m for m in Metric if m is not Metric.TASK and lower_is_worse(m)] == [
+        Metric.COSINE,
+        Metric.SQNR,
+    ]
+
+    class Higher:
+        higher_is_better = True
+
+    assert lower_is_worse(Metric.TASK, Higher())
+
+
+def test_bad_input_fails_clearly(fragile_sim):
+    sim, x = fragile_sim
+    with pytest.raises(ValueError, match="unknown metric 'psnr'; allowed: L1, COSINE"):
+        sensitivity(sim, [x], metrics=["psnr"])
+    with pytest.raises(ValueError, match="unknown sensitive_type"):
+        sensitivity(sim, [x], kinds=["bias"])
+    with pytest.raises(ValueError, match="at least one input batch"):
+        sensitivity(sim, [], metrics=["l1"])
+    with pytest.raises(ValueError, match="empty tensor"):
+        sensitivity(sim, [(torch.zeros(0, 8),)], metrics=["l1"])
+    with pytest.raises(ValueError, match="task metric"):
+        sensitivity(sim, [x], metrics=["task"])
+
+    class NoOps(nn.Module):
+        def forward(self, x):
+            return x.flatten(1).argmax(-1).to(torch.float32)
+
+    bare = Simulator(NoOps(), "j6m")
+    bare.calibrate([x])
+    with pytest.raises(ValueError, match="no quantizable op"):
+        sensitivity(bare, [x], metrics=["l1"])
+
+
+def test_kinds_parse():
+    assert SensitiveType.parse("WEIGHT") is SensitiveType.WEIGHT
+    assert Metric.parse("max_abs") is Metric.MAX_ABS
