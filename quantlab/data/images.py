@@ -57,16 +57,23 @@ def to_tensor(array: np.ndarray) -> Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def _read(path: str) -> Tensor:
+def _read(path: str, min_side: int) -> Tensor:
     from PIL import Image
 
     with Image.open(path) as im:
+        if min_side:
+            # JPEG DCT scaling: decode at 1/2, 1/4 or 1/8 size, keeping both sides >= min_side
+            im.draft("RGB", (min_side, min_side))
         return to_tensor(np.asarray(im.convert("RGB")))
 
 
-def read_image(path: Path | str) -> Tensor:
-    """An image file as float32 (3, H, W) in [0, 1] (a fresh copy; the decode is cached)."""
-    return _read(str(path)).clone()
+def read_image(path: Path | str, min_side: int = 0) -> Tensor:
+    """An image file as float32 (3, H, W) in [0, 1] (a fresh copy; the decode is cached).
+
+    ``min_side`` > 0 lets a JPEG decode at a reduced size whose sides stay >= ``min_side`` (faster
+    for photos that are resized anyway); other files and 0 give the full resolution.
+    """
+    return _read(str(path), min_side).clone()
 
 
 def photo(name: str) -> Tensor:

