@@ -239,7 +239,8 @@ def _normalized_axis_fixed(
 
 
 def _gather(x: Tensor, iy: Tensor, ix: Tensor, padding: Padding) -> Tensor:
-    """x [N, C, H, W] int64; iy, ix [N, M] int64 -> [N, C, M] with the padding rule."""
+    """x [N, C, H, W] integer codes; iy, ix [N, M] int64 -> int64 [N, C, M] with the padding
+    rule (gathers in x's own dtype: the whole input is never widened)."""
     n, ch, h, w = x.shape
     if padding is Padding.BORDER:
         inside = torch.ones_like(ix, dtype=torch.bool)
@@ -247,6 +248,7 @@ def _gather(x: Tensor, iy: Tensor, ix: Tensor, padding: Padding) -> Tensor:
         inside = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
     flat = iy.clamp(0, h - 1) * w + ix.clamp(0, w - 1)
     vals = torch.gather(x.reshape(n, ch, h * w), 2, flat.unsqueeze(1).expand(n, ch, -1))
+    vals = vals.to(torch.int64)
     return torch.where(inside.unsqueeze(1), vals, torch.zeros((), dtype=vals.dtype))
 
 
@@ -287,7 +289,7 @@ def grid_sample_fixed(
         )
     if qgrid.align_corners != align_corners:
         raise ValueError("align_corners differs from the one the grid was quantized with")
-    x = x_codes.to(torch.int64)
+    x = x_codes if x_codes.dtype == x_dtype.torch_dtype else x_codes.to(torch.int64)
     ho, wo = qgrid.codes.shape[1:3]
     px, py, p = grid_positions_fixed(qgrid, weight_frac_bits, coord_round)
     px, py = px.reshape(n, -1), py.reshape(n, -1)
@@ -299,7 +301,7 @@ def grid_sample_fixed(
         one = 1 << p
         x0, y0 = px >> p, py >> p
         fx, fy = px - (x0 << p), py - (y0 << p)
-        acc = torch.zeros(x.shape[:2] + px.shape[1:], dtype=torch.int64)
+        acc = torch.zeros((n, x.shape[1]) + px.shape[1:], dtype=torch.int64)
         for dy, wy in ((0, one - fy), (1, fy)):
             for dx, wx in ((0, one - fx), (1, fx)):
                 acc += _gather(x, y0 + dy, x0 + dx, padding_mode) * (wy * wx).unsqueeze(1)
