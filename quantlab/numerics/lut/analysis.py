@@ -98,11 +98,16 @@ def max_error_lsb(lut: SegmentLut) -> float:
         return _max_error_lsb(lut)
 
 
-def _max_error_lsb(lut: SegmentLut) -> float:
+def exact_lsb(lut: SegmentLut) -> np.ndarray:
+    """f(x) saturated to the output range, in output LSBs, for every input code (float64)."""
     codes = all_codes(lut.in_dtype)
-    fixed = evaluate_codes_int(lut, codes).to(torch.float64)
-    exact = _target_sat(lut, codes.to(torch.float64) * lut.in_scale) / lut.out_scale
-    return float((fixed - exact).abs().max())
+    return (_target_sat(lut, codes.to(torch.float64) * lut.in_scale) / lut.out_scale).numpy()
+
+
+def _max_error_lsb(lut: SegmentLut, exact: np.ndarray | None = None) -> float:
+    exact = exact_lsb(lut) if exact is None else exact
+    fixed = evaluate_codes_int(lut, all_codes(lut.in_dtype)).numpy()
+    return float(np.abs(fixed - exact).max())
 
 
 def table_bounds(lut: SegmentLut) -> list[dict]:

@@ -33,7 +33,7 @@ TargetFn = Callable[[Tensor], Tensor]
 
 CURVATURE_INTERVALS = 256  # the vendor's accu_divide_num
 SQRT_CURVATURE_INTERVALS = 4096
-MINIMAX_PROBES_PER_STEP = 8  # error probes inside each table step (float model)
+MINIMAX_PROBES_PER_STEP = 16  # error probes inside each table step (float model)
 MINIMAX_ITERATIONS = 40
 
 
@@ -115,26 +115,31 @@ def table_errors(
 ) -> Tensor:
     """Model of the max error of a table on [a, b] for each b in ``ends`` (float64, shape (K,)).
 
-    Interpolation part: max |g - L| over MINIMAX_PROBES_PER_STEP interior points of every step,
-    L the linear interpolant of ``entries`` uniform samples. Index part (when ``frac_bits`` is
-    given): a floored index with F fraction bits moves the input by up to one 2^-F of a step,
-    so max |L(k+1) - L(k)| / 2^F is added. Used for placement only; the integer error is
-    measured separately.
+    ``entries`` uniform samples of g, linear interpolation L between them, probed at
+    MINIMAX_PROBES_PER_STEP points of every step. With ``frac_bits`` = F the probes sit just
+    below a 2^-F grid line of the step and L is read at the floored fraction, as the hardware's
+    floored F-bit index does, so interpolation and index error add up where they really do.
+    Table-entry and output rounding are not modelled (placement only; the integer error is
+    measured separately).
     """
     steps = entries - 1
     k = torch.arange(entries, dtype=torch.float64)
     width = (ends - a).clamp_min(0.0)
     xs = a + width[:, None] * (k[None, :] / steps)  # (K, entries)
     ys = g(xs.reshape(-1)).reshape(xs.shape)
-    frac = (torch.arange(MINIMAX_PROBES_PER_STEP, dtype=torch.float64) + 0.5) / (
+    probes = (torch.arange(MINIMAX_PROBES_PER_STEP, dtype=torch.float64) + 0.5) / (
         MINIMAX_PROBES_PER_STEP
     )
+    if frac_bits is None:
+        frac = read = probes
+    else:
+        grid = float(1 << frac_bits)
+        read = torch.floor(probes * grid) / grid  # the floored index fraction
+        frac = read + (1.0 - 1e-6) / grid  # the input just below the next grid line
     px = xs[:, :-1, None] + frac * (width[:, None, None] / steps)
     dy = ys[:, 1:] - ys[:, :-1]
-    lin = ys[:, :-1, None] + frac * dy[:, :, None]
+    lin = ys[:, :-1, None] + read * dy[:, :, None]
     err = (g(px.reshape(-1)).reshape(px.shape) - lin).abs().amax(dim=(1, 2))
-    if frac_bits is not None:
-        err = err + dy.abs().amax(dim=1) / (1 << frac_bits)
     return torch.where(width > 0, err, torch.zeros_like(err))
 
 
