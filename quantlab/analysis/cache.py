@@ -8,8 +8,9 @@
 - dataclasses: class name and fields (recursively); enums: class and member name;
 - lists, tuples, dicts (keys sorted by repr) recursively; other values by ``repr``.
 
-``code_fingerprint()`` hashes the source of every ``quantlab`` module, so a change to the
-simulator or the analysis invalidates cached results instead of serving stale numbers.
+``code_fingerprint()`` hashes the source of the modules that decide the numbers (``CODE_PATHS``:
+numerics, simulator, capture, qconfig, platforms, model-level ops, models, sensitivity), so a
+change there invalidates cached results instead of serving stale numbers.
 ``ResultCache`` stores one pandas DataFrame per key as a pickle, written atomically.
 """
 
@@ -78,12 +79,29 @@ def fingerprint(*objs: Any) -> str:
     return h.hexdigest()
 
 
+CODE_PATHS = (
+    "numerics",
+    "simulate",
+    "models",
+    "capture.py",
+    "qconfig.py",
+    "platforms.py",
+    "ops.py",
+    "analysis/sensitivity.py",
+    "analysis/cache.py",
+)
+
+
 @functools.cache
 def code_fingerprint() -> str:
-    """Hex SHA-256 of the source of every module of the ``quantlab`` package (sorted by path)."""
+    """Hex SHA-256 of the source files under ``CODE_PATHS`` of the ``quantlab`` package."""
     root = Path(__file__).resolve().parents[1]
+    files: set[Path] = set()
+    for rel in CODE_PATHS:
+        p = root / rel
+        files.update(p.rglob("*.py") if p.is_dir() else [p] if p.exists() else [])
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(files):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 

@@ -417,3 +417,74 @@ def top_ops(table: pd.DataFrame, metric: Metric | str, k: int) -> pd.DataFrame:
         have = ", ".join(sorted(table["metric"].unique()))
         raise ValueError(f"metric {m} is not in the sensitivity table; it has: {have}")
     return sub[sub["rank"] <= k].reset_index(drop=True)
+
+
+def merge_batches(batches: Sequence[tuple]) -> list[tuple]:
+    """One batch concatenating ``batches`` along dim 0 when every position holds tensors of
+    matching trailing shapes (fewer, larger runs); otherwise the batches unchanged."""
+    batches = check_batches(batches)
+    if len(batches) == 1:
+        return batches
+    arity = len(batches[0])
+    ok = all(len(b) == arity for b in batches) and all(
+        isinstance(t, Tensor) and t.ndim >= 1 and t.shape[1:] == batches[0][i].shape[1:]
+        for b in batches
+        for i, t in enumerate(b)
+    )
+    if not ok:
+        return batches
+    return [tuple(torch.cat([b[i] for b in batches], 0) for i in range(arity))]
+
+
+def analyze(
+    model: torch.nn.Module,
+    platform: Any,
+    calib: Sequence[tuple],
+    batches: Sequence[tuple],
+    kinds: Sequence[SensitiveType | str] = (SensitiveType.ACTIVATION, SensitiveType.WEIGHT),
+    metrics: Sequence[Metric | str] = (Metric.L1,),
+    task: Any = None,
+    qconfig: QConfigSpec | None = None,
+    cache_dir: str | None = None,
+    replay: bool = True,
+    freeze_indices: bool = True,
+) -> SensitivityRun:
+    """Calibrate a Simulator on ``calib`` and rank its ops on ``batches``, cached.
+
+    The cache key hashes quantlab's source, the model (structure and weights), both input sets,
+    the platform, the qconfig and every option, so a rerun with the same inputs returns the
+    stored table without building a simulator (``cached=True``, ``runs=0``).
+    """
+    from quantlab.analysis.cache import ResultCache, code_fingerprint, fingerprint
+
+    kinds = [SensitiveType.parse(k) for k in kinds]
+    metrics = [Metric.parse(m) for m in metrics]
+    batches = check_batches(batches)
+    calib = check_batches(calib)
+    cache = ResultCache(cache_dir, "sensitivity")
+    key = fingerprint(
+        code_fingerprint(),
+        model,
+        calib,
+        batches,
+        platform,
+        qconfig,
+        kinds,
+        metrics,
+        getattr(task, "name", None),
+        replay,
+        freeze_indices,
+    )
+    start = time.perf_counter()
+    hit = cache.get(key)
+    if hit is not None:
+        return SensitivityRun(
+            hit, 0, time.perf_counter() - start, True, hit.attrs.get("studied", {})
+        )
+    sim = Simulator(model, platform, qconfig)
+    sim.calibrate(calib)
+    run = sensitivity(sim, batches, kinds, metrics, task, replay, freeze_indices)
+    run.seconds = time.perf_counter() - start
+    run.table.attrs["studied"] = run.studied
+    cache.put(key, run.table)
+    return run

@@ -166,3 +166,27 @@ def test_bad_input_fails_clearly(fragile_sim):
 def test_kinds_parse():
     assert SensitiveType.parse("WEIGHT") is SensitiveType.WEIGHT
     assert Metric.parse("max_abs") is Metric.MAX_ABS
+
+
+def test_sensitivity_experiment_tiny_and_cached(tmp_path):
+    from experiments.sensitivity import sensitivity_exp
+    from quantlab.config import compose
+    from quantlab.experiment import RunContext
+
+    cfg = compose(
+        ["+exp=sensitivity", "model=small_cnn", "data=synthetic"]
+        + ["data.num_eval=2", "data.num_calib=2", f"exp.cache_dir={tmp_path}", "exp.top_k=2"]
+    )
+    ctx = RunContext(cfg.platform, cfg.model, cfg.data, 0, tmp_path)
+    first = sensitivity_exp(cfg.exp, ctx)
+    assert list(first.table.columns) == COLUMNS
+    assert set(first.table.metric) == {"L1", "COSINE", "MSE", "KL", "SQNR", "MAX_ABS", "TASK"}
+    assert set(first.tables) == {"top_ops", "sensitivity"}
+    assert first.tables["top_ops"].groupby("sensitive_type").size().to_dict() == {
+        "activation": 2,
+        "weight": 2,
+    }
+    assert "model runs" in first.findings[-1]
+    again = sensitivity_exp(cfg.exp, ctx)
+    assert "read from the cache" in again.findings[-1]
+    pd.testing.assert_frame_equal(first.table, again.table)
