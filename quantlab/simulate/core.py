@@ -232,7 +232,7 @@ class Simulator:
         for name in st.order:
             self._info[name] = st.infos[name]
         self._order = list(st.order)
-        if not self._discovered:
+        if any(n not in self._ctx for n in st.order):
             self._discover(out, st)
         return out
 
@@ -261,10 +261,13 @@ class Simulator:
                     if pinf.op_type not in GEMM_TYPES:
                         todo.extend(pinf.producers)
         for name in st.order:
-            inf = st.infos[name]
-            self._ctx[name] = OpContext(name, inf.op_type, inf.module, name in feeds, name in chain)
+            if name not in self._ctx:
+                inf = st.infos[name]
+                self._ctx[name] = OpContext(
+                    name, inf.op_type, inf.module, name in feeds, name in chain
+                )
+                self._resolved.pop(name, None)
         self._discovered = True
-        self._resolved.clear()
         self._validate()
 
     def _validate(self) -> None:
@@ -334,6 +337,8 @@ class Simulator:
             elif call.name in st.replay.outputs:
                 out = st.replay.outputs[call.name]
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
+                if st.mode is Mode.FLOAT:
+                    st.float_ops.add(call.name)
                 return out
         mode = om.mode if om is not None else st.mode
         if call.result is not None:  # not modelled: ran in float already

@@ -1,0 +1,216 @@
+"""Simulator acceptance: unmodified control flow in three modes, clear failures, determinism,
+replay, per-op modes and the fixed-mode invariant value == codes * scale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from torch import nn
+
+from quantlab.analysis.metrics import float_leaves
+from quantlab.models import build_model
+from quantlab.numerics.dtypes import DType
+from quantlab.qconfig import ObserverKind, OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, OpMode, Simulator
+
+
+def _sim(name: str, platform="j6m", spec=None, batch=2):
+    b = build_model(name)
+    sim = Simulator(b.module, platform, spec)
+    sim.calibrate([b.example_inputs(batch, 10 + i) for i in range(2)])
+    return b, sim
+
+
+def test_control_flow_model_runs_in_all_modes_unmodified():
+    b = build_model("control_flow")
+    model = b.module
+    sim = Simulator(model, "j6m")
+    # calibration inputs reach both heads and every loop count
+    sim.calibrate([(b.example_inputs(1, s)[0] * (0.5 + s),) for s in range(6)])
+    seen_paths = set()
+    for seed in range(6):
+        x = b.example_inputs(1, seed)[0] * (0.5 + seed)
+        steps = model.steps(x)
+        ref = model(x)
+        outs = {}
+        for m in Mode:
+            outs[m] = sim.run(x, mode=m)
+            names = list(sim.ops["name"])
+            k = sum(n.startswith("block:conv2d#") for n in names)
+            # one stable name per loop iteration; in FLOAT the count is the model's own
+            assert [f"block:conv2d#{i}" for i in range(k)] == [
+                n for n in names if n.startswith("block:conv2d#")
+            ]
+            if m is Mode.FLOAT:
+                assert k == steps
+                seen_paths.add((steps, "head_pos:linear#0" in names))
+        assert_bits_equal(outs[Mode.FLOAT], ref)
+        for m in (Mode.FAKE, Mode.FIXED):
+            assert outs[m].shape == ref.shape
+            assert torch.isfinite(outs[m]).all()
+    assert len(seen_paths) >= 2  # the loop count or the branch really changed
+
+
+def test_int16_by_int16_conv_on_j6m_fails_naming_op_and_rule():
+    spec = QConfigSpec(
+        by_name={"conv2:conv2d#0": OpQConfig(input_dtype=DType.INT16, weight_dtype=DType.INT16)}
+    )
+    b = build_model("conv_only")
+    sim = Simulator(b.module, "j6m", spec)
+    with pytest.raises(ValueError) as e:
+        sim.calibrate([b.example_inputs(1, 0)])
+    msg = str(e.value)
+    assert "conv2:conv2d#0" in msg and "int16 x int16" in msg
+    assert "max_int16_gemm_operands=1" in msg
+    # int16 activations with int8 weights are allowed
+    ok = QConfigSpec(by_name={"conv2:conv2d#0": OpQConfig(input_dtype=DType.INT16)})
+    sim.set_qconfig(ok)
+    sim.calibrate([b.example_inputs(1, 0)])
+    y = sim.run(*b.example_inputs(1, 1), mode=Mode.FIXED)
+    assert torch.isfinite(y).all()
+
+
+def test_unknown_op_name_lists_the_models_ops():
+    spec = QConfigSpec(by_name={"conv9:conv2d#0": OpQConfig(output_dtype=DType.INT16)})
+    b = build_model("conv_only")
+    sim = Simulator(b.module, "j6m", spec)
+    with pytest.raises(ValueError) as e:
+        sim.calibrate([b.example_inputs(1, 0)])
+    msg = str(e.value)
+    assert "conv9:conv2d#0" in msg
+    for name in ("conv1:conv2d#0", "conv2:conv2d#0", "conv3:conv2d#0", ":relu#0"):
+        assert name in msg
+
+
+def test_unknown_op_type_and_uncalibrated_run_fail_clearly():
+    b = build_model("conv_only")
+    sim = Simulator(b.module, "j6m", QConfigSpec(by_type={"convolution": OpQConfig()}))
+    with pytest.raises(ValueError, match="unknown op type.*convolution"):
+        sim.calibrate([b.example_inputs(1, 0)])
+    sim2 = Simulator(b.module, "j6m")
+    with pytest.raises(ValueError, match="calibrate"):
+        sim2.run(*b.example_inputs(1, 0), mode=Mode.FAKE)
+
+
+def test_fixed_mode_is_deterministic_across_runs_and_threads():
+    for name in ("small_cnn", "transformer_block"):
+        b, sim = _sim(name)
+        x = b.example_inputs(2, 5)
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            y1 = sim.trace(*x, mode=Mode.FIXED)
+            torch.set_num_threads(2)
+            y2 = sim.trace(*x, mode=Mode.FIXED)
+            y3 = sim.trace(*x, mode=Mode.FIXED)
+        finally:
+            torch.set_num_threads(threads)
+        for op in y1.order:
+            for a, b2, b3 in zip(*(float_leaves(t.outputs[op]) for t in (y1, y2, y3))):
+                assert_bits_equal(b2, a)
+                assert_bits_equal(b3, a)
+
+
+def test_fixed_values_equal_codes_times_scale():
+    b, sim = _sim("transformer_block")
+    tr = sim.trace(*b.example_inputs(1, 3), mode=Mode.FIXED)
+    checked = 0
+    for name in tr.order:
+        info = tr.qinfo[name]
+        if info is None or isinstance(info, list) or info.codes is None:
+            continue
+        out = tr.outputs[name]
+        assert info.codes.dtype == info.dtype.torch_dtype
+        assert_bits_equal(out, info.codes.to(torch.float32) * info.scale)
+        checked += 1
+    assert checked >= 8
+
+
+def test_replay_and_per_op_modes():
+    b, sim = _sim("small_cnn")
+    x = b.example_inputs(2, 4)
+    ops = list(sim.ops["name"])
+    target = "conv2:conv2d#0"
+    base = sim.trace(*x, mode=Mode.FLOAT)
+    om = {target: OpMode(Mode.FAKE, quantize_weight=False)}
+    full = sim.run(*x, mode=Mode.FLOAT, op_modes=om)
+    fast = sim.run(*x, mode=Mode.FLOAT, op_modes=om, replay=base)
+    assert_bits_equal(fast, full)
+    assert not torch.equal(full, base.result)
+    # weight-only: the output of the op stays float, only its weight is quantized
+    w_only = sim.run(
+        *x, mode=Mode.FLOAT, op_modes={target: OpMode(Mode.FAKE, quantize_output=False)}
+    )
+    assert not torch.equal(w_only, base.result)
+    # one op FIXED inside a FAKE run
+    mixed = sim.run(*x, mode=Mode.FAKE, op_modes={ops[0]: OpMode(Mode.FIXED)})
+    assert mixed.shape == full.shape
+    with pytest.raises(ValueError, match="unknown op"):
+        sim.run(*x, mode=Mode.FAKE, op_modes={"nope:conv2d#0": OpMode(Mode.FIXED)})
+
+
+def test_ops_table_and_templates():
+    b, sim = _sim("small_cnn")
+    ops = sim.ops
+    for col in (
+        "name",
+        "op_type",
+        "module",
+        "call_index",
+        "input_shapes",
+        "output_shape",
+        "supported",
+        "input_dtype",
+        "weight_dtype",
+        "output_dtype",
+        "has_weight",
+        "flops",
+    ):
+        assert col in ops.columns
+    fc = ops.set_index("name").loc["fc:linear#0"]
+    assert fc.output_dtype == "INT32"  # GEMM feeding the model output: high precision (s.8)
+    assert bool(fc.has_weight) and fc.flops == 2 * 2 * 32 * 10
+    # float16 platforms: global float16, int8 Conv/MatMul inputs
+    sim_p = Simulator(b.module, "j6p")
+    sim_p.calibrate([b.example_inputs(2, 0)])
+    opsp = sim_p.ops.set_index("name")
+    assert opsp.loc["conv1:conv2d#0"].input_dtype == "INT8"
+    assert opsp.loc["conv1:conv2d#0"].output_dtype == "FLOAT16"
+    assert opsp.loc["fc:linear#0"].output_dtype == "FLOAT32"
+    y = sim_p.run(*b.example_inputs(2, 1), mode=Mode.FIXED)
+    assert torch.isfinite(y).all()
+
+
+def test_observers_and_set_qconfig_keep_statistics():
+    b, sim = _sim("conv_only")
+    x = b.example_inputs(1, 0)
+    name = "conv1:conv2d#0"
+    s_mse = sim.act_scale(name, "out", DType.INT8, sim.qconfig_of(name))
+    for kind in (ObserverKind.MINMAX, ObserverKind.PERCENTILE):
+        sim.set_qconfig(QConfigSpec(global_=OpQConfig(observer=kind)))
+        s = sim.act_scale(name, "out", DType.INT8, sim.qconfig_of(name))
+        assert float(s) > 0 and float(s) != float(s_mse)
+    sim.set_qconfig(QConfigSpec(by_name={name: OpQConfig(observer="FIXED", fixed_scale=0.5)}))
+    assert float(sim.act_scale(name, "out", DType.INT8, sim.qconfig_of(name))) == 0.5
+    y = sim.run(*x, mode=Mode.FAKE)
+    assert torch.isfinite(y).all()
+
+
+def test_unsupported_op_runs_in_float_and_is_listed():
+    class WithAbs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.conv(torch.abs(x) - 0.5)
+
+    sim = Simulator(WithAbs(), "j6m")
+    x = torch.randn(1, 3, 8, 8)
+    sim.calibrate([(x,)])
+    ops = sim.ops.set_index("name")
+    assert not ops.loc[":abs#0"].supported
+    assert ops.loc[":abs#0"].fixed_kernel.startswith("float")
+    assert bool(ops.loc["conv:conv2d#0"].supported)
+    assert torch.isfinite(sim.run(x, mode=Mode.FIXED)).all()
