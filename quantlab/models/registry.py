@@ -166,8 +166,8 @@ _ENTRIES: dict[str, _Entry] = {
     ),
     "bev_warp": _Entry(
         _toy("BevWarp"),
-        "toy BEV warp: conv, grid_sample through a ground-plane homography over a 2048-wide image",
-        _image_inputs(formats.UNIT, 64, 2048),
+        "toy BEV warp: conv, grid_sample through a ground-plane homography over a 1024-wide image",
+        _image_inputs(formats.UNIT, 64, 1024),
         (OutputSQNR(),),
         formats.UNIT,
     ),

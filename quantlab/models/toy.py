@@ -54,7 +54,7 @@ class ConvOnly(nn.Module):
 class ControlFlow(nn.Module):
     """Data-dependent Python control flow: (B, 3, H, W) -> (B, classes).
 
-    The number of times the shared residual block runs is ``1 + int(mean|x| * 4) % max_steps``
+    The number of times the shared residual block runs is ``1 + int(mean(x^2) * 4) % max_steps``
     (a Python int read from a tensor), and a branch on the sign of the pooled mean picks one of two
     heads. Tracing-based tools cannot capture this model; eager op capture must.
     """
@@ -69,7 +69,7 @@ class ControlFlow(nn.Module):
 
     def steps(self, x: Tensor) -> int:
         """How many block iterations ``forward`` runs for input ``x``."""
-        return 1 + int(x.abs().mean().item() * 4) % self.max_steps
+        return 1 + int((x * x).mean().item() * 4) % self.max_steps
 
     def forward(self, x: Tensor) -> Tensor:
         n = self.steps(x)
@@ -108,11 +108,12 @@ class BevWarp(nn.Module):
 
     (B, 3, H, W) image -> (B, channels, bev, bev). The sampling grid is computed inside
     ``forward`` from a fixed homography (matmul, divide, normalise), so the grid chain is part of
-    the captured graph; it spans the full image width, so for wide W (2048 by default in the
-    example inputs) one int16 grid LSB is several pixels.
+    the captured graph; it spans the full image width. The example inputs are 64x1024, the widest
+    input the J6 grid_sample limits allow; the module runs on any size (an int16 normalised-grid
+    LSB is about W/65534 pixels, and inputs wider than 1024 exceed the J6 limits).
     """
 
-    def __init__(self, channels: int = 8, bev: int = 64, height: int = 64, width: int = 2048):
+    def __init__(self, channels: int = 8, bev: int = 64, height: int = 64, width: int = 1024):
         super().__init__()
         self.bev = bev
         self.stem = nn.Conv2d(3, channels, 3, padding=1)

@@ -108,32 +108,36 @@ class DetrDecoder(nn.Module):
         return ref
 
 
-def sine_embedding(coords: Tensor, num_feats: int, temperature: float = 10000.0) -> Tensor:
-    """DETR's sine position embedding of unnormalised coordinates: (..., C) -> (..., C*num_feats).
+def frequencies(count: int, dim: int, base: float = 10000.0) -> Tensor:
+    """base^(-2i/dim) for i < count, float32: the inverse wavelengths of sine/rotary encodings."""
+    return base ** (-2 * torch.arange(count, dtype=torch.float64) / dim).to(torch.float32)
 
-    For each coordinate c and i < num_feats/2: sin(c / T^(2i/num_feats)), cos(...); with pixel
-    coordinates the first frequency sees the raw value (hundreds of periods across a wide image).
-    """
-    i = torch.arange(num_feats // 2, dtype=coords.dtype, device=coords.device)
-    inv_freq = temperature ** (-2 * i / num_feats)
+
+def sine_embedding(coords: Tensor, inv_freq: Tensor) -> Tensor:
+    """DETR's sine position embedding of unnormalised coordinates: (..., C) -> (..., C*2F) for
+    ``inv_freq`` of length F (``frequencies(F, 2F)``): sin(c * inv_freq), cos(c * inv_freq). With
+    pixel coordinates the first frequency sees the raw value (hundreds of periods across a wide
+    image)."""
     a = coords.unsqueeze(-1) * inv_freq
     return torch.cat([torch.sin(a), torch.cos(a)], -1).flatten(-2)
 
 
-def nerf_encoding(x: Tensor, num_freqs: int) -> Tensor:
-    """NeRF frequency encoding of x in [-1, 1]: (..., C) -> (..., 2*C*num_freqs),
-    sin(2^k pi x), cos(2^k pi x) for k < num_freqs (up to 2^(num_freqs-1) periods)."""
-    freqs = (2.0 ** torch.arange(num_freqs, dtype=x.dtype, device=x.device)) * math.pi
+def nerf_encoding(x: Tensor, freqs: Tensor) -> Tensor:
+    """NeRF frequency encoding of x in [-1, 1]: (..., C) -> (..., 2*C*L) for ``freqs`` =
+    2^k pi, k < L: sin(2^k pi x), cos(2^k pi x) (up to 2^(L-1) periods)."""
     a = x.unsqueeze(-1) * freqs
     return torch.cat([torch.sin(a), torch.cos(a)], -1).flatten(-2)
 
 
-def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
-    """Rotary position embedding: rotate channel pairs of x (B, T, D) by positions (B, T) times
-    base^(-2i/D); angles reach ``max(positions)`` radians on the first pair."""
-    d = x.shape[-1]
-    i = torch.arange(d // 2, dtype=x.dtype, device=x.device)
-    ang = positions.unsqueeze(-1) * base ** (-2 * i / d)
+def nerf_frequencies(count: int) -> Tensor:
+    """2^k pi for k < count, float32."""
+    return (2.0 ** torch.arange(count, dtype=torch.float64) * math.pi).to(torch.float32)
+
+
+def rotary(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotary position embedding: rotate channel pairs (2i, 2i+1) of x (B, T, D) by the angle
+    positions (B, T) * inv_freq[i] (``inv_freq`` of length D/2, e.g. ``frequencies(D/2, D)``)."""
+    ang = positions.unsqueeze(-1) * inv_freq
     c, s = torch.cos(ang), torch.sin(ang)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
@@ -158,18 +162,20 @@ class PosEnc(nn.Module):
         height: int = 1080,
     ):
         super().__init__()
-        self.num_feats, self.num_freqs = num_feats, num_freqs
         self.register_buffer("size", torch.tensor([float(width), float(height)]))
+        self.register_buffer("sine_freq", frequencies(num_feats // 2, num_feats))
+        self.register_buffer("nerf_freq", nerf_frequencies(num_freqs))
+        self.register_buffer("rotary_freq", frequencies(dim // 2, dim))
         self.embed = nn.Linear(2 * num_feats + 4 * num_freqs, dim)
         self.qk = nn.Linear(dim, 2 * dim)
         self.out = nn.Linear(dim, dim)
 
     def forward(self, coords: Tensor) -> Tensor:
-        sine = sine_embedding(coords, self.num_feats)
-        nerf = nerf_encoding(coords / self.size * 2 - 1, self.num_freqs)
+        sine = sine_embedding(coords, self.sine_freq)
+        nerf = nerf_encoding(coords / self.size * 2 - 1, self.nerf_freq)
         h = torch.relu(self.embed(torch.cat([sine, nerf], -1)))
         q, k = self.qk(h).chunk(2, dim=-1)
         pos = coords[..., 0]
-        q, k = rotary(q, pos), rotary(k, pos)
+        q, k = rotary(q, pos, self.rotary_freq), rotary(k, pos, self.rotary_freq)
         scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))
         return self.out(torch.softmax(scores, -1) @ h)

@@ -6,7 +6,14 @@ import torch
 from quantlab.models import MODEL_NAMES, build_model, example_inputs
 from quantlab.models.schema import ModelConfig
 from quantlab.models.toy import ControlFlow
-from quantlab.models.toy_attention import DetrDecoder, nerf_encoding, sine_embedding
+from quantlab.models.toy_attention import (
+    DetrDecoder,
+    frequencies,
+    nerf_encoding,
+    nerf_frequencies,
+    rotary,
+    sine_embedding,
+)
 from quantlab.ops import inverse_sigmoid
 
 TOYS = [
@@ -67,7 +74,7 @@ def test_unknown_model_lists_names():
 def test_control_flow_depends_on_data():
     m = build_model("control_flow").module
     assert isinstance(m, ControlFlow)
-    lo, hi = torch.full((1, 3, 8, 8), 0.1), torch.full((1, 3, 8, 8), 0.3)
+    lo, hi = torch.full((1, 3, 8, 8), 0.1), torch.full((1, 3, 8, 8), 0.6)
     assert m.steps(lo) != m.steps(hi)
     with torch.no_grad():
         assert torch.isfinite(m(lo)).all() and torch.isfinite(m(hi)).all()
@@ -98,15 +105,18 @@ def test_detr_decoder_refines_with_inverse_sigmoid_and_stays_in_unit_box():
 def test_posenc_angles_are_wide():
     (coords,) = example_inputs("posenc")
     assert coords[..., 0].max() > 1500  # raw pixel coordinates of a 1920-wide image
-    s = sine_embedding(coords, 16)
+    s = sine_embedding(coords, frequencies(8, 16))
     assert s.shape[-1] == 32 and s.abs().max() <= 1
-    n = nerf_encoding(coords / 1920 * 2 - 1, 8)
+    n = nerf_encoding(coords / 1920 * 2 - 1, nerf_frequencies(8))
     assert n.shape[-1] == 32
+    x = torch.randn(1, 5, 8)
+    r = rotary(x, torch.arange(5.0)[None] * 300, frequencies(4, 8))
+    assert torch.allclose(r.norm(dim=-1), x.norm(dim=-1), atol=1e-5)  # rotations keep norms
 
 
 def test_bev_grid_spans_the_wide_image():
     m = build_model("bev_warp").module
-    g = m.grid(64, 2048)
+    g = m.grid(64, 1024)
     assert g.shape == (1, 64, 64, 2)
     assert g[..., 0].min() <= -0.99 and g[..., 0].max() >= 0.99
     assert ((g[..., 1] > -1) & (g[..., 1] < 1)).all()
