@@ -174,6 +174,11 @@ def _fmt(v: float) -> str:
     return f"{v:.2g}" if v < 0.01 else f"{v:.3f}"
 
 
+def _span(v: pd.Series) -> str:
+    lo, hi = _fmt(float(v.min())), _fmt(float(v.max()))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def _findings(df: pd.DataFrame, exp: SincosPeriodExp, fmt_direct: bool) -> list[str]:
     out = []
     main = df[(df.func == exp.funcs[0]) & (df.strategy == exp.main_strategy.name)]
@@ -186,8 +191,8 @@ def _findings(df: pd.DataFrame, exp: SincosPeriodExp, fmt_direct: bool) -> list[
             if len(red) and len(no):
                 out.append(
                     f"{dt.name} {f0}, {exp.main_strategy.name}: with the exporter's reduction the "
-                    f"table's own error (a) stays at {_fmt(red.a_max.min())}-"
-                    f"{_fmt(red.a_max.max())} for {red.periods.min():g}-{red.periods.max():g} "
+                    f"table's own error (a) stays at {_span(red.a_max)} for "
+                    f"{red.periods.min():g}-{red.periods.max():g} "
                     f"periods; without it (a) is {_fmt(no.a_max.iloc[0])} at "
                     f"{no.periods.iloc[0]:g} period(s) and {_fmt(no.a_max.iloc[-1])} at "
                     f"{no.periods.iloc[-1]:g}"
