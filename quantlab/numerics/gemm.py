@@ -14,7 +14,8 @@ magnitude <= 2**p, so no rounding ever happens.
 * int64 torch kernels: slow, exact below 2**63 (used when neither bound holds).
 Precision flags are pinned on every call (float32 matmul precision "highest", oneDNN fp32
 precision "ieee", NNPACK off: no reduced-precision or transform-based algorithm).
-``quantlab.numerics.selftest`` checks the claim at start-up with adversarial operands.
+``quantlab.numerics.selftest`` checks the claim once per process, before the first product, with
+adversarial operands; AUTO stops using a path that fails it (with a warning).
 
 Quantized ops (``qconv2d``, ``qconv1d``, ``qlinear``, ``qmatmul``) combine the exact sum with a
 bias, the platform's int32 accumulator contract and requantization. They read platform fields
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 FLOAT32_EXACT = 1 << 24
 FLOAT64_EXACT = 1 << 53
 MIN_CHUNK_K = 64  # below this many terms per float32 chunk, float64 is the faster exact path
+SINGLE_THREAD_MACS = 1 << 22  # smaller products run on one thread (thread hand-off dominates)
 OPERAND_DTYPES = (torch.int8, torch.int16)
 
 
@@ -79,6 +83,44 @@ def pin_exact_flags() -> None:
         mk.conv.fp32_precision = "ieee"
     if torch._C._get_nnpack_enabled():
         torch.backends.nnpack.set_flags(False)
+
+
+_SELFTEST_STARTED = False
+DISABLED_PATHS: set[GemmPath] = set()  # float paths that failed the start-up self-test
+
+
+def _ensure_selftest() -> None:
+    """Run ``selftest.run_selftest`` once per process; AUTO then avoids any failing path."""
+    global _SELFTEST_STARTED
+    if _SELFTEST_STARTED:
+        return
+    _SELFTEST_STARTED = True
+    from quantlab.numerics.selftest import run_selftest
+
+    for case in run_selftest():
+        if not case.ok:
+            DISABLED_PATHS.add(case.path)
+            warnings.warn(
+                f"exact GEMM self-test: {case.name} on path {case.path.name} differs from int64 "
+                f"in {case.mismatches}/{case.outputs} outputs; AUTO will not use this path",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+@contextmanager
+def _threads_for(macs: int) -> Iterator[None]:
+    """One intra-op thread for small products: on a busy machine, waking a second thread costs
+    tens of milliseconds, far more than the product (speed only; results are identical)."""
+    n = torch.get_num_threads()
+    if macs >= SINGLE_THREAD_MACS or n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _check_operand(t: Tensor, name: str) -> None:
@@ -117,9 +159,10 @@ def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = Ge
     c = k if per_unit == 0 else min(k, FLOAT32_EXACT // per_unit)
     f32_ok = c >= 1
     if path is GemmPath.AUTO:
+        f32_ok = f32_ok and GemmPath.FLOAT32 not in DISABLED_PATHS
         if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
             return GemmPlan(GemmPath.FLOAT32, max(c, 1), bound)
-        if total <= FLOAT64_EXACT:
+        if total <= FLOAT64_EXACT and GemmPath.FLOAT64 not in DISABLED_PATHS:
             return GemmPlan(GemmPath.FLOAT64, 0, bound)
         return GemmPlan(GemmPath.INT64, 0, bound)
     if path is GemmPath.FLOAT32:
@@ -160,8 +203,14 @@ def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
             f"int_matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: "
             f"a has K={k} columns, b has {kb} rows"
         )
+    _ensure_selftest()
     plan = plan_gemm(_amax(a), _amax(b), k, 1, path)
     pin_exact_flags()
+    with _threads_for(a.numel() * max(1, b.numel() // max(k, 1))):
+        return _matmul_planned(a, b, k, plan)
+
+
+def _matmul_planned(a: Tensor, b: Tensor, k: int, plan: GemmPlan) -> Tensor:
     if plan.path is GemmPath.INT64:
         return torch.matmul(a.to(torch.int64), b.to(torch.int64))
     if plan.path is GemmPath.FLOAT64:
@@ -227,9 +276,16 @@ def _conv_exact(
             f"with groups={groups}, input has {x.shape[1]}"
         )
     unit = math.prod(w.shape[2:])
+    _ensure_selftest()
     plan = plan_gemm(_amax(x), _amax(w), cin_g, unit, path)
     pin_exact_flags()
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    with _threads_for(x.numel() * (w.shape[0] // groups) * unit):
+        out = _conv_planned(x, w, conv, kw, groups, cin_g, plan)
+    return out.squeeze(0) if unbatched else out
+
+
+def _conv_planned(x, w, conv, kw, groups: int, cin_g: int, plan: GemmPlan) -> Tensor:
     if plan.path is GemmPath.INT64:
         out = conv(x.to(torch.int64), w.to(torch.int64), **kw)
     elif plan.path is GemmPath.FLOAT64:
@@ -248,7 +304,7 @@ def _conv_exact(
             part = conv(xs, wf[:, c0:c1], **kw).to(torch.float64)
             acc = part if acc is None else acc.add_(part)
         out = acc.to(torch.int64)
-    return out.squeeze(0) if unbatched else out
+    return out
 
 
 def int_conv2d(

@@ -124,7 +124,12 @@ def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 3
         raise ValueError(f"mult_bits must be 15 or 31, got {mult_bits}")
     if scheme in (Requant.MUL_SHIFT_DOUBLE, Requant.MUL_SHIFT_INT64) and mult_bits != 31:
         raise ValueError(f"{scheme.name} uses a 31-bit multiplier (mult_bits=31), got {mult_bits}")
-    r = torch.as_tensor(real_scale)
+    # a Python float is taken in full (float64) precision, a tensor in its own dtype
+    r = (
+        real_scale
+        if isinstance(real_scale, Tensor)
+        else torch.tensor(real_scale, dtype=torch.float64)
+    )
     if r.dim() > 1:
         raise ValueError(
             f"real_scale must be a scalar or 1-d per channel, got shape {tuple(r.shape)}"

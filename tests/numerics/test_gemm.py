@@ -358,3 +358,22 @@ def test_requantize_after_gemm_equals_manual():
     p = make_requant(requant_scale(0.02, 0.03, 0.5, plat.requant), plat.requant)
     manual = requantize(int_matmul(x, w), p, DType.INT8, Round.HALF_AWAY)
     assert_bits_equal(codes, manual)
+
+
+def test_selftest_passes_and_its_data_breaks_plain_float32():
+    from quantlab.numerics.selftest import _adversarial, run_selftest
+
+    cases = run_selftest()
+    assert cases and all(c.ok for c in cases)
+    a, b = _adversarial((4, 2100), torch.int8, 1), _adversarial((2100, 3), torch.int8, 2)
+    plain = (a.float() @ b.float()).to(torch.int64)
+    assert not torch.equal(plain, int_matmul(a, b, GemmPath.INT64))
+
+
+def test_auto_avoids_a_path_that_failed_selftest(monkeypatch):
+    import quantlab.numerics.gemm as gemm_mod
+
+    monkeypatch.setattr(gemm_mod, "DISABLED_PATHS", {GemmPath.FLOAT32})
+    assert plan_gemm(128, 128, 100).path is GemmPath.FLOAT64
+    monkeypatch.setattr(gemm_mod, "DISABLED_PATHS", {GemmPath.FLOAT32, GemmPath.FLOAT64})
+    assert plan_gemm(128, 128, 100).path is GemmPath.INT64
