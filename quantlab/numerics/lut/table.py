@@ -115,6 +115,8 @@ class LutFormat:
         )
 
 
+TAIL_VALUE_LIMIT = 1e30  # |target| in output LSBs used for tail secants (keeps slopes finite)
+
 J6_FORMAT = LutFormat()
 TOSA_LIKE_FORMAT = LutFormat(tables=1, entries=513, index_frac_bits=7, direct_int8=True)
 """One 513-entry table over the whole int16 range with 7 fraction bits (TOSA TABLE geometry,
@@ -383,9 +385,8 @@ def _assemble(
     tab = torch.stack(tables).numpy().astype(np.int64)
 
     def val(code: float) -> float:  # the unsaturated target, like the vendor's secants
-        return float(fn.target(torch.tensor([code * in_scale], dtype=torch.float64), spec)[0]) / (
-            out_scale
-        )
+        y = float(fn.target(torch.tensor([code * in_scale], dtype=torch.float64), spec)[0])
+        return max(-TAIL_VALUE_LIMIT, min(TAIL_VALUE_LIMIT, y / out_scale))  # finite slopes
 
     step0 = (codes[1] - codes[0]) / (n - 1)
     step1 = (codes[-1] - codes[-2]) / (n - 1)

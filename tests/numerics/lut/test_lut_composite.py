@@ -1,0 +1,93 @@
+"""Softmax and inverse_sigmoid built from several LUTs, against an integer reference."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from bits import assert_bits_equal
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut import (
+    build_lut,
+    default_spec,
+    inverse_sigmoid_composite,
+    lut_softmax,
+)
+from quantlab.numerics.lut.composite import SOFTMAX_EXP_SCALE, softmax_exp_spec
+
+I8, I16 = DType.INT8, DType.INT16
+
+
+def _requant_ref(v: np.ndarray, ratio: float, dt: DType) -> np.ndarray:
+    """floor(v * ratio + 1/2) in float64 (HALF_UP), saturated."""
+    return np.clip(np.floor(v.astype(np.float64) * ratio + 0.5), dt.qmin, dt.qmax).astype(np.int64)
+
+
+def _softmax_reference(codes: torch.Tensor, s_in: float, out_scale: float) -> torch.Tensor:
+    """The same five steps, one row at a time, with each table's numpy reference."""
+    n = codes.shape[-1]
+    sum_scale = n * SOFTMAX_EXP_SCALE
+    exp_lut = build_lut("exp", I16, s_in, I16, SOFTMAX_EXP_SCALE, softmax_exp_spec())
+    recip = build_lut("reciprocal", I16, sum_scale, I16, 1 / 32767)
+    rows = []
+    for row in codes.reshape(-1, n):
+        x = row.numpy().astype(np.int64)
+        d = np.maximum(x - x.max(), -32768)
+        e = exp_lut.evaluate_reference(torch.from_numpy(d).to(torch.int16)).numpy().astype(np.int64)
+        s = _requant_ref(np.array([e.sum()]), SOFTMAX_EXP_SCALE / sum_scale, I16)
+        r = int(recip.evaluate_reference(torch.from_numpy(s).to(torch.int16))[0])
+        rows.append(_requant_ref(e * r, SOFTMAX_EXP_SCALE * (1 / 32767) / out_scale, I16))
+    return torch.from_numpy(np.stack(rows).reshape(codes.shape)).to(torch.int16)
+
+
+def test_lut_softmax_matches_reference_and_float():
+    g = torch.Generator().manual_seed(7)
+    s_in = 16 / 32767.5
+    x = torch.randn(6, 33, generator=g) * 4
+    x[0] = 0.0  # all equal: uniform
+    x[1, 5] = 15.0  # one dominant
+    codes = torch.round(x / s_in).clamp(-32768, 32767).to(torch.int16)
+    out_scale = 1 / 32767
+    y = lut_softmax(codes, s_in, I16, -1, out_scale, I16)
+    assert y.dtype == torch.int16 and y.shape == codes.shape
+    assert_bits_equal(y, _softmax_reference(codes, s_in, out_scale))
+    ref = torch.softmax(codes.double() * s_in, dim=-1)
+    err = (y.double() * out_scale - ref).abs().max().item()
+    assert err < 2e-3, err
+    assert (y.double() * out_scale).sum(-1).sub(1).abs().max().item() < 0.05
+
+
+def test_lut_softmax_other_dim_and_int8():
+    g = torch.Generator().manual_seed(8)
+    s_in = 8 / 127.5
+    codes = torch.randint(-128, 128, (4, 9, 3), generator=g, dtype=torch.int32).to(torch.int8)
+    y = lut_softmax(codes, s_in, I8, 1, 1 / 127, I8)
+    assert y.dtype == torch.int8
+    ref = torch.softmax(codes.double() * s_in, dim=1)
+    assert (y.double() / 127 - ref).abs().max().item() < 0.02
+
+
+def test_inverse_sigmoid_composite_reference_and_bounds():
+    s_in = 1 / 32767.5
+    out_scale = 11.6 / 32767.5
+    codes = torch.arange(0, 32768, 7, dtype=torch.int64).to(torch.int16)
+    y = inverse_sigmoid_composite(codes, s_in, out_scale, I16, I16)
+    # reference: the same steps with numpy and each table's reference
+    q = codes.numpy().astype(np.int64)
+    one, lower = round(1 / s_in), 32
+    r_scale = (1 / (lower * s_in)) / 32767
+    recip = build_lut("reciprocal", I16, s_in, I16, r_scale)
+    r = recip.evaluate_reference(torch.from_numpy(np.clip(one - q, lower, 32767)).to(torch.int16))
+    p = _requant_ref(np.maximum(q, 0) * r.numpy().astype(np.int64), s_in, I16)
+    log = build_lut("log", I16, r_scale, I16, out_scale, default_spec("log"))
+    assert_bits_equal(y, log.evaluate_reference(torch.from_numpy(p).to(torch.int16)))
+    v = y.double() * out_scale
+    assert v.min().item() >= -10.0 - out_scale  # the log floor, not -11.51
+    assert v.max().item() <= math.log(1 / (lower * s_in)) + 0.01  # the reciprocal clip
+    mid = (codes.double() * s_in > 0.2) & (codes.double() * s_in < 0.8)
+    x = codes.double()[mid] * s_in
+    # mid-range error is set by the int16 product's step r_max / 32767 = 0.031 on p = x/(1-x)
+    # (0.25 <= p <= 4): at most about 0.031 / 0.25 / 2 + table error, i.e. < 0.1
+    assert (v[mid] - torch.log(x / (1 - x))).abs().max().item() < 0.1
