@@ -251,6 +251,7 @@ class SensitivityRun:
     seconds: float = 0.0
     cached: bool = False
     studied: dict[str, list[str]] = field(default_factory=dict)
+    sim: Simulator | None = None  # the calibrated simulator (None when read from the cache)
 
 
 def studied_ops(sim: Simulator, kind: SensitiveType) -> list[str]:
@@ -485,6 +486,7 @@ def analyze(
     sim.calibrate(calib)
     run = sensitivity(sim, batches, kinds, metrics, task, replay, freeze_indices)
     run.seconds = time.perf_counter() - start
+    run.sim = sim
     run.table.attrs["studied"] = run.studied
     cache.put(key, run.table)
     return run

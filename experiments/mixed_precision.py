@@ -1,0 +1,187 @@
+"""Mixed precision: raise the most sensitive ops and trade accuracy against cost, per platform.
+
+For each platform: rank the ops (quantlab.analysis.sensitivity, cached), then for each ratio of
+the sensitivity table raise those ops (int16 on J6E/M/B, float16 kept on J6H/P), run the model
+in fixed point and measure the task metric and output SQNR against float and the cost model
+(MACs x operand bytes plus LUT and split overheads, quantlab.analysis.cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from quantlab.analysis.cost import CostModel
+from quantlab.analysis.mixed_precision import (
+    SensitiveTemplate,
+    evaluate_mixed,
+    pareto_front,
+    select_sensitive,
+)
+from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
+from quantlab.config import CONFIG_DIR, register_schema
+from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.platforms import PlatformConfig
+from quantlab.progress import progress
+from quantlab.report import Plot, PlotKind
+from quantlab.simulate import Mode, Simulator
+
+RANK_METRICS = [Metric.L1, Metric.COSINE, Metric.MSE, Metric.KL, Metric.SQNR, Metric.MAX_ABS]
+"""Every output metric (as +exp=sensitivity computes them), so both share cached rankings."""
+
+
+@dataclass
+class MixedPrecisionExp:
+    """Schema of ``+exp=mixed_precision``; the model and data come from their groups."""
+
+    platforms: list[str] = field(default_factory=lambda: ["j6m", "j6p"])  # [] = platform group
+    ratios: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.35, 0.5])
+    rank_metric: Metric = Metric.L1  # the sensitivity metric the template sorts by
+    raise_kinds: list[SensitiveType] = field(
+        default_factory=lambda: [SensitiveType.ACTIVATION, SensitiveType.WEIGHT]
+    )
+    mode: Mode = Mode.FIXED  # the mode each configuration is evaluated in
+    merge_batches: bool = True
+    cache_dir: str | None = ".quantlab_cache"
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.ratios if not 0.0 <= r <= 1.0]
+        if bad or not self.ratios:
+            raise ValueError(f"exp.ratios must be a non-empty list of values in [0, 1], got {bad}")
+        if self.rank_metric is Metric.TASK:
+            raise ValueError("exp.rank_metric must be an output metric (L1, COSINE, MSE, KL, ...)")
+        if not self.raise_kinds or SensitiveType.FIXED in self.raise_kinds:
+            raise ValueError("exp.raise_kinds must be ACTIVATION and/or WEIGHT")
+
+
+register_schema("exp", "mixed_precision_schema", MixedPrecisionExp)
+
+
+def platform_profile(name: str, current: PlatformConfig) -> PlatformConfig:
+    """The profile ``configs/platform/<name>.yaml`` (``current`` when it is that one)."""
+    if name == current.name:
+        return current
+    from omegaconf import OmegaConf
+
+    path = Path(CONFIG_DIR) / "platform" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise ValueError(f"exp.platforms: unknown platform {name!r}; allowed: {known}")
+    values = OmegaConf.load(path)
+    values.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PlatformConfig), values))
+
+
+@experiment(MixedPrecisionExp, "mixed_precision")
+def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentResult:
+    from quantlab.data import load_data
+    from quantlab.models import build_model
+
+    bundle = build_model(ctx.model, seed=ctx.seed or 0)
+    data = load_data(ctx.data, bundle.name)
+    batches = merge_batches(data.eval) if exp.merge_batches else list(data.eval)
+    task = bundle.task
+    out_metrics = [Metric.SQNR, Metric.L1] + ([Metric.TASK] if task is not None else [])
+    names = exp.platforms or [ctx.platform.name]
+    rows = []
+    for pname in names:
+        platform = platform_profile(pname, ctx.platform)
+        run = analyze(
+            bundle.module,
+            platform,
+            data.calib,
+            batches,
+            kinds=[SensitiveType.ACTIVATION, SensitiveType.WEIGHT],
+            metrics=RANK_METRICS + ([Metric.TASK] if task is not None else []),
+            task=task,
+            cache_dir=exp.cache_dir,
+        )
+        ranking, sim = run.table, run.sim
+        if sim is None:  # the ranking came from the cache
+            sim = Simulator(bundle.module, platform)
+            sim.calibrate(data.calib)
+        refs = [sim.run(*b, mode=Mode.FLOAT) for b in batches]
+        base_cost = None
+        for ratio in progress(exp.ratios, f"mixed precision {pname}"):
+            template = SensitiveTemplate(exp.rank_metric, ratio=ratio, kinds=tuple(exp.raise_kinds))
+            picked = select_sensitive(ranking, template)
+            res = evaluate_mixed(
+                sim, batches, refs, picked, out_metrics, task, exp.mode, None, CostModel()
+            )
+            base_cost = res.cost if base_cost is None else base_cost
+            rows.append(
+                {
+                    "platform": pname,
+                    "ratio": ratio,
+                    "raised_ops": len(picked),
+                    "sensitive_dtype": platform.sensitive_dtype.name,
+                    "cost": res.cost,
+                    "cost_rel": res.cost / base_cost if base_cost else float("nan"),
+                    "sqnr_db": res.metrics["SQNR"],
+                    "l1": res.metrics["L1"],
+                    "task": res.metrics.get("TASK", float("nan")),
+                    "raised": " ".join(f"{n}[{k.value[0]}]" for n, k in picked),
+                }
+            )
+    table = pd.DataFrame(rows)
+    higher = True if task is None else task.higher_is_better
+    table["pareto"] = False
+    for _, g in table.groupby("platform", sort=False):
+        score = g["task"] if task is not None else g["sqnr_db"]
+        table.loc[g.index, "pareto"] = pareto_front(g["cost_rel"], score, higher)
+    task_name = getattr(task, "name", "none")
+    plots = [
+        Plot(
+            name="pareto_task",
+            x="cost_rel",
+            y="task" if task is not None else "sqnr_db",
+            xlabel="cost relative to no raised op (int8-MAC equivalents ratio)",
+            ylabel=f"{task_name} vs float" if task is not None else "output SQNR vs float (dB)",
+            title=f"{bundle.name}: accuracy vs cost as the raised share grows",
+            hue="platform",
+            kind=PlotKind.LINE,
+        ),
+        Plot(
+            name="pareto_sqnr",
+            x="cost_rel",
+            y="sqnr_db",
+            xlabel="cost relative to no raised op (int8-MAC equivalents ratio)",
+            ylabel="output SQNR vs float (dB)",
+            title=f"{bundle.name}: output SQNR vs cost",
+            hue="platform",
+            kind=PlotKind.LINE,
+        ),
+    ]
+    return ExperimentResult(
+        table=table,
+        title=f"Mixed precision of {bundle.name}: raising sensitive ops",
+        findings=_findings(table, task_name),
+        plots=plots,
+        notes=[
+            f"Ranking: {exp.rank_metric.name} sensitivity (activation and weight rows together, "
+            "vendor template); raised kinds: "
+            + ", ".join(k.value for k in exp.raise_kinds)
+            + f"; evaluation in {exp.mode.name} mode against float on "
+            f"{sum(len(b[0]) for b in batches)} items of data={data.name}.",
+            "Cost: int8-MAC equivalents (MACs x operand bytes, LUT and split overheads; "
+            "quantlab.analysis.cost), relative to the same platform with no raised op.",
+            "pareto = no other ratio on that platform is at most as costly and better.",
+        ],
+    )
+
+
+def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
+    out = []
+    for pname, g in table.groupby("platform", sort=False):
+        lo, hi = g.iloc[0], g.iloc[-1]
+        out.append(
+            f"{pname}: raising {hi.raised_ops} ops (ratio {hi.ratio:g}, to "
+            f"{hi.sensitive_dtype}) moves output SQNR from {lo.sqnr_db:.2f} dB to "
+            f"{hi.sqnr_db:.2f} dB and {task_name} from {lo.task:.4g} to {hi.task:.4g} "
+            f"at {hi.cost_rel:.3f}x the cost."
+        )
+        best = g[g["pareto"]]
+        out.append(f"{pname}: Pareto-optimal ratios: {', '.join(f'{r:g}' for r in best['ratio'])}.")
+    return out
