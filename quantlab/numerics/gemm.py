@@ -161,7 +161,7 @@ def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = Ge
     if path is GemmPath.AUTO:
         f32_ok = f32_ok and GemmPath.FLOAT32 not in DISABLED_PATHS
         if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
-            return GemmPlan(GemmPath.FLOAT32, max(c, 1), bound)
+            return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, max(c, 1)), bound)
         if total <= FLOAT64_EXACT and GemmPath.FLOAT64 not in DISABLED_PATHS:
             return GemmPlan(GemmPath.FLOAT64, 0, bound)
         return GemmPlan(GemmPath.INT64, 0, bound)
@@ -173,7 +173,7 @@ def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = Ge
             )
         if total > FLOAT64_EXACT:
             raise ValueError(f"sum bound {total} exceeds 2**53 for float64 chunk sums; use INT64")
-        return GemmPlan(GemmPath.FLOAT32, c, bound)
+        return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, c), bound)
     if path is GemmPath.FLOAT64:
         if total > FLOAT64_EXACT:
             raise ValueError(f"path FLOAT64 cannot be exact: K*max|a|*max|b| = {total} > 2**53")
@@ -181,6 +181,28 @@ def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = Ge
     if path is GemmPath.INT64:
         return GemmPlan(GemmPath.INT64, 0, bound)
     raise ValueError(f"unknown path {path!r}; allowed: {', '.join(p.name for p in GemmPath)}")
+
+
+def _balanced_chunk(k: int, c: int) -> int:
+    """Chunk size <= c giving the fewest chunks, as equal as possible and, where that keeps
+    the count, a multiple of 8 (BLAS / oneDNN kernels prefer blocked sizes)."""
+    if c >= k:
+        return k
+    n = -(-k // c)
+    size = -(-k // n)
+    rounded = -(-size // 8) * 8
+    return rounded if rounded <= c else size
+
+
+def _sum_chunks(parts, total_bound: int) -> Tensor:
+    """Sum exact float32 chunk results exactly: int32 when every partial sum fits (total bound
+    < 2**31), else float64 (exact below 2**53); returns int64."""
+    acc = None
+    wide = torch.int32 if total_bound < (1 << 31) else torch.float64
+    for part in parts:
+        p = part.to(wide)
+        acc = p if acc is None else acc.add_(p)
+    return acc.to(torch.int64)
 
 
 # --------------------------------------------------------------------------- matmul / linear
@@ -218,13 +240,14 @@ def _matmul_planned(a: Tensor, b: Tensor, k: int, plan: GemmPlan) -> Tensor:
     af, bf = a.to(torch.float32), b.to(torch.float32)
     if plan.chunk >= k:
         return torch.matmul(af, bf).to(torch.int64)
-    acc = None
-    for k0 in range(0, k, plan.chunk):
-        k1 = k0 + plan.chunk
-        bs = bf[k0:k1] if bf.dim() == 1 else bf[..., k0:k1, :]
-        part = torch.matmul(af[..., k0:k1], bs).to(torch.float64)
-        acc = part if acc is None else acc.add_(part)
-    return acc.to(torch.int64)
+
+    def parts():
+        for k0 in range(0, k, plan.chunk):
+            k1 = k0 + plan.chunk
+            bs = bf[k0:k1] if bf.dim() == 1 else bf[..., k0:k1, :]
+            yield torch.matmul(af[..., k0:k1], bs)
+
+    return _sum_chunks(parts(), k * plan.bound)
 
 
 def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
@@ -297,13 +320,14 @@ def _conv_planned(x, w, conv, kw, groups: int, cin_g: int, plan: GemmPlan) -> Te
         sp = x.shape[2:]
         xg = x.to(torch.float32).reshape(n, groups, cin_g, *sp)
         wf = w.to(torch.float32)
-        acc = None
-        for c0 in range(0, cin_g, plan.chunk):
-            c1 = min(c0 + plan.chunk, cin_g)
-            xs = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), *sp)
-            part = conv(xs, wf[:, c0:c1], **kw).to(torch.float64)
-            acc = part if acc is None else acc.add_(part)
-        out = acc.to(torch.int64)
+
+        def parts():
+            for c0 in range(0, cin_g, plan.chunk):
+                c1 = min(c0 + plan.chunk, cin_g)
+                xs = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), *sp)
+                yield conv(xs, wf[:, c0:c1], **kw)
+
+        out = _sum_chunks(parts(), cin_g * math.prod(w.shape[2:]) * plan.bound)
     return out
 
 
