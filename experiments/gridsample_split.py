@@ -51,7 +51,7 @@ class GridsampleSplitExp:
     modes: list[SampleMode] = field(default_factory=lambda: list(SampleMode))
     align_corners: list[bool] = field(default_factory=lambda: [False, True])
     variants: list[GridVariant] = field(default_factory=lambda: list(GridVariant))
-    variant_kind: GridKind = GridKind.SMOOTH_WARP  # grid variants are compared on this kind
+    variant_kind: GridKind = GridKind.SMOOTH_WARP  # variants compared on this kind (if run)
     out_h: int = 16  # grid points per case: out_h x out_w, spread over the whole input
     out_w: int = 256
     texture_px: float = 8.0  # feature size of the seeded texture (pixels)
@@ -97,13 +97,24 @@ class GridsampleSplitExp:
 register_schema("exp", "gridsample_split_schema", GridsampleSplitExp)
 
 
+def _variant_kind(exp: GridsampleSplitExp) -> GridKind:
+    """The grid kind the variants, PSNR table and plots use: ``variant_kind`` if it is run,
+    else the first kind run."""
+    return exp.variant_kind if exp.variant_kind in exp.kinds else exp.kinds[0]
+
+
+def _variant_align(exp: GridsampleSplitExp) -> bool:
+    """align_corners of the variant comparison: False if it is run, else True."""
+    return False if False in exp.align_corners else True
+
+
 def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator) -> list[dict]:
     widths = list(exp.widths) + ([FOLD_W] if exp.fold else [])
     jobs = []
     for w in widths:
         for kind in exp.kinds:
             for align in exp.align_corners:
-                compare = kind is exp.variant_kind and not align
+                compare = kind is _variant_kind(exp) and align == _variant_align(exp)
                 variants = exp.variants if compare else [GridVariant.INT16_NORMALIZED]
                 variants = [v for v in variants if v in exp.variants]
                 for mode in exp.modes:
@@ -293,7 +304,7 @@ def _output_findings(df: pd.DataFrame, exp: GridsampleSplitExp) -> list[str]:
             f"Nearest on the sub-pixel shifted grid, share of points taking a different source "
             f"pixel than float (k={kmin} -> k={kmax}): " + "; ".join(parts) + "."
         )
-    var = df[(df.grid == exp.variant_kind.name) & ~df.align_corners.astype(bool)]
+    var = df[(df.grid == _variant_kind(exp).name) & (df.align_corners == _variant_align(exp))]
     var = var[(var["mode"] == SampleMode.BILINEAR.name) & (var.k == kmin)]
     if var.variant.nunique() > 1:
         parts = []
@@ -347,7 +358,8 @@ def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResu
             "psnr_db",
             "input width W (pixels)",
             "PSNR vs float (dB)",
-            "int16 normalised grid, smooth warp, align_corners=False",
+            f"int16 normalised grid, {_variant_kind(exp).name}, "
+            f"align_corners={_variant_align(exp)}",
             hue="k",
             facet="mode",
             logx=True,
@@ -359,7 +371,7 @@ def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResu
             "coord_err_max_px",
             "input width W (pixels)",
             "max coordinate error (pixels)",
-            f"grid variants on the {exp.variant_kind.name} grid",
+            f"grid variants on the {_variant_kind(exp).name} grid",
             hue="variant",
             facet="k",
             logx=True,
@@ -369,11 +381,11 @@ def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResu
     ]
     sel = (
         (df.variant == GridVariant.INT16_NORMALIZED.name)
-        & (df.grid == exp.variant_kind.name)
-        & ~df.align_corners.astype(bool)
+        & (df.grid == _variant_kind(exp).name)
+        & (df.align_corners == _variant_align(exp))
     )
     tables["psnr"] = df[sel][["W", "k", "mode", "psnr_db", "out_err_max_lsb", "out_err_mean_lsb"]]
-    vsel = (df.grid == exp.variant_kind.name) & ~df.align_corners.astype(bool)
+    vsel = (df.grid == _variant_kind(exp).name) & (df.align_corners == _variant_align(exp))
     vsel &= df["mode"] == SampleMode.BILINEAR.name
     tables["variants"] = df[vsel][
         ["W", "k", "variant", "step_px", "coord_err_max_px", "out_err_max_lsb", "psnr_db"]
