@@ -21,7 +21,7 @@ from quantlab.numerics.lut import (
     lut_fake_codes,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.evaluate import all_codes
+from quantlab.numerics.lut.evaluate import all_codes, gather_torch
 from quantlab.numerics.rounding import Round
 
 I8, I16 = DType.INT8, DType.INT16
@@ -108,6 +108,13 @@ def test_random_shapes_and_dtype():
     assert_bits_equal(out, lut.evaluate_reference(codes))
     t = codes.transpose(0, 2)  # non-contiguous input
     assert_bits_equal(lut.evaluate(t), lut.evaluate_reference(t.contiguous()))
+
+
+def test_torch_gather_equals_numpy_gather():
+    for in_dt, out_dt in ((I16, I16), (I8, I16), (I8, I8)):
+        lut = _build("exp", None, in_dt, out_dt)
+        codes = all_codes(in_dt).to(in_dt.torch_dtype).reshape(-1, 8)
+        assert_bits_equal(gather_torch(lut.code_map(), codes, in_dt), lut.evaluate(codes))
 
 
 def test_wrong_input_dtype_is_rejected():
