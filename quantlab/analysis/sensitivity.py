@@ -283,7 +283,8 @@ def float_inputs_spec(spec: QConfigSpec, op_types: set[str]) -> QConfigSpec:
     )
 
 
-def _op_modes(kind: SensitiveType, name: str) -> tuple[Mode, dict]:
+def pass_modes(kind: SensitiveType, name: str) -> tuple[Mode, dict]:
+    """(run mode, op_modes) that switch on ``kind`` for op ``name`` alone (module docstring)."""
     if kind is SensitiveType.ACTIVATION:
         return Mode.FLOAT, {name: OpMode(Mode.FAKE, quantize_weight=False)}
     if kind is SensitiveType.WEIGHT:
@@ -337,7 +338,7 @@ def sensitivity(
         )
     total_flops = float(ops["flops"].sum()) or 1.0
     info = ops.set_index("name")
-    rows, runs, studied = [], 0, {}
+    rows, runs, studied, baselines = [], 0, {}, {}
     user_spec = sim.spec
     quantized_types = set(ops.loc[ops["supported"], "op_type"])
     for kind in kinds:
@@ -352,16 +353,18 @@ def sensitivity(
         )
         if sim.spec is not want:
             sim.set_qconfig(want)
-        base_mode = _op_modes(kind, names[0])[0]
-        freezes = [FrozenIndices() for _ in batches]
-        traces, refs = [], []
-        for b, fr in zip(batches, freezes):
-            with fr.record() if freeze_indices else _nullcontext():
-                tr = sim.trace(*b, mode=base_mode)
-            traces.append(tr)
-            refs.append(tr.result)
+        base_mode = pass_modes(kind, names[0])[0]
+        if base_mode not in baselines:  # ACTIVATION and WEIGHT share the all-float baseline
+            freezes = [FrozenIndices() for _ in batches]
+            traces = []
+            for b, fr in zip(batches, freezes):
+                with fr.record() if freeze_indices else _nullcontext():
+                    traces.append(sim.trace(*b, mode=base_mode))
+            baselines[base_mode] = (traces, freezes)
+        traces, freezes = baselines[base_mode]
+        refs = [tr.result for tr in traces]
         for name in progress(names, f"sensitivity {kind.value}"):
-            mode, op_modes = _op_modes(kind, name)
+            mode, op_modes = pass_modes(kind, name)
             outs = []
             for b, tr, fr in zip(batches, traces, freezes):
                 with fr.replay() if freeze_indices else _nullcontext():
