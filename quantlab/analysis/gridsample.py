@@ -114,16 +114,17 @@ def smooth_texture(h: int, w: int, feature_px: float, dtype: DType, gen: torch.G
 
 @dataclass(frozen=True)
 class Positions:
-    """Global x/y positions (pixels, float64) of every grid point: float, grid codes, kernel."""
+    """Per grid point: float x/y, the x the grid codes denote, the x/y the kernel interpolates
+    at (pixels, float64, exact: P-bit integers over 2**P) and the kernel's nearest source
+    indices (the P-bit position rounded HALF_EVEN, as ``grid_sample_fixed`` does for NEAREST)."""
 
     float_x: Tensor
     float_y: Tensor
     grid_x: Tensor
     kernel_x: Tensor
     kernel_y: Tensor
-    kernel_fix_x: Tensor  # int64, P fractional bits
-    kernel_fix_y: Tensor
-    frac_bits: int
+    nearest_x: Tensor  # int64
+    nearest_y: Tensor
 
 
 def _code_positions(q: QGrid) -> Tensor:
@@ -150,10 +151,9 @@ def fixed_positions(
     plan = plan_split(grid, w, k, halo, align_corners)
     fx = unnormalize(grid[..., 0], w, align_corners)
     fy = unnormalize(grid[..., 1], h, align_corners)
-    gx = torch.zeros_like(fx)
-    kx = torch.zeros_like(fx, dtype=torch.int64)
-    ky = torch.zeros_like(kx)
-    p_bits = 0
+    gx, kx, ky = torch.zeros_like(fx), torch.zeros_like(fx), torch.zeros_like(fy)
+    nx = torch.zeros_like(fx, dtype=torch.int64)
+    ny = torch.zeros_like(nx)
     for p in range(k):
         q = quantize_grid(
             plan.local_grids[p],
@@ -163,13 +163,14 @@ def fixed_positions(
             variant.coord,
             variant.dtype,
         )
-        px, py, p_bits = grid_positions_fixed(q, weight_frac_bits, coord_round)
+        px, py, bits = grid_positions_fixed(q, weight_frac_bits, coord_round)
         sel = plan.part == p
         gx = torch.where(sel, _code_positions(q) + plan.lo[p], gx)
-        kx = torch.where(sel, px + (plan.lo[p] << p_bits), kx)
-        ky = torch.where(sel, py, ky)
-    one = float(1 << p_bits)
-    return Positions(fx, fy, gx, kx / one, ky / one, kx, ky, p_bits)
+        kx = torch.where(sel, px.to(torch.float64) / (1 << bits) + plan.lo[p], kx)
+        ky = torch.where(sel, py.to(torch.float64) / (1 << bits), ky)
+        nx = torch.where(sel, rshift_round(px, bits, Round.HALF_EVEN) + plan.lo[p], nx)
+        ny = torch.where(sel, rshift_round(py, bits, Round.HALF_EVEN), ny)
+    return Positions(fx, fy, gx, kx, ky, nx, ny)
 
 
 def predicted_step_px(w: int, k: int, variant: GridVariant, h: int, ho: int, wo: int) -> float:
@@ -226,10 +227,8 @@ def measure_case(
     kerr = (pos.kernel_x - pos.float_x).abs()
     changed = float("nan")
     if mode is SampleMode.NEAREST:
-        ix = rshift_round(pos.kernel_fix_x, pos.frac_bits, Round.HALF_EVEN)
-        iy = rshift_round(pos.kernel_fix_y, pos.frac_bits, Round.HALF_EVEN)
         fx, fy = torch.round(pos.float_x), torch.round(pos.float_y)
-        changed = float(((ix != fx) | (iy != fy)).to(torch.float64).mean())
+        changed = float(((pos.nearest_x != fx) | (pos.nearest_y != fy)).to(torch.float64).mean())
     return {
         "halo": halo,
         "coord_err_max_px": float(cerr.max()),

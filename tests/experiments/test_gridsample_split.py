@@ -113,3 +113,30 @@ def test_uvdoc_fold_runs(tmp_path):
     uv = res.tables["uvdoc_unwarp"]
     assert list(uv.k) == [1, 2] and (uv.W == 2 * 1068).all()
     assert (uv.psnr_db > 40).all()
+
+
+@pytest.mark.parametrize("variant", list(GridVariant))
+def test_positions_nearest_match_the_kernel(variant):
+    from quantlab.analysis.gridsample import fixed_positions, make_grid, smooth_texture
+    from quantlab.numerics.grid_sample import split_grid_sample
+
+    gen = torch.Generator().manual_seed(2)
+    h, w, k = 6, 512, 4
+    x = smooth_texture(h, w, 4, DType.INT8, gen)
+    grid = make_grid(GridKind.SMOOTH_WARP, h, w, 4, 64, False, gen)
+    pos = fixed_positions(grid, h, w, k, False, variant)
+    out = split_grid_sample(
+        x,
+        1.0,
+        DType.INT8,
+        grid,
+        k,
+        None,
+        SampleMode.NEAREST,
+        coord=variant.coord,
+        grid_dtype=variant.dtype,
+    )
+    iy, ix = pos.nearest_y.clamp(0, h - 1), pos.nearest_x.clamp(0, w - 1)
+    inside = (pos.nearest_x >= 0) & (pos.nearest_x < w) & (pos.nearest_y >= 0) & (pos.nearest_y < h)
+    expect = torch.where(inside, x[0, 0][iy, ix], torch.zeros((), dtype=x.dtype))
+    assert torch.equal(out[0, 0], expect[0])
