@@ -91,15 +91,18 @@ def error_sources(
 
     ``x``: float samples of the op's input (float64 recommended). Output scale: full range
     [-1, 1] in ``out_dtype`` (HALF_RANGE). LUT: ``build_lut`` with ``default_spec(func)`` and
-    ``strategy``. Returns floats: a_max, a_mean, b_max, b_mean, total_max, total_mean,
-    qat_gap_max, qat_gap_mean, input_step (rad), reduced (bool).
+    ``strategy``, on the input's code range (on [0, 2pi] after the exporter's reduction).
+    Returns floats: a_max, a_mean, b_max, b_mean, total_max, total_mean, qat_gap_max,
+    qat_gap_mean, input_step (rad), reduced (bool).
     """
     f = FUNCS[func]
     x64 = x.to(torch.float64)
     li = lut_input(x64, treatment, in_dtype, rounding)
     out_scale = float(compute_scale(1.0, out_dtype, ScaleRule.HALF_RANGE))
     spec = dataclasses.replace(default_spec(func), strategy=strategy, dividing_points=None)
-    lut = build_lut(func, li.dtype, li.scale, out_dtype, out_scale, spec, fmt)
+    # the exporter builds the reduced op's table on [0, 2pi] (j6-numerics s.5)
+    table_range = (0.0, 2 * math.pi) if li.reduced else None
+    lut = build_lut(func, li.dtype, li.scale, out_dtype, out_scale, spec, fmt, table_range)
     y = lut.evaluate(li.codes).to(torch.float64) * out_scale
     xq = li.codes.to(torch.float64) * li.scale
     a = (y - f(xq)).abs()
