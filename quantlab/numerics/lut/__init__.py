@@ -10,6 +10,7 @@ bit-exact-emulation.md s.4.
 from quantlab.numerics.lut.analysis import analyze, max_error_lsb, profile, table_bounds
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite, lut_softmax
 from quantlab.numerics.lut.evaluate import lut_fake, lut_fake_codes
+from quantlab.numerics.lut.formats import J6_FORMAT, TOSA_LIKE_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import (
     FUNCTIONS,
     LutFunction,
@@ -18,16 +19,9 @@ from quantlab.numerics.lut.functions import (
     default_spec,
     get_function,
 )
+from quantlab.numerics.lut.ranges import input_range
 from quantlab.numerics.lut.strategies import Strategy
-from quantlab.numerics.lut.table import (
-    J6_FORMAT,
-    TOSA_LIKE_FORMAT,
-    LutFormat,
-    SegmentLut,
-    Tail,
-    build_lut,
-    input_range,
-)
+from quantlab.numerics.lut.table import SegmentLut, Tail, build_lut
 
 __all__ = [
     "FUNCTIONS",

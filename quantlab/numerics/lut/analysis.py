@@ -22,8 +22,9 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int, lut_fake_codes
+from quantlab.numerics.lut.formats import single_thread
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
-from quantlab.numerics.lut.table import SegmentLut, single_thread
+from quantlab.numerics.lut.table import SegmentLut
 
 BOUND_PROBES_PER_STEP = 32  # grid density for max|f''| of a table (finite differences)
 

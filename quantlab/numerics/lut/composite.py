@@ -11,9 +11,10 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
 from quantlab.numerics.lut.strategies import Strategy
-from quantlab.numerics.lut.table import J6_FORMAT, LutFormat, build_lut
+from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.rounding import Round, round_float
 
 SOFTMAX_EXP_RANGE = (-12.0, 0.0)  # vendor: exp(-12) already fake-quantizes to 0 (s.1.5)

@@ -23,8 +23,6 @@ Table entries are quantized with ``LutFormat.table_round`` (HALF_EVEN, like fake
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -33,13 +31,10 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.functions import (
-    LutFunction,
-    LutSpec,
-    RangeRule,
-    default_spec,
-    get_function,
-)
+from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, single_thread
+from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
+from quantlab.numerics.lut.ranges import input_range
+from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
 from quantlab.numerics.lut.strategies import (
     Strategy,
     curvature_points,
@@ -49,78 +44,7 @@ from quantlab.numerics.lut.strategies import (
 )
 from quantlab.numerics.rounding import Round, round_float
 
-
-@contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread inside the block (restored after). Building and
-    analysing a table is thousands of tiny tensor ops, where thread hand-off dominates: one
-    thread was 10-20x faster on a busy 2-core machine (measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
-@dataclass(frozen=True)
-class LutFormat:
-    """The hardware's table format. Other devices are profiles of the same fields.
-
-    tables:          inner tables between the dividing points (J6: 6).
-    entries:         entries per table, both ends included (J6: 64).
-    index_frac_bits: fractional bits of the table index = interpolation weight bits (J6: 8).
-    interp_round:    rounding of the interpolation and of the tails (assumed HALF_UP, s.3).
-    direct_int8:     int8 in / int8 out uses one direct table of 256 entries.
-    table_round:     rounding of table entries (HALF_EVEN, the fake-quant rounding, s.1).
-    slope_bits:      signed mantissa bits of tail slopes, intercepts and index multipliers (16).
-    """
-
-    tables: int = 6
-    entries: int = 64
-    index_frac_bits: int = 8
-    interp_round: Round = Round.HALF_UP
-    direct_int8: bool = True
-    table_round: Round = Round.HALF_EVEN
-    slope_bits: int = 16
-
-    def __post_init__(self) -> None:
-        if self.tables < 1:
-            raise ValueError(f"LutFormat.tables must be >= 1, got {self.tables}")
-        if self.entries < 2:
-            raise ValueError(
-                f"LutFormat.entries must be >= 2 (both table ends), got {self.entries}"
-            )
-        if not 0 <= self.index_frac_bits <= 15:
-            raise ValueError(
-                f"LutFormat.index_frac_bits must be in [0, 15], got {self.index_frac_bits}"
-            )
-        if not 2 <= self.slope_bits <= 24:
-            raise ValueError(f"LutFormat.slope_bits must be in [2, 24], got {self.slope_bits}")
-        for name in ("interp_round", "table_round"):
-            if not isinstance(getattr(self, name), Round):
-                allowed = ", ".join(r.name for r in Round)
-                raise ValueError(f"LutFormat.{name} must be a Round ({allowed})")
-
-    @classmethod
-    def from_platform(cls, p) -> LutFormat:
-        """The format of a PlatformConfig (fields ``lut_tables``, ``lut_entries``,
-        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
-        return cls(
-            tables=p.lut_tables,
-            entries=p.lut_entries,
-            index_frac_bits=p.lut_index_frac_bits,
-            interp_round=p.lut_interp_round,
-            direct_int8=p.lut_direct_int8,
-        )
-
-
 TAIL_VALUE_LIMIT = 1e30  # |target| in output LSBs used for tail secants (keeps slopes finite)
-
-J6_FORMAT = LutFormat()
-TOSA_LIKE_FORMAT = LutFormat(tables=1, entries=513, index_frac_bits=7, direct_int8=True)
-"""One 513-entry table over the whole int16 range with 7 fraction bits (TOSA TABLE geometry,
-bit-exact-emulation.md s.4.2); unlike TOSA, the output is rounded to the output dtype here."""
 
 
 @dataclass(frozen=True)
@@ -209,51 +133,6 @@ def _check_scale(name: str, s: float) -> float:
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"{name} must be finite and > 0, got {s}")
     return s
-
-
-def input_range(
-    fn: LutFunction,
-    spec: LutSpec,
-    in_dtype: DType,
-    in_scale: float,
-    out_dtype: DType,
-    out_scale: float,
-    observed_range: tuple[float, float] | None = None,
-) -> tuple[float, float]:
-    """The float range the tables cover (horizon-plugin.md s.1.3), in this order: the input
-    quantization range; the function's RangeRule (exp cap, inverse rule); ``spec.input_range``;
-    ``observed_range``; symmetric mode then uses [0, max(|lo|, |hi|)]. Raises ValueError when the
-    result is empty or narrower than one input code."""
-    lo, hi = in_dtype.qmin * in_scale, in_dtype.qmax * in_scale
-    out_lo, out_hi = out_dtype.qmin * out_scale, out_dtype.qmax * out_scale
-    if spec.range_rule and fn.range_rule is RangeRule.EXP_CAP and fn.inverse is not None:
-        hi = min(hi, fn.inverse(out_hi, spec))
-    elif spec.range_rule and fn.range_rule is RangeRule.INVERSE and fn.inverse is not None:
-        probe = hi if hi > 0 else 1.0
-        a, b = (
-            float(fn.fn(torch.tensor([probe / d], dtype=torch.float64), spec)[0]) for d in (4, 2)
-        )
-        bound = fn.inverse(out_hi, spec) if a > b else fn.inverse(out_lo, spec)
-        if math.isfinite(bound):
-            lo = max(lo, bound)
-    for rng, name in ((spec.input_range, "spec.input_range"), (observed_range, "observed_range")):
-        if rng is None:
-            continue
-        r_lo, r_hi = rng
-        if r_lo is not None and r_hi is not None and not r_hi > r_lo:
-            raise ValueError(f"{name} has zero or negative width: {rng}")
-        if r_lo is not None:
-            lo = max(lo, float(r_lo))
-        if r_hi is not None:
-            hi = min(hi, float(r_hi))
-    if spec.symmetric and lo < 0:
-        lo, hi = 0.0, min(max(hi, -lo), in_dtype.qmax * in_scale)
-    if not hi - lo >= in_scale:
-        raise ValueError(
-            f"{fn.name}: the table input range [{lo:.6g}, {hi:.6g}] is narrower than one input "
-            f"code ({in_scale:.6g}); widen spec.input_range / observed_range or the input scale"
-        )
-    return lo, hi
 
 
 def _round_code(v: float, in_dtype: DType, lowest: int) -> int:
@@ -453,15 +332,7 @@ def _direct(
     )
 
 
-MINIMAX_CANDIDATES = (
-    Strategy.MINIMAX,
-    Strategy.SQRT_CURVATURE,
-    Strategy.EVENLY,
-    Strategy.CURVATURE,
-)
-
-
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=512)
 def _build_cached(
     func: str,
     in_dtype: DType,
@@ -490,58 +361,7 @@ def _build_cached(
         err = _max_error_lsb(lut, exact)
         if err < best_err:
             best, best_err = lut, err
-    return _refine(best, best_err, lambda pts, st: _assemble(*args, pts, st), exact)
-
-
-REFINE_PASSES = 2
-REFINE_FRACTIONS = (1 / 8, 1 / 32, 1 / 128)
-
-
-def _refine(lut: SegmentLut, err: float, make, exact: np.ndarray) -> SegmentLut:
-    """Coordinate descent on the measured integer max error: move each inner dividing point by
-    1/8, 1/32, 1/128 of a neighbouring table's width (at least one code) while that lowers the
-    error (REFINE_PASSES sweeps). Moving point k only changes the codes of its two tables (and
-    a tail whose slope may follow the adjacent table), so only those are re-evaluated. The
-    result is never worse than ``lut``."""
-    from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int
-
-    codes_t = all_codes(lut.in_dtype)
-    codes = codes_t.numpy()
-    folded = codes
-    if lut.symmetric:
-        folded = np.where(codes < 0, np.minimum(-codes, lut.in_dtype.qmax), codes)
-    cur = np.abs(evaluate_codes_int(lut, codes_t).numpy() - exact)
-    best, best_err = lut, err
-    last = len(lut.points) - 2
-    for _ in range(REFINE_PASSES):
-        improved = False
-        for k in range(1, len(best.points) - 1):
-            for frac in REFINE_FRACTIONS:
-                for sign in (-1, 1):
-                    pts = list(best.points)
-                    width = pts[k + 1] - pts[k] if sign > 0 else pts[k] - pts[k - 1]
-                    new = pts[k] + sign * max(1, round(width * frac))
-                    if not pts[k - 1] < new < pts[k + 1]:
-                        continue
-                    lo, hi = pts[k - 1], pts[k + 1]
-                    pts[k] = new
-                    cand = make([p * lut.in_scale for p in pts], best.chosen_strategy)
-                    if tuple(cand.points) != tuple(pts):
-                        continue
-                    sel = (folded >= lo) & (folded <= hi)
-                    if k == 1:
-                        sel |= folded < pts[0]
-                    if k == last:
-                        sel |= folded > pts[-1]
-                    e_sel = np.abs(evaluate_codes_int(cand, codes_t[sel]).numpy() - exact[sel])
-                    rest = cur[~sel]
-                    cand_err = max(float(e_sel.max()), float(rest.max()) if rest.size else 0.0)
-                    if cand_err < best_err:
-                        best, best_err, improved = cand, cand_err, True
-                        cur[sel] = e_sel
-        if not improved:
-            break
-    return best
+    return refine(best, best_err, lambda pts, st: _assemble(*args, pts, st), exact)
 
 
 def build_lut(

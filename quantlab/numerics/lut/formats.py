@@ -1,0 +1,82 @@
+"""The hardware's LUT format (tables, entries, index bits, rounding) and its profiles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from quantlab.numerics.rounding import Round
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Run torch on one intra-op thread inside the block (restored after). Building and
+    analysing a table is thousands of tiny tensor ops, where thread hand-off dominates: one
+    thread was 10-20x faster on a busy 2-core machine (measured)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class LutFormat:
+    """The hardware's table format. Other devices are profiles of the same fields.
+
+    tables:          inner tables between the dividing points (J6: 6).
+    entries:         entries per table, both ends included (J6: 64).
+    index_frac_bits: fractional bits of the table index = interpolation weight bits (J6: 8).
+    interp_round:    rounding of the interpolation and of the tails (assumed HALF_UP, s.3).
+    direct_int8:     int8 in / int8 out uses one direct table of 256 entries.
+    table_round:     rounding of table entries (HALF_EVEN, the fake-quant rounding, s.1).
+    slope_bits:      signed mantissa bits of tail slopes, intercepts and index multipliers (16).
+    """
+
+    tables: int = 6
+    entries: int = 64
+    index_frac_bits: int = 8
+    interp_round: Round = Round.HALF_UP
+    direct_int8: bool = True
+    table_round: Round = Round.HALF_EVEN
+    slope_bits: int = 16
+
+    def __post_init__(self) -> None:
+        if self.tables < 1:
+            raise ValueError(f"LutFormat.tables must be >= 1, got {self.tables}")
+        if self.entries < 2:
+            raise ValueError(
+                f"LutFormat.entries must be >= 2 (both table ends), got {self.entries}"
+            )
+        if not 0 <= self.index_frac_bits <= 15:
+            raise ValueError(
+                f"LutFormat.index_frac_bits must be in [0, 15], got {self.index_frac_bits}"
+            )
+        if not 2 <= self.slope_bits <= 24:
+            raise ValueError(f"LutFormat.slope_bits must be in [2, 24], got {self.slope_bits}")
+        for name in ("interp_round", "table_round"):
+            if not isinstance(getattr(self, name), Round):
+                allowed = ", ".join(r.name for r in Round)
+                raise ValueError(f"LutFormat.{name} must be a Round ({allowed})")
+
+    @classmethod
+    def from_platform(cls, p) -> LutFormat:
+        """The format of a PlatformConfig (fields ``lut_tables``, ``lut_entries``,
+        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
+        return cls(
+            tables=p.lut_tables,
+            entries=p.lut_entries,
+            index_frac_bits=p.lut_index_frac_bits,
+            interp_round=p.lut_interp_round,
+            direct_int8=p.lut_direct_int8,
+        )
+
+
+J6_FORMAT = LutFormat()
+TOSA_LIKE_FORMAT = LutFormat(tables=1, entries=513, index_frac_bits=7, direct_int8=True)
+"""One 513-entry table over the whole int16 range with 7 fraction bits (TOSA TABLE geometry,
+bit-exact-emulation.md s.4.2); unlike TOSA, the output is rounded to the output dtype here."""
