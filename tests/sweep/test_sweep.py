@@ -116,3 +116,31 @@ def test_submitit_local_sweep(tmp_path):
     summary = pd.read_csv(sweep / "summary.csv")
     assert sorted(summary["exp.value"].unique()) == [2, 5]
     assert len(summary) == 6
+
+
+@pytest.mark.parametrize(
+    "preset, target",
+    [
+        ("joblib", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+        ("local_submitit", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"),
+        ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"),
+    ],
+)
+def test_sweep_presets_compose(preset, target, monkeypatch):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from quantlab.config import CONFIG_DIR, register_all
+
+    monkeypatch.setenv("QUANTLAB_SLURM_PARTITION", "cpu")
+    register_all()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"sweep={preset}"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == target
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.callbacks.summary._target_ == "quantlab.sweep.SummaryCallback"
+    if preset == "slurm":
+        resolved = OmegaConf.to_container(launcher, resolve=False)
+        assert launcher.partition == "cpu" and launcher.cpus_per_task == 4
+        assert resolved["submitit_folder"].endswith("/.submitit/%j")
