@@ -130,7 +130,7 @@ def _check_operand(t: Tensor, name: str) -> None:
         raise TypeError(f"{name} must hold int8 or int16 codes, got {t.dtype}")
 
 
-def _amax(t: Tensor) -> int:
+def operand_bound(t: Tensor) -> int:
     """max|t| for int16 codes (their data range decides the path); the int8 dtype bound 128
     for int8 codes (no pass over the data: 1024 terms per float32 chunk instead of 1032)."""
     if t.dtype == torch.int8:
@@ -231,7 +231,7 @@ def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
             f"a has K={k} columns, b has {kb} rows"
         )
     _ensure_selftest()
-    plan = plan_gemm(_amax(a), _amax(b), k, 1, path)
+    plan = plan_gemm(operand_bound(a), operand_bound(b), k, 1, path)
     pin_exact_flags()
     with _threads_for(a.numel() * max(1, b.numel() // max(k, 1))):
         return _matmul_planned(a, b, k, plan)
@@ -305,7 +305,7 @@ def _conv_exact(
         )
     unit = math.prod(w.shape[2:])
     _ensure_selftest()
-    plan = plan_gemm(_amax(x), _amax(w), cin_g, unit, path)
+    plan = plan_gemm(operand_bound(x), operand_bound(w), cin_g, unit, path)
     pin_exact_flags()
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     with _threads_for(x.numel() * (w.shape[0] // groups) * unit):
