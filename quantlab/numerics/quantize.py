@@ -143,18 +143,21 @@ def dequantize(codes: Tensor, scale: Tensor | float, axis: int | None = None) ->
 def fake_cast(x: Tensor, dtype: DType, saturate: bool = True) -> Tensor:
     """Round float values to ``dtype`` (FLOAT16 or FLOAT32) and back to float32.
 
-    Rounding: IEEE round to nearest even (torch ``.to``). Saturation: with ``saturate`` finite
+    Rounding: IEEE round to nearest even, once (float64 inputs are rounded straight to float16,
+    not through float32, which would round twice). Saturation: with ``saturate`` finite
     values beyond +-65504 clamp to +-65504 (instead of becoming inf); inf and NaN pass through.
     """
     if dtype is DType.FLOAT32:
         return x.to(torch.float32)
     if dtype is not DType.FLOAT16:
         raise ValueError(f"fake_cast takes FLOAT16 or FLOAT32, got {dtype.name}")
-    xf = x.to(torch.float32)
+    from quantlab.numerics.float16 import round_to_float16
+
+    xf = x if x.dtype == torch.float64 else x.to(torch.float32)
     if saturate:
         m = DType.FLOAT16.max_finite
         xf = torch.where(torch.isfinite(xf), xf.clamp(-m, m), xf)
-    return xf.to(torch.float16).to(torch.float32)
+    return round_to_float16(xf).to(torch.float32)
 
 
 def fake_quant(

@@ -141,3 +141,9 @@ def test_dequantize_is_exact_product():
     assert_bits_equal(
         dequantize(q, float(s)), torch.from_numpy(np.arange(-128, 128).astype(np.float32) * s)
     )
+
+
+def test_fake_cast_float64_rounds_once():
+    # 1 + 2**-11 + 2**-40: through float32 it would become the tie 1 + 2**-11 and round to 1
+    x = torch.tensor([1 + 2.0**-11 + 2.0**-40, 70000.0], dtype=torch.float64)
+    assert fake_cast(x, DType.FLOAT16).tolist() == [1 + 2.0**-10, 65504.0]
