@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from quantlab.models import formats
+from quantlab.models.fold import to_deployment_form
 from quantlab.models.formats import ImageFormat
 from quantlab.models.schema import ModelConfig
 from quantlab.models.tasks import (
@@ -59,6 +60,7 @@ class _Entry:
     metrics: tuple[TaskMetric, ...] = ()
     input_format: ImageFormat | None = None
     default_data: str = "synthetic"
+    probe: InputMaker | None = None  # small inputs for one-off passes (default: ``inputs``)
 
 
 def smooth_images(gen: torch.Generator, batch: int, height: int, width: int) -> Tensor:
@@ -210,6 +212,7 @@ _ENTRIES: dict[str, _Entry] = {
         (UnwarpPSNR(),),
         formats.UVDOC,
         "page",
+        _image_inputs(formats.UNIT, 256, 176),
     ),
     "minilm": _Entry(
         _real("minilm", "minilm"),
@@ -239,6 +242,8 @@ def example_inputs(name: str, batch: int = 1, seed: int = 0) -> tuple[Tensor, ..
 def build_model(cfg: ModelConfig | str, seed: int = 0) -> ModelBundle:
     """Build registry model ``cfg`` (a name or a ModelConfig) in eval mode.
 
+    With ``fold_batchnorm`` (the default) the module is in deployment form: each inference
+    BatchNorm folded into the conv that feeds it, Dropout removed (quantlab.models.fold).
     Random weights (toy models, or ``pretrained=False``) come from ``torch.manual_seed(seed)``
     inside a forked RNG, so the caller's global RNG state is untouched and the same seed gives
     the same weights. Unknown names raise ValueError listing MODEL_NAMES; a missing optional
@@ -251,6 +256,9 @@ def build_model(cfg: ModelConfig | str, seed: int = 0) -> ModelBundle:
         torch.manual_seed(seed)
         module = entry.build(cfg.pretrained)
     module.eval()
+    if cfg.fold_batchnorm:
+        probe = entry.probe or entry.inputs
+        to_deployment_form(module, probe(torch.Generator().manual_seed(0), 1))
     metrics = entry.metrics
     name = cfg.name
 

@@ -11,3 +11,5 @@ class ModelConfig:
 
     name: str = "small_cnn"
     pretrained: bool = True  # real weights from an installed package where the model has them
+    # deployment form: inference BatchNorm folded into the feeding conv, Dropout removed
+    fold_batchnorm: bool = True

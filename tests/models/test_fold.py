@@ -1,0 +1,72 @@
+"""Deployment form: BatchNorm folded into the feeding conv, Dropout removed, outputs unchanged."""
+
+import pytest
+import torch
+from torch import nn
+
+from quantlab.models import build_model, example_inputs
+from quantlab.models.fold import conv_bn_pairs, fold_conv_bn, to_deployment_form
+from quantlab.models.schema import ModelConfig
+
+
+class HandWritten(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn_a = nn.BatchNorm2d(4)
+        self.b = nn.Conv2d(4, 4, 1)
+        self.bn_b = nn.BatchNorm2d(4)  # its input also feeds the residual: must not fold
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = torch.relu(self.bn_a(self.a(x)))
+        y = self.b(h)
+        return self.drop(self.bn_b(y) + y)
+
+
+def _randomize_bn(m, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for bn in m.modules():
+        if isinstance(bn, nn.BatchNorm2d):
+            n = bn.num_features
+            bn.running_mean.copy_(torch.randn(n, generator=g))
+            bn.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+            bn.weight.data.copy_(torch.randn(n, generator=g))
+            bn.bias.data.copy_(torch.randn(n, generator=g))
+
+
+def test_pairs_fold_and_shared_outputs_stay():
+    m = HandWritten().eval()
+    _randomize_bn(m)
+    x = torch.randn(2, 3, 8, 8)
+    assert conv_bn_pairs(m, (x,)) == [("a", "bn_a")]
+    with torch.no_grad():
+        ref = m(x)
+    to_deployment_form(m, (x,))
+    assert isinstance(m.bn_a, nn.Identity) and isinstance(m.bn_b, nn.BatchNorm2d)
+    assert isinstance(m.drop, nn.Identity) and m.a.bias is not None
+    with torch.no_grad():
+        assert torch.allclose(m(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_formula_matches_batchnorm_in_float64():
+    conv, bn = nn.Conv2d(2, 3, 3).double(), nn.BatchNorm2d(3).double().eval()
+    _randomize_bn(bn, 1)
+    x = torch.randn(1, 2, 5, 5, dtype=torch.float64)
+    with torch.no_grad():
+        ref = bn(conv(x))
+        fold_conv_bn(conv, bn)
+        assert torch.allclose(conv(x), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0"])
+def test_real_cnns_have_no_batchnorm_or_dropout_and_same_logits(name):
+    folded = build_model(name).module
+    kinds = {type(m).__name__ for m in folded.modules()}
+    assert not kinds & {"BatchNorm2d", "Dropout"}
+    plain = build_model(ModelConfig(name=name, fold_batchnorm=False)).module
+    assert any(isinstance(m, nn.BatchNorm2d) for m in plain.modules())
+    x = example_inputs(name, seed=3)
+    with torch.no_grad():
+        a, b = folded(*x), plain(*x)
+    assert (a - b).abs().max() < 1e-4 * b.abs().max()
