@@ -325,6 +325,15 @@ def _findings(exp, ops, points, model, bound_table) -> list[str]:
             f"{fk['box_l1_vs_float'].min():.2e} whatever the strategy: the table error "
             "appears only after export."
         )
+        by = dict(zip(fx["strategy"], fx["box_l1_vs_float"]))
+        if "CURVATURE" in by and "EVENLY" in by:
+            c, e = by["CURVATURE"], by["EVENLY"]
+            out.append(
+                f"At model level the vendor advice {'holds' if e < c else 'does not hold'}: "
+                f"fixed box L1 evenly {e:.2e} vs curvature {c:.2e} "
+                f"({100 * (c - e) / c:+.0f}% relative to curvature); the decoder's boxes sit "
+                "mostly in the middle of (0, 1), where evenly's tables are fine."
+            )
         cl = model[model["variant"] == "clamped_logit"]
         if len(cl):
             fl_i = _pick(isig, mode="float")

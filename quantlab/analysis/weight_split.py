@@ -13,13 +13,15 @@ import enum
 import math
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from quantlab.capture import CaptureMode, ModuleTracker, OpCall
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import Overflow
-from quantlab.numerics.quantize import compute_scale, quantize
+from quantlab.numerics.quantize import compute_scale, fake_quant, quantize
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import (
@@ -30,9 +32,12 @@ from quantlab.numerics.split import (
     exact_conv2d,
     exact_matmul,
     int32_accumulate,
+    split_fake_weight,
     split_int16_codes,
     split_weight,
 )
+
+GEMM_KINDS = ("conv2d", "linear", "matmul")
 
 
 class OperandFormat(enum.Enum):
@@ -227,3 +232,86 @@ def evaluate_formats(
             }
         )
     return rows
+
+
+def capture_gemm_calls(model: nn.Module, inputs: tuple, kinds=GEMM_KINDS) -> list[GemmCall]:
+    """Run ``model(*inputs)`` in float and record every conv2d / linear / matmul call (named as
+    ``Simulator.ops`` names them: ``<module path>:<op_type>#<k>``) with its float operands."""
+    calls: list[GemmCall] = []
+
+    def handler(call: OpCall):
+        out = call.result if call.result is not None else call.run()
+        if call.op_type in kinds:
+            args = list(call.args)
+            kw = call.kwargs
+            if call.op_type == "conv2d":
+                names = ("stride", "padding", "dilation", "groups")
+                defaults = (1, 0, 1, 1)
+                conv = tuple(
+                    kw.get(n, args[3 + i] if len(args) > 3 + i else d)
+                    for i, (n, d) in enumerate(zip(names, defaults))
+                )
+                calls.append(
+                    GemmCall(call.name, "conv2d", args[0].detach(), args[1].detach(), conv)
+                )
+            elif call.op_type == "linear":
+                w = kw.get("weight", args[1] if len(args) > 1 else None)
+                calls.append(GemmCall(call.name, "linear", args[0].detach(), w.detach()))
+            elif getattr(call.func, "__name__", "") != "__rmatmul__":
+                calls.append(GemmCall(call.name, "matmul", args[0].detach(), args[1].detach()))
+        return out
+
+    with torch.no_grad(), ModuleTracker(model) as tracker, CaptureMode(tracker, handler):
+        model(*inputs)
+    return calls
+
+
+def fake_weight(w: Tensor, fmt: FormatChoice) -> Tensor:
+    """Float32 weight a format represents (QAT numerics), per-channel scales on axis 0:
+    INT8 / INT16 fake quant at amax/((qmax - qmin)/2); SPLIT s * (w_hi + w_lo / 2**k)."""
+    wamax = w.detach().abs().reshape(w.shape[0], -1).amax(1)
+    if fmt.fmt is OperandFormat.SPLIT:
+        return split_fake_weight(w.detach(), compute_scale(wamax, DType.INT8), fmt.k, axis=0)
+    dt = DType.INT8 if fmt.fmt is OperandFormat.INT8 else DType.INT16
+    return fake_quant(w.detach(), compute_scale(wamax, dt), dt, axis=0)
+
+
+def weight_sensitivity(
+    model: nn.Module, batches: list[tuple], fmt: FormatChoice | None = None
+) -> pd.DataFrame:
+    """The vendor's "weight" sensitivity pass (j6-numerics s.9) for every Conv2d/Linear module:
+    only that module's weight in ``fmt`` (default int8), everything else float; output SQNR (dB)
+    against the float outputs. Sorted ascending (most sensitive first), ``rank`` from 1."""
+    fmt = fmt or FormatChoice(OperandFormat.INT8)
+    with torch.no_grad():
+        ref = [_first_tensor(model(*b)) for b in batches]
+    rows = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Conv2d | nn.Linear):
+            continue
+        orig = mod.weight.data
+        mod.weight.data = fake_weight(orig, fmt)
+        try:
+            with torch.no_grad():
+                out = [_first_tensor(model(*b)) for b in batches]
+        finally:
+            mod.weight.data = orig
+        r = torch.cat([o.double().reshape(-1) for o in ref])
+        t = torch.cat([o.double().reshape(-1) for o in out])
+        noise = float(((r - t) ** 2).sum())
+        sqnr = math.inf if noise == 0 else 10 * math.log10(float((r**2).sum()) / noise)
+        rows.append({"module": name, "kind": type(mod).__name__, "sqnr_db": sqnr})
+    df = pd.DataFrame(rows).sort_values("sqnr_db", kind="stable").reset_index(drop=True)
+    df["rank"] = range(1, len(df) + 1)
+    return df
+
+
+def _first_tensor(out) -> Tensor:
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, dict):
+        out = list(out.values())
+    for o in out:
+        if isinstance(o, Tensor):
+            return o
+    raise ValueError(f"model output holds no tensor: {type(out).__name__}")

@@ -1,0 +1,82 @@
+"""Per-layer operand-format analysis, GEMM capture, box metrics and the seeded box task."""
+
+import torch
+from torch import nn
+
+from quantlab.analysis.boxes import box_iou, box_l1
+from quantlab.analysis.train import fit, synthetic_boxes
+from quantlab.analysis.weight_split import (
+    FormatChoice,
+    GemmCall,
+    OperandFormat,
+    capture_gemm_calls,
+    evaluate_formats,
+    weight_sensitivity,
+)
+from quantlab.numerics.split import SplitCombine
+
+FORMATS = [
+    FormatChoice(OperandFormat.INT8),
+    FormatChoice(OperandFormat.SPLIT, 7, SplitCombine.WIDE_ACCUMULATOR),
+    FormatChoice(OperandFormat.SPLIT, 7, SplitCombine.SEPARATE_REQUANT),
+    FormatChoice(OperandFormat.INT16),
+]
+
+
+def test_split_recovers_precision_per_layer():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 16, 10, 10, generator=g).relu()
+    w = torch.randn(24, 16, 3, 3, generator=g) * 0.1
+    rows = evaluate_formats(GemmCall("c", "conv2d", x, w, (1, 1, 1, 1)), FORMATS)
+    sq = {r["format"]: r["sqnr_db"] for r in rows}
+    assert sq["split_k7_wide"] > sq["int8"] + 20
+    assert abs(sq["split_k7_wide"] - sq["int16"]) < 6
+    lsb = {r["format"]: r["max_err_lsb"] for r in rows}
+    assert lsb["split_k7_wide"] < 2 and lsb["int8"] > 10
+    mm = evaluate_formats(
+        GemmCall("m", "matmul", torch.randn(2, 8, 16), torch.randn(2, 16, 8)), FORMATS
+    )
+    assert {r["format"] for r in mm} == {"int8", "split16_wide", "split16_separate", "int16"}
+    lin = evaluate_formats(GemmCall("l", "linear", torch.randn(3, 32), torch.randn(5, 32)), FORMATS)
+    assert all(r["macs"] == 3 * 32 * 5 for r in lin)
+
+
+def test_capture_names_follow_simulator_convention_and_sensitivity_ranks():
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 5)
+    )
+    model.eval()
+    x = torch.randn(2, 3, 6, 6)
+    calls = capture_gemm_calls(model, (x,))
+    assert [c.name for c in calls] == ["0:conv2d#0", "3:linear#0"]
+    assert calls[0].conv_args == ((1, 1), (1, 1), (1, 1), 1)
+    sens = weight_sensitivity(model, [(x,)])
+    assert list(sens["rank"]) == [1, 2] and set(sens["module"]) == {"0", "3"}
+    assert sens["sqnr_db"].is_monotonic_increasing
+
+
+def test_box_metrics():
+    a = torch.tensor([[0.5, 0.5, 0.2, 0.2], [0.2, 0.2, 0.1, 0.1]])
+    b = torch.tensor([[0.5, 0.5, 0.2, 0.2], [0.8, 0.8, 0.1, 0.1]])
+    assert box_iou(a, b).tolist() == [1.0, 0.0]
+    half = torch.tensor([[0.55, 0.5, 0.2, 0.2]])
+    assert abs(float(box_iou(half, a[:1])) - 0.6) < 1e-6  # float32 boxes: 0.03 / 0.05
+    assert box_l1(a, a) == 0.0
+
+
+def test_box_task_is_seeded_and_fit_lowers_the_loss():
+    t1, t2 = synthetic_boxes(8, seed=3), synthetic_boxes(8, seed=3)
+    assert torch.equal(t1.ref, t2.ref) and torch.equal(t1.target, t2.target)
+    assert float(t1.ref.min()) > 0 and float(t1.ref.max()) < 1
+    model = nn.Sequential(nn.Linear(32, 4), nn.Sigmoid())
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, q, ref):
+            return self.m(q)
+
+    losses = fit(Head(), t1.batches(4), t1.targets(4), steps=30, lr=1e-2)
+    assert losses[-1] < losses[0]
