@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut.evaluate import build_code_map, evaluate_fast, evaluate_reference
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, single_thread
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
 from quantlab.numerics.lut.ranges import input_range
@@ -102,23 +103,23 @@ class SegmentLut:
         """All outputs indexed by the input code as unsigned (code mod 2**bits), computed once by
         the exact integer path (evaluate.evaluate_codes_int) and cached."""
         if not self._map:
-            from quantlab.numerics.lut.evaluate import build_code_map
-
             self._map.append(build_code_map(self))
         return self._map[0]
 
     def evaluate(self, codes: Tensor) -> Tensor:
         """Output codes for input ``codes`` (dtype ``in_dtype``): one gather, bit-exact with
         ``evaluate_reference``."""
-        from quantlab.numerics.lut.evaluate import evaluate_fast
-
         return evaluate_fast(self, codes)
 
     def evaluate_reference(self, codes: Tensor) -> Tensor:
         """Slow numpy-int64 reference of the integer evaluation (same contract as evaluate)."""
-        from quantlab.numerics.lut.evaluate import evaluate_reference
-
         return evaluate_reference(self, codes)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """Read-only: a built table is shared through the build cache."""
+    a.setflags(write=False)
+    return a
 
 
 def _check_dtype(name: str, dt: DType) -> DType:
@@ -261,7 +262,7 @@ def _assemble(
         m, r = _index_multiplier(d1 - d0, n, f, fmt.slope_bits)
         mults.append(m)
         shifts.append(r)
-    tab = torch.stack(tables).numpy().astype(np.int64)
+    tab = _frozen(torch.stack(tables).numpy().astype(np.int64))
 
     def val(code: float) -> float:  # the unsaturated target, like the vendor's secants
         y = float(fn.target(torch.tensor([code * in_scale], dtype=torch.float64), spec)[0])
@@ -320,7 +321,7 @@ def _direct(
         spec=spec,
         fmt=fmt,
         direct=True,
-        direct_table=table.numpy().astype(np.int64),
+        direct_table=_frozen(table.numpy().astype(np.int64)),
         points=(-128, 127),
         tables=np.zeros((0, fmt.entries), dtype=np.int64),
         index_mult=(),
