@@ -223,7 +223,10 @@ def _measure(exp: GemmExactnessExp) -> pd.DataFrame:
         fast, plain, slow = _fns(shape, x, w)
         nsp = {GemmOp.MATMUL: 0, GemmOp.CONV1D: 1, GemmOp.CONV2D: 2}[shape.op]
         units = shape.c_in // shape.groups
-        plan = plan_gemm(operand_bound(x), operand_bound(w), units, shape.kernel**nsp)
+        is_conv = shape.op is not GemmOp.MATMUL
+        plan = plan_gemm(
+            operand_bound(x), operand_bound(w), units, shape.kernel**nsp, split_a=is_conv
+        )
         t0 = time.perf_counter()
         expected = torch.from_numpy(slow())
         t_ref = time.perf_counter() - t0
@@ -234,7 +237,8 @@ def _measure(exp: GemmExactnessExp) -> pd.DataFrame:
         max_acc = int(expected.abs().max()) if expected.numel() else 0
         t_fast = _median_time(fast, exp.repeats)
         t_f32 = _median_time(plain, exp.repeats, xf, wf)
-        n_chunks = math.ceil(units / plan.chunk) if plan.path is GemmPath.FLOAT32 else 0
+        f32 = plan.path in (GemmPath.FLOAT32, GemmPath.FLOAT32_SPLIT)
+        n_chunks = math.ceil(units / plan.chunk) if f32 else 0
         rows.append(
             {
                 "shape": shape.label,
@@ -348,9 +352,11 @@ def gemm_exactness(exp: GemmExactnessExp, ctx: RunContext) -> ExperimentResult:
         ),
     ]
     notes = [
-        "Fast path: float32 BLAS on K-chunks with K*max|a|*max|b| <= 2^24 summed in float64, "
-        "or float64 when the float64 bound 2^53 holds (quantlab.numerics.gemm); the chosen path "
-        "and the number of float32 chunks are columns of results.csv.",
+        "Fast path: float32 BLAS on K-chunks with K*max|a|*max|b| <= 2^24 summed in float64; "
+        "for convolutions with int16 inputs and int8 weights the input split exactly into two "
+        "int8-range halves (FLOAT32_SPLIT); else float64 when the bound 2^53 holds "
+        "(quantlab.numerics.gemm). The chosen path and the number of float32 chunks are "
+        "columns of results.csv.",
         "Reference: numpy int64 (quantlab.numerics.reference), timed once.",
         "Plain float32: the same operands as float32 through F.conv*d / @ without chunking.",
         f"Times are medians of {exp.repeats} runs at {exp.threads} intra-op thread(s) on a "

@@ -61,13 +61,18 @@ class Overflow(enum.Enum):
 class GemmPath(enum.Enum):
     """How the exact sum is computed. AUTO picks the fastest path whose bound holds.
 
-    FLOAT32: float32 BLAS on K-chunks within 2**24, chunks summed in float64.
-    FLOAT64: float64 BLAS, exact within 2**53.
-    INT64:   torch int64 kernels (slow; exact below 2**63).
+    FLOAT32:       float32 BLAS on K-chunks within 2**24, chunks summed in float64.
+    FLOAT32_SPLIT: convolutions only: the left operand a (|a| <= 32768) is split exactly into
+                   a = 256 * hi + lo with hi = round_half_even(a / 256), |hi|, |lo| <= 128;
+                   both halves run as one float32 chunked conv (stacked on the batch axis,
+                   bound 128 * max|b| per product) and are combined in float64.
+    FLOAT64:       float64 BLAS, exact within 2**53.
+    INT64:         torch int64 kernels (slow; exact below 2**63).
     """
 
     AUTO = "auto"
     FLOAT32 = "float32"
+    FLOAT32_SPLIT = "float32_split"
     FLOAT64 = "float64"
     INT64 = "int64"
 
@@ -150,11 +155,19 @@ class GemmPlan:
     bound: int  # max|a| * max|b|
 
 
-def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = GemmPath.AUTO):
+def plan_gemm(
+    a_max: int,
+    b_max: int,
+    k: int,
+    unit: int = 1,
+    path: GemmPath = GemmPath.AUTO,
+    split_a: bool = False,
+) -> GemmPlan:
     """Choose a provably exact path for a K-term sum of products (K = ``k`` units of ``unit``).
 
     FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO takes it when a
-    chunk holds at least MIN_CHUNK_K terms (or all of K), else FLOAT64 when
+    chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when ``split_a`` (convolutions)
+    and a_max <= 32768, FLOAT32_SPLIT under the same rule with a_max = 128. Else FLOAT64 when
     K * unit * a_max * b_max <= 2**53, else INT64. A forced path whose bound fails raises.
     """
     bound = a_max * b_max
@@ -162,10 +175,18 @@ def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = Ge
     per_unit = unit * bound
     c = k if per_unit == 0 else min(k, FLOAT32_EXACT // per_unit)
     f32_ok = c >= 1
+    split_unit = unit * 128 * b_max
+    c_split = k if split_unit == 0 else min(k, FLOAT32_EXACT // split_unit)
+    # the float64 combination 256 * sum(hi * b) + sum(lo * b) stays below 2**53
+    split_total = k * unit * 32768 * b_max
+    split_ok = split_a and a_max <= 32768 and c_split >= 1 and split_total <= FLOAT64_EXACT
     if path is GemmPath.AUTO:
         f32_ok = f32_ok and GemmPath.FLOAT32 not in DISABLED_PATHS
         if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
             return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, max(c, 1)), bound)
+        split_ok = split_ok and GemmPath.FLOAT32_SPLIT not in DISABLED_PATHS
+        if split_ok and (c_split == k or c_split * unit >= MIN_CHUNK_K):
+            return GemmPlan(GemmPath.FLOAT32_SPLIT, _balanced_chunk(k, c_split), bound)
         if total <= FLOAT64_EXACT and GemmPath.FLOAT64 not in DISABLED_PATHS:
             return GemmPlan(GemmPath.FLOAT64, 0, bound)
         return GemmPlan(GemmPath.INT64, 0, bound)
@@ -178,6 +199,13 @@ def plan_gemm(a_max: int, b_max: int, k: int, unit: int = 1, path: GemmPath = Ge
         if total > FLOAT64_EXACT:
             raise ValueError(f"sum bound {total} exceeds 2**53 for float64 chunk sums; use INT64")
         return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, c), bound)
+    if path is GemmPath.FLOAT32_SPLIT:
+        if not split_ok:
+            raise ValueError(
+                "path FLOAT32_SPLIT needs a convolution with max|a| <= 32768 and one chunk unit "
+                f"within 2**24 (unit {unit}, max|b| {b_max}); use AUTO, FLOAT64 or INT64"
+            )
+        return GemmPlan(GemmPath.FLOAT32_SPLIT, _balanced_chunk(k, c_split), bound)
     if path is GemmPath.FLOAT64:
         if total > FLOAT64_EXACT:
             raise ValueError(f"path FLOAT64 cannot be exact: K*max|a|*max|b| = {total} > 2**53")
@@ -198,16 +226,16 @@ def _balanced_chunk(k: int, c: int) -> int:
     return rounded if rounded <= c else size
 
 
-def _sum_chunks(parts) -> Tensor:
+def _sum_chunks_f64(parts) -> Tensor:
     """Sum exact float32 chunk results in float64 (exact: the caller's plan keeps the whole sum
-    below 2**53), one in-place add per chunk; returns int64."""
+    below 2**53), one in-place add per chunk."""
     acc = None
     for part in parts:
         if acc is None:
             acc = part.to(torch.float64)
         else:
             acc.add_(part)
-    return acc.to(torch.int64)
+    return acc
 
 
 # --------------------------------------------------------------------------- matmul / linear
@@ -252,7 +280,7 @@ def _matmul_planned(a: Tensor, b: Tensor, k: int, plan: GemmPlan) -> Tensor:
             bs = bf[k0:k1] if bf.dim() == 1 else bf[..., k0:k1, :]
             yield torch.matmul(af[..., k0:k1], bs)
 
-    return _sum_chunks(parts())
+    return _sum_chunks_f64(parts()).to(torch.int64)
 
 
 def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
@@ -305,7 +333,7 @@ def _conv_exact(
         )
     unit = math.prod(w.shape[2:])
     _ensure_selftest()
-    plan = plan_gemm(operand_bound(x), operand_bound(w), cin_g, unit, path)
+    plan = plan_gemm(operand_bound(x), operand_bound(w), cin_g, unit, path, split_a=True)
     pin_exact_flags()
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     with _threads_for(x.numel() * (w.shape[0] // groups) * unit):
@@ -318,22 +346,35 @@ def _conv_planned(x, w, conv, kw, groups: int, cin_g: int, plan: GemmPlan) -> Te
         out = conv(x.to(torch.int64), w.to(torch.int64), **kw)
     elif plan.path is GemmPath.FLOAT64:
         out = conv(x.to(torch.float64), w.to(torch.float64), **kw).to(torch.int64)
+    elif plan.path is GemmPath.FLOAT32_SPLIT:
+        xf = x.to(torch.float32)
+        hi = torch.round(xf * (1.0 / 256))  # exact scaling; |hi| <= 128
+        lo = xf - hi * 256  # exact; |lo| <= 128
+        both = _conv_chunks_f32(torch.cat([hi, lo]), w, conv, kw, groups, cin_g, plan.chunk)
+        n = x.shape[0]
+        out = (both[:n] * 256 + both[n:]).to(torch.int64)  # float64, exact below 2**53
     elif plan.chunk >= cin_g:
         out = conv(x.to(torch.float32), w.to(torch.float32), **kw).to(torch.int64)
     else:
-        n = x.shape[0]
-        sp = x.shape[2:]
-        xg = x.to(torch.float32).reshape(n, groups, cin_g, *sp)
-        wf = w.to(torch.float32)
-
-        def parts():
-            for c0 in range(0, cin_g, plan.chunk):
-                c1 = min(c0 + plan.chunk, cin_g)
-                xs = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), *sp)
-                yield conv(xs, wf[:, c0:c1], **kw)
-
-        out = _sum_chunks(parts())
+        out = _conv_chunks_f32(x.to(torch.float32), w, conv, kw, groups, cin_g, plan.chunk)
+        out = out.to(torch.int64)
     return out
+
+
+def _conv_chunks_f32(xf: Tensor, w: Tensor, conv, kw, groups: int, cin_g: int, chunk: int):
+    """Sum over input-channel chunks of float32 convs (each exact), in float64."""
+    n = xf.shape[0]
+    sp = xf.shape[2:]
+    xg = xf.reshape(n, groups, cin_g, *sp)
+    wf = w.to(torch.float32)
+
+    def parts():
+        for c0 in range(0, cin_g, chunk):
+            c1 = min(c0 + chunk, cin_g)
+            xs = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), *sp)
+            yield conv(xs, wf[:, c0:c1], **kw)
+
+    return _sum_chunks_f64(parts())
 
 
 def int_conv2d(

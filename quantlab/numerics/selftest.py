@@ -55,7 +55,7 @@ def run_selftest() -> list[SelfTestCase]:
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
     for name, (x, w), paths in (
         ("conv2d int8 K=2304", cv8, fast),
-        ("conv2d int16 x int8 K=576", cv16, [gemm.GemmPath.FLOAT64]),
+        ("conv2d int16 x int8 K=576", cv16, [gemm.GemmPath.FLOAT32_SPLIT, gemm.GemmPath.FLOAT64]),
     ):
         ref = gemm.int_conv2d(x, w, padding=1, path=gemm.GemmPath.INT64)
         for p in paths:

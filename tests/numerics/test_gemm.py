@@ -47,10 +47,14 @@ def _adversarial(g, shape, dtype: torch.dtype) -> torch.Tensor:
     return (mag * sign).to(dtype)
 
 
-def _paths_for(a: torch.Tensor, b: torch.Tensor):
-    """Forced paths whose bound holds for these operands (FLOAT32 needs one unit <= 2**24)."""
+def _paths_for(a: torch.Tensor, b: torch.Tensor, conv: bool = False):
+    """Forced paths whose bound holds for these operands (FLOAT32 needs one unit <= 2**24;
+    FLOAT32_SPLIT is for convolutions with an int8 right operand)."""
     both8 = a.dtype == torch.int8 and b.dtype == torch.int8
-    return PATHS if both8 else [GemmPath.AUTO, GemmPath.FLOAT64, GemmPath.INT64]
+    paths = PATHS if both8 else [GemmPath.AUTO, GemmPath.FLOAT64, GemmPath.INT64]
+    if conv and b.dtype == torch.int8:
+        paths = paths + [GemmPath.FLOAT32_SPLIT]
+    return paths
 
 
 MATMUL_SHAPES = [
@@ -126,7 +130,7 @@ def test_int_conv2d_matches_reference(seed):
     x = _codes(g, (2, cin, *size), tx)
     w = _codes(g, (cout, cin // groups, *k), tw)
     exp = torch.from_numpy(ref.int_conv2d(x, w, stride, pad, dil, groups))
-    for path in _paths_for(x, w):
+    for path in _paths_for(x, w, conv=True):
         assert_bits_equal(int_conv2d(x, w, stride, pad, dil, groups, path), exp)
 
 
@@ -139,7 +143,7 @@ def test_int_conv1d_matches_reference(seed):
     x = _codes(g, (2, cin, *size), tx)
     w = _codes(g, (cout, cin // groups, *k), torch.int8)
     exp = torch.from_numpy(ref.int_conv1d(x, w, stride, pad, dil, groups))
-    for path in _paths_for(x, w):
+    for path in _paths_for(x, w, conv=True):
         assert_bits_equal(int_conv1d(x, w, stride, pad, dil, groups, path), exp)
 
 
@@ -156,6 +160,21 @@ def test_int_conv2d_adversarial_chunked(groups):
     assert plan.path is GemmPath.FLOAT32 and plan.chunk < 256
     for path in PATHS:
         assert_bits_equal(int_conv2d(x, w, padding=1, groups=groups, path=path), exp)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_int16_conv_split_adversarial(sign):
+    g = torch.Generator().manual_seed(11)
+    x = (_adversarial(g, (2, 400, 5, 5), torch.int16).to(torch.int32).abs() * sign).to(torch.int16)
+    x[0, 0, 0, :3] = torch.tensor([-32768, 32767, 128], dtype=torch.int16)  # split edges
+    w = torch.full((4, 200, 3, 3), -128, dtype=torch.int8)
+    exp = torch.from_numpy(ref.int_conv2d(x, w, 1, 1, 1, 2))
+    plan = plan_gemm(32768, 128, 200, 9, split_a=True)
+    assert plan.path is GemmPath.FLOAT32_SPLIT and plan.chunk < 200
+    for path in (GemmPath.AUTO, GemmPath.FLOAT32_SPLIT):
+        assert_bits_equal(int_conv2d(x, w, padding=1, groups=2, path=path), exp)
+    with pytest.raises(ValueError, match="FLOAT32_SPLIT"):
+        int_matmul(x[0, :3, 0], w[:, :5, 0, 0].t().contiguous(), GemmPath.FLOAT32_SPLIT)
 
 
 def test_unbatched_conv():
