@@ -21,8 +21,10 @@ def input_range(
 ) -> tuple[float, float]:
     """The float range the tables cover (horizon-plugin.md s.1.3), in this order: the input
     quantization range; the function's RangeRule (exp cap, inverse rule); ``spec.input_range``;
-    ``observed_range``; symmetric mode then uses [0, max(|lo|, |hi|)]. Raises ValueError when the
-    result is empty or narrower than one input code."""
+    ``observed_range``; symmetric mode then uses [0, max(|lo|, |hi|)]. Raises ValueError when a
+    given range has zero width or the result (before the observed range) is empty or narrower
+    than one input code. An observed range (calibration data) that would leave less than one
+    code is ignored instead: it does not narrow the table."""
     lo, hi = in_dtype.qmin * in_scale, in_dtype.qmax * in_scale
     out_lo, out_hi = out_dtype.qmin * out_scale, out_dtype.qmax * out_scale
     if spec.range_rule and fn.range_rule is RangeRule.EXP_CAP and fn.inverse is not None:
@@ -35,21 +37,53 @@ def input_range(
         bound = fn.inverse(out_hi, spec) if a > b else fn.inverse(out_lo, spec)
         if math.isfinite(bound):
             lo = max(lo, bound)
-    for rng, name in ((spec.input_range, "spec.input_range"), (observed_range, "observed_range")):
-        if rng is None:
-            continue
-        r_lo, r_hi = rng
-        if r_lo is not None and r_hi is not None and not r_hi > r_lo:
-            raise ValueError(f"{name} has zero or negative width: {rng}")
-        if r_lo is not None:
-            lo = max(lo, float(r_lo))
-        if r_hi is not None:
-            hi = min(hi, float(r_hi))
+    lo, hi = _intersect(lo, hi, spec.input_range, "spec.input_range")
+    base = _finish(fn, spec, in_dtype, in_scale, lo, hi, "spec.input_range or the input scale")
+    if observed_range is None:
+        return base
+    o_lo, o_hi = _intersect(lo, hi, observed_range, "observed_range")
+    try:
+        return _finish(fn, spec, in_dtype, in_scale, o_lo, o_hi, "observed_range")
+    except ValueError:
+        return base  # data that leaves less than one code does not narrow the table
+
+
+def _intersect(lo: float, hi: float, rng, name: str) -> tuple[float, float]:
+    """[lo, hi] narrowed by ``rng`` = (lo or None, hi or None); zero width is an error."""
+    if rng is None:
+        return lo, hi
+    r_lo, r_hi = rng
+    if r_lo is not None and r_hi is not None and not r_hi > r_lo:
+        raise ValueError(f"{name} has zero or negative width: {rng}")
+    if r_lo is not None:
+        lo = max(lo, float(r_lo))
+    if r_hi is not None:
+        hi = min(hi, float(r_hi))
+    return lo, hi
+
+
+def _symmetric(
+    spec: LutSpec, in_dtype: DType, in_scale: float, lo: float, hi: float
+) -> tuple[float, float]:
+    """Symmetric mode covers [0, max |x|] when the range reaches below 0."""
     if spec.symmetric and lo < 0:
-        lo, hi = 0.0, min(max(hi, -lo), in_dtype.qmax * in_scale)
+        return 0.0, min(max(hi, -lo), in_dtype.qmax * in_scale)
+    return lo, hi
+
+
+def _finish(
+    fn: LutFunction,
+    spec: LutSpec,
+    in_dtype: DType,
+    in_scale: float,
+    lo: float,
+    hi: float,
+    what: str,
+) -> tuple[float, float]:
+    lo, hi = _symmetric(spec, in_dtype, in_scale, lo, hi)
     if not hi - lo >= in_scale:
         raise ValueError(
             f"{fn.name}: the table input range [{lo:.6g}, {hi:.6g}] is narrower than one input "
-            f"code ({in_scale:.6g}); widen spec.input_range / observed_range or the input scale"
+            f"code ({in_scale:.6g}); widen {what}"
         )
     return lo, hi

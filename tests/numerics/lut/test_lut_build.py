@@ -91,6 +91,10 @@ def test_range_rules():
     assert log10.table_range[0] == pytest.approx(math.exp(-10))
     tanh = build_lut("tanh", I16, 8 * s16, I16, s16, observed_range=(-3.0, 2.0))
     assert tanh.table_range == pytest.approx((0.0, 3.0))  # symmetric: [0, max |x|]
+    far = build_lut("exp", I16, 10 * s16, I16, 4 * s16, observed_range=(5.0, 6.0))
+    assert far.table_range == exp.table_range  # beyond the exp cap: the data cannot narrow it
+    tiny = build_lut("tanh", I16, 8 * s16, I16, s16, observed_range=(1.0, 1.0 + 1e-6))
+    assert tiny.table_range == pytest.approx((0.0, 32767 * 8 * s16))  # < 1 code: ignored
     sig = build_lut("sigmoid", I16, 8 * s16, I16, s16, LutSpec(input_range=(-4.0, None)))
     assert sig.table_range == pytest.approx((-4.0, 32767 * 8 * s16))
     assert sig.points[0] == round(-4.0 / (8 * s16))
