@@ -44,6 +44,10 @@ class _CountUses(TorchFunctionMode):
 def conv_bn_pairs(module: nn.Module, inputs: tuple[Tensor, ...]) -> list[tuple[str, str]]:
     """(conv name, batch_norm name) pairs where a BatchNorm2d's input is the tensor a Conv2d
     returned and nothing else uses that tensor, found by one forward pass on ``inputs``."""
+    return _pairs_and_output(module, inputs)[0]
+
+
+def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
     produced: dict[int, str] = {}
     bn_input: dict[str, int] = {}
     uses: Counter = Counter()
@@ -66,11 +70,12 @@ def conv_bn_pairs(module: nn.Module, inputs: tuple[Tensor, ...]) -> list[tuple[s
             handles.append(m.register_forward_pre_hook(bn_hook))
     try:
         with torch.no_grad(), _CountUses(uses, alive):
-            module(*inputs)
+            out = module(*inputs)
     finally:
         for h in handles:
             h.remove()
-    return [(produced[t], bn) for bn, t in bn_input.items() if t in produced and uses[t] == 1]
+    pairs = [(produced[t], bn) for bn, t in bn_input.items() if t in produced and uses[t] == 1]
+    return pairs, out
 
 
 @torch.no_grad()
@@ -96,16 +101,17 @@ def to_deployment_form(module: nn.Module, inputs: tuple[Tensor, ...]) -> nn.Modu
     without a feeding conv is kept (it stays a visible op).
     """
     module.eval()
-    with torch.no_grad():
-        before = module(*inputs)
-    for conv_name, bn_name in conv_bn_pairs(module, inputs):
-        fold_conv_bn(module.get_submodule(conv_name), module.get_submodule(bn_name))
-        parent, attr = _parent_and_attr(module, bn_name)
-        setattr(parent, attr, nn.Identity())
-    for name, m in list(module.named_modules()):
+    for name, m in list(module.named_modules()):  # eval-mode Dropout is the identity already
         if isinstance(m, nn.Dropout):
             parent, attr = _parent_and_attr(module, name)
             setattr(parent, attr, nn.Identity())
+    if not any(isinstance(m, nn.BatchNorm2d) for m in module.modules()):
+        return module
+    pairs, before = _pairs_and_output(module, inputs)
+    for conv_name, bn_name in pairs:
+        fold_conv_bn(module.get_submodule(conv_name), module.get_submodule(bn_name))
+        parent, attr = _parent_and_attr(module, bn_name)
+        setattr(parent, attr, nn.Identity())
     with torch.no_grad():
         after = module(*inputs)
     err = float((after - before).abs().max())

@@ -24,16 +24,28 @@ def model_dir() -> Path:
     return packages.package_dir(packages.MINILM, "model minilm") / "model"
 
 
+MASK_VALUE = -100.0
+
+
 class MiniLMEmbedder(nn.Module):
     """(input_ids (B, T) int64, attention_mask (B, T) int64) -> unit-norm embeddings (B, 384):
-    BERT last hidden state, mean over tokens where the mask is 1, divided by its L2 norm."""
+    BERT last hidden state, mean over tokens where the mask is 1, divided by its L2 norm.
 
-    def __init__(self, bert: nn.Module):
+    Padded keys get ``mask_value`` (-100) added to their attention logits, as exported graphs do,
+    instead of transformers' float32 minimum: the softmax weight of a padded key is below e^-88
+    of the largest either way (identical float outputs), but a finite mask keeps the softmax
+    input range, and so its quantization scale, finite.
+    """
+
+    def __init__(self, bert: nn.Module, mask_value: float = MASK_VALUE):
         super().__init__()
         self.bert = bert
+        self.mask_value = mask_value
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        keep = attention_mask[:, None, None, :].to(torch.float32)
+        additive = (1.0 - keep) * self.mask_value  # (B, 1, 1, T), a prepared 4-D mask
+        hidden = self.bert(input_ids=input_ids, attention_mask=additive).last_hidden_state
         m = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)

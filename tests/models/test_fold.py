@@ -60,8 +60,8 @@ def test_fold_formula_matches_batchnorm_in_float64():
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0"])
-def test_real_cnns_have_no_batchnorm_or_dropout_and_same_logits(name):
-    folded = build_model(name).module
+def test_real_cnns_have_no_batchnorm_or_dropout_and_same_logits(bundles, name):
+    folded = bundles(name).module
     kinds = {type(m).__name__ for m in folded.modules()}
     assert not kinds & {"BatchNorm2d", "Dropout"}
     plain = build_model(ModelConfig(name=name, fold_batchnorm=False)).module
