@@ -193,10 +193,12 @@ def lut_fake_codes(
 
     f is the table's target (clamp rules, symmetric mirroring) evaluated in float64; the
     division and rounding are float64 (the same arithmetic that fills a direct int8 table).
+    Non-finite inputs: +-inf follow the function's limits and saturate; NaN gives code 0.
     """
     spec = default_spec(func) if spec is None else spec
     y = get_function(func).target(x.to(torch.float64), spec)
     r = round_float(y / float(out_scale), rounding)
+    r = torch.nan_to_num(r, nan=0.0)  # NaN inputs -> code 0, as quantize does
     return r.clamp(out_dtype.qmin, out_dtype.qmax).to(torch.int64)
 
 

@@ -138,3 +138,12 @@ def test_lut_fake_is_exact_function_then_fake_quant():
     assert y.dtype == torch.float32
     expected = (torch.round(torch.sigmoid(x.double()) / s).clamp(-32768, 32767) * s).float()
     assert_bits_equal(y, expected)
+
+
+def test_lut_fake_non_finite_inputs():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    s = 1 / 32767.5
+    for func in ("sigmoid", "exp", "log", "reciprocal", "inverse_sigmoid"):
+        y = lut_fake(x, func, I16, s)
+        assert torch.isfinite(y).all(), func
+        assert y[0] == 0.0
