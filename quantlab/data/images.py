@@ -58,6 +58,7 @@ def to_tensor(array: np.ndarray) -> Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _read(path: str, min_side: int) -> Tensor:
+    packages.package_dir(packages.PILLOW, "reading image files")
     from PIL import Image
 
     with Image.open(path) as im:

@@ -13,6 +13,7 @@ from quantlab.models.registry import (
     input_format,
 )
 from quantlab.models.tasks import TaskMetric
+from quantlab.models.uvdoc import unwarp
 
 __all__ = [
     "MODEL_NAMES",
@@ -22,4 +23,5 @@ __all__ = [
     "build_model",
     "example_inputs",
     "input_format",
+    "unwarp",
 ]

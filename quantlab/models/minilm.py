@@ -29,7 +29,8 @@ MASK_VALUE = -100.0
 
 class MiniLMEmbedder(nn.Module):
     """(input_ids (B, T) int64, attention_mask (B, T) int64) -> unit-norm embeddings (B, 384):
-    BERT last hidden state, mean over tokens where the mask is 1, divided by its L2 norm.
+    BERT last hidden state, mean over tokens where the mask is 1, times rsqrt of its squared L2
+    norm.
 
     Padded keys get ``mask_value`` (-100) added to their attention logits, as exported graphs do,
     instead of transformers' float32 minimum: the softmax weight of a padded key is below e^-88
@@ -48,7 +49,7 @@ class MiniLMEmbedder(nn.Module):
         hidden = self.bert(input_ids=input_ids, attention_mask=additive).last_hidden_state
         m = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-        return pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+        return pooled * torch.rsqrt((pooled * pooled).sum(-1, keepdim=True).clamp(min=1e-24))
 
 
 def minilm(pretrained: bool = True) -> MiniLMEmbedder:

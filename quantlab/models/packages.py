@@ -55,6 +55,7 @@ TOKENIZERS = Package("tokenizers", "tokenizers", "0.23.3", no_deps=False)
 SKIMAGE = Package("skimage", "scikit-image", "0.26.0", no_deps=False)
 SKLEARN = Package("sklearn", "scikit-learn", "1.9.1", no_deps=False)
 MATPLOTLIB = Package("matplotlib", "matplotlib", "3.11.2", no_deps=False)
+PILLOW = Package("PIL", "pillow", "13.0.0", no_deps=False)
 
 
 def missing(pkg: Package, what: str) -> MissingPackageError:
