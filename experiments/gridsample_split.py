@@ -56,7 +56,7 @@ class GridsampleSplitExp:
     out_w: int = 256
     texture_px: float = 8.0  # feature size of the seeded texture (pixels)
     input_dtype: DType = DType.INT8
-    weight_frac_bits: int = 8  # interpolation position bits of the kernel (assumed)
+    weight_frac_bits: int | None = None  # kernel position bits; None: the platform's (assumed)
     law_min_part_w: int = 256  # the W/(65534 k) law is checked where W/k >= this
     subpixel_w: int = 16384  # the width where splitting must restore sub-pixel accuracy
     subpixel_ref_w: int = 1024  # ... the accuracy of an unsplit grid this wide (vendor max W)
@@ -85,7 +85,7 @@ class GridsampleSplitExp:
             raise ValueError("exp.uvdoc_splits and exp.uvdoc_folds must be positive integers")
         if self.input_dtype not in (DType.INT8, DType.INT16):
             raise ValueError(f"exp.input_dtype must be INT8 or INT16, got {self.input_dtype.name}")
-        if not 0 <= self.weight_frac_bits <= 15:
+        if self.weight_frac_bits is not None and not 0 <= self.weight_frac_bits <= 15:
             raise ValueError(
                 f"exp.weight_frac_bits must be in [0, 15], got {self.weight_frac_bits}"
             )
@@ -108,7 +108,7 @@ def _variant_align(exp: GridsampleSplitExp) -> bool:
     return False if False in exp.align_corners else True
 
 
-def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator) -> list[dict]:
+def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator, wbits: int) -> list[dict]:
     widths = list(exp.widths) + ([FOLD_W] if exp.fold else [])
     jobs = []
     for w in widths:
@@ -129,7 +129,7 @@ def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator) -> list[dict]:
         if (kind, align) not in cache:
             cache[(kind, align)] = make_grid(kind, exp.height, w, exp.out_h, exp.out_w, align, gen)
         x, grid = cache[("x", w)], cache[(kind, align)]
-        m = measure_case(x, exp.input_dtype, grid, k, mode, align, v, exp.weight_frac_bits)
+        m = measure_case(x, exp.input_dtype, grid, k, mode, align, v, wbits)
         rows.append(
             {
                 "W": w,
@@ -148,7 +148,7 @@ def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator) -> list[dict]:
     return rows
 
 
-def _uvdoc_rows(exp: GridsampleSplitExp) -> tuple[list[dict], str]:
+def _uvdoc_rows(exp: GridsampleSplitExp, wbits: int) -> tuple[list[dict], str]:
     from quantlab.data import load_data
     from quantlab.models import build_model
 
@@ -179,7 +179,7 @@ def _uvdoc_rows(exp: GridsampleSplitExp) -> tuple[list[dict], str]:
             GridVariant.INT16_NORMALIZED,
             exp.input_dtype,
             exp.uvdoc_rows,
-            exp.weight_frac_bits,
+            wbits,
         )
         rows.append({"pages": n, "W": w, "H": h0, "k": k, "predicted_px": w / (65534 * k), **r})
     desc = f"page photo {w0}x{h0} (grey), UVDoc grid {tuple(small.shape[-2:])}"
@@ -331,9 +331,12 @@ def _output_findings(df: pd.DataFrame, exp: GridsampleSplitExp) -> list[str]:
 @experiment(GridsampleSplitExp, "gridsample_split")
 def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResult:
     gen = torch.Generator().manual_seed(0 if ctx.seed is None else ctx.seed)
+    wbits = exp.weight_frac_bits
+    if wbits is None:
+        wbits = ctx.platform.grid_weight_frac_bits
     with torch_threads(1):
-        df = pd.DataFrame(_texture_rows(exp, gen))
-        uv, uv_desc = _uvdoc_rows(exp) if exp.uvdoc else ([], "")
+        df = pd.DataFrame(_texture_rows(exp, gen, wbits))
+        uv, uv_desc = _uvdoc_rows(exp, wbits) if exp.uvdoc else ([], "")
     limits = pd.DataFrame(_limit_rows(exp, ctx.platform))
     findings, law = _law_findings(df, exp)
     findings += _output_findings(df, exp)
@@ -429,7 +432,8 @@ def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResu
     notes = [
         "Grid: the float grid is quantized per axis with the fixed scale (2/W + 1)/qmax "
         "((2/(W-1) + 1)/qmax with align_corners), half-to-even; the kernel turns each code into "
-        f"a pixel position with {exp.weight_frac_bits} fractional bits (HALF_UP, assumed), "
+        f"a pixel position with {wbits} fractional bits (HALF_UP, assumed; "
+        "platform.grid_weight_frac_bits), "
         "bilinear weights (2^P - f, f), int64 accumulation, one HALF_UP rounding to the "
         "input's codes (assumed). Absolute variant: Q(15-F).F with F = clamp(15 - "
         "ceil(log2(D + 1)), 0, 8), D the largest side of input part and output grid.",

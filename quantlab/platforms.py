@@ -84,6 +84,8 @@ class PlatformConfig:
     grid_coord: GridCoord = GridCoord.NORMALIZED
     grid_max_side: int = 1024  # H, W <= this (0 = no limit)
     grid_max_area: int = 720 * 1024  # H * W <= this (0 = no limit)
+    grid_weight_frac_bits: int = 8  # fraction bits of sample positions / bilinear weights (assumed)
+    grid_round: Round = Round.HALF_UP  # rounding of positions and of the output (assumed)
 
     # --- sin / cos (s.5)
     sincos_period_reduction: bool = True  # exporter reduces inputs wider than one period
@@ -113,6 +115,11 @@ class PlatformConfig:
         if not 0 <= self.lut_index_frac_bits <= 15:
             raise ValueError(
                 f"platform.lut_index_frac_bits must be in [0, 15], got {self.lut_index_frac_bits}"
+            )
+        if not 0 <= self.grid_weight_frac_bits <= 15:
+            raise ValueError(
+                "platform.grid_weight_frac_bits must be in [0, 15], "
+                f"got {self.grid_weight_frac_bits}"
             )
         if not 0 < self.int16_operand_max <= 32767:
             raise ValueError(
