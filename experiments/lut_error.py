@@ -221,7 +221,8 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
         reg["in_scale"] = s_in
         reg["out_scale"] = s_out
         reg["is_default"] = direct or st is default_spec(func).strategy
-        reg["dividing_points"] = " ".join(f"{p:.4g}" for p in lut.dividing_points_float)
+        pts = () if lut.direct else lut.dividing_points_float
+        reg["dividing_points"] = " ".join(f"{p:.4g}" for p in pts)
         rows.append(reg)
         if (in_dt, out_dt) == plot_pair and not direct:
             profiles.append(_profile_rows(lut, func, label, exp.profile_bins))
