@@ -84,13 +84,20 @@ class LutSpec:
             if len(self.input_range) != 2:
                 raise ValueError(f"LutSpec.input_range must be (lo, hi), got {self.input_range}")
             lo, hi = self.input_range
+            if any(v is not None and math.isnan(v) for v in (lo, hi)):
+                raise ValueError(f"LutSpec.input_range must not hold NaN, got {self.input_range}")
             if lo is not None and hi is not None and not hi > lo:
                 raise ValueError(
                     f"LutSpec.input_range has zero or negative width: {self.input_range}"
                 )
             object.__setattr__(self, "input_range", (lo, hi))
-        if len(self.gradients) != 2:
-            raise ValueError(f"LutSpec.gradients must be (left, right), got {self.gradients}")
+        if len(self.gradients) != 2 or any(
+            g is not None and not math.isfinite(g) for g in self.gradients
+        ):
+            raise ValueError(
+                f"LutSpec.gradients must be (left, right), each finite or None, got "
+                f"{self.gradients}"
+            )
         object.__setattr__(self, "gradients", tuple(self.gradients))
         if not math.isfinite(self.eps) or self.eps < 0:
             raise ValueError(f"LutSpec.eps must be finite and >= 0, got {self.eps}")

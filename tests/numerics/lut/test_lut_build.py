@@ -119,6 +119,12 @@ def test_impossible_requests_raise():
     s = 1 / 32767.5
     with pytest.raises(ValueError, match="zero or negative width"):
         LutSpec(input_range=(1.0, 1.0))
+    with pytest.raises(ValueError, match="gradients"):
+        LutSpec(gradients=(math.inf, None))
+    with pytest.raises(ValueError, match="NaN"):
+        LutSpec(input_range=(math.nan, 1.0))
+    with pytest.raises(ValueError, match="strategy must be a Strategy"):
+        LutSpec(strategy="evenly")
     with pytest.raises(ValueError, match="narrower than one input code"):
         build_lut("sigmoid", I16, s, I16, s, LutSpec(input_range=(0.5, 0.5 + s / 4)))
     with pytest.raises(ValueError, match="observed_range"):
