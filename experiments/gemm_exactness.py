@@ -33,6 +33,7 @@ from quantlab.numerics.gemm import (
     int_conv2d,
     int_matmul,
     operand_bound,
+    plan_conv,
     plan_gemm,
 )
 from quantlab.progress import progress
@@ -221,12 +222,11 @@ def _measure(exp: GemmExactnessExp) -> pd.DataFrame:
     for shape, xd, wd, kind in progress(cases, "gemm_exactness"):
         x, w = _operands(shape, xd, wd, kind, gen)
         fast, plain, slow = _fns(shape, x, w)
-        nsp = {GemmOp.MATMUL: 0, GemmOp.CONV1D: 1, GemmOp.CONV2D: 2}[shape.op]
         units = shape.c_in // shape.groups
-        is_conv = shape.op is not GemmOp.MATMUL
-        plan = plan_gemm(
-            operand_bound(x), operand_bound(w), units, shape.kernel**nsp, split_a=is_conv
-        )
+        if shape.op is GemmOp.MATMUL:
+            plan = plan_gemm(operand_bound(x), operand_bound(w), units)
+        else:
+            plan = plan_conv(x, w, shape.groups)
         t0 = time.perf_counter()
         expected = torch.from_numpy(slow())
         t_ref = time.perf_counter() - t0

@@ -48,6 +48,7 @@ FLOAT32_EXACT = 1 << 24
 FLOAT64_EXACT = 1 << 53
 MIN_CHUNK_K = 64  # below this many terms per float32 chunk, float64 is the faster exact path
 SINGLE_THREAD_MACS = 1 << 22  # smaller products run on one thread (thread hand-off dominates)
+SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes only above this
 OPERAND_DTYPES = (torch.int8, torch.int16)
 
 
@@ -331,12 +332,11 @@ def _conv_exact(
             f"conv{nsp}d weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
             f"with groups={groups}, input has {x.shape[1]}"
         )
-    unit = math.prod(w.shape[2:])
     _ensure_selftest()
-    plan = plan_gemm(operand_bound(x), operand_bound(w), cin_g, unit, path, split_a=True)
+    plan = plan_conv(x, w, groups, path)
     pin_exact_flags()
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    with _threads_for(x.numel() * (w.shape[0] // groups) * unit):
+    with _threads_for(conv_macs(x, w, groups)):
         out = _conv_planned(x, w, conv, kw, groups, cin_g, plan)
     return out.squeeze(0) if unbatched else out
 
@@ -375,6 +375,21 @@ def _conv_chunks_f32(xf: Tensor, w: Tensor, conv, kw, groups: int, cin_g: int, c
             yield conv(xs, wf[:, c0:c1], **kw)
 
     return _sum_chunks_f64(parts())
+
+
+def conv_macs(x: Tensor, w: Tensor, groups: int) -> int:
+    """An estimate of a convolution's multiply-adds (input size x output channels per group x
+    kernel taps; exact for stride 1 with 'same' padding), used to pick threads and paths."""
+    return x.numel() * (w.shape[0] // groups) * math.prod(w.shape[2:])
+
+
+def plan_conv(x: Tensor, w: Tensor, groups: int = 1, path: GemmPath = GemmPath.AUTO) -> GemmPlan:
+    """The plan ``int_conv1d`` / ``int_conv2d`` use for these operands (units = input channels
+    per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS on)."""
+    big = conv_macs(x, w, groups) >= SPLIT_MIN_MACS or path is GemmPath.FLOAT32_SPLIT
+    cin_g = x.shape[-w.dim() + 1] // groups
+    unit = math.prod(w.shape[2:])
+    return plan_gemm(operand_bound(x), operand_bound(w), cin_g, unit, path, split_a=big)
 
 
 def int_conv2d(
