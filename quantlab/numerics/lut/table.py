@@ -84,7 +84,7 @@ class SegmentLut:
     right: Tail | None
     table_range: tuple[float, float]  # the narrowed float range the points were placed on
     chosen_strategy: Strategy  # for MINIMAX: the candidate actually kept
-    _map: list = field(default_factory=list, repr=False)  # cached code -> code map (1 element)
+    _map: list = field(default_factory=list, init=False, repr=False)  # cached code map (0 or 1)
 
     @property
     def symmetric(self) -> bool:

@@ -177,3 +177,12 @@ def test_minimax_never_worse_than_both_vendor_rules(func):
         for st in (Strategy.EVENLY, Strategy.CURVATURE, Strategy.MINIMAX)
     }
     assert err[Strategy.MINIMAX] <= min(err[Strategy.EVENLY], err[Strategy.CURVATURE])
+
+
+def test_single_thread_restores_the_thread_count():
+    from quantlab.numerics.lut.formats import single_thread
+
+    n = torch.get_num_threads()
+    with single_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == n
