@@ -50,7 +50,7 @@ class InverseSigmoidExp:
     # --- model level (DETR-style decoder)
     model_level: bool = True
     model_in_dtype: DType = DType.INT16  # inverse_sigmoid input / sigmoid output dtype
-    model_eps: float = 1e-5
+    decoder_layers: int = 6  # refinement layers (the registry's detr_decoder has 6)
     train_samples: int = 384
     eval_samples: int = 32
     batch: int = 32
@@ -70,6 +70,8 @@ class InverseSigmoidExp:
         for e in self.eps_values:
             if not 0 < e < 0.5:
                 raise ValueError(f"exp.eps_values must lie in (0, 0.5), got {e}")
+        if self.decoder_layers < 1:
+            raise ValueError(f"exp.decoder_layers must be >= 1, got {self.decoder_layers}")
         if not 0 < self.region_edge < 0.5:
             raise ValueError(f"exp.region_edge must lie in (0, 0.5), got {self.region_edge}")
         if self.output_bound is not None and not self.output_bound > 0:
@@ -193,9 +195,16 @@ def _model_level(exp: InverseSigmoidExp, ctx: RunContext) -> pd.DataFrame:
     train = synthetic_boxes(exp.train_samples, seed=seed)
     test = synthetic_boxes(exp.eval_samples, seed=seed + 1)
     xs, ts = train.batches(exp.batch), train.targets(exp.batch)
-    model = build_model("detr_decoder", seed=seed).module
+    if exp.decoder_layers == 6:
+        model = build_model("detr_decoder", seed=seed).module
+    else:  # the registry's model with fewer layers (same seeded construction)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = DetrDecoder(layers=exp.decoder_layers)
     fit(model, xs, ts, exp.train_steps, lr=exp.lr, seed=seed)
-    clamped = DetrDecoder(use_inverse_sigmoid=False, clamp_logit=exp.clamp_logit)
+    clamped = DetrDecoder(
+        layers=exp.decoder_layers, use_inverse_sigmoid=False, clamp_logit=exp.clamp_logit
+    )
     clamped.load_state_dict(model.state_dict())
     fit(clamped, xs, ts, exp.finetune_steps, lr=exp.lr / 3, seed=seed)
     inputs = (test.queries, test.ref)

@@ -55,6 +55,7 @@ def test_model_level_rows_for_each_strategy_and_clamp_variant(tmp_path):
         train_steps=2,
         finetune_steps=1,
         profile_bins=8,
+        decoder_layers=1,
     )
     res = run(exp, _ctx(tmp_path))
     m = res.tables["model_level"]

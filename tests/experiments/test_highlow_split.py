@@ -1,0 +1,41 @@
+"""highlow_split experiment on a tiny config: per-layer formats, model-level schemes, cost."""
+
+import pytest
+
+from experiments.highlow_split import HighlowSplitExp, run
+from quantlab.experiment import RunContext
+from quantlab.numerics.dtypes import DType
+from quantlab.platforms import PlatformConfig
+
+
+def test_tiny_run_columns_and_ordering(tmp_path):
+    exp = HighlowSplitExp(
+        models=["small_cnn"],
+        ks=[7],
+        layer_in_dtypes=[DType.INT8],
+        num_calib=1,
+        num_eval=2,
+        top_k=1,
+    )
+    res = run(exp, RunContext(PlatformConfig(), None, None, 0, tmp_path))
+    t = res.table
+    for col in ("model", "layer", "format", "sqnr_db", "max_err_lsb", "mean_err_lsb", "macs"):
+        assert col in t.columns
+    assert set(t["format"]) == {"int8", "split_k7_wide", "split_k7_separate", "int16"}
+    piv = t.pivot_table(index="layer", columns="format", values="sqnr_db")
+    assert (piv["split_k7_wide"] > piv["int8"] + 10).all()  # split recovers > 10 dB per layer
+    m = res.tables["model_level"]
+    assert list(m["scheme"]) == ["int8", "split_topk", "split_all", "int16"]
+    cost = dict(zip(m["scheme"], m["cost_int8_mac_eq"]))
+    assert cost["int8"] < cost["split_topk"] <= cost["split_all"]
+    wb = dict(zip(m["scheme"], m["weight_bytes"]))
+    assert wb["split_all"] == wb["int16"] == 2 * wb["int8"]
+    assert {"top1_agreement", "kl_nats", "task_error"} <= set(m.columns)
+    assert res.findings
+
+
+def test_bad_k_and_scheme():
+    with pytest.raises(ValueError, match="weight_split k=9"):
+        HighlowSplitExp(ks=[9])
+    with pytest.raises(ValueError, match="exp.schemes"):
+        HighlowSplitExp(schemes=["int4"])
