@@ -11,7 +11,8 @@ pass's baseline run:
   reduction, grids, requantization).
 
 Ops studied: every op the platform runs quantized, except pass-through ops (reshape, relu,
-max pooling, ...), which have no quantizer of their own: they keep their input's scale.
+max pooling, ...), which keep their input's scale, and ops fused into a preceding GEMM
+(batch_norm, relu6 after a conv), whose GEMM stands for the fused chain.
 
 Speed: the baseline of each batch is recorded once (``Simulator.trace``) and every per-op run
 replays it, so the ops upstream of the studied op are not recomputed. Discontinuous index ops
@@ -254,10 +255,20 @@ class SensitivityRun:
     sim: Simulator | None = None  # the calibrated simulator (None when read from the cache)
 
 
+def fused_members(sim: Simulator) -> set[str]:
+    """Ops folded into a preceding GEMM (batch_norm, relu6/clamp after a conv): they have no
+    quantizer of their own; studying their GEMM studies the fused chain's output."""
+    ops = sim.ops
+    if "fused_into" in ops.columns:
+        return set(ops.loc[ops["fused_into"].fillna("").astype(str) != "", "name"])
+    return set(getattr(sim, "_fused_into", {}))
+
+
 def studied_ops(sim: Simulator, kind: SensitiveType) -> list[str]:
     """Names of the ops a pass studies (module docstring), in execution order."""
     ops = sim.ops
     keep = ops["supported"] & (ops["category"] != "PASS_THROUGH")
+    keep &= ~ops["name"].isin(fused_members(sim))
     if kind is SensitiveType.WEIGHT:
         keep &= ops["has_weight"]
     return ops.loc[keep, "name"].tolist()
