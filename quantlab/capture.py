@@ -89,6 +89,7 @@ _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg("sigmoid tanh exp log sqrt rsqrt sin cos gelu silu", None, OpCategory.LUT)
 _reg("softmax", None, OpCategory.SOFTMAX)
 _reg("layer_norm", None, OpCategory.NORM)
+_reg("batch_norm", None, OpCategory.NORM)
 
 # functions whose __name__ is not telling (boolean_dispatch wrappers, model-level patterns)
 _BY_IDENTITY: dict[Any, tuple[str, OpCategory]] = {

@@ -55,6 +55,7 @@ class _OpInfo:
     flops: int
     producers: list  # producer op name (or None) of each activation input
     input_dtypes: list = field(default_factory=list)
+    post: tuple | None = None  # batch_norm: (mean, var, weight, bias, eps); clamp: (lo, hi)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class _RunState:
     order: list = field(default_factory=list)
     infos: dict = field(default_factory=dict)
     float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
+    fused_done: set = field(default_factory=set)  # GEMMs that ran with their fused chain
 
 
 class Simulator:
@@ -96,7 +98,9 @@ class Simulator:
         self._discovered = False
         self._calibrated = False
         self._state: _RunState | None = None
-        self._luts: dict[tuple, Any] = {}
+        self._chain: dict[str, list[str]] = {}  # GEMM -> fused batch_norm / clamp ops after it
+        self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
+        self._fold_cache: dict[str, tuple] = {}
 
     # ------------------------------------------------------------------ public API
     def calibrate(self, batches: Iterable[tuple[Tensor, ...]]) -> None:
@@ -106,6 +110,8 @@ class Simulator:
         n = 0
         for batch in progress(batches, "calibrate"):
             batch = batch if isinstance(batch, (tuple, list)) else (batch,)
+            if not self._discovered:  # find ops and fusions before observing anything
+                self._forward(tuple(batch), _RunState(Mode.FLOAT, {}))
             st = _RunState(Mode.FLOAT, {}, calibrating=True)
             self._forward(tuple(batch), st)
             n += 1
@@ -150,7 +156,7 @@ class Simulator:
         self.spec = spec
         self._resolved.clear()
         self._scale_cache.clear()
-        self._luts.clear()
+        self._fold_cache.clear()
         if self._discovered:
             self._validate()
 
@@ -237,13 +243,14 @@ class Simulator:
         return out
 
     def _discover(self, out: Any, st: _RunState) -> None:
+        self._find_fusions(st)
         feeds = set()
         for leaf in tree_flatten(out)[0]:
             p = st.producers.get(leaf)
             while p is not None:
                 inf = st.infos[p]
                 if inf.category is not OpCategory.PASS_THROUGH:
-                    feeds.add(p)
+                    feeds.add(self._fused_into.get(p, p))
                     break
                 p = inf.producers[0] if inf.producers else None
         chain = set()
@@ -269,6 +276,36 @@ class Simulator:
                 self._resolved.pop(name, None)
         self._discovered = True
         self._validate()
+
+    def _find_fusions(self, st: _RunState) -> None:
+        """Conv/Linear -> batch_norm (eval) -> relu6/clamp chains, fused as a deployment does:
+        BN folded into the weights and bias, the clamp applied to the GEMM's output codes.
+        Only when each intermediate output has exactly one consumer."""
+        consumers: dict[str, int] = {}
+        for name in st.order:
+            for p in st.infos[name].producers:
+                if p is not None:
+                    consumers[p] = consumers.get(p, 0) + 1
+        for name in st.order:
+            inf = st.infos[name]
+            if name in self._fused_into or inf.post is None or not inf.producers:
+                continue
+            p = inf.producers[0]
+            if p is None or consumers.get(p, 0) != 1:
+                continue
+            head = self._fused_into.get(p, p)
+            hinf = st.infos.get(head)
+            if hinf is None or hinf.category is not OpCategory.GEMM or not hinf.has_weight:
+                continue
+            chain = self._chain.setdefault(head, [])
+            kinds = [st.infos[c].op_type for c in chain]
+            is_bn = inf.op_type == "batch_norm"
+            if (is_bn and chain) or (not is_bn and any(k != "batch_norm" for k in kinds)):
+                continue
+            if (chain[-1] if chain else head) != p:
+                continue
+            chain.append(name)
+            self._fused_into[name] = head
 
     def _validate(self) -> None:
         from quantlab.capture import KNOWN_OP_TYPES
@@ -341,7 +378,11 @@ class Simulator:
                     st.float_ops.add(call.name)
                 return out
         mode = om.mode if om is not None else st.mode
-        if call.result is not None:  # not modelled: ran in float already
+        head = self._fused_into.get(call.name)
+        if head is not None and head in st.fused_done:  # computed by its GEMM already
+            out = A.get(call.args, call.kwargs, plan.acts[0])
+            info = st.qt.get(out)
+        elif call.result is not None:  # not modelled: ran in float already
             out, info = call.result, None
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
             out, info = call.run(), None
@@ -388,6 +429,7 @@ class Simulator:
         old = self._info.get(call.name)
         if old is not None:
             inf.input_dtypes = old.input_dtypes
+        inf.post = _post_params(call)
         st.infos[call.name] = inf
         st.order.append(call.name)
         return inf
@@ -409,8 +451,17 @@ class Simulator:
             if A.is_float_tensor(v):
                 self._obs.setdefault(f"{call.name}/in{i}", ActivationObserver()).update(v)
         o = tree_flatten(out)[0]
-        if o and A.is_float_tensor(o[0]) and call.category is not OpCategory.PASS_THROUGH:
-            self._obs.setdefault(f"{call.name}/out", ActivationObserver()).update(o[0])
+        if not o or not A.is_float_tensor(o[0]) or call.category is OpCategory.PASS_THROUGH:
+            return
+        key = call.name
+        if call.name in self._chain and self._chain[call.name]:
+            return  # observed after the last fused op
+        head = self._fused_into.get(call.name)
+        if head is not None:
+            if self._chain[head][-1] != call.name:
+                return
+            key = head
+        self._obs.setdefault(f"{key}/out", ActivationObserver()).update(o[0])
 
     # ------------------------------------------------------------------ quantization
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
@@ -491,6 +542,10 @@ class Simulator:
                 A.put(args, kwargs, slot, v)
             in_infos.append(info)
         wq = None
+        chain = self._chain.get(call.name) if call.category is OpCategory.GEMM else None
+        if chain:
+            st.fused_done.add(call.name)
+            self._fold(call.name, chain, plan, args, kwargs)
         if plan.weight is not None and (om is None or om.quantize_weight):
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
@@ -512,12 +567,49 @@ class Simulator:
         quant_out = om is None or om.quantize_output
         if call.category is OpCategory.GRID_SAMPLE and mode is Mode.FAKE:
             _fake_grid(self.platform, args, kwargs, plan)
+        clamp = self._fused_clamp(call.name) if chain else None
         if mode is Mode.FIXED:
             res = fixed_ops.run_fixed(self, call, plan, args, kwargs, in_infos, wq, rq, quant_out)
             if res is not None:
-                return res
+                return fixed_ops.clamp_output(res, clamp) if clamp else res
         out = call.func(*args, **kwargs)
+        if clamp:
+            out = torch.clamp(out, clamp[0], clamp[1])
         return self._quant_output(call, out, in_infos, rq, quant_out, mode)
+
+    def _fused_clamp(self, name: str) -> tuple | None:
+        for c in self._chain.get(name, []):
+            inf = self._info[c]
+            if inf.op_type != "batch_norm":
+                return inf.post
+        return None
+
+    def _fold(self, name: str, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> None:
+        """Replace the GEMM's weight and bias by their batch_norm-folded values (cached):
+        w' = w * g / sqrt(var + eps) per output channel, b' = (b - mean) * g / sqrt(var + eps)
+        + beta, in float32 (the QAT fused conv-bn)."""
+        bn = [self._info[c] for c in chain if self._info[c].op_type == "batch_norm"]
+        if not bn or plan.weight is None:
+            return
+        mean, var, g, beta, eps = bn[0].post
+        w = A.get(args, kwargs, plan.weight)
+        b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+        parts = (w, b, mean, var, g, beta)
+        key = tuple((id(t), t._version) if isinstance(t, Tensor) else None for t in parts)
+        hit = self._fold_cache.get(name)
+        if hit is None or hit[0] != key:
+            k = torch.rsqrt(var.float() + eps)
+            if g is not None:
+                k = k * g.detach().float()
+            wf = w.detach() * k.reshape([-1] + [1] * (w.dim() - 1))
+            b0 = b.detach() if b is not None else torch.zeros_like(mean, dtype=torch.float32)
+            bf = (b0 - mean) * k + (beta.detach() if beta is not None else 0.0)
+            hit = (key, nn.Parameter(wf, requires_grad=False), bf.float())
+            self._fold_cache[name] = hit
+        A.put(args, kwargs, plan.weight, hit[1])
+        if plan.bias is None:
+            plan.bias = ("k", "bias")
+        A.put(args, kwargs, plan.bias, hit[2])
 
     def _quant_output(self, call, out, in_infos, rq, quant_out, mode):
         if call.category is OpCategory.PASS_THROUGH:
@@ -539,7 +631,23 @@ class Simulator:
 
 @functools.lru_cache(maxsize=16)
 def _platform_cached(name: str) -> PlatformConfig:
-    return load_platform(name)
+    """Merge ``configs/platform/<name>.yaml`` into the PlatformConfig schema (the group's
+    ``defaults: [schema]`` composition, without importing every experiment); falls back to
+    ``load_platform`` for files that use more of Hydra's defaults list."""
+    from omegaconf import OmegaConf
+
+    from quantlab.config import CONFIG_DIR
+    from quantlab.platforms import PLATFORM_NAMES
+
+    path = CONFIG_DIR / "platform" / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"unknown platform {name!r}; allowed: {', '.join(PLATFORM_NAMES)}")
+    raw = OmegaConf.load(path)
+    if list(raw.get("defaults", ["schema"])) != ["schema"]:
+        return load_platform(name)
+    raw.pop("defaults", None)
+    merged = OmegaConf.merge(OmegaConf.structured(PlatformConfig), raw)
+    return OmegaConf.to_object(merged)
 
 
 def _platform(name: str) -> PlatformConfig:
@@ -577,6 +685,32 @@ def _fake_grid(platform: PlatformConfig, args: list, kwargs: dict, plan: A.ArgPl
         gx = normalize(pos[..., 0], x.shape[3], align)
         gy = normalize(pos[..., 1], x.shape[2], align)
         A.put(args, kwargs, plan.acts[1], torch.stack([gx, gy], -1).to(torch.float32))
+
+
+def _post_params(call: OpCall) -> tuple | None:
+    """batch_norm (eval): (running_mean, running_var, weight, bias, eps); relu6/clamp with
+    constant bounds: (lo, hi); else None."""
+    a, k = call.args, call.kwargs
+    if call.op_type == "batch_norm":
+        names = ("input", "running_mean", "running_var", "weight", "bias", "training", "m", "eps")
+        v = {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+        if v["training"] or v["running_mean"] is None or v["running_var"] is None:
+            return None
+        eps = v["eps"] if v["eps"] is not None else 1e-5
+        return v["running_mean"], v["running_var"], v["weight"], v["bias"], float(eps)
+    if call.op_type == "relu6":
+        return 0.0, 6.0
+    if call.op_type == "clamp" and getattr(call.func, "__name__", "") == "hardtanh":
+        lo = k.get("min_val", a[1] if len(a) > 1 else -1.0)
+        hi = k.get("max_val", a[2] if len(a) > 2 else 1.0)
+        return float(lo), float(hi)
+    if call.op_type == "clamp" and getattr(call.func, "__name__", "") in ("clamp", "clip"):
+        lo = k.get("min", a[1] if len(a) > 1 else None)
+        hi = k.get("max", a[2] if len(a) > 2 else None)
+        if isinstance(lo, Tensor) or isinstance(hi, Tensor):
+            return None
+        return lo, hi
+    return None
 
 
 def _float_slots(call: OpCall) -> list:

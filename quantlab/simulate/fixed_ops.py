@@ -31,6 +31,7 @@ from quantlab.numerics.requant import (
 )
 from quantlab.platforms import AddRule
 from quantlab.simulate import args as A
+from quantlab.simulate import fastpath
 from quantlab.simulate.qtensor import QInfo
 
 LUT_FUNCS = frozenset(
@@ -72,6 +73,22 @@ def run_fixed(sim, call, plan, args, kwargs, in_infos, wq, rq, quant_out) -> Any
     return fn(sim, call, plan, args, kwargs, in_infos, wq, rq)
 
 
+def clamp_output(res: tuple, bounds: tuple) -> tuple:
+    """Apply a fused relu6/clamp to a GEMM result: on the output codes, at the bounds rounded
+    half to even to output codes (the clamp a fused conv-relu6 does after requantization)."""
+    value, info = res
+    lo, hi = bounds
+    if info is None or not info.dtype.is_int or info.codes is None:
+        return torch.clamp(value, lo, hi), info
+    s = float(info.scale)
+    codes = info.codes.to(torch.int64)
+    if lo is not None:
+        codes = codes.clamp_min(int(round(float(lo) / s)))
+    if hi is not None:
+        codes = codes.clamp_max(int(round(float(hi) / s)))
+    return _emit(codes, info.scale, info.dtype)
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -80,7 +97,8 @@ def _int_info(info) -> bool:
 
 
 def _codes(args, kwargs, slot, info) -> Tensor:
-    return info.codes_of(A.get(args, kwargs, slot))
+    """The operand's integer codes in its dtype's torch dtype (int8/int16)."""
+    return info.codes_native(A.get(args, kwargs, slot))
 
 
 def _emit(codes: Tensor, scale: Tensor, dtype: DType) -> tuple[Tensor, QInfo]:
@@ -190,6 +208,20 @@ def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq):
     fin_dt = DType.FLOAT32 if out_dt.is_float else out_dt
     out_scale = None if hp or fin_dt is DType.FLOAT32 else _out_scale(sim, call, rq)
     bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+    if out_scale is not None and fastpath.applies(p) and call.func.__name__ != "__rmatmul__":
+        if call.op_type in ("conv1d", "conv2d"):
+            fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
+            acc = fn(xc, wc, **_gemm_params(call))
+            axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
+        else:
+            fn = gemm.int_linear if call.op_type == "linear" else gemm.int_matmul
+            acc = fn(xc, wc)
+            axis = -1
+            bias = bias if call.op_type == "linear" else None
+        bound = k * (xi.dtype.qmax + 1) * (wdt.qmax + 1)
+        codes = fastpath.finish_gemm_fast(acc, xs, ws, bias, out_scale, fin_dt, p, axis, bound)
+        if codes is not None:
+            return _emit(codes, out_scale, out_dt)
     if call.op_type in ("conv1d", "conv2d"):
         fn = gemm.qconv2d if call.op_type == "conv2d" else gemm.qconv1d
         res, _ = fn(xc, xs, wc, ws, bias, out_scale, fin_dt, p, **_gemm_params(call))
@@ -298,7 +330,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         fn = torch.cat if call.op_type == "cat" else torch.stack
         return _emit(fn(parts, dim), so, out)
     info = in_infos[0]
-    xc = _codes(args, kwargs, plan.acts[0], info)
+    xc = _codes(args, kwargs, plan.acts[0], info).to(torch.int64)
     s = float(info.scale)
     if call.op_type == "relu6":
         lo, hi = 0.0, 6.0

@@ -6,18 +6,20 @@ platform's ``scale_rule``; the observer only decides ``amax``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import compute_scale, fake_quant
-from quantlab.numerics.rounding import Round
+from quantlab.numerics.quantize import compute_scale
+from quantlab.numerics.rounding import Round, round_float
 from quantlab.qconfig import ObserverKind
 
 EMA_MOMENTUM = 0.01  # MinMax observer: new = old + 0.01 * (cur - old)  (j6-numerics s.1)
 MSE_CANDIDATES = 95  # MSE observer: amax * (1 - 0.01 i), i = 0..94      (j6-numerics s.1)
 SAMPLE_CAP = 1 << 16  # values kept per batch for the MSE / percentile search
-SEARCH_CAP = 1 << 15  # values the MSE search evaluates (strided subsample, extremes kept)
+SEARCH_CAP = 1 << 14  # values the MSE search evaluates (strided subsample, extremes kept)
 
 
 class ActivationObserver:
@@ -36,20 +38,27 @@ class ActivationObserver:
         self.batches = 0
 
     def update(self, x: Tensor) -> None:
-        x = x.detach().float()
-        finite = x[torch.isfinite(x)]
-        if finite.numel() == 0:
+        x = x.detach().reshape(-1)
+        if x.numel() == 0:
             return
-        lo, hi = float(finite.min()), float(finite.max())
+        mn, mx = torch.aminmax(x)
+        lo, hi = float(mn), float(mx)
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # rare: drop non-finite values
+            x = x[torch.isfinite(x)]
+            if x.numel() == 0:
+                return
+            mn, mx = torch.aminmax(x)
+            lo, hi = float(mn), float(mx)
+        finite = x
         if self.ema_min is None:
             self.ema_min, self.ema_max = lo, hi
         else:
             self.ema_min += EMA_MOMENTUM * (lo - self.ema_min)
             self.ema_max += EMA_MOMENTUM * (hi - self.ema_max)
         self.run_min, self.run_max = min(self.run_min, lo), max(self.run_max, hi)
-        flat = finite.reshape(-1)
-        step = max(1, flat.numel() // SAMPLE_CAP)
-        self.samples.append(torch.cat([flat[::step], flat.new_tensor([lo, hi])]))
+        step = max(1, finite.numel() // SAMPLE_CAP)
+        sample = finite[::step].float()
+        self.samples.append(torch.cat([sample, sample.new_tensor([lo, hi])]))
         self.batches += 1
 
     def amax(self, kind: ObserverKind, dtype: DType, rounding: Round, percentile: float) -> float:
@@ -81,10 +90,8 @@ def mse_amax(data: Tensor, dtype: DType, rounding: Round) -> float:
         data = torch.cat([data[::step], data.new_tensor([float(data.min()), float(data.max())])])
     cands = amax * (1 - 0.01 * torch.arange(MSE_CANDIDATES, dtype=torch.float64))
     scales = compute_scale(cands, dtype).reshape(-1, 1)
-    fq = fake_quant(
-        data.reshape(1, -1).expand(len(cands), -1), scales.reshape(-1), dtype, rounding, axis=0
-    )
-    err = ((fq.double() - data.double()) ** 2).sum(dim=1)
+    q = round_float(data.reshape(1, -1) / scales, rounding).clamp_(dtype.qmin, dtype.qmax)
+    err = q.mul_(scales).sub_(data.reshape(1, -1)).square_().sum(dim=1)
     return float(cands[int(torch.argmin(err))])
 
 

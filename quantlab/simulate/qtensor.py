@@ -38,6 +38,12 @@ class QInfo:
         assert self.scale is not None and self.dtype.is_int and self.dtype.bits <= 16
         return torch.round(value.float() / self.scale).to(torch.int64)
 
+    def codes_native(self, value: Tensor) -> Tensor:
+        """``codes_of`` in the dtype's own torch dtype (int8 / int16 / int32)."""
+        if self.codes is not None and self.codes.shape == value.shape:
+            return self.codes.to(self.dtype.torch_dtype)
+        return self.codes_of(value).to(self.dtype.torch_dtype)
+
 
 class QTable:
     """id(tensor) -> (weak reference, value); entries vanish with their tensors."""
