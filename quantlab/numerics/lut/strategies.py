@@ -13,10 +13,12 @@ SQRT_CURVATURE: ours: equidistribute the integral of sqrt|g''| (de Boor's rule f
                 pieces, the asymptotically optimal density; bit-exact-emulation.md s.4.3), on a
                 4096-interval grid with linear interpolation of the cumulative integral.
 MINIMAX:        ours: bisection on the error level eps; for each eps the tables are laid greedily
-                from lo, each as wide as its interpolation error (``entries`` uniform samples,
-                float) stays <= eps; the smallest feasible eps wins. build_lut then keeps the
-                candidate with the lowest *measured* integer error among MINIMAX, SQRT_CURVATURE,
-                EVENLY and CURVATURE, so MINIMAX is never worse than either vendor rule.
+                from lo, each as wide as its modelled error (``table_errors``: ``entries``
+                uniform samples, linear interpolation read at the floored F-bit index) stays
+                <= eps; the smallest feasible eps wins. build_lut then keeps the candidate with
+                the lowest *measured* integer error among MINIMAX, SQRT_CURVATURE, EVENLY and
+                CURVATURE and refines its inner points by coordinate descent on that measured
+                error (search.py), so MINIMAX is never worse than either vendor rule.
 MANUAL:         user points (``LutSpec.dividing_points``).
 """
 
