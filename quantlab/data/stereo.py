@@ -7,7 +7,8 @@ fixed split is: evaluation = the pair; calibration = the same scene mirrored (bo
 left-right and swapped, again a valid rectified pair). Without a model a batch is
 (left, right), each (1, 3, 500, 741) in [0, 1] and ``labels`` = [disparity (500, 741)] for the
 evaluation batch; with an image model a batch is one view in that model's format (calibration:
-the mirrored views, evaluation: left then right), labels as before.
+the mirrored views, evaluation: left then right) and ``labels`` is None (the disparity is
+``pair()[2]``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def load(cfg: DataConfig, model: str | None = None) -> Dataset:
         name="stereo",
         calib=batches([fmt.apply(x) for _, x in calib], cfg.batch_size, stack_images),
         eval=batches([fmt.apply(x) for _, x in evals], cfg.batch_size, stack_images),
-        labels=[disp],
+        labels=None,
         description="Middlebury motorcycle stereo views, one image per item, GT disparity",
         calib_ids=[n for n, _ in calib],
         eval_ids=[n for n, _ in evals],

@@ -79,6 +79,7 @@ def test_stereo_ground_truth_warps_right_onto_left():
     assert len(d.eval[0]) == 2 and d.labels[0].shape == (500, 741)
     views = load_data("stereo", model="bev_warp")
     assert views.eval_ids == ["left", "right"] and views.eval[0][0].shape == (1, 3, 500, 741)
+    assert views.labels is None
 
 
 def test_page_gives_uvdoc_inputs_and_full_resolution_labels():
