@@ -50,7 +50,7 @@ class SincosPeriodExp:
     treatments: list[Treatment] = field(default_factory=lambda: list(Treatment))
     funcs: list[str] = field(default_factory=lambda: ["sin", "cos"])
     samples: int = 65536  # uniform float inputs on [-P 2pi, P 2pi] per case
-    main_strategy: Strategy = Strategy.CURVATURE  # the vendor default for sin/cos (s.5)
+    main_strategy: Strategy = Strategy.CURVATURE  # vendor default for sin/cos (s.5), if run
     workloads: bool = True
     image_width: int = 1920  # DETR sine embedding / NeRF coordinates of a W x H image
     image_height: int = 1080
@@ -82,6 +82,12 @@ class SincosPeriodExp:
 
 
 register_schema("exp", "sincos_period_schema", SincosPeriodExp)
+
+
+def _main(exp: SincosPeriodExp) -> Strategy:
+    """The strategy of findings, workloads and the error-source plot: ``main_strategy`` if it
+    is run, else the first strategy run."""
+    return exp.main_strategy if exp.main_strategy in exp.strategies else exp.strategies[0]
 
 
 def _op_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding, gen: torch.Generator) -> list[dict]:
@@ -133,7 +139,7 @@ def _workload_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding) -> list[dict]
     rows = []
     for name, f, dt, tr in progress(jobs, "sincos_period workloads"):
         x = loads[name]
-        r = error_sources(f, x, tr, dt, dt, exp.main_strategy, fmt, rounding)
+        r = error_sources(f, x, tr, dt, dt, _main(exp), fmt, rounding)
         periods = float(x.abs().max()) / (2 * math.pi)
         rows.append(
             {
@@ -181,7 +187,7 @@ def _span(v: pd.Series) -> str:
 
 def _findings(df: pd.DataFrame, exp: SincosPeriodExp, fmt_direct: bool) -> list[str]:
     out = []
-    main = df[(df.func == exp.funcs[0]) & (df.strategy == exp.main_strategy.name)]
+    main = df[(df.func == exp.funcs[0]) & (df.strategy == _main(exp).name)]
     f0 = exp.funcs[0]
     if Treatment.EXPORTER.name in set(main.treatment):
         for dt in exp.in_dtypes:
@@ -190,7 +196,7 @@ def _findings(df: pd.DataFrame, exp: SincosPeriodExp, fmt_direct: bool) -> list[
             red = ex[ex.reduced]
             if len(red) and len(no):
                 out.append(
-                    f"{dt.name} {f0}, {exp.main_strategy.name}: with the exporter's reduction the "
+                    f"{dt.name} {f0}, {_main(exp).name}: with the exporter's reduction the "
                     f"table's own error (a) stays at {_span(red.a_max)} for "
                     f"{red.periods.min():g}-{red.periods.max():g} "
                     f"periods; without it (a) is {_fmt(no.a_max.iloc[0])} at "
@@ -258,7 +264,7 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
         model = _model_rows(exp, platform) if exp.model else None
     findings = _findings(df, exp, fmt.direct_int8)
     f0 = exp.funcs[0]
-    src = df[(df.func == f0) & (df.strategy == exp.main_strategy.name)]
+    src = df[(df.func == f0) & (df.strategy == _main(exp).name)]
     long = src.melt(
         id_vars=["periods", "in_dtype", "treatment"],
         value_vars=list(SOURCES),
@@ -288,7 +294,7 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
             "max_abs_error",
             "input range (periods of 2pi)",
             "max |error| (sin units)",
-            f"{f0}, {exp.main_strategy.name}: (a) table, (b) input, total",
+            f"{f0}, {_main(exp).name}: (a) table, (b) input, total",
             hue="source",
             facet="case",
             logx=True,
