@@ -21,6 +21,7 @@ from quantlab.analysis.weight_split import (
     FormatChoice,
     OperandFormat,
     capture_gemm_calls,
+    crop_conv_input,
     evaluate_formats,
     fake_weight,
     weight_sensitivity,
@@ -49,6 +50,7 @@ class HighlowSplitExp:
     layer_in_dtypes: list[DType] = field(default_factory=lambda: [DType.INT8, DType.INT16])
     layer_out_dtype: DType = DType.INT16  # per-layer output (int8 output hides the weight error)
     max_layers: int | None = None  # per model, in execution order (None: every GEMM)
+    layer_max_hw: int = 8  # conv inputs cropped to the central HxW (<= this) per layer
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
     model_k: int = 7  # split shift of the model-level schemes
     top_k: int = 5  # layers split in split_topk (most weight-sensitive first)
@@ -86,6 +88,7 @@ def _per_layer(exp, name, module, batch) -> pd.DataFrame:
     calls = capture_gemm_calls(module, batch)
     if exp.max_layers is not None:
         calls = calls[: exp.max_layers]
+    calls = [crop_conv_input(c, exp.layer_max_hw) for c in calls]
     rows = []
     fmts = _formats(exp)
     for i, call in enumerate(progress(calls, f"{name} layers")):
@@ -322,7 +325,8 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
         tables=tables,
         plots=plots,
         notes=[
-            "Per layer: each GEMM call captured in float on one real input; its input quantized "
+            "Per layer: each GEMM call captured in float on one real input (conv inputs cropped "
+            f"to the central {exp.layer_max_hw}x{exp.layer_max_hw} window); input quantized "
             "per tensor (amax/((qmax - qmin)/2)), weights per output channel; exact integer "
             "accumulators (int32 per int8 pass, saturating); reference = float64 GEMM of the "
             "dequantized input with float weights; output requantized (MUL_SHIFT, half up) to "

@@ -266,6 +266,18 @@ def capture_gemm_calls(model: nn.Module, inputs: tuple, kinds=GEMM_KINDS) -> lis
     return calls
 
 
+def crop_conv_input(call: GemmCall, max_hw: int) -> GemmCall:
+    """The same call on the central window of at most max_hw x max_hw input pixels (conv2d
+    only; others unchanged). Per-element statistics keep their meaning; the cost drops."""
+    if call.kind != "conv2d" or max_hw < 1:
+        return call
+    h, w = call.x.shape[-2:]
+    ch, cw = min(h, max_hw), min(w, max_hw)
+    top, left = (h - ch) // 2, (w - cw) // 2
+    x = call.x[..., top : top + ch, left : left + cw]
+    return GemmCall(call.name, call.kind, x, call.w, call.conv_args)
+
+
 def fake_weight(w: Tensor, fmt: FormatChoice) -> Tensor:
     """Float32 weight a format represents (QAT numerics), per-channel scales on axis 0:
     INT8 / INT16 fake quant at amax/((qmax - qmin)/2); SPLIT s * (w_hi + w_lo / 2**k)."""

@@ -22,9 +22,9 @@ import enum
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from quantlab.numerics import gemm
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import Overflow
 from quantlab.numerics.quantize import fake_cast
@@ -342,27 +342,14 @@ def int32_accumulate(acc: Tensor, overflow: Overflow) -> Tensor:
 
 
 def exact_conv2d(x_codes: Tensor, w_codes: Tensor, **conv_args) -> Tensor:
-    """Exact int64 conv2d accumulator of integer codes (F.conv2d arguments in ``conv_args``).
-
-    Exactness: float64 convolution of integer-valued tensors; every partial sum is an integer
-    below K * max|x| * max|w| < 2**53 (checked), so no rounding occurs in any order.
-    """
-    _check_exact(x_codes, w_codes, w_codes[0].numel())
-    return F.conv2d(x_codes.double(), w_codes.double(), **conv_args).round().to(torch.int64)
+    """Exact int64 conv2d accumulator of int8/int16 codes (``gemm.int_conv2d``: provably exact
+    float fast paths; F.conv2d arguments in ``conv_args``)."""
+    return gemm.int_conv2d(x_codes, w_codes, **conv_args)
 
 
 def exact_matmul(a_codes: Tensor, b_codes: Tensor) -> Tensor:
-    """Exact int64 ``a @ b`` of integer codes (torch.matmul broadcasting); float64, 2**53 bound."""
-    _check_exact(a_codes, b_codes, a_codes.shape[-1])
-    return torch.matmul(a_codes.double(), b_codes.double()).round().to(torch.int64)
-
-
-def _check_exact(a: Tensor, b: Tensor, k: int) -> None:
-    if a.is_floating_point() or b.is_floating_point():
-        raise TypeError(f"exact GEMM takes integer codes, got {a.dtype} and {b.dtype}")
-    bound = k * max(int(a.abs().max()), 1) * max(int(b.abs().max()), 1) if a.numel() else 0
-    if bound >= 2**53:
-        raise ValueError(f"exact GEMM bound K*max|a|*max|b| = {bound} exceeds 2**53")
+    """Exact int64 ``a @ b`` of int8/int16 codes (``gemm.int_matmul``; matmul broadcasting)."""
+    return gemm.int_matmul(a_codes, b_codes)
 
 
 def split_conv2d(
