@@ -63,6 +63,25 @@ def check_split_k(k: int) -> int:
     return k
 
 
+SPLIT_OP_TYPES = ("conv1d", "conv2d", "linear")
+"""Op types whose weight can be split (a MatMul of two activations uses ``split_int16_codes``)."""
+
+
+def check_split_target(op_name: str, op_type: str, has_weight: bool, k: int) -> int:
+    """Validate ``weight_split=k`` for one op: k allowed, and the op has a weight to split.
+
+    ValueError names the op, its type and what is allowed.
+    """
+    check_split_k(k)
+    if op_type not in SPLIT_OP_TYPES or not has_weight:
+        raise ValueError(
+            f"weight_split={k} requested on op {op_name!r} ({op_type}), which has no weight: "
+            f"the high/low weight split applies to {', '.join(SPLIT_OP_TYPES)} weights; a MatMul "
+            "of two activations takes an int16 operand split (split_int16_codes / split_matmul)"
+        )
+    return k
+
+
 def _channel_scale(scale: Tensor | float, w: Tensor, axis: int | None) -> Tensor:
     s = torch.as_tensor(scale, dtype=torch.float32)
     if s.numel() == 1 and (axis is None or w.dim() == 0):

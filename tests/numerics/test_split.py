@@ -14,6 +14,7 @@ from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import (
     SplitCombine,
     check_split_k,
+    check_split_target,
     combine_partials,
     combine_split,
     exact_conv2d,
@@ -314,3 +315,13 @@ def test_separate_partial_requant_equals_numerics_requantize(rounding):
         mine = requant_partial(acc, real, rounding, Requant.MUL_SHIFT, 31)
         theirs = requantize(acc, make_requant(real, Requant.MUL_SHIFT), DType.INT16, rounding)
         assert_bits_equal(mine.clamp(-32768, 32767).to(torch.int16), theirs)
+
+
+def test_split_on_an_op_without_weight_fails_clearly():
+    assert check_split_target("features.0.0:conv2d#0", "conv2d", True, 7) == 7
+    with pytest.raises(ValueError, match=r"':matmul#0' \(matmul\), which has no weight"):
+        check_split_target(":matmul#0", "matmul", False, 7)
+    with pytest.raises(ValueError, match="no weight"):
+        check_split_target(":sigmoid#0", "sigmoid", False, 8)
+    with pytest.raises(ValueError, match="weight_split k=9"):
+        check_split_target("fc:linear#0", "linear", True, 9)
