@@ -241,6 +241,12 @@ def test_split_conv_fixed_equals_sum_of_two_int8_reference_convs(combine, groups
     acc_lo = conv2d_reference(x.numpy(), w_lo.numpy(), stride=2, padding=1, groups=groups)
     unit = x_scale * w_scale.double()
     b = torch.round(bias.double() / unit).long().reshape(1, -1, 1, 1)
+    from quantlab.numerics import reference
+
+    lib_ref = reference.int_conv2d(x, w_lo, stride=2, padding=1, groups=groups)
+    assert_bits_equal(
+        torch.from_numpy(np.asarray(lib_ref, dtype=np.int64)), torch.from_numpy(acc_lo)
+    )
     acc_hi = torch.from_numpy(acc_hi) + b
     acc_lo = torch.from_numpy(acc_lo)
     assert_bits_equal(exact_conv2d(x, w_hi, stride=2, padding=1, groups=groups) + b, acc_hi)
