@@ -26,7 +26,13 @@ from typing import Any
 import pandas as pd
 
 from quantlab.analysis.cost import CostModel, op_costs
-from quantlab.analysis.sensitivity import Metric, SensitiveType, lower_is_worse, output_metrics
+from quantlab.analysis.sensitivity import (
+    Metric,
+    SensitiveType,
+    lower_is_worse,
+    output_metrics,
+    set_qconfig_keep_scales,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
@@ -137,7 +143,7 @@ def evaluate_mixed(
 ) -> MixedResult:
     """Raise ``picked`` on a calibrated ``sim``, run ``batches`` in ``mode``, compare with
     ``refs`` (the float outputs) and price the configuration."""
-    sim.set_qconfig(raise_spec(picked, sim.platform, base))
+    set_qconfig_keep_scales(sim, raise_spec(picked, sim.platform, base))
     outs = [sim.run(*b, mode=mode) for b in batches]
     values = output_metrics(refs, outs, metrics, task)
     ops = ops_with_split(sim)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 from test_sensitivity import FragileSin, _inputs
 
 from quantlab.analysis.mixed_precision import (
@@ -13,7 +14,12 @@ from quantlab.analysis.mixed_precision import (
     raise_spec,
     select_sensitive,
 )
-from quantlab.analysis.sensitivity import Metric, SensitiveType, sensitivity
+from quantlab.analysis.sensitivity import (
+    Metric,
+    SensitiveType,
+    sensitivity,
+    set_qconfig_keep_scales,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.platforms import PlatformConfig
 from quantlab.simulate import Mode, Simulator
@@ -146,3 +152,15 @@ def test_mixed_precision_unknown_platform(tmp_path):
     with pytest.raises(ValueError, match="unknown platform 'j9'; allowed: .*j6m"):
         platform_profile("j9", PlatformConfig())
     assert platform_profile("j6p", PlatformConfig()).sensitive_dtype is DType.FLOAT16
+
+
+def test_kept_scales_give_the_same_bits_as_a_fresh_configuration():
+    x = _inputs((16, 8))
+    kept, fresh = Simulator(FragileSin(), "j6m"), Simulator(FragileSin(), "j6m")
+    kept.calibrate([x])
+    fresh.calibrate([x])
+    kept.run(*x, mode=Mode.FIXED)  # fills the scale cache under the default spec
+    spec = raise_spec([("fc2:linear#0", SensitiveType.ACTIVATION)], kept.platform)
+    set_qconfig_keep_scales(kept, spec)
+    fresh.set_qconfig(spec)
+    assert torch.equal(kept.run(*x, mode=Mode.FIXED), fresh.run(*x, mode=Mode.FIXED))
