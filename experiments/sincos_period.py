@@ -171,7 +171,9 @@ def _model_rows(exp: SincosPeriodExp, platform) -> tuple[list[dict], pd.DataFram
             trig = g[g.op_type.isin(["sin", "cos"])]
             m[f"{kind}_sincos_best_rank"] = int(trig["rank"].min()) if len(trig) else 0
             m[f"{kind}_ops"] = len(g)
-            m[f"{kind}_top_op"] = g.sort_values("rank").iloc[0].op_name
+            top = g.sort_values("rank").iloc[0]
+            m[f"{kind}_top_op"] = top.op_name
+            m[f"{kind}_top_sqnr_db"] = float(top.value)
         rows.append({"treatment": tr.name, "model_dtype": exp.model_dtype.name, **m})
     return rows, pd.concat(sens, ignore_index=True)
 
@@ -370,12 +372,22 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
                 )
                 + "."
             )
+        if "activation_top_op" in mt:
+            findings.append(
+                "Sensitivity (one op's output fake-quantized at a time, SQNR): top op "
+                + "; ".join(
+                    f"{r.treatment} {r.activation_top_op} {r.activation_top_sqnr_db:.1f} dB "
+                    f"(best sin/cos rank {r.activation_sincos_best_rank})"
+                    for r in mt.itertuples()
+                )
+                + ": the input error (b) is charged to the ops that produce the angles."
+            )
     notes = [
         "Treatments: NONE quantizes the input over its whole range (scale max|x|/(qmax+0.5)) "
         "and builds the LUT on that range; EXPORTER quantizes the same way, then applies the "
         "exporter's four re-quantized steps when s_in*qmax > 2pi (quantlab.numerics.periodic) "
-        "and looks up a LUT built for scale 2pi/qmax; WRAP wraps x to [-pi, pi) in float first "
-        "and quantizes with range pi.",
+        "and looks up a LUT built on [0, 2pi] at scale 2pi/qmax; WRAP wraps x to [-pi, pi) "
+        "in float first and quantizes with range pi.",
         "Errors in sin/cos units: (a) = LUT output - f(dequantized codes fed to the table); "
         "(b) = f(those codes) - f(x); total = LUT output - f(x); QAT gap = LUT output - "
         "fake-quantized f of the QAT input (full range for NONE/EXPORTER, wrapped for WRAP). "
