@@ -1,7 +1,8 @@
 """Per-op quantization configs and their resolution against a platform template.
 
 Resolution, field by field (the first rule that sets a field wins):
-``by_name`` > ``by_module`` (fnmatch glob on the module path; the longest matching pattern wins)
+``by_name`` > ``by_module`` (fnmatch glob on the module path; an exact module name, then the
+longest matching pattern wins)
 > ``by_type`` > platform template > ``global_`` > platform baseline.
 
 Platform templates (j6-numerics s.6 and s.8) read fields of the PlatformConfig only:
@@ -164,12 +165,15 @@ def _merge(rules: list[OpQConfig | None]) -> dict:
 
 
 def module_rule(spec: QConfigSpec, module: str) -> OpQConfig | None:
-    """The ``by_module`` rule for a module path: the longest matching glob wins."""
-    best = None
+    """The ``by_module`` rule for a module path: an exact name wins, then the longest matching
+    glob (the first given among equally long ones)."""
+    best, best_key = None, None
     for pattern, rule in spec.by_module.items():
-        if fnmatch.fnmatchcase(module, pattern) and (best is None or len(pattern) > len(best[0])):
-            best = (pattern, rule)
-    return None if best is None else best[1]
+        if fnmatch.fnmatchcase(module, pattern):
+            key = (pattern == module, len(pattern))
+            if best_key is None or key > best_key:
+                best, best_key = rule, key
+    return best
 
 
 def resolve(spec: QConfigSpec, platform: PlatformConfig, ctx: OpContext) -> ResolvedQConfig:

@@ -1,0 +1,208 @@
+"""Fake-vs-fixed consistency: where the deployed integer model departs from what QAT computed.
+
+The model is calibrated on the data's calibration items, then the evaluation items run in fake
+mode (QAT numerics) and fixed mode (deployed numerics). Every captured op is compared in two
+views: isolated (each fixed op fed the fake run's inputs: the op's own gap) and accumulated
+(both runs end to end: the gap as it reaches that depth). Rows: one per op and view.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from quantlab.config import register_schema
+from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.report import Plot
+from quantlab.simulate import Mode, View
+
+SQNR_PLOT_CAP = 100.0  # identical outputs (SQNR = +inf) are drawn at this height
+
+
+@dataclass
+class ConsistencyExp:
+    """Schema of ``+exp=consistency``; model, data and platform come from their groups."""
+
+    mode_a: Mode = Mode.FAKE  # the reference run
+    mode_b: Mode = Mode.FIXED  # the run compared with it
+    threshold_db: float = 30.0  # an op "diverges" when its SQNR against the reference is lower
+    max_eval_items: int = 8  # evaluation items merged into one batch
+    top_k: int = 10  # rows of the worst-ops table
+
+    def __post_init__(self) -> None:
+        if self.mode_a is self.mode_b:
+            raise ValueError(f"exp.mode_a and exp.mode_b must differ, both are {self.mode_a.name}")
+        if self.max_eval_items < 1:
+            raise ValueError(f"exp.max_eval_items must be >= 1, got {self.max_eval_items}")
+        if self.top_k < 1:
+            raise ValueError(f"exp.top_k must be >= 1, got {self.top_k}")
+
+
+register_schema("exp", "consistency_schema", ConsistencyExp)
+
+
+def _merge(batches: list[tuple], n: int) -> tuple:
+    """The first ``n`` items of ``batches`` as one batch (tensors concatenated on dim 0)."""
+    items = batches[: max(1, n)]
+    return tuple(
+        torch.cat([b[i] for b in items]) if isinstance(items[0][i], torch.Tensor) else items[0][i]
+        for i in range(len(items[0]))
+    )
+
+
+def _output_rows(sim, batch: tuple, modes: list[Mode]) -> pd.DataFrame:
+    from quantlab.analysis.metrics import all_metrics, flat
+
+    outs = {m: flat(sim.run(*batch, mode=m)) for m in modes}
+    rows = []
+    for a, b in ((Mode.FLOAT, Mode.FAKE), (Mode.FLOAT, Mode.FIXED), (Mode.FAKE, Mode.FIXED)):
+        row = {"reference": a.name, "compared": b.name}
+        row.update(all_metrics(outs[a], outs[b]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
+    """Per-op comparison of exp.mode_b against exp.mode_a in both views (tidy rows)."""
+    parts = [sim.compare(*batch, a=exp.mode_a, b=exp.mode_b, view=v) for v in View]
+    table = pd.concat(parts, ignore_index=True)
+    table["depth"] = table.groupby("view").cumcount()
+    capped = table["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
+    table["sqnr_db_plot"] = capped.where(~table["sqnr_db"].isna(), float("nan"))
+    return table
+
+
+def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
+    from quantlab.analysis.compare import first_divergence
+
+    a, b = exp.mode_a.name.lower(), exp.mode_b.name.lower()
+    out = []
+    row = outputs[(outputs.reference == exp.mode_a.name) & (outputs.compared == exp.mode_b.name)]
+    if not row.empty:
+        r = row.iloc[0]
+        out.append(
+            f"At the model output, {b} vs {a} on {ctx.platform.name}: SQNR {r.sqnr_db:.1f} dB, "
+            f"cosine {r.cosine:.5f}, max |error| {r.max_abs:.4g}."
+        )
+    fl = outputs[outputs.reference == "FLOAT"].set_index("compared")
+    if {"FAKE", "FIXED"} <= set(fl.index):
+        out.append(
+            f"Against float, the output SQNR is {fl.loc['FAKE'].sqnr_db:.1f} dB in fake mode and "
+            f"{fl.loc['FIXED'].sqnr_db:.1f} dB in fixed mode."
+        )
+    iso = table[table.view == "ISOLATED"]
+    acc = table[table.view == "ACCUMULATED"]
+    first = first_divergence(iso, "sqnr_db", exp.threshold_db)
+    if first is None:
+        out.append(
+            f"No op alone (isolated view) falls below {exp.threshold_db:g} dB SQNR; "
+            f"the lowest is {iso.sqnr_db.min():.1f} dB."
+        )
+    else:
+        out.append(
+            f"The first op whose own {b}-vs-{a} gap exceeds the {exp.threshold_db:g} dB threshold "
+            f"is {first['name']} ({first.op_type}, depth {int(first.depth)} of {len(iso)}): "
+            f"SQNR {first.sqnr_db:.1f} dB, {first.err_lsb:.3g} output LSB max."
+        )
+    finite = iso[iso.sqnr_db < math.inf]
+    if not finite.empty:
+        worst = finite.loc[finite.sqnr_db.idxmin()]
+        by_type = finite.groupby("op_type").sqnr_db.min().sort_values()
+        out.append(
+            f"The largest isolated gap is at {worst['name']} ({worst.op_type}): "
+            f"SQNR {worst.sqnr_db:.1f} dB, {worst.err_lsb:.3g} LSB; by op type, the lowest "
+            "isolated SQNR is "
+            + ", ".join(f"{t} {v:.1f} dB" for t, v in by_type.head(4).items())
+            + "."
+        )
+    exact = int((iso.max_abs == 0).sum())
+    out.append(
+        f"{exact} of {len(iso)} ops give bit-identical outputs in both modes when fed the same "
+        f"inputs; {int((iso.err_lsb.round() > 1).sum())} differ by more than one output LSB."
+    )
+    if not acc.empty:
+        last = acc.iloc[-1]
+        out.append(
+            f"Accumulated along depth, the gap grows to {last.sqnr_db:.1f} dB SQNR at the last "
+            f"op ({last['name']})."
+        )
+    fallback = support[support.fixed_kernel.str.startswith("float")]
+    out.append(
+        f"{bundle.name} has {len(support)} captured op calls; "
+        f"{int((~support.supported).sum())} run in float because {ctx.platform.name} does not "
+        f"support them, {len(fallback)} have no integer kernel in quantlab (float evaluation, "
+        "quantized output)"
+        + (f": {', '.join(sorted(set(fallback.op_type)))}." if len(fallback) else ".")
+    )
+    return out
+
+
+@experiment(ConsistencyExp, "consistency")
+def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
+    from quantlab.data import load_data
+    from quantlab.models import build_model
+    from quantlab.simulate import Simulator
+
+    bundle = build_model(ctx.model, seed=ctx.seed or 0)
+    data = load_data(ctx.data, bundle.name)
+    sim = Simulator(bundle.module, ctx.platform)
+    sim.calibrate(data.calib)
+    batch = _merge(data.eval, exp.max_eval_items)
+    table = consistency_table(sim, batch, exp)
+    outputs = _output_rows(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+    support = sim.ops[
+        [
+            "name",
+            "op_type",
+            "supported",
+            "fixed_kernel",
+            "input_dtype",
+            "weight_dtype",
+            "output_dtype",
+        ]
+    ]
+    iso = table[table.view == "ISOLATED"]
+    worst = iso.sort_values("sqnr_db").head(exp.top_k)[
+        ["name", "op_type", "sqnr_db", "cosine", "max_abs", "err_lsb", "saturated", "out_dtype"]
+    ]
+    a, b = exp.mode_a.name.lower(), exp.mode_b.name.lower()
+    plots = [
+        Plot(
+            name="sqnr_along_depth",
+            x="depth",
+            y="sqnr_db_plot",
+            hue="view",
+            xlabel="op position in execution order (ops)",
+            ylabel=f"SQNR of {b} vs {a} (dB; identical drawn at {SQNR_PLOT_CAP:g})",
+            title=f"{bundle.name} on {ctx.platform.name}: {b} vs {a} along depth",
+        ),
+        Plot(
+            name="error_lsb_along_depth",
+            x="depth",
+            y="err_lsb",
+            hue="view",
+            xlabel="op position in execution order (ops)",
+            ylabel="max |error| (output LSB)",
+            title=f"{bundle.name}: largest per-op error in output LSBs",
+        ),
+    ]
+    return ExperimentResult(
+        table=table,
+        title=f"Fake vs fixed consistency: {bundle.name} on {ctx.platform.name}",
+        findings=_findings(table, outputs, support, exp, ctx, bundle),
+        tables={"model_output": outputs, "worst_ops": worst, "op_support": support},
+        plots=plots,
+        notes=[
+            f"Calibration: {len(data.calib)} {data.name} items; comparison: the first "
+            f"{exp.max_eval_items} evaluation items as one batch.",
+            "Isolated view: each op of the compared run is fed the reference run's inputs, so a "
+            "row is that op's own gap; accumulated view: both runs end to end.",
+            "err_lsb is the largest |error| in units of the compared run's output scale; "
+            "saturated counts output codes at the dtype's limits.",
+            "Fake mode uses torch's fake-quant kernels (QAT numerics); fixed mode uses "
+            "quantlab.numerics integer kernels with the platform's requantization.",
+        ],
+    )

@@ -1,0 +1,140 @@
+"""Op capture: stable names from module paths, call indices per op type, control flow,
+model-level patterns as one op, and ops quantlab does not model."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quantlab.capture import CaptureMode, ModuleTracker, OpCategory, classify
+from quantlab.ops import inverse_sigmoid
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.act = nn.ReLU6()
+
+    def forward(self, x):
+        return x + self.act(self.conv(x))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 1)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x, loops: int = 1):
+        x = self.stem(x)
+        for _ in range(loops):
+            for b in self.blocks:
+                x = b(x)
+        y = x.mean((2, 3))
+        y = torch.sigmoid(self.head(y))
+        return inverse_sigmoid(y) * 2 + torch.abs(y)
+
+
+def capture(model, *args):
+    calls = []
+
+    def handler(call):
+        calls.append(call)
+        return call.result if call.result is not None else call.run()
+
+    tracker = ModuleTracker(model)
+    with torch.no_grad(), tracker, CaptureMode(tracker, handler):
+        out = model(*args)
+    return calls, out
+
+
+def test_names_module_paths_and_call_indices():
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    calls, out = capture(net, x)
+    names = [c.name for c in calls]
+    assert names == [
+        "stem:conv2d#0",
+        "blocks.0.conv:conv2d#0",
+        "blocks.0.act:relu6#0",
+        "blocks.0:add#0",
+        "blocks.1.conv:conv2d#0",
+        "blocks.1.act:relu6#0",
+        "blocks.1:add#0",
+        ":mean#0",
+        "head:linear#0",
+        ":sigmoid#0",
+        ":inverse_sigmoid#0",
+        ":mul#0",
+        ":abs#0",
+        ":add#0",
+    ]
+    # inverse_sigmoid is one op: no log/clamp/div from inside it
+    assert not any(c.op_type in ("log", "clamp", "div") for c in calls)
+    assert torch.equal(out, net(x))
+    by_name = {c.name: c for c in calls}
+    assert by_name[":abs#0"].category is None  # not modelled: recorded, runs in float
+    assert by_name["head:linear#0"].category is OpCategory.GEMM
+
+
+def test_control_flow_repeats_get_new_call_indices():
+    torch.manual_seed(0)
+    net = Net().eval()
+    calls, _ = capture(net, torch.randn(1, 3, 8, 8), 3)
+    convs = [c.name for c in calls if c.name.startswith("blocks.0.conv:")]
+    assert convs == ["blocks.0.conv:conv2d#0", "blocks.0.conv:conv2d#1", "blocks.0.conv:conv2d#2"]
+    names = [c.name for c in calls]
+    assert len(names) == len(set(names))
+
+
+def test_classify_covers_the_op_list():
+    x = torch.randn(2, 3)
+    cases = {
+        F.conv1d: "conv1d",
+        F.conv2d: "conv2d",
+        F.linear: "linear",
+        torch.matmul: "matmul",
+        torch.bmm: "matmul",
+        torch.Tensor.__matmul__: "matmul",
+        torch.add: "add",
+        torch.Tensor.__radd__: "add",
+        torch.Tensor.__rsub__: "sub",
+        torch.mul: "mul",
+        torch.Tensor.__truediv__: "div",
+        torch.sum: "sum",
+        torch.mean: "mean",
+        torch.cat: "cat",
+        torch.stack: "stack",
+        torch.reshape: "reshape",
+        torch.permute: "permute",
+        torch.Tensor.__getitem__: "getitem",
+        F.relu: "relu",
+        torch.clamp: "clamp",
+        F.max_pool2d: "max_pool2d",
+        F.avg_pool2d: "avg_pool2d",
+        F.interpolate: "interpolate",
+        F.grid_sample: "grid_sample",
+        torch.sigmoid: "sigmoid",
+        torch.tanh: "tanh",
+        torch.exp: "exp",
+        torch.log: "log",
+        torch.sqrt: "sqrt",
+        torch.rsqrt: "rsqrt",
+        torch.reciprocal: "reciprocal",
+        torch.sin: "sin",
+        torch.cos: "cos",
+        F.softmax: "softmax",
+        F.layer_norm: "layer_norm",
+        F.gelu: "gelu",
+        F.silu: "silu",
+        inverse_sigmoid: "inverse_sigmoid",
+    }
+    for fn, op_type in cases.items():
+        got = classify(fn, (x,), {})
+        assert got is not None and got[0] == op_type and got[1] is not None, (fn, got)
+    assert classify(F.hardtanh, (x, 0.0, 6.0), {}) == ("relu6", OpCategory.REQUANT)
+    assert classify(torch.Tensor.size, (x,), {}) is None
