@@ -183,7 +183,9 @@ def _op_level(exp: InverseSigmoidExp, fmt: LutFormat):
     return pd.DataFrame(rows), pd.DataFrame(points), pd.DataFrame(prof)
 
 
-def _model_level(exp: InverseSigmoidExp, ctx: RunContext) -> pd.DataFrame:
+def _model_level(exp: InverseSigmoidExp, ctx: RunContext) -> tuple[pd.DataFrame, float]:
+    """Rows per (variant, strategy, mode), and the share of box coordinates (input boxes and
+    float outputs) in the middle region."""
     from quantlab.analysis.boxes import box_l1, mean_iou
     from quantlab.analysis.train import fit, synthetic_boxes
     from quantlab.models import build_model
@@ -248,7 +250,10 @@ def _model_level(exp: InverseSigmoidExp, ctx: RunContext) -> pd.DataFrame:
     for strat in progress(exp.strategies, "decoder per strategy"):
         measure("inverse_sigmoid", strat.name, model, spec(strat))
     measure("clamped_logit", f"none (clamp +-{exp.clamp_logit:g})", clamped, spec(None))
-    return pd.DataFrame(rows)
+    with torch.no_grad():
+        coords = torch.cat([test.ref.reshape(-1), model(*inputs).reshape(-1)])
+    mid = ((coords >= exp.region_edge) & (coords <= 1 - exp.region_edge)).double().mean()
+    return pd.DataFrame(rows), float(mid)
 
 
 def _pick(df: pd.DataFrame, **kw) -> pd.Series:
@@ -258,7 +263,7 @@ def _pick(df: pd.DataFrame, **kw) -> pd.Series:
     return df[sel].iloc[0]
 
 
-def _findings(exp, ops, points, model, bound_table) -> list[str]:
+def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> list[str]:
     out = []
     b = bound_table.iloc[0]
     out.append(
@@ -335,13 +340,18 @@ def _findings(exp, ops, points, model, bound_table) -> list[str]:
             "appears only after export."
         )
         by = dict(zip(fx["strategy"], fx["box_l1_vs_float"]))
+        iou = dict(zip(fx["strategy"], fx["iou_vs_float"]))
         if "CURVATURE" in by and "EVENLY" in by:
             c, e = by["CURVATURE"], by["EVENLY"]
+            rel = 100 * abs(c - e) / c
             out.append(
-                f"At model level the vendor advice {'holds' if e < c else 'does not hold'}: "
-                f"fixed box L1 evenly {e:.2e} vs curvature {c:.2e} "
-                f"({100 * (c - e) / c:+.0f}% relative to curvature); the decoder's boxes sit "
-                "mostly in the middle of (0, 1), where evenly's tables are fine."
+                f"At model level the vendor advice {'holds' if e < c else 'does not hold'} on box "
+                f"L1: evenly {e:.2e} vs curvature {c:.2e} (evenly {rel:.0f}% "
+                f"{'lower' if e < c else 'higher'}); IoU vs float evenly {iou['EVENLY']:.4f} vs "
+                f"curvature {iou['CURVATURE']:.4f}. {100 * mid_share:.0f}% of the box coordinates "
+                f"the decoder refines lie in the middle region [{exp.region_edge:g}, "
+                f"{1 - exp.region_edge:g}], where evenly's tables are accurate and curvature has "
+                "a single wide table."
             )
         cl = model[model["variant"] == "clamped_logit"]
         if len(cl):
@@ -349,11 +359,13 @@ def _findings(exp, ops, points, model, bound_table) -> list[str]:
             fl_c = _pick(cl, mode="float")
             fx_c = _pick(cl, mode="fixed")
             fk_c = _pick(cl, mode="fake")
+            pays = fx_c["box_l1_vs_float"] < best["box_l1_vs_float"]
             out.append(
-                f"Clamped-logit decoder (no inverse_sigmoid, fine-tuned): fixed vs its float box "
+                f"The clamped-logit fix (no inverse_sigmoid, fine-tuned) "
+                f"{'pays' if pays else 'does not pay'} here: fixed vs its float box "
                 f"L1 {fx_c['box_l1_vs_float']:.2e} / IoU {fx_c['iou_vs_float']:.4f} (fake "
                 f"{fk_c['box_l1_vs_float']:.2e}) against {best['box_l1_vs_float']:.2e} for the "
-                f"best inverse_sigmoid table; float task error vs the targets "
+                f"best inverse_sigmoid table; its float box L1 vs the targets is "
                 f"{fl_c['box_l1_vs_target']:.4f} vs {fl_i['box_l1_vs_target']:.4f} "
                 f"(IoU {fl_c['iou_vs_target']:.4f} vs {fl_i['iou_vs_target']:.4f})."
             )
@@ -379,7 +391,8 @@ def run(exp: InverseSigmoidExp, ctx: RunContext) -> ExperimentResult:
             }
         ]
     )
-    model = _model_level(exp, ctx) if exp.model_level else None
+    model_df, mid_share = _model_level(exp, ctx) if exp.model_level else (None, float("nan"))
+    model = model_df
     tables = {
         "summary": ops[ops["region"] != "all"]
         .pivot_table(index=["in_dtype", "eps", "strategy"], columns="region", values="max_err")
@@ -423,7 +436,7 @@ def run(exp: InverseSigmoidExp, ctx: RunContext) -> ExperimentResult:
     return ExperimentResult(
         table=ops,
         title="inverse_sigmoid: LUT strategies, the vendor-op composite and the clamped-logit fix",
-        findings=_findings(exp, ops, points, model, bound_table),
+        findings=_findings(exp, ops, points, model_df, bound_table, mid_share),
         tables=tables,
         plots=plots,
         notes=[
