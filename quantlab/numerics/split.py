@@ -283,7 +283,7 @@ def multiplier_shift(real: Tensor | float, mult_bits: int) -> tuple[Tensor, Tens
 
     M comes from ``requant.quantize_multiplier`` (TFLite QuantizeMultiplier: frexp, ties away),
     so a split partial uses the same multiplier as an unsplit GEMM; n = mult_bits - exponent.
-    Domain: 0 < real, 0 <= n <= 62 (else ValueError).
+    A real below 2**-32 flushes to M = 0 (output 0), as there. Domain: 0 < real < 2**31.
     """
     if mult_bits not in (15, 31):
         raise ValueError(f"mult_bits must be 15 or 31, got {mult_bits}")
@@ -292,8 +292,8 @@ def multiplier_shift(real: Tensor | float, mult_bits: int) -> tuple[Tensor, Tens
         raise ValueError("requantization scale must be finite and > 0")
     big, e = quantize_multiplier(r, mult_bits)
     n = mult_bits - e
-    if bool((n < 0).any()) or bool((n > 62).any()) or bool((big == 0).any()):
-        raise ValueError(f"requantization scale {r.tolist()} is outside [2**-31, 1] by far")
+    if bool((n < 0).any()) or bool((n > 62).any()):
+        raise ValueError(f"requantization scale {r.tolist()} is outside [2**-31, 2**31]")
     return big, n
 
 

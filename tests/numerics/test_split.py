@@ -331,3 +331,22 @@ def test_split_on_an_op_without_weight_fails_clearly():
         check_split_target(":sigmoid#0", "sigmoid", False, 8)
     with pytest.raises(ValueError, match="weight_split k=9"):
         check_split_target("fc:linear#0", "linear", True, 9)
+
+
+def test_tiny_real_scale_flushes_to_zero_like_requantize():
+    from quantlab.numerics.requant import make_requant, requantize
+
+    acc = torch.tensor([0, 5, -(2**31), 2**31 - 1])
+    mine = requant_partial(acc, 8.3e-11, Round.HALF_UP, Requant.MUL_SHIFT, 31)
+    theirs = requantize(acc, make_requant(8.3e-11, Requant.MUL_SHIFT), DType.INT16, Round.HALF_UP)
+    assert mine.tolist() == theirs.tolist() == [0, 0, 0, 0]
+    y = combine_split(
+        acc,
+        acc,
+        7,
+        torch.tensor([8.3e-11, 0.01, 1e-3, 2e-4], dtype=torch.float64),
+        DType.INT8,
+        SplitCombine.SEPARATE_REQUANT,
+        axis=0,
+    )
+    assert y[0] == 0
