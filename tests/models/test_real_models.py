@@ -107,3 +107,12 @@ def test_minilm_sees_matmul_softmax_layer_norm_gelu(bundles):
         b.module(*example_inputs("minilm"))
     assert {"matmul", "softmax", "layer_norm", "gelu"} <= seen
     assert "scaled_dot_product_attention" not in seen
+
+
+@pytest.mark.parametrize("name", ["efficientnet_lite0", "mtcnn_rnet", "uvdoc", "minilm"])
+def test_untrained_architectures_build_and_run(name):
+    b = build_model(ModelConfig(name=name, pretrained=False, fold_batchnorm=False), seed=1)
+    x = (torch.rand(1, 3, 128, 96),) if name == "uvdoc" else example_inputs(name)
+    with torch.no_grad():
+        y = b.module(*x)
+    assert torch.isfinite(y).all() and y.shape[0] == 1
