@@ -40,6 +40,7 @@ def test_op_level_covers_every_strategy_dtype_eps_and_region(tmp_path):
     assert b["computed_bound"] == pytest.approx(math.log((1 - 1e-5) / 1e-5))
     assert round(b["computed_bound"], 4) == 11.5129
     assert res.findings and "11.5129 is right" in res.findings[0]
+    assert "same digits reordered" in res.findings[0]
     assert {"dividing_points", "error_profile", "summary"} <= set(res.tables)
 
 
