@@ -101,6 +101,7 @@ class Simulator:
         self._chain: dict[str, list[str]] = {}  # GEMM -> fused batch_norm / clamp ops after it
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
         self._fold_cache: dict[str, tuple] = {}
+        self._fast: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ public API
     def calibrate(self, batches: Iterable[tuple[Tensor, ...]]) -> None:
@@ -157,6 +158,7 @@ class Simulator:
         self._resolved.clear()
         self._scale_cache.clear()
         self._fold_cache.clear()
+        self._fast.clear()
         if self._discovered:
             self._validate()
 
@@ -484,6 +486,10 @@ class Simulator:
         self._scale_cache[ck] = s
         return s
 
+    def fast_cache(self, name: str) -> dict:
+        """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
+        return self._fast.setdefault(name, {})
+
     def observed_range(self, name: str, key: str) -> tuple[float, float] | None:
         """Running (min, max) seen at activation point ``name/key`` during calibration."""
         obs = self._obs.get(f"{name}/{key}")
@@ -492,22 +498,40 @@ class Simulator:
         return obs.run_min, obs.run_max
 
     def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool):
-        """(codes int64, scale float32 per channel) of a weight; cached until it changes."""
+        """(codes in ``dtype``'s torch dtype, float32 scale per channel) of a weight; cached
+        until the weight changes (its ``_version``)."""
+        entry = self._weight_entry(name, w, dtype, per_channel)
+        return entry[2], entry[3]
+
+    def _weight_entry(self, name: str, w: Tensor, dtype: DType, per_channel: bool) -> list:
         ck = (name, dtype, per_channel)
         hit = self._wcache.get(ck)
         if hit is not None and hit[0] is w and hit[1] == w._version:
-            return hit[2], hit[3]
+            return hit
         amax = weight_amax(w, per_channel)
         s = compute_scale(
             amax, dtype, self.platform.scale_rule, narrow_range=self.platform.weight_narrow_range
         )
         lo = -dtype.qmax if self.platform.weight_narrow_range else None
         axis = 0 if per_channel else None
-        codes = quantize(w.detach(), s, dtype, self.platform.fake_round, axis=axis, qmin=lo).to(
-            torch.int64
-        )
-        self._wcache[ck] = (w, w._version, codes, s)
-        return codes, s
+        codes = quantize(w.detach(), s, dtype, self.platform.fake_round, axis=axis, qmin=lo)
+        hit = [w, w._version, codes, s, {}]
+        self._wcache[ck] = hit
+        return hit
+
+    def weight_value(self, name: str, w: Tensor, dtype: DType, mode: Mode) -> Tensor:
+        """The float weight an op computes with: QAT fake quant (FAKE) or codes * scale
+        (FIXED), per output channel; cached with the codes."""
+        entry = self._weight_entry(name, w, dtype, True)
+        values = entry[4]
+        if mode not in values:
+            codes, s = entry[2], entry[3]
+            if mode is Mode.FIXED:
+                values[mode] = dequantize(codes, s, axis=0)
+            else:
+                lo = -dtype.qmax if self.platform.weight_narrow_range else None
+                values[mode] = qat_fake_quant(w, s, dtype, self.platform.fake_round, 0, lo)
+        return values[mode]
 
     def quantize_act(self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode):
         """(value, QInfo) of ``x`` quantized at activation point ``name/key``."""
@@ -549,13 +573,8 @@ class Simulator:
         if plan.weight is not None and (om is None or om.quantize_weight):
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
-                codes, s = self.weight_q(call.name, w, rq.weight_dtype, True)
-                wq = (codes, s)
-                if mode is Mode.FIXED:
-                    wv = dequantize(codes, s, axis=0)
-                else:
-                    lo = -rq.weight_dtype.qmax if self.platform.weight_narrow_range else None
-                    wv = qat_fake_quant(w, s, rq.weight_dtype, self.platform.fake_round, 0, lo)
+                wq = self.weight_q(call.name, w, rq.weight_dtype, True)
+                wv = self.weight_value(call.name, w, rq.weight_dtype, mode)
                 A.put(args, kwargs, plan.weight, wv)
             else:
                 A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))
@@ -569,9 +588,11 @@ class Simulator:
             _fake_grid(self.platform, args, kwargs, plan)
         clamp = self._fused_clamp(call.name) if chain else None
         if mode is Mode.FIXED:
-            res = fixed_ops.run_fixed(self, call, plan, args, kwargs, in_infos, wq, rq, quant_out)
+            res = fixed_ops.run_fixed(
+                self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
+            )
             if res is not None:
-                return fixed_ops.clamp_output(res, clamp) if clamp else res
+                return res
         out = call.func(*args, **kwargs)
         if clamp:
             out = torch.clamp(out, clamp[0], clamp[1])

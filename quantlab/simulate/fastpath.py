@@ -52,6 +52,31 @@ def requant_mul_shift_half_up_(
     return acc.to(out.torch_dtype)
 
 
+def conv_exact_float32(x: Tensor, w32: Tensor, fn, bound: int, **conv) -> Tensor | None:
+    """Exact integer conv as one float32 conv of the codes (``w32``: the weight codes as
+    float32, cached by the caller) when ``bound`` (>= sum of |products| of any output) is at most
+    2**24: every partial sum is then an integer below 2**24, so no rounding happens in any order
+    (bit-exact-emulation s.2.1, the argument of ``gemm.plan_gemm``). int64 result; None when
+    the bound does not hold (use ``gemm.int_conv2d``)."""
+    if bound > gemm.FLOAT32_EXACT:
+        return None
+    return fn(x.to(torch.float32), w32, **conv).to(torch.int64)
+
+
+def _params(x_scale, w_scale, out_scale, bias, platform, axis, like, cache: dict | None):
+    key = (id(x_scale), id(w_scale), id(out_scale), id(bias), getattr(bias, "_version", None))
+    if cache is not None and cache.get("key") == key:
+        return cache["value"]
+    real = requant_scale(x_scale, w_scale, out_scale, Requant.MUL_SHIFT)
+    params = make_requant(real, Requant.MUL_SHIFT, platform.requant_mult_bits)
+    b = gemm.quantize_bias(bias, x_scale, w_scale) if bias is not None else None
+    n = params.mult_bits - params.shift
+    value = (params, b, n)
+    if cache is not None:
+        cache.update(key=key, value=value, refs=(x_scale, w_scale, out_scale, bias))
+    return value
+
+
 def finish_gemm_fast(
     acc: Tensor,
     x_scale: Tensor,
@@ -62,18 +87,37 @@ def finish_gemm_fast(
     platform,
     channel_axis: int,
     bound: int,
+    clamp_codes: tuple[int, int] | None = None,
+    cache: dict | None = None,
 ) -> Tensor | None:
     """``gemm.finish_gemm`` for INT8/INT16 outputs on a MUL_SHIFT/HALF_UP platform, in place on
-    the int64 exact sums ``acc``; ``bound`` >= max |sum| (the accumulator contract is skipped
-    when bound + max|bias| < 2**31, where it cannot change anything). None: not applicable."""
+    the int64 exact sums ``acc``, followed by an optional clamp to ``clamp_codes`` (a fused
+    relu6). ``bound`` >= max |sum|. When bound + max|bias| < 2**31 the accumulator contract
+    cannot change anything and the bias joins the rounding offset:
+    ``(acc + b) * q + 2**(n-1) = acc * q + (b * q + 2**(n-1))`` (exact integers), so the whole
+    requantization is four in-place passes. ``cache`` (a dict per op) keeps the encoded
+    multipliers and bias codes while the scales and bias are the same objects. None: not
+    applicable (use ``gemm.finish_gemm``)."""
     if not applies(platform) or not out.is_int or out is DType.INT32:
         return None
-    if bias is not None:
-        b = gemm.quantize_bias(bias, x_scale, w_scale)
-        acc.add_(_along(b, acc, channel_axis))
-        bound += int(b.abs().max()) if b.numel() else 0
-    if bound >= INT32_LIMIT:
+    params, b, n = _params(x_scale, w_scale, out_scale, bias, platform, channel_axis, acc, cache)
+    if bool((n < 1).any()):
+        return None
+    lo, hi = out.qmin, out.qmax
+    if clamp_codes is not None:
+        lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
+        if lo > hi:
+            return None
+    bmax = int(b.abs().max()) if b is not None and b.numel() else 0
+    if bound + bmax >= INT32_LIMIT:
+        if b is not None:
+            acc.add_(_along(b, acc, channel_axis))
         acc, _ = gemm.accumulate(acc, platform.accumulator, platform.accumulator_overflow)
-    real = requant_scale(x_scale, w_scale, out_scale, Requant.MUL_SHIFT)
-    params = make_requant(real, Requant.MUL_SHIFT, platform.requant_mult_bits)
-    return requant_mul_shift_half_up_(acc, params, out, channel_axis)
+        b = None
+    q = _along(params.multiplier, acc, channel_axis)
+    nn_ = _along(n, acc, channel_axis)
+    offset = torch.bitwise_left_shift(torch.ones_like(nn_), nn_ - 1)
+    if b is not None:
+        offset = offset + _along(b, acc, channel_axis) * q
+    acc.mul_(q).add_(offset).bitwise_right_shift_(nn_).clamp_(lo, hi)
+    return acc.to(out.torch_dtype)

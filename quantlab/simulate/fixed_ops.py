@@ -63,10 +63,13 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
     return _KERNELS[category]
 
 
-def run_fixed(sim, call, plan, args, kwargs, in_infos, wq, rq, quant_out) -> Any:
-    """(value, QInfo) of one op in fixed mode, or None to use the float fallback."""
+def run_fixed(sim, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp=None) -> Any:
+    """(value, QInfo) of one op in fixed mode, or None to use the float fallback. ``clamp``:
+    bounds of a relu6/clamp fused into this GEMM (applied to its output codes)."""
     if not quant_out or call.category is OpCategory.PASS_THROUGH:
         return None
+    if call.category is OpCategory.GEMM:
+        return _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp)
     fn = _DISPATCH.get(call.category)
     if fn is None:
         return None
@@ -102,9 +105,10 @@ def _codes(args, kwargs, slot, info) -> Tensor:
 
 
 def _emit(codes: Tensor, scale: Tensor, dtype: DType) -> tuple[Tensor, QInfo]:
+    """(codes * scale as float32, QInfo): one float32 product per element (``dequantize``)."""
     codes = codes.to(dtype.torch_dtype)
     s = torch.as_tensor(scale, dtype=torch.float32).reshape(())
-    return dequantize(codes, s), QInfo(dtype, s, codes)
+    return codes.to(torch.float32).mul_(s), QInfo(dtype, s, codes)
 
 
 def _out_scale(sim, call, rq) -> Tensor:
@@ -175,7 +179,7 @@ def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matm
     return gemm.clamp_int16_operand(codes.to(torch.int16), p), scale
 
 
-def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq):
+def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     p = sim.platform
     xi = in_infos[0]
     if not _int_info(xi):
@@ -208,18 +212,36 @@ def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq):
     fin_dt = DType.FLOAT32 if out_dt.is_float else out_dt
     out_scale = None if hp or fin_dt is DType.FLOAT32 else _out_scale(sim, call, rq)
     bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+    ccodes = None
+    if clamp is not None and out_scale is not None:
+        so = float(out_scale)
+        ccodes = (
+            out_dt.qmin if clamp[0] is None else int(round(float(clamp[0]) / so)),
+            out_dt.qmax if clamp[1] is None else int(round(float(clamp[1]) / so)),
+        )
     if out_scale is not None and fastpath.applies(p) and call.func.__name__ != "__rmatmul__":
+        bound = k * (xi.dtype.qmax + 1) * (wdt.qmax + 1)
+        cache = sim.fast_cache(call.name)
         if call.op_type in ("conv1d", "conv2d"):
-            fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
-            acc = fn(xc, wc, **_gemm_params(call))
+            conv = _gemm_params(call)
+            acc = None
+            if wq is not None:
+                if cache.get("w") is not wc:
+                    cache.update(w=wc, w32=wc.to(torch.float32))
+                f = F.conv2d if call.op_type == "conv2d" else F.conv1d
+                acc = fastpath.conv_exact_float32(xc, cache["w32"], f, bound, **conv)
+            if acc is None:
+                fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
+                acc = fn(xc, wc, **conv)
             axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
         else:
             fn = gemm.int_linear if call.op_type == "linear" else gemm.int_matmul
             acc = fn(xc, wc)
             axis = -1
             bias = bias if call.op_type == "linear" else None
-        bound = k * (xi.dtype.qmax + 1) * (wdt.qmax + 1)
-        codes = fastpath.finish_gemm_fast(acc, xs, ws, bias, out_scale, fin_dt, p, axis, bound)
+        codes = fastpath.finish_gemm_fast(
+            acc, xs, ws, bias, out_scale, fin_dt, p, axis, bound, ccodes, cache
+        )
         if codes is not None:
             return _emit(codes, out_scale, out_dt)
     if call.op_type in ("conv1d", "conv2d"):
@@ -240,12 +262,16 @@ def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq):
             shape = [1] * res.dim()
             shape[axis] = -1
             s = s.reshape(shape)
-        return res.to(torch.float32) * s, None
+        v = res.to(torch.float32) * s
+        return (torch.clamp(v, clamp[0], clamp[1]) if clamp is not None else v), None
     if fin_dt is DType.FLOAT32:
+        if clamp is not None:
+            res = torch.clamp(res, clamp[0], clamp[1])
         if out_dt is DType.FLOAT16:
             return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
         return res, None
-    return _emit(res, out_scale, out_dt)
+    out = _emit(res, out_scale, out_dt)
+    return clamp_output(out, clamp) if clamp is not None else out
 
 
 # --------------------------------------------------------------------------- elementwise

@@ -12,7 +12,11 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.requant import Requant, make_requant, requantize
 from quantlab.numerics.rounding import Round
 from quantlab.platforms import PlatformConfig
-from quantlab.simulate.fastpath import finish_gemm_fast, requant_mul_shift_half_up_
+from quantlab.simulate.fastpath import (
+    conv_exact_float32,
+    finish_gemm_fast,
+    requant_mul_shift_half_up_,
+)
 
 
 def _accs(seed: int, n: int = 4000) -> torch.Tensor:
@@ -66,5 +70,18 @@ def test_finish_gemm_fast_equals_finish_gemm(seed):
     so = torch.tensor(0.7 if seed == 2 else 0.05)
     acc = gemm.int_conv2d(x, w, 1, 1)
     want, _ = gemm.finish_gemm(acc.clone(), xs, ws, bias, so, DType.INT8, platform, 1)
-    got = finish_gemm_fast(acc.clone(), xs, ws, bias, so, DType.INT8, platform, 1, 360 * 128 * 128)
-    assert_bits_equal(got, want)
+    bound = 360 * 128 * 128
+    cache: dict = {}
+    for b in (bound, 1 << 31):  # bias folded into the rounding offset / accumulator contract
+        got = finish_gemm_fast(
+            acc.clone(), xs, ws, bias, so, DType.INT8, platform, 1, b, None, cache
+        )
+        assert_bits_equal(got, want)
+    clamped = finish_gemm_fast(
+        acc.clone(), xs, ws, bias, so, DType.INT8, platform, 1, bound, (0, 50)
+    )
+    assert_bits_equal(clamped, want.clamp(0, 50))
+    w32 = w.to(torch.float32)
+    conv = torch.nn.functional.conv2d
+    assert conv_exact_float32(x, w32, conv, 1 << 25, padding=1) is None  # bound too large
+    assert_bits_equal(conv_exact_float32(x, w32, conv, bound, padding=1), acc)
