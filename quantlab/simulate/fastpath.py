@@ -20,6 +20,7 @@ from quantlab.numerics.requant import Requant, RequantParams, make_requant, requ
 from quantlab.numerics.rounding import Round
 
 INT32_LIMIT = 1 << 31
+CHUNK_ELEMENTS = 1 << 18  # requantize this many accumulators at a time (bounds int64 memory)
 
 
 def applies(platform) -> bool:
@@ -56,11 +57,12 @@ def conv_exact_float32(x: Tensor, w32: Tensor, fn, bound: int, **conv) -> Tensor
     """Exact integer conv as one float32 conv of the codes (``w32``: the weight codes as
     float32, cached by the caller) when ``bound`` (>= sum of |products| of any output) is at most
     2**24: every partial sum is then an integer below 2**24, so no rounding happens in any order
-    (bit-exact-emulation s.2.1, the argument of ``gemm.plan_gemm``). int64 result; None when
-    the bound does not hold (use ``gemm.int_conv2d``)."""
+    (bit-exact-emulation s.2.1, the argument of ``gemm.plan_gemm``). None when
+    the bound does not hold (use ``gemm.int_conv2d``). The result stays float32 (exact
+    integers); ``finish_gemm_fast`` widens it chunk by chunk."""
     if bound > gemm.FLOAT32_EXACT:
         return None
-    return fn(x.to(torch.float32), w32, **conv).to(torch.int64)
+    return fn(x.to(torch.float32), w32, **conv)
 
 
 def _params(x_scale, w_scale, out_scale, bias, platform, axis, like, cache: dict | None):
@@ -90,10 +92,12 @@ def finish_gemm_fast(
     clamp_codes: tuple[int, int] | None = None,
     cache: dict | None = None,
 ) -> Tensor | None:
-    """``gemm.finish_gemm`` for INT8/INT16 outputs on a MUL_SHIFT/HALF_UP platform, in place on
-    the int64 exact sums ``acc``, followed by an optional clamp to ``clamp_codes`` (a fused
-    relu6). ``bound`` >= max |sum|. When bound + max|bias| < 2**31 the accumulator contract
-    cannot change anything and the bias joins the rounding offset:
+    """``gemm.finish_gemm`` for INT8/INT16 outputs on a MUL_SHIFT/HALF_UP platform on the exact
+    sums ``acc`` (int64, or float32 holding exact integers), channel chunk by channel chunk
+    (at most ``CHUNK_ELEMENTS`` new int64 values at once; an int64 ``acc`` is overwritten),
+    followed by an optional clamp to ``clamp_codes`` (a fused relu6). ``bound`` >= max |sum|.
+    When bound + max|bias| < 2**31 the accumulator contract cannot change anything and the bias
+    joins the rounding offset:
     ``(acc + b) * q + 2**(n-1) = acc * q + (b * q + 2**(n-1))`` (exact integers), so the whole
     requantization is four in-place passes. ``cache`` (a dict per op) keeps the encoded
     multipliers and bias codes while the scales and bias are the same objects. None: not
@@ -110,14 +114,27 @@ def finish_gemm_fast(
             return None
     bmax = int(b.abs().max()) if b is not None and b.numel() else 0
     if bound + bmax >= INT32_LIMIT:
+        acc = acc.to(torch.int64)
         if b is not None:
             acc.add_(_along(b, acc, channel_axis))
         acc, _ = gemm.accumulate(acc, platform.accumulator, platform.accumulator_overflow)
         b = None
-    q = _along(params.multiplier, acc, channel_axis)
-    nn_ = _along(n, acc, channel_axis)
+    ax = channel_axis % acc.dim()
+    q = _along(params.multiplier, acc, ax)
+    nn_ = _along(n, acc, ax)
     offset = torch.bitwise_left_shift(torch.ones_like(nn_), nn_ - 1)
     if b is not None:
-        offset = offset + _along(b, acc, channel_axis) * q
-    acc.mul_(q).add_(offset).bitwise_right_shift_(nn_).clamp_(lo, hi)
-    return acc.to(out.torch_dtype)
+        offset = offset + _along(b, acc, ax) * q
+    per_channel = q.dim() > 0 and q.numel() > 1
+    codes = torch.empty(acc.shape, dtype=out.torch_dtype)
+    channels = acc.shape[ax]
+    step = max(1, CHUNK_ELEMENTS // max(1, acc.numel() // max(channels, 1)))
+    for c0 in range(0, channels, step):
+        cn = min(step, channels - c0)
+        part = acc.narrow(ax, c0, cn).to(torch.int64)  # int64 acc: a view, changed in place
+        qs, ns, os_ = (
+            (t.narrow(ax, c0, cn) for t in (q, nn_, offset)) if per_channel else (q, nn_, offset)
+        )
+        part.mul_(qs).add_(os_).bitwise_right_shift_(ns).clamp_(lo, hi)
+        codes.narrow(ax, c0, cn).copy_(part)
+    return codes

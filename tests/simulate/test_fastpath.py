@@ -84,4 +84,4 @@ def test_finish_gemm_fast_equals_finish_gemm(seed):
     w32 = w.to(torch.float32)
     conv = torch.nn.functional.conv2d
     assert conv_exact_float32(x, w32, conv, 1 << 25, padding=1) is None  # bound too large
-    assert_bits_equal(conv_exact_float32(x, w32, conv, bound, padding=1), acc)
+    assert_bits_equal(conv_exact_float32(x, w32, conv, bound, padding=1).to(torch.int64), acc)
