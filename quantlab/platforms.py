@@ -15,6 +15,7 @@ from quantlab.numerics.gemm import Overflow
 from quantlab.numerics.quantize import ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.split import SplitCombine
 
 
 class AddRule(enum.Enum):
@@ -67,6 +68,8 @@ class PlatformConfig:
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
     int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
     high_precision_output: DType = DType.INT32  # GEMM feeding a model output (int32, or float32)
+    # high/low weight split: how the two partial accumulators combine (assumed, s.6)
+    weight_split_combine: SplitCombine = SplitCombine.WIDE_ACCUMULATOR
 
     # --- float16 (s.1)
     float16_available: bool = False

@@ -50,7 +50,8 @@ class OpQConfig:
     observer / fixed_scale / percentile: activation calibration (see ObserverKind).
     lut_strategy: ``quantlab.numerics.lut.Strategy`` member for LUT ops (None: per-op default).
     high_precision_output: a GEMM keeps its accumulator (int32 on E/M/B, float32 on H/P).
-    weight_split: 0 off; k in {7, 8}: the high/low int8 weight split (j6-numerics s.6).
+    weight_split: 0 off; k in 1..8 (7: no clipping, 8: full int8 range): the high/low int8
+        weight split of a Conv/Linear weight (j6-numerics s.6).
     """
 
     input_dtype: DType | None = None
@@ -74,8 +75,10 @@ class OpQConfig:
                 allowed = ", ".join(m.name for m in ObserverKind)
                 raise ValueError(f"observer={self.observer!r} is not allowed; allowed: {allowed}")
             self.observer = names[self.observer]
-        if self.weight_split not in (None, 0, 7, 8):
-            raise ValueError(f"weight_split must be 0, 7 or 8, got {self.weight_split}")
+        if self.weight_split not in (None, 0):
+            from quantlab.numerics.split import check_split_k
+
+            check_split_k(self.weight_split)
         if self.fixed_scale is not None and not self.fixed_scale > 0:
             raise ValueError(f"fixed_scale must be > 0, got {self.fixed_scale}")
         if self.percentile is not None and not 0 < self.percentile <= 100:

@@ -70,8 +70,8 @@ def test_platform_templates_from_fields():
 
 
 def test_errors_name_the_field_and_allowed_values():
-    with pytest.raises(ValueError, match="weight_split must be 0, 7 or 8"):
-        OpQConfig(weight_split=5)
+    with pytest.raises(ValueError, match="weight_split k=9 is not allowed"):
+        OpQConfig(weight_split=9)
     with pytest.raises(ValueError, match="observer='BEST' is not allowed; allowed: MINMAX"):
         OpQConfig(observer="BEST")
     with pytest.raises(ValueError, match="unknown dtype 'int4'"):

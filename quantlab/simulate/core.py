@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.capture import CaptureMode, ModuleTracker, OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, quantize
+from quantlab.numerics.split import check_split_target, split_fake_weight
 from quantlab.platforms import PlatformConfig, load_platform
 from quantlab.qconfig import (
     GEMM_TYPES,
@@ -332,6 +333,13 @@ class Simulator:
             if inf.category is OpCategory.GEMM:
                 ops = ins + ([rq.weight_dtype] if inf.has_weight else [])
                 self._check_gemm(name, inf.op_type, ops)
+            if rq.weight_split:
+                check_split_target(name, inf.op_type, inf.has_weight, rq.weight_split)
+                if rq.weight_dtype is not DType.INT8:
+                    raise ValueError(
+                        f"op {name}: weight_split={rq.weight_split} splits an INT8 weight, but "
+                        f"weight_dtype={rq.weight_dtype.name}; allowed: INT8"
+                    )
             if inf.category is OpCategory.GRID_SAMPLE and inf.input_shapes:
                 self._check_grid(name, inf.input_shapes[0])
 
@@ -519,19 +527,25 @@ class Simulator:
         self._wcache[ck] = hit
         return hit
 
-    def weight_value(self, name: str, w: Tensor, dtype: DType, mode: Mode) -> Tensor:
+    def weight_value(
+        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
+    ) -> Tensor:
         """The float weight an op computes with: QAT fake quant (FAKE) or codes * scale
-        (FIXED), per output channel; cached with the codes."""
+        (FIXED), per output channel; with ``split`` = k the high/low weight
+        s * (w_hi + w_lo / 2**k) (numerics.split); cached with the codes."""
         entry = self._weight_entry(name, w, dtype, True)
         values = entry[4]
-        if mode not in values:
+        key = (mode, split)
+        if key not in values:
             codes, s = entry[2], entry[3]
-            if mode is Mode.FIXED:
-                values[mode] = dequantize(codes, s, axis=0)
+            if split:
+                values[key] = split_fake_weight(w.detach(), s, split, 0, self.platform.fake_round)
+            elif mode is Mode.FIXED:
+                values[key] = dequantize(codes, s, axis=0)
             else:
                 lo = -dtype.qmax if self.platform.weight_narrow_range else None
-                values[mode] = qat_fake_quant(w, s, dtype, self.platform.fake_round, 0, lo)
-        return values[mode]
+                values[key] = qat_fake_quant(w, s, dtype, self.platform.fake_round, 0, lo)
+        return values[key]
 
     def quantize_act(self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode):
         """(value, QInfo) of ``x`` quantized at activation point ``name/key``."""
@@ -573,8 +587,8 @@ class Simulator:
         if plan.weight is not None and (om is None or om.quantize_weight):
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
-                wq = self.weight_q(call.name, w, rq.weight_dtype, True)
-                wv = self.weight_value(call.name, w, rq.weight_dtype, mode)
+                wq = (*self.weight_q(call.name, w, rq.weight_dtype, True), w)
+                wv = self.weight_value(call.name, w, rq.weight_dtype, mode, rq.weight_split)
                 A.put(args, kwargs, plan.weight, wv)
             else:
                 A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))

@@ -188,10 +188,10 @@ def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     xs = xi.scale
     matmul = call.op_type == "matmul"
     if wq is not None:
-        wc, ws = wq
+        wc, ws, w_float = wq
         wdt = rq.weight_dtype
         if rq.weight_split:
-            return None
+            return _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp)
     else:
         if len(in_infos) < 2 or not _int_info(in_infos[1]):
             return None
@@ -271,6 +271,68 @@ def _gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
         return res, None
     out = _emit(res, out_scale, out_dt)
+    return clamp_output(out, clamp) if clamp is not None else out
+
+
+def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
+    """Conv/Linear with the high/low int8 weight split (numerics.split.split_conv2d; a linear
+    runs as a 1x1 conv). Partials combine by ``platform.weight_split_combine``."""
+    from quantlab.numerics.split import split_conv2d
+
+    p = sim.platform
+    if call.op_type not in ("conv2d", "linear") or xi.dtype.bits > 16:
+        return None
+    hp = rq.high_precision_output
+    out_dt = p.high_precision_output if hp else rq.output_dtype
+    float_out = hp or out_dt.is_float
+    so = 1.0 if float_out else float(_out_scale(sim, call, rq))
+    fin = DType.FLOAT32 if float_out else out_dt
+    bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+    opts = dict(
+        rounding=p.requant_round,
+        weight_rounding=p.fake_round,
+        scheme=p.requant,
+        overflow=p.accumulator_overflow,
+    )
+    if call.op_type == "conv2d":
+        res = split_conv2d(
+            xc,
+            float(xi.scale),
+            w_float.detach(),
+            ws,
+            rq.weight_split,
+            so,
+            fin,
+            p.weight_split_combine,
+            bias,
+            **_gemm_params(call),
+            **opts,
+        )
+    else:
+        lead = xc.shape[:-1]
+        x4 = xc.reshape(-1, xc.shape[-1], 1, 1)
+        w4 = w_float.detach().reshape(*w_float.shape, 1, 1)
+        res = split_conv2d(
+            x4,
+            float(xi.scale),
+            w4,
+            ws,
+            rq.weight_split,
+            so,
+            fin,
+            p.weight_split_combine,
+            bias,
+            **opts,
+        )
+        res = res.reshape(*lead, -1)
+    if float_out:
+        res = res.to(torch.float32)
+        if clamp is not None:
+            res = torch.clamp(res, clamp[0], clamp[1])
+        if out_dt is DType.FLOAT16:
+            return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
+        return res, None
+    out = _emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
     return clamp_output(out, clamp) if clamp is not None else out
 
 
