@@ -1,0 +1,69 @@
+"""The consistency experiment on a tiny toy run: columns, both views, findings and plots."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments.consistency import ConsistencyExp, consistency
+from quantlab.data.schema import DataConfig
+from quantlab.experiment import RunContext
+from quantlab.models.schema import ModelConfig
+from quantlab.platforms import PlatformConfig
+from quantlab.report import write_report
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="transformer_block", pretrained=False),
+        DataConfig(name="synthetic", num_calib=2, num_eval=2),
+        0,
+        tmp_path_factory.mktemp("consistency"),
+    )
+    return consistency(ConsistencyExp(max_eval_items=2), ctx), ctx
+
+
+def test_table_columns_and_views(result):
+    res, _ = result
+    t = res.table
+    for col in (
+        "view",
+        "depth",
+        "name",
+        "op_type",
+        "sqnr_db",
+        "cosine",
+        "max_abs",
+        "err_lsb",
+        "saturated",
+        "out_dtype",
+    ):
+        assert col in t.columns
+    assert set(t.view) == {"ISOLATED", "ACCUMULATED"}
+    iso, acc = t[t.view == "ISOLATED"], t[t.view == "ACCUMULATED"]
+    assert list(iso.name) == list(acc.name) and len(iso) >= 20
+    assert (iso.depth.to_numpy() == range(len(iso))).all()
+    # pass-through ops never add error of their own
+    assert (iso[iso.op_type.isin(["reshape", "permute"])].max_abs == 0).all()
+    assert iso.sqnr_db.min() < math.inf  # some op really differs between fake and fixed
+
+
+def test_findings_tables_and_report(result, tmp_path):
+    res, _ = result
+    assert res.findings and "SQNR" in res.findings[0]
+    assert {"model_output", "worst_ops", "op_support"} <= set(res.tables)
+    out = res.tables["model_output"]
+    assert list(out.compared) == ["FAKE", "FIXED", "FIXED"]
+    path = write_report(res, tmp_path, "python -m quantlab +exp=consistency", "exp: {}\n")
+    text = path.read_text()
+    assert "sqnr_along_depth.png" in text and (tmp_path / "sqnr_along_depth.png").exists()
+
+
+def test_schema_rejects_same_modes():
+    from quantlab.simulate import Mode
+
+    with pytest.raises(ValueError, match="must differ"):
+        ConsistencyExp(mode_a=Mode.FIXED, mode_b=Mode.FIXED)
