@@ -233,7 +233,13 @@ def _findings(exp, layers, models) -> list[str]:
             f"Combine mode: requantizing the halves separately adds {d_mean:.3f} output LSB of "
             f"mean error (up to {d_max:.2f} LSB more in the worst case) against one wide "
             f"accumulator; separate is worse in {100 * worse:.0f}% of {len(m)} layer cases "
-            "(two roundings instead of one). The wide accumulator needs more than 32 bits."
+            "(two roundings instead of one)."
+        )
+        bits = wide["acc_bits"]
+        out.append(
+            f"The wide accumulator needs up to {int(bits.max())} signed bits (median "
+            f"{bits.median():.0f}); {100 * float((bits > 32).mean()):.0f}% of {len(bits)} split "
+            "layer cases exceed int32, so the combined sum cannot live in one int32 register."
         )
     i16 = layers[(layers["format"] == "int16") & (layers["in_dtype"] == "INT16")]
     if len(i16):

@@ -153,7 +153,8 @@ def evaluate_formats(
     scheme: Requant = Requant.MUL_SHIFT,
     overflow: Overflow = Overflow.SATURATE,
 ) -> list[dict]:
-    """One row per format: output SQNR (dB), error in output LSBs (max, mean), saturations.
+    """One row per format: output SQNR (dB), error in output LSBs (max, mean), saturations,
+    and ``acc_bits``: signed bits the exact combined accumulator needs (a wide accumulator).
 
     Reference: float64 GEMM of the dequantized ``in_dtype`` input and the float weight. Each
     format: exact integer accumulators (int32 per pass, ``overflow``), partials combined by
@@ -199,6 +200,9 @@ def evaluate_formats(
                 parts = [(_int_gemm(call, xc, bh), 8), (_int_gemm(call, xc, bl), 0)]
             else:
                 parts = [(_int_gemm(call, xc, wc), 0)]
+        e_min = min(e for _, e in parts)
+        exact = sum(torch.bitwise_left_shift(a, e - e_min) for a, e in parts)
+        amax = int(exact.abs().max()) if exact.numel() else 0
         sat = 0
         held = []
         for acc, e in parts:
@@ -226,6 +230,7 @@ def evaluate_formats(
                 "mean_err_lsb": float(err_lsb.mean()),
                 "out_saturated": int((codes.long().abs() >= out_dtype.qmax).sum()),
                 "acc_saturated": sat,
+                "acc_bits": amax.bit_length() + 1,  # signed bits of the exact combined sum
                 "macs": call.macs,
                 "int8_passes": call.macs * f.passes,
                 "weight_bytes": call.weight_values * f.weight_bytes_per_value,
