@@ -80,9 +80,11 @@ def _findings(table: pd.DataFrame, top: pd.DataFrame, exp: SensitivityExp, run) 
     for kind, g in top.groupby("sensitive_type", sort=False):
         first = g.iloc[0]
         k_share = float(g["flops_share"].sum())
+        every = table[(table["sensitive_type"] == kind) & (table["metric"] == m)]["value"]
         out.append(
             f"{kind}: the most sensitive op by {m} is {first.op_name} ({first.op_type}, "
-            f"{first.quant_dtype}) with {m} = {first.value:.4g}; the top {len(g)} ops carry "
+            f"{first.quant_dtype}) with {m} = {first.value:.4g} (median over the {len(every)} "
+            f"ops studied: {every.median():.4g}); the top {len(g)} ops carry "
             f"{100 * k_share:.1f}% of the model's flops."
         )
     for kind, g in table.groupby("sensitive_type", sort=False):

@@ -184,8 +184,10 @@ def test_sensitivity_experiment_tiny_and_cached(tmp_path):
     assert set(first.tables) == {"top_ops", "sensitivity"}
     assert first.tables["top_ops"].groupby("sensitive_type").size().to_dict() == {
         "activation": 2,
+        "fixed": 2,
         "weight": 2,
     }
+    assert "median over the" in first.findings[0]
     assert "model runs" in first.findings[-1]
     again = sensitivity_exp(cfg.exp, ctx)
     assert "read from the cache" in again.findings[-1]
