@@ -241,13 +241,16 @@ def _findings(exp, layers, models) -> list[str]:
             f"{bits.median():.0f}); {100 * float((bits > 32).mean()):.0f}% of {len(bits)} split "
             "layer cases exceed int32, so the combined sum cannot live in one int32 register."
         )
-    i16 = layers[(layers["format"] == "int16") & (layers["in_dtype"] == "INT16")]
+    i16in = layers[layers["in_dtype"] == "INT16"]
+    i16 = i16in[i16in["format"] == "int16"]
     if len(i16):
         sat_layers = int((i16["acc_saturated"] > 0).sum())
+        spl = i16in[i16in["format"].str.startswith("split")]
         out.append(
             f"int16 x int16 (no split): {sat_layers} of {len(i16)} layer calls saturate the int32 "
             f"accumulator ({int(i16['acc_saturated'].sum())} outputs in total); with int16 inputs "
-            "a split int8 weight keeps every pass within int32."
+            f"and a split int8 weight, {int(spl['acc_saturated'].sum())} outputs saturate in "
+            f"{len(spl)} layer cases: each int16 x int8 pass fits int32."
         )
     if models is not None and len(models):
         for model, g in models.groupby("model", sort=False):
