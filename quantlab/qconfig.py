@@ -11,7 +11,8 @@ Platform templates (j6-numerics s.6 and s.8) read fields of the PlatformConfig o
   ``platform.weight_dtype``;
 - a GEMM whose output is a model output keeps a high-precision output
   (``platform.high_precision_output``: int32 on E/M/B, float32 on H/P);
-- the ops producing a grid_sample grid run at ``platform.grid_chain_dtype``.
+- the ops producing a grid_sample grid run at ``platform.grid_chain_dtype`` (a GEMM in that
+  chain takes its inputs at that dtype too where the platform allows it).
 """
 
 from __future__ import annotations
@@ -154,6 +155,9 @@ def platform_template(platform: PlatformConfig, ctx: OpContext) -> OpQConfig:
             t.high_precision_output = True
     if ctx.in_grid_chain:
         t.output_dtype = platform.grid_chain_dtype
+        chain = platform.grid_chain_dtype
+        if ctx.op_type in GEMM_TYPES and (chain.is_float or platform.max_int16_gemm_operands >= 2):
+            t.input_dtype = chain  # a GEMM in the chain computes at the chain's precision
     return t
 
 

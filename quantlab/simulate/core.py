@@ -598,7 +598,12 @@ class Simulator:
         if call.category is OpCategory.GRID_SAMPLE:
             self._check_grid(call.name, A.get(args, kwargs, plan.acts[0]).shape)
         quant_out = om is None or om.quantize_output
-        if call.category is OpCategory.GRID_SAMPLE and mode is Mode.FAKE:
+        grid_info = in_infos[1] if len(in_infos) > 1 else None
+        if (
+            call.category is OpCategory.GRID_SAMPLE
+            and mode is Mode.FAKE
+            and (grid_info is None or grid_info.dtype.is_int)
+        ):  # an integer grid chain: the grid is int16 at its fixed scale (a float16 one is not)
             _fake_grid(self.platform, args, kwargs, plan)
         clamp = self._fused_clamp(call.name) if chain else None
         if mode is Mode.FIXED:
@@ -692,7 +697,7 @@ def _platform(name: str) -> PlatformConfig:
 
 def _fake_grid(platform: PlatformConfig, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
     """QAT numerics of a grid_sample grid: fake quant per axis at the fixed grid scale (s.4)."""
-    from quantlab.numerics.grid_sample import quantize_grid
+    from quantlab.numerics.grid_sample import NanRule, quantize_grid
 
     if not platform.grid_dtype.is_int:
         return
@@ -709,6 +714,7 @@ def _fake_grid(platform: PlatformConfig, args: list, kwargs: dict, plan: A.ArgPl
         platform.grid_coord,
         platform.grid_dtype,
         platform.fake_round,
+        NanRule.ZERO_CODE,
     )
     if qg.coord.name == "NORMALIZED":
         scale = torch.tensor([qg.scale_x, qg.scale_y], dtype=torch.float32)

@@ -599,7 +599,12 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
     p = sim.platform
     info = in_infos[0]
-    if not _int_info(info) or not p.grid_dtype.is_int:
+    ginfo = in_infos[1] if len(in_infos) > 1 else None
+    if (
+        not _int_info(info)
+        or not p.grid_dtype.is_int
+        or (ginfo is not None and ginfo.dtype.is_float)
+    ):
         return None
     x = A.get(args, kwargs, plan.acts[0])
     grid = A.get(args, kwargs, plan.acts[1])
@@ -609,7 +614,14 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if mode not in ("bilinear", "nearest") or padding != "zeros" or x.dim() != 4:
         return None
     qg = G.quantize_grid(
-        grid, x.shape[2], x.shape[3], align, p.grid_coord, p.grid_dtype, p.fake_round
+        grid,
+        x.shape[2],
+        x.shape[3],
+        align,
+        p.grid_coord,
+        p.grid_dtype,
+        p.fake_round,
+        G.NanRule.ZERO_CODE,  # a NaN coordinate becomes code 0, as quantize does
     )
     codes = G.grid_sample_fixed(
         info.codes_of(x),
