@@ -547,14 +547,18 @@ class Simulator:
                 values[key] = qat_fake_quant(w, s, dtype, self.platform.fake_round, 0, lo)
         return values[key]
 
-    def quantize_act(self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode):
-        """(value, QInfo) of ``x`` quantized at activation point ``name/key``."""
+    def quantize_act(
+        self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode, bounds=None
+    ):
+        """(value, QInfo) of ``x`` quantized at activation point ``name/key`` (FAKE mode:
+        ``bounds`` = a fused clamp applied in the same pass)."""
         if dtype.is_float:
             y = fake_cast(x, dtype, self.platform.float16_saturate)
             return y, QInfo(dtype)
         s = self.act_scale(name, key, dtype, rq)
         if mode is not Mode.FIXED:
-            return qat_fake_quant(x, s, dtype, self.platform.fake_round), QInfo(dtype, s)
+            y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds)
+            return y, QInfo(dtype, s)
         codes = quantize(x, s, dtype, self.platform.fake_round)
         return dequantize(codes, s), QInfo(dtype, s, codes)
 
@@ -613,9 +617,16 @@ class Simulator:
             if res is not None:
                 return res
         out = call.func(*args, **kwargs)
-        if clamp:
+        fuse = (  # fake-quantize the fused clamp in the same pass (qat_fake_quant ``bounds``)
+            clamp is not None
+            and mode is Mode.FAKE
+            and quant_out
+            and rq.output_dtype.is_int
+            and not rq.high_precision_output
+        )
+        if clamp and not fuse:
             out = torch.clamp(out, clamp[0], clamp[1])
-        return self._quant_output(call, out, in_infos, rq, quant_out, mode)
+        return self._quant_output(call, out, in_infos, rq, quant_out, mode, clamp if fuse else None)
 
     def _fused_clamp(self, name: str) -> tuple | None:
         for c in self._chain.get(name, []):
@@ -651,7 +662,7 @@ class Simulator:
             plan.bias = ("k", "bias")
         A.put(args, kwargs, plan.bias, hit[2])
 
-    def _quant_output(self, call, out, in_infos, rq, quant_out, mode):
+    def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None):
         if call.category is OpCategory.PASS_THROUGH:
             src = in_infos[0] if in_infos else None
             if src is None or src.dtype.is_float:
@@ -666,7 +677,7 @@ class Simulator:
             return dequantize(codes, src.scale), QInfo(src.dtype, src.scale)
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
-        return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode)
+        return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds)
 
 
 @functools.lru_cache(maxsize=16)

@@ -26,18 +26,39 @@ def qat_fake_quant(
     rounding: Round,
     axis: int | None = None,
     qmin: int | None = None,
+    bounds: tuple[float | None, float | None] | None = None,
 ) -> Tensor:
     """float32 fake-quantized ``x`` (symmetric, zero point 0) the way QAT computes it.
 
     Per-tensor (``axis`` None, one scale) or per-channel along ``axis``; range [qmin, qmax]
-    (default: the full range of ``dtype``). Non-finite inputs follow torch's kernels.
+    (default: the full range of ``dtype``). ``bounds`` = (lo, hi) fake-quantizes
+    ``clamp(x, lo, hi)`` (a fused relu6) in the same pass.
+    Per-tensor HALF_EVEN is computed as ``round(x * r) -> clamp -> * s`` with ``r = fl32(1/s)``:
+    the same float32 operations as torch's kernel, bit for bit (tests), several times faster on
+    CPU. A clamp commutes with the monotone ``fl32(. * r)`` and ``round``, so
+    ``fq(clamp(x, lo, hi))`` clamps the codes to ``[round(lo * r), round(hi * r)]``. NaN inputs
+    stay NaN (torch's kernel gives an unspecified code).
     """
     lo = dtype.qmin if qmin is None else qmin
+    hi = dtype.qmax
     if rounding is not Round.HALF_EVEN:
+        if bounds is not None:
+            x = torch.clamp(x, bounds[0], bounds[1])
         return fake_quant(x, scale, dtype, rounding, axis=axis)
     xf = x.detach().to(torch.float32)
     s = torch.as_tensor(scale, dtype=torch.float32)
-    if axis is None:
-        return torch.fake_quantize_per_tensor_affine(xf, float(s), 0, lo, dtype.qmax)
-    zp = torch.zeros(s.shape, dtype=torch.int32)
-    return torch.fake_quantize_per_channel_affine(xf, s, zp, axis, lo, dtype.qmax)
+    if axis is not None:
+        if bounds is not None:
+            xf = torch.clamp(xf, bounds[0], bounds[1])
+        zp = torch.zeros(s.shape, dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(xf, s, zp, axis, lo, hi)
+    s = s.reshape(())
+    r = torch.ones((), dtype=torch.float32) / s
+    rf, sf = float(r), float(s)
+    if bounds is not None:
+        if bounds[0] is not None:
+            lo = max(lo, int(torch.round(torch.tensor(bounds[0], dtype=torch.float32) * r)))
+        if bounds[1] is not None:
+            hi = min(hi, int(torch.round(torch.tensor(bounds[1], dtype=torch.float32) * r)))
+    q = torch.mul(xf, rf)
+    return q.round_().clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
