@@ -10,6 +10,7 @@ int16 weights; task metrics against float on real photos / sentences, and cost.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +49,7 @@ class HighlowSplitExp:
         default_factory=lambda: [SplitCombine.WIDE_ACCUMULATOR, SplitCombine.SEPARATE_REQUANT]
     )
     layer_in_dtypes: list[DType] = field(default_factory=lambda: [DType.INT8, DType.INT16])
-    layer_out_dtype: DType = DType.INT16  # per-layer output (int8 output hides the weight error)
+    layer_out_dtype: DType | None = None  # per-layer output; None: platform.sensitive_dtype
     max_layers: int | None = None  # per model, in execution order (None: every GEMM)
     layer_max_hw: int = 8  # conv inputs cropped to the central HxW (<= this) per layer
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
@@ -69,9 +70,10 @@ class HighlowSplitExp:
                 raise ValueError(f"exp.{name} must not be empty")
         if self.top_k < 1:
             raise ValueError(f"exp.top_k must be >= 1, got {self.top_k}")
-        if self.layer_out_dtype not in (DType.INT8, DType.INT16):
+        if self.layer_out_dtype not in (None, DType.INT8, DType.INT16, DType.FLOAT16):
             raise ValueError(
-                f"exp.layer_out_dtype must be INT8 or INT16, got {self.layer_out_dtype}"
+                "exp.layer_out_dtype must be INT8, INT16, FLOAT16 or null, got "
+                f"{self.layer_out_dtype}"
             )
 
 
@@ -275,6 +277,8 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.data.schema import DataConfig
     from quantlab.models import build_model
 
+    if exp.layer_out_dtype is None:  # int16 on J6E/M/B, float16 on J6H/P
+        exp = dataclasses.replace(exp, layer_out_dtype=ctx.platform.sensitive_dtype)
     layers, models, sens = [], [], []
     for name in exp.models:
         bundle = build_model(name, seed=0 if ctx.seed is None else ctx.seed)
@@ -345,7 +349,9 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
             "per tensor (amax/((qmax - qmin)/2)), weights per output channel; exact integer "
             "accumulators (int32 per int8 pass, saturating); reference = float64 GEMM of the "
             "dequantized input with float weights; output requantized (MUL_SHIFT, half up) to "
-            "the output dtype at amax(reference). Error in output LSBs against the reference.",
+            "the output dtype at amax(reference). Error in output LSBs against the reference "
+            "(float16 outputs, J6H/P: s_x * s_w * acc rounded to float16, error in float16 ulps "
+            "at each reference value).",
             "split_kK_wide: acc_hi + acc_lo / 2^K exactly in a 48-bit accumulator, one "
             "requantization (16-bit multiplier); split_kK_separate: each half requantized with "
             "its own 31-bit multiplier, the rounded results added. MatMul (split16_*): the right "

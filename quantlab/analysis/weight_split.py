@@ -13,6 +13,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -159,7 +160,8 @@ def evaluate_formats(
     Reference: float64 GEMM of the dequantized ``in_dtype`` input and the float weight. Each
     format: exact integer accumulators (int32 per pass, ``overflow``), partials combined by
     ``combine_partials`` (a single partial for INT8/INT16), requantized to ``out_dtype`` with
-    the per-tensor output scale amax(reference) / ((qmax - qmin) / 2).
+    the per-tensor output scale amax(reference) / ((qmax - qmin) / 2); a FLOAT16/FLOAT32
+    ``out_dtype`` (J6H/P) rounds s_x * s_w * acc to that format, errors in its spacing.
     """
     x = call.x.to(torch.float32)
     w = call.w.to(torch.float32)
@@ -172,7 +174,8 @@ def evaluate_formats(
     else:
         wamax = w.abs().max()
     ref = _float_gemm(call, xc.double() * float(sx), w.double())
-    so = compute_scale(ref.abs().max(), out_dtype)
+    # integer out: requantize to amax/((qmax - qmin)/2); float out (J6H/P): s_x * s_w floats
+    so = compute_scale(ref.abs().max(), out_dtype) if out_dtype.is_int else torch.tensor(1.0)
     caxis = 1 if call.kind == "conv2d" else (-1 if call.kind == "linear" else None)
     rows = []
     seen = set()
@@ -215,7 +218,12 @@ def evaluate_formats(
             held, real, out_dtype, f.combine, rounding=rounding, scheme=scheme, axis=axis
         )
         y = codes.double() * float(so)
-        err_lsb = (codes.double() - ref / float(so)).abs()
+        if out_dtype.is_int:
+            err_lsb = (codes.double() - ref / float(so)).abs()
+            n_sat = int((codes.long().abs() >= out_dtype.qmax).sum())
+        else:  # in units of the output format's spacing at the reference value
+            err_lsb = (y - ref).abs() / _float_spacing(ref, out_dtype)
+            n_sat = int((y.abs() >= out_dtype.max_finite).sum())
         noise = (y - ref).norm()
         sqnr = float(20 * torch.log10(ref.norm() / noise)) if float(noise) > 0 else math.inf
         rows.append(
@@ -228,7 +236,7 @@ def evaluate_formats(
                 "sqnr_db": sqnr,
                 "max_err_lsb": float(err_lsb.max()),
                 "mean_err_lsb": float(err_lsb.mean()),
-                "out_saturated": int((codes.long().abs() >= out_dtype.qmax).sum()),
+                "out_saturated": n_sat,
                 "acc_saturated": sat,
                 "acc_bits": amax.bit_length() + 1,  # signed bits of the exact combined sum
                 "macs": call.macs,
@@ -237,6 +245,13 @@ def evaluate_formats(
             }
         )
     return rows
+
+
+def _float_spacing(ref: Tensor, dtype: DType) -> Tensor:
+    """Spacing of ``dtype`` (FLOAT16/FLOAT32) at |ref|: one output LSB of a float format."""
+    np_dtype = np.float16 if dtype is DType.FLOAT16 else np.float32
+    a = np.abs(ref.numpy()).astype(np_dtype)
+    return torch.from_numpy(np.spacing(a).astype(np.float64))
 
 
 def capture_gemm_calls(model: nn.Module, inputs: tuple, kinds=GEMM_KINDS) -> list[GemmCall]:

@@ -13,6 +13,7 @@ from quantlab.analysis.weight_split import (
     evaluate_formats,
     weight_sensitivity,
 )
+from quantlab.numerics.dtypes import DType
 from quantlab.numerics.split import SplitCombine
 
 FORMATS = [
@@ -80,3 +81,15 @@ def test_box_task_is_seeded_and_fit_lowers_the_loss():
 
     losses = fit(Head(), t1.batches(4), t1.targets(4), steps=30, lr=1e-2)
     assert losses[-1] < losses[0]
+
+
+def test_float16_output_path_for_j6h_p():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 8, 6, 6, generator=g).relu()
+    w = torch.randn(12, 8, 3, 3, generator=g) * 0.1
+    call = GemmCall("c", "conv2d", x, w, (1, 1, 1, 1))
+    rows = {r["format"]: r for r in evaluate_formats(call, FORMATS, out_dtype=DType.FLOAT16)}
+    assert rows["int8"]["sqnr_db"] < rows["split_k7_wide"]["sqnr_db"] - 20
+    # errors in float16 ulps at each reference value: about one rounding on average
+    assert rows["split_k7_wide"]["mean_err_lsb"] < 1.0 < rows["int8"]["mean_err_lsb"]
+    assert rows["split_k7_wide"]["out_saturated"] == 0

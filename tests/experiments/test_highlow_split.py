@@ -39,3 +39,20 @@ def test_bad_k_and_scheme():
         HighlowSplitExp(ks=[9])
     with pytest.raises(ValueError, match="exp.schemes"):
         HighlowSplitExp(schemes=["int4"])
+
+
+def test_float16_platform_uses_float16_layer_outputs(tmp_path):
+    from quantlab.platforms import load_platform
+
+    exp = HighlowSplitExp(
+        models=["small_cnn"],
+        ks=[7],
+        layer_in_dtypes=[DType.INT8],
+        schemes=["int8"],
+        num_eval=1,
+        num_calib=1,
+    )
+    res = run(exp, RunContext(load_platform("j6p"), None, None, 0, tmp_path))
+    assert set(res.table["out_dtype"]) == {"FLOAT16"}
+    piv = res.table.pivot_table(index="layer", columns="format", values="sqnr_db")
+    assert (piv["split_k7_wide"] > piv["int8"]).all()
