@@ -183,5 +183,10 @@ def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
             f"at {hi.cost_rel:.3f}x the cost."
         )
         best = g[g["pareto"]]
-        out.append(f"{pname}: Pareto-optimal ratios: {', '.join(f'{r:g}' for r in best['ratio'])}.")
+        top = g.loc[g["sqnr_db"].idxmax()]
+        out.append(
+            f"{pname}: the best output SQNR, {top.sqnr_db:.2f} dB, comes at ratio {top.ratio:g} "
+            f"({top.raised_ops} ops raised, {top.cost_rel:.3f}x the cost); Pareto-optimal "
+            f"ratios ({task_name} vs cost): {', '.join(f'{r:g}' for r in best['ratio'])}."
+        )
     return out
