@@ -105,6 +105,7 @@ def _op_level(exp: InverseSigmoidExp, fmt: LutFormat):
         codes = torch.arange(0, int(round(1 / s_in)) + 1, dtype=torch.int64)
         codes = codes[codes <= dt.qmax].to(dt.torch_dtype)
         x = codes.double().numpy() * s_in
+        pts: list[float] = []
         if strat == COMPOSITE:
             clip = RECIP_CLIP_CODES[dt]
             y = inverse_sigmoid_composite(
@@ -173,7 +174,8 @@ def _op_level(exp: InverseSigmoidExp, fmt: LutFormat):
         if eps == exp.eps_values[0]:
             edges = np.linspace(0.0, 1.0, exp.profile_bins + 1)
             b = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, exp.profile_bins - 1)
-            for i in np.unique(b):
+            marks = list(pts) if label != COMPOSITE else []  # dividing points, drawn dotted
+            for j, i in enumerate(np.unique(b)):
                 sel = b == i
                 prof.append(
                     {
@@ -181,6 +183,7 @@ def _op_level(exp: InverseSigmoidExp, fmt: LutFormat):
                         "in_dtype": dt.name,
                         "x": float(x[sel].mean()),
                         "max_err": max(float(err[sel].max()), 1e-7),
+                        "dividing_point": marks[j] if j < len(marks) else float("nan"),
                     }
                 )
     return pd.DataFrame(rows), pd.DataFrame(points), pd.DataFrame(prof)
@@ -423,7 +426,8 @@ def run(exp: InverseSigmoidExp, ctx: RunContext) -> ExperimentResult:
             y="max_err",
             xlabel="LUT input x (sigmoid output, unitless)",
             ylabel="max |LUT - inverse_sigmoid| (output units, log)",
-            title=f"inverse_sigmoid table error, eps {eps0:g}",
+            title=f"inverse_sigmoid table error, eps {eps0:g} (dotted: dividing points)",
+            vlines="dividing_point",
             hue="strategy",
             facet="in_dtype",
             logy=True,
