@@ -78,7 +78,7 @@ def _finish(proc: subprocess.Popen, timeout: float = 120) -> str:
 def test_killed_sweep_resumes_without_repeating_jobs(tmp_path):
     """Kill a sweep after its first job, rerun it (joblib, in parallel) in the same folder."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "+exp=sweep_probe_schema", "exp.value=1,2,3", "exp.sleep_s=1.5"]
+    args = ["-m", "+exp=sweep_probe_schema", "exp.value=1,2,3", "exp.sleep_s=1.0"]
     proc = _quantlab([*args, f"hydra.sweep.dir={sweep}"], start_new_session=True)
     deadline = time.monotonic() + 90
     try:
