@@ -144,3 +144,14 @@ def test_sweep_presets_compose(preset, target, monkeypatch):
         resolved = OmegaConf.to_container(launcher, resolve=False)
         assert launcher.partition == "cpu" and launcher.cpus_per_task == 4
         assert resolved["submitit_folder"].endswith("/.submitit/%j")
+
+
+def test_summary_command(tmp_path, capsys):
+    from quantlab.sweep.__main__ import main
+
+    sweep = tmp_path / "sweep"
+    _fake_job(sweep, "a=1", ["a=1"], pd.DataFrame({"y": [1.0]}))
+    _fake_job(sweep, "a=2", ["a=2"], None)
+    assert main([str(sweep), "--no-plots"]) == 0
+    assert "1/2 jobs finished; 1 rows" in capsys.readouterr().out
+    assert not list(sweep.glob("*.png"))
