@@ -269,6 +269,16 @@ def _pick(df: pd.DataFrame, **kw) -> pd.Series:
     return df[sel].iloc[0]
 
 
+def _widest(points: pd.DataFrame, strategy: str, exp: InverseSigmoidExp) -> str:
+    """ ", where <strategy>'s widest table spans [a, b]" for the model's input dtype (or "")."""
+    sel = points[(points["strategy"] == strategy) & (points["in_dtype"] == exp.model_in_dtype.name)]
+    if not len(sel):
+        return ""
+    pts = [float(p) for p in sel.iloc[0]["points"].split()]
+    i = max(range(len(pts) - 1), key=lambda j: pts[j + 1] - pts[j])
+    return f", where {strategy.lower()}'s widest table spans [{pts[i]:.4g}, {pts[i + 1]:.4g}]"
+
+
 def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> list[str]:
     out = []
     b = bound_table.iloc[0]
@@ -364,8 +374,7 @@ def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> l
                 f"{'lower' if e < c else 'higher'}); IoU vs float evenly {iou['EVENLY']:.4f} vs "
                 f"curvature {iou['CURVATURE']:.4f}. {100 * mid_share:.0f}% of the box coordinates "
                 f"the decoder refines lie in the middle region [{exp.region_edge:g}, "
-                f"{1 - exp.region_edge:g}], where evenly's tables are accurate and curvature has "
-                "a single wide table."
+                f"{1 - exp.region_edge:g}]{_widest(points, 'CURVATURE', exp)}."
             )
         cl = model[model["variant"] == "clamped_logit"]
         if len(cl):
