@@ -70,6 +70,8 @@ def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
     parts = [sim.compare(*batch, a=exp.mode_a, b=exp.mode_b, view=v) for v in View]
     table = pd.concat(parts, ignore_index=True)
     table["depth"] = table.groupby("view").cumcount()
+    kernels = sim.ops.set_index("name")["fixed_kernel"]
+    table["fixed_kernel"] = [kernels.get(n, "") for n in table["name"]]
     capped = table["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
     table["sqnr_db_plot"] = capped.where(~table["sqnr_db"].isna(), float("nan"))
     return table
@@ -164,6 +166,10 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             "output_dtype",
         ]
     ]
+    # the plots follow the ops that compute (pass-through and fused ops copy their input)
+    computes = ~table.fixed_kernel.str.startswith(("pass_through", "fused"))
+    along = table[computes].copy()
+    along["compute_depth"] = along.groupby("view").cumcount()
     iso = table[table.view == "ISOLATED"]
     worst = iso.sort_values("sqnr_db").head(exp.top_k)[
         ["name", "op_type", "sqnr_db", "cosine", "max_abs", "err_lsb", "saturated", "out_dtype"]
@@ -172,19 +178,21 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     plots = [
         Plot(
             name="sqnr_along_depth",
-            x="depth",
+            x="compute_depth",
             y="sqnr_db_plot",
             hue="view",
-            xlabel="op position in execution order (ops)",
+            table="along_depth",
+            xlabel="computing op in execution order (ops; pass-through and fused ops left out)",
             ylabel=f"SQNR of {b} vs {a} (dB; identical drawn at {SQNR_PLOT_CAP:g})",
             title=f"{bundle.name} on {ctx.platform.name}: {b} vs {a} along depth",
         ),
         Plot(
             name="error_lsb_along_depth",
-            x="depth",
+            x="compute_depth",
             y="err_lsb",
             hue="view",
-            xlabel="op position in execution order (ops)",
+            table="along_depth",
+            xlabel="computing op in execution order (ops; pass-through and fused ops left out)",
             ylabel="max |error| (output LSB)",
             title=f"{bundle.name}: largest per-op error in output LSBs",
         ),
@@ -193,7 +201,14 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         table=table,
         title=f"Fake vs fixed consistency: {bundle.name} on {ctx.platform.name}",
         findings=_findings(table, outputs, support, exp, ctx, bundle),
-        tables={"model_output": outputs, "worst_ops": worst, "op_support": support},
+        tables={
+            "model_output": outputs,
+            "worst_ops": worst,
+            "op_support": support,
+            "along_depth": along[
+                ["view", "compute_depth", "name", "op_type", "sqnr_db", "sqnr_db_plot", "err_lsb"]
+            ],
+        },
         plots=plots,
         notes=[
             f"Calibration: {len(data.calib)} {data.name} items; comparison: the first "

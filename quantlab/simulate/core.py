@@ -180,7 +180,11 @@ class Simulator:
                     "output_shape": inf.output_shape,
                     "supported": self.supported(inf.op_type, inf.category),
                     "category": inf.category.name if inf.category else "NONE",
-                    "fixed_kernel": fixed_ops.kernel_name(inf.op_type, inf.category, self),
+                    "fixed_kernel": (
+                        f"fused into {self._fused_into[name]}"
+                        if name in self._fused_into
+                        else fixed_ops.kernel_name(inf.op_type, inf.category, self)
+                    ),
                     "input_dtype": _dt_names(inf.input_dtypes),
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
                     "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
