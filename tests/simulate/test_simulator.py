@@ -11,6 +11,7 @@ from torch import nn
 from quantlab.analysis.metrics import float_leaves
 from quantlab.models import build_model
 from quantlab.numerics.dtypes import DType
+from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import ObserverKind, OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, OpMode, Simulator
 
@@ -237,3 +238,42 @@ def test_weight_split_brings_weights_closer_to_float():
     with pytest.raises(ValueError, match="weight_split"):
         bad = Simulator(b.module, "j6m", QConfigSpec(by_type={"relu": OpQConfig(weight_split=7)}))
         bad.calibrate(calib[:1])
+
+
+def test_op_support_table_per_platform():
+    from quantlab.simulate.support import op_support_table
+
+    plats = ["j6m", "j6p"]
+    t = op_support_table(plats)
+    required = (
+        "conv1d conv2d linear matmul add sub mul div sum mean cat stack reshape permute "
+        "getitem relu relu6 clamp max_pool2d avg_pool2d interpolate grid_sample sigmoid tanh "
+        "exp log sqrt rsqrt reciprocal sin cos softmax layer_norm gelu silu inverse_sigmoid"
+    ).split()
+    for p in plats:
+        sub = t[t.platform == p].set_index("op_type")
+        assert set(required) <= set(sub.index)
+        assert sub.loc["conv2d"].fixed_kernel == "integer"
+        assert sub.loc["sigmoid"].fixed_kernel == "lut"
+        assert sub.loc["layer_norm"].fixed_kernel == "float_fallback"
+    limited = PlatformConfig(name="tiny", supported_ops=["conv2d"])
+    sub = op_support_table([limited]).set_index("op_type")
+    assert bool(sub.loc["conv2d"].supported) and not bool(sub.loc["sigmoid"].supported)
+    assert sub.loc["sigmoid"].fixed_kernel.startswith("float")
+
+
+def test_grid_sample_size_limit_names_op_and_rule():
+    class Warp(nn.Module):
+        def forward(self, x, grid):
+            return torch.nn.functional.grid_sample(x, grid, align_corners=False)
+
+    x = torch.randn(1, 2, 4, 2048)
+    grid = torch.rand(1, 4, 4, 2) * 2 - 1
+    sim = Simulator(Warp(), "j6m")
+    with pytest.raises(ValueError) as e:
+        sim.calibrate([(x, grid)])
+    msg = str(e.value)
+    assert ":grid_sample#0" in msg and "grid_max_side" in msg and "W=2048" in msg
+    ok = Simulator(Warp(), "j6p")  # no size limits on J6P
+    ok.calibrate([(x, grid)])
+    assert torch.isfinite(ok.run(x, grid, mode=Mode.FIXED)).all()
