@@ -60,11 +60,20 @@ class CostModel:
 
 
 def dtype_bytes(value) -> int:
-    """Bytes of one element of ``value`` (a DType, its name/value, or None/NaN = float32)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    """Bytes of one element of ``value`` (a DType, its name/value; None, "" or NaN = float32)."""
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
         return 4
     dt = value if isinstance(value, DType) else DType.parse(str(value).split(".")[-1])
     return max(dt.bits // 8, 1)
+
+
+def _dtype_list(value) -> list:
+    """``Simulator.ops`` input dtypes: "INT8,INT16" (one per activation input, "" unknown)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    if isinstance(value, DType):
+        return [value]
+    return [v for v in str(value).split(",") if v.strip()]
 
 
 def _elements(shape) -> int:
@@ -91,19 +100,20 @@ def op_cost(row: pd.Series, lut_direct_int8: bool, model: CostModel = CostModel(
     out_dtype = _get(row, "output_dtype") if supported else None
     out_bytes = dtype_bytes(out_dtype)
     elements = _elements(_get(row, "output_shape"))
+    ins = (_dtype_list(_get(row, "input_dtype")) or [out_dtype]) if supported else [None]
     if op_type in GEMM_TYPES:
         macs = float(_get(row, "flops", 0.0)) / model.flops_per_mac
-        in_dtype = _get(row, "input_dtype", out_dtype) if supported else None
-        in_bytes = dtype_bytes(in_dtype)
+        in_bytes = dtype_bytes(ins[0])
         split = int(_get(row, "weight_split", 0) or 0) if supported else 0
         if split:
             return 2.0 * macs * in_bytes + elements * model.split_combine
-        w_bytes = dtype_bytes(_get(row, "weight_dtype") if supported else None)
-        if not bool(_get(row, "has_weight", True)):  # matmul of two activations
-            w_bytes = in_bytes
+        if bool(_get(row, "has_weight", True)):
+            w_bytes = dtype_bytes(_get(row, "weight_dtype") if supported else None)
+        else:  # matmul of two activations: the second one plays the weight
+            w_bytes = dtype_bytes(ins[1] if len(ins) > 1 else ins[0])
         return macs * in_bytes * w_bytes
     if op_type in LUT_TYPES:
-        in_dtype = _get(row, "input_dtype", out_dtype) if supported else None
+        in_dtype = ins[0]
         direct = lut_direct_int8 and dtype_bytes(in_dtype) == 1 and out_bytes == 1
         if direct and DType.parse(str(out_dtype).split(".")[-1]) is DType.INT8:
             return elements * model.lut_direct

@@ -27,6 +27,10 @@ def test_gemm_cost_is_macs_times_operand_bytes():
     assert op_cost(_row(input_dtype=DType.INT16), True) == 2000.0
     assert op_cost(_row(input_dtype="INT16", weight_dtype="int16"), True) == 4000.0
     assert op_cost(_row(supported=False), True) == 16000.0  # float32 x float32
+    # Simulator.ops spelling: one dtype name per activation input, "" for none recorded
+    mm = _row(op_type="matmul", has_weight=False, weight_dtype="", input_dtype="INT8,INT16")
+    assert op_cost(mm, True) == 2000.0
+    assert op_cost(_row(input_dtype=""), True) == 1000.0  # falls back to the output dtype
     split = op_cost(_row(weight_split=8, weight_dtype=DType.INT16), True)
     assert split == 2 * 1000 + 10 * CostModel().split_combine
 
