@@ -413,6 +413,37 @@ def split_conv2d(
     )
 
 
+def split_linear(
+    x_codes: Tensor,
+    x_scale: float,
+    w: Tensor,
+    w_scale: Tensor,
+    k: int,
+    out_scale: float,
+    out: DType,
+    combine: SplitCombine,
+    bias: Tensor | None = None,
+    rounding: Round = Round.HALF_UP,
+    weight_rounding: Round = Round.HALF_EVEN,
+    scheme: Requant = Requant.MUL_SHIFT,
+    overflow: Overflow = Overflow.SATURATE,
+) -> Tensor:
+    """Fixed-point linear (x (..., in) @ w (out, in)^T) with a high/low split weight; the same
+    contract as ``split_conv2d`` with the output channel on the last axis."""
+    w_hi, w_lo = split_weight(w, w_scale, k, axis=0, rounding=weight_rounding)
+    acc_hi = gemm.int_linear(x_codes, w_hi)
+    acc_lo = gemm.int_linear(x_codes, w_lo)
+    unit = float(x_scale) * torch.as_tensor(w_scale, dtype=torch.float64).reshape(-1)
+    if bias is not None:
+        acc_hi = acc_hi + torch.round(bias.double() / unit).to(torch.int64)
+    acc_hi = int32_accumulate(acc_hi, overflow)
+    acc_lo = int32_accumulate(acc_lo, overflow)
+    real = unit / float(out_scale)
+    return combine_split(
+        acc_hi, acc_lo, k, real, out, combine, rounding=rounding, scheme=scheme, axis=-1
+    )
+
+
 def split_matmul(
     a_codes: Tensor,
     b_codes: Tensor,

@@ -24,6 +24,7 @@ from quantlab.numerics.split import (
     split_error_bound,
     split_fake_weight,
     split_int16_codes,
+    split_linear,
     split_matmul,
     split_weight,
 )
@@ -350,3 +351,27 @@ def test_tiny_real_scale_flushes_to_zero_like_requantize():
         axis=0,
     )
     assert y[0] == 0
+
+
+@pytest.mark.parametrize("combine", list(SplitCombine))
+def test_split_linear_equals_reference(combine):
+    from quantlab.numerics import reference
+
+    g = torch.Generator().manual_seed(21)
+    x = torch.randint(-128, 128, (3, 5, 40), generator=g).to(torch.int8)
+    w = torch.randn(6, 40, generator=g) * 0.2
+    bias = torch.randn(6, generator=g) * 0.1
+    ws = (w.abs().amax(1) / 127.5).to(torch.float32)
+    y = split_linear(x, 0.03, w, ws, 8, 0.02, DType.INT16, combine, bias=bias)
+    hi, lo = split_weight(w, ws, 8)
+    unit = 0.03 * ws.double()
+    acc_hi = torch.from_numpy(np.asarray(reference.int_linear(x, hi), dtype=np.int64))
+    acc_hi = acc_hi + torch.round(bias.double() / unit).long()
+    acc_lo = torch.from_numpy(np.asarray(reference.int_linear(x, lo), dtype=np.int64))
+    ref = torch.empty_like(y)
+    for c in range(6):
+        parts = [(acc_hi[..., c], 0), (acc_lo[..., c], -8)]
+        ref[..., c] = combine_reference(
+            parts, float(unit[c] / 0.02), DType.INT16, combine, Round.HALF_UP
+        )
+    assert_bits_equal(y, ref)
