@@ -265,6 +265,21 @@ def _findings(exp, layers, models) -> list[str]:
             )
             parts = ", ".join(f"{s} {te[s]:.3g} at {cr[s]:.2f}x cost" for s in te)
             out.append(f"{model} (weights in each format, activations float; {metric}): {parts}.")
+            if {"int8", "split_topk"} <= te.keys() and te["int8"] > 0:
+                out.append(
+                    f"{model}: splitting the {exp.top_k} most weight-sensitive layers removes "
+                    f"{100 * (1 - te['split_topk'] / te['int8']):.0f}% of the int8 task error for "
+                    f"{100 * (cr['split_topk'] - 1):.0f}% extra cost."
+                )
+            if {"split_all", "int16"} <= te.keys():
+                dom = te["int16"] <= te["split_all"] and cr["int16"] <= cr["split_all"]
+                out.append(
+                    f"{model}: int16 weights {'dominate' if dom else 'do not dominate'} split-all "
+                    f"(error {te['int16']:.3g} vs {te['split_all']:.3g} at {cr['int16']:.2f}x vs "
+                    f"{cr['split_all']:.2f}x cost) where the platform runs int16 x int8; the split "
+                    "is the way to precise weights when the activations are int16 and int16 x "
+                    "int16 is not available (platform.max_int16_gemm_operands < 2)."
+                )
             if "top1_agreement" in g.columns and g["top1_agreement"].notna().all():
                 t1 = ", ".join(f"{s} {v:.3f}" for s, v in zip(g["scheme"], g["top1_agreement"]))
                 out.append(f"{model} top-1 agreement with float: {t1}.")
