@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from quantlab.capture import CaptureMode, ModuleTracker, OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
@@ -386,12 +386,15 @@ class Simulator:
             if om is not None:
                 st.replay_active = False
             elif call.name in st.replay.outputs:
-                out = st.replay.outputs[call.name]
+                out = _substitute(call, st.replay.outputs[call.name])
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
                 if st.mode is Mode.FLOAT:
                     st.float_ops.add(call.name)
                 return out
         mode = om.mode if om is not None else st.mode
+        target = _inplace_target(call)
+        if target is not None:
+            self._guard_inplace(st, target)
         head = self._fused_into.get(call.name)
         if head is not None and head in st.fused_done:  # computed by its GEMM already
             out = A.get(call.args, call.kwargs, plan.acts[0])
@@ -410,10 +413,14 @@ class Simulator:
         inf.flops = _flops(call, plan, out)
         if st.trace is not None:
             st.trace.order.append(call.name)
-            st.trace.outputs[call.name] = out
+            # an in-place op's output may change again later: record a copy
+            st.trace.outputs[call.name] = (
+                out.clone() if isinstance(out, Tensor) and _is_inplace(call) else out
+            )
             st.trace.qinfo[call.name] = info
         if st.isolate is not None and call.name in st.isolate.outputs:
-            out, info = st.isolate.outputs[call.name], st.isolate.qinfo.get(call.name)
+            out = _substitute(call, st.isolate.outputs[call.name])
+            info = st.isolate.qinfo.get(call.name)
         self._set_out_info(out, info, st, call.name)
         return out
 
@@ -566,9 +573,28 @@ class Simulator:
         codes = quantize(x, s, dtype, self.platform.fake_round)
         return dequantize(codes, s), QInfo(dtype, s, codes)
 
+    def _guard_inplace(self, st: _RunState, target: Tensor) -> None:
+        """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""
+        if st.trace is not None:
+            p = st.producers.get(target)
+            if p is not None and st.trace.outputs.get(p) is target:
+                st.trace.outputs[p] = target.clone()
+
     def _run_quantized(self, call, plan, mode, om, st):
+        """Quantized result of one op; an in-place op writes it into its target tensor (so
+        aliases see it, as in the model) and the target's side-table entry is replaced."""
+        out, info = self._run_quantized_value(call, plan, mode, om, st)
+        target = _inplace_target(call)
+        if target is not None and isinstance(out, Tensor) and out.shape == target.shape:
+            target.copy_(out)
+            return target, info
+        return out, info
+
+    def _run_quantized_value(self, call, plan, mode, om, st):
         rq = self.qconfig_of(call.name)
         args, kwargs = list(call.args), dict(call.kwargs)
+        if kwargs.get("inplace"):
+            kwargs["inplace"] = False  # computed out of place, then written by _run_quantized
         in_infos: list = []
         for i, slot in enumerate(plan.acts):
             v = A.get(args, kwargs, slot)
@@ -620,7 +646,7 @@ class Simulator:
             )
             if res is not None:
                 return res
-        out = call.func(*args, **kwargs)
+        out = _out_of_place(call)(*args, **kwargs)
         fuse = (  # fake-quantize the fused clamp in the same pass (qat_fake_quant ``bounds``)
             clamp is not None
             and mode is Mode.FAKE
@@ -767,6 +793,48 @@ def _post_params(call: OpCall) -> tuple | None:
             return None
         return lo, hi
     return None
+
+
+_OUT_OF_PLACE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+def _substitute(call: OpCall, recorded: Any) -> Any:
+    """A recorded output standing in for an op's result (replay, isolated view): a copy, so
+    the record never changes; an in-place op writes it into its target, as the model expects
+    (aliases of the target see it)."""
+    target = _inplace_target(call)
+    if target is not None and isinstance(recorded, Tensor) and recorded.shape == target.shape:
+        return target.copy_(recorded)
+    return tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, recorded)
+
+
+def _is_inplace(call: OpCall) -> bool:
+    name = getattr(call.func, "__name__", "")
+    return bool(
+        call.kwargs.get("inplace")
+        or name.startswith("__i")
+        or (name.endswith("_") and not name.startswith("_"))
+    )
+
+
+def _inplace_target(call: OpCall) -> Tensor | None:
+    """The tensor an in-place call (``x += y``, ``x.mul_(y)``, ``inplace=True``) changes."""
+    if _is_inplace(call) and call.args and isinstance(call.args[0], Tensor):
+        return call.args[0]
+    return None
+
+
+def _out_of_place(call: OpCall):
+    """The function to evaluate a quantized op with: in-place arithmetic (``x += y``,
+    ``x.mul_(y)``, ``relu_``) becomes its out-of-place form, so a tensor that carries codes is
+    never changed behind its side-table entry (Python rebinds the name to the result)."""
+    name = getattr(call.func, "__name__", "")
+    if name.startswith("__i") or (name.endswith("_") and not name.startswith("_")):
+        if call.op_type in _OUT_OF_PLACE:
+            return _OUT_OF_PLACE[call.op_type]
+        if call.op_type == "relu":
+            return torch.relu
+    return call.func
 
 
 def _float_slots(call: OpCall) -> list:
