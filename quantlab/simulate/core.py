@@ -10,8 +10,6 @@ dequantized inputs and quantize the output once (listed as ``float_fallback``).
 
 from __future__ import annotations
 
-import copy
-import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,13 +17,13 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from quantlab.capture import CaptureMode, ModuleTracker, OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, quantize
 from quantlab.numerics.split import check_split_target, split_fake_weight
-from quantlab.platforms import PlatformConfig, load_platform
+from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import (
     GEMM_TYPES,
     ObserverKind,
@@ -36,10 +34,12 @@ from quantlab.qconfig import (
     validate_names,
 )
 from quantlab.simulate import args as A
-from quantlab.simulate import fixed_ops
+from quantlab.simulate import calls, fixed_ops
+from quantlab.simulate.fusion import find_fusions, fold_batch_norm
 from quantlab.simulate.modes import Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ActivationObserver, weight_amax
-from quantlab.simulate.qat import qat_fake_quant
+from quantlab.simulate.profiles import platform_config
+from quantlab.simulate.qat import fake_grid, qat_fake_quant
 from quantlab.simulate.qtensor import QInfo, QTable
 
 
@@ -86,7 +86,7 @@ class Simulator:
         qconfig: QConfigSpec | None = None,
     ) -> None:
         self.model = model.eval()
-        self.platform = _platform(platform) if isinstance(platform, str) else platform
+        self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
         self._obs: dict[str, ActivationObserver] = {}
@@ -185,7 +185,7 @@ class Simulator:
                         if name in self._fused_into
                         else fixed_ops.kernel_name(inf.op_type, inf.category, self)
                     ),
-                    "input_dtype": _dt_names(inf.input_dtypes),
+                    "input_dtype": calls.dt_names(inf.input_dtypes),
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
                     "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
                     "has_weight": inf.has_weight,
@@ -285,34 +285,7 @@ class Simulator:
         self._validate()
 
     def _find_fusions(self, st: _RunState) -> None:
-        """Conv/Linear -> batch_norm (eval) -> relu6/clamp chains, fused as a deployment does:
-        BN folded into the weights and bias, the clamp applied to the GEMM's output codes.
-        Only when each intermediate output has exactly one consumer."""
-        consumers: dict[str, int] = {}
-        for name in st.order:
-            for p in st.infos[name].producers:
-                if p is not None:
-                    consumers[p] = consumers.get(p, 0) + 1
-        for name in st.order:
-            inf = st.infos[name]
-            if name in self._fused_into or inf.post is None or not inf.producers:
-                continue
-            p = inf.producers[0]
-            if p is None or consumers.get(p, 0) != 1:
-                continue
-            head = self._fused_into.get(p, p)
-            hinf = st.infos.get(head)
-            if hinf is None or hinf.category is not OpCategory.GEMM or not hinf.has_weight:
-                continue
-            chain = self._chain.setdefault(head, [])
-            kinds = [st.infos[c].op_type for c in chain]
-            is_bn = inf.op_type == "batch_norm"
-            if (is_bn and chain) or (not is_bn and any(k != "batch_norm" for k in kinds)):
-                continue
-            if (chain[-1] if chain else head) != p:
-                continue
-            chain.append(name)
-            self._fused_into[name] = head
+        find_fusions(st.order, st.infos, self._chain, self._fused_into)
 
     def _validate(self) -> None:
         from quantlab.capture import KNOWN_OP_TYPES
@@ -380,19 +353,19 @@ class Simulator:
         st = self._state
         assert st is not None
         om = st.op_modes.get(call.name)
-        plan = A.plan(call) if call.category is not None else A.ArgPlan(_float_slots(call))
+        plan = A.plan(call) if call.category is not None else A.ArgPlan(calls.float_slots(call))
         inf = self._record(call, plan, st)
         if st.replay_active:
             if om is not None:
                 st.replay_active = False
             elif call.name in st.replay.outputs:
-                out = _substitute(call, st.replay.outputs[call.name])
+                out = calls.substitute(call, st.replay.outputs[call.name])
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
                 if st.mode is Mode.FLOAT:
                     st.float_ops.add(call.name)
                 return out
         mode = om.mode if om is not None else st.mode
-        target = _inplace_target(call)
+        target = calls.inplace_target(call)
         if target is not None:
             self._guard_inplace(st, target)
         head = self._fused_into.get(call.name)
@@ -409,17 +382,17 @@ class Simulator:
                 self._observe(call, plan, out)
         else:
             out, info = self._run_quantized(call, plan, mode, om, st)
-        inf.output_shape = _shape_of(out)
-        inf.flops = _flops(call, plan, out)
+        inf.output_shape = calls.shape_of(out)
+        inf.flops = calls.flops(call, plan, out)
         if st.trace is not None:
             st.trace.order.append(call.name)
             # an in-place op's output may change again later: record a copy
             st.trace.outputs[call.name] = (
-                out.clone() if isinstance(out, Tensor) and _is_inplace(call) else out
+                out.clone() if isinstance(out, Tensor) and calls.is_inplace(call) else out
             )
             st.trace.qinfo[call.name] = info
         if st.isolate is not None and call.name in st.isolate.outputs:
-            out = _substitute(call, st.isolate.outputs[call.name])
+            out = calls.substitute(call, st.isolate.outputs[call.name])
             info = st.isolate.qinfo.get(call.name)
         self._set_out_info(out, info, st, call.name)
         return out
@@ -450,7 +423,7 @@ class Simulator:
         old = self._info.get(call.name)
         if old is not None:
             inf.input_dtypes = old.input_dtypes
-        inf.post = _post_params(call)
+        inf.post = calls.post_params(call)
         st.infos[call.name] = inf
         st.order.append(call.name)
         return inf
@@ -584,7 +557,7 @@ class Simulator:
         """Quantized result of one op; an in-place op writes it into its target tensor (so
         aliases see it, as in the model) and the target's side-table entry is replaced."""
         out, info = self._run_quantized_value(call, plan, mode, om, st)
-        target = _inplace_target(call)
+        target = calls.inplace_target(call)
         if target is not None and isinstance(out, Tensor) and out.shape == target.shape:
             target.copy_(out)
             return target, info
@@ -638,7 +611,7 @@ class Simulator:
             and mode is Mode.FAKE
             and (grid_info is None or grid_info.dtype.is_int)
         ):  # an integer grid chain: the grid is int16 at its fixed scale (a float16 one is not)
-            _fake_grid(self.platform, args, kwargs, plan)
+            fake_grid(self.platform, args, kwargs, plan)
         clamp = self._fused_clamp(call.name) if chain else None
         if mode is Mode.FIXED:
             res = fixed_ops.run_fixed(
@@ -646,7 +619,7 @@ class Simulator:
             )
             if res is not None:
                 return res
-        out = _out_of_place(call)(*args, **kwargs)
+        out = calls.out_of_place(call)(*args, **kwargs)
         fuse = (  # fake-quantize the fused clamp in the same pass (qat_fake_quant ``bounds``)
             clamp is not None
             and mode is Mode.FAKE
@@ -666,31 +639,17 @@ class Simulator:
         return None
 
     def _fold(self, name: str, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> None:
-        """Replace the GEMM's weight and bias by their batch_norm-folded values (cached):
-        w' = w * g / sqrt(var + eps) per output channel, b' = (b - mean) * g / sqrt(var + eps)
-        + beta, in float32 (the QAT fused conv-bn)."""
+        """Put the batch_norm-folded weight and bias of GEMM ``name`` into its arguments."""
         bn = [self._info[c] for c in chain if self._info[c].op_type == "batch_norm"]
         if not bn or plan.weight is None:
             return
-        mean, var, g, beta, eps = bn[0].post
         w = A.get(args, kwargs, plan.weight)
         b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
-        parts = (w, b, mean, var, g, beta)
-        key = tuple((id(t), t._version) if isinstance(t, Tensor) else None for t in parts)
-        hit = self._fold_cache.get(name)
-        if hit is None or hit[0] != key:
-            k = torch.rsqrt(var.float() + eps)
-            if g is not None:
-                k = k * g.detach().float()
-            wf = w.detach() * k.reshape([-1] + [1] * (w.dim() - 1))
-            b0 = b.detach() if b is not None else torch.zeros_like(mean, dtype=torch.float32)
-            bf = (b0 - mean) * k + (beta.detach() if beta is not None else 0.0)
-            hit = (key, nn.Parameter(wf, requires_grad=False), bf.float())
-            self._fold_cache[name] = hit
-        A.put(args, kwargs, plan.weight, hit[1])
+        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, bn[0].post)
+        A.put(args, kwargs, plan.weight, wf)
         if plan.bias is None:
             plan.bias = ("k", "bias")
-        A.put(args, kwargs, plan.bias, hit[2])
+        A.put(args, kwargs, plan.bias, bf)
 
     def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None):
         if call.category is OpCategory.PASS_THROUGH:
@@ -708,160 +667,3 @@ class Simulator:
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds)
-
-
-@functools.lru_cache(maxsize=16)
-def _platform_cached(name: str) -> PlatformConfig:
-    """Merge ``configs/platform/<name>.yaml`` into the PlatformConfig schema (the group's
-    ``defaults: [schema]`` composition, without importing every experiment); falls back to
-    ``load_platform`` for files that use more of Hydra's defaults list."""
-    from omegaconf import OmegaConf
-
-    from quantlab.config import CONFIG_DIR
-    from quantlab.platforms import PLATFORM_NAMES
-
-    path = CONFIG_DIR / "platform" / f"{name}.yaml"
-    if not path.exists():
-        raise ValueError(f"unknown platform {name!r}; allowed: {', '.join(PLATFORM_NAMES)}")
-    raw = OmegaConf.load(path)
-    if list(raw.get("defaults", ["schema"])) != ["schema"]:
-        return load_platform(name)
-    raw.pop("defaults", None)
-    merged = OmegaConf.merge(OmegaConf.structured(PlatformConfig), raw)
-    return OmegaConf.to_object(merged)
-
-
-def _platform(name: str) -> PlatformConfig:
-    """``configs/platform/<name>.yaml`` composed once per process (a private copy each time)."""
-    return copy.deepcopy(_platform_cached(name))
-
-
-def _fake_grid(platform: PlatformConfig, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
-    """QAT numerics of a grid_sample grid: fake quant per axis at the fixed grid scale (s.4)."""
-    from quantlab.numerics.grid_sample import NanRule, quantize_grid
-
-    if not platform.grid_dtype.is_int:
-        return
-    x = A.get(args, kwargs, plan.acts[0])
-    grid = A.get(args, kwargs, plan.acts[1])
-    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
-    if x.dim() != 4 or not A.is_float_tensor(grid):
-        return
-    qg = quantize_grid(
-        grid,
-        x.shape[2],
-        x.shape[3],
-        align,
-        platform.grid_coord,
-        platform.grid_dtype,
-        platform.fake_round,
-        NanRule.ZERO_CODE,
-    )
-    if qg.coord.name == "NORMALIZED":
-        scale = torch.tensor([qg.scale_x, qg.scale_y], dtype=torch.float32)
-        A.put(args, kwargs, plan.acts[1], qg.codes.to(torch.float32) * scale)
-    else:
-        from quantlab.numerics.grid_sample import normalize
-
-        pos = qg.codes.to(torch.float64) / (1 << qg.frac_bits)
-        gx = normalize(pos[..., 0], x.shape[3], align)
-        gy = normalize(pos[..., 1], x.shape[2], align)
-        A.put(args, kwargs, plan.acts[1], torch.stack([gx, gy], -1).to(torch.float32))
-
-
-def _post_params(call: OpCall) -> tuple | None:
-    """batch_norm (eval): (running_mean, running_var, weight, bias, eps); relu6/clamp with
-    constant bounds: (lo, hi); else None."""
-    a, k = call.args, call.kwargs
-    if call.op_type == "batch_norm":
-        names = ("input", "running_mean", "running_var", "weight", "bias", "training", "m", "eps")
-        v = {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
-        if v["training"] or v["running_mean"] is None or v["running_var"] is None:
-            return None
-        eps = v["eps"] if v["eps"] is not None else 1e-5
-        return v["running_mean"], v["running_var"], v["weight"], v["bias"], float(eps)
-    if call.op_type == "relu6":
-        return 0.0, 6.0
-    if call.op_type == "clamp" and getattr(call.func, "__name__", "") == "hardtanh":
-        lo = k.get("min_val", a[1] if len(a) > 1 else -1.0)
-        hi = k.get("max_val", a[2] if len(a) > 2 else 1.0)
-        return float(lo), float(hi)
-    if call.op_type == "clamp" and getattr(call.func, "__name__", "") in ("clamp", "clip"):
-        lo = k.get("min", a[1] if len(a) > 1 else None)
-        hi = k.get("max", a[2] if len(a) > 2 else None)
-        if isinstance(lo, Tensor) or isinstance(hi, Tensor):
-            return None
-        return lo, hi
-    return None
-
-
-_OUT_OF_PLACE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
-
-
-def _substitute(call: OpCall, recorded: Any) -> Any:
-    """A recorded output standing in for an op's result (replay, isolated view): a copy, so
-    the record never changes; an in-place op writes it into its target, as the model expects
-    (aliases of the target see it)."""
-    target = _inplace_target(call)
-    if target is not None and isinstance(recorded, Tensor) and recorded.shape == target.shape:
-        return target.copy_(recorded)
-    return tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, recorded)
-
-
-def _is_inplace(call: OpCall) -> bool:
-    name = getattr(call.func, "__name__", "")
-    return bool(
-        call.kwargs.get("inplace")
-        or name.startswith("__i")
-        or (name.endswith("_") and not name.startswith("_"))
-    )
-
-
-def _inplace_target(call: OpCall) -> Tensor | None:
-    """The tensor an in-place call (``x += y``, ``x.mul_(y)``, ``inplace=True``) changes."""
-    if _is_inplace(call) and call.args and isinstance(call.args[0], Tensor):
-        return call.args[0]
-    return None
-
-
-def _out_of_place(call: OpCall):
-    """The function to evaluate a quantized op with: in-place arithmetic (``x += y``,
-    ``x.mul_(y)``, ``relu_``) becomes its out-of-place form, so a tensor that carries codes is
-    never changed behind its side-table entry (Python rebinds the name to the result)."""
-    name = getattr(call.func, "__name__", "")
-    if name.startswith("__i") or (name.endswith("_") and not name.startswith("_")):
-        if call.op_type in _OUT_OF_PLACE:
-            return _OUT_OF_PLACE[call.op_type]
-        if call.op_type == "relu":
-            return torch.relu
-    return call.func
-
-
-def _float_slots(call: OpCall) -> list:
-    return [("a", i) for i, v in enumerate(call.args) if A.is_float_tensor(v)]
-
-
-def _shape_of(out) -> tuple | None:
-    if isinstance(out, Tensor):
-        return tuple(out.shape)
-    leaves = [tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
-    return tuple(leaves) if leaves else None
-
-
-def _flops(call: OpCall, plan: A.ArgPlan, out) -> int:
-    if not isinstance(out, Tensor):
-        return 0
-    n = out.numel()
-    if call.category is OpCategory.GEMM:
-        if plan.weight is not None:
-            w = A.get(call.args, call.kwargs, plan.weight)
-            k = w[0].numel() if call.op_type != "linear" else w.shape[-1]
-        else:
-            a = A.get(call.args, call.kwargs, plan.acts[0])
-            k = a.shape[-1] if call.op_type != "conv2d" else 1
-        return 2 * n * int(k)
-    return n
-
-
-def _dt_names(dts: list) -> str:
-    return ",".join(d.name if isinstance(d, DType) else "" for d in dts)

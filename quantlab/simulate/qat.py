@@ -17,6 +17,7 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import fake_quant
 from quantlab.numerics.rounding import Round
+from quantlab.simulate import args as A
 
 
 def qat_fake_quant(
@@ -62,3 +63,36 @@ def qat_fake_quant(
             hi = min(hi, int(torch.round(torch.tensor(bounds[1], dtype=torch.float32) * r)))
     q = torch.mul(xf, rf)
     return q.round_().clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
+
+
+def fake_grid(platform, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
+    """QAT numerics of a grid_sample grid: fake quant per axis at the fixed grid scale (s.4)."""
+    from quantlab.numerics.grid_sample import NanRule, quantize_grid
+
+    if not platform.grid_dtype.is_int:
+        return
+    x = A.get(args, kwargs, plan.acts[0])
+    grid = A.get(args, kwargs, plan.acts[1])
+    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
+    if x.dim() != 4 or not A.is_float_tensor(grid):
+        return
+    qg = quantize_grid(
+        grid,
+        x.shape[2],
+        x.shape[3],
+        align,
+        platform.grid_coord,
+        platform.grid_dtype,
+        platform.fake_round,
+        NanRule.ZERO_CODE,
+    )
+    if qg.coord.name == "NORMALIZED":
+        scale = torch.tensor([qg.scale_x, qg.scale_y], dtype=torch.float32)
+        A.put(args, kwargs, plan.acts[1], qg.codes.to(torch.float32) * scale)
+    else:
+        from quantlab.numerics.grid_sample import normalize
+
+        pos = qg.codes.to(torch.float64) / (1 << qg.frac_bits)
+        gx = normalize(pos[..., 0], x.shape[3], align)
+        gy = normalize(pos[..., 1], x.shape[2], align)
+        A.put(args, kwargs, plan.acts[1], torch.stack([gx, gy], -1).to(torch.float32))

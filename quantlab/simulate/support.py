@@ -33,11 +33,11 @@ def op_support_table(platforms: list[PlatformConfig | str]) -> pd.DataFrame:
     """One row per (op type, platform): category, supported (else it runs in float, like a
     deployment's CPU fallback) and the fixed-mode kernel (integer, lut, pass_through,
     float_fallback). Ops outside this list always run in float."""
-    from quantlab.simulate.core import _platform
+    from quantlab.simulate.profiles import platform_config
 
     rows = []
     for p in platforms:
-        plat = _platform(p) if isinstance(p, str) else p
+        plat = platform_config(p) if isinstance(p, str) else p
         view = _PlatformView(plat)
         for op_type, cat in op_types().items():
             rows.append(

@@ -325,3 +325,26 @@ def test_in_place_ops_do_not_corrupt_quantized_tensors():
     )
     for n, o in snapshot.items():
         assert_bits_equal(base.outputs[n], o)
+
+
+def test_conv_bn_relu6_is_fused_as_deployed():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+        model[1].weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 8, 8)
+    sim = Simulator(model, "j6m")
+    sim.calibrate([(x,)])
+    ops = sim.ops.set_index("name")
+    assert ops.loc["1:batch_norm#0"].fixed_kernel == "fused into 0:conv2d#0"
+    assert ops.loc["2:relu6#0"].fixed_kernel == "fused into 0:conv2d#0"
+    with torch.no_grad():
+        ref = model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), ref)
+    fake, fixed = sim.run(x, mode=Mode.FAKE), sim.run(x, mode=Mode.FIXED)
+    s = float(sim.act_scale("0:conv2d#0", "out", DType.INT8, sim.qconfig_of("0:conv2d#0")))
+    assert float((fake - ref).abs().max()) < 3 * s  # folded weights + one output rounding
+    assert float((fixed - fake).abs().max()) <= 1.01 * s  # at most one LSB apart
+    assert float(fixed.min()) >= 0 and float(fixed.max()) <= 6.0

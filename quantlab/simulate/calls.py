@@ -1,0 +1,112 @@
+"""Facts about one captured call the simulator needs: fusable post-op parameters, in-place
+semantics, shapes and flops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map
+
+from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.dtypes import DType
+from quantlab.simulate import args as A
+
+
+def post_params(call: OpCall) -> tuple | None:
+    """batch_norm (eval): (running_mean, running_var, weight, bias, eps); relu6/clamp with
+    constant bounds: (lo, hi); else None."""
+    a, k = call.args, call.kwargs
+    if call.op_type == "batch_norm":
+        names = ("input", "running_mean", "running_var", "weight", "bias", "training", "m", "eps")
+        v = {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+        if v["training"] or v["running_mean"] is None or v["running_var"] is None:
+            return None
+        eps = v["eps"] if v["eps"] is not None else 1e-5
+        return v["running_mean"], v["running_var"], v["weight"], v["bias"], float(eps)
+    if call.op_type == "relu6":
+        return 0.0, 6.0
+    if call.op_type == "clamp" and getattr(call.func, "__name__", "") == "hardtanh":
+        lo = k.get("min_val", a[1] if len(a) > 1 else -1.0)
+        hi = k.get("max_val", a[2] if len(a) > 2 else 1.0)
+        return float(lo), float(hi)
+    if call.op_type == "clamp" and getattr(call.func, "__name__", "") in ("clamp", "clip"):
+        lo = k.get("min", a[1] if len(a) > 1 else None)
+        hi = k.get("max", a[2] if len(a) > 2 else None)
+        if isinstance(lo, Tensor) or isinstance(hi, Tensor):
+            return None
+        return lo, hi
+    return None
+
+
+OUT_OF_PLACE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+
+
+def substitute(call: OpCall, recorded: Any) -> Any:
+    """A recorded output standing in for an op's result (replay, isolated view): a copy, so
+    the record never changes; an in-place op writes it into its target, as the model expects
+    (aliases of the target see it)."""
+    target = inplace_target(call)
+    if target is not None and isinstance(recorded, Tensor) and recorded.shape == target.shape:
+        return target.copy_(recorded)
+    return tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, recorded)
+
+
+def is_inplace(call: OpCall) -> bool:
+    name = getattr(call.func, "__name__", "")
+    return bool(
+        call.kwargs.get("inplace")
+        or name.startswith("__i")
+        or (name.endswith("_") and not name.startswith("_"))
+    )
+
+
+def inplace_target(call: OpCall) -> Tensor | None:
+    """The tensor an in-place call (``x += y``, ``x.mul_(y)``, ``inplace=True``) changes."""
+    if is_inplace(call) and call.args and isinstance(call.args[0], Tensor):
+        return call.args[0]
+    return None
+
+
+def out_of_place(call: OpCall):
+    """The function to evaluate a quantized op with: in-place arithmetic (``x += y``,
+    ``x.mul_(y)``, ``relu_``) becomes its out-of-place form, so a tensor that carries codes is
+    never changed behind its side-table entry (Python rebinds the name to the result)."""
+    name = getattr(call.func, "__name__", "")
+    if name.startswith("__i") or (name.endswith("_") and not name.startswith("_")):
+        if call.op_type in OUT_OF_PLACE:
+            return OUT_OF_PLACE[call.op_type]
+        if call.op_type == "relu":
+            return torch.relu
+    return call.func
+
+
+def float_slots(call: OpCall) -> list:
+    return [("a", i) for i, v in enumerate(call.args) if A.is_float_tensor(v)]
+
+
+def shape_of(out) -> tuple | None:
+    if isinstance(out, Tensor):
+        return tuple(out.shape)
+    leaves = [tuple(t.shape) for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+    return tuple(leaves) if leaves else None
+
+
+def flops(call: OpCall, plan: A.ArgPlan, out) -> int:
+    if not isinstance(out, Tensor):
+        return 0
+    n = out.numel()
+    if call.category is OpCategory.GEMM:
+        if plan.weight is not None:
+            w = A.get(call.args, call.kwargs, plan.weight)
+            k = w[0].numel() if call.op_type != "linear" else w.shape[-1]
+        else:
+            a = A.get(call.args, call.kwargs, plan.acts[0])
+            k = a.shape[-1] if call.op_type != "conv2d" else 1
+        return 2 * n * int(k)
+    return n
+
+
+def dt_names(dts: list) -> str:
+    return ",".join(d.name if isinstance(d, DType) else "" for d in dts)

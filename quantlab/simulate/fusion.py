@@ -1,0 +1,71 @@
+"""Conv/Linear -> batch_norm -> relu6/clamp fusion, as a deployment compiles it.
+
+Found from one run's op graph: a batch_norm (eval) or constant clamp whose only input is the
+output of a GEMM with a weight (or of a batch_norm already fused into one), and whose input has
+no other consumer. In FAKE/FIXED mode the batch_norm is folded into the GEMM's weight and bias
+and the clamp is applied to the GEMM's output (its codes in fixed mode); the fused ops then pass
+their input through. FLOAT mode runs the model as written.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from quantlab.capture import OpCategory
+
+
+def find_fusions(order: list, infos: dict, chain: dict, fused_into: dict) -> None:
+    """Extend ``chain`` (GEMM name -> fused op names, in order) and ``fused_into`` (fused op ->
+    GEMM) with the chains of one run (``order``: op names; ``infos``: name -> op record with
+    ``producers``, ``post``, ``op_type``, ``category``, ``has_weight``)."""
+    consumers: dict[str, int] = {}
+    for name in order:
+        for p in infos[name].producers:
+            if p is not None:
+                consumers[p] = consumers.get(p, 0) + 1
+    for name in order:
+        inf = infos[name]
+        if name in fused_into or inf.post is None or not inf.producers:
+            continue
+        p = inf.producers[0]
+        if p is None or consumers.get(p, 0) != 1:
+            continue
+        head = fused_into.get(p, p)
+        hinf = infos.get(head)
+        if hinf is None or hinf.category is not OpCategory.GEMM or not hinf.has_weight:
+            continue
+        links = chain.setdefault(head, [])
+        kinds = [infos[c].op_type for c in links]
+        is_bn = inf.op_type == "batch_norm"
+        if (is_bn and links) or (not is_bn and any(k != "batch_norm" for k in kinds)):
+            continue
+        if (links[-1] if links else head) != p:
+            continue
+        links.append(name)
+        fused_into[name] = head
+
+
+def fold_batch_norm(
+    cache: dict, name: str, w: Tensor, b: Tensor | None, bn: tuple
+) -> tuple[nn.Parameter, Tensor]:
+    """(w', b') with w' = w * g / sqrt(var + eps) per output channel and
+    b' = (b - mean) * g / sqrt(var + eps) + beta, float32 (the QAT fused conv-bn).
+
+    ``bn`` = (running_mean, running_var, weight g, bias beta, eps); cached in ``cache[name]``
+    until any of the tensors changes (object or ``_version``).
+    """
+    mean, var, g, beta, eps = bn
+    parts = (w, b, mean, var, g, beta)
+    key = tuple((id(t), t._version) if isinstance(t, Tensor) else None for t in parts)
+    hit = cache.get(name)
+    if hit is None or hit[0] != key:
+        k = torch.rsqrt(var.float() + eps)
+        if g is not None:
+            k = k * g.detach().float()
+        wf = w.detach() * k.reshape([-1] + [1] * (w.dim() - 1))
+        b0 = b.detach() if b is not None else torch.zeros_like(mean, dtype=torch.float32)
+        bf = (b0 - mean) * k + (beta.detach() if beta is not None else 0.0)
+        hit = (key, nn.Parameter(wf, requires_grad=False), bf.float(), parts)
+        cache[name] = hit
+    return hit[1], hit[2]
