@@ -348,3 +348,56 @@ def test_conv_bn_relu6_is_fused_as_deployed():
     assert float((fake - ref).abs().max()) < 3 * s  # folded weights + one output rounding
     assert float((fixed - fake).abs().max()) <= 1.01 * s  # at most one LSB apart
     assert float(fixed.min()) >= 0 and float(fixed.max()) <= 6.0
+
+
+def _one_op_sim(fn, x, platform, spec):
+    class One(nn.Module):
+        def forward(self, *a):
+            return fn(*a)
+
+    sim = Simulator(One(), platform, spec)
+    sim.calibrate([x])
+    return sim
+
+
+def test_sin_period_reduction_in_fixed_mode():
+    import dataclasses
+
+    from quantlab.simulate.profiles import platform_config
+
+    x = (torch.linspace(-100, 100, 4001),)
+    spec = QConfigSpec(
+        global_=OpQConfig(output_dtype=DType.INT16),
+        by_type={"sin": OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)},
+    )
+    j6m = platform_config("j6m")
+    errs = {}
+    for reduce in (True, False):
+        p = dataclasses.replace(j6m, sincos_period_reduction=reduce)
+        sim = _one_op_sim(torch.sin, x, p, spec)
+        errs[reduce] = float((sim.run(*x, mode=Mode.FIXED) - torch.sin(x[0])).abs().max())
+    # tables over one period beat 6 x 64 entries spread over 32 periods
+    assert errs[True] < errs[False] / 2
+
+
+def test_int16_matmul_operand_coarsening():
+    import dataclasses
+
+    from quantlab.simulate.profiles import platform_config
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 64, generator=g), torch.randn(64, 8, generator=g))
+    spec = QConfigSpec(by_name={":matmul#0": OpQConfig(input_dtype=DType.INT16)})
+    j6b = platform_config("j6b")  # int16 x int16 allowed
+    outs = {}
+    for coarsen in (True, False):
+        p = dataclasses.replace(j6b, int16_matmul_coarsen=coarsen)
+        sim = _one_op_sim(torch.matmul, x, p, spec)
+        outs[coarsen] = sim.run(*x, mode=Mode.FIXED)
+    ref = x[0] @ x[1]
+    e_c, e_n = (float((outs[c] - ref).abs().max()) for c in (True, False))
+    assert not torch.equal(outs[True], outs[False])
+    # without coarsening, 64 products of int16 codes overflow the int32 accumulator
+    assert e_c < e_n
+    with pytest.raises(ValueError, match="int16 x int16"):
+        _one_op_sim(torch.matmul, x, "j6m", spec)
