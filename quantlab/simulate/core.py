@@ -4,8 +4,15 @@ Ops are captured as the model runs (quantlab.capture); each modelled op quantize
 activation inputs that arrive unquantized (or in another dtype than its ``input_dtype``), its
 weights per channel, and its output at ``output_dtype`` with a calibrated scale. Pass-through
 ops keep their input's quantization. In fixed mode integer kernels decide the output codes
-(quantlab.simulate.fixed_ops); ops without a fixed kernel evaluate their function on the exact
-dequantized inputs and quantize the output once (listed as ``float_fallback``).
+(quantlab.simulate.fixed_ops / fixed_gemm); ops without a fixed kernel evaluate their function
+on the exact dequantized inputs and quantize the output once (listed as ``float_fallback``).
+Quantized tensors carry (dtype, scale, codes) in a side table (quantlab.simulate.qtensor).
+
+The first run (or calibration batch) discovers the op graph: which GEMM feeds a model output
+and which ops build a grid_sample grid (platform templates, quantlab.qconfig), and which
+Conv/Linear -> batch_norm -> relu6 chains a deployment fuses (quantlab.simulate.fusion).
+In-place ops keep the model's aliasing; recorded traces (replay, isolated comparison) are
+never changed by later runs.
 """
 
 from __future__ import annotations
