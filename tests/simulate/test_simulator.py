@@ -401,3 +401,16 @@ def test_int16_matmul_operand_coarsening():
     assert e_c < e_n
     with pytest.raises(ValueError, match="int16 x int16"):
         _one_op_sim(torch.matmul, x, "j6m", spec)
+
+
+def test_five_line_api():
+    import quantlab
+
+    b = build_model("small_cnn")
+    x = b.example_inputs(1, 0)[0]
+    sim = quantlab.Simulator(b.module, platform="j6m")
+    sim.calibrate([b.example_inputs(1, s) for s in range(2)])
+    y_fake, y_fixed = sim.run(x, mode="fake"), sim.run(x, mode="fixed")
+    table = sim.compare(x, a="fake", b="fixed")
+    assert y_fake.shape == y_fixed.shape == (1, 10)
+    assert list(table["name"]) == list(sim.ops["name"])
