@@ -18,7 +18,8 @@ from quantlab.qconfig import ObserverKind
 
 EMA_MOMENTUM = 0.01  # MinMax observer: new = old + 0.01 * (cur - old)  (j6-numerics s.1)
 MSE_CANDIDATES = 95  # MSE observer: amax * (1 - 0.01 i), i = 0..94      (j6-numerics s.1)
-SAMPLE_CAP = 1 << 16  # values kept per batch for the MSE / percentile search
+SAMPLE_CAP = 1 << 15  # values kept per batch for the MSE / percentile search
+TOTAL_CAP = 1 << 17  # values kept across batches (thinned by 2 when exceeded, extremes kept)
 SEARCH_CAP = 1 << 14  # values the MSE search evaluates (strided subsample, extremes kept)
 
 
@@ -26,7 +27,8 @@ class ActivationObserver:
     """Statistics of one activation tensor (per-tensor) across calibration batches.
 
     Keeps the EMA min/max (MinMax), the running min/max, and a deterministic strided subsample
-    of at most ``SAMPLE_CAP`` values per batch (plus the batch extremes) for MSE and percentile.
+    of at most ``SAMPLE_CAP`` values per batch (plus the batch extremes) for MSE and percentile;
+    past ``TOTAL_CAP`` kept values the pool is thinned by two (every batch's extremes stay).
     """
 
     def __init__(self) -> None:
@@ -35,6 +37,7 @@ class ActivationObserver:
         self.run_min = float("inf")
         self.run_max = float("-inf")
         self.samples: list[Tensor] = []
+        self.extremes: list[Tensor] = []
         self.batches = 0
 
     def update(self, x: Tensor) -> None:
@@ -59,6 +62,10 @@ class ActivationObserver:
         step = max(1, finite.numel() // SAMPLE_CAP)
         sample = finite[::step].float()
         self.samples.append(torch.cat([sample, sample.new_tensor([lo, hi])]))
+        self.extremes.append(sample.new_tensor([lo, hi]))
+        if sum(t.numel() for t in self.samples) > TOTAL_CAP:
+            pool = torch.cat(self.samples)[::2]
+            self.samples = [torch.cat([pool, *self.extremes])]
         self.batches += 1
 
     def amax(self, kind: ObserverKind, dtype: DType, rounding: Round, percentile: float) -> float:
