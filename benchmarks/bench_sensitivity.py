@@ -7,6 +7,7 @@ the naive method, one full forward per studied op, measured in the same run.
 Both methods make exactly the same per-op runs (the same ``Simulator.run`` calls, with and
 without ``replay=``); they are timed op by op and *paired* (for each op the naive and the fast
 run follow each other, in alternating order), so load from other processes hits both alike.
+(mobilenet_v2 has no index op, so the frozen-indices mode of the library is inactive, as here.)
 The fast total includes recording the all-float baseline trace (shared by both passes). The
 activation scales and weight codes are computed once before timing (both methods need the same
 ones). Every fast output is checked equal, bit for bit, to its naive twin. Also reported: the

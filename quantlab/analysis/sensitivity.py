@@ -391,11 +391,13 @@ def sensitivity(
             baselines[base_mode] = (traces, freezes)
         traces, freezes = baselines[base_mode]
         refs = [tr.result for tr in traces]
+        # a model without index ops runs the per-op passes without the extra mode (no overhead)
+        freeze = freeze_indices and any(fr.recorded for fr in freezes)
         for name in progress(names, f"sensitivity {kind.value}"):
             mode, op_modes = pass_modes(kind, name)
             outs = []
             for b, tr, fr in zip(batches, traces, freezes):
-                with fr.replay() if freeze_indices else _nullcontext():
+                with fr.replay() if freeze else _nullcontext():
                     outs.append(
                         sim.run(*b, mode=mode, op_modes=op_modes, replay=tr if replay else None)
                     )

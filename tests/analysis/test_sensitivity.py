@@ -192,3 +192,17 @@ def test_sensitivity_experiment_tiny_and_cached(tmp_path):
     again = sensitivity_exp(cfg.exp, ctx)
     assert "read from the cache" in again.findings[-1]
     pd.testing.assert_frame_equal(first.table, again.table)
+
+
+def test_sensitivity_reuses_float_indices_downstream_of_the_studied_op():
+    x = _inputs((4, 10, 4), seed=3)
+    sim = Simulator(TopkHead(), "j6m")
+    sim.calibrate([x])
+    frozen = sensitivity(sim, [x], kinds=["activation"], metrics=["l1"]).table
+    frozen = frozen.set_index("op_name")["value"]
+    # the scores only select rows: with the float indices reused, quantizing them changes nothing
+    assert frozen["score:linear#0"] == 0.0
+    assert frozen["feat:linear#0"] > 0.0
+    free = sensitivity(sim, [x], kinds=["activation"], metrics=["l1"], freeze_indices=False)
+    free = free.table.set_index("op_name")["value"]
+    assert free["score:linear#0"] > 10 * free["feat:linear#0"]  # a flipped index dominates
