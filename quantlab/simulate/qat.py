@@ -53,14 +53,7 @@ def qat_fake_quant(
             xf = torch.clamp(xf, bounds[0], bounds[1])
         zp = torch.zeros(s.shape, dtype=torch.int32)
         return torch.fake_quantize_per_channel_affine(xf, s, zp, axis, lo, hi)
-    s = s.reshape(())
-    r = torch.ones((), dtype=torch.float32) / s
-    rf, sf = float(r), float(s)
-    if bounds is not None:
-        if bounds[0] is not None:
-            lo = max(lo, int(torch.round(torch.tensor(bounds[0], dtype=torch.float32) * r)))
-        if bounds[1] is not None:
-            hi = min(hi, int(torch.round(torch.tensor(bounds[1], dtype=torch.float32) * r)))
+    lo, hi, rf, sf = _per_tensor_constants(s, lo, hi, bounds)
     q = torch.mul(xf, rf)
     return q.round_().clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
 
@@ -96,3 +89,27 @@ def fake_grid(platform, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
         gx = normalize(pos[..., 0], x.shape[3], align)
         gy = normalize(pos[..., 1], x.shape[2], align)
         A.put(args, kwargs, plan.acts[1], torch.stack([gx, gy], -1).to(torch.float32))
+
+
+_CONSTANTS: dict[tuple, tuple] = {}
+
+
+def _per_tensor_constants(s: Tensor, lo: int, hi: int, bounds) -> tuple[int, int, float, float]:
+    """(code lo, code hi, fl32(1/s), s) for one scale and optional clamp bounds, cached while
+    the scale tensor object lives (the cache holds it, so its id is not reused)."""
+    key = (id(s), s._version, lo, hi, bounds)
+    hit = _CONSTANTS.get(key)
+    if hit is not None:
+        return hit[0]
+    s0 = s.reshape(())
+    r = torch.ones((), dtype=torch.float32) / s0
+    if bounds is not None:
+        if bounds[0] is not None:
+            lo = max(lo, int(torch.round(torch.tensor(bounds[0], dtype=torch.float32) * r)))
+        if bounds[1] is not None:
+            hi = min(hi, int(torch.round(torch.tensor(bounds[1], dtype=torch.float32) * r)))
+    value = (lo, hi, float(r), float(s0))
+    if len(_CONSTANTS) > 4096:
+        _CONSTANTS.clear()
+    _CONSTANTS[key] = (value, s)
+    return value
