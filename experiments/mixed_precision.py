@@ -123,6 +123,7 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
                     "l1": res.metrics["L1"],
                     "task": res.metrics.get("TASK", float("nan")),
                     "raised": " ".join(f"{n}[{k.value[0]}]" for n, k in picked),
+                    "pinned_int8": " ".join(res.pinned),
                 }
             )
     table = pd.DataFrame(rows)

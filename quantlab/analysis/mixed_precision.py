@@ -13,7 +13,9 @@ to gain), and raise those ops through ``QConfigSpec.by_name``:
   pinned to int8 so the op stays legal.
 
 ``evaluate_mixed`` runs one raised configuration and reports the task metric, output metrics
-and the cost model (quantlab.analysis.cost) so a sweep over the ratio gives a Pareto curve.
+and the cost model (quantlab.analysis.cost) so a sweep over the ratio gives a Pareto curve. A
+GEMM that raising makes illegal (int16 x int16 on J6E/M, e.g. a matmul of two raised
+activations) has its inputs pinned to int8 (``apply_legal``).
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class MixedResult:
     metrics: dict[str, float]
     cost: float
     ops: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
+    pinned: list[str] = field(default_factory=list)  # GEMMs whose inputs were pinned to int8
 
 
 def ops_with_split(sim: Simulator) -> pd.DataFrame:
@@ -143,12 +146,33 @@ def evaluate_mixed(
 ) -> MixedResult:
     """Raise ``picked`` on a calibrated ``sim``, run ``batches`` in ``mode``, compare with
     ``refs`` (the float outputs) and price the configuration."""
-    set_qconfig_keep_scales(sim, raise_spec(picked, sim.platform, base))
+    spec = raise_spec(picked, sim.platform, base)
+    pinned = apply_legal(sim, spec)
     outs = [sim.run(*b, mode=mode) for b in batches]
     values = output_metrics(refs, outs, metrics, task)
     ops = ops_with_split(sim)
     cost = float(op_costs(ops, sim.platform.lut_direct_int8, cost_model or CostModel()).sum())
-    return MixedResult(list(picked), {m.name: v for m, v in values.items()}, cost, ops)
+    return MixedResult(list(picked), {m.name: v for m, v in values.items()}, cost, ops, pinned)
+
+
+def apply_legal(sim: Simulator, spec: QConfigSpec) -> list[str]:
+    """Configure ``sim`` with ``spec``; a GEMM the platform rejects (int16 x int16 where
+    ``platform.max_int16_gemm_operands`` < 2, e.g. a matmul whose two raised producers are both
+    int16) gets its inputs pinned to int8 (``spec.by_name`` is updated). Returns those ops."""
+    gemms = sim.ops.loc[sim.ops["category"] == "GEMM", "name"].tolist()
+    pinned: list[str] = []
+    while True:
+        try:
+            set_qconfig_keep_scales(sim, spec)
+            return pinned
+        except ValueError as err:
+            text = str(err)
+            hit = next((n for n in gemms if f"op {n} (" in text), None)
+            if "int16 x int16" not in text or hit is None or hit in pinned:
+                raise
+            rule = spec.by_name.get(hit, OpQConfig())
+            spec.by_name[hit] = _replace(rule, input_dtype=DType.INT8)
+            pinned.append(hit)
 
 
 def pareto_front(costs: Sequence[float], scores: Sequence[float], higher_is_better: bool) -> list:

@@ -164,3 +164,30 @@ def test_kept_scales_give_the_same_bits_as_a_fresh_configuration():
     set_qconfig_keep_scales(kept, spec)
     fresh.set_qconfig(spec)
     assert torch.equal(kept.run(*x, mode=Mode.FIXED), fresh.run(*x, mode=Mode.FIXED))
+
+
+def test_illegal_int16_matmul_gets_int8_inputs():
+    from torch import nn
+
+    from quantlab.analysis.mixed_precision import apply_legal
+
+    class TwoBranch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x) @ self.b(x).transpose(-1, -2)
+
+    x = _inputs((2, 3, 4))
+    sim = Simulator(TwoBranch(), "j6m")
+    sim.calibrate([x])
+    sim.run(*x, mode=Mode.FIXED)
+    both = [("a:linear#0", SensitiveType.ACTIVATION), ("b:linear#0", SensitiveType.ACTIVATION)]
+    spec = raise_spec(both, sim.platform)
+    with pytest.raises(ValueError, match="int16 x int16"):
+        sim.set_qconfig(raise_spec(both, sim.platform))
+    assert apply_legal(sim, spec) == [":matmul#0"]
+    assert spec.by_name[":matmul#0"].input_dtype is DType.INT8
+    assert sim.ops.set_index("name").at[":matmul#0", "input_dtype"] == "INT8,INT8"
+    sim.run(*x, mode=Mode.FIXED)
