@@ -127,3 +127,72 @@ def test_fixed_mode_equals_onnxruntime_integer_graph(seed):
     assert_bits_equal(y_sim, torch.from_numpy(y_ort))
     # and the comparison is not vacuous: fixed differs from fake somewhere
     assert not torch.equal(y_sim, sim.run(x, mode=Mode.FAKE))
+
+
+def _onnx_mlp(x_scale, layers):
+    """QuantizeLinear -> QLinearMatMul -> DQ -> Relu -> Q -> QLinearMatMul -> DequantizeLinear."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name, arr):
+        return numpy_helper.from_array(np.asarray(arr), name)
+
+    inits = [const("x_s", np.float32(x_scale)), const("zp8", np.int8(0))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "zp8"], ["q0"])]
+    cur, cur_s = "q0", "x_s"
+    for i, (wc, ws, so) in enumerate(layers):
+        inits += [
+            const(f"w{i}", wc.t().contiguous().numpy().astype(np.int8)),  # (in, out)
+            const(f"ws{i}", ws.numpy().astype(np.float32)),
+            const(f"wzp{i}", np.zeros(ws.shape, np.int8)),
+            const(f"ys{i}", np.float32(so)),
+        ]
+        nodes.append(
+            helper.make_node(
+                "QLinearMatMul",
+                [cur, cur_s, "zp8", f"w{i}", f"ws{i}", f"wzp{i}", f"ys{i}", "zp8"],
+                [f"m{i}"],
+            )
+        )
+        if i < len(layers) - 1:
+            nodes += [
+                helper.make_node("DequantizeLinear", [f"m{i}", f"ys{i}", "zp8"], [f"d{i}"]),
+                helper.make_node("Relu", [f"d{i}"], [f"r{i}"]),
+                helper.make_node("QuantizeLinear", [f"r{i}", f"ys{i}", "zp8"], [f"q{i + 1}"]),
+            ]
+            cur = f"q{i + 1}"
+        else:
+            nodes.append(helper.make_node("DequantizeLinear", [f"m{i}", f"ys{i}", "zp8"], ["y"]))
+        cur_s = f"ys{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fixed_linear_equals_onnxruntime_qlinearmatmul(seed):
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(seed)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(16, 32, bias=False), torch.nn.ReLU(), torch.nn.Linear(32, 8, bias=False)
+    ).eval()
+    g = torch.Generator().manual_seed(seed)
+    sim = Simulator(mlp, load_platform("onnxruntime"), QConfigSpec(use_platform_template=False))
+    sim.calibrate([(torch.randn(64, 16, generator=g),) for _ in range(2)])
+    x = torch.randn(128, 16, generator=g)
+    s_in = sim.act_scale("0:linear#0", "in0", DType.INT8, sim.qconfig_of("0:linear#0"))
+    layers = []
+    for name, lin in (("0:linear#0", mlp[0]), ("2:linear#0", mlp[2])):
+        wc, ws = sim.weight_q(name, lin.weight, DType.INT8, True)
+        layers.append((wc, ws, sim.act_scale(name, "out", DType.INT8, sim.qconfig_of(name))))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(
+        _onnx_mlp(float(s_in), layers).SerializeToString(), opts, providers=["CPUExecutionProvider"]
+    )
+    (y_ort,) = sess.run(None, {"x": x.numpy()})
+    assert_bits_equal(sim.run(x, mode=Mode.FIXED), torch.from_numpy(y_ort))
