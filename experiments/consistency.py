@@ -174,6 +174,17 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     worst = iso.sort_values("sqnr_db").head(exp.top_k)[
         ["name", "op_type", "sqnr_db", "cosine", "max_abs", "err_lsb", "saturated", "out_dtype"]
     ]
+    by_type = (
+        iso.groupby(["op_type", "fixed_kernel"], sort=False)
+        .agg(
+            ops=("name", "size"),
+            min_sqnr_db=("sqnr_db", "min"),
+            max_err_lsb=("err_lsb", "max"),
+            bit_identical=("max_abs", lambda v: int((v == 0).sum())),
+        )
+        .reset_index()
+        .sort_values("min_sqnr_db", kind="stable")
+    )
     a, b = exp.mode_a.name.lower(), exp.mode_b.name.lower()
     plots = [
         Plot(
@@ -203,6 +214,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         findings=_findings(table, outputs, support, exp, ctx, bundle),
         tables={
             "model_output": outputs,
+            "by_op_type": by_type,
             "worst_ops": worst,
             "op_support": support,
             "along_depth": along[

@@ -54,7 +54,10 @@ def test_table_columns_and_views(result):
 def test_findings_tables_and_report(result, tmp_path):
     res, _ = result
     assert res.findings and "SQNR" in res.findings[0]
-    assert {"model_output", "worst_ops", "op_support", "along_depth"} <= set(res.tables)
+    assert {"model_output", "by_op_type", "worst_ops", "op_support", "along_depth"} <= set(
+        res.tables
+    )
+    assert res.tables["by_op_type"].ops.sum() == len(res.table) // 2
     out = res.tables["model_output"]
     assert list(out.compared) == ["FAKE", "FIXED", "FIXED"]
     path = write_report(res, tmp_path, "python -m quantlab +exp=consistency", "exp: {}\n")
