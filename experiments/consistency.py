@@ -174,8 +174,10 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     worst = iso.sort_values("sqnr_db").head(exp.top_k)[
         ["name", "op_type", "sqnr_db", "cosine", "max_abs", "err_lsb", "saturated", "out_dtype"]
     ]
+    kernel = iso.fixed_kernel.str.replace(r"^fused into .*", "fused into its GEMM", regex=True)
     by_type = (
-        iso.groupby(["op_type", "fixed_kernel"], sort=False)
+        iso.assign(fixed_kernel=kernel)
+        .groupby(["op_type", "fixed_kernel"], sort=False)
         .agg(
             ops=("name", "size"),
             min_sqnr_db=("sqnr_db", "min"),
