@@ -11,6 +11,7 @@ op's float function on the exact dequantized inputs and quantizes the output onc
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -213,7 +214,7 @@ def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
         and needs_period_reduction(xs, in_dt)
     ):
         xc, xs = period_reduce(xc, xs, in_dt, p.fake_round)
-        observed = None
+        observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)
     lut = build_lut(
         call.op_type,
@@ -363,6 +364,9 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
         G.SampleMode[mode.upper()],
         G.Padding.ZEROS,
         align,
+        out_rounding=p.grid_round,
+        weight_frac_bits=p.grid_weight_frac_bits,
+        coord_round=p.grid_round,
     )
     return fc.emit(codes, info.scale, info.dtype)
 
