@@ -389,6 +389,8 @@ class Simulator:
                 self._observe(call, plan, out)
         else:
             out, info = self._run_quantized(call, plan, mode, om, st)
+            if om is not None and not om.quantize_output and mode is Mode.FAKE:
+                st.float_ops.add(call.name)  # its float output is not re-quantized downstream
         inf.output_shape = calls.shape_of(out)
         inf.flops = calls.flops(call, plan, out)
         if st.trace is not None:
