@@ -147,3 +147,22 @@ def test_lut_fake_non_finite_inputs():
         y = lut_fake(x, func, I16, s)
         assert torch.isfinite(y).all(), func
         assert y[0] == 0.0
+
+
+def test_chunked_threaded_gather_equals_one_gather():
+    """Large inputs are gathered in chunks on several threads; the bits must not change."""
+    from quantlab.numerics.lut.evaluate import _CHUNK, gather_torch
+
+    lut = build_lut("tanh", DType.INT16, 8 / 32767.5, DType.INT16, 1 / 32767.5)
+    g = torch.Generator().manual_seed(7)
+    n = (2 * _CHUNK + 12345) // 7 * 7  # two full chunks and a partial one
+    codes = torch.randint(-32768, 32768, (n,), generator=g).to(torch.int16)
+    codes = codes.reshape(7, -1).t()  # 2-D and not contiguous
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = lut.evaluate(codes)
+    finally:
+        torch.set_num_threads(threads)
+    assert_bits_equal(got, gather_torch(lut.code_map(), codes, DType.INT16))
+    assert_bits_equal(got[:4096], lut.evaluate_reference(codes[:4096]))
