@@ -1,0 +1,15 @@
+"""The setup script installs every external reference and model package: tests that would skip
+without one of them must not skip silently in an environment made by scripts/setup.sh."""
+
+import importlib.util
+
+import pytest
+
+REQUIRED = ["onnx", "onnxruntime", "py_reform", "facenet_pytorch", "transformers", "skimage"]
+
+
+@pytest.mark.parametrize("module", REQUIRED)
+def test_reference_and_model_packages_are_installed(module):
+    assert importlib.util.find_spec(module) is not None, (
+        f"{module} is missing: run `bash scripts/setup.sh` (tests that need it would skip)"
+    )
