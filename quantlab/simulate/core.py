@@ -164,7 +164,7 @@ class Simulator:
         """Replace the qconfig rules and re-resolve every op (calibration statistics are kept)."""
         self.spec = spec
         self._resolved.clear()
-        self._scale_cache.clear()
+        # activation scales stay: their cache key holds every qconfig field a scale depends on
         self._fold_cache.clear()
         self._fast.clear()
         if self._discovered:

@@ -33,3 +33,21 @@ def test_all_ops_weight_only_quantizes_no_activation():
     h = torch.relu(F.conv2d(h, wq["conv2:conv2d#0"], model.conv2.bias, stride=2, padding=1))
     expected = F.conv2d(h, wq["conv3:conv2d#0"], model.conv3.bias)
     torch.testing.assert_close(y, expected, rtol=0, atol=1e-6)
+
+
+def test_set_qconfig_keeps_calibrated_scales_and_changes_only_what_it_should():
+    from quantlab.numerics.dtypes import DType
+    from quantlab.qconfig import OpQConfig, QConfigSpec
+
+    model = build_model("conv_only").module
+    sim = Simulator(model, platform="j6m")
+    g = torch.Generator().manual_seed(5)
+    sim.calibrate([(torch.randn(2, 3, 16, 16, generator=g),) for _ in range(2)])
+    x = torch.randn(1, 3, 16, 16, generator=g)
+    before = sim.run(x, mode=Mode.FIXED)
+    sim.set_qconfig(QConfigSpec(by_name={"conv2:conv2d#0": OpQConfig(output_dtype=DType.INT16)}))
+    changed = sim.run(x, mode=Mode.FIXED)
+    sim.set_qconfig(QConfigSpec())
+    again = sim.run(x, mode=Mode.FIXED)
+    assert torch.equal(before, again)
+    assert not torch.equal(before, changed)
