@@ -33,7 +33,6 @@ from quantlab.analysis.sensitivity import (
     SensitiveType,
     lower_is_worse,
     output_metrics,
-    set_qconfig_keep_scales,
 )
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
@@ -163,7 +162,7 @@ def apply_legal(sim: Simulator, spec: QConfigSpec) -> list[str]:
     pinned: list[str] = []
     while True:
         try:
-            set_qconfig_keep_scales(sim, spec)
+            sim.set_qconfig(spec)
             return pinned
         except ValueError as err:
             text = str(err)

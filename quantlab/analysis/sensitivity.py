@@ -255,23 +255,6 @@ class SensitivityRun:
     sim: Simulator | None = None  # the calibrated simulator (None when read from the cache)
 
 
-def set_qconfig_keep_scales(sim: Simulator, spec: QConfigSpec) -> None:
-    """``sim.set_qconfig(spec)``, keeping the activation scales already computed.
-
-    ``Simulator.set_qconfig`` drops its scale cache, whose keys already hold everything a scale
-    depends on (op, point, dtype, observer and its parameters; the calibration statistics are
-    kept), so restoring the entries afterwards gives the same scales without repeating the MSE
-    searches. A simulator without that cache is simply reconfigured.
-    """
-    cache = getattr(sim, "_scale_cache", None)
-    saved = dict(cache) if isinstance(cache, dict) else {}
-    sim.set_qconfig(spec)
-    cache = getattr(sim, "_scale_cache", None)
-    if isinstance(cache, dict):
-        for k, v in saved.items():
-            cache.setdefault(k, v)
-
-
 def fused_members(sim: Simulator) -> set[str]:
     """Ops folded into a preceding GEMM (batch_norm, relu6/clamp after a conv): they have no
     quantizer of their own; studying their GEMM studies the fused chain's output."""
@@ -380,7 +363,7 @@ def sensitivity(
             else float_inputs_spec(user_spec, quantized_types)
         )
         if sim.spec is not want:
-            set_qconfig_keep_scales(sim, want)
+            sim.set_qconfig(want)
         base_mode = pass_modes(kind, names[0])[0]
         if base_mode not in baselines:  # ACTIVATION and WEIGHT share the all-float baseline
             freezes = [FrozenIndices() for _ in batches]
@@ -418,7 +401,7 @@ def sensitivity(
                     }
                 )
     if sim.spec is not user_spec:
-        set_qconfig_keep_scales(sim, user_spec)
+        sim.set_qconfig(user_spec)
     table = rank_table(pd.DataFrame(rows, columns=COLUMNS[:-1]), task)
     return SensitivityRun(table, runs, time.perf_counter() - start, False, studied)
 

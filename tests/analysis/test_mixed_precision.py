@@ -18,7 +18,6 @@ from quantlab.analysis.sensitivity import (
     Metric,
     SensitiveType,
     sensitivity,
-    set_qconfig_keep_scales,
 )
 from quantlab.numerics.dtypes import DType
 from quantlab.platforms import PlatformConfig
@@ -154,14 +153,14 @@ def test_mixed_precision_unknown_platform(tmp_path):
     assert platform_profile("j6p", PlatformConfig()).sensitive_dtype is DType.FLOAT16
 
 
-def test_kept_scales_give_the_same_bits_as_a_fresh_configuration():
+def test_reconfigured_simulator_gives_the_same_bits_as_a_fresh_configuration():
     x = _inputs((16, 8))
     kept, fresh = Simulator(FragileSin(), "j6m"), Simulator(FragileSin(), "j6m")
     kept.calibrate([x])
     fresh.calibrate([x])
     kept.run(*x, mode=Mode.FIXED)  # fills the scale cache under the default spec
     spec = raise_spec([("fc2:linear#0", SensitiveType.ACTIVATION)], kept.platform)
-    set_qconfig_keep_scales(kept, spec)
+    kept.set_qconfig(spec)  # keeps the scales computed by the first run
     fresh.set_qconfig(spec)
     assert torch.equal(kept.run(*x, mode=Mode.FIXED), fresh.run(*x, mode=Mode.FIXED))
 
