@@ -259,9 +259,7 @@ def fused_members(sim: Simulator) -> set[str]:
     """Ops folded into a preceding GEMM (batch_norm, relu6/clamp after a conv): they have no
     quantizer of their own; studying their GEMM studies the fused chain's output."""
     ops = sim.ops
-    if "fused_into" in ops.columns:
-        return set(ops.loc[ops["fused_into"].fillna("").astype(str) != "", "name"])
-    return set(getattr(sim, "_fused_into", {}))
+    return set(ops.loc[ops["fused_into"] != "", "name"])
 
 
 def studied_ops(sim: Simulator, kind: SensitiveType) -> list[str]:

@@ -196,6 +196,7 @@ class Simulator:
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
                     "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
                     "has_weight": inf.has_weight,
+                    "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
                     "flops": inf.flops,
                 }
             )

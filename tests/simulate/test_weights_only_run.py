@@ -51,3 +51,16 @@ def test_set_qconfig_keeps_calibrated_scales_and_changes_only_what_it_should():
     again = sim.run(x, mode=Mode.FIXED)
     assert torch.equal(before, again)
     assert not torch.equal(before, changed)
+
+
+def test_ops_table_names_the_gemm_a_fused_op_belongs_to():
+    from torch import nn
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU6()).eval()
+    sim = Simulator(model, platform="j6m")
+    sim.calibrate([(torch.randn(1, 3, 8, 8),)])
+    ops = sim.ops.set_index("name")
+    assert ops.loc["0:conv2d#0", "fused_into"] == ""
+    fused = ops[ops.fused_into != ""]
+    assert set(fused.fused_into) == {"0:conv2d#0"}
+    assert {"batch_norm", "relu6"} <= set(fused.op_type)
