@@ -380,6 +380,8 @@ class Simulator:
         if head is not None and head in st.fused_done:  # computed by its GEMM already
             out = A.get(call.args, call.kwargs, plan.acts[0])
             info = st.qt.get(out)
+            if head in st.float_ops:  # the chain's output stayed float (quantize_output=False)
+                st.float_ops.add(call.name)
         elif call.result is not None:  # not modelled: ran in float already
             out, info = call.result, None
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):

@@ -64,3 +64,34 @@ def test_ops_table_names_the_gemm_a_fused_op_belongs_to():
     fused = ops[ops.fused_into != ""]
     assert set(fused.fused_into) == {"0:conv2d#0"}
     assert {"batch_norm", "relu6"} <= set(fused.op_type)
+
+
+def test_weight_only_run_through_fused_chains_ignores_activation_calibration():
+    """conv -> batch_norm -> relu6 chains are fused; with every GEMM after the first in
+    FAKE(quantize_output=False) the result may depend on the weights only, never on the
+    activation scales that calibration chose."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = [
+        nn.Conv2d(3, 6, 3),
+        nn.BatchNorm2d(6),
+        nn.ReLU6(),
+        nn.Conv2d(6, 6, 3),
+        nn.BatchNorm2d(6),
+        nn.ReLU6(),
+        nn.Conv2d(6, 2, 1),
+    ]
+    model = nn.Sequential(*layers).eval()
+    for bn in (layers[1], layers[4]):
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 3, 12, 12)
+    outs = []
+    for gain in (1.0, 37.0):  # very different activation ranges, hence scales
+        sim = Simulator(model, platform="j6m")
+        sim.calibrate([(gain * torch.randn(2, 3, 12, 12),)])
+        gemms = sim.ops[sim.ops.has_weight].name.tolist()
+        modes = {n: OpMode(Mode.FAKE, quantize_output=False) for n in gemms[1:]}
+        outs.append(sim.run(x, mode=Mode.FLOAT, op_modes=modes))
+    assert torch.equal(outs[0], outs[1])
