@@ -25,6 +25,7 @@ from quantlab.analysis.weight_split import (
     crop_conv_input,
     evaluate_formats,
     fake_weight,
+    fixed_split_study,
     weight_sensitivity,
 )
 from quantlab.config import register_schema
@@ -58,6 +59,10 @@ class HighlowSplitExp:
     num_calib: int = 2
     num_eval: int = 4
     sensitivity_batches: int = 1
+    # simulator study (FIXED mode, activations as deployed) of these models, on their own data
+    fixed_models: list[str] = field(default_factory=lambda: ["mobilenet_v2", "efficientnet_lite0"])
+    fixed_num_calib: int = 4
+    fixed_num_eval: int = 4
 
     def __post_init__(self) -> None:
         for k in list(self.ks) + [self.model_k]:
@@ -68,6 +73,8 @@ class HighlowSplitExp:
         for name in ("models", "ks", "combines", "layer_in_dtypes", "schemes"):
             if not list(getattr(self, name)):
                 raise ValueError(f"exp.{name} must not be empty")
+        if self.fixed_num_calib < 1 or self.fixed_num_eval < 1:
+            raise ValueError("exp.fixed_num_calib and exp.fixed_num_eval must be >= 1")
         if self.top_k < 1:
             raise ValueError(f"exp.top_k must be >= 1, got {self.top_k}")
         if self.layer_out_dtype not in (None, DType.INT8, DType.INT16, DType.FLOAT16):
@@ -286,6 +293,75 @@ def _findings(exp, layers, models) -> list[str]:
     return out
 
 
+def _fixed_level(exp, ctx, name, bundle, sens) -> pd.DataFrame:
+    """The split schemes through the simulator in FIXED mode on the model's own data."""
+    from quantlab.data import load_data
+    from quantlab.data.schema import DataConfig
+
+    data = load_data(
+        DataConfig(
+            name=bundle.default_data, num_calib=exp.fixed_num_calib, num_eval=exp.fixed_num_eval
+        ),
+        model=name,
+    )
+    if sens is None:
+        sens = weight_sensitivity(bundle.module, data.calib[: exp.sensitivity_batches])
+    df = fixed_split_study(
+        bundle.module,
+        ctx.platform,
+        data.calib,
+        data.eval,
+        bundle.metrics,
+        data.labels,
+        top_modules=list(sens["module"].head(exp.top_k)),
+        k=exp.model_k,
+        combines=list(exp.combines),
+    )
+    df.insert(0, "model", name)
+    return df
+
+
+def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:
+    out = []
+    for model, g in df.groupby("model", sort=False):
+        label = [s if c == "-" else f"{s}/{c.lower()}" for s, c in zip(g["scheme"], g["combine"])]
+        parts = []
+        for lab, r in zip(label, g.itertuples()):
+            kl = f", KL {r.kl_nats:.3g}" if "kl_nats" in g.columns else ""
+            t1 = f", top-1 {r.top1_agreement:.2f}" if "top1_agreement" in g.columns else ""
+            parts.append(f"{lab} {r.sqnr_db:.1f} dB{kl}{t1} at {r.cost_rel_int8:.2f}x")
+        out.append(
+            f"{model} through the simulator (FIXED, template activations, "
+            f"{exp.fixed_num_eval} inputs), output SQNR vs float: " + "; ".join(parts) + "."
+        )
+        base = g[g["scheme"] == "int8"].iloc[0]
+        for combine, h in g[g["scheme"] != "int8"].groupby("combine", sort=False):
+            r = h.set_index("scheme")
+            if "split_all" not in r.index:
+                continue
+            d = r.loc["split_all", "sqnr_db"] - base["sqnr_db"]
+            dt = r.loc["split_topk", "sqnr_db"] - base["sqnr_db"] if "split_topk" in r.index else 0
+            out.append(
+                f"{model}, {combine}: splitting all {int(r.loc['split_all', 'layers_split'])} "
+                f"layers {'raises' if d > 0 else 'lowers'} the deployed output SQNR by "
+                f"{abs(d):.2f} dB ({'+' if dt >= 0 else '-'}{abs(dt):.2f} dB for the top "
+                f"{exp.top_k}) at {r.loc['split_all', 'cost_rel_int8']:.2f}x cost, from "
+                f"{base['sqnr_db']:.1f} dB with int8 weights."
+            )
+        wide = g[g["combine"] == SplitCombine.WIDE_ACCUMULATOR.name].set_index("scheme")
+        sep = g[g["combine"] == SplitCombine.SEPARATE_REQUANT.name].set_index("scheme")
+        both = [s for s in wide.index if s in sep.index]
+        if both:
+            diffs = ", ".join(
+                f"{s} {sep.loc[s, 'sqnr_db'] - wide.loc[s, 'sqnr_db']:+.2f} dB" for s in both
+            )
+            out.append(
+                f"{model}: separate requantization of the halves vs one wide accumulator "
+                f"(output SQNR, separate - wide): {diffs}."
+            )
+    return out
+
+
 @experiment(HighlowSplitExp, "highlow_split")
 def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.data import load_data
@@ -294,7 +370,7 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
 
     if exp.layer_out_dtype is None:  # int16 on J6E/M/B, float16 on J6H/P
         exp = dataclasses.replace(exp, layer_out_dtype=ctx.platform.sensitive_dtype)
-    layers, models, sens = [], [], []
+    layers, models, sens, fixed = [], [], [], []
     for name in exp.models:
         bundle = build_model(name, seed=0 if ctx.seed is None else ctx.seed)
         data = load_data(
@@ -306,8 +382,11 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
             m, s = _model_level(exp, ctx, name, bundle, data)
             models.append(m)
             sens.append(s)
+        if name in exp.fixed_models:
+            fixed.append(_fixed_level(exp, ctx, name, bundle, sens[-1] if sens else None))
     layer_df = pd.concat(layers, ignore_index=True)
     model_df = pd.concat(models, ignore_index=True) if models else pd.DataFrame()
+    fixed_df = pd.concat(fixed, ignore_index=True) if fixed else pd.DataFrame()
     tables = {
         "layer_summary": layer_df.groupby(["model", "in_dtype", "format"], sort=False)
         .agg(
@@ -352,10 +431,14 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
                 table="model_level",
             )
         )
+    findings = _findings(exp, layer_df, model_df if len(model_df) else None)
+    if len(fixed_df):
+        tables["model_fixed"] = fixed_df
+        findings += _fixed_findings(exp, fixed_df)
     return ExperimentResult(
         table=layer_df,
         title="High/low int8 splitting of Conv/Linear weights and MatMul operands",
-        findings=_findings(exp, layer_df, model_df if len(model_df) else None),
+        findings=findings,
         tables=tables,
         plots=plots,
         notes=[
@@ -380,6 +463,14 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
             "weight formats.",
             "Cost: quantlab.analysis.cost (int8-MAC equivalents; a split GEMM runs twice plus a "
             "combine step); extra_int8_macs = MACs of the GEMMs that take a second int8 pass.",
+            "Model level through the simulator (table model_fixed): Simulator(model, "
+            f"{ctx.platform.name} template) calibrated on {exp.fixed_num_calib} and evaluated "
+            f"on {exp.fixed_num_eval} inputs of each model's own data (photos for the CNNs) in "
+            "FIXED mode, so activations, LUTs and requantization are as deployed; split_topk / "
+            "split_all set OpQConfig(weight_split=model_k) by op name on the top-k modules of the "
+            "sensitivity table / on every Conv/Linear with an int8 weight; each split scheme once "
+            "per platform.weight_split_combine (dataclasses.replace on the platform). sqnr_db: "
+            "model output vs float. The cost model does not depend on the combine mode.",
             "Attention MatMuls (MiniLM) appear in the per-layer table only; the model-level "
             "schemes change Conv/Linear weights.",
         ],

@@ -347,3 +347,105 @@ def _first_tensor(out) -> Tensor:
         if isinstance(o, Tensor):
             return o
     raise ValueError(f"model output holds no tensor: {type(out).__name__}")
+
+
+FIXED_SCHEMES = ("int8", "split_topk", "split_all")
+
+
+def output_sqnr_db(ref: list, test: list) -> float:
+    """SQNR (dB) of the ``test`` outputs against the ``ref`` outputs (lists of model outputs, the
+    first tensor of each), over every element of every batch."""
+    r = torch.cat([_first_tensor(o).double().reshape(-1) for o in ref])
+    t = torch.cat([_first_tensor(o).double().reshape(-1) for o in test])
+    noise = float(((r - t) ** 2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float((r**2).sum()) / noise)
+
+
+def splittable_ops(ops: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``Simulator.ops`` the high/low split applies to: supported conv2d / linear calls
+    with an INT8 weight (the platform template's weight dtype)."""
+    keep = (
+        ops["op_type"].isin(["conv2d", "linear"])
+        & ops["has_weight"].astype(bool)
+        & ops["supported"].astype(bool)
+        & (ops["weight_dtype"] == DType.INT8.name)
+    )
+    return ops[keep]
+
+
+def fixed_split_study(
+    module: nn.Module,
+    platform,
+    calib: list[tuple],
+    batches: list[tuple],
+    metrics: list,
+    labels=None,
+    top_modules: list[str] = (),
+    k: int = 7,
+    combines: list[SplitCombine] = (SplitCombine.WIDE_ACCUMULATOR, SplitCombine.SEPARATE_REQUANT),
+) -> pd.DataFrame:
+    """The high/low weight split through the simulator in FIXED mode (activations, LUTs and
+    requantization as the ``platform`` template deploys them), against the float model.
+
+    Schemes: ``int8`` (the template), ``split_topk`` (the Conv/Linear ops of ``top_modules``,
+    ``OpQConfig(weight_split=k)``) and ``split_all`` (every splittable op), the split ones once
+    per combine mode (``platform.weight_split_combine``). One row per run: each task metric of
+    ``metrics``, ``sqnr_db`` of the outputs vs float, the cost model's int8-MAC equivalents
+    (``quantlab.analysis.cost``; it does not depend on the combine mode), weight bytes and the
+    MACs of the second int8 pass."""
+    import dataclasses
+
+    from quantlab.analysis.cost import model_cost
+    from quantlab.qconfig import OpQConfig, QConfigSpec
+    from quantlab.simulate import Mode, Simulator
+
+    check_split_k(k)
+    with torch.no_grad():
+        ref = [module(*b) for b in batches]
+    sim = Simulator(module, platform)
+    sim.calibrate(calib)
+    ops = sim.ops
+    cand = splittable_ops(ops)
+    top = set(top_modules)
+    chosen = {
+        "int8": [],
+        "split_topk": [n for n, m in zip(cand["name"], cand["module"]) if m in top],
+        "split_all": list(cand["name"]),
+    }
+    mods = dict(module.named_modules())
+    gemm = ops[ops["op_type"].isin(["conv2d", "linear"]) & ops["has_weight"].astype(bool)]
+    wvals = {m: int(mods[m].weight.numel()) for m in dict.fromkeys(gemm["module"])}
+    module_of = dict(zip(ops["name"], ops["module"]))
+    macs = dict(zip(ops["name"], ops["flops"].astype(float) / 2))
+    runs = [("int8", None)] + [(s, c) for c in combines for s in ("split_topk", "split_all")]
+    rows = []
+    try:
+        for scheme, combine in runs:
+            split = chosen[scheme]
+            sim.platform = dataclasses.replace(
+                platform, weight_split_combine=combine or platform.weight_split_combine
+            )
+            sim.set_qconfig(QConfigSpec(by_name={n: OpQConfig(weight_split=k) for n in split}))
+            with torch.no_grad():
+                outs = [sim.run(*b, mode=Mode.FIXED) for b in batches]
+            cost_ops = ops.copy()
+            cost_ops["weight_split"] = [k if n in set(split) else 0 for n in ops["name"]]
+            row = {
+                "scheme": scheme,
+                "combine": "-" if combine is None else combine.name,
+                "k": k if split else 0,
+                "layers_split": len(split),
+            }
+            for metric in metrics:
+                row[metric.name] = metric(ref, outs, labels)
+            row["sqnr_db"] = output_sqnr_db(ref, outs)
+            row["cost_int8_mac_eq"] = model_cost(cost_ops, platform.lut_direct_int8)
+            split_mods = {module_of[n] for n in split}
+            row["weight_bytes"] = sum(v * (2 if m in split_mods else 1) for m, v in wvals.items())
+            row["extra_int8_macs"] = sum(macs[n] for n in split)
+            rows.append(row)
+    finally:
+        sim.platform = platform
+    df = pd.DataFrame(rows)
+    df["cost_rel_int8"] = df["cost_int8_mac_eq"] / float(df["cost_int8_mac_eq"].iloc[0])
+    return df

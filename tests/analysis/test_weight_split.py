@@ -93,3 +93,30 @@ def test_float16_output_path_for_j6h_p():
     # errors in float16 ulps at each reference value: about one rounding on average
     assert rows["split_k7_wide"]["mean_err_lsb"] < 1.0 < rows["int8"]["mean_err_lsb"]
     assert rows["split_k7_wide"]["out_saturated"] == 0
+
+
+def test_fixed_split_study_toy_conv():
+    from quantlab.analysis.weight_split import fixed_split_study
+    from quantlab.models.tasks import SoftmaxKL, Top1Agreement
+    from quantlab.platforms import PlatformConfig
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 4, 3, padding=1),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 5),
+    ).eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    platform = PlatformConfig(global_dtype=DType.INT16, gemm_input_dtype=DType.INT16)
+    df = fixed_split_study(
+        model, platform, batches[:1], batches, [Top1Agreement(), SoftmaxKL()], top_modules=["2"]
+    )
+    assert list(df["layers_split"]) == [0, 1, 3, 1, 3]
+    sq = df.set_index(["scheme", "combine"])["sqnr_db"]
+    assert sq["split_all", "WIDE_ACCUMULATOR"] > sq["int8", "-"] + 1  # measured ~2.8 dB
+    wb = dict(zip(df["scheme"], df["weight_bytes"]))
+    assert wb["split_all"] == 2 * wb["int8"]
+    assert {"top1_agreement", "kl_nats", "cost_rel_int8", "extra_int8_macs"} <= set(df.columns)

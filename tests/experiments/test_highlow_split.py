@@ -56,3 +56,42 @@ def test_float16_platform_uses_float16_layer_outputs(tmp_path):
     assert set(res.table["out_dtype"]) == {"FLOAT16"}
     piv = res.table.pivot_table(index="layer", columns="format", values="sqnr_db")
     assert (piv["split_k7_wide"] > piv["int8"]).all()
+
+
+def test_fixed_mode_table_columns_and_split_gain(tmp_path):
+    exp = HighlowSplitExp(
+        models=["small_cnn"],
+        ks=[7],
+        layer_in_dtypes=[DType.INT8],
+        schemes=["int8"],
+        num_calib=1,
+        num_eval=1,
+        top_k=1,
+        fixed_models=["small_cnn"],
+        fixed_num_calib=1,
+        fixed_num_eval=2,
+    )
+    platform = PlatformConfig(global_dtype=DType.INT16, gemm_input_dtype=DType.INT16)
+    res = run(exp, RunContext(platform, None, None, 0, tmp_path))
+    f = res.tables["model_fixed"]
+    for col in (
+        "model",
+        "scheme",
+        "combine",
+        "layers_split",
+        "top1_agreement",
+        "kl_nats",
+        "sqnr_db",
+        "cost_int8_mac_eq",
+        "cost_rel_int8",
+        "weight_bytes",
+        "extra_int8_macs",
+    ):
+        assert col in f.columns
+    assert list(f["scheme"]) == ["int8"] + ["split_topk", "split_all"] * 2
+    assert list(f["combine"]) == ["-"] + ["WIDE_ACCUMULATOR"] * 2 + ["SEPARATE_REQUANT"] * 2
+    sq = f.set_index(["scheme", "combine"])["sqnr_db"]
+    assert sq["split_all", "WIDE_ACCUMULATOR"] > sq["int8", "-"]
+    assert sq["split_all", "SEPARATE_REQUANT"] > sq["int8", "-"]
+    assert (f.loc[f["scheme"] != "int8", "cost_rel_int8"] > 1).all()
+    assert any("through the simulator" in s for s in res.findings)
