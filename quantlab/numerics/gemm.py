@@ -40,6 +40,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import make_requant, requant_scale, requantize
 from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.shapes import along_axis
 
 if TYPE_CHECKING:
     from quantlab.platforms import PlatformConfig
@@ -512,15 +513,7 @@ def check_gemm_operands(x: Tensor, w: Tensor, platform: PlatformConfig) -> None:
 
 
 def _shape_bias(b: Tensor, acc: Tensor, axis: int) -> Tensor:
-    ax = axis % acc.dim()
-    if b.dim() != 1 or b.numel() != acc.shape[ax]:
-        raise ValueError(
-            f"bias must have shape ({acc.shape[ax]},) for output channel axis {ax}, "
-            f"got {tuple(b.shape)}"
-        )
-    shape = [1] * acc.dim()
-    shape[ax] = -1
-    return b.reshape(shape)
+    return along_axis(b, acc, axis, "bias")
 
 
 def finish_gemm(

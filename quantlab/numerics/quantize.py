@@ -17,6 +17,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.shapes import along_axis
 
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)
 
@@ -87,15 +88,7 @@ def _broadcast_scale(scale: Tensor, x: Tensor, axis: int | None) -> Tensor:
                 "per-channel scales"
             )
         return scale.reshape(())
-    axis = axis % x.dim()
-    if scale.dim() != 1 or scale.numel() != x.shape[axis]:
-        raise ValueError(
-            f"per-channel scale must have shape ({x.shape[axis]},) for axis {axis} of a tensor "
-            f"of shape {tuple(x.shape)}, got {tuple(scale.shape)}"
-        )
-    shape = [1] * x.dim()
-    shape[axis] = -1
-    return scale.reshape(shape)
+    return along_axis(scale, x, axis, "per-channel scale")
 
 
 def quantize(

@@ -19,6 +19,7 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.rounding import Round, round_float, rshift_round
+from quantlab.numerics.shapes import along_axis
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
@@ -153,15 +154,7 @@ def _along(p: Tensor, acc: Tensor, axis: int | None) -> Tensor:
         return p
     if axis is None:
         raise ValueError("per-channel requant parameters need axis= (the output channel axis)")
-    ax = axis % acc.dim()
-    if acc.shape[ax] != p.numel():
-        raise ValueError(
-            f"per-channel requant has {p.numel()} channels but acc axis {ax} has size "
-            f"{acc.shape[ax]} (acc shape {tuple(acc.shape)})"
-        )
-    shape = [1] * acc.dim()
-    shape[ax] = -1
-    return p.reshape(shape)
+    return along_axis(p.reshape(-1), acc, axis, f"per-channel requant with {p.numel()} channels")
 
 
 def srdhm(a: Tensor, b: Tensor) -> Tensor:

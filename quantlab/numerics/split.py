@@ -30,6 +30,7 @@ from quantlab.numerics.gemm import Overflow
 from quantlab.numerics.quantize import fake_cast
 from quantlab.numerics.requant import Requant, quantize_multiplier
 from quantlab.numerics.rounding import Round, round_float, rshift_round
+from quantlab.numerics.shapes import along_axis
 
 SPLIT_K_ALLOWED = tuple(range(1, 9))
 """Allowed low-part shifts k. |residual| <= s/2 gives |w_lo| <= 2**(k-1): k <= 7 never clips,
@@ -88,15 +89,7 @@ def _channel_scale(scale: Tensor | float, w: Tensor, axis: int | None) -> Tensor
         return s.reshape(())
     if axis is None:
         raise ValueError(f"split: {s.numel()} scales given but axis=None (per-tensor)")
-    axis = axis % w.dim()
-    if s.dim() != 1 or s.numel() != w.shape[axis]:
-        raise ValueError(
-            f"split: per-channel scale must have shape ({w.shape[axis]},) for axis {axis} of a "
-            f"weight of shape {tuple(w.shape)}, got {tuple(s.shape)}"
-        )
-    shape = [1] * w.dim()
-    shape[axis] = -1
-    return s.reshape(shape)
+    return along_axis(s, w, axis, "split: per-channel scale")
 
 
 def split_weight(
