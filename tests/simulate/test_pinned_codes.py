@@ -1,0 +1,65 @@
+"""Pinned fixed-mode bits of a real network: refactors and speed work must not move them.
+
+The run is ``python -m quantlab +exp=consistency model=mobilenet_v2 data=photos platform=j6m``:
+calibrate on the photos' calibration items, then the first 8 evaluation items as one batch in
+fixed mode. Every captured op's output (the float32 value ``code * scale`` of its integer codes)
+and the model output are hashed. A change that moves any code or any scale changes a digest.
+
+Regenerate (only when a change of numerics is intended and explained):
+    python tests/simulate/test_pinned_codes.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("PIL")
+
+GOLDEN = Path(__file__).with_name("pinned_mobilenet_v2_j6m.json")
+EVAL_ITEMS = 8
+
+
+def _digest(t) -> str:
+    t = t.detach().contiguous().cpu()
+    return hashlib.sha256(t.numpy().tobytes() + str(t.dtype).encode()).hexdigest()[:16]
+
+
+def fixed_mode_digests() -> dict:
+    from quantlab.data import load_data
+    from quantlab.models import build_model
+    from quantlab.platforms import load_platform
+    from quantlab.simulate import Mode, Simulator
+
+    bundle = build_model("mobilenet_v2")
+    data = load_data("photos", bundle.name)
+    sim = Simulator(bundle.module, load_platform("j6m"))
+    sim.calibrate(data.calib)
+    items = data.eval[:EVAL_ITEMS]
+    batch = torch.cat([b[0] for b in items])
+    with torch.no_grad():
+        trace = sim.trace(batch, mode=Mode.FIXED)
+    ops = {}
+    for name in trace.order:
+        out = trace.outputs[name]
+        if isinstance(out, torch.Tensor):
+            ops[name] = _digest(out)
+    return {"output": _digest(trace.result), "ops": ops}
+
+
+def test_mobilenet_v2_j6m_fixed_codes_are_pinned():
+    want = json.loads(GOLDEN.read_text())
+    got = fixed_mode_digests()
+    changed = [n for n in want["ops"] if got["ops"].get(n) != want["ops"][n]]
+    assert set(got["ops"]) == set(want["ops"]), "the captured op names changed"
+    assert not changed, f"{len(changed)} ops changed codes; first: {changed[:5]}"
+    assert got["output"] == want["output"]
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps(fixed_mode_digests(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
