@@ -1,0 +1,76 @@
+import math
+
+import pytest
+import torch
+
+from quantlab.analysis.confidence import Estimate, bootstrap
+from quantlab.models.tasks import OutputSQNR, Top1Agreement
+
+
+def _logits_with_agreement(n: int, agree: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, 3) logits: the first ``agree`` rows pick the same class in both, the rest differ."""
+    ref = torch.zeros(n, 3)
+    ref[:, 0] = 1.0
+    test = ref.clone()
+    test[agree:, 0] = 0.0
+    test[agree:, 1] = 1.0
+    return ref, test
+
+
+def test_value_is_the_metric_on_all_items_and_count_is_the_items():
+    ref, test = _logits_with_agreement(40, 30)
+    est = bootstrap(Top1Agreement(), [ref[:25], ref[25:]], [test[:25], test[25:]])
+    assert est.value == 0.75
+    assert est.n == 40
+    assert est.low <= est.value <= est.high
+
+
+def test_interval_of_a_proportion_matches_the_normal_approximation():
+    # bootstrap of a mean of n Bernoulli items ~ p +- 1.96 sqrt(p (1 - p) / n) (Wald), for large n
+    n, agree = 400, 300
+    ref, test = _logits_with_agreement(n, agree)
+    est = bootstrap(Top1Agreement(), [ref], [test], resamples=2000, seed=1)
+    p = agree / n
+    half = 1.959964 * math.sqrt(p * (1 - p) / n)
+    assert est.low == pytest.approx(p - half, abs=0.01)
+    assert est.high == pytest.approx(p + half, abs=0.01)
+
+
+def test_identical_items_give_a_point_interval_and_inf_is_kept():
+    ref = torch.ones(10, 4)
+    est = bootstrap(Top1Agreement(), [ref], [ref.clone()])
+    assert (est.value, est.low, est.high) == (1.0, 1.0, 1.0)
+    sq = bootstrap(OutputSQNR(), [ref], [ref.clone()])
+    assert sq.value == math.inf and sq.low == math.inf and sq.high == math.inf
+
+
+def test_reproducible_with_a_seed_and_tuple_outputs_split_by_item():
+    ref, test = _logits_with_agreement(30, 20)
+
+    def first_top1(r, t, labels=None):
+        return Top1Agreement()([x[0] for x in r], [x[0] for x in t])
+
+    a = bootstrap(first_top1, [(ref, ref)], [(test, test)], seed=3)
+    b = bootstrap(first_top1, [(ref, ref)], [(test, test)], seed=3)
+    assert a == b
+
+
+def test_mismatched_item_counts_and_bad_level_are_errors():
+    with pytest.raises(ValueError, match="item count"):
+        bootstrap(Top1Agreement(), [torch.zeros(4, 3)], [torch.zeros(5, 3)])
+    with pytest.raises(ValueError, match="level"):
+        bootstrap(Top1Agreement(), [torch.zeros(4, 3)], [torch.zeros(4, 3)], level=1.5)
+
+
+def test_separation_of_intervals():
+    a, b = Estimate(0.9, 0.85, 0.95, 50), Estimate(0.7, 0.6, 0.8, 50)
+    c = Estimate(0.82, 0.75, 0.9, 50)
+    assert a.separated_from(b) and b.separated_from(a)
+    assert not a.separated_from(c)
+    assert a.as_columns("top1") == {
+        "top1": 0.9,
+        "top1_ci_low": 0.85,
+        "top1_ci_high": 0.95,
+        "top1_n": 50,
+    }
+    assert "95% CI" in str(a)
