@@ -8,7 +8,10 @@ Higher is better for cosine and SQNR, lower for the others. Non-finite values pr
 
 from __future__ import annotations
 
+import enum
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -96,3 +99,78 @@ def all_metrics(x: Tensor, y: Tensor) -> dict[str, float]:
         "sqnr_db": sqnr_db(x, y),
         "max_abs": max_abs(x, y),
     }
+
+
+class Metric(enum.Enum):
+    """Output comparison metrics (module docstring); ``lower_is_worse`` gives the sort order."""
+
+    L1 = "l1"
+    COSINE = "cosine"
+    MSE = "mse"
+    KL = "kl"
+    SQNR = "sqnr"
+    MAX_ABS = "max_abs"
+    TASK = "task"
+
+    @classmethod
+    def parse(cls, value: Metric | str) -> Metric:
+        return _parse_enum(cls, value, "metric")
+
+
+def _parse_enum(cls, value, what: str):
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        for m in cls:
+            if value.lower() in (m.name.lower(), m.value):
+                return m
+    allowed = ", ".join(m.name for m in cls)
+    raise ValueError(f"unknown {what} {value!r}; allowed: {allowed}")
+
+
+def lower_is_worse(metric: Metric, task: Any = None) -> bool:
+    """True when a smaller value means a more sensitive op (rank ascending)."""
+    if metric is Metric.TASK:
+        return bool(task.higher_is_better)
+    return metric in (Metric.COSINE, Metric.SQNR)
+
+
+def _leaves(out: Any) -> list[Tensor]:
+    return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.is_floating_point()]
+
+
+def output_metrics(ref: list, test: list, metrics: Sequence[Metric], task=None) -> dict:
+    """Each metric of the run outputs ``test`` against ``ref`` (lists of per-batch outputs)."""
+    xs = [t.detach().to(torch.float64) for o in ref for t in _leaves(o)]
+    ys = [t.detach().to(torch.float64) for o in test for t in _leaves(o)]
+    if not xs or len(xs) != len(ys):
+        raise ValueError("the model returned no float tensor to compare")
+    x = torch.cat([t.reshape(-1) for t in xs])
+    y = torch.cat([t.reshape(-1) for t in ys])
+    d = x - y
+    res: dict = {}
+    for m in metrics:
+        if m is Metric.L1:
+            res[m] = float(d.abs().mean())
+        elif m is Metric.MSE:
+            res[m] = float((d * d).mean())
+        elif m is Metric.MAX_ABS:
+            res[m] = float(d.abs().max())
+        elif m is Metric.COSINE:
+            nx, ny = float(x.norm()), float(y.norm())
+            res[m] = 1.0 if nx == 0 and ny == 0 else float(x @ y) / max(nx * ny, 1e-300)
+        elif m is Metric.SQNR:
+            nd = float(d.norm())
+            res[m] = math.inf if nd == 0 else 20 * math.log10(max(float(x.norm()), 1e-300) / nd)
+        elif m is Metric.KL:
+            kls = []
+            for a, b in zip(xs, ys):
+                dim = 1 if a.ndim >= 2 else 0
+                lp, lq = a.log_softmax(dim), b.log_softmax(dim)
+                kls.append((lp.exp() * (lp - lq)).sum(dim).reshape(-1))
+            res[m] = float(torch.cat(kls).mean())
+        elif m is Metric.TASK:
+            if task is None:
+                raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
+            res[m] = float(task(ref, test))
+    return res
