@@ -4,6 +4,8 @@ Conventions follow the vendor's sensitivity tools (j6-numerics s.9): L1 = mean |
 signed cosine similarity; MSE; KL(softmax(x) || softmax(y)) over dim 1 (log-softmax of the
 test, softmax of the reference); SQNR = 20 log10(||x|| / ||x - y||) in dB; max |x - y|.
 Higher is better for cosine and SQNR, lower for the others. Non-finite values propagate.
+``output_metrics`` applies them to whole model outputs (a ``Metric`` each, or the model's task
+metric), as sensitivity rankings and mixed precision compare runs.
 """
 
 from __future__ import annotations
@@ -73,18 +75,22 @@ def sqnr_db(x: Tensor, y: Tensor) -> float:
     return 20.0 * math.log10(signal / noise)
 
 
-def kl(x: Tensor, y: Tensor) -> float:
-    """KL(softmax(x) || softmax(y)) along dim 1 (dim 0 for 1-d tensors), mean over the rest.
+def kl_terms(x: Tensor, y: Tensor) -> Tensor:
+    """KL(softmax(x) || softmax(y)) at every position along dim 1 (dim 0 for 1-d tensors).
 
-    float64: ``sum p_x * (log_softmax(x) - log_softmax(y))``.
+    float64: ``sum p_x * (log_softmax(x) - log_softmax(y))`` over that dim.
     """
     x, y = x.double(), y.double()
-    if x.numel() == 0:
-        return 0.0
     dim = 1 if x.dim() >= 2 else 0
     lx, ly = F.log_softmax(x, dim=dim), F.log_softmax(y, dim=dim)
-    v = (lx.exp() * (lx - ly)).sum(dim=dim)
-    return float(v.mean())
+    return (lx.exp() * (lx - ly)).sum(dim=dim)
+
+
+def kl(x: Tensor, y: Tensor) -> float:
+    """``kl_terms`` averaged over the positions (0 for empty tensors)."""
+    if x.numel() == 0:
+        return 0.0
+    return float(kl_terms(x, y).mean())
 
 
 def all_metrics(x: Tensor, y: Tensor) -> dict[str, float]:
@@ -102,7 +108,8 @@ def all_metrics(x: Tensor, y: Tensor) -> dict[str, float]:
 
 
 class Metric(enum.Enum):
-    """Output comparison metrics (module docstring); ``lower_is_worse`` gives the sort order."""
+    """A model-output comparison (``output_metrics``): the metrics above, or the model's task
+    metric (TASK); ``lower_is_worse`` gives a ranking's sort order."""
 
     L1 = "l1"
     COSINE = "cosine"
@@ -135,40 +142,34 @@ def lower_is_worse(metric: Metric, task: Any = None) -> bool:
     return metric in (Metric.COSINE, Metric.SQNR)
 
 
-def _leaves(out: Any) -> list[Tensor]:
-    return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.is_floating_point()]
-
-
 def output_metrics(ref: list, test: list, metrics: Sequence[Metric], task=None) -> dict:
-    """Each metric of the run outputs ``test`` against ``ref`` (lists of per-batch outputs)."""
-    xs = [t.detach().to(torch.float64) for o in ref for t in _leaves(o)]
-    ys = [t.detach().to(torch.float64) for o in test for t in _leaves(o)]
+    """Each metric of the run outputs ``test`` against ``ref`` (lists of per-batch outputs).
+
+    The float tensors of all outputs are flattened and concatenated (float64) and compared by
+    the tensor metrics above; KL averages ``kl_terms`` of each output tensor over all positions;
+    TASK is ``task(ref, test)``.
+    """
+    xs = [t.detach().to(torch.float64) for o in ref for t in float_leaves(o)]
+    ys = [t.detach().to(torch.float64) for o in test for t in float_leaves(o)]
     if not xs or len(xs) != len(ys):
         raise ValueError("the model returned no float tensor to compare")
     x = torch.cat([t.reshape(-1) for t in xs])
     y = torch.cat([t.reshape(-1) for t in ys])
-    d = x - y
     res: dict = {}
     for m in metrics:
         if m is Metric.L1:
-            res[m] = float(d.abs().mean())
+            res[m] = l1(x, y)
         elif m is Metric.MSE:
-            res[m] = float((d * d).mean())
+            res[m] = mse(x, y)
         elif m is Metric.MAX_ABS:
-            res[m] = float(d.abs().max())
+            res[m] = max_abs(x, y)
         elif m is Metric.COSINE:
-            nx, ny = float(x.norm()), float(y.norm())
-            res[m] = 1.0 if nx == 0 and ny == 0 else float(x @ y) / max(nx * ny, 1e-300)
+            res[m] = cosine(x, y)
         elif m is Metric.SQNR:
-            nd = float(d.norm())
-            res[m] = math.inf if nd == 0 else 20 * math.log10(max(float(x.norm()), 1e-300) / nd)
+            res[m] = sqnr_db(x, y)
         elif m is Metric.KL:
-            kls = []
-            for a, b in zip(xs, ys):
-                dim = 1 if a.ndim >= 2 else 0
-                lp, lq = a.log_softmax(dim), b.log_softmax(dim)
-                kls.append((lp.exp() * (lp - lq)).sum(dim).reshape(-1))
-            res[m] = float(torch.cat(kls).mean())
+            terms = [kl_terms(a, b).reshape(-1) for a, b in zip(xs, ys)]
+            res[m] = float(torch.cat(terms).mean())
         elif m is Metric.TASK:
             if task is None:
                 raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
