@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
@@ -36,7 +37,6 @@ from quantlab.numerics.gemm import (
     plan_conv,
     plan_gemm,
 )
-from quantlab.progress import progress
 from quantlab.report import Plot, PlotKind
 
 
@@ -199,17 +199,17 @@ def _median_time(fn, repeats: int, *args) -> float:
     return statistics.median(ts)
 
 
-def measure(exp: GemmExactnessExp) -> pd.DataFrame:
+def measure(exp: GemmExactnessExp, progress: bool = True) -> pd.DataFrame:
     """One row per (shape, x dtype, w dtype, data kind), timed at ``exp.threads`` threads."""
     threads = torch.get_num_threads()
     torch.set_num_threads(exp.threads)
     try:
-        return _measure(exp)
+        return _measure(exp, progress)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(exp: GemmExactnessExp) -> pd.DataFrame:
+def _measure(exp: GemmExactnessExp, progress: bool) -> pd.DataFrame:
     gen = torch.Generator().manual_seed(exp.seed)
     cases = [
         (s, xd, wd, kind)
@@ -219,7 +219,7 @@ def _measure(exp: GemmExactnessExp) -> pd.DataFrame:
         for kind in exp.data
     ]
     rows = []
-    for shape, xd, wd, kind in progress(cases, "gemm_exactness"):
+    for shape, xd, wd, kind in tqdm(cases, desc="gemm_exactness", disable=not progress):
         x, w = _operands(shape, xd, wd, kind, gen)
         fast, plain, slow = _fns(shape, x, w)
         units = shape.c_in // shape.groups
@@ -314,7 +314,7 @@ def _findings(df: pd.DataFrame, exp: GemmExactnessExp) -> list[str]:
 
 @experiment(GemmExactnessExp, "gemm_exactness")
 def gemm_exactness(exp: GemmExactnessExp, ctx: RunContext) -> ExperimentResult:
-    df = measure(exp)
+    df = measure(exp, ctx.progress)
     summary = (
         df.groupby(["operands", "data"], sort=False)
         .agg(

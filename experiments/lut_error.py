@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
@@ -30,7 +31,6 @@ from quantlab.numerics.lut import (
     profile,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.progress import progress
 from quantlab.report import Plot
 
 OURS = Strategy.MINIMAX
@@ -207,7 +207,7 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
                 jobs.append((func, st, in_dt, out_dt, direct))
     plot_pair = pairs[0]
     rows, profiles = [], []
-    for func, st, in_dt, out_dt, direct in progress(jobs, "lut_error"):
+    for func, st, in_dt, out_dt, direct in tqdm(jobs, desc="lut_error", disable=not ctx.progress):
         s_in, s_out = sample_scales(func, in_dt, out_dt)
         spec = _spec_for(func, st)
         lut = build_lut(func, in_dt, s_in, out_dt, s_out, spec, fmt)

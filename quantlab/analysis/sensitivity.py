@@ -43,11 +43,11 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from quantlab.analysis.frozen_indices import FrozenIndices
 from quantlab.analysis.metrics import Metric, _parse_enum, lower_is_worse, output_metrics
 from quantlab.numerics.dtypes import DType
-from quantlab.progress import progress
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, OpMode, Simulator
 
@@ -157,10 +157,12 @@ def sensitivity(
     task: Any = None,
     replay: bool = True,
     freeze_indices: bool = True,
+    progress: bool = True,
 ) -> SensitivityRun:
     """Rank the ops of a calibrated ``sim`` by sensitivity; one table row per op, kind, metric.
 
     ``replay=False`` is the naive method (one full forward per op), kept for benchmarks.
+    ``progress``: a progress bar per pass on stderr.
     Columns: COLUMNS. Raises ValueError for no batch, an empty batch, an unknown kind or
     metric, TASK without ``task``, or a model with no quantizable op.
     """
@@ -207,7 +209,7 @@ def sensitivity(
         refs = [tr.result for tr in traces]
         # a model without index ops runs the per-op passes without the extra mode (no overhead)
         freeze = freeze_indices and any(fr.recorded for fr in freezes)
-        for name in progress(names, f"sensitivity {kind.value}"):
+        for name in tqdm(names, desc=f"sensitivity {kind.value}", disable=not progress):
             mode, op_modes = pass_modes(kind, name)
             outs = []
             for b, tr, fr in zip(batches, traces, freezes):
@@ -296,6 +298,7 @@ def analyze(
     cache_dir: str | None = None,
     replay: bool = True,
     freeze_indices: bool = True,
+    progress: bool = True,
 ) -> SensitivityRun:
     """Calibrate a Simulator on ``calib`` and rank its ops on ``batches``, cached.
 
@@ -330,8 +333,8 @@ def analyze(
             hit, 0, time.perf_counter() - start, True, hit.attrs.get("studied", {})
         )
     sim = Simulator(model, platform, qconfig)
-    sim.calibrate(calib)
-    run = sensitivity(sim, batches, kinds, metrics, task, replay, freeze_indices)
+    sim.calibrate(calib, progress)
+    run = sensitivity(sim, batches, kinds, metrics, task, replay, freeze_indices, progress)
     run.seconds = time.perf_counter() - start
     run.sim = sim
     run.table.attrs["studied"] = run.studied

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from quantlab.capture import CaptureMode, ModuleTracker, OpCategory
 from quantlab.platforms import PlatformConfig
@@ -64,12 +65,11 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         self._fast: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ public API
-    def calibrate(self, batches: Iterable[tuple[Tensor, ...]]) -> None:
-        """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers."""
-        from quantlab.progress import progress
-
+    def calibrate(self, batches: Iterable[tuple[Tensor, ...]], progress: bool = True) -> None:
+        """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers
+        (a progress bar on stderr unless ``progress`` is False)."""
         n = 0
-        for batch in progress(batches, "calibrate"):
+        for batch in tqdm(batches, desc="calibrate", disable=not progress):
             batch = batch if isinstance(batch, (tuple, list)) else (batch,)
             if not self._discovered:  # find ops and fusions before observing anything
                 self._forward(tuple(batch), _RunState(Mode.FLOAT, {}))
