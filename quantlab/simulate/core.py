@@ -37,7 +37,12 @@ from quantlab.simulate.quant_state import QuantizationState
 
 
 class Simulator(OpDiscovery, QuantizationState, OpDispatch):
-    """Run ``model`` the way QAT (FAKE) and the deployed chip (FIXED) compute it, per platform."""
+    """Run ``model`` the way QAT (FAKE) and the deployed chip (FIXED) compute it, per platform.
+
+    Every run evaluates the model in eval mode (BatchNorm running statistics, no Dropout) and
+    then restores each module's own train flag; the model's parameters, buffers and hooks are
+    never changed, and no global hook, mode or torch setting outlives a run.
+    """
 
     def __init__(
         self,
@@ -45,7 +50,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         platform: PlatformConfig | str = "j6m",
         qconfig: QConfigSpec | None = None,
     ) -> None:
-        self.model = model.eval()
+        self.model = model
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
@@ -161,7 +166,10 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         if not self._discovered and (st.mode is not Mode.FLOAT or st.op_modes):
             self._forward(inputs, _RunState(Mode.FLOAT, {}))
         prev, self._state = self._state, st
+        training = [m for m in self.model.modules() if m.training]
         try:
+            if training:
+                self.model.eval()
             with (
                 torch.no_grad(),
                 self._tracker,
@@ -169,6 +177,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
             ):
                 out = self.model(*inputs)
         finally:
+            for m in training:
+                m.training = True
             self._state = prev
         for name in st.order:
             self._info[name] = st.infos[name]
