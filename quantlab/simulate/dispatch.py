@@ -158,11 +158,23 @@ class OpDispatch:
         if plan.weight is not None and (om is None or om.quantize_weight):
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
-                wq = (*self.weight_q(call.name, w, rq.weight_dtype, True), w)
+                per_channel = self.platform.weight_per_channel
+                wq = (*self.weight_q(call.name, w, rq.weight_dtype, per_channel), w)
                 wv = self.weight_value(call.name, w, rq.weight_dtype, mode, rq.weight_split)
                 A.put(args, kwargs, plan.weight, wv)
             else:
                 A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))
+        x_info = in_infos[0] if in_infos else None
+        if (
+            mode is Mode.FAKE
+            and wq is not None
+            and plan.bias is not None
+            and x_info is not None
+            and x_info.dtype.is_int
+        ):
+            b = A.get(args, kwargs, plan.bias)
+            if b is not None:
+                A.put(args, kwargs, plan.bias, self.bias_value(b, x_info.scale, wq[1]))
         if call.category is OpCategory.GEMM:
             dts = [i.dtype for i in in_infos if i is not None]
             self._check_gemm(call.name, call.op_type, dts + ([rq.weight_dtype] if wq else []))

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from quantlab.capture import OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import acc_scale, quantize_bias
 from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, quantize
 from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ObserverKind, ResolvedQConfig
@@ -78,8 +79,9 @@ class QuantizationState:
         return obs.run_min, obs.run_max
 
     def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool):
-        """(codes in ``dtype``'s torch dtype, float32 scale per channel) of a weight; cached
-        until the weight changes (its ``_version``)."""
+        """(codes in ``dtype``'s torch dtype, float32 scale per output channel (axis 0) or one
+        0-d scale when not ``per_channel``) of a weight; cached until the weight changes (its
+        ``_version``)."""
         entry = self._weight_entry(name, w, dtype, per_channel)
         return entry[2], entry[3]
 
@@ -103,21 +105,38 @@ class QuantizationState:
         self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
     ) -> Tensor:
         """The float weight an op computes with: QAT fake quant (FAKE) or codes * scale
-        (FIXED), per output channel; with ``split`` = k the high/low weight
-        s * (w_hi + w_lo / 2**k) (numerics.split); cached with the codes."""
-        entry = self._weight_entry(name, w, dtype, True)
+        (FIXED), per output channel or per tensor (``platform.weight_per_channel``); with
+        ``split`` = k the high/low weight s * (w_hi + w_lo / 2**k) (numerics.split); cached with
+        the codes."""
+        per_channel = self.platform.weight_per_channel
+        entry = self._weight_entry(name, w, dtype, per_channel)
         values = entry[4]
         key = (mode, split)
         if key not in values:
             codes, s = entry[2], entry[3]
+            axis = 0 if per_channel else None
             if split:
-                values[key] = split_fake_weight(w.detach(), s, split, 0, self.platform.fake_round)
+                values[key] = split_fake_weight(
+                    w.detach(), s, split, axis, self.platform.fake_round
+                )
             elif mode is Mode.FIXED:
-                values[key] = dequantize(codes, s, axis=0)
+                values[key] = dequantize(codes, s, axis=axis)
             else:
                 lo = -dtype.qmax if self.platform.weight_narrow_range else None
-                values[key] = qat_fake_quant(w, s, dtype, self.platform.fake_round, 0, lo)
+                values[key] = qat_fake_quant(w, s, dtype, self.platform.fake_round, axis, lo)
         return values[key]
+
+    def bias_value(self, bias: Tensor, x_scale: Tensor, w_scale: Tensor) -> Tensor:
+        """The float32 bias a FAKE run of a GEMM adds: ``bias`` itself when
+        ``platform.bias_float`` (the compiler receives it as float32), else the value of the
+        int32 codes the model holds, round_half_even(fl32(bias / fl32(x_scale * w_scale)))
+        saturated to int32 (``numerics.gemm.quantize_bias``, the codes FIXED mode adds), times
+        fl32(x_scale * w_scale) in float32 (a QDQ graph's DequantizeLinear)."""
+        if self.platform.bias_float:
+            return bias
+        codes = quantize_bias(bias, x_scale, w_scale)
+        unit = acc_scale(x_scale, w_scale)
+        return dequantize(codes, unit, axis=0 if unit.dim() == 1 else None)
 
     def quantize_act(
         self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode, bounds=None
