@@ -13,6 +13,11 @@ and which ops build a grid_sample grid (platform templates, quantlab.qconfig), a
 Conv/Linear -> batch_norm -> relu6 chains a deployment fuses (quantlab.simulate.fusion).
 In-place ops keep the model's aliasing; recorded traces (replay, isolated comparison) are
 never changed by later runs.
+
+``Simulator`` holds the public API and composes three parts, one module each: op discovery
+(``discovery``: op records, fusions, output feeds, grid chains, validation, the op table),
+quantization state (``quant_state``: observers, scales, weight codes, kernel caches) and op
+dispatch (``dispatch``: what each captured call becomes in a run).
 """
 
 from __future__ import annotations
