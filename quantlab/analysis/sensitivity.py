@@ -209,7 +209,7 @@ def sensitivity(
         refs = [tr.result for tr in traces]
         # a model without index ops runs the per-op passes without the extra mode (no overhead)
         freeze = freeze_indices and any(fr.recorded for fr in freezes)
-        for name in tqdm(names, desc=f"sensitivity {kind.value}", disable=not progress):
+        for name in tqdm(names, desc=f"sensitivity {kind.value}") if progress else names:
             mode, op_modes = pass_modes(kind, name)
             outs = []
             for b, tr, fr in zip(batches, traces, freezes):

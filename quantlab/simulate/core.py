@@ -79,7 +79,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers
         (a progress bar on stderr unless ``progress`` is False)."""
         n = 0
-        for batch in tqdm(batches, desc="calibrate", disable=not progress):
+        for batch in tqdm(batches, desc="calibrate") if progress else batches:
             batch = batch if isinstance(batch, (tuple, list)) else (batch,)
             if not self._discovered:  # find ops and fusions before observing anything
                 self._forward(tuple(batch), _RunState(Mode.FLOAT, {}))
