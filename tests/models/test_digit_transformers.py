@@ -77,3 +77,12 @@ def test_digits_split_is_fixed_and_disjoint():
     assert torch.equal(torch.cat(d.labels), labels[TRAIN_ITEMS:])
     with pytest.raises(ValueError, match="for models digits_layernorm"):
         load_data("digits", "mobilenet_v2")
+
+
+def test_top1_accuracy_uses_labels_or_the_float_decisions():
+    ref = [torch.tensor([[2.0, 1.0], [0.0, 1.0], [1.0, 0.0]])]
+    test = [torch.tensor([[1.0, 2.0], [0.0, 1.0], [3.0, 0.0]])]
+    assert Top1Accuracy()(ref, test, [torch.tensor([1, 1, 1])]) == pytest.approx(2 / 3)
+    assert Top1Accuracy()(ref, test) == pytest.approx(2 / 3)  # agreement with ref's arg-max
+    with pytest.raises(ValueError, match="labels hold 2 samples"):
+        Top1Accuracy()(ref, test, [torch.tensor([1, 1])])
