@@ -3,8 +3,9 @@
 Sources (tflite/kernels in LiteRT; tensorflow/lite/kernels in TensorFlow):
 ``internal/reference/integer_ops/{conv,depthwise_conv,fully_connected,add}.h``,
 ``internal/common.{h,cc}`` (MultiplyByQuantizedMultiplier; double rounding: the x86 wheel is
-built without TFLITE_SINGLE_ROUNDING, as the tests measure), ``internal/quantization_util.cc`` (QuantizeMultiplier),
-``kernel_util.cc`` (per-channel multipliers, CalculateActivationRangeQuantized) and
+built without TFLITE_SINGLE_ROUNDING, as the tests measure),
+``internal/quantization_util.cc`` (QuantizeMultiplier), ``kernel_util.cc`` (per-channel
+multipliers, CalculateActivationRangeQuantized) and
 ``{conv,depthwise_conv,fully_connected,add}.cc`` (which kernel and accumulator type runs).
 
 Rules, per op family (x, y activations with zero points zx, zy; int16 activations have
