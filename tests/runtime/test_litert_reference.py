@@ -175,3 +175,10 @@ def test_relu6_bound_rounds_half_away_in_float32(seed):
     lo, hi = T.activation_range(Activation.RELU6, sy, zy, np.int8)
     assert (int(y.min()), int(y.max())) == (lo, hi)
     assert hi - zy == int(np.float32(6.0) / sy) + 1  # the tie k + 0.5 went up
+
+
+def test_depthwise_16x8_takes_only_an_int64_bias():
+    """DEPTHWISE_CONV_2D 16x8 has no int32-bias kernel: LiteRT refuses the model."""
+    case = C.conv_case(0, True, i16, i32)
+    with pytest.raises(RuntimeError, match="INT32 != INT64"):
+        L.run(L.conv2d_model(case), [case.x], L.Kernels.REFERENCE)
