@@ -121,7 +121,7 @@ def conv_relu6_half_even(c):
 
 
 def fc_integer_multiplier(c):
-    """FULLY_CONNECTED with the per-channel integer multiplier (the kernel before 2025)."""
+    """FULLY_CONNECTED through the integer multiplier (what the optimized builtin kernel uses)."""
     acc = wrap_int32(fc_acc(c))
     q, e = T.per_channel_multipliers(c.xq.scale, c.w_scale, c.yq.scale, acc.shape[-1])
     return T.finish(T.mbqm32(acc, q, e), c.yq, c.activation, c.x.dtype)
