@@ -33,7 +33,7 @@ from quantlab.numerics.lut.point_dp import Objective
 from quantlab.numerics.lut.segment_cost import SegmentCosts
 
 
-DATA_SEARCH = CandidateSearch(grid_points=32, end_points_per_octave=1, window=2)
+DATA_SEARCH = CandidateSearch(grid_points=32, end_points_per_octave=0, window=2)
 """DATA's candidates: fewer than OPTIMAL's, as a weighted sum is certified by evaluating every
 code of each table that could lie on a better point set."""
 
@@ -98,5 +98,5 @@ def data_points(
     if not costs.weighted:
         raise ValueError("DATA needs costs built with code weights (the input histogram)")
     return searched_points(
-        costs, Objective.SUM, data_density(costs), [optimal, *seeds], bound, search
+        costs, Objective.SUM, data_density(costs), [optimal], bound, search
     )

@@ -45,9 +45,13 @@ class CandidateSearch:
     polish_rounds: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("exhaustive_codes", "grid_points", "end_points_per_octave", "window"):
+        for name in ("exhaustive_codes", "grid_points", "window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CandidateSearch.{name} must be >= 1, got {getattr(self, name)}")
+        if self.end_points_per_octave < 0:
+            raise ValueError(
+                f"CandidateSearch.end_points_per_octave must be >= 0, got {self.end_points_per_octave}"
+            )
         if self.polish_rounds < 0:
             raise ValueError(f"CandidateSearch.polish_rounds must be >= 0, got {self.polish_rounds}")
 
@@ -95,6 +99,8 @@ def quantile_codes(first: int, density: np.ndarray, count: int) -> np.ndarray:
 def end_codes(first: int, last: int, per_octave: int) -> np.ndarray:
     """Codes at geometric distances 2^(i / per_octave) from both ends, inside the range."""
     span = last - first
+    if per_octave == 0:
+        return np.zeros(0, dtype=np.int64)
     steps = np.unique(np.round(np.exp2(np.arange(per_octave * math.log2(span) + 1) / per_octave)))
     steps = steps[(steps >= 1) & (steps < span)].astype(np.int64)
     return np.concatenate([first + steps, last - steps])
@@ -155,7 +161,7 @@ def searched_points(
             polish += 1
             if polish > search.polish_rounds:
                 break
-        steps = [max(1, math.ceil(s / search.window)) for s in steps]
+        steps = [max(1, math.ceil(s / (2 * search.window))) for s in steps]
     return SearchResult(
         points=best.points,
         value=best.value,
