@@ -16,8 +16,9 @@ codes per table). Each round solves the DP on the current costs (lower bounds or
 value never exceeds the true optimum; an unknown feasibility counts as feasible), makes the
 chosen path's costs exact, and promotes one level (more sampled codes, finally every code) the
 costs of every pair that lies on some path whose current value is below the best exact path
-found so far. It stops when the chosen path's costs are all exact: its value is then the DP
-optimum over costs that are exact or lower bounds, hence the true optimum over the candidates.
+found so far. It stops when the DP value reaches the best exact path's value, or when the chosen path's
+costs are all exact: that path's value is then the DP optimum over costs that are exact or
+lower bounds, hence the true optimum over the candidates.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from quantlab.numerics.lut.segment_cost import SegmentCosts
 
 EVEN_SAMPLES = (16, 128, 1024, 4096)  # MAX bound passes: codes per table spread evenly
 FOCUS_STEPS = 2  # MAX: then every code within this many table steps of the largest error found
+CHEAP_PASSES = 2  # MAX: every pair that could lie on a better path gets the first passes
 SUM_SAMPLES = 16  # SUM: one bound pass (it mainly proves tables above the bound), then exact
 
 
@@ -144,6 +146,8 @@ def solve(
                 "no admissible set of dividing points among the candidates (every set has a "
                 "table too narrow to index or above the error bound)"
             )
+        if fwd[-1][-1] >= best:  # no point set can beat the best exact one: it is optimal
+            break
         ids = _backtrack(arg, pid, k_n)
         certified = bool(np.all(pairs.level[ids] == pairs.exact_level))
         pairs.promote(ids, exact=True)
@@ -152,14 +156,16 @@ def solve(
             best, best_path = value, ids
         if certified:
             break
-        # promote one pass the pairs that could still complete a path better than the best:
-        # for MAX only the bottleneck of that path (cheaper pairs cannot decide it)
+        # promote one pass the pairs that could still complete a path better than the best;
+        # for MAX, beyond the cheap sampled passes, only the bottleneck of such a path
         key = m[ia, ib]
         promote = np.zeros(len(ia), dtype=bool)
         for k in range(t_n):
             side = combine(fwd[k][ia], bwd[k + 1][ib])
             through = combine(side, key) < best
-            promote |= through & (key >= side) if objective is Objective.MAX else through
+            if objective is Objective.MAX:
+                through &= (key >= side) | (pairs.level < CHEAP_PASSES)
+            promote |= through
         pairs.promote(np.flatnonzero(promote & (pairs.level < pairs.exact_level)), exact=False)
     pts = [int(g[ia[best_path[0]]])] + [int(g[ib[i]]) for i in best_path]
     return DpResult(

@@ -28,6 +28,7 @@ import torch
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat, single_thread
+from quantlab.numerics.lut.segment_runs import RangeExtremum, run_counts, run_max_errors
 from quantlab.numerics.lut.segments import (
     TargetFn,
     index_multipliers,
@@ -35,6 +36,7 @@ from quantlab.numerics.lut.segments import (
     table_entries,
 )
 
+RUN_COST = 4  # a run (segment_runs.py) costs about this many codes; by runs when cheaper
 EXACT_CHUNK = 1 << 15  # codes per vectorised chunk (cache-sized: 3x faster than 2^20, measured)
 
 
@@ -142,6 +144,19 @@ class SegmentCosts:
         self.floor = floor  # weighted rounding floor per folded code (a lower bound)
         self.floor_prefix = np.concatenate([[0.0], np.cumsum(floor)])
         self._cache: dict[tuple[int, int], tuple[float, float, int]] = {}
+        self._ext: dict[str, RangeExtremum] | None = None
+        self._dens: np.ndarray | None = None
+
+    def _extrema(self) -> dict[str, RangeExtremum]:
+        """Range min/max tables of the folded targets (built on first use)."""
+        if self._ext is None:
+            self._ext = {
+                "pos_min": RangeExtremum(self.e_pos, np.minimum),
+                "pos_max": RangeExtremum(self.e_pos, np.maximum),
+                "neg_min": RangeExtremum(self.e_neg_lo, np.minimum),
+                "neg_max": RangeExtremum(self.e_neg_hi, np.maximum),
+            }
+        return self._ext
 
     def _widths(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Codes in each table: ``b - a``, plus the end code for the last table."""
@@ -149,13 +164,13 @@ class SegmentCosts:
 
     # ------------------------------------------------------------------ evaluation
     def _evaluate(
-        self, a: np.ndarray, b: np.ndarray, start: np.ndarray, span: np.ndarray, count: np.ndarray
+        self, a: np.ndarray, b: np.ndarray, offsets: np.ndarray | None, count: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Errors of the tables from ``a`` to ``b`` over ``count`` codes spread evenly over the
-        offsets ``[start, start + span)`` of each table (both ends included; ``count == span``:
-        every code there). Returns per table: max error, weighted sum, rounding-floor sum of the
-        evaluated codes, and the offset of the (first) largest error. Tables too narrow for the
-        index multiplier get inf."""
+        """Errors of the tables from ``a`` to ``b`` over every code (``offsets`` None; ``count``
+        the widths) or over the code offsets ``offsets`` (``count[p]`` consecutive, distinct
+        entries per table). Returns per table: max error, weighted sum, rounding-floor sum of
+        the evaluated codes, and the offset of the (first) largest error. Tables too narrow for
+        the index multiplier get inf."""
         p, fmt = self.problem, self.problem.fmt
         n, f = fmt.entries, fmt.index_frac_bits
         mult, shift, ok = index_multipliers(b - a, n, f, fmt.slope_bits)
@@ -173,7 +188,21 @@ class SegmentCosts:
         flat = np.concatenate([tables, tables[:, -1:]], axis=1).reshape(-1)
         row = np.full(len(a), -1, dtype=np.int64)
         row[idx_live] = np.arange(len(idx_live)) * (n + 1)
-        every = bool(np.all((count == span) & (start == 0)))  # all codes: offsets are 0..w-1
+        every = offsets is None  # all codes: offsets are 0..w-1
+        first_offset = np.cumsum(count) - count
+        if every and not self.weighted:  # tables whose output changes rarely: by runs
+            runs = run_counts(tables, fmt) * RUN_COST < count[idx_live]
+            if runs.any():
+                sel = idx_live[runs]
+                mx[sel] = run_max_errors(
+                    tables[runs], a[sel], mult[sel], shift[sel], count[sel], fmt, p.out_dtype,
+                    p.fold_min, self._extrema(),
+                )  # fmt: skip
+                sm[sel] = 0.0
+                keep = ~runs
+                idx_live, tables = idx_live[keep], tables[keep]
+                flat = np.concatenate([tables, tables[:, -1:]], axis=1).reshape(-1)
+                row[idx_live] = np.arange(len(idx_live)) * (n + 1)
         base_a = a - p.fold_min
         pos = 0
         while pos < len(idx_live):  # chunks of about EXACT_CHUNK codes
@@ -185,7 +214,7 @@ class SegmentCosts:
             pid = np.repeat(sel, c)
             r = _ranges(c)
             if not every:
-                r = start[pid] + (r * (span[pid] - 1)) // np.maximum(count[pid] - 1, 1)
+                r = offsets[first_offset[pid] + r]
             idx = np.minimum((r * mult[pid]) >> shift[pid], (n - 1) << f)
             base = row[pid] + (idx >> f)
             y = interpolate(flat[base], flat[base + 1], idx & ((1 << f) - 1), fmt, p.out_dtype)
@@ -232,7 +261,7 @@ class SegmentCosts:
         if todo:
             t = np.asarray(todo)
             w = self._widths(a[t], b[t])
-            m, s, _, g = self._evaluate(a[t], b[t], np.zeros_like(w), w, w)
+            m, s, _, g = self._evaluate(a[t], b[t], None, w)
             mx[t], sm[t], arg[t] = m, s, g
             for k, vm, vs, vg in zip(t.tolist(), m.tolist(), s.tolist(), g.tolist()):
                 self._cache[keys[k]] = (vm, vs, vg)
@@ -247,23 +276,23 @@ class SegmentCosts:
         centre: np.ndarray | None = None,
         radius: np.ndarray | None = None,
     ) -> PairCosts:
-        """Lower bounds of max and weighted sum from ``samples`` codes per table spread evenly
-        over the table, or, with ``centre``/``radius`` (offsets, per table), over the window
-        ``[centre - radius, centre + radius]`` clipped to the table (every code there when it
-        holds at most ``samples``). Tables whose evaluated codes are all their codes are exact.
-        The sum bound is the rounding floor of every code plus the measured excess on the
-        evaluated codes."""
+        """Lower bounds of max and weighted sum over a subset of each table's codes: ``samples``
+        codes, half spread evenly (both ends included) and half at equal quantiles of the
+        curvature density ``sampling_density`` inside the table (where interpolation error
+        concentrates); or, with ``centre``/``radius`` (offsets, per table), ``samples`` codes
+        spread evenly over the window ``[centre - radius, centre + radius]`` clipped to the table.
+        Tables whose subset is every code are exact. The sum bound is the rounding floor of
+        every code plus the measured excess on the subset."""
         p = self.problem
         a = np.asarray(a, dtype=np.int64).reshape(-1)
         b = np.asarray(b, dtype=np.int64).reshape(-1)
         widths = self._widths(a, b)
         if centre is None:
-            lo = np.zeros_like(widths)
-            span = widths
+            whole = widths <= samples
         else:
             lo = np.clip(np.asarray(centre) - radius, 0, widths - 1)
             span = np.minimum(np.asarray(centre) + radius, widths - 1) - lo + 1
-        whole = (span >= widths) & (widths <= samples)
+            whole = (span >= widths) & (widths <= samples)
         mx = np.empty(len(a))
         sm = np.empty(len(a))
         arg = np.zeros(len(a), dtype=np.int64)
@@ -272,9 +301,16 @@ class SegmentCosts:
             mx[whole], sm[whole], arg[whole] = c.max, c.sum, c.arg
         big = np.flatnonzero(~whole)
         if big.size:
-            ab, bb = a[big], b[big]
-            count = np.minimum(span[big], samples)
-            m, s, fl, g = self._evaluate(ab, bb, lo[big], span[big], count)
+            ab, bb, wb = a[big], b[big], widths[big]
+            if centre is None:
+                offsets, count = self._sample_offsets(ab, wb, samples)
+            else:
+                k = np.minimum(span[big], samples)
+                j = _ranges(k)
+                rep = np.repeat(np.arange(big.size), k)
+                offsets = lo[big][rep] + (j * (span[big][rep] - 1)) // np.maximum(k[rep] - 1, 1)
+                count = k
+            m, s, fl, g = self._evaluate(ab, bb, offsets, count)
             floor_all = (
                 self.floor_prefix[bb - p.fold_min + (bb == p.last)]
                 - self.floor_prefix[ab - p.fold_min]
@@ -282,6 +318,41 @@ class SegmentCosts:
             mx[big], arg[big] = m, g
             sm[big] = np.where(np.isfinite(s), floor_all + s - fl, np.inf)
         return PairCosts(mx, sm, whole, arg)
+
+    def _sample_offsets(
+        self, a: np.ndarray, widths: np.ndarray, samples: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct sorted code offsets per table (flattened) and their counts: samples // 2
+        spread evenly, the rest at quantiles of the sampling density."""
+        p = self.problem
+        n_even = max(2, samples // 2)
+        k = np.arange(n_even)
+        even = (k[None, :] * (widths[:, None] - 1)) // (n_even - 1)
+        n_q = samples - n_even
+        parts = [even]
+        if n_q > 0:
+            cum = self._density_prefix()
+            i0 = a - p.fold_min
+            c0, c1 = cum[i0], cum[i0 + widths]
+            q = c0[:, None] + (np.arange(n_q)[None, :] + 0.5) / n_q * (c1 - c0)[:, None]
+            pos = np.searchsorted(cum, q, side="right") - 1 - i0[:, None]
+            parts.append(np.clip(pos, 0, widths[:, None] - 1))
+        allo = np.sort(np.concatenate(parts, axis=1), axis=1)
+        keep = np.ones(allo.shape, dtype=bool)
+        keep[:, 1:] = allo[:, 1:] != allo[:, :-1]
+        return allo[keep], keep.sum(axis=1)
+
+    def _density_prefix(self) -> np.ndarray:
+        """Prefix sums over folded codes of the sampling density ``|second difference of the
+        target| + 1e-3`` (output LSB per code^2; the constant keeps straight parts sampled)."""
+        if self._dens is None:
+            e = self.e_pos
+            d2 = np.zeros(e.size)
+            if e.size >= 3:
+                d2[1:-1] = np.abs(e[2:] - 2 * e[1:-1] + e[:-2])
+            d2 = np.minimum(d2, 1e6) + 1e-3
+            self._dens = np.concatenate([[0.0], np.cumsum(d2)])
+        return self._dens
 
     def code_errors(self, outputs: np.ndarray) -> np.ndarray:
         """|output - saturate(f)| (output LSB) of every input code, ascending, given a built
