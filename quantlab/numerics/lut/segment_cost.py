@@ -36,6 +36,7 @@ from quantlab.numerics.lut.segments import (
     table_entries,
 )
 
+QUANTILE_SAMPLES_MAX = 128  # bound passes up to this size put half their codes at quantiles
 RUN_COST = 4  # a run (segment_runs.py) costs about this many codes; by runs when cheaper
 EXACT_CHUNK = 1 << 15  # codes per vectorised chunk (cache-sized: 3x faster than 2^20, measured)
 
@@ -278,8 +279,8 @@ class SegmentCosts:
     ) -> PairCosts:
         """Lower bounds of max and weighted sum over a subset of each table's codes: ``samples``
         codes, half spread evenly (both ends included) and half at equal quantiles of the
-        curvature density ``sampling_density`` inside the table (where interpolation error
-        concentrates); or, with ``centre``/``radius`` (offsets, per table), ``samples`` codes
+        curvature density inside the table (where interpolation error concentrates; larger
+        passes all evenly, ``_sample_offsets``); or, with ``centre``/``radius`` (offsets, per table), ``samples`` codes
         spread evenly over the window ``[centre - radius, centre + radius]`` clipped to the table.
         Tables whose subset is every code are exact. The sum bound is the rounding floor of
         every code plus the measured excess on the subset."""
@@ -323,12 +324,15 @@ class SegmentCosts:
         self, a: np.ndarray, widths: np.ndarray, samples: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Distinct sorted code offsets per table (flattened) and their counts: samples // 2
-        spread evenly, the rest at quantiles of the sampling density."""
+        spread evenly, the rest at quantiles of the sampling density (all spread evenly above
+        QUANTILE_SAMPLES_MAX samples, where even spacing already finds narrow features)."""
         p = self.problem
-        n_even = max(2, samples // 2)
+        n_even = max(2, samples // 2) if samples <= QUANTILE_SAMPLES_MAX else samples
         k = np.arange(n_even)
         even = (k[None, :] * (widths[:, None] - 1)) // (n_even - 1)
         n_q = samples - n_even
+        if n_q == 0:  # distinct by construction (every table holds more than ``samples`` codes)
+            return even.reshape(-1), np.full(len(a), n_even)
         parts = [even]
         if n_q > 0:
             cum = self._density_prefix()
