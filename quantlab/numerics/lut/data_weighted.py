@@ -32,7 +32,6 @@ from quantlab.numerics.lut.optimal import (
 from quantlab.numerics.lut.point_dp import Objective
 from quantlab.numerics.lut.segment_cost import SegmentCosts
 
-
 DATA_SEARCH = CandidateSearch(grid_points=32, end_points_per_octave=0, window=2)
 """DATA's candidates: fewer than OPTIMAL's, as a weighted sum is certified by evaluating every
 code of each table that could lie on a better point set."""
@@ -97,6 +96,4 @@ def data_points(
     (factor x OPTIMAL's max error over every code)."""
     if not costs.weighted:
         raise ValueError("DATA needs costs built with code weights (the input histogram)")
-    return searched_points(
-        costs, Objective.SUM, data_density(costs), [optimal], bound, search
-    )
+    return searched_points(costs, Objective.SUM, data_density(costs), [optimal], bound, search)

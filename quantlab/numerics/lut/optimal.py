@@ -1,26 +1,27 @@
 """OPTIMAL: the dividing points with the smallest maximum output error, certified over a stated
 candidate set.
 
-Claim. For fixed outer points d_0, d_T (the table range of every strategy: input_range with its
-range rules, observed range and symmetric mode), OPTIMAL returns inner points minimising
-``max_i C(d_i, d_{i+1})``, the largest |LUT output - saturate(f)| over the input codes of the
-tables, measured through the integer evaluation itself (table entries, index multipliers,
-interpolation rounding and saturation exactly as built; segment_cost.py). Tails depend on d_0 and
-d_T only, so this also minimises the error over every input code. The minimum is exact (a
-certified DP, point_dp.py) over:
-  * every increasing point set when the table range holds at most ``exhaustive_codes`` codes (all
-    int8 inputs): the global optimum for these ends;
-  * otherwise, the better of (a) every increasing point set drawn from the candidates G = the
-    ``grid_points`` quantiles of a density mixing uniform and sqrt|second difference of f| at
-    code resolution (de Boor's density for linear pieces), codes at ``end_points_per_octave``
-    geometric steps from both ends, and the EVENLY, CURVATURE and SQRT_CURVATURE points; and
-    (b) every point set in the refinement boxes: d_k within ``window`` steps of the incumbent's
-    d_k, the step shrinking by ``window`` from the local spacing of G down to one code, then
-    boxes of one-code steps re-centred on the incumbent until it stops moving (at most
-    ``polish_rounds``). ``OptimalResult.box_radius`` > 0 certifies that no point set with every
-    inner point within that many codes of the result's is better.
-Hence OPTIMAL's max error is never above EVENLY's, CURVATURE's or SQRT_CURVATURE's (their points
-are in G).
+Claim. For the fixed outer points d_0, d_T of the table range (the same for every strategy:
+input_range with its range rules, observed range and symmetric mode), OPTIMAL returns inner
+points that minimise ``max_i C(d_i, d_{i+1})``, the largest |LUT output - saturate(f)| over the
+input codes of the tables, measured through the integer evaluation itself (entries, index
+multipliers, interpolation rounding and saturation as built; segment_cost.py). The tails depend
+on d_0 and d_T only, so the same points minimise the error over every input code. The minimum
+is exact (a certified DP, point_dp.py) over:
+  * every increasing point set, when the table range holds at most ``exhaustive_codes`` codes
+    (every int8 input): the global optimum for these ends;
+  * otherwise over the union of (a) every increasing point set drawn from the grid G: the
+    ``grid_points`` equal quantiles of a density half uniform, half sqrt|second difference of
+    f| at code resolution (de Boor's density for linear pieces), codes at
+    ``end_points_per_octave`` geometric steps from both ends, and the points of EVENLY,
+    CURVATURE and SQRT_CURVATURE; and (b) the refinement boxes: each inner d_k within
+    ``window`` steps of the incumbent's, the step starting at G's local spacing / ``window``
+    and shrinking by 2 ``window`` per box (each box spans at least half the previous step each
+    side) down to one code, then one-code boxes re-centred on the incumbent until it stops
+    moving (at most ``polish_rounds`` moves). ``SearchResult.box_radius`` > 0 then certifies
+    that no point set with every inner point within that many codes of the result's is better.
+Hence OPTIMAL's max error is never above that of EVENLY, CURVATURE or SQRT_CURVATURE (their points
+lie in G), and equals the brute-force optimum on small ranges.
 """
 
 from __future__ import annotations
@@ -48,12 +49,9 @@ class CandidateSearch:
         for name in ("exhaustive_codes", "grid_points", "window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CandidateSearch.{name} must be >= 1, got {getattr(self, name)}")
-        if self.end_points_per_octave < 0:
-            raise ValueError(
-                f"CandidateSearch.end_points_per_octave must be >= 0, got {self.end_points_per_octave}"
-            )
-        if self.polish_rounds < 0:
-            raise ValueError(f"CandidateSearch.polish_rounds must be >= 0, got {self.polish_rounds}")
+        for name in ("end_points_per_octave", "polish_rounds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"CandidateSearch.{name} must be >= 0, got {getattr(self, name)}")
 
 
 DEFAULT_SEARCH = CandidateSearch()
@@ -151,7 +149,7 @@ def searched_points(
         res = solve(costs, layers, objective, bound, best.points)
         pairs += res.pairs
         exact_pairs += res.exact_pairs
-        moved = res.points != best.points and _better(res, best, objective)
+        moved = res.points != best.points and res.value < best.value
         if moved:
             best = res
         if all(s == 1 for s in steps):
@@ -173,10 +171,6 @@ def searched_points(
         pairs=pairs,
         exact_pairs=exact_pairs,
     )
-
-
-def _better(new: DpResult, old: DpResult, objective: Objective) -> bool:
-    return new.value < old.value
 
 
 def _local_spacing(grid: np.ndarray, points: tuple[int, ...]) -> list[int]:
@@ -228,6 +222,6 @@ def optimal_points(
 ) -> SearchResult:
     """OPTIMAL's points for ``costs.problem`` (module docstring); ``seeds``: the EVENLY,
     CURVATURE and SQRT_CURVATURE points as codes."""
-    return searched_points(costs, Objective.MAX, 0.5 * curvature_density(costs) + 0.5 / (
-        costs.problem.last - costs.problem.first + 1
-    ), seeds, search=search)  # fmt: skip
+    uniform = 1.0 / (costs.problem.last - costs.problem.first + 1)
+    density = 0.5 * curvature_density(costs) + 0.5 * uniform
+    return searched_points(costs, Objective.MAX, density, seeds, search=search)

@@ -11,14 +11,14 @@ table, because no table's outputs depend on another's points).
 Objectives. MAX: minimise ``max_i C``. SUM: minimise ``sum_i S`` subject to ``C <= bound`` for
 every table.
 
-Certification. Every cost starts as a lower bound (``SegmentCosts.bounds`` on EVEN_SAMPLES[0]
-codes per table). Each round solves the DP on the current costs (lower bounds or exact values, so the DP
-value never exceeds the true optimum; an unknown feasibility counts as feasible), makes the
-chosen path's costs exact, and promotes one level (more sampled codes, finally every code) the
-costs of every pair that lies on some path whose current value is below the best exact path
-found so far. It stops when the DP value reaches the best exact path's value, or when the chosen path's
-costs are all exact: that path's value is then the DP optimum over costs that are exact or
-lower bounds, hence the true optimum over the candidates.
+Certification. Every cost starts as a lower bound (``SegmentCosts.bounds``, EVEN_SAMPLES[0]
+codes per table). Each round solves the DP on the current costs (lower bounds or exact values,
+so its value never exceeds the true optimum; an unproven feasibility counts as feasible), makes
+the chosen path's costs exact, and refines by one pass (more sampled codes, then every code)
+the costs of the pairs that could still complete a path better than the best exact one found
+(for MAX, past CHEAP_PASSES, only the pair that is the bottleneck of such a path). It stops when
+the DP value reaches the best exact value, or when the chosen path's costs are all exact; in
+both cases the best exact path is optimal over the candidates.
 """
 
 from __future__ import annotations

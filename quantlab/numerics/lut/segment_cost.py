@@ -277,13 +277,12 @@ class SegmentCosts:
         centre: np.ndarray | None = None,
         radius: np.ndarray | None = None,
     ) -> PairCosts:
-        """Lower bounds of max and weighted sum over a subset of each table's codes: ``samples``
-        codes, half spread evenly (both ends included) and half at equal quantiles of the
-        curvature density inside the table (where interpolation error concentrates; larger
-        passes all evenly, ``_sample_offsets``); or, with ``centre``/``radius`` (offsets, per table), ``samples`` codes
-        spread evenly over the window ``[centre - radius, centre + radius]`` clipped to the table.
-        Tables whose subset is every code are exact. The sum bound is the rounding floor of
-        every code plus the measured excess on the subset."""
+        """Lower bounds of max and weighted sum over a subset of each table's codes:
+        ``samples`` codes chosen by ``_sample_offsets``; or, with ``centre``/``radius`` (offsets,
+        per table), ``samples`` codes spread evenly over the window
+        ``[centre - radius, centre + radius]`` clipped to the table. Tables whose subset is every
+        code are exact. The sum bound is the rounding floor of every code plus the measured
+        excess on the subset."""
         p = self.problem
         a = np.asarray(a, dtype=np.int64).reshape(-1)
         b = np.asarray(b, dtype=np.int64).reshape(-1)

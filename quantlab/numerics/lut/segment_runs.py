@@ -126,4 +126,3 @@ def run_max_errors(
     out = np.full(p_n, -np.inf)
     np.maximum.at(out, run_p, err)
     return out
-

@@ -31,13 +31,18 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.evaluate import build_code_map, evaluate_fast, evaluate_reference
+from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
+from quantlab.numerics.lut.evaluate import (
+    all_codes,
+    build_code_map,
+    evaluate_codes_int,
+    evaluate_fast,
+    evaluate_reference,
+)
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, single_thread
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
-from quantlab.numerics.lut.ranges import input_range
-from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
-from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int
 from quantlab.numerics.lut.optimal import optimal_points
+from quantlab.numerics.lut.ranges import input_range
 from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
 from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
 from quantlab.numerics.lut.segments import table_entries
