@@ -97,7 +97,7 @@ class PairCosts:
     max: np.ndarray
     sum: np.ndarray
     exact: np.ndarray
-    arg: np.ndarray  # offset (from a) of the largest error found
+    arg: np.ndarray  # bounds: offset (from a) of the largest error found; exact costs: 0
 
 
 class SegmentCosts:
