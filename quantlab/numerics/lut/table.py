@@ -413,6 +413,11 @@ def _build_cached(
     return refine(best, best_err, lambda pts, st: _assemble(*args, pts, st), exact)
 
 
+def clear_build_cache() -> None:
+    """Forget every built table (benchmarks time builds from scratch)."""
+    _build_cached.cache_clear()
+
+
 def build_lut(
     func: str,
     in_dtype: DType,
