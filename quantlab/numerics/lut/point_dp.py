@@ -32,7 +32,7 @@ from quantlab.numerics.lut.segment_cost import SegmentCosts
 
 EVEN_SAMPLES = (16, 128, 1024, 4096)  # MAX bound passes: codes per table spread evenly
 FOCUS_STEPS = 2  # MAX: then every code within this many table steps of the largest error found
-CHEAP_PASSES = 2  # MAX: every pair that could lie on a better path gets the first passes
+CHEAP_PASSES = 1  # MAX: every pair that could lie on a better path gets the first passes
 SUM_SAMPLES = 16  # SUM: one bound pass (it mainly proves tables above the bound), then exact
 
 

@@ -37,6 +37,7 @@ from quantlab.numerics.lut.segments import (
 )
 
 QUANTILE_SAMPLES_MAX = 128  # bound passes up to this size put half their codes at quantiles
+RUNS_CHECK_SAMPLES = 1024  # bound passes this large check whether exact-by-runs is cheaper
 RUN_COST = 4  # a run (segment_runs.py) costs about this many codes; by runs when cheaper
 EXACT_CHUNK = 1 << 15  # codes per vectorised chunk (cache-sized: 3x faster than 2^20, measured)
 
@@ -194,11 +195,20 @@ class SegmentCosts:
         if every and not self.weighted:  # tables whose output changes rarely: by runs
             runs = run_counts(tables, fmt) * RUN_COST < count[idx_live]
             if runs.any():
-                sel = idx_live[runs]
-                mx[sel] = run_max_errors(
-                    tables[runs], a[sel], mult[sel], shift[sel], count[sel], fmt, p.out_dtype,
-                    p.fold_min, self._extrema(),
-                )  # fmt: skip
+                sel, tabs = idx_live[runs], tables[runs]
+                n_runs = np.cumsum(run_counts(tabs, fmt))
+                start = 0
+                while start < len(sel):  # chunks of about EXACT_CHUNK runs
+                    base_runs = n_runs[start - 1] if start else 0
+                    stop = start + max(
+                        1, int(np.searchsorted(n_runs[start:] - base_runs, EXACT_CHUNK, "right"))
+                    )
+                    s_ = sel[start:stop]
+                    mx[s_] = run_max_errors(
+                        tabs[start:stop], a[s_], mult[s_], shift[s_], count[s_], fmt,
+                        p.out_dtype, p.fold_min, self._extrema(),
+                    )  # fmt: skip
+                    start = stop
                 sm[sel] = 0.0
                 keep = ~runs
                 idx_live, tables = idx_live[keep], tables[keep]
@@ -293,6 +303,13 @@ class SegmentCosts:
             lo = np.clip(np.asarray(centre) - radius, 0, widths - 1)
             span = np.minimum(np.asarray(centre) + radius, widths - 1) - lo + 1
             whole = (span >= widths) & (widths <= samples)
+        if not self.weighted and samples >= RUNS_CHECK_SAMPLES:  # exact by runs when cheaper
+            p_, fmt = self.problem, self.problem.fmt
+            rest = np.flatnonzero(~whole)
+            tabs = table_entries(
+                p_.target, a[rest], b[rest], fmt, p_.in_scale, p_.out_scale, p_.out_dtype
+            )
+            whole[rest] = run_counts(tabs, fmt) * RUN_COST <= samples
         mx = np.empty(len(a))
         sm = np.empty(len(a))
         arg = np.zeros(len(a), dtype=np.int64)

@@ -22,27 +22,25 @@ from quantlab.numerics.lut.segments import interpolate
 
 
 class RangeExtremum:
-    """Sparse tables answering min or max of ``values[lo..hi]`` (inclusive) in O(1)."""
+    """Sparse table answering min or max of ``values[lo..hi]`` (inclusive) in O(1): row k holds
+    the extremum of ``values[i .. i + 2^k - 1]`` (padded with the last value)."""
 
     def __init__(self, values: np.ndarray, op):
         self.op = op
-        levels = [np.asarray(values, dtype=np.float64)]
+        v = np.asarray(values, dtype=np.float64)
+        rows = [v]
         k = 1
-        while 2 * k <= len(values):
-            prev = levels[-1]
-            levels.append(op(prev[:-k], prev[k:]))
+        while 2 * k <= len(v):
+            prev = rows[-1]
+            nxt = prev.copy()
+            nxt[:-k] = op(prev[:-k], prev[k:])
+            rows.append(nxt)
             k *= 2
-        self.levels = levels
+        self.table = np.stack(rows)
 
     def query(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        length = hi - lo + 1
-        k = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
-        out = np.empty(len(lo))
-        for level in np.unique(k):
-            s = k == level
-            t = self.levels[level]
-            out[s] = self.op(t[lo[s]], t[hi[s] - (1 << int(level)) + 1])
-        return out
+        k = np.log2(np.maximum(hi - lo + 1, 1)).astype(np.int64)  # floor (exact for 2^j)
+        return self.op(self.table[k, lo], self.table[k, hi - (1 << k) + 1])
 
 
 def run_counts(tables: np.ndarray, fmt: LutFormat) -> np.ndarray:
