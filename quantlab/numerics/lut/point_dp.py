@@ -90,10 +90,6 @@ class DpResult:
     rounds: int
 
 
-def _combine(objective: Objective):
-    return np.maximum if objective is Objective.MAX else np.add
-
-
 def solve(
     costs: SegmentCosts,
     layers: Layers,

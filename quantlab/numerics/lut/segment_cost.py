@@ -14,9 +14,12 @@ Hence, for dividing points d_0 < ... < d_T, the error over every input code is
 table: ``[d_{T-1}, d_T]``). Errors are in output LSBs against the same saturated target as
 ``analysis.max_error_lsb``.
 
-``SegmentCosts.exact`` evaluates every code of a table; ``SegmentCosts.bounds`` evaluates a
-subset of codes and returns lower bounds (max over the subset; for the weighted sum, the
-rounding floor ``dist(f, integers)`` of every code plus the measured excess on the subset).
+``SegmentCosts.exact`` evaluates every code of a table (or, for the max of a table whose output
+changes less often than its codes, e.g. int8 outputs, reads the same max from its runs of
+constant output, segment_runs.py); ``SegmentCosts.bounds`` evaluates a subset of codes and
+returns lower bounds (max over the subset; for the weighted sum, the rounding floor
+``dist(f, integers)`` of every code plus the measured excess on the subset; sums are float64, so
+"exact" holds up to their rounding).
 """
 
 from __future__ import annotations
