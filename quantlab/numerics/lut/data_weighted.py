@@ -6,13 +6,13 @@ the histogram's density, uniform inside each bin, integrated over each code's ro
 mass beyond the input range saturates to the end codes), DATA minimises the mean error
 ``sum_q p(q) |LUT(q) - saturate(f(q s_in))|`` (output LSBs) subject to
 ``max_q |LUT(q) - saturate(f)| <= factor x`` OPTIMAL's max error (``LutSpec.data_error_factor``),
-over the same kind of candidate set as OPTIMAL (optimal.py: exhaustive for ranges of at most
-``exhaustive_codes`` codes, else a quantile grid whose density mixes uniform, curvature and the
-data's mass, plus OPTIMAL's and the vendor rules' points, then refinement boxes). The tails
-depend only on d_0 and d_T, so the table costs decide both objective and constraint
-(segment_cost.py). OPTIMAL's points are candidates and satisfy the constraint (factor >= 1),
-hence DATA's weighted error is never above OPTIMAL's, and its max error is at most ``factor``
-times OPTIMAL's.
+over the same kind of candidate set as OPTIMAL (optimal.py, with DATA_SEARCH: exhaustive for
+ranges of at most ``exhaustive_codes`` codes; else every point set from a grid of quantiles of a
+density in equal parts uniform, curvature and the data's mass, plus OPTIMAL's points, and the
+refinement boxes around the incumbent). The tails depend only on d_0 and d_T, so the table
+costs decide both objective and constraint (segment_cost.py). OPTIMAL's points are candidates
+and satisfy the constraint (factor >= 1), hence DATA's weighted error is never above
+OPTIMAL's, and its max error is at most ``factor`` times OPTIMAL's.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class SegmentCosts:
     def __init__(self, problem: SegmentProblem, code_weights: np.ndarray | None = None):
         p = self.problem = problem
         qmin, qmax = p.in_dtype.qmin, p.in_dtype.qmax
-        target = saturated_target_lsb(p)
+        target = self.target = saturated_target_lsb(p)  # every input code, ascending
         weights = np.zeros_like(target) if code_weights is None else np.asarray(code_weights)
         if weights.shape != target.shape or not np.all(np.isfinite(weights) & (weights >= 0)):
             raise ValueError(
@@ -380,34 +380,7 @@ class SegmentCosts:
     def code_errors(self, outputs: np.ndarray) -> np.ndarray:
         """|output - saturate(f)| (output LSB) of every input code, ascending, given a built
         table's output codes for them (``evaluate_codes_int`` over ``all_codes``)."""
-        codes = np.arange(self.problem.in_dtype.qmin, self.problem.in_dtype.qmax + 1)
-        return np.abs(np.asarray(outputs) - self._code_target(codes))
-
-    def code_weights(self) -> np.ndarray:
-        """The weight of every input code, ascending (zeros without weights)."""
-        codes = np.arange(self.problem.in_dtype.qmin, self.problem.in_dtype.qmax + 1)
-        return self._code_weights(codes)
-
-    def _code_target(self, codes: np.ndarray) -> np.ndarray:
-        """Saturated target (LSB) of input codes, recovered from the folded arrays."""
-        p = self.problem
-        f = p.fold(codes) - p.fold_min
-        out = self.e_pos[f].copy()
-        if p.symmetric:
-            neg = codes < 0
-            out[neg] = self.e_neg[f[neg]]
-            out[codes == p.in_dtype.qmin] = self.e_edge
-        return out
-
-    def _code_weights(self, codes: np.ndarray) -> np.ndarray:
-        p = self.problem
-        f = p.fold(codes) - p.fold_min
-        out = self.w_pos[f].copy()
-        if p.symmetric:
-            neg = codes < 0
-            out[neg] = self.w_neg[f[neg]]
-            out[codes == p.in_dtype.qmin] = self.w_edge
-        return out
+        return np.abs(np.asarray(outputs) - self.target)
 
 
 def _ranges(counts: np.ndarray) -> np.ndarray:

@@ -83,22 +83,6 @@ def table_entries(
     return quantize_targets(target_values(g, x), out_scale, out_dtype, fmt.table_round)
 
 
-def entry_values(
-    g: TargetFn,
-    d0: np.ndarray,
-    d1: np.ndarray,
-    k: np.ndarray,
-    fmt: LutFormat,
-    in_scale: float,
-    out_scale: float,
-    out_dtype: DType,
-) -> np.ndarray:
-    """Entry k of the table ``[d0, d1]`` (all broadcast to one shape): the same value
-    ``table_entries`` gives at [p, k], without computing the other entries."""
-    x = sample_positions(d0, d1, k, fmt.entries) * in_scale
-    return quantize_targets(target_values(g, x), out_scale, out_dtype, fmt.table_round)
-
-
 def index_multipliers(
     widths: np.ndarray, entries: int, frac_bits: int, bits: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -117,16 +101,6 @@ def index_multipliers(
     mult = np.where(ok, m[np.arange(len(uniq)), first], 0).astype(np.int64)
     shift = np.where(ok, shifts[first], 0)
     return mult[inv].reshape(widths.shape), shift[inv].reshape(widths.shape), ok[inv]
-
-
-def table_index(
-    a: np.ndarray, d0: np.ndarray, mult: np.ndarray, shift: np.ndarray, fmt: LutFormat
-) -> tuple[np.ndarray, np.ndarray]:
-    """(j, w): entry index and F-bit interpolation weight of codes ``a`` in tables starting at
-    ``d0`` (all int64, broadcast)."""
-    f = fmt.index_frac_bits
-    idx = np.clip(((a - d0) * mult) >> shift, 0, (fmt.entries - 1) << f)
-    return idx >> f, idx & ((1 << f) - 1)
 
 
 def interpolate(
