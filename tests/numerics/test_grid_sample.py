@@ -185,3 +185,10 @@ def test_split_restores_accuracy_at_large_w():
         out = split_grid_sample(img, 1.0, DType.INT8, grid, k)
         errs[k] = float((out.float() - ref).abs().max())
     assert errs[16] <= 1.0 < errs[1]
+
+
+def test_float_input_codes_are_rejected_not_truncated():
+    q = quantize_grid(torch.zeros(1, 2, 2, 2), 3, 3, False, GridCoord.NORMALIZED)
+    x = torch.full((1, 1, 3, 3), 1.7)
+    with pytest.raises(TypeError, match="x_codes"):
+        grid_sample_fixed(x, 0.1, DType.INT8, q)
