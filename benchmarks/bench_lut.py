@@ -23,7 +23,7 @@ import torch
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import build_lut, lut_fake
-from quantlab.numerics.lut.evaluate import evaluate_codes_int
+from quantlab.numerics.lut.segment import evaluate_codes_int
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_write_csv, atomic_write_text
 

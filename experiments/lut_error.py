@@ -21,7 +21,6 @@ from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     FUNCTIONS,
-    LutFormat,
     SegmentLut,
     Strategy,
     analyze,
@@ -194,7 +193,7 @@ def _global_findings(df: pd.DataFrame) -> list[str]:
 
 @experiment(LutErrorExp, "lut_error")
 def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
-    fmt = LutFormat.from_platform(ctx.platform)
+    fmt = ctx.platform.lut_format()
     pairs = [(i, o) for i in exp.in_dtypes for o in exp.out_dtypes]
     jobs = []
     for func in exp.functions:

@@ -158,7 +158,7 @@ def test_int32_quantize_saturates_exactly():
     q = quantize(x, 1.0, DType.INT32, stats=stats)
     assert q.dtype == torch.int32
     assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(x, 1.0, DType.INT32)))
-    assert stats.saturated == 3 and stats.inf == 2
+    assert stats.saturated == 4 and stats.inf == 2  # 3e9, 2**31, -3e9, 1e30
 
 
 def test_quantize_range_outside_the_dtype_or_empty_is_rejected():

@@ -34,7 +34,8 @@ A8 = torch.arange(-6, 6, dtype=torch.int8).reshape(3, 4)
 B8 = torch.ones(4, 2, dtype=torch.int8)
 ACC = torch.arange(-8, 8, dtype=torch.int64).reshape(4, 4)
 I16 = torch.arange(-40, 40, dtype=torch.int16)
-J6M = PlatformConfig()
+J6M = PlatformConfig().gemm_contract()
+OPERAND_MAX = PlatformConfig().int16_operand_max
 
 
 def _qgrid():
@@ -79,7 +80,7 @@ def _cases():
         (
             "coarsen_int16_matmul_scale",
             "scale",
-            lambda v: gemm.coarsen_int16_matmul_scale(v, 512, J6M),
+            lambda v: gemm.coarsen_int16_matmul_scale(v, 512, OPERAND_MAX),
         ),
         ("inter_scale", "y_scale", lambda v: inter_scale(0.1, v)),
         (

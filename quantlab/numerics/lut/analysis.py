@@ -21,10 +21,9 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int, lut_fake_codes
-from quantlab.numerics.lut.formats import single_thread
+from quantlab.numerics.lut.fake import lut_fake_codes
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
-from quantlab.numerics.lut.table import SegmentLut
+from quantlab.numerics.lut.segment import SegmentLut, all_codes, evaluate_codes_int
 
 BOUND_PROBES_PER_STEP = 32  # grid density for max|f''| of a table (finite differences)
 
@@ -78,8 +77,7 @@ def _regions_and_positions(lut: SegmentLut, codes: np.ndarray) -> tuple[np.ndarr
 
 def profile(lut: SegmentLut) -> Profile:
     """Evaluate every input code: fixed, fake, exact (see the module docstring)."""
-    with single_thread():
-        return _profile(lut)
+    return _profile(lut)
 
 
 def _profile(lut: SegmentLut) -> Profile:
@@ -95,8 +93,7 @@ def _profile(lut: SegmentLut) -> Profile:
 
 def max_error_lsb(lut: SegmentLut) -> float:
     """Largest |LUT output - saturated f| over every input code, in output LSBs."""
-    with single_thread():
-        return _max_error_lsb(lut)
+    return _max_error_lsb(lut)
 
 
 def exact_lsb(lut: SegmentLut) -> np.ndarray:
@@ -117,8 +114,7 @@ def table_bounds(lut: SegmentLut) -> list[dict]:
     ``h^2/8 max|f''|`` in float and in output LSBs."""
     if lut.direct:
         return []
-    with single_thread():
-        return _table_bounds(lut)
+    return _table_bounds(lut)
 
 
 def _table_bounds(lut: SegmentLut) -> list[dict]:

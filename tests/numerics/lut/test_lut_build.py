@@ -22,7 +22,7 @@ from quantlab.numerics.lut import (
     max_error_lsb,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.evaluate import all_codes
+from quantlab.numerics.lut.segment import all_codes
 from quantlab.numerics.lut.strategies import curvature_points, evenly_points
 from quantlab.platforms import PlatformConfig
 
@@ -156,9 +156,9 @@ def test_impossible_requests_raise():
 
 
 def test_format_from_platform():
-    assert LutFormat.from_platform(PlatformConfig()) == J6_FORMAT
+    assert PlatformConfig().lut_format() == J6_FORMAT
     p = PlatformConfig(lut_tables=4, lut_entries=32, lut_index_frac_bits=6)
-    assert LutFormat.from_platform(p) == LutFormat(tables=4, entries=32, index_frac_bits=6)
+    assert p.lut_format() == LutFormat(tables=4, entries=32, index_frac_bits=6)
 
 
 def test_build_is_cached():
@@ -179,10 +179,9 @@ def test_minimax_never_worse_than_both_vendor_rules(func):
     assert err[Strategy.MINIMAX] <= min(err[Strategy.EVENLY], err[Strategy.CURVATURE])
 
 
-def test_single_thread_restores_the_thread_count():
-    from quantlab.numerics.lut.formats import single_thread
-
-    n = torch.get_num_threads()
-    with single_thread():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == n
+def test_build_and_analysis_never_change_the_thread_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    lut = build_lut("gelu", I16, 6.5 / 32767.5, I16, 6.3 / 32767.5)  # not built before
+    max_error_lsb(lut)
+    assert calls == []
