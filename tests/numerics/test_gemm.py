@@ -28,7 +28,7 @@ from quantlab.numerics.gemm import (
     quantize_bias,
 )
 from quantlab.numerics.quantize import QuantStats
-from quantlab.numerics.requant import Requant, make_requant, requant_scale, requantize
+from quantlab.numerics.requant import Requant, requant_scale
 from quantlab.platforms import PlatformConfig
 
 PATHS = [GemmPath.AUTO, GemmPath.FLOAT32, GemmPath.FLOAT64, GemmPath.INT64]
@@ -371,16 +371,21 @@ def test_int16_operand_rule():
         int16_matmul_scale_factor(4, 40000)
 
 
-def test_requantize_after_gemm_equals_manual():
+def test_qmatmul_double_rounding_equals_the_gemmlowp_reference():
+    # oracle: numpy int64 sums, then TFLite's double rounding line by line on Python ints,
+    # with the multiplier formed from the float32 scales in float64 here
     from quantlab.numerics.rounding import Round
 
     plat = _contract(requant=Requant.MUL_SHIFT_DOUBLE, requant_round=Round.HALF_AWAY)
     g = torch.Generator().manual_seed(10)
     x, w = _codes(g, (4, 30), torch.int8), _codes(g, (30, 6), torch.int8)
     codes, _ = qmatmul(x, 0.02, w, 0.03, None, 0.5, DType.INT8, plat)
-    p = make_requant(requant_scale(0.02, 0.03, 0.5, plat.requant), plat.requant)
-    manual = requantize(int_matmul(x, w), p, DType.INT8, Round.HALF_AWAY)
-    assert_bits_equal(codes, manual)
+    real = float(np.float64(np.float32(0.02)) * np.float64(np.float32(0.03)))
+    real /= float(np.float64(np.float32(0.5)))
+    acc = ref.int_matmul(x, w)
+    exp = ref.requantize(acc, real, Requant.MUL_SHIFT_DOUBLE, DType.INT8, Round.HALF_AWAY)
+    assert_bits_equal(codes.to(torch.int64), torch.from_numpy(exp))
+    assert len(set(exp.ravel().tolist())) > 5  # not a degenerate all-saturated case
 
 
 def test_selftest_passes_and_its_data_breaks_plain_float32():

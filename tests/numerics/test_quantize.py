@@ -81,7 +81,10 @@ def test_per_channel_quantize_dequantize():
     q = quantize(w, s, DType.INT8, axis=0)
     assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(w, s, DType.INT8, axis=0)))
     d = dequantize(q, s, axis=0)
-    assert_bits_equal(d, q.float() * s.reshape(-1, 1, 1, 1))
+    # oracle: the exact product code * s (exact in float64: 8 + 24 significant bits), rounded
+    # once to float32
+    exact = q.numpy().astype(np.float64) * s.numpy().astype(np.float64).reshape(-1, 1, 1, 1)
+    assert_bits_equal(d, torch.from_numpy(exact.astype(np.float32)))
     assert float((d - w).abs().max()) <= float(s.max()) / 2 + 1e-7
 
 
