@@ -16,6 +16,7 @@ Non-finite inputs (one documented behaviour, counted in ``QuantStats``):
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import torch
@@ -132,13 +133,15 @@ def code_range(dtype: DType, qmin: int | None = None, qmax: int | None = None) -
     lies outside the dtype or qmin > qmax."""
     if not dtype.is_int:
         raise ValueError(f"code range needs an integer dtype, got {dtype.name}")
-    lo = dtype.qmin if qmin is None else int(qmin)
-    hi = dtype.qmax if qmax is None else int(qmax)
-    full = f"[{dtype.qmin}, {dtype.qmax}]"
-    if not dtype.qmin <= lo <= dtype.qmax:
-        raise ValueError(f"qmin={lo} lies outside the {dtype.name} range {full}")
-    if not dtype.qmin <= hi <= dtype.qmax:
-        raise ValueError(f"qmax={hi} lies outside the {dtype.name} range {full}")
+    dmin, dmax = dtype.qmin, dtype.qmax
+    if qmin is None and qmax is None:
+        return dmin, dmax
+    lo = dmin if qmin is None else int(qmin)
+    hi = dmax if qmax is None else int(qmax)
+    if not dmin <= lo <= dmax:
+        raise ValueError(f"qmin={lo} lies outside the {dtype.name} range [{dmin}, {dmax}]")
+    if not dmin <= hi <= dmax:
+        raise ValueError(f"qmax={hi} lies outside the {dtype.name} range [{dmin}, {dmax}]")
     if lo > hi:
         raise ValueError(f"qmin={lo} > qmax={hi}: the code range is empty")
     return lo, hi
@@ -255,13 +258,21 @@ def fake_quant(
     return dequantize(codes, scale, axis=axis)
 
 
+def _one_float32(scale) -> float | None:
+    """The value of a one-element float32 scale tensor (the hot per-tensor case), else None."""
+    if isinstance(scale, Tensor) and scale.dtype == torch.float32 and scale.numel() == 1:
+        return scale.item()
+    return None
+
+
 def _fake_quant_reciprocal(x, scale, rounding, axis, lo, hi, bounds, stats) -> Tensor:
     xf = x.detach().to(torch.float32)
-    s = check_scale(scale, "scale")
-    if axis is None and s.numel() == 1 and stats is None:
-        lo, hi, rf, sf = _reciprocal_constants(float(s), lo, hi, bounds, rounding)
+    v = _one_float32(scale) if axis is None and stats is None else None
+    if v is not None and v > 0 and v != math.inf:  # per tensor, valid: cached constants
+        lo, hi, rf, sf = _reciprocal_constants(v, lo, hi, bounds, rounding)
         q = round_float_(torch.mul(xf, rf), rounding)
         return q.clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
+    s = check_scale(scale, "scale")
     if bounds is not None:
         xf = torch.clamp(xf, bounds[0], bounds[1])
     sb = _broadcast_scale(s, xf, axis, "scale")

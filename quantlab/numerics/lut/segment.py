@@ -133,8 +133,9 @@ def evaluate_codes_int(lut: SegmentLut, codes: Tensor) -> Tensor:
 
 
 def all_codes(dtype: DType) -> Tensor:
-    """Every code of an integer dtype, ascending, as int64."""
-    return torch.arange(dtype.qmin, dtype.qmax + 1, dtype=torch.int64)
+    """Every code of an integer dtype, ascending, as int64 (filled by numpy: one thread, no
+    parallel hand-off for a plan-time table)."""
+    return torch.from_numpy(np.arange(dtype.qmin, dtype.qmax + 1, dtype=np.int64))
 
 
 def build_code_map(lut: SegmentLut) -> Tensor:
