@@ -311,7 +311,7 @@ def requant_partial(
     Other schemes are defined for int32 accumulators only and raise ValueError here.
     """
     acc = acc.to(torch.int64)
-    r = torch.as_tensor(real, dtype=torch.float64)
+    r = check_scale(real, "real", torch.float64)
     if scheme is Requant.FLOAT_RESCALE:
         y = acc.to(torch.float32) * _bcast(r.to(torch.float32), acc, axis)
         return round_float(y, rounding).to(torch.int64)

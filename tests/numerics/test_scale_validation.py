@@ -12,15 +12,24 @@ import torch
 from quantlab.numerics import gemm, periodic, split
 from quantlab.numerics import grid_sample as G
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut import build_lut, lut_fake, lut_fake_codes, lut_softmax
+from quantlab.numerics.lut import (
+    build_lut,
+    default_spec,
+    get_function,
+    input_range,
+    lut_fake,
+    lut_fake_codes,
+    lut_softmax,
+)
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite
-from quantlab.numerics.quantize import compute_scale, dequantize, fake_quant, quantize
+from quantlab.numerics.quantize import bound_codes, compute_scale, dequantize, fake_quant, quantize
 from quantlab.numerics.requant import (
     Requant,
     add_float_rescale,
     add_inter_scale,
     inter_scale,
     requant_scale,
+    rescale_multiplier,
 )
 from quantlab.numerics.rounding import Round
 from quantlab.platforms import PlatformConfig
@@ -162,6 +171,24 @@ def _cases():
             lambda v: periodic.needs_period_reduction(v, DType.INT16),
         ),
         ("period_reduce", "x_scale", lambda v: periodic.period_reduce(I16, v, DType.INT16)),
+        (
+            "rescale_multiplier",
+            "out_scale",
+            lambda v: rescale_multiplier(0.1, v, Requant.MUL_SHIFT, 4),
+        ),
+        ("bound_codes", "scale", lambda v: bound_codes(0.0, 6.0, v, DType.INT8)),
+        (
+            "requant_partial",
+            "real",
+            lambda v: split.requant_partial(ACC, v, Round.HALF_UP, Requant.FLOAT_RESCALE, 31),
+        ),
+        (
+            "input_range",
+            "in_scale",
+            lambda v: input_range(
+                get_function("tanh"), default_spec("tanh"), DType.INT8, v, DType.INT8, 0.01
+            ),
+        ),
     ]
 
 
@@ -188,3 +215,15 @@ def test_compute_scale_rejects_an_amax_whose_scale_is_not_a_float32(amax):
 def test_compute_scale_rejects_nan_amax_naming_it():
     with pytest.raises(ValueError, match=r"amax.*nan"):
         compute_scale(math.nan, DType.INT8)
+
+
+@pytest.mark.parametrize("bad", [-0.25, math.nan, math.inf], ids=str)
+def test_a_real_multiplier_may_be_zero_but_not_negative_or_nonfinite(bad):
+    from quantlab.numerics.contract import GemmContract, requantize_accumulator
+    from quantlab.numerics.requant import make_requant
+
+    assert int(make_requant(0.0, Requant.MUL_SHIFT).multiplier) == 0  # an all-zero output
+    with pytest.raises(ValueError, match=rf"real_scale.*{re.escape(str(bad))}"):
+        make_requant(bad, Requant.MUL_SHIFT)
+    with pytest.raises(ValueError, match=rf"real_scale.*{re.escape(str(bad))}"):
+        requantize_accumulator(ACC, bad, DType.INT8, GemmContract())
