@@ -6,8 +6,8 @@ them alike), and reports medians and ratios to float32 torch:
   * exact int8 x int8, int16 x int8 and int16 x int16 (``int_conv2d`` / ``int_matmul``, AUTO);
   * the full quantized op (``qconv2d`` / ``qmatmul``: exact sum + bias + requantization);
   * onnxruntime QLinearConv / QLinearMatMul on the same int8 shapes;
-  * the numpy int64 reference (``reference.py``, the tests' oracle) and torch int64 kernels,
-    timed on a reduced shape (1/16 of the MACs) and scaled linearly to the full shape
+  * the numpy int64 reference (``quantlab.numerics.reference``, the tests' oracle) and torch
+    int64 kernels, timed on a reduced shape (1/16 of the MACs) and scaled linearly to the full shape
     (marked "scaled" in the table).
 Exactness is checked too: every timed exact GEMM (int8 x int8, the int16 x int8 split path,
 int16 x int16) equals torch's int64 kernel on output strips, and qconv2d / qmatmul equal
@@ -299,7 +299,7 @@ def _targets(rows: list[dict]) -> tuple[dict[str, bool], dict[str, float]]:
             for op in ops
             for d in ("int16 x int8", "int16 x int16")
         ),
-        ">= 50x faster than the numpy int64 reference (reference.py)": all(
+        ">= 50x faster than the numpy int64 reference (quantlab.numerics.reference)": all(
             v >= 50 for k, v in ref_speedup.items() if "numpy" in k
         ),
         ">= 50x faster than torch int64": all(

@@ -7,7 +7,7 @@ Geometry (j6-numerics s.3, horizon-plugin.md s.1.2), all parameters integers:
     points merge after rounding); table i holds ``entries`` samples of f at
     ``(d_i + k (d_{i+1} - d_i) / (entries - 1)) s_in``, k = 0..entries-1 (both ends), quantized
     to the output dtype/scale; codes below d_0 / above d_T use integer linear tails
-    ``y = (x k + (b << lshift)) >> rshift`` with a ``slope_bits`` slope mantissa (evaluate.py).
+    ``y = (x k + (b << lshift)) >> rshift`` with a ``slope_bits`` slope mantissa (segment.py).
     Tail slope: ``LutSpec.gradients``, else the secant of the (unsaturated) target between the
     table edge and the end of the input range, or of the adjacent table step when the table
     reaches that end (horizon-plugin.md s.1.2). The intercept keeps ``slope_bits`` significant
