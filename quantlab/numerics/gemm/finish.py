@@ -245,7 +245,7 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
     q = _along(k.params.multiplier, acc, ax, "w_scale")
     n = _along(k.shift, acc, ax, "w_scale")
     off = _along(offset, acc, ax, "bias")
-    codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype)
+    codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
     channels = acc.shape[ax]
     step = max(1, CHUNK_ELEMENTS // max(1, acc.numel() // max(channels, 1)))
     for c0 in range(0, channels, step):

@@ -73,14 +73,14 @@ def normalized_grid_scale(size: int, dtype: DType, align_corners: bool) -> float
     float64 arithmetic rounded once to float32 (returned as a Python float). The int range then
     covers [-1 - 2/size, 1 + 2/size]: the image plus one pixel of margin (j6-numerics s.4).
     """
-    _check_size("size", size)
+    check_size("size", size)
     margin = 2.0 / (max(size - 1, 1) if align_corners else size)
     return float(np.float32((margin + 1.0) / dtype.qmax))
 
 
 def absolute_frac_bits(max_side: int, dtype: DType) -> int:
     """F = clamp(bits - 1 - ceil(log2(D + 1)), 0, 8) for the absolute Q-format (s.5.2)."""
-    _check_size("max_side", max_side)
+    check_size("max_side", max_side)
     int_bits = math.ceil(math.log2(max_side + 1))
     return int(min(max(dtype.bits - 1 - int_bits, 0), ABS_MAX_FRAC_BITS))
 
@@ -124,8 +124,8 @@ def quantize_grid(
         raise ValueError(f"grid dtype must be INT8 or INT16, got {dtype.name}")
     if grid.dim() != 4 or grid.shape[-1] != 2:
         raise ValueError(f"grid must have shape [N, Ho, Wo, 2], got {tuple(grid.shape)}")
-    _check_size("in_h", in_h)
-    _check_size("in_w", in_w)
+    check_size("in_h", in_h)
+    check_size("in_w", in_w)
     nan = int(torch.isnan(grid).sum())
     if nan and on_nan is NanRule.RAISE:
         raise ValueError(
@@ -183,6 +183,7 @@ def fake_quant_grid(
     return torch.stack([gx, gy], -1).to(torch.float32)
 
 
-def _check_size(name: str, v: int) -> None:
+def check_size(name: str, v: int) -> None:
+    """ValueError naming ``name`` unless ``v`` is a positive integer (an image side)."""
     if int(v) != v or v < 1:
         raise ValueError(f"{name} must be a positive integer, got {v}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantlab.numerics.grid_sample.grid import _check_size
+from quantlab.numerics.grid_sample.grid import check_size
 
 
 def grid_limit_violation(h: int, w: int, max_side: int, max_area: int) -> str | None:
@@ -18,8 +18,8 @@ def check_grid_limits(h: int, w: int, max_side: int, max_area: int) -> None:
     """Raise ValueError if an H x W grid_sample input breaks the size limits ``max_side``
     (H, W) and ``max_area`` (H*W); 0 = no limit (a platform's ``grid_max_side`` and
     ``grid_max_area``)."""
-    _check_size("h", h)
-    _check_size("w", w)
+    check_size("h", h)
+    check_size("w", w)
     msg = grid_limit_violation(h, w, max_side, max_area)
     if msg is not None:
         raise ValueError(
