@@ -5,16 +5,17 @@ every finite float32/float64 input (no ``floor(x + 0.5)`` trap: 0.49999997 round
 ``rshift_round`` divides int64 tensors by a power of two with a named tie rule; it is pure
 integer arithmetic and therefore exact by construction. ``rshift_round_np`` and
 ``rshift_round_int`` are the same contract on numpy int64 arrays and on Python ints (the LUT
-evaluation runs in numpy, the float16 exact fallback on Python ints); ``round_scalar`` rounds
-one Python float (plan-time parameters). ``rshift_round_half_up_`` is the in-place form the
-requantization fast path uses. The slow references in ``quantlab.numerics.reference`` keep
-their own, independent rounding.
+evaluation runs in numpy, the float16 exact fallback on Python ints); ``round_scalar`` and
+``round_rational`` round one Python float or exact rational (plan-time parameters).
+``rshift_round_half_up_`` is the in-place form the requantization fast path uses. The slow
+references in ``quantlab.numerics.reference`` keep their own, independent rounding.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -102,6 +103,25 @@ def round_scalar(v: float, mode: Round = Round.HALF_EVEN) -> int:
         if frac != 0.5:
             return f + 1 if frac > 0.5 else f
         return f + 1 if v > 0 else f
+    raise _unknown(mode)
+
+
+def round_rational(v: Fraction, mode: Round = Round.HALF_EVEN) -> int:
+    """One exact rational rounded to an int by ``mode`` (plan-time constants, exact)."""
+    f = v.numerator // v.denominator  # floor
+    r = v - f
+    if mode is Round.FLOOR:
+        return f
+    if mode is Round.TRUNC:
+        return f + (1 if v < 0 and r else 0)
+    if r != Fraction(1, 2):
+        return f + (1 if r > Fraction(1, 2) else 0)
+    if mode is Round.HALF_UP:
+        return f + 1
+    if mode is Round.HALF_AWAY:
+        return f + (1 if v > 0 else 0)
+    if mode is Round.HALF_EVEN:
+        return f + (f & 1)
     raise _unknown(mode)
 
 

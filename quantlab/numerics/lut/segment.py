@@ -26,7 +26,6 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, get_function
 from quantlab.numerics.lut.strategies import Strategy
-from quantlab.numerics.reference.lut import evaluate_lut
 from quantlab.numerics.rounding import rshift_round_np
 
 
@@ -96,6 +95,8 @@ class SegmentLut:
     def evaluate_reference(self, codes: Tensor) -> Tensor:
         """Slow numpy-int64 reference of the integer evaluation (same contract as evaluate;
         ``quantlab.numerics.reference.evaluate_lut``)."""
+        from quantlab.numerics.reference.lut import evaluate_lut
+
         return evaluate_lut(self, codes)
 
 

@@ -7,9 +7,11 @@ are done with numpy float32 scalars. Every function takes tensors or arrays and 
 array (int64 for integers) or a tensor, so tests compare it with ``assert_bits_equal``.
 The references round with their own code (``reference.rounding``, exact rationals), never with
 ``quantlab.numerics.rounding``. Modules by concept: ``rounding``, ``gemm``, ``requant``
-(also quantize and the add rules), ``float16``, ``grid_sample``, ``lut``.
+(also quantize and the add rules), ``float16``, ``grid_sample``, ``lut``, ``norm``,
+``embedding``.
 """
 
+from quantlab.numerics.reference.embedding import embedding_fixed
 from quantlab.numerics.reference.float16 import (
     f16_binary,
     f16_conv2d,
@@ -25,6 +27,7 @@ from quantlab.numerics.reference.gemm import (
 )
 from quantlab.numerics.reference.grid_sample import grid_sample_reference
 from quantlab.numerics.reference.lut import evaluate_lut
+from quantlab.numerics.reference.norm import norm_fixed
 from quantlab.numerics.reference.requant import (
     add_float_rescale,
     add_inter_scale,
@@ -42,6 +45,7 @@ __all__ = [
     "accumulate",
     "add_float_rescale",
     "add_inter_scale",
+    "embedding_fixed",
     "evaluate_lut",
     "f16_binary",
     "f16_conv2d",
@@ -51,6 +55,7 @@ __all__ = [
     "int_conv2d",
     "int_linear",
     "int_matmul",
+    "norm_fixed",
     "quantize",
     "quantize_bias",
     "quantize_multiplier",
