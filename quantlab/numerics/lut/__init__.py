@@ -7,8 +7,15 @@
 Facts: j6-numerics.md s.3, horizon-plugin.md s.1, bit-exact-emulation.md s.4.
 """
 
-from quantlab.numerics.lut.analysis import analyze, max_error_lsb, profile, table_bounds
+from quantlab.numerics.lut.analysis import (
+    analyze,
+    max_error_lsb,
+    mean_error_lsb,
+    profile,
+    table_bounds,
+)
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite, lut_softmax
+from quantlab.numerics.lut.data_weighted import InputHistogram
 from quantlab.numerics.lut.fake import lut_fake, lut_fake_codes
 from quantlab.numerics.lut.formats import J6_FORMAT, TOSA_LIKE_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import (
@@ -26,6 +33,7 @@ from quantlab.numerics.lut.table import build_lut
 
 __all__ = [
     "FUNCTIONS",
+    "InputHistogram",
     "J6_FORMAT",
     "TOSA_LIKE_FORMAT",
     "LutFormat",
@@ -45,6 +53,7 @@ __all__ = [
     "lut_fake_codes",
     "lut_softmax",
     "max_error_lsb",
+    "mean_error_lsb",
     "profile",
     "table_bounds",
 ]

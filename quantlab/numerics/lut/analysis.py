@@ -24,6 +24,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.fake import lut_fake_codes
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
 from quantlab.numerics.lut.segment import SegmentLut, all_codes, evaluate_codes_int
+from quantlab.numerics.lut.segments import target_values
 
 BOUND_PROBES_PER_STEP = 32  # grid density for max|f''| of a table (finite differences)
 
@@ -42,9 +43,12 @@ class Profile:
 
 
 def _target_sat(lut: SegmentLut, x: Tensor) -> Tensor:
+    """f(x) saturated to the output range (float64), evaluated like the table entries
+    (``segments.target_values``: the same bits whatever the batch and thread count)."""
     lo = lut.out_dtype.qmin * lut.out_scale
     hi = lut.out_dtype.qmax * lut.out_scale
-    return lut.function.target(x, lut.spec).clamp(lo, hi)
+    y = target_values(lambda t: lut.function.target(t, lut.spec), x)
+    return torch.from_numpy(y).clamp(lo, hi)
 
 
 def _regions_and_positions(lut: SegmentLut, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -106,6 +110,14 @@ def _max_error_lsb(lut: SegmentLut, exact: np.ndarray | None = None) -> float:
     exact = exact_lsb(lut) if exact is None else exact
     fixed = evaluate_codes_int(lut, all_codes(lut.in_dtype)).numpy()
     return float(np.abs(fixed - exact).max())
+
+
+def mean_error_lsb(lut: SegmentLut, weights: np.ndarray) -> float:
+    """Mean |LUT output - saturated f| in output LSBs under input-code weights (one per input
+    code, ascending, e.g. ``InputHistogram.code_weights``): the error the data sees."""
+    w = np.asarray(weights, dtype=np.float64)
+    fixed = evaluate_codes_int(lut, all_codes(lut.in_dtype)).numpy()
+    return float((w * np.abs(fixed - exact_lsb(lut))).sum() / w.sum())
 
 
 def table_bounds(lut: SegmentLut) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     FUNCTIONS,
     J6_FORMAT,
+    InputHistogram,
     LutFormat,
     LutSpec,
     Strategy,
@@ -20,9 +22,11 @@ from quantlab.numerics.lut import (
     get_function,
     lut_fake,
     max_error_lsb,
+    mean_error_lsb,
 )
 from quantlab.numerics.lut.analysis import sample_scales
 from quantlab.numerics.lut.segment import all_codes
+from quantlab.numerics.lut.segments import target_values
 from quantlab.numerics.lut.strategies import curvature_points, evenly_points
 from quantlab.platforms import PlatformConfig
 
@@ -185,3 +189,32 @@ def test_build_and_analysis_never_change_the_thread_count(monkeypatch):
     lut = build_lut("gelu", I16, 6.5 / 32767.5, I16, 6.3 / 32767.5)  # not built before
     max_error_lsb(lut)
     assert calls == []
+
+
+def test_searched_builds_never_change_the_thread_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    hist = InputHistogram(-4.0, 4.0, (1.0, 3.0, 5.0, 2.0))
+    for st in (Strategy.OPTIMAL, Strategy.DATA):  # not built before (unusual scales)
+        spec = replace(default_spec("tanh"), strategy=st, dividing_points=None)
+        lut = build_lut("tanh", I8, 4.1 / 127.5, I16, 1.01 / 32767.5, spec, histogram=hist)
+        mean_error_lsb(lut, hist.code_weights(I8, lut.in_scale))
+    assert calls == []
+
+
+@pytest.mark.parametrize("threads", [2, 7])
+def test_table_targets_do_not_depend_on_the_thread_count(threads):
+    # torch splits an op above its parallel grain (32768) into one chunk per thread, each with
+    # a scalar remainder loop that differs from the vector kernel by an ulp for sigmoid
+    fn, spec = get_function("sigmoid"), default_spec("sigmoid")
+    n = threads * 32768 + 64
+    x = torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 16 - 8
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = fn.target(x, spec).numpy()  # the vector kernel everywhere (n % 64 == 0)
+        torch.set_num_threads(threads)
+        chunked = target_values(lambda t: fn.target(t, spec), x)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(chunked, serial), np.flatnonzero(chunked != serial)[:10]
