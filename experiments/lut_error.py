@@ -27,7 +27,6 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     FUNCTIONS,
     InputHistogram,
-    LutFormat,
     SegmentLut,
     Strategy,
     analyze,
@@ -300,7 +299,7 @@ def _global_findings(df: pd.DataFrame) -> list[str]:
 
 @experiment(LutErrorExp, "lut_error")
 def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
-    fmt = LutFormat.from_platform(ctx.platform)
+    fmt = ctx.platform.lut_format()
     pairs = [(i, o) for i in exp.in_dtypes for o in exp.out_dtypes]
     jobs = []
     for func in exp.functions:
@@ -416,7 +415,7 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
             x="strategy",
             y="max_cpu_s",
             xlabel="strategy",
-            ylabel="slowest build over the functions (s of CPU, one thread)",
+            ylabel="slowest build over the functions (s of CPU, all threads)",
             title="Table build time from an empty cache",
             facet="pair",
             kind=PlotKind.BAR,
