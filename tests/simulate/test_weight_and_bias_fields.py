@@ -4,6 +4,7 @@ checked against torch's fake-quant kernels and the integer reference (numerics.r
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.requant import requant_scale
+from quantlab.numerics.rounding import Round
 from quantlab.platforms import load_platform
 from quantlab.simulate import Mode, Simulator
 
@@ -107,3 +109,69 @@ def test_bias_float_decides_the_bias_of_fake_mode():
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), F.linear(_fq(x, sx), wq, b))
         runs[flag] = sim.run(x, mode=Mode.FIXED)
     assert_bits_equal(runs[False], runs[True])
+
+
+def _mobilenet_stem() -> nn.Module:
+    """MobileNetV2's first block at 192x192: conv 3->32 stride 2 -> relu6, depthwise 3x3 ->
+    relu6, 1x1 projection 32->16 (int8 output: the pooling head reads it); every conv with a
+    bias. Its 96x96 maps put 32 channels over more than one requantization chunk."""
+    torch.manual_seed(4)
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, stride=2, padding=1),
+        nn.ReLU6(),
+        nn.Conv2d(32, 32, 3, padding=1, groups=32),
+        nn.ReLU6(),
+        nn.Conv2d(32, 16, 1),
+        nn.AdaptiveAvgPool2d(1),
+    ).eval()
+
+
+def test_per_tensor_weights_over_many_channel_chunks_match_the_integer_reference():
+    """weight_per_channel=false on j6m, FIXED mode, MobileNetV2-shaped: each conv's output
+    codes equal the integer reference (conv, int32 bias, accumulator, MUL_SHIFT requant, the
+    fused relu6 as a code clamp) on every channel at sampled positions."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 3, 192, 192, generator=g)
+    plat = dataclasses.replace(load_platform("j6m"), weight_per_channel=False)
+    model = _mobilenet_stem()
+    sim = _calibrated(model, plat, x)
+    trace = sim.trace(x, mode=Mode.FIXED)
+    ops = sim.ops.set_index("name")
+    convs = [n for n in trace.order if ops.loc[n, "op_type"] == "conv2d"]
+    assert len(convs) == 3
+    prev = None
+    for name, conv, relu6 in zip(convs, (model[0], model[2], model[4]), (True, True, False)):
+        rq = sim.qconfig_of(name)
+        if prev is None:
+            sx = sim.act_scale(name, "in0", DType.INT8, rq)
+            xc = reference.quantize(x, sx, DType.INT8)
+        else:
+            sx, xc = prev.scale, prev.codes.numpy()
+        so = sim.act_scale(name, "out", DType.INT8, rq)
+        w, b = conv.weight.detach(), conv.bias.detach()
+        sw = torch.tensor(float(w.abs().max()) / 127.5, dtype=torch.float32)  # one scale
+        acc = reference.int_conv2d(
+            xc, reference.quantize(w, sw, DType.INT8), conv.stride, conv.padding, 1, conv.groups
+        )
+        acc = acc + reference.quantize_bias(b, sx, sw).reshape(1, -1, 1, 1)
+        acc, _ = reference.accumulate(acc)
+        # every channel at the first, last and 300 random positions
+        hw = acc.shape[2] * acc.shape[3]
+        pos = np.concatenate([[0, hw - 1], torch.randint(0, hw, (300,), generator=g).numpy()])
+        sel = acc.reshape(acc.shape[1], hw)[:, pos]
+        real = float(requant_scale(sx, sw, so, plat.requant))
+        want = reference.requantize(
+            sel,
+            real,
+            plat.requant,
+            DType.INT8,
+            plat.requant_round,
+            mult_bits=plat.requant_mult_bits,
+        )
+        if relu6:
+            hi = reference.round_fraction(Fraction(6.0) / Fraction(float(so)), Round.HALF_EVEN)
+            want = np.clip(want, 0, hi)
+        info = trace.qinfo[name]
+        got = info.codes.to(torch.int64).reshape(acc.shape[1], hw)[:, pos]
+        assert_bits_equal(got, torch.from_numpy(want))
+        prev = info
