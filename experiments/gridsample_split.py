@@ -27,7 +27,6 @@ from quantlab.analysis.gridsample import (
     measure_case,
     predicted_step_px,
     smooth_texture,
-    torch_threads,
     unwarp_psnr,
 )
 from quantlab.config import register_schema
@@ -338,9 +337,8 @@ def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResu
     wbits = exp.weight_frac_bits
     if wbits is None:
         wbits = ctx.platform.grid_weight_frac_bits
-    with torch_threads(1):
-        df = pd.DataFrame(_texture_rows(exp, gen, wbits, ctx.progress))
-        uv, uv_desc = _uvdoc_rows(exp, wbits, ctx.progress) if exp.uvdoc else ([], "")
+    df = pd.DataFrame(_texture_rows(exp, gen, wbits, ctx.progress))
+    uv, uv_desc = _uvdoc_rows(exp, wbits, ctx.progress) if exp.uvdoc else ([], "")
     limits = pd.DataFrame(_limit_rows(exp, ctx.platform))
     findings, law = _law_findings(df, exp)
     findings += _output_findings(df, exp)

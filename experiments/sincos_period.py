@@ -255,17 +255,14 @@ def _findings(df: pd.DataFrame, exp: SincosPeriodExp, fmt_direct: bool) -> list[
 
 @experiment(SincosPeriodExp, "sincos_period")
 def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.analysis.gridsample import torch_threads
-
     platform = ctx.platform
     fmt = platform.lut_format()
     rnd = platform.fake_round
     gen = torch.Generator().manual_seed(0 if ctx.seed is None else ctx.seed)
     tables: dict[str, pd.DataFrame] = {}
-    with torch_threads(1):
-        df = pd.DataFrame(_op_rows(exp, fmt, rnd, gen, ctx.progress))
-        wl = pd.DataFrame(_workload_rows(exp, fmt, rnd, ctx.progress)) if exp.workloads else None
-        model = _model_rows(exp, platform, ctx.progress) if exp.model else None
+    df = pd.DataFrame(_op_rows(exp, fmt, rnd, gen, ctx.progress))
+    wl = pd.DataFrame(_workload_rows(exp, fmt, rnd, ctx.progress)) if exp.workloads else None
+    model = _model_rows(exp, platform, ctx.progress) if exp.model else None
     findings = _findings(df, exp, fmt.direct_int8)
     f0 = exp.funcs[0]
     src = df[(df.func == f0) & (df.strategy == _main(exp).name)]
