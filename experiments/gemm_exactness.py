@@ -5,7 +5,10 @@ adversarial: all odd, near the maximum, one sign), the fast path (``int_matmul``
 ``int_conv*d``, AUTO) is compared bit for bit with the numpy int64 reference; plain float32
 (no K-chunking) is compared too, to show what the chunking buys. The exact sums then go through
 the int32 accumulator contract (``accumulate`` with the configured overflow mode), counting
-overflows. Times: fast path against float32 torch on the same shapes (medians).
+overflows. Times: fast path against float32 torch on the same shapes (medians), measured at a
+stated thread count: ``measure`` sets torch's intra-op thread count to ``exp.threads`` for the
+timed loop and restores the caller's count after (a benchmark-like measurement; quantlab's
+library code never sets it).
 """
 
 from __future__ import annotations
@@ -200,7 +203,9 @@ def _median_time(fn, repeats: int, *args) -> float:
 
 
 def measure(exp: GemmExactnessExp, progress: bool = True) -> pd.DataFrame:
-    """One row per (shape, x dtype, w dtype, data kind), timed at ``exp.threads`` threads."""
+    """One row per (shape, x dtype, w dtype, data kind), timed at ``exp.threads`` threads: the
+    process-wide intra-op thread count is set to it for this loop and restored after, also on
+    an error."""
     threads = torch.get_num_threads()
     torch.set_num_threads(exp.threads)
     try:
