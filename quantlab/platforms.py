@@ -14,8 +14,10 @@ from pathlib import Path
 from quantlab.numerics.accumulator import Overflow
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.embedding import EmbeddingContract
 from quantlab.numerics.grid_sample import GridCoord
 from quantlab.numerics.lut.formats import LutFormat
+from quantlab.numerics.norm import EpsMode, NormContract
 from quantlab.numerics.quantize import ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
@@ -90,6 +92,20 @@ class PlatformConfig:
     # --- sin / cos (s.5)
     sincos_period_reduction: bool = True  # exporter reduces inputs wider than one period
 
+    # --- LayerNorm / GroupNorm / InstanceNorm (numerics.norm)
+    # true: the integer composite (integer mean and variance, rsqrt table, integer affine) at
+    # int8/int16 activations; false: float between dequantize and quantize, as a reference
+    # runtime computes a normalisation it has no integer kernel for
+    norm_composite: bool = True
+    norm_inter_dtype: DType = DType.INT16  # every intermediate of the composite (plugin: int16)
+    norm_affine_dtype: DType = DType.INT16  # gamma / beta codes, per tensor (assumed int16)
+    norm_eps_mode: EpsMode = EpsMode.IN_TABLE  # where eps enters (assumed: in the rsqrt table)
+    norm_max_reduce_elements: int = 65535  # elements per mean / variance row (hbir.reduce_mean)
+
+    # --- embedding (numerics.embedding)
+    embedding_index_dtype: DType = DType.INT16  # index codes (int16 holds every id < 32768)
+    embedding_max_rows: int = 32768  # table rows the gather selects from (hbir.index)
+
     # --- qconfig template (s.8)
     global_dtype: DType = DType.INT8  # activations of every op not covered below
     gemm_input_dtype: DType = DType.INT8  # Conv / Linear / MatMul inputs
@@ -132,6 +148,17 @@ class PlatformConfig:
                     f"platform.{name}={dt.name} but float16 is not available on {self.name} "
                     "(platform.float16_available=false); allowed: INT8, INT16"
                 )
+        for name in ("norm_inter_dtype", "norm_affine_dtype", "embedding_index_dtype"):
+            _check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
+        if not 1 <= self.norm_max_reduce_elements <= 65535:
+            raise ValueError(
+                "platform.norm_max_reduce_elements must be in [1, 65535], "
+                f"got {self.norm_max_reduce_elements}"
+            )
+        if not 1 <= self.embedding_max_rows <= 32768:
+            raise ValueError(
+                f"platform.embedding_max_rows must be in [1, 32768], got {self.embedding_max_rows}"
+            )
         _check_choice(
             "platform.high_precision_output",
             self.high_precision_output,
@@ -148,6 +175,32 @@ class PlatformConfig:
             requant_round=self.requant_round,
             requant_mult_bits=self.requant_mult_bits,
             max_int16_gemm_operands=self.max_int16_gemm_operands,
+        )
+
+    def norm_contract(self) -> NormContract:
+        """The normalisation composite's arithmetic (``numerics.norm.NormContract``) from this
+        profile: the ``norm_*`` fields, the requantization fields, the add rule's inter shift,
+        the LUT format, and ``fake_round`` for gamma / beta codes."""
+        return NormContract(
+            inter_dtype=self.norm_inter_dtype,
+            affine_dtype=self.norm_affine_dtype,
+            affine_round=self.fake_round,
+            requant=self.requant,
+            requant_round=self.requant_round,
+            requant_mult_bits=self.requant_mult_bits,
+            add_inter_shift=self.add_inter_shift,
+            eps_mode=self.norm_eps_mode,
+            lut_format=self.lut_format(),
+            max_reduce_elements=self.norm_max_reduce_elements,
+        )
+
+    def embedding_contract(self) -> EmbeddingContract:
+        """The gather's index path (``numerics.embedding.EmbeddingContract``): the
+        ``embedding_*`` fields, ids rounded by ``fake_round``."""
+        return EmbeddingContract(
+            index_dtype=self.embedding_index_dtype,
+            index_round=self.fake_round,
+            max_rows=self.embedding_max_rows,
         )
 
     def lut_format(self) -> LutFormat:

@@ -40,6 +40,20 @@ class ObserverKind(enum.Enum):
     FIXED = "fixed"
 
 
+class EmbeddingIndex(enum.Enum):
+    """How an embedding's integer ids reach the gather (``numerics.embedding``).
+
+    FIXED_ONE:  the ids are the index codes at a fixed scale of 1 (the seed's advice): every
+                id in range selects its own row.
+    CALIBRATED: the ids pass through a quantizer at ``platform.embedding_index_dtype`` with a
+                scale calibrated from the observed ids (the op's ``observer``), as any
+                activation; ids come back rounded and may select another row.
+    """
+
+    FIXED_ONE = "fixed_one"
+    CALIBRATED = "calibrated"
+
+
 @dataclass
 class OpQConfig:
     """Quantization of one op; every field optional (None = inherit from the next rule).
@@ -53,6 +67,7 @@ class OpQConfig:
     high_precision_output: a GEMM keeps its accumulator (int32 on E/M/B, float32 on H/P).
     weight_split: 0 off; k in 1..8 (7: no clipping, 8: full int8 range): the high/low int8
         weight split of a Conv/Linear weight (j6-numerics s.6).
+    embedding_index: an embedding's index path (``EmbeddingIndex``; baseline FIXED_ONE).
     """
 
     input_dtype: DType | None = None
@@ -64,6 +79,7 @@ class OpQConfig:
     lut_strategy: object | None = None
     high_precision_output: bool | None = None
     weight_split: int | None = None
+    embedding_index: EmbeddingIndex | None = None
 
     def __post_init__(self) -> None:
         for name in ("input_dtype", "weight_dtype", "output_dtype"):
@@ -76,6 +92,14 @@ class OpQConfig:
                 allowed = ", ".join(m.name for m in ObserverKind)
                 raise ValueError(f"observer={self.observer!r} is not allowed; allowed: {allowed}")
             self.observer = names[self.observer]
+        if isinstance(self.embedding_index, str):
+            names = {m.name: m for m in EmbeddingIndex} | {m.value: m for m in EmbeddingIndex}
+            if self.embedding_index not in names:
+                allowed = ", ".join(m.name for m in EmbeddingIndex)
+                raise ValueError(
+                    f"embedding_index={self.embedding_index!r} is not allowed; allowed: {allowed}"
+                )
+            self.embedding_index = names[self.embedding_index]
         if self.weight_split not in (None, 0):
             from quantlab.numerics.split import check_split_k
 
@@ -102,6 +126,7 @@ class ResolvedQConfig:
     lut_strategy: object | None
     high_precision_output: bool
     weight_split: int
+    embedding_index: EmbeddingIndex = EmbeddingIndex.FIXED_ONE
 
 
 @dataclass
@@ -141,6 +166,7 @@ def platform_baseline(platform: PlatformConfig) -> OpQConfig:
         lut_strategy=None,
         high_precision_output=False,
         weight_split=0,
+        embedding_index=EmbeddingIndex.FIXED_ONE,
     )
 
 
