@@ -64,6 +64,12 @@ class PlatformConfig:
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
+    # toolchain release the profile describes, "MAJOR.MINOR.PATCH" (assumed: one before
+    # dual_int16_matmul_since, the conservative choice; set it to the toolchain you deploy with)
+    toolchain: str = "3.0.0"
+    # first toolchain whose MatMul takes two int16 inputs on a platform with
+    # max_int16_gemm_operands < 2 (OE-v3.5.0, published in seed 000); never with an int32 output
+    dual_int16_matmul_since: str = "3.5.0"
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
     int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
     high_precision_output: DType = DType.INT32  # GEMM feeding a model output (int32, or float32)
@@ -148,6 +154,8 @@ class PlatformConfig:
                     f"platform.{name}={dt.name} but float16 is not available on {self.name} "
                     "(platform.float16_available=false); allowed: INT8, INT16"
                 )
+        parse_version(self.toolchain, "platform.toolchain")
+        parse_version(self.dual_int16_matmul_since, "platform.dual_int16_matmul_since")
         for name in ("norm_inter_dtype", "norm_affine_dtype", "embedding_index_dtype"):
             _check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
         if not 1 <= self.norm_max_reduce_elements <= 65535:
@@ -165,16 +173,32 @@ class PlatformConfig:
             (DType.INT32, DType.FLOAT32),
         )
 
-    def gemm_contract(self) -> GemmContract:
+    def dual_int16_matmul(self) -> bool:
+        """Whether this profile's toolchain runs MatMul with both inputs int16 beyond
+        ``max_int16_gemm_operands`` (``toolchain`` >= ``dual_int16_matmul_since``)."""
+        return parse_version(self.toolchain) >= parse_version(self.dual_int16_matmul_since)
+
+    def int16_gemm_operands(self, op_type: str, int32_output: bool = False) -> int:
+        """How many operands of a GEMM of ``op_type`` may be int16: ``max_int16_gemm_operands``,
+        or 2 for a MatMul without an int32 output when ``dual_int16_matmul()``."""
+        if op_type == "matmul" and not int32_output and self.dual_int16_matmul():
+            return 2
+        return self.max_int16_gemm_operands
+
+    def gemm_contract(self, op_type: str | None = None, int32_output: bool = False) -> GemmContract:
         """The integer contract numerics kernels apply after an exact sum (accumulator,
-        requantization, int16 operand count), composed from this profile's fields."""
+        requantization, int16 operand count), composed from this profile's fields; with
+        ``op_type`` the int16 operand count of that GEMM (``int16_gemm_operands``)."""
+        n16 = self.max_int16_gemm_operands
+        if op_type is not None:
+            n16 = self.int16_gemm_operands(op_type, int32_output)
         return GemmContract(
             accumulator=self.accumulator,
             accumulator_overflow=self.accumulator_overflow,
             requant=self.requant,
             requant_round=self.requant_round,
             requant_mult_bits=self.requant_mult_bits,
-            max_int16_gemm_operands=self.max_int16_gemm_operands,
+            max_int16_gemm_operands=n16,
         )
 
     def norm_contract(self) -> NormContract:
@@ -213,6 +237,21 @@ class PlatformConfig:
             interp_round=self.lut_interp_round,
             direct_int8=self.lut_direct_int8,
         )
+
+
+def parse_version(text: str, field_name: str = "platform.toolchain") -> tuple[int, int, int]:
+    """(major, minor, patch) of a "MAJOR.MINOR.PATCH" version (an "OE-v" prefix is allowed);
+    ValueError naming ``field_name`` otherwise."""
+    body = str(text).strip()
+    body = body[4:] if body.lower().startswith("oe-v") else body
+    parts = body.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(
+            f"{field_name} must be a version MAJOR.MINOR.PATCH (e.g. 3.5.0 or OE-v3.5.0), "
+            f"got {text!r}"
+        )
+    major, minor, patch = (int(p) for p in parts)
+    return major, minor, patch
 
 
 def _check_choice(field_name: str, value, allowed) -> None:
