@@ -57,6 +57,7 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         data=conf.data,
         seed=conf.seed,
         output_dir=output_dir,
+        qconfig=conf.qconfig,
     )
     result = entry.fn(conf.exp, ctx)
     write_report(result, output_dir, command, OmegaConf.to_yaml(cfg, resolve=True))
