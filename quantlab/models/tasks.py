@@ -9,12 +9,25 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+
+def _leaves(outputs: list) -> list[Tensor]:
+    """Each float tensor of the outputs (any nesting), concatenated over batches, float64."""
+    if not outputs:
+        raise ValueError("a task metric needs at least one output batch, got an empty list")
+    per_batch = [
+        [t for t in tree_flatten(o)[0] if isinstance(t, Tensor) and t.is_floating_point()]
+        for o in outputs
+    ]
+    return [torch.cat([t.detach().to(torch.float64) for t in ts], 0) for ts in zip(*per_batch)]
 
 
 def _cat(outputs: list) -> Tensor:
@@ -140,6 +153,47 @@ class OutputSQNR(TaskMetric):
     higher_is_better: bool = True
 
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
-        r, t = _cat(ref_outputs), _cat(test_outputs)
-        noise = float(((r - t) ** 2).sum())
-        return math.inf if noise == 0 else 10 * math.log10(float((r**2).sum()) / noise)
+        pairs = list(zip(_leaves(ref_outputs), _leaves(test_outputs), strict=True))
+        noise = sum(float(((r - t) ** 2).sum()) for r, t in pairs)
+        signal = sum(float((r**2).sum()) for r, _ in pairs)
+        return math.inf if noise == 0 else 10 * math.log10(signal / noise)
+
+
+@dataclass(frozen=True)
+class OutputCosine(TaskMetric):
+    """Mean over items of the cosine similarity between the tested and the float outputs of one
+    item (all float outputs of the item flattened together; items on dim 0); in [-1, 1], 1.0
+    for an item whose two outputs are both zero."""
+
+    name: str = "output_cosine"
+    higher_is_better: bool = True
+
+    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+        r = torch.cat([x.reshape(x.shape[0], -1) for x in _leaves(ref_outputs)], 1)
+        t = torch.cat([x.reshape(x.shape[0], -1) for x in _leaves(test_outputs)], 1)
+        nr, nt = r.norm(dim=1), t.norm(dim=1)
+        cos = (r * t).sum(1) / (nr * nt).clamp_min(1e-300)
+        cos = torch.where((nr == 0) & (nt == 0), torch.ones_like(cos), cos)
+        return float(cos.mean())
+
+
+@dataclass(frozen=True)
+class CustomMetric(TaskMetric):
+    """A user's task metric ``fn(ref_outputs, test_outputs, labels) -> float`` (``model.metric``):
+    lists of per-batch outputs of the float and the tested run, and the dataset's labels (one
+    entry per evaluation batch, or None)."""
+
+    name: str = "custom_metric"
+    higher_is_better: bool = True
+    fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    target: str = ""  # "package.module:function", for messages
+
+    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+        value = self.fn(ref_outputs, test_outputs, labels)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"model.metric={self.target!r} returned {type(value).__name__} {value!r}; it "
+                "must return one number"
+            ) from None
