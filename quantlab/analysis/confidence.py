@@ -50,17 +50,18 @@ class Estimate:
         return f"{self.value:.4g} ({pct}% CI {self.low:.4g} to {self.high:.4g}, n={self.n})"
 
 
-def _cat_items(batches: list) -> Any:
-    """Per-batch outputs (tensors, or nests of tensors with items on dim 0) as one batch."""
+def concat_items(batches: list) -> Any:
+    """Per-batch outputs or labels (tensors, or nests of tensors with items on dim 0) as one
+    batch (tensors concatenated along dim 0)."""
     if not batches:
         raise ValueError("a confidence interval needs at least one evaluation batch")
     first = batches[0]
     if isinstance(first, Tensor):
         return torch.cat([b.detach() for b in batches], 0)
     if isinstance(first, (tuple, list)):
-        return type(first)(_cat_items([b[i] for b in batches]) for i in range(len(first)))
+        return type(first)(concat_items([b[i] for b in batches]) for i in range(len(first)))
     if isinstance(first, dict):
-        return {k: _cat_items([b[k] for b in batches]) for k in first}
+        return {k: concat_items([b[k] for b in batches]) for k in first}
     raise TypeError(f"cannot split items out of a {type(first).__name__} output")
 
 
@@ -95,8 +96,8 @@ def bootstrap(
         raise ValueError(f"level must be in (0, 1), got {level}")
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
-    ref, test = _cat_items(ref_outputs), _cat_items(test_outputs)
-    lab = _cat_items(labels) if labels is not None else None
+    ref, test = concat_items(ref_outputs), concat_items(test_outputs)
+    lab = concat_items(labels) if labels is not None else None
     n = _count_items((ref, test) if lab is None else (ref, test, lab))
     value = float(metric([ref], [test], None if lab is None else [lab]))
     gen = torch.Generator().manual_seed(seed)
@@ -112,3 +113,21 @@ def bootstrap(
     low = float(np.quantile(draws, tail, method="inverted_cdf"))
     high = float(np.quantile(draws, 1.0 - tail, method="inverted_cdf"))
     return Estimate(value, low, high, n, level)
+
+
+def estimate_metrics(
+    metrics, ref_outputs: list, test_outputs: list, labels: list | None = None, seed: int = 0
+) -> dict[str, Estimate]:
+    """``bootstrap`` of each task metric (``metric.name`` -> Estimate), at the default level
+    and resamples. With a single item there is nothing to resample: the value comes with a
+    NaN interval (n=1)."""
+    ref = concat_items(ref_outputs)
+    n = _count_items(ref)
+    out = {}
+    for metric in metrics:
+        if n < 2:
+            value = float(metric(ref_outputs, test_outputs, labels))
+            out[metric.name] = Estimate(value, math.nan, math.nan, n)
+        else:
+            out[metric.name] = bootstrap(metric, ref_outputs, test_outputs, labels, seed=seed)
+    return out
