@@ -18,6 +18,8 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
+from quantlab.numerics.lut.formats import single_thread
+
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
 
@@ -102,10 +104,11 @@ def bootstrap(
     value = float(metric([ref], [test], None if lab is None else [lab]))
     gen = torch.Generator().manual_seed(seed)
     draws = np.empty(resamples, dtype=np.float64)
-    for i in range(resamples):
-        idx = torch.randint(0, n, (n,), generator=gen)
-        sub_lab = None if lab is None else [_take(lab, idx)]
-        draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
+    with single_thread():  # thousands of small metric evaluations: thread hand-off dominates
+        for i in range(resamples):
+            idx = torch.randint(0, n, (n,), generator=gen)
+            sub_lab = None if lab is None else [_take(lab, idx)]
+            draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
         return Estimate(value, math.nan, math.nan, n, level)
