@@ -76,7 +76,9 @@ def _count_items(batch: Any) -> int:
 
 
 def _take(batch: Any, index: Tensor) -> Any:
-    return tree_map(lambda t: t[index] if isinstance(t, Tensor) else t, batch)
+    if isinstance(batch, Tensor):
+        return batch.index_select(0, index)
+    return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, batch)
 
 
 def bootstrap(
@@ -104,9 +106,9 @@ def bootstrap(
     value = float(metric([ref], [test], None if lab is None else [lab]))
     gen = torch.Generator().manual_seed(seed)
     draws = np.empty(resamples, dtype=np.float64)
+    indices = torch.randint(0, n, (resamples, n), generator=gen)
     with single_thread():  # thousands of small metric evaluations: thread hand-off dominates
-        for i in range(resamples):
-            idx = torch.randint(0, n, (n,), generator=gen)
+        for i, idx in enumerate(indices):
             sub_lab = None if lab is None else [_take(lab, idx)]
             draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
     draws = draws[~np.isnan(draws)]
