@@ -129,7 +129,7 @@ def _task_findings(task: pd.DataFrame) -> list[str]:
                 if sep
                 else "overlap: the difference is not resolved on these items."
             )
-        out.append(f"Task metric {metric} against float: {parts}.{verdict}")
+        out.append(f"Task metric {metric}: {parts}.{verdict}")
     return out
 
 
@@ -292,8 +292,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             y="value",
             xlabel="run compared with float (mode)",
             ylabel="task metric value (its own unit; bars: 95% bootstrap interval)",
-            title=f"{bundle.name}: task metrics against float on {int(task['items'].iloc[0])} "
-            "items",
+            title=f"{bundle.name}: task metrics on {int(task['items'].iloc[0])} evaluation items",
             facet="metric",
             kind=PlotKind.BAR,
             table="task_metrics",
@@ -320,8 +319,10 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             f"Calibration: {len(data.calib)} {data.name} batches; comparison: the first "
             f"{exp.max_eval_items} evaluation batches as one batch ({data.description}); "
             f"{qconfig_words(ctx.qconfig)}.",
-            "Task metrics: each value is measured on all evaluation items; its 95% interval "
-            "resamples the items 1000 times (percentile bootstrap, seed 0); n = item count.",
+            "Task metrics compare the fake and the fixed run with the float run (a metric that "
+            "reads labels, e.g. face accuracy, compares with the labels); each value is measured "
+            "on all evaluation items, its 95% interval resamples the items 1000 times "
+            "(percentile bootstrap, seed 0); n = item count.",
             "Isolated view: each op of the compared run is fed the reference run's inputs, so a "
             "row is that op's own gap; accumulated view: both runs end to end.",
             "err_lsb is the largest |error| in units of the compared run's output scale; "
