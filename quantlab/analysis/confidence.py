@@ -124,15 +124,16 @@ def estimate_metrics(
     metrics, ref_outputs: list, test_outputs: list, labels: list | None = None, seed: int = 0
 ) -> dict[str, Estimate]:
     """``bootstrap`` of each task metric (``metric.name`` -> Estimate), at the default level
-    and resamples. With a single item there is nothing to resample: the value comes with a
-    NaN interval (n=1)."""
+    and resamples; ``labels`` go to the metrics that read them (``uses_labels``). With a single
+    item there is nothing to resample: the value comes with a NaN interval (n=1)."""
     ref = concat_items(ref_outputs)
     n = _count_items(ref)
     out = {}
     for metric in metrics:
+        lab = labels if getattr(metric, "uses_labels", False) else None
         if n < 2:
-            value = float(metric(ref_outputs, test_outputs, labels))
+            value = float(metric(ref_outputs, test_outputs, lab))
             out[metric.name] = Estimate(value, math.nan, math.nan, n)
         else:
-            out[metric.name] = bootstrap(metric, ref_outputs, test_outputs, labels, seed=seed)
+            out[metric.name] = bootstrap(metric, ref_outputs, test_outputs, lab, seed=seed)
     return out

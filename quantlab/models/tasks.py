@@ -11,7 +11,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +38,13 @@ def _cat(outputs: list) -> Tensor:
 
 @dataclass(frozen=True)
 class TaskMetric(ABC):
-    """Base: ``name``, ``higher_is_better`` and ``__call__(ref_outputs, test_outputs, labels)``."""
+    """Base: ``name``, ``higher_is_better`` and ``__call__(ref_outputs, test_outputs, labels)``;
+    ``uses_labels``: whether the metric reads the dataset's labels (their items then line up
+    with the outputs' items, e.g. for a bootstrap over items)."""
 
     name: str
     higher_is_better: bool
+    uses_labels: ClassVar[bool] = False
 
     @abstractmethod
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
@@ -68,6 +71,7 @@ class Top1Accuracy(TaskMetric):
 
     name: str = "top1_accuracy"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
 
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
         t = _cat(test_outputs).argmax(-1)
@@ -101,6 +105,7 @@ class FaceAccuracy(TaskMetric):
 
     name: str = "face_accuracy"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
     threshold: float = 0.5
 
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
@@ -125,6 +130,7 @@ class UnwarpPSNR(TaskMetric):
 
     name: str = "unwarp_psnr_db"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
 
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
         from quantlab.models.uvdoc import unwarp
@@ -205,6 +211,7 @@ class CustomMetric(TaskMetric):
 
     name: str = "custom_metric"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
     fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
     target: str = ""  # "package.module:function", for messages
 

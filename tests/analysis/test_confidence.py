@@ -74,3 +74,18 @@ def test_separation_of_intervals():
         "top1_n": 50,
     }
     assert "95% CI" in str(a)
+
+
+def test_estimates_give_labels_only_to_metrics_that_read_them():
+    from quantlab.analysis.confidence import estimate_metrics
+    from quantlab.models.tasks import EmbeddingCosine, Top1Accuracy
+
+    ref, test = _logits_with_agreement(6, 4)
+    pair_labels = [torch.tensor([1, 0, 1])]  # one label per pair of items: not per item
+    est = estimate_metrics([EmbeddingCosine()], [ref], [test], pair_labels)
+    assert est["embedding_cosine"].n == 6
+    labels = [torch.zeros(6, dtype=torch.int64)]  # every item is class 0
+    acc = estimate_metrics([Top1Accuracy()], [ref], [test], labels)["top1_accuracy"]
+    assert acc.value == 4 / 6 and acc.n == 6 and acc.low <= acc.value <= acc.high
+    single = estimate_metrics([Top1Agreement()], [ref[:1]], [test[:1]])["top1_agreement"]
+    assert single.n == 1 and math.isnan(single.low) and math.isnan(single.high)
