@@ -7,8 +7,15 @@ float function, then output fake quant). Facts: j6-numerics.md s.3, horizon-plug
 bit-exact-emulation.md s.4.
 """
 
-from quantlab.numerics.lut.analysis import analyze, max_error_lsb, profile, table_bounds
+from quantlab.numerics.lut.analysis import (
+    analyze,
+    max_error_lsb,
+    mean_error_lsb,
+    profile,
+    table_bounds,
+)
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite, lut_softmax
+from quantlab.numerics.lut.data_weighted import InputHistogram
 from quantlab.numerics.lut.evaluate import lut_fake, lut_fake_codes
 from quantlab.numerics.lut.formats import J6_FORMAT, TOSA_LIKE_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import (
@@ -25,6 +32,7 @@ from quantlab.numerics.lut.table import SegmentLut, Tail, build_lut
 
 __all__ = [
     "FUNCTIONS",
+    "InputHistogram",
     "J6_FORMAT",
     "TOSA_LIKE_FORMAT",
     "LutFormat",
@@ -44,6 +52,7 @@ __all__ = [
     "lut_fake_codes",
     "lut_softmax",
     "max_error_lsb",
+    "mean_error_lsb",
     "profile",
     "table_bounds",
 ]

@@ -111,6 +111,15 @@ def _max_error_lsb(lut: SegmentLut, exact: np.ndarray | None = None) -> float:
     return float(np.abs(fixed - exact).max())
 
 
+def mean_error_lsb(lut: SegmentLut, weights: np.ndarray) -> float:
+    """Mean |LUT output - saturated f| in output LSBs under input-code weights (one per input
+    code, ascending, e.g. ``InputHistogram.code_weights``): the error the data sees."""
+    w = np.asarray(weights, dtype=np.float64)
+    with single_thread():
+        fixed = evaluate_codes_int(lut, all_codes(lut.in_dtype)).numpy()
+        return float((w * np.abs(fixed - exact_lsb(lut))).sum() / w.sum())
+
+
 def table_bounds(lut: SegmentLut) -> list[dict]:
     """Per table: width h of one step (float input units), max|f''| on the table (finite
     differences on a grid of BOUND_PROBES_PER_STEP points per step) and the bound

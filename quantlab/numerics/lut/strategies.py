@@ -19,6 +19,11 @@ MINIMAX:        ours: bisection on the error level eps; for each eps the tables 
                 the lowest *measured* integer error among MINIMAX, SQRT_CURVATURE, EVENLY and
                 CURVATURE and refines its inner points by coordinate descent on that measured
                 error (search.py), so MINIMAX is never worse than either vendor rule.
+OPTIMAL:        ours: the smallest max error over every input code, through the integer evaluation
+                itself, certified over a stated candidate set (optimal.py).
+DATA:           ours: the smallest error weighted by the op's input histogram, with the max error
+                at most ``LutSpec.data_error_factor`` x OPTIMAL's (data_weighted.py); needs the
+                histogram (``build_lut(..., histogram=...)``).
 MANUAL:         user points (``LutSpec.dividing_points``).
 """
 
@@ -46,6 +51,8 @@ class Strategy(enum.Enum):
     CURVATURE = "curvature"
     SQRT_CURVATURE = "sqrt_curvature"
     MINIMAX = "minimax"
+    OPTIMAL = "optimal"
+    DATA = "data"
     MANUAL = "manual"
 
 

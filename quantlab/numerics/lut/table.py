@@ -23,7 +23,7 @@ Table entries are quantized with ``LutFormat.table_round`` (HALF_EVEN, like fake
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -31,11 +31,21 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.evaluate import build_code_map, evaluate_fast, evaluate_reference
+from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
+from quantlab.numerics.lut.evaluate import (
+    all_codes,
+    build_code_map,
+    evaluate_codes_int,
+    evaluate_fast,
+    evaluate_reference,
+)
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, single_thread
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
+from quantlab.numerics.lut.optimal import optimal_points
 from quantlab.numerics.lut.ranges import input_range
 from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
+from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
+from quantlab.numerics.lut.segments import table_entries
 from quantlab.numerics.lut.strategies import (
     Strategy,
     curvature_points,
@@ -45,6 +55,7 @@ from quantlab.numerics.lut.strategies import (
 )
 from quantlab.numerics.rounding import Round, round_float
 
+SEED_STRATEGIES = (Strategy.EVENLY, Strategy.CURVATURE, Strategy.SQRT_CURVATURE)  # OPTIMAL's seeds
 TAIL_VALUE_LIMIT = 1e30  # |target| in output LSBs used for tail secants (keeps slopes finite)
 
 
@@ -254,15 +265,14 @@ def _assemble(
             "range has zero width"
         )
     n, f = fmt.entries, fmt.index_frac_bits
-    tables, mults, shifts = [], [], []
-    k = torch.arange(n, dtype=torch.float64)
+    mults, shifts = [], []
     for d0, d1 in zip(codes[:-1], codes[1:]):
-        x = (d0 + k * ((d1 - d0) / (n - 1))) * in_scale
-        tables.append(_quantize_values(fn.target(x, spec), out_scale, out_dtype, fmt.table_round))
         m, r = _index_multiplier(d1 - d0, n, f, fmt.slope_bits)
         mults.append(m)
         shifts.append(r)
-    tab = _frozen(torch.stack(tables).numpy().astype(np.int64))
+    d = np.asarray(codes, dtype=np.int64)
+    target = _target_of(fn, spec)
+    tab = _frozen(table_entries(target, d[:-1], d[1:], fmt, in_scale, out_scale, out_dtype))
 
     def val(code: float) -> float:  # the unsaturated target, like the vendor's secants
         y = float(fn.target(torch.tensor([code * in_scale], dtype=torch.float64), spec)[0])
@@ -333,6 +343,41 @@ def _direct(
     )
 
 
+def _target_of(fn: LutFunction, spec: LutSpec):
+    return lambda x: fn.target(x, spec)
+
+
+def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> SegmentLut:
+    """OPTIMAL and DATA: seeds from the vendor rules, then the certified search (optimal.py,
+    data_weighted.py); DATA first builds (or fetches) OPTIMAL's table for its error bound."""
+    func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng = args
+    fn = get_function(func)
+    seeds = [
+        _assemble(*args, _strategy_points(fn, spec, st, *rng, fmt, in_scale), st).points
+        for st in SEED_STRATEGIES
+    ]
+    problem = SegmentProblem(
+        _target_of(fn, spec), in_dtype, in_scale, out_dtype, out_scale, fmt, spec.symmetric,
+        seeds[0][0], seeds[0][-1],
+    )  # fmt: skip
+    if spec.strategy is Strategy.OPTIMAL:
+        pts = optimal_points(SegmentCosts(problem), seeds).points
+    else:
+        if histogram is None:
+            raise ValueError(
+                f"{func}: strategy DATA needs the op's input histogram "
+                "(build_lut(..., histogram=InputHistogram(...)))"
+            )
+        opt = _build_cached(*args[:5], replace(spec, strategy=Strategy.OPTIMAL), fmt,
+                            observed_range, None)  # fmt: skip
+        costs = SegmentCosts(problem, histogram.code_weights(in_dtype, in_scale))
+        worst = float(costs.code_errors(evaluate_codes_int(opt, all_codes(in_dtype)).numpy()).max())
+        pts = data_points(costs, opt.points, spec.data_error_factor * worst, seeds).points
+    lut = _assemble(*args, [c * in_scale for c in pts], spec.strategy)
+    assert lut.points == tuple(pts), (lut.points, pts)
+    return lut
+
+
 @lru_cache(maxsize=512)
 def _build_cached(
     func: str,
@@ -343,12 +388,15 @@ def _build_cached(
     spec: LutSpec,
     fmt: LutFormat,
     observed_range: tuple[float, float] | None,
+    histogram: InputHistogram | None = None,
 ) -> SegmentLut:
     if fmt.direct_int8 and in_dtype is DType.INT8 and out_dtype is DType.INT8:
         return _direct(func, in_scale, out_scale, spec, fmt)
     fn = get_function(func)
     rng = input_range(fn, spec, in_dtype, in_scale, out_dtype, out_scale, observed_range)
     args = (func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng)
+    if spec.strategy in (Strategy.OPTIMAL, Strategy.DATA):
+        return _searched(args, histogram, observed_range)
     if spec.strategy is not Strategy.MINIMAX:
         pts = _strategy_points(fn, spec, spec.strategy, *rng, fmt, in_scale)
         return _assemble(*args, pts, spec.strategy)
@@ -365,6 +413,11 @@ def _build_cached(
     return refine(best, best_err, lambda pts, st: _assemble(*args, pts, st), exact)
 
 
+def clear_build_cache() -> None:
+    """Forget every built table (benchmarks time builds from scratch)."""
+    _build_cached.cache_clear()
+
+
 def build_lut(
     func: str,
     in_dtype: DType,
@@ -374,13 +427,15 @@ def build_lut(
     spec: LutSpec | None = None,
     fmt: LutFormat = J6_FORMAT,
     observed_range: tuple[float, float] | None = None,
+    histogram: InputHistogram | None = None,
 ) -> SegmentLut:
     """Build (or fetch from the cache) the integer LUT of ``func`` for these scales and dtypes.
 
     ``spec`` defaults to ``default_spec(func)``. int8 -> int8 gives the direct 256-entry table
     when ``fmt.direct_int8``; everything else the segment format (module docstring). Raises
     ValueError for an unknown function, a non-int8/int16 dtype, a non-positive scale, a table
-    range narrower than one input code, or points that collapse to one code.
+    range narrower than one input code, or points that collapse to one code. ``histogram``
+    (the op's calibrated input distribution) is used by the DATA strategy only, which needs it.
     """
     get_function(func)
     in_dtype = _check_dtype("in_dtype", in_dtype)
@@ -397,5 +452,8 @@ def build_lut(
         obs = (float(observed_range[0]), float(observed_range[1]))
         if not obs[1] > obs[0]:
             raise ValueError(f"observed_range has zero or negative width: {observed_range}")
+    if histogram is not None and not isinstance(histogram, InputHistogram):
+        raise ValueError(f"histogram must be an InputHistogram or None, got {type(histogram)}")
+    hist = histogram if spec.strategy is Strategy.DATA else None
     with single_thread():
-        return _build_cached(func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, obs)
+        return _build_cached(func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, obs, hist)
