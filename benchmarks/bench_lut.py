@@ -11,7 +11,7 @@ Building (``--part build``). Claim checked: every dividing-point strategy builds
 table (6 x 64 entries, 8 index fraction bits) in under 2 s on 2 cores, from an empty table
 cache, for every LUT function and the dtype pairs int16->int16, int16->int8 and int8->int16
 (DATA with lut_error's stated Gaussian histogram, its OPTIMAL step included). Baseline in the
-same run: EVENLY, the vendor's rule. Wall and process CPU seconds (a build runs on one thread).
+same run: EVENLY, the vendor's rule. Wall and process CPU seconds (summed over threads).
 Writes reports/benchmarks/lut_build.csv and lut_build.md.
 
 Run: .venv/bin/python benchmarks/bench_lut.py [--part all|eval|build] [--log2n 22] [--repeats 9]
@@ -32,7 +32,7 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import FUNCTIONS, Strategy, build_lut, default_spec, lut_fake
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.evaluate import evaluate_codes_int
+from quantlab.numerics.lut.segment import evaluate_codes_int
 from quantlab.numerics.lut.table import clear_build_cache
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_write_csv, atomic_write_text

@@ -224,7 +224,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     sim = Simulator(bundle.module, ctx.platform, spec)
-    sim.calibrate(data.calib)
+    sim.calibrate(data.calib, ctx.progress)
     batch = _merge(data.eval, exp.max_eval_items)
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED])

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
@@ -26,7 +27,6 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     FUNCTIONS,
     InputHistogram,
-    LutFormat,
     SegmentLut,
     Strategy,
     analyze,
@@ -37,7 +37,6 @@ from quantlab.numerics.lut import (
 )
 from quantlab.numerics.lut.analysis import sample_scales
 from quantlab.numerics.lut.table import clear_build_cache
-from quantlab.progress import progress
 from quantlab.report import Plot, PlotKind
 
 OURS = Strategy.MINIMAX
@@ -300,7 +299,7 @@ def _global_findings(df: pd.DataFrame) -> list[str]:
 
 @experiment(LutErrorExp, "lut_error")
 def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
-    fmt = LutFormat.from_platform(ctx.platform)
+    fmt = ctx.platform.lut_format()
     pairs = [(i, o) for i in exp.in_dtypes for o in exp.out_dtypes]
     jobs = []
     for func in exp.functions:
@@ -313,7 +312,7 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
                 jobs.append((func, st, in_dt, out_dt, direct))
     plot_pair = pairs[0]
     rows, profiles = [], []
-    for func, st, in_dt, out_dt, direct in progress(jobs, "lut_error"):
+    for func, st, in_dt, out_dt, direct in tqdm(jobs, desc="lut_error", disable=not ctx.progress):
         s_in, s_out = sample_scales(func, in_dt, out_dt)
         spec = _spec_for(func, st)
         hist = data_histogram(func, exp.data_sigma_fraction, exp.data_bins)
@@ -416,7 +415,7 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
             x="strategy",
             y="max_cpu_s",
             xlabel="strategy",
-            ylabel="slowest build over the functions (s of CPU, one thread)",
+            ylabel="slowest build over the functions (s of CPU, all threads)",
             title="Table build time from an empty cache",
             facet="pair",
             kind=PlotKind.BAR,

@@ -28,6 +28,7 @@ class RunContext:
     output_dir: Path
     sweep_value: dict[str, Any] = field(default_factory=dict)  # overrides of this job
     qconfig: Any = None  # quantlab.qconfig_presets.QConfigChoice (None: the platform template)
+    progress: bool = True  # progress bars (tqdm) on stderr for long work
 
 
 @dataclass

@@ -18,8 +18,6 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from quantlab.numerics.lut.formats import single_thread
-
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
 
@@ -107,10 +105,9 @@ def bootstrap(
     gen = torch.Generator().manual_seed(seed)
     draws = np.empty(resamples, dtype=np.float64)
     indices = torch.randint(0, n, (resamples, n), generator=gen)
-    with single_thread():  # thousands of small metric evaluations: thread hand-off dominates
-        for i, idx in enumerate(indices):
-            sub_lab = None if lab is None else [_take(lab, idx)]
-            draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
+    for i, idx in enumerate(indices):
+        sub_lab = None if lab is None else [_take(lab, idx)]
+        draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
         return Estimate(value, math.nan, math.nan, n, level)

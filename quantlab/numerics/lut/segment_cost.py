@@ -30,13 +30,14 @@ import numpy as np
 import torch
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.formats import LutFormat, single_thread
+from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.lut.segment_runs import RangeExtremum, run_counts, run_max_errors
 from quantlab.numerics.lut.segments import (
     TargetFn,
     index_multipliers,
     interpolate,
     table_entries,
+    target_values,
 )
 
 QUANTILE_SAMPLES_MAX = 128  # bound passes up to this size put half their codes at quantiles
@@ -87,9 +88,8 @@ def saturated_target_lsb(p: SegmentProblem) -> np.ndarray:
     (float64), the same operations as ``analysis.exact_lsb``."""
     codes = torch.arange(p.in_dtype.qmin, p.in_dtype.qmax + 1, dtype=torch.int64)
     lo, hi = p.out_dtype.qmin * p.out_scale, p.out_dtype.qmax * p.out_scale
-    with single_thread():
-        y = p.target(codes.to(torch.float64) * p.in_scale).clamp(lo, hi) / p.out_scale
-    return y.numpy()
+    g = torch.from_numpy(target_values(p.target, codes.to(torch.float64) * p.in_scale))
+    return (g.clamp(lo, hi) / p.out_scale).numpy()
 
 
 @dataclass(frozen=True)

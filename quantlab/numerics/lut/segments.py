@@ -1,5 +1,5 @@
 """Many candidate tables at once: their entries, index multipliers and integer outputs, exactly as
-a built SegmentLut holds and evaluates them (geometry: table.py; integer contract: evaluate.py).
+a built SegmentLut holds and evaluates them (geometry: table.py; integer contract: segment.py).
 
 A table between input codes d0 < d1 with n = ``entries`` holds
 ``T[k] = saturate(round(g((d0 + k (d1 - d0) / (n - 1)) s_in) / s_out))``, k = 0..n-1, rounded by
@@ -10,9 +10,12 @@ table answers ``idx = min(((a - d0) m) >> r, (n - 1) << F)``, ``j = idx >> F``,
 ``LutFormat.interp_round`` and T[n] := T[n-1]. Everything is numpy int64 (products < 2^47).
 
 Target values: ``target_values`` evaluates g on a flat float64 tensor padded to a multiple of
-TARGET_BLOCK elements, on one thread. torch's vectorised kernels and their scalar remainder loop
-can differ by one ulp (measured for sigmoid and silu), so every table entry, of a built table or
-of a candidate, comes from the vectorised kernel whatever the batch it is computed in.
+TARGET_BLOCK elements, in calls of TARGET_CHUNK elements. torch's vectorised kernels and their
+scalar remainder loop can differ by one ulp (measured for sigmoid and silu), and torch splits an
+elementwise op of more than its parallel grain (32768 elements) into one chunk per thread, each
+with its own remainder. A call of at most TARGET_CHUNK elements runs on the calling thread, so
+every table entry, of a built table or of a candidate, comes from the vectorised kernel whatever
+the batch it is computed in and whatever torch's thread count (which is left alone).
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.evaluate import _rshift_round_bits
-from quantlab.numerics.lut.formats import LutFormat, single_thread
-from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.lut.formats import LutFormat
+from quantlab.numerics.rounding import Round, round_float, rshift_round_np
 
 TargetFn = Callable[[Tensor], Tensor]
 TARGET_BLOCK = 64  # pad target evaluations to this many elements (>= any SIMD loop unroll)
+TARGET_CHUNK = 1 << 14  # elements per call of g: below torch's parallel grain, a multiple of
+# TARGET_BLOCK
 MAX_SHIFT = 31  # index multiplier shifts r in [0, MAX_SHIFT] (table.py's _fit_mantissa)
 
 
 def target_values(g: TargetFn, x: np.ndarray | Tensor) -> np.ndarray:
-    """g at the float64 positions ``x`` (any shape), computed on one thread on a flat tensor
-    padded (with its last value) to a multiple of TARGET_BLOCK; float64 numpy, shape of x."""
+    """g at the float64 positions ``x`` (any shape), computed on a flat tensor padded (with its
+    last value) to a multiple of TARGET_BLOCK, in calls of TARGET_CHUNK elements (each runs on
+    the calling thread); float64 numpy, shape of x."""
     t = torch.as_tensor(x, dtype=torch.float64).reshape(-1)
     n = t.numel()
     if n == 0:
@@ -43,8 +48,8 @@ def target_values(g: TargetFn, x: np.ndarray | Tensor) -> np.ndarray:
     pad = (-n) % TARGET_BLOCK
     if pad:
         t = torch.cat([t, t[-1:].expand(pad)])
-    with single_thread():
-        y = g(t.contiguous())
+    t = t.contiguous()
+    y = torch.cat([g(t[i : i + TARGET_CHUNK]) for i in range(0, t.numel(), TARGET_CHUNK)])
     return y[:n].numpy().reshape(np.shape(x))
 
 
@@ -112,5 +117,5 @@ def interpolate(
     if f and fmt.interp_round is Round.HALF_UP:
         y = (v + (1 << (f - 1))) >> f  # the common case, without the general helper's extras
     else:
-        y = _rshift_round_bits(v, f, fmt.interp_round)
+        y = rshift_round_np(v, f, fmt.interp_round)
     return np.clip(y, out_dtype.qmin, out_dtype.qmax)

@@ -36,6 +36,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from quantlab.numerics.rounding import Round, round_float
+
 TargetFn = Callable[[Tensor], Tensor]
 
 CURVATURE_INTERVALS = 256  # the vendor's accu_divide_num
@@ -89,7 +91,7 @@ def curvature_points(g: TargetFn, lo: float, hi: float, tables: int) -> list[flo
     total = float(acc[-1])
     if total <= 0.0:  # a straight line: no curvature to share
         return evenly_points(lo, hi, tables)
-    seg = torch.floor(acc / (total / tables))
+    seg = round_float(acc / (total / tables), Round.FLOOR)
     points = [lo]
     for s, p in zip((seg + 1).tolist(), x[1:].tolist()):
         if s > tables:
@@ -143,7 +145,7 @@ def table_errors(
         frac = read = probes
     else:
         grid = float(1 << frac_bits)
-        read = torch.floor(probes * grid) / grid  # the floored index fraction
+        read = round_float(probes * grid, Round.FLOOR) / grid  # the floored index fraction
         frac = read + (1.0 - 1e-6) / grid  # the input just below the next grid line
     px = xs[:, :-1, None] + frac * (width[:, None, None] / steps)
     dy = ys[:, 1:] - ys[:, :-1]

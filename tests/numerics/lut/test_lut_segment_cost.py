@@ -22,7 +22,7 @@ from quantlab.numerics.lut import (
 )
 from quantlab.numerics.lut import segment_cost as sc
 from quantlab.numerics.lut.analysis import exact_lsb, sample_scales
-from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int
+from quantlab.numerics.lut.segment import all_codes, evaluate_codes_int
 from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
 from quantlab.numerics.lut.segments import index_multipliers, target_values
 from quantlab.numerics.lut.table import _index_multiplier
