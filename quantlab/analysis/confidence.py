@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_map
 
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
+_GATHER_ELEMENTS = 1 << 22  # float64 values gathered at once by the per-item path (32 MiB)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,27 @@ def _take(batch: Any, index: Tensor) -> Any:
     return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, batch)
 
 
+def _resampled_means(values: Tensor, indices: Tensor) -> np.ndarray:
+    """The mean of the per-item ``values`` (N,) over each row of ``indices`` (R, N), as numpy's
+    row-wise mean: the same pairwise summation as the metric's own mean of one resample."""
+    v = values.detach().to(torch.float64).numpy()
+    if v.shape != (indices.shape[1],):
+        raise ValueError(f"item_values gave shape {tuple(v.shape)}, expected ({indices.shape[1]},)")
+    idx = indices.numpy()
+    rows = max(1, _GATHER_ELEMENTS // max(1, idx.shape[1]))  # bounded memory per gather
+    return np.concatenate([np.mean(v[idx[i : i + rows]], axis=1) for i in range(0, len(idx), rows)])
+
+
+def _resampled_metric(metric, ref: Any, test: Any, lab: Any, indices: Tensor) -> np.ndarray:
+    """``metric`` recomputed on each resample (a row of ``indices``): the general path for a
+    metric that is not a mean of per-item values."""
+    draws = np.empty(indices.shape[0], dtype=np.float64)
+    for i, idx in enumerate(indices):
+        sub_lab = None if lab is None else [_take(lab, idx)]
+        draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
+    return draws
+
+
 def bootstrap(
     metric,
     ref_outputs: list,
@@ -92,7 +114,10 @@ def bootstrap(
     """``metric(ref_outputs, test_outputs, labels)`` with its percentile-bootstrap interval.
 
     The value is the metric on all items (unchanged); the interval resamples items (dim 0 of the
-    concatenated batches) with a generator seeded by ``seed``, so it is reproducible.
+    concatenated batches) with a generator seeded by ``seed``, so it is reproducible. A metric
+    that is a mean of per-item values (it has ``item_values``, quantlab.models.tasks.
+    ItemMeanMetric) has them computed once and each resample's mean taken in one numpy gather;
+    any other metric is recomputed on every resample.
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
@@ -103,11 +128,14 @@ def bootstrap(
     n = _count_items((ref, test) if lab is None else (ref, test, lab))
     value = float(metric([ref], [test], None if lab is None else [lab]))
     gen = torch.Generator().manual_seed(seed)
-    draws = np.empty(resamples, dtype=np.float64)
     indices = torch.randint(0, n, (resamples, n), generator=gen)
-    for i, idx in enumerate(indices):
-        sub_lab = None if lab is None else [_take(lab, idx)]
-        draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
+    item_values = getattr(metric, "item_values", None)
+    if item_values is not None:
+        draws = _resampled_means(
+            item_values([ref], [test], None if lab is None else [lab]), indices
+        )
+    else:
+        draws = _resampled_metric(metric, ref, test, lab, indices)
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
         return Estimate(value, math.nan, math.nan, n, level)

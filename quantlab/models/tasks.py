@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -52,19 +53,34 @@ class TaskMetric(ABC):
 
 
 @dataclass(frozen=True)
-class Top1Agreement(TaskMetric):
+class ItemMeanMetric(TaskMetric):
+    """A task metric that is the mean of one value per evaluation item: ``item_values`` gives
+    them (float64, one per item on dim 0, each computed from its own item alone) and the metric
+    is their numpy mean (pairwise summation), so a bootstrap can resample the values directly."""
+
+    @abstractmethod
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        """One float64 value per item, shape (N,)."""
+
+    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+        values = self.item_values(ref_outputs, test_outputs, labels)
+        return float(np.mean(values.detach().to(torch.float64).numpy()))
+
+
+@dataclass(frozen=True)
+class Top1Agreement(ItemMeanMetric):
     """Share of samples whose arg-max class equals the float model's (logits (B, C)); in [0, 1]."""
 
     name: str = "top1_agreement"
     higher_is_better: bool = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r, t = _cat(ref_outputs), _cat(test_outputs)
-        return float((r.argmax(-1) == t.argmax(-1)).to(torch.float64).mean())
+        return (r.argmax(-1) == t.argmax(-1)).to(torch.float64)
 
 
 @dataclass(frozen=True)
-class Top1Accuracy(TaskMetric):
+class Top1Accuracy(ItemMeanMetric):
     """Share of samples whose arg-max class is the label (logits (B, C), labels one (B,) int64
     tensor per batch); in [0, 1]. Without labels, the float model's arg-max serves as the
     label (agreement)."""
@@ -73,7 +89,7 @@ class Top1Accuracy(TaskMetric):
     higher_is_better: bool = True
     uses_labels: ClassVar[bool] = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         t = _cat(test_outputs).argmax(-1)
         if labels is None:
             y = _cat(ref_outputs).argmax(-1)
@@ -81,24 +97,24 @@ class Top1Accuracy(TaskMetric):
             y = torch.cat([torch.as_tensor(lab).reshape(-1) for lab in labels]).to(torch.int64)
         if y.numel() != t.numel():
             raise ValueError(f"labels hold {y.numel()} samples, outputs {t.numel()}")
-        return float((t == y).to(torch.float64).mean())
+        return (t == y).to(torch.float64)
 
 
 @dataclass(frozen=True)
-class SoftmaxKL(TaskMetric):
+class SoftmaxKL(ItemMeanMetric):
     """Mean KL(softmax(ref) || softmax(test)) in nats over samples (logits (B, C)); >= 0."""
 
     name: str = "kl_nats"
     higher_is_better: bool = False
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r, t = _cat(ref_outputs), _cat(test_outputs)
         lp, lq = F.log_softmax(r, -1), F.log_softmax(t, -1)
-        return float((lp.exp() * (lp - lq)).sum(-1).mean())
+        return (lp.exp() * (lp - lq)).sum(-1)
 
 
 @dataclass(frozen=True)
-class FaceAccuracy(TaskMetric):
+class FaceAccuracy(ItemMeanMetric):
     """Face / non-face accuracy of the tested model: outputs are probabilities (B, 2) with
     column 1 = face, decided at ``threshold``; labels are one 0/1 tensor per batch (1 = face).
     Without labels, the float model's decisions serve as labels (agreement)."""
@@ -108,7 +124,7 @@ class FaceAccuracy(TaskMetric):
     uses_labels: ClassVar[bool] = True
     threshold: float = 0.5
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         t = _cat(test_outputs)[:, 1] > self.threshold
         if labels is None:
             y = _cat(ref_outputs)[:, 1] > self.threshold
@@ -116,7 +132,7 @@ class FaceAccuracy(TaskMetric):
             y = torch.cat([torch.as_tensor(lab).reshape(-1) for lab in labels]).to(torch.bool)
         if y.numel() != t.numel():
             raise ValueError(f"labels hold {y.numel()} samples, outputs {t.numel()}")
-        return float((t == y).to(torch.float64).mean())
+        return (t == y).to(torch.float64)
 
 
 @dataclass(frozen=True)
@@ -148,26 +164,28 @@ class UnwarpPSNR(TaskMetric):
 
 
 @dataclass(frozen=True)
-class EmbeddingCosine(TaskMetric):
+class EmbeddingCosine(ItemMeanMetric):
     """Mean cosine similarity between tested and float embeddings (B, D), row by row; in [-1, 1]."""
 
     name: str = "embedding_cosine"
     higher_is_better: bool = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r, t = _cat(ref_outputs), _cat(test_outputs)
-        return float(F.cosine_similarity(r, t, dim=-1).mean())
+        return F.cosine_similarity(r, t, dim=-1)
 
 
 @dataclass(frozen=True)
-class BoxL1(TaskMetric):
-    """Mean absolute difference between tested and float boxes (any shape, e.g. (B, Q, 4))."""
+class BoxL1(ItemMeanMetric):
+    """Mean absolute difference between tested and float boxes (any shape, e.g. (B, Q, 4)): the
+    mean over items of each item's mean (every item holds as many numbers)."""
 
     name: str = "box_l1"
     higher_is_better: bool = False
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
-        return float((_cat(ref_outputs) - _cat(test_outputs)).abs().mean())
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        diff = (_cat(ref_outputs) - _cat(test_outputs)).abs()
+        return diff.reshape(diff.shape[0], -1).mean(1)
 
 
 @dataclass(frozen=True)
@@ -186,7 +204,7 @@ class OutputSQNR(TaskMetric):
 
 
 @dataclass(frozen=True)
-class OutputCosine(TaskMetric):
+class OutputCosine(ItemMeanMetric):
     """Mean over items of the cosine similarity between the tested and the float outputs of one
     item (all float outputs of the item flattened together; items on dim 0); in [-1, 1], 1.0
     for an item whose two outputs are both zero."""
@@ -194,13 +212,13 @@ class OutputCosine(TaskMetric):
     name: str = "output_cosine"
     higher_is_better: bool = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r = torch.cat([x.reshape(x.shape[0], -1) for x in _leaves(ref_outputs)], 1)
         t = torch.cat([x.reshape(x.shape[0], -1) for x in _leaves(test_outputs)], 1)
         nr, nt = r.norm(dim=1), t.norm(dim=1)
         cos = (r * t).sum(1) / (nr * nt).clamp_min(1e-300)
         cos = torch.where((nr == 0) & (nt == 0), torch.ones_like(cos), cos)
-        return float(cos.mean())
+        return cos
 
 
 @dataclass(frozen=True)
