@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from quantlab.calibration.kinds import ObserverKind
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import Overflow
 from quantlab.numerics.quantize import ScaleRule
@@ -54,6 +55,9 @@ class PlatformConfig:
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True
+    # activation observer of every op unless a qconfig says otherwise: the calibration default of
+    # the device's own toolchain (quantlab.calibration.kinds.ObserverKind)
+    default_observer: ObserverKind = ObserverKind.MSE_POOLED
 
     # --- integer GEMM and requantization (s.6, s.7)
     accumulator: DType = DType.INT32

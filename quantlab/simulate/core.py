@@ -44,7 +44,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops
 from quantlab.simulate.fusion import find_fusions, fold_batch_norm
 from quantlab.simulate.modes import Mode, OpMode, Trace, View
-from quantlab.simulate.observers import ActivationObserver, weight_amax
+from quantlab.simulate.observers import ObserverBank, batch_rules, observer_key, weight_amax
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.qat import fake_grid, qat_fake_quant
 from quantlab.simulate.qtensor import QInfo, QTable
@@ -96,7 +96,7 @@ class Simulator:
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
-        self._obs: dict[str, ActivationObserver] = {}
+        self._obs = ObserverBank()
         self._scale_cache: dict[tuple, Tensor] = {}
         self._wcache: dict[tuple, tuple] = {}
         self._info: dict[str, _OpInfo] = {}
@@ -112,15 +112,23 @@ class Simulator:
         self._fast: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ public API
-    def calibrate(self, batches: Iterable[tuple[Tensor, ...]]) -> None:
-        """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers."""
+    def calibrate(self, batches: Iterable[tuple[Tensor, ...]], observers: Iterable = ()) -> None:
+        """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers.
+
+        ``observers``: rules (``quantlab.calibration.ObserverChoice`` or ``ObserverKind``) to
+        gather per-batch statistics for besides the qconfig's own, so that a later qconfig can
+        use them (only MSE, MIX and PERCENTILE search each batch; every other rule, HISTOGRAM
+        methods included, can be chosen after calibration anyway).
+        """
         from quantlab.progress import progress
 
         n = 0
+        rules = batch_rules(self.spec, self.platform, observers)
         for batch in progress(batches, "calibrate"):
             batch = batch if isinstance(batch, (tuple, list)) else (batch,)
             if not self._discovered:  # find ops and fusions before observing anything
                 self._forward(tuple(batch), _RunState(Mode.FLOAT, {}))
+            self._obs.start_batch(rules)
             st = _RunState(Mode.FLOAT, {}, calibrating=True)
             self._forward(tuple(batch), st)
             n += 1
@@ -144,9 +152,17 @@ class Simulator:
         st = self._new_state(mode, op_modes, replay)
         return self._forward(inputs, st)
 
-    def trace(self, *inputs: Any, mode: Mode | str = Mode.FIXED, _isolate: Trace | None = None):
-        """Run once in ``mode`` and record every captured op's output."""
-        st = self._new_state(mode, None, None)
+    def trace(
+        self,
+        *inputs: Any,
+        mode: Mode | str = Mode.FIXED,
+        op_modes: Mapping[str, OpMode] | None = None,
+        replay: Trace | None = None,
+        _isolate: Trace | None = None,
+    ):
+        """Run once in ``mode`` (per-op overrides and replay as in ``run``) and record every
+        captured op's output."""
+        st = self._new_state(mode, op_modes, replay)
         st.trace = Trace(Mode.parse(mode))
         st.isolate = _isolate
         st.trace.result = self._forward(inputs, st)
@@ -455,7 +471,7 @@ class Simulator:
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):
-                self._obs.setdefault(f"{call.name}/in{i}", ActivationObserver()).update(v)
+                self._obs.observe(f"{call.name}/in{i}", v)
         o = tree_flatten(out)[0]
         if not o or not A.is_float_tensor(o[0]) or call.category is OpCategory.PASS_THROUGH:
             return
@@ -467,12 +483,12 @@ class Simulator:
             if self._chain[head][-1] != call.name:
                 return
             key = head
-        self._obs.setdefault(f"{key}/out", ActivationObserver()).update(o[0])
+        self._obs.observe(f"{key}/out", o[0])
 
     # ------------------------------------------------------------------ quantization
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
         """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype``."""
-        ck = (name, key, dtype, rq.observer, rq.fixed_scale, rq.percentile)
+        ck = (name, key, dtype, observer_key(rq))
         s = self._scale_cache.get(ck)
         if s is not None:
             return s
@@ -485,7 +501,7 @@ class Simulator:
                     f"op {name}: no calibration statistics for its {key}; calibrate with inputs "
                     "that reach this op"
                 )
-            amax = obs.amax(rq.observer, dtype, self.platform.fake_round, rq.percentile)
+            amax = obs.amax(rq, dtype, self.platform.scale_rule, self.platform.fake_round)
             s = compute_scale(amax, dtype, self.platform.scale_rule)
         self._scale_cache[ck] = s
         return s
@@ -493,6 +509,20 @@ class Simulator:
     def fast_cache(self, name: str) -> dict:
         """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
         return self._fast.setdefault(name, {})
+
+    def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:
+        """(bin_edges, counts) of every calibration value at input ``input_index`` of op
+        ``op_name`` (None: its output); float64, equal bins over [-M, M] with M a power of two
+        >= max |x|, exact zeros in the bin [0, width) (ObserverKind.HISTOGRAM's histogram)."""
+        key = "out" if input_index is None else f"in{input_index}"
+        obs = self._obs.get(f"{op_name}/{key}")
+        if obs is None:
+            known = [k for k, _ in self._obs.items() if k.startswith(f"{op_name}/")]
+            raise ValueError(
+                f"no calibration statistics for {op_name}/{key}; calibrate first (points of "
+                f"this op: {', '.join(known) or 'none'})"
+            )
+        return obs.histogram()
 
     def observed_range(self, name: str, key: str) -> tuple[float, float] | None:
         """Running (min, max) seen at activation point ``name/key`` during calibration."""
