@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
@@ -27,6 +28,8 @@ class Plot:
     ``vlines`` names a column of that table holding x positions to mark with dotted lines,
     drawn per facet and hue (e.g. a LUT's dividing points).
     ``reference`` names a column plotted as a dashed black line (e.g. a predicted law).
+    ``ci`` names two columns (low, high) drawn as error bars around ``y`` (BAR plots: e.g. a 95%
+    confidence interval).
     """
 
     name: str
@@ -43,12 +46,21 @@ class Plot:
     table: str | None = None
     vlines: str | None = None
     reference: str | None = None
+    ci: tuple[str, str] | None = None
     max_facets: int = 12
 
 
 def draw(plot: Plot, df: pd.DataFrame):
     """Return a matplotlib Figure for ``plot`` drawn from ``df``."""
-    for col in (plot.x, plot.y, plot.hue, plot.facet, plot.vlines, plot.reference):
+    for col in (
+        plot.x,
+        plot.y,
+        plot.hue,
+        plot.facet,
+        plot.vlines,
+        plot.reference,
+        *(plot.ci or ()),
+    ):
         if col is not None and col not in df.columns:
             raise KeyError(
                 f"plot {plot.name!r}: column {col!r} not in table columns {list(df.columns)}"
@@ -86,7 +98,12 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
     groups = [(None, sub)] if plot.hue is None else list(sub.groupby(plot.hue, sort=False))
     if plot.kind is PlotKind.BAR:
         labels = sub[plot.x].astype(str).tolist()
-        ax.barh(range(len(labels)), sub[plot.y].to_numpy(), color="tab:blue")
+        values = sub[plot.y].to_numpy(dtype=float)
+        err = None
+        if plot.ci is not None:
+            lo, hi = (sub[c].to_numpy(dtype=float) for c in plot.ci)
+            err = [np.clip(values - lo, 0, None), np.clip(hi - values, 0, None)]
+        ax.barh(range(len(labels)), values, xerr=err, color="tab:blue", ecolor="black")
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
         return
