@@ -101,7 +101,7 @@ def _score(sim, data, refs, bundle, exp, label, seconds, extra=None) -> list[dic
         }
         task = bundle.task
         if task is not None:
-            est = bootstrap(task, refs, outs, data.labels, resamples=exp.resamples)
+            est = bootstrap(task, refs, outs, resamples=exp.resamples)  # against float
             row |= {"task_metric": task.name, **est.as_columns("task")}
         rows.append(row | (extra or {}))
     return rows
@@ -291,7 +291,8 @@ def _findings(table, exp, ctx, diag) -> list[str]:
         out.append(line + ".")
         reach = g[g["output_sqnr_db"] >= exp.target_sqnr_db]["observer"].tolist()
         out.append(
-            f"{model}, {mode.lower()}: rules reaching {exp.target_sqnr_db:g} dB: "
+            f"{model}, {mode.lower()}: rules reaching {exp.target_sqnr_db:g} dB (exp."
+            "target_sqnr_db, the best peer's MobileNetV2 figure): "
             + (", ".join(reach) if reach else "none")
             + "."
         )
@@ -333,7 +334,8 @@ def _notes(exp, ctx, counts) -> list[str]:
     )
     return [
         f"Data: {data}. Scores compare each mode's model output with the float model's on the "
-        "evaluation items; 95% percentile-bootstrap intervals over those items "
+        "evaluation items (task metrics as agreement with float, labels unused); 95% "
+        "percentile-bootstrap intervals over those items "
         f"({exp.resamples} resamples; quantlab.analysis.confidence).",
         "Each observer: a Simulator whose qconfig sets that observer for every op "
         f"(OpQConfig(observer=...)) on {ctx.platform.name}'s template; weights per-channel "
