@@ -90,7 +90,7 @@ def batch_rules(spec, platform, extra: Iterable = ()) -> BatchRules:
         kinds.add(e if isinstance(e, ObserverKind) else e.kind)
         if getattr(e, "percentile", None) is not None:
             percentiles.add(float(e.percentile))
-    ints = tuple(sorted((d for d in dtypes if d.is_int), key=lambda d: d.bits))
+    ints = tuple(d for d in (DType.INT8, DType.INT16) if d in dtypes)  # activation codes
     return BatchRules(
         mse_dtypes=ints if ObserverKind.MSE in kinds else (),
         mix_dtypes=ints if ObserverKind.MIX in kinds else (),
