@@ -74,8 +74,10 @@ def choose_per_op(
         raise ValueError("choose_per_op needs at least one candidate observer")
     base = sim.spec
     refs = [sim.trace(*b, mode=Mode.FLOAT) for b in batches]
-    order = list(sim.ops["name"])
-    decided = _decided_ops(sim.ops)
+    ops = sim.ops  # dtypes and fusions do not depend on the observers
+    order = list(ops["name"])
+    rows_by_name = ops.set_index("name")
+    decided = _decided_ops(ops)
     by_name = dict(base.by_name)
     prefix = [None] * len(batches)
     rows = []
@@ -88,13 +90,13 @@ def choose_per_op(
             for cand in candidates:
                 rule = _merge(by_name.get(op), cand)
                 sim.set_qconfig(dataclasses.replace(base, by_name={**by_name, op: rule}))
-                key = _scales(sim, op)
+                key = _scales(sim, op, rows_by_name.loc[op])
                 if key not in seen:
                     traces = [
                         sim.trace(*b, mode=mode, op_modes=modes, replay=p)
                         for b, p in zip(batches, prefix)
                     ]
-                    seen[key] = (_error(traces, refs, op, sim.ops, target), traces)
+                    seen[key] = (_error(traces, refs, op, ops, target), traces)
                 scored.append((cand, rule, *seen[key]))
             best = min(range(len(scored)), key=lambda i: scored[i][2])
             if len(seen) > 1:
@@ -139,9 +141,9 @@ def _merge(existing: OpQConfig | None, cand: ObserverChoice) -> OpQConfig:
     )
 
 
-def _scales(sim, op: str) -> tuple:
-    """The scales the current qconfig gives the op's activation points (a dedup key)."""
-    row = sim.ops.set_index("name").loc[op]
+def _scales(sim, op: str, row) -> tuple:
+    """The scales the current qconfig gives the op's activation points (a dedup key); ``row``:
+    the op's row of ``sim.ops``."""
     rq = sim.qconfig_of(op)
     ins = [d for d in str(row.input_dtype).split(",") if d]
     points = [(f"in{i}", d) for i, d in enumerate(ins)] + [("out", str(row.output_dtype))]
