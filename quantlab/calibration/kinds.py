@@ -32,9 +32,11 @@ class ObserverKind(enum.Enum):
     CLIP:       ClipObserver: (min, max) of the batches (averaging constant 1.0: the last batch)
                 clamped to ``clip_range`` (default (-1, 1)).
     CLIPSTD:    ClipStdObserver: per batch (max(min, mean - 3 std), min(max, mean + 3 std)); EMA.
-    HISTOGRAM:  HistogramObserver (plugin 3.x): one histogram of every calibration value; the
-                scale comes from ``histogram_method``, which can be changed after calibration
-                without running the model again (the plugin's ``reset_scale(method=...)``).
+    HISTOGRAM:  HistogramObserver (plugin 3.x): one histogram of every calibration value
+                (4096 bins over [-M, M], M the first batch's max rounded up to a power of two and
+                doubled as needed, as the plugin does; its bin count is not public); the scale
+                comes from ``histogram_method``, which can be changed after calibration without
+                running the model again (the plugin's ``reset_scale(method=...)``).
     FIXED:      FixedScaleObserver: ``fixed_scale`` (default 1.0), e.g. for index-like tensors.
 
     Other runtimes' defaults and quantlab's own rules:
