@@ -397,7 +397,7 @@ def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> l
 
 @experiment(InverseSigmoidExp, "inverse_sigmoid")
 def run(exp: InverseSigmoidExp, ctx: RunContext) -> ExperimentResult:
-    fmt = LutFormat.from_platform(ctx.platform)
+    fmt = ctx.platform.lut_format()
     ops, points, prof = _op_level(exp, fmt)
     eps0 = exp.eps_values[0]
     computed = inverse_sigmoid_bound(exp.quoted_eps)

@@ -256,7 +256,7 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.analysis.gridsample import torch_threads
 
     platform = ctx.platform
-    fmt = LutFormat.from_platform(platform)
+    fmt = platform.lut_format()
     rnd = platform.fake_round
     gen = torch.Generator().manual_seed(0 if ctx.seed is None else ctx.seed)
     tables: dict[str, pd.DataFrame] = {}

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from quantlab.calibration.kinds import ObserverKind
+from quantlab.numerics.accumulator import Overflow
+from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import Overflow
+from quantlab.numerics.grid_sample import GridCoord
+from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.quantize import ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
+
+PLATFORM_DIR = Path(__file__).resolve().parent.parent / "configs" / "platform"
 
 
 class AddRule(enum.Enum):
@@ -29,18 +35,6 @@ class AddRule(enum.Enum):
 
     RESCALE_FLOAT = "rescale_float"
     INTER_SCALE = "inter_scale"
-
-
-class GridCoord(enum.Enum):
-    """How grid_sample coordinates are held in fixed point.
-
-    NORMALIZED: the [-1, 1] grid as int16 with scale (2/W + 1)/32767 per axis (j6-numerics s.4).
-    ABSOLUTE:   absolute pixel positions in Q(15-F).F, F = clamp(15 - ceil(log2(D+1)), 0, 8)
-                (bit-exact-emulation s.5.2).
-    """
-
-    NORMALIZED = "normalized"
-    ABSOLUTE = "absolute"
 
 
 @dataclass
@@ -145,6 +139,29 @@ class PlatformConfig:
             (DType.INT32, DType.FLOAT32),
         )
 
+    def gemm_contract(self) -> GemmContract:
+        """The integer contract numerics kernels apply after an exact sum (accumulator,
+        requantization, int16 operand count), composed from this profile's fields."""
+        return GemmContract(
+            accumulator=self.accumulator,
+            accumulator_overflow=self.accumulator_overflow,
+            requant=self.requant,
+            requant_round=self.requant_round,
+            requant_mult_bits=self.requant_mult_bits,
+            max_int16_gemm_operands=self.max_int16_gemm_operands,
+        )
+
+    def lut_format(self) -> LutFormat:
+        """The segment LUT format of this profile (``lut_tables``, ``lut_entries``,
+        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
+        return LutFormat(
+            tables=self.lut_tables,
+            entries=self.lut_entries,
+            index_frac_bits=self.lut_index_frac_bits,
+            interp_round=self.lut_interp_round,
+            direct_int8=self.lut_direct_int8,
+        )
+
 
 def _check_choice(field_name: str, value, allowed) -> None:
     if value not in allowed:
@@ -157,7 +174,20 @@ PLATFORM_NAMES = ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite")
 
 
 def load_platform(name: str) -> PlatformConfig:
-    """Compose ``configs/platform/<name>.yaml`` into a PlatformConfig (outside a Hydra run)."""
-    from quantlab.config import compose_group
+    """Compose ``configs/platform/<name>.yaml`` into a PlatformConfig (outside a Hydra run).
 
-    return compose_group("platform", name)
+    Every platform file extends the schema (``defaults: [schema]``) and sets values only, so
+    this is the merge Hydra does for the ``platform`` group: the schema's defaults, then the
+    file's values, validated by the schema (unknown keys and enum names are rejected).
+    """
+    from omegaconf import OmegaConf
+
+    path = PLATFORM_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"unknown platform {name!r}; allowed: {', '.join(PLATFORM_NAMES)}")
+    raw = OmegaConf.load(path)
+    defaults = list(raw.pop("defaults", ["schema"]))
+    if defaults != ["schema"]:
+        raise ValueError(f"{path}: defaults must be [schema], got {defaults}")
+    merged = OmegaConf.merge(OmegaConf.structured(PlatformConfig), raw)
+    return OmegaConf.to_object(merged)

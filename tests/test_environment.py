@@ -5,7 +5,16 @@ import importlib.util
 
 import pytest
 
-REQUIRED = ["onnx", "onnxruntime", "py_reform", "facenet_pytorch", "transformers", "skimage"]
+REQUIRED = [
+    "onnx",
+    "onnxruntime",
+    "ai_edge_litert",
+    "flatbuffers",
+    "py_reform",
+    "facenet_pytorch",
+    "transformers",
+    "skimage",
+]
 
 
 @pytest.mark.parametrize("module", REQUIRED)

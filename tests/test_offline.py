@@ -92,3 +92,21 @@ def test_pinned_versions_match_requirements_file():
                 packages.EFFICIENTNET_LITE0_WEIGHTS, packages.PY_REFORM, packages.MINILM,
                 packages.TIMM):  # fmt: skip
         assert f"{pkg.dist}=={pkg.version}" in req
+
+
+def test_litert_interpreter_runs_offline(no_network):
+    """The LiteRT reference (ai-edge-litert) builds and runs a model with no network."""
+    import numpy as np
+
+    pytest.importorskip("ai_edge_litert")
+    from runtime import litert_models as L
+
+    x = np.arange(-8, 8, dtype=np.int8).reshape(2, 8)
+    w = np.ones((3, 8), np.int8)
+    scale = np.array([0.5], np.float32)
+    xq, yq = L.QParams(np.float32(0.5), 1), L.QParams(np.float32(1.0), 0)
+    case = L.FullyConnectedCase(x, xq, w, scale, None, yq, L.Activation.NONE)
+    exact = (x.astype(np.int64) - 1).sum(axis=1) // 4  # sums -44 and 20: exact multiples of 4
+    for kernels in L.Kernels:
+        y = L.run(L.fully_connected_model(case), [x], kernels).y
+        assert (y == exact[:, None]).all()

@@ -21,7 +21,7 @@ from quantlab.numerics.lut import (
     lut_fake_codes,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.evaluate import all_codes, gather_torch
+from quantlab.numerics.lut.segment import all_codes, gather_torch
 from quantlab.numerics.rounding import Round
 
 I8, I16 = DType.INT8, DType.INT16
@@ -151,7 +151,7 @@ def test_lut_fake_non_finite_inputs():
 
 def test_chunked_threaded_gather_equals_one_gather():
     """Large inputs are gathered in chunks on several threads; the bits must not change."""
-    from quantlab.numerics.lut.evaluate import _CHUNK, gather_torch
+    from quantlab.numerics.lut.segment import _CHUNK, gather_torch
 
     lut = build_lut("tanh", DType.INT16, 8 / 32767.5, DType.INT16, 1 / 32767.5)
     g = torch.Generator().manual_seed(7)
