@@ -1,9 +1,10 @@
 """Per-op choice of the calibration rule: for each op, the observer whose scales minimise an error.
 
 Greedy, in execution order, on calibration inputs: every op before the current one keeps the rule
-already chosen for it (its outputs are replayed from the last trace), every op after it runs in
-float, and each candidate rule of the current op (``ObserverChoice``: all its activation points,
-inputs and output) is scored by the squared error against the float run
+already chosen for it (its outputs are replayed from the last trace), every later op that owns a
+scale runs in float (pass-through ops keep their input's quantization), and each candidate rule
+of the current op (``ObserverChoice``: all its activation points, inputs and output) is scored by
+the squared error against the float run
 
 - ``OP_OUTPUT``: at the op's own output (for a Conv/Linear with a fused batch_norm / clamp: the
   output of the last fused op, where its scale applies), or
@@ -75,7 +76,6 @@ def choose_per_op(
     base = sim.spec
     refs = [sim.trace(*b, mode=Mode.FLOAT) for b in batches]
     ops = sim.ops  # dtypes and fusions do not depend on the observers
-    order = list(ops["name"])
     rows_by_name = ops.set_index("name")
     decided = _decided_ops(ops)
     by_name = dict(base.by_name)
@@ -83,7 +83,7 @@ def choose_per_op(
     rows = []
     try:
         for op in progress(decided, f"choose observers ({target.name.lower()})"):
-            later = {n: OpMode(Mode.FLOAT) for n in order[order.index(op) + 1 :]}
+            later = {n: OpMode(Mode.FLOAT) for n in decided[decided.index(op) + 1 :]}
             modes = {op: OpMode(mode), **later}
             seen: dict[tuple, tuple] = {}
             scored = []
