@@ -143,7 +143,7 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
             picked = result.table[result.table["chosen"]]
             chosen.append(
                 picked.assign(model=name, target=target.name)[
-                    ["model", "target", "op", "candidate", "sq_error", "distinct_scales"]
+                    ["model", "target", "op", "candidate", "sq_error", "effective"]
                 ]
             )
             sim.set_qconfig(QConfigSpec())
@@ -349,7 +349,8 @@ def _notes(exp, ctx, counts) -> list[str]:
         "execution order, on the first "
         f"{exp.per_op_items} calibration items only, choosing among the listed observers by the "
         "squared error at each op's output or at the model output (later ops float); the "
-        "chosen rules are the table per_op_choice (a QConfigSpec of by_name rules).",
+        "chosen rules are the table per_op_choice (a QConfigSpec of by_name rules; an op is "
+        "effective when its candidates leave different errors, and only those get a rule).",
         "calib_time_s: calibrate() plus computing every scale, on a shared machine: compare "
         "rules with each other, not with other machines.",
         "mse_diagnosis: for each int8 output point of the first model, the scale of "

@@ -11,10 +11,12 @@ the squared error against the float run
 - ``MODEL_OUTPUT``: at the model's output.
 
 The lowest error wins (ties: the first candidate listed); candidates giving the op the same
-scales are scored once. The result is a ``QConfigSpec``: the simulator's rules plus one
-``by_name`` rule per op that sets its observer, so it is saved, loaded and applied like any other
-qconfig. Candidates that search each batch (MSE, MIX, PERCENTILE, KL) need the simulator to have
-been calibrated with them: ``sim.calibrate(batches, observers=candidates)``.
+scales are scored once; an op whose candidates all leave the same error (its own scales unused,
+e.g. an input that arrives quantized) gets no rule. The result is a ``QConfigSpec``: the
+simulator's rules plus one ``by_name`` rule per op that sets its observer, so it is saved,
+loaded and applied like any other qconfig. Candidates that search each batch (MSE, MIX,
+PERCENTILE, KL) need the simulator to have been calibrated with them:
+``sim.calibrate(batches, observers=candidates)``.
 """
 
 from __future__ import annotations
@@ -46,14 +48,15 @@ class ChoiceTarget(enum.Enum):
 
 @dataclass
 class PerOpChoice:
-    """The chosen rules (``spec``) and every score (``table``: op, candidate, sq_error, chosen)."""
+    """The chosen rules (``spec``) and every score (``table``: op, candidate, sq_error, chosen,
+    effective = the candidates' errors differ at that op, so a rule was written for it)."""
 
     spec: QConfigSpec
     table: pd.DataFrame
 
     def chosen(self) -> dict[str, str]:
-        """op name -> label of the chosen rule."""
-        t = self.table[self.table["chosen"]]
+        """op name -> label of the rule written for it (ops where the candidates differ)."""
+        t = self.table[self.table["chosen"] & self.table["effective"]]
         return dict(zip(t["op"], t["candidate"]))
 
 
@@ -99,7 +102,8 @@ def choose_per_op(
                     seen[key] = (_error(traces, refs, op, ops, target), traces)
                 scored.append((cand, rule, *seen[key]))
             best = min(range(len(scored)), key=lambda i: scored[i][2])
-            if len(seen) > 1:
+            effective = len({err for _, _, err, _ in scored}) > 1
+            if effective:  # else the op's scales change nothing measured: no rule written
                 by_name[op] = scored[best][1]
             prefix = scored[best][3]
             for i, (cand, _, err, _) in enumerate(scored):
@@ -109,6 +113,7 @@ def choose_per_op(
                         "candidate": cand.label,
                         "sq_error": err,
                         "chosen": i == best,
+                        "effective": effective,
                         "distinct_scales": len(seen),
                     }
                 )
