@@ -1,8 +1,8 @@
 """Per-op choice of the calibration rule: for each op, the observer whose scales minimise an error.
 
 Greedy, in execution order, on calibration inputs: every op before the current one keeps the rule
-already chosen for it (its outputs are replayed from the last trace), every later op that owns a
-scale runs in float (pass-through ops keep their input's quantization), and each candidate rule
+already chosen for it (its outputs are replayed from the last trace), every later op runs in
+float except pass-through ops (which keep their input's quantization), and each candidate rule
 of the current op (``ObserverChoice``: all its activation points, inputs and output) is scored by
 the squared error against the float run
 
@@ -81,12 +81,13 @@ def choose_per_op(
     ops = sim.ops  # dtypes and fusions do not depend on the observers
     rows_by_name = ops.set_index("name")
     decided = _decided_ops(ops)
+    computing = [r.name for r in ops.itertuples() if r.category != "PASS_THROUGH"]
     by_name = dict(base.by_name)
     prefix = [None] * len(batches)
     rows = []
     try:
         for op in progress(decided, f"choose observers ({target.name.lower()})"):
-            later = {n: OpMode(Mode.FLOAT) for n in decided[decided.index(op) + 1 :]}
+            later = {n: OpMode(Mode.FLOAT) for n in computing[computing.index(op) + 1 :]}
             modes = {op: OpMode(mode), **later}
             seen: dict[tuple, tuple] = {}
             scored = []

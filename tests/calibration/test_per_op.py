@@ -86,3 +86,24 @@ def test_each_op_gets_the_candidate_with_the_lowest_recomputed_error(target):
     assert res.spec.by_name[sig].observer is ObserverChoice.parse(chosen[sig]).kind
     sim.set_qconfig(res.spec)
     assert torch.isfinite(sim.run(*calib[0], mode=Mode.FAKE)).all()
+
+
+def test_fused_conv_chains_are_decided_at_their_heads():
+    torch.manual_seed(0)
+    blocks = [nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU6(), nn.Conv2d(8, 8, 3)]
+    model = nn.Sequential(*blocks, nn.BatchNorm2d(8), nn.ReLU6(), nn.Flatten(), nn.Linear(128, 4))
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)]
+    sim = Simulator(model.eval(), "j6m")
+    sim.calibrate(calib, observers=CANDIDATES)
+    ops = sim.ops
+    heads = set(ops[ops["fused_into"] != ""]["fused_into"])
+    assert len(heads) == 2
+    for target in ChoiceTarget:
+        res = choose_per_op(sim, calib, CANDIDATES, target)
+        assert heads <= set(res.table["op"])
+        assert not set(ops[ops["fused_into"] != ""]["name"]) & set(res.table["op"])
