@@ -129,7 +129,8 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
         rows += _score(sim, data, refs, bundle, exp, choice.label, seconds, {"default": vendor})
     if exp.per_op_targets or name == exp.models[0]:
         sim = Simulator(bundle.module, ctx.platform)
-        seconds = _timed_calibration(sim, data.calib, exp.choices)
+        extra = [ObserverChoice.parse(k) for k in MSE_STYLE] if name == exp.models[0] else []
+        seconds = _timed_calibration(sim, data.calib, [*exp.choices, *extra])
         if name == exp.models[0]:
             diag = _diagnosis(sim, name)
         items = merge_batches(data.calib[: exp.per_op_items])
