@@ -74,11 +74,11 @@ def _spec(choice: ObserverChoice) -> QConfigSpec:
     return QConfigSpec(global_=choice.rule())
 
 
-def _timed_calibration(sim: Simulator, calib, observers=()) -> float:
+def _timed_calibration(sim: Simulator, calib, progress: bool, observers=()) -> float:
     """Seconds of calibrate() plus computing every activation scale (the first fake run of one
     calibration batch, minus a second identical run)."""
     t0 = time.perf_counter()
-    sim.calibrate(calib, observers=observers)
+    sim.calibrate(calib, progress, observers=observers)
     t1 = time.perf_counter()
     sim.run(*calib[0], mode=Mode.FAKE)
     t2 = time.perf_counter()
@@ -124,19 +124,19 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
     default = ctx.platform.default_observer.name
     for choice in exp.choices:
         sim = Simulator(bundle.module, ctx.platform, _spec(choice))
-        seconds = _timed_calibration(sim, data.calib)
+        seconds = _timed_calibration(sim, data.calib, ctx.progress)
         vendor = choice.label == default
         rows += _score(sim, data, refs, bundle, exp, choice.label, seconds, {"default": vendor})
     if exp.per_op_targets or name == exp.models[0]:
         sim = Simulator(bundle.module, ctx.platform)
         extra = [ObserverChoice.parse(k) for k in MSE_STYLE] if name == exp.models[0] else []
-        seconds = _timed_calibration(sim, data.calib, [*exp.choices, *extra])
+        seconds = _timed_calibration(sim, data.calib, ctx.progress, [*exp.choices, *extra])
         if name == exp.models[0]:
             diag = _diagnosis(sim, name)
         items = merge_batches(data.calib[: exp.per_op_items])
         for target in exp.per_op_targets:
             t0 = time.perf_counter()
-            result = choose_per_op(sim, items, exp.choices, target, Mode.FAKE)
+            result = choose_per_op(sim, items, exp.choices, target, Mode.FAKE, ctx.progress)
             spent = seconds + time.perf_counter() - t0
             sim.set_qconfig(result.spec)
             label = f"{PER_OP}/{target.name}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
@@ -36,7 +37,6 @@ from quantlab.numerics.lut import (
 )
 from quantlab.numerics.lut.analysis import sample_scales
 from quantlab.numerics.lut.table import clear_build_cache
-from quantlab.progress import progress
 from quantlab.report import Plot, PlotKind
 
 OURS = Strategy.MINIMAX
@@ -312,7 +312,7 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
                 jobs.append((func, st, in_dt, out_dt, direct))
     plot_pair = pairs[0]
     rows, profiles = [], []
-    for func, st, in_dt, out_dt, direct in progress(jobs, "lut_error"):
+    for func, st, in_dt, out_dt, direct in tqdm(jobs, desc="lut_error", disable=not ctx.progress):
         s_in, s_out = sample_scales(func, in_dt, out_dt)
         spec = _spec_for(func, st)
         hist = data_histogram(func, exp.data_sigma_fraction, exp.data_bins)

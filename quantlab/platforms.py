@@ -48,7 +48,7 @@ class PlatformConfig:
     scale_rule: ScaleRule = ScaleRule.HALF_RANGE
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
-    weight_per_channel: bool = True
+    weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
     # activation observer of every op unless a qconfig says otherwise: the calibration default of
     # the device's own toolchain (quantlab.calibration.kinds.ObserverKind)
     default_observer: ObserverKind = ObserverKind.MSE_POOLED
@@ -59,7 +59,10 @@ class PlatformConfig:
     requant: Requant = Requant.MUL_SHIFT  # assumed for J6 (s.7)
     requant_round: Round = Round.HALF_UP  # assumed for J6 (s.7)
     requant_mult_bits: int = 31  # bits of the integer multiplier (31 or 15)
-    bias_float: bool = True  # bias reaches the compiler as float32 (s.6, integer handling assumed)
+    # GEMM bias: true: a float32 parameter (J6: it reaches the compiler as float32, s.6); FAKE
+    # adds it as is. false: the model holds int32 codes at x_scale * w_scale (a QDQ graph);
+    # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
+    bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)

@@ -1,6 +1,8 @@
 """quantlab leaves torch's global state as it found it: importing it, and running the exact
 GEMM fast paths, float16 emulation, LUTs and a fixed-mode simulation, change no precision flag,
-no thread count and no random number generator state (checked in a fresh interpreter)."""
+no thread count and no random number generator state, and a large LUT evaluation starts no
+thread (a thread running torch ops gets an OpenMP pool of its own, which then slows the
+caller's torch calls) (checked in a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = r"""
-import hashlib, json, warnings
+import hashlib, json, threading, warnings
 import numpy as np
 import torch
 
@@ -54,6 +56,7 @@ x = torch.randn(2, 3, 4, 4, generator=g)
 # a user who asked for reduced-precision float32 kernels and two threads
 torch.set_float32_matmul_precision("medium")
 torch.backends.mkldnn.conv.fp32_precision = "bf16"
+torch.set_num_threads(2)
 user = snapshot()
 thread_calls = []
 real_set_threads = torch.set_num_threads
@@ -72,6 +75,9 @@ gemm.int_matmul(codes((5, 40), torch.int16, 8), codes((40, 3), torch.int16, 9))
 f16.matmul(torch.randn(3, 4, generator=g).half(), torch.randn(4, 2, generator=g).half())
 lut = build_lut("sigmoid", DType.INT16, 0.001, DType.INT16, 1 / 32767)
 lut.evaluate(codes((3000,), torch.int16, 10))
+threads_before = set(threading.enumerate())
+lut.evaluate(codes((1 << 22,), torch.int16, 11))
+report["lut_threads_started"] = [t.name for t in set(threading.enumerate()) - threads_before]
 sim = Simulator(model, "j6m")
 sim.calibrate([(calib,)])
 sim.run(x, mode=Mode.FAKE)
@@ -93,4 +99,5 @@ def test_import_and_fast_paths_leave_torch_global_state_alone():
         check=True,
     )
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report == {"import": [], "use": [], "set_num_threads_calls": []}, out.stderr[-2000:]
+    want = {"import": [], "use": [], "set_num_threads_calls": [], "lut_threads_started": []}
+    assert report == want, out.stderr[-2000:]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from quantlab.analysis.metrics import flat
 from quantlab.calibration.choice import PEER_CHOICES, VENDOR_CHOICES, ObserverChoice
@@ -66,14 +67,13 @@ def choose_per_op(
     candidates: Sequence[ObserverChoice] = DEFAULT_CANDIDATES,
     target: ChoiceTarget = ChoiceTarget.OP_OUTPUT,
     mode: Mode = Mode.FAKE,
+    progress: bool = True,
 ) -> PerOpChoice:
     """Pick each op's observer among ``candidates`` on ``batches`` (see the module docstring).
 
     ``sim`` must be calibrated; its qconfig is left as it was (apply ``result.spec`` with
-    ``sim.set_qconfig``).
+    ``sim.set_qconfig``). A progress bar on stderr unless ``progress`` is False.
     """
-    from quantlab.progress import progress
-
     if not candidates:
         raise ValueError("choose_per_op needs at least one candidate observer")
     base = sim.spec
@@ -86,7 +86,8 @@ def choose_per_op(
     prefix = [None] * len(batches)
     rows = []
     try:
-        for op in progress(decided, f"choose observers ({target.name.lower()})"):
+        desc = f"choose observers ({target.name.lower()})"
+        for op in tqdm(decided, desc=desc) if progress else decided:
             later = {n: OpMode(Mode.FLOAT) for n in computing[computing.index(op) + 1 :]}
             modes = {op: OpMode(mode), **later}
             seen: dict[tuple, tuple] = {}

@@ -391,7 +391,8 @@ def split_conv2d(
 ) -> Tensor:
     """Fixed-point conv2d with a high/low split weight: output codes in ``out``.
 
-    acc_hi = conv(x, w_hi) (+ int32 bias round_half_even(bias / (s_x * s_w)) in hi units),
+    acc_hi = conv(x, w_hi) (+ the int32 bias codes of every GEMM, ``gemm.quantize_bias``:
+    round_half_even(fl32(bias / fl32(s_x * s_w))) saturated to int32, in hi units),
     acc_lo = conv(x, w_lo), each an int32 accumulator (``overflow``), combined by
     ``combine_split`` with real scale s_x * s_w / s_out per output channel (axis 1).
     For a float ``out`` pass out_scale=1.0: the result is floats (s_x * s_w * acc).
@@ -402,8 +403,7 @@ def split_conv2d(
     acc_lo = exact_conv2d(x_codes, w_lo, **args)
     unit = _unit_scale(x_scale, w_scale)
     if bias is not None:
-        b = round_float(bias.double() / unit, Round.HALF_EVEN).to(torch.int64)
-        acc_hi = acc_hi + b.reshape(1, -1, 1, 1)
+        acc_hi = acc_hi + gemm.quantize_bias(bias, x_scale, w_scale).reshape(1, -1, 1, 1)
     acc_hi = int32_accumulate(acc_hi, overflow)
     acc_lo = int32_accumulate(acc_lo, overflow)
     real = unit / float(check_scale(out_scale, "out_scale", torch.float64))
@@ -434,7 +434,7 @@ def split_linear(
     acc_lo = gemm.int_linear(x_codes, w_lo)
     unit = _unit_scale(x_scale, w_scale)
     if bias is not None:
-        acc_hi = acc_hi + round_float(bias.double() / unit, Round.HALF_EVEN).to(torch.int64)
+        acc_hi = acc_hi + gemm.quantize_bias(bias, x_scale, w_scale)
     acc_hi = int32_accumulate(acc_hi, overflow)
     acc_lo = int32_accumulate(acc_lo, overflow)
     real = unit / float(check_scale(out_scale, "out_scale", torch.float64))

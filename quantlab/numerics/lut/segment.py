@@ -14,8 +14,6 @@ throughout; every product is below 2**47.
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,21 +145,15 @@ def build_code_map(lut: SegmentLut) -> Tensor:
     return torch.cat([y[half:], y[:half]]).to(lut.out_dtype.torch_dtype)
 
 
-_UNSIGNED = {DType.INT8: (torch.uint8, np.uint8), DType.INT16: (torch.uint16, np.uint16)}
-
-
-_CHUNK = 1 << 20  # elements per gather chunk (measured best of 2^16..2^21 on 2 cores)
-_POOL: list = []  # lazily created thread pool for large gathers
-_LOCAL = threading.local()
+_UNSIGNED = {DType.INT8: torch.uint8, DType.INT16: torch.uint16}
 
 
 def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
     """One gather through the cached code map. ``codes`` must have ``lut.in_dtype``'s torch
     dtype; the result has ``lut.out_dtype``'s torch dtype and the same shape.
 
-    The gather is torch.index_select with the codes read as unsigned int32 indices. Large CPU
-    inputs are gathered in cache-sized chunks on ``torch.get_num_threads()`` threads (a pure
-    gather: the result does not depend on the chunking).
+    The gather is ``gather_torch`` on the calling thread (torch parallelises a large one over
+    its own intra-op threads; a pure gather, so the bits do not depend on how it is split).
     """
     want = lut.in_dtype.torch_dtype
     if codes.dtype != want:
@@ -169,34 +161,10 @@ def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
             f"{lut.func} LUT expects input codes of dtype {want} ({lut.in_dtype.name}), "
             f"got {codes.dtype}"
         )
-    table = lut.code_map()
-    threads = torch.get_num_threads()
-    if codes.device.type != "cpu" or codes.numel() < 2 * _CHUNK or threads < 2:
-        return gather_torch(table, codes, lut.in_dtype)
-    flat = codes.reshape(-1).view(_UNSIGNED[lut.in_dtype][0])
-    out = torch.empty(flat.numel(), dtype=table.dtype)
-    if not _POOL or _POOL[0]._max_workers != threads:
-        _POOL[:] = [ThreadPoolExecutor(threads, thread_name_prefix="quantlab-lut")]
-    n = flat.numel()
-    jobs = [
-        _POOL[0].submit(_gather_chunk, table, flat, out, a, min(a + _CHUNK, n))
-        for a in range(0, n, _CHUNK)
-    ]
-    for j in jobs:
-        j.result()
-    return out.reshape(codes.shape)
-
-
-def _gather_chunk(table: Tensor, flat: Tensor, out: Tensor, a: int, b: int) -> None:
-    buf = getattr(_LOCAL, "index", None)
-    if buf is None or buf.numel() < b - a:
-        buf = _LOCAL.index = torch.empty(_CHUNK, dtype=torch.int32)
-    idx = buf[: b - a]
-    idx.copy_(flat[a:b])
-    torch.index_select(table, 0, idx, out=out[a:b])
+    return gather_torch(lut.code_map(), codes, lut.in_dtype)
 
 
 def gather_torch(table: Tensor, codes: Tensor, in_dtype: DType) -> Tensor:
     """``table[codes mod 2**bits]`` by one torch.index_select (any device)."""
-    index = codes.reshape(-1).view(_UNSIGNED[in_dtype][0]).to(torch.int32)
+    index = codes.reshape(-1).view(_UNSIGNED[in_dtype]).to(torch.int32)
     return table.to(codes.device).index_select(0, index).reshape(codes.shape)
