@@ -13,7 +13,6 @@ calibration value (the full histogram), relative to the best of them.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -157,36 +156,48 @@ MSE_STYLE = ("MSE_POOLED", "MSE", "HISTOGRAM/MSE", "GLOBAL_MINMAX")
 def _diagnosis(sim: Simulator, model: str) -> pd.DataFrame:
     """Per int8 output point: each MSE-style rule's scale (relative to GLOBAL_MINMAX's, i.e. the
     largest value seen) and its expected squared error over the histogram of every calibration
-    value (exact zeros spread over their bin, the same for every rule), relative to the lowest."""
+    value (exact zeros spread over their bin, the same for every rule), relative to the lowest.
+
+    Public API only: each rule is applied as a qconfig (``set_qconfig``), its scales read with
+    ``act_scale`` of the op's resolved qconfig, the histograms with ``histogram``; the
+    simulator's own qconfig is restored.
+    """
     from quantlab.calibration.histogram import expected_sq_error
     from quantlab.numerics import DType
 
+    points = [
+        r.name
+        for r in sim.ops.itertuples()
+        if r.output_dtype == "INT8"
+        and r.category not in ("NONE", "PASS_THROUGH")
+        and not r.fused_into
+    ]
+    base = sim.spec
+    scales: dict[str, list[float]] = {name: [] for name in points}
+    try:
+        for label in MSE_STYLE:
+            sim.set_qconfig(_spec(ObserverChoice.parse(label)))
+            for name in points:
+                rq = sim.qconfig_of(name)
+                scales[name].append(float(sim.act_scale(name, "out", DType.INT8, rq)))
+    finally:
+        sim.set_qconfig(base)
     rows = []
-    rules = [ObserverChoice.parse(label) for label in MSE_STYLE]
-    for r in sim.ops.itertuples():
-        if r.output_dtype != "INT8" or r.category in ("NONE", "PASS_THROUGH") or r.fused_into:
-            continue
-        base = sim.qconfig_of(r.name)
-        edges, counts = sim.histogram(r.name, None)
+    for name in points:
+        edges, counts = sim.histogram(name, None)
         if float(counts.sum()) == 0.0:
             continue
-        scales = []
-        for choice in rules:
-            rq = dataclasses.replace(
-                base, observer=choice.kind, histogram_method=choice.method or base.histogram_method
-            )
-            scales.append(float(sim.act_scale(r.name, "out", DType.INT8, rq)))
-        top = scales[MSE_STYLE.index("GLOBAL_MINMAX")]
+        top = scales[name][MSE_STYLE.index("GLOBAL_MINMAX")]
         grid = top * (1.0 - 0.01 * torch.arange(95, dtype=torch.float64))  # the vendor's grid
-        s = torch.cat([torch.tensor(scales, dtype=torch.float64), grid])
+        s = torch.cat([torch.tensor(scales[name], dtype=torch.float64), grid])
         rnd, clip = expected_sq_error(counts, edges, s, DType.INT8.qmin, DType.INT8.qmax)
         err = rnd + clip
-        best = float(err[: len(scales)].min())
-        row = {"model": model, "op": r.name}
-        for label, sc, e in zip(MSE_STYLE, scales, err.tolist()):
+        best = float(err[: len(MSE_STYLE)].min())
+        row = {"model": model, "op": name}
+        for label, sc, e in zip(MSE_STYLE, scales[name], err.tolist()):
             row[f"{label} scale/max"] = sc / top
             row[f"{label} err/best"] = e / best if best > 0 else 1.0
-        row["vendor grid err/best"] = float(err[len(scales) :].min()) / best if best > 0 else 1.0
+        row["vendor grid err/best"] = float(err[len(MSE_STYLE) :].min()) / best if best > 0 else 1.0
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -44,9 +44,12 @@ class ObserverKind(enum.Enum):
     GLOBAL_MINMAX: min and max over every calibration value (TFLite's and ONNX Runtime's
                 calibration default).
     MSE_POOLED:    the plugin's MSE candidates and L2 error, searched once over a pooled strided
-                   subsample (at most 2**14 values) of all batches: what quantlab's J6 profiles
-                   have used so far (kept bit for bit; its small pool clips too much, see
-                   reports/calibration).
+                   subsample (at most 2**14 values) of all batches that also keeps every batch's
+                   min and max: what quantlab's J6 profiles have used so far (kept bit for bit).
+                   Each kept extreme weighs as much as one subsampled value, which stands for
+                   hundreds, so the search overweights the tails and hardly clips (scale near
+                   GLOBAL_MINMAX's); HISTOGRAM with method MSE is the same error counted over
+                   every value once (see reports/calibration, mse_diagnosis).
     """
 
     MINMAX = "minmax"
