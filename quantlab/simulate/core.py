@@ -101,6 +101,26 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         self._calibrated = True
         self._scale_cache.clear()
 
+    def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:
+        """(bin_edges (bins + 1,), counts (bins,)), float64, of every finite value that reached
+        activation input ``input_index`` of op ``op_name`` in the calibration runs (None: the
+        op's output; for a fused Conv/Linear chain, the chain's output).
+
+        Equal bins over [-M, M], M a power of two >= max |x| (doubled as values grow; counts
+        are exact), exact zeros counted in the bin [0, width): ObserverKind.HISTOGRAM's
+        histogram, kept whatever the op's observer. ValueError naming the op's calibrated
+        points if that point saw no calibration value.
+        """
+        key = "out" if input_index is None else f"in{input_index}"
+        obs = self._obs.get(f"{op_name}/{key}")
+        if obs is None:
+            known = [k for k, _ in self._obs.items() if k.startswith(f"{op_name}/")]
+            raise ValueError(
+                f"no calibration statistics for {op_name}/{key}; calibrate first (points of "
+                f"this op: {', '.join(known) or 'none'})"
+            )
+        return obs.histogram()
+
     def run(
         self,
         *inputs: Any,

@@ -71,20 +71,6 @@ class QuantizationState:
         """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
         return self._fast.setdefault(name, {})
 
-    def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:
-        """(bin_edges, counts) of every calibration value at input ``input_index`` of op
-        ``op_name`` (None: its output); float64, equal bins over [-M, M] with M a power of two
-        >= max |x|, exact zeros in the bin [0, width) (ObserverKind.HISTOGRAM's histogram)."""
-        key = "out" if input_index is None else f"in{input_index}"
-        obs = self._obs.get(f"{op_name}/{key}")
-        if obs is None:
-            known = [k for k, _ in self._obs.items() if k.startswith(f"{op_name}/")]
-            raise ValueError(
-                f"no calibration statistics for {op_name}/{key}; calibrate first (points of "
-                f"this op: {', '.join(known) or 'none'})"
-            )
-        return obs.histogram()
-
     def observed_range(self, name: str, key: str) -> tuple[float, float] | None:
         """Running (min, max) seen at activation point ``name/key`` during calibration."""
         obs = self._obs.get(f"{name}/{key}")
