@@ -49,8 +49,10 @@ class PlatformConfig:
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
-    # activation observer of every op unless a qconfig says otherwise: the calibration default of
-    # the device's own toolchain (quantlab.calibration.kinds.ObserverKind)
+    # activation observer of every op unless a qconfig says otherwise
+    # (quantlab.calibration.kinds.ObserverKind): the runtime's own calibration default for
+    # TFLite / ONNX Runtime; MSE_POOLED on J6 (the vendor's default is MSE, its per-batch search,
+    # which profiles may name instead; compared in reports/calibration)
     default_observer: ObserverKind = ObserverKind.MSE_POOLED
 
     # --- integer GEMM and requantization (s.6, s.7)

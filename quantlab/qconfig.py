@@ -126,7 +126,7 @@ class OpContext:
 
 def platform_baseline(platform: PlatformConfig) -> OpQConfig:
     """The values every op starts from: global dtype, the platform's default activation observer
-    (``platform.default_observer``, the vendor's), MinMax weights; the vendor observers' defaults
+    (``platform.default_observer``), MinMax weights; the vendor observers' defaults
     (percentile 99.99, ClipObserver range (-1, 1), HistogramObserver method MSE)."""
     return OpQConfig(
         input_dtype=None,

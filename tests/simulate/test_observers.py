@@ -230,7 +230,7 @@ def test_a_tensor_seen_at_two_points_shares_one_observer_and_the_histogram_acces
         sim.histogram(tanh, 3)
 
 
-def test_platform_defaults_are_the_vendors_rules():
+def test_platform_default_observers_and_an_overridden_one():
     from quantlab.simulate.profiles import platform_config
 
     for name in ("j6e", "j6m", "j6b", "j6h", "j6p"):
