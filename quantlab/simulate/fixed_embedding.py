@@ -15,7 +15,6 @@ from quantlab.numerics.embedding import embedding_fixed, index_rows
 from quantlab.qconfig import EmbeddingIndex
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.modes import Mode
-from quantlab.simulate.observers import ActivationObserver
 from quantlab.simulate.qat import qat_fake_quant
 from quantlab.simulate.qtensor import QInfo
 
@@ -31,7 +30,7 @@ def observe(sim, call) -> None:
     """Calibration: the ids' range, for a CALIBRATED index scale."""
     ids, _, _ = _args(call, call.args, call.kwargs)
     if ids is not None and not ids.is_floating_point() and ids.numel():
-        sim._obs.setdefault(f"{call.name}/index", ActivationObserver()).update(ids.float())
+        sim._obs.observe(f"{call.name}/index", ids.float())
 
 
 def index_scale(sim, call, rq) -> float:
