@@ -33,8 +33,9 @@ class OpCategory(enum.Enum):
     PASS_THROUGH: moves or selects values (reshape, slicing, relu, max pooling): keeps scale.
     REQUANT: merges or clamps values and requantizes to its own output scale (cat, stack, clamp).
     LUT: unary nonlinear function (segment look-up table in fixed mode).
-    REDUCE: sum / mean; POOL: average pooling; SOFTMAX; NORM: layer_norm;
-    RESAMPLE: interpolate; GRID_SAMPLE.
+    REDUCE: sum / mean; POOL: average pooling; SOFTMAX; NORM: layer_norm, group_norm,
+    instance_norm, batch_norm; RESAMPLE: interpolate; GRID_SAMPLE;
+    EMBEDDING: a table gathered by integer ids (F.embedding).
     """
 
     GEMM = "gemm"
@@ -50,6 +51,7 @@ class OpCategory(enum.Enum):
     NORM = "norm"
     RESAMPLE = "resample"
     GRID_SAMPLE = "grid_sample"
+    EMBEDDING = "embedding"
 
 
 # function __name__ -> (op_type, category)
@@ -89,7 +91,8 @@ _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg("sigmoid tanh exp log sqrt rsqrt sin cos gelu silu", None, OpCategory.LUT)
 _reg("softmax", None, OpCategory.SOFTMAX)
-_reg("layer_norm", None, OpCategory.NORM)
+_reg("layer_norm group_norm instance_norm", None, OpCategory.NORM)
+_reg("embedding", None, OpCategory.EMBEDDING)
 _reg("batch_norm", None, OpCategory.NORM)
 
 # functions whose __name__ is not telling (boolean_dispatch wrappers, model-level patterns)

@@ -15,8 +15,10 @@ from quantlab.calibration.kinds import ObserverKind
 from quantlab.numerics.accumulator import Overflow
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.embedding import EmbeddingContract
 from quantlab.numerics.grid_sample import GridCoord
 from quantlab.numerics.lut.formats import LutFormat
+from quantlab.numerics.norm import EpsMode, NormContract
 from quantlab.numerics.quantize import ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
@@ -68,6 +70,12 @@ class PlatformConfig:
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
+    # toolchain release the profile describes, "MAJOR.MINOR.PATCH" (assumed: one before
+    # dual_int16_matmul_since, the conservative choice; set it to the toolchain you deploy with)
+    toolchain: str = "3.0.0"
+    # first toolchain whose MatMul takes two int16 inputs on a platform with
+    # max_int16_gemm_operands < 2 (OE-v3.5.0, published in seed 000); never with an int32 output
+    dual_int16_matmul_since: str = "3.5.0"
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
     int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
     high_precision_output: DType = DType.INT32  # GEMM feeding a model output (int32, or float32)
@@ -95,6 +103,20 @@ class PlatformConfig:
 
     # --- sin / cos (s.5)
     sincos_period_reduction: bool = True  # exporter reduces inputs wider than one period
+
+    # --- LayerNorm / GroupNorm / InstanceNorm (numerics.norm)
+    # true: the integer composite (integer mean and variance, rsqrt table, integer affine) at
+    # int8/int16 activations; false: float between dequantize and quantize, as a reference
+    # runtime computes a normalisation it has no integer kernel for
+    norm_composite: bool = True
+    norm_inter_dtype: DType = DType.INT16  # every intermediate of the composite (plugin: int16)
+    norm_affine_dtype: DType = DType.INT16  # gamma / beta codes, per tensor (assumed int16)
+    norm_eps_mode: EpsMode = EpsMode.IN_TABLE  # where eps enters (assumed: in the rsqrt table)
+    norm_max_reduce_elements: int = 65535  # elements per mean / variance row (hbir.reduce_mean)
+
+    # --- embedding (numerics.embedding)
+    embedding_index_dtype: DType = DType.INT16  # index codes (int16 holds every id < 32768)
+    embedding_max_rows: int = 32768  # table rows the gather selects from (hbir.index)
 
     # --- qconfig template (s.8)
     global_dtype: DType = DType.INT8  # activations of every op not covered below
@@ -138,22 +160,77 @@ class PlatformConfig:
                     f"platform.{name}={dt.name} but float16 is not available on {self.name} "
                     "(platform.float16_available=false); allowed: INT8, INT16"
                 )
+        parse_version(self.toolchain, "platform.toolchain")
+        parse_version(self.dual_int16_matmul_since, "platform.dual_int16_matmul_since")
+        for name in ("norm_inter_dtype", "norm_affine_dtype", "embedding_index_dtype"):
+            _check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
+        if not 1 <= self.norm_max_reduce_elements <= 65535:
+            raise ValueError(
+                "platform.norm_max_reduce_elements must be in [1, 65535], "
+                f"got {self.norm_max_reduce_elements}"
+            )
+        if not 1 <= self.embedding_max_rows <= 32768:
+            raise ValueError(
+                f"platform.embedding_max_rows must be in [1, 32768], got {self.embedding_max_rows}"
+            )
         _check_choice(
             "platform.high_precision_output",
             self.high_precision_output,
             (DType.INT32, DType.FLOAT32),
         )
 
-    def gemm_contract(self) -> GemmContract:
+    def dual_int16_matmul(self) -> bool:
+        """Whether this profile's toolchain runs MatMul with both inputs int16 beyond
+        ``max_int16_gemm_operands`` (``toolchain`` >= ``dual_int16_matmul_since``)."""
+        return parse_version(self.toolchain) >= parse_version(self.dual_int16_matmul_since)
+
+    def int16_gemm_operands(self, op_type: str, int32_output: bool = False) -> int:
+        """How many operands of a GEMM of ``op_type`` may be int16: ``max_int16_gemm_operands``,
+        or 2 for a MatMul without an int32 output when ``dual_int16_matmul()``."""
+        if op_type == "matmul" and not int32_output and self.dual_int16_matmul():
+            return 2
+        return self.max_int16_gemm_operands
+
+    def gemm_contract(self, op_type: str | None = None, int32_output: bool = False) -> GemmContract:
         """The integer contract numerics kernels apply after an exact sum (accumulator,
-        requantization, int16 operand count), composed from this profile's fields."""
+        requantization, int16 operand count), composed from this profile's fields; with
+        ``op_type`` the int16 operand count of that GEMM (``int16_gemm_operands``)."""
+        n16 = self.max_int16_gemm_operands
+        if op_type is not None:
+            n16 = self.int16_gemm_operands(op_type, int32_output)
         return GemmContract(
             accumulator=self.accumulator,
             accumulator_overflow=self.accumulator_overflow,
             requant=self.requant,
             requant_round=self.requant_round,
             requant_mult_bits=self.requant_mult_bits,
-            max_int16_gemm_operands=self.max_int16_gemm_operands,
+            max_int16_gemm_operands=n16,
+        )
+
+    def norm_contract(self) -> NormContract:
+        """The normalisation composite's arithmetic (``numerics.norm.NormContract``) from this
+        profile: the ``norm_*`` fields, the requantization fields, the add rule's inter shift,
+        the LUT format, and ``fake_round`` for gamma / beta codes."""
+        return NormContract(
+            inter_dtype=self.norm_inter_dtype,
+            affine_dtype=self.norm_affine_dtype,
+            affine_round=self.fake_round,
+            requant=self.requant,
+            requant_round=self.requant_round,
+            requant_mult_bits=self.requant_mult_bits,
+            add_inter_shift=self.add_inter_shift,
+            eps_mode=self.norm_eps_mode,
+            lut_format=self.lut_format(),
+            max_reduce_elements=self.norm_max_reduce_elements,
+        )
+
+    def embedding_contract(self) -> EmbeddingContract:
+        """The gather's index path (``numerics.embedding.EmbeddingContract``): the
+        ``embedding_*`` fields, ids rounded by ``fake_round``."""
+        return EmbeddingContract(
+            index_dtype=self.embedding_index_dtype,
+            index_round=self.fake_round,
+            max_rows=self.embedding_max_rows,
         )
 
     def lut_format(self) -> LutFormat:
@@ -166,6 +243,21 @@ class PlatformConfig:
             interp_round=self.lut_interp_round,
             direct_int8=self.lut_direct_int8,
         )
+
+
+def parse_version(text: str, field_name: str = "platform.toolchain") -> tuple[int, int, int]:
+    """(major, minor, patch) of a "MAJOR.MINOR.PATCH" version (an "OE-v" prefix is allowed);
+    ValueError naming ``field_name`` otherwise."""
+    body = str(text).strip()
+    body = body[4:] if body.lower().startswith("oe-v") else body
+    parts = body.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(
+            f"{field_name} must be a version MAJOR.MINOR.PATCH (e.g. 3.5.0 or OE-v3.5.0), "
+            f"got {text!r}"
+        )
+    major, minor, patch = (int(p) for p in parts)
+    return major, minor, patch
 
 
 def _check_choice(field_name: str, value, allowed) -> None:

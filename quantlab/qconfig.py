@@ -17,12 +17,27 @@ Platform templates (j6-numerics s.6 and s.8) read fields of the PlatformConfig o
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 from dataclasses import dataclass, field, fields
 
 from quantlab.calibration.kinds import HistogramMethod, ObserverKind, parse_enum
 from quantlab.numerics.dtypes import DType
 from quantlab.platforms import PlatformConfig
+
+
+class EmbeddingIndex(enum.Enum):
+    """How an embedding's integer ids reach the gather (``numerics.embedding``).
+
+    FIXED_ONE:  the ids are the index codes at a fixed scale of 1 (the seed's advice): every
+                id in range selects its own row.
+    CALIBRATED: the ids pass through a quantizer at ``platform.embedding_index_dtype`` with a
+                scale calibrated from the observed ids (the op's ``observer``), as any
+                activation; ids come back rounded and may select another row.
+    """
+
+    FIXED_ONE = "fixed_one"
+    CALIBRATED = "calibrated"
 
 
 @dataclass
@@ -39,6 +54,7 @@ class OpQConfig:
     high_precision_output: a GEMM keeps its accumulator (int32 on E/M/B, float32 on H/P).
     weight_split: 0 off; k in 1..8 (7: no clipping, 8: full int8 range): the high/low int8
         weight split of a Conv/Linear weight (j6-numerics s.6).
+    embedding_index: an embedding's index path (``EmbeddingIndex``; baseline FIXED_ONE).
     """
 
     input_dtype: DType | None = None
@@ -52,6 +68,7 @@ class OpQConfig:
     lut_strategy: object | None = None
     high_precision_output: bool | None = None
     weight_split: int | None = None
+    embedding_index: EmbeddingIndex | None = None
 
     def __post_init__(self) -> None:
         for name in ("input_dtype", "weight_dtype", "output_dtype"):
@@ -78,6 +95,10 @@ class OpQConfig:
                     f"lut_strategy={self.lut_strategy!r} is not allowed; allowed: {allowed}"
                 )
             self.lut_strategy = Strategy[self.lut_strategy]
+        if self.embedding_index is not None:
+            self.embedding_index = parse_enum(
+                EmbeddingIndex, self.embedding_index, "embedding_index"
+            )
         if self.weight_split not in (None, 0):
             from quantlab.numerics.split import check_split_k
 
@@ -106,6 +127,7 @@ class ResolvedQConfig:
     lut_strategy: object | None
     high_precision_output: bool
     weight_split: int
+    embedding_index: EmbeddingIndex = EmbeddingIndex.FIXED_ONE
 
 
 @dataclass
@@ -149,6 +171,7 @@ def platform_baseline(platform: PlatformConfig) -> OpQConfig:
         lut_strategy=None,
         high_precision_output=False,
         weight_split=0,
+        embedding_index=EmbeddingIndex.FIXED_ONE,
     )
 
 

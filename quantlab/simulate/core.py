@@ -60,6 +60,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
         self._obs = ObserverBank()
+        self._norm_obs: dict[str, list] = {}  # normalisation op -> its step statistics
         self._scale_cache: dict[tuple, Tensor] = {}
         self._wcache: dict[tuple, tuple] = {}
         self._info: dict[str, _OpInfo] = {}

@@ -157,11 +157,20 @@ class OpDiscovery:
 
     def _check_gemm(self, name: str, op_type: str, dtypes: list) -> None:
         n16 = sum(1 for d in dtypes if d is DType.INT16)
-        if n16 >= 2 and self.platform.max_int16_gemm_operands < 2:
+        p = self.platform
+        int32_out = self._out_dtype(name) is DType.INT32
+        if n16 >= 2 and p.int16_gemm_operands(op_type, int32_out) < 2:
+            if op_type == "matmul" and not int32_out:
+                raise ValueError(
+                    f"op {name} (matmul): MatMul with both inputs INT16 needs toolchain >= "
+                    f"{p.dual_int16_matmul_since} on {p.name} (platform.dual_int16_matmul_since); "
+                    f"platform.toolchain={p.toolchain}. Set platform.toolchain to your release "
+                    "if it is newer, or make one input INT8"
+                )
             raise ValueError(
                 f"op {name} ({op_type}): int16 x int16 GEMM is not available on "
-                f"{self.platform.name} (platform.max_int16_gemm_operands="
-                f"{self.platform.max_int16_gemm_operands}); make the input or the weight INT8"
+                f"{p.name} (platform.max_int16_gemm_operands="
+                f"{p.max_int16_gemm_operands}); make the input or the weight INT8"
             )
 
     def _check_grid(self, name: str, shape) -> None:

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.capture import OpCall, OpCategory
 from quantlab.numerics.quantize import dequantize, fake_cast, quantize
 from quantlab.simulate import args as A
-from quantlab.simulate import calls, fixed_ops
+from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import Mode, OpMode, Trace
 from quantlab.simulate.qat import fake_grid
@@ -189,6 +189,11 @@ class OpDispatch:
         ):  # an integer grid chain: the grid is int16 at its fixed scale (a float16 one is not)
             fake_grid(self.platform, args, kwargs, plan)
         clamp = self._fused_clamp(call.name) if chain else None
+        fake = _FAKE_KERNELS.get(call.category) if mode is Mode.FAKE and quant_out else None
+        if fake is not None:  # the QAT form of an op whose fixed kernel is a composite
+            res = fake(self, call, plan, args, kwargs, in_infos, rq)
+            if res is not None:
+                return res
         if mode is Mode.FIXED:
             res = fixed_ops.run_fixed(
                 self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
@@ -243,3 +248,9 @@ class OpDispatch:
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds)
+
+
+_FAKE_KERNELS = {
+    OpCategory.NORM: fixed_norm.norm_fake_op,
+    OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
+}

@@ -28,7 +28,9 @@ from quantlab.numerics.requant import (
 from quantlab.platforms import AddRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
+from quantlab.simulate.fixed_norm import COMPOSITE_TYPES, norm_op
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu inverse_sigmoid".split()
@@ -46,6 +48,7 @@ _KERNELS = {
     OpCategory.POOL: "integer (even windows); float_fallback otherwise",
     OpCategory.SOFTMAX: "lut (exp, reciprocal)",
     OpCategory.NORM: "float_fallback",
+    OpCategory.EMBEDDING: "integer (gather)",
     OpCategory.RESAMPLE: "integer (nearest); float_fallback (bilinear, ...)",
     OpCategory.GRID_SAMPLE: "integer",
 }
@@ -55,6 +58,8 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
     """How the op runs in fixed mode on ``sim.platform`` (the op-support table's column)."""
     if not sim.supported(op_type, category):
         return "float (not supported on this platform)"
+    if op_type in COMPOSITE_TYPES and sim.platform.norm_composite:
+        return "integer (mean, variance, rsqrt lut, affine)"
     return _KERNELS[category]
 
 
@@ -379,4 +384,6 @@ _DISPATCH = {
     OpCategory.POOL: _pool,
     OpCategory.RESAMPLE: _resample,
     OpCategory.GRID_SAMPLE: _grid_sample,
+    OpCategory.NORM: norm_op,
+    OpCategory.EMBEDDING: embedding_op,
 }

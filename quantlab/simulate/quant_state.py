@@ -20,6 +20,7 @@ from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, qua
 from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
+from quantlab.simulate import fixed_embedding, fixed_norm
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_fake_quant
@@ -30,6 +31,10 @@ class QuantizationState:
     """The Simulator's observers, activation scales, weight codes and kernel caches."""
 
     def _observe(self, call: OpCall, plan: A.ArgPlan, out: Any) -> None:
+        if call.category is OpCategory.NORM:
+            fixed_norm.observe(self, call)
+        elif call.category is OpCategory.EMBEDDING:
+            fixed_embedding.observe(self, call)
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):

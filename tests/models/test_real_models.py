@@ -109,6 +109,19 @@ def test_minilm_sees_matmul_softmax_layer_norm_gelu(bundles):
     assert "scaled_dot_product_attention" not in seen
 
 
+def test_minilm_on_j6m_runs_layer_norm_and_embedding_in_fixed_point(bundles):
+    from quantlab.simulate import Simulator
+
+    sim = Simulator(bundles("minilm").module, "j6m")
+    sim.run(*example_inputs("minilm"), mode="float")  # discovers the ops
+    ops = sim.ops
+    kernels = ops[ops.op_type.isin(["layer_norm", "embedding"])].groupby("op_type").fixed_kernel
+    assert kernels.size().to_dict() == {"embedding": 3, "layer_norm": 13}
+    assert set(kernels.unique()["layer_norm"]) == {"integer (mean, variance, rsqrt lut, affine)"}
+    assert set(kernels.unique()["embedding"]) == {"integer (gather)"}
+    assert not ops[ops.op_type == "layer_norm"].fixed_kernel.str.contains("float").any()
+
+
 @pytest.mark.parametrize("name", ["efficientnet_lite0", "mtcnn_rnet", "uvdoc", "minilm"])
 def test_untrained_architectures_build_and_run(name):
     b = build_model(ModelConfig(name=name, pretrained=False, fold_batchnorm=False), seed=1)

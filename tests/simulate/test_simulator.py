@@ -256,7 +256,11 @@ def test_op_support_table_per_platform():
         assert set(required) <= set(sub.index)
         assert sub.loc["conv2d"].fixed_kernel == "integer"
         assert sub.loc["sigmoid"].fixed_kernel == "lut"
-        assert sub.loc["layer_norm"].fixed_kernel == "float_fallback"
+        for norm in ("layer_norm", "group_norm", "instance_norm"):
+            assert sub.loc[norm].fixed_kernel.startswith("integer"), norm
+        assert sub.loc["embedding"].fixed_kernel == "integer (gather)"
+    sub = op_support_table(["onnxruntime"]).set_index("op_type")
+    assert sub.loc["layer_norm"].fixed_kernel == "float_fallback"  # platform.norm_composite
     limited = PlatformConfig(name="tiny", supported_ops=["conv2d"])
     sub = op_support_table([limited]).set_index("op_type")
     assert bool(sub.loc["conv2d"].supported) and not bool(sub.loc["sigmoid"].supported)

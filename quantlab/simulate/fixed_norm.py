@@ -1,0 +1,174 @@
+"""LayerNorm, GroupNorm and InstanceNorm in the simulator: the integer composite of
+``quantlab.numerics.norm`` (FIXED), its QAT form (FAKE), and the calibration of its steps.
+
+Calibration runs the composite's steps in float on the float input (``norm_steps``) and keeps
+their absolute maxima and the variance range; ``NormScales`` come from those through
+``scales_from_steps`` with the platform's scale rule. The arithmetic contract is
+``platform.norm_contract()``. With float activations (float16 on J6H/P) or a platform without
+the composite (``platform.norm_composite`` false) the op runs as its float function between
+casts; so does an ``instance_norm`` that uses running statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.norm import NormLayout, NormScales, norm_fixed
+from quantlab.numerics.norm_calibrate import NormSteps, norm_fake, norm_steps, scales_from_steps
+from quantlab.simulate import args as A
+from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.qtensor import QInfo
+
+COMPOSITE_TYPES = frozenset({"layer_norm", "group_norm", "instance_norm"})
+
+# positional argument names of each captured normalisation
+_ARG_NAMES = {
+    "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
+    "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
+    "instance_norm": (
+        "input",
+        "running_mean",
+        "running_var",
+        "weight",
+        "bias",
+        "use_input_stats",
+        "momentum",
+        "eps",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class NormCall:
+    """What the composite needs from one call: row layout, gamma, beta (or None), eps."""
+
+    layout: NormLayout
+    weight: Tensor | None
+    bias: Tensor | None
+    eps: float
+
+
+def norm_call(call) -> NormCall | None:
+    """The NormCall of a captured layer_norm / group_norm / instance_norm (None: another op,
+    or an instance_norm with running statistics, which the composite does not compute)."""
+    names = _ARG_NAMES.get(call.op_type)
+    if names is None:
+        return None
+    a, k = call.args, call.kwargs
+    v = {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+    eps = 1e-5 if v["eps"] is None else float(v["eps"])
+    if call.op_type == "layer_norm":
+        layout = NormLayout.layer(v["normalized_shape"])
+    elif call.op_type == "group_norm":
+        layout = NormLayout.group(int(v["num_groups"]))
+    else:
+        if v["use_input_stats"] is False:
+            return None
+        layout = NormLayout.instance()
+    return NormCall(layout, v["weight"], v["bias"], eps)
+
+
+def _summary(steps: NormSteps) -> NormSteps:
+    """The steps reduced to what ``scales_from_steps`` reads (each absolute maximum; the
+    variance's min and max), so calibration keeps a few numbers per batch."""
+
+    def amax(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.abs().max().reshape(1)
+
+    var = torch.stack([steps.var.min(), steps.var.max()])
+    return NormSteps(
+        mean=amax(steps.mean),
+        diff=amax(steps.diff),
+        square=amax(steps.square),
+        var=var,
+        rsqrt=amax(steps.rsqrt),
+        normed=amax(steps.normed),
+        scaled=amax(steps.scaled),
+        out=amax(steps.out),
+        gamma=amax(steps.gamma),
+        beta=amax(steps.beta),
+    )
+
+
+def observe(sim, call) -> None:
+    """Calibration: record the step statistics of one float normalisation call."""
+    nc = norm_call(call)
+    x = A.get(call.args, call.kwargs, ("a", 0) if call.args else ("k", "input"))
+    if nc is None or not A.is_float_tensor(x) or x.numel() == 0:
+        return
+    steps = norm_steps(x.detach(), nc.layout, nc.weight, nc.bias, nc.eps)
+    sim._norm_obs.setdefault(call.name, []).append(_summary(steps))
+
+
+def norm_scales(sim, name: str) -> NormScales:
+    """The calibrated NormScales of op ``name`` (cached until the next calibration)."""
+    c = sim.platform.norm_contract()
+    key = (name, "norm_scales", c.inter_dtype, c.affine_dtype, sim.platform.scale_rule)
+    hit = sim._scale_cache.get(key)
+    if hit is not None:
+        return hit
+    seen = sim._norm_obs.get(name)
+    if not seen:
+        raise ValueError(
+            f"op {name}: no calibration statistics for its normalisation steps; calibrate with "
+            "inputs that reach this op"
+        )
+    scales = scales_from_steps(seen, c, sim.platform.scale_rule)
+    sim._scale_cache[key] = scales
+    return scales
+
+
+def _applies(sim, call, in_infos, rq) -> NormCall | None:
+    info = in_infos[0] if in_infos else None
+    if not sim.platform.norm_composite or not fc.int_info(info) or not rq.output_dtype.is_int:
+        return None
+    return norm_call(call)
+
+
+def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    """FIXED: (value, QInfo) of the integer composite on the input codes, or None."""
+    nc = _applies(sim, call, in_infos, rq)
+    if nc is None:
+        return None
+    info, out = in_infos[0], rq.output_dtype
+    xc = fc.codes(args, kwargs, plan.acts[0], info)
+    so = fc.out_scale(sim, call, rq)
+    codes = norm_fixed(
+        xc,
+        float(info.scale),
+        nc.layout,
+        nc.weight,
+        nc.bias,
+        nc.eps,
+        norm_scales(sim, call.name),
+        float(so),
+        out,
+        sim.platform.norm_contract(),
+    )
+    return fc.emit(codes, so, out)
+
+
+def norm_fake_op(sim, call, plan, args, kwargs, in_infos, rq):
+    """FAKE: (value, QInfo) of the composite's QAT form (every step fake-quantized at its
+    calibrated scale, exact rsqrt), or None."""
+    nc = _applies(sim, call, in_infos, rq)
+    if nc is None:
+        return None
+    out = rq.output_dtype
+    so = fc.out_scale(sim, call, rq)
+    y = norm_fake(
+        A.get(args, kwargs, plan.acts[0]),
+        nc.layout,
+        nc.weight,
+        nc.bias,
+        nc.eps,
+        norm_scales(sim, call.name),
+        float(so),
+        out,
+        sim.platform.norm_contract(),
+        sim.platform.fake_round,
+    )
+    return y, QInfo(out, so.reshape(()))
