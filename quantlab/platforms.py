@@ -24,6 +24,23 @@ from quantlab.numerics.split import SplitCombine
 PLATFORM_DIR = Path(__file__).resolve().parent.parent / "configs" / "platform"
 
 
+class Toolchain(enum.Enum):
+    """The vendor's OpenExplorer (OE) release a model is converted with. Facts the seeds gate on
+    a release (fmod on the VPU, TopK on the SPU) hold from that release on."""
+
+    OE_3_0_0 = "OE-v3.0.0"
+    OE_3_2_0 = "OE-v3.2.0"
+    OE_3_5_0 = "OE-v3.5.0"
+
+    def at_least(self, other: Toolchain) -> bool:
+        """True when this release is ``other`` or newer."""
+        return _release(self) >= _release(other)
+
+
+def _release(t: Toolchain) -> tuple[int, ...]:
+    return tuple(int(p) for p in t.value.removeprefix("OE-v").split("."))
+
+
 class AddRule(enum.Enum):
     """How two quantized tensors with different scales are added.
 
@@ -100,6 +117,15 @@ class PlatformConfig:
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
 
+    # --- deployment units and toolchain (seed 002 lines 8-23, seed 000 lines 63 and 83)
+    toolchain: Toolchain = Toolchain.OE_3_5_0  # the OE release the model is converted with
+    vpu: bool = True  # a SIMT vector unit in the BPU (float, Quantize/Dequantize, Mod)
+    spu: bool = True  # a RISC-V scalar unit in the BPU (TopK)
+    spu_topk_from: Toolchain | None = Toolchain.OE_3_2_0  # first OE running TopK on the SPU
+    bool_mask_cpu: bool = True  # bool assignment / mask ops bring Cast and Equal on the CPU
+    # disputed or unstated vendor facts this profile decides: name -> the reading not followed
+    assumptions: dict[str, str] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
@@ -128,10 +154,12 @@ class PlatformConfig:
         for name in ("global_dtype", "gemm_input_dtype", "sensitive_dtype", "ceiling_dtype"):
             dt = getattr(self, name)
             if dt.is_float and dt is DType.FLOAT16 and not self.float16_available:
-                raise ValueError(
-                    f"platform.{name}={dt.name} but float16 is not available on {self.name} "
-                    "(platform.float16_available=false); allowed: INT8, INT16"
-                )
+                raise ValueError(f"platform.{name}=FLOAT16: {no_float16_reason(self.name)}")
+        if not isinstance(self.toolchain, Toolchain):
+            allowed = ", ".join(t.name for t in Toolchain)
+            raise ValueError(
+                f"platform.toolchain={self.toolchain!r} is not allowed; allowed: {allowed}"
+            )
         _check_choice(
             "platform.high_precision_output",
             self.high_precision_output,
@@ -170,6 +198,21 @@ def _check_choice(field_name: str, value, allowed) -> None:
 
 
 PLATFORM_NAMES = ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite")
+
+
+def float16_platforms() -> list[str]:
+    """The J6 profiles with float16 in TAE/VAE (``float16_available``), from their YAML files."""
+    return [n for n in PLATFORM_NAMES if n.startswith("j6") and load_platform(n).float16_available]
+
+
+def no_float16_reason(name: str) -> str:
+    """Why a float16 dtype is refused on platform ``name``: it has no float16 in TAE/VAE (seed 002
+    lines 8-13), with the platforms that do and the dtypes allowed instead."""
+    return (
+        f"{name} has no float16 in TAE/VAE (platform.float16_available=false; J6E/M have no float "
+        f"in TAE/VAE, seed 002 lines 8-10); float16 runs on {', '.join(float16_platforms())}; "
+        f"allowed on {name}: INT8, INT16"
+    )
 
 
 def load_platform(name: str) -> PlatformConfig:
