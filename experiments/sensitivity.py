@@ -25,6 +25,7 @@ UNITS = {
     Metric.KL: "KL divergence, nats",
     Metric.SQNR: "SQNR, dB",
     Metric.MAX_ABS: "max |output error|, output units",
+    Metric.RTOL: "max |output error| / |reference|, unitless",
 }
 
 
@@ -43,6 +44,7 @@ class SensitivityExp:
             Metric.KL,
             Metric.SQNR,
             Metric.MAX_ABS,
+            Metric.RTOL,
             Metric.TASK,
         ]
     )
