@@ -16,6 +16,9 @@ class PlotKind(enum.Enum):
     LINE = "line"
     SCATTER = "scatter"
     BAR = "bar"  # horizontal bars: y is the value, x the category (ranked top to bottom)
+    SEQUENCE = (
+        "sequence"  # one mark per row at x (a position), on a row per y category, hue colours
+    )
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class Plot:
     ``vlines`` names a column of that table holding x positions to mark with dotted lines,
     drawn per facet and hue (e.g. a LUT's dividing points).
     ``reference`` names a column plotted as a dashed black line (e.g. a predicted law).
+    SEQUENCE draws one square per row at ``x`` on the row of its ``y`` category (``categories``
+    gives their order), coloured by ``hue``: e.g. a model's ops in execution order by unit.
     """
 
     name: str
@@ -44,6 +49,7 @@ class Plot:
     vlines: str | None = None
     reference: str | None = None
     max_facets: int = 12
+    categories: tuple[str, ...] = ()  # SEQUENCE: the y rows in this order (default: first seen)
 
 
 def draw(plot: Plot, df: pd.DataFrame):
@@ -84,6 +90,9 @@ def draw(plot: Plot, df: pd.DataFrame):
 
 def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
     groups = [(None, sub)] if plot.hue is None else list(sub.groupby(plot.hue, sort=False))
+    if plot.kind is PlotKind.SEQUENCE:
+        _draw_sequence(ax, plot, sub)
+        return
     if plot.kind is PlotKind.BAR:
         labels = sub[plot.x].astype(str).tolist()
         ax.barh(range(len(labels)), sub[plot.y].to_numpy(), color="tab:blue")
@@ -108,3 +117,19 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
         ax.plot(r[plot.x], r[plot.reference], "k--", lw=1, label=plot.reference)
     if plot.hue is not None or plot.reference is not None:
         ax.legend(fontsize=7, title=plot.hue, title_fontsize=7)
+
+
+def _draw_sequence(ax, plot: Plot, sub: pd.DataFrame) -> None:
+    """Categorical rows (``y``: ``categories`` first, then others as first seen) with one square per
+    table row at its ``x`` position, coloured by ``hue`` (default: ``y``)."""
+    seen = list(dict.fromkeys(sub[plot.y].astype(str)))
+    rows = list(plot.categories) + [v for v in seen if v not in plot.categories]
+    hue = plot.hue or plot.y
+    cmap = plt.get_cmap("tab10")
+    for i, (key, g) in enumerate(sub.groupby(hue, sort=False)):
+        ys = [rows.index(v) for v in g[plot.y].astype(str)]
+        ax.scatter(g[plot.x], ys, marker="s", s=18, color=cmap(i % 10), label=str(key))
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, title=hue, title_fontsize=7, loc="best")

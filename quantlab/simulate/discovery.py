@@ -77,6 +77,13 @@ class OpDiscovery:
             )
         return pd.DataFrame(rows)
 
+    @property
+    def recorded_ops(self) -> int:
+        """How many ops the run in progress has captured so far (after a run: its op count);
+        where a call outside the op table sits in it (quantlab.simulate.patterns)."""
+        st = self._state
+        return len(st.order) if st is not None else len(self._order)
+
     def _discover(self, out: Any, st: _RunState) -> None:
         self._find_fusions(st)
         feeds = set()
