@@ -227,6 +227,16 @@ def pattern_placement(p: PatternCall, plat: PlatformConfig) -> Placement | None:
         return _fmod(plat)
     if p.pattern == "remainder":
         return _remainder(plat)
+    if p.pattern == "multi_add":
+        return Placement(
+            Unit.BPU_FIXED,
+            "VAE",
+            f"one add of {p.detail['inputs']} inputs",
+            "a many-input Add of large tensors may be bandwidth bound (load/store longer than "
+            "compute)",
+            "seed 000 line 91",
+            "if bandwidth bound, add the inputs one by one (seed 000 line 91)",
+        )
     if p.pattern == "where":
         wide = p.detail.get("broadcast")
         return Placement(

@@ -10,7 +10,8 @@ capture does not keep (they return no float tensor, or they mutate one in place)
 - ``nonzero`` (also ``argwhere`` and one-argument ``where``) and ``einsum``;
 - ``argmax``/``argmin``/``topk``: the index dtype, the largest index the op can return, whether it
   fits int8 / int16, and the dtype of a cast applied to the index later in the run;
-- ``fmod``/``remainder`` (``%``), and ``where`` whose operands broadcast.
+- ``fmod``/``remainder`` (``%``), and ``where`` whose operands broadcast;
+- ``multi_add``: a ``sum`` over a ``stack`` of three or more tensors (a many-input Add).
 
 Each record carries the op name the Simulator gives the same call (``<module>:<op>#<k>``) when it
 captures it, else a name built the same way, and ``position``: how many captured ops ran before
@@ -103,6 +104,7 @@ class PatternMode(TorchFunctionMode):
         self.records: list[PatternCall] = []
         self.counts: dict[tuple[str, str], int] = {}
         self._indices: dict[int, tuple[Tensor, PatternCall]] = {}
+        self._stacks: dict[int, tuple[Tensor, int]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -113,18 +115,30 @@ class PatternMode(TorchFunctionMode):
             if hit is not None and hit[0] is args[0] and isinstance(out, Tensor):
                 hit[1].detail.setdefault("cast_to", str(out.dtype).removeprefix("torch."))
             return out
+        if fname == "stack" and args and isinstance(args[0], (list, tuple)) and len(args[0]) > 2:
+            out = func(*args, **kwargs)
+            self._stacks[id(out)] = (out, len(args[0]))
+            return out
+        if fname == "sum" and args and id(args[0]) in self._stacks:
+            stacked, n = self._stacks[id(args[0])]
+            if stacked is args[0]:
+                return self._record(func, args, kwargs, "multi_add", {"inputs": n})
         pattern = _NAMES.get(fname)
         if pattern is None or (pattern == "where" and len(args) + len(kwargs) < 3):
             if fname == "where" and len(args) == 1:
                 pattern = "nonzero"
             else:
                 return func(*args, **kwargs)
+        return self._record(func, args, kwargs, pattern, {})
+
+    def _record(self, func, args: tuple, kwargs: dict, pattern: str, detail: dict) -> Any:
         kind = classify(func, args, kwargs)
         op_type = kind[0] if kind is not None else pattern
         module = self.tracker.current
         k = self.counts.get((module, op_type), 0)
         self.counts[(module, op_type)] = k + 1
         rec = PatternCall(f"{module}:{op_type}#{k}", pattern, op_type, module, self.position())
+        rec.detail.update(detail)
         out = func(*args, **kwargs)
         self._describe(rec, args, kwargs, out)
         self.records.append(rec)

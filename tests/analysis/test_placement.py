@@ -18,7 +18,7 @@ from quantlab.simulate.profiles import platform_config
 
 class Patterns(nn.Module):
     """One of each: slice assignment, bool-mask assignment, masked_fill, nonzero, einsum,
-    ArgMax with and without an int16 cast, TopK, fmod, %, broadcast where."""
+    ArgMax with and without an int16 cast, TopK, fmod, %, broadcast where, a 3-input Add."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -37,7 +37,8 @@ class Patterns(nn.Module):
         v, i = torch.topk(e, 3, dim=1)
         f = torch.fmod(e, 2.0) + e % 2.0
         w = torch.where(e > 0, e, torch.zeros(1))
-        return v, f + w, a16, a64, i, nz
+        s = torch.stack([e, f, w]).sum(0)
+        return v, s, a16, a64, i, nz
 
 
 def _check(platform, **fields):
@@ -71,6 +72,7 @@ EXPECTED_J6M = {
     ":fmod#0": (Unit.VPU, "seed 000 line 63"),
     ":remainder#0": (Unit.CPU, "seed 000 lines 63-65"),
     ":where#0": (Unit.BPU_FIXED, "seed 000 line 149"),
+    ":sum#0": (Unit.BPU_FIXED, "seed 000 line 91"),  # many-input Add
     "conv:conv2d#0": (Unit.BPU_FIXED, "seed 002 line 17"),
 }
 
@@ -83,6 +85,8 @@ def test_each_pattern_on_j6m_has_its_placement_and_seed_line(j6m):
     assert j6m.loc[":setitem#0", "pattern"] == "setitem"
     assert "ScatterND" in j6m.loc[":setitem#0", "reason"]
     assert "torch.where" in j6m.loc[":setitem#1", "fix"]
+    assert j6m.loc[":sum#0", "pattern"] == "multi_add"
+    assert j6m.loc[":sum#0", "fixed_kernel"] != "not captured"  # the captured sum's own row
     # index dtypes and whether they fit int8 / int16 (largest index: dim size - 1)
     assert "int64 index, largest 7 (fits int8), cast to int16" == j6m.loc[":argmax#0", "precision"]
     assert "largest 299 (fits int16)" in j6m.loc[":argmax#1", "precision"]
