@@ -128,7 +128,8 @@ def _draw_sequence(ax, plot: Plot, sub: pd.DataFrame) -> None:
     cmap = plt.get_cmap("tab10")
     for i, (key, g) in enumerate(sub.groupby(hue, sort=False)):
         ys = [rows.index(v) for v in g[plot.y].astype(str)]
-        ax.scatter(g[plot.x], ys, marker="s", s=18, color=cmap(i % 10), label=str(key))
+        c = rows.index(str(key)) if hue == plot.y else i  # a category keeps its colour
+        ax.scatter(g[plot.x], ys, marker="s", s=18, color=cmap(c % 10), label=str(key))
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.invert_yaxis()

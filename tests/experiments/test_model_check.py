@@ -31,3 +31,19 @@ def test_model_check_report(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert md.index("## cpu fallback and unplaced") < md.index("## placement")
     assert (tmp_path / "op_sequence.png").stat().st_size > 0
+
+
+def test_sequence_plot_rows_follow_the_given_categories():
+    import pandas as pd
+
+    from quantlab.report import Plot, PlotKind
+    from quantlab.report.plots import draw
+
+    df = pd.DataFrame({"position": [0, 1, 2, 3], "unit": ["b", "c", "b", "a"]})
+    plot = Plot("seq", "position", "unit", "op position", "unit", kind=PlotKind.SEQUENCE,
+                categories=("a", "b", "z"))  # fmt: skip
+    ax = draw(plot, df).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "z", "c"]
+    offsets = [c.get_offsets()[:, 1].tolist() for c in ax.collections]
+    assert offsets == [[1.0, 1.0], [3.0], [0.0]]  # b, c, a on their rows
+    assert ax.get_xlabel() == "op position" and ax.get_ylabel() == "unit"
