@@ -53,7 +53,9 @@ def _findings(table, counts, name: str, plat) -> list[str]:
         listing = "; ".join(f"{u}: {c} x {t}" for (u, t), c in kinds.items())
         out.append(f"Off the BPU or not placed: {listing}.")
     else:
-        out.append("Every captured op and pattern runs on the BPU (fixed point or float).")
+        out.append(
+            "No captured op or pattern falls back to the CPU, is refused or is left unplaced."
+        )
     if plat.assumptions:
         out.append(
             f"{plat.name} takes {len(plat.assumptions)} named assumption(s) where the seeds "
