@@ -79,7 +79,10 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
         )
     batch = data.calib[exp.batch]
     batch = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-    sim = Simulator(bundle.module, ctx.platform)
+    from quantlab.workload import qconfig_words, start_spec
+
+    spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, batch)
+    sim = Simulator(bundle.module, ctx.platform, spec)
     table = model_placement(sim, batch)
     table.insert(0, "platform", ctx.platform.name)
     table.insert(1, "toolchain", ctx.platform.toolchain.value)
@@ -113,7 +116,10 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
         "TopK on the SPU (seed 000 line 83).",
     ]
     notes += [f"Assumption {k}: {v}." for k, v in ctx.platform.assumptions.items()]
-    notes.append(f"Input: calibration batch {exp.batch} of data={data.name}.")
+    notes.append(
+        f"Input: calibration batch {exp.batch} of data={data.name}; precisions from "
+        f"{qconfig_words(ctx.qconfig)}."
+    )
     return ExperimentResult(
         table=table,
         title=f"Model check of {bundle.name} on {ctx.platform.name}",
