@@ -27,6 +27,7 @@ UNITS = {
     Metric.KL: "KL divergence, nats",
     Metric.SQNR: "SQNR, dB",
     Metric.MAX_ABS: "max |output error|, output units",
+    Metric.RTOL: "max |output error| / |reference|, unitless",
 }
 
 

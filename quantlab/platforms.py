@@ -27,6 +27,23 @@ from quantlab.numerics.split import SplitCombine
 PLATFORM_DIR = Path(__file__).resolve().parent.parent / "configs" / "platform"
 
 
+class Toolchain(enum.Enum):
+    """The vendor's OpenExplorer (OE) release a model is converted with. Facts the seeds gate on
+    a release (fmod on the VPU, TopK on the SPU) hold from that release on."""
+
+    OE_3_0_0 = "OE-v3.0.0"
+    OE_3_2_0 = "OE-v3.2.0"
+    OE_3_5_0 = "OE-v3.5.0"
+
+    def at_least(self, other: Toolchain) -> bool:
+        """True when this release is ``other`` or newer."""
+        return _release(self) >= _release(other)
+
+
+def _release(t: Toolchain) -> tuple[int, ...]:
+    return tuple(int(p) for p in t.value.removeprefix("OE-v").split("."))
+
+
 class AddRule(enum.Enum):
     """How two quantized tensors with different scales are added.
 
@@ -70,12 +87,9 @@ class PlatformConfig:
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
-    # toolchain release the profile describes, "MAJOR.MINOR.PATCH" (assumed: one before
-    # dual_int16_matmul_since, the conservative choice; set it to the toolchain you deploy with)
-    toolchain: str = "3.0.0"
-    # first toolchain whose MatMul takes two int16 inputs on a platform with
-    # max_int16_gemm_operands < 2 (OE-v3.5.0, published in seed 000); never with an int32 output
-    dual_int16_matmul_since: str = "3.5.0"
+    # first toolchain (``toolchain`` below) whose MatMul takes two int16 inputs on a platform with
+    # max_int16_gemm_operands < 2 (OE-v3.5.0, seed 000); never with an int32 output
+    dual_int16_matmul_since: Toolchain = Toolchain.OE_3_5_0
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
     int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
     high_precision_output: DType = DType.INT32  # GEMM feeding a model output (int32, or float32)
@@ -128,6 +142,15 @@ class PlatformConfig:
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
 
+    # --- deployment units and toolchain (seed 002 lines 8-23, seed 000 lines 63 and 83)
+    toolchain: Toolchain = Toolchain.OE_3_5_0  # the OE release the model is converted with
+    vpu: bool = True  # a SIMT vector unit in the BPU (float, Quantize/Dequantize, Mod)
+    spu: bool = True  # a RISC-V scalar unit in the BPU (TopK)
+    spu_topk_from: Toolchain | None = Toolchain.OE_3_2_0  # first OE running TopK on the SPU
+    bool_mask_cpu: bool = True  # bool assignment / mask ops bring Cast and Equal on the CPU
+    # disputed or unstated vendor facts this profile decides: name -> the reading not followed
+    assumptions: dict[str, str] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
@@ -156,12 +179,9 @@ class PlatformConfig:
         for name in ("global_dtype", "gemm_input_dtype", "sensitive_dtype", "ceiling_dtype"):
             dt = getattr(self, name)
             if dt.is_float and dt is DType.FLOAT16 and not self.float16_available:
-                raise ValueError(
-                    f"platform.{name}={dt.name} but float16 is not available on {self.name} "
-                    "(platform.float16_available=false); allowed: INT8, INT16"
-                )
-        parse_version(self.toolchain, "platform.toolchain")
-        parse_version(self.dual_int16_matmul_since, "platform.dual_int16_matmul_since")
+                raise ValueError(f"platform.{name}=FLOAT16: {no_float16_reason(self.name)}")
+        for name in ("toolchain", "dual_int16_matmul_since"):
+            setattr(self, name, _parse_toolchain(getattr(self, name), f"platform.{name}"))
         for name in ("norm_inter_dtype", "norm_affine_dtype", "embedding_index_dtype"):
             _check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
         if not 1 <= self.norm_max_reduce_elements <= 65535:
@@ -182,7 +202,7 @@ class PlatformConfig:
     def dual_int16_matmul(self) -> bool:
         """Whether this profile's toolchain runs MatMul with both inputs int16 beyond
         ``max_int16_gemm_operands`` (``toolchain`` >= ``dual_int16_matmul_since``)."""
-        return parse_version(self.toolchain) >= parse_version(self.dual_int16_matmul_since)
+        return self.toolchain.at_least(self.dual_int16_matmul_since)
 
     def int16_gemm_operands(self, op_type: str, int32_output: bool = False) -> int:
         """How many operands of a GEMM of ``op_type`` may be int16: ``max_int16_gemm_operands``,
@@ -245,19 +265,17 @@ class PlatformConfig:
         )
 
 
-def parse_version(text: str, field_name: str = "platform.toolchain") -> tuple[int, int, int]:
-    """(major, minor, patch) of a "MAJOR.MINOR.PATCH" version (an "OE-v" prefix is allowed);
-    ValueError naming ``field_name`` otherwise."""
-    body = str(text).strip()
-    body = body[4:] if body.lower().startswith("oe-v") else body
-    parts = body.split(".")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(
-            f"{field_name} must be a version MAJOR.MINOR.PATCH (e.g. 3.5.0 or OE-v3.5.0), "
-            f"got {text!r}"
-        )
-    major, minor, patch = (int(p) for p in parts)
-    return major, minor, patch
+def _parse_toolchain(value, field_name: str) -> Toolchain:
+    """``value`` as a Toolchain: a member, its name (OE_3_5_0), its value (OE-v3.5.0) or the bare
+    version (3.5.0); ValueError naming ``field_name`` and the allowed names otherwise."""
+    if isinstance(value, Toolchain):
+        return value
+    text = str(value).strip()
+    for t in Toolchain:
+        if text in (t.name, t.value, t.value.removeprefix("OE-v")):
+            return t
+    allowed = ", ".join(t.name for t in Toolchain)
+    raise ValueError(f"{field_name}={value!r} is not allowed; allowed: {allowed}")
 
 
 def _check_choice(field_name: str, value, allowed) -> None:
@@ -268,6 +286,21 @@ def _check_choice(field_name: str, value, allowed) -> None:
 
 
 PLATFORM_NAMES = ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite")
+
+
+def float16_platforms() -> list[str]:
+    """The J6 profiles with float16 in TAE/VAE (``float16_available``), from their YAML files."""
+    return [n for n in PLATFORM_NAMES if n.startswith("j6") and load_platform(n).float16_available]
+
+
+def no_float16_reason(name: str) -> str:
+    """Why a float16 dtype is refused on platform ``name``: it has no float16 in TAE/VAE (seed 002
+    lines 8-13), with the platforms that do and the dtypes allowed instead."""
+    return (
+        f"{name} has no float16 in TAE/VAE (platform.float16_available=false; J6E/M have no float "
+        f"in TAE/VAE, seed 002 lines 8-10); float16 runs on {', '.join(float16_platforms())}; "
+        f"allowed on {name}: INT8, INT16"
+    )
 
 
 def load_platform(name: str) -> PlatformConfig:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 
 from quantlab.calibration.kinds import HistogramMethod, ObserverKind, parse_enum
 from quantlab.numerics.dtypes import DType
-from quantlab.platforms import PlatformConfig
+from quantlab.platforms import PlatformConfig, no_float16_reason
 
 
 class EmbeddingIndex(enum.Enum):
@@ -239,10 +239,7 @@ def _check_float16(r: ResolvedQConfig, platform: PlatformConfig, ctx: OpContext)
         return
     for name in ("input_dtype", "weight_dtype", "output_dtype"):
         if getattr(r, name) is DType.FLOAT16:
-            raise ValueError(
-                f"op {ctx.name}: {name}=FLOAT16 but float16 is not available on {platform.name} "
-                "(platform.float16_available=false); allowed: INT8, INT16"
-            )
+            raise ValueError(f"op {ctx.name}: {name}=FLOAT16: {no_float16_reason(platform.name)}")
 
 
 def validate_names(spec: QConfigSpec, op_names: list[str], op_types: set[str]) -> None:

@@ -108,7 +108,7 @@ def test_unknown_key_is_rejected():
 def test_invalid_value_fails_in_post_init_naming_field():
     with pytest.raises(ValueError, match="platform.requant_mult_bits"):
         compose(["platform.requant_mult_bits=12"])
-    with pytest.raises(ValueError, match="float16 is not available"):
+    with pytest.raises(ValueError, match="no float16 in TAE/VAE"):
         compose(["platform=j6m", "platform.global_dtype=FLOAT16"])
 
 

@@ -76,7 +76,7 @@ def test_errors_name_the_field_and_allowed_values():
         OpQConfig(observer="BEST")
     with pytest.raises(ValueError, match="unknown dtype 'int4'"):
         OpQConfig(output_dtype="int4")
-    with pytest.raises(ValueError, match="float16 is not available on j6m"):
+    with pytest.raises(ValueError, match="j6m has no float16 in TAE/VAE.*j6b, j6h, j6p"):
         resolve(QConfigSpec(global_=OpQConfig(output_dtype=DType.FLOAT16)), J6M, CONV)
     with pytest.raises(ValueError, match="the model's ops are:\n  a:conv2d#0\n  b:relu#0"):
         validate_names(

@@ -2,8 +2,9 @@
 
 Conventions follow the vendor's sensitivity tools (j6-numerics s.9): L1 = mean |x - y|;
 signed cosine similarity; MSE; KL(softmax(x) || softmax(y)) over dim 1 (log-softmax of the
-test, softmax of the reference); SQNR = 20 log10(||x|| / ||x - y||) in dB; max |x - y|.
-Higher is better for cosine and SQNR, lower for the others. Non-finite values propagate.
+test, softmax of the reference); SQNR = 20 log10(||x|| / ||x - y||) in dB; max |x - y| (the
+vendor's Atol); the vendor's Rtol = max |(x - y) / x|. Higher is better for cosine and SQNR,
+lower for the others. Non-finite values propagate.
 ``output_metrics`` applies them to whole model outputs (a ``Metric`` each, or the model's task
 metric), as sensitivity rankings and mixed precision compare runs.
 """
@@ -50,6 +51,16 @@ def mse(x: Tensor, y: Tensor) -> float:
 def max_abs(x: Tensor, y: Tensor) -> float:
     """max |x - y| (0 for empty tensors)."""
     return float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
+
+
+def rtol(x: Tensor, y: Tensor) -> float:
+    """The vendor's Rtol: max |(x - y) / x| over the elements of reference ``x`` (0 for empty
+    tensors). As the vendor computes it (``nan_to_num`` of the ratio): an element with x = y = 0
+    counts 0 and one with x = 0, y != 0 counts the largest finite float64; float64 arithmetic."""
+    if not x.numel():
+        return 0.0
+    x, y = x.double(), y.double()
+    return float(torch.nan_to_num((x - y) / x, nan=0.0).abs().max())
 
 
 def cosine(x: Tensor, y: Tensor) -> float:
@@ -108,8 +119,9 @@ def all_metrics(x: Tensor, y: Tensor) -> dict[str, float]:
 
 
 class Metric(enum.Enum):
-    """A model-output comparison (``output_metrics``): the metrics above, or the model's task
-    metric (TASK); ``lower_is_worse`` gives a ranking's sort order."""
+    """A model-output comparison (``output_metrics``): the metrics above (MAX_ABS is the
+    vendor's Atol, RTOL its Rtol), or the model's task metric (TASK); ``lower_is_worse`` gives a
+    ranking's sort order (RTOL, like MAX_ABS, ranks descending: larger = more sensitive)."""
 
     L1 = "l1"
     COSINE = "cosine"
@@ -117,6 +129,7 @@ class Metric(enum.Enum):
     KL = "kl"
     SQNR = "sqnr"
     MAX_ABS = "max_abs"
+    RTOL = "rtol"
     TASK = "task"
 
     @classmethod
@@ -163,6 +176,8 @@ def output_metrics(ref: list, test: list, metrics: Sequence[Metric], task=None) 
             res[m] = mse(x, y)
         elif m is Metric.MAX_ABS:
             res[m] = max_abs(x, y)
+        elif m is Metric.RTOL:
+            res[m] = rtol(x, y)
         elif m is Metric.COSINE:
             res[m] = cosine(x, y)
         elif m is Metric.SQNR:

@@ -25,10 +25,11 @@ output flattened and concatenated over batches, in float64 (``quantlab.analysis.
 one definition of each metric): L1 = mean |x - y|; COSINE = signed cosine similarity (no abs:
 anti-correlated outputs score -1); MSE; KL = mean over positions of KL(softmax(x) || softmax(y))
 along dim 1 (dim 0 for 1-d outputs), in nats; SQNR = 20 log10(|x| / |x - y|) in dB (+inf when
-equal, -inf when the baseline is zero and the run is not); MAX_ABS = max |x - y|; TASK = the
-model's task metric (``ModelBundle.task``) of the run against the baseline. Rank 1 is the most
-sensitive op: COSINE, SQNR and a higher-is-better TASK sort ascending, the others descending;
-ties keep execution order.
+equal, -inf when the baseline is zero and the run is not); MAX_ABS = max |x - y| (the vendor's
+Atol); RTOL = max |(x - y) / x| (the vendor's Rtol; x = 0 with y != 0 counts the largest finite
+float); TASK = the model's task metric (``ModelBundle.task``) of the run against the baseline.
+Rank 1 is the most sensitive op: COSINE, SQNR and a higher-is-better TASK sort ascending, the
+others (MAX_ABS and RTOL among them) descending; ties keep execution order.
 """
 
 from __future__ import annotations

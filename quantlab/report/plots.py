@@ -17,6 +17,9 @@ class PlotKind(enum.Enum):
     LINE = "line"
     SCATTER = "scatter"
     BAR = "bar"  # horizontal bars: y is the value, x the category (ranked top to bottom)
+    SEQUENCE = (
+        "sequence"  # one mark per row at x (a position), on a row per y category, hue colours
+    )
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class Plot:
     ``reference`` names a column plotted as a dashed black line (e.g. a predicted law).
     ``ci_low``/``ci_high`` name columns holding each point's confidence interval, drawn as error
     bars (non-finite ends are left out).
+    SEQUENCE draws one square per row at ``x`` on the row of its ``y`` category (``categories``
+    gives their order), coloured by ``hue``: e.g. a model's ops in execution order by unit.
     """
 
     name: str
@@ -49,6 +54,7 @@ class Plot:
     ci_low: str | None = None
     ci_high: str | None = None
     max_facets: int = 12
+    categories: tuple[str, ...] = ()  # SEQUENCE: the y rows in this order (default: first seen)
 
 
 def draw(plot: Plot, df: pd.DataFrame):
@@ -98,6 +104,9 @@ def draw(plot: Plot, df: pd.DataFrame):
 
 def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
     groups = [(None, sub)] if plot.hue is None else list(sub.groupby(plot.hue, sort=False))
+    if plot.kind is PlotKind.SEQUENCE:
+        _draw_sequence(ax, plot, sub)
+        return
     if plot.kind is PlotKind.BAR:
         labels = sub[plot.x].astype(str).tolist()
         err = _errors(plot, sub)
@@ -127,6 +136,23 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
         ax.plot(r[plot.x], r[plot.reference], "k--", lw=1, label=plot.reference)
     if plot.hue is not None or plot.reference is not None:
         ax.legend(fontsize=7, title=plot.hue, title_fontsize=7)
+
+
+def _draw_sequence(ax, plot: Plot, sub: pd.DataFrame) -> None:
+    """Categorical rows (``y``: ``categories`` first, then others as first seen) with one square per
+    table row at its ``x`` position, coloured by ``hue`` (default: ``y``)."""
+    seen = list(dict.fromkeys(sub[plot.y].astype(str)))
+    rows = list(plot.categories) + [v for v in seen if v not in plot.categories]
+    hue = plot.hue or plot.y
+    cmap = plt.get_cmap("tab10")
+    for i, (key, g) in enumerate(sub.groupby(hue, sort=False)):
+        ys = [rows.index(v) for v in g[plot.y].astype(str)]
+        c = rows.index(str(key)) if hue == plot.y else i  # a category keeps its colour
+        ax.scatter(g[plot.x], ys, marker="s", s=18, color=cmap(c % 10), label=str(key))
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, title=hue, title_fontsize=7, loc="best")
 
 
 def _errors(plot: Plot, g: pd.DataFrame):

@@ -77,6 +77,13 @@ class OpDiscovery:
             )
         return pd.DataFrame(rows)
 
+    @property
+    def recorded_ops(self) -> int:
+        """How many ops the run in progress has captured so far (after a run: its op count);
+        where a call outside the op table sits in it (quantlab.simulate.patterns)."""
+        st = self._state
+        return len(st.order) if st is not None else len(self._order)
+
     def _discover(self, out: Any, st: _RunState) -> None:
         self._find_fusions(st)
         feeds = set()
@@ -131,6 +138,8 @@ class OpDiscovery:
                 for p in inf.producers
             ]
             inf.input_dtypes = ins
+            self._check_float_inputs(name, inf, out_dt)
+            self._check_high_precision(name, inf, rq)
             if inf.category is OpCategory.PASS_THROUGH and ins:
                 out_dt[name] = ins[0]
             else:
@@ -163,14 +172,55 @@ class OpDiscovery:
             if op_type == "matmul" and not int32_out:
                 raise ValueError(
                     f"op {name} (matmul): MatMul with both inputs INT16 needs toolchain >= "
-                    f"{p.dual_int16_matmul_since} on {p.name} (platform.dual_int16_matmul_since); "
-                    f"platform.toolchain={p.toolchain}. Set platform.toolchain to your release "
+                    f"{p.dual_int16_matmul_since.value} on {p.name} "
+                    f"(platform.dual_int16_matmul_since); platform.toolchain="
+                    f"{p.toolchain.name}. Set platform.toolchain to your release "
                     "if it is newer, or make one input INT8"
                 )
             raise ValueError(
                 f"op {name} ({op_type}): int16 x int16 GEMM is not available on "
                 f"{p.name} (platform.max_int16_gemm_operands="
                 f"{p.max_int16_gemm_operands}); make the input or the weight INT8"
+            )
+
+    def _check_high_precision(self, name: str, inf: _OpInfo, rq) -> None:
+        """A high-precision (int32 / float32) output only on a GEMM feeding a model output
+        (TAE: int32 output only at a model output layer, seed 002 line 17)."""
+        wide = rq.high_precision_output or rq.output_dtype is DType.INT32
+        ctx = self._ctx.get(name)
+        if not wide or inf.category is OpCategory.GEMM and ctx is not None and ctx.feeds_output:
+            return
+        what = "high_precision_output=true" if rq.high_precision_output else "output_dtype=INT32"
+        where = "is not a GEMM" if inf.category is not OpCategory.GEMM else "feeds no model output"
+        raise ValueError(
+            f"op {name} ({inf.op_type}): {what}, but it {where}; a high-precision (int32 / "
+            "float32) output is allowed only on a Conv/Linear/MatMul that feeds a model output "
+            "(TAE: int32 output only at the model output layer, seed 002 line 17); set "
+            "high_precision_output=false and an INT8/INT16 output_dtype for this op"
+        )
+
+    def _check_float_inputs(self, name: str, inf: _OpInfo, out_dt: dict) -> None:
+        """On a platform without float in TAE/VAE, no fixed-point op takes a float tensor that
+        a quantized op produced (it would silently compute in float)."""
+        if self.platform.float16_available or inf.category is OpCategory.PASS_THROUGH:
+            return
+        for p in inf.producers:
+            pinf = self._info.get(p) if p else None
+            while pinf is not None and pinf.category is OpCategory.PASS_THROUGH:
+                p = pinf.producers[0] if pinf.producers else None
+                pinf = self._info.get(p) if p else None
+            dt = out_dt.get(p) if p else None
+            if dt is None or not dt.is_float or pinf is None:
+                continue
+            if pinf.category is None or not self.supported(pinf.op_type, pinf.category):
+                continue  # a float op's output is quantized on entry (a Quantize node)
+            raise ValueError(
+                f"op {name} ({inf.op_type}): its input from {p} arrives in {dt.name} (that "
+                f"op's output dtype), but {self.platform.name} has no float in TAE/VAE "
+                "(platform.float16_available=false, seed 002 lines 8-10): a fixed-point op takes "
+                f"INT8/INT16 there. Give {p} an INT8/INT16 output_dtype, or leave "
+                f"{inf.op_type!r} out of platform.supported_ops so that it runs in float as a "
+                "listed CPU fallback"
             )
 
     def _check_grid(self, name: str, shape) -> None:

@@ -52,3 +52,18 @@ def test_kl_matches_torch_on_dim1():
 def test_flat_collects_float_leaves():
     out = (torch.ones(2, 2), {"a": torch.zeros(3), "b": torch.arange(3)}, 5)
     assert flat(out).tolist() == [1.0] * 4 + [0.0] * 3
+
+
+def test_rtol_is_the_vendors_max_relative_error_and_ranks_descending():
+    from quantlab.analysis.metrics import Metric, lower_is_worse, output_metrics, rtol
+
+    x = torch.tensor([1.0, -2.0, 4.0, 0.0])
+    y = torch.tensor([1.5, -2.0, 3.0, 0.0])
+    assert rtol(x, y) == 0.5  # |1.5 - 1| / 1 beats |3 - 4| / 4; 0/0 counts 0
+    assert rtol(torch.zeros(0), torch.zeros(0)) == 0.0
+    assert (
+        rtol(torch.tensor([0.0, 1.0]), torch.tensor([1e-9, 1.0])) == torch.finfo(torch.float64).max
+    )
+    out = output_metrics([x[None]], [y[None]], [Metric.RTOL, Metric.MAX_ABS])
+    assert out[Metric.RTOL] == 0.5 and out[Metric.MAX_ABS] == 1.0
+    assert not lower_is_worse(Metric.RTOL)  # larger = more sensitive, like Atol (MAX_ABS)

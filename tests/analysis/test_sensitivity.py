@@ -183,7 +183,15 @@ def test_sensitivity_experiment_tiny_and_cached(tmp_path):
     ctx = RunContext(cfg.platform, cfg.model, cfg.data, 0, tmp_path)
     first = sensitivity_exp(cfg.exp, ctx)
     assert list(first.table.columns) == COLUMNS
-    assert set(first.table.metric) == {"L1", "COSINE", "MSE", "KL", "SQNR", "MAX_ABS", "TASK"}
+    assert set(first.table.metric) == {
+        "L1",
+        "COSINE",
+        "MSE",
+        "KL",
+        "SQNR",
+        "MAX_ABS",
+        "TASK",
+    }
     assert set(first.tables) == {"top_ops", "sensitivity"}
     assert first.tables["top_ops"].groupby("sensitive_type").size().to_dict() == {
         "activation": 2,

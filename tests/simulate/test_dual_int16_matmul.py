@@ -9,7 +9,7 @@ from torch import nn
 
 from quantlab.analysis.metrics import sqnr_db
 from quantlab.numerics.dtypes import DType
-from quantlab.platforms import PlatformConfig, parse_version
+from quantlab.platforms import PlatformConfig, Toolchain
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 from quantlab.simulate.profiles import platform_config
@@ -34,12 +34,15 @@ def _sim(platform, dtype):
 
 def test_dual_int16_matmul_needs_the_toolchain_field():
     j6m = platform_config("j6m")
-    assert not j6m.dual_int16_matmul()
+    assert j6m.toolchain is Toolchain.OE_3_5_0 and j6m.dual_int16_matmul()  # the default
+    old = dataclasses.replace(j6m, toolchain=Toolchain.OE_3_2_0)
+    assert not old.dual_int16_matmul()
     with pytest.raises(ValueError) as e:
-        _sim(j6m, DType.INT16)
+        _sim(old, DType.INT16)
     msg = str(e.value)
-    assert "matmul" in msg and "toolchain >= 3.5.0" in msg and "platform.toolchain=3.0.0" in msg
-    new = dataclasses.replace(j6m, toolchain="OE-v3.5.0")
+    assert "matmul" in msg and "toolchain >= OE-v3.5.0" in msg
+    assert "platform.toolchain=OE_3_2_0" in msg
+    new = dataclasses.replace(old, toolchain="OE-v3.5.0")
     x = _inputs()
     ref = x[0] @ x[1]
     errs = {}
@@ -71,6 +74,10 @@ def test_conv_linear_and_int32_outputs_stay_single_int16():
 
 
 def test_bad_toolchain_version_names_the_field():
-    with pytest.raises(ValueError, match="platform.toolchain must be a version"):
+    with pytest.raises(
+        ValueError, match="platform.toolchain='3.5' is not allowed; allowed: OE_3_0_0"
+    ):
         PlatformConfig(toolchain="3.5")
-    assert parse_version("OE-v3.10.2") == (3, 10, 2) > parse_version("3.5.0")
+    with pytest.raises(ValueError, match="platform.dual_int16_matmul_since"):
+        PlatformConfig(dual_int16_matmul_since="9.9.9")
+    assert PlatformConfig(toolchain="3.2.0").toolchain is Toolchain.OE_3_2_0

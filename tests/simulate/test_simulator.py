@@ -416,7 +416,7 @@ def test_int16_matmul_operand_coarsening():
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(4, 64, generator=g), torch.randn(64, 8, generator=g))
     spec = QConfigSpec(by_name={":matmul#0": OpQConfig(input_dtype=DType.INT16)})
-    j6b = platform_config("j6b")  # int16 x int16 allowed
+    j6b = dataclasses.replace(platform_config("j6m"), max_int16_gemm_operands=2)
     outs = {}
     for coarsen in (True, False):
         p = dataclasses.replace(j6b, int16_matmul_coarsen=coarsen)

@@ -1,0 +1,153 @@
+"""Model check on a toy model holding each deployment pattern of seed 000: placement on j6m with
+the seed line, what differs on j6p, toolchain gates (fmod on the VPU, TopK on the SPU) and J6B's
+assumptions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from quantlab.analysis.placement import Unit, model_placement, unit_counts
+from quantlab.platforms import Toolchain
+from quantlab.simulate import Simulator
+from quantlab.simulate.profiles import platform_config
+
+
+class Patterns(nn.Module):
+    """One of each: slice assignment, bool-mask assignment, masked_fill, nonzero, einsum,
+    ArgMax with and without an int16 cast, TopK, fmod, %, broadcast where, a 3-input Add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 300)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y[:, :2] = 0.0
+        y[y < 0] = 0.0
+        z = y.masked_fill(y > 3, 3.0)
+        nz = torch.nonzero(z[0, 0] > 0.5)
+        e = torch.einsum("bchw,bchw->bc", z, z)
+        a16 = torch.argmax(e, dim=1).to(torch.int16)
+        a64 = torch.argmax(self.fc(e), dim=1)
+        v, i = torch.topk(e, 3, dim=1)
+        f = torch.fmod(e, 2.0) + e % 2.0
+        w = torch.where(e > 0, e, torch.zeros(1))
+        s = torch.stack([e, f, w]).sum(0)
+        return v, s, a16, a64, i, nz
+
+
+def _check(platform, **fields):
+    p = platform_config(platform) if isinstance(platform, str) else platform
+    p = dataclasses.replace(p, **fields)
+    torch.manual_seed(0)
+    t = model_placement(Simulator(Patterns().eval(), p), (torch.randn(2, 3, 8, 8),))
+    return t.set_index("name")
+
+
+@pytest.fixture(scope="module")
+def j6m():
+    return _check("j6m")
+
+
+@pytest.fixture(scope="module")
+def j6p():
+    return _check("j6p")
+
+
+# name -> (unit on j6m, seed reference)
+EXPECTED_J6M = {
+    ":setitem#0": (Unit.CPU, "seed 000 line 11"),  # ScatterND
+    ":setitem#1": (Unit.CPU, "seed 000 line 55"),  # bool mask: Cast + Equal on the CPU
+    ":masked_fill#0": (Unit.CPU, "seed 000 line 55"),
+    ":nonzero#0": (Unit.CPU, "seed 000 line 69"),
+    ":einsum#0": (Unit.REFUSED, "seed 000 line 73"),
+    ":argmax#0": (Unit.BPU_FIXED, "seed 000 line 87"),  # cast to int16 follows
+    ":argmax#1": (Unit.CPU, "seed 000 line 87"),  # int64 index: a CPU Cast
+    ":topk#0": (Unit.SPU, "seed 000 line 83"),
+    ":fmod#0": (Unit.VPU, "seed 000 line 63"),
+    ":remainder#0": (Unit.CPU, "seed 000 lines 63-65"),
+    ":where#0": (Unit.BPU_FIXED, "seed 000 line 149"),
+    ":sum#0": (Unit.BPU_FIXED, "seed 000 line 91"),  # many-input Add
+    "conv:conv2d#0": (Unit.BPU_FIXED, "seed 002 line 17"),
+}
+
+
+def test_each_pattern_on_j6m_has_its_placement_and_seed_line(j6m):
+    for name, (unit, seed) in EXPECTED_J6M.items():
+        row = j6m.loc[name]
+        assert row.unit == unit.value, (name, row.unit, row.reason)
+        assert row.seed.startswith(seed), (name, row.seed)
+    assert j6m.loc[":setitem#0", "pattern"] == "setitem"
+    assert "ScatterND" in j6m.loc[":setitem#0", "reason"]
+    assert "torch.where" in j6m.loc[":setitem#1", "fix"]
+    assert j6m.loc[":sum#0", "pattern"] == "multi_add"
+    assert j6m.loc[":sum#0", "fixed_kernel"] != "not captured"  # the captured sum's own row
+    # index dtypes and whether they fit int8 / int16 (largest index: dim size - 1)
+    assert "int64 index, largest 7 (fits int8), cast to int16" == j6m.loc[":argmax#0", "precision"]
+    assert "largest 299 (fits int16)" in j6m.loc[":argmax#1", "precision"]
+    assert "cast the index to int16" in j6m.loc[":argmax#1", "fix"]
+    assert "largest 7 (fits int8)" in j6m.loc[":topk#0", "precision"]
+    # rows follow execution order; uncaptured patterns sit between the captured ops
+    names = list(j6m.index)
+    assert names.index("conv:conv2d#0") < names.index(":setitem#0") < names.index(":einsum#0")
+    assert names.index(":einsum#0") < names.index("fc:linear#0") < names.index(":argmax#1")
+    counts = unit_counts(j6m.reset_index()).set_index("unit")["ops"]
+    assert counts[Unit.CPU.value] == 6 and counts[Unit.REFUSED.value] == 1
+    assert int(counts.sum()) == len(j6m)
+
+
+def test_j6p_differs_where_the_seeds_say(j6m, j6p):
+    # bool assignment: the CPU Cast/Equal is stated for J6E/M only (j6p: named assumption)
+    for name in (":setitem#1", ":masked_fill#0"):
+        assert j6p.loc[name, "unit"] == Unit.BPU_FIXED.value
+        assert "assumed" in j6p.loc[name, "seed"]
+    # float16 template: vector ops run in float on the BPU
+    assert j6p.loc[":add#0", "unit"] == Unit.BPU_FLOAT.value
+    assert j6m.loc[":add#0", "unit"] == Unit.BPU_FIXED.value
+    same = [":setitem#0", ":nonzero#0", ":einsum#0", ":argmax#1", ":fmod#0"]
+    assert (j6p.loc[same, "unit"] == j6m.loc[same, "unit"]).all()
+
+
+def test_toolchain_gates_fmod_and_topk():
+    old = _check("j6m", toolchain=Toolchain.OE_3_0_0)
+    assert old.loc[":topk#0", "unit"] == Unit.CPU.value
+    assert "from OE-v3.2.0" in old.loc[":topk#0", "reason"]
+    assert old.loc[":fmod#0", "unit"] == Unit.CPU.value
+    assert "OE >= OE-v3.5.0" in old.loc[":fmod#0", "fix"]
+    mid = _check("j6m", toolchain=Toolchain.OE_3_2_0)
+    assert mid.loc[":topk#0", "unit"] == Unit.SPU.value
+    assert "CPU Cast" in mid.loc[":topk#0", "reason"]  # Gather/Index after TopK before 3.5.0
+    j6b = _check("j6b", toolchain=Toolchain.OE_3_2_0)
+    assert j6b.loc[":topk#0", "unit"] == Unit.CPU.value  # J6B: SPU TopK from OE-v3.5.0
+    j6b = _check("j6b")
+    assert j6b.loc[":topk#0", "unit"] == Unit.SPU.value
+    assert "assumed" in j6b.loc[":topk#0", "seed"]
+    assert j6b.loc[":fmod#0", "unit"] == Unit.CPU.value  # no VPU (seed 002 line 13)
+    assert "no VPU" in j6b.loc[":fmod#0", "reason"]
+
+
+def test_j6b_names_its_assumptions():
+    p = platform_config("j6b")
+    assert set(p.assumptions) >= {"spu", "tae_float_output", "max_int16_gemm_operands"}
+    assert "seed 002 line 13" in p.assumptions["spu"]
+    assert "seed 004 line 32" in p.assumptions["tae_float_output"]
+    assert p.spu and p.spu_topk_from is Toolchain.OE_3_5_0 and not p.vpu
+    assert p.max_int16_gemm_operands == 1 and p.high_precision_output.name == "INT32"
+
+
+def test_toolchain_is_a_typed_platform_field():
+    from omegaconf.errors import ValidationError
+
+    from quantlab.config import compose
+
+    with pytest.raises(Exception) as e:
+        compose(["platform.toolchain=OE_9"])
+    text = str(e.value) + repr(e.value.__cause__)
+    assert "OE_3_0_0, OE_3_2_0, OE_3_5_0" in text and "platform.toolchain" in text
+    assert isinstance(e.value.__cause__, ValidationError)
+    assert compose(["platform.toolchain=OE_3_2_0"]).platform.toolchain is Toolchain.OE_3_2_0

@@ -1,0 +1,67 @@
+"""Platform facts enforced at discovery: high-precision outputs only on a GEMM feeding a model
+output (seed 002 line 17); no float tensor reaching a fixed-point op on J6E/M (seed 002 lines
+8-10); float16 refused on J6E/M with the platforms that have it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, Simulator
+
+
+class _TwoConvs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3)
+        self.b = nn.Conv2d(4, 4, 3)
+
+    def forward(self, x):
+        return self.b(torch.sigmoid(self.a(x)).reshape(x.shape[0], 4, 6, 6))
+
+
+def _run(platform: str, spec: QConfigSpec) -> Simulator:
+    torch.manual_seed(0)
+    sim = Simulator(_TwoConvs().eval(), platform, spec)
+    sim.run(torch.randn(1, 3, 8, 8), mode=Mode.FLOAT)
+    return sim
+
+
+def test_high_precision_output_only_on_a_gemm_feeding_a_model_output():
+    sim = _run("j6m", QConfigSpec())
+    assert sim.qconfig_of("b:conv2d#0").high_precision_output  # the template's output GEMM
+    assert sim.ops.set_index("name").loc["b:conv2d#0", "output_dtype"] == "INT32"
+    internal = QConfigSpec(by_name={"a:conv2d#0": OpQConfig(high_precision_output=True)})
+    with pytest.raises(ValueError, match=r"op a:conv2d#0 \(conv2d\).*feeds no model output"):
+        _run("j6m", internal)
+    with pytest.raises(ValueError, match="seed 002 line 17"):
+        _run("j6p", internal)
+    not_gemm = QConfigSpec(by_name={":sigmoid#0": OpQConfig(output_dtype="INT32")})
+    with pytest.raises(ValueError, match=r":sigmoid#0 \(sigmoid\): output_dtype=INT32.*not a GEMM"):
+        _run("j6m", not_gemm)
+
+
+def test_float32_input_to_a_fixed_point_op_is_an_error_on_j6m_only():
+    spec = QConfigSpec(by_name={":sigmoid#0": OpQConfig(output_dtype="FLOAT32")})
+    # through the reshape: the conv would take the sigmoid's float32 output
+    with pytest.raises(ValueError, match=r"op b:conv2d#0 \(conv2d\): its input from :sigmoid#0"):
+        _run("j6m", spec)
+    with pytest.raises(ValueError, match="j6e has no float in TAE/VAE"):
+        _run("j6e", spec)
+    assert _run("j6p", spec).ops.set_index("name").loc[":sigmoid#0", "output_dtype"] == "FLOAT32"
+    # the listed fallback: a conv2d left out of supported_ops runs in float and says so
+    import dataclasses
+
+    from quantlab.simulate.profiles import platform_config
+
+    p = dataclasses.replace(platform_config("j6m"), supported_ops=["sigmoid", "reshape"])
+    ops = _run(p, spec).ops.set_index("name")
+    assert ops.loc["b:conv2d#0", "fixed_kernel"] == "float (not supported on this platform)"
+
+
+def test_float16_on_j6m_names_the_platforms_with_float16():
+    spec = QConfigSpec(global_=OpQConfig(output_dtype="FLOAT16"))
+    with pytest.raises(ValueError, match=r"j6m has no float16 in TAE/VAE.*j6b, j6h, j6p"):
+        _run("j6m", spec)
