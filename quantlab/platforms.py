@@ -12,11 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantlab.numerics.accumulator import Overflow
-from quantlab.numerics.contract import GemmContract
+from quantlab.numerics.contract import (
+    ACCUMULATORS,
+    GemmContract,
+    GemmFamily,
+    GemmRule,
+    contract_for,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.grid_sample import GridCoord
 from quantlab.numerics.lut.formats import LutFormat
-from quantlab.numerics.quantize import ScaleRule
+from quantlab.numerics.quantize import BoundRule, ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
@@ -30,10 +36,17 @@ class AddRule(enum.Enum):
     RESCALE_FLOAT: dequantize both, add in float, requantize (ONNX Runtime QLinearAdd style).
     INTER_SCALE:   the J6 plugin rule: inter = max(sx, sy) / 2**add_inter_shift,
                    x*round(sx/inter) + y*round(sy/inter) in int32, then requantize (s.7, assumed).
+    LEFT_SHIFT:    TFLite's reference ADD: operands scaled up by 2**add_left_shift (int8) or
+                   2**add_left_shift_int16, three double-rounding multipliers
+                   (``numerics.add_rules.add_left_shift``).
+    SHARED_SHIFT:  XNNPACK's add: two integer multipliers of add_multiplier_bits bits sharing
+                   one right shift, one rounding (``numerics.add_rules.add_shared_shift``).
     """
 
     RESCALE_FLOAT = "rescale_float"
     INTER_SCALE = "inter_scale"
+    LEFT_SHIFT = "left_shift"
+    SHARED_SHIFT = "shared_shift"
 
 
 @dataclass
@@ -48,6 +61,8 @@ class PlatformConfig:
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
+    # activations with a zero point per tensor (asymmetric; the qconfig default), else symmetric
+    activation_zero_point: bool = False
 
     # --- integer GEMM and requantization (s.6, s.7)
     accumulator: DType = DType.INT32
@@ -55,12 +70,20 @@ class PlatformConfig:
     requant: Requant = Requant.MUL_SHIFT  # assumed for J6 (s.7)
     requant_round: Round = Round.HALF_UP  # assumed for J6 (s.7)
     requant_mult_bits: int = 31  # bits of the integer multiplier (31 or 15)
+    # per op family and activation dtype: rules that override the five fields above (and the
+    # bias codes' dtype); the first matching rule applies (numerics.contract.GemmRule)
+    gemm_rules: list[GemmRule] = field(default_factory=list)
+    # how a fused relu / relu6 bound becomes an output code
+    bound_rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN
     # GEMM bias: true: a float32 parameter (J6: it reaches the compiler as float32, s.6); FAKE
     # adds it as is. false: the model holds int32 codes at x_scale * w_scale (a QDQ graph);
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
+    add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
+    add_left_shift_int16: int = 15  # LEFT_SHIFT, int16 operands (TFLite: 15)
+    add_multiplier_bits: int = 20  # SHARED_SHIFT (XNNPACK: 20)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
     int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
@@ -103,11 +126,16 @@ class PlatformConfig:
     def __post_init__(self) -> None:
         _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
-        _check_choice("platform.accumulator", self.accumulator, (DType.INT32,))
-        if not 0 <= self.add_inter_shift <= 30:
+        _check_choice("platform.accumulator", self.accumulator, ACCUMULATORS)
+        for name in ("add_inter_shift", "add_left_shift", "add_left_shift_int16"):
+            if not 0 <= getattr(self, name) <= 30:
+                raise ValueError(f"platform.{name} must be in [0, 30], got {getattr(self, name)}")
+        if not 1 <= self.add_multiplier_bits <= 30:
             raise ValueError(
-                f"platform.add_inter_shift must be in [0, 30], got {self.add_inter_shift}"
+                f"platform.add_multiplier_bits must be in [1, 30], got {self.add_multiplier_bits}"
             )
+        self.gemm_rules = [_gemm_rule(r, i) for i, r in enumerate(self.gemm_rules)]
+        self.gemm_contract()  # validates the default rule
         if self.lut_tables < 1:
             raise ValueError(f"platform.lut_tables must be >= 1, got {self.lut_tables}")
         if self.lut_entries < 2:
@@ -138,10 +166,14 @@ class PlatformConfig:
             (DType.INT32, DType.FLOAT32),
         )
 
-    def gemm_contract(self) -> GemmContract:
+    def gemm_contract(
+        self, family: GemmFamily | None = None, activation: DType | None = None
+    ) -> GemmContract:
         """The integer contract numerics kernels apply after an exact sum (accumulator,
-        requantization, int16 operand count), composed from this profile's fields."""
-        return GemmContract(
+        requantization, bias codes, int16 operand count): the first of ``gemm_rules`` that
+        matches ``family`` and the ``activation`` operand's dtype, else the profile's default
+        fields (also when family or activation is None)."""
+        default = GemmContract(
             accumulator=self.accumulator,
             accumulator_overflow=self.accumulator_overflow,
             requant=self.requant,
@@ -149,6 +181,7 @@ class PlatformConfig:
             requant_mult_bits=self.requant_mult_bits,
             max_int16_gemm_operands=self.max_int16_gemm_operands,
         )
+        return contract_for(default, self.gemm_rules, family, activation)
 
     def lut_format(self) -> LutFormat:
         """The segment LUT format of this profile (``lut_tables``, ``lut_entries``,
@@ -162,6 +195,38 @@ class PlatformConfig:
         )
 
 
+_RULE_ENUMS = {
+    "family": GemmFamily,
+    "activation": DType,
+    "accumulator": DType,
+    "accumulator_overflow": Overflow,
+    "requant": Requant,
+    "requant_round": Round,
+    "bias_dtype": DType,
+}
+
+
+def _rule_value(key: str, value):
+    cls = _RULE_ENUMS.get(key)
+    if cls is None or isinstance(value, cls):
+        return value
+    if isinstance(value, str) and value in cls.__members__:
+        return cls[value]
+    allowed = ", ".join(cls.__members__)
+    raise ValueError(f"{key}={value!r} is not a {cls.__name__}; allowed: {allowed}")
+
+
+def _gemm_rule(rule, index: int) -> GemmRule:
+    """A ``gemm_rules`` entry (a GemmRule, or a mapping with enum members by name) as a frozen
+    GemmRule (OmegaConf hands over its own copy)."""
+    try:
+        if isinstance(rule, GemmRule):
+            return GemmRule(**{f: getattr(rule, f) for f in GemmRule.__dataclass_fields__})
+        return GemmRule(**{k: _rule_value(k, v) for k, v in dict(rule).items()})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"platform.gemm_rules[{index}]: {e}") from None
+
+
 def _check_choice(field_name: str, value, allowed) -> None:
     if value not in allowed:
         shown = ", ".join(a.name if isinstance(a, enum.Enum) else str(a) for a in allowed)
@@ -169,7 +234,16 @@ def _check_choice(field_name: str, value, allowed) -> None:
         raise ValueError(f"{field_name}={got} is not allowed; allowed: {shown}")
 
 
-PLATFORM_NAMES = ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite")
+PLATFORM_NAMES = (
+    "j6e",
+    "j6m",
+    "j6b",
+    "j6h",
+    "j6p",
+    "onnxruntime",
+    "tflite",
+    "litert_xnnpack",
+)
 
 
 def load_platform(name: str) -> PlatformConfig:

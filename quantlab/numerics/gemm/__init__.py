@@ -29,6 +29,7 @@ from quantlab.numerics.gemm.plan import (
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.gemm.quantized import (
+    centre_codes,
     check_gemm_operands,
     qconv1d,
     qconv2d,
@@ -46,6 +47,7 @@ __all__ = [
     "Overflow",
     "acc_scale",
     "accumulate",
+    "centre_codes",
     "check_gemm_operands",
     "clamp_int16_operand",
     "coarsen_int16_matmul_scale",
