@@ -61,8 +61,6 @@ class PlatformConfig:
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
-    # activations with a zero point per tensor (asymmetric; the qconfig default), else symmetric
-    activation_zero_point: bool = False
 
     # --- integer GEMM and requantization (s.6, s.7)
     accumulator: DType = DType.INT32

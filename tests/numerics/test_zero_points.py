@@ -41,7 +41,7 @@ from quantlab.numerics import reference as R
 from quantlab.numerics.add_rules import _wrap32
 from quantlab.platforms import PlatformConfig
 
-N_CASES = 40
+N_CASES = 24
 ACTS = {"int8": (DType.INT8, torch.int8), "uint8": (DType.UINT8, torch.uint8)}
 CONTRACTS = {
     "float32": GemmContract(
@@ -61,6 +61,10 @@ CONTRACTS = {
     ),
     "single": GemmContract(),
 }
+
+
+def _seed(act: str, contract: str) -> int:
+    return 10 * list(ACTS).index(act) + list(CONTRACTS).index(contract)
 
 
 def _codes(g, shape, dt: DType, tdt) -> torch.Tensor:
@@ -96,7 +100,7 @@ def _reference_out(acc, sx, sw, so, dt, contract, axis, zy):
 def test_qconv2d_with_zero_points_matches_reference(act, contract):
     dt, tdt = ACTS[act]
     c = CONTRACTS[contract]
-    g = torch.Generator().manual_seed(hash((act, contract)) % 2**31)
+    g = torch.Generator().manual_seed(_seed(act, contract))
     zps = set()
     for i in range(N_CASES):
         ties = i % 4 == 1
@@ -123,7 +127,7 @@ def test_qconv2d_with_zero_points_matches_reference(act, contract):
 def test_qlinear_and_qmatmul_with_zero_points_match_reference(act, contract):
     dt, tdt = ACTS[act]
     c = CONTRACTS[contract]
-    g = torch.Generator().manual_seed(7 + hash((act, contract)) % 2**31)
+    g = torch.Generator().manual_seed(7 + _seed(act, contract))
     for i in range(N_CASES):
         ties = i % 4 == 1
         k, n = (

@@ -66,7 +66,7 @@ def test_ties_go_to_even_not_away():
     assert differing > 0
 
 
-PROFILE_CASES = 120
+PROFILE_CASES = 80
 
 
 @pytest.mark.parametrize("act", ["uint8", "int8"])
