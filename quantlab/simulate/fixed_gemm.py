@@ -13,6 +13,13 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.qtensor import QInfo
 
+_FAMILY = {
+    "conv1d": gemm.GemmFamily.CONV,
+    "conv2d": gemm.GemmFamily.CONV,
+    "linear": gemm.GemmFamily.LINEAR,
+    "matmul": gemm.GemmFamily.MATMUL,
+}
+
 
 def _gemm_params(call) -> dict:
     names = ("stride", "padding", "dilation", "groups")
@@ -77,8 +84,8 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         bias = None
     ccodes = None
     if clamp is not None and out_scale is not None:
-        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt)
-    contract = p.gemm_contract()
+        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt, rule=p.bound_rule)
+    contract = p.gemm_contract(_FAMILY[call.op_type], xi.dtype)
     gemm.check_gemm_operands(xc, wc, contract)
     if call.op_type in ("conv1d", "conv2d"):
         w32 = None
