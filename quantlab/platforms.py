@@ -13,13 +13,19 @@ from pathlib import Path
 
 from quantlab.calibration.kinds import ObserverKind
 from quantlab.numerics.accumulator import Overflow
-from quantlab.numerics.contract import GemmContract
+from quantlab.numerics.contract import (
+    ACCUMULATORS,
+    GemmContract,
+    GemmFamily,
+    GemmRule,
+    contract_for,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.embedding import EmbeddingContract
 from quantlab.numerics.grid_sample import GridCoord
 from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.norm import EpsMode, NormContract
-from quantlab.numerics.quantize import ScaleRule
+from quantlab.numerics.quantize import BoundRule, ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
@@ -50,10 +56,17 @@ class AddRule(enum.Enum):
     RESCALE_FLOAT: dequantize both, add in float, requantize (ONNX Runtime QLinearAdd style).
     INTER_SCALE:   the J6 plugin rule: inter = max(sx, sy) / 2**add_inter_shift,
                    x*round(sx/inter) + y*round(sy/inter) in int32, then requantize (s.7, assumed).
+    LEFT_SHIFT:    TFLite's reference ADD: operands scaled up by 2**add_left_shift (int8) or
+                   2**add_left_shift_int16, three double-rounding multipliers
+                   (``numerics.add_rules.add_left_shift``).
+    SHARED_SHIFT:  XNNPACK's add: two integer multipliers of add_multiplier_bits bits sharing
+                   one right shift, one rounding (``numerics.add_rules.add_shared_shift``).
     """
 
     RESCALE_FLOAT = "rescale_float"
     INTER_SCALE = "inter_scale"
+    LEFT_SHIFT = "left_shift"
+    SHARED_SHIFT = "shared_shift"
 
 
 @dataclass
@@ -80,12 +93,20 @@ class PlatformConfig:
     requant: Requant = Requant.MUL_SHIFT  # assumed for J6 (s.7)
     requant_round: Round = Round.HALF_UP  # assumed for J6 (s.7)
     requant_mult_bits: int = 31  # bits of the integer multiplier (31 or 15)
+    # per op family and activation dtype: rules that override the five fields above (and the
+    # bias codes' dtype); the first matching rule applies (numerics.contract.GemmRule)
+    gemm_rules: list[GemmRule] = field(default_factory=list)
+    # how a fused relu / relu6 bound becomes an output code
+    bound_rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN
     # GEMM bias: true: a float32 parameter (J6: it reaches the compiler as float32, s.6); FAKE
     # adds it as is. false: the model holds int32 codes at x_scale * w_scale (a QDQ graph);
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
+    add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
+    add_left_shift_int16: int = 15  # LEFT_SHIFT, int16 operands (TFLite: 15)
+    add_multiplier_bits: int = 20  # SHARED_SHIFT (XNNPACK: 20)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
     # first toolchain (``toolchain`` below) whose MatMul takes two int16 inputs on a platform with
     # max_int16_gemm_operands < 2 (OE-v3.5.0, seed 000); never with an int32 output
@@ -154,11 +175,16 @@ class PlatformConfig:
     def __post_init__(self) -> None:
         _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
-        _check_choice("platform.accumulator", self.accumulator, (DType.INT32,))
-        if not 0 <= self.add_inter_shift <= 30:
+        _check_choice("platform.accumulator", self.accumulator, ACCUMULATORS)
+        for name in ("add_inter_shift", "add_left_shift", "add_left_shift_int16"):
+            if not 0 <= getattr(self, name) <= 30:
+                raise ValueError(f"platform.{name} must be in [0, 30], got {getattr(self, name)}")
+        if not 1 <= self.add_multiplier_bits <= 30:
             raise ValueError(
-                f"platform.add_inter_shift must be in [0, 30], got {self.add_inter_shift}"
+                f"platform.add_multiplier_bits must be in [1, 30], got {self.add_multiplier_bits}"
             )
+        self.gemm_rules = [_gemm_rule(r, i) for i, r in enumerate(self.gemm_rules)]
+        self.gemm_contract()  # validates the default rule
         if self.lut_tables < 1:
             raise ValueError(f"platform.lut_tables must be >= 1, got {self.lut_tables}")
         if self.lut_entries < 2:
@@ -211,14 +237,23 @@ class PlatformConfig:
             return 2
         return self.max_int16_gemm_operands
 
-    def gemm_contract(self, op_type: str | None = None, int32_output: bool = False) -> GemmContract:
+    def gemm_contract(
+        self,
+        op_type: str | None = None,
+        int32_output: bool = False,
+        activation: DType | None = None,
+    ) -> GemmContract:
         """The integer contract numerics kernels apply after an exact sum (accumulator,
-        requantization, int16 operand count), composed from this profile's fields; with
-        ``op_type`` the int16 operand count of that GEMM (``int16_gemm_operands``)."""
+        requantization, bias codes, int16 operand count), composed from this profile's fields;
+        with ``op_type`` the int16 operand count of that GEMM (``int16_gemm_operands``) and the
+        first of ``gemm_rules`` matching its family and the ``activation`` operand's dtype (the
+        profile's default fields when none matches, or when op_type or activation is None)."""
         n16 = self.max_int16_gemm_operands
+        family = None
         if op_type is not None:
             n16 = self.int16_gemm_operands(op_type, int32_output)
-        return GemmContract(
+            family = GEMM_FAMILY_OF_OP[op_type]
+        default = GemmContract(
             accumulator=self.accumulator,
             accumulator_overflow=self.accumulator_overflow,
             requant=self.requant,
@@ -226,6 +261,7 @@ class PlatformConfig:
             requant_mult_bits=self.requant_mult_bits,
             max_int16_gemm_operands=n16,
         )
+        return contract_for(default, self.gemm_rules, family, activation)
 
     def norm_contract(self) -> NormContract:
         """The normalisation composite's arithmetic (``numerics.norm.NormContract``) from this
@@ -265,6 +301,14 @@ class PlatformConfig:
         )
 
 
+GEMM_FAMILY_OF_OP = {
+    "conv1d": GemmFamily.CONV,
+    "conv2d": GemmFamily.CONV,
+    "linear": GemmFamily.LINEAR,
+    "matmul": GemmFamily.MATMUL,
+}  # which ``gemm_rules`` family a captured GEMM op type follows
+
+
 def _parse_toolchain(value, field_name: str) -> Toolchain:
     """``value`` as a Toolchain: a member, its name (OE_3_5_0), its value (OE-v3.5.0) or the bare
     version (3.5.0); ValueError naming ``field_name`` and the allowed names otherwise."""
@@ -278,6 +322,38 @@ def _parse_toolchain(value, field_name: str) -> Toolchain:
     raise ValueError(f"{field_name}={value!r} is not allowed; allowed: {allowed}")
 
 
+_RULE_ENUMS = {
+    "family": GemmFamily,
+    "activation": DType,
+    "accumulator": DType,
+    "accumulator_overflow": Overflow,
+    "requant": Requant,
+    "requant_round": Round,
+    "bias_dtype": DType,
+}
+
+
+def _rule_value(key: str, value):
+    cls = _RULE_ENUMS.get(key)
+    if cls is None or isinstance(value, cls):
+        return value
+    if isinstance(value, str) and value in cls.__members__:
+        return cls[value]
+    allowed = ", ".join(cls.__members__)
+    raise ValueError(f"{key}={value!r} is not a {cls.__name__}; allowed: {allowed}")
+
+
+def _gemm_rule(rule, index: int) -> GemmRule:
+    """A ``gemm_rules`` entry (a GemmRule, or a mapping with enum members by name) as a frozen
+    GemmRule (OmegaConf hands over its own copy)."""
+    try:
+        if isinstance(rule, GemmRule):
+            return GemmRule(**{f: getattr(rule, f) for f in GemmRule.__dataclass_fields__})
+        return GemmRule(**{k: _rule_value(k, v) for k, v in dict(rule).items()})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"platform.gemm_rules[{index}]: {e}") from None
+
+
 def _check_choice(field_name: str, value, allowed) -> None:
     if value not in allowed:
         shown = ", ".join(a.name if isinstance(a, enum.Enum) else str(a) for a in allowed)
@@ -285,7 +361,16 @@ def _check_choice(field_name: str, value, allowed) -> None:
         raise ValueError(f"{field_name}={got} is not allowed; allowed: {shown}")
 
 
-PLATFORM_NAMES = ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite")
+PLATFORM_NAMES = (
+    "j6e",
+    "j6m",
+    "j6b",
+    "j6h",
+    "j6p",
+    "onnxruntime",
+    "tflite",
+    "litert_xnnpack",
+)
 
 
 def float16_platforms() -> list[str]:

@@ -1,7 +1,9 @@
-"""Numeric formats quantlab emulates: int8, int16, int32, float16 and float32.
+"""Numeric formats quantlab emulates: int8, uint8, int16, int32, int64, float16 and float32.
 
-Integer formats are two's-complement with their full range (int8 is [-128, 127], not the
-narrow [-127, 127]); j6-numerics section 1. Float formats are IEEE binary16 / binary32.
+Signed integer formats are two's-complement with their full range (int8 is [-128, 127], not
+the narrow [-127, 127]); j6-numerics section 1. UINT8 is [0, 255] (asymmetric activations of
+ONNX Runtime and TFLite graphs, always with a zero point); INT64 is an accumulator format only.
+Float formats are IEEE binary16 / binary32.
 """
 
 from __future__ import annotations
@@ -10,16 +12,26 @@ import enum
 
 import torch
 
-_BITS = {"int8": 8, "int16": 16, "int32": 32, "float16": 16, "float32": 32}
-_INT_VALUES = frozenset(("int8", "int16", "int32"))
+_BITS = {
+    "int8": 8,
+    "uint8": 8,
+    "int16": 16,
+    "int32": 32,
+    "int64": 64,
+    "float16": 16,
+    "float32": 32,
+}
+_INT_VALUES = frozenset(("int8", "uint8", "int16", "int32", "int64"))
 
 
 class DType(enum.Enum):
     """A tensor format on the device. Configs select members by name (``INT8``, ``FLOAT16``...)."""
 
     INT8 = "int8"
+    UINT8 = "uint8"
     INT16 = "int16"
     INT32 = "int32"
+    INT64 = "int64"
     FLOAT16 = "float16"
     FLOAT32 = "float32"
 
@@ -37,16 +49,20 @@ class DType(enum.Enum):
 
     @property
     def qmin(self) -> int:
-        """Smallest code of an integer format, -2**(bits-1)."""
+        """Smallest code of an integer format, -2**(bits-1) (0 for UINT8)."""
         if self.value not in _INT_VALUES:
             self._require_int("qmin")
+        if self.value == "uint8":
+            return 0
         return -(1 << (_BITS[self.value] - 1))
 
     @property
     def qmax(self) -> int:
-        """Largest code of an integer format, 2**(bits-1) - 1."""
+        """Largest code of an integer format, 2**(bits-1) - 1 (255 for UINT8)."""
         if self.value not in _INT_VALUES:
             self._require_int("qmax")
+        if self.value == "uint8":
+            return 255
         return (1 << (_BITS[self.value] - 1)) - 1
 
     @property
@@ -61,8 +77,10 @@ class DType(enum.Enum):
         """The torch dtype that stores this format exactly (codes for integers)."""
         return {
             "int8": torch.int8,
+            "uint8": torch.uint8,
             "int16": torch.int16,
             "int32": torch.int32,
+            "int64": torch.int64,
             "float16": torch.float16,
             "float32": torch.float32,
         }[self.value]

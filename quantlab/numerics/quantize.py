@@ -1,7 +1,9 @@
-"""Symmetric quantization (zero point 0): scales, quantize, dequantize, fake_quant, fake_cast.
+"""Quantization: scales, zero points, quantize, dequantize, fake_quant, fake_cast.
 
 Conventions (j6-numerics s.1): symmetric, zero point 0, full integer range; activations
-per-tensor, weights per-channel on ``axis`` (0 for conv/linear weights).
+per-tensor, weights per-channel on ``axis`` (0 for conv/linear weights). Asymmetric
+activations (ONNX Runtime, TFLite) carry one integer zero point per tensor:
+codes = clamp(round(x / s) + zero_point), x = (codes - zero_point) * s.
 
 x / scale is formed one of two ways (``Divide``): deployed quantization divides (ONNX
 QuantizeLinear), QAT's fake-quant kernels multiply by the float32 reciprocal; the two differ
@@ -166,21 +168,26 @@ def quantize(
     qmax: int | None = None,
     stats: QuantStats | None = None,
     divide: Divide = Divide.BY_SCALE,
+    zero_point: int = 0,
 ) -> Tensor:
-    """codes = clamp(round(x / scale), qmin, qmax), returned in ``dtype``'s torch dtype.
+    """codes = clamp(round(x / scale) + zero_point, qmin, qmax) in ``dtype``'s torch dtype.
 
     Rounding: ``rounding`` applied once to x / scale formed in float32 by ``divide`` (x is cast
     to float32 first; BY_SCALE is the IEEE division, like torch.ao and ONNX QuantizeLinear).
     Saturation: clamps to [qmin, qmax] (defaults: the full range of ``dtype``; a bound outside
     the dtype or qmin > qmax raises); INT32 clamps exactly (in float64).
-    Non-finite: +inf -> qmax, -inf -> qmin, NaN -> 0; counted into ``stats`` when given.
+    Non-finite: +inf -> qmax, -inf -> qmin, NaN -> zero_point; counted into ``stats``.
     Scale: finite and > 0 (per tensor, or 1-d along ``axis``), else ValueError.
+    ``zero_point``: an integer inside the code range (``check_zero_point``), added exactly
+    after rounding (per tensor).
     """
     if not dtype.is_int:
         raise ValueError(f"quantize needs an integer dtype, got {dtype.name}; use fake_cast")
     if not x.is_floating_point():
         raise TypeError(f"quantize expects a float tensor, got {x.dtype}")
     lo, hi = code_range(dtype, qmin, qmax)
+    zp = check_zero_point(zero_point, dtype)
+    lo, hi = lo - zp, hi - zp  # clamp(r + zp, lo, hi) - zp = clamp(r, lo - zp, hi - zp)
     xf = x.to(torch.float32)
     s = _broadcast_scale(scale, xf, axis, "scale")
     r = round_float(_scaled(xf, s, divide), rounding)
@@ -192,13 +199,62 @@ def quantize(
         stats.nan += int(nan.sum())
         stats.inf += int(torch.isinf(xf).sum())
         stats.saturated += int((((r < lo) | (r > hi)) & torch.isfinite(xf)).sum())
-    r = torch.where(nan, torch.zeros((), dtype=r.dtype), r)
-    return r.clamp(lo, hi).to(dtype.torch_dtype)
+    r = torch.where(nan, torch.zeros((), dtype=r.dtype), r).clamp(lo, hi)
+    if zp:
+        r = r + zp  # exact: integers below 2**24 (2**53 for INT32)
+    return r.to(dtype.torch_dtype)
 
 
-def dequantize(codes: Tensor, scale: Tensor | float, axis: int | None = None) -> Tensor:
-    """x = codes * scale in float32 (exact: |codes| < 2**24 and one float32 product)."""
+def check_zero_point(zero_point: int, dtype: DType) -> int:
+    """An activation zero point: an integer inside ``dtype``'s code range (ValueError else)."""
+    if isinstance(zero_point, bool) or not isinstance(zero_point, int):
+        try:
+            zp = int(zero_point)
+        except (TypeError, ValueError):
+            raise ValueError(f"zero_point must be an integer, got {zero_point!r}") from None
+        if zp != zero_point:
+            raise ValueError(f"zero_point must be an integer, got {zero_point!r}")
+    else:
+        zp = zero_point
+    if zp and not dtype.is_int:
+        raise ValueError(f"a zero point needs an integer dtype, got {dtype.name}")
+    if zp and not dtype.qmin <= zp <= dtype.qmax:
+        raise ValueError(
+            f"zero_point={zp} lies outside the {dtype.name} range [{dtype.qmin}, {dtype.qmax}]"
+        )
+    return zp
+
+
+def compute_zero_point_scale(
+    lo: float, hi: float, dtype: DType, rounding: Round = Round.HALF_EVEN
+) -> tuple[Tensor, int]:
+    """Asymmetric per-tensor (scale, zero point) for the observed range [lo, hi].
+
+    The range is widened to contain 0; scale = fl32((hi - lo) / (qmax - qmin)) (float64
+    division, rounded once; floored at float32 eps); zero_point = qmin - round(lo / scale)
+    (``rounding``, float64), clamped to the code range (ONNX Runtime's and TFLite's
+    quantizers' rule).
+    """
+    if not dtype.is_int or dtype.bits > 16:
+        raise ValueError(f"asymmetric quantization needs INT8, UINT8 or INT16, got {dtype.name}")
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"the observed range must be finite, got [{lo}, {hi}]")
+    s = check_scale(
+        max((hi - lo) / (dtype.qmax - dtype.qmin), FLOAT32_EPS), "asymmetric scale"
+    ).reshape(())
+    zp = dtype.qmin - round_scalar(lo / float(s), rounding)
+    return s, int(min(max(zp, dtype.qmin), dtype.qmax))
+
+
+def dequantize(
+    codes: Tensor, scale: Tensor | float, axis: int | None = None, zero_point: int = 0
+) -> Tensor:
+    """x = (codes - zero_point) * scale in float32 (exact: |codes - zero_point| < 2**24 and
+    one float32 product)."""
     c = codes.to(torch.float32)
+    if zero_point:
+        c = c.sub_(zero_point) if c is not codes else c - zero_point
     s = _broadcast_scale(scale, c, axis, "scale")
     return c.mul_(s) if c is not codes else c * s  # in place on a fresh float32 copy
 
@@ -233,6 +289,7 @@ def fake_quant(
     qmin: int | None = None,
     qmax: int | None = None,
     bounds: tuple[float | None, float | None] | None = None,
+    zero_point: int = 0,
 ) -> Tensor:
     """QAT numerics: dequantize(quantize(x)) for integer dtypes, fake_cast for float dtypes.
 
@@ -243,19 +300,23 @@ def fake_quant(
     NaN). Per tensor, BY_RECIPROCAL takes its constants (fl32(1/s), the code bounds of
     ``bounds``) from a cache keyed by the scale's value; a clamp commutes with the monotone
     ``fl32(. * r)`` and the rounding, so ``bounds`` become code bounds
-    ``[round(fl32(lo) * r), round(fl32(hi) * r)]``.
+    ``[round(fl32(lo) * r), round(fl32(hi) * r)]``. ``zero_point`` (per tensor): the same
+    as the symmetric fake quant with the code range shifted by -zero_point.
     """
     if dtype.is_float:
         return fake_cast(x, dtype, saturate=saturate_float)
     if scale is None:
         raise ValueError(f"fake_quant to {dtype.name} needs a scale")
     lo, hi = code_range(dtype, qmin, qmax)
+    zp = check_zero_point(zero_point, dtype)
     if divide is Divide.BY_RECIPROCAL:
-        return _fake_quant_reciprocal(x, scale, rounding, axis, lo, hi, bounds, stats)
+        return _fake_quant_reciprocal(x, scale, rounding, axis, lo - zp, hi - zp, bounds, stats)
     if bounds is not None:
         x = torch.clamp(x, bounds[0], bounds[1])
-    codes = quantize(x, scale, dtype, rounding, axis=axis, qmin=lo, qmax=hi, stats=stats)
-    return dequantize(codes, scale, axis=axis)
+    codes = quantize(
+        x, scale, dtype, rounding, axis=axis, qmin=lo, qmax=hi, stats=stats, zero_point=zp
+    )
+    return dequantize(codes, scale, axis=axis, zero_point=zp)
 
 
 def _one_float32(scale) -> float | None:
@@ -325,12 +386,47 @@ def constant_codes(c: float, dtype: DType = CONSTANT_DTYPE) -> tuple[Tensor, Ten
     return code, s
 
 
+class BoundRule(enum.Enum):
+    """How a fused activation's real bound f (relu: 0, relu6: 6) becomes an output code.
+
+    FLOAT64_HALF_EVEN:          zp + round_half_even(f / s), the division in float64.
+    FLOAT32_HALF_AWAY:          zp + roundf(fl32(f / s)), ties away from zero (TFLite
+                                ``CalculateActivationRangeQuantized``).
+    FLOAT32_ZERO_POINT_HALF_EVEN: lrintf(fl32(fl32(f / s) + zp)), ties to even (XNNPACK
+                                ``xnn_qs8_quantize``).
+    Every rule then intersects the bound with the dtype's code range.
+    """
+
+    FLOAT64_HALF_EVEN = "float64_half_even"
+    FLOAT32_HALF_AWAY = "float32_half_away"
+    FLOAT32_ZERO_POINT_HALF_EVEN = "float32_zero_point_half_even"
+
+
+def _bound_code(f: float, s: float, zp: int, rule: BoundRule) -> int:
+    if rule is BoundRule.FLOAT64_HALF_EVEN:
+        return zp + round_scalar(float(f) / s)
+    q = torch.tensor(float(f), dtype=torch.float32) / torch.tensor(s, dtype=torch.float32)
+    big = float(1 << 31)  # beyond every code range: the clamp to the dtype decides
+    if rule is BoundRule.FLOAT32_HALF_AWAY:
+        return zp + int(round_float(q, Round.HALF_AWAY).clamp(-big, big))
+    if rule is BoundRule.FLOAT32_ZERO_POINT_HALF_EVEN:
+        v = q + torch.tensor(float(zp), dtype=torch.float32)
+        return int(round_float(v, Round.HALF_EVEN).clamp(-big, big))
+    raise ValueError(f"unknown bound rule {rule!r}; allowed: {[r.name for r in BoundRule]}")
+
+
 def bound_codes(
-    lo: float | None, hi: float | None, scale: Tensor | float, dtype: DType
+    lo: float | None,
+    hi: float | None,
+    scale: Tensor | float,
+    dtype: DType,
+    zero_point: int = 0,
+    rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN,
 ) -> tuple[int, int]:
-    """The code range a clamp to [lo, hi] (None: open) becomes at ``scale``: each bound
-    round_half_even(bound / scale) in float64, intersected with ``dtype``'s range."""
+    """The code range a clamp to [lo, hi] (None: open) becomes at ``scale`` and
+    ``zero_point``: each bound by ``rule``, intersected with ``dtype``'s range."""
     s = float(check_scale(scale, "scale"))
-    lo_c = dtype.qmin if lo is None else max(dtype.qmin, round_scalar(float(lo) / s))
-    hi_c = dtype.qmax if hi is None else min(dtype.qmax, round_scalar(float(hi) / s))
+    zp = check_zero_point(zero_point, dtype)
+    lo_c = dtype.qmin if lo is None else max(dtype.qmin, _bound_code(lo, s, zp, rule))
+    hi_c = dtype.qmax if hi is None else min(dtype.qmax, _bound_code(hi, s, zp, rule))
     return lo_c, hi_c

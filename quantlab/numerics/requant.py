@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import QuantStats
+from quantlab.numerics.quantize import QuantStats, check_zero_point
 from quantlab.numerics.rounding import (
     Round,
     half_up_offset,
@@ -38,7 +38,10 @@ largest multiplier; a real multiplier >= 2**30 saturates every nonzero int8/int1
 class Requant(enum.Enum):
     """How an accumulator is rescaled to output codes.
 
-    FLOAT_RESCALE:    float32(acc) * float32(s_in*s_w/s_out), rounded (ONNX Runtime QLinear ops).
+    FLOAT_RESCALE:    float32(acc) * float32(s_in*s_w/s_out), rounded (ONNX Runtime QLinear ops,
+                      XNNPACK).
+    FLOAT64_RESCALE:  float64(acc) * float64(s_in*s_w/s_out), rounded (TFLite's reference
+                      FULLY_CONNECTED: ``std::round(double(acc) * M)``).
     MUL_SHIFT:        integer multiplier + shift with a single rounding (TFLite single rounding,
                       TOSA SINGLE_ROUND); tie rule from the platform's ``requant_round``.
     MUL_SHIFT_DOUBLE: gemmlowp/TFLite default double rounding (SRDHM half up, then
@@ -47,6 +50,7 @@ class Requant(enum.Enum):
     """
 
     FLOAT_RESCALE = "float_rescale"
+    FLOAT64_RESCALE = "float64_rescale"
     MUL_SHIFT = "mul_shift"
     MUL_SHIFT_DOUBLE = "mul_shift_double"
     MUL_SHIFT_INT64 = "mul_shift_int64"
@@ -56,10 +60,11 @@ class Requant(enum.Enum):
 class RequantParams:
     """An encoded real multiplier M (0-d per tensor, 1-d per channel).
 
-    ``real``: FLOAT_RESCALE: the float32 M that is multiplied; integer schemes: the float64 M
-    that was encoded. ``multiplier``/``shift`` (int64): M ~= multiplier * 2**(shift - mult_bits),
-    multiplier in [2**(mult_bits-1), 2**mult_bits) or 0 (TFLite QuantizeMultiplier convention:
-    shift > 0 scales up). FLOAT_RESCALE carries the same encoding for information only.
+    ``real``: FLOAT_RESCALE: the float32 M that is multiplied; FLOAT64_RESCALE: the float64 M
+    that is multiplied; integer schemes: the float64 M that was encoded.
+    ``multiplier``/``shift`` (int64): M ~= multiplier * 2**(shift - mult_bits), multiplier in
+    [2**(mult_bits-1), 2**mult_bits) or 0 (TFLite QuantizeMultiplier convention: shift > 0
+    scales up). FLOAT_RESCALE carries the same encoding for information only.
     """
 
     scheme: Requant
@@ -83,7 +88,8 @@ def requant_scale(
 
     FLOAT_RESCALE (ONNX Runtime qlinearconv.cc / qlinearmatmul.cc): float32, left to right,
     ``fl32(fl32(x_scale * w_scale) / out_scale)``; returns float32.
-    Integer schemes (TFLite per-channel ``QuantizeMultiplier`` input): float64
+    FLOAT64_RESCALE and the integer schemes (TFLite per-channel ``QuantizeMultiplier`` input):
+    float64
     ``double(x_scale) * double(w_scale) / double(out_scale)``; returns float64.
     ``w_scale`` may be per channel (1-d); the others are scalars. Every scale is finite and > 0
     in float32 (else ValueError naming it).
@@ -139,9 +145,9 @@ def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 3
     """Encode the real multiplier ``real_scale`` (scalar or 1-d per channel) for ``scheme``.
 
     FLOAT_RESCALE keeps ``real_scale`` rounded once to float32 (pass ``requant_scale(...,
-    FLOAT_RESCALE)`` to reproduce ONNX Runtime). The integer schemes encode it in float64 with
-    ``quantize_multiplier``; MUL_SHIFT_DOUBLE and MUL_SHIFT_INT64 need ``mult_bits=31``
-    (TFLite), MUL_SHIFT takes 31 or 15.
+    FLOAT_RESCALE)`` to reproduce ONNX Runtime); FLOAT64_RESCALE keeps it in float64. The
+    integer schemes encode it in float64 with ``quantize_multiplier``; MUL_SHIFT_DOUBLE and
+    MUL_SHIFT_INT64 need ``mult_bits=31`` (TFLite), MUL_SHIFT takes 31 or 15.
     """
     if not isinstance(scheme, Requant):
         raise ValueError(f"scheme must be a Requant, got {scheme!r}; allowed: {_names(Requant)}")
@@ -193,6 +199,17 @@ def srdhm(a: Tensor, b: Tensor) -> Tensor:
     return torch.where(both_min, torch.full_like(out, INT32_MAX), out)
 
 
+def mul_shift_double(a: Tensor, q: Tensor, e: Tensor, rounding: Round = Round.HALF_AWAY) -> Tensor:
+    """TFLite MultiplyByQuantizedMultiplier (double rounding) of int32 values ``a`` (int64):
+    x = sat32(a * 2**max(e, 0)), SRDHM(x, q) (ties toward +inf), then a right shift by
+    max(-e, 0) rounded by ``rounding`` (RoundingDivideByPOT: HALF_AWAY). Returns int64,
+    unsaturated (|result| <= 2**31)."""
+    left = e.clamp_min(0)  # <= MAX_MULTIPLIER_SHIFT: |acc << left| < 2**61
+    right = (-e).clamp_min(0)
+    x = (a << left).clamp(INT32_MIN, INT32_MAX)
+    return rshift_round(srdhm(x, q), right, rounding)
+
+
 def requantize(
     acc: Tensor,
     params: RequantParams,
@@ -200,14 +217,18 @@ def requantize(
     rounding: Round,
     axis: int | None = None,
     stats: QuantStats | None = None,
+    zero_point: int = 0,
 ) -> Tensor:
-    """Output codes = saturate(round(acc * M)) in ``out``'s torch dtype.
+    """Output codes = saturate(round(acc * M) + zero_point) in ``out``'s torch dtype.
 
-    acc: integer tensor (int32 values; int64 for MUL_SHIFT_INT64, |acc| < 2**47). Per-channel
-    params broadcast along ``axis`` of acc. Saturation: clamps to [out.qmin, out.qmax] (counted
-    in ``stats.saturated`` when given).
+    acc: integer tensor (int32 values; int64 for MUL_SHIFT_INT64, |acc| < 2**47, and for
+    FLOAT64_RESCALE, |acc| < 2**53). Per-channel params broadcast along ``axis`` of acc.
+    ``zero_point``: the output's (per tensor), added exactly after rounding. Saturation: clamps
+    to [out.qmin, out.qmax] (counted in ``stats.saturated`` when given).
     FLOAT_RESCALE: float32(acc) * float32 M (one IEEE product; acc is rounded to float32 when
       |acc| > 2**24, as ONNX Runtime does), then ``rounding`` (ONNX Runtime: HALF_EVEN).
+    FLOAT64_RESCALE: float64(acc) * float64 M (one IEEE product; acc exact), then ``rounding``
+      (TFLite: HALF_AWAY).
     MUL_SHIFT: round(acc * q / 2**(mult_bits - shift)) with one rounding by ``rounding``; exact
       in int64 (|acc * q| < 2**62). With HALF_UP and a right shift n >= 1 (every real
       multiplier below 1 with 31-bit multipliers) it runs as floor((acc * q + 2**(n-1)) / 2**n),
@@ -222,26 +243,33 @@ def requantize(
     """
     if acc.is_floating_point() or acc.dtype == torch.bool:
         raise TypeError(f"requantize expects an integer accumulator, got {acc.dtype}")
-    if not out.is_int or out is DType.INT32:
-        raise ValueError(f"requantize output must be INT8 or INT16, got {out.name}")
+    if out not in (DType.INT8, DType.UINT8, DType.INT16):
+        raise ValueError(f"requantize output must be INT8, UINT8 or INT16, got {out.name}")
+    zp = check_zero_point(zero_point, out)
     a = acc.to(torch.int64)
     scheme = params.scheme
-    if scheme is not Requant.MUL_SHIFT_INT64 and a.numel():
+    wide = {Requant.MUL_SHIFT_INT64: 1 << 47, Requant.FLOAT64_RESCALE: 1 << 53}.get(scheme)
+    if a.numel():
         lo, hi = torch.aminmax(a)
-        if int(lo) < INT32_MIN or int(hi) > INT32_MAX:
+        if wide is None and (int(lo) < INT32_MIN or int(hi) > INT32_MAX):
             raise ValueError(
                 f"{scheme.name} takes int32 accumulator values; apply accumulate() first"
             )
-    if scheme is Requant.FLOAT_RESCALE:
-        m = _along(params.real.to(torch.float32), a, axis)
-        r = round_float(a.to(torch.float32) * m, rounding)
-        return _saturate_codes(r, out, stats)
+        if wide is not None and max(-int(lo), int(hi)) >= wide:
+            raise ValueError(f"{scheme.name} needs |acc| < 2**{wide.bit_length() - 1}")
+    if scheme in (Requant.FLOAT_RESCALE, Requant.FLOAT64_RESCALE):
+        fdt = torch.float32 if scheme is Requant.FLOAT_RESCALE else torch.float64
+        m = _along(params.real.to(fdt), a, axis)
+        r = round_float(a.to(fdt) * m, rounding)
+        return _saturate_codes(r.to(torch.float64) + zp if zp else r, out, stats)
     q = _along(params.multiplier, a, axis)
     e = _along(params.shift, a, axis)
     if scheme is Requant.MUL_SHIFT:
         n = params.mult_bits - e  # right shift; negative means a left shift
         if rounding is Round.HALF_UP and stats is None and bool((n >= 1).all()):
             r = rshift_round_half_up_(a * q, n, half_up_offset(n))
+            if zp:
+                r.add_(zp)
             return r.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
         prod = a * q
         # a left shift only grows |prod|; clamp first so the shift cannot wrap int64
@@ -249,13 +277,8 @@ def requantize(
         prod = torch.where(n < 0, prod.clamp(-(1 << 32), 1 << 32) << left, prod)
         r = rshift_round(prod, n.clamp_min(0), rounding)
     elif scheme is Requant.MUL_SHIFT_DOUBLE:
-        left = e.clamp_min(0)  # <= MAX_MULTIPLIER_SHIFT: |acc << left| < 2**61
-        right = (-e).clamp_min(0)
-        x = (a << left).clamp(INT32_MIN, INT32_MAX)
-        r = rshift_round(srdhm(x, q), right, rounding)
+        r = mul_shift_double(a, q, e, rounding)
     elif scheme is Requant.MUL_SHIFT_INT64:
-        if a.numel() and int(a.abs().max()) >= (1 << 47):
-            raise ValueError("MUL_SHIFT_INT64 needs |acc| < 2**47 (TFLite int64 overload)")
         reduced = rshift_round(q, 16, Round.HALF_UP)  # (q + 2**15) >> 16 for q >= 0
         red = torch.where(q < 0x7FFF0000, reduced, torch.full_like(q, 0x7FFF))
         total = 15 - e
@@ -265,7 +288,7 @@ def requantize(
         r = rshift_round(prod, total.clamp_min(0), rounding)
     else:
         raise ValueError(f"unknown requant scheme {scheme!r}; allowed: {_names(Requant)}")
-    return _saturate_codes(r, out, stats)
+    return _saturate_codes(r + zp if zp else r, out, stats)
 
 
 def _saturate_codes(r: Tensor, out: DType, stats: QuantStats | None) -> Tensor:
@@ -355,21 +378,25 @@ def add_float_rescale(
     out: DType,
     rounding: Round = Round.HALF_EVEN,
     stats: QuantStats | None = None,
+    zero_points: tuple[int, int, int] = (0, 0, 0),
 ) -> Tensor:
-    """Float-rescale add (ONNX Runtime QLinearAdd, MLAS scalar formula, zero points 0).
+    """Float-rescale add (ONNX Runtime QLinearAdd, MLAS scalar formula).
 
-    v = fl32(fl32(x * fl32(sx/so)) + fl32(y * fl32(sy/so))), rounded by ``rounding`` (ONNX:
-    HALF_EVEN) and saturated to ``out``. Every step is one IEEE float32 operation (no FMA).
+    v = fl32(fl32((x - zx) * fl32(sx/so)) + fl32((y - zy) * fl32(sy/so))), rounded by
+    ``rounding`` (ONNX: HALF_EVEN), + zo, saturated to ``out``. ``zero_points`` = (zx, zy,
+    zo), per tensor. Every step is one IEEE float32 operation (no FMA; x - zx is exact).
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
+    zx, zy, zo = zero_points
     so = _one_scale(out_scale, "out_scale")
     rx = _one_scale(x_scale, "x_scale") / so
     ry = _one_scale(y_scale, "y_scale") / so
-    v = x.to(torch.float32) * rx + y.to(torch.float32) * ry
-    return _saturate_codes(round_float(v, rounding), out, stats)
+    v = (x.to(torch.float32) - zx) * rx + (y.to(torch.float32) - zy) * ry
+    r = round_float(v, rounding)
+    return _saturate_codes(r + check_zero_point(zo, out) if zo else r, out, stats)
 
 
 def _require_codes(t: Tensor, name: str) -> None:
     if t.is_floating_point() or t.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer codes (int8/int16), got {t.dtype}")
+        raise TypeError(f"{name} must hold integer codes (int8/uint8/int16), got {t.dtype}")

@@ -7,10 +7,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from quantlab.numerics.add_rules import add_left_shift, add_shared_shift
 from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import bound_codes, constant_codes, dequantize
-from quantlab.numerics.requant import rescale_multiplier
+from quantlab.numerics.requant import add_float_rescale, add_inter_scale, rescale_multiplier
+from quantlab.platforms import AddRule
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo
 
@@ -39,6 +41,32 @@ def requant(sim, acc: Tensor, real: Tensor, out: DType, axis: int | None = None)
     """acc (exact integers) * real -> ``out`` codes by the platform's accumulator and
     requantization (``numerics.contract.requantize_accumulator``)."""
     return requantize_accumulator(acc, real, out, sim.platform.gemm_contract(), axis)
+
+
+def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tensor:
+    """Codes of x + y (codes xc, yc at scales xs, ys; output scale so, dtype ``out``) by the
+    platform's ``add_rule``; ``zero_points`` = (x's, y's, output's)."""
+    if p.add_rule is AddRule.INTER_SCALE:
+        if any(zero_points):
+            raise ValueError("the INTER_SCALE add takes symmetric operands (zero points 0)")
+        return add_inter_scale(
+            xc,
+            xs,
+            yc,
+            ys,
+            so,
+            out,
+            p.requant,
+            p.requant_round,
+            p.add_inter_shift,
+            p.requant_mult_bits,
+        )
+    if p.add_rule is AddRule.LEFT_SHIFT:
+        left = p.add_left_shift_int16 if out.bits > 8 else p.add_left_shift
+        return add_left_shift(xc, xs, yc, ys, so, out, left, zero_points)
+    if p.add_rule is AddRule.SHARED_SHIFT:
+        return add_shared_shift(xc, xs, yc, ys, so, out, p.add_multiplier_bits, zero_points)
+    return add_float_rescale(xc, xs, yc, ys, so, out, p.requant_round, zero_points=zero_points)
 
 
 def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tensor:

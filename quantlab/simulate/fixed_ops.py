@@ -20,12 +20,7 @@ from torch import Tensor
 
 from quantlab.capture import OpCategory
 from quantlab.numerics.quantize import bound_codes
-from quantlab.numerics.requant import (
-    add_float_rescale,
-    add_inter_scale,
-    requant_scale,
-)
-from quantlab.platforms import AddRule
+from quantlab.numerics.requant import requant_scale
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -99,22 +94,7 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
             yc = -yc
     so = fc.out_scale(sim, call, rq)
     out = rq.output_dtype
-    if p.add_rule is AddRule.INTER_SCALE:
-        codes = add_inter_scale(
-            xc,
-            xs,
-            yc,
-            ys,
-            so,
-            out,
-            p.requant,
-            p.requant_round,
-            p.add_inter_shift,
-            p.requant_mult_bits,
-        )
-    else:
-        codes = add_float_rescale(xc, xs, yc, ys, so, out, p.requant_round)
-    return fc.emit(codes, so, out)
+    return fc.emit(fc.add_codes(p, xc, xs, yc, ys, so, out), so, out)
 
 
 def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = False):

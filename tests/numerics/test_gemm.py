@@ -338,8 +338,12 @@ def test_quantize_bias_matches_reference_and_saturates():
     got = quantize_bias(b, 0.5, torch.full((5,), 0.25), stats_holder)
     assert_bits_equal(got, torch.from_numpy(ref.quantize_bias(b, 0.5, np.full(5, 0.25))))
     assert stats_holder.bias_saturated == 2
-    with pytest.raises(TypeError, match="float"):
-        quantize_bias(torch.tensor([1]), 0.5, 0.5)
+    # integer bias: codes already (a QDQ graph's int32 bias), checked against the bias dtype
+    codes = torch.tensor([1, -(1 << 31), (1 << 31) - 1])
+    assert_bits_equal(quantize_bias(codes, 0.5, 0.5), codes)
+    with pytest.raises(ValueError, match="INT32 range"):
+        quantize_bias(torch.tensor([1 << 31]), 0.5, 0.5)
+    assert int(quantize_bias(torch.tensor([1 << 40]), 0.5, 0.5, dtype=DType.INT64)) == 1 << 40
 
 
 def test_finish_gemm_errors():

@@ -1,4 +1,5 @@
-"""LiteRT's reference kernels follow the integer rules of ``tflite_oracle``, bit for bit.
+"""LiteRT's reference kernels follow the integer rules of ``tflite_oracle``, bit for bit, and
+quantlab's ``tflite`` profile gives the same bits (``quantlab_bridge``).
 
 Each family runs ``N_CASES`` seeded one-op models (built in memory from the schema, int8 with
 nonzero zero points or 16x8) in LiteRT single-threaded with ``OpResolverType.BUILTIN_REF``
@@ -18,6 +19,7 @@ pytest.importorskip("ai_edge_litert")
 
 import litert_cases as C  # noqa: E402
 import litert_models as L  # noqa: E402
+import quantlab_bridge as B  # noqa: E402
 import tflite_oracle as T  # noqa: E402
 from bits import assert_bits_equal  # noqa: E402
 from litert_models import Activation  # noqa: E402
@@ -74,6 +76,27 @@ def test_reference_kernels_match_oracle(family, litert_runs):
             assert_bits_equal(oracle(case), y)
         except AssertionError as e:
             raise AssertionError(f"{family} seed {seed}: {e}") from None
+
+
+# the families the `tflite` profile models: every one but 16x8 with an int32 bias (a converter
+# option, quantized_bias_type=INT32; the profile takes the default int64 bias)
+PROFILE_FAMILIES = [f for f in FAMILIES if not f.endswith("16x8_int32_bias")]
+
+
+@pytest.mark.parametrize("family", PROFILE_FAMILIES)
+def test_tflite_profile_matches_reference_kernels(family, litert_runs):
+    """quantlab's ``tflite`` profile (qconv2d / qlinear / add_codes with its per-family rules,
+    zero points and bound rule) gives LiteRT's reference kernels' bits on every case."""
+    from quantlab.platforms import load_platform
+
+    platform = load_platform("tflite")
+    kernel = {L.conv2d_model: B.litert_conv, L.fully_connected_model: B.litert_fully_connected}
+    ours = kernel.get(FAMILIES[family][1], B.litert_add)
+    for seed, case, y in litert_runs(family):
+        try:
+            assert_bits_equal(ours(case, platform), y)
+        except AssertionError as e:
+            raise AssertionError(f"tflite profile, {family} seed {seed}: {e}") from None
 
 
 def test_every_family_has_hundreds_of_cases_with_zero_points(litert_runs):

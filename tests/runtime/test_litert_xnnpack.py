@@ -2,8 +2,9 @@
 
 A plain ``Interpreter()`` hands int8 CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED and ADD to
 XNNPACK, which requantizes in float32 with ties to even; each case must be delegated and
-give the oracle's bits. The same cases under the reference kernels give other bits on some
-outputs, which is why the two are separate rules.
+give the oracle's bits, and quantlab's ``litert_xnnpack`` profile must give the same bits
+(``quantlab_bridge``). The same cases under the reference kernels give other bits on some
+outputs, which is why the two are separate rules (and profiles).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ pytest.importorskip("ai_edge_litert")
 
 import litert_cases as C  # noqa: E402
 import litert_models as L  # noqa: E402
+import quantlab_bridge as B  # noqa: E402
 import tflite_oracle as T  # noqa: E402
 import xnnpack_oracle as X  # noqa: E402
 from bits import assert_bits_equal  # noqa: E402
@@ -73,6 +75,21 @@ def test_default_interpreter_matches_xnnpack_oracle(family, default_runs):
             assert_bits_equal(oracle(case), r.y)
         except AssertionError as e:
             raise AssertionError(f"{family} seed {seed}: {e}") from None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_litert_xnnpack_profile_matches_default_interpreter(family, default_runs):
+    """quantlab's ``litert_xnnpack`` profile gives the default interpreter's bits."""
+    from quantlab.platforms import load_platform
+
+    platform = load_platform("litert_xnnpack")
+    kernel = {L.conv2d_model: B.litert_conv, L.fully_connected_model: B.litert_fully_connected}
+    ours = kernel.get(FAMILIES[family][1], B.litert_add)
+    for seed, case, r in default_runs(family):
+        try:
+            assert_bits_equal(ours(case, platform), r.y)
+        except AssertionError as e:
+            raise AssertionError(f"litert_xnnpack profile, {family} seed {seed}: {e}") from None
 
 
 @pytest.mark.parametrize("family", FAMILIES)

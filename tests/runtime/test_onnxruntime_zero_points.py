@@ -3,7 +3,9 @@
 uint8 and int8 activations with arbitrary zero points, uint8 or int8 weights with a nonzero
 zero point (one for every channel in QLinearConv, one per column in QLinearMatMul), int32
 bias; every output code of onnxruntime must equal the numpy oracle's. A quarter of the cases
-use power-of-two scales, where exact ties show the ties-to-even rule.
+use power-of-two scales, where exact ties show the ties-to-even rule. With symmetric int8
+weights (zero point 0, quantlab's weights) quantlab's ``onnxruntime`` profile must give
+onnxruntime's bits for uint8 and int8 activations with nonzero zero points.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
+import dataclasses  # noqa: E402
+
 import onnx_qlinear_models as Q  # noqa: E402
 import ort_oracle as O  # noqa: E402
+import quantlab_bridge as B  # noqa: E402
 from bits import assert_bits_equal  # noqa: E402
 from oracle_ops import round_half_away  # noqa: E402
 
@@ -59,3 +64,32 @@ def test_ties_go_to_even_not_away():
         away = np.clip(round_half_away(f) + c.zy, -128, 127).astype(np.int8)
         differing += int((away != Q.run_qlinearconv(c)).sum())
     assert differing > 0
+
+
+PROFILE_CASES = 80
+
+
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+def test_onnxruntime_profile_with_zero_points(act):
+    """quantlab's ``onnxruntime`` profile (qconv2d / qmatmul, activation zero points, integer
+    bias) gives onnxruntime's QLinearConv and QLinearMatMul bits, int8 weights with zw = 0."""
+    from quantlab.platforms import load_platform
+
+    platform = load_platform("onnxruntime")
+    dt = np.dtype(act).type
+    nonzero = 0
+    for seed in range(PROFILE_CASES):
+        c = dataclasses.replace(Q.qlinearconv_case(seed, dt, np.int8), zw=0)
+        _check(
+            f"profile QLinearConv {act}", seed, Q.run_qlinearconv(c), B.ort_qlinearconv(c, platform)
+        )
+        m = Q.qlinearmatmul_case(seed, dt, np.int8)
+        m = dataclasses.replace(m, zb=np.zeros_like(m.zb))
+        _check(
+            f"profile QLinearMatMul {act}",
+            seed,
+            Q.run_qlinearmatmul(m),
+            B.ort_qlinearmatmul(m, platform),
+        )
+        nonzero += c.zx != 0 and c.zy != 0 and m.za != 0
+    assert nonzero > PROFILE_CASES // 2

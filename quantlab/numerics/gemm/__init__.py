@@ -8,7 +8,7 @@ rules). The start-up self-test is ``quantlab.numerics.selftest``.
 """
 
 from quantlab.numerics.accumulator import Overflow, accumulate
-from quantlab.numerics.contract import GemmContract
+from quantlab.numerics.contract import GemmContract, GemmFamily
 from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
 from quantlab.numerics.gemm.finish import GemmStats, acc_scale, finish_gemm, quantize_bias
 from quantlab.numerics.gemm.int16_operands import (
@@ -29,6 +29,7 @@ from quantlab.numerics.gemm.plan import (
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.gemm.quantized import (
+    centre_codes,
     check_gemm_operands,
     qconv1d,
     qconv2d,
@@ -40,12 +41,14 @@ __all__ = [
     "FLOAT32_EXACT",
     "FLOAT64_EXACT",
     "GemmContract",
+    "GemmFamily",
     "GemmPath",
     "GemmPlan",
     "GemmStats",
     "Overflow",
     "acc_scale",
     "accumulate",
+    "centre_codes",
     "check_gemm_operands",
     "clamp_int16_operand",
     "coarsen_int16_matmul_scale",

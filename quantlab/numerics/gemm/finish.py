@@ -68,22 +68,34 @@ def acc_scale(x_scale: Tensor | float, w_scale: Tensor | float) -> Tensor:
 
 
 def quantize_bias(
-    bias: Tensor, x_scale: Tensor | float, w_scale: Tensor | float, stats: GemmStats | None = None
+    bias: Tensor,
+    x_scale: Tensor | float,
+    w_scale: Tensor | float,
+    stats: GemmStats | None = None,
+    dtype: DType = DType.INT32,
 ) -> Tensor:
-    """int32 bias codes = round_half_even(fl32(bias / fl32(x_scale * w_scale))) as int64.
+    """Bias codes = round_half_even(fl32(bias / fl32(x_scale * w_scale))) as int64.
 
     The ONNX Runtime quantizer's rule (numpy float32 division, ``round`` half to even); values
-    beyond int32 saturate (counted in ``stats.bias_saturated``). j6-numerics s.6: the J6 bias
-    reaches the compiler as float32; this integer handling is assumed for every platform.
+    beyond ``dtype`` (INT32, or INT64 for TFLite's 16x8 kernels) saturate (counted in
+    ``stats.bias_saturated``). j6-numerics s.6: the J6 bias reaches the compiler as float32;
+    this integer handling is assumed for every platform. An integer ``bias`` is taken as codes
+    already (checked against ``dtype``'s range).
     """
+    lo, hi = dtype.qmin, dtype.qmax
     if not bias.is_floating_point():
-        raise TypeError(f"bias must be a float tensor (real values), got {bias.dtype}")
+        if bias.dtype == torch.bool or (
+            bias.numel() and (int(bias.min()) < lo or int(bias.max()) > hi)
+        ):
+            raise ValueError(f"integer bias codes must lie in the {dtype.name} range")
+        return bias.to(torch.int64)
     if not bool(torch.isfinite(bias).all()):
         raise ValueError("bias must be finite (no NaN or inf)")
     q = round_float(bias.to(torch.float32) / acc_scale(x_scale, w_scale), Round.HALF_EVEN)
-    lo, hi = DType.INT32.qmin, DType.INT32.qmax
     if stats is not None:
         stats.bias_saturated += int(((q < lo) | (q > hi)).sum())
+    if dtype is DType.INT64:  # the largest float64 below 2**63 is 2**63 - 1024
+        return q.to(torch.float64).clamp(-(2.0**63), 2.0**63 - 1024).to(torch.int64)
     # clamp in float64 (int32 bounds are exact there), then convert: float32 cannot hold 2**31-1
     return q.to(torch.float64).clamp(lo, hi).to(torch.int64)
 
@@ -126,11 +138,15 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
     hit = _CONSTANTS.get(key)
     if hit is not None:
         return hit
-    b = quantize_bias(bias, x_scale, w_scale) if bias is not None else None
+    b = (
+        quantize_bias(bias, x_scale, w_scale, dtype=contract.bias_dtype)
+        if bias is not None
+        else None
+    )
     bmax = int(b.abs().max()) if b is not None and b.numel() else 0
     params = shift = offset = offset_b = None
     fast = False
-    if out_dtype in (DType.INT8, DType.INT16):
+    if out_dtype in (DType.INT8, DType.UINT8, DType.INT16):
         if out_scale is None:
             raise ValueError(f"out_scale is needed for a requantized {out_dtype.name} output")
         real = requant_scale(x_scale, w_scale, out_scale, contract.requant)
@@ -148,7 +164,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         acc_scale(x_scale, w_scale)  # validates the scales
     else:
         raise ValueError(
-            f"out_dtype must be INT8, INT16, INT32 or FLOAT32 for a quantized GEMM, "
+            f"out_dtype must be INT8, UINT8, INT16, INT32 or FLOAT32 for a quantized GEMM, "
             f"got {out_dtype.name}"
         )
     value = _FinishConstants(params, b, bmax, fast, shift, offset, offset_b)
@@ -175,15 +191,19 @@ def finish_gemm(
     clamp_codes: tuple[int, int] | None = None,
     sum_bound: int | None = None,
     reuse_acc: bool = False,
+    out_zero_point: int = 0,
 ) -> Tensor:
-    """Exact sums -> outputs: + int32 bias, accumulator contract, then requant or wide output.
+    """Exact sums -> outputs: + bias, accumulator contract, then requant or wide output.
 
-    acc: the exact sums (int64, or a float32/float64 tensor holding exact integers).
-    Order: bias (``quantize_bias``) is added to the exact sum, then the contract's accumulator
-    (``accumulator``, ``accumulator_overflow``) applies once.
-    out_dtype INT8/INT16: ``requantize`` with the contract's ``requant``, ``requant_round``,
-      ``requant_mult_bits`` and M = requant_scale(x_scale, w_scale, out_scale); then the
-      optional ``clamp_codes`` (lo, hi) (a fused relu6: ``clamp_min(lo)`` then ``clamp_max(hi)``).
+    acc: the exact sums (int64, or a float32/float64 tensor holding exact integers), already
+    centred on the input's zero point (sum w * (x - zx); ``qconv2d`` and the others do it).
+    Order: bias (``quantize_bias`` to the contract's ``bias_dtype``, or integer codes as given)
+    is added to the exact sum, then the contract's accumulator (``accumulator``,
+    ``accumulator_overflow``) applies once.
+    out_dtype INT8/UINT8/INT16: ``requantize`` with the contract's ``requant``,
+      ``requant_round``, ``requant_mult_bits``, M = requant_scale(x_scale, w_scale, out_scale)
+      and ``out_zero_point``; then the optional ``clamp_codes`` (lo, hi) (a fused relu6:
+      ``clamp_min(lo)`` then ``clamp_max(hi)``, codes including the zero point).
     out_dtype INT32 (high-precision output): the int32 accumulator (torch.int32), whose scale
       is ``acc_scale(x_scale, w_scale)``.
     out_dtype FLOAT32 (high-precision float output): fl32(fl32(acc) * acc_scale).
@@ -193,7 +213,7 @@ def finish_gemm(
     Scales: finite and > 0 (ValueError naming them).
     """
     k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
-    if k.fast and stats is None:
+    if k.fast and stats is None and not out_zero_point:
         return _finish_fast(
             acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc
         )
@@ -201,7 +221,9 @@ def finish_gemm(
     st.outputs += acc.numel()
     a = acc.to(torch.int64)
     if bias is not None:
-        b = k.bias if stats is None else quantize_bias(bias, x_scale, w_scale, st)  # counted
+        b = k.bias
+        if stats is not None:  # counted
+            b = quantize_bias(bias, x_scale, w_scale, st, contract.bias_dtype)
         a = a + _along(b, a, channel_axis, "bias")
     acc32, over = accumulate(a, contract.accumulator, contract.accumulator_overflow)
     st.acc_overflow += over
@@ -212,7 +234,13 @@ def finish_gemm(
         return acc32.to(torch.float32) * _along(s, acc32, channel_axis, "w_scale")
     q = QuantStats()
     codes = requantize(
-        acc32, k.params, out_dtype, contract.requant_round, axis=channel_axis, stats=q
+        acc32,
+        k.params,
+        out_dtype,
+        contract.requant_round,
+        axis=channel_axis,
+        stats=q,
+        zero_point=out_zero_point,
     )
     st.saturated += q.saturated
     if clamp_codes is not None:

@@ -1,6 +1,13 @@
 """Quantized GEMM ops: the exact integer sum (``exact``), then ``finish_gemm`` under a
 ``GemmContract`` (bias, accumulator, requantization). They read the contract only; a platform
-composes it (``PlatformConfig.gemm_contract()``)."""
+composes it (``PlatformConfig.gemm_contract()``).
+
+Asymmetric activations: the input's zero point is taken out exactly before the sum
+(``centre_codes``: x - zx as int16 codes, |x - zx| <= 255 for int8 / uint8), so the sum is
+sum w * (x - zx) and a convolution's zero padding is padding with zx (what TFLite's skipped
+taps and ONNX Runtime's zx padding compute); the output's zero point is added after
+requantization (``finish_gemm``). Weights are symmetric.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,25 @@ from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
 from quantlab.numerics.gemm.finish import GemmStats, finish_gemm
+from quantlab.numerics.quantize import check_zero_point
+
+
+def centre_codes(x: Tensor, zero_point: int = 0) -> Tensor:
+    """x - zero_point as exact GEMM operand codes: int8/int16 codes with zero point 0 as they
+    are; uint8 codes, or int8 codes with a zero point, as int16 (|x - zp| <= 255). An int16
+    operand must have zero point 0 (ValueError)."""
+    if x.dtype == torch.uint8:
+        dt = DType.UINT8
+    elif x.dtype in (torch.int8, torch.int16):
+        dt = DType.INT8 if x.dtype == torch.int8 else DType.INT16
+    else:
+        raise TypeError(f"GEMM activation codes must be int8, uint8 or int16, got {x.dtype}")
+    zp = check_zero_point(zero_point, dt)
+    if dt is DType.INT16 and zp:
+        raise ValueError(f"int16 GEMM activations are symmetric (zero point 0), got {zp}")
+    if dt is not DType.UINT8 and not zp:
+        return x
+    return x.to(torch.int16) - zp
 
 
 def check_gemm_operands(x: Tensor, w: Tensor, contract: GemmContract) -> None:
@@ -24,10 +50,20 @@ def check_gemm_operands(x: Tensor, w: Tensor, contract: GemmContract) -> None:
         )
 
 
-def _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis):
+def _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, zy=0):
     stats = GemmStats()
     out = finish_gemm(
-        acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, stats, reuse_acc=True
+        acc,
+        x_scale,
+        w_scale,
+        bias,
+        out_scale,
+        out_dtype,
+        contract,
+        axis,
+        stats,
+        reuse_acc=True,
+        out_zero_point=zy,
     )
     return out, stats
 
@@ -45,15 +81,21 @@ def qconv2d(
     padding: int | tuple[int, int] | str = 0,
     dilation: int | tuple[int, int] = 1,
     groups: int = 1,
+    zero_points: tuple[int, int] = (0, 0),
 ) -> tuple[Tensor, GemmStats]:
     """Quantized conv2d: exact ``int_conv2d`` then ``finish_gemm`` (output channels on dim 1).
 
-    w_scale: scalar or per output channel (O,); bias: float (O,) or None.
+    w_scale: scalar or per output channel (O,); bias: float (O,), integer codes, or None;
+    ``zero_points`` = (input's, output's); x_codes int8, uint8 or int16.
     """
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_conv2d(x_codes, w_codes, stride, padding, dilation, groups)
+    acc = int_conv2d(
+        centre_codes(x_codes, zero_points[0]), w_codes, stride, padding, dilation, groups
+    )
     axis = 1 if acc.dim() == 4 else 0
-    return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis)
+    return _finish(
+        acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, zero_points[1]
+    )
 
 
 def qconv1d(
@@ -69,12 +111,18 @@ def qconv1d(
     padding: int | tuple[int] | str = 0,
     dilation: int | tuple[int] = 1,
     groups: int = 1,
+    zero_points: tuple[int, int] = (0, 0),
 ) -> tuple[Tensor, GemmStats]:
-    """Quantized conv1d: exact ``int_conv1d`` then ``finish_gemm`` (output channels on dim 1)."""
+    """Quantized conv1d: exact ``int_conv1d`` then ``finish_gemm`` (output channels on dim 1);
+    ``zero_points`` as qconv2d."""
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_conv1d(x_codes, w_codes, stride, padding, dilation, groups)
+    acc = int_conv1d(
+        centre_codes(x_codes, zero_points[0]), w_codes, stride, padding, dilation, groups
+    )
     axis = 1 if acc.dim() == 3 else 0
-    return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis)
+    return _finish(
+        acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, zero_points[1]
+    )
 
 
 def qlinear(
@@ -86,11 +134,13 @@ def qlinear(
     out_scale: Tensor | float | None,
     out_dtype: DType,
     contract: GemmContract,
+    zero_points: tuple[int, int] = (0, 0),
 ) -> tuple[Tensor, GemmStats]:
-    """Quantized linear: exact x @ w.T, w (out, in) with per-out-channel scales on the last dim."""
+    """Quantized linear: exact x @ w.T, w (out, in) with per-out-channel scales on the last dim;
+    ``zero_points`` as qconv2d."""
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_linear(x_codes, w_codes)
-    return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, -1)
+    acc = int_linear(centre_codes(x_codes, zero_points[0]), w_codes)
+    return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, -1, zero_points[1])
 
 
 def qmatmul(
@@ -102,12 +152,14 @@ def qmatmul(
     out_scale: Tensor | float | None,
     out_dtype: DType,
     contract: GemmContract,
+    zero_points: tuple[int, int] = (0, 0),
 ) -> tuple[Tensor, GemmStats]:
-    """Quantized matmul x @ w (torch.matmul shapes); a 1-d w_scale is per column of w (last dim).
+    """Quantized matmul x @ w (torch.matmul shapes); a 1-d w_scale is per column of w (last dim);
+    ``zero_points`` as qconv2d (x's and the output's; w is symmetric).
 
     For int16 operands on J6 apply ``clamp_int16_operand`` and ``coarsen_int16_matmul_scale``
     first (the simulator does this when quantizing the operands).
     """
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_matmul(x_codes, w_codes)
-    return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, -1)
+    acc = int_matmul(centre_codes(x_codes, zero_points[0]), w_codes)
+    return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, -1, zero_points[1])

@@ -9,19 +9,23 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.reference.arrays import as_numpy, as_tuple
 
 
-def int_matmul(a, b) -> np.ndarray:
-    """a @ b in numpy int64 (numpy's integer matmul is a plain loop, exact below 2**63)."""
-    return np.matmul(as_numpy(a).astype(np.int64), as_numpy(b).astype(np.int64))
+def int_matmul(a, b, zero_point: int = 0) -> np.ndarray:
+    """(a - zero_point) @ b in numpy int64 (numpy's integer matmul is a plain loop, exact
+    below 2**63)."""
+    return np.matmul(as_numpy(a).astype(np.int64) - zero_point, as_numpy(b).astype(np.int64))
 
 
-def int_linear(x, w) -> np.ndarray:
-    """x @ w.T in numpy int64."""
-    return int_matmul(x, as_numpy(w).T)
+def int_linear(x, w, zero_point: int = 0) -> np.ndarray:
+    """(x - zero_point) @ w.T in numpy int64."""
+    return int_matmul(x, as_numpy(w).T, zero_point)
 
 
-def int_conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1) -> np.ndarray:
-    """Zero-padded conv2d in numpy int64: a loop over groups and kernel taps, each tap an
-    int64 einsum of a strided input slice with one weight column."""
+def int_conv2d(
+    x, w, stride=1, padding=0, dilation=1, groups: int = 1, zero_point: int = 0
+) -> np.ndarray:
+    """conv2d of (x - zero_point) in numpy int64, x padded with ``zero_point`` (a padded tap
+    adds w * 0): a loop over groups and kernel taps, each tap an int64 einsum of a strided
+    input slice with one weight column."""
     return _conv2d_loops(
         as_numpy(x).astype(np.int64),
         as_numpy(w).astype(np.int64),
@@ -29,10 +33,11 @@ def int_conv2d(x, w, stride=1, padding=0, dilation=1, groups: int = 1) -> np.nda
         padding,
         dilation,
         groups,
+        zero_point,
     )
 
 
-def _conv2d_loops(x, w, stride, padding, dilation, groups):
+def _conv2d_loops(x, w, stride, padding, dilation, groups, zero_point=0):
     """The tap loop on arrays of any exact dtype (int64, or object holding Python ints)."""
     squeeze = x.ndim == 3
     if squeeze:
@@ -43,8 +48,9 @@ def _conv2d_loops(x, w, stride, padding, dilation, groups):
     n, cin, h, wd = x.shape
     cout, cin_g, kh, kw = w.shape
     cout_g = cout // groups
-    xp = np.zeros((n, cin, h + 2 * ph, wd + 2 * pw), dtype=x.dtype)
+    xp = np.full((n, cin, h + 2 * ph, wd + 2 * pw), zero_point, dtype=x.dtype)
     xp[:, :, ph : ph + h, pw : pw + wd] = x
+    xp = xp - zero_point
     ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     out = np.zeros((n, cout, ho, wo), dtype=x.dtype)

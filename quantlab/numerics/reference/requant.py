@@ -66,6 +66,9 @@ def requantize_value(acc: int, m: float, q: int, e: int, scheme, mode: Round, mu
     if scheme is Requant.FLOAT_RESCALE:
         v = np.float32(acc) * np.float32(m)  # one float32 product, as ONNX Runtime
         return round_fraction(Fraction(float(v)), mode)
+    if scheme is Requant.FLOAT64_RESCALE:
+        v = float(acc) * float(m)  # one float64 product (Python floats are IEEE doubles)
+        return round_fraction(Fraction(v), mode)
     if scheme is Requant.MUL_SHIFT:
         return round_fraction(Fraction(acc * q) / Fraction(2) ** (mult_bits - e), mode)
     if scheme is Requant.MUL_SHIFT_DOUBLE:
@@ -83,8 +86,11 @@ def requantize_value(acc: int, m: float, q: int, e: int, scheme, mode: Round, mu
     raise ValueError(f"unknown scheme {scheme!r}")
 
 
-def requantize(acc, real, scheme, out: DType, mode: Round, axis=None, mult_bits=31) -> np.ndarray:
-    """Reference ``requantize``: ``real`` is M (scalar or per channel along ``axis``)."""
+def requantize(
+    acc, real, scheme, out: DType, mode: Round, axis=None, mult_bits=31, zero_point: int = 0
+) -> np.ndarray:
+    """Reference ``requantize``: ``real`` is M (scalar or per channel along ``axis``); the
+    output's ``zero_point`` is added before saturation."""
     a = as_numpy(acc).astype(np.int64)
     reals = np.atleast_1d(as_numpy(real)).astype(np.float64)
     enc = [quantize_multiplier(float(r), mult_bits) for r in reals]
@@ -93,7 +99,7 @@ def requantize(acc, real, scheme, out: DType, mode: Round, axis=None, mult_bits=
         c = 0 if reals.size == 1 else idx[axis % a.ndim]
         q, e = enc[c]
         v = requantize_value(int(a[idx]), float(reals[c]), q, e, scheme, mode, mult_bits)
-        out_arr[idx] = min(max(v, out.qmin), out.qmax)
+        out_arr[idx] = min(max(v + zero_point, out.qmin), out.qmax)
     return out_arr
 
 
@@ -130,18 +136,26 @@ def add_inter_scale(
     return requantize(acc, real, scheme, out, mode)
 
 
-def add_float_rescale(x, x_scale, y, y_scale, out_scale, out: DType, mode=Round.HALF_EVEN):
-    """ONNX Runtime QLinearAdd scalar formula in numpy float32, rounded with Fractions."""
+def add_float_rescale(
+    x, x_scale, y, y_scale, out_scale, out: DType, mode=Round.HALF_EVEN, zero_points=(0, 0, 0)
+):
+    """ONNX Runtime QLinearAdd scalar formula in numpy float32, rounded with Fractions;
+    ``zero_points`` = (x's, y's, output's)."""
+    zx, zy, zo = zero_points
     so = np.float32(out_scale)
     rx, ry = np.float32(np.float32(x_scale) / so), np.float32(np.float32(y_scale) / so)
-    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.float32), as_numpy(y).astype(np.float32))
+    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
+    xa, ya = (xa - zx).astype(np.float32), (ya - zy).astype(np.float32)
     v = (xa * rx).astype(np.float32) + (ya * ry).astype(np.float32)
-    r = [round_fraction(Fraction(float(t)), mode) for t in v.astype(np.float32).ravel()]
+    r = [round_fraction(Fraction(float(t)), mode) + zo for t in v.astype(np.float32).ravel()]
     return np.clip(np.array(r, dtype=np.int64), out.qmin, out.qmax).reshape(xa.shape)
 
 
-def quantize(x, scale, dtype: DType, mode: Round = Round.HALF_EVEN, axis=None) -> np.ndarray:
-    """fl32(x / scale) rounded by ``mode`` then clamped; +inf -> qmax, -inf -> qmin, NaN -> 0."""
+def quantize(
+    x, scale, dtype: DType, mode: Round = Round.HALF_EVEN, axis=None, zero_point: int = 0
+) -> np.ndarray:
+    """fl32(x / scale) rounded by ``mode``, + zero_point, then clamped; +inf -> qmax, -inf ->
+    qmin, NaN -> zero_point."""
     xa = as_numpy(x).astype(np.float32)
     s = as_numpy(scale).astype(np.float32)
     if axis is not None:
@@ -154,9 +168,72 @@ def quantize(x, scale, dtype: DType, mode: Round = Round.HALF_EVEN, axis=None) -
     for t in v.ravel():
         t = float(t)
         if math.isnan(t):
-            out.append(0)
+            out.append(zero_point)
         elif math.isinf(t):
             out.append(dtype.qmax if t > 0 else dtype.qmin)
         else:
-            out.append(min(max(round_fraction(Fraction(t), mode), dtype.qmin), dtype.qmax))
+            r = round_fraction(Fraction(t), mode) + zero_point
+            out.append(min(max(r, dtype.qmin), dtype.qmax))
     return np.array(out, dtype=np.int64).reshape(v.shape)
+
+
+def _wrap32(v: int) -> int:
+    return ((v - INT32_MIN) % (1 << 32)) + INT32_MIN
+
+
+def _mbqm32(x: int, q: int, e: int) -> int:
+    """TFLite MultiplyByQuantizedMultiplier (double rounding), line by line."""
+    left, right = max(e, 0), max(-e, 0)
+    return rounding_divide_by_pot(srdhm(_saturate32(x * (1 << left)), q), right)
+
+
+def add_left_shift(x, sx, y, sy, so, out: DType, left_shift: int, zero_points=(0, 0, 0)):
+    """TFLite reference ADD (add.cc / integer_ops/add.h) with Python ints, element by element."""
+    zx, zy, zo = zero_points
+    sx, sy, so = np.float32(sx), np.float32(sy), np.float32(so)
+    twice_max = float(np.float32(2) * max(sx, sy))
+    qx, ex = quantize_multiplier(float(sx) / twice_max)
+    qy, ey = quantize_multiplier(float(sy) / twice_max)
+    qo, eo = quantize_multiplier(twice_max / float(np.float32(1 << left_shift) * so))
+    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
+    res = []
+    for a, b in zip(xa.ravel().tolist(), ya.ravel().tolist()):
+        sa = _mbqm32(_wrap32((a - zx) * (1 << left_shift)), qx, ex)
+        sb = _mbqm32(_wrap32((b - zy) * (1 << left_shift)), qy, ey)
+        v = _mbqm32(_wrap32(sa + sb), qo, eo) + zo
+        res.append(min(max(v, out.qmin), out.qmax))
+    return np.array(res, dtype=np.int64).reshape(xa.shape)
+
+
+def add_shared_shift(x, sx, y, sy, so, out: DType, mult_bits: int = 20, zero_points=(0, 0, 0)):
+    """XNNPACK's int8 add (xnn_init_qs8_add_minmax_scalar_params, qs8-vadd scalar) with
+    Python ints, element by element: one shared shift, one rounding (ties toward +inf)."""
+    zx, zy, zo = zero_points
+    rx = np.float32(np.float32(sx) / np.float32(so))
+    ry = np.float32(np.float32(sy) / np.float32(so))
+    exponent = (int(np.float32(max(rx, ry)).view(np.uint32)) >> 23) - 127
+    shift = mult_bits - exponent
+    mx = round_fraction(Fraction(float(rx)) * 2**shift, Round.HALF_EVEN)
+    my = round_fraction(Fraction(float(ry)) * 2**shift, Round.HALF_EVEN)
+    bias = (1 << (shift - 1)) - mx * zx - my * zy
+    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
+    res = []
+    for a, b in zip(xa.ravel().tolist(), ya.ravel().tolist()):
+        v = (_wrap32(bias + mx * a + my * b) >> shift) + zo
+        res.append(min(max(v, out.qmin), out.qmax))
+    return np.array(res, dtype=np.int64).reshape(xa.shape)
+
+
+def bound_code(f: float, scale, zero_point: int, rule_name: str) -> int:
+    """A fused activation bound as an (unclamped) code, by the rule's published formula:
+    FLOAT64_HALF_EVEN: zp + round(f / s) (exact rational of the float64 quotient, ties even);
+    FLOAT32_HALF_AWAY: zp + roundf(fl32(f / s)); FLOAT32_ZERO_POINT_HALF_EVEN:
+    lrintf(fl32(fl32(f / s) + zp))."""
+    s = np.float32(scale)
+    if rule_name == "FLOAT64_HALF_EVEN":
+        return zero_point + round_fraction(Fraction(float(f) / float(s)), Round.HALF_EVEN)
+    q = np.float32(np.float32(f) / s)
+    if rule_name == "FLOAT32_HALF_AWAY":
+        return zero_point + round_fraction(Fraction(float(q)), Round.HALF_AWAY)
+    v = np.float32(q + np.float32(zero_point))
+    return round_fraction(Fraction(float(v)), Round.HALF_EVEN)

@@ -1,0 +1,276 @@
+"""Does each runtime profile give its runtime's bits? Profiles x runtimes on one-op models.
+
+The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
+FULLY_CONNECTED, ADD; int8 with nonzero zero points and 16x8; onnxruntime QLinearConv and
+QLinearMatMul with uint8 / int8 activations and nonzero zero points) run in the real runtime
+(LiteRT's reference kernels, LiteRT's default interpreter with XNNPACK, onnxruntime) and
+through quantlab's public numerics under each named profile (``tests/runtime/
+quantlab_bridge.py``); a row counts the outputs compared and those that differ. The case
+generators and model builders are the tests' own, so the report measures what the tests check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from quantlab.config import register_schema
+from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.platforms import load_platform
+from quantlab.report import Plot, PlotKind
+
+RUNTIME_TESTS = Path(__file__).resolve().parent.parent / "tests" / "runtime"
+
+
+class Runtime(enum.Enum):
+    """LITERT_REFERENCE: LiteRT single-threaded with OpResolverType.BUILTIN_REF.
+    LITERT_DEFAULT: a plain LiteRT Interpreter (XNNPACK takes the int8 ops).
+    ONNXRUNTIME: onnxruntime CPU, one thread, graph optimizations off."""
+
+    LITERT_REFERENCE = "litert_reference"
+    LITERT_DEFAULT = "litert_default"
+    ONNXRUNTIME = "onnxruntime"
+
+
+@dataclass
+class RuntimeFidelityExp:
+    """Schema of ``+exp=runtime_fidelity``."""
+
+    runtimes: list[Runtime] = field(default_factory=lambda: list(Runtime))
+    profiles: list[str] = field(default_factory=lambda: ["tflite", "litert_xnnpack", "onnxruntime"])
+    cases: int = 300  # seeded cases per op family and dtype
+
+    def __post_init__(self) -> None:
+        if self.cases < 1:
+            raise ValueError(f"exp.cases must be >= 1, got {self.cases}")
+        for name in ("runtimes", "profiles"):
+            if not list(getattr(self, name)):
+                raise ValueError(f"exp.{name} must not be empty")
+        for p in self.profiles:
+            load_platform(p)  # a clear error naming the allowed platforms
+
+
+register_schema("exp", "runtime_fidelity_schema", RuntimeFidelityExp)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One op family and dtype of one runtime: cases, the runtime's output, quantlab's."""
+
+    runtime: Runtime
+    op: str
+    dtype: str
+    make: object  # seed -> case
+    run: object  # case -> runtime output codes
+    ours: object  # (case, platform) -> quantlab output codes
+
+
+def _modules():
+    if str(RUNTIME_TESTS) not in sys.path:
+        sys.path.insert(0, str(RUNTIME_TESTS))
+    import litert_cases
+    import litert_models
+    import quantlab_bridge
+
+    return litert_cases, litert_models, quantlab_bridge
+
+
+def _litert_families(runtime: Runtime) -> list[Family]:
+    C, L, B = _modules()
+    kernels = L.Kernels.REFERENCE if runtime is Runtime.LITERT_REFERENCE else L.Kernels.DEFAULT
+    i8, i16, i32, i64 = np.int8, np.int16, np.int32, np.int64
+
+    def conv(c):
+        return L.run(L.conv2d_model(c), [c.x], kernels).y
+
+    def fc(c):
+        return L.run(L.fully_connected_model(c), [c.x], kernels).y
+
+    def add(c):
+        return L.run(L.add_model(c), [c.a, c.b], kernels).y
+
+    rows = [
+        ("CONV_2D", "int8", lambda s: C.conv_case(s, False, i8, i32), conv, B.litert_conv),
+        ("DEPTHWISE_CONV_2D", "int8", lambda s: C.conv_case(s, True, i8, i32), conv, B.litert_conv),
+        (
+            "FULLY_CONNECTED",
+            "int8",
+            lambda s: C.fully_connected_case(s, i8, i32, s % 2 == 0),
+            fc,
+            B.litert_fully_connected,
+        ),
+        ("ADD", "int8", lambda s: C.add_case(s, i8), add, B.litert_add),
+    ]
+    if runtime is Runtime.LITERT_REFERENCE:  # XNNPACK does not take 16x8 ops
+        rows += [
+            ("CONV_2D", "16x8", lambda s: C.conv_case(s, False, i16, i64), conv, B.litert_conv),
+            (
+                "DEPTHWISE_CONV_2D",
+                "16x8",
+                lambda s: C.conv_case(s, True, i16, i64),
+                conv,
+                B.litert_conv,
+            ),
+            (
+                "FULLY_CONNECTED",
+                "16x8",
+                lambda s: C.fully_connected_case(s, i16, i64, s % 2 == 0),
+                fc,
+                B.litert_fully_connected,
+            ),
+            ("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add),
+        ]
+    return [Family(runtime, *r) for r in rows]
+
+
+def _ort_families() -> list[Family]:
+    _modules()
+    import onnx_qlinear_models as Q
+    import quantlab_bridge as B
+
+    def conv_case(act):
+        return lambda s: dataclasses.replace(Q.qlinearconv_case(s, act, np.int8), zw=0)
+
+    def matmul_case(act):
+        def make(s):
+            m = Q.qlinearmatmul_case(s, act, np.int8)
+            return dataclasses.replace(m, zb=np.zeros_like(m.zb))
+
+        return make
+
+    rows = []
+    for act, name in ((np.uint8, "uint8"), (np.int8, "int8")):
+        rows.append(("QLinearConv", name, conv_case(act), Q.run_qlinearconv, B.ort_qlinearconv))
+        rows.append(
+            ("QLinearMatMul", name, matmul_case(act), Q.run_qlinearmatmul, B.ort_qlinearmatmul)
+        )
+    return [Family(Runtime.ONNXRUNTIME, *r) for r in rows]
+
+
+def _zero_points(case) -> bool:
+    """Whether a case has a nonzero activation zero point (input or output)."""
+    for name in ("xq", "aq", "yq"):
+        q = getattr(case, name, None)
+        if q is not None and q.zero_point != 0:
+            return True
+    return any(getattr(case, n, 0) != 0 for n in ("zx", "za", "zy"))
+
+
+def measure(exp: RuntimeFidelityExp, progress: bool = True) -> pd.DataFrame:
+    """One row per (runtime, op family, dtype, profile): cases, outputs, differing outputs."""
+    families: list[Family] = []
+    for rt in exp.runtimes:
+        families += _ort_families() if rt is Runtime.ONNXRUNTIME else _litert_families(rt)
+    platforms = {name: load_platform(name) for name in exp.profiles}
+    rows = []
+    for fam in tqdm(families, desc="runtime_fidelity", disable=not progress):
+        counts = {name: [0, 0] for name in platforms}
+        with_zp = 0
+        for seed in range(exp.cases):
+            case = fam.make(seed)
+            theirs = fam.run(case)
+            with_zp += _zero_points(case)
+            for name, platform in platforms.items():
+                mine = fam.ours(case, platform)
+                counts[name][0] += int(theirs.size)
+                counts[name][1] += int((mine != theirs).sum())
+        for name, (outputs, differing) in counts.items():
+            rows.append(
+                dict(
+                    runtime=fam.runtime.value,
+                    op=fam.op,
+                    dtype=fam.dtype,
+                    family=f"{fam.op} {fam.dtype}",
+                    profile=name,
+                    label=f"{fam.op} {fam.dtype} | {name}",
+                    cases=exp.cases,
+                    cases_with_zero_points=with_zp,
+                    outputs=outputs,
+                    differing=differing,
+                    differing_pct=100.0 * differing / max(outputs, 1),
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+# the profile written for each runtime
+MATCHING = {
+    Runtime.LITERT_REFERENCE.value: "tflite",
+    Runtime.LITERT_DEFAULT.value: "litert_xnnpack",
+    Runtime.ONNXRUNTIME.value: "onnxruntime",
+}
+
+
+def _findings(df: pd.DataFrame) -> list[str]:
+    f = []
+    own = df[df.profile == df.runtime.map(MATCHING)]
+    for rt, g in own.groupby("runtime", sort=False):
+        f.append(
+            f"{rt} vs the `{MATCHING[rt]}` profile: {int(g.differing.sum())} differing outputs "
+            f"of {int(g.outputs.sum())} over {len(g)} op families / dtypes "
+            f"({int(g.cases.sum())} cases, {int(g.cases_with_zero_points.sum())} with nonzero "
+            "activation zero points)."
+        )
+    other = df[(df.profile != df.runtime.map(MATCHING)) & (df.differing > 0)]
+    for _, r in other.sort_values("differing_pct", ascending=False).head(3).iterrows():
+        f.append(
+            f"The `{r.profile}` profile on {r.runtime} {r.family}: {int(r.differing)} of "
+            f"{int(r.outputs)} outputs differ ({r.differing_pct:.2f}%): the rules are not "
+            "interchangeable."
+        )
+    return f
+
+
+@experiment(RuntimeFidelityExp, "runtime_fidelity")
+def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResult:
+    df = measure(exp, ctx.progress)
+    own = df[df.profile == df.runtime.map(MATCHING)][
+        [
+            "runtime",
+            "profile",
+            "op",
+            "dtype",
+            "cases",
+            "cases_with_zero_points",
+            "outputs",
+            "differing",
+        ]
+    ].reset_index(drop=True)
+    plots = [
+        Plot(
+            name="differing_by_profile",
+            x="label",
+            y="differing_pct",
+            xlabel="op family, dtype | quantlab profile",
+            ylabel="outputs differing from the runtime (% of outputs)",
+            title="Each profile against each runtime (no bar = bit-exact)",
+            facet="runtime",
+            kind=PlotKind.BAR,
+        )
+    ]
+    notes = [
+        "Cases: tests/runtime/litert_cases.py and onnx_qlinear_models.py (seeds 0..cases-1; "
+        "plain, tie-provoking power-of-two scales, RELU6 tie scales and, for 16x8, sums past "
+        "2^31). onnxruntime cases use symmetric int8 weights (weight zero point 0), as quantlab "
+        "quantizes weights.",
+        "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
+        "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
+        "by the profile's bound_rule, and ADD by its add_rule (tests/runtime/quantlab_bridge.py).",
+        "LiteRT 16x8 models take the converter's default int64 bias; an int32 bias "
+        "(quantized_bias_type=INT32) selects other kernels that no profile models.",
+    ]
+    return ExperimentResult(
+        table=df,
+        title="Runtime fidelity: quantlab profiles against LiteRT and onnxruntime",
+        findings=_findings(df),
+        tables={"matching_profiles": own},
+        plots=plots,
+        notes=notes,
+    )

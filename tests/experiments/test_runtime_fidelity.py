@@ -1,0 +1,42 @@
+import pytest
+
+pytest.importorskip("ai_edge_litert")
+pytest.importorskip("onnxruntime")
+
+from experiments.runtime_fidelity import (  # noqa: E402
+    MATCHING,
+    Runtime,
+    RuntimeFidelityExp,
+    runtime_fidelity,
+)
+from quantlab.experiment import RunContext  # noqa: E402
+from quantlab.platforms import PlatformConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    exp = RuntimeFidelityExp(
+        runtimes=[Runtime.LITERT_DEFAULT, Runtime.ONNXRUNTIME],
+        profiles=["tflite", "litert_xnnpack", "onnxruntime"],
+        cases=4,
+    )
+    ctx = RunContext(PlatformConfig(name="j6m"), None, None, 0, tmp_path_factory.mktemp("r"))
+    return runtime_fidelity(exp, ctx)
+
+
+def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
+    df = result.table
+    assert len(df) == (4 + 4) * 3  # families x profiles
+    assert (df.outputs > 0).all() and (df.cases == 4).all()
+    own = df[df.profile == df.runtime.map(MATCHING)]
+    assert len(own) == 8 and int(own.differing.sum()) == 0
+    assert (own.cases_with_zero_points > 0).all()
+    assert list(result.tables["matching_profiles"].differing) == [0] * 8
+    assert any("0 differing outputs" in f for f in result.findings)
+
+
+def test_bad_options_name_the_field():
+    with pytest.raises(ValueError, match="exp.cases"):
+        RuntimeFidelityExp(cases=0)
+    with pytest.raises(ValueError, match="unknown platform"):
+        RuntimeFidelityExp(profiles=["nope"])

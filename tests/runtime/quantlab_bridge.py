@@ -1,0 +1,158 @@
+"""The runtime test cases computed by quantlab: a platform profile's public numerics on a case.
+
+LiteRT cases (NHWC, ``litert_models``) and onnxruntime cases (NCHW, ``onnx_qlinear_models``)
+go through ``qconv2d`` / ``qlinear`` / ``qmatmul`` with the profile's per-family contract
+(``platform.gemm_contract(op type, activation=dtype)``), the case's zero points and integer
+bias codes, then the fused activation's code bounds by the profile's ``bound_rule``; ADD goes
+through the simulator's ``add_codes`` (the profile's ``add_rule``). Nothing here restates a
+runtime rule: the rules are the profile's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from litert_models import (
+    Activation,
+    AddCase,
+    ConvCase,
+    FullyConnectedCase,
+    conv_output_size,
+    same_padding_before,
+)
+
+from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
+from quantlab.simulate.fixed_common import add_codes
+
+_DTYPE = {
+    np.dtype(np.int8): DType.INT8,
+    np.dtype(np.uint8): DType.UINT8,
+    np.dtype(np.int16): DType.INT16,
+}
+_BOUNDS = {Activation.NONE: None, Activation.RELU: (0.0, None), Activation.RELU6: (0.0, 6.0)}
+
+
+def _activation(codes: torch.Tensor, act: Activation, yq, dt: DType, platform) -> np.ndarray:
+    bounds = _BOUNDS[act]
+    if bounds is not None:
+        lo, hi = bound_codes(*bounds, float(yq.scale), dt, yq.zero_point, platform.bound_rule)
+        codes = codes.to(torch.int64).clamp_min(lo).clamp_max(hi)
+    return codes.to(dt.torch_dtype).numpy()
+
+
+def _per_channel(w_scale, n: int) -> torch.Tensor:
+    return torch.from_numpy(np.broadcast_to(np.asarray(w_scale, np.float32), (n,)).copy())
+
+
+def litert_conv(c: ConvCase, platform) -> np.ndarray:
+    """CONV_2D / DEPTHWISE_CONV_2D of a LiteRT case under ``platform`` (output NHWC)."""
+    dt = _DTYPE[c.x.dtype]
+    hw, k = c.x.shape[1:3], c.w.shape[1:3]
+    out_hw = conv_output_size(hw, k, c.stride, c.dilation, c.padding)
+    ph, pw = same_padding_before(hw, k, c.stride, c.dilation, c.padding)
+    x = torch.from_numpy(c.x).permute(0, 3, 1, 2)
+    tail = [k[i] * c.dilation[i] + c.stride[i] * out_hw[i] for i in range(2)]
+    # padding with the zero point: a tap outside the input adds w * (zx - zx) = 0
+    x = F.pad(x.to(torch.int32), (pw, tail[1], ph, tail[0]), value=c.xq.zero_point).to(x.dtype)
+    if c.depth_multiplier:
+        w = torch.from_numpy(c.w[0]).permute(2, 0, 1).unsqueeze(1)
+        groups = c.x.shape[3]
+    else:
+        w = torch.from_numpy(c.w).permute(0, 3, 1, 2)
+        groups = c.x.shape[3] // c.w.shape[3]
+    contract = platform.gemm_contract("conv2d", activation=dt)
+    y, _ = qconv2d(
+        x.contiguous(),
+        float(c.xq.scale),
+        w.contiguous(),
+        _per_channel(c.w_scale, w.shape[0]),
+        torch.from_numpy(c.bias.astype(np.int64)),
+        float(c.yq.scale),
+        dt,
+        contract,
+        stride=c.stride,
+        dilation=c.dilation,
+        groups=groups,
+        zero_points=(c.xq.zero_point, c.yq.zero_point),
+    )
+    y = y[:, :, : out_hw[0], : out_hw[1]].permute(0, 2, 3, 1)
+    return _activation(y, c.activation, c.yq, dt, platform)
+
+
+def litert_fully_connected(c: FullyConnectedCase, platform) -> np.ndarray:
+    """FULLY_CONNECTED of a LiteRT case under ``platform``."""
+    dt = _DTYPE[c.x.dtype]
+    bias = None if c.bias is None else torch.from_numpy(c.bias.astype(np.int64))
+    y, _ = qlinear(
+        torch.from_numpy(c.x),
+        float(c.xq.scale),
+        torch.from_numpy(c.w),
+        _per_channel(c.w_scale, c.w.shape[0]),
+        bias,
+        float(c.yq.scale),
+        dt,
+        platform.gemm_contract("linear", activation=dt),
+        zero_points=(c.xq.zero_point, c.yq.zero_point),
+    )
+    return _activation(y, c.activation, c.yq, dt, platform)
+
+
+def litert_add(c: AddCase, platform) -> np.ndarray:
+    """ADD of a LiteRT case under ``platform`` (the simulator's add by ``add_rule``)."""
+    dt = _DTYPE[c.a.dtype]
+    codes = add_codes(
+        platform,
+        torch.from_numpy(c.a),
+        float(c.aq.scale),
+        torch.from_numpy(c.b),
+        float(c.bq.scale),
+        float(c.yq.scale),
+        dt,
+        (c.aq.zero_point, c.bq.zero_point, c.yq.zero_point),
+    )
+    return _activation(codes, c.activation, c.yq, dt, platform)
+
+
+def ort_qlinearconv(c, platform) -> np.ndarray:
+    """QLinearConv of an onnxruntime case (symmetric int8 weights, zw = 0) under ``platform``."""
+    if c.zw != 0 or c.w.dtype != np.int8:
+        raise ValueError("quantlab weights are symmetric int8: the case needs zw = 0")
+    dt = _DTYPE[c.x.dtype]
+    top, left, bottom, right = c.pads
+    x = torch.from_numpy(c.x).to(torch.int32)
+    x = F.pad(x, (left, right, top, bottom), value=c.zx).to(dt.torch_dtype)
+    y, _ = qconv2d(
+        x,
+        float(c.sx),
+        torch.from_numpy(c.w),
+        _per_channel(c.sw, c.w.shape[0]),
+        None if c.bias is None else torch.from_numpy(c.bias.astype(np.int64)),
+        float(c.sy),
+        dt,
+        platform.gemm_contract("conv2d", activation=dt),
+        stride=c.stride,
+        dilation=c.dilation,
+        groups=c.group,
+        zero_points=(c.zx, c.zy),
+    )
+    return y.numpy()
+
+
+def ort_qlinearmatmul(c, platform) -> np.ndarray:
+    """QLinearMatMul of an onnxruntime case (int8 B, zb = 0) under ``platform``."""
+    if np.any(c.zb != 0) or c.b.dtype != np.int8:
+        raise ValueError("quantlab weights are symmetric int8: the case needs zb = 0")
+    dt = _DTYPE[c.a.dtype]
+    y, _ = qmatmul(
+        torch.from_numpy(c.a),
+        float(c.sa),
+        torch.from_numpy(c.b),
+        _per_channel(c.sb, c.b.shape[1]) if c.sb.size > 1 else float(c.sb.reshape(-1)[0]),
+        None,
+        float(c.sy),
+        dt,
+        platform.gemm_contract("matmul", activation=dt),
+        zero_points=(c.za, c.zy),
+    )
+    return y.numpy()
