@@ -77,7 +77,12 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         bias = None
     ccodes = None
     if clamp is not None and out_scale is not None:
-        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt)
+        ccodes = sim.op_memo(
+            call.name,
+            "clamp_codes",
+            (clamp, out_scale, out_dt),
+            lambda: bound_codes(clamp[0], clamp[1], out_scale, out_dt),
+        )
     contract = p.gemm_contract()
     gemm.check_gemm_operands(xc, wc, contract)
     if call.op_type in ("conv1d", "conv2d"):
