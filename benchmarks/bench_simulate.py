@@ -14,9 +14,11 @@ memory growth of one MobileNetV2 run per mode (fresh subprocess each).
 Targets (each printed as met or missed with its figure): float <= 1.1x eager, fake (j6m)
 <= 1.3x, fixed (j6m and onnxruntime) <= 2.5x eager and <= 1.5x onnxruntime int8, LUT <= 1.5x
 torch.sigmoid. The load average (``os.getloadavg``) before and after is recorded: figures from
-a loaded machine are distorted. Writes reports/benchmarks/simulate.{md,json,png} atomically.
+a loaded machine are distorted. Writes reports/benchmarks/simulate.{md,json,png} atomically
+(``--profile``: also simulate_profile.md, where a fake and a fixed run spend their time).
 
-    .venv/bin/python benchmarks/bench_simulate.py [--rounds 15] [--threads 2] [--quick] [--out DIR]
+    .venv/bin/python benchmarks/bench_simulate.py [--rounds 15] [--threads 2] [--quick]
+        [--out DIR] [--profile]
 """
 
 from __future__ import annotations
@@ -249,6 +251,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="first case only, 3 rounds, no memory")
     ap.add_argument("--out", type=Path, default=OUT, help="report folder")
+    ap.add_argument(
+        "--profile", action="store_true", help="also write simulate_profile.md (MobileNetV2)"
+    )
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
@@ -353,6 +358,30 @@ def main() -> None:
     atomic_write_text(args.out / "simulate.json", json.dumps(result, indent=1, default=float))
     atomic_savefig(fig, args.out / "simulate.png")
     atomic_write_text(args.out / "simulate.md", "\n".join(md))
+    print("\n".join(md))
+    if args.profile:
+        write_profile(args.out, args.threads)
+
+
+def write_profile(out: Path, threads: int) -> None:
+    """simulate_profile.md: aten ops and quantlab stages of fake and fixed MobileNetV2 runs."""
+    from profile_stages import profile_run
+
+    fns = variants(CASES[0], threads)
+    md = [
+        f"# Where the time goes: {CASES[0].label}, j6m, {threads} threads",
+        "",
+        f"Load average (1, 5, 15 min) {[round(v, 2) for v in os.getloadavg()]}. Eager torch "
+        "for scale: see simulate.md. Stages: cumulative time of the functions implementing "
+        "them (cProfile, which inflates Python-heavy stages); aten ops: torch.profiler self "
+        "CPU time. Reproduce: `python benchmarks/bench_simulate.py --profile`.",
+        "",
+    ]
+    for v in (FAKE, FIXED):
+        aten, stages = profile_run(fns[v])
+        md += [f"## {v}: stages", "", markdown_table(stages, floatfmt=".3g"), ""]
+        md += [f"## {v}: aten ops", "", markdown_table(aten, floatfmt=".3g"), ""]
+    atomic_write_text(out / "simulate_profile.md", "\n".join(md))
     print("\n".join(md))
 
 
