@@ -1,8 +1,9 @@
 """Benchmark: sensitivity ranking with replayed upstream ops vs one full forward per op.
 
-Claim checked (acceptance): ranking the ops of mobilenet_v2 on 8 real photos (activation and
-weight passes) with the replayed baseline (``quantlab.analysis.sensitivity``) costs at most 0.6x
-the naive method, one full forward per studied op, measured in the same run.
+Targets checked: ranking the ops of mobilenet_v2 on 24 real photos (activation and weight
+passes) with the replayed baseline (``quantlab.analysis.sensitivity``) costs at most 0.3x the
+naive method, one full forward per studied op, measured in the same run, and under 90 s in all.
+The load average (``os.getloadavg``) before and after is recorded with the figures.
 
 Both methods make exactly the same per-op runs (the same ``Simulator.run`` calls, with and
 without ``replay=``); they are timed op by op and *paired* (for each op the naive and the fast
@@ -14,7 +15,7 @@ ones). Every fast output is checked equal, bit for bit, to its naive twin. Also 
 work ratio in flops (the fast method recomputes the studied op and everything after it), which
 does not depend on the machine.
 
-Run: .venv/bin/python benchmarks/bench_sensitivity.py [--model mobilenet_v2] [--photos 8]
+Run: .venv/bin/python benchmarks/bench_sensitivity.py [--model mobilenet_v2] [--photos 24]
 Writes reports/benchmarks/sensitivity.json and reports/benchmarks/sensitivity.md.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform as host
 import time
 from pathlib import Path
@@ -45,7 +47,8 @@ from quantlab.simulate import Mode, Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
-LIMIT = 0.6  # acceptance: fast / naive <= 0.6
+LIMIT = 0.3  # target: fast / naive <= 0.3
+TIME_LIMIT_S = 90.0  # target: the replayed ranking (both passes) takes under 90 s
 
 
 def _timed(fn):
@@ -134,7 +137,9 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
             "work_ratio_flops": w_fast / w_naive,
             "output_mismatches": mismatches,
             "limit": LIMIT,
+            "time_limit_s": TIME_LIMIT_S,
             "pass": t_fast / t_naive <= LIMIT and mismatches == 0,
+            "time_pass": t_fast < TIME_LIMIT_S,
             "threads": torch.get_num_threads(),
             "machine": f"{host.machine()} {host.processor() or ''}".strip(),
             "torch": torch.__version__,
@@ -160,9 +165,12 @@ def report(r: dict) -> str:
     lines += [
         f"| **total** | | {r['naive_s']:.2f} | {r['fast_s']:.2f} | **{r['ratio']:.3f}** |",
         "",
-        f"- Time ratio replayed / naive: **{r['ratio']:.3f}** (limit {r['limit']}): "
-        + ("PASS" if r["pass"] else "FAIL")
-        + ".",
+        f"- Time ratio replayed / naive: **{r['ratio']:.3f}** (target <= {r['limit']}, "
+        "outputs identical): " + ("met" if r["pass"] else "MISSED") + ".",
+        f"- Replayed ranking, both passes: **{r['fast_s']:.1f} s** (target < "
+        f"{r['time_limit_s']:.0f} s): " + ("met" if r["time_pass"] else "MISSED") + ".",
+        f"- Load average (1, 5, 15 min) {r['load_before']} before, {r['load_after']} after, "
+        f"on {r['cpu_count']} cores (a busy machine distorts seconds more than the ratio).",
         f"- Work ratio in flops (machine independent): {r['work_ratio_flops']:.3f}.",
         f"- Outputs of the two methods differing in any bit: {r['output_mismatches']}.",
         "- Per-op runs are paired (naive and replayed back to back, alternating order), so "
@@ -178,14 +186,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="mobilenet_v2")
     ap.add_argument("--data", default="photos")
-    ap.add_argument("--photos", type=int, default=8)
+    ap.add_argument("--photos", type=int, default=24)
     ap.add_argument("--calib", type=int, default=8)
     ap.add_argument("--platform", default="j6m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = [round(v, 2) for v in os.getloadavg()]
     r = bench(args.model, args.data, args.photos, args.calib, args.platform)
+    r.update(
+        load_before=load_before,
+        load_after=[round(v, 2) for v in os.getloadavg()],
+        cpu_count=os.cpu_count(),
+    )
     md = report(r)
     atomic_write_text(args.out / "sensitivity.json", json.dumps(r, indent=2) + "\n")
     atomic_write_text(args.out / "sensitivity.md", md)

@@ -1,50 +1,178 @@
-"""Benchmark: cost of fake and fixed mode relative to float, MobileNetV2 on 1x3x224x224.
+"""Benchmark: the simulator's cost against the model run plainly, and against onnxruntime.
 
-Not a test. Random weights (the registry's mobilenet_v2 architecture, ``pretrained=False``).
-Time: the three modes run interleaved, ``--rounds`` times after a warm-up, and each mode's
-median (wall time and process CPU time) is compared with the float median of the same run
-(targets: fake <= 1.5x, fixed <= 4x).
-Memory: each mode runs in a fresh subprocess; the peak resident set growth during one run
-(VmHWM after resetting it via /proc/self/clear_refs, minus VmRSS before; glibc's mmap threshold
-is pinned at 64 KiB so freed tensors leave the resident set) is compared with float's (target:
-fixed <= 2x). Results: reports/benchmarks/simulate.{csv,md}.
+Not a test. For each case (MobileNetV2 and EfficientNet-Lite0 with their ImageNet weights,
+BatchNorm folded, 1x3x224x224; MobileNetV2 at batch 8; MiniLM at sequence 128) every variant
+runs interleaved in one process, ``--rounds`` rounds after a warm-up, and its median wall time
+is divided by the median of the baseline: plain eager torch, ``model(*x)`` under
+``torch.no_grad()`` with nothing captured. Process CPU time (all threads) is reported beside it.
+Variants: quantlab float mode, fake and fixed mode on j6m, fixed mode on the onnxruntime
+profile, onnxruntime fp32 and int8 QOperator (static, per-channel; exported from the same
+module; ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads.
+Also: int16 segment-LUT evaluation against torch.sigmoid on as many elements, and the peak
+memory growth of one MobileNetV2 run per mode (fresh subprocess each).
 
-    .venv/bin/python benchmarks/bench_simulate.py [--rounds 5] [--threads 2]
+Targets (each printed as met or missed with its figure): float <= 1.1x eager, fake (j6m)
+<= 1.3x, fixed (j6m and onnxruntime) <= 2.5x eager and <= 1.5x onnxruntime int8, LUT <= 1.5x
+torch.sigmoid. The load average (``os.getloadavg``) before and after is recorded: figures from
+a loaded machine are distorted. Writes reports/benchmarks/simulate.{md,json,png} atomically
+(``--profile``: also simulate_profile.md, where a fake and a fixed run spend their time).
+
+    .venv/bin/python benchmarks/bench_simulate.py [--rounds 15] [--threads 2] [--quick]
+        [--out DIR] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import platform as host
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from quantlab.models import build_model
+from quantlab.models.registry import example_inputs
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut import build_lut
+from quantlab.report import markdown_table
+from quantlab.report.io import atomic_savefig, atomic_write_text
+from quantlab.report.plots import Plot, PlotKind, draw
+from quantlab.simulate import Mode, Simulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ort_baseline import ort_runners  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
-TARGETS = {"fake": 1.5, "fixed": 4.0}
+EAGER = "eager torch float (baseline)"
+ORT8 = "onnxruntime int8 QOperator"
+FLOAT, FAKE = "quantlab float", "quantlab fake j6m"
+FIXED, FIXED_ORT = "quantlab fixed j6m", "quantlab fixed onnxruntime profile"
+# variant -> (limit x eager, limit x onnxruntime int8 or None)
+TARGETS = {FLOAT: (1.1, None), FAKE: (1.3, None), FIXED: (2.5, 1.5), FIXED_ORT: (2.5, 1.5)}
+LUT_TARGET = 1.5
 MEMORY_TARGET = 2.0
 
 
-def _setup(threads: int):
-    from quantlab.models import build_model
-    from quantlab.models.schema import ModelConfig
-    from quantlab.simulate import Mode, Simulator
+@dataclass(frozen=True)
+class Case:
+    model: str
+    batch: int = 1
+    seq: int = 0  # token models: sequence length
 
-    torch.set_num_threads(threads)
-    bundle = build_model(ModelConfig(name="mobilenet_v2", pretrained=False))
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 3, 224, 224, generator=gen)
-    sim = Simulator(bundle.module, "j6m")
-    sim.calibrate([(torch.randn(1, 3, 224, 224, generator=gen),)], progress=False)
-    for m in (Mode.FAKE, Mode.FIXED):  # scales, weight codes and tables are built once
-        sim.run(x, mode=m)
-    return sim, x
+    @property
+    def label(self) -> str:
+        shape = f"seq {self.seq}" if self.seq else "224x224"
+        return f"{self.model} b{self.batch} {shape}"
+
+    def inputs(self, seed: int) -> tuple:
+        if not self.seq:
+            return example_inputs(self.model, self.batch, seed)
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(1000, 30000, (self.batch, self.seq), generator=gen)
+        ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+        return ids, torch.ones_like(ids)
+
+
+CASES = (
+    Case("mobilenet_v2"),
+    Case("efficientnet_lite0"),
+    Case("minilm", seq=128),
+    Case("mobilenet_v2", batch=8),
+)
+
+
+def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
+    """Every timed variant of ``case``, set up (calibrated, weights coded, sessions built)."""
+    module = build_model(case.model).module
+    x = case.inputs(0)
+    calib = [case.inputs(1), case.inputs(2)]
+    out: dict[str, Callable[[], object]] = {}
+
+    def eager():
+        with torch.no_grad():
+            return module(*x)
+
+    out[EAGER] = eager
+    sims = {}
+    for prof in ("j6m", "onnxruntime"):
+        sim = Simulator(module, prof)
+        sim.calibrate(calib, progress=False)
+        sims[prof] = sim
+    out[FLOAT] = lambda: sims["j6m"].run(*x, mode=Mode.FLOAT)
+    out[FAKE] = lambda: sims["j6m"].run(*x, mode=Mode.FAKE)
+    out[FIXED] = lambda: sims["j6m"].run(*x, mode=Mode.FIXED)
+    out[FIXED_ORT] = lambda: sims["onnxruntime"].run(*x, mode=Mode.FIXED)
+    out.update(ort_runners(module, x, calib, threads))
+    for fn in out.values():  # warm-up: plans, scales, weight codes and tables are built here
+        fn()
+    return out
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> pd.DataFrame:
+    rows = []
+    for r in range(rounds):
+        for name, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            rows.append(
+                {
+                    "round": r,
+                    "variant": name,
+                    "wall_s": time.perf_counter() - t,
+                    "cpu_s": time.process_time() - c,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def bench_case(case: Case, rounds: int, threads: int) -> pd.DataFrame:
+    fns = variants(case, threads)
+    gc.collect()
+    times = time_interleaved(fns, rounds)
+    med = times.groupby("variant", sort=False).agg(
+        median_wall_ms=("wall_s", "median"), median_cpu_ms=("cpu_s", "median")
+    )
+    med = med * 1e3
+    med["x_eager"] = med.median_wall_ms / med.loc[EAGER, "median_wall_ms"]
+    med["cpu_x_eager"] = med.median_cpu_ms / med.loc[EAGER, "median_cpu_ms"]
+    med["x_ort_int8"] = med.median_wall_ms / med.loc[ORT8, "median_wall_ms"]
+    med["per_item_ms"] = med.median_wall_ms / case.batch
+    med = med.reset_index()
+    med.insert(0, "case", case.label)
+    med["rounds"] = rounds
+    return med
+
+
+def bench_lut(threads: int, repeats: int, log2n: int = 22) -> dict:
+    """int16 sigmoid segment LUT (SegmentLut.evaluate) vs torch.sigmoid on 2**log2n elements."""
+    n = 1 << log2n
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 3
+    s_in, s_out = 8 / 32767.5, 1 / 32767.5
+    codes = torch.round(x / s_in).clamp(-32768, 32767).to(torch.int16)
+    lut = build_lut("sigmoid", DType.INT16, s_in, DType.INT16, s_out)
+    lut.code_map()
+    fns = {"torch.sigmoid": lambda: torch.sigmoid(x), "lut": lambda: lut.evaluate(codes)}
+    for fn in fns.values():
+        fn()
+    times = time_interleaved(fns, repeats)
+    med = times.groupby("variant").wall_s.median()
+    return {
+        "elements": n,
+        "threads": threads,
+        "sigmoid_ms": med["torch.sigmoid"] * 1e3,
+        "lut_ms": med["lut"] * 1e3,
+        "ratio": med["lut"] / med["torch.sigmoid"],
+        "repeats": repeats,
+    }
 
 
 def _status_kb(field: str) -> int:
@@ -55,104 +183,206 @@ def _status_kb(field: str) -> int:
 
 
 def memory_child(mode: str, threads: int) -> None:
-    """Run one mode once in this (fresh) process and print the peak RSS growth in KiB."""
-    sim, x = _setup(threads)
-    import gc
-
+    """Run MobileNetV2 once in ``mode`` in this (fresh) process; print the peak RSS growth."""
+    torch.set_num_threads(threads)
+    case = CASES[0]
+    sim = Simulator(build_model(case.model).module, "j6m")
+    sim.calibrate([case.inputs(1)], progress=False)
+    x = case.inputs(0)
+    for m in (Mode.FAKE, Mode.FIXED):
+        sim.run(*x, mode=m)
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     before = _status_kb("VmRSS")
-    with torch.no_grad():
-        y = sim.run(x, mode=mode)
+    y = sim.run(*x, mode=mode)
     peak = _status_kb("VmHWM")
     print(json.dumps({"mode": mode, "peak_growth_kib": peak - before, "out": float(y.sum())}))
 
 
-def time_modes(rounds: int, threads: int) -> pd.DataFrame:
-    sim, x = _setup(threads)
+def memory(threads: int) -> dict[str, float]:
+    """Peak resident growth (MiB) of one run per mode, each in a fresh subprocess (glibc's mmap
+    threshold pinned at 64 KiB so freed tensors leave the resident set)."""
+    mib = {}
+    for mode in ("float", "fake", "fixed"):
+        cmd = [sys.executable, __file__, "--memory-child", mode, "--threads", str(threads)]
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+        mib[mode] = json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_kib"] / 1024
+    return mib
+
+
+def target_rows(table: pd.DataFrame, lut: dict, mem: dict) -> list[dict]:
     rows = []
-    for r in range(rounds):
-        for mode in ("float", "fake", "fixed"):
-            t, c = time.perf_counter(), time.process_time()
-            sim.run(x, mode=mode)
-            rows.append(
-                {
-                    "round": r,
-                    "mode": mode,
-                    "seconds": time.perf_counter() - t,
-                    "cpu_seconds": time.process_time() - c,
-                }
-            )
-    return pd.DataFrame(rows)
+    for case, sub in table.groupby("case", sort=False):
+        sub = sub.set_index("variant")
+        for v, (lim_e, lim_o) in TARGETS.items():
+            fig = sub.loc[v, "x_eager"]
+            rows.append(_target(f"{case}: {v} / eager", fig, lim_e))
+            if lim_o is not None:
+                rows.append(_target(f"{case}: {v} / {ORT8}", sub.loc[v, "x_ort_int8"], lim_o))
+    rows.append(_target("int16 sigmoid LUT / torch.sigmoid", lut["ratio"], LUT_TARGET))
+    if mem:
+        fig = mem["fixed"] / mem["float"]
+        rows.append(_target("peak memory of one run: fixed / float", fig, MEMORY_TARGET))
+    return rows
+
+
+def _target(what: str, figure: float, limit: float) -> dict:
+    return {
+        "target": what,
+        "figure": round(float(figure), 3),
+        "limit": limit,
+        "status": "met" if figure <= limit else "MISSED",
+    }
+
+
+def batch_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Per-item cost at batch 8 over batch 1, per variant (below 1: the per-item cost falls)."""
+    b1 = table[table.case == CASES[0].label].set_index("variant").per_item_ms
+    b8 = table[table.case == CASES[-1].label].set_index("variant").per_item_ms
+    return pd.DataFrame(
+        {"variant": b1.index, "per_item_ms_b1": b1.values, "per_item_ms_b8": b8[b1.index].values}
+    ).assign(b8_over_b1=lambda d: d.per_item_ms_b8 / d.per_item_ms_b1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="first case only, 3 rounds, no memory")
+    ap.add_argument("--out", type=Path, default=OUT, help="report folder")
+    ap.add_argument(
+        "--profile", action="store_true", help="also write simulate_profile.md (MobileNetV2)"
+    )
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory_child:
         memory_child(args.memory_child, args.threads)
         return
-    times = time_modes(args.rounds, args.threads)
-    med = times.groupby("mode")["seconds"].median()
-    cpu = times.groupby("mode")["cpu_seconds"].median()
-    mem = {}
-    for mode in ("float", "fake", "fixed"):
-        cmd = [sys.executable, __file__, "--memory-child", mode, "--threads", str(args.threads)]
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
-        mem[mode] = json.loads(out.stdout.strip().splitlines()[-1])["peak_growth_kib"]
-    rows = []
-    for mode in ("float", "fake", "fixed"):
-        rows.append(
-            {
-                "mode": mode,
-                "median_s": med[mode],
-                "min_s": times[times["mode"] == mode]["seconds"].min(),
-                "ratio_to_float": med[mode] / med["float"],
-                "median_cpu_s": cpu[mode],
-                "cpu_ratio_to_float": cpu[mode] / cpu["float"],
-                "time_target": TARGETS.get(mode, 1.0),
-                "peak_mem_growth_mib": mem[mode] / 1024,
-                "mem_ratio_to_float": mem[mode] / max(mem["float"], 1),
-                "rounds": args.rounds,
-                "threads": args.threads,
-            }
-        )
-    table = pd.DataFrame(rows)
-    OUT.mkdir(parents=True, exist_ok=True)
-    table.to_csv(OUT / "simulate.csv", index=False)
-    fake, fixed = table.set_index("mode").loc["fake"], table.set_index("mode").loc["fixed"]
-    fl = table.set_index("mode").loc["float"]
-    lines = [
-        "# Simulator cost: MobileNetV2 (random weights), 1x3x224x224, platform j6m",
+    torch.set_num_threads(args.threads)
+    start, load_before = time.time(), os.getloadavg()
+    cases = CASES[:1] if args.quick else CASES
+    rounds = 3 if args.quick else args.rounds
+    parts = []
+    for case in cases:
+        print(f"timing {case.label} ...", flush=True)
+        parts.append(bench_case(case, rounds, args.threads))
+    table = pd.concat(parts, ignore_index=True)
+    lut = bench_lut(args.threads, max(rounds, 9))
+    mem = {} if args.quick else memory(args.threads)
+    load_after = os.getloadavg()
+    targets = pd.DataFrame(target_rows(table, lut, mem))
+    batch = batch_rows(table) if not args.quick else pd.DataFrame()
+    meta = {
+        "load_average_1_5_15_before": [round(v, 2) for v in load_before],
+        "load_average_1_5_15_after": [round(v, 2) for v in load_after],
+        "cpu_count": os.cpu_count(),
+        "threads": args.threads,
+        "rounds": rounds,
+        "torch": torch.__version__,
+        "python": host.python_version(),
+        "machine": host.machine(),
+        "seconds": round(time.time() - start, 1),
+        "command": "python benchmarks/bench_simulate.py" + (" --quick" if args.quick else ""),
+    }
+    result = {
+        "meta": meta,
+        "targets": targets.to_dict("records"),
+        "cases": table.to_dict("records"),
+        "batch8_per_item": batch.to_dict("records"),
+        "lut": lut,
+        "peak_memory_growth_mib": mem,
+    }
+    show = table[["case", "variant", "median_wall_ms", "x_eager", "median_cpu_ms"]]
+    show = show.assign(
+        cpu_x_eager=table.cpu_x_eager, x_ort_int8=table.x_ort_int8, per_item_ms=table.per_item_ms
+    )
+    missed = int((targets.status != "met").sum())
+    md = [
+        "# Simulator speed against plain eager torch and onnxruntime",
         "",
-        f"- fake mode: {fake.cpu_ratio_to_float:.2f}x float in CPU time (target <= 1.5x); "
-        f"{fake.ratio_to_float:.2f}x in wall time",
-        f"- fixed mode: {fixed.cpu_ratio_to_float:.2f}x float in CPU time (target <= 4x); "
-        f"{fixed.ratio_to_float:.2f}x in wall time",
-        f"- peak memory growth of one run: fixed {fixed.mem_ratio_to_float:.2f}x float "
-        f"(target <= 2x; {fixed.peak_mem_growth_mib:.1f} MiB vs {fl.peak_mem_growth_mib:.1f} MiB)",
-        f"- medians of {args.rounds} interleaved rounds in one process, {args.threads} torch "
-        "threads. On a shared machine wall time swings with other load; process CPU time "
-        "(all threads) is the steadier measure.",
+        f"Load average (1, 5, 15 min) {meta['load_average_1_5_15_before']} before and "
+        f"{meta['load_average_1_5_15_after']} after, on {meta['cpu_count']} cores: "
+        + (
+            "the machine was busy; timings are distorted (ratios measured interleaved less so)."
+            if max(load_before[0], load_after[0]) > 0.5
+            else "the machine was idle."
+        ),
         "",
-        "| mode | median wall s | min wall s | wall x float | median CPU s | CPU x float "
-        "| peak mem growth MiB | mem x float |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Baseline: plain eager torch, `model(*x)` under `torch.no_grad()`, nothing captured, in "
+        f"the same process. Medians of {rounds} interleaved rounds, wall time (CPU time of all "
+        f"threads beside it), {args.threads} intra-op threads everywhere; onnxruntime with "
+        "`session.intra_op.allow_spinning` = 0, its int8 model statically quantized (QOperator, "
+        "int8 weights per channel, uint8 activations) from the same module. Pretrained weights, "
+        "BatchNorm folded. torch " + torch.__version__ + f"; run took {meta['seconds']} s.",
+        "",
+        f"## Targets: {len(targets) - missed} met, {missed} missed",
+        "",
+        markdown_table(targets),
+        "",
+        "## Per case (x eager: median wall time over eager's; x ort int8: over onnxruntime int8)",
+        "",
+        markdown_table(show, max_rows=100, floatfmt=".3g"),
+        "",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['mode']} | {r['median_s']:.4f} | {r['min_s']:.4f} | "
-            f"{r['ratio_to_float']:.2f} | {r['median_cpu_s']:.4f} | "
-            f"{r['cpu_ratio_to_float']:.2f} | {r['peak_mem_growth_mib']:.1f} | "
-            f"{r['mem_ratio_to_float']:.2f} |"
-        )
-    lines += ["", "Reproduce: `.venv/bin/python benchmarks/bench_simulate.py`", ""]
-    (OUT / "simulate.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    if not batch.empty:
+        md += [
+            "## Batch 8 against batch 1 (MobileNetV2): per-item wall time",
+            "",
+            markdown_table(batch, floatfmt=".3g"),
+            "",
+        ]
+    md += [
+        f"int16 sigmoid segment LUT (`SegmentLut.evaluate`) on {lut['elements']} codes: "
+        f"{lut['lut_ms']:.2f} ms vs torch.sigmoid {lut['sigmoid_ms']:.2f} ms on as many float32 "
+        f"values ({lut['ratio']:.2f}x)."
+        + (" Peak memory growth of one MobileNetV2 run (MiB): " if mem else "")
+        + ", ".join(f"{k} {v:.1f}" for k, v in mem.items()),
+        "",
+        "![x eager per variant](simulate.png)",
+        "",
+        f"Reproduce: `{meta['command']}` (writes simulate.md, simulate.json, simulate.png).",
+        "",
+    ]
+    plot = Plot(
+        "simulate",
+        x="variant",
+        y="x_eager",
+        xlabel="variant",
+        ylabel="median wall time (x plain eager torch)",
+        title="Simulator and onnxruntime cost per case",
+        facet="case",
+        kind=PlotKind.BAR,
+    )
+    fig = draw(plot, table)
+    atomic_write_text(args.out / "simulate.json", json.dumps(result, indent=1, default=float))
+    atomic_savefig(fig, args.out / "simulate.png")
+    atomic_write_text(args.out / "simulate.md", "\n".join(md))
+    print("\n".join(md))
+    if args.profile:
+        write_profile(args.out, args.threads)
+
+
+def write_profile(out: Path, threads: int) -> None:
+    """simulate_profile.md: aten ops and quantlab stages of fake and fixed MobileNetV2 runs."""
+    from profile_stages import profile_run
+
+    fns = variants(CASES[0], threads)
+    md = [
+        f"# Where the time goes: {CASES[0].label}, j6m, {threads} threads",
+        "",
+        f"Load average (1, 5, 15 min) {[round(v, 2) for v in os.getloadavg()]}. Eager torch "
+        "for scale: see simulate.md. Stages: cumulative time of the functions implementing "
+        "them (cProfile, which inflates Python-heavy stages); aten ops: torch.profiler self "
+        "CPU time. Reproduce: `python benchmarks/bench_simulate.py --profile`.",
+        "",
+    ]
+    for v in (FAKE, FIXED):
+        aten, stages = profile_run(fns[v])
+        md += [f"## {v}: stages", "", markdown_table(stages, floatfmt=".3g"), ""]
+        md += [f"## {v}: aten ops", "", markdown_table(aten, floatfmt=".3g"), ""]
+    atomic_write_text(out / "simulate_profile.md", "\n".join(md))
+    print("\n".join(md))
 
 
 if __name__ == "__main__":

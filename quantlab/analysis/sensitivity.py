@@ -180,7 +180,7 @@ def sensitivity(
         raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
     batches = check_batches(batches)
     start = time.perf_counter()
-    sim.run(*batches[0], mode=Mode.FLOAT)  # discover the ops
+    sim.trace(*batches[0], mode=Mode.FLOAT)  # discover the ops at these inputs
     ops = sim.ops
     if not studied_ops(sim, SensitiveType.ACTIVATION):
         listing = ", ".join(f"{n} ({t})" for n, t in zip(ops["name"], ops["op_type"]))

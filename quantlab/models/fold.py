@@ -104,14 +104,14 @@ def to_deployment_form(module: nn.Module, inputs: tuple[Tensor, ...]) -> nn.Modu
     for name, m in list(module.named_modules()):  # eval-mode Dropout is the identity already
         if isinstance(m, nn.Dropout):
             parent, attr = _parent_and_attr(module, name)
-            setattr(parent, attr, nn.Identity())
+            setattr(parent, attr, nn.Identity().eval())
     if not any(isinstance(m, nn.BatchNorm2d) for m in module.modules()):
         return module
     pairs, before = _pairs_and_output(module, inputs)
     for conv_name, bn_name in pairs:
         fold_conv_bn(module.get_submodule(conv_name), module.get_submodule(bn_name))
         parent, attr = _parent_and_attr(module, bn_name)
-        setattr(parent, attr, nn.Identity())
+        setattr(parent, attr, nn.Identity().eval())
     with torch.no_grad():
         after = module(*inputs)
     err = float((after - before).abs().max())

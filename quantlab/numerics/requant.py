@@ -142,7 +142,8 @@ def quantize_multiplier(real: Tensor, mult_bits: int = 31) -> tuple[Tensor, Tens
 
 
 def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 31) -> RequantParams:
-    """Encode the real multiplier ``real_scale`` (scalar or 1-d per channel) for ``scheme``.
+    """Encode the real multiplier ``real_scale`` (scalar or 1-d per channel) for ``scheme``
+    (once per distinct value: the result is cached by value and shared; never modify it).
 
     FLOAT_RESCALE keeps ``real_scale`` rounded once to float32 (pass ``requant_scale(...,
     FLOAT_RESCALE)`` to reproduce ONNX Runtime); FLOAT64_RESCALE keeps it in float64. The
@@ -161,6 +162,11 @@ def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 3
         if isinstance(real_scale, Tensor)
         else torch.tensor(real_scale, dtype=torch.float64)
     )
+    key = (str(r.dtype), tuple(r.shape), r.detach().cpu().contiguous().numpy().tobytes())
+    key = (*key, scheme, mult_bits)
+    hit = _ENCODED.get(key)
+    if hit is not None:
+        return hit
     check_multiplier(r, "real_scale")
     if r.dim() > 1:
         raise ValueError(
@@ -172,7 +178,17 @@ def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 3
     else:
         real = r.to(torch.float64)
         q, e = quantize_multiplier(real, mult_bits)
-    return RequantParams(scheme, real, q, e, mult_bits)
+    value = RequantParams(scheme, real, q, e, mult_bits)
+    if len(_ENCODED) >= ENCODED_LIMIT:
+        _ENCODED.clear()
+    _ENCODED[key] = value
+    return value
+
+
+ENCODED_LIMIT = 4096  # encoded multipliers kept (one per distinct value, scheme and width)
+# (dtype, shape, bytes of real_scale, scheme, mult_bits) -> RequantParams: the encoding is a
+# pure function of the value, so it is computed once per value (a plan-time cache)
+_ENCODED: dict[tuple, RequantParams] = {}
 
 
 def _names(enum_cls) -> str:

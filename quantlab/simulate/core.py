@@ -132,7 +132,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         """What ``model(*inputs)`` returns, computed in ``mode`` (with per-op overrides).
 
         With ``replay``, every op executed before the first op named in ``op_modes`` returns its
-        recorded output instead of being recomputed.
+        recorded output instead of being recomputed. A FLOAT run without ``op_modes`` or
+        ``replay`` (after the first run) is ``model(*inputs)`` in eval mode under no_grad,
+        nothing captured.
         """
         st = self._new_state(mode, op_modes, replay)
         return self._forward(inputs, st)
@@ -206,14 +208,31 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
                 raise ValueError(f"op_modes names unknown op(s) {unknown}; ops:\n  {listing}")
         return _RunState(mode, op_modes, replay=replay, replay_active=replay is not None)
 
+    def _plain(self, st: _RunState) -> bool:
+        """A FLOAT run that needs nothing recorded (ops discovered, no overrides, replay,
+        trace or calibration): the model runs as written, with nothing captured."""
+        return (
+            self._discovered
+            and st.mode is Mode.FLOAT
+            and not st.op_modes
+            and st.replay is None
+            and st.trace is None
+            and st.isolate is None
+            and not st.calibrating
+        )
+
     def _forward(self, inputs: tuple, st: _RunState) -> Any:
         if not self._discovered and (st.mode is not Mode.FLOAT or st.op_modes):
             self._forward(inputs, _RunState(Mode.FLOAT, {}))
+        plain = self._plain(st)
         prev, self._state = self._state, st
         training = [m for m in self.model.modules() if m.training]
         try:
             if training:
                 self.model.eval()
+            if plain:
+                with torch.no_grad():
+                    return self.model(*inputs)
             with (
                 torch.no_grad(),
                 self._tracker,

@@ -77,7 +77,12 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         bias = None
     ccodes = None
     if clamp is not None and out_scale is not None:
-        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt, rule=p.bound_rule)
+        ccodes = sim.op_memo(
+            call.name,
+            "clamp_codes",
+            (clamp, out_scale, out_dt),
+            lambda: bound_codes(clamp[0], clamp[1], out_scale, out_dt, rule=p.bound_rule),
+        )
     contract = p.gemm_contract(call.op_type, out_dt is DType.INT32, activation=xi.dtype)
     gemm.check_gemm_operands(xc, wc, contract)
     if call.op_type in ("conv1d", "conv2d"):

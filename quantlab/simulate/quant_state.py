@@ -7,6 +7,7 @@ kernels; all cached per op and invalidated by what they depend on.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,6 +76,19 @@ class QuantizationState:
     def fast_cache(self, name: str) -> dict:
         """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
         return self._fast.setdefault(name, {})
+
+    def op_memo(self, name: str, what: str, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` computed once per op ``name`` and ``what`` while ``key`` stays the same:
+        tensors in ``key`` compared by identity (the entry holds them, so no other tensor can
+        take their id; scales and weight codes are cached objects, new when they change),
+        other values by equality. For plan-time constants of the fixed-mode kernels."""
+        cache = self._fast.setdefault(name, {})
+        hit = cache.get(what)
+        if hit is not None and _same_key(hit[0], key):
+            return hit[1]
+        value = make()
+        cache[what] = (key, value)
+        return value
 
     def observed_range(self, name: str, key: str) -> tuple[float, float] | None:
         """Running (min, max) seen at activation point ``name/key`` during calibration."""
@@ -157,3 +171,14 @@ class QuantizationState:
             return y, QInfo(dtype, s)
         codes = quantize(x, s, dtype, self.platform.fake_round)
         return dequantize(codes, s), QInfo(dtype, s, codes)
+
+
+def _same_key(a: tuple, b: tuple) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        if isinstance(x, Tensor) or isinstance(y, Tensor) or x != y:
+            return False
+    return True

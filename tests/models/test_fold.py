@@ -45,6 +45,7 @@ def test_pairs_fold_and_shared_outputs_stay():
     to_deployment_form(m, (x,))
     assert isinstance(m.bn_a, nn.Identity) and isinstance(m.bn_b, nn.BatchNorm2d)
     assert isinstance(m.drop, nn.Identity) and m.a.bias is not None
+    assert not any(sub.training for sub in m.modules())  # replacements are in eval mode too
     with torch.no_grad():
         assert torch.allclose(m(x), ref, rtol=1e-5, atol=1e-5)
 
@@ -64,6 +65,7 @@ def test_real_cnns_have_no_batchnorm_or_dropout_and_same_logits(bundles, name):
     folded = bundles(name).module
     kinds = {type(m).__name__ for m in folded.modules()}
     assert not kinds & {"BatchNorm2d", "Dropout"}
+    assert not any(m.training for m in folded.modules())
     plain = build_model(ModelConfig(name=name, fold_batchnorm=False)).module
     assert any(isinstance(m, nn.BatchNorm2d) for m in plain.modules())
     x = example_inputs(name, seed=3)

@@ -38,6 +38,8 @@ def test_control_flow_model_runs_in_all_modes_unmodified():
         outs = {}
         for m in Mode:
             outs[m] = sim.run(x, mode=m)
+            if m is Mode.FLOAT:  # a plain float run captures nothing; a traced one records ops
+                assert_bits_equal(sim.trace(x, mode=m).result, outs[m])
             names = list(sim.ops["name"])
             k = sum(n.startswith("block:conv2d#") for n in names)
             # one stable name per loop iteration; in FLOAT the count is the model's own
@@ -52,6 +54,21 @@ def test_control_flow_model_runs_in_all_modes_unmodified():
             assert outs[m].shape == ref.shape
             assert torch.isfinite(outs[m]).all()
     assert len(seen_paths) >= 2  # the loop count or the branch really changed
+
+
+def test_plain_float_run_is_the_model_and_captures_nothing():
+    b, sim = _sim("small_cnn")
+    x = b.example_inputs(3, 7)
+    before = sim.ops.copy()
+    sim.model.train()  # a run is in eval mode and gives the module its flag back
+    with torch.no_grad():
+        ref = b.module.eval()(*x)
+    sim.model.train()
+    out = sim.run(*x, mode=Mode.FLOAT)
+    assert sim.model.training
+    assert_bits_equal(out, ref)
+    assert sim.ops.equals(before)  # nothing recorded: the op table is the calibration's
+    assert_bits_equal(sim.trace(*x, mode=Mode.FLOAT).result, ref)
 
 
 def test_int16_by_int16_conv_on_j6m_fails_naming_op_and_rule():

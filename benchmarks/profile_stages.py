@@ -1,0 +1,99 @@
+"""Where a simulator run's time goes: torch.profiler per aten op, and per quantlab stage.
+
+Stages are the cumulative time of the functions that implement them, from one cProfile run
+(cProfile adds a fixed cost per Python call, so Python-heavy stages read high; the shares
+still rank them): capture and dispatch (everything not in a stage below), activation
+quantization, weight and bias preparation, exact GEMM sums, GEMM requantization (``finish``),
+elementwise fixed kernels (add, mul, requant ops) and segment LUTs; the rest is capture,
+dispatch, bookkeeping and the float ops the model or a fake-mode op runs. Used by
+``bench_simulate.py --profile``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+# stage -> (file suffix, function name) pairs whose cumulative time is the stage's
+STAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "activation quantization": (("simulate/quant_state.py", "quantize_act"),),
+    "weight codes and bias": (
+        ("simulate/quant_state.py", "weight_q"),
+        ("simulate/quant_state.py", "weight_value"),
+        ("simulate/quant_state.py", "bias_value"),
+        ("simulate/dispatch.py", "_fold"),
+    ),
+    "exact GEMM sums": (
+        ("numerics/gemm/exact.py", "_conv_exact"),
+        ("numerics/gemm/exact.py", "int_matmul"),
+    ),
+    "GEMM requantization": (("numerics/gemm/finish.py", "finish_gemm"),),
+    "elementwise fixed kernels": (
+        ("simulate/fixed_ops.py", "_add"),
+        ("simulate/fixed_ops.py", "_mul"),
+        ("simulate/fixed_ops.py", "_requant_op"),
+        ("simulate/fixed_ops.py", "_reduce"),
+        ("simulate/fixed_ops.py", "_pool"),
+        ("simulate/fixed_ops.py", "_softmax"),
+    ),
+    "segment LUT": (("simulate/fixed_ops.py", "_lut"),),
+}
+
+
+def aten_table(fn: Callable[[], object], runs: int, rows: int = 15) -> pd.DataFrame:
+    """Self CPU time per aten op over ``runs`` calls of ``fn`` (torch.profiler)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    return pd.DataFrame(
+        [
+            {
+                "aten op": e.key,
+                "calls per run": e.count / runs,
+                "self CPU ms per run": e.self_cpu_time_total / 1e3 / runs,
+                "share": e.self_cpu_time_total / total,
+            }
+            for e in events[:rows]
+        ]
+    )
+
+
+def stage_table(fn: Callable[[], object], runs: int) -> pd.DataFrame:
+    """Cumulative seconds per quantlab stage over ``runs`` calls of ``fn`` (cProfile)."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(runs):
+        fn()
+    pr.disable()
+    stats = pstats.Stats(pr).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    total = sum(v[2] for v in stats.values()) or 1.0
+    rows, covered = [], 0.0
+    for stage, funcs in STAGES.items():
+        ct = 0.0
+        for (file, _line, name), v in stats.items():
+            if any(file.endswith(f) and name == n for f, n in funcs):
+                ct += v[3]  # cumulative: a recursive function's outermost calls only
+        rows.append({"stage": stage, "ms per run": ct * 1e3 / runs, "share": ct / total})
+        covered += ct
+    rows.insert(
+        0,
+        {
+            "stage": "the rest: capture, dispatch, bookkeeping, the model's float ops",
+            "ms per run": max(total - covered, 0.0) * 1e3 / runs,
+            "share": max(total - covered, 0.0) / total,
+        },
+    )
+    return pd.DataFrame(rows)
+
+
+def profile_run(fn: Callable[[], object], runs: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    fn()
+    with torch.no_grad():
+        return aten_table(fn, runs), stage_table(fn, runs)
