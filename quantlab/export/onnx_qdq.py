@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 from torch import Tensor
@@ -31,6 +32,7 @@ from quantlab.export.graph import (
     UnsupportedOpError,
 )
 from quantlab.export.trace_adapter import InputRef, OpRef, RecordedOp, record_run
+from quantlab.numerics.gemm import acc_scale
 from quantlab.report.io import atomic_write_bytes
 
 Emitter = Callable[[ExportContext, RecordedOp], None]
@@ -94,6 +96,17 @@ class QDQExport:
     probe_outputs: list[str] = field(default_factory=list)  # op tensors exposed as outputs
     encoding: ActivationEncoding = ActivationEncoding.SIGNED
     offset_tensors: set = field(default_factory=set)  # codes tensors written as code + 128
+    # one LSB of each output: its scale, or x_scale * w_scale per channel (last axis) for a
+    # GEMM's wide output; None for other float outputs
+    output_scales: list = field(default_factory=list)
+
+
+def _output_scale(v: Value, op: RecordedOp | None):
+    if v.quant is not None:
+        return v.quant.scale
+    if op is None or op.weight_scale is None or not op.in_quant or op.in_quant[0] is None:
+        return None
+    return acc_scale(op.in_quant[0].scale, op.weight_scale).numpy().astype(np.float32)
 
 
 def _unsupported(op: RecordedOp) -> UnsupportedOpError:
@@ -140,11 +153,12 @@ def build_model(
         if op.fused_into:
             continue  # written by its GEMM
         EMITTERS[op.op_type](ctx, op)
-    outputs, out_names = [], []
-    for k, ref in enumerate(
-        r for r in tree_flatten(run.output)[0] if isinstance(r, (OpRef, InputRef))
-    ):
+    outputs, out_names, out_scales = [], [], []
+    by_name = {op.name: op for op in run.ops}
+    refs = [r for r in tree_flatten(run.output)[0] if isinstance(r, (OpRef, InputRef))]
+    for k, ref in enumerate(refs):
         v = ctx.env[ref]
+        out_scales.append(_output_scale(v, by_name.get(getattr(ref, "name", None))))
         name = g.node("Identity", [v.name], f"output{k}")
         out_names.append(name)
         outputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[v.dtype], list(v.shape)))
@@ -155,6 +169,7 @@ def build_model(
         dict(ctx.op_tensors),
         encoding=encoding,
         offset_tensors={t for t, q in ctx.quant_of.items() if g.offset(q)},
+        output_scales=out_scales,
     )
     if probe:
         seen = set(out_names)

@@ -258,7 +258,7 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
     if op.fused_into:  # computed by its GEMM: the inputs are the GEMM's output as it is
         return
     applied = []
-    for i, (slot, inc) in enumerate(zip(op.acts, op.in_quant)):
+    for i, inc in enumerate(op.in_quant):
         if not op.in_float[i]:
             applied.append(None)
             continue

@@ -1,0 +1,67 @@
+"""The numpy oracles of onnxruntime's QLinearAdd and QLinearGlobalAveragePool (the kernels a
+QDQ Add / GlobalAveragePool fuse into) match onnxruntime bit for bit on random cases: int8 with
+zero point 0 and uint8 with zero point 128 (quantlab's two activation encodings), and arbitrary
+output zero points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+from ort_qlinear_ops import (  # noqa: E402
+    F32,
+    qlinear_add,
+    qlinear_global_average_pool,
+    run_qlinear_add,
+    run_qlinear_global_average_pool,
+)
+
+N_ADD = 300
+N_GAP = 200
+
+
+def _zero_points(rng, dt, seed):
+    info = np.iinfo(dt)
+    z = 0 if dt == np.int8 else 128
+    zc = z if seed % 4 < 2 else int(rng.integers(info.min, info.max + 1))
+    return z, zc
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_qlinear_add_oracle_matches_onnxruntime(chunk):
+    rng = np.random.default_rng(100 + chunk)
+    for seed in range(chunk * N_ADD // 3, (chunk + 1) * N_ADD // 3):
+        dt = np.int8 if seed % 2 else np.uint8
+        info = np.iinfo(dt)
+        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 70)))
+        a = rng.integers(info.min, info.max + 1, shape).astype(dt)
+        b = rng.integers(info.min, info.max + 1, shape[-1:] if seed % 5 == 0 else shape)
+        b = b.astype(dt)
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        if seed % 7 == 0:  # power-of-two scales: exact ties
+            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
+        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        z, zc = _zero_points(rng, dt, seed)
+        got = run_qlinear_add(a, sa, z, b, sb, z, sc, zc)
+        want = qlinear_add(a, sa, z, b, sb, z, sc, zc)
+        assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
+
+
+def test_qlinear_global_average_pool_oracle_matches_onnxruntime():
+    rng = np.random.default_rng(7)
+    for seed in range(N_GAP):
+        dt = np.int8 if seed % 2 else np.uint8
+        info = np.iinfo(dt)
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 40)))
+        shape += (int(rng.integers(1, 9)), int(rng.integers(1, 9)))
+        x = rng.integers(info.min, info.max + 1, shape).astype(dt)
+        sx = F32(rng.uniform(1e-3, 0.1))
+        sy = F32(sx * rng.uniform(0.3, 2.0))
+        if seed % 5 == 0:  # power-of-two scales and 2**k pixels: exact ties
+            x = x[:, :, :2, :2]
+            sx, sy = F32(2.0**-5), F32(2.0**-6)
+        z, zy = _zero_points(rng, dt, seed)
+        got = run_qlinear_global_average_pool(x, sx, z, sy, zy)
+        want = qlinear_global_average_pool(x, sx, z, sy, zy)
+        assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
