@@ -13,6 +13,7 @@ _LOADERS: dict[str, str] = {
     "stereo": "quantlab.data.stereo",
     "page": "quantlab.data.page",
     "sentences": "quantlab.data.sentences",
+    "digits": "quantlab.data.digits",
     "synthetic": "quantlab.data.synthetic",
 }
 

@@ -27,6 +27,7 @@ from quantlab.models.tasks import (
     OutputSQNR,
     SoftmaxKL,
     TaskMetric,
+    Top1Accuracy,
     Top1Agreement,
     UnwarpPSNR,
 )
@@ -105,6 +106,10 @@ def _token_inputs(gen: torch.Generator, batch: int) -> tuple[Tensor, ...]:
     return ids, torch.ones_like(ids)
 
 
+def _digit_inputs(gen: torch.Generator, batch: int) -> tuple[Tensor, ...]:
+    return (torch.rand(batch, 8, 8, generator=gen),)
+
+
 def _toy(cls_name: str, module: str = "toy", **kwargs) -> Callable[[bool], nn.Module]:
     def build(pretrained: bool) -> nn.Module:
         import importlib
@@ -124,7 +129,17 @@ def _real(module: str, fn: str) -> Callable[[bool], nn.Module]:
     return build
 
 
+def _digits(variant: str) -> Callable[[bool], nn.Module]:
+    def build(pretrained: bool) -> nn.Module:
+        from quantlab.models.trained_digits import build as build_digits
+
+        return build_digits(variant, pretrained)
+
+    return build
+
+
 _IMAGENET_METRICS = (Top1Agreement(), SoftmaxKL())
+_DIGITS_METRICS = (Top1Accuracy(), Top1Agreement(), SoftmaxKL())
 
 _ENTRIES: dict[str, _Entry] = {
     "small_cnn": _Entry(
@@ -172,6 +187,30 @@ _ENTRIES: dict[str, _Entry] = {
         _image_inputs(formats.UNIT, 64, 1024),
         (OutputSQNR(),),
         formats.UNIT,
+    ),
+    "digits_layernorm": _Entry(
+        _digits("digits_layernorm"),
+        "digit transformer trained in the lab (sklearn digits, 16 tokens of 2x2 pixels, 2 "
+        "blocks): LayerNorm, softmax attention",
+        _digit_inputs,
+        _DIGITS_METRICS,
+        default_data="digits",
+    ),
+    "digits_dyt": _Entry(
+        _digits("digits_dyt"),
+        "digit transformer trained in the lab: Dynamic Tanh (gamma tanh(alpha x) + beta) in "
+        "place of every LayerNorm, softmax attention",
+        _digit_inputs,
+        _DIGITS_METRICS,
+        default_data="digits",
+    ),
+    "digits_sima": _Entry(
+        _digits("digits_sima"),
+        "digit transformer trained in the lab: LayerNorm, softmax-free SimA attention (q, k "
+        "L1-normalised along the tokens)",
+        _digit_inputs,
+        _DIGITS_METRICS,
+        default_data="digits",
     ),
     "mobilenet_v2": _Entry(
         _real("imagenet", "mobilenet_v2"),

@@ -48,6 +48,26 @@ class Top1Agreement(TaskMetric):
 
 
 @dataclass(frozen=True)
+class Top1Accuracy(TaskMetric):
+    """Share of samples whose arg-max class is the label (logits (B, C), labels one (B,) int64
+    tensor per batch); in [0, 1]. Without labels, the float model's arg-max serves as the
+    label (agreement)."""
+
+    name: str = "top1_accuracy"
+    higher_is_better: bool = True
+
+    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+        t = _cat(test_outputs).argmax(-1)
+        if labels is None:
+            y = _cat(ref_outputs).argmax(-1)
+        else:
+            y = torch.cat([torch.as_tensor(lab).reshape(-1) for lab in labels]).to(torch.int64)
+        if y.numel() != t.numel():
+            raise ValueError(f"labels hold {y.numel()} samples, outputs {t.numel()}")
+        return float((t == y).to(torch.float64).mean())
+
+
+@dataclass(frozen=True)
 class SoftmaxKL(TaskMetric):
     """Mean KL(softmax(ref) || softmax(test)) in nats over samples (logits (B, C)); >= 0."""
 
