@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from quantlab.analysis.sensitivity import (
     SensitiveType,
@@ -39,7 +40,6 @@ from quantlab.analysis.sensitivity import (
 from quantlab.data import load_data
 from quantlab.data.schema import DataConfig
 from quantlab.models import build_model
-from quantlab.progress import progress
 from quantlab.report.io import atomic_write_text
 from quantlab.simulate import Mode, Simulator
 
@@ -90,7 +90,7 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
         names = studied_ops(sim, kind)
         k_fast = t_trace if kind is SensitiveType.ACTIVATION else 0.0
         k_naive = 0.0
-        for i, name in enumerate(progress(names, f"bench {kind.value}")):
+        for i, name in enumerate(tqdm(names, desc=f"bench {kind.value}")):
             mode, op_modes = pass_modes(kind, name)
             for b, tr in zip(batches, traces):
 

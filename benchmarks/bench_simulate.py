@@ -34,16 +34,14 @@ MEMORY_TARGET = 2.0
 def _setup(threads: int):
     from quantlab.models import build_model
     from quantlab.models.schema import ModelConfig
-    from quantlab.progress import set_progress
     from quantlab.simulate import Mode, Simulator
 
-    set_progress(False)
     torch.set_num_threads(threads)
     bundle = build_model(ModelConfig(name="mobilenet_v2", pretrained=False))
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, 3, 224, 224, generator=gen)
     sim = Simulator(bundle.module, "j6m")
-    sim.calibrate([(torch.randn(1, 3, 224, 224, generator=gen),)])
+    sim.calibrate([(torch.randn(1, 3, 224, 224, generator=gen),)], progress=False)
     for m in (Mode.FAKE, Mode.FIXED):  # scales, weight codes and tables are built once
         sim.run(x, mode=m)
     return sim, x

@@ -151,7 +151,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     bundle = build_model(ctx.model, seed=ctx.seed or 0)
     data = load_data(ctx.data, bundle.name)
     sim = Simulator(bundle.module, ctx.platform)
-    sim.calibrate(data.calib)
+    sim.calibrate(data.calib, ctx.progress)
     batch = _merge(data.eval, exp.max_eval_items)
     table = consistency_table(sim, batch, exp)
     outputs = _output_rows(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED])

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from quantlab.analysis.gridsample import (
     GridKind,
@@ -26,14 +27,12 @@ from quantlab.analysis.gridsample import (
     measure_case,
     predicted_step_px,
     smooth_texture,
-    torch_threads,
     unwarp_psnr,
 )
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.grid_sample import SampleMode, grid_limit_violation, required_halo
-from quantlab.progress import progress
 from quantlab.report import Plot
 
 FOLD_W = 720 * 1024  # a 720 x 1024 BEV map folded into one W
@@ -108,7 +107,9 @@ def _variant_align(exp: GridsampleSplitExp) -> bool:
     return False if False in exp.align_corners else True
 
 
-def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator, wbits: int) -> list[dict]:
+def _texture_rows(
+    exp: GridsampleSplitExp, gen: torch.Generator, wbits: int, progress: bool
+) -> list[dict]:
     widths = list(exp.widths) + ([FOLD_W] if exp.fold else [])
     jobs = []
     for w in widths:
@@ -122,7 +123,9 @@ def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator, wbits: int) -> 
                         for v in variants:
                             jobs.append((w, kind, align, mode, k, v))
     rows, cache = [], {}
-    for w, kind, align, mode, k, v in progress(jobs, "gridsample_split cases"):
+    for w, kind, align, mode, k, v in tqdm(
+        jobs, desc="gridsample_split cases", disable=not progress
+    ):
         if ("x", w) not in cache:
             cache.clear()
             cache[("x", w)] = smooth_texture(exp.height, w, exp.texture_px, exp.input_dtype, gen)
@@ -148,7 +151,7 @@ def _texture_rows(exp: GridsampleSplitExp, gen: torch.Generator, wbits: int) -> 
     return rows
 
 
-def _uvdoc_rows(exp: GridsampleSplitExp, wbits: int) -> tuple[list[dict], str]:
+def _uvdoc_rows(exp: GridsampleSplitExp, wbits: int, progress: bool) -> tuple[list[dict], str]:
     from quantlab.data import load_data
     from quantlab.models import build_model
 
@@ -166,7 +169,7 @@ def _uvdoc_rows(exp: GridsampleSplitExp, wbits: int) -> tuple[list[dict], str]:
     rows = []
     jobs = [(n, k) for n in exp.uvdoc_folds for k in exp.uvdoc_splits]
     cache: dict = {}
-    for n, k in progress(jobs, "gridsample_split uvdoc"):
+    for n, k in tqdm(jobs, desc="gridsample_split uvdoc", disable=not progress):
         if n not in cache:
             cache.clear()
             cache[n] = fold_pages(gray, full, n, multiple, exp.uvdoc_rows)
@@ -334,9 +337,8 @@ def gridsample_split(exp: GridsampleSplitExp, ctx: RunContext) -> ExperimentResu
     wbits = exp.weight_frac_bits
     if wbits is None:
         wbits = ctx.platform.grid_weight_frac_bits
-    with torch_threads(1):
-        df = pd.DataFrame(_texture_rows(exp, gen, wbits))
-        uv, uv_desc = _uvdoc_rows(exp, wbits) if exp.uvdoc else ([], "")
+    df = pd.DataFrame(_texture_rows(exp, gen, wbits, ctx.progress))
+    uv, uv_desc = _uvdoc_rows(exp, wbits, ctx.progress) if exp.uvdoc else ([], "")
     limits = pd.DataFrame(_limit_rows(exp, ctx.platform))
     findings, law = _law_findings(df, exp)
     findings += _output_findings(df, exp)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from quantlab.analysis.cost import model_cost
 from quantlab.analysis.weight_split import (
@@ -32,7 +33,6 @@ from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.split import SplitCombine, check_split_k
-from quantlab.progress import progress
 from quantlab.report import Plot, PlotKind
 
 SCHEMES = ("int8", "split_topk", "split_all", "int16")
@@ -93,14 +93,14 @@ def _formats(exp: HighlowSplitExp) -> list[FormatChoice]:
     return out + [FormatChoice(OperandFormat.INT16)]
 
 
-def _per_layer(exp, name, module, batch) -> pd.DataFrame:
+def _per_layer(exp, name, module, batch, progress: bool) -> pd.DataFrame:
     calls = capture_gemm_calls(module, batch)
     if exp.max_layers is not None:
         calls = calls[: exp.max_layers]
     calls = [crop_conv_input(c, exp.layer_max_hw) for c in calls]
     rows = []
     fmts = _formats(exp)
-    for i, call in enumerate(progress(calls, f"{name} layers")):
+    for i, call in enumerate(tqdm(calls, desc=f"{name} layers", disable=not progress)):
         for dt in exp.layer_in_dtypes:
             for r in evaluate_formats(call, fmts, in_dtype=dt, out_dtype=exp.layer_out_dtype):
                 rows.append({"model": name, "layer_idx": i} | r)
@@ -133,7 +133,7 @@ def _model_level(exp, ctx, name, bundle, data) -> tuple[pd.DataFrame, pd.DataFra
     with torch.no_grad():
         ref = [module(*b) for b in data.eval]
     sim = Simulator(module, ctx.platform)
-    sim.calibrate(data.calib[:1])
+    sim.calibrate(data.calib[:1], ctx.progress)
     base_ops = _first_dtype(sim.ops)
     mods = dict(module.named_modules())
     fmt = {
@@ -316,6 +316,7 @@ def _fixed_level(exp, ctx, name, bundle, sens) -> pd.DataFrame:
         top_modules=list(sens["module"].head(exp.top_k)),
         k=exp.model_k,
         combines=list(exp.combines),
+        progress=ctx.progress,
     )
     df.insert(0, "model", name)
     return df
@@ -377,7 +378,7 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
             DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval),
             model=name,
         )
-        layers.append(_per_layer(exp, name, bundle.module, data.eval[0]))
+        layers.append(_per_layer(exp, name, bundle.module, data.eval[0], ctx.progress))
         if exp.schemes:
             m, s = _model_level(exp, ctx, name, bundle, data)
             models.append(m)

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import LutFormat, LutSpec, Strategy, build_lut, inverse_sigmoid_composite
 from quantlab.ops import inverse_sigmoid_bound
-from quantlab.progress import progress
 from quantlab.report import Plot, PlotKind
 
 COMPOSITE = "composite"  # the vendor-op composite's label in the strategy column
@@ -92,13 +92,13 @@ def _exact(x: np.ndarray, eps: float) -> np.ndarray:
     return np.log(np.maximum(x, eps) / np.maximum(1 - x, eps))
 
 
-def _op_level(exp: InverseSigmoidExp, fmt: LutFormat):
+def _op_level(exp: InverseSigmoidExp, fmt: LutFormat, progress: bool):
     """Rows per (impl, strategy, dtype, eps, region); dividing points; binned error profile."""
     rows, points, prof = [], [], []
     cases = [(e, dt, s) for e in exp.eps_values for dt in exp.in_dtypes for s in exp.strategies]
     if exp.composite:
         cases += [(e, dt, COMPOSITE) for e in exp.eps_values for dt in exp.in_dtypes]
-    for eps, dt, strat in progress(cases, "inverse_sigmoid tables"):
+    for eps, dt, strat in tqdm(cases, desc="inverse_sigmoid tables", disable=not progress):
         s_in = _scale(1.0, dt)
         bound = exp.output_bound or inverse_sigmoid_bound(eps)
         s_out = _scale(bound, exp.out_dtype)
@@ -248,12 +248,12 @@ def _model_level(exp: InverseSigmoidExp, ctx: RunContext) -> tuple[pd.DataFrame,
         if not rows or rows[-1]["variant"] != variant:
             row(variant, "-", "float", ref, ref)
         sim = Simulator(m, ctx.platform, qspec)
-        sim.calibrate(calib)
+        sim.calibrate(calib, ctx.progress)
         for mode in (Mode.FAKE, Mode.FIXED):
             with torch.no_grad():
                 row(variant, strategy, mode.name.lower(), sim.run(*inputs, mode=mode), ref)
 
-    for strat in progress(exp.strategies, "decoder per strategy"):
+    for strat in tqdm(exp.strategies, desc="decoder per strategy", disable=not ctx.progress):
         measure("inverse_sigmoid", strat.name, model, spec(strat))
     measure("clamped_logit", f"none (clamp +-{exp.clamp_logit:g})", clamped, spec(None))
     with torch.no_grad():
@@ -397,8 +397,8 @@ def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> l
 
 @experiment(InverseSigmoidExp, "inverse_sigmoid")
 def run(exp: InverseSigmoidExp, ctx: RunContext) -> ExperimentResult:
-    fmt = LutFormat.from_platform(ctx.platform)
-    ops, points, prof = _op_level(exp, fmt)
+    fmt = ctx.platform.lut_format()
+    ops, points, prof = _op_level(exp, fmt, ctx.progress)
     eps0 = exp.eps_values[0]
     computed = inverse_sigmoid_bound(exp.quoted_eps)
     s_out = _scale(computed, exp.out_dtype)

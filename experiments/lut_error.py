@@ -5,33 +5,39 @@ rules, clamps) and each strategy, the integer table is built and evaluated on al
 (65536 for int16, 256 for int8). Errors are measured against the exact function saturated to the
 output range, in output LSBs and in float, split by region (tails, tables); the fake counterpart
 (what QAT computes) and the analytic bound h^2/8 max|f''| per table are reported next to them
-(quantlab.numerics.lut.analysis). Sweep one strategy per job with
-``python -m quantlab -m +exp=lut_error exp.strategy=EVENLY,CURVATURE,MINIMAX``.
+(quantlab.numerics.lut.analysis). Every strategy is also scored by its mean error under a stated
+input distribution per function (a Gaussian over the function's sample range, see
+``LutErrorExp.data_sigma_fraction``), the distribution the DATA strategy is given as its
+histogram, and by its build time (from an empty table cache). Sweep one strategy per job with
+``python -m quantlab -m +exp=lut_error exp.strategy=EVENLY,CURVATURE,MINIMAX,OPTIMAL``.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     FUNCTIONS,
-    LutFormat,
+    InputHistogram,
     SegmentLut,
     Strategy,
     analyze,
     build_lut,
     default_spec,
+    mean_error_lsb,
     profile,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.progress import progress
-from quantlab.report import Plot
+from quantlab.numerics.lut.table import clear_build_cache
+from quantlab.report import Plot, PlotKind
 
 OURS = Strategy.MINIMAX
 VENDOR = (Strategy.EVENLY, Strategy.CURVATURE)
@@ -48,6 +54,8 @@ class LutErrorExp:
             Strategy.CURVATURE,
             Strategy.SQRT_CURVATURE,
             Strategy.MINIMAX,
+            Strategy.OPTIMAL,
+            Strategy.DATA,
         ]
     )
     strategy: Strategy | None = None  # one strategy only (for sweeps); None: all of ``strategies``
@@ -55,6 +63,11 @@ class LutErrorExp:
     out_dtypes: list[DType] = field(default_factory=lambda: [DType.INT16, DType.INT8])
     include_manual_default: bool = True  # gelu: also its vendor fixed points (MANUAL)
     profile_bins: int = 400  # bins along the input axis in the error plot
+    # the stated input distribution per function (DATA's histogram, and every strategy's mean
+    # error under data): N(centre, (sigma_fraction x width)^2) of the function's sample range,
+    # as ``data_bins`` equal bins over that range
+    data_sigma_fraction: float = 0.125
+    data_bins: int = 2048
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.functions if f not in FUNCTIONS]
@@ -71,6 +84,12 @@ class LutErrorExp:
             bad = [d for d in getattr(self, name) if d not in (DType.INT8, DType.INT16)]
             if bad or not getattr(self, name):
                 raise ValueError(f"exp.{name} must list INT8/INT16 only, got {bad}")
+        if not 0 < self.data_sigma_fraction <= 10:
+            raise ValueError(
+                f"exp.data_sigma_fraction must be in (0, 10], got {self.data_sigma_fraction}"
+            )
+        if self.data_bins < 8:
+            raise ValueError(f"exp.data_bins must be >= 8, got {self.data_bins}")
         if self.profile_bins < 8:
             raise ValueError(f"exp.profile_bins must be >= 8, got {self.profile_bins}")
 
@@ -79,6 +98,25 @@ class LutErrorExp:
 
 
 register_schema("exp", "lut_error_schema", LutErrorExp)
+
+
+def data_histogram(func: str, sigma_fraction: float, bins: int) -> InputHistogram:
+    """The stated input distribution of ``func``: a Gaussian centred on its sample range, with
+    standard deviation ``sigma_fraction`` x the range's width, as ``bins`` equal bins over the
+    range (bin mass = density at the bin centre)."""
+    lo, hi = FUNCTIONS[func].sample_range
+    edges = np.linspace(lo, hi, bins + 1)
+    mid = 0.5 * (edges[:-1] + edges[1:])
+    sigma = sigma_fraction * (hi - lo)
+    return InputHistogram(lo, hi, tuple(np.exp(-0.5 * ((mid - 0.5 * (lo + hi)) / sigma) ** 2)))
+
+
+def _timed_build(func, in_dt, s_in, out_dt, s_out, spec, fmt, hist):
+    """Build from an empty table cache: (table, wall seconds, CPU seconds of this process)."""
+    clear_build_cache()
+    t0, c0 = time.perf_counter(), time.process_time()
+    lut = build_lut(func, in_dt, s_in, out_dt, s_out, spec, fmt, histogram=hist)
+    return lut, time.perf_counter() - t0, time.process_time() - c0
 
 
 def _spec_for(func: str, strategy: Strategy):
@@ -128,7 +166,74 @@ def _comparison(df: pd.DataFrame, in_dt: str, out_dt: str) -> pd.DataFrame:
             wide["gain_vs_best_vendor"] = wide.best_vendor_lsb / wide.minimax_lsb
             chosen = sub[sub.strategy == OURS.name].set_index("function").chosen
             wide["minimax_start"] = wide.function.map(chosen)
+    if {"optimal_lsb", "minimax_lsb"} <= set(wide.columns):
+        wide["optimal_gain_vs_minimax"] = wide.minimax_lsb / wide.optimal_lsb
+    if {"optimal_lsb", "best_vendor_lsb"} <= set(wide.columns):
+        wide["optimal_gain_vs_best_vendor"] = wide.best_vendor_lsb / wide.optimal_lsb
     return wide
+
+
+def _data_comparison(df: pd.DataFrame, in_dt: str, out_dt: str) -> pd.DataFrame:
+    """Per function: mean error under the stated data distribution (output LSB) of every
+    strategy, and DATA's max error over OPTIMAL's."""
+    sub = df[(df.region == "all") & (df.in_dtype == in_dt) & (df.out_dtype == out_dt)]
+    wide = sub.pivot_table(index="function", columns="strategy", values="data_mean_err_lsb")
+    wide.columns = [f"{c.lower()}_data_lsb" for c in wide.columns]
+    wide = wide.reset_index()
+    if {"OPTIMAL", "DATA"} <= set(sub.strategy):
+        mx = sub.pivot_table(index="function", columns="strategy", values="max_err_lsb")
+        ratio = (mx.DATA / mx.OPTIMAL).rename("data_max_over_optimal_max")
+        wide = wide.merge(ratio.reset_index(), on="function")
+    return wide
+
+
+def _optimal_findings(cmp: pd.DataFrame, dcmp: pd.DataFrame, pair: str) -> list[str]:
+    """OPTIMAL against every other strategy, and DATA against OPTIMAL, for one dtype pair."""
+    out = []
+    if "optimal_lsb" in cmp.columns:
+        others = [c for c in cmp.columns if c.endswith("_lsb") and c.split("_")[0] not in (
+            "optimal", "data", "best")]  # fmt: skip
+        ok = cmp.optimal_lsb <= cmp[others].min(axis=1)  # (NaN: a strategy an op lacks)
+        line = (
+            f"{pair}: OPTIMAL's max error is <= every other strategy's "
+            f"({', '.join(o[:-4].upper() for o in others)}) on {int(ok.sum())} of {len(cmp)} ops"
+        )
+        for col, name in (("optimal_gain_vs_minimax", "MINIMAX"),
+                          ("optimal_gain_vs_best_vendor", "the better vendor rule")):  # fmt: skip
+            if col in cmp.columns:
+                g = cmp[col]
+                hi = cmp.loc[g.idxmax()]
+                line += (
+                    f"; lower than {name} by {g.median():.3g}x (median, up to {g.max():.3g}x on "
+                    f"{hi.function})"
+                )
+        out.append(line + ".")
+    if {"optimal_data_lsb", "data_data_lsb"} <= set(dcmp.columns):
+        gain = 1 - dcmp.data_data_lsb / dcmp.optimal_data_lsb
+        best = dcmp.loc[gain.idxmax()]
+        out.append(
+            f"{pair}: under the stated data distribution DATA's mean error is "
+            f"{100 * gain.median():.1f}% below OPTIMAL's (median; up to {100 * gain.max():.1f}% "
+            f"on {best.function}: {best.optimal_data_lsb:.3g} -> {best.data_data_lsb:.3g} LSB), "
+            f"never above it on {int((gain >= -1e-9).sum())} of {len(dcmp)} ops; its max error "
+            f"is at most {dcmp.data_max_over_optimal_max.max():.3g}x OPTIMAL's (bound 2x)."
+        )
+    return out
+
+
+def _build_times(df: pd.DataFrame) -> pd.DataFrame:
+    """Per strategy and dtype pair: median and max build time (wall and CPU seconds)."""
+    sub = df[(df.region == "all") & (df.strategy != "DIRECT")]
+    sub = sub.assign(pair=sub.in_dtype + " -> " + sub.out_dtype)
+    g = sub.groupby(["pair", "strategy"], sort=False)
+    out = g.agg(
+        median_s=("build_s", "median"),
+        max_s=("build_s", "max"),
+        median_cpu_s=("build_cpu_s", "median"),
+        max_cpu_s=("build_cpu_s", "max"),
+        functions=("function", "nunique"),
+    )
+    return out.reset_index()
 
 
 def _strategy_findings(cmp: pd.DataFrame, pair: str) -> list[str]:
@@ -194,7 +299,7 @@ def _global_findings(df: pd.DataFrame) -> list[str]:
 
 @experiment(LutErrorExp, "lut_error")
 def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
-    fmt = LutFormat.from_platform(ctx.platform)
+    fmt = ctx.platform.lut_format()
     pairs = [(i, o) for i in exp.in_dtypes for o in exp.out_dtypes]
     jobs = []
     for func in exp.functions:
@@ -207,10 +312,11 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
                 jobs.append((func, st, in_dt, out_dt, direct))
     plot_pair = pairs[0]
     rows, profiles = [], []
-    for func, st, in_dt, out_dt, direct in progress(jobs, "lut_error"):
+    for func, st, in_dt, out_dt, direct in tqdm(jobs, desc="lut_error", disable=not ctx.progress):
         s_in, s_out = sample_scales(func, in_dt, out_dt)
         spec = _spec_for(func, st)
-        lut = build_lut(func, in_dt, s_in, out_dt, s_out, spec, fmt)
+        hist = data_histogram(func, exp.data_sigma_fraction, exp.data_bins)
+        lut, wall, cpu = _timed_build(func, in_dt, s_in, out_dt, s_out, spec, fmt, hist)
         label = "DIRECT" if direct else st.name
         reg = analyze(lut)
         reg.insert(0, "function", func)
@@ -221,6 +327,9 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
         reg["in_scale"] = s_in
         reg["out_scale"] = s_out
         reg["is_default"] = direct or st is default_spec(func).strategy
+        reg["data_mean_err_lsb"] = mean_error_lsb(lut, hist.code_weights(in_dt, s_in))
+        reg["build_s"] = wall
+        reg["build_cpu_s"] = cpu
         pts = () if lut.direct else lut.dividing_points_float
         reg["dividing_points"] = " ".join(f"{p:.4g}" for p in pts)
         rows.append(reg)
@@ -235,9 +344,23 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
         cmp = _comparison(df, in_dt.name, out_dt.name)
         key = f"strategies_{in_dt.name.lower()}_to_{out_dt.name.lower()}"
         tables[key] = cmp
+        dcmp = _data_comparison(df, in_dt.name, out_dt.name)
+        tables[f"data_{key}"] = dcmp
+        findings += _optimal_findings(cmp, dcmp, f"{in_dt.name} -> {out_dt.name}")
         if (in_dt, out_dt) in (plot_pair, (DType.INT8, DType.INT16)):
             findings += _strategy_findings(cmp, f"{in_dt.name} -> {out_dt.name}")
     findings += _global_findings(df)
+    times = _build_times(df)
+    tables["build_times"] = times
+    for st in ("OPTIMAL", "DATA"):
+        t = times[times.strategy == st]
+        if len(t):
+            worst = t.loc[t.max_s.idxmax()]
+            findings.append(
+                f"Build time of {st} (J6 geometry, from an empty cache, on a shared 2-core "
+                f"machine: indicative, benchmarks/bench_lut.py is the reference): at most "
+                f"{worst.max_s:.2f} s wall ({t.max_cpu_s.max():.2f} s CPU), on {worst.pair}."
+            )
     default_rows = df[df.is_default & (df.region == "all")]
     tables["vendor_defaults"] = default_rows[
         ["function", "strategy", "in_dtype", "out_dtype", "max_err_lsb", "mean_err_lsb", "max_err"]
@@ -264,6 +387,40 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
                 logy=True,
             )
         )
+    in_dt, out_dt = plot_pair
+    key = f"data_strategies_{in_dt.name.lower()}_to_{out_dt.name.lower()}"
+    if key in tables:
+        long = df[(df.region == "all") & (df.in_dtype == in_dt.name)]
+        long = long[(long.out_dtype == out_dt.name) & (long.strategy != "MANUAL")]
+        tables["data_errors"] = long[["function", "strategy", "data_mean_err_lsb"]].reset_index(
+            drop=True
+        )
+        plots.append(
+            Plot(
+                name="error_under_data",
+                table="data_errors",
+                x="strategy",
+                y="data_mean_err_lsb",
+                xlabel="strategy",
+                ylabel="mean |LUT - f| under the data distribution (output LSB)",
+                title=f"Error the data sees, {in_dt.name} -> {out_dt.name}",
+                facet="function",
+                kind=PlotKind.BAR,
+            )
+        )
+    plots.append(
+        Plot(
+            name="build_time",
+            table="build_times",
+            x="strategy",
+            y="max_cpu_s",
+            xlabel="strategy",
+            ylabel="slowest build over the functions (s of CPU, all threads)",
+            title="Table build time from an empty cache",
+            facet="pair",
+            kind=PlotKind.BAR,
+        )
+    )
     notes = [
         "Inputs: every code of the input dtype; scales from each function's sample range "
         "(quantlab.numerics.lut.FUNCTIONS: sample_range, sample_out_amax) with the J6 rule "
@@ -281,6 +438,21 @@ def lut_error(exp: LutErrorExp, ctx: RunContext) -> ExperimentResult:
         "measured of its candidates (minimax, sqrt-curvature, evenly, curvature: column "
         "minimax_start) and refines the points on the measured error, so it is never worse "
         "than either vendor rule.",
+        "OPTIMAL (quantlab/numerics/lut/optimal.py): the smallest max error over every input "
+        "code, measured through the integer evaluation itself, certified by dynamic programming "
+        "over a stated candidate set (every point set for ranges of at most 320 codes, i.e. "
+        "every int8 input; otherwise a curvature/uniform quantile grid with the vendor rules' "
+        "points, then refinement boxes down to one code). It is therefore never worse than "
+        "EVENLY, CURVATURE or SQRT_CURVATURE; against MINIMAX and MANUAL it is measured here.",
+        f"DATA (quantlab/numerics/lut/data_weighted.py): the smallest mean error under the op's "
+        f"input histogram with the max error at most LutSpec.data_error_factor (2) x "
+        f"OPTIMAL's. Here the histogram is the stated distribution: per function a Gaussian "
+        f"N(centre, ({exp.data_sigma_fraction:g} x width)^2) of its sample range, "
+        f"{exp.data_bins} equal bins over that range (e.g. sigmoid: N(0, 2^2) on [-8, 8]; "
+        "inverse_sigmoid: N(0.5, 0.125^2) on [0, 1]); column data_mean_err_lsb scores every "
+        "strategy under it.",
+        "Build times: each table built from an empty cache (DATA includes its OPTIMAL step), "
+        "wall and CPU seconds on a machine shared with other jobs: indicative only.",
         "Symmetric ops answer the code qmin as -f(qmax s_in) ('mirror edge' region): for int8 "
         "inputs this single code dominates the max error of sin and sqrt.",
     ]

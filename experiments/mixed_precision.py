@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
 from quantlab.analysis.cost import CostModel
 from quantlab.analysis.mixed_precision import (
@@ -24,7 +25,6 @@ from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_
 from quantlab.config import CONFIG_DIR, register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.platforms import PlatformConfig
-from quantlab.progress import progress
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, Simulator
 
@@ -97,14 +97,15 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             metrics=RANK_METRICS + ([Metric.TASK] if task is not None else []),
             task=task,
             cache_dir=exp.cache_dir,
+            progress=ctx.progress,
         )
         ranking, sim = run.table, run.sim
         if sim is None:  # the ranking came from the cache
             sim = Simulator(bundle.module, platform)
-            sim.calibrate(data.calib)
+            sim.calibrate(data.calib, ctx.progress)
         refs = [sim.run(*b, mode=Mode.FLOAT) for b in batches]
         base_cost = None
-        for ratio in progress(exp.ratios, f"mixed precision {pname}"):
+        for ratio in tqdm(exp.ratios, desc=f"mixed precision {pname}", disable=not ctx.progress):
             template = SensitiveTemplate(exp.rank_metric, ratio=ratio, kinds=tuple(exp.raise_kinds))
             picked = select_sensitive(ranking, template)
             res = evaluate_mixed(

@@ -126,6 +126,7 @@ def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
         cache_dir=exp.cache_dir,
         replay=exp.replay,
         freeze_indices=exp.freeze_indices,
+        progress=ctx.progress,
     )
     table = run.table
     top = top_table(table, exp.sort_metric, exp.top_k)

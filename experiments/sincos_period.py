@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from quantlab.analysis.sincos import (
     Treatment,
@@ -30,7 +31,6 @@ from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import LutFormat, Strategy
-from quantlab.progress import progress
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.report import Plot, PlotKind
 
@@ -90,7 +90,9 @@ def _main(exp: SincosPeriodExp) -> Strategy:
     return exp.main_strategy if exp.main_strategy in exp.strategies else exp.strategies[0]
 
 
-def _op_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding, gen: torch.Generator) -> list[dict]:
+def _op_rows(
+    exp: SincosPeriodExp, fmt: LutFormat, rounding, gen: torch.Generator, progress: bool
+) -> list[dict]:
     jobs = [
         (f, p, dt, st, tr)
         for f in exp.funcs
@@ -101,7 +103,7 @@ def _op_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding, gen: torch.Generato
     ]
     xs: dict = {}
     rows = []
-    for f, p, dt, st, tr in progress(jobs, "sincos_period op level"):
+    for f, p, dt, st, tr in tqdm(jobs, desc="sincos_period op level", disable=not progress):
         if p not in xs:
             u = torch.rand(exp.samples, generator=gen, dtype=torch.float64) * 2 - 1
             xs[p] = u * p * 2 * math.pi
@@ -119,7 +121,7 @@ def _op_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding, gen: torch.Generato
     return rows
 
 
-def _workload_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding) -> list[dict]:
+def _workload_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding, progress: bool) -> list[dict]:
     w, h = exp.image_width, exp.image_height
     norm = torch.cat([torch.arange(w) / w, torch.arange(h) / h]) * 2 - 1
     loads = {
@@ -137,7 +139,7 @@ def _workload_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding) -> list[dict]
         for tr in exp.treatments
     ]
     rows = []
-    for name, f, dt, tr in progress(jobs, "sincos_period workloads"):
+    for name, f, dt, tr in tqdm(jobs, desc="sincos_period workloads", disable=not progress):
         x = loads[name]
         r = error_sources(f, x, tr, dt, dt, _main(exp), fmt, rounding)
         periods = float(x.abs().max()) / (2 * math.pi)
@@ -154,7 +156,7 @@ def _workload_rows(exp: SincosPeriodExp, fmt: LutFormat, rounding) -> list[dict]
     return rows
 
 
-def _model_rows(exp: SincosPeriodExp, platform) -> tuple[list[dict], pd.DataFrame]:
+def _model_rows(exp: SincosPeriodExp, platform, progress: bool) -> tuple[list[dict], pd.DataFrame]:
     from quantlab.models import build_model
 
     bundle = build_model("posenc")
@@ -163,8 +165,8 @@ def _model_rows(exp: SincosPeriodExp, platform) -> tuple[list[dict], pd.DataFram
     q = OpQConfig(input_dtype=exp.model_dtype, output_dtype=exp.model_dtype)
     spec = QConfigSpec(by_type={"mul": OpQConfig(output_dtype=exp.model_dtype), "sin": q, "cos": q})
     rows, sens = [], []
-    for tr in progress(list(exp.treatments), "sincos_period toy model"):
-        m, table = posenc_study(bundle.module, platform, tr, calib, evals, spec)
+    for tr in tqdm(list(exp.treatments), desc="sincos_period toy model", disable=not progress):
+        m, table = posenc_study(bundle.module, platform, tr, calib, evals, spec, progress)
         table = table.assign(treatment=tr.name)
         sens.append(table)
         for kind, g in table.groupby("sensitive_type", sort=False):
@@ -253,17 +255,14 @@ def _findings(df: pd.DataFrame, exp: SincosPeriodExp, fmt_direct: bool) -> list[
 
 @experiment(SincosPeriodExp, "sincos_period")
 def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.analysis.gridsample import torch_threads
-
     platform = ctx.platform
-    fmt = LutFormat.from_platform(platform)
+    fmt = platform.lut_format()
     rnd = platform.fake_round
     gen = torch.Generator().manual_seed(0 if ctx.seed is None else ctx.seed)
     tables: dict[str, pd.DataFrame] = {}
-    with torch_threads(1):
-        df = pd.DataFrame(_op_rows(exp, fmt, rnd, gen))
-        wl = pd.DataFrame(_workload_rows(exp, fmt, rnd)) if exp.workloads else None
-        model = _model_rows(exp, platform) if exp.model else None
+    df = pd.DataFrame(_op_rows(exp, fmt, rnd, gen, ctx.progress))
+    wl = pd.DataFrame(_workload_rows(exp, fmt, rnd, ctx.progress)) if exp.workloads else None
+    model = _model_rows(exp, platform, ctx.progress) if exp.model else None
     findings = _findings(df, exp, fmt.direct_int8)
     f0 = exp.funcs[0]
     src = df[(df.func == f0) & (df.strategy == _main(exp).name)]

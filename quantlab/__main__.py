@@ -11,7 +11,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from quantlab.config import register_all, to_config
 from quantlab.experiment import ExperimentResult, RunContext, lookup, registered
-from quantlab.progress import set_progress
 from quantlab.report import publish, write_report
 from quantlab.report.io import atomic_write_text
 
@@ -42,7 +41,6 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         print(f"quantlab: {output_dir} already holds a finished run; skipped", file=sys.stderr)
         return None
     conf = to_config(cfg)
-    set_progress(conf.progress)
     if conf.seed is not None:
         import numpy as np
         import torch
@@ -57,6 +55,7 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         data=conf.data,
         seed=conf.seed,
         output_dir=output_dir,
+        progress=conf.progress,
     )
     result = entry.fn(conf.exp, ctx)
     write_report(result, output_dir, command, OmegaConf.to_yaml(cfg, resolve=True))

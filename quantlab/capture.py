@@ -75,6 +75,7 @@ _reg("mean", None, OpCategory.REDUCE)
 _reg("cat concat concatenate", "cat", OpCategory.REQUANT)
 _reg("stack", None, OpCategory.REQUANT)
 _reg("clamp clip clamp_min clamp_max", "clamp", OpCategory.REQUANT)
+_reg("relu6", None, OpCategory.REQUANT)  # F.relu6; nn.ReLU6 calls hardtanh(0, 6)
 _reg(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
     "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
@@ -157,12 +158,14 @@ class ModuleTracker:
     """Module path stack from global forward pre/post hooks, installed only while active."""
 
     def __init__(self, model: nn.Module) -> None:
-        self._names = {id(m): n for n, m in model.named_modules()}
+        # id -> (module, name): the entry holds its module, so no other object can take its id
+        self._names = {id(m): (m, n) for n, m in model.named_modules()}
         self.stack: list[str] = [""]
         self._handles: list = []
 
     def _pre(self, module: nn.Module, _inputs) -> None:
-        name = self._names.get(id(module))
+        entry = self._names.get(id(module))
+        name = entry[1] if entry is not None and entry[0] is module else None
         if name is None:
             parent = self.stack[-1]
             name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__

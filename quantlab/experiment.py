@@ -27,6 +27,7 @@ class RunContext:
     seed: int | None
     output_dir: Path
     sweep_value: dict[str, Any] = field(default_factory=dict)  # overrides of this job
+    progress: bool = True  # progress bars (tqdm) on stderr for long work
 
 
 @dataclass

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from quantlab.numerics.accumulator import Overflow
+from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import Overflow
+from quantlab.numerics.grid_sample import GridCoord
+from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.quantize import ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
+
+PLATFORM_DIR = Path(__file__).resolve().parent.parent / "configs" / "platform"
 
 
 class AddRule(enum.Enum):
@@ -30,18 +36,6 @@ class AddRule(enum.Enum):
     INTER_SCALE = "inter_scale"
 
 
-class GridCoord(enum.Enum):
-    """How grid_sample coordinates are held in fixed point.
-
-    NORMALIZED: the [-1, 1] grid as int16 with scale (2/W + 1)/32767 per axis (j6-numerics s.4).
-    ABSOLUTE:   absolute pixel positions in Q(15-F).F, F = clamp(15 - ceil(log2(D+1)), 0, 8)
-                (bit-exact-emulation s.5.2).
-    """
-
-    NORMALIZED = "normalized"
-    ABSOLUTE = "absolute"
-
-
 @dataclass
 class PlatformConfig:
     """Schema of the ``platform`` config group (one YAML file per device or runtime)."""
@@ -53,7 +47,7 @@ class PlatformConfig:
     scale_rule: ScaleRule = ScaleRule.HALF_RANGE
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
-    weight_per_channel: bool = True
+    weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
 
     # --- integer GEMM and requantization (s.6, s.7)
     accumulator: DType = DType.INT32
@@ -61,7 +55,10 @@ class PlatformConfig:
     requant: Requant = Requant.MUL_SHIFT  # assumed for J6 (s.7)
     requant_round: Round = Round.HALF_UP  # assumed for J6 (s.7)
     requant_mult_bits: int = 31  # bits of the integer multiplier (31 or 15)
-    bias_float: bool = True  # bias reaches the compiler as float32 (s.6, integer handling assumed)
+    # GEMM bias: true: a float32 parameter (J6: it reaches the compiler as float32, s.6); FAKE
+    # adds it as is. false: the model holds int32 codes at x_scale * w_scale (a QDQ graph);
+    # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
+    bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
@@ -141,6 +138,29 @@ class PlatformConfig:
             (DType.INT32, DType.FLOAT32),
         )
 
+    def gemm_contract(self) -> GemmContract:
+        """The integer contract numerics kernels apply after an exact sum (accumulator,
+        requantization, int16 operand count), composed from this profile's fields."""
+        return GemmContract(
+            accumulator=self.accumulator,
+            accumulator_overflow=self.accumulator_overflow,
+            requant=self.requant,
+            requant_round=self.requant_round,
+            requant_mult_bits=self.requant_mult_bits,
+            max_int16_gemm_operands=self.max_int16_gemm_operands,
+        )
+
+    def lut_format(self) -> LutFormat:
+        """The segment LUT format of this profile (``lut_tables``, ``lut_entries``,
+        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
+        return LutFormat(
+            tables=self.lut_tables,
+            entries=self.lut_entries,
+            index_frac_bits=self.lut_index_frac_bits,
+            interp_round=self.lut_interp_round,
+            direct_int8=self.lut_direct_int8,
+        )
+
 
 def _check_choice(field_name: str, value, allowed) -> None:
     if value not in allowed:
@@ -153,7 +173,20 @@ PLATFORM_NAMES = ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite")
 
 
 def load_platform(name: str) -> PlatformConfig:
-    """Compose ``configs/platform/<name>.yaml`` into a PlatformConfig (outside a Hydra run)."""
-    from quantlab.config import compose_group
+    """Compose ``configs/platform/<name>.yaml`` into a PlatformConfig (outside a Hydra run).
 
-    return compose_group("platform", name)
+    Every platform file extends the schema (``defaults: [schema]``) and sets values only, so
+    this is the merge Hydra does for the ``platform`` group: the schema's defaults, then the
+    file's values, validated by the schema (unknown keys and enum names are rejected).
+    """
+    from omegaconf import OmegaConf
+
+    path = PLATFORM_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"unknown platform {name!r}; allowed: {', '.join(PLATFORM_NAMES)}")
+    raw = OmegaConf.load(path)
+    defaults = list(raw.pop("defaults", ["schema"]))
+    if defaults != ["schema"]:
+        raise ValueError(f"{path}: defaults must be [schema], got {defaults}")
+    merged = OmegaConf.merge(OmegaConf.structured(PlatformConfig), raw)
+    return OmegaConf.to_object(merged)

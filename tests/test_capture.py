@@ -137,4 +137,5 @@ def test_classify_covers_the_op_list():
         got = classify(fn, (x,), {})
         assert got is not None and got[0] == op_type and got[1] is not None, (fn, got)
     assert classify(F.hardtanh, (x, 0.0, 6.0), {}) == ("relu6", OpCategory.REQUANT)
+    assert classify(F.relu6, (x,), {}) == ("relu6", OpCategory.REQUANT)  # as nn.ReLU6
     assert classify(torch.Tensor.size, (x,), {}) is None

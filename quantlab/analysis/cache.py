@@ -9,9 +9,12 @@
 - lists, tuples, dicts (keys sorted by repr) recursively; other values by ``repr``.
 
 ``code_fingerprint()`` hashes the source of the modules that decide the numbers (``CODE_PATHS``:
-numerics, simulator, capture, qconfig, platforms, model-level ops, models, sensitivity), so a
-change there invalidates cached results instead of serving stale numbers.
-``ResultCache`` stores one pandas DataFrame per key as a pickle, written atomically.
+numerics, simulator, capture, qconfig, platforms, model-level ops, models, sensitivity and its
+metrics), so a change there invalidates cached results instead of serving stale numbers.
+``ResultCache`` stores one pandas DataFrame per key as a JSON document (column names, dtypes and
+values; floats written exactly, inf and NaN included), written atomically inside the cache
+folder it is given. Nothing is ever unpickled: a file planted in the cache folder is data at
+worst, never code.
 """
 
 from __future__ import annotations
@@ -20,9 +23,8 @@ import dataclasses
 import enum
 import functools
 import hashlib
-import io
+import json
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,9 @@ import pandas as pd
 import torch
 from torch import nn
 
-from quantlab.report.io import atomic_write_bytes
+from quantlab.report.io import atomic_write_text
 
-CACHE_ENV = "QUANTLAB_CACHE_DIR"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "quantlab"
+CACHE_FORMAT = "quantlab.result_table/1"
 
 
 def _feed(h: Any, obj: Any) -> None:
@@ -88,6 +89,8 @@ CODE_PATHS = (
     "platforms.py",
     "ops.py",
     "analysis/sensitivity.py",
+    "analysis/metrics.py",
+    "analysis/frozen_indices.py",
     "analysis/cache.py",
 )
 
@@ -106,14 +109,41 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def default_cache_dir() -> Path:
-    """``$QUANTLAB_CACHE_DIR`` if set, else ``~/.cache/quantlab``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else DEFAULT_CACHE_DIR
+def table_to_json(df: pd.DataFrame) -> str:
+    """``df`` as a JSON document: each column's name, dtype and values, plus ``df.attrs``.
+
+    Column names must be strings, the index the default RangeIndex, and values and attrs plain
+    JSON data (numbers, strings, booleans, None, lists, dicts); TypeError or ValueError
+    otherwise. Floats are written with ``repr`` (read back bit for bit; inf and NaN too).
+    """
+    if not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 or df.index.step != 1:
+        raise ValueError("ResultCache stores tables with the default RangeIndex; reset_index first")
+    columns = []
+    for name in df.columns:
+        if not isinstance(name, str):
+            raise TypeError(f"ResultCache needs string column names, got {name!r}")
+        columns.append([name, str(df[name].dtype), df[name].tolist()])
+    doc = {"format": CACHE_FORMAT, "columns": columns, "attrs": dict(df.attrs)}
+    return json.dumps(doc, allow_nan=True)
+
+
+def table_from_json(text: str) -> pd.DataFrame:
+    """The DataFrame ``table_to_json`` wrote (ValueError for any other document)."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+        raise ValueError(f"not a {CACHE_FORMAT} document")
+    data = {name: pd.Series(values, dtype=dtype) for name, dtype, values in doc["columns"]}
+    df = pd.DataFrame(data, columns=[c[0] for c in doc["columns"]])
+    df.attrs.update(doc.get("attrs", {}))
+    return df
 
 
 class ResultCache:
-    """DataFrames on disk under ``root/<namespace>/<key>.pkl``; ``root=None`` disables caching."""
+    """DataFrames on disk under ``root/<namespace>/<key>.json``; ``root=None`` disables caching.
+
+    Only JSON documents written by ``table_to_json`` are read; an unreadable or foreign file
+    counts as a miss (and is overwritten by the next ``put``).
+    """
 
     def __init__(self, root: str | os.PathLike | None, namespace: str) -> None:
         self.folder = None if root is None else Path(root) / namespace
@@ -122,7 +152,7 @@ class ResultCache:
 
     def _path(self, key: str) -> Path:
         assert self.folder is not None
-        return self.folder / f"{key}.pkl"
+        return self.folder / f"{key}.json"
 
     def get(self, key: str) -> pd.DataFrame | None:
         """The DataFrame stored under ``key``, or None (also for an unreadable entry)."""
@@ -130,9 +160,8 @@ class ResultCache:
             self.misses += 1
             return None
         try:
-            with open(self._path(key), "rb") as f:
-                df = pickle.load(f)
-        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+            df = table_from_json(self._path(key).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
             self.misses += 1
             return None
         self.hits += 1
@@ -142,6 +171,4 @@ class ResultCache:
         """Store ``df`` under ``key`` (atomically; no-op when caching is disabled)."""
         if self.folder is None:
             return
-        buf = io.BytesIO()
-        pickle.dump(df, buf, protocol=pickle.HIGHEST_PROTOCOL)
-        atomic_write_bytes(self._path(key), buf.getvalue())
+        atomic_write_text(self._path(key), table_to_json(df))

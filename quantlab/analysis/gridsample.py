@@ -8,7 +8,6 @@ float position; ``kernel`` error is the position the kernel interpolates at (P-b
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 from dataclasses import dataclass
@@ -307,18 +306,3 @@ def unwarp_psnr(
         "psnr_db": math.inf if mse == 0 else 10 * math.log10(1.0 / mse),
         "max_abs_err": float((out.to(torch.float64) * scale - ref).abs().max()),
     }
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """Run a block with ``n`` intra-op torch threads, restoring the previous count after.
-
-    The grid_sample measurements work on small tensors (a few thousand points), where extra
-    threads cost more in synchronisation than they give on a shared machine.
-    """
-    prev = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)

@@ -4,11 +4,16 @@ Conventions follow the vendor's sensitivity tools (j6-numerics s.9): L1 = mean |
 signed cosine similarity; MSE; KL(softmax(x) || softmax(y)) over dim 1 (log-softmax of the
 test, softmax of the reference); SQNR = 20 log10(||x|| / ||x - y||) in dB; max |x - y|.
 Higher is better for cosine and SQNR, lower for the others. Non-finite values propagate.
+``output_metrics`` applies them to whole model outputs (a ``Metric`` each, or the model's task
+metric), as sensitivity rankings and mixed precision compare runs.
 """
 
 from __future__ import annotations
 
+import enum
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -70,18 +75,22 @@ def sqnr_db(x: Tensor, y: Tensor) -> float:
     return 20.0 * math.log10(signal / noise)
 
 
-def kl(x: Tensor, y: Tensor) -> float:
-    """KL(softmax(x) || softmax(y)) along dim 1 (dim 0 for 1-d tensors), mean over the rest.
+def kl_terms(x: Tensor, y: Tensor) -> Tensor:
+    """KL(softmax(x) || softmax(y)) at every position along dim 1 (dim 0 for 1-d tensors).
 
-    float64: ``sum p_x * (log_softmax(x) - log_softmax(y))``.
+    float64: ``sum p_x * (log_softmax(x) - log_softmax(y))`` over that dim.
     """
     x, y = x.double(), y.double()
-    if x.numel() == 0:
-        return 0.0
     dim = 1 if x.dim() >= 2 else 0
     lx, ly = F.log_softmax(x, dim=dim), F.log_softmax(y, dim=dim)
-    v = (lx.exp() * (lx - ly)).sum(dim=dim)
-    return float(v.mean())
+    return (lx.exp() * (lx - ly)).sum(dim=dim)
+
+
+def kl(x: Tensor, y: Tensor) -> float:
+    """``kl_terms`` averaged over the positions (0 for empty tensors)."""
+    if x.numel() == 0:
+        return 0.0
+    return float(kl_terms(x, y).mean())
 
 
 def all_metrics(x: Tensor, y: Tensor) -> dict[str, float]:
@@ -96,3 +105,73 @@ def all_metrics(x: Tensor, y: Tensor) -> dict[str, float]:
         "sqnr_db": sqnr_db(x, y),
         "max_abs": max_abs(x, y),
     }
+
+
+class Metric(enum.Enum):
+    """A model-output comparison (``output_metrics``): the metrics above, or the model's task
+    metric (TASK); ``lower_is_worse`` gives a ranking's sort order."""
+
+    L1 = "l1"
+    COSINE = "cosine"
+    MSE = "mse"
+    KL = "kl"
+    SQNR = "sqnr"
+    MAX_ABS = "max_abs"
+    TASK = "task"
+
+    @classmethod
+    def parse(cls, value: Metric | str) -> Metric:
+        return _parse_enum(cls, value, "metric")
+
+
+def _parse_enum(cls, value, what: str):
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        for m in cls:
+            if value.lower() in (m.name.lower(), m.value):
+                return m
+    allowed = ", ".join(m.name for m in cls)
+    raise ValueError(f"unknown {what} {value!r}; allowed: {allowed}")
+
+
+def lower_is_worse(metric: Metric, task: Any = None) -> bool:
+    """True when a smaller value means a more sensitive op (rank ascending)."""
+    if metric is Metric.TASK:
+        return bool(task.higher_is_better)
+    return metric in (Metric.COSINE, Metric.SQNR)
+
+
+def output_metrics(ref: list, test: list, metrics: Sequence[Metric], task=None) -> dict:
+    """Each metric of the run outputs ``test`` against ``ref`` (lists of per-batch outputs).
+
+    The float tensors of all outputs are flattened and concatenated (float64) and compared by
+    the tensor metrics above; KL averages ``kl_terms`` of each output tensor over all positions;
+    TASK is ``task(ref, test)``.
+    """
+    xs = [t.detach().to(torch.float64) for o in ref for t in float_leaves(o)]
+    ys = [t.detach().to(torch.float64) for o in test for t in float_leaves(o)]
+    if not xs or len(xs) != len(ys):
+        raise ValueError("the model returned no float tensor to compare")
+    x = torch.cat([t.reshape(-1) for t in xs])
+    y = torch.cat([t.reshape(-1) for t in ys])
+    res: dict = {}
+    for m in metrics:
+        if m is Metric.L1:
+            res[m] = l1(x, y)
+        elif m is Metric.MSE:
+            res[m] = mse(x, y)
+        elif m is Metric.MAX_ABS:
+            res[m] = max_abs(x, y)
+        elif m is Metric.COSINE:
+            res[m] = cosine(x, y)
+        elif m is Metric.SQNR:
+            res[m] = sqnr_db(x, y)
+        elif m is Metric.KL:
+            terms = [kl_terms(a, b).reshape(-1) for a, b in zip(xs, ys)]
+            res[m] = float(torch.cat(terms).mean())
+        elif m is Metric.TASK:
+            if task is None:
+                raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
+            res[m] = float(task(ref, test))
+    return res

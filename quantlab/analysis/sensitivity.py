@@ -21,19 +21,20 @@ replays it, so the ops upstream of the studied op are not recomputed. Discontinu
 grid_sample and interpolate downstream of the studied op already run in float (baseline mode).
 
 Metrics compare the model output of the run (y) with the baseline (x), all float tensors of the
-output flattened and concatenated over batches, in float64: L1 = mean |x - y|; COSINE = signed
-cosine similarity (no abs: anti-correlated outputs score -1); MSE; KL = mean over positions of
-KL(softmax(x) || softmax(y)) along dim 1 (dim 0 for 1-d outputs), in nats; SQNR = 20 log10(|x| /
-|x - y|) in dB (inf when equal); MAX_ABS = max |x - y|; TASK = the model's task metric
-(``ModelBundle.task``) of the run against the baseline. Rank 1 is the most sensitive op: COSINE,
-SQNR and a higher-is-better TASK sort ascending, the others descending; ties keep execution order.
+output flattened and concatenated over batches, in float64 (``quantlab.analysis.metrics``, the
+one definition of each metric): L1 = mean |x - y|; COSINE = signed cosine similarity (no abs:
+anti-correlated outputs score -1); MSE; KL = mean over positions of KL(softmax(x) || softmax(y))
+along dim 1 (dim 0 for 1-d outputs), in nats; SQNR = 20 log10(|x| / |x - y|) in dB (+inf when
+equal, -inf when the baseline is zero and the run is not); MAX_ABS = max |x - y|; TASK = the
+model's task metric (``ModelBundle.task``) of the run against the baseline. Rank 1 is the most
+sensitive op: COSINE, SQNR and a higher-is-better TASK sort ascending, the others descending;
+ties keep execution order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,11 +43,11 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
+from tqdm import tqdm
 
+from quantlab.analysis.frozen_indices import FrozenIndices
+from quantlab.analysis.metrics import Metric, _parse_enum, lower_is_worse, output_metrics
 from quantlab.numerics.dtypes import DType
-from quantlab.progress import progress
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, OpMode, Simulator
 
@@ -72,174 +73,6 @@ class SensitiveType(enum.Enum):
     @classmethod
     def parse(cls, value: SensitiveType | str) -> SensitiveType:
         return _parse_enum(cls, value, "sensitive_type")
-
-
-class Metric(enum.Enum):
-    """Output comparison metrics (module docstring); ``lower_is_worse`` gives the sort order."""
-
-    L1 = "l1"
-    COSINE = "cosine"
-    MSE = "mse"
-    KL = "kl"
-    SQNR = "sqnr"
-    MAX_ABS = "max_abs"
-    TASK = "task"
-
-    @classmethod
-    def parse(cls, value: Metric | str) -> Metric:
-        return _parse_enum(cls, value, "metric")
-
-
-def _parse_enum(cls, value, what: str):
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str):
-        for m in cls:
-            if value.lower() in (m.name.lower(), m.value):
-                return m
-    allowed = ", ".join(m.name for m in cls)
-    raise ValueError(f"unknown {what} {value!r}; allowed: {allowed}")
-
-
-def lower_is_worse(metric: Metric, task: Any = None) -> bool:
-    """True when a smaller value means a more sensitive op (rank ascending)."""
-    if metric is Metric.TASK:
-        return bool(task.higher_is_better)
-    return metric in (Metric.COSINE, Metric.SQNR)
-
-
-# ------------------------------------------------------------------------------- metrics
-def _leaves(out: Any) -> list[Tensor]:
-    return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.is_floating_point()]
-
-
-def output_metrics(ref: list, test: list, metrics: Sequence[Metric], task=None) -> dict:
-    """Each metric of the run outputs ``test`` against ``ref`` (lists of per-batch outputs)."""
-    xs = [t.detach().to(torch.float64) for o in ref for t in _leaves(o)]
-    ys = [t.detach().to(torch.float64) for o in test for t in _leaves(o)]
-    if not xs or len(xs) != len(ys):
-        raise ValueError("the model returned no float tensor to compare")
-    x = torch.cat([t.reshape(-1) for t in xs])
-    y = torch.cat([t.reshape(-1) for t in ys])
-    d = x - y
-    res: dict = {}
-    for m in metrics:
-        if m is Metric.L1:
-            res[m] = float(d.abs().mean())
-        elif m is Metric.MSE:
-            res[m] = float((d * d).mean())
-        elif m is Metric.MAX_ABS:
-            res[m] = float(d.abs().max())
-        elif m is Metric.COSINE:
-            nx, ny = float(x.norm()), float(y.norm())
-            res[m] = 1.0 if nx == 0 and ny == 0 else float(x @ y) / max(nx * ny, 1e-300)
-        elif m is Metric.SQNR:
-            nd = float(d.norm())
-            res[m] = math.inf if nd == 0 else 20 * math.log10(max(float(x.norm()), 1e-300) / nd)
-        elif m is Metric.KL:
-            kls = []
-            for a, b in zip(xs, ys):
-                dim = 1 if a.ndim >= 2 else 0
-                lp, lq = a.log_softmax(dim), b.log_softmax(dim)
-                kls.append((lp.exp() * (lp - lq)).sum(dim).reshape(-1))
-            res[m] = float(torch.cat(kls).mean())
-        elif m is Metric.TASK:
-            if task is None:
-                raise ValueError("metric TASK needs a model with a task metric (ModelBundle.task)")
-            res[m] = float(task(ref, test))
-    return res
-
-
-# ------------------------------------------------------------------ discontinuous index ops
-_INDEX_FUNCS = {"topk", "sort", "argsort", "argmax", "argmin", "max", "min"}
-
-
-class FrozenIndices(TorchFunctionMode):
-    """Record the indices of index-producing ops in one run and reuse them in later runs.
-
-    ``record()`` stores, per call in execution order, the input and the indices that topk/sort/
-    argsort/argmax/argmin/max(dim)/min(dim) returned. ``replay()`` answers a later call with the
-    recorded indices (and the values of the current input gathered at them): the recorded call
-    of the same function and input shape, at or after the last match, whose recorded input is
-    nearest the current one (exactly equal for calls upstream of a perturbation; calls skipped by
-    a replayed trace are thereby passed over), provided max |recorded - current| is at most
-    ``MATCH_TOLERANCE`` x max |recorded| (a perturbed input, not an unrelated tensor). Calls
-    without a dim (global max) are untouched. The mode sits below the simulator's capture mode,
-    so the tolerance also keeps the simulator's own arithmetic from being matched.
-    """
-
-    MATCH_TOLERANCE = 0.25
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.recorded: list[tuple[str, tuple, Tensor, Tensor]] = []
-        self.recording = True
-        self.pos = 0
-
-    def record(self) -> FrozenIndices:
-        self.recorded, self.recording, self.pos = [], True, 0
-        return self
-
-    def replay(self) -> FrozenIndices:
-        self.recording, self.pos = False, 0
-        return self
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        out = func(*args, **kwargs)
-        if name not in _INDEX_FUNCS or not args or not isinstance(args[0], Tensor):
-            return out
-        idx = _indices_of(name, out)
-        if idx is None:
-            return out
-        x = args[0]
-        sig = (name, tuple(x.shape))
-        if self.recording:
-            self.recorded.append((name, sig[1], x.detach().clone(), idx))
-            return out
-        best, best_d = None, math.inf
-        for j in range(self.pos, len(self.recorded)):
-            rname, rshape, rx, ridx = self.recorded[j]
-            if (rname, rshape) != sig or ridx.shape != idx.shape:
-                continue
-            d = float((rx.to(torch.float64) - x.detach().to(torch.float64)).abs().max())
-            if d < best_d:
-                best, best_d = j, d
-            if d == 0:
-                break
-        if best is None:
-            return out
-        scale = float(self.recorded[best][2].abs().max()) if self.recorded[best][2].numel() else 0
-        if best_d > self.MATCH_TOLERANCE * scale:
-            return out
-        self.pos = best + 1
-        ridx = self.recorded[best][3]
-        if name in ("argmax", "argmin", "argsort"):
-            return ridx
-        dim = _dim_of(name, args, kwargs)
-        values = x.gather(dim, ridx if ridx.ndim == x.ndim else ridx.unsqueeze(dim))
-        if ridx.ndim != x.ndim:
-            values = values.squeeze(dim)
-        return type(out)((values, ridx))
-
-
-def _indices_of(name: str, out: Any) -> Tensor | None:
-    if name in ("argmax", "argmin", "argsort"):
-        return out if isinstance(out, Tensor) else None
-    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Tensor):
-        return out[1]
-    return None
-
-
-def _dim_of(name: str, args: tuple, kwargs: dict) -> int:
-    if "dim" in kwargs:
-        return int(kwargs["dim"])
-    if name == "topk":
-        return int(args[2]) if len(args) > 2 else -1
-    if name == "sort":
-        return int(args[1]) if len(args) > 1 else -1
-    return int(args[1])
 
 
 # ------------------------------------------------------------------------------ the passes
@@ -324,10 +157,12 @@ def sensitivity(
     task: Any = None,
     replay: bool = True,
     freeze_indices: bool = True,
+    progress: bool = True,
 ) -> SensitivityRun:
     """Rank the ops of a calibrated ``sim`` by sensitivity; one table row per op, kind, metric.
 
     ``replay=False`` is the naive method (one full forward per op), kept for benchmarks.
+    ``progress``: a progress bar per pass on stderr.
     Columns: COLUMNS. Raises ValueError for no batch, an empty batch, an unknown kind or
     metric, TASK without ``task``, or a model with no quantizable op.
     """
@@ -374,7 +209,7 @@ def sensitivity(
         refs = [tr.result for tr in traces]
         # a model without index ops runs the per-op passes without the extra mode (no overhead)
         freeze = freeze_indices and any(fr.recorded for fr in freezes)
-        for name in progress(names, f"sensitivity {kind.value}"):
+        for name in tqdm(names, desc=f"sensitivity {kind.value}") if progress else names:
             mode, op_modes = pass_modes(kind, name)
             outs = []
             for b, tr, fr in zip(batches, traces, freezes):
@@ -463,6 +298,7 @@ def analyze(
     cache_dir: str | None = None,
     replay: bool = True,
     freeze_indices: bool = True,
+    progress: bool = True,
 ) -> SensitivityRun:
     """Calibrate a Simulator on ``calib`` and rank its ops on ``batches``, cached.
 
@@ -497,8 +333,8 @@ def analyze(
             hit, 0, time.perf_counter() - start, True, hit.attrs.get("studied", {})
         )
     sim = Simulator(model, platform, qconfig)
-    sim.calibrate(calib)
-    run = sensitivity(sim, batches, kinds, metrics, task, replay, freeze_indices)
+    sim.calibrate(calib, progress)
+    run = sensitivity(sim, batches, kinds, metrics, task, replay, freeze_indices, progress)
     run.seconds = time.perf_counter() - start
     run.sim = sim
     run.table.attrs["studied"] = run.studied

@@ -210,6 +210,7 @@ def posenc_study(
     calib: list[tuple[Tensor, ...]],
     batches: list[tuple[Tensor, ...]],
     qconfig=None,
+    progress: bool = True,
 ) -> tuple[dict, pd.DataFrame]:
     """Run the PosEnc toy model under ``treatment`` on ``platform`` (a PlatformConfig).
 
@@ -231,14 +232,18 @@ def posenc_study(
             return [wrapped_inputs(posenc, b[0]) for b in bs]
 
     sim = Simulator(model, plat, qconfig)
-    sim.calibrate(prep(calib))
+    sim.calibrate(prep(calib), progress)
     runs = prep(batches)
     with torch.no_grad():
         ref = torch.cat([posenc(*b) for b in batches])
         fake = torch.cat([sim.run(*b, mode=Mode.FAKE) for b in runs])
         fixed = torch.cat([sim.run(*b, mode=Mode.FIXED) for b in runs])
     sens = sensitivity(
-        sim, runs, kinds=[SensitiveType.ACTIVATION, SensitiveType.FIXED], metrics=[Metric.SQNR]
+        sim,
+        runs,
+        kinds=[SensitiveType.ACTIVATION, SensitiveType.FIXED],
+        metrics=[Metric.SQNR],
+        progress=progress,
     )
     out = {
         "fake_sqnr_db": _sqnr_db(ref, fake),

@@ -79,7 +79,8 @@ def fit(
     loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
 ) -> list[float]:
     """Adam on ``loss_fn(model(*inputs[i]), targets[i])`` (default L1), cycling over the batches
-    for ``steps`` steps; returns the loss of every step. The model is left in eval mode."""
+    for ``steps`` steps; returns the loss of every step. The model is left in eval mode.
+    Randomness inside (``seed``) comes from a forked RNG: the caller's global state is kept."""
     if steps < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     if len(inputs) != len(targets) or not inputs:
@@ -88,16 +89,17 @@ def fit(
             f"{len(inputs)} and {len(targets)}"
         )
     loss_fn = loss_fn or (lambda y, t: (y - t).abs().mean())
-    torch.manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     losses = []
-    for step in range(steps):
-        i = step % len(inputs)
-        opt.zero_grad()
-        loss = loss_fn(model(*inputs[i]), targets[i])
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    with torch.random.fork_rng(devices=[]):  # seeded inside; the caller's RNG state is kept
+        torch.manual_seed(seed)
+        for step in range(steps):
+            i = step % len(inputs)
+            opt.zero_grad()
+            loss = loss_fn(model(*inputs[i]), targets[i])
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
     model.eval()
     return losses

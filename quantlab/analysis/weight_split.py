@@ -383,6 +383,7 @@ def fixed_split_study(
     top_modules: list[str] = (),
     k: int = 7,
     combines: list[SplitCombine] = (SplitCombine.WIDE_ACCUMULATOR, SplitCombine.SEPARATE_REQUANT),
+    progress: bool = True,
 ) -> pd.DataFrame:
     """The high/low weight split through the simulator in FIXED mode (activations, LUTs and
     requantization as the ``platform`` template deploys them), against the float model.
@@ -403,7 +404,7 @@ def fixed_split_study(
     with torch.no_grad():
         ref = [module(*b) for b in batches]
     sim = Simulator(module, platform)
-    sim.calibrate(calib)
+    sim.calibrate(calib, progress)
     ops = sim.ops
     cand = splittable_ops(ops)
     top = set(top_modules)

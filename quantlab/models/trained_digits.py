@@ -1,19 +1,25 @@
 """The digit transformers trained in the lab: seeded, deterministic, seconds on a CPU.
 
 ``train`` fits a ``DigitTransformer`` on the digits training pool (quantlab.data.digits) with
-AdamW, cross-entropy and a cosine learning-rate decay (375 steps by default), on one
-intra-op thread (float32 sums then do not depend on the machine's thread count); shuffling uses
-its own ``torch.Generator``, so the caller's global RNG is neither read nor changed. Trained
-weights are kept per (variant, seed) for the life of the process.
+AdamW, cross-entropy and a cosine learning-rate decay (375 steps by default); shuffling uses
+its own ``torch.Generator``, so the caller's global RNG is neither read nor changed. It runs on
+the caller's intra-op threads: torch splits large float32 reductions by thread count, so the
+weights it fits depend on that count. The registry's trained weights (``build``) therefore come
+from a child interpreter started with one intra-op thread (``OMP_NUM_THREADS=1``, read by torch
+at start-up): the same bits on every machine, and this process's thread count is never changed.
+They are kept per (variant, seed) for the life of the process.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -39,19 +45,10 @@ VARIANTS: dict[str, tuple[TokenNorm, Attention]] = {
 }
 
 
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def train(model: nn.Module, seed: int = 0, recipe: TrainRecipe = TrainRecipe()) -> list[float]:
     """Fit ``model`` on the digits training pool; returns the mean loss of every epoch and
-    leaves the model in eval mode. Deterministic for a given initial state and seed."""
+    leaves the model in eval mode. Deterministic for a given initial state, seed and intra-op
+    thread count (the caller's, left as it is)."""
     from quantlab.data.digits import train_split
 
     images, labels = train_split()
@@ -64,31 +61,58 @@ def train(model: nn.Module, seed: int = 0, recipe: TrainRecipe = TrainRecipe()) 
     )
     losses = []
     model.train()
-    with _one_thread():
-        for _ in range(recipe.epochs):
-            order = torch.randperm(n, generator=gen)
-            total = 0.0
-            for i in range(0, n, recipe.batch):
-                idx = order[i : i + recipe.batch]
-                opt.zero_grad()
-                loss = F.cross_entropy(model(images[idx]), labels[idx])
-                loss.backward()
-                opt.step()
-                sched.step()
-                total += float(loss.detach()) * len(idx)
-            losses.append(total / n)
+    for _ in range(recipe.epochs):
+        order = torch.randperm(n, generator=gen)
+        total = 0.0
+        for i in range(0, n, recipe.batch):
+            idx = order[i : i + recipe.batch]
+            opt.zero_grad()
+            loss = F.cross_entropy(model(images[idx]), labels[idx])
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(idx)
+        losses.append(total / n)
     model.eval()
     return losses
 
 
-@functools.lru_cache(maxsize=8)
-def _trained_state(variant: str, seed: int) -> dict[str, torch.Tensor]:
+def train_state(variant: str, seed: int) -> dict[str, torch.Tensor]:
+    """The state dict of ``variant`` initialised from ``seed`` and trained by ``train`` in this
+    process, on its intra-op threads."""
     norm, attention = VARIANTS[variant]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DigitTransformer(norm, attention)
     train(model, seed)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+_CHILD = """
+import io, sys, torch
+from quantlab.models.trained_digits import train_state
+buf = io.BytesIO()
+torch.save(train_state(sys.argv[1], int(sys.argv[2])), buf)
+sys.stdout.buffer.write(buf.getvalue())
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def _trained_state(variant: str, seed: int) -> dict[str, torch.Tensor]:
+    """``train_state`` run in a child interpreter with one intra-op thread (module docstring);
+    its tensors come back through ``torch.save`` and are read with ``weights_only=True``."""
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding this quantlab
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=path)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, variant, str(seed)], env=env, capture_output=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"training {variant} (seed {seed}) in a one-thread child interpreter failed "
+            f"(exit code {done.returncode}):\n{done.stderr.decode(errors='replace')[-2000:]}"
+        )
+    return torch.load(io.BytesIO(done.stdout), weights_only=True)
 
 
 def build(variant: str, pretrained: bool, seed: int = 0) -> DigitTransformer:

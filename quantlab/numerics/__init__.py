@@ -1,20 +1,24 @@
 """quantlab's arithmetic contract: every bit quantlab produces is decided in this package.
 
-Submodules: ``dtypes`` (formats), ``rounding`` (one rounding vocabulary), ``quantize``
-(symmetric quantize / dequantize / fake quant), ``requant`` (accumulator -> codes, add rules),
-``gemm`` (exact integer conv / linear / matmul and quantized ops), ``float16`` (correctly
-rounded float16 emulation), ``reference`` (slow numpy int64 twins used by tests) and
-``selftest`` (start-up check of the fast paths' exactness).
+Submodules: ``dtypes`` (formats), ``rounding`` (one rounding vocabulary), ``scales`` (scale
+validation), ``quantize`` (symmetric quantize / dequantize / fake quant), ``requant``
+(accumulator -> codes, add rules), ``accumulator`` and ``contract`` (the int32 accumulator and
+the ``GemmContract`` a platform composes), ``gemm`` (exact integer conv / linear / matmul and
+quantized ops), ``split`` (high/low int8 splits), ``float16`` (correctly rounded float16
+emulation), ``grid_sample``, ``lut``, ``periodic``, ``reference`` (slow twins used by tests)
+and ``selftest`` (start-up check of the fast paths' exactness). It imports nothing from the
+rest of quantlab.
 """
 
+from quantlab.numerics.accumulator import Overflow, accumulate
+from quantlab.numerics.contract import GemmContract, requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import (
     GemmPath,
     GemmStats,
-    Overflow,
-    accumulate,
     clamp_int16_operand,
     coarsen_int16_matmul_scale,
+    finish_gemm,
     int16_matmul_scale_factor,
     int_conv1d,
     int_conv2d,
@@ -27,6 +31,7 @@ from quantlab.numerics.gemm import (
     quantize_bias,
 )
 from quantlab.numerics.quantize import (
+    Divide,
     QuantStats,
     ScaleRule,
     compute_scale,
@@ -43,11 +48,14 @@ from quantlab.numerics.requant import (
     make_requant,
     requant_scale,
     requantize,
+    rescale_multiplier,
 )
 from quantlab.numerics.rounding import Round, round_float, rshift_round, saturate
 
 __all__ = [
     "DType",
+    "Divide",
+    "GemmContract",
     "GemmPath",
     "GemmStats",
     "Overflow",
@@ -65,6 +73,7 @@ __all__ = [
     "dequantize",
     "fake_cast",
     "fake_quant",
+    "finish_gemm",
     "int16_matmul_scale_factor",
     "int_conv1d",
     "int_conv2d",
@@ -79,6 +88,8 @@ __all__ = [
     "quantize_bias",
     "requant_scale",
     "requantize",
+    "requantize_accumulator",
+    "rescale_multiplier",
     "round_float",
     "rshift_round",
     "saturate",

@@ -10,6 +10,9 @@ import enum
 
 import torch
 
+_BITS = {"int8": 8, "int16": 16, "int32": 32, "float16": 16, "float32": 32}
+_INT_VALUES = frozenset(("int8", "int16", "int32"))
+
 
 class DType(enum.Enum):
     """A tensor format on the device. Configs select members by name (``INT8``, ``FLOAT16``...)."""
@@ -22,27 +25,29 @@ class DType(enum.Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.INT8, DType.INT16, DType.INT32)
+        return self.value in _INT_VALUES
 
     @property
     def is_float(self) -> bool:
-        return not self.is_int
+        return self.value not in _INT_VALUES
 
     @property
     def bits(self) -> int:
-        return {"int8": 8, "int16": 16, "int32": 32, "float16": 16, "float32": 32}[self.value]
+        return _BITS[self.value]
 
     @property
     def qmin(self) -> int:
         """Smallest code of an integer format, -2**(bits-1)."""
-        self._require_int("qmin")
-        return -(1 << (self.bits - 1))
+        if self.value not in _INT_VALUES:
+            self._require_int("qmin")
+        return -(1 << (_BITS[self.value] - 1))
 
     @property
     def qmax(self) -> int:
         """Largest code of an integer format, 2**(bits-1) - 1."""
-        self._require_int("qmax")
-        return (1 << (self.bits - 1)) - 1
+        if self.value not in _INT_VALUES:
+            self._require_int("qmax")
+        return (1 << (_BITS[self.value] - 1)) - 1
 
     @property
     def max_finite(self) -> float:

@@ -14,8 +14,9 @@ error is at most gamma_K * t (gamma_K = K u / (1 - K u), u = 2**-53), so whereve
 ``s +- 2 K u t (+ ulp)`` round to the same float16 value, that value is the exact model's
 answer. The few remaining elements (a sum within the error of a float16 rounding boundary) are
 recomputed exactly with Python integers. Non-finite inputs follow float64 IEEE arithmetic.
-Saturation (``saturate=True``, platform.float16_saturate): a finite result beyond +-65504
-becomes +-65504 instead of +-inf.
+Saturation (``saturate=True``, platform.float16_saturate): a result beyond +-65504 computed
+from finite inputs becomes +-65504 instead of +-inf, decided per element (an inf input makes
+only the outputs it reaches inf). An exactly zero sum is +0.0 (IEEE round to nearest).
 
 float64 -> float16 conversion uses numpy (correctly rounded); torch converts float64 -> float16
 through float32, which rounds twice.
@@ -29,6 +30,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from quantlab.numerics.rounding import Round, rshift_round_int
 
 F16_MAX = 65504.0
 _U = 2.0**-53
@@ -102,7 +105,8 @@ def _exact_dot_f16(a_row: np.ndarray, b_col: np.ndarray) -> float:
 
 
 def _round_scaled_to_f16(n: int, frac_bits: int) -> float:
-    """Round n / 2**frac_bits to the nearest float16 (ties to even), exactly."""
+    """Round n / 2**frac_bits to the nearest float16 (ties to even), exactly; an exact zero is
+    +0.0, an underflow keeps the sign of n."""
     if n == 0:
         return 0.0
     sign = -1.0 if n < 0 else 1.0
@@ -110,19 +114,19 @@ def _round_scaled_to_f16(n: int, frac_bits: int) -> float:
     e = m.bit_length() - 1 - frac_bits  # floor(log2(|value|))
     q_exp = max(e, -14) - 10  # the float16 quantum at this magnitude (subnormals: 2**-24)
     shift = frac_bits + q_exp  # value / 2**q_exp = m / 2**shift
-    if shift <= 0:
-        k = m << -shift
-    else:
-        k, rem = m >> shift, m & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and k & 1):
-            k += 1
+    k = m << -shift if shift <= 0 else rshift_round_int(m, shift, Round.HALF_EVEN)
     v = math.ldexp(k, q_exp)
     return sign * (math.inf if v >= 65520.0 else v)
 
 
-def _matmul_rounded(a: Tensor, b: Tensor) -> Tensor:
-    """Exact-sum-then-round float16 matmul of float64 tensors holding float16 values."""
+def _matmul_rounded(a: Tensor, b: Tensor, saturate: bool) -> Tensor:
+    """Exact-sum-then-round float16 matmul of float64 tensors holding float16 values.
+
+    An output whose products are all exactly zero is +0.0; one whose error interval holds a
+    float16 rounding boundary or zero (whose sign is then unknown) is recomputed exactly.
+    With ``saturate`` an output that overflowed from finite inputs (its sum of |products| is
+    finite) becomes +-65504, decided per output element.
+    """
     s = torch.matmul(a, b)
     t = torch.matmul(a.abs(), b.abs())
     k = a.shape[-1]
@@ -131,8 +135,9 @@ def _matmul_rounded(a: Tensor, b: Tensor) -> Tensor:
     finite = torch.isfinite(s) & torch.isfinite(t)
     lo = round_to_float16(torch.where(finite, s - err, s))
     hi = round_to_float16(torch.where(finite, s + err, s))
-    out = lo.clone()
-    unsure = finite & (lo != hi)
+    zero = finite & (t == 0)  # every product is exactly zero: the sum is +0.0
+    out = torch.where(zero, torch.zeros((), dtype=lo.dtype), lo)
+    unsure = finite & ~zero & ((lo != hi) | (torch.signbit(lo) != torch.signbit(hi)))
     if bool(unsure.any()):
         ab, bb = torch.broadcast_tensors(a[..., :, :1], b[..., :1, :])  # batch shape
         a_full = a.expand(*ab.shape[:-2], a.shape[-2], k).numpy()
@@ -142,12 +147,8 @@ def _matmul_rounded(a: Tensor, b: Tensor) -> Tensor:
             row = a_full[(*batch, i)]
             col = b_full[(*batch, slice(None), j)]
             out[tuple(idx)] = _exact_dot_f16(row, col)
-    return out
-
-
-def _finish(out: Tensor, finite_inputs: bool, saturate: bool) -> Tensor:
-    if saturate and finite_inputs:
-        return _saturate(out, torch.ones_like(out, dtype=torch.bool))
+    if saturate:
+        out = _saturate(out, torch.isfinite(t))
     return out
 
 
@@ -163,13 +164,12 @@ def matmul(a: Tensor, b: Tensor, saturate: bool = False) -> Tensor:
         b64 = b64.unsqueeze(-1)
     if a64.shape[-1] != b64.shape[-2]:
         raise ValueError(f"matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not match")
-    out = _matmul_rounded(a64, b64)
+    out = _matmul_rounded(a64, b64, saturate)
     if squeeze_b:
         out = out.squeeze(-1)
     if squeeze_a:
         out = out.squeeze(-1 if squeeze_b else -2)
-    fin = bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())
-    return _finish(out, fin, saturate)
+    return out
 
 
 def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, saturate: bool = False) -> Tensor:
@@ -185,11 +185,24 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None, saturate: bool = Fa
         a = torch.cat([a, torch.ones(*a.shape[:-1], 1, dtype=torch.float64)], dim=-1)
         b = torch.cat([b, bias.to(torch.float64).reshape(1, -1)], dim=0)
     if a.dim() == 1:
-        out = _matmul_rounded(a.unsqueeze(0), b).squeeze(0)
-    else:
-        out = _matmul_rounded(a, b)
-    fin = all(bool(torch.isfinite(t).all()) for t in (x, w) + (() if bias is None else (bias,)))
-    return _finish(out, fin, saturate)
+        return _matmul_rounded(a.unsqueeze(0), b, saturate).squeeze(0)
+    return _matmul_rounded(a, b, saturate)
+
+
+def _conv_padding(padding, kernel, stride, dilation) -> tuple[int, int, int, int]:
+    """(left, right, top, bottom) zero padding of a conv2d: an int or pair (symmetric), or
+    "valid" (none) / "same" (stride 1; the odd unit on the right / bottom, as PyTorch)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding != "same":
+            raise ValueError(f"padding must be an int, a pair, 'valid' or 'same', got {padding!r}")
+        if any(s != 1 for s in stride):
+            raise ValueError(f"padding='same' needs stride 1, got stride={stride}")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        return total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2
+    ph, pw = torch.nn.modules.utils._pair(padding)
+    return pw, pw, ph, ph
 
 
 def conv2d(
@@ -220,10 +233,13 @@ def conv2d(
             f"conv2d weight {tuple(w.shape)} with groups={groups} does not fit {cin} input channels"
         )
     pair = torch.nn.modules.utils._pair
-    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    cols = F.unfold(x.to(torch.float64), (kh, kw), dilation, padding, stride)  # (N, Cin*kh*kw, L)
+    stride, dilation = pair(stride), pair(dilation)
+    left, right, top, bottom = _conv_padding(padding, (kh, kw), stride, dilation)
+    x64 = F.pad(x.to(torch.float64), (left, right, top, bottom))
+    h, wd = x64.shape[2:]
+    ho = (h - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    cols = F.unfold(x64, (kh, kw), dilation, 0, stride)  # (N, Cin*kh*kw, L)
     kg = cin_g * kh * kw
     cols = cols.reshape(n, groups, kg, ho * wo)
     wm = w.to(torch.float64).reshape(groups, cout // groups, kg)
@@ -231,9 +247,7 @@ def conv2d(
         _check_f16(bias, "bias")
         wm = torch.cat([wm, bias.to(torch.float64).reshape(groups, cout // groups, 1)], dim=-1)
         cols = torch.cat([cols, torch.ones(n, groups, 1, ho * wo, dtype=torch.float64)], dim=2)
-    out = _matmul_rounded(wm.unsqueeze(0), cols).reshape(n, cout, ho, wo)
-    fin = all(bool(torch.isfinite(t).all()) for t in (x, w) + (() if bias is None else (bias,)))
-    out = _finish(out, fin, saturate)
+    out = _matmul_rounded(wm.unsqueeze(0), cols, saturate).reshape(n, cout, ho, wo)
     return out.squeeze(0) if unbatched else out
 
 
@@ -251,15 +265,19 @@ def conv1d(
     _check_f16(x, "x")
     unbatched = x.dim() == 2
     xb = x.unsqueeze(0) if unbatched else x
-    one = lambda v: (1, v if isinstance(v, int) else v[0])  # noqa: E731
+    one = lambda v: (1, _first(v))  # noqa: E731
     out = conv2d(
         xb.unsqueeze(2),
         w.unsqueeze(2),
         bias,
         one(stride),
-        (0, padding if isinstance(padding, int) else padding[0]),
+        padding if isinstance(padding, str) else (0, _first(padding)),
         one(dilation),
         groups,
         saturate,
     ).squeeze(2)
     return out.squeeze(0) if unbatched else out
+
+
+def _first(v) -> int:
+    return v if isinstance(v, int) else v[0]

@@ -38,10 +38,11 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import LutSpec, default_spec
-from quantlab.numerics.lut.table import SegmentLut, build_lut
+from quantlab.numerics.lut.segment import SegmentLut
+from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.quantize import quantize
 from quantlab.numerics.requant import Requant, add_inter_scale, make_requant, requantize
-from quantlab.numerics.rounding import Round
+from quantlab.numerics.rounding import Round, round_rational
 
 CODE_DTYPES = (DType.INT8, DType.INT16)
 
@@ -281,7 +282,7 @@ def _add(x, sx, y, sy, so, out: DType, c: NormContract) -> Tensor:
 
 def eps_codes(eps: float, var_scale: float) -> int:
     """ADD_CODES: eps in variance codes, the exact quotient eps / s_var rounded half to even."""
-    return round(Fraction(float(eps)) / Fraction(f32(var_scale)))
+    return round_rational(Fraction(float(eps)) / Fraction(f32(var_scale)), Round.HALF_EVEN)
 
 
 def rsqrt_lut(scales: NormScales, eps: float, c: NormContract = J6_NORM) -> SegmentLut:

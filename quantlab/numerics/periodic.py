@@ -27,6 +27,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.scales import check_scale_float
 
 TWO_PI = 2.0 * math.pi
 
@@ -39,7 +40,7 @@ def needs_period_reduction(x_scale: float, dtype: DType) -> bool:
     """True when the input's range ``x_scale * qmax`` exceeds one period 2pi (s.5)."""
     if not dtype.is_int:
         raise ValueError(f"period reduction applies to integer inputs, got {dtype.name}")
-    return float(x_scale) * dtype.qmax > TWO_PI
+    return check_scale_float(x_scale, "x_scale") * dtype.qmax > TWO_PI
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ def period_reduce_steps(
     """
     if not in_dtype.is_int or in_dtype is DType.INT32:
         raise ValueError(f"in_dtype must be INT8 or INT16, got {in_dtype.name}")
-    if not (math.isfinite(x_scale) and x_scale > 0):
-        raise ValueError(f"x_scale must be finite and > 0, got {x_scale}")
+    x_scale = check_scale_float(x_scale, "x_scale")
     qmax = in_dtype.qmax
     s_in = _f32(x_scale)
     x = x_codes.to(torch.float64) * s_in
@@ -82,7 +82,7 @@ def period_reduce_steps(
     t_codes, sat_t = _requant(x / TWO_PI, s_t, in_dtype, rounding)
     t = t_codes.to(torch.float64) * s_t
     s_n = _f32(math.ceil(s_in * qmax / TWO_PI) / qmax)
-    n_codes, sat_n = _requant(torch.floor(t), s_n, in_dtype, rounding)
+    n_codes, sat_n = _requant(round_float(t, Round.FLOOR), s_n, in_dtype, rounding)
     s_f = _f32(1.0 / qmax)
     f_codes, sat_f = _requant(t - n_codes.to(torch.float64) * s_n, s_f, in_dtype, rounding)
     s_out = _f32(TWO_PI / qmax)
@@ -125,6 +125,6 @@ def wrap_to_pi(x: Tensor) -> Tensor:
     if not x.is_floating_point():
         raise TypeError(f"wrap_to_pi expects a float tensor, got {x.dtype}")
     xd = x.to(torch.float64)
-    r = xd - TWO_PI * torch.floor((xd + math.pi) / TWO_PI)
+    r = xd - TWO_PI * round_float((xd + math.pi) / TWO_PI, Round.FLOOR)
     r = torch.where(r >= math.pi, r - TWO_PI, r)
     return r.to(x.dtype)

@@ -3,23 +3,36 @@
 Conventions (j6-numerics s.1): symmetric, zero point 0, full integer range; activations
 per-tensor, weights per-channel on ``axis`` (0 for conv/linear weights).
 
+x / scale is formed one of two ways (``Divide``): deployed quantization divides (ONNX
+QuantizeLinear), QAT's fake-quant kernels multiply by the float32 reciprocal; the two differ
+only where x / s lies within an ulp of a rounding tie (part of the fake-vs-fixed gap).
+
 Non-finite inputs (one documented behaviour, counted in ``QuantStats``):
-  +inf -> qmax, -inf -> qmin (saturation, like any out-of-range value); NaN -> code 0.
+  +inf -> qmax, -inf -> qmin (saturation, like any out-of-range value); NaN -> code 0
+  (``fake_quant`` with ``Divide.BY_RECIPROCAL`` keeps NaN, as torch's fake-quant kernels do not
+  define it).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.float16 import round_to_float16
+from quantlab.numerics.rounding import Round, round_float, round_float_, round_scalar
+from quantlab.numerics.scales import check_scale
 from quantlab.numerics.shapes import along_axis
 
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+CONSTANT_DTYPE = DType.INT16
+"""A scalar constant operand is an int16 code +-32767 at scale |c| / 32767 (assumed)."""
+_CACHE_LIMIT = 4096  # per-tensor reciprocal constants kept (a plan-time cache, keyed by value)
 
 
 class ScaleRule(enum.Enum):
@@ -33,6 +46,18 @@ class ScaleRule(enum.Enum):
     HALF_RANGE = "half_range"
     QMAX = "qmax"
     POT = "pot"
+
+
+class Divide(enum.Enum):
+    """How ``x / scale`` is formed before rounding (float32 either way).
+
+    BY_SCALE:      fl32(x / s), IEEE division (ONNX QuantizeLinear, torch.ao quantize ops).
+    BY_RECIPROCAL: fl32(x * fl32(1 / s)) (torch.fake_quantize_per_tensor_affine and
+                   ..._per_channel_affine: what QAT frameworks compute).
+    """
+
+    BY_SCALE = "by_scale"
+    BY_RECIPROCAL = "by_reciprocal"
 
 
 @dataclass
@@ -61,13 +86,14 @@ def compute_scale(
 
     HALF_RANGE: amax / ((qmax - qmin) / 2); QMAX: amax / qmax (qmax = qmax for narrow ranges too);
     POT: 2**ceil(log2(amax / qmax)). The result is floored at float32 eps so it is never 0.
-    The division is done in float64 and rounded once to float32.
+    The division is done in float64 and rounded once to float32. ValueError when amax is NaN or
+    infinite, or so large that the scale exceeds float32 (amax > ~4e40 for int8).
     """
     if not dtype.is_int:
         raise ValueError(f"compute_scale needs an integer dtype, got {dtype.name}")
     a = torch.as_tensor(amax, dtype=torch.float64).clamp_min(0)
     if not bool(torch.isfinite(a).all()):
-        raise ValueError("compute_scale: amax must be finite")
+        raise ValueError(f"compute_scale: amax must be finite, got {_values(a)}")
     if rule is ScaleRule.HALF_RANGE and not narrow_range:
         s = a / ((dtype.qmax - dtype.qmin) / 2)
     elif rule in (ScaleRule.QMAX, ScaleRule.HALF_RANGE):
@@ -76,19 +102,58 @@ def compute_scale(
         s = torch.exp2(torch.ceil(torch.log2((a / dtype.qmax).clamp_min(FLOAT32_EPS))))
     else:
         raise ValueError(f"unknown scale rule {rule!r}; allowed: {[r.name for r in ScaleRule]}")
-    return s.to(torch.float32).clamp_min(FLOAT32_EPS)
+    s32 = s.to(torch.float32)
+    if not bool(torch.isfinite(s32).all()):
+        raise ValueError(
+            f"compute_scale: amax {_values(a)} gives a scale beyond the float32 range "
+            f"(max {FLOAT32_MAX:.4g}) for {dtype.name}"
+        )
+    return s32.clamp_min(FLOAT32_EPS)
 
 
-def _broadcast_scale(scale: Tensor, x: Tensor, axis: int | None) -> Tensor:
-    scale = torch.as_tensor(scale, dtype=torch.float32)
+def _values(t: Tensor) -> str:
+    v = t.flatten()[:4].tolist()
+    return str(v[0]) if t.numel() == 1 else str(v)
+
+
+def _broadcast_scale(scale: Tensor | float, x: Tensor, axis: int | None, name: str) -> Tensor:
+    s = check_scale(scale, name)
     if axis is None:
-        if scale.numel() != 1:
+        if s.numel() != 1:
             raise ValueError(
-                f"per-tensor quantization needs one scale, got {scale.numel()}; pass axis= for "
+                f"per-tensor quantization needs one scale, got {s.numel()}; pass axis= for "
                 "per-channel scales"
             )
-        return scale.reshape(())
-    return along_axis(scale, x, axis, "per-channel scale")
+        return s.reshape(())
+    return along_axis(s.reshape(-1), x, axis, "per-channel scale")
+
+
+def code_range(dtype: DType, qmin: int | None = None, qmax: int | None = None) -> tuple[int, int]:
+    """[qmin, qmax] (defaults: the full range of integer ``dtype``); ValueError when a bound
+    lies outside the dtype or qmin > qmax."""
+    if not dtype.is_int:
+        raise ValueError(f"code range needs an integer dtype, got {dtype.name}")
+    dmin, dmax = dtype.qmin, dtype.qmax
+    if qmin is None and qmax is None:
+        return dmin, dmax
+    lo = dmin if qmin is None else int(qmin)
+    hi = dmax if qmax is None else int(qmax)
+    if not dmin <= lo <= dmax:
+        raise ValueError(f"qmin={lo} lies outside the {dtype.name} range [{dmin}, {dmax}]")
+    if not dmin <= hi <= dmax:
+        raise ValueError(f"qmax={hi} lies outside the {dtype.name} range [{dmin}, {dmax}]")
+    if lo > hi:
+        raise ValueError(f"qmin={lo} > qmax={hi}: the code range is empty")
+    return lo, hi
+
+
+def _scaled(xf: Tensor, s: Tensor, divide: Divide) -> Tensor:
+    """x / s in float32 as ``divide`` forms it."""
+    if divide is Divide.BY_SCALE:
+        return xf / s
+    if divide is Divide.BY_RECIPROCAL:
+        return xf * (torch.ones((), dtype=torch.float32) / s)
+    raise ValueError(f"unknown divide {divide!r}; allowed: {[d.name for d in Divide]}")
 
 
 def quantize(
@@ -100,23 +165,27 @@ def quantize(
     qmin: int | None = None,
     qmax: int | None = None,
     stats: QuantStats | None = None,
+    divide: Divide = Divide.BY_SCALE,
 ) -> Tensor:
     """codes = clamp(round(x / scale), qmin, qmax), returned in ``dtype``'s torch dtype.
 
-    Rounding: ``rounding`` applied once to x / scale computed in float32 (x is cast to float32
-    first; the division is IEEE correctly rounded, like torch.ao and ONNX QuantizeLinear).
-    Saturation: clamps to [qmin, qmax] (defaults: the full range of ``dtype``).
+    Rounding: ``rounding`` applied once to x / scale formed in float32 by ``divide`` (x is cast
+    to float32 first; BY_SCALE is the IEEE division, like torch.ao and ONNX QuantizeLinear).
+    Saturation: clamps to [qmin, qmax] (defaults: the full range of ``dtype``; a bound outside
+    the dtype or qmin > qmax raises); INT32 clamps exactly (in float64).
     Non-finite: +inf -> qmax, -inf -> qmin, NaN -> 0; counted into ``stats`` when given.
+    Scale: finite and > 0 (per tensor, or 1-d along ``axis``), else ValueError.
     """
     if not dtype.is_int:
         raise ValueError(f"quantize needs an integer dtype, got {dtype.name}; use fake_cast")
     if not x.is_floating_point():
         raise TypeError(f"quantize expects a float tensor, got {x.dtype}")
-    lo = dtype.qmin if qmin is None else qmin
-    hi = dtype.qmax if qmax is None else qmax
+    lo, hi = code_range(dtype, qmin, qmax)
     xf = x.to(torch.float32)
-    s = _broadcast_scale(scale, xf, axis)
-    r = round_float(xf / s, rounding)
+    s = _broadcast_scale(scale, xf, axis, "scale")
+    r = round_float(_scaled(xf, s, divide), rounding)
+    if dtype is DType.INT32:
+        r = r.to(torch.float64)  # float32 cannot hold 2**31 - 1: compare and clamp exactly
     nan = torch.isnan(r)
     if stats is not None:
         stats.total += r.numel()
@@ -130,7 +199,8 @@ def quantize(
 def dequantize(codes: Tensor, scale: Tensor | float, axis: int | None = None) -> Tensor:
     """x = codes * scale in float32 (exact: |codes| < 2**24 and one float32 product)."""
     c = codes.to(torch.float32)
-    return c * _broadcast_scale(scale, c, axis)
+    s = _broadcast_scale(scale, c, axis, "scale")
+    return c.mul_(s) if c is not codes else c * s  # in place on a fresh float32 copy
 
 
 def fake_cast(x: Tensor, dtype: DType, saturate: bool = True) -> Tensor:
@@ -144,8 +214,6 @@ def fake_cast(x: Tensor, dtype: DType, saturate: bool = True) -> Tensor:
         return x.to(torch.float32)
     if dtype is not DType.FLOAT16:
         raise ValueError(f"fake_cast takes FLOAT16 or FLOAT32, got {dtype.name}")
-    from quantlab.numerics.float16 import round_to_float16
-
     xf = x if x.dtype == torch.float64 else x.to(torch.float32)
     if saturate:
         m = DType.FLOAT16.max_finite
@@ -161,14 +229,108 @@ def fake_quant(
     axis: int | None = None,
     stats: QuantStats | None = None,
     saturate_float: bool = True,
+    divide: Divide = Divide.BY_SCALE,
+    qmin: int | None = None,
+    qmax: int | None = None,
+    bounds: tuple[float | None, float | None] | None = None,
 ) -> Tensor:
     """QAT numerics: dequantize(quantize(x)) for integer dtypes, fake_cast for float dtypes.
 
-    Returns float32. For FLOAT16/FLOAT32 ``scale`` is ignored (may be None).
+    Returns float32 (``codes * scale``, one product; a code -0 gives +0). For FLOAT16/FLOAT32
+    ``scale`` is ignored (may be None). ``bounds`` = (lo, hi) fake-quantizes
+    ``clamp(x, lo, hi)`` (a fused relu6) in the same pass. ``divide``: BY_SCALE follows
+    ``quantize`` (NaN -> 0); BY_RECIPROCAL is torch's fake-quant kernel bit for bit (NaN stays
+    NaN). Per tensor, BY_RECIPROCAL takes its constants (fl32(1/s), the code bounds of
+    ``bounds``) from a cache keyed by the scale's value; a clamp commutes with the monotone
+    ``fl32(. * r)`` and the rounding, so ``bounds`` become code bounds
+    ``[round(fl32(lo) * r), round(fl32(hi) * r)]``.
     """
     if dtype.is_float:
         return fake_cast(x, dtype, saturate=saturate_float)
     if scale is None:
         raise ValueError(f"fake_quant to {dtype.name} needs a scale")
-    codes = quantize(x, scale, dtype, rounding, axis=axis, stats=stats)
+    lo, hi = code_range(dtype, qmin, qmax)
+    if divide is Divide.BY_RECIPROCAL:
+        return _fake_quant_reciprocal(x, scale, rounding, axis, lo, hi, bounds, stats)
+    if bounds is not None:
+        x = torch.clamp(x, bounds[0], bounds[1])
+    codes = quantize(x, scale, dtype, rounding, axis=axis, qmin=lo, qmax=hi, stats=stats)
     return dequantize(codes, scale, axis=axis)
+
+
+def _one_float32(scale) -> float | None:
+    """The value of a one-element float32 scale tensor (the hot per-tensor case), else None."""
+    if isinstance(scale, Tensor) and scale.dtype == torch.float32 and scale.numel() == 1:
+        return scale.item()
+    return None
+
+
+def _fake_quant_reciprocal(x, scale, rounding, axis, lo, hi, bounds, stats) -> Tensor:
+    xf = x.detach().to(torch.float32)
+    v = _one_float32(scale) if axis is None and stats is None else None
+    if v is not None and v > 0 and v != math.inf:  # per tensor, valid: cached constants
+        lo, hi, rf, sf = _reciprocal_constants(v, lo, hi, bounds, rounding)
+        q = round_float_(torch.mul(xf, rf), rounding)
+        return q.clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
+    s = check_scale(scale, "scale")
+    if bounds is not None:
+        xf = torch.clamp(xf, bounds[0], bounds[1])
+    sb = _broadcast_scale(s, xf, axis, "scale")
+    q = round_float_(_scaled(xf, sb, Divide.BY_RECIPROCAL), rounding)
+    if stats is not None:
+        stats.total += q.numel()
+        stats.nan += int(torch.isnan(q).sum())
+        stats.inf += int(torch.isinf(xf).sum())
+        stats.saturated += int((((q < lo) | (q > hi)) & torch.isfinite(xf)).sum())
+    return q.clamp_(lo, hi).add_(0.0).mul_(sb)
+
+
+_RECIPROCAL_CONSTANTS: dict[tuple, tuple[int, int, float, float]] = {}
+
+
+def _reciprocal_constants(
+    s: float, lo: int, hi: int, bounds, rounding: Round
+) -> tuple[int, int, float, float]:
+    """(code lo, code hi, fl32(1/s), s) for one float32 scale value and optional clamp bounds;
+    cached by value (the scale's float value, the code range, the bounds, the rounding)."""
+    key = (s, lo, hi, bounds, rounding)
+    hit = _RECIPROCAL_CONSTANTS.get(key)
+    if hit is not None:
+        return hit
+    r = torch.ones((), dtype=torch.float32) / torch.tensor(s, dtype=torch.float32)
+    if bounds is not None:
+        for i, b in enumerate(bounds):
+            if b is None:
+                continue
+            code = round_float(torch.tensor(b, dtype=torch.float32) * r, rounding)
+            if i == 0:
+                lo = max(lo, int(code))
+            else:
+                hi = min(hi, int(code))
+    value = (lo, hi, float(r), s)
+    if len(_RECIPROCAL_CONSTANTS) >= _CACHE_LIMIT:
+        _RECIPROCAL_CONSTANTS.clear()
+    _RECIPROCAL_CONSTANTS[key] = value
+    return value
+
+
+def constant_codes(c: float, dtype: DType = CONSTANT_DTYPE) -> tuple[Tensor, Tensor]:
+    """A nonzero scalar constant as (code, scale): code +-qmax (int64), scale fl32(|c| / qmax)
+    (the division in float64, rounded once). Assumed for every platform (``CONSTANT_DTYPE``)."""
+    c = float(c)
+    if c == 0 or not torch.isfinite(torch.tensor(c)):
+        raise ValueError(f"a constant operand must be finite and nonzero, got {c}")
+    s = check_scale(abs(c) / dtype.qmax, "constant scale")
+    code = torch.tensor(dtype.qmax if c > 0 else -dtype.qmax, dtype=torch.int64)
+    return code, s
+
+
+def bound_codes(
+    lo: float | None, hi: float | None, scale: Tensor | float, dtype: DType
+) -> tuple[int, int]:
+    """The code range a clamp to [lo, hi] (None: open) becomes at ``scale``: each bound
+    round_half_even(bound / scale) in float64, intersected with ``dtype``'s range."""
+    s = float(check_scale(scale, "scale"))
+    lo_c = dtype.qmin if lo is None else max(dtype.qmin, round_scalar(float(lo) / s))
+    hi_c = dtype.qmax if hi is None else min(dtype.qmax, round_scalar(float(hi) / s))
+    return lo_c, hi_c

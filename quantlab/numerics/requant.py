@@ -18,11 +18,21 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import QuantStats
-from quantlab.numerics.rounding import Round, round_float, rshift_round
+from quantlab.numerics.rounding import (
+    Round,
+    half_up_offset,
+    round_float,
+    rshift_round,
+    rshift_round_half_up_,
+)
+from quantlab.numerics.scales import check_multiplier, check_scale
 from quantlab.numerics.shapes import along_axis
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
+MAX_MULTIPLIER_SHIFT = 30
+"""TFLite QuantizeMultiplier (single-rounding build) saturates a shift above 30 to 30 with the
+largest multiplier; a real multiplier >= 2**30 saturates every nonzero int8/int16 output anyway."""
 
 
 class Requant(enum.Enum):
@@ -75,17 +85,28 @@ def requant_scale(
     ``fl32(fl32(x_scale * w_scale) / out_scale)``; returns float32.
     Integer schemes (TFLite per-channel ``QuantizeMultiplier`` input): float64
     ``double(x_scale) * double(w_scale) / double(out_scale)``; returns float64.
-    ``w_scale`` may be per channel (1-d); the others are scalars.
+    ``w_scale`` may be per channel (1-d); the others are scalars. Every scale is finite and > 0
+    in float32 (else ValueError naming it).
     """
+    sx = check_scale(x_scale, "x_scale")
+    sw = check_scale(w_scale, "w_scale")
+    so = check_scale(out_scale, "out_scale")
     if scheme is Requant.FLOAT_RESCALE:
-        sx = torch.as_tensor(x_scale, dtype=torch.float32)
-        sw = torch.as_tensor(w_scale, dtype=torch.float32)
-        so = torch.as_tensor(out_scale, dtype=torch.float32)
         return (sx * sw) / so
-    sx = torch.as_tensor(x_scale, dtype=torch.float32).to(torch.float64)
-    sw = torch.as_tensor(w_scale, dtype=torch.float32).to(torch.float64)
-    so = torch.as_tensor(out_scale, dtype=torch.float32).to(torch.float64)
-    return sx * sw / so
+    return sx.to(torch.float64) * sw.to(torch.float64) / so.to(torch.float64)
+
+
+def rescale_multiplier(
+    in_scale: Tensor | float, out_scale: Tensor | float, scheme: Requant, count: int = 1
+) -> Tensor:
+    """M = in_scale / (out_scale * count) as ``requant_scale`` forms it (w_scale = 1), with
+    the divisor ``out_scale * count`` taken in float64 and rounded once to float32 (a mean of
+    ``count`` values rescaled to ``out_scale``; count = 1: a plain rescale)."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    so = check_scale(out_scale, "out_scale")
+    den = so if count == 1 else check_scale(float(so) * count, "out_scale * count")
+    return requant_scale(in_scale, 1.0, den, scheme)
 
 
 def quantize_multiplier(real: Tensor, mult_bits: int = 31) -> tuple[Tensor, Tensor]:
@@ -93,12 +114,12 @@ def quantize_multiplier(real: Tensor, mult_bits: int = 31) -> tuple[Tensor, Tens
 
     TFLite ``QuantizeMultiplier``: frexp gives M = f * 2**e, f in [0.5, 1); q = round(f *
     2**mult_bits) with ties away from zero (``std::round``); q == 2**mult_bits becomes
-    2**(mult_bits-1) with e + 1; e < -31 flushes to q = 0, shift = 0. M = 0 gives (0, 0).
+    2**(mult_bits-1) with e + 1; e < -31 flushes to q = 0, shift = 0; e > 30 saturates to
+    q = 2**mult_bits - 1, shift = 30 (TFLite's single-rounding build; every scheme here, so a
+    left shift never exceeds 30). M = 0 gives (0, 0).
     Exactness: f * 2**mult_bits is exact in float64 (a power-of-two scaling).
     """
-    m = torch.as_tensor(real, dtype=torch.float64)
-    if not bool(torch.isfinite(m).all()) or bool((m < 0).any()):
-        raise ValueError("requantization multiplier must be finite and >= 0")
+    m = check_multiplier(real, "requantization multiplier")
     frac, exp = torch.frexp(m)
     q = round_float(frac * float(1 << mult_bits), Round.HALF_AWAY).to(torch.int64)
     e = exp.to(torch.int64)
@@ -108,6 +129,9 @@ def quantize_multiplier(real: Tensor, mult_bits: int = 31) -> tuple[Tensor, Tens
     flush = (e < -31) | (m == 0)
     q = torch.where(flush, torch.zeros_like(q), q)
     e = torch.where(flush, torch.zeros_like(e), e)
+    big = e > MAX_MULTIPLIER_SHIFT
+    q = torch.where(big, torch.full_like(q, (1 << mult_bits) - 1), q)
+    e = torch.where(big, torch.full_like(e, MAX_MULTIPLIER_SHIFT), e)
     return q, e
 
 
@@ -131,6 +155,7 @@ def make_requant(real_scale: Tensor | float, scheme: Requant, mult_bits: int = 3
         if isinstance(real_scale, Tensor)
         else torch.tensor(real_scale, dtype=torch.float64)
     )
+    check_multiplier(r, "real_scale")
     if r.dim() > 1:
         raise ValueError(
             f"real_scale must be a scalar or 1-d per channel, got shape {tuple(r.shape)}"
@@ -168,10 +193,6 @@ def srdhm(a: Tensor, b: Tensor) -> Tensor:
     return torch.where(both_min, torch.full_like(out, INT32_MAX), out)
 
 
-def _wrap_int32(x: Tensor) -> Tensor:
-    return ((x - INT32_MIN) % (1 << 32)) + INT32_MIN
-
-
 def requantize(
     acc: Tensor,
     params: RequantParams,
@@ -188,10 +209,14 @@ def requantize(
     FLOAT_RESCALE: float32(acc) * float32 M (one IEEE product; acc is rounded to float32 when
       |acc| > 2**24, as ONNX Runtime does), then ``rounding`` (ONNX Runtime: HALF_EVEN).
     MUL_SHIFT: round(acc * q / 2**(mult_bits - shift)) with one rounding by ``rounding``; exact
-      in int64 (|acc * q| < 2**62).
-    MUL_SHIFT_DOUBLE: TFLite MultiplyByQuantizedMultiplier: x = wrap32(acc * 2**max(shift, 0)),
+      in int64 (|acc * q| < 2**62). With HALF_UP and a right shift n >= 1 (every real
+      multiplier below 1 with 31-bit multipliers) it runs as floor((acc * q + 2**(n-1)) / 2**n),
+      the same integer, in four passes.
+    MUL_SHIFT_DOUBLE: TFLite MultiplyByQuantizedMultiplier: x = sat32(acc * 2**max(shift, 0)),
       SRDHM(x, q) (ties toward +inf), then a right shift by max(-shift, 0) rounded by
-      ``rounding`` (TFLite RoundingDivideByPOT = HALF_AWAY).
+      ``rounding`` (TFLite RoundingDivideByPOT = HALF_AWAY). TFLite's C code overflows (undefined
+      behaviour) where this saturates, as gemmlowp's saturating shifts do; only multipliers
+      >= 1 shift left.
     MUL_SHIFT_INT64: TFLite int64 overload (16x8): r = (q + 2**15) >> 16 (0x7FFF if q >=
       0x7FFF0000), round(acc * r / 2**(15 - shift)) once by ``rounding`` (TFLite: HALF_UP).
     """
@@ -201,8 +226,9 @@ def requantize(
         raise ValueError(f"requantize output must be INT8 or INT16, got {out.name}")
     a = acc.to(torch.int64)
     scheme = params.scheme
-    if scheme is not Requant.MUL_SHIFT_INT64:
-        if a.numel() and (int(a.min()) < INT32_MIN or int(a.max()) > INT32_MAX):
+    if scheme is not Requant.MUL_SHIFT_INT64 and a.numel():
+        lo, hi = torch.aminmax(a)
+        if int(lo) < INT32_MIN or int(hi) > INT32_MAX:
             raise ValueError(
                 f"{scheme.name} takes int32 accumulator values; apply accumulate() first"
             )
@@ -214,20 +240,24 @@ def requantize(
     e = _along(params.shift, a, axis)
     if scheme is Requant.MUL_SHIFT:
         n = params.mult_bits - e  # right shift; negative means a left shift
+        if rounding is Round.HALF_UP and stats is None and bool((n >= 1).all()):
+            r = rshift_round_half_up_(a * q, n, half_up_offset(n))
+            return r.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
         prod = a * q
         # a left shift only grows |prod|; clamp first so the shift cannot wrap int64
         left = (-n).clamp_min(0).clamp_max(30)
         prod = torch.where(n < 0, prod.clamp(-(1 << 32), 1 << 32) << left, prod)
         r = rshift_round(prod, n.clamp_min(0), rounding)
     elif scheme is Requant.MUL_SHIFT_DOUBLE:
-        left = e.clamp_min(0)
+        left = e.clamp_min(0)  # <= MAX_MULTIPLIER_SHIFT: |acc << left| < 2**61
         right = (-e).clamp_min(0)
-        x = _wrap_int32(a << left.clamp_max(32))
+        x = (a << left).clamp(INT32_MIN, INT32_MAX)
         r = rshift_round(srdhm(x, q), right, rounding)
     elif scheme is Requant.MUL_SHIFT_INT64:
         if a.numel() and int(a.abs().max()) >= (1 << 47):
             raise ValueError("MUL_SHIFT_INT64 needs |acc| < 2**47 (TFLite int64 overload)")
-        red = torch.where(q < 0x7FFF0000, (q + (1 << 15)) >> 16, torch.full_like(q, 0x7FFF))
+        reduced = rshift_round(q, 16, Round.HALF_UP)  # (q + 2**15) >> 16 for q >= 0
+        red = torch.where(q < 0x7FFF0000, reduced, torch.full_like(q, 0x7FFF))
         total = 15 - e
         prod = a * red
         left = (-total).clamp_min(0).clamp_max(30)
@@ -264,18 +294,23 @@ def inter_scale(
 
     j6-numerics s.7 (assumed): float32 arithmetic (scales are float32); the divisions by a
     power of two are exact, the ratio sx/inter is rounded once to float32 and then to an integer
-    half to even (``torch.round``). The larger multiplier is exactly 2**inter_shift.
+    half to even. The larger multiplier is exactly 2**inter_shift. Scales: finite, > 0.
     """
     if not 0 <= inter_shift <= 30:
         raise ValueError(f"inter_shift must be in [0, 30], got {inter_shift}")
-    sx = torch.as_tensor(x_scale, dtype=torch.float32).reshape(())
-    sy = torch.as_tensor(y_scale, dtype=torch.float32).reshape(())
-    if not (float(sx) > 0 and float(sy) > 0):
-        raise ValueError(f"add scales must be > 0, got x_scale={float(sx)}, y_scale={float(sy)}")
+    sx = _one_scale(x_scale, "x_scale")
+    sy = _one_scale(y_scale, "y_scale")
     inter = torch.maximum(sx, sy) / float(1 << inter_shift)
-    mx = int(torch.round(sx / inter))
-    my = int(torch.round(sy / inter))
+    mx = int(round_float(sx / inter, Round.HALF_EVEN))
+    my = int(round_float(sy / inter, Round.HALF_EVEN))
     return InterScale(inter, mx, my)
+
+
+def _one_scale(scale: Tensor | float, name: str) -> Tensor:
+    s = check_scale(scale, name)
+    if s.numel() != 1:
+        raise ValueError(f"{name} must be one per-tensor scale, got {s.numel()} values")
+    return s.reshape(())
 
 
 def add_inter_scale(
@@ -302,7 +337,7 @@ def add_inter_scale(
     s = inter_scale(x_scale, y_scale, inter_shift)
     acc = x.to(torch.int64) * s.mx + y.to(torch.int64) * s.my
     acc = acc.clamp(INT32_MIN, INT32_MAX)
-    so = torch.as_tensor(out_scale, dtype=torch.float32)
+    so = _one_scale(out_scale, "out_scale")
     if scheme is Requant.FLOAT_RESCALE:
         real = s.inter / so
     else:
@@ -328,9 +363,9 @@ def add_float_rescale(
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
-    so = torch.as_tensor(out_scale, dtype=torch.float32)
-    rx = torch.as_tensor(x_scale, dtype=torch.float32) / so
-    ry = torch.as_tensor(y_scale, dtype=torch.float32) / so
+    so = _one_scale(out_scale, "out_scale")
+    rx = _one_scale(x_scale, "x_scale") / so
+    ry = _one_scale(y_scale, "y_scale") / so
     v = x.to(torch.float32) * rx + y.to(torch.float32) * ry
     return _saturate_codes(round_float(v, rounding), out, stats)
 

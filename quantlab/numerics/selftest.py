@@ -1,20 +1,26 @@
-"""Start-up self-test: the float fast paths of ``gemm`` must equal torch int64 on adversarial data.
+"""Start-up self-test: the float fast paths of the exact GEMM must equal torch int64 on
+adversarial data.
 
-The exactness of the float paths is proved from a bound (``gemm`` module docstring), but the
-proof assumes the BLAS / oneDNN kernels use no reduced-precision or transform-based algorithm.
-This test checks that assumption on the running machine with operands that break any
-such shortcut: all odd, near the maximum, one sign, so that partial sums far exceed 2**24
-(plain float32 gets them wrong). ``gemm`` runs it once per process before its first product
-and stops using (with a warning) any path that fails.
+The exactness of the float paths is proved from a bound (``gemm.plan``), but the proof assumes
+the BLAS / oneDNN kernels use no reduced-precision or transform-based algorithm. This test
+checks that assumption on the running machine with operands that break any such shortcut: all
+odd, near the maximum, one sign, so that partial sums far exceed 2**24 (plain float32 gets them
+wrong). The exact GEMM functions call ``ensure_selftest`` before their first product; AUTO then
+stops using (with a warning) any path that failed.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from quantlab.numerics import gemm
+from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
+from quantlab.numerics.gemm.plan import GemmPath, operand_bound, plan_conv, plan_gemm
+from quantlab.numerics.gemm.precision import exact_float_kernels
 
 
 @dataclass(frozen=True)
@@ -22,7 +28,7 @@ class SelfTestCase:
     """One adversarial product on one path: how many outputs differ from torch int64."""
 
     name: str
-    path: gemm.GemmPath
+    path: GemmPath
     outputs: int
     mismatches: int
 
@@ -37,6 +43,19 @@ def _adversarial(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return (hi - 2 * torch.randint(0, 3, shape, generator=g)).to(dtype)
 
 
+def _matmul(a, b, path: GemmPath) -> torch.Tensor:
+    plan = plan_gemm(operand_bound(a), operand_bound(b), a.shape[-1], 1, path)
+    with exact_float_kernels():
+        return matmul_planned(a, b, a.shape[-1], plan)
+
+
+def _conv(x, w, path: GemmPath) -> torch.Tensor:
+    plan = plan_conv(x, w, 1, path)
+    kw = dict(stride=1, padding=1, dilation=1, groups=1)
+    with exact_float_kernels():
+        return conv_planned(x, w, F.conv2d, kw, 1, x.shape[1], plan).to(torch.int64)
+
+
 def run_selftest() -> list[SelfTestCase]:
     """Adversarial matmul and conv2d (int8 with K > 1032, int16) on every float path (~50 ms)."""
     cases = []
@@ -44,21 +63,47 @@ def run_selftest() -> list[SelfTestCase]:
     mm16 = (_adversarial((3, 600), torch.int16, 3), _adversarial((600, 2), torch.int16, 4))
     cv8 = (_adversarial((1, 256, 4, 4), torch.int8, 5), _adversarial((3, 256, 3, 3), torch.int8, 6))
     cv16 = (_adversarial((1, 64, 4, 4), torch.int16, 7), _adversarial((2, 64, 3, 3), torch.int8, 8))
-    fast = [gemm.GemmPath.FLOAT32, gemm.GemmPath.FLOAT64]
+    fast = [GemmPath.FLOAT32, GemmPath.FLOAT64]
     for name, (a, b), paths in (
         ("matmul int8 K=2100", mm8, fast),
-        ("matmul int16 K=600", mm16, [gemm.GemmPath.FLOAT64]),
+        ("matmul int16 K=600", mm16, [GemmPath.FLOAT64]),
     ):
-        ref = gemm.int_matmul(a, b, gemm.GemmPath.INT64)
+        ref = _matmul(a, b, GemmPath.INT64)
         for p in paths:
-            got = gemm.int_matmul(a, b, p)
+            got = _matmul(a, b, p)
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
     for name, (x, w), paths in (
         ("conv2d int8 K=2304", cv8, fast),
-        ("conv2d int16 x int8 K=576", cv16, [gemm.GemmPath.FLOAT32_SPLIT, gemm.GemmPath.FLOAT64]),
+        ("conv2d int16 x int8 K=576", cv16, [GemmPath.FLOAT32_SPLIT, GemmPath.FLOAT64]),
     ):
-        ref = gemm.int_conv2d(x, w, padding=1, path=gemm.GemmPath.INT64)
+        ref = _conv(x, w, GemmPath.INT64)
         for p in paths:
-            got = gemm.int_conv2d(x, w, padding=1, path=p)
+            got = _conv(x, w, p)
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
     return cases
+
+
+_LOCK = threading.Lock()
+_STATE: dict = {"done": False, "disabled": frozenset()}
+
+
+def ensure_selftest() -> frozenset[GemmPath]:
+    """Run ``run_selftest`` once per process; returns the float paths that failed it (empty
+    when all pass). A failing path is reported once with a RuntimeWarning."""
+    if _STATE["done"]:
+        return _STATE["disabled"]
+    with _LOCK:
+        if not _STATE["done"]:
+            disabled = set()
+            for case in run_selftest():
+                if not case.ok:
+                    disabled.add(case.path)
+                    warnings.warn(
+                        f"exact GEMM self-test: {case.name} on path {case.path.name} differs from "
+                        f"int64 in {case.mismatches}/{case.outputs} outputs; AUTO will not use "
+                        "this path",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+            _STATE.update(done=True, disabled=frozenset(disabled))
+    return _STATE["disabled"]

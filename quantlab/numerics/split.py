@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics import gemm
+from quantlab.numerics.accumulator import Overflow, accumulate
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import Overflow
 from quantlab.numerics.quantize import fake_cast
 from quantlab.numerics.requant import Requant, quantize_multiplier
 from quantlab.numerics.rounding import Round, round_float, rshift_round
+from quantlab.numerics.scales import check_scale
 from quantlab.numerics.shapes import along_axis
 
 SPLIT_K_ALLOWED = tuple(range(1, 9))
@@ -84,7 +85,7 @@ def check_split_target(op_name: str, op_type: str, has_weight: bool, k: int) -> 
 
 
 def _channel_scale(scale: Tensor | float, w: Tensor, axis: int | None) -> Tensor:
-    s = torch.as_tensor(scale, dtype=torch.float32)
+    s = check_scale(scale, "scale")
     if s.numel() == 1 and (axis is None or w.dim() == 0):
         return s.reshape(())
     if axis is None:
@@ -141,7 +142,7 @@ def split_fake_weight(
 def split_error_bound(scale: Tensor | float, k: int) -> Tensor:
     """Largest |w - split_fake_weight(w)| without clipping: s / 2**(k+1) (float64)."""
     check_split_k(k)
-    return torch.as_tensor(scale, dtype=torch.float64) / float(1 << (k + 1))
+    return check_scale(scale, "scale", torch.float64) / float(1 << (k + 1))
 
 
 def split_int16_codes(codes: Tensor) -> tuple[Tensor, Tensor]:
@@ -243,7 +244,7 @@ def combine_partials(
         )
     if not 33 <= wide_bits <= 48:
         raise ValueError(f"wide_bits must be in [33, 48], got {wide_bits}")
-    real = torch.as_tensor(real_scale, dtype=torch.float64)
+    real = check_scale(real_scale, "real_scale", torch.float64)
     accs = [a.to(torch.int64) for a, _ in parts]
     exps = [int(e) for _, e in parts]
     e_min = min(exps)
@@ -276,13 +277,16 @@ def multiplier_shift(real: Tensor | float, mult_bits: int) -> tuple[Tensor, Tens
 
     M comes from ``requant.quantize_multiplier`` (TFLite QuantizeMultiplier: frexp, ties away),
     so a split partial uses the same multiplier as an unsplit GEMM; n = mult_bits - exponent.
-    A real below 2**-32 flushes to M = 0 (output 0), as there. Domain: 0 < real < 2**31.
+    A real below 2**-32 flushes to M = 0 (output 0), as there. Domain: 0 < real < 2**30.
     """
     if mult_bits not in (15, 31):
         raise ValueError(f"mult_bits must be 15 or 31, got {mult_bits}")
-    r = torch.as_tensor(real, dtype=torch.float64)
-    if not bool((r > 0).all()) or not bool(torch.isfinite(r).all()):
-        raise ValueError("requantization scale must be finite and > 0")
+    r = check_scale(real, "real", torch.float64)
+    if bool((r >= 2.0**30).any()):
+        raise ValueError(
+            f"requantization scale {r.tolist()} is outside [2**-31, 2**30) (the multiplier's "
+            "shift saturates at 30)"
+        )
     big, e = quantize_multiplier(r, mult_bits)
     n = mult_bits - e
     if bool((n < 0).any()) or bool((n > 62).any()):
@@ -307,7 +311,7 @@ def requant_partial(
     Other schemes are defined for int32 accumulators only and raise ValueError here.
     """
     acc = acc.to(torch.int64)
-    r = torch.as_tensor(real, dtype=torch.float64)
+    r = check_scale(real, "real", torch.float64)
     if scheme is Requant.FLOAT_RESCALE:
         y = acc.to(torch.float32) * _bcast(r.to(torch.float32), acc, axis)
         return round_float(y, rounding).to(torch.int64)
@@ -344,13 +348,9 @@ def _wide_sum(accs: list[Tensor], exps: list[int], e_min: int, wide_bits: int) -
 
 
 def int32_accumulate(acc: Tensor, overflow: Overflow) -> Tensor:
-    """An exact int64 sum as an int32 accumulator holds it: SATURATE clamps, WRAP wraps."""
-    acc = acc.to(torch.int64)
-    if overflow is Overflow.SATURATE:
-        return acc.clamp(-(2**31), 2**31 - 1)
-    if overflow is Overflow.WRAP:
-        return torch.remainder(acc + 2**31, 2**32) - 2**31
-    raise ValueError(f"overflow={overflow!r}; allowed: {[m.name for m in Overflow]}")
+    """An exact int64 sum as an int32 accumulator holds it: SATURATE clamps, WRAP wraps
+    (``accumulator.accumulate`` with INT32, without the count)."""
+    return accumulate(acc, DType.INT32, overflow)[0]
 
 
 def exact_conv2d(x_codes: Tensor, w_codes: Tensor, **conv_args) -> Tensor:
@@ -362,6 +362,12 @@ def exact_conv2d(x_codes: Tensor, w_codes: Tensor, **conv_args) -> Tensor:
 def exact_matmul(a_codes: Tensor, b_codes: Tensor) -> Tensor:
     """Exact int64 ``a @ b`` of int8/int16 codes (``gemm.int_matmul``; matmul broadcasting)."""
     return gemm.int_matmul(a_codes, b_codes)
+
+
+def _unit_scale(x_scale, w_scale) -> Tensor:
+    """s_x * s_w per output channel in float64 (the scale of the split accumulator units)."""
+    sx = float(check_scale(x_scale, "x_scale", torch.float64))
+    return sx * check_scale(w_scale, "w_scale", torch.float64).reshape(-1)
 
 
 def split_conv2d(
@@ -385,7 +391,8 @@ def split_conv2d(
 ) -> Tensor:
     """Fixed-point conv2d with a high/low split weight: output codes in ``out``.
 
-    acc_hi = conv(x, w_hi) (+ int32 bias round_half_even(bias / (s_x * s_w)) in hi units),
+    acc_hi = conv(x, w_hi) (+ the int32 bias codes of every GEMM, ``gemm.quantize_bias``:
+    round_half_even(fl32(bias / fl32(s_x * s_w))) saturated to int32, in hi units),
     acc_lo = conv(x, w_lo), each an int32 accumulator (``overflow``), combined by
     ``combine_split`` with real scale s_x * s_w / s_out per output channel (axis 1).
     For a float ``out`` pass out_scale=1.0: the result is floats (s_x * s_w * acc).
@@ -394,13 +401,12 @@ def split_conv2d(
     args = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     acc_hi = exact_conv2d(x_codes, w_hi, **args)
     acc_lo = exact_conv2d(x_codes, w_lo, **args)
-    unit = float(x_scale) * torch.as_tensor(w_scale, dtype=torch.float64).reshape(-1)
+    unit = _unit_scale(x_scale, w_scale)
     if bias is not None:
-        b = torch.round(bias.double() / unit).to(torch.int64)
-        acc_hi = acc_hi + b.reshape(1, -1, 1, 1)
+        acc_hi = acc_hi + gemm.quantize_bias(bias, x_scale, w_scale).reshape(1, -1, 1, 1)
     acc_hi = int32_accumulate(acc_hi, overflow)
     acc_lo = int32_accumulate(acc_lo, overflow)
-    real = unit / float(out_scale)
+    real = unit / float(check_scale(out_scale, "out_scale", torch.float64))
     return combine_split(
         acc_hi, acc_lo, k, real, out, combine, rounding=rounding, scheme=scheme, axis=1
     )
@@ -426,12 +432,12 @@ def split_linear(
     w_hi, w_lo = split_weight(w, w_scale, k, axis=0, rounding=weight_rounding)
     acc_hi = gemm.int_linear(x_codes, w_hi)
     acc_lo = gemm.int_linear(x_codes, w_lo)
-    unit = float(x_scale) * torch.as_tensor(w_scale, dtype=torch.float64).reshape(-1)
+    unit = _unit_scale(x_scale, w_scale)
     if bias is not None:
-        acc_hi = acc_hi + torch.round(bias.double() / unit).to(torch.int64)
+        acc_hi = acc_hi + gemm.quantize_bias(bias, x_scale, w_scale)
     acc_hi = int32_accumulate(acc_hi, overflow)
     acc_lo = int32_accumulate(acc_lo, overflow)
-    real = unit / float(out_scale)
+    real = unit / float(check_scale(out_scale, "out_scale", torch.float64))
     return combine_split(
         acc_hi, acc_lo, k, real, out, combine, rounding=rounding, scheme=scheme, axis=-1
     )

@@ -1,18 +1,18 @@
 """Shared pieces of the fixed-point kernels: operand codes, constants, requantization, and
-the (value, QInfo) a kernel returns (value == codes * scale exactly)."""
+the (value, QInfo) a kernel returns (value == codes * scale exactly). The arithmetic is
+``quantlab.numerics``; these helpers pick the platform's parameters."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from quantlab.numerics import gemm
+from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.requant import Requant, make_requant, requantize
+from quantlab.numerics.quantize import bound_codes, constant_codes, dequantize
+from quantlab.numerics.requant import rescale_multiplier
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo
-
-CONST_DTYPE = DType.INT16  # scalar constants are int16 codes at scale |c| / 32767 (assumed)
 
 
 def int_info(info) -> bool:
@@ -28,7 +28,7 @@ def emit(codes: Tensor, scale: Tensor, dtype: DType) -> tuple[Tensor, QInfo]:
     """(codes * scale as float32, QInfo): one float32 product per element (``dequantize``)."""
     codes = codes.to(dtype.torch_dtype)
     s = torch.as_tensor(scale, dtype=torch.float32).reshape(())
-    return codes.to(torch.float32).mul_(s), QInfo(dtype, s, codes)
+    return dequantize(codes, s), QInfo(dtype, s, codes)
 
 
 def out_scale(sim, call, rq) -> Tensor:
@@ -36,27 +36,20 @@ def out_scale(sim, call, rq) -> Tensor:
 
 
 def requant(sim, acc: Tensor, real: Tensor, out: DType, axis: int | None = None) -> Tensor:
-    """acc (int32 values) * real -> ``out`` codes by the platform's requantization."""
-    p = sim.platform
-    acc32, _ = gemm.accumulate(acc.to(torch.int64), p.accumulator, p.accumulator_overflow)
-    params = make_requant(real, p.requant, p.requant_mult_bits)
-    return requantize(acc32, params, out, p.requant_round, axis=axis)
+    """acc (exact integers) * real -> ``out`` codes by the platform's accumulator and
+    requantization (``numerics.contract.requantize_accumulator``)."""
+    return requantize_accumulator(acc, real, out, sim.platform.gemm_contract(), axis)
 
 
-def ratio(sim, num: float | Tensor, den: float | Tensor) -> Tensor:
-    """num / den as the platform's requantization forms a real multiplier (float32 for
-    FLOAT_RESCALE, float64 otherwise)."""
-    if sim.platform.requant is Requant.FLOAT_RESCALE:
-        return torch.as_tensor(num, dtype=torch.float32) / torch.as_tensor(den, dtype=torch.float32)
-    n = torch.as_tensor(num, dtype=torch.float32).to(torch.float64)
-    return n / torch.as_tensor(den, dtype=torch.float32).to(torch.float64)
+def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tensor:
+    """num / (den * count) as the platform's requantization forms a real multiplier
+    (``numerics.requant.rescale_multiplier``)."""
+    return rescale_multiplier(num, den, sim.platform.requant, count)
 
 
 def const(c: float) -> tuple[Tensor, Tensor]:
-    """A scalar constant as (int64 code, float32 scale): code +-32767, scale |c| / 32767."""
-    s = torch.tensor(abs(c) / CONST_DTYPE.qmax, dtype=torch.float32)
-    code = torch.tensor(CONST_DTYPE.qmax if c > 0 else -CONST_DTYPE.qmax, dtype=torch.int64)
-    return code, s
+    """A scalar constant as (int64 code, float32 scale) (``numerics.quantize.constant_codes``)."""
+    return constant_codes(c)
 
 
 def operand(args, kwargs, slot, info):
@@ -79,10 +72,6 @@ def clamp_output(res: tuple, bounds: tuple) -> tuple:
     lo, hi = bounds
     if info is None or not info.dtype.is_int or info.codes is None:
         return torch.clamp(value, lo, hi), info
-    s = float(info.scale)
-    codes = info.codes.to(torch.int64)
-    if lo is not None:
-        codes = codes.clamp_min(int(round(float(lo) / s)))
-    if hi is not None:
-        codes = codes.clamp_max(int(round(float(hi) / s)))
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype)
+    codes = info.codes.to(torch.int64).clamp_min(lo_c).clamp_max(hi_c)
     return emit(codes, info.scale, info.dtype)

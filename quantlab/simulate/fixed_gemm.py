@@ -4,14 +4,12 @@ requantization, int16 operand rules, the high/low weight split, fused clamps).""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.numerics import gemm
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import dequantize, fake_cast, quantize
+from quantlab.numerics.quantize import bound_codes, dequantize, fake_cast, quantize
 from quantlab.simulate import args as A
-from quantlab.simulate import fastpath
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.qtensor import QInfo
 
@@ -34,10 +32,10 @@ def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matm
         return codes.to(dtype.torch_dtype), scale
     p = sim.platform
     if matmul and p.int16_matmul_coarsen:
-        new = gemm.coarsen_int16_matmul_scale(scale, k, p)
+        new = gemm.coarsen_int16_matmul_scale(scale, k, p.int16_operand_max)
         codes = quantize(dequantize(codes, scale), new, DType.INT16, p.fake_round)
         scale = new
-    return gemm.clamp_int16_operand(codes.to(torch.int16), p), scale
+    return gemm.clamp_int16_operand(codes.to(torch.int16), p.int16_operand_max), scale
 
 
 def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
@@ -70,69 +68,55 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
     hp = rq.high_precision_output
     out_dt = p.high_precision_output if hp else rq.output_dtype
-    fin_dt = DType.FLOAT32 if out_dt.is_float else out_dt
-    out_scale = None if hp or fin_dt is DType.FLOAT32 else fc.out_scale(sim, call, rq)
+    # an INT32 high-precision output leaves as its float value, acc * fl32(s_x * s_w): the
+    # FLOAT32 finish computes exactly that
+    fin_dt = DType.FLOAT32 if out_dt.is_float or out_dt is DType.INT32 else out_dt
+    out_scale = None if fin_dt is DType.FLOAT32 else fc.out_scale(sim, call, rq)
     bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+    if call.op_type == "matmul":
+        bias = None
     ccodes = None
     if clamp is not None and out_scale is not None:
-        so = float(out_scale)
-        ccodes = (
-            out_dt.qmin if clamp[0] is None else int(round(float(clamp[0]) / so)),
-            out_dt.qmax if clamp[1] is None else int(round(float(clamp[1]) / so)),
-        )
-    if out_scale is not None and fastpath.applies(p) and call.func.__name__ != "__rmatmul__":
-        bound = k * (xi.dtype.qmax + 1) * (wdt.qmax + 1)
-        cache = sim.fast_cache(call.name)
-        if call.op_type in ("conv1d", "conv2d"):
-            conv = _gemm_params(call)
-            acc = None
-            if wq is not None:
-                if cache.get("w") is not wc:
-                    cache.update(w=wc, w32=wc.to(torch.float32))
-                f = F.conv2d if call.op_type == "conv2d" else F.conv1d
-                acc = fastpath.conv_exact_float32(xc, cache["w32"], f, bound, **conv)
-            if acc is None:
-                fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
-                acc = fn(xc, wc, **conv)
-            axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
-        else:
-            fn = gemm.int_linear if call.op_type == "linear" else gemm.int_matmul
-            acc = fn(xc, wc)
-            axis = -1
-            bias = bias if call.op_type == "linear" else None
-        codes = fastpath.finish_gemm_fast(
-            acc, xs, ws, bias, out_scale, fin_dt, p, axis, bound, ccodes, cache
-        )
-        if codes is not None:
-            return fc.emit(codes, out_scale, out_dt)
+        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt)
+    contract = p.gemm_contract()
+    gemm.check_gemm_operands(xc, wc, contract)
     if call.op_type in ("conv1d", "conv2d"):
-        fn = gemm.qconv2d if call.op_type == "conv2d" else gemm.qconv1d
-        res, _ = fn(xc, xs, wc, ws, bias, out_scale, fin_dt, p, **_gemm_params(call))
-        axis = 1 if res.dim() == (4 if call.op_type == "conv2d" else 3) else 0
+        w32 = None
+        if wq is not None:  # a weight's float32 cast, kept while its codes are the same tensor
+            cache = sim.fast_cache(call.name)
+            if cache.get("w") is not wc:
+                cache.update(w=wc, w32=wc.to(torch.float32))
+            w32 = cache["w32"]
+        fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
+        acc = fn(xc, wc, **_gemm_params(call), w_float32=w32, as_int64=False)
+        axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
-        res, _ = gemm.qlinear(xc, xs, wc, ws, bias, out_scale, fin_dt, p)
-        axis = -1
+        acc, axis = gemm.int_linear(xc, wc), -1
     else:
         if call.func.__name__ == "__rmatmul__":
             return None
-        res, _ = gemm.qmatmul(xc, xs, wc, ws, None, out_scale, fin_dt, p)
-        axis = -1
-    if fin_dt is DType.INT32:
-        s = gemm.acc_scale(xs, ws)
-        if s.dim() == 1:
-            shape = [1] * res.dim()
-            shape[axis] = -1
-            s = s.reshape(shape)
-        v = res.to(torch.float32) * s
-        return (torch.clamp(v, clamp[0], clamp[1]) if clamp is not None else v), None
+        acc, axis = gemm.int_matmul(xc, wc), -1
+    bound = k * (xi.dtype.qmax + 1) * (wdt.qmax + 1)
+    res = gemm.finish_gemm(
+        acc,
+        xs,
+        ws,
+        bias,
+        out_scale,
+        fin_dt,
+        contract,
+        axis,
+        clamp_codes=ccodes,
+        sum_bound=bound,
+        reuse_acc=True,
+    )
     if fin_dt is DType.FLOAT32:
         if clamp is not None:
             res = torch.clamp(res, clamp[0], clamp[1])
         if out_dt is DType.FLOAT16:
             return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
         return res, None
-    out = fc.emit(res, out_scale, out_dt)
-    return fc.clamp_output(out, clamp) if clamp is not None else out
+    return fc.emit(res, out_scale, out_dt)
 
 
 def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory
+from quantlab.numerics.quantize import bound_codes
 from quantlab.numerics.requant import (
     add_float_rescale,
     add_inter_scale,
@@ -152,7 +153,6 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return fc.emit(fn(parts, dim), so, out)
     info = in_infos[0]
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(torch.int64)
-    s = float(info.scale)
     if call.op_type == "relu6":
         lo, hi = 0.0, 6.0
     elif getattr(call.func, "__name__", "") == "hardtanh":
@@ -167,10 +167,8 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):
             return None
     # bounds in input codes (round half to even of the bound / scale), then requantize
-    if lo is not None:
-        xc = xc.clamp_min(int(round(float(lo) / s)))
-    if hi is not None:
-        xc = xc.clamp_max(int(round(float(hi) / s)))
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype)
+    xc = xc.clamp_min(lo_c).clamp_max(hi_c)
     return fc.emit(fc.requant(sim, xc, fc.ratio(sim, info.scale, so), out), so, out)
 
 
@@ -195,7 +193,7 @@ def _lut_spec(call, rq):
 
 
 def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    from quantlab.numerics.lut import LutFormat, build_lut
+    from quantlab.numerics.lut import build_lut
     from quantlab.numerics.periodic import needs_period_reduction, period_reduce
 
     p = sim.platform
@@ -223,7 +221,7 @@ def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
         out,
         float(so),
         _lut_spec(call, rq),
-        LutFormat.from_platform(p),
+        p.lut_format(),
         observed,
     )
     codes = lut.evaluate(xc.to(in_dt.torch_dtype))
@@ -231,7 +229,7 @@ def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
 
 def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    from quantlab.numerics.lut import LutFormat, lut_softmax
+    from quantlab.numerics.lut import lut_softmax
 
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
@@ -249,7 +247,7 @@ def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
         dim,
         float(so),
         out,
-        LutFormat.from_platform(sim.platform),
+        sim.platform.lut_format(),
     )
     return fc.emit(codes, so, out)
 
@@ -272,8 +270,7 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
         acc = xc.sum(dim=dim, keepdim=keepdim)
         n = xc.numel() // max(acc.numel(), 1) if not keepdim else xc.numel() // acc.numel()
     so = fc.out_scale(sim, call, rq)
-    den = so if call.op_type == "sum" else torch.as_tensor(float(so) * n, dtype=torch.float64)
-    real = fc.ratio(sim, info.scale, den)
+    real = fc.ratio(sim, info.scale, so, 1 if call.op_type == "sum" else n)
     return fc.emit(fc.requant(sim, acc, real, out), so, out)
 
 
@@ -306,7 +303,7 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     acc = F.avg_pool2d(xc.to(torch.float64), k, stride, padding, divisor_override=1)
     n = k[0] * k[1]
     so = fc.out_scale(sim, call, rq)
-    real = fc.ratio(sim, info.scale, torch.as_tensor(float(so) * n, dtype=torch.float64))
+    real = fc.ratio(sim, info.scale, so, n)
     return fc.emit(fc.requant(sim, acc.to(torch.int64), real, out), so, out)
 
 

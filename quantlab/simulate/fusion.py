@@ -53,19 +53,25 @@ def fold_batch_norm(
     b' = (b - mean) * g / sqrt(var + eps) + beta, float32 (the QAT fused conv-bn).
 
     ``bn`` = (running_mean, running_var, weight g, bias beta, eps); cached in ``cache[name]``
-    until any of the tensors changes (object or ``_version``).
+    while the same tensors (held by the entry, compared by identity, never by ``id()``) keep
+    their ``_version`` and eps its value.
     """
     mean, var, g, beta, eps = bn
     parts = (w, b, mean, var, g, beta)
-    key = tuple((id(t), t._version) if isinstance(t, Tensor) else None for t in parts)
+    versions = tuple(t._version if isinstance(t, Tensor) else None for t in parts)
     hit = cache.get(name)
-    if hit is None or hit[0] != key:
+    if (
+        hit is None
+        or hit[2] != versions
+        or hit[3] != eps
+        or not all(old is new for old, new in zip(hit[4], parts))
+    ):
         k = torch.rsqrt(var.float() + eps)
         if g is not None:
             k = k * g.detach().float()
         wf = w.detach() * k.reshape([-1] + [1] * (w.dim() - 1))
         b0 = b.detach() if b is not None else torch.zeros_like(mean, dtype=torch.float32)
         bf = (b0 - mean) * k + (beta.detach() if beta is not None else 0.0)
-        hit = (key, nn.Parameter(wf, requires_grad=False), bf.float(), parts)
+        hit = (nn.Parameter(wf, requires_grad=False), bf.float(), versions, eps, parts)
         cache[name] = hit
-    return hit[1], hit[2]
+    return hit[0], hit[1]

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import quantize
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,13 @@ class QInfo:
         """The integer codes (int64) of ``value``.
 
         Exactness: ``value = fl(code * s)`` with |code| <= 2**15, so ``value / s`` is within
-        2**-8 of ``code`` and rounding recovers it exactly (used after pass-through ops, which
-        select values without changing them).
+        2**-8 of ``code`` and ``quantize`` (half to even) recovers it exactly (used after
+        pass-through ops, which select values without changing them).
         """
         if self.codes is not None and self.codes.shape == value.shape:
             return self.codes.to(torch.int64)
         assert self.scale is not None and self.dtype.is_int and self.dtype.bits <= 16
-        return torch.round(value.float() / self.scale).to(torch.int64)
+        return quantize(value, self.scale, self.dtype).to(torch.int64)
 
     def codes_native(self, value: Tensor) -> Tensor:
         """``codes_of`` in the dtype's own torch dtype (int8 / int16 / int32)."""

@@ -16,6 +16,7 @@ from quantlab.analysis.sensitivity import (
     SensitiveType,
     lower_is_worse,
     output_metrics,
+    rank_table,
     sensitivity,
     top_ops,
 )
@@ -207,3 +208,26 @@ def test_sensitivity_reuses_float_indices_downstream_of_the_studied_op():
     free = sensitivity(sim, [x], kinds=["activation"], metrics=["l1"], freeze_indices=False)
     free = free.table.set_index("op_name")["value"]
     assert free["score:linear#0"] > 3 * free["feat:linear#0"]  # a flipped index dominates
+
+
+def test_output_metrics_of_a_zero_baseline():
+    """A zero baseline output has no signal: SQNR -inf when the run is not zero (the tensor
+    metric's rule), +inf when it is; such an op ranks as the most sensitive."""
+    zero, some = [torch.zeros(2, 3)], [torch.full((2, 3), 0.5)]
+    got = output_metrics(zero, some, [Metric.SQNR, Metric.COSINE, Metric.L1])
+    assert got[Metric.SQNR] == -math.inf
+    assert got[Metric.COSINE] == 0.0 and got[Metric.L1] == 0.5
+    same = output_metrics(zero, [torch.zeros(2, 3)], [Metric.SQNR, Metric.COSINE])
+    assert same[Metric.SQNR] == math.inf and same[Metric.COSINE] == 1.0
+    table = pd.DataFrame(
+        {
+            "op_name": ["a", "b"],
+            "sensitive_type": "fixed",
+            "op_type": "conv2d",
+            "metric": "SQNR",
+            "value": [12.0, got[Metric.SQNR]],
+            "quant_dtype": "INT8",
+            "flops_share": 0.5,
+        }
+    )
+    assert rank_table(table)["op_name"].tolist() == ["b", "a"]

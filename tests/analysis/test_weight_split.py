@@ -79,8 +79,10 @@ def test_box_task_is_seeded_and_fit_lowers_the_loss():
         def forward(self, q, ref):
             return self.m(q)
 
+    rng = torch.get_rng_state()
     losses = fit(Head(), t1.batches(4), t1.targets(4), steps=30, lr=1e-2)
     assert losses[-1] < losses[0]
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's RNG is left alone
 
 
 def test_float16_output_path_for_j6h_p():

@@ -1,10 +1,13 @@
 import pytest
+import torch
 
 from experiments.gemm_exactness import (
+    DataKind,
     GemmExactnessExp,
     GemmOp,
     GemmShape,
     gemm_exactness,
+    measure,
 )
 from quantlab.experiment import RunContext
 from quantlab.numerics.dtypes import DType
@@ -45,6 +48,32 @@ def test_columns_and_exactness(result):
     assert int(big.int32_overflows.iloc[0]) == int(big.outputs.iloc[0])
     assert int(big.mismatches_plain_float32.iloc[0]) > 0
     assert (df.overflow_mode == "WRAP").all()
+
+
+def test_timed_at_the_stated_thread_count_and_restored():
+    seen = []
+    exp = GemmExactnessExp(
+        shapes=[GemmShape(GemmOp.MATMUL, c_in=8, c_out=2, size=2)],
+        x_dtypes=[DType.INT8],
+        w_dtypes=[DType.INT8],
+        data=[DataKind.RANDOM],
+        repeats=1,
+        threads=3,
+    )
+    before = torch.get_num_threads()
+    real = torch.Tensor.__matmul__
+
+    def spy(a, b):
+        seen.append(torch.get_num_threads())
+        return real(a, b)
+
+    torch.Tensor.__matmul__ = spy
+    try:
+        measure(exp, progress=False)
+    finally:
+        torch.Tensor.__matmul__ = real
+    assert seen and set(seen) == {3}
+    assert torch.get_num_threads() == before
 
 
 def test_findings_and_plots(result):

@@ -47,6 +47,27 @@ def test_training_is_deterministic_and_leaves_the_global_rng_alone():
     assert la[0] < 2.4  # one epoch already beats chance (ln 10 = 2.30 at the start)
 
 
+def test_trained_weights_are_one_thread_weights_and_leave_the_thread_count(monkeypatch):
+    """The registry's trained weights equal training on one intra-op thread, whatever the
+    caller's thread count (here 3), and building them never sets the caller's count."""
+    from quantlab.models import trained_digits as td
+
+    real_set = torch.set_num_threads
+    threads = torch.get_num_threads()
+    try:
+        real_set(3)
+        calls = []
+        monkeypatch.setattr(torch, "set_num_threads", calls.append)
+        built = td._trained_state.__wrapped__("digits_dyt", 0)  # uncached: trains now
+        assert calls == [] and torch.get_num_threads() == 3
+        real_set(1)
+        one = td.train_state("digits_dyt", 0)
+    finally:
+        real_set(threads)
+    assert built.keys() == one.keys()
+    assert all(torch.equal(built[k], one[k]) for k in one)
+
+
 def test_variants_are_made_of_their_ops():
     seen: dict[str, set] = {}
 

@@ -4,7 +4,7 @@ behaviour at the fixed scale 1 and at calibrated scales, and clear errors."""
 import pytest
 import torch
 
-from quantlab.numerics import embedding_reference
+from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.embedding import EmbeddingContract, embedding_fixed, index_rows
 from quantlab.numerics.rounding import Round
@@ -26,7 +26,7 @@ def test_gather_matches_reference(contract, scale):
     ids = torch.cat([torch.randint(0, rows, (40,), generator=g), torch.arange(0, 300)])
     ids = torch.cat([ids, torch.tensor([rows - 1, rows - 2, 127, 128, 129])]).reshape(5, -1)
     got = embedding_fixed(ids, table, scale, contract)
-    want = embedding_reference.embedding_fixed(ids, table, scale, contract)
+    want = reference.embedding_fixed(ids, table, scale, contract)
     assert got.dtype == torch.int16 and got.shape == (5, ids.shape[1], 6)
     assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
 

@@ -144,3 +144,57 @@ def test_conv1d_matches_reference():
     got = f16.conv1d(x, w, None, 2, 1)
     exp = ref.f16_conv2d(x.unsqueeze(2), w.unsqueeze(2), None, (1, 2), (0, 1))[:, :, 0]
     assert_bits_equal(got, torch.from_numpy(exp))
+
+
+def test_exactly_zero_sums_are_positive_zero_and_underflow_keeps_its_sign():
+    # IEEE round to nearest gives +0.0 for x + (-x); an exact-sum model has no other zero
+    h = torch.float16
+    a = torch.tensor([[1.0, -1.0, 0.0], [0.5, 0.25, -0.75], [2.0**-24, 0.0, 0.0]], dtype=h)
+    b = torch.tensor([[1.0, 2.0], [1.0, 4.0], [1.0, 2.0]], dtype=h)
+    b[0, 1] = -(2.0**-2)  # row 2: 2**-24 * -(1/4) underflows to -0.0
+    got = f16.matmul(a, b)
+    assert_bits_equal(got, torch.from_numpy(ref.f16_matmul(a, b)))
+    assert not bool(torch.signbit(got[0, 0])) and not bool(torch.signbit(got[1, 0]))
+    assert bool(torch.signbit(got[2, 1]))
+    x = torch.tensor([[1.0, 2.0]], dtype=h)
+    w = torch.tensor([[1.0, -0.5], [-2.0, 1.0]], dtype=h)
+    bias = torch.tensor([0.0, 0.0], dtype=h)
+    assert_bits_equal(f16.linear(x, w, bias), torch.from_numpy(ref.f16_matmul(x, w.t(), bias)))
+    xc = torch.ones(1, 2, 3, 3, dtype=h)
+    wc = torch.tensor([1.0, -1.0], dtype=h).reshape(1, 2, 1, 1)
+    got = f16.conv2d(xc, wc, padding=1)
+    assert_bits_equal(got, torch.from_numpy(ref.f16_conv2d(xc, wc, padding=1)))
+
+
+def test_saturation_is_decided_per_element():
+    h = torch.float16
+    inf = float("inf")
+    a = torch.tensor([[60000.0, 60000.0], [inf, 1.0], [-60000.0, -60000.0]], dtype=h)
+    one = torch.ones(2, 1, dtype=h)
+    assert f16.matmul(a, one, saturate=True).flatten().tolist() == [65504.0, inf, -65504.0]
+    w = torch.ones(1, 2, dtype=h)
+    assert f16.linear(a, w, saturate=True).flatten().tolist() == [65504.0, inf, -65504.0]
+    x = torch.full((2, 2, 1, 1), 60000.0, dtype=h)
+    x[1, 0] = inf
+    got = f16.conv2d(x, torch.ones(1, 2, 1, 1, dtype=h), saturate=True)
+    assert got.flatten().tolist() == [65504.0, inf]
+
+
+@pytest.mark.parametrize("k", [3, 2, 4])
+def test_conv_padding_same_and_valid(k):
+    import torch.nn.functional as F
+
+    x = _halves_normal(11, (1, 2, 6, 5), 2.0)
+    w = _halves_normal(12, (3, 2, k, k), 0.5)
+    total = k - 1  # PyTorch 'same': the odd padding unit goes to the right / bottom
+    xp = F.pad(x, (total // 2, total - total // 2, total // 2, total - total // 2))
+    got = f16.conv2d(x, w, padding="same")
+    assert_bits_equal(got, torch.from_numpy(ref.f16_conv2d(xp, w)))
+    assert_bits_equal(f16.conv2d(x, w, padding="valid"), torch.from_numpy(ref.f16_conv2d(x, w)))
+    x1, w1 = x[:, :, 0], w[:, :, 0]
+    got1 = f16.conv1d(x1, w1, padding="same")
+    xp1 = xp[:, :, total // 2]
+    exp1 = ref.f16_conv2d(xp1.unsqueeze(2), w1.unsqueeze(2))[:, :, 0]
+    assert_bits_equal(got1, torch.from_numpy(exp1))
+    with pytest.raises(ValueError, match="stride"):
+        f16.conv2d(x, w, stride=2, padding="same")

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import (
+    GemmContract,
     GemmPath,
     Overflow,
     accumulate,
@@ -27,7 +28,7 @@ from quantlab.numerics.gemm import (
     quantize_bias,
 )
 from quantlab.numerics.quantize import QuantStats
-from quantlab.numerics.requant import Requant, make_requant, requant_scale, requantize
+from quantlab.numerics.requant import Requant, requant_scale
 from quantlab.platforms import PlatformConfig
 
 PATHS = [GemmPath.AUTO, GemmPath.FLOAT32, GemmPath.FLOAT64, GemmPath.INT64]
@@ -242,17 +243,18 @@ def test_accumulate_matches_reference(overflow):
         accumulate(acc.float())
 
 
-def _platform(**kw) -> PlatformConfig:
+def _contract(**kw) -> GemmContract:
+    """The GEMM contract of a test platform profile (PlatformConfig fields in ``kw``)."""
     base = dict(name="test", requant=Requant.MUL_SHIFT)
     base.update(kw)
-    return PlatformConfig(**base)
+    return PlatformConfig(**base).gemm_contract()
 
 
 @pytest.mark.parametrize("scheme", list(Requant))
 def test_qconv2d_matches_reference_pipeline(scheme):
     from quantlab.numerics.rounding import Round
 
-    plat = _platform(requant=scheme, requant_round=Round.HALF_UP)
+    plat = _contract(requant=scheme, requant_round=Round.HALF_UP)
     g = torch.Generator().manual_seed(6)
     x, w = _codes(g, (2, 4, 7, 7), torch.int8), _codes(g, (6, 2, 3, 3), torch.int8)
     sw = torch.rand(6, generator=g) * 0.01 + 1e-3
@@ -267,7 +269,7 @@ def test_qconv2d_matches_reference_pipeline(scheme):
 
 
 def test_high_precision_outputs():
-    plat = _platform()
+    plat = _contract()
     g = torch.Generator().manual_seed(8)
     x, w = _codes(g, (3, 20), torch.int8), _codes(g, (5, 20), torch.int8)
     sw = torch.rand(5, generator=g) * 0.01 + 1e-3
@@ -282,7 +284,7 @@ def test_high_precision_outputs():
 
 
 def test_accumulator_overflow_counted_and_wrapped():
-    plat = _platform(accumulator_overflow=Overflow.WRAP, max_int16_gemm_operands=2)
+    plat = _contract(accumulator_overflow=Overflow.WRAP, max_int16_gemm_operands=2)
     a = torch.full((1, 4), 32767, dtype=torch.int16)
     b = torch.full((4, 1), 32767, dtype=torch.int16)  # 4 * (2**15 - 1)**2 > 2**31
     acc32, stats = qmatmul(a, 1.0, b, 1.0, None, None, DType.INT32, plat)
@@ -290,7 +292,7 @@ def test_accumulator_overflow_counted_and_wrapped():
     assert stats.acc_overflow == 1
     assert int(acc32) == ((exact + 2**31) % 2**32) - 2**31
     sat, stats = qmatmul(
-        a, 1.0, b, 1.0, None, None, DType.INT32, _platform(max_int16_gemm_operands=2)
+        a, 1.0, b, 1.0, None, None, DType.INT32, _contract(max_int16_gemm_operands=2)
     )
     assert int(sat) == 2**31 - 1 and stats.acc_overflow == 1
 
@@ -298,13 +300,13 @@ def test_accumulator_overflow_counted_and_wrapped():
 def test_int16_x_int16_rejected_where_platform_forbids():
     a = torch.zeros(2, 3, dtype=torch.int16)
     with pytest.raises(ValueError, match="max_int16_gemm_operands=1"):
-        qmatmul(a, 1.0, a.t().contiguous(), 1.0, None, 1.0, DType.INT8, _platform())
+        qmatmul(a, 1.0, a.t().contiguous(), 1.0, None, 1.0, DType.INT8, _contract())
 
 
 def test_qconv1d_and_qmatmul_per_column():
     from quantlab.numerics.rounding import Round
 
-    plat = _platform()
+    plat = _contract()
     g = torch.Generator().manual_seed(9)
     x, w = _codes(g, (1, 3, 9), torch.int8), _codes(g, (4, 3, 2), torch.int8)
     codes, _ = qconv1d(x, 0.1, w, 0.01, None, 0.05, DType.INT16, plat, stride=2)
@@ -341,7 +343,7 @@ def test_quantize_bias_matches_reference_and_saturates():
 
 
 def test_finish_gemm_errors():
-    plat = _platform()
+    plat = _contract()
     acc = torch.zeros(2, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match="out_scale"):
         finish_gemm(acc, 0.1, 0.1, None, None, DType.INT8, plat, -1)
@@ -352,31 +354,38 @@ def test_finish_gemm_errors():
 
 
 def test_int16_operand_rule():
-    plat = _platform()
-    assert int16_matmul_scale_factor(2, plat) == pytest.approx(32767 / 32639)
-    assert int16_matmul_scale_factor(512, plat) == 16.0
-    assert int16_matmul_scale_factor(512, _platform(int16_matmul_coarsen=False)) == 1.0
-    s = coarsen_int16_matmul_scale(torch.tensor(0.5), 512, plat)
+    top = PlatformConfig().int16_operand_max
+    assert top == 32639
+    assert int16_matmul_scale_factor(2, top) == pytest.approx(32767 / 32639)
+    assert int16_matmul_scale_factor(512, top) == 16.0
+    s = coarsen_int16_matmul_scale(torch.tensor(0.5), 512, top)
     assert s.dtype == torch.float32 and float(s) == 8.0
     stats = QuantStats()
     c = clamp_int16_operand(
-        torch.tensor([-32768, 0, 32639, 32640, 32767], dtype=torch.int16), plat, stats
+        torch.tensor([-32768, 0, 32639, 32640, 32767], dtype=torch.int16), top, stats
     )
     assert c.tolist() == [-32768, 0, 32639, 32639, 32639] and stats.saturated == 2
     with pytest.raises(TypeError):
-        clamp_int16_operand(torch.zeros(2, dtype=torch.int8), plat)
+        clamp_int16_operand(torch.zeros(2, dtype=torch.int8), top)
+    with pytest.raises(ValueError, match="operand_max"):
+        int16_matmul_scale_factor(4, 40000)
 
 
-def test_requantize_after_gemm_equals_manual():
+def test_qmatmul_double_rounding_equals_the_gemmlowp_reference():
+    # oracle: numpy int64 sums, then TFLite's double rounding line by line on Python ints,
+    # with the multiplier formed from the float32 scales in float64 here
     from quantlab.numerics.rounding import Round
 
-    plat = _platform(requant=Requant.MUL_SHIFT_DOUBLE, requant_round=Round.HALF_AWAY)
+    plat = _contract(requant=Requant.MUL_SHIFT_DOUBLE, requant_round=Round.HALF_AWAY)
     g = torch.Generator().manual_seed(10)
     x, w = _codes(g, (4, 30), torch.int8), _codes(g, (30, 6), torch.int8)
     codes, _ = qmatmul(x, 0.02, w, 0.03, None, 0.5, DType.INT8, plat)
-    p = make_requant(requant_scale(0.02, 0.03, 0.5, plat.requant), plat.requant)
-    manual = requantize(int_matmul(x, w), p, DType.INT8, Round.HALF_AWAY)
-    assert_bits_equal(codes, manual)
+    real = float(np.float64(np.float32(0.02)) * np.float64(np.float32(0.03)))
+    real /= float(np.float64(np.float32(0.5)))
+    acc = ref.int_matmul(x, w)
+    exp = ref.requantize(acc, real, Requant.MUL_SHIFT_DOUBLE, DType.INT8, Round.HALF_AWAY)
+    assert_bits_equal(codes.to(torch.int64), torch.from_numpy(exp))
+    assert len(set(exp.ravel().tolist())) > 5  # not a degenerate all-saturated case
 
 
 def test_selftest_passes_and_its_data_breaks_plain_float32():
@@ -389,10 +398,8 @@ def test_selftest_passes_and_its_data_breaks_plain_float32():
     assert not torch.equal(plain, int_matmul(a, b, GemmPath.INT64))
 
 
-def test_auto_avoids_a_path_that_failed_selftest(monkeypatch):
-    import quantlab.numerics.gemm as gemm_mod
-
-    monkeypatch.setattr(gemm_mod, "DISABLED_PATHS", {GemmPath.FLOAT32})
-    assert plan_gemm(128, 128, 100).path is GemmPath.FLOAT64
-    monkeypatch.setattr(gemm_mod, "DISABLED_PATHS", {GemmPath.FLOAT32, GemmPath.FLOAT64})
-    assert plan_gemm(128, 128, 100).path is GemmPath.INT64
+def test_auto_avoids_a_path_that_failed_selftest():
+    assert plan_gemm(128, 128, 100).path is GemmPath.FLOAT32
+    assert plan_gemm(128, 128, 100, disabled={GemmPath.FLOAT32}).path is GemmPath.FLOAT64
+    off = {GemmPath.FLOAT32, GemmPath.FLOAT64}
+    assert plan_gemm(128, 128, 100, disabled=off).path is GemmPath.INT64

@@ -14,13 +14,13 @@ from quantlab.numerics.grid_sample import (
     check_grid_limits,
     grid_positions_fixed,
     grid_sample_fixed,
-    grid_sample_reference,
     normalized_grid_scale,
     plan_split,
     quantize_grid,
     split_grid_sample,
     unnormalize,
 )
+from quantlab.numerics.reference import grid_sample_reference
 from quantlab.numerics.rounding import Round
 from quantlab.platforms import GridCoord, PlatformConfig
 
@@ -122,12 +122,13 @@ def test_float_agreement_within_one_lsb_for_smooth_sampling():
 
 def test_check_grid_limits():
     j6m = PlatformConfig(name="j6m")
-    check_grid_limits(720, 1024, j6m)
+    limits = (j6m.grid_max_side, j6m.grid_max_area)
+    check_grid_limits(720, 1024, *limits)
     with pytest.raises(ValueError, match="grid_max_side=1024"):
-        check_grid_limits(1, 2048, j6m)
+        check_grid_limits(1, 2048, *limits)
     with pytest.raises(ValueError, match="grid_max_area=737280"):
-        check_grid_limits(1024, 1024, j6m)
-    check_grid_limits(1, 737280, PlatformConfig(name="j6p", grid_max_side=0, grid_max_area=0))
+        check_grid_limits(1024, 1024, *limits)
+    check_grid_limits(1, 737280, 0, 0)
 
 
 def test_nan_grid_raises_or_follows_zero_code_rule():
@@ -185,3 +186,10 @@ def test_split_restores_accuracy_at_large_w():
         out = split_grid_sample(img, 1.0, DType.INT8, grid, k)
         errs[k] = float((out.float() - ref).abs().max())
     assert errs[16] <= 1.0 < errs[1]
+
+
+def test_float_input_codes_are_rejected_not_truncated():
+    q = quantize_grid(torch.zeros(1, 2, 2, 2), 3, 3, False, GridCoord.NORMALIZED)
+    x = torch.full((1, 1, 3, 3), 1.7)
+    with pytest.raises(TypeError, match="x_codes"):
+        grid_sample_fixed(x, 0.1, DType.INT8, q)

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from quantlab.numerics import norm_reference
+from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import (
     J6_NORM,
@@ -36,9 +36,7 @@ def calibrated(x, layout, w, b, in_dtype, out_dtype, eps=1e-5, contract=J6_NORM)
 
 def check(codes, s_in, layout, w, b, eps, scales, s_out, out_dtype, contract=J6_NORM):
     got = norm_fixed(codes, s_in, layout, w, b, eps, scales, s_out, out_dtype, contract)
-    want = norm_reference.norm_fixed(
-        codes, s_in, layout, w, b, eps, scales, s_out, out_dtype, contract
-    )
+    want = reference.norm_fixed(codes, s_in, layout, w, b, eps, scales, s_out, out_dtype, contract)
     assert got.dtype == out_dtype.torch_dtype
     assert_bits_equal(got.to(torch.int64), torch.from_numpy(want), {"codes": codes})
     return got

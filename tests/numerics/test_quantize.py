@@ -81,7 +81,10 @@ def test_per_channel_quantize_dequantize():
     q = quantize(w, s, DType.INT8, axis=0)
     assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(w, s, DType.INT8, axis=0)))
     d = dequantize(q, s, axis=0)
-    assert_bits_equal(d, q.float() * s.reshape(-1, 1, 1, 1))
+    # oracle: the exact product code * s (exact in float64: 8 + 24 significant bits), rounded
+    # once to float32
+    exact = q.numpy().astype(np.float64) * s.numpy().astype(np.float64).reshape(-1, 1, 1, 1)
+    assert_bits_equal(d, torch.from_numpy(exact.astype(np.float32)))
     assert float((d - w).abs().max()) <= float(s.max()) / 2 + 1e-7
 
 
@@ -147,3 +150,27 @@ def test_fake_cast_float64_rounds_once():
     # 1 + 2**-11 + 2**-40: through float32 it would become the tie 1 + 2**-11 and round to 1
     x = torch.tensor([1 + 2.0**-11 + 2.0**-40, 70000.0], dtype=torch.float64)
     assert fake_cast(x, DType.FLOAT16).tolist() == [1 + 2.0**-10, 65504.0]
+
+
+def test_int32_quantize_saturates_exactly():
+    # 2147483647.0 is 2**31 in float32: it saturates to INT32_MAX, it does not wrap
+    x = torch.tensor(
+        [3e9, 2147483647.0, 2147483520.0, -3e9, -2147483648.0, 1e30, float("inf"), -float("inf")]
+    )
+    stats = QuantStats()
+    q = quantize(x, 1.0, DType.INT32, stats=stats)
+    assert q.dtype == torch.int32
+    assert_bits_equal(q.to(torch.int64), torch.from_numpy(ref.quantize(x, 1.0, DType.INT32)))
+    assert stats.saturated == 4 and stats.inf == 2  # 3e9, 2**31, -3e9, 1e30
+
+
+def test_quantize_range_outside_the_dtype_or_empty_is_rejected():
+    x = torch.tensor([1.0, 400.0, -400.0])
+    with pytest.raises(ValueError, match=r"qmax=300.*\[-128, 127\]"):
+        quantize(x, 1.0, DType.INT8, qmax=300)
+    with pytest.raises(ValueError, match=r"qmin=-200.*\[-128, 127\]"):
+        quantize(x, 1.0, DType.INT8, qmin=-200)
+    with pytest.raises(ValueError, match=r"qmin=5.*qmax=3"):
+        quantize(x, 1.0, DType.INT16, qmin=5, qmax=3)
+    q = quantize(x, 1.0, DType.INT8, qmin=-127, qmax=100)  # a narrower range inside is fine
+    assert q.tolist() == [1, 100, -127]

@@ -237,3 +237,22 @@ def test_add_rejects_float_inputs():
         add_float_rescale(
             torch.zeros(2), 0.1, torch.zeros(2, dtype=torch.int8), 0.1, 0.1, DType.INT8
         )
+
+
+def test_quantize_multiplier_clamps_shifts_above_30_like_tflite():
+    m = torch.tensor([2.0**30, 5e9, 1e12, 1e9], dtype=torch.float64)
+    q, e = quantize_multiplier(m)
+    assert e.tolist() == [30, 30, 30, 30]
+    assert q.tolist()[:3] == [(1 << 31) - 1] * 3
+    assert [ref.quantize_multiplier(float(v)) for v in m] == list(zip(q.tolist(), e.tolist()))
+
+
+@pytest.mark.parametrize("scheme", list(Requant))
+@pytest.mark.parametrize("m", [1e9, 2e9, 5e9, 1e12])
+def test_large_multipliers_saturate_and_never_wrap(scheme, m):
+    acc = torch.tensor([3, 1, -3, 0, -1, 40000, -(1 << 31), (1 << 31) - 1])
+    mode = Round.HALF_AWAY if scheme is Requant.MUL_SHIFT_DOUBLE else Round.HALF_UP
+    got = requantize(acc, make_requant(m, scheme), DType.INT16, mode)
+    want = [32767, 32767, -32768, 0, -32768, 32767, -32768, 32767]
+    assert got.tolist() == want
+    assert ref.requantize(acc, m, scheme, DType.INT16, mode).tolist() == want

@@ -73,3 +73,23 @@ def test_rshift_round_rejects_bad_input():
         rshift_round(torch.tensor([1]), -1, Round.FLOOR)
     with pytest.raises(TypeError):
         rshift_round(torch.tensor([1.0]), 1, Round.FLOOR)
+
+
+def _exact_rshift(v: int, n: int, mode: Round) -> int:
+    """v / 2**n rounded by ``mode``, with Fractions (the definition of each rule)."""
+    from fractions import Fraction
+
+    from quantlab.numerics.reference import round_fraction
+
+    return round_fraction(Fraction(v, 1 << n), mode)
+
+
+@pytest.mark.parametrize("mode", list(Round))
+def test_rshift_round_shifts_of_62_and_more(mode):
+    big = [(1 << 62) - 1, 1 << 61, (1 << 61) + 1, 3 << 60, (1 << 61) - 1]
+    xs = torch.cat([edge_values(DType.INT32), torch.tensor(big + [-v for v in big])])
+    for n in (40, 61, 62, 63, 64, 65, 100, 1000):
+        want = torch.tensor([_exact_rshift(int(v), n, mode) for v in xs], dtype=torch.int64)
+        assert_bits_equal(rshift_round(xs, n, mode), want, inputs={"x": xs})
+        shifts = torch.full_like(xs, n)
+        assert_bits_equal(rshift_round(xs, shifts, mode), want, inputs={"x": xs})

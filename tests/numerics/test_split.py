@@ -240,9 +240,10 @@ def test_split_conv_fixed_equals_sum_of_two_int8_reference_convs(combine, groups
     w_hi, w_lo = split_weight(w, w_scale, k)
     acc_hi = conv2d_reference(x.numpy(), w_hi.numpy(), stride=2, padding=1, groups=groups)
     acc_lo = conv2d_reference(x.numpy(), w_lo.numpy(), stride=2, padding=1, groups=groups)
-    unit = x_scale * w_scale.double()
-    b = torch.round(bias.double() / unit).long().reshape(1, -1, 1, 1)
     from quantlab.numerics import reference
+
+    unit = x_scale * w_scale.double()
+    b = torch.from_numpy(reference.quantize_bias(bias, x_scale, w_scale)).reshape(1, -1, 1, 1)
 
     lib_ref = reference.int_conv2d(x, w_lo, stride=2, padding=1, groups=groups)
     assert_bits_equal(
@@ -366,7 +367,7 @@ def test_split_linear_equals_reference(combine):
     hi, lo = split_weight(w, ws, 8)
     unit = 0.03 * ws.double()
     acc_hi = torch.from_numpy(np.asarray(reference.int_linear(x, hi), dtype=np.int64))
-    acc_hi = acc_hi + torch.round(bias.double() / unit).long()
+    acc_hi = acc_hi + torch.from_numpy(reference.quantize_bias(bias, 0.03, ws))
     acc_lo = torch.from_numpy(np.asarray(reference.int_linear(x, lo), dtype=np.int64))
     ref = torch.empty_like(y)
     for c in range(6):
@@ -375,3 +376,41 @@ def test_split_linear_equals_reference(combine):
             parts, float(unit[c] / 0.02), DType.INT16, combine, Round.HALF_UP
         )
     assert_bits_equal(y, ref)
+
+
+@pytest.mark.parametrize("combine", list(SplitCombine))
+@pytest.mark.parametrize("op", ["linear", "conv2d"])
+def test_split_bias_is_the_int32_bias_of_every_gemm(op, combine):
+    """The split GEMM adds the int32 bias codes every GEMM adds (the ONNX rule
+    round_half_even(fl32(bias / fl32(s_x * s_w))) saturated to int32; numerics.reference),
+    not float64 quotients: biases at float32 ties round differently, and a bias beyond int32
+    saturates before the accumulator adds a negative sum. FLOAT32 output (out_scale 1: the
+    value of the combined accumulator), so one bias code shows."""
+    from quantlab.numerics import reference
+
+    g = torch.Generator().manual_seed(11)
+    c, k_in, k, sx = 64, 16, 8, 0.03
+    w = torch.rand(c, k_in, generator=g) * 0.2 + 0.01  # positive: x = -128 gives negative sums
+    ws = (w.abs().amax(1) / 127.5).to(torch.float32)
+    u32 = torch.tensor(sx, dtype=torch.float32) * ws
+    n = torch.randint(0, 1 << 12, (c,), generator=g).double()
+    bias = ((n + 0.5) * u32.double()).float()  # fl32 quotients at (or next to) a tie
+    bias[0] = 1e6  # about 2**37 codes: saturates to 2**31 - 1
+    x = torch.stack([torch.zeros(k_in), torch.full((k_in,), -128.0)]).to(torch.int8)
+    codes = reference.quantize_bias(bias, sx, ws)
+    unit = sx * ws.double()
+    old = np.round(bias.double().numpy() / unit.numpy())  # float64, unsaturated
+    assert codes[0] == 2**31 - 1 and (old != codes).sum() > 1  # the cases that tell them apart
+    if op == "linear":
+        y = split_linear(x, sx, w, ws, k, 1.0, DType.FLOAT32, combine, bias=bias)
+    else:
+        x4, w4 = x.reshape(2, k_in, 1, 1), w.reshape(c, k_in, 1, 1)
+        y = split_conv2d(x4, sx, w4, ws, k, 1.0, DType.FLOAT32, combine, bias=bias)
+        y = y.reshape(2, c)
+    hi, lo = split_weight(w, ws, k)
+    acc_hi, _ = reference.accumulate(reference.int_linear(x, hi) + codes)
+    acc_lo, _ = reference.accumulate(reference.int_linear(x, lo))
+    want = combine_split(
+        torch.from_numpy(acc_hi), torch.from_numpy(acc_lo), k, unit, DType.FLOAT32, combine, axis=-1
+    )
+    assert_bits_equal(y, want)

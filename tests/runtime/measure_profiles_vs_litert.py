@@ -89,7 +89,7 @@ def quantlab_conv(c: L.ConvCase, platform) -> np.ndarray:
         bias,
         float(c.yq.scale),
         dt,
-        platform,
+        platform.gemm_contract(),
         stride=c.stride,
         dilation=c.dilation,
         groups=groups,
@@ -111,7 +111,7 @@ def quantlab_fc(c: L.FullyConnectedCase, platform) -> np.ndarray:
         bias,
         float(c.yq.scale),
         dt,
-        platform,
+        platform.gemm_contract(),
     )
     return _clamp(y.to(torch.int64), c.yq.scale, dt, c.activation).numpy().astype(c.x.dtype)
 

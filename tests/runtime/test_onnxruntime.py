@@ -26,8 +26,9 @@ N_MATMUL = 70
 
 
 @pytest.fixture(scope="module")
-def platform():
-    return load_platform("onnxruntime")
+def contract():
+    """The GEMM contract of the onnxruntime platform profile."""
+    return load_platform("onnxruntime").gemm_contract()
 
 
 def _session(nodes, inputs, outputs, inits):
@@ -110,7 +111,7 @@ def _float_conv(x, w, nsp):
     return lambda **kw: fn(xt, wt, **kw).numpy()
 
 
-def _run_conv_case(seed: int, nsp: int, platform, adversarial: bool = False):
+def _run_conv_case(seed: int, nsp: int, contract, adversarial: bool = False):
     rng = np.random.default_rng(seed)
     groups, cin, cout, k, size, stride, dil, pads = _conv_case(rng, nsp, adversarial)
     x = (rng.normal(size=(int(rng.integers(1, 3)), cin, *size)) * 2).astype(np.float32)
@@ -154,7 +155,7 @@ def _run_conv_case(seed: int, nsp: int, platform, adversarial: bool = False):
         None if bias is None else torch.from_numpy(bias),
         float(sy),
         DType.INT8,
-        platform,
+        contract,
         stride=stride,
         padding=pads,
         dilation=dil,
@@ -165,18 +166,18 @@ def _run_conv_case(seed: int, nsp: int, platform, adversarial: bool = False):
 
 
 @pytest.mark.parametrize("block", range(5))
-def test_qlinearconv2d_matches_onnxruntime(block, platform):
+def test_qlinearconv2d_matches_onnxruntime(block, contract):
     per_block = N_CONV2D // 5
     for seed in range(block * per_block, (block + 1) * per_block):
-        _run_conv_case(seed, 2, platform, adversarial=seed % 13 == 0)
+        _run_conv_case(seed, 2, contract, adversarial=seed % 13 == 0)
 
 
-def test_qlinearconv1d_matches_onnxruntime(platform):
+def test_qlinearconv1d_matches_onnxruntime(contract):
     for seed in range(N_CONV1D):
-        _run_conv_case(1000 + seed, 1, platform, adversarial=seed % 10 == 0)
+        _run_conv_case(1000 + seed, 1, contract, adversarial=seed % 10 == 0)
 
 
-def _run_matmul_case(seed: int, platform):
+def _run_matmul_case(seed: int, contract):
     rng = np.random.default_rng(5000 + seed)
     m, k, n = (int(v) for v in rng.integers(1, 40, 3))
     if seed % 10 == 0:
@@ -203,15 +204,15 @@ def _run_matmul_case(seed: int, platform):
         None,
         float(sy),
         DType.INT8,
-        platform,
+        contract,
     )
     assert_bits_equal(yq, torch.from_numpy(yq_ort))
     assert_bits_equal(dequantize(yq, float(sy)), torch.from_numpy(y_ort))
 
 
-def test_qlinearmatmul_matches_onnxruntime(platform):
+def test_qlinearmatmul_matches_onnxruntime(contract):
     for seed in range(N_MATMUL):
-        _run_matmul_case(seed, platform)
+        _run_matmul_case(seed, contract)
 
 
 def test_case_count_meets_acceptance():
@@ -246,7 +247,7 @@ def _discriminating_scales(rng):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_every_int8_product_requantizes_like_onnxruntime(seed, platform):
+def test_every_int8_product_requantizes_like_onnxruntime(seed, contract):
     """(256, 1) @ (1, 256): every int8 x int8 accumulator, with scales chosen so that the way
     M is formed changes some output bits (seed 0: power-of-two scales, exact ties -> even)."""
     rng = np.random.default_rng(9000 + seed)
@@ -265,6 +266,6 @@ def test_every_int8_product_requantizes_like_onnxruntime(seed, platform):
         None,
         float(sy),
         DType.INT8,
-        platform,
+        contract,
     )
     assert_bits_equal(y, torch.from_numpy(y_ort))

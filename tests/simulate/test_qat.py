@@ -3,6 +3,7 @@ clamp), on random values, values at and next to rounding ties, and out-of-range 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal
@@ -41,19 +42,40 @@ def test_per_tensor_equals_torch(seed, dtype):
             assert_bits_equal(got, want, inputs={"x": x})
 
 
-def test_per_channel_and_other_rounding():
-    g = torch.Generator().manual_seed(3)
+@pytest.mark.parametrize("seed", [3, 4])
+def test_per_channel_equals_torch_kernel(seed):
+    # quantlab computes x * fl32(1/s) per channel itself; torch's kernel is the independent side
+    g = torch.Generator().manual_seed(seed)
     w = torch.randn(8, 4, 3, 3, generator=g)
     s = w.abs().amax(dim=(1, 2, 3)) / 127.5
-    want = torch.fake_quantize_per_channel_affine(
-        w, s, torch.zeros(8, dtype=torch.int32), 0, -128, 127
-    )
-    assert_bits_equal(qat_fake_quant(w, s, DType.INT8, Round.HALF_EVEN, axis=0), want)
-    from quantlab.numerics.quantize import fake_quant
+    ties = (torch.arange(-40, 40, dtype=torch.float32).reshape(8, 10) + 0.5) * s.reshape(8, 1)
+    near = torch.cat([ties, torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1)], 1)
+    w = torch.cat([w.reshape(8, -1), near], 1)
+    zp = torch.zeros(8, dtype=torch.int32)
+    for lo in (-128, -127):
+        want = torch.fake_quantize_per_channel_affine(w, s, zp, 0, lo, 127)
+        got = qat_fake_quant(w, s, DType.INT8, Round.HALF_EVEN, axis=0, qmin=lo)
+        assert_bits_equal(got, want, inputs={"w": w})
+    clamped = torch.fake_quantize_per_channel_affine(w.clamp(-0.5, 0.6), s, zp, 0, -128, 127)
+    got = qat_fake_quant(w, s, DType.INT8, Round.HALF_EVEN, axis=0, bounds=(-0.5, 0.6))
+    assert_bits_equal(got, clamped)
 
-    x = torch.randn(100, generator=g)
+
+def test_other_tie_rules_divide_like_the_reference():
+    # oracle: reference.quantize (fl32(x / s) rounded with Fractions), then the exact product
+    # code * s rounded once to float32
+    from quantlab.numerics import reference as ref
+
+    g = torch.Generator().manual_seed(3)
     sc = torch.tensor(0.01)
-    assert_bits_equal(
-        qat_fake_quant(x, sc, DType.INT8, Round.HALF_UP),
-        fake_quant(x, sc, DType.INT8, Round.HALF_UP),
-    )
+    k = torch.arange(-140, 141, dtype=torch.float32)
+    x = torch.cat([torch.randn(400, generator=g), (k + 0.5) * sc, k * sc])
+    for mode in (Round.HALF_UP, Round.HALF_AWAY, Round.FLOOR):
+        for lo, bounds in ((None, None), (-127, (-1.0, 0.7))):
+            xin = x if bounds is None else x.clamp(*bounds)
+            codes = ref.quantize(xin, sc, DType.INT8, mode)
+            if lo is not None:
+                codes = np.maximum(codes, lo)
+            want = (codes.astype(np.float64) * np.float64(np.float32(sc))).astype(np.float32)
+            got = qat_fake_quant(x, sc, DType.INT8, mode, qmin=lo, bounds=bounds)
+            assert_bits_equal(got, torch.from_numpy(want), inputs={"x": x})

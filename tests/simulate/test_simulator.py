@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from bits import assert_bits_equal
 from torch import nn
 
@@ -347,6 +348,29 @@ def test_conv_bn_relu6_is_fused_as_deployed():
     s = float(sim.act_scale("0:conv2d#0", "out", DType.INT8, sim.qconfig_of("0:conv2d#0")))
     assert float((fake - ref).abs().max()) < 3 * s  # folded weights + one output rounding
     assert float((fixed - fake).abs().max()) <= 1.01 * s  # at most one LSB apart
+    assert float(fixed.min()) >= 0 and float(fixed.max()) <= 6.0
+
+
+def test_functional_relu6_after_conv_bn_is_fused_like_the_module():
+    """``F.relu6`` (not only ``nn.ReLU6``) closes a conv -> batch_norm chain; calibration then
+    observes the chain's output and fake and fixed runs have its scale."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return F.relu6(self.bn(self.conv(x))).mean((2, 3))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    sim = Simulator(Net().eval(), "j6m")
+    sim.calibrate([(x,)], progress=False)
+    ops = sim.ops.set_index("name")
+    assert ops.loc[":relu6#0"].fixed_kernel == "fused into conv:conv2d#0"
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert float((fixed - sim.run(x, mode=Mode.FAKE)).abs().max()) < 0.1
     assert float(fixed.min()) >= 0 and float(fixed.max()) <= 6.0
 
 

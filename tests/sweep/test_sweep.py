@@ -61,7 +61,9 @@ def test_summary_of_missing_folder_fails(tmp_path):
 
 
 def _quantlab(args: list[str], **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(RUNNER.parent), OMP_NUM_THREADS="1")
+    # this checkout first: the runner must import this quantlab, not an installed one
+    path = os.pathsep.join([str(RUNNER.parent), str(ROOT)])
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     cmd = [sys.executable, str(RUNNER), *args, "progress=false"]
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw

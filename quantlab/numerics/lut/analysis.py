@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int, lut_fake_codes
-from quantlab.numerics.lut.formats import single_thread
+from quantlab.numerics.lut.fake import lut_fake_codes
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
-from quantlab.numerics.lut.table import SegmentLut
+from quantlab.numerics.lut.segment import SegmentLut, all_codes, evaluate_codes_int
+from quantlab.numerics.lut.segments import target_values
 
 BOUND_PROBES_PER_STEP = 32  # grid density for max|f''| of a table (finite differences)
 
@@ -43,9 +43,12 @@ class Profile:
 
 
 def _target_sat(lut: SegmentLut, x: Tensor) -> Tensor:
+    """f(x) saturated to the output range (float64), evaluated like the table entries
+    (``segments.target_values``: the same bits whatever the batch and thread count)."""
     lo = lut.out_dtype.qmin * lut.out_scale
     hi = lut.out_dtype.qmax * lut.out_scale
-    return lut.function.target(x, lut.spec).clamp(lo, hi)
+    y = target_values(lambda t: lut.function.target(t, lut.spec), x)
+    return torch.from_numpy(y).clamp(lo, hi)
 
 
 def _regions_and_positions(lut: SegmentLut, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,8 +81,7 @@ def _regions_and_positions(lut: SegmentLut, codes: np.ndarray) -> tuple[np.ndarr
 
 def profile(lut: SegmentLut) -> Profile:
     """Evaluate every input code: fixed, fake, exact (see the module docstring)."""
-    with single_thread():
-        return _profile(lut)
+    return _profile(lut)
 
 
 def _profile(lut: SegmentLut) -> Profile:
@@ -95,8 +97,7 @@ def _profile(lut: SegmentLut) -> Profile:
 
 def max_error_lsb(lut: SegmentLut) -> float:
     """Largest |LUT output - saturated f| over every input code, in output LSBs."""
-    with single_thread():
-        return _max_error_lsb(lut)
+    return _max_error_lsb(lut)
 
 
 def exact_lsb(lut: SegmentLut) -> np.ndarray:
@@ -111,14 +112,21 @@ def _max_error_lsb(lut: SegmentLut, exact: np.ndarray | None = None) -> float:
     return float(np.abs(fixed - exact).max())
 
 
+def mean_error_lsb(lut: SegmentLut, weights: np.ndarray) -> float:
+    """Mean |LUT output - saturated f| in output LSBs under input-code weights (one per input
+    code, ascending, e.g. ``InputHistogram.code_weights``): the error the data sees."""
+    w = np.asarray(weights, dtype=np.float64)
+    fixed = evaluate_codes_int(lut, all_codes(lut.in_dtype)).numpy()
+    return float((w * np.abs(fixed - exact_lsb(lut))).sum() / w.sum())
+
+
 def table_bounds(lut: SegmentLut) -> list[dict]:
     """Per table: width h of one step (float input units), max|f''| on the table (finite
     differences on a grid of BOUND_PROBES_PER_STEP points per step) and the bound
     ``h^2/8 max|f''|`` in float and in output LSBs."""
     if lut.direct:
         return []
-    with single_thread():
-        return _table_bounds(lut)
+    return _table_bounds(lut)
 
 
 def _table_bounds(lut: SegmentLut) -> list[dict]:

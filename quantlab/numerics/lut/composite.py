@@ -15,7 +15,8 @@ from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.lut.table import build_lut
-from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.rounding import Round, round_float, round_scalar
+from quantlab.numerics.scales import check_scale_float
 
 SOFTMAX_EXP_RANGE = (-12.0, 0.0)  # vendor: exp(-12) already fake-quantizes to 0 (s.1.5)
 SOFTMAX_EXP_SCALE = 2.0 / 65535  # vendor comment: exp output scale 2/65535 (int16)
@@ -61,7 +62,10 @@ def lut_softmax(
     if codes.dtype != in_dtype.torch_dtype:
         raise ValueError(f"lut_softmax expects {in_dtype.name} codes, got {codes.dtype}")
     n = codes.shape[dim]
-    out_scale = 1.0 / out_dtype.qmax if out_scale is None else float(out_scale)
+    in_scale = check_scale_float(in_scale, "in_scale")
+    out_scale = (
+        1.0 / out_dtype.qmax if out_scale is None else check_scale_float(out_scale, "out_scale")
+    )
     sum_scale = n * exp_scale if sum_scale is None else float(sum_scale)
     recip_scale = 1.0 / DType.INT16.qmax if recip_scale is None else float(recip_scale)
     x = codes.to(torch.int64)
@@ -109,9 +113,11 @@ def inverse_sigmoid_composite(
         raise ValueError(f"eps must be > 0, got {eps}")
     if recip_clip_codes < 1:
         raise ValueError(f"recip_clip_codes must be >= 1, got {recip_clip_codes}")
+    in_scale = check_scale_float(in_scale, "in_scale")
+    out_scale = check_scale_float(out_scale, "out_scale")
     q = codes.to(torch.int64)
-    one = int(torch.round(torch.tensor(1.0 / in_scale, dtype=torch.float64)))
-    eps_code = int(torch.round(torch.tensor(eps / in_scale, dtype=torch.float64)))
+    one = round_scalar(1.0 / in_scale)
+    eps_code = round_scalar(eps / in_scale)
     lower = max(eps_code, recip_clip_codes)
     one_minus = (one - q).clamp(lower, in_dtype.qmax)
     r_max = 1.0 / (lower * in_scale)

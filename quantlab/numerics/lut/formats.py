@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-import torch
-
 from quantlab.numerics.rounding import Round
-
-
-@contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread inside the block (restored after). Building and
-    analysing a table is thousands of tiny tensor ops, where thread hand-off dominates: one
-    thread was 10-20x faster on a busy 2-core machine (measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 @dataclass(frozen=True)
@@ -62,18 +45,6 @@ class LutFormat:
             if not isinstance(getattr(self, name), Round):
                 allowed = ", ".join(r.name for r in Round)
                 raise ValueError(f"LutFormat.{name} must be a Round ({allowed})")
-
-    @classmethod
-    def from_platform(cls, p) -> LutFormat:
-        """The format of a PlatformConfig (fields ``lut_tables``, ``lut_entries``,
-        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
-        return cls(
-            tables=p.lut_tables,
-            entries=p.lut_entries,
-            index_frac_bits=p.lut_index_frac_bits,
-            interp_round=p.lut_interp_round,
-            direct_int8=p.lut_direct_int8,
-        )
 
 
 J6_FORMAT = LutFormat()

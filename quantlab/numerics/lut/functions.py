@@ -53,6 +53,8 @@ class LutSpec:
     eps:             inverse_sigmoid: clamp of x and 1 - x (must be > 0); rsqrt: added to x.
     log_floor:       log: outputs below this are clamped (the vendor's hard_log, -10).
     range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
+    data_error_factor: DATA: the max error over every input code may be at most this many times
+                     OPTIMAL's (>= 1).
     """
 
     strategy: Strategy = Strategy.EVENLY
@@ -63,6 +65,7 @@ class LutSpec:
     eps: float = 0.0
     log_floor: float = -10.0
     range_rule: bool = True
+    data_error_factor: float = 2.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.strategy, Strategy):
@@ -101,6 +104,10 @@ class LutSpec:
         object.__setattr__(self, "gradients", tuple(self.gradients))
         if not math.isfinite(self.eps) or self.eps < 0:
             raise ValueError(f"LutSpec.eps must be finite and >= 0, got {self.eps}")
+        if not (math.isfinite(self.data_error_factor) and self.data_error_factor >= 1):
+            raise ValueError(
+                f"LutSpec.data_error_factor must be finite and >= 1, got {self.data_error_factor}"
+            )
         if not math.isfinite(self.log_floor):
             raise ValueError(f"LutSpec.log_floor must be finite, got {self.log_floor}")
 

@@ -8,6 +8,7 @@ import torch
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, RangeRule
+from quantlab.numerics.scales import check_scale_float
 
 
 def input_range(
@@ -25,6 +26,8 @@ def input_range(
     given range has zero width or the result (before the observed range) is empty or narrower
     than one input code. An observed range (calibration data) that would leave less than one
     code is ignored instead: it does not narrow the table."""
+    in_scale = check_scale_float(in_scale, "in_scale")
+    out_scale = check_scale_float(out_scale, "out_scale")
     lo, hi = in_dtype.qmin * in_scale, in_dtype.qmax * in_scale
     out_lo, out_hi = out_dtype.qmin * out_scale, out_dtype.qmax * out_scale
     if spec.range_rule and fn.range_rule is RangeRule.EXP_CAP and fn.inverse is not None:

@@ -7,15 +7,12 @@ code against the saturated function, quantlab.numerics.lut.analysis).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from quantlab.numerics.lut.evaluate import all_codes, evaluate_codes_int
+from quantlab.numerics.lut.segment import SegmentLut, all_codes, evaluate_codes_int
 from quantlab.numerics.lut.strategies import Strategy
-
-if TYPE_CHECKING:
-    from quantlab.numerics.lut.table import SegmentLut
+from quantlab.numerics.rounding import round_scalar
 
 MINIMAX_CANDIDATES = (
     Strategy.MINIMAX,
@@ -50,7 +47,7 @@ def refine(lut: SegmentLut, err: float, make: Callable, exact: np.ndarray) -> Se
                 for sign in (-1, 1):
                     pts = list(best.points)
                     width = pts[k + 1] - pts[k] if sign > 0 else pts[k] - pts[k - 1]
-                    new = pts[k] + sign * max(1, round(width * frac))
+                    new = pts[k] + sign * max(1, round_scalar(width * frac))
                     if not pts[k - 1] < new < pts[k + 1]:
                         continue
                     lo, hi = pts[k - 1], pts[k + 1]

@@ -19,6 +19,11 @@ MINIMAX:        ours: bisection on the error level eps; for each eps the tables 
                 the lowest *measured* integer error among MINIMAX, SQRT_CURVATURE, EVENLY and
                 CURVATURE and refines its inner points by coordinate descent on that measured
                 error (search.py), so MINIMAX is never worse than either vendor rule.
+OPTIMAL:        ours: the smallest max error over every input code, through the integer evaluation
+                itself, certified over a stated candidate set (optimal.py).
+DATA:           ours: the smallest error weighted by the op's input histogram, with the max error
+                at most ``LutSpec.data_error_factor`` x OPTIMAL's (data_weighted.py); needs the
+                histogram (``build_lut(..., histogram=...)``).
 MANUAL:         user points (``LutSpec.dividing_points``).
 """
 
@@ -30,6 +35,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from quantlab.numerics.rounding import Round, round_float
 
 TargetFn = Callable[[Tensor], Tensor]
 
@@ -46,6 +53,8 @@ class Strategy(enum.Enum):
     CURVATURE = "curvature"
     SQRT_CURVATURE = "sqrt_curvature"
     MINIMAX = "minimax"
+    OPTIMAL = "optimal"
+    DATA = "data"
     MANUAL = "manual"
 
 
@@ -82,7 +91,7 @@ def curvature_points(g: TargetFn, lo: float, hi: float, tables: int) -> list[flo
     total = float(acc[-1])
     if total <= 0.0:  # a straight line: no curvature to share
         return evenly_points(lo, hi, tables)
-    seg = torch.floor(acc / (total / tables))
+    seg = round_float(acc / (total / tables), Round.FLOOR)
     points = [lo]
     for s, p in zip((seg + 1).tolist(), x[1:].tolist()):
         if s > tables:
@@ -136,7 +145,7 @@ def table_errors(
         frac = read = probes
     else:
         grid = float(1 << frac_bits)
-        read = torch.floor(probes * grid) / grid  # the floored index fraction
+        read = round_float(probes * grid, Round.FLOOR) / grid  # the floored index fraction
         frac = read + (1.0 - 1e-6) / grid  # the input just below the next grid line
     px = xs[:, :-1, None] + frac * (width[:, None, None] / steps)
     dy = ys[:, 1:] - ys[:, :-1]

@@ -7,7 +7,7 @@ Geometry (j6-numerics s.3, horizon-plugin.md s.1.2), all parameters integers:
     points merge after rounding); table i holds ``entries`` samples of f at
     ``(d_i + k (d_{i+1} - d_i) / (entries - 1)) s_in``, k = 0..entries-1 (both ends), quantized
     to the output dtype/scale; codes below d_0 / above d_T use integer linear tails
-    ``y = (x k + (b << lshift)) >> rshift`` with a ``slope_bits`` slope mantissa (evaluate.py).
+    ``y = (x k + (b << lshift)) >> rshift`` with a ``slope_bits`` slope mantissa (segment.py).
     Tail slope: ``LutSpec.gradients``, else the secant of the (unsaturated) target between the
     table edge and the end of the input range, or of the adjacent table step when the table
     reaches that end (horizon-plugin.md s.1.2). The intercept keeps ``slope_bits`` significant
@@ -23,7 +23,7 @@ Table entries are quantized with ``LutFormat.table_round`` (HALF_EVEN, like fake
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -31,11 +31,16 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.evaluate import build_code_map, evaluate_fast, evaluate_reference
-from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, single_thread
+from quantlab.numerics.lut.analysis import _max_error_lsb, exact_lsb
+from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
+from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
+from quantlab.numerics.lut.optimal import optimal_points
 from quantlab.numerics.lut.ranges import input_range
 from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
+from quantlab.numerics.lut.segment import SegmentLut, Tail, all_codes, evaluate_codes_int
+from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
+from quantlab.numerics.lut.segments import table_entries
 from quantlab.numerics.lut.strategies import (
     Strategy,
     curvature_points,
@@ -43,77 +48,11 @@ from quantlab.numerics.lut.strategies import (
     minimax_points,
     sqrt_curvature_points,
 )
-from quantlab.numerics.rounding import Round, round_float
+from quantlab.numerics.rounding import Round, round_float, round_scalar
+from quantlab.numerics.scales import check_scale_float
 
+SEED_STRATEGIES = (Strategy.EVENLY, Strategy.CURVATURE, Strategy.SQRT_CURVATURE)  # OPTIMAL's seeds
 TAIL_VALUE_LIMIT = 1e30  # |target| in output LSBs used for tail secants (keeps slopes finite)
-
-
-@dataclass(frozen=True)
-class Tail:
-    """Integer linear tail ``y = round((x * k + (b << lshift)) / 2**rshift)`` on input codes x."""
-
-    k: int
-    b: int
-    lshift: int
-    rshift: int
-
-
-@dataclass(frozen=True, eq=False)
-class SegmentLut:
-    """A built table: integer parameters only (plus the float facts they came from).
-
-    Evaluate with ``evaluate`` (fast: one gather through a cached code -> code map built by the
-    exact integer path) or ``evaluate_reference`` (slow, numpy int64, obviously correct).
-    Input: codes of ``in_dtype`` (torch int8/int16); output: codes of ``out_dtype``.
-    """
-
-    func: str
-    in_dtype: DType
-    in_scale: float
-    out_dtype: DType
-    out_scale: float
-    spec: LutSpec
-    fmt: LutFormat
-    direct: bool
-    direct_table: np.ndarray | None  # int64 [256], index q + 128 (direct mode only)
-    points: tuple[int, ...]  # dividing points as input codes, strictly increasing
-    tables: np.ndarray  # int64 [T, entries]
-    index_mult: tuple[int, ...]
-    index_shift: tuple[int, ...]
-    left: Tail | None
-    right: Tail | None
-    table_range: tuple[float, float]  # the narrowed float range the points were placed on
-    chosen_strategy: Strategy  # for MINIMAX: the candidate actually kept
-    _map: list = field(default_factory=list, init=False, repr=False)  # cached code map (0 or 1)
-
-    @property
-    def symmetric(self) -> bool:
-        return self.spec.symmetric
-
-    @property
-    def dividing_points_float(self) -> tuple[float, ...]:
-        """The dividing points in float input units (codes * in_scale)."""
-        return tuple(p * self.in_scale for p in self.points)
-
-    @property
-    def function(self) -> LutFunction:
-        return get_function(self.func)
-
-    def code_map(self) -> Tensor:
-        """All outputs indexed by the input code as unsigned (code mod 2**bits), computed once by
-        the exact integer path (evaluate.evaluate_codes_int) and cached."""
-        if not self._map:
-            self._map.append(build_code_map(self))
-        return self._map[0]
-
-    def evaluate(self, codes: Tensor) -> Tensor:
-        """Output codes for input ``codes`` (dtype ``in_dtype``): one gather, bit-exact with
-        ``evaluate_reference``."""
-        return evaluate_fast(self, codes)
-
-    def evaluate_reference(self, codes: Tensor) -> Tensor:
-        """Slow numpy-int64 reference of the integer evaluation (same contract as evaluate)."""
-        return evaluate_reference(self, codes)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -129,20 +68,13 @@ def _check_dtype(name: str, dt: DType) -> DType:
     return dt
 
 
-def _check_scale(name: str, s: float) -> float:
-    s = float(s)
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {s}")
-    return s
-
-
 def _round_code(v: float, in_dtype: DType, lowest: int) -> int:
     """Nearest input code (ties to even, like torch.round), clamped to [lowest, qmax]."""
     if math.isnan(v):
         raise ValueError("a dividing point is NaN")
     if math.isinf(v):
         return lowest if v < 0 else in_dtype.qmax
-    return int(min(max(round(v), lowest), in_dtype.qmax))
+    return int(min(max(round_scalar(v), lowest), in_dtype.qmax))
 
 
 def _quantize_values(y: Tensor, out_scale: float, out_dtype: DType, mode: Round) -> Tensor:
@@ -158,10 +90,10 @@ def _fit_mantissa(value: float, bits: int, max_shift: int = 31) -> tuple[int, in
     [0, max_shift]; the mantissa saturates when even r = 0 does not fit."""
     lim = (1 << (bits - 1)) - 1
     for r in range(max_shift, -1, -1):
-        m = round(value * (1 << r))
+        m = round_scalar(value * (1 << r))
         if abs(m) <= lim:
             return int(m), r
-    return int(max(-lim, min(lim, round(value)))), 0
+    return int(max(-lim, min(lim, round_scalar(value)))), 0
 
 
 def _tail(x_anchor: int, y_anchor: float, slope: float, bits: int) -> Tail:
@@ -170,17 +102,17 @@ def _tail(x_anchor: int, y_anchor: float, slope: float, bits: int) -> Tail:
     lim = (1 << (bits - 1)) - 1
     k, rshift = _fit_mantissa(slope, bits)
     while True:
-        big_b = round(y_anchor * (1 << rshift) - x_anchor * k)
+        big_b = round_scalar(y_anchor * (1 << rshift) - x_anchor * k)
         if abs(big_b) < (1 << 31) or rshift == 0:
             break
         rshift -= 1
-        k = int(max(-lim, min(lim, round(slope * (1 << rshift)))))
+        k = int(max(-lim, min(lim, round_scalar(slope * (1 << rshift)))))
     big_b = max(-(1 << 31) + 1, min((1 << 31) - 1, big_b))  # the intercept saturates at int31
     lshift = 0
     b = big_b
     while abs(b) > lim:
         lshift += 1
-        b = round(big_b / (1 << lshift))
+        b = round_scalar(big_b / (1 << lshift))
     return Tail(int(k), int(b), lshift, rshift)
 
 
@@ -188,7 +120,7 @@ def _index_multiplier(width: int, entries: int, frac_bits: int, bits: int) -> tu
     """(m, r) with ``((x - d) * m) >> r`` ~ ``(x - d) (entries - 1) 2^F / width``."""
     target = ((entries - 1) << frac_bits) / width
     lim = (1 << (bits - 1)) - 1
-    if round(target) > lim:
+    if round_scalar(target) > lim:
         raise ValueError(
             f"a table {width} input code(s) wide cannot index {entries} entries with "
             f"{frac_bits} fraction bits in a {bits}-bit multiplier; use fewer entries or a "
@@ -254,15 +186,14 @@ def _assemble(
             "range has zero width"
         )
     n, f = fmt.entries, fmt.index_frac_bits
-    tables, mults, shifts = [], [], []
-    k = torch.arange(n, dtype=torch.float64)
+    mults, shifts = [], []
     for d0, d1 in zip(codes[:-1], codes[1:]):
-        x = (d0 + k * ((d1 - d0) / (n - 1))) * in_scale
-        tables.append(_quantize_values(fn.target(x, spec), out_scale, out_dtype, fmt.table_round))
         m, r = _index_multiplier(d1 - d0, n, f, fmt.slope_bits)
         mults.append(m)
         shifts.append(r)
-    tab = _frozen(torch.stack(tables).numpy().astype(np.int64))
+    d = np.asarray(codes, dtype=np.int64)
+    target = _target_of(fn, spec)
+    tab = _frozen(table_entries(target, d[:-1], d[1:], fmt, in_scale, out_scale, out_dtype))
 
     def val(code: float) -> float:  # the unsaturated target, like the vendor's secants
         y = float(fn.target(torch.tensor([code * in_scale], dtype=torch.float64), spec)[0])
@@ -333,6 +264,41 @@ def _direct(
     )
 
 
+def _target_of(fn: LutFunction, spec: LutSpec):
+    return lambda x: fn.target(x, spec)
+
+
+def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> SegmentLut:
+    """OPTIMAL and DATA: seeds from the vendor rules, then the certified search (optimal.py,
+    data_weighted.py); DATA first builds (or fetches) OPTIMAL's table for its error bound."""
+    func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng = args
+    fn = get_function(func)
+    seeds = [
+        _assemble(*args, _strategy_points(fn, spec, st, *rng, fmt, in_scale), st).points
+        for st in SEED_STRATEGIES
+    ]
+    problem = SegmentProblem(
+        _target_of(fn, spec), in_dtype, in_scale, out_dtype, out_scale, fmt, spec.symmetric,
+        seeds[0][0], seeds[0][-1],
+    )  # fmt: skip
+    if spec.strategy is Strategy.OPTIMAL:
+        pts = optimal_points(SegmentCosts(problem), seeds).points
+    else:
+        if histogram is None:
+            raise ValueError(
+                f"{func}: strategy DATA needs the op's input histogram "
+                "(build_lut(..., histogram=InputHistogram(...)))"
+            )
+        opt = _build_cached(*args[:5], replace(spec, strategy=Strategy.OPTIMAL), fmt,
+                            observed_range, None)  # fmt: skip
+        costs = SegmentCosts(problem, histogram.code_weights(in_dtype, in_scale))
+        worst = float(costs.code_errors(evaluate_codes_int(opt, all_codes(in_dtype)).numpy()).max())
+        pts = data_points(costs, opt.points, spec.data_error_factor * worst, seeds).points
+    lut = _assemble(*args, [c * in_scale for c in pts], spec.strategy)
+    assert lut.points == tuple(pts), (lut.points, pts)
+    return lut
+
+
 @lru_cache(maxsize=512)
 def _build_cached(
     func: str,
@@ -343,17 +309,18 @@ def _build_cached(
     spec: LutSpec,
     fmt: LutFormat,
     observed_range: tuple[float, float] | None,
+    histogram: InputHistogram | None = None,
 ) -> SegmentLut:
     if fmt.direct_int8 and in_dtype is DType.INT8 and out_dtype is DType.INT8:
         return _direct(func, in_scale, out_scale, spec, fmt)
     fn = get_function(func)
     rng = input_range(fn, spec, in_dtype, in_scale, out_dtype, out_scale, observed_range)
     args = (func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng)
+    if spec.strategy in (Strategy.OPTIMAL, Strategy.DATA):
+        return _searched(args, histogram, observed_range)
     if spec.strategy is not Strategy.MINIMAX:
         pts = _strategy_points(fn, spec, spec.strategy, *rng, fmt, in_scale)
         return _assemble(*args, pts, spec.strategy)
-    from quantlab.numerics.lut.analysis import _max_error_lsb, exact_lsb
-
     best, best_err, exact = None, math.inf, None
     for strategy in MINIMAX_CANDIDATES:
         pts = _strategy_points(fn, spec, strategy, *rng, fmt, in_scale)
@@ -365,6 +332,11 @@ def _build_cached(
     return refine(best, best_err, lambda pts, st: _assemble(*args, pts, st), exact)
 
 
+def clear_build_cache() -> None:
+    """Forget every built table (benchmarks time builds from scratch)."""
+    _build_cached.cache_clear()
+
+
 def build_lut(
     func: str,
     in_dtype: DType,
@@ -374,19 +346,21 @@ def build_lut(
     spec: LutSpec | None = None,
     fmt: LutFormat = J6_FORMAT,
     observed_range: tuple[float, float] | None = None,
+    histogram: InputHistogram | None = None,
 ) -> SegmentLut:
     """Build (or fetch from the cache) the integer LUT of ``func`` for these scales and dtypes.
 
     ``spec`` defaults to ``default_spec(func)``. int8 -> int8 gives the direct 256-entry table
     when ``fmt.direct_int8``; everything else the segment format (module docstring). Raises
     ValueError for an unknown function, a non-int8/int16 dtype, a non-positive scale, a table
-    range narrower than one input code, or points that collapse to one code.
+    range narrower than one input code, or points that collapse to one code. ``histogram``
+    (the op's calibrated input distribution) is used by the DATA strategy only, which needs it.
     """
     get_function(func)
     in_dtype = _check_dtype("in_dtype", in_dtype)
     out_dtype = _check_dtype("out_dtype", out_dtype)
-    in_scale = _check_scale("in_scale", in_scale)
-    out_scale = _check_scale("out_scale", out_scale)
+    in_scale = check_scale_float(in_scale, "in_scale")
+    out_scale = check_scale_float(out_scale, "out_scale")
     spec = default_spec(func) if spec is None else spec
     if not isinstance(spec, LutSpec):
         raise ValueError(f"spec must be a LutSpec or None, got {type(spec).__name__}")
@@ -397,5 +371,7 @@ def build_lut(
         obs = (float(observed_range[0]), float(observed_range[1]))
         if not obs[1] > obs[0]:
             raise ValueError(f"observed_range has zero or negative width: {observed_range}")
-    with single_thread():
-        return _build_cached(func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, obs)
+    if histogram is not None and not isinstance(histogram, InputHistogram):
+        raise ValueError(f"histogram must be an InputHistogram or None, got {type(histogram)}")
+    hist = histogram if spec.strategy is Strategy.DATA else None
+    return _build_cached(func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, obs, hist)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     FUNCTIONS,
     J6_FORMAT,
+    InputHistogram,
     LutFormat,
     LutSpec,
     Strategy,
@@ -20,9 +22,11 @@ from quantlab.numerics.lut import (
     get_function,
     lut_fake,
     max_error_lsb,
+    mean_error_lsb,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.evaluate import all_codes
+from quantlab.numerics.lut.segment import all_codes
+from quantlab.numerics.lut.segments import target_values
 from quantlab.numerics.lut.strategies import curvature_points, evenly_points
 from quantlab.platforms import PlatformConfig
 
@@ -156,9 +160,9 @@ def test_impossible_requests_raise():
 
 
 def test_format_from_platform():
-    assert LutFormat.from_platform(PlatformConfig()) == J6_FORMAT
+    assert PlatformConfig().lut_format() == J6_FORMAT
     p = PlatformConfig(lut_tables=4, lut_entries=32, lut_index_frac_bits=6)
-    assert LutFormat.from_platform(p) == LutFormat(tables=4, entries=32, index_frac_bits=6)
+    assert p.lut_format() == LutFormat(tables=4, entries=32, index_frac_bits=6)
 
 
 def test_build_is_cached():
@@ -179,10 +183,38 @@ def test_minimax_never_worse_than_both_vendor_rules(func):
     assert err[Strategy.MINIMAX] <= min(err[Strategy.EVENLY], err[Strategy.CURVATURE])
 
 
-def test_single_thread_restores_the_thread_count():
-    from quantlab.numerics.lut.formats import single_thread
+def test_build_and_analysis_never_change_the_thread_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    lut = build_lut("gelu", I16, 6.5 / 32767.5, I16, 6.3 / 32767.5)  # not built before
+    max_error_lsb(lut)
+    assert calls == []
 
-    n = torch.get_num_threads()
-    with single_thread():
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == n
+
+def test_searched_builds_never_change_the_thread_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    hist = InputHistogram(-4.0, 4.0, (1.0, 3.0, 5.0, 2.0))
+    for st in (Strategy.OPTIMAL, Strategy.DATA):  # not built before (unusual scales)
+        spec = replace(default_spec("tanh"), strategy=st, dividing_points=None)
+        lut = build_lut("tanh", I8, 4.1 / 127.5, I16, 1.01 / 32767.5, spec, histogram=hist)
+        mean_error_lsb(lut, hist.code_weights(I8, lut.in_scale))
+    assert calls == []
+
+
+@pytest.mark.parametrize("threads", [2, 7])
+def test_table_targets_do_not_depend_on_the_thread_count(threads):
+    # torch splits an op above its parallel grain (32768) into one chunk per thread, each with
+    # a scalar remainder loop that differs from the vector kernel by an ulp for sigmoid
+    fn, spec = get_function("sigmoid"), default_spec("sigmoid")
+    n = threads * 32768 + 64
+    x = torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 16 - 8
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = fn.target(x, spec).numpy()  # the vector kernel everywhere (n % 64 == 0)
+        torch.set_num_threads(threads)
+        chunked = target_values(lambda t: fn.target(t, spec), x)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(chunked, serial), np.flatnonzero(chunked != serial)[:10]

@@ -21,7 +21,7 @@ from quantlab.numerics.lut import (
     lut_fake_codes,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.evaluate import all_codes, gather_torch
+from quantlab.numerics.lut.segment import all_codes, gather_torch
 from quantlab.numerics.rounding import Round
 
 I8, I16 = DType.INT8, DType.INT16
@@ -149,13 +149,13 @@ def test_lut_fake_non_finite_inputs():
         assert y[0] == 0.0
 
 
-def test_chunked_threaded_gather_equals_one_gather():
-    """Large inputs are gathered in chunks on several threads; the bits must not change."""
-    from quantlab.numerics.lut.evaluate import _CHUNK, gather_torch
-
+def test_large_gather_equals_the_code_map_and_the_reference():
+    """A large input (two million codes, 2 torch threads, torch parallelises the gather) gives
+    the bits of indexing the code map by code mod 2**16 and of the integer reference.
+    (That no thread is started is checked in tests/test_global_state.py.)"""
     lut = build_lut("tanh", DType.INT16, 8 / 32767.5, DType.INT16, 1 / 32767.5)
     g = torch.Generator().manual_seed(7)
-    n = (2 * _CHUNK + 12345) // 7 * 7  # two full chunks and a partial one
+    n = ((1 << 21) + 12345) // 7 * 7
     codes = torch.randint(-32768, 32768, (n,), generator=g).to(torch.int16)
     codes = codes.reshape(7, -1).t()  # 2-D and not contiguous
     threads = torch.get_num_threads()
@@ -164,5 +164,6 @@ def test_chunked_threaded_gather_equals_one_gather():
         got = lut.evaluate(codes)
     finally:
         torch.set_num_threads(threads)
-    assert_bits_equal(got, gather_torch(lut.code_map(), codes, DType.INT16))
+    table = lut.code_map().to(torch.int64)
+    assert_bits_equal(got, table[codes.to(torch.int64) % 65536].to(torch.int16))
     assert_bits_equal(got[:4096], lut.evaluate_reference(codes[:4096]))

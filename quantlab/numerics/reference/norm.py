@@ -14,7 +14,6 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import (
     J6_NORM,
@@ -25,6 +24,8 @@ from quantlab.numerics.norm import (
     NormScales,
     rsqrt_lut,
 )
+from quantlab.numerics.reference.requant import quantize, requantize
+from quantlab.numerics.reference.rounding import round_fraction
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 
@@ -45,7 +46,7 @@ def _real(num: tuple[float, ...], den: float, count: int, scheme: Requant) -> fl
 
 
 def _requant(acc: np.ndarray, real: float, out: DType, c: NormContract) -> np.ndarray:
-    return ref.requantize(acc, real, c.requant, out, c.requant_round, None, c.requant_mult_bits)
+    return requantize(acc, real, c.requant, out, c.requant_round, None, c.requant_mult_bits)
 
 
 def _add(x: np.ndarray, sx, y: np.ndarray, sy, so, out: DType, c: NormContract) -> np.ndarray:
@@ -104,7 +105,7 @@ def norm_fixed(
     sq = _requant(d * d, _real((s.diff, s.diff), s.square, 1, c.requant), dt, c)
     v = _requant(_row_sums(sq), _real((s.square,), s.var, n, c.requant), dt, c)
     if c.eps_mode is EpsMode.ADD_CODES:
-        e = ref.round_fraction(Fraction(float(eps)) / Fraction(s.var), Round.HALF_EVEN)
+        e = round_fraction(Fraction(float(eps)) / Fraction(s.var), Round.HALF_EVEN)
         v = np.minimum(v + e, dt.qmax)
     lut = rsqrt_lut(s, eps, c)
     r = lut.evaluate_reference(torch.from_numpy(v).to(dt.torch_dtype)).numpy().astype(np.int64)
@@ -112,11 +113,11 @@ def norm_fixed(
     n_dt, s_n = (out_dtype, out_scale) if last else (dt, s.normed)
     y = _requant(d * r, _real((s.diff, s.rsqrt), s_n, 1, c.requant), n_dt, c).reshape(shape)
     if weight is not None:
-        g = _affine(ref.quantize(weight, s.gamma, c.affine_dtype, c.affine_round), layout, shape)
+        g = _affine(quantize(weight, s.gamma, c.affine_dtype, c.affine_round), layout, shape)
         w_dt, s_w = (out_dtype, out_scale) if bias is None else (dt, s.scaled)
         y = _requant(y * g, _real((s_n, s.gamma), s_w, 1, c.requant), w_dt, c)
         s_n = s_w
     if bias is not None:
-        b = _affine(ref.quantize(bias, s.beta, c.affine_dtype, c.affine_round), layout, shape)
+        b = _affine(quantize(bias, s.beta, c.affine_dtype, c.affine_round), layout, shape)
         y = _add(y, s_n, b, s.beta, out_scale, out_dtype, c)
     return y

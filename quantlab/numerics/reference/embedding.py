@@ -9,7 +9,8 @@ from fractions import Fraction
 import numpy as np
 
 from quantlab.numerics.embedding import J6_EMBEDDING, EmbeddingContract
-from quantlab.numerics.reference import quantize, round_fraction
+from quantlab.numerics.reference.requant import quantize
+from quantlab.numerics.reference.rounding import round_fraction
 
 
 def embedding_fixed(

@@ -1,0 +1,69 @@
+"""Exact integer GEMM and quantized GEMM ops, by concept:
+
+``plan`` (choosing a provably exact path), ``precision`` (torch's float precision pinned and
+restored around the float paths), ``kernels`` (the planned kernels), ``exact`` (int_conv1d,
+int_conv2d, int_linear, int_matmul), ``finish`` (bias, accumulator contract, requantization),
+``quantized`` (qconv1d, qconv2d, qlinear, qmatmul), ``int16_operands`` (the J6 int16 operand
+rules). The start-up self-test is ``quantlab.numerics.selftest``.
+"""
+
+from quantlab.numerics.accumulator import Overflow, accumulate
+from quantlab.numerics.contract import GemmContract
+from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
+from quantlab.numerics.gemm.finish import GemmStats, acc_scale, finish_gemm, quantize_bias
+from quantlab.numerics.gemm.int16_operands import (
+    clamp_int16_operand,
+    coarsen_int16_matmul_scale,
+    int16_matmul_scale_factor,
+    int16_operand_range,
+)
+from quantlab.numerics.gemm.plan import (
+    FLOAT32_EXACT,
+    FLOAT64_EXACT,
+    GemmPath,
+    GemmPlan,
+    conv_macs,
+    operand_bound,
+    plan_conv,
+    plan_gemm,
+)
+from quantlab.numerics.gemm.precision import exact_float_kernels
+from quantlab.numerics.gemm.quantized import (
+    check_gemm_operands,
+    qconv1d,
+    qconv2d,
+    qlinear,
+    qmatmul,
+)
+
+__all__ = [
+    "FLOAT32_EXACT",
+    "FLOAT64_EXACT",
+    "GemmContract",
+    "GemmPath",
+    "GemmPlan",
+    "GemmStats",
+    "Overflow",
+    "acc_scale",
+    "accumulate",
+    "check_gemm_operands",
+    "clamp_int16_operand",
+    "coarsen_int16_matmul_scale",
+    "conv_macs",
+    "exact_float_kernels",
+    "finish_gemm",
+    "int16_matmul_scale_factor",
+    "int16_operand_range",
+    "int_conv1d",
+    "int_conv2d",
+    "int_linear",
+    "int_matmul",
+    "operand_bound",
+    "plan_conv",
+    "plan_gemm",
+    "qconv1d",
+    "qconv2d",
+    "qlinear",
+    "qmatmul",
+    "quantize_bias",
+]

@@ -1,0 +1,261 @@
+"""Exact GEMM sums -> outputs: bias, the accumulator contract, requantization, saturation.
+
+``finish_gemm`` is the one implementation the quantized ops and the simulator use. Its
+constants (the encoded multipliers, the int32 bias codes, the rounding offsets) depend only on
+the scales, the bias, the contract and the output dtype; they are computed once per distinct
+value of those (a plan-time cache keyed by value, never by object identity).
+
+Fast form (MUL_SHIFT with HALF_UP, every right shift n >= 1, no statistics requested): when
+the exact sums and the bias cannot leave int32 (``sum_bound + max|bias| < 2**31``) the
+accumulator contract changes nothing and the bias joins the rounding offset,
+``(acc + b) * q + 2**(n-1) = acc * q + (b * q + 2**(n-1))`` (exact integers), so
+requantization is four in-place passes over channel chunks of at most ``CHUNK_ELEMENTS``
+int64 values. It gives the bits of the general form (tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.accumulator import accumulate
+from quantlab.numerics.contract import GemmContract
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import QuantStats
+from quantlab.numerics.requant import (
+    Requant,
+    RequantParams,
+    make_requant,
+    requant_scale,
+    requantize,
+)
+from quantlab.numerics.rounding import (
+    Round,
+    half_up_offset,
+    round_float,
+    rshift_round_half_up_,
+)
+from quantlab.numerics.scales import check_scale
+from quantlab.numerics.shapes import along_axis
+
+INT32_LIMIT = 1 << 31
+CHUNK_ELEMENTS = 1 << 18  # requantize this many accumulators at a time (bounds int64 memory)
+CACHE_LIMIT = 1024  # finish constants kept (one entry per distinct scales/bias/contract)
+
+
+@dataclass
+class GemmStats:
+    """What a quantized GEMM had to force: accumulator overflow, bias and output saturation."""
+
+    outputs: int = 0
+    acc_overflow: int = 0  # accumulator values outside int32 (saturated or wrapped)
+    bias_saturated: int = 0  # integer bias values clamped to int32
+    saturated: int = 0  # output codes clamped to the output dtype
+
+    def add(self, other: GemmStats) -> None:
+        self.outputs += other.outputs
+        self.acc_overflow += other.acc_overflow
+        self.bias_saturated += other.bias_saturated
+        self.saturated += other.saturated
+
+
+def acc_scale(x_scale: Tensor | float, w_scale: Tensor | float) -> Tensor:
+    """Scale of the integer accumulator: float32 product fl32(x_scale * w_scale) (ONNX)."""
+    s = check_scale(x_scale, "x_scale") * check_scale(w_scale, "w_scale")
+    return check_scale(s, "x_scale * w_scale")
+
+
+def quantize_bias(
+    bias: Tensor, x_scale: Tensor | float, w_scale: Tensor | float, stats: GemmStats | None = None
+) -> Tensor:
+    """int32 bias codes = round_half_even(fl32(bias / fl32(x_scale * w_scale))) as int64.
+
+    The ONNX Runtime quantizer's rule (numpy float32 division, ``round`` half to even); values
+    beyond int32 saturate (counted in ``stats.bias_saturated``). j6-numerics s.6: the J6 bias
+    reaches the compiler as float32; this integer handling is assumed for every platform.
+    """
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a float tensor (real values), got {bias.dtype}")
+    if not bool(torch.isfinite(bias).all()):
+        raise ValueError("bias must be finite (no NaN or inf)")
+    q = round_float(bias.to(torch.float32) / acc_scale(x_scale, w_scale), Round.HALF_EVEN)
+    lo, hi = DType.INT32.qmin, DType.INT32.qmax
+    if stats is not None:
+        stats.bias_saturated += int(((q < lo) | (q > hi)).sum())
+    # clamp in float64 (int32 bounds are exact there), then convert: float32 cannot hold 2**31-1
+    return q.to(torch.float64).clamp(lo, hi).to(torch.int64)
+
+
+@dataclass(frozen=True)
+class _FinishConstants:
+    """What ``finish_gemm`` derives from the scales, bias, contract and output dtype."""
+
+    params: RequantParams | None  # None for INT32 / FLOAT32 outputs
+    bias: Tensor | None  # int64 bias codes (0-d or 1-d)
+    bias_max: int
+    fast: bool  # the MUL_SHIFT / HALF_UP fast form applies
+    shift: Tensor | None  # fast form: right shift n (int64, 0-d or 1-d)
+    offset: Tensor | None  # fast form: 2**(n-1)
+    offset_with_bias: Tensor | None  # fast form: 2**(n-1) + bias * multiplier
+
+
+_CONSTANTS: dict[tuple, _FinishConstants] = {}
+
+
+def _value_key(v) -> tuple | None:
+    """A hashable key of a scale or bias by value (shape, dtype and bytes of a tensor)."""
+    if v is None:
+        return None
+    if isinstance(v, Tensor):
+        t = v.detach()
+        return (tuple(t.shape), str(t.dtype), t.contiguous().cpu().numpy().tobytes())
+    return ("scalar", float(v))
+
+
+def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _FinishConstants:
+    key = (
+        _value_key(x_scale),
+        _value_key(w_scale),
+        _value_key(bias),
+        _value_key(out_scale),
+        out_dtype,
+        contract,
+    )
+    hit = _CONSTANTS.get(key)
+    if hit is not None:
+        return hit
+    b = quantize_bias(bias, x_scale, w_scale) if bias is not None else None
+    bmax = int(b.abs().max()) if b is not None and b.numel() else 0
+    params = shift = offset = offset_b = None
+    fast = False
+    if out_dtype in (DType.INT8, DType.INT16):
+        if out_scale is None:
+            raise ValueError(f"out_scale is needed for a requantized {out_dtype.name} output")
+        real = requant_scale(x_scale, w_scale, out_scale, contract.requant)
+        params = make_requant(real, contract.requant, contract.requant_mult_bits)
+        n = params.mult_bits - params.shift
+        fast = (
+            contract.requant is Requant.MUL_SHIFT
+            and contract.requant_round is Round.HALF_UP
+            and bool((n >= 1).all())
+        )
+        if fast:
+            shift, offset = n, half_up_offset(n)
+            offset_b = offset if b is None else offset + b * params.multiplier
+    elif out_dtype in (DType.INT32, DType.FLOAT32):
+        acc_scale(x_scale, w_scale)  # validates the scales
+    else:
+        raise ValueError(
+            f"out_dtype must be INT8, INT16, INT32 or FLOAT32 for a quantized GEMM, "
+            f"got {out_dtype.name}"
+        )
+    value = _FinishConstants(params, b, bmax, fast, shift, offset, offset_b)
+    if len(_CONSTANTS) >= CACHE_LIMIT:
+        _CONSTANTS.clear()
+    _CONSTANTS[key] = value
+    return value
+
+
+def _along(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
+    return p if p.dim() == 0 else along_axis(p.reshape(-1), like, axis, what)
+
+
+def finish_gemm(
+    acc: Tensor,
+    x_scale: Tensor | float,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    contract: GemmContract,
+    channel_axis: int,
+    stats: GemmStats | None = None,
+    clamp_codes: tuple[int, int] | None = None,
+    sum_bound: int | None = None,
+    reuse_acc: bool = False,
+) -> Tensor:
+    """Exact sums -> outputs: + int32 bias, accumulator contract, then requant or wide output.
+
+    acc: the exact sums (int64, or a float32/float64 tensor holding exact integers).
+    Order: bias (``quantize_bias``) is added to the exact sum, then the contract's accumulator
+    (``accumulator``, ``accumulator_overflow``) applies once.
+    out_dtype INT8/INT16: ``requantize`` with the contract's ``requant``, ``requant_round``,
+      ``requant_mult_bits`` and M = requant_scale(x_scale, w_scale, out_scale); then the
+      optional ``clamp_codes`` (lo, hi) (a fused relu6: ``clamp_min(lo)`` then ``clamp_max(hi)``).
+    out_dtype INT32 (high-precision output): the int32 accumulator (torch.int32), whose scale
+      is ``acc_scale(x_scale, w_scale)``.
+    out_dtype FLOAT32 (high-precision float output): fl32(fl32(acc) * acc_scale).
+    Per-channel ``w_scale`` (1-d) and bias apply along ``channel_axis`` of the output.
+    ``stats``: counts of what was forced (added to it). ``sum_bound``: a known bound on |acc|
+    (e.g. K * max|x| * max|w|; measured when None). ``reuse_acc``: acc may be overwritten.
+    Scales: finite and > 0 (ValueError naming them).
+    """
+    k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
+    if k.fast and stats is None:
+        return _finish_fast(
+            acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc
+        )
+    st = stats if stats is not None else GemmStats()
+    st.outputs += acc.numel()
+    a = acc.to(torch.int64)
+    if bias is not None:
+        b = k.bias if stats is None else quantize_bias(bias, x_scale, w_scale, st)  # counted
+        a = a + _along(b, a, channel_axis, "bias")
+    acc32, over = accumulate(a, contract.accumulator, contract.accumulator_overflow)
+    st.acc_overflow += over
+    if out_dtype is DType.INT32:
+        return acc32.to(torch.int32)
+    if out_dtype is DType.FLOAT32:
+        s = acc_scale(x_scale, w_scale)
+        return acc32.to(torch.float32) * _along(s, acc32, channel_axis, "w_scale")
+    q = QuantStats()
+    codes = requantize(
+        acc32, k.params, out_dtype, contract.requant_round, axis=channel_axis, stats=q
+    )
+    st.saturated += q.saturated
+    if clamp_codes is not None:
+        codes = codes.clamp_min(clamp_codes[0]).clamp_max(clamp_codes[1])
+    return codes
+
+
+def _narrow(t: Tensor, ax: int, c0: int, cn: int) -> Tensor:
+    return t.narrow(ax, c0, cn) if t.dim() > 0 and t.shape[ax] > 1 else t
+
+
+def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc):
+    lo, hi = out_dtype.qmin, out_dtype.qmax
+    if clamp_codes is not None:  # the fused clamp: clamp_min(lo) then clamp_max(hi)
+        lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
+        lo = min(lo, hi)
+    if sum_bound is None:
+        sum_bound = 0
+        if acc.numel():
+            a_lo, a_hi = torch.aminmax(acc)
+            sum_bound = int(max(-float(a_lo), float(a_hi)))
+    offset = k.offset_with_bias
+    if sum_bound + k.bias_max >= INT32_LIMIT:  # the accumulator contract may act
+        acc = acc.to(torch.int64, copy=not reuse_acc)
+        if k.bias is not None:
+            acc.add_(_along(k.bias, acc, channel_axis, "bias"))
+        acc, _ = accumulate(acc, contract.accumulator, contract.accumulator_overflow)
+        offset, reuse_acc = k.offset, True
+    ax = channel_axis % acc.dim()
+    q = _along(k.params.multiplier, acc, ax, "w_scale")
+    n = _along(k.shift, acc, ax, "w_scale")
+    off = _along(offset, acc, ax, "bias")
+    codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
+    channels = acc.shape[ax]
+    step = max(1, CHUNK_ELEMENTS // max(1, acc.numel() // max(channels, 1)))
+    for c0 in range(0, channels, step):
+        cn = min(step, channels - c0)
+        part = acc.narrow(ax, c0, cn)
+        if part.dtype != torch.int64:
+            part = part.to(torch.int64)
+        elif not reuse_acc:
+            part = part.clone()
+        part.mul_(_narrow(q, ax, c0, cn))
+        rshift_round_half_up_(part, _narrow(n, ax, c0, cn), _narrow(off, ax, c0, cn))
+        codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
+    return codes

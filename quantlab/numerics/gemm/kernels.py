@@ -1,0 +1,91 @@
+"""The exact GEMM kernels for a chosen ``GemmPlan``: float32 K-chunks summed in float64, the
+FLOAT32_SPLIT high/low left operand, float64, int64. Callers validate the operands, choose the
+plan (``plan``) and pin the float precision (``precision.exact_float_kernels``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.gemm.plan import GemmPath, GemmPlan
+from quantlab.numerics.rounding import Round, round_float
+
+
+def _sum_chunks_f64(parts) -> Tensor:
+    """Sum exact float32 chunk results in float64 (exact: the caller's plan keeps the whole sum
+    below 2**53), one in-place add per chunk."""
+    acc = None
+    for part in parts:
+        if acc is None:
+            acc = part.to(torch.float64)
+        else:
+            acc.add_(part)
+    return acc
+
+
+def matmul_planned(a: Tensor, b: Tensor, k: int, plan: GemmPlan) -> Tensor:
+    """Exact ``a @ b`` (int8/int16 codes, K = ``k``) as int64 on ``plan``'s path."""
+    if plan.path is GemmPath.INT64:
+        return torch.matmul(a.to(torch.int64), b.to(torch.int64))
+    if plan.path is GemmPath.FLOAT64:
+        return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
+    af, bf = a.to(torch.float32), b.to(torch.float32)
+    if plan.chunk >= k:
+        return torch.matmul(af, bf).to(torch.int64)
+
+    def parts():
+        for k0 in range(0, k, plan.chunk):
+            k1 = k0 + plan.chunk
+            bs = bf[k0:k1] if bf.dim() == 1 else bf[..., k0:k1, :]
+            yield torch.matmul(af[..., k0:k1], bs)
+
+    return _sum_chunks_f64(parts()).to(torch.int64)
+
+
+def conv_planned(
+    x: Tensor,
+    w: Tensor,
+    conv: Callable[..., Tensor],
+    kw: dict,
+    groups: int,
+    cin_g: int,
+    plan: GemmPlan,
+    w_float32: Tensor | None = None,
+) -> Tensor:
+    """Exact ``conv(x, w, **kw)`` (batched codes) on ``plan``'s path. A single-chunk FLOAT32
+    plan returns the float32 conv itself (exact integers; callers widen it), every other path
+    int64. ``w_float32``: w's codes already cast to float32 (used instead of casting w)."""
+    if plan.path is GemmPath.INT64:
+        return conv(x.to(torch.int64), w.to(torch.int64), **kw)
+    if plan.path is GemmPath.FLOAT64:
+        return conv(x.to(torch.float64), w.to(torch.float64), **kw).to(torch.int64)
+    wf = w.to(torch.float32) if w_float32 is None else w_float32
+    if plan.path is GemmPath.FLOAT32_SPLIT:
+        xf = x.to(torch.float32)
+        hi = round_float(xf * (1.0 / 256), Round.HALF_EVEN)  # exact scaling; |hi| <= 128
+        lo = xf - hi * 256  # exact; |lo| <= 128
+        both = _conv_chunks_f32(torch.cat([hi, lo]), wf, conv, kw, groups, cin_g, plan.chunk)
+        n = x.shape[0]
+        return (both[:n] * 256 + both[n:]).to(torch.int64)  # float64, exact below 2**53
+    if plan.chunk >= cin_g:
+        return conv(x.to(torch.float32), wf, **kw)
+    return _conv_chunks_f32(x.to(torch.float32), wf, conv, kw, groups, cin_g, plan.chunk).to(
+        torch.int64
+    )
+
+
+def _conv_chunks_f32(xf: Tensor, wf: Tensor, conv, kw, groups: int, cin_g: int, chunk: int):
+    """Sum over input-channel chunks of float32 convs (each exact), in float64."""
+    n = xf.shape[0]
+    sp = xf.shape[2:]
+    xg = xf.reshape(n, groups, cin_g, *sp)
+
+    def parts():
+        for c0 in range(0, cin_g, chunk):
+            c1 = min(c0 + chunk, cin_g)
+            xs = xg[:, :, c0:c1].reshape(n, groups * (c1 - c0), *sp)
+            yield conv(xs, wf[:, c0:c1], **kw)
+
+    return _sum_chunks_f64(parts())

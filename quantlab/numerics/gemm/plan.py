@@ -1,0 +1,164 @@
+"""Choosing a provably exact path for an integer GEMM (bit-exact-emulation s.2.1).
+
+If every operand is an integer and K * max|a| * max|b| <= 2**p (p = 24 for float32, 53 for
+float64), every partial sum any kernel forms (any blocking, order or FMA) is an integer of
+magnitude <= 2**p, so no rounding ever happens.
+
+* FLOAT32 on K-chunks: K is split so that each chunk meets the 2**24 bound (int8 x int8 with
+  max|a| = max|b| = 128: 1024 terms); chunk results are summed in float64, exact while the whole
+  sum is <= 2**53.
+* FLOAT32_SPLIT (convolutions): the left operand is split exactly into 256 * hi + lo.
+* FLOAT64 directly (int16 operands): exact for K * max|a| * max|b| <= 2**53.
+* INT64 torch kernels: slow, exact below 2**63 (used when neither bound holds).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+FLOAT32_EXACT = 1 << 24
+FLOAT64_EXACT = 1 << 53
+MIN_CHUNK_K = 64  # below this many terms per float32 chunk, float64 is the faster exact path
+SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes only above this
+OPERAND_DTYPES = (torch.int8, torch.int16)
+
+
+class GemmPath(enum.Enum):
+    """How the exact sum is computed. AUTO picks the fastest path whose bound holds.
+
+    FLOAT32:       float32 BLAS on K-chunks within 2**24, chunks summed in float64.
+    FLOAT32_SPLIT: convolutions only: the left operand a (|a| <= 32768) is split exactly into
+                   a = 256 * hi + lo with hi = round_half_even(a / 256), |hi|, |lo| <= 128;
+                   both halves run as one float32 chunked conv (stacked on the batch axis,
+                   bound 128 * max|b| per product) and are combined in float64.
+    FLOAT64:       float64 BLAS, exact within 2**53.
+    INT64:         torch int64 kernels (slow; exact below 2**63).
+    """
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    FLOAT32_SPLIT = "float32_split"
+    FLOAT64 = "float64"
+    INT64 = "int64"
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """The path chosen for one GEMM and the number of K-terms (or channels) per float32 chunk."""
+
+    path: GemmPath
+    chunk: int  # FLOAT32: units per chunk (a conv unit is one input channel); else 0
+    bound: int  # max|a| * max|b|
+
+
+def operand_bound(t: Tensor) -> int:
+    """max|t| for int16 codes (their data range decides the path); the int8 dtype bound 128
+    for int8 codes (no pass over the data: 1024 terms per float32 chunk instead of 1032)."""
+    if t.dtype == torch.int8:
+        return 128
+    if t.numel() == 0:
+        return 0
+    lo, hi = torch.aminmax(t)
+    return max(-int(lo), int(hi))
+
+
+def plan_gemm(
+    a_max: int,
+    b_max: int,
+    k: int,
+    unit: int = 1,
+    path: GemmPath = GemmPath.AUTO,
+    split_a: bool = False,
+    disabled: Collection[GemmPath] = (),
+) -> GemmPlan:
+    """Choose a provably exact path for a K-term sum of products (K = ``k`` units of ``unit``).
+
+    FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO takes it when a
+    chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when ``split_a`` (convolutions)
+    and a_max <= 32768, FLOAT32_SPLIT under the same rule with a_max = 128. Else FLOAT64 when
+    K * unit * a_max * b_max <= 2**53, else INT64. AUTO never picks a path in ``disabled``
+    (the float paths that failed the start-up self-test). A forced path whose bound fails raises.
+    """
+    bound = a_max * b_max
+    total = k * unit * bound
+    per_unit = unit * bound
+    c = k if per_unit == 0 else min(k, FLOAT32_EXACT // per_unit)
+    f32_ok = c >= 1
+    split_unit = unit * 128 * b_max
+    c_split = k if split_unit == 0 else min(k, FLOAT32_EXACT // split_unit)
+    # the float64 combination 256 * sum(hi * b) + sum(lo * b) stays below 2**53
+    split_total = k * unit * 32768 * b_max
+    split_ok = split_a and a_max <= 32768 and c_split >= 1 and split_total <= FLOAT64_EXACT
+    if path is GemmPath.AUTO:
+        f32_ok = f32_ok and GemmPath.FLOAT32 not in disabled
+        if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
+            return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, max(c, 1)), bound)
+        split_ok = split_ok and GemmPath.FLOAT32_SPLIT not in disabled
+        if split_ok and (c_split == k or c_split * unit >= MIN_CHUNK_K):
+            return GemmPlan(GemmPath.FLOAT32_SPLIT, _balanced_chunk(k, c_split), bound)
+        if total <= FLOAT64_EXACT and GemmPath.FLOAT64 not in disabled:
+            return GemmPlan(GemmPath.FLOAT64, 0, bound)
+        return GemmPlan(GemmPath.INT64, 0, bound)
+    if path is GemmPath.FLOAT32:
+        if not f32_ok:
+            raise ValueError(
+                f"path FLOAT32 cannot be exact here: one chunk unit of {unit} terms with "
+                f"max|a|*max|b| = {bound} exceeds 2**24; use AUTO, FLOAT64 or INT64"
+            )
+        if total > FLOAT64_EXACT:
+            raise ValueError(f"sum bound {total} exceeds 2**53 for float64 chunk sums; use INT64")
+        return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, c), bound)
+    if path is GemmPath.FLOAT32_SPLIT:
+        if not split_ok:
+            raise ValueError(
+                "path FLOAT32_SPLIT needs a convolution with max|a| <= 32768 and one chunk unit "
+                f"within 2**24 (unit {unit}, max|b| {b_max}); use AUTO, FLOAT64 or INT64"
+            )
+        return GemmPlan(GemmPath.FLOAT32_SPLIT, _balanced_chunk(k, c_split), bound)
+    if path is GemmPath.FLOAT64:
+        if total > FLOAT64_EXACT:
+            raise ValueError(f"path FLOAT64 cannot be exact: K*max|a|*max|b| = {total} > 2**53")
+        return GemmPlan(GemmPath.FLOAT64, 0, bound)
+    if path is GemmPath.INT64:
+        return GemmPlan(GemmPath.INT64, 0, bound)
+    raise ValueError(f"unknown path {path!r}; allowed: {', '.join(p.name for p in GemmPath)}")
+
+
+def _balanced_chunk(k: int, c: int) -> int:
+    """Chunk size <= c giving the fewest chunks, as equal as possible and, where that keeps
+    the count, a multiple of 8 (BLAS / oneDNN kernels prefer blocked sizes)."""
+    if c >= k:
+        return k
+    n = -(-k // c)
+    size = -(-k // n)
+    rounded = -(-size // 8) * 8
+    return rounded if rounded <= c else size
+
+
+def conv_macs(x: Tensor, w: Tensor, groups: int) -> int:
+    """An estimate of a convolution's multiply-adds (input size x output channels per group x
+    kernel taps; exact for stride 1 with 'same' padding), used to pick a path."""
+    return x.numel() * (w.shape[0] // groups) * math.prod(w.shape[2:])
+
+
+def plan_conv(
+    x: Tensor,
+    w: Tensor,
+    groups: int = 1,
+    path: GemmPath = GemmPath.AUTO,
+    disabled: Collection[GemmPath] = (),
+) -> GemmPlan:
+    """The plan ``int_conv1d`` / ``int_conv2d`` use for these operands (units = input channels
+    per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS on)."""
+    big = conv_macs(x, w, groups) >= SPLIT_MIN_MACS or path is GemmPath.FLOAT32_SPLIT
+    cin_g = x.shape[-w.dim() + 1] // groups
+    unit = math.prod(w.shape[2:])
+    return plan_gemm(
+        operand_bound(x), operand_bound(w), cin_g, unit, path, split_a=big, disabled=disabled
+    )

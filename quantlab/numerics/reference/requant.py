@@ -1,0 +1,162 @@
+"""Requantization and quantization references: Python ints and ``fractions.Fraction`` element
+by element, following the published C code line by line where a runtime defines the bits
+(gemmlowp, TFLite); float32 steps a runtime performs in float32 use numpy float32 scalars."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.reference.arrays import as_numpy
+from quantlab.numerics.reference.rounding import round_fraction
+from quantlab.numerics.requant import Requant
+from quantlab.numerics.rounding import Round
+
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+
+
+def quantize_multiplier(m: float, mult_bits: int = 31) -> tuple[int, int]:
+    """TFLite QuantizeMultiplier with Python ints: (q, shift), M ~= q * 2**(shift - mult_bits)."""
+    if m == 0:
+        return 0, 0
+    f, e = math.frexp(m)
+    q = round_fraction(Fraction(f) * (1 << mult_bits), Round.HALF_AWAY)
+    if q == 1 << mult_bits:
+        q //= 2
+        e += 1
+    if e < -31:
+        return 0, 0
+    if e > 30:  # TFLite (single-rounding build): the shift saturates at 30
+        return (1 << mult_bits) - 1, 30
+    return q, e
+
+
+def _c_div_trunc(n: int, d: int) -> int:
+    q = abs(n) // abs(d)
+    return q if (n >= 0) == (d > 0) else -q
+
+
+def srdhm(a: int, b: int) -> int:
+    """gemmlowp SaturatingRoundingDoublingHighMul, line by line (int32 a, b)."""
+    if a == INT32_MIN and b == INT32_MIN:
+        return INT32_MAX
+    ab = a * b
+    nudge = (1 << 30) if ab >= 0 else 1 - (1 << 30)
+    return _c_div_trunc(ab + nudge, 1 << 31)
+
+
+def rounding_divide_by_pot(x: int, e: int) -> int:
+    """gemmlowp RoundingDivideByPOT (ties away from zero), line by line."""
+    mask = (1 << e) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (1 if x < 0 else 0)
+    return (x >> e) + (1 if remainder > threshold else 0)
+
+
+def _saturate32(v: int) -> int:
+    return min(max(v, INT32_MIN), INT32_MAX)
+
+
+def requantize_value(acc: int, m: float, q: int, e: int, scheme, mode: Round, mult_bits=31) -> int:
+    """One accumulator through one scheme (unsaturated result)."""
+    if scheme is Requant.FLOAT_RESCALE:
+        v = np.float32(acc) * np.float32(m)  # one float32 product, as ONNX Runtime
+        return round_fraction(Fraction(float(v)), mode)
+    if scheme is Requant.MUL_SHIFT:
+        return round_fraction(Fraction(acc * q) / Fraction(2) ** (mult_bits - e), mode)
+    if scheme is Requant.MUL_SHIFT_DOUBLE:
+        left, right = max(e, 0), max(-e, 0)
+        h = srdhm(_saturate32(acc * (1 << left)), q)  # saturating left shift
+        if mode is Round.HALF_AWAY:
+            return rounding_divide_by_pot(h, right)
+        return round_fraction(Fraction(h, 1 << right), mode)
+    if scheme is Requant.MUL_SHIFT_INT64:
+        reduced = ((q + (1 << 15)) >> 16) if q < 0x7FFF0000 else 0x7FFF
+        total = 15 - e
+        if mode is Round.HALF_UP and total >= 1:
+            return (acc * reduced + (1 << (total - 1))) >> total  # TFLite, line by line
+        return round_fraction(Fraction(acc * reduced) / Fraction(2) ** total, mode)
+    raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def requantize(acc, real, scheme, out: DType, mode: Round, axis=None, mult_bits=31) -> np.ndarray:
+    """Reference ``requantize``: ``real`` is M (scalar or per channel along ``axis``)."""
+    a = as_numpy(acc).astype(np.int64)
+    reals = np.atleast_1d(as_numpy(real)).astype(np.float64)
+    enc = [quantize_multiplier(float(r), mult_bits) for r in reals]
+    out_arr = np.empty(a.shape, dtype=np.int64)
+    for idx in np.ndindex(a.shape):
+        c = 0 if reals.size == 1 else idx[axis % a.ndim]
+        q, e = enc[c]
+        v = requantize_value(int(a[idx]), float(reals[c]), q, e, scheme, mode, mult_bits)
+        out_arr[idx] = min(max(v, out.qmin), out.qmax)
+    return out_arr
+
+
+def quantize_bias(bias, x_scale, w_scale) -> np.ndarray:
+    """round_half_even(fl32(bias / fl32(sx * sw))) saturated to int32, numpy float32."""
+    b = as_numpy(bias).astype(np.float32)
+    s = np.float32(x_scale) * as_numpy(w_scale).astype(np.float32)
+    v = (b / s).astype(np.float32)
+    out = [round_fraction(Fraction(float(t)), Round.HALF_EVEN) for t in v.ravel()]
+    out = [min(max(t, INT32_MIN), INT32_MAX) for t in out]
+    return np.array(out, dtype=np.int64).reshape(v.shape)
+
+
+def add_inter_scale(
+    x, x_scale, y, y_scale, out_scale, out: DType, scheme, mode: Round, inter_shift=14
+) -> np.ndarray:
+    """J6 add rule with numpy float32 scales and Python-int sums, then reference requantize."""
+    sx, sy, so = np.float32(x_scale), np.float32(y_scale), np.float32(out_scale)
+    inter = np.float32(max(sx, sy) / np.float32(1 << inter_shift))
+    mx = int(np.rint(np.float32(sx / inter)))
+    my = int(np.rint(np.float32(sy / inter)))
+    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
+    acc = np.array(
+        [
+            min(max(int(a) * mx + int(b) * my, INT32_MIN), INT32_MAX)
+            for a, b in zip(xa.ravel(), ya.ravel())
+        ],
+        dtype=np.int64,
+    ).reshape(xa.shape)
+    if scheme is Requant.FLOAT_RESCALE:
+        real = float(np.float32(inter / so))
+    else:
+        real = float(np.float64(inter) / np.float64(so))
+    return requantize(acc, real, scheme, out, mode)
+
+
+def add_float_rescale(x, x_scale, y, y_scale, out_scale, out: DType, mode=Round.HALF_EVEN):
+    """ONNX Runtime QLinearAdd scalar formula in numpy float32, rounded with Fractions."""
+    so = np.float32(out_scale)
+    rx, ry = np.float32(np.float32(x_scale) / so), np.float32(np.float32(y_scale) / so)
+    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.float32), as_numpy(y).astype(np.float32))
+    v = (xa * rx).astype(np.float32) + (ya * ry).astype(np.float32)
+    r = [round_fraction(Fraction(float(t)), mode) for t in v.astype(np.float32).ravel()]
+    return np.clip(np.array(r, dtype=np.int64), out.qmin, out.qmax).reshape(xa.shape)
+
+
+def quantize(x, scale, dtype: DType, mode: Round = Round.HALF_EVEN, axis=None) -> np.ndarray:
+    """fl32(x / scale) rounded by ``mode`` then clamped; +inf -> qmax, -inf -> qmin, NaN -> 0."""
+    xa = as_numpy(x).astype(np.float32)
+    s = as_numpy(scale).astype(np.float32)
+    if axis is not None:
+        shape = [1] * xa.ndim
+        shape[axis] = -1
+        s = s.reshape(shape)
+    with np.errstate(all="ignore"):
+        v = (xa / s).astype(np.float32)
+    out = []
+    for t in v.ravel():
+        t = float(t)
+        if math.isnan(t):
+            out.append(0)
+        elif math.isinf(t):
+            out.append(dtype.qmax if t > 0 else dtype.qmin)
+        else:
+            out.append(min(max(round_fraction(Fraction(t), mode), dtype.qmin), dtype.qmax))
+    return np.array(out, dtype=np.int64).reshape(v.shape)

@@ -1,0 +1,208 @@
+"""Op discovery: what one run of the model reveals about its ops.
+
+Each captured call leaves a record (type, module, input shapes and producers, fusable post-op
+parameters); the first run with new ops finds the fused Conv/Linear -> batch_norm -> relu6
+chains, the GEMMs that feed a model output and the ops that build a grid_sample grid
+(``OpContext``, read by qconfig templates), then checks every op's resolved qconfig against the
+platform. ``Simulator.ops`` is the resulting op-support table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.split import check_split_target
+from quantlab.qconfig import GEMM_TYPES, OpContext, validate_names
+from quantlab.simulate import args as A
+from quantlab.simulate import calls, fixed_ops
+from quantlab.simulate.dispatch import _RunState
+from quantlab.simulate.fusion import find_fusions
+
+
+@dataclass
+class _OpInfo:
+    name: str
+    op_type: str
+    category: OpCategory | None
+    module: str
+    call_index: int
+    input_shapes: list
+    output_shape: tuple | None
+    has_weight: bool
+    flops: int
+    producers: list  # producer op name (or None) of each activation input
+    input_dtypes: list = field(default_factory=list)
+    post: tuple | None = None  # batch_norm: (mean, var, weight, bias, eps); clamp: (lo, hi)
+
+
+class OpDiscovery:
+    """The Simulator's op records, graph discovery, validation and op table."""
+
+    @property
+    def ops(self) -> pd.DataFrame:
+        """One row per captured op call of the latest run, in execution order."""
+        rows = []
+        for name in self._order:
+            inf = self._info[name]
+            rq = self.qconfig_of(name) if inf.category is not None else None
+            rows.append(
+                {
+                    "name": name,
+                    "op_type": inf.op_type,
+                    "module": inf.module,
+                    "call_index": inf.call_index,
+                    "input_shapes": inf.input_shapes,
+                    "output_shape": inf.output_shape,
+                    "supported": self.supported(inf.op_type, inf.category),
+                    "category": inf.category.name if inf.category else "NONE",
+                    "fixed_kernel": (
+                        f"fused into {self._fused_into[name]}"
+                        if name in self._fused_into
+                        else fixed_ops.kernel_name(inf.op_type, inf.category, self)
+                    ),
+                    "input_dtype": calls.dt_names(inf.input_dtypes),
+                    "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
+                    "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
+                    "has_weight": inf.has_weight,
+                    "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
+                    "flops": inf.flops,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def _discover(self, out: Any, st: _RunState) -> None:
+        self._find_fusions(st)
+        feeds = set()
+        for leaf in tree_flatten(out)[0]:
+            p = st.producers.get(leaf)
+            while p is not None:
+                inf = st.infos[p]
+                if inf.category is not OpCategory.PASS_THROUGH:
+                    feeds.add(self._fused_into.get(p, p))
+                    break
+                p = inf.producers[0] if inf.producers else None
+        chain = set()
+        for name in st.order:
+            inf = st.infos[name]
+            if inf.category is OpCategory.GRID_SAMPLE and len(inf.producers) > 1:
+                todo, depth = [inf.producers[1]], 0
+                while todo and depth < 64:
+                    p = todo.pop()
+                    depth += 1
+                    if p is None or p in chain:
+                        continue
+                    chain.add(p)
+                    pinf = st.infos[p]
+                    if pinf.op_type not in GEMM_TYPES:
+                        todo.extend(pinf.producers)
+        for name in st.order:
+            if name not in self._ctx:
+                inf = st.infos[name]
+                self._ctx[name] = OpContext(
+                    name, inf.op_type, inf.module, name in feeds, name in chain
+                )
+                self._resolved.pop(name, None)
+        self._discovered = True
+        self._validate()
+
+    def _find_fusions(self, st: _RunState) -> None:
+        find_fusions(st.order, st.infos, self._chain, self._fused_into)
+
+    def _validate(self) -> None:
+        from quantlab.capture import KNOWN_OP_TYPES
+
+        validate_names(self.spec, self._order, set(KNOWN_OP_TYPES))
+        out_dt: dict[str, DType] = {}
+        for name in self._order:
+            inf = self._info[name]
+            if inf.category is None or not self.supported(inf.op_type, inf.category):
+                out_dt[name] = DType.FLOAT32
+                continue
+            rq = self.qconfig_of(name)
+            ins = [
+                rq.input_dtype or (out_dt.get(p) if p else None) or rq.output_dtype
+                for p in inf.producers
+            ]
+            inf.input_dtypes = ins
+            if inf.category is OpCategory.PASS_THROUGH and ins:
+                out_dt[name] = ins[0]
+            else:
+                out_dt[name] = self._out_dtype(name)
+            if inf.category is OpCategory.GEMM:
+                ops = ins + ([rq.weight_dtype] if inf.has_weight else [])
+                self._check_gemm(name, inf.op_type, ops)
+            if rq.weight_split:
+                check_split_target(name, inf.op_type, inf.has_weight, rq.weight_split)
+                if rq.weight_dtype is not DType.INT8:
+                    raise ValueError(
+                        f"op {name}: weight_split={rq.weight_split} splits an INT8 weight, but "
+                        f"weight_dtype={rq.weight_dtype.name}; allowed: INT8"
+                    )
+            if inf.category is OpCategory.GRID_SAMPLE and inf.input_shapes:
+                self._check_grid(name, inf.input_shapes[0])
+
+    def _out_dtype(self, name: str) -> DType:
+        rq = self.qconfig_of(name)
+        inf = self._info.get(name)
+        if inf is not None and inf.category is OpCategory.GEMM and rq.high_precision_output:
+            return self.platform.high_precision_output
+        return rq.output_dtype
+
+    def _check_gemm(self, name: str, op_type: str, dtypes: list) -> None:
+        n16 = sum(1 for d in dtypes if d is DType.INT16)
+        if n16 >= 2 and self.platform.max_int16_gemm_operands < 2:
+            raise ValueError(
+                f"op {name} ({op_type}): int16 x int16 GEMM is not available on "
+                f"{self.platform.name} (platform.max_int16_gemm_operands="
+                f"{self.platform.max_int16_gemm_operands}); make the input or the weight INT8"
+            )
+
+    def _check_grid(self, name: str, shape) -> None:
+        if len(shape) != 4:
+            return
+        h, w = int(shape[2]), int(shape[3])
+        side, area = self.platform.grid_max_side, self.platform.grid_max_area
+        if side and (h > side or w > side) or area and h * w > area:
+            raise ValueError(
+                f"op {name} (grid_sample): input H={h}, W={w} exceeds the {self.platform.name} "
+                f"limits H, W <= {side} (platform.grid_max_side) and H*W <= {area} "
+                "(platform.grid_max_area)"
+            )
+
+    def _record(self, call: OpCall, plan: A.ArgPlan, st: _RunState) -> _OpInfo:
+        shapes, producers = [], []
+        for slot in plan.acts:
+            v = A.get(call.args, call.kwargs, slot)
+            if isinstance(v, Tensor):
+                shapes.append(tuple(v.shape))
+                producers.append(st.producers.get(v))
+            else:
+                shapes.append(())
+                producers.append(None)
+        w = A.get(call.args, call.kwargs, plan.weight) if plan.weight else None
+        inf = _OpInfo(
+            call.name,
+            call.op_type,
+            call.category,
+            call.module,
+            call.call_index,
+            shapes,
+            None,
+            w is not None,
+            0,
+            producers,
+        )
+        old = self._info.get(call.name)
+        if old is not None:
+            inf.input_dtypes = old.input_dtypes
+        inf.post = calls.post_params(call)
+        st.infos[call.name] = inf
+        st.order.append(call.name)
+        return inf

@@ -1,0 +1,245 @@
+"""Op dispatch: what each captured call becomes in a run.
+
+A call is replayed from a recorded trace, passed through (an op fused into its GEMM, or not
+modelled), run in float (FLOAT mode, unsupported ops; calibration observes it), or run
+quantized: activation inputs quantized, weights fake-quantized or coded, batch_norm folded into
+its GEMM, then the fixed-point kernel (FIXED) or the float function with a quantized output.
+In-place ops keep the model's aliasing; the side tables carry codes and producers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.quantize import dequantize, fake_cast, quantize
+from quantlab.simulate import args as A
+from quantlab.simulate import calls, fixed_ops
+from quantlab.simulate.fusion import fold_batch_norm
+from quantlab.simulate.modes import Mode, OpMode, Trace
+from quantlab.simulate.qat import fake_grid
+from quantlab.simulate.qtensor import QInfo, QTable
+
+
+@dataclass
+class _RunState:
+    mode: Mode
+    op_modes: Mapping[str, OpMode]
+    replay: Trace | None = None
+    replay_active: bool = False
+    calibrating: bool = False
+    trace: Trace | None = None
+    isolate: Trace | None = None
+    qt: QTable = field(default_factory=QTable)
+    producers: QTable = field(default_factory=QTable)
+    order: list = field(default_factory=list)
+    infos: dict = field(default_factory=dict)
+    float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
+    fused_done: set = field(default_factory=set)  # GEMMs that ran with their fused chain
+
+
+class OpDispatch:
+    """The Simulator's per-call handler and the quantized run of one op."""
+
+    def _handle(self, call: OpCall) -> Any:
+        st = self._state
+        assert st is not None
+        om = st.op_modes.get(call.name)
+        plan = A.plan(call) if call.category is not None else A.ArgPlan(calls.float_slots(call))
+        inf = self._record(call, plan, st)
+        if st.replay_active:
+            if om is not None:
+                st.replay_active = False
+            elif call.name in st.replay.outputs:
+                out = calls.substitute(call, st.replay.outputs[call.name])
+                self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
+                if st.mode is Mode.FLOAT:
+                    st.float_ops.add(call.name)
+                return out
+        mode = om.mode if om is not None else st.mode
+        target = calls.inplace_target(call)
+        if target is not None:
+            self._guard_inplace(st, target)
+        head = self._fused_into.get(call.name)
+        if head is not None and head in st.fused_done:  # computed by its GEMM already
+            out = A.get(call.args, call.kwargs, plan.acts[0])
+            info = st.qt.get(out)
+            if head in st.float_ops:  # the chain's output stayed float (quantize_output=False)
+                st.float_ops.add(call.name)
+        elif call.result is not None:  # not modelled: ran in float already
+            out, info = call.result, None
+        elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
+            out, info = call.run(), None
+            if mode is Mode.FLOAT:
+                st.float_ops.add(call.name)
+            if st.calibrating:
+                self._observe(call, plan, out)
+        else:
+            out, info = self._run_quantized(call, plan, mode, om, st)
+            if om is not None and not om.quantize_output and mode is Mode.FAKE:
+                st.float_ops.add(call.name)  # its float output is not re-quantized downstream
+        inf.output_shape = calls.shape_of(out)
+        inf.flops = calls.flops(call, plan, out)
+        if st.trace is not None:
+            st.trace.order.append(call.name)
+            # an in-place op's output may change again later: record a copy
+            st.trace.outputs[call.name] = (
+                out.clone() if isinstance(out, Tensor) and calls.is_inplace(call) else out
+            )
+            st.trace.qinfo[call.name] = info
+        if st.isolate is not None and call.name in st.isolate.outputs:
+            out = calls.substitute(call, st.isolate.outputs[call.name])
+            info = st.isolate.qinfo.get(call.name)
+        self._set_out_info(out, info, st, call.name)
+        return out
+
+    def _set_out_info(self, out: Any, info: Any, st: _RunState, name: str) -> None:
+        leaves = tree_flatten(out)[0]
+        infos = info if isinstance(info, list) else [info] * len(leaves)
+        for leaf, li in zip(leaves, infos):
+            if isinstance(leaf, Tensor):
+                st.producers.set(leaf, name)
+                if li is not None:
+                    st.qt.set(leaf, li)
+                else:
+                    st.qt.drop(leaf)
+
+    def _guard_inplace(self, st: _RunState, target: Tensor) -> None:
+        """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""
+        if st.trace is not None:
+            p = st.producers.get(target)
+            if p is not None and st.trace.outputs.get(p) is target:
+                st.trace.outputs[p] = target.clone()
+
+    def _run_quantized(self, call, plan, mode, om, st):
+        """Quantized result of one op; an in-place op writes it into its target tensor (so
+        aliases see it, as in the model) and the target's side-table entry is replaced."""
+        out, info = self._run_quantized_value(call, plan, mode, om, st)
+        target = calls.inplace_target(call)
+        if target is not None and isinstance(out, Tensor) and out.shape == target.shape:
+            target.copy_(out)
+            return target, info
+        return out, info
+
+    def _run_quantized_value(self, call, plan, mode, om, st):
+        rq = self.qconfig_of(call.name)
+        args, kwargs = list(call.args), dict(call.kwargs)
+        if kwargs.get("inplace"):
+            kwargs["inplace"] = False  # computed out of place, then written by _run_quantized
+        in_infos: list = []
+        for i, slot in enumerate(plan.acts):
+            v = A.get(args, kwargs, slot)
+            if not A.is_float_tensor(v):
+                in_infos.append(None)
+                continue
+            info = st.qt.get(v)
+            if info is None and mode is Mode.FAKE and st.producers.get(v) in st.float_ops:
+                in_infos.append(None)  # a float op's output stays float (sensitivity runs)
+                continue
+            want = rq.input_dtype or (info.dtype if info is not None else rq.output_dtype)
+            if info is None or info.dtype is not want:
+                if info is not None and info.dtype.is_float and want.is_float:
+                    v, info = fake_cast(v, want, self.platform.float16_saturate), QInfo(want)
+                else:
+                    v, info = self.quantize_act(call.name, f"in{i}", v, want, rq, mode)
+                A.put(args, kwargs, slot, v)
+            in_infos.append(info)
+        wq = None
+        chain = self._chain.get(call.name) if call.category is OpCategory.GEMM else None
+        if chain:
+            st.fused_done.add(call.name)
+            self._fold(call.name, chain, plan, args, kwargs)
+        if plan.weight is not None and (om is None or om.quantize_weight):
+            w = A.get(args, kwargs, plan.weight)
+            if rq.weight_dtype.is_int:
+                per_channel = self.platform.weight_per_channel
+                wq = (*self.weight_q(call.name, w, rq.weight_dtype, per_channel), w)
+                wv = self.weight_value(call.name, w, rq.weight_dtype, mode, rq.weight_split)
+                A.put(args, kwargs, plan.weight, wv)
+            else:
+                A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))
+        x_info = in_infos[0] if in_infos else None
+        if (
+            mode is Mode.FAKE
+            and wq is not None
+            and plan.bias is not None
+            and x_info is not None
+            and x_info.dtype.is_int
+        ):
+            b = A.get(args, kwargs, plan.bias)
+            if b is not None:
+                A.put(args, kwargs, plan.bias, self.bias_value(b, x_info.scale, wq[1]))
+        if call.category is OpCategory.GEMM:
+            dts = [i.dtype for i in in_infos if i is not None]
+            self._check_gemm(call.name, call.op_type, dts + ([rq.weight_dtype] if wq else []))
+        if call.category is OpCategory.GRID_SAMPLE:
+            self._check_grid(call.name, A.get(args, kwargs, plan.acts[0]).shape)
+        quant_out = om is None or om.quantize_output
+        grid_info = in_infos[1] if len(in_infos) > 1 else None
+        if (
+            call.category is OpCategory.GRID_SAMPLE
+            and mode is Mode.FAKE
+            and (grid_info is None or grid_info.dtype.is_int)
+        ):  # an integer grid chain: the grid is int16 at its fixed scale (a float16 one is not)
+            fake_grid(self.platform, args, kwargs, plan)
+        clamp = self._fused_clamp(call.name) if chain else None
+        if mode is Mode.FIXED:
+            res = fixed_ops.run_fixed(
+                self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
+            )
+            if res is not None:
+                return res
+        out = calls.out_of_place(call)(*args, **kwargs)
+        fuse = (  # fake-quantize the fused clamp in the same pass (qat_fake_quant ``bounds``)
+            clamp is not None
+            and mode is Mode.FAKE
+            and quant_out
+            and rq.output_dtype.is_int
+            and not rq.high_precision_output
+        )
+        if clamp and not fuse:
+            out = torch.clamp(out, clamp[0], clamp[1])
+        return self._quant_output(call, out, in_infos, rq, quant_out, mode, clamp if fuse else None)
+
+    def _fused_clamp(self, name: str) -> tuple | None:
+        for c in self._chain.get(name, []):
+            inf = self._info[c]
+            if inf.op_type != "batch_norm":
+                return inf.post
+        return None
+
+    def _fold(self, name: str, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> None:
+        """Put the batch_norm-folded weight and bias of GEMM ``name`` into its arguments."""
+        bn = [self._info[c] for c in chain if self._info[c].op_type == "batch_norm"]
+        if not bn or plan.weight is None:
+            return
+        w = A.get(args, kwargs, plan.weight)
+        b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, bn[0].post)
+        A.put(args, kwargs, plan.weight, wf)
+        if plan.bias is None:
+            plan.bias = ("k", "bias")
+        A.put(args, kwargs, plan.bias, bf)
+
+    def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None):
+        if call.category is OpCategory.PASS_THROUGH:
+            src = in_infos[0] if in_infos else None
+            if src is None or src.dtype.is_float:
+                return out, src
+            leaves = tree_flatten(out)[0]
+            return out, [QInfo(src.dtype, src.scale) for _ in leaves]
+        if not quant_out or not A.is_float_tensor(out):
+            return out, None
+        src = in_infos[0] if in_infos else None
+        if call.category is OpCategory.GRID_SAMPLE and src is not None and src.dtype.is_int:
+            codes = quantize(out, src.scale, src.dtype, self.platform.fake_round)
+            return dequantize(codes, src.scale), QInfo(src.dtype, src.scale)
+        if call.category is OpCategory.GEMM and rq.high_precision_output:
+            return out, None
+        return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds)

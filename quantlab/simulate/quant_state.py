@@ -1,0 +1,154 @@
+"""Quantization state: what calibration leaves behind and what it is turned into.
+
+Activation observers (fed in float calibration runs) and the scales made from them, weight codes
+and scales, the float weights each mode computes with, and the per-op scratch of the fixed-mode
+kernels; all cached per op and invalidated by what they depend on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import acc_scale, quantize_bias
+from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, quantize
+from quantlab.numerics.split import split_fake_weight
+from quantlab.qconfig import ObserverKind, ResolvedQConfig
+from quantlab.simulate import args as A
+from quantlab.simulate.modes import Mode
+from quantlab.simulate.observers import ActivationObserver, weight_amax
+from quantlab.simulate.qat import qat_fake_quant
+from quantlab.simulate.qtensor import QInfo
+
+
+class QuantizationState:
+    """The Simulator's observers, activation scales, weight codes and kernel caches."""
+
+    def _observe(self, call: OpCall, plan: A.ArgPlan, out: Any) -> None:
+        for i, slot in enumerate(plan.acts):
+            v = A.get(call.args, call.kwargs, slot)
+            if A.is_float_tensor(v):
+                self._obs.setdefault(f"{call.name}/in{i}", ActivationObserver()).update(v)
+        o = tree_flatten(out)[0]
+        if not o or not A.is_float_tensor(o[0]) or call.category is OpCategory.PASS_THROUGH:
+            return
+        key = call.name
+        if call.name in self._chain and self._chain[call.name]:
+            return  # observed after the last fused op
+        head = self._fused_into.get(call.name)
+        if head is not None:
+            if self._chain[head][-1] != call.name:
+                return
+            key = head
+        self._obs.setdefault(f"{key}/out", ActivationObserver()).update(o[0])
+
+    def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
+        """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype``."""
+        ck = (name, key, dtype, rq.observer, rq.fixed_scale, rq.percentile)
+        s = self._scale_cache.get(ck)
+        if s is not None:
+            return s
+        if rq.observer is ObserverKind.FIXED:
+            s = torch.tensor(rq.fixed_scale, dtype=torch.float32)
+        else:
+            obs = self._obs.get(f"{name}/{key}")
+            if obs is None:
+                raise ValueError(
+                    f"op {name}: no calibration statistics for its {key}; calibrate with inputs "
+                    "that reach this op"
+                )
+            amax = obs.amax(rq.observer, dtype, self.platform.fake_round, rq.percentile)
+            s = compute_scale(amax, dtype, self.platform.scale_rule)
+        self._scale_cache[ck] = s
+        return s
+
+    def fast_cache(self, name: str) -> dict:
+        """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
+        return self._fast.setdefault(name, {})
+
+    def observed_range(self, name: str, key: str) -> tuple[float, float] | None:
+        """Running (min, max) seen at activation point ``name/key`` during calibration."""
+        obs = self._obs.get(f"{name}/{key}")
+        if obs is None or not obs.run_max > obs.run_min:
+            return None
+        return obs.run_min, obs.run_max
+
+    def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool):
+        """(codes in ``dtype``'s torch dtype, float32 scale per output channel (axis 0) or one
+        0-d scale when not ``per_channel``) of a weight; cached until the weight changes (its
+        ``_version``)."""
+        entry = self._weight_entry(name, w, dtype, per_channel)
+        return entry[2], entry[3]
+
+    def _weight_entry(self, name: str, w: Tensor, dtype: DType, per_channel: bool) -> list:
+        ck = (name, dtype, per_channel)
+        hit = self._wcache.get(ck)
+        if hit is not None and hit[0] is w and hit[1] == w._version:
+            return hit
+        amax = weight_amax(w, per_channel)
+        s = compute_scale(
+            amax, dtype, self.platform.scale_rule, narrow_range=self.platform.weight_narrow_range
+        )
+        lo = -dtype.qmax if self.platform.weight_narrow_range else None
+        axis = 0 if per_channel else None
+        codes = quantize(w.detach(), s, dtype, self.platform.fake_round, axis=axis, qmin=lo)
+        hit = [w, w._version, codes, s, {}]
+        self._wcache[ck] = hit
+        return hit
+
+    def weight_value(
+        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
+    ) -> Tensor:
+        """The float weight an op computes with: QAT fake quant (FAKE) or codes * scale
+        (FIXED), per output channel or per tensor (``platform.weight_per_channel``); with
+        ``split`` = k the high/low weight s * (w_hi + w_lo / 2**k) (numerics.split); cached with
+        the codes."""
+        per_channel = self.platform.weight_per_channel
+        entry = self._weight_entry(name, w, dtype, per_channel)
+        values = entry[4]
+        key = (mode, split)
+        if key not in values:
+            codes, s = entry[2], entry[3]
+            axis = 0 if per_channel else None
+            if split:
+                values[key] = split_fake_weight(
+                    w.detach(), s, split, axis, self.platform.fake_round
+                )
+            elif mode is Mode.FIXED:
+                values[key] = dequantize(codes, s, axis=axis)
+            else:
+                lo = -dtype.qmax if self.platform.weight_narrow_range else None
+                values[key] = qat_fake_quant(w, s, dtype, self.platform.fake_round, axis, lo)
+        return values[key]
+
+    def bias_value(self, bias: Tensor, x_scale: Tensor, w_scale: Tensor) -> Tensor:
+        """The float32 bias a FAKE run of a GEMM adds: ``bias`` itself when
+        ``platform.bias_float`` (the compiler receives it as float32), else the value of the
+        int32 codes the model holds, round_half_even(fl32(bias / fl32(x_scale * w_scale)))
+        saturated to int32 (``numerics.gemm.quantize_bias``, the codes FIXED mode adds), times
+        fl32(x_scale * w_scale) in float32 (a QDQ graph's DequantizeLinear)."""
+        if self.platform.bias_float:
+            return bias
+        codes = quantize_bias(bias, x_scale, w_scale)
+        unit = acc_scale(x_scale, w_scale)
+        return dequantize(codes, unit, axis=0 if unit.dim() == 1 else None)
+
+    def quantize_act(
+        self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode, bounds=None
+    ):
+        """(value, QInfo) of ``x`` quantized at activation point ``name/key`` (FAKE mode:
+        ``bounds`` = a fused clamp applied in the same pass)."""
+        if dtype.is_float:
+            y = fake_cast(x, dtype, self.platform.float16_saturate)
+            return y, QInfo(dtype)
+        s = self.act_scale(name, key, dtype, rq)
+        if mode is not Mode.FIXED:
+            y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds)
+            return y, QInfo(dtype, s)
+        codes = quantize(x, s, dtype, self.platform.fake_round)
+        return dequantize(codes, s), QInfo(dtype, s, codes)

@@ -1,0 +1,114 @@
+"""finish_gemm and requantize: the MUL_SHIFT / HALF_UP fast form gives the bits of the general
+form and of the integer reference (per tensor and per channel, bias folded into the rounding
+offset or through the accumulator, many channel chunks, fused clamps, float32 sums)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from bits import assert_bits_equal, edge_values
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import GemmContract, GemmStats, finish_gemm, int_conv2d
+from quantlab.numerics.gemm import finish as finish_mod
+from quantlab.numerics.quantize import QuantStats
+from quantlab.numerics.requant import Requant, make_requant, requantize
+from quantlab.numerics.rounding import Round
+
+J6 = GemmContract()  # MUL_SHIFT, HALF_UP, int32 saturating accumulator
+
+
+def _accs(seed: int, n: int = 4000) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    rnd = torch.randint(-(1 << 31), 1 << 31, (n,), generator=g, dtype=torch.int64)
+    small = torch.randint(-5000, 5000, (n,), generator=g, dtype=torch.int64)
+    return torch.cat([edge_values(DType.INT32), rnd, small])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
+@pytest.mark.parametrize("mult_bits", [31, 15])
+def test_requantize_fast_form_equals_general_form(seed, out, mult_bits):
+    # stats= forces the general (rshift_round) form, itself checked against the reference
+    g = torch.Generator().manual_seed(100 + seed)
+    acc = _accs(seed)
+    reals = torch.cat(
+        [
+            torch.rand(6, generator=g, dtype=torch.float64) * 10.0 ** -torch.arange(6),
+            torch.tensor([0.5, 0.25, 2.0**-20, 0.999999, 1e-9, 0.0, 3.0], dtype=torch.float64),
+        ]
+    )
+    for real in reals:
+        p = make_requant(real, Requant.MUL_SHIFT, mult_bits)
+        fast = requantize(acc, p, out, Round.HALF_UP)
+        general = requantize(acc, p, out, Round.HALF_UP, stats=QuantStats())
+        assert_bits_equal(fast, general, inputs={"acc": acc})
+    acc2 = acc[: 13 * 300].reshape(300, 13)
+    p = make_requant(reals, Requant.MUL_SHIFT, mult_bits)
+    fast = requantize(acc2, p, out, Round.HALF_UP, axis=1)
+    assert_bits_equal(fast, requantize(acc2, p, out, Round.HALF_UP, axis=1, stats=QuantStats()))
+    some = acc2[:40]
+    want = ref.requantize(some, reals.numpy(), Requant.MUL_SHIFT, out, Round.HALF_UP, 1, mult_bits)
+    assert_bits_equal(fast[:40].to(torch.int64), torch.from_numpy(want))
+
+
+def _reference_finish(acc, xs, ws, bias, so, axis, clamp=None):
+    a = acc.numpy().astype(np.int64)
+    if bias is not None:
+        b = ref.quantize_bias(bias, xs, ws)
+        shape = [1] * a.ndim
+        shape[axis] = -1
+        a = a + b.reshape(shape)
+    a, _ = ref.accumulate(a)
+    real = np.float64(np.float32(xs)) * np.asarray(ws, dtype=np.float32).astype(np.float64)
+    real = real / np.float64(np.float32(so))
+    out = ref.requantize(a, real, Requant.MUL_SHIFT, DType.INT8, Round.HALF_UP, axis)
+    if clamp is not None:
+        out = np.minimum(np.maximum(out, clamp[0]), clamp[1])
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_finish_gemm_fast_form_matches_reference_over_many_chunks(per_channel, seed, monkeypatch):
+    monkeypatch.setattr(finish_mod, "CHUNK_ELEMENTS", 700)  # several channel chunks
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-128, 128, (2, 40, 9, 9), generator=g, dtype=torch.int8)
+    w = torch.randint(-128, 128, (16, 40, 3, 3), generator=g, dtype=torch.int8)
+    if seed == 2:  # adversarial: all operands at the extremes
+        x = torch.full_like(x, -128)
+        w = torch.full_like(w, -128)
+    xs = torch.tensor(0.02)
+    ws = torch.rand(16, generator=g) * 0.01 + 1e-4 if per_channel else torch.tensor(0.004)
+    bias = torch.randn(16, generator=g)
+    so = torch.tensor(0.7 if seed == 2 else 0.05)
+    acc = int_conv2d(x, w, 1, 1)
+    want = _reference_finish(acc, xs, ws, bias, so, 1)
+    general = finish_gemm(acc, xs, ws, bias, so, DType.INT8, J6, 1, stats=GemmStats())
+    assert_bits_equal(general.to(torch.int64), want)
+    bound = 360 * 128 * 128
+    for b in (bound, 1 << 31, None):  # bias in the offset / through the accumulator / measured
+        kept = acc.clone()
+        got = finish_gemm(acc, xs, ws, bias, so, DType.INT8, J6, 1, sum_bound=b)
+        assert_bits_equal(got.to(torch.int64), want)
+        assert_bits_equal(acc, kept)  # reuse_acc=False leaves the sums alone
+    acc32 = int_conv2d(x, w, 1, 1, as_int64=False)
+    assert acc32.dtype == torch.float32
+    got = finish_gemm(acc32, xs, ws, bias, so, DType.INT8, J6, 1, sum_bound=bound, reuse_acc=True)
+    assert_bits_equal(got.to(torch.int64), want)
+    clamped = finish_gemm(acc.clone(), xs, ws, bias, so, DType.INT8, J6, 1, clamp_codes=(0, 50))
+    assert_bits_equal(clamped.to(torch.int64), _reference_finish(acc, xs, ws, bias, so, 1, (0, 50)))
+
+
+def test_finish_gemm_constants_are_keyed_by_value_not_by_object():
+    g = torch.Generator().manual_seed(4)
+    acc = torch.randint(-(1 << 20), 1 << 20, (6, 5), generator=g)
+    bias = torch.randn(5, generator=g)
+    a = finish_gemm(acc, 0.02, torch.full((5,), 0.01), bias, 0.3, DType.INT8, J6, 1)
+    bias.mul_(3.0)  # the same tensor object, new values
+    b = finish_gemm(acc, 0.02, torch.full((5,), 0.01), bias, 0.3, DType.INT8, J6, 1)
+    want = _reference_finish(acc, 0.02, np.full(5, 0.01, np.float32), bias, 0.3, 1)
+    assert_bits_equal(b.to(torch.int64), want)
+    assert not torch.equal(a, b)

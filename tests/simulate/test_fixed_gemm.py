@@ -1,0 +1,223 @@
+"""Fixed-mode GEMMs through the simulator: bit-exact against the integer reference (also for an
+activation used as a per-tensor weight with a bias over many channel chunks), the exactness
+flags pinned inside the kernels and restored, and the start-up self-test honoured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import quantize
+from quantlab.numerics.requant import Requant
+from quantlab.numerics.rounding import Round
+from quantlab.simulate import Mode, Simulator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _ActivationWeight(nn.Module):
+    """sigmoid(linear(x, 2 z, b)): an activation as a per-tensor-scaled weight, with a bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Parameter(torch.linspace(-1.0, 1.0, 64))
+
+    def forward(self, x, z):
+        return torch.sigmoid(F.linear(x, z * 2.0, self.b))
+
+
+def test_activation_weight_with_bias_over_many_channel_chunks_matches_reference():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(8192, 16, generator=g)
+    z = torch.randn(64, 16, generator=g) * 0.3
+    sim = Simulator(_ActivationWeight(), "j6m")
+    sim.calibrate([(x, z)])
+    trace = sim.trace(x, z, mode=Mode.FIXED)
+    ops = sim.ops.set_index("name")
+    lin = next(n for n in trace.order if ops.loc[n, "op_type"] == "linear")
+    mul = next(n for n in trace.order if ops.loc[n, "op_type"] == "mul")
+    rq = sim.qconfig_of(lin)
+    p = sim.platform
+    assert p.requant is Requant.MUL_SHIFT and p.requant_round is Round.HALF_UP
+    xs = sim.act_scale(lin, "in0", DType.INT8, rq)
+    xq = quantize(x, xs, DType.INT8, p.fake_round)
+    w = trace.qinfo[mul]
+    so = sim.act_scale(lin, "out", DType.INT8, rq)
+    got = trace.qinfo[lin].codes.to(torch.int64)
+    acc = ref.int_linear(xq, w.codes) + ref.quantize_bias(sim.model.b.detach(), xs, w.scale)
+    acc, _ = ref.accumulate(acc)
+    real = float(np.float64(np.float32(xs)) * np.float64(np.float32(w.scale)))
+    real /= float(np.float64(np.float32(so)))
+    # every element of the chunk-boundary columns, and a random sample of the rest
+    cols = [0, 31, 32, 33, 63]
+    rows = torch.randint(0, 8192, (3000,), generator=g)
+    idx = [(int(r), c) for r in rows[:60] for c in cols]
+    idx += [(int(r), int(c)) for r, c in zip(rows, torch.randint(0, 64, (3000,), generator=g))]
+    sel = np.array([acc[i, j] for i, j in idx], dtype=np.int64)
+    want = ref.requantize(sel, real, Requant.MUL_SHIFT, DType.INT8, Round.HALF_UP)
+    assert_bits_equal(
+        torch.tensor([int(got[i, j]) for i, j in idx]), torch.from_numpy(want.astype(np.int64))
+    )
+
+
+def _effective(backend: str, op: str) -> str:
+    get = torch._C._get_fp32_precision_getter
+    for b, o in ((backend, op), (backend, "all"), ("generic", "all")):
+        v = get(b, o)
+        if v != "none":
+            return v
+    return "none"
+
+
+def _flags() -> dict:
+    return {
+        "mkldnn_conv": _effective("mkldnn", "conv"),
+        "mkldnn_matmul": _effective("mkldnn", "matmul"),
+        "nnpack": torch._C._get_nnpack_enabled(),
+    }
+
+
+def _settings() -> dict:
+    get = torch._C._get_fp32_precision_getter
+    pairs = (
+        [("generic", "all")]
+        + [("mkldnn", o) for o in ("all", "matmul", "conv", "rnn")]
+        + [("cuda", o) for o in ("all", "matmul", "conv", "rnn")]
+    )
+    out = {f"{b}.{o}": get(b, o) for b, o in pairs}
+    out["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    out["nnpack"] = torch._C._get_nnpack_enabled()
+    out["threads"] = torch.get_num_threads()
+    return out
+
+
+class _FloatGemmRecorder(TorchFunctionMode):
+    """Records the precision flags in force at every float32 conv / matmul it sees."""
+
+    FUNCS = (F.conv1d, F.conv2d, torch.matmul, F.linear, torch.Tensor.matmul)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FUNCS and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args[:2]
+        ):
+            self.seen.append(_flags())
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def user_flags():
+    """A user who asked for reduced-precision float32 kernels (restored after the test)."""
+    before = _settings()
+    prev_mm = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    torch.backends.mkldnn.conv.fp32_precision = "bf16"
+    torch.backends.nnpack.set_flags(True)
+    yield _settings()
+    torch.backends.mkldnn.conv.fp32_precision = before["mkldnn.conv"]
+    torch.set_float32_matmul_precision(prev_mm)
+    torch.backends.mkldnn.matmul.fp32_precision = before["mkldnn.matmul"]
+    torch._C._set_fp32_precision_setter("cuda", "matmul", before["cuda.matmul"])
+    torch.backends.nnpack.set_flags(before["nnpack"])
+    assert _settings() == before
+
+
+def _conv_model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 8, 1),
+        nn.Flatten(),
+        nn.Linear(8 * 6 * 6, 10),
+    )
+
+
+def test_fast_gemm_paths_pin_exact_flags_and_restore_the_users(user_flags):
+    g = torch.Generator().manual_seed(1)
+    sim = Simulator(_conv_model(), "j6m")
+    sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g),)])
+    rec = _FloatGemmRecorder()
+    with rec:
+        sim.run(torch.randn(2, 3, 6, 6, generator=g), mode=Mode.FIXED)
+    assert rec.seen, "no float32 GEMM ran: the fast paths were not exercised"
+    exact = {"mkldnn_conv": ("ieee", "none"), "mkldnn_matmul": ("ieee", "none")}
+    for flags in rec.seen:
+        assert flags["mkldnn_conv"] in exact["mkldnn_conv"], flags
+        assert flags["mkldnn_matmul"] in exact["mkldnn_matmul"], flags
+        assert flags["nnpack"] is False, flags
+    assert _settings() == user_flags
+
+
+SELFTEST_PROBE = r"""
+import dataclasses, json, warnings
+import torch, torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+import quantlab.numerics.selftest as st
+from quantlab.numerics.gemm import GemmPath
+from quantlab.simulate import Mode, Simulator
+
+real = st.run_selftest
+state = {"runs": 0, "inside": False, "float32_convs": 0}
+
+def failing_float32():
+    state["runs"] += 1
+    state["inside"] = True
+    try:
+        cases = real()
+    finally:
+        state["inside"] = False
+    return [dataclasses.replace(c, mismatches=1) if c.path is GemmPath.FLOAT32 else c
+            for c in cases]
+
+st.run_selftest = failing_float32
+
+class Count(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.conv2d and args[0].dtype == torch.float32 and not state["inside"]:
+            state["float32_convs"] += 1
+        return func(*args, **(kwargs or {}))
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+sim = Simulator(model, "j6m")
+sim.calibrate([(torch.randn(1, 3, 8, 8),)])
+with warnings.catch_warnings(record=True) as caught, Count():
+    warnings.simplefilter("always")
+    y = sim.run(torch.randn(1, 3, 8, 8), mode=Mode.FIXED)
+state["warned"] = any("self-test" in str(w.message) for w in caught)
+state.pop("inside")
+print(json.dumps(state))
+"""
+
+
+def test_fast_conv_path_runs_the_selftest_and_avoids_a_path_it_disabled():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", SELFTEST_PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state == {"runs": 1, "float32_convs": 0, "warned": True}, out.stderr[-2000:]
