@@ -114,18 +114,19 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
 
 @experiment(OnnxFidelityExp, "onnx_fidelity")
 def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
+    from tqdm import tqdm
+
     from quantlab.analysis.onnx_fidelity import float_islands, measure
     from quantlab.data import load_data
     from quantlab.models import build_model
-    from quantlab.progress import progress
     from quantlab.simulate import Simulator
 
     rows, other_rows, per_ops, islands = [], [], [], []
-    for name in progress(exp.models, "models"):
+    for name in tqdm(exp.models, desc="onnx fidelity", disable=not ctx.progress):
         bundle = build_model(name, seed=ctx.seed or 0)
         data = load_data(bundle.default_data, bundle.name)
         sim = Simulator(bundle.module, ctx.platform)
-        sim.calibrate(data.calib)
+        sim.calibrate(data.calib, ctx.progress)
         batch = merge_items(data.eval, exp.max_eval_items)
         items = int(batch[0].shape[0])
         base = {"model": name, "data": data.name, "items": items}

@@ -1,13 +1,13 @@
-"""The one place the exporter reads the Simulator's internals: one fixed-mode run, recorded.
+"""The one place the exporter reads a Simulator's run: one fixed-mode run, recorded.
 
-``record_run(sim, inputs)`` runs ``sim.trace(*inputs, mode=FIXED)`` and records, for every
-captured op in execution order, the call itself (function, arguments with every tensor replaced
-by a reference to where it came from: a graph input, an earlier op's output, or a constant), the
-Simulator's argument plan (which arguments are activations, weight, bias), its resolved qconfig,
-and the quantization of each activation input as the fixed run applied it. Calls that quantlab
-does not capture because no float tensor enters them (``mask[:, None].to(float32)`` on an
-integer model input) are recorded too when they read a graph input, so the exported graph can
-recompute them.
+``record_run(sim, inputs)`` runs ``sim.trace(*inputs, mode=FIXED, on_call=...)`` and records,
+for every captured op in execution order, the call itself (function, arguments with every
+tensor replaced by a reference to where it came from: a graph input, an earlier op's output, or
+a constant), the Simulator's argument plan (which arguments are activations, weight, bias), its
+resolved qconfig, and the quantization of each activation input as the fixed run applied it.
+Calls that quantlab does not capture because no float tensor enters them
+(``mask[:, None].to(float32)`` on an integer model input) are recorded too when they read a
+graph input, so the exported graph can recompute them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from quantlab.capture import OpCategory, classify
 from quantlab.simulate import args as sim_args
-from quantlab.simulate import calls as sim_calls
-from quantlab.simulate.modes import Mode
+from quantlab.simulate.modes import Mode, ObservedCall
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,7 @@ class RecordedOp:
     in_float: list = field(default_factory=list)  # whether acts[i] is a float tensor
     weight_codes: Tensor | None = None
     weight_scale: Tensor | None = None
+    bounds: tuple | None = None  # (lo, hi) of a relu6 / clamp with constant bounds
 
 
 @dataclass
@@ -171,10 +171,11 @@ class _Recorder:
         op.outputs = self.refs.produce(name, out)
         self.ops.append(op)
 
-    def handle(self, original, call):
+    def observe(self, seen: ObservedCall) -> None:
+        """Record one captured call the fixed run computed (``Simulator.trace(on_call=...)``)."""
         self.handled += 1
+        call, plan = seen.call, seen.plan
         a, k = self.refs.refs_of(call.args, call.kwargs)
-        plan = sim_args.plan(call) if call.category is not None else None
         in_vals = [sim_args.get(call.args, call.kwargs, s) for s in plan.acts] if plan else []
         op = RecordedOp(
             call.name,
@@ -188,29 +189,24 @@ class _Recorder:
             acts=list(plan.acts) if plan else [],
             weight=plan.weight if plan else None,
             bias=plan.bias if plan else None,
+            bounds=seen.bounds,
         )
-        op.in_quant = [self._incoming(v) for v in in_vals]
+        op.in_quant = [_quant_of(info) for info in seen.incoming]
         op.in_float = [sim_args.is_float_tensor(v) for v in in_vals]
-        out = original(call)
-        op.outputs = self.refs.produce(call.name, out)
+        op.outputs = self.refs.produce(call.name, seen.output)
         self.ops.append(op)
-        return out
 
-    def _incoming(self, v):
-        """The quantization a tensor argument carries when it reaches the op (None: float)."""
-        if not isinstance(v, Tensor) or not v.is_floating_point():
-            return None
-        st = self.sim._state
-        info = st.qt.get(v) if st is not None else None
-        if info is None or not info.dtype.is_int:
-            return None
-        return Quant(info.dtype, info.scale)
+
+def _quant_of(info) -> Quant | None:
+    """The integer quantization a QInfo describes (None: float or no information)."""
+    if info is None or not info.dtype.is_int or info.scale is None:
+        return None
+    return Quant(info.dtype, info.scale)
 
 
 def record_run(sim, inputs: tuple) -> RecordedRun:
     """Run ``sim`` once in fixed mode on ``inputs`` and record every call (see module doc)."""
     rec = _Recorder(sim, inputs)
-    original = sim._handle
     aux = _AuxMode(rec)
     root = sim.model
 
@@ -222,11 +218,9 @@ def record_run(sim, inputs: tuple) -> RecordedRun:
 
     h1 = root.register_forward_pre_hook(pre)
     h2 = root.register_forward_hook(post, always_call=True)
-    sim._handle = lambda call: rec.handle(original, call)
     try:
-        trace = sim.trace(*inputs, mode=Mode.FIXED)
+        trace = sim.trace(*inputs, mode=Mode.FIXED, on_call=rec.observe)
     finally:
-        del sim._handle
         h1.remove()
         h2.remove()
     ops_table = sim.ops.set_index("name")
@@ -276,32 +270,6 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
             op.weight_codes, op.weight_scale = sim.weight_q(op.name, w.value, rq.weight_dtype, True)
 
 
-def fused_clamp_bounds(op: RecordedOp) -> tuple:
-    """(lo, hi) of a relu6 / clamp call (None for an open side)."""
-    return sim_calls.post_params(_FakeCall(op))
-
-
-@dataclass
-class _FakeCall:
-    """What ``calls.post_params`` reads of a call (op_type, func name, args, kwargs)."""
-
-    op: RecordedOp
-
-    @property
-    def op_type(self):
-        return self.op.op_type
-
-    @property
-    def func(self):
-        class F:
-            __name__ = self.op.func_name
-
-        return F
-
-    @property
-    def args(self):
-        return self.op.args
-
-    @property
-    def kwargs(self):
-        return self.op.kwargs
+def fused_clamp_bounds(op: RecordedOp) -> tuple | None:
+    """(lo, hi) of a relu6 / clamp call (None for an open side); None for any other op."""
+    return op.bounds

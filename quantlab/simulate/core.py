@@ -35,7 +35,7 @@ from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch, _RunState
-from quantlab.simulate.modes import Mode, OpMode, Trace, View
+from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ActivationObserver
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
@@ -106,9 +106,18 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         st = self._new_state(mode, op_modes, replay)
         return self._forward(inputs, st)
 
-    def trace(self, *inputs: Any, mode: Mode | str = Mode.FIXED, _isolate: Trace | None = None):
-        """Run once in ``mode`` and record every captured op's output."""
+    def trace(
+        self,
+        *inputs: Any,
+        mode: Mode | str = Mode.FIXED,
+        on_call: CallObserver | None = None,
+        _isolate: Trace | None = None,
+    ):
+        """Run once in ``mode`` and record every captured op's output; ``on_call``, when given,
+        is told of every captured call after it ran (an ``ObservedCall``: the call, the
+        quantization its activation inputs arrived with, its output), in execution order."""
         st = self._new_state(mode, None, None)
+        st.on_call = on_call
         st.trace = Trace(Mode.parse(mode))
         st.isolate = _isolate
         st.trace.result = self._forward(inputs, st)
