@@ -28,11 +28,14 @@ class AddRule(enum.Enum):
     """How two quantized tensors with different scales are added.
 
     RESCALE_FLOAT: dequantize both, add in float, requantize (ONNX Runtime QLinearAdd style).
+    RESCALE_FLOAT_FMA: ONNX Runtime's QLinearAdd (MLAS) as it runs: the x term fused into one
+                   multiply-add, codes held with ``qlinear_zero_point`` (numerics.qlinear).
     INTER_SCALE:   the J6 plugin rule: inter = max(sx, sy) / 2**add_inter_shift,
                    x*round(sx/inter) + y*round(sy/inter) in int32, then requantize (s.7, assumed).
     """
 
     RESCALE_FLOAT = "rescale_float"
+    RESCALE_FLOAT_FMA = "rescale_float_fma"
     INTER_SCALE = "inter_scale"
 
 
@@ -60,6 +63,13 @@ class PlatformConfig:
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
+    # the code a relu6 / clamp bound becomes: false: rne(bound / scale) in float64 (assumed for
+    # J6); true: rne(fl32(fl32(bound) / scale)), a float32 Clip between DequantizeLinear and
+    # QuantizeLinear (ONNX Runtime runs a QDQ Clip so)
+    clamp_bound_float32: bool = False
+    # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
+    # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)
+    qlinear_zero_point: int = 0
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
@@ -104,6 +114,7 @@ class PlatformConfig:
         _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
         _check_choice("platform.accumulator", self.accumulator, (DType.INT32,))
+        _check_choice("platform.qlinear_zero_point", self.qlinear_zero_point, (0, 128))
         if not 0 <= self.add_inter_shift <= 30:
             raise ValueError(
                 f"platform.add_inter_shift must be in [0, 30], got {self.add_inter_shift}"

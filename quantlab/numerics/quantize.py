@@ -19,6 +19,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -326,11 +327,24 @@ def constant_codes(c: float, dtype: DType = CONSTANT_DTYPE) -> tuple[Tensor, Ten
 
 
 def bound_codes(
-    lo: float | None, hi: float | None, scale: Tensor | float, dtype: DType
+    lo: float | None,
+    hi: float | None,
+    scale: Tensor | float,
+    dtype: DType,
+    quotient_float32: bool = False,
 ) -> tuple[int, int]:
     """The code range a clamp to [lo, hi] (None: open) becomes at ``scale``: each bound
-    round_half_even(bound / scale) in float64, intersected with ``dtype``'s range."""
+    round_half_even(bound / scale), the quotient in float64, or with ``quotient_float32``
+    fl32(fl32(bound) / scale) (a float32 Clip before a QuantizeLinear at ``scale``),
+    intersected with ``dtype``'s range."""
     s = float(check_scale(scale, "scale"))
-    lo_c = dtype.qmin if lo is None else max(dtype.qmin, round_scalar(float(lo) / s))
-    hi_c = dtype.qmax if hi is None else min(dtype.qmax, round_scalar(float(hi) / s))
+
+    def code(b: float) -> int:
+        if quotient_float32:
+            q = np.float32(np.float32(b) / np.float32(s))
+            return round_scalar(float(q))
+        return round_scalar(float(b) / s)
+
+    lo_c = dtype.qmin if lo is None else max(dtype.qmin, code(float(lo)))
+    hi_c = dtype.qmax if hi is None else min(dtype.qmax, code(float(hi)))
     return lo_c, hi_c

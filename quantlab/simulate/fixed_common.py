@@ -65,13 +65,14 @@ def operand(args, kwargs, slot, info):
     return None
 
 
-def clamp_output(res: tuple, bounds: tuple) -> tuple:
+def clamp_output(res: tuple, bounds: tuple, quotient_float32: bool = False) -> tuple:
     """Apply a fused relu6/clamp to a GEMM result: on the output codes, at the bounds rounded
-    half to even to output codes (the clamp a fused conv-relu6 does after requantization)."""
+    half to even to output codes (the clamp a fused conv-relu6 does after requantization;
+    ``quotient_float32``: see ``bound_codes``)."""
     value, info = res
     lo, hi = bounds
     if info is None or not info.dtype.is_int or info.codes is None:
         return torch.clamp(value, lo, hi), info
-    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype)
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, quotient_float32)
     codes = info.codes.to(torch.int64).clamp_min(lo_c).clamp_max(hi_c)
     return emit(codes, info.scale, info.dtype)

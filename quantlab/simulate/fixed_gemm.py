@@ -77,7 +77,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         bias = None
     ccodes = None
     if clamp is not None and out_scale is not None:
-        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt)
+        ccodes = bound_codes(clamp[0], clamp[1], out_scale, out_dt, p.clamp_bound_float32)
     contract = p.gemm_contract()
     gemm.check_gemm_operands(xc, wc, contract)
     if call.op_type in ("conv1d", "conv2d"):
@@ -178,4 +178,4 @@ def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
             return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
         return res, None
     out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
-    return fc.clamp_output(out, clamp) if clamp is not None else out
+    return fc.clamp_output(out, clamp, p.clamp_bound_float32) if clamp is not None else out

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory
+from quantlab.numerics.qlinear import qlinear_add
 from quantlab.numerics.quantize import bound_codes
 from quantlab.numerics.requant import (
     add_float_rescale,
@@ -107,6 +108,8 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
             p.add_inter_shift,
             p.requant_mult_bits,
         )
+    elif p.add_rule is AddRule.RESCALE_FLOAT_FMA:
+        codes = qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point)
     else:
         codes = add_float_rescale(xc, xs, yc, ys, so, out, p.requant_round)
     return fc.emit(codes, so, out)
@@ -167,7 +170,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):
             return None
     # bounds in input codes (round half to even of the bound / scale), then requantize
-    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype)
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, sim.platform.clamp_bound_float32)
     xc = xc.clamp_min(lo_c).clamp_max(hi_c)
     return fc.emit(fc.requant(sim, xc, fc.ratio(sim, info.scale, so), out), so, out)
 

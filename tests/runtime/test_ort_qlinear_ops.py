@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.qlinear import qlinear_add as profile_qlinear_add
 
 pytest.importorskip("onnxruntime")
 from ort_qlinear_ops import (  # noqa: E402
@@ -65,3 +69,32 @@ def test_qlinear_global_average_pool_oracle_matches_onnxruntime():
         got = run_qlinear_global_average_pool(x, sx, z, sy, zy)
         want = qlinear_global_average_pool(x, sx, z, sy, zy)
         assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
+
+
+@pytest.mark.parametrize("zero_point", [0, 128])
+def test_profile_add_rule_matches_onnxruntime(zero_point):
+    """numerics.qlinear.qlinear_add (the onnxruntime profile's RESCALE_FLOAT_FMA add) on
+    symmetric int8 codes equals onnxruntime's QLinearAdd on those codes held with zero point 0
+    (int8) or 128 (uint8)."""
+    rng = np.random.default_rng(40 + zero_point)
+    dt = np.int8 if zero_point == 0 else np.uint8
+    for seed in range(60):
+        a = rng.integers(-128, 128, (4, 64)).astype(np.int8)
+        b = rng.integers(-128, 128, (4, 64)).astype(np.int8)
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        if seed % 6 == 0:
+            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0**-5)
+        sc = F32((sa + sb) * rng.uniform(0.3, 1.5))
+        held = [(v.astype(np.int16) + zero_point).astype(dt) for v in (a, b)]
+        ort = run_qlinear_add(held[0], sa, zero_point, held[1], sb, zero_point, sc, zero_point)
+        got = profile_qlinear_add(
+            torch.from_numpy(a),
+            float(sa),
+            torch.from_numpy(b),
+            float(sb),
+            float(sc),
+            DType.INT8,
+            zero_point,
+        )
+        want = ort.astype(np.int16) - zero_point
+        assert np.array_equal(got.numpy().astype(np.int16), want), f"case {seed}"
