@@ -10,7 +10,7 @@ for it. Rows of the main table: one per model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
@@ -112,11 +112,24 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
     return out
 
 
+def _measure(sim, batch: tuple, ctx: RunContext, name: str, enc: ActivationEncoding):
+    """``analysis.onnx_fidelity.measure`` with the profile's QLinear zero point set to the one
+    the export holds int8 activations with (the profile's add arithmetic depends on it)."""
+    from quantlab.analysis.onnx_fidelity import measure
+
+    profile = sim.platform
+    sim.platform = replace(profile, qlinear_zero_point=enc.int8_zero_point)
+    try:
+        return measure(sim, batch, ctx.output_dir, f"{name}_{enc.value}", enc)
+    finally:
+        sim.platform = profile
+
+
 @experiment(OnnxFidelityExp, "onnx_fidelity")
 def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
     from tqdm import tqdm
 
-    from quantlab.analysis.onnx_fidelity import float_islands, measure
+    from quantlab.analysis.onnx_fidelity import float_islands
     from quantlab.data import load_data
     from quantlab.models import build_model
     from quantlab.simulate import Simulator
@@ -130,12 +143,12 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
         batch = merge_items(data.eval, exp.max_eval_items)
         items = int(batch[0].shape[0])
         base = {"model": name, "data": data.name, "items": items}
-        fid = measure(sim, batch, ctx.output_dir, f"{name}_{exp.encoding.value}", exp.encoding)
+        fid = _measure(sim, batch, ctx, name, exp.encoding)
         rows.append({**base, **fid.summary})
         per_ops.append(fid.per_op.assign(model=name))
         islands.append(float_islands(fid.per_op).assign(model=name))
         for enc in exp.other_encodings:
-            o = measure(sim, batch, ctx.output_dir, f"{name}_{enc.value}", enc)
+            o = _measure(sim, batch, ctx, name, enc)
             other_rows.append(
                 {
                     **base,

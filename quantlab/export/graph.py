@@ -41,6 +41,12 @@ class ActivationEncoding(enum.Enum):
     SIGNED = "signed"
     UNSIGNED_OFFSET = "unsigned_offset"
 
+    @property
+    def int8_zero_point(self) -> int:
+        """The zero point int8 activations carry in the graph (the runtime's kernels hold
+        their codes with it: ``PlatformConfig.qlinear_zero_point``)."""
+        return 128 if self is ActivationEncoding.UNSIGNED_OFFSET else 0
+
 
 class UnsupportedOpError(ValueError):
     """An op the ONNX QDQ exporter cannot write (the message names it and lists what is)."""

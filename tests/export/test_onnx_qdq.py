@@ -153,3 +153,37 @@ def test_integer_inputs_reach_the_graph_through_uncaptured_calls(tmp_path):
     other = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
     (y,) = R.run(sess, info.input_names, (x, other))
     assert np.array_equal(y, sim.run(x, other, mode=Mode.FIXED).numpy())
+
+
+class _DeadChannelConv(nn.Module):
+    """A conv whose channel 1 has near-zero weights and a large negative bias: its int32 bias
+    code saturates at -2**31 and the products push the sum past it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3, padding=1)
+        with torch.no_grad():
+            self.conv.weight[1].fill_(-2e-6)
+            self.conv.bias[1] = -6.0
+
+    def forward(self, x):
+        return F.max_pool2d(F.relu6(self.conv(x)), 2)
+
+
+def test_int32_accumulator_wraps_as_onnxruntime_does(tmp_path):
+    """onnxruntime adds a saturated int32 bias and the products in two's complement: the
+    onnxruntime profile (accumulator_overflow WRAP) matches it; a saturating accumulator does
+    not."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 8, 8)
+    sim = Simulator(_DeadChannelConv().eval(), "onnxruntime")
+    sim.calibrate([(x,)], progress=False)
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", (x,))
+    (y,) = R.run(R.session(info.path), info.input_names, (x,))
+    assert np.array_equal(y, sim.run(x, mode=Mode.FIXED).numpy())
+    from dataclasses import replace
+
+    from quantlab.numerics.accumulator import Overflow
+
+    sim.platform = replace(sim.platform, accumulator_overflow=Overflow.SATURATE)
+    assert not np.array_equal(y, sim.run(x, mode=Mode.FIXED).numpy())
