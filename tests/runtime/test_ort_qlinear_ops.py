@@ -12,7 +12,8 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.qlinear import qlinear_add as profile_qlinear_add
 
-pytest.importorskip("onnxruntime")
+ort = pytest.importorskip("onnxruntime")
+from onnx import numpy_helper  # noqa: E402
 from ort_qlinear_ops import (  # noqa: E402
     F32,
     qlinear_add,
@@ -98,3 +99,47 @@ def test_profile_add_rule_matches_onnxruntime(zero_point):
         )
         want = ort.astype(np.int16) - zero_point
         assert np.array_equal(got.numpy().astype(np.int16), want), f"case {seed}"
+
+
+def test_clip_bound_codes_in_float32_match_onnxruntime():
+    """A QDQ Clip (DequantizeLinear -> Clip -> QuantizeLinear at one scale) in onnxruntime gives
+    the bound codes ``bound_codes(..., quotient_float32=True)`` gives; at scale fl32(2/51) the
+    bound 1.0 is a float32 tie (25.5 -> 26) that the float64 quotient misses (25.4999 -> 25)."""
+    from onnx import TensorProto, helper
+
+    from quantlab.numerics.quantize import bound_codes
+
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["f"]),
+        helper.make_node("Clip", ["f", "lo"], ["c"]),
+        helper.make_node("QuantizeLinear", ["c", "s", "z"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "clip",
+        [
+            helper.make_tensor_value_info("x", TensorProto.INT8, [256]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("lo", TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [256])],
+        [numpy_helper.from_array(np.asarray(0, np.int8), "z")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    scales = [F32(2.0 / 51.0)] + [F32(v) for v in rng.uniform(1e-3, 0.1, 40)]
+    bounds = [1.0, 0.25, 6.0, -0.5] + [float(v) for v in rng.uniform(-3, 3, 40)]
+    x = np.arange(-128, 128, dtype=np.int8)
+    for s in scales:
+        for lo in bounds:
+            feed = {"x": x, "s": np.asarray(s, F32), "lo": np.asarray(lo, F32)}
+            (y,) = sess.run(None, feed)
+            lo_c, hi_c = bound_codes(lo, None, float(s), DType.INT8, quotient_float32=True)
+            want = np.clip(x.astype(np.int64), lo_c, hi_c)
+            assert np.array_equal(y.astype(np.int64), want), f"scale {s}, bound {lo}"
+    assert bound_codes(1.0, None, float(scales[0]), DType.INT8, True)[0] == 26
+    assert bound_codes(1.0, None, float(scales[0]), DType.INT8)[0] == 25
