@@ -47,6 +47,14 @@ class ActivationEncoding(enum.Enum):
         their codes with it: ``PlatformConfig.qlinear_zero_point``)."""
         return 128 if self is ActivationEncoding.UNSIGNED_OFFSET else 0
 
+    @classmethod
+    def of_zero_point(cls, zero_point: int) -> ActivationEncoding:
+        """The encoding whose int8 activations carry ``zero_point`` (0 or 128)."""
+        for e in cls:
+            if e.int8_zero_point == zero_point:
+                return e
+        raise ValueError(f"no activation encoding has zero point {zero_point}; allowed: 0, 128")
+
 
 class UnsupportedOpError(ValueError):
     """An op the ONNX QDQ exporter cannot write (the message names it and lists what is)."""

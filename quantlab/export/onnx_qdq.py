@@ -197,18 +197,21 @@ def to_onnx_qdq(
     path,
     example_inputs,
     probe: bool = False,
-    encoding: ActivationEncoding = ActivationEncoding.SIGNED,
+    encoding: ActivationEncoding | None = None,
 ) -> QDQExport:
     """Write ``sim``'s calibrated model as ONNX QDQ to ``path`` (atomically) after
     ``onnx.checker`` (full check); returns the names of its inputs, outputs and op tensors.
 
     ``example_inputs``: a tuple of the model's inputs (their shapes become the graph's).
     ``probe``: every op's output tensor is also a graph output. ``encoding``: how int8
-    activations are written (ActivationEncoding).
+    activations are written (ActivationEncoding); None: the one the Simulator's profile
+    computes with (``platform.qlinear_zero_point`` 128: UNSIGNED_OFFSET, 0: SIGNED).
     Raises UnsupportedOpError naming an op without an ONNX form and listing SUPPORTED_OPS.
     """
     if isinstance(example_inputs, Tensor):
         example_inputs = (example_inputs,)
+    if encoding is None:
+        encoding = ActivationEncoding.of_zero_point(sim.platform.qlinear_zero_point)
     model, info = build_model(sim, example_inputs, probe, encoding)
     onnx.checker.check_model(model, full_check=True)
     path = Path(path)

@@ -38,7 +38,7 @@ def _small_cnn(platform="onnxruntime", qconfig=None):
 def small_cnn_export(tmp_path_factory):
     sim, x = _small_cnn()
     path = tmp_path_factory.mktemp("qdq") / "small_cnn.onnx"
-    info = to_onnx_qdq(sim, path, x)
+    info = to_onnx_qdq(sim, path, x, encoding=ActivationEncoding.SIGNED)
     return sim, x, info
 
 
@@ -87,6 +87,18 @@ def test_exported_scales_equal_the_simulators(small_cnn_export):
         assert np.array_equal(inits[f"{name}/bias"], bias.astype(np.int32))
         checked += 1
     assert checked == 6
+
+
+def test_default_encoding_is_the_profiles(tmp_path):
+    """Without an encoding the export holds int8 activations with the zero point the profile
+    computes with: uint8 / 128 for onnxruntime, int8 / 0 for j6m."""
+    for platform, dtype, zp in (("onnxruntime", np.uint8, 128), ("j6m", np.int8, 0)):
+        sim, x = _small_cnn(platform)
+        info = to_onnx_qdq(sim, tmp_path / f"{platform}.onnx", x)
+        model = onnx.load(str(info.path))
+        q = _node_feeding(model, info.op_tensors["conv1:conv2d#0"])
+        z = _inits(model)[q.input[2]]
+        assert z.dtype == dtype and int(z) == zp
 
 
 def test_j6m_int8_int16_mix_passes_checker_and_runs(tmp_path):
