@@ -28,8 +28,8 @@ class AddRule(enum.Enum):
     """How two quantized tensors with different scales are added.
 
     RESCALE_FLOAT: dequantize both, add in float, requantize (ONNX Runtime QLinearAdd style).
-    RESCALE_FLOAT_FMA: ONNX Runtime's QLinearAdd (MLAS) as it runs: the x term fused into one
-                   multiply-add, codes held with ``qlinear_zero_point`` (numerics.qlinear).
+    RESCALE_FLOAT_FMA: ONNX Runtime's QLinearAdd (MLAS) as it runs: two fused multiply-adds,
+                   codes held with ``qlinear_zero_point`` (numerics.qlinear).
     INTER_SCALE:   the J6 plugin rule: inter = max(sx, sy) / 2**add_inter_shift,
                    x*round(sx/inter) + y*round(sy/inter) in int32, then requantize (s.7, assumed).
     """

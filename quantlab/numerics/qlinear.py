@@ -3,8 +3,8 @@ DequantizeLinear -> Add -> QuantizeLinear is fused into.
 
 MLAS (``qladd.cpp``, ``qladd_avx2.cpp``) forms r_a = fl32(sa/sc), r_b = fl32(sb/sc) and a
 constant fixed = fl32(zc - fl32(fl32(r_a * za) + fl32(r_b * zb))), then per element
-c = saturate(rne(fma(a, r_a, fl32(fl32(b * r_b) + fixed)))): the ``a`` term is one fused
-multiply-add (a single rounding of a * r_a + the rest). quantlab's codes are symmetric
+c = saturate(rne(fma(a, r_a, fma(b, r_b, fixed)))): two fused multiply-adds, each one rounding
+(with zero points 0 the inner one is fl32(b * r_b)). quantlab's codes are symmetric
 (zero point 0); a runtime holding them as uint8 with zero point z sees a + z, b + z and
 returns c + z, which changes ``fixed`` and so the bits. Pure functions on integer tensors.
 """
@@ -65,7 +65,7 @@ def qlinear_add(
     """Output codes (``out``'s torch dtype) of ONNX Runtime's QLinearAdd on symmetric codes
     ``x``, ``y`` (integer tensors, broadcasting) held by the runtime with ``zero_point`` on
     both inputs and the output (0: int8; 128: uint8): the MLAS formula of the module doc,
-    every step one IEEE float32 operation, the ``x`` term fused, ties to even, saturated to
+    every step one IEEE float32 operation or fused multiply-add, ties to even, saturated to
     ``out``."""
     if x.is_floating_point() or y.is_floating_point():
         raise TypeError(f"x and y must hold integer codes, got {x.dtype} and {y.dtype}")
@@ -75,7 +75,7 @@ def qlinear_add(
     z = torch.tensor(float(zero_point), dtype=torch.float32)
     fixed = z - (ra * z + rb * z)
     xa, yb = torch.broadcast_tensors(x, y)
-    rest = yb.to(torch.float32).add(float(zero_point)) * rb + fixed
+    rest = fma_float32(yb.to(torch.float32).add(float(zero_point)), rb, fixed)
     v = fma_float32(xa.to(torch.float32).add(float(zero_point)), ra, rest)
     r = round_float(v, Round.HALF_EVEN) - float(zero_point)
     return r.clamp(out.qmin, out.qmax).to(out.torch_dtype)

@@ -76,12 +76,14 @@ def test_qlinear_global_average_pool_oracle_matches_onnxruntime():
 def test_profile_add_rule_matches_onnxruntime(zero_point):
     """numerics.qlinear.qlinear_add (the onnxruntime profile's RESCALE_FLOAT_FMA add) on
     symmetric int8 codes equals onnxruntime's QLinearAdd on those codes held with zero point 0
-    (int8) or 128 (uint8)."""
+    (int8) or 128 (uint8), on 1.2 million uint8 adds (the two fused multiply-adds of the
+    uint8 kernel differ from a rounded inner product plus the constant about once in 400,000)."""
     rng = np.random.default_rng(40 + zero_point)
     dt = np.int8 if zero_point == 0 else np.uint8
-    for seed in range(60):
-        a = rng.integers(-128, 128, (4, 64)).astype(np.int8)
-        b = rng.integers(-128, 128, (4, 64)).astype(np.int8)
+    shape = (1, 40000) if zero_point else (4, 500)  # the rare case needs the uint8 kernel
+    for seed in range(30):
+        a = rng.integers(-128, 128, shape).astype(np.int8)
+        b = rng.integers(-128, 128, shape).astype(np.int8)
         sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
         if seed % 6 == 0:
             sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0**-5)

@@ -1,5 +1,5 @@
 """Reference of ONNX Runtime's QLinearAdd (``quantlab.numerics.qlinear``): the float32 steps
-MLAS takes in numpy float32 scalars, the fused multiply-add as an exact rational rounded once
+MLAS takes in numpy float32 scalars, each fused multiply-add as an exact rational rounded once
 to float32, rounding with Fractions, element by element."""
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def qlinear_add(x, x_scale, y, y_scale, out_scale, out: DType, zero_point: int =
     xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
     res = []
     for a, b in zip(xa.ravel(), ya.ravel()):
-        rest = F32(F32(F32(int(b) + zero_point) * rb) + fixed)
-        exact = Fraction(int(a) + zero_point) * Fraction(float(ra)) + Fraction(float(rest))
+        inner = Fraction(int(b) + zero_point) * Fraction(float(rb)) + Fraction(float(fixed))
+        rest = round_to_float32(inner)
+        exact = Fraction(int(a) + zero_point) * Fraction(float(ra)) + Fraction(rest)
         c = round_fraction(Fraction(round_to_float32(exact)), Round.HALF_EVEN) - zero_point
         res.append(min(max(c, out.qmin), out.qmax))
     return np.array(res, dtype=np.int64).reshape(xa.shape)
