@@ -54,6 +54,8 @@ class AddRule(enum.Enum):
     """How two quantized tensors with different scales are added.
 
     RESCALE_FLOAT: dequantize both, add in float, requantize (ONNX Runtime QLinearAdd style).
+    RESCALE_FLOAT_FMA: ONNX Runtime's QLinearAdd (MLAS) as it runs: two fused multiply-adds,
+                   codes held with ``qlinear_zero_point`` (numerics.fma_add).
     INTER_SCALE:   the J6 plugin rule: inter = max(sx, sy) / 2**add_inter_shift,
                    x*round(sx/inter) + y*round(sy/inter) in int32, then requantize (s.7, assumed).
     LEFT_SHIFT:    TFLite's reference ADD: operands scaled up by 2**add_left_shift (int8) or
@@ -64,6 +66,7 @@ class AddRule(enum.Enum):
     """
 
     RESCALE_FLOAT = "rescale_float"
+    RESCALE_FLOAT_FMA = "rescale_float_fma"
     INTER_SCALE = "inter_scale"
     LEFT_SHIFT = "left_shift"
     SHARED_SHIFT = "shared_shift"
@@ -103,6 +106,9 @@ class PlatformConfig:
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
+    # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
+    # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)
+    qlinear_zero_point: int = 0
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
     add_left_shift_int16: int = 15  # LEFT_SHIFT, int16 operands (TFLite: 15)
@@ -176,6 +182,7 @@ class PlatformConfig:
         _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
         _check_choice("platform.accumulator", self.accumulator, ACCUMULATORS)
+        _check_choice("platform.qlinear_zero_point", self.qlinear_zero_point, (0, 128))
         for name in ("add_inter_shift", "add_left_shift", "add_left_shift_int16"):
             if not 0 <= getattr(self, name) <= 30:
                 raise ValueError(f"platform.{name} must be in [0, 30], got {getattr(self, name)}")

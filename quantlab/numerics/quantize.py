@@ -394,12 +394,15 @@ class BoundRule(enum.Enum):
                                 ``CalculateActivationRangeQuantized``).
     FLOAT32_ZERO_POINT_HALF_EVEN: lrintf(fl32(fl32(f / s) + zp)), ties to even (XNNPACK
                                 ``xnn_qs8_quantize``).
+    FLOAT32_HALF_EVEN:          zp + round_half_even(fl32(fl32(f) / s)) (a float32 Clip between
+                                DequantizeLinear and QuantizeLinear, as ONNX Runtime runs it).
     Every rule then intersects the bound with the dtype's code range.
     """
 
     FLOAT64_HALF_EVEN = "float64_half_even"
     FLOAT32_HALF_AWAY = "float32_half_away"
     FLOAT32_ZERO_POINT_HALF_EVEN = "float32_zero_point_half_even"
+    FLOAT32_HALF_EVEN = "float32_half_even"
 
 
 def _bound_code(f: float, s: float, zp: int, rule: BoundRule) -> int:
@@ -409,6 +412,8 @@ def _bound_code(f: float, s: float, zp: int, rule: BoundRule) -> int:
     big = float(1 << 31)  # beyond every code range: the clamp to the dtype decides
     if rule is BoundRule.FLOAT32_HALF_AWAY:
         return zp + int(round_float(q, Round.HALF_AWAY).clamp(-big, big))
+    if rule is BoundRule.FLOAT32_HALF_EVEN:
+        return zp + int(round_float(q, Round.HALF_EVEN).clamp(-big, big))
     if rule is BoundRule.FLOAT32_ZERO_POINT_HALF_EVEN:
         v = q + torch.tensor(float(zp), dtype=torch.float32)
         return int(round_float(v, Round.HALF_EVEN).clamp(-big, big))

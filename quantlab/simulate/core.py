@@ -35,7 +35,7 @@ from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch, _RunState
-from quantlab.simulate.modes import Mode, OpMode, Trace, View
+from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
@@ -145,11 +145,15 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         mode: Mode | str = Mode.FIXED,
         op_modes: Mapping[str, OpMode] | None = None,
         replay: Trace | None = None,
+        on_call: CallObserver | None = None,
         _isolate: Trace | None = None,
     ):
         """Run once in ``mode`` (per-op overrides and replay as in ``run``) and record every
-        captured op's output."""
+        captured op's output; ``on_call``, when given, is told of every captured call after it
+        ran (an ``ObservedCall``: the call, the quantization its activation inputs arrived
+        with, its output), in execution order."""
         st = self._new_state(mode, op_modes, replay)
+        st.on_call = on_call
         st.trace = Trace(Mode.parse(mode))
         st.isolate = _isolate
         st.trace.result = self._forward(inputs, st)

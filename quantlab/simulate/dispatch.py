@@ -22,7 +22,7 @@ from quantlab.numerics.quantize import dequantize, fake_cast, quantize
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
-from quantlab.simulate.modes import Mode, OpMode, Trace
+from quantlab.simulate.modes import CallObserver, Mode, ObservedCall, OpMode, Trace
 from quantlab.simulate.qat import fake_grid
 from quantlab.simulate.qtensor import QInfo, QTable
 
@@ -42,6 +42,7 @@ class _RunState:
     infos: dict = field(default_factory=dict)
     float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
     fused_done: set = field(default_factory=set)  # GEMMs that ran with their fused chain
+    on_call: CallObserver | None = None  # told of every call after it ran (trace(on_call=))
 
 
 class OpDispatch:
@@ -50,6 +51,17 @@ class OpDispatch:
     def _handle(self, call: OpCall) -> Any:
         st = self._state
         assert st is not None
+        if st.on_call is None:
+            return self._dispatch(call, st)
+        plan = A.plan(call) if call.category is not None else None
+        acts = [A.get(call.args, call.kwargs, s) for s in plan.acts] if plan else []
+        incoming = [st.qt.get(v) for v in acts]
+        out = self._dispatch(call, st)
+        bounds = calls.post_params(call) if call.op_type in ("relu6", "clamp") else None
+        st.on_call(ObservedCall(call, plan, incoming, out, bounds))
+        return out
+
+    def _dispatch(self, call: OpCall, st: _RunState) -> Any:
         om = st.op_modes.get(call.name)
         plan = A.plan(call) if call.category is not None else A.ArgPlan(calls.float_slots(call))
         inf = self._record(call, plan, st)

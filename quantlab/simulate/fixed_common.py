@@ -10,7 +10,8 @@ from torch import Tensor
 from quantlab.numerics.add_rules import add_left_shift, add_shared_shift
 from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import bound_codes, constant_codes, dequantize
+from quantlab.numerics.fma_add import qlinear_add
+from quantlab.numerics.quantize import BoundRule, bound_codes, constant_codes, dequantize
 from quantlab.numerics.requant import add_float_rescale, add_inter_scale, rescale_multiplier
 from quantlab.platforms import AddRule
 from quantlab.simulate import args as A
@@ -61,6 +62,13 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
             p.add_inter_shift,
             p.requant_mult_bits,
         )
+    if p.add_rule is AddRule.RESCALE_FLOAT_FMA:
+        if any(zero_points):
+            raise ValueError(
+                "the RESCALE_FLOAT_FMA add holds codes at platform.qlinear_zero_point; "
+                "operand zero points must be 0"
+            )
+        return qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point)
     if p.add_rule is AddRule.LEFT_SHIFT:
         left = p.add_left_shift_int16 if out.bits > 8 else p.add_left_shift
         return add_left_shift(xc, xs, yc, ys, so, out, left, zero_points)
@@ -93,13 +101,14 @@ def operand(args, kwargs, slot, info):
     return None
 
 
-def clamp_output(res: tuple, bounds: tuple) -> tuple:
+def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN) -> tuple:
     """Apply a fused relu6/clamp to a GEMM result: on the output codes, at the bounds rounded
-    half to even to output codes (the clamp a fused conv-relu6 does after requantization)."""
+    half to even to output codes (the clamp a fused conv-relu6 does after requantization;
+    ``rule``: see ``bound_codes``)."""
     value, info = res
     lo, hi = bounds
     if info is None or not info.dtype.is_int or info.codes is None:
         return torch.clamp(value, lo, hi), info
-    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype)
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=rule)
     codes = info.codes.to(torch.int64).clamp_min(lo_c).clamp_max(hi_c)
     return emit(codes, info.scale, info.dtype)

@@ -183,4 +183,4 @@ def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
             return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
         return res, None
     out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
-    return fc.clamp_output(out, clamp) if clamp is not None else out
+    return fc.clamp_output(out, clamp, p.bound_rule) if clamp is not None else out

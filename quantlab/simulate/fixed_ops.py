@@ -152,7 +152,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):
             return None
     # bounds in input codes (round half to even of the bound / scale), then requantize
-    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype)
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=sim.platform.bound_rule)
     xc = xc.clamp_min(lo_c).clamp_max(hi_c)
     return fc.emit(fc.requant(sim, xc, fc.ratio(sim, info.scale, so), out), so, out)
 

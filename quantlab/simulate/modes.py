@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,3 +56,25 @@ class Trace:
     outputs: dict[str, Any] = field(default_factory=dict)
     qinfo: dict[str, Any] = field(default_factory=dict)  # name -> QInfo, list of them, or None
     result: Any = None  # what the model returned
+
+
+@dataclass(frozen=True)
+class ObservedCall:
+    """One captured call as a run computed it, handed to ``Simulator.trace(on_call=...)``.
+
+    ``call``: the captured call (quantlab.capture.OpCall; its tensors are the run's own, not to
+    be changed). ``incoming[i]``: the QInfo activation argument ``plan.acts[i]``
+    (quantlab.simulate.args) carried when the call was reached (None: float, or not a tensor),
+    read before the op ran, so in-place ops report their input's quantization. ``output``: what
+    the call returned. ``bounds``: (lo, hi) of a relu6 / hardtanh / clamp with constant bounds
+    (None for an open side), else None. Read-only: nothing the observer does changes the run.
+    """
+
+    call: Any
+    plan: Any
+    incoming: list
+    output: Any
+    bounds: tuple | None = None
+
+
+CallObserver = Callable[[ObservedCall], None]

@@ -227,13 +227,15 @@ def add_shared_shift(x, sx, y, sy, so, out: DType, mult_bits: int = 20, zero_poi
 def bound_code(f: float, scale, zero_point: int, rule_name: str) -> int:
     """A fused activation bound as an (unclamped) code, by the rule's published formula:
     FLOAT64_HALF_EVEN: zp + round(f / s) (exact rational of the float64 quotient, ties even);
-    FLOAT32_HALF_AWAY: zp + roundf(fl32(f / s)); FLOAT32_ZERO_POINT_HALF_EVEN:
-    lrintf(fl32(fl32(f / s) + zp))."""
+    FLOAT32_HALF_AWAY: zp + roundf(fl32(f / s)); FLOAT32_HALF_EVEN: zp + rne(fl32(f / s));
+    FLOAT32_ZERO_POINT_HALF_EVEN: lrintf(fl32(fl32(f / s) + zp))."""
     s = np.float32(scale)
     if rule_name == "FLOAT64_HALF_EVEN":
         return zero_point + round_fraction(Fraction(float(f) / float(s)), Round.HALF_EVEN)
     q = np.float32(np.float32(f) / s)
     if rule_name == "FLOAT32_HALF_AWAY":
         return zero_point + round_fraction(Fraction(float(q)), Round.HALF_AWAY)
+    if rule_name == "FLOAT32_HALF_EVEN":
+        return zero_point + round_fraction(Fraction(float(q)), Round.HALF_EVEN)
     v = np.float32(q + np.float32(zero_point))
     return round_fraction(Fraction(float(v)), Round.HALF_EVEN)

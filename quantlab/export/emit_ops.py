@@ -1,0 +1,381 @@
+"""Every non-GEMM op as ONNX: elementwise arithmetic, activations, pooling, reductions,
+normalisation, shape ops and the float ops quantlab does not model. Each emitter writes the
+float op on the (dequantized) inputs; the exporter quantizes its output where quantlab does."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from quantlab.export.context import ExportContext, as_tensor
+from quantlab.export.graph import TORCH_TO_ONNX, QParams, UnsupportedOpError
+from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
+from quantlab.numerics.dtypes import DType
+from quantlab.simulate import args as sim_args
+
+CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767
+
+
+def _is_ref(v) -> bool:
+    return isinstance(v, (InputRef, OpRef, ConstRef))
+
+
+def _scalar_operand(ctx: ExportContext, op: RecordedOp, c: float, integer: bool) -> str:
+    """A Python scalar operand: as quantlab's integer kernels hold it (an int16 code
+    +-32767 at scale |c| / 32767, dequantized) or as a float32 constant (float evaluation)."""
+    if not integer or c == 0:
+        return ctx.float_const(f"{op.name}/scalar", c)
+    q = QParams.of(CONST_DTYPE, torch.tensor(abs(c) / CONST_DTYPE.qmax, dtype=torch.float32))
+    code = np.asarray(CONST_DTYPE.qmax if c > 0 else -CONST_DTYPE.qmax, dtype=np.int16)
+    return ctx.graph.const_dq(f"{op.name}/scalar", code, q)
+
+
+def _int_kernel(op: RecordedOp) -> bool:
+    """Whether quantlab runs this elementwise op with an integer kernel (int output and no
+    unquantized tensor operand) rather than evaluating its float function."""
+    if not op.out_quant or op.out_quant[0] is None or op.qconfig is None:
+        return False
+    for i, slot in enumerate(op.acts):
+        v = sim_args.get(op.args, op.kwargs, slot)
+        if _is_ref(v) and (i >= len(op.in_quant) or op.in_quant[i] is None):
+            return False
+    return True
+
+
+def emit_binary(ctx: ExportContext, op: RecordedOp) -> None:
+    if op.kwargs.get("alpha", 1) != 1:
+        raise UnsupportedOpError(f"op {op.name} ({op.op_type}): alpha != 1")
+    integer = _int_kernel(op)
+    names = []
+    vals = [sim_args.get(op.args, op.kwargs, s) for s in op.acts]
+    if (
+        op.op_type == "div"
+        and not _is_ref(vals[1])
+        and integer
+        and op.func_name
+        not in (
+            "__rtruediv__",
+            "__rdiv__",
+        )
+    ):  # quantlab multiplies by the constant 1 / c
+        if op.kwargs.get("rounding_mode") is not None:
+            raise UnsupportedOpError(f"op {op.name}: div with rounding_mode")
+        x = ctx.act(op, 0)
+        c = _scalar_operand(ctx, op, 1.0 / float(vals[1]), True)
+        ctx.set_outputs(op, [ctx.graph.node("Mul", [x, c], f"{op.name}/float")])
+        return
+    for i, v in enumerate(vals):
+        if _is_ref(v):
+            names.append(ctx.act(op, i))
+        elif isinstance(v, (int, float)):
+            names.append(_scalar_operand(ctx, op, float(v), integer and op.op_type != "div"))
+        else:
+            raise UnsupportedOpError(f"op {op.name}: operand {i} is {type(v).__name__}")
+    if op.func_name in ("__rsub__", "rsub", "__rtruediv__", "__rdiv__"):
+        names.reverse()
+    onnx_op = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}[op.op_type]
+    ctx.set_outputs(op, [ctx.graph.node(onnx_op, names, f"{op.name}/float")])
+
+
+_UNARY = {
+    "relu": "Relu",
+    "sigmoid": "Sigmoid",
+    "tanh": "Tanh",
+    "exp": "Exp",
+    "log": "Log",
+    "sqrt": "Sqrt",
+    "reciprocal": "Reciprocal",
+    "sin": "Sin",
+    "cos": "Cos",
+}
+
+
+def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
+    x = ctx.act(op, 0)
+    if op.op_type == "rsqrt":
+        y = ctx.graph.node(
+            "Reciprocal", [ctx.graph.node("Sqrt", [x], f"{op.name}/sqrt")], f"{op.name}/float"
+        )
+    elif op.op_type == "silu":
+        s = ctx.graph.node("Sigmoid", [x], f"{op.name}/sigmoid")
+        y = ctx.graph.node("Mul", [x, s], f"{op.name}/float")
+    elif op.op_type == "gelu":
+        approx = op.kwargs.get("approximate", "none")
+        y = ctx.graph.node("Gelu", [x], f"{op.name}/float", approximate=approx)
+    else:
+        y = ctx.graph.node(_UNARY[op.op_type], [x], f"{op.name}/float")
+    ctx.set_outputs(op, [y])
+
+
+def emit_clip(ctx: ExportContext, op: RecordedOp) -> None:
+    from quantlab.export.trace_adapter import fused_clamp_bounds
+
+    lo, hi = fused_clamp_bounds(op) or (None, None)
+    if op.func_name == "clamp_min":
+        lo, hi = ctx.arg(op, 1, "min"), None
+    elif op.func_name == "clamp_max":
+        lo, hi = None, ctx.arg(op, 1, "max")
+    x = ctx.act(op, 0)
+    ins = [x, ctx.float_const(f"{op.name}/min", -np.inf if lo is None else float(lo))]
+    ins.append(ctx.float_const(f"{op.name}/max", np.inf if hi is None else float(hi)))
+    ctx.set_outputs(op, [ctx.graph.node("Clip", ins, f"{op.name}/float")])
+
+
+def _ints(v, n: int) -> list[int]:
+    return [int(v)] * n if isinstance(v, int) else [int(t) for t in v]
+
+
+def emit_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
+    nd = 2 if op.op_type == "max_pool2d" else 1
+    k = _ints(ctx.arg(op, 1, "kernel_size"), nd)
+    stride = ctx.arg(op, 2, "stride", None)
+    stride = k if stride in (None, []) else _ints(stride, nd)
+    pad = _ints(ctx.arg(op, 3, "padding", 0), nd)
+    dil = _ints(ctx.arg(op, 4, "dilation", 1), nd)
+    ceil = int(bool(ctx.arg(op, 5, "ceil_mode", False)))
+    if ctx.arg(op, 6, "return_indices", False):
+        raise UnsupportedOpError(f"op {op.name}: max pooling with return_indices")
+    y = ctx.graph.node(
+        "MaxPool",
+        [ctx.act(op, 0)],
+        f"{op.name}/float",
+        kernel_shape=k,
+        strides=stride,
+        pads=pad + pad,
+        dilations=dil,
+        ceil_mode=ceil,
+    )
+    ctx.set_outputs(op, [y])
+
+
+def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
+    x = ctx.act(op, 0)
+    shape = ctx.shape_of(op, 0)
+    if op.op_type == "adaptive_avg_pool2d":
+        osz = ctx.arg(op, 1, "output_size")
+        osz = _ints(osz, 2)
+        if osz == [1, 1]:
+            ctx.set_outputs(op, [ctx.graph.node("GlobalAveragePool", [x], f"{op.name}/float")])
+            return
+        h, w = shape[-2:]
+        if h % osz[0] or w % osz[1]:
+            raise UnsupportedOpError(f"op {op.name}: adaptive pooling to {osz} from {h}x{w}")
+        k = [h // osz[0], w // osz[1]]
+        attrs = dict(kernel_shape=k, strides=k)
+    else:
+        k = _ints(ctx.arg(op, 1, "kernel_size"), 2)
+        stride = ctx.arg(op, 2, "stride", None)
+        stride = k if stride in (None, []) else _ints(stride, 2)
+        pad = _ints(ctx.arg(op, 3, "padding", 0), 2)
+        ceil = int(bool(ctx.arg(op, 4, "ceil_mode", False)))
+        cip = int(bool(ctx.arg(op, 5, "count_include_pad", True)))
+        if ctx.arg(op, 6, "divisor_override", None) is not None:
+            raise UnsupportedOpError(f"op {op.name}: avg_pool2d with divisor_override")
+        attrs = dict(
+            kernel_shape=k, strides=stride, pads=pad + pad, ceil_mode=ceil, count_include_pad=cip
+        )
+    ctx.set_outputs(op, [ctx.graph.node("AveragePool", [x], f"{op.name}/float", **attrs)])
+
+
+def _dims(v, ndim: int) -> list[int] | None:
+    if v is None:
+        return None
+    v = [v] if isinstance(v, int) else list(v)
+    return sorted(int(d) % ndim for d in v)
+
+
+def emit_reduce(ctx: ExportContext, op: RecordedOp) -> None:
+    if op.kwargs.get("dtype") is not None:
+        raise UnsupportedOpError(f"op {op.name}: {op.op_type} with dtype")
+    x = ctx.act(op, 0)
+    shape = ctx.shape_of(op, 0)
+    dims = _dims(ctx.arg(op, 1, "dim"), len(shape))
+    keep = bool(ctx.arg(op, 2, "keepdim", False))
+    out_shape = list(op.outputs[0].shape)
+    if op.op_type == "mean" and len(shape) == 4 and dims == [2, 3]:
+        y = ctx.graph.node("GlobalAveragePool", [x], f"{op.name}/float")  # NCHW spatial mean
+        if not keep:
+            y = ctx.graph.node(
+                "Reshape", [y, ctx.graph.int64s(f"{op.name}/shape", out_shape)], f"{op.name}/flat"
+            )
+        ctx.set_outputs(op, [y])
+        return
+    axes = dims if dims is not None else list(range(len(shape)))
+    onnx_op = "ReduceMean" if op.op_type == "mean" else "ReduceSum"
+    y = ctx.graph.node(
+        onnx_op,
+        [x, ctx.graph.int64s(f"{op.name}/axes", axes)],
+        f"{op.name}/float",
+        keepdims=int(keep),
+    )
+    ctx.set_outputs(op, [y])
+
+
+def emit_softmax(ctx: ExportContext, op: RecordedOp) -> None:
+    if op.kwargs.get("dtype") is not None:
+        raise UnsupportedOpError(f"op {op.name}: softmax with dtype")
+    dim = ctx.arg(op, 1, "dim")
+    y = ctx.graph.node("Softmax", [ctx.act(op, 0)], f"{op.name}/float", axis=int(dim))
+    ctx.set_outputs(op, [y])
+
+
+def emit_layer_norm(ctx: ExportContext, op: RecordedOp) -> None:
+    ns = ctx.arg(op, 1, "normalized_shape")
+    ns = [ns] if isinstance(ns, int) else list(ns)
+    w, b = ctx.arg(op, 2, "weight"), ctx.arg(op, 3, "bias")
+    eps = float(ctx.arg(op, 4, "eps", 1e-5))
+    ones = torch.ones(ns)
+    scale = ctx.value(w, f"{op.name}/weight").name if w is not None else None
+    scale = scale or ctx.graph.const(f"{op.name}/weight", ones)
+    ins = [ctx.act(op, 0), scale]
+    if b is not None:
+        ins.append(ctx.value(b, f"{op.name}/bias").name)
+    y = ctx.graph.node("LayerNormalization", ins, f"{op.name}/float", axis=-len(ns), epsilon=eps)
+    ctx.set_outputs(op, [y])
+
+
+def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
+    dim = int(ctx.arg(op, 1, "dim", 0))
+    xs = [ctx.act(op, i) for i in range(len(op.acts))]
+    if op.op_type == "stack":
+        axes = ctx.graph.int64s(f"{op.name}/axes", [dim])
+        xs = [ctx.graph.node("Unsqueeze", [x, axes], f"{op.name}/u{i}") for i, x in enumerate(xs)]
+    ctx.set_outputs(op, [ctx.graph.node("Concat", xs, f"{op.name}/float", axis=dim)])
+
+
+# ---------------------------------------------------------------------------- shapes
+
+
+def _source(ctx: ExportContext, op: RecordedOp) -> str:
+    """Input 0 of a shape op: the activation as quantized for the op, or a float argument."""
+    if op.acts:
+        return ctx.act(op, 0)
+    return ctx.value(op.args[0], f"{op.name}/in").name
+
+
+def emit_reshape(ctx: ExportContext, op: RecordedOp) -> None:
+    shape = ctx.graph.int64s(f"{op.name}/shape", op.outputs[0].shape)
+    ctx.set_outputs(op, [ctx.graph.node("Reshape", [_source(ctx, op), shape], f"{op.name}/float")])
+
+
+def emit_transpose(ctx: ExportContext, op: RecordedOp) -> None:
+    nd = op.outputs[0].dim()
+    if op.op_type == "permute":
+        dims = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "dims")
+        perm = [int(d) % nd for d in (dims if not isinstance(dims, int) else [dims])]
+    elif op.op_type == "t":
+        perm = [1, 0] if nd == 2 else [0]
+    else:
+        d0, d1 = int(ctx.arg(op, 1, "dim0")) % nd, int(ctx.arg(op, 2, "dim1")) % nd
+        perm = list(range(nd))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    ctx.set_outputs(
+        op, [ctx.graph.node("Transpose", [_source(ctx, op)], f"{op.name}/float", perm=perm)]
+    )
+
+
+def emit_identity(ctx: ExportContext, op: RecordedOp) -> None:
+    src = op.args[0] if op.args else op.kwargs.get("input")
+    v = ctx.value(src, f"{op.name}/in")
+    if (
+        op.acts
+        and op.in_quant
+        and op.in_quant[0] is not None
+        and not QParams.of(op.in_quant[0].dtype, op.in_quant[0].scale).same_as(v.quant)
+    ):
+        ctx.set_outputs(op, [ctx.act(op, 0)])  # quantized on the way in
+        return
+    ctx.alias(op, v)
+
+
+def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
+    """Basic indexing: slices (any step), integers, None and Ellipsis."""
+    x = _source(ctx, op)
+    index = op.args[1]
+    index = index if isinstance(index, tuple) else (index,)
+    shape = (
+        list(as_tensor(op.args[0]).shape)
+        if isinstance(op.args[0], ConstRef)
+        else list(ctx.value(op.args[0]).shape)
+    )
+    if any(isinstance(i, (InputRef, OpRef, ConstRef, list)) for i in index):
+        raise UnsupportedOpError(f"op {op.name}: indexing with tensors or lists")
+    n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
+    expanded: list = []
+    for i in index:
+        if i is Ellipsis:
+            expanded += [slice(None)] * (len(shape) - n_real)
+        else:
+            expanded.append(i)
+    starts, ends, axes, steps, squeeze = [], [], [], [], []
+    dim = 0
+    for i in expanded:
+        if i is None:
+            continue
+        if isinstance(i, int):
+            starts.append(i)
+            ends.append(i + 1 if i != -1 else np.iinfo(np.int64).max)
+            axes.append(dim)
+            steps.append(1)
+            squeeze.append(dim)
+        elif isinstance(i, slice):
+            if i != slice(None):
+                starts.append(0 if i.start is None else int(i.start))
+                ends.append(np.iinfo(np.int64).max if i.stop is None else int(i.stop))
+                axes.append(dim)
+                steps.append(1 if i.step is None else int(i.step))
+        else:
+            raise UnsupportedOpError(f"op {op.name}: index {i!r}")
+        dim += 1
+    y = x
+    if axes:
+        g = ctx.graph
+        y = g.node(
+            "Slice",
+            [
+                y,
+                g.int64s(f"{op.name}/starts", starts),
+                g.int64s(f"{op.name}/ends", ends),
+                g.int64s(f"{op.name}/axes", axes),
+                g.int64s(f"{op.name}/steps", steps),
+            ],
+            f"{op.name}/slice",
+        )
+    y = ctx.graph.node(
+        "Reshape",
+        [y, ctx.graph.int64s(f"{op.name}/shape", op.outputs[0].shape)],
+        f"{op.name}/float",
+    )
+    ctx.set_outputs(op, [y])
+
+
+def emit_cast(ctx: ExportContext, op: RecordedOp) -> None:
+    src = ctx.value(op.args[0], f"{op.name}/in")
+    out = op.outputs[0].dtype
+    if out == src.dtype:
+        ctx.alias(op, src)
+        return
+    y = ctx.graph.node("Cast", [src.name], f"{op.name}/float", to=TORCH_TO_ONNX[out])
+    ctx.set_outputs(op, [y])
+
+
+def emit_embedding(ctx: ExportContext, op: RecordedOp) -> None:
+    ids = ctx.value(op.args[0], f"{op.name}/ids")
+    w = ctx.value(ctx.arg(op, 1, "weight"), f"{op.name}/weight")
+    ctx.set_outputs(op, [ctx.graph.node("Gather", [w.name, ids.name], f"{op.name}/float", axis=0)])
+
+
+def emit_pad(ctx: ExportContext, op: RecordedOp) -> None:
+    src = ctx.value(op.args[0], f"{op.name}/in")
+    pad = list(ctx.arg(op, 1, "pad"))
+    mode = ctx.arg(op, 2, "mode", "constant")
+    value = ctx.arg(op, 3, "value", None)
+    if mode != "constant":
+        raise UnsupportedOpError(f"op {op.name}: pad mode {mode!r} (constant only)")
+    nd = len(src.shape)
+    begins, ends = [0] * nd, [0] * nd
+    for k in range(len(pad) // 2):
+        begins[nd - 1 - k], ends[nd - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
+    ins = [src.name, ctx.graph.int64s(f"{op.name}/pads", begins + ends)]
+    ins.append(ctx.float_const(f"{op.name}/value", float(value or 0.0)))
+    ctx.set_outputs(op, [ctx.graph.node("Pad", ins, f"{op.name}/float", mode="constant")])

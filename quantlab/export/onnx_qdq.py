@@ -1,0 +1,221 @@
+"""``to_onnx_qdq``: a calibrated Simulator -> an ONNX QDQ model (opset 21).
+
+The graph is written from one recorded fixed-mode run of the Simulator: every captured op
+becomes its ONNX node(s), so each quantized op output is a graph tensor named exactly after the
+op (``features.3.conv.2:conv2d#0``) holding the integer codes quantlab computes there. Scales
+are the Simulator's: activations per tensor, weights per output channel, int32 biases at
+``x_scale * w_scale``; each op's int8/int16 choice comes from its resolved qconfig. Ops
+quantlab runs in float stay float. Shapes are static (those of ``example_inputs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+from quantlab.export import emit_gemm as G
+from quantlab.export import emit_ops as E
+from quantlab.export.context import ExportContext, Value
+from quantlab.export.graph import (
+    IR_VERSION,
+    OPSET,
+    TORCH_TO_ONNX,
+    ActivationEncoding,
+    GraphBuilder,
+    UnsupportedOpError,
+)
+from quantlab.export.trace_adapter import InputRef, OpRef, RecordedOp, record_run
+from quantlab.numerics.gemm import acc_scale
+from quantlab.report.io import atomic_write_bytes
+
+Emitter = Callable[[ExportContext, RecordedOp], None]
+
+EMITTERS: dict[str, Emitter] = {
+    "conv1d": G.emit_conv,
+    "conv2d": G.emit_conv,
+    "linear": G.emit_linear,
+    "matmul": G.emit_matmul,
+    "add": E.emit_binary,
+    "sub": E.emit_binary,
+    "mul": E.emit_binary,
+    "div": E.emit_binary,
+    "relu6": E.emit_clip,
+    "clamp": E.emit_clip,
+    "max_pool1d": E.emit_max_pool,
+    "max_pool2d": E.emit_max_pool,
+    "avg_pool2d": E.emit_avg_pool,
+    "adaptive_avg_pool2d": E.emit_avg_pool,
+    "mean": E.emit_reduce,
+    "sum": E.emit_reduce,
+    "softmax": E.emit_softmax,
+    "layer_norm": E.emit_layer_norm,
+    "cat": E.emit_cat,
+    "stack": E.emit_cat,
+    "reshape": E.emit_reshape,
+    "view": E.emit_reshape,
+    "flatten": E.emit_reshape,
+    "squeeze": E.emit_reshape,
+    "unsqueeze": E.emit_reshape,
+    "view_as": E.emit_reshape,
+    "reshape_as": E.emit_reshape,
+    "transpose": E.emit_transpose,
+    "permute": E.emit_transpose,
+    "t": E.emit_transpose,
+    "contiguous": E.emit_identity,
+    "clone": E.emit_identity,
+    "detach": E.emit_identity,
+    "dropout": E.emit_identity,
+    "getitem": E.emit_getitem,
+    "to": E.emit_cast,
+    "float": E.emit_cast,
+    "type": E.emit_cast,
+    "embedding": E.emit_embedding,
+    "pad": E.emit_pad,
+    **{t: E.emit_unary for t in (*E._UNARY, "rsqrt", "silu", "gelu")},
+}
+
+SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(EMITTERS))
+
+
+@dataclass
+class QDQExport:
+    """What ``to_onnx_qdq`` wrote: the file, the graph's input and output names, and for every
+    captured op the graph tensor holding its output (integer codes when quantized)."""
+
+    path: Path
+    input_names: list[str]
+    output_names: list[str]
+    op_tensors: dict[str, str] = field(default_factory=dict)
+    probe_outputs: list[str] = field(default_factory=list)  # op tensors exposed as outputs
+    encoding: ActivationEncoding = ActivationEncoding.SIGNED
+    offset_tensors: set = field(default_factory=set)  # codes tensors written as code + 128
+    # one LSB of each output: its scale, or x_scale * w_scale per channel (last axis) for a
+    # GEMM's wide output; None for other float outputs
+    output_scales: list = field(default_factory=list)
+
+
+def _output_scale(v: Value, op: RecordedOp | None):
+    if v.quant is not None:
+        return v.quant.scale
+    if op is None or op.weight_scale is None or not op.in_quant or op.in_quant[0] is None:
+        return None
+    return acc_scale(op.in_quant[0].scale, op.weight_scale).numpy().astype(np.float32)
+
+
+def _unsupported(op: RecordedOp) -> UnsupportedOpError:
+    return UnsupportedOpError(
+        f"op {op.name} (type {op.op_type!r}) cannot be exported to ONNX QDQ; supported op types: "
+        + ", ".join(SUPPORTED_OPS)
+    )
+
+
+def check_supported(ops: list[RecordedOp]) -> None:
+    """Raise UnsupportedOpError naming the first op without an emitter."""
+    for op in ops:
+        if op.op_type not in EMITTERS:
+            raise _unsupported(op)
+
+
+def build_model(
+    sim,
+    example_inputs: tuple,
+    probe: bool = False,
+    encoding: ActivationEncoding = ActivationEncoding.SIGNED,
+) -> tuple[onnx.ModelProto, QDQExport]:
+    """The ONNX QDQ ModelProto of ``sim`` on ``example_inputs`` (see the module docstring);
+    ``probe``: every op's output tensor is also a graph output (for per-op comparison)."""
+    if not getattr(sim, "_calibrated", True):
+        raise ValueError("to_onnx_qdq needs a calibrated Simulator (call sim.calibrate first)")
+    example_inputs = tuple(example_inputs)
+    run = record_run(sim, example_inputs)
+    check_supported(run.ops)
+    g = GraphBuilder(encoding)
+    ctx = ExportContext(g, run)
+    for op in run.ops:
+        if op.fused_into:
+            ctx.fused.setdefault(op.fused_into, []).append(op)
+    inputs = []
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, Tensor):
+            raise UnsupportedOpError(f"example input {i} is {type(t).__name__}; tensors only")
+        name = f"input{i}"
+        g.reserve(name)
+        ctx.env[InputRef(i)] = Value(name, tuple(t.shape), t.dtype)
+        inputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[t.dtype], list(t.shape)))
+    for op in run.ops:
+        if op.fused_into:
+            continue  # written by its GEMM
+        EMITTERS[op.op_type](ctx, op)
+    outputs, out_names, out_scales = [], [], []
+    by_name = {op.name: op for op in run.ops}
+    refs = [r for r in tree_flatten(run.output)[0] if isinstance(r, (OpRef, InputRef))]
+    for k, ref in enumerate(refs):
+        v = ctx.env[ref]
+        out_scales.append(_output_scale(v, by_name.get(getattr(ref, "name", None))))
+        name = g.node("Identity", [v.name], f"output{k}")
+        out_names.append(name)
+        outputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[v.dtype], list(v.shape)))
+    info = QDQExport(
+        Path(),
+        [f"input{i}" for i in range(len(example_inputs))],
+        out_names,
+        dict(ctx.op_tensors),
+        encoding=encoding,
+        offset_tensors={t for t, q in ctx.quant_of.items() if g.offset(q)},
+        output_scales=out_scales,
+    )
+    if probe:
+        seen = set(out_names)
+        for tensor in ctx.op_tensors.values():
+            if tensor not in seen and not tensor.startswith("input"):
+                seen.add(tensor)
+                outputs.append(helper.make_tensor_value_info(tensor, 0, None))
+                info.probe_outputs.append(tensor)
+    graph = helper.make_graph(g.nodes, "quantlab_qdq", inputs, outputs, g.initializers)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="quantlab"
+    )
+    model.ir_version = IR_VERSION
+    if probe:  # infer the types of the exposed intermediate tensors
+        model = onnx.shape_inference.infer_shapes(model)
+        known = {v.name: v for v in model.graph.value_info}
+        for o in model.graph.output:
+            if o.name in known:
+                o.CopyFrom(known[o.name])
+    return model, info
+
+
+def to_onnx_qdq(
+    sim,
+    path,
+    example_inputs,
+    probe: bool = False,
+    encoding: ActivationEncoding | None = None,
+) -> QDQExport:
+    """Write ``sim``'s calibrated model as ONNX QDQ to ``path`` (atomically) after
+    ``onnx.checker`` (full check); returns the names of its inputs, outputs and op tensors.
+
+    ``example_inputs``: a tuple of the model's inputs (their shapes become the graph's).
+    ``probe``: every op's output tensor is also a graph output. ``encoding``: how int8
+    activations are written (ActivationEncoding); None: the one the Simulator's profile
+    computes with (``platform.qlinear_zero_point`` 128: UNSIGNED_OFFSET, 0: SIGNED).
+    Raises UnsupportedOpError naming an op without an ONNX form and listing SUPPORTED_OPS.
+    """
+    if isinstance(example_inputs, Tensor):
+        example_inputs = (example_inputs,)
+    if encoding is None:
+        encoding = ActivationEncoding.of_zero_point(sim.platform.qlinear_zero_point)
+    model, info = build_model(sim, example_inputs, probe, encoding)
+    onnx.checker.check_model(model, full_check=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, model.SerializeToString())
+    info.path = path
+    return info

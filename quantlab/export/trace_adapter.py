@@ -1,0 +1,275 @@
+"""The one place the exporter reads a Simulator's run: one fixed-mode run, recorded.
+
+``record_run(sim, inputs)`` runs ``sim.trace(*inputs, mode=FIXED, on_call=...)`` and records,
+for every captured op in execution order, the call itself (function, arguments with every
+tensor replaced by a reference to where it came from: a graph input, an earlier op's output, or
+a constant), the Simulator's argument plan (which arguments are activations, weight, bias), its
+resolved qconfig, and the quantization of each activation input as the fixed run applied it.
+Calls that quantlab does not capture because no float tensor enters them
+(``mask[:, None].to(float32)`` on an integer model input) are recorded too when they read a
+graph input, so the exported graph can recompute them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from quantlab.capture import OpCategory, classify
+from quantlab.simulate import args as sim_args
+from quantlab.simulate.modes import Mode, ObservedCall
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """Graph input ``index``."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """Output leaf ``leaf`` of the recorded call ``name`` (a captured op or an auxiliary call)."""
+
+    name: str
+    leaf: int = 0
+
+
+@dataclass(frozen=True)
+class ConstRef:
+    """A tensor the model made itself or holds (parameter, buffer, constant)."""
+
+    value: Tensor
+
+
+@dataclass(frozen=True)
+class Quant:
+    """An integer quantization: ``dtype`` (quantlab DType), float32 ``scale`` (one value)."""
+
+    dtype: Any
+    scale: Tensor
+
+
+@dataclass
+class RecordedOp:
+    """One call in execution order.
+
+    ``args``/``kwargs``: the call's arguments, tensors replaced by InputRef/OpRef/ConstRef.
+    ``acts``/``weight``/``bias``: argument slots (quantlab.simulate.args), None for auxiliary
+    calls. ``in_quant[i]``: the quantization activation ``acts[i]`` enters the op's arithmetic
+    with (None: float). ``out_quant[j]``: the quantization of output leaf j (None: float).
+    ``weight_codes``/``weight_scale``: per-output-channel integer weight of a GEMM.
+    """
+
+    name: str
+    op_type: str
+    category: OpCategory | None
+    func_name: str
+    args: tuple
+    kwargs: dict
+    outputs: list  # output leaves (tensors) of the fixed run
+    out_quant: list
+    captured: bool = True
+    acts: list = field(default_factory=list)
+    weight: tuple | None = None
+    bias: tuple | None = None
+    in_quant: list = field(default_factory=list)
+    fused_into: str = ""
+    qconfig: Any = None
+    in_float: list = field(default_factory=list)  # whether acts[i] is a float tensor
+    weight_codes: Tensor | None = None
+    weight_scale: Tensor | None = None
+    bounds: tuple | None = None  # (lo, hi) of a relu6 / clamp with constant bounds
+
+
+@dataclass
+class RecordedRun:
+    """A recorded fixed-mode run: ``ops`` in execution order, graph ``inputs`` and ``output``
+    (the model's return value, tensors replaced by references)."""
+
+    ops: list[RecordedOp]
+    inputs: tuple
+    output: Any
+    output_leaves: list  # the fixed-mode output tensors
+
+
+class _Refs:
+    """id(tensor) -> reference, holding every tensor so that no id is reused during the run."""
+
+    def __init__(self, inputs: tuple) -> None:
+        self._map: dict[int, Any] = {}
+        self._keep: list = list(inputs)
+        for i, t in enumerate(inputs):
+            if isinstance(t, Tensor):
+                self._map[id(t)] = InputRef(i)
+
+    def ref(self, v):
+        if not isinstance(v, Tensor):
+            return v
+        return self._map.get(id(v)) or ConstRef(v)
+
+    def tracked(self, v) -> bool:
+        return isinstance(v, Tensor) and id(v) in self._map
+
+    def produce(self, name: str, out) -> list:
+        leaves = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        for j, t in enumerate(leaves):
+            self._map[id(t)] = OpRef(name, j)
+            self._keep.append(t)
+        return leaves
+
+    def refs_of(self, args, kwargs):
+        def one(v):
+            return self.ref(v) if isinstance(v, Tensor) else v
+
+        return tree_map(one, tuple(args)), tree_map(one, dict(kwargs))
+
+
+class _AuxMode(TorchFunctionMode):
+    """Records calls on tracked tensors that quantlab's capture lets through unrecorded."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.rec = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        before = self.rec.handled
+        out = func(*args, **kwargs)
+        if self.rec.handled != before or not isinstance(out, Tensor):
+            return out
+        leaves = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
+        if (
+            not any(self.rec.refs.tracked(a) for a in leaves)
+            or classify(func, args, kwargs) is None
+        ):
+            return out
+        self.rec.aux(func, args, kwargs, out)
+        return out
+
+
+class _Recorder:
+    def __init__(self, sim, inputs: tuple) -> None:
+        self.sim = sim
+        self.refs = _Refs(inputs)
+        self.ops: list[RecordedOp] = []
+        self.handled = 0
+        self._n_aux = 0
+
+    def aux(self, func, args, kwargs, out) -> None:
+        name = f"aux:{getattr(func, '__name__', 'call')}#{self._n_aux}"
+        self._n_aux += 1
+        a, k = self.refs.refs_of(args, kwargs)
+        kind = classify(func, args, kwargs)
+        fname = getattr(func, "__name__", "")
+        op = RecordedOp(name, kind[0] if kind else fname, None, fname, a, k, [], [None])
+        op.captured = False
+        op.outputs = self.refs.produce(name, out)
+        self.ops.append(op)
+
+    def observe(self, seen: ObservedCall) -> None:
+        """Record one captured call the fixed run computed (``Simulator.trace(on_call=...)``)."""
+        self.handled += 1
+        call, plan = seen.call, seen.plan
+        a, k = self.refs.refs_of(call.args, call.kwargs)
+        in_vals = [sim_args.get(call.args, call.kwargs, s) for s in plan.acts] if plan else []
+        op = RecordedOp(
+            call.name,
+            call.op_type,
+            call.category,
+            getattr(call.func, "__name__", ""),
+            a,
+            k,
+            [],
+            [],
+            acts=list(plan.acts) if plan else [],
+            weight=plan.weight if plan else None,
+            bias=plan.bias if plan else None,
+            bounds=seen.bounds,
+        )
+        op.in_quant = [_quant_of(info) for info in seen.incoming]
+        op.in_float = [sim_args.is_float_tensor(v) for v in in_vals]
+        op.outputs = self.refs.produce(call.name, seen.output)
+        self.ops.append(op)
+
+
+def _quant_of(info) -> Quant | None:
+    """The integer quantization a QInfo describes (None: float or no information)."""
+    if info is None or not info.dtype.is_int or info.scale is None:
+        return None
+    return Quant(info.dtype, info.scale)
+
+
+def record_run(sim, inputs: tuple) -> RecordedRun:
+    """Run ``sim`` once in fixed mode on ``inputs`` and record every call (see module doc)."""
+    rec = _Recorder(sim, inputs)
+    aux = _AuxMode(rec)
+    root = sim.model
+
+    def pre(_m, _a):
+        aux.__enter__()
+
+    def post(_m, _a, _o):
+        aux.__exit__(None, None, None)
+
+    h1 = root.register_forward_pre_hook(pre)
+    h2 = root.register_forward_hook(post, always_call=True)
+    try:
+        trace = sim.trace(*inputs, mode=Mode.FIXED, on_call=rec.observe)
+    finally:
+        h1.remove()
+        h2.remove()
+    ops_table = sim.ops.set_index("name")
+    for op in rec.ops:
+        if not op.captured:
+            continue
+        _complete(sim, op, trace, ops_table)
+    out_leaves = [t for t in tree_flatten(trace.result)[0] if isinstance(t, Tensor)]
+    output = tree_map(lambda v: rec.refs.ref(v) if isinstance(v, Tensor) else v, trace.result)
+    return RecordedRun(rec.ops, tuple(inputs), output, out_leaves)
+
+
+def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
+    """Fill qconfig, the applied input quantization, output quantization and weight codes."""
+    qinfo = trace.qinfo.get(op.name)
+    infos = qinfo if isinstance(qinfo, list) else [qinfo] * len(op.outputs)
+    op.out_quant = [
+        Quant(i.dtype, i.scale)
+        if i is not None and i.dtype.is_int and i.scale is not None
+        else None
+        for i in infos
+    ]
+    op.fused_into = str(ops_table.loc[op.name, "fused_into"]) if op.name in ops_table.index else ""
+    if op.category is None or not sim.supported(op.op_type, op.category):
+        op.in_quant = [None] * len(op.acts)
+        return
+    rq = sim.qconfig_of(op.name)
+    op.qconfig = rq
+    if op.fused_into:  # computed by its GEMM: the inputs are the GEMM's output as it is
+        return
+    applied = []
+    for i, inc in enumerate(op.in_quant):
+        if not op.in_float[i]:
+            applied.append(None)
+            continue
+        want = rq.input_dtype or (inc.dtype if inc is not None else rq.output_dtype)
+        if want.is_float:
+            applied.append(None)
+        elif inc is None or inc.dtype is not want:
+            applied.append(Quant(want, sim.act_scale(op.name, f"in{i}", want, rq)))
+        else:
+            applied.append(inc)
+    op.in_quant = applied
+    if op.weight is not None and rq.weight_dtype.is_int:
+        w = sim_args.get(op.args, op.kwargs, op.weight)
+        if isinstance(w, ConstRef):
+            op.weight_codes, op.weight_scale = sim.weight_q(op.name, w.value, rq.weight_dtype, True)
+
+
+def fused_clamp_bounds(op: RecordedOp) -> tuple | None:
+    """(lo, hi) of a relu6 / clamp call (None for an open side); None for any other op."""
+    return op.bounds

@@ -1,0 +1,42 @@
+"""Reference of ONNX Runtime's QLinearAdd (``quantlab.numerics.fma_add``): the float32 steps
+MLAS takes in numpy float32 scalars, each fused multiply-add as an exact rational rounded once
+to float32, rounding with Fractions, element by element."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.reference.arrays import as_numpy
+from quantlab.numerics.reference.rounding import round_fraction
+from quantlab.numerics.rounding import Round
+
+F32 = np.float32
+
+
+def round_to_float32(v: Fraction) -> float:
+    """The float32 nearest to the exact rational ``v`` (ties to the even significand), found by
+    checking the neighbours of a float64 guess exactly (finite results only)."""
+    guess = F32(float(v))
+    cands = {guess, np.nextafter(guess, F32(np.inf)), np.nextafter(guess, F32(-np.inf))}
+    best = min(cands, key=lambda c: (abs(Fraction(float(c)) - v), int(c.view(np.uint32)) & 1))
+    return float(best)
+
+
+def qlinear_add(x, x_scale, y, y_scale, out_scale, out: DType, zero_point: int = 0) -> np.ndarray:
+    """int64 output codes of MLAS QLinearAdd on symmetric codes held with ``zero_point``."""
+    sc = F32(out_scale)
+    ra, rb = F32(F32(x_scale) / sc), F32(F32(y_scale) / sc)
+    z = F32(zero_point)
+    fixed = F32(z - F32(F32(ra * z) + F32(rb * z)))
+    xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
+    res = []
+    for a, b in zip(xa.ravel(), ya.ravel()):
+        inner = Fraction(int(b) + zero_point) * Fraction(float(rb)) + Fraction(float(fixed))
+        rest = round_to_float32(inner)
+        exact = Fraction(int(a) + zero_point) * Fraction(float(ra)) + Fraction(rest)
+        c = round_fraction(Fraction(round_to_float32(exact)), Round.HALF_EVEN) - zero_point
+        res.append(min(max(c, out.qmin), out.qmax))
+    return np.array(res, dtype=np.int64).reshape(xa.shape)

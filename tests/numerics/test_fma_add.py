@@ -1,0 +1,69 @@
+"""ONNX Runtime's QLinearAdd kernel (numerics.fma_add) equals its Fraction reference bit for bit,
+and the fused multiply-add equals an exactly rounded a * r + c on random and midpoint cases."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fma_add import fma_float32, qlinear_add
+from quantlab.numerics.reference.fma_add import qlinear_add as ref_qlinear_add
+from quantlab.numerics.reference.fma_add import round_to_float32
+from tests.bits import assert_bits_equal
+
+
+def test_fma_float32_rounds_once():
+    rng = np.random.default_rng(3)
+    a = rng.integers(-300, 300, 4000).astype(np.float32)
+    r = rng.uniform(0.01, 4.0, 4000).astype(np.float32)
+    c = (rng.uniform(-500, 500, 4000) * 10.0 ** rng.integers(-12, 2, 4000)).astype(np.float32)
+    # midpoints: c chosen so that a * r + c is a float32 midpoint plus a tiny remainder
+    half = (a[:1000] * r[:1000]).astype(np.float64)
+    c[:1000] = (np.float32(1024.0) + np.float32(2.0**-14)) - half.astype(np.float32)
+    got = fma_float32(torch.from_numpy(a), torch.from_numpy(r), torch.from_numpy(c))
+    want = [
+        round_to_float32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+        for x, y, z in zip(a, r, c)
+    ]
+    assert_bits_equal(got, torch.tensor(want, dtype=torch.float32))
+
+
+def test_fma_float32_breaks_a_float64_midpoint_by_the_remainder():
+    # 3 * (1 + 2**-23) = 3 + 1.5 * 2**-22 is halfway between the float32 values 3 + 2**-22 and
+    # 3 + 2**-21; adding -+2**-80 leaves float64 on the midpoint (ties to even: 3 + 2**-21),
+    # while the exact sum lies below / above it
+    a = torch.tensor([3.0, 3.0, 3.0], dtype=torch.float32)
+    r = torch.full((3,), 1.0 + 2.0**-23, dtype=torch.float32)
+    c = torch.tensor([-(2.0**-80), 2.0**-80, 0.0], dtype=torch.float32)
+    got = fma_float32(a, r, c)
+    assert got.tolist() == [3.0 + 2.0**-22, 3.0 + 2.0**-21, 3.0 + 2.0**-21]
+    for x, y, z, g in zip(a, r, c, got):
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        assert float(g) == round_to_float32(exact)
+
+
+@pytest.mark.parametrize("zero_point", [0, 128])
+def test_qlinear_add_equals_reference(zero_point):
+    rng = np.random.default_rng(11 + zero_point)
+    for case in range(40):
+        x = torch.from_numpy(rng.integers(-128, 128, (3, 50)).astype(np.int8))
+        y = torch.from_numpy(rng.integers(-128, 128, (3, 50)).astype(np.int8))
+        sx, sy = np.float32(rng.uniform(1e-3, 0.1)), np.float32(rng.uniform(1e-3, 0.1))
+        if case % 5 == 0:  # power-of-two scales: exact ties
+            sx, sy = np.float32(2.0 ** -int(rng.integers(3, 8))), np.float32(2.0**-6)
+        so = np.float32((sx + sy) * rng.uniform(0.3, 1.5))
+        got = qlinear_add(x, float(sx), y, float(sy), float(so), DType.INT8, zero_point)
+        want = ref_qlinear_add(x, sx, y, sy, so, DType.INT8, zero_point)
+        assert_bits_equal(got, torch.from_numpy(want).to(torch.int8))
+
+
+def test_qlinear_add_rejects_float_codes_and_bad_scales():
+    x = torch.zeros(3, dtype=torch.int8)
+    with pytest.raises(TypeError, match="integer codes"):
+        qlinear_add(x.float(), 0.1, x, 0.1, 0.1, DType.INT8)
+    with pytest.raises(ValueError, match="out_scale"):
+        qlinear_add(x, 0.1, x, 0.1, 0.0, DType.INT8)

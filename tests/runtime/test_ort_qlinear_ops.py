@@ -1,0 +1,149 @@
+"""The numpy oracles of onnxruntime's QLinearAdd and QLinearGlobalAveragePool (the kernels a
+QDQ Add / GlobalAveragePool fuse into) match onnxruntime bit for bit on random cases: int8 with
+zero point 0 and uint8 with zero point 128 (quantlab's two activation encodings), and arbitrary
+output zero points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fma_add import qlinear_add as profile_qlinear_add
+from quantlab.numerics.quantize import BoundRule, bound_codes
+
+ort = pytest.importorskip("onnxruntime")
+from onnx import numpy_helper  # noqa: E402
+from ort_qlinear_ops import (  # noqa: E402
+    F32,
+    qlinear_add,
+    qlinear_global_average_pool,
+    run_qlinear_add,
+    run_qlinear_global_average_pool,
+)
+
+N_ADD = 300
+N_GAP = 200
+
+
+def _zero_points(rng, dt, seed):
+    info = np.iinfo(dt)
+    z = 0 if dt == np.int8 else 128
+    zc = z if seed % 4 < 2 else int(rng.integers(info.min, info.max + 1))
+    return z, zc
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_qlinear_add_oracle_matches_onnxruntime(chunk):
+    rng = np.random.default_rng(100 + chunk)
+    for seed in range(chunk * N_ADD // 3, (chunk + 1) * N_ADD // 3):
+        dt = np.int8 if seed % 2 else np.uint8
+        info = np.iinfo(dt)
+        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 70)))
+        a = rng.integers(info.min, info.max + 1, shape).astype(dt)
+        b = rng.integers(info.min, info.max + 1, shape[-1:] if seed % 5 == 0 else shape)
+        b = b.astype(dt)
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        if seed % 7 == 0:  # power-of-two scales: exact ties
+            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
+        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        z, zc = _zero_points(rng, dt, seed)
+        got = run_qlinear_add(a, sa, z, b, sb, z, sc, zc)
+        want = qlinear_add(a, sa, z, b, sb, z, sc, zc)
+        assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
+
+
+def test_qlinear_global_average_pool_oracle_matches_onnxruntime():
+    rng = np.random.default_rng(7)
+    for seed in range(N_GAP):
+        dt = np.int8 if seed % 2 else np.uint8
+        info = np.iinfo(dt)
+        shape = (int(rng.integers(1, 3)), int(rng.integers(1, 40)))
+        shape += (int(rng.integers(1, 9)), int(rng.integers(1, 9)))
+        x = rng.integers(info.min, info.max + 1, shape).astype(dt)
+        sx = F32(rng.uniform(1e-3, 0.1))
+        sy = F32(sx * rng.uniform(0.3, 2.0))
+        if seed % 5 == 0:  # power-of-two scales and 2**k pixels: exact ties
+            x = x[:, :, :2, :2]
+            sx, sy = F32(2.0**-5), F32(2.0**-6)
+        z, zy = _zero_points(rng, dt, seed)
+        got = run_qlinear_global_average_pool(x, sx, z, sy, zy)
+        want = qlinear_global_average_pool(x, sx, z, sy, zy)
+        assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
+
+
+@pytest.mark.parametrize("zero_point", [0, 128])
+def test_profile_add_rule_matches_onnxruntime(zero_point):
+    """numerics.fma_add.qlinear_add (the onnxruntime profile's RESCALE_FLOAT_FMA add) on
+    symmetric int8 codes equals onnxruntime's QLinearAdd on those codes held with zero point 0
+    (int8) or 128 (uint8), on 1.2 million uint8 adds (the two fused multiply-adds of the
+    uint8 kernel differ from a rounded inner product plus the constant about once in 400,000)."""
+    rng = np.random.default_rng(40 + zero_point)
+    dt = np.int8 if zero_point == 0 else np.uint8
+    shape = (1, 40000) if zero_point else (4, 500)  # the rare case needs the uint8 kernel
+    for seed in range(30):
+        a = rng.integers(-128, 128, shape).astype(np.int8)
+        b = rng.integers(-128, 128, shape).astype(np.int8)
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        if seed % 6 == 0:
+            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0**-5)
+        sc = F32((sa + sb) * rng.uniform(0.3, 1.5))
+        held = [(v.astype(np.int16) + zero_point).astype(dt) for v in (a, b)]
+        ort = run_qlinear_add(held[0], sa, zero_point, held[1], sb, zero_point, sc, zero_point)
+        got = profile_qlinear_add(
+            torch.from_numpy(a),
+            float(sa),
+            torch.from_numpy(b),
+            float(sb),
+            float(sc),
+            DType.INT8,
+            zero_point,
+        )
+        want = ort.astype(np.int16) - zero_point
+        assert np.array_equal(got.numpy().astype(np.int16), want), f"case {seed}"
+
+
+def test_clip_bound_codes_in_float32_match_onnxruntime():
+    """A QDQ Clip (DequantizeLinear -> Clip -> QuantizeLinear at one scale) in onnxruntime gives
+    the bound codes ``bound_codes(..., rule=BoundRule.FLOAT32_HALF_EVEN)`` gives; at scale
+    fl32(2/51) the bound 1.0 is a float32 tie (25.5 -> 26) that the float64 quotient misses
+    (25.4999 -> 25)."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "s", "z"], ["f"]),
+        helper.make_node("Clip", ["f", "lo"], ["c"]),
+        helper.make_node("QuantizeLinear", ["c", "s", "z"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "clip",
+        [
+            helper.make_tensor_value_info("x", TensorProto.INT8, [256]),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("lo", TensorProto.FLOAT, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.INT8, [256])],
+        [numpy_helper.from_array(np.asarray(0, np.int8), "z")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    scales = [F32(2.0 / 51.0)] + [F32(v) for v in rng.uniform(1e-3, 0.1, 40)]
+    bounds = [1.0, 0.25, 6.0, -0.5] + [float(v) for v in rng.uniform(-3, 3, 40)]
+    x = np.arange(-128, 128, dtype=np.int8)
+    for s in scales:
+        for lo in bounds:
+            feed = {"x": x, "s": np.asarray(s, F32), "lo": np.asarray(lo, F32)}
+            (y,) = sess.run(None, feed)
+            lo_c, hi_c = bound_codes(
+                lo, None, float(s), DType.INT8, rule=BoundRule.FLOAT32_HALF_EVEN
+            )
+            want = np.clip(x.astype(np.int64), lo_c, hi_c)
+            assert np.array_equal(y.astype(np.int64), want), f"scale {s}, bound {lo}"
+    assert bound_codes(1.0, None, float(scales[0]), DType.INT8, True)[0] == 26
+    assert bound_codes(1.0, None, float(scales[0]), DType.INT8)[0] == 25
