@@ -40,6 +40,22 @@ class EmbeddingIndex(enum.Enum):
     CALIBRATED = "calibrated"
 
 
+PER_OP_DTYPES = (DType.INT8, DType.INT16, DType.INT32, DType.FLOAT16, DType.FLOAT32)
+
+
+def _per_op_dtype(value, field_name: str) -> DType:
+    """``value`` as one of the dtypes an op's precision may take (``PER_OP_DTYPES``);
+    ValueError naming the field and the allowed names otherwise."""
+    try:
+        dt = DType.parse(value)
+    except ValueError:
+        dt = None
+    if dt not in PER_OP_DTYPES:
+        allowed = ", ".join(d.name for d in PER_OP_DTYPES)
+        raise ValueError(f"{field_name}: unknown dtype {value!r}; allowed: {allowed}")
+    return dt
+
+
 @dataclass
 class OpQConfig:
     """Quantization of one op; every field optional (None = inherit from the next rule).
@@ -74,7 +90,7 @@ class OpQConfig:
         for name in ("input_dtype", "weight_dtype", "output_dtype"):
             v = getattr(self, name)
             if v is not None:
-                setattr(self, name, DType.parse(v))
+                setattr(self, name, _per_op_dtype(v, name))
         if self.observer is not None:
             self.observer = parse_enum(ObserverKind, self.observer, "observer")
         if self.histogram_method is not None:

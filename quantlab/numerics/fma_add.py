@@ -61,19 +61,21 @@ def qlinear_add(
     out_scale: Tensor | float,
     out: DType,
     zero_point: int = 0,
+    zero_points: tuple[int, int, int] = (0, 0, 0),
 ) -> Tensor:
-    """Output codes (``out``'s torch dtype) of ONNX Runtime's QLinearAdd on symmetric codes
-    ``x``, ``y`` (integer tensors, broadcasting) held by the runtime with ``zero_point`` on
-    both inputs and the output (0: int8; 128: uint8): the MLAS formula of the module doc,
-    every step one IEEE float32 operation or fused multiply-add, ties to even, saturated to
-    ``out``."""
+    """Output codes (``out``'s torch dtype) of ONNX Runtime's QLinearAdd on codes ``x``, ``y``
+    (integer tensors, broadcasting) with zero points ``zero_points`` = (x's, y's, output's),
+    held by the runtime shifted by ``zero_point`` (0: int8; 128: symmetric codes as uint8), so
+    the runtime sees x + zero_point with zero point zx + zero_point, and so on: the MLAS
+    formula of the module doc, every step one IEEE float32 operation or fused multiply-add,
+    ties to even, saturated to ``out``."""
     if x.is_floating_point() or y.is_floating_point():
         raise TypeError(f"x and y must hold integer codes, got {x.dtype} and {y.dtype}")
     sc = _scale(out_scale, "out_scale")
     ra = _scale(x_scale, "x_scale") / sc
     rb = _scale(y_scale, "y_scale") / sc
-    z = torch.tensor(float(zero_point), dtype=torch.float32)
-    fixed = z - (ra * z + rb * z)
+    za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
+    fixed = zc - (ra * za + rb * zb)
     xa, yb = torch.broadcast_tensors(x, y)
     rest = fma_float32(yb.to(torch.float32).add(float(zero_point)), rb, fixed)
     v = fma_float32(xa.to(torch.float32).add(float(zero_point)), ra, rest)

@@ -63,12 +63,7 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
             p.requant_mult_bits,
         )
     if p.add_rule is AddRule.RESCALE_FLOAT_FMA:
-        if any(zero_points):
-            raise ValueError(
-                "the RESCALE_FLOAT_FMA add holds codes at platform.qlinear_zero_point; "
-                "operand zero points must be 0"
-            )
-        return qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point)
+        return qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point, zero_points)
     if p.add_rule is AddRule.LEFT_SHIFT:
         left = p.add_left_shift_int16 if out.bits > 8 else p.add_left_shift
         return add_left_shift(xc, xs, yc, ys, so, out, left, zero_points)

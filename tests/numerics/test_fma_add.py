@@ -67,3 +67,19 @@ def test_qlinear_add_rejects_float_codes_and_bad_scales():
         qlinear_add(x.float(), 0.1, x, 0.1, 0.1, DType.INT8)
     with pytest.raises(ValueError, match="out_scale"):
         qlinear_add(x, 0.1, x, 0.1, 0.0, DType.INT8)
+
+
+def test_qlinear_add_with_operand_zero_points_equals_reference():
+    rng = np.random.default_rng(23)
+    for case in range(40):
+        out = DType.UINT8 if case % 2 else DType.INT8
+        x = torch.from_numpy(rng.integers(out.qmin, out.qmax + 1, (2, 40)))
+        y = torch.from_numpy(rng.integers(out.qmin, out.qmax + 1, (2, 40)))
+        zps = tuple(int(v) for v in rng.integers(out.qmin, out.qmax + 1, 3))
+        sx, sy = np.float32(rng.uniform(1e-3, 0.1)), np.float32(rng.uniform(1e-3, 0.1))
+        if case % 5 == 0:  # power-of-two scales: exact ties
+            sx, sy = np.float32(2.0 ** -int(rng.integers(3, 8))), np.float32(2.0**-6)
+        so = np.float32((sx + sy) * rng.uniform(0.3, 1.5))
+        got = qlinear_add(x, float(sx), y, float(sy), float(so), out, 0, zps)
+        want = ref_qlinear_add(x, sx, y, sy, so, out, 0, zps)
+        assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))

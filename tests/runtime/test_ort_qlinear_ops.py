@@ -54,6 +54,33 @@ def test_qlinear_add_oracle_matches_onnxruntime(chunk):
         assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
 
 
+def test_profile_add_with_asymmetric_uint8_operands_matches_onnxruntime():
+    """quantlab's QLinearAdd kernel on uint8 codes with their own zero points (x's, y's,
+    output's) equals onnxruntime's QLinearAdd on the same codes."""
+    rng = np.random.default_rng(41)
+    for seed in range(30):
+        shape = (2, int(rng.integers(1, 70)))
+        a = rng.integers(0, 256, shape).astype(np.uint8)
+        b = rng.integers(0, 256, shape).astype(np.uint8)
+        za, zb, zc = (int(v) for v in rng.integers(0, 256, 3))
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        if seed % 7 == 0:  # power-of-two scales: exact ties
+            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
+        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        ort = run_qlinear_add(a, sa, za, b, sb, zb, sc, zc)
+        got = profile_qlinear_add(
+            torch.from_numpy(a.astype(np.int64)),
+            float(sa),
+            torch.from_numpy(b.astype(np.int64)),
+            float(sb),
+            float(sc),
+            DType.UINT8,
+            0,
+            (za, zb, zc),
+        )
+        assert np.array_equal(got.numpy().astype(np.int64), ort.astype(np.int64)), f"case {seed}"
+
+
 def test_qlinear_global_average_pool_oracle_matches_onnxruntime():
     rng = np.random.default_rng(7)
     for seed in range(N_GAP):

@@ -25,12 +25,15 @@ def round_to_float32(v: Fraction) -> float:
     return float(best)
 
 
-def qlinear_add(x, x_scale, y, y_scale, out_scale, out: DType, zero_point: int = 0) -> np.ndarray:
-    """int64 output codes of MLAS QLinearAdd on symmetric codes held with ``zero_point``."""
+def qlinear_add(
+    x, x_scale, y, y_scale, out_scale, out: DType, zero_point: int = 0, zero_points=(0, 0, 0)
+) -> np.ndarray:
+    """int64 output codes of MLAS QLinearAdd on codes with ``zero_points`` (x's, y's, output's),
+    held shifted by ``zero_point``."""
     sc = F32(out_scale)
     ra, rb = F32(F32(x_scale) / sc), F32(F32(y_scale) / sc)
-    z = F32(zero_point)
-    fixed = F32(z - F32(F32(ra * z) + F32(rb * z)))
+    za, zb, zc = (F32(v + zero_point) for v in zero_points)
+    fixed = F32(zc - F32(F32(ra * za) + F32(rb * zb)))
     xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
     res = []
     for a, b in zip(xa.ravel(), ya.ravel()):
