@@ -3,7 +3,9 @@
 The model is calibrated on the data's calibration items, then the evaluation items run in fake
 mode (QAT numerics) and fixed mode (deployed numerics). Every captured op is compared in two
 views: isolated (each fixed op fed the fake run's inputs: the op's own gap) and accumulated
-(both runs end to end: the gap as it reaches that depth). Rows: one per op and view.
+(both runs end to end: the gap as it reaches that depth). Rows: one per op and view. The
+model's task metrics of the fake and the fixed run against float come with their item count
+and 95% bootstrap interval; an ONNX model's float run is also checked against onnxruntime.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
-from quantlab.report import Plot
+from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
 
 SQNR_PLOT_CAP = 100.0  # identical outputs (SQNR = +inf) are drawn at this height
@@ -53,16 +55,82 @@ def _merge(batches: list[tuple], n: int) -> tuple:
     )
 
 
-def _output_rows(sim, batch: tuple, modes: list[Mode]) -> pd.DataFrame:
+def _merge_labels(labels, n: int):
+    """The labels of the first ``n`` evaluation batches as one batch (None without labels)."""
+    if labels is None:
+        return None
+    from quantlab.analysis.confidence import concat_items
+
+    return [concat_items(list(labels[: max(1, n)]))]
+
+
+def _run_outputs(sim, batch: tuple, modes: list[Mode]) -> dict:
+    return {m: sim.run(*batch, mode=m) for m in modes}
+
+
+def _output_rows(outs: dict, bundle, batch: tuple) -> pd.DataFrame:
+    """Output metrics of each mode pair; with an external reference runtime (ONNX models), the
+    float run against that runtime too."""
     from quantlab.analysis.metrics import all_metrics, flat
 
-    outs = {m: flat(sim.run(*batch, mode=m)) for m in modes}
+    flats = {m: flat(o) for m, o in outs.items()}
     rows = []
     for a, b in ((Mode.FLOAT, Mode.FAKE), (Mode.FLOAT, Mode.FIXED), (Mode.FAKE, Mode.FIXED)):
         row = {"reference": a.name, "compared": b.name}
-        row.update(all_metrics(outs[a], outs[b]))
+        row.update(all_metrics(flats[a], flats[b]))
+        rows.append(row)
+    if bundle.reference is not None:
+        ref = flat(bundle.reference(*batch))
+        row = {"reference": bundle.reference_name.upper(), "compared": Mode.FLOAT.name}
+        row.update(all_metrics(ref, flats[Mode.FLOAT]))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def task_table(outs: dict, bundle, labels) -> pd.DataFrame:
+    """Each task metric of the FAKE and the FIXED run against FLOAT, with its item count and 95%
+    bootstrap interval (quantlab.analysis.confidence)."""
+    from quantlab.analysis.confidence import estimate_metrics
+
+    rows = []
+    for mode in (Mode.FAKE, Mode.FIXED):
+        est = estimate_metrics(bundle.metrics, [outs[Mode.FLOAT]], [outs[mode]], labels)
+        for metric in bundle.metrics:
+            e = est[metric.name]
+            rows.append(
+                {
+                    "metric": metric.name,
+                    "compared": mode.name,
+                    "value": e.value,
+                    "ci_low": e.low,
+                    "ci_high": e.high,
+                    "items": e.n,
+                    "higher_is_better": metric.higher_is_better,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _task_findings(task: pd.DataFrame) -> list[str]:
+    from quantlab.analysis.confidence import Estimate
+
+    out = []
+    for metric, g in task.groupby("metric", sort=False):
+        e = {
+            r.compared: Estimate(r.value, r.ci_low, r.ci_high, int(r.items)) for r in g.itertuples()
+        }
+        parts = "; ".join(f"{m.lower()} {est}" for m, est in e.items())
+        fake, fixed = e.get("FAKE"), e.get("FIXED")
+        verdict = ""
+        if fake is not None and fixed is not None and fake.value != fixed.value:
+            sep = fake.separated_from(fixed)
+            verdict = " The fake and fixed intervals " + (
+                "do not overlap: the difference is resolved."
+                if sep
+                else "overlap: the difference is not resolved on these items."
+            )
+        out.append(f"Task metric {metric}: {parts}.{verdict}")
+    return out
 
 
 def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
@@ -82,6 +150,12 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
 
     a, b = exp.mode_a.name.lower(), exp.mode_b.name.lower()
     out = []
+    if bundle.reference is not None:
+        r = outputs[outputs.reference == bundle.reference_name.upper()].iloc[0]
+        out.append(
+            f"The converted module's float run matches {bundle.reference_name} (fp32, the "
+            f"original graph) to max |difference| {r.max_abs:.3g} (SQNR {r.sqnr_db:.1f} dB)."
+        )
     row = outputs[(outputs.reference == exp.mode_a.name) & (outputs.compared == exp.mode_b.name)]
     if not row.empty:
         r = row.iloc[0]
@@ -144,17 +218,18 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
 
 @experiment(ConsistencyExp, "consistency")
 def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data import load_data
-    from quantlab.models import build_model
     from quantlab.simulate import Simulator
+    from quantlab.workload import load_workload, qconfig_words, start_spec
 
-    bundle = build_model(ctx.model, seed=ctx.seed or 0)
-    data = load_data(ctx.data, bundle.name)
-    sim = Simulator(bundle.module, ctx.platform)
+    bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
+    spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
+    sim = Simulator(bundle.module, ctx.platform, spec)
     sim.calibrate(data.calib, ctx.progress)
     batch = _merge(data.eval, exp.max_eval_items)
     table = consistency_table(sim, batch, exp)
-    outputs = _output_rows(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+    outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+    outputs = _output_rows(outs, bundle, batch)
+    task = task_table(outs, bundle, _merge_labels(data.labels, exp.max_eval_items))
     support = sim.ops[
         [
             "name",
@@ -210,12 +285,28 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             title=f"{bundle.name}: largest per-op error in output LSBs",
         ),
     ]
+    plots.append(
+        Plot(
+            name="task_metrics",
+            x="compared",
+            y="value",
+            xlabel="run compared with float (mode)",
+            ylabel="task metric value (its own unit; bars: 95% bootstrap interval)",
+            title=f"{bundle.name}: task metrics on {int(task['items'].iloc[0])} evaluation items",
+            facet="metric",
+            kind=PlotKind.BAR,
+            table="task_metrics",
+            ci_low="ci_low",
+            ci_high="ci_high",
+        )
+    )
     return ExperimentResult(
         table=table,
         title=f"Fake vs fixed consistency: {bundle.name} on {ctx.platform.name}",
-        findings=_findings(table, outputs, support, exp, ctx, bundle),
+        findings=_findings(table, outputs, support, exp, ctx, bundle) + _task_findings(task),
         tables={
             "model_output": outputs,
+            "task_metrics": task,
             "by_op_type": by_type,
             "worst_ops": worst,
             "op_support": support,
@@ -225,8 +316,13 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         },
         plots=plots,
         notes=[
-            f"Calibration: {len(data.calib)} {data.name} items; comparison: the first "
-            f"{exp.max_eval_items} evaluation items as one batch.",
+            f"Calibration: {len(data.calib)} {data.name} batches; comparison: the first "
+            f"{exp.max_eval_items} evaluation batches as one batch ({data.description}); "
+            f"{qconfig_words(ctx.qconfig)}.",
+            "Task metrics compare the fake and the fixed run with the float run (a metric that "
+            "reads labels, e.g. face accuracy, compares with the labels); each value is measured "
+            "on all evaluation items, its 95% interval resamples the items 1000 times "
+            "(percentile bootstrap, seed 0); n = item count.",
             "Isolated view: each op of the compared run is fed the reference run's inputs, so a "
             "row is that op's own gap; accumulated view: both runs end to end.",
             "err_lsb is the largest |error| in units of the compared run's output scale; "

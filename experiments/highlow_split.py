@@ -123,6 +123,7 @@ def _model_level(exp, ctx, name, bundle, data) -> tuple[pd.DataFrame, pd.DataFra
     QAT numerics: the exact value each format represents), activations float, task metrics of
     the outputs against float; cost from the platform template's op table with the scheme's
     weight formats."""
+    from quantlab.analysis.confidence import estimate_metrics
     from quantlab.simulate import Simulator
 
     module = bundle.module
@@ -172,8 +173,8 @@ def _model_level(exp, ctx, name, bundle, data) -> tuple[pd.DataFrame, pd.DataFra
             "weight_bytes": wbytes,
             "extra_int8_macs": extra,
         }
-        for metric in bundle.metrics:
-            row[metric.name] = metric(ref, outs, data.labels)
+        for metric_name, est in estimate_metrics(bundle.metrics, ref, outs, data.labels).items():
+            row.update(est.as_columns(metric_name))
         rows.append(row)
     df = pd.DataFrame(rows)
     base = df.loc[df["scheme"] == "int8", "cost_int8_mac_eq"]
@@ -288,7 +289,7 @@ def _findings(exp, layers, models) -> list[str]:
                     "int16 is not available (platform.max_int16_gemm_operands < 2)."
                 )
             if "top1_agreement" in g.columns and g["top1_agreement"].notna().all():
-                t1 = ", ".join(f"{s} {v:.3f}" for s, v in zip(g["scheme"], g["top1_agreement"]))
+                t1 = ", ".join(f"{r.scheme} {_top1(r)}" for r in g.itertuples())
                 out.append(f"{model} top-1 agreement with float: {t1}.")
     return out
 
@@ -322,6 +323,20 @@ def _fixed_level(exp, ctx, name, bundle, sens) -> pd.DataFrame:
     return df
 
 
+def _top1(r) -> str:
+    """Top-1 agreement of a row with its 95% bootstrap interval and item count."""
+    from quantlab.analysis.confidence import Estimate
+
+    return str(
+        Estimate(
+            r.top1_agreement,
+            r.top1_agreement_ci_low,
+            r.top1_agreement_ci_high,
+            int(r.top1_agreement_n),
+        )
+    )
+
+
 def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:
     out = []
     for model, g in df.groupby("model", sort=False):
@@ -329,7 +344,7 @@ def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:
         parts = []
         for lab, r in zip(label, g.itertuples()):
             kl = f", KL {r.kl_nats:.3g}" if "kl_nats" in g.columns else ""
-            t1 = f", top-1 {r.top1_agreement:.2f}" if "top1_agreement" in g.columns else ""
+            t1 = f", top-1 {_top1(r)}" if "top1_agreement" in g.columns else ""
             parts.append(f"{lab} {r.sqnr_db:.1f} dB{kl}{t1} at {r.cost_rel_int8:.2f}x")
         out.append(
             f"{model} through the simulator (FIXED, template activations, "

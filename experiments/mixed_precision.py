@@ -2,9 +2,12 @@
 
 For each platform: rank the ops (quantlab.analysis.sensitivity, cached), then for each ratio of
 the sensitivity table raise those ops to int16 (activations on J6E/M/B; on J6H/P the int8
-Conv/MatMul inputs and weights, vector ops staying in float16), run the model
-in fixed point and measure the task metric and output SQNR against float and the cost model
-(MACs x operand bytes plus LUT and split overheads, quantlab.analysis.cost).
+Conv/MatMul inputs, vector ops staying in float16), run the model in fixed point and measure the
+task metric (with its 95% bootstrap interval over the evaluation items) and output SQNR against
+float and the cost model (MACs x operand bytes plus LUT and split overheads,
+quantlab.analysis.cost). Each evaluated configuration is written as a qconfig file
+(``qconfig/<platform>_ratio<r>.yaml``); passed back with ``qconfig=file`` it is the starting
+configuration, so its ratio-0 row reproduces that row.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_
 from quantlab.config import CONFIG_DIR, register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.platforms import PlatformConfig
-from quantlab.report import Plot, PlotKind
+from quantlab.report import QCONFIG_DIR, Plot, PlotKind
 from quantlab.simulate import Mode, Simulator
 
 RANK_METRICS = [Metric.L1, Metric.COSINE, Metric.MSE, Metric.KL, Metric.SQNR, Metric.MAX_ABS]
@@ -77,18 +80,17 @@ def platform_profile(name: str, current: PlatformConfig) -> PlatformConfig:
 
 @experiment(MixedPrecisionExp, "mixed_precision")
 def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data import load_data
-    from quantlab.models import build_model
+    from quantlab.workload import load_workload, qconfig_words, start_spec
 
-    bundle = build_model(ctx.model, seed=ctx.seed or 0)
-    data = load_data(ctx.data, bundle.name)
+    bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     batches = merge_batches(data.eval) if exp.merge_batches else list(data.eval)
     task = bundle.task
     out_metrics = [Metric.SQNR, Metric.L1] + ([Metric.TASK] if task is not None else [])
     names = exp.platforms or [ctx.platform.name]
-    rows = []
+    rows, qconfigs = [], {}
     for pname in names:
         platform = platform_profile(pname, ctx.platform)
+        base = start_spec(ctx.qconfig, platform, bundle.module, data.calib[0])
         run = analyze(
             bundle.module,
             platform,
@@ -97,12 +99,13 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             kinds=[SensitiveType.ACTIVATION, SensitiveType.WEIGHT, SensitiveType.INPUT],
             metrics=RANK_METRICS + ([Metric.TASK] if task is not None else []),
             task=task,
+            qconfig=base,
             cache_dir=exp.cache_dir,
             progress=ctx.progress,
         )
         ranking, sim = run.table, run.sim
         if sim is None:  # the ranking came from the cache
-            sim = Simulator(bundle.module, platform)
+            sim = Simulator(bundle.module, platform, base)
             sim.calibrate(data.calib, ctx.progress)
         refs = [sim.run(*b, mode=Mode.FLOAT) for b in batches]
         base_cost = None
@@ -110,9 +113,18 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             template = SensitiveTemplate(exp.rank_metric, ratio=ratio, kinds=tuple(exp.raise_kinds))
             picked = select_sensitive(ranking, template)
             res = evaluate_mixed(
-                sim, batches, refs, picked, out_metrics, task, exp.mode, None, CostModel()
+                sim, batches, refs, picked, out_metrics, task, exp.mode, base, CostModel()
             )
             base_cost = res.cost if base_cost is None else base_cost
+            file = f"{pname}_ratio{ratio:g}.yaml"
+            qconfigs[file] = (
+                res.spec,
+                f"chosen by +exp=mixed_precision for {bundle.name} on platform {pname}: ratio "
+                f"{ratio:g} of the {exp.rank_metric.name} sensitivity table raised "
+                f"({len(picked)} ops, {len(res.pinned)} GEMM inputs pinned to INT8) on top of "
+                f"{qconfig_words(ctx.qconfig)}",
+            )
+            est = res.task
             rows.append(
                 {
                     "platform": pname,
@@ -124,8 +136,12 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
                     "sqnr_db": res.metrics["SQNR"],
                     "l1": res.metrics["L1"],
                     "task": res.metrics.get("TASK", float("nan")),
+                    "task_ci_low": est.low if est is not None else float("nan"),
+                    "task_ci_high": est.high if est is not None else float("nan"),
+                    "task_n": est.n if est is not None else 0,
                     "raised": " ".join(f"{n}[{k.value[0]}]" for n, k in picked),
                     "pinned_int8": " ".join(res.pinned),
+                    "qconfig_file": f"{QCONFIG_DIR}/{file}",
                 }
             )
     table = pd.DataFrame(rows)
@@ -141,10 +157,14 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             x="cost_rel",
             y="task" if task is not None else "sqnr_db",
             xlabel="cost relative to no raised op (int8-MAC equivalents ratio)",
-            ylabel=f"{task_name} vs float" if task is not None else "output SQNR vs float (dB)",
+            ylabel=f"{task_name} vs float (bars: 95% bootstrap interval)"
+            if task is not None
+            else "output SQNR vs float (dB)",
             title=f"{bundle.name}: accuracy vs cost as the raised share grows",
             hue="platform",
             kind=PlotKind.LINE,
+            ci_low="task_ci_low" if task is not None else None,
+            ci_high="task_ci_high" if task is not None else None,
         ),
         Plot(
             name="pareto_sqnr",
@@ -162,12 +182,19 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
         title=f"Mixed precision of {bundle.name}: raising sensitive ops",
         findings=_findings(table, task_name),
         plots=plots,
+        qconfigs=qconfigs,
         notes=[
             f"Ranking: {exp.rank_metric.name} sensitivity (activation, weight and GEMM-input "
             "rows together, vendor template); raised kinds: "
             + ", ".join(k.value for k in exp.raise_kinds)
             + f"; evaluation in {exp.mode.name} mode against float on "
-            f"{sum(len(b[0]) for b in batches)} items of data={data.name}.",
+            f"{sum(len(b[0]) for b in batches)} items of data={data.name}; starting from "
+            f"{qconfig_words(ctx.qconfig)}.",
+            "task: measured on all evaluation items; task_ci_low / task_ci_high: its 95% "
+            "interval from resampling the items (percentile bootstrap, 1000 resamples), "
+            "task_n items.",
+            f"Each row's configuration is in its qconfig_file ({QCONFIG_DIR}/ in the run "
+            "folder); pass it back with qconfig=file qconfig.path=<that file>.",
             "Cost: int8-MAC equivalents (MACs x operand bytes, LUT and split overheads; "
             "quantlab.analysis.cost), relative to the same platform with no raised op.",
             "pareto = no other ratio on that platform is at most as costly and better.",
@@ -175,16 +202,34 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
     )
 
 
+def _estimate(row):
+    from quantlab.analysis.confidence import Estimate
+
+    return Estimate(row.task, row.task_ci_low, row.task_ci_high, int(row.task_n))
+
+
 def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
     out = []
     for pname, g in table.groupby("platform", sort=False):
         lo, hi = g.iloc[0], g.iloc[-1]
-        out.append(
+        text = (
             f"{pname}: raising {hi.raised_ops} ops (ratio {hi.ratio:g}, to "
             f"{hi.sensitive_dtype}) moves output SQNR from {lo.sqnr_db:.2f} dB to "
             f"{hi.sqnr_db:.2f} dB and {task_name} from {lo.task:.4g} to {hi.task:.4g} "
             f"at {hi.cost_rel:.3f}x the cost."
         )
+        if hi.task_n > 1 and lo.task != hi.task:
+            a, b = _estimate(lo), _estimate(hi)
+            text += (
+                f" On {a.n} items, {task_name} is {a} at ratio {lo.ratio:g} and {b} at ratio "
+                f"{hi.ratio:g}: the intervals "
+                + (
+                    "do not overlap (resolved)."
+                    if a.separated_from(b)
+                    else "overlap (not resolved)."
+                )
+            )
+        out.append(text)
         best = g[g["pareto"]]
         top = g.loc[g["sqnr_db"].idxmax()]
         out.append(

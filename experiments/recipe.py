@@ -19,11 +19,12 @@ from quantlab.analysis.recipe import Direction, RecipeResult, RecipeTarget, run_
 from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
-from quantlab.report import Plot, PlotKind
+from quantlab.report import QCONFIG_DIR, Plot, PlotKind
 from quantlab.simulate import Mode, Simulator
 
 RANK_METRICS = [Metric.L1, Metric.COSINE, Metric.MSE, Metric.KL, Metric.SQNR, Metric.MAX_ABS]
 """Every output metric, as +exp=mixed_precision ranks them, so both share cached rankings."""
+QCONFIG_FILE = "qconfig.yaml"  # the chosen configuration, in <run>/qconfig/
 RANK_KINDS = [SensitiveType.ACTIVATION, SensitiveType.WEIGHT, SensitiveType.INPUT]
 RAISE_KINDS = [SensitiveType.ACTIVATION, SensitiveType.INPUT]
 """Raised by default: activations and GEMM inputs. A weight raise (WEIGHT) pins the GEMM's input
@@ -74,11 +75,9 @@ register_schema("exp", "recipe_schema", RecipeExp)
 
 @experiment(RecipeExp, "recipe")
 def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data import load_data
-    from quantlab.models import build_model
+    from quantlab.workload import load_workload, qconfig_words, start_spec
 
-    bundle = build_model(ctx.model, seed=ctx.seed or 0)
-    data = load_data(ctx.data, bundle.name)
+    bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     batches = merge_batches(data.eval) if exp.merge_batches else list(data.eval)
     task, platform = bundle.task, ctx.platform
     target = exp.target()
@@ -87,6 +86,7 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             f"model {bundle.name} has no task metric, so exp.target_metric / exp.max_drop "
             "cannot be judged; use exp.min_sqnr_db"
         )
+    base = start_spec(ctx.qconfig, platform, bundle.module, data.calib[0])
     run = analyze(
         bundle.module,
         platform,
@@ -95,12 +95,13 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
         kinds=RANK_KINDS,
         metrics=RANK_METRICS + ([Metric.TASK] if task is not None else []),
         task=task,
+        qconfig=base,
         cache_dir=exp.cache_dir,
         progress=ctx.progress,
     )
     sim = run.sim
     if sim is None:  # the ranking came from the cache
-        sim = Simulator(bundle.module, platform)
+        sim = Simulator(bundle.module, platform, base)
         sim.calibrate(data.calib, ctx.progress)
     say = tqdm.write if ctx.progress else None
     res = run_recipe(
@@ -109,6 +110,7 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
         run.table,
         target,
         task,
+        base,
         directions=exp.directions or None,
         rank_metric=exp.rank_metric,
         kinds=exp.raise_kinds,
@@ -139,6 +141,8 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             hue="direction",
             kind=PlotKind.SCATTER,
             reference="target",
+            ci_low="task_ci_low" if target.on_task else None,
+            ci_high="task_ci_high" if target.on_task else None,
         ),
     ]
     if target.on_task:
@@ -154,13 +158,24 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
                 kind=PlotKind.SCATTER,
             )
         )
+    product = res.chosen or res.best
+    verdict = "meets" if res.chosen is not None else "does NOT meet (the best measured)"
+    header = (
+        f"chosen by +exp=recipe for {bundle.name} on platform {platform.name}: step "
+        f"{product.step} ({product.direction}), {len(product.raised)} raises; {verdict} the "
+        f"target {goal}; starting from {qconfig_words(ctx.qconfig)}"
+    )
     return ExperimentResult(
         table=path,
         title=f"Precision recipe for {bundle.name} on {platform.name}",
         findings=_findings(res, path, goal, platform, task),
         tables=tables,
         plots=plots,
+        qconfigs={QCONFIG_FILE: (product.spec, header)},
         notes=[
+            f"Starting configuration: {qconfig_words(ctx.qconfig)}; the chosen configuration "
+            f"is {QCONFIG_DIR}/{QCONFIG_FILE}, to pass back with qconfig=file "
+            f"qconfig.path=<this folder>/{QCONFIG_DIR}/{QCONFIG_FILE}.",
             "Flow (seed 004 l.55-93): "
             + ", ".join(d.value for d in (exp.directions or _flow(platform)))
             + f"; candidates: the {exp.rank_metric.name} sensitivity rows of kinds "
@@ -190,7 +205,7 @@ def _flow(platform) -> list[Direction]:
 
 def _score_axis(task, target: RecipeTarget) -> tuple[str, str]:
     if target.on_task:
-        return "task", f"{task.name} vs float (items' 95% interval in recipe.csv)"
+        return "task", f"{task.name} vs float (bars: 95% bootstrap interval)"
     return "sqnr_db", "output SQNR vs float (dB)"
 
 

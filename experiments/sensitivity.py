@@ -3,8 +3,10 @@
 From the all-float model, each op's output quantization (activation) and then its weight
 quantization (weight) is switched on alone; optionally each op alone goes from fake to fixed
 point (fixed). The model output is compared with the baseline by L1, signed cosine, MSE, KL,
-SQNR, max abs and the model's task metric; ops are ranked per metric
-(quantlab.analysis.sensitivity).
+SQNR, max abs and the model's task metric (with its 95% bootstrap interval over the
+evaluation items); ops are ranked per metric (quantlab.analysis.sensitivity). The vendor's
+sensitive-op template then raises the ``top_k`` rows (activation and weight rows together) and
+the run writes that choice as a qconfig file, ready for ``qconfig=file``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,31 @@ def top_table(table: pd.DataFrame, metric: Metric, k: int) -> pd.DataFrame:
     return sub.sort_values(["sensitive_type", "rank"], kind="stable").reset_index(drop=True)
 
 
+def _task_finding(table: pd.DataFrame, task) -> str | None:
+    """How many ops move the task metric so that its interval excludes the unquantized value."""
+    from quantlab.analysis.confidence import Estimate
+
+    rows = table[table["metric"] == "TASK"]
+    if rows.empty or task is None:
+        return None
+    parts = []
+    for kind, g in rows.groupby("sensitive_type", sort=False):
+        n = int(g["items"].iloc[0])
+        unmoved = g["value"].max() if task.higher_is_better else g["value"].min()
+        moved = 0
+        for r in g.itertuples():
+            est = Estimate(r.value, r.ci_low, r.ci_high, n)
+            if not (est.low <= unmoved <= est.high):
+                moved += 1
+        worst = g.iloc[0]
+        parts.append(
+            f"{kind}: {task.name} of the most sensitive op {worst.op_name} is "
+            f"{Estimate(worst.value, worst.ci_low, worst.ci_high, n)}; for {moved} of {len(g)} "
+            f"ops the interval excludes the least affected op's value {unmoved:.4g}"
+        )
+    return "Task metric over the evaluation items: " + "; ".join(parts) + "."
+
+
 def _findings(table: pd.DataFrame, top: pd.DataFrame, exp: SensitivityExp, run) -> list[str]:
     out = []
     m = exp.sort_metric.name
@@ -108,11 +135,10 @@ def _findings(table: pd.DataFrame, top: pd.DataFrame, exp: SensitivityExp, run) 
 
 @experiment(SensitivityExp, "sensitivity")
 def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data import load_data
-    from quantlab.models import build_model
+    from quantlab.workload import load_workload, qconfig_words, start_spec
 
-    bundle = build_model(ctx.model, seed=ctx.seed or 0)
-    data = load_data(ctx.data, bundle.name)
+    bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
+    spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     metrics = [m for m in exp.metrics if m is not Metric.TASK or bundle.task is not None]
     batches = merge_batches(data.eval) if exp.merge_batches else data.eval
     run = analyze(
@@ -123,6 +149,7 @@ def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
         kinds=exp.kinds,
         metrics=metrics,
         task=bundle.task,
+        qconfig=spec,
         cache_dir=exp.cache_dir,
         replay=exp.replay,
         freeze_indices=exp.freeze_indices,
@@ -152,14 +179,61 @@ def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
         "COSINE, SQNR and a higher-is-better task metric rank ascending (lower = more sensitive), "
         "the others descending.",
         f"Inputs: {sum(len(b[0]) for b in batches)} evaluation items of data={data.name}; "
-        f"{len(data.calib)} calibration batches. Task metric: "
-        f"{getattr(bundle.task, 'name', 'none')}.",
+        f"{len(data.calib)} calibration batches; {qconfig_words(ctx.qconfig)}. Task metric: "
+        f"{getattr(bundle.task, 'name', 'none')}, with its 95% interval from resampling the "
+        "evaluation items (percentile bootstrap, 1000 resamples; ci_low, ci_high).",
     ]
+    findings = _findings(table, top, exp, run)
+    task_line = _task_finding(table, bundle.task)
+    if task_line:
+        findings.insert(len(findings) - 1, task_line)
+    qconfigs = {}
+    chosen = chosen_qconfig(exp, ctx, bundle, data, spec, table)
+    if chosen is not None:
+        name, spec_top, header, picked = chosen
+        qconfigs[name] = (spec_top, header)
+        notes.append(
+            f"qconfig/{name}: the vendor's sensitive-op template on this table (sort by "
+            f"{exp.sort_metric.name}, the first {exp.top_k} activation and weight rows together, "
+            f"int8 rows raised to {ctx.platform.sensitive_dtype.name} activations or INT16 "
+            f"weights): {len(picked)} ops raised; pass it back with qconfig=file."
+        )
     return ExperimentResult(
         table=table,
         title=f"Sensitivity of {bundle.name} on {ctx.platform.name}",
-        findings=_findings(table, top, exp, run),
+        findings=findings,
         tables={"top_ops": top, "sensitivity": table},
         plots=[plot],
         notes=notes,
+        qconfigs=qconfigs,
     )
+
+
+def chosen_qconfig(exp: SensitivityExp, ctx: RunContext, bundle, data, base, table):
+    """(file name, QConfigSpec, header, raised ops) of the top-k choice, or None when the table
+    has no activation or weight rows."""
+    from quantlab.analysis.mixed_precision import (
+        SensitiveTemplate,
+        apply_legal,
+        raise_spec,
+        select_sensitive,
+    )
+    from quantlab.simulate import Mode, Simulator
+    from quantlab.workload import qconfig_words
+
+    kinds = tuple(k for k in exp.kinds if k is not SensitiveType.FIXED)
+    if not kinds or table[table["metric"] == exp.sort_metric.name].empty:
+        return None
+    template = SensitiveTemplate(exp.sort_metric, topk=exp.top_k, kinds=kinds)
+    picked = select_sensitive(table, template, bundle.task)
+    sim = Simulator(bundle.module, ctx.platform, base)
+    sim.run(*data.calib[0], mode=Mode.FLOAT)  # discover the ops (no calibration needed)
+    spec = raise_spec(picked, ctx.platform, base)
+    pinned = apply_legal(sim, spec)
+    header = (
+        f"chosen by +exp=sensitivity for {bundle.name} on platform {ctx.platform.name}: the top "
+        f"{exp.top_k} rows by {exp.sort_metric.name} ({len(picked)} ops raised"
+        + (f", {len(pinned)} GEMM inputs pinned to INT8" if pinned else "")
+        + f"), on top of {qconfig_words(ctx.qconfig)}"
+    )
+    return f"{ctx.platform.name}_top{exp.top_k}_{exp.sort_metric.name}.yaml", spec, header, picked

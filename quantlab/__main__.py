@@ -55,6 +55,7 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         data=conf.data,
         seed=conf.seed,
         output_dir=output_dir,
+        qconfig=conf.qconfig,
         progress=conf.progress,
     )
     result = entry.fn(conf.exp, ctx)

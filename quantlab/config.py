@@ -1,7 +1,8 @@
 """Hydra structured configs: the root schema and one schema per group, in Hydra's ConfigStore.
 
 Groups mirror code: ``platform/`` -> quantlab.platforms.PlatformConfig, ``model/`` ->
-quantlab.models.schema.ModelConfig, ``data/`` -> quantlab.data.schema.DataConfig, ``exp/`` ->
+quantlab.models.schema.ModelConfig, ``data/`` -> quantlab.data.schema.DataConfig, ``qconfig/``
+-> quantlab.qconfig_presets.QConfigChoice, ``exp/`` ->
 one dataclass per experiment (registered by the experiment module). YAML files extend a schema
 with ``defaults: [schema]`` and set values only; Hydra then rejects unknown keys and enum names.
 """
@@ -18,6 +19,7 @@ from omegaconf import MISSING, OmegaConf
 from quantlab.data.schema import DataConfig
 from quantlab.models.schema import ModelConfig
 from quantlab.platforms import PlatformConfig
+from quantlab.qconfig_presets import QConfigChoice
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -29,6 +31,7 @@ class Config:
     platform: PlatformConfig = MISSING
     model: ModelConfig = MISSING
     data: DataConfig = MISSING
+    qconfig: QConfigChoice = MISSING
     exp: Any = None
     seed: int | None = 0
     progress: bool = True  # progress lines on stderr for long work
@@ -46,6 +49,7 @@ def register_base_schemas() -> None:
     cs.store(group="platform", name="schema", node=PlatformConfig)
     cs.store(group="model", name="schema", node=ModelConfig)
     cs.store(group="data", name="schema", node=DataConfig)
+    cs.store(group="qconfig", name="schema", node=QConfigChoice)
 
 
 def register_all() -> None:

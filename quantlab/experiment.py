@@ -27,6 +27,7 @@ class RunContext:
     seed: int | None
     output_dir: Path
     sweep_value: dict[str, Any] = field(default_factory=dict)  # overrides of this job
+    qconfig: Any = None  # quantlab.qconfig_presets.QConfigChoice (None: the platform template)
     progress: bool = True  # progress bars (tqdm) on stderr for long work
 
 
@@ -40,6 +41,9 @@ class ExperimentResult:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # extra tables (also CSV)
     plots: list[Plot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # method notes shown after the tables
+    # what the run decided, ready to pass back: file name -> (QConfigSpec, header comment),
+    # written as qconfig YAML into <run>/qconfig/ (``qconfig=file qconfig.path=<that file>``)
+    qconfigs: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
 
 ExperimentFn = Callable[[Any, RunContext], ExperimentResult]

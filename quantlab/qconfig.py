@@ -76,6 +76,15 @@ class OpQConfig:
                 allowed = ", ".join(m.name for m in ObserverKind)
                 raise ValueError(f"observer={self.observer!r} is not allowed; allowed: {allowed}")
             self.observer = names[self.observer]
+        if isinstance(self.lut_strategy, str):
+            from quantlab.numerics.lut import Strategy
+
+            if self.lut_strategy not in Strategy.__members__:
+                allowed = ", ".join(Strategy.__members__)
+                raise ValueError(
+                    f"lut_strategy={self.lut_strategy!r} is not allowed; allowed: {allowed}"
+                )
+            self.lut_strategy = Strategy[self.lut_strategy]
         if self.weight_split not in (None, 0):
             from quantlab.numerics.split import check_split_k
 
@@ -229,3 +238,47 @@ def validate_names(spec: QConfigSpec, op_names: list[str], op_types: set[str]) -
             f"qconfig.by_type names unknown op type(s) {bad_types}; allowed: "
             + ", ".join(sorted(op_types))
         )
+
+
+def _nearest(word: str, candidates: list[str], n: int = 5) -> list[str]:
+    import difflib
+
+    return difflib.get_close_matches(word, candidates, n=n, cutoff=0.0)
+
+
+def check_matches(spec: QConfigSpec, ops: list[OpContext], source: str = "qconfig") -> None:
+    """Fail when a rule of ``spec`` matches no op of the model: a ``by_name`` key that is no op
+    name, a ``by_module`` glob that matches no op's module path, a ``by_type`` key that is no
+    op type of the model. The message lists every such rule with the nearest op names (or op
+    types); ``source`` names where the spec came from (e.g. its file)."""
+    names = [o.name for o in ops]
+    modules = sorted({o.module for o in ops})
+    types = sorted({o.op_type for o in ops})
+    problems = []
+    for key in spec.by_name:
+        if key not in set(names):
+            near = ", ".join(_nearest(key, names))
+            problems.append(f"by_name {key!r} is no op of the model; nearest op names: {near}")
+    for pattern in spec.by_module:
+        if not any(fnmatch.fnmatchcase(m, pattern) for m in modules):
+            plain = pattern.replace("*", "").replace("?", "")
+            near = ", ".join(_nearest(plain, names))
+            problems.append(
+                f"by_module {pattern!r} matches no op's module path; nearest op names: {near}"
+            )
+    for op_type in spec.by_type:
+        if op_type not in types:
+            near_types = _nearest(op_type, types, 3)
+            near = ", ".join([o.name for o in ops if o.op_type == near_types[0]][:5])
+            problems.append(
+                f"by_type {op_type!r} is no op type of the model (its op types: "
+                f"{', '.join(types)}); nearest op names: {near}"
+            )
+    if problems:
+        raise ValueError(
+            f"{source}: {len(problems)} rule(s) match no op of the model:\n  "
+            + "\n  ".join(problems)
+        )
+
+
+from quantlab.qconfig_file import load, save  # noqa: E402, F401  (the YAML form of a QConfigSpec)

@@ -16,6 +16,15 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
+REQUIRED = {  # options that need a value the user gives (a file, a factory)
+    ("model", "custom"): ["model.target=my_pkg.nets:build"],
+    ("model", "onnx"): ["model.path=model.onnx"],
+    ("data", "images"): ["data.path=images"],
+    ("data", "tensors"): ["data.path=inputs.pt"],
+    ("qconfig", "file"): ["qconfig.path=qconfig.yaml"],
+}
+
+
 def test_platform_yaml_files_match_names():
     assert set(_options("platform")) == set(PLATFORM_NAMES)
 
@@ -29,16 +38,32 @@ def test_every_platform_composes(name):
 
 @pytest.mark.parametrize("name", _options("model"))
 def test_every_model_option_composes(name):
-    cfg = compose([f"model={name}"])
+    cfg = compose([f"model={name}", *REQUIRED.get(("model", name), [])])
     assert isinstance(cfg.model, ModelConfig)
     assert cfg.model.name == name
 
 
 @pytest.mark.parametrize("name", _options("data"))
 def test_every_data_option_composes(name):
-    cfg = compose([f"data={name}"])
+    cfg = compose([f"data={name}", *REQUIRED.get(("data", name), [])])
     assert isinstance(cfg.data, DataConfig)
     assert cfg.data.name == name
+
+
+@pytest.mark.parametrize("name", _options("qconfig"))
+def test_every_qconfig_option_composes(name):
+    from quantlab.qconfig_presets import QConfigChoice
+
+    cfg = compose([f"qconfig={name}", *REQUIRED.get(("qconfig", name), [])])
+    assert isinstance(cfg.qconfig, QConfigChoice)
+    assert cfg.qconfig.preset.value == name
+
+
+@pytest.mark.parametrize(("group", "name"), sorted(REQUIRED))
+def test_options_without_their_required_value_name_the_field(group, name):
+    field = REQUIRED[(group, name)][0].split("=")[0]
+    with pytest.raises(ValueError, match=f"{field} is required with {group}={name}"):
+        compose([f"{group}={name}"])
 
 
 @pytest.mark.parametrize("name", _options("exp"))

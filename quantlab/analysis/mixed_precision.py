@@ -127,6 +127,8 @@ class MixedResult:
     cost: float
     ops: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
     pinned: list[str] = field(default_factory=list)  # GEMMs whose inputs were pinned to int8
+    spec: QConfigSpec | None = None  # the evaluated configuration (pins included)
+    task: Any = None  # the task metric's Estimate (95% bootstrap interval), None without task
 
 
 def ops_with_split(sim: Simulator) -> pd.DataFrame:
@@ -152,14 +154,23 @@ def evaluate_mixed(
     cost_model: CostModel | None = None,
 ) -> MixedResult:
     """Raise ``picked`` on a calibrated ``sim``, run ``batches`` in ``mode``, compare with
-    ``refs`` (the float outputs) and price the configuration."""
+    ``refs`` (the float outputs) and price the configuration; the task metric comes with its
+    95% bootstrap interval over the items (``MixedResult.task``)."""
+    from quantlab.analysis.confidence import estimate_metrics
+
     spec = raise_spec(picked, sim.platform, base)
     pinned = apply_legal(sim, spec)
     outs = [sim.run(*b, mode=mode) for b in batches]
-    values = output_metrics(refs, outs, metrics, task)
+    values = output_metrics(refs, outs, [m for m in metrics if m is not Metric.TASK], task)
+    est = None
+    if Metric.TASK in metrics:
+        est = estimate_metrics([task], refs, outs)[task.name]
+        values[Metric.TASK] = est.value
     ops = ops_with_split(sim)
     cost = float(op_costs(ops, sim.platform.lut_direct_int8, cost_model or CostModel()).sum())
-    return MixedResult(list(picked), {m.name: v for m, v in values.items()}, cost, ops, pinned)
+    return MixedResult(
+        list(picked), {m.name: v for m, v in values.items()}, cost, ops, pinned, spec, est
+    )
 
 
 def apply_legal(sim: Simulator, spec: QConfigSpec) -> list[str]:

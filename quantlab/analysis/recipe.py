@@ -225,20 +225,10 @@ class _Evaluator:
 
 def default_estimate(task: Any, refs: list, outs: list) -> Estimate:
     """The task metric of ``outs`` against ``refs`` with its 95% percentile-bootstrap interval
-    over the items (one item: a NaN interval)."""
-    from quantlab.analysis.confidence import bootstrap
+    over the items (``confidence.estimate_metrics``; one item: a NaN interval)."""
+    from quantlab.analysis.confidence import estimate_metrics
 
-    n = sum(int(_items(o)) for o in refs)
-    if n < 2:
-        return Estimate(float(task(refs, outs)), math.nan, math.nan, n)
-    return bootstrap(task, refs, outs)
-
-
-def _items(out: Any) -> int:
-    from quantlab.analysis.metrics import float_leaves
-
-    leaves = float_leaves(out)
-    return int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+    return estimate_metrics([task], refs, outs)[task.name]
 
 
 def run_recipe(

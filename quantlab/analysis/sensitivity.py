@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from quantlab.analysis.confidence import estimate_metrics
 from quantlab.analysis.frozen_indices import FrozenIndices
 from quantlab.analysis.metrics import Metric, _parse_enum, lower_is_worse, output_metrics
 from quantlab.numerics.dtypes import DType
@@ -64,8 +66,13 @@ COLUMNS = [
     "value",
     "quant_dtype",
     "flops_share",
+    "items",
+    "ci_low",
+    "ci_high",
     "rank",
 ]
+"""``items``: evaluation items the value is measured on; ``ci_low``/``ci_high``: its 95% bootstrap
+interval (quantlab.analysis.confidence) for the TASK metric, NaN for the output metrics."""
 
 
 class SensitiveType(enum.Enum):
@@ -203,6 +210,7 @@ def sensitivity(
             f"captured ops: {listing or 'none'}"
         )
     total_flops = float(ops["flops"].sum()) or 1.0
+    items = sum(int(b[0].shape[0]) if isinstance(b[0], Tensor) else 1 for b in batches)
     info = ops.set_index("name")
     rows, runs, studied, baselines = [], 0, {}, {}
     user_spec = sim.spec
@@ -241,6 +249,7 @@ def sensitivity(
                     )
                 runs += 1
             values = output_metrics(refs, outs, metrics, task)
+            ci = estimate_metrics([task], refs, outs)[task.name] if Metric.TASK in values else None
             rq = sim.qconfig_of(name)
             qdt = {SensitiveType.WEIGHT: rq.weight_dtype, SensitiveType.INPUT: rq.input_dtype}.get(
                 kind, info.at[name, "output_dtype"]
@@ -255,6 +264,9 @@ def sensitivity(
                         "value": v,
                         "quant_dtype": getattr(qdt, "name", qdt),
                         "flops_share": float(info.at[name, "flops"]) / total_flops,
+                        "items": items,
+                        "ci_low": ci.low if ci is not None and m is Metric.TASK else math.nan,
+                        "ci_high": ci.high if ci is not None and m is Metric.TASK else math.nan,
                     }
                 )
     if sim.spec is not user_spec:

@@ -391,11 +391,13 @@ def fixed_split_study(
     Schemes: ``int8`` (the template), ``split_topk`` (the Conv/Linear ops of ``top_modules``,
     ``OpQConfig(weight_split=k)``) and ``split_all`` (every splittable op), the split ones once
     per combine mode (``platform.weight_split_combine``). One row per run: each task metric of
-    ``metrics``, ``sqnr_db`` of the outputs vs float, the cost model's int8-MAC equivalents
-    (``quantlab.analysis.cost``; it does not depend on the combine mode), weight bytes and the
-    MACs of the second int8 pass."""
+    ``metrics`` with its item count and 95% bootstrap interval (``<name>_n``, ``<name>_ci_low``,
+    ``<name>_ci_high``; quantlab.analysis.confidence), ``sqnr_db`` of the outputs vs float, the
+    cost model's int8-MAC equivalents (``quantlab.analysis.cost``; it does not depend on the
+    combine mode), weight bytes and the MACs of the second int8 pass."""
     import dataclasses
 
+    from quantlab.analysis.confidence import estimate_metrics
     from quantlab.analysis.cost import model_cost
     from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator
@@ -437,8 +439,8 @@ def fixed_split_study(
                 "k": k if split else 0,
                 "layers_split": len(split),
             }
-            for metric in metrics:
-                row[metric.name] = metric(ref, outs, labels)
+            for name, est in estimate_metrics(metrics, ref, outs, labels).items():
+                row.update(est.as_columns(name))
             row["sqnr_db"] = output_sqnr_db(ref, outs)
             row["cost_int8_mac_eq"] = model_cost(cost_ops, platform.lut_direct_int8)
             split_mods = {module_of[n] for n in split}

@@ -18,6 +18,7 @@ import torch
 from quantlab.data.dataset import Dataset, batches
 from quantlab.data.schema import DataConfig
 from quantlab.models import packages
+from quantlab.models.inputs import ModelInputs
 
 TRAIN_ITEMS = 1200
 ITEMS = 1797
@@ -48,11 +49,17 @@ def eval_split() -> tuple[torch.Tensor, torch.Tensor]:
     return images[TRAIN_ITEMS:], labels[TRAIN_ITEMS:]
 
 
-def load(cfg: DataConfig, model: str | None = None) -> Dataset:
-    if model not in (None, *MODELS):
+def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
+    if model is not None and model.registry and model.name not in MODELS:
         raise ValueError(
-            f"data 'digits' holds 8x8 digit images for models {', '.join(MODELS)}; "
-            f"got model '{model}'"
+            f"data 'digits' holds 8x8 digit images for models {', '.join(MODELS)} (or your "
+            f"own model taking (8, 8) inputs); got model '{model.name}'"
+        )
+    if model is not None and model.shapes is not None and model.shapes != ((8, 8),):
+        shown = ", ".join(str(list(s)) for s in model.shapes)
+        raise ValueError(
+            f"data 'digits' gives one (8, 8) input per item, but model {model.name} takes "
+            f"inputs of shape {shown} (without the batch dimension)"
         )
     (ti, _), (ei, el) = train_split(), eval_split()
     nc, ne = min(cfg.num_calib, len(ti)), min(cfg.num_eval, len(ei))

@@ -20,6 +20,7 @@ from quantlab.data.formats import image_format
 from quantlab.data.images import to_tensor
 from quantlab.data.schema import DataConfig
 from quantlab.models import formats, packages
+from quantlab.models.inputs import ModelInputs
 
 NUM_CALIB_PER_CLASS = 10
 
@@ -36,8 +37,8 @@ def crops() -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-def load(cfg: DataConfig, model: str | None = None) -> Dataset:
-    fmt = image_format("faces", model, formats.MTCNN_48)
+def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
+    fmt = image_format("faces", model, formats.MTCNN_48, cfg)
     images, labels = crops()
     n_calib = 2 * NUM_CALIB_PER_CLASS
     ci = list(range(min(cfg.num_calib, n_calib)))

@@ -17,6 +17,7 @@ from quantlab.data.formats import image_format
 from quantlab.data.images import read_image
 from quantlab.data.schema import DataConfig
 from quantlab.models import formats, packages
+from quantlab.models.inputs import ModelInputs
 
 
 def _examples_file(name: str, min_side: int = 0) -> Tensor:
@@ -41,8 +42,8 @@ def _calib_photos() -> list[tuple[str, Tensor]]:
     ]
 
 
-def load(cfg: DataConfig, model: str | None = None) -> Dataset:
-    fmt = image_format("page", model, formats.UVDOC)
+def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
+    fmt = image_format("page", model, formats.UVDOC, cfg)
     calib = take(_calib_photos(), cfg.num_calib)
     full = page_photo()
     return Dataset(

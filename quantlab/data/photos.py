@@ -19,6 +19,7 @@ from quantlab.data.formats import image_format
 from quantlab.data.images import photo
 from quantlab.data.schema import DataConfig
 from quantlab.models import formats
+from quantlab.models.inputs import ModelInputs
 
 CALIB_PHOTOS = ("astronaut", "rocket", "flower", "hubble_deep_field", "coins", "brick", "ihc")
 CALIB_PHOTOS += ("grass",)
@@ -43,8 +44,8 @@ def _prepared(item_id: str, fmt: formats.ImageFormat) -> torch.Tensor:
     return fmt.apply(item(item_id))
 
 
-def load(cfg: DataConfig, model: str | None = None) -> Dataset:
-    fmt = image_format("photos", model, formats.IMAGENET)
+def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
+    fmt = image_format("photos", model, formats.IMAGENET, cfg)
     calib_ids = take(pool(CALIB_PHOTOS), cfg.num_calib)
     eval_ids = take(pool(EVAL_PHOTOS), cfg.num_eval)
 

@@ -14,6 +14,7 @@ import torch
 
 from quantlab.data.dataset import Dataset, batches, take
 from quantlab.data.schema import DataConfig
+from quantlab.models.inputs import ModelInputs
 
 CALIB_PAIRS: tuple[tuple[str, str, int], ...] = (
     ("The train leaves the station at noon.", "At twelve o'clock the train departs.", 1),
@@ -52,10 +53,10 @@ def _collate(pairs: list[tuple[str, str, int]]) -> tuple[torch.Tensor, torch.Ten
     return tokenize([s for a, b, _ in pairs for s in (a, b)])
 
 
-def load(cfg: DataConfig, model: str | None = None) -> Dataset:
-    if model not in (None, "minilm"):
+def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
+    if model is not None and model.name != "minilm":
         raise ValueError(
-            f"data 'sentences' holds tokenized text for model 'minilm'; got model '{model}'"
+            f"data 'sentences' holds tokenized text for model 'minilm'; got model '{model.name}'"
         )
     calib = take(CALIB_PAIRS, cfg.num_calib)
     evals = take(EVAL_PAIRS, cfg.num_eval)

@@ -24,6 +24,7 @@ from quantlab.data.formats import image_format
 from quantlab.data.images import read_image
 from quantlab.data.schema import DataConfig
 from quantlab.models import formats, packages
+from quantlab.models.inputs import ModelInputs
 
 
 @functools.lru_cache(maxsize=1)
@@ -43,7 +44,7 @@ def pair() -> tuple[Tensor, Tensor, Tensor]:
     return left.clone(), right.clone(), disp.clone()
 
 
-def load(cfg: DataConfig, model: str | None = None) -> Dataset:
+def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
     left, right, disp = pair()
     m_left, m_right = right.flip(-1), left.flip(-1)  # mirrored scene: a rectified pair again
     if model is None:
@@ -56,7 +57,7 @@ def load(cfg: DataConfig, model: str | None = None) -> Dataset:
             calib_ids=["mirrored_pair"],
             eval_ids=["pair"],
         )
-    fmt = image_format("stereo", model, formats.UNIT)
+    fmt = image_format("stereo", model, formats.UNIT, cfg)
     calib = take([("mirrored_left", m_left), ("mirrored_right", m_right)], cfg.num_calib)
     evals = take([("left", left), ("right", right)], cfg.num_eval)
     return Dataset(

@@ -25,9 +25,17 @@ class Resize(enum.Enum):
     KEEP = "keep"
 
 
+class ChannelOrder(enum.Enum):
+    """Channel order of the model input: RGB, or BGR (OpenCV-style models, e.g. PaddleOCR)."""
+
+    RGB = "rgb"
+    BGR = "bgr"
+
+
 @dataclass(frozen=True)
 class ImageFormat:
-    """(x - mean) / std of RGB pixels x in [0, 1] after resizing; float32 (B, 3, H, W)."""
+    """(x - mean) / std of pixels x in [0, 1] after resizing, channels in ``channels`` order
+    (``mean`` and ``std`` in that order too); float32 (B, 3, H, W)."""
 
     height: int
     width: int
@@ -35,9 +43,10 @@ class ImageFormat:
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
     std: tuple[float, float, float] = (1.0, 1.0, 1.0)
     crop_ratio: float = 256 / 224
+    channels: ChannelOrder = ChannelOrder.RGB
 
     def apply(self, image: Tensor) -> Tensor:
-        """``image``: (3, H, W) or (B, 3, H, W) float in [0, 1] -> (B, 3, height, width)."""
+        """``image``: RGB (3, H, W) or (B, 3, H, W) float in [0, 1] -> (B, 3, height, width)."""
         x = image if image.dim() == 4 else image.unsqueeze(0)
         x = x.to(torch.float32)
         if self.resize is Resize.SHORT_SIDE_CROP:
@@ -49,6 +58,8 @@ class ImageFormat:
             x = x[:, :, top : top + self.height, left : left + self.width]
         elif self.resize is Resize.STRETCH:
             x = F.interpolate(x, size=(self.height, self.width), mode="bilinear", antialias=True)
+        if self.channels is ChannelOrder.BGR:
+            x = x.flip(1)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(1, 3, 1, 1)
         return ((x - mean) / std).contiguous()

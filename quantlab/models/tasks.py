@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+
+def _leaves(outputs: list) -> list[Tensor]:
+    """Each float tensor of the outputs (any nesting), concatenated over batches, float64."""
+    if not outputs:
+        raise ValueError("a task metric needs at least one output batch, got an empty list")
+    per_batch = [
+        [t for t in tree_flatten(o)[0] if isinstance(t, Tensor) and t.is_floating_point()]
+        for o in outputs
+    ]
+    return [torch.cat([t.detach().to(torch.float64) for t in ts], 0) for ts in zip(*per_batch)]
 
 
 def _cat(outputs: list) -> Tensor:
@@ -25,10 +39,13 @@ def _cat(outputs: list) -> Tensor:
 
 @dataclass(frozen=True)
 class TaskMetric(ABC):
-    """Base: ``name``, ``higher_is_better`` and ``__call__(ref_outputs, test_outputs, labels)``."""
+    """Base: ``name``, ``higher_is_better`` and ``__call__(ref_outputs, test_outputs, labels)``;
+    ``uses_labels``: whether the metric reads the dataset's labels (their items then line up
+    with the outputs' items, e.g. for a bootstrap over items)."""
 
     name: str
     higher_is_better: bool
+    uses_labels: ClassVar[bool] = False
 
     @abstractmethod
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
@@ -36,27 +53,43 @@ class TaskMetric(ABC):
 
 
 @dataclass(frozen=True)
-class Top1Agreement(TaskMetric):
+class ItemMeanMetric(TaskMetric):
+    """A task metric that is the mean of one value per evaluation item: ``item_values`` gives
+    them (float64, one per item on dim 0, each computed from its own item alone) and the metric
+    is their numpy mean (pairwise summation), so a bootstrap can resample the values directly."""
+
+    @abstractmethod
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        """One float64 value per item, shape (N,)."""
+
+    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+        values = self.item_values(ref_outputs, test_outputs, labels)
+        return float(np.mean(values.detach().to(torch.float64).numpy()))
+
+
+@dataclass(frozen=True)
+class Top1Agreement(ItemMeanMetric):
     """Share of samples whose arg-max class equals the float model's (logits (B, C)); in [0, 1]."""
 
     name: str = "top1_agreement"
     higher_is_better: bool = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r, t = _cat(ref_outputs), _cat(test_outputs)
-        return float((r.argmax(-1) == t.argmax(-1)).to(torch.float64).mean())
+        return (r.argmax(-1) == t.argmax(-1)).to(torch.float64)
 
 
 @dataclass(frozen=True)
-class Top1Accuracy(TaskMetric):
+class Top1Accuracy(ItemMeanMetric):
     """Share of samples whose arg-max class is the label (logits (B, C), labels one (B,) int64
     tensor per batch); in [0, 1]. Without labels, the float model's arg-max serves as the
     label (agreement)."""
 
     name: str = "top1_accuracy"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         t = _cat(test_outputs).argmax(-1)
         if labels is None:
             y = _cat(ref_outputs).argmax(-1)
@@ -64,33 +97,34 @@ class Top1Accuracy(TaskMetric):
             y = torch.cat([torch.as_tensor(lab).reshape(-1) for lab in labels]).to(torch.int64)
         if y.numel() != t.numel():
             raise ValueError(f"labels hold {y.numel()} samples, outputs {t.numel()}")
-        return float((t == y).to(torch.float64).mean())
+        return (t == y).to(torch.float64)
 
 
 @dataclass(frozen=True)
-class SoftmaxKL(TaskMetric):
+class SoftmaxKL(ItemMeanMetric):
     """Mean KL(softmax(ref) || softmax(test)) in nats over samples (logits (B, C)); >= 0."""
 
     name: str = "kl_nats"
     higher_is_better: bool = False
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r, t = _cat(ref_outputs), _cat(test_outputs)
         lp, lq = F.log_softmax(r, -1), F.log_softmax(t, -1)
-        return float((lp.exp() * (lp - lq)).sum(-1).mean())
+        return (lp.exp() * (lp - lq)).sum(-1)
 
 
 @dataclass(frozen=True)
-class FaceAccuracy(TaskMetric):
+class FaceAccuracy(ItemMeanMetric):
     """Face / non-face accuracy of the tested model: outputs are probabilities (B, 2) with
     column 1 = face, decided at ``threshold``; labels are one 0/1 tensor per batch (1 = face).
     Without labels, the float model's decisions serve as labels (agreement)."""
 
     name: str = "face_accuracy"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
     threshold: float = 0.5
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         t = _cat(test_outputs)[:, 1] > self.threshold
         if labels is None:
             y = _cat(ref_outputs)[:, 1] > self.threshold
@@ -98,7 +132,7 @@ class FaceAccuracy(TaskMetric):
             y = torch.cat([torch.as_tensor(lab).reshape(-1) for lab in labels]).to(torch.bool)
         if y.numel() != t.numel():
             raise ValueError(f"labels hold {y.numel()} samples, outputs {t.numel()}")
-        return float((t == y).to(torch.float64).mean())
+        return (t == y).to(torch.float64)
 
 
 @dataclass(frozen=True)
@@ -112,6 +146,7 @@ class UnwarpPSNR(TaskMetric):
 
     name: str = "unwarp_psnr_db"
     higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
 
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
         from quantlab.models.uvdoc import unwarp
@@ -129,26 +164,28 @@ class UnwarpPSNR(TaskMetric):
 
 
 @dataclass(frozen=True)
-class EmbeddingCosine(TaskMetric):
+class EmbeddingCosine(ItemMeanMetric):
     """Mean cosine similarity between tested and float embeddings (B, D), row by row; in [-1, 1]."""
 
     name: str = "embedding_cosine"
     higher_is_better: bool = True
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
         r, t = _cat(ref_outputs), _cat(test_outputs)
-        return float(F.cosine_similarity(r, t, dim=-1).mean())
+        return F.cosine_similarity(r, t, dim=-1)
 
 
 @dataclass(frozen=True)
-class BoxL1(TaskMetric):
-    """Mean absolute difference between tested and float boxes (any shape, e.g. (B, Q, 4))."""
+class BoxL1(ItemMeanMetric):
+    """Mean absolute difference between tested and float boxes (any shape, e.g. (B, Q, 4)): the
+    mean over items of each item's mean (every item holds as many numbers)."""
 
     name: str = "box_l1"
     higher_is_better: bool = False
 
-    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
-        return float((_cat(ref_outputs) - _cat(test_outputs)).abs().mean())
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        diff = (_cat(ref_outputs) - _cat(test_outputs)).abs()
+        return diff.reshape(diff.shape[0], -1).mean(1)
 
 
 @dataclass(frozen=True)
@@ -160,6 +197,48 @@ class OutputSQNR(TaskMetric):
     higher_is_better: bool = True
 
     def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
-        r, t = _cat(ref_outputs), _cat(test_outputs)
-        noise = float(((r - t) ** 2).sum())
-        return math.inf if noise == 0 else 10 * math.log10(float((r**2).sum()) / noise)
+        pairs = list(zip(_leaves(ref_outputs), _leaves(test_outputs), strict=True))
+        noise = sum(float(((r - t) ** 2).sum()) for r, t in pairs)
+        signal = sum(float((r**2).sum()) for r, _ in pairs)
+        return math.inf if noise == 0 else 10 * math.log10(signal / noise)
+
+
+@dataclass(frozen=True)
+class OutputCosine(ItemMeanMetric):
+    """Mean over items of the cosine similarity between the tested and the float outputs of one
+    item (all float outputs of the item flattened together; items on dim 0); in [-1, 1], 1.0
+    for an item whose two outputs are both zero."""
+
+    name: str = "output_cosine"
+    higher_is_better: bool = True
+
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        r = torch.cat([x.reshape(x.shape[0], -1) for x in _leaves(ref_outputs)], 1)
+        t = torch.cat([x.reshape(x.shape[0], -1) for x in _leaves(test_outputs)], 1)
+        nr, nt = r.norm(dim=1), t.norm(dim=1)
+        cos = (r * t).sum(1) / (nr * nt).clamp_min(1e-300)
+        cos = torch.where((nr == 0) & (nt == 0), torch.ones_like(cos), cos)
+        return cos
+
+
+@dataclass(frozen=True)
+class CustomMetric(TaskMetric):
+    """A user's task metric ``fn(ref_outputs, test_outputs, labels) -> float`` (``model.metric``):
+    lists of per-batch outputs of the float and the tested run, and the dataset's labels (one
+    entry per evaluation batch, or None)."""
+
+    name: str = "custom_metric"
+    higher_is_better: bool = True
+    uses_labels: ClassVar[bool] = True
+    fn: Callable[..., Any] | None = field(default=None, compare=False, repr=False)
+    target: str = ""  # "package.module:function", for messages
+
+    def __call__(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> float:
+        value = self.fn(ref_outputs, test_outputs, labels)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"model.metric={self.target!r} returned {type(value).__name__} {value!r}; it "
+                "must return one number"
+            ) from None

@@ -10,7 +10,10 @@ import pandas as pd
 from quantlab.report.io import atomic_savefig, atomic_write_csv, atomic_write_text
 from quantlab.report.plots import Plot, PlotKind, draw
 
-__all__ = ["Plot", "PlotKind", "write_report", "markdown_table"]
+__all__ = ["Plot", "PlotKind", "write_report", "markdown_table", "QCONFIG_DIR"]
+
+QCONFIG_DIR = "qconfig"
+"""Subfolder of a run folder holding the qconfig YAML files the run chose."""
 
 
 def markdown_table(df: pd.DataFrame, max_rows: int = 40, floatfmt: str = ".4g") -> str:
@@ -37,8 +40,8 @@ def write_report(
     """Write ``result`` (an ExperimentResult) into ``out_dir``; return the report path.
 
     Files: results.csv (the tidy table), <name>.csv per extra table, <plot>.png per plot,
-    config.yaml (the resolved config of this run) and report.md (findings, tables, plots,
-    the command that reproduces it).
+    config.yaml (the resolved config of this run), the qconfig YAML files the run chose
+    (``result.qconfigs``) and report.md (findings, tables, plots, the command that reproduces it).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -46,6 +49,11 @@ def write_report(
     atomic_write_text(out_dir / "config.yaml", config_yaml)
     for name, df in result.tables.items():
         atomic_write_csv(df, out_dir / f"{name}.csv")
+    if result.qconfigs:
+        from quantlab.qconfig import save
+
+        for name, (spec, header) in result.qconfigs.items():
+            save(spec, out_dir / QCONFIG_DIR / name, header)
     import matplotlib.pyplot as plt
 
     pngs = []
@@ -77,14 +85,27 @@ def write_report(
         f"Raw results: `results.csv` ({len(result.table)} rows); resolved config: `config.yaml`.",
         "",
     ]
+    if result.qconfigs:
+        files = ", ".join(f"`{QCONFIG_DIR}/{n}`" for n in result.qconfigs)
+        md += [
+            "Chosen per-op precision, ready to pass back with `qconfig=file "
+            f"qconfig.path=<this folder>/{QCONFIG_DIR}/<file>`: {files}.",
+            "",
+        ]
     return atomic_write_text(out_dir / "report.md", "\n".join(md))
 
 
 def publish(run_dir: Path, publish_dir: Path) -> Path:
-    """Copy a run's report files (md, csv, png, yaml) to ``publish_dir`` (e.g. reports/<exp>)."""
+    """Copy a run's report files (md, csv, png, yaml, and the chosen ``qconfig/*.yaml``) to
+    ``publish_dir`` (e.g. reports/<exp>)."""
     publish_dir = Path(publish_dir)
     publish_dir.mkdir(parents=True, exist_ok=True)
     for f in Path(run_dir).iterdir():
         if f.is_file() and f.suffix in {".md", ".csv", ".png", ".yaml"}:
             shutil.copy2(f, publish_dir / f.name)
+    chosen = Path(run_dir) / QCONFIG_DIR
+    if chosen.is_dir():
+        (publish_dir / QCONFIG_DIR).mkdir(exist_ok=True)
+        for f in chosen.glob("*.yaml"):
+            shutil.copy2(f, publish_dir / QCONFIG_DIR / f.name)
     return publish_dir

@@ -27,6 +27,8 @@ class Plot:
     ``vlines`` names a column of that table holding x positions to mark with dotted lines,
     drawn per facet and hue (e.g. a LUT's dividing points).
     ``reference`` names a column plotted as a dashed black line (e.g. a predicted law).
+    ``ci_low``/``ci_high`` name columns holding each point's confidence interval, drawn as error
+    bars (non-finite ends are left out).
     """
 
     name: str
@@ -43,12 +45,23 @@ class Plot:
     table: str | None = None
     vlines: str | None = None
     reference: str | None = None
+    ci_low: str | None = None
+    ci_high: str | None = None
     max_facets: int = 12
 
 
 def draw(plot: Plot, df: pd.DataFrame):
     """Return a matplotlib Figure for ``plot`` drawn from ``df``."""
-    for col in (plot.x, plot.y, plot.hue, plot.facet, plot.vlines, plot.reference):
+    for col in (
+        plot.x,
+        plot.y,
+        plot.hue,
+        plot.facet,
+        plot.vlines,
+        plot.reference,
+        plot.ci_low,
+        plot.ci_high,
+    ):
         if col is not None and col not in df.columns:
             raise KeyError(
                 f"plot {plot.name!r}: column {col!r} not in table columns {list(df.columns)}"
@@ -86,7 +99,8 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
     groups = [(None, sub)] if plot.hue is None else list(sub.groupby(plot.hue, sort=False))
     if plot.kind is PlotKind.BAR:
         labels = sub[plot.x].astype(str).tolist()
-        ax.barh(range(len(labels)), sub[plot.y].to_numpy(), color="tab:blue")
+        err = _errors(plot, sub)
+        ax.barh(range(len(labels)), sub[plot.y].to_numpy(), color="tab:blue", xerr=err)
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
         ax.invert_yaxis()
         return
@@ -99,6 +113,10 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
             )
         else:
             line = ax.scatter(g[plot.x], g[plot.y], s=14, label=label)
+        err = _errors(plot, g)
+        if err is not None:
+            color = line.get_color() if hasattr(line, "get_color") else None
+            ax.errorbar(g[plot.x], g[plot.y], yerr=err, fmt="none", ecolor=color, capsize=3)
         if plot.vlines is not None:
             color = line.get_color() if hasattr(line, "get_color") else None
             for xv in pd.unique(g[plot.vlines].dropna()):
@@ -108,3 +126,17 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
         ax.plot(r[plot.x], r[plot.reference], "k--", lw=1, label=plot.reference)
     if plot.hue is not None or plot.reference is not None:
         ax.legend(fontsize=7, title=plot.hue, title_fontsize=7)
+
+
+def _errors(plot: Plot, g: pd.DataFrame):
+    """(2, n) error-bar lengths below and above each point from the CI columns (None if unset);
+    non-finite ends give 0 (no bar on that side)."""
+    if plot.ci_low is None or plot.ci_high is None:
+        return None
+    import numpy as np
+
+    y = g[plot.y].to_numpy(dtype=float)
+    lo = y - g[plot.ci_low].to_numpy(dtype=float)
+    hi = g[plot.ci_high].to_numpy(dtype=float) - y
+    both = np.stack([lo, hi])
+    return np.where(np.isfinite(both) & (both >= 0), both, 0.0)

@@ -74,3 +74,61 @@ def test_separation_of_intervals():
         "top1_n": 50,
     }
     assert "95% CI" in str(a)
+
+
+def test_estimates_give_labels_only_to_metrics_that_read_them():
+    from quantlab.analysis.confidence import estimate_metrics
+    from quantlab.models.tasks import EmbeddingCosine, Top1Accuracy
+
+    ref, test = _logits_with_agreement(6, 4)
+    pair_labels = [torch.tensor([1, 0, 1])]  # one label per pair of items: not per item
+    est = estimate_metrics([EmbeddingCosine()], [ref], [test], pair_labels)
+    assert est["embedding_cosine"].n == 6
+    labels = [torch.zeros(6, dtype=torch.int64)]  # every item is class 0
+    acc = estimate_metrics([Top1Accuracy()], [ref], [test], labels)["top1_accuracy"]
+    assert acc.value == 4 / 6 and acc.n == 6 and acc.low <= acc.value <= acc.high
+    single = estimate_metrics([Top1Agreement()], [ref[:1]], [test[:1]])["top1_agreement"]
+    assert single.n == 1 and math.isnan(single.low) and math.isnan(single.high)
+
+
+@pytest.mark.parametrize(
+    "metric_name",
+    [
+        "top1_agreement",
+        "top1_accuracy",
+        "kl_nats",
+        "face_accuracy",
+        "embedding_cosine",
+        "box_l1",
+        "output_cosine",
+    ],
+)
+def test_per_item_means_resampled_at_once_equal_the_metric_recomputed_per_resample(metric_name):
+    from quantlab.models import tasks
+
+    metric = {
+        m.name: m
+        for m in [
+            tasks.Top1Agreement(),
+            tasks.Top1Accuracy(),
+            tasks.SoftmaxKL(),
+            tasks.FaceAccuracy(),
+            tasks.EmbeddingCosine(),
+            tasks.BoxL1(),
+            tasks.OutputCosine(),
+        ]
+    }[metric_name]
+    gen = torch.Generator().manual_seed(5)
+    ref = [torch.randn(23, 2, generator=gen), torch.randn(14, 2, generator=gen)]
+    test = [r + 0.7 * torch.randn(r.shape, generator=gen) for r in ref]
+    labels = [torch.randint(0, 2, (r.shape[0],), generator=gen) for r in ref]
+    if not metric.uses_labels:
+        labels = None
+
+    def recomputed(r, t, lab=None):  # no item_values: the per-resample path
+        return metric(r, t, lab)
+
+    fast = bootstrap(metric, ref, test, labels, resamples=100, seed=11)
+    loop = bootstrap(recomputed, ref, test, labels, resamples=100, seed=11)
+    assert fast == loop
+    assert fast.low < fast.high  # the items differ, so the resamples do

@@ -228,6 +228,9 @@ def test_output_metrics_of_a_zero_baseline():
             "value": [12.0, got[Metric.SQNR]],
             "quant_dtype": "INT8",
             "flops_share": 0.5,
+            "items": 2,
+            "ci_low": math.nan,
+            "ci_high": math.nan,
         }
     )
     assert rank_table(table)["op_name"].tolist() == ["b", "a"]

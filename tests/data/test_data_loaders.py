@@ -10,11 +10,13 @@ from quantlab.data import DATA_NAMES, load_data
 from quantlab.data.schema import DataConfig
 from quantlab.data.stereo import pair
 from quantlab.models import MODEL_NAMES, formats
+from quantlab.models.schema import USER_MODELS
 
 
 def test_yaml_options_match_registries():
     assert {p.stem for p in (CONFIG_DIR / "data").glob("*.yaml")} == set(DATA_NAMES)
-    assert {p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")} == set(MODEL_NAMES)
+    models = {p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")}
+    assert models == set(MODEL_NAMES) | set(USER_MODELS)
 
 
 @pytest.mark.parametrize("name", ["photos", "faces", "page", "sentences"])

@@ -1,0 +1,179 @@
+"""``model=onnx``: an ONNX graph converted to an eager module (onnx2torch), simulated as any other.
+
+Graphs exported with dynamic spatial sizes (Paddle's p2o exports, for instance) cannot be
+converted as they are: the dynamic dimensions other than the batch are fixed first (from
+``model.input_shape`` or the data's size) and the graph is folded with onnxslim, keeping the
+batch dimension free. onnx2torch imports torchvision only for its NMS and RoiAlign converters;
+torchvision does not load beside the CPU torch quantlab pins, so a stand-in that raises on use is
+put in place while onnx2torch is imported (graphs with those two ops do not convert). Its Slice
+module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
+that one warning is silenced once onnx2torch is imported.
+
+The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
+reference for the converted module's float run.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from quantlab.models import packages
+
+
+@dataclass
+class OnnxModel:
+    """A converted graph: ``module`` (eval), each input's shape without the batch dimension,
+    the graph's metadata and an onnxruntime fp32 runner of the original file."""
+
+    module: nn.Module
+    input_shapes: tuple[tuple[int, ...], ...]
+    metadata: dict[str, str]
+    reference: Callable[..., object]
+
+
+def _graph_inputs(model) -> list:
+    initializers = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in initializers]
+
+
+def static_shapes(path: str | Path) -> list[list[int | None]]:
+    """Each graph input's dimensions after the batch one; None where the graph leaves a
+    dimension dynamic."""
+
+    model = _read(Path(path))
+    out = []
+    for inp in _graph_inputs(model):
+        dims = inp.type.tensor_type.shape.dim
+        out.append([d.dim_value if d.dim_value > 0 else None for d in list(dims)[1:]])
+    return out
+
+
+def _read(path: Path):
+    packages.package_dir(packages.ONNX, "model=onnx")
+    import onnx
+
+    if not path.is_file():
+        raise ValueError(f"model.path: file {path} does not exist")
+    try:
+        return onnx.load(str(path))
+    except Exception as err:  # protobuf decode errors
+        raise ValueError(f"model.path: {path} is not a readable ONNX file: {err}") from None
+
+
+def _onnx2torch_convert() -> Callable:
+    packages.package_dir(packages.ONNX2TORCH, "model=onnx")
+    if "onnx2torch" not in sys.modules and "torchvision" not in sys.modules:
+        tv, ops = types.ModuleType("torchvision"), types.ModuleType("torchvision.ops")
+
+        def unavailable(*args, **kwargs):
+            raise NotImplementedError("torchvision.ops (NMS, RoiAlign) is not available")
+
+        ops.nms = ops.roi_align = ops.box_convert = ops.batched_nms = unavailable
+        tv.ops = ops
+        sys.modules["torchvision"], sys.modules["torchvision.ops"] = tv, ops
+        try:
+            import onnx2torch  # noqa: F401
+        finally:
+            del sys.modules["torchvision"], sys.modules["torchvision.ops"]
+    import warnings
+
+    from onnx2torch import convert
+
+    warnings.filterwarnings(
+        "ignore", message="Using a non-tuple sequence for multidimensional indexing"
+    )
+    return convert
+
+
+def _fixed(model, shapes: list[list[int]]):
+    """A copy of ``model`` whose inputs have the dimensions ``shapes`` after the batch one,
+    folded by onnxslim (constant shapes propagated); the batch dimension stays dynamic."""
+    packages.package_dir(packages.ONNXSLIM, "model=onnx with dynamic input sizes")
+    import onnxslim
+
+    m = copy.deepcopy(model)
+    for inp, shape in zip(_graph_inputs(m), shapes):
+        dims = list(inp.type.tensor_type.shape.dim)
+        for d, size in zip(dims[1:], shape):
+            d.dim_value = int(size)
+    return onnxslim.slim(m)
+
+
+def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxModel:
+    """Convert the ONNX file ``path``; ``shapes`` (without the batch dimension) fix the inputs'
+    dynamic dimensions. Errors name the file, the graph's shapes and what to set."""
+    path = Path(path)
+    model = _read(path)
+    graph = static_shapes(path)
+    names = [i.name for i in _graph_inputs(model)]
+    if shapes is not None:
+        if len(shapes) != len(graph):
+            raise ValueError(
+                f"model.path: {path} takes {len(graph)} inputs ({', '.join(names)}), "
+                f"but {len(shapes)} input shapes were given"
+            )
+        for name, want, have in zip(names, shapes, graph):
+            fixed_ok = len(want) == len(have) and all(
+                h is None or h == w for w, h in zip(want, have)
+            )
+            if not fixed_ok:
+                raise ValueError(
+                    f"model.path: input {name!r} of {path} has shape [N, "
+                    f"{', '.join('?' if h is None else str(h) for h in have)}], which "
+                    f"input shape {list(want)} does not fit"
+                )
+    elif any(None in g for g in graph):
+        shown = "; ".join(
+            f"{n}: [N, {', '.join('?' if h is None else str(h) for h in g)}]"
+            for n, g in zip(names, graph)
+        )
+        raise ValueError(
+            f"model.path: {path} has dynamic input sizes ({shown}); give them with "
+            "model.input_shape=[C,H,W] (or data.size for image data)"
+        )
+    shapes = [list(s) for s in (shapes or graph)]
+    convert = _onnx2torch_convert()
+    module = None
+    if all(None not in g for g in graph):
+        try:
+            module = convert(model)
+        except Exception:  # onnx2torch cannot resolve some shapes: fold them first
+            module = None
+    if module is None:
+        try:
+            module = convert(_fixed(model, shapes))
+        except Exception as err:
+            raise ValueError(
+                f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"
+            ) from None
+    metadata = {p.key: p.value for p in model.metadata_props}
+    return OnnxModel(
+        module.eval(), tuple(tuple(s) for s in shapes), metadata, onnxruntime_runner(path, names)
+    )
+
+
+def onnxruntime_runner(path: Path, names: list[str]) -> Callable[..., object]:
+    """``run(*inputs)``: the ONNX file under onnxruntime (fp32, CPU); one output -> a tensor,
+    several -> a tuple of tensors."""
+    session = None
+
+    def run(*inputs: Tensor) -> object:
+        nonlocal session
+        if session is None:
+            packages.package_dir(packages.ONNXRUNTIME, "the onnxruntime reference of model=onnx")
+            import onnxruntime as ort
+
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feed = {n: t.detach().cpu().numpy() for n, t in zip(names, inputs)}
+        outs = [torch.from_numpy(o) for o in session.run(None, feed)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return run

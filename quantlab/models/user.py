@@ -1,0 +1,144 @@
+"""The user's own model as a ``ModelBundle``: ``model=custom`` (a Python factory) or
+``model=onnx`` (an ONNX file).
+
+Input shape: ``model.input_shape`` when given, else the ONNX graph's static shape, else the shape
+of the example batch (in an experiment: the first calibration batch of the data). The module is
+put in eval mode and into deployment form (BatchNorm folded, Dropout removed) with the example
+batch, as the registry models are.
+
+Task metrics: ``model.metric`` first when given; then, for an output that is one (B, C) tensor
+with C >= 2 (classifier-shaped), top-1 agreement with float and KL of the softmax; for every
+output, output SQNR and per-item output cosine against float.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from quantlab.models.fold import to_deployment_form
+from quantlab.models.inputs import random_inputs
+from quantlab.models.registry import ModelBundle
+from quantlab.models.schema import ModelConfig
+from quantlab.models.tasks import (
+    CustomMetric,
+    OutputCosine,
+    OutputSQNR,
+    SoftmaxKL,
+    TaskMetric,
+    Top1Agreement,
+)
+
+
+class ModelInputError(ValueError):
+    """The model cannot run on the inputs it was given (shapes, count, dtype)."""
+
+
+def user_model_name(cfg: ModelConfig) -> str:
+    """``custom:<target>`` or the ONNX file's stem."""
+    return f"custom:{cfg.target}" if cfg.name == "custom" else Path(cfg.path).stem
+
+
+def declared_shapes(cfg: ModelConfig) -> tuple[tuple[int, ...], ...] | None:
+    """``model.input_shape``, else the ONNX graph's shapes when fully static; else None."""
+    if cfg.input_shape is not None:
+        return (tuple(int(d) for d in cfg.input_shape),)
+    if cfg.name == "onnx":
+        from quantlab.models.onnx_import import static_shapes
+
+        graph = static_shapes(cfg.path)
+        if all(None not in g for g in graph):
+            return tuple(tuple(g) for g in graph)
+    return None
+
+
+def custom_metric(cfg: ModelConfig) -> CustomMetric:
+    """The task metric ``model.metric`` names (direction: ``model.metric_higher_is_better``)."""
+    from quantlab.models.custom import import_target
+
+    fn = import_target(cfg.metric, "model.metric")
+    if not callable(fn):
+        raise ValueError(f"model.metric={cfg.metric!r} is a {type(fn).__name__}, not callable")
+    return CustomMetric(
+        name=getattr(fn, "__name__", cfg.metric.rpartition(":")[2]),
+        higher_is_better=cfg.metric_higher_is_better,
+        fn=fn,
+        target=cfg.metric,
+    )
+
+
+def default_metrics(output: object) -> tuple[TaskMetric, ...]:
+    """Top-1 agreement and KL for a classifier-shaped output (one (B, C) tensor, C >= 2), then
+    output SQNR and output cosine for any output."""
+    classifier = isinstance(output, Tensor) and output.dim() == 2 and output.shape[1] >= 2
+    common = (OutputSQNR(), OutputCosine())
+    return (Top1Agreement(), SoftmaxKL(), *common) if classifier else common
+
+
+def run_example(module: nn.Module, name: str, example: tuple) -> object:
+    """``module(*example)`` without gradients; a failure names the input shapes."""
+    try:
+        with torch.no_grad():
+            return module(*example)
+    except Exception as err:  # a user module can raise anything on wrong inputs
+        shapes = ", ".join(
+            str(list(t.shape)) if isinstance(t, Tensor) else type(t).__name__ for t in example
+        )
+        raise ModelInputError(
+            f"model {name} fails on inputs of shape {shapes}: {type(err).__name__}: {err}"
+        ) from None
+
+
+def build_user_model(
+    cfg: ModelConfig, seed: int = 0, example: tuple[Tensor, ...] | None = None
+) -> ModelBundle:
+    """Build ``model=custom`` or ``model=onnx`` (module docstring) in eval, deployment form."""
+    name = user_model_name(cfg)
+    shapes = declared_shapes(cfg)
+    if shapes is None and example is not None:
+        shapes = tuple(tuple(t.shape[1:]) for t in example)
+    if shapes is None and cfg.name == "custom":
+        raise ValueError(
+            f"model {name} does not declare its input shape: set model.input_shape=[C,H,W] "
+            "(one input, without the batch dimension) or give data whose shape it takes"
+        )
+    reference, reference_name = None, ""
+    if cfg.name == "onnx":
+        from quantlab.models.onnx_import import load_onnx
+
+        converted = load_onnx(cfg.path, None if shapes is None else [list(s) for s in shapes])
+        module, reference, reference_name = converted.module, converted.reference, "onnxruntime"
+        shapes = converted.input_shapes
+    else:
+        from quantlab.models.custom import build_custom, load_checkpoint
+
+        module = build_custom(cfg.target, cfg.kwargs, seed)
+        if cfg.checkpoint:
+            load_checkpoint(module, cfg.checkpoint)
+    module.eval()
+    make = random_inputs(shapes)
+    probe = example if example is not None else make(1, 0)
+    output = run_example(module, name, probe)
+    if cfg.fold_batchnorm:
+        to_deployment_form(module, probe)
+    metrics = default_metrics(output)
+    if cfg.metric is not None:
+        metrics = (custom_metric(cfg), *metrics)
+    kind = "ONNX graph" if cfg.name == "onnx" else "Python module"
+    return ModelBundle(
+        name=name,
+        module=module,
+        task=metrics[0],
+        description=f"your {kind} {cfg.path or cfg.target}, input shape(s) "
+        + ", ".join(str(list(s)) for s in shapes),
+        metrics=metrics,
+        input_format=None,
+        default_data="synthetic",
+        example_inputs=make,
+        registry=False,
+        input_shapes=shapes,
+        reference=reference,
+        reference_name=reference_name,
+    )

@@ -1,0 +1,99 @@
+"""What an experiment that takes a model gets from its config: the model, its data and the
+qconfig it starts from.
+
+``load_workload(model, data)`` builds a registry model or the user's own (``model=custom``,
+``model=onnx``; quantlab.models.user) and loads the data for it. A user's model without a
+declared input shape takes the shape of the first calibration batch, which also serves for
+BatchNorm folding; a model that cannot run on the data fails with the data named.
+``start_spec(choice, platform, ...)`` turns the ``qconfig`` group into a ``QConfigSpec``; a
+file's rules must each match an op of the model (``quantlab.qconfig.check_matches``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.data import Dataset, load_data
+from quantlab.data.schema import DataConfig
+from quantlab.models.inputs import ModelInputs, random_inputs
+from quantlab.models.registry import ModelBundle, build_model
+from quantlab.models.schema import USER_MODELS, ModelConfig
+from quantlab.qconfig import OpContext, QConfigSpec, check_matches
+from quantlab.qconfig_presets import QConfigChoice, QConfigPreset, preset_spec
+
+
+def _data_words(cfg: DataConfig) -> str:
+    return f"data={cfg.name}" + (f" ({cfg.path})" if cfg.path else "")
+
+
+def _probe(bundle: ModelBundle, data: Dataset, cfg: DataConfig) -> None:
+    """Run the float model on the first calibration and evaluation batch; a failure names the
+    data."""
+    from quantlab.models.user import ModelInputError, run_example
+
+    for split, batch in (("calibration", data.calib[0]), ("evaluation", data.eval[0])):
+        try:
+            run_example(bundle.module, bundle.name, batch)
+        except ModelInputError as err:
+            raise ValueError(f"{err} (the first {split} batch of {_data_words(cfg)})") from None
+
+
+def load_workload(
+    model: ModelConfig, data: DataConfig, seed: int = 0
+) -> tuple[ModelBundle, Dataset]:
+    """The model ``model`` describes (eval, deployment form) and ``data`` loaded for it."""
+    if model.name not in USER_MODELS:
+        bundle = build_model(model, seed)
+        dataset = load_data(data, bundle)
+        if data.name == "tensors":
+            _probe(bundle, dataset, data)
+        return bundle, dataset
+    from quantlab.models.user import ModelInputError, declared_shapes, user_model_name
+
+    shapes = declared_shapes(model)
+    inputs = ModelInputs(
+        user_model_name(model),
+        None,
+        shapes,
+        random_inputs(shapes) if shapes is not None else None,
+        registry=False,
+    )
+    dataset = load_data(data, inputs)
+    try:
+        bundle = build_model(model, seed, example=dataset.calib[0])
+    except ModelInputError as err:
+        raise ValueError(f"{err} (the first calibration batch of {_data_words(data)})") from None
+    _probe(bundle, dataset, data)
+    return bundle, dataset
+
+
+def model_ops(module: Any, platform: Any, batch: tuple) -> list[OpContext]:
+    """The ops one float run of ``module`` on ``batch`` captures (name, type, module path)."""
+    from quantlab.simulate import Mode, Simulator
+
+    sim = Simulator(module, platform)
+    sim.run(*batch, mode=Mode.FLOAT)
+    ops = sim.ops
+    return [OpContext(n, t, m) for n, t, m in zip(ops["name"], ops["op_type"], ops["module"])]
+
+
+def start_spec(
+    choice: QConfigChoice | None, platform: Any, module: Any, batch: tuple
+) -> QConfigSpec:
+    """The ``QConfigSpec`` the ``qconfig`` group selects on ``platform`` (None: the platform
+    template); a file's rules are checked against the ops of ``module`` run on ``batch``."""
+    if choice is None:
+        return QConfigSpec()
+    spec = preset_spec(choice, platform)
+    if choice.preset is QConfigPreset.FILE:
+        check_matches(spec, model_ops(module, platform, batch), f"qconfig file {choice.path}")
+    return spec
+
+
+def qconfig_words(choice: QConfigChoice | None) -> str:
+    """``qconfig=<preset>`` (with the file) for notes and findings."""
+    if choice is None or choice.preset is QConfigPreset.DEFAULT:
+        return "qconfig=default (the platform template)"
+    if choice.preset is QConfigPreset.FILE:
+        return f"qconfig=file ({choice.path})"
+    return f"qconfig={choice.preset.value}"

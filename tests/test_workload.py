@@ -1,0 +1,84 @@
+"""The model, data and starting qconfig an experiment gets from its config: input shapes inferred
+from the data, a model that cannot run on the data, and qconfig files that match no op."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from user_package import PACKAGE, image_folder, write_package
+
+from quantlab import qconfig
+from quantlab.data.schema import DataConfig
+from quantlab.models.schema import ModelConfig
+from quantlab.platforms import load_platform
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.qconfig_presets import QConfigChoice, QConfigPreset
+from quantlab.workload import load_workload, start_spec
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    root = tmp_path_factory.mktemp("userpkg")
+    write_package(root)
+    sys.path.insert(0, str(root))
+    yield PACKAGE
+    sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m.startswith(PACKAGE)]:
+        del sys.modules[name]
+
+
+def _model(pkg, fn="build", **kw) -> ModelConfig:
+    return ModelConfig(name="custom", target=f"{pkg}.nets:{fn}", **kw)
+
+
+def test_input_shape_comes_from_the_image_data(pkg, tmp_path):
+    folder = image_folder(tmp_path / "imgs", ("coffee.png", "chelsea.png", "camera.png"))
+    data = DataConfig(name="images", path=str(folder), num_calib=2, num_eval=1, size=[24, 40])
+    bundle, ds = load_workload(_model(pkg), data)
+    assert bundle.input_shapes == ((3, 24, 40),)
+    assert ds.eval_ids == ["coffee.png"] and ds.calib_ids == ["camera.png", "chelsea.png"]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in bundle.module.modules())
+
+
+def test_synthetic_data_needs_a_declared_shape(pkg):
+    with pytest.raises(ValueError, match="data=synthetic needs the input shape of model custom:"):
+        load_workload(_model(pkg), DataConfig(name="synthetic", num_calib=1, num_eval=1))
+    bundle, ds = load_workload(
+        _model(pkg, input_shape=[3, 12, 12]), DataConfig(name="synthetic", num_calib=2, num_eval=2)
+    )
+    assert ds.calib[0][0].shape == (1, 3, 12, 12) and bundle.task.name == "top1_agreement"
+
+
+def test_model_that_cannot_run_on_the_tensors_names_the_file(pkg, tmp_path):
+    torch.save([(torch.randn(1, 5),), (torch.randn(1, 5),)], tmp_path / "x.pt")
+    data = DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=1, num_eval=1)
+    with pytest.raises(ValueError, match=r"model custom:.*fails on inputs of shape \[1, 5\]: .*"
+                       r"\(the first calibration batch of data=tensors \(.*x.pt\)\)"):  # fmt: skip
+        load_workload(_model(pkg), data)
+    with pytest.raises(
+        ValueError, match=r"model small_cnn fails on inputs of shape \[1, 5\].*x.pt"
+    ):
+        load_workload(ModelConfig(name="small_cnn", pretrained=False), data)
+
+
+def test_qconfig_file_rules_must_match_the_models_ops(pkg, tmp_path):
+    bundle, ds = load_workload(
+        _model(pkg, input_shape=[3, 8, 8]), DataConfig(name="synthetic", num_calib=1, num_eval=1)
+    )
+    j6m = load_platform("j6m")
+    good = QConfigSpec(by_module={"conv*": OpQConfig(output_dtype="INT16")})
+    qconfig.save(good, tmp_path / "good.yaml")
+    choice = QConfigChoice(QConfigPreset.FILE, str(tmp_path / "good.yaml"))
+    assert start_spec(choice, j6m, bundle.module, ds.calib[0]) == good
+    bad = QConfigSpec(by_name={"conv3:conv2d#0": OpQConfig()}, by_type={"sigmoid": OpQConfig()})
+    qconfig.save(bad, tmp_path / "bad.yaml")
+    choice = QConfigChoice(QConfigPreset.FILE, str(tmp_path / "bad.yaml"))
+    with pytest.raises(ValueError) as e:
+        start_spec(choice, j6m, bundle.module, ds.calib[0])
+    msg = str(e.value)
+    assert f"qconfig file {tmp_path / 'bad.yaml'}: 2 rule(s) match no op of the model" in msg
+    assert "by_name 'conv3:conv2d#0' is no op of the model; nearest op names: conv" in msg
+    assert "by_type 'sigmoid' is no op type of the model (its op types: " in msg
+    assert start_spec(None, j6m, bundle.module, ds.calib[0]) == QConfigSpec()

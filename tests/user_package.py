@@ -1,0 +1,97 @@
+"""A user's own package written to a temporary folder (a small module, a factory, a metric) and
+a folder of real images from scikit-image, for the tests of ``model=custom`` / ``data=images``."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+from quantlab.models import packages
+
+PACKAGE = "userpkg_quantlab_test"
+
+NETS = '''
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    """conv-bn-relu, strided conv-relu, global mean, linear: a small classifier."""
+
+    def __init__(self, width=8, classes=5):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, width, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=2, padding=1)
+        self.head = nn.Linear(width, classes)
+        with torch.no_grad():  # an inference BatchNorm that is not the identity
+            self.bn1.running_mean.uniform_(-0.2, 0.2)
+            self.bn1.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.conv2(x))
+        return self.head(x.mean((2, 3)))
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 4)
+        self.b = nn.Linear(3, 4)
+
+    def forward(self, x, y):
+        z = self.a(x) * torch.sigmoid(self.b(y))
+        return z, z.sum(1)
+
+
+def build(width=8, classes=5):
+    return Tiny(width, classes)
+
+
+def two_inputs():
+    return TwoInputs()
+
+
+def not_a_module():
+    return {"weights": 1}
+
+
+def agreement(ref, test, labels):
+    """Share of items whose arg-max matches float (a user's own top-1)."""
+    r, t = torch.cat(ref).argmax(1), torch.cat(test).argmax(1)
+    return float((r == t).double().mean())
+
+
+def label_accuracy(ref, test, labels):
+    """Accuracy of the tested run against the data's labels."""
+    t = torch.cat(test).argmax(1)
+    return float((t == torch.cat(labels)).double().mean())
+
+
+def not_a_number(ref, test, labels):
+    return "high"
+'''
+
+SKIMAGE_IMAGES = ("astronaut.png", "camera.png", "chelsea.png", "coffee.png", "rocket.jpg")
+SKIMAGE_IMAGES += ("coins.png", "page.png", "text.png")
+
+
+def write_package(root: Path) -> str:
+    """Write the package under ``root`` (put ``root`` on sys.path); returns its import name."""
+    pkg = root / PACKAGE
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nets.py").write_text(textwrap.dedent(NETS))
+    return PACKAGE
+
+
+def image_folder(folder: Path, names: tuple[str, ...] = SKIMAGE_IMAGES) -> Path:
+    """Copy real images shipped by scikit-image into ``folder`` (sorted order = ``names`` order
+    is not assumed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    src = packages.package_dir(packages.SKIMAGE, "test images") / "data"
+    for name in names:
+        shutil.copy(src / name, folder / name)
+    return folder
