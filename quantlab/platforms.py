@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantlab.calibration.kinds import ObserverKind
 from quantlab.numerics.accumulator import Overflow
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
@@ -48,6 +49,11 @@ class PlatformConfig:
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
+    # activation observer of every op unless a qconfig says otherwise
+    # (quantlab.calibration.kinds.ObserverKind): the runtime's own calibration default for
+    # TFLite / ONNX Runtime; MSE_POOLED on J6 (the vendor's default is MSE, its per-batch search,
+    # which profiles may name instead; compared in reports/calibration)
+    default_observer: ObserverKind = ObserverKind.MSE_POOLED
 
     # --- integer GEMM and requantization (s.6, s.7)
     accumulator: DType = DType.INT32

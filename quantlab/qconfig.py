@@ -17,27 +17,12 @@ Platform templates (j6-numerics s.6 and s.8) read fields of the PlatformConfig o
 
 from __future__ import annotations
 
-import enum
 import fnmatch
 from dataclasses import dataclass, field, fields
 
+from quantlab.calibration.kinds import HistogramMethod, ObserverKind, parse_enum
 from quantlab.numerics.dtypes import DType
 from quantlab.platforms import PlatformConfig
-
-
-class ObserverKind(enum.Enum):
-    """How an activation scale is calibrated (j6-numerics s.1).
-
-    MINMAX:     EMA of min/max, ``new = old + 0.01 * (cur - old)`` (first batch sets it).
-    MSE:        ``amax * (1 - 0.01 i)``, i = 0..94, keeping the lowest L2 error after fake quant.
-    PERCENTILE: the ``percentile`` of |x| over the calibration samples.
-    FIXED:      ``fixed_scale`` (default 1.0), e.g. for index-like tensors.
-    """
-
-    MINMAX = "minmax"
-    MSE = "mse"
-    PERCENTILE = "percentile"
-    FIXED = "fixed"
 
 
 @dataclass
@@ -48,7 +33,8 @@ class OpQConfig:
         a float input that carries no quantization is quantized at the op's output dtype).
     weight_dtype: dtype of weights (per-channel on axis 0, MinMax).
     output_dtype: dtype of the op's output activation.
-    observer / fixed_scale / percentile: activation calibration (see ObserverKind).
+    observer / fixed_scale / percentile / histogram_method / clip_range: activation calibration
+        (see quantlab.calibration.kinds.ObserverKind); clip_range = (xmin, xmax) of CLIP.
     lut_strategy: ``quantlab.numerics.lut.Strategy`` member for LUT ops (None: per-op default).
     high_precision_output: a GEMM keeps its accumulator (int32 on E/M/B, float32 on H/P).
     weight_split: 0 off; k in 1..8 (7: no clipping, 8: full int8 range): the high/low int8
@@ -61,6 +47,8 @@ class OpQConfig:
     observer: ObserverKind | None = None
     fixed_scale: float | None = None
     percentile: float | None = None
+    histogram_method: HistogramMethod | None = None
+    clip_range: tuple[float, float] | None = None
     lut_strategy: object | None = None
     high_precision_output: bool | None = None
     weight_split: int | None = None
@@ -70,12 +58,17 @@ class OpQConfig:
             v = getattr(self, name)
             if v is not None:
                 setattr(self, name, DType.parse(v))
-        if isinstance(self.observer, str):
-            names = {m.name: m for m in ObserverKind} | {m.value: m for m in ObserverKind}
-            if self.observer not in names:
-                allowed = ", ".join(m.name for m in ObserverKind)
-                raise ValueError(f"observer={self.observer!r} is not allowed; allowed: {allowed}")
-            self.observer = names[self.observer]
+        if self.observer is not None:
+            self.observer = parse_enum(ObserverKind, self.observer, "observer")
+        if self.histogram_method is not None:
+            self.histogram_method = parse_enum(
+                HistogramMethod, self.histogram_method, "histogram_method"
+            )
+        if self.clip_range is not None:
+            lo, hi = (float(v) for v in self.clip_range)
+            if not lo <= hi:
+                raise ValueError(f"clip_range must be (xmin, xmax) with xmin <= xmax, got {lo, hi}")
+            self.clip_range = (lo, hi)
         if isinstance(self.lut_strategy, str):
             from quantlab.numerics.lut import Strategy
 
@@ -108,6 +101,8 @@ class ResolvedQConfig:
     observer: ObserverKind
     fixed_scale: float
     percentile: float
+    histogram_method: HistogramMethod
+    clip_range: tuple[float, float]
     lut_strategy: object | None
     high_precision_output: bool
     weight_split: int
@@ -139,14 +134,18 @@ class OpContext:
 
 
 def platform_baseline(platform: PlatformConfig) -> OpQConfig:
-    """The values every op starts from: global dtype, MSE activations, MinMax int8 weights."""
+    """The values every op starts from: global dtype, the platform's default activation observer
+    (``platform.default_observer``), MinMax weights; the vendor observers' defaults
+    (percentile 99.99, ClipObserver range (-1, 1), HistogramObserver method MSE)."""
     return OpQConfig(
         input_dtype=None,
         weight_dtype=platform.weight_dtype,
         output_dtype=platform.global_dtype,
-        observer=ObserverKind.MSE,
+        observer=platform.default_observer,
         fixed_scale=1.0,
         percentile=99.99,
+        histogram_method=HistogramMethod.MSE,
+        clip_range=(-1.0, 1.0),
         lut_strategy=None,
         high_precision_output=False,
         weight_split=0,

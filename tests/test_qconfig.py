@@ -49,7 +49,7 @@ def test_resolution_order_field_by_field():
     other = resolve(spec, J6M, OpContext(":sigmoid#0", "sigmoid", ""))
     assert other.output_dtype is DType.INT16 and other.observer is ObserverKind.MINMAX
     base = resolve(QConfigSpec(), J6M, other_ctx := OpContext(":exp#0", "exp", ""))
-    assert base.output_dtype is DType.INT8 and base.observer is ObserverKind.MSE
+    assert base.output_dtype is DType.INT8 and base.observer is J6M.default_observer
     assert other_ctx.name == ":exp#0"
 
 
@@ -87,3 +87,8 @@ def test_errors_name_the_field_and_allowed_values():
     with pytest.raises(ValueError, match="unknown op type.*allowed: conv2d, relu"):
         validate_names(QConfigSpec(by_type={"conv": OpQConfig()}), [], {"conv2d", "relu"})
     assert OpQConfig(observer="MSE").observer is ObserverKind.MSE
+    with pytest.raises(ValueError, match="histogram_method='MAX' is not allowed; allowed: MSE"):
+        OpQConfig(histogram_method="MAX")
+    with pytest.raises(ValueError, match="clip_range must be"):
+        OpQConfig(clip_range=(1.0, -1.0))
+    assert OpQConfig(clip_range=[-2, 3]).clip_range == (-2.0, 3.0)

@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
@@ -133,7 +134,6 @@ def _errors(plot: Plot, g: pd.DataFrame):
     non-finite ends give 0 (no bar on that side)."""
     if plot.ci_low is None or plot.ci_high is None:
         return None
-    import numpy as np
 
     y = g[plot.y].to_numpy(dtype=float)
     lo = y - g[plot.ci_low].to_numpy(dtype=float)

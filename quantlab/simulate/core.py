@@ -36,7 +36,7 @@ from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch, _RunState
 from quantlab.simulate.modes import Mode, OpMode, Trace, View
-from quantlab.simulate.observers import ActivationObserver
+from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
 
@@ -59,7 +59,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
-        self._obs: dict[str, ActivationObserver] = {}
+        self._obs = ObserverBank()
         self._scale_cache: dict[tuple, Tensor] = {}
         self._wcache: dict[tuple, tuple] = {}
         self._info: dict[str, _OpInfo] = {}
@@ -76,14 +76,24 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
 
     # ------------------------------------------------------------------ public API
-    def calibrate(self, batches: Iterable[tuple[Tensor, ...]], progress: bool = True) -> None:
+    def calibrate(
+        self, batches: Iterable[tuple[Tensor, ...]], progress: bool = True, observers: Iterable = ()
+    ) -> None:
         """Run float mode over ``batches`` (each a tuple of model inputs) and feed the observers
-        (a progress bar on stderr unless ``progress`` is False)."""
+        (a progress bar on stderr unless ``progress`` is False).
+
+        ``observers``: rules (``quantlab.calibration.ObserverChoice`` or ``ObserverKind``) to
+        gather per-batch statistics for besides the qconfig's own, so that a later qconfig can
+        use them (only MSE, MIX and PERCENTILE search each batch; every other rule, HISTOGRAM
+        methods included, can be chosen after calibration anyway).
+        """
         n = 0
+        rules = batch_rules(self.spec, self.platform, observers)
         for batch in tqdm(batches, desc="calibrate") if progress else batches:
             batch = batch if isinstance(batch, (tuple, list)) else (batch,)
             if not self._discovered:  # find ops and fusions before observing anything
                 self._forward(tuple(batch), _RunState(Mode.FLOAT, {}))
+            self._obs.start_batch(rules)
             st = _RunState(Mode.FLOAT, {}, calibrating=True)
             self._forward(tuple(batch), st)
             n += 1
@@ -91,6 +101,26 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
             raise ValueError("calibrate() needs at least one batch")
         self._calibrated = True
         self._scale_cache.clear()
+
+    def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:
+        """(bin_edges (bins + 1,), counts (bins,)), float64, of every finite value that reached
+        activation input ``input_index`` of op ``op_name`` in the calibration runs (None: the
+        op's output; for a fused Conv/Linear chain, the chain's output).
+
+        Equal bins over [-M, M], M a power of two >= max |x| (doubled as values grow; counts
+        are exact), exact zeros counted in the bin [0, width): ObserverKind.HISTOGRAM's
+        histogram, kept whatever the op's observer. ValueError naming the op's calibrated
+        points if that point saw no calibration value.
+        """
+        key = "out" if input_index is None else f"in{input_index}"
+        obs = self._obs.get(f"{op_name}/{key}")
+        if obs is None:
+            known = [k for k, _ in self._obs.items() if k.startswith(f"{op_name}/")]
+            raise ValueError(
+                f"no calibration statistics for {op_name}/{key}; calibrate first (points of "
+                f"this op: {', '.join(known) or 'none'})"
+            )
+        return obs.histogram()
 
     def run(
         self,
@@ -107,9 +137,17 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         st = self._new_state(mode, op_modes, replay)
         return self._forward(inputs, st)
 
-    def trace(self, *inputs: Any, mode: Mode | str = Mode.FIXED, _isolate: Trace | None = None):
-        """Run once in ``mode`` and record every captured op's output."""
-        st = self._new_state(mode, None, None)
+    def trace(
+        self,
+        *inputs: Any,
+        mode: Mode | str = Mode.FIXED,
+        op_modes: Mapping[str, OpMode] | None = None,
+        replay: Trace | None = None,
+        _isolate: Trace | None = None,
+    ):
+        """Run once in ``mode`` (per-op overrides and replay as in ``run``) and record every
+        captured op's output."""
+        st = self._new_state(mode, op_modes, replay)
         st.trace = Trace(Mode.parse(mode))
         st.isolate = _isolate
         st.trace.result = self._forward(inputs, st)

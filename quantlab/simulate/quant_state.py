@@ -21,7 +21,7 @@ from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
 from quantlab.simulate.modes import Mode
-from quantlab.simulate.observers import ActivationObserver, weight_amax
+from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_fake_quant
 from quantlab.simulate.qtensor import QInfo
 
@@ -33,7 +33,7 @@ class QuantizationState:
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):
-                self._obs.setdefault(f"{call.name}/in{i}", ActivationObserver()).update(v)
+                self._obs.observe(f"{call.name}/in{i}", v)
         o = tree_flatten(out)[0]
         if not o or not A.is_float_tensor(o[0]) or call.category is OpCategory.PASS_THROUGH:
             return
@@ -45,11 +45,11 @@ class QuantizationState:
             if self._chain[head][-1] != call.name:
                 return
             key = head
-        self._obs.setdefault(f"{key}/out", ActivationObserver()).update(o[0])
+        self._obs.observe(f"{key}/out", o[0])
 
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
         """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype``."""
-        ck = (name, key, dtype, rq.observer, rq.fixed_scale, rq.percentile)
+        ck = (name, key, dtype, observer_key(rq))
         s = self._scale_cache.get(ck)
         if s is not None:
             return s
@@ -62,7 +62,7 @@ class QuantizationState:
                     f"op {name}: no calibration statistics for its {key}; calibrate with inputs "
                     "that reach this op"
                 )
-            amax = obs.amax(rq.observer, dtype, self.platform.fake_round, rq.percentile)
+            amax = obs.amax(rq, dtype, self.platform.scale_rule, self.platform.fake_round)
             s = compute_scale(amax, dtype, self.platform.scale_rule)
         self._scale_cache[ck] = s
         return s

@@ -189,7 +189,7 @@ def test_observers_and_set_qconfig_keep_statistics():
     x = b.example_inputs(1, 0)
     name = "conv1:conv2d#0"
     s_mse = sim.act_scale(name, "out", DType.INT8, sim.qconfig_of(name))
-    for kind in (ObserverKind.MINMAX, ObserverKind.PERCENTILE):
+    for kind in (ObserverKind.MINMAX, ObserverKind.GLOBAL_MINMAX, ObserverKind.HISTOGRAM):
         sim.set_qconfig(QConfigSpec(global_=OpQConfig(observer=kind)))
         s = sim.act_scale(name, "out", DType.INT8, sim.qconfig_of(name))
         assert float(s) > 0 and float(s) != float(s_mse)

@@ -1,0 +1,77 @@
+"""The calibration experiment on a toy model: rows per observer and mode, CIs, per-op choice,
+diagnosis, findings and the bar plots."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.calibration import CalibrationExp, calibration
+from quantlab.calibration.per_op import ChoiceTarget
+from quantlab.data.schema import DataConfig
+from quantlab.experiment import RunContext
+from quantlab.models.schema import ModelConfig
+from quantlab.platforms import PlatformConfig
+from quantlab.report import write_report
+from quantlab.simulate import Mode
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    exp = CalibrationExp(
+        models=["small_cnn"],
+        observers=["MINMAX", "MSE_POOLED", "MSE", "HISTOGRAM/SQNR"],
+        per_op_targets=[ChoiceTarget.OP_OUTPUT],
+        per_op_items=2,
+        modes=[Mode.FAKE, Mode.FIXED],
+        num_calib=3,
+        num_eval=4,
+        resamples=50,
+    )
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="small_cnn"),
+        DataConfig(name="synthetic"),
+        0,
+        tmp_path_factory.mktemp("calibration"),
+    )
+    return calibration(exp, ctx)
+
+
+def test_rows_per_observer_and_mode_with_intervals(result):
+    t = result.table
+    assert set(t["observer"]) == {
+        "MINMAX",
+        "MSE_POOLED",
+        "MSE",
+        "HISTOGRAM/SQNR",
+        "PER_OP/OP_OUTPUT",
+    }
+    assert len(t) == 5 * 2 and set(t["mode"]) == {"FAKE", "FIXED"}
+    assert (t["output_sqnr_db_ci_low"] <= t["output_sqnr_db"]).all()
+    assert (t["output_sqnr_db"] <= t["output_sqnr_db_ci_high"]).all()
+    assert (t["output_sqnr_db_n"] == 4).all() and (t["calib_time_s"] > 0).all()
+    assert t[t["default"]]["observer"].unique().tolist() == ["MSE_POOLED"]
+    assert len(set(t["output_sqnr_db"].round(6))) > 1  # the rules really differ
+
+
+def test_per_op_choice_diagnosis_findings_and_report(result, tmp_path):
+    chosen = result.tables["per_op_choice"]
+    assert set(chosen["candidate"]) <= {"MINMAX", "MSE_POOLED", "MSE", "HISTOGRAM/SQNR"}
+    assert chosen["op"].is_unique and len(chosen) >= 3
+    diag = result.tables["mse_diagnosis"]
+    rules = diag[[f"{k} err/best" for k in ("MSE_POOLED", "MSE", "HISTOGRAM/MSE", "GLOBAL_MINMAX")]]
+    assert (rules >= 1.0 - 1e-9).all().all() and (rules.min(axis=1) <= 1.0 + 1e-9).all()
+    assert (diag["vendor grid err/best"] > 0.99).all()  # relative to the best of the four
+    assert any("best calibration" in f for f in result.findings)
+    path = write_report(result, tmp_path, "python -m quantlab +exp=calibration", "exp: {}\n")
+    text = path.read_text()
+    assert "sqnr_fake.png" in text and (tmp_path / "sqnr_fixed.png").exists()
+
+
+def test_schema_rejects_bad_values():
+    with pytest.raises(ValueError, match="allowed"):
+        CalibrationExp(observers=["MSE", "BEST"])
+    with pytest.raises(ValueError, match="FLOAT"):
+        CalibrationExp(modes=[Mode.FLOAT])
+    with pytest.raises(ValueError, match="HISTOGRAM"):
+        CalibrationExp(observers=["HISTOGRAM"])
