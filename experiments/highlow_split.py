@@ -50,7 +50,9 @@ class HighlowSplitExp:
         default_factory=lambda: [SplitCombine.WIDE_ACCUMULATOR, SplitCombine.SEPARATE_REQUANT]
     )
     layer_in_dtypes: list[DType] = field(default_factory=lambda: [DType.INT8, DType.INT16])
-    layer_out_dtype: DType | None = None  # per-layer output; None: platform.sensitive_dtype
+    # per-layer output; None: platform.global_dtype where it is float (float16 on J6H/P), else
+    # platform.sensitive_dtype (int16 on J6E/M/B)
+    layer_out_dtype: DType | None = None
     max_layers: int | None = None  # per model, in execution order (None: every GEMM)
     layer_max_hw: int = 8  # conv inputs cropped to the central HxW (<= this) per layer
     schemes: list[str] = field(default_factory=lambda: list(SCHEMES))
@@ -385,7 +387,9 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.models import build_model
 
     if exp.layer_out_dtype is None:  # int16 on J6E/M/B, float16 on J6H/P
-        exp = dataclasses.replace(exp, layer_out_dtype=ctx.platform.sensitive_dtype)
+        p = ctx.platform
+        out = p.global_dtype if p.global_dtype.is_float else p.sensitive_dtype
+        exp = dataclasses.replace(exp, layer_out_dtype=out)
     layers, models, sens, fixed = [], [], [], []
     for name in exp.models:
         bundle = build_model(name, seed=0 if ctx.seed is None else ctx.seed)

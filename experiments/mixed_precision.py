@@ -1,10 +1,11 @@
 """Mixed precision: raise the most sensitive ops and trade accuracy against cost, per platform.
 
 For each platform: rank the ops (quantlab.analysis.sensitivity, cached), then for each ratio of
-the sensitivity table raise those ops (int16 on J6E/M/B, float16 kept on J6H/P), run the model
-in fixed point and measure the task metric (with its 95% bootstrap interval over the evaluation
-items) and output SQNR against float and the cost model (MACs x operand bytes plus LUT and split
-overheads, quantlab.analysis.cost). Each evaluated configuration is written as a qconfig file
+the sensitivity table raise those ops to int16 (activations on J6E/M/B; on J6H/P the int8
+Conv/MatMul inputs, vector ops staying in float16), run the model in fixed point and measure the
+task metric (with its 95% bootstrap interval over the evaluation items) and output SQNR against
+float and the cost model (MACs x operand bytes plus LUT and split overheads,
+quantlab.analysis.cost). Each evaluated configuration is written as a qconfig file
 (``qconfig/<platform>_ratio<r>.yaml``); passed back with ``qconfig=file`` it is the starting
 configuration, so its ratio-0 row reproduces that row.
 """
@@ -43,8 +44,8 @@ class MixedPrecisionExp:
     ratios: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.35, 0.5])
     rank_metric: Metric = Metric.L1  # the sensitivity metric the template sorts by
     raise_kinds: list[SensitiveType] = field(
-        default_factory=lambda: [SensitiveType.ACTIVATION, SensitiveType.WEIGHT]
-    )
+        default_factory=lambda: [SensitiveType.ACTIVATION, SensitiveType.INPUT]
+    )  # WEIGHT too: see experiments/recipe.py RAISE_KINDS for what a weight raise does
     mode: Mode = Mode.FIXED  # the mode each configuration is evaluated in
     merge_batches: bool = True
     cache_dir: str | None = ".quantlab_cache"
@@ -56,7 +57,7 @@ class MixedPrecisionExp:
         if self.rank_metric is Metric.TASK:
             raise ValueError("exp.rank_metric must be an output metric (L1, COSINE, MSE, KL, ...)")
         if not self.raise_kinds or SensitiveType.FIXED in self.raise_kinds:
-            raise ValueError("exp.raise_kinds must be ACTIVATION and/or WEIGHT")
+            raise ValueError("exp.raise_kinds must be ACTIVATION, WEIGHT and/or INPUT")
 
 
 register_schema("exp", "mixed_precision_schema", MixedPrecisionExp)
@@ -95,7 +96,7 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             platform,
             data.calib,
             batches,
-            kinds=[SensitiveType.ACTIVATION, SensitiveType.WEIGHT],
+            kinds=[SensitiveType.ACTIVATION, SensitiveType.WEIGHT, SensitiveType.INPUT],
             metrics=RANK_METRICS + ([Metric.TASK] if task is not None else []),
             task=task,
             qconfig=base,
@@ -183,8 +184,8 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
         plots=plots,
         qconfigs=qconfigs,
         notes=[
-            f"Ranking: {exp.rank_metric.name} sensitivity (activation and weight rows together, "
-            "vendor template); raised kinds: "
+            f"Ranking: {exp.rank_metric.name} sensitivity (activation, weight and GEMM-input "
+            "rows together, vendor template); raised kinds: "
             + ", ".join(k.value for k in exp.raise_kinds)
             + f"; evaluation in {exp.mode.name} mode against float on "
             f"{sum(len(b[0]) for b in batches)} items of data={data.name}; starting from "

@@ -164,8 +164,9 @@ class PlatformConfig:
     gemm_input_dtype: DType = DType.INT8  # Conv / Linear / MatMul inputs
     weight_dtype: DType = DType.INT8
     grid_chain_dtype: DType = DType.INT16  # the ops producing a grid_sample grid
-    sensitive_dtype: DType = DType.INT16  # what a sensitive op is raised to
-    ceiling_dtype: DType = DType.INT16  # the "precision ceiling" run (all ops at this dtype)
+    sensitive_dtype: DType = DType.INT16  # what a sensitive op (or GEMM input) is raised to
+    # the recipe's "precision ceiling": every raisable activation at this dtype (seed 004 l.61)
+    ceiling_dtype: DType = DType.INT16
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
 

@@ -33,7 +33,8 @@ def compare_traces(ta: Trace, tb: Trace, ops: pd.DataFrame | None = None) -> pd.
 
     Columns: index, name, op_type, l1, cosine, mse, kl, sqnr_db, max_abs, err_lsb (max_abs in
     units of b's output scale; NaN for float outputs), saturated (b's output codes at the
-    dtype's limits), numel, out_dtype, out_scale (and module, flops when ``ops`` is given).
+    dtype's limits), float16_overflow (finite values beyond +-65504 that b's op cast to float16,
+    before saturation), numel, out_dtype, out_scale (and module, flops when ``ops`` is given).
     """
     meta = {} if ops is None else ops.set_index("name").to_dict("index")
     rows = []
@@ -57,6 +58,7 @@ def compare_traces(ta: Trace, tb: Trace, ops: pd.DataFrame | None = None) -> pd.
         row.update(m)
         row["err_lsb"] = m["max_abs"] / scale if scale == scale and scale > 0 else math.nan
         row["saturated"] = sat
+        row["float16_overflow"] = tb.float16_overflow.get(name, 0)
         row["numel"] = int(y.numel())
         row["out_dtype"] = dt
         row["out_scale"] = scale

@@ -1,13 +1,16 @@
 """Mixed precision from a sensitivity table: raise the top ops, measure accuracy and cost.
 
 ``SensitiveTemplate`` is the vendor's "sensitive op" setter (j6-numerics s.8, horizon-plugin
-s.3.1): sort the sensitivity table by one metric (activation and weight rows together), take the
-first k rows (k = ``topk``, or ``ceil(ratio x rows)``), keep the rows of the chosen sensitive
-types whose quantized dtype is int8 (an output already in int16, float16 or int32 has nothing
-to gain), and raise those ops through ``QConfigSpec.by_name``:
+s.3.1): sort the sensitivity table by one metric (activation, weight and input rows together),
+take the first k rows (k = ``topk``, or ``ceil(ratio x rows)``), keep the rows of the chosen
+sensitive types whose quantized dtype is int8 (an output already in int16, float16 or int32 has
+nothing to gain), and raise those ops through ``QConfigSpec.by_name``:
 
-- an activation row raises the op's output to ``platform.sensitive_dtype`` (int16 on J6E/M/B;
-  float16 on J6H/P, i.e. the op stays in float16 while its neighbours are int8);
+- an activation row raises the op's output to ``platform.sensitive_dtype`` (int16 on every J6
+  member; on J6H/P outputs are float16 already, so their activation rows are not int8 and are
+  kept in float16, as the vendor keeps vector work in float16);
+- an input row (a GEMM's own int8 inputs, J6H/P) raises the GEMM's inputs to
+  ``platform.sensitive_dtype``;
 - a weight row raises the op's weight to int16 (J6 GEMMs are integer on every member); on a
   platform without int16 x int16 GEMM (``platform.max_int16_gemm_operands`` < 2) its input is
   pinned to int8 so the op stays legal.
@@ -57,7 +60,7 @@ class SensitiveTemplate:
             raise ValueError(f"SensitiveTemplate.ratio must be in [0, 1], got {self.ratio}")
         bad = [k for k in self.kinds if k is SensitiveType.FIXED]
         if bad or not self.kinds:
-            raise ValueError("SensitiveTemplate.kinds must be ACTIVATION and/or WEIGHT")
+            raise ValueError("SensitiveTemplate.kinds must be ACTIVATION, WEIGHT and/or INPUT")
 
 
 def select_sensitive(
@@ -65,10 +68,8 @@ def select_sensitive(
 ) -> list[tuple[str, SensitiveType]]:
     """The (op name, sensitive type) pairs ``template`` raises, most sensitive first."""
     metric = template.metric.name
-    rows = table[
-        (table["metric"] == metric)
-        & table["sensitive_type"].isin([SensitiveType.ACTIVATION.value, SensitiveType.WEIGHT.value])
-    ]
+    raisable = [t.value for t in SensitiveType if t is not SensitiveType.FIXED]
+    rows = table[(table["metric"] == metric) & table["sensitive_type"].isin(raisable)]
     if rows.empty:
         have = ", ".join(sorted(table["metric"].unique())) if len(table) else "none"
         raise ValueError(f"the sensitivity table has no {metric} rows; metrics in it: {have}")
@@ -82,15 +83,22 @@ def select_sensitive(
 
 
 def raise_spec(
-    picked: Sequence[tuple[str, SensitiveType]], platform: Any, base: QConfigSpec | None = None
+    picked: Sequence[tuple[str, SensitiveType]],
+    platform: Any,
+    base: QConfigSpec | None = None,
+    activation_dtype: DType | None = None,
 ) -> QConfigSpec:
-    """``base`` (default: empty) with ``by_name`` rules raising every picked op (module doc)."""
+    """``base`` (default: empty) with ``by_name`` rules raising every picked op (module doc);
+    ``activation_dtype`` replaces ``platform.sensitive_dtype`` for activation rows (e.g.
+    ``platform.ceiling_dtype``); GEMM inputs (TAE operands) always take ``sensitive_dtype``."""
     base = base or QConfigSpec()
     by_name = dict(base.by_name)
     for name, kind in picked:
         rule = by_name.get(name, OpQConfig())
         if kind is SensitiveType.ACTIVATION:
-            rule = _replace(rule, output_dtype=platform.sensitive_dtype)
+            rule = _replace(rule, output_dtype=activation_dtype or platform.sensitive_dtype)
+        elif kind is SensitiveType.INPUT:
+            rule = _replace(rule, input_dtype=platform.sensitive_dtype)
         else:
             pin = DType.INT8 if platform.max_int16_gemm_operands < 2 else rule.input_dtype
             rule = _replace(rule, weight_dtype=DType.INT16, input_dtype=pin)

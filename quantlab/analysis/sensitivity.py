@@ -7,6 +7,11 @@ pass's baseline run:
   (``OpMode(Mode.FAKE, quantize_weight=False)``);
 - WEIGHT: baseline all-float; the op runs FAKE with only its weight quantized
   (``OpMode(Mode.FAKE, quantize_output=False)``), ops with a weight only;
+- INPUT: baseline all-float; a GEMM (Conv/Linear/MatMul) runs FAKE with only its activation
+  inputs quantized, at its resolved ``input_dtype`` (``OpMode(Mode.FAKE, quantize_output=False,
+  quantize_weight=False, quantize_float_inputs=True)``), GEMMs whose qconfig sets an input dtype
+  only: on J6H/P the int8 Conv/MatMul inputs of a float16 model, which the ACTIVATION pass (a
+  float16 GEMM output) never sees;
 - FIXED: baseline all-FAKE; the op runs FIXED (which op hurts most after export: LUTs, period
   reduction, grids, requantization).
 
@@ -76,6 +81,7 @@ class SensitiveType(enum.Enum):
 
     ACTIVATION = "activation"
     WEIGHT = "weight"
+    INPUT = "input"
     FIXED = "fixed"
 
     @classmethod
@@ -110,7 +116,18 @@ def studied_ops(sim: Simulator, kind: SensitiveType) -> list[str]:
     keep &= ~ops["name"].isin(fused_members(sim))
     if kind is SensitiveType.WEIGHT:
         keep &= ops["has_weight"]
-    return ops.loc[keep, "name"].tolist()
+    names = ops.loc[keep, "name"].tolist()
+    if kind is SensitiveType.INPUT:
+        cat = ops.set_index("name")["category"]
+        names = [n for n in names if cat[n] == "GEMM" and _requantized_input(sim, n)]
+    return names
+
+
+def _requantized_input(sim: Simulator, name: str) -> bool:
+    """Whether GEMM ``name`` converts its activation inputs to an integer dtype of its own
+    (``input_dtype`` resolved, e.g. int8 Conv/MatMul inputs in a float16 model)."""
+    dt = sim.qconfig_of(name).input_dtype
+    return dt is not None and dt.is_int
 
 
 def float_inputs_spec(spec: QConfigSpec, op_types: set[str]) -> QConfigSpec:
@@ -139,6 +156,11 @@ def pass_modes(kind: SensitiveType, name: str) -> tuple[Mode, dict]:
         return Mode.FLOAT, {name: OpMode(Mode.FAKE, quantize_weight=False)}
     if kind is SensitiveType.WEIGHT:
         return Mode.FLOAT, {name: OpMode(Mode.FAKE, quantize_output=False)}
+    if kind is SensitiveType.INPUT:
+        alone = OpMode(
+            Mode.FAKE, quantize_output=False, quantize_weight=False, quantize_float_inputs=True
+        )
+        return Mode.FLOAT, {name: alone}
     return Mode.FAKE, {name: OpMode(Mode.FIXED)}
 
 
@@ -195,17 +217,17 @@ def sensitivity(
     user_spec = sim.spec
     quantized_types = set(ops.loc[ops["supported"], "op_type"])
     for kind in kinds:
-        names = studied_ops(sim, kind)
-        studied[kind.value] = names
-        if not names:
-            continue
         want = (
             user_spec
-            if kind is SensitiveType.FIXED
+            if kind in (SensitiveType.FIXED, SensitiveType.INPUT)
             else float_inputs_spec(user_spec, quantized_types)
         )
         if sim.spec is not want:
             sim.set_qconfig(want)
+        names = studied_ops(sim, kind)  # INPUT reads the input dtypes of the user's spec
+        studied[kind.value] = names
+        if not names:
+            continue
         base_mode = pass_modes(kind, names[0])[0]
         if base_mode not in baselines:  # ACTIVATION and WEIGHT share the all-float baseline
             freezes = [FrozenIndices() for _ in batches]
@@ -230,7 +252,9 @@ def sensitivity(
             values = output_metrics(refs, outs, metrics, task)
             ci = estimate_metrics([task], refs, outs)[task.name] if Metric.TASK in values else None
             rq = sim.qconfig_of(name)
-            qdt = rq.weight_dtype if kind is SensitiveType.WEIGHT else info.at[name, "output_dtype"]
+            qdt = {SensitiveType.WEIGHT: rq.weight_dtype, SensitiveType.INPUT: rq.input_dtype}.get(
+                kind, info.at[name, "output_dtype"]
+            )
             for m, v in values.items():
                 rows.append(
                     {

@@ -74,6 +74,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
         self._fold_cache: dict[str, tuple] = {}
         self._fast: dict[str, dict] = {}
+        self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
 
     # ------------------------------------------------------------------ public API
     def calibrate(
@@ -157,6 +158,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         st.trace = Trace(Mode.parse(mode))
         st.isolate = _isolate
         st.trace.result = self._forward(inputs, st)
+        st.trace.float16_overflow = dict(st.float16_overflow)
         return st.trace
 
     def compare(
@@ -183,6 +185,12 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
             return False
         sup = self.platform.supported_ops
         return not sup or op_type in sup
+
+    @property
+    def float16_overflow(self) -> dict[str, int]:
+        """Per op of the latest run: how many finite values beyond +-65504 it cast to float16
+        (before saturation; ops with none are left out). Replayed ops are not recounted."""
+        return dict(self._float16_overflow)
 
     def qconfig_of(self, name: str) -> ResolvedQConfig:
         """The resolved qconfig of op ``name``."""
@@ -250,6 +258,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         for name in st.order:
             self._info[name] = st.infos[name]
         self._order = list(st.order)
+        self._float16_overflow = dict(st.float16_overflow)
         if any(n not in self._ctx for n in st.order):
             self._discover(out, st)
         return out

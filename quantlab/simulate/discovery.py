@@ -47,7 +47,8 @@ class OpDiscovery:
 
     @property
     def ops(self) -> pd.DataFrame:
-        """One row per captured op call of the latest run, in execution order."""
+        """One row per captured op call of the latest run, in execution order
+        (``float16_overflow``: finite values beyond +-65504 it cast to float16 in that run)."""
         rows = []
         for name in self._order:
             inf = self._info[name]
@@ -73,6 +74,8 @@ class OpDiscovery:
                     "has_weight": inf.has_weight,
                     "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
                     "flops": inf.flops,
+                    # values beyond +-65504 this op cast to float16 (before saturation)
+                    "float16_overflow": self._float16_overflow.get(name, 0),
                 }
             )
         return pd.DataFrame(rows)

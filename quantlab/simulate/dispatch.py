@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
 from quantlab.capture import OpCall, OpCategory
-from quantlab.numerics.quantize import dequantize, fake_cast, quantize
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
@@ -43,6 +43,7 @@ class _RunState:
     float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
     fused_done: set = field(default_factory=set)  # GEMMs that ran with their fused chain
     on_call: CallObserver | None = None  # told of every call after it ran (trace(on_call=))
+    float16_overflow: dict = field(default_factory=dict)  # op -> values beyond +-65504 cast
 
 
 class OpDispatch:
@@ -151,13 +152,18 @@ class OpDispatch:
                 in_infos.append(None)
                 continue
             info = st.qt.get(v)
-            if info is None and mode is Mode.FAKE and st.producers.get(v) in st.float_ops:
+            if (
+                info is None
+                and mode is Mode.FAKE
+                and st.producers.get(v) in st.float_ops
+                and not (om is not None and om.quantize_float_inputs)
+            ):
                 in_infos.append(None)  # a float op's output stays float (sensitivity runs)
                 continue
             want = rq.input_dtype or (info.dtype if info is not None else rq.output_dtype)
             if info is None or info.dtype is not want:
                 if info is not None and info.dtype.is_float and want.is_float:
-                    v, info = fake_cast(v, want, self.platform.float16_saturate), QInfo(want)
+                    v, info = self.cast_float(call.name, v, want), QInfo(want)
                 else:
                     v, info = self.quantize_act(call.name, f"in{i}", v, want, rq, mode)
                 A.put(args, kwargs, slot, v)
@@ -175,7 +181,7 @@ class OpDispatch:
                 wv = self.weight_value(call.name, w, rq.weight_dtype, mode, rq.weight_split)
                 A.put(args, kwargs, plan.weight, wv)
             else:
-                A.put(args, kwargs, plan.weight, fake_cast(w, rq.weight_dtype))
+                A.put(args, kwargs, plan.weight, self.cast_float(call.name, w, rq.weight_dtype))
         x_info = in_infos[0] if in_infos else None
         if (
             mode is Mode.FAKE

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from quantlab.numerics import gemm
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import bound_codes, dequantize, fake_cast, quantize
+from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.qtensor import QInfo
@@ -119,7 +119,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         if clamp is not None:
             res = torch.clamp(res, clamp[0], clamp[1])
         if out_dt is DType.FLOAT16:
-            return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
+            return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     return fc.emit(res, out_scale, out_dt)
 
@@ -180,7 +180,7 @@ def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
         if clamp is not None:
             res = torch.clamp(res, clamp[0], clamp[1])
         if out_dt is DType.FLOAT16:
-            return fake_cast(res, DType.FLOAT16, p.float16_saturate), QInfo(DType.FLOAT16)
+            return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
     return fc.clamp_output(out, clamp, p.bound_rule) if clamp is not None else out

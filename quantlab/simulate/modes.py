@@ -39,12 +39,15 @@ class OpMode:
     """Per-op override of a run's default mode.
 
     quantize_output=False keeps this op's output in float (sensitivity "weight" pass);
-    quantize_weight=False keeps its weights in float (sensitivity "activation" pass).
+    quantize_weight=False keeps its weights in float (sensitivity "activation" pass);
+    quantize_float_inputs=True quantizes activation inputs that come from an op run in float
+    (by default they stay float; sensitivity "input" pass, a GEMM's inputs alone).
     """
 
     mode: Mode
     quantize_output: bool = True
     quantize_weight: bool = True
+    quantize_float_inputs: bool = False
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Trace:
     order: list[str] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     qinfo: dict[str, Any] = field(default_factory=dict)  # name -> QInfo, list of them, or None
+    float16_overflow: dict[str, int] = field(default_factory=dict)  # op -> values beyond 65504
     result: Any = None  # what the model returned
 
 

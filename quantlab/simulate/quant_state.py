@@ -157,14 +157,25 @@ class QuantizationState:
         unit = acc_scale(x_scale, w_scale)
         return dequantize(codes, unit, axis=0 if unit.dim() == 1 else None)
 
+    def cast_float(self, name: str, x: Tensor, dtype: DType) -> Tensor:
+        """``x`` rounded to float ``dtype`` (numerics.quantize.fake_cast, saturating at +-65504
+        when ``platform.float16_saturate``); for FLOAT16 the finite values beyond +-65504 (before
+        saturation) are counted against op ``name`` in the current run (``float16_overflow``)."""
+        if dtype is DType.FLOAT16 and self._state is not None and x.numel():
+            over = x.detach().abs() > DType.FLOAT16.max_finite
+            n = int(torch.count_nonzero(over & torch.isfinite(x)))
+            if n:
+                counts = self._state.float16_overflow
+                counts[name] = counts.get(name, 0) + n
+        return fake_cast(x, dtype, self.platform.float16_saturate)
+
     def quantize_act(
         self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode, bounds=None
     ):
         """(value, QInfo) of ``x`` quantized at activation point ``name/key`` (FAKE mode:
         ``bounds`` = a fused clamp applied in the same pass)."""
         if dtype.is_float:
-            y = fake_cast(x, dtype, self.platform.float16_saturate)
-            return y, QInfo(dtype)
+            return self.cast_float(name, x, dtype), QInfo(dtype)
         s = self.act_scale(name, key, dtype, rq)
         if mode is not Mode.FIXED:
             y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds)

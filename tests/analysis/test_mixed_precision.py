@@ -73,7 +73,7 @@ def test_template_bad_values():
         SensitiveTemplate()
     with pytest.raises(ValueError, match="ratio must be in"):
         SensitiveTemplate(ratio=1.5)
-    with pytest.raises(ValueError, match="ACTIVATION and/or WEIGHT"):
+    with pytest.raises(ValueError, match="ACTIVATION, WEIGHT and/or INPUT"):
         SensitiveTemplate(topk=1, kinds=(SensitiveType.FIXED,))
     with pytest.raises(ValueError, match="no COSINE rows"):
         select_sensitive(_table(), SensitiveTemplate(Metric.COSINE, topk=1))
@@ -96,6 +96,30 @@ def test_raise_spec_per_platform():
     spec = raise_spec(picked, j6p)
     assert spec.by_name["a"].output_dtype is DType.FLOAT16
     assert spec.by_name["b"].input_dtype is None
+
+
+def test_float16_platform_raises_gemm_inputs_to_int16():
+    from test_sensitivity import ConvHead
+
+    from quantlab.platforms import load_platform
+
+    x = _inputs((4, 3, 8, 8))
+    sim = Simulator(ConvHead(), load_platform("j6p"))
+    sim.calibrate([x])
+    ranking = sensitivity(sim, [x], kinds=["activation", "weight", "input"], progress=False)
+    kinds = (SensitiveType.ACTIVATION, SensitiveType.WEIGHT, SensitiveType.INPUT)
+    picked = select_sensitive(ranking.table, SensitiveTemplate(ratio=1.0, kinds=kinds))
+    assert {k for _, k in picked} == {SensitiveType.WEIGHT, SensitiveType.INPUT}  # no float16 act
+    refs = [sim.run(*x, mode=Mode.FLOAT)]
+    low = evaluate_mixed(sim, [x], refs, [], [Metric.SQNR])
+    inputs = [p for p in picked if p[1] is SensitiveType.INPUT]
+    high = evaluate_mixed(sim, [x], refs, inputs, [Metric.SQNR])
+    ops = high.ops.set_index("name")
+    assert ops.at["c2:conv2d#0", "input_dtype"] == "INT16"
+    assert ops.at["c2:conv2d#0", "weight_dtype"] == "INT8"
+    assert ops.at["c1:conv2d#0", "output_dtype"] == "FLOAT16"
+    assert high.metrics["SQNR"] > low.metrics["SQNR"]
+    assert high.cost > low.cost
 
 
 def test_pareto_front():
@@ -150,7 +174,7 @@ def test_mixed_precision_unknown_platform(tmp_path):
 
     with pytest.raises(ValueError, match="unknown platform 'j9'; allowed: .*j6m"):
         platform_profile("j9", PlatformConfig())
-    assert platform_profile("j6p", PlatformConfig()).sensitive_dtype is DType.FLOAT16
+    assert platform_profile("j6p", PlatformConfig()).sensitive_dtype is DType.INT16
 
 
 def test_reconfigured_simulator_gives_the_same_bits_as_a_fresh_configuration():

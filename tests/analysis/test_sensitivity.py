@@ -242,3 +242,49 @@ def test_output_metrics_of_a_zero_baseline():
         }
     )
     assert rank_table(table)["op_name"].tolist() == ["b", "a"]
+
+
+class ConvHead(nn.Module):
+    """conv -> relu -> conv -> mean -> linear: GEMMs whose inputs are int8 on J6H/P."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.c2(torch.relu(self.c1(x))).mean((2, 3)))
+
+
+def test_input_pass_sees_the_int8_gemm_inputs_of_a_float16_platform():
+    from quantlab.numerics.dtypes import DType
+    from quantlab.simulate import Mode
+    from quantlab.simulate.qat import qat_fake_quant
+
+    x = _inputs((4, 3, 8, 8))
+    sim = Simulator(ConvHead(), "j6p")
+    sim.calibrate([x])
+    kinds = ["activation", "input"]
+    t = sensitivity(sim, [x], kinds=kinds, metrics=["sqnr"], progress=False).table
+    inp = t[t.sensitive_type == "input"].set_index("op_name")
+    assert sorted(inp.index) == ["c1:conv2d#0", "c2:conv2d#0", "fc:linear#0"]
+    assert set(inp.quant_dtype) == {"INT8"}
+    assert "INT8" not in set(t[t.sensitive_type == "activation"].quant_dtype)  # float16, fp32 out
+    # the first conv's row: the float model with only that conv's input fake-quantized to int8
+    m = sim.model
+    rq = sim.qconfig_of("c1:conv2d#0")
+    s = sim.act_scale("c1:conv2d#0", "in0", DType.INT8, rq)
+    with torch.no_grad():
+        ref = m(*x)
+        xq = qat_fake_quant(x[0], s, DType.INT8, sim.platform.fake_round)
+        alone = m.fc(m.c2(torch.relu(m.c1(xq))).mean((2, 3)))
+    expected = output_metrics([ref], [alone], [Metric.SQNR])[Metric.SQNR]
+    assert inp.at["c1:conv2d#0", "value"] == pytest.approx(expected, rel=1e-6)
+    assert math.isfinite(expected)
+    # an int8 platform quantizes GEMM inputs at their producers: no input rows
+    j6m = Simulator(ConvHead(), "j6m")
+    j6m.calibrate([x])
+    t = sensitivity(j6m, [x], kinds=kinds, metrics=["sqnr"], progress=False).table
+    assert (t.sensitive_type == "input").sum() == 0
+    assert sim.run(*x, mode=Mode.FLOAT).shape == (4, 4)

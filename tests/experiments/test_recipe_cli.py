@@ -1,0 +1,67 @@
+"""+exp=recipe end to end on a user's toy model: the int8 start misses the target, the ceiling
+meets it, the chosen configuration raises fewer ops, and its qconfig file, passed back with
+qconfig=file, starts a run whose first row reproduces the reported metric."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from recipe_toy import write_inputs
+
+from quantlab import qconfig
+
+
+def _run(tmp_path, name: str, *overrides: str):
+    from experiments.recipe import recipe_exp
+    from quantlab.config import compose
+    from quantlab.experiment import RunContext
+    from quantlab.report import write_report
+
+    cfg = compose(
+        ["+exp=recipe", "model=custom", "model.target=recipe_toy:build"]
+        + ["model.metric=recipe_toy:agreement", "data=tensors", f"data.path={tmp_path}/x.npz"]
+        + ["data.num_calib=64", "data.num_eval=64", "data.batch_size=64", "progress=false"]
+        + [f"exp.cache_dir={tmp_path}/cache", "exp.steps=3", *overrides]
+    )
+    ctx = RunContext(cfg.platform, cfg.model, cfg.data, 0, tmp_path / name, qconfig=cfg.qconfig)
+    ctx.progress = False
+    res = recipe_exp(cfg.exp, ctx)
+    write_report(res, tmp_path / name, "python -m quantlab +exp=recipe", "")
+    return res
+
+
+def test_recipe_writes_a_qconfig_that_reproduces_the_chosen_metric(tmp_path):
+    write_inputs(tmp_path / "x.npz")
+    res = _run(tmp_path, "run", "exp.max_drop=0.05")
+    t = res.table.set_index("step")
+    start, ceiling, chosen = t.iloc[0], t[t.direction == "ceiling"].iloc[0], t[t.chosen].iloc[0]
+    assert not start.meets_target and ceiling.meets_target and chosen.meets_target
+    assert chosen.task >= 0.95 and start.task < 0.95 and chosen.task_n == 64
+    assert 0 < chosen.raised_ops < ceiling.raised_ops
+    assert chosen.cost_rel < ceiling.cost_rel
+    recipe = pd.read_csv(tmp_path / "run" / "recipe.csv")
+    assert len(recipe) == len(t) and recipe.chosen.sum() == 1
+    assert (tmp_path / "run" / "recipe_path.png").exists()
+    assert "Chosen: step" in "\n".join(res.findings)
+    file = tmp_path / "run" / "qconfig" / "qconfig.yaml"
+    spec = qconfig.load(file)
+    assert spec.by_name  # the raised ops
+    again = _run(tmp_path, "again", "qconfig=file", f"qconfig.path={file}", "exp.max_drop=0.05")
+    first = again.table.iloc[0]
+    assert first.direction == "start" and first.meets_target
+    assert first.task == chosen.task and first.sqnr_db == chosen.sqnr_db
+    assert first.cost == chosen.cost
+
+
+def test_recipe_says_plainly_when_the_ceiling_misses(tmp_path):
+    write_inputs(tmp_path / "x.npz")
+    res = _run(tmp_path, "run", "exp.max_drop=null", "exp.min_sqnr_db=300")
+    assert not res.table.meets_target.any()
+    assert any("not even the ceiling" in f for f in res.findings)
+
+
+def test_recipe_needs_exactly_one_target():
+    from quantlab.config import compose
+
+    with pytest.raises(Exception, match="exactly one target"):
+        compose(["+exp=recipe", "exp.min_sqnr_db=20"])
