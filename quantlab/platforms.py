@@ -115,7 +115,7 @@ class PlatformConfig:
     add_multiplier_bits: int = 20  # SHARED_SHIFT (XNNPACK: 20)
     max_int16_gemm_operands: int = 1  # J6E/M: input and weight cannot both be int16 (s.6)
     # first toolchain (``toolchain`` below) whose MatMul takes two int16 inputs on a platform with
-    # max_int16_gemm_operands < 2 (OE-v3.5.0, seed 000); never with an int32 output
+    # max_int16_gemm_operands < 2 (OE-v3.5.0, seed 000 line 197); never with an int32 output
     dual_int16_matmul_since: Toolchain = Toolchain.OE_3_5_0
     int16_operand_max: int = 32639  # usable int16 operand range upper end, inferred (s.6)
     int16_matmul_coarsen: bool = True  # int16 matmul operand scale x max(32767/32639, sqrt(K/2))
