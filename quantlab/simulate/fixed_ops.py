@@ -177,6 +177,23 @@ def _lut_spec(call, rq):
     return spec
 
 
+def _calibrated_histogram(sim, call, spec, reduced: bool):
+    """The op's calibrated input histogram (``Simulator.histogram``) as the DATA strategy's
+    ``InputHistogram``; None for every other strategy."""
+    from quantlab.numerics.lut import InputHistogram, Strategy
+
+    if spec.strategy is not Strategy.DATA:
+        return None
+    if reduced:
+        raise ValueError(
+            f"op {call.name} ({call.op_type}): lut_strategy=DATA weighs the calibrated input "
+            "histogram, but this input is period-reduced first (platform.sincos_period_reduction)"
+            "; choose OPTIMAL or another strategy for it"
+        )
+    edges, counts = sim.histogram(call.name, 0)
+    return InputHistogram(float(edges[0]), float(edges[-1]), tuple(counts.tolist()))
+
+
 def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
     from quantlab.numerics.lut import build_lut
     from quantlab.numerics.periodic import needs_period_reduction, period_reduce
@@ -199,15 +216,17 @@ def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
         xc, xs = period_reduce(xc, xs, in_dt, p.fake_round)
         observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)
+    spec = _lut_spec(call, rq)
     lut = build_lut(
         call.op_type,
         in_dt,
         xs,
         out,
         float(so),
-        _lut_spec(call, rq),
+        spec,
         p.lut_format(),
         observed,
+        _calibrated_histogram(sim, call, spec, reduced=xs != float(info.scale)),
     )
     codes = lut.evaluate(xc.to(in_dt.torch_dtype))
     return fc.emit(codes, so, out)
