@@ -119,7 +119,7 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
     )
     with torch.no_grad():
         refs = [bundle.module(*b) for b in data.eval]
-    rows, diag, chosen = [], None, []
+    rows, diag, chosen, specs = [], None, [], {}
     default = ctx.platform.default_observer.name
     for choice in exp.choices:
         sim = Simulator(bundle.module, ctx.platform, _spec(choice))
@@ -140,6 +140,11 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
             sim.set_qconfig(result.spec)
             label = f"{PER_OP}/{target.name}"
             rows += _score(sim, data, refs, bundle, exp, label, spent, {"default": False})
+            specs[f"per_op_{name}_{target.name.lower()}.yaml"] = (
+                result.spec,
+                f"per-op observer choice for {name} on {ctx.platform.name} (error at the "
+                f"{target.name.lower().replace('_', ' ')}); run with qconfig=file",
+            )
             picked = result.table[result.table["chosen"]]
             chosen.append(
                 picked.assign(model=name, target=target.name)[
@@ -147,7 +152,7 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
                 ]
             )
             sim.set_qconfig(QConfigSpec())
-    return rows, diag, chosen, data, bundle
+    return rows, diag, chosen, specs, data, bundle
 
 
 MSE_STYLE = ("MSE_POOLED", "MSE", "HISTOGRAM/MSE", "GLOBAL_MINMAX")
@@ -204,10 +209,11 @@ def _diagnosis(sim: Simulator, model: str) -> pd.DataFrame:
 
 @experiment(CalibrationExp, "calibration")
 def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
-    rows, diags, chosen, counts = [], [], [], {}
+    rows, diags, chosen, counts, qconfigs = [], [], [], {}, {}
     for name in exp.models:
-        r, d, c, data, bundle = _model_rows(exp, ctx, name)
+        r, d, c, q, data, bundle = _model_rows(exp, ctx, name)
         rows += r
+        qconfigs.update(q)
         chosen += c
         if d is not None:
             diags.append(d)
@@ -263,6 +269,7 @@ def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
         tables=tables,
         plots=plots,
         notes=_notes(exp, ctx, counts),
+        qconfigs=qconfigs,
     )
 
 

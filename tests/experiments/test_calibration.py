@@ -75,3 +75,18 @@ def test_schema_rejects_bad_values():
         CalibrationExp(modes=[Mode.FLOAT])
     with pytest.raises(ValueError, match="HISTOGRAM"):
         CalibrationExp(observers=["HISTOGRAM"])
+
+
+def test_per_op_choice_is_written_as_a_loadable_qconfig_file(result, tmp_path):
+    from quantlab import qconfig_file
+    from quantlab.report import QCONFIG_DIR
+
+    (name,) = result.qconfigs
+    assert name == "per_op_small_cnn_op_output.yaml"
+    write_report(result, tmp_path, "python -m quantlab +exp=calibration", "exp: {}\n")
+    spec = qconfig_file.load(tmp_path / QCONFIG_DIR / name)
+    chosen = result.tables["per_op_choice"]
+    effective = chosen[chosen["effective"]] if "effective" in chosen else chosen
+    for op, candidate in zip(effective["op"], effective["candidate"]):
+        rule = spec.by_name[op]
+        assert rule.observer is not None and candidate.split("/")[0] == rule.observer.name
