@@ -16,19 +16,12 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import QuantStats, check_zero_point
 from quantlab.numerics.requant import INT32_MIN, mul_shift_double, quantize_multiplier
 from quantlab.numerics.rounding import Round, round_float
-from quantlab.numerics.scales import check_scale
+from quantlab.numerics.scales import check_tensor_scale
 
 
 def _wrap32(v: Tensor) -> Tensor:
     """Two's complement wrap of int64 values to int32 (an int32 register)."""
     return ((v - INT32_MIN) % (1 << 32)) + INT32_MIN
-
-
-def _scalar(scale, name: str) -> Tensor:
-    s = check_scale(scale, name)
-    if s.numel() != 1:
-        raise ValueError(f"{name} must be one per-tensor scale, got {s.numel()} values")
-    return s.reshape(())
 
 
 def _multiplier(real: Tensor) -> tuple[Tensor, Tensor]:
@@ -72,9 +65,9 @@ def add_left_shift(
     zx, zy, zo = zero_points
     zo = check_zero_point(zo, out)
     sx, sy, so = (
-        _scalar(x_scale, "x_scale"),
-        _scalar(y_scale, "y_scale"),
-        _scalar(out_scale, "out_scale"),
+        check_tensor_scale(x_scale, "x_scale"),
+        check_tensor_scale(y_scale, "y_scale"),
+        check_tensor_scale(out_scale, "out_scale"),
     )
     twice_max = (2 * torch.maximum(sx, sy)).to(torch.float64)
     qx, ex = _multiplier(sx.to(torch.float64) / twice_max)
@@ -105,9 +98,9 @@ def add_shared_shift(
     """
     zx, zy, zo = zero_points
     zo = check_zero_point(zo, out)
-    so = _scalar(out_scale, "out_scale")
-    rx = _scalar(x_scale, "x_scale") / so
-    ry = _scalar(y_scale, "y_scale") / so
+    so = check_tensor_scale(out_scale, "out_scale")
+    rx = check_tensor_scale(x_scale, "x_scale") / so
+    ry = check_tensor_scale(y_scale, "y_scale") / so
     _, e = torch.frexp(torch.maximum(rx, ry))
     shift = mult_bits - (int(e) - 1)  # frexp's fraction is in [0.5, 1): exponent e - 1
     if not 1 <= shift <= 62:

@@ -16,14 +16,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.rounding import Round, round_float
-from quantlab.numerics.scales import check_scale
-
-
-def _scale(s: Tensor | float, name: str) -> Tensor:
-    t = check_scale(s, name)
-    if t.numel() != 1:
-        raise ValueError(f"{name} must be one per-tensor scale, got {t.numel()} values")
-    return t.reshape(()).to(torch.float32)
+from quantlab.numerics.scales import check_tensor_scale
 
 
 def fma_float32(a: Tensor, r: Tensor, c: Tensor) -> Tensor:
@@ -71,9 +64,9 @@ def qlinear_add(
     ties to even, saturated to ``out``."""
     if x.is_floating_point() or y.is_floating_point():
         raise TypeError(f"x and y must hold integer codes, got {x.dtype} and {y.dtype}")
-    sc = _scale(out_scale, "out_scale")
-    ra = _scale(x_scale, "x_scale") / sc
-    rb = _scale(y_scale, "y_scale") / sc
+    sc = check_tensor_scale(out_scale, "out_scale")
+    ra = check_tensor_scale(x_scale, "x_scale") / sc
+    rb = check_tensor_scale(y_scale, "y_scale") / sc
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
     fixed = zc - (ra * za + rb * zb)
     xa, yb = torch.broadcast_tensors(x, y)

@@ -25,7 +25,7 @@ from quantlab.numerics.rounding import (
     rshift_round,
     rshift_round_half_up_,
 )
-from quantlab.numerics.scales import check_multiplier, check_scale
+from quantlab.numerics.scales import check_multiplier, check_scale, check_tensor_scale
 from quantlab.numerics.shapes import along_axis
 
 INT32_MIN = -(1 << 31)
@@ -337,19 +337,12 @@ def inter_scale(
     """
     if not 0 <= inter_shift <= 30:
         raise ValueError(f"inter_shift must be in [0, 30], got {inter_shift}")
-    sx = _one_scale(x_scale, "x_scale")
-    sy = _one_scale(y_scale, "y_scale")
+    sx = check_tensor_scale(x_scale, "x_scale")
+    sy = check_tensor_scale(y_scale, "y_scale")
     inter = torch.maximum(sx, sy) / float(1 << inter_shift)
     mx = int(round_float(sx / inter, Round.HALF_EVEN))
     my = int(round_float(sy / inter, Round.HALF_EVEN))
     return InterScale(inter, mx, my)
-
-
-def _one_scale(scale: Tensor | float, name: str) -> Tensor:
-    s = check_scale(scale, name)
-    if s.numel() != 1:
-        raise ValueError(f"{name} must be one per-tensor scale, got {s.numel()} values")
-    return s.reshape(())
 
 
 def add_inter_scale(
@@ -376,7 +369,7 @@ def add_inter_scale(
     s = inter_scale(x_scale, y_scale, inter_shift)
     acc = x.to(torch.int64) * s.mx + y.to(torch.int64) * s.my
     acc = acc.clamp(INT32_MIN, INT32_MAX)
-    so = _one_scale(out_scale, "out_scale")
+    so = check_tensor_scale(out_scale, "out_scale")
     if scheme is Requant.FLOAT_RESCALE:
         real = s.inter / so
     else:
@@ -405,9 +398,9 @@ def add_float_rescale(
     _require_codes(x, "x")
     _require_codes(y, "y")
     zx, zy, zo = zero_points
-    so = _one_scale(out_scale, "out_scale")
-    rx = _one_scale(x_scale, "x_scale") / so
-    ry = _one_scale(y_scale, "y_scale") / so
+    so = check_tensor_scale(out_scale, "out_scale")
+    rx = check_tensor_scale(x_scale, "x_scale") / so
+    ry = check_tensor_scale(y_scale, "y_scale") / so
     v = (x.to(torch.float32) - zx) * rx + (y.to(torch.float32) - zy) * ry
     r = round_float(v, rounding)
     return _saturate_codes(r + check_zero_point(zo, out) if zo else r, out, stats)

@@ -67,6 +67,15 @@ def _shown(original, as_float32: float) -> str:
     return f"{given} (float32: {as_float32})"
 
 
+def check_tensor_scale(scale: Tensor | float, name: str) -> Tensor:
+    """One per-tensor scale as a 0-d float32 tensor (``check_scale``'s checks); ValueError naming
+    ``name`` when it holds more than one value."""
+    s = check_scale(scale, name)
+    if s.numel() != 1:
+        raise ValueError(f"{name} must be one per-tensor scale, got {s.numel()} values")
+    return s.reshape(())
+
+
 def check_scale_float(scale: Tensor | float, name: str) -> float:
     """One scale as a Python float (its own precision kept, no float32 rounding), after
     checking it is finite and > 0; ValueError naming ``name`` and the value otherwise."""
