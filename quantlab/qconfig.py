@@ -69,7 +69,9 @@ class OpQConfig:
     lut_strategy: ``quantlab.numerics.lut.Strategy`` member for LUT ops (None: per-op default).
     high_precision_output: a GEMM keeps its accumulator (int32 on E/M/B, float32 on H/P).
     weight_split: 0 off; k in 1..8 (7: no clipping, 8: full int8 range): the high/low int8
-        weight split of a Conv/Linear weight (j6-numerics s.6).
+        split of a Conv/Linear weight, or of a MatMul's second operand (taken as int16, split
+        into int8 halves: the int15 ``A (B_hi + B_lo)``, ``numerics.split_matmul``)
+        (j6-numerics s.6).
     embedding_index: an embedding's index path (``EmbeddingIndex``; baseline FIXED_ONE).
     """
 

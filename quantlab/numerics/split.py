@@ -66,20 +66,24 @@ def check_split_k(k: int) -> int:
 
 
 SPLIT_OP_TYPES = ("conv1d", "conv2d", "linear")
-"""Op types whose weight can be split (a MatMul of two activations uses ``split_int16_codes``)."""
+"""Op types whose weight can be split (a MatMul splits its second operand instead:
+``numerics.split_matmul``)."""
 
 
 def check_split_target(op_name: str, op_type: str, has_weight: bool, k: int) -> int:
-    """Validate ``weight_split=k`` for one op: k allowed, and the op has a weight to split.
+    """Validate ``weight_split=k`` for one op: k allowed, and the op has a weight to split
+    (conv/linear) or is a MatMul (its second operand is split, ``numerics.split_matmul``).
 
     ValueError names the op, its type and what is allowed.
     """
     check_split_k(k)
+    if op_type == "matmul":
+        return k
     if op_type not in SPLIT_OP_TYPES or not has_weight:
         raise ValueError(
             f"weight_split={k} requested on op {op_name!r} ({op_type}), which has no weight: "
-            f"the high/low weight split applies to {', '.join(SPLIT_OP_TYPES)} weights; a MatMul "
-            "of two activations takes an int16 operand split (split_int16_codes / split_matmul)"
+            f"the high/low split applies to {', '.join(SPLIT_OP_TYPES)} weights and to the "
+            "second operand of a matmul"
         )
     return k
 

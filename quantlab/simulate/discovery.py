@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.capture import OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.split import check_split_target
+from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE
 from quantlab.qconfig import GEMM_TYPES, OpContext, validate_names
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops
@@ -72,6 +73,7 @@ class OpDiscovery:
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
                     "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
                     "has_weight": inf.has_weight,
+                    "weight_split": rq.weight_split if rq else 0,
                     "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
                     "flops": inf.flops,
                     # values beyond +-65504 this op cast to float16 (before saturation)
@@ -140,6 +142,9 @@ class OpDiscovery:
                 rq.input_dtype or (out_dt.get(p) if p else None) or rq.output_dtype
                 for p in inf.producers
             ]
+            split_operand = rq.weight_split and inf.op_type == "matmul" and len(ins) > 1
+            if split_operand:  # the int15 split: B arrives as int16, runs as two int8 halves
+                ins[1] = SPLIT_OPERAND_DTYPE
             inf.input_dtypes = ins
             self._check_float_inputs(name, inf, out_dt)
             self._check_high_precision(name, inf, rq)
@@ -149,10 +154,12 @@ class OpDiscovery:
                 out_dt[name] = self._out_dtype(name)
             if inf.category is OpCategory.GEMM:
                 ops = ins + ([rq.weight_dtype] if inf.has_weight else [])
+                if split_operand:
+                    ops = [ins[0], DType.INT8]
                 self._check_gemm(name, inf.op_type, ops)
             if rq.weight_split:
                 check_split_target(name, inf.op_type, inf.has_weight, rq.weight_split)
-                if rq.weight_dtype is not DType.INT8:
+                if inf.has_weight and rq.weight_dtype is not DType.INT8:
                     raise ValueError(
                         f"op {name}: weight_split={rq.weight_split} splits an INT8 weight, but "
                         f"weight_dtype={rq.weight_dtype.name}; allowed: INT8"

@@ -18,7 +18,9 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
 from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fake
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
@@ -146,6 +148,7 @@ class OpDispatch:
         if kwargs.get("inplace"):
             kwargs["inplace"] = False  # computed out of place, then written by _run_quantized
         in_infos: list = []
+        split_b = bool(rq.weight_split) and call.op_type == "matmul" and len(plan.acts) > 1
         for i, slot in enumerate(plan.acts):
             v = A.get(args, kwargs, slot)
             if not A.is_float_tensor(v):
@@ -161,6 +164,8 @@ class OpDispatch:
                 in_infos.append(None)  # a float op's output stays float (sensitivity runs)
                 continue
             want = rq.input_dtype or (info.dtype if info is not None else rq.output_dtype)
+            if split_b and i == 1:
+                want = SPLIT_OPERAND_DTYPE
             if info is None or info.dtype is not want:
                 if info is not None and info.dtype.is_float and want.is_float:
                     v, info = self.cast_float(call.name, v, want), QInfo(want)
@@ -193,8 +198,15 @@ class OpDispatch:
             b = A.get(args, kwargs, plan.bias)
             if b is not None:
                 A.put(args, kwargs, plan.bias, self.bias_value(b, x_info.scale, wq[1]))
+        if split_b and in_infos[1] is not None and in_infos[1].dtype.is_int:
+            if mode is Mode.FAKE:  # QAT value of the split operand: s (b_hi + b_lo / 2**k)
+                b = A.get(args, kwargs, plan.acts[1])
+                k, fr = rq.weight_split, self.platform.fake_round
+                A.put(args, kwargs, plan.acts[1], split_operand_fake(b, in_infos[1].scale, k, fr))
         if call.category is OpCategory.GEMM:
             dts = [i.dtype for i in in_infos if i is not None]
+            if split_b:  # both passes take the int8 halves of the second operand
+                dts = dts[:1] + [DType.INT8]
             self._check_gemm(call.name, call.op_type, dts + ([rq.weight_dtype] if wq else []))
         if call.category is OpCategory.GRID_SAMPLE:
             self._check_grid(call.name, A.get(args, kwargs, plan.acts[0]).shape)

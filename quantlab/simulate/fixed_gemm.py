@@ -54,6 +54,9 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     else:
         if len(in_infos) < 2 or not fc.int_info(in_infos[1]):
             return None
+        if rq.weight_split and matmul:
+            b = fc.codes(args, kwargs, plan.acts[1], in_infos[1])
+            return _split_matmul(sim, call, xi, xc, b, in_infos[1].scale, rq, clamp)
         wc, ws, wdt = (
             fc.codes(args, kwargs, plan.acts[1], in_infos[1]),
             in_infos[1].scale,
@@ -175,6 +178,45 @@ def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
             **opts,
         )
         res = res.reshape(*lead, -1)
+    if float_out:
+        res = res.to(torch.float32)
+        if clamp is not None:
+            res = torch.clamp(res, clamp[0], clamp[1])
+        if out_dt is DType.FLOAT16:
+            return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
+        return res, None
+    out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
+    return fc.clamp_output(out, clamp, p.bound_rule) if clamp is not None else out
+
+
+def _split_matmul(sim, call, xi, xc, b_codes, b_scale, rq, clamp):
+    """MatMul with its second operand split into int8 halves, the int15 ``A (B_hi + B_lo)``
+    (numerics.split_matmul.split_int15_matmul). Partials combine by
+    ``platform.weight_split_combine``."""
+    from quantlab.numerics.split_matmul import split_int15_matmul
+
+    p = sim.platform
+    if call.func.__name__ == "__rmatmul__" or xi.dtype.bits > 16:
+        return None
+    hp = rq.high_precision_output
+    out_dt = p.high_precision_output if hp else rq.output_dtype
+    float_out = hp or out_dt.is_float
+    so = 1.0 if float_out else float(fc.out_scale(sim, call, rq))
+    xc, xs = _prepare_int16(sim, xc, xi.scale, xi.dtype, xc.shape[-1], True)
+    res = split_int15_matmul(
+        xc,
+        b_codes,
+        float(xs),
+        float(b_scale),
+        rq.weight_split,
+        so,
+        DType.FLOAT32 if float_out else out_dt,
+        p.weight_split_combine,
+        rounding=p.requant_round,
+        operand_rounding=p.fake_round,
+        scheme=p.requant,
+        overflow=p.accumulator_overflow,
+    )
     if float_out:
         res = res.to(torch.float32)
         if clamp is not None:
