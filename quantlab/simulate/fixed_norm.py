@@ -6,7 +6,10 @@ their absolute maxima and the variance range; ``NormScales`` come from those thr
 ``scales_from_steps`` with the platform's scale rule. The arithmetic contract is
 ``platform.norm_contract()``. With float activations (float16 on J6H/P) or a platform without
 the composite (``platform.norm_composite`` false) the op runs as its float function between
-casts; so does an ``instance_norm`` that uses running statistics.
+casts. An ``instance_norm`` with running statistics (eval mode, ``track_running_stats``) is a
+per-channel affine op with fixed coefficients, ``x * a_c + b_c``: it runs as a per-channel
+integer GEMM of one tap (``numerics.gemm.finish_gemm``, weight ``a`` quantized per channel at
+the op's weight dtype, bias ``b`` as a GEMM bias).
 """
 
 from __future__ import annotations
@@ -71,6 +74,60 @@ def norm_call(call) -> NormCall | None:
     return NormCall(layout, v["weight"], v["bias"], eps)
 
 
+def running_affine(call) -> tuple[Tensor, Tensor] | None:
+    """(a, b) float32 per channel of an instance_norm that uses running statistics:
+    a = weight / sqrt(running_var + eps) (weight 1 when absent), b = bias - running_mean * a
+    (bias 0 when absent); None for any other call."""
+    if call.op_type != "instance_norm":
+        return None
+    a_, k = call.args, call.kwargs
+    names = _ARG_NAMES["instance_norm"]
+    v = {n: (a_[i] if i < len(a_) else k.get(n)) for i, n in enumerate(names)}
+    if v["use_input_stats"] is not False or v["running_mean"] is None or v["running_var"] is None:
+        return None
+    eps = 1e-5 if v["eps"] is None else float(v["eps"])
+    rm = v["running_mean"].detach().to(torch.float32)
+    rv = v["running_var"].detach().to(torch.float32)
+    a = torch.rsqrt(rv + eps)
+    if v["weight"] is not None:
+        a = a * v["weight"].detach().to(torch.float32)
+    b = -rm * a
+    if v["bias"] is not None:
+        b = b + v["bias"].detach().to(torch.float32)
+    return a, b
+
+
+def _running_op(sim, call, plan, args, kwargs, in_infos, rq, mode):
+    """(value, QInfo) of an instance_norm with running statistics as ``x * a_c + b_c``: FIXED
+    the exact per-channel products of the codes, bias and requantization by
+    ``finish_gemm``; FAKE the QAT form (weight fake-quantized, output quantized)."""
+    from quantlab.numerics import gemm
+    from quantlab.numerics.quantize import dequantize
+    from quantlab.simulate.modes import Mode
+
+    info = in_infos[0] if in_infos else None
+    ab = running_affine(call)
+    if ab is None or not fc.int_info(info) or not rq.output_dtype.is_int:
+        return None
+    if not rq.weight_dtype.is_int:
+        return None
+    a, b = ab
+    wc, ws = sim.weight_q(call.name, a.reshape(-1, 1), rq.weight_dtype, per_channel=True)
+    wc = wc.reshape(-1)
+    out = rq.output_dtype
+    x = A.get(args, kwargs, plan.acts[0])
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    if mode is Mode.FAKE:
+        y = x * dequantize(wc, ws, axis=0).reshape(shape) + b.reshape(shape)
+        return sim.quantize_act(call.name, "out", y, out, rq, mode)
+    xc = fc.codes(args, kwargs, plan.acts[0], info)
+    acc = xc.to(torch.int64) * wc.to(torch.int64).reshape(shape)
+    so = fc.out_scale(sim, call, rq)
+    contract = sim.platform.gemm_contract("conv2d", False, activation=info.dtype)
+    codes = gemm.finish_gemm(acc, info.scale, ws, b, so, out, contract, channel_axis=1)
+    return fc.emit(codes, so, out)
+
+
 def _summary(steps: NormSteps) -> NormSteps:
     """The steps reduced to what ``scales_from_steps`` reads (each absolute maximum; the
     variance's min and max), so calibration keeps a few numbers per batch."""
@@ -130,6 +187,10 @@ def _applies(sim, call, in_infos, rq) -> NormCall | None:
 
 def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """FIXED: (value, QInfo) of the integer composite on the input codes, or None."""
+    if running_affine(call) is not None:
+        from quantlab.simulate.modes import Mode
+
+        return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FIXED)
     nc = _applies(sim, call, in_infos, rq)
     if nc is None:
         return None
@@ -154,6 +215,10 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
 def norm_fake_op(sim, call, plan, args, kwargs, in_infos, rq):
     """FAKE: (value, QInfo) of the composite's QAT form (every step fake-quantized at its
     calibrated scale, exact rsqrt), or None."""
+    if running_affine(call) is not None:
+        from quantlab.simulate.modes import Mode
+
+        return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FAKE)
     nc = _applies(sim, call, in_infos, rq)
     if nc is None:
         return None

@@ -1,0 +1,87 @@
+"""InstanceNorm with running statistics (eval, track_running_stats=True) in fixed point: a
+per-channel affine op x * a_c + b_c whose codes equal those of the depthwise 1x1 convolution
+holding a and b (the GEMM path, proven against the integer reference elsewhere)."""
+
+import torch
+from torch import nn
+
+from quantlab.calibration.kinds import ObserverKind
+from quantlab.numerics.dtypes import DType
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, Simulator
+from quantlab.simulate.fixed_norm import running_affine
+
+
+def _norm(c: int = 4) -> nn.InstanceNorm2d:
+    g = torch.Generator().manual_seed(2)
+    m = nn.InstanceNorm2d(c, affine=True, track_running_stats=True)
+    with torch.no_grad():
+        m.running_mean.copy_(torch.randn(c, generator=g))
+        m.running_var.copy_(torch.rand(c, generator=g) * 3 + 0.1)
+        m.weight.copy_(torch.randn(c, generator=g))
+        m.bias.copy_(torch.randn(c, generator=g) * 0.5)
+    return m.eval()
+
+
+def _as_conv(norm: nn.InstanceNorm2d) -> nn.Conv2d:
+    c = norm.num_features
+    conv = nn.Conv2d(c, c, 1, groups=c, bias=True)
+    a = torch.rsqrt(norm.running_var + norm.eps) * norm.weight
+    with torch.no_grad():
+        conv.weight.copy_(a.reshape(c, 1, 1, 1))
+        conv.bias.copy_(norm.bias - norm.running_mean * a)
+    return conv.eval()
+
+
+def test_running_instance_norm_is_the_depthwise_conv_bit_for_bit():
+    norm = _norm()
+    x = torch.randn(3, 4, 6, 5, generator=torch.Generator().manual_seed(3)) * 2
+    fixed_scales = OpQConfig(
+        observer=ObserverKind.FIXED,
+        fixed_scale=0.06,
+        output_dtype=DType.INT8,
+        high_precision_output=False,
+    )
+    outs = {}
+    for label, model, op in (("norm", norm, "instance_norm"), ("conv", _as_conv(norm), "conv2d")):
+        sim = Simulator(model, "j6m", QConfigSpec(by_type={op: fixed_scales}))
+        sim.calibrate([(x,)], progress=False)
+        assert sim.ops.fixed_kernel.iloc[0].startswith("integer")
+        outs[label] = sim.run(x, mode=Mode.FIXED)
+        outs[label + "_fake"] = sim.run(x, mode=Mode.FAKE)
+    assert torch.equal(outs["norm"], outs["conv"])
+    assert torch.equal(outs["norm_fake"], outs["conv_fake"])
+    with torch.no_grad():
+        ref = norm(x)
+    noise = float((outs["norm"] - ref).pow(2).sum())
+    assert 10 * torch.log10(ref.pow(2).sum() / noise) > 25  # int8 input and output at 0.06
+
+
+def test_running_instance_norm_calibrated_is_close_and_not_a_fallback():
+    norm = _norm(3)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 8, 8, generator=g)
+    sim = Simulator(norm, "j6m")
+    sim.calibrate([(x,)], progress=False)
+    y = sim.run(x, mode=Mode.FIXED)
+    with torch.no_grad():
+        ref = norm(x)
+    noise = float((y - ref).pow(2).sum())
+    assert 10 * torch.log10(ref.pow(2).sum() / noise) > 30  # int8 output: about 40 dB
+    a, b = running_affine_of(norm, x)
+    assert torch.allclose(a * x + b, ref, atol=1e-5)
+
+
+def running_affine_of(norm, x):
+    calls = []
+
+    from quantlab.capture import CaptureMode, ModuleTracker
+
+    def handler(call):
+        calls.append(call)
+        return call.run()
+
+    with torch.no_grad(), ModuleTracker(norm) as tr, CaptureMode(tr, handler):
+        norm(x)
+    a, b = running_affine(calls[0])
+    return a.reshape(1, -1, 1, 1), b.reshape(1, -1, 1, 1)
