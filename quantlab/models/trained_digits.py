@@ -7,12 +7,17 @@ the caller's intra-op threads: torch splits large float32 reductions by thread c
 weights it fits depend on that count. The registry's trained weights (``build``) therefore come
 from a child interpreter started with one intra-op thread (``OMP_NUM_THREADS=1``, read by torch
 at start-up): the same bits on every machine, and this process's thread count is never changed.
-They are kept per (variant, seed) for the life of the process.
+They are kept per (variant, seed) for the life of the process, and on disk in
+``CACHE_DIR`` (relative to the working directory, like the experiments' ``.quantlab_cache``)
+under a key that hashes the variant, seed, recipe, torch version and the source of the modules
+that decide the weights (``cache_key``): a later process loads them (``weights_only=True``)
+instead of training again, and a change to any of those trains anew.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import math
 import os
@@ -97,10 +102,43 @@ sys.stdout.buffer.write(buf.getvalue())
 """
 
 
+CACHE_DIR = Path(".quantlab_cache") / "trained_digits"
+_SOURCES = ("models/digit_transformer.py", "models/trained_digits.py", "data/digits.py")
+
+
+def cache_key(variant: str, seed: int, recipe: TrainRecipe = TrainRecipe()) -> str:
+    """SHA-256 (hex) of what decides the trained weights: variant, seed, recipe, torch version
+    and the source text of the model, training and data modules."""
+    h = hashlib.sha256(f"{variant}\n{seed}\n{recipe!r}\n{torch.__version__}\n".encode())
+    root = Path(__file__).resolve().parents[1]
+    for rel in _SOURCES:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 @functools.lru_cache(maxsize=8)
 def _trained_state(variant: str, seed: int) -> dict[str, torch.Tensor]:
+    """The trained state: from the disk cache when its key matches, else trained in a child
+    interpreter (``_train_in_child``) and stored there atomically."""
+    from quantlab.report.io import atomic_write_bytes
+
+    path = CACHE_DIR / f"{variant}-seed{seed}-{cache_key(variant, seed)[:32]}.pt"
+    if path.is_file():
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:  # a truncated or foreign file: train again and replace it
+            pass
+    data = _train_in_child(variant, seed)
+    try:
+        atomic_write_bytes(path, data)
+    except OSError:  # a read-only working directory: keep the weights for this process only
+        pass
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _train_in_child(variant: str, seed: int) -> bytes:
     """``train_state`` run in a child interpreter with one intra-op thread (module docstring);
-    its tensors come back through ``torch.save`` and are read with ``weights_only=True``."""
+    its tensors come back as ``torch.save`` bytes (read with ``weights_only=True``)."""
     root = str(Path(__file__).resolve().parents[2])  # the folder holding this quantlab
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=path)
@@ -112,7 +150,7 @@ def _trained_state(variant: str, seed: int) -> dict[str, torch.Tensor]:
             f"training {variant} (seed {seed}) in a one-thread child interpreter failed "
             f"(exit code {done.returncode}):\n{done.stderr.decode(errors='replace')[-2000:]}"
         )
-    return torch.load(io.BytesIO(done.stdout), weights_only=True)
+    return done.stdout
 
 
 def build(variant: str, pretrained: bool, seed: int = 0) -> DigitTransformer:

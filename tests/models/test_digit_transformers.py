@@ -1,6 +1,8 @@
 """The digit transformers trained in the lab: held-out accuracy with its bootstrap interval,
 deterministic training that leaves the global RNG alone, the ops each variant is made of."""
 
+import io
+
 import pytest
 import torch
 
@@ -58,7 +60,7 @@ def test_trained_weights_are_one_thread_weights_and_leave_the_thread_count(monke
         real_set(3)
         calls = []
         monkeypatch.setattr(torch, "set_num_threads", calls.append)
-        built = td._trained_state.__wrapped__("digits_dyt", 0)  # uncached: trains now
+        built = torch.load(io.BytesIO(td._train_in_child("digits_dyt", 0)), weights_only=True)
         assert calls == [] and torch.get_num_threads() == 3
         real_set(1)
         one = td.train_state("digits_dyt", 0)
@@ -66,6 +68,32 @@ def test_trained_weights_are_one_thread_weights_and_leave_the_thread_count(monke
         real_set(threads)
     assert built.keys() == one.keys()
     assert all(torch.equal(built[k], one[k]) for k in one)
+
+
+def test_trained_weights_are_cached_on_disk_by_key(monkeypatch, tmp_path):
+    """A second process (here: the uncached function) loads the stored weights instead of
+    training; another seed or recipe has another key; a damaged file is trained anew."""
+    from quantlab.models import trained_digits as td
+
+    trained = []
+
+    def fake_train(variant, seed):
+        trained.append((variant, seed))
+        buf = io.BytesIO()
+        torch.save({"w": torch.full((2,), float(seed))}, buf)
+        return buf.getvalue()
+
+    monkeypatch.setattr(td, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(td, "_train_in_child", fake_train)
+    first = td._trained_state.__wrapped__("digits_dyt", 3)
+    again = td._trained_state.__wrapped__("digits_dyt", 3)
+    assert trained == [("digits_dyt", 3)] and torch.equal(first["w"], again["w"])
+    assert td.cache_key("digits_dyt", 3) != td.cache_key("digits_dyt", 4)
+    assert td.cache_key("digits_dyt", 3) != td.cache_key("digits_dyt", 3, TrainRecipe(epochs=2))
+    (file,) = tmp_path.iterdir()
+    file.write_bytes(b"not a tensor file")
+    td._trained_state.__wrapped__("digits_dyt", 3)
+    assert len(trained) == 2
 
 
 def test_variants_are_made_of_their_ops():
