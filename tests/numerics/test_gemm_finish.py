@@ -147,6 +147,12 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
         assert bool(calls) is float_path
         general = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
         assert_bits_equal(got, general, inputs={"acc": acc})
+        for clamp in ((0, out.qmax), (3, 90), (-5, 40)):  # fused relus: lo >= 0 truncates
+            calls.clear()
+            got_c = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, clamp_codes=clamp)
+            assert bool(calls) is float_path
+            want_c = general.to(torch.int64).clamp_min(clamp[0]).clamp_max(clamp[1])
+            assert_bits_equal(got_c.to(torch.int64), want_c, inputs={"acc": acc})
         real = np.float64(np.float32(xs)) * np.float64(np.float32(ws)) / np.float64(np.float32(so))
         a = acc.numpy().astype(np.int64) + ref.quantize_bias(bias, xs, ws).reshape(1, -1)
         want = ref.requantize(a, np.array([real]), Requant.MUL_SHIFT, out, Round.HALF_UP, 1)

@@ -335,7 +335,8 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
 
 def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
     """The fast form in float64 (``_float_form`` proves it exact for this ``acc``): per
-    channel chunk, ``floor(acc * (q * 2**-n) + offset * 2**-n)`` clamped to [lo, hi]."""
+    channel chunk, ``floor(acc * (q * 2**-n) + offset * 2**-n)`` clamped to [lo, hi] (for
+    lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes)."""
     ax = channel_axis % acc.dim()
     step = _along(k.float_step, acc, ax, "w_scale")
     off = _along(k.float_offset, acc, ax, "bias")
@@ -347,5 +348,9 @@ def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
         elif not reuse_acc:
             part = part.clone()
         part.mul_(_narrow(step, ax, c0, cn)).add_(_narrow(off, ax, c0, cn))
-        codes.narrow(ax, c0, cn).copy_(part.floor_().clamp_(lo, hi))
+        if lo < 0:
+            part.floor_()
+        # clamp commutes with floor (integer bounds); with lo >= 0 the conversion's truncation
+        # of the clamped values is their floor
+        codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
     return codes
