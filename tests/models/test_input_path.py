@@ -156,19 +156,16 @@ def test_bad_input_format_values_are_named():
         deploy_input_path(net, ImageFormat(8, 8, Resize.KEEP), "FLOAT_NORMALIZED", x)
 
 
-def test_deploy_workload_feeds_codes_with_the_conv_border():
-    bundle = build_model(ModelConfig(name="small_cnn", pretrained=False))
-    data_cfg = DataConfig(name="photos", num_calib=1, num_eval=1)
-    dep, data = deploy_workload(bundle, data_cfg, InputFormat.NV12, PlatformConfig())
+def test_model_input_format_deploys_a_registry_image_model():
+    from quantlab.workload import load_workload
+
+    cfg = ModelConfig(name="small_cnn", pretrained=False, input_format="NV12")
+    dep, data = load_workload(cfg, DataConfig(name="photos", num_calib=1, num_eval=1))
     (x,) = data.calib[0]
-    assert x.shape[1:] == dep.input_shapes[0]
+    assert dep.module.input_quant == (PIXEL_INPUT,)
+    assert x.shape[1:] == dep.input_shapes[0] == (3, 34, 34)  # 32x32 plus the conv's border
     assert torch.equal(x, x.round()) and x.min() >= -128 and x.max() <= 127
     assert dep.example_inputs(1, 0)[0].shape == x.shape
-    with torch.no_grad():
-        assert (
-            dep.module(x).shape
-            == bundle.module(bundle.input_format.apply(torch.rand(3, 40, 40))).shape
-        )
     with pytest.raises(ValueError, match="needs an image model"):
         deploy_workload(
             build_model(ModelConfig(name="posenc", pretrained=False)),
@@ -176,3 +173,5 @@ def test_deploy_workload_feeds_codes_with_the_conv_border():
             "UINT8_RGB",
             PlatformConfig(),
         )
+    with pytest.raises(ValueError, match="applies to the registry's image models"):
+        ModelConfig(name="custom", target="pkg.mod:fn", input_format="UINT8_RGB")
