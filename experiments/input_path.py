@@ -9,6 +9,11 @@ and NV12 (uint8 pixels through NV12 and the chip's conversion back, platform ``i
 Each variant is calibrated on the calibration photos and run in float, fake and fixed mode;
 rows hold the output SQNR against the float reference and the top-1 agreement with it, each
 with its 95% bootstrap interval over the evaluation photos.
+
+Sources: the toolchain inserts a preprocessing node for colour conversion (NV12 -> BGR) and
+(data - mean) / std (seed 002 s.6.3); pyramid models take NV12 (s.8.3); a fixed input scale in
+QAT must match the deployed input source (seed 004). The conversion's matrix, range and rounding
+are not published there: they are the platform's assumed ``image_yuv_*`` fields.
 """
 
 from __future__ import annotations
