@@ -135,18 +135,14 @@ class InputPath:
         return rgb.flip(1) if self.channels is ChannelOrder.BGR else rgb
 
     def border_codes(self) -> tuple[int, int, int]:
-        """Per deployed channel, the int8 code of the border (``Border``)."""
+        """Per deployed channel, the int8 code of the border (``Border``); Python ``round``:
+        half to even."""
         if self.border is Border.ZERO_CODE:
             return (0, 0, 0)
         mean = self.image.mean  # model channel order
         if self.channels is not self.image.channels:
             mean = tuple(reversed(mean))
-        return tuple(
-            int(
-                min(127, max(-128, torch.round(torch.tensor(255.0 * m - 128, dtype=torch.float64))))
-            )
-            for m in mean
-        )
+        return tuple(min(127, max(-128, round(255.0 * m - INPUT_ZERO_POINT))) for m in mean)
 
     def codes(self, images: Tensor) -> Tensor:
         """The deployed model's input: float32 int8 codes p - 128 (scale 1), with the border
