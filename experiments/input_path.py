@@ -18,7 +18,6 @@ are not published there: they are the platform's assumed ``image_yuv_*`` fields.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -27,6 +26,7 @@ import torch
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.models.input_path import Border, InputFormat
+from quantlab.models.schema import ModelConfig
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode
 
@@ -47,6 +47,7 @@ class InputPathExp:
     )
     zero_code_border: bool = True  # also UINT8_RGB with a zero-code border
     modes: list[Mode] = field(default_factory=lambda: [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+    pretrained: bool = True  # the models' real weights (false: random init, for quick checks)
 
     def __post_init__(self) -> None:
         for name in ("models", "formats", "modes"):
@@ -102,7 +103,7 @@ def measure(exp: InputPathExp, ctx: RunContext) -> pd.DataFrame:
     metrics = (OutputSQNR(), Top1Agreement())
     rows = []
     for name in exp.models:
-        model_cfg = dataclasses.replace(ctx.model, name=name)
+        model_cfg = ModelConfig(name=name, pretrained=exp.pretrained)
         bundle, float_data, ref = _reference(model_cfg, ctx.data, ctx.seed or 0)
         for label, fmt, border in _variants(exp):
             if fmt is InputFormat.FLOAT_NORMALIZED:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-SMALL = ["exp.models=[small_cnn]", "model.pretrained=false", "data.num_calib=1"]
+SMALL = ["exp.models=[small_cnn]", "exp.pretrained=false", "data.num_calib=1"]
 SMALL += ["data.num_eval=2", "progress=false", "exp.modes=[FLOAT,FIXED]"]
 SMALL += ["exp.formats=[FLOAT_NORMALIZED,NV12]", "exp.zero_code_border=false"]
 
