@@ -29,6 +29,7 @@ from quantlab.numerics.quantize import BoundRule, ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
+from quantlab.numerics.yuv import YuvMatrix, YuvRange
 
 PLATFORM_DIR = Path(__file__).resolve().parent.parent / "configs" / "platform"
 
@@ -158,6 +159,13 @@ class PlatformConfig:
     # --- embedding (numerics.embedding)
     embedding_index_dtype: DType = DType.INT16  # index codes (int16 holds every id < 32768)
     embedding_max_rows: int = 32768  # table rows the gather selects from (hbir.index)
+
+    # --- image input path (seed 002 s.6.3 and s.8.3: the pyramid delivers NV12, the toolchain
+    # inserts colour conversion and (data - mean) / std; quantlab.models.input_path). The seeds
+    # name the NV12 -> BGR conversion but not its arithmetic: the three fields are assumed.
+    image_yuv_matrix: YuvMatrix = YuvMatrix.BT601  # assumed: luma weights of the conversion
+    image_yuv_range: YuvRange = YuvRange.FULL  # assumed: full-range (JPEG-style) Y, U, V
+    image_yuv_round: Round = Round.HALF_UP  # assumed: one rounding per converted value
 
     # --- qconfig template (s.8)
     global_dtype: DType = DType.INT8  # activations of every op not covered below

@@ -15,9 +15,11 @@ from typing import Any
 
 from quantlab.data import Dataset, load_data
 from quantlab.data.schema import DataConfig
+from quantlab.models.input_path import InputFormat, deploy_workload
 from quantlab.models.inputs import ModelInputs, random_inputs
 from quantlab.models.registry import ModelBundle, build_model
 from quantlab.models.schema import USER_MODELS, ModelConfig
+from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, check_matches
 from quantlab.qconfig_presets import QConfigChoice, QConfigPreset, preset_spec
 
@@ -39,11 +41,17 @@ def _probe(bundle: ModelBundle, data: Dataset, cfg: DataConfig) -> None:
 
 
 def load_workload(
-    model: ModelConfig, data: DataConfig, seed: int = 0
+    model: ModelConfig, data: DataConfig, seed: int = 0, platform: Any = None
 ) -> tuple[ModelBundle, Dataset]:
-    """The model ``model`` describes (eval, deployment form) and ``data`` loaded for it."""
+    """The model ``model`` describes (eval, deployment form) and ``data`` loaded for it.
+
+    With ``model.input_format`` other than FLOAT_NORMALIZED, the deployed image input path
+    (``quantlab.models.input_path.deploy_workload``; the NV12 arithmetic from ``platform``, a
+    PlatformConfig, default: the profile defaults)."""
     if model.name not in USER_MODELS:
         bundle = build_model(model, seed)
+        if model.input_format is not InputFormat.FLOAT_NORMALIZED:
+            return deploy_workload(bundle, data, model.input_format, platform or PlatformConfig())
         dataset = load_data(data, bundle)
         if data.name == "tensors":
             _probe(bundle, dataset, data)

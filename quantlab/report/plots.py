@@ -125,7 +125,7 @@ def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:
             line = ax.scatter(g[plot.x], g[plot.y], s=14, label=label)
         err = _errors(plot, g)
         if err is not None:
-            color = line.get_color() if hasattr(line, "get_color") else None
+            color = line.get_color() if hasattr(line, "get_color") else line.get_facecolor()[0]
             ax.errorbar(g[plot.x], g[plot.y], yerr=err, fmt="none", ecolor=color, capsize=3)
         if plot.vlines is not None:
             color = line.get_color() if hasattr(line, "get_color") else None

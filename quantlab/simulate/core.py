@@ -35,6 +35,11 @@ from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch, _RunState
+from quantlab.simulate.model_inputs import (
+    InputQuants,
+    declared_input_quant,
+    mark_quantized_inputs,
+)
 from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
@@ -43,6 +48,11 @@ from quantlab.simulate.quant_state import QuantizationState
 
 class Simulator(OpDiscovery, QuantizationState, OpDispatch):
     """Run ``model`` the way QAT (FAKE) and the deployed chip (FIXED) compute it, per platform.
+
+    ``input_quant``: per positional input, an ``InputQuant`` when that input arrives as integer
+    codes at a fixed scale (the deployed image input path, ``quantlab.models.input_path``), so
+    the first op takes those codes in fake and fixed modes alike; None: what ``model`` declares
+    in its ``input_quant`` attribute (nothing by default).
 
     Every run evaluates the model in eval mode (BatchNorm running statistics, no Dropout) and
     then restores each module's own train flag; the model's parameters, buffers and hooks are
@@ -54,8 +64,13 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         model: nn.Module,
         platform: PlatformConfig | str = "j6m",
         qconfig: QConfigSpec | None = None,
+        input_quant: InputQuants | None = None,
     ) -> None:
         self.model = model
+        # positional inputs that arrive as codes at a fixed scale (None: what the model declares)
+        self.input_quant = tuple(
+            declared_input_quant(model) if input_quant is None else input_quant
+        )
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
@@ -245,6 +260,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
             if plain:
                 with torch.no_grad():
                     return self.model(*inputs)
+            mark_quantized_inputs(st.qt, inputs, self.input_quant)
             with (
                 torch.no_grad(),
                 self._tracker,

@@ -1,0 +1,209 @@
+"""What the deployed image input path costs against float preprocessing.
+
+The float reference is the trained model on float-preprocessed images ((x - mean) / std of the
+resized image, never rounded to uint8). Each variant feeds the same photos as the deployed
+model would take them: FLOAT_NORMALIZED (the first conv calibrates its own input scale),
+UINT8_RGB (pixels rounded to uint8, int8 codes p - 128 at input scale 1, mean/std folded into
+the first conv, the conv's padding as a mean-pixel border), the same with a zero-code border,
+and NV12 (uint8 pixels through NV12 and the chip's conversion back, platform ``image_yuv_*``).
+Each variant is calibrated on the calibration photos and run in float, fake and fixed mode;
+rows hold the output SQNR against the float reference and the top-1 agreement with it, each
+with its 95% bootstrap interval over the evaluation photos.
+
+Sources: the toolchain inserts a preprocessing node for colour conversion (NV12 -> BGR) and
+(data - mean) / std (seed 002 s.6.3); pyramid models take NV12 (s.8.3); a fixed input scale in
+QAT must match the deployed input source (seed 004). The conversion's matrix, range and rounding
+are not published there: they are the platform's assumed ``image_yuv_*`` fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+
+from quantlab.config import register_schema
+from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.models.input_path import Border, InputFormat
+from quantlab.models.schema import ModelConfig
+from quantlab.report import Plot, PlotKind
+from quantlab.simulate import Mode
+
+SQNR_PLOT_CAP = 100.0  # dB
+
+
+@dataclass
+class InputPathExp:
+    """Schema of ``+exp=input_path``; data and platform come from their groups."""
+
+    models: list[str] = field(default_factory=lambda: ["mobilenet_v2", "efficientnet_lite0"])
+    formats: list[InputFormat] = field(
+        default_factory=lambda: [
+            InputFormat.FLOAT_NORMALIZED,
+            InputFormat.UINT8_RGB,
+            InputFormat.NV12,
+        ]
+    )
+    zero_code_border: bool = True  # also UINT8_RGB with a zero-code border
+    modes: list[Mode] = field(default_factory=lambda: [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+    pretrained: bool = True  # the models' real weights (false: random init, for quick checks)
+
+    def __post_init__(self) -> None:
+        for name in ("models", "formats", "modes"):
+            if not list(getattr(self, name)):
+                raise ValueError(f"exp.{name} must not be empty")
+        self.formats = [InputFormat.parse(f, "exp.formats") for f in self.formats]
+
+
+register_schema("exp", "input_path_schema", InputPathExp)
+
+
+ZERO_BORDER = "UINT8_RGB_ZERO_BORDER"
+SHORT = {  # plot labels
+    InputFormat.FLOAT_NORMALIZED.name: "float",
+    InputFormat.UINT8_RGB.name: "uint8 rgb",
+    InputFormat.UINT8_BGR.name: "uint8 bgr",
+    InputFormat.NV12.name: "nv12",
+    ZERO_BORDER: "uint8 0-border",
+}
+
+
+def _variants(exp: InputPathExp) -> list[tuple[str, InputFormat, Border]]:
+    out = [(f.name, f, Border.MEAN_PIXEL) for f in exp.formats]
+    if exp.zero_code_border:
+        out.append((ZERO_BORDER, InputFormat.UINT8_RGB, Border.ZERO_CODE))
+    return out
+
+
+def _reference(model_cfg, data_cfg, seed: int):
+    """The float model and its outputs on float-preprocessed evaluation photos."""
+    from quantlab.workload import load_workload
+
+    bundle, data = load_workload(model_cfg, data_cfg, seed)
+    with torch.no_grad():
+        outs = [bundle.module(*b) for b in data.eval]
+    return bundle, data, outs
+
+
+def _variant_runs(bundle, data, sim_factory, modes, progress: bool) -> dict:
+    sim = sim_factory(bundle.module)
+    sim.calibrate(data.calib, progress=progress)
+    return {m: [sim.run(*b, mode=m) for b in data.eval] for m in modes}
+
+
+def measure(exp: InputPathExp, ctx: RunContext) -> pd.DataFrame:
+    """One row per model, variant and mode: output SQNR and top-1 agreement against the float
+    reference, each with its interval and item count."""
+    from quantlab.analysis.confidence import estimate_metrics
+    from quantlab.models.input_path import deploy_workload
+    from quantlab.models.tasks import OutputSQNR, Top1Agreement
+    from quantlab.simulate import Simulator
+
+    metrics = (OutputSQNR(), Top1Agreement())
+    rows = []
+    for name in exp.models:
+        model_cfg = ModelConfig(name=name, pretrained=exp.pretrained)
+        bundle, float_data, ref = _reference(model_cfg, ctx.data, ctx.seed or 0)
+        for label, fmt, border in _variants(exp):
+            if fmt is InputFormat.FLOAT_NORMALIZED:
+                b, data = bundle, float_data
+            else:
+                b, data = deploy_workload(bundle, ctx.data, fmt, ctx.platform, border)
+            outs = _variant_runs(
+                b, data, lambda m: Simulator(m, ctx.platform), exp.modes, ctx.progress
+            )
+            for mode, test in outs.items():
+                est = estimate_metrics(metrics, ref, test)
+                row = {"model": name, "variant": label, "mode": mode.name}
+                for m in metrics:
+                    row.update(est[m.name].as_columns(m.name))
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _findings(table: pd.DataFrame) -> list[str]:
+    from quantlab.analysis.confidence import Estimate
+
+    def est(r, key):
+        return Estimate(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], int(r[f"{key}_n"]))
+
+    out = []
+    for (model, mode), g in table.groupby(["model", "mode"], sort=False):
+        base = g[g.variant == InputFormat.FLOAT_NORMALIZED.name]
+        parts = [
+            f"{r.variant} {r.output_sqnr_db:.2f} dB, top-1 {r.top1_agreement:.3f}"
+            for r in g.itertuples()
+        ]
+        line = f"{model}, {mode.lower()} mode: " + "; ".join(parts) + "."
+        if not base.empty:
+            b = base.iloc[0]
+            sep = [
+                r.variant
+                for _, r in g.iterrows()
+                if r.variant != b.variant
+                and est(r, "output_sqnr_db").separated_from(est(b, "output_sqnr_db"))
+            ]
+            line += (
+                " Output SQNR intervals separated from float preprocessing: "
+                + (", ".join(sep) if sep else "none")
+                + "."
+            )
+        out.append(line)
+    return out
+
+
+@experiment(InputPathExp, "input_path")
+def input_path(exp: InputPathExp, ctx: RunContext) -> ExperimentResult:
+    table = measure(exp, ctx)
+    table["path"] = table["variant"].map(SHORT)
+    for suffix in ("", "_ci_low", "_ci_high"):  # identical outputs (+inf dB) drawn at the cap
+        table[f"sqnr_plot{suffix}"] = table[f"output_sqnr_db{suffix}"].clip(upper=SQNR_PLOT_CAP)
+    plots = [
+        Plot(
+            "output_sqnr",
+            x="path",
+            y="sqnr_plot",
+            xlabel="input path",
+            ylabel="output SQNR vs float preprocessing (dB)",
+            title="Output SQNR per input path (95% CI)",
+            hue="mode",
+            facet="model",
+            kind=PlotKind.SCATTER,
+            ci_low="sqnr_plot_ci_low",
+            ci_high="sqnr_plot_ci_high",
+        ),
+        Plot(
+            "top1_agreement",
+            x="path",
+            y="top1_agreement",
+            xlabel="input path",
+            ylabel="top-1 agreement with float (fraction of photos)",
+            title="Top-1 agreement per input path (95% CI)",
+            hue="mode",
+            facet="model",
+            kind=PlotKind.SCATTER,
+            ci_low="top1_agreement_ci_low",
+            ci_high="top1_agreement_ci_high",
+        ),
+    ]
+    notes = [
+        "Reference: the float model on float-preprocessed photos (no uint8 rounding).",
+        "UINT8_*: uint8 pixels round(255 x) (half to even) as int8 codes p - 128 at input "
+        "scale 1, (x - mean) / std folded into the first conv (weights and bias rewritten), "
+        "its zero padding moved to the input as a border of the mean pixel's code (or of "
+        "code 0 for UINT8_RGB_ZERO_BORDER).",
+        f"NV12: {ctx.platform.image_yuv_matrix.name}, {ctx.platform.image_yuv_range.name} range, "
+        f"rounding {ctx.platform.image_yuv_round.name} (platform fields, assumed); chroma the "
+        "mean of each 2x2 block, repeated on the way back.",
+        f"Identical outputs (SQNR +inf) are drawn at {SQNR_PLOT_CAP:g} dB.",
+        "FLOAT mode of a deployed variant isolates the input path itself (uint8 / NV12 "
+        "rounding and the border); fake and fixed add the model's quantization.",
+    ]
+    return ExperimentResult(
+        table=table,
+        title="Deployed image input path vs float preprocessing",
+        findings=_findings(table),
+        plots=plots,
+        notes=notes,
+    )

@@ -1,0 +1,45 @@
+"""+exp=input_path composed as the command line composes it, on the toy CNN and two photos:
+every variant and mode measured with its interval, the report with its plots, the float path
+identical to float preprocessing in float mode, and a bad input format named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+SMALL = ["exp.models=[small_cnn]", "exp.pretrained=false", "data.num_calib=1"]
+SMALL += ["data.num_eval=2", "progress=false", "exp.modes=[FLOAT,FIXED]"]
+SMALL += ["exp.formats=[FLOAT_NORMALIZED,NV12]", "exp.zero_code_border=false"]
+
+
+def test_input_path_measures_every_variant(tmp_path):
+    from experiments.input_path import input_path
+    from quantlab.config import compose
+    from quantlab.experiment import RunContext
+    from quantlab.report import write_report
+
+    cfg = compose(["+exp=input_path", *SMALL])
+    ctx = RunContext(cfg.platform, cfg.model, cfg.data, 0, tmp_path, progress=False)
+    res = input_path(cfg.exp, ctx)
+    write_report(res, tmp_path, "python -m quantlab +exp=input_path", "")
+    t = res.table
+    assert set(t.variant) == {"FLOAT_NORMALIZED", "NV12"}
+    assert set(t["mode"]) == {"FLOAT", "FIXED"} and len(t) == 4
+    assert (t.top1_agreement_n == 2).all() and (t.output_sqnr_db_n == 2).all()
+    same = t[(t.variant == "FLOAT_NORMALIZED") & (t["mode"] == "FLOAT")].iloc[0]
+    assert same.output_sqnr_db == math.inf and same.top1_agreement == 1.0
+    deployed = t[(t.variant != "FLOAT_NORMALIZED") & (t["mode"] == "FLOAT")]
+    assert (deployed.output_sqnr_db < math.inf).all()  # uint8 rounding is measured
+    for f in ("report.md", "output_sqnr.png", "top1_agreement.png"):
+        assert (tmp_path / f).exists(), f
+    assert any("fixed mode" in f for f in res.findings)
+
+
+def test_input_path_names_a_bad_input_format():
+    from quantlab.config import compose
+
+    with pytest.raises(Exception) as err:
+        compose(["+exp=input_path", *SMALL, "exp.formats=[RGB8]"])
+    text = f"{err.value} {err.value.__cause__}"
+    assert "RGB8" in text and "FLOAT_NORMALIZED, UINT8_RGB, UINT8_BGR, NV12" in text
