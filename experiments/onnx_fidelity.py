@@ -103,11 +103,16 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
             f"onnxruntime runs {r.float_conv} Conv and {r.float_add} Add nodes in float32."
         )
     fl = islands[islands.computes_float]
-    if len(fl):
-        fams = sorted(set(fl.op_type))
+    for model, part in fl.groupby("model", sort=False):
+        fams = [
+            f"{r.op_type} ({r.ort_kernel}: {r.ops_differing} of {r.ops} ops, "
+            f"{r.differing_elements:,} of {r.elements:,} values differ)"
+            for r in part.itertuples()
+        ]
         out.append(
-            "onnxruntime computes these op families in float32 between Dequantize and "
-            f"Quantize ({exp.encoding.name}): " + ", ".join(fams) + "."
+            f"{model}: onnxruntime computes in float32 between Dequantize and Quantize "
+            f"({exp.encoding.name}): " + "; ".join(fams) + " (a count includes differences "
+            "inherited from earlier ops)."
         )
     return out
 

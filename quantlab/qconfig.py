@@ -21,7 +21,12 @@ import enum
 import fnmatch
 from dataclasses import dataclass, field, fields
 
-from quantlab.calibration.kinds import HistogramMethod, ObserverKind, parse_enum
+from quantlab.calibration.kinds import (
+    ActivationSymmetry,
+    HistogramMethod,
+    ObserverKind,
+    parse_enum,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.platforms import PlatformConfig, no_float16_reason
 
@@ -71,6 +76,8 @@ class OpQConfig:
     weight_split: 0 off; k in 1..8 (7: no clipping, 8: full int8 range): the high/low int8
         weight split of a Conv/Linear weight (j6-numerics s.6).
     embedding_index: an embedding's index path (``EmbeddingIndex``; baseline FIXED_ONE).
+    activation_symmetry: integer activations with a zero point or without
+        (``ActivationSymmetry``; baseline ``platform.activation_symmetry``).
     """
 
     input_dtype: DType | None = None
@@ -85,6 +92,7 @@ class OpQConfig:
     high_precision_output: bool | None = None
     weight_split: int | None = None
     embedding_index: EmbeddingIndex | None = None
+    activation_symmetry: ActivationSymmetry | None = None
 
     def __post_init__(self) -> None:
         for name in ("input_dtype", "weight_dtype", "output_dtype"):
@@ -115,6 +123,10 @@ class OpQConfig:
             self.embedding_index = parse_enum(
                 EmbeddingIndex, self.embedding_index, "embedding_index"
             )
+        if self.activation_symmetry is not None:
+            self.activation_symmetry = parse_enum(
+                ActivationSymmetry, self.activation_symmetry, "activation_symmetry"
+            )
         if self.weight_split not in (None, 0):
             from quantlab.numerics.split import check_split_k
 
@@ -144,6 +156,7 @@ class ResolvedQConfig:
     high_precision_output: bool
     weight_split: int
     embedding_index: EmbeddingIndex = EmbeddingIndex.FIXED_ONE
+    activation_symmetry: ActivationSymmetry = ActivationSymmetry.SYMMETRIC
 
 
 @dataclass
@@ -188,6 +201,7 @@ def platform_baseline(platform: PlatformConfig) -> OpQConfig:
         high_precision_output=False,
         weight_split=0,
         embedding_index=EmbeddingIndex.FIXED_ONE,
+        activation_symmetry=platform.activation_symmetry,
     )
 
 
