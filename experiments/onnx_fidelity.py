@@ -103,11 +103,16 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
             f"onnxruntime runs {r.float_conv} Conv and {r.float_add} Add nodes in float32."
         )
     fl = islands[islands.computes_float]
-    if len(fl):
-        fams = sorted(set(fl.op_type))
+    for model, part in fl.groupby("model", sort=False):
+        fams = [
+            f"{r.op_type} ({r.ort_kernel}: {r.ops_differing} of {r.ops} ops, "
+            f"{r.differing_elements:,} of {r.elements:,} values differ)"
+            for r in part.itertuples()
+        ]
         out.append(
-            "onnxruntime computes these op families in float32 between Dequantize and "
-            f"Quantize ({exp.encoding.name}): " + ", ".join(fams) + "."
+            f"{model}: onnxruntime computes in float32 between Dequantize and Quantize "
+            f"({exp.encoding.name}): " + "; ".join(fams) + " (a count includes differences "
+            "inherited from earlier ops)."
         )
     return out
 
@@ -163,8 +168,7 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
     per_op = pd.concat(per_ops, ignore_index=True)
     isl = pd.concat(islands, ignore_index=True)
     isl = isl[["model", *[c for c in isl.columns if c != "model"]]]
-    diverging = set(main.loc[main.outputs_differing > 0, "model"])
-    along = per_op[per_op.model.isin(diverging) & (per_op.elements > 0)].copy()
+    along = per_op[per_op.elements > 0].copy()  # every compared op of every model
     along["differing_pct"] = 100.0 * along.differing_share
     plots = []
     if len(along):
@@ -175,6 +179,7 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
                 y="differing_pct",
                 hue="model",
                 table="divergence_along_depth",
+                facet="model",
                 xlabel="op in execution order (index)",
                 ylabel="output values differing from quantlab (%)",
                 title="onnxruntime vs quantlab fixed mode, op by op",
@@ -185,6 +190,7 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
                 y="max_diff_lsb",
                 hue="model",
                 table="divergence_along_depth",
+                facet="model",
                 xlabel="op in execution order (index)",
                 ylabel="max |difference| (output LSB)",
                 title="largest per-op difference in output LSBs",

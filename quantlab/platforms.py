@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantlab.calibration.kinds import ObserverKind
+from quantlab.calibration.kinds import ActivationSymmetry, ObserverKind
 from quantlab.numerics.accumulator import Overflow
 from quantlab.numerics.contract import (
     ACCUMULATORS,
@@ -73,6 +73,35 @@ class AddRule(enum.Enum):
     SHARED_SHIFT = "shared_shift"
 
 
+class SoftmaxRule(enum.Enum):
+    """How an integer softmax turns input codes into output codes.
+
+    SEGMENT_LUT:     the J6 composite: exp LUT, integer row sum, reciprocal LUT, requantization
+                     (``numerics.lut.lut_softmax``).
+    FLOAT_EXP_TABLE: ONNX Runtime's QLinearSoftmax on 8-bit codes: a 256-entry float32 exp
+                     table, a float32 row sum, rne(fl32(T / sum) * floor(1 / sy))
+                     (``numerics.exp_table_softmax``); int16 codes run in float between
+                     dequantize and quantize, as ONNX Runtime runs them (it fuses 8-bit only).
+    """
+
+    SEGMENT_LUT = "segment_lut"
+    FLOAT_EXP_TABLE = "float_exp_table"
+
+
+class ConcatRule(enum.Enum):
+    """How cat / stack bring inputs at other scales (or zero points) to the output's.
+
+    REQUANTIZE:          the input's codes times the ratio of scales, by the platform's
+                         requantization (``requant``, ``requant_round``).
+    DEQUANTIZE_QUANTIZE: QuantizeLinear(DequantizeLinear(x)) per input code: fl32(sx * (x - zx)),
+                         divided by the output scale, rounded by ``fake_round``, + zy (ONNX
+                         Runtime's QLinearConcat, a 256-entry table per input built that way).
+    """
+
+    REQUANTIZE = "requantize"
+    DEQUANTIZE_QUANTIZE = "dequantize_quantize"
+
+
 @dataclass
 class PlatformConfig:
     """Schema of the ``platform`` config group (one YAML file per device or runtime)."""
@@ -90,6 +119,8 @@ class PlatformConfig:
     # TFLite / ONNX Runtime; MSE_POOLED on J6 (the vendor's default is MSE, its per-batch search,
     # which profiles may name instead; compared in reports/calibration)
     default_observer: ObserverKind = ObserverKind.MSE_POOLED
+    # activations with or without a zero point unless a qconfig says otherwise (J6: symmetric)
+    activation_symmetry: ActivationSymmetry = ActivationSymmetry.SYMMETRIC
 
     # --- integer GEMM and requantization (s.6, s.7)
     accumulator: DType = DType.INT32
@@ -100,6 +131,9 @@ class PlatformConfig:
     # per op family and activation dtype: rules that override the five fields above (and the
     # bias codes' dtype); the first matching rule applies (numerics.contract.GemmRule)
     gemm_rules: list[GemmRule] = field(default_factory=list)
+    # bias codes of int16-activation GEMMs (TFLite 16x8: the converter writes INT64 unless
+    # told quantized_bias_type=INT32); picks among gemm_rules by their bias_dtype
+    int16_bias_dtype: DType = DType.INT64
     # how a fused relu / relu6 bound becomes an output code
     bound_rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN
     # GEMM bias: true: a float32 parameter (J6: it reaches the compiler as float32, s.6); FAKE
@@ -110,6 +144,7 @@ class PlatformConfig:
     # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
     # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)
     qlinear_zero_point: int = 0
+    concat_rule: ConcatRule = ConcatRule.REQUANTIZE  # cat / stack of inputs at other scales
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
     add_left_shift_int16: int = 15  # LEFT_SHIFT, int16 operands (TFLite: 15)
@@ -134,6 +169,7 @@ class PlatformConfig:
     lut_index_frac_bits: int = 8  # fractional bits of the table index (interpolation weight)
     lut_interp_round: Round = Round.HALF_UP  # assumed (s.3)
     lut_direct_int8: bool = True  # int8 in / int8 out uses one 256-entry table
+    softmax_rule: SoftmaxRule = SoftmaxRule.SEGMENT_LUT  # integer softmax (SoftmaxRule)
 
     # --- grid_sample (s.4)
     grid_dtype: DType = DType.INT16
@@ -224,6 +260,9 @@ class PlatformConfig:
                 raise ValueError(f"platform.{name}=FLOAT16: {no_float16_reason(self.name)}")
         for name in ("toolchain", "dual_int16_matmul_since"):
             setattr(self, name, _parse_toolchain(getattr(self, name), f"platform.{name}"))
+        _check_choice(
+            "platform.int16_bias_dtype", self.int16_bias_dtype, (DType.INT32, DType.INT64)
+        )
         for name in ("norm_inter_dtype", "norm_affine_dtype", "embedding_index_dtype"):
             _check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
         if not 1 <= self.norm_max_reduce_elements <= 65535:
@@ -263,7 +302,8 @@ class PlatformConfig:
         requantization, bias codes, int16 operand count), composed from this profile's fields;
         with ``op_type`` the int16 operand count of that GEMM (``int16_gemm_operands``) and the
         first of ``gemm_rules`` matching its family and the ``activation`` operand's dtype (the
-        profile's default fields when none matches, or when op_type or activation is None)."""
+        profile's default fields when none matches, or when op_type or activation is None);
+        for int16 activations only rules whose bias_dtype is ``int16_bias_dtype``."""
         n16 = self.max_int16_gemm_operands
         family = None
         if op_type is not None:
@@ -277,7 +317,8 @@ class PlatformConfig:
             requant_mult_bits=self.requant_mult_bits,
             max_int16_gemm_operands=n16,
         )
-        return contract_for(default, self.gemm_rules, family, activation)
+        bias = self.int16_bias_dtype if activation is DType.INT16 else None
+        return contract_for(default, self.gemm_rules, family, activation, bias)
 
     def norm_contract(self) -> NormContract:
         """The normalisation composite's arithmetic (``numerics.norm.NormContract``) from this

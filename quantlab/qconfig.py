@@ -21,7 +21,12 @@ import enum
 import fnmatch
 from dataclasses import dataclass, field, fields
 
-from quantlab.calibration.kinds import HistogramMethod, ObserverKind, parse_enum
+from quantlab.calibration.kinds import (
+    ActivationSymmetry,
+    HistogramMethod,
+    ObserverKind,
+    parse_enum,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.platforms import PlatformConfig, no_float16_reason
 
@@ -73,6 +78,8 @@ class OpQConfig:
         into int8 halves: the int15 ``A (B_hi + B_lo)``, ``numerics.split_matmul``)
         (j6-numerics s.6).
     embedding_index: an embedding's index path (``EmbeddingIndex``; baseline FIXED_ONE).
+    activation_symmetry: integer activations with a zero point or without
+        (``ActivationSymmetry``; baseline ``platform.activation_symmetry``).
     """
 
     input_dtype: DType | None = None
@@ -87,6 +94,7 @@ class OpQConfig:
     high_precision_output: bool | None = None
     weight_split: int | None = None
     embedding_index: EmbeddingIndex | None = None
+    activation_symmetry: ActivationSymmetry | None = None
 
     def __post_init__(self) -> None:
         for name in ("input_dtype", "weight_dtype", "output_dtype"):
@@ -117,6 +125,10 @@ class OpQConfig:
             self.embedding_index = parse_enum(
                 EmbeddingIndex, self.embedding_index, "embedding_index"
             )
+        if self.activation_symmetry is not None:
+            self.activation_symmetry = parse_enum(
+                ActivationSymmetry, self.activation_symmetry, "activation_symmetry"
+            )
         if self.weight_split not in (None, 0):
             from quantlab.numerics.split import check_split_k
 
@@ -146,6 +158,7 @@ class ResolvedQConfig:
     high_precision_output: bool
     weight_split: int
     embedding_index: EmbeddingIndex = EmbeddingIndex.FIXED_ONE
+    activation_symmetry: ActivationSymmetry = ActivationSymmetry.SYMMETRIC
 
 
 @dataclass
@@ -190,6 +203,7 @@ def platform_baseline(platform: PlatformConfig) -> OpQConfig:
         high_precision_output=False,
         weight_split=0,
         embedding_index=EmbeddingIndex.FIXED_ONE,
+        activation_symmetry=platform.activation_symmetry,
     )
 
 

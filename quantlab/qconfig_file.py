@@ -19,9 +19,11 @@ by_name:                           # one op call: module path, op type, call ind
 
 Entry fields are those of ``OpQConfig``: ``input_dtype``, ``output_dtype``, ``weight_dtype``
 (``DType`` names), ``observer`` (an ``ObserverKind`` name), ``fixed_scale``, ``percentile``,
-``lut_strategy`` (a ``quantlab.numerics.lut.Strategy`` name), ``high_precision_output`` and
-``weight_split`` (the high/low int8 weight split, 0 = off). A field left out inherits. Floats are
-written with Python's shortest round-tripping repr, so a saved spec loads back exactly.
+``lut_strategy`` (a ``quantlab.numerics.lut.Strategy`` name), ``high_precision_output``,
+``weight_split`` (the high/low int8 weight split, 0 = off) and ``activation_symmetry``
+(``SYMMETRIC`` or ``ASYMMETRIC``: int8 activations with a zero point from min / max). A field
+left out inherits. Floats are written with Python's shortest round-tripping repr, so a saved
+spec loads back exactly.
 """
 
 from __future__ import annotations

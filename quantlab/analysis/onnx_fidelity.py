@@ -48,6 +48,14 @@ def _quantlab_codes(trace, name: str):
     return value.detach().numpy(), False
 
 
+def _runtime_values(codes: np.ndarray, q, offset: bool) -> np.ndarray:
+    """float32 values (codes - zero point) * scale of a runtime codes tensor that quantlab holds
+    as float values (an op with no node of its own, such as an eval-mode dropout, passing its
+    quantized input on)."""
+    c = R.codes_from_runtime(codes, offset) - q.zero_point
+    return c.astype(np.float32) * np.asarray(q.scale, np.float32)
+
+
 def _compare_outputs(ort_out: list, ql_out: list, scales: list) -> dict:
     compared = differing = 0
     max_lsb, max_abs = 0.0, 0.0
@@ -99,6 +107,8 @@ def _per_op(sim, inputs, encoding, folder: Path, trace) -> tuple[pd.DataFrame, b
             v = values[tensor]
             if is_codes:
                 v = R.codes_from_runtime(v, tensor in info.offset_tensors)
+            elif tensor in info.tensor_quant and np.issubdtype(v.dtype, np.integer):
+                v = _runtime_values(v, info.tensor_quant[tensor], tensor in info.offset_tensors)
             if v.shape != ql.shape and v.size == ql.size:
                 v = v.reshape(ql.shape)
             if v.shape == ql.shape:

@@ -65,6 +65,19 @@ class ObserverKind(enum.Enum):
     MSE_POOLED = "mse_pooled"
 
 
+class ActivationSymmetry(enum.Enum):
+    """Whether an integer activation carries a zero point.
+
+    SYMMETRIC:  codes = round(x / s), zero point 0, s from the op's observer (J6).
+    ASYMMETRIC: codes = round(x / s) + z, one zero point z per tensor, (s, z) from the observed
+                min and max (``numerics.quantize.compute_zero_point_scale``: the MinMax
+                calibrators of ONNX Runtime and TFLite, whose converters write such tensors).
+    """
+
+    SYMMETRIC = "symmetric"
+    ASYMMETRIC = "asymmetric"
+
+
 class HistogramMethod(enum.Enum):
     """How a HISTOGRAM observer turns its histogram into ``amax`` (quantlab.calibration.search).
 

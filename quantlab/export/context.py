@@ -67,7 +67,7 @@ class ExportContext:
         want = op.in_quant[i] if i < len(op.in_quant) else None
         if want is None:
             return v.name
-        q = QParams.of(want.dtype, want.scale)
+        q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
         if q.same_as(v.quant):
             return v.name
         codes = self.graph.quantize(v.name, q, base=f"{op.name}/in{i}")
@@ -81,7 +81,7 @@ class ExportContext:
                 f"op {op.name} ({op.op_type}): input {i} is not integer-quantized in the fixed "
                 "run; the exporter writes integer GEMMs only"
             )
-        return QParams.of(want.dtype, want.scale)
+        return QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
 
     def shape_of(self, op: RecordedOp, i: int) -> tuple:
         ref = sim_args.get(op.args, op.kwargs, op.acts[i])
@@ -103,7 +103,7 @@ class ExportContext:
                 self.env[OpRef(op.name, j)] = Value(name, tuple(t.shape), t.dtype)
                 self.op_tensors.setdefault(label, name)
                 continue
-            qp = QParams.of(q.dtype, q.scale)
+            qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
             codes = self.graph.quantize(name, qp, output=label)
             dq = self.graph.dequantize(codes, qp)
             self.env[OpRef(op.name, j)] = Value(dq, tuple(t.shape), t.dtype, qp, codes)

@@ -62,7 +62,7 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str) -> None:
     q = op.out_quant[0] if op.out_quant else None
     if chain and q is not None:
         lo, hi = fused_clamp_bounds(chain[-1])
-        qp = QParams.of(q.dtype, q.scale)
+        qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
         mid = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
         ins = [mid, ctx.float_const(f"{op.name}/min", lo if lo is not None else -np.inf)]
         ins.append(ctx.float_const(f"{op.name}/max", hi if hi is not None else np.inf))
@@ -140,7 +140,7 @@ def emit_linear(ctx: ExportContext, op: RecordedOp) -> None:
         )
         ctx.set_outputs(op, [y])
         return
-    qp = QParams.of(q.dtype, q.scale)
+    qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
     y2 = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/2d/out"), qp)
     y = ctx.graph.node(
         "Reshape", [y2, ctx.graph.int64s(f"{op.name}/shape", out_shape)], f"{op.name}/nd"

@@ -281,7 +281,9 @@ def emit_identity(ctx: ExportContext, op: RecordedOp) -> None:
         op.acts
         and op.in_quant
         and op.in_quant[0] is not None
-        and not QParams.of(op.in_quant[0].dtype, op.in_quant[0].scale).same_as(v.quant)
+        and not QParams.of(
+            op.in_quant[0].dtype, op.in_quant[0].scale, zero_point=op.in_quant[0].zero_point
+        ).same_as(v.quant)
     ):
         ctx.set_outputs(op, [ctx.act(op, 0)])  # quantized on the way in
         return

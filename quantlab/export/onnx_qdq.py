@@ -96,6 +96,7 @@ class QDQExport:
     probe_outputs: list[str] = field(default_factory=list)  # op tensors exposed as outputs
     encoding: ActivationEncoding = ActivationEncoding.SIGNED
     offset_tensors: set = field(default_factory=set)  # codes tensors written as code + 128
+    tensor_quant: dict = field(default_factory=dict)  # codes tensor -> its QParams
     # one LSB of each output: its scale, or x_scale * w_scale per channel (last axis) for a
     # GEMM's wide output; None for other float outputs
     output_scales: list = field(default_factory=list)
@@ -169,6 +170,7 @@ def build_model(
         dict(ctx.op_tensors),
         encoding=encoding,
         offset_tensors={t for t, q in ctx.quant_of.items() if g.offset(q)},
+        tensor_quant=dict(ctx.quant_of),
         output_scales=out_scales,
     )
     if probe:

@@ -48,10 +48,12 @@ class ConstRef:
 
 @dataclass(frozen=True)
 class Quant:
-    """An integer quantization: ``dtype`` (quantlab DType), float32 ``scale`` (one value)."""
+    """An integer quantization: ``dtype`` (quantlab DType), float32 ``scale`` (one value) and
+    the integer ``zero_point``."""
 
     dtype: Any
     scale: Tensor
+    zero_point: int = 0
 
 
 @dataclass
@@ -201,7 +203,7 @@ def _quant_of(info) -> Quant | None:
     """The integer quantization a QInfo describes (None: float or no information)."""
     if info is None or not info.dtype.is_int or info.scale is None:
         return None
-    return Quant(info.dtype, info.scale)
+    return Quant(info.dtype, info.scale, info.zero_point)
 
 
 def record_run(sim, inputs: tuple) -> RecordedRun:
@@ -238,7 +240,7 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
     qinfo = trace.qinfo.get(op.name)
     infos = qinfo if isinstance(qinfo, list) else [qinfo] * len(op.outputs)
     op.out_quant = [
-        Quant(i.dtype, i.scale)
+        Quant(i.dtype, i.scale, i.zero_point)
         if i is not None and i.dtype.is_int and i.scale is not None
         else None
         for i in infos
@@ -260,7 +262,8 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
         if want.is_float:
             applied.append(None)
         elif inc is None or inc.dtype is not want:
-            applied.append(Quant(want, sim.act_scale(op.name, f"in{i}", want, rq)))
+            s = sim.act_scale(op.name, f"in{i}", want, rq)
+            applied.append(Quant(want, s, sim.act_zero_point(op.name, f"in{i}", want, rq)))
         else:
             applied.append(inc)
     op.in_quant = applied

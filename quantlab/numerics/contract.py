@@ -117,15 +117,20 @@ class GemmContract:
 
 
 def contract_for(
-    default: GemmContract, rules, family: GemmFamily | None, activation: DType | None
+    default: GemmContract,
+    rules,
+    family: GemmFamily | None,
+    activation: DType | None,
+    bias_dtype: DType | None = None,
 ) -> GemmContract:
     """The contract of a GEMM of ``family`` with ``activation`` operands: the first matching
-    ``GemmRule`` of ``rules`` over ``default`` (which keeps its max_int16_gemm_operands), or
-    ``default`` when none matches (or family / activation is None)."""
+    ``GemmRule`` of ``rules`` (with ``bias_dtype``: one taking bias codes of that dtype) over
+    ``default`` (which keeps its max_int16_gemm_operands), or ``default`` when none matches (or
+    family / activation is None)."""
     if family is None or activation is None:
         return default
     for r in rules:
-        if r.matches(family, activation):
+        if r.matches(family, activation) and bias_dtype in (None, r.bias_dtype):
             return replace(
                 default,
                 accumulator=r.accumulator,

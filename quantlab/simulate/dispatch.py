@@ -268,13 +268,16 @@ class OpDispatch:
             if src is None or src.dtype.is_float:
                 return out, src
             leaves = tree_flatten(out)[0]
-            return out, [QInfo(src.dtype, src.scale) for _ in leaves]
+            return out, [QInfo(src.dtype, src.scale, zero_point=src.zero_point) for _ in leaves]
         if not quant_out or not A.is_float_tensor(out):
             return out, None
         src = in_infos[0] if in_infos else None
         if call.category is OpCategory.GRID_SAMPLE and src is not None and src.dtype.is_int:
-            codes = quantize(out, src.scale, src.dtype, self.platform.fake_round)
-            return dequantize(codes, src.scale), QInfo(src.dtype, src.scale)
+            zp = src.zero_point
+            codes = quantize(out, src.scale, src.dtype, self.platform.fake_round, zero_point=zp)
+            return dequantize(codes, src.scale, zero_point=zp), QInfo(
+                src.dtype, src.scale, zero_point=zp
+            )
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds)

@@ -19,7 +19,19 @@ from quantlab.simulate.qtensor import QInfo
 
 
 def int_info(info) -> bool:
+    """An int8/int16 operand with zero point 0 (what every integer kernel takes)."""
+    return zp_info(info) and info.zero_point == 0
+
+
+def zp_info(info) -> bool:
+    """An int8/int16 operand, with or without a zero point (the kernels that take zero points:
+    GEMMs, add, mul, pooling, means, cat / clamp; the others fall back to float)."""
     return info is not None and info.dtype.is_int and info.dtype is not DType.INT32
+
+
+def centred(args, kwargs, slot, info) -> Tensor:
+    """The operand's codes minus its zero point (int64, exact)."""
+    return info.codes_of(A.get(args, kwargs, slot)) - info.zero_point
 
 
 def codes(args, kwargs, slot, info) -> Tensor:
@@ -27,21 +39,29 @@ def codes(args, kwargs, slot, info) -> Tensor:
     return info.codes_native(A.get(args, kwargs, slot))
 
 
-def emit(codes: Tensor, scale: Tensor, dtype: DType) -> tuple[Tensor, QInfo]:
-    """(codes * scale as float32, QInfo): one float32 product per element (``dequantize``)."""
+def emit(codes: Tensor, scale: Tensor, dtype: DType, zero_point: int = 0) -> tuple[Tensor, QInfo]:
+    """((codes - zero_point) * scale as float32, QInfo): one float32 product per element
+    (``dequantize``)."""
     codes = codes.to(dtype.torch_dtype)
     s = torch.as_tensor(scale, dtype=torch.float32).reshape(())
-    return dequantize(codes, s), QInfo(dtype, s, codes)
+    return dequantize(codes, s, zero_point=zero_point), QInfo(dtype, s, codes, zero_point)
 
 
 def out_scale(sim, call, rq) -> Tensor:
     return sim.act_scale(call.name, "out", rq.output_dtype, rq)
 
 
-def requant(sim, acc: Tensor, real: Tensor, out: DType, axis: int | None = None) -> Tensor:
-    """acc (exact integers) * real -> ``out`` codes by the platform's accumulator and
-    requantization (``numerics.contract.requantize_accumulator``)."""
-    return requantize_accumulator(acc, real, out, sim.platform.gemm_contract(), axis)
+def out_zero_point(sim, call, rq) -> int:
+    return sim.act_zero_point(call.name, "out", rq.output_dtype, rq)
+
+
+def requant(
+    sim, acc: Tensor, real: Tensor, out: DType, axis: int | None = None, zero_point: int = 0
+) -> Tensor:
+    """acc (exact integers) * real (+ the output's ``zero_point``) -> ``out`` codes by the
+    platform's accumulator and requantization (``numerics.contract.requantize_accumulator``)."""
+    contract = sim.platform.gemm_contract()
+    return requantize_accumulator(acc, real, out, contract, axis, zero_point)
 
 
 def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tensor:
@@ -83,16 +103,19 @@ def const(c: float) -> tuple[Tensor, Tensor]:
     return constant_codes(c)
 
 
-def operand(args, kwargs, slot, info):
+def operand(args, kwargs, slot, info, zero_point: bool = False):
     """(codes int64, scale) of a tensor operand with integer quantization, or of a nonzero
-    scalar constant; None when the operand is neither."""
+    scalar constant; None when the operand is neither. ``zero_point``: also a tensor with a
+    zero point, as (codes, scale, zero point) (a constant's is 0)."""
     v = A.get(args, kwargs, slot)
     if isinstance(v, Tensor):
-        if not int_info(info):
+        if not (zp_info(info) if zero_point else int_info(info)):
             return None
-        return info.codes_of(v), info.scale
+        res = (info.codes_of(v), info.scale)
+        return (*res, info.zero_point) if zero_point else res
     if isinstance(v, (int, float)) and v != 0:
-        return const(float(v))
+        res = const(float(v))
+        return (*res, 0) if zero_point else res
     return None
 
 
@@ -104,6 +127,7 @@ def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_
     lo, hi = bounds
     if info is None or not info.dtype.is_int or info.codes is None:
         return torch.clamp(value, lo, hi), info
-    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=rule)
+    zp = info.zero_point
+    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=rule, zero_point=zp)
     codes = info.codes.to(torch.int64).clamp_min(lo_c).clamp_max(hi_c)
-    return emit(codes, info.scale, info.dtype)
+    return emit(codes, info.scale, info.dtype, zp)

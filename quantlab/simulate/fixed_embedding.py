@@ -11,8 +11,10 @@ calibration at ``platform.embedding_index_dtype``). A float output dtype (float1
 
 from __future__ import annotations
 
+import dataclasses
+
 from quantlab.numerics.embedding import embedding_fixed, index_rows
-from quantlab.qconfig import EmbeddingIndex
+from quantlab.qconfig import ActivationSymmetry, EmbeddingIndex
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.qat import qat_fake_quant
@@ -34,10 +36,12 @@ def observe(sim, call) -> None:
 
 
 def index_scale(sim, call, rq) -> float:
-    """The scale the ids are quantized at on their way to the gather."""
+    """The scale the ids are quantized at on their way to the gather (symmetric: the index
+    path has no zero point, whatever the op's ``activation_symmetry``)."""
     if rq.embedding_index is EmbeddingIndex.FIXED_ONE:
         return 1.0
     dt = sim.platform.embedding_index_dtype
+    rq = dataclasses.replace(rq, activation_symmetry=ActivationSymmetry.SYMMETRIC)
     return float(sim.act_scale(call.name, "index", dt, rq))
 
 

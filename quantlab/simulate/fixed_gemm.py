@@ -28,8 +28,8 @@ def _gemm_params(call) -> dict:
 def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matmul: bool):
     """J6 int16 GEMM operands: coarsen a matmul operand's scale by max(32767/32639, sqrt(K/2))
     (requantizing its codes once, half to even) and clamp to the usable int16 range (s.6)."""
-    if dtype is not DType.INT16:
-        return codes.to(dtype.torch_dtype), scale
+    if dtype is not DType.INT16:  # int8, or int8 centred on its zero point (int16)
+        return (codes if codes.dtype == torch.int16 else codes.to(dtype.torch_dtype)), scale
     p = sim.platform
     if matmul and p.int16_matmul_coarsen:
         new = gemm.coarsen_int16_matmul_scale(scale, k, p.int16_operand_max)
@@ -41,24 +41,27 @@ def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matm
 def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     p = sim.platform
     xi = in_infos[0]
-    if not fc.int_info(xi):
+    if not fc.zp_info(xi) or (xi.zero_point and xi.dtype is not DType.INT8):
         return None
-    xc = fc.codes(args, kwargs, plan.acts[0], xi)
+    xc = _operand_codes(args, kwargs, plan.acts[0], xi)
     xs = xi.scale
     matmul = call.op_type == "matmul"
     if wq is not None:
         wc, ws, w_float = wq
         wdt = rq.weight_dtype
         if rq.weight_split:
+            if xi.zero_point:
+                return None
             return _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp)
     else:
-        if len(in_infos) < 2 or not fc.int_info(in_infos[1]):
+        wi = in_infos[1] if len(in_infos) > 1 else None
+        if not fc.zp_info(wi) or (wi.zero_point and wi.dtype is not DType.INT8):
             return None
         if rq.weight_split and matmul:
             b = fc.codes(args, kwargs, plan.acts[1], in_infos[1])
             return _split_matmul(sim, call, xi, xc, b, in_infos[1].scale, rq, clamp)
         wc, ws, wdt = (
-            fc.codes(args, kwargs, plan.acts[1], in_infos[1]),
+            _operand_codes(args, kwargs, plan.acts[1], wi),
             in_infos[1].scale,
             (in_infos[1].dtype),
         )
@@ -69,12 +72,15 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     k = xc.shape[-1] if call.op_type in ("linear", "matmul") else int(wc[0].numel())
     xc, xs = _prepare_int16(sim, xc, xs, xi.dtype, k, matmul)
     wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
+    zo = 0
     hp = rq.high_precision_output
     out_dt = p.high_precision_output if hp else rq.output_dtype
     # an INT32 high-precision output leaves as its float value, acc * fl32(s_x * s_w): the
     # FLOAT32 finish computes exactly that
     fin_dt = DType.FLOAT32 if out_dt.is_float or out_dt is DType.INT32 else out_dt
-    out_scale = None if fin_dt is DType.FLOAT32 else fc.out_scale(sim, call, rq)
+    out_scale = None
+    if fin_dt is not DType.FLOAT32:
+        out_scale, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
     bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
     if call.op_type == "matmul":
         bias = None
@@ -83,11 +89,12 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         ccodes = sim.op_memo(
             call.name,
             "clamp_codes",
-            (clamp, out_scale, out_dt),
-            lambda: bound_codes(clamp[0], clamp[1], out_scale, out_dt, rule=p.bound_rule),
+            (clamp, out_scale, out_dt, zo),
+            lambda: bound_codes(clamp[0], clamp[1], out_scale, out_dt, zo, rule=p.bound_rule),
         )
     contract = p.gemm_contract(call.op_type, out_dt is DType.INT32, activation=xi.dtype)
-    gemm.check_gemm_operands(xc, wc, contract)
+    as_coded = [torch.empty(0, dtype=d.torch_dtype) for d in (xi.dtype, wdt)]
+    gemm.check_gemm_operands(*as_coded, contract)  # centred int8 operands count as int8
     if call.op_type in ("conv1d", "conv2d"):
         w32 = None
         if wq is not None:  # a weight's float32 cast, kept while its codes are the same tensor
@@ -104,7 +111,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         if call.func.__name__ == "__rmatmul__":
             return None
         acc, axis = gemm.int_matmul(xc, wc), -1
-    bound = k * (xi.dtype.qmax + 1) * (wdt.qmax + 1)
+    bound = k * _magnitude(xi) * _magnitude(in_infos[1] if wq is None else None, wdt)
     res = gemm.finish_gemm(
         acc,
         xs,
@@ -117,6 +124,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         clamp_codes=ccodes,
         sum_bound=bound,
         reuse_acc=True,
+        out_zero_point=zo,
     )
     if fin_dt is DType.FLOAT32:
         if clamp is not None:
@@ -124,7 +132,21 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         if out_dt is DType.FLOAT16:
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
-    return fc.emit(res, out_scale, out_dt)
+    return fc.emit(res, out_scale, out_dt, zo)
+
+
+def _operand_codes(args, kwargs, slot, info) -> Tensor:
+    """GEMM operand codes: int8/int16 codes as they are; int8 codes with a zero point centred
+    on it, as int16 (|x - zx| <= 255; ``numerics.gemm.centre_codes``)."""
+    codes = fc.codes(args, kwargs, slot, info)
+    return gemm.centre_codes(codes, info.zero_point) if info.zero_point else codes
+
+
+def _magnitude(info, dtype: DType | None = None) -> int:
+    """The largest |operand code| + 1 the exact-sum bound assumes (256 for centred int8)."""
+    if info is not None and info.zero_point:
+        return 256
+    return (info.dtype if info is not None else dtype).qmax + 1
 
 
 def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):

@@ -19,8 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory
-from quantlab.numerics.quantize import bound_codes
+from quantlab.numerics.exp_table_softmax import exp_table_softmax
+from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.numerics.requant import requant_scale
+from quantlab.platforms import AddRule, ConcatRule, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -55,6 +57,8 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
         return "float (not supported on this platform)"
     if op_type in COMPOSITE_TYPES and sim.platform.norm_composite:
         return "integer (mean, variance, rsqrt lut, affine)"
+    if category is OpCategory.SOFTMAX and sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE:
+        return "float32 exp table (8-bit); float_fallback (16-bit)"
     return _KERNELS[category]
 
 
@@ -82,41 +86,48 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     p = sim.platform
     if not rq.output_dtype.is_int or len(plan.acts) != 2 or kwargs.get("alpha", 1) != 1:
         return None
-    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0])
-    b = fc.operand(args, kwargs, plan.acts[1], in_infos[1])
+    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True)
+    b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True)
     if a is None or b is None:
         return None
-    (xc, xs), (yc, ys) = a, b
+    (xc, xs, zx), (yc, ys, zy) = a, b
     if call.op_type == "sub":
+        if zx or zy:
+            return None  # a negated operand's zero point may leave the code range
         if _reversed(call):
             xc = -xc
         else:
             yc = -yc
     so = fc.out_scale(sim, call, rq)
     out = rq.output_dtype
-    return fc.emit(fc.add_codes(p, xc, xs, yc, ys, so, out), so, out)
+    zo = fc.out_zero_point(sim, call, rq)
+    if (zx or zy or zo) and p.add_rule is AddRule.INTER_SCALE:
+        return None  # the J6 add takes symmetric operands
+    codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+    return fc.emit(codes, so, out, zo)
 
 
 def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = False):
     if not rq.output_dtype.is_int or len(plan.acts) != 2:
         return None
-    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0])
+    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True)
     bv = A.get(args, kwargs, plan.acts[1])
     if const_inv:
         if isinstance(bv, Tensor) or _reversed(call) or not isinstance(bv, (int, float)):
             return None
         if bv == 0 or kwargs.get("rounding_mode") is not None:
             return None
-        b = fc.const(1.0 / float(bv))
+        b = (*fc.const(1.0 / float(bv)), 0)
     else:
-        b = fc.operand(args, kwargs, plan.acts[1], in_infos[1])
+        b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True)
     if a is None or b is None:
         return None
-    (xc, xs), (yc, ys) = a, b
+    (xc, xs, zx), (yc, ys, zy) = a, b
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     real = requant_scale(xs, ys, so, sim.platform.requant)
-    codes = fc.requant(sim, xc * yc, real, rq.output_dtype)
-    return fc.emit(codes, so, rq.output_dtype)
+    codes = fc.requant(sim, (xc - zx) * (yc - zy), real, rq.output_dtype, zero_point=zo)
+    return fc.emit(codes, so, rq.output_dtype, zo)
 
 
 def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):
@@ -125,17 +136,22 @@ def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
 def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     out = rq.output_dtype
-    if not out.is_int or not in_infos or not all(fc.int_info(i) for i in in_infos):
+    if not out.is_int or not in_infos or not all(fc.zp_info(i) for i in in_infos):
         return None
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     if call.op_type in ("cat", "stack"):
         parts = []
         for slot, info in zip(plan.acts, in_infos):
-            codes = fc.codes(args, kwargs, slot, info)
-            parts.append(fc.requant(sim, codes, fc.ratio(sim, info.scale, so), out))
+            codes = fc.centred(args, kwargs, slot, info)
+            if sim.platform.concat_rule is ConcatRule.DEQUANTIZE_QUANTIZE:
+                v = dequantize(codes, info.scale)
+                parts.append(quantize(v, so, out, sim.platform.fake_round, zero_point=zo))
+                continue
+            parts.append(fc.requant(sim, codes, fc.ratio(sim, info.scale, so), out, zero_point=zo))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
         fn = torch.cat if call.op_type == "cat" else torch.stack
-        return fc.emit(fn(parts, dim), so, out)
+        return fc.emit(fn(parts, dim), so, out, zo)
     info = in_infos[0]
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(torch.int64)
     if call.op_type == "relu6":
@@ -152,9 +168,13 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):
             return None
     # bounds in input codes (round half to even of the bound / scale), then requantize
-    lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=sim.platform.bound_rule)
-    xc = xc.clamp_min(lo_c).clamp_max(hi_c)
-    return fc.emit(fc.requant(sim, xc, fc.ratio(sim, info.scale, so), out), so, out)
+    zx = info.zero_point
+    lo_c, hi_c = bound_codes(
+        lo, hi, info.scale, info.dtype, zero_point=zx, rule=sim.platform.bound_rule
+    )
+    xc = xc.clamp_min(lo_c).clamp_max(hi_c) - zx
+    codes = fc.requant(sim, xc, fc.ratio(sim, info.scale, so), out, zero_point=zo)
+    return fc.emit(codes, so, out, zo)
 
 
 # --------------------------------------------------------------------------- LUT ops
@@ -237,13 +257,20 @@ def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    if not fc.int_info(info) or not out.is_int:
+    table_rule = sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE
+    if not (fc.zp_info(info) if table_rule else fc.int_info(info)) or not out.is_int:
         return None
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     if dim is None or kwargs.get("dtype") is not None:
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
     so = fc.out_scale(sim, call, rq)
+    if table_rule:  # the input's zero point cancels (only max(x) - x enters)
+        if info.dtype.bits != 8 or out.bits != 8:
+            return None  # the runtime fuses 8-bit softmax only; float between DQ and Q
+        zo = fc.out_zero_point(sim, call, rq)
+        codes = exp_table_softmax(xc, float(info.scale), dim, float(so), out, zo)
+        return fc.emit(codes, so, out, zo)
     codes = lut_softmax(
         xc,
         float(info.scale),
@@ -262,12 +289,12 @@ def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
 def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    if not fc.int_info(info) or not out.is_int or kwargs.get("dtype") is not None:
+    if not fc.zp_info(info) or not out.is_int or kwargs.get("dtype") is not None:
         return None
     x = A.get(args, kwargs, plan.acts[0])
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
-    xc = info.codes_of(x)
+    xc = info.codes_of(x) - info.zero_point
     if dim is None:
         acc, n = xc.sum(), xc.numel()
     else:
@@ -275,13 +302,14 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
         n = xc.numel() // max(acc.numel(), 1) if not keepdim else xc.numel() // acc.numel()
     so = fc.out_scale(sim, call, rq)
     real = fc.ratio(sim, info.scale, so, 1 if call.op_type == "sum" else n)
-    return fc.emit(fc.requant(sim, acc, real, out), so, out)
+    zo = fc.out_zero_point(sim, call, rq)
+    return fc.emit(fc.requant(sim, acc, real, out, zero_point=zo), so, out, zo)
 
 
 def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    if not fc.int_info(info) or not out.is_int:
+    if not fc.zp_info(info) or not out.is_int:
         return None
     x = A.get(args, kwargs, plan.acts[0])
     if call.op_type == "adaptive_avg_pool2d":
@@ -303,12 +331,14 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
         padding = 0
     else:
         return None
-    xc = info.codes_of(x)
+    xc = info.codes_of(x) - info.zero_point
     acc = F.avg_pool2d(xc.to(torch.float64), k, stride, padding, divisor_override=1)
     n = k[0] * k[1]
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     real = fc.ratio(sim, info.scale, so, n)
-    return fc.emit(fc.requant(sim, acc.to(torch.int64), real, out), so, out)
+    codes = fc.requant(sim, acc.to(torch.int64), real, out, zero_point=zo)
+    return fc.emit(codes, so, out, zo)
 
 
 def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):

@@ -163,6 +163,21 @@ class ActivationObserver:
             pool = torch.cat(self.samples)[::2]
             self.samples = [torch.cat([pool, *self.extremes])]
 
+    def min_max(self, rq) -> tuple[float, float]:
+        """The (min, max) an asymmetric activation is quantized over: the moving averages
+        (MINMAX) or the extremes of every batch (GLOBAL_MINMAX); ValueError for any other
+        observer (asymmetric ranges come from min and max only)."""
+        if self.ema_min is None:
+            raise ValueError("observer saw no finite values")
+        if rq.observer is ObserverKind.MINMAX:
+            return self.ema_min, self.ema_max
+        if rq.observer is ObserverKind.GLOBAL_MINMAX:
+            return self.run_min, self.run_max
+        raise ValueError(
+            f"activation_symmetry=ASYMMETRIC takes its range from a MINMAX or GLOBAL_MINMAX "
+            f"observer, got observer={rq.observer.name}"
+        )
+
     def amax(self, rq, dtype: DType, rule: ScaleRule, rounding: Round) -> float:
         """The calibrated absolute maximum of rule ``rq.observer`` (with ``rq.percentile``,
         ``rq.histogram_method``, ``rq.clip_range``) at integer ``dtype`` (FIXED: the caller);
@@ -273,7 +288,14 @@ def _mean_std(x: Tensor) -> tuple[float, float]:
 
 def observer_key(rq) -> tuple:
     """The qconfig fields an activation scale depends on (a scale cache key)."""
-    return (rq.observer, rq.fixed_scale, rq.percentile, rq.histogram_method, rq.clip_range)
+    return (
+        rq.observer,
+        rq.fixed_scale,
+        rq.percentile,
+        rq.histogram_method,
+        rq.clip_range,
+        rq.activation_symmetry,
+    )
 
 
 def mse_amax(

@@ -32,14 +32,23 @@ def qat_fake_quant(
     axis: int | None = None,
     qmin: int | None = None,
     bounds: tuple[float | None, float | None] | None = None,
+    zero_point: int = 0,
 ) -> Tensor:
-    """float32 fake-quantized ``x`` (symmetric, zero point 0) the way QAT computes it:
+    """float32 fake-quantized ``x`` (per tensor: with ``zero_point``) the way QAT computes it:
     ``numerics.quantize.fake_quant`` with ``qat_divide(rounding)``. Per-tensor (``axis`` None)
     or per-channel along ``axis``; range [qmin, qmax] (default: the full range of ``dtype``);
     ``bounds`` = (lo, hi) fake-quantizes ``clamp(x, lo, hi)`` (a fused relu6) in the same pass.
     """
     return fake_quant(
-        x, scale, dtype, rounding, axis=axis, divide=qat_divide(rounding), qmin=qmin, bounds=bounds
+        x,
+        scale,
+        dtype,
+        rounding,
+        axis=axis,
+        divide=qat_divide(rounding),
+        qmin=qmin,
+        bounds=bounds,
+        zero_point=zero_point,
     )
 
 

@@ -20,24 +20,26 @@ from quantlab.numerics.quantize import quantize
 
 @dataclass(frozen=True)
 class QInfo:
-    """How a tensor is quantized: ``dtype``; for integer dtypes ``scale`` (float32, one value)
-    and optionally the integer ``codes`` (values == codes * scale exactly)."""
+    """How a tensor is quantized: ``dtype``; for integer dtypes ``scale`` (float32, one value),
+    optionally the integer ``codes`` and the ``zero_point`` (values == (codes - zero_point) *
+    scale exactly)."""
 
     dtype: DType
     scale: Tensor | None = None
     codes: Tensor | None = None
+    zero_point: int = 0
 
     def codes_of(self, value: Tensor) -> Tensor:
         """The integer codes (int64) of ``value``.
 
-        Exactness: ``value = fl(code * s)`` with |code| <= 2**15, so ``value / s`` is within
-        2**-8 of ``code`` and ``quantize`` (half to even) recovers it exactly (used after
-        pass-through ops, which select values without changing them).
+        Exactness: ``value = fl((code - zp) * s)`` with |code - zp| <= 2**15, so ``value / s``
+        is within 2**-8 of ``code - zp`` and ``quantize`` (half to even) recovers it exactly
+        (used after pass-through ops, which select values without changing them).
         """
         if self.codes is not None and self.codes.shape == value.shape:
             return self.codes.to(torch.int64)
         assert self.scale is not None and self.dtype.is_int and self.dtype.bits <= 16
-        return quantize(value, self.scale, self.dtype).to(torch.int64)
+        return quantize(value, self.scale, self.dtype, zero_point=self.zero_point).to(torch.int64)
 
     def codes_native(self, value: Tensor) -> Tensor:
         """``codes_of`` in the dtype's own torch dtype (int8 / int16 / int32)."""

@@ -17,9 +17,15 @@ from torch.utils._pytree import tree_flatten
 from quantlab.capture import OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import acc_scale, quantize_bias
-from quantlab.numerics.quantize import compute_scale, dequantize, fake_cast, quantize
+from quantlab.numerics.quantize import (
+    compute_scale,
+    compute_zero_point_scale,
+    dequantize,
+    fake_cast,
+    quantize,
+)
 from quantlab.numerics.split import split_fake_weight
-from quantlab.qconfig import ObserverKind, ResolvedQConfig
+from quantlab.qconfig import ActivationSymmetry, ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_embedding, fixed_norm
 from quantlab.simulate.modes import Mode
@@ -59,7 +65,9 @@ class QuantizationState:
         s = self._scale_cache.get(ck)
         if s is not None:
             return s
-        if rq.observer is ObserverKind.FIXED:
+        if rq.activation_symmetry is ActivationSymmetry.ASYMMETRIC and dtype.bits <= 16:
+            s = self._asymmetric(name, key, dtype, rq)[0]
+        elif rq.observer is ObserverKind.FIXED:
             s = torch.tensor(rq.fixed_scale, dtype=torch.float32)
         else:
             obs = self._obs.get(f"{name}/{key}")
@@ -72,6 +80,33 @@ class QuantizationState:
             s = compute_scale(amax, dtype, self.platform.scale_rule)
         self._scale_cache[ck] = s
         return s
+
+    def act_zero_point(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> int:
+        """Zero point of activation point ``name/key`` at integer ``dtype``: 0 unless the op is
+        ASYMMETRIC (``rq.activation_symmetry``)."""
+        if rq.activation_symmetry is not ActivationSymmetry.ASYMMETRIC or dtype.bits > 16:
+            return 0
+        return self._asymmetric(name, key, dtype, rq)[1]
+
+    def _asymmetric(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig):
+        """(scale, zero point) of an asymmetric activation point from its observed min / max
+        (``numerics.quantize.compute_zero_point_scale``, zero point rounded by fake_round)."""
+        ck = ("asymmetric", name, key, dtype, observer_key(rq))
+        hit = self._scale_cache.get(ck)
+        if hit is None:
+            obs = self._obs.get(f"{name}/{key}")
+            if obs is None:
+                raise ValueError(
+                    f"op {name}: no calibration statistics for its {key}; calibrate with inputs "
+                    "that reach this op"
+                )
+            try:
+                lo, hi = obs.min_max(rq)
+            except ValueError as e:
+                raise ValueError(f"op {name}: {e}") from None
+            hit = compute_zero_point_scale(lo, hi, dtype, self.platform.fake_round)
+            self._scale_cache[ck] = hit
+        return hit
 
     def fast_cache(self, name: str) -> dict:
         """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
@@ -177,11 +212,12 @@ class QuantizationState:
         if dtype.is_float:
             return self.cast_float(name, x, dtype), QInfo(dtype)
         s = self.act_scale(name, key, dtype, rq)
+        zp = self.act_zero_point(name, key, dtype, rq)
         if mode is not Mode.FIXED:
-            y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds)
-            return y, QInfo(dtype, s)
-        codes = quantize(x, s, dtype, self.platform.fake_round)
-        return dequantize(codes, s), QInfo(dtype, s, codes)
+            y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds, zero_point=zp)
+            return y, QInfo(dtype, s, zero_point=zp)
+        codes = quantize(x, s, dtype, self.platform.fake_round, zero_point=zp)
+        return dequantize(codes, s, zero_point=zp), QInfo(dtype, s, codes, zp)
 
 
 def _same_key(a: tuple, b: tuple) -> bool:

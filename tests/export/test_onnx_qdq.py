@@ -199,3 +199,37 @@ def test_int32_accumulator_wraps_as_onnxruntime_does(tmp_path):
 
     sim.platform = replace(sim.platform, accumulator_overflow=Overflow.SATURATE)
     assert not np.array_equal(y, sim.run(x, mode=Mode.FIXED).numpy())
+
+
+class _Scores(nn.Module):
+    """Attention-like scores: a linear layer, then softmax over the last axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 48)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x) * 3.0, dim=-1)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_int8_softmax_matches_onnxruntime_qlinear_softmax(tmp_path, encoding):
+    """onnxruntime fuses the exported DequantizeLinear -> Softmax -> QuantizeLinear into
+    QLinearSoftmax; the onnxruntime profile's FLOAT_EXP_TABLE rule gives its bits, the J6
+    segment-LUT composite does not."""
+    from dataclasses import replace
+
+    from quantlab.platforms import SoftmaxRule
+
+    torch.manual_seed(3)
+    sim = Simulator(_Scores().eval(), "onnxruntime")
+    sim.calibrate([(torch.randn(4, 6, 12),) for _ in range(2)], progress=False)
+    x = (torch.randn(3, 6, 12),)
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", x, encoding=encoding)
+    sess = R.session(info.path, tmp_path / "opt.onnx")
+    kinds = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+    assert "QLinearSoftmax" in kinds
+    (y,) = R.run(sess, info.input_names, x)
+    assert np.array_equal(y, sim.run(*x, mode=Mode.FIXED).numpy())
+    sim.platform = replace(sim.platform, softmax_rule=SoftmaxRule.SEGMENT_LUT)
+    assert not np.array_equal(y, sim.run(*x, mode=Mode.FIXED).numpy())

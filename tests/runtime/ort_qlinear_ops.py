@@ -109,3 +109,25 @@ def run_qlinear_global_average_pool(x, sx, zx, sy, zy) -> np.ndarray:
     inputs = [helper.make_tensor_value_info("x", _ONNX_TYPE[dt], list(x.shape))]
     (y,) = _session(node, inputs, inits, dt).run(None, {"x": x})
     return y
+
+
+def run_qlinear_softmax(x, sx, zx, sy, zy, axis: int = -1) -> np.ndarray:
+    """onnxruntime's QLinearSoftmax (com.microsoft, opset-13 semantics: one axis) on codes x."""
+    dt = x.dtype
+    inits = [
+        _scalar(sx, F32, "sx"),
+        _scalar(zx, dt, "zx"),
+        _scalar(sy, F32, "sy"),
+        _scalar(zy, dt, "zy"),
+    ]
+    node = helper.make_node(
+        "QLinearSoftmax",
+        ["x", "sx", "zx", "sy", "zy"],
+        ["y"],
+        domain="com.microsoft",
+        axis=axis,
+        opset=13,
+    )
+    inputs = [helper.make_tensor_value_info("x", _ONNX_TYPE[dt], list(x.shape))]
+    (y,) = _session(node, inputs, inits, dt).run(None, {"x": x})
+    return y

@@ -78,18 +78,20 @@ def test_reference_kernels_match_oracle(family, litert_runs):
             raise AssertionError(f"{family} seed {seed}: {e}") from None
 
 
-# the families the `tflite` profile models: every one but 16x8 with an int32 bias (a converter
-# option, quantized_bias_type=INT32; the profile takes the default int64 bias)
-PROFILE_FAMILIES = [f for f in FAMILIES if not f.endswith("16x8_int32_bias")]
-
-
-@pytest.mark.parametrize("family", PROFILE_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_tflite_profile_matches_reference_kernels(family, litert_runs):
     """quantlab's ``tflite`` profile (qconv2d / qlinear / add_codes with its per-family rules,
-    zero points and bound rule) gives LiteRT's reference kernels' bits on every case."""
+    zero points and bound rule) gives LiteRT's reference kernels' bits on every case; 16x8
+    models converted with an int32 bias (quantized_bias_type=INT32) under the profile's
+    ``int16_bias_dtype=INT32``."""
+    from dataclasses import replace
+
+    from quantlab.numerics.dtypes import DType
     from quantlab.platforms import load_platform
 
     platform = load_platform("tflite")
+    if family.endswith("16x8_int32_bias"):
+        platform = replace(platform, int16_bias_dtype=DType.INT32)
     kernel = {L.conv2d_model: B.litert_conv, L.fully_connected_model: B.litert_fully_connected}
     ours = kernel.get(FAMILIES[family][1], B.litert_add)
     for seed, case, y in litert_runs(family):
@@ -205,3 +207,16 @@ def test_depthwise_16x8_takes_only_an_int64_bias():
     case = C.conv_case(0, True, i16, i32)
     with pytest.raises(RuntimeError, match="INT32 != INT64"):
         L.run(L.conv2d_model(case), [case.x], L.Kernels.REFERENCE)
+
+
+@pytest.mark.parametrize("family", ["conv_16x8_int32_bias", "fc_16x8_int32_bias"])
+def test_int32_bias_16x8_needs_its_rule(family, litert_runs):
+    """The int64-bias rule (the profile's default ``int16_bias_dtype``) misses LiteRT's bits on
+    some int32-bias cases: the choice is the profile's, not incidental."""
+    from quantlab.platforms import load_platform
+
+    platform = load_platform("tflite")
+    kernel = {L.conv2d_model: B.litert_conv, L.fully_connected_model: B.litert_fully_connected}
+    ours = kernel[FAMILIES[family][1]]
+    differ = sum(not np.array_equal(ours(c, platform), y) for _, c, y in litert_runs(family))
+    assert differ > 0

@@ -1,0 +1,107 @@
+"""ONNX Runtime's QLinearSoftmax (com.microsoft, CPU): the kernel a QDQ graph's
+DequantizeLinear -> Softmax -> QuantizeLinear is fused into when both ends are 8-bit.
+
+A 256-entry float32 table of exponentials, indexed by how far a code lies below its row's
+maximum: T[i] = fl32(exp((i - 255 + b) * sx)) in double precision, i = 255 - (max(x) - x),
+with b = max(0, ln(fl32(FLT_MAX / D)) - 5) / sx so that the sum of a row of D entries stays
+finite. Per row: a float32 sum of T over the row, in element order; per element
+q = rne(fl32(fl32(T / sum) * Y)) with Y = floor(fl32(1 / sy)); output code q + zy, saturated to
+the output dtype. The input's zero point and how the runtime stores codes (int8, or uint8 shifted
+by 128) cancel: only max(x) - x enters, and the shift moves q + zy and the saturation bounds
+alike. Y truncates 1 / sy, so the output is biased low by up to one part in Y.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.scales import check_scale_float
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+TABLE_HEADROOM = 5.0  # natural-log units left free below FLOAT32_MAX / D for the row sum
+TABLE_ENTRIES = 256
+
+
+def exp_table(x_scale: float, reduce_len: int) -> np.ndarray:
+    """The 256 float32 exponentials T[i] = fl32(exp((i - 255 + b) * sx)) (module doc), indexed by
+    255 - (max(x) - x); ``reduce_len`` is the softmax axis's length D (>= 1)."""
+    sx = float(np.float32(check_scale_float(x_scale, "x_scale")))
+    if reduce_len < 1:
+        raise ValueError(f"reduce_len must be >= 1, got {reduce_len}")
+    shift = math.log(float(np.float32(FLOAT32_MAX) / np.float32(reduce_len)))
+    shift = max(0.0, shift - TABLE_HEADROOM) / sx
+    return np.array(
+        [math.exp((i - 255 + shift) * sx) for i in range(TABLE_ENTRIES)], dtype=np.float32
+    )
+
+
+def output_multiplier(y_scale: float) -> float:
+    """Y = floor(fl32(1 / sy)) as a float32 value (the runtime's integer output multiplier)."""
+    sy = np.float32(check_scale_float(y_scale, "y_scale"))
+    return float(np.float32(math.floor(np.float32(1.0) / sy)))
+
+
+def _check(x: Tensor, out: DType) -> None:
+    if x.is_floating_point():
+        raise TypeError(f"x must hold integer codes, got {x.dtype}")
+    if out.bits != 8 or not out.is_int:
+        raise ValueError(f"out must be INT8 or UINT8 (the runtime's 8-bit kernel), got {out.name}")
+    if x.numel() and int(x.max()) - int(x.min()) > 255:
+        raise ValueError("x must hold 8-bit codes (a row spans at most 255 codes)")
+
+
+def exp_table_softmax(
+    x: Tensor,
+    x_scale: float,
+    dim: int,
+    y_scale: float,
+    out: DType,
+    y_zero_point: int = 0,
+) -> Tensor:
+    """Output codes (``out``'s torch dtype, INT8 or UINT8) of ONNX Runtime's QLinearSoftmax on
+    8-bit codes ``x`` along ``dim`` (module doc): float32 table, float32 row sum in element
+    order, rne(fl32(fl32(T / sum) * floor(1 / sy))) + ``y_zero_point``, saturated to ``out``."""
+    _check(x, out)
+    xm = torch.movedim(x.to(torch.int64), dim, -1)
+    d = xm.shape[-1]
+    table = torch.from_numpy(exp_table(x_scale, d))
+    v = table[255 - (xm.amax(dim=-1, keepdim=True) - xm)]
+    total = torch.zeros(v.shape[:-1], dtype=torch.float32)
+    for j in range(d):  # one float32 addition per element, in order
+        total = total + v[..., j]
+    y = torch.tensor(output_multiplier(y_scale), dtype=torch.float32)
+    q = torch.round((v / total.unsqueeze(-1)) * y).to(torch.int64) + int(y_zero_point)
+    q = q.clamp(out.qmin, out.qmax).to(out.torch_dtype)
+    return torch.movedim(q, -1, dim)
+
+
+def exp_table_softmax_reference(
+    x: np.ndarray,
+    x_scale: float,
+    dim: int,
+    y_scale: float,
+    out: DType,
+    y_zero_point: int = 0,
+) -> np.ndarray:
+    """Slow twin of ``exp_table_softmax``: one numpy float32 scalar operation at a time, row by
+    row; int64 codes."""
+    xm = np.moveaxis(np.asarray(x, dtype=np.int64), dim, -1)
+    table = exp_table(x_scale, xm.shape[-1])
+    y = np.float32(output_multiplier(y_scale))
+    res = np.zeros(xm.shape, dtype=np.int64)
+    for idx in np.ndindex(*xm.shape[:-1]):
+        row = xm[idx]
+        top = int(row.max())
+        vals = [table[255 - (top - int(c))] for c in row]
+        total = np.float32(0.0)
+        for v in vals:
+            total = np.float32(total + v)
+        for j, v in enumerate(vals):
+            q = int(np.rint(np.float32(np.float32(v / total) * y))) + int(y_zero_point)
+            res[idx + (j,)] = min(max(q, out.qmin), out.qmax)
+    return np.moveaxis(res, -1, dim)

@@ -1,0 +1,65 @@
+"""numerics.exp_table_softmax (ONNX Runtime's QLinearSoftmax rule) equals its slow scalar twin
+on random and adversarial rows: both 8-bit dtypes, output zero points, any axis, rows of one
+element (where the table's largest entry times Y exceeds FLOAT32_MAX unless the quotient is
+taken first), rows spanning the whole table, tiny and huge scales."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from bits import assert_bits_equal
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.exp_table_softmax import (
+    exp_table,
+    exp_table_softmax,
+    exp_table_softmax_reference,
+    output_multiplier,
+)
+
+
+def _case(rng, seed):
+    out = DType.UINT8 if seed % 2 else DType.INT8
+    shape = [int(rng.integers(1, 4)), int(rng.integers(1, 5)), int(rng.integers(1, 70))]
+    if seed % 9 == 0:
+        shape[-1] = 1
+    lo = out.qmin if seed % 3 else out.qmax - int(rng.integers(0, 20))
+    x = torch.from_numpy(rng.integers(lo, out.qmax + 1, shape)).to(out.torch_dtype)
+    if seed % 11 == 0:  # the whole table: the row's ends are 255 codes apart
+        x.view(-1, shape[-1])[:, 0] = out.qmin
+        x.view(-1, shape[-1])[:, -1] = out.qmax
+    sx = float(np.float32(rng.choice([rng.uniform(1e-3, 0.5), 2.0**-4, 1.5])))
+    sy = float(np.float32(rng.choice([1 / 256, 1 / 255, 1 / 127, rng.uniform(1e-3, 0.05)])))
+    zy = 0 if seed % 4 else int(rng.integers(out.qmin, out.qmax + 1))
+    dim = int(rng.integers(-3, 3))
+    return x, sx, dim, sy, out, zy
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_exp_table_softmax_matches_reference(chunk):
+    rng = np.random.default_rng(300 + chunk)
+    for seed in range(chunk * 60, (chunk + 1) * 60):
+        x, sx, dim, sy, out, zy = _case(rng, seed)
+        got = exp_table_softmax(x, sx, dim, sy, out, zy)
+        want = exp_table_softmax_reference(x.numpy(), sx, dim, sy, out, zy)
+        assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+
+
+def test_exp_table_row_stays_finite_and_output_multiplier_truncates():
+    for d in (1, 2, 128, 4096):
+        t = exp_table(0.1, d)
+        assert t.dtype == np.float32 and np.isfinite(t).all()
+        assert np.isfinite(np.float32(t[-1]) * np.float32(d))
+    assert output_multiplier(np.float32(1 / 255)) == 254.0  # fl32(1/255) is above 1/255
+    assert output_multiplier(1 / 256) == 256.0
+
+
+def test_exp_table_softmax_rejects_what_the_kernel_does_not_take():
+    x = torch.zeros(2, 3, dtype=torch.int16)
+    with pytest.raises(ValueError, match="INT8 or UINT8"):
+        exp_table_softmax(x, 0.1, -1, 1 / 256, DType.INT16)
+    with pytest.raises(TypeError, match="integer codes"):
+        exp_table_softmax(x.float(), 0.1, -1, 1 / 256, DType.INT8)
+    with pytest.raises(ValueError, match="y_scale"):
+        exp_table_softmax(x, 0.1, -1, 0.0, DType.INT8)
