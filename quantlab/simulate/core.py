@@ -35,16 +35,19 @@ from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch, _RunState
-from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace, View
+from quantlab.simulate.modes import CallObserver, FakeOps, Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
+from quantlab.simulate.training import QatTraining
 
 
-class Simulator(OpDiscovery, QuantizationState, OpDispatch):
+class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     """Run ``model`` the way QAT (FAKE) and the deployed chip (FIXED) compute it, per platform.
 
-    Every run evaluates the model in eval mode (BatchNorm running statistics, no Dropout) and
+    ``fake_ops``: how FAKE mode computes segment-LUT ops (``FakeOps``: QAT's exact function, or
+    the DEPLOYED table). ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
+    straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model in eval mode (BatchNorm running statistics, no Dropout) and
     then restores each module's own train flag; the model's parameters, buffers and hooks are
     never changed, and no global hook, mode or torch setting outlives a run.
     """
@@ -54,8 +57,14 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         model: nn.Module,
         platform: PlatformConfig | str = "j6m",
         qconfig: QConfigSpec | None = None,
+        fake_ops: FakeOps = FakeOps.QAT,
     ) -> None:
         self.model = model
+        if not isinstance(fake_ops, FakeOps):
+            allowed = ", ".join(f.name for f in FakeOps)
+            raise ValueError(f"fake_ops must be a FakeOps member ({allowed}), got {fake_ops!r}")
+        self.fake_ops = fake_ops
+        self._learned_scales: dict | None = None  # ScaleTraining.LEARNED: point -> parameter
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
@@ -246,7 +255,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
                 with torch.no_grad():
                     return self.model(*inputs)
             with (
-                torch.no_grad(),
+                torch.enable_grad() if st.grad else torch.no_grad(),
                 self._tracker,
                 CaptureMode(self._tracker, self._handle, st.qt.drop),
             ):
