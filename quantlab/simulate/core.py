@@ -47,7 +47,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
 
     ``fake_ops``: how FAKE mode computes segment-LUT ops (``FakeOps``: QAT's exact function, or
     the DEPLOYED table). ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
-    straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model in eval mode (BatchNorm running statistics, no Dropout) and
+    straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model
+    in eval mode (BatchNorm running statistics, no Dropout) and
     then restores each module's own train flag; the model's parameters, buffers and hooks are
     never changed, and no global hook, mode or torch setting outlives a run.
     """

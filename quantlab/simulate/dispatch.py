@@ -24,8 +24,8 @@ from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
 from quantlab.simulate.qat import fake_grid, fake_single_period
-from quantlab.simulate.straight_through import through
 from quantlab.simulate.qtensor import QInfo, QTable
+from quantlab.simulate.straight_through import through
 
 
 @dataclass

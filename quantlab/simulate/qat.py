@@ -79,6 +79,8 @@ def fake_single_period(platform, args: list, kwargs: dict, plan: A.ArgPlan, info
     x = A.get(args, kwargs, plan.acts[0])
     if not A.is_float_tensor(x) or not needs_period_reduction(float(info.scale), info.dtype):
         return
-    codes, scale = period_reduce(info.codes_of(x), float(info.scale), info.dtype, platform.fake_round)
+    codes, scale = period_reduce(
+        info.codes_of(x), float(info.scale), info.dtype, platform.fake_round
+    )
     value = dequantize(codes.to(torch.int64), torch.tensor(scale, dtype=torch.float32))
     A.put(args, kwargs, plan.acts[0], through(x, value))

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from bits import assert_bits_equal
-from pinned_fake_mode import GOLDEN, cases, digest, fake_mode_digests, small_net
+from pinned_fake_mode import GOLDEN, fake_mode_digests, small_net
 from torch import nn
 
 from quantlab.capture import OpCategory
@@ -151,8 +151,14 @@ def test_deployed_lut_gradient_is_the_table_slope():
     s_in = sim.act_scale(sig, "in0", DType.INT16, rq)
     s_out = sim.act_scale(sig, "out", DType.INT16, rq)
     lut = build_lut(
-        "sigmoid", DType.INT16, float(s_in), DType.INT16, float(s_out), default_spec("sigmoid"),
-        sim.platform.lut_format(), sim.observed_range(sig, "in0"),
+        "sigmoid",
+        DType.INT16,
+        float(s_in),
+        DType.INT16,
+        float(s_out),
+        default_spec("sigmoid"),
+        sim.platform.lut_format(),
+        sim.observed_range(sig, "in0"),
     )
     from quantlab.simulate.straight_through import through
 
