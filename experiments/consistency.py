@@ -354,8 +354,9 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         findings=_findings(table, outputs, support, exp, ctx, bundle) + _task_findings(task),
         tables={
             "model_output": outputs,
-            "export_gap_split": split[["gap", "reference", "compared", "sqnr_db", "mse", "max_abs"]]
-            .assign(sqnr_db_plot=split["sqnr_db_plot"]),
+            "export_gap_split": split[
+                ["gap", "reference", "compared", "sqnr_db", "mse", "max_abs"]
+            ].assign(sqnr_db_plot=split["sqnr_db_plot"]),
             "task_metrics": task,
             "by_op_type": by_type,
             "worst_ops": worst,

@@ -49,8 +49,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     the DEPLOYED table). ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
     straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model
     in eval mode (BatchNorm running statistics, no Dropout) and
-    then restores each module's own train flag; the model's parameters, buffers and hooks are
-    never changed, and no global hook, mode or torch setting outlives a run.
+    then restores each module's own train flag; a run never changes the model's parameters,
+    buffers or hooks (``train_step`` changes parameters, through its optimizer), and no global
+    hook, mode or torch setting outlives a run.
     """
 
     def __init__(
@@ -112,6 +113,21 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             raise ValueError("calibrate() needs at least one batch")
         self._calibrated = True
         self._scale_cache.clear()
+
+    def share_calibration(self, other: Simulator) -> None:
+        """Calibrate by ``other``'s statistics and scales instead of running ``calibrate``: for
+        a simulator of a copy of ``other``'s model (same ops) on the same platform and qconfig
+        (e.g. one fine-tuning copy per training variant). The statistics are shared, not
+        copied (a later ``calibrate`` on either adds to both); the scales computed so far are
+        copied."""
+        if not other._calibrated:
+            raise ValueError("share_calibration: the other simulator is not calibrated")
+        if other.platform != self.platform or other.spec != self.spec:
+            raise ValueError("share_calibration needs the same platform and qconfig")
+        self._obs = other._obs
+        self._norm_obs = other._norm_obs
+        self._scale_cache = dict(other._scale_cache)
+        self._calibrated = True
 
     def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:
         """(bin_edges (bins + 1,), counts (bins,)), float64, of every finite value that reached
