@@ -54,7 +54,7 @@ def test_qat_quick_run_writes_its_report(tmp_path):
     curve = pd.read_csv(tmp_path / "training_curve.csv")
     assert set(curve.variant) == {"QAT", "DEPLOYED_QAT"} and curve.step.max() == 2
     report = (tmp_path / "report.md").read_text()
-    assert "deployment-aware QAT leaves a" in report
+    assert "does deployment-aware QAT leave a smaller fake-vs-fixed gap" in report
     for png in ("deployed_metric.png", "gap.png", "training_curve.png"):
         assert (tmp_path / png).exists() and png in report
     assert (tmp_path / "config.yaml").exists()
