@@ -3,7 +3,10 @@
 The model is calibrated on the data's calibration items, then the evaluation items run in fake
 mode (QAT numerics) and fixed mode (deployed numerics). Every captured op is compared in two
 views: isolated (each fixed op fed the fake run's inputs: the op's own gap) and accumulated
-(both runs end to end: the gap as it reaches that depth). Rows: one per op and view. The
+(both runs end to end: the gap as it reaches that depth). Rows: one per op and view. A hybrid
+run (segment-LUT ops fixed, everything else fake: the vendor's ptq.onnx stage) splits the
+output's export gap into LUT error (fake -> hybrid) and requantization error (hybrid -> fixed:
+integer GEMMs, requantization and every other integer kernel). The
 model's task metrics of the fake and the fixed run against float come with their item count
 and 95% bootstrap interval; an ONNX model's float run is also checked against onnxruntime.
 """
@@ -22,6 +25,12 @@ from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
 
 SQNR_PLOT_CAP = 100.0  # identical outputs (SQNR = +inf) are drawn at this height
+GAP_PARTS = {
+    (Mode.FAKE, Mode.FIXED): "export gap (all)",
+    (Mode.FAKE, Mode.HYBRID): "LUT error",
+    (Mode.HYBRID, Mode.FIXED): "requantization error",
+}
+"""The export gap and its two parts at the model output (rows of the model_output table)."""
 
 
 @dataclass
@@ -75,8 +84,14 @@ def _output_rows(outs: dict, bundle, batch: tuple) -> pd.DataFrame:
 
     flats = {m: flat(o) for m, o in outs.items()}
     rows = []
-    for a, b in ((Mode.FLOAT, Mode.FAKE), (Mode.FLOAT, Mode.FIXED), (Mode.FAKE, Mode.FIXED)):
-        row = {"reference": a.name, "compared": b.name}
+    for a, b in (
+        (Mode.FLOAT, Mode.FAKE),
+        (Mode.FLOAT, Mode.FIXED),
+        (Mode.FAKE, Mode.FIXED),
+        (Mode.FAKE, Mode.HYBRID),
+        (Mode.HYBRID, Mode.FIXED),
+    ):
+        row = {"reference": a.name, "compared": b.name, "gap": GAP_PARTS.get((a, b), "")}
         row.update(all_metrics(flats[a], flats[b]))
         rows.append(row)
     if bundle.reference is not None:
@@ -145,6 +160,24 @@ def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
     return table
 
 
+def _gap_split_findings(outputs: pd.DataFrame) -> list[str]:
+    parts = outputs[outputs.gap != ""].set_index("gap")
+    if len(parts) < 3:
+        return []
+    total, lut, req = (parts.loc[k] for k in GAP_PARTS.values())
+
+    def words(r) -> str:
+        if r.max_abs == 0:
+            return "none (bit-identical outputs)"
+        return f"SQNR {r.sqnr_db:.1f} dB, MSE {r.mse:.4g}, max |error| {r.max_abs:.4g}"
+
+    return [
+        f"Split of the fake-vs-fixed export gap at the output (MSE {total.mse:.4g}) by a hybrid "
+        f"run (LUT ops fixed, the rest fake): LUT error (fake vs hybrid) {words(lut)}; "
+        f"requantization error (hybrid vs fixed) {words(req)}."
+    ]
+
+
 def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
     from quantlab.analysis.compare import first_divergence
 
@@ -163,6 +196,7 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
             f"At the model output, {b} vs {a} on {ctx.platform.name}: SQNR {r.sqnr_db:.1f} dB, "
             f"cosine {r.cosine:.5f}, max |error| {r.max_abs:.4g}."
         )
+    out.extend(_gap_split_findings(outputs))
     fl = outputs[outputs.reference == "FLOAT"].set_index("compared")
     if {"FAKE", "FIXED"} <= set(fl.index):
         out.append(
@@ -227,7 +261,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     sim.calibrate(data.calib, ctx.progress)
     batch = _merge(data.eval, exp.max_eval_items)
     table = consistency_table(sim, batch, exp)
-    outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+    outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
     outputs = _output_rows(outs, bundle, batch)
     task = task_table(outs, bundle, _merge_labels(data.labels, exp.max_eval_items))
     support = sim.ops[
@@ -285,6 +319,20 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             title=f"{bundle.name}: largest per-op error in output LSBs",
         ),
     ]
+    split = outputs[outputs.gap != ""].copy()
+    split["sqnr_db_plot"] = split["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
+    plots.append(
+        Plot(
+            name="export_gap_split",
+            x="gap",
+            y="sqnr_db_plot",
+            xlabel="part of the fake-vs-fixed gap at the model output",
+            ylabel=f"output SQNR (dB; identical drawn at {SQNR_PLOT_CAP:g})",
+            title=f"{bundle.name}: export gap split into LUT and requantization error",
+            kind=PlotKind.BAR,
+            table="export_gap_split",
+        )
+    )
     plots.append(
         Plot(
             name="task_metrics",
@@ -306,6 +354,9 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         findings=_findings(table, outputs, support, exp, ctx, bundle) + _task_findings(task),
         tables={
             "model_output": outputs,
+            "export_gap_split": split[
+                ["gap", "reference", "compared", "sqnr_db", "mse", "max_abs"]
+            ].assign(sqnr_db_plot=split["sqnr_db_plot"]),
             "task_metrics": task,
             "by_op_type": by_type,
             "worst_ops": worst,
@@ -328,6 +379,8 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             "err_lsb is the largest |error| in units of the compared run's output scale; "
             "saturated counts output codes at the dtype's limits.",
             "Fake mode uses torch's fake-quant kernels (QAT numerics); fixed mode uses "
-            "quantlab.numerics integer kernels with the platform's requantization.",
+            "quantlab.numerics integer kernels with the platform's requantization; hybrid mode "
+            "runs the segment-LUT ops (sigmoid, tanh, exp, ..., sin/cos, softmax) as fixed mode "
+            "and every other op as fake mode.",
         ],
     )

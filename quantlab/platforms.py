@@ -180,7 +180,9 @@ class PlatformConfig:
     grid_round: Round = Round.HALF_UP  # rounding of positions and of the output (assumed)
 
     # --- sin / cos (s.5)
-    sincos_period_reduction: bool = True  # exporter reduces inputs wider than one period
+    # assumed: the exporter reduces a plain sin/cos input wider than one period to one period
+    # (s.5); a per-op ``single_period: true`` (the plugin's custom op) reduces whatever this says
+    sincos_period_reduction: bool = True
 
     # --- LayerNorm / GroupNorm / InstanceNorm (numerics.norm)
     # true: the integer composite (integer mean and variance, rsqrt table, integer affine) at

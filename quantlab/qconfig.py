@@ -80,6 +80,9 @@ class OpQConfig:
     embedding_index: an embedding's index path (``EmbeddingIndex``; baseline FIXED_ONE).
     activation_symmetry: integer activations with a zero point or without
         (``ActivationSymmetry``; baseline ``platform.activation_symmetry``).
+    single_period: sin/cos only: the vendor plugin's ``single_period=True`` custom op (opt-in,
+    default off): QAT (FAKE) and the deployed op (FIXED) both reduce an input wider than one
+    period to [0, 2pi] (``numerics.periodic``), whatever ``platform.sincos_period_reduction``.
     """
 
     input_dtype: DType | None = None
@@ -95,6 +98,7 @@ class OpQConfig:
     weight_split: int | None = None
     embedding_index: EmbeddingIndex | None = None
     activation_symmetry: ActivationSymmetry | None = None
+    single_period: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("input_dtype", "weight_dtype", "output_dtype"):
@@ -133,6 +137,8 @@ class OpQConfig:
             from quantlab.numerics.split import check_split_k
 
             check_split_k(self.weight_split)
+        if self.single_period is not None and not isinstance(self.single_period, bool):
+            raise ValueError(f"single_period must be true or false, got {self.single_period!r}")
         if self.fixed_scale is not None and not self.fixed_scale > 0:
             raise ValueError(f"fixed_scale must be > 0, got {self.fixed_scale}")
         if self.percentile is not None and not 0 < self.percentile <= 100:
@@ -159,6 +165,7 @@ class ResolvedQConfig:
     weight_split: int
     embedding_index: EmbeddingIndex = EmbeddingIndex.FIXED_ONE
     activation_symmetry: ActivationSymmetry = ActivationSymmetry.SYMMETRIC
+    single_period: bool = False
 
 
 @dataclass
@@ -204,6 +211,7 @@ def platform_baseline(platform: PlatformConfig) -> OpQConfig:
         weight_split=0,
         embedding_index=EmbeddingIndex.FIXED_ONE,
         activation_symmetry=platform.activation_symmetry,
+        single_period=False,
     )
 
 

@@ -20,10 +20,10 @@ by_name:                           # one op call: module path, op type, call ind
 Entry fields are those of ``OpQConfig``: ``input_dtype``, ``output_dtype``, ``weight_dtype``
 (``DType`` names), ``observer`` (an ``ObserverKind`` name), ``fixed_scale``, ``percentile``,
 ``lut_strategy`` (a ``quantlab.numerics.lut.Strategy`` name), ``high_precision_output``,
-``weight_split`` (the high/low int8 weight split, 0 = off) and ``activation_symmetry``
-(``SYMMETRIC`` or ``ASYMMETRIC``: int8 activations with a zero point from min / max). A field
-left out inherits. Floats are written with Python's shortest round-tripping repr, so a saved
-spec loads back exactly.
+``weight_split`` (the high/low int8 weight split, 0 = off), ``activation_symmetry``
+(``SYMMETRIC`` or ``ASYMMETRIC``: int8 activations with a zero point from min / max) and
+``single_period`` (sin/cos: the plugin's single-period op). A field left out inherits. Floats
+are written with Python's shortest round-tripping repr, so a saved spec loads back exactly.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ _SCALAR_FIELDS = {
     "percentile": "a number in (0, 100]",
     "weight_split": "an integer 0..8",
     "high_precision_output": "true or false",
+    "single_period": "true or false",
 }
 
 
@@ -92,7 +93,7 @@ def _entry(data: Any, where: str) -> OpQConfig:
         v = data.get(name)
         if v is None:
             continue
-        if name == "high_precision_output":
+        if name in ("high_precision_output", "single_period"):
             ok = isinstance(v, bool)
         elif name == "weight_split":
             ok = isinstance(v, int) and not isinstance(v, bool)

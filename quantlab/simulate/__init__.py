@@ -5,9 +5,10 @@ sim = Simulator(model, platform="j6m")            # or a PlatformConfig; qconfig
 sim.calibrate(batches)                            # float runs feed the observers
 y_fake, y_fixed = sim.run(x, mode=Mode.FAKE), sim.run(x, mode=Mode.FIXED)
 table = sim.compare(x, a=Mode.FAKE, b=Mode.FIXED, view=View.ISOLATED)  # one row per op
+loss = sim.train_step((x,), loss_fn, optimizer)   # QAT through FAKE mode (simulate.training)
 """
 
 from quantlab.simulate.core import Simulator
-from quantlab.simulate.modes import Mode, OpMode, Trace, View
+from quantlab.simulate.modes import FakeOps, Mode, OpMode, ScaleTraining, Trace, View
 
-__all__ = ["Simulator", "Mode", "OpMode", "Trace", "View"]
+__all__ = ["Simulator", "FakeOps", "Mode", "OpMode", "ScaleTraining", "Trace", "View"]

@@ -40,13 +40,14 @@ from quantlab.simulate.model_inputs import (
     declared_input_quant,
     mark_quantized_inputs,
 )
-from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace, View
+from quantlab.simulate.modes import CallObserver, FakeOps, Mode, OpMode, Trace, View
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
+from quantlab.simulate.training import QatTraining
 
 
-class Simulator(OpDiscovery, QuantizationState, OpDispatch):
+class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     """Run ``model`` the way QAT (FAKE) and the deployed chip (FIXED) compute it, per platform.
 
     ``input_quant``: per positional input, an ``InputQuant`` when that input arrives as integer
@@ -54,9 +55,13 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
     the first op takes those codes in fake and fixed modes alike; None: what ``model`` declares
     in its ``input_quant`` attribute (nothing by default).
 
-    Every run evaluates the model in eval mode (BatchNorm running statistics, no Dropout) and
-    then restores each module's own train flag; the model's parameters, buffers and hooks are
-    never changed, and no global hook, mode or torch setting outlives a run.
+    ``fake_ops``: how FAKE mode computes segment-LUT ops (``FakeOps``: QAT's exact function, or
+    the DEPLOYED table). ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
+    straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model
+    in eval mode (BatchNorm running statistics, no Dropout) and
+    then restores each module's own train flag; a run never changes the model's parameters,
+    buffers or hooks (``train_step`` changes parameters, through its optimizer), and no global
+    hook, mode or torch setting outlives a run.
     """
 
     def __init__(
@@ -65,12 +70,18 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
         platform: PlatformConfig | str = "j6m",
         qconfig: QConfigSpec | None = None,
         input_quant: InputQuants | None = None,
+        fake_ops: FakeOps = FakeOps.QAT,
     ) -> None:
         self.model = model
         # positional inputs that arrive as codes at a fixed scale (None: what the model declares)
         self.input_quant = tuple(
             declared_input_quant(model) if input_quant is None else input_quant
         )
+        if not isinstance(fake_ops, FakeOps):
+            allowed = ", ".join(f.name for f in FakeOps)
+            raise ValueError(f"fake_ops must be a FakeOps member ({allowed}), got {fake_ops!r}")
+        self.fake_ops = fake_ops
+        self._learned_scales: dict | None = None  # ScaleTraining.LEARNED: point -> parameter
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
         self._tracker = ModuleTracker(model)
@@ -117,6 +128,21 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
             raise ValueError("calibrate() needs at least one batch")
         self._calibrated = True
         self._scale_cache.clear()
+
+    def share_calibration(self, other: Simulator) -> None:
+        """Calibrate by ``other``'s statistics and scales instead of running ``calibrate``: for
+        a simulator of a copy of ``other``'s model (same ops) on the same platform and qconfig
+        (e.g. one fine-tuning copy per training variant). The statistics are shared, not
+        copied (a later ``calibrate`` on either adds to both); the scales computed so far are
+        copied."""
+        if not other._calibrated:
+            raise ValueError("share_calibration: the other simulator is not calibrated")
+        if other.platform != self.platform or other.spec != self.spec:
+            raise ValueError("share_calibration needs the same platform and qconfig")
+        self._obs = other._obs
+        self._norm_obs = other._norm_obs
+        self._scale_cache = dict(other._scale_cache)
+        self._calibrated = True
 
     def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:
         """(bin_edges (bins + 1,), counts (bins,)), float64, of every finite value that reached
@@ -262,7 +288,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch):
                     return self.model(*inputs)
             mark_quantized_inputs(st.qt, inputs, self.input_quant)
             with (
-                torch.no_grad(),
+                torch.enable_grad() if st.grad else torch.no_grad(),
                 self._tracker,
                 CaptureMode(self._tracker, self._handle, st.qt.drop),
             ):

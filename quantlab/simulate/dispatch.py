@@ -24,9 +24,10 @@ from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fa
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
-from quantlab.simulate.modes import CallObserver, Mode, ObservedCall, OpMode, Trace
-from quantlab.simulate.qat import fake_grid
+from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
+from quantlab.simulate.qat import fake_grid, fake_single_period
 from quantlab.simulate.qtensor import QInfo, QTable
+from quantlab.simulate.straight_through import through
 
 
 @dataclass
@@ -46,6 +47,7 @@ class _RunState:
     fused_done: set = field(default_factory=set)  # GEMMs that ran with their fused chain
     on_call: CallObserver | None = None  # told of every call after it ran (trace(on_call=))
     float16_overflow: dict = field(default_factory=dict)  # op -> values beyond +-65504 cast
+    grad: bool = False  # record gradients (training runs: straight-through estimators)
 
 
 class OpDispatch:
@@ -78,6 +80,9 @@ class OpDispatch:
                     st.float_ops.add(call.name)
                 return out
         mode = om.mode if om is not None else st.mode
+        deployed = mode is Mode.HYBRID or (mode is Mode.FAKE and self.fake_ops is FakeOps.DEPLOYED)
+        if mode is Mode.HYBRID:
+            mode = Mode.FAKE
         target = calls.inplace_target(call)
         if target is not None:
             self._guard_inplace(st, target)
@@ -96,7 +101,7 @@ class OpDispatch:
             if st.calibrating:
                 self._observe(call, plan, out)
         else:
-            out, info = self._run_quantized(call, plan, mode, om, st)
+            out, info = self._run_quantized(call, plan, mode, om, st, deployed)
             if om is not None and not om.quantize_output and mode is Mode.FAKE:
                 st.float_ops.add(call.name)  # its float output is not re-quantized downstream
         inf.output_shape = calls.shape_of(out)
@@ -132,17 +137,37 @@ class OpDispatch:
             if p is not None and st.trace.outputs.get(p) is target:
                 st.trace.outputs[p] = target.clone()
 
-    def _run_quantized(self, call, plan, mode, om, st):
+    def _run_quantized(self, call, plan, mode, om, st, deployed=False):
         """Quantized result of one op; an in-place op writes it into its target tensor (so
-        aliases see it, as in the model) and the target's side-table entry is replaced."""
-        out, info = self._run_quantized_value(call, plan, mode, om, st)
+        aliases see it, as in the model) and the target's side-table entry is replaced.
+        ``deployed``: a segment-LUT op in a FAKE run computes its deployed table."""
+        out, info = self._run_quantized_value(call, plan, mode, om, st, deployed)
+        if st.grad and isinstance(out, Tensor) and not out.requires_grad:
+            out = self._float_gradient(call, plan, out)
         target = calls.inplace_target(call)
         if target is not None and isinstance(out, Tensor) and out.shape == target.shape:
             target.copy_(out)
             return target, info
         return out, info
 
-    def _run_quantized_value(self, call, plan, mode, om, st):
+    def _float_gradient(self, call, plan, out: Tensor) -> Tensor:
+        """``out`` (its bits) with the gradient of the op's float function on the same inputs,
+        for a kernel with no gradient of its own (integer and composite kernels)."""
+        args, kwargs = list(call.args), dict(call.kwargs)
+        if kwargs.get("inplace"):
+            kwargs["inplace"] = False
+        acts = [A.get(args, kwargs, s) for s in plan.acts]
+        weight = A.get(args, kwargs, plan.weight) if plan.weight is not None else None
+        if not any(isinstance(v, Tensor) and v.requires_grad for v in [*acts, weight]):
+            return out
+        if call.category is not None and calls.is_inplace(call):
+            return out
+        ref = calls.out_of_place(call)(*args, **kwargs)
+        if not isinstance(ref, Tensor) or ref.shape != out.shape:
+            return out
+        return through(ref, out)
+
+    def _run_quantized_value(self, call, plan, mode, om, st, deployed=False):
         rq = self.qconfig_of(call.name)
         args, kwargs = list(call.args), dict(call.kwargs)
         if kwargs.get("inplace"):
@@ -219,6 +244,12 @@ class OpDispatch:
         ):  # an integer grid chain: the grid is int16 at its fixed scale (a float16 one is not)
             fake_grid(self.platform, args, kwargs, plan)
         clamp = self._fused_clamp(call.name) if chain else None
+        if deployed and quant_out and call.category in fixed_ops.DEPLOYED_CATEGORIES:
+            res = fixed_ops.run_deployed(self, call, plan, args, kwargs, in_infos, rq)
+            if res is not None:
+                return res
+        if mode is Mode.FAKE and rq.single_period and call.op_type in ("sin", "cos"):
+            fake_single_period(self.platform, args, kwargs, plan, in_infos[0])
         fake = _FAKE_KERNELS.get(call.category) if mode is Mode.FAKE and quant_out else None
         if fake is not None:  # the QAT form of an op whose fixed kernel is a composite
             res = fake(self, call, plan, args, kwargs, in_infos, rq)
@@ -256,7 +287,7 @@ class OpDispatch:
             return
         w = A.get(args, kwargs, plan.weight)
         b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
-        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, bn[0].post)
+        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, bn[0].post, self._recording_grad())
         A.put(args, kwargs, plan.weight, wf)
         if plan.bias is None:
             plan.bias = ("k", "bias")

@@ -214,9 +214,25 @@ def _calibrated_histogram(sim, call, spec, reduced: bool):
     return InputHistogram(float(edges[0]), float(edges[-1]), tuple(counts.tolist()))
 
 
-def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    from quantlab.numerics.lut import build_lut
+def _period_reduced(sim, call, rq, xc: Tensor, xs: float, in_dt) -> tuple | None:
+    """(codes, scale) of a sin/cos input reduced to one period, or None when it is not: the
+    platform's exporter (``sincos_period_reduction``) or the op's ``single_period`` reduce an
+    input wider than one period (numerics.periodic)."""
     from quantlab.numerics.periodic import needs_period_reduction, period_reduce
+
+    if call.op_type not in ("sin", "cos"):
+        return None
+    if not (sim.platform.sincos_period_reduction or rq.single_period):
+        return None
+    if not needs_period_reduction(xs, in_dt):
+        return None
+    return period_reduce(xc, xs, in_dt, sim.platform.fake_round)
+
+
+def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
+    """(table, input codes, input scale, output scale) of a LUT op in fixed mode (the input
+    period-reduced when it applies), or None when the integer table does not apply."""
+    from quantlab.numerics.lut import build_lut
 
     p = sim.platform
     info = in_infos[0] if in_infos else None
@@ -228,12 +244,9 @@ def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
     xc = fc.codes(args, kwargs, plan.acts[0], info)
     xs, in_dt = float(info.scale), info.dtype
     observed = sim.observed_range(call.name, "in0")
-    if (
-        call.op_type in ("sin", "cos")
-        and p.sincos_period_reduction
-        and needs_period_reduction(xs, in_dt)
-    ):
-        xc, xs = period_reduce(xc, xs, in_dt, p.fake_round)
+    reduced = _period_reduced(sim, call, rq, xc, xs, in_dt)
+    if reduced is not None:
+        xc, xs = reduced
         observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)
     spec = _lut_spec(call, rq)
@@ -246,10 +259,48 @@ def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
         spec,
         p.lut_format(),
         observed,
-        _calibrated_histogram(sim, call, spec, reduced=xs != float(info.scale)),
+        _calibrated_histogram(sim, call, spec, reduced=reduced is not None),
     )
-    codes = lut.evaluate(xc.to(in_dt.torch_dtype))
-    return fc.emit(codes, so, out)
+    return lut, xc.to(in_dt.torch_dtype), xs, so
+
+
+def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
+    if t is None:
+        return None
+    lut, xc, _, so = t
+    return fc.emit(lut.evaluate(xc), so, rq.output_dtype)
+
+
+DEPLOYED_CATEGORIES = frozenset({OpCategory.LUT, OpCategory.SOFTMAX})
+"""Ops that FakeOps.DEPLOYED and Mode.HYBRID compute as deployed: segment-LUT ops."""
+
+
+def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
+    """(value, QInfo) of a segment-LUT op as FIXED computes it from the (fake-quantized) input,
+    or None where the integer table does not apply. When a gradient is recorded: a LUT op's
+    gradient is its table's own slope (``numerics.lut.segment_slope``), d out / d in in real
+    units; softmax's is the float softmax's."""
+    from quantlab.numerics.lut.slope import segment_slope
+    from quantlab.simulate import calls
+    from quantlab.simulate.straight_through import through
+
+    x = A.get(args, kwargs, plan.acts[0]) if plan.acts else None
+    grad = torch.is_grad_enabled() and isinstance(x, Tensor) and x.requires_grad
+    if call.category is OpCategory.SOFTMAX:
+        res = _softmax(sim, call, plan, args, kwargs, in_infos, None, rq)
+        if res is None or not grad:
+            return res
+        return through(calls.out_of_place(call)(*args, **kwargs), res[0]), res[1]
+    t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
+    if t is None:
+        return None
+    lut, xc, xs, so = t
+    value, info = fc.emit(lut.evaluate(xc), so, rq.output_dtype)
+    if not grad:
+        return value, info
+    slope = segment_slope(lut, xc) * (float(so) / xs)
+    return through(x, value, slope.to(torch.float32)), info
 
 
 def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):

@@ -47,16 +47,25 @@ def find_fusions(order: list, infos: dict, chain: dict, fused_into: dict) -> Non
 
 
 def fold_batch_norm(
-    cache: dict, name: str, w: Tensor, b: Tensor | None, bn: tuple
-) -> tuple[nn.Parameter, Tensor]:
+    cache: dict, name: str, w: Tensor, b: Tensor | None, bn: tuple, grad: bool = False
+) -> tuple[Tensor, Tensor]:
     """(w', b') with w' = w * g / sqrt(var + eps) per output channel and
     b' = (b - mean) * g / sqrt(var + eps) + beta, float32 (the QAT fused conv-bn).
 
     ``bn`` = (running_mean, running_var, weight g, bias beta, eps); cached in ``cache[name]``
     while the same tensors (held by the entry, compared by identity, never by ``id()``) keep
-    their ``_version`` and eps its value.
+    their ``_version`` and eps its value. ``grad``: the same arithmetic on the live tensors,
+    uncached, so that gradients reach w, b, g and beta (training runs).
     """
     mean, var, g, beta, eps = bn
+    if grad:
+        k = torch.rsqrt(var.float() + eps)
+        if g is not None:
+            k = k * g.float()
+        wf = w * k.reshape([-1] + [1] * (w.dim() - 1))
+        b0 = b if b is not None else torch.zeros_like(mean, dtype=torch.float32)
+        bf = (b0 - mean) * k + (beta if beta is not None else 0.0)
+        return wf, bf.float()
     parts = (w, b, mean, var, g, beta)
     versions = tuple(t._version if isinstance(t, Tensor) else None for t in parts)
     hit = cache.get(name)

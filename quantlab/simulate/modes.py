@@ -11,11 +11,14 @@ from typing import Any
 class Mode(enum.Enum):
     """FLOAT: the model as written. FAKE: QAT numerics (exact float functions on fake-quantized
     tensors, float16 fake casts). FIXED: deployed numerics (integer GEMM + requantization,
-    segment LUTs, int16 grids, period reduction)."""
+    segment LUTs, int16 grids, period reduction). HYBRID: the vendor's ``ptq.onnx`` stage:
+    segment-LUT ops (``fixed_ops.DEPLOYED_CATEGORIES``: sigmoid, tanh, exp, ..., sin/cos with
+    the platform's period handling, softmax) as FIXED computes them, every other op as FAKE."""
 
     FLOAT = "float"
     FAKE = "fake"
     FIXED = "fixed"
+    HYBRID = "hybrid"
 
     @classmethod
     def parse(cls, value: Mode | str) -> Mode:
@@ -25,6 +28,29 @@ class Mode(enum.Enum):
             if isinstance(value, str) and value in (m.name, m.value):
                 return m
         raise ValueError(f"unknown mode {value!r}; allowed: {', '.join(m.name for m in cls)}")
+
+
+class FakeOps(enum.Enum):
+    """How FAKE mode computes segment-LUT ops (a ``Simulator`` option).
+
+    QAT: the exact float function, then output fake quant (what QAT frameworks compute).
+    DEPLOYED: the deployed segment table of the op's dividing strategy (integer table values,
+    the platform's sin/cos period handling): forward values equal FIXED mode's for the op's
+    input; the gradient is the table's own piecewise-linear slope (deployment-aware QAT)."""
+
+    QAT = "qat"
+    DEPLOYED = "deployed"
+
+
+class ScaleTraining(enum.Enum):
+    """What training does with activation scales (``Simulator.train_step``).
+
+    FIXED: the calibrated scales stay frozen (the vendor's fixed-scale QAT); LEARNED: each
+    calibrated activation scale becomes a parameter trained by LSQ's gradient (points with
+    ``observer: FIXED`` keep their fixed scale)."""
+
+    FIXED = "fixed"
+    LEARNED = "learned"
 
 
 class View(enum.Enum):

@@ -10,6 +10,7 @@ part of the fake-vs-fixed gap.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
@@ -72,3 +73,23 @@ def fake_grid(platform, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
         NanRule.ZERO_CODE,
     )
     A.put(args, kwargs, plan.acts[1], fq)
+
+
+def fake_single_period(platform, args: list, kwargs: dict, plan: A.ArgPlan, info) -> None:
+    """QAT of the plugin's ``single_period`` sin/cos: an integer input wider than one period
+    is reduced to one period by the exporter's steps (``numerics.periodic.period_reduce``)
+    before the exact function; the gradient passes straight through (d x' / d x = 1)."""
+    from quantlab.numerics.periodic import needs_period_reduction, period_reduce
+    from quantlab.numerics.quantize import dequantize
+    from quantlab.simulate.straight_through import through
+
+    if info is None or not info.dtype.is_int or info.dtype.bits > 16:
+        return
+    x = A.get(args, kwargs, plan.acts[0])
+    if not A.is_float_tensor(x) or not needs_period_reduction(float(info.scale), info.dtype):
+        return
+    codes, scale = period_reduce(
+        info.codes_of(x), float(info.scale), info.dtype, platform.fake_round
+    )
+    value = dequantize(codes.to(torch.int64), torch.tensor(scale, dtype=torch.float32))
+    A.put(args, kwargs, plan.acts[0], through(x, value))

@@ -32,6 +32,7 @@ from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_fake_quant
 from quantlab.simulate.qtensor import QInfo
+from quantlab.simulate.straight_through import learned_scale, range_mask, through
 
 
 class QuantizationState:
@@ -79,7 +80,22 @@ class QuantizationState:
             amax = obs.amax(rq, dtype, self.platform.scale_rule, self.platform.fake_round)
             s = compute_scale(amax, dtype, self.platform.scale_rule)
         self._scale_cache[ck] = s
-        return s
+        learned = self._learned_scale(ck, s, rq)
+        return s if learned is None else learned.detach().clamp_min(_MIN_SCALE)
+
+    def _learned_scale(self, ck: tuple, s: Tensor, rq: ResolvedQConfig):
+        """The trained scale parameter of activation point ``ck`` under ScaleTraining.LEARNED
+        (made from the calibrated ``s`` in the first gradient run that reaches it), else None."""
+        if self._learned_scales is None or rq.observer is ObserverKind.FIXED:
+            return None
+        p = self._learned_scales.get(ck)
+        if p is None and self._state is not None and self._state.grad:
+            p = torch.nn.Parameter(s.detach().clone())
+            self._learned_scales[ck] = p
+        return p
+
+    def _recording_grad(self) -> bool:
+        return self._state is not None and self._state.grad
 
     def act_zero_point(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> int:
         """Zero point of activation point ``name/key`` at integer ``dtype``: 0 unless the op is
@@ -177,7 +193,10 @@ class QuantizationState:
                 values[key] = dequantize(codes, s, axis=axis)
             else:
                 lo = -dtype.qmax if self.platform.weight_narrow_range else None
-                values[key] = qat_fake_quant(w, s, dtype, self.platform.fake_round, axis, lo)
+                w0 = w.detach() if self._recording_grad() else w
+                values[key] = qat_fake_quant(w0, s, dtype, self.platform.fake_round, axis, lo)
+        if self._recording_grad():  # straight through to the float weight (FAKE and FIXED)
+            return through(w, values[key])
         return values[key]
 
     def bias_value(self, bias: Tensor, x_scale: Tensor, w_scale: Tensor) -> Tensor:
@@ -188,6 +207,8 @@ class QuantizationState:
         fl32(x_scale * w_scale) in float32 (a QDQ graph's DequantizeLinear)."""
         if self.platform.bias_float:
             return bias
+        if self._recording_grad():
+            return through(bias, self.bias_value(bias.detach(), x_scale.detach(), w_scale))
         codes = quantize_bias(bias, x_scale, w_scale)
         unit = acc_scale(x_scale, w_scale)
         return dequantize(codes, unit, axis=0 if unit.dim() == 1 else None)
@@ -213,11 +234,25 @@ class QuantizationState:
             return self.cast_float(name, x, dtype), QInfo(dtype)
         s = self.act_scale(name, key, dtype, rq)
         zp = self.act_zero_point(name, key, dtype, rq)
+        if mode is not Mode.FIXED and self._recording_grad():
+            y = qat_fake_quant(
+                x.detach(), s, dtype, self.platform.fake_round, bounds=bounds, zero_point=zp
+            )
+            ck = (name, key, dtype, observer_key(rq))
+            p = self._learned_scale(ck, s, rq)
+            lo, hi = dtype.qmin - zp, dtype.qmax - zp  # the code range around the zero point
+            if p is not None:
+                return learned_scale(x, p, y, lo, hi), QInfo(dtype, s, zero_point=zp)
+            mask = range_mask(x, s, lo, hi, bounds)
+            return through(x, y, mask), QInfo(dtype, s, zero_point=zp)
         if mode is not Mode.FIXED:
             y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds, zero_point=zp)
             return y, QInfo(dtype, s, zero_point=zp)
         codes = quantize(x, s, dtype, self.platform.fake_round, zero_point=zp)
         return dequantize(codes, s, zero_point=zp), QInfo(dtype, s, codes, zp)
+
+
+_MIN_SCALE = 1e-30  # a learned scale is kept positive
 
 
 def _same_key(a: tuple, b: tuple) -> bool:

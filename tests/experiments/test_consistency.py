@@ -59,10 +59,17 @@ def test_findings_tables_and_report(result, tmp_path):
     )
     assert res.tables["by_op_type"].ops.sum() == len(res.table) // 2
     out = res.tables["model_output"]
-    assert list(out.compared) == ["FAKE", "FIXED", "FIXED"]
+    assert list(out.compared) == ["FAKE", "FIXED", "FIXED", "HYBRID", "FIXED"]
+    split = res.tables["export_gap_split"].set_index("gap")
+    assert list(split.index) == ["export gap (all)", "LUT error", "requantization error"]
+    assert list(split.reference) == ["FAKE", "FAKE", "HYBRID"]
+    # the toy's softmax / gelu tables and its integer kernels each give part of the gap
+    assert split.loc["LUT error"].max_abs > 0 and split.loc["requantization error"].max_abs > 0
+    assert any("LUT error (fake vs hybrid)" in f for f in res.findings)
     path = write_report(res, tmp_path, "python -m quantlab +exp=consistency", "exp: {}\n")
     text = path.read_text()
     assert "sqnr_along_depth.png" in text and (tmp_path / "sqnr_along_depth.png").exists()
+    assert (tmp_path / "export_gap_split.png").exists()
 
 
 def test_schema_rejects_same_modes():
