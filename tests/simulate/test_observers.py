@@ -234,7 +234,7 @@ def test_platform_default_observers_and_an_overridden_one():
     from quantlab.simulate.profiles import platform_config
 
     for name in ("j6e", "j6m", "j6b", "j6h", "j6p"):
-        assert platform_config(name).default_observer is ObserverKind.MSE_POOLED
+        assert platform_config(name).default_observer is ObserverKind.MSE  # the vendor's
     for name in ("tflite", "onnxruntime"):
         assert platform_config(name).default_observer is ObserverKind.GLOBAL_MINMAX
     p = dataclasses.replace(PlatformConfig(name="j6m"), default_observer=ObserverKind.KL)
