@@ -151,8 +151,8 @@ def test_set_qconfig_switches_histogram_methods_without_a_new_calibration():
         sim.set_qconfig(QConfigSpec(global_=rule))
         scales[method] = float(sim.act_scale(name, "in0", DType.INT8, sim.qconfig_of(name)))
     assert len(set(scales.values())) == len(scales)  # four methods, four scales
-    sim.set_qconfig(QConfigSpec(global_=OpQConfig(observer="MSE")))  # per batch, not gathered
-    with pytest.raises(ValueError, match="MSE at INT8 needs statistics gathered"):
+    sim.set_qconfig(QConfigSpec(global_=OpQConfig(observer="MIX")))  # per batch, not gathered
+    with pytest.raises(ValueError, match="MIX at INT8 needs statistics gathered"):
         sim.act_scale(name, "in0", DType.INT8, sim.qconfig_of(name))
 
 
