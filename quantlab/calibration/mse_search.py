@@ -33,9 +33,11 @@ outer edges) is summed exactly from the tails; the rest costs between 0 and s_i*
 value. C_i never decreases with i, so the candidates whose C_i exceeds the best upper bound are
 dropped without evaluation; the others are evaluated directly.
 
-Either way the candidates that the bounds cannot separate from the best are evaluated directly
-and the lowest wins (ties: the larger i). The result is the exact rule's choice whenever the
-exact best error is separated from the next by more than the direct evaluation's rounding.
+A small batch (candidates x values <= DIRECT_ELEMENTS) is evaluated directly for every
+candidate at once. Otherwise the candidates that the bounds cannot separate from the best are
+evaluated directly and the lowest wins (ties: the larger i). The result is the exact rule's
+choice whenever the exact best error is separated from the next by more than the direct
+evaluation's rounding.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from quantlab.numerics import DType, Round, ScaleRule, compute_scale, round_floa
 from quantlab.numerics.rounding import round_float_
 
 UNIT = 2.0**-53  # float64 unit roundoff
-CHUNK = 16  # candidates evaluated at once over the occupied intervals
 BUCKET_RATIO = 4  # intervals pay off from this many values per cell edge of all candidates
+CHUNK = 16  # candidates evaluated at once over the occupied intervals
+DIRECT_ELEMENTS = 1 << 21  # candidates x values evaluated directly in one block
 
 
 def best_candidate(
@@ -64,7 +67,9 @@ def best_candidate(
     k = scales.numel()
     if x64.numel() == 0:
         return k - 1, torch.zeros(k, dtype=torch.float64)
-    if BUCKET_RATIO * k * (dtype.qmax - dtype.qmin) <= x64.numel():
+    if k * x64.numel() <= DIRECT_ELEMENTS:  # small batch: every candidate at once
+        errs = direct_errors(x64, scales, list(range(k)), dtype, rounding)
+    elif BUCKET_RATIO * k * (dtype.qmax - dtype.qmin) <= x64.numel():
         errs, bound = bucket_errors(x64, scales, dtype, rounding)
         contenders = torch.nonzero(errs - bound <= (errs + bound).min()).reshape(-1)
         if contenders.numel() > 1:
@@ -80,16 +85,16 @@ def best_candidate(
 def direct_errors(
     x64: Tensor, scales: Tensor, indices: list[int], dtype: DType, rounding: Round
 ) -> Tensor:
-    """E_i of the candidates ``indices``, one pass each over the float64 values (exact cells
-    and residuals; float64 squares and sum)."""
-    buf = torch.empty_like(x64)
+    """E_i of the candidates ``indices``, over the float64 values (exact cells and residuals;
+    float64 squares and sum), as many candidates at once as DIRECT_ELEMENTS allows."""
+    per = max(1, DIRECT_ELEMENTS // max(1, x64.numel()))
+    row = x64.reshape(1, -1)
     out = []
-    for i in indices:
-        s = float(scales[i])
-        torch.div(x64, s, out=buf)
-        round_float_(buf, rounding).clamp_(dtype.qmin, dtype.qmax).mul_(s).sub_(x64)
-        out.append(float(torch.dot(buf, buf)))
-    return torch.tensor(out, dtype=torch.float64)
+    for start in range(0, len(indices), per):
+        s = scales[indices[start : start + per]].reshape(-1, 1)
+        r = round_float_(row / s, rounding).clamp_(dtype.qmin, dtype.qmax).mul_(s).sub_(row)
+        out.append(r.square_().sum(1))
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
 def _intervals(scales: Tensor, dtype: DType) -> Tensor:
@@ -145,21 +150,34 @@ def pruned_errors(x64: Tensor, scales: Tensor, dtype: DType, rounding: Round) ->
     """
     xs = torch.sort(x64).values
     n_all = xs.numel()
-    lower, upper = [], []
-    best_upper = float("inf")
-    for i in range(scales.numel()):
-        s = float(scales[i])
-        lo = int(torch.searchsorted(xs, (dtype.qmin - 0.5) * s))  # values below the lower edge
-        hi = int(torch.searchsorted(xs, (dtype.qmax + 0.5) * s, right=True))
-        below, above = xs[:lo] - dtype.qmin * s, xs[hi:] - dtype.qmax * s
-        clip = float(torch.dot(below, below) + torch.dot(above, above))
-        clip_low = clip * (1.0 - (n_all + 1) * UNIT)  # its own rounding
-        if clip_low > best_upper:
-            break
-        lower.append(clip_low)
-        up = (clip + (hi - lo) * s * s / 4.0) * (1.0 + (n_all + 4) * UNIT)
-        upper.append(up)
-        best_upper = min(best_upper, up)
+    lo_cut = torch.searchsorted(xs, (dtype.qmin - 0.5) * scales)  # values below the lower edge
+    hi_cut = torch.searchsorted(xs, (dtype.qmax + 0.5) * scales, right=True)
+    n_low, n_high = int(lo_cut.max()), int(hi_cut.min())
+    if (n_low + n_all - n_high) * scales.numel() <= DIRECT_ELEMENTS:  # every tail at once
+        s = scales.reshape(-1, 1)
+        below = xs[:n_low].reshape(1, -1) - dtype.qmin * s
+        above = xs[n_high:].reshape(1, -1) - dtype.qmax * s
+        in_low = torch.arange(n_low).reshape(1, -1) < lo_cut.reshape(-1, 1)
+        in_high = torch.arange(n_high, n_all).reshape(1, -1) >= hi_cut.reshape(-1, 1)
+        clip = (below.square() * in_low).sum(1) + (above.square() * in_high).sum(1)
+        rest = (hi_cut - lo_cut).to(torch.float64)
+        lower = (clip * (1.0 - (n_all + 1) * UNIT)).tolist()
+        upper = ((clip + rest * scales * scales / 4.0) * (1.0 + (n_all + 4) * UNIT)).tolist()
+        best_upper = min(upper)
+    else:
+        lower, upper = [], []
+        best_upper = float("inf")
+        for i in range(scales.numel()):
+            s, lo, hi = float(scales[i]), int(lo_cut[i]), int(hi_cut[i])
+            below, above = xs[:lo] - dtype.qmin * s, xs[hi:] - dtype.qmax * s
+            clip = float(torch.dot(below, below) + torch.dot(above, above))
+            clip_low = clip * (1.0 - (n_all + 1) * UNIT)  # its own rounding
+            if clip_low > best_upper:  # C_j >= C_i for every later j: none can be the best
+                break
+            lower.append(clip_low)
+            up = (clip + (hi - lo) * s * s / 4.0) * (1.0 + (n_all + 4) * UNIT)
+            upper.append(up)
+            best_upper = min(best_upper, up)
     keep = [i for i, low in enumerate(lower) if low <= best_upper]
     errs = torch.full((scales.numel(),), float("inf"), dtype=torch.float64)
     errs[keep] = direct_errors(x64, scales, keep, dtype, rounding)
