@@ -112,3 +112,48 @@ def test_finish_gemm_constants_are_keyed_by_value_not_by_object():
     want = _reference_finish(acc, 0.02, np.full(5, 0.01, np.float32), bias, 0.3, 1)
     assert_bits_equal(b.to(torch.int64), want)
     assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
+@pytest.mark.parametrize("scales", [(0.5, 0.5, 1.0), (0.02, 0.0037, 0.05), (0.9, 0.7, 1e-3)])
+def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypatch):
+    # the float64 passes run only while (max|acc| * max q + max|offset|) <= 2**53; at the limit,
+    # on rounding ties (scales 0.5 * 0.5 / 1: every acc = 2 mod 4 is a tie) and past the limit
+    # (int64 passes) the codes are the general form's and the reference's
+    calls = []
+    real_float64 = finish_mod._finish_float64
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return real_float64(*a, **kw)
+
+    monkeypatch.setattr(finish_mod, "_finish_float64", spy)
+    xs, ws, so = (torch.tensor(v) for v in scales)
+    g = torch.Generator().manual_seed(7)
+    bias = torch.tensor([0.37])
+    k = finish_mod._constants(xs, ws, bias, so, out, J6)
+    limit = k.float_limit
+    assert limit > 0
+    near = torch.tensor([limit, -limit, limit - 1, 1 - limit, 0, 1, -1, 2, -2, 6, -6])
+    rnd = torch.randint(-limit, limit + 1, (3000,), generator=g)
+    ties = torch.arange(-4002, 4003, 4)
+    for values, float_path in ((torch.cat([near, rnd, ties]), True), (near + limit, False)):
+        if float_path is False and int(values.abs().max()) + k.bias_max >= 1 << 31:
+            values = values.clamp(-(1 << 30), 1 << 30)
+            float_path = int(values.abs().max()) <= limit
+        acc = values.reshape(-1, 1)
+        calls.clear()
+        got = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, sum_bound=None)
+        assert bool(calls) is float_path
+        general = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
+        assert_bits_equal(got, general, inputs={"acc": acc})
+        for clamp in ((0, out.qmax), (3, 90), (-5, 40)):  # fused relus: lo >= 0 truncates
+            calls.clear()
+            got_c = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, clamp_codes=clamp)
+            assert bool(calls) is float_path
+            want_c = general.to(torch.int64).clamp_min(clamp[0]).clamp_max(clamp[1])
+            assert_bits_equal(got_c.to(torch.int64), want_c, inputs={"acc": acc})
+        real = np.float64(np.float32(xs)) * np.float64(np.float32(ws)) / np.float64(np.float32(so))
+        a = acc.numpy().astype(np.int64) + ref.quantize_bias(bias, xs, ws).reshape(1, -1)
+        want = ref.requantize(a, np.array([real]), Requant.MUL_SHIFT, out, Round.HALF_UP, 1)
+        assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))

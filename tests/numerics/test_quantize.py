@@ -174,3 +174,49 @@ def test_quantize_range_outside_the_dtype_or_empty_is_rejected():
         quantize(x, 1.0, DType.INT16, qmin=5, qmax=3)
     q = quantize(x, 1.0, DType.INT8, qmin=-127, qmax=100)  # a narrower range inside is fine
     assert q.tolist() == [1, 100, -127]
+
+
+def _fake_quant_by_reciprocal_passes(x, s, lo, hi):
+    """The BY_RECIPROCAL per-tensor rule written out pass by pass (float32 throughout)."""
+    r = torch.ones((), dtype=torch.float32) / torch.tensor(s, dtype=torch.float32)
+    q = torch.round(x.to(torch.float32) * r)
+    return q.clamp(lo, hi).add(0.0).mul(torch.tensor(s, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("dt", INTS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fake_quant_by_reciprocal_one_pass_equals_the_passes(dt, seed, monkeypatch):
+    # per tensor, HALF_EVEN: the fused one-pass kernel gives the bits of the five passes, on
+    # random values, exact ties of the scaled value, signed zeros, subnormals, saturation and
+    # infinities; a NaN anywhere keeps the passes (NaN stays NaN)
+    from quantlab.numerics.quantize import Divide
+
+    fused = []
+    kernel = torch.fake_quantize_per_tensor_affine
+    monkeypatch.setattr(
+        torch, "fake_quantize_per_tensor_affine", lambda *a: fused.append(1) or kernel(*a)
+    )
+    g = torch.Generator().manual_seed(seed)
+    for i in range(40):
+        s = float(torch.tensor(float(torch.rand(1, generator=g)) * 10.0 ** (-4 + 5 * seed / 2)))
+        s = float(torch.tensor(s, dtype=torch.float32))
+        n = 5000
+        x = torch.randn(n, generator=g) * s * float(torch.randint(1, 400, (1,), generator=g))
+        x[:1500] = torch.randint(-700, 700, (1500,), generator=g).to(torch.float32) * (s / 2)
+        inf = math.inf if i % 2 else -math.inf  # +inf with -inf sums to NaN: the passes
+        x[1500:1508] = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3e38, -3e38, inf, inf])
+        for bounds, lo, hi in ((None, dt.qmin, dt.qmax), ((0.0, 6.0), 0, None)):
+            st = torch.tensor(s, dtype=torch.float32)
+            got = fake_quant(x, st, dt, divide=Divide.BY_RECIPROCAL, bounds=bounds)
+            if hi is None:
+                r = float(torch.ones((), dtype=torch.float32) / torch.tensor(s))
+                hi = min(dt.qmax, int(torch.round(torch.tensor(6.0) * r)))
+            want = _fake_quant_by_reciprocal_passes(x, s, lo, hi)
+            assert_bits_equal(got.view(torch.int32), want.view(torch.int32))
+    assert len(fused) == 80
+    x[7] = math.nan
+    got = fake_quant(x, torch.tensor(s), dt, divide=Divide.BY_RECIPROCAL)
+    assert len(fused) == 80
+    assert math.isnan(float(got[7]))
+    want = _fake_quant_by_reciprocal_passes(x, s, dt.qmin, dt.qmax)
+    assert_bits_equal(got.view(torch.int32), want.view(torch.int32))

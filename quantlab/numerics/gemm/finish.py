@@ -9,8 +9,13 @@ Fast form (MUL_SHIFT with HALF_UP, every right shift n >= 1, no statistics reque
 the exact sums and the bias cannot leave int32 (``sum_bound + max|bias| < 2**31``) the
 accumulator contract changes nothing and the bias joins the rounding offset,
 ``(acc + b) * q + 2**(n-1) = acc * q + (b * q + 2**(n-1))`` (exact integers), so
-requantization is four in-place passes over channel chunks of at most ``CHUNK_ELEMENTS``
-int64 values. It gives the bits of the general form (tests).
+requantization is a few in-place passes over channel chunks of at most ``CHUNK_ELEMENTS``
+values. The passes run in float64 when every ``acc * q + offset`` is an integer below 2**53
+in magnitude (``(max|acc| + max|bias|) * max q + 2**(max n - 1) <= 2**53``, checked against
+``sum_bound`` and, if that is too loose, the measured ``max|acc|``): then ``acc * (q * 2**-n)``
+and ``offset * 2**-n`` are exact dyadic values whose sum is exact, and ``floor`` of it is
+``(acc * q + offset) >> n``. Otherwise they run in int64 (shift and add). Both give the bits
+of the general form (tests).
 """
 
 from __future__ import annotations
@@ -111,6 +116,9 @@ class _FinishConstants:
     shift: Tensor | None  # fast form: right shift n (int64, 0-d or 1-d)
     offset: Tensor | None  # fast form: 2**(n-1)
     offset_with_bias: Tensor | None  # fast form: 2**(n-1) + bias * multiplier
+    float_step: Tensor | None  # fast form in float64: q * 2**-n (exact)
+    float_offset: Tensor | None  # fast form in float64: offset_with_bias * 2**-n (exact)
+    float_limit: int  # fast form in float64: max|acc| must not exceed this (-1: never)
 
 
 _CONSTANTS: dict[tuple, _FinishConstants] = {}
@@ -145,6 +153,8 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
     )
     bmax = int(b.abs().max()) if b is not None and b.numel() else 0
     params = shift = offset = offset_b = None
+    step_f = offset_f = None
+    limit_f = -1
     fast = False
     if out_dtype in (DType.INT8, DType.UINT8, DType.INT16):
         if out_scale is None:
@@ -160,6 +170,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         if fast:
             shift, offset = n, half_up_offset(n)
             offset_b = offset if b is None else offset + b * params.multiplier
+            step_f, offset_f, limit_f = _float_form(params.multiplier, n, offset_b)
     elif out_dtype in (DType.INT32, DType.FLOAT32):
         acc_scale(x_scale, w_scale)  # validates the scales
     else:
@@ -167,11 +178,33 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
             f"out_dtype must be INT8, UINT8, INT16, INT32 or FLOAT32 for a quantized GEMM, "
             f"got {out_dtype.name}"
         )
-    value = _FinishConstants(params, b, bmax, fast, shift, offset, offset_b)
+    value = _FinishConstants(
+        params, b, bmax, fast, shift, offset, offset_b, step_f, offset_f, limit_f
+    )
     if len(_CONSTANTS) >= CACHE_LIMIT:
         _CONSTANTS.clear()
     _CONSTANTS[key] = value
     return value
+
+
+FLOAT64_EXACT = 1 << 53  # every integer of magnitude <= 2**53 is a float64
+
+
+def _float_form(q: Tensor, n: Tensor, offset: Tensor):
+    """float64 constants of the fast form, and the largest max|acc| for which they are exact.
+
+    ``q * 2**-n`` and ``offset * 2**-n`` are exact (power-of-two scalings of integers of
+    magnitude <= 2**53; 1 <= n <= 62 keeps them normal). With ``|acc| <= limit``,
+    ``|acc * q| + |offset| <= limit * max q + max|offset| <= 2**53``, so the product, the sum
+    and the scaling are exact and ``floor`` equals the arithmetic shift. (None, None, -1) when
+    no acc qualifies.
+    """
+    q_max, off_max = int(q.max()), int(offset.abs().max())
+    if q_max <= 0 or int(n.max()) > 62 or off_max > FLOAT64_EXACT:
+        return None, None, -1
+    scale = torch.pow(2.0, -n.to(torch.float64))
+    step = q.to(torch.float64) * scale
+    return step, offset.to(torch.float64) * scale, (FLOAT64_EXACT - off_max) // q_max
 
 
 def _along(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
@@ -248,6 +281,14 @@ def finish_gemm(
     return codes
 
 
+def _channel_chunks(acc: Tensor, ax: int):
+    """(first channel, channel count) of chunks of at most ~``CHUNK_ELEMENTS`` values."""
+    channels = acc.shape[ax]
+    step = max(1, CHUNK_ELEMENTS // max(1, acc.numel() // max(channels, 1)))
+    for c0 in range(0, channels, step):
+        yield c0, min(step, channels - c0)
+
+
 def _narrow(t: Tensor, ax: int, c0: int, cn: int) -> Tensor:
     return t.narrow(ax, c0, cn) if t.dim() > 0 and t.shape[ax] > 1 else t
 
@@ -269,15 +310,18 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
             acc.add_(_along(k.bias, acc, channel_axis, "bias"))
         acc, _ = accumulate(acc, contract.accumulator, contract.accumulator_overflow)
         offset, reuse_acc = k.offset, True
+    elif k.float_limit >= 0 and acc.numel():
+        if sum_bound > k.float_limit:  # the stated bound is too loose: measure
+            a_lo, a_hi = torch.aminmax(acc)
+            sum_bound = int(max(-float(a_lo), float(a_hi)))
+        if sum_bound <= k.float_limit:
+            return _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc)
     ax = channel_axis % acc.dim()
     q = _along(k.params.multiplier, acc, ax, "w_scale")
     n = _along(k.shift, acc, ax, "w_scale")
     off = _along(offset, acc, ax, "bias")
     codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
-    channels = acc.shape[ax]
-    step = max(1, CHUNK_ELEMENTS // max(1, acc.numel() // max(channels, 1)))
-    for c0 in range(0, channels, step):
-        cn = min(step, channels - c0)
+    for c0, cn in _channel_chunks(acc, ax):
         part = acc.narrow(ax, c0, cn)
         if part.dtype != torch.int64:
             part = part.to(torch.int64)
@@ -285,5 +329,28 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
             part = part.clone()
         part.mul_(_narrow(q, ax, c0, cn))
         rshift_round_half_up_(part, _narrow(n, ax, c0, cn), _narrow(off, ax, c0, cn))
+        codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
+    return codes
+
+
+def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
+    """The fast form in float64 (``_float_form`` proves it exact for this ``acc``): per
+    channel chunk, ``floor(acc * (q * 2**-n) + offset * 2**-n)`` clamped to [lo, hi] (for
+    lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes)."""
+    ax = channel_axis % acc.dim()
+    step = _along(k.float_step, acc, ax, "w_scale")
+    off = _along(k.float_offset, acc, ax, "bias")
+    codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
+    for c0, cn in _channel_chunks(acc, ax):
+        part = acc.narrow(ax, c0, cn)
+        if part.dtype != torch.float64:
+            part = part.to(torch.float64)
+        elif not reuse_acc:
+            part = part.clone()
+        part.mul_(_narrow(step, ax, c0, cn)).add_(_narrow(off, ax, c0, cn))
+        if lo < 0:
+            part.floor_()
+        # clamp commutes with floor (integer bounds); with lo >= 0 the conversion's truncation
+        # of the clamped values is their floor
         codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
     return codes
