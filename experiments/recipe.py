@@ -11,6 +11,7 @@ cost, raised ops); the cheapest one that meets the target is the product.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
@@ -19,6 +20,7 @@ from quantlab.analysis.recipe import Direction, RecipeResult, RecipeTarget, run_
 from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.qconfig import QConfigSpec
 from quantlab.report import QCONFIG_DIR, Plot, PlotKind
 from quantlab.simulate import Mode, Simulator
 
@@ -53,6 +55,10 @@ class RecipeExp:
     mode: Mode = Mode.FIXED  # the mode each configuration is evaluated in
     merge_batches: bool = True
     cache_dir: str | None = ".quantlab_cache"
+    # a published +exp=calibration folder: the recipe starts from the calibration it found best
+    # for this model (the highest output SQNR in exp.mode; a per-op choice is its qconfig file),
+    # unless the qconfig group names a file or preset; null: the qconfig group's choice alone
+    start_calibration: str | None = "reports/calibration"
 
     def __post_init__(self) -> None:
         self.target()  # exactly one target, finite
@@ -75,7 +81,9 @@ register_schema("exp", "recipe_schema", RecipeExp)
 
 @experiment(RecipeExp, "recipe")
 def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.workload import load_workload, qconfig_words, start_spec
+    from quantlab.qconfig import check_matches
+    from quantlab.qconfig_presets import QConfigPreset
+    from quantlab.workload import load_workload, model_ops, qconfig_words, start_spec
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     batches = merge_batches(data.eval) if exp.merge_batches else list(data.eval)
@@ -87,6 +95,18 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             "cannot be judged; use exp.min_sqnr_db"
         )
     base = start_spec(ctx.qconfig, platform, bundle.module, data.calib[0])
+    start_words = qconfig_words(ctx.qconfig)
+    own = ctx.qconfig is not None and ctx.qconfig.preset is not QConfigPreset.DEFAULT
+    if exp.start_calibration is not None and not own:
+        found = best_calibration(exp.start_calibration, bundle.name, exp.mode)
+        if found is not None:
+            base, start_words = found
+            check_matches(base, model_ops(bundle.module, platform, data.calib[0]), start_words)
+        else:
+            start_words += (
+                f" ({exp.start_calibration}/results.csv has no {exp.mode.name} row for "
+                f"{bundle.name})"
+            )
     run = analyze(
         bundle.module,
         platform,
@@ -163,17 +183,17 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
     header = (
         f"chosen by +exp=recipe for {bundle.name} on platform {platform.name}: step "
         f"{product.step} ({product.direction}), {len(product.raised)} raises; {verdict} the "
-        f"target {goal}; starting from {qconfig_words(ctx.qconfig)}"
+        f"target {goal}; starting from {start_words}"
     )
     return ExperimentResult(
         table=path,
         title=f"Precision recipe for {bundle.name} on {platform.name}",
-        findings=_findings(res, path, goal, platform, task),
+        findings=[f"Calibration: {start_words}.", *_findings(res, path, goal, platform, task)],
         tables=tables,
         plots=plots,
         qconfigs={QCONFIG_FILE: (product.spec, header)},
         notes=[
-            f"Starting configuration: {qconfig_words(ctx.qconfig)}; the chosen configuration "
+            f"Starting configuration: {start_words}; the chosen configuration "
             f"is {QCONFIG_DIR}/{QCONFIG_FILE}, to pass back with qconfig=file "
             f"qconfig.path=<this folder>/{QCONFIG_DIR}/{QCONFIG_FILE}.",
             "Flow (seed 004 l.55-93): "
@@ -195,6 +215,37 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             "summed over the evaluation items and ops.",
         ],
     )
+
+
+def best_calibration(folder: str, model: str, mode: Mode) -> tuple[QConfigSpec, str] | None:
+    """(the qconfig of the best calibration a published +exp=calibration ``folder`` found for
+    ``model`` in ``mode``: highest output SQNR; words naming it), or None if it has no row
+    (or no results.csv).
+
+    A per-op choice (observer ``PER_OP/<TARGET>``) is its qconfig file in ``folder``/qconfig; a
+    single rule is that observer for every op."""
+    from quantlab.calibration.choice import ObserverChoice
+    from quantlab.qconfig import load
+
+    table = Path(folder) / "results.csv"
+    if not table.is_file():
+        return None
+    rows = pd.read_csv(table)
+    rows = rows[(rows["model"] == model) & (rows["mode"] == mode.name)]
+    if rows.empty:
+        return None
+    best = rows.loc[rows["output_sqnr_db"].idxmax()]
+    where = (
+        f"the best calibration {folder} found for {model} on {best['platform']} in "
+        f"{mode.name} mode, {best['observer']} ({best['output_sqnr_db']:.2f} dB output SQNR "
+        f"there)"
+    )
+    label = str(best["observer"])
+    if label.startswith("PER_OP/"):
+        target = label.split("/", 1)[1].lower()
+        path = Path(folder) / QCONFIG_DIR / f"per_op_{model}_{target}.yaml"
+        return load(path), f"{where}: qconfig=file ({path})"
+    return QConfigSpec(global_=ObserverChoice.parse(label).rule()), f"{where}: observer {label}"
 
 
 def _flow(platform) -> list[Direction]:

@@ -45,7 +45,13 @@ class SincosPeriodExp:
     report_periods: list[float] = field(default_factory=lambda: [1, 16, 256])
     in_dtypes: list[DType] = field(default_factory=lambda: [DType.INT8, DType.INT16])
     strategies: list[Strategy] = field(
-        default_factory=lambda: [Strategy.CURVATURE, Strategy.EVENLY, Strategy.MINIMAX]
+        default_factory=lambda: [
+            Strategy.CURVATURE,
+            Strategy.EVENLY,
+            Strategy.MINIMAX,
+            Strategy.OPTIMAL,
+            Strategy.DATA,
+        ]
     )
     treatments: list[Treatment] = field(default_factory=lambda: list(Treatment))
     funcs: list[str] = field(default_factory=lambda: ["sin", "cos"])
@@ -393,8 +399,13 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
         f"{exp.samples} uniform samples per range; output int8/int16 over [-1, 1].",
         f"LUT: quantlab.numerics.lut.build_lut on the platform's format ({fmt.tables} tables of "
         f"{fmt.entries} entries, {fmt.index_frac_bits}-bit interpolation; int8->int8 is the "
-        "direct 256-entry table), default sin/cos spec with the strategy swapped; MINIMAX is "
-        "quantlab's own strategy.",
+        "direct 256-entry table), default sin/cos spec with the strategy swapped; MINIMAX, "
+        "OPTIMAL (the least max error over every input code) and DATA are quantlab's own. "
+        "DATA's input distribution here (standalone tables, nothing calibrated): the histogram "
+        "of the table's own inputs, i.e. the uniform samples on their codes after the "
+        "treatment (reduced to [0, 2pi] where the exporter reduces), in 512 equal bins; in a "
+        "model, a period-reduced sin/cos refuses DATA (its calibrated histogram is of the "
+        "unreduced input).",
         "Toy model: quantlab.models 'posenc' (DETR sine of pixel coordinates, NeRF, rotary; "
         f"seeded 1920x1080 coordinates, batch {exp.model_batch}), calibrated on "
         f"{exp.model_calib_batches} batches, evaluated on {exp.model_eval_batches}; angle "

@@ -116,9 +116,9 @@ class PlatformConfig:
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
     # activation observer of every op unless a qconfig says otherwise
     # (quantlab.calibration.kinds.ObserverKind): the runtime's own calibration default for
-    # TFLite / ONNX Runtime; MSE_POOLED on J6 (the vendor's default is MSE, its per-batch search,
-    # which profiles may name instead; compared in reports/calibration)
-    default_observer: ObserverKind = ObserverKind.MSE_POOLED
+    # TFLite / ONNX Runtime; on J6 the vendor plugin's default, MSE (its per-batch MSEObserver;
+    # other rules compared in reports/calibration)
+    default_observer: ObserverKind = ObserverKind.MSE
     # activations with or without a zero point unless a qconfig says otherwise (J6: symmetric)
     activation_symmetry: ActivationSymmetry = ActivationSymmetry.SYMMETRIC
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut import LutFormat, Strategy, build_lut, default_spec
+from quantlab.numerics.lut import InputHistogram, LutFormat, Strategy, build_lut, default_spec
 from quantlab.numerics.periodic import needs_period_reduction, period_reduce, wrap_to_pi
 from quantlab.numerics.quantize import ScaleRule, compute_scale, quantize
 from quantlab.numerics.rounding import Round
@@ -77,6 +77,17 @@ def lut_input(
     return LutInput(codes, scale, dtype, False)
 
 
+DATA_BINS = 512  # bins of DATA's histogram of the table inputs (error_sources)
+
+
+def _table_input_histogram(xq: Tensor) -> InputHistogram:
+    lo, hi = float(xq.min()), float(xq.max())
+    if not hi > lo:
+        hi = lo + 1.0
+    counts = torch.histc(xq, DATA_BINS, lo, hi)
+    return InputHistogram(lo, hi, tuple(counts.tolist()))
+
+
 def error_sources(
     func: str,
     x: Tensor,
@@ -91,7 +102,9 @@ def error_sources(
 
     ``x``: float samples of the op's input (float64 recommended). Output scale: full range
     [-1, 1] in ``out_dtype`` (HALF_RANGE). LUT: ``build_lut`` with ``default_spec(func)`` and
-    ``strategy``, on the input's code range (on [0, 2pi] after the exporter's reduction).
+    ``strategy``, on the input's code range (on [0, 2pi] after the exporter's reduction); DATA's
+    histogram is that of the table's own inputs (the samples as the table sees them, reduced if
+    so, on their codes), in DATA_BINS equal bins over their range.
     Returns floats: a_max, a_mean, b_max, b_mean, total_max, total_mean, qat_gap_max,
     qat_gap_mean, input_step (rad), reduced (bool).
     """
@@ -102,9 +115,10 @@ def error_sources(
     spec = dataclasses.replace(default_spec(func), strategy=strategy, dividing_points=None)
     # the exporter builds the reduced op's table on [0, 2pi] (j6-numerics s.5)
     table_range = (0.0, 2 * math.pi) if li.reduced else None
-    lut = build_lut(func, li.dtype, li.scale, out_dtype, out_scale, spec, fmt, table_range)
-    y = lut.evaluate(li.codes).to(torch.float64) * out_scale
     xq = li.codes.to(torch.float64) * li.scale
+    hist = _table_input_histogram(xq) if strategy is Strategy.DATA else None
+    lut = build_lut(func, li.dtype, li.scale, out_dtype, out_scale, spec, fmt, table_range, hist)
+    y = lut.evaluate(li.codes).to(torch.float64) * out_scale
     a = (y - f(xq)).abs()
     b = (f(xq) - f(x64)).abs()
     tot = (y - f(x64)).abs()

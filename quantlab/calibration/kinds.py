@@ -18,9 +18,11 @@ class ObserverKind(enum.Enum):
     The vendor plugin's observers (horizon_plugin_pytorch ``observer_v2``, defaults as shipped):
 
     MINMAX:     MinMaxObserver: EMA of each batch's min and max.
-    MSE:        MSEObserver: per batch, the candidate ``a_b * (1 - 0.01 i)``, i = 0..94 (a_b the
-                batch's absolute maximum) with the lowest L2 fake-quant error over every value of
-                the batch (ties: the larger i); EMA of the chosen (min, max).
+    MSE:        MSEObserver (the plugin's default, and the J6 profiles'): per batch, the
+                candidate ``a_b * (1 - 0.01 i)``, i = 0..94 (a_b the batch's absolute maximum)
+                with the lowest L2 fake-quant error over every value of the batch (ties: the
+                larger i; errors exact, quantlab.calibration.mse_search); EMA of the chosen
+                (min, max).
     KL:         KLObserver, 512 bins, KL computed once over the accumulated histogram (the
                 plugin's recommended ``update_interval`` = number of calibration steps): TensorRT
                 style entropy search over |x| (see quantlab.calibration.kl).
@@ -45,7 +47,7 @@ class ObserverKind(enum.Enum):
                 calibration default).
     MSE_POOLED:    the plugin's MSE candidates and L2 error, searched once over a pooled strided
                    subsample (at most 2**14 values) of all batches that also keeps every batch's
-                   min and max: what quantlab's J6 profiles have used so far (kept bit for bit).
+                   min and max: quantlab's former J6 default (kept bit for bit).
                    Each kept extreme weighs as much as one subsampled value, which stands for
                    hundreds, so the search overweights the tails and hardly clips (scale near
                    GLOBAL_MINMAX's); HISTOGRAM with method MSE is the same error counted over

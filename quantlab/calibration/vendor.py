@@ -4,9 +4,10 @@ Each function takes one calibration batch (the finite values, flat float32) and 
 (min, max) that batch contributes; ``ema`` then folds the batches the way every one of these
 observers does (averaging constant 0.01, the first batch starts it; 1.0 for ClipObserver).
 Candidates are compared by the scale ``compute_scale(candidate, dtype, rule)`` gives them and by
-fake quantization with the platform's rounding, ``clamp(round(x / s), qmin, qmax) * s`` in
-float32 (``quantlab.numerics.round_float``), so a QMAX or power-of-two platform searches with its
-own scales.
+fake quantization with the platform's rounding, ``clamp(round(x / s), qmin, qmax) * s``
+(``quantlab.numerics.round_float``), so a QMAX or power-of-two platform searches with its own
+scales: MSE's 95 candidates by their exact errors (quantlab.calibration.mse_search), MIX's few
+by float32 sums.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from quantlab.calibration.mse_search import best_candidate
 from quantlab.numerics import DType, Round, ScaleRule, compute_scale, round_float
 
 EMA_CONSTANT = 0.01  # every observer's default averaging constant
@@ -62,14 +64,14 @@ def l2_errors(x: Tensor, amaxes: Tensor, dtype: DType, rule: ScaleRule, rounding
 
 def mse_batch(x: Tensor, dtype: DType, rule: ScaleRule, rounding: Round) -> Range:
     """MSEObserver on one batch: (min, max) * (1 - 0.01 i) for the i in 0..94 whose scale gives
-    the lowest L2 error over the batch (ties: the larger i, as the plugin's serial search)."""
+    the lowest L2 error over the batch (ties: the larger i, as the plugin's serial search); the
+    error of every candidate in exact arithmetic (quantlab.calibration.mse_search)."""
     lo, hi = (float(v) for v in torch.aminmax(x))
     a = max(-lo, hi, 0.0)
     if a == 0.0:
         return lo, hi
     factors = 1.0 - MSE_STEP * torch.arange(MSE_STEPS, dtype=torch.float64)
-    errs = l2_errors(x, a * factors, dtype, rule, rounding)
-    best = int(torch.nonzero(errs == errs.min()).max())
+    best, _ = best_candidate(x, a * factors, dtype, rule, rounding)
     f = float(factors[best])
     return lo * f, hi * f
 

@@ -50,7 +50,7 @@ def test_rows_per_observer_and_mode_with_intervals(result):
     assert (t["output_sqnr_db_ci_low"] <= t["output_sqnr_db"]).all()
     assert (t["output_sqnr_db"] <= t["output_sqnr_db_ci_high"]).all()
     assert (t["output_sqnr_db_n"] == 4).all() and (t["calib_time_s"] > 0).all()
-    assert t[t["default"]]["observer"].unique().tolist() == ["MSE_POOLED"]
+    assert t[t["default"]]["observer"].unique().tolist() == ["MSE"]
     assert len(set(t["output_sqnr_db"].round(6))) > 1  # the rules really differ
 
 

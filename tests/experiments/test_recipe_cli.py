@@ -65,3 +65,31 @@ def test_recipe_needs_exactly_one_target():
 
     with pytest.raises(Exception, match="exactly one target"):
         compose(["+exp=recipe", "exp.min_sqnr_db=20"])
+
+
+def test_the_start_is_the_best_calibration_a_calibration_folder_found(tmp_path):
+    from experiments.recipe import best_calibration
+    from quantlab.calibration.kinds import ObserverKind
+    from quantlab.simulate import Mode
+
+    rows = [  # model, platform, observer, mode, output SQNR (dB)
+        ("toy", "j6m", "MSE", "FIXED", 9.0),
+        ("toy", "j6m", "PER_OP/MODEL_OUTPUT", "FIXED", 12.0),
+        ("toy", "j6m", "KL", "FAKE", 13.0),
+        ("other", "j6m", "MINMAX", "FIXED", 30.0),
+    ]
+    cols = ["model", "platform", "observer", "mode", "output_sqnr_db"]
+    pd.DataFrame(rows, columns=cols).to_csv(tmp_path / "results.csv", index=False)
+    rule = qconfig.OpQConfig(observer=ObserverKind.CLIPSTD)
+    (tmp_path / "qconfig").mkdir()
+    qconfig.save(
+        qconfig.QConfigSpec(by_name={"fc:linear#0": rule}),
+        tmp_path / "qconfig" / "per_op_toy_model_output.yaml",
+    )
+    spec, words = best_calibration(str(tmp_path), "toy", Mode.FIXED)
+    assert spec.by_name == {"fc:linear#0": rule} and "PER_OP/MODEL_OUTPUT" in words
+    assert "per_op_toy_model_output.yaml" in words and "12.00 dB" in words
+    spec, words = best_calibration(str(tmp_path), "toy", Mode.FAKE)
+    assert spec.global_.observer is ObserverKind.KL and "observer KL" in words
+    assert best_calibration(str(tmp_path), "absent", Mode.FIXED) is None
+    assert best_calibration(str(tmp_path / "nowhere"), "toy", Mode.FIXED) is None

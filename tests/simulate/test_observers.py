@@ -151,8 +151,8 @@ def test_set_qconfig_switches_histogram_methods_without_a_new_calibration():
         sim.set_qconfig(QConfigSpec(global_=rule))
         scales[method] = float(sim.act_scale(name, "in0", DType.INT8, sim.qconfig_of(name)))
     assert len(set(scales.values())) == len(scales)  # four methods, four scales
-    sim.set_qconfig(QConfigSpec(global_=OpQConfig(observer="MSE")))  # per batch, not gathered
-    with pytest.raises(ValueError, match="MSE at INT8 needs statistics gathered"):
+    sim.set_qconfig(QConfigSpec(global_=OpQConfig(observer="MIX")))  # per batch, not gathered
+    with pytest.raises(ValueError, match="MIX at INT8 needs statistics gathered"):
         sim.act_scale(name, "in0", DType.INT8, sim.qconfig_of(name))
 
 
@@ -234,7 +234,7 @@ def test_platform_default_observers_and_an_overridden_one():
     from quantlab.simulate.profiles import platform_config
 
     for name in ("j6e", "j6m", "j6b", "j6h", "j6p"):
-        assert platform_config(name).default_observer is ObserverKind.MSE_POOLED
+        assert platform_config(name).default_observer is ObserverKind.MSE  # the vendor's
     for name in ("tflite", "onnxruntime"):
         assert platform_config(name).default_observer is ObserverKind.GLOBAL_MINMAX
     p = dataclasses.replace(PlatformConfig(name="j6m"), default_observer=ObserverKind.KL)

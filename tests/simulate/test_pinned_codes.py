@@ -1,8 +1,8 @@
 """Pinned fixed-mode bits of a real network: refactors and speed work must not move them.
 
-The run is ``python -m quantlab +exp=consistency model=mobilenet_v2 data=photos platform=j6m``:
-calibrate on the photos' calibration items, then the first 8 evaluation items as one batch in
-fixed mode. Every captured op's output (the float32 value ``code * scale`` of its integer codes)
+The run: MobileNetV2 on j6m with every activation observer set to MSE_POOLED (so the pinned
+bits guard the fixed-point arithmetic, not the choice of calibration default), calibrated on the
+photos' calibration items, then the first 8 evaluation items as one batch in fixed mode. Every captured op's output (the float32 value ``code * scale`` of its integer codes)
 and the model output are hashed. A change that moves any code or any scale changes a digest.
 The calibration is a float run whose last bits depend on how torch splits its reductions across
 threads (a scale one ulp apart moves every value after it), so the digests are taken with two
@@ -44,12 +44,15 @@ def fixed_mode_digests() -> dict:
 def _digests() -> dict:
     from quantlab.data import load_data
     from quantlab.models import build_model
+    from quantlab.calibration.kinds import ObserverKind
     from quantlab.platforms import load_platform
+    from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator
 
     bundle = build_model("mobilenet_v2")
     data = load_data("photos", bundle.name)
-    sim = Simulator(bundle.module, load_platform("j6m"))
+    spec = QConfigSpec(global_=OpQConfig(observer=ObserverKind.MSE_POOLED))
+    sim = Simulator(bundle.module, load_platform("j6m"), spec)
     sim.calibrate(data.calib)
     items = data.eval[:EVAL_ITEMS]
     batch = torch.cat([b[0] for b in items])

@@ -1,0 +1,105 @@
+"""The MSEObserver's exact search (quantlab.calibration.mse_search) against the independent
+float64 numpy oracle: the same chosen candidate on random and adversarial batches, by both of
+its exact methods, at int8 and int16, under three scale rules and two rounding modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from calibration_oracle import sse
+
+from quantlab.calibration import mse_search
+from quantlab.numerics import DType, Round, ScaleRule, compute_scale
+
+RULES = {"half_range": ScaleRule.HALF_RANGE, "qmax": ScaleRule.QMAX, "pot": ScaleRule.POT}
+ROUNDS = {"half_even": Round.HALF_EVEN, "half_away": Round.HALF_AWAY}
+FACTORS = 1.0 - 0.01 * torch.arange(95, dtype=torch.float64)
+
+
+def _cases() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    gauss = torch.randn(3000, generator=g)
+    gauss[:6] *= 9.0
+    relu = (torch.randn(3000, generator=g) * torch.rand(3000, generator=g)).clamp_min(0.0)
+    relu[:3] = torch.tensor([7.0, 5.5, 4.0])
+    s = float(compute_scale(4.0, DType.INT8))  # candidate 0's int8 scale for the grid case
+    grid = torch.randint(-128, 128, (3000,), generator=g).float() * s  # on candidate 0's grid
+    grid[0] = 4.0
+    ties = (torch.randint(-60, 60, (3000,), generator=g).float() + 0.5) * s  # every value a tie
+    ties[0] = -4.0
+    return {
+        "gauss_outliers": gauss,
+        "relu": relu,
+        "on_grid": grid,
+        "half_ties": ties,
+        "constant": torch.full((500,), 0.37),
+        "few": torch.tensor([1e-30, -2.5, 0.7, 3.0]),
+    }
+
+
+def _oracle(x: np.ndarray, amaxes, rule: str, mode: str, dtype: DType) -> tuple[int, np.ndarray]:
+    errs = np.array([sse(x, a, rule, qmin=dtype.qmin, qmax=dtype.qmax, mode=mode) for a in amaxes])
+    return int(np.flatnonzero(errs == errs.min()).max()), errs
+
+
+def _acceptable(errs: np.ndarray) -> set[int]:
+    """The oracle's best, and any candidate within its float64 rounding of the best."""
+    return {int(i) for i in np.flatnonzero(errs <= errs.min() * (1 + 1e-12))}
+
+
+@pytest.mark.parametrize(
+    ("rule", "mode"), [("half_range", "half_even"), ("qmax", "half_away"), ("pot", "half_even")]
+)
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_both_exact_methods_choose_the_oracles_candidate(rule, mode, dtype):
+    for name, x in _cases().items():
+        xn = x.double().numpy()
+        amaxes = float(np.abs(xn).max()) * FACTORS
+        want, errs = _oracle(xn, amaxes.numpy(), rule, mode, dtype)
+        ok = _acceptable(errs)
+        assert want in ok
+        x64 = x[x != 0].double()
+        scales = compute_scale(amaxes, dtype, RULES[rule]).double()
+        if dtype is DType.INT8 or name == "gauss_outliers":  # int16: 6.2M edges, sorted once
+            bucket, bound = mse_search.bucket_errors(x64, scales, dtype, ROUNDS[mode])
+            oracle = torch.from_numpy(errs)  # within the stated bound (and the oracle's rounding)
+            assert bool(((bucket - oracle).abs() <= bound + 1e-12 * oracle).all()), name
+        pruned = mse_search.pruned_errors(x64, scales, dtype, ROUNDS[mode])
+        got_pruned = int(torch.nonzero(pruned == pruned.min()).max())
+        got, _ = mse_search.best_candidate(x, amaxes, dtype, RULES[rule], ROUNDS[mode])
+        assert got in ok and got_pruned in ok, (name, got, got_pruned, want)
+        if len(ok) == 1 or errs.min() == 0.0:  # separated, or exact zero-error ties
+            assert got == got_pruned == want, name
+
+
+def test_the_interval_method_runs_on_a_large_batch_and_agrees_with_the_oracle():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(100_000, generator=g) * torch.rand(100_000, generator=g)
+    x[:4] *= 12.0
+    amaxes = float(x.abs().max()) * FACTORS
+    assert mse_search.BUCKET_RATIO * 95 * 255 <= x.numel()  # best_candidate takes intervals
+    got, errs = mse_search.best_candidate(
+        x, amaxes, DType.INT8, ScaleRule.HALF_RANGE, Round.HALF_EVEN
+    )
+    want, oracle = _oracle(
+        x.double().numpy(), amaxes.numpy(), "half_range", "half_even", DType.INT8
+    )
+    assert got == want and 0 < got < 94  # an interior optimum: it clipped, but not all the way
+    assert np.allclose(errs.numpy(), oracle, rtol=1e-9)
+
+
+def test_all_zero_and_single_value_batches():
+    z = torch.zeros(100)
+    best, errs = mse_search.best_candidate(
+        z, FACTORS, DType.INT8, ScaleRule.HALF_RANGE, Round.HALF_EVEN
+    )
+    assert best == 94 and float(errs.abs().max()) == 0.0
+    one = torch.tensor([0.0, 2.0])
+    best, _ = mse_search.best_candidate(
+        one, 2.0 * FACTORS, DType.INT8, ScaleRule.QMAX, Round.HALF_EVEN
+    )
+    want, _ = _oracle(
+        np.array([0.0, 2.0]), (2.0 * FACTORS).numpy(), "qmax", "half_even", DType.INT8
+    )
+    assert best == want
