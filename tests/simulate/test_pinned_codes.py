@@ -1,9 +1,10 @@
 """Pinned fixed-mode bits of a real network: refactors and speed work must not move them.
 
 The run: MobileNetV2 on j6m with every activation observer set to MSE_POOLED (so the pinned
-bits guard the fixed-point arithmetic, not the choice of calibration default), calibrated on the
-photos' calibration items, then the first 8 evaluation items as one batch in fixed mode. Every captured op's output (the float32 value ``code * scale`` of its integer codes)
-and the model output are hashed. A change that moves any code or any scale changes a digest.
+bits guard the fixed-point arithmetic, not the choice of calibration default), calibrated on
+the photos' calibration items, then the first 8 evaluation items as one batch in fixed mode.
+Every captured op's output (the float32 value ``code * scale`` of its integer codes) and the
+model output are hashed. A change that moves any code or any scale changes a digest.
 The calibration is a float run whose last bits depend on how torch splits its reductions across
 threads (a scale one ulp apart moves every value after it), so the digests are taken with two
 intra-op threads, set for this test and restored after it.
@@ -42,9 +43,9 @@ def fixed_mode_digests() -> dict:
 
 
 def _digests() -> dict:
+    from quantlab.calibration.kinds import ObserverKind
     from quantlab.data import load_data
     from quantlab.models import build_model
-    from quantlab.calibration.kinds import ObserverKind
     from quantlab.platforms import load_platform
     from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator
