@@ -18,7 +18,9 @@ sensitivity table (``quantlab.analysis.sensitivity``) the vendor template can ra
 ``k`` most sensitive for ``steps`` evenly spaced k, then bisects between the last k that missed
 and the first that met (``refine`` times). BACKOFF removes groups of the least sensitive raised
 ops from the ceiling; a group that breaks the target is halved and retried, a single op that
-breaks it stays raised (at most ``max_evaluations`` evaluations in all).
+breaks it stays raised (at most ``max_evaluations`` evaluations in all). A raised output drops
+the calibration rule the start gives its op by name (a per-op observer choice made for int8)
+and is calibrated by the default observer at its new dtype.
 
 Every evaluated configuration is one ``RecipeStep``: the task metric with its 95% bootstrap
 interval (quantlab.analysis.confidence), output SQNR against float, cost
@@ -203,7 +205,9 @@ class _Evaluator:
         key = (direction in ("start", "float16 range"), tuple(picked), activation_dtype)
         if key in self.seen:
             return self.seen[key]
-        spec = raise_spec(picked, self.sim.platform, base, activation_dtype)
+        spec = raise_spec(
+            picked, self.sim.platform, base, activation_dtype, recalibrate_raised=True
+        )
         pinned = apply_legal(self.sim, spec)
         outs, overflow = [], {}
         for b in self.batches:

@@ -98,6 +98,22 @@ def test_raise_spec_per_platform():
     assert spec.by_name["b"].input_dtype is None
 
 
+def test_raised_output_drops_its_int8_calibration_rule_when_asked():
+    from quantlab.calibration.kinds import ObserverKind
+    from quantlab.qconfig import OpQConfig, QConfigSpec
+
+    j6m = PlatformConfig(name="j6m")
+    clip = OpQConfig(observer=ObserverKind.PERCENTILE, percentile=99.9)
+    base = QConfigSpec(by_name={"a": clip, "c": clip})
+    picked = [("a", SensitiveType.ACTIVATION)]
+    kept = raise_spec(picked, j6m, base)
+    assert kept.by_name["a"].observer is ObserverKind.PERCENTILE
+    fresh = raise_spec(picked, j6m, base, recalibrate_raised=True)
+    assert fresh.by_name["a"].output_dtype is DType.INT16
+    assert (fresh.by_name["a"].observer, fresh.by_name["a"].percentile) == (None, None)
+    assert fresh.by_name["c"] == clip  # not raised: its rule stays
+
+
 def test_float16_platform_raises_gemm_inputs_to_int16():
     from test_sensitivity import ConvHead
 
