@@ -204,7 +204,9 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             "first; activation rows go to platform.sensitive_dtype "
             f"({platform.sensitive_dtype.name}; the ceiling uses platform.ceiling_dtype, "
             f"{platform.ceiling_dtype.name}), GEMM inputs to {platform.sensitive_dtype.name}, "
-            "weights to INT16.",
+            "weights to INT16; an op with a raised output or input drops the calibration rule "
+            "the start gave it by name (chosen for int8) and takes the default observer "
+            f"({platform.default_observer.name}).",
             f"Evaluation in {exp.mode.name} mode against float on {items} items of "
             f"data={data.name}; task: the task metric on all items, task_ci_low/task_ci_high "
             "its 95% percentile-bootstrap interval over the items (1000 resamples); the target "

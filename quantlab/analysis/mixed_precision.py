@@ -92,24 +92,25 @@ def raise_spec(
     """``base`` (default: empty) with ``by_name`` rules raising every picked op (module doc);
     ``activation_dtype`` replaces ``platform.sensitive_dtype`` for activation rows (e.g.
     ``platform.ceiling_dtype``); GEMM inputs (TAE operands) always take ``sensitive_dtype``.
-    ``recalibrate_raised``: a raised output drops the calibration rule ``base`` gives its op by
-    name (observer, percentile, histogram method, clip range), which was chosen for the lower
-    dtype (a clip that suits int8 costs an int16 output its range); it takes the default."""
+    ``recalibrate_raised``: an op with a raised output or input drops the calibration rule
+    ``base`` gives it by name (observer, percentile, histogram method, clip range), which was
+    chosen for the lower dtype (a clip that suits int8 costs int16 its range); it takes the
+    default observer."""
     base = base or QConfigSpec()
     by_name = dict(base.by_name)
     for name, kind in picked:
         rule = by_name.get(name, OpQConfig())
         if kind is SensitiveType.ACTIVATION:
             rule = _replace(rule, output_dtype=activation_dtype or platform.sensitive_dtype)
-            if recalibrate_raised:
-                rule = _replace(
-                    rule, observer=None, percentile=None, histogram_method=None, clip_range=None
-                )
         elif kind is SensitiveType.INPUT:
             rule = _replace(rule, input_dtype=platform.sensitive_dtype)
         else:
             pin = DType.INT8 if platform.max_int16_gemm_operands < 2 else rule.input_dtype
             rule = _replace(rule, weight_dtype=DType.INT16, input_dtype=pin)
+        if recalibrate_raised and kind is not SensitiveType.WEIGHT:
+            rule = _replace(
+                rule, observer=None, percentile=None, histogram_method=None, clip_range=None
+            )
         by_name[name] = rule
     return QConfigSpec(
         global_=base.global_,

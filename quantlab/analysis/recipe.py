@@ -18,9 +18,9 @@ sensitivity table (``quantlab.analysis.sensitivity``) the vendor template can ra
 ``k`` most sensitive for ``steps`` evenly spaced k, then bisects between the last k that missed
 and the first that met (``refine`` times). BACKOFF removes groups of the least sensitive raised
 ops from the ceiling; a group that breaks the target is halved and retried, a single op that
-breaks it stays raised (at most ``max_evaluations`` evaluations in all). A raised output drops
-the calibration rule the start gives its op by name (a per-op observer choice made for int8)
-and is calibrated by the default observer at its new dtype.
+breaks it stays raised (at most ``max_evaluations`` evaluations in all). An op with a raised
+output or input drops the calibration rule the start gives it by name (a per-op observer choice
+made for int8) and is calibrated by the default observer.
 
 Every evaluated configuration is one ``RecipeStep``: the task metric with its 95% bootstrap
 interval (quantlab.analysis.confidence), output SQNR against float, cost

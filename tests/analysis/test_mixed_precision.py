@@ -105,13 +105,16 @@ def test_raised_output_drops_its_int8_calibration_rule_when_asked():
     j6m = PlatformConfig(name="j6m")
     clip = OpQConfig(observer=ObserverKind.PERCENTILE, percentile=99.9)
     base = QConfigSpec(by_name={"a": clip, "c": clip})
-    picked = [("a", SensitiveType.ACTIVATION)]
+    picked = [("a", SensitiveType.ACTIVATION), ("c", SensitiveType.WEIGHT)]
     kept = raise_spec(picked, j6m, base)
     assert kept.by_name["a"].observer is ObserverKind.PERCENTILE
     fresh = raise_spec(picked, j6m, base, recalibrate_raised=True)
     assert fresh.by_name["a"].output_dtype is DType.INT16
     assert (fresh.by_name["a"].observer, fresh.by_name["a"].percentile) == (None, None)
-    assert fresh.by_name["c"] == clip  # not raised: its rule stays
+    assert fresh.by_name["c"].observer is ObserverKind.PERCENTILE  # a weight raise: it stays
+    fresh = raise_spec([("c", SensitiveType.INPUT)], j6m, base, recalibrate_raised=True)
+    assert (fresh.by_name["c"].input_dtype, fresh.by_name["c"].observer) == (DType.INT16, None)
+    assert fresh.by_name["a"] == clip  # not raised: its rule stays
 
 
 def test_float16_platform_raises_gemm_inputs_to_int16():
