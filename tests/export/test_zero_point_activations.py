@@ -106,7 +106,7 @@ def test_asymmetric_fake_mode_is_fake_quant_with_the_observed_range():
 def test_asymmetric_needs_a_min_max_observer():
     sim = Simulator(nn.Conv2d(3, 4, 3).eval(), "j6m", ASYMMETRIC)
     sim.calibrate([(torch.rand(1, 3, 6, 6),)], progress=False)
-    with pytest.raises(ValueError, match="MINMAX or GLOBAL_MINMAX.*MSE_POOLED"):
+    with pytest.raises(ValueError, match="MINMAX or GLOBAL_MINMAX.*got observer=MSE"):
         sim.run(torch.rand(1, 3, 6, 6), mode=Mode.FIXED)
 
 
