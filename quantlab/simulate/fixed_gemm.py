@@ -200,15 +200,7 @@ def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
             **opts,
         )
         res = res.reshape(*lead, -1)
-    if float_out:
-        res = res.to(torch.float32)
-        if clamp is not None:
-            res = torch.clamp(res, clamp[0], clamp[1])
-        if out_dt is DType.FLOAT16:
-            return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
-        return res, None
-    out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
-    return fc.clamp_output(out, clamp, p.bound_rule) if clamp is not None else out
+    return _split_output(sim, call, res, float_out, out_dt, so, clamp)
 
 
 def _split_matmul(sim, call, xi, xc, b_codes, b_scale, rq, clamp):
@@ -239,6 +231,13 @@ def _split_matmul(sim, call, xi, xc, b_codes, b_scale, rq, clamp):
         scheme=p.requant,
         overflow=p.accumulator_overflow,
     )
+    return _split_output(sim, call, res, float_out, out_dt, so, clamp)
+
+
+def _split_output(sim, call, res, float_out: bool, out_dt: DType, so: float, clamp):
+    """(value, QInfo) of a split GEMM's result: a float output (float32, or cast to float16)
+    with the fused clamp applied to values, or ``out_dt`` codes at scale ``so`` with the fused
+    clamp applied to codes by the platform's bound rule."""
     if float_out:
         res = res.to(torch.float32)
         if clamp is not None:
@@ -247,4 +246,4 @@ def _split_matmul(sim, call, xi, xc, b_codes, b_scale, rq, clamp):
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
-    return fc.clamp_output(out, clamp, p.bound_rule) if clamp is not None else out
+    return fc.clamp_output(out, clamp, sim.platform.bound_rule) if clamp is not None else out
