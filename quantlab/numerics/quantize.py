@@ -331,10 +331,6 @@ def _fake_quant_reciprocal(x, scale, rounding, axis, lo, hi, bounds, stats) -> T
     v = _one_float32(scale) if axis is None and stats is None else None
     if v is not None and v > 0 and v != math.inf:  # per tensor, valid: cached constants
         lo, hi, rf, sf = _reciprocal_constants(v, lo, hi, bounds, rounding)
-        if rounding is Round.HALF_EVEN and lo <= 0 <= hi and not math.isnan(float(xf.sum())):
-            # torch's fused kernel, one pass: fl32(fl32(clamp(nearbyint(fl32(x * r))) * s));
-            # it sends NaN to lo, hence the NaN check (a NaN sum also covers +inf with -inf)
-            return torch.fake_quantize_per_tensor_affine(xf, sf, 0, lo, hi)
         q = round_float_(torch.mul(xf, rf), rounding)
         return q.clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
     s = check_scale(scale, "scale")
