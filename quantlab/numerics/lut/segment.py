@@ -98,6 +98,20 @@ class SegmentLut:
         return evaluate_lut(self, codes)
 
 
+def segment_position(lut: SegmentLut, x: np.ndarray):
+    """Where int64 input codes ``x`` fall in ``lut``'s inner tables: (neg, a, i, index) with
+    ``neg`` the codes a symmetric table mirrors, ``a`` the (mirrored) code, ``i`` its table
+    (clipped to the inner tables) and ``index`` = ((a - d[i]) * index_mult[i]) >> index_shift[i],
+    the interpolation index before clipping (exact int64)."""
+    neg = (x < 0) if lut.symmetric else np.zeros(x.shape, dtype=bool)
+    a = np.where(neg, np.minimum(-x, lut.in_dtype.qmax), x)
+    d = np.asarray(lut.points, dtype=np.int64)
+    i = np.clip(np.searchsorted(d, a, side="right") - 1, 0, len(d) - 2)
+    mult = np.asarray(lut.index_mult, dtype=np.int64)[i]
+    shift = np.asarray(lut.index_shift, dtype=np.int64)[i]
+    return neg, a, i, ((a - d[i]) * mult) >> shift
+
+
 def evaluate_codes_int(lut: SegmentLut, codes: Tensor) -> Tensor:
     """Vectorised integer evaluation of input codes (numpy int64: gathers by table index and
     masks, no per-region loop); returns int64 output codes as a torch tensor.
@@ -109,15 +123,11 @@ def evaluate_codes_int(lut: SegmentLut, codes: Tensor) -> Tensor:
     if lut.direct:
         return torch.from_numpy(lut.direct_table[x + 128])
     fmt = lut.fmt
-    qmax, omin, omax = lut.in_dtype.qmax, lut.out_dtype.qmin, lut.out_dtype.qmax
-    neg = (x < 0) if lut.symmetric else np.zeros(x.shape, dtype=bool)
-    a = np.where(neg, np.minimum(-x, qmax), x)
+    omin, omax = lut.out_dtype.qmin, lut.out_dtype.qmax
+    neg, a, i, raw = segment_position(lut, x)
     d = np.asarray(lut.points, dtype=np.int64)
-    i = np.clip(np.searchsorted(d, a, side="right") - 1, 0, len(d) - 2)
-    mult = np.asarray(lut.index_mult, dtype=np.int64)[i]
-    shift = np.asarray(lut.index_shift, dtype=np.int64)[i]
     f = fmt.index_frac_bits
-    idx = np.clip(((a - d[i]) * mult) >> shift, 0, (fmt.entries - 1) << f)
+    idx = np.clip(raw, 0, (fmt.entries - 1) << f)
     j = idx >> f
     w = idx & ((1 << f) - 1)
     tab = np.concatenate([lut.tables, lut.tables[:, -1:]], axis=1)  # T[entries] := T[entries-1]

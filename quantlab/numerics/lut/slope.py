@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from quantlab.numerics.lut.segment import SegmentLut
+from quantlab.numerics.lut.segment import SegmentLut, segment_position
 
 
 def segment_slope(lut: SegmentLut, codes: Tensor) -> Tensor:
@@ -31,15 +31,13 @@ def segment_slope(lut: SegmentLut, codes: Tensor) -> Tensor:
         d = np.gradient(t)
         return torch.from_numpy(d[x + 128]).reshape(codes.shape)
     fmt = lut.fmt
-    qmax, omin, omax = lut.in_dtype.qmax, lut.out_dtype.qmin, lut.out_dtype.qmax
-    neg = (x < 0) if lut.symmetric else np.zeros(x.shape, dtype=bool)
-    a = np.where(neg, np.minimum(-x, qmax), x)
+    omin, omax = lut.out_dtype.qmin, lut.out_dtype.qmax
+    _, a, i, raw = segment_position(lut, x)
     d = np.asarray(lut.points, dtype=np.int64)
-    i = np.clip(np.searchsorted(d, a, side="right") - 1, 0, len(d) - 2)
     mult = np.asarray(lut.index_mult, dtype=np.float64)[i]
     shift = np.asarray(lut.index_shift, dtype=np.int64)[i]
     f = fmt.index_frac_bits
-    idx = np.clip(((a - d[i]) * np.asarray(lut.index_mult, dtype=np.int64)[i]) >> shift, 0, None)
+    idx = np.clip(raw, 0, None)
     j = np.minimum(idx >> f, fmt.entries - 2)
     t0 = lut.tables[i, j].astype(np.float64)
     t1 = lut.tables[i, j + 1].astype(np.float64)
