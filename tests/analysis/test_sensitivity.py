@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from recipe_toy import FragileSin  # fc2 feeds sin near 200 rad: int8 steps there wreck it
 from torch import nn
 
 from quantlab.analysis.sensitivity import (
@@ -21,23 +22,6 @@ from quantlab.analysis.sensitivity import (
     top_ops,
 )
 from quantlab.simulate import Simulator
-
-
-class FragileSin(nn.Module):
-    """fc2 feeds sin with inputs near 200 rad: int8 steps of ~1.6 rad there wreck the output."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
-        with torch.no_grad():
-            for m in (self.fc1, self.fc2, self.fc3):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) / m.in_features**0.5)
-                m.bias.zero_()
-            self.fc2.bias.fill_(200.0)
-
-    def forward(self, x):
-        return self.fc3(torch.sin(self.fc2(torch.relu(self.fc1(x)))))
 
 
 class TopkHead(nn.Module):
