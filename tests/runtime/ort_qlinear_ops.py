@@ -91,7 +91,8 @@ def run_qlinear_add(a, sa, za, b, sb, zb, sc, zc) -> np.ndarray:
     return y
 
 
-def run_qlinear_global_average_pool(x, sx, zx, sy, zy) -> np.ndarray:
+def _run_unary_qlinear(op: str, x, sx, zx, sy, zy, **attrs) -> np.ndarray:
+    """One com.microsoft QLinear op of one input: codes x at (sx, zx) -> codes at (sy, zy)."""
     dt = x.dtype
     inits = [
         _scalar(sx, F32, "sx"),
@@ -100,34 +101,17 @@ def run_qlinear_global_average_pool(x, sx, zx, sy, zy) -> np.ndarray:
         _scalar(zy, dt, "zy"),
     ]
     node = helper.make_node(
-        "QLinearGlobalAveragePool",
-        ["x", "sx", "zx", "sy", "zy"],
-        ["y"],
-        domain="com.microsoft",
-        channels_last=0,
+        op, ["x", "sx", "zx", "sy", "zy"], ["y"], domain="com.microsoft", **attrs
     )
     inputs = [helper.make_tensor_value_info("x", _ONNX_TYPE[dt], list(x.shape))]
     (y,) = _session(node, inputs, inits, dt).run(None, {"x": x})
     return y
+
+
+def run_qlinear_global_average_pool(x, sx, zx, sy, zy) -> np.ndarray:
+    return _run_unary_qlinear("QLinearGlobalAveragePool", x, sx, zx, sy, zy, channels_last=0)
 
 
 def run_qlinear_softmax(x, sx, zx, sy, zy, axis: int = -1) -> np.ndarray:
     """onnxruntime's QLinearSoftmax (com.microsoft, opset-13 semantics: one axis) on codes x."""
-    dt = x.dtype
-    inits = [
-        _scalar(sx, F32, "sx"),
-        _scalar(zx, dt, "zx"),
-        _scalar(sy, F32, "sy"),
-        _scalar(zy, dt, "zy"),
-    ]
-    node = helper.make_node(
-        "QLinearSoftmax",
-        ["x", "sx", "zx", "sy", "zy"],
-        ["y"],
-        domain="com.microsoft",
-        axis=axis,
-        opset=13,
-    )
-    inputs = [helper.make_tensor_value_info("x", _ONNX_TYPE[dt], list(x.shape))]
-    (y,) = _session(node, inputs, inits, dt).run(None, {"x": x})
-    return y
+    return _run_unary_qlinear("QLinearSoftmax", x, sx, zx, sy, zy, axis=axis, opset=13)
