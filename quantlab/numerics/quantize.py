@@ -313,10 +313,26 @@ def fake_quant(
         return _fake_quant_reciprocal(x, scale, rounding, axis, lo - zp, hi - zp, bounds, stats)
     if bounds is not None:
         x = torch.clamp(x, bounds[0], bounds[1])
+    if axis is None and stats is None and dtype.bits <= 16 and x.is_floating_point():
+        return fake_quant_by_scale(
+            x, check_scale(scale, "scale").reshape(()), lo - zp, hi - zp, rounding
+        )
     codes = quantize(
         x, scale, dtype, rounding, axis=axis, qmin=lo, qmax=hi, stats=stats, zero_point=zp
     )
     return dequantize(codes, scale, axis=axis, zero_point=zp)
+
+
+def fake_quant_by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round) -> Tensor:
+    """Per-tensor ``Divide.BY_SCALE`` fake quant of ``x`` at the checked 0-d float32 scale
+    ``s``, code range [lo, hi] already shifted by -zero_point, in place on one fresh float32
+    tensor without gradient (like the codes): round(fl32(x / s)), NaN -> 0, clamp, + 0.0
+    (code -0 -> +0), * s. The same float32 values as ``quantize`` then ``dequantize``
+    (integer codes below 2**16 are exact in float32; their round trip only turns -0 into +0).
+    """
+    q = round_float_(torch.div(x.detach().to(torch.float32), s), rounding)
+    q = q.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
+    return q.clamp_(lo, hi).add_(0.0).mul_(s)
 
 
 def _one_float32(scale) -> float | None:

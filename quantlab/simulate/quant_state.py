@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from quantlab.capture import OpCall, OpCategory
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fake_quant_plan import fake_quant_fn
 from quantlab.numerics.gemm import acc_scale, quantize_bias
 from quantlab.numerics.quantize import (
     compute_scale,
@@ -30,7 +31,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_embedding, fixed_norm
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
-from quantlab.simulate.qat import qat_fake_quant
+from quantlab.simulate.qat import qat_divide, qat_fake_quant
 from quantlab.simulate.qtensor import QInfo
 from quantlab.simulate.straight_through import learned_scale, range_mask, through
 
@@ -232,6 +233,9 @@ class QuantizationState:
         ``bounds`` = a fused clamp applied in the same pass)."""
         if dtype.is_float:
             return self.cast_float(name, x, dtype), QInfo(dtype)
+        if mode is not Mode.FIXED and self._learned_scales is None and not self._recording_grad():
+            fq, info = self._fake_point(name, key, dtype, rq, bounds)
+            return fq(x), info
         s = self.act_scale(name, key, dtype, rq)
         zp = self.act_zero_point(name, key, dtype, rq)
         if mode is not Mode.FIXED and self._recording_grad():
@@ -250,6 +254,23 @@ class QuantizationState:
             return y, QInfo(dtype, s, zero_point=zp)
         codes = quantize(x, s, dtype, self.platform.fake_round, zero_point=zp)
         return dequantize(codes, s, zero_point=zp), QInfo(dtype, s, codes, zp)
+
+    def _fake_point(self, name: str, key: str, dtype: DType, rq, bounds):
+        """(fake-quant function, QInfo) of activation point ``name/key`` at integer ``dtype``
+        with the fused clamp ``bounds``, made once per calibrated configuration (kept beside
+        the scales, checked against the op's resolved qconfig and the platform's rounding):
+        ``qat_fake_quant`` with the point's scale and zero point, bit for bit."""
+        ck = ("fake_point", name, key, dtype, bounds)
+        fr = self.platform.fake_round
+        hit = self._scale_cache.get(ck)
+        if hit is not None and hit[0] is rq and hit[1] is fr:
+            return hit[2], hit[3]
+        s = self.act_scale(name, key, dtype, rq)
+        zp = self.act_zero_point(name, key, dtype, rq)
+        fq = fake_quant_fn(s, dtype, fr, qat_divide(fr), bounds=bounds, zero_point=zp)
+        info = QInfo(dtype, s, zero_point=zp)
+        self._scale_cache[ck] = (rq, fr, fq, info)
+        return fq, info
 
 
 _MIN_SCALE = 1e-30  # a learned scale is kept positive

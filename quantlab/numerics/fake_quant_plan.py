@@ -1,0 +1,78 @@
+"""Per-tensor fake quantization with its constants worked out once (a plan-time form).
+
+``fake_quant_fn(scale, dtype, ...)`` returns ``f`` with ``f(x)`` equal, bit for bit, to
+``fake_quant(x, scale, dtype, ...)`` (float32; tests): the code range, the zero point, the
+checked scale and, for ``Divide.BY_RECIPROCAL``, fl32(1 / s) and the code bounds of a fused
+clamp are derived when ``f`` is made, so a call is only the float32 passes. For an activation
+point whose scale is fixed by calibration.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import (
+    Divide,
+    _reciprocal_constants,
+    check_zero_point,
+    code_range,
+    fake_quant,
+    fake_quant_by_scale,
+)
+from quantlab.numerics.rounding import Round, round_float_
+from quantlab.numerics.scales import check_scale
+
+
+def fake_quant_fn(
+    scale: Tensor | float,
+    dtype: DType,
+    rounding: Round = Round.HALF_EVEN,
+    divide: Divide = Divide.BY_SCALE,
+    qmin: int | None = None,
+    qmax: int | None = None,
+    bounds: tuple[float | None, float | None] | None = None,
+    zero_point: int = 0,
+) -> Callable[[Tensor], Tensor]:
+    """``x -> fake_quant(x, scale, dtype, rounding, divide=divide, qmin=qmin, qmax=qmax,
+    bounds=bounds, zero_point=zero_point)`` per tensor (float32 result, the same bits), its
+    constants derived here; bad arguments raise here, as ``fake_quant`` would on a call."""
+    args = dict(divide=divide, qmin=qmin, qmax=qmax, bounds=bounds, zero_point=zero_point)
+    generic = functools.partial(fake_quant, scale=scale, dtype=dtype, rounding=rounding, **args)
+    if dtype.is_float or dtype.bits > 16:
+        return generic
+    lo, hi = code_range(dtype, qmin, qmax)
+    zp = check_zero_point(zero_point, dtype)
+    s = check_scale(scale, "scale")
+    if s.numel() != 1:
+        return generic  # fake_quant raises its per-tensor error on the call
+    s = s.reshape(())
+    if divide is Divide.BY_RECIPROCAL:
+        if not (isinstance(scale, Tensor) and scale.dtype == torch.float32):
+            return generic
+        lo, hi, rf, sf = _reciprocal_constants(s.item(), lo - zp, hi - zp, bounds, rounding)
+        return functools.partial(_reciprocal, lo=lo, hi=hi, rf=rf, sf=sf, rounding=rounding)
+    if divide is not Divide.BY_SCALE:
+        return generic
+    return functools.partial(
+        _by_scale, s=s, lo=lo - zp, hi=hi - zp, rounding=rounding, bounds=bounds
+    )
+
+
+def _reciprocal(x: Tensor, lo: int, hi: int, rf: float, sf: float, rounding: Round) -> Tensor:
+    """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], + 0.0
+    (code -0 -> +0, as torch), times sf (one float32 product)."""
+    q = round_float_(torch.mul(x.detach().to(torch.float32), rf), rounding)
+    return q.clamp_(lo, hi).add_(0.0).mul_(sf)
+
+
+def _by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round, bounds) -> Tensor:
+    if not x.is_floating_point():
+        raise TypeError(f"quantize expects a float tensor, got {x.dtype}")
+    if bounds is not None:
+        x = torch.clamp(x, bounds[0], bounds[1])
+    return fake_quant_by_scale(x, s, lo, hi, rounding)

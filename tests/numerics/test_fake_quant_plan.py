@@ -1,0 +1,94 @@
+"""The plan-time fake quant (``fake_quant_fn``) and fake_quant's per-tensor BY_SCALE form give
+the bits of the integer reference, on random and adversarial inputs (ties, NaN, inf, -0,
+saturation, zero points outside a narrow code range)."""
+
+import numpy as np
+import pytest
+import torch
+from bits import assert_bits_equal
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fake_quant_plan import fake_quant_fn
+from quantlab.numerics.quantize import Divide, fake_quant
+from quantlab.numerics.rounding import Round
+
+CASES = [  # dtype, zero point, (qmin, qmax)
+    (DType.INT8, 0, (None, None)),
+    (DType.INT8, 7, (None, None)),
+    (DType.INT8, -128, (-127, None)),  # NaN's code (the zero point) lies below the range
+    (DType.UINT8, 131, (None, None)),
+    (DType.INT16, 0, (None, None)),
+    (DType.INT16, -300, (None, 32000)),
+]
+BOUNDS = [None, (0.0, 6.0), (None, 2.0), (-1.5, None)]
+
+
+def _inputs(scale: float, dtype: DType) -> torch.Tensor:
+    g = torch.Generator().manual_seed(11)
+    span = scale * (dtype.qmax - dtype.qmin)
+    ties = (torch.arange(-40, 40, dtype=torch.float64) + 0.5) * scale  # exact: scale = 2**-k
+    edges = torch.tensor([dtype.qmin - 1, dtype.qmin, dtype.qmax, dtype.qmax + 1.5]) * scale
+    special = torch.tensor(
+        [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 1e-30, -1e-30, 1e30, -1e30]
+    )
+    rand = torch.randn(200, generator=g) * span / 3
+    return torch.cat([ties.float(), edges.float(), special, rand, -ties.float()])
+
+
+def _reference(x, bounds, s, dtype, zp, qmin, qmax, rounding) -> torch.Tensor:
+    """(codes - zp) * s in float32 from the exact numpy reference quantizer."""
+    if bounds is not None:
+        x = torch.clamp(x, bounds[0], bounds[1])
+    codes = ref.quantize(x, np.float32(s), dtype, rounding, zero_point=zp)
+    lo = dtype.qmin if qmin is None else qmin
+    hi = dtype.qmax if qmax is None else qmax
+    codes = np.clip(codes, lo, hi) - zp
+    value = codes.astype(np.float32) * np.float32(s)  # one float32 product, exact
+    return torch.from_numpy(value)
+
+
+@pytest.mark.parametrize("rounding", list(Round))
+@pytest.mark.parametrize("dtype,zp,rng", CASES)
+def test_by_scale_matches_integer_reference(rounding, dtype, zp, rng):
+    s = 2.0**-5 if dtype.bits == 8 else 2.0**-9
+    x = _inputs(s, dtype)
+    for bounds in BOUNDS:
+        want = _reference(x, bounds, s, dtype, zp, *rng, rounding)
+        kw = dict(qmin=rng[0], qmax=rng[1], bounds=bounds, zero_point=zp)
+        fn = fake_quant_fn(torch.tensor(s), dtype, rounding, Divide.BY_SCALE, **kw)
+        assert_bits_equal(fn(x), want, inputs={"x": x})
+        got = fake_quant(x, s, dtype, rounding, divide=Divide.BY_SCALE, **kw)
+        assert_bits_equal(got, want, inputs={"x": x})
+        assert_bits_equal(fn(x.double()), want)  # float64 input: clamped, then float32
+
+
+@pytest.mark.parametrize("rounding", list(Round))
+@pytest.mark.parametrize("dtype,zp,rng", CASES)
+def test_by_reciprocal_matches_per_call_form(rounding, dtype, zp, rng):
+    s = torch.tensor(0.0371, dtype=torch.float32)  # an inexact reciprocal
+    x = _inputs(float(s), dtype)
+    for bounds in BOUNDS:
+        kw = dict(qmin=rng[0], qmax=rng[1], bounds=bounds, zero_point=zp)
+        fn = fake_quant_fn(s, dtype, rounding, Divide.BY_RECIPROCAL, **kw)
+        want = fake_quant(x, s, dtype, rounding, divide=Divide.BY_RECIPROCAL, **kw)
+        assert_bits_equal(fn(x), want, inputs={"x": x})
+
+
+@pytest.mark.parametrize("dtype,zp", [(DType.INT8, 0), (DType.UINT8, 131), (DType.INT16, -3)])
+def test_by_reciprocal_is_torch_fake_quantize(dtype, zp):
+    s = torch.tensor(0.0371, dtype=torch.float32)
+    x = _inputs(float(s), dtype)
+    x = x[~torch.isnan(x)]  # torch's kernel does not define NaN
+    fn = fake_quant_fn(s, dtype, Round.HALF_EVEN, Divide.BY_RECIPROCAL, zero_point=zp)
+    want = torch.fake_quantize_per_tensor_affine(x, float(s), zp, dtype.qmin, dtype.qmax)
+    assert_bits_equal(fn(x), want + 0.0, inputs={"x": x})
+
+
+def test_bad_arguments_raise_when_made():
+    with pytest.raises(ValueError, match="scale"):
+        fake_quant_fn(torch.tensor(0.0), DType.INT8)
+    with pytest.raises(ValueError, match="zero_point"):
+        fake_quant_fn(torch.tensor(0.1), DType.INT8, zero_point=300)
+    with pytest.raises(TypeError, match="float tensor"):
+        fake_quant_fn(torch.tensor(0.1), DType.INT8)(torch.ones(3, dtype=torch.int32))
