@@ -23,6 +23,7 @@ from quantlab.numerics.quantize import (
     code_range,
     fake_quant,
     fake_quant_by_scale,
+    times_scale_,
 )
 from quantlab.numerics.rounding import Round, round_float_
 from quantlab.numerics.scales import check_scale
@@ -64,10 +65,10 @@ def fake_quant_fn(
 
 
 def _reciprocal(x: Tensor, lo: int, hi: int, rf: float, sf: float, rounding: Round) -> Tensor:
-    """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], + 0.0
-    (code -0 -> +0, as torch), times sf (one float32 product)."""
+    """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], then
+    ``times_scale_`` (code -0 -> +0, as torch; one float32 product)."""
     q = round_float_(torch.mul(x.detach().to(torch.float32), rf), rounding)
-    return q.clamp_(lo, hi).add_(0.0).mul_(sf)
+    return times_scale_(q.clamp_(lo, hi), sf)
 
 
 def _by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round, bounds) -> Tensor:

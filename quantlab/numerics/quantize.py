@@ -252,6 +252,8 @@ def dequantize(
 ) -> Tensor:
     """x = (codes - zero_point) * scale in float32 (exact: |codes - zero_point| < 2**24 and
     one float32 product)."""
+    if not zero_point and not codes.is_floating_point():  # one pass, the cast inside the product
+        return torch.mul(codes, _broadcast_scale(scale, codes, axis, "scale"))
     c = codes.to(torch.float32)
     if zero_point:
         c = c.sub_(zero_point) if c is not codes else c - zero_point
@@ -335,6 +337,18 @@ def fake_quant_by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round)
     return q.clamp_(lo, hi).add_(0.0).mul_(s)
 
 
+_ZERO = torch.zeros(())
+
+
+def times_scale_(q: Tensor, sf: float) -> Tensor:
+    """``(q + 0.0) * sf`` in place on float32 integer codes ``q``, in one pass (+0.0 turns a
+    code -0 into +0): ``torch.add(0, q, alpha=sf)`` is ``fl32(sf * q) + 0`` whether or not the
+    kernel fuses the multiply-add (fma(sf, q, 0) rounds the same exact product once); both
+    equal ``(q + 0.0) * sf`` bit for bit, as a nonzero integer code times a scale > 0 cannot
+    round to zero, and a zero product + 0.0 is +0."""
+    return torch.add(_ZERO, q, alpha=sf, out=q)
+
+
 def _one_float32(scale) -> float | None:
     """The value of a one-element float32 scale tensor (the hot per-tensor case), else None."""
     if isinstance(scale, Tensor) and scale.dtype == torch.float32 and scale.numel() == 1:
@@ -348,7 +362,7 @@ def _fake_quant_reciprocal(x, scale, rounding, axis, lo, hi, bounds, stats) -> T
     if v is not None and v > 0 and v != math.inf:  # per tensor, valid: cached constants
         lo, hi, rf, sf = _reciprocal_constants(v, lo, hi, bounds, rounding)
         q = round_float_(torch.mul(xf, rf), rounding)
-        return q.clamp_(lo, hi).add_(0.0).mul_(sf)  # + 0.0: code -0 -> +0, as torch
+        return times_scale_(q.clamp_(lo, hi), sf)  # code -0 -> +0, as torch
     s = check_scale(scale, "scale")
     if bounds is not None:
         xf = torch.clamp(xf, bounds[0], bounds[1])

@@ -100,7 +100,7 @@ def flops(call: OpCall, plan: A.ArgPlan, out) -> int:
     if call.category is OpCategory.GEMM:
         if plan.weight is not None:
             w = A.get(call.args, call.kwargs, plan.weight)
-            k = w[0].numel() if call.op_type != "linear" else w.shape[-1]
+            k = (w.numel() // max(w.shape[0], 1)) if call.op_type != "linear" else w.shape[-1]
         else:
             a = A.get(call.args, call.kwargs, plan.acts[0])
             k = a.shape[-1] if call.op_type != "conv2d" else 1

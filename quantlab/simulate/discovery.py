@@ -176,9 +176,11 @@ class OpDiscovery:
 
     def _check_gemm(self, name: str, op_type: str, dtypes: list) -> None:
         n16 = sum(1 for d in dtypes if d is DType.INT16)
+        if n16 < 2:
+            return
         p = self.platform
         int32_out = self._out_dtype(name) is DType.INT32
-        if n16 >= 2 and p.int16_gemm_operands(op_type, int32_out) < 2:
+        if p.int16_gemm_operands(op_type, int32_out) < 2:
             if op_type == "matmul" and not int32_out:
                 raise ValueError(
                     f"op {name} (matmul): MatMul with both inputs INT16 needs toolchain >= "

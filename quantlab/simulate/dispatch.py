@@ -120,6 +120,13 @@ class OpDispatch:
         return out
 
     def _set_out_info(self, out: Any, info: Any, st: _RunState, name: str) -> None:
+        if isinstance(out, Tensor) and not isinstance(info, list):  # the common case
+            st.producers.set(out, name)
+            if info is not None:
+                st.qt.set(out, info)
+            else:
+                st.qt.drop(out)
+            return
         leaves = tree_flatten(out)[0]
         infos = info if isinstance(info, list) else [info] * len(leaves)
         for leaf, li in zip(leaves, infos):

@@ -43,7 +43,9 @@ def emit(codes: Tensor, scale: Tensor, dtype: DType, zero_point: int = 0) -> tup
     """((codes - zero_point) * scale as float32, QInfo): one float32 product per element
     (``dequantize``)."""
     codes = codes.to(dtype.torch_dtype)
-    s = torch.as_tensor(scale, dtype=torch.float32).reshape(())
+    s = torch.as_tensor(scale, dtype=torch.float32)
+    if s.dim():  # a 0-d scale passes as the same object (plan-time caches key on it)
+        s = s.reshape(())
     return dequantize(codes, s, zero_point=zero_point), QInfo(dtype, s, codes, zero_point)
 
 

@@ -92,9 +92,12 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             (clamp, out_scale, out_dt, zo),
             lambda: bound_codes(clamp[0], clamp[1], out_scale, out_dt, zo, rule=p.bound_rule),
         )
-    contract = p.gemm_contract(call.op_type, out_dt is DType.INT32, activation=xi.dtype)
-    as_coded = [torch.empty(0, dtype=d.torch_dtype) for d in (xi.dtype, wdt)]
-    gemm.check_gemm_operands(*as_coded, contract)  # centred int8 operands count as int8
+    contract = sim.op_memo(
+        call.name,
+        "contract",
+        (p, call.op_type, out_dt, xi.dtype, wdt),
+        lambda: _checked_contract(p, call.op_type, out_dt, xi.dtype, wdt),
+    )
     if call.op_type in ("conv1d", "conv2d"):
         w32 = None
         if wq is not None:  # a weight's float32 cast, kept while its codes are the same tensor
@@ -112,6 +115,13 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return None
         acc, axis = gemm.int_matmul(xc, wc), -1
     bound = k * _magnitude(xi) * _magnitude(in_infos[1] if wq is None else None, wdt)
+    version = bias._version if bias is not None else None
+    constants = sim.op_memo(  # scales and weight codes are cached objects, new when they change
+        call.name,
+        "finish",
+        (xs, ws, bias, version, out_scale, fin_dt, contract),
+        lambda: gemm.finish_constants(xs, ws, bias, out_scale, fin_dt, contract),
+    )
     res = gemm.finish_gemm(
         acc,
         xs,
@@ -125,6 +135,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         sum_bound=bound,
         reuse_acc=True,
         out_zero_point=zo,
+        constants=constants,
     )
     if fin_dt is DType.FLOAT32:
         if clamp is not None:
@@ -133,6 +144,15 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     return fc.emit(res, out_scale, out_dt, zo)
+
+
+def _checked_contract(p, op_type: str, out_dt: DType, x_dt: DType, w_dt: DType):
+    """The platform's GEMM contract for this op, after checking its operand dtypes against it
+    (centred int8 operands count as int8)."""
+    contract = p.gemm_contract(op_type, out_dt is DType.INT32, activation=x_dt)
+    as_coded = [torch.empty(0, dtype=d.torch_dtype) for d in (x_dt, w_dt)]
+    gemm.check_gemm_operands(*as_coded, contract)
+    return contract
 
 
 def _operand_codes(args, kwargs, slot, info) -> Tensor:

@@ -2,6 +2,9 @@
 the bits of the integer reference, on random and adversarial inputs (ties, NaN, inf, -0,
 saturation, zero points outside a narrow code range)."""
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,7 @@ from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fake_quant_plan import fake_quant_fn
 from quantlab.numerics.quantize import Divide, fake_quant
+from quantlab.numerics.reference.rounding import round_fraction as ref_round
 from quantlab.numerics.rounding import Round
 
 CASES = [  # dtype, zero point, (qmin, qmax)
@@ -63,16 +67,38 @@ def test_by_scale_matches_integer_reference(rounding, dtype, zp, rng):
         assert_bits_equal(fn(x.double()), want)  # float64 input: clamped, then float32
 
 
+def _reciprocal_reference(x, bounds, s, dtype, zp, qmin, qmax, rounding) -> torch.Tensor:
+    """round(fl32(x * fl32(1 / s))) clamped to the code range around zp, times s (float32);
+    NaN stays NaN (torch's fake-quant kernels), element by element with exact rounding."""
+    if bounds is not None:
+        x = torch.clamp(x, bounds[0], bounds[1])
+    r = np.float32(1) / np.float32(s)
+    lo = (dtype.qmin if qmin is None else qmin) - zp
+    hi = (dtype.qmax if qmax is None else qmax) - zp
+    out = []
+    for v in (x.numpy().astype(np.float32) * r).astype(np.float32).tolist():
+        if math.isnan(v):
+            out.append(np.float32("nan"))
+            continue
+        code = max(lo, hi) if v == math.inf else lo if v == -math.inf else None
+        if code is None:
+            code = min(max(ref_round(Fraction(v), rounding), lo), hi)
+        out.append(np.float32(code) * np.float32(s))
+    return torch.tensor(np.array(out, dtype=np.float32))
+
+
 @pytest.mark.parametrize("rounding", list(Round))
 @pytest.mark.parametrize("dtype,zp,rng", CASES)
-def test_by_reciprocal_matches_per_call_form(rounding, dtype, zp, rng):
+def test_by_reciprocal_matches_exact_reference(rounding, dtype, zp, rng):
     s = torch.tensor(0.0371, dtype=torch.float32)  # an inexact reciprocal
     x = _inputs(float(s), dtype)
     for bounds in BOUNDS:
+        want = _reciprocal_reference(x, bounds, float(s), dtype, zp, *rng, rounding)
         kw = dict(qmin=rng[0], qmax=rng[1], bounds=bounds, zero_point=zp)
         fn = fake_quant_fn(s, dtype, rounding, Divide.BY_RECIPROCAL, **kw)
-        want = fake_quant(x, s, dtype, rounding, divide=Divide.BY_RECIPROCAL, **kw)
         assert_bits_equal(fn(x), want, inputs={"x": x})
+        got = fake_quant(x, s, dtype, rounding, divide=Divide.BY_RECIPROCAL, **kw)
+        assert_bits_equal(got, want, inputs={"x": x})
 
 
 @pytest.mark.parametrize("dtype,zp", [(DType.INT8, 0), (DType.UINT8, 131), (DType.INT16, -3)])

@@ -147,6 +147,12 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
         assert bool(calls) is float_path
         general = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
         assert_bits_equal(got, general, inputs={"acc": acc})
+        for reuse in (False, True):  # float64 sums: widened in place, or left alone
+            acc64 = acc.to(torch.float64)
+            got64 = finish_gemm(acc64, xs, ws, bias, so, out, J6, 1, reuse_acc=reuse)
+            assert_bits_equal(got64, general, inputs={"acc": acc})
+            if not reuse:
+                assert_bits_equal(acc64, acc.to(torch.float64))
         for clamp in ((0, out.qmax), (3, 90), (-5, 40)):  # fused relus: lo >= 0 truncates
             calls.clear()
             got_c = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, clamp_codes=clamp)

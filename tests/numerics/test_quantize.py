@@ -146,6 +146,22 @@ def test_dequantize_is_exact_product():
     )
 
 
+@pytest.mark.parametrize("dt", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+def test_dequantize_every_code_dtype_per_tensor_and_channel(dt):
+    # the integer -> float32 cast happens inside the product: the same bits as casting first,
+    # also for codes beyond 2**24 (the cast rounds them once, to nearest even)
+    info = torch.iinfo(dt)
+    big = [info.min, info.max, (1 << 24) + 1, (1 << 24) + 3] if info.bits > 16 else []
+    vals = [v for v in [0, 1, -1, 127, -128, 255, 32767, -32768, *big] if info.min <= v <= info.max]
+    q = torch.tensor(vals, dtype=dt).repeat(3, 1)
+    s1 = np.float32(0.0173)
+    want = q.numpy().astype(np.float32) * s1
+    assert_bits_equal(dequantize(q, float(s1)), torch.from_numpy(want))
+    sc = np.array([0.5, 3e-5, 7.0], dtype=np.float32)
+    want = q.numpy().astype(np.float32) * sc.reshape(3, 1)
+    assert_bits_equal(dequantize(q, torch.from_numpy(sc), axis=0), torch.from_numpy(want))
+
+
 def test_fake_cast_float64_rounds_once():
     # 1 + 2**-11 + 2**-40: through float32 it would become the tie 1 + 2**-11 and round to 1
     x = torch.tensor([1 + 2.0**-11 + 2.0**-40, 70000.0], dtype=torch.float64)

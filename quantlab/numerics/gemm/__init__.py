@@ -10,7 +10,13 @@ rules). The start-up self-test is ``quantlab.numerics.selftest``.
 from quantlab.numerics.accumulator import Overflow, accumulate
 from quantlab.numerics.contract import GemmContract, GemmFamily
 from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
-from quantlab.numerics.gemm.finish import GemmStats, acc_scale, finish_gemm, quantize_bias
+from quantlab.numerics.gemm.finish import (
+    GemmStats,
+    acc_scale,
+    finish_constants,
+    finish_gemm,
+    quantize_bias,
+)
 from quantlab.numerics.gemm.int16_operands import (
     clamp_int16_operand,
     coarsen_int16_matmul_scale,
@@ -54,6 +60,7 @@ __all__ = [
     "coarsen_int16_matmul_scale",
     "conv_macs",
     "exact_float_kernels",
+    "finish_constants",
     "finish_gemm",
     "int16_matmul_scale_factor",
     "int16_operand_range",

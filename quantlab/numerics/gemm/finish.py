@@ -134,6 +134,15 @@ def _value_key(v) -> tuple | None:
     return ("scalar", float(v))
 
 
+def finish_constants(
+    x_scale, w_scale, bias, out_scale, out_dtype: DType, contract: GemmContract
+) -> _FinishConstants:
+    """What ``finish_gemm`` derives from its scales, bias, output dtype and contract (encoded
+    multipliers, int32 bias codes, rounding offsets), for a caller that keeps it per op and
+    passes it back as ``finish_gemm(constants=)`` while those stay the same."""
+    return _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
+
+
 def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _FinishConstants:
     key = (
         _value_key(x_scale),
@@ -225,6 +234,7 @@ def finish_gemm(
     sum_bound: int | None = None,
     reuse_acc: bool = False,
     out_zero_point: int = 0,
+    constants: _FinishConstants | None = None,
 ) -> Tensor:
     """Exact sums -> outputs: + bias, accumulator contract, then requant or wide output.
 
@@ -243,9 +253,12 @@ def finish_gemm(
     Per-channel ``w_scale`` (1-d) and bias apply along ``channel_axis`` of the output.
     ``stats``: counts of what was forced (added to it). ``sum_bound``: a known bound on |acc|
     (e.g. K * max|x| * max|w|; measured when None). ``reuse_acc``: acc may be overwritten.
-    Scales: finite and > 0 (ValueError naming them).
+    Scales: finite and > 0 (ValueError naming them). ``constants``: ``finish_constants`` of
+    these same arguments, kept by the caller (else looked up by value).
     """
-    k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
+    k = constants
+    if k is None:
+        k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
     if k.fast and stats is None and not out_zero_point:
         return _finish_fast(
             acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc
@@ -343,11 +356,13 @@ def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
     codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
     for c0, cn in _channel_chunks(acc, ax):
         part = acc.narrow(ax, c0, cn)
-        if part.dtype != torch.float64:
-            part = part.to(torch.float64)
-        elif not reuse_acc:
-            part = part.clone()
-        part.mul_(_narrow(step, ax, c0, cn)).add_(_narrow(off, ax, c0, cn))
+        st, of = _narrow(step, ax, c0, cn), _narrow(off, ax, c0, cn)
+        # offset + acc * step in one float64 pass (acc widened exactly inside): every product
+        # and sum is exact, so a fused multiply-add gives the same value
+        if part.dtype == torch.float64 and reuse_acc:
+            part = torch.addcmul(of, part, st, out=part)
+        else:
+            part = torch.addcmul(of, part, st)
         if lo < 0:
             part.floor_()
         # clamp commutes with floor (integer bounds); with lo >= 0 the conversion's truncation
