@@ -366,16 +366,35 @@ def add_inter_scale(
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
-    s = inter_scale(x_scale, y_scale, inter_shift)
+    s, params = _add_constants(x_scale, y_scale, out_scale, inter_shift, scheme, mult_bits)
     acc = x.to(torch.int64) * s.mx + y.to(torch.int64) * s.my
     acc = acc.clamp(INT32_MIN, INT32_MAX)
+    return requantize(acc, params, out, rounding, stats=stats)
+
+
+# (x, y and output scale values, inter_shift, scheme, mult_bits) -> (InterScale, RequantParams):
+# pure functions of those values, computed once per value (a plan-time cache)
+_ADD_CONSTANTS: dict[tuple, tuple[InterScale, RequantParams]] = {}
+
+
+def _add_constants(x_scale, y_scale, out_scale, inter_shift: int, scheme: Requant, bits: int):
+    sx = check_tensor_scale(x_scale, "x_scale")
+    sy = check_tensor_scale(y_scale, "y_scale")
     so = check_tensor_scale(out_scale, "out_scale")
+    key = (float(sx), float(sy), float(so), inter_shift, scheme, bits)
+    hit = _ADD_CONSTANTS.get(key)
+    if hit is not None:
+        return hit
+    s = inter_scale(sx, sy, inter_shift)
     if scheme is Requant.FLOAT_RESCALE:
         real = s.inter / so
     else:
         real = s.inter.to(torch.float64) / so.to(torch.float64)
-    params = make_requant(real, scheme, mult_bits)
-    return requantize(acc, params, out, rounding, stats=stats)
+    value = (s, make_requant(real, scheme, bits))
+    if len(_ADD_CONSTANTS) >= ENCODED_LIMIT:
+        _ADD_CONSTANTS.clear()
+    _ADD_CONSTANTS[key] = value
+    return value
 
 
 def add_float_rescale(
