@@ -41,9 +41,11 @@ def fake_quant_fn(
 ) -> Callable[[Tensor], Tensor]:
     """``x -> fake_quant(x, scale, dtype, rounding, divide=divide, qmin=qmin, qmax=qmax,
     bounds=bounds, zero_point=zero_point)`` per tensor (float32 result, the same bits), its
-    constants derived here; bad arguments raise here, as ``fake_quant`` would on a call."""
+    constants derived here; bad arguments raise here, as ``fake_quant`` would on a call.
+    ``f(x, inplace=True)`` may write the result into a float32 ``x`` the caller owns (no new
+    tensor; the same values)."""
     args = dict(divide=divide, qmin=qmin, qmax=qmax, bounds=bounds, zero_point=zero_point)
-    generic = functools.partial(fake_quant, scale=scale, dtype=dtype, rounding=rounding, **args)
+    generic = functools.partial(_generic, scale=scale, dtype=dtype, rounding=rounding, **args)
     if dtype.is_float or dtype.bits > 16:
         return generic
     lo, hi = code_range(dtype, qmin, qmax)
@@ -64,14 +66,26 @@ def fake_quant_fn(
     )
 
 
-def _reciprocal(x: Tensor, lo: int, hi: int, rf: float, sf: float, rounding: Round) -> Tensor:
+def _generic(x: Tensor, inplace: bool = False, **kw) -> Tensor:
+    return fake_quant(x, **kw)
+
+
+def _reciprocal(
+    x: Tensor, inplace: bool = False, *, lo: int, hi: int, rf: float, sf: float, rounding: Round
+) -> Tensor:
     """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], then
     ``times_scale_`` (code -0 -> +0, as torch; one float32 product)."""
-    q = round_float_(torch.mul(x.detach().to(torch.float32), rf), rounding)
-    return times_scale_(q.clamp_(lo, hi), sf)
+    xf = x.detach()
+    if inplace and xf.dtype == torch.float32:
+        q = torch.mul(xf, rf, out=xf)
+    else:
+        q = torch.mul(xf.to(torch.float32), rf)
+    return times_scale_(round_float_(q, rounding).clamp_(lo, hi), sf)
 
 
-def _by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round, bounds) -> Tensor:
+def _by_scale(
+    x: Tensor, inplace: bool = False, *, s: Tensor, lo: int, hi: int, rounding: Round, bounds
+) -> Tensor:
     if not x.is_floating_point():
         raise TypeError(f"quantize expects a float tensor, got {x.dtype}")
     if bounds is not None:

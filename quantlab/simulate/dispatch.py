@@ -318,7 +318,8 @@ class OpDispatch:
             )
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
-        return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds)
+        owned = call.category is OpCategory.GEMM  # a GEMM's result is a fresh tensor
+        return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds, owned)
 
 
 _FAKE_KERNELS = {

@@ -227,15 +227,24 @@ class QuantizationState:
         return fake_cast(x, dtype, self.platform.float16_saturate)
 
     def quantize_act(
-        self, name: str, key: str, x: Tensor, dtype: DType, rq, mode: Mode, bounds=None
+        self,
+        name: str,
+        key: str,
+        x: Tensor,
+        dtype: DType,
+        rq,
+        mode: Mode,
+        bounds=None,
+        owned: bool = False,
     ):
         """(value, QInfo) of ``x`` quantized at activation point ``name/key`` (FAKE mode:
-        ``bounds`` = a fused clamp applied in the same pass)."""
+        ``bounds`` = a fused clamp applied in the same pass; ``owned``: ``x`` is a fresh tensor
+        nothing else holds, which a no-gradient FAKE run may overwrite with the value)."""
         if dtype.is_float:
             return self.cast_float(name, x, dtype), QInfo(dtype)
         if mode is not Mode.FIXED and self._learned_scales is None and not self._recording_grad():
             fq, info = self._fake_point(name, key, dtype, rq, bounds)
-            return fq(x), info
+            return fq(x, inplace=owned), info
         s = self.act_scale(name, key, dtype, rq)
         zp = self.act_zero_point(name, key, dtype, rq)
         if mode is not Mode.FIXED and self._recording_grad():

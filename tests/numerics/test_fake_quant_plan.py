@@ -97,6 +97,9 @@ def test_by_reciprocal_matches_exact_reference(rounding, dtype, zp, rng):
         kw = dict(qmin=rng[0], qmax=rng[1], bounds=bounds, zero_point=zp)
         fn = fake_quant_fn(s, dtype, rounding, Divide.BY_RECIPROCAL, **kw)
         assert_bits_equal(fn(x), want, inputs={"x": x})
+        owned = x.clone()
+        assert_bits_equal(fn(owned, inplace=True), want, inputs={"x": x})
+        assert owned.data_ptr() == fn(owned, inplace=True).data_ptr()  # written in place
         got = fake_quant(x, s, dtype, rounding, divide=Divide.BY_RECIPROCAL, **kw)
         assert_bits_equal(got, want, inputs={"x": x})
 
