@@ -70,6 +70,7 @@ class Family:
     make: object  # seed -> case
     run: object  # case -> runtime output codes
     ours: object  # (case, platform) -> quantlab output codes
+    platform_fields: tuple = ()  # (field, value) the model sets on every profile (bias dtype)
 
 
 def _modules():
@@ -109,25 +110,37 @@ def _litert_families(runtime: Runtime) -> list[Family]:
         ("ADD", "int8", lambda s: C.add_case(s, i8), add, B.litert_add),
     ]
     if runtime is Runtime.LITERT_REFERENCE:  # XNNPACK does not take 16x8 ops
-        rows += [
-            ("CONV_2D", "16x8", lambda s: C.conv_case(s, False, i16, i64), conv, B.litert_conv),
-            (
-                "DEPTHWISE_CONV_2D",
-                "16x8",
-                lambda s: C.conv_case(s, True, i16, i64),
-                conv,
-                B.litert_conv,
-            ),
-            (
-                "FULLY_CONNECTED",
-                "16x8",
-                lambda s: C.fully_connected_case(s, i16, i64, s % 2 == 0),
-                fc,
-                B.litert_fully_connected,
-            ),
-            ("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add),
-        ]
-    return [Family(runtime, *r) for r in rows]
+        # DEPTHWISE_CONV_2D 16x8 has an int64-bias kernel only (LiteRT refuses an int32 bias)
+        for op, dw, bias, bias_dt in (
+            ("CONV_2D", False, "int64 bias", i64),
+            ("DEPTHWISE_CONV_2D", True, "int64 bias", i64),
+            ("CONV_2D", False, "int32 bias", i32),
+        ):
+            rows.append((op, f"16x8 {bias}", _conv_case(C, dw, bias_dt), conv, B.litert_conv))
+        for bias, bias_dt in (("int64 bias", i64), ("int32 bias", i32)):
+            rows.append(
+                (
+                    "FULLY_CONNECTED",
+                    f"16x8 {bias}",
+                    lambda s, b=bias_dt: C.fully_connected_case(s, i16, b, s % 2 == 0),
+                    fc,
+                    B.litert_fully_connected,
+                )
+            )
+        rows.append(("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add))
+    return [Family(runtime, *r, platform_fields=_bias_fields(r[1])) for r in rows]
+
+
+def _conv_case(C, depthwise: bool, bias_dtype):
+    return lambda s: C.conv_case(s, depthwise, np.int16, bias_dtype)
+
+
+def _bias_fields(dtype: str) -> tuple:
+    """A 16x8 model converted with an int32 bias (quantized_bias_type=INT32) sets the profile's
+    ``int16_bias_dtype``; the converter's default int64 bias is the profile default."""
+    from quantlab.numerics.dtypes import DType
+
+    return (("int16_bias_dtype", DType.INT32),) if dtype.endswith("int32 bias") else ()
 
 
 def _ort_families() -> list[Family]:
@@ -178,6 +191,7 @@ def measure(exp: RuntimeFidelityExp, progress: bool = True) -> pd.DataFrame:
             theirs = fam.run(case)
             with_zp += _zero_points(case)
             for name, platform in platforms.items():
+                platform = dataclasses.replace(platform, **dict(fam.platform_fields))
                 mine = fam.ours(case, platform)
                 counts[name][0] += int(theirs.size)
                 counts[name][1] += int((mine != theirs).sum())
@@ -263,8 +277,10 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
         "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
         "by the profile's bound_rule, and ADD by its add_rule (tests/runtime/quantlab_bridge.py).",
-        "LiteRT 16x8 models take the converter's default int64 bias; an int32 bias "
-        "(quantized_bias_type=INT32) selects other kernels that no profile models.",
+        "LiteRT 16x8 models take the converter's default int64 bias, or an int32 bias "
+        "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
+        "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "
+        "kernel (LiteRT refuses the model).",
     ]
     return ExperimentResult(
         table=df,

@@ -40,3 +40,23 @@ def test_bad_options_name_the_field():
         RuntimeFidelityExp(cases=0)
     with pytest.raises(ValueError, match="unknown platform"):
         RuntimeFidelityExp(profiles=["nope"])
+
+
+def test_reference_rows_cover_16x8_with_both_bias_dtypes():
+    """LiteRT's reference kernels: 16x8 models with the converter's int64 bias and with an int32
+    bias (the profile told by int16_bias_dtype) give 0 differing outputs under ``tflite``."""
+    from experiments.runtime_fidelity import measure
+
+    exp = RuntimeFidelityExp(runtimes=[Runtime.LITERT_REFERENCE], profiles=["tflite"], cases=3)
+    df = measure(exp, progress=False)
+    fams = set(df.family)
+    for fam in (
+        "CONV_2D 16x8 int32 bias",
+        "FULLY_CONNECTED 16x8 int32 bias",
+        "CONV_2D 16x8 int64 bias",
+        "DEPTHWISE_CONV_2D 16x8 int64 bias",
+        "FULLY_CONNECTED 16x8 int64 bias",
+    ):
+        assert fam in fams, fams
+    assert "DEPTHWISE_CONV_2D 16x8 int32 bias" not in fams  # no such LiteRT kernel
+    assert (df.outputs > 0).all() and int(df.differing.sum()) == 0
