@@ -4,6 +4,8 @@ the (value, QInfo) a kernel returns (value == codes * scale exactly). The arithm
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -131,3 +133,14 @@ def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_
     lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=rule, zero_point=zp)
     codes = info.codes.to(torch.int64).clamp_min(lo_c).clamp_max(hi_c)
     return emit(codes, info.scale, info.dtype, zp)
+
+
+def warn_float(call, why: str) -> None:
+    """Warn (once per op and reason) that op ``call`` runs in float in fixed mode because of its
+    activation zero points: ``why`` says what its integer kernel does not take."""
+    warnings.warn(
+        f"op {call.name} ({call.op_type}) runs in float in fixed mode: {why}; its activations "
+        "have zero points (activation_symmetry: ASYMMETRIC), set activation_symmetry: SYMMETRIC "
+        "for it to run its integer kernel",
+        stacklevel=3,
+    )

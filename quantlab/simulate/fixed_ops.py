@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory
+from quantlab.numerics.dtypes import DType
 from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.numerics.requant import requant_scale
@@ -230,46 +231,63 @@ def _period_reduced(sim, call, rq, xc: Tensor, xs: float, in_dt) -> tuple | None
 
 
 def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
-    """(table, input codes, input scale, output scale) of a LUT op in fixed mode (the input
-    period-reduced when it applies), or None when the integer table does not apply."""
+    """(table, input codes, input scale, output scale, output zero point) of a LUT op in fixed
+    mode (the input period-reduced when it applies), or None when the integer table does not
+    apply. Codes with a zero point (or uint8) take a ``ZeroPointLut`` (numerics.lut.zero_point);
+    symmetric int8 / int16 codes the ``SegmentLut``."""
     from quantlab.numerics.lut import build_lut
+    from quantlab.numerics.lut.zero_point import build_zero_point_lut
 
     p = sim.platform
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    if call.op_type not in LUT_FUNCS or not fc.int_info(info) or not out.is_int:
+    if call.op_type not in LUT_FUNCS or not fc.zp_info(info) or not out.is_int:
         return None
     if call.op_type == "gelu" and kwargs.get("approximate", "none") != "none":
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info)
-    xs, in_dt = float(info.scale), info.dtype
+    xs, in_dt, zx = float(info.scale), info.dtype, info.zero_point
     observed = sim.observed_range(call.name, "in0")
     reduced = _period_reduced(sim, call, rq, xc, xs, in_dt)
     if reduced is not None:
+        if zx:
+            raise ValueError(
+                f"op {call.name} ({call.op_type}): the period reduction takes input codes "
+                f"without a zero point, got zero point {zx}; set activation_symmetry: SYMMETRIC "
+                "for this op (or turn off single_period / platform.sincos_period_reduction)"
+            )
         xc, xs = reduced
         observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     spec = _lut_spec(call, rq)
-    lut = build_lut(
-        call.op_type,
-        in_dt,
-        xs,
-        out,
-        float(so),
-        spec,
-        p.lut_format(),
-        observed,
-        _calibrated_histogram(sim, call, spec, reduced=reduced is not None),
-    )
-    return lut, xc.to(in_dt.torch_dtype), xs, so
+    hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
+    if zx or zo or DType.UINT8 in (in_dt, out):
+        if (zx and in_dt.bits > 8) or (zo and out.bits > 8):
+            fc.warn_float(call, "a LUT takes 16-bit codes without a zero point only")
+            return None
+        table = build_zero_point_lut(
+            call.op_type, in_dt, xs, zx, out, float(so), zo, spec, p.lut_format(), observed, hist
+        )
+        return table, xc, xs, so, zo
+    lut = build_lut(call.op_type, in_dt, xs, out, float(so), spec, p.lut_format(), observed, hist)
+    return lut, xc.to(in_dt.torch_dtype), xs, so, 0
+
+
+def _lut_slope(table, xc: Tensor) -> Tensor:
+    """d(output code)/d(input code) of a built table at the input codes (float64)."""
+    from quantlab.numerics.lut.slope import segment_slope
+    from quantlab.numerics.lut.zero_point import ZeroPointLut
+
+    return table.slope(xc) if isinstance(table, ZeroPointLut) else segment_slope(table, xc)
 
 
 def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
     t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
     if t is None:
         return None
-    lut, xc, _, so = t
-    return fc.emit(lut.evaluate(xc), so, rq.output_dtype)
+    lut, xc, _, so, zo = t
+    return fc.emit(lut.evaluate(xc), so, rq.output_dtype, zo)
 
 
 DEPLOYED_CATEGORIES = frozenset({OpCategory.LUT, OpCategory.SOFTMAX})
@@ -281,7 +299,6 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     or None where the integer table does not apply. When a gradient is recorded: a LUT op's
     gradient is its table's own slope (``numerics.lut.segment_slope``), d out / d in in real
     units; softmax's is the float softmax's."""
-    from quantlab.numerics.lut.slope import segment_slope
     from quantlab.simulate import calls
     from quantlab.simulate.straight_through import through
 
@@ -295,11 +312,11 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
     if t is None:
         return None
-    lut, xc, xs, so = t
-    value, info = fc.emit(lut.evaluate(xc), so, rq.output_dtype)
+    lut, xc, xs, so, zo = t
+    value, info = fc.emit(lut.evaluate(xc), so, rq.output_dtype, zo)
     if not grad:
         return value, info
-    slope = segment_slope(lut, xc) * (float(so) / xs)
+    slope = _lut_slope(lut, xc) * (float(so) / xs)
     return through(x, value, slope.to(torch.float32)), info
 
 
