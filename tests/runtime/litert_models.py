@@ -109,7 +109,7 @@ class AddCase:
     activation: Activation
 
 
-class _ModelBuilder:
+class ModelBuilder:
     """Collects tensors and buffers of a one-subgraph model (buffer 0 is the empty one)."""
 
     def __init__(self) -> None:
@@ -138,24 +138,36 @@ class _ModelBuilder:
         return len(self.tensors) - 1
 
     def finish(self, builtin: int, inputs, outputs, options_type, options, graph_inputs) -> bytes:
-        code = S.OperatorCodeT()
-        code.builtinCode = builtin
-        code.deprecatedBuiltinCode = min(builtin, 127)
-        code.version = 1
-        op = S.OperatorT()
-        op.opcodeIndex = 0
-        op.inputs = list(inputs)
-        op.outputs = list(outputs)
-        op.builtinOptionsType = options_type
-        op.builtinOptions = options
+        return self.finish_graph([(builtin, inputs, outputs, options_type, options)], graph_inputs)
+
+    def finish_graph(self, ops: list[tuple], graph_inputs, graph_outputs=None) -> bytes:
+        """The model of ``ops`` in order, each (builtin, inputs, outputs, options type,
+        options); the graph's outputs default to the last op's."""
+        codes, operators = [], []
+        for builtin, inputs, outputs, options_type, options in ops:
+            if builtin not in codes:
+                codes.append(builtin)
+            op = S.OperatorT()
+            op.opcodeIndex = codes.index(builtin)
+            op.inputs = list(inputs)
+            op.outputs = list(outputs)
+            op.builtinOptionsType = options_type
+            op.builtinOptions = options
+            operators.append(op)
         sg = S.SubGraphT()
         sg.tensors = self.tensors
         sg.inputs = list(graph_inputs)
-        sg.outputs = list(outputs)
-        sg.operators = [op]
+        sg.outputs = list(ops[-1][2] if graph_outputs is None else graph_outputs)
+        sg.operators = operators
         model = S.ModelT()
         model.version = 3
-        model.operatorCodes = [code]
+        model.operatorCodes = []
+        for builtin in codes:
+            code = S.OperatorCodeT()
+            code.builtinCode = builtin
+            code.deprecatedBuiltinCode = min(builtin, 127)
+            code.version = 1
+            model.operatorCodes.append(code)
         model.subgraphs = [sg]
         model.buffers = self.buffers
         b = flatbuffers.Builder(1024)
@@ -173,7 +185,7 @@ def _bias_type(bias: np.ndarray | None, act: np.dtype) -> int:
 
 def conv2d_model(c: ConvCase) -> bytes:
     """CONV_2D (``c.depth_multiplier == 0``) or DEPTHWISE_CONV_2D model of a ConvCase."""
-    m = _ModelBuilder()
+    m = ModelBuilder()
     act = c.x.dtype
     out_ch = c.w.shape[0] if c.depth_multiplier == 0 else c.w.shape[3]
     w_axis = 0 if c.depth_multiplier == 0 else 3
@@ -202,7 +214,7 @@ def conv2d_model(c: ConvCase) -> bytes:
 
 def fully_connected_model(c: FullyConnectedCase) -> bytes:
     """FULLY_CONNECTED model of a FullyConnectedCase (keep_num_dims false, output (B, units))."""
-    m = _ModelBuilder()
+    m = ModelBuilder()
     act = c.x.dtype
     xi = m.tensor("x", act, c.x.shape, c.xq.scale, c.xq.zero_point)
     wi = m.tensor("w", np.int8, c.w.shape, c.w_scale, None, 0, c.w)
@@ -226,7 +238,7 @@ def fully_connected_model(c: FullyConnectedCase) -> bytes:
 
 def add_model(c: AddCase) -> bytes:
     """ADD model of an AddCase (both operands are graph inputs)."""
-    m = _ModelBuilder()
+    m = ModelBuilder()
     ai = m.tensor("a", c.a.dtype, c.a.shape, c.aq.scale, c.aq.zero_point)
     bi = m.tensor("b", c.b.dtype, c.b.shape, c.bq.scale, c.bq.zero_point)
     yi = m.tensor("y", c.a.dtype, c.a.shape, c.yq.scale, c.yq.zero_point)
