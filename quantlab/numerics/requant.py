@@ -357,17 +357,22 @@ def add_inter_scale(
     inter_shift: int = 14,
     mult_bits: int = 31,
     stats: QuantStats | None = None,
+    zero_points: tuple[int, int, int] = (0, 0, 0),
 ) -> Tensor:
     """J6 add (s.7, assumed): acc = x*mx + y*my in int32, then requantize by inter / out_scale.
 
     x, y: integer codes (int8/int16, broadcastable). acc is exact in int64 and saturated to
     int32 (|x*mx| <= 2**15 * 2**inter_shift, so it never saturates for inter_shift <= 15).
     The requant multiplier inter/out_scale is formed in float32 (FLOAT_RESCALE) or float64.
+    ``zero_points`` = (zx, zy, zo) (J6 activations have none; an extension): acc takes the
+    centred codes x - zx and y - zy (int8: |x - zx| <= 255, no saturation either), and zo is
+    added after rounding.
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
+    zx, zy, zo = zero_points
     s = inter_scale(x_scale, y_scale, inter_shift)
-    acc = x.to(torch.int64) * s.mx + y.to(torch.int64) * s.my
+    acc = (x.to(torch.int64) - zx) * s.mx + (y.to(torch.int64) - zy) * s.my
     acc = acc.clamp(INT32_MIN, INT32_MAX)
     so = check_tensor_scale(out_scale, "out_scale")
     if scheme is Requant.FLOAT_RESCALE:
@@ -375,7 +380,7 @@ def add_inter_scale(
     else:
         real = s.inter.to(torch.float64) / so.to(torch.float64)
     params = make_requant(real, scheme, mult_bits)
-    return requantize(acc, params, out, rounding, stats=stats)
+    return requantize(acc, params, out, rounding, stats=stats, zero_point=check_zero_point(zo, out))
 
 
 def add_float_rescale(

@@ -23,7 +23,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.numerics.requant import requant_scale
-from quantlab.platforms import AddRule, ConcatRule, SoftmaxRule
+from quantlab.platforms import ConcatRule, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -92,19 +92,15 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if a is None or b is None:
         return None
     (xc, xs, zx), (yc, ys, zy) = a, b
-    if call.op_type == "sub":
-        if zx or zy:
-            return None  # a negated operand's zero point may leave the code range
-        if _reversed(call):
-            xc = -xc
-        else:
-            yc = -yc
     so = fc.out_scale(sim, call, rq)
     out = rq.output_dtype
     zo = fc.out_zero_point(sim, call, rq)
-    if (zx or zy or zo) and p.add_rule is AddRule.INTER_SCALE:
-        return None  # the J6 add takes symmetric operands
-    codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+    if call.op_type != "sub":
+        codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+    elif _reversed(call):  # c - x: the add of -x and c, in this operand order
+        codes = fc.add_codes(p, -xc, xs, yc, ys, so, out, (-zx, zy, zo))
+    else:
+        codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
     return fc.emit(codes, so, out, zo)
 
 
@@ -413,14 +409,16 @@ def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
-    if not fc.int_info(info) or not out.is_int or mode != "nearest":
+    if not fc.zp_info(info) or not out.is_int or mode != "nearest":
         return None
-    xc = fc.codes(args, kwargs, plan.acts[0], info)
+    xc = fc.centred(args, kwargs, plan.acts[0], info)
     a2 = list(args)
     a2[0] = xc.to(torch.float64)
     sel = call.func(*a2, **kwargs).to(torch.int64)
     so = fc.out_scale(sim, call, rq)
-    return fc.emit(fc.requant(sim, sel, fc.ratio(sim, info.scale, so), out), so, out)
+    zo = fc.out_zero_point(sim, call, rq)
+    codes = fc.requant(sim, sel, fc.ratio(sim, info.scale, so), out, zero_point=zo)
+    return fc.emit(codes, so, out, zo)
 
 
 # --------------------------------------------------------------------------- grid_sample
@@ -433,7 +431,7 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0]
     ginfo = in_infos[1] if len(in_infos) > 1 else None
     if (
-        not fc.int_info(info)
+        not fc.zp_info(info)
         or not p.grid_dtype.is_int
         or (ginfo is not None and ginfo.dtype.is_float)
     ):
@@ -455,10 +453,11 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
         p.fake_round,
         G.NanRule.ZERO_CODE,  # a NaN coordinate becomes code 0, as quantize does
     )
+    zx = info.zero_point  # sampled on the centred codes: padding "zeros" is the value 0
     codes = G.grid_sample_fixed(
-        info.codes_of(x),
+        info.codes_of(x) - zx,
         info.scale,
-        info.dtype,
+        DType.INT32 if zx else info.dtype,
         qg,
         G.SampleMode[mode.upper()],
         G.Padding.ZEROS,
@@ -467,7 +466,9 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
         weight_frac_bits=p.grid_weight_frac_bits,
         coord_round=p.grid_round,
     )
-    return fc.emit(codes, info.scale, info.dtype)
+    if zx:
+        codes = (codes.to(torch.int64) + zx).clamp(info.dtype.qmin, info.dtype.qmax)
+    return fc.emit(codes, info.scale, info.dtype, zx)
 
 
 _DISPATCH = {
