@@ -1,7 +1,7 @@
 """Does each runtime profile give its runtime's bits? Profiles x runtimes on one-op models.
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
-FULLY_CONNECTED, ADD; int8 with nonzero zero points and 16x8; onnxruntime QLinearConv and
+FULLY_CONNECTED, ADD, SUB; int8 with nonzero zero points and 16x8; onnxruntime QLinearConv and
 QLinearMatMul with uint8 / int8 activations and nonzero zero points) run in the real runtime
 (LiteRT's reference kernels, LiteRT's default interpreter with XNNPACK, onnxruntime) and
 through quantlab's public numerics under each named profile (``tests/runtime/
@@ -97,6 +97,9 @@ def _litert_families(runtime: Runtime) -> list[Family]:
     def add(c):
         return L.run(L.add_model(c), [c.a, c.b], kernels).y
 
+    def sub(c):
+        return L.run(L.sub_model(c), [c.a, c.b], kernels).y
+
     rows = [
         ("CONV_2D", "int8", lambda s: C.conv_case(s, False, i8, i32), conv, B.litert_conv),
         ("DEPTHWISE_CONV_2D", "int8", lambda s: C.conv_case(s, True, i8, i32), conv, B.litert_conv),
@@ -108,6 +111,7 @@ def _litert_families(runtime: Runtime) -> list[Family]:
             B.litert_fully_connected,
         ),
         ("ADD", "int8", lambda s: C.add_case(s, i8), add, B.litert_add),
+        ("SUB", "int8", lambda s: C.add_case(s, i8), sub, B.litert_sub),
     ]
     if runtime is Runtime.LITERT_REFERENCE:  # XNNPACK does not take 16x8 ops
         # DEPTHWISE_CONV_2D 16x8 has an int64-bias kernel only (LiteRT refuses an int32 bias)
@@ -128,6 +132,7 @@ def _litert_families(runtime: Runtime) -> list[Family]:
                 )
             )
         rows.append(("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add))
+        rows.append(("SUB", "int16", lambda s: C.add_case(s, i16), sub, B.litert_sub))
     return [Family(runtime, *r, platform_fields=_bias_fields(r[1])) for r in rows]
 
 
@@ -276,7 +281,8 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "quantizes weights.",
         "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
         "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
-        "by the profile's bound_rule, and ADD by its add_rule (tests/runtime/quantlab_bridge.py).",
+        "by the profile's bound_rule, ADD by its add_rule and SUB as the add of a and -b "
+        "(fixed_common.sub_codes; tests/runtime/quantlab_bridge.py).",
         "LiteRT 16x8 models take the converter's default int64 bias, or an int32 bias "
         "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
         "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "

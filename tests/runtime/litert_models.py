@@ -1,8 +1,9 @@
 """One-op TFLite models built in memory from the LiteRT flatbuffer schema, and their runs.
 
-``conv2d_model``, ``depthwise_model``, ``fully_connected_model`` and ``add_model`` return the
-bytes of a model with one quantized operator (int8 activations with any zero point, or 16x8:
-int16 activations with zero point 0, int8 weights, int32 or int64 bias); the ``*Case``
+``conv2d_model``, ``depthwise_model``, ``fully_connected_model``, ``add_model`` and
+``sub_model`` return the bytes of a model with one quantized operator (int8 activations with
+any zero point, or 16x8: int16 activations with zero point 0, int8 weights, int32 or int64
+bias); ``ModelBuilder.finish_graph`` chains several operators; the ``*Case``
 dataclasses hold every parameter so that a test can run the same case in LiteRT and in an
 oracle. ``run`` executes a model single-threaded with LiteRT's reference kernels
 (``Kernels.REFERENCE``, ``OpResolverType.BUILTIN_REF``) or with the default interpreter
@@ -236,16 +237,24 @@ def fully_connected_model(c: FullyConnectedCase) -> bytes:
     )
 
 
-def add_model(c: AddCase) -> bytes:
-    """ADD model of an AddCase (both operands are graph inputs)."""
+def add_model(c: AddCase, subtract: bool = False) -> bytes:
+    """ADD (or SUB: a - b) model of an AddCase (both operands are graph inputs)."""
     m = ModelBuilder()
     ai = m.tensor("a", c.a.dtype, c.a.shape, c.aq.scale, c.aq.zero_point)
     bi = m.tensor("b", c.b.dtype, c.b.shape, c.bq.scale, c.bq.zero_point)
     yi = m.tensor("y", c.a.dtype, c.a.shape, c.yq.scale, c.yq.zero_point)
-    o = S.AddOptionsT()
+    o = S.SubOptionsT() if subtract else S.AddOptionsT()
     o.fusedActivationFunction = c.activation.value
     o.potScaleInt16 = False  # the general-scale int16 kernel (what the converter emits)
+    if subtract:
+        return m.finish(S.BuiltinOperator.SUB, [ai, bi], [yi], S.BuiltinOptions.SubOptions, o,
+                        [ai, bi])  # fmt: skip
     return m.finish(S.BuiltinOperator.ADD, [ai, bi], [yi], S.BuiltinOptions.AddOptions, o, [ai, bi])
+
+
+def sub_model(c: AddCase) -> bytes:
+    """SUB model (a - b) of an AddCase."""
+    return add_model(c, subtract=True)
 
 
 def conv_output_size(size, kernel, stride, dilation, padding: Padding) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from litert_models import (
 )
 
 from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
-from quantlab.simulate.fixed_common import add_codes
+from quantlab.simulate.fixed_common import add_codes, sub_codes
 
 _DTYPE = {
     np.dtype(np.int8): DType.INT8,
@@ -102,6 +102,22 @@ def litert_add(c: AddCase, platform) -> np.ndarray:
     """ADD of a LiteRT case under ``platform`` (the simulator's add by ``add_rule``)."""
     dt = _DTYPE[c.a.dtype]
     codes = add_codes(
+        platform,
+        torch.from_numpy(c.a),
+        float(c.aq.scale),
+        torch.from_numpy(c.b),
+        float(c.bq.scale),
+        float(c.yq.scale),
+        dt,
+        (c.aq.zero_point, c.bq.zero_point, c.yq.zero_point),
+    )
+    return _activation(codes, c.activation, c.yq, dt, platform)
+
+
+def litert_sub(c: AddCase, platform) -> np.ndarray:
+    """SUB (a - b) of a LiteRT case under ``platform`` (the simulator's sub: ``sub_codes``)."""
+    dt = _DTYPE[c.a.dtype]
+    codes = sub_codes(
         platform,
         torch.from_numpy(c.a),
         float(c.aq.scale),
