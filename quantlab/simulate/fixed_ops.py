@@ -322,29 +322,36 @@ def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     table_rule = sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE
-    if not (fc.zp_info(info) if table_rule else fc.int_info(info)) or not out.is_int:
+    if not fc.zp_info(info) or not out.is_int:
         return None
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     if dim is None or kwargs.get("dtype") is not None:
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     if table_rule:  # the input's zero point cancels (only max(x) - x enters)
         if info.dtype.bits != 8 or out.bits != 8:
             return None  # the runtime fuses 8-bit softmax only; float between DQ and Q
-        zo = fc.out_zero_point(sim, call, rq)
         codes = exp_table_softmax(xc, float(info.scale), dim, float(so), out, zo)
         return fc.emit(codes, so, out, zo)
+    zx = info.zero_point
+    if not (zx or zo or DType.UINT8 in (info.dtype, out)):
+        codes = lut_softmax(
+            xc, float(info.scale), info.dtype, dim, float(so), out, sim.platform.lut_format()
+        )
+        return fc.emit(codes, so, out)
+    if (zx and info.dtype.bits > 8) or (zo and out.bits > 8):
+        fc.warn_float(call, "the LUT softmax takes 16-bit codes without a zero point only")
+        return None
+    # 8-bit codes with zero points: the input's cancels in x - max(x) (codes taken as int16);
+    # the output codes are formed in int16 (nothing saturates before zo is added)
+    x16 = xc.to(torch.int16)
     codes = lut_softmax(
-        xc,
-        float(info.scale),
-        info.dtype,
-        dim,
-        float(so),
-        out,
-        sim.platform.lut_format(),
+        x16, float(info.scale), DType.INT16, dim, float(so), DType.INT16, sim.platform.lut_format()
     )
-    return fc.emit(codes, so, out)
+    codes = (codes.to(torch.int64) + zo).clamp(out.qmin, out.qmax)
+    return fc.emit(codes, so, out, zo)
 
 
 # --------------------------------------------------------------------------- reductions

@@ -248,3 +248,45 @@ def test_j6_add_with_zero_points_runs_fixed(monkeypatch):
         )  # fmt: skip
         assert_bits_equal(out.codes.to(torch.int64), torch.from_numpy(want))
     assert sum(z != 0 for z in zero_points) >= 5, zero_points
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x) * 2.0, dim=-1)
+
+
+def test_lut_softmax_runs_fixed_with_zero_points(monkeypatch):
+    """The segment-LUT softmax (tflite's softmax_rule) on int8 codes with zero points: the
+    input's zero point cancels (the composite of the centred codes), the output codes are
+    formed in int16 and take the output's zero point; within 2 output codes of the float
+    softmax of the dequantized input where the output does not saturate."""
+    from quantlab.numerics.lut import lut_softmax
+
+    torch.manual_seed(6)
+    spec = QConfigSpec(global_=OpQConfig(activation_symmetry="ASYMMETRIC"),
+                       by_type={"linear": OpQConfig(high_precision_output=False)})  # fmt: skip
+    sim = Simulator(_Attention().eval(), "tflite", spec)
+    sim.calibrate([(torch.randn(4, 5, 8) + 0.5,) for _ in range(3)], progress=False)
+    args = {}
+    trace, seen, fell_back = _observe(
+        sim, torch.randn(4, 5, 8) + 0.5, monkeypatch,
+        lambda oc: args.setdefault(oc.call.name, oc.call.args),
+    )  # fmt: skip
+    assert fell_back == [], fell_back
+    (xi,), out = seen[":softmax#0"][1], trace.qinfo[":softmax#0"]
+    assert xi.zero_point != 0 and out.zero_point != 0
+    x = args[":softmax#0"][0]
+    centred = (xi.codes_of(x) - xi.zero_point).to(torch.int16)
+    fmt = sim.platform.lut_format()
+    inner = lut_softmax(centred, float(xi.scale), DType.INT16, -1, float(out.scale), DType.INT16,
+                        fmt).to(torch.int64)  # fmt: skip
+    want = (inner + out.zero_point).clamp(-128, 127).to(torch.int8)
+    assert_bits_equal(out.codes, want)
+    real = torch.softmax(x, -1)
+    got = (out.codes.to(torch.float32) - out.zero_point) * out.scale
+    inside = real < (127 - out.zero_point) * out.scale  # not saturated
+    assert float((got - real)[inside].abs().max()) <= 2 * float(out.scale)
