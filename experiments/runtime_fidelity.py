@@ -2,7 +2,8 @@
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
 FULLY_CONNECTED, ADD, SUB; int8 with nonzero zero points and 16x8; onnxruntime QLinearConv and
-QLinearMatMul with uint8 / int8 activations and nonzero zero points) run in the real runtime
+QLinearMatMul with uint8 / int8 activations and nonzero zero points, and Sigmoid / Tanh / Exp
+between DequantizeLinear and QuantizeLinear on every 8-bit code) run in the real runtime
 (LiteRT's reference kernels, LiteRT's default interpreter with XNNPACK, onnxruntime) and
 through quantlab's public numerics under each named profile (``tests/runtime/
 quantlab_bridge.py``); a row counts the outputs compared and those that differ. The case
@@ -32,7 +33,8 @@ RUNTIME_TESTS = Path(__file__).resolve().parent.parent / "tests" / "runtime"
 class Runtime(enum.Enum):
     """LITERT_REFERENCE: LiteRT single-threaded with OpResolverType.BUILTIN_REF.
     LITERT_DEFAULT: a plain LiteRT Interpreter (XNNPACK takes the int8 ops).
-    ONNXRUNTIME: onnxruntime CPU, one thread, graph optimizations off."""
+    ONNXRUNTIME: onnxruntime CPU, one thread, graph optimizations off (QLinear ops) or on
+    (the LUT ops, so that Sigmoid becomes QLinearSigmoid)."""
 
     LITERT_REFERENCE = "litert_reference"
     LITERT_DEFAULT = "litert_default"
@@ -163,12 +165,21 @@ def _ort_families() -> list[Family]:
 
         return make
 
+    import ort_lut_models as LUT
+
+    def lut_case(op, act):
+        return lambda s: LUT.lut_case(s, op, act)
+
     rows = []
     for act, name in ((np.uint8, "uint8"), (np.int8, "int8")):
         rows.append(("QLinearConv", name, conv_case(act), Q.run_qlinearconv, B.ort_qlinearconv))
         rows.append(
             ("QLinearMatMul", name, matmul_case(act), Q.run_qlinearmatmul, B.ort_qlinearmatmul)
         )
+    # DQ -> op -> Q: Sigmoid fused into QLinearSigmoid, Tanh and Exp in float32
+    for op, label in (("sigmoid", "QLinearSigmoid"), ("tanh", "Tanh"), ("exp", "Exp")):
+        for act, name in ((np.uint8, "uint8"), (np.int8, "int8")):
+            rows.append((label, name, lut_case(op, act), LUT.run_lut, B.ort_lut))
     return [Family(Runtime.ONNXRUNTIME, *r) for r in rows]
 
 

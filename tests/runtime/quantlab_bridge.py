@@ -4,8 +4,9 @@ LiteRT cases (NHWC, ``litert_models``) and onnxruntime cases (NCHW, ``onnx_qline
 go through ``qconv2d`` / ``qlinear`` / ``qmatmul`` with the profile's per-family contract
 (``platform.gemm_contract(op type, activation=dtype)``), the case's zero points and integer
 bias codes, then the fused activation's code bounds by the profile's ``bound_rule``; ADD goes
-through the simulator's ``add_codes`` (the profile's ``add_rule``). Nothing here restates a
-runtime rule: the rules are the profile's.
+through the simulator's ``add_codes`` (the profile's ``add_rule``), SUB through ``sub_codes``;
+the onnxruntime LUT ops through ``build_zero_point_lut`` with the profile's LUT format.
+Nothing here restates a runtime rule: the rules are the profile's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from litert_models import (
 )
 
 from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
+from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.simulate.fixed_common import add_codes, sub_codes
 
 _DTYPE = {
@@ -172,3 +174,13 @@ def ort_qlinearmatmul(c, platform) -> np.ndarray:
         zero_points=(c.za, c.zy),
     )
     return y.numpy()
+
+
+def ort_lut(c, platform) -> np.ndarray:
+    """A DequantizeLinear -> Sigmoid / Tanh / Exp -> QuantizeLinear case (``ort_lut_models``)
+    under ``platform``: the simulator's LUT on codes with zero points (``ZeroPointLut``)."""
+    dt = _DTYPE[c.x.dtype]
+    table = build_zero_point_lut(
+        c.op, dt, float(c.sx), c.zx, dt, float(c.sy), c.zy, fmt=platform.lut_format()
+    )
+    return table.evaluate(torch.from_numpy(c.x)).numpy()
