@@ -290,3 +290,25 @@ def test_lut_softmax_runs_fixed_with_zero_points(monkeypatch):
     got = (out.codes.to(torch.float32) - out.zero_point) * out.scale
     inside = real < (127 - out.zero_point) * out.scale  # not saturated
     assert float((got - real)[inside].abs().max()) <= 2 * float(out.scale)
+
+
+def test_deployed_lut_ops_with_zero_points_equal_fixed_mode_and_train():
+    """FakeOps.DEPLOYED computes a LUT op with zero points as fixed mode does (fed the same
+    inputs), and train_forward passes a finite gradient through the table's slope."""
+    from quantlab.simulate import FakeOps
+
+    torch.manual_seed(2)
+    sim = Simulator(_Luts().eval(), "tflite", _asymmetric(), fake_ops=FakeOps.DEPLOYED)
+    sim.calibrate([(torch.randn(2, 3, 6, 6) + 0.7,) for _ in range(3)], progress=False)
+    x = torch.randn(2, 3, 6, 6) + 0.7
+    fake = sim.trace(x, mode=Mode.FAKE)
+    fixed = sim.trace(x, mode=Mode.FIXED, _isolate=fake)
+    luts = [n for n in fake.order if n.split("#")[0].lstrip(":") in LUT_MATH]
+    assert len(luts) == len(LUT_MATH)
+    for n in luts:
+        assert fake.qinfo[n].zero_point != 0
+        assert_bits_equal(fake.outputs[n], fixed.outputs[n])
+    y = sim.train_forward(x, mode=Mode.FAKE)
+    y.square().sum().backward()
+    w = sim.model.conv.weight.grad
+    assert w is not None and bool(torch.isfinite(w).all()) and float(w.abs().sum()) > 0
