@@ -247,11 +247,8 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     reduced = _period_reduced(sim, call, rq, xc, xs, in_dt)
     if reduced is not None:
         if zx:
-            raise ValueError(
-                f"op {call.name} ({call.op_type}): the period reduction takes input codes "
-                f"without a zero point, got zero point {zx}; set activation_symmetry: SYMMETRIC "
-                "for this op (or turn off single_period / platform.sincos_period_reduction)"
-            )
+            fc.warn_float(call, "the sin/cos period reduction takes codes without a zero point")
+            return None
         xc, xs = reduced
         observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)

@@ -312,3 +312,18 @@ def test_deployed_lut_ops_with_zero_points_equal_fixed_mode_and_train():
     y.square().sum().backward()
     w = sim.model.conv.weight.grad
     assert w is not None and bool(torch.isfinite(w).all()) and float(w.abs().sum()) > 0
+
+
+class _Sin(nn.Module):
+    def forward(self, x):
+        return torch.sin(x * 3.0)
+
+
+def test_period_reduced_sin_with_a_zero_point_warns_naming_the_field():
+    """single_period reduces a wide sin input to one period on codes without a zero point:
+    with one the op runs in float and the run says so."""
+    spec = _asymmetric(sin=OpQConfig(single_period=True))
+    sim = Simulator(_Sin().eval(), "tflite", spec)
+    sim.calibrate([(torch.rand(4, 16) * 4 + 1,)], progress=False)
+    with pytest.warns(UserWarning, match="sin#0 .*period reduction.*activation_symmetry"):
+        sim.run(torch.rand(4, 16) * 4 + 1, mode=Mode.FIXED)
