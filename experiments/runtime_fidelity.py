@@ -1,8 +1,9 @@
 """Does each runtime profile give its runtime's bits? Profiles x runtimes on one-op models.
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
-FULLY_CONNECTED, ADD, SUB; int8 with nonzero zero points and 16x8; onnxruntime QLinearConv and
-QLinearMatMul with uint8 / int8 activations and nonzero zero points, and Sigmoid / Tanh / Exp
+FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH; int8 with nonzero zero points and 16x8;
+onnxruntime QLinearConv and QLinearMatMul with uint8 / int8 activations and nonzero zero
+points, and Sigmoid / Tanh / Exp
 between DequantizeLinear and QuantizeLinear on every 8-bit code) run in the real runtime
 (LiteRT's reference kernels, LiteRT's default interpreter with XNNPACK, onnxruntime) and
 through quantlab's public numerics under each named profile (``tests/runtime/
@@ -102,6 +103,9 @@ def _litert_families(runtime: Runtime) -> list[Family]:
     def sub(c):
         return L.run(L.sub_model(c), [c.a, c.b], kernels).y
 
+    def lut(c):
+        return L.run(L.lut_model(c), [c.x], kernels).y
+
     rows = [
         ("CONV_2D", "int8", lambda s: C.conv_case(s, False, i8, i32), conv, B.litert_conv),
         ("DEPTHWISE_CONV_2D", "int8", lambda s: C.conv_case(s, True, i8, i32), conv, B.litert_conv),
@@ -114,6 +118,8 @@ def _litert_families(runtime: Runtime) -> list[Family]:
         ),
         ("ADD", "int8", lambda s: C.add_case(s, i8), add, B.litert_add),
         ("SUB", "int8", lambda s: C.add_case(s, i8), sub, B.litert_sub),
+        ("LOGISTIC", "int8", lambda s: C.lut_case(s, "sigmoid"), lut, B.litert_lut),
+        ("TANH", "int8", lambda s: C.lut_case(s, "tanh"), lut, B.litert_lut),
     ]
     if runtime is Runtime.LITERT_REFERENCE:  # XNNPACK does not take 16x8 ops
         # DEPTHWISE_CONV_2D 16x8 has an int64-bias kernel only (LiteRT refuses an int32 bias)
@@ -293,7 +299,8 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
         "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
         "by the profile's bound_rule, ADD by its add_rule and SUB as the add of a and -b "
-        "(fixed_common.sub_codes; tests/runtime/quantlab_bridge.py).",
+        "(fixed_common.sub_codes), LOGISTIC / TANH / Sigmoid / Exp by the zero-point LUT "
+        "(numerics.lut.zero_point; tests/runtime/quantlab_bridge.py).",
         "LiteRT 16x8 models take the converter's default int64 bias, or an int32 bias "
         "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
         "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "

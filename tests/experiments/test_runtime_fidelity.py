@@ -26,12 +26,12 @@ def result(tmp_path_factory):
 
 def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     df = result.table
-    assert len(df) == (5 + 10) * 3  # families x profiles
+    assert len(df) == (7 + 10) * 3  # families x profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(MATCHING)]
-    assert len(own) == 15 and int(own.differing.sum()) == 0
+    assert len(own) == 17 and int(own.differing.sum()) == 0
     assert (own.cases_with_zero_points > 0).all()
-    assert list(result.tables["matching_profiles"].differing) == [0] * 15
+    assert list(result.tables["matching_profiles"].differing) == [0] * 17
     assert any("0 differing outputs" in f for f in result.findings)
 
 

@@ -257,6 +257,33 @@ def sub_model(c: AddCase) -> bytes:
     return add_model(c, subtract=True)
 
 
+@dataclass(frozen=True)
+class LutCase:
+    """LOGISTIC or TANH (``op``: "sigmoid" / "tanh") on every int8 code ``x``: input (scale,
+    zero point) any, output the fixed parameters the int8 kernels require (1/256 and -128 for
+    LOGISTIC, 1/128 and 0 for TANH)."""
+
+    op: str
+    x: np.ndarray
+    xq: QParams
+    yq: QParams
+
+
+LUT_OUTPUT = {
+    "sigmoid": QParams(np.float32(1 / 256), -128),
+    "tanh": QParams(np.float32(1 / 128), 0),
+}
+_LUT_BUILTIN = {"sigmoid": S.BuiltinOperator.LOGISTIC, "tanh": S.BuiltinOperator.TANH}
+
+
+def lut_model(c: LutCase) -> bytes:
+    """LOGISTIC / TANH model of a LutCase (no options)."""
+    m = ModelBuilder()
+    xi = m.tensor("x", np.int8, c.x.shape, c.xq.scale, c.xq.zero_point)
+    yi = m.tensor("y", np.int8, c.x.shape, c.yq.scale, c.yq.zero_point)
+    return m.finish(_LUT_BUILTIN[c.op], [xi], [yi], S.BuiltinOptions.NONE, None, [xi])
+
+
 def conv_output_size(size, kernel, stride, dilation, padding: Padding) -> tuple[int, int]:
     """TFLite's output height and width (ComputeOutSize)."""
     out = []

@@ -184,3 +184,18 @@ def ort_lut(c, platform) -> np.ndarray:
         c.op, dt, float(c.sx), c.zx, dt, float(c.sy), c.zy, fmt=platform.lut_format()
     )
     return table.evaluate(torch.from_numpy(c.x)).numpy()
+
+
+def litert_lut(c, platform) -> np.ndarray:
+    """LOGISTIC / TANH of a LiteRT case (``litert_models.LutCase``) under ``platform``."""
+    table = build_zero_point_lut(
+        c.op,
+        DType.INT8,
+        float(c.xq.scale),
+        c.xq.zero_point,
+        DType.INT8,
+        float(c.yq.scale),
+        c.yq.zero_point,
+        fmt=platform.lut_format(),
+    )
+    return table.evaluate(torch.from_numpy(c.x)).numpy()
