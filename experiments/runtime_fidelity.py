@@ -1,8 +1,10 @@
 """Does each runtime profile give its runtime's bits? Profiles x runtimes on one-op models.
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
-FULLY_CONNECTED, ADD; int8 with nonzero zero points and 16x8; onnxruntime QLinearConv and
-QLinearMatMul with uint8 / int8 activations and nonzero zero points) run in the real runtime
+FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH; int8 with nonzero zero points and 16x8;
+onnxruntime QLinearConv and QLinearMatMul with uint8 / int8 activations and nonzero zero
+points, and Sigmoid / Tanh / Exp
+between DequantizeLinear and QuantizeLinear on every 8-bit code) run in the real runtime
 (LiteRT's reference kernels, LiteRT's default interpreter with XNNPACK, onnxruntime) and
 through quantlab's public numerics under each named profile (``tests/runtime/
 quantlab_bridge.py``); a row counts the outputs compared and those that differ. The case
@@ -32,7 +34,8 @@ RUNTIME_TESTS = Path(__file__).resolve().parent.parent / "tests" / "runtime"
 class Runtime(enum.Enum):
     """LITERT_REFERENCE: LiteRT single-threaded with OpResolverType.BUILTIN_REF.
     LITERT_DEFAULT: a plain LiteRT Interpreter (XNNPACK takes the int8 ops).
-    ONNXRUNTIME: onnxruntime CPU, one thread, graph optimizations off."""
+    ONNXRUNTIME: onnxruntime CPU, one thread, graph optimizations off (QLinear ops) or on
+    (the LUT ops, so that Sigmoid becomes QLinearSigmoid)."""
 
     LITERT_REFERENCE = "litert_reference"
     LITERT_DEFAULT = "litert_default"
@@ -70,6 +73,7 @@ class Family:
     make: object  # seed -> case
     run: object  # case -> runtime output codes
     ours: object  # (case, platform) -> quantlab output codes
+    platform_fields: tuple = ()  # (field, value) the model sets on every profile (bias dtype)
 
 
 def _modules():
@@ -96,6 +100,12 @@ def _litert_families(runtime: Runtime) -> list[Family]:
     def add(c):
         return L.run(L.add_model(c), [c.a, c.b], kernels).y
 
+    def sub(c):
+        return L.run(L.sub_model(c), [c.a, c.b], kernels).y
+
+    def lut(c):
+        return L.run(L.lut_model(c), [c.x], kernels).y
+
     rows = [
         ("CONV_2D", "int8", lambda s: C.conv_case(s, False, i8, i32), conv, B.litert_conv),
         ("DEPTHWISE_CONV_2D", "int8", lambda s: C.conv_case(s, True, i8, i32), conv, B.litert_conv),
@@ -107,27 +117,43 @@ def _litert_families(runtime: Runtime) -> list[Family]:
             B.litert_fully_connected,
         ),
         ("ADD", "int8", lambda s: C.add_case(s, i8), add, B.litert_add),
+        ("SUB", "int8", lambda s: C.add_case(s, i8), sub, B.litert_sub),
+        ("LOGISTIC", "int8", lambda s: C.lut_case(s, "sigmoid"), lut, B.litert_lut),
+        ("TANH", "int8", lambda s: C.lut_case(s, "tanh"), lut, B.litert_lut),
     ]
     if runtime is Runtime.LITERT_REFERENCE:  # XNNPACK does not take 16x8 ops
-        rows += [
-            ("CONV_2D", "16x8", lambda s: C.conv_case(s, False, i16, i64), conv, B.litert_conv),
-            (
-                "DEPTHWISE_CONV_2D",
-                "16x8",
-                lambda s: C.conv_case(s, True, i16, i64),
-                conv,
-                B.litert_conv,
-            ),
-            (
-                "FULLY_CONNECTED",
-                "16x8",
-                lambda s: C.fully_connected_case(s, i16, i64, s % 2 == 0),
-                fc,
-                B.litert_fully_connected,
-            ),
-            ("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add),
-        ]
-    return [Family(runtime, *r) for r in rows]
+        # DEPTHWISE_CONV_2D 16x8 has an int64-bias kernel only (LiteRT refuses an int32 bias)
+        for op, dw, bias, bias_dt in (
+            ("CONV_2D", False, "int64 bias", i64),
+            ("DEPTHWISE_CONV_2D", True, "int64 bias", i64),
+            ("CONV_2D", False, "int32 bias", i32),
+        ):
+            rows.append((op, f"16x8 {bias}", _conv_case(C, dw, bias_dt), conv, B.litert_conv))
+        for bias, bias_dt in (("int64 bias", i64), ("int32 bias", i32)):
+            rows.append(
+                (
+                    "FULLY_CONNECTED",
+                    f"16x8 {bias}",
+                    lambda s, b=bias_dt: C.fully_connected_case(s, i16, b, s % 2 == 0),
+                    fc,
+                    B.litert_fully_connected,
+                )
+            )
+        rows.append(("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add))
+        rows.append(("SUB", "int16", lambda s: C.add_case(s, i16), sub, B.litert_sub))
+    return [Family(runtime, *r, platform_fields=_bias_fields(r[1])) for r in rows]
+
+
+def _conv_case(C, depthwise: bool, bias_dtype):
+    return lambda s: C.conv_case(s, depthwise, np.int16, bias_dtype)
+
+
+def _bias_fields(dtype: str) -> tuple:
+    """A 16x8 model converted with an int32 bias (quantized_bias_type=INT32) sets the profile's
+    ``int16_bias_dtype``; the converter's default int64 bias is the profile default."""
+    from quantlab.numerics.dtypes import DType
+
+    return (("int16_bias_dtype", DType.INT32),) if dtype.endswith("int32 bias") else ()
 
 
 def _ort_families() -> list[Family]:
@@ -145,12 +171,21 @@ def _ort_families() -> list[Family]:
 
         return make
 
+    import ort_lut_models as LUT
+
+    def lut_case(op, act):
+        return lambda s: LUT.lut_case(s, op, act)
+
     rows = []
     for act, name in ((np.uint8, "uint8"), (np.int8, "int8")):
         rows.append(("QLinearConv", name, conv_case(act), Q.run_qlinearconv, B.ort_qlinearconv))
         rows.append(
             ("QLinearMatMul", name, matmul_case(act), Q.run_qlinearmatmul, B.ort_qlinearmatmul)
         )
+    # DQ -> op -> Q: Sigmoid fused into QLinearSigmoid, Tanh and Exp in float32
+    for op, label in (("sigmoid", "QLinearSigmoid"), ("tanh", "Tanh"), ("exp", "Exp")):
+        for act, name in ((np.uint8, "uint8"), (np.int8, "int8")):
+            rows.append((label, name, lut_case(op, act), LUT.run_lut, B.ort_lut))
     return [Family(Runtime.ONNXRUNTIME, *r) for r in rows]
 
 
@@ -178,6 +213,7 @@ def measure(exp: RuntimeFidelityExp, progress: bool = True) -> pd.DataFrame:
             theirs = fam.run(case)
             with_zp += _zero_points(case)
             for name, platform in platforms.items():
+                platform = dataclasses.replace(platform, **dict(fam.platform_fields))
                 mine = fam.ours(case, platform)
                 counts[name][0] += int(theirs.size)
                 counts[name][1] += int((mine != theirs).sum())
@@ -262,9 +298,13 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "quantizes weights.",
         "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
         "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
-        "by the profile's bound_rule, and ADD by its add_rule (tests/runtime/quantlab_bridge.py).",
-        "LiteRT 16x8 models take the converter's default int64 bias; an int32 bias "
-        "(quantized_bias_type=INT32) selects other kernels that no profile models.",
+        "by the profile's bound_rule, ADD by its add_rule and SUB as the add of a and -b "
+        "(fixed_common.sub_codes), LOGISTIC / TANH / Sigmoid / Exp by the zero-point LUT "
+        "(numerics.lut.zero_point; tests/runtime/quantlab_bridge.py).",
+        "LiteRT 16x8 models take the converter's default int64 bias, or an int32 bias "
+        "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
+        "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "
+        "kernel (LiteRT refuses the model).",
     ]
     return ExperimentResult(
         table=df,

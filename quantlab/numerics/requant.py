@@ -357,19 +357,24 @@ def add_inter_scale(
     inter_shift: int = 14,
     mult_bits: int = 31,
     stats: QuantStats | None = None,
+    zero_points: tuple[int, int, int] = (0, 0, 0),
 ) -> Tensor:
     """J6 add (s.7, assumed): acc = x*mx + y*my in int32, then requantize by inter / out_scale.
 
     x, y: integer codes (int8/int16, broadcastable). acc is exact in int64 and saturated to
     int32 (|x*mx| <= 2**15 * 2**inter_shift, so it never saturates for inter_shift <= 15).
     The requant multiplier inter/out_scale is formed in float32 (FLOAT_RESCALE) or float64.
+    ``zero_points`` = (zx, zy, zo) (J6 activations have none; an extension): acc takes the
+    centred codes x - zx and y - zy (int8: |x - zx| <= 255, no saturation either), and zo is
+    added after rounding.
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
+    zx, zy, zo = zero_points
     s, params = _add_constants(x_scale, y_scale, out_scale, inter_shift, scheme, mult_bits)
-    acc = x.to(torch.int64) * s.mx + y.to(torch.int64) * s.my
+    acc = (x.to(torch.int64) - zx) * s.mx + (y.to(torch.int64) - zy) * s.my
     acc = acc.clamp(INT32_MIN, INT32_MAX)
-    return requantize(acc, params, out, rounding, stats=stats)
+    return requantize(acc, params, out, rounding, stats=stats, zero_point=check_zero_point(zo, out))
 
 
 # (x, y and output scale values, inter_shift, scheme, mult_bits) -> (InterScale, RequantParams):
@@ -381,7 +386,7 @@ def _add_constants(x_scale, y_scale, out_scale, inter_shift: int, scheme: Requan
     sx = check_tensor_scale(x_scale, "x_scale")
     sy = check_tensor_scale(y_scale, "y_scale")
     so = check_tensor_scale(out_scale, "out_scale")
-    key = (float(sx), float(sy), float(so), inter_shift, scheme, bits)
+    key = (float(sx), float(sy), float(so), sx.dtype, sy.dtype, so.dtype, inter_shift, scheme, bits)
     hit = _ADD_CONSTANTS.get(key)
     if hit is not None:
         return hit

@@ -4,6 +4,8 @@ the (value, QInfo) a kernel returns (value == codes * scale exactly). The arithm
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -24,8 +26,9 @@ def int_info(info) -> bool:
 
 
 def zp_info(info) -> bool:
-    """An int8/int16 operand, with or without a zero point (the kernels that take zero points:
-    GEMMs, add, mul, pooling, means, cat / clamp; the others fall back to float)."""
+    """An int8/uint8/int16 operand, with or without a zero point (the kernels that take zero
+    points: GEMMs on int8, add / sub, mul, pooling, means, cat / clamp, LUT ops on 8-bit codes,
+    nearest resampling, grid_sample, softmax's exp table; the others fall back to float)."""
     return info is not None and info.dtype.is_int and info.dtype is not DType.INT32
 
 
@@ -70,8 +73,6 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
     """Codes of x + y (codes xc, yc at scales xs, ys; output scale so, dtype ``out``) by the
     platform's ``add_rule``; ``zero_points`` = (x's, y's, output's)."""
     if p.add_rule is AddRule.INTER_SCALE:
-        if any(zero_points):
-            raise ValueError("the INTER_SCALE add takes symmetric operands (zero points 0)")
         return add_inter_scale(
             xc,
             xs,
@@ -83,6 +84,7 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
             p.requant_round,
             p.add_inter_shift,
             p.requant_mult_bits,
+            zero_points=zero_points,
         )
     if p.add_rule is AddRule.RESCALE_FLOAT_FMA:
         return qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point, zero_points)
@@ -92,6 +94,14 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
     if p.add_rule is AddRule.SHARED_SHIFT:
         return add_shared_shift(xc, xs, yc, ys, so, out, p.add_multiplier_bits, zero_points)
     return add_float_rescale(xc, xs, yc, ys, so, out, p.requant_round, zero_points=zero_points)
+
+
+def sub_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tensor:
+    """Codes of x - y: the platform's add of x and -y, whose codes are -yc (int64: -(-128) is
+    128) and zero point -zy (LiteRT's SUB reference kernels and XNNPACK's subtract give these
+    bits)."""
+    zx, zy, zo = zero_points
+    return add_codes(p, xc, xs, -yc.to(torch.int64), ys, so, out, (zx, -zy, zo))
 
 
 def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tensor:
@@ -133,3 +143,14 @@ def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_
     lo_c, hi_c = bound_codes(lo, hi, info.scale, info.dtype, rule=rule, zero_point=zp)
     codes = info.codes.to(torch.int64).clamp_min(lo_c).clamp_max(hi_c)
     return emit(codes, info.scale, info.dtype, zp)
+
+
+def warn_float(call, why: str) -> None:
+    """Warn (once per op and reason) that op ``call`` runs in float in fixed mode because of its
+    activation zero points: ``why`` says what its integer kernel does not take."""
+    warnings.warn(
+        f"op {call.name} ({call.op_type}) runs in float in fixed mode: {why}; its activations "
+        "have zero points (activation_symmetry: ASYMMETRIC), set activation_symmetry: SYMMETRIC "
+        "for it to run its integer kernel",
+        stacklevel=3,
+    )

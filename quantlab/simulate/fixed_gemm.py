@@ -41,7 +41,12 @@ def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matm
 def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     p = sim.platform
     xi = in_infos[0]
-    if not fc.zp_info(xi) or (xi.zero_point and xi.dtype is not DType.INT8):
+    if not fc.zp_info(xi):
+        return None
+    if xi.zero_point and xi.dtype is not DType.INT8:
+        fc.warn_float(
+            call, f"an integer GEMM takes zero points on int8 operands only, not {xi.dtype.name}"
+        )
         return None
     xc = _operand_codes(args, kwargs, plan.acts[0], xi)
     xs = xi.scale
@@ -51,11 +56,18 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         wdt = rq.weight_dtype
         if rq.weight_split:
             if xi.zero_point:
+                fc.warn_float(call, "the high/low weight split takes an input without a zero point")
                 return None
             return _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp)
     else:
         wi = in_infos[1] if len(in_infos) > 1 else None
-        if not fc.zp_info(wi) or (wi.zero_point and wi.dtype is not DType.INT8):
+        if not fc.zp_info(wi):
+            return None
+        if wi.zero_point and wi.dtype is not DType.INT8:
+            fc.warn_float(
+                call,
+                f"an integer GEMM takes zero points on int8 operands only, not {wi.dtype.name}",
+            )
             return None
         if rq.weight_split and matmul:
             b = fc.codes(args, kwargs, plan.acts[1], in_infos[1])

@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory
+from quantlab.numerics.dtypes import DType
 from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.numerics.requant import requant_scale
-from quantlab.platforms import AddRule, ConcatRule, SoftmaxRule
+from quantlab.platforms import ConcatRule, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -91,19 +92,15 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if a is None or b is None:
         return None
     (xc, xs, zx), (yc, ys, zy) = a, b
-    if call.op_type == "sub":
-        if zx or zy:
-            return None  # a negated operand's zero point may leave the code range
-        if _reversed(call):
-            xc = -xc
-        else:
-            yc = -yc
     so = fc.out_scale(sim, call, rq)
     out = rq.output_dtype
     zo = fc.out_zero_point(sim, call, rq)
-    if (zx or zy or zo) and p.add_rule is AddRule.INTER_SCALE:
-        return None  # the J6 add takes symmetric operands
-    codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+    if call.op_type != "sub":
+        codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+    elif _reversed(call):  # c - x: the add of -x and c, in this operand order
+        codes = fc.add_codes(p, -xc, xs, yc, ys, so, out, (-zx, zy, zo))
+    else:
+        codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
     return fc.emit(codes, so, out, zo)
 
 
@@ -230,46 +227,60 @@ def _period_reduced(sim, call, rq, xc: Tensor, xs: float, in_dt) -> tuple | None
 
 
 def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
-    """(table, input codes, input scale, output scale) of a LUT op in fixed mode (the input
-    period-reduced when it applies), or None when the integer table does not apply."""
+    """(table, input codes, input scale, output scale, output zero point) of a LUT op in fixed
+    mode (the input period-reduced when it applies), or None when the integer table does not
+    apply. Codes with a zero point (or uint8) take a ``ZeroPointLut`` (numerics.lut.zero_point);
+    symmetric int8 / int16 codes the ``SegmentLut``."""
     from quantlab.numerics.lut import build_lut
+    from quantlab.numerics.lut.zero_point import build_zero_point_lut
 
     p = sim.platform
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    if call.op_type not in LUT_FUNCS or not fc.int_info(info) or not out.is_int:
+    if call.op_type not in LUT_FUNCS or not fc.zp_info(info) or not out.is_int:
         return None
     if call.op_type == "gelu" and kwargs.get("approximate", "none") != "none":
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info)
-    xs, in_dt = float(info.scale), info.dtype
+    xs, in_dt, zx = float(info.scale), info.dtype, info.zero_point
     observed = sim.observed_range(call.name, "in0")
     reduced = _period_reduced(sim, call, rq, xc, xs, in_dt)
     if reduced is not None:
+        if zx:
+            fc.warn_float(call, "the sin/cos period reduction takes codes without a zero point")
+            return None
         xc, xs = reduced
         observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     spec = _lut_spec(call, rq)
-    lut = build_lut(
-        call.op_type,
-        in_dt,
-        xs,
-        out,
-        float(so),
-        spec,
-        p.lut_format(),
-        observed,
-        _calibrated_histogram(sim, call, spec, reduced=reduced is not None),
-    )
-    return lut, xc.to(in_dt.torch_dtype), xs, so
+    hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
+    if zx or zo or DType.UINT8 in (in_dt, out):
+        if (zx and in_dt.bits > 8) or (zo and out.bits > 8):
+            fc.warn_float(call, "a LUT takes 16-bit codes without a zero point only")
+            return None
+        table = build_zero_point_lut(
+            call.op_type, in_dt, xs, zx, out, float(so), zo, spec, p.lut_format(), observed, hist
+        )
+        return table, xc, xs, so, zo
+    lut = build_lut(call.op_type, in_dt, xs, out, float(so), spec, p.lut_format(), observed, hist)
+    return lut, xc.to(in_dt.torch_dtype), xs, so, 0
+
+
+def _lut_slope(table, xc: Tensor) -> Tensor:
+    """d(output code)/d(input code) of a built table at the input codes (float64)."""
+    from quantlab.numerics.lut.slope import segment_slope
+    from quantlab.numerics.lut.zero_point import ZeroPointLut
+
+    return table.slope(xc) if isinstance(table, ZeroPointLut) else segment_slope(table, xc)
 
 
 def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
     t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
     if t is None:
         return None
-    lut, xc, _, so = t
-    return fc.emit(lut.evaluate(xc), so, rq.output_dtype)
+    lut, xc, _, so, zo = t
+    return fc.emit(lut.evaluate(xc), so, rq.output_dtype, zo)
 
 
 DEPLOYED_CATEGORIES = frozenset({OpCategory.LUT, OpCategory.SOFTMAX})
@@ -281,7 +292,6 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     or None where the integer table does not apply. When a gradient is recorded: a LUT op's
     gradient is its table's own slope (``numerics.lut.segment_slope``), d out / d in in real
     units; softmax's is the float softmax's."""
-    from quantlab.numerics.lut.slope import segment_slope
     from quantlab.simulate import calls
     from quantlab.simulate.straight_through import through
 
@@ -295,11 +305,11 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
     if t is None:
         return None
-    lut, xc, xs, so = t
-    value, info = fc.emit(lut.evaluate(xc), so, rq.output_dtype)
+    lut, xc, xs, so, zo = t
+    value, info = fc.emit(lut.evaluate(xc), so, rq.output_dtype, zo)
     if not grad:
         return value, info
-    slope = segment_slope(lut, xc) * (float(so) / xs)
+    slope = _lut_slope(lut, xc) * (float(so) / xs)
     return through(x, value, slope.to(torch.float32)), info
 
 
@@ -309,29 +319,36 @@ def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     table_rule = sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE
-    if not (fc.zp_info(info) if table_rule else fc.int_info(info)) or not out.is_int:
+    if not fc.zp_info(info) or not out.is_int:
         return None
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     if dim is None or kwargs.get("dtype") is not None:
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
     so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
     if table_rule:  # the input's zero point cancels (only max(x) - x enters)
         if info.dtype.bits != 8 or out.bits != 8:
             return None  # the runtime fuses 8-bit softmax only; float between DQ and Q
-        zo = fc.out_zero_point(sim, call, rq)
         codes = exp_table_softmax(xc, float(info.scale), dim, float(so), out, zo)
         return fc.emit(codes, so, out, zo)
+    zx = info.zero_point
+    if not (zx or zo or DType.UINT8 in (info.dtype, out)):
+        codes = lut_softmax(
+            xc, float(info.scale), info.dtype, dim, float(so), out, sim.platform.lut_format()
+        )
+        return fc.emit(codes, so, out)
+    if (zx and info.dtype.bits > 8) or (zo and out.bits > 8):
+        fc.warn_float(call, "the LUT softmax takes 16-bit codes without a zero point only")
+        return None
+    # 8-bit codes with zero points: the input's cancels in x - max(x) (codes taken as int16);
+    # the output codes are formed in int16 (nothing saturates before zo is added)
+    x16 = xc.to(torch.int16)
     codes = lut_softmax(
-        xc,
-        float(info.scale),
-        info.dtype,
-        dim,
-        float(so),
-        out,
-        sim.platform.lut_format(),
+        x16, float(info.scale), DType.INT16, dim, float(so), DType.INT16, sim.platform.lut_format()
     )
-    return fc.emit(codes, so, out)
+    codes = (codes.to(torch.int64) + zo).clamp(out.qmin, out.qmax)
+    return fc.emit(codes, so, out, zo)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -396,14 +413,16 @@ def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
-    if not fc.int_info(info) or not out.is_int or mode != "nearest":
+    if not fc.zp_info(info) or not out.is_int or mode != "nearest":
         return None
-    xc = fc.codes(args, kwargs, plan.acts[0], info)
+    xc = fc.centred(args, kwargs, plan.acts[0], info)
     a2 = list(args)
     a2[0] = xc.to(torch.float64)
     sel = call.func(*a2, **kwargs).to(torch.int64)
     so = fc.out_scale(sim, call, rq)
-    return fc.emit(fc.requant(sim, sel, fc.ratio(sim, info.scale, so), out), so, out)
+    zo = fc.out_zero_point(sim, call, rq)
+    codes = fc.requant(sim, sel, fc.ratio(sim, info.scale, so), out, zero_point=zo)
+    return fc.emit(codes, so, out, zo)
 
 
 # --------------------------------------------------------------------------- grid_sample
@@ -416,7 +435,7 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0]
     ginfo = in_infos[1] if len(in_infos) > 1 else None
     if (
-        not fc.int_info(info)
+        not fc.zp_info(info)
         or not p.grid_dtype.is_int
         or (ginfo is not None and ginfo.dtype.is_float)
     ):
@@ -438,10 +457,11 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
         p.fake_round,
         G.NanRule.ZERO_CODE,  # a NaN coordinate becomes code 0, as quantize does
     )
+    zx = info.zero_point  # sampled on the centred codes: padding "zeros" is the value 0
     codes = G.grid_sample_fixed(
-        info.codes_of(x),
+        info.codes_of(x) - zx,
         info.scale,
-        info.dtype,
+        DType.INT32 if zx else info.dtype,
         qg,
         G.SampleMode[mode.upper()],
         G.Padding.ZEROS,
@@ -450,7 +470,9 @@ def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
         weight_frac_bits=p.grid_weight_frac_bits,
         coord_round=p.grid_round,
     )
-    return fc.emit(codes, info.scale, info.dtype)
+    if zx:
+        codes = (codes.to(torch.int64) + zx).clamp(info.dtype.qmin, info.dtype.qmax)
+    return fc.emit(codes, info.scale, info.dtype, zx)
 
 
 _DISPATCH = {

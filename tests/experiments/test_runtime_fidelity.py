@@ -26,12 +26,12 @@ def result(tmp_path_factory):
 
 def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     df = result.table
-    assert len(df) == (4 + 4) * 3  # families x profiles
+    assert len(df) == (7 + 10) * 3  # families x profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(MATCHING)]
-    assert len(own) == 8 and int(own.differing.sum()) == 0
+    assert len(own) == 17 and int(own.differing.sum()) == 0
     assert (own.cases_with_zero_points > 0).all()
-    assert list(result.tables["matching_profiles"].differing) == [0] * 8
+    assert list(result.tables["matching_profiles"].differing) == [0] * 17
     assert any("0 differing outputs" in f for f in result.findings)
 
 
@@ -40,3 +40,23 @@ def test_bad_options_name_the_field():
         RuntimeFidelityExp(cases=0)
     with pytest.raises(ValueError, match="unknown platform"):
         RuntimeFidelityExp(profiles=["nope"])
+
+
+def test_reference_rows_cover_16x8_with_both_bias_dtypes():
+    """LiteRT's reference kernels: 16x8 models with the converter's int64 bias and with an int32
+    bias (the profile told by int16_bias_dtype) give 0 differing outputs under ``tflite``."""
+    from experiments.runtime_fidelity import measure
+
+    exp = RuntimeFidelityExp(runtimes=[Runtime.LITERT_REFERENCE], profiles=["tflite"], cases=3)
+    df = measure(exp, progress=False)
+    fams = set(df.family)
+    for fam in (
+        "CONV_2D 16x8 int32 bias",
+        "FULLY_CONNECTED 16x8 int32 bias",
+        "CONV_2D 16x8 int64 bias",
+        "DEPTHWISE_CONV_2D 16x8 int64 bias",
+        "FULLY_CONNECTED 16x8 int64 bias",
+    ):
+        assert fam in fams, fams
+    assert "DEPTHWISE_CONV_2D 16x8 int32 bias" not in fams  # no such LiteRT kernel
+    assert (df.outputs > 0).all() and int(df.differing.sum()) == 0

@@ -121,3 +121,34 @@ def test_activation_symmetry_is_a_qconfig_and_platform_field():
         OpQConfig(activation_symmetry="skewed")
     for name in ("j6e", "j6m", "j6b", "j6h", "j6p", "onnxruntime", "tflite", "litert_xnnpack"):
         assert load_platform(name).activation_symmetry is ActivationSymmetry.SYMMETRIC
+
+
+class _ConvSub(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c1(x) - self.c2(x)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_asymmetric_sub_matches_onnxruntime(encoding, tmp_path):
+    """sub with zero points (the add of the negated operand) gives onnxruntime's bits, where
+    Sub runs in float32 between DequantizeLinear and QuantizeLinear (there is no QLinearSub)."""
+    torch.manual_seed(4)
+    spec = QConfigSpec(
+        global_=OpQConfig(activation_symmetry="ASYMMETRIC"),
+        by_type={"conv2d": OpQConfig(high_precision_output=False)},
+    )
+    sim = Simulator(_ConvSub().eval(), "onnxruntime", spec)
+    sim.calibrate([(torch.randn(2, 3, 8, 8) + 0.3,) for _ in range(2)], progress=False)
+    x = (torch.randn(4, 3, 8, 8) + 0.3,)
+    trace = sim.trace(*x, mode=Mode.FIXED)
+    assert trace.qinfo[":sub#0"].zero_point != 0
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", x, encoding=encoding)
+    sess = R.session(info.path, tmp_path / "opt.onnx")
+    assert "Sub" in {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+    (y,) = R.run(sess, info.input_names, x)
+    assert np.array_equal(y, sim.run(*x, mode=Mode.FIXED).numpy())

@@ -23,6 +23,7 @@ from quantlab.numerics import (
     Overflow,
     Requant,
     Round,
+    add_inter_scale,
     add_left_shift,
     add_shared_shift,
     bound_codes,
@@ -250,6 +251,27 @@ def test_add_shared_shift_matches_reference():
         want = R.add_shared_shift(a, sa, b, sb, so, DType.INT8, 20, z)
         assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
     assert int(_wrap32(torch.tensor(1 << 31))) == -(1 << 31)
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+def test_add_inter_scale_with_zero_points_matches_reference(act):
+    """The J6 add rule extended to zero points (centred codes, zo after rounding), int8 and
+    uint8, both schemes the J6 profiles use, power-of-two scales for exact ties."""
+    dt, tdt = ACTS[act]
+    g = torch.Generator().manual_seed(7)
+    for i in range(N_CASES):
+        a = _codes(g, (40,), dt, tdt)
+        b = _codes(g, (40,), dt, tdt)
+        z = tuple(int(v) for v in torch.randint(dt.qmin, dt.qmax + 1, (3,), generator=g))
+        sa, sb = (float(v) for v in torch.empty(2).uniform_(5e-3, 1e-1, generator=g))
+        if i % 4 == 1:
+            sa, sb = 2.0**-6, 2.0**-8
+        so = max(sa, sb) * (2.5 if i % 2 else 0.8)
+        scheme = (Requant.MUL_SHIFT, Requant.FLOAT_RESCALE)[i % 2]
+        rnd = (Round.HALF_UP, Round.HALF_EVEN)[i % 2]
+        got = add_inter_scale(a, sa, b, sb, so, dt, scheme, rnd, zero_points=z)
+        want = R.add_inter_scale(a, sa, b, sb, so, dt, scheme, rnd, zero_points=z)
+        assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
 
 
 @pytest.mark.parametrize("rule", list(BoundRule))

@@ -15,10 +15,12 @@ import enum
 
 import numpy as np
 from litert_models import (
+    LUT_OUTPUT,
     Activation,
     AddCase,
     ConvCase,
     FullyConnectedCase,
+    LutCase,
     Padding,
     QParams,
     conv_output_size,
@@ -232,3 +234,12 @@ def add_case(seed: int, act_dtype, asymmetric: bool = True) -> AddCase:
         sy = relu6_tie_scale(rng)
     sy = max(sy, np.float32(2 * max(sa, sb) / (1 << 14)))  # the kernels need sy >~ 2*max/2**20
     return AddCase(a, aq, b, bq, QParams(sy, _zero_point(rng, act_dtype, asymmetric)), activation)
+
+
+def lut_case(seed: int, op: str) -> LutCase:
+    """LOGISTIC / TANH on every int8 code: a random input scale (a power of two every third
+    seed) and zero point in [-128, 127]; the output parameters the kernel requires."""
+    rng = np.random.default_rng(seed)
+    x = np.arange(-128, 128).astype(np.int8)
+    sx = np.float32(2.0 ** -int(rng.integers(3, 7))) if seed % 3 == 2 else _scale(rng, 5e-3, 0.1)
+    return LutCase(op, x, QParams(sx, int(rng.integers(-128, 128))), LUT_OUTPUT[op])

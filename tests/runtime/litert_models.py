@@ -1,8 +1,9 @@
 """One-op TFLite models built in memory from the LiteRT flatbuffer schema, and their runs.
 
-``conv2d_model``, ``depthwise_model``, ``fully_connected_model`` and ``add_model`` return the
-bytes of a model with one quantized operator (int8 activations with any zero point, or 16x8:
-int16 activations with zero point 0, int8 weights, int32 or int64 bias); the ``*Case``
+``conv2d_model``, ``depthwise_model``, ``fully_connected_model``, ``add_model`` and
+``sub_model`` return the bytes of a model with one quantized operator (int8 activations with
+any zero point, or 16x8: int16 activations with zero point 0, int8 weights, int32 or int64
+bias); ``ModelBuilder.finish_graph`` chains several operators; the ``*Case``
 dataclasses hold every parameter so that a test can run the same case in LiteRT and in an
 oracle. ``run`` executes a model single-threaded with LiteRT's reference kernels
 (``Kernels.REFERENCE``, ``OpResolverType.BUILTIN_REF``) or with the default interpreter
@@ -109,7 +110,7 @@ class AddCase:
     activation: Activation
 
 
-class _ModelBuilder:
+class ModelBuilder:
     """Collects tensors and buffers of a one-subgraph model (buffer 0 is the empty one)."""
 
     def __init__(self) -> None:
@@ -138,24 +139,36 @@ class _ModelBuilder:
         return len(self.tensors) - 1
 
     def finish(self, builtin: int, inputs, outputs, options_type, options, graph_inputs) -> bytes:
-        code = S.OperatorCodeT()
-        code.builtinCode = builtin
-        code.deprecatedBuiltinCode = min(builtin, 127)
-        code.version = 1
-        op = S.OperatorT()
-        op.opcodeIndex = 0
-        op.inputs = list(inputs)
-        op.outputs = list(outputs)
-        op.builtinOptionsType = options_type
-        op.builtinOptions = options
+        return self.finish_graph([(builtin, inputs, outputs, options_type, options)], graph_inputs)
+
+    def finish_graph(self, ops: list[tuple], graph_inputs, graph_outputs=None) -> bytes:
+        """The model of ``ops`` in order, each (builtin, inputs, outputs, options type,
+        options); the graph's outputs default to the last op's."""
+        codes, operators = [], []
+        for builtin, inputs, outputs, options_type, options in ops:
+            if builtin not in codes:
+                codes.append(builtin)
+            op = S.OperatorT()
+            op.opcodeIndex = codes.index(builtin)
+            op.inputs = list(inputs)
+            op.outputs = list(outputs)
+            op.builtinOptionsType = options_type
+            op.builtinOptions = options
+            operators.append(op)
         sg = S.SubGraphT()
         sg.tensors = self.tensors
         sg.inputs = list(graph_inputs)
-        sg.outputs = list(outputs)
-        sg.operators = [op]
+        sg.outputs = list(ops[-1][2] if graph_outputs is None else graph_outputs)
+        sg.operators = operators
         model = S.ModelT()
         model.version = 3
-        model.operatorCodes = [code]
+        model.operatorCodes = []
+        for builtin in codes:
+            code = S.OperatorCodeT()
+            code.builtinCode = builtin
+            code.deprecatedBuiltinCode = min(builtin, 127)
+            code.version = 1
+            model.operatorCodes.append(code)
         model.subgraphs = [sg]
         model.buffers = self.buffers
         b = flatbuffers.Builder(1024)
@@ -173,7 +186,7 @@ def _bias_type(bias: np.ndarray | None, act: np.dtype) -> int:
 
 def conv2d_model(c: ConvCase) -> bytes:
     """CONV_2D (``c.depth_multiplier == 0``) or DEPTHWISE_CONV_2D model of a ConvCase."""
-    m = _ModelBuilder()
+    m = ModelBuilder()
     act = c.x.dtype
     out_ch = c.w.shape[0] if c.depth_multiplier == 0 else c.w.shape[3]
     w_axis = 0 if c.depth_multiplier == 0 else 3
@@ -202,7 +215,7 @@ def conv2d_model(c: ConvCase) -> bytes:
 
 def fully_connected_model(c: FullyConnectedCase) -> bytes:
     """FULLY_CONNECTED model of a FullyConnectedCase (keep_num_dims false, output (B, units))."""
-    m = _ModelBuilder()
+    m = ModelBuilder()
     act = c.x.dtype
     xi = m.tensor("x", act, c.x.shape, c.xq.scale, c.xq.zero_point)
     wi = m.tensor("w", np.int8, c.w.shape, c.w_scale, None, 0, c.w)
@@ -224,16 +237,51 @@ def fully_connected_model(c: FullyConnectedCase) -> bytes:
     )
 
 
-def add_model(c: AddCase) -> bytes:
-    """ADD model of an AddCase (both operands are graph inputs)."""
-    m = _ModelBuilder()
+def add_model(c: AddCase, subtract: bool = False) -> bytes:
+    """ADD (or SUB: a - b) model of an AddCase (both operands are graph inputs)."""
+    m = ModelBuilder()
     ai = m.tensor("a", c.a.dtype, c.a.shape, c.aq.scale, c.aq.zero_point)
     bi = m.tensor("b", c.b.dtype, c.b.shape, c.bq.scale, c.bq.zero_point)
     yi = m.tensor("y", c.a.dtype, c.a.shape, c.yq.scale, c.yq.zero_point)
-    o = S.AddOptionsT()
+    o = S.SubOptionsT() if subtract else S.AddOptionsT()
     o.fusedActivationFunction = c.activation.value
     o.potScaleInt16 = False  # the general-scale int16 kernel (what the converter emits)
+    if subtract:
+        return m.finish(S.BuiltinOperator.SUB, [ai, bi], [yi], S.BuiltinOptions.SubOptions, o,
+                        [ai, bi])  # fmt: skip
     return m.finish(S.BuiltinOperator.ADD, [ai, bi], [yi], S.BuiltinOptions.AddOptions, o, [ai, bi])
+
+
+def sub_model(c: AddCase) -> bytes:
+    """SUB model (a - b) of an AddCase."""
+    return add_model(c, subtract=True)
+
+
+@dataclass(frozen=True)
+class LutCase:
+    """LOGISTIC or TANH (``op``: "sigmoid" / "tanh") on every int8 code ``x``: input (scale,
+    zero point) any, output the fixed parameters the int8 kernels require (1/256 and -128 for
+    LOGISTIC, 1/128 and 0 for TANH)."""
+
+    op: str
+    x: np.ndarray
+    xq: QParams
+    yq: QParams
+
+
+LUT_OUTPUT = {
+    "sigmoid": QParams(np.float32(1 / 256), -128),
+    "tanh": QParams(np.float32(1 / 128), 0),
+}
+_LUT_BUILTIN = {"sigmoid": S.BuiltinOperator.LOGISTIC, "tanh": S.BuiltinOperator.TANH}
+
+
+def lut_model(c: LutCase) -> bytes:
+    """LOGISTIC / TANH model of a LutCase (no options)."""
+    m = ModelBuilder()
+    xi = m.tensor("x", np.int8, c.x.shape, c.xq.scale, c.xq.zero_point)
+    yi = m.tensor("y", np.int8, c.x.shape, c.yq.scale, c.yq.zero_point)
+    return m.finish(_LUT_BUILTIN[c.op], [xi], [yi], S.BuiltinOptions.NONE, None, [xi])
 
 
 def conv_output_size(size, kernel, stride, dilation, padding: Padding) -> tuple[int, int]:

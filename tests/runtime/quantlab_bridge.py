@@ -4,8 +4,9 @@ LiteRT cases (NHWC, ``litert_models``) and onnxruntime cases (NCHW, ``onnx_qline
 go through ``qconv2d`` / ``qlinear`` / ``qmatmul`` with the profile's per-family contract
 (``platform.gemm_contract(op type, activation=dtype)``), the case's zero points and integer
 bias codes, then the fused activation's code bounds by the profile's ``bound_rule``; ADD goes
-through the simulator's ``add_codes`` (the profile's ``add_rule``). Nothing here restates a
-runtime rule: the rules are the profile's.
+through the simulator's ``add_codes`` (the profile's ``add_rule``), SUB through ``sub_codes``;
+the onnxruntime LUT ops through ``build_zero_point_lut`` with the profile's LUT format.
+Nothing here restates a runtime rule: the rules are the profile's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from litert_models import (
 )
 
 from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
-from quantlab.simulate.fixed_common import add_codes
+from quantlab.numerics.lut.zero_point import build_zero_point_lut
+from quantlab.simulate.fixed_common import add_codes, sub_codes
 
 _DTYPE = {
     np.dtype(np.int8): DType.INT8,
@@ -114,6 +116,22 @@ def litert_add(c: AddCase, platform) -> np.ndarray:
     return _activation(codes, c.activation, c.yq, dt, platform)
 
 
+def litert_sub(c: AddCase, platform) -> np.ndarray:
+    """SUB (a - b) of a LiteRT case under ``platform`` (the simulator's sub: ``sub_codes``)."""
+    dt = _DTYPE[c.a.dtype]
+    codes = sub_codes(
+        platform,
+        torch.from_numpy(c.a),
+        float(c.aq.scale),
+        torch.from_numpy(c.b),
+        float(c.bq.scale),
+        float(c.yq.scale),
+        dt,
+        (c.aq.zero_point, c.bq.zero_point, c.yq.zero_point),
+    )
+    return _activation(codes, c.activation, c.yq, dt, platform)
+
+
 def ort_qlinearconv(c, platform) -> np.ndarray:
     """QLinearConv of an onnxruntime case (symmetric int8 weights, zw = 0) under ``platform``."""
     if c.zw != 0 or c.w.dtype != np.int8:
@@ -156,3 +174,28 @@ def ort_qlinearmatmul(c, platform) -> np.ndarray:
         zero_points=(c.za, c.zy),
     )
     return y.numpy()
+
+
+def ort_lut(c, platform) -> np.ndarray:
+    """A DequantizeLinear -> Sigmoid / Tanh / Exp -> QuantizeLinear case (``ort_lut_models``)
+    under ``platform``: the simulator's LUT on codes with zero points (``ZeroPointLut``)."""
+    dt = _DTYPE[c.x.dtype]
+    table = build_zero_point_lut(
+        c.op, dt, float(c.sx), c.zx, dt, float(c.sy), c.zy, fmt=platform.lut_format()
+    )
+    return table.evaluate(torch.from_numpy(c.x)).numpy()
+
+
+def litert_lut(c, platform) -> np.ndarray:
+    """LOGISTIC / TANH of a LiteRT case (``litert_models.LutCase``) under ``platform``."""
+    table = build_zero_point_lut(
+        c.op,
+        DType.INT8,
+        float(c.xq.scale),
+        c.xq.zero_point,
+        DType.INT8,
+        float(c.yq.scale),
+        c.yq.zero_point,
+        fmt=platform.lut_format(),
+    )
+    return table.evaluate(torch.from_numpy(c.x)).numpy()

@@ -114,9 +114,12 @@ def quantize_bias(bias, x_scale, w_scale) -> np.ndarray:
 
 
 def add_inter_scale(
-    x, x_scale, y, y_scale, out_scale, out: DType, scheme, mode: Round, inter_shift=14
-) -> np.ndarray:
-    """J6 add rule with numpy float32 scales and Python-int sums, then reference requantize."""
+    x, x_scale, y, y_scale, out_scale, out: DType, scheme, mode: Round, inter_shift=14,
+    zero_points=(0, 0, 0),
+) -> np.ndarray:  # fmt: skip
+    """J6 add rule with numpy float32 scales and Python-int sums on the centred codes, then
+    reference requantize (+ the output's zero point); ``zero_points`` = (x's, y's, output's)."""
+    zx, zy, zo = zero_points
     sx, sy, so = np.float32(x_scale), np.float32(y_scale), np.float32(out_scale)
     inter = np.float32(max(sx, sy) / np.float32(1 << inter_shift))
     mx = int(np.rint(np.float32(sx / inter)))
@@ -124,7 +127,7 @@ def add_inter_scale(
     xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
     acc = np.array(
         [
-            min(max(int(a) * mx + int(b) * my, INT32_MIN), INT32_MAX)
+            min(max((int(a) - zx) * mx + (int(b) - zy) * my, INT32_MIN), INT32_MAX)
             for a, b in zip(xa.ravel(), ya.ravel())
         ],
         dtype=np.int64,
@@ -133,7 +136,7 @@ def add_inter_scale(
         real = float(np.float32(inter / so))
     else:
         real = float(np.float64(inter) / np.float64(so))
-    return requantize(acc, real, scheme, out, mode)
+    return requantize(acc, real, scheme, out, mode, zero_point=zo)
 
 
 def add_float_rescale(
