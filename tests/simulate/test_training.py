@@ -227,5 +227,40 @@ def test_train_forward_refuses_fixed_mode_and_uncalibrated():
         Simulator(LutNet(), fake_ops="deployed")
 
 
+class SoftmaxHead(nn.Module):
+    """Linear, then softmax; records the gradient that reaches the softmax's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 5)
+        self.seen: list = []
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.requires_grad:
+            self.seen[:] = [h]
+            h.register_hook(lambda g: self.seen.append(g))
+        return torch.softmax(h, -1)
+
+
+def test_deployed_softmax_gradient_is_the_float_softmax_gradient():
+    """FakeOps.DEPLOYED: the softmax forward is the deployed one, its gradient the float
+    softmax's vector-Jacobian product at the same (quantized) input."""
+    torch.manual_seed(0)
+    m = SoftmaxHead()
+    g = torch.Generator().manual_seed(1)
+    sim = Simulator(m, "j6m", fake_ops=FakeOps.DEPLOYED)
+    sim.calibrate([(torch.randn(16, 6, generator=g) * 2,)], progress=False)
+    x = torch.randn(16, 6, generator=g) * 2
+    y = sim.train_forward(x)
+    c = torch.linspace(-1.0, 1.0, y.numel()).reshape(y.shape)
+    (y * c).sum().backward()
+    h, grad_h = m.seen[0].detach(), m.seen[1]
+    _, vjp = torch.func.vjp(lambda t: torch.softmax(t, -1), h)
+    assert_bits_equal(grad_h, vjp(c)[0])
+    sim.fake_ops = FakeOps.QAT
+    assert not torch.equal(y.detach(), sim.run(x, mode=Mode.FAKE))  # deployed, not QAT's form
+
+
 def test_categories_cover_lut_and_softmax():
     assert DEPLOYED_CATEGORIES == {OpCategory.LUT, OpCategory.SOFTMAX}
