@@ -208,6 +208,22 @@ def test_learned_scales_get_gradients_and_move_fixed_mode():
     assert not torch.equal(before, sim.run(*x, mode=Mode.FIXED))
 
 
+def test_learned_scales_are_the_scales_of_later_runs():
+    """A learned scale starts at its calibrated value and, once changed, every later run
+    (fixed, fake and training) quantizes at it, not at the cached calibrated scale."""
+    sim, x = _small(FakeOps.QAT)
+    before = {m: sim.run(*x, mode=m) for m in (Mode.FIXED, Mode.FAKE)}
+    scales = sim.learn_scales(*x)
+    for m, want in before.items():
+        assert_bits_equal(sim.run(*x, mode=m), want)
+    with torch.no_grad():
+        for s in scales:
+            s.mul_(2.0)
+    for m, old in before.items():
+        assert not torch.equal(sim.run(*x, mode=m), old), m
+    assert_bits_equal(sim.train_forward(*x).detach(), sim.run(*x, mode=Mode.FAKE))
+
+
 def test_train_step_lowers_a_distillation_loss():
     sim, x = _small(FakeOps.DEPLOYED)
     with torch.no_grad():
