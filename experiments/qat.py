@@ -252,9 +252,9 @@ def _deployed_input(bundle, data, fmt: InputFormat, ctx: RunContext):
     yuv = YuvConversion.of(ctx.platform)
 
     def deploy(model):
-        return deploy_input_path(model, bundle.input_format, fmt, example, Border.MEAN_PIXEL, yuv)[
-            0
-        ]
+        image = bundle.input_format
+        folded, _ = deploy_input_path(model, image, fmt, example, Border.MEAN_PIXEL, yuv)
+        return folded
 
     return DeployedInput(fmt.name, deploy, [], chip.eval), chip.calib
 
@@ -438,7 +438,7 @@ def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, pla
             f"on {exp.decoder_train_samples} box sets, evaluated on {exp.decoder_eval_samples}; "
             f"box chain and inverse_sigmoid at {exp.decoder_dtype.name}, inverse_sigmoid table "
             f"{exp.decoder_strategy.name}. Posenc: mul, sin, cos at {exp.posenc_dtype.name}. "
-            f"CNN: PTQ and QAT calibrate and train on the input model.input_format configures; "
+            "CNN: PTQ and QAT calibrate and train on the input model.input_format configures; "
             f"on the chip it takes {exp.deployed_input.name} (exp.deployed_input: uint8 pixels "
             "as int8 codes at scale 1, mean/std folded into the first conv, its padding moved "
             "to the input; quantlab.models.input_path), where DEPLOYED_QAT trains and every "
