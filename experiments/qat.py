@@ -5,10 +5,13 @@ Three models, each calibrated and then fine-tuned briefly through the simulator
 the vendor's fixed-scale QAT): the DETR-style decoder of ``+exp=inverse_sigmoid`` (box chain
 and inverse_sigmoid at int16 with the vendor's default table strategy, trained on its box
 labels), the sin/cos positional-encoding toy of ``+exp=sincos_period`` and the real CNN of the
-``model``/``data`` groups (MobileNetV2 on the packaged photos, float preprocessing), both
-distilled from their float model. Variants: PTQ (no training), QAT (plain fake mode) and
-DEPLOYED_QAT (fake mode with the deployed segment tables, ``FakeOps.DEPLOYED``). Reported: the
-deployed (fixed mode) task metric with its 95% interval, the fake-vs-fixed gap before (PTQ) and
+``model``/``data`` groups (MobileNetV2 on the packaged photos), both distilled from their float
+model. Variants: PTQ (no training), QAT (plain fake mode on the input as ``model.input_format``
+configures it, by default the lab's float preprocessing) and DEPLOYED_QAT (fake mode with the
+deployed segment tables, ``FakeOps.DEPLOYED``, and the CNN on the input the chip receives,
+``exp.deployed_input``: uint8 pixels with mean/std folded into the first conv). Reported: the
+deployed task metric (fixed mode; the CNN on its deployed input, a model trained on float
+preprocessing deployed first) with its 95% interval, the fake-vs-fixed gap before (PTQ) and
 after, and the training curves.
 """
 
@@ -21,9 +24,10 @@ import pandas as pd
 import torch
 from torch.nn import functional as F
 
-from quantlab.analysis.qat import FineTuning, QatTask, Variant, compare_variants
+from quantlab.analysis.qat import DeployedInput, FineTuning, QatTask, Variant, compare_variants
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.models.input_path import InputFormat
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import Strategy
 from quantlab.report import Plot, PlotKind
@@ -65,6 +69,9 @@ class QatExp:
     cnn_steps: int = 6
     cnn_lr: float = 1e-5
     cnn_batch: int = 4  # calibration items per training step
+    # the CNN's input on the chip: FIXED mode of every variant, and DEPLOYED_QAT's training;
+    # FLOAT_NORMALIZED: the float input at its calibrated scale (a model without an input path)
+    deployed_input: InputFormat = InputFormat.UINT8_RGB
 
     def __post_init__(self) -> None:
         for name in ("models", "variants"):
@@ -85,6 +92,7 @@ class QatExp:
         for dt in (self.decoder_dtype, self.posenc_dtype):
             if dt not in (DType.INT8, DType.INT16):
                 raise ValueError(f"exp dtypes must be INT8 or INT16, got {dt.name}")
+        self.deployed_input = InputFormat.parse(self.deployed_input, "exp.deployed_input")
         if not self.lr > 0 or not self.cnn_lr > 0:
             raise ValueError("exp.lr and exp.cnn_lr must be > 0")
 
@@ -163,16 +171,92 @@ def _kl(y, t):
 
 
 def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
+    """The CNN distilled from its float model on float preprocessing; it trains on the input
+    ``model.input_format`` configures and is deployed on ``exp.deployed_input``."""
+    import dataclasses
+
     from experiments.consistency import _merge
+    from quantlab.models.tasks import OutputSQNR
     from quantlab.workload import load_workload, start_spec
 
-    bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
+    own, chip = InputFormat.parse(ctx.model.input_format), exp.deployed_input
+    if own not in (InputFormat.FLOAT_NORMALIZED, chip):
+        raise ValueError(
+            f"exp.deployed_input={chip.name} differs from model.input_format={own.name}: a model "
+            "trained on a deployed input is deployed with it (set them equal, or "
+            "model.input_format=FLOAT_NORMALIZED)"
+        )
+    float_cfg = dataclasses.replace(ctx.model, input_format=InputFormat.FLOAT_NORMALIZED)
+    bundle, data = load_workload(float_cfg, ctx.data, ctx.seed or 0, ctx.platform)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     k = exp.cnn_batch
-    train = [_merge(data.calib[i : i + k], k) for i in range(0, len(data.calib), k)]
-    return _distilled(
-        bundle.name, bundle.module, spec, data.calib, train, data.eval, bundle.metrics, _kl
+
+    def merged(batches: list) -> list:
+        return [_merge(batches[i : i + k], k) for i in range(0, len(batches), k)]
+
+    train = merged(data.calib)
+    with torch.no_grad():
+        targets = [bundle.module(*b) for b in train]
+        refs = [bundle.module(*b) for b in data.eval]
+    metrics = tuple(bundle.metrics)
+    if not any(m.name == OutputSQNR().name for m in metrics):
+        metrics += (OutputSQNR(),)
+    task = QatTask(
+        bundle.name,
+        bundle.module,
+        spec,
+        data.calib,
+        train,
+        targets,
+        _kl,
+        data.eval,
+        refs,
+        metrics,
+        "float",
+        own.name,
     )
+    if chip is InputFormat.FLOAT_NORMALIZED:
+        return task
+    deployed, chip_calib = _deployed_input(bundle, data, chip, ctx)
+    deployed = dataclasses.replace(deployed, train=merged(chip_calib))
+    if own is chip:  # trained on the chip's input already
+        return dataclasses.replace(
+            task,
+            model=deployed.deploy(bundle.module),
+            calib=chip_calib,
+            train=deployed.train,
+            eval=deployed.eval,
+            input=chip.name,
+        )
+    return dataclasses.replace(task, deployed=deployed)
+
+
+def _deployed_input(bundle, data, fmt: InputFormat, ctx: RunContext):
+    """(the CNN's input as the chip receives it in format ``fmt``, its calibration batches in
+    that form): uint8 pixels (or NV12) of the same photos, mean/std folded into the first conv
+    (``quantlab.models.input_path``, NV12 arithmetic from the platform)."""
+    from quantlab.models.input_path import (
+        Border,
+        YuvConversion,
+        deploy_input_path,
+        deploy_workload,
+    )
+
+    if bundle.input_format is None:
+        raise ValueError(
+            f"exp.deployed_input={fmt.name} needs an image model with its own preprocessing; "
+            f"model '{bundle.name}' has none (set exp.deployed_input=FLOAT_NORMALIZED)"
+        )
+    _, chip = deploy_workload(bundle, ctx.data, fmt, ctx.platform, Border.MEAN_PIXEL)
+    example = data.calib[0][0]  # a float-preprocessed batch: finds the first conv
+    yuv = YuvConversion.of(ctx.platform)
+
+    def deploy(model):
+        image = bundle.input_format
+        folded, _ = deploy_input_path(model, image, fmt, example, Border.MEAN_PIXEL, yuv)
+        return folded
+
+    return DeployedInput(fmt.name, deploy, [], chip.eval), chip.calib
 
 
 def _gap_words(df: pd.DataFrame, variant: str, mode: str) -> str:
@@ -189,26 +273,52 @@ def _estimate(r):
     return Estimate(r.value, r.ci_low, r.ci_high, int(r["items"]))
 
 
+def _separated(rows: pd.DataFrame) -> str:
+    """The pairs of variants whose intervals separate (rows indexed by variant), or "none"."""
+    names = list(rows.index)
+    pairs = [
+        f"{a.lower()}/{b.lower()}"
+        for k, a in enumerate(names)
+        for b in names[k + 1 :]
+        if _estimate(rows.loc[a]).separated_from(_estimate(rows.loc[b]))
+    ]
+    return ", ".join(pairs) or "none"
+
+
 def _findings(table: pd.DataFrame, exp: QatExp) -> list[str]:
     out = []
     for model, g in table.groupby("model", sort=False):
-        head = g[g.metric != "gap_sqnr_db"].metric.iloc[0]
-        fixed = g[(g["mode"] == "FIXED") & (g.metric == head)].set_index("variant")
-        parts = "; ".join(f"{v.lower()} {_estimate(r)}" for v, r in fixed.iterrows())
-        better = "higher" if bool(fixed.higher_is_better.iloc[0]) else "lower"
-        out.append(f"{model}, deployed (fixed mode) {head} ({better} is better): {parts}.")
+        fixed_rows = g[(g["mode"] == "FIXED") & (g.metric != "gap_sqnr_db")]
+        chip = fixed_rows.input.iloc[0]
+        for metric in fixed_rows.metric.unique():
+            fixed = fixed_rows[fixed_rows.metric == metric].set_index("variant")
+            parts = "; ".join(f"{v.lower()} {_estimate(r)}" for v, r in fixed.iterrows())
+            better = "higher" if bool(fixed.higher_is_better.iloc[0]) else "lower"
+            out.append(
+                f"{model}, deployed (fixed mode, input {chip}) {metric} ({better} is better): "
+                f"{parts}; intervals separated: {_separated(fixed)}."
+            )
         gaps = ", ".join(
             f"{v.lower()} fixed vs fake {_gap_words(g, v, 'FAKE')}, vs hybrid "
             f"{_gap_words(g, v, 'HYBRID')}"
-            for v in fixed.index
+            for v in fixed_rows.variant.unique()
         )
         out.append(f"{model}, fake-vs-fixed gap (output SQNR of fixed against): {gaps}.")
         gap = g[g.metric == "gap_sqnr_db"]
         fake, hybrid = gap[gap["mode"] == "FAKE"].value, gap[gap["mode"] == "HYBRID"].value
         if list(fake) == list(hybrid):
+            trained = g[(g["mode"] == "FAKE") & (g.metric != "gap_sqnr_db")]
+            own = trained.groupby("variant", sort=False).input.first()
+            if own.get("DEPLOYED_QAT", chip) != own.get("QAT", chip):
+                what = (
+                    "deployment-aware QAT differs from plain QAT only by the input it trains on "
+                    f"({own['DEPLOYED_QAT']} as the chip receives it, against {own['QAT']})"
+                )
+            else:
+                what = "deployment-aware QAT trains on plain QAT's forward"
             out.append(
                 f"{model}: hybrid equals fake for every variant (no segment-LUT op reaches the "
-                "output differently), so deployment-aware QAT trains on plain QAT's forward."
+                f"output differently), so {what}."
             )
     out.extend(_decoder_verdict(table))
     return out
@@ -252,8 +362,7 @@ def _decoder_verdict(table: pd.DataFrame) -> list[str]:
 
 def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, platform: str):
     """The report of a qat run from its measured tables (results and training curve)."""
-    heads = table[table.metric != "gap_sqnr_db"].groupby("model", sort=False).metric.first()
-    deployed = table[(table["mode"] == "FIXED") & table.metric.isin(set(heads))].copy()
+    deployed = table[(table["mode"] == "FIXED") & (table.metric != "gap_sqnr_db")].copy()
     deployed["model_metric"] = deployed.model + ": " + deployed.metric
     gaps = table[table.metric == "gap_sqnr_db"].copy()
     gaps["compared"] = gaps.variant + ", fixed vs " + gaps["mode"].str.lower()
@@ -316,16 +425,25 @@ def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, pla
             "gradients; BatchNorm folded with frozen statistics.",
             "Losses: decoder L1 to its target boxes (labels); posenc MSE and CNN KL to the float "
             "model's outputs (distillation, no labels). Metrics: decoder box L1 to the target "
-            "boxes, posenc output SQNR and CNN top-1 agreement / KL against the float model, on "
-            "held-out items; 95% percentile bootstrap over items (1000 resamples, seed 0).",
+            "boxes, posenc output SQNR and CNN top-1 agreement, KL and output SQNR against the "
+            "float model on float preprocessing, on held-out items; 95% percentile bootstrap "
+            "over items (1000 resamples, seed 0).",
             "Gap: output SQNR of the fixed run against the fake run (QAT's view) and against the "
             "hybrid run (segment-LUT ops as deployed, the rest fake: the deployment-aware view); "
-            "before = PTQ, after = each trained variant.",
+            "before = PTQ, after = each trained variant. The fixed run takes the input the chip "
+            "receives and the fake and hybrid runs the input the variant trained on (column "
+            "`input`), so for a CNN trained on float preprocessing the gap includes the input "
+            "path.",
             f"Decoder: {exp.decoder_layers} layers trained {exp.decoder_float_steps} float steps "
             f"on {exp.decoder_train_samples} box sets, evaluated on {exp.decoder_eval_samples}; "
             f"box chain and inverse_sigmoid at {exp.decoder_dtype.name}, inverse_sigmoid table "
             f"{exp.decoder_strategy.name}. Posenc: mul, sin, cos at {exp.posenc_dtype.name}. "
-            "CNN: the data group's float preprocessing.",
+            "CNN: PTQ and QAT calibrate and train on the input model.input_format configures; "
+            f"on the chip it takes {exp.deployed_input.name} (exp.deployed_input: uint8 pixels "
+            "as int8 codes at scale 1, mean/std folded into the first conv, its padding moved "
+            "to the input; quantlab.models.input_path), where DEPLOYED_QAT trains and every "
+            "variant's fixed run is measured (a model trained on float preprocessing is folded "
+            "after training). One calibration on the configured input serves every variant.",
         ],
     )
 

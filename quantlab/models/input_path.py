@@ -298,8 +298,15 @@ def deploy_workload(
             f"model.input_format={fmt.name} needs an image model with its own preprocessing; "
             f"model '{bundle.name}' has none (use input_format=FLOAT_NORMALIZED)"
         )
+    from quantlab.models.registry import example_inputs as registry_inputs
+
     unit = unit_format(bundle.input_format)
-    inputs = dataclasses.replace(bundle.inputs(), input_format=unit)
+
+    def unit_inputs(batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:
+        return registry_inputs(bundle.name, batch, seed, image_format=unit)
+
+    # random data (data=synthetic): the same images as the float model's, unnormalised
+    inputs = dataclasses.replace(bundle.inputs(), input_format=unit, example_inputs=unit_inputs)
     raw = load_data(data_cfg, inputs)
     example = bundle.input_format.apply(raw.calib[0][0])
     module, path = deploy_input_path(

@@ -8,6 +8,7 @@ seeded random weights.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -76,13 +77,21 @@ class _Entry:
     probe: InputMaker | None = None  # small inputs for one-off passes (default: ``inputs``)
 
 
+@dataclass(frozen=True)
+class _ImageInputs:
+    """Seeded smooth random RGB images drawn at (height, width), preprocessed by ``fmt``."""
+
+    fmt: ImageFormat
+    height: int
+    width: int
+
+    def __call__(self, gen: torch.Generator, batch: int) -> tuple[Tensor, ...]:
+        return (self.fmt.apply(smooth_images(gen, batch, self.height, self.width)),)
+
+
 def _image_inputs(fmt: ImageFormat, height: int = 0, width: int = 0) -> InputMaker:
     hh, ww = (height, width) if fmt.height == 0 else (fmt.height, fmt.width)
-
-    def make(gen: torch.Generator, batch: int) -> tuple[Tensor, ...]:
-        return (fmt.apply(smooth_images(gen, batch, hh, ww)),)
-
-    return make
+    return _ImageInputs(fmt, hh, ww)
 
 
 def _tensor_inputs(*shape: int) -> InputMaker:
@@ -292,10 +301,21 @@ def model_inputs(model: str | ModelBundle | ModelInputs) -> ModelInputs:
     return ModelInputs(model, entry.input_format, None, inputs, True)
 
 
-def example_inputs(name: str, batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:
-    """Seeded random inputs of the right shapes and ranges for model ``name`` (``model(*x)``)."""
+def example_inputs(
+    name: str, batch: int = 1, seed: int = 0, image_format: ImageFormat | None = None
+) -> tuple[Tensor, ...]:
+    """Seeded random inputs of the right shapes and ranges for model ``name`` (``model(*x)``).
+
+    ``image_format``: the same random images preprocessed by this format instead of the
+    model's own (e.g. unnormalised pixels in [0, 1]); ValueError for a model without image
+    inputs."""
     gen = torch.Generator().manual_seed(seed)
-    return _entry(name).inputs(gen, batch)
+    maker = _entry(name).inputs
+    if image_format is not None:
+        if not isinstance(maker, _ImageInputs):
+            raise ValueError(f"model {name} has no image inputs to preprocess by image_format")
+        maker = dataclasses.replace(maker, fmt=image_format)
+    return maker(gen, batch)
 
 
 def build_model(

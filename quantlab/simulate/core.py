@@ -129,12 +129,13 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._calibrated = True
         self._scale_cache.clear()
 
-    def share_calibration(self, other: Simulator) -> None:
+    def share_calibration(self, other: Simulator, learned_scales: bool = False) -> None:
         """Calibrate by ``other``'s statistics and scales instead of running ``calibrate``: for
         a simulator of a copy of ``other``'s model (same ops) on the same platform and qconfig
-        (e.g. one fine-tuning copy per training variant). The statistics are shared, not
-        copied (a later ``calibrate`` on either adds to both); the scales computed so far are
-        copied."""
+        (e.g. one fine-tuning copy per training variant, or the deployed form of a fine-tuned
+        model). The statistics are shared, not copied (a later ``calibrate`` on either adds to
+        both); the scales computed so far are copied. ``learned_scales``: also run at
+        ``other``'s learned activation scales (``learn_scales``; the same parameters)."""
         if not other._calibrated:
             raise ValueError("share_calibration: the other simulator is not calibrated")
         if other.platform != self.platform or other.spec != self.spec:
@@ -142,6 +143,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._obs = other._obs
         self._norm_obs = other._norm_obs
         self._scale_cache = dict(other._scale_cache)
+        if learned_scales:
+            self._learned_scales = other._learned_scales
         self._calibrated = True
 
     def histogram(self, op_name: str, input_index: int | None = 0) -> tuple[Tensor, Tensor]:

@@ -35,8 +35,16 @@ class FakeOps(enum.Enum):
 
     QAT: the exact float function, then output fake quant (what QAT frameworks compute).
     DEPLOYED: the deployed segment table of the op's dividing strategy (integer table values,
-    the platform's sin/cos period handling): forward values equal FIXED mode's for the op's
-    input; the gradient is the table's own piecewise-linear slope (deployment-aware QAT)."""
+    the platform's sin/cos period handling) and the deployed softmax: forward values equal FIXED
+    mode's for the op's input. Gradients (deployment-aware QAT): a LUT op's is its table's own
+    piecewise-linear slope; softmax's is the float softmax's at the same input (a
+    straight-through estimator: the deployed exp table, sum and division are not
+    differentiated).
+
+    The model input is not an op: how the chip receives it is the model's input format
+    (``quantlab.models.input_path``, ``model.input_format``): the deployed model takes integer
+    codes at a fixed scale (``InputQuant``), the same values in FAKE and FIXED mode. A
+    deployment-aware run of an image model is DEPLOYED on that deployed model."""
 
     QAT = "qat"
     DEPLOYED = "deployed"

@@ -62,11 +62,17 @@ class QuantizationState:
         self._obs.observe(f"{key}/out", o[0])
 
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
-        """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype``."""
+        """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype`` (its
+        trained value once ``learn_scales`` made it a parameter)."""
         ck = (name, key, dtype, observer_key(rq))
         s = self._scale_cache.get(ck)
-        if s is not None:
-            return s
+        if s is None:
+            s = self._calibrated_scale(name, key, dtype, rq)
+            self._scale_cache[ck] = s
+        learned = self._learned_scales.get(ck) if self._learned_scales else None
+        return s if learned is None else learned.detach().clamp_min(_MIN_SCALE)
+
+    def _calibrated_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig):
         if rq.activation_symmetry is ActivationSymmetry.ASYMMETRIC and dtype.bits <= 16:
             s = self._asymmetric(name, key, dtype, rq)[0]
         elif rq.observer is ObserverKind.FIXED:
@@ -80,9 +86,7 @@ class QuantizationState:
                 )
             amax = obs.amax(rq, dtype, self.platform.scale_rule, self.platform.fake_round)
             s = compute_scale(amax, dtype, self.platform.scale_rule)
-        self._scale_cache[ck] = s
-        learned = self._learned_scale(ck, s, rq)
-        return s if learned is None else learned.detach().clamp_min(_MIN_SCALE)
+        return s
 
     def _learned_scale(self, ck: tuple, s: Tensor, rq: ResolvedQConfig):
         """The trained scale parameter of activation point ``ck`` under ScaleTraining.LEARNED

@@ -4,10 +4,11 @@ A training run is a FAKE (or HYBRID) run with gradients recorded: its forward va
 no-gradient run's bits, and each quantized value passes its gradient straight through
 (``quantlab.simulate.straight_through``): fake quantization to its input inside the range,
 weights and biases to their float parameters (through the batch_norm fold), a deployed segment
-table (``FakeOps.DEPLOYED``, ``Mode.HYBRID``) by its own slope, an integer or composite kernel
-by its float function. Activation scales stay at their calibrated values (the vendor's
-fixed-scale QAT) unless ``learn_scales`` makes them LSQ parameters. The model runs in eval
-mode throughout (BatchNorm statistics frozen, folded as deployed; no Dropout).
+table (``FakeOps.DEPLOYED``, ``Mode.HYBRID``) by its own slope, the deployed softmax and an
+integer or composite kernel by the float function's gradient. Activation scales stay at their
+calibrated values (the vendor's fixed-scale QAT) unless ``learn_scales`` makes them LSQ
+parameters. The model runs in eval mode throughout (BatchNorm statistics frozen, folded as
+deployed; no Dropout).
 
     sim = Simulator(model, "j6m", fake_ops=FakeOps.DEPLOYED); sim.calibrate(batches)
     opt = torch.optim.Adam(sim.model.parameters(), lr=1e-4)

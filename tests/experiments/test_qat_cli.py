@@ -49,6 +49,12 @@ def test_qat_quick_run_writes_its_report(tmp_path):
     fixed = t[(t["mode"] == "FIXED") & (t.metric != "gap_sqnr_db")]
     assert len(fixed.groupby(["model", "variant"])) == 9
     assert (fixed["items"] >= 2).all() and fixed.ci_low.notna().all()
+    cnn = t[t.model == "small_cnn"]  # fixed mode on the chip's input; each fake run on its own
+    assert set(cnn[cnn["mode"] == "FIXED"].input) == {"UINT8_RGB"}
+    own = cnn[(cnn["mode"] == "FAKE") & (cnn.metric != "gap_sqnr_db")]
+    own = own.groupby("variant").input.first()
+    assert own["PTQ"] == own["QAT"] == "FLOAT_NORMALIZED" and own["DEPLOYED_QAT"] == "UINT8_RGB"
+    assert {"top1_agreement", "output_sqnr_db"} <= set(cnn.metric)
     gaps = t[t.metric == "gap_sqnr_db"]
     assert set(gaps["mode"]) == {"FAKE", "HYBRID"} and len(gaps) == 18
     curve = pd.read_csv(tmp_path / "training_curve.csv")
@@ -69,3 +75,24 @@ def test_qat_schema_rejects_bad_fields():
         QatExp(steps=-1)
     with pytest.raises(ValueError, match="exp.models must not be empty"):
         QatExp(models=[])
+    with pytest.raises(ValueError, match="exp.deployed_input: unknown input format"):
+        QatExp(deployed_input="RGB8")
+
+
+def test_qat_cnn_names_a_deployed_input_it_cannot_use(tmp_path):
+    import pytest
+
+    from experiments.qat import QatExp, _cnn
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.models.schema import ModelConfig
+    from quantlab.platforms import PlatformConfig
+
+    def ctx(model: ModelConfig) -> RunContext:
+        return RunContext(PlatformConfig(), model, DataConfig(num_calib=1, num_eval=2), 0, tmp_path)
+
+    nv12 = ModelConfig(name="small_cnn", pretrained=False, input_format="NV12")
+    with pytest.raises(ValueError, match="deployed_input=UINT8_RGB differs from model.input_"):
+        _cnn(QatExp(), ctx(nv12))
+    with pytest.raises(ValueError, match="needs an image model.*FLOAT_NORMALIZED"):
+        _cnn(QatExp(), ctx(ModelConfig(name="posenc", pretrained=False)))

@@ -130,6 +130,48 @@ def test_the_first_op_sees_the_same_codes_in_fake_and_fixed_modes():
     assert float(plain.act_scale(name, "in0", DType.INT8, plain.qconfig_of(name))) != 1.0
 
 
+def test_deployment_aware_fake_mode_takes_the_fixed_mode_input_codes():
+    """The input path under FakeOps.DEPLOYED: the deployed model's first op receives, in FAKE
+    and HYBRID mode, a tensor whose values are exactly fixed mode's input codes times the input
+    scale (uint8 pixels as int8 codes at scale 1), not a calibrated fake quantization."""
+    from quantlab.simulate import FakeOps
+
+    fmt = ImageFormat(16, 16, Resize.KEEP, MEAN, STD)
+    net = _net(nn.Conv2d(3, 6, 3, stride=2, padding=1))
+    p = _pixels(3)
+    deployed, path = deploy_input_path(net, fmt, "UINT8_RGB", _normalised(p, fmt))
+    codes = path.codes(p / 255)
+    sim = Simulator(deployed, "j6m", fake_ops=FakeOps.DEPLOYED)
+    sim.calibrate([(path.codes(_pixels(4) / 255),)], progress=False)
+    fixed = _first_incoming(sim, codes, Mode.FIXED).incoming[0]
+    want = fixed.codes.to(torch.float32) * fixed.scale
+    assert fixed.dtype is DType.INT8 and float(fixed.scale) == 1.0
+    for mode in (Mode.FAKE, Mode.HYBRID):
+        seen = _first_incoming(sim, codes, mode)
+        info, value = seen.incoming[0], seen.call.args[0]
+        assert info.dtype is fixed.dtype and float(info.scale) == float(fixed.scale)
+        assert torch.equal(value, want) and torch.equal(info.codes, fixed.codes)
+        assert sim.qconfig_of(seen.call.name).input_dtype in (None, DType.INT8)  # no requant
+    y = sim.train_forward(codes)  # a training run takes the same input
+    assert y.requires_grad and torch.equal(y.detach(), sim.run(codes, mode=Mode.FAKE))
+
+
+def test_synthetic_data_deploys_the_float_models_images():
+    """data=synthetic under a deployed input format: the same random images as the float
+    model's, as uint8 codes (the deployed model reproduces the float outputs)."""
+    from quantlab.workload import load_workload
+
+    data_cfg = DataConfig(name="synthetic", num_calib=1, num_eval=2)
+    cfg = ModelConfig(name="small_cnn", pretrained=False)
+    bundle, data = load_workload(cfg, data_cfg)
+    dep, dep_data = deploy_workload(bundle, data_cfg, "UINT8_RGB", PlatformConfig())
+    with torch.no_grad():
+        for (x,), (q,) in zip(data.eval, dep_data.eval):
+            want, got = bundle.module(x), dep.module(q)
+            sqnr = 10 * torch.log10(want.square().sum() / (got - want).square().sum())
+            assert sqnr > 40  # only the pixels' uint8 rounding (~70 dB); other images: < 10 dB
+
+
 def test_declared_inputs_must_be_integer_codes():
     qt = QTable()
     with pytest.raises(ValueError, match="model input 0 must hold INT8 codes"):

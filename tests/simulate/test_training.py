@@ -208,6 +208,22 @@ def test_learned_scales_get_gradients_and_move_fixed_mode():
     assert not torch.equal(before, sim.run(*x, mode=Mode.FIXED))
 
 
+def test_learned_scales_are_the_scales_of_later_runs():
+    """A learned scale starts at its calibrated value and, once changed, every later run
+    (fixed, fake and training) quantizes at it, not at the cached calibrated scale."""
+    sim, x = _small(FakeOps.QAT)
+    before = {m: sim.run(*x, mode=m) for m in (Mode.FIXED, Mode.FAKE)}
+    scales = sim.learn_scales(*x)
+    for m, want in before.items():
+        assert_bits_equal(sim.run(*x, mode=m), want)
+    with torch.no_grad():
+        for s in scales:
+            s.mul_(2.0)
+    for m, old in before.items():
+        assert not torch.equal(sim.run(*x, mode=m), old), m
+    assert_bits_equal(sim.train_forward(*x).detach(), sim.run(*x, mode=Mode.FAKE))
+
+
 def test_train_step_lowers_a_distillation_loss():
     sim, x = _small(FakeOps.DEPLOYED)
     with torch.no_grad():
@@ -225,6 +241,41 @@ def test_train_forward_refuses_fixed_mode_and_uncalibrated():
         Simulator(LutNet()).train_forward(*x)
     with pytest.raises(ValueError, match="FakeOps"):
         Simulator(LutNet(), fake_ops="deployed")
+
+
+class SoftmaxHead(nn.Module):
+    """Linear, then softmax; records the gradient that reaches the softmax's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 5)
+        self.seen: list = []
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.requires_grad:
+            self.seen[:] = [h]
+            h.register_hook(lambda g: self.seen.append(g))
+        return torch.softmax(h, -1)
+
+
+def test_deployed_softmax_gradient_is_the_float_softmax_gradient():
+    """FakeOps.DEPLOYED: the softmax forward is the deployed one, its gradient the float
+    softmax's vector-Jacobian product at the same (quantized) input."""
+    torch.manual_seed(0)
+    m = SoftmaxHead()
+    g = torch.Generator().manual_seed(1)
+    sim = Simulator(m, "j6m", fake_ops=FakeOps.DEPLOYED)
+    sim.calibrate([(torch.randn(16, 6, generator=g) * 2,)], progress=False)
+    x = torch.randn(16, 6, generator=g) * 2
+    y = sim.train_forward(x)
+    c = torch.linspace(-1.0, 1.0, y.numel()).reshape(y.shape)
+    (y * c).sum().backward()
+    h, grad_h = m.seen[0].detach(), m.seen[1]
+    _, vjp = torch.func.vjp(lambda t: torch.softmax(t, -1), h)
+    assert_bits_equal(grad_h, vjp(c)[0])
+    sim.fake_ops = FakeOps.QAT
+    assert not torch.equal(y.detach(), sim.run(x, mode=Mode.FAKE))  # deployed, not QAT's form
 
 
 def test_categories_cover_lut_and_softmax():
