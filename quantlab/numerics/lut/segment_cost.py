@@ -123,7 +123,10 @@ class SegmentCosts:
         p = self.problem = problem
         self.store = store if store is not None else table_store(problem)
         qmin, qmax = p.in_dtype.qmin, p.in_dtype.qmax
-        target = self.target = saturated_target_lsb(p)  # every input code, ascending
+        if self.store.saturated is None:
+            self.store.saturated = saturated_target_lsb(p)
+            self.store.saturated.setflags(write=False)
+        target = self.target = self.store.saturated  # every input code, ascending
         weights = np.zeros_like(target) if code_weights is None else np.asarray(code_weights)
         if weights.shape != target.shape or not np.all(np.isfinite(weights) & (weights >= 0)):
             raise ValueError(
