@@ -302,7 +302,7 @@ def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> 
     return lut
 
 
-@lru_cache(maxsize=2)
+@lru_cache(maxsize=1)
 def _table_store(
     func: str,
     in_dtype: DType,
@@ -316,7 +316,8 @@ def _table_store(
 ) -> TableStore:
     """The candidate tables computed for one table problem, shared by its OPTIMAL and DATA
     searches (a DATA build searches OPTIMAL's problem again, under a histogram). ``spec`` with
-    strategy OPTIMAL; ``first``/``last``: the fixed outer points."""
+    strategy OPTIMAL; ``first``/``last``: the fixed outer points. One store is kept (a DATA
+    build searches right after its OPTIMAL build; an int16 store holds tens of MB)."""
     fn = get_function(func)
     return TableStore(_target_of(fn, spec), in_scale, out_scale, out_dtype, fmt)
 

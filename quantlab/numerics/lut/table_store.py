@@ -9,6 +9,8 @@ the batch it is computed in, so entries computed once serve every later pass and
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from quantlab.numerics.dtypes import DType
@@ -38,12 +40,17 @@ class TableStore:
         self._key_rows = np.zeros(0, dtype=np.int64)  # their rows in self._rows
         self._rows = np.zeros((0, fmt.entries), dtype=np.int64)
         self._used = 0
+        self._lock = threading.Lock()  # builds on several threads may share a store
 
     def __len__(self) -> int:
         return self._used
 
     def entries(self, d0: np.ndarray, d1: np.ndarray) -> np.ndarray:
         """Entries of the tables ``[d0[p], d1[p]]`` (int64, [P, entries], a new array)."""
+        with self._lock:
+            return self._entries(d0, d1)
+
+    def _entries(self, d0: np.ndarray, d1: np.ndarray) -> np.ndarray:
         d0 = np.asarray(d0, dtype=np.int64).reshape(-1)
         d1 = np.asarray(d1, dtype=np.int64).reshape(-1)
         half = 1 << (_KEY_BITS - 1)
