@@ -19,11 +19,13 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from quantlab.analysis.confidence import Estimate
 from quantlab.analysis.sincos import (
     Treatment,
     detr_angles,
     error_sources,
     nerf_angles,
+    posenc_outputs,
     posenc_study,
     rotary_angles,
 )
@@ -69,6 +71,9 @@ class SincosPeriodExp:
     model_calib_batches: int = 4
     model_eval_batches: int = 2
     top_ops: int = 8  # sensitivity rows shown per treatment
+    model_strategies: bool = True  # the PosEnc once per (treatment, strategy): output SQNR + CI
+    strategy_eval_batches: int = 8  # evaluation batches of those runs (items: x model_batch)
+    resamples: int = 1000  # bootstrap resamples of the evaluation items
 
     def __post_init__(self) -> None:
         for name in ("periods", "in_dtypes", "strategies", "treatments", "funcs"):
@@ -83,6 +88,9 @@ class SincosPeriodExp:
         for dt in list(self.in_dtypes) + [self.model_dtype]:
             if dt not in (DType.INT8, DType.INT16):
                 raise ValueError(f"exp dtypes must be INT8 or INT16, got {dt.name}")
+        for name in ("strategy_eval_batches", "resamples", "model_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"exp.{name} must be >= 1, got {getattr(self, name)}")
         if self.samples < 16:
             raise ValueError(f"exp.samples must be >= 16, got {self.samples}")
 
@@ -186,6 +194,81 @@ def _model_rows(exp: SincosPeriodExp, platform, progress: bool) -> tuple[list[di
     return rows, pd.concat(sens, ignore_index=True)
 
 
+def _strategy_jobs(exp: SincosPeriodExp) -> list[tuple[Treatment, Strategy]]:
+    """(treatment, strategy) pairs of the per-strategy model runs: every pair but DATA under the
+    exporter's reduction (its calibrated histogram is of the unreduced input: refused)."""
+    return [
+        (tr, st)
+        for tr in exp.treatments
+        for st in exp.strategies
+        if not (tr is Treatment.EXPORTER and st is Strategy.DATA)
+    ]
+
+
+def _model_strategy_rows(exp: SincosPeriodExp, platform, progress: bool) -> pd.DataFrame:
+    """The PosEnc per (treatment, strategy of every sin/cos table): fake and fixed output SQNR
+    vs float with its 95% bootstrap interval over the evaluation items."""
+    from quantlab.analysis.confidence import bootstrap
+    from quantlab.models import build_model
+    from quantlab.models.tasks import OutputSQNR
+
+    bundle = build_model("posenc")
+    calib = [bundle.example_inputs(exp.model_batch, 1 + i) for i in range(exp.model_calib_batches)]
+    evals = [
+        bundle.example_inputs(exp.model_batch, 100 + i) for i in range(exp.strategy_eval_batches)
+    ]
+    dt = exp.model_dtype
+    rows = []
+    jobs = _strategy_jobs(exp)
+    for tr, st in tqdm(jobs, desc="sincos_period toy model per strategy", disable=not progress):
+        q = OpQConfig(input_dtype=dt, output_dtype=dt, lut_strategy=st)
+        spec = QConfigSpec(by_type={"mul": OpQConfig(output_dtype=dt), "sin": q, "cos": q})
+        ref, fake, fixed = posenc_outputs(bundle.module, platform, tr, calib, evals, spec, False)
+        for mode, out in (("fake", fake), ("fixed", fixed)):
+            est = bootstrap(OutputSQNR(), ref, out, resamples=exp.resamples)
+            rows.append(
+                {
+                    "treatment": tr.name,
+                    "strategy": st.name,
+                    "mode": mode,
+                    **est.as_columns("output_sqnr_db"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _strategy_findings(ms: pd.DataFrame, exp: SincosPeriodExp) -> list[str]:
+    """Per treatment: fixed-mode output SQNR of every strategy with its interval, and whether
+    the best one's interval separates from the vendor default's."""
+    out = []
+    fx = ms[ms["mode"] == "fixed"]
+    for tr, g in fx.groupby("treatment", sort=False):
+        est = {
+            r.strategy: Estimate(
+                r.output_sqnr_db,
+                r.output_sqnr_db_ci_low,
+                r.output_sqnr_db_ci_high,
+                r.output_sqnr_db_n,
+            )
+            for r in g.itertuples()
+        }
+        best = max(est, key=lambda k: est[k].value)
+        cells = ", ".join(
+            f"{k} {e.value:.2f} ({e.low:.2f} to {e.high:.2f})" for k, e in est.items()
+        )
+        n = next(iter(est.values())).n
+        text = (
+            f"PosEnc per strategy of its sin/cos tables, {tr}, fixed-mode output SQNR vs float "
+            f"(dB, 95% CI over n={n} items): {cells}; best {best}"
+        )
+        base = exp.main_strategy.name
+        if base in est and best != base:
+            sep = est[best].separated_from(est[base])
+            text += f" ({'separated from' if sep else 'overlapping'} {base}'s interval)"
+        out.append(text + ".")
+    return out
+
+
 def _fmt(v: float) -> str:
     return f"{v:.2g}" if v < 0.01 else f"{v:.3f}"
 
@@ -269,6 +352,11 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
     df = pd.DataFrame(_op_rows(exp, fmt, rnd, gen, ctx.progress))
     wl = pd.DataFrame(_workload_rows(exp, fmt, rnd, ctx.progress)) if exp.workloads else None
     model = _model_rows(exp, platform, ctx.progress) if exp.model else None
+    by_strategy = (
+        _model_strategy_rows(exp, platform, ctx.progress)
+        if exp.model and exp.model_strategies
+        else None
+    )
     findings = _findings(df, exp, fmt.direct_int8)
     f0 = exp.funcs[0]
     src = df[(df.func == f0) & (df.strategy == _main(exp).name)]
@@ -387,6 +475,25 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
                 )
                 + ": the input error (b) is charged to the ops that produce the angles."
             )
+    if by_strategy is not None and len(by_strategy):
+        tables["model_strategies"] = by_strategy
+        tables["model_strategies_fixed"] = by_strategy[by_strategy["mode"] == "fixed"]
+        findings += _strategy_findings(by_strategy, exp)
+        plots.append(
+            Plot(
+                "model_sqnr_by_strategy",
+                "strategy",
+                "output_sqnr_db",
+                "strategy of every sin/cos table",
+                "fixed-mode output SQNR vs float (dB; bars: 95% bootstrap interval)",
+                "PosEnc: fixed-mode output SQNR per LUT strategy",
+                facet="treatment",
+                kind=PlotKind.BAR,
+                ci_low="output_sqnr_db_ci_low",
+                ci_high="output_sqnr_db_ci_high",
+                table="model_strategies_fixed",
+            )
+        )
     notes = [
         "Treatments: NONE quantizes the input over its whole range (scale max|x|/(qmax+0.5)) "
         "and builds the LUT on that range; EXPORTER quantizes the same way, then applies the "
@@ -412,6 +519,14 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
         f"producers (mul) and sin/cos at {exp.model_dtype.name}, the rest by the platform "
         "template. WRAP runs the same layers on angles wrapped in float outside the model. "
         "Sensitivity: quantlab.analysis.sensitivity, ACTIVATION and FIXED passes, SQNR.",
+        "Toy model per strategy: every sin/cos op of the PosEnc built with one strategy "
+        f"(lut_strategy in the qconfig; DATA under its calibrated input histogram), calibrated "
+        f"as above and evaluated on {exp.strategy_eval_batches} batches of {exp.model_batch} "
+        "items (coordinate sets); output_sqnr_db = 10 log10(sum ref^2 / sum (ref - test)^2) "
+        "over the items (quantlab.models.tasks.OutputSQNR), _ci_low/_ci_high its 95% "
+        f"percentile-bootstrap interval over the items ({exp.resamples} resamples), _n the "
+        "item count. DATA is not run under EXPORTER: the Simulator refuses it for a "
+        "period-reduced input (the calibrated histogram is of the unreduced input).",
     ]
     return ExperimentResult(
         table=df,

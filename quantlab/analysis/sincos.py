@@ -217,6 +217,45 @@ def _sqnr_db(ref: Tensor, test: Tensor) -> float:
     return math.inf if noise == 0 else 20 * math.log10(float(ref.norm()) / noise)
 
 
+def _posenc_simulator(posenc: nn.Module, platform, treatment: Treatment, qconfig=None):
+    """(Simulator, batch preparation) of the PosEnc under ``treatment`` (``posenc_study``)."""
+    from quantlab.simulate import Simulator
+
+    plat = dataclasses.replace(platform, sincos_period_reduction=treatment is Treatment.EXPORTER)
+    model: nn.Module = posenc
+    prep = list
+    if treatment is Treatment.WRAP:
+        model = WrappedPosEnc(posenc)
+
+        def prep(bs):
+            return [wrapped_inputs(posenc, b[0]) for b in bs]
+
+    return Simulator(model, plat, qconfig), prep
+
+
+def posenc_outputs(
+    posenc: nn.Module,
+    platform,
+    treatment: Treatment,
+    calib: list[tuple[Tensor, ...]],
+    batches: list[tuple[Tensor, ...]],
+    qconfig=None,
+    progress: bool = True,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Per evaluation batch: the float PosEnc's outputs on the original coordinates, and the
+    fake and fixed outputs of the PosEnc under ``treatment`` (calibrated on ``calib``)."""
+    from quantlab.simulate import Mode
+
+    sim, prep = _posenc_simulator(posenc, platform, treatment, qconfig)
+    sim.calibrate(prep(calib), progress)
+    runs = prep(batches)
+    with torch.no_grad():
+        ref = [posenc(*b) for b in batches]
+        fake = [sim.run(*b, mode=Mode.FAKE) for b in runs]
+        fixed = [sim.run(*b, mode=Mode.FIXED) for b in runs]
+    return ref, fake, fixed
+
+
 def posenc_study(
     posenc: nn.Module,
     platform,
@@ -234,18 +273,9 @@ def posenc_study(
     sensitivity table (quantlab.analysis.sensitivity, ACTIVATION and FIXED passes, SQNR).
     """
     from quantlab.analysis.sensitivity import Metric, SensitiveType, sensitivity
-    from quantlab.simulate import Mode, Simulator
+    from quantlab.simulate import Mode
 
-    plat = dataclasses.replace(platform, sincos_period_reduction=treatment is Treatment.EXPORTER)
-    model: nn.Module = posenc
-    prep = list
-    if treatment is Treatment.WRAP:
-        model = WrappedPosEnc(posenc)
-
-        def prep(bs):
-            return [wrapped_inputs(posenc, b[0]) for b in bs]
-
-    sim = Simulator(model, plat, qconfig)
+    sim, prep = _posenc_simulator(posenc, platform, treatment, qconfig)
     sim.calibrate(prep(calib), progress)
     runs = prep(batches)
     with torch.no_grad():

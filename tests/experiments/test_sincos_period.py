@@ -93,13 +93,15 @@ def test_toy_model_ranks(tmp_path):
         periods=[4],
         report_periods=[4],
         in_dtypes=[DType.INT16],
-        strategies=[Strategy.EVENLY],
+        strategies=[Strategy.EVENLY, Strategy.CURVATURE],
         funcs=["sin"],
         samples=256,
         workloads=False,
         model_batch=2,
         model_calib_batches=1,
         model_eval_batches=1,
+        strategy_eval_batches=2,
+        resamples=200,
     )
     res = sincos_period(exp, _ctx(tmp_path))
     mt = res.tables["toy_model"].set_index("treatment")
@@ -107,6 +109,31 @@ def test_toy_model_ranks(tmp_path):
     assert mt.loc["NONE", "fixed_sincos_best_rank"] == 1
     assert mt.loc["WRAP", "fixed_sqnr_db"] > mt.loc["NONE", "fixed_sqnr_db"] + 10
     assert mt.loc["EXPORTER", "gap_sqnr_db"] > mt.loc["NONE", "gap_sqnr_db"] + 10
+    # the model once per (treatment, strategy): SQNR with its interval over the 4 items
+    ms = res.tables["model_strategies"]
+    assert len(ms) == 3 * 2 * 2
+    assert set(zip(ms.treatment, ms.strategy)) == {
+        (t, s) for t in ("NONE", "EXPORTER", "WRAP") for s in ("EVENLY", "CURVATURE")
+    }
+    assert (ms.output_sqnr_db_n == 4).all()
+    assert (ms.output_sqnr_db_ci_low <= ms.output_sqnr_db).all()
+    assert (ms.output_sqnr_db <= ms.output_sqnr_db_ci_high).all()
+    fx = ms[ms["mode"] == "fixed"].set_index(["treatment", "strategy"]).output_sqnr_db
+    for st in ("EVENLY", "CURVATURE"):
+        assert fx[("WRAP", st)] > fx[("NONE", st)] + 10
+    text = " ".join(res.findings)
+    assert "PosEnc per strategy" in text and "n=4 items" in text
+    assert any(p.name == "model_sqnr_by_strategy" for p in res.plots)
+
+
+def test_strategy_runs_leave_out_data_under_the_exporter():
+    from experiments.sincos_period import _strategy_jobs
+
+    exp = SincosPeriodExp(strategies=[Strategy.OPTIMAL, Strategy.DATA])
+    jobs = {(t.name, s.name) for t, s in _strategy_jobs(exp)}
+    assert ("EXPORTER", "DATA") not in jobs
+    assert {("NONE", "DATA"), ("WRAP", "DATA"), ("EXPORTER", "OPTIMAL")} <= jobs
+    assert len(jobs) == 5
 
 
 def test_bad_config():

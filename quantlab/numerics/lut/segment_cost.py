@@ -32,13 +32,8 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.lut.segment_runs import RangeExtremum, run_counts, run_max_errors
-from quantlab.numerics.lut.segments import (
-    TargetFn,
-    index_multipliers,
-    interpolate,
-    table_entries,
-    target_values,
-)
+from quantlab.numerics.lut.segments import TargetFn, index_multipliers, interpolate, target_values
+from quantlab.numerics.lut.table_store import TableStore
 
 QUANTILE_SAMPLES_MAX = 128  # bound passes up to this size put half their codes at quantiles
 RUNS_CHECK_SAMPLES = 1024  # bound passes this large check whether exact-by-runs is cheaper
@@ -92,6 +87,11 @@ def saturated_target_lsb(p: SegmentProblem) -> np.ndarray:
     return (g.clamp(lo, hi) / p.out_scale).numpy()
 
 
+def table_store(p: SegmentProblem) -> TableStore:
+    """An empty store of the candidate tables of ``p``."""
+    return TableStore(p.target, p.in_scale, p.out_scale, p.out_dtype, p.fmt)
+
+
 @dataclass(frozen=True)
 class PairCosts:
     """Per pair: max error (LSB), weighted error sum, whether both are exact (else lower
@@ -109,13 +109,24 @@ class SegmentCosts:
 
     ``code_weights``: optional non-negative weight of every input code (ascending from qmin);
     sums are ``sum_c w(c) |output(c) - target(c)|`` over the codes of a table, 0 without weights.
-    Exact results are cached per pair.
+    Exact results are cached per pair. ``store``: the entries of this problem's candidate tables
+    computed so far (table_store.py), shared between costs of the same problem (e.g. OPTIMAL's
+    and DATA's); a new one by default.
     """
 
-    def __init__(self, problem: SegmentProblem, code_weights: np.ndarray | None = None):
+    def __init__(
+        self,
+        problem: SegmentProblem,
+        code_weights: np.ndarray | None = None,
+        store: TableStore | None = None,
+    ):
         p = self.problem = problem
+        self.store = store if store is not None else table_store(problem)
         qmin, qmax = p.in_dtype.qmin, p.in_dtype.qmax
-        target = self.target = saturated_target_lsb(p)  # every input code, ascending
+        if self.store.saturated is None:
+            self.store.saturated = saturated_target_lsb(p)
+            self.store.saturated.setflags(write=False)
+        target = self.target = self.store.saturated  # every input code, ascending
         weights = np.zeros_like(target) if code_weights is None else np.asarray(code_weights)
         if weights.shape != target.shape or not np.all(np.isfinite(weights) & (weights >= 0)):
             raise ValueError(
@@ -187,9 +198,7 @@ class SegmentCosts:
         if not live.any():
             return mx, sm, fl, arg
         idx_live = np.flatnonzero(live)
-        tables = table_entries(
-            p.target, a[idx_live], b[idx_live], fmt, p.in_scale, p.out_scale, p.out_dtype
-        )
+        tables = self.store.entries(a[idx_live], b[idx_live])
         flat = np.concatenate([tables, tables[:, -1:]], axis=1).reshape(-1)
         row = np.full(len(a), -1, dtype=np.int64)
         row[idx_live] = np.arange(len(idx_live)) * (n + 1)
@@ -307,12 +316,9 @@ class SegmentCosts:
             span = np.minimum(np.asarray(centre) + radius, widths - 1) - lo + 1
             whole = (span >= widths) & (widths <= samples)
         if not self.weighted and samples >= RUNS_CHECK_SAMPLES:  # exact by runs when cheaper
-            p_, fmt = self.problem, self.problem.fmt
             rest = np.flatnonzero(~whole)
-            tabs = table_entries(
-                p_.target, a[rest], b[rest], fmt, p_.in_scale, p_.out_scale, p_.out_dtype
-            )
-            whole[rest] = run_counts(tabs, fmt) * RUN_COST <= samples
+            tabs = self.store.entries(a[rest], b[rest])
+            whole[rest] = run_counts(tabs, p.fmt) * RUN_COST <= samples
         mx = np.empty(len(a))
         sm = np.empty(len(a))
         arg = np.zeros(len(a), dtype=np.int64)

@@ -54,13 +54,18 @@ def target_values(g: TargetFn, x: np.ndarray | Tensor) -> np.ndarray:
 
 
 def quantize_targets(y: np.ndarray, out_scale: float, out_dtype: DType, mode: Round) -> np.ndarray:
-    """``saturate(round(y / out_scale))`` by ``mode`` in float64 (int64 codes); a non-finite
-    target is an error (a clamp rule is missing)."""
-    t = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64))
-    if not bool(torch.isfinite(t).all()):
-        raise ValueError("a LUT target produced a non-finite value (a clamp rule is missing)")
-    r = round_float(t / out_scale, mode)
-    return r.clamp(out_dtype.qmin, out_dtype.qmax).to(torch.int64).numpy()
+    """``saturate(round(y / out_scale))`` by ``mode`` in float64 (int64 codes, shape of y); a
+    non-finite target is an error (a clamp rule is missing). Computed in calls of TARGET_CHUNK
+    elements (below torch's parallel grain: no thread wake-ups for many small tables)."""
+    t = torch.from_numpy(np.ascontiguousarray(y, dtype=np.float64)).reshape(-1)
+    out = np.empty(t.numel(), dtype=np.int64)
+    for i in range(0, t.numel(), TARGET_CHUNK):  # elementwise; chunks run on the calling thread
+        c = t[i : i + TARGET_CHUNK]
+        if not bool(torch.isfinite(c).all()):
+            raise ValueError("a LUT target produced a non-finite value (a clamp rule is missing)")
+        r = round_float(c / out_scale, mode).clamp(out_dtype.qmin, out_dtype.qmax)
+        out[i : i + TARGET_CHUNK] = r.to(torch.int64).numpy()
+    return out.reshape(np.shape(y))
 
 
 def sample_positions(d0: np.ndarray, d1: np.ndarray, k: np.ndarray, entries: int) -> np.ndarray:

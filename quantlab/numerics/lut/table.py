@@ -48,6 +48,7 @@ from quantlab.numerics.lut.strategies import (
     minimax_points,
     sqrt_curvature_points,
 )
+from quantlab.numerics.lut.table_store import TableStore
 from quantlab.numerics.rounding import Round, round_float, round_scalar
 from quantlab.numerics.scales import check_scale_float
 
@@ -281,8 +282,10 @@ def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> 
         _target_of(fn, spec), in_dtype, in_scale, out_dtype, out_scale, fmt, spec.symmetric,
         seeds[0][0], seeds[0][-1],
     )  # fmt: skip
+    ends = (problem.first, problem.last)
+    store = _table_store(*args[:5], replace(spec, strategy=Strategy.OPTIMAL), fmt, *ends)
     if spec.strategy is Strategy.OPTIMAL:
-        pts = optimal_points(SegmentCosts(problem), seeds).points
+        pts = optimal_points(SegmentCosts(problem, store=store), seeds).points
     else:
         if histogram is None:
             raise ValueError(
@@ -291,12 +294,32 @@ def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> 
             )
         opt = _build_cached(*args[:5], replace(spec, strategy=Strategy.OPTIMAL), fmt,
                             observed_range, None)  # fmt: skip
-        costs = SegmentCosts(problem, histogram.code_weights(in_dtype, in_scale))
+        costs = SegmentCosts(problem, histogram.code_weights(in_dtype, in_scale), store)
         worst = float(costs.code_errors(evaluate_codes_int(opt, all_codes(in_dtype)).numpy()).max())
         pts = data_points(costs, opt.points, spec.data_error_factor * worst, seeds).points
     lut = _assemble(*args, [c * in_scale for c in pts], spec.strategy)
     assert lut.points == tuple(pts), (lut.points, pts)
     return lut
+
+
+@lru_cache(maxsize=1)
+def _table_store(
+    func: str,
+    in_dtype: DType,
+    in_scale: float,
+    out_dtype: DType,
+    out_scale: float,
+    spec: LutSpec,
+    fmt: LutFormat,
+    first: int,
+    last: int,
+) -> TableStore:
+    """The candidate tables computed for one table problem, shared by its OPTIMAL and DATA
+    searches (a DATA build searches OPTIMAL's problem again, under a histogram). ``spec`` with
+    strategy OPTIMAL; ``first``/``last``: the fixed outer points. One store is kept (a DATA
+    build searches right after its OPTIMAL build; an int16 store holds tens of MB)."""
+    fn = get_function(func)
+    return TableStore(_target_of(fn, spec), in_scale, out_scale, out_dtype, fmt)
 
 
 @lru_cache(maxsize=512)
@@ -335,6 +358,7 @@ def _build_cached(
 def clear_build_cache() -> None:
     """Forget every built table (benchmarks time builds from scratch)."""
     _build_cached.cache_clear()
+    _table_store.cache_clear()
 
 
 def build_lut(
