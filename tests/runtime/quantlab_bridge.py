@@ -102,24 +102,19 @@ def litert_fully_connected(c: FullyConnectedCase, platform) -> np.ndarray:
 
 def litert_add(c: AddCase, platform) -> np.ndarray:
     """ADD of a LiteRT case under ``platform`` (the simulator's add by ``add_rule``)."""
-    dt = _DTYPE[c.a.dtype]
-    codes = add_codes(
-        platform,
-        torch.from_numpy(c.a),
-        float(c.aq.scale),
-        torch.from_numpy(c.b),
-        float(c.bq.scale),
-        float(c.yq.scale),
-        dt,
-        (c.aq.zero_point, c.bq.zero_point, c.yq.zero_point),
-    )
-    return _activation(codes, c.activation, c.yq, dt, platform)
+    return _elementwise(add_codes, c, platform)
 
 
 def litert_sub(c: AddCase, platform) -> np.ndarray:
     """SUB (a - b) of a LiteRT case under ``platform`` (the simulator's sub: ``sub_codes``)."""
+    return _elementwise(sub_codes, c, platform)
+
+
+def _elementwise(kernel, c: AddCase, platform) -> np.ndarray:
+    """``kernel`` (``add_codes`` or ``sub_codes``) on the case's codes, scales and zero points,
+    then its fused activation."""
     dt = _DTYPE[c.a.dtype]
-    codes = sub_codes(
+    codes = kernel(
         platform,
         torch.from_numpy(c.a),
         float(c.aq.scale),
