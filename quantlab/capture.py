@@ -38,6 +38,8 @@ class OpCategory(enum.Enum):
     EMBEDDING: a table gathered by integer ids (F.embedding).
     """
 
+    __hash__ = object.__hash__  # members are singletons: identity hashing, done in C
+
     GEMM = "gemm"
     ADD = "add"
     MUL = "mul"
@@ -120,9 +122,10 @@ KNOWN_OP_TYPES = frozenset(
 def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None] | None:
     """(op_type, category) of a torch function call; category None = an op quantlab does not
     model (it runs in float); None = not an op at all (metadata, comparisons)."""
-    hit = _BY_IDENTITY.get(func)
-    if hit is not None:
-        return hit
+    try:
+        return _KIND_OF[func]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     name = getattr(func, "__name__", "")
     if name == "hardtanh":
         lo = kwargs.get("min_val", args[1] if len(args) > 1 else -1.0)
@@ -130,6 +133,18 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
         if lo == 0.0 and hi == 6.0:
             return "relu6", OpCategory.REQUANT
         return "clamp", OpCategory.REQUANT
+    kind = _classify_by_name(func, name)
+    try:
+        _KIND_OF[func] = kind  # a function's kind depends on the function alone (not hardtanh)
+    except TypeError:
+        pass
+    return kind
+
+
+def _classify_by_name(func: Callable, name: str) -> tuple[str, OpCategory | None] | None:
+    hit = _BY_IDENTITY.get(func)
+    if hit is not None:
+        return hit
     hit = _BY_NAME.get(name)
     if hit is not None:
         return hit
@@ -138,7 +153,10 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
     return name.strip("_") or type(func).__name__, None
 
 
-@dataclass
+_KIND_OF: dict[Any, tuple[str, OpCategory | None] | None] = dict(_BY_IDENTITY)
+
+
+@dataclass(slots=True)
 class OpCall:
     """One captured call: its stable name and what was called with what."""
 
@@ -158,28 +176,43 @@ class OpCall:
 
 
 class ModuleTracker:
-    """Module path stack from global forward pre/post hooks, installed only while active."""
+    """Module path stack from global forward pre/post hooks, installed only while active.
+
+    A module the model did not hold when the tracker was made is named by its type under its
+    caller's path, and runs in eval mode: its pre-hook clears its train flag and lists it in
+    ``switched`` (the caller restores the flag after the run)."""
 
     def __init__(self, model: nn.Module) -> None:
         # id -> (module, name): the entry holds its module, so no other object can take its id
         self._names = {id(m): (m, n) for n, m in model.named_modules()}
+        self._modules = [m for m, _ in self._names.values()]
         self.stack: list[str] = [""]
+        self.switched: list[nn.Module] = []
         self._handles: list = []
 
     def _pre(self, module: nn.Module, _inputs) -> None:
         entry = self._names.get(id(module))
-        name = entry[1] if entry is not None and entry[0] is module else None
-        if name is None:
-            parent = self.stack[-1]
-            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
-        self.stack.append(name)
+        if entry is not None and entry[0] is module:
+            self.stack.append(entry[1])
+            return
+        if module.training:
+            module.training = False
+            self.switched.append(module)
+        parent = self.stack[-1]
+        self.stack.append(f"{parent}.{type(module).__name__}" if parent else type(module).__name__)
 
     def _post(self, module: nn.Module, _inputs, _output) -> None:
-        if len(self.stack) > 1:
-            self.stack.pop()
+        stack = self.stack
+        if len(stack) > 1:
+            stack.pop()
+
+    def training_modules(self) -> list[nn.Module]:
+        """The model's modules (as of the tracker's making) whose train flag is set."""
+        return [m for m in self._modules if m.training]
 
     def __enter__(self) -> ModuleTracker:
         self.stack = [""]
+        self.switched = []
         reg = nn.modules.module
         self._handles = [
             reg.register_module_forward_pre_hook(self._pre),
@@ -219,7 +252,8 @@ class CaptureMode(TorchFunctionMode):
         self.counts: dict[tuple[str, str], int] = defaultdict(int)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = {}
         kind = classify(func, args, kwargs)
         if kind is None or not _has_float_tensor(args, kwargs):
             return func(*args, **kwargs)
@@ -233,9 +267,11 @@ class CaptureMode(TorchFunctionMode):
                 self.on_mutation(args[0])
             if not _is_float_output(result):
                 return result
-        module = self.tracker.current
-        k = self.counts[(module, op_type)]
-        self.counts[(module, op_type)] = k + 1
+        module = self.tracker.stack[-1]
+        counts = self.counts
+        key = (module, op_type)
+        k = counts[key]
+        counts[key] = k + 1
         call = OpCall(
             f"{module}:{op_type}#{k}", op_type, category, module, k, func, args, kwargs, result
         )
@@ -254,11 +290,24 @@ def _is_float_output(out) -> bool:
 
 
 def _has_float_tensor(args, kwargs) -> bool:
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_floating_point():
+                return True
+        elif isinstance(a, (list, tuple)) and _any_float_tensor(a):
             return True
-        if isinstance(a, (list, tuple)) and any(
-            isinstance(b, torch.Tensor) and b.is_floating_point() for b in a
-        ):
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                if a.is_floating_point():
+                    return True
+            elif isinstance(a, (list, tuple)) and _any_float_tensor(a):
+                return True
+    return False
+
+
+def _any_float_tensor(seq) -> bool:
+    for b in seq:
+        if isinstance(b, torch.Tensor) and b.is_floating_point():
             return True
     return False

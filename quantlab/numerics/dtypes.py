@@ -22,6 +22,15 @@ _BITS = {
     "float32": 32,
 }
 _INT_VALUES = frozenset(("int8", "uint8", "int16", "int32", "int64"))
+_TORCH_DTYPES = {
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
 
 
 class DType(enum.Enum):
@@ -35,17 +44,19 @@ class DType(enum.Enum):
     FLOAT16 = "float16"
     FLOAT32 = "float32"
 
+    __hash__ = object.__hash__  # members are singletons: identity hashing, done in C
+
     @property
     def is_int(self) -> bool:
-        return self.value in _INT_VALUES
+        return self._value_ in _INT_VALUES
 
     @property
     def is_float(self) -> bool:
-        return self.value not in _INT_VALUES
+        return self._value_ not in _INT_VALUES
 
     @property
     def bits(self) -> int:
-        return _BITS[self.value]
+        return _BITS[self._value_]
 
     @property
     def qmin(self) -> int:
@@ -75,15 +86,7 @@ class DType(enum.Enum):
     @property
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype that stores this format exactly (codes for integers)."""
-        return {
-            "int8": torch.int8,
-            "uint8": torch.uint8,
-            "int16": torch.int16,
-            "int32": torch.int32,
-            "int64": torch.int64,
-            "float16": torch.float16,
-            "float32": torch.float32,
-        }[self.value]
+        return _TORCH_DTYPES[self._value_]
 
     def _require_int(self, what: str) -> None:
         if not self.is_int:

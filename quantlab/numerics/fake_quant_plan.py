@@ -75,9 +75,9 @@ def _reciprocal(
 ) -> Tensor:
     """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], then
     ``times_scale_`` (code -0 -> +0, as torch; one float32 product)."""
-    xf = x.detach()
+    xf = x.detach() if x.requires_grad else x  # the same values and storage
     if inplace and xf.dtype == torch.float32:
-        q = torch.mul(xf, rf, out=xf)
+        q = xf.mul_(rf)
     else:
         q = torch.mul(xf.to(torch.float32), rf)
     return times_scale_(round_float_(q, rounding).clamp_(lo, hi), sf)

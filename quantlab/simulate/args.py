@@ -21,9 +21,10 @@ class ArgPlan:
 
 
 def get(call_args: tuple, kwargs: dict, slot: Slot):
-    if slot[0] == "k":
-        return kwargs.get(slot[1])
-    v = call_args[slot[1]] if slot[1] < len(call_args) else None
+    kind, i = slot[0], slot[1]
+    if kind == "k":
+        return kwargs.get(i)
+    v = call_args[i] if i < len(call_args) else None
     return v[slot[2]] if len(slot) == 3 and v is not None else v
 
 
@@ -66,6 +67,29 @@ def plan(call: OpCall) -> ArgPlan:
     if cat is OpCategory.GRID_SAMPLE:
         return ArgPlan([a0, _slot(call, 1, "grid")])
     return ArgPlan([a0] if a0 is not None else [])
+
+
+def plan_of(call: OpCall, cache: dict) -> ArgPlan:
+    """``plan(call)`` of a modelled call, remembered in ``cache`` per op name while the call's
+    argument layout (function, argument count, keyword names, list length, weight kind) stays
+    the same. The plan is shared: callers must not change it."""
+    args = call.args
+    n = len(args)
+    extra = None
+    if n and isinstance(args[0], (list, tuple)):
+        extra = len(args[0])
+    elif call.op_type in _WEIGHTED:
+        extra = isinstance(args[1] if n > 1 else call.kwargs.get("weight"), nn.Parameter)
+    layout = (call.func, n, tuple(call.kwargs) if call.kwargs else (), extra)
+    hit = cache.get(call.name)
+    if hit is not None and hit[0] == layout:
+        return hit[1]
+    p = plan(call)
+    cache[call.name] = (layout, p)
+    return p
+
+
+_WEIGHTED = frozenset(("conv1d", "conv2d", "linear"))
 
 
 def is_float_tensor(v) -> bool:

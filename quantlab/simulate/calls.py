@@ -54,12 +54,20 @@ def substitute(call: OpCall, recorded: Any) -> Any:
 
 
 def is_inplace(call: OpCall) -> bool:
-    name = getattr(call.func, "__name__", "")
-    return bool(
-        call.kwargs.get("inplace")
-        or name.startswith("__i")
-        or (name.endswith("_") and not name.startswith("_"))
-    )
+    return bool(call.kwargs.get("inplace")) or _inplace_by_name(call.func)
+
+
+def _inplace_by_name(func) -> bool:
+    """Whether ``func``'s name says it changes its first argument (``__iadd__``, ``mul_``)."""
+    hit = _INPLACE_NAME.get(func)
+    if hit is None:
+        name = getattr(func, "__name__", "")
+        hit = name.startswith("__i") or (name.endswith("_") and not name.startswith("_"))
+        _INPLACE_NAME[func] = hit
+    return hit
+
+
+_INPLACE_NAME: dict = {}
 
 
 def inplace_target(call: OpCall) -> Tensor | None:
@@ -73,8 +81,7 @@ def out_of_place(call: OpCall):
     """The function to evaluate a quantized op with: in-place arithmetic (``x += y``,
     ``x.mul_(y)``, ``relu_``) becomes its out-of-place form, so a tensor that carries codes is
     never changed behind its side-table entry (Python rebinds the name to the result)."""
-    name = getattr(call.func, "__name__", "")
-    if name.startswith("__i") or (name.endswith("_") and not name.startswith("_")):
+    if _inplace_by_name(call.func):
         if call.op_type in OUT_OF_PLACE:
             return OUT_OF_PLACE[call.op_type]
         if call.op_type == "relu":
@@ -97,15 +104,15 @@ def flops(call: OpCall, plan: A.ArgPlan, out) -> int:
     if not isinstance(out, Tensor):
         return 0
     n = out.numel()
-    if call.category is OpCategory.GEMM:
-        if plan.weight is not None:
-            w = A.get(call.args, call.kwargs, plan.weight)
-            k = (w.numel() // max(w.shape[0], 1)) if call.op_type != "linear" else w.shape[-1]
-        else:
-            a = A.get(call.args, call.kwargs, plan.acts[0])
-            k = a.shape[-1] if call.op_type != "conv2d" else 1
-        return 2 * n * int(k)
-    return n
+    if call.category is not OpCategory.GEMM:
+        return n
+    if plan.weight is not None:
+        w = A.get(call.args, call.kwargs, plan.weight)
+        k = (w.numel() // max(w.shape[0], 1)) if call.op_type != "linear" else w.shape[-1]
+    else:
+        a = A.get(call.args, call.kwargs, plan.acts[0])
+        k = a.shape[-1] if call.op_type != "conv2d" else 1
+    return 2 * n * int(k)
 
 
 def dt_names(dts: list) -> str:

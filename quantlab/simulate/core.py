@@ -99,6 +99,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._chain: dict[str, list[str]] = {}  # GEMM -> fused batch_norm / clamp ops after it
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
         self._fold_cache: dict[str, tuple] = {}
+        self._plans: dict[str, tuple] = {}  # op -> (argument layout, its ArgPlan)
+        self._routes: dict = {}  # op -> its OpRoute in the latest configuration it ran in
         self._fast: dict[str, dict] = {}
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
 
@@ -220,6 +222,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         # activation scales stay: their cache key holds every qconfig field a scale depends on
         self._fold_cache.clear()
         self._fast.clear()
+        self._routes.clear()
         if self._discovered:
             self._validate()
 
@@ -282,7 +285,11 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             self._forward(inputs, _RunState(Mode.FLOAT, {}))
         plain = self._plain(st)
         prev, self._state = self._state, st
-        training = [m for m in self.model.modules() if m.training]
+        # modules added to the model after the tracker was made: a captured run in which no
+        # known module trains leaves them to the tracker's pre-hook; otherwise a walk finds them
+        training = [] if plain else self._tracker.training_modules()
+        if plain or training:
+            training = _training_modules(self.model)
         try:
             if training:
                 self.model.eval()
@@ -299,11 +306,28 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         finally:
             for m in training:
                 m.training = True
+            for m in self._tracker.switched:  # modules added to the model after the tracker
+                m.training = True
+            self._tracker.switched = []
             self._state = prev
         for name in st.order:
             self._info[name] = st.infos[name]
         self._order = list(st.order)
         self._float16_overflow = dict(st.float16_overflow)
-        if any(n not in self._ctx for n in st.order):
+        if not self._ctx.keys() >= set(st.order):
             self._discover(out, st)
         return out
+
+
+def _training_modules(model: nn.Module) -> list[nn.Module]:
+    """Every module of ``model`` whose train flag is set (each once)."""
+    found, todo, seen = [], [model], {id(model)}
+    while todo:
+        m = todo.pop()
+        if m.training:
+            found.append(m)
+        for c in m._modules.values():
+            if c is not None and id(c) not in seen:
+                seen.add(id(c))
+                todo.append(c)
+    return found

@@ -27,7 +27,7 @@ from quantlab.simulate.dispatch import _RunState
 from quantlab.simulate.fusion import find_fusions
 
 
-@dataclass
+@dataclass(slots=True)
 class _OpInfo:
     name: str
     op_type: str
@@ -126,6 +126,7 @@ class OpDiscovery:
 
     def _find_fusions(self, st: _RunState) -> None:
         find_fusions(st.order, st.infos, self._chain, self._fused_into)
+        self._routes.clear()  # a route holds its op's fused chain
 
     def _validate(self) -> None:
         from quantlab.capture import KNOWN_OP_TYPES
@@ -249,31 +250,32 @@ class OpDiscovery:
 
     def _record(self, call: OpCall, plan: A.ArgPlan, st: _RunState) -> _OpInfo:
         shapes, producers = [], []
+        args, kwargs, prod = call.args, call.kwargs, st.producers
         for slot in plan.acts:
-            v = A.get(call.args, call.kwargs, slot)
+            v = A.get(args, kwargs, slot)
             if isinstance(v, Tensor):
                 shapes.append(tuple(v.shape))
-                producers.append(st.producers.get(v))
+                producers.append(prod.get(v))
             else:
                 shapes.append(())
                 producers.append(None)
-        w = A.get(call.args, call.kwargs, plan.weight) if plan.weight else None
+        name = call.name
         inf = _OpInfo(
-            call.name,
+            name,
             call.op_type,
             call.category,
             call.module,
             call.call_index,
             shapes,
             None,
-            w is not None,
+            plan.weight is not None and A.get(args, kwargs, plan.weight) is not None,
             0,
             producers,
         )
-        old = self._info.get(call.name)
+        old = self._info.get(name)
         if old is not None:
             inf.input_dtypes = old.input_dtypes
         inf.post = calls.post_params(call)
-        st.infos[call.name] = inf
-        st.order.append(call.name)
+        st.infos[name] = inf
+        st.order.append(name)
         return inf

@@ -25,6 +25,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
+from quantlab.simulate.op_route import OpRoute, make_route, route_matches
 from quantlab.simulate.qat import fake_grid, fake_single_period
 from quantlab.simulate.qtensor import QInfo, QTable
 from quantlab.simulate.straight_through import through
@@ -58,7 +59,7 @@ class OpDispatch:
         assert st is not None
         if st.on_call is None:
             return self._dispatch(call, st)
-        plan = A.plan(call) if call.category is not None else None
+        plan = A.plan_of(call, self._plans) if call.category is not None else None
         acts = [A.get(call.args, call.kwargs, s) for s in plan.acts] if plan else []
         incoming = [st.qt.get(v) for v in acts]
         out = self._dispatch(call, st)
@@ -67,8 +68,11 @@ class OpDispatch:
         return out
 
     def _dispatch(self, call: OpCall, st: _RunState) -> Any:
-        om = st.op_modes.get(call.name)
-        plan = A.plan(call) if call.category is not None else A.ArgPlan(calls.float_slots(call))
+        om = st.op_modes.get(call.name) if st.op_modes else None
+        if call.category is not None:
+            plan = A.plan_of(call, self._plans)
+        else:
+            plan = A.ArgPlan(calls.float_slots(call))
         inf = self._record(call, plan, st)
         if st.replay_active:
             if om is not None:
@@ -84,7 +88,7 @@ class OpDispatch:
         if mode is Mode.HYBRID:
             mode = Mode.FAKE
         target = calls.inplace_target(call)
-        if target is not None:
+        if target is not None and st.trace is not None:
             self._guard_inplace(st, target)
         head = self._fused_into.get(call.name)
         if head is not None and head in st.fused_done:  # computed by its GEMM already
@@ -101,10 +105,10 @@ class OpDispatch:
             if st.calibrating:
                 self._observe(call, plan, out)
         else:
-            out, info = self._run_quantized(call, plan, mode, om, st, deployed)
+            out, info = self._run_quantized(call, plan, mode, om, st, deployed, target)
             if om is not None and not om.quantize_output and mode is Mode.FAKE:
                 st.float_ops.add(call.name)  # its float output is not re-quantized downstream
-        inf.output_shape = calls.shape_of(out)
+        inf.output_shape = tuple(out.shape) if type(out) is Tensor else calls.shape_of(out)
         inf.flops = calls.flops(call, plan, out)
         if st.trace is not None:
             st.trace.order.append(call.name)
@@ -144,14 +148,14 @@ class OpDispatch:
             if p is not None and st.trace.outputs.get(p) is target:
                 st.trace.outputs[p] = target.clone()
 
-    def _run_quantized(self, call, plan, mode, om, st, deployed=False):
-        """Quantized result of one op; an in-place op writes it into its target tensor (so
-        aliases see it, as in the model) and the target's side-table entry is replaced.
-        ``deployed``: a segment-LUT op in a FAKE run computes its deployed table."""
+    def _run_quantized(self, call, plan, mode, om, st, deployed=False, target=None):
+        """Quantized result of one op; an in-place op writes it into its target tensor
+        (``target``, ``calls.inplace_target``: so aliases see it, as in the model) and the
+        target's side-table entry is replaced. ``deployed``: a segment-LUT op in a FAKE run
+        computes its deployed table."""
         out, info = self._run_quantized_value(call, plan, mode, om, st, deployed)
         if st.grad and isinstance(out, Tensor) and not out.requires_grad:
             out = self._float_gradient(call, plan, out)
-        target = calls.inplace_target(call)
         if target is not None and isinstance(out, Tensor) and out.shape == target.shape:
             target.copy_(out)
             return target, info
@@ -174,24 +178,50 @@ class OpDispatch:
             return out
         return through(ref, out)
 
+    def _route(self, call, plan, mode, om, deployed) -> OpRoute:
+        """The value-independent decisions of ``call``'s quantized run (``op_route``)."""
+        name = call.name
+        rq = self._resolved.get(name) or self.qconfig_of(name)
+        chain = self._chain.get(name) if call.category is OpCategory.GEMM else None
+        r = self._routes.get(name)
+        if r is None or not route_matches(r, plan, mode, om, deployed, rq, chain, self.platform):
+            r = make_route(
+                call,
+                plan,
+                mode,
+                om,
+                deployed,
+                rq,
+                chain,
+                self.platform,
+                _FAKE_KERNELS,
+                fixed_ops.DEPLOYED_CATEGORIES,
+            )
+            self._routes[name] = r
+        return r
+
     def _run_quantized_value(self, call, plan, mode, om, st, deployed=False):
-        rq = self.qconfig_of(call.name)
+        r = self._route(call, plan, mode, om, deployed)
+        rq, name = r.rq, call.name
         args, kwargs = list(call.args), dict(call.kwargs)
         if kwargs.get("inplace"):
             kwargs["inplace"] = False  # computed out of place, then written by _run_quantized
         in_infos: list = []
-        split_b = bool(rq.weight_split) and call.op_type == "matmul" and len(plan.acts) > 1
+        split_b = r.split_b
+        qt = st.qt
+        fake = mode is Mode.FAKE
         for i, slot in enumerate(plan.acts):
             v = A.get(args, kwargs, slot)
-            if not A.is_float_tensor(v):
+            if not (isinstance(v, Tensor) and v.is_floating_point()):
                 in_infos.append(None)
                 continue
-            info = st.qt.get(v)
+            info = qt.get(v)
             if (
                 info is None
-                and mode is Mode.FAKE
+                and fake
+                and r.keep_float_inputs
+                and st.float_ops
                 and st.producers.get(v) in st.float_ops
-                and not (om is not None and om.quantize_float_inputs)
             ):
                 in_infos.append(None)  # a float op's output stays float (sensitivity runs)
                 continue
@@ -200,66 +230,57 @@ class OpDispatch:
                 want = SPLIT_OPERAND_DTYPE
             if info is None or info.dtype is not want:
                 if info is not None and info.dtype.is_float and want.is_float:
-                    v, info = self.cast_float(call.name, v, want), QInfo(want)
+                    v, info = self.cast_float(name, v, want), QInfo(want)
                 else:
-                    v, info = self.quantize_act(call.name, f"in{i}", v, want, rq, mode)
+                    v, info = self.quantize_act(name, f"in{i}", v, want, rq, mode)
                 A.put(args, kwargs, slot, v)
             in_infos.append(info)
         wq = None
-        chain = self._chain.get(call.name) if call.category is OpCategory.GEMM else None
+        chain = r.chain
         if chain:
-            st.fused_done.add(call.name)
-            self._fold(call.name, chain, plan, args, kwargs)
-        if plan.weight is not None and (om is None or om.quantize_weight):
+            st.fused_done.add(name)
+            plan = self._fold(name, chain, plan, args, kwargs)
+        if plan.weight is not None and r.quantize_weight:
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
-                per_channel = self.platform.weight_per_channel
-                wq = (*self.weight_q(call.name, w, rq.weight_dtype, per_channel), w)
-                wv = self.weight_value(call.name, w, rq.weight_dtype, mode, rq.weight_split)
+                wv, codes, w_scale = self.weight_coded(
+                    name, w, rq.weight_dtype, mode, rq.weight_split
+                )
+                wq = (codes, w_scale, w)
                 A.put(args, kwargs, plan.weight, wv)
             else:
-                A.put(args, kwargs, plan.weight, self.cast_float(call.name, w, rq.weight_dtype))
+                A.put(args, kwargs, plan.weight, self.cast_float(name, w, rq.weight_dtype))
         x_info = in_infos[0] if in_infos else None
-        if (
-            mode is Mode.FAKE
-            and wq is not None
-            and plan.bias is not None
-            and x_info is not None
-            and x_info.dtype.is_int
-        ):
+        if fake and wq is not None and plan.bias is not None and x_info is not None:
             b = A.get(args, kwargs, plan.bias)
-            if b is not None:
-                A.put(args, kwargs, plan.bias, self.bias_value(b, x_info.scale, wq[1]))
+            if b is not None and x_info.dtype.is_int:
+                A.put(args, kwargs, plan.bias, self.bias_value(b, x_info.scale, wq[1], name))
         if split_b and in_infos[1] is not None and in_infos[1].dtype.is_int:
-            if mode is Mode.FAKE:  # QAT value of the split operand: s (b_hi + b_lo / 2**k)
+            if fake:  # QAT value of the split operand: s (b_hi + b_lo / 2**k)
                 b = A.get(args, kwargs, plan.acts[1])
                 k, fr = rq.weight_split, self.platform.fake_round
                 A.put(args, kwargs, plan.acts[1], split_operand_fake(b, in_infos[1].scale, k, fr))
-        if call.category is OpCategory.GEMM:
+        if r.gemm and _int16_operands(in_infos, rq, wq):
             dts = [i.dtype for i in in_infos if i is not None]
             if split_b:  # both passes take the int8 halves of the second operand
                 dts = dts[:1] + [DType.INT8]
-            self._check_gemm(call.name, call.op_type, dts + ([rq.weight_dtype] if wq else []))
-        if call.category is OpCategory.GRID_SAMPLE:
-            self._check_grid(call.name, A.get(args, kwargs, plan.acts[0]).shape)
-        quant_out = om is None or om.quantize_output
-        grid_info = in_infos[1] if len(in_infos) > 1 else None
-        if (
-            call.category is OpCategory.GRID_SAMPLE
-            and mode is Mode.FAKE
-            and (grid_info is None or grid_info.dtype.is_int)
-        ):  # an integer grid chain: the grid is int16 at its fixed scale (a float16 one is not)
-            fake_grid(self.platform, args, kwargs, plan)
-        clamp = self._fused_clamp(call.name) if chain else None
-        if deployed and quant_out and call.category in fixed_ops.DEPLOYED_CATEGORIES:
+            self._check_gemm(name, call.op_type, dts + ([rq.weight_dtype] if wq else []))
+        if r.grid:
+            self._check_grid(name, A.get(args, kwargs, plan.acts[0]).shape)
+            grid_info = in_infos[1] if len(in_infos) > 1 else None
+            if fake and (grid_info is None or grid_info.dtype.is_int):
+                # an integer grid chain: the grid is int16 at its fixed scale (not a float16 one)
+                fake_grid(self.platform, args, kwargs, plan)
+        quant_out = r.quant_out
+        clamp = self._fused_clamp(name) if chain else None
+        if r.deployed_kernel:
             res = fixed_ops.run_deployed(self, call, plan, args, kwargs, in_infos, rq)
             if res is not None:
                 return res
-        if mode is Mode.FAKE and rq.single_period and call.op_type in ("sin", "cos"):
+        if r.single_period:
             fake_single_period(self.platform, args, kwargs, plan, in_infos[0])
-        fake = _FAKE_KERNELS.get(call.category) if mode is Mode.FAKE and quant_out else None
-        if fake is not None:  # the QAT form of an op whose fixed kernel is a composite
-            res = fake(self, call, plan, args, kwargs, in_infos, rq)
+        if r.fake_kernel is not None:  # the QAT form of an op whose fixed kernel is a composite
+            res = r.fake_kernel(self, call, plan, args, kwargs, in_infos, rq)
             if res is not None:
                 return res
         if mode is Mode.FIXED:
@@ -268,14 +289,8 @@ class OpDispatch:
             )
             if res is not None:
                 return res
-        out = calls.out_of_place(call)(*args, **kwargs)
-        fuse = (  # fake-quantize the fused clamp in the same pass (qat_fake_quant ``bounds``)
-            clamp is not None
-            and mode is Mode.FAKE
-            and quant_out
-            and rq.output_dtype.is_int
-            and not rq.high_precision_output
-        )
+        out = r.fn(*args, **kwargs)
+        fuse = clamp is not None and r.fuse_clamp  # fake quant applies the fused clamp
         if clamp and not fuse:
             out = torch.clamp(out, clamp[0], clamp[1])
         return self._quant_output(call, out, in_infos, rq, quant_out, mode, clamp if fuse else None)
@@ -287,18 +302,21 @@ class OpDispatch:
                 return inf.post
         return None
 
-    def _fold(self, name: str, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> None:
-        """Put the batch_norm-folded weight and bias of GEMM ``name`` into its arguments."""
-        bn = [self._info[c] for c in chain if self._info[c].op_type == "batch_norm"]
+    def _fold(self, name: str, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> A.ArgPlan:
+        """Put the batch_norm-folded weight and bias of GEMM ``name`` into its arguments; the
+        plan of the folded arguments (a bias slot added when the call had none)."""
+        info = self._info
+        bn = [info[c] for c in chain if info[c].op_type == "batch_norm"]
         if not bn or plan.weight is None:
-            return
+            return plan
         w = A.get(args, kwargs, plan.weight)
         b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
         wf, bf = fold_batch_norm(self._fold_cache, name, w, b, bn[0].post, self._recording_grad())
         A.put(args, kwargs, plan.weight, wf)
         if plan.bias is None:
-            plan.bias = ("k", "bias")
+            plan = A.ArgPlan(plan.acts, plan.weight, ("k", "bias"))
         A.put(args, kwargs, plan.bias, bf)
+        return plan
 
     def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None):
         if call.category is OpCategory.PASS_THROUGH:
@@ -320,6 +338,16 @@ class OpDispatch:
             return out, None
         owned = call.category is OpCategory.GEMM  # a GEMM's result is a fresh tensor
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds, owned)
+
+
+def _int16_operands(in_infos: list, rq, wq) -> bool:
+    """Whether a GEMM may have two INT16 operands (only then ``_check_gemm`` has work; an
+    upper bound: the split operand is counted too)."""
+    n16 = 1 if wq is not None and rq.weight_dtype is DType.INT16 else 0
+    for info in in_infos:
+        if info is not None and info.dtype is DType.INT16:
+            n16 += 1
+    return n16 >= 2
 
 
 _FAKE_KERNELS = {

@@ -15,6 +15,8 @@ class Mode(enum.Enum):
     segment-LUT ops (``fixed_ops.DEPLOYED_CATEGORIES``: sigmoid, tanh, exp, ..., sin/cos with
     the platform's period handling, softmax) as FIXED computes them, every other op as FAKE."""
 
+    __hash__ = object.__hash__  # members are singletons: identity hashing, done in C
+
     FLOAT = "float"
     FAKE = "fake"
     FIXED = "fixed"

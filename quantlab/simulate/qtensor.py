@@ -48,22 +48,35 @@ class QInfo:
         return self.codes_of(value).to(self.dtype.torch_dtype)
 
 
+class _KeyedRef(weakref.ref):
+    """A weak reference that knows its table key (one shared callback, no closure per entry)."""
+
+    __slots__ = ("key",)
+
+
 class QTable:
     """id(tensor) -> (weak reference, value); entries vanish with their tensors."""
 
     def __init__(self) -> None:
         self._d: dict[int, tuple[weakref.ref, object]] = {}
+        d = self._d
+
+        def _gone(ref: _KeyedRef, d=d) -> None:
+            entry = d.get(ref.key)
+            if entry is not None and entry[0] is ref:
+                del d[ref.key]
+
+        self._gone = _gone
 
     def set(self, t: Tensor, info: object) -> None:
         key = id(t)
-        d = self._d
-
-        def _gone(_ref, key=key, d=d) -> None:
-            entry = d.get(key)
-            if entry is not None and entry[0] is _ref:
-                del d[key]
-
-        self._d[key] = (weakref.ref(t, _gone), info)
+        e = self._d.get(key)
+        if e is not None and e[0]() is t:  # the same tensor: keep its reference
+            self._d[key] = (e[0], info)
+            return
+        ref = _KeyedRef(t, self._gone)
+        ref.key = key
+        self._d[key] = (ref, info)
 
     def get(self, t: object):
         if not isinstance(t, Tensor):

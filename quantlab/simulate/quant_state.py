@@ -176,6 +176,17 @@ class QuantizationState:
         self._wcache[ck] = hit
         return hit
 
+    def weight_coded(
+        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(``weight_value``, codes, scale) of a weight (``weight_q`` at
+        ``platform.weight_per_channel``), from one cache entry."""
+        entry = self._weight_entry(name, w, dtype, self.platform.weight_per_channel)
+        value = entry[4].get((mode, split))
+        if value is None or self._recording_grad():
+            value = self.weight_value(name, w, dtype, mode, split)
+        return value, entry[2], entry[3]
+
     def weight_value(
         self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
     ) -> Tensor:
@@ -204,16 +215,24 @@ class QuantizationState:
             return through(w, values[key])
         return values[key]
 
-    def bias_value(self, bias: Tensor, x_scale: Tensor, w_scale: Tensor) -> Tensor:
+    def bias_value(
+        self, bias: Tensor, x_scale: Tensor, w_scale: Tensor, name: str | None = None
+    ) -> Tensor:
         """The float32 bias a FAKE run of a GEMM adds: ``bias`` itself when
         ``platform.bias_float`` (the compiler receives it as float32), else the value of the
         int32 codes the model holds, round_half_even(fl32(bias / fl32(x_scale * w_scale)))
         saturated to int32 (``numerics.gemm.quantize_bias``, the codes FIXED mode adds), times
-        fl32(x_scale * w_scale) in float32 (a QDQ graph's DequantizeLinear)."""
+        fl32(x_scale * w_scale) in float32 (a QDQ graph's DequantizeLinear). With op ``name``
+        the value is kept until the bias (its ``_version``) or a scale object changes."""
         if self.platform.bias_float:
             return bias
         if self._recording_grad():
             return through(bias, self.bias_value(bias.detach(), x_scale.detach(), w_scale))
+        if name is not None:
+            key = (bias, bias._version, x_scale, w_scale)
+            return self.op_memo(
+                name, "bias_value", key, lambda: self.bias_value(bias, x_scale, w_scale)
+            )
         codes = quantize_bias(bias, x_scale, w_scale)
         unit = acc_scale(x_scale, w_scale)
         return dequantize(codes, unit, axis=0 if unit.dim() == 1 else None)
