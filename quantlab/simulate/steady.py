@@ -1,0 +1,196 @@
+"""Prepared calls of a steady FAKE run: an op's quantized run replayed from what it resolved.
+
+After an op ran quantized in a FAKE run that records nothing beyond the op table (no per-op
+overrides, replay, trace, observer, calibration or gradients), everything its next run would
+look up again is kept in a ``PreparedCall``: its argument plan and route, the quantization its
+activation inputs arrived with, its fake-quantized weight and bias (with the tensors and
+versions they came from), its fused clamp and output fake-quant function. The next such call
+checks that each of these still holds (identity of the tensors, scales, qconfig, platform and
+cache entries; weight and bias versions) and, if so, computes the op with them: the same
+functions on the same values as the full path, so the same bits. A failed check sends the
+call through the full path (``OpDispatch._run_quantized_value``), which prepares it anew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from quantlab.capture import OpCall, OpCategory
+from quantlab.simulate import args as A
+from quantlab.simulate import calls
+from quantlab.simulate.op_route import OpRoute
+
+
+@dataclass(slots=True, eq=False)
+class PreparedCall:
+    """What one op's quantized FAKE run resolved (see the module docstring)."""
+
+    route: OpRoute
+    fake_ops: Any
+    in_dtypes: tuple  # the dtype each activation input arrived with (None: not a float tensor)
+    weight: Tensor | None
+    weight_version: int
+    weight_value: Tensor | None
+    bias: Tensor | None
+    bias_version: int
+    x_scale: Tensor | None  # the first input's scale the bias value was made with
+    bias_value: Tensor | None
+    bounds: tuple | None  # the fused clamp applied by the output fake quant
+    point_key: tuple  # the output fake-quant entry's key in the scale cache
+    point: tuple  # that entry (scale-cache entries are replaced when scales change)
+    fq: Callable  # the output fake quant
+    out_info: Any  # the output's QInfo
+    owned: bool  # the function's result is a fresh tensor the fake quant may overwrite
+
+
+def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
+    """(plan, value, QInfo) of ``call`` by ``prep``, or None when any of its checks fails
+    (then nothing was changed)."""
+    r = prep.route
+    name = call.name
+    plan = A.plan_of(call, sim._plans)
+    if (
+        plan is not r.plan
+        or sim._routes.get(name) is not r
+        or sim._resolved.get(name) is not r.rq
+        or sim.platform is not r.platform
+        or sim.fake_ops is not prep.fake_ops
+        or sim._learned_scales is not None
+        or (r.chain is not None and sim._chain.get(name) is not r.chain)
+    ):
+        return None
+    args, kwargs = call.args, call.kwargs
+    if kwargs and kwargs.get("inplace"):
+        return None
+    qt = st.qt
+    x_info = None
+    for i, slot in enumerate(plan.acts):
+        v = A.get(args, kwargs, slot)
+        want = prep.in_dtypes[i]
+        if want is None:
+            if isinstance(v, Tensor) and v.is_floating_point():
+                return None
+            continue
+        info = qt.get(v)
+        if info is None or info.dtype is not want:
+            return None
+        if i == 0:
+            x_info = info
+    if prep.weight is not None:
+        w = A.get(args, kwargs, plan.weight)
+        if w is not prep.weight or w._version != prep.weight_version:
+            return None
+    if prep.bias is not None:
+        b = A.get(args, kwargs, plan.bias)
+        if (
+            b is not prep.bias
+            or b._version != prep.bias_version
+            or x_info is None
+            or x_info.scale is not prep.x_scale
+        ):
+            return None
+    elif plan.bias is not None and A.get(args, kwargs, plan.bias) is not None:
+        return None
+    if r.chain and sim._fused_clamp(name) != prep.bounds:
+        return None
+    if sim._scale_cache.get(prep.point_key) is not prep.point:
+        return None
+    # every check passed: compute as the full path would (the inputs arrived as wanted)
+    if r.chain:
+        st.fused_done.add(name)
+    a = list(args)
+    kw = dict(kwargs) if kwargs else {}
+    if prep.weight is not None:
+        A.put(a, kw, plan.weight, prep.weight_value)
+    if prep.bias is not None:
+        A.put(a, kw, plan.bias, prep.bias_value)
+    return plan, prep.fq(r.fn(*a, **kw), inplace=prep.owned), prep.out_info
+
+
+def prepare(
+    sim: Any,
+    call: OpCall,
+    r: OpRoute,
+    plan: A.ArgPlan,
+    in_infos: list,
+    arrived: list,
+    wq: tuple | None,
+    args: list,
+    kwargs: dict,
+    bounds: tuple | None,
+    out: Any,
+    out_info: Any,
+) -> PreparedCall | None:
+    """The PreparedCall of a FAKE call that just ran quantized through the full path (its
+    route ``r``; ``in_infos`` as used, ``arrived`` as the inputs came; ``args`` / ``kwargs``
+    with the values it computed with; ``bounds`` the fused clamp given to the output fake
+    quant; ``out`` / ``out_info`` its result), or None for a call this form does not cover."""
+    rq = r.rq
+    if (
+        r.om is not None
+        or r.split_b
+        or r.grid
+        or r.deployed_kernel
+        or r.single_period
+        or r.fake_kernel is not None
+        or not r.quant_out
+        or call.category is OpCategory.PASS_THROUGH
+        or not rq.output_dtype.is_int
+        or (r.gemm and rq.high_precision_output)
+        or (r.chain and bounds is None)  # a batch_norm fold or an unfused clamp
+        or any(sim._info[c].op_type == "batch_norm" for c in r.chain or ())
+        or calls.is_inplace(call)
+        or call.name in sim._fused_into
+        or not isinstance(out, Tensor)
+        or sim._learned_scales is not None
+    ):
+        return None
+    dtypes = []
+    for used, came in zip(in_infos, arrived):
+        if used is not came:  # quantized or cast here
+            return None
+        dtypes.append(None if used is None else used.dtype)
+    if any(d is None for d in dtypes) and any(
+        A.is_float_tensor(A.get(call.args, call.kwargs, s)) for s in plan.acts
+    ):
+        return None
+    weight = weight_value = bias = bias_value = x_scale = None
+    weight_version = bias_version = 0
+    if plan.weight is not None:
+        if wq is None:
+            return None
+        weight, weight_version = wq[2], wq[2]._version
+        weight_value = A.get(args, kwargs, plan.weight)
+    if plan.bias is not None and A.get(call.args, call.kwargs, plan.bias) is not None:
+        x_info = in_infos[0] if in_infos else None
+        if wq is None or x_info is None or not x_info.dtype.is_int:
+            return None  # the bias is not replaced by its FAKE value
+        bias = A.get(call.args, call.kwargs, plan.bias)
+        bias_version, x_scale = bias._version, x_info.scale
+        bias_value = A.get(args, kwargs, plan.bias)
+    key = ("fake_point", call.name, "out", rq.output_dtype, bounds)
+    point = sim._scale_cache.get(key)
+    if point is None or point[0] is not rq or point[3] is not out_info:
+        return None
+    return PreparedCall(
+        r,
+        sim.fake_ops,
+        tuple(dtypes),
+        weight,
+        weight_version,
+        weight_value,
+        bias,
+        bias_version,
+        x_scale,
+        bias_value,
+        bounds,
+        key,
+        point,
+        point[2],
+        out_info,
+        r.gemm,
+    )

@@ -1,0 +1,234 @@
+"""Steady FAKE runs follow prepared calls (quantlab.simulate.steady): every change that can
+move a bit (qconfig, per-op modes, calibration, weights and biases edited in place or
+replaced, mode, platform, FAKE-op choice) gives the bits of a fresh Simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from torch import nn
+from torch.nn import functional as F
+
+from quantlab.numerics.dtypes import DType
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import FakeOps, Mode, OpMode, Simulator, steady
+from quantlab.simulate.profiles import platform_config
+
+
+class ToyNet(nn.Module):
+    """Conv(+bias) -> relu6 (fused), conv, residual add, conv (no bias), sigmoid, cat, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(8, 8, 1, bias=False)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = F.relu6(self.a(x))
+        h = self.c(h + self.b(h))
+        p = h.mean((2, 3))
+        return self.head(torch.cat([p, torch.sigmoid(p)], dim=1))
+
+
+def _setup(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = ToyNet().eval()
+    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    more = [(torch.randn(2, 3, 6, 6, generator=g) * 3,)]
+    return m, calib, more, torch.randn(2, 3, 6, 6, generator=g)
+
+
+def _fresh(m, calib, x, mode=Mode.FAKE, **kw):
+    sim = Simulator(m, "j6m", **kw)
+    sim.calibrate(calib, progress=False)
+    return sim.run(x, mode=mode)
+
+
+@pytest.fixture
+def hits(monkeypatch):
+    """How many calls followed their prepared form (a list of one count)."""
+    n = [0]
+    real = steady.prepared_value
+
+    def counted(*a):
+        got = real(*a)
+        n[0] += got is not None
+        return got
+
+    monkeypatch.setattr(steady, "prepared_value", counted)
+    return n
+
+
+def test_steady_runs_follow_prepared_calls_with_the_same_bits(hits):
+    m, calib, _, x = _setup()
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    first = sim.run(x, mode=Mode.FAKE)
+    assert hits[0] == 0
+    again = sim.run(x, mode=Mode.FAKE)
+    assert hits[0] >= 4  # convs b and c, the add, the cat at least
+    assert_bits_equal(again, first)
+    assert_bits_equal(again, _fresh(m, calib, x))
+    # the op table of a prepared run equals the full path's
+    table = sim.ops
+    fresh = Simulator(m, "j6m")
+    fresh.calibrate(calib, progress=False)
+    fresh.run(x, mode=Mode.FAKE)
+    assert table.drop(columns=["input_shapes"]).equals(fresh.ops.drop(columns=["input_shapes"]))
+    assert list(table["input_shapes"]) == list(fresh.ops["input_shapes"])
+
+
+def test_a_trace_or_per_op_mode_run_takes_the_full_path_with_the_same_bits(hits):
+    m, calib, _, x = _setup()
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    y = sim.run(x, mode=Mode.FAKE)
+    sim.run(x, mode=Mode.FAKE)
+    n = hits[0]
+    assert_bits_equal(sim.trace(x, mode=Mode.FAKE).result, y)
+    name = "b:conv2d#0"
+    over = sim.run(x, mode=Mode.FAKE, op_modes={name: OpMode(Mode.FLOAT)})
+    assert hits[0] == n  # nothing prepared was used
+    ref = Simulator(m, "j6m")
+    ref.calibrate(calib, progress=False)
+    assert_bits_equal(over, ref.run(x, mode=Mode.FAKE, op_modes={name: OpMode(Mode.FLOAT)}))
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), y)
+
+
+def test_qconfig_calibration_and_mode_changes_give_fresh_bits():
+    m, calib, more, x = _setup()
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    for _ in range(2):
+        sim.run(x, mode=Mode.FAKE)
+    spec = QConfigSpec(by_type={"conv2d": OpQConfig(output_dtype=DType.INT16)})
+    sim.set_qconfig(spec)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib, x, qconfig=spec))
+    sim.set_qconfig(QConfigSpec())
+    sim.run(x, mode=Mode.FAKE)
+    sim.calibrate(more, progress=False)  # statistics grow: new scales
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib + more, x))
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert_bits_equal(fixed, _fresh(m, calib + more, x, mode=Mode.FIXED))
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib + more, x))
+    other = Simulator(m, "j6m")
+    other.calibrate(more, progress=False)
+    sim.share_calibration(other)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, more, x))
+
+
+@pytest.mark.parametrize("bias_float", [True, False])
+def test_weight_and_bias_edits_give_fresh_bits(bias_float):
+    """Against a fresh Simulator with the same calibration (the edits would move new
+    calibration statistics); FAKE adds the bias itself or the value of its int32 codes."""
+    m, calib, _, x = _setup()
+    platform = dataclasses.replace(platform_config("j6m"), bias_float=bias_float)
+    sim = Simulator(m, platform)
+    sim.calibrate(calib, progress=False)
+    for _ in range(2):
+        sim.run(x, mode=Mode.FAKE)
+
+    def fresh():
+        other = Simulator(m, platform)
+        other.share_calibration(sim)
+        return other.run(x, mode=Mode.FAKE)
+
+    for edit in (m.a.weight, m.b.weight, m.c.weight, m.head.weight, m.b.bias, m.head.bias):
+        with torch.no_grad():
+            edit.mul_(-1.5)  # in place: a new _version
+        assert_bits_equal(sim.run(x, mode=Mode.FAKE), fresh())
+    m.b.weight = nn.Parameter(m.b.weight.detach() * -1.0)  # replaced
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), fresh())
+    m.head.bias = nn.Parameter(m.head.bias.detach() + 1.0)
+    y = sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(y, fresh())
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), y)
+
+
+def test_fake_ops_and_platform_changes_give_fresh_bits():
+    m, calib, _, x = _setup()
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    for _ in range(2):
+        sim.run(x, mode=Mode.FAKE)
+    sim.fake_ops = FakeOps.DEPLOYED
+    want = _fresh(m, calib, x, fake_ops=FakeOps.DEPLOYED)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
+    sim.fake_ops = FakeOps.QAT
+    plain = _fresh(m, calib, x)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), plain)
+    j6e = Simulator(m, "j6e")
+    sim.platform = j6e.platform
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh_on(m, calib, x, "j6e"))
+
+
+def _fresh_on(m, calib, x, platform):
+    sim = Simulator(m, platform)
+    sim.calibrate(calib, progress=False)
+    return sim.run(x, mode=Mode.FAKE)
+
+
+class WeightForms(nn.Module):
+    """The same op name with another argument layout in another run: ``F.linear`` with its
+    weight a Parameter (a per-channel weight) or a plain tensor (a second activation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.as_parameter = True
+        g = torch.Generator().manual_seed(2)
+        self.w = nn.Parameter(torch.randn(4, 4, generator=g) * torch.tensor([1.0, 0.1, 3.0, 0.01]))
+
+    def forward(self, x):
+        return F.linear(x, self.w if self.as_parameter else self.w.detach())
+
+
+_INT16_OUT = QConfigSpec(by_type={"linear": OpQConfig(output_dtype=DType.INT16)})
+
+
+def _calibrated_both_ways(m, calib):
+    sim = Simulator(m, "j6m", _INT16_OUT)
+    for form in (True, False):
+        m.as_parameter = form
+        sim.calibrate(calib, progress=False)
+    m.as_parameter = True
+    return sim
+
+
+def test_an_argument_layout_change_is_planned_anew():
+    g = torch.Generator().manual_seed(1)
+    m = WeightForms().eval()
+    calib = [(torch.randn(3, 4, generator=g),)]
+    x = torch.randn(3, 4, generator=g)
+    sim = _calibrated_both_ways(m, calib)
+    as_weight = sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), as_weight)
+    m.as_parameter = False
+    y = sim.run(x, mode=Mode.FAKE)
+    ref = Simulator(m, "j6m", _INT16_OUT)  # it never ran the other layout
+    ref.share_calibration(sim)
+    assert_bits_equal(y, ref.run(x, mode=Mode.FAKE))
+    assert not torch.equal(y, as_weight)  # the two layouts do quantize differently
+    m.as_parameter = True
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), as_weight)
+
+
+def test_a_module_added_after_the_simulator_runs_in_eval_mode_and_keeps_its_flag():
+    m, calib, _, x = _setup()
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    sim.run(x, mode=Mode.FAKE)
+    m.head = nn.Sequential(nn.Dropout(0.9), m.head)  # training by default
+    assert m.head[0].training
+    a = sim.run(x, mode=Mode.FAKE)
+    b = sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(a, b)  # no dropout: eval mode
+    assert m.head[0].training and m.head.training
+    assert not m.a.training
