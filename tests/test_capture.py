@@ -139,3 +139,14 @@ def test_classify_covers_the_op_list():
     assert classify(F.hardtanh, (x, 0.0, 6.0), {}) == ("relu6", OpCategory.REQUANT)
     assert classify(F.relu6, (x,), {}) == ("relu6", OpCategory.REQUANT)  # as nn.ReLU6
     assert classify(torch.Tensor.size, (x,), {}) is None
+
+
+def test_classify_remembers_kinds_by_function_but_reads_hardtanh_bounds_every_call():
+    x = torch.randn(2, 3)
+    for _ in range(2):  # the second round answers from the remembered kinds
+        assert classify(torch.sigmoid, (x,), {}) == ("sigmoid", OpCategory.LUT)
+        assert classify(torch.Tensor.size, (x,), {}) is None
+        assert classify(torch.erf, (x,), {}) == ("erf", None)
+        assert classify(F.hardtanh, (x, 0.0, 6.0), {}) == ("relu6", OpCategory.REQUANT)
+        assert classify(F.hardtanh, (x, -1.0, 1.0), {}) == ("clamp", OpCategory.REQUANT)
+        assert classify(F.hardtanh, (x,), {"min_val": 0.0, "max_val": 6.0})[0] == "relu6"

@@ -308,7 +308,7 @@ class OpDispatch:
             out = torch.clamp(out, clamp[0], clamp[1])
         bounds = clamp if fuse else None
         res = self._quant_output(call, out, in_infos, rq, quant_out, mode, bounds)
-        if fake and _steady(st):
+        if st.mode is Mode.FAKE and om is None and _steady(st):
             prep = steady.prepare(
                 self, call, r, plan, in_infos, arrived, wq, args, kwargs, bounds, *res
             )
