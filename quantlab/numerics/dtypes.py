@@ -22,6 +22,10 @@ _BITS = {
     "float32": 32,
 }
 _INT_VALUES = frozenset(("int8", "uint8", "int16", "int32", "int64"))
+# code ranges of the integer formats: two's complement [-2**(bits-1), 2**(bits-1) - 1]; UINT8
+# [0, 255]
+_QMIN = {v: 0 if v == "uint8" else -(1 << (_BITS[v] - 1)) for v in _INT_VALUES}
+_QMAX = {v: 255 if v == "uint8" else (1 << (_BITS[v] - 1)) - 1 for v in _INT_VALUES}
 _TORCH_DTYPES = {
     "int8": torch.int8,
     "uint8": torch.uint8,
@@ -61,20 +65,18 @@ class DType(enum.Enum):
     @property
     def qmin(self) -> int:
         """Smallest code of an integer format, -2**(bits-1) (0 for UINT8)."""
-        if self.value not in _INT_VALUES:
+        hit = _QMIN.get(self._value_)
+        if hit is None:
             self._require_int("qmin")
-        if self.value == "uint8":
-            return 0
-        return -(1 << (_BITS[self.value] - 1))
+        return hit
 
     @property
     def qmax(self) -> int:
         """Largest code of an integer format, 2**(bits-1) - 1 (255 for UINT8)."""
-        if self.value not in _INT_VALUES:
+        hit = _QMAX.get(self._value_)
+        if hit is None:
             self._require_int("qmax")
-        if self.value == "uint8":
-            return 255
-        return (1 << (_BITS[self.value] - 1)) - 1
+        return hit
 
     @property
     def max_finite(self) -> float:

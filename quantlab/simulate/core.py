@@ -17,7 +17,10 @@ never changed by later runs.
 ``Simulator`` holds the public API and composes three parts, one module each: op discovery
 (``discovery``: op records, fusions, output feeds, grid chains, validation, the op table),
 quantization state (``quant_state``: observers, scales, weight codes, kernel caches) and op
-dispatch (``dispatch``: what each captured call becomes in a run).
+dispatch (``dispatch``: what each captured call becomes in a run). What a call resolved is kept
+per op (argument plans, routes: ``op_route``) and, for FAKE runs that record nothing beyond the
+op table, as a prepared call (``steady``) that later calls follow after checking everything it
+was made from.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A call is replayed from a recorded trace, passed through (an op fused into its G
 modelled), run in float (FLOAT mode, unsupported ops; calibration observes it), or run
 quantized: activation inputs quantized, weights fake-quantized or coded, batch_norm folded into
 its GEMM, then the fixed-point kernel (FIXED) or the float function with a quantized output.
-In-place ops keep the model's aliasing; the side tables carry codes and producers.
+In-place ops keep the model's aliasing; the side tables carry codes and producers. A steady FAKE
+run (no per-op overrides, replay, trace, observer, calibration or gradients) follows an op's
+prepared call (``steady``) when every check of it holds, with the same bits.
 """
 
 from __future__ import annotations
