@@ -111,14 +111,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         lambda: _checked_contract(p, call.op_type, out_dt, xi.dtype, wdt),
     )
     if call.op_type in ("conv1d", "conv2d"):
-        w32 = None
-        if wq is not None:  # a weight's float32 cast, kept while its codes are the same tensor
-            cache = sim.fast_cache(call.name)
-            if cache.get("w") is not wc:
-                cache.update(w=wc, w32=wc.to(torch.float32))
-            w32 = cache["w32"]
-        fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
-        acc = fn(xc, wc, **_gemm_params(call), w_float32=w32, as_int64=False)
+        acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
         acc, axis = gemm.int_linear(xc, wc), -1
@@ -156,6 +149,21 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     return fc.emit(res, out_scale, out_dt, zo)
+
+
+def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.PreparedConv:
+    """The op's exact convolution, checked and planned once per input shape and dtype, weight
+    codes and parameters (``gemm.prepare_conv``); a weight's codes (``weight``) get their
+    float32 cast made once with it, kept while the codes are the same tensor."""
+    params = _gemm_params(call)
+    nsp = 2 if call.op_type == "conv2d" else 1
+
+    def make():
+        w32 = wc.to(torch.float32) if weight else None
+        return gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params, w_float32=w32)
+
+    key = (tuple(xc.shape), xc.dtype, wc, tuple(params.items()))
+    return sim.op_memo(call.name, "conv", key, make)
 
 
 def _checked_contract(p, op_type: str, out_dt: DType, x_dt: DType, w_dt: DType):
