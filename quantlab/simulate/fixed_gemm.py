@@ -83,7 +83,16 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return None
     k = xc.shape[-1] if call.op_type in ("linear", "matmul") else int(wc[0].numel())
     xc, xs = _prepare_int16(sim, xc, xs, xi.dtype, k, matmul)
-    wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
+    if wq is not None and wdt is DType.INT16:  # a weight's int16 operand codes, made once
+        w_in = (wc, ws)
+        wc, ws = sim.op_memo(
+            call.name,
+            "int16_weight",
+            (*w_in, p, k, matmul),
+            lambda: _prepare_int16(sim, *w_in, wdt, k, matmul),
+        )
+    else:
+        wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
     zo = 0
     hp = rq.high_precision_output
     out_dt = p.high_precision_output if hp else rq.output_dtype
@@ -114,11 +123,11 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
-        acc, axis = gemm.int_linear(xc, wc), -1
+        acc, axis = gemm.int_linear(xc, wc, as_int64=False), -1
     else:
         if call.func.__name__ == "__rmatmul__":
             return None
-        acc, axis = gemm.int_matmul(xc, wc), -1
+        acc, axis = gemm.int_matmul(xc, wc, as_int64=False), -1
     bound = k * _magnitude(xi) * _magnitude(in_infos[1] if wq is None else None, wdt)
     version = bias._version if bias is not None else None
     constants = sim.op_memo(  # scales and weight codes are cached objects, new when they change

@@ -12,7 +12,14 @@ from bits import assert_bits_equal, edge_values
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import GemmContract, GemmStats, finish_gemm, prepare_conv
+from quantlab.numerics.gemm import (
+    GemmContract,
+    GemmStats,
+    finish_gemm,
+    int_linear,
+    int_matmul,
+    prepare_conv,
+)
 from quantlab.numerics.gemm import finish as finish_mod
 from quantlab.numerics.requant import Requant, add_inter_scale
 from quantlab.numerics.rounding import Round
@@ -35,6 +42,7 @@ def _codes(g, shape, dtype: torch.dtype, adversarial: bool = False) -> torch.Ten
         (torch.int8, (1, 300, 3, 3), (4, 300, 3, 3), dict(padding=1)),  # float32 chunks
         (torch.int16, (1, 16, 5, 5), (3, 16, 3, 3), dict(padding=1)),
         (torch.int16, (2, 4, 6, 6), (4, 2, 1, 1), dict(groups=2, dilation=2)),
+        (torch.int16, (1, 64, 5, 5), (64, 1, 3, 3), dict(padding=1, groups=64)),  # split
     ],
 )
 @pytest.mark.parametrize("adversarial", [False, True])
@@ -52,6 +60,14 @@ def test_prepared_conv_equals_the_reference(x_dtype, x_shape, w_shape, kw, adver
         assert_bits_equal(got32.to(torch.int64), want)
 
 
+def test_many_groups_split_an_int16_input():
+    # a depthwise conv of int16 codes: float32 on the exact high/low halves, not float64
+    w = torch.ones(64, 1, 3, 3, dtype=torch.int8)
+    assert prepare_conv((1, 64, 5, 5), torch.int16, w, 2, groups=64).split_a
+    small = prepare_conv((1, 63, 5, 5), torch.int16, w[:63], 2, groups=63)
+    assert not small.split_a
+
+
 def test_prepared_conv1d_equals_the_reference():
     g = torch.Generator().manual_seed(3)
     w = _codes(g, (4, 6, 3), torch.int8)
@@ -59,6 +75,18 @@ def test_prepared_conv1d_equals_the_reference():
     x = _codes(g, (2, 6, 11), torch.int8)
     want = ref.int_conv2d(x.unsqueeze(2), w.unsqueeze(2), padding=(0, 1)).squeeze(2)
     assert_bits_equal(conv(x), torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("k", [100, 1024, 3000])  # one float32 chunk, its limit, several
+def test_float32_matmul_sums_equal_the_reference(k):
+    g = torch.Generator().manual_seed(k)
+    a = _codes(g, (2, 3, k), torch.int8, adversarial=k == 1024)
+    b = _codes(g, (k, 5), torch.int8, adversarial=k == 1024)
+    want = torch.from_numpy(ref.int_matmul(a, b))
+    got = int_matmul(a, b, as_int64=False)  # float32 when one chunk holds K, else int64
+    assert got.dtype == (torch.float32 if k <= 1024 else torch.int64)
+    assert_bits_equal(got.to(torch.int64), want)
+    assert_bits_equal(int_linear(a, b.t().contiguous(), as_int64=False).to(torch.int64), want)
 
 
 def test_prepared_conv_rejects_other_inputs():

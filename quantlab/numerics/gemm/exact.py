@@ -21,11 +21,11 @@ from torch import Tensor
 from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
 from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
-    SPLIT_MIN_MACS,
     GemmPath,
     GemmPlan,
     operand_bound,
     plan_gemm,
+    split_pays,
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.selftest import ensure_selftest
@@ -38,11 +38,14 @@ def _check_operand(t: Tensor, name: str) -> None:
         raise TypeError(f"{name} must hold int8 or int16 codes, got {t.dtype}")
 
 
-def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
+def int_matmul(
+    a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO, as_int64: bool = True
+) -> Tensor:
     """Exact a @ b (torch.matmul semantics: 1-d, 2-d and broadcast batches) as int64.
 
     Operands: int8/int16 code tensors. Exactness: see the module docstring (no saturation, no
-    wrap; apply ``accumulate`` for the device's int32 contract).
+    wrap; apply ``accumulate`` for the device's int32 contract). ``as_int64=False``: a
+    single-chunk float32 path returns its float32 result as it is (exact integers below 2**24).
     """
     _check_operand(a, "a")
     _check_operand(b, "b")
@@ -58,11 +61,14 @@ def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
     disabled = ensure_selftest()
     plan = plan_gemm(operand_bound(a), operand_bound(b), k, 1, path, disabled=disabled)
     with exact_float_kernels(a.device.type):
-        return matmul_planned(a, b, k, plan)
+        return matmul_planned(a, b, k, plan, as_int64)
 
 
-def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
-    """Exact x @ w.T as int64 (F.linear without bias): x (..., in), w (out, in) codes."""
+def int_linear(
+    x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO, as_int64: bool = True
+) -> Tensor:
+    """Exact x @ w.T as int64 (F.linear without bias): x (..., in), w (out, in) codes.
+    ``as_int64``: as int_matmul."""
     _check_operand(w, "w")
     if w.dim() != 2:
         raise ValueError(f"int_linear weight must be 2-d (out, in), got shape {tuple(w.shape)}")
@@ -72,7 +78,7 @@ def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
             f"int_linear input {tuple(x.shape)} does not match weight {tuple(w.shape)}: "
             f"last dim must be {w.shape[1]}"
         )
-    return int_matmul(x, w.t(), path)
+    return int_matmul(x, w.t(), path, as_int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,7 +181,7 @@ def prepare_conv(
         )
     disabled = frozenset(ensure_selftest())
     macs = math.prod(batched) * (w.shape[0] // groups) * math.prod(w.shape[2:])  # conv_macs
-    split_a = macs >= SPLIT_MIN_MACS or path is GemmPath.FLOAT32_SPLIT
+    split_a = split_pays(macs, groups) or path is GemmPath.FLOAT32_SPLIT
     unit = math.prod(w.shape[2:])
     w_bound = operand_bound(w)
     plan = None
