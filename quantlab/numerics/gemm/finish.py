@@ -28,6 +28,7 @@ from torch import Tensor
 from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import rescale32
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import (
     Requant,
@@ -40,7 +41,6 @@ from quantlab.numerics.rounding import (
     Round,
     half_up_offset,
     round_float,
-    round_float_,
     rshift_round_half_up_,
 )
 from quantlab.numerics.scales import check_scale
@@ -435,54 +435,24 @@ def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple[Tensor,
     return hit
 
 
-FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32
-
-
 def _finish_rescale32(
     acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, zero_point
 ):
-    """FLOAT_RESCALE requantization in float32 passes, or None when its conditions fail.
-
-    The general form computes ``fl32(fl32(acc + b) * M)``, rounds it by ``requant_round``,
-    adds the zero point and saturates. Here: when ``max|acc| + max|b| < 2**31`` the int32
-    accumulator contract changes nothing; when acc is float32 (exact integers) or
-    ``max|acc| <= 2**24`` (its float32 conversion is exact) and every bias code is a float32,
-    ``fl32(acc) + fl32(b)`` is one IEEE addition of exact operands, i.e. the exact sum rounded
-    once to nearest even: ``fl32(acc + b)``. Then one float32 product by M, the rounding, and
-    ``clamp(r + z, lo, hi) = clamp(r, lo - z, hi - z) + z`` (small exact integers) give the same
-    codes. The fused ``clamp_codes`` joins the saturation bounds as in ``_finish_fast``.
-    """
-    zp = int(zero_point)
+    """FLOAT_RESCALE requantization in float32 passes (``rescale32``), or None when the
+    bounds it relies on fail (then the general form runs). The fused ``clamp_codes`` joins
+    the saturation bounds as in ``_finish_fast``."""
     lo, hi = out_dtype.qmin, out_dtype.qmax
     if clamp_codes is not None:
         lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
         lo = min(lo, hi)
-    if sum_bound is None or (
-        sum_bound + k.bias_max >= INT32_LIMIT
-        or (acc.dtype != torch.float32 and sum_bound > FLOAT32_EXACT)
-    ):
-        if not acc.numel():
-            return None
-        a_lo, a_hi = torch.aminmax(acc)
-        sum_bound = int(max(-float(a_lo), float(a_hi)))
-    if sum_bound + k.bias_max >= INT32_LIMIT:
-        return None
-    if acc.dtype != torch.float32 and sum_bound > FLOAT32_EXACT:
+    bound = rescale32.exact_bound(acc, k.bias_max, sum_bound)
+    if bound is None:
         return None
     ax = channel_axis % acc.dim() if acc.dim() else 0
     m, b = _rescale32_constants(k, acc, ax)
-    if acc.dtype == torch.float32 and reuse_acc:
-        t = acc
-    else:
-        t = acc.to(torch.float32, copy=True)
-    if b is not None:
-        t.add_(b)
-    t.mul_(m)
-    t = round_float_(t, contract.requant_round)
-    t.clamp_(lo - zp, hi - zp)
-    if zp:
-        t.add_(zp)
-    return t.to(out_dtype.torch_dtype)
+    return rescale32.rescale_codes(
+        acc, m, b, out_dtype, contract.requant_round, lo, hi, int(zero_point), reuse_acc
+    )
 
 
 def _rescale32_constants(k: _FinishConstants, acc: Tensor, ax: int):
