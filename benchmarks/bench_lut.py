@@ -28,6 +28,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -154,13 +155,23 @@ def bench_eval(args) -> None:
     lut.code_map()  # expand once; cached on the table
     t_build = time.perf_counter() - t_build
     assert torch.equal(lut.evaluate(codes[:4096]), lut.evaluate_reference(codes[:4096]))
+    table = lut.code_map()  # indexed by the code read as unsigned
+    table_np, codes_np = table.numpy(), codes.numpy()
 
     variants = {
         "torch.sigmoid (float32, baseline)": lambda: torch.sigmoid(x),
         "SegmentLut.evaluate (int16 gather)": lambda: lut.evaluate(codes),
         "lut_fake (float64 f + fake quant)": lambda: lut_fake(x, "sigmoid", DType.INT16, s_out),
         "integer path without the map (numpy int64)": lambda: evaluate_codes_int(lut, codes),
+        # other exact gathers through the same map, for comparison (none is faster here:
+        # index_select is torch's fastest 1-d gather but runs on one thread)
+        "torch.gather, int64 index (parallel)": lambda: torch.gather(
+            table, 0, codes.view(torch.uint16).to(torch.int64)
+        ),
+        "numpy fancy index by the uint16 view": lambda: table_np[codes_np.view(np.uint16)],
     }
+    for name in list(variants)[-2:]:
+        assert torch.equal(torch.as_tensor(variants[name]()[:4096]), lut.evaluate(codes[:4096]))
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)

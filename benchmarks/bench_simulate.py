@@ -247,9 +247,11 @@ def batch_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=None, help="default 15, with --quick 3")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="first case only, 3 rounds, no memory")
+    ap.add_argument(
+        "--quick", action="store_true", help="first case only, 3 rounds unless --rounds, no memory"
+    )
     ap.add_argument("--out", type=Path, default=OUT, help="report folder")
     ap.add_argument(
         "--profile", action="store_true", help="also write simulate_profile.md (MobileNetV2)"
@@ -262,7 +264,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     start, load_before = time.time(), os.getloadavg()
     cases = CASES[:1] if args.quick else CASES
-    rounds = 3 if args.quick else args.rounds
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 15)
     parts = []
     for case in cases:
         print(f"timing {case.label} ...", flush=True)
@@ -283,7 +285,9 @@ def main() -> None:
         "python": host.python_version(),
         "machine": host.machine(),
         "seconds": round(time.time() - start, 1),
-        "command": "python benchmarks/bench_simulate.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/bench_simulate.py"
+        + (" --quick" if args.quick else "")
+        + (f" --rounds {args.rounds}" if args.rounds is not None else ""),
     }
     result = {
         "meta": meta,

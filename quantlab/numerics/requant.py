@@ -372,8 +372,14 @@ def add_inter_scale(
     _require_codes(y, "y")
     zx, zy, zo = zero_points
     s, params = _add_constants(x_scale, y_scale, out_scale, inter_shift, scheme, mult_bits)
-    acc = (x.to(torch.int64) - zx) * s.mx + (y.to(torch.int64) - zy) * s.my
-    acc = acc.clamp(INT32_MIN, INT32_MAX)
+    xa, ya = x.to(torch.int64), y.to(torch.int64)
+    if zx:
+        xa = xa - zx
+    if zy:
+        ya = ya - zy
+    acc = torch.add(xa * s.mx, ya, alpha=s.my)  # exact int64
+    if _centred_max(x, zx) * s.mx + _centred_max(y, zy) * s.my > INT32_MAX:
+        acc = acc.clamp(INT32_MIN, INT32_MAX)  # else no value can leave int32
     return requantize(acc, params, out, rounding, stats=stats, zero_point=check_zero_point(zo, out))
 
 
@@ -428,6 +434,12 @@ def add_float_rescale(
     v = (x.to(torch.float32) - zx) * rx + (y.to(torch.float32) - zy) * ry
     r = round_float(v, rounding)
     return _saturate_codes(r + check_zero_point(zo, out) if zo else r, out, stats)
+
+
+def _centred_max(t: Tensor, zero_point: int) -> int:
+    """max|t - zero_point| over t's integer dtype (a bound on the data, from the dtype)."""
+    info = torch.iinfo(t.dtype)
+    return max(abs(info.min - zero_point), abs(info.max - zero_point))
 
 
 def _require_codes(t: Tensor, name: str) -> None:

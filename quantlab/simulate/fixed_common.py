@@ -49,7 +49,11 @@ def emit(codes: Tensor, scale: Tensor, dtype: DType, zero_point: int = 0) -> tup
     s = torch.as_tensor(scale, dtype=torch.float32)
     if s.dim():  # a 0-d scale passes as the same object (plan-time caches key on it)
         s = s.reshape(())
-    return dequantize(codes, s, zero_point=zero_point), QInfo(dtype, s, codes, zero_point)
+    if zero_point:
+        value = dequantize(codes, s, zero_point=zero_point)
+    else:  # the same float32 product; a vectorised cast then an in-place product
+        value = codes.to(torch.float32, copy=True).mul_(s)
+    return value, QInfo(dtype, s, codes, zero_point)
 
 
 def out_scale(sim, call, rq) -> Tensor:

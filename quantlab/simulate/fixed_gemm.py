@@ -83,7 +83,16 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return None
     k = xc.shape[-1] if call.op_type in ("linear", "matmul") else int(wc[0].numel())
     xc, xs = _prepare_int16(sim, xc, xs, xi.dtype, k, matmul)
-    wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
+    if wq is not None and wdt is DType.INT16:  # a weight's int16 operand codes, made once
+        w_in = (wc, ws)
+        wc, ws = sim.op_memo(
+            call.name,
+            "int16_weight",
+            (*w_in, p, k, matmul),
+            lambda: _prepare_int16(sim, *w_in, wdt, k, matmul),
+        )
+    else:
+        wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
     zo = 0
     hp = rq.high_precision_output
     out_dt = p.high_precision_output if hp else rq.output_dtype
@@ -111,21 +120,14 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         lambda: _checked_contract(p, call.op_type, out_dt, xi.dtype, wdt),
     )
     if call.op_type in ("conv1d", "conv2d"):
-        w32 = None
-        if wq is not None:  # a weight's float32 cast, kept while its codes are the same tensor
-            cache = sim.fast_cache(call.name)
-            if cache.get("w") is not wc:
-                cache.update(w=wc, w32=wc.to(torch.float32))
-            w32 = cache["w32"]
-        fn = gemm.int_conv2d if call.op_type == "conv2d" else gemm.int_conv1d
-        acc = fn(xc, wc, **_gemm_params(call), w_float32=w32, as_int64=False)
+        acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
-        acc, axis = gemm.int_linear(xc, wc), -1
+        acc, axis = gemm.int_linear(xc, wc, as_int64=False), -1
     else:
         if call.func.__name__ == "__rmatmul__":
             return None
-        acc, axis = gemm.int_matmul(xc, wc), -1
+        acc, axis = gemm.int_matmul(xc, wc, as_int64=False), -1
     bound = k * _magnitude(xi) * _magnitude(in_infos[1] if wq is None else None, wdt)
     version = bias._version if bias is not None else None
     constants = sim.op_memo(  # scales and weight codes are cached objects, new when they change
@@ -156,6 +158,21 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     return fc.emit(res, out_scale, out_dt, zo)
+
+
+def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.PreparedConv:
+    """The op's exact convolution, checked and planned once per input shape and dtype, weight
+    codes and parameters (``gemm.prepare_conv``); a weight's codes (``weight``) get their
+    float32 cast made once with it, kept while the codes are the same tensor."""
+    params = _gemm_params(call)
+    nsp = 2 if call.op_type == "conv2d" else 1
+
+    def make():
+        w32 = wc.to(torch.float32) if weight else None
+        return gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params, w_float32=w32)
+
+    key = (tuple(xc.shape), xc.dtype, wc, tuple(params.items()))
+    return sim.op_memo(call.name, "conv", key, make)
 
 
 def _checked_contract(p, op_type: str, out_dt: DType, x_dt: DType, w_dt: DType):

@@ -2,14 +2,23 @@
 
 ``plan`` (choosing a provably exact path), ``precision`` (torch's float precision pinned and
 restored around the float paths), ``kernels`` (the planned kernels), ``exact`` (int_conv1d,
-int_conv2d, int_linear, int_matmul), ``finish`` (bias, accumulator contract, requantization),
-``quantized`` (qconv1d, qconv2d, qlinear, qmatmul), ``int16_operands`` (the J6 int16 operand
-rules). The start-up self-test is ``quantlab.numerics.selftest``.
+int_conv2d, int_linear, int_matmul; ``prepare_conv`` checks and plans a convolution once),
+``finish`` (bias, accumulator contract, requantization; ``rescale32``: its FLOAT_RESCALE
+form in float32 where provably the same), ``quantized`` (qconv1d, qconv2d, qlinear, qmatmul),
+``int16_operands`` (the J6 int16 operand rules). The start-up self-test is
+``quantlab.numerics.selftest``.
 """
 
 from quantlab.numerics.accumulator import Overflow, accumulate
 from quantlab.numerics.contract import GemmContract, GemmFamily
-from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
+from quantlab.numerics.gemm.exact import (
+    PreparedConv,
+    int_conv1d,
+    int_conv2d,
+    int_linear,
+    int_matmul,
+    prepare_conv,
+)
 from quantlab.numerics.gemm.finish import (
     GemmStats,
     acc_scale,
@@ -52,6 +61,7 @@ __all__ = [
     "GemmPlan",
     "GemmStats",
     "Overflow",
+    "PreparedConv",
     "acc_scale",
     "accumulate",
     "centre_codes",
@@ -71,6 +81,7 @@ __all__ = [
     "operand_bound",
     "plan_conv",
     "plan_gemm",
+    "prepare_conv",
     "qconv1d",
     "qconv2d",
     "qlinear",

@@ -10,7 +10,9 @@ path that fails it (with a warning). Thread counts are left to the caller.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,9 +22,10 @@ from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
 from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
     GemmPath,
+    GemmPlan,
     operand_bound,
-    plan_conv,
     plan_gemm,
+    split_pays,
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.selftest import ensure_selftest
@@ -35,11 +38,14 @@ def _check_operand(t: Tensor, name: str) -> None:
         raise TypeError(f"{name} must hold int8 or int16 codes, got {t.dtype}")
 
 
-def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
+def int_matmul(
+    a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO, as_int64: bool = True
+) -> Tensor:
     """Exact a @ b (torch.matmul semantics: 1-d, 2-d and broadcast batches) as int64.
 
     Operands: int8/int16 code tensors. Exactness: see the module docstring (no saturation, no
-    wrap; apply ``accumulate`` for the device's int32 contract).
+    wrap; apply ``accumulate`` for the device's int32 contract). ``as_int64=False``: a
+    single-chunk float32 path returns its float32 result as it is (exact integers below 2**24).
     """
     _check_operand(a, "a")
     _check_operand(b, "b")
@@ -55,11 +61,14 @@ def int_matmul(a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
     disabled = ensure_selftest()
     plan = plan_gemm(operand_bound(a), operand_bound(b), k, 1, path, disabled=disabled)
     with exact_float_kernels(a.device.type):
-        return matmul_planned(a, b, k, plan)
+        return matmul_planned(a, b, k, plan, as_int64)
 
 
-def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
-    """Exact x @ w.T as int64 (F.linear without bias): x (..., in), w (out, in) codes."""
+def int_linear(
+    x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO, as_int64: bool = True
+) -> Tensor:
+    """Exact x @ w.T as int64 (F.linear without bias): x (..., in), w (out, in) codes.
+    ``as_int64``: as int_matmul."""
     _check_operand(w, "w")
     if w.dim() != 2:
         raise ValueError(f"int_linear weight must be 2-d (out, in), got shape {tuple(w.shape)}")
@@ -69,14 +78,140 @@ def int_linear(x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO) -> Tensor:
             f"int_linear input {tuple(x.shape)} does not match weight {tuple(w.shape)}: "
             f"last dim must be {w.shape[1]}"
         )
-    return int_matmul(x, w.t(), path)
+    return int_matmul(x, w.t(), path, as_int64)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedConv:
+    """An exact convolution checked (and, for int8 input codes, planned) once for one input
+    shape and dtype and one weight (``prepare_conv``); calling it on input codes of that shape
+    and dtype runs only the planned kernels. Same contract and bits as ``int_conv2d`` /
+    ``int_conv1d`` (which prepare one and call it).
+    """
+
+    x_shape: tuple[int, ...]
+    x_dtype: torch.dtype
+    w: Tensor
+    w_float32: Tensor | None
+    conv: Callable[..., Tensor]
+    kw: dict
+    groups: int
+    cin_g: int
+    unbatched: bool
+    w_bound: int
+    unit: int
+    split_a: bool
+    path: GemmPath
+    disabled: frozenset
+    plan: GemmPlan | None  # None: int16 input codes, planned per call from their max|x|
+
+    def __call__(self, x: Tensor, as_int64: bool = True) -> Tensor:
+        """Exact sums of ``x`` (codes of the prepared shape and dtype) with the weight: int64,
+        or with ``as_int64=False`` a single-chunk float32 result as it is (exact integers)."""
+        if x.dtype != self.x_dtype or tuple(x.shape) != self.x_shape:
+            raise ValueError(
+                f"this prepared convolution takes {self.x_dtype} codes of shape "
+                f"{self.x_shape}, got {x.dtype} {tuple(x.shape)}"
+            )
+        if self.unbatched:
+            x = x.unsqueeze(0)
+        plan = self.plan
+        if plan is None:
+            plan = plan_gemm(
+                operand_bound(x),
+                self.w_bound,
+                self.cin_g,
+                self.unit,
+                self.path,
+                split_a=self.split_a,
+                disabled=self.disabled,
+            )
+        with exact_float_kernels(x.device.type):
+            out = conv_planned(
+                x, self.w, self.conv, self.kw, self.groups, self.cin_g, plan, self.w_float32
+            )
+        if as_int64:
+            out = out.to(torch.int64)
+        return out.squeeze(0) if self.unbatched else out
+
+
+def prepare_conv(
+    x_shape: tuple[int, ...],
+    x_dtype: torch.dtype,
+    w: Tensor,
+    nsp: int,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+    path: GemmPath = GemmPath.AUTO,
+    w_float32: Tensor | None = None,
+) -> PreparedConv:
+    """Check a conv{nsp}d of int8/int16 input codes of ``x_shape`` / ``x_dtype`` with weight
+    codes ``w`` (zero padding, no bias) and plan it once (``plan_conv``; int8 inputs need no
+    data for their bound, int16 inputs are planned per call from their measured max|x|).
+    Raises ValueError / TypeError naming the operand that does not fit."""
+    if x_dtype not in OPERAND_DTYPES:
+        raise TypeError(f"x must hold int8 or int16 codes, got {x_dtype}")
+    _check_operand(w, "w")
+    if w.dim() != nsp + 2:
+        raise ValueError(f"conv{nsp}d weight must be {nsp + 2}-d, got shape {tuple(w.shape)}")
+    x_shape = tuple(x_shape)
+    unbatched = len(x_shape) == nsp + 1
+    batched = (1, *x_shape) if unbatched else x_shape
+    if len(batched) != nsp + 2:
+        raise ValueError(
+            f"conv{nsp}d input must be {nsp + 1}-d or {nsp + 2}-d, got {len(x_shape)}-d"
+        )
+    if groups < 1 or batched[1] % groups or w.shape[0] % groups:
+        raise ValueError(
+            f"groups={groups} must divide input channels {batched[1]} and output channels "
+            f"{w.shape[0]}"
+        )
+    cin_g = batched[1] // groups
+    if w.shape[1] != cin_g:
+        raise ValueError(
+            f"conv{nsp}d weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
+            f"with groups={groups}, input has {batched[1]}"
+        )
+    if w_float32 is not None and (w_float32.shape != w.shape or w_float32.dtype != torch.float32):
+        raise ValueError(
+            f"w_float32 must be w's codes as float32 with shape {tuple(w.shape)}, got "
+            f"{w_float32.dtype} {tuple(w_float32.shape)}"
+        )
+    disabled = frozenset(ensure_selftest())
+    macs = math.prod(batched) * (w.shape[0] // groups) * math.prod(w.shape[2:])  # conv_macs
+    split_a = split_pays(macs, groups) or path is GemmPath.FLOAT32_SPLIT
+    unit = math.prod(w.shape[2:])
+    w_bound = operand_bound(w)
+    plan = None
+    if x_dtype == torch.int8:  # operand_bound of int8 codes is their dtype bound: no data
+        plan = plan_gemm(128, w_bound, cin_g, unit, path, split_a=split_a, disabled=disabled)
+    conv = F.conv2d if nsp == 2 else F.conv1d
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return PreparedConv(
+        x_shape,
+        x_dtype,
+        w,
+        w_float32,
+        conv,
+        kw,
+        groups,
+        cin_g,
+        unbatched,
+        w_bound,
+        unit,
+        split_a,
+        path,
+        disabled,
+        plan,
+    )
 
 
 def _conv_exact(
     x: Tensor,
     w: Tensor,
     nsp: int,
-    conv: Callable[..., Tensor],
     stride,
     padding,
     dilation,
@@ -86,38 +221,10 @@ def _conv_exact(
     as_int64: bool,
 ) -> Tensor:
     _check_operand(x, "x")
-    _check_operand(w, "w")
-    if w.dim() != nsp + 2:
-        raise ValueError(f"conv{nsp}d weight must be {nsp + 2}-d, got shape {tuple(w.shape)}")
-    unbatched = x.dim() == nsp + 1
-    if unbatched:
-        x = x.unsqueeze(0)
-    if x.dim() != nsp + 2:
-        raise ValueError(f"conv{nsp}d input must be {nsp + 1}-d or {nsp + 2}-d, got {x.dim()}-d")
-    if groups < 1 or x.shape[1] % groups or w.shape[0] % groups:
-        raise ValueError(
-            f"groups={groups} must divide input channels {x.shape[1]} and output channels "
-            f"{w.shape[0]}"
-        )
-    cin_g = x.shape[1] // groups
-    if w.shape[1] != cin_g:
-        raise ValueError(
-            f"conv{nsp}d weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
-            f"with groups={groups}, input has {x.shape[1]}"
-        )
-    if w_float32 is not None and (w_float32.shape != w.shape or w_float32.dtype != torch.float32):
-        raise ValueError(
-            f"w_float32 must be w's codes as float32 with shape {tuple(w.shape)}, got "
-            f"{w_float32.dtype} {tuple(w_float32.shape)}"
-        )
-    disabled = ensure_selftest()
-    plan = plan_conv(x, w, groups, path, disabled=disabled)
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    with exact_float_kernels(x.device.type):
-        out = conv_planned(x, w, conv, kw, groups, cin_g, plan, w_float32)
-    if as_int64:
-        out = out.to(torch.int64)
-    return out.squeeze(0) if unbatched else out
+    conv = prepare_conv(
+        tuple(x.shape), x.dtype, w, nsp, stride, padding, dilation, groups, path, w_float32
+    )
+    return conv(x, as_int64)
 
 
 def int_conv2d(
@@ -138,9 +245,7 @@ def int_conv2d(
     instead of casting w on every call). ``as_int64=False``: a single-chunk float32 path
     returns its float32 result as it is (exact integers below 2**24; one widening pass saved).
     """
-    return _conv_exact(
-        x, w, 2, F.conv2d, stride, padding, dilation, groups, path, w_float32, as_int64
-    )
+    return _conv_exact(x, w, 2, stride, padding, dilation, groups, path, w_float32, as_int64)
 
 
 def int_conv1d(
@@ -158,6 +263,4 @@ def int_conv1d(
 
     x: (N, C, L) or (C, L); w: (O, C/groups, k). ``w_float32``, ``as_int64``: as int_conv2d.
     """
-    return _conv_exact(
-        x, w, 1, F.conv1d, stride, padding, dilation, groups, path, w_float32, as_int64
-    )
+    return _conv_exact(x, w, 1, stride, padding, dilation, groups, path, w_float32, as_int64)

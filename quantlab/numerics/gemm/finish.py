@@ -20,7 +20,7 @@ of the general form (tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -28,6 +28,7 @@ from torch import Tensor
 from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import rescale32
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import (
     Requant,
@@ -119,6 +120,12 @@ class _FinishConstants:
     float_step: Tensor | None  # fast form in float64: q * 2**-n (exact)
     float_offset: Tensor | None  # fast form in float64: offset_with_bias * 2**-n (exact)
     float_limit: int  # fast form in float64: max|acc| must not exceed this (-1: never)
+    # FLOAT_RESCALE in float32 (``_finish_rescale32``): the float32 M and, with a bias, its
+    # codes as float32 (None when some bias code is not a float32: then the form is off)
+    rescale32: bool = False
+    bias_f32: Tensor | None = None
+    # the float64 step and offset reshaped per (rank, axis, channels) of the accumulators
+    shaped: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 _CONSTANTS: dict[tuple, _FinishConstants] = {}
@@ -187,8 +194,24 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
             f"out_dtype must be INT8, UINT8, INT16, INT32 or FLOAT32 for a quantized GEMM, "
             f"got {out_dtype.name}"
         )
+    rescale32, bias_f32 = False, None
+    if params is not None and contract.requant is Requant.FLOAT_RESCALE:
+        bias_f32 = b.to(torch.float32) if b is not None else None
+        # every bias code must be a float32 (then fl32(acc) + fl32(b) rounds once, see below)
+        rescale32 = b is None or bool((bias_f32.to(torch.int64) == b).all())
     value = _FinishConstants(
-        params, b, bmax, fast, shift, offset, offset_b, step_f, offset_f, limit_f
+        params,
+        b,
+        bmax,
+        fast,
+        shift,
+        offset,
+        offset_b,
+        step_f,
+        offset_f,
+        limit_f,
+        rescale32,
+        bias_f32 if rescale32 else None,
     )
     if len(_CONSTANTS) >= CACHE_LIMIT:
         _CONSTANTS.clear()
@@ -263,6 +286,20 @@ def finish_gemm(
         return _finish_fast(
             acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc
         )
+    if k.rescale32 and stats is None:
+        codes = _finish_rescale32(
+            acc,
+            k,
+            out_dtype,
+            contract,
+            channel_axis,
+            clamp_codes,
+            sum_bound,
+            reuse_acc,
+            out_zero_point,
+        )
+        if codes is not None:
+            return codes
     st = stats if stats is not None else GemmStats()
     st.outputs += acc.numel()
     a = acc.to(torch.int64)
@@ -278,7 +315,7 @@ def finish_gemm(
     if out_dtype is DType.FLOAT32:
         s = acc_scale(x_scale, w_scale)
         return acc32.to(torch.float32) * _along(s, acc32, channel_axis, "w_scale")
-    q = QuantStats()
+    q = QuantStats() if stats is not None else None  # counting costs passes: only on request
     codes = requantize(
         acc32,
         k.params,
@@ -288,7 +325,8 @@ def finish_gemm(
         stats=q,
         zero_point=out_zero_point,
     )
-    st.saturated += q.saturated
+    if q is not None:
+        st.saturated += q.saturated
     if clamp_codes is not None:
         codes = codes.clamp_min(clamp_codes[0]).clamp_max(clamp_codes[1])
     return codes
@@ -349,23 +387,83 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
 def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
     """The fast form in float64 (``_float_form`` proves it exact for this ``acc``): per
     channel chunk, ``floor(acc * (q * 2**-n) + offset * 2**-n)`` clamped to [lo, hi] (for
-    lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes)."""
+    lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes).
+    A tensor of at most ``CHUNK_ELEMENTS`` values is one chunk (no views, no extra copy)."""
     ax = channel_axis % acc.dim()
-    step = _along(k.float_step, acc, ax, "w_scale")
-    off = _along(k.float_offset, acc, ax, "bias")
+    step, off = _float_constants(k, acc, ax)
+    if acc.numel() <= CHUNK_ELEMENTS:
+        return _float64_codes(acc, step, off, out_dtype, lo, hi, reuse_acc)
     codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
     for c0, cn in _channel_chunks(acc, ax):
         part = acc.narrow(ax, c0, cn)
         st, of = _narrow(step, ax, c0, cn), _narrow(off, ax, c0, cn)
-        # offset + acc * step in one float64 pass (acc widened exactly inside): every product
-        # and sum is exact, so a fused multiply-add gives the same value
-        if part.dtype == torch.float64 and reuse_acc:
-            part = torch.addcmul(of, part, st, out=part)
-        else:
-            part = torch.addcmul(of, part, st)
-        if lo < 0:
-            part.floor_()
-        # clamp commutes with floor (integer bounds); with lo >= 0 the conversion's truncation
-        # of the clamped values is their floor
-        codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
+        codes.narrow(ax, c0, cn).copy_(_float64_values(part, st, of, lo, hi, reuse_acc))
     return codes
+
+
+def _float64_codes(acc, step, off, out_dtype, lo, hi, reuse_acc) -> Tensor:
+    return _float64_values(acc, step, off, lo, hi, reuse_acc).to(out_dtype.torch_dtype)
+
+
+def _float64_values(part, st, of, lo, hi, reuse_acc) -> Tensor:
+    """floor(part * st + of) clamped to [lo, hi], in float64 (the floor skipped for lo >= 0:
+    the integer conversion's truncation of the clamped values is their floor)."""
+    if part.dtype == torch.float64 and reuse_acc:
+        t = part
+    else:
+        t = part.to(torch.float64, copy=True)  # exact: integers below 2**53
+    # the product and the sum are each exact (``_float_form``), so two in-place passes give
+    # the fused value; per-channel broadcasts in mul_/add_ vectorise, addcmul's do not
+    t.mul_(st).add_(of)
+    if lo < 0:
+        t.floor_()
+    # clamp commutes with floor (integer bounds)
+    return t.clamp_(lo, hi)
+
+
+def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple[Tensor, Tensor]:
+    """``k``'s float64 step and offset shaped to broadcast along axis ``ax`` of ``acc`` (kept
+    on ``k`` per (rank, axis, channels): no reshaping per call)."""
+    key = (acc.dim(), ax, acc.shape[ax] if acc.dim() else 0)
+    hit = k.shaped.get(key)
+    if hit is None:
+        hit = (
+            _along(k.float_step, acc, ax, "w_scale"),
+            _along(k.float_offset, acc, ax, "bias"),
+        )
+        k.shaped[key] = hit
+    return hit
+
+
+def _finish_rescale32(
+    acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, zero_point
+):
+    """FLOAT_RESCALE requantization in float32 passes (``rescale32``), or None when the
+    bounds it relies on fail (then the general form runs). The fused ``clamp_codes`` joins
+    the saturation bounds as in ``_finish_fast``."""
+    lo, hi = out_dtype.qmin, out_dtype.qmax
+    if clamp_codes is not None:
+        lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
+        lo = min(lo, hi)
+    bound = rescale32.exact_bound(acc, k.bias_max, sum_bound)
+    if bound is None:
+        return None
+    ax = channel_axis % acc.dim() if acc.dim() else 0
+    m, b = _rescale32_constants(k, acc, ax)
+    return rescale32.rescale_codes(
+        acc, m, b, out_dtype, contract.requant_round, lo, hi, int(zero_point), reuse_acc
+    )
+
+
+def _rescale32_constants(k: _FinishConstants, acc: Tensor, ax: int):
+    """``k``'s float32 M and bias codes shaped to broadcast along axis ``ax`` of ``acc``."""
+    key = ("rescale32", acc.dim(), ax, acc.shape[ax] if acc.dim() else 0)
+    hit = k.shaped.get(key)
+    if hit is None:
+        m = k.params.real.to(torch.float32)
+        hit = (
+            _along(m, acc, ax, "w_scale"),
+            _along(k.bias_f32, acc, ax, "bias") if k.bias_f32 is not None else None,
+        )
+        k.shaped[key] = hit
+    return hit

@@ -26,6 +26,9 @@ FLOAT32_EXACT = 1 << 24
 FLOAT64_EXACT = 1 << 53
 MIN_CHUNK_K = 64  # below this many terms per float32 chunk, float64 is the faster exact path
 SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes only above this
+# ... or from this many groups on: torch runs a grouped float64 convolution group by group
+# (a depthwise conv of 960 channels at 7x7 takes ~3 ms in float64, ~0.35 ms split)
+SPLIT_MIN_GROUPS = 64
 OPERAND_DTYPES = (torch.int8, torch.int16)
 
 
@@ -147,6 +150,12 @@ def conv_macs(x: Tensor, w: Tensor, groups: int) -> int:
     return x.numel() * (w.shape[0] // groups) * math.prod(w.shape[2:])
 
 
+def split_pays(macs: int, groups: int) -> bool:
+    """Whether AUTO may split a convolution's left operand (FLOAT32_SPLIT) rather than run it
+    in float64: from SPLIT_MIN_MACS multiply-adds or SPLIT_MIN_GROUPS groups on (measured)."""
+    return macs >= SPLIT_MIN_MACS or groups >= SPLIT_MIN_GROUPS
+
+
 def plan_conv(
     x: Tensor,
     w: Tensor,
@@ -155,8 +164,9 @@ def plan_conv(
     disabled: Collection[GemmPath] = (),
 ) -> GemmPlan:
     """The plan ``int_conv1d`` / ``int_conv2d`` use for these operands (units = input channels
-    per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS on)."""
-    big = conv_macs(x, w, groups) >= SPLIT_MIN_MACS or path is GemmPath.FLOAT32_SPLIT
+    per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS or
+    SPLIT_MIN_GROUPS on)."""
+    big = split_pays(conv_macs(x, w, groups), groups) or path is GemmPath.FLOAT32_SPLIT
     cin_g = x.shape[-w.dim() + 1] // groups
     unit = math.prod(w.shape[2:])
     return plan_gemm(

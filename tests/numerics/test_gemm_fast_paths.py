@@ -1,0 +1,216 @@
+"""Fast paths of the exact GEMM and its requantization give the reference's bits: convolutions
+checked and planned once (``prepare_conv``), FLOAT_RESCALE requantization in float32 passes
+(up to and past the bounds it relies on), and the J6 add without its int32 clamp where the
+operand dtypes prove it idle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from bits import assert_bits_equal, edge_values
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import (
+    GemmContract,
+    GemmStats,
+    finish_gemm,
+    int_linear,
+    int_matmul,
+    prepare_conv,
+)
+from quantlab.numerics.gemm import finish as finish_mod
+from quantlab.numerics.requant import Requant, add_inter_scale
+from quantlab.numerics.rounding import Round
+
+ORT = GemmContract(requant=Requant.FLOAT_RESCALE, requant_round=Round.HALF_EVEN)
+
+
+def _codes(g, shape, dtype: torch.dtype, adversarial: bool = False) -> torch.Tensor:
+    info = torch.iinfo(dtype)
+    if adversarial:  # all odd, near the maximum, one sign: float32 partial sums pass 2**24
+        return (info.max - 2 * torch.randint(0, 3, shape, generator=g)).to(dtype)
+    return torch.randint(info.min, info.max + 1, shape, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "x_dtype, x_shape, w_shape, kw",
+    [
+        (torch.int8, (2, 8, 7, 6), (5, 8, 3, 3), dict(padding=1)),
+        (torch.int8, (6, 9, 9), (6, 1, 3, 3), dict(stride=2, padding=1, groups=6)),  # unbatched
+        (torch.int8, (1, 300, 3, 3), (4, 300, 3, 3), dict(padding=1)),  # float32 chunks
+        (torch.int16, (1, 16, 5, 5), (3, 16, 3, 3), dict(padding=1)),
+        (torch.int16, (2, 4, 6, 6), (4, 2, 1, 1), dict(groups=2, dilation=2)),
+        (torch.int16, (1, 64, 5, 5), (64, 1, 3, 3), dict(padding=1, groups=64)),  # split
+    ],
+)
+@pytest.mark.parametrize("adversarial", [False, True])
+def test_prepared_conv_equals_the_reference(x_dtype, x_shape, w_shape, kw, adversarial):
+    g = torch.Generator().manual_seed(len(x_shape) * 7 + w_shape[1])
+    w = _codes(g, w_shape, torch.int8, adversarial)
+    conv = prepare_conv(x_shape, x_dtype, w, 2, **kw, w_float32=w.to(torch.float32))
+    for _ in range(2):  # one preparation, several inputs of its shape
+        x = _codes(g, x_shape, x_dtype, adversarial)
+        xb = x if len(x_shape) == 4 else x.unsqueeze(0)
+        want = torch.from_numpy(ref.int_conv2d(xb, w, **kw))
+        want = want if len(x_shape) == 4 else want.squeeze(0)
+        assert_bits_equal(conv(x), want)
+        got32 = conv(x, as_int64=False)  # float32 holds the exact integers, or int64
+        assert_bits_equal(got32.to(torch.int64), want)
+
+
+def test_many_groups_split_an_int16_input():
+    # a depthwise conv of int16 codes: float32 on the exact high/low halves, not float64
+    w = torch.ones(64, 1, 3, 3, dtype=torch.int8)
+    assert prepare_conv((1, 64, 5, 5), torch.int16, w, 2, groups=64).split_a
+    small = prepare_conv((1, 63, 5, 5), torch.int16, w[:63], 2, groups=63)
+    assert not small.split_a
+
+
+def test_prepared_conv1d_equals_the_reference():
+    g = torch.Generator().manual_seed(3)
+    w = _codes(g, (4, 6, 3), torch.int8)
+    conv = prepare_conv((2, 6, 11), torch.int8, w, 1, padding=1)
+    x = _codes(g, (2, 6, 11), torch.int8)
+    want = ref.int_conv2d(x.unsqueeze(2), w.unsqueeze(2), padding=(0, 1)).squeeze(2)
+    assert_bits_equal(conv(x), torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("k", [100, 1024, 3000])  # one float32 chunk, its limit, several
+def test_float32_matmul_sums_equal_the_reference(k):
+    g = torch.Generator().manual_seed(k)
+    a = _codes(g, (2, 3, k), torch.int8, adversarial=k == 1024)
+    b = _codes(g, (k, 5), torch.int8, adversarial=k == 1024)
+    want = torch.from_numpy(ref.int_matmul(a, b))
+    got = int_matmul(a, b, as_int64=False)  # float32 when one chunk holds K, else int64
+    assert got.dtype == (torch.float32 if k <= 1024 else torch.int64)
+    assert_bits_equal(got.to(torch.int64), want)
+    assert_bits_equal(int_linear(a, b.t().contiguous(), as_int64=False).to(torch.int64), want)
+
+
+def test_prepared_conv_rejects_other_inputs():
+    w = torch.ones(2, 3, 1, 1, dtype=torch.int8)
+    conv = prepare_conv((1, 3, 4, 4), torch.int8, w, 2)
+    with pytest.raises(ValueError, match="shape"):
+        conv(torch.ones(1, 3, 5, 4, dtype=torch.int8))
+    with pytest.raises(ValueError, match="int16"):
+        conv(torch.ones(1, 3, 4, 4, dtype=torch.int16))
+    with pytest.raises(ValueError, match="input channels"):
+        prepare_conv((1, 4, 4, 4), torch.int8, w, 2)
+    with pytest.raises(TypeError, match="int8 or int16"):
+        prepare_conv((1, 3, 4, 4), torch.int32, w, 2)
+
+
+def _spy_rescale32(monkeypatch) -> list:
+    """Record whether the float32 FLOAT_RESCALE form produced the codes (not None)."""
+    used = []
+    real = finish_mod._finish_rescale32
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(finish_mod, "_finish_rescale32", spy)
+    return used
+
+
+def _ort_reference(acc, xs, ws, bias_codes, so, out, zp, axis, clamp=None) -> torch.Tensor:
+    """numpy reference: int64 sum + bias codes, int32 saturation, FLOAT_RESCALE requantize
+    (fl32(fl32(acc) * fl32(M)), half to even, + zero point, saturate), then the fused clamp."""
+    a = np.asarray(acc, dtype=np.int64)
+    if bias_codes is not None:
+        shape = [1] * a.ndim
+        shape[axis] = -1
+        a = a + np.asarray(bias_codes, dtype=np.int64).reshape(shape)
+    a = np.clip(a, -(1 << 31), (1 << 31) - 1)
+    real = np.float32(xs) * np.asarray(ws, dtype=np.float32) / np.float32(so)
+    codes = ref.requantize(a, real, Requant.FLOAT_RESCALE, out, Round.HALF_EVEN, axis, 31, zp)
+    codes = torch.from_numpy(codes)
+    return codes if clamp is None else codes.clamp_min(clamp[0]).clamp_max(clamp[1])
+
+
+@pytest.mark.parametrize("out, zp", [(DType.INT8, 0), (DType.UINT8, 128), (DType.INT16, 0)])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_float32_rescale_form_equals_the_reference(out, zp, per_channel, monkeypatch):
+    used = _spy_rescale32(monkeypatch)
+    g = torch.Generator().manual_seed(21 + zp)
+    xs = torch.tensor(0.0123)
+    ws = torch.rand(3, generator=g) * 0.01 + 1e-4 if per_channel else torch.tensor(0.0031)
+    so = torch.tensor(0.05 if out is not DType.INT16 else 3e-4)
+    bias = torch.randn(3, generator=g) * 0.5
+    bias_codes = ref.quantize_bias(bias, xs, ws if per_channel else ws.expand(3))
+    lim = 1 << 24
+    near = torch.tensor([lim, -lim, lim - 1, 1 - lim, 0, 1, -1, 4097, -4097])
+    rnd = torch.randint(-lim, lim + 1, (600,), generator=g)
+    acc = torch.cat([near, rnd, edge_values(DType.INT16)]).reshape(-1, 1).expand(-1, 3)
+    acc = acc.contiguous()
+    for clamp in (None, (zp - 3, zp + 90)):
+        want = _ort_reference(acc, xs, ws, bias_codes, so, out, zp, 1, clamp)
+        general = finish_gemm(
+            acc, xs, ws, bias, so, out, ORT, 1, GemmStats(), clamp, out_zero_point=zp
+        )
+        assert_bits_equal(general.to(torch.int64), want)
+        for a in (acc, acc.to(torch.float32), acc.to(torch.float64)):  # int64, float32, float64
+            used.clear()
+            got = finish_gemm(
+                a.clone(), xs, ws, bias, so, out, ORT, 1, None, clamp, sum_bound=lim,
+                reuse_acc=True, out_zero_point=zp,
+            )  # fmt: skip
+            assert used == [True]
+            assert_bits_equal(got, general, inputs={"acc": acc})
+
+
+def test_float32_rescale_form_steps_aside_past_its_bounds(monkeypatch):
+    used = _spy_rescale32(monkeypatch)
+    xs, ws, so = torch.tensor(0.5), torch.tensor(0.25), torch.tensor(3.0)
+    g = torch.Generator().manual_seed(5)
+    # int64 sums beyond 2**24: float32 would round them before the bias joins (twice)
+    big = torch.tensor([(1 << 24) + 1, (1 << 24) + 3, -(1 << 24) - 1, (1 << 30) + 7])
+    big = torch.cat([big, torch.randint(-(1 << 30), 1 << 30, (200,), generator=g)])
+    bias = torch.tensor([0.375])  # code 3: odd, so fl32(acc) + 3 would differ from fl32(acc + 3)
+    for acc, fast in ((big.reshape(-1, 1), False), (big.reshape(-1, 1).float(), True)):
+        used.clear()
+        got = finish_gemm(acc.clone(), xs, ws, bias, so, DType.INT16, ORT, 1, sum_bound=1 << 30)
+        assert used == [fast]
+        want = _ort_reference(acc.to(torch.int64), xs, ws, np.array([3]), so, DType.INT16, 0, 1)
+        assert_bits_equal(got.to(torch.int64), want, inputs={"acc": acc})
+    # the int32 accumulator saturates: max|acc| + max|b| reaches 2**31
+    acc = torch.tensor([[(1 << 31) - 3], [-(1 << 31) + 2], [5]])
+    used.clear()
+    got = finish_gemm(acc.float(), xs, ws, bias, so, DType.INT16, ORT, 1)
+    assert used == [False]
+    want = _ort_reference(acc.float().to(torch.int64), xs, ws, [3], so, DType.INT16, 0, 1)
+    assert_bits_equal(got.to(torch.int64), want)
+    # a bias code that is no float32 (2**24 + 1; integer bias codes) turns the form off
+    odd = torch.tensor([(1 << 24) + 1])
+    acc = torch.tensor([[1.0], [-3.0], [1 << 20]])
+    used.clear()
+    got = finish_gemm(acc.clone(), xs, ws, odd, so, DType.INT16, ORT, 1, sum_bound=1 << 20)
+    assert used == []
+    want = _ort_reference(acc.to(torch.int64), xs, ws, odd.numpy(), so, DType.INT16, 0, 1)
+    assert_bits_equal(got.to(torch.int64), want)
+
+
+@pytest.mark.parametrize("inter_shift", [14, 15])
+@pytest.mark.parametrize("zero_points", [(0, 0, 0), (-5, 7, 3)])
+def test_j6_add_at_the_int32_bound_equals_the_reference(inter_shift, zero_points):
+    # int16 extremes: |x * mx| + |y * my| reaches 2**31 at inter_shift 15 (the clamp stays),
+    # 2**30 at 14 (the clamp is provably idle and skipped)
+    g = torch.Generator().manual_seed(inter_shift)
+    ext = torch.tensor([-32768, 32767, -32767, 0, 1, -1], dtype=torch.int16)
+    x = torch.cat([ext, ext, torch.randint(-32768, 32768, (300,), generator=g).to(torch.int16)])
+    y = torch.cat([ext, ext.flip(0), torch.randint(-32768, 32768, (300,), generator=g)])
+    y = y.to(torch.int16)
+    zx, zy, zo = zero_points
+    for scales in ((0.01, 0.01, 0.02), (0.013, 0.0041, 3e-4)):
+        got = add_inter_scale(
+            x, scales[0], y, scales[1], scales[2], DType.INT16, Requant.MUL_SHIFT,
+            Round.HALF_UP, inter_shift, zero_points=zero_points,
+        )  # fmt: skip
+        want = ref.add_inter_scale(
+            x, scales[0], y, scales[1], scales[2], DType.INT16, Requant.MUL_SHIFT,
+            Round.HALF_UP, inter_shift, zero_points=(zx, zy, zo),
+        )  # fmt: skip
+        assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
