@@ -13,7 +13,6 @@ from torch import nn
 
 from quantlab.capture import OpCategory
 from quantlab.numerics import DType
-from quantlab.numerics.lut import default_spec
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator, fixed_ops
@@ -76,9 +75,7 @@ def test_lut_ops_run_fixed_with_zero_points(platform, out_dtype, monkeypatch):
     the segment LUT on the centred codes (its reference evaluation)."""
     torch.manual_seed(0)
     sym = "ASYMMETRIC" if out_dtype == "INT8" else "SYMMETRIC"  # int16 codes take no zero point
-    # gelu stays int8: its default table (fixed dividing points) has the J6 table count
     luts = {t: OpQConfig(output_dtype=out_dtype, activation_symmetry=sym) for t in LUT_MATH}
-    luts.pop("gelu")
     sim = Simulator(_Luts().eval(), platform, _asymmetric(**luts))
     sim.calibrate([(torch.randn(2, 3, 6, 6) + 0.7,) for _ in range(3)], progress=False)
     trace, seen, fell_back = _observe(sim, torch.randn(2, 3, 6, 6) + 0.7, monkeypatch)
@@ -97,7 +94,7 @@ def test_lut_ops_run_fixed_with_zero_points(platform, out_dtype, monkeypatch):
             want = want.clamp(-128, 127).to(torch.int8)
         else:
             assert yi.dtype is DType.INT16 and yi.zero_point == 0
-            spec = default_spec(op_type)
+            spec = sim.platform.lut_spec(op_type)
             table = build_zero_point_lut(
                 op_type, DType.INT8, float(xi.scale), xi.zero_point, DType.INT16,
                 float(yi.scale), 0, spec, sim.platform.lut_format(),
