@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
+from float_fallbacks import record_float_fallbacks
 from torch import nn
 
-from quantlab.capture import OpCategory
 from quantlab.numerics import DType
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, fixed_ops
+from quantlab.simulate import Mode, Simulator
 
 LUT_MATH = {
     "sigmoid": torch.sigmoid,
@@ -35,16 +35,7 @@ def _asymmetric(**by_type) -> QConfigSpec:
 
 def _observe(sim, x, monkeypatch, also=None):
     """(trace, {op name: (op type, input QInfos)}, ops whose fixed kernel returned None)."""
-    fell_back = []
-    run_fixed = fixed_ops.run_fixed
-
-    def spy(sim_, call, *a, **k):
-        res = run_fixed(sim_, call, *a, **k)
-        if res is None and call.category not in (None, OpCategory.PASS_THROUGH):
-            fell_back.append(call.name)
-        return res
-
-    monkeypatch.setattr(fixed_ops, "run_fixed", spy)
+    fell_back = record_float_fallbacks(monkeypatch)
     seen = {}
 
     def on_call(oc):
