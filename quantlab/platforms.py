@@ -7,6 +7,7 @@ YAML options live in ``configs/platform/*.yaml`` and select enum members by name
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.embedding import EmbeddingContract
 from quantlab.numerics.grid_sample import GridCoord
 from quantlab.numerics.lut.formats import LutFormat
+from quantlab.numerics.lut.functions import LutSpec, default_spec
+from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
 from quantlab.numerics.quantize import BoundRule, ScaleRule
 from quantlab.numerics.requant import Requant
@@ -169,6 +172,9 @@ class PlatformConfig:
     lut_index_frac_bits: int = 8  # fractional bits of the table index (interpolation weight)
     lut_interp_round: Round = Round.HALF_UP  # assumed (s.3)
     lut_direct_int8: bool = True  # int8 in / int8 out uses one 256-entry table
+    # every LUT op's default dividing-point strategy; None: the J6 vendor's per-op defaults (s.3,
+    # ``numerics.lut.default_spec``), whose fixed gelu points fit only the J6 table count
+    lut_default_strategy: Strategy | None = None
     softmax_rule: SoftmaxRule = SoftmaxRule.SEGMENT_LUT  # integer softmax (SoftmaxRule)
 
     # --- grid_sample (s.4)
@@ -238,6 +244,10 @@ class PlatformConfig:
                 f"platform.add_multiplier_bits must be in [1, 30], got {self.add_multiplier_bits}"
             )
         self.gemm_rules = [_gemm_rule(r, i) for i, r in enumerate(self.gemm_rules)]
+        if self.lut_default_strategy is not None:
+            # MANUAL names points, which only a per-op spec can give
+            allowed = [s for s in Strategy if s is not Strategy.MANUAL]
+            _check_choice("platform.lut_default_strategy", self.lut_default_strategy, allowed)
         self.gemm_contract()  # validates the default rule
         if self.lut_tables < 1:
             raise ValueError(f"platform.lut_tables must be >= 1, got {self.lut_tables}")
@@ -358,6 +368,15 @@ class PlatformConfig:
             interp_round=self.lut_interp_round,
             direct_int8=self.lut_direct_int8,
         )
+
+    def lut_spec(self, func: str) -> LutSpec:
+        """The default segment-LUT spec of op ``func`` on this profile: the vendor's per-op
+        default (``numerics.lut.default_spec``) with its strategy replaced by
+        ``lut_default_strategy`` when that is set (its other fields, e.g. symmetric, kept)."""
+        spec = default_spec(func)
+        if self.lut_default_strategy is None:
+            return spec
+        return dataclasses.replace(spec, strategy=self.lut_default_strategy, dividing_points=None)
 
 
 GEMM_FAMILY_OF_OP = {

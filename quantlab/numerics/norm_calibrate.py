@@ -9,12 +9,14 @@ QAT computes: each step on the previous step's fake-quantized value, then fake-q
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fake_quant_plan import fake_quant_fn
 from quantlab.numerics.norm import (
     CODE_DTYPES,
     J6_NORM,
@@ -23,7 +25,7 @@ from quantlab.numerics.norm import (
     NormScales,
     check_eps,
 )
-from quantlab.numerics.quantize import ScaleRule, compute_scale, fake_quant
+from quantlab.numerics.quantize import ScaleRule, compute_scale
 from quantlab.numerics.rounding import Round
 
 
@@ -145,7 +147,7 @@ def norm_fake(
     s, dt = scales, contract.inter_dtype
 
     def fq(t: Tensor, scale: float, dtype: DType = dt) -> Tensor:
-        return fake_quant(t, scale, dtype, rounding)
+        return _planned_fake_quant(scale, dtype, rounding)(t)
 
     xf = x.to(torch.float32)
     rows = layout.rows(xf)
@@ -162,3 +164,10 @@ def norm_fake(
         b = layout.affine(fq(bias.detach(), s.beta, contract.affine_dtype), xf, "bias")
         y = fq(y + b, out_scale, out_dtype)
     return y
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned_fake_quant(scale: float, dtype: DType, rounding: Round):
+    """``fake_quant(., scale, dtype, rounding)`` (BY_SCALE) as a ``fake_quant_fn`` built once
+    per value: the same float32 bits, without checking the scale on every step of every run."""
+    return fake_quant_fn(torch.tensor(scale, dtype=torch.float32), dtype, rounding)

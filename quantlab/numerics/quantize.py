@@ -332,8 +332,13 @@ def fake_quant_by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round)
     (code -0 -> +0), * s. The same float32 values as ``quantize`` then ``dequantize``
     (integer codes below 2**16 are exact in float32; their round trip only turns -0 into +0).
     """
-    q = round_float_(torch.div(x.detach().to(torch.float32), s), rounding)
-    q = q.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
+    q = torch.div(x.detach().to(torch.float32), s)
+    if lo <= 0 <= hi:
+        # five passes, not six: a clamp to integer bounds commutes with the monotone rounding, and a
+        # NaN (which both keep) becomes the code 0 inside [lo, hi] either before or after
+        q = round_float_(q.clamp_(lo, hi), rounding).nan_to_num_(nan=0.0)
+        return times_scale_(q, s.item())
+    q = round_float_(q, rounding).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
     return q.clamp_(lo, hi).add_(0.0).mul_(s)
 
 

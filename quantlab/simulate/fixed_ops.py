@@ -177,10 +177,10 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
 # --------------------------------------------------------------------------- LUT ops
 
 
-def _lut_spec(call, rq):
-    from quantlab.numerics.lut import Strategy, default_spec
+def _lut_spec(call, rq, platform):
+    from quantlab.numerics.lut import Strategy
 
-    spec = default_spec(call.op_type)
+    spec = platform.lut_spec(call.op_type)
     if call.op_type == "inverse_sigmoid":
         eps = call.kwargs.get("eps", call.args[1] if len(call.args) > 1 else None)
         if eps is not None:
@@ -253,7 +253,7 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
         observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
-    spec = _lut_spec(call, rq)
+    spec = _lut_spec(call, rq, p)
     hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
     if zx or zo or DType.UINT8 in (in_dt, out):
         if (zx and in_dt.bits > 8) or (zo and out.bits > 8):

@@ -54,8 +54,9 @@ def _reference(x, bounds, s, dtype, zp, qmin, qmax, rounding) -> torch.Tensor:
 
 @pytest.mark.parametrize("rounding", list(Round))
 @pytest.mark.parametrize("dtype,zp,rng", CASES)
-def test_by_scale_matches_integer_reference(rounding, dtype, zp, rng):
-    s = 2.0**-5 if dtype.bits == 8 else 2.0**-9
+@pytest.mark.parametrize("exact_ties", [True, False], ids=["power-of-2-scale", "inexact-scale"])
+def test_by_scale_matches_integer_reference(rounding, dtype, zp, rng, exact_ties):
+    s = (2.0**-5 if dtype.bits == 8 else 2.0**-9) if exact_ties else float(np.float32(0.0371))
     x = _inputs(s, dtype)
     for bounds in BOUNDS:
         want = _reference(x, bounds, s, dtype, zp, *rng, rounding)

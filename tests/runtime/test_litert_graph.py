@@ -19,13 +19,13 @@ import litert_models as L  # noqa: E402
 from ai_edge_litert import schema_py_generated as S  # noqa: E402
 from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 from bits import assert_bits_equal  # noqa: E402
+from float_fallbacks import record_float_fallbacks  # noqa: E402
 
-from quantlab.capture import OpCategory  # noqa: E402
 from quantlab.numerics import DType  # noqa: E402
 from quantlab.numerics.gemm.finish import quantize_bias  # noqa: E402
 from quantlab.numerics.quantize import quantize  # noqa: E402
 from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
-from quantlab.simulate import Mode, Simulator, fixed_ops  # noqa: E402
+from quantlab.simulate import Mode, Simulator  # noqa: E402
 
 
 class _ConvAddFc(nn.Module):
@@ -109,16 +109,7 @@ def _run(model: bytes, x: np.ndarray) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_simulator_graph_matches_litert_reference_kernels(seed, monkeypatch):
-    fell_back = []
-    run_fixed = fixed_ops.run_fixed
-
-    def spy(sim_, call, *a, **k):
-        res = run_fixed(sim_, call, *a, **k)
-        if res is None and call.category not in (None, OpCategory.PASS_THROUGH):
-            fell_back.append(call.name)
-        return res
-
-    monkeypatch.setattr(fixed_ops, "run_fixed", spy)
+    fell_back = record_float_fallbacks(monkeypatch)
     torch.manual_seed(seed)
     model = _ConvAddFc().eval()
     sim = Simulator(model, "tflite", SPEC)

@@ -9,14 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
+from float_fallbacks import record_float_fallbacks
 from torch import nn
 
-from quantlab.capture import OpCategory
 from quantlab.numerics import DType
-from quantlab.numerics.lut import default_spec
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, fixed_ops
+from quantlab.simulate import Mode, Simulator
 
 LUT_MATH = {
     "sigmoid": torch.sigmoid,
@@ -36,16 +35,7 @@ def _asymmetric(**by_type) -> QConfigSpec:
 
 def _observe(sim, x, monkeypatch, also=None):
     """(trace, {op name: (op type, input QInfos)}, ops whose fixed kernel returned None)."""
-    fell_back = []
-    run_fixed = fixed_ops.run_fixed
-
-    def spy(sim_, call, *a, **k):
-        res = run_fixed(sim_, call, *a, **k)
-        if res is None and call.category not in (None, OpCategory.PASS_THROUGH):
-            fell_back.append(call.name)
-        return res
-
-    monkeypatch.setattr(fixed_ops, "run_fixed", spy)
+    fell_back = record_float_fallbacks(monkeypatch)
     seen = {}
 
     def on_call(oc):
@@ -76,9 +66,7 @@ def test_lut_ops_run_fixed_with_zero_points(platform, out_dtype, monkeypatch):
     the segment LUT on the centred codes (its reference evaluation)."""
     torch.manual_seed(0)
     sym = "ASYMMETRIC" if out_dtype == "INT8" else "SYMMETRIC"  # int16 codes take no zero point
-    # gelu stays int8: its default table (fixed dividing points) has the J6 table count
     luts = {t: OpQConfig(output_dtype=out_dtype, activation_symmetry=sym) for t in LUT_MATH}
-    luts.pop("gelu")
     sim = Simulator(_Luts().eval(), platform, _asymmetric(**luts))
     sim.calibrate([(torch.randn(2, 3, 6, 6) + 0.7,) for _ in range(3)], progress=False)
     trace, seen, fell_back = _observe(sim, torch.randn(2, 3, 6, 6) + 0.7, monkeypatch)
@@ -97,7 +85,7 @@ def test_lut_ops_run_fixed_with_zero_points(platform, out_dtype, monkeypatch):
             want = want.clamp(-128, 127).to(torch.int8)
         else:
             assert yi.dtype is DType.INT16 and yi.zero_point == 0
-            spec = default_spec(op_type)
+            spec = sim.platform.lut_spec(op_type)
             table = build_zero_point_lut(
                 op_type, DType.INT8, float(xi.scale), xi.zero_point, DType.INT16,
                 float(yi.scale), 0, spec, sim.platform.lut_format(),

@@ -28,7 +28,7 @@ from quantlab.numerics.lut.analysis import sample_scales
 from quantlab.numerics.lut.segment import all_codes
 from quantlab.numerics.lut.segments import target_values
 from quantlab.numerics.lut.strategies import curvature_points, evenly_points
-from quantlab.platforms import PlatformConfig
+from quantlab.platforms import PlatformConfig, load_platform
 
 I8, I16 = DType.INT8, DType.INT16
 
@@ -163,6 +163,22 @@ def test_format_from_platform():
     assert PlatformConfig().lut_format() == J6_FORMAT
     p = PlatformConfig(lut_tables=4, lut_entries=32, lut_index_frac_bits=6)
     assert p.lut_format() == LutFormat(tables=4, entries=32, index_frac_bits=6)
+
+
+def test_platform_lut_spec_follows_its_default_strategy():
+    """The J6 profiles keep the vendor's per-op specs; a profile with its own table geometry
+    (LiteRT's 512 x 2) replaces every op's strategy, so gelu's fixed J6 points never reach it."""
+    j6m, tflite = load_platform("j6m"), load_platform("tflite")
+    for func in ("gelu", "tanh", "exp"):
+        assert j6m.lut_spec(func) == default_spec(func)
+        spec = tflite.lut_spec(func)
+        assert spec.strategy is Strategy.EVENLY and spec.dividing_points is None
+        assert spec.symmetric == default_spec(func).symmetric
+    table = build_lut("gelu", DType.INT16, 8 / 32767, DType.INT16, 8 / 32767,
+                      tflite.lut_spec("gelu"), tflite.lut_format())  # fmt: skip
+    assert len(table.points) == tflite.lut_tables + 1
+    with pytest.raises(ValueError, match="platform.lut_default_strategy.*allowed: EVENLY"):
+        PlatformConfig(lut_default_strategy=Strategy.MANUAL)
 
 
 def test_build_is_cached():
