@@ -129,10 +129,6 @@ class QuantizationState:
             self._scale_cache[ck] = hit
         return hit
 
-    def fast_cache(self, name: str) -> dict:
-        """A per-op scratch dict for fixed-mode kernels (encoded multipliers, cast weights)."""
-        return self._fast.setdefault(name, {})
-
     def op_memo(self, name: str, what: str, key: tuple, make: Callable[[], Any]) -> Any:
         """``make()`` computed once per op ``name`` and ``what`` while ``key`` stays the same:
         tensors in ``key`` compared by identity (the entry holds them, so no other tensor can
