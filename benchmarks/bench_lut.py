@@ -122,15 +122,19 @@ def bench_build(functions: list[str], out: Path = OUT) -> None:
         f"{'met' if r.wall_s < BUILD_LIMIT_S else 'MISSED'}."
         for r in slowest.itertuples()
     ]
-    load = f"{load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after (1-minute load average)"
+    load1 = os.getloadavg()
+    load = (
+        f"{' / '.join(f'{v:.2f}' for v in load0)} before, "
+        f"{' / '.join(f'{v:.2f}' for v in load1)} after (1 / 5 / 15-minute load averages)"
+    )
     md = [
         "# LUT build time (J6 geometry, from an empty cache)",
         "",
         *claims,
         f"- {len(functions)} functions x {len(BUILD_PAIRS)} dtype pairs per strategy; baseline "
         f"EVENLY (the vendor rule) in the same run; torch {torch.__version__}, "
-        f"{platform.machine()}, Python {platform.python_version()}; {os.cpu_count()} cores, "
-        f"load {load}.",
+        f"{platform.machine()}, Python {platform.python_version()}; {os.cpu_count()} cores "
+        f"(torch intra-op threads {torch.get_num_threads()}; a build runs on one), load {load}.",
         "",
         markdown_table(summary),
         "",

@@ -169,9 +169,10 @@ class SegmentCosts:
             self._ext = {
                 "pos_min": RangeExtremum(self.e_pos, np.minimum),
                 "pos_max": RangeExtremum(self.e_pos, np.maximum),
-                "neg_min": RangeExtremum(self.e_neg_lo, np.minimum),
-                "neg_max": RangeExtremum(self.e_neg_hi, np.maximum),
             }
+            if self.problem.symmetric:  # else no code is mirrored: its terms are -inf
+                self._ext["neg_min"] = RangeExtremum(self.e_neg_lo, np.minimum)
+                self._ext["neg_max"] = RangeExtremum(self.e_neg_hi, np.maximum)
         return self._ext
 
     def _widths(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

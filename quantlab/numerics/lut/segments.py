@@ -15,7 +15,8 @@ scalar remainder loop can differ by one ulp (measured for sigmoid and silu), and
 elementwise op of more than its parallel grain (32768 elements) into one chunk per thread, each
 with its own remainder. A call of at most TARGET_CHUNK elements runs on the calling thread, so
 every table entry, of a built table or of a candidate, comes from the vectorised kernel whatever
-the batch it is computed in and whatever torch's thread count (which is left alone).
+the batch it is computed in and whatever torch's thread count (build_lut runs with one
+intra-op thread for speed, build_threads.py; the bits do not depend on it).
 """
 
 from __future__ import annotations
