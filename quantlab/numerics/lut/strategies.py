@@ -36,6 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from quantlab.numerics.lut.segments import target_values
 from quantlab.numerics.rounding import Round, round_float
 
 TargetFn = Callable[[Tensor], Tensor]
@@ -44,6 +45,8 @@ CURVATURE_INTERVALS = 256  # the vendor's accu_divide_num
 SQRT_CURVATURE_INTERVALS = 4096
 MINIMAX_PROBES_PER_STEP = 16  # error probes inside each table step (float model)
 MINIMAX_ITERATIONS = 40
+MODEL_GROUP = 1 << 15  # probes per group of ends in table_errors: torch's parallel grain for
+# arithmetic (32768 elements), so the model's arithmetic runs on the calling thread
 
 
 class Strategy(enum.Enum):
@@ -131,13 +134,21 @@ def table_errors(
     below a 2^-F grid line of the step and L is read at the floored fraction, as the hardware's
     floored F-bit index does, so interpolation and index error add up where they really do.
     Table-entry and output rounding are not modelled (placement only; the integer error is
-    measured separately).
+    measured separately). Ends are taken in groups whose probes stay within torch's parallel
+    grain (MODEL_GROUP) and g is evaluated by ``segments.target_values``, so that no call waits
+    for intra-op threads; the bits are those of one call over every end.
     """
+    group = max(1, MODEL_GROUP // (entries * MINIMAX_PROBES_PER_STEP))
+    if len(ends) > group:  # each end's error depends on its own values only
+        parts = range(0, len(ends), group)
+        return torch.cat(
+            [table_errors(g, a, ends[i : i + group], entries, frac_bits) for i in parts]
+        )
     steps = entries - 1
     k = torch.arange(entries, dtype=torch.float64)
     width = (ends - a).clamp_min(0.0)
     xs = a + width[:, None] * (k[None, :] / steps)  # (K, entries)
-    ys = g(xs.reshape(-1)).reshape(xs.shape)
+    ys = _on_calling_thread(g, xs)
     probes = (torch.arange(MINIMAX_PROBES_PER_STEP, dtype=torch.float64) + 0.5) / (
         MINIMAX_PROBES_PER_STEP
     )
@@ -150,8 +161,14 @@ def table_errors(
     px = xs[:, :-1, None] + frac * (width[:, None, None] / steps)
     dy = ys[:, 1:] - ys[:, :-1]
     lin = ys[:, :-1, None] + read * dy[:, :, None]
-    err = (g(px.reshape(-1)).reshape(px.shape) - lin).abs().amax(dim=(1, 2))
+    err = (_on_calling_thread(g, px) - lin).abs().amax(dim=(1, 2))
     return torch.where(width > 0, err, torch.zeros_like(err))
+
+
+def _on_calling_thread(g: TargetFn, x: Tensor) -> Tensor:
+    """g(x) (float64, shape of x) by ``segments.target_values``: calls small enough for torch's
+    transcendental kernels to run on the calling thread, the vector kernel on every element."""
+    return torch.from_numpy(target_values(g, x))
 
 
 def interpolation_error(

@@ -32,7 +32,6 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.analysis import _max_error_lsb, exact_lsb
-from quantlab.numerics.lut.build_threads import calling_thread_only
 from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
@@ -334,23 +333,6 @@ def _build_cached(
     fmt: LutFormat,
     observed_range: tuple[float, float] | None,
     histogram: InputHistogram | None = None,
-) -> SegmentLut:
-    with calling_thread_only():  # build_threads.py: no waits on busy intra-op threads
-        return _build(
-            func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, observed_range, histogram
-        )
-
-
-def _build(
-    func: str,
-    in_dtype: DType,
-    in_scale: float,
-    out_dtype: DType,
-    out_scale: float,
-    spec: LutSpec,
-    fmt: LutFormat,
-    observed_range: tuple[float, float] | None,
-    histogram: InputHistogram | None,
 ) -> SegmentLut:
     if fmt.direct_int8 and in_dtype is DType.INT8 and out_dtype is DType.INT8:
         return _direct(func, in_scale, out_scale, spec, fmt)

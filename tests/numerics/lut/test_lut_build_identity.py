@@ -1,6 +1,6 @@
 """Faster builds, same tables: pinned outputs of the build paths that were sped up (MINIMAX's
-error model, tables by runs of constant output, builds on the calling thread), the closed-form
-run thresholds against a scan of every fraction, and the build-time thread count."""
+error model, tables by runs of constant output, target values in calls small enough to stay on
+the calling thread), and the closed-form run thresholds against a scan of every fraction."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 
 from experiments.lut_error import LutErrorExp, data_histogram
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import LutFormat, Strategy, build_lut, default_spec
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.build_threads import calling_thread_only
 from quantlab.numerics.lut.segment import SegmentLut
 from quantlab.numerics.lut.segment_runs import step_thresholds
 from quantlab.numerics.lut.segments import interpolate
@@ -33,8 +31,8 @@ def table_digest(lut: SegmentLut) -> str:
 
 
 # Produced by ``table_digest`` from the tables built by the code before these builds were sped
-# up (commit 145a468: MINIMAX without its per-end memo, run thresholds by binary search, torch's
-# default thread count), on the bench's scales (``sample_scales``) and DATA histogram
+# up (commit 145a468: MINIMAX without its per-end memo, run thresholds by binary search, target
+# values in calls of 16384 elements), on the bench's scales (``sample_scales``) and DATA histogram
 # (lut_error's); the same 216 bench builds (12 functions x 3 dtype pairs x 6 strategies) were
 # compared in full and every one was equal. Non-symmetric and symmetric, int8 and int16 outputs.
 PINNED = {
@@ -93,18 +91,3 @@ def test_step_thresholds_equal_a_scan_of_every_fraction(fmt, out_dtype):
     got = step_thresholds(t0[rep], t1[rep], k, fmt, out_dtype)
     assert k.size > 1000
     assert got.tolist() == want.tolist()
-
-
-def test_calling_thread_only_restores_the_thread_count():
-    before = torch.get_num_threads()
-    with pytest.raises(RuntimeError):
-        with calling_thread_only():
-            assert torch.get_num_threads() == 1
-            with calling_thread_only():  # nested: still one thread, restored once at the end
-                assert torch.get_num_threads() == 1
-            assert torch.get_num_threads() == 1
-            raise RuntimeError("a failed build")
-    assert torch.get_num_threads() == before
-    clear_build_cache()
-    build_lut("tanh", DType.INT16, 8 / 32768, DType.INT16, 1 / 32768)
-    assert torch.get_num_threads() == before
