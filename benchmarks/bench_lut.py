@@ -134,7 +134,7 @@ def bench_build(functions: list[str], out: Path = OUT) -> None:
         f"- {len(functions)} functions x {len(BUILD_PAIRS)} dtype pairs per strategy; baseline "
         f"EVENLY (the vendor rule) in the same run; torch {torch.__version__}, "
         f"{platform.machine()}, Python {platform.python_version()}; {os.cpu_count()} cores "
-        f"(torch intra-op threads {torch.get_num_threads()}; a build runs on one), load {load}.",
+        f"(torch intra-op threads {torch.get_num_threads()}), load {load}.",
         "",
         markdown_table(summary),
         "",
@@ -166,6 +166,7 @@ def bench_eval(args) -> None:
         "integer path without the map (numpy int64)": lambda: evaluate_codes_int(lut, codes),
     }
     rows = []
+    default_threads = torch.get_num_threads()  # restored after: the build part runs on it
     for threads in args.threads:
         torch.set_num_threads(threads)
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -187,6 +188,7 @@ def bench_eval(args) -> None:
             }
             for name, ts in times.items()
         ]
+    torch.set_num_threads(default_threads)
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(df, out / "lut.csv")
