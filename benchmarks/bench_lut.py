@@ -69,14 +69,16 @@ def main() -> None:
     ap.add_argument("--functions", nargs="+", default=sorted(FUNCTIONS))
     ap.add_argument("--out", type=Path, default=OUT, help="output directory")
     args = ap.parse_args()
+    if args.part in ("all", "build"):  # first: eval sets torch's thread count (see bench_build)
+        bench_build(args.functions, args.out)
     if args.part in ("all", "eval"):
         bench_eval(args)
-    if args.part in ("all", "build"):
-        bench_build(args.functions, args.out)
 
 
 def bench_build(functions: list[str], out: Path = OUT) -> None:
-    """Build time of every strategy, function and dtype pair from an empty cache."""
+    """Build time of every strategy, function and dtype pair from an empty cache, in a process
+    that has not set torch's thread count (torch.set_num_threads turns MKL's dynamic threading
+    off, after which its vector math runs even a build's small calls on every thread)."""
     from experiments.lut_error import LutErrorExp, data_histogram
 
     exp = LutErrorExp()
