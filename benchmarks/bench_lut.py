@@ -70,14 +70,16 @@ def main() -> None:
     ap.add_argument("--functions", nargs="+", default=sorted(FUNCTIONS))
     ap.add_argument("--out", type=Path, default=OUT, help="output directory")
     args = ap.parse_args()
+    if args.part in ("all", "build"):  # first: eval sets torch's thread count (see bench_build)
+        bench_build(args.functions, args.out)
     if args.part in ("all", "eval"):
         bench_eval(args)
-    if args.part in ("all", "build"):
-        bench_build(args.functions, args.out)
 
 
 def bench_build(functions: list[str], out: Path = OUT) -> None:
-    """Build time of every strategy, function and dtype pair from an empty cache."""
+    """Build time of every strategy, function and dtype pair from an empty cache, in a process
+    that has not set torch's thread count (torch.set_num_threads turns MKL's dynamic threading
+    off, after which its vector math runs even a build's small calls on every thread)."""
     from experiments.lut_error import LutErrorExp, data_histogram
 
     exp = LutErrorExp()
@@ -123,15 +125,19 @@ def bench_build(functions: list[str], out: Path = OUT) -> None:
         f"{'met' if r.wall_s < BUILD_LIMIT_S else 'MISSED'}."
         for r in slowest.itertuples()
     ]
-    load = f"{load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after (1-minute load average)"
+    load1 = os.getloadavg()
+    load = (
+        f"{' / '.join(f'{v:.2f}' for v in load0)} before, "
+        f"{' / '.join(f'{v:.2f}' for v in load1)} after (1 / 5 / 15-minute load averages)"
+    )
     md = [
         "# LUT build time (J6 geometry, from an empty cache)",
         "",
         *claims,
         f"- {len(functions)} functions x {len(BUILD_PAIRS)} dtype pairs per strategy; baseline "
         f"EVENLY (the vendor rule) in the same run; torch {torch.__version__}, "
-        f"{platform.machine()}, Python {platform.python_version()}; {os.cpu_count()} cores, "
-        f"load {load}.",
+        f"{platform.machine()}, Python {platform.python_version()}; {os.cpu_count()} cores "
+        f"(torch intra-op threads {torch.get_num_threads()}), load {load}.",
         "",
         markdown_table(summary),
         "",
@@ -173,6 +179,7 @@ def bench_eval(args) -> None:
     for name in list(variants)[-2:]:
         assert torch.equal(torch.as_tensor(variants[name]()[:4096]), lut.evaluate(codes[:4096]))
     rows = []
+    default_threads = torch.get_num_threads()  # restored after: the build part runs on it
     for threads in args.threads:
         torch.set_num_threads(threads)
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -194,6 +201,7 @@ def bench_eval(args) -> None:
             }
             for name, ts in times.items()
         ]
+    torch.set_num_threads(default_threads)
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(df, out / "lut.csv")

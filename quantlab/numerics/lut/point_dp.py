@@ -224,10 +224,12 @@ def _sweep(m: np.ndarray, masks: tuple[np.ndarray, ...], combine):
     inf = np.inf
     fwd = [np.where(masks[0], 0.0, inf)]
     arg = []
+    m_t = np.ascontiguousarray(m.T)  # row j: the costs into candidate j (argmin along rows)
+    cols = np.arange(len(m))
     for k in range(t_n):
-        cand = combine(fwd[-1][:, None], m)
-        a = cand.argmin(axis=0)
-        f = cand[a, np.arange(len(a))]
+        cand = combine(fwd[-1][None, :], m_t)  # [j, i]: through i into j
+        a = cand.argmin(axis=1)  # the first best i, as along the columns of m
+        f = cand[cols, a]
         fwd.append(np.where(masks[k + 1], f, inf))
         arg.append(a)
     bwd = [np.where(masks[t_n], 0.0, inf)]

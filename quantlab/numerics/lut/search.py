@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from quantlab.numerics.lut.segment import SegmentLut, all_codes, evaluate_codes_int
 from quantlab.numerics.lut.strategies import Strategy
@@ -60,7 +61,8 @@ def refine(lut: SegmentLut, err: float, make: Callable, exact: np.ndarray) -> Se
                         sel |= folded < pts[0]
                     if k == last:
                         sel |= folded > pts[-1]
-                    e_sel = np.abs(evaluate_codes_int(cand, codes_t[sel]).numpy() - exact[sel])
+                    sub = torch.from_numpy(codes[sel])  # numpy mask: no intra-op threads
+                    e_sel = np.abs(evaluate_codes_int(cand, sub).numpy() - exact[sel])
                     rest = cur[~sel]
                     cand_err = max(float(e_sel.max()), float(rest.max()) if rest.size else 0.0)
                     if cand_err < best_err:

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat
@@ -80,11 +79,11 @@ class SegmentProblem:
 
 def saturated_target_lsb(p: SegmentProblem) -> np.ndarray:
     """``clamp(g(q s_in), qmin s_out, qmax s_out) / s_out`` for every input code q ascending
-    (float64), the same operations as ``analysis.exact_lsb``."""
-    codes = torch.arange(p.in_dtype.qmin, p.in_dtype.qmax + 1, dtype=torch.int64)
+    (float64), the same IEEE operations as ``analysis.exact_lsb`` (in numpy)."""
+    codes = np.arange(p.in_dtype.qmin, p.in_dtype.qmax + 1, dtype=np.int64)
     lo, hi = p.out_dtype.qmin * p.out_scale, p.out_dtype.qmax * p.out_scale
-    g = torch.from_numpy(target_values(p.target, codes.to(torch.float64) * p.in_scale))
-    return (g.clamp(lo, hi) / p.out_scale).numpy()
+    g = target_values(p.target, codes.astype(np.float64) * p.in_scale)
+    return np.clip(g, lo, hi) / p.out_scale  # numpy: no intra-op threads for 65536 codes
 
 
 def table_store(p: SegmentProblem) -> TableStore:
@@ -169,9 +168,10 @@ class SegmentCosts:
             self._ext = {
                 "pos_min": RangeExtremum(self.e_pos, np.minimum),
                 "pos_max": RangeExtremum(self.e_pos, np.maximum),
-                "neg_min": RangeExtremum(self.e_neg_lo, np.minimum),
-                "neg_max": RangeExtremum(self.e_neg_hi, np.maximum),
             }
+            if self.problem.symmetric:  # else no code is mirrored: its terms are -inf
+                self._ext["neg_min"] = RangeExtremum(self.e_neg_lo, np.minimum)
+                self._ext["neg_max"] = RangeExtremum(self.e_neg_hi, np.maximum)
         return self._ext
 
     def _widths(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

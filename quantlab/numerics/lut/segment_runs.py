@@ -19,6 +19,7 @@ import numpy as np
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.lut.segments import interpolate
+from quantlab.numerics.rounding import Round
 
 
 class RangeExtremum:
@@ -39,8 +40,19 @@ class RangeExtremum:
         self.table = np.stack(rows)
 
     def query(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        return self.at(*self.cells(lo, hi))
+
+    def cells(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Flat indices into ``table`` of the two overlapping blocks covering each [lo, hi]
+        (the same for every RangeExtremum over as many values: compute once, read many)."""
         k = np.log2(np.maximum(hi - lo + 1, 1)).astype(np.int64)  # floor (exact for 2^j)
-        return self.op(self.table[k, lo], self.table[k, hi - (1 << k) + 1])
+        row = k * self.table.shape[1]
+        return row + lo, row + hi - (1 << k) + 1
+
+    def at(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """The extremum over the ranges whose ``cells`` are (first, second)."""
+        flat = self.table.reshape(-1)
+        return self.op(flat[first], flat[second])
 
 
 def run_counts(tables: np.ndarray, fmt: LutFormat) -> np.ndarray:
@@ -62,8 +74,9 @@ def run_max_errors(
 ) -> np.ndarray:
     """Max |output - target| of the P tables (entries ``tables`` [P, n], first code ``a``, index
     multiplier ``mult``/``shift``, ``widths`` codes) over every code, from their runs.
-    ``extrema``: RangeExtremum over folded codes for keys ``pos_min``, ``pos_max``, ``neg_min``,
-    ``neg_max`` (the mirrored codes' targets; +inf/-inf where there are none)."""
+    ``extrema``: RangeExtremum over folded codes for keys ``pos_min``, ``pos_max`` and, when
+    some codes are mirrored (symmetric mode), ``neg_min``, ``neg_max`` (the mirrored codes'
+    targets; +inf/-inf where there are none), all over as many values."""
     n, f = fmt.entries, fmt.index_frac_bits
     p_n = len(a)
     t0 = tables[:, :-1].reshape(-1)
@@ -74,16 +87,10 @@ def run_max_errors(
     y_end = interpolate(t0, t1, np.full(t0.shape, top), fmt, out_dtype)
     steps = np.abs(y_end - t0)  # output values after the first, per step
     sign = np.sign(y_end - t0)
-    # thresholds: smallest w with sign (y(w) - t0) >= k, k = 1..steps (binary search on w)
+    # thresholds: smallest w with sign (y(w) - t0) >= k, k = 1..steps
     rep = np.repeat(np.arange(len(t0)), steps)
     k = np.arange(int(steps.sum())) - np.repeat(np.cumsum(steps) - steps, steps) + 1
-    lo = np.zeros(len(rep), dtype=np.int64)
-    hi = np.full(len(rep), top, dtype=np.int64)
-    for _ in range(f + 1):
-        mid = (lo + hi) // 2
-        ok = sign[rep] * (interpolate(t0[rep], t1[rep], mid, fmt, out_dtype) - t0[rep]) >= k
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid + 1)
+    lo = step_thresholds(t0[rep], t1[rep], k, fmt, out_dtype)
     # runs per step: starts 0, w_1..w_K; value t0 + sign i
     counts = steps + 1
     run_step = np.repeat(np.arange(len(t0)), counts)
@@ -115,12 +122,41 @@ def run_max_errors(
     lo_i = a[run_p] - fold_min + rel_lo
     hi_i = a[run_p] - fold_min + rel_hi
     yv = value.astype(np.float64)
-    yn = np.minimum(-value, out_dtype.qmax).astype(np.float64)
-    q = {key: ext.query(lo_i, hi_i) for key, ext in extrema.items()}
-    err = np.maximum(
-        np.maximum(yv - q["pos_min"], q["pos_max"] - yv),
-        np.maximum(yn - q["neg_min"], q["neg_max"] - yn),
-    )
+    cells = extrema["pos_min"].cells(lo_i, hi_i)
+    q = {key: ext.at(*cells) for key, ext in extrema.items()}
+    err = np.maximum(yv - q["pos_min"], q["pos_max"] - yv)
+    if "neg_min" in q:
+        yn = np.minimum(-value, out_dtype.qmax).astype(np.float64)
+        err = np.maximum(err, np.maximum(yn - q["neg_min"], q["neg_max"] - yn))
     out = np.full(p_n, -np.inf)
     np.maximum.at(out, run_p, err)
     return out
+
+
+def step_thresholds(
+    t0: np.ndarray, t1: np.ndarray, k: np.ndarray, fmt: LutFormat, out_dtype: DType
+) -> np.ndarray:
+    """The smallest fraction w in [0, 2^F) with ``sign (y(w) - t0) >= k`` (k >= 1, at most
+    ``|y(2^F - 1) - t0|``), ``y = interpolate(t0, t1, w)``, ``sign = sign(t1 - t0)``.
+
+    HALF_UP (F >= 1): ``y = t0 + floor((d w + h) / 2^F)`` with d = t1 - t0, h = 2^(F-1), and
+    y stays between t0 and t1 (no saturation), so the threshold is ``ceil((k 2^F - h) / d)``
+    for d > 0 and ``ceil(((k - 1) 2^F + h + 1) / |d|)`` for d < 0 (exact int64). Other roundings:
+    binary search on w over the exact ``interpolate`` (y is monotone in w)."""
+    f = fmt.index_frac_bits
+    top = (1 << f) - 1
+    d = t1 - t0
+    if f and fmt.interp_round is Round.HALF_UP:
+        h = 1 << (f - 1)
+        num = np.where(d > 0, (k << f) - h, ((k - 1) << f) + h + 1)
+        w = -((-num) // np.maximum(np.abs(d), 1))  # ceil
+        return np.clip(w, 0, top)
+    sign = np.sign(d)
+    lo = np.zeros(len(k), dtype=np.int64)
+    hi = np.full(len(k), top, dtype=np.int64)
+    for _ in range(f + 1):
+        mid = (lo + hi) // 2
+        ok = sign * (interpolate(t0, t1, mid, fmt, out_dtype) - t0) >= k
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid + 1)
+    return lo

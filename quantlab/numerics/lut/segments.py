@@ -12,10 +12,15 @@ table answers ``idx = min(((a - d0) m) >> r, (n - 1) << F)``, ``j = idx >> F``,
 Target values: ``target_values`` evaluates g on a flat float64 tensor padded to a multiple of
 TARGET_BLOCK elements, in calls of TARGET_CHUNK elements. torch's vectorised kernels and their
 scalar remainder loop can differ by one ulp (measured for sigmoid and silu), and torch splits an
-elementwise op of more than its parallel grain (32768 elements) into one chunk per thread, each
+elementwise op of more than its parallel grain (32768 elements; for transcendental kernels such
+as sin, tanh and erf somewhere between 1024 and 2048, measured) into one chunk per thread, each
 with its own remainder. A call of at most TARGET_CHUNK elements runs on the calling thread, so
 every table entry, of a built table or of a candidate, comes from the vectorised kernel whatever
-the batch it is computed in and whatever torch's thread count (which is left alone).
+the batch it is computed in and whatever torch's thread count (which is left alone); and a build,
+thousands of such calls, never waits for intra-op threads (on a busy machine a parallel call
+waits for a descheduled worker: builds took 2-15x longer on 2 threads than on 1). Once a process
+has called torch.set_num_threads, MKL's vector math no longer sizes its thread count by the call
+and runs even these small calls on every thread (measured); quantlab never calls it.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ from quantlab.numerics.rounding import Round, round_float, rshift_round_np
 
 TargetFn = Callable[[Tensor], Tensor]
 TARGET_BLOCK = 64  # pad target evaluations to this many elements (>= any SIMD loop unroll)
-TARGET_CHUNK = 1 << 14  # elements per call of g: below torch's parallel grain, a multiple of
-# TARGET_BLOCK
+TARGET_CHUNK = 1 << 10  # elements per call of g, a multiple of TARGET_BLOCK: torch runs its
+# transcendental kernels (sin, cos, exp, log, sqrt, tanh, erf, round, floor) on its intra-op
+# threads from well below its 32768-element grain (measured: 1536 elements of tanh did, 1024 of
+# none did)
 MAX_SHIFT = 31  # index multiplier shifts r in [0, MAX_SHIFT] (table.py's _fit_mantissa)
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from quantlab.numerics.lut.segments import target_values
 from quantlab.numerics.rounding import Round, round_float
 
 TargetFn = Callable[[Tensor], Tensor]
@@ -44,6 +45,8 @@ CURVATURE_INTERVALS = 256  # the vendor's accu_divide_num
 SQRT_CURVATURE_INTERVALS = 4096
 MINIMAX_PROBES_PER_STEP = 16  # error probes inside each table step (float model)
 MINIMAX_ITERATIONS = 40
+MODEL_GROUP = 1 << 15  # probes per group of ends in table_errors: torch's parallel grain for
+# arithmetic (32768 elements), so the model's arithmetic runs on the calling thread
 
 
 class Strategy(enum.Enum):
@@ -131,13 +134,21 @@ def table_errors(
     below a 2^-F grid line of the step and L is read at the floored fraction, as the hardware's
     floored F-bit index does, so interpolation and index error add up where they really do.
     Table-entry and output rounding are not modelled (placement only; the integer error is
-    measured separately).
+    measured separately). Ends are taken in groups whose probes stay within torch's parallel
+    grain (MODEL_GROUP) and g is evaluated by ``segments.target_values``, so that no call waits
+    for intra-op threads; the bits are those of one call over every end.
     """
+    group = max(1, MODEL_GROUP // (entries * MINIMAX_PROBES_PER_STEP))
+    if len(ends) > group:  # each end's error depends on its own values only
+        parts = range(0, len(ends), group)
+        return torch.cat(
+            [table_errors(g, a, ends[i : i + group], entries, frac_bits) for i in parts]
+        )
     steps = entries - 1
     k = torch.arange(entries, dtype=torch.float64)
     width = (ends - a).clamp_min(0.0)
     xs = a + width[:, None] * (k[None, :] / steps)  # (K, entries)
-    ys = g(xs.reshape(-1)).reshape(xs.shape)
+    ys = _on_calling_thread(g, xs)
     probes = (torch.arange(MINIMAX_PROBES_PER_STEP, dtype=torch.float64) + 0.5) / (
         MINIMAX_PROBES_PER_STEP
     )
@@ -150,8 +161,14 @@ def table_errors(
     px = xs[:, :-1, None] + frac * (width[:, None, None] / steps)
     dy = ys[:, 1:] - ys[:, :-1]
     lin = ys[:, :-1, None] + read * dy[:, :, None]
-    err = (g(px.reshape(-1)).reshape(px.shape) - lin).abs().amax(dim=(1, 2))
+    err = (_on_calling_thread(g, px) - lin).abs().amax(dim=(1, 2))
     return torch.where(width > 0, err, torch.zeros_like(err))
+
+
+def _on_calling_thread(g: TargetFn, x: Tensor) -> Tensor:
+    """g(x) (float64, shape of x) by ``segments.target_values``: calls small enough for torch's
+    transcendental kernels to run on the calling thread, the vector kernel on every element."""
+    return torch.from_numpy(target_values(g, x))
 
 
 def interpolation_error(
@@ -164,49 +181,75 @@ def interpolation_error(
 SEARCH_CANDIDATES = 48  # table ends tried at once (two rounds: geometric, then linear)
 
 
-def _widest_table(
-    g: TargetFn, a: float, hi: float, entries: int, frac_bits: int, eps: float, quantum: float
-) -> float:
+class _EndErrors:
+    """The model errors (``table_errors``) of the candidate ends of a table starting at a, for
+    one MINIMAX search (g, hi, entries, frac_bits, quantum fixed). The geometric candidates
+    depend on a only and the linear ones on a and the geometric round's outcome, not on eps, so
+    each is computed once and reused by every later bisection step that starts a table there
+    (table starts lie on the code grid and repeat as eps converges)."""
+
+    def __init__(self, g: TargetFn, hi: float, entries: int, frac_bits: int, quantum: float):
+        self.g, self.hi, self.entries, self.frac_bits = g, hi, entries, frac_bits
+        self.quantum = quantum
+        self._memo: dict[tuple[float, int], tuple[Tensor, Tensor]] = {}
+
+    def geometric(self, a: float) -> tuple[Tensor, Tensor]:
+        """Ends from a + quantum to hi at SEARCH_CANDIDATES geometric steps, and their errors."""
+        hit = self._memo.get((a, -1))
+        if hit is None:
+            total = self.hi - a
+            ratio = torch.logspace(
+                torch.log10(torch.tensor(self.quantum / total)), 0.0, SEARCH_CANDIDATES,
+                dtype=torch.float64,
+            )  # fmt: skip
+            ends = a + ratio * total
+            hit = self._memo[(a, -1)] = (ends, self._errors(a, ends))
+        return hit
+
+    def linear(self, a: float, n_ok: int) -> tuple[Tensor, Tensor]:
+        """SEARCH_CANDIDATES ends evenly between geometric ends n_ok - 1 and n_ok, and errors."""
+        hit = self._memo.get((a, n_ok))
+        if hit is None:
+            geo = self.geometric(a)[0]
+            lo_end, hi_end = float(geo[n_ok - 1]), float(geo[n_ok])
+            ends = torch.linspace(lo_end, hi_end, SEARCH_CANDIDATES, dtype=torch.float64)
+            hit = self._memo[(a, n_ok)] = (ends, self._errors(a, ends))
+        return hit
+
+    def _errors(self, a: float, ends: Tensor) -> Tensor:
+        return table_errors(self.g, a, ends, self.entries, self.frac_bits)
+
+
+def _widest_table(model: _EndErrors, a: float, eps: float) -> float:
     """The largest end b in (a, hi] (on a grid of ``quantum``) whose table error is <= eps;
     a + quantum if none is (the table is then one code wide)."""
+    hi, quantum = model.hi, model.quantum
     total = hi - a
     if total <= quantum:
         return hi
-    ratio = torch.logspace(
-        torch.log10(torch.tensor(quantum / total)), 0.0, SEARCH_CANDIDATES, dtype=torch.float64
-    )
-    ends = a + ratio * total
-    ok = table_errors(g, a, ends, entries, frac_bits) <= eps
+    ends, err = model.geometric(a)
+    ok = err <= eps
     if bool(ok[-1]):
         return hi
     n_ok = int(ok.to(torch.int64).cumprod(0).sum())  # leading feasible candidates
     if n_ok == 0:
         return a + quantum
-    lo_end, hi_end = float(ends[n_ok - 1]), float(ends[n_ok])
-    ends = torch.linspace(lo_end, hi_end, SEARCH_CANDIDATES, dtype=torch.float64)
-    ok = table_errors(g, a, ends, entries, frac_bits) <= eps
+    ends, err = model.linear(a, n_ok)
+    ok = err <= eps
     n_ok = max(1, int(ok.to(torch.int64).cumprod(0).sum()))
     b = float(ends[n_ok - 1])
     b = a + max(1.0, float(int((b - a) / quantum))) * quantum  # whole input codes
     return min(b, hi)
 
 
-def _greedy(
-    g: TargetFn,
-    lo: float,
-    hi: float,
-    tables: int,
-    entries: int,
-    frac_bits: int,
-    eps: float,
-    quantum: float,
-) -> list[float] | None:
+def _greedy(model: _EndErrors, lo: float, tables: int, eps: float) -> list[float] | None:
     """Lay tables from lo, each as wide as its modelled error allows (<= eps); None if hi is not
     reached. Table ends lie on a grid of ``quantum`` (one input code) from lo."""
+    hi = model.hi
     points = [lo]
     a = lo
     for _ in range(tables):
-        a = _widest_table(g, a, hi, entries, frac_bits, eps, quantum)
+        a = _widest_table(model, a, eps)
         points.append(a)
         if a >= hi:
             break
@@ -241,9 +284,10 @@ def minimax_points(
     if eps_hi <= 0.0:
         return best
     eps_lo = 0.0
+    model = _EndErrors(g, hi, entries, frac_bits, quantum)
     for _ in range(MINIMAX_ITERATIONS):
         eps = 0.5 * (eps_lo + eps_hi)
-        pts = _greedy(g, lo, hi, tables, entries, frac_bits, eps, quantum)
+        pts = _greedy(model, lo, tables, eps)
         if pts is None:
             eps_lo = eps
         else:
