@@ -41,7 +41,16 @@ from quantlab.numerics.lut.functions import LutSpec, default_spec
 from quantlab.numerics.lut.segment import SegmentLut
 from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.quantize import quantize
-from quantlab.numerics.requant import Requant, add_inter_scale, make_requant, requantize
+from quantlab.numerics.requant import (
+    AddConstants,
+    Int32Requant,
+    Requant,
+    add_constants,
+    add_inter_scale,
+    int32_requant,
+    make_requant,
+    requantize_int32,
+)
 from quantlab.numerics.rounding import Round, round_rational
 
 CODE_DTYPES = (DType.INT8, DType.INT16)
@@ -268,15 +277,30 @@ def real_multiplier(num: tuple[float, ...], den: float, count: int, scheme: Requ
     return torch.tensor(math.prod(f32(s) for s in num) / (f32(den) * count), dtype=torch.float64)
 
 
-def _requant(acc: Tensor, real: Tensor, out: DType, c: NormContract) -> Tensor:
-    params = make_requant(real, c.requant, c.requant_mult_bits)
-    return requantize(acc, params, out, c.requant_round).to(torch.int64)
+def _requant(real: Tensor, out: DType, c: NormContract) -> Int32Requant:
+    return int32_requant(make_requant(real, c.requant, c.requant_mult_bits), out, c.requant_round)
 
 
-def _add(x, sx, y, sy, so, out: DType, c: NormContract) -> Tensor:
-    res = add_inter_scale(
-        x, sx, y, sy, so, out, c.requant, c.requant_round, c.add_inter_shift, c.requant_mult_bits
+def _add_constants(sx, sy, so, out: DType, c: NormContract) -> AddConstants:
+    return add_constants(
+        sx, sy, so, out, c.requant, c.requant_round, c.add_inter_shift, c.requant_mult_bits
     )
+
+
+def _add(x: Tensor, y: Tensor, k: AddConstants, out: DType, c: NormContract) -> Tensor:
+    res = add_inter_scale(
+        x,
+        1.0,
+        y,
+        1.0,
+        1.0,
+        out,
+        c.requant,
+        c.requant_round,
+        c.add_inter_shift,
+        c.requant_mult_bits,
+        constants=k,
+    )  # the scales are k's
     return res.to(torch.int64)
 
 
@@ -318,6 +342,78 @@ def check_eps(eps: float) -> float:
     return eps
 
 
+@dataclass(frozen=True)
+class NormConstants:
+    """What ``norm_fixed`` derives from its scales, parameters, eps, row length ``n``, output
+    dtype and contract: each step's prepared requantization, the add rule's constants, the
+    rsqrt table, eps codes (ADD_CODES) and the gamma / beta codes (int64, unshaped)."""
+
+    n: int
+    mean: Int32Requant
+    diff: AddConstants
+    square: Int32Requant
+    var: Int32Requant
+    eps_codes: int
+    rsqrt: SegmentLut
+    normed: Int32Requant
+    gamma: Tensor | None
+    scaled: Int32Requant | None
+    beta: Tensor | None
+    out_add: AddConstants | None
+
+
+def norm_constants(
+    in_scale: float,
+    n: int,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    scales: NormScales,
+    out_scale: float,
+    out_dtype: DType,
+    contract: NormContract = J6_NORM,
+) -> NormConstants:
+    """The constants of ``norm_fixed`` for rows of ``n`` elements (arguments as there), for a
+    caller that keeps them while those stay the same and passes them as ``constants=``."""
+    c = contract
+    out_dtype = DType.parse(out_dtype)
+    if out_dtype not in CODE_DTYPES:
+        raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
+    eps = check_eps(eps)
+    scales.require(weight is not None, bias is not None)
+    s_in, s_out = f32(in_scale), f32(out_scale)
+    if not (s_in > 0 and s_out > 0 and math.isfinite(s_in) and math.isfinite(s_out)):
+        raise ValueError(f"in_scale and out_scale must be finite and > 0, got {s_in}, {s_out}")
+    dt, s, r = c.inter_dtype, scales, c.requant
+    last = weight is None and bias is None
+    n_dt, s_n = (out_dtype, s_out) if last else (dt, s.normed)
+    normed = _requant(real_multiplier((s.diff, s.rsqrt), s_n, 1, r), n_dt, c)
+    gamma = scaled = beta = out_add = None
+    if weight is not None:
+        gamma = quantize(weight, s.gamma, c.affine_dtype, c.affine_round).to(torch.int64)
+        w_dt, s_w = (out_dtype, s_out) if bias is None else (dt, s.scaled)
+        scaled = _requant(real_multiplier((s_n, s.gamma), s_w, 1, r), w_dt, c)
+        s_n = s_w
+    if bias is not None:
+        beta = quantize(bias, s.beta, c.affine_dtype, c.affine_round).to(torch.int64)
+        out_add = _add_constants(s_n, s.beta, s_out, out_dtype, c)
+    eps_c = eps_codes(eps, s.var) if c.eps_mode is EpsMode.ADD_CODES else 0
+    return NormConstants(
+        n=n,
+        mean=_requant(real_multiplier((s_in,), s.mean, n, r), dt, c),
+        diff=_add_constants(s_in, s.mean, s.diff, dt, c),
+        square=_requant(real_multiplier((s.diff, s.diff), s.square, 1, r), dt, c),
+        var=_requant(real_multiplier((s.square,), s.var, n, r), dt, c),
+        eps_codes=eps_c,
+        rsqrt=rsqrt_lut(s, eps, c),
+        normed=normed,
+        gamma=gamma,
+        scaled=scaled,
+        beta=beta,
+        out_add=out_add,
+    )
+
+
 def norm_fixed(
     codes: Tensor,
     in_scale: float,
@@ -329,6 +425,7 @@ def norm_fixed(
     out_scale: float,
     out_dtype: DType,
     contract: NormContract = J6_NORM,
+    constants: NormConstants | None = None,
 ) -> Tensor:
     """Normalised output codes of ``codes`` (int8/int16, scale ``in_scale``), steps 1-8 of the
     module docstring; returns ``out_dtype`` (INT8/INT16) codes of ``codes``' shape.
@@ -338,18 +435,15 @@ def norm_fixed(
     Rounding: every step one requantization by ``requant`` / ``requant_round`` (steps 2 and 8
     through the add rule); step 5 the table's interpolation rounding. Saturation: every step
     saturates to its dtype. Exactness: integer arithmetic in int64; every accumulator is an
-    exact int32 value (module docstring).
+    exact int32 value (module docstring), so no step checks its range.
+    ``constants``: ``norm_constants`` of the same arguments, kept by the caller (None: derived
+    here).
     """
     c = contract
     check_codes(codes)
     out_dtype = DType.parse(out_dtype)
     if out_dtype not in CODE_DTYPES:
         raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
-    eps = check_eps(eps)
-    scales.require(weight is not None, bias is not None)
-    s_in, s_out = f32(in_scale), f32(out_scale)
-    if not (s_in > 0 and s_out > 0 and math.isfinite(s_in) and math.isfinite(s_out)):
-        raise ValueError(f"in_scale and out_scale must be finite and > 0, got {s_in}, {s_out}")
     x = codes.to(torch.int64)
     rows = layout.rows(x)
     n = rows.shape[1]
@@ -358,25 +452,23 @@ def norm_fixed(
             f"a normalisation row holds {n} elements; the reduction allows 1 to "
             f"{c.max_reduce_elements} (NormContract.max_reduce_elements)"
         )
-    dt, s = c.inter_dtype, scales
-    mu = _requant(rows.sum(1, keepdim=True), real_multiplier((s_in,), s.mean, n, c.requant), dt, c)
-    d = _add(rows, s_in, -mu, s.mean, s.diff, dt, c)
-    sq = _requant(d * d, real_multiplier((s.diff, s.diff), s.square, 1, c.requant), dt, c)
-    v = _requant(sq.sum(1, keepdim=True), real_multiplier((s.square,), s.var, n, c.requant), dt, c)
+    if constants is None:
+        constants = norm_constants(
+            in_scale, n, weight, bias, eps, scales, out_scale, out_dtype, contract
+        )
+    elif constants.n != n:
+        raise ValueError(f"norm constants are for rows of {constants.n} elements, got {n}")
+    k, dt = constants, c.inter_dtype
+    mu = requantize_int32(rows.sum(1, keepdim=True), k.mean)
+    d = _add(rows, -mu, k.diff, dt, c)
+    sq = requantize_int32(d * d, k.square)
+    v = requantize_int32(sq.sum(1, keepdim=True), k.var)
     if c.eps_mode is EpsMode.ADD_CODES:
-        v = (v + eps_codes(eps, s.var)).clamp_max(dt.qmax)
-    r = rsqrt_lut(s, eps, c).evaluate(v.to(dt.torch_dtype)).to(torch.int64)
-    last = weight is None and bias is None
-    n_dt, s_n = (out_dtype, s_out) if last else (dt, s.normed)
-    y = _requant(d * r, real_multiplier((s.diff, s.rsqrt), s_n, 1, c.requant), n_dt, c)
-    y = y.reshape(x.shape)
-    if weight is not None:
-        g = quantize(weight, s.gamma, c.affine_dtype, c.affine_round).to(torch.int64)
-        g = layout.affine(g, x, "weight")
-        w_dt, s_w = (out_dtype, s_out) if bias is None else (dt, s.scaled)
-        y = _requant(y * g, real_multiplier((s_n, s.gamma), s_w, 1, c.requant), w_dt, c)
-        s_n = s_w
-    if bias is not None:
-        b = quantize(bias, s.beta, c.affine_dtype, c.affine_round).to(torch.int64)
-        y = _add(y, s_n, layout.affine(b, x, "bias"), s.beta, s_out, out_dtype, c)
+        v = (v + k.eps_codes).clamp_max(dt.qmax)
+    r = k.rsqrt.evaluate(v.to(dt.torch_dtype)).to(torch.int64)
+    y = requantize_int32(d * r, k.normed).reshape(x.shape)
+    if k.gamma is not None:
+        y = requantize_int32(y * layout.affine(k.gamma, x, "weight"), k.scaled)
+    if k.beta is not None:
+        y = _add(y, layout.affine(k.beta, x, "bias"), k.out_add, out_dtype, c)
     return y.to(out_dtype.torch_dtype)

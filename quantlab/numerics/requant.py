@@ -314,6 +314,43 @@ def _saturate_codes(r: Tensor, out: DType, stats: QuantStats | None) -> Tensor:
     return r.clamp(out.qmin, out.qmax).to(out.torch_dtype)
 
 
+@dataclass(frozen=True)
+class Int32Requant:
+    """``requantize`` by per-tensor ``params`` to ``out`` with ``rounding``, prepared for
+    ``requantize_int32``. ``fast``: MUL_SHIFT, HALF_UP and right shift n = mult_bits - shift
+    >= 1; then ``shift`` is n and ``offset`` 2**(n-1) (int64)."""
+
+    params: RequantParams
+    out: DType
+    rounding: Round
+    fast: bool
+    shift: Tensor | None = None
+    offset: Tensor | None = None
+
+
+def int32_requant(params: RequantParams, out: DType, rounding: Round) -> Int32Requant:
+    """Prepare ``requantize_int32`` (one host read of the shift; per-channel params take the
+    general form)."""
+    if out not in (DType.INT8, DType.UINT8, DType.INT16):
+        raise ValueError(f"requantize output must be INT8, UINT8 or INT16, got {out.name}")
+    n = params.mult_bits - params.shift
+    fast = params.scheme is Requant.MUL_SHIFT and rounding is Round.HALF_UP
+    if not fast or params.per_channel or int(n) < 1:
+        return Int32Requant(params, out, rounding, False)
+    return Int32Requant(params, out, rounding, True, n, half_up_offset(n))
+
+
+def requantize_int32(acc: Tensor, r: Int32Requant) -> Tensor:
+    """``requantize(acc, r.params, r.out, r.rounding)`` as int64 codes (same values) for an
+    integer ``acc`` whose values the caller has proven to lie in int32 (not checked: no host
+    read). Fast form (``r.fast``): floor((acc * q + 2**(n-1)) / 2**n) in int64 (|acc * q| <
+    2**62), saturated to ``r.out``'s range; otherwise the general ``requantize``."""
+    if not r.fast:
+        return requantize(acc, r.params, r.out, r.rounding).to(torch.int64)
+    v = acc.to(torch.int64) * r.params.multiplier
+    return rshift_round_half_up_(v, r.shift, r.offset).clamp_(r.out.qmin, r.out.qmax)
+
+
 # --------------------------------------------------------------------------- additions
 
 
@@ -358,6 +395,7 @@ def add_inter_scale(
     mult_bits: int = 31,
     stats: QuantStats | None = None,
     zero_points: tuple[int, int, int] = (0, 0, 0),
+    constants: AddConstants | None = None,
 ) -> Tensor:
     """J6 add (s.7, assumed): acc = x*mx + y*my in int32, then requantize by inter / out_scale.
 
@@ -366,12 +404,17 @@ def add_inter_scale(
     The requant multiplier inter/out_scale is formed in float32 (FLOAT_RESCALE) or float64.
     ``zero_points`` = (zx, zy, zo) (J6 activations have none; an extension): acc takes the
     centred codes x - zx and y - zy (int8: |x - zx| <= 255, no saturation either), and zo is
-    added after rounding.
+    added after rounding. ``constants``: ``add_constants`` of the same scales, dtype, scheme,
+    rounding, shift and width, kept by the caller (no host reads of the scales).
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
     zx, zy, zo = zero_points
-    s, params = _add_constants(x_scale, y_scale, out_scale, inter_shift, scheme, mult_bits)
+    if constants is None:
+        constants = add_constants(
+            x_scale, y_scale, out_scale, out, scheme, rounding, inter_shift, mult_bits
+        )
+    s, params = constants.inter, constants.requant.params
     xa, ya = x.to(torch.int64), y.to(torch.int64)
     if zx:
         xa = xa - zx
@@ -380,19 +423,40 @@ def add_inter_scale(
     acc = torch.add(xa * s.mx, ya, alpha=s.my)  # exact int64
     if _centred_max(x, zx) * s.mx + _centred_max(y, zy) * s.my > INT32_MAX:
         acc = acc.clamp(INT32_MIN, INT32_MAX)  # else no value can leave int32
+    if constants.requant.fast and not zo and stats is None:  # acc is int32 (above)
+        return requantize_int32(acc, constants.requant).to(out.torch_dtype)
     return requantize(acc, params, out, rounding, stats=stats, zero_point=check_zero_point(zo, out))
 
 
-# (x, y and output scale values, inter_shift, scheme, mult_bits) -> (InterScale, RequantParams):
-# pure functions of those values, computed once per value (a plan-time cache)
-_ADD_CONSTANTS: dict[tuple, tuple[InterScale, RequantParams]] = {}
+@dataclass(frozen=True)
+class AddConstants:
+    """What ``add_inter_scale`` derives from its scales, output dtype and contract fields."""
+
+    inter: InterScale
+    requant: Int32Requant  # by inter / out_scale (its params: the encoded multiplier)
 
 
-def _add_constants(x_scale, y_scale, out_scale, inter_shift: int, scheme: Requant, bits: int):
-    sx = check_tensor_scale(x_scale, "x_scale")
-    sy = check_tensor_scale(y_scale, "y_scale")
-    so = check_tensor_scale(out_scale, "out_scale")
-    key = (float(sx), float(sy), float(so), sx.dtype, sy.dtype, so.dtype, inter_shift, scheme, bits)
+# (scale values, out, scheme, rounding, inter_shift, mult_bits) -> AddConstants: pure
+# functions of those values, computed once per value (a plan-time cache)
+_ADD_CONSTANTS: dict[tuple, AddConstants] = {}
+_ADD = ("x_scale", "y_scale", "out_scale")
+
+
+def add_constants(
+    x_scale: Tensor | float,
+    y_scale: Tensor | float,
+    out_scale: Tensor | float,
+    out: DType,
+    scheme: Requant,
+    rounding: Round,
+    inter_shift: int = 14,
+    mult_bits: int = 31,
+) -> AddConstants:
+    """The J6 add rule's constants (``inter_scale`` and the requantization by inter /
+    out_scale, formed in float32 for FLOAT_RESCALE, else float64), cached by value."""
+    sx, sy, so = (check_tensor_scale(v, n) for v, n in zip((x_scale, y_scale, out_scale), _ADD))
+    key = (float(sx), float(sy), float(so), sx.dtype, sy.dtype, so.dtype, out, scheme, rounding)
+    key = (*key, inter_shift, mult_bits)
     hit = _ADD_CONSTANTS.get(key)
     if hit is not None:
         return hit
@@ -401,7 +465,7 @@ def _add_constants(x_scale, y_scale, out_scale, inter_shift: int, scheme: Requan
         real = s.inter / so
     else:
         real = s.inter.to(torch.float64) / so.to(torch.float64)
-    value = (s, make_requant(real, scheme, bits))
+    value = AddConstants(s, int32_requant(make_requant(real, scheme, mult_bits), out, rounding))
     if len(_ADD_CONSTANTS) >= ENCODED_LIMIT:
         _ADD_CONSTANTS.clear()
     _ADD_CONSTANTS[key] = value

@@ -13,8 +13,22 @@ from quantlab.numerics.add_rules import add_left_shift, add_shared_shift
 from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
-from quantlab.numerics.quantize import BoundRule, bound_codes, constant_codes, dequantize
-from quantlab.numerics.requant import add_float_rescale, add_inter_scale, rescale_multiplier
+from quantlab.numerics.quantize import (
+    CONSTANT_DTYPE,
+    BoundRule,
+    bound_codes,
+    constant_codes,
+    dequantize,
+)
+from quantlab.numerics.requant import (
+    add_constants,
+    add_float_rescale,
+    add_inter_scale,
+    int32_requant,
+    make_requant,
+    requant_scale,
+    rescale_multiplier,
+)
 from quantlab.platforms import AddRule
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo
@@ -73,9 +87,10 @@ def requant(
     return requantize_accumulator(acc, real, out, contract, axis, zero_point)
 
 
-def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tensor:
+def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0), constants=None) -> Tensor:
     """Codes of x + y (codes xc, yc at scales xs, ys; output scale so, dtype ``out``) by the
-    platform's ``add_rule``; ``zero_points`` = (x's, y's, output's)."""
+    platform's ``add_rule``; ``zero_points`` = (x's, y's, output's). ``constants``: the
+    INTER_SCALE rule's ``add_constants`` of these scales (``inter_add_constants``), or None."""
     if p.add_rule is AddRule.INTER_SCALE:
         return add_inter_scale(
             xc,
@@ -89,6 +104,7 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
             p.add_inter_shift,
             p.requant_mult_bits,
             zero_points=zero_points,
+            constants=constants,
         )
     if p.add_rule is AddRule.RESCALE_FLOAT_FMA:
         return qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point, zero_points)
@@ -100,12 +116,24 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tenso
     return add_float_rescale(xc, xs, yc, ys, so, out, p.requant_round, zero_points=zero_points)
 
 
-def sub_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0)) -> Tensor:
+def inter_add_constants(sim, name: str, xs, ys, so, out: DType):
+    """The INTER_SCALE add rule's constants for op ``name`` (kept while the scale objects
+    stay the same), or None under another add rule."""
+    p = sim.platform
+    if p.add_rule is not AddRule.INTER_SCALE:
+        return None
+    rule = (p.requant, p.requant_round, p.add_inter_shift, p.requant_mult_bits)
+    return sim.op_memo(
+        name, "add", (xs, ys, so, out, *rule), lambda: add_constants(xs, ys, so, out, *rule)
+    )
+
+
+def sub_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0), constants=None) -> Tensor:
     """Codes of x - y: the platform's add of x and -y, whose codes are -yc (int64: -(-128) is
     128) and zero point -zy (LiteRT's SUB reference kernels and XNNPACK's subtract give these
     bits)."""
     zx, zy, zo = zero_points
-    return add_codes(p, xc, xs, -yc.to(torch.int64), ys, so, out, (zx, -zy, zo))
+    return add_codes(p, xc, xs, -yc.to(torch.int64), ys, so, out, (zx, -zy, zo), constants)
 
 
 def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tensor:
@@ -158,3 +186,20 @@ def warn_float(call, why: str) -> None:
         "for it to run its integer kernel",
         stacklevel=3,
     )
+
+
+def centred_bound(in_infos, i: int, zero_point: int, constant: bool) -> int:
+    """max|code - zero_point| over operand ``i``'s code range (its QInfo dtype; a scalar
+    constant: CONSTANT_DTYPE's qmax)."""
+    dt = CONSTANT_DTYPE if constant else in_infos[i].dtype
+    return max(abs(dt.qmin - zero_point), abs(dt.qmax - zero_point))
+
+
+def product_requant(p, xs, ys, so, out: DType):
+    """The requantization of a product of codes by xs * ys / so, as ``requant`` encodes it
+    under the platform's GEMM contract, prepared for int32 products (``requantize_int32``)."""
+    contract = p.gemm_contract()
+    params = make_requant(
+        requant_scale(xs, ys, so, p.requant), contract.requant, contract.requant_mult_bits
+    )
+    return int32_requant(params, out, contract.requant_round)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from quantlab.numerics.norm import NormLayout, NormScales, norm_fixed
+from quantlab.numerics.norm import NormLayout, NormScales, norm_constants, norm_fixed
 from quantlab.numerics.norm_calibrate import NormSteps, norm_fake, norm_steps, scales_from_steps
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -197,19 +197,27 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info, out = in_infos[0], rq.output_dtype
     xc = fc.codes(args, kwargs, plan.acts[0], info)
     so = fc.out_scale(sim, call, rq)
+    scales, contract = norm_scales(sim, call.name), sim.platform.norm_contract()
+    n = nc.layout.rows(xc).shape[1]
+    w, b = nc.weight, nc.bias
+    # scales are cached objects, new when they change; gamma / beta by identity and version
+    key = (info.scale, so, scales, w, b, _version(w), _version(b), nc.eps, n, out, contract)
+    constants = sim.op_memo(
+        call.name,
+        "norm",
+        key,
+        lambda: norm_constants(
+            float(info.scale), n, w, b, nc.eps, scales, float(so), out, contract
+        ),
+    )
     codes = norm_fixed(
-        xc,
-        float(info.scale),
-        nc.layout,
-        nc.weight,
-        nc.bias,
-        nc.eps,
-        norm_scales(sim, call.name),
-        float(so),
-        out,
-        sim.platform.norm_contract(),
+        xc, info.scale, nc.layout, w, b, nc.eps, scales, so, out, contract, constants=constants
     )
     return fc.emit(codes, so, out)
+
+
+def _version(t: Tensor | None) -> int | None:
+    return None if t is None else t._version
 
 
 def norm_fake_op(sim, call, plan, args, kwargs, in_infos, rq):

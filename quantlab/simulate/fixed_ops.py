@@ -22,7 +22,7 @@ from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.numerics.quantize import bound_codes, dequantize, quantize
-from quantlab.numerics.requant import requant_scale
+from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
 from quantlab.platforms import ConcatRule, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -95,12 +95,13 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     so = fc.out_scale(sim, call, rq)
     out = rq.output_dtype
     zo = fc.out_zero_point(sim, call, rq)
+    k = fc.inter_add_constants(sim, call.name, xs, ys, so, out)
     if call.op_type != "sub":
-        codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+        codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
     elif _reversed(call):  # c - x: the add of -x and c, in this operand order
-        codes = fc.add_codes(p, -xc, xs, yc, ys, so, out, (-zx, zy, zo))
+        codes = fc.add_codes(p, -xc, xs, yc, ys, so, out, (-zx, zy, zo), k)
     else:
-        codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo))
+        codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
     return fc.emit(codes, so, out, zo)
 
 
@@ -122,9 +123,25 @@ def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = Fals
     (xc, xs, zx), (yc, ys, zy) = a, b
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
-    real = requant_scale(xs, ys, so, sim.platform.requant)
-    codes = fc.requant(sim, (xc - zx) * (yc - zy), real, rq.output_dtype, zero_point=zo)
-    return fc.emit(codes, so, rq.output_dtype, zo)
+    out = rq.output_dtype
+    acc = (xc - zx) * (yc - zy)
+    # a scalar constant's code is +-CONSTANT_DTYPE.qmax (constant_codes); its scale is new
+    # every call, so its constants are kept by the scalar's value
+    x_const = not isinstance(A.get(args, kwargs, plan.acts[0]), Tensor)
+    y_const = const_inv or not isinstance(bv, Tensor)
+    bound = fc.centred_bound(in_infos, 0, zx, x_const) * fc.centred_bound(in_infos, 1, zy, y_const)
+    if zo or bound > INT32_MAX:  # the general path (its accumulator contract applies)
+        real = requant_scale(xs, ys, so, sim.platform.requant)
+        return fc.emit(fc.requant(sim, acc, real, out, zero_point=zo), so, out, zo)
+    xk = ("const", float(A.get(args, kwargs, plan.acts[0]))) if x_const else xs
+    yk = ("const", const_inv, float(bv)) if y_const else ys
+    k = sim.op_memo(
+        call.name,
+        "mul",
+        (xk, yk, so, out, sim.platform),
+        lambda: fc.product_requant(sim.platform, xs, ys, so, out),
+    )
+    return fc.emit(requantize_int32(acc, k).to(out.torch_dtype), so, out)
 
 
 def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):

@@ -35,6 +35,16 @@ def requant_half_up(v: Tensor, ratio: float, dtype: DType) -> Tensor:
     return r.clamp(dtype.qmin, dtype.qmax).to(torch.int64)
 
 
+def _requant_half_up_codes(v: Tensor, ratio: float, dtype: DType) -> Tensor:
+    """``requant_half_up(v, ratio, dtype)`` in ``dtype``'s torch dtype, for an integer ``v``
+    with |v| < 2**53: the same float64 product, then floor(p) + (p - floor(p) >= 1/2) (p -
+    floor(p) is exact, ``round_float``), saturated; in place on one float64 buffer."""
+    p = v.to(torch.float64).mul_(float(ratio))
+    f = torch.floor(p)
+    f.add_(p.sub_(f) >= 0.5)
+    return f.clamp_(dtype.qmin, dtype.qmax).to(dtype.torch_dtype)
+
+
 def lut_softmax(
     codes: Tensor,
     in_scale: float,
@@ -56,6 +66,8 @@ def lut_softmax(
     4. r = reciprocal LUT (int16 -> int16, default spec, scale ``recip_scale``, default 1/32767);
     5. out = requant(e * r, exp_scale * recip_scale / out_scale) (default out_scale 1/qmax).
     Requantizations: float64 ratio, HALF_UP, saturation (assumed, module docstring).
+    Widths: x - max(x) and e * r (|e|, |r| <= 2**15, so |e * r| <= 2**30) are exact in int32,
+    the sum in int64.
     """
     in_dtype = DType.parse(in_dtype)
     out_dtype = DType.parse(out_dtype)
@@ -68,17 +80,19 @@ def lut_softmax(
     )
     sum_scale = n * exp_scale if sum_scale is None else float(sum_scale)
     recip_scale = 1.0 / DType.INT16.qmax if recip_scale is None else float(recip_scale)
-    x = codes.to(torch.int64)
-    d = (x - x.amax(dim=dim, keepdim=True)).clamp_min(DType.INT16.qmin).to(torch.int16)
+    x = codes.to(torch.int32)
+    d = (x - x.amax(dim=dim, keepdim=True)).clamp_min_(DType.INT16.qmin).to(torch.int16)
     exp_lut = build_lut(
         "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(), fmt
     )
-    e = exp_lut.evaluate(d).to(torch.int64)
-    s = requant_half_up(e.sum(dim=dim, keepdim=True), exp_scale / sum_scale, DType.INT16)
+    e = exp_lut.evaluate(d)
+    total = e.sum(dim=dim, keepdim=True, dtype=torch.int64)
+    s = requant_half_up(total, exp_scale / sum_scale, DType.INT16)
     recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
-    r = recip.evaluate(s.to(torch.int16)).to(torch.int64)
-    out = requant_half_up(e * r, exp_scale * recip_scale / out_scale, out_dtype)
-    return out.to(out_dtype.torch_dtype)
+    r = recip.evaluate(s.to(torch.int16)).to(torch.int32)
+    return _requant_half_up_codes(
+        e.to(torch.int32) * r, exp_scale * recip_scale / out_scale, out_dtype
+    )
 
 
 def inverse_sigmoid_composite(
