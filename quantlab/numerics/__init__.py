@@ -56,14 +56,13 @@ from quantlab.numerics.quantize import (
 from quantlab.numerics.requant import (
     Requant,
     RequantParams,
-    add_float_rescale,
-    add_inter_scale,
     make_requant,
     requant_scale,
     requantize,
     rescale_multiplier,
 )
 from quantlab.numerics.rounding import Round, round_float, rshift_round, saturate
+from quantlab.numerics.scaled_add import add_float_rescale, add_inter_scale
 
 __all__ = [
     "BoundRule",

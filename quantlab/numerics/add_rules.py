@@ -1,5 +1,5 @@
 """Integer additions of two quantized tensors with their own scales and zero points, as the
-TFLite runtimes compute them (the J6 and float-rescale adds are in ``requant``).
+TFLite runtimes compute them (the J6 and float-rescale adds are in ``scaled_add``).
 
 ``add_left_shift``: TFLite's reference ADD (int8: left shift 20; int16: 15), three integer
 multipliers with double rounding. ``add_shared_shift``: XNNPACK's int8 add, two integer

@@ -42,16 +42,14 @@ from quantlab.numerics.lut.segment import SegmentLut
 from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.quantize import quantize
 from quantlab.numerics.requant import (
-    AddConstants,
     Int32Requant,
     Requant,
-    add_constants,
-    add_inter_scale,
     int32_requant,
     make_requant,
     requantize_int32,
 )
 from quantlab.numerics.rounding import Round, round_rational
+from quantlab.numerics.scaled_add import AddConstants, add_constants, add_inter_scale
 
 CODE_DTYPES = (DType.INT8, DType.INT16)
 

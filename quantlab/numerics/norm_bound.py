@@ -40,8 +40,9 @@ from quantlab.numerics.norm import (
     real_multiplier,
     rsqrt_lut,
 )
-from quantlab.numerics.requant import Requant, inter_scale, make_requant
+from quantlab.numerics.requant import Requant, make_requant
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scaled_add import inter_scale
 
 U32 = 2.0**-24  # float32 unit roundoff
 KAPPA_FAKE = 8 * U32  # relative error of one fake-quantized float32 step (module docstring)

@@ -20,15 +20,8 @@ from quantlab.numerics.quantize import (
     constant_codes,
     dequantize,
 )
-from quantlab.numerics.requant import (
-    add_constants,
-    add_float_rescale,
-    add_inter_scale,
-    int32_requant,
-    make_requant,
-    requant_scale,
-    rescale_multiplier,
-)
+from quantlab.numerics.requant import int32_requant, make_requant, requant_scale, rescale_multiplier
+from quantlab.numerics.scaled_add import add_constants, add_float_rescale, add_inter_scale
 from quantlab.platforms import AddRule
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo

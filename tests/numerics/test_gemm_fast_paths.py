@@ -21,8 +21,9 @@ from quantlab.numerics.gemm import (
     prepare_conv,
 )
 from quantlab.numerics.gemm import finish as finish_mod
-from quantlab.numerics.requant import Requant, add_inter_scale
+from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scaled_add import add_inter_scale
 
 ORT = GemmContract(requant=Requant.FLOAT_RESCALE, requant_round=Round.HALF_EVEN)
 

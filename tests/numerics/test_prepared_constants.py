@@ -11,15 +11,9 @@ from bits import assert_bits_equal, edge_values
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import NormLayout, norm_constants, norm_fixed
-from quantlab.numerics.requant import (
-    Requant,
-    add_constants,
-    add_inter_scale,
-    int32_requant,
-    make_requant,
-    requantize_int32,
-)
+from quantlab.numerics.requant import Requant, int32_requant, make_requant, requantize_int32
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scaled_add import add_constants, add_inter_scale
 from tests.numerics.test_norm import calibrated, params, rows_data
 
 # below 1 (fast right shifts), exactly 1 and 2**-31 (the shift bounds), above 1 (left shifts)

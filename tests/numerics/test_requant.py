@@ -12,9 +12,6 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import (
     Requant,
-    add_float_rescale,
-    add_inter_scale,
-    inter_scale,
     make_requant,
     quantize_multiplier,
     requant_scale,
@@ -22,6 +19,7 @@ from quantlab.numerics.requant import (
     srdhm,
 )
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scaled_add import add_float_rescale, add_inter_scale, inter_scale
 
 INT_SCHEMES = [Requant.MUL_SHIFT, Requant.MUL_SHIFT_DOUBLE, Requant.MUL_SHIFT_INT64]
 

@@ -23,15 +23,9 @@ from quantlab.numerics.lut import (
 )
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite
 from quantlab.numerics.quantize import bound_codes, compute_scale, dequantize, fake_quant, quantize
-from quantlab.numerics.requant import (
-    Requant,
-    add_float_rescale,
-    add_inter_scale,
-    inter_scale,
-    requant_scale,
-    rescale_multiplier,
-)
+from quantlab.numerics.requant import Requant, requant_scale, rescale_multiplier
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scaled_add import add_float_rescale, add_inter_scale, inter_scale
 from quantlab.platforms import PlatformConfig
 
 BAD = [0.0, -0.25, math.nan, math.inf, -math.inf]
