@@ -59,9 +59,11 @@ def embedding_op(sim, call, plan, args, kwargs, in_infos, wq, rq, mode: Mode = M
     if mode is Mode.FIXED:
         return fc.emit(embedding_fixed(ids, codes, scale, contract), s, out)
     lo = -out.qmax if p.weight_narrow_range else None
-    table = qat_fake_quant(w.detach(), s, out, p.fake_round, None, lo)
     rows = index_rows(ids, w.shape[0], scale, contract)
-    return table[rows], QInfo(out, s.reshape(()))
+    # per-tensor fake quant is elementwise: the gathered rows of the fake-quantized table are
+    # the fake-quantized gathered rows (only the rows read are computed)
+    values = qat_fake_quant(w.detach()[rows], s, out, p.fake_round, None, lo)
+    return values, QInfo(out, s.reshape(()))
 
 
 def embedding_fake_op(sim, call, plan, args, kwargs, in_infos, rq):
