@@ -123,7 +123,10 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
-        acc, axis = gemm.int_linear(xc, wc, as_int64=False), -1
+        w32 = None
+        if wq is not None:  # a weight's float32 cast, made once while its codes are the same
+            w32 = sim.op_memo(call.name, "w_float32", (wc,), lambda: wc.to(torch.float32))
+        acc, axis = gemm.int_linear(xc, wc, as_int64=False, w_float32=w32), -1
     else:
         if call.func.__name__ == "__rmatmul__":
             return None

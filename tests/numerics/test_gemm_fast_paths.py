@@ -88,6 +88,19 @@ def test_float32_matmul_sums_equal_the_reference(k):
     assert got.dtype == (torch.float32 if k <= 1024 else torch.int64)
     assert_bits_equal(got.to(torch.int64), want)
     assert_bits_equal(int_linear(a, b.t().contiguous(), as_int64=False).to(torch.int64), want)
+    w = b.t().contiguous()  # a weight's codes with their float32 cast made once by the caller
+    got = int_linear(a, w, as_int64=False, w_float32=w.to(torch.float32))
+    assert_bits_equal(got.to(torch.int64), want)
+    assert_bits_equal(int_matmul(a, b, b_float32=b.to(torch.float32)), want)
+
+
+def test_float32_copies_of_the_codes_are_checked():
+    w = torch.ones(4, 3, dtype=torch.int8)
+    x = torch.ones(2, 3, dtype=torch.int8)
+    with pytest.raises(ValueError, match="w_float32 must be the codes as float32 with shape"):
+        int_linear(x, w, w_float32=torch.ones(3, 4))
+    with pytest.raises(ValueError, match="b_float32 must be the codes as float32"):
+        int_matmul(x, w.t(), b_float32=w.t().to(torch.float64))
 
 
 def test_prepared_conv_rejects_other_inputs():

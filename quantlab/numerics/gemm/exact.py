@@ -39,16 +39,23 @@ def _check_operand(t: Tensor, name: str) -> None:
 
 
 def int_matmul(
-    a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO, as_int64: bool = True
+    a: Tensor,
+    b: Tensor,
+    path: GemmPath = GemmPath.AUTO,
+    as_int64: bool = True,
+    b_float32: Tensor | None = None,
 ) -> Tensor:
     """Exact a @ b (torch.matmul semantics: 1-d, 2-d and broadcast batches) as int64.
 
     Operands: int8/int16 code tensors. Exactness: see the module docstring (no saturation, no
     wrap; apply ``accumulate`` for the device's int32 contract). ``as_int64=False``: a
     single-chunk float32 path returns its float32 result as it is (exact integers below 2**24).
+    ``b_float32``: b's codes cast to float32 once by the caller (the float32 paths use it
+    instead of casting b on every call).
     """
     _check_operand(a, "a")
     _check_operand(b, "b")
+    _check_float32_copy(b, b_float32, "b_float32")
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError("int_matmul needs tensors with at least one dimension")
     k = a.shape[-1]
@@ -61,14 +68,26 @@ def int_matmul(
     disabled = ensure_selftest()
     plan = plan_gemm(operand_bound(a), operand_bound(b), k, 1, path, disabled=disabled)
     with exact_float_kernels(a.device.type):
-        return matmul_planned(a, b, k, plan, as_int64)
+        return matmul_planned(a, b, k, plan, as_int64, b_float32)
+
+
+def _check_float32_copy(codes: Tensor, copy: Tensor | None, name: str) -> None:
+    if copy is not None and (copy.shape != codes.shape or copy.dtype != torch.float32):
+        raise ValueError(
+            f"{name} must be the codes as float32 with shape {tuple(codes.shape)}, got "
+            f"{copy.dtype} {tuple(copy.shape)}"
+        )
 
 
 def int_linear(
-    x: Tensor, w: Tensor, path: GemmPath = GemmPath.AUTO, as_int64: bool = True
+    x: Tensor,
+    w: Tensor,
+    path: GemmPath = GemmPath.AUTO,
+    as_int64: bool = True,
+    w_float32: Tensor | None = None,
 ) -> Tensor:
     """Exact x @ w.T as int64 (F.linear without bias): x (..., in), w (out, in) codes.
-    ``as_int64``: as int_matmul."""
+    ``as_int64``: as int_matmul; ``w_float32``: w's codes cast to float32 once by the caller."""
     _check_operand(w, "w")
     if w.dim() != 2:
         raise ValueError(f"int_linear weight must be 2-d (out, in), got shape {tuple(w.shape)}")
@@ -78,7 +97,9 @@ def int_linear(
             f"int_linear input {tuple(x.shape)} does not match weight {tuple(w.shape)}: "
             f"last dim must be {w.shape[1]}"
         )
-    return int_matmul(x, w.t(), path, as_int64)
+    _check_float32_copy(w, w_float32, "w_float32")
+    wt32 = None if w_float32 is None else w_float32.t()
+    return int_matmul(x, w.t(), path, as_int64, wt32)
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,15 +25,24 @@ def _sum_chunks_f64(parts) -> Tensor:
     return acc
 
 
-def matmul_planned(a: Tensor, b: Tensor, k: int, plan: GemmPlan, as_int64: bool = True) -> Tensor:
+def matmul_planned(
+    a: Tensor,
+    b: Tensor,
+    k: int,
+    plan: GemmPlan,
+    as_int64: bool = True,
+    b_float32: Tensor | None = None,
+) -> Tensor:
     """Exact ``a @ b`` (int8/int16 codes, K = ``k``) as int64 on ``plan``'s path; with
     ``as_int64=False`` a single-chunk FLOAT32 plan returns its float32 product as it is (exact
-    integers below 2**24; callers that take float sums save the widening pass)."""
+    integers below 2**24; callers that take float sums save the widening pass). ``b_float32``:
+    b's codes already cast to float32 (used instead of casting b)."""
     if plan.path is GemmPath.INT64:
         return torch.matmul(a.to(torch.int64), b.to(torch.int64))
     if plan.path is GemmPath.FLOAT64:
         return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
-    af, bf = a.to(torch.float32), b.to(torch.float32)
+    af = a.to(torch.float32)
+    bf = b.to(torch.float32) if b_float32 is None else b_float32
     if plan.chunk >= k:
         out = torch.matmul(af, bf)
         return out.to(torch.int64) if as_int64 else out
