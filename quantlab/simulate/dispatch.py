@@ -24,7 +24,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fake
 from quantlab.simulate import args as A
-from quantlab.simulate import calls, fixed_embedding, fixed_norm, fixed_ops, steady
+from quantlab.simulate import calls, fixed_embedding, fixed_lut, fixed_norm, fixed_ops, steady
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
 from quantlab.simulate.op_route import OpRoute, make_route, route_matches
@@ -207,7 +207,7 @@ class OpDispatch:
                 chain,
                 self.platform,
                 _FAKE_KERNELS,
-                fixed_ops.DEPLOYED_CATEGORIES,
+                fixed_lut.DEPLOYED_CATEGORIES,
             )
             self._routes[name] = r
         return r
@@ -289,7 +289,7 @@ class OpDispatch:
         quant_out = r.quant_out
         clamp = self._fused_clamp(name) if chain else None
         if r.deployed_kernel:
-            res = fixed_ops.run_deployed(self, call, plan, args, kwargs, in_infos, rq)
+            res = fixed_lut.run_deployed(self, call, plan, args, kwargs, in_infos, rq)
             if res is not None:
                 return res
         if r.single_period:

@@ -10,8 +10,6 @@ op's float function on the exact dequantized inputs and quantizes the output onc
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any
 
 import torch
@@ -20,7 +18,6 @@ from torch import Tensor
 
 from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
 from quantlab.platforms import ConcatRule, SoftmaxRule
@@ -28,11 +25,8 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
+from quantlab.simulate.fixed_lut import lut_op, softmax_op
 from quantlab.simulate.fixed_norm import COMPOSITE_TYPES, norm_op
-
-LUT_FUNCS = frozenset(
-    "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu inverse_sigmoid".split()
-)
 
 _KERNELS = {
     OpCategory.GEMM: "integer",
@@ -191,183 +185,6 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return fc.emit(codes, so, out, zo)
 
 
-# --------------------------------------------------------------------------- LUT ops
-
-
-def _lut_spec(call, rq, platform):
-    from quantlab.numerics.lut import Strategy
-
-    spec = platform.lut_spec(call.op_type)
-    if call.op_type == "inverse_sigmoid":
-        eps = call.kwargs.get("eps", call.args[1] if len(call.args) > 1 else None)
-        if eps is not None:
-            spec = dataclasses.replace(spec, eps=float(eps))
-    if rq.lut_strategy is not None:
-        st = rq.lut_strategy
-        if not isinstance(st, Strategy):
-            st = Strategy[str(st)]
-        if st is not Strategy.MANUAL:
-            spec = dataclasses.replace(spec, strategy=st, dividing_points=None)
-    return spec
-
-
-def _calibrated_histogram(sim, call, spec, reduced: bool):
-    """The op's calibrated input histogram (``Simulator.histogram``) as the DATA strategy's
-    ``InputHistogram``; None for every other strategy."""
-    from quantlab.numerics.lut import InputHistogram, Strategy
-
-    if spec.strategy is not Strategy.DATA:
-        return None
-    if reduced:
-        raise ValueError(
-            f"op {call.name} ({call.op_type}): lut_strategy=DATA weighs the calibrated input "
-            "histogram, but this input is period-reduced first (platform.sincos_period_reduction)"
-            "; choose OPTIMAL or another strategy for it"
-        )
-    edges, counts = sim.histogram(call.name, 0)
-    return InputHistogram(float(edges[0]), float(edges[-1]), tuple(counts.tolist()))
-
-
-def _period_reduced(sim, call, rq, xc: Tensor, xs: float, in_dt) -> tuple | None:
-    """(codes, scale) of a sin/cos input reduced to one period, or None when it is not: the
-    platform's exporter (``sincos_period_reduction``) or the op's ``single_period`` reduce an
-    input wider than one period (numerics.periodic)."""
-    from quantlab.numerics.periodic import needs_period_reduction, period_reduce
-
-    if call.op_type not in ("sin", "cos"):
-        return None
-    if not (sim.platform.sincos_period_reduction or rq.single_period):
-        return None
-    if not needs_period_reduction(xs, in_dt):
-        return None
-    return period_reduce(xc, xs, in_dt, sim.platform.fake_round)
-
-
-def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
-    """(table, input codes, input scale, output scale, output zero point) of a LUT op in fixed
-    mode (the input period-reduced when it applies), or None when the integer table does not
-    apply. Codes with a zero point (or uint8) take a ``ZeroPointLut`` (numerics.lut.zero_point);
-    symmetric int8 / int16 codes the ``SegmentLut``."""
-    from quantlab.numerics.lut import build_lut
-    from quantlab.numerics.lut.zero_point import build_zero_point_lut
-
-    p = sim.platform
-    info = in_infos[0] if in_infos else None
-    out = rq.output_dtype
-    if call.op_type not in LUT_FUNCS or not fc.zp_info(info) or not out.is_int:
-        return None
-    if call.op_type == "gelu" and kwargs.get("approximate", "none") != "none":
-        return None
-    xc = fc.codes(args, kwargs, plan.acts[0], info)
-    xs, in_dt, zx = float(info.scale), info.dtype, info.zero_point
-    observed = sim.observed_range(call.name, "in0")
-    reduced = _period_reduced(sim, call, rq, xc, xs, in_dt)
-    if reduced is not None:
-        if zx:
-            fc.warn_float(call, "the sin/cos period reduction takes codes without a zero point")
-            return None
-        xc, xs = reduced
-        observed = (0.0, 2 * math.pi)  # the reduced input covers one period (j6-numerics s.5)
-    so = fc.out_scale(sim, call, rq)
-    zo = fc.out_zero_point(sim, call, rq)
-    spec = _lut_spec(call, rq, p)
-    hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
-    if zx or zo or DType.UINT8 in (in_dt, out):
-        if (zx and in_dt.bits > 8) or (zo and out.bits > 8):
-            fc.warn_float(call, "a LUT takes 16-bit codes without a zero point only")
-            return None
-        table = build_zero_point_lut(
-            call.op_type, in_dt, xs, zx, out, float(so), zo, spec, p.lut_format(), observed, hist
-        )
-        return table, xc, xs, so, zo
-    lut = build_lut(call.op_type, in_dt, xs, out, float(so), spec, p.lut_format(), observed, hist)
-    return lut, xc.to(in_dt.torch_dtype), xs, so, 0
-
-
-def _lut_slope(table, xc: Tensor) -> Tensor:
-    """d(output code)/d(input code) of a built table at the input codes (float64)."""
-    from quantlab.numerics.lut.slope import segment_slope
-    from quantlab.numerics.lut.zero_point import ZeroPointLut
-
-    return table.slope(xc) if isinstance(table, ZeroPointLut) else segment_slope(table, xc)
-
-
-def _lut(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
-    if t is None:
-        return None
-    lut, xc, _, so, zo = t
-    return fc.emit(lut.evaluate(xc), so, rq.output_dtype, zo)
-
-
-DEPLOYED_CATEGORIES = frozenset({OpCategory.LUT, OpCategory.SOFTMAX})
-"""Ops that FakeOps.DEPLOYED and Mode.HYBRID compute as deployed: segment-LUT ops."""
-
-
-def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
-    """(value, QInfo) of a segment-LUT op as FIXED computes it from the (fake-quantized) input,
-    or None where the integer table does not apply. When a gradient is recorded: a LUT op's
-    gradient is its table's own slope (``numerics.lut.segment_slope``), d out / d in in real
-    units; softmax's is the float softmax's."""
-    from quantlab.simulate import calls
-    from quantlab.simulate.straight_through import through
-
-    x = A.get(args, kwargs, plan.acts[0]) if plan.acts else None
-    grad = torch.is_grad_enabled() and isinstance(x, Tensor) and x.requires_grad
-    if call.category is OpCategory.SOFTMAX:
-        res = _softmax(sim, call, plan, args, kwargs, in_infos, None, rq)
-        if res is None or not grad:
-            return res
-        return through(calls.out_of_place(call)(*args, **kwargs), res[0]), res[1]
-    t = _lut_table(sim, call, plan, args, kwargs, in_infos, rq)
-    if t is None:
-        return None
-    lut, xc, xs, so, zo = t
-    value, info = fc.emit(lut.evaluate(xc), so, rq.output_dtype, zo)
-    if not grad:
-        return value, info
-    slope = _lut_slope(lut, xc) * (float(so) / xs)
-    return through(x, value, slope.to(torch.float32)), info
-
-
-def _softmax(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    from quantlab.numerics.lut import lut_softmax
-
-    info = in_infos[0] if in_infos else None
-    out = rq.output_dtype
-    table_rule = sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE
-    if not fc.zp_info(info) or not out.is_int:
-        return None
-    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-    if dim is None or kwargs.get("dtype") is not None:
-        return None
-    xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
-    so = fc.out_scale(sim, call, rq)
-    zo = fc.out_zero_point(sim, call, rq)
-    if table_rule:  # the input's zero point cancels (only max(x) - x enters)
-        if info.dtype.bits != 8 or out.bits != 8:
-            return None  # the runtime fuses 8-bit softmax only; float between DQ and Q
-        codes = exp_table_softmax(xc, float(info.scale), dim, float(so), out, zo)
-        return fc.emit(codes, so, out, zo)
-    zx = info.zero_point
-    if not (zx or zo or DType.UINT8 in (info.dtype, out)):
-        codes = lut_softmax(
-            xc, float(info.scale), info.dtype, dim, float(so), out, sim.platform.lut_format()
-        )
-        return fc.emit(codes, so, out)
-    if (zx and info.dtype.bits > 8) or (zo and out.bits > 8):
-        fc.warn_float(call, "the LUT softmax takes 16-bit codes without a zero point only")
-        return None
-    # 8-bit codes with zero points: the input's cancels in x - max(x) (codes taken as int16);
-    # the output codes are formed in int16 (nothing saturates before zo is added)
-    x16 = xc.to(torch.int16)
-    codes = lut_softmax(
-        x16, float(info.scale), DType.INT16, dim, float(so), DType.INT16, sim.platform.lut_format()
-    )
-    codes = (codes.to(torch.int64) + zo).clamp(out.qmin, out.qmax)
-    return fc.emit(codes, so, out, zo)
-
-
 # --------------------------------------------------------------------------- reductions
 
 
@@ -497,8 +314,8 @@ _DISPATCH = {
     OpCategory.MUL: _mul,
     OpCategory.DIV: _div,
     OpCategory.REQUANT: _requant_op,
-    OpCategory.LUT: _lut,
-    OpCategory.SOFTMAX: _softmax,
+    OpCategory.LUT: lut_op,
+    OpCategory.SOFTMAX: softmax_op,
     OpCategory.REDUCE: _reduce,
     OpCategory.POOL: _pool,
     OpCategory.RESAMPLE: _resample,

@@ -12,7 +12,7 @@ class Mode(enum.Enum):
     """FLOAT: the model as written. FAKE: QAT numerics (exact float functions on fake-quantized
     tensors, float16 fake casts). FIXED: deployed numerics (integer GEMM + requantization,
     segment LUTs, int16 grids, period reduction). HYBRID: the vendor's ``ptq.onnx`` stage:
-    segment-LUT ops (``fixed_ops.DEPLOYED_CATEGORIES``: sigmoid, tanh, exp, ..., sin/cos with
+    segment-LUT ops (``fixed_lut.DEPLOYED_CATEGORIES``: sigmoid, tanh, exp, ..., sin/cos with
     the platform's period handling, softmax) as FIXED computes them, every other op as FAKE."""
 
     __hash__ = object.__hash__  # members are singletons: identity hashing, done in C

@@ -16,7 +16,7 @@ from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import FakeOps, Mode, Simulator
-from quantlab.simulate.fixed_ops import DEPLOYED_CATEGORIES
+from quantlab.simulate.fixed_lut import DEPLOYED_CATEGORIES
 
 LUT_TYPES = ("sigmoid", "tanh", "exp", "sin", "cos", "inverse_sigmoid", "softmax")
 
