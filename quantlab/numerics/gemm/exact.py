@@ -195,11 +195,7 @@ def prepare_conv(
             f"conv{nsp}d weight {tuple(w.shape)} expects {w.shape[1] * groups} input channels "
             f"with groups={groups}, input has {batched[1]}"
         )
-    if w_float32 is not None and (w_float32.shape != w.shape or w_float32.dtype != torch.float32):
-        raise ValueError(
-            f"w_float32 must be w's codes as float32 with shape {tuple(w.shape)}, got "
-            f"{w_float32.dtype} {tuple(w_float32.shape)}"
-        )
+    _check_float32_copy(w, w_float32, "w_float32")
     disabled = frozenset(ensure_selftest())
     macs = math.prod(batched) * (w.shape[0] // groups) * math.prod(w.shape[2:])  # conv_macs
     split_a = split_pays(macs, groups) or path is GemmPath.FLOAT32_SPLIT
