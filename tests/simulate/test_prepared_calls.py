@@ -45,10 +45,19 @@ def _setup(seed: int = 0):
     return m, calib, more, torch.randn(2, 3, 6, 6, generator=g)
 
 
-def _fresh(m, calib, x, mode=Mode.FAKE, **kw):
-    sim = Simulator(m, "j6m", **kw)
+def _fresh(m, calib, x, mode=Mode.FAKE, platform="j6m", **kw):
+    sim = Simulator(m, platform, **kw)
     sim.calibrate(calib, progress=False)
     return sim.run(x, mode=mode)
+
+
+def _steady(m, calib, x, platform="j6m"):
+    """A calibrated Simulator after two FAKE runs (its calls prepared)."""
+    sim = Simulator(m, platform)
+    sim.calibrate(calib, progress=False)
+    for _ in range(2):
+        sim.run(x, mode=Mode.FAKE)
+    return sim
 
 
 @pytest.fixture
@@ -104,10 +113,7 @@ def test_a_trace_or_per_op_mode_run_takes_the_full_path_with_the_same_bits(hits)
 
 def test_qconfig_calibration_and_mode_changes_give_fresh_bits():
     m, calib, more, x = _setup()
-    sim = Simulator(m, "j6m")
-    sim.calibrate(calib, progress=False)
-    for _ in range(2):
-        sim.run(x, mode=Mode.FAKE)
+    sim = _steady(m, calib, x)
     spec = QConfigSpec(by_type={"conv2d": OpQConfig(output_dtype=DType.INT16)})
     sim.set_qconfig(spec)
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib, x, qconfig=spec))
@@ -133,10 +139,7 @@ def test_weight_and_bias_edits_give_fresh_bits(bias_float):
     calibration statistics); FAKE adds the bias itself or the value of its int32 codes."""
     m, calib, _, x = _setup()
     platform = dataclasses.replace(platform_config("j6m"), bias_float=bias_float)
-    sim = Simulator(m, platform)
-    sim.calibrate(calib, progress=False)
-    for _ in range(2):
-        sim.run(x, mode=Mode.FAKE)
+    sim = _steady(m, calib, x, platform)
 
     def fresh():
         other = Simulator(m, platform)
@@ -157,10 +160,7 @@ def test_weight_and_bias_edits_give_fresh_bits(bias_float):
 
 def test_fake_ops_and_platform_changes_give_fresh_bits():
     m, calib, _, x = _setup()
-    sim = Simulator(m, "j6m")
-    sim.calibrate(calib, progress=False)
-    for _ in range(2):
-        sim.run(x, mode=Mode.FAKE)
+    sim = _steady(m, calib, x)
     sim.fake_ops = FakeOps.DEPLOYED
     want = _fresh(m, calib, x, fake_ops=FakeOps.DEPLOYED)
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
@@ -170,13 +170,7 @@ def test_fake_ops_and_platform_changes_give_fresh_bits():
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), plain)
     j6e = Simulator(m, "j6e")
     sim.platform = j6e.platform
-    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh_on(m, calib, x, "j6e"))
-
-
-def _fresh_on(m, calib, x, platform):
-    sim = Simulator(m, platform)
-    sim.calibrate(calib, progress=False)
-    return sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib, x, platform="j6e"))
 
 
 class WeightForms(nn.Module):
