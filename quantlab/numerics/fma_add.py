@@ -7,9 +7,19 @@ c = saturate(rne(fma(a, r_a, fma(b, r_b, fixed)))): two fused multiply-adds, eac
 (with zero points 0 the inner one is fl32(b * r_b)). quantlab's codes are symmetric
 (zero point 0); a runtime holding them as uint8 with zero point z sees a + z, b + z and
 returns c + z, which changes ``fixed`` and so the bits. Pure functions on integer tensors.
+
+Fast form: every exact value the two fused multiply-adds round is a multiple of 2**L, with L
+the lowest bit of r_a, r_b and ``fixed`` (a float32 rounding of a multiple of 2**L is one
+too). When the largest possible magnitude of each is below 2**(L + 53) (``float64_exact``,
+decided from the scalars and the code ranges), float64 holds each exactly, so each fused
+multiply-add is one float64 product and sum, rounded once to float32.
 """
 
 from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -70,7 +80,54 @@ def qlinear_add(
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
     fixed = zc - (ra * za + rb * zb)
     xa, yb = torch.broadcast_tensors(x, y)
-    rest = fma_float32(yb.to(torch.float32).add(float(zero_point)), rb, fixed)
-    v = fma_float32(xa.to(torch.float32).add(float(zero_point)), ra, rest)
-    r = round_float(v, Round.HALF_EVEN) - float(zero_point)
-    return r.clamp(out.qmin, out.qmax).to(out.torch_dtype)
+    zp = float(zero_point)
+    a_max, b_max = _code_bound(xa, zero_point), _code_bound(yb, zero_point)
+    if float64_exact(float(ra), float(rb), float(fixed), a_max, b_max):
+        # each sum below is exact in float64 (module doc): one rounding to float32 per fma
+        inner = yb.to(torch.float64)
+        if zero_point:
+            inner.add_(zp)
+        rest = inner.mul_(float(rb)).add_(float(fixed)).to(torch.float32)
+        outer = xa.to(torch.float64)
+        if zero_point:
+            outer.add_(zp)
+        v = outer.mul_(float(ra)).add_(rest).to(torch.float32).round_()
+    else:
+        rest = fma_float32(yb.to(torch.float32).add(zp), rb, fixed)
+        v = round_float(fma_float32(xa.to(torch.float32).add(zp), ra, rest), Round.HALF_EVEN)
+    if zero_point:
+        v.sub_(zp)
+    return v.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
+
+
+def _code_bound(codes: Tensor, zero_point: int) -> int:
+    """max|code + zero_point|: from the dtype for 8- and 16-bit codes, else measured."""
+    if codes.dtype in (torch.int8, torch.uint8, torch.int16):
+        info = torch.iinfo(codes.dtype)
+        return max(abs(info.min + zero_point), abs(info.max + zero_point))
+    if codes.numel() == 0:
+        return 0
+    lo, hi = torch.aminmax(codes)
+    return max(abs(int(lo) + zero_point), abs(int(hi) + zero_point))
+
+
+def _lowest_bit(v: float) -> int:
+    """An exponent L with the float32 ``v`` an integer multiple of 2**L."""
+    if v == 0:
+        return 1 << 30  # no constraint
+    return math.frexp(v)[1] - 24  # |v| = m * 2**e, 0.5 <= m < 1, m a 24-bit fraction
+
+
+@functools.lru_cache(maxsize=256)
+def float64_exact(ra: float, rb: float, fixed: float, a_max: int, b_max: int) -> bool:
+    """Whether float64 holds ``b * rb + fixed`` and ``a * ra + fl32(b * rb + fixed)`` exactly
+    for every integer |a| <= ``a_max``, |b| <= ``b_max`` (float32 ``ra``, ``rb``, ``fixed``):
+    both are multiples of 2**L (L the lowest bit of the three) of magnitude below 2**(L + 53).
+    A float32 rounding moves a value by at most 2**-24 of it or 2**-150 (subnormals), so
+    |fl32(u)| <= u (1 + 2**-23) + 2**-149."""
+    low = min(_lowest_bit(ra), _lowest_bit(rb), _lowest_bit(fixed))
+    limit = Fraction(2) ** (low + 53)
+    inner = b_max * abs(Fraction(rb)) + abs(Fraction(fixed))
+    rest = inner * (1 + Fraction(1, 1 << 23)) + Fraction(2) ** -149
+    outer = a_max * abs(Fraction(ra)) + rest
+    return inner < limit and outer < limit

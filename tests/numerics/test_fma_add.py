@@ -83,3 +83,72 @@ def test_qlinear_add_with_operand_zero_points_equals_reference():
         got = qlinear_add(x, float(sx), y, float(sy), float(so), out, 0, zps)
         want = ref_qlinear_add(x, sx, y, sy, so, out, 0, zps)
         assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+
+
+def _general_path(monkeypatch):
+    import quantlab.numerics.fma_add as fma_add
+
+    monkeypatch.setattr(fma_add, "float64_exact", lambda *args: False)
+
+
+@pytest.mark.parametrize("zero_point", [0, 128])
+def test_qlinear_add_float64_form_equals_the_fma_form(zero_point, monkeypatch):
+    """The float64 fast form gives the bits of the two-fma form on many random scales, on
+    power-of-two and equal scales (exact ties) and on scales whose products land on float32
+    midpoints (r = 1 + 2**-23 and 3 * 2**-k patterns), int8 and int16 codes."""
+    rng = np.random.default_rng(5 + zero_point)
+    cases = []
+    for case in range(60):
+        dt = DType.INT16 if case % 3 == 2 else DType.INT8
+        x = torch.from_numpy(rng.integers(dt.qmin, dt.qmax + 1, (4, 300))).to(dt.torch_dtype)
+        y = torch.from_numpy(rng.integers(dt.qmin, dt.qmax + 1, (4, 300))).to(dt.torch_dtype)
+        sx, sy = (
+            float(np.float32(rng.uniform(1e-4, 0.2))),
+            float(np.float32(rng.uniform(1e-4, 0.2))),
+        )
+        so = float(np.float32((sx + sy) * rng.uniform(0.3, 1.5)))
+        if case % 6 == 1:
+            sx, sy, so = 2.0**-5, 2.0**-7, 2.0**-6
+        if case % 6 == 3:
+            sx = sy = so = float(np.float32(rng.uniform(1e-3, 0.1)))
+        if case % 6 == 5:
+            so = 2.0**-8
+            sx, sy = so * (1 + 2.0**-23), so * 3 * 2.0 ** -int(rng.integers(1, 6))
+        zps = tuple(int(v) for v in rng.integers(-20, 20, 3)) if case % 2 else (0, 0, 0)
+        cases.append((x, sx, y, sy, so, dt, zps))
+    import quantlab.numerics.fma_add as fma_add
+
+    taken = []
+    real = fma_add.float64_exact
+    monkeypatch.setattr(fma_add, "float64_exact", lambda *a: taken.append(real(*a)) or taken[-1])
+    fast = [
+        qlinear_add(x, sx, y, sy, so, dt, zero_point, zps) for x, sx, y, sy, so, dt, zps in cases
+    ]
+    assert all(taken) and len(taken) == len(cases)  # every case ran the float64 form
+    _general_path(monkeypatch)
+    for got, (x, sx, y, sy, so, dt, zps) in zip(fast, cases):
+        assert_bits_equal(got, qlinear_add(x, sx, y, sy, so, dt, zero_point, zps))
+
+
+def test_float64_exact_decides_from_the_scalar_bits():
+    from quantlab.numerics.fma_add import float64_exact
+
+    assert float64_exact(0.7, 0.3, 0.0, 128, 128)
+    assert float64_exact(0.7, 0.3, 131.5, 256, 256)
+    # a ratio of 2**40 between the two terms' lowest bits leaves too few float64 bits
+    assert not float64_exact(2.0**30, 2.0**-12 * 1.1, 0.0, 1 << 15, 1 << 15)
+    assert not float64_exact(1.0, 1.0, 2.0**-60 * 1.3, 255, 255)
+
+
+def test_qlinear_add_with_extreme_scale_ratios_takes_the_fma_form_and_equals_reference():
+    rng = np.random.default_rng(41)
+    x = torch.from_numpy(rng.integers(-128, 128, (2, 30)).astype(np.int8))
+    y = torch.from_numpy(rng.integers(-128, 128, (2, 30)).astype(np.int8))
+    sx, sy, so = np.float32(3.0e3), np.float32(1.1e-9), np.float32(0.7)
+    from quantlab.numerics.fma_add import float64_exact
+
+    assert not float64_exact(float(sx / so), float(sy / so), 0.0, 128, 128)
+    got = qlinear_add(x, float(sx), y, float(sy), float(so), DType.INT8)
+    assert_bits_equal(
+        got, torch.from_numpy(ref_qlinear_add(x, sx, y, sy, so, DType.INT8)).to(torch.int8)
+    )
