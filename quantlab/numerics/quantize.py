@@ -190,6 +190,13 @@ def quantize(
     lo, hi = lo - zp, hi - zp  # clamp(r + zp, lo, hi) - zp = clamp(r, lo - zp, hi - zp)
     xf = x.to(torch.float32)
     s = _broadcast_scale(scale, xf, axis, "scale")
+    if stats is None and dtype is not DType.INT32 and lo <= 0 <= hi:
+        # in place on the fresh quotient: clamp keeps NaN and maps +-inf to the bounds, and
+        # NaN's code 0 lies inside [lo, hi], so clamp-then-NaN equals NaN-then-clamp
+        r = round_float_(_scaled(xf, s, divide), rounding).clamp_(lo, hi).nan_to_num_(nan=0.0)
+        if zp:
+            r.add_(zp)  # exact: integers below 2**24
+        return r.to(dtype.torch_dtype)
     r = round_float(_scaled(xf, s, divide), rounding)
     if dtype is DType.INT32:
         r = r.to(torch.float64)  # float32 cannot hold 2**31 - 1: compare and clamp exactly

@@ -190,3 +190,27 @@ def test_quantize_range_outside_the_dtype_or_empty_is_rejected():
         quantize(x, 1.0, DType.INT16, qmin=5, qmax=3)
     q = quantize(x, 1.0, DType.INT8, qmin=-127, qmax=100)  # a narrower range inside is fine
     assert q.tolist() == [1, 100, -127]
+
+
+@pytest.mark.parametrize("mode", list(Round))
+@pytest.mark.parametrize("dt", [DType.INT8, DType.UINT8, DType.INT16])
+def test_quantize_in_place_form_equals_the_counted_form_and_reference(mode, dt):
+    """The in-place per-tensor form (no stats) gives the bits of the counted form and of the
+    reference on ties, saturation, +-inf, NaN and -0, with and without a zero point, under
+    both divides and with a narrowed code range (with 0 outside it the general form runs)."""
+    from quantlab.numerics.quantize import Divide
+
+    g = torch.Generator().manual_seed(int(dt.bits) + len(mode.name))
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e30, -1e30])
+    x = torch.cat([torch.randn(3000, generator=g) * 80, tie_values().float() * 0.25, special])
+    zps = [0, dt.qmin + 3, dt.qmax - 5] if dt is not DType.INT16 else [0, -700]
+    for zp in zps:
+        for divide in Divide:
+            for qmin, qmax in [(None, None), (dt.qmin + 2, dt.qmax - 9)]:
+                kw = dict(rounding=mode, divide=divide, zero_point=zp, qmin=qmin, qmax=qmax)
+                fast = quantize(x, 0.25, dt, **kw)
+                counted = quantize(x, 0.25, dt, stats=QuantStats(), **kw)
+                assert_bits_equal(fast, counted)
+                if divide is Divide.BY_SCALE and qmin is None:
+                    want = ref.quantize(x, 0.25, dt, mode, zero_point=zp)
+                    assert_bits_equal(fast.to(torch.int64), torch.from_numpy(want))
