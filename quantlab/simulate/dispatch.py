@@ -24,7 +24,15 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fake
 from quantlab.simulate import args as A
-from quantlab.simulate import calls, fixed_embedding, fixed_lut, fixed_norm, fixed_ops, steady
+from quantlab.simulate import (
+    calls,
+    fixed_embedding,
+    fixed_lut,
+    fixed_norm,
+    fixed_ops,
+    same_grid,
+    steady,
+)
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
 from quantlab.simulate.op_route import OpRoute, make_route, route_matches
@@ -44,6 +52,7 @@ class _RunState:
     isolate: Trace | None = None
     qt: QTable = field(default_factory=QTable)
     producers: QTable = field(default_factory=QTable)
+    grid: QTable = field(default_factory=QTable)  # float ops' outputs on their input's grid
     order: list = field(default_factory=list)
     infos: dict = field(default_factory=dict)
     float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
@@ -110,6 +119,8 @@ class OpDispatch:
                 st.float_ops.add(call.name)
         elif call.result is not None:  # not modelled: ran in float already
             out, info = call.result, None
+            if mode is not Mode.FLOAT and not st.grad:
+                same_grid.record(call, out, st.qt, st.grid, mode is Mode.FIXED)
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
             out, info = call.run(), None
             if mode is Mode.FLOAT:

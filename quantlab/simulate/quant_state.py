@@ -28,7 +28,7 @@ from quantlab.numerics.quantize import (
 from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ActivationSymmetry, ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
-from quantlab.simulate import fixed_embedding, fixed_norm
+from quantlab.simulate import fixed_embedding, fixed_norm, same_grid
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_divide, qat_fake_quant
@@ -261,11 +261,18 @@ class QuantizationState:
         nothing else holds, which a no-gradient FAKE run may overwrite with the value)."""
         if dtype.is_float:
             return self.cast_float(name, x, dtype), QInfo(dtype)
+        grid = self._state.grid if self._state is not None else None
         if mode is not Mode.FIXED and self._learned_scales is None and not self._recording_grad():
             fq, info = self._fake_point(name, key, dtype, rq, bounds)
+            if bounds is None and grid is not None and self._on_grid(grid, x, info):
+                return x, info  # already on this grid: fq(x) would be x, bit for bit
             return fq(x, inplace=owned), info
         s = self.act_scale(name, key, dtype, rq)
         zp = self.act_zero_point(name, key, dtype, rq)
+        if mode is Mode.FIXED and grid is not None:
+            hit = same_grid.codes_on_grid(grid, x, dtype, s, zp, self.platform.fake_round)
+            if hit is not None and hit.codes is not None:
+                return x, hit  # the codes quantize would find; x is their dequantized value
         if mode is not Mode.FIXED and self._recording_grad():
             y = qat_fake_quant(
                 x.detach(), s, dtype, self.platform.fake_round, bounds=bounds, zero_point=zp
@@ -282,6 +289,13 @@ class QuantizationState:
             return y, QInfo(dtype, s, zero_point=zp)
         codes = quantize(x, s, dtype, self.platform.fake_round, zero_point=zp)
         return dequantize(codes, s, zero_point=zp), QInfo(dtype, s, codes, zp)
+
+    def _on_grid(self, grid, x: Tensor, info: QInfo) -> bool:
+        fr = self.platform.fake_round
+        return (
+            same_grid.codes_on_grid(grid, x, info.dtype, info.scale, info.zero_point, fr)
+            is not None
+        )
 
     def _fake_point(self, name: str, key: str, dtype: DType, rq, bounds):
         """(fake-quant function, QInfo) of activation point ``name/key`` at integer ``dtype``

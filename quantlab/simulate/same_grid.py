@@ -1,0 +1,101 @@
+"""Float ops whose output stays on their input's quantization grid, and the shortcut that
+follows: quantizing such an output again at the same grid finds the codes it already has.
+
+Two kinds of op are recognised (both run in float, not modelled):
+
+* an op that returns its input tensor itself, unchanged: eval-mode dropout (removed at
+  export), a cast to the dtype the tensor already has;
+* ``pad`` with mode "constant" and value 0: every value is an input value or 0, and 0 is the
+  code ``zero_point`` at any scale.
+
+Their outputs are recorded (``record``) with the input's ``QInfo`` (in FIXED mode with the
+padded codes). ``codes_on_grid`` then answers for a quantization at activation point
+(``dtype``, ``scale``, ``zero_point``, rounding): when the record has the same dtype and zero
+point and the same float32 scale value, and the rounding is to nearest, the codes are the
+recorded ones. Proof: a value on the grid is ``fl32((c - zp) * s)`` with |c - zp| <= 2**16;
+``fl32(v / s)`` (or ``fl32(v * fl32(1 / s))``) is within 3 * 2**-24 * 2**16 < 0.5 of ``c - zp``,
+so any round-to-nearest gives ``c - zp``, inside the dtype's code range (the clamp changes
+nothing). The value itself is returned unchanged: it is bit for bit ``dequantize`` of those
+codes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.rounding import Round
+from quantlab.simulate import calls
+from quantlab.simulate.qtensor import QInfo, QTable
+
+NEAREST = frozenset({Round.HALF_EVEN, Round.HALF_UP, Round.HALF_AWAY})
+DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout"})
+_PAD_NAMES = ("input", "pad", "mode", "value")
+
+
+def record(call, out, qt: QTable, grid: QTable, fixed: bool) -> None:
+    """Record ``out`` of the float op ``call`` on its input's grid in ``grid`` when it is one
+    of the two kinds (module doc) and its input carries an integer ``QInfo`` in ``qt`` (in
+    FIXED mode, with codes). Read before ``out``'s own entry in ``qt`` is replaced."""
+    if type(out) is not Tensor or not call.args or not isinstance(call.args[0], Tensor):
+        return
+    x = call.args[0]
+    info = qt.get(x)
+    if info is None or not info.dtype.is_int or info.scale is None:
+        return
+    if out is x:
+        if calls.is_inplace(call) or (call.op_type in DROPOUT and _training(call)):
+            return  # an in-place op or a training dropout changed the values
+        if not fixed or _codes_of(info, x) is not None:
+            grid.set(out, info)
+        return
+    if call.op_type != "pad" or not _zero_constant_pad(call):
+        return
+    if not fixed:
+        grid.set(out, QInfo(info.dtype, info.scale, zero_point=info.zero_point))
+        return
+    codes = _codes_of(info, x)
+    if codes is not None:
+        pad = call.args[1] if len(call.args) > 1 else call.kwargs["pad"]
+        padded = F.pad(codes, pad, mode="constant", value=info.zero_point)
+        if padded.shape == out.shape:
+            grid.set(out, QInfo(info.dtype, info.scale, padded, info.zero_point))
+
+
+def codes_on_grid(
+    grid: QTable, x: Tensor, dtype: DType, scale: Tensor, zero_point: int, rounding: Round
+) -> QInfo | None:
+    """``x``'s recorded grid as the ``QInfo`` quantizing it at (``dtype``, ``scale``,
+    ``zero_point``, ``rounding``) would give, or None when that needs the full pass."""
+    g = grid.get(x)
+    if g is None or g.dtype is not dtype or g.zero_point != zero_point:
+        return None
+    if rounding not in NEAREST:
+        return None
+    if g.scale is not scale and float(g.scale) != float(scale):
+        return None
+    return QInfo(dtype, scale, g.codes, zero_point)
+
+
+def _codes_of(info: QInfo, x: Tensor) -> Tensor | None:
+    c = info.codes
+    return c if c is not None and c.shape == x.shape else None
+
+
+def _training(call) -> bool:
+    """A dropout call's ``training`` flag (F.dropout's default is True)."""
+    if "training" in call.kwargs:
+        return bool(call.kwargs["training"])
+    return bool(call.args[2]) if len(call.args) > 2 else True
+
+
+def _zero_constant_pad(call) -> bool:
+    vals = dict(zip(_PAD_NAMES, call.args))
+    vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
+    if vals.get("mode", "constant") != "constant":
+        return False
+    v = vals.get("value")  # -0.0 is not the +0.0 that dequantizing the zero point gives
+    return v is None or (isinstance(v, (int, float)) and v == 0 and math.copysign(1, v) > 0)

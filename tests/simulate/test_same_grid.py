@@ -1,0 +1,136 @@
+"""Float ops that keep their input's grid (eval dropout, zero constant pad): quantizing their
+output again at the same grid returns the recorded codes instead of recomputing them, and every
+op's output is bit for bit what the full quantization gives, in FIXED and FAKE mode, with and
+without zero points, under observers whose scales differ between producer and consumer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from torch import nn
+
+import quantlab.simulate.same_grid as same_grid
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, Simulator
+
+
+class PadDropNet(nn.Module):
+    """Convolutions behind zero pads (as EfficientNet-Lite's 'same' padding), an eval dropout
+    before a matmul, and pads the shortcut must not take (value 0.5, -0.0, reflect)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3)
+        self.c2 = nn.Conv2d(8, 8, 3, groups=8)
+        self.c3 = nn.Conv2d(8, 8, 3)
+        self.c4 = nn.Conv2d(8, 8, 3)
+        self.c5 = nn.Conv2d(8, 8, 3)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = F.relu6(self.c1(x))
+        y = self.c2(F.pad(y, (1, 1, 1, 1)))
+        y = self.c3(F.pad(y, (0, 1, 0, 1), value=0.0))
+        z = self.c4(F.pad(y, (1, 1, 1, 1), value=0.5))
+        z = z + self.c5(F.pad(y, (1, 1, 1, 1), mode="reflect"))
+        z = self.c5(F.pad(z, (1, 1, 1, 1), value=-0.0))
+        h = self.drop(z.mean((2, 3)))
+        return self.head(h) @ self.drop(self.head.weight)
+
+
+def _net():
+    g = torch.Generator().manual_seed(4)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        m = PadDropNet().eval()
+    calib = [(torch.randn(2, 3, 12, 12, generator=g),) for _ in range(2)]
+    return m, calib, (torch.randn(2, 3, 12, 12, generator=g),)
+
+
+def _traces(platform, spec, mode, monkeypatch):
+    m, calib, x = _net()
+    sim = Simulator(m, platform, qconfig=spec)
+    sim.calibrate(calib, progress=False)
+    sim.run(*x, mode=mode)
+    hits = []
+    real = same_grid.codes_on_grid
+
+    def spy(*a):
+        hits.append(real(*a))
+        return hits[-1]
+
+    monkeypatch.setattr(same_grid, "codes_on_grid", spy)
+    fast = sim.trace(*x, mode=mode)
+    monkeypatch.setattr(same_grid, "codes_on_grid", lambda *a: None)
+    full = sim.trace(*x, mode=mode)
+    return fast, full, hits
+
+
+SPECS = {
+    "minmax": QConfigSpec(global_=OpQConfig(observer="MINMAX")),
+    "percentile": QConfigSpec(global_=OpQConfig(observer="PERCENTILE")),
+    # the padded convolutions' and the head's inputs on grids of their own: no shortcut
+    "other_scales": QConfigSpec(
+        global_=OpQConfig(observer="MINMAX"),
+        by_module={m: OpQConfig(observer="FIXED", clip_range=(-5.0, 5.0)) for m in ("c2", "head")},
+    ),
+    "asymmetric": QConfigSpec(
+        global_=OpQConfig(observer="MINMAX", activation_symmetry="ASYMMETRIC"),
+        by_type={"conv2d": OpQConfig(high_precision_output=False)},
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", [Mode.FIXED, Mode.FAKE])
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_same_grid_shortcut_gives_the_bits_of_full_quantization(platform, spec, mode, monkeypatch):
+    fast, full, hits = _traces(platform, SPECS[spec], mode, monkeypatch)
+    assert fast.order == full.order
+    for name in full.order:
+        a, b = fast.outputs[name], full.outputs[name]
+        if isinstance(b, torch.Tensor):
+            assert_bits_equal(a, b)
+        qa, qb = fast.qinfo.get(name), full.qinfo.get(name)
+        if qb is not None and qb.codes is not None:
+            assert_bits_equal(qa.codes, qb.codes)
+    assert_bits_equal(fast.result, full.result)
+    taken = sum(h is not None for h in hits)
+    if spec == "minmax":  # producer and consumer scales agree: the two zero pads and dropouts
+        assert taken >= 3
+    if spec == "other_scales":
+        assert taken == 0 and hits  # recorded, asked, refused: the scales differ
+
+
+def test_pads_with_other_values_or_modes_and_training_dropout_are_not_recorded():
+    from quantlab.capture import OpCall
+    from quantlab.numerics.dtypes import DType
+    from quantlab.simulate.qtensor import QInfo, QTable
+
+    x = torch.tensor([[1.0, -2.0]]) * 0.5
+    codes = torch.tensor([[2, -4]], dtype=torch.int8)
+    qt = QTable()
+    qt.set(x, QInfo(DType.INT8, torch.tensor(0.25), codes))
+
+    def recorded(op_type, func, args, kwargs, out) -> bool:
+        grid = QTable()
+        call = OpCall("op", op_type, None, "", 0, func, args, kwargs)
+        same_grid.record(call, out, qt, grid, fixed=True)
+        return grid.get(out) is not None
+
+    assert recorded("pad", F.pad, (x, (1, 1)), {}, F.pad(x, (1, 1)))
+    assert recorded("pad", F.pad, (x, (1, 1)), {"value": 0}, F.pad(x, (1, 1)))
+    assert not recorded("pad", F.pad, (x, (1, 1)), {"value": 0.5}, F.pad(x, (1, 1), value=0.5))
+    assert not recorded("pad", F.pad, (x, (1, 1)), {"value": -0.0}, F.pad(x, (1, 1), value=-0.0))
+    assert not recorded("pad", F.pad, (x, (1, 1), "replicate"), {}, F.pad(x, (1, 1), "replicate"))
+    assert recorded("dropout", F.dropout, (x, 0.2, False), {}, x)
+    assert not recorded("dropout", F.dropout, (x, 0.2), {"training": True, "inplace": True}, x)
+    assert not recorded("mul_", torch.Tensor.mul_, (x, 1.0), {}, x)
+    # a recorded pad carries the padded codes, the zero point in the new places
+    grid = QTable()
+    out = F.pad(x, (1, 2))
+    same_grid.record(OpCall("p", "pad", None, "", 0, F.pad, (x, (1, 2)), {}), out, qt, grid, True)
+    assert grid.get(out).codes.tolist() == [[0, 2, -4, 0, 0]]
