@@ -228,3 +228,69 @@ def test_j6_add_at_the_int32_bound_equals_the_reference(inter_shift, zero_points
             Round.HALF_UP, inter_shift, zero_points=(zx, zy, zo),
         )  # fmt: skip
         assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+
+
+def _chunked_calls(monkeypatch) -> list:
+    import quantlab.numerics.gemm.kernels as kernels
+
+    seen = []
+    real = kernels._sum_chunks_f64
+    monkeypatch.setattr(kernels, "_sum_chunks_f64", lambda parts: seen.append(1) or real(parts))
+    return seen
+
+
+def _matmul_ref(a, b) -> torch.Tensor:
+    return torch.matmul(a.to(torch.int64), b.to(torch.int64))
+
+
+@pytest.mark.parametrize("k", [1100, 1536, 4000])
+def test_measured_rows_run_one_float32_matmul_and_equal_int64(k, monkeypatch):
+    """K past the static 2**24 bound of int8 x int8 (1024 terms): rows of small codes (as after
+    a GELU) run as one float32 product; rows at the bound exactly (1024 * 128 * 128 = 2**24)
+    too; one unit more takes the chunks. Every result equals the int64 product."""
+    seen = _chunked_calls(monkeypatch)
+    g = torch.Generator().manual_seed(k)
+    b = _codes(g, (k, 48), torch.int8)
+    small = torch.randint(-6, 7, (2, 16, k), generator=g).to(torch.int8)
+    assert_bits_equal(int_matmul(small, b), _matmul_ref(small, b))
+    assert_bits_equal(int_linear(small, b.t().contiguous()), _matmul_ref(small, b))
+    assert not seen
+    full = torch.full((k,), -128, dtype=torch.int8)
+    at = torch.zeros(3, k, dtype=torch.int8)
+    at[:, :1024] = -128  # a sum of 1024 products 2**14: 2**24 exactly
+    wide = torch.full((k, 48), -128, dtype=torch.int8)
+    assert_bits_equal(int_matmul(at, wide), _matmul_ref(at, wide))
+    assert not seen
+    at[1, 1024] = 1
+    assert_bits_equal(int_matmul(at, wide), _matmul_ref(at, wide))
+    assert len(seen) == 1
+    adversarial = _codes(g, (4, k), torch.int8, adversarial=True)
+    assert_bits_equal(int_matmul(adversarial, b), _matmul_ref(adversarial, b))
+    assert_bits_equal(int_matmul(adversarial, full), _matmul_ref(adversarial, full))
+
+
+def test_measured_channels_run_one_pointwise_float32_conv_and_equal_int64(monkeypatch):
+    """A 1x1 convolution over 1152 int8 channels: small activations run as one float32 conv,
+    large ones (and any kxk convolution) take the chunks; each equals the int64 conv."""
+    import torch.nn.functional as F
+
+    seen = _chunked_calls(monkeypatch)
+    g = torch.Generator().manual_seed(8)
+    w = _codes(g, (40, 1152, 1, 1), torch.int8)
+    small = torch.randint(-9, 10, (1, 1152, 7, 7), generator=g).to(torch.int8)
+    big = _codes(g, (1, 1152, 7, 7), torch.int8, adversarial=True)
+
+    def ref_conv(x, w, **kw):
+        return F.conv2d(x.to(torch.int64), w.to(torch.int64), **kw)
+
+    for kw in ({}, {"stride": 2, "padding": 1}):
+        conv = prepare_conv(tuple(small.shape), torch.int8, w, 2, **kw)
+        assert_bits_equal(conv(small), ref_conv(small, w, **kw))
+        assert not seen
+        assert_bits_equal(conv(big), ref_conv(big, w, **kw))
+        assert seen
+        seen.clear()
+    w3 = _codes(g, (8, 1152, 3, 3), torch.int8)
+    conv = prepare_conv(tuple(small.shape), torch.int8, w3, 2, padding=1)
+    assert_bits_equal(conv(small), ref_conv(small, w3, padding=1))
+    assert seen  # 9 taps a unit: not the pointwise rule

@@ -66,9 +66,11 @@ def int_matmul(
             f"a has K={k} columns, b has {kb} rows"
         )
     disabled = ensure_selftest()
-    plan = plan_gemm(operand_bound(a), operand_bound(b), k, 1, path, disabled=disabled)
+    b_max = operand_bound(b)
+    plan = plan_gemm(operand_bound(a), b_max, k, 1, path, disabled=disabled)
+    measured = b_max if path is GemmPath.AUTO else None  # a forced path keeps its chunks
     with exact_float_kernels(a.device.type):
-        return matmul_planned(a, b, k, plan, as_int64, b_float32)
+        return matmul_planned(a, b, k, plan, as_int64, b_float32, measured)
 
 
 def _check_float32_copy(codes: Tensor, copy: Tensor | None, name: str) -> None:
@@ -148,8 +150,9 @@ class PreparedConv:
                 disabled=self.disabled,
             )
         with exact_float_kernels(x.device.type):
+            w_max = self.w_bound if self.path is GemmPath.AUTO else None
             out = conv_planned(
-                x, self.w, self.conv, self.kw, self.groups, self.cin_g, plan, self.w_float32
+                x, self.w, self.conv, self.kw, self.groups, self.cin_g, plan, self.w_float32, w_max
             )
         if as_int64:
             out = out.to(torch.int64)

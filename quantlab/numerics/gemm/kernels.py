@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from quantlab.numerics.gemm.plan import GemmPath, GemmPlan
+from quantlab.numerics.gemm.plan import FLOAT32_EXACT, GemmPath, GemmPlan
 from quantlab.numerics.rounding import Round, round_float
 
 
@@ -25,6 +25,19 @@ def _sum_chunks_f64(parts) -> Tensor:
     return acc
 
 
+def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1) -> bool:
+    """Whether one float32 product is exact for these operands whatever the kernel's order and
+    blocking: every partial sum of an output is a sum of some of its terms a_ik * b_kj, so at
+    most ``max_i sum_k |a_ik| * b_max`` in magnitude; at most 2**24, every one is an exact
+    integer. ``af``: the left operand's codes as float32, K along ``dim``; ``b_max``: a bound
+    on |b|. The row sums are taken in float64 (exact: integers below 2**53). One pass and one
+    host read."""
+    if af.numel() == 0:
+        return True
+    rows = af.abs().sum(dim, dtype=torch.float64)
+    return float(rows.amax()) * b_max <= FLOAT32_EXACT
+
+
 def matmul_planned(
     a: Tensor,
     b: Tensor,
@@ -32,18 +45,21 @@ def matmul_planned(
     plan: GemmPlan,
     as_int64: bool = True,
     b_float32: Tensor | None = None,
+    b_max: int | None = None,
 ) -> Tensor:
     """Exact ``a @ b`` (int8/int16 codes, K = ``k``) as int64 on ``plan``'s path; with
     ``as_int64=False`` a single-chunk FLOAT32 plan returns its float32 product as it is (exact
     integers below 2**24; callers that take float sums save the widening pass). ``b_float32``:
-    b's codes already cast to float32 (used instead of casting b)."""
+    b's codes already cast to float32 (used instead of casting b). ``b_max``: a bound on |b|;
+    given, a FLOAT32 plan that needs chunks runs as one product when ``a``'s measured rows
+    allow it (``rows_fit_float32``)."""
     if plan.path is GemmPath.INT64:
         return torch.matmul(a.to(torch.int64), b.to(torch.int64))
     if plan.path is GemmPath.FLOAT64:
         return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
     af = a.to(torch.float32)
     bf = b.to(torch.float32) if b_float32 is None else b_float32
-    if plan.chunk >= k:
+    if plan.chunk >= k or (b_max is not None and rows_fit_float32(af, b_max)):
         out = torch.matmul(af, bf)
         return out.to(torch.int64) if as_int64 else out
 
@@ -65,10 +81,14 @@ def conv_planned(
     cin_g: int,
     plan: GemmPlan,
     w_float32: Tensor | None = None,
+    w_max: int | None = None,
 ) -> Tensor:
     """Exact ``conv(x, w, **kw)`` (batched codes) on ``plan``'s path. A single-chunk FLOAT32
     plan returns the float32 conv itself (exact integers; callers widen it), every other path
-    int64. ``w_float32``: w's codes already cast to float32 (used instead of casting w)."""
+    int64. ``w_float32``: w's codes already cast to float32 (used instead of casting w).
+    ``w_max``: a bound on |w|; given, a 1x1 convolution without groups whose FLOAT32 plan needs
+    chunks runs as one conv when ``x``'s measured channel sums allow it (``rows_fit_float32``
+    along the channels: each output is a matmul row of one position)."""
     if plan.path is GemmPath.INT64:
         return conv(x.to(torch.int64), w.to(torch.int64), **kw)
     if plan.path is GemmPath.FLOAT64:
@@ -81,11 +101,13 @@ def conv_planned(
         both = _conv_chunks_f32(torch.cat([hi, lo]), wf, conv, kw, groups, cin_g, plan.chunk)
         n = x.shape[0]
         return (both[:n] * 256 + both[n:]).to(torch.int64)  # float64, exact below 2**53
+    xf = x.to(torch.float32)
     if plan.chunk >= cin_g:
-        return conv(x.to(torch.float32), wf, **kw)
-    return _conv_chunks_f32(x.to(torch.float32), wf, conv, kw, groups, cin_g, plan.chunk).to(
-        torch.int64
-    )
+        return conv(xf, wf, **kw)
+    pointwise = groups == 1 and all(d == 1 for d in w.shape[2:])
+    if w_max is not None and pointwise and rows_fit_float32(xf, w_max, dim=1):
+        return conv(xf, wf, **kw)
+    return _conv_chunks_f32(xf, wf, conv, kw, groups, cin_g, plan.chunk).to(torch.int64)
 
 
 def _conv_chunks_f32(xf: Tensor, wf: Tensor, conv, kw, groups: int, cin_g: int, chunk: int):
