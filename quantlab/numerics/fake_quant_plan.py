@@ -62,7 +62,7 @@ def fake_quant_fn(
     if divide is not Divide.BY_SCALE:
         return generic
     return functools.partial(
-        _by_scale, s=s, lo=lo - zp, hi=hi - zp, rounding=rounding, bounds=bounds
+        _by_scale, s=s, sf=s.item(), lo=lo - zp, hi=hi - zp, rounding=rounding, bounds=bounds
     )
 
 
@@ -84,10 +84,18 @@ def _reciprocal(
 
 
 def _by_scale(
-    x: Tensor, inplace: bool = False, *, s: Tensor, lo: int, hi: int, rounding: Round, bounds
+    x: Tensor,
+    inplace: bool = False,
+    *,
+    s: Tensor,
+    sf: float,
+    lo: int,
+    hi: int,
+    rounding: Round,
+    bounds,
 ) -> Tensor:
     if not x.is_floating_point():
         raise TypeError(f"quantize expects a float tensor, got {x.dtype}")
     if bounds is not None:
         x = torch.clamp(x, bounds[0], bounds[1])
-    return fake_quant_by_scale(x, s, lo, hi, rounding)
+    return fake_quant_by_scale(x, s, lo, hi, rounding, sf)

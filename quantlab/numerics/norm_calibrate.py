@@ -135,16 +135,20 @@ def norm_fake(
     out_dtype: DType,
     contract: NormContract = J6_NORM,
     rounding: Round = Round.HALF_EVEN,
+    affine: tuple[Tensor | None, Tensor | None] | None = None,
 ) -> Tensor:
     """The QAT form (float32): every step of norm.py on fake-quantized operands, fake-quantized
     to its scale and dtype by ``rounding`` (the plugin's FloatFunctional ops with int16 qconfig;
-    rsqrt exact, then fake quant). ``x`` is taken as given (already on its input grid)."""
+    rsqrt exact, then fake quant). ``x`` is taken as given (already on its input grid).
+    ``affine``: ``fake_affine`` of the same weight, bias, scales, contract and rounding, kept
+    by a caller that runs the norm again (else computed here)."""
     eps = check_eps(eps)
     out_dtype = DType.parse(out_dtype)
     if out_dtype not in CODE_DTYPES:
         raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
     scales.require(weight is not None, bias is not None)
     s, dt = scales, contract.inter_dtype
+    gamma, beta = affine or fake_affine(weight, bias, scales, contract, rounding)
 
     def fq(t: Tensor, scale: float, dtype: DType = dt) -> Tensor:
         return _planned_fake_quant(scale, dtype, rounding)(t)
@@ -157,13 +161,32 @@ def norm_fake(
     r = fq(torch.rsqrt(v + eps), s.rsqrt)
     last = weight is None and bias is None
     y = fq(d * r, out_scale if last else s.normed, out_dtype if last else dt).reshape(x.shape)
-    if weight is not None:
-        g = layout.affine(fq(weight.detach(), s.gamma, contract.affine_dtype), xf, "weight")
-        y = fq(y * g, out_scale, out_dtype) if bias is None else fq(y * g, s.scaled)
-    if bias is not None:
-        b = layout.affine(fq(bias.detach(), s.beta, contract.affine_dtype), xf, "bias")
-        y = fq(y + b, out_scale, out_dtype)
+    if gamma is not None:
+        g = layout.affine(gamma, xf, "weight")
+        y = fq(y * g, out_scale, out_dtype) if beta is None else fq(y * g, s.scaled)
+    if beta is not None:
+        y = fq(y + layout.affine(beta, xf, "bias"), out_scale, out_dtype)
     return y
+
+
+def fake_affine(
+    weight: Tensor | None,
+    bias: Tensor | None,
+    scales: NormScales,
+    contract: NormContract = J6_NORM,
+    rounding: Round = Round.HALF_EVEN,
+) -> tuple[Tensor | None, Tensor | None]:
+    """gamma and beta fake-quantized at their scales and the contract's affine dtype by
+    ``rounding`` (float32, their own shapes), as ``norm_fake`` uses them."""
+    scales.require(weight is not None, bias is not None)
+    dt = contract.affine_dtype
+    g = (
+        _planned_fake_quant(scales.gamma, dt, rounding)(weight.detach())
+        if weight is not None
+        else None
+    )
+    b = _planned_fake_quant(scales.beta, dt, rounding)(bias.detach()) if bias is not None else None
+    return g, b
 
 
 @functools.lru_cache(maxsize=4096)

@@ -332,19 +332,22 @@ def fake_quant(
     return dequantize(codes, scale, axis=axis, zero_point=zp)
 
 
-def fake_quant_by_scale(x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round) -> Tensor:
+def fake_quant_by_scale(
+    x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round, sf: float | None = None
+) -> Tensor:
     """Per-tensor ``Divide.BY_SCALE`` fake quant of ``x`` at the checked 0-d float32 scale
     ``s``, code range [lo, hi] already shifted by -zero_point, in place on one fresh float32
     tensor without gradient (like the codes): round(fl32(x / s)), NaN -> 0, clamp, + 0.0
     (code -0 -> +0), * s. The same float32 values as ``quantize`` then ``dequantize``
     (integer codes below 2**16 are exact in float32; their round trip only turns -0 into +0).
+    ``sf``: ``s`` as a Python float, when the caller holds it (no host read per call).
     """
     q = torch.div(x.detach().to(torch.float32), s)
     if lo <= 0 <= hi:
         # five passes, not six: a clamp to integer bounds commutes with the monotone rounding, and a
         # NaN (which both keep) becomes the code 0 inside [lo, hi] either before or after
         q = round_float_(q.clamp_(lo, hi), rounding).nan_to_num_(nan=0.0)
-        return times_scale_(q, s.item())
+        return times_scale_(q, s.item() if sf is None else sf)
     q = round_float_(q, rounding).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
     return q.clamp_(lo, hi).add_(0.0).mul_(s)
 

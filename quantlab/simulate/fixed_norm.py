@@ -20,7 +20,13 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.norm import NormLayout, NormScales, norm_constants, norm_fixed
-from quantlab.numerics.norm_calibrate import NormSteps, norm_fake, norm_steps, scales_from_steps
+from quantlab.numerics.norm_calibrate import (
+    NormSteps,
+    fake_affine,
+    norm_fake,
+    norm_steps,
+    scales_from_steps,
+)
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.qtensor import QInfo
@@ -232,16 +238,28 @@ def norm_fake_op(sim, call, plan, args, kwargs, in_infos, rq):
         return None
     out = rq.output_dtype
     so = fc.out_scale(sim, call, rq)
+    scales, contract, fr = (
+        norm_scales(sim, call.name),
+        sim.platform.norm_contract(),
+        sim.platform.fake_round,
+    )
+    w, b = nc.weight, nc.bias
+    # gamma and beta enter detached: their fake quant is kept by identity and version
+    key = (scales, w, b, _version(w), _version(b), contract, fr)
+    affine = sim.op_memo(
+        call.name, "fake_affine", key, lambda: fake_affine(w, b, scales, contract, fr)
+    )
     y = norm_fake(
         A.get(args, kwargs, plan.acts[0]),
         nc.layout,
-        nc.weight,
-        nc.bias,
+        w,
+        b,
         nc.eps,
-        norm_scales(sim, call.name),
+        scales,
         float(so),
         out,
-        sim.platform.norm_contract(),
-        sim.platform.fake_round,
+        contract,
+        fr,
+        affine=affine,
     )
     return y, QInfo(out, so.reshape(()))

@@ -118,7 +118,7 @@ def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = Fals
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
     out = rq.output_dtype
-    acc = (xc - zx) * (yc - zy)
+    acc = (xc - zx if zx else xc) * (yc - zy if zy else yc)
     # a scalar constant's code is +-CONSTANT_DTYPE.qmax (constant_codes); its scale is new
     # every call, so its constants are kept by the scalar's value
     x_const = not isinstance(A.get(args, kwargs, plan.acts[0]), Tensor)

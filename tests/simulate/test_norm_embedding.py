@@ -213,3 +213,36 @@ def test_calibrated_int8_index_changes_rows_and_fixed_scale_one_keeps_them():
 def test_embedding_index_option_rejects_unknown_names():
     with pytest.raises(ValueError, match="FIXED_ONE, CALIBRATED"):
         OpQConfig(embedding_index="ONE")
+
+
+def test_layer_norm_fake_follows_a_changed_gamma_and_beta(digits_j6m):
+    """gamma and beta's fake quant is kept between runs by identity and version: changing them
+    in place (an optimizer step) gives the composite of the new values."""
+    sim, x = digits_j6m
+    sim.trace(x, mode="fake")
+    name = next(n for n in sim.trace(x, mode="fake").order if sim._info[n].op_type == "layer_norm")
+    inf = sim._info[name]
+    m = sim.model.get_submodule(inf.module)
+    saved = (m.weight.detach().clone(), m.bias.detach().clone())
+    try:
+        with torch.no_grad():
+            m.weight.mul_(0.75)
+            m.bias.add_(0.05)
+        tr = sim.trace(x, mode="fake")
+        want = norm_fake(
+            tr.outputs[inf.producers[0]],
+            NormLayout.layer(m.normalized_shape),
+            m.weight,
+            m.bias,
+            m.eps,
+            norm_scales(sim, name),
+            float(tr.qinfo[name].scale),
+            tr.qinfo[name].dtype,
+            sim.platform.norm_contract(),
+            sim.platform.fake_round,
+        )
+        assert_bits_equal(tr.outputs[name], want)
+    finally:
+        with torch.no_grad():
+            m.weight.copy_(saved[0])
+            m.bias.copy_(saved[1])
