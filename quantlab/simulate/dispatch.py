@@ -321,6 +321,16 @@ class OpDispatch:
             out = torch.clamp(out, clamp[0], clamp[1])
         bounds = clamp if fuse else None
         res = self._quant_output(call, out, in_infos, rq, quant_out, mode, bounds)
+        if (
+            mode is Mode.FIXED
+            and call.op_type in same_grid.LAYOUT_OPS
+            and isinstance(res[1], list)
+            and not calls.is_inplace(call)
+        ):  # a layout op moves the codes as it moves the values
+            infos = same_grid.layout_codes(
+                call, r.fn, args, kwargs, plan.acts[0], in_infos[0], out, res[1]
+            )
+            res = (res[0], infos)
         if st.mode is Mode.FAKE and om is None and _steady(st):
             prep = steady.prepare(
                 self, call, r, plan, in_infos, arrived, wq, args, kwargs, bounds, *res

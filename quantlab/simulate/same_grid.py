@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -99,3 +100,48 @@ def _zero_constant_pad(call) -> bool:
         return False
     v = vals.get("value")  # -0.0 is not the +0.0 that dequantizing the zero point gives
     return v is None or (isinstance(v, (int, float)) and v == 0 and math.copysign(1, v) > 0)
+
+
+# pass-through ops that only move, select or copy elements (not relu / max pooling, which
+# compute on values): applied to the codes they give the output's codes
+LAYOUT_OPS = frozenset(
+    "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
+    "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
+    "getitem".split()
+)
+
+
+def layout_codes(call, fn, args, kwargs, slot, src: QInfo, out, infos: list) -> list:
+    """The output QInfos of a layout op (``LAYOUT_OPS``) with codes: ``fn`` applied to the
+    input's codes in place of its value (same arguments otherwise), leaf by leaf where a codes
+    leaf has its value leaf's shape; ``infos`` unchanged when the input has no codes."""
+    from torch.utils._pytree import tree_flatten
+
+    from quantlab.simulate import args as A
+
+    if any(isinstance(v, torch.dtype) for v in (*args, *kwargs.values())):
+        return infos  # a reinterpreting view (x.view(torch.int16)) is not a layout op
+    value = A.get(args, kwargs, slot)
+    if (
+        src is None
+        or src.codes is None
+        or not isinstance(value, Tensor)
+        or src.codes.shape != value.shape
+    ):
+        return infos
+    a2, k2 = list(args), dict(kwargs)
+    A.put(a2, k2, slot, src.codes)
+    coded = tree_flatten(fn(*a2, **k2))[0]
+    leaves = tree_flatten(out)[0]
+    if len(coded) != len(leaves):
+        return infos
+    return [
+        QInfo(i.dtype, i.scale, c, i.zero_point)
+        if isinstance(v, Tensor)
+        and v.is_floating_point()
+        and isinstance(c, Tensor)
+        and c.shape == v.shape
+        and not c.is_floating_point()
+        else i
+        for i, v, c in zip(infos, leaves, coded)
+    ]

@@ -134,3 +134,61 @@ def test_pads_with_other_values_or_modes_and_training_dropout_are_not_recorded()
     out = F.pad(x, (1, 2))
     same_grid.record(OpCall("p", "pad", None, "", 0, F.pad, (x, (1, 2)), {}), out, qt, grid, True)
     assert grid.get(out).codes.tolist() == [[0, 2, -4, 0, 0]]
+
+
+class HeadsNet(nn.Module):
+    """Attention-style layout ops between GEMMs: view, transpose, permute, chunk, indexing,
+    flatten, expand, contiguous, reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, 6)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q = q.view(b, t, 2, 8).transpose(1, 2)
+        k = k.reshape(b, t, 2, 8).permute(0, 2, 3, 1)
+        v = v.view(b, t, 2, 8).transpose(1, 2).contiguous()
+        att = torch.softmax(q @ k, dim=-1)
+        ctx = (att @ v).transpose(1, 2).flatten(2)
+        first = ctx[:, :1].expand(b, t, 16)
+        return self.out(ctx + first)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_layout_ops_carry_codes_with_the_bits_of_requantizing(platform, monkeypatch):
+    """In FIXED mode a layout op applies itself to the codes too: the next op takes them
+    instead of recovering them from the values (no quantize call), with the same bits."""
+    import quantlab.simulate.qtensor as qtensor
+
+    g = torch.Generator().manual_seed(2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        m = HeadsNet().eval()
+    x = torch.randn(2, 5, 16, generator=g)
+    sim = Simulator(m, platform)
+    sim.calibrate([(torch.randn(2, 5, 16, generator=g),)], progress=False)
+    sim.run(x, mode=Mode.FIXED)
+    recovered = []
+    real = qtensor.quantize
+    monkeypatch.setattr(qtensor, "quantize", lambda *a, **k: recovered.append(1) or real(*a, **k))
+    fast = sim.trace(x, mode=Mode.FIXED)
+    assert not recovered
+    monkeypatch.setattr(same_grid, "LAYOUT_OPS", frozenset())
+    full = sim.trace(x, mode=Mode.FIXED)
+    assert recovered  # without layout codes the GEMMs after the layout ops recover them
+    carried = 0
+    for name in full.order:
+        a, b = fast.outputs[name], full.outputs[name]
+        qa = fast.qinfo.get(name)
+        if isinstance(a, torch.Tensor):
+            assert_bits_equal(a.contiguous(), b.contiguous())
+        if isinstance(qa, list):  # a layout op's leaves: codes of its values
+            for leaf, info in zip(a if isinstance(a, tuple) else (a,), qa):
+                assert info.codes is not None
+                assert_bits_equal(info.codes, real(leaf, info.scale, info.dtype))
+                carried += 1
+    assert carried >= 10
+    assert_bits_equal(fast.result, full.result)
