@@ -13,6 +13,7 @@ alike. Y truncates 1 / sy, so the output is biased low by up to one part in Y.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -51,6 +52,8 @@ def _check(x: Tensor, out: DType) -> None:
         raise TypeError(f"x must hold integer codes, got {x.dtype}")
     if out.bits != 8 or not out.is_int:
         raise ValueError(f"out must be INT8 or UINT8 (the runtime's 8-bit kernel), got {out.name}")
+    if x.dtype in (torch.int8, torch.uint8):  # 256 codes: any row spans at most 255
+        return
     if x.numel() and int(x.max()) - int(x.min()) > 255:
         raise ValueError("x must hold 8-bit codes (a row spans at most 255 codes)")
 
@@ -69,15 +72,32 @@ def exp_table_softmax(
     _check(x, out)
     xm = torch.movedim(x.to(torch.int64), dim, -1)
     d = xm.shape[-1]
-    table = torch.from_numpy(exp_table(x_scale, d))
-    v = table[255 - (xm.amax(dim=-1, keepdim=True) - xm)]
-    total = torch.zeros(v.shape[:-1], dtype=torch.float32)
-    for j in range(d):  # one float32 addition per element, in order
-        total = total + v[..., j]
+    table = _table(float(np.float32(check_scale_float(x_scale, "x_scale"))), d)
+    v = table[(xm - xm.amax(dim=-1, keepdim=True)).add_(255)].contiguous()
+    total = torch.from_numpy(row_sums_in_order(v.numpy()))
     y = torch.tensor(output_multiplier(y_scale), dtype=torch.float32)
-    q = torch.round((v / total.unsqueeze(-1)) * y).to(torch.int64) + int(y_zero_point)
-    q = q.clamp(out.qmin, out.qmax).to(out.torch_dtype)
+    # in place on the gathered entries: fl32(fl32(T / sum) * Y), rounded half to even; the
+    # zero point and the bounds are small integers, exact in float32
+    q = v.div_(total.unsqueeze(-1)).mul_(y).round_()
+    if y_zero_point:
+        q.add_(int(y_zero_point))
+    q = q.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
     return torch.movedim(q, -1, dim)
+
+
+def row_sums_in_order(v: np.ndarray) -> np.ndarray:
+    """Float32 sums of the rows of ``v`` (last axis), one float32 addition per element in
+    element order: the last column of numpy's float32 ``add.accumulate``, which forms each
+    running sum from the previous one (no pairwise or wider accumulation)."""
+    if v.shape[-1] == 0:
+        return np.zeros(v.shape[:-1], dtype=np.float32)
+    return np.ascontiguousarray(np.add.accumulate(v, axis=-1, dtype=np.float32)[..., -1])
+
+
+@functools.lru_cache(maxsize=256)
+def _table(x_scale: float, reduce_len: int) -> Tensor:
+    """``exp_table`` as a float32 tensor, built once per (scale, row length)."""
+    return torch.from_numpy(exp_table(x_scale, reduce_len))
 
 
 def exp_table_softmax_reference(

@@ -81,8 +81,11 @@ def qlinear_add(
     fixed = zc - (ra * za + rb * zb)
     xa, yb = torch.broadcast_tensors(x, y)
     zp = float(zero_point)
-    a_max, b_max = _code_bound(xa, zero_point), _code_bound(yb, zero_point)
-    if float64_exact(float(ra), float(rb), float(fixed), a_max, b_max):
+    scalars = (float(ra), float(rb), float(fixed))
+    exact = float64_exact(*scalars, _code_bound(x, zero_point), _code_bound(y, zero_point))
+    if not exact and _dtype_bounded(x, y):  # the dtype's bound may be loose: measure the codes
+        exact = float64_exact(*scalars, _measured(x, zero_point), _measured(y, zero_point))
+    if exact:
         # each sum below is exact in float64 (module doc): one rounding to float32 per fma
         inner = yb.to(torch.float64)
         if zero_point:
@@ -100,21 +103,36 @@ def qlinear_add(
     return v.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
 
 
+SMALL_CODES = (torch.int8, torch.uint8, torch.int16)
+
+
 def _code_bound(codes: Tensor, zero_point: int) -> int:
     """max|code + zero_point|: from the dtype for 8- and 16-bit codes, else measured."""
-    if codes.dtype in (torch.int8, torch.uint8, torch.int16):
+    if codes.dtype in SMALL_CODES:
         info = torch.iinfo(codes.dtype)
         return max(abs(info.min + zero_point), abs(info.max + zero_point))
+    return _measured(codes, zero_point)
+
+
+def _dtype_bounded(*codes: Tensor) -> bool:
+    return any(c.dtype in SMALL_CODES for c in codes)
+
+
+def _measured(codes: Tensor, zero_point: int) -> int:
+    """max|code + zero_point| over the codes (one pass, before any broadcast)."""
     if codes.numel() == 0:
         return 0
     lo, hi = torch.aminmax(codes)
     return max(abs(int(lo) + zero_point), abs(int(hi) + zero_point))
 
 
+NO_BIT = 1 << 30  # the lowest bit of 0: no constraint
+
+
 def _lowest_bit(v: float) -> int:
     """An exponent L with the float32 ``v`` an integer multiple of 2**L."""
     if v == 0:
-        return 1 << 30  # no constraint
+        return NO_BIT
     return math.frexp(v)[1] - 24  # |v| = m * 2**e, 0.5 <= m < 1, m a 24-bit fraction
 
 
@@ -125,7 +143,12 @@ def float64_exact(ra: float, rb: float, fixed: float, a_max: int, b_max: int) ->
     both are multiples of 2**L (L the lowest bit of the three) of magnitude below 2**(L + 53).
     A float32 rounding moves a value by at most 2**-24 of it or 2**-150 (subnormals), so
     |fl32(u)| <= u (1 + 2**-23) + 2**-149."""
-    low = min(_lowest_bit(ra), _lowest_bit(rb), _lowest_bit(fixed))
+    # a term that is always 0 (codes bounded by 0) puts no bit in the sums
+    low = min(
+        _lowest_bit(ra) if a_max else NO_BIT,
+        _lowest_bit(rb) if b_max else NO_BIT,
+        _lowest_bit(fixed),
+    )
     limit = Fraction(2) ** (low + 53)
     inner = b_max * abs(Fraction(rb)) + abs(Fraction(fixed))
     rest = inner * (1 + Fraction(1, 1 << 23)) + Fraction(2) ** -149

@@ -140,15 +140,16 @@ def const(c: float) -> tuple[Tensor, Tensor]:
     return constant_codes(c)
 
 
-def operand(args, kwargs, slot, info, zero_point: bool = False):
+def operand(args, kwargs, slot, info, zero_point: bool = False, native: bool = False):
     """(codes int64, scale) of a tensor operand with integer quantization, or of a nonzero
     scalar constant; None when the operand is neither. ``zero_point``: also a tensor with a
-    zero point, as (codes, scale, zero point) (a constant's is 0)."""
+    zero point, as (codes, scale, zero point) (a constant's is 0). ``native``: a tensor's
+    codes in their own dtype (int8 / uint8 / int16), for kernels that widen them."""
     v = A.get(args, kwargs, slot)
     if isinstance(v, Tensor):
         if not (zp_info(info) if zero_point else int_info(info)):
             return None
-        res = (info.codes_of(v), info.scale)
+        res = (info.codes_native(v) if native else info.codes_of(v), info.scale)
         return (*res, info.zero_point) if zero_point else res
     if isinstance(v, (int, float)) and v != 0:
         res = const(float(v))

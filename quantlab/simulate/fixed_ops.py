@@ -81,8 +81,9 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     p = sim.platform
     if not rq.output_dtype.is_int or len(plan.acts) != 2 or kwargs.get("alpha", 1) != 1:
         return None
-    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True)
-    b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True)
+    # codes in their own dtype: every add rule widens them itself (and bounds them by it)
+    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True, native=True)
+    b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True, native=True)
     if a is None or b is None:
         return None
     (xc, xs, zx), (yc, ys, zy) = a, b
@@ -92,8 +93,8 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     k = fc.inter_add_constants(sim, call.name, xs, ys, so, out)
     if call.op_type != "sub":
         codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
-    elif _reversed(call):  # c - x: the add of -x and c, in this operand order
-        codes = fc.add_codes(p, -xc, xs, yc, ys, so, out, (-zx, zy, zo), k)
+    elif _reversed(call):  # c - x: the add of -x and c, in this operand order (-(-128): int64)
+        codes = fc.add_codes(p, -xc.to(torch.int64), xs, yc, ys, so, out, (-zx, zy, zo), k)
     else:
         codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
     return fc.emit(codes, so, out, zo)

@@ -63,3 +63,29 @@ def test_exp_table_softmax_rejects_what_the_kernel_does_not_take():
         exp_table_softmax(x.float(), 0.1, -1, 1 / 256, DType.INT8)
     with pytest.raises(ValueError, match="y_scale"):
         exp_table_softmax(x, 0.1, -1, 0.0, DType.INT8)
+
+
+def test_row_sums_add_in_element_order_in_float32():
+    """The row sum is the running float32 sum, not numpy's pairwise sum nor a wider one: on
+    rows mixing magnitudes (where the order changes the bits) it equals a scalar loop."""
+    from quantlab.numerics.exp_table_softmax import row_sums_in_order
+
+    rng = np.random.default_rng(5)
+    v = (rng.uniform(0, 1, (40, 700)) * 10.0 ** rng.integers(-6, 6, (40, 700))).astype(np.float32)
+    want = np.zeros(40, dtype=np.float32)
+    for r in range(40):
+        for t in v[r]:
+            want[r] = np.float32(want[r] + t)
+    got = row_sums_in_order(v)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
+    assert not np.array_equal(v.sum(axis=-1).view(np.int32), want.view(np.int32))
+    assert not np.array_equal(v.astype(np.float64).sum(-1).astype(np.float32), want)
+
+
+@pytest.mark.parametrize("d", [128, 513])
+def test_exp_table_softmax_long_rows_match_reference(d):
+    rng = np.random.default_rng(d)
+    x = torch.from_numpy(rng.integers(-128, 128, (2, 3, d))).to(torch.int8)
+    got = exp_table_softmax(x, 0.07, -1, 1 / 256, DType.UINT8, 0)
+    want = exp_table_softmax_reference(x.numpy(), 0.07, -1, 1 / 256, DType.UINT8, 0)
+    assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))

@@ -152,3 +152,27 @@ def test_qlinear_add_with_extreme_scale_ratios_takes_the_fma_form_and_equals_ref
     assert_bits_equal(
         got, torch.from_numpy(ref_qlinear_add(x, sx, y, sy, so, DType.INT8)).to(torch.int8)
     )
+
+
+def test_an_all_zero_operand_puts_no_bit_in_the_proof(monkeypatch):
+    """An operand whose codes are all 0 (a padding mask's zeros at a tiny scale) leaves its
+    ratio out of the lowest-bit bound once its codes are measured (the int8 dtype bound does
+    not prove it): the float64 form runs, with the reference's bits."""
+    import quantlab.numerics.fma_add as fma_add
+    from quantlab.numerics.fma_add import float64_exact
+
+    general = []
+    real = fma_add.fma_float32
+    monkeypatch.setattr(fma_add, "fma_float32", lambda *a: general.append(1) or real(*a))
+
+    assert float64_exact(1.0, 2.1796731175527384e-07, -3.0517578125e-05, 231, 0)
+    assert not float64_exact(1.0, 2.1796731175527384e-07, -3.0517578125e-05, 231, 1)
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.integers(-128, 128, (4, 64)).astype(np.int8))
+    y = torch.zeros(1, 64, dtype=torch.int8)
+    sx, sy, so = np.float32(0.05), np.float32(1.1e-8), np.float32(0.05)
+    for zp in (0, 128):  # held as uint8 (128), the zeros are 128: the term is not 0
+        got = qlinear_add(x, float(sx), y, float(sy), float(so), DType.INT8, zp)
+        want = ref_qlinear_add(x, sx, y, sy, so, DType.INT8, zp)
+        assert_bits_equal(got, torch.from_numpy(want).to(torch.int8))
+        assert bool(general) == bool(zp)
