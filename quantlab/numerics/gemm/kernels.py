@@ -25,17 +25,23 @@ def _sum_chunks_f64(parts) -> Tensor:
     return acc
 
 
-def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1) -> bool:
+def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1, a_max: int = 32768) -> bool:
     """Whether one float32 product is exact for these operands whatever the kernel's order and
     blocking: every partial sum of an output is a sum of some of its terms a_ik * b_kj, so at
     most ``max_i sum_k |a_ik| * b_max`` in magnitude; at most 2**24, every one is an exact
     integer. ``af``: the left operand's codes as float32, K along ``dim``; ``b_max``: a bound
-    on |b|. The row sums are taken in float64 (exact: integers below 2**53). One pass and one
-    host read."""
+    on |b|; ``a_max``: on |a| (128 for int8 codes). The row sums are exact: in float32 while
+    K * a_max <= 2**24, else in float64. One pass and one host read."""
     if af.numel() == 0:
         return True
-    rows = af.abs().sum(dim, dtype=torch.float64)
+    # float32 row sums are exact while a row's largest possible sum, K * a_max, is <= 2**24
+    wide = af.shape[dim] * a_max > FLOAT32_EXACT
+    rows = af.abs().sum(dim, dtype=torch.float64 if wide else None)
     return float(rows.amax()) * b_max <= FLOAT32_EXACT
+
+
+def _a_max(codes: Tensor) -> int:
+    return 128 if codes.dtype == torch.int8 else 32768
 
 
 def matmul_planned(
@@ -59,7 +65,7 @@ def matmul_planned(
         return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
     af = a.to(torch.float32)
     bf = b.to(torch.float32) if b_float32 is None else b_float32
-    if plan.chunk >= k or (b_max is not None and rows_fit_float32(af, b_max)):
+    if plan.chunk >= k or (b_max is not None and rows_fit_float32(af, b_max, -1, _a_max(a))):
         out = torch.matmul(af, bf)
         return out.to(torch.int64) if as_int64 else out
 
@@ -105,7 +111,7 @@ def conv_planned(
     if plan.chunk >= cin_g:
         return conv(xf, wf, **kw)
     pointwise = groups == 1 and all(d == 1 for d in w.shape[2:])
-    if w_max is not None and pointwise and rows_fit_float32(xf, w_max, dim=1):
+    if w_max is not None and pointwise and rows_fit_float32(xf, w_max, 1, _a_max(x)):
         return conv(xf, wf, **kw)
     return _conv_chunks_f32(xf, wf, conv, kw, groups, cin_g, plan.chunk).to(torch.int64)
 
