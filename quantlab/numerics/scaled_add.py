@@ -92,6 +92,10 @@ def add_inter_scale(
             x_scale, y_scale, out_scale, out, scheme, rounding, inter_shift, mult_bits
         )
     s, params = constants.inter, constants.requant.params
+    if not (zx or zy or zo) and stats is None:
+        form = _float64_form(constants, _centred_max(x, 0), _centred_max(y, 0))
+        if form is not None:
+            return _add_float64(x, y, form, out)
     xa, ya = x.to(torch.int64), y.to(torch.int64)
     if zx:
         xa = xa - zx
@@ -111,6 +115,37 @@ class AddConstants:
 
     inter: InterScale
     requant: Int32Requant  # by inter / out_scale (its params: the encoded multiplier)
+
+
+FLOAT64_EXACT = 1 << 53
+
+
+def _float64_form(k: AddConstants, cx: int, cy: int) -> tuple[float, float, float] | None:
+    """(mx * q * 2**-n, my * q * 2**-n, 2**(n-1) * 2**-n) when the fast requantization
+    floor((x * mx * q + y * my * q + 2**(n-1)) / 2**n) is exact in float64 for |x| <= cx,
+    |y| <= cy: every term and partial sum is an integer multiple of 2**-n below 2**53 of them
+    (``cx * mx * q + cy * my * q + 2**(n-1) <= 2**53``), and the accumulator never leaves
+    int32 (so the contract's clamp is idle); else None."""
+    r, s = k.requant, k.inter
+    if not r.fast or cx * s.mx + cy * s.my > INT32_MAX:
+        return None
+    q, n = int(r.params.multiplier), int(r.shift)
+    if cx * s.mx * q + cy * s.my * q + (1 << (n - 1)) > FLOAT64_EXACT or n > 1000:
+        return None
+    step = 2.0**-n
+    return float(s.mx * q) * step, float(s.my * q) * step, 0.5
+
+
+def _add_float64(x: Tensor, y: Tensor, form: tuple[float, float, float], out: DType) -> Tensor:
+    """``_float64_form``'s sum, floored, saturated to ``out`` (its codes): each step exact."""
+    a, b, half = form
+    t = x.to(torch.float64)
+    t.mul_(a)
+    if t.shape == torch.broadcast_shapes(t.shape, y.shape):
+        t.add_(y, alpha=b)  # y widened to float64 inside the kernel: y * b, then the sum
+    else:
+        t = t + y.to(torch.float64).mul_(b)
+    return t.add_(half).floor_().clamp_(out.qmin, out.qmax).to(out.torch_dtype)
 
 
 # (scale values, out, scheme, rounding, inter_shift, mult_bits) -> AddConstants: pure

@@ -294,3 +294,39 @@ def test_measured_channels_run_one_pointwise_float32_conv_and_equal_int64(monkey
     conv = prepare_conv(tuple(small.shape), torch.int8, w3, 2, padding=1)
     assert_bits_equal(conv(small), ref_conv(small, w3, padding=1))
     assert seen  # 9 taps a unit: not the pointwise rule
+
+
+@pytest.mark.parametrize("dt", [DType.INT8, DType.INT16])
+def test_j6_add_float64_form_equals_int64_form_and_reference(dt, monkeypatch):
+    """The J6 add in float64 passes (when its bound proves every step exact) gives the int64
+    form's and the reference's codes: extreme codes, ties of the half-up rounding (equal and
+    power-of-two scales), broadcasting either way, scales far apart, int8 and int16 outputs."""
+    import quantlab.numerics.scaled_add as scaled_add
+
+    g = torch.Generator().manual_seed(dt.bits)
+    info = torch.iinfo(dt.torch_dtype)
+    ext = torch.tensor([info.min, info.max, info.min + 1, 0, 1, -1])
+    x = torch.cat([ext, ext, torch.randint(info.min, info.max + 1, (500,), generator=g)])
+    y = torch.cat([ext, ext.flip(0), torch.randint(info.min, info.max + 1, (500,), generator=g)])
+    x, y = x.to(dt.torch_dtype), y.to(dt.torch_dtype)
+    scale_sets = [(0.01, 0.01, 0.02), (2.0**-6, 2.0**-7, 2.0**-6), (0.013, 0.0041, 3e-4)]
+    scale_sets += [(0.5, 1e-4, 0.25), (0.03, 0.07, 0.05)]
+    operands = [(x, y), (x.reshape(2, -1), y.reshape(2, -1)[:1]), (x[:4].reshape(4, 1), y)]
+    forms = []
+    real = scaled_add._float64_form
+    monkeypatch.setattr(scaled_add, "_float64_form", lambda *a: forms.append(real(*a)) or forms[-1])
+    for out in (DType.INT8, DType.INT16):
+        for sx, sy, so in scale_sets:
+            for a, b in operands:
+                args = (a, sx, b, sy, so, out, Requant.MUL_SHIFT, Round.HALF_UP)
+                got = add_inter_scale(*args)
+                want = ref.add_inter_scale(*args)
+                assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+                with monkeypatch.context() as m:
+                    m.setattr(scaled_add, "_float64_form", lambda *a: None)
+                    assert_bits_equal(got, add_inter_scale(*args))
+    taken = sum(f is not None for f in forms)
+    if dt is DType.INT8:
+        assert taken >= len(forms) // 2  # the float64 form ran for most cases
+    else:  # int16 codes times 2**14 times a 31-bit multiplier pass 2**53: the int64 form
+        assert taken == 0
