@@ -246,8 +246,8 @@ def _matmul_ref(a, b) -> torch.Tensor:
 @pytest.mark.parametrize("k", [1100, 1536, 4000])
 def test_measured_rows_run_one_float32_matmul_and_equal_int64(k, monkeypatch):
     """K past the static 2**24 bound of int8 x int8 (1024 terms): rows of small codes (as after
-    a GELU) run as one float32 product; rows at the bound exactly (1024 * 128 * 128 = 2**24)
-    too; one unit more takes the chunks. Every result equals the int64 product."""
+    a GELU) run as one float32 product; rows just below the bound (1023 * 128 * 128) too; rows
+    at it (2**24) take the chunks. Every result equals the int64 product."""
     seen = _chunked_calls(monkeypatch)
     g = torch.Generator().manual_seed(k)
     b = _codes(g, (k, 48), torch.int8)
@@ -257,11 +257,11 @@ def test_measured_rows_run_one_float32_matmul_and_equal_int64(k, monkeypatch):
     assert not seen
     full = torch.full((k,), -128, dtype=torch.int8)
     at = torch.zeros(3, k, dtype=torch.int8)
-    at[:, :1024] = -128  # a sum of 1024 products 2**14: 2**24 exactly
+    at[:, :1023] = -128  # a sum of 1023 products 2**14: 2**24 - 2**14
     wide = torch.full((k, 48), -128, dtype=torch.int8)
     assert_bits_equal(int_matmul(at, wide), _matmul_ref(at, wide))
     assert not seen
-    at[1, 1024] = 1
+    at[1, 1023] = -128  # 2**24: the check is strict
     assert_bits_equal(int_matmul(at, wide), _matmul_ref(at, wide))
     assert len(seen) == 1
     adversarial = _codes(g, (4, k), torch.int8, adversarial=True)
@@ -330,3 +330,17 @@ def test_j6_add_float64_form_equals_int64_form_and_reference(dt, monkeypatch):
         assert taken >= len(forms) // 2  # the float64 form ran for most cases
     else:  # int16 codes times 2**14 times a 31-bit multiplier pass 2**53: the int64 form
         assert taken == 0
+
+
+def test_row_check_is_a_proof_when_float32_row_sums_round():
+    """int16 rows whose float32 sums round: 512 * 32768 + 1 sums to 2**24 in float32 (ties to
+    even), and the strict check still refuses it; exact sums below 2**24 pass."""
+    from quantlab.numerics.gemm.kernels import rows_fit_float32
+
+    row = torch.full((1, 513), 32768.0)
+    row[0, -1] = 1.0
+    assert float(row.abs().sum(-1)) == 2.0**24  # the rounded sum
+    assert not rows_fit_float32(row, 1)
+    row[0, 0] = 32766.0  # 2**24 - 1 exactly
+    assert rows_fit_float32(row, 1) and not rows_fit_float32(row, 2)
+    assert rows_fit_float32(torch.zeros(0, 5), 128)

@@ -25,23 +25,18 @@ def _sum_chunks_f64(parts) -> Tensor:
     return acc
 
 
-def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1, a_max: int = 32768) -> bool:
+def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1) -> bool:
     """Whether one float32 product is exact for these operands whatever the kernel's order and
     blocking: every partial sum of an output is a sum of some of its terms a_ik * b_kj, so at
-    most ``max_i sum_k |a_ik| * b_max`` in magnitude; at most 2**24, every one is an exact
+    most ``max_i sum_k |a_ik| * b_max`` in magnitude; below 2**24, every one is an exact
     integer. ``af``: the left operand's codes as float32, K along ``dim``; ``b_max``: a bound
-    on |b|; ``a_max``: on |a| (128 for int8 codes). The row sums are exact: in float32 while
-    K * a_max <= 2**24, else in float64. One pass and one host read."""
+    on |b|. The row sums are float32 sums of nonnegative integers, in any order: each is
+    exact up to 2**24 and at least min(true sum, 2**24) beyond (rounding is monotone and
+    2**24 is a float32), so ``sum * b_max < 2**24`` proves ``true sum * b_max < 2**24``. One
+    pass and one host read."""
     if af.numel() == 0:
         return True
-    # float32 row sums are exact while a row's largest possible sum, K * a_max, is <= 2**24
-    wide = af.shape[dim] * a_max > FLOAT32_EXACT
-    rows = af.abs().sum(dim, dtype=torch.float64 if wide else None)
-    return float(rows.amax()) * b_max <= FLOAT32_EXACT
-
-
-def _a_max(codes: Tensor) -> int:
-    return 128 if codes.dtype == torch.int8 else 32768
+    return float(af.abs().sum(dim).amax()) * b_max < FLOAT32_EXACT
 
 
 def matmul_planned(
@@ -65,7 +60,7 @@ def matmul_planned(
         return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(torch.int64)
     af = a.to(torch.float32)
     bf = b.to(torch.float32) if b_float32 is None else b_float32
-    if plan.chunk >= k or (b_max is not None and rows_fit_float32(af, b_max, -1, _a_max(a))):
+    if plan.chunk >= k or (b_max is not None and rows_fit_float32(af, b_max)):
         out = torch.matmul(af, bf)
         return out.to(torch.int64) if as_int64 else out
 
@@ -111,7 +106,7 @@ def conv_planned(
     if plan.chunk >= cin_g:
         return conv(xf, wf, **kw)
     pointwise = groups == 1 and all(d == 1 for d in w.shape[2:])
-    if w_max is not None and pointwise and rows_fit_float32(xf, w_max, 1, _a_max(x)):
+    if w_max is not None and pointwise and rows_fit_float32(xf, w_max, dim=1):
         return conv(xf, wf, **kw)
     return _conv_chunks_f32(xf, wf, conv, kw, groups, cin_g, plan.chunk).to(torch.int64)
 

@@ -7,7 +7,7 @@ magnitude <= 2**p, so no rounding ever happens.
 * FLOAT32 on K-chunks: K is split so that each chunk meets the 2**24 bound (int8 x int8 with
   max|a| = max|b| = 128: 1024 terms); chunk results are summed in float64, exact while the whole
   sum is <= 2**53. Under AUTO, a matmul or 1x1 convolution whose measured left rows keep
-  sum_k |a_k| * max|b| <= 2**24 runs as one product instead (``kernels.rows_fit_float32``).
+  sum_k |a_k| * max|b| < 2**24 runs as one product instead (``kernels.rows_fit_float32``).
 * FLOAT32_SPLIT (convolutions): the left operand is split exactly into 256 * hi + lo.
 * FLOAT64 directly (int16 operands): exact for K * max|a| * max|b| <= 2**53.
 * INT64 torch kernels: slow, exact below 2**63 (used when neither bound holds).
