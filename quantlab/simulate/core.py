@@ -304,7 +304,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             with (
                 torch.enable_grad() if st.grad else torch.no_grad(),
                 self._tracker,
-                CaptureMode(self._tracker, self._handle, st.qt.drop),
+                CaptureMode(self._tracker, self._handle, st.forget),
             ):
                 out = self.model(*inputs)
         finally:

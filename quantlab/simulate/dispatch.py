@@ -61,6 +61,11 @@ class _RunState:
     float16_overflow: dict = field(default_factory=dict)  # op -> values beyond +-65504 cast
     grad: bool = False  # record gradients (training runs: straight-through estimators)
 
+    def forget(self, t: Tensor) -> None:
+        """A float op changed ``t`` in place: its codes and its grid no longer hold."""
+        self.qt.drop(t)
+        self.grid.drop(t)
+
 
 class OpDispatch:
     """The Simulator's per-call handler and the quantized run of one op."""

@@ -44,12 +44,13 @@ def record(call, out, qt: QTable, grid: QTable, fixed: bool) -> None:
     if type(out) is not Tensor or not call.args or not isinstance(call.args[0], Tensor):
         return
     x = call.args[0]
+    if out is x and (calls.is_inplace(call) or (call.op_type in DROPOUT and _training(call))):
+        grid.drop(out)  # an in-place op or a training dropout changed the values
+        return
     info = qt.get(x)
     if info is None or not info.dtype.is_int or info.scale is None:
-        return
+        return  # (an unchanged x keeps the grid it may have)
     if out is x:
-        if calls.is_inplace(call) or (call.op_type in DROPOUT and _training(call)):
-            return  # an in-place op or a training dropout changed the values
         if not fixed or _codes_of(info, x) is not None:
             grid.set(out, info)
         return

@@ -192,3 +192,35 @@ def test_layout_ops_carry_codes_with_the_bits_of_requantizing(platform, monkeypa
                 carried += 1
     assert carried >= 10
     assert_bits_equal(fast.result, full.result)
+
+
+class MutatedNet(nn.Module):
+    """An eval dropout's output changed in place by float ops before a GEMM reads it."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.a, self.b, self.how = nn.Linear(6, 6), nn.Linear(6, 3), how
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        h = self.drop(self.a(x))
+        if self.how == "setitem":
+            h[:, 0] = 0.123
+        else:
+            h.masked_fill_(h > 0.2, 0.37)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("how", ["setitem", "masked_fill_"])
+@pytest.mark.parametrize("mode", [Mode.FIXED, Mode.FAKE])
+def test_a_grid_is_forgotten_when_a_float_op_changes_the_tensor(how, mode, monkeypatch):
+    g = torch.Generator().manual_seed(6)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(6)
+        m = MutatedNet(how).eval()
+    x = torch.randn(4, 6, generator=g)
+    sim = Simulator(m, "j6m", qconfig=SPECS["minmax"])
+    sim.calibrate([(torch.randn(4, 6, generator=g),)], progress=False)
+    fast = sim.run(x, mode=mode)
+    monkeypatch.setattr(same_grid, "codes_on_grid", lambda *a: None)
+    assert_bits_equal(fast, sim.run(x, mode=mode))
