@@ -333,7 +333,7 @@ class OpDispatch:
             and not calls.is_inplace(call)
         ):  # a layout op moves the codes as it moves the values
             infos = same_grid.layout_codes(
-                call, r.fn, args, kwargs, plan.acts[0], in_infos[0], out, res[1]
+                r.fn, args, kwargs, plan.acts[0], in_infos[0], out, res[1]
             )
             res = (res[0], infos)
         if st.mode is Mode.FAKE and om is None and _steady(st):

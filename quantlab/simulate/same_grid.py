@@ -1,5 +1,7 @@
-"""Float ops whose output stays on their input's quantization grid, and the shortcut that
-follows: quantizing such an output again at the same grid finds the codes it already has.
+"""Codes that follow values through ops that do not change them, so nothing has to find them
+again: float ops whose output stays on their input's grid (below), and layout ops (view,
+transpose, indexing, ...) whose codes are the same op applied to the input's codes
+(``layout_codes``).
 
 Two kinds of op are recognised (both run in float, not modelled):
 
@@ -26,14 +28,15 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.rounding import Round
+from quantlab.simulate import args as A
 from quantlab.simulate import calls
 from quantlab.simulate.qtensor import QInfo, QTable
 
 NEAREST = frozenset({Round.HALF_EVEN, Round.HALF_UP, Round.HALF_AWAY})
-DROPOUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout"})
 _PAD_NAMES = ("input", "pad", "mode", "value")
 
 
@@ -44,7 +47,7 @@ def record(call, out, qt: QTable, grid: QTable, fixed: bool) -> None:
     if type(out) is not Tensor or not call.args or not isinstance(call.args[0], Tensor):
         return
     x = call.args[0]
-    if out is x and (calls.is_inplace(call) or (call.op_type in DROPOUT and _training(call))):
+    if out is x and (calls.is_inplace(call) or ("dropout" in call.op_type and _training(call))):
         grid.drop(out)  # an in-place op or a training dropout changed the values
         return
     info = qt.get(x)
@@ -88,7 +91,7 @@ def _codes_of(info: QInfo, x: Tensor) -> Tensor | None:
 
 
 def _training(call) -> bool:
-    """A dropout call's ``training`` flag (F.dropout's default is True)."""
+    """A dropout call's ``training`` flag (the third argument; F.dropout's default is True)."""
     if "training" in call.kwargs:
         return bool(call.kwargs["training"])
     return bool(call.args[2]) if len(call.args) > 2 else True
@@ -112,14 +115,10 @@ LAYOUT_OPS = frozenset(
 )
 
 
-def layout_codes(call, fn, args, kwargs, slot, src: QInfo, out, infos: list) -> list:
+def layout_codes(fn, args, kwargs, slot, src: QInfo | None, out, infos: list) -> list:
     """The output QInfos of a layout op (``LAYOUT_OPS``) with codes: ``fn`` applied to the
     input's codes in place of its value (same arguments otherwise), leaf by leaf where a codes
     leaf has its value leaf's shape; ``infos`` unchanged when the input has no codes."""
-    from torch.utils._pytree import tree_flatten
-
-    from quantlab.simulate import args as A
-
     if any(isinstance(v, torch.dtype) for v in (*args, *kwargs.values())):
         return infos  # a reinterpreting view (x.view(torch.int16)) is not a layout op
     value = A.get(args, kwargs, slot)
