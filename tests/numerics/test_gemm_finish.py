@@ -163,3 +163,60 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
         a = acc.numpy().astype(np.int64) + ref.quantize_bias(bias, xs, ws).reshape(1, -1)
         want = ref.requantize(a, np.array([real]), Requant.MUL_SHIFT, out, Round.HALF_UP, 1)
         assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_finish_gemm_float64_form_with_a_carry_for_wide_bias_codes(out, per_channel, monkeypatch):
+    """Bias codes large enough that bias * q passes 2**53 (a folded BatchNorm's shift over a
+    tiny weight scale): the offset splits into an integer carry added after the floor and a
+    remainder; the float64 passes then give the general form's and the reference's codes, on
+    random sums, sums at the limit, and sums where the result crosses the saturation bounds."""
+    calls = []
+    real_float64 = finish_mod._finish_float64
+    monkeypatch.setattr(
+        finish_mod, "_finish_float64", lambda *a, **k: calls.append(1) or real_float64(*a, **k)
+    )
+    g = torch.Generator().manual_seed(11)
+    channels = 6
+    xs, so = torch.tensor(0.031), torch.tensor(0.045)
+    if per_channel:
+        ws = torch.tensor([2e-6, 3.7e-5, 1.1e-4, 0.004, 0.0091, 5e-7])
+    else:
+        ws = torch.tensor(3e-6)
+    bias = torch.tensor([0.8, -1.3, 0.05, -0.02, 2.4, -0.7])
+    k = finish_mod._constants(xs, ws, bias, so, out, J6)
+    assert k.float_carry is not None and k.float_limit > 0  # the wide-offset form applies
+    # the proof's bound: limit * max q + max|offset - carry * 2**n| <= 2**53, carry integral
+    n, q = k.shift.to(torch.int64), k.params.multiplier.to(torch.int64)
+    carry = k.float_carry.to(torch.int64)
+    assert torch.equal(carry.to(torch.float64), k.float_carry)
+    rest = k.offset_with_bias - (carry << n)
+    assert k.float_limit * int(q.max()) + int(rest.abs().max()) <= 1 << 53
+    assert int(rest.abs().max()) <= 1 << (int(n.max()) - 1)
+    limit = min(k.float_limit, (1 << 31) - k.bias_max - 1)
+    near = torch.tensor([limit, -limit, limit - 1, 1 - limit, 0, 1, -1])
+    values = torch.cat([near, torch.randint(-limit, limit + 1, (600,), generator=g)])
+    values = torch.cat([values, torch.randint(-(1 << 12), 1 << 12, (600,), generator=g)])
+    acc = values[: (values.numel() // channels) * channels].reshape(-1, channels)
+    calls.clear()
+    got = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, sum_bound=None)
+    assert calls
+    general = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
+    assert_bits_equal(got, general, inputs={"acc": acc})
+    real = np.float64(np.float32(xs)) * np.asarray(ws, dtype=np.float32).astype(np.float64)
+    real = np.broadcast_to(real / np.float64(np.float32(so)), (channels,))
+    a = acc.numpy().astype(np.int64) + ref.quantize_bias(bias, xs, ws).reshape(1, -1)
+    want = ref.requantize(a, real, Requant.MUL_SHIFT, out, Round.HALF_UP, 1)
+    assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+    for clamp in ((0, out.qmax), (-5, 40)):
+        got_c = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, clamp_codes=clamp)
+        want_c = general.to(torch.int64).clamp_min(clamp[0]).clamp_max(clamp[1])
+        assert_bits_equal(got_c.to(torch.int64), want_c, inputs={"acc": acc})
+    if k.float_limit + k.bias_max + channels < (1 << 31):  # past the limit: the int64 passes
+        past = (torch.arange(channels) + k.float_limit + 1).reshape(1, channels)
+        calls.clear()
+        got_p = finish_gemm(past, xs, ws, bias, so, out, J6, 1, sum_bound=None)
+        assert not calls
+        general_p = finish_gemm(past, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
+        assert_bits_equal(got_p, general_p, inputs={"acc": past})

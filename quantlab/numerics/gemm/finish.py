@@ -14,8 +14,9 @@ values. The passes run in float64 when every ``acc * q + offset`` is an integer 
 in magnitude (``(max|acc| + max|bias|) * max q + 2**(max n - 1) <= 2**53``, checked against
 ``sum_bound`` and, if that is too loose, the measured ``max|acc|``): then ``acc * (q * 2**-n)``
 and ``offset * 2**-n`` are exact dyadic values whose sum is exact, and ``floor`` of it is
-``(acc * q + offset) >> n``. Otherwise they run in int64 (shift and add). Both give the bits
-of the general form (tests).
+``(acc * q + offset) >> n``. An offset wider than float64 (large bias codes) is split into an
+integer carry, added after the floor, and a remainder below 2**(n-1) (``_float_form``).
+Otherwise they run in int64 (shift and add). All give the bits of the general form (tests).
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ class _FinishConstants:
     # codes as float32 (None when some bias code is not a float32: then the form is off)
     rescale32: bool = False
     bias_f32: Tensor | None = None
+    # fast form in float64 when the offset itself is too wide for float64 (large bias codes):
+    # the integer part I of offset / 2**n, added after the floor (``_float_form``); else None
+    float_carry: Tensor | None = None
     # the float64 step and offset reshaped per (rank, axis, channels) of the accumulators
     shaped: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -169,7 +173,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
     )
     bmax = int(b.abs().max()) if b is not None and b.numel() else 0
     params = shift = offset = offset_b = None
-    step_f = offset_f = None
+    step_f = offset_f = carry_f = None
     limit_f = -1
     fast = False
     if out_dtype in (DType.INT8, DType.UINT8, DType.INT16):
@@ -186,7 +190,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         if fast:
             shift, offset = n, half_up_offset(n)
             offset_b = offset if b is None else offset + b * params.multiplier
-            step_f, offset_f, limit_f = _float_form(params.multiplier, n, offset_b)
+            step_f, offset_f, limit_f, carry_f = _float_form(params.multiplier, n, offset_b)
     elif out_dtype in (DType.INT32, DType.FLOAT32):
         acc_scale(x_scale, w_scale)  # validates the scales
     else:
@@ -212,6 +216,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         limit_f,
         rescale32,
         bias_f32 if rescale32 else None,
+        carry_f,
     )
     if len(_CONSTANTS) >= CACHE_LIMIT:
         _CONSTANTS.clear()
@@ -223,20 +228,37 @@ FLOAT64_EXACT = 1 << 53  # every integer of magnitude <= 2**53 is a float64
 
 
 def _float_form(q: Tensor, n: Tensor, offset: Tensor):
-    """float64 constants of the fast form, and the largest max|acc| for which they are exact.
+    """float64 constants of the fast form, the largest max|acc| for which they are exact, and
+    the carry (None, or the integers added after the floor).
 
-    ``q * 2**-n`` and ``offset * 2**-n`` are exact (power-of-two scalings of integers of
-    magnitude <= 2**53; 1 <= n <= 62 keeps them normal). With ``|acc| <= limit``,
+    ``q * 2**-n`` is exact (an integer below 2**31 scaled by a power of two; 1 <= n <= 62).
+    When every |offset| <= 2**53 the offset is one exact float64 too: with |acc| <= limit,
     ``|acc * q| + |offset| <= limit * max q + max|offset| <= 2**53``, so the product, the sum
-    and the scaling are exact and ``floor`` equals the arithmetic shift. (None, None, -1) when
-    no acc qualifies.
+    and the scaling are exact and ``floor`` equals the arithmetic shift (carry None).
+    Otherwise (bias codes times q past 2**53) the offset splits exactly as I * 2**n + R with I
+    the nearest integer to offset / 2**n and |R| <= 2**(n-1) (n <= 54: R is one float64):
+    ``floor((acc * q + R) / 2**n)``
+    is exact under ``limit * max q + max|R| <= 2**53``, and adding the integer I after the
+    floor gives ``floor((acc * q + offset) / 2**n)`` (the carry I). (None, None, -1, None)
+    when no acc qualifies.
     """
-    q_max, off_max = int(q.max()), int(offset.abs().max())
-    if q_max <= 0 or int(n.max()) > 62 or off_max > FLOAT64_EXACT:
-        return None, None, -1
+    q_max, n_max = int(q.max()), int(n.max())
+    if q_max <= 0 or n_max > 62:
+        return None, None, -1, None
     scale = torch.pow(2.0, -n.to(torch.float64))
     step = q.to(torch.float64) * scale
-    return step, offset.to(torch.float64) * scale, (FLOAT64_EXACT - off_max) // q_max
+    off_max = int(offset.abs().max())
+    if off_max <= FLOAT64_EXACT:
+        return step, offset.to(torch.float64) * scale, (FLOAT64_EXACT - off_max) // q_max, None
+    if n_max > 54:  # a remainder of up to 2**(n-1) would not be one float64
+        return None, None, -1, None
+    carry = (offset + half_up_offset(n)) >> n  # nearest integer, ties up (exact in int64)
+    if int(carry.abs().max()) > FLOAT64_EXACT >> 1:  # the carry, and the sum, one float64
+        return None, None, -1, None
+    rest = offset - (carry << n)  # |rest| <= 2**(n-1)
+    rest_max = int(rest.abs().max())
+    limit = (FLOAT64_EXACT - rest_max) // q_max
+    return step, rest.to(torch.float64) * scale, limit, carry.to(torch.float64)
 
 
 def _along(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
@@ -390,24 +412,26 @@ def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
     lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes).
     A tensor of at most ``CHUNK_ELEMENTS`` values is one chunk (no views, no extra copy)."""
     ax = channel_axis % acc.dim()
-    step, off = _float_constants(k, acc, ax)
+    step, off, carry = _float_constants(k, acc, ax)
     if acc.numel() <= CHUNK_ELEMENTS:
-        return _float64_codes(acc, step, off, out_dtype, lo, hi, reuse_acc)
+        return _float64_codes(acc, step, off, carry, out_dtype, lo, hi, reuse_acc)
     codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
     for c0, cn in _channel_chunks(acc, ax):
         part = acc.narrow(ax, c0, cn)
         st, of = _narrow(step, ax, c0, cn), _narrow(off, ax, c0, cn)
-        codes.narrow(ax, c0, cn).copy_(_float64_values(part, st, of, lo, hi, reuse_acc))
+        ca = None if carry is None else _narrow(carry, ax, c0, cn)
+        codes.narrow(ax, c0, cn).copy_(_float64_values(part, st, of, ca, lo, hi, reuse_acc))
     return codes
 
 
-def _float64_codes(acc, step, off, out_dtype, lo, hi, reuse_acc) -> Tensor:
-    return _float64_values(acc, step, off, lo, hi, reuse_acc).to(out_dtype.torch_dtype)
+def _float64_codes(acc, step, off, carry, out_dtype, lo, hi, reuse_acc) -> Tensor:
+    return _float64_values(acc, step, off, carry, lo, hi, reuse_acc).to(out_dtype.torch_dtype)
 
 
-def _float64_values(part, st, of, lo, hi, reuse_acc) -> Tensor:
-    """floor(part * st + of) clamped to [lo, hi], in float64 (the floor skipped for lo >= 0:
-    the integer conversion's truncation of the clamped values is their floor)."""
+def _float64_values(part, st, of, carry, lo, hi, reuse_acc) -> Tensor:
+    """floor(part * st + of) (+ ``carry``, when not None) clamped to [lo, hi], in float64 (the
+    floor skipped for lo >= 0 without a carry: the integer conversion's truncation of the
+    clamped values is their floor)."""
     if part.dtype == torch.float64 and reuse_acc:
         t = part
     else:
@@ -415,21 +439,24 @@ def _float64_values(part, st, of, lo, hi, reuse_acc) -> Tensor:
     # the product and the sum are each exact (``_float_form``), so two in-place passes give
     # the fused value; per-channel broadcasts in mul_/add_ vectorise, addcmul's do not
     t.mul_(st).add_(of)
-    if lo < 0:
+    if carry is not None:  # integers: the sum after the floor is exact
+        t.floor_().add_(carry)
+    elif lo < 0:
         t.floor_()
     # clamp commutes with floor (integer bounds)
     return t.clamp_(lo, hi)
 
 
-def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple[Tensor, Tensor]:
-    """``k``'s float64 step and offset shaped to broadcast along axis ``ax`` of ``acc`` (kept
-    on ``k`` per (rank, axis, channels): no reshaping per call)."""
+def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple:
+    """``k``'s float64 step, offset and carry (or None) shaped to broadcast along axis ``ax``
+    of ``acc`` (kept on ``k`` per (rank, axis, channels): no reshaping per call)."""
     key = (acc.dim(), ax, acc.shape[ax] if acc.dim() else 0)
     hit = k.shaped.get(key)
     if hit is None:
         hit = (
             _along(k.float_step, acc, ax, "w_scale"),
             _along(k.float_offset, acc, ax, "bias"),
+            None if k.float_carry is None else _along(k.float_carry, acc, ax, "bias"),
         )
         k.shaped[key] = hit
     return hit
