@@ -95,6 +95,7 @@ class OpDispatch:
                 self._set_out_info(out, info, st, call.name)
                 return out
         om = st.op_modes.get(call.name) if st.op_modes else None
+        grid = None  # the grid a float op's output stays on (same_grid)
         if call.category is not None:
             plan = A.plan_of(call, self._plans)
         else:
@@ -125,7 +126,7 @@ class OpDispatch:
         elif call.result is not None:  # not modelled: ran in float already
             out, info = call.result, None
             if mode is not Mode.FLOAT and not st.grad:
-                same_grid.record(call, out, st.qt, st.grid, mode is Mode.FIXED)
+                grid = same_grid.grid_of(call, out, st.qt, mode is Mode.FIXED)
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
             out, info = call.run(), None
             if mode is Mode.FLOAT:
@@ -147,13 +148,16 @@ class OpDispatch:
             st.trace.qinfo[call.name] = info
         if st.isolate is not None and call.name in st.isolate.outputs:
             out = calls.substitute(call, st.isolate.outputs[call.name])
-            info = st.isolate.qinfo.get(call.name)
+            info, grid = st.isolate.qinfo.get(call.name), None
         self._set_out_info(out, info, st, call.name)
+        if grid is not None:
+            st.grid.set(out, grid)
         return out
 
     def _set_out_info(self, out: Any, info: Any, st: _RunState, name: str) -> None:
         if isinstance(out, Tensor) and not isinstance(info, list):  # the common case
             st.producers.set(out, name)
+            st.grid.drop(out)  # an op's output is new values (a float op's grid comes after)
             if info is not None:
                 st.qt.set(out, info)
             else:
@@ -164,6 +168,7 @@ class OpDispatch:
         for leaf, li in zip(leaves, infos):
             if isinstance(leaf, Tensor):
                 st.producers.set(leaf, name)
+                st.grid.drop(leaf)
                 if li is not None:
                     st.qt.set(leaf, li)
                 else:

@@ -10,7 +10,7 @@ Two kinds of op are recognised (both run in float, not modelled):
 * ``pad`` with mode "constant" and value 0: every value is an input value or 0, and 0 is the
   code ``zero_point`` at any scale.
 
-Their outputs are recorded (``record``) with the input's ``QInfo`` (in FIXED mode with the
+Their outputs are recorded (``grid_of``) with the input's ``QInfo`` (in FIXED mode with the
 padded codes). ``codes_on_grid`` then answers for a quantization at activation point
 (``dtype``, ``scale``, ``zero_point``, rounding): when the record has the same dtype and zero
 point and the same float32 scale value, and the rounding is to nearest, the codes are the
@@ -40,34 +40,37 @@ NEAREST = frozenset({Round.HALF_EVEN, Round.HALF_UP, Round.HALF_AWAY})
 _PAD_NAMES = ("input", "pad", "mode", "value")
 
 
-def record(call, out, qt: QTable, grid: QTable, fixed: bool) -> None:
-    """Record ``out`` of the float op ``call`` on its input's grid in ``grid`` when it is one
-    of the two kinds (module doc) and its input carries an integer ``QInfo`` in ``qt`` (in
-    FIXED mode, with codes). Read before ``out``'s own entry in ``qt`` is replaced."""
+def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
+    """The grid ``out`` of the float op ``call`` stays on when it is one of the two kinds
+    (module doc) and its input carries an integer ``QInfo`` in ``qt`` (in FIXED mode, with
+    codes), or None. Read before ``out``'s own entries are replaced; every other output of an
+    op loses any grid it had (``_RunState.forget`` and the dispatch's output bookkeeping)."""
     if type(out) is not Tensor or not call.args or not isinstance(call.args[0], Tensor):
-        return
+        return None
     x = call.args[0]
-    if out is x and (calls.is_inplace(call) or ("dropout" in call.op_type and _training(call))):
-        grid.drop(out)  # an in-place op or a training dropout changed the values
-        return
+    if "out" in call.kwargs or (
+        out is x and (calls.is_inplace(call) or ("dropout" in call.op_type and _training(call)))
+    ):
+        return None  # written through out=, in place, or by a training dropout: new values
     info = qt.get(x)
     if info is None or not info.dtype.is_int or info.scale is None:
-        return  # (an unchanged x keeps the grid it may have)
+        return None
     if out is x:
-        if not fixed or _codes_of(info, x) is not None:
-            grid.set(out, info)
-        return
+        return info if not fixed or _codes_of(info, x) is not None else None
     if call.op_type != "pad" or not _zero_constant_pad(call):
-        return
+        return None
     if not fixed:
-        grid.set(out, QInfo(info.dtype, info.scale, zero_point=info.zero_point))
-        return
+        return QInfo(info.dtype, info.scale, zero_point=info.zero_point)
     codes = _codes_of(info, x)
-    if codes is not None:
-        pad = call.args[1] if len(call.args) > 1 else call.kwargs["pad"]
-        padded = F.pad(codes, pad, mode="constant", value=info.zero_point)
-        if padded.shape == out.shape:
-            grid.set(out, QInfo(info.dtype, info.scale, padded, info.zero_point))
+    if codes is None:
+        return None
+    pad = call.args[1] if len(call.args) > 1 else call.kwargs["pad"]
+    padded = F.pad(codes, pad, mode="constant", value=info.zero_point)
+    return (
+        QInfo(info.dtype, info.scale, padded, info.zero_point)
+        if padded.shape == out.shape
+        else None
+    )
 
 
 def codes_on_grid(

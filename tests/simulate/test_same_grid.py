@@ -116,10 +116,8 @@ def test_pads_with_other_values_or_modes_and_training_dropout_are_not_recorded()
     qt.set(x, QInfo(DType.INT8, torch.tensor(0.25), codes))
 
     def recorded(op_type, func, args, kwargs, out) -> bool:
-        grid = QTable()
         call = OpCall("op", op_type, None, "", 0, func, args, kwargs)
-        same_grid.record(call, out, qt, grid, fixed=True)
-        return grid.get(out) is not None
+        return same_grid.grid_of(call, out, qt, fixed=True) is not None
 
     assert recorded("pad", F.pad, (x, (1, 1)), {}, F.pad(x, (1, 1)))
     assert recorded("pad", F.pad, (x, (1, 1)), {"value": 0}, F.pad(x, (1, 1)))
@@ -130,10 +128,9 @@ def test_pads_with_other_values_or_modes_and_training_dropout_are_not_recorded()
     assert not recorded("dropout", F.dropout, (x, 0.2), {"training": True, "inplace": True}, x)
     assert not recorded("mul_", torch.Tensor.mul_, (x, 1.0), {}, x)
     # a recorded pad carries the padded codes, the zero point in the new places
-    grid = QTable()
     out = F.pad(x, (1, 2))
-    same_grid.record(OpCall("p", "pad", None, "", 0, F.pad, (x, (1, 2)), {}), out, qt, grid, True)
-    assert grid.get(out).codes.tolist() == [[0, 2, -4, 0, 0]]
+    got = same_grid.grid_of(OpCall("p", "pad", None, "", 0, F.pad, (x, (1, 2)), {}), out, qt, True)
+    assert got.codes.tolist() == [[0, 2, -4, 0, 0]]
 
 
 class HeadsNet(nn.Module):
@@ -203,15 +200,21 @@ class MutatedNet(nn.Module):
         self.drop = nn.Dropout(0.1)
 
     def forward(self, x):
+        if self.how == "out_on_codes":  # out= over a quantized op's own output
+            h = self.a(x)
+            torch.neg(h, out=h)
+            return self.b(h)
         h = self.drop(self.a(x))
         if self.how == "setitem":
             h[:, 0] = 0.123
+        elif self.how == "out":  # written through out=: new values in the same tensor
+            torch.neg(h, out=h)
         else:
             h.masked_fill_(h > 0.2, 0.37)
         return self.b(h)
 
 
-@pytest.mark.parametrize("how", ["setitem", "masked_fill_"])
+@pytest.mark.parametrize("how", ["setitem", "masked_fill_", "out", "out_on_codes"])
 @pytest.mark.parametrize("mode", [Mode.FIXED, Mode.FAKE])
 def test_a_grid_is_forgotten_when_a_float_op_changes_the_tensor(how, mode, monkeypatch):
     g = torch.Generator().manual_seed(6)
