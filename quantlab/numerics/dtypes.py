@@ -12,6 +12,9 @@ import enum
 
 import torch
 
+FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32
+FLOAT64_EXACT = 1 << 53  # every integer of magnitude <= 2**53 is a float64
+
 _BITS = {
     "int8": 8,
     "uint8": 8,

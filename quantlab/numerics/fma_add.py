@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import centred_code_max
 from quantlab.numerics.rounding import Round, round_float
 from quantlab.numerics.scales import check_tensor_scale
 
@@ -109,8 +110,7 @@ SMALL_CODES = (torch.int8, torch.uint8, torch.int16)
 def _code_bound(codes: Tensor, zero_point: int) -> int:
     """max|code + zero_point|: from the dtype for 8- and 16-bit codes, else measured."""
     if codes.dtype in SMALL_CODES:
-        info = torch.iinfo(codes.dtype)
-        return max(abs(info.min + zero_point), abs(info.max + zero_point))
+        return centred_code_max(codes, -zero_point)
     return _measured(codes, zero_point)
 
 

@@ -212,6 +212,13 @@ def quantize(
     return r.to(dtype.torch_dtype)
 
 
+def centred_code_max(codes: Tensor, zero_point: int = 0) -> int:
+    """max|code - zero_point| over the integer dtype of ``codes`` (a bound from the dtype, no
+    pass over the data)."""
+    info = torch.iinfo(codes.dtype)
+    return max(abs(info.min - zero_point), abs(info.max - zero_point))
+
+
 def check_zero_point(zero_point: int, dtype: DType) -> int:
     """An activation zero point: an integer inside ``dtype``'s code range (ValueError else)."""
     if isinstance(zero_point, bool) or not isinstance(zero_point, int):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import QuantStats, check_zero_point
+from quantlab.numerics.dtypes import FLOAT64_EXACT, DType
+from quantlab.numerics.quantize import QuantStats, centred_code_max, check_zero_point
 from quantlab.numerics.requant import (
     ENCODED_LIMIT,
     INT32_MAX,
@@ -93,7 +93,7 @@ def add_inter_scale(
         )
     s, params = constants.inter, constants.requant.params
     if not (zx or zy or zo) and stats is None:
-        form = _float64_form(constants, _centred_max(x, 0), _centred_max(y, 0))
+        form = _float64_form(constants, centred_code_max(x), centred_code_max(y))
         if form is not None:
             return _add_float64(x, y, form, out)
     xa, ya = x.to(torch.int64), y.to(torch.int64)
@@ -102,7 +102,7 @@ def add_inter_scale(
     if zy:
         ya = ya - zy
     acc = torch.add(xa * s.mx, ya, alpha=s.my)  # exact int64
-    if _centred_max(x, zx) * s.mx + _centred_max(y, zy) * s.my > INT32_MAX:
+    if centred_code_max(x, zx) * s.mx + centred_code_max(y, zy) * s.my > INT32_MAX:
         acc = acc.clamp(INT32_MIN, INT32_MAX)  # else no value can leave int32
     if constants.requant.fast and not zo and stats is None:  # acc is int32 (above)
         return requantize_int32(acc, constants.requant).to(out.torch_dtype)
@@ -115,9 +115,6 @@ class AddConstants:
 
     inter: InterScale
     requant: Int32Requant  # by inter / out_scale (its params: the encoded multiplier)
-
-
-FLOAT64_EXACT = 1 << 53
 
 
 def _float64_form(k: AddConstants, cx: int, cy: int) -> tuple[float, float, float] | None:
@@ -210,12 +207,6 @@ def add_float_rescale(
     v = (x.to(torch.float32) - zx) * rx + (y.to(torch.float32) - zy) * ry
     r = round_float(v, rounding)
     return _saturate_codes(r + check_zero_point(zo, out) if zo else r, out, stats)
-
-
-def _centred_max(t: Tensor, zero_point: int) -> int:
-    """max|t - zero_point| over t's integer dtype (a bound on the data, from the dtype)."""
-    info = torch.iinfo(t.dtype)
-    return max(abs(info.min - zero_point), abs(info.max - zero_point))
 
 
 def _require_codes(t: Tensor, name: str) -> None:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
-from quantlab.numerics.dtypes import DType
+from quantlab.numerics.dtypes import FLOAT64_EXACT, DType
 from quantlab.numerics.gemm import rescale32
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import (
@@ -222,9 +222,6 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         _CONSTANTS.clear()
     _CONSTANTS[key] = value
     return value
-
-
-FLOAT64_EXACT = 1 << 53  # every integer of magnitude <= 2**53 is a float64
 
 
 def _float_form(q: Tensor, n: Tensor, offset: Tensor):

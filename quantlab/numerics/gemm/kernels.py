@@ -9,7 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from quantlab.numerics.gemm.plan import FLOAT32_EXACT, GemmPath, GemmPlan
+from quantlab.numerics.dtypes import FLOAT32_EXACT
+from quantlab.numerics.gemm.plan import GemmPath, GemmPlan
 from quantlab.numerics.rounding import Round, round_float
 
 

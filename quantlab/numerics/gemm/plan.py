@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-FLOAT32_EXACT = 1 << 24
-FLOAT64_EXACT = 1 << 53
+from quantlab.numerics.dtypes import FLOAT32_EXACT, FLOAT64_EXACT
+
 MIN_CHUNK_K = 64  # below this many terms per float32 chunk, float64 is the faster exact path
 SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes only above this
 # ... or from this many groups on: torch runs a grouped float64 convolution group by group

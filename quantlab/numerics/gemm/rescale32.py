@@ -17,11 +17,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from quantlab.numerics.dtypes import DType
+from quantlab.numerics.dtypes import FLOAT32_EXACT, DType
 from quantlab.numerics.rounding import Round, round_float_
 
 INT32_LIMIT = 1 << 31
-FLOAT32_EXACT = 1 << 24  # every integer of magnitude <= 2**24 is a float32
 
 
 def exact_bound(acc: Tensor, bias_max: int, sum_bound: int | None) -> int | None:
