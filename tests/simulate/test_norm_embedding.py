@@ -68,27 +68,31 @@ def test_layer_norm_fixed_codes_equal_the_integer_reference_on_the_trained_model
     assert all(k.startswith("integer") for k in kernels)
 
 
+def _composite_fake(sim, tr, name: str):
+    """The QAT composite (``norm_fake``) of traced layer_norm ``name`` from its traced input."""
+    inf = sim._info[name]
+    m = sim.model.get_submodule(inf.module)
+    out = tr.qinfo[name]
+    return norm_fake(
+        tr.outputs[inf.producers[0]],
+        NormLayout.layer(m.normalized_shape),
+        m.weight,
+        m.bias,
+        m.eps,
+        norm_scales(sim, name),
+        float(out.scale),
+        out.dtype,
+        sim.platform.norm_contract(),
+        sim.platform.fake_round,
+    )
+
+
 def test_layer_norm_fake_is_the_composite_qat_form(digits_j6m):
     sim, x = digits_j6m
     tr = sim.trace(x, mode="fake")
     names = [n for n in tr.order if sim._info[n].op_type == "layer_norm"]
     for name in names:
-        inf = sim._info[name]
-        m = sim.model.get_submodule(inf.module)
-        out = tr.qinfo[name]
-        want = norm_fake(
-            tr.outputs[inf.producers[0]],
-            NormLayout.layer(m.normalized_shape),
-            m.weight,
-            m.bias,
-            m.eps,
-            norm_scales(sim, name),
-            float(out.scale),
-            out.dtype,
-            sim.platform.norm_contract(),
-            sim.platform.fake_round,
-        )
-        assert_bits_equal(tr.outputs[name], want)
+        assert_bits_equal(tr.outputs[name], _composite_fake(sim, tr, name))
 
 
 def test_position_embedding_is_the_gather_of_the_table_codes(digits_j6m):
@@ -219,29 +223,15 @@ def test_layer_norm_fake_follows_a_changed_gamma_and_beta(digits_j6m):
     """gamma and beta's fake quant is kept between runs by identity and version: changing them
     in place (an optimizer step) gives the composite of the new values."""
     sim, x = digits_j6m
-    sim.trace(x, mode="fake")
     name = next(n for n in sim.trace(x, mode="fake").order if sim._info[n].op_type == "layer_norm")
-    inf = sim._info[name]
-    m = sim.model.get_submodule(inf.module)
+    m = sim.model.get_submodule(sim._info[name].module)
     saved = (m.weight.detach().clone(), m.bias.detach().clone())
     try:
         with torch.no_grad():
             m.weight.mul_(0.75)
             m.bias.add_(0.05)
         tr = sim.trace(x, mode="fake")
-        want = norm_fake(
-            tr.outputs[inf.producers[0]],
-            NormLayout.layer(m.normalized_shape),
-            m.weight,
-            m.bias,
-            m.eps,
-            norm_scales(sim, name),
-            float(tr.qinfo[name].scale),
-            tr.qinfo[name].dtype,
-            sim.platform.norm_contract(),
-            sim.platform.fake_round,
-        )
-        assert_bits_equal(tr.outputs[name], want)
+        assert_bits_equal(tr.outputs[name], _composite_fake(sim, tr, name))
     finally:
         with torch.no_grad():
             m.weight.copy_(saved[0])
