@@ -13,6 +13,7 @@ from quantlab.numerics.add_rules import add_left_shift, add_shared_shift
 from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
+from quantlab.numerics.product_requant import product_form
 from quantlab.numerics.quantize import (
     CONSTANT_DTYPE,
     BoundRule,
@@ -189,11 +190,14 @@ def centred_bound(in_infos, i: int, zero_point: int, constant: bool) -> int:
     return max(abs(dt.qmin - zero_point), abs(dt.qmax - zero_point))
 
 
-def product_requant(p, xs, ys, so, out: DType):
+def product_requant(p, xs, ys, so, out: DType, bound: int):
     """The requantization of a product of codes by xs * ys / so, as ``requant`` encodes it
-    under the platform's GEMM contract, prepared for int32 products (``requantize_int32``)."""
+    under the platform's GEMM contract: (its exact float form for products of magnitude at
+    most ``bound``, or None (``numerics.product_requant``); the int32 preparation,
+    ``requantize_int32``)."""
     contract = p.gemm_contract()
     params = make_requant(
         requant_scale(xs, ys, so, p.requant), contract.requant, contract.requant_mult_bits
     )
-    return int32_requant(params, out, contract.requant_round)
+    rounding = contract.requant_round
+    return product_form(params, rounding, bound), int32_requant(params, out, rounding)

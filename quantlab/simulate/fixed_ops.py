@@ -18,6 +18,7 @@ from torch import Tensor
 
 from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import bound_codes, dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
 from quantlab.platforms import ConcatRule, SoftmaxRule
@@ -103,7 +104,7 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
 def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = False):
     if not rq.output_dtype.is_int or len(plan.acts) != 2:
         return None
-    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True)
+    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True, native=True)
     bv = A.get(args, kwargs, plan.acts[1])
     if const_inv:
         if isinstance(bv, Tensor) or _reversed(call) or not isinstance(bv, (int, float)):
@@ -112,31 +113,38 @@ def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = Fals
             return None
         b = (*fc.const(1.0 / float(bv)), 0)
     else:
-        b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True)
+        b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True, native=True)
     if a is None or b is None:
         return None
     (xc, xs, zx), (yc, ys, zy) = a, b
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
     out = rq.output_dtype
-    acc = (xc - zx if zx else xc) * (yc - zy if zy else yc)
     # a scalar constant's code is +-CONSTANT_DTYPE.qmax (constant_codes); its scale is new
     # every call, so its constants are kept by the scalar's value
     x_const = not isinstance(A.get(args, kwargs, plan.acts[0]), Tensor)
     y_const = const_inv or not isinstance(bv, Tensor)
     bound = fc.centred_bound(in_infos, 0, zx, x_const) * fc.centred_bound(in_infos, 1, zy, y_const)
+    xk = ("const", float(A.get(args, kwargs, plan.acts[0]))) if x_const else xs
+    yk = ("const", const_inv, float(bv)) if y_const else ys
+    form, k = sim.op_memo(
+        call.name,
+        "mul",
+        (xk, yk, so, out, zo, bound, sim.platform),
+        lambda: fc.product_requant(sim.platform, xs, ys, so, out, bound),
+    )
+    if form is not None:  # one float dtype, exact by the bound (numerics.product_requant)
+        return fc.emit(requantize_product(xc, zx, yc, zy, form, out, zo), so, out, zo)
+    acc = _centred_int64(xc, zx) * _centred_int64(yc, zy)
     if zo or bound > INT32_MAX:  # the general path (its accumulator contract applies)
         real = requant_scale(xs, ys, so, sim.platform.requant)
         return fc.emit(fc.requant(sim, acc, real, out, zero_point=zo), so, out, zo)
-    xk = ("const", float(A.get(args, kwargs, plan.acts[0]))) if x_const else xs
-    yk = ("const", const_inv, float(bv)) if y_const else ys
-    k = sim.op_memo(
-        call.name,
-        "mul",
-        (xk, yk, so, out, sim.platform),
-        lambda: fc.product_requant(sim.platform, xs, ys, so, out),
-    )
     return fc.emit(requantize_int32(acc, k).to(out.torch_dtype), so, out)
+
+
+def _centred_int64(codes: Tensor, zero_point: int) -> Tensor:
+    c = codes.to(torch.int64)
+    return c - zero_point if zero_point else c
 
 
 def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):
