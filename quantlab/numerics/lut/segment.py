@@ -158,7 +158,6 @@ def build_code_map(lut: SegmentLut) -> Tensor:
 
 
 _UNSIGNED = {DType.INT8: torch.uint8, DType.INT16: torch.uint16}
-_UNSIGNED_NP = {DType.INT8: np.uint8, DType.INT16: np.uint16}
 
 
 def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
@@ -194,7 +193,7 @@ def gather_torch(table: Tensor, codes: Tensor, in_dtype: DType) -> Tensor:
     pieces = threads * _PIECES_PER_THREAD
     jobs = [
         _pool(threads).submit(_gather_into, table, c, o, in_dtype)
-        for c, o in zip(flat.contiguous().chunk(pieces), out.chunk(pieces))
+        for c, o in zip(flat.chunk(pieces), out.chunk(pieces))
     ]
     for job in jobs:
         job.result()
@@ -207,11 +206,7 @@ def _unsigned_index(codes: Tensor, in_dtype: DType) -> Tensor:
 
 
 def _gather_into(table: Tensor, codes: Tensor, out: Tensor, in_dtype: DType) -> None:
-    """One piece of the split gather, on a pool thread. The index is made by numpy: a torch
-    conversion here would start an OpenMP team per pool thread, whose spinning workers
-    would then compete with torch's own."""
-    unsigned = codes.numpy().view(_UNSIGNED_NP[in_dtype]).astype(np.int32)
-    torch.index_select(table, 0, torch.from_numpy(unsigned), out=out)
+    torch.index_select(table, 0, _unsigned_index(codes, in_dtype), out=out)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
