@@ -14,8 +14,6 @@ throughout; every product is below 2**47.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -162,7 +160,11 @@ _UNSIGNED = {DType.INT8: torch.uint8, DType.INT16: torch.uint16}
 
 def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
     """One gather through the cached code map. ``codes`` must have ``lut.in_dtype``'s torch
-    dtype; the result has ``lut.out_dtype``'s torch dtype and the same shape."""
+    dtype; the result has ``lut.out_dtype``'s torch dtype and the same shape.
+
+    The gather is ``gather_torch`` on the calling thread (torch parallelises a large one over
+    its own intra-op threads; a pure gather, so the bits do not depend on how it is split).
+    """
     want = lut.in_dtype.torch_dtype
     if codes.dtype != want:
         raise ValueError(
@@ -172,49 +174,7 @@ def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
     return gather_torch(lut.code_map(), codes, lut.in_dtype)
 
 
-SPLIT_GATHER_MIN = 1 << 16  # elements; below this one serial gather beats the hand-off
-_PIECES_PER_THREAD = 4  # several pieces per thread, so a slow thread does not hold the rest
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
 def gather_torch(table: Tensor, codes: Tensor, in_dtype: DType) -> Tensor:
-    """``table[codes mod 2**bits]`` by torch.index_select (any device).
-
-    torch's CPU index_select of a 1-D table runs on one thread, so a CPU gather of at least
-    ``SPLIT_GATHER_MIN`` codes is cut into contiguous pieces gathered on
-    ``torch.get_num_threads()`` threads. A pure gather: the bits do not depend on the split.
-    """
-    flat = codes.reshape(-1)
-    table = table.to(codes.device)
-    threads = torch.get_num_threads()
-    if codes.device.type != "cpu" or threads < 2 or flat.numel() < SPLIT_GATHER_MIN:
-        return table.index_select(0, _unsigned_index(flat, in_dtype)).reshape(codes.shape)
-    out = torch.empty(flat.numel(), dtype=table.dtype)
-    pieces = threads * _PIECES_PER_THREAD
-    jobs = [
-        _pool(threads).submit(_gather_into, table, c, o, in_dtype)
-        for c, o in zip(flat.chunk(pieces), out.chunk(pieces))
-    ]
-    for job in jobs:
-        job.result()
-    return out.reshape(codes.shape)
-
-
-def _unsigned_index(codes: Tensor, in_dtype: DType) -> Tensor:
-    """Codes read as unsigned (``code mod 2**bits``), as an int32 index."""
-    return codes.view(_UNSIGNED[in_dtype]).to(torch.int32)
-
-
-def _gather_into(table: Tensor, codes: Tensor, out: Tensor, in_dtype: DType) -> None:
-    torch.index_select(table, 0, _unsigned_index(codes, in_dtype), out=out)
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """A process-wide pool of ``threads`` workers (a forked child starts without pools)."""
-    pool = _POOLS.get(threads)
-    if pool is None:
-        pool = _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="quantlab-gather")
-    return pool
-
-
-os.register_at_fork(after_in_child=_POOLS.clear)
+    """``table[codes mod 2**bits]`` by one torch.index_select (any device)."""
+    index = codes.reshape(-1).view(_UNSIGNED[in_dtype]).to(torch.int32)
+    return table.to(codes.device).index_select(0, index).reshape(codes.shape)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from dataclasses import replace
 
 import pytest
@@ -20,10 +19,9 @@ from quantlab.numerics.lut import (
     default_spec,
     lut_fake,
     lut_fake_codes,
-    segment,
 )
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.segment import SPLIT_GATHER_MIN, all_codes, gather_torch
+from quantlab.numerics.lut.segment import all_codes, gather_torch
 from quantlab.numerics.rounding import Round
 
 I8, I16 = DType.INT8, DType.INT16
@@ -169,52 +167,3 @@ def test_large_gather_equals_the_code_map_and_the_reference():
     table = lut.code_map().to(torch.int64)
     assert_bits_equal(got, table[codes.to(torch.int64) % 65536].to(torch.int16))
     assert_bits_equal(got[:4096], lut.evaluate_reference(codes[:4096]))
-
-
-def _split_gather_case():
-    lut = _build("sigmoid", None)
-    g = torch.Generator().manual_seed(11)
-    n = SPLIT_GATHER_MIN * 3 + 12345  # pieces of unequal length
-    codes = torch.randint(-32768, 32768, (n,), generator=g, dtype=torch.int32).to(torch.int16)
-    codes[:7] = torch.tensor([-32768, -32767, -1, 0, 1, 32766, 32767], dtype=torch.int16)
-    serial = lut.code_map().index_select(0, codes.view(torch.uint16).to(torch.int32))
-    return lut, codes, serial
-
-
-def test_a_large_gather_is_split_over_threads_with_the_same_bits():
-    lut, codes, serial = _split_gather_case()
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            assert_bits_equal(lut.evaluate(codes), serial)
-            t = codes[: 3 * SPLIT_GATHER_MIN].reshape(-1, 4)[:, ::2]  # non-contiguous, large
-            assert_bits_equal(
-                lut.evaluate(t), serial[: 3 * SPLIT_GATHER_MIN].reshape(-1, 4)[:, ::2]
-            )
-    finally:
-        torch.set_num_threads(before)
-    assert_bits_equal(serial[:4096], lut.evaluate_reference(codes[:4096]).to(torch.int16))
-
-
-def _count_pools_in_child(queue):
-    queue.put(len(segment._POOLS))
-
-
-def test_a_forked_child_starts_without_the_parents_gather_threads():
-    # a forked child has none of the parent's worker threads: a pool it inherited would take
-    # jobs and never run them, so the child starts with no pools (and builds its own)
-    lut, codes, serial = _split_gather_case()
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert_bits_equal(lut.evaluate(codes), serial)
-    finally:
-        torch.set_num_threads(before)
-    assert segment._POOLS
-    ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_count_pools_in_child, args=(queue,))
-    child.start()
-    child.join(timeout=60)
-    assert queue.get(timeout=5) == 0
