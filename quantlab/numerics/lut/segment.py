@@ -162,8 +162,9 @@ def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
     """One gather through the cached code map. ``codes`` must have ``lut.in_dtype``'s torch
     dtype; the result has ``lut.out_dtype``'s torch dtype and the same shape.
 
-    The gather is ``gather_torch`` on the calling thread (torch parallelises a large one over
-    its own intra-op threads; a pure gather, so the bits do not depend on how it is split).
+    The gather is ``gather_torch`` on the calling thread. torch's index_select of a 1-D table
+    runs on one thread; splitting it over a thread pool was faster alone but slower inside a
+    model run (torch's OpenMP workers spin between ops and take the cores), so it stays whole.
     """
     want = lut.in_dtype.torch_dtype
     if codes.dtype != want:
