@@ -35,14 +35,15 @@ def requant_half_up(v: Tensor, ratio: float, dtype: DType) -> Tensor:
     return r.clamp(dtype.qmin, dtype.qmax).to(torch.int64)
 
 
-def _requant_half_up_codes(v: Tensor, ratio: float, dtype: DType) -> Tensor:
-    """``requant_half_up(v, ratio, dtype)`` in ``dtype``'s torch dtype, for an integer ``v``
-    with |v| < 2**53: the same float64 product, then floor(p) + (p - floor(p) >= 1/2) (p -
-    floor(p) is exact, ``round_float``), saturated; in place on one float64 buffer."""
-    p = v.to(torch.float64).mul_(float(ratio))
-    f = torch.floor(p)
-    f.add_(p.sub_(f) >= 0.5)
-    return f.clamp_(dtype.qmin, dtype.qmax).to(dtype.torch_dtype)
+def _product_half_up_codes(e: Tensor, r: Tensor, ratio: float, dtype: DType) -> Tensor:
+    """``requant_half_up(e * r, ratio, dtype)`` in ``dtype``'s torch dtype, for int16 codes
+    ``e`` and ``r`` (broadcastable). |e * r| <= 2**30 is exact in float64 (no integer pass);
+    p = fl64(e * r * ratio) is the same one rounding. floor(p + 1/2) is round_half_up(p)
+    wherever |p| < 2**52 (p + 1/2 is exact there); beyond, both have p's sign and a magnitude
+    far outside ``dtype``, so they saturate to the same bound."""
+    p = e.to(torch.float64).mul_(r.to(torch.float64))
+    p.mul_(float(ratio)).add_(0.5).floor_()
+    return p.clamp_(dtype.qmin, dtype.qmax).to(dtype.torch_dtype)
 
 
 def lut_softmax(
@@ -89,10 +90,8 @@ def lut_softmax(
     total = e.sum(dim=dim, keepdim=True, dtype=torch.int64)
     s = requant_half_up(total, exp_scale / sum_scale, DType.INT16)
     recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
-    r = recip.evaluate(s.to(torch.int16)).to(torch.int32)
-    return _requant_half_up_codes(
-        e.to(torch.int32) * r, exp_scale * recip_scale / out_scale, out_dtype
-    )
+    r = recip.evaluate(s.to(torch.int16))
+    return _product_half_up_codes(e, r, exp_scale * recip_scale / out_scale, out_dtype)
 
 
 def inverse_sigmoid_composite(

@@ -15,7 +15,12 @@ from quantlab.numerics.lut import (
     inverse_sigmoid_composite,
     lut_softmax,
 )
-from quantlab.numerics.lut.composite import SOFTMAX_EXP_SCALE, softmax_exp_spec
+from quantlab.numerics.lut.composite import (
+    SOFTMAX_EXP_SCALE,
+    _product_half_up_codes,
+    requant_half_up,
+    softmax_exp_spec,
+)
 
 I8, I16 = DType.INT8, DType.INT16
 
@@ -91,3 +96,23 @@ def test_inverse_sigmoid_composite_reference_and_bounds():
     # mid-range error is set by the int16 product's step r_max / 32767 = 0.031 on p = x/(1-x)
     # (0.25 <= p <= 4): at most about 0.031 / 0.25 / 2 + table error, i.e. < 0.1
     assert (v[mid] - torch.log(x / (1 - x))).abs().max().item() < 0.1
+
+
+def test_the_softmax_tail_equals_requant_half_up_of_the_int64_product():
+    # e * r times ratio, HALF_UP, against requant_half_up on the int64 product: ratios where
+    # p + 1/2 is exact, and ratios that put p past 2**52 (both forms saturate there)
+    g = torch.Generator().manual_seed(12)
+    e = torch.randint(-32768, 32768, (5, 64), generator=g, dtype=torch.int32).to(torch.int16)
+    e[0, :6] = torch.tensor([-32768, 32767, 0, 1, -1, 3], dtype=torch.int16)
+    r = torch.randint(-32768, 32768, (5, 1), generator=g, dtype=torch.int32).to(torch.int16)
+    r[0, 0] = -32768  # |e * r| = 2**30 at the corner
+    v = e.to(torch.int64) * r.to(torch.int64)
+    for ratio in (0.5, 0.25, 2.0**-15, 1 / 3, 1e-9, 2.0**21, 2.0**22 * 1.5, 3e9):
+        for dt in (I16, I8):
+            got = _product_half_up_codes(e, r, ratio, dt)
+            want = requant_half_up(v, ratio, dt).to(dt.torch_dtype)
+            assert_bits_equal(got, want)
+    # ties: odd products times 1/2 land on .5 exactly; HALF_UP takes the larger neighbour
+    odd = torch.tensor([[1, 3, -1, -3, 5]], dtype=torch.int16)
+    got = _product_half_up_codes(odd, torch.ones(1, 1, dtype=torch.int16), 0.5, I16)
+    assert got.tolist() == [[1, 2, 0, -1, 3]]
