@@ -70,10 +70,11 @@ def exp_table_softmax(
     8-bit codes ``x`` along ``dim`` (module doc): float32 table, float32 row sum in element
     order, rne(fl32(fl32(T / sum) * floor(1 / sy))) + ``y_zero_point``, saturated to ``out``."""
     _check(x, out)
-    xm = torch.movedim(x.to(torch.int64), dim, -1)
+    xm = torch.movedim(x, dim, -1).to(torch.int32)  # 8-bit codes
     d = xm.shape[-1]
     table = _table(float(np.float32(check_scale_float(x_scale, "x_scale"))), d)
-    v = table[(xm - xm.amax(dim=-1, keepdim=True)).add_(255)].contiguous()
+    index = (xm - xm.amax(dim=-1, keepdim=True)).add_(255)  # 255 - (max(x) - x), in [0, 255]
+    v = table.index_select(0, index.reshape(-1)).reshape(index.shape)
     total = torch.from_numpy(row_sums_in_order(v.numpy()))
     y = torch.tensor(output_multiplier(y_scale), dtype=torch.float32)
     # in place on the gathered entries: fl32(fl32(T / sum) * Y), rounded half to even; the
@@ -85,13 +86,26 @@ def exp_table_softmax(
     return torch.movedim(q, -1, dim)
 
 
+COLUMN_SUM_MIN_ROWS = 256  # from here on, adding column by column beats numpy's accumulate
+
+
 def row_sums_in_order(v: np.ndarray) -> np.ndarray:
     """Float32 sums of the rows of ``v`` (last axis), one float32 addition per element in
-    element order: the last column of numpy's float32 ``add.accumulate``, which forms each
-    running sum from the previous one (no pairwise or wider accumulation)."""
-    if v.shape[-1] == 0:
+    element order (no pairwise or wider accumulation). Many rows: the columns are added one at
+    a time into a float32 vector of running sums (each numpy add is elementwise, so a row's
+    running sum is formed from its previous one); few rows: the last column of numpy's float32
+    ``add.accumulate`` along the rows, which does the same additions row by row."""
+    d = v.shape[-1]
+    if d == 0:
         return np.zeros(v.shape[:-1], dtype=np.float32)
-    return np.ascontiguousarray(np.add.accumulate(v, axis=-1, dtype=np.float32)[..., -1])
+    rows = v.size // d
+    if rows < COLUMN_SUM_MIN_ROWS:
+        return np.ascontiguousarray(np.add.accumulate(v, axis=-1, dtype=np.float32)[..., -1])
+    columns = np.ascontiguousarray(np.moveaxis(v, -1, 0).reshape(d, rows), dtype=np.float32)
+    total = columns[0].copy()
+    for column in columns[1:]:
+        np.add(total, column, out=total)
+    return total.reshape(v.shape[:-1])
 
 
 @functools.lru_cache(maxsize=256)

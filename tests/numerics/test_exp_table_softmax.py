@@ -65,21 +65,38 @@ def test_exp_table_softmax_rejects_what_the_kernel_does_not_take():
         exp_table_softmax(x, 0.1, -1, 0.0, DType.INT8)
 
 
-def test_row_sums_add_in_element_order_in_float32():
+@pytest.mark.parametrize("shape", [(40, 700), (3, 100, 50), (260, 9), (300, 1)])
+def test_row_sums_add_in_element_order_in_float32(shape):
     """The row sum is the running float32 sum, not numpy's pairwise sum nor a wider one: on
-    rows mixing magnitudes (where the order changes the bits) it equals a scalar loop."""
-    from quantlab.numerics.exp_table_softmax import row_sums_in_order
+    rows mixing magnitudes (where the order changes the bits) it equals a scalar loop, with
+    few rows (numpy's accumulate) and many (column by column)."""
+    from quantlab.numerics.exp_table_softmax import COLUMN_SUM_MIN_ROWS, row_sums_in_order
 
     rng = np.random.default_rng(5)
-    v = (rng.uniform(0, 1, (40, 700)) * 10.0 ** rng.integers(-6, 6, (40, 700))).astype(np.float32)
-    want = np.zeros(40, dtype=np.float32)
-    for r in range(40):
-        for t in v[r]:
+    v = (rng.uniform(0, 1, shape) * 10.0 ** rng.integers(-6, 6, shape)).astype(np.float32)
+    rows = v.reshape(-1, shape[-1])
+    want = np.zeros(len(rows), dtype=np.float32)
+    for r, row in enumerate(rows):
+        for t in row:
             want[r] = np.float32(want[r] + t)
+    want = want.reshape(shape[:-1])
     got = row_sums_in_order(v)
-    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
-    assert not np.array_equal(v.sum(axis=-1).view(np.int32), want.view(np.int32))
-    assert not np.array_equal(v.astype(np.float64).sum(-1).astype(np.float32), want)
+    assert got.dtype == np.float32 and got.shape == shape[:-1]
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    if shape[-1] > 8:
+        assert not np.array_equal(v.sum(axis=-1).view(np.int32), want.view(np.int32))
+        assert not np.array_equal(v.astype(np.float64).sum(-1).astype(np.float32), want)
+    assert (len(rows) >= COLUMN_SUM_MIN_ROWS) == (shape != (40, 700))
+
+
+def test_many_rows_match_reference():
+    rng = np.random.default_rng(9)
+    x = torch.from_numpy(rng.integers(0, 256, (4, 80, 16))).to(torch.uint8)  # 320 rows
+    x[0, 0] = 255  # a row of one value
+    for dim in (-1, 1):
+        got = exp_table_softmax(x, 0.11, dim, 1 / 256, DType.UINT8, 3)
+        want = exp_table_softmax_reference(x.numpy(), 0.11, dim, 1 / 256, DType.UINT8, 3)
+        assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
 
 
 @pytest.mark.parametrize("d", [128, 513])
