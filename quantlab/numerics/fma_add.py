@@ -80,28 +80,64 @@ def qlinear_add(
     rb = check_tensor_scale(y_scale, "y_scale") / sc
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
     fixed = zc - (ra * za + rb * zb)
+    scalars = (float(ra), float(rb), float(fixed))
+    if x.dtype in _EIGHT_BIT and y.dtype in _EIGHT_BIT:  # every pair of codes: one table
+        table = _pair_table(*scalars, zero_point, x.dtype, y.dtype, out)
+        index = x.view(torch.uint8).to(torch.int32).mul_(256)  # code mod 256, times 256
+        index = index + y.view(torch.uint8)  # broadcast: the pair's entry
+        return table.index_select(0, index.reshape(-1)).reshape(index.shape)
+    return _add_codes(x, y, *scalars, zero_point, out)
+
+
+def _add_codes(
+    x: Tensor, y: Tensor, ra: float, rb: float, fixed: float, zero_point: int, out: DType
+) -> Tensor:
+    """``qlinear_add``'s formula on each pair of codes (the fast form where proven)."""
     xa, yb = torch.broadcast_tensors(x, y)
     zp = float(zero_point)
-    scalars = (float(ra), float(rb), float(fixed))
-    exact = float64_exact(*scalars, _code_bound(x, zero_point), _code_bound(y, zero_point))
+    exact = float64_exact(ra, rb, fixed, _code_bound(x, zero_point), _code_bound(y, zero_point))
     if not exact and _dtype_bounded(x, y):  # the dtype's bound may be loose: measure the codes
-        exact = float64_exact(*scalars, _measured(x, zero_point), _measured(y, zero_point))
+        exact = float64_exact(ra, rb, fixed, _measured(x, zero_point), _measured(y, zero_point))
     if exact:
         # each sum below is exact in float64 (module doc): one rounding to float32 per fma
         inner = yb.to(torch.float64)
         if zero_point:
             inner.add_(zp)
-        rest = inner.mul_(float(rb)).add_(float(fixed)).to(torch.float32)
+        rest = inner.mul_(rb).add_(fixed).to(torch.float32)
         outer = xa.to(torch.float64)
         if zero_point:
             outer.add_(zp)
-        v = outer.mul_(float(ra)).add_(rest).to(torch.float32).round_()
+        v = outer.mul_(ra).add_(rest).to(torch.float32).round_()
     else:
-        rest = fma_float32(yb.to(torch.float32).add(zp), rb, fixed)
-        v = round_float(fma_float32(xa.to(torch.float32).add(zp), ra, rest), Round.HALF_EVEN)
+        r32 = (torch.tensor(v, dtype=torch.float32) for v in (rb, fixed, ra))
+        rb_t, fixed_t, ra_t = r32
+        rest = fma_float32(yb.to(torch.float32).add(zp), rb_t, fixed_t)
+        v = round_float(fma_float32(xa.to(torch.float32).add(zp), ra_t, rest), Round.HALF_EVEN)
     if zero_point:
         v.sub_(zp)
     return v.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
+
+
+_EIGHT_BIT = (torch.int8, torch.uint8)
+
+
+@functools.lru_cache(maxsize=64)
+def _pair_table(
+    ra: float,
+    rb: float,
+    fixed: float,
+    zero_point: int,
+    x_dtype: torch.dtype,
+    y_dtype: torch.dtype,
+    out: DType,
+) -> Tensor:
+    """``_add_codes`` of every pair of 8-bit codes (65,536 entries, ``out``'s torch dtype),
+    entry 256 * (x mod 256) + (y mod 256): the formula is elementwise, so a lookup is the same
+    bits. Built once per scalars, zero point, dtypes and output."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)  # the codes mod 256
+    xs = codes.view(x_dtype).repeat_interleave(256)
+    ys = codes.view(y_dtype).repeat(256)
+    return _add_codes(xs, ys, ra, rb, fixed, zero_point, out)
 
 
 SMALL_CODES = (torch.int8, torch.uint8, torch.int16)

@@ -91,6 +91,13 @@ def _general_path(monkeypatch):
     monkeypatch.setattr(fma_add, "float64_exact", lambda *args: False)
 
 
+def _no_pair_table(monkeypatch):
+    """8-bit codes run the formula on each pair too, not the cached table of every pair."""
+    import quantlab.numerics.fma_add as fma_add
+
+    monkeypatch.setattr(fma_add, "_EIGHT_BIT", ())
+
+
 @pytest.mark.parametrize("zero_point", [0, 128])
 def test_qlinear_add_float64_form_equals_the_fma_form(zero_point, monkeypatch):
     """The float64 fast form gives the bits of the two-fma form on many random scales, on
@@ -118,6 +125,7 @@ def test_qlinear_add_float64_form_equals_the_fma_form(zero_point, monkeypatch):
         cases.append((x, sx, y, sy, so, dt, zps))
     import quantlab.numerics.fma_add as fma_add
 
+    _no_pair_table(monkeypatch)
     taken = []
     real = fma_add.float64_exact
     monkeypatch.setattr(fma_add, "float64_exact", lambda *a: taken.append(real(*a)) or taken[-1])
@@ -161,6 +169,7 @@ def test_an_all_zero_operand_puts_no_bit_in_the_proof(monkeypatch):
     import quantlab.numerics.fma_add as fma_add
     from quantlab.numerics.fma_add import float64_exact
 
+    _no_pair_table(monkeypatch)
     general = []
     real = fma_add.fma_float32
     monkeypatch.setattr(fma_add, "fma_float32", lambda *a: general.append(1) or real(*a))
@@ -176,3 +185,58 @@ def test_an_all_zero_operand_puts_no_bit_in_the_proof(monkeypatch):
         want = ref_qlinear_add(x, sx, y, sy, so, DType.INT8, zp)
         assert_bits_equal(got, torch.from_numpy(want).to(torch.int8))
         assert bool(general) == bool(zp)
+
+
+def test_8bit_codes_take_the_table_of_every_pair_with_the_formulas_bits(monkeypatch):
+    """For int8 / uint8 codes the result is read from a table of all 65,536 code pairs built by
+    the formula once; it equals the formula run on the pairs themselves (scales with exact
+    ties, midpoint-producing and extreme ratios, zero points, broadcasting either way,
+    non-contiguous input) and the scalar reference."""
+    import quantlab.numerics.fma_add as fma_add
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    rng = np.random.default_rng(31)
+    cases = [
+        (0.05, 0.02, 0.06, 0, (0, 0, 0), torch.int8, torch.int8, DType.INT8),
+        (2.0**-5, 2.0**-7, 2.0**-6, 128, (0, 0, 0), torch.int8, torch.int8, DType.INT8),
+        (
+            2.0**-8 * (1 + 2.0**-23),
+            3 * 2.0**-11,
+            2.0**-8,
+            0,
+            (3, -5, 1),
+            torch.int8,
+            torch.int8,
+            DType.INT8,
+        ),
+        (0.05, 1.1e-8, 0.05, 128, (0, 0, 0), torch.int8, torch.int8, DType.INT8),
+        (0.031, 0.017, 0.04, 0, (128, 120, 131), torch.uint8, torch.uint8, DType.UINT8),
+        (0.031, 0.017, 0.04, 0, (-3, 120, 7), torch.int8, torch.uint8, DType.UINT8),
+    ]
+    for sx, sy, so, zp, zps, xd, yd, out in cases:
+        x = codes.view(xd).repeat_interleave(256).reshape(256, 256)
+        y = codes.view(yd).repeat(256).reshape(256, 256)
+        got = qlinear_add(x, sx, y, sy, so, out, zp, zps)
+        pieces = (x.t(), y.t()), (x[:, :1], y), (x, y[:1]), (x[:, ::3], y[:, ::3])
+        with monkeypatch.context() as m:
+            _no_pair_table(m)
+            want = qlinear_add(x, sx, y, sy, so, out, zp, zps)
+            per_pair = [qlinear_add(a, sx, b, sy, so, out, zp, zps) for a, b in pieces]
+        assert_bits_equal(got, want)
+        for (a, b), w in zip(pieces, per_pair):
+            assert_bits_equal(qlinear_add(a, sx, b, sy, so, out, zp, zps), w)
+        pick = rng.integers(0, 256, (2, 300))
+        ref = ref_qlinear_add(
+            x[pick[0], pick[1]],
+            np.float32(sx),
+            y[pick[0], pick[1]],
+            np.float32(sy),
+            np.float32(so),
+            out,
+            zp,
+            zps,
+        )
+        assert_bits_equal(got[pick[0], pick[1]].to(torch.int64), torch.from_numpy(ref))
+    before = fma_add._pair_table.cache_info().misses
+    qlinear_add(x, sx, y, sy, so, out, zp, zps)
+    assert fma_add._pair_table.cache_info().misses == before  # built once per scalars
