@@ -24,6 +24,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
+from quantlab.numerics import pair_table
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import centred_code_max
 from quantlab.numerics.rounding import Round, round_float
@@ -82,10 +83,11 @@ def qlinear_add(
     fixed = zc - (ra * za + rb * zb)
     scalars = (float(ra), float(rb), float(fixed))
     if x.dtype in _EIGHT_BIT and y.dtype in _EIGHT_BIT:  # every pair of codes: one table
-        table = _pair_table(*scalars, zero_point, x.dtype, y.dtype, out)
-        index = x.view(torch.uint8).to(torch.int32).mul_(256)  # code mod 256, times 256
-        index = index + y.view(torch.uint8)  # broadcast: the pair's entry
-        return table.index_select(0, index.reshape(-1)).reshape(index.shape)
+        key = (*scalars, zero_point, out)
+        table = _PAIR_TABLES.get(
+            key, x.dtype, y.dtype, lambda a, b: _add_codes(a, b, *scalars, zero_point, out)
+        )
+        return pair_table.lookup(table, x, y)
     return _add_codes(x, y, *scalars, zero_point, out)
 
 
@@ -118,26 +120,9 @@ def _add_codes(
     return v.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
 
 
-_EIGHT_BIT = (torch.int8, torch.uint8)
-
-
-@functools.lru_cache(maxsize=64)
-def _pair_table(
-    ra: float,
-    rb: float,
-    fixed: float,
-    zero_point: int,
-    x_dtype: torch.dtype,
-    y_dtype: torch.dtype,
-    out: DType,
-) -> Tensor:
-    """``_add_codes`` of every pair of 8-bit codes (65,536 entries, ``out``'s torch dtype),
-    entry 256 * (x mod 256) + (y mod 256): the formula is elementwise, so a lookup is the same
-    bits. Built once per scalars, zero point, dtypes and output."""
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)  # the codes mod 256
-    xs = codes.view(x_dtype).repeat_interleave(256)
-    ys = codes.view(y_dtype).repeat(256)
-    return _add_codes(xs, ys, ra, rb, fixed, zero_point, out)
+_EIGHT_BIT = pair_table.EIGHT_BIT
+# (ra, rb, fixed, zero_point, out, x dtype, y dtype) -> ``_add_codes`` of every pair of codes
+_PAIR_TABLES = pair_table.PairTables()
 
 
 SMALL_CODES = (torch.int8, torch.uint8, torch.int16)

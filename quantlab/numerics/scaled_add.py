@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from quantlab.numerics import pair_table
 from quantlab.numerics.dtypes import FLOAT64_EXACT, DType
 from quantlab.numerics.quantize import QuantStats, centred_code_max, check_zero_point
 from quantlab.numerics.requant import (
@@ -86,11 +87,32 @@ def add_inter_scale(
     """
     _require_codes(x, "x")
     _require_codes(y, "y")
-    zx, zy, zo = zero_points
     if constants is None:
         constants = add_constants(
             x_scale, y_scale, out_scale, out, scheme, rounding, inter_shift, mult_bits
         )
+    if stats is None and x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:
+        table = _PAIR_TABLES.get(
+            _table_key(constants, out, rounding, zero_points),
+            x.dtype,
+            y.dtype,
+            lambda a, b: _add_inter_scale_codes(a, b, constants, out, rounding, zero_points),
+        )
+        return pair_table.lookup(table, x, y)
+    return _add_inter_scale_codes(x, y, constants, out, rounding, zero_points, stats)
+
+
+def _add_inter_scale_codes(
+    x: Tensor,
+    y: Tensor,
+    constants: AddConstants,
+    out: DType,
+    rounding: Round,
+    zero_points: tuple[int, int, int],
+    stats: QuantStats | None = None,
+) -> Tensor:
+    """``add_inter_scale``'s formula on each pair of codes (the float64 form where proven)."""
+    zx, zy, zo = zero_points
     s, params = constants.inter, constants.requant.params
     if not (zx or zy or zo) and stats is None:
         form = _float64_form(constants, centred_code_max(x), centred_code_max(y))
@@ -109,12 +131,29 @@ def add_inter_scale(
     return requantize(acc, params, out, rounding, stats=stats, zero_point=check_zero_point(zo, out))
 
 
+def _table_key(k: AddConstants, out: DType, rounding: Round, zero_points: tuple) -> tuple:
+    """Every value ``_add_inter_scale_codes`` reads besides the codes (the pair table's key)."""
+    return (*k.values, out, rounding, *zero_points)
+
+
+# (_table_key, x dtype, y dtype) -> the J6 add of every pair of 8-bit codes
+_PAIR_TABLES = pair_table.PairTables()
+
+
 @dataclass(frozen=True)
 class AddConstants:
     """What ``add_inter_scale`` derives from its scales, output dtype and contract fields."""
 
     inter: InterScale
     requant: Int32Requant  # by inter / out_scale (its params: the encoded multiplier)
+    values: tuple  # mx, my and the requantization's numbers and fields, as Python values
+
+    @staticmethod
+    def of(inter: InterScale, requant: Int32Requant) -> AddConstants:
+        p = requant.params
+        numbers = (inter.mx, inter.my, float(p.real), int(p.multiplier), int(p.shift))
+        fields = (p.scheme, p.mult_bits, requant.out, requant.rounding, requant.fast)
+        return AddConstants(inter, requant, (*numbers, *fields))
 
 
 def _float64_form(k: AddConstants, cx: int, cy: int) -> tuple[float, float, float] | None:
@@ -174,7 +213,7 @@ def add_constants(
         real = s.inter / so
     else:
         real = s.inter.to(torch.float64) / so.to(torch.float64)
-    value = AddConstants(s, int32_requant(make_requant(real, scheme, mult_bits), out, rounding))
+    value = AddConstants.of(s, int32_requant(make_requant(real, scheme, mult_bits), out, rounding))
     if len(_ADD_CONSTANTS) >= ENCODED_LIMIT:
         _ADD_CONSTANTS.clear()
     _ADD_CONSTANTS[key] = value

@@ -254,3 +254,86 @@ def test_large_multipliers_saturate_and_never_wrap(scheme, m):
     want = [32767, 32767, -32768, 0, -32768, 32767, -32768, 32767]
     assert got.tolist() == want
     assert ref.requantize(acc, m, scheme, DType.INT16, mode).tolist() == want
+
+
+def test_8bit_j6_adds_take_the_table_of_every_pair_with_the_formulas_bits(monkeypatch):
+    """int8 / uint8 codes read a table of all 65,536 code pairs built once by the J6 add's
+    formula; it equals the formula run on the pairs (FLOAT_RESCALE and MUL_SHIFT, power-of-two
+    and equal scales, zero points, broadcasting either way, strided input) and the scalar
+    reference on a sample."""
+    import quantlab.numerics.scaled_add as scaled_add
+    from quantlab.numerics.pair_table import every_pair
+
+    rng = np.random.default_rng(41)
+    cases = [
+        (0.031, 0.017, 0.05, Requant.MUL_SHIFT, Round.HALF_UP, (0, 0, 0), torch.int8, DType.INT8),
+        (
+            2.0**-5,
+            2.0**-7,
+            2.0**-6,
+            Requant.MUL_SHIFT,
+            Round.HALF_UP,
+            (0, 0, 0),
+            torch.int8,
+            DType.INT8,
+        ),
+        (
+            0.02,
+            0.02,
+            0.02,
+            Requant.FLOAT_RESCALE,
+            Round.HALF_EVEN,
+            (0, 0, 0),
+            torch.int8,
+            DType.INT8,
+        ),
+        (
+            0.031,
+            0.0041,
+            0.013,
+            Requant.MUL_SHIFT,
+            Round.HALF_UP,
+            (0, 0, 0),
+            torch.int8,
+            DType.INT16,
+        ),
+        (
+            0.031,
+            0.017,
+            0.05,
+            Requant.FLOAT_RESCALE,
+            Round.HALF_EVEN,
+            (131, 120, 128),
+            torch.uint8,
+            DType.UINT8,
+        ),
+    ]
+    for sx, sy, so, scheme, rnd, zps, dt, out in cases:
+        a, b = every_pair(dt, dt)
+        x, y = a.reshape(256, 256), b.reshape(256, 256)
+        got = scaled_add.add_inter_scale(x, sx, y, sy, so, out, scheme, rnd, zero_points=zps)
+        pieces = (x.t(), y.t()), (x[:, :1], y), (x, y[:1]), (x[:, ::3], y[:, ::3])
+        with monkeypatch.context() as m:
+            m.setattr(scaled_add.pair_table, "EIGHT_BIT", ())
+            want = scaled_add.add_inter_scale(x, sx, y, sy, so, out, scheme, rnd, zero_points=zps)
+            per_pair = [
+                scaled_add.add_inter_scale(p, sx, q, sy, so, out, scheme, rnd, zero_points=zps)
+                for p, q in pieces
+            ]
+        assert_bits_equal(got, want)
+        for (p, q), w in zip(pieces, per_pair):
+            got_piece = scaled_add.add_inter_scale(
+                p, sx, q, sy, so, out, scheme, rnd, zero_points=zps
+            )
+            assert_bits_equal(got_piece, w)
+        i, j = rng.integers(0, 256, (2, 300))
+        exp = ref.add_inter_scale(x[i, j], sx, y[i, j], sy, so, out, scheme, rnd, zero_points=zps)
+        assert_bits_equal(got[i, j].to(torch.int64), torch.from_numpy(exp))
+    built = []
+    real = scaled_add._add_inter_scale_codes
+    monkeypatch.setattr(
+        scaled_add, "_add_inter_scale_codes", lambda *a: built.append(1) or real(*a)
+    )
+    again = scaled_add.add_inter_scale(x[:2], sx, y[:2], sy, so, out, scheme, rnd, zero_points=zps)
+    assert_bits_equal(again, got[:2])
+    assert not built  # built once, by the first call
