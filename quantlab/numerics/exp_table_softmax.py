@@ -70,7 +70,8 @@ def exp_table_softmax(
     8-bit codes ``x`` along ``dim`` (module doc): float32 table, float32 row sum in element
     order, rne(fl32(fl32(T / sum) * floor(1 / sy))) + ``y_zero_point``, saturated to ``out``."""
     _check(x, out)
-    xm = torch.movedim(x, dim, -1).to(torch.int32)  # 8-bit codes
+    xm = torch.movedim(x, dim, -1)
+    xm = xm.to(torch.int32 if x.dtype in _NARROW else torch.int64)  # wide codes stay wide
     d = xm.shape[-1]
     table = _table(float(np.float32(check_scale_float(x_scale, "x_scale"))), d)
     index = (xm - xm.amax(dim=-1, keepdim=True)).add_(255)  # 255 - (max(x) - x), in [0, 255]
@@ -86,6 +87,7 @@ def exp_table_softmax(
     return torch.movedim(q, -1, dim)
 
 
+_NARROW = (torch.int8, torch.uint8, torch.int16, torch.int32)
 COLUMN_SUM_MIN_ROWS = 256  # from here on, adding column by column beats numpy's accumulate
 
 

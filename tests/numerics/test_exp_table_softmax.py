@@ -106,3 +106,13 @@ def test_exp_table_softmax_long_rows_match_reference(d):
     got = exp_table_softmax(x, 0.07, -1, 1 / 256, DType.UINT8, 0)
     want = exp_table_softmax_reference(x.numpy(), 0.07, -1, 1 / 256, DType.UINT8, 0)
     assert_bits_equal(got.to(torch.int64), torch.from_numpy(want))
+
+
+def test_wide_codes_far_from_zero_give_the_bits_of_their_8bit_offsets():
+    # only max(x) - x enters: int64 codes near 2**31 (past int32) read as their 8-bit offsets
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy(rng.integers(0, 256, (300, 12))).to(torch.uint8)
+    want = exp_table_softmax(x, 0.09, -1, 1 / 256, DType.UINT8, 0)
+    for offset in (2**31 - 100, -(2**40)):
+        wide = x.to(torch.int64) + offset
+        assert_bits_equal(exp_table_softmax(wide, 0.09, -1, 1 / 256, DType.UINT8, 0), want)
