@@ -82,7 +82,7 @@ def qlinear_add(
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
     fixed = zc - (ra * za + rb * zb)
     scalars = (float(ra), float(rb), float(fixed))
-    if x.dtype in _EIGHT_BIT and y.dtype in _EIGHT_BIT:  # every pair of codes: one table
+    if x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:  # one table
         key = (*scalars, zero_point, out)
         table = _PAIR_TABLES.get(
             key, x.dtype, y.dtype, lambda a, b: _add_codes(a, b, *scalars, zero_point, out)
@@ -120,7 +120,6 @@ def _add_codes(
     return v.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
 
 
-_EIGHT_BIT = pair_table.EIGHT_BIT
 # (ra, rb, fixed, zero_point, out, x dtype, y dtype) -> ``_add_codes`` of every pair of codes
 _PAIR_TABLES = pair_table.PairTables()
 

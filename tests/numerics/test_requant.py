@@ -262,6 +262,7 @@ def test_8bit_j6_adds_take_the_table_of_every_pair_with_the_formulas_bits(monkey
     and equal scales, zero points, broadcasting either way, strided input) and the scalar
     reference on a sample."""
     import quantlab.numerics.scaled_add as scaled_add
+    from quantlab.numerics import pair_table
     from quantlab.numerics.pair_table import every_pair
 
     rng = np.random.default_rng(41)
@@ -314,7 +315,7 @@ def test_8bit_j6_adds_take_the_table_of_every_pair_with_the_formulas_bits(monkey
         got = scaled_add.add_inter_scale(x, sx, y, sy, so, out, scheme, rnd, zero_points=zps)
         pieces = (x.t(), y.t()), (x[:, :1], y), (x, y[:1]), (x[:, ::3], y[:, ::3])
         with monkeypatch.context() as m:
-            m.setattr(scaled_add.pair_table, "EIGHT_BIT", ())
+            m.setattr(pair_table, "EIGHT_BIT", ())
             want = scaled_add.add_inter_scale(x, sx, y, sy, so, out, scheme, rnd, zero_points=zps)
             per_pair = [
                 scaled_add.add_inter_scale(p, sx, q, sy, so, out, scheme, rnd, zero_points=zps)
