@@ -60,13 +60,13 @@ def test_summary_of_missing_folder_fails(tmp_path):
         summarize_sweep(tmp_path / "nope")
 
 
-def _quantlab(args: list[str], **kw) -> subprocess.Popen:
+def _quantlab(args: list[str], cwd: Path = ROOT, **kw) -> subprocess.Popen:
     # this checkout first: the runner must import this quantlab, not an installed one
     path = os.pathsep.join([str(RUNNER.parent), str(ROOT)])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     cmd = [sys.executable, str(RUNNER), *args, "progress=false"]
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw
     )
 
 
@@ -157,3 +157,21 @@ def test_summary_command(tmp_path, capsys):
     assert main([str(sweep), "--no-plots"]) == 0
     assert "1/2 jobs finished; 1 rows" in capsys.readouterr().out
     assert not list(sweep.glob("*.png"))
+
+
+def test_runs_and_sweeps_write_into_their_default_folders(tmp_path):
+    """Without hydra.run.dir / hydra.sweep.dir (as the README's commands run): a run writes
+    outputs/<experiment>/<time>/, a sweep (basic and joblib launchers) multirun/<experiment>/
+    <time>/ with its summary, under the working folder."""
+    _finish(_quantlab(["+exp=sweep_probe_schema", "exp.value=2"], cwd=tmp_path))
+    (run,) = (tmp_path / "outputs" / "sweep_probe_schema").iterdir()
+    assert (run / "results.csv").exists() and (run / "config.yaml").exists()
+    _finish(_quantlab(["-m", "+exp=sweep_probe_schema", "exp.value=1,2"], cwd=tmp_path))
+    time.sleep(1.1)  # the next sweep's folder is named by a later second
+    args = ["+exp=sweep_probe_schema", "exp.value=3,4", "sweep=joblib"]
+    _finish(_quantlab(args, cwd=tmp_path))
+    sweeps = sorted((tmp_path / "multirun" / "sweep_probe_schema").iterdir())
+    assert len(sweeps) == 2
+    for sweep, values in zip(sweeps, ([1, 2], [3, 4])):
+        summary = pd.read_csv(sweep / "summary.csv")
+        assert sorted(summary["exp.value"].unique()) == values
