@@ -113,19 +113,26 @@ def test_invalid_value_fails_in_post_init_naming_field():
 
 
 def test_cli_without_experiment_lists_experiments(tmp_path):
+    # as the README runs it: from the user's folder, with the default run folder
+    import os
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    out = subprocess.run(
-        [sys.executable, "-m", "quantlab", f"hydra.run.dir={tmp_path}"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
     )
-    assert out.returncode == 0, out.stderr
-    assert "+exp=" in out.stdout
+    for args in ([], ["-m"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "quantlab", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "+exp=" in out.stdout
 
 
 def test_cli_misspelt_platform_names_allowed_values(tmp_path):
