@@ -9,7 +9,9 @@ and the paired ratio: the median over rounds of each round's time over the same 
 time (with quartiles), which a slow spell of the machine spanning a round moves less.
 Variants: quantlab float mode, fake and fixed mode on j6m, fixed mode on the onnxruntime
 profile, onnxruntime fp32 and int8 QOperator (static, per-channel; exported from the same
-module; ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads.
+module; ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads;
+and fake mode's floor: the model with every op captured and nothing quantized, and the fake
+quant's passes alone (their sum is the least any per-op fake run can cost).
 Also: int16 segment-LUT evaluation against torch.sigmoid on as many elements, and the peak
 memory growth of one MobileNetV2 run per mode (fresh subprocess each).
 
@@ -40,6 +42,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from quantlab.capture import CaptureMode, ModuleTracker
 from quantlab.models import build_model
 from quantlab.models.registry import example_inputs
 from quantlab.numerics.dtypes import DType
@@ -58,6 +61,10 @@ EAGER = "eager torch float (baseline)"
 ORT8 = "onnxruntime int8 QOperator"
 FLOAT, FAKE = "quantlab float", "quantlab fake j6m"
 FIXED, FIXED_ORT = "quantlab fixed j6m", "quantlab fixed onnxruntime profile"
+# what any per-op simulation of an eager model adds before quantizing anything, and the fake
+# quant's own arithmetic: together the least a fake run can cost (section "Fake mode's floor")
+CAPTURED = "eager, every op captured, nothing quantized"
+FQ_PASSES = "fake-quant passes alone"
 # variant -> (limit x eager, limit x onnxruntime int8 or None)
 TARGETS = {FLOAT: (1.1, None), FAKE: (1.3, None), FIXED: (2.5, 1.5), FIXED_ORT: (2.5, 1.5)}
 LUT_TARGET = 1.5
@@ -114,9 +121,73 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
     out[FIXED] = lambda: sims["j6m"].run(*x, mode=Mode.FIXED)
     out[FIXED_ORT] = lambda: sims["onnxruntime"].run(*x, mode=Mode.FIXED)
     out.update(ort_runners(module, x, calib, threads))
+    out[CAPTURED] = captured_runner(module, x)
+    sims["j6m"].run(*x, mode=Mode.FAKE)
+    out[FQ_PASSES] = fake_quant_passes(sims["j6m"])
     for fn in out.values():  # warm-up: plans, scales, weight codes and tables are built here
         fn()
+    if not torch.equal(out[CAPTURED](), eager()):
+        raise RuntimeError(f"{case.label}: the captured run does not give the eager output")
     return out
+
+
+def captured_runner(module, x: tuple) -> Callable[[], object]:
+    """``model(*x)`` under ``no_grad`` with the simulator's capture active (module-path hooks,
+    the torch-function mode naming every op) and every op run as written: the cost of seeing
+    each op, which every non-plain simulator run pays before it quantizes anything."""
+    tracker = ModuleTracker(module)
+
+    def as_written(call):  # ops that are not modelled ran already; their result is kept
+        return call.result if call.result is not None else call.run()
+
+    def run():
+        with torch.no_grad(), tracker, CaptureMode(tracker, as_written):
+            return module(*x)
+
+    return run
+
+
+def fake_quant_passes(sim: Simulator) -> Callable[[], object]:
+    """The output fake quant of every op a steady FAKE run of ``sim`` replays (its prepared
+    calls), each on a float32 tensor of that op's output shape, with nothing else: the fake
+    quant's own arithmetic, a lower bound (ops outside the prepared form, such as the LayerNorm
+    composite, are left out)."""
+    gen = torch.Generator().manual_seed(0)
+    work = [
+        (prep.fq, torch.randn(sim._info[name].output_shape, generator=gen) * 3)
+        for name, prep in sim._prepared.items()
+    ]
+
+    def run():
+        for fq, t in work:
+            fq(t, inplace=False)
+
+    return run
+
+
+def floor_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Per case: fake mode's floor (captured run + fake-quant passes, x eager) against the
+    fake run, and what is left for quantlab's own per-op work."""
+    rows = []
+    for case, sub in table.groupby("case", sort=False):
+        by = sub.set_index("variant")
+        x, paired = by.x_eager, by.paired_x_eager
+        floor = x[CAPTURED] + x[FQ_PASSES]
+        rows.append(
+            {
+                "case": case,
+                "captured_x": x[CAPTURED],
+                "fq_passes_x": x[FQ_PASSES],
+                "floor_x": floor,
+                "floor_paired": paired[CAPTURED] + paired[FQ_PASSES],
+                "fake_x": x[FAKE],
+                "fake_paired": paired[FAKE],
+                "dispatch_x": x[FAKE] - floor,
+                "target": TARGETS[FAKE][0],
+                "floor_within_target": bool(floor <= TARGETS[FAKE][0]),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> pd.DataFrame:
@@ -286,6 +357,7 @@ def main() -> None:
     target_list = target_rows(table, lut, mem)
     targets = pd.DataFrame(target_list)
     batch = batch_rows(table) if not args.quick else pd.DataFrame()
+    floor = floor_rows(table)
     meta = {
         "load_average_1_5_15_before": [round(v, 2) for v in load_before],
         "load_average_1_5_15_after": [round(v, 2) for v in load_after],
@@ -305,6 +377,7 @@ def main() -> None:
         "targets": target_list,  # paired: null where no paired ratio applies
         "cases": table.to_dict("records"),
         "batch8_per_item": batch.to_dict("records"),
+        "fake_floor": floor.to_dict("records"),
         "lut": lut,
         "peak_memory_growth_mib": mem,
     }
@@ -344,6 +417,22 @@ def main() -> None:
         "the targets are judged on x eager, the ratio of medians.",
         "",
         markdown_table(show, max_rows=100, floatfmt=".3g"),
+        "",
+    ]
+    md += [
+        "## Fake mode's floor",
+        "",
+        f"captured_x: `{CAPTURED}` (module-path hooks and the torch-function mode that names "
+        "each op, every op run as written), over eager. fq_passes_x: the output fake quant "
+        "of every op a steady fake run replays, alone on tensors of their output shapes (a "
+        "lower bound: composites such as LayerNorm are left out), over eager. floor_x = "
+        "captured_x + fq_passes_x: what a fake run costs before any of quantlab's own per-op "
+        "work (dispatch_x = fake_x - floor_x); floor_paired and fake_paired: the same from the "
+        "paired ratios. Where floor_within_target is false, the fake "
+        f"target ({TARGETS[FAKE][0]}x) cannot be met by a simulator that sees the model's ops "
+        "one by one, however lean its own work.",
+        "",
+        markdown_table(floor, floatfmt=".3g"),
         "",
     ]
     if not batch.empty:
