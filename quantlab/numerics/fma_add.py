@@ -111,8 +111,7 @@ def _add_codes(
             outer.add_(zp)
         v = outer.mul_(ra).add_(rest).to(torch.float32).round_()
     else:
-        r32 = (torch.tensor(v, dtype=torch.float32) for v in (rb, fixed, ra))
-        rb_t, fixed_t, ra_t = r32
+        rb_t, fixed_t, ra_t = (torch.tensor(v, dtype=torch.float32) for v in (rb, fixed, ra))
         rest = fma_float32(yb.to(torch.float32).add(zp), rb_t, fixed_t)
         v = round_float(fma_float32(xa.to(torch.float32).add(zp), ra_t, rest), Round.HALF_EVEN)
     if zero_point:
