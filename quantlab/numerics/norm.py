@@ -42,6 +42,7 @@ from quantlab.numerics.lut.segment import SegmentLut
 from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.quantize import quantize
 from quantlab.numerics.requant import (
+    INT32_MAX,
     Int32Requant,
     Requant,
     int32_requant,
@@ -341,10 +342,95 @@ def check_eps(eps: float) -> float:
 
 
 @dataclass(frozen=True)
+class StepShift:
+    """A step's requantization when it is MUL_SHIFT rounded HALF_UP with a right shift
+    1 <= n <= 62: codes = clamp(floor((acc * q + 2**(n-1)) / 2**n), lo, hi), as Python ints.
+    ``norm_fixed`` folds the product, the add rule's multipliers and the per-row or
+    per-channel terms into acc * q before the shift (every partial value below 2**62)."""
+
+    q: int
+    n: int
+    offset: int
+    lo: int
+    hi: int
+
+    @staticmethod
+    def of(r: Int32Requant) -> StepShift | None:
+        """The StepShift of a prepared requantization, or None when it is not of that form."""
+        if not r.fast or not 1 <= int(r.shift) <= 62:
+            return None
+        q = int(r.params.multiplier)
+        return StepShift(q, int(r.shift), int(r.offset), r.out.qmin, r.out.qmax)
+
+    def finish_(self, t: Tensor) -> Tensor:
+        """In place on int64 ``t`` = acc * q + offset: the shift (a floor) and the clamp."""
+        return t.bitwise_right_shift_(self.n).clamp_(self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class NormShifts:
+    """The element-wise steps of ``norm_fixed`` as StepShifts, when all of them have that form
+    (``norm_shifts``): diff (with the add rule's mx, my), square, normed, and, with gamma /
+    beta, scaled (with gamma * q per channel) and the output add (beta * my * q + offset per
+    channel, beside mx)."""
+
+    diff: StepShift
+    diff_m: tuple[int, int]
+    square: StepShift
+    normed: StepShift
+    scaled: StepShift | None
+    gamma_q: Tensor | None
+    out_add: StepShift | None
+    out_m: tuple[int, int] | None
+    beta_term: Tensor | None
+
+
+def _code_abs_max(dt: DType) -> int:
+    return max(-dt.qmin, dt.qmax)
+
+
+def norm_shifts(
+    diff: AddConstants,
+    square: Int32Requant,
+    normed: Int32Requant,
+    gamma: Tensor | None,
+    scaled: Int32Requant | None,
+    beta: Tensor | None,
+    out_add: AddConstants | None,
+    c: NormContract,
+) -> NormShifts | None:
+    """``NormShifts`` of these steps, or None when one requantization is not a StepShift or an
+    add could leave int32 (for int16 input codes, the widest ``norm_fixed`` takes): the
+    int64 forms are then exact, |acc * q| < 2**31 * 2**31 (adds) or 2**30 * 2**31 (products
+    of two int16 codes), so the offset's sum stays below 2**63."""
+    steps = [StepShift.of(r) for r in (diff.requant, square, normed)]
+    steps += [StepShift.of(scaled) if scaled is not None else None]
+    steps += [StepShift.of(out_add.requant) if out_add is not None else None]
+    d, sq, nm, sc, oa = steps
+    if d is None or sq is None or nm is None or (scaled is not None and sc is None):
+        return None
+    if out_add is not None and oa is None:
+        return None
+    inter = _code_abs_max(c.inter_dtype)
+    if _code_abs_max(DType.INT16) * diff.inter.mx + inter * diff.inter.my > INT32_MAX:
+        return None
+    gamma_q = None if gamma is None else gamma * sc.q
+    out_m = beta_term = None
+    if out_add is not None:
+        mx, my = out_add.inter.mx, out_add.inter.my
+        if inter * mx + _code_abs_max(c.affine_dtype) * my > INT32_MAX:
+            return None
+        out_m = (mx, my)
+        beta_term = beta * (my * oa.q) + oa.offset
+    return NormShifts(d, (diff.inter.mx, diff.inter.my), sq, nm, sc, gamma_q, oa, out_m, beta_term)
+
+
+@dataclass(frozen=True)
 class NormConstants:
     """What ``norm_fixed`` derives from its scales, parameters, eps, row length ``n``, output
     dtype and contract: each step's prepared requantization, the add rule's constants, the
-    rsqrt table, eps codes (ADD_CODES) and the gamma / beta codes (int64, unshaped)."""
+    rsqrt table, eps codes (ADD_CODES), the gamma / beta codes (int64, unshaped) and the
+    StepShift form of the element-wise steps when they have it (``shifts``)."""
 
     n: int
     mean: Int32Requant
@@ -358,6 +444,7 @@ class NormConstants:
     scaled: Int32Requant | None
     beta: Tensor | None
     out_add: AddConstants | None
+    shifts: NormShifts | None = None
 
 
 def norm_constants(
@@ -396,11 +483,13 @@ def norm_constants(
         beta = quantize(bias, s.beta, c.affine_dtype, c.affine_round).to(torch.int64)
         out_add = _add_constants(s_n, s.beta, s_out, out_dtype, c)
     eps_c = eps_codes(eps, s.var) if c.eps_mode is EpsMode.ADD_CODES else 0
+    diff = _add_constants(s_in, s.mean, s.diff, dt, c)
+    square = _requant(real_multiplier((s.diff, s.diff), s.square, 1, r), dt, c)
     return NormConstants(
         n=n,
         mean=_requant(real_multiplier((s_in,), s.mean, n, r), dt, c),
-        diff=_add_constants(s_in, s.mean, s.diff, dt, c),
-        square=_requant(real_multiplier((s.diff, s.diff), s.square, 1, r), dt, c),
+        diff=diff,
+        square=square,
         var=_requant(real_multiplier((s.square,), s.var, n, r), dt, c),
         eps_codes=eps_c,
         rsqrt=rsqrt_lut(s, eps, c),
@@ -409,6 +498,7 @@ def norm_constants(
         scaled=scaled,
         beta=beta,
         out_add=out_add,
+        shifts=norm_shifts(diff, square, normed, gamma, scaled, beta, out_add, c),
     )
 
 
@@ -442,9 +532,7 @@ def norm_fixed(
     out_dtype = DType.parse(out_dtype)
     if out_dtype not in CODE_DTYPES:
         raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
-    x = codes.to(torch.int64)
-    rows = layout.rows(x)
-    n = rows.shape[1]
+    n = layout.rows(codes).shape[1]
     if not 1 <= n <= c.max_reduce_elements:
         raise ValueError(
             f"a normalisation row holds {n} elements; the reduction allows 1 to "
@@ -457,6 +545,10 @@ def norm_fixed(
     elif constants.n != n:
         raise ValueError(f"norm constants are for rows of {constants.n} elements, got {n}")
     k, dt = constants, c.inter_dtype
+    if k.shifts is not None:
+        return _norm_shifted(codes, layout, k, c).to(out_dtype.torch_dtype)
+    x = codes.to(torch.int64)
+    rows = layout.rows(x)
     mu = requantize_int32(rows.sum(1, keepdim=True), k.mean)
     d = _add(rows, -mu, k.diff, dt, c)
     sq = requantize_int32(d * d, k.square)
@@ -470,3 +562,36 @@ def norm_fixed(
     if k.beta is not None:
         y = _add(y, layout.affine(k.beta, x, "bias"), k.out_add, out_dtype, c)
     return y.to(out_dtype.torch_dtype)
+
+
+def _norm_shifted(codes: Tensor, layout: NormLayout, k: NormConstants, c: NormContract) -> Tensor:
+    """``norm_fixed``'s steps on int8/int16 ``codes`` when ``k.shifts`` holds (NormShifts):
+    the same integers as its general form, with each element-wise step's product, add-rule
+    multipliers and per-row or per-channel terms folded into acc * q + offset (exact int64,
+    ``norm_shifts``) and one shift and clamp; returns int64 codes of ``codes``' shape. The
+    codes enter the first sum and add as they are (both widen them to int64)."""
+    f, dt, shape = k.shifts, c.inter_dtype, codes.shape
+    rows = layout.rows(codes)
+    mu = requantize_int32(rows.sum(1, keepdim=True, dtype=torch.int64), k.mean)
+    mx, my = f.diff_m
+    # diff: (x * mx - mu * my) * q + offset
+    d = f.diff.finish_(torch.add(mu * (-my * f.diff.q) + f.diff.offset, rows, alpha=mx * f.diff.q))
+    # square: d * d * q + offset
+    sq = f.square.finish_(torch.addcmul(_scalar(f.square.offset), d, d, value=f.square.q))
+    v = requantize_int32(sq.sum(1, keepdim=True), k.var)
+    if c.eps_mode is EpsMode.ADD_CODES:
+        v = (v + k.eps_codes).clamp_max(dt.qmax)
+    r = k.rsqrt.evaluate(v.to(dt.torch_dtype)).to(torch.int64)
+    # normed: d * (r * q) + offset
+    y = f.normed.finish_((d * (r * f.normed.q)).add_(f.normed.offset)).reshape(shape)
+    if f.scaled is not None:  # scaled: y * (gamma * q) + offset
+        g = layout.affine(f.gamma_q, y, "weight")
+        y = f.scaled.finish_((y * g).add_(f.scaled.offset))
+    if f.out_add is not None:  # out: y * mx * q + (beta * my * q + offset)
+        b = layout.affine(f.beta_term, y, "bias")
+        y = f.out_add.finish_(torch.add(b, y, alpha=f.out_m[0] * f.out_add.q))
+    return y
+
+
+def _scalar(v: int) -> Tensor:
+    return torch.tensor(v, dtype=torch.int64)

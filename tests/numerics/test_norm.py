@@ -14,6 +14,7 @@ from quantlab.numerics.norm import (
     NormContract,
     NormLayout,
     NormScales,
+    norm_constants,
     norm_fixed,
 )
 from quantlab.numerics.norm_calibrate import norm_steps, output_scale, scales_from_steps
@@ -219,3 +220,69 @@ def test_bad_arguments_fail_clearly():
         NormScales(mean=1, diff=1, square=1, var=0.0, rsqrt=1)
     with pytest.raises(ValueError, match="eps must be finite"):
         norm_fixed(codes, 1.0, layout, None, None, -1.0, sc, 1.0, I8)
+
+
+def _general(k):
+    """The same constants without the folded StepShift form: norm_fixed's general steps."""
+    return dataclasses.replace(k, shifts=None)
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(I8, I8), (I16, I16), (I16, I8)])
+def test_shifted_form_equals_general_form(in_dtype, out_dtype):
+    """J6's contract runs the folded int64 form (NormShifts); on random, full-range, constant
+    and saturating codes, with every affine combination and layout, it gives the general
+    form's bits (which the tests above tie to the reference)."""
+    g = torch.Generator().manual_seed(21)
+    lo, hi = in_dtype.qmin, in_dtype.qmax
+    shape = (3, 8, 2, 5)
+    codes = [
+        torch.randint(lo, hi + 1, shape, generator=g),
+        torch.full(shape, lo),
+        torch.full(shape, hi),
+        torch.tensor([lo, hi]).repeat(3 * 8 * 5).reshape(shape),
+    ]
+    x = rows_data(21, shape, spread=2.0)
+    w8, b8 = params(8, 21)
+    w10, b10 = (p.reshape(2, 5) for p in params(10, 21))
+    cases = [
+        (NormLayout.layer((2, 5)), w10, b10),
+        (NormLayout.layer((2, 5)), w10, None),
+        (NormLayout.layer((2, 5)), None, None),
+        (NormLayout.group(4), w8, b8),
+        (NormLayout.group(4), None, b8),
+        (NormLayout.instance(), w8, b8),
+    ]
+    for layout, w, b in cases:
+        _, s_in, sc, so = calibrated(x, layout, w, b, in_dtype, out_dtype)
+        tight = dataclasses.replace(sc, diff=sc.diff / 8, square=sc.square / 20, rsqrt=sc.rsqrt / 3)
+        for scales, s_out in ((sc, so), (tight, so / 10), (sc, so * 1e3)):
+            n = layout.rows(codes[0]).shape[1]
+            k = norm_constants(s_in, n, w, b, 1e-5, scales, s_out, out_dtype)
+            assert k.shifts is not None
+            for c in codes:
+                c = c.to(in_dtype.torch_dtype)
+                args = (c, s_in, layout, w, b, 1e-5, scales, s_out, out_dtype)
+                got = norm_fixed(*args, constants=k)
+                want = norm_fixed(*args, constants=_general(k))
+                assert_bits_equal(got, want, {"codes": c})
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [
+        NormContract(add_inter_shift=15),  # with s_mean = s_in an add could pass 2**31
+        NormContract(requant_round=Round.HALF_EVEN),
+        NormContract(requant=Requant.FLOAT_RESCALE),
+    ],
+    ids=["inter_shift_15", "half_even", "float_rescale"],
+)
+def test_contracts_outside_the_shifted_form_take_the_general_one(contract):
+    layout = NormLayout.layer(20)
+    x = torch.cat([rows_data(13, (5, 20)), torch.full((1, 20), 0.75)])
+    w, b = params(20, 13)
+    c, s_in, sc, so = calibrated(x, layout, w, b, I16, I16, eps=1e-3, contract=contract)
+    sc = dataclasses.replace(sc, mean=s_in)  # the add rule's mx = my = 2**add_inter_shift
+    assert norm_constants(s_in, 20, w, b, 1e-3, sc, so, I16, contract).shifts is None
+    check(c, s_in, layout, w, b, 1e-3, sc, so, I16, contract)
+    extremes = torch.tensor([[32767, -32768] * 10, [-32768] * 19 + [32767]], dtype=torch.int16)
+    check(extremes, s_in, layout, w, b, 1e-3, sc, so, I16, contract)
