@@ -4,6 +4,8 @@ offset or through the accumulator, many channel chunks, fused clamps, float32 su
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -131,7 +133,8 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
     xs, ws, so = (torch.tensor(v) for v in scales)
     g = torch.Generator().manual_seed(7)
     bias = torch.tensor([0.37])
-    k = finish_mod._constants(xs, ws, bias, so, out, J6)
+    # the output-window proof (tested below) off: this test is about the max|acc| limit
+    k = dataclasses.replace(finish_mod._constants(xs, ws, bias, so, out, J6), float_window=-1)
     limit = k.float_limit
     assert limit > 0
     near = torch.tensor([limit, -limit, limit - 1, 1 - limit, 0, 1, -1, 2, -2, 6, -6])
@@ -143,19 +146,19 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
             float_path = int(values.abs().max()) <= limit
         acc = values.reshape(-1, 1)
         calls.clear()
-        got = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, sum_bound=None)
+        got = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, sum_bound=None, constants=k)
         assert bool(calls) is float_path
         general = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
         assert_bits_equal(got, general, inputs={"acc": acc})
         for reuse in (False, True):  # float64 sums: widened in place, or left alone
             acc64 = acc.to(torch.float64)
-            got64 = finish_gemm(acc64, xs, ws, bias, so, out, J6, 1, reuse_acc=reuse)
+            got64 = finish_gemm(acc64, xs, ws, bias, so, out, J6, 1, reuse_acc=reuse, constants=k)
             assert_bits_equal(got64, general, inputs={"acc": acc})
             if not reuse:
                 assert_bits_equal(acc64, acc.to(torch.float64))
         for clamp in ((0, out.qmax), (3, 90), (-5, 40)):  # fused relus: lo >= 0 truncates
             calls.clear()
-            got_c = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, clamp_codes=clamp)
+            got_c = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, clamp_codes=clamp, constants=k)
             assert bool(calls) is float_path
             want_c = general.to(torch.int64).clamp_min(clamp[0]).clamp_max(clamp[1])
             assert_bits_equal(got_c.to(torch.int64), want_c, inputs={"acc": acc})
@@ -216,7 +219,84 @@ def test_finish_gemm_float64_form_with_a_carry_for_wide_bias_codes(out, per_chan
     if k.float_limit + k.bias_max + channels < (1 << 31):  # past the limit: the int64 passes
         past = (torch.arange(channels) + k.float_limit + 1).reshape(1, channels)
         calls.clear()
-        got_p = finish_gemm(past, xs, ws, bias, so, out, J6, 1, sum_bound=None)
+        got_p = finish_gemm(past, xs, ws, bias, so, out, J6, 1, sum_bound=None, constants=k)
         assert not calls
         general_p = finish_gemm(past, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
         assert_bits_equal(got_p, general_p, inputs={"acc": past})
+
+
+def _boundary_sums(k, lo: int, hi: int, channels: int) -> torch.Tensor:
+    """Per channel, the sums around each place the fast form's result crosses a clamp bound or
+    a rounding step near one (v = (acc * q + offset) / 2**n at lo, lo + 1/2, hi + 1/2, hi + 1
+    and 0), two either side, within int32."""
+    n = k.shift.expand(channels).tolist()
+    q = k.params.multiplier.expand(channels).tolist()
+    off = k.offset_with_bias.expand(channels).tolist()
+    cols = []
+    for c in range(channels):
+        vals = []
+        for half_steps in (2 * lo, 2 * lo + 1, 2 * hi + 1, 2 * hi + 2, 0, 1, -1):
+            target = (half_steps << n[c]) // 2 - off[c]  # acc * q at that value
+            a = -((-target) // q[c])  # the smallest acc reaching it
+            vals += [a + d for d in (-2, -1, 0, 1, 2)]
+        cols.append(torch.tensor(vals).clamp(-(1 << 30), 1 << 30))
+    return torch.stack(cols, 1)
+
+
+@pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_finish_gemm_float64_form_inside_its_output_window(out, per_channel, seed, monkeypatch):
+    """Sums far past the max|acc| limit still take the float64 passes when the output window
+    allows (``_float_window``): on sums across the whole int32 range, at the clamp bounds and
+    at the rounding ties next to them, with fused clamps, as int64, float32 and float64 sums,
+    the codes are the general form's and the reference's."""
+    calls = []
+    real_float64 = finish_mod._finish_float64
+    monkeypatch.setattr(
+        finish_mod, "_finish_float64", lambda *a, **kw: calls.append(1) or real_float64(*a, **kw)
+    )
+    g = torch.Generator().manual_seed(30 + seed)
+    channels = 5
+    xs, so = torch.tensor(0.0123), torch.tensor(0.077)
+    # multipliers xs * ws / so from about 2**-13 (int8) or 2**-6 (int16) up: the window holds
+    if per_channel:
+        ws = torch.tensor(
+            [0.5, 3e-3, 1.7e-3, 6e-4, 0.04] if out is DType.INT8 else [0.5, 0.3, 0.12, 2.0, 0.9]
+        )
+    else:
+        ws = torch.tensor(0.0021 if out is DType.INT8 else 0.25)
+    bias = torch.randn(channels, generator=g) * 0.5
+    k = finish_mod._constants(xs, ws, bias, so, out, J6)
+    assert k.float_carry is None and k.float_window >= out.qmax + 1
+    n = k.shift.to(torch.int64)
+    off = k.offset_with_bias.abs()
+    assert bool(((k.float_window << n) + off <= 1 << 53).all())  # the proof's bound, per channel
+    assert not bool((((k.float_window + 1) << n) + off <= 1 << 53).all())  # the largest such
+    wide = torch.randint(-(1 << 30), 1 << 30, (400, channels), generator=g)
+    limit = torch.randint(-k.float_limit, k.float_limit + 1, (400, channels), generator=g)
+    acc = torch.cat([wide, limit, _boundary_sums(k, out.qmin, out.qmax, channels)])
+    assert int(acc.abs().max()) > k.float_limit  # past the max|acc| proof
+    general = finish_gemm(acc, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
+    real = np.float64(np.float32(xs)) * np.asarray(ws, dtype=np.float32).astype(np.float64)
+    real = np.broadcast_to(real / np.float64(np.float32(so)), (channels,))
+    a = acc.numpy().astype(np.int64) + ref.quantize_bias(bias, xs, ws).reshape(1, -1)
+    want = ref.requantize(a, real, Requant.MUL_SHIFT, out, Round.HALF_UP, 1)
+    assert_bits_equal(general.to(torch.int64), torch.from_numpy(want))
+    for clamp in (None, (0, out.qmax), (-5, 40), (3, 3)):
+        lo, hi = clamp or (out.qmin, out.qmax)
+        w = general.to(torch.int64).clamp(lo, hi)
+        sums = _boundary_sums(k, lo, hi, channels)
+        w_sums = finish_gemm(sums, xs, ws, bias, so, out, J6, 1, stats=GemmStats())
+        for a_ in (acc, acc.to(torch.float64), sums):
+            calls.clear()
+            got = finish_gemm(
+                a_, xs, ws, bias, so, out, J6, 1, sum_bound=1 << 30, clamp_codes=clamp
+            )
+            assert calls  # the float64 passes, with no measured bound
+            expect = w_sums.to(torch.int64).clamp(lo, hi) if a_ is sums else w
+            assert_bits_equal(got.to(torch.int64), expect, inputs={"acc": a_})
+    small = acc.clamp(-(1 << 23), 1 << 23).to(torch.float32)  # float32 sums hold exact integers
+    got = finish_gemm(small, xs, ws, bias, so, out, J6, 1, sum_bound=1 << 23)
+    w_small = finish_gemm(small.to(torch.int64), xs, ws, bias, so, out, J6, 1, stats=GemmStats())
+    assert_bits_equal(got, w_small)

@@ -16,7 +16,10 @@ in magnitude (``(max|acc| + max|bias|) * max q + 2**(max n - 1) <= 2**53``, chec
 and ``offset * 2**-n`` are exact dyadic values whose sum is exact, and ``floor`` of it is
 ``(acc * q + offset) >> n``. An offset wider than float64 (large bias codes) is split into an
 integer carry, added after the floor, and a remainder below 2**(n-1) (``_float_form``).
-Otherwise they run in int64 (shift and add). All give the bits of the general form (tests).
+Without a carry they also run in float64 whatever max|acc| when the output clamp [lo, hi] is
+narrow enough (``_float_window``): every value that lands inside it is computed exactly and
+every other one lands outside it, so no bound is measured. Otherwise they run in int64
+(shift and add). All give the bits of the general form (tests).
 """
 
 from __future__ import annotations
@@ -128,6 +131,9 @@ class _FinishConstants:
     # fast form in float64 when the offset itself is too wide for float64 (large bias codes):
     # the integer part I of offset / 2**n, added after the floor (``_float_form``); else None
     float_carry: Tensor | None = None
+    # fast form in float64 for any exact acc when max(-lo, hi + 1) <= this (``_float_window``;
+    # -1: never)
+    float_window: int = -1
     # the float64 step and offset reshaped per (rank, axis, channels) of the accumulators
     shaped: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -174,7 +180,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
     bmax = int(b.abs().max()) if b is not None and b.numel() else 0
     params = shift = offset = offset_b = None
     step_f = offset_f = carry_f = None
-    limit_f = -1
+    limit_f = window_f = -1
     fast = False
     if out_dtype in (DType.INT8, DType.UINT8, DType.INT16):
         if out_scale is None:
@@ -191,6 +197,8 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
             shift, offset = n, half_up_offset(n)
             offset_b = offset if b is None else offset + b * params.multiplier
             step_f, offset_f, limit_f, carry_f = _float_form(params.multiplier, n, offset_b)
+            if limit_f >= 0 and carry_f is None:
+                window_f = _float_window(n, offset_b)
     elif out_dtype in (DType.INT32, DType.FLOAT32):
         acc_scale(x_scale, w_scale)  # validates the scales
     else:
@@ -217,6 +225,7 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         rescale32,
         bias_f32 if rescale32 else None,
         carry_f,
+        window_f,
     )
     if len(_CONSTANTS) >= CACHE_LIMIT:
         _CONSTANTS.clear()
@@ -256,6 +265,22 @@ def _float_form(q: Tensor, n: Tensor, offset: Tensor):
     rest_max = int(rest.abs().max())
     limit = (FLOAT64_EXACT - rest_max) // q_max
     return step, rest.to(torch.float64) * scale, limit, carry.to(torch.float64)
+
+
+def _float_window(n: Tensor, offset: Tensor) -> int:
+    """The largest W with W * 2**n + |offset| <= 2**53 on every channel (-1 when none): the
+    float64 passes (no carry) are then exact for every exact acc (|acc| < 2**53) and output
+    clamp [lo, hi] with max(-lo, hi + 1) <= W.
+
+    With s = q * 2**-n, O = offset * 2**-n and v = acc * s + O (the exact value, whose floor is
+    the fast form's result before its clamp): if lo <= v < hi + 1, then |v| <= W, so the
+    integers v * 2**n and acc * q = v * 2**n - offset are at most 2**53 in magnitude: fl(acc *
+    s) is exact, and so is fl(. + O) = v. If v >= hi + 1, then acc * s >= (hi + 1) - O, a
+    float64 (its 2**n multiple is at most 2**53), so by monotone rounding fl(fl(acc * s) + O)
+    >= hi + 1 and the clamp gives hi, as for v; if v < lo, likewise fl(fl(acc * s) + O) <= lo
+    and the clamp gives lo."""
+    w = (FLOAT64_EXACT - offset.abs()) >> n
+    return max(int(w.min()), -1)
 
 
 def _along(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
@@ -381,6 +406,8 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
         acc, _ = accumulate(acc, contract.accumulator, contract.accumulator_overflow)
         offset, reuse_acc = k.offset, True
     elif k.float_limit >= 0 and acc.numel():
+        if max(-lo, hi + 1) <= k.float_window:  # exact for any acc (_float_window)
+            return _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc)
         if sum_bound > k.float_limit:  # the stated bound is too loose: measure
             a_lo, a_hi = torch.aminmax(acc)
             sum_bound = int(max(-float(a_lo), float(a_hi)))
