@@ -35,15 +35,21 @@ def requant_half_up(v: Tensor, ratio: float, dtype: DType) -> Tensor:
     return r.clamp(dtype.qmin, dtype.qmax).to(torch.int64)
 
 
-def _product_half_up_codes(e: Tensor, r: Tensor, ratio: float, dtype: DType) -> Tensor:
+def _product_half_up_codes(
+    e: Tensor, r: Tensor, ratio: float, dtype: DType, nonnegative: bool = False
+) -> Tensor:
     """``requant_half_up(e * r, ratio, dtype)`` in ``dtype``'s torch dtype, for int16 codes
     ``e`` and ``r`` (broadcastable). |e * r| <= 2**30 is exact in float64 (no integer pass);
     p = fl64(e * r * ratio) is the same one rounding. floor(p + 1/2) is round_half_up(p)
     wherever |p| < 2**52 (p + 1/2 is exact there); beyond, both have p's sign and a magnitude
-    far outside ``dtype``, so they saturate to the same bound."""
+    far outside ``dtype``, so they saturate to the same bound. ``nonnegative``: the caller
+    knows every e and r is >= 0 (ratio > 0), so p + 1/2 > 0; its floor is then the integer
+    conversion's truncation, taken after clamping at qmax (the same codes, one pass fewer)."""
     p = e.to(torch.float64).mul_(r.to(torch.float64))
-    p.mul_(float(ratio)).add_(0.5).floor_()
-    return p.clamp_(dtype.qmin, dtype.qmax).to(dtype.torch_dtype)
+    p.mul_(float(ratio)).add_(0.5)
+    if nonnegative and ratio > 0:
+        return p.clamp_max_(dtype.qmax).to(dtype.torch_dtype)
+    return p.floor_().clamp_(dtype.qmin, dtype.qmax).to(dtype.torch_dtype)
 
 
 def lut_softmax(
@@ -81,17 +87,23 @@ def lut_softmax(
     )
     sum_scale = n * exp_scale if sum_scale is None else float(sum_scale)
     recip_scale = 1.0 / DType.INT16.qmax if recip_scale is None else float(recip_scale)
-    x = codes.to(torch.int32)
-    d = (x - x.amax(dim=dim, keepdim=True)).clamp_min_(DType.INT16.qmin).to(torch.int16)
     exp_lut = build_lut(
         "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(), fmt
     )
-    e = exp_lut.evaluate(d)
+    # d - qmin = x - max(x) + 32768, at least 0 (d saturates at -32768): the index of d in
+    # the exp table's signed code map, formed in int32 with no int16 round trip
+    top = codes.amax(dim=dim, keepdim=True).to(torch.int32) + DType.INT16.qmin
+    index = codes.to(torch.int32, copy=True).sub_(top).clamp_min_(0)
+    e = exp_lut.signed_code_map().index_select(0, index.reshape(-1)).reshape(codes.shape)
     total = e.sum(dim=dim, keepdim=True, dtype=torch.int64)
     s = requant_half_up(total, exp_scale / sum_scale, DType.INT16)
     recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
     r = recip.evaluate(s.to(torch.int16))
-    return _product_half_up_codes(e, r, exp_scale * recip_scale / out_scale, out_dtype)
+    # e >= 0 when the exp table's outputs are; s >= 0 (a sum of those, ratio > 0, HALF_UP),
+    # so r >= 0 when the reciprocal's outputs on codes >= 0 are
+    nonnegative = exp_lut.min_output() >= 0 and recip.min_output(0) >= 0
+    ratio = exp_scale * recip_scale / out_scale
+    return _product_half_up_codes(e, r, ratio, out_dtype, nonnegative)
 
 
 def inverse_sigmoid_composite(

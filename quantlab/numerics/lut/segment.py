@@ -64,6 +64,8 @@ class SegmentLut:
     table_range: tuple[float, float]  # the narrowed float range the points were placed on
     chosen_strategy: Strategy  # for MINIMAX: the candidate actually kept
     _map: list = field(default_factory=list, init=False, repr=False)  # cached code map (0 or 1)
+    # code_map's derived forms (signed_code_map, min_output), each computed once
+    _derived: dict = field(default_factory=dict, init=False, repr=False)
 
     @property
     def symmetric(self) -> bool:
@@ -84,6 +86,30 @@ class SegmentLut:
         if not self._map:
             self._map.append(build_code_map(self))
         return self._map[0]
+
+    def signed_code_map(self) -> Tensor:
+        """All outputs indexed by ``code - qmin`` (codes ascending): ``code_map`` rotated by
+        half its length, cached. Callers that already hold a code's offset from qmin as an
+        index gather through it directly."""
+        hit = self._derived.get("signed")
+        if hit is None:
+            m, half = self.code_map(), -self.in_dtype.qmin
+            hit = self._derived["signed"] = torch.cat([m[half:], m[:half]])
+        return hit
+
+    def min_output(self, lowest_code: int | None = None) -> int:
+        """The smallest output code over the input codes >= ``lowest_code`` (None: every input
+        code), cached per ``lowest_code``."""
+        lo = (
+            self.in_dtype.qmin if lowest_code is None else max(int(lowest_code), self.in_dtype.qmin)
+        )
+        if lo > self.in_dtype.qmax:
+            raise ValueError(f"lowest_code {lowest_code} is above {self.in_dtype.name}'s range")
+        hit = self._derived.get(("min", lo))
+        if hit is None:
+            tail = self.signed_code_map()[lo - self.in_dtype.qmin :]
+            hit = self._derived[("min", lo)] = int(tail.min())
+        return hit
 
     def evaluate(self, codes: Tensor) -> Tensor:
         """Output codes for input ``codes`` (dtype ``in_dtype``): one gather, bit-exact with

@@ -116,3 +116,31 @@ def test_the_softmax_tail_equals_requant_half_up_of_the_int64_product():
     odd = torch.tensor([[1, 3, -1, -3, 5]], dtype=torch.int16)
     got = _product_half_up_codes(odd, torch.ones(1, 1, dtype=torch.int16), 0.5, I16)
     assert got.tolist() == [[1, 2, 0, -1, 3]]
+
+
+def test_the_softmax_tail_for_nonnegative_codes_skips_the_floor_with_the_same_codes():
+    # e, r >= 0 (softmax's exp and reciprocal tables): truncation after the clamp at qmax is
+    # the floor; on random codes, zeros, the corner 32767 * 32767, ties and saturating ratios
+    g = torch.Generator().manual_seed(13)
+    e = torch.randint(0, 32768, (6, 64), generator=g, dtype=torch.int32).to(torch.int16)
+    e[0, :5] = torch.tensor([0, 1, 2, 3, 32767], dtype=torch.int16)
+    r = torch.randint(0, 32768, (6, 1), generator=g, dtype=torch.int32).to(torch.int16)
+    r[0, 0], r[1, 0] = 32767, 0
+    for ratio in (0.5, 0.25, 2.0**-15, 1 / 3, 1e-9, 2.0**21, 3e9, 2.0**-30 / 3):
+        for dt in (I16, I8):
+            got = _product_half_up_codes(e, r, ratio, dt, nonnegative=True)
+            assert_bits_equal(got, _product_half_up_codes(e, r, ratio, dt))
+    odd = torch.tensor([[1, 3, 5, 7, 0]], dtype=torch.int16)  # odd * 1/2: ties, taken upward
+    got = _product_half_up_codes(odd, torch.ones(1, 1, dtype=torch.int16), 0.5, I16, True)
+    assert got.tolist() == [[1, 2, 3, 4, 0]]
+
+
+def test_softmax_tables_have_nonnegative_outputs_and_a_signed_map():
+    exp_lut = build_lut("exp", I16, 16 / 32767.5, I16, SOFTMAX_EXP_SCALE, softmax_exp_spec())
+    recip = build_lut("reciprocal", I16, 128 * SOFTMAX_EXP_SCALE, I16, 1 / 32767)
+    assert exp_lut.min_output() >= 0 and recip.min_output(0) >= 0
+    assert recip.min_output() < 0 and recip.min_output(-5) < 0  # symmetric: negative inputs
+    assert recip.min_output(0) == int(recip.evaluate(torch.arange(0, 32768).to(torch.int16)).min())
+    codes = torch.arange(-32768, 32768, dtype=torch.int32)
+    signed = exp_lut.signed_code_map().index_select(0, codes + 32768)
+    assert_bits_equal(signed, exp_lut.evaluate(codes.to(torch.int16)))
