@@ -48,6 +48,7 @@ from quantlab.numerics.gemm import (  # noqa: E402
     qmatmul,
 )
 from quantlab.platforms import load_platform  # noqa: E402
+from quantlab.report.io import atomic_write_text  # noqa: E402
 
 CONV_X = (1, 256, 56, 56)
 CONV_W = (256, 256, 3, 3)
@@ -343,12 +344,15 @@ def main(argv=None) -> int:
         "python": pyplatform.python_version(),
         "runs": runs,
         "exactness": _check_exact(*operands),
+        "command": ".venv/bin/python benchmarks/bench_gemm.py --threads "
+        + " ".join(str(t) for t in args.threads)
+        + f" --repeats {args.repeats}",
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "gemm.json", json.dumps(result, indent=2) + "\n")
     md = _markdown(result)
-    (out / "gemm.md").write_text(md)
+    atomic_write_text(out / "gemm.md", md)
     print(md)
     return 0 if all(result["exactness"].values()) else 1
 
@@ -388,7 +392,7 @@ def _markdown(res: dict) -> str:
     lines += [f"- {k}: {v}" for k, v in res["exactness"].items()]
     lines += [
         "",
-        "Reproduce: `.venv/bin/python benchmarks/bench_gemm.py --threads 2 1`",
+        f"Reproduce: `{res['command']}`",
         "",
     ]
     return "\n".join(lines)
