@@ -15,10 +15,10 @@ in magnitude (``(max|acc| + max|bias|) * max q + 2**(max n - 1) <= 2**53``, chec
 ``sum_bound`` and, if that is too loose, the measured ``max|acc|``): then ``acc * (q * 2**-n)``
 and ``offset * 2**-n`` are exact dyadic values whose sum is exact, and ``floor`` of it is
 ``(acc * q + offset) >> n``. An offset wider than float64 (large bias codes) is split into an
-integer carry, added after the floor, and a remainder below 2**(n-1) (``_float_form``).
-Without a carry they also run in float64 whatever max|acc| when the output clamp [lo, hi] is
-narrow enough (``_float_window``): every value that lands inside it is computed exactly and
-every other one lands outside it, so no bound is measured. Otherwise they run in int64
+integer carry, added after the floor, and a remainder below 2**(n-1). Without a carry they
+also run in float64 whatever max|acc| when the output clamp [lo, hi] is narrow enough: every
+value that lands inside it is computed exactly and every other one lands outside it, so no
+bound is measured (both proofs: ``float64_form``). Otherwise they run in int64
 (shift and add). All give the bits of the general form (tests).
 """
 
@@ -31,8 +31,14 @@ from torch import Tensor
 
 from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
-from quantlab.numerics.dtypes import FLOAT64_EXACT, DType
+from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import rescale32
+from quantlab.numerics.gemm.float64_form import (
+    float64_codes,
+    float64_values,
+    float_form,
+    float_window,
+)
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import (
     Requant,
@@ -129,9 +135,9 @@ class _FinishConstants:
     rescale32: bool = False
     bias_f32: Tensor | None = None
     # fast form in float64 when the offset itself is too wide for float64 (large bias codes):
-    # the integer part I of offset / 2**n, added after the floor (``_float_form``); else None
+    # the integer part I of offset / 2**n, added after the floor (``float_form``); else None
     float_carry: Tensor | None = None
-    # fast form in float64 for any exact acc when max(-lo, hi + 1) <= this (``_float_window``;
+    # fast form in float64 for any exact acc when max(-lo, hi + 1) <= this (``float_window``;
     # -1: never)
     float_window: int = -1
     # the float64 step and offset reshaped per (rank, axis, channels) of the accumulators
@@ -196,9 +202,9 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         if fast:
             shift, offset = n, half_up_offset(n)
             offset_b = offset if b is None else offset + b * params.multiplier
-            step_f, offset_f, limit_f, carry_f = _float_form(params.multiplier, n, offset_b)
+            step_f, offset_f, limit_f, carry_f = float_form(params.multiplier, n, offset_b)
             if limit_f >= 0 and carry_f is None:
-                window_f = _float_window(n, offset_b)
+                window_f = float_window(n, offset_b)
     elif out_dtype in (DType.INT32, DType.FLOAT32):
         acc_scale(x_scale, w_scale)  # validates the scales
     else:
@@ -231,56 +237,6 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
         _CONSTANTS.clear()
     _CONSTANTS[key] = value
     return value
-
-
-def _float_form(q: Tensor, n: Tensor, offset: Tensor):
-    """float64 constants of the fast form, the largest max|acc| for which they are exact, and
-    the carry (None, or the integers added after the floor).
-
-    ``q * 2**-n`` is exact (an integer below 2**31 scaled by a power of two; 1 <= n <= 62).
-    When every |offset| <= 2**53 the offset is one exact float64 too: with |acc| <= limit,
-    ``|acc * q| + |offset| <= limit * max q + max|offset| <= 2**53``, so the product, the sum
-    and the scaling are exact and ``floor`` equals the arithmetic shift (carry None).
-    Otherwise (bias codes times q past 2**53) the offset splits exactly as I * 2**n + R with I
-    the nearest integer to offset / 2**n and |R| <= 2**(n-1) (n <= 54: R is one float64):
-    ``floor((acc * q + R) / 2**n)``
-    is exact under ``limit * max q + max|R| <= 2**53``, and adding the integer I after the
-    floor gives ``floor((acc * q + offset) / 2**n)`` (the carry I). (None, None, -1, None)
-    when no acc qualifies.
-    """
-    q_max, n_max = int(q.max()), int(n.max())
-    if q_max <= 0 or n_max > 62:
-        return None, None, -1, None
-    scale = torch.pow(2.0, -n.to(torch.float64))
-    step = q.to(torch.float64) * scale
-    off_max = int(offset.abs().max())
-    if off_max <= FLOAT64_EXACT:
-        return step, offset.to(torch.float64) * scale, (FLOAT64_EXACT - off_max) // q_max, None
-    if n_max > 54:  # a remainder of up to 2**(n-1) would not be one float64
-        return None, None, -1, None
-    carry = (offset + half_up_offset(n)) >> n  # nearest integer, ties up (exact in int64)
-    if int(carry.abs().max()) > FLOAT64_EXACT >> 1:  # the carry, and the sum, one float64
-        return None, None, -1, None
-    rest = offset - (carry << n)  # |rest| <= 2**(n-1)
-    rest_max = int(rest.abs().max())
-    limit = (FLOAT64_EXACT - rest_max) // q_max
-    return step, rest.to(torch.float64) * scale, limit, carry.to(torch.float64)
-
-
-def _float_window(n: Tensor, offset: Tensor) -> int:
-    """The largest W with W * 2**n + |offset| <= 2**53 on every channel (-1 when none): the
-    float64 passes (no carry) are then exact for every exact acc (|acc| < 2**53) and output
-    clamp [lo, hi] with max(-lo, hi + 1) <= W.
-
-    With s = q * 2**-n, O = offset * 2**-n and v = acc * s + O (the exact value, whose floor is
-    the fast form's result before its clamp): if lo <= v < hi + 1, then |v| <= W, so the
-    integers v * 2**n and acc * q = v * 2**n - offset are at most 2**53 in magnitude: fl(acc *
-    s) is exact, and so is fl(. + O) = v. If v >= hi + 1, then acc * s >= (hi + 1) - O, a
-    float64 (its 2**n multiple is at most 2**53), so by monotone rounding fl(fl(acc * s) + O)
-    >= hi + 1 and the clamp gives hi, as for v; if v < lo, likewise fl(fl(acc * s) + O) <= lo
-    and the clamp gives lo."""
-    w = (FLOAT64_EXACT - offset.abs()) >> n
-    return max(int(w.min()), -1)
 
 
 def _along(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
@@ -406,7 +362,7 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
         acc, _ = accumulate(acc, contract.accumulator, contract.accumulator_overflow)
         offset, reuse_acc = k.offset, True
     elif k.float_limit >= 0 and acc.numel():
-        if max(-lo, hi + 1) <= k.float_window:  # exact for any acc (_float_window)
+        if max(-lo, hi + 1) <= k.float_window:  # exact for any acc (float_window)
             return _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc)
         if sum_bound > k.float_limit:  # the stated bound is too loose: measure
             a_lo, a_hi = torch.aminmax(acc)
@@ -431,44 +387,21 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
 
 
 def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
-    """The fast form in float64 (``_float_form`` proves it exact for this ``acc``): per
+    """The fast form in float64 (``float_form`` or ``float_window`` proves it exact here): per
     channel chunk, ``floor(acc * (q * 2**-n) + offset * 2**-n)`` clamped to [lo, hi] (for
     lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes).
     A tensor of at most ``CHUNK_ELEMENTS`` values is one chunk (no views, no extra copy)."""
     ax = channel_axis % acc.dim()
     step, off, carry = _float_constants(k, acc, ax)
     if acc.numel() <= CHUNK_ELEMENTS:
-        return _float64_codes(acc, step, off, carry, out_dtype, lo, hi, reuse_acc)
+        return float64_codes(acc, step, off, carry, out_dtype, lo, hi, reuse_acc)
     codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
     for c0, cn in _channel_chunks(acc, ax):
         part = acc.narrow(ax, c0, cn)
         st, of = _narrow(step, ax, c0, cn), _narrow(off, ax, c0, cn)
         ca = None if carry is None else _narrow(carry, ax, c0, cn)
-        codes.narrow(ax, c0, cn).copy_(_float64_values(part, st, of, ca, lo, hi, reuse_acc))
+        codes.narrow(ax, c0, cn).copy_(float64_values(part, st, of, ca, lo, hi, reuse_acc))
     return codes
-
-
-def _float64_codes(acc, step, off, carry, out_dtype, lo, hi, reuse_acc) -> Tensor:
-    return _float64_values(acc, step, off, carry, lo, hi, reuse_acc).to(out_dtype.torch_dtype)
-
-
-def _float64_values(part, st, of, carry, lo, hi, reuse_acc) -> Tensor:
-    """floor(part * st + of) (+ ``carry``, when not None) clamped to [lo, hi], in float64 (the
-    floor skipped for lo >= 0 without a carry: the integer conversion's truncation of the
-    clamped values is their floor)."""
-    if part.dtype == torch.float64 and reuse_acc:
-        t = part
-    else:
-        t = part.to(torch.float64, copy=True)  # exact: integers below 2**53
-    # the product and the sum are each exact (``_float_form``), so two in-place passes give
-    # the fused value; per-channel broadcasts in mul_/add_ vectorise, addcmul's do not
-    t.mul_(st).add_(of)
-    if carry is not None:  # integers: the sum after the floor is exact
-        t.floor_().add_(carry)
-    elif lo < 0:
-        t.floor_()
-    # clamp commutes with floor (integer bounds)
-    return t.clamp_(lo, hi)
 
 
 def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple:
