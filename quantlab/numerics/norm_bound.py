@@ -2,7 +2,7 @@
 
 ``norm_error_bound`` returns, per output element, B with |y_chain - y_float| <= B, where
 y_float is float64 LayerNorm / GroupNorm / InstanceNorm of the dequantized input (the float
-model's op on the same input) and y_chain the dequantized output of ``norm.norm_fixed``
+model's op on the same input) and y_chain the dequantized output of ``norm_integer.norm_fixed``
 (``NormChain.FIXED``) or of ``norm_calibrate.norm_fake`` (``NormChain.FAKE``). It propagates,
 step by step (norm.py's numbering), the true value t and an error e with |t_hat - t| <= e:
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from quantlab.numerics.norm import NormLayout, NormScales, norm_constants, norm_fixed
+from quantlab.numerics.norm import NormLayout, NormScales
 from quantlab.numerics.norm_calibrate import (
     NormSteps,
     fake_affine,
@@ -27,6 +27,7 @@ from quantlab.numerics.norm_calibrate import (
     norm_steps,
     scales_from_steps,
 )
+from quantlab.numerics.norm_integer import norm_constants, norm_fixed
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.qtensor import QInfo

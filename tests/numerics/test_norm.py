@@ -14,10 +14,9 @@ from quantlab.numerics.norm import (
     NormContract,
     NormLayout,
     NormScales,
-    norm_constants,
-    norm_fixed,
 )
 from quantlab.numerics.norm_calibrate import norm_steps, output_scale, scales_from_steps
+from quantlab.numerics.norm_integer import norm_constants, norm_fixed
 from quantlab.numerics.quantize import compute_scale, quantize
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.norm import EpsMode, NormContract, NormLayout, norm_fixed
+from quantlab.numerics.norm import EpsMode, NormContract, NormLayout
 from quantlab.numerics.norm_bound import NormChain, norm_error_bound
 from quantlab.numerics.norm_calibrate import norm_fake, norm_steps
+from quantlab.numerics.norm_integer import norm_fixed
 from tests.numerics.test_norm import calibrated, params, rows_data
 
 LAYOUTS = {

@@ -10,7 +10,8 @@ from bits import assert_bits_equal, edge_values
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.norm import NormLayout, norm_constants, norm_fixed
+from quantlab.numerics.norm import NormLayout
+from quantlab.numerics.norm_integer import norm_constants, norm_fixed
 from quantlab.numerics.requant import Requant, int32_requant, make_requant, requantize_int32
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.scaled_add import add_constants, add_inter_scale

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct twin of ``norm.norm_fixed``, for tests only.
+"""Slow, obviously-correct twin of ``norm_integer.norm_fixed``, for tests only.
 
 Sums are Python ints row by row; every requantization, the add rule and the gamma / beta
 quantization go through the element-by-element references of ``quantlab.numerics.reference``
@@ -89,7 +89,7 @@ def norm_fixed(
     out_dtype: DType,
     contract: NormContract = J6_NORM,
 ) -> np.ndarray:
-    """Reference of ``norm.norm_fixed`` (same arguments; numpy int64 result)."""
+    """Reference of ``norm_integer.norm_fixed`` (same arguments; numpy int64 result)."""
     c, s, dt = contract, scales, contract.inter_dtype
     out_dtype = DType.parse(out_dtype)
     x = np.asarray(codes.numpy() if hasattr(codes, "numpy") else codes).astype(np.int64)
