@@ -36,9 +36,8 @@ from quantlab.numerics.gemm import (
     int_conv1d,
     int_conv2d,
     int_matmul,
-    operand_bound,
     plan_conv,
-    plan_gemm,
+    plan_matmul,
 )
 from quantlab.report import Plot, PlotKind
 
@@ -229,9 +228,9 @@ def _measure(exp: GemmExactnessExp, progress: bool) -> pd.DataFrame:
         fast, plain, slow = _fns(shape, x, w)
         units = shape.c_in // shape.groups
         if shape.op is GemmOp.MATMUL:
-            plan = plan_gemm(operand_bound(x), operand_bound(w), units)
+            plan = plan_matmul(x, w)
         else:
-            plan = plan_conv(x, w, shape.groups)
+            plan = plan_conv(x, w, shape.groups, stride=shape.stride, padding=shape.padding)
         t0 = time.perf_counter()
         expected = torch.from_numpy(slow())
         t_ref = time.perf_counter() - t0

@@ -1,12 +1,14 @@
-"""Start-up self-test: the float fast paths of the exact GEMM must equal torch int64 on
-adversarial data.
+"""Start-up self-test: the fast paths of the exact GEMM must equal torch int64 on adversarial
+data.
 
-The exactness of the float paths is proved from a bound (``gemm.plan``), but the proof assumes
-the BLAS / oneDNN kernels use no reduced-precision or transform-based algorithm. This test
-checks that assumption on the running machine with operands that break any such shortcut: all
-odd, near the maximum, one sign, so that partial sums far exceed 2**24 (plain float32 gets them
-wrong). The exact GEMM functions call ``ensure_selftest`` before their first product; AUTO then
-stops using (with a warning) any path that failed.
+The exactness of the fast paths is proved from a bound (``gemm.plan``), but the proof assumes
+the BLAS / oneDNN kernels use no reduced-precision or transform-based algorithm, and that the
+int8 matrix product does not saturate. This test checks those assumptions on the running
+machine with operands that break any such shortcut: all odd, near the maximum, one sign, so
+that partial sums far exceed 2**24 (plain float32 gets them wrong) and int8 pair sums exceed
+int16 (a saturating int8 kernel gets them wrong); and int8 extremes of both signs. The exact
+GEMM functions call ``ensure_selftest`` before their first product; AUTO then stops using
+(with a warning) any path that failed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
-from quantlab.numerics.gemm.plan import GemmPath, operand_bound, plan_conv, plan_gemm
+from quantlab.numerics.gemm.plan import GemmPath, plan_conv, plan_matmul
 from quantlab.numerics.gemm.precision import exact_float_kernels
 
 
@@ -43,42 +45,52 @@ def _adversarial(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return (hi - 2 * torch.randint(0, 3, shape, generator=g)).to(dtype)
 
 
+def _extremes(shape, seed: int) -> torch.Tensor:
+    """int8 codes -128 or 127 at random: the largest products of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.where(torch.randint(0, 2, shape, generator=g) == 1, 127, -128).to(torch.int8)
+
+
 def _matmul(a, b, path: GemmPath) -> torch.Tensor:
-    plan = plan_gemm(operand_bound(a), operand_bound(b), a.shape[-1], 1, path)
+    plan = plan_matmul(a, b, path)
     with exact_float_kernels():
         return matmul_planned(a, b, a.shape[-1], plan)
 
 
-def _conv(x, w, path: GemmPath) -> torch.Tensor:
-    plan = plan_conv(x, w, 1, path)
-    kw = dict(stride=1, padding=1, dilation=1, groups=1)
+def _conv(x, w, path: GemmPath, padding: int = 1) -> torch.Tensor:
+    plan = plan_conv(x, w, 1, path, padding=padding)
+    kw = dict(stride=1, padding=padding, dilation=1, groups=1)
     with exact_float_kernels():
         return conv_planned(x, w, F.conv2d, kw, 1, x.shape[1], plan).to(torch.int64)
 
 
 def run_selftest() -> list[SelfTestCase]:
-    """Adversarial matmul and conv2d (int8 with K > 1032, int16) on every float path (~50 ms)."""
+    """Adversarial matmul and conv2d (int8 with K > 1032, int16) on every fast path (~50 ms)."""
     cases = []
     mm8 = (_adversarial((4, 2100), torch.int8, 1), _adversarial((2100, 3), torch.int8, 2))
+    mm8x = (_extremes((5, 2100), 9), _extremes((2100, 4), 10))
     mm16 = (_adversarial((3, 600), torch.int16, 3), _adversarial((600, 2), torch.int16, 4))
     cv8 = (_adversarial((1, 256, 4, 4), torch.int8, 5), _adversarial((3, 256, 3, 3), torch.int8, 6))
+    pw8 = (_adversarial((2, 600, 3, 3), torch.int8, 11), _extremes((4, 600, 1, 1), 12))
     cv16 = (_adversarial((1, 64, 4, 4), torch.int16, 7), _adversarial((2, 64, 3, 3), torch.int8, 8))
-    fast = [GemmPath.FLOAT32, GemmPath.FLOAT64]
+    fast = [GemmPath.INT32, GemmPath.FLOAT32, GemmPath.FLOAT64]
     for name, (a, b), paths in (
         ("matmul int8 K=2100", mm8, fast),
+        ("matmul int8 extremes K=2100", mm8x, fast),
         ("matmul int16 K=600", mm16, [GemmPath.FLOAT64]),
     ):
         ref = _matmul(a, b, GemmPath.INT64)
         for p in paths:
             got = _matmul(a, b, p)
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
-    for name, (x, w), paths in (
-        ("conv2d int8 K=2304", cv8, fast),
-        ("conv2d int16 x int8 K=576", cv16, [GemmPath.FLOAT32_SPLIT, GemmPath.FLOAT64]),
+    for name, (x, w), paths, padding in (
+        ("conv2d int8 K=2304", cv8, fast[1:], 1),
+        ("conv2d 1x1 int8 K=600", pw8, fast, 0),
+        ("conv2d int16 x int8 K=576", cv16, [GemmPath.FLOAT32_SPLIT, GemmPath.FLOAT64], 1),
     ):
-        ref = _conv(x, w, GemmPath.INT64)
+        ref = _conv(x, w, GemmPath.INT64, padding)
         for p in paths:
-            got = _conv(x, w, p)
+            got = _conv(x, w, p, padding)
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
     return cases
 
@@ -88,7 +100,7 @@ _STATE: dict = {"done": False, "disabled": frozenset()}
 
 
 def ensure_selftest() -> frozenset[GemmPath]:
-    """Run ``run_selftest`` once per process; returns the float paths that failed it (empty
+    """Run ``run_selftest`` once per process; returns the fast paths that failed it (empty
     when all pass). A failing path is reported once with a RuntimeWarning."""
     if _STATE["done"]:
         return _STATE["disabled"]

@@ -221,3 +221,36 @@ def test_fast_conv_path_runs_the_selftest_and_avoids_a_path_it_disabled():
     )
     state = json.loads(out.stdout.strip().splitlines()[-1])
     assert state == {"runs": 1, "float32_convs": 0, "warned": True}, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, monkeypatch):
+    """The INT32 path (int8 1x1 convolutions and linears by torch's int8 matrix product) and
+    the float paths AUTO takes without it give a fixed run the same bits."""
+    import quantlab.numerics.gemm.kernels as kernels
+    from quantlab.numerics.gemm import GemmPath, exact
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 8, 1),
+        nn.Flatten(),
+        nn.Linear(8 * 6 * 6, 10),
+    ).eval()
+    calib = [(torch.randn(4, 3, 6, 6),), (torch.randn(4, 3, 6, 6),)]
+    x = torch.randn(4, 3, 6, 6) * 1.5
+    int32_calls = []
+    for fn in ("int8_matmul_int32", "int8_pointwise_conv_int32"):
+        real = getattr(kernels, fn)
+        monkeypatch.setattr(kernels, fn, lambda *a, real=real: int32_calls.append(1) or real(*a))
+    runs = []
+    for disabled in (frozenset(), frozenset({GemmPath.INT32})):
+        monkeypatch.setattr(exact, "ensure_selftest", lambda d=disabled: d)
+        sim = Simulator(model, platform)
+        sim.calibrate(calib, progress=False)
+        runs.append(sim.run(x, mode=Mode.FIXED))
+        if not disabled:
+            assert len(int32_calls) == 2  # the 1x1 conv and the linear
+    assert len(int32_calls) == 2
+    assert_bits_equal(runs[0], runs[1])

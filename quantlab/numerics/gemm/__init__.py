@@ -41,6 +41,7 @@ from quantlab.numerics.gemm.plan import (
     operand_bound,
     plan_conv,
     plan_gemm,
+    plan_matmul,
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.gemm.quantized import (
@@ -81,6 +82,7 @@ __all__ = [
     "operand_bound",
     "plan_conv",
     "plan_gemm",
+    "plan_matmul",
     "prepare_conv",
     "qconv1d",
     "qconv2d",

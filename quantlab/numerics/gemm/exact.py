@@ -1,8 +1,9 @@
 """Exact integer GEMM (conv1d/conv2d, linear, batched matmul) for int8/int16 operand codes.
 
-Every function returns the exact sum of products (int64; optionally a float32 tensor holding
-those exact integers). The fast paths run float BLAS on integer-valued tensors and are exact by
-a bound, not by luck (``plan``; bit-exact-emulation s.2.1). Each call pins torch's float
+Every function returns the exact sum of products (int64; optionally the int32 or float32 tensor
+a fast path computed them in). The fast paths run torch's int8 matrix product with int32 sums
+(int8 matmuls and 1x1 convolutions) or float BLAS on integer-valued tensors, and are exact by a
+bound, not by luck (``plan``; bit-exact-emulation s.2.1). Each call pins torch's float
 precision for the kernels it runs and restores the caller's (``precision``), and runs
 ``quantlab.numerics.selftest`` once per process before its first product: AUTO stops using a
 path that fails it (with a warning). Thread counts are left to the caller.
@@ -23,8 +24,10 @@ from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
     GemmPath,
     GemmPlan,
+    int8_product_conv,
     operand_bound,
     plan_gemm,
+    plan_matmul,
     split_pays,
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
@@ -49,7 +52,8 @@ def int_matmul(
 
     Operands: int8/int16 code tensors. Exactness: see the module docstring (no saturation, no
     wrap; apply ``accumulate`` for the device's int32 contract). ``as_int64=False``: a
-    single-chunk float32 path returns its float32 result as it is (exact integers below 2**24).
+    single-chunk float32 path returns its float32 result as it is (exact integers below 2**24),
+    the INT32 path its int32 result.
     ``b_float32``: b's codes cast to float32 once by the caller (the float32 paths use it
     instead of casting b on every call).
     """
@@ -66,9 +70,8 @@ def int_matmul(
             f"a has K={k} columns, b has {kb} rows"
         )
     disabled = ensure_selftest()
-    b_max = operand_bound(b)
-    plan = plan_gemm(operand_bound(a), b_max, k, 1, path, disabled=disabled)
-    measured = b_max if path is GemmPath.AUTO else None  # a forced path keeps its chunks
+    plan = plan_matmul(a, b, path, disabled)
+    measured = operand_bound(b) if path is GemmPath.AUTO else None  # a forced path keeps chunks
     with exact_float_kernels(a.device.type):
         return matmul_planned(a, b, k, plan, as_int64, b_float32, measured)
 
@@ -130,7 +133,8 @@ class PreparedConv:
 
     def __call__(self, x: Tensor, as_int64: bool = True) -> Tensor:
         """Exact sums of ``x`` (codes of the prepared shape and dtype) with the weight: int64,
-        or with ``as_int64=False`` a single-chunk float32 result as it is (exact integers)."""
+        or with ``as_int64=False`` a single-chunk float32 result (exact integers) or the INT32
+        path's int32 result as it is."""
         if x.dtype != self.x_dtype or tuple(x.shape) != self.x_shape:
             raise ValueError(
                 f"this prepared convolution takes {self.x_dtype} codes of shape "
@@ -206,7 +210,19 @@ def prepare_conv(
     w_bound = operand_bound(w)
     plan = None
     if x_dtype == torch.int8:  # operand_bound of int8 codes is their dtype bound: no data
-        plan = plan_gemm(128, w_bound, cin_g, unit, path, split_a=split_a, disabled=disabled)
+        int8_product = math.prod(batched) > 0 and int8_product_conv(
+            x_dtype, w, stride, padding, groups
+        )
+        plan = plan_gemm(
+            128,
+            w_bound,
+            cin_g,
+            unit,
+            path,
+            split_a=split_a,
+            disabled=disabled,
+            int8_product=int8_product,
+        )
     conv = F.conv2d if nsp == 2 else F.conv1d
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     return PreparedConv(
@@ -263,7 +279,8 @@ def int_conv2d(
     x: (N, C, H, W) or (C, H, W); w: (O, C/groups, kh, kw). Chunks split input channels.
     ``w_float32``: w's codes cast to float32 once by the caller (the float32 paths use it
     instead of casting w on every call). ``as_int64=False``: a single-chunk float32 path
-    returns its float32 result as it is (exact integers below 2**24; one widening pass saved).
+    returns its float32 result as it is (exact integers below 2**24; one widening pass saved),
+    the INT32 path (int8 1x1 convolutions) its int32 result.
     """
     return _conv_exact(x, w, 2, stride, padding, dilation, groups, path, w_float32, as_int64)
 

@@ -1,6 +1,7 @@
-"""The exact GEMM kernels for a chosen ``GemmPlan``: float32 K-chunks summed in float64, the
-FLOAT32_SPLIT high/low left operand, float64, int64. Callers validate the operands, choose the
-plan (``plan``) and pin the float precision (``precision.exact_float_kernels``)."""
+"""The exact GEMM kernels for a chosen ``GemmPlan``: int8 products summed in int32, float32
+K-chunks summed in float64, the FLOAT32_SPLIT high/low left operand, float64, int64. Callers
+validate the operands, choose the plan (``plan``) and pin the float precision
+(``precision.exact_float_kernels``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,32 @@ def _sum_chunks_f64(parts) -> Tensor:
         else:
             acc.add_(part)
     return acc
+
+
+def int8_matmul_int32(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of int8 codes (torch.matmul semantics, b of one or two dimensions) as int32 by
+    torch's int8 matrix product: the leading axes of ``a`` fold into rows. Exact under the
+    INT32 plan's bound (``plan``)."""
+    k = a.shape[-1]
+    rows = a.reshape(-1, k)
+    cols = b if b.dim() == 2 else b.reshape(k, 1)
+    out = torch._int_mm(rows, cols)
+    return out.reshape((*a.shape[:-1], *b.shape[1:]))
+
+
+def int8_pointwise_conv_int32(x: Tensor, w: Tensor) -> Tensor:
+    """A 1x1 convolution (stride 1, no padding, one group) of batched int8 codes ``x`` (N, C,
+    *spatial) with ``w`` (O, C, 1...) as int32: per item, the matrix product w (O, C) @ x (C,
+    positions), written straight into the (N, O, *spatial) output. Exact under the INT32
+    plan's bound (``plan``)."""
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    w2 = w.reshape(o, c)
+    xs = x.reshape(n, c, -1)
+    out = torch.empty((n, o, xs.shape[2]), dtype=torch.int32, device=x.device)
+    for i in range(n):
+        torch._int_mm(w2, xs[i], out=out[i])
+    return out.reshape(n, o, *x.shape[2:])
 
 
 def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1) -> bool:
@@ -54,7 +81,10 @@ def matmul_planned(
     integers below 2**24; callers that take float sums save the widening pass). ``b_float32``:
     b's codes already cast to float32 (used instead of casting b). ``b_max``: a bound on |b|;
     given, a FLOAT32 plan that needs chunks runs as one product when ``a``'s measured rows
-    allow it (``rows_fit_float32``)."""
+    allow it (``rows_fit_float32``). The INT32 path returns int32 (int64 with ``as_int64``)."""
+    if plan.path is GemmPath.INT32:
+        out = int8_matmul_int32(a, b)
+        return out.to(torch.int64) if as_int64 else out
     if plan.path is GemmPath.INT64:
         return torch.matmul(a.to(torch.int64), b.to(torch.int64))
     if plan.path is GemmPath.FLOAT64:
@@ -86,11 +116,14 @@ def conv_planned(
     w_max: int | None = None,
 ) -> Tensor:
     """Exact ``conv(x, w, **kw)`` (batched codes) on ``plan``'s path. A single-chunk FLOAT32
-    plan returns the float32 conv itself (exact integers; callers widen it), every other path
-    int64. ``w_float32``: w's codes already cast to float32 (used instead of casting w).
-    ``w_max``: a bound on |w|; given, a 1x1 convolution without groups whose FLOAT32 plan needs
-    chunks runs as one conv when ``x``'s measured channel sums allow it (``rows_fit_float32``
-    along the channels: each output is a matmul row of one position)."""
+    plan returns the float32 conv itself (exact integers; callers widen it), the INT32 path
+    int32 (a 1x1 convolution without stride, padding or groups), every other path int64.
+    ``w_float32``: w's codes already cast to float32 (used instead of casting w). ``w_max``: a
+    bound on |w|; given, a 1x1 convolution without groups whose FLOAT32 plan needs chunks runs
+    as one conv when ``x``'s measured channel sums allow it (``rows_fit_float32`` along the
+    channels: each output is a matmul row of one position)."""
+    if plan.path is GemmPath.INT32:
+        return int8_pointwise_conv_int32(x, w)
     if plan.path is GemmPath.INT64:
         return conv(x.to(torch.int64), w.to(torch.int64), **kw)
     if plan.path is GemmPath.FLOAT64:

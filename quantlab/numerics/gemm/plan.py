@@ -4,6 +4,13 @@ If every operand is an integer and K * max|a| * max|b| <= 2**p (p = 24 for float
 float64), every partial sum any kernel forms (any blocking, order or FMA) is an integer of
 magnitude <= 2**p, so no rounding ever happens.
 
+* INT32 (int8 x int8 plain matrix products: a matmul with a 2-d or 1-d right operand, a 1x1
+  convolution without stride, padding or groups): torch's int8 matrix product (``torch._int_mm``)
+  with int32 sums. Every product is at most 2**14 in magnitude, so K <= INT32_MAX_TERMS = 2**16
+  terms keep every partial sum, in any order, below 2**30; a kernel that offsets a to unsigned
+  (a + 128 <= 255) keeps its sums below 2**16 * 255 * 128 < 2**31 too. The bound leaves the
+  kernel no room to round or wrap; that it does not saturate (non-VNNI int8 instructions clamp
+  pair sums to int16) is checked by the start-up self-test on operands that would saturate.
 * FLOAT32 on K-chunks: K is split so that each chunk meets the 2**24 bound (int8 x int8 with
   max|a| = max|b| = 128: 1024 terms); chunk results are summed in float64, exact while the whole
   sum is <= 2**53. Under AUTO, a matmul or 1x1 convolution whose measured left rows keep
@@ -30,12 +37,15 @@ SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes onl
 # ... or from this many groups on: torch runs a grouped float64 convolution group by group
 # (a depthwise conv of 960 channels at 7x7 takes ~3 ms in float64, ~0.35 ms split)
 SPLIT_MIN_GROUPS = 64
+INT32_MAX_TERMS = 1 << 16  # int8 x int8 terms an INT32 sum may hold (module docstring)
 OPERAND_DTYPES = (torch.int8, torch.int16)
 
 
 class GemmPath(enum.Enum):
     """How the exact sum is computed. AUTO picks the fastest path whose bound holds.
 
+    INT32:         int8 x int8 plain matrix products in int32 (``torch._int_mm``), at most
+                   INT32_MAX_TERMS terms per sum.
     FLOAT32:       float32 BLAS on K-chunks within 2**24, chunks summed in float64.
     FLOAT32_SPLIT: convolutions only: the left operand a (|a| <= 32768) is split exactly into
                    a = 256 * hi + lo with hi = round_half_even(a / 256), |hi|, |lo| <= 128;
@@ -46,6 +56,7 @@ class GemmPath(enum.Enum):
     """
 
     AUTO = "auto"
+    INT32 = "int32"
     FLOAT32 = "float32"
     FLOAT32_SPLIT = "float32_split"
     FLOAT64 = "float64"
@@ -57,7 +68,7 @@ class GemmPlan:
     """The path chosen for one GEMM and the number of K-terms (or channels) per float32 chunk."""
 
     path: GemmPath
-    chunk: int  # FLOAT32: units per chunk (a conv unit is one input channel); else 0
+    chunk: int  # FLOAT32(_SPLIT): units per chunk (a conv unit is one input channel); else 0
     bound: int  # max|a| * max|b|
 
 
@@ -80,14 +91,18 @@ def plan_gemm(
     path: GemmPath = GemmPath.AUTO,
     split_a: bool = False,
     disabled: Collection[GemmPath] = (),
+    int8_product: bool = False,
 ) -> GemmPlan:
     """Choose a provably exact path for a K-term sum of products (K = ``k`` units of ``unit``).
 
-    FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO takes it when a
-    chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when ``split_a`` (convolutions)
-    and a_max <= 32768, FLOAT32_SPLIT under the same rule with a_max = 128. Else FLOAT64 when
-    K * unit * a_max * b_max <= 2**53, else INT64. AUTO never picks a path in ``disabled``
-    (the float paths that failed the start-up self-test). A forced path whose bound fails raises.
+    ``int8_product``: both operands are int8 tensors and the GEMM is a plain matrix product
+    (``int8_product_matmul`` / ``int8_product_conv``); AUTO then takes INT32 when K * unit <=
+    INT32_MAX_TERMS. FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO
+    takes it when a chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when
+    ``split_a`` (convolutions) and a_max <= 32768, FLOAT32_SPLIT under the same rule with
+    a_max = 128. Else FLOAT64 when K * unit * a_max * b_max <= 2**53, else INT64. AUTO never
+    picks a path in ``disabled`` (the fast paths that failed the start-up self-test). A forced
+    path whose bound fails raises.
     """
     bound = a_max * b_max
     total = k * unit * bound
@@ -99,7 +114,10 @@ def plan_gemm(
     # the float64 combination 256 * sum(hi * b) + sum(lo * b) stays below 2**53
     split_total = k * unit * 32768 * b_max
     split_ok = split_a and a_max <= 32768 and c_split >= 1 and split_total <= FLOAT64_EXACT
+    int32_ok = int8_product and a_max <= 128 and b_max <= 128 and k * unit <= INT32_MAX_TERMS
     if path is GemmPath.AUTO:
+        if int32_ok and GemmPath.INT32 not in disabled:
+            return GemmPlan(GemmPath.INT32, 0, bound)
         f32_ok = f32_ok and GemmPath.FLOAT32 not in disabled
         if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
             return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, max(c, 1)), bound)
@@ -109,6 +127,14 @@ def plan_gemm(
         if total <= FLOAT64_EXACT and GemmPath.FLOAT64 not in disabled:
             return GemmPlan(GemmPath.FLOAT64, 0, bound)
         return GemmPlan(GemmPath.INT64, 0, bound)
+    if path is GemmPath.INT32:
+        if not int32_ok:
+            raise ValueError(
+                "path INT32 needs int8 x int8 operands in a plain matrix product (a matmul with "
+                "a 1-d or 2-d right operand, a 1x1 convolution with stride 1, no padding, one "
+                f"group) of at most {INT32_MAX_TERMS} terms; use AUTO, FLOAT32, FLOAT64 or INT64"
+            )
+        return GemmPlan(GemmPath.INT32, 0, bound)
     if path is GemmPath.FLOAT32:
         if not f32_ok:
             raise ValueError(
@@ -157,19 +183,77 @@ def split_pays(macs: int, groups: int) -> bool:
     return macs >= SPLIT_MIN_MACS or groups >= SPLIT_MIN_GROUPS
 
 
+def _all(v, value) -> bool:
+    """Whether a conv parameter (an int or a tuple of ints) is ``value`` on every axis."""
+    return all(e == value for e in v) if isinstance(v, (tuple, list)) else v == value
+
+
+def int8_product_matmul(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a @ b`` (torch.matmul semantics) is an INT32-path product: int8 operands, a
+    right operand of one or two dimensions (the left one's leading axes fold into rows), no
+    empty axis."""
+    return (
+        a.dtype == torch.int8
+        and b.dtype == torch.int8
+        and b.dim() <= 2
+        and a.numel() > 0
+        and b.numel() > 0
+    )
+
+
+def int8_product_conv(x_dtype: torch.dtype, w: Tensor, stride, padding, groups: int) -> bool:
+    """Whether a convolution is an INT32-path product: int8 operands, a 1x1 kernel, stride 1,
+    zero padding (0, "valid" or "same", all the same for a 1x1 kernel), one group (dilation
+    does not matter for a 1x1 kernel)."""
+    return (
+        x_dtype == torch.int8
+        and w.dtype == torch.int8
+        and groups == 1
+        and all(d == 1 for d in w.shape[2:])
+        and _all(stride, 1)
+        and (padding in ("valid", "same") or _all(padding, 0))
+        and w.numel() > 0
+    )
+
+
 def plan_conv(
     x: Tensor,
     w: Tensor,
     groups: int = 1,
     path: GemmPath = GemmPath.AUTO,
     disabled: Collection[GemmPath] = (),
+    stride=1,
+    padding=0,
 ) -> GemmPlan:
     """The plan ``int_conv1d`` / ``int_conv2d`` use for these operands (units = input channels
     per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS or
-    SPLIT_MIN_GROUPS on)."""
+    SPLIT_MIN_GROUPS on; INT32 for an ``int8_product_conv``)."""
     big = split_pays(conv_macs(x, w, groups), groups) or path is GemmPath.FLOAT32_SPLIT
     cin_g = x.shape[-w.dim() + 1] // groups
     unit = math.prod(w.shape[2:])
     return plan_gemm(
-        operand_bound(x), operand_bound(w), cin_g, unit, path, split_a=big, disabled=disabled
+        operand_bound(x),
+        operand_bound(w),
+        cin_g,
+        unit,
+        path,
+        split_a=big,
+        disabled=disabled,
+        int8_product=x.numel() > 0 and int8_product_conv(x.dtype, w, stride, padding, groups),
+    )
+
+
+def plan_matmul(
+    a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO, disabled: Collection[GemmPath] = ()
+) -> GemmPlan:
+    """The plan ``int_matmul`` / ``int_linear`` use for ``a @ b`` (K = a's last axis; INT32
+    for an ``int8_product_matmul``)."""
+    return plan_gemm(
+        operand_bound(a),
+        operand_bound(b),
+        a.shape[-1],
+        1,
+        path,
+        disabled=disabled,
+        int8_product=int8_product_matmul(a, b),
     )

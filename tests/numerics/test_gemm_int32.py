@@ -1,0 +1,232 @@
+"""The INT32 path of the exact GEMM: int8 x int8 matmuls and 1x1 convolutions by torch's int8
+matrix product with int32 sums give the numpy int64 reference's bits (random, extreme and
+adversarial codes, every layout it takes), AUTO takes it exactly where its bound and shape rules
+hold, and the start-up self-test catches a kernel that saturates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics import selftest
+from quantlab.numerics.gemm import (
+    GemmPath,
+    int_conv1d,
+    int_conv2d,
+    int_linear,
+    int_matmul,
+    plan_conv,
+    plan_gemm,
+    plan_matmul,
+    prepare_conv,
+)
+from quantlab.numerics.gemm.plan import INT32_MAX_TERMS
+
+
+def _codes(g, shape) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, generator=g).to(torch.int8)
+
+
+def _extremes(g, shape) -> torch.Tensor:
+    """-128 or 127 at random: the largest products of both signs."""
+    return torch.where(torch.randint(0, 2, shape, generator=g) == 1, 127, -128).to(torch.int8)
+
+
+def _adversarial(g, shape) -> torch.Tensor:
+    """127, 125 or 123: one sign, so int8 pair sums pass int16 and sums pass 2**24."""
+    return (127 - 2 * torch.randint(0, 3, shape, generator=g)).to(torch.int8)
+
+
+MAKERS = {"random": _codes, "extremes": _extremes, "adversarial": _adversarial}
+
+
+def test_plan_takes_int32_where_its_rules_hold():
+    a8, b8 = torch.zeros(4, 5, dtype=torch.int8), torch.zeros(5, 3, dtype=torch.int8)
+    assert plan_matmul(a8, b8).path is GemmPath.INT32
+    assert plan_matmul(a8.reshape(2, 2, 5), b8).path is GemmPath.INT32  # rows fold
+    assert plan_matmul(a8, b8[:, 0]).path is GemmPath.INT32  # a 1-d right operand
+    batched = torch.zeros(2, 5, 3, dtype=torch.int8)
+    assert plan_matmul(a8, batched).path is GemmPath.FLOAT32  # per-batch products: float32
+    assert plan_matmul(a8.to(torch.int16), b8).path is not GemmPath.INT32
+    assert plan_matmul(torch.zeros(0, 5, dtype=torch.int8), b8).path is not GemmPath.INT32
+    # K up to INT32_MAX_TERMS terms; past it, the float32 chunks
+    assert plan_gemm(128, 128, INT32_MAX_TERMS, int8_product=True).path is GemmPath.INT32
+    assert plan_gemm(128, 128, INT32_MAX_TERMS + 1, int8_product=True).path is GemmPath.FLOAT32
+    assert plan_gemm(128, 128, 100, int8_product=False).path is GemmPath.FLOAT32
+    off = {GemmPath.INT32}
+    assert plan_gemm(128, 128, 100, int8_product=True, disabled=off).path is GemmPath.FLOAT32
+    x = torch.zeros(1, 8, 5, 5, dtype=torch.int8)
+    w1, w3 = torch.zeros(4, 8, 1, 1, dtype=torch.int8), torch.zeros(4, 8, 3, 3, dtype=torch.int8)
+    assert plan_conv(x, w1).path is GemmPath.INT32
+    assert plan_conv(x, w1, padding="same").path is GemmPath.INT32
+    assert plan_conv(x, w1, padding=(0, 0), stride=(1, 1)).path is GemmPath.INT32
+    assert plan_conv(x, w3, padding=1).path is GemmPath.FLOAT32
+    assert plan_conv(x, w1, stride=2).path is GemmPath.FLOAT32
+    assert plan_conv(x, w1, padding=1).path is GemmPath.FLOAT32
+    assert plan_conv(x, w1[:, :4], groups=2).path is GemmPath.FLOAT32
+    assert plan_conv(x.to(torch.int16), w1).path is not GemmPath.INT32
+
+
+def test_forced_int32_refuses_what_it_cannot_compute():
+    a8 = torch.ones(3, 4, dtype=torch.int8)
+    with pytest.raises(ValueError, match="path INT32 needs int8 x int8"):
+        int_matmul(a8.to(torch.int16), torch.ones(4, 2, dtype=torch.int8), GemmPath.INT32)
+    with pytest.raises(ValueError, match="path INT32"):
+        int_matmul(a8, torch.ones(2, 4, 2, dtype=torch.int8), GemmPath.INT32)
+    x = torch.ones(1, 4, 5, 5, dtype=torch.int8)
+    with pytest.raises(ValueError, match="1x1 convolution"):
+        int_conv2d(x, torch.ones(2, 4, 3, 3, dtype=torch.int8), path=GemmPath.INT32)
+    with pytest.raises(ValueError, match="path INT32"):
+        plan_gemm(128, 128, INT32_MAX_TERMS + 1, path=GemmPath.INT32, int8_product=True)
+
+
+MATMUL_SHAPES = [
+    ((7, 13), (13, 5)),
+    ((13,), (13, 4)),
+    ((3, 13), (13,)),
+    ((13,), (13,)),
+    ((2, 3, 6, 9), (9, 4)),
+    ((1, 128, 384), (384, 96)),
+    ((4, 2100), (2100, 3)),  # K past one float32 chunk
+]
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES)
+def test_int8_matmul_in_int32_equals_the_reference(kind, shapes):
+    g = torch.Generator().manual_seed(len(shapes[0]) * 31 + shapes[0][-1])
+    a, b = MAKERS[kind](g, shapes[0]), MAKERS[kind](g, shapes[1])
+    want = torch.as_tensor(ref.int_matmul(a, b))  # a dot product is one numpy scalar
+    assert plan_matmul(a, b).path is GemmPath.INT32
+    for path in (GemmPath.AUTO, GemmPath.INT32):
+        assert_bits_equal(int_matmul(a, b, path), want)
+        got = int_matmul(a, b, path, as_int64=False)
+        assert got.dtype == torch.int32
+        assert_bits_equal(got.to(torch.int64), want)
+
+
+def test_int8_matmul_in_int32_takes_strided_operands():
+    g = torch.Generator().manual_seed(2)
+    a = _extremes(g, (9, 40)).t()  # (40, 9) transposed view
+    b = _codes(g, (5, 9)).t()  # (9, 5) transposed view, as a linear's weight
+    assert not a.is_contiguous() and not b.is_contiguous()
+    assert_bits_equal(int_matmul(a, b), torch.from_numpy(ref.int_matmul(a, b)))
+    w = _codes(g, (6, 40))
+    x = _adversarial(g, (3, 2, 40))[:, 1]  # strided rows
+    assert_bits_equal(int_linear(x, w), torch.from_numpy(ref.int_linear(x, w)))
+
+
+def test_int32_sums_at_the_term_limit():
+    """INT32_MAX_TERMS products of (-128)(-128) sum to 2**30; mixed extremes near it; the
+    sums are what int64 gives."""
+    k = INT32_MAX_TERMS
+    a = torch.full((2, k), -128, dtype=torch.int8)
+    b = torch.full((k, 3), -128, dtype=torch.int8)
+    got = int_matmul(a, b, GemmPath.INT32)
+    assert int(got[0, 0]) == 1 << 30
+    assert_bits_equal(got, torch.matmul(a.to(torch.int64), b.to(torch.int64)))
+    g = torch.Generator().manual_seed(5)
+    a2, b2 = _extremes(g, (2, k)), _adversarial(g, (k, 3))
+    assert_bits_equal(int_matmul(a2, b2), torch.matmul(a2.to(torch.int64), b2.to(torch.int64)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 9),
+    k=st.integers(1, 70),
+    n=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+    kind=st.sampled_from(list(MAKERS)),
+)
+def test_int8_matmul_in_int32_property(m, k, n, seed, kind):
+    g = torch.Generator().manual_seed(seed)
+    a, b = MAKERS[kind](g, (m, k)), MAKERS[kind](g, (k, n))
+    assert_bits_equal(int_matmul(a, b, GemmPath.INT32), torch.from_numpy(ref.int_matmul(a, b)))
+
+
+CONV_CASES = [
+    ((1, 16, 7, 6), (24, 16, 1, 1), {}),
+    ((3, 40, 5, 5), (8, 40, 1, 1), {}),  # a batch: one product per item
+    ((40, 5, 5), (8, 40, 1, 1), {}),  # unbatched
+    ((2, 24, 4, 4), (6, 24, 1, 1), {"padding": "same", "dilation": 2}),
+    ((1, 600, 3, 3), (5, 600, 1, 1), {"padding": "valid"}),
+    ((1, 1152, 7, 7), (40, 1152, 1, 1), {}),  # K past one float32 chunk
+]
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+@pytest.mark.parametrize("x_shape, w_shape, kw", CONV_CASES)
+def test_int8_pointwise_conv_in_int32_equals_the_reference(kind, x_shape, w_shape, kw):
+    g = torch.Generator().manual_seed(x_shape[-3] + w_shape[0])
+    x, w = MAKERS[kind](g, x_shape), MAKERS[kind](g, w_shape)
+    xb = x if x.dim() == 4 else x.unsqueeze(0)
+    pad = 0 if isinstance(kw.get("padding"), str) else kw.get("padding", 0)
+    want = torch.from_numpy(ref.int_conv2d(xb, w, 1, pad, kw.get("dilation", 1)))
+    want = want if x.dim() == 4 else want.squeeze(0)
+    assert plan_conv(x, w, padding=kw.get("padding", 0)).path is GemmPath.INT32
+    for path in (GemmPath.AUTO, GemmPath.INT32):
+        assert_bits_equal(int_conv2d(x, w, path=path, **kw), want)
+    conv = prepare_conv(tuple(x.shape), x.dtype, w, 2, **kw)
+    assert conv.plan.path is GemmPath.INT32
+    got = conv(x, as_int64=False)
+    assert got.dtype == torch.int32
+    assert_bits_equal(got.to(torch.int64), want)
+
+
+def test_int8_pointwise_conv_in_int32_takes_channels_last_and_conv1d():
+    g = torch.Generator().manual_seed(9)
+    x = _extremes(g, (2, 32, 6, 5)).to(memory_format=torch.channels_last)
+    w = _extremes(g, (12, 32, 1, 1))
+    want = torch.from_numpy(ref.int_conv2d(x.contiguous(), w))
+    assert_bits_equal(int_conv2d(x, w, path=GemmPath.INT32), want)
+    x1, w1 = _adversarial(g, (3, 48, 11)), _codes(g, (7, 48, 1))
+    want1 = torch.from_numpy(ref.int_conv1d(x1, w1))
+    assert_bits_equal(int_conv1d(x1, w1), want1)
+    assert_bits_equal(int_conv1d(x1, w1, path=GemmPath.INT32), want1)
+
+
+def _saturating_int_mm(a, b, out=None):
+    """An int8 matrix product as a kernel without VNNI may compute it: a offset to unsigned
+    (a + 128), products summed in pairs clamped to int16, then the offset taken back."""
+    au = a.to(torch.int32) + 128
+    bi = b.to(torch.int32)
+    if au.shape[1] % 2:
+        au = torch.cat([au, torch.zeros(au.shape[0], 1, dtype=torch.int32)], 1)
+        bi = torch.cat([bi, torch.zeros(1, bi.shape[1], dtype=torch.int32)], 0)
+    prod = au[:, :, None] * bi[None, :, :]
+    pairs = (prod[:, 0::2] + prod[:, 1::2]).clamp(-32768, 32767)
+    res = (pairs.sum(1) - 128 * bi.sum(0)).to(torch.int32)
+    if out is not None:
+        out.copy_(res)
+        return out
+    return res
+
+
+def test_selftest_catches_a_saturating_int8_kernel(monkeypatch):
+    cases = selftest.run_selftest()
+    assert any(c.path is GemmPath.INT32 for c in cases)
+    assert all(c.ok for c in cases)
+    monkeypatch.setattr(torch, "_int_mm", _saturating_int_mm)
+    cases = selftest.run_selftest()
+    int32 = [c for c in cases if c.path is GemmPath.INT32]
+    assert int32 and all(not c.ok for c in int32)
+    assert all(c.ok for c in cases if c.path is not GemmPath.INT32)
+
+
+def test_auto_keeps_the_bits_without_int32(monkeypatch):
+    """A machine whose int8 product failed the self-test: AUTO takes the float paths, with the
+    same sums."""
+    from quantlab.numerics.gemm import exact
+
+    g = torch.Generator().manual_seed(4)
+    a, b = _adversarial(g, (3, 1500)), _extremes(g, (1500, 4))
+    x, w = _codes(g, (2, 64, 5, 5)), _extremes(g, (9, 64, 1, 1))
+    with_int32 = (int_matmul(a, b), int_conv2d(x, w))
+    monkeypatch.setattr(exact, "ensure_selftest", lambda: frozenset({GemmPath.INT32}))
+    assert prepare_conv(tuple(x.shape), x.dtype, w, 2).plan.path is GemmPath.FLOAT32
+    assert_bits_equal(int_matmul(a, b), with_int32[0])
+    assert_bits_equal(int_conv2d(x, w), with_int32[1])
