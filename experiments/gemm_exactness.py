@@ -2,8 +2,10 @@
 
 For each shape (matmul / conv1d / conv2d), operand dtype pair and data kind (random codes, or
 adversarial: all odd, near the maximum, one sign), the fast path (``int_matmul`` /
-``int_conv*d``, AUTO) is compared bit for bit with the numpy int64 reference; plain float32
-(no K-chunking) is compared too, to show what the chunking buys. The exact sums then go through
+``int_conv*d``, AUTO: int32 sums of torch's int8 matrix product for int8 matmuls and 1x1
+convolutions, float32 K-chunks, split halves or float64 for the others; the ``path`` column) is
+compared bit for bit with the numpy int64 reference; plain float32 (no K-chunking) is compared
+too, to show what the chunking buys. The exact sums then go through
 the int32 accumulator contract (``accumulate`` with the configured overflow mode), counting
 overflows. Times: fast path against float32 torch on the same shapes (medians), measured at a
 stated thread count: ``measure`` sets torch's intra-op thread count to ``exp.threads`` for the
@@ -115,6 +117,7 @@ def _default_shapes() -> list[GemmShape]:
         GemmShape(GemmOp.CONV2D, c_in=32, c_out=32, size=16, padding=1),
         GemmShape(GemmOp.CONV2D, c_in=32, c_out=32, size=16, groups=32, padding=1),
         GemmShape(GemmOp.CONV2D, c_in=256, c_out=16, size=8, padding=1),
+        GemmShape(GemmOp.CONV2D, c_in=1152, c_out=40, size=7, batch=2, kernel=1),
         GemmShape(GemmOp.CONV1D, c_in=64, c_out=32, size=32, batch=2, kernel=5, stride=2),
     ]
 
