@@ -13,7 +13,7 @@ from bits import assert_bits_equal, edge_values
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import GemmContract, GemmStats, finish_gemm, int_conv2d
+from quantlab.numerics.gemm import GemmContract, GemmPath, GemmStats, finish_gemm, int_conv2d
 from quantlab.numerics.gemm import finish as finish_mod
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import Requant, make_requant, requantize
@@ -96,9 +96,13 @@ def test_finish_gemm_fast_form_matches_reference_over_many_chunks(per_channel, s
         got = finish_gemm(acc, xs, ws, bias, so, DType.INT8, J6, 1, sum_bound=b)
         assert_bits_equal(got.to(torch.int64), want)
         assert_bits_equal(acc, kept)  # reuse_acc=False leaves the sums alone
-    acc32 = int_conv2d(x, w, 1, 1, as_int64=False)
-    assert acc32.dtype == torch.float32
+    acc32 = int_conv2d(x, w, 1, 1, as_int64=False)  # the INT32 path's int32 sums
+    assert acc32.dtype == torch.int32
     got = finish_gemm(acc32, xs, ws, bias, so, DType.INT8, J6, 1, sum_bound=bound, reuse_acc=True)
+    assert_bits_equal(got.to(torch.int64), want)
+    accf = int_conv2d(x, w, 1, 1, path=GemmPath.FLOAT32, as_int64=False)  # one float32 chunk
+    assert accf.dtype == torch.float32
+    got = finish_gemm(accf, xs, ws, bias, so, DType.INT8, J6, 1, sum_bound=bound, reuse_acc=True)
     assert_bits_equal(got.to(torch.int64), want)
     clamped = finish_gemm(acc.clone(), xs, ws, bias, so, DType.INT8, J6, 1, clamp_codes=(0, 50))
     assert_bits_equal(clamped.to(torch.int64), _reference_finish(acc, xs, ws, bias, so, 1, (0, 50)))

@@ -1,6 +1,7 @@
-"""The INT32 path of the exact GEMM: int8 x int8 matmuls and 1x1 convolutions by torch's int8
-matrix product with int32 sums give the numpy int64 reference's bits (random, extreme and
-adversarial codes, every layout it takes), AUTO takes it exactly where its bound and shape rules
+"""The INT32 path of the exact GEMM: int8 x int8 matmuls and convolutions with one group (1x1
+directly, others by im2col) by torch's int8 matrix product with int32 sums give the numpy int64
+reference's bits (random, extreme and adversarial codes, every layout, stride, padding and
+dilation it takes, im2col in blocks), AUTO takes it exactly where its bound and shape rules
 hold, and the start-up self-test catches a kernel that saturates."""
 
 from __future__ import annotations
@@ -64,11 +65,19 @@ def test_plan_takes_int32_where_its_rules_hold():
     assert plan_conv(x, w1).path is GemmPath.INT32
     assert plan_conv(x, w1, padding="same").path is GemmPath.INT32
     assert plan_conv(x, w1, padding=(0, 0), stride=(1, 1)).path is GemmPath.INT32
-    assert plan_conv(x, w3, padding=1).path is GemmPath.FLOAT32
+    assert plan_conv(x, w3, padding=1).path is GemmPath.INT32  # im2col
+    assert plan_conv(x, w3, padding=(1, 2), dilation=2).path is GemmPath.INT32
+    assert plan_conv(x, w3, padding="same").path is GemmPath.FLOAT32  # string: 1x1 only
+    assert plan_conv(x, w3, padding=0, dilation=3).path is GemmPath.FLOAT32  # empty output
+    # strided: from IM2COL_MIN_CHANNELS input channels on
     assert plan_conv(x, w1, stride=2).path is GemmPath.FLOAT32
-    assert plan_conv(x, w1, padding=1).path is GemmPath.FLOAT32
+    x16 = torch.zeros(1, 16, 5, 5, dtype=torch.int8)
+    assert plan_conv(x16, torch.zeros(4, 16, 3, 3, dtype=torch.int8), stride=2).path is (
+        GemmPath.INT32
+    )
     assert plan_conv(x, w1[:, :4], groups=2).path is GemmPath.FLOAT32
     assert plan_conv(x.to(torch.int16), w1).path is not GemmPath.INT32
+    assert plan_conv(x, torch.zeros(4, 8, 100, 1, dtype=torch.int8)).path is not GemmPath.INT32
 
 
 def test_forced_int32_refuses_what_it_cannot_compute():
@@ -78,8 +87,10 @@ def test_forced_int32_refuses_what_it_cannot_compute():
     with pytest.raises(ValueError, match="path INT32"):
         int_matmul(a8, torch.ones(2, 4, 2, dtype=torch.int8), GemmPath.INT32)
     x = torch.ones(1, 4, 5, 5, dtype=torch.int8)
-    with pytest.raises(ValueError, match="1x1 convolution"):
-        int_conv2d(x, torch.ones(2, 4, 3, 3, dtype=torch.int8), path=GemmPath.INT32)
+    with pytest.raises(ValueError, match="convolution with one group"):
+        int_conv2d(x, torch.ones(2, 2, 3, 3, dtype=torch.int8), groups=2, path=GemmPath.INT32)
+    with pytest.raises(ValueError, match="numeric padding"):
+        int_conv2d(x, torch.ones(2, 4, 3, 3, dtype=torch.int8), padding="same", path=GemmPath.INT32)
     with pytest.raises(ValueError, match="path INT32"):
         plan_gemm(128, 128, INT32_MAX_TERMS + 1, path=GemmPath.INT32, int8_product=True)
 
@@ -120,6 +131,23 @@ def test_int8_matmul_in_int32_takes_strided_operands():
     assert_bits_equal(int_linear(x, w), torch.from_numpy(ref.int_linear(x, w)))
 
 
+def test_int8_matmul_in_int32_takes_expanded_and_overlapping_operands():
+    """torch's int8 product reads its operands' strides as given; expanded (stride 0) and
+    overlapping views are copied first, so their sums are right too."""
+    g = torch.Generator().manual_seed(3)
+    row, col = _extremes(g, (1, 16)), _adversarial(g, (16, 1))
+    b = _codes(g, (16, 8))
+    for a, bb in (
+        (row.expand(8, 16), b),
+        (_codes(g, (8, 16)), col.expand(16, 8)),
+        (_codes(g, (40,)).as_strided((5, 16), (2, 1)), b),  # rows overlap
+        (_codes(g, (4, 3)), _codes(g, (40,)).as_strided((3, 6), (1, 1))),
+        (_codes(g, (8, 32))[:, ::2], b[::2].repeat(2, 1)),  # a stepped slice
+    ):
+        want = torch.matmul(a.to(torch.int64), bb.to(torch.int64))
+        assert_bits_equal(int_matmul(a, bb, GemmPath.INT32), want)
+
+
 def test_int32_sums_at_the_term_limit():
     """INT32_MAX_TERMS products of (-128)(-128) sum to 2**30; mixed extremes near it; the
     sums are what int64 gives."""
@@ -155,19 +183,29 @@ CONV_CASES = [
     ((2, 24, 4, 4), (6, 24, 1, 1), {"padding": "same", "dilation": 2}),
     ((1, 600, 3, 3), (5, 600, 1, 1), {"padding": "valid"}),
     ((1, 1152, 7, 7), (40, 1152, 1, 1), {}),  # K past one float32 chunk
+    ((2, 16, 9, 9), (8, 16, 1, 1), {"stride": 2}),  # strided 1x1: im2col
+    ((2, 5, 8, 7), (6, 5, 3, 3), {"padding": 1}),
+    ((1, 300, 5, 5), (4, 300, 3, 3), {"padding": 1}),  # K = 2700
+    ((2, 16, 11, 9), (7, 16, 3, 3), {"stride": 2, "padding": 1}),
+    ((1, 16, 12, 10), (5, 16, 3, 2), {"stride": (2, 1), "padding": (1, 2), "dilation": (1, 2)}),
+    ((1, 3, 9, 9), (4, 3, 5, 5), {"padding": 2}),  # fewer channels than taps
+    ((6, 7, 7), (3, 6, 3, 3), {}),  # unbatched, no padding
+    ((2, 1, 6, 5), (4, 1, 3, 1), {"padding": (1, 0)}),  # one channel: overlapping windows
+    ((1, 1, 9, 9), (2, 1, 3, 3), {"dilation": 2}),
 ]
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))
 @pytest.mark.parametrize("x_shape, w_shape, kw", CONV_CASES)
-def test_int8_pointwise_conv_in_int32_equals_the_reference(kind, x_shape, w_shape, kw):
+def test_int8_conv_in_int32_equals_the_reference(kind, x_shape, w_shape, kw):
     g = torch.Generator().manual_seed(x_shape[-3] + w_shape[0])
     x, w = MAKERS[kind](g, x_shape), MAKERS[kind](g, w_shape)
     xb = x if x.dim() == 4 else x.unsqueeze(0)
     pad = 0 if isinstance(kw.get("padding"), str) else kw.get("padding", 0)
-    want = torch.from_numpy(ref.int_conv2d(xb, w, 1, pad, kw.get("dilation", 1)))
+    stride, dilation = kw.get("stride", 1), kw.get("dilation", 1)
+    want = torch.from_numpy(ref.int_conv2d(xb, w, stride, pad, dilation))
     want = want if x.dim() == 4 else want.squeeze(0)
-    assert plan_conv(x, w, padding=kw.get("padding", 0)).path is GemmPath.INT32
+    assert plan_conv(xb, w, **kw).path is GemmPath.INT32
     for path in (GemmPath.AUTO, GemmPath.INT32):
         assert_bits_equal(int_conv2d(x, w, path=path, **kw), want)
     conv = prepare_conv(tuple(x.shape), x.dtype, w, 2, **kw)
@@ -177,16 +215,42 @@ def test_int8_pointwise_conv_in_int32_equals_the_reference(kind, x_shape, w_shap
     assert_bits_equal(got.to(torch.int64), want)
 
 
-def test_int8_pointwise_conv_in_int32_takes_channels_last_and_conv1d():
+def test_im2col_in_blocks_of_output_rows(monkeypatch):
+    """Columns copied a few output rows at a time (the memory bound) give the same sums."""
+    import quantlab.numerics.gemm.kernels as kernels
+
+    g = torch.Generator().manual_seed(6)
+    x, w = _extremes(g, (2, 16, 13, 11)), _adversarial(g, (5, 16, 3, 3))
+    want = torch.from_numpy(ref.int_conv2d(x, w, 1, 1))
+    monkeypatch.setattr(kernels, "IM2COL_BLOCK_BYTES", 16 * 9 * 11 * 4)  # 4 rows a block
+    assert_bits_equal(int_conv2d(x, w, padding=1), want)
+    monkeypatch.setattr(kernels, "IM2COL_BLOCK_BYTES", 1)  # one row a block
+    assert_bits_equal(int_conv2d(x, w, padding=1), want)
+    x1, w1 = _codes(g, (2, 16, 40)), _codes(g, (3, 16, 5))
+    want1 = torch.from_numpy(ref.int_conv1d(x1, w1, 2, 2))
+    assert_bits_equal(int_conv1d(x1, w1, stride=2, padding=2), want1)
+
+
+def test_int8_conv_in_int32_takes_channels_last_expanded_inputs_and_conv1d():
     g = torch.Generator().manual_seed(9)
-    x = _extremes(g, (2, 32, 6, 5)).to(memory_format=torch.channels_last)
-    w = _extremes(g, (12, 32, 1, 1))
-    want = torch.from_numpy(ref.int_conv2d(x.contiguous(), w))
-    assert_bits_equal(int_conv2d(x, w, path=GemmPath.INT32), want)
-    x1, w1 = _adversarial(g, (3, 48, 11)), _codes(g, (7, 48, 1))
-    want1 = torch.from_numpy(ref.int_conv1d(x1, w1))
-    assert_bits_equal(int_conv1d(x1, w1), want1)
-    assert_bits_equal(int_conv1d(x1, w1, path=GemmPath.INT32), want1)
+    channels_last = _extremes(g, (2, 32, 6, 5)).to(memory_format=torch.channels_last)
+    expanded = _extremes(g, (1, 32, 1, 5)).expand(2, 32, 6, 5)
+    for x in (channels_last, expanded):
+        for w_shape, kw in (((12, 32, 1, 1), {}), ((4, 32, 3, 3), {"padding": 1})):
+            w = _extremes(g, w_shape)
+            want = torch.from_numpy(ref.int_conv2d(x.contiguous(), w, 1, kw.get("padding", 0)))
+            assert_bits_equal(int_conv2d(x, w, path=GemmPath.INT32, **kw), want)
+    for x_shape, w_shape, kw in (
+        ((3, 48, 11), (7, 48, 1), {}),
+        ((3, 48, 11), (5, 48, 3), {"padding": 1, "dilation": 2}),
+        ((2, 1, 6), (4, 1, 3), {"padding": 1}),  # one channel: the windows overlap in memory
+    ):
+        x1, w1 = _adversarial(g, x_shape), _codes(g, w_shape)
+        want1 = torch.from_numpy(
+            ref.int_conv1d(x1, w1, 1, kw.get("padding", 0), kw.get("dilation", 1))
+        )
+        assert_bits_equal(int_conv1d(x1, w1, **kw), want1)
+        assert_bits_equal(int_conv1d(x1, w1, path=GemmPath.INT32, **kw), want1)
 
 
 def _saturating_int_mm(a, b, out=None):

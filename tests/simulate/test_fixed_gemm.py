@@ -140,10 +140,12 @@ def user_flags():
 
 
 def _conv_model() -> nn.Module:
+    """int8 dense convolutions and a linear (the INT32 path) and a depthwise one (float32)."""
     torch.manual_seed(3)
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1),
         nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16),
         nn.Conv2d(16, 8, 1),
         nn.Flatten(),
         nn.Linear(8 * 6 * 6, 10),
@@ -197,7 +199,10 @@ class Count(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+model = nn.Sequential(  # the depthwise conv would take FLOAT32 if it were not disabled
+    nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8),
+    nn.Conv2d(8, 4, 1),
+)
 sim = Simulator(model, "j6m")
 sim.calibrate([(torch.randn(1, 3, 8, 8),)])
 with warnings.catch_warnings(record=True) as caught, Count():
@@ -225,8 +230,8 @@ def test_fast_conv_path_runs_the_selftest_and_avoids_a_path_it_disabled():
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, monkeypatch):
-    """The INT32 path (int8 1x1 convolutions and linears by torch's int8 matrix product) and
-    the float paths AUTO takes without it give a fixed run the same bits."""
+    """The INT32 path (int8 convolutions and linears by torch's int8 matrix product) and the
+    float paths AUTO takes without it give a fixed run the same bits."""
     import quantlab.numerics.gemm.kernels as kernels
     from quantlab.numerics.gemm import GemmPath, exact
 
@@ -241,7 +246,7 @@ def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, mo
     calib = [(torch.randn(4, 3, 6, 6),), (torch.randn(4, 3, 6, 6),)]
     x = torch.randn(4, 3, 6, 6) * 1.5
     int32_calls = []
-    for fn in ("int8_matmul_int32", "int8_pointwise_conv_int32"):
+    for fn in ("int8_matmul_int32", "int8_conv_int32"):
         real = getattr(kernels, fn)
         monkeypatch.setattr(kernels, fn, lambda *a, real=real: int32_calls.append(1) or real(*a))
     runs = []
@@ -251,6 +256,6 @@ def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, mo
         sim.calibrate(calib, progress=False)
         runs.append(sim.run(x, mode=Mode.FIXED))
         if not disabled:
-            assert len(int32_calls) == 2  # the 1x1 conv and the linear
-    assert len(int32_calls) == 2
+            assert len(int32_calls) == 3  # the two convolutions and the linear
+    assert len(int32_calls) == 3
     assert_bits_equal(runs[0], runs[1])

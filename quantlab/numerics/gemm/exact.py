@@ -210,9 +210,7 @@ def prepare_conv(
     w_bound = operand_bound(w)
     plan = None
     if x_dtype == torch.int8:  # operand_bound of int8 codes is their dtype bound: no data
-        int8_product = math.prod(batched) > 0 and int8_product_conv(
-            x_dtype, w, stride, padding, groups
-        )
+        int8_product = int8_product_conv(batched, x_dtype, w, stride, padding, dilation, groups)
         plan = plan_gemm(
             128,
             w_bound,
@@ -280,7 +278,7 @@ def int_conv2d(
     ``w_float32``: w's codes cast to float32 once by the caller (the float32 paths use it
     instead of casting w on every call). ``as_int64=False``: a single-chunk float32 path
     returns its float32 result as it is (exact integers below 2**24; one widening pass saved),
-    the INT32 path (int8 1x1 convolutions) its int32 result.
+    the INT32 path (int8 convolutions with one group) its int32 result.
     """
     return _conv_exact(x, w, 2, stride, padding, dilation, groups, path, w_float32, as_int64)
 

@@ -5,9 +5,11 @@ validate the operands, choose the plan (``plan``) and pin the float precision
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.numerics.dtypes import FLOAT32_EXACT
@@ -27,6 +29,21 @@ def _sum_chunks_f64(parts) -> Tensor:
     return acc
 
 
+def _int_mm_operand(t: Tensor) -> Tensor:
+    """A 2-d int8 operand in a layout torch's int8 matrix product reads correctly: row- or
+    column-major with exactly those strides, else a row-major copy (its CPU kernel takes the
+    strides as given: stride-0 (expanded) and overlapping views give wrong sums)."""
+    rows, cols = t.shape
+    if t.stride() == (cols, 1) or t.stride() == (1, rows):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _int_mm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    """int32 ``a @ b`` of 2-d int8 operands by ``torch._int_mm`` (into ``out``, row-major)."""
+    return torch._int_mm(_int_mm_operand(a), _int_mm_operand(b), out=out)
+
+
 def int8_matmul_int32(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b`` of int8 codes (torch.matmul semantics, b of one or two dimensions) as int32 by
     torch's int8 matrix product: the leading axes of ``a`` fold into rows. Exact under the
@@ -34,23 +51,69 @@ def int8_matmul_int32(a: Tensor, b: Tensor) -> Tensor:
     k = a.shape[-1]
     rows = a.reshape(-1, k)
     cols = b if b.dim() == 2 else b.reshape(k, 1)
-    out = torch._int_mm(rows, cols)
+    out = _int_mm(rows, cols)
     return out.reshape((*a.shape[:-1], *b.shape[1:]))
 
 
-def int8_pointwise_conv_int32(x: Tensor, w: Tensor) -> Tensor:
-    """A 1x1 convolution (stride 1, no padding, one group) of batched int8 codes ``x`` (N, C,
-    *spatial) with ``w`` (O, C, 1...) as int32: per item, the matrix product w (O, C) @ x (C,
-    positions), written straight into the (N, O, *spatial) output. Exact under the INT32
-    plan's bound (``plan``)."""
+IM2COL_BLOCK_BYTES = 1 << 24  # int8 im2col columns copied per product (bounds the memory)
+
+
+def _per_axis(v, nsp: int) -> tuple[int, ...]:
+    return tuple(v) if isinstance(v, (tuple, list)) else (int(v),) * nsp
+
+
+def int8_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) -> Tensor:
+    """A convolution with one group of batched int8 codes ``x`` (N, C, *spatial) and ``w`` (O,
+    C, *kernel), zero ``padding`` (ints; a 1x1 kernel also takes "valid" / "same") as int32,
+    by torch's int8 matrix product per item: w (O, C * taps) @ columns (C * taps, positions).
+    A 1x1 kernel with stride 1 and no padding takes x itself as the columns; any other kernel
+    copies its columns (im2col: a strided view of the zero-padded codes, copied in blocks of
+    output rows of at most ``IM2COL_BLOCK_BYTES``). The sums are written straight into the
+    (N, O, *out) output. Exact under the INT32 plan's bound (``plan``)."""
+    nsp = x.dim() - 2
     n, c = x.shape[:2]
     o = w.shape[0]
-    w2 = w.reshape(o, c)
-    xs = x.reshape(n, c, -1)
-    out = torch.empty((n, o, xs.shape[2]), dtype=torch.int32, device=x.device)
+    ksize = tuple(w.shape[2:])
+    w2 = w.reshape(o, -1)
+    pointwise = all(k == 1 for k in ksize)
+    if pointwise and isinstance(padding, str):
+        padding = 0
+    stride, padding = _per_axis(stride, nsp), _per_axis(padding, nsp)
+    dilation = _per_axis(dilation, nsp)
+    if pointwise and all(s == 1 for s in stride) and not any(padding):
+        xs = x.reshape(n, c, -1)
+        out = torch.empty((n, o, xs.shape[2]), dtype=torch.int32, device=x.device)
+        for i in range(n):
+            _int_mm(w2, xs[i], out=out[i])
+        return out.reshape(n, o, *x.shape[2:])
+    if any(padding):
+        x = F.pad(x, [p for p in reversed(padding) for _ in (0, 1)])
+    sp = x.shape[2:]
+    out_sp = [(sp[i] - dilation[i] * (ksize[i] - 1) - 1) // stride[i] + 1 for i in range(nsp)]
+    st = x.stride()
+    taps = x.as_strided(
+        (n, c, *ksize, *out_sp),
+        (
+            st[0],
+            st[1],
+            *(st[2 + i] * dilation[i] for i in range(nsp)),
+            *(st[2 + i] * stride[i] for i in range(nsp)),
+        ),
+    )
+    out = torch.empty((n, o, *out_sp), dtype=torch.int32, device=x.device)
+    k = w2.shape[1]
+    row = math.prod(out_sp[1:])  # positions per output row (first spatial axis)
+    block = max(1, IM2COL_BLOCK_BYTES // max(1, k * row))
     for i in range(n):
-        torch._int_mm(w2, xs[i], out=out[i])
-    return out.reshape(n, o, *x.shape[2:])
+        for r0 in range(0, out_sp[0], block):
+            r1 = min(r0 + block, out_sp[0])
+            cols = taps[i].narrow(1 + nsp, r0, r1 - r0).reshape(k, -1)
+            dest = out[i].narrow(1, r0, r1 - r0)
+            if r0 == 0 and r1 == out_sp[0]:
+                _int_mm(w2, cols, out=dest.reshape(o, -1))
+            else:
+                dest.copy_(_int_mm(w2, cols).reshape(dest.shape))
+    return out
 
 
 def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1) -> bool:
@@ -117,13 +180,13 @@ def conv_planned(
 ) -> Tensor:
     """Exact ``conv(x, w, **kw)`` (batched codes) on ``plan``'s path. A single-chunk FLOAT32
     plan returns the float32 conv itself (exact integers; callers widen it), the INT32 path
-    int32 (a 1x1 convolution without stride, padding or groups), every other path int64.
+    int32 (a convolution with one group), every other path int64.
     ``w_float32``: w's codes already cast to float32 (used instead of casting w). ``w_max``: a
     bound on |w|; given, a 1x1 convolution without groups whose FLOAT32 plan needs chunks runs
     as one conv when ``x``'s measured channel sums allow it (``rows_fit_float32`` along the
     channels: each output is a matmul row of one position)."""
     if plan.path is GemmPath.INT32:
-        return int8_pointwise_conv_int32(x, w)
+        return int8_conv_int32(x, w, kw["stride"], kw["padding"], kw["dilation"])
     if plan.path is GemmPath.INT64:
         return conv(x.to(torch.int64), w.to(torch.int64), **kw)
     if plan.path is GemmPath.FLOAT64:

@@ -4,13 +4,14 @@ If every operand is an integer and K * max|a| * max|b| <= 2**p (p = 24 for float
 float64), every partial sum any kernel forms (any blocking, order or FMA) is an integer of
 magnitude <= 2**p, so no rounding ever happens.
 
-* INT32 (int8 x int8 plain matrix products: a matmul with a 2-d or 1-d right operand, a 1x1
-  convolution without stride, padding or groups): torch's int8 matrix product (``torch._int_mm``)
-  with int32 sums. Every product is at most 2**14 in magnitude, so K <= INT32_MAX_TERMS = 2**16
-  terms keep every partial sum, in any order, below 2**30; a kernel that offsets a to unsigned
-  (a + 128 <= 255) keeps its sums below 2**16 * 255 * 128 < 2**31 too. The bound leaves the
-  kernel no room to round or wrap; that it does not saturate (non-VNNI int8 instructions clamp
-  pair sums to int16) is checked by the start-up self-test on operands that would saturate.
+* INT32 (int8 x int8 matrix products: a matmul with a 2-d or 1-d right operand, a convolution
+  with one group as weights times its im2col columns): torch's int8 matrix product
+  (``torch._int_mm``) with int32 sums. Every product is at most 2**14 in magnitude, so
+  K <= INT32_MAX_TERMS = 2**16 terms keep every partial sum, in any order, below 2**30; a
+  kernel that offsets a to unsigned (a + 128 <= 255) keeps its sums below 2**16 * 255 * 128 <
+  2**31 too. The bound leaves the kernel no room to round or wrap; that it does not saturate
+  (non-VNNI int8 instructions clamp pair sums to int16) is checked by the start-up self-test on
+  operands that would saturate.
 * FLOAT32 on K-chunks: K is split so that each chunk meets the 2**24 bound (int8 x int8 with
   max|a| = max|b| = 128: 1024 terms); chunk results are summed in float64, exact while the whole
   sum is <= 2**53. Under AUTO, a matmul or 1x1 convolution whose measured left rows keep
@@ -38,14 +39,15 @@ SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes onl
 # (a depthwise conv of 960 channels at 7x7 takes ~3 ms in float64, ~0.35 ms split)
 SPLIT_MIN_GROUPS = 64
 INT32_MAX_TERMS = 1 << 16  # int8 x int8 terms an INT32 sum may hold (module docstring)
+IM2COL_MIN_CHANNELS = 16  # a strided int8 convolution takes INT32 from this many channels on
 OPERAND_DTYPES = (torch.int8, torch.int16)
 
 
 class GemmPath(enum.Enum):
     """How the exact sum is computed. AUTO picks the fastest path whose bound holds.
 
-    INT32:         int8 x int8 plain matrix products in int32 (``torch._int_mm``), at most
-                   INT32_MAX_TERMS terms per sum.
+    INT32:         int8 x int8 matrix products (matmuls, convolutions with one group) in
+                   int32 (``torch._int_mm``), at most INT32_MAX_TERMS terms per sum.
     FLOAT32:       float32 BLAS on K-chunks within 2**24, chunks summed in float64.
     FLOAT32_SPLIT: convolutions only: the left operand a (|a| <= 32768) is split exactly into
                    a = 256 * hi + lo with hi = round_half_even(a / 256), |hi|, |lo| <= 128;
@@ -95,7 +97,7 @@ def plan_gemm(
 ) -> GemmPlan:
     """Choose a provably exact path for a K-term sum of products (K = ``k`` units of ``unit``).
 
-    ``int8_product``: both operands are int8 tensors and the GEMM is a plain matrix product
+    ``int8_product``: both operands are int8 tensors and the GEMM is a matrix product
     (``int8_product_matmul`` / ``int8_product_conv``); AUTO then takes INT32 when K * unit <=
     INT32_MAX_TERMS. FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO
     takes it when a chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when
@@ -130,9 +132,9 @@ def plan_gemm(
     if path is GemmPath.INT32:
         if not int32_ok:
             raise ValueError(
-                "path INT32 needs int8 x int8 operands in a plain matrix product (a matmul with "
-                "a 1-d or 2-d right operand, a 1x1 convolution with stride 1, no padding, one "
-                f"group) of at most {INT32_MAX_TERMS} terms; use AUTO, FLOAT32, FLOAT64 or INT64"
+                "path INT32 needs int8 x int8 operands in a matrix product (a matmul with a 1-d "
+                "or 2-d right operand, a convolution with one group and numeric padding) of at "
+                f"most {INT32_MAX_TERMS} terms; use AUTO, FLOAT32, FLOAT64 or INT64"
             )
         return GemmPlan(GemmPath.INT32, 0, bound)
     if path is GemmPath.FLOAT32:
@@ -183,9 +185,9 @@ def split_pays(macs: int, groups: int) -> bool:
     return macs >= SPLIT_MIN_MACS or groups >= SPLIT_MIN_GROUPS
 
 
-def _all(v, value) -> bool:
-    """Whether a conv parameter (an int or a tuple of ints) is ``value`` on every axis."""
-    return all(e == value for e in v) if isinstance(v, (tuple, list)) else v == value
+def _per_axis(v, nsp: int) -> tuple:
+    """A conv parameter (an int, a string or a tuple of ints) as one value per spatial axis."""
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nsp
 
 
 def int8_product_matmul(a: Tensor, b: Tensor) -> bool:
@@ -201,19 +203,37 @@ def int8_product_matmul(a: Tensor, b: Tensor) -> bool:
     )
 
 
-def int8_product_conv(x_dtype: torch.dtype, w: Tensor, stride, padding, groups: int) -> bool:
-    """Whether a convolution is an INT32-path product: int8 operands, a 1x1 kernel, stride 1,
-    zero padding (0, "valid" or "same", all the same for a 1x1 kernel), one group (dilation
-    does not matter for a 1x1 kernel)."""
-    return (
-        x_dtype == torch.int8
-        and w.dtype == torch.int8
-        and groups == 1
-        and all(d == 1 for d in w.shape[2:])
-        and _all(stride, 1)
-        and (padding in ("valid", "same") or _all(padding, 0))
-        and w.numel() > 0
-    )
+def int8_product_conv(
+    x_shape: tuple[int, ...],
+    x_dtype: torch.dtype,
+    w: Tensor,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups: int = 1,
+) -> bool:
+    """Whether a convolution of batched input codes of ``x_shape`` is an INT32-path product:
+    int8 operands, one group, zero padding given as numbers (a 1x1 kernel also takes "valid" or
+    "same"), a non-empty output, and stride 1 or at least IM2COL_MIN_CHANNELS input channels
+    (the im2col copy of a strided convolution over a few channels costs more than the float32
+    convolution it replaces; measured)."""
+    nsp = len(x_shape) - 2
+    if x_dtype != torch.int8 or w.dtype != torch.int8 or groups != 1 or not w.numel():
+        return False
+    if not math.prod(x_shape):
+        return False
+    ksize = tuple(w.shape[2:])
+    pointwise = all(k == 1 for k in ksize)
+    if isinstance(padding, str):
+        if not (pointwise and padding in ("valid", "same")):
+            return False
+        padding = 0
+    stride, padding = _per_axis(stride, nsp), _per_axis(padding, nsp)
+    dilation = _per_axis(dilation, nsp)
+    for i in range(nsp):
+        if (x_shape[2 + i] + 2 * padding[i] - dilation[i] * (ksize[i] - 1) - 1) // stride[i] < 0:
+            return False
+    return all(s == 1 for s in stride) or x_shape[1] >= IM2COL_MIN_CHANNELS
 
 
 def plan_conv(
@@ -224,10 +244,11 @@ def plan_conv(
     disabled: Collection[GemmPath] = (),
     stride=1,
     padding=0,
+    dilation=1,
 ) -> GemmPlan:
     """The plan ``int_conv1d`` / ``int_conv2d`` use for these operands (units = input channels
     per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS or
-    SPLIT_MIN_GROUPS on; INT32 for an ``int8_product_conv``)."""
+    SPLIT_MIN_GROUPS on; INT32 for an ``int8_product_conv``; ``x`` batched)."""
     big = split_pays(conv_macs(x, w, groups), groups) or path is GemmPath.FLOAT32_SPLIT
     cin_g = x.shape[-w.dim() + 1] // groups
     unit = math.prod(w.shape[2:])
@@ -239,7 +260,9 @@ def plan_conv(
         path,
         split_a=big,
         disabled=disabled,
-        int8_product=x.numel() > 0 and int8_product_conv(x.dtype, w, stride, padding, groups),
+        int8_product=int8_product_conv(
+            tuple(x.shape), x.dtype, w, stride, padding, dilation, groups
+        ),
     )
 
 
