@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
-from quantlab.numerics.gemm.plan import GemmPath, plan_conv, plan_matmul
+from quantlab.numerics.gemm.plan import INT8_HALVES_MAX, GemmPath, plan_conv, plan_matmul
 from quantlab.numerics.gemm.precision import exact_float_kernels
 
 
@@ -45,6 +45,13 @@ def _adversarial(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
     return (hi - 2 * torch.randint(0, 3, shape, generator=g)).to(dtype)
 
 
+def _halves(shape, seed: int) -> torch.Tensor:
+    """int16 codes near INT8_HALVES_MAX, one sign: their int8 halves are near 127 (what a
+    saturating int8 kernel gets wrong)."""
+    g = torch.Generator().manual_seed(seed)
+    return (INT8_HALVES_MAX - 2 * torch.randint(0, 3, shape, generator=g)).to(torch.int16)
+
+
 def _extremes(shape, seed: int) -> torch.Tensor:
     """int8 codes -128 or 127 at random: the largest products of both signs."""
     g = torch.Generator().manual_seed(seed)
@@ -65,28 +72,35 @@ def _conv(x, w, path: GemmPath, padding: int = 1) -> torch.Tensor:
 
 
 def run_selftest() -> list[SelfTestCase]:
-    """Adversarial matmul and conv2d (int8 with K > 1032, int16) on every fast path (~50 ms)."""
+    """Adversarial matmul and conv2d (int8 with K > 1032, int16) on every fast path (~60 ms)."""
     cases = []
     mm8 = (_adversarial((4, 2100), torch.int8, 1), _adversarial((2100, 3), torch.int8, 2))
     mm8x = (_extremes((5, 2100), 9), _extremes((2100, 4), 10))
     mm16 = (_adversarial((3, 600), torch.int16, 3), _adversarial((600, 2), torch.int16, 4))
+    mm16h = (_halves((3, 2100), 13), _adversarial((2100, 3), torch.int8, 14))
+    mm16hh = (_halves((3, 600), 15), -_halves((600, 2), 16))
     cv8 = (_adversarial((1, 256, 4, 4), torch.int8, 5), _adversarial((3, 256, 3, 3), torch.int8, 6))
     pw8 = (_adversarial((2, 600, 3, 3), torch.int8, 11), _extremes((4, 600, 1, 1), 12))
     cv16 = (_adversarial((1, 64, 4, 4), torch.int16, 7), _adversarial((2, 64, 3, 3), torch.int8, 8))
+    cv16h = (_halves((1, 64, 4, 4), 17), _extremes((2, 64, 3, 3), 18))
+    halves = [GemmPath.INT32_SPLIT, GemmPath.FLOAT64]
     fast = [GemmPath.INT32, GemmPath.FLOAT32, GemmPath.FLOAT64]
     for name, (a, b), paths in (
         ("matmul int8 K=2100", mm8, fast),
         ("matmul int8 extremes K=2100", mm8x, fast),
         ("matmul int16 K=600", mm16, [GemmPath.FLOAT64]),
+        ("matmul int16 x int8 halves K=2100", mm16h, halves),
+        ("matmul int16 x int16 halves K=600", mm16hh, halves),
     ):
         ref = _matmul(a, b, GemmPath.INT64)
         for p in paths:
             got = _matmul(a, b, p)
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
     for name, (x, w), paths, padding in (
-        ("conv2d int8 K=2304", cv8, fast[1:], 1),
+        ("conv2d int8 K=2304", cv8, fast, 1),
         ("conv2d 1x1 int8 K=600", pw8, fast, 0),
         ("conv2d int16 x int8 K=576", cv16, [GemmPath.FLOAT32_SPLIT, GemmPath.FLOAT64], 1),
+        ("conv2d int16 x int8 halves K=576", cv16h, [*halves, GemmPath.FLOAT32_SPLIT], 1),
     ):
         ref = _conv(x, w, GemmPath.INT64, padding)
         for p in paths:

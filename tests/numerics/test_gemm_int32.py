@@ -1,8 +1,9 @@
 """The INT32 path of the exact GEMM: int8 x int8 matmuls and convolutions with one group (1x1
 directly, others by im2col) by torch's int8 matrix product with int32 sums give the numpy int64
 reference's bits (random, extreme and adversarial codes, every layout, stride, padding and
-dilation it takes, im2col in blocks), AUTO takes it exactly where its bound and shape rules
-hold, and the start-up self-test catches a kernel that saturates."""
+dilation it takes, im2col in blocks); so do int16 operands as their int8 halves (INT32_SPLIT).
+AUTO takes each exactly where its bound and shape rules hold, and the start-up self-test
+catches a kernel that saturates."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from quantlab.numerics.gemm import (
     plan_matmul,
     prepare_conv,
 )
-from quantlab.numerics.gemm.plan import INT32_MAX_TERMS
+from quantlab.numerics.gemm.kernels import int8_halves
+from quantlab.numerics.gemm.plan import INT8_HALVES_MAX, INT32_MAX_TERMS
 
 
 def _codes(g, shape) -> torch.Tensor:
@@ -42,7 +44,30 @@ def _adversarial(g, shape) -> torch.Tensor:
     return (127 - 2 * torch.randint(0, 3, shape, generator=g)).to(torch.int8)
 
 
+I8 = (torch.int8, torch.int8)  # the operand dtypes of an int8 x int8 product
 MAKERS = {"random": _codes, "extremes": _extremes, "adversarial": _adversarial}
+
+
+def _codes16(g, shape) -> torch.Tensor:
+    return torch.randint(-INT8_HALVES_MAX, INT8_HALVES_MAX + 1, shape, generator=g).to(torch.int16)
+
+
+def _extremes16(g, shape) -> torch.Tensor:
+    """+-INT8_HALVES_MAX at random: halves at +-127."""
+    pick = torch.randint(0, 2, shape, generator=g) == 1
+    return torch.where(pick, INT8_HALVES_MAX, -INT8_HALVES_MAX).to(torch.int16)
+
+
+def _adversarial16(g, shape) -> torch.Tensor:
+    return (INT8_HALVES_MAX - 2 * torch.randint(0, 3, shape, generator=g)).to(torch.int16)
+
+
+MAKERS16 = {"random": _codes16, "extremes": _extremes16, "adversarial": _adversarial16}
+DTYPE_PAIRS = [(torch.int16, torch.int8), (torch.int8, torch.int16), (torch.int16, torch.int16)]
+
+
+def _make(kind: str, dtype: torch.dtype):
+    return (MAKERS if dtype == torch.int8 else MAKERS16)[kind]
 
 
 def test_plan_takes_int32_where_its_rules_hold():
@@ -55,11 +80,11 @@ def test_plan_takes_int32_where_its_rules_hold():
     assert plan_matmul(a8.to(torch.int16), b8).path is not GemmPath.INT32
     assert plan_matmul(torch.zeros(0, 5, dtype=torch.int8), b8).path is not GemmPath.INT32
     # K up to INT32_MAX_TERMS terms; past it, the float32 chunks
-    assert plan_gemm(128, 128, INT32_MAX_TERMS, int8_product=True).path is GemmPath.INT32
-    assert plan_gemm(128, 128, INT32_MAX_TERMS + 1, int8_product=True).path is GemmPath.FLOAT32
-    assert plan_gemm(128, 128, 100, int8_product=False).path is GemmPath.FLOAT32
+    assert plan_gemm(128, 128, INT32_MAX_TERMS, int_product=I8).path is GemmPath.INT32
+    assert plan_gemm(128, 128, INT32_MAX_TERMS + 1, int_product=I8).path is GemmPath.FLOAT32
+    assert plan_gemm(128, 128, 100, int_product=None).path is GemmPath.FLOAT32
     off = {GemmPath.INT32}
-    assert plan_gemm(128, 128, 100, int8_product=True, disabled=off).path is GemmPath.FLOAT32
+    assert plan_gemm(128, 128, 100, int_product=I8, disabled=off).path is GemmPath.FLOAT32
     x = torch.zeros(1, 8, 5, 5, dtype=torch.int8)
     w1, w3 = torch.zeros(4, 8, 1, 1, dtype=torch.int8), torch.zeros(4, 8, 3, 3, dtype=torch.int8)
     assert plan_conv(x, w1).path is GemmPath.INT32
@@ -92,7 +117,7 @@ def test_forced_int32_refuses_what_it_cannot_compute():
     with pytest.raises(ValueError, match="numeric padding"):
         int_conv2d(x, torch.ones(2, 4, 3, 3, dtype=torch.int8), padding="same", path=GemmPath.INT32)
     with pytest.raises(ValueError, match="path INT32"):
-        plan_gemm(128, 128, INT32_MAX_TERMS + 1, path=GemmPath.INT32, int8_product=True)
+        plan_gemm(128, 128, INT32_MAX_TERMS + 1, path=GemmPath.INT32, int_product=I8)
 
 
 MATMUL_SHAPES = [
@@ -143,6 +168,9 @@ def test_int8_matmul_in_int32_takes_expanded_and_overlapping_operands():
         (_codes(g, (40,)).as_strided((5, 16), (2, 1)), b),  # rows overlap
         (_codes(g, (4, 3)), _codes(g, (40,)).as_strided((3, 6), (1, 1))),
         (_codes(g, (8, 32))[:, ::2], b[::2].repeat(2, 1)),  # a stepped slice
+        (_codes(g, (1, 1)), _codes(g, (2, 1)).t()),  # one row, strides (1, 1): a linear, K = 1
+        (_codes(g, (3, 1)), _codes(g, (4, 1)).t()),
+        (_codes(g, (2, 1)).t(), _codes(g, (2, 3))),
     ):
         want = torch.matmul(a.to(torch.int64), bb.to(torch.int64))
         assert_bits_equal(int_matmul(a, bb, GemmPath.INT32), want)
@@ -271,14 +299,16 @@ def _saturating_int_mm(a, b, out=None):
 
 
 def test_selftest_catches_a_saturating_int8_kernel(monkeypatch):
+    int_paths = (GemmPath.INT32, GemmPath.INT32_SPLIT)
     cases = selftest.run_selftest()
-    assert any(c.path is GemmPath.INT32 for c in cases)
+    assert {c.path for c in cases} >= set(int_paths)
     assert all(c.ok for c in cases)
     monkeypatch.setattr(torch, "_int_mm", _saturating_int_mm)
     cases = selftest.run_selftest()
-    int32 = [c for c in cases if c.path is GemmPath.INT32]
-    assert int32 and all(not c.ok for c in int32)
-    assert all(c.ok for c in cases if c.path is not GemmPath.INT32)
+    on_int8_kernel = [c for c in cases if c.path in int_paths]
+    assert {c.path for c in on_int8_kernel} == set(int_paths)
+    assert all(not c.ok for c in on_int8_kernel)
+    assert all(c.ok for c in cases if c.path not in int_paths)
 
 
 def test_auto_keeps_the_bits_without_int32(monkeypatch):
@@ -294,3 +324,71 @@ def test_auto_keeps_the_bits_without_int32(monkeypatch):
     assert prepare_conv(tuple(x.shape), x.dtype, w, 2).plan.path is GemmPath.FLOAT32
     assert_bits_equal(int_matmul(a, b), with_int32[0])
     assert_bits_equal(int_conv2d(x, w), with_int32[1])
+
+
+def test_int8_halves_are_exact_over_their_range():
+    a = torch.arange(-32768, INT8_HALVES_MAX + 1, dtype=torch.int32).to(torch.int16)
+    hi, lo = int8_halves(a)
+    assert hi.dtype == lo.dtype == torch.int8
+    assert_bits_equal(hi.to(torch.int32) * 256 + lo.to(torch.int32), a.to(torch.int32))
+    assert int(hi.max()) == 127 and int(lo.min()) == -128 and int(lo.max()) == 127
+
+
+def test_plan_takes_int32_split_within_the_halves_bound():
+    b8 = torch.zeros(6, 3, dtype=torch.int8)
+    a16 = torch.full((4, 6), INT8_HALVES_MAX, dtype=torch.int16)
+    assert plan_matmul(a16, b8).path is GemmPath.INT32_SPLIT
+    assert plan_matmul(b8.t(), a16.t()).path is GemmPath.INT32_SPLIT
+    assert plan_matmul(a16, a16.t()).path is GemmPath.INT32_SPLIT
+    a16[1, 2] = -INT8_HALVES_MAX - 1  # past the symmetric bound: the float paths
+    assert plan_matmul(a16, b8).path is GemmPath.FLOAT64
+    with pytest.raises(ValueError, match="path INT32_SPLIT needs"):
+        int_matmul(a16, b8, GemmPath.INT32_SPLIT)
+    with pytest.raises(ValueError, match="path INT32 needs"):
+        int_matmul(a16.clamp(-5, 5), b8, GemmPath.INT32)  # int16 codes: not INT32
+    off = {GemmPath.INT32_SPLIT}
+    assert plan_gemm(5000, 128, 50, int_product=(torch.int16, torch.int8)).path is (
+        GemmPath.INT32_SPLIT
+    )
+    assert plan_gemm(5000, 128, 50, int_product=(torch.int16, torch.int8), disabled=off).path is (
+        GemmPath.FLOAT64
+    )
+    x16 = torch.full((1, 64, 5, 5), 20000, dtype=torch.int16)
+    assert plan_conv(x16, torch.zeros(4, 64, 3, 3, dtype=torch.int8), padding=1).path is (
+        GemmPath.INT32_SPLIT
+    )
+    dw = torch.ones(64, 1, 3, 3, dtype=torch.int8)  # depthwise: no matrix product
+    assert plan_conv(x16, dw, groups=64, padding=1).path is GemmPath.FLOAT32_SPLIT
+
+
+@pytest.mark.parametrize("dtypes", DTYPE_PAIRS)
+@pytest.mark.parametrize("kind", list(MAKERS))
+@pytest.mark.parametrize("shapes", [MATMUL_SHAPES[i] for i in (0, 1, 2, 4, 6)])
+def test_int16_matmul_by_int8_halves_equals_the_reference(dtypes, kind, shapes):
+    g = torch.Generator().manual_seed(shapes[0][-1] * 3 + len(shapes[1]))
+    a, b = _make(kind, dtypes[0])(g, shapes[0]), _make(kind, dtypes[1])(g, shapes[1])
+    want = torch.as_tensor(ref.int_matmul(a, b))
+    assert plan_matmul(a, b).path is GemmPath.INT32_SPLIT
+    for path in (GemmPath.AUTO, GemmPath.INT32_SPLIT):
+        assert_bits_equal(int_matmul(a, b, path), want)
+    if b.dim() == 2:
+        assert_bits_equal(int_linear(a, b.t()), want)
+
+
+@pytest.mark.parametrize("dtypes", DTYPE_PAIRS)
+@pytest.mark.parametrize("kind", list(MAKERS))
+@pytest.mark.parametrize("x_shape, w_shape, kw", [CONV_CASES[i] for i in (1, 2, 7, 10, 13)])
+def test_int16_conv_by_int8_halves_equals_the_reference(dtypes, kind, x_shape, w_shape, kw):
+    g = torch.Generator().manual_seed(x_shape[-2] * 5 + w_shape[0])
+    x, w = _make(kind, dtypes[0])(g, x_shape), _make(kind, dtypes[1])(g, w_shape)
+    xb = x if x.dim() == 4 else x.unsqueeze(0)
+    stride, pad, dilation = (
+        kw.get(k, d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1))
+    )
+    want = torch.from_numpy(ref.int_conv2d(xb, w, stride, pad, dilation))
+    want = want if x.dim() == 4 else want.squeeze(0)
+    assert plan_conv(xb, w, **kw).path is GemmPath.INT32_SPLIT
+    for path in (GemmPath.AUTO, GemmPath.INT32_SPLIT):
+        assert_bits_equal(int_conv2d(x, w, path=path, **kw), want)
+    conv = prepare_conv(tuple(x.shape), x.dtype, w, 2, **kw)
+    assert_bits_equal(conv(x), want)  # int16 inputs: planned per call from their max|x|

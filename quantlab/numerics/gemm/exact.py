@@ -24,7 +24,7 @@ from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
     GemmPath,
     GemmPlan,
-    int8_product_conv,
+    int_product_conv,
     operand_bound,
     plan_gemm,
     plan_matmul,
@@ -130,6 +130,7 @@ class PreparedConv:
     path: GemmPath
     disabled: frozenset
     plan: GemmPlan | None  # None: int16 input codes, planned per call from their max|x|
+    int_product: tuple | None = None  # the operand dtypes of an INT32 / INT32_SPLIT product
 
     def __call__(self, x: Tensor, as_int64: bool = True) -> Tensor:
         """Exact sums of ``x`` (codes of the prepared shape and dtype) with the weight: int64,
@@ -152,6 +153,7 @@ class PreparedConv:
                 self.path,
                 split_a=self.split_a,
                 disabled=self.disabled,
+                int_product=self.int_product,
             )
         with exact_float_kernels(x.device.type):
             w_max = self.w_bound if self.path is GemmPath.AUTO else None
@@ -209,8 +211,8 @@ def prepare_conv(
     unit = math.prod(w.shape[2:])
     w_bound = operand_bound(w)
     plan = None
+    int_product = int_product_conv(batched, x_dtype, w, stride, padding, dilation, groups)
     if x_dtype == torch.int8:  # operand_bound of int8 codes is their dtype bound: no data
-        int8_product = int8_product_conv(batched, x_dtype, w, stride, padding, dilation, groups)
         plan = plan_gemm(
             128,
             w_bound,
@@ -219,7 +221,7 @@ def prepare_conv(
             path,
             split_a=split_a,
             disabled=disabled,
-            int8_product=int8_product,
+            int_product=int_product,
         )
     conv = F.conv2d if nsp == 2 else F.conv1d
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -239,6 +241,7 @@ def prepare_conv(
         path,
         disabled,
         plan,
+        int_product,
     )
 
 

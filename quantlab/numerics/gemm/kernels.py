@@ -1,7 +1,7 @@
-"""The exact GEMM kernels for a chosen ``GemmPlan``: int8 products summed in int32, float32
-K-chunks summed in float64, the FLOAT32_SPLIT high/low left operand, float64, int64. Callers
-validate the operands, choose the plan (``plan``) and pin the float precision
-(``precision.exact_float_kernels``)."""
+"""The exact GEMM kernels for a chosen ``GemmPlan``: int8 products summed in int32 (int16
+operands as their int8 halves), float32 K-chunks summed in float64, the FLOAT32_SPLIT high/low
+left operand, float64, int64. Callers validate the operands, choose the plan (``plan``) and pin
+the float precision (``precision.exact_float_kernels``)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ def _sum_chunks_f64(parts) -> Tensor:
 
 
 def _int_mm_operand(t: Tensor) -> Tensor:
-    """A 2-d int8 operand in a layout torch's int8 matrix product reads correctly: row- or
-    column-major with exactly those strides, else a row-major copy (its CPU kernel takes the
-    strides as given: stride-0 (expanded) and overlapping views give wrong sums)."""
+    """A 2-d int8 operand in a layout torch's int8 matrix product reads correctly: row-major
+    with exactly those strides, or column-major with both sizes above 1, else a row-major copy
+    (its CPU kernel takes the strides as given: stride-0 (expanded) and overlapping views, and
+    a one-row matrix with strides (1, 1), give wrong sums)."""
     rows, cols = t.shape
-    if t.stride() == (cols, 1) or t.stride() == (1, rows):
+    if t.stride() == (cols, 1) or (rows > 1 and cols > 1 and t.stride() == (1, rows)):
         return t
     return t.clone(memory_format=torch.contiguous_format)
 
@@ -116,6 +117,33 @@ def int8_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) -> Te
     return out
 
 
+def int8_halves(t: Tensor) -> tuple[Tensor, Tensor]:
+    """int16 codes ``a`` (|a| <= INT8_HALVES_MAX) as int8 halves (hi, lo), a = 256 * hi + lo
+    exactly: hi = (a + 128) >> 8 (an arithmetic shift: floor), lo = a - 256 * hi, both in
+    [-128, 127]."""
+    a = t.to(torch.int32)
+    hi = (a + 128) >> 8
+    lo = a - (hi << 8)
+    return hi.to(torch.int8), lo.to(torch.int8)
+
+
+def by_int8_halves(a: Tensor, b: Tensor, product: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """The exact int64 sums ``product(a, b)`` of int8/int16 codes from int8 x int8 products
+    (``product``: an INT32 kernel): each int16 operand split into its ``int8_halves`` and the
+    half products combined with weights 256**i, ``sum (256 hi + lo) b = 256 sum hi b + sum lo b``
+    (int64: below K * 2**30 in magnitude)."""
+    a_parts = [(0, a)] if a.dtype == torch.int8 else list(zip((8, 0), int8_halves(a)))
+    b_parts = [(0, b)] if b.dtype == torch.int8 else list(zip((8, 0), int8_halves(b)))
+    acc = None
+    for sa, pa in a_parts:
+        for sb, pb in b_parts:
+            part = product(pa, pb).to(torch.int64)
+            if sa + sb:
+                part.bitwise_left_shift_(sa + sb)
+            acc = part if acc is None else acc.add_(part)
+    return acc
+
+
 def rows_fit_float32(af: Tensor, b_max: int, dim: int = -1) -> bool:
     """Whether one float32 product is exact for these operands whatever the kernel's order and
     blocking: every partial sum of an output is a sum of some of its terms a_ik * b_kj, so at
@@ -144,10 +172,13 @@ def matmul_planned(
     integers below 2**24; callers that take float sums save the widening pass). ``b_float32``:
     b's codes already cast to float32 (used instead of casting b). ``b_max``: a bound on |b|;
     given, a FLOAT32 plan that needs chunks runs as one product when ``a``'s measured rows
-    allow it (``rows_fit_float32``). The INT32 path returns int32 (int64 with ``as_int64``)."""
+    allow it (``rows_fit_float32``). The INT32 path returns int32 (int64 with ``as_int64``),
+    INT32_SPLIT int64."""
     if plan.path is GemmPath.INT32:
         out = int8_matmul_int32(a, b)
         return out.to(torch.int64) if as_int64 else out
+    if plan.path is GemmPath.INT32_SPLIT:
+        return by_int8_halves(a, b, int8_matmul_int32)
     if plan.path is GemmPath.INT64:
         return torch.matmul(a.to(torch.int64), b.to(torch.int64))
     if plan.path is GemmPath.FLOAT64:
@@ -180,13 +211,16 @@ def conv_planned(
 ) -> Tensor:
     """Exact ``conv(x, w, **kw)`` (batched codes) on ``plan``'s path. A single-chunk FLOAT32
     plan returns the float32 conv itself (exact integers; callers widen it), the INT32 path
-    int32 (a convolution with one group), every other path int64.
+    int32 (a convolution with one group, as INT32_SPLIT), every other path int64.
     ``w_float32``: w's codes already cast to float32 (used instead of casting w). ``w_max``: a
     bound on |w|; given, a 1x1 convolution without groups whose FLOAT32 plan needs chunks runs
     as one conv when ``x``'s measured channel sums allow it (``rows_fit_float32`` along the
     channels: each output is a matmul row of one position)."""
-    if plan.path is GemmPath.INT32:
-        return int8_conv_int32(x, w, kw["stride"], kw["padding"], kw["dilation"])
+    if plan.path in (GemmPath.INT32, GemmPath.INT32_SPLIT):
+        args = (kw["stride"], kw["padding"], kw["dilation"])
+        if plan.path is GemmPath.INT32:
+            return int8_conv_int32(x, w, *args)
+        return by_int8_halves(x, w, lambda xs, ws: int8_conv_int32(xs, ws, *args))
     if plan.path is GemmPath.INT64:
         return conv(x.to(torch.int64), w.to(torch.int64), **kw)
     if plan.path is GemmPath.FLOAT64:

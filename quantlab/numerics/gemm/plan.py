@@ -12,6 +12,11 @@ magnitude <= 2**p, so no rounding ever happens.
   2**31 too. The bound leaves the kernel no room to round or wrap; that it does not saturate
   (non-VNNI int8 instructions clamp pair sums to int16) is checked by the start-up self-test on
   operands that would saturate.
+* INT32_SPLIT (the same products with an int16 operand): each int16 operand splits exactly into
+  int8 halves a = 256 * hi + lo, hi = (a + 128) >> 8 and lo = a - 256 * hi both in
+  [-128, 127] (every |a| <= INT8_HALVES_MAX = 32639); every half product is an INT32 product
+  and ``sum_k a_k b_k = 256 * sum_k hi_k b_k + sum_k lo_k b_k`` (four terms, 65536 / 256 / 1,
+  for two int16 operands) is combined in int64 (below K * 2**30).
 * FLOAT32 on K-chunks: K is split so that each chunk meets the 2**24 bound (int8 x int8 with
   max|a| = max|b| = 128: 1024 terms); chunk results are summed in float64, exact while the whole
   sum is <= 2**53. Under AUTO, a matmul or 1x1 convolution whose measured left rows keep
@@ -39,6 +44,7 @@ SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes onl
 # (a depthwise conv of 960 channels at 7x7 takes ~3 ms in float64, ~0.35 ms split)
 SPLIT_MIN_GROUPS = 64
 INT32_MAX_TERMS = 1 << 16  # int8 x int8 terms an INT32 sum may hold (module docstring)
+INT8_HALVES_MAX = 32639  # 256 * 127 + 127: the largest |int16 code| two int8 halves hold
 IM2COL_MIN_CHANNELS = 16  # a strided int8 convolution takes INT32 from this many channels on
 OPERAND_DTYPES = (torch.int8, torch.int16)
 
@@ -48,6 +54,8 @@ class GemmPath(enum.Enum):
 
     INT32:         int8 x int8 matrix products (matmuls, convolutions with one group) in
                    int32 (``torch._int_mm``), at most INT32_MAX_TERMS terms per sum.
+    INT32_SPLIT:   the same products with int16 operands, as INT32 products of their int8
+                   halves combined in int64 (|int16 codes| <= INT8_HALVES_MAX).
     FLOAT32:       float32 BLAS on K-chunks within 2**24, chunks summed in float64.
     FLOAT32_SPLIT: convolutions only: the left operand a (|a| <= 32768) is split exactly into
                    a = 256 * hi + lo with hi = round_half_even(a / 256), |hi|, |lo| <= 128;
@@ -59,6 +67,7 @@ class GemmPath(enum.Enum):
 
     AUTO = "auto"
     INT32 = "int32"
+    INT32_SPLIT = "int32_split"
     FLOAT32 = "float32"
     FLOAT32_SPLIT = "float32_split"
     FLOAT64 = "float64"
@@ -93,13 +102,14 @@ def plan_gemm(
     path: GemmPath = GemmPath.AUTO,
     split_a: bool = False,
     disabled: Collection[GemmPath] = (),
-    int8_product: bool = False,
+    int_product: tuple[torch.dtype, torch.dtype] | None = None,
 ) -> GemmPlan:
     """Choose a provably exact path for a K-term sum of products (K = ``k`` units of ``unit``).
 
-    ``int8_product``: both operands are int8 tensors and the GEMM is a matrix product
-    (``int8_product_matmul`` / ``int8_product_conv``); AUTO then takes INT32 when K * unit <=
-    INT32_MAX_TERMS. FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO
+    ``int_product``: the operand dtypes when the GEMM is a matrix product torch's int8 kernel
+    runs (``int_product_matmul`` / ``int_product_conv``), else None; with K * unit <=
+    INT32_MAX_TERMS, AUTO then takes INT32 for two int8 operands, INT32_SPLIT for int16 ones
+    within INT8_HALVES_MAX. FLOAT32 chunks hold c units with c * unit * a_max * b_max <= 2**24; AUTO
     takes it when a chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when
     ``split_a`` (convolutions) and a_max <= 32768, FLOAT32_SPLIT under the same rule with
     a_max = 128. Else FLOAT64 when K * unit * a_max * b_max <= 2**53, else INT64. AUTO never
@@ -116,10 +126,14 @@ def plan_gemm(
     # the float64 combination 256 * sum(hi * b) + sum(lo * b) stays below 2**53
     split_total = k * unit * 32768 * b_max
     split_ok = split_a and a_max <= 32768 and c_split >= 1 and split_total <= FLOAT64_EXACT
-    int32_ok = int8_product and a_max <= 128 and b_max <= 128 and k * unit <= INT32_MAX_TERMS
+    terms_ok = int_product is not None and k * unit <= INT32_MAX_TERMS
+    int32_ok = terms_ok and int_product == (torch.int8, torch.int8)
+    halves_ok = terms_ok and max(a_max, b_max) <= INT8_HALVES_MAX
     if path is GemmPath.AUTO:
         if int32_ok and GemmPath.INT32 not in disabled:
             return GemmPlan(GemmPath.INT32, 0, bound)
+        if halves_ok and not int32_ok and GemmPath.INT32_SPLIT not in disabled:
+            return GemmPlan(GemmPath.INT32_SPLIT, 0, bound)
         f32_ok = f32_ok and GemmPath.FLOAT32 not in disabled
         if f32_ok and (c == k or c * unit >= MIN_CHUNK_K):
             return GemmPlan(GemmPath.FLOAT32, _balanced_chunk(k, max(c, 1)), bound)
@@ -137,6 +151,15 @@ def plan_gemm(
                 f"most {INT32_MAX_TERMS} terms; use AUTO, FLOAT32, FLOAT64 or INT64"
             )
         return GemmPlan(GemmPath.INT32, 0, bound)
+    if path is GemmPath.INT32_SPLIT:
+        if not halves_ok:
+            raise ValueError(
+                "path INT32_SPLIT needs int8/int16 operands within +-"
+                f"{INT8_HALVES_MAX} in a matrix product (a matmul with a 1-d or 2-d right "
+                "operand, a convolution with one group and numeric padding) of at most "
+                f"{INT32_MAX_TERMS} terms; use AUTO, FLOAT64 or INT64"
+            )
+        return GemmPlan(GemmPath.INT32_SPLIT, 0, bound)
     if path is GemmPath.FLOAT32:
         if not f32_ok:
             raise ValueError(
@@ -190,20 +213,22 @@ def _per_axis(v, nsp: int) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nsp
 
 
-def int8_product_matmul(a: Tensor, b: Tensor) -> bool:
-    """Whether ``a @ b`` (torch.matmul semantics) is an INT32-path product: int8 operands, a
-    right operand of one or two dimensions (the left one's leading axes fold into rows), no
-    empty axis."""
-    return (
-        a.dtype == torch.int8
-        and b.dtype == torch.int8
+def int_product_matmul(a: Tensor, b: Tensor) -> tuple[torch.dtype, torch.dtype] | None:
+    """The operand dtypes when ``a @ b`` (torch.matmul semantics) is a product torch's int8
+    kernel runs (INT32 / INT32_SPLIT): int8/int16 operands, a right operand of one or two
+    dimensions (the left one's leading axes fold into rows), no empty axis; else None."""
+    if (
+        a.dtype in OPERAND_DTYPES
+        and b.dtype in OPERAND_DTYPES
         and b.dim() <= 2
         and a.numel() > 0
         and b.numel() > 0
-    )
+    ):
+        return (a.dtype, b.dtype)
+    return None
 
 
-def int8_product_conv(
+def int_product_conv(
     x_shape: tuple[int, ...],
     x_dtype: torch.dtype,
     w: Tensor,
@@ -211,29 +236,32 @@ def int8_product_conv(
     padding=0,
     dilation=1,
     groups: int = 1,
-) -> bool:
-    """Whether a convolution of batched input codes of ``x_shape`` is an INT32-path product:
-    int8 operands, one group, zero padding given as numbers (a 1x1 kernel also takes "valid" or
-    "same"), a non-empty output, and stride 1 or at least IM2COL_MIN_CHANNELS input channels
-    (the im2col copy of a strided convolution over a few channels costs more than the float32
-    convolution it replaces; measured)."""
+) -> tuple[torch.dtype, torch.dtype] | None:
+    """The operand dtypes when a convolution of batched input codes of ``x_shape`` is a
+    product torch's int8 kernel runs (INT32 / INT32_SPLIT), else None: int8/int16 operands, one
+    group, zero padding given as numbers (a 1x1 kernel also takes "valid" or "same"), a
+    non-empty output, and stride 1 or at least IM2COL_MIN_CHANNELS input channels (the im2col
+    copy of a strided convolution over a few channels costs more than the float32 convolution
+    it replaces; measured)."""
     nsp = len(x_shape) - 2
-    if x_dtype != torch.int8 or w.dtype != torch.int8 or groups != 1 or not w.numel():
-        return False
-    if not math.prod(x_shape):
-        return False
+    if x_dtype not in OPERAND_DTYPES or w.dtype not in OPERAND_DTYPES:
+        return None
+    if groups != 1 or not w.numel() or not math.prod(x_shape):
+        return None
     ksize = tuple(w.shape[2:])
     pointwise = all(k == 1 for k in ksize)
     if isinstance(padding, str):
         if not (pointwise and padding in ("valid", "same")):
-            return False
+            return None
         padding = 0
     stride, padding = _per_axis(stride, nsp), _per_axis(padding, nsp)
     dilation = _per_axis(dilation, nsp)
     for i in range(nsp):
         if (x_shape[2 + i] + 2 * padding[i] - dilation[i] * (ksize[i] - 1) - 1) // stride[i] < 0:
-            return False
-    return all(s == 1 for s in stride) or x_shape[1] >= IM2COL_MIN_CHANNELS
+            return None
+    if all(s == 1 for s in stride) or x_shape[1] >= IM2COL_MIN_CHANNELS:
+        return (x_dtype, w.dtype)
+    return None
 
 
 def plan_conv(
@@ -248,7 +276,7 @@ def plan_conv(
 ) -> GemmPlan:
     """The plan ``int_conv1d`` / ``int_conv2d`` use for these operands (units = input channels
     per group, each of prod(kernel) terms; FLOAT32_SPLIT only from SPLIT_MIN_MACS or
-    SPLIT_MIN_GROUPS on; INT32 for an ``int8_product_conv``; ``x`` batched)."""
+    SPLIT_MIN_GROUPS on; INT32 / INT32_SPLIT for an ``int_product_conv``; ``x`` batched)."""
     big = split_pays(conv_macs(x, w, groups), groups) or path is GemmPath.FLOAT32_SPLIT
     cin_g = x.shape[-w.dim() + 1] // groups
     unit = math.prod(w.shape[2:])
@@ -260,17 +288,15 @@ def plan_conv(
         path,
         split_a=big,
         disabled=disabled,
-        int8_product=int8_product_conv(
-            tuple(x.shape), x.dtype, w, stride, padding, dilation, groups
-        ),
+        int_product=int_product_conv(tuple(x.shape), x.dtype, w, stride, padding, dilation, groups),
     )
 
 
 def plan_matmul(
     a: Tensor, b: Tensor, path: GemmPath = GemmPath.AUTO, disabled: Collection[GemmPath] = ()
 ) -> GemmPlan:
-    """The plan ``int_matmul`` / ``int_linear`` use for ``a @ b`` (K = a's last axis; INT32
-    for an ``int8_product_matmul``)."""
+    """The plan ``int_matmul`` / ``int_linear`` use for ``a @ b`` (K = a's last axis; INT32 /
+    INT32_SPLIT for an ``int_product_matmul``)."""
     return plan_gemm(
         operand_bound(a),
         operand_bound(b),
@@ -278,5 +304,5 @@ def plan_matmul(
         1,
         path,
         disabled=disabled,
-        int8_product=int8_product_matmul(a, b),
+        int_product=int_product_matmul(a, b),
     )
