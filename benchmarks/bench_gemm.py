@@ -3,15 +3,16 @@
 One run times, interleaved (every repeat runs every method once, so machine load hits all of
 them alike), and reports medians and ratios to float32 torch:
   * float32 torch (``F.conv2d`` / ``@`` on float tensors): the baseline;
-  * exact int8 x int8, int16 x int8 and int16 x int16 (``int_conv2d`` / ``int_matmul``, AUTO);
+  * exact int8 x int8, int16 x int8 and int16 x int16 (``int_conv2d`` / ``int_matmul``, AUTO),
+    the int16 ones on the whole int16 range and on J6's int16 operand range (|code| <= 32639,
+    which the INT32_SPLIT path takes as int8 halves);
   * the full quantized op (``qconv2d`` / ``qmatmul``: exact sum + bias + requantization);
   * onnxruntime QLinearConv / QLinearMatMul on the same int8 shapes;
   * the numpy int64 reference (``quantlab.numerics.reference``, the tests' oracle) and torch
     int64 kernels, timed on a reduced shape (1/16 of the MACs) and scaled linearly to the full shape
     (marked "scaled" in the table).
-Exactness is checked too: every timed exact GEMM (int8 x int8, the int16 x int8 split path,
-int16 x int16) equals torch's int64 kernel on output strips, and qconv2d / qmatmul equal
-onnxruntime's QLinearConv / QLinearMatMul on the whole output.
+Exactness is checked too: every timed exact GEMM equals torch's int64 kernel on output strips,
+and qconv2d / qmatmul equal onnxruntime's QLinearConv / QLinearMatMul on the whole output.
 
 Run: .venv/bin/python benchmarks/bench_gemm.py [--threads 2 1] [--repeats 7]
 Writes reports/benchmarks/gemm.json and reports/benchmarks/gemm.md.
@@ -46,6 +47,7 @@ from quantlab.numerics.gemm import (  # noqa: E402
     qconv2d,
     qmatmul,
 )
+from quantlab.numerics.gemm.plan import INT8_HALVES_MAX  # noqa: E402
 from quantlab.platforms import load_platform  # noqa: E402
 from quantlab.report.io import atomic_write_text  # noqa: E402
 
@@ -55,6 +57,15 @@ CONV_X_REDUCED = (1, 256, 14, 14)  # 1/16 of the MACs
 MM_A = (1024, 2048)
 MM_B = (2048, 1024)
 MM_A_REDUCED = (64, 2048)  # 1/16 of the MACs
+
+
+J6_16x8 = "int16 in +-32639 x int8"
+J6_16x16 = "int16 x int16, both in +-32639"
+
+
+def _j6_range(codes: torch.Tensor) -> torch.Tensor:
+    """int16 codes clamped to J6's int16 GEMM operand range (``int16_operand_max``)."""
+    return codes.clamp(-INT8_HALVES_MAX, INT8_HALVES_MAX)
 
 
 def _codes(shape, dtype, seed):
@@ -99,12 +110,14 @@ def _methods(threads: int):
     onnx_rt = load_platform("onnxruntime").gemm_contract()
     x8, w8 = _codes(CONV_X, torch.int8, 1), _codes(CONV_W, torch.int8, 2)
     x16, w16 = _codes(CONV_X, torch.int16, 3), _codes(CONV_W, torch.int16, 4)
+    x16j, w16j = _j6_range(x16), _j6_range(w16)
     xf, wf = x8.float(), w8.float()
     xr = _codes(CONV_X_REDUCED, torch.int8, 5)
     sw = (torch.rand(CONV_W[0]) * 0.01 + 1e-3).float()
     conv_macs = int(np.prod(CONV_X)) * CONV_W[0] * 9
     a8, b8 = _codes(MM_A, torch.int8, 6), _codes(MM_B, torch.int8, 7)
     a16, b16 = _codes(MM_A, torch.int16, 8), _codes(MM_B, torch.int16, 9)
+    a16j, b16j = _j6_range(a16), _j6_range(b16)
     af, bf = a8.float(), b8.float()
     ar = _codes(MM_A_REDUCED, torch.int8, 10)
     swm = (torch.rand(MM_B[1]) * 0.01 + 1e-3).float()
@@ -116,6 +129,8 @@ def _methods(threads: int):
         ("conv2d", "float32 torch", "float32", lambda: F.conv2d(xf, wf, padding=1), conv_macs, 1),
         ("conv2d", "exact", "int8 x int8", lambda: int_conv2d(x8, w8, padding=1), conv_macs, 1),
         ("conv2d", "exact", "int16 x int8", lambda: int_conv2d(x16, w8, padding=1), conv_macs, 1),
+        ("conv2d", "exact", J6_16x8, lambda: int_conv2d(x16j, w8, padding=1), conv_macs, 1),
+        ("conv2d", "exact", J6_16x16, lambda: int_conv2d(x16j, w16j, padding=1), conv_macs, 1),
         (
             "conv2d",
             "exact",
@@ -159,6 +174,8 @@ def _methods(threads: int):
         ("matmul", "float32 torch", "float32", lambda: af @ bf, mm_macs, 1),
         ("matmul", "exact", "int8 x int8", lambda: int_matmul(a8, b8), mm_macs, 1),
         ("matmul", "exact", "int16 x int8", lambda: int_matmul(a16, b8), mm_macs, 1),
+        ("matmul", "exact", J6_16x8, lambda: int_matmul(a16j, b8), mm_macs, 1),
+        ("matmul", "exact", J6_16x16, lambda: int_matmul(a16j, b16j), mm_macs, 1),
         ("matmul", "exact", "int16 x int16", lambda: int_matmul(a16, b16), mm_macs, 1),
         (
             "matmul",
@@ -214,6 +231,8 @@ def _check_exact(ops, sessions) -> dict[str, bool]:
         "int8 x int8": (x8, w8),
         "int16 x int8": (x16, w8),
         "int16 x int16": (x16, w16),
+        J6_16x8: (_j6_range(x16), w8),
+        J6_16x16: (_j6_range(x16), _j6_range(w16)),
     }.items():
         path = plan_conv(x, w, padding=1).path.name
         fast = int_conv2d(x, w, padding=1)
@@ -226,6 +245,8 @@ def _check_exact(ops, sessions) -> dict[str, bool]:
         "int8 x int8": (a8, b8),
         "int16 x int8": (a16, b8),
         "int16 x int16": (a16, b16),
+        J6_16x8: (_j6_range(a16), b8),
+        J6_16x16: (_j6_range(a16), _j6_range(b16)),
     }.items():
         path = plan_matmul(a, b).path.name
         fast = int_matmul(a, b)
