@@ -359,11 +359,13 @@ def gemm_exactness(exp: GemmExactnessExp, ctx: RunContext) -> ExperimentResult:
         ),
     ]
     notes = [
-        "Fast path: float32 BLAS on K-chunks with K*max|a|*max|b| <= 2^24 summed in float64; "
-        "for convolutions with int16 inputs and int8 weights the input split exactly into two "
-        "int8-range halves (FLOAT32_SPLIT); else float64 when the bound 2^53 holds "
-        "(quantlab.numerics.gemm). The chosen path and the number of float32 chunks are "
-        "columns of results.csv.",
+        "Fast path (quantlab.numerics.gemm): int8 x int8 matmuls and convolutions with one "
+        "group by torch's int8 matrix product with int32 sums, K <= 2^16 (INT32), the same "
+        "products with int16 operands within +-32639 as their exact int8 halves "
+        "(INT32_SPLIT); else float32 BLAS on K-chunks with K*max|a|*max|b| <= 2^24 summed in "
+        "float64; for convolutions with int16 inputs and int8 weights the input split exactly "
+        "into two int8-range halves (FLOAT32_SPLIT); else float64 when the bound 2^53 holds. "
+        "The chosen path and the number of float32 chunks are columns of results.csv.",
         "Reference: numpy int64 (quantlab.numerics.reference), timed once.",
         "Plain float32: the same operands as float32 through F.conv*d / @ without chunking.",
         f"Times are medians of {exp.repeats} runs at {exp.threads} intra-op thread(s) on a "

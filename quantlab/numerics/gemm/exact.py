@@ -2,11 +2,12 @@
 
 Every function returns the exact sum of products (int64; optionally the int32 or float32 tensor
 a fast path computed them in). The fast paths run torch's int8 matrix product with int32 sums
-(int8 matmuls and 1x1 convolutions) or float BLAS on integer-valued tensors, and are exact by a
-bound, not by luck (``plan``; bit-exact-emulation s.2.1). Each call pins torch's float
-precision for the kernels it runs and restores the caller's (``precision``), and runs
-``quantlab.numerics.selftest`` once per process before its first product: AUTO stops using a
-path that fails it (with a warning). Thread counts are left to the caller.
+(int8 matmuls and convolutions with one group; int16 operands as their int8 halves) or float
+BLAS on integer-valued tensors, and are exact by a bound, not by luck (``plan``;
+bit-exact-emulation s.2.1). Each call pins torch's float precision for the kernels it runs and
+restores the caller's (``precision``), and runs ``quantlab.numerics.selftest`` once per process
+before its first product: AUTO stops using a path that fails it (with a warning). Thread counts
+are left to the caller.
 """
 
 from __future__ import annotations
