@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.numerics.dtypes import FLOAT32_EXACT
-from quantlab.numerics.gemm.plan import GemmPath, GemmPlan
+from quantlab.numerics.gemm.plan import GemmPath, GemmPlan, per_axis
 from quantlab.numerics.rounding import Round, round_float
 
 
@@ -59,10 +59,6 @@ def int8_matmul_int32(a: Tensor, b: Tensor) -> Tensor:
 IM2COL_BLOCK_BYTES = 1 << 24  # int8 im2col columns copied per product (bounds the memory)
 
 
-def _per_axis(v, nsp: int) -> tuple[int, ...]:
-    return tuple(v) if isinstance(v, (tuple, list)) else (int(v),) * nsp
-
-
 def int8_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) -> Tensor:
     """A convolution with one group of batched int8 codes ``x`` (N, C, *spatial) and ``w`` (O,
     C, *kernel), zero ``padding`` (ints; a 1x1 kernel also takes "valid" / "same") as int32,
@@ -79,8 +75,8 @@ def int8_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) -> Te
     pointwise = all(k == 1 for k in ksize)
     if pointwise and isinstance(padding, str):
         padding = 0
-    stride, padding = _per_axis(stride, nsp), _per_axis(padding, nsp)
-    dilation = _per_axis(dilation, nsp)
+    stride, padding = per_axis(stride, nsp), per_axis(padding, nsp)
+    dilation = per_axis(dilation, nsp)
     if pointwise and all(s == 1 for s in stride) and not any(padding):
         xs = x.reshape(n, c, -1)
         out = torch.empty((n, o, xs.shape[2]), dtype=torch.int32, device=x.device)

@@ -208,7 +208,7 @@ def split_pays(macs: int, groups: int) -> bool:
     return macs >= SPLIT_MIN_MACS or groups >= SPLIT_MIN_GROUPS
 
 
-def _per_axis(v, nsp: int) -> tuple:
+def per_axis(v, nsp: int) -> tuple:
     """A conv parameter (an int, a string or a tuple of ints) as one value per spatial axis."""
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nsp
 
@@ -254,8 +254,8 @@ def int_product_conv(
         if not (pointwise and padding in ("valid", "same")):
             return None
         padding = 0
-    stride, padding = _per_axis(stride, nsp), _per_axis(padding, nsp)
-    dilation = _per_axis(dilation, nsp)
+    stride, padding = per_axis(stride, nsp), per_axis(padding, nsp)
+    dilation = per_axis(dilation, nsp)
     for i in range(nsp):
         if (x_shape[2 + i] + 2 * padding[i] - dilation[i] * (ksize[i] - 1) - 1) // stride[i] < 0:
             return None
