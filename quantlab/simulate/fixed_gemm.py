@@ -124,7 +124,9 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
         w32 = None
-        if wq is not None:  # a weight's float32 cast, made once while its codes are the same
+        if wq is not None and not (xc.dtype == wc.dtype == torch.int8):
+            # a weight's float32 cast for the float paths, made once while its codes are the
+            # same (int8 x int8 takes the int8 matrix product: no cast)
             w32 = sim.op_memo(call.name, "w_float32", (wc,), lambda: wc.to(torch.float32))
         acc, axis = gemm.int_linear(xc, wc, as_int64=False, w_float32=w32), -1
     else:
@@ -166,13 +168,17 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
 def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.PreparedConv:
     """The op's exact convolution, checked and planned once per input shape and dtype, weight
     codes and parameters (``gemm.prepare_conv``); a weight's codes (``weight``) get their
-    float32 cast made once with it, kept while the codes are the same tensor."""
+    float32 cast made once with it, kept while the codes are the same tensor, unless the plan
+    is the int8 matrix product (INT32), which reads the codes themselves."""
     params = _gemm_params(call)
     nsp = 2 if call.op_type == "conv2d" else 1
 
     def make():
-        w32 = wc.to(torch.float32) if weight else None
-        return gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params, w_float32=w32)
+        conv = gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params)
+        if weight and (conv.plan is None or conv.plan.path is not gemm.GemmPath.INT32):
+            w32 = wc.to(torch.float32)  # the float paths' cast of the weight, made once
+            conv = gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params, w_float32=w32)
+        return conv
 
     key = (tuple(xc.shape), xc.dtype, wc, tuple(params.items()))
     return sim.op_memo(call.name, "conv", key, make)

@@ -259,3 +259,20 @@ def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, mo
             assert len(int32_calls) == 3  # the two convolutions and the linear
     assert len(int32_calls) == 3
     assert_bits_equal(runs[0], runs[1])
+
+
+def test_int8_weights_on_the_int8_product_keep_no_float32_copy():
+    """A weight whose GEMM takes the INT32 path is read as int8 codes: the simulator keeps no
+    float32 cast of it; a depthwise conv (float32 path) keeps one."""
+    from quantlab.numerics.gemm import GemmPath
+
+    sim = Simulator(_conv_model(), "j6m")
+    sim.calibrate([(torch.randn(2, 3, 6, 6),)], progress=False)
+    sim.run(torch.randn(2, 3, 6, 6), mode=Mode.FIXED)
+    convs = {name: memo["conv"][1] for name, memo in sim._fast.items() if "conv" in memo}
+    assert len(convs) == 3
+    for conv in convs.values():
+        int8_product = conv.plan.path is GemmPath.INT32
+        assert int8_product == (conv.groups == 1)
+        assert (conv.w_float32 is None) == int8_product
+    assert not any("w_float32" in memo for memo in sim._fast.values())  # the linear
