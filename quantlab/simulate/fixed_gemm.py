@@ -3,6 +3,8 @@ requantization, int16 operand rules, the high/low weight split, fused clamps).""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import Tensor
 
@@ -176,8 +178,8 @@ def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.Prep
     def make():
         conv = gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params)
         if weight and (conv.plan is None or conv.plan.path is not gemm.GemmPath.INT32):
-            w32 = wc.to(torch.float32)  # the float paths' cast of the weight, made once
-            conv = gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params, w_float32=w32)
+            # the float paths' cast of the weight, made once (the same checks and plan)
+            conv = dataclasses.replace(conv, w_float32=wc.to(torch.float32))
         return conv
 
     key = (tuple(xc.shape), xc.dtype, wc, tuple(params.items()))
