@@ -15,3 +15,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def _deterministic_torch():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _int8_product_counts_as_fast(monkeypatch):
+    """AUTO's use of the int8 matrix product depends on a speed probe of the machine
+    (``gemm.int8_speed``); tests pin it to "fast" so the paths they check are the same on every
+    CPU (the bits are the same either way). Tests of the probe itself set it as they need."""
+    from quantlab.numerics.gemm import int8_speed
+
+    monkeypatch.setitem(int8_speed._STATE, "ratio", 0.25)
+    yield

@@ -126,9 +126,9 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":
         w32 = None
-        if wq is not None and not (xc.dtype == wc.dtype == torch.int8):
+        if wq is not None and not _takes_int8_product(sim, call, xc, wc):
             # a weight's float32 cast for the float paths, made once while its codes are the
-            # same (int8 x int8 takes the int8 matrix product: no cast)
+            # same (the int8 matrix product reads the codes: no cast)
             w32 = sim.op_memo(call.name, "w_float32", (wc,), lambda: wc.to(torch.float32))
         acc, axis = gemm.int_linear(xc, wc, as_int64=False, w_float32=w32), -1
     else:
@@ -165,6 +165,19 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
     return fc.emit(res, out_scale, out_dt, zo)
+
+
+def _takes_int8_product(sim, call, xc: Tensor, wc: Tensor) -> bool:
+    """Whether the linear ``xc @ wc.T`` runs on the int8 matrix product (plan INT32). Its plan
+    reads no data for int8 x int8 codes, so it is made once per input shape and weight."""
+    if not (xc.dtype == wc.dtype == torch.int8):
+        return False
+
+    def plan_path() -> bool:
+        plan = gemm.plan_matmul(xc, wc.t(), disabled=gemm.auto_excluded())
+        return plan.path is gemm.GemmPath.INT32
+
+    return sim.op_memo(call.name, "int8_product", (tuple(xc.shape), wc), plan_path)
 
 
 def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.PreparedConv:

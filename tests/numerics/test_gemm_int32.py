@@ -7,6 +7,8 @@ catches a kernel that saturates."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from bits import assert_bits_equal
@@ -392,3 +394,33 @@ def test_int16_conv_by_int8_halves_equals_the_reference(dtypes, kind, x_shape, w
         assert_bits_equal(int_conv2d(x, w, path=path, **kw), want)
     conv = prepare_conv(tuple(x.shape), x.dtype, w, 2, **kw)
     assert_bits_equal(conv(x), want)  # int16 inputs: planned per call from their max|x|
+
+
+def test_the_speed_probe_times_both_products():
+    from quantlab.numerics.gemm.int8_speed import measure_int8_product
+
+    ratio = measure_int8_product((16, 64, 32), repeats=3)
+    assert math.isfinite(ratio) and ratio > 0
+
+
+def test_auto_skips_a_slow_int8_product_with_the_same_bits(monkeypatch):
+    """A CPU whose int8 product is slower than float32 (no VNNI: torch runs a scalar loop):
+    AUTO takes the float paths for int8 and int16 operands; a forced INT32 still runs."""
+    from quantlab.numerics.gemm import exact, int8_speed
+
+    g = torch.Generator().manual_seed(5)
+    a, b = _adversarial(g, (3, 700)), _extremes(g, (700, 4))
+    a16 = torch.randint(-INT8_HALVES_MAX, INT8_HALVES_MAX + 1, (3, 700), generator=g).to(
+        torch.int16
+    )
+    x, w = _codes(g, (2, 32, 5, 5)), _extremes(g, (9, 32, 3, 3))
+    fast = (int_matmul(a, b), int_matmul(a16, b), int_conv2d(x, w, padding=1))
+    assert prepare_conv(tuple(x.shape), x.dtype, w, 2, padding=1).plan.path is GemmPath.INT32
+    monkeypatch.setitem(int8_speed._STATE, "ratio", 40.0)
+    assert exact.auto_excluded() >= {GemmPath.INT32, GemmPath.INT32_SPLIT}
+    assert plan_matmul(a, b, disabled=exact.auto_excluded()).path is GemmPath.FLOAT32
+    assert prepare_conv(tuple(x.shape), x.dtype, w, 2, padding=1).plan.path is GemmPath.FLOAT32
+    assert_bits_equal(int_matmul(a, b), fast[0])
+    assert_bits_equal(int_matmul(a16, b), fast[1])
+    assert_bits_equal(int_conv2d(x, w, padding=1), fast[2])
+    assert_bits_equal(int_matmul(a, b, GemmPath.INT32), fast[0])

@@ -276,3 +276,24 @@ def test_int8_weights_on_the_int8_product_keep_no_float32_copy():
         assert int8_product == (conv.groups == 1)
         assert (conv.w_float32 is None) == int8_product
     assert not any("w_float32" in memo for memo in sim._fast.values())  # the linear
+
+
+def test_a_slow_int8_product_gets_float32_weight_copies_made_once(monkeypatch):
+    """Where the int8 product is slower than float32 (``gemm.int8_speed``), AUTO runs the float
+    paths: every weight, the linear's too, gets its float32 cast once, not per call."""
+    from quantlab.numerics.gemm import GemmPath, int8_speed
+
+    monkeypatch.setitem(int8_speed._STATE, "ratio", 40.0)
+    sim = Simulator(_conv_model(), "j6m")
+    sim.calibrate([(torch.randn(2, 3, 6, 6),)], progress=False)
+    x = torch.randn(2, 3, 6, 6)
+    first = sim.run(x, mode=Mode.FIXED)
+    convs = {name: memo["conv"][1] for name, memo in sim._fast.items() if "conv" in memo}
+    assert all(
+        c.plan.path is not GemmPath.INT32 and c.w_float32 is not None for c in convs.values()
+    )
+    casts = [memo["w_float32"][1] for memo in sim._fast.values() if "w_float32" in memo]
+    assert len(casts) == 1  # the linear
+    assert_bits_equal(sim.run(x, mode=Mode.FIXED), first)
+    again = [memo["w_float32"][1] for memo in sim._fast.values() if "w_float32" in memo]
+    assert again[0] is casts[0]

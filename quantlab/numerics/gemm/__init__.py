@@ -13,6 +13,7 @@ from quantlab.numerics.accumulator import Overflow, accumulate
 from quantlab.numerics.contract import GemmContract, GemmFamily
 from quantlab.numerics.gemm.exact import (
     PreparedConv,
+    auto_excluded,
     int_conv1d,
     int_conv2d,
     int_linear,
@@ -54,6 +55,7 @@ from quantlab.numerics.gemm.quantized import (
 )
 
 __all__ = [
+    "auto_excluded",
     "FLOAT32_EXACT",
     "FLOAT64_EXACT",
     "GemmContract",

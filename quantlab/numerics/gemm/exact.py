@@ -6,7 +6,9 @@ a fast path computed them in). The fast paths run torch's int8 matrix product wi
 BLAS on integer-valued tensors, and are exact by a bound, not by luck (``plan``;
 bit-exact-emulation s.2.1). Each call pins torch's float precision for the kernels it runs and
 restores the caller's (``precision``), and runs ``quantlab.numerics.selftest`` once per process
-before its first product: AUTO stops using a path that fails it (with a warning). Thread counts
+before its first product: AUTO stops using a path that fails it (with a warning). AUTO takes
+the int8 matrix product only where it is faster than the float32 one on this machine
+(``int8_speed``, measured once per process; the bits are the same either way). Thread counts
 are left to the caller.
 """
 
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from quantlab.numerics.gemm.int8_speed import int8_product_pays
 from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
 from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
@@ -33,6 +36,16 @@ from quantlab.numerics.gemm.plan import (
 )
 from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.selftest import ensure_selftest
+
+INT8_PRODUCT_PATHS = frozenset({GemmPath.INT32, GemmPath.INT32_SPLIT})
+
+
+def auto_excluded() -> frozenset[GemmPath]:
+    """The paths AUTO does not take in this process: those that failed the start-up self-test,
+    and INT32 / INT32_SPLIT where the int8 matrix product is slower than the float32 product
+    (``int8_speed``). A forced path is run as asked."""
+    failed = frozenset(ensure_selftest())
+    return failed if int8_product_pays() else failed | INT8_PRODUCT_PATHS
 
 
 def _check_operand(t: Tensor, name: str) -> None:
@@ -70,7 +83,7 @@ def int_matmul(
             f"int_matmul shapes {tuple(a.shape)} and {tuple(b.shape)} do not match: "
             f"a has K={k} columns, b has {kb} rows"
         )
-    disabled = ensure_selftest()
+    disabled = auto_excluded()
     plan = plan_matmul(a, b, path, disabled)
     measured = operand_bound(b) if path is GemmPath.AUTO else None  # a forced path keeps chunks
     with exact_float_kernels(a.device.type):
@@ -206,7 +219,7 @@ def prepare_conv(
             f"with groups={groups}, input has {batched[1]}"
         )
     _check_float32_copy(w, w_float32, "w_float32")
-    disabled = frozenset(ensure_selftest())
+    disabled = auto_excluded()
     macs = math.prod(batched) * (w.shape[0] // groups) * math.prod(w.shape[2:])  # conv_macs
     split_a = split_pays(macs, groups) or path is GemmPath.FLOAT32_SPLIT
     unit = math.prod(w.shape[2:])
