@@ -327,6 +327,26 @@ def batch_rows(table: pd.DataFrame) -> pd.DataFrame:
     ).assign(b8_over_b1=lambda d: d.per_item_ms_b8 / d.per_item_ms_b1)
 
 
+def cpu_description() -> str:
+    """The CPU's name, torch's kernel level and whether the int8 matrix product pays here (the
+    exact GEMM takes it only then: ``gemm.int8_speed``)."""
+    from quantlab.numerics.gemm.int8_speed import int8_product_ratio
+
+    name = host.processor() or host.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    vnni = torch.cpu._is_vnni_supported() if hasattr(torch.cpu, "_is_vnni_supported") else None
+    ratio = int8_product_ratio()
+    return (
+        f"{name}, torch CPU capability {torch.backends.cpu.get_cpu_capability()}, VNNI {vnni}; "
+        f"torch's int8 matrix product takes {ratio:.2f}x the float32 product's time here, so the "
+        f"exact GEMM {'uses' if ratio < 1 else 'does not use'} it"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=None, help="default 15, with --quick 3")
@@ -368,6 +388,7 @@ def main() -> None:
         "torch": torch.__version__,
         "python": host.python_version(),
         "machine": host.machine(),
+        "cpu": cpu_description(),
         "seconds": round(time.time() - start, 1),
         "command": "python benchmarks/bench_simulate.py"
         + (" --quick" if args.quick else "")
@@ -405,6 +426,8 @@ def main() -> None:
         "`session.intra_op.allow_spinning` = 0, its int8 model statically quantized (QOperator, "
         "int8 weights per channel, uint8 activations) from the same module. Pretrained weights, "
         "BatchNorm folded. torch " + torch.__version__ + f"; run took {meta['seconds']} s.",
+        "",
+        f"CPU: {meta['cpu']}.",
         "",
         f"## Targets: {len(targets) - missed} met, {missed} missed",
         "",

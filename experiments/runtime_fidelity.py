@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.export.ort_host import onnxruntime_profile
 from quantlab.platforms import load_platform
 from quantlab.report import Plot, PlotKind
 
@@ -47,7 +48,9 @@ class RuntimeFidelityExp:
     """Schema of ``+exp=runtime_fidelity``."""
 
     runtimes: list[Runtime] = field(default_factory=lambda: list(Runtime))
-    profiles: list[str] = field(default_factory=lambda: ["tflite", "litert_xnnpack", "onnxruntime"])
+    profiles: list[str] = field(
+        default_factory=lambda: ["tflite", "litert_xnnpack", "onnxruntime", "onnxruntime_no_vnni"]
+    )
     cases: int = 300  # seeded cases per op family and dtype
 
     def __post_init__(self) -> None:
@@ -236,25 +239,28 @@ def measure(exp: RuntimeFidelityExp, progress: bool = True) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# the profile written for each runtime
-MATCHING = {
-    Runtime.LITERT_REFERENCE.value: "tflite",
-    Runtime.LITERT_DEFAULT.value: "litert_xnnpack",
-    Runtime.ONNXRUNTIME.value: "onnxruntime",
-}
+def matching_profiles() -> dict[str, str]:
+    """The profile written for each runtime; onnxruntime's is the one of this machine's CPU
+    (``onnxruntime_no_vnni`` where its uint8 x int8 product pairs saturate)."""
+    return {
+        Runtime.LITERT_REFERENCE.value: "tflite",
+        Runtime.LITERT_DEFAULT.value: "litert_xnnpack",
+        Runtime.ONNXRUNTIME.value: onnxruntime_profile(),
+    }
 
 
 def _findings(df: pd.DataFrame) -> list[str]:
     f = []
-    own = df[df.profile == df.runtime.map(MATCHING)]
+    matching = matching_profiles()
+    own = df[df.profile == df.runtime.map(matching)]
     for rt, g in own.groupby("runtime", sort=False):
         f.append(
-            f"{rt} vs the `{MATCHING[rt]}` profile: {int(g.differing.sum())} differing outputs "
+            f"{rt} vs the `{matching[rt]}` profile: {int(g.differing.sum())} differing outputs "
             f"of {int(g.outputs.sum())} over {len(g)} op families / dtypes "
             f"({int(g.cases.sum())} cases, {int(g.cases_with_zero_points.sum())} with nonzero "
             "activation zero points)."
         )
-    other = df[(df.profile != df.runtime.map(MATCHING)) & (df.differing > 0)]
+    other = df[(df.profile != df.runtime.map(matching)) & (df.differing > 0)]
     for _, r in other.sort_values("differing_pct", ascending=False).head(3).iterrows():
         f.append(
             f"The `{r.profile}` profile on {r.runtime} {r.family}: {int(r.differing)} of "
@@ -267,7 +273,7 @@ def _findings(df: pd.DataFrame) -> list[str]:
 @experiment(RuntimeFidelityExp, "runtime_fidelity")
 def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResult:
     df = measure(exp, ctx.progress)
-    own = df[df.profile == df.runtime.map(MATCHING)][
+    own = df[df.profile == df.runtime.map(matching_profiles())][
         [
             "runtime",
             "profile",
@@ -301,6 +307,10 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "by the profile's bound_rule, ADD by its add_rule and SUB as the add of a and -b "
         "(fixed_common.sub_codes), LOGISTIC / TANH / Sigmoid / Exp by the zero-point LUT "
         "(numerics.lut.zero_point; tests/runtime/quantlab_bridge.py).",
+        "onnxruntime's matching profile is chosen by asking onnxruntime on this machine "
+        f"(quantlab.export.ort_host): here `{onnxruntime_profile()}`. On x86 CPUs without VNNI "
+        "its uint8 x int8 kernels saturate each pair of adjacent products to int16 "
+        "(`onnxruntime_no_vnni`); elsewhere they sum exactly (`onnxruntime`).",
         "LiteRT 16x8 models take the converter's default int64 bias, or an int32 bias "
         "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
         "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "

@@ -147,6 +147,9 @@ class PlatformConfig:
     # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
     # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)
     qlinear_zero_point: int = 0
+    # uint8 activations x int8 weights: adjacent product pairs of every GEMM sum saturate to
+    # int16 (onnxruntime's MLAS kernels on x86 CPUs without VNNI; ``gemm.pair_saturation``)
+    u8s8_pair_saturation: bool = False
     concat_rule: ConcatRule = ConcatRule.REQUANTIZE  # cat / stack of inputs at other scales
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
@@ -328,6 +331,7 @@ class PlatformConfig:
             requant_round=self.requant_round,
             requant_mult_bits=self.requant_mult_bits,
             max_int16_gemm_operands=n16,
+            u8s8_pair_saturation=self.u8s8_pair_saturation,
         )
         bias = self.int16_bias_dtype if activation is DType.INT16 else None
         return contract_for(default, self.gemm_rules, family, activation, bias)
@@ -446,6 +450,7 @@ PLATFORM_NAMES = (
     "j6h",
     "j6p",
     "onnxruntime",
+    "onnxruntime_no_vnni",
     "tflite",
     "litert_xnnpack",
 )

@@ -96,7 +96,9 @@ class GemmContract:
     past its range; requant / requant_round / requant_mult_bits: how it becomes output codes
     (``requant.requantize``); bias_dtype: the integer bias codes' format (INT32, or INT64 as
     TFLite's 16x8 kernels take it; ``quantize_bias`` saturates to it); max_int16_gemm_operands:
-    how many GEMM operands may be int16 (2 allows int16 x int16). Field names follow the
+    how many GEMM operands may be int16 (2 allows int16 x int16); u8s8_pair_saturation: uint8
+    activations times int8 weights sum adjacent product pairs saturated to int16
+    (``gemm.pair_saturation``: onnxruntime on x86 without VNNI). Field names follow the
     platform's. Hashable: caches key on it."""
 
     accumulator: DType = DType.INT32
@@ -106,9 +108,15 @@ class GemmContract:
     requant_mult_bits: int = 31
     max_int16_gemm_operands: int = 2
     bias_dtype: DType = DType.INT32
+    u8s8_pair_saturation: bool = False
 
     def __post_init__(self) -> None:
         _check_rule_fields("GemmContract", self)
+        if not isinstance(self.u8s8_pair_saturation, bool):
+            raise ValueError(
+                "GemmContract.u8s8_pair_saturation must be true or false, "
+                f"got {self.u8s8_pair_saturation!r}"
+            )
         if self.max_int16_gemm_operands not in (0, 1, 2):
             raise ValueError(
                 "GemmContract.max_int16_gemm_operands must be 0, 1 or 2, "

@@ -121,7 +121,30 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         (p, call.op_type, out_dt, xi.dtype, wdt),
         lambda: _checked_contract(p, call.op_type, out_dt, xi.dtype, wdt),
     )
-    if call.op_type in ("conv1d", "conv2d"):
+    pairs = (
+        p.u8s8_pair_saturation
+        and p.qlinear_zero_point == 128
+        and wq is not None
+        and xi.dtype is DType.INT8
+        and wc.dtype == torch.int8
+        and call.op_type in ("conv1d", "conv2d", "linear")
+    )
+    if pairs:  # the runtime's uint8 codes: x + 128 with zero point zx + 128
+        zx_u8 = int(xi.zero_point or 0) + 128
+        raw = xc.to(torch.int16) + zx_u8
+        if call.op_type == "linear":
+            acc, axis = gemm.pair_saturated_matmul(raw, wc.t(), zx_u8), -1
+        else:
+            params = _gemm_params(call)
+            if isinstance(params.get("padding", 0), str):
+                fc.warn_float(call, "u8s8_pair_saturation takes numeric convolution padding")
+                return None
+            nsp = 2 if call.op_type == "conv2d" else 1
+            batched = raw.dim() == nsp + 2
+            acc = gemm.pair_saturated_conv(raw if batched else raw[None], wc, zx_u8, **params)
+            acc = acc if batched else acc[0]
+            axis = 1 if batched else 0
+    elif call.op_type in ("conv1d", "conv2d"):
         acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type == "linear":

@@ -4,9 +4,9 @@ pytest.importorskip("ai_edge_litert")
 pytest.importorskip("onnxruntime")
 
 from experiments.runtime_fidelity import (  # noqa: E402
-    MATCHING,
     Runtime,
     RuntimeFidelityExp,
+    matching_profiles,
     runtime_fidelity,
 )
 from quantlab.experiment import RunContext  # noqa: E402
@@ -17,7 +17,7 @@ from quantlab.platforms import PlatformConfig  # noqa: E402
 def result(tmp_path_factory):
     exp = RuntimeFidelityExp(
         runtimes=[Runtime.LITERT_DEFAULT, Runtime.ONNXRUNTIME],
-        profiles=["tflite", "litert_xnnpack", "onnxruntime"],
+        profiles=["tflite", "litert_xnnpack", "onnxruntime", "onnxruntime_no_vnni"],
         cases=4,
     )
     ctx = RunContext(PlatformConfig(name="j6m"), None, None, 0, tmp_path_factory.mktemp("r"))
@@ -26,9 +26,9 @@ def result(tmp_path_factory):
 
 def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     df = result.table
-    assert len(df) == (7 + 10) * 3  # families x profiles
+    assert len(df) == (7 + 10) * 4  # families x profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
-    own = df[df.profile == df.runtime.map(MATCHING)]
+    own = df[df.profile == df.runtime.map(matching_profiles())]
     assert len(own) == 17 and int(own.differing.sum()) == 0
     assert (own.cases_with_zero_points > 0).all()
     assert list(result.tables["matching_profiles"].differing) == [0] * 17

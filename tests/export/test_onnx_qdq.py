@@ -11,6 +11,11 @@ from torch import nn
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+
+from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
+
+# the profile of this machine's onnxruntime (onnxruntime_no_vnni on x86 without VNNI)
+ORT_PROFILE = onnxruntime_profile()
 from onnx import numpy_helper  # noqa: E402
 
 from quantlab.export import (  # noqa: E402
@@ -27,7 +32,7 @@ from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 
 
-def _small_cnn(platform="onnxruntime", qconfig=None):
+def _small_cnn(platform=ORT_PROFILE, qconfig=None):
     bundle = build_model("small_cnn")
     sim = Simulator(bundle.module, platform, qconfig)
     sim.calibrate([example_inputs("small_cnn", 2, seed=s) for s in range(2)])
@@ -131,7 +136,7 @@ class _Upsample(nn.Module):
 
 
 def test_unsupported_op_names_the_op_and_lists_the_supported(tmp_path):
-    sim = Simulator(_Upsample().eval(), "onnxruntime")
+    sim = Simulator(_Upsample().eval(), ORT_PROFILE)
     x = (torch.rand(1, 3, 8, 8),)
     sim.calibrate([x])
     with pytest.raises(UnsupportedOpError) as err:
@@ -156,7 +161,7 @@ class _MaskedMean(nn.Module):
 
 
 def test_integer_inputs_reach_the_graph_through_uncaptured_calls(tmp_path):
-    sim = Simulator(_MaskedMean().eval(), "onnxruntime")
+    sim = Simulator(_MaskedMean().eval(), ORT_PROFILE)
     x = torch.randn(2, 5, 6)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     sim.calibrate([(x, mask)])
@@ -188,7 +193,7 @@ def test_int32_accumulator_wraps_as_onnxruntime_does(tmp_path):
     not."""
     torch.manual_seed(0)
     x = torch.rand(2, 3, 8, 8)
-    sim = Simulator(_DeadChannelConv().eval(), "onnxruntime")
+    sim = Simulator(_DeadChannelConv().eval(), ORT_PROFILE)
     sim.calibrate([(x,)], progress=False)
     info = to_onnx_qdq(sim, tmp_path / "m.onnx", (x,))
     (y,) = R.run(R.session(info.path), info.input_names, (x,))
@@ -222,7 +227,7 @@ def test_int8_softmax_matches_onnxruntime_qlinear_softmax(tmp_path, encoding):
     from quantlab.platforms import SoftmaxRule
 
     torch.manual_seed(3)
-    sim = Simulator(_Scores().eval(), "onnxruntime")
+    sim = Simulator(_Scores().eval(), ORT_PROFILE)
     sim.calibrate([(torch.randn(4, 6, 12),) for _ in range(2)], progress=False)
     x = (torch.randn(3, 6, 12),)
     info = to_onnx_qdq(sim, tmp_path / "m.onnx", x, encoding=encoding)

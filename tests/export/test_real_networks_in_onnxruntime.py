@@ -13,6 +13,11 @@ import pytest
 import torch
 
 pytest.importorskip("onnxruntime")
+
+from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
+
+# the profile of this machine's onnxruntime (onnxruntime_no_vnni on x86 without VNNI)
+ORT_PROFILE = onnxruntime_profile()
 pytest.importorskip("PIL")
 
 from quantlab.data import load_data  # noqa: E402
@@ -27,7 +32,7 @@ from quantlab.simulate import Mode, Simulator  # noqa: E402
 def test_whole_network_matches_onnxruntime_on_photos(tmp_path, model):
     bundle = build_model(model)
     data = load_data("photos", bundle.name)
-    sim = Simulator(bundle.module, "onnxruntime")
+    sim = Simulator(bundle.module, ORT_PROFILE)
     sim.calibrate(data.calib[:2], progress=False)
     x = torch.cat([b[0] for b in data.eval[:2]])
     info = to_onnx_qdq(sim, tmp_path / f"{model}.onnx", (x,))

@@ -71,11 +71,14 @@ PROFILE_CASES = 80
 
 @pytest.mark.parametrize("act", ["uint8", "int8"])
 def test_onnxruntime_profile_with_zero_points(act):
-    """quantlab's ``onnxruntime`` profile (qconv2d / qmatmul, activation zero points, integer
-    bias) gives onnxruntime's QLinearConv and QLinearMatMul bits, int8 weights with zw = 0."""
+    """quantlab's profile of this machine's onnxruntime (``onnxruntime``, or
+    ``onnxruntime_no_vnni`` where uint8 x int8 product pairs saturate; qconv2d / qmatmul,
+    activation zero points, integer bias) gives onnxruntime's QLinearConv and QLinearMatMul
+    bits, int8 weights with zw = 0."""
+    from quantlab.export.ort_host import onnxruntime_profile
     from quantlab.platforms import load_platform
 
-    platform = load_platform("onnxruntime")
+    platform = load_platform(onnxruntime_profile())
     dt = np.dtype(act).type
     nonzero = 0
     for seed in range(PROFILE_CASES):

@@ -33,6 +33,7 @@ from quantlab.numerics.gemm.int16_operands import (
     int16_matmul_scale_factor,
     int16_operand_range,
 )
+from quantlab.numerics.gemm.pair_saturation import pair_saturated_conv, pair_saturated_matmul
 from quantlab.numerics.gemm.plan import (
     FLOAT32_EXACT,
     FLOAT64_EXACT,
@@ -56,6 +57,8 @@ from quantlab.numerics.gemm.quantized import (
 
 __all__ = [
     "auto_excluded",
+    "pair_saturated_conv",
+    "pair_saturated_matmul",
     "FLOAT32_EXACT",
     "FLOAT64_EXACT",
     "GemmContract",

@@ -18,6 +18,7 @@ from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
 from quantlab.numerics.gemm.finish import GemmStats, finish_gemm
+from quantlab.numerics.gemm.pair_saturation import pair_saturated_conv, pair_saturated_matmul
 from quantlab.numerics.quantize import check_zero_point
 
 
@@ -68,6 +69,41 @@ def _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, z
     return out, stats
 
 
+def _pairs(contract: GemmContract, x_codes: Tensor, w_codes: Tensor) -> bool:
+    """Whether this GEMM sums saturated product pairs (``contract.u8s8_pair_saturation`` with
+    uint8 activations and int8 weights)."""
+    return (
+        contract.u8s8_pair_saturation
+        and x_codes.dtype == torch.uint8
+        and w_codes.dtype == torch.int8
+    )
+
+
+def _conv_sums(x_codes, w_codes, zx, stride, padding, dilation, groups, contract, nsp: int):
+    """Exact centred sums of a convolution, or the pair-saturated ones the contract asks for."""
+    if _pairs(contract, x_codes, w_codes):
+        unbatched = x_codes.dim() == nsp + 1
+        x = x_codes.unsqueeze(0) if unbatched else x_codes
+        acc = pair_saturated_conv(x, w_codes, zx, stride, padding, dilation, groups)
+        return acc[0] if unbatched else acc
+    exact = int_conv2d if nsp == 2 else int_conv1d
+    return exact(centre_codes(x_codes, zx), w_codes, stride, padding, dilation, groups)
+
+
+def _matmul_sums(x_codes: Tensor, w_codes: Tensor, zx: int, contract: GemmContract) -> Tensor:
+    """Exact centred sums of x @ w, or the pair-saturated ones (w of one or two dimensions)."""
+    if _pairs(contract, x_codes, w_codes):
+        if w_codes.dim() > 2:
+            raise ValueError(
+                "u8s8_pair_saturation takes a weight of one or two dimensions, got shape "
+                f"{tuple(w_codes.shape)}"
+            )
+        if w_codes.dim() == 1:
+            return pair_saturated_matmul(x_codes, w_codes.unsqueeze(1), zx).squeeze(-1)
+        return pair_saturated_matmul(x_codes, w_codes, zx)
+    return int_matmul(centre_codes(x_codes, zx), w_codes)
+
+
 def qconv2d(
     x_codes: Tensor,
     x_scale: Tensor | float,
@@ -89,8 +125,8 @@ def qconv2d(
     ``zero_points`` = (input's, output's); x_codes int8, uint8 or int16.
     """
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_conv2d(
-        centre_codes(x_codes, zero_points[0]), w_codes, stride, padding, dilation, groups
+    acc = _conv_sums(
+        x_codes, w_codes, zero_points[0], stride, padding, dilation, groups, contract, 2
     )
     axis = 1 if acc.dim() == 4 else 0
     return _finish(
@@ -116,8 +152,8 @@ def qconv1d(
     """Quantized conv1d: exact ``int_conv1d`` then ``finish_gemm`` (output channels on dim 1);
     ``zero_points`` as qconv2d."""
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_conv1d(
-        centre_codes(x_codes, zero_points[0]), w_codes, stride, padding, dilation, groups
+    acc = _conv_sums(
+        x_codes, w_codes, zero_points[0], stride, padding, dilation, groups, contract, 1
     )
     axis = 1 if acc.dim() == 3 else 0
     return _finish(
@@ -139,7 +175,10 @@ def qlinear(
     """Quantized linear: exact x @ w.T, w (out, in) with per-out-channel scales on the last dim;
     ``zero_points`` as qconv2d."""
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_linear(centre_codes(x_codes, zero_points[0]), w_codes)
+    if _pairs(contract, x_codes, w_codes):
+        acc = _matmul_sums(x_codes, w_codes.t(), zero_points[0], contract)
+    else:
+        acc = int_linear(centre_codes(x_codes, zero_points[0]), w_codes)
     return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, -1, zero_points[1])
 
 
@@ -161,5 +200,5 @@ def qmatmul(
     first (the simulator does this when quantizing the operands).
     """
     check_gemm_operands(x_codes, w_codes, contract)
-    acc = int_matmul(centre_codes(x_codes, zero_points[0]), w_codes)
+    acc = _matmul_sums(x_codes, w_codes, zero_points[0], contract)
     return _finish(acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, -1, zero_points[1])

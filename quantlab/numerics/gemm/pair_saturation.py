@@ -1,0 +1,133 @@
+"""uint8 x int8 GEMM sums whose adjacent product pairs saturate to int16.
+
+On x86 CPUs without VNNI (SSE4.1, AVX2, AVX-512 without VNNI) onnxruntime's MLAS kernels for
+uint8 activations times int8 weights multiply with ``vpmaddubsw``: each pair of adjacent terms
+``x[k] * w[k] + x[k + 1] * w[k + 1]`` (k even; an odd K is padded with a zero term) is
+saturated to [-32768, 32767] before the int32 sums. Contract here (``Σ'`` is that pair-saturated
+sum over raw codes):
+
+* matmul / linear: ``Σ'_k x[m, k] * w[k, n] - zx * Σ_k w[k, n]``, K in the operand's order;
+* convolution: the same over K in (kernel row, kernel column, input channel) order, the input
+  padded with its zero point ``zx`` (MLAS runs it on the NHWC im2col); per group; a depthwise
+  convolution (groups = input channels = output channels) runs MLAS's depthwise kernel, which
+  is exact, so it has no pairs.
+
+Weights are symmetric (zero point 0). Result: int64, the centred sum ``Σ (x - zx) * w`` wherever
+no pair saturates. Checked bit for bit against onnxruntime's QLinearMatMul and QLinearConv on a
+CPU whose kernels saturate, and against ``reference.pair_saturation`` everywhere (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from quantlab.numerics.gemm.plan import per_axis
+
+INT16_MIN, INT16_MAX = -32768, 32767
+PAIR_CHUNK_ELEMENTS = 1 << 22  # int32 pair sums held at once (16 MB)
+
+
+def _check(x: Tensor, w: Tensor) -> None:
+    if x.dtype not in (torch.uint8, torch.int16, torch.int32) or w.dtype != torch.int8:
+        raise TypeError(
+            f"pair-saturated sums take uint8 codes (any integer dtype holding 0..255) and int8 "
+            f"weights, got {x.dtype} and {w.dtype}"
+        )
+
+
+def pair_saturated_rows(x: Tensor, w: Tensor) -> Tensor:
+    """``Σ'`` of rows x (R, K) of raw uint8 codes against w (K, N) int8: int64 (R, N)."""
+    k = x.shape[-1]
+    x32, w32 = x.to(torch.int32), w.to(torch.int32)
+    if k % 2:
+        x32 = F.pad(x32, (0, 1))
+        w32 = F.pad(w32, (0, 0, 0, 1))
+    xe, xo = x32[:, 0::2], x32[:, 1::2]
+    we, wo = w32[0::2], w32[1::2]
+    half, n = we.shape
+    out = torch.empty(x.shape[0], n, dtype=torch.int64)
+    step = max(1, PAIR_CHUNK_ELEMENTS // max(1, half * n))
+    for r in range(0, x.shape[0], step):
+        pairs = xe[r : r + step, :, None] * we + xo[r : r + step, :, None] * wo
+        pairs.clamp_(INT16_MIN, INT16_MAX)
+        out[r : r + step] = pairs.sum(1, dtype=torch.int64)
+    return out
+
+
+def pair_saturated_matmul(x: Tensor, w: Tensor, zx: int) -> Tensor:
+    """x (..., K) raw uint8 codes with zero point ``zx``, w (K, N) int8: int64 (..., N)."""
+    _check(x, w)
+    if w.dim() != 2 or x.shape[-1] != w.shape[0]:
+        raise ValueError(f"shapes {tuple(x.shape)} and {tuple(w.shape)} do not match")
+    rows = x.reshape(-1, x.shape[-1])
+    acc = pair_saturated_rows(rows, w) - int(zx) * w.to(torch.int64).sum(0)
+    return acc.reshape(*x.shape[:-1], w.shape[1])
+
+
+def is_depthwise(in_channels: int, out_channels: int, groups: int) -> bool:
+    """MLAS's depthwise kernel (exact): one input and one output channel per group."""
+    return groups == in_channels == out_channels
+
+
+def pair_saturated_conv(
+    x: Tensor, w: Tensor, zx: int, stride=1, padding=0, dilation=1, groups: int = 1
+) -> Tensor:
+    """Convolution (1-d or 2-d: x (N, C, *spatial), w (O, C / groups, *kernel)) of raw uint8
+    codes with zero point ``zx`` and int8 weights: int64 (N, O, *out). Numeric padding only."""
+    _check(x, w)
+    nsp = w.dim() - 2
+    if nsp not in (1, 2) or x.dim() != nsp + 2:
+        raise ValueError(f"conv{nsp}d needs a batched input, got shape {tuple(x.shape)}")
+    if isinstance(padding, str):
+        raise ValueError("pair-saturated convolutions take numeric padding")
+    if nsp == 1:
+        x, w = x.unsqueeze(2), w.unsqueeze(2)
+        stride, padding, dilation = (1, _one(stride)), (0, _one(padding)), (1, _one(dilation))
+    stride, padding, dilation = (per_axis(v, 2) for v in (stride, padding, dilation))
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    if c != cg * groups or o % groups:
+        raise ValueError(f"weight {tuple(w.shape)} does not fit input {tuple(x.shape)}")
+    if is_depthwise(c, o, groups):
+        acc = F.conv2d(
+            x.to(torch.float64) - zx,
+            w.to(torch.float64),
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+        )  # products <= 2**15, K = kh * kw terms: exact in float64 for any kernel below 2**38
+        acc = acc.round().to(torch.int64)
+    else:
+        xp = F.pad(
+            x.to(torch.int32),
+            (padding[1], padding[1], padding[0], padding[0]),
+            value=int(zx),
+        )
+        oh = (xp.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+        ow = (xp.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        og = o // groups
+        acc = torch.empty(n, o, max(oh, 0), max(ow, 0), dtype=torch.int64)
+        for g in range(groups):
+            xg = xp[:, g * cg : (g + 1) * cg]
+            taps = [
+                xg[
+                    :,
+                    :,
+                    i * dilation[0] : i * dilation[0] + stride[0] * (oh - 1) + 1 : stride[0],
+                    j * dilation[1] : j * dilation[1] + stride[1] * (ow - 1) + 1 : stride[1],
+                ]
+                for i in range(kh)
+                for j in range(kw)
+            ]  # each (N, Cg, OH, OW); K order (row, column, channel)
+            cols = torch.stack(taps, 1).permute(0, 3, 4, 1, 2).reshape(n * oh * ow, -1)
+            wg = w[g * og : (g + 1) * og].permute(2, 3, 1, 0).reshape(-1, og)
+            part = pair_saturated_rows(cols, wg) - int(zx) * wg.to(torch.int64).sum(0)
+            acc[:, g * og : (g + 1) * og] = part.reshape(n, oh, ow, og).permute(0, 3, 1, 2)
+    return acc.squeeze(2) if nsp == 1 else acc
+
+
+def _one(v):
+    return v[0] if isinstance(v, (tuple, list)) else v
