@@ -20,8 +20,9 @@ SATURATING_PROFILE = "onnxruntime_no_vnni"
 def onnxruntime_saturates_u8s8() -> bool:
     """True when this machine's onnxruntime sums uint8 x int8 products in saturated pairs."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
+
+    from quantlab.export.runtime import session
 
     node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
     graph = helper.make_graph(
@@ -34,11 +35,7 @@ def onnxruntime_saturates_u8s8() -> bool:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     onnx.checker.check_model(model)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = session(model.SerializeToString())
     y = int(sess.run(None, {"a": np.full((1, 2), 255, np.uint8)})[0][0, 0])
     if y not in (64770, 32767):
         raise RuntimeError(f"onnxruntime's MatMulInteger probe gave {y}, neither 64770 nor 32767")

@@ -49,9 +49,10 @@ _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _TOKEN = re.compile(r"_token_\d+$")
 
 
-def session(path: Path | str, optimized_path: Path | str | None = None):
+def session(path: Path | str | bytes, optimized_path: Path | str | None = None):
     """An onnxruntime CPU session with the default graph optimizations, one intra-op thread and
-    no spinning; ``optimized_path``: also save the optimized graph there."""
+    no spinning, of the model file at ``path`` (or a serialized model's bytes);
+    ``optimized_path``: also save the optimized graph there."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -61,7 +62,8 @@ def session(path: Path | str, optimized_path: Path | str | None = None):
     so.log_severity_level = 3
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 def run(sess, input_names: list[str], inputs: tuple, output_names: list[str] | None = None):

@@ -139,11 +139,8 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             if isinstance(params.get("padding", 0), str):
                 fc.warn_float(call, "u8s8_pair_saturation takes numeric convolution padding")
                 return None
-            nsp = 2 if call.op_type == "conv2d" else 1
-            batched = raw.dim() == nsp + 2
-            acc = gemm.pair_saturated_conv(raw if batched else raw[None], wc, zx_u8, **params)
-            acc = acc if batched else acc[0]
-            axis = 1 if batched else 0
+            acc = gemm.pair_saturated_conv(raw, wc, zx_u8, **params)
+            axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
     elif call.op_type in ("conv1d", "conv2d"):
         acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
         axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0

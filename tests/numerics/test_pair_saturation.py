@@ -84,6 +84,8 @@ def test_depthwise_is_exact_and_conv1d_is_a_one_row_conv2d():
     one = pair_saturated_conv(x1, w1, 30, stride=2, padding=1)
     two = pair_saturated_conv(x1.unsqueeze(2), w1.unsqueeze(2), 30, (1, 2), (0, 1))
     assert_bits_equal(one, two.squeeze(2))
+    # unbatched input: the batched result's one item
+    assert_bits_equal(pair_saturated_conv(x1[0], w1, 30, stride=2, padding=1), one[0])
 
 
 def test_bad_operands_are_refused():

@@ -74,12 +74,17 @@ def is_depthwise(in_channels: int, out_channels: int, groups: int) -> bool:
 def pair_saturated_conv(
     x: Tensor, w: Tensor, zx: int, stride=1, padding=0, dilation=1, groups: int = 1
 ) -> Tensor:
-    """Convolution (1-d or 2-d: x (N, C, *spatial), w (O, C / groups, *kernel)) of raw uint8
-    codes with zero point ``zx`` and int8 weights: int64 (N, O, *out). Numeric padding only."""
+    """Convolution (1-d or 2-d: x (N, C, *spatial) or unbatched (C, *spatial), w (O, C / groups,
+    *kernel)) of raw uint8 codes with zero point ``zx`` and int8 weights: int64 (N, O, *out), or
+    (O, *out) for an unbatched x. Numeric padding only."""
     _check(x, w)
     nsp = w.dim() - 2
-    if nsp not in (1, 2) or x.dim() != nsp + 2:
-        raise ValueError(f"conv{nsp}d needs a batched input, got shape {tuple(x.shape)}")
+    if nsp not in (1, 2) or x.dim() not in (nsp + 1, nsp + 2):
+        raise ValueError(
+            f"conv{nsp}d needs a {nsp + 1}-d or {nsp + 2}-d input, got {tuple(x.shape)}"
+        )
+    if x.dim() == nsp + 1:
+        return pair_saturated_conv(x[None], w, zx, stride, padding, dilation, groups)[0]
     if isinstance(padding, str):
         raise ValueError("pair-saturated convolutions take numeric padding")
     if nsp == 1:

@@ -113,8 +113,9 @@ def plan_gemm(
     takes it when a chunk holds at least MIN_CHUNK_K terms (or all of K). Else, when
     ``split_a`` (convolutions) and a_max <= 32768, FLOAT32_SPLIT under the same rule with
     a_max = 128. Else FLOAT64 when K * unit * a_max * b_max <= 2**53, else INT64. AUTO never
-    picks a path in ``disabled`` (the fast paths that failed the start-up self-test). A forced
-    path whose bound fails raises.
+    picks a path in ``disabled`` (``exact.auto_excluded``: the fast paths that failed the
+    start-up self-test, and the int8 product where it is slow). A forced path whose bound fails
+    raises.
     """
     bound = a_max * b_max
     total = k * unit * bound

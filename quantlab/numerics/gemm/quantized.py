@@ -82,10 +82,7 @@ def _pairs(contract: GemmContract, x_codes: Tensor, w_codes: Tensor) -> bool:
 def _conv_sums(x_codes, w_codes, zx, stride, padding, dilation, groups, contract, nsp: int):
     """Exact centred sums of a convolution, or the pair-saturated ones the contract asks for."""
     if _pairs(contract, x_codes, w_codes):
-        unbatched = x_codes.dim() == nsp + 1
-        x = x_codes.unsqueeze(0) if unbatched else x_codes
-        acc = pair_saturated_conv(x, w_codes, zx, stride, padding, dilation, groups)
-        return acc[0] if unbatched else acc
+        return pair_saturated_conv(x_codes, w_codes, zx, stride, padding, dilation, groups)
     exact = int_conv2d if nsp == 2 else int_conv1d
     return exact(centre_codes(x_codes, zx), w_codes, stride, padding, dilation, groups)
 
