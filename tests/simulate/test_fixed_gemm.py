@@ -297,3 +297,88 @@ def test_a_slow_int8_product_gets_float32_weight_copies_made_once(monkeypatch):
     assert_bits_equal(sim.run(x, mode=Mode.FIXED), first)
     again = [memo["w_float32"][1] for memo in sim._fast.values() if "w_float32" in memo]
     assert again[0] is casts[0]
+
+
+class _SaturatingNet(nn.Module):
+    """conv -> depthwise conv -> linear with one-signed weights near their maximum: on positive
+    inputs (uint8 codes near 255) adjacent product pairs exceed int16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(11)
+        self.conv = nn.Conv2d(8, 6, 3, padding=1)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+        self.fc = nn.Linear(6 * 5 * 5, 4)
+        with torch.no_grad():
+            for m in (self.conv, self.dw, self.fc):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) * 0.2 + 0.8)
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.1)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.dw(self.conv(x)), 1))
+
+
+def test_fixed_mode_sums_saturated_pairs_on_the_no_vnni_profile():
+    """Under ``onnxruntime_no_vnni`` every int8-weight conv / linear of the simulator gives the
+    codes of ``qconv2d`` / ``qlinear`` on the runtime's uint8 codes (code + 128, zero point 128)
+    under that profile's contract (the op kernels checked against the reference and against
+    onnxruntime); the depthwise conv stays exact; and the pairs do saturate here (the exact
+    profile's codes differ)."""
+    from quantlab.numerics.gemm import qconv2d, qlinear, quantize_bias
+    from quantlab.qconfig import OpQConfig, QConfigSpec
+
+    model = _SaturatingNet().eval()
+    spec = QConfigSpec(global_=OpQConfig(high_precision_output=False))
+    g = torch.Generator().manual_seed(12)
+    calib = [(torch.rand(2, 8, 5, 5, generator=g) * 4,) for _ in range(2)]
+    x = torch.rand(3, 8, 5, 5, generator=g) * 4
+    runs = {}
+    for name in ("onnxruntime", "onnxruntime_no_vnni"):
+        sim = Simulator(model, name, spec)
+        sim.calibrate(calib, progress=False)
+        runs[name] = (sim, sim.trace(x, mode=Mode.FIXED))
+    sim, trace = runs["onnxruntime_no_vnni"]
+    p = sim.platform
+    assert p.u8s8_pair_saturation and p.qlinear_zero_point == 128
+    names = {n: m for n, m in zip(("conv", "dw", "fc"), (model.conv, model.dw, model.fc))}
+    ops = {n.split(":")[0]: n for n in trace.order if n.split(":")[0] in names}
+    s_in = sim.act_scale(ops["conv"], "in0", DType.INT8, sim.qconfig_of(ops["conv"]))
+    inputs = {
+        "conv": (quantize(x, s_in, DType.INT8, p.fake_round), s_in),
+        "dw": (trace.qinfo[ops["conv"]].codes, trace.qinfo[ops["conv"]].scale),
+        "fc": (
+            torch.flatten(trace.qinfo[ops["dw"]].codes, 1),
+            trace.qinfo[ops["dw"]].scale,
+        ),
+    }
+    for key, mod in names.items():
+        op = ops[key]
+        xc, xs = inputs[key]
+        wc, ws = sim.weight_q(op, mod.weight, DType.INT8, True)
+        bias = quantize_bias(mod.bias.detach(), xs, ws)
+        out = trace.qinfo[op]
+        u8 = (xc.to(torch.int16) + 128).to(torch.uint8)
+        kind = "linear" if key == "fc" else "conv2d"
+        contract = p.gemm_contract(kind, key == "fc", activation=DType.INT8)
+        assert contract.u8s8_pair_saturation
+        if key == "fc":  # the model output: a high-precision (float32) value
+            assert out is None
+            want, _ = qlinear(u8, xs, wc, ws, bias, None, DType.FLOAT32, contract, (128, 0))
+            assert_bits_equal(trace.outputs[op], want)
+        else:
+            want, _ = qconv2d(
+                u8,
+                xs,
+                wc,
+                ws,
+                bias,
+                out.scale,
+                DType.INT8,
+                contract,
+                padding=1,
+                groups=mod.groups,
+                zero_points=(128, 0),
+            )
+            assert_bits_equal(out.codes, want)
+    exact = runs["onnxruntime"][1]
+    assert not torch.equal(exact.qinfo[ops["conv"]].codes, trace.qinfo[ops["conv"]].codes)
