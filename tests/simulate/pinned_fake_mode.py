@@ -7,8 +7,12 @@ and hashes every captured op's output and the model output.
 The golden file was written by the code before training existed; a change that moves any bit
 of fake mode changes a digest.
 
+A CPU of another kind (instruction set) compares with its own file where one is written
+(``cpu_pins``): float kernels give other last bits there.
+
 Regenerate (only when a change of fake-mode numerics is intended and explained):
-    python tests/simulate/pinned_fake_mode.py
+    python tests/simulate/pinned_fake_mode.py [--this-cpu]
+(``--this-cpu``: this CPU kind's file, ``cpu_pins.kind_path``).
 """
 
 from __future__ import annotations
@@ -107,5 +111,10 @@ def fake_mode_digests(platform: str = "j6m", train: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    GOLDEN.write_text(json.dumps(fake_mode_digests(), indent=1, sort_keys=True) + "\n")
+    import sys
+
+    from cpu_pins import kind_path
+
+    path = kind_path(GOLDEN) if "--this-cpu" in sys.argv else GOLDEN
+    path.write_text(json.dumps(fake_mode_digests(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")

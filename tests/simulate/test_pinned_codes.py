@@ -7,10 +7,12 @@ Every captured op's output (the float32 value ``code * scale`` of its integer co
 model output are hashed. A change that moves any code or any scale changes a digest.
 The calibration is a float run whose last bits depend on how torch splits its reductions across
 threads (a scale one ulp apart moves every value after it), so the digests are taken with two
-intra-op threads, set for this test and restored after it.
+intra-op threads, set for this test and restored after it; and on the kind of CPU (instruction
+set), so a CPU of another kind compares with its own file where one is written (``cpu_pins``).
 
 Regenerate (only when a change of numerics is intended and explained):
-    python tests/simulate/test_pinned_codes.py
+    python tests/simulate/test_pinned_codes.py [--this-cpu]
+(``--this-cpu``: this CPU kind's file, ``cpu_pins.kind_path``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_pins import kind_path, pinned_path
 
 pytest.importorskip("PIL")
 
@@ -68,7 +71,7 @@ def _digests() -> dict:
 
 
 def test_mobilenet_v2_j6m_fixed_codes_are_pinned():
-    want = json.loads(GOLDEN.read_text())
+    want = json.loads(pinned_path(GOLDEN).read_text())
     got = fixed_mode_digests()
     changed = [n for n in want["ops"] if got["ops"].get(n) != want["ops"][n]]
     assert set(got["ops"]) == set(want["ops"]), "the captured op names changed"
@@ -77,5 +80,8 @@ def test_mobilenet_v2_j6m_fixed_codes_are_pinned():
 
 
 if __name__ == "__main__":
-    GOLDEN.write_text(json.dumps(fixed_mode_digests(), indent=1, sort_keys=True) + "\n")
+    import sys
+
+    path = kind_path(GOLDEN) if "--this-cpu" in sys.argv else GOLDEN
+    path.write_text(json.dumps(fixed_mode_digests(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
