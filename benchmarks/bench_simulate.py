@@ -327,6 +327,14 @@ def batch_rows(table: pd.DataFrame) -> pd.DataFrame:
     ).assign(b8_over_b1=lambda d: d.per_item_ms_b8 / d.per_item_ms_b1)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def cpu_description() -> str:
     """The CPU's name, torch's kernel level and whether the int8 matrix product pays here (the
     exact GEMM takes it only then: ``gemm.int8_speed``)."""
@@ -392,7 +400,8 @@ def main() -> None:
         "seconds": round(time.time() - start, 1),
         "command": "python benchmarks/bench_simulate.py"
         + (" --quick" if args.quick else "")
-        + (f" --rounds {args.rounds}" if args.rounds is not None else ""),
+        + (f" --rounds {args.rounds}" if args.rounds is not None else "")
+        + (f" --out {_shown(args.out)}" if args.out.resolve() != OUT.resolve() else ""),
     }
     result = {
         "meta": meta,
