@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from quantlab.config import register_all, to_config
 from quantlab.experiment import ExperimentResult, RunContext, lookup, registered
+from quantlab.host_memory import keep_freed_memory
 from quantlab.report import publish, write_report
 from quantlab.report.io import atomic_write_text
 
@@ -41,6 +42,8 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         print(f"quantlab: {output_dir} already holds a finished run; skipped", file=sys.stderr)
         return None
     conf = to_config(cfg)
+    if conf.keep_freed_memory:
+        keep_freed_memory()
     if conf.seed is not None:
         import numpy as np
         import torch

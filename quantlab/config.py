@@ -35,6 +35,9 @@ class Config:
     exp: Any = None
     seed: int | None = 0
     progress: bool = True  # progress lines on stderr for long work
+    # the process keeps freed memory for reuse (glibc malloc; quantlab.host_memory): large
+    # activations then skip the kernel's page faults; false: the C library's default
+    keep_freed_memory: bool = True
     publish_dir: str | None = None  # also copy the run's report here (e.g. reports/<exp>)
     extra: dict[str, Any] = field(default_factory=dict)
 
