@@ -15,7 +15,13 @@ ones). Every fast output is checked equal, bit for bit, to its naive twin. Also 
 work ratio in flops (the fast method recomputes the studied op and everything after it), which
 does not depend on the machine.
 
+The process keeps freed memory (``quantlab.host_memory.keep_freed_memory``), as
+``python -m quantlab`` does; ``--system-malloc`` leaves the C library's default, under which
+every large activation is a fresh mapping (page faults and zero fill in the kernel). The
+report gives the process's user and system CPU time and its peak resident size.
+
 Run: .venv/bin/python benchmarks/bench_sensitivity.py [--model mobilenet_v2] [--photos 24]
+     [--system-malloc]
 Writes reports/benchmarks/sensitivity.json and reports/benchmarks/sensitivity.md.
 """
 
@@ -25,6 +31,8 @@ import argparse
 import json
 import os
 import platform as host
+import resource
+import sys
 import time
 from pathlib import Path
 
@@ -41,9 +49,13 @@ from quantlab.analysis.sensitivity import (
 )
 from quantlab.data import load_data
 from quantlab.data.schema import DataConfig
+from quantlab.host_memory import keep_freed_memory
 from quantlab.models import build_model
 from quantlab.report.io import atomic_write_text
 from quantlab.simulate import Mode, Simulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_info import cpu_description  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
@@ -155,6 +167,8 @@ def report(r: dict) -> str:
         f"{r['model']} on {r['items']} items of data={r['data']} (one batch), platform "
         f"{r['platform']}, {r['threads']} torch threads, torch {r['torch']}.",
         "",
+        f"CPU: {r['cpu']}. Memory: {r['malloc']}.",
+        "",
         "| pass | ops studied | naive (s) | replayed (s, incl. trace) | ratio |",
         "|---|---|---|---|---|",
     ]
@@ -173,13 +187,28 @@ def report(r: dict) -> str:
         f"on {r['cpu_count']} cores (a busy machine distorts seconds more than the ratio).",
         f"- Work ratio in flops (machine independent): {r['work_ratio_flops']:.3f}.",
         f"- Outputs of the two methods differing in any bit: {r['output_mismatches']}.",
+        f"- Process CPU time: {r['user_cpu_s']:.1f} s user, {r['system_cpu_s']:.1f} s system "
+        f"(the kernel's share: page faults and zero fill of new mappings); peak resident size "
+        f"{r['peak_rss_mib']:.0f} MiB.",
         "- Per-op runs are paired (naive and replayed back to back, alternating order), so "
         "load from other processes hits both alike.",
         "",
-        "Reproduce: `.venv/bin/python benchmarks/bench_sensitivity.py`",
+        "Reproduce: `.venv/bin/python benchmarks/bench_sensitivity.py"
+        + (" --system-malloc" if not r["freed_memory_kept"] else "")
+        + "`",
         "",
     ]
     return "\n".join(lines)
+
+
+def process_usage() -> dict:
+    """This process's user and system CPU seconds so far and its peak resident size (MiB)."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "user_cpu_s": u.ru_utime,
+        "system_cpu_s": u.ru_stime,
+        "peak_rss_mib": u.ru_maxrss / 1024,  # Linux reports KiB
+    }
 
 
 def main() -> None:
@@ -191,7 +220,13 @@ def main() -> None:
     ap.add_argument("--platform", default="j6m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="leave the C library's malloc as it is (default: keep freed memory, as the CLI)",
+    )
     args = ap.parse_args()
+    kept = False if args.system_malloc else keep_freed_memory()
     torch.set_num_threads(args.threads)
     load_before = [round(v, 2) for v in os.getloadavg()]
     r = bench(args.model, args.data, args.photos, args.calib, args.platform)
@@ -199,6 +234,14 @@ def main() -> None:
         load_before=load_before,
         load_after=[round(v, 2) for v in os.getloadavg()],
         cpu_count=os.cpu_count(),
+        cpu=cpu_description(),
+        freed_memory_kept=kept,
+        malloc=(
+            "freed memory kept in the process (quantlab.host_memory.keep_freed_memory)"
+            if kept
+            else "the C library's default malloc"
+        ),
+        **process_usage(),
     )
     md = report(r)
     atomic_write_text(args.out / "sensitivity.json", json.dumps(r, indent=2) + "\n")

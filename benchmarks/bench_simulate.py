@@ -53,6 +53,7 @@ from quantlab.report.plots import Plot, PlotKind, draw
 from quantlab.simulate import Mode, Simulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_info import cpu_description  # noqa: E402
 from ort_baseline import ort_runners  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -333,26 +334,6 @@ def _shown(path: Path) -> str:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
         return str(path)
-
-
-def cpu_description() -> str:
-    """The CPU's name, torch's kernel level and whether the int8 matrix product pays here (the
-    exact GEMM takes it only then: ``gemm.int8_speed``)."""
-    from quantlab.numerics.gemm.int8_speed import int8_product_ratio
-
-    name = host.processor() or host.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    vnni = torch.cpu._is_vnni_supported() if hasattr(torch.cpu, "_is_vnni_supported") else None
-    ratio = int8_product_ratio()
-    return (
-        f"{name}, torch CPU capability {torch.backends.cpu.get_cpu_capability()}, VNNI {vnni}; "
-        f"torch's int8 matrix product takes {ratio:.2f}x the float32 product's time here, so the "
-        f"exact GEMM {'uses' if ratio < 1 else 'does not use'} it"
-    )
 
 
 def main() -> None:
