@@ -26,3 +26,13 @@ def _int8_product_counts_as_fast(monkeypatch):
 
     monkeypatch.setitem(int8_speed._STATE, "ratio", 0.25)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _test_process_keeps_its_malloc(monkeypatch):
+    """Tests that call the command line's ``run`` in this process leave the test process's
+    C library malloc as it is (``python -m quantlab`` switches its own process to keep freed
+    memory: ``quantlab.host_memory``; subprocess tests of the CLI do so, and
+    tests/test_host_memory.py checks the switch)."""
+    monkeypatch.setattr("quantlab.__main__.keep_freed_memory", lambda: False)
+    yield

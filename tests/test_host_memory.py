@@ -91,3 +91,4 @@ def test_command_line_keeps_freed_memory_unless_told_not_to(tmp_path, monkeypatc
             cfg = compose("config", overrides=["+exp=lut_error", f"keep_freed_memory={flag}"])
         entry.run(cfg, tmp_path / flag, "python -m quantlab +exp=lut_error")
         assert calls == ["kept"], flag  # applied by the true run, not again by the false one
+    assert not host_memory.kept()  # the test process keeps its own malloc (tests/conftest.py)
