@@ -103,3 +103,24 @@ def test_all_zero_and_single_value_batches():
         np.array([0.0, 2.0]), (2.0 * FACTORS).numpy(), "qmax", "half_even", DType.INT8
     )
     assert best == want
+
+
+def _adversarial_values() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    gauss = torch.randn(50_000, generator=g)
+    dup = torch.randint(-5, 6, (20_000,), generator=g).float() * 0.25  # many equal values
+    tiny = torch.tensor([1e-45, -1e-45, 1e-38, -3.4e38, 3.4e38, 0.0, -0.0, 2.0, -2.0])
+    strided = torch.randn(64, 64, generator=g).t()  # not contiguous
+    return [gauss, dup, tiny, strided, gauss.half(), gauss.bfloat16(), gauss.double()]
+
+
+def test_numpy_selection_and_sort_give_torchs_values_bit_for_bit():
+    for x in _adversarial_values():
+        flat = x.reshape(-1)
+        want = flat[flat != 0].to(torch.float64)
+        got = mse_search.nonzero_float64(x)
+        assert got.dtype == torch.float64 and torch.equal(got, want), x.dtype
+        assert not bool((got == 0).any())
+        assert torch.equal(mse_search.sorted_values(got), torch.sort(want).values), x.dtype
+    x = torch.randn(100, requires_grad=True)  # a tensor that records gradients is read detached
+    assert torch.equal(mse_search.nonzero_float64(x), x.detach().double())
