@@ -111,22 +111,29 @@ def bucket_errors(
     rounding error of each), float64 (K,)."""
     edges = _intervals(scales, dtype)
     n_edges = edges.numel()
-    pos = torch.searchsorted(edges, x64)  # edges below x
-    on_edge = edges[pos.clamp_max(n_edges - 1)] == x64
-    bucket = 2 * pos + on_edge  # open interval below edges[pos]: 2 pos; the edge itself: 2 pos + 1
+    # the values in ascending order split at the edges: bucket 2j is the open interval below
+    # edges[j] (above edges[j - 1]), bucket 2j + 1 the edge itself, bucket 2 n_edges the rest
+    xs = sorted_values(x64.cpu()).numpy()
+    e = edges.numpy()
+    cuts = np.empty(2 * n_edges + 2, dtype=np.int64)
+    cuts[0], cuts[-1] = 0, xs.size
+    cuts[1:-1:2] = np.searchsorted(xs, e, side="left")  # values below edges[j]
+    cuts[2:-1:2] = np.searchsorted(xs, e, side="right")  # values up to edges[j]
+    counts = np.diff(cuts)
     rep = torch.empty(2 * n_edges + 1, dtype=torch.float64)
     rep[1::2] = edges
     rep[2:-1:2] = (edges[:-1] + edges[1:]) / 2
     rep[0], rep[-1] = 2 * edges[0], 2 * edges[-1]  # edges[0] < 0 < edges[-1]
     ref = rep.clone()
     ref[0], ref[-1] = edges[0], edges[-1]
-    n = torch.bincount(bucket, minlength=rep.numel()).to(torch.float64)
-    dx = x64 - ref[bucket]
-    b_mom = torch.bincount(bucket, weights=dx, minlength=rep.numel())
-    a_mom = torch.bincount(bucket, weights=dx * dx, minlength=rep.numel())
-    occupied = n > 0
-    n, a_mom, b_mom = n[occupied], a_mom[occupied], b_mom[occupied]
-    rep, ref = rep[occupied].reshape(1, -1), ref[occupied].reshape(1, -1)
+    dx = xs - np.repeat(ref.numpy(), counts)
+    occupied = counts > 0
+    starts = cuts[:-1][occupied]  # each occupied bucket runs up to the next one's start
+    n = torch.from_numpy(counts[occupied].astype(np.float64))
+    b_mom = torch.from_numpy(np.add.reduceat(dx, starts))
+    a_mom = torch.from_numpy(np.add.reduceat(dx * dx, starts))
+    mask = torch.from_numpy(occupied)
+    rep, ref = rep[mask].reshape(1, -1), ref[mask].reshape(1, -1)
     sqrt_a, sqrt_n = a_mom.sqrt(), n.sqrt()
     errs, sizes = [], []
     for i in range(0, scales.numel(), CHUNK):

@@ -124,3 +124,30 @@ def test_numpy_selection_and_sort_give_torchs_values_bit_for_bit():
         assert torch.equal(mse_search.sorted_values(got), torch.sort(want).values), x.dtype
     x = torch.randn(100, requires_grad=True)  # a tensor that records gradients is read detached
     assert torch.equal(mse_search.nonzero_float64(x), x.detach().double())
+
+
+def test_the_interval_moments_hold_within_their_bound_on_values_at_cell_edges():
+    """Values exactly on candidates' cell edges (ties), below the first edge and beyond the
+    last, in a batch large enough for the interval method: every candidate's error from the
+    intervals is within its stated bound of the direct evaluation."""
+    g = torch.Generator().manual_seed(8)
+    amax = 4.0
+    amaxes = amax * FACTORS
+    scales = compute_scale(amaxes, DType.INT8, ScaleRule.HALF_RANGE).double()
+    k = torch.randint(0, scales.numel(), (200_000,), generator=g)
+    cells = torch.randint(-127, 127, (200_000,), generator=g).double() + 0.5
+    edge = cells * scales[k]
+    on_edges = edge[edge.float().double() == edge].float()  # float32 values on an edge, exactly
+    assert on_edges.numel() > 3_000
+    spread = torch.randn(60_000, generator=g) * 1.5
+    x = torch.cat([on_edges, spread, torch.tensor([amax, -amax, 1e-30])])
+    x64 = mse_search.nonzero_float64(x)
+    errs, bound = mse_search.bucket_errors(x64, scales, DType.INT8, Round.HALF_EVEN)
+    direct = mse_search.direct_errors(
+        x64, scales, list(range(scales.numel())), DType.INT8, Round.HALF_EVEN
+    )
+    assert bool(((errs - direct).abs() <= bound + 1e-12 * direct).all())
+    best, _ = mse_search.best_candidate(
+        x, amaxes, DType.INT8, ScaleRule.HALF_RANGE, Round.HALF_EVEN
+    )
+    assert best == int(torch.nonzero(direct == direct.min()).max())
