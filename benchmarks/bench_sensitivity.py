@@ -195,10 +195,19 @@ def report(r: dict) -> str:
         "",
         "Reproduce: `.venv/bin/python benchmarks/bench_sensitivity.py"
         + (" --system-malloc" if not r["freed_memory_kept"] else "")
+        + (f" --out {r['out']}" if r["out"] != _shown(OUT) else "")
         + "`",
         "",
     ]
     return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def process_usage() -> dict:
@@ -241,6 +250,7 @@ def main() -> None:
             if kept
             else "the C library's default malloc"
         ),
+        out=_shown(args.out),
         **process_usage(),
     )
     md = report(r)

@@ -11,8 +11,9 @@ process (``mallopt``: no mmap for large blocks, no trimming), so freed blocks ar
 The cost: the process keeps its peak heap until it exits (the resident size does not fall after
 a large step), and large blocks now share the heap with small ones, so a program that keeps
 small tensors alive between large ones can fragment it and grow it, as glibc's default already
-allows for blocks under 32 MiB. Measured on the sensitivity benchmark (MobileNetV2, 24 photos):
-peak resident size 2424 MiB against 2255 MiB, system CPU time 5 s against 96 s. The
+allows for blocks under 32 MiB. Measured on the sensitivity benchmark (MobileNetV2, 24 photos;
+reports/benchmarks/sensitivity.md and system_malloc/): peak resident size 2352 MiB against
+2105 MiB, system CPU time 2.3 s against 87.5 s. The
 command-line entry point applies it unless ``keep_freed_memory=false``; a library user calls
 it, or not, in their own process. Only glibc has these switches.
 """
