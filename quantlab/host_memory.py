@@ -21,7 +21,6 @@ it, or not, in their own process. Only glibc has these switches.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 # glibc <malloc.h>
@@ -36,7 +35,7 @@ def _libc():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols, its C library's among them
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         libc.gnu_get_libc_version()
         libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
