@@ -13,9 +13,9 @@ a large step), and large blocks now share the heap with small ones, so a program
 small tensors alive between large ones can fragment it and grow it, as glibc's default already
 allows for blocks under 32 MiB. Measured on the sensitivity benchmark (MobileNetV2, 24 photos;
 reports/benchmarks/sensitivity.md and system_malloc/): peak resident size 2352 MiB against
-2105 MiB, system CPU time 2.3 s against 87.5 s. The
-command-line entry point applies it unless ``keep_freed_memory=false``; a library user calls
-it, or not, in their own process. Only glibc has these switches.
+2105 MiB, system CPU time 2.3 s against 87.5 s. The command-line entry point applies it unless
+``keep_freed_memory=false``; a library user calls it, or not, in their own process. Only glibc
+has these switches.
 """
 
 from __future__ import annotations
