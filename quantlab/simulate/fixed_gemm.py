@@ -40,6 +40,11 @@ def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matm
     return gemm.clamp_int16_operand(codes.to(torch.int16), p.int16_operand_max), scale
 
 
+def _conv_channel_axis(op_type: str, acc) -> int:
+    """The output-channel axis of a convolution's sums: 1 when batched, 0 when not."""
+    return 1 if acc.dim() == (4 if op_type == "conv2d" else 3) else 0
+
+
 def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     p = sim.platform
     xi = in_infos[0]
@@ -140,10 +145,10 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
                 fc.warn_float(call, "u8s8_pair_saturation takes numeric convolution padding")
                 return None
             acc = gemm.pair_saturated_conv(raw, wc, zx_u8, **params)
-            axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
+            axis = _conv_channel_axis(call.op_type, acc)
     elif call.op_type in ("conv1d", "conv2d"):
         acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
-        axis = 1 if acc.dim() == (4 if call.op_type == "conv2d" else 3) else 0
+        axis = _conv_channel_axis(call.op_type, acc)
     elif call.op_type == "linear":
         w32 = None
         if wq is not None and not _takes_int8_product(sim, call, xc, wc):

@@ -117,4 +117,4 @@ if __name__ == "__main__":
 
     path = kind_path(GOLDEN) if "--this-cpu" in sys.argv else GOLDEN
     path.write_text(json.dumps(fake_mode_digests(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {GOLDEN}")
+    print(f"wrote {path}")
