@@ -43,7 +43,7 @@ from quantlab.report.io import atomic_write_text
 from quantlab.simulate import Mode, Simulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_info import cpu_description  # noqa: E402
+from host_info import cpu_description, shown_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
@@ -154,7 +154,9 @@ def report(r: dict) -> str:
             "",
             "Reproduce: `.venv/bin/python benchmarks/bench_calibrate.py"
             + ("" if r["freed_memory_kept"] else " --system-malloc")
-            + f" --photos {r['photos']} --rounds {r['rounds']}`",
+            + f" --photos {r['photos']} --rounds {r['rounds']}"
+            + (f" --out {r['out']}" if r["out"] != shown_path(OUT) else "")
+            + "`",
             "",
         ]
     )
@@ -180,6 +182,7 @@ def main() -> None:
         load_before=load_before,
         load_after=[round(v, 2) for v in os.getloadavg()],
         freed_memory_kept=kept,
+        out=shown_path(args.out),
         malloc="freed memory kept in the process (quantlab.host_memory)"
         if kept
         else "the C library's default malloc",

@@ -55,7 +55,7 @@ from quantlab.report.io import atomic_write_text
 from quantlab.simulate import Mode, Simulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_info import cpu_description  # noqa: E402
+from host_info import cpu_description, shown_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
@@ -195,19 +195,11 @@ def report(r: dict) -> str:
         "",
         "Reproduce: `.venv/bin/python benchmarks/bench_sensitivity.py"
         + (" --system-malloc" if not r["freed_memory_kept"] else "")
-        + (f" --out {r['out']}" if r["out"] != _shown(OUT) else "")
+        + (f" --out {r['out']}" if r["out"] != shown_path(OUT) else "")
         + "`",
         "",
     ]
     return "\n".join(lines)
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository when it lies inside it."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
 
 
 def process_usage() -> dict:
@@ -250,7 +242,7 @@ def main() -> None:
             if kept
             else "the C library's default malloc"
         ),
-        out=_shown(args.out),
+        out=shown_path(args.out),
         **process_usage(),
     )
     md = report(r)

@@ -53,7 +53,7 @@ from quantlab.report.plots import Plot, PlotKind, draw
 from quantlab.simulate import Mode, Simulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_info import cpu_description  # noqa: E402
+from host_info import cpu_description, shown_path  # noqa: E402
 from ort_baseline import ort_runners  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -328,14 +328,6 @@ def batch_rows(table: pd.DataFrame) -> pd.DataFrame:
     ).assign(b8_over_b1=lambda d: d.per_item_ms_b8 / d.per_item_ms_b1)
 
 
-def _shown(path: Path) -> str:
-    """``path`` relative to the repository when it lies inside it."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=None, help="default 15, with --quick 3")
@@ -382,7 +374,7 @@ def main() -> None:
         "command": "python benchmarks/bench_simulate.py"
         + (" --quick" if args.quick else "")
         + (f" --rounds {args.rounds}" if args.rounds is not None else "")
-        + (f" --out {_shown(args.out)}" if args.out.resolve() != OUT.resolve() else ""),
+        + (f" --out {shown_path(args.out)}" if args.out.resolve() != OUT.resolve() else ""),
     }
     result = {
         "meta": meta,

@@ -1,10 +1,14 @@
-"""What the benchmarks record about the machine they ran on."""
+"""What the benchmarks record about where they ran: the machine, and paths as the repository
+shows them."""
 
 from __future__ import annotations
 
 import platform as host
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cpu_description() -> str:
@@ -25,3 +29,11 @@ def cpu_description() -> str:
         f"torch's int8 matrix product takes {ratio:.2f}x the float32 product's time here, so the "
         f"exact GEMM {'uses' if ratio < 1 else 'does not use'} it"
     )
+
+
+def shown_path(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
