@@ -365,12 +365,28 @@ class OpDispatch:
             return plan
         w = A.get(args, kwargs, plan.weight)
         b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
-        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, bn[0].post, self._recording_grad())
+        post = self._batch_norm_params(bn[0])
+        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, post, self._recording_grad())
         A.put(args, kwargs, plan.weight, wf)
         if plan.bias is None:
             plan = A.ArgPlan(plan.acts, plan.weight, ("k", "bias"))
         A.put(args, kwargs, plan.bias, bf)
         return plan
+
+    def _batch_norm_params(self, inf) -> tuple:
+        """(running_mean, running_var, weight, bias, eps) of a fused batch_norm op: the BatchNorm
+        module's own tensors as they are now when the op is a BatchNorm module's call (its GEMM
+        runs first, so the op's arguments of this run are not seen yet, and a tensor the module
+        was given since the last run counts); else what the op was called with last run."""
+        try:
+            m = self.model.get_submodule(inf.module) if inf.module else self.model
+        except AttributeError:
+            return inf.post
+        if not isinstance(m, torch.nn.modules.batchnorm._BatchNorm) or inf.post is None:
+            return inf.post
+        if m.running_mean is None or m.running_var is None:
+            return inf.post
+        return m.running_mean, m.running_var, m.weight, m.bias, float(m.eps)
 
     def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None):
         if call.category is OpCategory.PASS_THROUGH:
