@@ -261,11 +261,9 @@ class CaptureMode(TorchFunctionMode):
         result = None
         if category is None:
             result = func(*args, **kwargs)
-            fname = getattr(func, "__name__", "")
-            mutates = fname.endswith("_") and not fname.startswith("_") or fname in _MUTATING
-            if mutates and self.on_mutation is not None and isinstance(args[0], torch.Tensor):
+            if mutates(func) and self.on_mutation is not None and isinstance(args[0], torch.Tensor):
                 self.on_mutation(args[0])
-            if not _is_float_output(result):
+            if not is_float_output(result):
                 return result
         module = self.tracker.stack[-1]
         counts = self.counts
@@ -281,7 +279,15 @@ class CaptureMode(TorchFunctionMode):
 _MUTATING = frozenset({"__setitem__", "__iand__", "__ior__", "__itruediv__", "__ipow__"})
 
 
-def _is_float_output(out) -> bool:
+def mutates(func: Callable) -> bool:
+    """Whether ``func`` changes its first argument in place (by torch's naming: ``add_``,
+    ``__setitem__`` and the in-place operators)."""
+    fname = getattr(func, "__name__", "")
+    return fname.endswith("_") and not fname.startswith("_") or fname in _MUTATING
+
+
+def is_float_output(out) -> bool:
+    """Whether a call's result is (or holds) a floating-point tensor."""
     if isinstance(out, torch.Tensor):
         return out.is_floating_point()
     if isinstance(out, (list, tuple)):

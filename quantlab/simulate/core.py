@@ -190,6 +190,16 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         st = self._new_state(mode, op_modes, replay)
         return self._forward(inputs, st)
 
+    def fake_program(self, *inputs: Any):
+        """``sim.run(..., mode=FAKE)`` for inputs shaped like ``inputs`` as generated code with
+        the per-op capture traced away (``quantlab.simulate.program.FakeProgram``): the same
+        bits, proven on ``inputs`` while building (two FAKE runs, a torch.fx trace and a named
+        run of it). ProgramError (a ValueError) when torch.fx cannot trace the model or the
+        traced graph does not run the model's ops as the model does."""
+        from quantlab.simulate.program import FakeProgram
+
+        return FakeProgram(self, inputs)
+
     def trace(
         self,
         *inputs: Any,

@@ -60,6 +60,7 @@ class _RunState:
     on_call: CallObserver | None = None  # told of every call after it ran (trace(on_call=))
     float16_overflow: dict = field(default_factory=dict)  # op -> values beyond +-65504 cast
     grad: bool = False  # record gradients (training runs: straight-through estimators)
+    prepared_hits: set | None = None  # when a set: the ops that followed their prepared call
 
     def forget(self, t: Tensor) -> None:
         """A float op changed ``t`` in place: its codes and its grid no longer hold."""
@@ -89,6 +90,8 @@ class OpDispatch:
             hit = steady.prepared_value(self, prep, call, st)
             if hit is not None:
                 plan, out, info = hit
+                if st.prepared_hits is not None:
+                    st.prepared_hits.add(call.name)
                 inf = self._record(call, plan, st)
                 inf.output_shape = tuple(out.shape)
                 inf.flops = calls.flops(call, plan, out)

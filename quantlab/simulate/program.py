@@ -1,0 +1,538 @@
+"""A steady FAKE run compiled to straight-line code: the per-op capture traced away.
+
+A steady FAKE run (``Simulator.run(..., mode=FAKE)`` with no per-op overrides, replay, trace
+or gradients) pays for seeing each op: the module hooks that name its path, the torch-function
+mode that hands the call over, and the checks of its prepared call (``steady``). A
+``FakeProgram`` traces the model once with torch.fx (every module inlined, in eval mode), names
+each traced call as the capture names it, and generates Python code in which
+
+- an op whose prepared call held in the build run computes as that call does (its
+  fake-quantized weight and bias, its function, its output fake quant), after checking only what
+  can change from call to call: the quantization its activation inputs arrived with;
+- an op fused into its GEMM (a clamp after a Conv) returns its input when the GEMM ran fused;
+- every other captured op goes through the simulator's dispatch as in a captured run.
+
+What a prepared call checks about the simulator (routes, resolved qconfigs, scales, platform,
+weight and bias versions), the model's modules, parameters and hooks, and the inputs' shapes
+and dtypes are checked once per program call; when any of them changed, the call runs
+``Simulator.run`` instead (counted in ``fallbacks``; rebuild with ``Simulator.fake_program``).
+
+Contract: for inputs with the example's signature, ``program(*inputs)`` returns the same bits as
+``sim.run(*inputs, mode=Mode.FAKE)``. Building proves it on the example inputs: the traced
+graph's captured run must name the same ops in the same order and give the same output bits as
+the model's, and so must the program. Not detected after building: a change to a module's
+non-tensor attribute (a convolution's stride, a Python flag read in ``forward``); rebuild then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import Tensor, nn
+from torch.nn.modules import module as nn_module
+
+from quantlab.capture import CaptureMode, OpCall, is_float_output, mutates
+from quantlab.simulate import args as A
+from quantlab.simulate import steady
+from quantlab.simulate.model_inputs import mark_quantized_inputs
+from quantlab.simulate.modes import Mode
+
+
+class ProgramError(ValueError):
+    """The model cannot run as a traced FAKE program (the reason is in the message)."""
+
+
+# what a traced tensor answers from the example's value (fixed by the input signature)
+_LAYOUT_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda"})
+_LAYOUT_METHODS = frozenset(
+    {"dim", "ndimension", "size", "numel", "nelement", "stride", "is_contiguous"}
+    | {"is_floating_point", "is_complex", "element_size", "get_device"}
+)
+
+
+class _ConcreteProxy(fx.Proxy):
+    """A traced value that knows the example's value: layout questions (shape, dtype, size(),
+    dim(), len()) get the example's answers, as constants of the traced code; everything that
+    depends on the values (``bool``, ``item``) stays symbolic, so data-dependent control flow
+    still fails to trace."""
+
+    def __getattr__(self, k: str) -> Any:
+        if k in _LAYOUT_ATTRS or k in _LAYOUT_METHODS:
+            return getattr(self.tracer.values[self.node], k)
+        return super().__getattr__(k)
+
+    def __len__(self) -> int:
+        return len(self.tracer.values[self.node])
+
+    def __iter__(self):
+        return iter([self[i] for i in range(len(self))])
+
+
+def _value_of(a: Any, values: dict) -> Any:
+    return (
+        values[a.node]
+        if isinstance(a, fx.Proxy)
+        else values.get(a, a)
+        if isinstance(a, fx.Node)
+        else a
+    )
+
+
+class _NamingTracer(fx.Tracer):
+    """torch.fx tracer that inlines every module, tags each node with the module path the
+    capture would name it under (``node.meta["ql_path"]``) and computes every node's value on
+    the example inputs as it goes (``values``), so layout questions have concrete answers."""
+
+    def __init__(self, names: dict[int, tuple[nn.Module, str]], inputs: tuple) -> None:
+        super().__init__()
+        self._names = names
+        self._inputs = [x.clone() if isinstance(x, Tensor) else x for x in inputs]
+        self.stack = [""]
+        self.modules: dict[str, nn.Module] = {}
+        self.values: dict[fx.Node, Any] = {}
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return False
+
+    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
+        entry = self._names.get(id(m))
+        if entry is None or entry[0] is not m:
+            raise ProgramError(f"module {type(m).__name__} is not held by the model")
+        self.stack.append(entry[1])
+        self.modules[entry[1]] = m
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            self.stack.pop()
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _ConcreteProxy(node, self)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        node.meta["ql_path"] = self.stack[-1]
+        values = self.values
+        if kind == "placeholder":
+            i = sum(1 for n in values if n.op == "placeholder")
+            values[node] = self._inputs[i] if i < len(self._inputs) else (args or (None,))[0]
+        elif kind == "get_attr":
+            values[node] = _fetch(self.root, target)
+        elif kind in ("call_function", "call_method"):
+            cargs = fx.node.map_aggregate(args, lambda a: _value_of(a, values))
+            ckw = fx.node.map_aggregate(kwargs, lambda a: _value_of(a, values))
+            if kind == "call_function":
+                values[node] = target(*cargs, **ckw)
+            else:
+                values[node] = getattr(cargs[0], target)(*cargs[1:], **ckw)
+        return node
+
+
+class _PathStack:
+    """Stands in for the ModuleTracker while the traced graph runs node by node."""
+
+    def __init__(self) -> None:
+        self.stack = [""]
+
+
+def _fetch(root: nn.Module, path: str) -> Any:
+    """The object at dotted ``path`` from ``root``, read from the modules' own dictionaries
+    (not through ``nn.Module.__getattr__``, which torch.fx patches while it traces); AttributeError
+    when the path leads nowhere."""
+    obj = root
+    for part in path.split("."):
+        for d in (
+            getattr(obj, "_parameters", None),
+            getattr(obj, "_buffers", None),
+            getattr(obj, "_modules", None),
+        ):
+            if d is not None and part in d:
+                obj = d[part]
+                break
+        else:
+            obj = getattr(obj, part)
+    return obj
+
+
+def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
+    """(dictionary, key, object) for each step of each attribute path from ``root``: the
+    module's ``_parameters``, ``_buffers``, ``_modules`` or ``__dict__`` entry that holds the
+    next object. The path still leads to the same objects while every entry holds them."""
+    seen: dict[tuple[int, str], tuple[dict, str, Any]] = {}
+    for path in paths:
+        obj = root
+        for part in path.split("."):
+            for d in (
+                getattr(obj, "_parameters", None),
+                getattr(obj, "_buffers", None),
+                getattr(obj, "_modules", None),
+                getattr(obj, "__dict__", None),
+            ):
+                if d is not None and part in d:
+                    break
+            else:
+                raise ProgramError(f"traced attribute {path} is not held by a module dictionary")
+            child = d[part]
+            seen[(id(d), part)] = (d, part, child)
+            obj = child
+    return list(seen.values())
+
+
+def _signature(inputs: tuple) -> tuple:
+    """What the traced code may have taken as constant about the inputs: each tensor's shape,
+    strides, dtype and device; every other input's value."""
+    sig = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            sig.append((Tensor, tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad))
+        else:
+            sig.append((type(x), x))
+    return tuple(sig)
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    """Identical values (NaN matching NaN, -0.0 not matching +0.0), dtypes and shapes, through
+    tuples, lists and dicts."""
+    if isinstance(a, Tensor):
+        if not isinstance(b, Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if not a.is_floating_point():
+            return bool(torch.equal(a, b))
+        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+        return bool((same & (torch.signbit(a) == torch.signbit(b))).all())
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same_bits, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_bits(a[k], b[k]) for k in a)
+    return a == b
+
+
+class _Run:
+    """The run state the program's steps share (set per program call)."""
+
+    st: Any = None
+
+
+class _Full:
+    """A captured op run through the simulator's dispatch, as the capture would hand it over."""
+
+    def __init__(self, sim: Any, run: _Run, call: OpCall, index: int) -> None:
+        self.sim, self.run = sim, run
+        self.name, self.op_type, self.category = call.name, call.op_type, call.category
+        self.module, self.call_index, self.func = call.module, call.call_index, call.func
+        self.mutates = call.category is None and mutates(call.func)
+        self.__name__ = f"ql_full_{index}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = None
+        if self.category is None:  # not modelled: runs before the handler, as in capture
+            result = self.func(*args, **kwargs)
+            if self.mutates and isinstance(args[0], Tensor):
+                self.run.st.forget(args[0])
+            if not is_float_output(result):
+                return result
+        call = OpCall(
+            self.name,
+            self.op_type,
+            self.category,
+            self.module,
+            self.call_index,
+            self.func,
+            args,
+            kwargs,
+            result,
+        )
+        return self.sim._dispatch(call, self.run.st)
+
+
+class _Prepared:
+    """An op whose prepared call held: its computation, after checking that its activation
+    inputs arrived quantized as when it was prepared (else the dispatch, as a captured run
+    would)."""
+
+    def __init__(self, prep: steady.PreparedCall, plan: A.ArgPlan, full: _Full, index: int):
+        self.prep, self.plan, self.full, self.run = prep, plan, full, full.run
+        self.acts = list(zip(plan.acts, prep.in_dtypes))
+        self.chain = bool(prep.route.chain)
+        self.__name__ = f"ql_prepared_{index}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        st = self.run.st
+        qt, prep, plan = st.qt, self.prep, self.plan
+        x_info = None
+        for i, (slot, want) in enumerate(self.acts):
+            v = A.get(args, kwargs, slot)
+            if want is None:
+                if isinstance(v, Tensor) and v.is_floating_point():
+                    return self.full(*args, **kwargs)
+                continue
+            info = qt.get(v)
+            if info is None or info.dtype is not want:
+                return self.full(*args, **kwargs)
+            if i == 0:
+                x_info = info
+        a = list(args)
+        kw = dict(kwargs) if kwargs else {}
+        if prep.weight is not None:
+            A.put(a, kw, plan.weight, prep.weight_value)
+        if prep.bias is not None:
+            if x_info is None or x_info.scale is not prep.x_scale:
+                return self.full(*args, **kwargs)
+            A.put(a, kw, plan.bias, prep.bias_value)
+        if self.chain:
+            st.fused_done.add(self.full.name)
+        out = prep.fq(prep.route.fn(*a, **kw), inplace=prep.owned)
+        qt.set(out, prep.out_info)
+        return out
+
+
+class _Fused:
+    """An op fused into its GEMM: its input when the GEMM ran fused (else the dispatch)."""
+
+    def __init__(self, head: str, slot: A.Slot, full: _Full, index: int) -> None:
+        self.head, self.slot, self.full, self.run = head, slot, full, full.run
+        self.__name__ = f"ql_fused_{index}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.head in self.run.st.fused_done:
+            return A.get(args, kwargs, self.slot)
+        return self.full(*args, **kwargs)
+
+
+class FakeProgram:
+    """``sim``'s steady FAKE run of its model as generated code (see the module docstring).
+
+    ``program(*inputs)`` returns the bits of ``sim.run(*inputs, mode=Mode.FAKE)``; ``fallbacks``
+    counts the calls that ran ``Simulator.run`` because a guard failed; ``counts``: how many
+    captured ops the code computes prepared, fused and through the dispatch."""
+
+    def __init__(self, sim: Any, inputs: tuple) -> None:
+        self.sim, self._model = sim, sim.model
+        self.fallbacks = 0
+        self._signature = _signature(inputs)
+        ref = _reference_run(sim, inputs)
+        graph, tracer, gm = _trace(sim.model, inputs)
+        calls_of, hits = _named_run(sim, gm, inputs, ref)
+        self._run = _Run()
+        self._code, self._steps, self.counts = _compile(sim, gm, calls_of, hits, self._run)
+        # where the model holds the modules the trace went through and the tensors it read
+        paths = _attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
+        self._holders = _holders(sim.model, paths)
+        self._modules = [m for _, m in sim.model.named_modules()]
+        out = self._execute(inputs)
+        if not _same_bits(out, ref):
+            raise ProgramError("the compiled program's output differs from the FAKE run's")
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, *inputs: Any) -> Any:
+        if not self._holds(inputs):
+            self.fallbacks += 1
+            return self.sim.run(*inputs, mode=Mode.FAKE)
+        return self._execute(inputs)
+
+    def _execute(self, inputs: tuple) -> Any:
+        sim = self.sim
+        st = sim._new_state(Mode.FAKE, None, None)
+        mark_quantized_inputs(st.qt, inputs, sim.input_quant)
+        prev, sim._state = sim._state, st
+        self._run.st = st
+        try:
+            with torch.no_grad():
+                out = self._code(*inputs)
+        finally:
+            sim._state = prev
+            self._run.st = None
+        sim._float16_overflow = dict(st.float16_overflow)
+        return out
+
+    def _holds(self, inputs: tuple) -> bool:
+        """Every guard: the inputs' signature, the model's objects and hooks, the simulator's
+        state behind each prepared step (what ``steady.prepared_value`` checks per call)."""
+        sim = self.sim
+        if _signature(inputs) != self._signature or sim.model is not self._model:
+            return False
+        if sim._learned_scales is not None or not sim._calibrated:
+            return False
+        for d, key, obj in self._holders:
+            if d.get(key) is not obj:
+                return False
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return False
+        for m in self._modules:
+            if m._forward_hooks or m._forward_pre_hooks:
+                return False
+        for step in self._steps:
+            if not _prepared_holds(sim, step):
+                return False
+        return True
+
+
+def _prepared_holds(sim: Any, step: _Prepared) -> bool:
+    prep, name = step.prep, step.full.name
+    r = prep.route
+    cached = sim._plans.get(name)
+    if (
+        sim._prepared.get(name) is not prep
+        or cached is None
+        or cached[1] is not r.plan
+        or sim._routes.get(name) is not r
+        or sim._resolved.get(name) is not r.rq
+        or sim.platform is not r.platform
+        or sim.fake_ops is not prep.fake_ops
+        or (r.chain is not None and sim._chain.get(name) is not r.chain)
+        or (r.chain and sim._fused_clamp(name) != prep.bounds)
+        or sim._scale_cache.get(prep.point_key) is not prep.point
+    ):
+        return False
+    if prep.weight is not None and prep.weight._version != prep.weight_version:
+        return False
+    if prep.bias is not None and prep.bias._version != prep.bias_version:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------- building
+def _reference_run(sim: Any, inputs: tuple) -> Any:
+    """Two steady FAKE runs (the first prepares the calls, the second follows them)."""
+    if not sim._calibrated:
+        raise ProgramError("fake_program needs calibrate(batches) first")
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        raise ProgramError("global module forward hooks are set; a traced program skips them")
+    for name, m in sim.model.named_modules():
+        if m._forward_hooks or m._forward_pre_hooks:
+            raise ProgramError(
+                f"module {name or type(m).__name__} has forward hooks; a traced program skips them"
+            )
+    sim.run(*inputs, mode=Mode.FAKE)
+    return sim.run(*inputs, mode=Mode.FAKE)
+
+
+def _trace(model: nn.Module, inputs: tuple) -> tuple[fx.Graph, _NamingTracer, fx.GraphModule]:
+    """The model traced in eval mode (every module inlined, layout answers from ``inputs``).
+    The model is left as it was: its train flags restored, and the constants torch.fx puts on
+    the root module moved to the generated module. ProgramError when tracing fails or changes
+    one of the model's tensors in place."""
+    names = {id(m): (m, n) for n, m in model.named_modules()}
+    tracer = _NamingTracer(names, inputs)
+    training = [m for m in model.modules() if m.training]
+    versions = [(t, t._version) for t in (*model.parameters(), *model.buffers())]
+    before = set(model.__dict__)
+    try:
+        model.eval()
+        with torch.no_grad():
+            graph = tracer.trace(model)
+        gm = fx.GraphModule(model, graph)
+    except ProgramError:
+        raise
+    except Exception as e:  # torch.fx's own errors: data-dependent control flow and the like
+        raise ProgramError(
+            f"torch.fx cannot trace {type(model).__name__}: {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        for m in training:
+            m.training = True
+        for k in set(model.__dict__) - before:  # torch.fx's tensor constants
+            del model.__dict__[k]
+    if any(t._version != v for t, v in versions):
+        raise ProgramError(f"{type(model).__name__}.forward changes its own tensors in place")
+    return graph, tracer, gm
+
+
+def _attr_paths(graph: fx.Graph, model: nn.Module) -> list[str]:
+    """The model's attributes the graph reads (not the constants the trace made)."""
+    found = []
+    for target in sorted({n.target for n in graph.nodes if n.op == "get_attr"}):
+        try:
+            _fetch(model, target)
+        except AttributeError:
+            continue
+        found.append(target)
+    return found
+
+
+def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
+    """Run the traced graph node by node under the simulator's capture (each node under its
+    module path) as a steady FAKE run. Returns each node's captured calls and the ops whose
+    prepared call held; ProgramError unless the op order and the output are those of the
+    model's own run."""
+    st = sim._new_state(Mode.FAKE, None, None)
+    st.prepared_hits = set()
+    mark_quantized_inputs(st.qt, inputs, sim.input_quant)
+    paths = _PathStack()
+    calls_of: dict[fx.Node, list[OpCall]] = {}
+    current: list[fx.Node | None] = [None]
+
+    def handler(call: OpCall) -> Any:
+        calls_of.setdefault(current[0], []).append(call)
+        return sim._handle(call)
+
+    env: dict[fx.Node, Any] = {}
+    it = iter(inputs)
+    prev, sim._state = sim._state, st
+    try:
+        with torch.no_grad(), CaptureMode(paths, handler, st.forget):
+            for node in gm.graph.nodes:
+                current[0] = node
+                paths.stack = ["", node.meta.get("ql_path", "")]
+                args = fx.node.map_arg(node.args, env.__getitem__)
+                kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                if node.op == "placeholder":
+                    env[node] = next(it, node.args[0] if node.args else None)
+                elif node.op == "get_attr":
+                    env[node] = _fetch(gm, node.target)
+                elif node.op == "call_function":
+                    env[node] = node.target(*args, **kwargs)
+                elif node.op == "call_method":
+                    env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+                elif node.op == "output":
+                    out = args[0]
+                else:
+                    raise ProgramError(f"unexpected traced node {node.op} {node.target}")
+    finally:
+        sim._state = prev
+    if st.order != sim._order:
+        raise ProgramError(
+            "the traced graph does not call the model's ops in the model's order "
+            f"({len(st.order)} ops traced, {len(sim._order)} in the model's run)"
+        )
+    if not _same_bits(out, ref):
+        raise ProgramError("the traced graph's FAKE run differs from the model's")
+    for node, calls in calls_of.items():
+        if len(calls) != 1 or node is None or node.op not in ("call_function", "call_method"):
+            raise ProgramError(f"traced node {node} made {len(calls)} captured calls")
+    return calls_of, st.prepared_hits
+
+
+def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, hits: set, run: _Run):
+    """The traced graph with every captured node's call replaced by its step; the generated
+    module, its prepared steps and the count of each kind."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    prepared: list[_Prepared] = []
+    counts = {"prepared": 0, "fused": 0, "dispatched": 0}
+    for i, node in enumerate(gm.graph.nodes):
+        calls = calls_of.get(node)
+        if calls is None:
+            env[node] = graph.node_copy(node, env.__getitem__)
+            continue
+        call = calls[0]
+        full = _Full(sim, run, call, i)
+        step: Callable = full
+        head = sim._fused_into.get(call.name)
+        if call.name in hits:
+            plan = A.plan_of(call, sim._plans)
+            step = _Prepared(sim._prepared[call.name], plan, full, i)
+            prepared.append(step)
+            counts["prepared"] += 1
+        elif head is not None and call.category is not None:
+            plan = A.plan_of(call, sim._plans)
+            step = _Fused(head, plan.acts[0], full, i)
+            counts["fused"] += 1
+        else:
+            counts["dispatched"] += 1
+        args = fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+        env[node] = graph.call_function(step, args, kwargs)  # a method's self is args[0]
+    return fx.GraphModule(gm, graph), prepared, counts

@@ -1,0 +1,286 @@
+"""Traced FAKE programs (quantlab.simulate.program): the bits of ``Simulator.run(mode=FAKE)``
+on many inputs and models, every guard sending a changed simulator or model back to the
+captured run, and a clear refusal for models torch.fx cannot trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from pinned_fake_mode import cases, small_net
+from torch import nn
+from torch.nn import functional as F
+
+from quantlab.numerics.dtypes import DType
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import FakeOps, Mode, Simulator
+from quantlab.simulate.program import ProgramError
+from quantlab.simulate.profiles import platform_config
+
+
+class LayoutNet(nn.Module):
+    """Unfolded BatchNorm (its input-rank check reads dim()), a module used twice, shape
+    arithmetic, view/flatten/transpose, an in-place add, chunk unpacking, a float op that is
+    not modelled (sort), a tuple output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.shared = nn.Conv2d(8, 8, 1)
+        self.head = nn.Linear(8 * 4, 6)
+
+    def forward(self, x):
+        h = F.relu6(self.bn(self.conv(x)))
+        h = self.shared(self.shared(h))
+        n, c = h.shape[0], h.size(1)
+        h = h.reshape(n, c, -1).transpose(1, 2)
+        h = h.contiguous()
+        h += 0.25
+        a, b = h.chunk(2, dim=1)
+        s = torch.sort(a - b, dim=-1).values
+        p = s.mean(1)
+        y = self.head(torch.cat([p, p.flip(-1), p * 2, torch.sigmoid(p)], dim=1))
+        return y, torch.tanh(p)
+
+
+def _layout_net(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        m = LayoutNet().eval()
+    with torch.no_grad():
+        m.bn.running_mean.copy_(torch.rand(8, generator=g) * 0.2 - 0.1)
+        m.bn.running_var.copy_(torch.rand(8, generator=g) * 1.5 + 0.5)
+    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    return m, calib
+
+
+def _inputs(shape, n: int, seed: int) -> list[torch.Tensor]:
+    """Random inputs at several magnitudes, and adversarial ones: zeros, a constant, values far
+    beyond the calibrated range, ties at half a step."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(shape, generator=g) * s for s in (0.1, 1.0, 3.0, 30.0)[:n]]
+    xs.append(torch.zeros(shape))
+    xs.append(torch.full(shape, 0.5))
+    xs.append(torch.randn(shape, generator=g) * 1e4)
+    xs.append(torch.round(torch.randn(shape, generator=g) * 64) / 128)
+    return xs
+
+
+def _calibrated(m, calib, platform="j6m", **kw) -> Simulator:
+    sim = Simulator(m, platform, **kw)
+    sim.calibrate(calib, progress=False)
+    return sim
+
+
+@pytest.mark.parametrize("platform", ["j6m", "j6h", "onnxruntime"])
+@pytest.mark.parametrize("fake_ops", list(FakeOps))
+def test_a_program_gives_the_captured_runs_bits(platform, fake_ops):
+    m, calib = _layout_net()
+    sim = _calibrated(m, calib, platform, fake_ops=fake_ops)
+    x0 = calib[0][0]
+    prog = sim.fake_program(x0)
+    assert prog.counts["prepared"] + prog.counts["fused"] + prog.counts["dispatched"] > 10
+    fresh = _calibrated(m, calib, platform, fake_ops=fake_ops)  # never built a program
+    for x in _inputs(x0.shape, 4, 1):
+        got = prog(x)
+        for want in (sim.run(x, mode=Mode.FAKE), fresh.run(x, mode=Mode.FAKE)):
+            assert_bits_equal(got[0], want[0])
+            assert_bits_equal(got[1], want[1])
+    assert prog.fallbacks == 0
+
+
+@pytest.mark.parametrize("case", [c[0] for c in cases()])
+def test_the_pinned_fake_models_run_as_programs_with_the_same_bits(case):
+    name, m, calib, x, spec = next(c for c in cases() if c[0] == case)
+    sim = Simulator(m, "j6m", spec)
+    sim.calibrate(calib, progress=False)
+    prog = sim.fake_program(*x)
+    assert prog.counts["prepared"] > 0
+    g = torch.Generator().manual_seed(3)
+    for scale in (0.5, 1.0, 4.0):
+        y = tuple(
+            t * scale + torch.randn(t.shape, generator=g) * 0.01 * scale
+            if t.is_floating_point()
+            else t
+            for t in x
+        )
+        assert_bits_equal(prog(*y), sim.run(*y, mode=Mode.FAKE))
+    assert prog.fallbacks == 0
+
+
+def test_mobilenet_v2_runs_as_a_program_with_the_same_bits():
+    from quantlab.models import build_model
+    from quantlab.models.registry import example_inputs
+
+    m = build_model("mobilenet_v2").module
+    sim = Simulator(m, "j6m")
+    sim.calibrate([example_inputs("mobilenet_v2", 1, 1)], progress=False)
+    prog = sim.fake_program(*example_inputs("mobilenet_v2", 1, 0))
+    # every conv but the first (its input is quantized there) follows its prepared call, every
+    # relu6 is fused; the first conv and the classifier (high-precision output) are dispatched
+    assert prog.counts == {"prepared": 62, "fused": 35, "dispatched": 2}
+    for seed in (2, 3):
+        x = example_inputs("mobilenet_v2", 1, seed)
+        assert_bits_equal(prog(*x), sim.run(*x, mode=Mode.FAKE))
+    assert prog.fallbacks == 0
+
+
+def _guarded(change, expect_fallback: bool = True):
+    """Build a program, apply ``change(sim, model)``, and demand the captured run's bits (from
+    the changed simulator and from a fresh one set up the same way) and a counted fallback."""
+    m, calib = _layout_net()
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    prog = sim.fake_program(x)
+    change(sim, m)
+    y = x * 1.5
+    got = prog(y)
+    assert prog.fallbacks == (1 if expect_fallback else 0)
+    assert_bits_equal(got[0], sim.run(y, mode=Mode.FAKE)[0])
+    return sim, m, got
+
+
+def test_a_qconfig_change_falls_back_to_the_captured_run():
+    spec = QConfigSpec(by_type={"conv2d": OpQConfig(output_dtype=DType.INT16)})
+    _, m, got = _guarded(lambda sim, m: sim.set_qconfig(spec))
+    m2, calib = _layout_net()
+    fresh = _calibrated(m2, calib, qconfig=spec)
+    assert_bits_equal(got[0], fresh.run(calib[0][0] * 1.5, mode=Mode.FAKE)[0])
+
+
+def test_recalibration_falls_back():
+    g = torch.Generator().manual_seed(9)
+    _guarded(lambda sim, m: sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g) * 5,)], False))
+
+
+def test_a_weight_edited_in_place_falls_back():
+    def edit(sim, m):
+        with torch.no_grad():
+            m.shared.weight.mul_(1.25)
+
+    _guarded(edit)
+
+
+@pytest.mark.parametrize("what", ["parameter", "buffer"])
+def test_a_replaced_parameter_or_buffer_falls_back(what):
+    def replace(sim, m):
+        if what == "parameter":
+            m.head.weight = nn.Parameter(m.head.weight.detach() * 0.5)
+        else:
+            m.bn.running_var = m.bn.running_var * 2
+
+    _guarded(replace)
+
+
+def test_a_replaced_module_falls_back_to_what_the_captured_run_does():
+    m, calib = _layout_net()
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    prog = sim.fake_program(x)
+    m.bn = nn.BatchNorm2d(8).eval()  # the simulator has no op of this new module
+    with pytest.raises(ValueError) as captured:
+        sim.run(x, mode=Mode.FAKE)
+    with pytest.raises(ValueError) as programmed:
+        prog(x)
+    assert str(programmed.value) == str(captured.value)
+    assert prog.fallbacks == 1
+
+
+def test_a_forward_hook_added_after_building_runs_through_the_captured_run():
+    seen = []
+
+    def hook(sim, m):
+        m.head.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+
+    _guarded(hook)
+    assert seen  # the hook ran: the captured run called the module
+
+
+@pytest.mark.parametrize("change", ["platform", "fake_ops", "shape", "stride"])
+def test_platform_fake_ops_and_input_layout_changes_fall_back(change):
+    m, calib = _layout_net()
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    prog = sim.fake_program(x)
+    y = x * 0.75
+    if change == "platform":
+        sim.platform = platform_config("j6e")
+    elif change == "fake_ops":
+        sim.fake_ops = FakeOps.DEPLOYED
+    elif change == "shape":
+        y = torch.randn(3, 3, 6, 6)
+    else:
+        y = y.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    got = prog(y)
+    assert prog.fallbacks == 1
+    assert_bits_equal(got[0], sim.run(y, mode=Mode.FAKE)[0])
+
+
+def test_building_leaves_the_model_and_train_flags_as_they_were():
+    m, calib = _layout_net()
+    m.train()
+    sim = _calibrated(m, calib)
+    before = dict(m.__dict__)
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    prog = sim.fake_program(calib[0][0])
+    prog(calib[1][0])
+    assert all(mod.training for mod in m.modules())
+    assert m.__dict__.keys() == before.keys()
+    for k, v in m.state_dict().items():
+        assert_bits_equal(v, state[k])
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if y.sum() > 0:  # a decision on the values: not a program
+            return y * 2
+        return y
+
+
+def test_data_dependent_control_flow_is_refused_with_the_reason():
+    m = DataDependent().eval()
+    sim = _calibrated(m, [(torch.randn(1, 3, 4, 4),)])
+    with pytest.raises(ProgramError, match="torch.fx cannot trace DataDependent"):
+        sim.fake_program(torch.randn(1, 3, 4, 4))
+
+
+def test_hooks_and_a_missing_calibration_are_refused():
+    m, calib = _small()
+    with pytest.raises(ProgramError, match="calibrate"):
+        Simulator(m, "j6m").fake_program(*calib[0])
+    h = m.conv.register_forward_pre_hook(lambda mod, inp: None)
+    try:
+        with pytest.raises(ProgramError, match="module conv has forward hooks"):
+            _calibrated(m, calib).fake_program(*calib[0])
+    finally:
+        h.remove()
+
+
+def _small():
+    m, calib, _ = small_net()
+    return m, calib
+
+
+class SelfChanging(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.conv(x)
+
+
+def test_a_forward_that_changes_its_own_tensors_is_refused():
+    m = SelfChanging().eval()
+    sim = _calibrated(m, [(torch.randn(1, 3, 4, 4),)])
+    with pytest.raises(ProgramError, match="changes its own tensors"):
+        sim.fake_program(torch.randn(1, 3, 4, 4))
