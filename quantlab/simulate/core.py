@@ -103,7 +103,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
         self._fold_cache: dict[str, tuple] = {}
         self._plans: dict[str, tuple] = {}  # op -> (argument layout, its ArgPlan)
-        self._routes: dict = {}  # op -> its OpRoute in the latest configuration it ran in
+        # (op, mode) -> its OpRoute in the latest configuration it ran in, in that mode
+        self._routes: dict = {}
         self._prepared: dict = {}  # op -> its steady.PreparedCall (steady FAKE runs)
         self._fast: dict[str, dict] = {}
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run

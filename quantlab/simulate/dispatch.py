@@ -219,7 +219,7 @@ class OpDispatch:
         name = call.name
         rq = self._resolved.get(name) or self.qconfig_of(name)
         chain = self._chain.get(name) if call.category is OpCategory.GEMM else None
-        r = self._routes.get(name)
+        r = self._routes.get((name, mode))
         if r is None or not route_matches(r, plan, mode, om, deployed, rq, chain, self.platform):
             r = make_route(
                 call,
@@ -233,7 +233,7 @@ class OpDispatch:
                 _FAKE_KERNELS,
                 fixed_lut.DEPLOYED_CATEGORIES,
             )
-            self._routes[name] = r
+            self._routes[name, mode] = r
         return r
 
     def _run_quantized_value(self, call, plan, mode, om, st, deployed=False):

@@ -6,16 +6,19 @@ mode that hands the call over, and the checks of its prepared call (``steady``).
 ``FakeProgram`` traces the model once with torch.fx (every module inlined, in eval mode), names
 each traced call as the capture names it, and generates Python code in which
 
-- an op whose prepared call held in the build run computes as that call does (its
-  fake-quantized weight and bias, its function, its output fake quant), after checking only what
-  can change from call to call: the quantization its activation inputs arrived with;
+- an op that followed its prepared call in the build run computes as the simulator's current
+  prepared call of it does (its fake-quantized weight and bias, its function, its output fake
+  quant) when that call's checks hold: those about the simulator (routes, resolved qconfig,
+  scales, platform, weight and bias versions) once per program call, the quantization its
+  activation inputs arrived with per call; otherwise, as after a change of qconfig, scales or
+  mode, it goes through the dispatch, which prepares it anew for the next call;
 - an op fused into its GEMM (a clamp after a Conv) returns its input when the GEMM ran fused;
 - every other captured op goes through the simulator's dispatch as in a captured run.
 
-What a prepared call checks about the simulator (routes, resolved qconfigs, scales, platform,
-weight and bias versions), the model's modules, parameters and hooks, and the inputs' shapes
-and dtypes are checked once per program call; when any of them changed, the call runs
-``Simulator.run`` instead (counted in ``fallbacks``; rebuild with ``Simulator.fake_program``).
+What the traced code itself assumes (the inputs' shapes, strides, dtypes and devices; the
+model holding the same modules, parameters and buffers; no module hooks) is checked once per
+program call; when any of it changed, the call runs ``Simulator.run`` instead (counted in
+``fallbacks``; build a new program with ``Simulator.fake_program``).
 
 Contract: for inputs with the example's signature, ``program(*inputs)`` returns the same bits as
 ``sim.run(*inputs, mode=Mode.FAKE)``. Building proves it on the example inputs: the traced
@@ -210,9 +213,11 @@ def _same_bits(a: Any, b: Any) -> bool:
 
 
 class _Run:
-    """The run state the program's steps share (set per program call)."""
+    """The run state the program's steps share (set per program call) and how many ops
+    computed by their prepared call in it."""
 
     st: Any = None
+    prepared: int = 0
 
 
 class _Full:
@@ -248,19 +253,34 @@ class _Full:
 
 
 class _Prepared:
-    """An op whose prepared call held: its computation, after checking that its activation
-    inputs arrived quantized as when it was prepared (else the dispatch, as a captured run
-    would)."""
+    """An op that followed its prepared call when the program was built: the simulator's
+    current prepared call of the op, computed directly when every check of it holds (those
+    about the simulator once per program call, in ``bind``; the quantization its activation
+    inputs arrived with per call), else the dispatch, as a captured run would."""
 
-    def __init__(self, prep: steady.PreparedCall, plan: A.ArgPlan, full: _Full, index: int):
-        self.prep, self.plan, self.full, self.run = prep, plan, full, full.run
-        self.acts = list(zip(plan.acts, prep.in_dtypes))
-        self.chain = bool(prep.route.chain)
+    def __init__(self, full: _Full, index: int) -> None:
+        self.full, self.run, self.name = full, full.run, full.name
+        self.prep: steady.PreparedCall | None = None
         self.__name__ = f"ql_prepared_{index}"
 
+    def bind(self, sim: Any) -> None:
+        """Follow the simulator's prepared call of the op when it holds (None: dispatch)."""
+        prep = sim._prepared.get(self.name)
+        if prep is not None and not _prepared_holds(sim, self.name, prep):
+            prep = None
+        if prep is not self.prep:
+            self.prep = prep
+            if prep is not None:
+                self.plan = prep.route.plan
+                self.acts = list(zip(self.plan.acts, prep.in_dtypes))
+                self.chain = bool(prep.route.chain)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        prep = self.prep
+        if prep is None:
+            return self.full(*args, **kwargs)
         st = self.run.st
-        qt, prep, plan = st.qt, self.prep, self.plan
+        qt, plan = st.qt, self.plan
         x_info = None
         for i, (slot, want) in enumerate(self.acts):
             v = A.get(args, kwargs, slot)
@@ -282,9 +302,10 @@ class _Prepared:
                 return self.full(*args, **kwargs)
             A.put(a, kw, plan.bias, prep.bias_value)
         if self.chain:
-            st.fused_done.add(self.full.name)
+            st.fused_done.add(self.name)
         out = prep.fq(prep.route.fn(*a, **kw), inplace=prep.owned)
         qt.set(out, prep.out_info)
+        self.run.prepared += 1
         return out
 
 
@@ -305,8 +326,8 @@ class FakeProgram:
     """``sim``'s steady FAKE run of its model as generated code (see the module docstring).
 
     ``program(*inputs)`` returns the bits of ``sim.run(*inputs, mode=Mode.FAKE)``; ``fallbacks``
-    counts the calls that ran ``Simulator.run`` because a guard failed; ``counts``: how many
-    captured ops the code computes prepared, fused and through the dispatch."""
+    counts the calls that ran ``Simulator.run`` because the inputs or the model changed;
+    ``counts``: how many captured ops the code has as prepared, fused and dispatched steps."""
 
     def __init__(self, sim: Any, inputs: tuple) -> None:
         self.sim, self._model = sim, sim.model
@@ -332,12 +353,20 @@ class FakeProgram:
             return self.sim.run(*inputs, mode=Mode.FAKE)
         return self._execute(inputs)
 
+    @property
+    def last_prepared(self) -> int:
+        """How many ops of the latest program call computed by their prepared call (the
+        others went through the dispatch, as after a change of qconfig, scales or mode)."""
+        return self._run.prepared
+
     def _execute(self, inputs: tuple) -> Any:
         sim = self.sim
+        for step in self._steps:
+            step.bind(sim)
         st = sim._new_state(Mode.FAKE, None, None)
         mark_quantized_inputs(st.qt, inputs, sim.input_quant)
         prev, sim._state = sim._state, st
-        self._run.st = st
+        self._run.st, self._run.prepared = st, 0
         try:
             with torch.no_grad():
                 out = self._code(*inputs)
@@ -348,8 +377,9 @@ class FakeProgram:
         return out
 
     def _holds(self, inputs: tuple) -> bool:
-        """Every guard: the inputs' signature, the model's objects and hooks, the simulator's
-        state behind each prepared step (what ``steady.prepared_value`` checks per call)."""
+        """What the traced code itself assumed: the inputs' signature, the same model holding
+        the same modules and tensors, no module hooks, no learned scales. (What each prepared
+        call assumed about the simulator is checked by its step's ``bind``.)"""
         sim = self.sim
         if _signature(inputs) != self._signature or sim.model is not self._model:
             return False
@@ -363,21 +393,19 @@ class FakeProgram:
         for m in self._modules:
             if m._forward_hooks or m._forward_pre_hooks:
                 return False
-        for step in self._steps:
-            if not _prepared_holds(sim, step):
-                return False
         return True
 
 
-def _prepared_holds(sim: Any, step: _Prepared) -> bool:
-    prep, name = step.prep, step.full.name
+def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
+    """What ``steady.prepared_value`` checks about the simulator for op ``name`` (not about
+    the call's arguments): the prepared call is current and everything it was made from holds."""
     r = prep.route
     cached = sim._plans.get(name)
     if (
         sim._prepared.get(name) is not prep
         or cached is None
         or cached[1] is not r.plan
-        or sim._routes.get(name) is not r
+        or sim._routes.get((name, Mode.FAKE)) is not r
         or sim._resolved.get(name) is not r.rq
         or sim.platform is not r.platform
         or sim.fake_ops is not prep.fake_ops
@@ -522,8 +550,7 @@ def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, hits: set, run: _Run)
         step: Callable = full
         head = sim._fused_into.get(call.name)
         if call.name in hits:
-            plan = A.plan_of(call, sim._plans)
-            step = _Prepared(sim._prepared[call.name], plan, full, i)
+            step = _Prepared(full, i)
             prepared.append(step)
             counts["prepared"] += 1
         elif head is not None and call.category is not None:

@@ -22,6 +22,7 @@ from torch import Tensor
 from quantlab.capture import OpCall, OpCategory
 from quantlab.simulate import args as A
 from quantlab.simulate import calls
+from quantlab.simulate.modes import Mode
 from quantlab.simulate.op_route import OpRoute
 
 
@@ -55,7 +56,7 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
     plan = A.plan_of(call, sim._plans)
     if (
         plan is not r.plan
-        or sim._routes.get(name) is not r
+        or sim._routes.get((name, Mode.FAKE)) is not r
         or sim._resolved.get(name) is not r.rq
         or sim.platform is not r.platform
         or sim.fake_ops is not prep.fake_ops

@@ -246,3 +246,20 @@ def test_a_batch_norm_tensor_replaced_between_runs_is_folded_in_the_next_run():
     assert not torch.equal(first, before)
     assert_bits_equal(first, sim.run(*x, mode=Mode.FAKE))
     assert_bits_equal(sim.run(*x, mode=Mode.FIXED), sim.run(*x, mode=Mode.FIXED))
+
+
+def test_a_fixed_run_between_fake_runs_leaves_the_prepared_calls_standing(hits):
+    """Routes are kept per mode: a FIXED run does not replace what FAKE calls were prepared
+    from, so the next FAKE run follows them at once, with the same bits."""
+    m, calib, _, x = _setup()
+    sim = _steady(m, calib, x)
+    n0 = hits[0]
+    want = sim.run(x, mode=Mode.FAKE)
+    per_run = hits[0] - n0
+    assert per_run >= 4
+    fixed = sim.run(x, mode=Mode.FIXED)
+    n1 = hits[0]
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
+    assert hits[0] - n1 == per_run
+    assert_bits_equal(sim.run(x, mode=Mode.FIXED), fixed)
+    assert_bits_equal(fixed, _fresh(m, calib, x, mode=Mode.FIXED))
