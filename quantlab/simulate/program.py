@@ -126,10 +126,19 @@ class _NamingTracer(fx.Tracer):
         elif kind in ("call_function", "call_method"):
             cargs = fx.node.map_aggregate(args, lambda a: _value_of(a, values))
             ckw = fx.node.map_aggregate(kwargs, lambda a: _value_of(a, values))
-            if kind == "call_function":
-                values[node] = target(*cargs, **ckw)
-            else:
-                values[node] = getattr(cargs[0], target)(*cargs[1:], **ckw)
+            try:
+                if kind == "call_function":
+                    values[node] = target(*cargs, **ckw)
+                else:
+                    values[node] = getattr(cargs[0], target)(*cargs[1:], **ckw)
+            except Exception as e:
+                what = getattr(target, "__name__", str(target))
+                raise ProgramError(
+                    f"torch.fx cannot trace {type(self.root).__name__}: the traced call {what} "
+                    f"in module {self.stack[-1] or 'the model itself'} fails on the example "
+                    f"inputs ({type(e).__name__}: {e}); the model's code takes another path "
+                    "when traced than when it runs"
+                ) from e
         return node
 
 
