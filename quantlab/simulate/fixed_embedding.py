@@ -63,7 +63,8 @@ def embedding_op(sim, call, plan, args, kwargs, in_infos, wq, rq, mode: Mode = M
     # per-tensor fake quant is elementwise: the gathered rows of the fake-quantized table are
     # the fake-quantized gathered rows (only the rows read are computed)
     values = qat_fake_quant(w.detach()[rows], s, out, p.fake_round, None, lo)
-    return values, QInfo(out, s.reshape(()))
+    # the cached 0-d scale itself (not a new view each run): a prepared consumer checks identity
+    return values, QInfo(out, s if s.dim() == 0 else s.reshape(()))
 
 
 def embedding_fake_op(sim, call, plan, args, kwargs, in_infos, rq):

@@ -263,3 +263,48 @@ def test_a_fixed_run_between_fake_runs_leaves_the_prepared_calls_standing(hits):
     assert hits[0] - n1 == per_run
     assert_bits_equal(sim.run(x, mode=Mode.FIXED), fixed)
     assert_bits_equal(fixed, _fresh(m, calib, x, mode=Mode.FIXED))
+
+
+def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(monkeypatch):
+    """The LayerNorm and embedding composites hand on their cached output scale itself, so the
+    biased Linear after them finds the scale its bias was made with and follows its prepared
+    call, with the bits of the full path."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, 16)
+            self.norm = nn.LayerNorm(16)
+            self.a = nn.Linear(16, 16)
+            self.b = nn.Linear(16, 16)
+
+        def forward(self, ids):
+            e = self.emb(ids)
+            return self.b(self.norm(e + self.a(e))) + e  # b does not feed the output itself
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Net().eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randint(0, 50, (2, 7), generator=g),) for _ in range(2)]
+    x = torch.randint(0, 50, (2, 7), generator=g)
+    hit_names = []
+    real = steady.prepared_value
+
+    def named(sim, prep, call, st):
+        got = real(sim, prep, call, st)
+        if got is not None:
+            hit_names.append(call.name)
+        return got
+
+    monkeypatch.setattr(steady, "prepared_value", named)
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    want = sim.run(x, mode=Mode.FAKE)
+    sim.run(x, mode=Mode.FAKE)
+    hit_names.clear()
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
+    assert {"a:linear#0", "b:linear#0"} <= set(hit_names)
+    fresh = Simulator(m, "j6m")
+    fresh.calibrate(calib, progress=False)
+    assert_bits_equal(fresh.run(x, mode=Mode.FAKE), want)
