@@ -16,15 +16,17 @@ each traced call as the capture names it, and generates Python code in which
 - every other captured op goes through the simulator's dispatch as in a captured run.
 
 What the traced code itself assumes (the inputs' shapes, strides, dtypes and devices; the
-model holding the same modules, parameters and buffers; no module hooks) is checked once per
-program call; when any of it changed, the call runs ``Simulator.run`` instead (counted in
+model holding the same modules, parameters and buffers; the plain settings of those modules,
+such as a convolution's stride or a norm's eps; no module hooks) is checked once per program
+call; when any of it changed, the call runs ``Simulator.run`` instead (counted in
 ``fallbacks``; build a new program with ``Simulator.fake_program``).
 
 Contract: for inputs with the example's signature, ``program(*inputs)`` returns the same bits as
 ``sim.run(*inputs, mode=Mode.FAKE)``. Building proves it on the example inputs: the traced
 graph's captured run must name the same ops in the same order and give the same output bits as
-the model's, and so must the program. Not detected after building: a change to a module's
-non-tensor attribute (a convolution's stride, a Python flag read in ``forward``); rebuild then.
+the model's, and so must the program. Not detected after building: a change to a Python value
+``forward`` reads that is not a plain setting of a traced module (a global, a closure
+variable, a list or dict attribute); build the program again then.
 """
 
 from __future__ import annotations
@@ -192,6 +194,28 @@ def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
     return list(seen.values())
 
 
+_MISSING = object()
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, _PLAIN) or isinstance(v, tuple) and all(_plain(e) for e in v)
+
+
+def _settings(modules) -> list[tuple[dict, str, Any]]:
+    """(``__dict__``, name, value) of every plain setting (bool, int, float, str, None, tuples
+    of them) of the modules the trace went through: a convolution's stride, a norm's eps, a
+    dropout's p. The traced code took them as constants. The train flag is left out: every run
+    evaluates in eval mode."""
+    found = []
+    for m in modules:
+        d = m.__dict__
+        for k, v in d.items():
+            if k != "training" and not k.startswith("_") and _plain(v):
+                found.append((d, k, v))
+    return found
+
+
 def _signature(inputs: tuple) -> tuple:
     """What the traced code may have taken as constant about the inputs: each tensor's shape,
     strides, dtype and device; every other input's value."""
@@ -351,6 +375,7 @@ class FakeProgram:
         paths = _attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
         self._holders = _holders(sim.model, paths)
         self._modules = [m for _, m in sim.model.named_modules()]
+        self._settings = _settings([sim.model, *tracer.modules.values()])
         out = self._execute(inputs)
         if not _same_bits(out, ref):
             raise ProgramError("the compiled program's output differs from the FAKE run's")
@@ -387,7 +412,8 @@ class FakeProgram:
 
     def _holds(self, inputs: tuple) -> bool:
         """What the traced code itself assumed: the inputs' signature, the same model holding
-        the same modules and tensors, no module hooks, no learned scales. (What each prepared
+        the same modules and tensors with the same plain settings, no module hooks, no learned
+        scales. (What each prepared
         call assumed about the simulator is checked by its step's ``bind``.)"""
         sim = self.sim
         if _signature(inputs) != self._signature or sim.model is not self._model:
@@ -401,6 +427,10 @@ class FakeProgram:
             return False
         for m in self._modules:
             if m._forward_hooks or m._forward_pre_hooks:
+                return False
+        for d, key, value in self._settings:
+            now = d.get(key, _MISSING)
+            if now is not value and now != value:
                 return False
         return True
 

@@ -311,3 +311,42 @@ def test_a_forward_that_changes_its_own_tensors_is_refused():
     sim = _calibrated(m, [(torch.randn(1, 3, 4, 4),)])
     with pytest.raises(ProgramError, match="changes its own tensors"):
         sim.fake_program(torch.randn(1, 3, 4, 4))
+
+
+@pytest.mark.parametrize("setting", ["stride", "eps", "root"])
+def test_a_changed_module_setting_falls_back(setting):
+    """The traced code took the modules' plain settings as constants: a changed one (a stride,
+    an eps, a flag on the model itself) sends the call to the captured run."""
+
+    class Scaled(LayoutNet):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gain = 1.0
+
+        def forward(self, x):
+            y, t = super().forward(x)
+            return y * self.gain, t
+
+    g = torch.Generator().manual_seed(4)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Scaled().eval()
+    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    prog = sim.fake_program(x)
+    if setting == "stride":
+        m.shared.stride = (1, 1)  # as before, but a new value: still the same program
+        same = prog(x)
+        assert prog.fallbacks == 0
+        assert_bits_equal(same[0], sim.run(x, mode=Mode.FAKE)[0])
+        m.shared.padding = (1, 1)
+    elif setting == "eps":
+        m.bn.eps = 0.5
+    else:
+        m.gain = 3.0
+    got = prog(x)
+    assert prog.fallbacks == 1
+    want = sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(got[0], want[0])
+    assert_bits_equal(got[1], want[1])
