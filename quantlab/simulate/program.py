@@ -343,14 +343,16 @@ class _Prepared:
 
 
 class _Fused:
-    """An op fused into its GEMM: its input when the GEMM ran fused (else the dispatch)."""
+    """An op fused into a GEMM when the program was built: its input when it is still fused
+    into a GEMM that ran with its chain in this call (the dispatch's test), else the dispatch."""
 
-    def __init__(self, head: str, slot: A.Slot, full: _Full, index: int) -> None:
-        self.head, self.slot, self.full, self.run = head, slot, full, full.run
+    def __init__(self, slot: A.Slot, full: _Full, index: int) -> None:
+        self.slot, self.full, self.run = slot, full, full.run
         self.__name__ = f"ql_fused_{index}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.head in self.run.st.fused_done:
+        head = self.full.sim._fused_into.get(self.full.name)
+        if head is not None and head in self.run.st.fused_done:
             return A.get(args, kwargs, self.slot)
         return self.full(*args, **kwargs)
 
@@ -594,7 +596,7 @@ def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, hits: set, run: _Run)
             counts["prepared"] += 1
         elif head is not None and call.category is not None:
             plan = A.plan_of(call, sim._plans)
-            step = _Fused(head, plan.acts[0], full, i)
+            step = _Fused(plan.acts[0], full, i)
             counts["fused"] += 1
         else:
             counts["dispatched"] += 1
