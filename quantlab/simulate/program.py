@@ -256,14 +256,18 @@ class _Run:
 class _Full:
     """A captured op run through the simulator's dispatch, as the capture would hand it over."""
 
-    def __init__(self, sim: Any, run: _Run, call: OpCall, index: int) -> None:
-        self.sim, self.run = sim, run
+    def __init__(self, sim: Any, run: _Run, call: OpCall, swap: bool, index: int) -> None:
+        self.sim, self.run, self.swap = sim, run, swap
         self.name, self.op_type, self.category = call.name, call.op_type, call.category
         self.module, self.call_index, self.func = call.module, call.call_index, call.func
         self.mutates = call.category is None and mutates(call.func)
         self.__name__ = f"ql_full_{index}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.dispatch((args[1], args[0]) if self.swap else args, kwargs)
+
+    def dispatch(self, args: tuple, kwargs: dict) -> Any:
+        """The call as the capture hands it over (``args`` in the captured order)."""
         result = None
         if self.category is None:  # not modelled: runs before the handler, as in capture
             result = self.func(*args, **kwargs)
@@ -309,9 +313,11 @@ class _Prepared:
                 self.chain = bool(prep.route.chain)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.full.swap:  # the operator's reflected form: the captured order
+            args = (args[1], args[0])
         prep = self.prep
         if prep is None:
-            return self.full(*args, **kwargs)
+            return self.full.dispatch(args, kwargs)
         st = self.run.st
         qt, plan = st.qt, self.plan
         x_info = None
@@ -319,11 +325,11 @@ class _Prepared:
             v = A.get(args, kwargs, slot)
             if want is None:
                 if isinstance(v, Tensor) and v.is_floating_point():
-                    return self.full(*args, **kwargs)
+                    return self.full.dispatch(args, kwargs)
                 continue
             info = qt.get(v)
             if info is None or info.dtype is not want:
-                return self.full(*args, **kwargs)
+                return self.full.dispatch(args, kwargs)
             if i == 0:
                 x_info = info
         a = list(args)
@@ -332,7 +338,7 @@ class _Prepared:
             A.put(a, kw, plan.weight, prep.weight_value)
         if prep.bias is not None:
             if x_info is None or x_info.scale is not prep.x_scale:
-                return self.full(*args, **kwargs)
+                return self.full.dispatch(args, kwargs)
             A.put(a, kw, plan.bias, prep.bias_value)
         if self.chain:
             st.fused_done.add(self.name)
@@ -351,10 +357,12 @@ class _Fused:
         self.__name__ = f"ql_fused_{index}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.full.swap:
+            args = (args[1], args[0])
         head = self.full.sim._fused_into.get(self.full.name)
         if head is not None and head in self.run.st.fused_done:
             return A.get(args, kwargs, self.slot)
-        return self.full(*args, **kwargs)
+        return self.full.dispatch(args, kwargs)
 
 
 class FakeProgram:
@@ -370,9 +378,9 @@ class FakeProgram:
         self._signature = _signature(inputs)
         ref = _reference_run(sim, inputs)
         graph, tracer, gm = _trace(sim.model, inputs)
-        calls_of, hits = _named_run(sim, gm, inputs, ref)
+        calls_of, swaps, hits = _named_run(sim, gm, inputs, ref)
         self._run = _Run()
-        self._code, self._steps, self.counts = _compile(sim, gm, calls_of, hits, self._run)
+        self._code, self._steps, self.counts = _compile(sim, gm, calls_of, swaps, hits, self._run)
         # where the model holds the modules the trace went through and the tensors it read
         paths = _attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
         self._holders = _holders(sim.model, paths)
@@ -523,9 +531,9 @@ def _attr_paths(graph: fx.Graph, model: nn.Module) -> list[str]:
 
 def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
     """Run the traced graph node by node under the simulator's capture (each node under its
-    module path) as a steady FAKE run. Returns each node's captured calls and the ops whose
-    prepared call held; ProgramError unless the op order and the output are those of the
-    model's own run."""
+    module path) as a steady FAKE run. Returns each node's captured calls, whether each call's
+    two operands are the node's swapped (``_swapped``) and the ops whose prepared call held;
+    ProgramError unless the op order and the output are those of the model's own run."""
     st = sim._new_state(Mode.FAKE, None, None)
     st.prepared_hits = set()
     mark_quantized_inputs(st.qt, inputs, sim.input_quant)
@@ -538,6 +546,7 @@ def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
         return sim._handle(call)
 
     env: dict[fx.Node, Any] = {}
+    node_args: dict[fx.Node, tuple] = {}  # the values each node was called with
     it = iter(inputs)
     prev, sim._state = sim._state, st
     try:
@@ -547,6 +556,7 @@ def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
                 paths.stack = ["", node.meta.get("ql_path", "")]
                 args = fx.node.map_arg(node.args, env.__getitem__)
                 kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+                node_args[node] = (tuple(args), dict(kwargs))
                 if node.op == "placeholder":
                     env[node] = next(it, node.args[0] if node.args else None)
                 elif node.op == "get_attr":
@@ -571,10 +581,37 @@ def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
     for node, calls in calls_of.items():
         if len(calls) != 1 or node is None or node.op not in ("call_function", "call_method"):
             raise ProgramError(f"traced node {node} made {len(calls)} captured calls")
-    return calls_of, st.prepared_hits
+    swaps = {}
+    for node, calls in calls_of.items():
+        swaps[node] = _swapped(node, node_args[node], calls[0])
+    return calls_of, swaps, st.prepared_hits
 
 
-def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, hits: set, run: _Run):
+def _same_arg(a: Any, b: Any) -> bool:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_arg, a, b))
+    return type(a) is type(b) and a == b
+
+
+def _swapped(node: fx.Node, node_args: tuple, call: OpCall) -> bool:
+    """How the captured call's arguments come from the node's: as they are (False), or the two
+    operands of an operator swapped (True: ``2 * x`` is captured as ``x.mul(2)``).
+    ProgramError for any other relation (a step replaces the node by the captured function)."""
+    args, kwargs = node_args
+    if kwargs.keys() != call.kwargs.keys() or not all(
+        _same_arg(v, call.kwargs[k]) for k, v in kwargs.items()
+    ):
+        raise ProgramError(f"traced node {node} was captured with other keyword arguments")
+    if len(args) == len(call.args) and all(map(_same_arg, args, call.args)):
+        return False
+    if len(args) == 2 == len(call.args) and _same_arg(args, call.args[::-1]):
+        return True
+    raise ProgramError(f"traced node {node} ({node.target}) was captured with other arguments")
+
+
+def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run):
     """The traced graph with every captured node's call replaced by its step; the generated
     module, its prepared steps and the count of each kind."""
     graph = fx.Graph()
@@ -587,7 +624,7 @@ def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, hits: set, run: _Run)
             env[node] = graph.node_copy(node, env.__getitem__)
             continue
         call = calls[0]
-        full = _Full(sim, run, call, i)
+        full = _Full(sim, run, call, swaps[node], i)
         step: Callable = full
         head = sim._fused_into.get(call.name)
         if call.name in hits:

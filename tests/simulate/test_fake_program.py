@@ -350,3 +350,34 @@ def test_a_changed_module_setting_falls_back(setting):
     want = sim.run(x, mode=Mode.FAKE)
     assert_bits_equal(got[0], want[0])
     assert_bits_equal(got[1], want[1])
+
+
+class Reflected(nn.Module):
+    """Python operators with the tensor on the right: the capture sees ``x.mul(2)`` for
+    ``2 * x`` and ``x.__rsub__(1.0)`` for ``1.0 - x``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        a = 2 * h
+        b = 1.0 - h
+        c = 3.0 / (h.abs() + 1.0)
+        d = 0.5 + torch.sigmoid(h)
+        return a * b + c - d
+
+
+def test_reflected_operators_run_with_the_captured_order_of_operands():
+    g = torch.Generator().manual_seed(6)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Reflected().eval()
+    calib = [(torch.randn(2, 3, 5, 5, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib)
+    prog = sim.fake_program(calib[0][0])
+    assert prog.counts["prepared"] + prog.counts["dispatched"] >= 9
+    for x in _inputs((2, 3, 5, 5), 4, 7):
+        assert_bits_equal(prog(x), sim.run(x, mode=Mode.FAKE))
+    assert prog.fallbacks == 0
