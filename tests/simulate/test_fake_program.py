@@ -381,3 +381,36 @@ def test_reflected_operators_run_with_the_captured_order_of_operands():
     for x in _inputs((2, 3, 5, 5), 4, 7):
         assert_bits_equal(prog(x), sim.run(x, mode=Mode.FAKE))
     assert prog.fallbacks == 0
+
+
+@pytest.mark.parametrize("platform", ["j6m", "j6p"])
+@pytest.mark.parametrize(
+    "name", ["small_cnn", "transformer_block", "digits_sima", "mtcnn_rnet", "bev_warp"]
+)
+def test_registry_models_run_as_programs_with_the_same_bits_or_are_refused(name, platform):
+    """Every model either gives the captured run's bits as a program or is refused with the
+    reason; bev_warp's traced graph runs other ops than the model (refused by the order check),
+    control_flow decides on values (refused by torch.fx)."""
+    from quantlab.models.registry import build_model, example_inputs
+
+    sim = Simulator(build_model(name).module, platform)
+    sim.calibrate([example_inputs(name, 2, 1)], progress=False)
+    if name == "bev_warp":
+        with pytest.raises(ProgramError, match="does not call the model's ops"):
+            sim.fake_program(*example_inputs(name, 2, 0))
+        return
+    prog = sim.fake_program(*example_inputs(name, 2, 0))
+    for seed in (2, 3):
+        x = example_inputs(name, 2, seed)
+        got, want = prog(*x), sim.run(*x, mode=Mode.FAKE)
+        assert_bits_equal(got, want)
+    assert prog.fallbacks == 0
+
+
+def test_value_dependent_control_flow_in_a_registry_model_is_refused():
+    from quantlab.models.registry import build_model, example_inputs
+
+    sim = Simulator(build_model("control_flow").module, "j6m")
+    sim.calibrate([example_inputs("control_flow", 2, 1)], progress=False)
+    with pytest.raises(ProgramError, match="torch.fx cannot trace ControlFlow"):
+        sim.fake_program(*example_inputs("control_flow", 2, 0))
