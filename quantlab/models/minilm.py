@@ -9,6 +9,7 @@ sentence-transformers nor the network is needed.
 from __future__ import annotations
 
 import functools
+import importlib
 from pathlib import Path
 
 import torch
@@ -77,7 +78,12 @@ def minilm(pretrained: bool = True) -> MiniLMEmbedder:
         config = tf.BertConfig.from_pretrained(str(path), local_files_only=True)
         config._attn_implementation = "eager"
         bert = tf.BertModel(config, add_pooling_layer=False)
-    return MiniLMEmbedder(bert).eval()
+    embedder = MiniLMEmbedder(bert).eval()
+    # transformers' mask builder tests isinstance(mask, torch.Tensor), which a torch.fx traced
+    # value is not: a traced fake program calls it as it is (it returns the 4-D mask unchanged)
+    masks = importlib.import_module("transformers.masking_utils")
+    embedder.trace_leaves = (masks.create_bidirectional_mask,)
+    return embedder
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,7 +25,7 @@ was made from.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -191,15 +191,20 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         st = self._new_state(mode, op_modes, replay)
         return self._forward(inputs, st)
 
-    def fake_program(self, *inputs: Any):
+    def fake_program(self, *inputs: Any, leaves: Iterable[Callable] = ()):
         """``sim.run(..., mode=FAKE)`` for inputs shaped like ``inputs`` as generated code with
         the per-op capture traced away (``quantlab.simulate.program.FakeProgram``): the same
         bits, proven on ``inputs`` while building (two FAKE runs, a torch.fx trace and a named
         run of it). ProgramError (a ValueError) when torch.fx cannot trace the model or the
-        traced graph does not run the model's ops as the model does."""
+        traced graph does not run the model's ops as the model does.
+
+        ``leaves``: functions the trace calls as they are instead of tracing into (library
+        code that tests ``isinstance(x, torch.Tensor)``), besides the model's own
+        ``trace_leaves`` attribute; torch.fx finds a leaf where the calling code names it by a
+        global name not starting with ``_``. A leaf must not compute modelled ops."""
         from quantlab.simulate.program import FakeProgram
 
-        return FakeProgram(self, inputs)
+        return FakeProgram(self, inputs, leaves)
 
     def trace(
         self,

@@ -31,7 +31,8 @@ variable, a list or dict attribute); build the program again then.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -91,8 +92,11 @@ class _NamingTracer(fx.Tracer):
     capture would name it under (``node.meta["ql_path"]``) and computes every node's value on
     the example inputs as it goes (``values``), so layout questions have concrete answers."""
 
-    def __init__(self, names: dict[int, tuple[nn.Module, str]], inputs: tuple) -> None:
-        super().__init__()
+    def __init__(
+        self, names: dict[int, tuple[nn.Module, str]], inputs: tuple, leaves: tuple = ()
+    ) -> None:
+        super().__init__(autowrap_functions=leaves)
+        self._constants = 0
         self._names = names
         self._inputs = [x.clone() if isinstance(x, Tensor) else x for x in inputs]
         self.stack = [""]
@@ -115,6 +119,16 @@ class _NamingTracer(fx.Tracer):
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _ConcreteProxy(node, self)
+
+    def create_arg(self, a: Any) -> Any:
+        """A dataclass instance (a model's config handed to a leaf function) is passed as
+        itself, a constant of the traced code, rather than rebuilt field by field per call."""
+        if dataclasses.is_dataclass(a) and not isinstance(a, type):
+            name = f"_ql_constant_{self._constants}"
+            self._constants += 1
+            setattr(self.root, name, a)  # moved to the generated module after tracing
+            return self.create_node("get_attr", name, (), {})
+        return super().create_arg(a)
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
@@ -372,13 +386,14 @@ class FakeProgram:
     counts the calls that ran ``Simulator.run`` because the inputs or the model changed;
     ``counts``: how many captured ops the code has as prepared, fused and dispatched steps."""
 
-    def __init__(self, sim: Any, inputs: tuple) -> None:
+    def __init__(self, sim: Any, inputs: tuple, leaves: Iterable[Callable] = ()) -> None:
         self.sim, self._model = sim, sim.model
         self.fallbacks = 0
         self._signature = _signature(inputs)
         ref = _reference_run(sim, inputs)
-        graph, tracer, gm = _trace(sim.model, inputs)
-        calls_of, swaps, hits = _named_run(sim, gm, inputs, ref)
+        leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
+        graph, tracer, gm = _trace(sim.model, inputs, leaves)
+        calls_of, swaps, hits = _named_run(sim, gm, inputs, ref, leaves)
         self._run = _Run()
         self._code, self._steps, self.counts = _compile(sim, gm, calls_of, swaps, hits, self._run)
         # where the model holds the modules the trace went through and the tensors it read
@@ -486,13 +501,15 @@ def _reference_run(sim: Any, inputs: tuple) -> Any:
     return sim.run(*inputs, mode=Mode.FAKE)
 
 
-def _trace(model: nn.Module, inputs: tuple) -> tuple[fx.Graph, _NamingTracer, fx.GraphModule]:
+def _trace(
+    model: nn.Module, inputs: tuple, leaves: tuple = ()
+) -> tuple[fx.Graph, _NamingTracer, fx.GraphModule]:
     """The model traced in eval mode (every module inlined, layout answers from ``inputs``).
     The model is left as it was: its train flags restored, and the constants torch.fx puts on
     the root module moved to the generated module. ProgramError when tracing fails or changes
     one of the model's tensors in place."""
     names = {id(m): (m, n) for n, m in model.named_modules()}
-    tracer = _NamingTracer(names, inputs)
+    tracer = _NamingTracer(names, inputs, leaves)
     training = [m for m in model.modules() if m.training]
     versions = [(t, t._version) for t in (*model.parameters(), *model.buffers())]
     before = set(model.__dict__)
@@ -529,7 +546,7 @@ def _attr_paths(graph: fx.Graph, model: nn.Module) -> list[str]:
     return found
 
 
-def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
+def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any, leaves: tuple = ()):
     """Run the traced graph node by node under the simulator's capture (each node under its
     module path) as a steady FAKE run. Returns each node's captured calls, whether each call's
     two operands are the node's swapped (``_swapped``) and the ops whose prepared call held;
@@ -582,7 +599,14 @@ def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any):
         if len(calls) != 1 or node is None or node.op not in ("call_function", "call_method"):
             raise ProgramError(f"traced node {node} made {len(calls)} captured calls")
     swaps = {}
+    leaf_ids = {id(f) for f in leaves}
     for node, calls in calls_of.items():
+        if node.op == "call_function" and id(node.target) in leaf_ids:
+            raise ProgramError(
+                f"leaf function {node.target.__name__} computes captured ops "
+                f"({', '.join(c.name for c in calls)}); a leaf is called as it is, so its "
+                "ops would not be quantized"
+            )
         swaps[node] = _swapped(node, node_args[node], calls[0])
     return calls_of, swaps, st.prepared_hits
 

@@ -414,3 +414,81 @@ def test_value_dependent_control_flow_in_a_registry_model_is_refused():
     sim.calibrate([example_inputs("control_flow", 2, 1)], progress=False)
     with pytest.raises(ProgramError, match="torch.fx cannot trace ControlFlow"):
         sim.fake_program(*example_inputs("control_flow", 2, 0))
+
+
+def mask_helper(mask, scale):
+    """Library-style code a trace cannot enter: it branches on isinstance(..., torch.Tensor)
+    (a bool mask: no float op, nothing captured inside)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        return mask[:, None, :]
+    raise TypeError("mask must be a tensor")
+
+
+def quantized_helper(x):
+    return torch.sigmoid(x)
+
+
+class MaskedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        return self.proj(x) * mask_helper(mask, 2.0)  # a leaf is named as a global
+
+
+class HelperNet(MaskedNet):
+    def forward(self, x, mask):
+        return self.proj(quantized_helper(x))
+
+
+def test_leaf_functions_are_called_as_they_are():
+    g = torch.Generator().manual_seed(8)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = MaskedNet().eval()
+
+    def batch():
+        return torch.randn(2, 5, 8, generator=g), torch.rand(2, 8, generator=g) > 0.3
+
+    sim = _calibrated(m, [batch(), batch()])
+    x = batch()
+    with pytest.raises(ProgramError, match="mask must be a tensor"):
+        sim.fake_program(*x)
+    prog = sim.fake_program(*x, leaves=[mask_helper])
+    for _ in range(4):
+        y = batch()
+        assert_bits_equal(prog(*y), sim.run(*y, mode=Mode.FAKE))
+    m.trace_leaves = (mask_helper,)  # the model may declare its own
+    assert_bits_equal(sim.fake_program(*x)(*x), sim.run(*x, mode=Mode.FAKE))
+
+
+def test_a_leaf_that_computes_modelled_ops_is_refused():
+    m = HelperNet().eval()
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(2, 5, 8, generator=g), torch.ones(2, 8, dtype=torch.bool))
+    sim = _calibrated(m, [x])
+    with pytest.raises(ProgramError, match="leaf function quantized_helper computes captured"):
+        sim.fake_program(*x, leaves=[quantized_helper])
+
+
+def test_minilm_runs_as_a_program_with_its_mask_builder_as_a_leaf():
+    from quantlab.models import build_model
+
+    m = build_model("minilm").module
+    g = torch.Generator().manual_seed(10)
+
+    def tokens():
+        ids = torch.randint(1000, 30000, (2, 16), generator=g)
+        mask = torch.ones_like(ids)
+        mask[1, 11:] = 0  # padding in the second sentence
+        return ids, mask
+
+    sim = Simulator(m, "j6m")
+    sim.calibrate([tokens()], progress=False)
+    prog = sim.fake_program(*tokens())
+    assert prog.counts["prepared"] >= 36  # every Linear at least
+    for _ in range(2):
+        x = tokens()
+        assert_bits_equal(prog(*x), sim.run(*x, mode=Mode.FAKE))
+    assert prog.fallbacks == 0
