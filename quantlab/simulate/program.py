@@ -45,6 +45,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import steady
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
+from quantlab.simulate.qtensor import QInfo
 
 
 class ProgramError(ValueError):
@@ -346,6 +347,11 @@ class _Prepared:
                 return self.full.dispatch(args, kwargs)
             if i == 0:
                 x_info = info
+        if prep.passes:  # a pass-through op: its output keeps its input's quantization
+            out = prep.route.fn(*args, **kwargs)
+            qt.set(out, QInfo(x_info.dtype, x_info.scale, zero_point=x_info.zero_point))
+            self.run.prepared += 1
+            return out
         a = list(args)
         kw = dict(kwargs) if kwargs else {}
         if prep.weight is not None:
@@ -475,7 +481,7 @@ def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
         or sim.fake_ops is not prep.fake_ops
         or (r.chain is not None and sim._chain.get(name) is not r.chain)
         or (r.chain and sim._fused_clamp(name) != prep.bounds)
-        or sim._scale_cache.get(prep.point_key) is not prep.point
+        or (not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point)
     ):
         return False
     if prep.weight is not None and prep.weight._version != prep.weight_version:

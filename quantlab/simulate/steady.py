@@ -24,6 +24,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import calls
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.op_route import OpRoute
+from quantlab.simulate.qtensor import QInfo
 
 
 @dataclass(slots=True, eq=False)
@@ -43,9 +44,10 @@ class PreparedCall:
     bounds: tuple | None  # the fused clamp applied by the output fake quant
     point_key: tuple  # the output fake-quant entry's key in the scale cache
     point: tuple  # that entry (scale-cache entries are replaced when scales change)
-    fq: Callable  # the output fake quant
-    out_info: Any  # the output's QInfo
+    fq: Callable | None  # the output fake quant (None for a pass-through op)
+    out_info: Any  # the output's QInfo (None for a pass-through op: its input's quantization)
     owned: bool  # the function's result is a fresh tensor the fake quant may overwrite
+    passes: bool = False  # a pass-through op: the output keeps the first input's quantization
 
 
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
@@ -98,9 +100,12 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
         return None
     if r.chain and sim._fused_clamp(name) != prep.bounds:
         return None
-    if sim._scale_cache.get(prep.point_key) is not prep.point:
+    if not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point:
         return None
     # every check passed: compute as the full path would (the inputs arrived as wanted)
+    if prep.passes:  # the full path's _quant_output of a pass-through op, for one tensor
+        info = QInfo(x_info.dtype, x_info.scale, zero_point=x_info.zero_point)
+        return plan, r.fn(*args, **kwargs), [info]
     if r.chain:
         st.fused_done.add(name)
     a = list(args)
@@ -131,6 +136,8 @@ def prepare(
     with the values it computed with; ``bounds`` the fused clamp given to the output fake
     quant; ``out`` / ``out_info`` its result), or None for a call this form does not cover."""
     rq = r.rq
+    if call.category is OpCategory.PASS_THROUGH:
+        return _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info)
     if (
         r.om is not None
         or r.split_b
@@ -139,7 +146,6 @@ def prepare(
         or r.single_period
         or r.fake_kernel is not None
         or not r.quant_out
-        or call.category is OpCategory.PASS_THROUGH
         or not rq.output_dtype.is_int
         or (r.gemm and rq.high_precision_output)
         or (r.chain and bounds is None)  # a batch_norm fold or an unfused clamp
@@ -194,4 +200,58 @@ def prepare(
         point[2],
         out_info,
         r.gemm,
+    )
+
+
+def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
+    """The PreparedCall of a pass-through op (a view, transpose, reshape, ...) that took one
+    tensor quantized at an integer dtype as it came and gave one tensor: the function on the
+    same arguments, the output keeping that input's quantization (``passes``); else None."""
+    if (
+        r.om is not None
+        or r.split_b
+        or r.grid
+        or r.deployed_kernel
+        or r.single_period
+        or r.fake_kernel is not None
+        or plan.weight is not None
+        or plan.bias is not None
+        or calls.is_inplace(call)
+        or call.name in sim._fused_into
+        or not isinstance(out, Tensor)
+        or sim._learned_scales is not None
+        or not in_infos
+        or in_infos[0] is None
+        or not in_infos[0].dtype.is_int
+        or not isinstance(out_info, list)
+        or len(out_info) != 1
+    ):
+        return None
+    dtypes = []
+    for used, came in zip(in_infos, arrived):
+        if used is not came:  # quantized or cast here
+            return None
+        dtypes.append(None if used is None else used.dtype)
+    if any(d is None for d in dtypes) and any(
+        A.is_float_tensor(A.get(call.args, call.kwargs, s)) for s in plan.acts
+    ):
+        return None
+    return PreparedCall(
+        r,
+        sim.fake_ops,
+        tuple(dtypes),
+        None,
+        0,
+        None,
+        None,
+        0,
+        None,
+        None,
+        None,
+        ("pass_through", call.name),
+        None,
+        None,
+        None,
+        False,
+        True,
     )

@@ -492,3 +492,35 @@ def test_minilm_runs_as_a_program_with_its_mask_builder_as_a_leaf():
         x = tokens()
         assert_bits_equal(prog(*x), sim.run(*x, mode=Mode.FAKE))
     assert prog.fallbacks == 0
+
+
+class LayoutLut(nn.Module):
+    """Layout ops between a conv and segment-LUT ops: a deployed LUT reads its input's codes by
+    the scale the layout ops handed on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        n, c = h.shape[:2]
+        t = h.view(n, c, -1).transpose(1, 2).contiguous()
+        return torch.sigmoid(t.reshape(n, -1)), torch.tanh(t.flatten(1))
+
+
+@pytest.mark.parametrize("fake_ops", list(FakeOps))
+def test_layout_ops_before_deployed_luts_keep_the_bits(fake_ops):
+    g = torch.Generator().manual_seed(12)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = LayoutLut().eval()
+    calib = [(torch.randn(2, 3, 4, 4, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib, fake_ops=fake_ops)
+    prog = sim.fake_program(calib[0][0])
+    assert prog.counts["prepared"] >= 5  # the five layout ops (and the QAT LUTs)
+    for x in _inputs((2, 3, 4, 4), 4, 13):
+        got, want = prog(x), sim.run(x, mode=Mode.FAKE)
+        assert_bits_equal(got[0], want[0])
+        assert_bits_equal(got[1], want[1])
+        assert prog.last_prepared == prog.counts["prepared"]

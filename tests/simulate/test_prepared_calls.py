@@ -308,3 +308,61 @@ def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(monkey
     fresh = Simulator(m, "j6m")
     fresh.calibrate(calib, progress=False)
     assert_bits_equal(fresh.run(x, mode=Mode.FAKE), want)
+
+
+@pytest.mark.parametrize("fake_ops", list(FakeOps))
+def test_pass_through_ops_follow_their_prepared_call_with_the_same_bits(monkeypatch, fake_ops):
+    """Layout ops (view, transpose, reshape, contiguous, flatten) on a quantized tensor follow
+    their prepared call: the function on the same arguments, the output on its input's grid. A
+    pass-through op on a float input, or one with several outputs (chunk), takes the full path."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 1)
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x):
+            x = x.transpose(2, 3)  # a float model input: quantized by the conv, not here
+            h = self.conv(x)
+            n, c, hh, ww = h.shape
+            t = h.view(n, c, hh * ww).transpose(1, 2).contiguous()
+            a, b = t.chunk(2, dim=1)
+            u = (a + b).reshape(n, -1, c).flatten(0, 1)
+            # a deployed sigmoid reads its input's codes by the scale the layout ops handed on
+            return self.head(u), torch.sigmoid(u.view(n, -1))
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Net().eval()
+    g = torch.Generator().manual_seed(2)
+    calib = [(torch.randn(2, 3, 4, 6, generator=g),) for _ in range(2)]
+    x = torch.randn(2, 3, 4, 6, generator=g) * 2
+    hit_names = []
+    real = steady.prepared_value
+
+    def named(sim, prep, call, st):
+        got = real(sim, prep, call, st)
+        if got is not None:
+            hit_names.append(call.name)
+        return got
+
+    monkeypatch.setattr(steady, "prepared_value", named)
+    sim = Simulator(m, "j6m", fake_ops=fake_ops)
+    sim.calibrate(calib, progress=False)
+    want = sim.run(x, mode=Mode.FAKE)
+    sim.run(x, mode=Mode.FAKE)
+    hit_names.clear()
+    got = sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(got[0], want[0])
+    assert_bits_equal(got[1], want[1])
+    layout = {n.split(":")[1].split("#")[0] for n in hit_names}
+    assert {"view", "contiguous", "reshape", "flatten"} <= layout
+    assert ":transpose#1" in hit_names and ":transpose#0" not in hit_names  # the float one
+    assert not any("chunk" in n for n in hit_names)
+    fresh = Simulator(m, "j6m", fake_ops=fake_ops)
+    fresh.calibrate(calib, progress=False)
+    for y in (x, x * 0.01, x * 10.0):
+        a, b = sim.run(y, mode=Mode.FAKE), fresh.trace(y, mode=Mode.FAKE).result
+        assert_bits_equal(a[0], b[0])
+        assert_bits_equal(a[1], b[1])
