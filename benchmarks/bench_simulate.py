@@ -177,6 +177,7 @@ def fake_quant_passes(sim: Simulator) -> Callable[[], object]:
     work = [
         (prep.fq, torch.randn(sim._info[name].output_shape, generator=gen) * 3, prep.owned)
         for name, prep in sim._prepared.items()
+        if not prep.passes  # a pass-through op has no fake quant
     ]
 
     def run():
