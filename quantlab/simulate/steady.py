@@ -4,7 +4,9 @@ After an op ran quantized in a FAKE run that records nothing beyond the op table
 overrides, replay, trace, observer, calibration or gradients), everything its next run would
 look up again is kept in a ``PreparedCall``: its argument plan and route, the quantization its
 activation inputs arrived with, its fake-quantized weight and bias (with the tensors and
-versions they came from), its fused clamp and output fake-quant function. The next such call
+versions they came from), its fused clamp and output fake-quant function (for a pass-through
+op such as a view or transpose: its function only, the output keeping the quantization its
+input came with). The next such call
 checks that each of these still holds (identity of the tensors, scales, qconfig, platform and
 cache entries; weight and bias versions) and, if so, computes the op with them: the same
 functions on the same values as the full path, so the same bits. A failed check sends the
@@ -237,21 +239,21 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
     ):
         return None
     return PreparedCall(
-        r,
-        sim.fake_ops,
-        tuple(dtypes),
-        None,
-        0,
-        None,
-        None,
-        0,
-        None,
-        None,
-        None,
-        ("pass_through", call.name),
-        None,
-        None,
-        None,
-        False,
-        True,
+        route=r,
+        fake_ops=sim.fake_ops,
+        in_dtypes=tuple(dtypes),
+        weight=None,
+        weight_version=0,
+        weight_value=None,
+        bias=None,
+        bias_version=0,
+        x_scale=None,
+        bias_value=None,
+        bounds=None,
+        point_key=("pass_through", call.name),
+        point=None,
+        fq=None,
+        out_info=None,
+        owned=False,
+        passes=True,
     )
