@@ -166,42 +166,37 @@ class _PathStack:
         self.stack = [""]
 
 
+def _holding_dict(obj: Any, part: str) -> dict | None:
+    """The dictionary of ``obj`` that holds attribute ``part``: a module's ``_parameters``,
+    ``_buffers`` or ``_modules``, else its ``__dict__`` (None: none holds it). Read directly,
+    not through ``nn.Module.__getattr__``, which torch.fx patches while it traces."""
+    for name in ("_parameters", "_buffers", "_modules", "__dict__"):
+        d = getattr(obj, name, None)
+        if d is not None and part in d:
+            return d
+    return None
+
+
 def _fetch(root: nn.Module, path: str) -> Any:
-    """The object at dotted ``path`` from ``root``, read from the modules' own dictionaries
-    (not through ``nn.Module.__getattr__``, which torch.fx patches while it traces); AttributeError
-    when the path leads nowhere."""
+    """The object at dotted ``path`` from ``root`` (``_holding_dict`` at each step, else a plain
+    attribute); AttributeError when the path leads nowhere."""
     obj = root
     for part in path.split("."):
-        for d in (
-            getattr(obj, "_parameters", None),
-            getattr(obj, "_buffers", None),
-            getattr(obj, "_modules", None),
-        ):
-            if d is not None and part in d:
-                obj = d[part]
-                break
-        else:
-            obj = getattr(obj, part)
+        d = _holding_dict(obj, part)
+        obj = d[part] if d is not None else getattr(obj, part)
     return obj
 
 
 def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
     """(dictionary, key, object) for each step of each attribute path from ``root``: the
-    module's ``_parameters``, ``_buffers``, ``_modules`` or ``__dict__`` entry that holds the
-    next object. The path still leads to the same objects while every entry holds them."""
+    ``_holding_dict`` entry that holds the next object. The path still leads to the same
+    objects while every entry holds them."""
     seen: dict[tuple[int, str], tuple[dict, str, Any]] = {}
     for path in paths:
         obj = root
         for part in path.split("."):
-            for d in (
-                getattr(obj, "_parameters", None),
-                getattr(obj, "_buffers", None),
-                getattr(obj, "_modules", None),
-                getattr(obj, "__dict__", None),
-            ):
-                if d is not None and part in d:
-                    break
-            else:
+            d = _holding_dict(obj, part)
+            if d is None:
                 raise ProgramError(f"traced attribute {path} is not held by a module dictionary")
             child = d[part]
             seen[(id(d), part)] = (d, part, child)

@@ -141,12 +141,7 @@ def prepare(
     if call.category is OpCategory.PASS_THROUGH:
         return _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info)
     if (
-        r.om is not None
-        or r.split_b
-        or r.grid
-        or r.deployed_kernel
-        or r.single_period
-        or r.fake_kernel is not None
+        not _plain_route(r)
         or not r.quant_out
         or not rq.output_dtype.is_int
         or (r.gemm and rq.high_precision_output)
@@ -158,14 +153,8 @@ def prepare(
         or sim._learned_scales is not None
     ):
         return None
-    dtypes = []
-    for used, came in zip(in_infos, arrived):
-        if used is not came:  # quantized or cast here
-            return None
-        dtypes.append(None if used is None else used.dtype)
-    if any(d is None for d in dtypes) and any(
-        A.is_float_tensor(A.get(call.args, call.kwargs, s)) for s in plan.acts
-    ):
+    dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
+    if dtypes is None:
         return None
     weight = weight_value = bias = bias_value = x_scale = None
     weight_version = bias_version = 0
@@ -188,7 +177,7 @@ def prepare(
     return PreparedCall(
         r,
         sim.fake_ops,
-        tuple(dtypes),
+        dtypes,
         weight,
         weight_version,
         weight_value,
@@ -210,12 +199,7 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
     tensor quantized at an integer dtype as it came and gave one tensor: the function on the
     same arguments, the output keeping that input's quantization (``passes``); else None."""
     if (
-        r.om is not None
-        or r.split_b
-        or r.grid
-        or r.deployed_kernel
-        or r.single_period
-        or r.fake_kernel is not None
+        not _plain_route(r)
         or plan.weight is not None
         or plan.bias is not None
         or calls.is_inplace(call)
@@ -229,19 +213,13 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
         or len(out_info) != 1
     ):
         return None
-    dtypes = []
-    for used, came in zip(in_infos, arrived):
-        if used is not came:  # quantized or cast here
-            return None
-        dtypes.append(None if used is None else used.dtype)
-    if any(d is None for d in dtypes) and any(
-        A.is_float_tensor(A.get(call.args, call.kwargs, s)) for s in plan.acts
-    ):
+    dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
+    if dtypes is None:
         return None
     return PreparedCall(
         route=r,
         fake_ops=sim.fake_ops,
-        in_dtypes=tuple(dtypes),
+        in_dtypes=dtypes,
         weight=None,
         weight_version=0,
         weight_value=None,
@@ -256,4 +234,33 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
         out_info=None,
         owned=False,
         passes=True,
+    )
+
+
+def _arrival_dtypes(call: OpCall, plan: A.ArgPlan, in_infos: list, arrived: list) -> tuple | None:
+    """The dtype each activation input arrived with (None: not quantized), when every input was
+    used as it came (none quantized or cast by the op) and none arrived as an unquantized float
+    tensor; else None (a call the prepared form does not cover)."""
+    dtypes = []
+    for used, came in zip(in_infos, arrived):
+        if used is not came:  # quantized or cast here
+            return None
+        dtypes.append(None if used is None else used.dtype)
+    if any(d is None for d in dtypes) and any(
+        A.is_float_tensor(A.get(call.args, call.kwargs, s)) for s in plan.acts
+    ):
+        return None
+    return tuple(dtypes)
+
+
+def _plain_route(r: OpRoute) -> bool:
+    """A route the prepared form covers: no per-op mode, split operand, grid, deployed or
+    single-period kernel, or FAKE composite."""
+    return not (
+        r.om is not None
+        or r.split_b
+        or r.grid
+        or r.deployed_kernel
+        or r.single_period
+        or r.fake_kernel is not None
     )

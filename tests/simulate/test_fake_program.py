@@ -127,14 +127,20 @@ def test_mobilenet_v2_runs_as_a_program_with_the_same_bits():
     assert prog.fallbacks == 0
 
 
+def _built():
+    """LayoutNet calibrated on j6m and its program built on the first calibration batch:
+    (model, simulator, that batch, program)."""
+    m, calib = _layout_net()
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    return m, sim, x, sim.fake_program(x)
+
+
 def _guarded(change, expect_fallback: bool):
     """Build a program, apply ``change(sim, model)``, and demand the captured run's bits (taken
     after the program's call, from the same simulator) and a counted fallback where the traced
     code's own assumptions changed; else, the prepared steps back by the second call."""
-    m, calib = _layout_net()
-    sim = _calibrated(m, calib)
-    x = calib[0][0]
-    prog = sim.fake_program(x)
+    m, sim, x, prog = _built()
     full = prog.last_prepared
     assert full == prog.counts["prepared"]
     change(sim, m)
@@ -174,10 +180,7 @@ def test_a_weight_edited_in_place_is_followed():
 
 
 def test_fixed_and_float_runs_between_program_calls_keep_the_bits():
-    m, calib = _layout_net()
-    sim = _calibrated(m, calib)
-    x = calib[0][0]
-    prog = sim.fake_program(x)
+    m, sim, x, prog = _built()
     for y in _inputs(x.shape, 2, 5):
         sim.run(y, mode=Mode.FIXED)
         sim.run(y, mode=Mode.FLOAT)
@@ -201,10 +204,7 @@ def test_a_replaced_parameter_or_buffer_falls_back(what):
 
 
 def test_a_replaced_module_falls_back_to_what_the_captured_run_does():
-    m, calib = _layout_net()
-    sim = _calibrated(m, calib)
-    x = calib[0][0]
-    prog = sim.fake_program(x)
+    m, sim, x, prog = _built()
     m.bn = nn.BatchNorm2d(8).eval()  # the simulator has no op of this new module
     with pytest.raises(ValueError) as captured:
         sim.run(x, mode=Mode.FAKE)
@@ -226,10 +226,7 @@ def test_a_forward_hook_added_after_building_runs_through_the_captured_run():
 
 @pytest.mark.parametrize("change", ["platform", "fake_ops", "shape", "stride"])
 def test_platform_fake_ops_and_input_layout_changes_give_the_captured_runs_bits(change):
-    m, calib = _layout_net()
-    sim = _calibrated(m, calib)
-    x = calib[0][0]
-    prog = sim.fake_program(x)
+    m, sim, x, prog = _built()
     y = x * 0.75
     if change == "platform":
         sim.platform = platform_config("j6e")

@@ -61,6 +61,22 @@ def _steady(m, calib, x, platform="j6m"):
 
 
 @pytest.fixture
+def hit_names(monkeypatch):
+    """The names of the calls that followed their prepared form, in order."""
+    names = []
+    real = steady.prepared_value
+
+    def named(sim, prep, call, st):
+        got = real(sim, prep, call, st)
+        if got is not None:
+            names.append(call.name)
+        return got
+
+    monkeypatch.setattr(steady, "prepared_value", named)
+    return names
+
+
+@pytest.fixture
 def hits(monkeypatch):
     """How many calls followed their prepared form (a list of one count)."""
     n = [0]
@@ -265,7 +281,7 @@ def test_a_fixed_run_between_fake_runs_leaves_the_prepared_calls_standing(hits):
     assert_bits_equal(fixed, _fresh(m, calib, x, mode=Mode.FIXED))
 
 
-def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(monkeypatch):
+def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(hit_names):
     """The LayerNorm and embedding composites hand on their cached output scale itself, so the
     biased Linear after them finds the scale its bias was made with and follows its prepared
     call, with the bits of the full path."""
@@ -288,16 +304,6 @@ def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(monkey
     g = torch.Generator().manual_seed(1)
     calib = [(torch.randint(0, 50, (2, 7), generator=g),) for _ in range(2)]
     x = torch.randint(0, 50, (2, 7), generator=g)
-    hit_names = []
-    real = steady.prepared_value
-
-    def named(sim, prep, call, st):
-        got = real(sim, prep, call, st)
-        if got is not None:
-            hit_names.append(call.name)
-        return got
-
-    monkeypatch.setattr(steady, "prepared_value", named)
     sim = Simulator(m, "j6m")
     sim.calibrate(calib, progress=False)
     want = sim.run(x, mode=Mode.FAKE)
@@ -311,7 +317,7 @@ def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(monkey
 
 
 @pytest.mark.parametrize("fake_ops", list(FakeOps))
-def test_pass_through_ops_follow_their_prepared_call_with_the_same_bits(monkeypatch, fake_ops):
+def test_pass_through_ops_follow_their_prepared_call_with_the_same_bits(hit_names, fake_ops):
     """Layout ops (view, transpose, reshape, contiguous, flatten) on a quantized tensor follow
     their prepared call: the function on the same arguments, the output on its input's grid. A
     pass-through op on a float input, or one with several outputs (chunk), takes the full path."""
@@ -338,16 +344,6 @@ def test_pass_through_ops_follow_their_prepared_call_with_the_same_bits(monkeypa
     g = torch.Generator().manual_seed(2)
     calib = [(torch.randn(2, 3, 4, 6, generator=g),) for _ in range(2)]
     x = torch.randn(2, 3, 4, 6, generator=g) * 2
-    hit_names = []
-    real = steady.prepared_value
-
-    def named(sim, prep, call, st):
-        got = real(sim, prep, call, st)
-        if got is not None:
-            hit_names.append(call.name)
-        return got
-
-    monkeypatch.setattr(steady, "prepared_value", named)
     sim = Simulator(m, "j6m", fake_ops=fake_ops)
     sim.calibrate(calib, progress=False)
     want = sim.run(x, mode=Mode.FAKE)
