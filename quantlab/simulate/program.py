@@ -439,8 +439,8 @@ class FakeProgram:
     def _holds(self, inputs: tuple) -> bool:
         """What the traced code itself assumed: the inputs' signature, the same model holding
         the same modules and tensors with the same plain settings, no module hooks, no learned
-        scales. (What each prepared
-        call assumed about the simulator is checked by its step's ``bind``.)"""
+        scales. (What each prepared call assumed about the simulator is checked by its step's
+        ``bind``.)"""
         sim = self.sim
         if _signature(inputs) != self._signature or sim.model is not self._model:
             return False
