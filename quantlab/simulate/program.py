@@ -31,7 +31,6 @@ variable, a list or dict attribute); build the program again then.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,162 +39,33 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.nn.modules import module as nn_module
 
-from quantlab.capture import CaptureMode, OpCall, is_float_output, mutates
+from quantlab.capture import OpCall, is_float_output, mutates
 from quantlab.simulate import args as A
 from quantlab.simulate import steady
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.qtensor import QInfo
-
-
-class ProgramError(ValueError):
-    """The model cannot run as a traced FAKE program (the reason is in the message)."""
-
-
-# what a traced tensor answers from the example's value (fixed by the input signature)
-_LAYOUT_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda"})
-_LAYOUT_METHODS = frozenset(
-    {"dim", "ndimension", "size", "numel", "nelement", "stride", "is_contiguous"}
-    | {"is_floating_point", "is_complex", "element_size", "get_device"}
+from quantlab.simulate.traced_graph import (
+    ProgramError,
+    attr_paths,
+    holding_dict,
+    named_run,
+    same_bits,
+    trace_model,
 )
 
-
-class _ConcreteProxy(fx.Proxy):
-    """A traced value that knows the example's value: layout questions (shape, dtype, size(),
-    dim(), len()) get the example's answers, as constants of the traced code; everything that
-    depends on the values (``bool``, ``item``) stays symbolic, so data-dependent control flow
-    still fails to trace."""
-
-    def __getattr__(self, k: str) -> Any:
-        if k in _LAYOUT_ATTRS or k in _LAYOUT_METHODS:
-            return getattr(self.tracer.values[self.node], k)
-        return super().__getattr__(k)
-
-    def __len__(self) -> int:
-        return len(self.tracer.values[self.node])
-
-    def __iter__(self):
-        return iter([self[i] for i in range(len(self))])
-
-
-def _value_of(a: Any, values: dict) -> Any:
-    return (
-        values[a.node]
-        if isinstance(a, fx.Proxy)
-        else values.get(a, a)
-        if isinstance(a, fx.Node)
-        else a
-    )
-
-
-class _NamingTracer(fx.Tracer):
-    """torch.fx tracer that inlines every module, tags each node with the module path the
-    capture would name it under (``node.meta["ql_path"]``) and computes every node's value on
-    the example inputs as it goes (``values``), so layout questions have concrete answers."""
-
-    def __init__(
-        self, names: dict[int, tuple[nn.Module, str]], inputs: tuple, leaves: tuple = ()
-    ) -> None:
-        super().__init__(autowrap_functions=leaves)
-        self._constants = 0
-        self._names = names
-        self._inputs = [x.clone() if isinstance(x, Tensor) else x for x in inputs]
-        self.stack = [""]
-        self.modules: dict[str, nn.Module] = {}
-        self.values: dict[fx.Node, Any] = {}
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return False
-
-    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
-        entry = self._names.get(id(m))
-        if entry is None or entry[0] is not m:
-            raise ProgramError(f"module {type(m).__name__} is not held by the model")
-        self.stack.append(entry[1])
-        self.modules[entry[1]] = m
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            self.stack.pop()
-
-    def proxy(self, node: fx.Node) -> fx.Proxy:
-        return _ConcreteProxy(node, self)
-
-    def create_arg(self, a: Any) -> Any:
-        """A dataclass instance (a model's config handed to a leaf function) is passed as
-        itself, a constant of the traced code, rather than rebuilt field by field per call."""
-        if dataclasses.is_dataclass(a) and not isinstance(a, type):
-            name = f"_ql_constant_{self._constants}"
-            self._constants += 1
-            setattr(self.root, name, a)  # moved to the generated module after tracing
-            return self.create_node("get_attr", name, (), {})
-        return super().create_arg(a)
-
-    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
-        node = super().create_node(kind, target, args, kwargs, name, type_expr)
-        node.meta["ql_path"] = self.stack[-1]
-        values = self.values
-        if kind == "placeholder":
-            i = sum(1 for n in values if n.op == "placeholder")
-            values[node] = self._inputs[i] if i < len(self._inputs) else (args or (None,))[0]
-        elif kind == "get_attr":
-            values[node] = _fetch(self.root, target)
-        elif kind in ("call_function", "call_method"):
-            cargs = fx.node.map_aggregate(args, lambda a: _value_of(a, values))
-            ckw = fx.node.map_aggregate(kwargs, lambda a: _value_of(a, values))
-            try:
-                if kind == "call_function":
-                    values[node] = target(*cargs, **ckw)
-                else:
-                    values[node] = getattr(cargs[0], target)(*cargs[1:], **ckw)
-            except Exception as e:
-                what = getattr(target, "__name__", str(target))
-                raise ProgramError(
-                    f"torch.fx cannot trace {type(self.root).__name__}: the traced call {what} "
-                    f"in module {self.stack[-1] or 'the model itself'} fails on the example "
-                    f"inputs ({type(e).__name__}: {e}); the model's code takes another path "
-                    "when traced than when it runs"
-                ) from e
-        return node
-
-
-class _PathStack:
-    """Stands in for the ModuleTracker while the traced graph runs node by node."""
-
-    def __init__(self) -> None:
-        self.stack = [""]
-
-
-def _holding_dict(obj: Any, part: str) -> dict | None:
-    """The dictionary of ``obj`` that holds attribute ``part``: a module's ``_parameters``,
-    ``_buffers`` or ``_modules``, else its ``__dict__`` (None: none holds it). Read directly,
-    not through ``nn.Module.__getattr__``, which torch.fx patches while it traces."""
-    for name in ("_parameters", "_buffers", "_modules", "__dict__"):
-        d = getattr(obj, name, None)
-        if d is not None and part in d:
-            return d
-    return None
-
-
-def _fetch(root: nn.Module, path: str) -> Any:
-    """The object at dotted ``path`` from ``root`` (``_holding_dict`` at each step, else a plain
-    attribute); AttributeError when the path leads nowhere."""
-    obj = root
-    for part in path.split("."):
-        d = _holding_dict(obj, part)
-        obj = d[part] if d is not None else getattr(obj, part)
-    return obj
+__all__ = ["FakeProgram", "ProgramError"]
 
 
 def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
     """(dictionary, key, object) for each step of each attribute path from ``root``: the
-    ``_holding_dict`` entry that holds the next object. The path still leads to the same
+    ``holding_dict`` entry that holds the next object. The path still leads to the same
     objects while every entry holds them."""
     seen: dict[tuple[int, str], tuple[dict, str, Any]] = {}
     for path in paths:
         obj = root
         for part in path.split("."):
-            d = _holding_dict(obj, part)
+            d = holding_dict(obj, part)
             if d is None:
                 raise ProgramError(f"traced attribute {path} is not held by a module dictionary")
             child = d[part]
@@ -236,23 +106,6 @@ def _signature(inputs: tuple) -> tuple:
         else:
             sig.append((type(x), x))
     return tuple(sig)
-
-
-def _same_bits(a: Any, b: Any) -> bool:
-    """Identical values (NaN matching NaN, -0.0 not matching +0.0), dtypes and shapes, through
-    tuples, lists and dicts."""
-    if isinstance(a, Tensor):
-        if not isinstance(b, Tensor) or a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        if not a.is_floating_point():
-            return bool(torch.equal(a, b))
-        same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-        return bool((same & (torch.signbit(a) == torch.signbit(b))).all())
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_same_bits, a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same_bits(a[k], b[k]) for k in a)
-    return a == b
 
 
 class _Run:
@@ -393,17 +246,17 @@ class FakeProgram:
         self._signature = _signature(inputs)
         ref = _reference_run(sim, inputs)
         leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
-        graph, tracer, gm = _trace(sim.model, inputs, leaves)
-        calls_of, swaps, hits = _named_run(sim, gm, inputs, ref, leaves)
+        graph, tracer, gm = trace_model(sim.model, inputs, leaves)
+        calls_of, swaps, hits = named_run(sim, gm, inputs, ref, leaves)
         self._run = _Run()
         self._code, self._steps, self.counts = _compile(sim, gm, calls_of, swaps, hits, self._run)
         # where the model holds the modules the trace went through and the tensors it read
-        paths = _attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
+        paths = attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
         self._holders = _holders(sim.model, paths)
-        self._modules = [m for _, m in sim.model.named_modules()]
+        self._modules = list(sim.model.named_modules())
         self._settings = _settings([sim.model, *tracer.modules.values()])
         out = self._execute(inputs)
-        if not _same_bits(out, ref):
+        if not same_bits(out, ref):
             raise ProgramError("the compiled program's output differs from the FAKE run's")
 
     # ------------------------------------------------------------------ running
@@ -449,16 +302,24 @@ class FakeProgram:
         for d, key, obj in self._holders:
             if d.get(key) is not obj:
                 return False
-        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        if _hooked(self._modules) is not None:
             return False
-        for m in self._modules:
-            if m._forward_hooks or m._forward_pre_hooks:
-                return False
         for d, key, value in self._settings:
             now = d.get(key, _MISSING)
             if now is not value and now != value:
                 return False
         return True
+
+
+def _hooked(named_modules) -> str | None:
+    """Who has forward hooks a traced program would skip: "the process" (global module hooks),
+    else the first of ``named_modules`` ((name, module) pairs) with hooks of its own; None."""
+    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+        return "the process (global module hooks)"
+    for name, m in named_modules:
+        if m._forward_hooks or m._forward_pre_hooks:
+            return f"module {name or type(m).__name__}"
+    return None
 
 
 def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
@@ -491,149 +352,11 @@ def _reference_run(sim: Any, inputs: tuple) -> Any:
     """Two steady FAKE runs (the first prepares the calls, the second follows them)."""
     if not sim._calibrated:
         raise ProgramError("fake_program needs calibrate(batches) first")
-    if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-        raise ProgramError("global module forward hooks are set; a traced program skips them")
-    for name, m in sim.model.named_modules():
-        if m._forward_hooks or m._forward_pre_hooks:
-            raise ProgramError(
-                f"module {name or type(m).__name__} has forward hooks; a traced program skips them"
-            )
+    hooked = _hooked(sim.model.named_modules())
+    if hooked is not None:
+        raise ProgramError(f"{hooked} has forward hooks; a traced program skips them")
     sim.run(*inputs, mode=Mode.FAKE)
     return sim.run(*inputs, mode=Mode.FAKE)
-
-
-def _trace(
-    model: nn.Module, inputs: tuple, leaves: tuple = ()
-) -> tuple[fx.Graph, _NamingTracer, fx.GraphModule]:
-    """The model traced in eval mode (every module inlined, layout answers from ``inputs``).
-    The model is left as it was: its train flags restored, and the constants torch.fx puts on
-    the root module moved to the generated module. ProgramError when tracing fails or changes
-    one of the model's tensors in place."""
-    names = {id(m): (m, n) for n, m in model.named_modules()}
-    tracer = _NamingTracer(names, inputs, leaves)
-    training = [m for m in model.modules() if m.training]
-    versions = [(t, t._version) for t in (*model.parameters(), *model.buffers())]
-    before = set(model.__dict__)
-    try:
-        model.eval()
-        with torch.no_grad():
-            graph = tracer.trace(model)
-        gm = fx.GraphModule(model, graph)
-    except ProgramError:
-        raise
-    except Exception as e:  # torch.fx's own errors: data-dependent control flow and the like
-        raise ProgramError(
-            f"torch.fx cannot trace {type(model).__name__}: {type(e).__name__}: {e}"
-        ) from e
-    finally:
-        for m in training:
-            m.training = True
-        for k in set(model.__dict__) - before:  # torch.fx's tensor constants
-            del model.__dict__[k]
-    if any(t._version != v for t, v in versions):
-        raise ProgramError(f"{type(model).__name__}.forward changes its own tensors in place")
-    return graph, tracer, gm
-
-
-def _attr_paths(graph: fx.Graph, model: nn.Module) -> list[str]:
-    """The model's attributes the graph reads (not the constants the trace made)."""
-    found = []
-    for target in sorted({n.target for n in graph.nodes if n.op == "get_attr"}):
-        try:
-            _fetch(model, target)
-        except AttributeError:
-            continue
-        found.append(target)
-    return found
-
-
-def _named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any, leaves: tuple = ()):
-    """Run the traced graph node by node under the simulator's capture (each node under its
-    module path) as a steady FAKE run. Returns each node's captured calls, whether each call's
-    two operands are the node's swapped (``_swapped``) and the ops whose prepared call held;
-    ProgramError unless the op order and the output are those of the model's own run."""
-    st = sim._new_state(Mode.FAKE, None, None)
-    st.prepared_hits = set()
-    mark_quantized_inputs(st.qt, inputs, sim.input_quant)
-    paths = _PathStack()
-    calls_of: dict[fx.Node, list[OpCall]] = {}
-    current: list[fx.Node | None] = [None]
-
-    def handler(call: OpCall) -> Any:
-        calls_of.setdefault(current[0], []).append(call)
-        return sim._handle(call)
-
-    env: dict[fx.Node, Any] = {}
-    node_args: dict[fx.Node, tuple] = {}  # the values each node was called with
-    it = iter(inputs)
-    prev, sim._state = sim._state, st
-    try:
-        with torch.no_grad(), CaptureMode(paths, handler, st.forget):
-            for node in gm.graph.nodes:
-                current[0] = node
-                paths.stack = ["", node.meta.get("ql_path", "")]
-                args = fx.node.map_arg(node.args, env.__getitem__)
-                kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-                node_args[node] = (tuple(args), dict(kwargs))
-                if node.op == "placeholder":
-                    env[node] = next(it, node.args[0] if node.args else None)
-                elif node.op == "get_attr":
-                    env[node] = _fetch(gm, node.target)
-                elif node.op == "call_function":
-                    env[node] = node.target(*args, **kwargs)
-                elif node.op == "call_method":
-                    env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
-                elif node.op == "output":
-                    out = args[0]
-                else:
-                    raise ProgramError(f"unexpected traced node {node.op} {node.target}")
-    finally:
-        sim._state = prev
-    if st.order != sim._order:
-        raise ProgramError(
-            "the traced graph does not call the model's ops in the model's order "
-            f"({len(st.order)} ops traced, {len(sim._order)} in the model's run)"
-        )
-    if not _same_bits(out, ref):
-        raise ProgramError("the traced graph's FAKE run differs from the model's")
-    for node, calls in calls_of.items():
-        if len(calls) != 1 or node is None or node.op not in ("call_function", "call_method"):
-            raise ProgramError(f"traced node {node} made {len(calls)} captured calls")
-    swaps = {}
-    leaf_ids = {id(f) for f in leaves}
-    for node, calls in calls_of.items():
-        if node.op == "call_function" and id(node.target) in leaf_ids:
-            raise ProgramError(
-                f"leaf function {node.target.__name__} computes captured ops "
-                f"({', '.join(c.name for c in calls)}); a leaf is called as it is, so its "
-                "ops would not be quantized"
-            )
-        swaps[node] = _swapped(node, node_args[node], calls[0])
-    return calls_of, swaps, st.prepared_hits
-
-
-def _same_arg(a: Any, b: Any) -> bool:
-    if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return a is b
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(map(_same_arg, a, b))
-    return type(a) is type(b) and a == b
-
-
-def _swapped(node: fx.Node, node_args: tuple, call: OpCall) -> bool:
-    """How the captured call's arguments come from the node's: as they are (False), or the two
-    operands of an operator swapped (True: ``2 * x`` is captured as ``x.mul(2)``).
-    ProgramError for any other relation (a step replaces the node by the captured function)."""
-    args, kwargs = node_args
-    if kwargs.keys() != call.kwargs.keys() or not all(
-        _same_arg(v, call.kwargs[k]) for k, v in kwargs.items()
-    ):
-        raise ProgramError(f"traced node {node} was captured with other keyword arguments")
-    if len(args) == len(call.args) and all(map(_same_arg, args, call.args)):
-        return False
-    if len(args) == 2 == len(call.args) and _same_arg(args, call.args[::-1]):
-        return True
-    raise ProgramError(f"traced node {node} ({node.target}) was captured with other arguments")
 
 
 def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run):

@@ -44,11 +44,16 @@ class LayoutNet(nn.Module):
         return y, torch.tanh(p)
 
 
-def _layout_net(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
+def _seeded(cls, seed: int = 0) -> nn.Module:
+    """``cls()`` in eval mode, initialised under ``seed`` without touching the global RNG."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        m = LayoutNet().eval()
+        return cls().eval()
+
+
+def _layout_net(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    m = _seeded(LayoutNet, seed)
     with torch.no_grad():
         m.bn.running_mean.copy_(torch.rand(8, generator=g) * 0.2 - 0.1)
         m.bn.running_var.copy_(torch.rand(8, generator=g) * 1.5 + 0.5)
@@ -325,9 +330,7 @@ def test_a_changed_module_setting_falls_back(setting):
             return y * self.gain, t
 
     g = torch.Generator().manual_seed(4)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        m = Scaled().eval()
+    m = _seeded(Scaled)
     calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
     sim = _calibrated(m, calib)
     x = calib[0][0]
@@ -368,9 +371,7 @@ class Reflected(nn.Module):
 
 def test_reflected_operators_run_with_the_captured_order_of_operands():
     g = torch.Generator().manual_seed(6)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        m = Reflected().eval()
+    m = _seeded(Reflected)
     calib = [(torch.randn(2, 3, 5, 5, generator=g),) for _ in range(2)]
     sim = _calibrated(m, calib)
     prog = sim.fake_program(calib[0][0])
@@ -441,9 +442,7 @@ class HelperNet(MaskedNet):
 
 def test_leaf_functions_are_called_as_they_are():
     g = torch.Generator().manual_seed(8)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        m = MaskedNet().eval()
+    m = _seeded(MaskedNet)
 
     def batch():
         return torch.randn(2, 5, 8, generator=g), torch.rand(2, 8, generator=g) > 0.3
@@ -509,9 +508,7 @@ class LayoutLut(nn.Module):
 @pytest.mark.parametrize("fake_ops", list(FakeOps))
 def test_layout_ops_before_deployed_luts_keep_the_bits(fake_ops):
     g = torch.Generator().manual_seed(12)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        m = LayoutLut().eval()
+    m = _seeded(LayoutLut)
     calib = [(torch.randn(2, 3, 4, 4, generator=g),) for _ in range(2)]
     sim = _calibrated(m, calib, fake_ops=fake_ops)
     prog = sim.fake_program(calib[0][0])
