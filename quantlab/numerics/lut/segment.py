@@ -23,6 +23,7 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, get_function
+from quantlab.numerics.lut.gather import gather
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.rounding import rshift_round_np
 
@@ -181,27 +182,14 @@ def build_code_map(lut: SegmentLut) -> Tensor:
     return torch.cat([y[half:], y[:half]]).to(lut.out_dtype.torch_dtype)
 
 
-_UNSIGNED = {DType.INT8: torch.uint8, DType.INT16: torch.uint16}
-
-
 def evaluate_fast(lut: SegmentLut, codes: Tensor) -> Tensor:
-    """One gather through the cached code map. ``codes`` must have ``lut.in_dtype``'s torch
-    dtype; the result has ``lut.out_dtype``'s torch dtype and the same shape.
-
-    The gather is ``gather_torch`` on the calling thread. torch's index_select of a 1-D table
-    runs on one thread; splitting it over a thread pool was faster alone but slower inside a
-    model run (torch's OpenMP workers spin between ops and take the cores), so it stays whole.
-    """
+    """One gather through the cached code map (``gather.gather``: serial, or compiled once the
+    process has gathered enough). ``codes`` must have ``lut.in_dtype``'s torch dtype; the result
+    has ``lut.out_dtype``'s torch dtype and the same shape."""
     want = lut.in_dtype.torch_dtype
     if codes.dtype != want:
         raise ValueError(
             f"{lut.func} LUT expects input codes of dtype {want} ({lut.in_dtype.name}), "
             f"got {codes.dtype}"
         )
-    return gather_torch(lut.code_map(), codes, lut.in_dtype)
-
-
-def gather_torch(table: Tensor, codes: Tensor, in_dtype: DType) -> Tensor:
-    """``table[codes mod 2**bits]`` by one torch.index_select (any device)."""
-    index = codes.reshape(-1).view(_UNSIGNED[in_dtype]).to(torch.int32)
-    return table.to(codes.device).index_select(0, index).reshape(codes.shape)
+    return gather(lut.code_map(), codes)

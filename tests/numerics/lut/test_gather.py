@@ -1,0 +1,172 @@
+"""The LUT gather's two kernels give identical bits, and ``gather`` switches between them as
+its docstring says (serial first, compiled after COMPILE_AFTER codes, serial for good if the
+compile fails)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from torch.overrides import TorchFunctionMode
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut import build_lut
+from quantlab.numerics.lut import gather as G
+from quantlab.numerics.lut.segment import all_codes
+
+
+@pytest.fixture
+def tiers():
+    """The process-wide tier state, restored after the test (the compiled kernel is kept)."""
+    saved = (G.TIERS.serial_codes, dict(G.TIERS.compiled), G.TIERS.failed)
+    yield G.TIERS
+    G.TIERS.serial_codes, G.TIERS.compiled, G.TIERS.failed = saved
+
+
+def _table(dtype: torch.dtype, bits: int, seed: int) -> torch.Tensor:
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(info.min, info.max + 1, (1 << bits,), generator=g, dtype=torch.int32).to(
+        dtype
+    )
+
+
+CASES = [
+    (torch.int16, torch.int16),
+    (torch.int16, torch.int8),
+    (torch.int8, torch.int16),
+    (torch.int8, torch.int8),
+]
+
+
+@pytest.mark.parametrize("code_dtype,table_dtype", CASES)
+def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, table_dtype):
+    bits = 8 * torch.tensor([], dtype=code_dtype).element_size()
+    table = _table(table_dtype, bits, seed=bits)
+    every = all_codes(DType.INT8 if bits == 8 else DType.INT16).to(code_dtype)
+    g = torch.Generator().manual_seed(5)
+    info = torch.iinfo(code_dtype)
+    rand = torch.randint(info.min, info.max + 1, (3, 70, 333), generator=g, dtype=torch.int32)
+    edges = torch.tensor([info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max])
+    for codes in (
+        every,
+        every.flip(0).reshape(-1, 4),
+        rand.to(code_dtype),
+        rand.to(code_dtype).transpose(0, 2),  # non-contiguous
+        edges.repeat(4096).to(code_dtype),
+        torch.empty(0, dtype=code_dtype),
+    ):
+        got = G.gather_compiled(table, codes)
+        assert got.shape == codes.shape and got.dtype == table_dtype
+        assert_bits_equal(got, G.gather_serial(table, codes))
+        index = codes.reshape(-1).to(torch.int64) % (1 << bits)  # the contract, spelled out
+        assert_bits_equal(got.reshape(-1), table[index])
+
+
+def test_segment_lut_evaluate_is_exact_on_both_tiers(tiers, monkeypatch):
+    lut = build_lut("sigmoid", DType.INT16, 8 / 32767.5, DType.INT16, 1 / 32767.5)
+    codes = all_codes(DType.INT16).to(torch.int16).repeat(2)  # 2**17 codes: a compiled-size call
+    want = lut.evaluate_reference(codes)
+    monkeypatch.setattr(G, "COMPILE_AFTER", 3 * codes.numel())
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    for call in range(5):
+        assert_bits_equal(lut.evaluate(codes), want)
+        assert (not tiers.compiled) == (call < 3), call  # serial for 3 calls, then compiled
+    assert tiers.serial_codes == 3 * codes.numel()
+
+
+def test_small_and_non_cpu_calls_stay_serial_and_are_not_counted(tiers, monkeypatch):
+    monkeypatch.setattr(G, "COMPILE_AFTER", 0)
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    table = _table(torch.int16, 16, seed=1)
+    small = torch.arange(-100, 100, dtype=torch.int16)
+    assert_bits_equal(G.gather(table, small), G.gather_serial(table, small))
+    assert not tiers.compiled and tiers.serial_codes == 0
+
+
+def test_a_failed_compile_warns_once_and_stays_serial(tiers, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(G, "COMPILE_AFTER", 0)
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    table = _table(torch.int16, 16, seed=2)
+    codes = all_codes(DType.INT16).to(torch.int16)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+        assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
+    assert "no C++ compiler found" in tiers.failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
+    with pytest.raises(RuntimeError, match="unavailable"):
+        G.gather_compiled(table, codes)
+
+
+def test_compiled_gather_under_a_torch_function_mode():
+    """The simulator's capture is a torch-function mode; the compiled call must neither trace it
+    nor be seen by it."""
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    table = _table(torch.int16, 16, seed=3)
+    codes = all_codes(DType.INT16).to(torch.int16)
+    with Record():
+        got = G.gather_compiled(table, codes)
+    assert_bits_equal(got, G.gather_serial(table, codes))
+    assert "__getitem__" not in seen and "index_select" not in seen, seen
+
+
+@pytest.mark.parametrize(
+    "table,codes,match",
+    [
+        (torch.zeros(256, dtype=torch.int16), torch.zeros(4, dtype=torch.int16), "65536 entries"),
+        (torch.zeros(65536, dtype=torch.int16), torch.zeros(4, dtype=torch.int8), "256 entries"),
+        (torch.zeros(256, dtype=torch.int16), torch.zeros(4, dtype=torch.int32), "int8 or"),
+        (torch.zeros(16, 16, dtype=torch.int16), torch.zeros(4, dtype=torch.int8), "1-D"),
+    ],
+)
+def test_bad_tables_and_codes_are_refused(table, codes, match):
+    """Checked before either kernel runs: the compiled kernel aborts the process on an index out
+    of range rather than raising."""
+    for kernel in (G.gather_serial, G.gather_compiled, G.gather):
+        with pytest.raises(ValueError, match=match):
+            kernel(table, codes)
+
+
+def test_a_compiled_call_that_fails_falls_back_for_good(tiers, monkeypatch):
+    def broken(table, codes):
+        raise RuntimeError("recompile limit reached")
+
+    monkeypatch.setattr(G, "COMPILE_AFTER", 0)
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {torch.get_num_threads(): broken}, None
+    table = _table(torch.int8, 16, seed=4)
+    codes = all_codes(DType.INT16).to(torch.int16)
+    with pytest.warns(RuntimeWarning, match="recompile limit reached"):
+        assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
+    assert not tiers.compiled and "recompile limit" in tiers.failed
+
+
+def test_each_thread_count_has_its_own_build(tiers):
+    """Inductor's disk cache ignores the runtime thread count: a kernel built at one thread must
+    not serve two (it would run serially), so each count builds its own; same bits on each."""
+    table = _table(torch.int16, 16, seed=6)
+    codes = all_codes(DType.INT16).to(torch.int16).repeat(3)
+    before = torch.get_num_threads()
+    try:
+        got = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got[threads] = G.gather_compiled(table, codes)
+            assert threads in tiers.compiled
+        assert tiers.compiled[1] is not tiers.compiled[2]
+    finally:
+        torch.set_num_threads(before)
+    for out in got.values():
+        assert_bits_equal(out, G.gather_serial(table, codes))
