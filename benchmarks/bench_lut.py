@@ -2,8 +2,11 @@
 
 Evaluation (``--part eval``). Claim checked (acceptance): one evaluation of a built int16 table
 (``SegmentLut.evaluate``, a gather through the cached 65536-entry code map) costs at most 1.5x
-``torch.sigmoid`` on the same number of float32 elements. Also timed for context: the exact
-vectorised integer path without the map (numpy int64), and the fake counterpart ``lut_fake``.
+``torch.sigmoid`` on the same number of float32 elements, in a loop's steady state: the gather
+starts serial and switches to its compiled kernel once the process has gathered enough codes
+(``quantlab.numerics.lut.gather``); the benchmark runs that loop first and reports how long the
+switch took. Also timed for context: the serial tier alone, the exact vectorised integer path
+without the map (numpy int64), and the fake counterpart ``lut_fake``.
 Medians of ``--repeats`` runs, interleaved so that load from other processes hits every variant
 alike. Writes reports/benchmarks/lut.csv and lut.md.
 
@@ -24,6 +27,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -35,10 +39,14 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import FUNCTIONS, Strategy, build_lut, default_spec, lut_fake
 from quantlab.numerics.lut.analysis import sample_scales
+from quantlab.numerics.lut.gather import gather_serial
 from quantlab.numerics.lut.segment import evaluate_codes_int
 from quantlab.numerics.lut.table import clear_build_cache
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_write_csv, atomic_write_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lut_tiers import describe, run_until_compiled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
@@ -163,14 +171,18 @@ def bench_eval(args) -> None:
     assert torch.equal(lut.evaluate(codes[:4096]), lut.evaluate_reference(codes[:4096]))
     table = lut.code_map()  # indexed by the code read as unsigned
     table_np, codes_np = table.numpy(), codes.numpy()
+    serial_ms = 1e3 * statistics.median(_time(lambda: lut.evaluate(codes)) for _ in range(9))
+    switch = run_until_compiled(lut, codes)  # as a loop would: serial calls, then the compile
+    assert torch.equal(lut.evaluate(codes), gather_serial(table, codes))
 
     variants = {
         "torch.sigmoid (float32, baseline)": lambda: torch.sigmoid(x),
         "SegmentLut.evaluate (int16 gather)": lambda: lut.evaluate(codes),
+        "serial tier: torch.index_select (one thread)": lambda: gather_serial(table, codes),
         "lut_fake (float64 f + fake quant)": lambda: lut_fake(x, "sigmoid", DType.INT16, s_out),
         "integer path without the map (numpy int64)": lambda: evaluate_codes_int(lut, codes),
-        # other exact gathers through the same map, for comparison (none is faster here:
-        # index_select is torch's fastest 1-d gather but runs on one thread)
+        # other exact gathers through the same map, for comparison (neither beats the serial
+        # tier: index_select is torch's fastest eager 1-d gather but runs on one thread)
         "torch.gather, int64 index (parallel)": lambda: torch.gather(
             table, 0, codes.view(torch.uint16).to(torch.int64)
         ),
@@ -219,6 +231,8 @@ def bench_eval(args) -> None:
         *claims,
         f"- Building the table and expanding its 65536-entry code map took {t_build:.3f} s "
         "(once per scale/dtype/spec; cached).",
+        f"- Serial tier, first calls of a fresh process ({torch.get_num_threads()} threads): "
+        f"{serial_ms:.2f} ms per call. {describe(switch)}",
         f"- torch {torch.__version__}, {platform.machine()}, Python "
         f"{platform.python_version()}; medians of {args.repeats} interleaved runs (ratios are "
         "what to trust: torch.sigmoid's time moves with the allocator's state).",

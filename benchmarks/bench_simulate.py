@@ -13,7 +13,8 @@ profile, onnxruntime fp32 and int8 QOperator (static, per-channel; exported from
 module; ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads;
 and fake mode's floor: the model with every op captured and nothing quantized, and the fake
 quant's passes alone (their sum estimates what any per-op fake run costs).
-Also: int16 segment-LUT evaluation against torch.sigmoid on as many elements, and the peak
+Also: int16 segment-LUT evaluation against torch.sigmoid on as many elements (after the loop
+that switches the gather to its compiled tier, as any long run does), and the peak
 memory growth of one MobileNetV2 run per mode (fresh subprocess each).
 
 Targets (each printed as met or missed with its figure): float <= 1.1x eager, fake (j6m,
@@ -57,6 +58,7 @@ from quantlab.simulate.program import ProgramError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_info import cpu_description, shown_path  # noqa: E402
+from lut_tiers import describe, run_until_compiled  # noqa: E402
 from ort_baseline import ort_runners  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -265,6 +267,7 @@ def bench_lut(threads: int, repeats: int, log2n: int = 22) -> dict:
     codes = torch.round(x / s_in).clamp(-32768, 32767).to(torch.int16)
     lut = build_lut("sigmoid", DType.INT16, s_in, DType.INT16, s_out)
     lut.code_map()
+    switch = run_until_compiled(lut, codes)  # a loop's steady state: the gather's compiled tier
     fns = {"torch.sigmoid": lambda: torch.sigmoid(x), "lut": lambda: lut.evaluate(codes)}
     for fn in fns.values():
         fn()
@@ -277,6 +280,7 @@ def bench_lut(threads: int, repeats: int, log2n: int = 22) -> dict:
         "lut_ms": med["lut"] * 1e3,
         "ratio": med["lut"] / med["torch.sigmoid"],
         "repeats": repeats,
+        "switch": switch,
     }
 
 
@@ -496,7 +500,7 @@ def main() -> None:
     md += [
         f"int16 sigmoid segment LUT (`SegmentLut.evaluate`) on {lut['elements']} codes: "
         f"{lut['lut_ms']:.2f} ms vs torch.sigmoid {lut['sigmoid_ms']:.2f} ms on as many float32 "
-        f"values ({lut['ratio']:.2f}x)."
+        f"values ({lut['ratio']:.2f}x). {describe(lut['switch'])}"
         + (" Peak memory growth of one MobileNetV2 run (MiB): " if mem else "")
         + ", ".join(f"{k} {v:.1f}" for k, v in mem.items()),
         "",

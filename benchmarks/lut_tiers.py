@@ -1,0 +1,45 @@
+"""Drive a LUT's gather to its compiled tier the way a loop does (``quantlab.numerics.lut.gather``):
+call ``lut.evaluate`` until the process has gathered enough codes serially and compiled."""
+
+from __future__ import annotations
+
+import time
+
+from quantlab.numerics.lut import gather
+
+
+def run_until_compiled(lut, codes, limit_s: float = 300.0) -> dict:
+    """Evaluate ``lut`` on ``codes`` until the compiled kernel serves the calls (or compiling
+    failed, or ``limit_s`` passed). Returns the number of calls, the codes gathered serially,
+    the wall seconds of the whole loop, those of the call that compiled, and whether it did."""
+    t0 = time.perf_counter()
+    calls, switch_s = 0, 0.0
+    while not gather.TIERS.compiled and gather.TIERS.failed is None:
+        if time.perf_counter() - t0 > limit_s:
+            break
+        before = time.perf_counter()
+        lut.evaluate(codes)
+        calls += 1
+        if gather.TIERS.compiled or gather.TIERS.failed is not None:
+            switch_s = time.perf_counter() - before
+    return {
+        "calls": calls,
+        "serial_codes": gather.TIERS.serial_codes,
+        "loop_s": time.perf_counter() - t0,
+        "compile_call_s": switch_s,
+        "compiled": bool(gather.TIERS.compiled),
+        "failed": gather.TIERS.failed,
+    }
+
+
+def describe(run: dict) -> str:
+    """One sentence on how the switch went, for a report."""
+    if not run["compiled"]:
+        why = run["failed"] or "not within the time limit"
+        return f"The compiled gather did not take over ({why}); the figures are the serial tier."
+    return (
+        f"The compiled gather took over after {run['calls']} calls "
+        f"({run['serial_codes']:,} codes gathered serially, the switch threshold "
+        f"{gather.COMPILE_AFTER:,}); that loop took {run['loop_s']:.1f} s, of which the call "
+        f"that compiled took {run['compile_call_s']:.1f} s. Timed after the switch."
+    )
