@@ -170,3 +170,17 @@ def test_each_thread_count_has_its_own_build(tiers):
         torch.set_num_threads(before)
     for out in got.values():
         assert_bits_equal(out, G.gather_serial(table, codes))
+
+
+def test_compiled_gather_under_inference_mode_and_no_grad(tiers):
+    """Grad-mode switches are guards of the compiled call, not failures: same bits, no fallback."""
+    table = _table(torch.int16, 16, seed=7)
+    codes = all_codes(DType.INT16).to(torch.int16).repeat(2)
+    want = G.gather_serial(table, codes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with torch.inference_mode():
+            assert_bits_equal(G.gather_compiled(table.clone(), codes.clone()), want)
+        with torch.no_grad():
+            assert_bits_equal(G.gather_compiled(table, codes), want)
+    assert tiers.failed is None
