@@ -22,6 +22,7 @@ reported once as a warning, and the serial kernel serves the rest of the process
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import torch
@@ -52,9 +53,15 @@ def gather_serial(table: Tensor, codes: Tensor) -> Tensor:
 
 
 def _gather_flat(table: Tensor, codes: Tensor) -> Tensor:
-    # codes is 1-D; its dtype is fixed per compiled graph, so the unsigned view is static.
+    # codes is 1-D; its dtype is fixed per build, so the unsigned view is static.
     unsigned = torch.uint8 if codes.dtype == torch.int8 else torch.uint16
     return table[codes.view(unsigned).to(torch.int32)]
+
+
+def _own_copy(fn, name: str):
+    """``fn`` with a code object of its own: dynamo keeps compiled graphs, and counts them
+    against its recompile limit, per code object, so each build gets its own count."""
+    return types.FunctionType(fn.__code__.replace(co_name=name), fn.__globals__, name)
 
 
 class _Tiers:
@@ -65,29 +72,35 @@ class _Tiers:
 
     def reset(self) -> None:
         self.serial_codes = 0  # codes gathered serially by calls the compiled kernel would take
-        self.compiled: dict = {}  # torch's intra-op thread count -> the compiled function
+        # (torch's intra-op thread count, code dtype, table dtype) -> the compiled function
+        self.compiled: dict = {}
         self.failed: str | None = None  # why compiling failed, once it has
 
-    def compiled_fn(self):
-        """The compiled gather for torch's current thread count, built on first use; None if
-        building failed (warned once).
+    def compiled_fn(self, table: Tensor, codes: Tensor):
+        """The compiled gather for these operands' dtypes at torch's current thread count,
+        built on first use; None if building failed (warned once).
 
-        The thread count is fixed in each build: inductor's on-disk cache does not key on the
-        runtime count, and would otherwise hand a one-thread kernel to a two-thread process."""
-        threads = torch.get_num_threads()
-        if threads not in self.compiled and self.failed is None:
+        One build per key: the thread count is fixed in each build (inductor's on-disk cache
+        does not key on the runtime count, and would otherwise hand a one-thread kernel to a
+        two-thread process), and each build has its own code object, so that the few graphs it
+        holds (dynamic sizes; grad mode is fixed by the caller) never reach dynamo's limit."""
+        key = (torch.get_num_threads(), codes.dtype, table.dtype)
+        if key not in self.compiled and self.failed is None:
             try:
+                name = "_gather_{}_{}_{}".format(*(str(k).replace("torch.", "") for k in key))
                 # no per-code bounds check: _check has proven every index < table.numel()
-                options = {"cpp.threads": threads, "assert_indirect_indexing": False}
-                fn = torch.compile(_gather_flat, dynamic=True, fullgraph=True, options=options)
+                options = {"cpp.threads": key[0], "assert_indirect_indexing": False}
+                fn = torch.compile(
+                    _own_copy(_gather_flat, name), dynamic=True, fullgraph=True, options=options
+                )
                 # build now, not inside a caller's result; a probe longer than the table, since
                 # equal sizes would be guarded as equal (dynamo's duck sizing) and recompile
-                probe = torch.zeros(1 << 17, dtype=torch.int16)
-                _run_compiled(fn, torch.zeros(1 << 16, dtype=torch.int16), probe)
-                self.compiled[threads] = fn
+                probe = torch.zeros(1 << 17, dtype=codes.dtype)
+                _run_compiled(fn, torch.zeros_like(table, device="cpu"), probe)
+                self.compiled[key] = fn
             except Exception as err:  # no C++ compiler, unsupported platform, ...
                 self.fail(err)
-        return self.compiled.get(threads)
+        return self.compiled.get(key)
 
     def fail(self, err: Exception) -> None:
         """Give the compiled kernel up for this process, with one warning."""
@@ -107,19 +120,20 @@ def gather_compiled(table: Tensor, codes: Tensor) -> Tensor:
     """``table[codes mod 2**bits]`` by the compiled kernel (CPU tensors); raises RuntimeError
     if it cannot be built. Same bits as ``gather_serial``."""
     _check(table, codes)
-    fn = TIERS.compiled_fn()
+    fn = TIERS.compiled_fn(table, codes)
     if fn is None:
         raise RuntimeError(f"the compiled LUT gather is unavailable: {TIERS.failed}")
     return _run_compiled(fn, table, codes)
 
 
 def _run_compiled(fn, table: Tensor, codes: Tensor) -> Tensor:
-    # One graph per (code dtype, table dtype): flat, detached operands (no view base for dynamo
-    # to guard on), so that shapes, strides and views do not recompile; torch-function modes
-    # (the simulator's capture) off, so that dynamo does not trace them.
+    # Flat, detached operands (no view base for dynamo to guard on), so that shapes, strides
+    # and views do not recompile; grad mode off (a gather of codes has no gradient), so that
+    # it does not either; torch-function modes (the simulator's capture) off, so that dynamo
+    # does not trace them.
     if codes.numel() == 0:
         return gather_serial(table, codes)
-    with torch._C.DisableTorchFunction():
+    with torch._C.DisableTorchFunction(), torch.no_grad():
         flat = fn(table.detach(), codes.reshape(-1).detach())
         return flat.reshape(codes.shape)
 
@@ -133,7 +147,7 @@ def gather(table: Tensor, codes: Tensor) -> Tensor:
         TIERS.serial_codes += codes.numel()
         return gather_serial(table, codes)
     _check(table, codes)
-    fn = TIERS.compiled_fn()
+    fn = TIERS.compiled_fn(table, codes)
     if fn is not None:
         try:
             return _run_compiled(fn, table.to(codes.device), codes)

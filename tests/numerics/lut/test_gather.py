@@ -9,12 +9,15 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
+from toolchain import CXX
 from torch.overrides import TorchFunctionMode
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import build_lut
 from quantlab.numerics.lut import gather as G
 from quantlab.numerics.lut.segment import all_codes
+
+needs_cxx = pytest.mark.skipif(CXX is None, reason="torch.compile's C++ backend needs a compiler")
 
 
 @pytest.fixture
@@ -41,6 +44,7 @@ CASES = [
 ]
 
 
+@needs_cxx
 @pytest.mark.parametrize("code_dtype,table_dtype", CASES)
 def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, table_dtype):
     bits = 8 * torch.tensor([], dtype=code_dtype).element_size()
@@ -65,6 +69,7 @@ def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, tabl
         assert_bits_equal(got.reshape(-1), table[index])
 
 
+@needs_cxx
 def test_segment_lut_evaluate_is_exact_on_both_tiers(tiers, monkeypatch):
     lut = build_lut("sigmoid", DType.INT16, 8 / 32767.5, DType.INT16, 1 / 32767.5)
     codes = all_codes(DType.INT16).to(torch.int16).repeat(2)  # 2**17 codes: a compiled-size call
@@ -105,6 +110,7 @@ def test_a_failed_compile_warns_once_and_stays_serial(tiers, monkeypatch):
         G.gather_compiled(table, codes)
 
 
+@needs_cxx
 def test_compiled_gather_under_a_torch_function_mode():
     """The simulator's capture is a torch-function mode; the compiled call must neither trace it
     nor be seen by it."""
@@ -145,7 +151,8 @@ def test_a_compiled_call_that_fails_falls_back_for_good(tiers, monkeypatch):
         raise RuntimeError("recompile limit reached")
 
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {torch.get_num_threads(): broken}, None
+    key = (torch.get_num_threads(), torch.int16, torch.int8)
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {key: broken}, None
     table = _table(torch.int8, 16, seed=4)
     codes = all_codes(DType.INT16).to(torch.int16)
     with pytest.warns(RuntimeWarning, match="recompile limit reached"):
@@ -153,6 +160,7 @@ def test_a_compiled_call_that_fails_falls_back_for_good(tiers, monkeypatch):
     assert not tiers.compiled and "recompile limit" in tiers.failed
 
 
+@needs_cxx
 def test_each_thread_count_has_its_own_build(tiers):
     """Inductor's disk cache ignores the runtime thread count: a kernel built at one thread must
     not serve two (it would run serially), so each count builds its own; same bits on each."""
@@ -164,14 +172,16 @@ def test_each_thread_count_has_its_own_build(tiers):
         for threads in (1, 2):
             torch.set_num_threads(threads)
             got[threads] = G.gather_compiled(table, codes)
-            assert threads in tiers.compiled
-        assert tiers.compiled[1] is not tiers.compiled[2]
+            assert (threads, torch.int16, torch.int16) in tiers.compiled
+        one, two = ((t, torch.int16, torch.int16) for t in (1, 2))
+        assert tiers.compiled[one] is not tiers.compiled[two]
     finally:
         torch.set_num_threads(before)
     for out in got.values():
         assert_bits_equal(out, G.gather_serial(table, codes))
 
 
+@needs_cxx
 def test_compiled_gather_under_inference_mode_and_no_grad(tiers):
     """Grad-mode switches are guards of the compiled call, not failures: same bits, no fallback."""
     table = _table(torch.int16, 16, seed=7)
@@ -184,3 +194,31 @@ def test_compiled_gather_under_inference_mode_and_no_grad(tiers):
         with torch.no_grad():
             assert_bits_equal(G.gather_compiled(table, codes), want)
     assert tiers.failed is None
+
+
+@needs_cxx
+def test_every_dtype_pair_grad_mode_and_thread_count_in_one_process(tiers, monkeypatch):
+    """What a long process meets, through ``gather`` after the switch: four dtype pairs, three
+    grad modes, two thread counts. Each build has its own code object and a fixed grad mode, so
+    none reaches dynamo's recompile limit (a process that did fell back, with a warning)."""
+    monkeypatch.setattr(G, "COMPILE_AFTER", 0)
+    before = torch.get_num_threads()
+    modes = (torch.enable_grad, torch.no_grad, torch.inference_mode)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            for threads in (2, 1):
+                torch.set_num_threads(threads)
+                for code_dtype, table_dtype in CASES:
+                    bits = 8 * torch.tensor([], dtype=code_dtype).element_size()
+                    table = _table(table_dtype, bits, seed=bits)
+                    every = all_codes(DType.INT8 if bits == 8 else DType.INT16).to(code_dtype)
+                    codes = every.repeat((1 << 17) // every.numel())
+                    for mode in modes:
+                        with mode():
+                            got = G.gather(table.clone(), codes.clone().reshape(-1, 64))
+                        assert_bits_equal(got.reshape(-1), G.gather_serial(table, codes))
+    finally:
+        torch.set_num_threads(before)
+    assert tiers.failed is None
+    assert len(tiers.compiled) >= 8  # (2 thread counts) x (4 dtype pairs), and nothing failed
