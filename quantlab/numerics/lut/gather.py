@@ -7,7 +7,7 @@ shape and the table's dtype. A gather copies entries, so both kernels give ident
 - ``gather_serial``: one ``torch.index_select`` (any device). On CPU it runs on the calling
   thread only: torch's index_select of a 1-D table has no parallel loop.
 - ``gather_compiled``: the same gather compiled by ``torch.compile`` (inductor's C++ backend,
-  on torch's own OpenMP threads), once per process and thread count: about 2.5x faster than
+  on torch's own OpenMP threads), once per thread count and dtype pair: about 2.5x faster than
   the serial kernel on 2 cores at 2**22 codes (``reports/benchmarks/lut.md``). It needs a C++
   compiler and costs seconds to build (about 4 s with inductor's disk cache warm, 20 s cold, on
   2 cores).
