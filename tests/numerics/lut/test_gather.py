@@ -22,7 +22,9 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="torch.compile's C++ backend 
 
 @pytest.fixture
 def tiers():
-    """The process-wide tier state, restored after the test (the compiled kernel is kept)."""
+    """The process-wide tier state, restored after the test. Tests without this fixture leave
+    their builds in place, so later tests in the process gather with the compiled kernel where
+    a call is large enough: the same bits, which their own references check."""
     saved = (G.TIERS.serial_codes, dict(G.TIERS.compiled), G.TIERS.failed)
     yield G.TIERS
     G.TIERS.serial_codes, G.TIERS.compiled, G.TIERS.failed = saved
