@@ -44,7 +44,6 @@ from quantlab.simulate import args as A
 from quantlab.simulate import steady
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
-from quantlab.simulate.qtensor import QInfo
 from quantlab.simulate.traced_graph import (
     ProgramError,
     attr_paths,
@@ -171,9 +170,7 @@ class _Prepared:
         if prep is not self.prep:
             self.prep = prep
             if prep is not None:
-                self.plan = prep.route.plan
-                self.acts = list(zip(self.plan.acts, prep.in_dtypes))
-                self.chain = bool(prep.route.chain)
+                self.acts = list(zip(prep.route.plan.acts, prep.in_dtypes))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.full.swap:  # the operator's reflected form: the captured order
@@ -182,36 +179,13 @@ class _Prepared:
         if prep is None:
             return self.full.dispatch(args, kwargs)
         st = self.run.st
-        qt, plan = st.qt, self.plan
-        x_info = None
-        for i, (slot, want) in enumerate(self.acts):
-            v = A.get(args, kwargs, slot)
-            if want is None:
-                if isinstance(v, Tensor) and v.is_floating_point():
-                    return self.full.dispatch(args, kwargs)
-                continue
-            info = qt.get(v)
-            if info is None or info.dtype is not want:
-                return self.full.dispatch(args, kwargs)
-            if i == 0:
-                x_info = info
-        if prep.passes:  # a pass-through op: its output keeps its input's quantization
-            out = prep.route.fn(*args, **kwargs)
-            qt.set(out, QInfo(x_info.dtype, x_info.scale, zero_point=x_info.zero_point))
-            self.run.prepared += 1
-            return out
-        a = list(args)
-        kw = dict(kwargs) if kwargs else {}
-        if prep.weight is not None:
-            A.put(a, kw, plan.weight, prep.weight_value)
-        if prep.bias is not None:
-            if x_info is None or x_info.scale is not prep.x_scale:
-                return self.full.dispatch(args, kwargs)
-            A.put(a, kw, plan.bias, prep.bias_value)
-        if self.chain:
-            st.fused_done.add(self.name)
-        out = prep.fq(prep.route.fn(*a, **kw), inplace=prep.owned)
-        qt.set(out, prep.out_info)
+        x_info = steady.arrived_info(self.acts, args, kwargs, st.qt)
+        if x_info is steady.MISMATCH:
+            return self.full.dispatch(args, kwargs)
+        if prep.bias is not None and (x_info is None or x_info.scale is not prep.x_scale):
+            return self.full.dispatch(args, kwargs)
+        out, info = steady.compute(prep, self.name, args, kwargs, x_info, st)
+        st.qt.set(out, info)
         self.run.prepared += 1
         return out
 
@@ -325,19 +299,12 @@ def _hooked(named_modules) -> str | None:
 def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
     """What ``steady.prepared_value`` checks about the simulator for op ``name`` (not about
     the call's arguments): the prepared call is current and everything it was made from holds."""
-    r = prep.route
     cached = sim._plans.get(name)
     if (
         sim._prepared.get(name) is not prep
         or cached is None
-        or cached[1] is not r.plan
-        or sim._routes.get((name, Mode.FAKE)) is not r
-        or sim._resolved.get(name) is not r.rq
-        or sim.platform is not r.platform
-        or sim.fake_ops is not prep.fake_ops
-        or (r.chain is not None and sim._chain.get(name) is not r.chain)
-        or (r.chain and sim._fused_clamp(name) != prep.bounds)
-        or (not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point)
+        or cached[1] is not prep.route.plan
+        or not steady.holds(sim, name, prep)
     ):
         return False
     if prep.weight is not None and prep.weight._version != prep.weight_version:

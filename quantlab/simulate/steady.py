@@ -15,7 +15,7 @@ call through the full path (``OpDispatch._run_quantized_value``), which prepares
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,36 +55,16 @@ class PreparedCall:
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
     """(plan, value, QInfo) of ``call`` by ``prep``, or None when any of its checks fails
     (then nothing was changed)."""
-    r = prep.route
     name = call.name
     plan = A.plan_of(call, sim._plans)
-    if (
-        plan is not r.plan
-        or sim._routes.get((name, Mode.FAKE)) is not r
-        or sim._resolved.get(name) is not r.rq
-        or sim.platform is not r.platform
-        or sim.fake_ops is not prep.fake_ops
-        or sim._learned_scales is not None
-        or (r.chain is not None and sim._chain.get(name) is not r.chain)
-    ):
+    if plan is not prep.route.plan or not holds(sim, name, prep):
         return None
     args, kwargs = call.args, call.kwargs
     if kwargs and kwargs.get("inplace"):
         return None
-    qt = st.qt
-    x_info = None
-    for i, slot in enumerate(plan.acts):
-        v = A.get(args, kwargs, slot)
-        want = prep.in_dtypes[i]
-        if want is None:
-            if isinstance(v, Tensor) and v.is_floating_point():
-                return None
-            continue
-        info = qt.get(v)
-        if info is None or info.dtype is not want:
-            return None
-        if i == 0:
-            x_info = info
+    x_info = arrived_info(zip(plan.acts, prep.in_dtypes), args, kwargs, st.qt)
+    if x_info is MISMATCH:
+        return None
     if prep.weight is not None:
         w = A.get(args, kwargs, plan.weight)
         if w is not prep.weight or w._version != prep.weight_version:
@@ -100,23 +80,68 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
             return None
     elif plan.bias is not None and A.get(args, kwargs, plan.bias) is not None:
         return None
-    if r.chain and sim._fused_clamp(name) != prep.bounds:
-        return None
-    if not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point:
-        return None
-    # every check passed: compute as the full path would (the inputs arrived as wanted)
+    value, info = compute(prep, name, args, kwargs, x_info, st)
+    # the full path's _quant_output gives a pass-through op's output quantization as a list
+    return plan, value, [info] if prep.passes else info
+
+
+def holds(sim: Any, name: str, prep: PreparedCall) -> bool:
+    """Whether what ``prep`` assumed about the simulator for op ``name`` still holds (not
+    about a call's arguments): its route, resolved qconfig, platform, fake ops, fused chain and
+    clamp and output scale-cache entry are current, and no scales are being learned."""
+    r = prep.route
+    return not (
+        sim._routes.get((name, Mode.FAKE)) is not r
+        or sim._resolved.get(name) is not r.rq
+        or sim.platform is not r.platform
+        or sim.fake_ops is not prep.fake_ops
+        or sim._learned_scales is not None
+        or (r.chain is not None and sim._chain.get(name) is not r.chain)
+        or (r.chain and sim._fused_clamp(name) != prep.bounds)
+        or (not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point)
+    )
+
+
+MISMATCH = object()  # arrived_info: an input did not arrive as the prepared call wants
+
+
+def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any) -> Any:
+    """The first activation input's QInfo (None: not quantized) when every activation input
+    arrived as prepared, ``acts`` giving each one's (slot, dtype) (dtype None: not a float
+    tensor); else ``MISMATCH``."""
+    x_info = None
+    for i, (slot, want) in enumerate(acts):
+        v = A.get(args, kwargs, slot)
+        if want is None:
+            if isinstance(v, Tensor) and v.is_floating_point():
+                return MISMATCH
+            continue
+        info = qt.get(v)
+        if info is None or info.dtype is not want:
+            return MISMATCH
+        if i == 0:
+            x_info = info
+    return x_info
+
+
+def compute(
+    prep: PreparedCall, name: str, args: tuple, kwargs: dict, x_info: Any, st: Any
+) -> tuple:
+    """(value, QInfo) of op ``name`` by ``prep``, every check of it having passed: the same
+    functions on the same values as the full path (``x_info``: the first input's QInfo)."""
+    r = prep.route
     if prep.passes:  # the full path's _quant_output of a pass-through op, for one tensor
         info = QInfo(x_info.dtype, x_info.scale, zero_point=x_info.zero_point)
-        return plan, r.fn(*args, **kwargs), [info]
+        return r.fn(*args, **kwargs), info
     if r.chain:
         st.fused_done.add(name)
     a = list(args)
     kw = dict(kwargs) if kwargs else {}
     if prep.weight is not None:
-        A.put(a, kw, plan.weight, prep.weight_value)
+        A.put(a, kw, r.plan.weight, prep.weight_value)
     if prep.bias is not None:
-        A.put(a, kw, plan.bias, prep.bias_value)
-    return plan, prep.fq(r.fn(*a, **kw), inplace=prep.owned), prep.out_info
+        A.put(a, kw, r.plan.bias, prep.bias_value)
+    return prep.fq(r.fn(*a, **kw), inplace=prep.owned), prep.out_info
 
 
 def prepare(
