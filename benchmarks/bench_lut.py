@@ -46,7 +46,7 @@ from quantlab.report import markdown_table
 from quantlab.report.io import atomic_write_csv, atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lut_tiers import describe, run_until_compiled  # noqa: E402
+from lut_tiers import S_OUT, describe, run_until_compiled, sigmoid_case  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
@@ -160,14 +160,7 @@ def bench_eval(args) -> None:
     """Evaluation of a built int16 table against torch.sigmoid (module docstring)."""
     out = args.out
     n = 1 << args.log2n
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, generator=g) * 3
-    s_in, s_out = 8 / 32767.5, 1 / 32767.5
-    codes = torch.round(x / s_in).clamp(-32768, 32767).to(torch.int16)
-    t_build = time.perf_counter()
-    lut = build_lut("sigmoid", DType.INT16, s_in, DType.INT16, s_out)
-    lut.code_map()  # expand once; cached on the table
-    t_build = time.perf_counter() - t_build
+    x, codes, lut, t_build = sigmoid_case(args.log2n)
     assert torch.equal(lut.evaluate(codes[:4096]), lut.evaluate_reference(codes[:4096]))
     table = lut.code_map()  # indexed by the code read as unsigned
     table_np, codes_np = table.numpy(), codes.numpy()
@@ -179,7 +172,7 @@ def bench_eval(args) -> None:
         "torch.sigmoid (float32, baseline)": lambda: torch.sigmoid(x),
         "SegmentLut.evaluate (int16 gather)": lambda: lut.evaluate(codes),
         "serial tier: torch.index_select (one thread)": lambda: gather_serial(table, codes),
-        "lut_fake (float64 f + fake quant)": lambda: lut_fake(x, "sigmoid", DType.INT16, s_out),
+        "lut_fake (float64 f + fake quant)": lambda: lut_fake(x, "sigmoid", DType.INT16, S_OUT),
         "integer path without the map (numpy int64)": lambda: evaluate_codes_int(lut, codes),
         # other exact gathers through the same map, for comparison (neither beats the serial
         # tier: index_select is torch's fastest eager 1-d gather but runs on one thread)

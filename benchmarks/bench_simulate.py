@@ -48,8 +48,6 @@ import torch
 from quantlab.capture import CaptureMode, ModuleTracker
 from quantlab.models import build_model
 from quantlab.models.registry import example_inputs
-from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut import build_lut
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_savefig, atomic_write_text
 from quantlab.report.plots import Plot, PlotKind, draw
@@ -58,7 +56,7 @@ from quantlab.simulate.program import ProgramError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_info import cpu_description, shown_path  # noqa: E402
-from lut_tiers import describe, run_until_compiled  # noqa: E402
+from lut_tiers import describe, run_until_compiled, sigmoid_case  # noqa: E402
 from ort_baseline import ort_runners  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,11 +260,7 @@ def bench_case(case: Case, rounds: int, threads: int) -> pd.DataFrame:
 def bench_lut(threads: int, repeats: int, log2n: int = 22) -> dict:
     """int16 sigmoid segment LUT (SegmentLut.evaluate) vs torch.sigmoid on 2**log2n elements."""
     n = 1 << log2n
-    x = torch.randn(n, generator=torch.Generator().manual_seed(0)) * 3
-    s_in, s_out = 8 / 32767.5, 1 / 32767.5
-    codes = torch.round(x / s_in).clamp(-32768, 32767).to(torch.int16)
-    lut = build_lut("sigmoid", DType.INT16, s_in, DType.INT16, s_out)
-    lut.code_map()
+    x, codes, lut, _ = sigmoid_case(log2n)
     switch = run_until_compiled(lut, codes)  # a loop's steady state: the gather's compiled tier
     fns = {"torch.sigmoid": lambda: torch.sigmoid(x), "lut": lambda: lut.evaluate(codes)}
     for fn in fns.values():

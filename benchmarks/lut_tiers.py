@@ -1,11 +1,29 @@
-"""Drive a LUT's gather to its compiled tier the way a loop does (``quantlab.numerics.lut.gather``):
-call ``lut.evaluate`` until the process has gathered enough codes serially and compiled."""
+"""The LUT benchmarks' shared case (an int16 sigmoid table on 2**log2n codes), and driving its
+gather to the compiled tier the way a loop does (``quantlab.numerics.lut.gather``): call
+``lut.evaluate`` until the process has gathered enough codes serially and compiled."""
 
 from __future__ import annotations
 
 import time
 
-from quantlab.numerics.lut import gather
+import torch
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut import build_lut, gather
+
+S_IN, S_OUT = 8 / 32767.5, 1 / 32767.5  # int16 scales: inputs within +-8, outputs within +-1
+
+
+def sigmoid_case(log2n: int) -> tuple:
+    """(x, codes, lut, build_s): 2**log2n float32 values (3 times N(0, 1), seed 0), their int16
+    codes at ``S_IN``, the built int16 sigmoid table with its code map expanded, and the
+    seconds that build and expansion took."""
+    x = torch.randn(1 << log2n, generator=torch.Generator().manual_seed(0)) * 3
+    codes = torch.round(x / S_IN).clamp(-32768, 32767).to(torch.int16)
+    t0 = time.perf_counter()
+    lut = build_lut("sigmoid", DType.INT16, S_IN, DType.INT16, S_OUT)
+    lut.code_map()  # expand once; cached on the table
+    return x, codes, lut, time.perf_counter() - t0
 
 
 def run_until_compiled(lut, codes, limit_s: float = 300.0) -> dict:
