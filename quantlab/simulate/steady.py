@@ -263,18 +263,17 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
 
 
 def _arrival_dtypes(call: OpCall, plan: A.ArgPlan, in_infos: list, arrived: list) -> tuple | None:
-    """The dtype each activation input arrived with (None: not quantized), when every input was
-    used as it came (none quantized or cast by the op) and none arrived as an unquantized float
-    tensor; else None (a call the prepared form does not cover)."""
+    """The dtype each activation input arrived with (None: not a quantized tensor, such as a
+    Python number), when every input was used as it came (none quantized or cast by the op)
+    and none arrived as an unquantized float tensor; else None (a call the prepared form does
+    not cover)."""
     dtypes = []
-    for used, came in zip(in_infos, arrived):
+    for slot, used, came in zip(plan.acts, in_infos, arrived):
         if used is not came:  # quantized or cast here
             return None
+        if used is None and A.is_float_tensor(A.get(call.args, call.kwargs, slot)):
+            return None  # a float tensor left float (a sensitivity run's float op feeds it)
         dtypes.append(None if used is None else used.dtype)
-    if any(d is None for d in dtypes) and any(
-        A.is_float_tensor(A.get(call.args, call.kwargs, s)) for s in plan.acts
-    ):
-        return None
     return tuple(dtypes)
 
 

@@ -362,3 +362,47 @@ def test_pass_through_ops_follow_their_prepared_call_with_the_same_bits(hit_name
         a, b = sim.run(y, mode=Mode.FAKE), fresh.trace(y, mode=Mode.FAKE).result
         assert_bits_equal(a[0], b[0])
         assert_bits_equal(a[1], b[1])
+
+
+def test_an_op_with_a_python_number_operand_follows_its_prepared_call(hit_names):
+    """``scores * scaling`` (attention's scaling, a Python float) and ``x + 1.0`` follow their
+    prepared calls with the bits of the full path; the number is read from each call, so a
+    changed number gives the full path's bits for it too."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.scaling = 0.125
+
+        def forward(self, x):
+            h = self.a(x)
+            return torch.softmax(h * self.scaling, dim=-1) + 1.0, 2.0 * h
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = Net().eval()
+    g = torch.Generator().manual_seed(3)
+    calib = [(torch.randn(4, 8, generator=g),) for _ in range(2)]
+    x = torch.randn(4, 8, generator=g) * 2
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    want = sim.run(x, mode=Mode.FAKE)
+    sim.run(x, mode=Mode.FAKE)
+    hit_names.clear()
+    got = sim.run(x, mode=Mode.FAKE)
+    for a, b in zip(got, want):
+        assert_bits_equal(a, b)
+    ops = {n.split(":")[1] for n in hit_names}
+    assert {"mul#0", "add#0", "mul#1"} <= ops, hit_names
+    fresh = Simulator(m, "j6m")
+    fresh.calibrate(calib, progress=False)
+    for a, b in zip(got, fresh.run(x, mode=Mode.FAKE)):
+        assert_bits_equal(a, b)
+    m.scaling = 0.5  # the same calibration, a new number: a trace takes the full path
+    hit_names.clear()
+    got = sim.run(x, mode=Mode.FAKE)
+    assert "mul#0" in {n.split(":")[1] for n in hit_names}
+    for a, b in zip(got, sim.trace(x, mode=Mode.FAKE).result):
+        assert_bits_equal(a, b)
+    assert not torch.equal(got[0], want[0])
