@@ -10,6 +10,7 @@ QAT computes: each step on the previous step's fake-quantized value, then fake-q
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,9 @@ from quantlab.numerics.norm import (
     NormScales,
     check_eps,
 )
-from quantlab.numerics.quantize import ScaleRule, compute_scale
+from quantlab.numerics.quantize import ScaleRule, code_range, compute_scale, fake_quant_by_scale
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scales import check_scale
 
 
 @dataclass(frozen=True)
@@ -141,17 +143,34 @@ def norm_fake(
     to its scale and dtype by ``rounding`` (the plugin's FloatFunctional ops with int16 qconfig;
     rsqrt exact, then fake quant). ``x`` is taken as given (already on its input grid).
     ``affine``: ``fake_affine`` of the same weight, bias, scales, contract and rounding, kept
-    by a caller that runs the norm again (else computed here)."""
+    by a caller that runs the norm again (else computed here).
+
+    Computed first with every step's NaN kept (one pass fewer per step): a NaN made by any
+    step reaches an output of its row (every step propagates NaN, and mean, var and rsqrt
+    cover the row), so an output free of NaN shows no step made one, and then turning NaN
+    into code 0 changed nothing. Otherwise the steps run again with it."""
     eps = check_eps(eps)
     out_dtype = DType.parse(out_dtype)
     if out_dtype not in CODE_DTYPES:
         raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
     scales.require(weight is not None, bias is not None)
-    s, dt = scales, contract.inter_dtype
     gamma, beta = affine or fake_affine(weight, bias, scales, contract, rounding)
+    run = (x, layout, eps, scales, out_scale, out_dtype, contract, rounding, gamma, beta)
+    y = _norm_fake_steps(*run, keep_nan=True)
+    if math.isnan(y.sum()):  # a NaN anywhere makes the sum NaN
+        y = _norm_fake_steps(*run, keep_nan=False)
+    return y
+
+
+def _norm_fake_steps(
+    x, layout, eps, scales, out_scale, out_dtype, contract, rounding, gamma, beta, keep_nan
+) -> Tensor:
+    """norm_fake's steps (gamma, beta: fake-quantized, or None); every fake quant in place on
+    the fresh tensor its step made."""
+    s, dt = scales, contract.inter_dtype
 
     def fq(t: Tensor, scale: float, dtype: DType = dt) -> Tensor:
-        return _planned_fake_quant(scale, dtype, rounding)(t)
+        return _step_fake_quant(scale, dtype, rounding)(t, keep_nan=keep_nan)
 
     xf = x.to(torch.float32)
     rows = layout.rows(xf)
@@ -159,7 +178,7 @@ def norm_fake(
     d = fq(rows - mu, s.diff)
     v = fq(fq(d * d, s.square).mean(1, keepdim=True), s.var)
     r = fq(torch.rsqrt(v + eps), s.rsqrt)
-    last = weight is None and bias is None
+    last = gamma is None and beta is None
     y = fq(d * r, out_scale if last else s.normed, out_dtype if last else dt).reshape(x.shape)
     if gamma is not None:
         g = layout.affine(gamma, xf, "weight")
@@ -194,3 +213,15 @@ def _planned_fake_quant(scale: float, dtype: DType, rounding: Round):
     """``fake_quant(., scale, dtype, rounding)`` (BY_SCALE) as a ``fake_quant_fn`` built once
     per value: the same float32 bits, without checking the scale on every step of every run."""
     return fake_quant_fn(torch.tensor(scale, dtype=torch.float32), dtype, rounding)
+
+
+@functools.lru_cache(maxsize=4096)
+def _step_fake_quant(scale: float, dtype: DType, rounding: Round):
+    """A step's ``fake_quant(., scale, dtype, rounding)`` (BY_SCALE, integer ``dtype``) built
+    once per value, as ``f(t, keep_nan)``: in place on the fresh float32 step value ``t``
+    (``fake_quant_by_scale``); the same float32 bits, NaN kept when ``keep_nan``."""
+    s = check_scale(torch.tensor(scale, dtype=torch.float32), "scale").reshape(())
+    lo, hi = code_range(dtype)
+    return functools.partial(
+        fake_quant_by_scale, s=s, lo=lo, hi=hi, rounding=rounding, sf=s.item(), inplace=True
+    )

@@ -340,7 +340,15 @@ def fake_quant(
 
 
 def fake_quant_by_scale(
-    x: Tensor, s: Tensor, lo: int, hi: int, rounding: Round, sf: float | None = None
+    x: Tensor,
+    s: Tensor,
+    lo: int,
+    hi: int,
+    rounding: Round,
+    sf: float | None = None,
+    *,
+    inplace: bool = False,
+    keep_nan: bool = False,
 ) -> Tensor:
     """Per-tensor ``Divide.BY_SCALE`` fake quant of ``x`` at the checked 0-d float32 scale
     ``s``, code range [lo, hi] already shifted by -zero_point, in place on one fresh float32
@@ -348,14 +356,26 @@ def fake_quant_by_scale(
     (code -0 -> +0), * s. The same float32 values as ``quantize`` then ``dequantize``
     (integer codes below 2**16 are exact in float32; their round trip only turns -0 into +0).
     ``sf``: ``s`` as a Python float, when the caller holds it (no host read per call).
+    ``inplace``: a float32 ``x`` without gradient that the caller owns is that tensor (the same
+    values, one allocation fewer). ``keep_nan``: a NaN stays NaN instead of becoming code 0
+    (one pass fewer), for a caller that checks its result for NaN and then computes again
+    without it; every other value is the same.
     """
-    q = torch.div(x.detach().to(torch.float32), s)
+    xf = x.detach()
+    if inplace and xf.dtype == torch.float32 and not x.requires_grad:
+        q = xf.div_(s)
+    else:
+        q = torch.div(xf.to(torch.float32), s)
     if lo <= 0 <= hi:
         # five passes, not six: a clamp to integer bounds commutes with the monotone rounding, and a
         # NaN (which both keep) becomes the code 0 inside [lo, hi] either before or after
-        q = round_float_(q.clamp_(lo, hi), rounding).nan_to_num_(nan=0.0)
+        q = round_float_(q.clamp_(lo, hi), rounding)
+        if not keep_nan:
+            q = q.nan_to_num_(nan=0.0)
         return times_scale_(q, s.item() if sf is None else sf)
-    q = round_float_(q, rounding).nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
+    q = round_float_(q, rounding)
+    if not keep_nan:
+        q = q.nan_to_num_(nan=0.0, posinf=math.inf, neginf=-math.inf)
     return q.clamp_(lo, hi).add_(0.0).mul_(s)
 
 

@@ -13,9 +13,10 @@ from bits import assert_bits_equal
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fake_quant_plan import fake_quant_fn
-from quantlab.numerics.quantize import Divide, fake_quant
+from quantlab.numerics.quantize import Divide, code_range, fake_quant, fake_quant_by_scale
 from quantlab.numerics.reference.rounding import round_fraction as ref_round
 from quantlab.numerics.rounding import Round
+from quantlab.numerics.scales import check_scale
 
 CASES = [  # dtype, zero point, (qmin, qmax)
     (DType.INT8, 0, (None, None)),
@@ -66,6 +67,33 @@ def test_by_scale_matches_integer_reference(rounding, dtype, zp, rng, exact_ties
         got = fake_quant(x, s, dtype, rounding, divide=Divide.BY_SCALE, **kw)
         assert_bits_equal(got, want, inputs={"x": x})
         assert_bits_equal(fn(x.double()), want)  # float64 input: clamped, then float32
+
+
+@pytest.mark.parametrize("rounding", list(Round))
+@pytest.mark.parametrize("dtype,zp,rng", CASES)
+def test_by_scale_in_place_and_with_nan_kept(rounding, dtype, zp, rng):
+    """``fake_quant_by_scale``: ``inplace`` writes the result into an owned float32 input (not
+    into one with gradient) and ``keep_nan`` leaves NaN as NaN, every other value as the
+    reference."""
+    s = float(np.float32(0.0371))
+    x = _inputs(s, dtype)
+    want = _reference(x, None, s, dtype, zp, *rng, rounding)
+    lo, hi = code_range(dtype, *rng)
+    st = check_scale(torch.tensor(s), "scale").reshape(())
+    args = (st, lo - zp, hi - zp, rounding)
+    owned = x.clone()
+    got = fake_quant_by_scale(owned, *args, inplace=True)
+    assert got.data_ptr() == owned.data_ptr()
+    assert_bits_equal(got, want, inputs={"x": x})
+    with_grad = x.clone().requires_grad_()
+    got = fake_quant_by_scale(with_grad, *args, inplace=True)
+    assert got.data_ptr() != with_grad.data_ptr()
+    assert_bits_equal(got, want, inputs={"x": x})
+    assert_bits_equal(with_grad.detach(), x)
+    nan = torch.isnan(x)
+    kept = fake_quant_by_scale(x, *args, keep_nan=True)
+    assert torch.isnan(kept[nan]).all() and not torch.isnan(kept[~nan]).any()
+    assert_bits_equal(kept[~nan], want[~nan], inputs={"x": x[~nan]})
 
 
 def _reciprocal_reference(x, bounds, s, dtype, zp, qmin, qmax, rounding) -> torch.Tensor:
