@@ -319,8 +319,15 @@ class OpDispatch:
         if r.single_period:
             fake_single_period(self.platform, args, kwargs, plan, in_infos[0])
         if r.fake_kernel is not None:  # the QAT form of an op whose fixed kernel is a composite
-            res = r.fake_kernel(self, call, plan, args, kwargs, in_infos, rq)
+            made = r.fake_kernel(self, call, plan, in_infos, rq)
+            res = None if made is None else made.compute(args, kwargs)
             if res is not None:
+                if made.deps is not None and st.mode is Mode.FAKE and om is None and _steady(st):
+                    prep = steady.prepare_composite(
+                        self, call, r, plan, in_infos, arrived, made, *res
+                    )
+                    if prep is not None:
+                        self._prepared[name] = prep
                 return res
         if mode is Mode.FIXED:
             res = fixed_ops.run_fixed(

@@ -15,8 +15,9 @@ import dataclasses
 
 from quantlab.numerics.embedding import embedding_fixed, index_rows
 from quantlab.qconfig import ActivationSymmetry, EmbeddingIndex
+from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
-from quantlab.simulate.modes import Mode
+from quantlab.simulate.composite import ResolvedComposite
 from quantlab.simulate.qat import qat_fake_quant
 from quantlab.simulate.qtensor import QInfo
 
@@ -38,35 +39,60 @@ def observe(sim, call) -> None:
 def index_scale(sim, call, rq) -> float:
     """The scale the ids are quantized at on their way to the gather (symmetric: the index
     path has no zero point, whatever the op's ``activation_symmetry``)."""
+    return _index_scale_entry(sim, call, rq)[1]
+
+
+def _index_scale_entry(sim, call, rq) -> tuple[tuple | None, float]:
+    """(the scale-cache key of the index scale, or None for FIXED_ONE; ``index_scale``)."""
     if rq.embedding_index is EmbeddingIndex.FIXED_ONE:
-        return 1.0
+        return None, 1.0
     dt = sim.platform.embedding_index_dtype
     rq = dataclasses.replace(rq, activation_symmetry=ActivationSymmetry.SYMMETRIC)
-    return float(sim.act_scale(call.name, "index", dt, rq))
+    s = sim.act_scale(call.name, "index", dt, rq)
+    return sim.act_scale_key(call.name, "index", dt, rq), float(s)
 
 
-def embedding_op(sim, call, plan, args, kwargs, in_infos, wq, rq, mode: Mode = Mode.FIXED):
-    """(value, QInfo) of the gather in ``mode`` (FIXED: the table's codes; FAKE: the
-    fake-quantized table's values, the same numbers), or None for the float path."""
+def _applies(call, args, kwargs, rq):
+    """(ids, table) when the gather runs quantized, else None (the float path)."""
     ids, w, max_norm = _args(call, args, kwargs)
-    out = rq.output_dtype
-    if not out.is_int or max_norm is not None or w is None or w.dim() != 2:
+    if not rq.output_dtype.is_int or max_norm is not None or w is None or w.dim() != 2:
         return None
-    p = sim.platform
+    return ids, w
+
+
+def embedding_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    """FIXED: (value, QInfo) of the gather of the table's codes, or None for the float path."""
+    got = _applies(call, args, kwargs, rq)
+    if got is None:
+        return None
+    ids, w = got
+    out = rq.output_dtype
     codes, s = sim.weight_q(call.name, w, out, per_channel=False)
-    contract = p.embedding_contract()
     scale = index_scale(sim, call, rq)
-    if mode is Mode.FIXED:
-        return fc.emit(embedding_fixed(ids, codes, scale, contract), s, out)
+    return fc.emit(embedding_fixed(ids, codes, scale, sim.platform.embedding_contract()), s, out)
+
+
+def embedding_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
+    """FAKE: the gather of the fake-quantized table's values (the same numbers as FIXED's
+    codes times their scale) resolved for this call, or None for the float path."""
+    got = _applies(call, call.args, call.kwargs, rq)
+    if got is None:
+        return None
+    _, w = got
+    out, p = rq.output_dtype, sim.platform
+    _, s = sim.weight_q(call.name, w, out, per_channel=False)
+    contract, fr = p.embedding_contract(), p.fake_round
+    index_key, scale = _index_scale_entry(sim, call, rq)
     lo = -out.qmax if p.weight_narrow_range else None
-    rows = index_rows(ids, w.shape[0], scale, contract)
-    # per-tensor fake quant is elementwise: the gathered rows of the fake-quantized table are
-    # the fake-quantized gathered rows (only the rows read are computed)
-    values = qat_fake_quant(w.detach()[rows], s, out, p.fake_round, None, lo)
     # the cached 0-d scale itself (not a new view each run): a prepared consumer checks identity
-    return values, QInfo(out, s if s.dim() == 0 else s.reshape(()))
+    info = QInfo(out, s if s.dim() == 0 else s.reshape(()))
+    ids_slot, table, n = plan.acts[0], w.detach(), w.shape[0]
 
+    def compute(args, kwargs):
+        rows = index_rows(A.get(args, kwargs, ids_slot), n, scale, contract)
+        # per-tensor fake quant is elementwise: the gathered rows of the fake-quantized table
+        # are the fake-quantized gathered rows (only the rows read are computed)
+        return qat_fake_quant(table[rows], s, out, fr, None, lo), info
 
-def embedding_fake_op(sim, call, plan, args, kwargs, in_infos, rq):
-    """FAKE form of ``embedding_op``."""
-    return embedding_op(sim, call, plan, args, kwargs, in_infos, None, rq, Mode.FAKE)
+    deps = () if index_key is None else ((index_key, sim._scale_cache.get(index_key)),)
+    return ResolvedComposite(compute, deps=deps)

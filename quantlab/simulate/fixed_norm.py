@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from quantlab.numerics.norm import NormLayout, NormScales
+from quantlab.numerics.norm import NormContract, NormLayout, NormScales
 from quantlab.numerics.norm_calibrate import (
     NormSteps,
     fake_affine,
@@ -30,6 +30,7 @@ from quantlab.numerics.norm_calibrate import (
 from quantlab.numerics.norm_integer import norm_constants, norm_fixed
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.composite import ResolvedComposite
 from quantlab.simulate.qtensor import QInfo
 
 COMPOSITE_TYPES = frozenset({"layer_norm", "group_norm", "instance_norm"})
@@ -169,11 +170,15 @@ def observe(sim, call) -> None:
 
 def norm_scales(sim, name: str) -> NormScales:
     """The calibrated NormScales of op ``name`` (cached until the next calibration)."""
-    c = sim.platform.norm_contract()
+    return norm_scales_entry(sim, name, sim.platform.norm_contract())[1]
+
+
+def norm_scales_entry(sim, name: str, c: NormContract) -> tuple[tuple, NormScales]:
+    """(its scale-cache key, the calibrated NormScales) of op ``name`` under contract ``c``."""
     key = (name, "norm_scales", c.inter_dtype, c.affine_dtype, sim.platform.scale_rule)
     hit = sim._scale_cache.get(key)
     if hit is not None:
-        return hit
+        return key, hit
     seen = sim._norm_obs.get(name)
     if not seen:
         raise ValueError(
@@ -182,7 +187,7 @@ def norm_scales(sim, name: str) -> NormScales:
         )
     scales = scales_from_steps(seen, c, sim.platform.scale_rule)
     sim._scale_cache[key] = scales
-    return scales
+    return key, scales
 
 
 def _applies(sim, call, in_infos, rq) -> NormCall | None:
@@ -227,41 +232,37 @@ def _version(t: Tensor | None) -> int | None:
     return None if t is None else t._version
 
 
-def norm_fake_op(sim, call, plan, args, kwargs, in_infos, rq):
-    """FAKE: (value, QInfo) of the composite's QAT form (every step fake-quantized at its
-    calibrated scale, exact rsqrt), or None."""
+def norm_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
+    """FAKE: the composite's QAT form (every step fake-quantized at its calibrated scale,
+    exact rsqrt) resolved for this call, or None for the float path."""
     if running_affine(call) is not None:
         from quantlab.simulate.modes import Mode
 
-        return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FAKE)
+        def running(args, kwargs):
+            return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FAKE)
+
+        return ResolvedComposite(running)
     nc = _applies(sim, call, in_infos, rq)
     if nc is None:
         return None
     out = rq.output_dtype
     so = fc.out_scale(sim, call, rq)
-    scales, contract, fr = (
-        norm_scales(sim, call.name),
-        sim.platform.norm_contract(),
-        sim.platform.fake_round,
-    )
+    p = sim.platform
+    contract, fr = p.norm_contract(), p.fake_round
+    scales_key, scales = norm_scales_entry(sim, call.name, contract)
     w, b = nc.weight, nc.bias
     # gamma and beta enter detached: their fake quant is kept by identity and version
     key = (scales, w, b, _version(w), _version(b), contract, fr)
     affine = sim.op_memo(
         call.name, "fake_affine", key, lambda: fake_affine(w, b, scales, contract, fr)
     )
-    y = norm_fake(
-        A.get(args, kwargs, plan.acts[0]),
-        nc.layout,
-        w,
-        b,
-        nc.eps,
-        scales,
-        float(so),
-        out,
-        contract,
-        fr,
-        affine=affine,
-    )
     # the cached 0-d scale itself (not a new view each run): a prepared consumer checks identity
-    return y, QInfo(out, so if so.dim() == 0 else so.reshape(()))
+    info = QInfo(out, so if so.dim() == 0 else so.reshape(()))
+    layout, eps, so_f, x_slot = nc.layout, nc.eps, float(so), plan.acts[0]
+
+    def compute(args, kwargs):
+        x = A.get(args, kwargs, x_slot)
+        return norm_fake(x, layout, w, b, eps, scales, so_f, out, contract, fr, affine), info
+
+    out_key = sim.act_scale_key(call.name, "out", out, rq)
+    return ResolvedComposite(compute, deps=((out_key, so), (scales_key, scales)))

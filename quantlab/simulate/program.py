@@ -184,6 +184,8 @@ class _Prepared:
             return self.full.dispatch(args, kwargs)
         if prep.bias is not None and (x_info is None or x_info.scale is not prep.x_scale):
             return self.full.dispatch(args, kwargs)
+        if prep.statics and not steady.statics_hold(prep.statics, args, kwargs):
+            return self.full.dispatch(args, kwargs)
         out, info = steady.compute(prep, self.name, args, kwargs, x_info, st)
         st.qt.set(out, info)
         self.run.prepared += 1

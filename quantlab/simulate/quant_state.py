@@ -64,13 +64,19 @@ class QuantizationState:
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
         """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype`` (its
         trained value once ``learn_scales`` made it a parameter)."""
-        ck = (name, key, dtype, observer_key(rq))
+        ck = self.act_scale_key(name, key, dtype, rq)
         s = self._scale_cache.get(ck)
         if s is None:
             s = self._calibrated_scale(name, key, dtype, rq)
             self._scale_cache[ck] = s
         learned = self._learned_scales.get(ck) if self._learned_scales else None
         return s if learned is None else learned.detach().clamp_min(_MIN_SCALE)
+
+    @staticmethod
+    def act_scale_key(name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> tuple:
+        """The scale-cache key of ``act_scale(name, key, dtype, rq)`` (its entry: the
+        calibrated scale)."""
+        return (name, key, dtype, observer_key(rq))
 
     def _calibrated_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig):
         if rq.activation_symmetry is ActivationSymmetry.ASYMMETRIC and dtype.bits <= 16:
@@ -277,7 +283,7 @@ class QuantizationState:
             y = qat_fake_quant(
                 x.detach(), s, dtype, self.platform.fake_round, bounds=bounds, zero_point=zp
             )
-            ck = (name, key, dtype, observer_key(rq))
+            ck = self.act_scale_key(name, key, dtype, rq)
             p = self._learned_scale(ck, s, rq)
             lo, hi = dtype.qmin - zp, dtype.qmax - zp  # the code range around the zero point
             if p is not None:

@@ -50,6 +50,10 @@ class PreparedCall:
     out_info: Any  # the output's QInfo (None for a pass-through op: its input's quantization)
     owned: bool  # the function's result is a fresh tensor the fake quant may overwrite
     passes: bool = False  # a pass-through op: the output keeps the first input's quantization
+    # a composite (composite.ResolvedComposite): its compute replaces function and fake quant
+    kernel: Callable | None = None
+    deps: tuple = ()  # (scale-cache key, entry) pairs the composite was resolved from
+    statics: tuple = ()  # its other arguments as (slot, value, tensor version or None)
 
 
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
@@ -80,6 +84,8 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
             return None
     elif plan.bias is not None and A.get(args, kwargs, plan.bias) is not None:
         return None
+    if prep.statics and not statics_hold(prep.statics, args, kwargs):
+        return None
     value, info = compute(prep, name, args, kwargs, x_info, st)
     # the full path's _quant_output gives a pass-through op's output quantization as a list
     return plan, value, [info] if prep.passes else info
@@ -99,7 +105,21 @@ def holds(sim: Any, name: str, prep: PreparedCall) -> bool:
         or (r.chain is not None and sim._chain.get(name) is not r.chain)
         or (r.chain and sim._fused_clamp(name) != prep.bounds)
         or (not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point)
+        or any(sim._scale_cache.get(k) is not v for k, v in prep.deps)
     )
+
+
+def statics_hold(statics: tuple, args: tuple, kwargs: dict) -> bool:
+    """Whether a composite's other arguments are those it was resolved for: each tensor the
+    same object at the same version, each other value equal."""
+    for slot, value, version in statics:
+        v = A.get(args, kwargs, slot)
+        if version is None:
+            if isinstance(v, Tensor) or v != value:
+                return False
+        elif v is not value or v._version != version:
+            return False
+    return True
 
 
 MISMATCH = object()  # arrived_info: an input did not arrive as the prepared call wants
@@ -130,6 +150,8 @@ def compute(
     """(value, QInfo) of op ``name`` by ``prep``, every check of it having passed: the same
     functions on the same values as the full path (``x_info``: the first input's QInfo)."""
     r = prep.route
+    if prep.kernel is not None:  # a composite, resolved once
+        return prep.kernel(args, kwargs)
     if prep.passes:  # the full path's _quant_output of a pass-through op, for one tensor
         info = QInfo(x_info.dtype, x_info.scale, zero_point=x_info.zero_point)
         return r.fn(*args, **kwargs), info
@@ -217,6 +239,89 @@ def prepare(
         out_info,
         r.gemm,
     )
+
+
+def prepare_composite(
+    sim: Any,
+    call: OpCall,
+    r: OpRoute,
+    plan: A.ArgPlan,
+    in_infos: list,
+    arrived: list,
+    made: Any,
+    out: Any,
+    out_info: Any,
+) -> PreparedCall | None:
+    """The PreparedCall of a FAKE composite call that just ran by ``made`` (a
+    ``composite.ResolvedComposite`` with deps) and gave ``out`` / ``out_info``: ``made``'s
+    compute while the route, its scale-cache entries and the call's other arguments hold; None
+    for a call this form does not cover (an input quantized here, an argument that is neither
+    a tensor nor a plain value)."""
+    if (
+        r.om is not None
+        or r.split_b
+        or r.grid
+        or r.deployed_kernel
+        or r.single_period
+        or plan.weight is not None
+        or plan.bias is not None
+        or calls.is_inplace(call)
+        or call.name in sim._fused_into
+        or not isinstance(out, Tensor)
+        or not isinstance(out_info, QInfo)
+        or sim._learned_scales is not None
+    ):
+        return None
+    dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
+    statics = _statics(call, plan)
+    if dtypes is None or statics is None:
+        return None
+    return PreparedCall(
+        route=r,
+        fake_ops=sim.fake_ops,
+        in_dtypes=dtypes,
+        weight=None,
+        weight_version=0,
+        weight_value=None,
+        bias=None,
+        bias_version=0,
+        x_scale=None,
+        bias_value=None,
+        bounds=None,
+        point_key=("composite", call.name),  # no entry: its scale entries are ``deps``
+        point=None,
+        fq=None,
+        out_info=out_info,
+        owned=False,
+        kernel=made.compute,
+        deps=made.deps,
+        statics=statics,
+    )
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _statics(call: OpCall, plan: A.ArgPlan) -> tuple | None:
+    """(slot, value, version) of every argument of ``call`` that is not an activation: a
+    tensor with its version, a plain value (or a tuple / list of them) with None; None when an
+    argument is neither."""
+    acts = set(plan.acts)
+    slots = [("a", i) for i in range(len(call.args))] + [("k", k) for k in call.kwargs]
+    out = []
+    for slot in slots:
+        if slot in acts:
+            continue
+        v = A.get(call.args, call.kwargs, slot)
+        if isinstance(v, Tensor):
+            out.append((slot, v, v._version))
+        elif isinstance(v, _PLAIN) or (
+            isinstance(v, (tuple, list)) and all(isinstance(e, _PLAIN) for e in v)
+        ):
+            out.append((slot, v, None))
+        else:
+            return None
+    return tuple(out)
 
 
 def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):

@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from quantlab.numerics.dtypes import DType
-from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.qconfig import EmbeddingIndex, OpQConfig, QConfigSpec
 from quantlab.simulate import FakeOps, Mode, OpMode, Simulator, steady
 from quantlab.simulate.profiles import platform_config
 
@@ -310,10 +310,48 @@ def test_a_linear_after_layer_norm_or_embedding_follows_its_prepared_call(hit_na
     sim.run(x, mode=Mode.FAKE)
     hit_names.clear()
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
-    assert {"a:linear#0", "b:linear#0"} <= set(hit_names)
+    assert {"a:linear#0", "b:linear#0", "emb:embedding#0", "norm:layer_norm#0"} <= set(hit_names)
     fresh = Simulator(m, "j6m")
     fresh.calibrate(calib, progress=False)
     assert_bits_equal(fresh.run(x, mode=Mode.FAKE), want)
+
+
+@pytest.mark.parametrize("index", list(EmbeddingIndex))
+def test_embedding_composite_sees_every_change(hit_names, index):
+    """The embedding's prepared gather against a fresh Simulator sharing the calibration: its
+    table edited in place or replaced, new ids, new calibration (with int8 ids on a 600-row
+    table a CALIBRATED index scale rounds ids, so a new scale moves rows)."""
+    m = nn.Sequential(nn.Embedding(600, 8), nn.Linear(8, 4)).eval()
+    g = torch.Generator().manual_seed(5)
+    calib = [(torch.randint(0, 300, (2, 9), generator=g),) for _ in range(2)]
+    x = torch.randint(0, 600, (2, 9), generator=g)
+    spec = QConfigSpec(by_type={"embedding": OpQConfig(embedding_index=index)})
+    platform = dataclasses.replace(platform_config("j6m"), embedding_index_dtype=DType.INT8)
+    sim = Simulator(m, platform, spec)
+    sim.calibrate(calib, progress=False)
+    sim.run(x, mode=Mode.FAKE)
+
+    def check(ids):
+        other = Simulator(m, platform, spec)
+        other.share_calibration(sim)
+        want = other.run(ids, mode=Mode.FAKE)
+        for _ in range(2):
+            assert_bits_equal(sim.run(ids, mode=Mode.FAKE), want)
+        return want
+
+    check(x)
+    hit_names.clear()
+    check(x.flip(1))
+    assert "0:embedding#0" in hit_names
+    with torch.no_grad():
+        m[0].weight.mul_(-3.0)
+    check(x)
+    m[0].weight = nn.Parameter(m[0].weight.detach() * 0.25)
+    before = check(x)
+    sim.calibrate([(torch.full((2, 9), 599),)], progress=False)
+    after = check(x)
+    if index is EmbeddingIndex.CALIBRATED:
+        assert not torch.equal(after, before)  # the new index scale reads other rows
 
 
 @pytest.mark.parametrize("fake_ops", list(FakeOps))
@@ -406,3 +444,95 @@ def test_an_op_with_a_python_number_operand_follows_its_prepared_call(hit_names)
     for a, b in zip(got, sim.trace(x, mode=Mode.FAKE).result):
         assert_bits_equal(a, b)
     assert not torch.equal(got[0], want[0])
+
+
+class NormNet(nn.Module):
+    """Conv -> GroupNorm -> InstanceNorm (affine) -> Linear -> LayerNorm: the normalisation
+    composites between prepared ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.inorm = nn.InstanceNorm2d(8, affine=True)
+        self.fc = nn.Linear(8 * 4 * 4, 16)
+        self.ln = nn.LayerNorm(16)
+        with torch.no_grad():
+            for p in (self.gn.weight, self.inorm.weight, self.ln.weight):
+                p.uniform_(0.5, 1.5)
+            for p in (self.gn.bias, self.inorm.bias, self.ln.bias):
+                p.uniform_(-0.3, 0.3)
+
+    def forward(self, x):
+        h = self.inorm(self.gn(self.conv(x)))
+        return self.ln(self.fc(h.flatten(1)))
+
+
+_NORMS = {"gn:group_norm#0", "inorm:instance_norm#0", "ln:layer_norm#0"}
+
+
+def _norm_setup():
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = NormNet().eval()
+    g = torch.Generator().manual_seed(4)
+    calib = [(torch.randn(2, 3, 4, 4, generator=g),) for _ in range(2)]
+    more = [(torch.randn(2, 3, 4, 4, generator=g) * 3,)]
+    return m, calib, more, torch.randn(2, 3, 4, 4, generator=g) * 2
+
+
+def test_normalisation_composites_follow_their_prepared_call(hit_names):
+    """LayerNorm, GroupNorm and InstanceNorm composites, resolved once, give the full path's
+    bits in steady runs and in the traced program."""
+    m, calib, _, x = _norm_setup()
+    sim = _steady(m, calib, x)
+    hit_names.clear()
+    got = sim.run(x, mode=Mode.FAKE)
+    assert _NORMS <= set(hit_names)
+    assert_bits_equal(got, _fresh(m, calib, x))
+    assert_bits_equal(got, sim.trace(x, mode=Mode.FAKE).result)
+    for y in (x * 0.1, x * 5.0):  # other inputs: saturating steps
+        assert_bits_equal(sim.run(y, mode=Mode.FAKE), sim.trace(y, mode=Mode.FAKE).result)
+    program = sim.fake_program(x)
+    assert _NORMS <= {step.name for step in program._steps}  # its prepared steps
+    for y in (x, x * 5.0):
+        assert_bits_equal(program(y), sim.trace(y, mode=Mode.FAKE).result)
+    assert program.fallbacks == 0 and program.last_prepared == program.counts["prepared"]
+
+
+def test_normalisation_composites_see_every_change(hit_names):
+    """Against the full path with the same calibration: gamma and beta edited in place or
+    replaced, eps and the group count changed, new calibration, another output dtype, another
+    platform; each gives the bits of a fresh Simulator sharing the calibration, in the
+    captured run and in the traced program."""
+    m, calib, more, x = _norm_setup()
+    sim = _steady(m, calib, x)
+    program = sim.fake_program(x)
+
+    def check():
+        other = Simulator(m, sim.platform, sim.spec)
+        other.share_calibration(sim)
+        want = other.run(x, mode=Mode.FAKE)
+        for _ in range(2):  # the full path, then the prepared call it made
+            assert_bits_equal(program(x), want)
+            assert_bits_equal(sim.run(x, mode=Mode.FAKE), want)
+
+    for p in (m.gn.weight, m.inorm.bias, m.ln.weight, m.ln.bias):
+        with torch.no_grad():
+            p.mul_(-1.5)
+        check()
+    m.ln.weight = nn.Parameter(m.ln.weight.detach() * 0.5)
+    check()
+    m.ln.eps = 1e-2
+    check()
+    m.inorm.eps = 0.5
+    check()
+    sim.calibrate(more, progress=False)
+    check()
+    sim.set_qconfig(QConfigSpec(by_type={"layer_norm": OpQConfig(output_dtype=DType.INT16)}))
+    check()
+    sim.platform = Simulator(m, "j6e").platform
+    check()
+    hit_names.clear()
+    sim.run(x, mode=Mode.FAKE)
+    assert _NORMS <= set(hit_names)
