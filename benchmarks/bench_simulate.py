@@ -170,14 +170,14 @@ def captured_runner(module, x: tuple) -> Callable[[], object]:
 def fake_quant_passes(sim: Simulator) -> Callable[[], object]:
     """The output fake quant of every op a steady FAKE run of ``sim`` replays (its prepared
     calls), each on a float32 tensor of that op's output shape and in place where the run
-    writes in place, with nothing else: the fake quant's own arithmetic (ops outside the
-    prepared form, such as the LayerNorm composite, are left out). A tensor quantized in place
-    is quantized again on the next call: the same passes."""
+    writes in place, with nothing else: the fake quant's own arithmetic (composites such as
+    LayerNorm, whose prepared call is their whole QAT form, are left out). A tensor quantized
+    in place is quantized again on the next call: the same passes."""
     gen = torch.Generator().manual_seed(0)
     work = [
         (prep.fq, torch.randn(sim._info[name].output_shape, generator=gen) * 3, prep.owned)
         for name, prep in sim._prepared.items()
-        if not prep.passes  # a pass-through op has no fake quant
+        if prep.fq is not None  # a pass-through op or a composite has no output fake quant
     ]
 
     def run():
