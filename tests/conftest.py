@@ -12,11 +12,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_configure(config):
-    """Where a C++ compiler exists, a fallback of the compiled LUT gather fails the test that
+    """Where a C compiler exists, a fallback of the compiled LUT gather fails the test that
     caused it (the tests of the fallback itself expect its warning with pytest.warns)."""
-    from toolchain import CXX
+    from toolchain import CC
 
-    if CXX is not None:
+    if CC is not None:
         message = "quantlab. the compiled LUT gather failed"  # '.': the filter splits on ':'
         config.addinivalue_line("filterwarnings", f"error:{message}:RuntimeWarning")
 

@@ -1,7 +1,6 @@
 """What the machine running the tests has besides Python."""
 
-import os
-import shutil
+from quantlab.numerics.lut.gather import _compiler
 
-# the C++ compiler torch.compile would use (the LUT gather's compiled kernel), or None
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+# the C compiler the LUT gather's compiled kernel is built with, or None
+CC = _compiler()

@@ -6,32 +6,63 @@ shape and the table's dtype. A gather copies entries, so both kernels give ident
 
 - ``gather_serial``: one ``torch.index_select`` (any device). On CPU it runs on the calling
   thread only: torch's index_select of a 1-D table has no parallel loop.
-- ``gather_compiled``: the same gather compiled by ``torch.compile`` (inductor's C++ backend,
-  on torch's own OpenMP threads), once per thread count and dtype pair: about 2.5x faster than
-  the serial kernel on 2 cores at 2**22 codes (``reports/benchmarks/lut.md``). It needs a C++
-  compiler and costs seconds to build (about 4 s with inductor's disk cache warm, 20 s cold, on
-  2 cores).
+- ``gather_compiled``: the C loop ``out[i] = table[(unsigned) codes[i]]``, built by the system
+  C compiler (``CC``, else cc, gcc or clang) as a shared library with OpenMP when the compiler
+  has it, loaded with ctypes and run on torch's intra-op thread count; OpenMP's runtime is the
+  one torch has loaded (libgomp.so.1 is found loaded by name). Element sizes of 1, 2, 4 and 8
+  bytes. It is about 3x faster than the serial kernel on 2 cores at 2**22 codes
+  (``reports/benchmarks/lut.md``). A build takes a fraction of a second and is kept in the
+  user's cache folder (``QUANTLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantlab`` or
+  ``~/.cache/quantlab``), keyed by its source, compiler and flags, so later processes only
+  load it.
 
 ``gather`` chooses between them. Calls of at least ``COMPILED_MIN_CODES`` CPU codes go serial
-until the process has gathered ``COMPILE_AFTER`` codes that way, about as long as a warm-cache
-build takes, and compiled after that: the ski-rental rule, which keeps the total within about
-twice that of the better choice made in hindsight. So short runs never pay a build and long
-loops (sensitivity, sweeps) run at the compiled speed. A build or compiled call that fails is
+until the process has gathered ``COMPILE_AFTER`` codes that way, about as long as a build
+takes, and compiled after that: the ski-rental rule, which keeps the total within about twice
+that of the better choice made in hindsight. So short runs never pay a build and loops
+(sensitivity, sweeps) run at the compiled speed. A build or compiled call that fails is
 reported once as a warning, and the serial kernel serves the rest of the process.
 """
 
 from __future__ import annotations
 
-import types
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
 import warnings
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-COMPILED_MIN_CODES = 1 << 16  # below this a compiled call's overhead (~40 us) exceeds its gain
-COMPILE_AFTER = 1 << 32  # serial codes (~1 ns each on one core) worth one compile (~4 s)
+COMPILED_MIN_CODES = 1 << 16  # below this a compiled call's overhead is a large part of it
+COMPILE_AFTER = 1 << 28  # serial codes (~1 ns each on one core) worth one build (~0.3 s)
+ELEMENT_SIZES = (1, 2, 4, 8)  # table entry sizes the compiled kernel copies
 
 _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
+
+_SOURCE = r"""
+#include <stdint.h>
+#define GATHER(C, T, CT, TT)                                                          \
+  void gather_c##C##_t##T(const CT *restrict codes, const TT *restrict table,         \
+                          TT *restrict out, int64_t n, int threads) {                 \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                 \
+    for (int64_t i = 0; i < n; ++i) out[i] = table[codes[i]];                         \
+  }
+GATHER(1, 1, uint8_t, uint8_t)
+GATHER(1, 2, uint8_t, uint16_t)
+GATHER(1, 4, uint8_t, uint32_t)
+GATHER(1, 8, uint8_t, uint64_t)
+GATHER(2, 1, uint16_t, uint8_t)
+GATHER(2, 2, uint16_t, uint16_t)
+GATHER(2, 4, uint16_t, uint32_t)
+GATHER(2, 8, uint16_t, uint64_t)
+"""
+_FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared")
 
 
 def _check(table: Tensor, codes: Tensor) -> torch.dtype:
@@ -52,16 +83,58 @@ def gather_serial(table: Tensor, codes: Tensor) -> Tensor:
     return table.to(codes.device).index_select(0, index).reshape(codes.shape)
 
 
-def _gather_flat(table: Tensor, codes: Tensor) -> Tensor:
-    # codes is 1-D; its dtype is fixed per build, so the unsigned view is static.
-    unsigned = torch.uint8 if codes.dtype == torch.int8 else torch.uint16
-    return table[codes.view(unsigned).to(torch.int32)]
+def _compiler() -> str | None:
+    cc = os.environ.get("CC")
+    return cc or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def _own_copy(fn, name: str):
-    """``fn`` with a code object of its own: dynamo keeps compiled graphs, and counts them
-    against its recompile limit, per code object, so each build gets its own count."""
-    return types.FunctionType(fn.__code__.replace(co_name=name), fn.__globals__, name)
+def _cache_dir() -> Path:
+    base = os.environ.get("QUANTLAB_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "quantlab"
+
+
+def _build() -> ctypes.CDLL:
+    """The kernels' shared library: loaded from the cache folder, else compiled there (with
+    OpenMP if the compiler takes ``-fopenmp``, else serial loops) and written atomically."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    errors = []
+    for extra in (("-fopenmp",), ()):
+        flags = (*_FLAGS, *extra)
+        key = "\0".join((_SOURCE, cc, *flags, platform.machine(), platform.system()))
+        name = f"lut_gather_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+        for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"quantlab-{os.getuid()}"):
+            lib = folder / name
+            if lib.exists():
+                try:
+                    return ctypes.CDLL(str(lib))
+                except OSError:  # a broken file: build it again
+                    pass
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+                os.close(fd)
+                src = Path(tmp).with_suffix(".c")
+                src.write_text(_SOURCE)
+                try:
+                    run = subprocess.run(
+                        [cc, *flags, str(src), "-o", tmp], capture_output=True, text=True
+                    )
+                finally:
+                    src.unlink(missing_ok=True)
+                if run.returncode != 0:
+                    os.unlink(tmp)
+                    errors.append(run.stderr.strip().splitlines()[-1:] or [f"{cc} failed"])
+                    break  # these flags fail here; the next set, if any
+                os.replace(tmp, lib)  # atomic: a concurrent process sees all of it or nothing
+                return ctypes.CDLL(str(lib))
+            except OSError as err:  # the folder is not writable: the next one
+                errors.append([str(err)])
+    raise RuntimeError("building the gather kernel failed: " + "; ".join(e[0] for e in errors))
 
 
 class _Tiers:
@@ -72,35 +145,24 @@ class _Tiers:
 
     def reset(self) -> None:
         self.serial_codes = 0  # codes gathered serially by calls the compiled kernel would take
-        # (torch's intra-op thread count, code dtype, table dtype) -> the compiled function
+        # (code bytes, table entry bytes) -> the compiled C function, once built
         self.compiled: dict = {}
-        self.failed: str | None = None  # why compiling failed, once it has
+        self.failed: str | None = None  # why building failed, once it has
 
-    def compiled_fn(self, table: Tensor, codes: Tensor):
-        """The compiled gather for these operands' dtypes at torch's current thread count,
-        built on first use; None if building failed (warned once).
-
-        One build per key: the thread count is fixed in each build (inductor's on-disk cache
-        does not key on the runtime count, and would otherwise hand a one-thread kernel to a
-        two-thread process), and each build has its own code object, so that the few graphs it
-        holds (dynamic sizes; grad mode is fixed by the caller) never reach dynamo's limit."""
-        key = (torch.get_num_threads(), codes.dtype, table.dtype)
-        if key not in self.compiled and self.failed is None:
+    def build(self) -> bool:
+        """Build (or load) the kernels once; False if that failed (warned once)."""
+        if not self.compiled and self.failed is None:
             try:
-                name = "_gather_{}_{}_{}".format(*(str(k).replace("torch.", "") for k in key))
-                # no per-code bounds check: _check has proven every index < table.numel()
-                options = {"cpp.threads": key[0], "assert_indirect_indexing": False}
-                fn = torch.compile(
-                    _own_copy(_gather_flat, name), dynamic=True, fullgraph=True, options=options
-                )
-                # build now, not inside a caller's result; a probe longer than the table, since
-                # equal sizes would be guarded as equal (dynamo's duck sizing) and recompile
-                probe = torch.zeros(1 << 17, dtype=codes.dtype)
-                _run_compiled(fn, torch.zeros_like(table, device="cpu"), probe)
-                self.compiled[key] = fn
-            except Exception as err:  # no C++ compiler, unsupported platform, ...
+                lib = _build()
+                for c in (1, 2):
+                    for t in ELEMENT_SIZES:
+                        fn = getattr(lib, f"gather_c{c}_t{t}")
+                        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+                        fn.restype = None
+                        self.compiled[c, t] = fn
+            except Exception as err:  # no C compiler, unsupported platform, ...
                 self.fail(err)
-        return self.compiled.get(key)
+        return bool(self.compiled)
 
     def fail(self, err: Exception) -> None:
         """Give the compiled kernel up for this process, with one warning."""
@@ -117,40 +179,46 @@ TIERS = _Tiers()
 
 
 def gather_compiled(table: Tensor, codes: Tensor) -> Tensor:
-    """``table[codes mod 2**bits]`` by the compiled kernel (CPU tensors); raises RuntimeError
-    if it cannot be built. Same bits as ``gather_serial``."""
+    """``table[codes mod 2**bits]`` by the compiled kernel (CPU tensors, table entries of 1, 2,
+    4 or 8 bytes); raises RuntimeError if it cannot be built. Same bits as ``gather_serial``."""
     _check(table, codes)
-    fn = TIERS.compiled_fn(table, codes)
-    if fn is None:
+    if table.element_size() not in ELEMENT_SIZES:
+        raise ValueError(f"the compiled gather copies 1, 2, 4 or 8-byte entries, not {table.dtype}")
+    if not TIERS.build():
         raise RuntimeError(f"the compiled LUT gather is unavailable: {TIERS.failed}")
-    return _run_compiled(fn, table, codes)
+    return _run_compiled(table, codes)
 
 
-def _run_compiled(fn, table: Tensor, codes: Tensor) -> Tensor:
-    # Flat, detached operands (no view base for dynamo to guard on), so that shapes, strides
-    # and views do not recompile; grad mode off (a gather of codes has no gradient), so that
-    # it does not either; torch-function modes (the simulator's capture) off, so that dynamo
-    # does not trace them.
-    if codes.numel() == 0:
-        return gather_serial(table, codes)
-    with torch._C.DisableTorchFunction(), torch.no_grad():
-        flat = fn(table.detach(), codes.reshape(-1).detach())
-        return flat.reshape(codes.shape)
+def _run_compiled(table: Tensor, codes: Tensor) -> Tensor:
+    # torch-function modes (the simulator's capture) off: these are not the model's ops
+    with torch._C.DisableTorchFunction():
+        fn = TIERS.compiled[codes.element_size(), table.element_size()]
+        flat = codes.detach().reshape(-1).contiguous()
+        tab = table.detach().to("cpu").contiguous()
+        out = torch.empty(flat.shape, dtype=table.dtype)
+        n = flat.numel()
+        threads = max(1, min(torch.get_num_threads(), n >> 15))  # >= 32K codes per thread
+        fn(flat.data_ptr(), tab.data_ptr(), out.data_ptr(), n, threads)
+        return out.reshape(codes.shape)
 
 
 def gather(table: Tensor, codes: Tensor) -> Tensor:
     """``table[codes mod 2**bits]``: serial, or compiled once the process has gathered enough
     (module docstring). Same bits either way."""
-    if codes.device.type != "cpu" or codes.numel() < COMPILED_MIN_CODES or TIERS.failed:
+    if (
+        codes.device.type != "cpu"
+        or codes.numel() < COMPILED_MIN_CODES
+        or TIERS.failed
+        or table.element_size() not in ELEMENT_SIZES
+    ):
         return gather_serial(table, codes)
     if not TIERS.compiled and TIERS.serial_codes < COMPILE_AFTER:
         TIERS.serial_codes += codes.numel()
         return gather_serial(table, codes)
     _check(table, codes)
-    fn = TIERS.compiled_fn(table, codes)
-    if fn is not None:
+    if TIERS.build():
         try:
-            return _run_compiled(fn, table.to(codes.device), codes)
-        except Exception as err:  # e.g. dynamo's recompile limit: the serial kernel still holds
+            return _run_compiled(table, codes)
+        except Exception as err:  # the serial kernel still holds
             TIERS.fail(err)
     return gather_serial(table, codes)

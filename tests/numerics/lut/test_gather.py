@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
-from toolchain import CXX
+from toolchain import CC
 from torch.overrides import TorchFunctionMode
 
 from quantlab.numerics.dtypes import DType
@@ -17,7 +17,7 @@ from quantlab.numerics.lut import build_lut
 from quantlab.numerics.lut import gather as G
 from quantlab.numerics.lut.segment import all_codes
 
-needs_cxx = pytest.mark.skipif(CXX is None, reason="torch.compile's C++ backend needs a compiler")
+needs_cc = pytest.mark.skipif(CC is None, reason="the compiled kernel needs a C compiler")
 
 
 @pytest.fixture
@@ -31,11 +31,13 @@ def tiers():
 
 
 def _table(dtype: torch.dtype, bits: int, seed: int) -> torch.Tensor:
-    info = torch.iinfo(dtype)
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(info.min, info.max + 1, (1 << bits,), generator=g, dtype=torch.int32).to(
-        dtype
-    )
+    if dtype.is_floating_point:  # NaN, infinities and -0 among the entries: copied as bits
+        t = torch.randn(1 << bits, generator=g, dtype=torch.float64).to(dtype) * 1e3
+        t[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0], dtype=dtype)
+        return t
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, (1 << bits,), generator=g, dtype=torch.int64).to(dtype)
 
 
 CASES = [
@@ -44,10 +46,12 @@ CASES = [
     (torch.int8, torch.int16),
     (torch.int8, torch.int8),
 ]
+# every table entry size the compiled kernel copies (1, 2, 4, 8 bytes), floats included
+WIDE = [(torch.int16, torch.int32), (torch.int16, torch.float64), (torch.int8, torch.float32)]
 
 
-@needs_cxx
-@pytest.mark.parametrize("code_dtype,table_dtype", CASES)
+@needs_cc
+@pytest.mark.parametrize("code_dtype,table_dtype", CASES + WIDE)
 def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, table_dtype):
     bits = 8 * torch.tensor([], dtype=code_dtype).element_size()
     table = _table(table_dtype, bits, seed=bits)
@@ -71,7 +75,7 @@ def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, tabl
         assert_bits_equal(got.reshape(-1), table[index])
 
 
-@needs_cxx
+@needs_cc
 def test_segment_lut_evaluate_is_exact_on_both_tiers(tiers, monkeypatch):
     lut = build_lut("sigmoid", DType.INT16, 8 / 32767.5, DType.INT16, 1 / 32767.5)
     codes = all_codes(DType.INT16).to(torch.int16).repeat(2)  # 2**17 codes: a compiled-size call
@@ -93,18 +97,15 @@ def test_small_and_non_cpu_calls_stay_serial_and_are_not_counted(tiers, monkeypa
     assert not tiers.compiled and tiers.serial_codes == 0
 
 
-def test_a_failed_compile_warns_once_and_stays_serial(tiers, monkeypatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("no C++ compiler found")
-
-    monkeypatch.setattr(torch, "compile", broken)
+def test_a_failed_build_warns_once_and_stays_serial(tiers, monkeypatch):
+    monkeypatch.setattr(G, "_compiler", lambda: None)
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
     tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
     table = _table(torch.int16, 16, seed=2)
     codes = all_codes(DType.INT16).to(torch.int16)
-    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+    with pytest.warns(RuntimeWarning, match="no C compiler found"):
         assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
-    assert "no C++ compiler found" in tiers.failed
+    assert "no C compiler found" in tiers.failed
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
@@ -112,7 +113,50 @@ def test_a_failed_compile_warns_once_and_stays_serial(tiers, monkeypatch):
         G.gather_compiled(table, codes)
 
 
-@needs_cxx
+@needs_cc
+def test_a_compiler_that_fails_is_reported(tiers, monkeypatch, tmp_path):
+    """A compiler that cannot build the source: the error names it, and the gather stays serial."""
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'fake-cc: cannot compile' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    with pytest.warns(RuntimeWarning, match="fake-cc: cannot compile"):
+        assert not tiers.build()
+
+
+@needs_cc
+def test_the_build_is_kept_and_loaded_by_the_next_process(tiers, monkeypatch, tmp_path):
+    """Built into the cache folder once (atomically, nothing else left there); a later build
+    loads that file without compiling; an unwritable cache folder falls back to a temporary
+    one."""
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    assert tiers.build()
+    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".so"]
+    table = _table(torch.int16, 16, seed=8)
+    codes = all_codes(DType.INT16).to(torch.int16)
+    want = G.gather_serial(table, codes)
+    assert_bits_equal(G.gather_compiled(table, codes), want)
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(G.subprocess, "run", no_compiler)
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    assert tiers.build()  # loaded, not compiled
+    assert_bits_equal(G.gather_compiled(table, codes), want)
+    monkeypatch.undo()
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the folder should be: not writable as a folder
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(blocked / "cache"))
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    assert tiers.build() and tiers.failed is None
+    assert_bits_equal(G.gather_compiled(table, codes), want)
+
+
+@needs_cc
 def test_compiled_gather_under_a_torch_function_mode():
     """The simulator's capture is a torch-function mode; the compiled call must neither trace it
     nor be seen by it."""
@@ -148,44 +192,55 @@ def test_bad_tables_and_codes_are_refused(table, codes, match):
             kernel(table, codes)
 
 
+@needs_cc
 def test_a_compiled_call_that_fails_falls_back_for_good(tiers, monkeypatch):
-    def broken(table, codes):
-        raise RuntimeError("recompile limit reached")
+    def broken(*args):
+        raise RuntimeError("kernel exploded")
 
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
-    key = (torch.get_num_threads(), torch.int16, torch.int8)
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {key: broken}, None
+    assert tiers.build()
+    tiers.compiled = {**tiers.compiled, (2, 1): broken}
     table = _table(torch.int8, 16, seed=4)
     codes = all_codes(DType.INT16).to(torch.int16)
-    with pytest.warns(RuntimeWarning, match="recompile limit reached"):
+    with pytest.warns(RuntimeWarning, match="kernel exploded"):
         assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
-    assert not tiers.compiled and "recompile limit" in tiers.failed
+    assert not tiers.compiled and "kernel exploded" in tiers.failed
 
 
-@needs_cxx
-def test_each_thread_count_has_its_own_build(tiers):
-    """Inductor's disk cache ignores the runtime thread count: a kernel built at one thread must
-    not serve two (it would run serially), so each count builds its own; same bits on each."""
+def test_tables_of_other_entry_sizes_stay_serial(tiers, monkeypatch):
+    """A 16-byte entry (complex128) has no compiled copy: ``gather`` takes the serial kernel
+    without building, ``gather_compiled`` refuses it."""
+    monkeypatch.setattr(G, "COMPILE_AFTER", 0)
+    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    table = torch.randn(256, dtype=torch.complex128)
+    codes = torch.arange(-128, 128, dtype=torch.int8).repeat(1024)
+    assert_bits_equal(G.gather(table, codes).real, table[codes.to(torch.int64) % 256].real)
+    assert not tiers.compiled and tiers.serial_codes == 0
+    with pytest.raises(ValueError, match="8-byte entries"):
+        G.gather_compiled(table, codes)
+
+
+@needs_cc
+def test_the_compiled_call_runs_on_torchs_thread_count(tiers):
+    """One build serves every thread count (read per call); the same bits on each."""
     table = _table(torch.int16, 16, seed=6)
     codes = all_codes(DType.INT16).to(torch.int16).repeat(3)
     before = torch.get_num_threads()
     try:
-        got = {}
-        for threads in (1, 2):
+        got, builds = {}, set()
+        for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             got[threads] = G.gather_compiled(table, codes)
-            assert (threads, torch.int16, torch.int16) in tiers.compiled
-        one, two = ((t, torch.int16, torch.int16) for t in (1, 2))
-        assert tiers.compiled[one] is not tiers.compiled[two]
+            builds.add(id(tiers.compiled[2, 2]))
     finally:
         torch.set_num_threads(before)
+    assert len(builds) == 1
     for out in got.values():
         assert_bits_equal(out, G.gather_serial(table, codes))
 
 
-@needs_cxx
+@needs_cc
 def test_compiled_gather_under_inference_mode_and_no_grad(tiers):
-    """Grad-mode switches are guards of the compiled call, not failures: same bits, no fallback."""
     table = _table(torch.int16, 16, seed=7)
     codes = all_codes(DType.INT16).to(torch.int16).repeat(2)
     want = G.gather_serial(table, codes)
@@ -198,11 +253,10 @@ def test_compiled_gather_under_inference_mode_and_no_grad(tiers):
     assert tiers.failed is None
 
 
-@needs_cxx
+@needs_cc
 def test_every_dtype_pair_grad_mode_and_thread_count_in_one_process(tiers, monkeypatch):
-    """What a long process meets, through ``gather`` after the switch: four dtype pairs, three
-    grad modes, two thread counts. Each build has its own code object and a fixed grad mode, so
-    none reaches dynamo's recompile limit (a process that did fell back, with a warning)."""
+    """What a long process meets, through ``gather`` after the switch: every dtype pair and
+    entry size, three grad modes, two thread counts, non-contiguous codes; no fallback."""
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
     before = torch.get_num_threads()
     modes = (torch.enable_grad, torch.no_grad, torch.inference_mode)
@@ -211,16 +265,15 @@ def test_every_dtype_pair_grad_mode_and_thread_count_in_one_process(tiers, monke
             warnings.simplefilter("error", RuntimeWarning)
             for threads in (2, 1):
                 torch.set_num_threads(threads)
-                for code_dtype, table_dtype in CASES:
+                for code_dtype, table_dtype in CASES + WIDE:
                     bits = 8 * torch.tensor([], dtype=code_dtype).element_size()
                     table = _table(table_dtype, bits, seed=bits)
                     every = all_codes(DType.INT8 if bits == 8 else DType.INT16).to(code_dtype)
-                    codes = every.repeat((1 << 17) // every.numel())
+                    codes = every.repeat((1 << 17) // every.numel()).reshape(-1, 64)
                     for mode in modes:
                         with mode():
-                            got = G.gather(table.clone(), codes.clone().reshape(-1, 64))
-                        assert_bits_equal(got.reshape(-1), G.gather_serial(table, codes))
+                            got = G.gather(table.clone(), codes.t())
+                        assert_bits_equal(got, G.gather_serial(table, codes.t()))
     finally:
         torch.set_num_threads(before)
-    assert tiers.failed is None
-    assert len(tiers.compiled) >= 8  # (2 thread counts) x (4 dtype pairs), and nothing failed
+    assert tiers.failed is None and len(tiers.compiled) == 8  # 2 code x 4 entry sizes
