@@ -9,7 +9,7 @@ order alternating; a round counts by its median call, a condition by the median 
 - ``mobilenet`` builds a Simulator on the same module, calibrates it, runs fake and fixed;
 - ``lut`` runs a Simulator in fixed mode on a conv -> sigmoid model whose int16 sigmoid table
   is evaluated on 2**22 codes (the large-LUT path), as a long loop does: until the table's
-  gather has switched to its compiled kernel (``quantlab.numerics.lut.gather``, about 1000
+  gather has switched to its compiled kernel (``quantlab.numerics.lut.gather``, about 64
   runs; a failed build fails the benchmark, as the state would not be the one measured).
 
 Phase A times the three before any Simulator exists (a control: same processes, nothing run);

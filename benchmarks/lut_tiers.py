@@ -58,6 +58,7 @@ def describe(run: dict) -> str:
     return (
         f"The compiled gather took over after {run['calls']} calls "
         f"({run['serial_codes']:,} codes gathered serially, the switch threshold "
-        f"{gather.COMPILE_AFTER:,}); that loop took {run['loop_s']:.1f} s, of which the call "
-        f"that compiled took {run['compile_call_s']:.1f} s. Timed after the switch."
+        f"{gather.COMPILE_AFTER:,}); that loop took {run['loop_s']:.2f} s, of which the call "
+        f"that built the kernel (or loaded it from the cache folder, where an earlier process "
+        f"built it) took {run['compile_call_s'] * 1e3:.1f} ms. Timed after the switch."
     )
