@@ -11,6 +11,11 @@ checks that each of these still holds (identity of the tensors, scales, qconfig,
 cache entries; weight and bias versions) and, if so, computes the op with them: the same
 functions on the same values as the full path, so the same bits. A failed check sends the
 call through the full path (``OpDispatch._run_quantized_value``), which prepares it anew.
+
+A composite whose FAKE form is not one function and one fake quant (normalisation, embedding)
+keeps that form resolved (``composite.ResolvedComposite``: scales, contract and fake-quantized
+parameters found once) and checks, besides the above, the scale-cache entries it was resolved
+from and its other arguments (tensors by identity and version, plain values by equality).
 """
 
 from __future__ import annotations
