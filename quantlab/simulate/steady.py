@@ -281,23 +281,12 @@ def prepare_composite(
     statics = _statics(call, plan)
     if dtypes is None or statics is None:
         return None
-    return PreparedCall(
-        route=r,
-        fake_ops=sim.fake_ops,
-        in_dtypes=dtypes,
-        weight=None,
-        weight_version=0,
-        weight_value=None,
-        bias=None,
-        bias_version=0,
-        x_scale=None,
-        bias_value=None,
-        bounds=None,
-        point_key=("composite", call.name),  # no entry: its scale entries are ``deps``
-        point=None,
-        fq=None,
-        out_info=out_info,
-        owned=False,
+    return _without_weight(
+        sim,
+        r,
+        dtypes,
+        ("composite", call.name),  # no entry: its scale entries are ``deps``
+        out_info,
         kernel=made.compute,
         deps=made.deps,
         statics=statics,
@@ -351,6 +340,12 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
     dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
     if dtypes is None:
         return None
+    return _without_weight(sim, r, dtypes, ("pass_through", call.name), None, passes=True)
+
+
+def _without_weight(sim, r, dtypes, point_key, out_info, **kw) -> PreparedCall:
+    """A PreparedCall with no weight, bias, fused clamp or output fake quant of its own (a
+    pass-through op or a composite); ``point_key`` names no scale-cache entry."""
     return PreparedCall(
         route=r,
         fake_ops=sim.fake_ops,
@@ -363,12 +358,12 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
         x_scale=None,
         bias_value=None,
         bounds=None,
-        point_key=("pass_through", call.name),
+        point_key=point_key,
         point=None,
         fq=None,
-        out_info=None,
+        out_info=out_info,
         owned=False,
-        passes=True,
+        **kw,
     )
 
 
