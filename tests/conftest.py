@@ -12,13 +12,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_configure(config):
-    """Where a C compiler exists, a fallback of the compiled LUT gather fails the test that
-    caused it (the tests of the fallback itself expect its warning with pytest.warns)."""
+    """Where a C compiler exists, a fallback of a native kernel (the LUT gather, the LayerNorm
+    steps) fails the test that caused it (the tests of the fallback itself expect its warning
+    with pytest.warns)."""
     from toolchain import CC
 
     if CC is not None:
-        message = "quantlab. the compiled LUT gather failed"  # '.': the filter splits on ':'
-        config.addinivalue_line("filterwarnings", f"error:{message}:RuntimeWarning")
+        for message in (  # '.': the filter splits on ':'
+            "quantlab. the compiled LUT gather failed",
+            "quantlab. the native LayerNorm kernel failed",
+        ):
+            config.addinivalue_line("filterwarnings", f"error:{message}:RuntimeWarning")
 
 
 @pytest.fixture(autouse=True)

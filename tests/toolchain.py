@@ -1,6 +1,6 @@
 """What the machine running the tests has besides Python."""
 
-from quantlab.numerics.lut.gather import _compiler
+from quantlab.numerics.native import compiler
 
-# the C compiler the LUT gather's compiled kernel is built with, or None
-CC = _compiler()
+# the C compiler quantlab's native kernels (the LUT gather, the norm composite) are built with
+CC = compiler()

@@ -26,6 +26,7 @@ from quantlab.numerics.norm import (
     NormScales,
     check_eps,
 )
+from quantlab.numerics.norm_native import norm_fake_rows
 from quantlab.numerics.quantize import ScaleRule, code_range, compute_scale, fake_quant_by_scale
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.scales import check_scale
@@ -155,6 +156,12 @@ def norm_fake(
         raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
     scales.require(weight is not None, bias is not None)
     gamma, beta = affine or fake_affine(weight, bias, scales, contract, rounding)
+    if rounding is Round.HALF_EVEN:  # the elementwise steps in C, where they apply
+        y = norm_fake_rows(
+            x, layout, eps, scales, out_scale, out_dtype, contract.inter_dtype, gamma, beta
+        )
+        if y is not None:
+            return y
     run = (x, layout, eps, scales, out_scale, out_dtype, contract, rounding, gamma, beta)
     y = _norm_fake_steps(*run, keep_nan=True)
     if math.isnan(y.sum()):  # a NaN anywhere makes the sum NaN

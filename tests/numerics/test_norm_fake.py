@@ -3,15 +3,21 @@ the public ``fake_quant`` at every step: identical float32 bits on random rows o
 with and without gamma / beta, at both output dtypes and several roundings, and on adversarial
 rows (NaN, +-inf, huge values, constant rows, a NaN gamma) that take its NaN-kept first pass
 back to the steps with NaN made code 0. Its in-place step fake quants leave the caller's
-tensors alone."""
+tensors alone. For LayerNorm rows (HALF_EVEN) the elementwise steps run in C
+(``norm_native``): the same bits as the torch steps on random, tied, saturating and NaN
+values, and the torch steps where the C kernel declines or cannot be built."""
+
+import warnings
 
 import pytest
 import torch
 from bits import assert_bits_equal
+from toolchain import CC
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import J6_NORM, NormContract, NormLayout
-from quantlab.numerics.norm_calibrate import fake_affine, norm_fake
+from quantlab.numerics.norm_calibrate import _norm_fake_steps, fake_affine, norm_fake
+from quantlab.numerics.norm_native import norm_fake_rows
 from quantlab.numerics.quantize import fake_quant
 from quantlab.numerics.rounding import Round
 from tests.numerics.test_norm import calibrated, params, rows_data
@@ -134,3 +140,78 @@ def test_kept_affine_and_an_input_with_gradient_give_the_same_bits():
     assert_bits_equal(xg.detach(), x)
     x64 = x.to(torch.float64)  # a float64 input: computed on its float32 value
     assert_bits_equal(norm_fake(x64, layout, w, b, 1e-5, sc, so, DType.INT16), want)
+
+
+needs_cc = pytest.mark.skipif(CC is None, reason="the native kernel needs a C compiler")
+
+
+def _torch_steps(x, layout, sc, so, out, gamma, beta, eps=1e-5):
+    run = (x, layout, eps, sc, so, out, J6_NORM, Round.HALF_EVEN, gamma, beta)
+    return _norm_fake_steps(*run, keep_nan=False)
+
+
+@needs_cc
+@pytest.mark.parametrize("build", ["as loaded", "baseline"])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_native_rows_equal_the_torch_steps_on_random_and_tied_values(seed, build, monkeypatch):
+    """The C elementwise steps against the torch steps: random sizes, scales from tiny to
+    huge, inputs on and beyond the calibrated ranges, values whose quotients fall exactly on
+    half codes (ties), NaN and infinities; identical bits every time, by the build the CPU
+    loads (its AVX-512 loops here) and by the baseline build (no per-CPU loops)."""
+    from quantlab.numerics import native, norm_native
+
+    if build == "baseline":
+        source = "#define QL_NO_CLONES\n" + norm_native._SOURCE
+        lib = norm_native.configure(native.load("norm_fake_baseline", source))
+        monkeypatch.setattr(norm_native.STATE, "lib", lib)
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 700, (1,), generator=g))
+    shape = (int(torch.randint(1, 9, (1,), generator=g)), 3, n)
+    layout = NormLayout.layer(n)
+    spread = float(10 ** torch.empty(1).uniform_(-3, 3, generator=g))
+    x = torch.randn(shape, generator=g) * spread + torch.randn(shape[0], 1, 1, generator=g)
+    w, b = params(n, seed)
+    out = (DType.INT8, DType.INT16)[seed % 2]
+    _, _, sc, so = calibrated(x, layout, w, b, DType.INT16, out)
+    if seed % 3 == 0:  # ties: multiples of half a diff step
+        x = torch.round(x / (sc.diff / 2)) * (sc.diff / 2)
+    if seed % 4 == 1:
+        x = x * 7  # beyond the calibrated ranges
+    if seed % 5 == 2:
+        flat = x.view(-1)
+        flat[:: max(1, flat.numel() // 5)] = torch.tensor(float("nan"))
+        flat[1] = float("inf")
+    gamma, beta = fake_affine(w, b, sc)
+    for gb in ((gamma, beta), (gamma, None), (None, beta), (None, None)):
+        got = norm_fake_rows(x, layout, 1e-5, sc, so, out, DType.INT16, *gb)
+        assert got is not None
+        assert_bits_equal(got, _torch_steps(x, layout, sc, so, out, *gb), {"x": x})
+
+
+def test_where_the_native_rows_do_not_apply_the_torch_steps_run():
+    """Other layouts, a non-contiguous input, float64, a gradient: norm_fake_rows declines
+    (None) and norm_fake computes by torch, with the written-out bits."""
+    x, layout, w, b, sc, so = _case("layer_norm", (True, True), DType.INT16, 9)
+    gamma, beta = fake_affine(w, b, sc)
+    args = (1e-5, sc, so, DType.INT16, DType.INT16, gamma, beta)
+    wide = torch.cat([x, x], dim=-1)[..., ::2]  # the same values, not contiguous
+    assert not wide.is_contiguous()
+    for declined in (wide, x.double(), x.clone().requires_grad_()):
+        assert norm_fake_rows(declined, layout, *args) is None
+    assert norm_fake_rows(x, NormLayout.group(4), *args) is None
+    _check(wide.contiguous(), layout, w, b, sc, so, DType.INT16)
+    _check(wide, layout, w, b, sc, so, DType.INT16)
+
+
+def test_without_a_compiler_the_torch_steps_run_with_one_warning(monkeypatch):
+    from quantlab.numerics import native, norm_native
+
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    monkeypatch.setattr(native, "_LOADED", {})
+    monkeypatch.setattr(norm_native, "STATE", norm_native._State())
+    x, layout, w, b, sc, so = _case("layer_norm", (True, True), DType.INT8, 10)
+    with pytest.warns(RuntimeWarning, match="no C compiler found"):
+        _check(x, layout, w, b, sc, so, DType.INT8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        _check(x * 3, layout, w, b, sc, so, DType.INT8)

@@ -6,15 +6,11 @@ shape and the table's dtype. A gather copies entries, so both kernels give ident
 
 - ``gather_serial``: one ``torch.index_select`` (any device). On CPU it runs on the calling
   thread only: torch's index_select of a 1-D table has no parallel loop.
-- ``gather_compiled``: the C loop ``out[i] = table[(unsigned) codes[i]]``, built by the system
-  C compiler (``CC``, else cc, gcc or clang) as a shared library with OpenMP when the compiler
-  has it, loaded with ctypes and run on torch's intra-op thread count; OpenMP's runtime is the
-  one torch has loaded (libgomp.so.1 is found loaded by name). Element sizes of 1, 2, 4 and 8
-  bytes. It is about 3x faster than the serial kernel on 2 cores at 2**22 codes
-  (``reports/benchmarks/lut.md``). A build takes a fraction of a second and is kept in the
-  user's cache folder (``QUANTLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantlab`` or
-  ``~/.cache/quantlab``), keyed by its source, compiler and flags, so later processes only
-  load it.
+- ``gather_compiled``: the C loop ``out[i] = table[(unsigned) codes[i]]``
+  (``quantlab.numerics.native``: built once by the system C compiler, kept in the user's cache
+  folder, OpenMP on torch's intra-op thread count), for entries of 1, 2, 4 and 8 bytes. It is
+  about 3x faster than the serial kernel on 2 cores at 2**22 codes
+  (``reports/benchmarks/lut.md``); a build takes a fraction of a second.
 
 ``gather`` chooses between them. Calls of at least ``COMPILED_MIN_CODES`` CPU codes go serial
 until the process has gathered ``COMPILE_AFTER`` codes that way, about as long as a build
@@ -27,17 +23,12 @@ reported once as a warning, and the serial kernel serves the rest of the process
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
-from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from quantlab.numerics import native
 
 COMPILED_MIN_CODES = 1 << 16  # below this a compiled call's overhead is a large part of it
 COMPILE_AFTER = 1 << 28  # serial codes (~1 ns each on one core) worth one build (~0.3 s)
@@ -62,7 +53,6 @@ GATHER(2, 2, uint16_t, uint16_t)
 GATHER(2, 4, uint16_t, uint32_t)
 GATHER(2, 8, uint16_t, uint64_t)
 """
-_FLAGS = ("-O3", "-std=c99", "-fPIC", "-shared")
 
 
 def _check(table: Tensor, codes: Tensor) -> torch.dtype:
@@ -83,60 +73,6 @@ def gather_serial(table: Tensor, codes: Tensor) -> Tensor:
     return table.to(codes.device).index_select(0, index).reshape(codes.shape)
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    return cc or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("QUANTLAB_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "quantlab"
-
-
-def _build() -> ctypes.CDLL:
-    """The kernels' shared library: loaded from the cache folder, else compiled there (with
-    OpenMP if the compiler takes ``-fopenmp``, else serial loops) and written atomically."""
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler found (set CC)")
-    errors = []
-    for extra in (("-fopenmp",), ()):
-        flags = (*_FLAGS, *extra)
-        key = "\0".join((_SOURCE, cc, *flags, platform.machine(), platform.system()))
-        name = f"lut_gather_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
-        for folder in (_cache_dir(), Path(tempfile.gettempdir()) / f"quantlab-{os.getuid()}"):
-            lib = folder / name
-            if lib.exists():
-                try:
-                    return ctypes.CDLL(str(lib))
-                except OSError:  # a broken file: build it again
-                    pass
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-                os.close(fd)
-                src = Path(tmp).with_suffix(".c")
-                src.write_text(_SOURCE)
-                try:
-                    run = subprocess.run(
-                        [cc, *flags, str(src), "-o", tmp], capture_output=True, text=True
-                    )
-                finally:
-                    src.unlink(missing_ok=True)
-                if run.returncode != 0:
-                    os.unlink(tmp)
-                    errors.append(run.stderr.strip().splitlines()[-1:] or [f"{cc} failed"])
-                    break  # these flags fail here; the next set, if any
-                os.replace(tmp, lib)  # atomic: a concurrent process sees all of it or nothing
-                return ctypes.CDLL(str(lib))
-            except OSError as err:  # the folder is not writable: the next one
-                errors.append([str(err)])
-    raise RuntimeError("building the gather kernel failed: " + "; ".join(e[0] for e in errors))
-
-
 class _Tiers:
     """Process-wide state of ``gather``'s choice (see the module docstring)."""
 
@@ -153,7 +89,7 @@ class _Tiers:
         """Build (or load) the kernels once; False if that failed (warned once)."""
         if not self.compiled and self.failed is None:
             try:
-                lib = _build()
+                lib = native.load("lut_gather", _SOURCE)
                 for c in (1, 2):
                     for t in ELEMENT_SIZES:
                         fn = getattr(lib, f"gather_c{c}_t{t}")

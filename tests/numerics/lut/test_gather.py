@@ -98,7 +98,8 @@ def test_small_and_non_cpu_calls_stay_serial_and_are_not_counted(tiers, monkeypa
 
 
 def test_a_failed_build_warns_once_and_stays_serial(tiers, monkeypatch):
-    monkeypatch.setattr(G, "_compiler", lambda: None)
+    monkeypatch.setattr(G.native, "compiler", lambda: None)
+    monkeypatch.setattr(G.native, "_LOADED", {})
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
     tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
     table = _table(torch.int16, 16, seed=2)
@@ -121,6 +122,7 @@ def test_a_compiler_that_fails_is_reported(tiers, monkeypatch, tmp_path):
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(G.native, "_LOADED", {})
     tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
     with pytest.warns(RuntimeWarning, match="fake-cc: cannot compile"):
         assert not tiers.build()
@@ -132,6 +134,7 @@ def test_the_build_is_kept_and_loaded_by_the_next_process(tiers, monkeypatch, tm
     loads that file without compiling; an unwritable cache folder falls back to a temporary
     one."""
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(G.native, "_LOADED", {})
     tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
     assert tiers.build()
     assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".so"]
@@ -143,7 +146,8 @@ def test_the_build_is_kept_and_loaded_by_the_next_process(tiers, monkeypatch, tm
     def no_compiler(*args, **kwargs):
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(G.subprocess, "run", no_compiler)
+    monkeypatch.setattr(G.native.subprocess, "run", no_compiler)
+    G.native.forget()
     tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
     assert tiers.build()  # loaded, not compiled
     assert_bits_equal(G.gather_compiled(table, codes), want)
@@ -151,6 +155,7 @@ def test_the_build_is_kept_and_loaded_by_the_next_process(tiers, monkeypatch, tm
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the folder should be: not writable as a folder
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.setattr(G.native, "_LOADED", {})
     tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
     assert tiers.build() and tiers.failed is None
     assert_bits_equal(G.gather_compiled(table, codes), want)

@@ -1,0 +1,100 @@
+"""Small C kernels built at run time by the system C compiler and called through ctypes.
+
+``load(name, source)`` compiles ``source`` (C99) with ``-O3 -ffp-contract=off`` and OpenMP when
+the compiler takes ``-fopenmp`` (else without), loads the shared library and keeps it for the
+process. Float arithmetic is IEEE single precision as written (no fast-math, no contraction of
+a product and a sum into one rounding). OpenMP's runtime is the one torch has loaded
+(libgomp.so.1 is found loaded by name). The library file is kept in the user's cache folder
+(``QUANTLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantlab`` or ``~/.cache/quantlab``; a temporary
+folder when that cannot be written), keyed by source, compiler, flags and platform and written
+atomically, so later processes only load it. Raises RuntimeError when nothing can be built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+FLAGS = (
+    "-O3",
+    "-std=c99",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+)
+
+_LOADED: dict[str, ctypes.CDLL] = {}
+
+
+def compiler() -> str | None:
+    """The C compiler: ``CC``, else cc, gcc or clang on PATH; None if there is none."""
+    cc = os.environ.get("CC")
+    return cc or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("QUANTLAB_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "quantlab"
+
+
+def load(name: str, source: str) -> ctypes.CDLL:
+    """The shared library of ``source`` (see the module docstring), once per process."""
+    lib = _LOADED.get(name)
+    if lib is None:
+        lib = _LOADED[name] = _build(name, source)
+    return lib
+
+
+def forget() -> None:
+    """Drop the libraries loaded so far (the next ``load`` finds or builds them again)."""
+    _LOADED.clear()
+
+
+def _build(name: str, source: str) -> ctypes.CDLL:
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC)")
+    errors = []
+    for extra in (("-fopenmp",), ()):
+        flags = (*FLAGS, *extra)
+        key = "\0".join((source, cc, *flags, platform.machine(), platform.system()))
+        file = f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+        for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"quantlab-{os.getuid()}"):
+            lib = folder / file
+            if lib.exists():
+                try:
+                    return ctypes.CDLL(str(lib))
+                except OSError:  # a broken file: build it again
+                    pass
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+                os.close(fd)
+                src = Path(tmp).with_suffix(".c")
+                src.write_text(source)
+                try:
+                    run = subprocess.run(
+                        [cc, *flags, str(src), "-o", tmp], capture_output=True, text=True
+                    )
+                finally:
+                    src.unlink(missing_ok=True)
+                if run.returncode != 0:
+                    os.unlink(tmp)
+                    errors.append(run.stderr.strip().splitlines()[-1:] or [f"{cc} failed"])
+                    break  # these flags fail here; the next set, if any
+                os.replace(tmp, lib)  # atomic: a concurrent process sees all of it or nothing
+                return ctypes.CDLL(str(lib))
+            except OSError as err:  # the folder is not writable: the next one
+                errors.append([str(err)])
+    raise RuntimeError(f"building {name} failed: " + "; ".join(e[0] for e in errors))
