@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from quantlab.numerics import fake_quant_native
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import (
     Divide,
@@ -76,6 +77,11 @@ def _reciprocal(
     """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], then
     ``times_scale_`` (code -0 -> +0, as torch; one float32 product)."""
     xf = x.detach() if x.requires_grad else x  # the same values and storage
+    if rounding is Round.HALF_EVEN:  # one C pass where it applies (same bits)
+        own = inplace and xf.dtype == torch.float32
+        y = fake_quant_native.reciprocal(xf, rf, sf, lo, hi, out=xf if own else None)
+        if y is not None:
+            return y
     if inplace and xf.dtype == torch.float32:
         q = xf.mul_(rf)
     else:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal
+from toolchain import CC
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
@@ -131,6 +132,45 @@ def test_by_reciprocal_matches_exact_reference(rounding, dtype, zp, rng):
         assert owned.data_ptr() == fn(owned, inplace=True).data_ptr()  # written in place
         got = fake_quant(x, s, dtype, rounding, divide=Divide.BY_RECIPROCAL, **kw)
         assert_bits_equal(got, want, inputs={"x": x})
+
+
+@pytest.mark.skipif(CC is None, reason="the native fake quant needs a C compiler")
+@pytest.mark.parametrize("build", ["as loaded", "baseline"])
+@pytest.mark.parametrize("dtype,zp,rng", CASES)
+def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, build, monkeypatch):
+    """Tensors of at least ``MIN_ELEMENTS`` values take the one-pass C kernel (HALF_EVEN):
+    the exact reference's bits, NaN, infinities, ties and saturation included, out of place
+    and in place, by the build the CPU loads and by the baseline build."""
+    from quantlab.numerics import fake_quant_native as FQN
+    from quantlab.numerics import native
+
+    if build == "baseline":
+        lib = FQN.configure(
+            native.load("fake_quant_baseline", "#define QL_NO_CLONES\n" + FQN.SOURCE)
+        )
+        monkeypatch.setattr(FQN.STATE, "lib", lib)
+    s = torch.tensor(0.0371, dtype=torch.float32)
+    lo_code = (dtype.qmin if rng[0] is None else rng[0]) - zp
+    hi_code = (dtype.qmax if rng[1] is None else rng[1]) - zp
+    steps = torch.arange(-3, 3, 0.05, dtype=torch.float64)  # dense around both code bounds
+    edges = torch.cat([(lo_code + steps) * float(s), (hi_code + steps) * float(s)]).float()
+    base = torch.cat([_inputs(float(s), dtype), edges])
+    k = FQN.MIN_ELEMENTS // base.numel() + 2
+    x = base.repeat(k)
+    for bounds in BOUNDS:
+        want = _reciprocal_reference(base, bounds, float(s), dtype, zp, *rng, Round.HALF_EVEN)
+        want = want.repeat(k)
+        kw = dict(qmin=rng[0], qmax=rng[1], bounds=bounds, zero_point=zp)
+        fn = fake_quant_fn(s, dtype, Round.HALF_EVEN, Divide.BY_RECIPROCAL, **kw)
+        assert_bits_equal(fn(x), want, inputs={"x": x})
+        owned = x.clone()
+        got = fn(owned, inplace=True)
+        assert got.data_ptr() == owned.data_ptr()
+        assert_bits_equal(got, want, inputs={"x": x})
+    lo, hi, rf, sf = -8, 7, float(1 / s), float(s)
+    assert FQN.reciprocal(x, rf, sf, lo, hi) is not None  # the C pass ran
+    assert FQN.reciprocal(x[:100], rf, sf, lo, hi) is None  # too small: torch passes
+    assert FQN.reciprocal(x[::2].clone().t() if x.dim() > 1 else x[::2], rf, sf, lo, hi) is None
 
 
 @pytest.mark.parametrize("dtype,zp", [(DType.INT8, 0), (DType.UINT8, 131), (DType.INT16, -3)])

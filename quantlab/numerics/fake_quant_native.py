@@ -1,0 +1,116 @@
+"""Per-tensor ``Divide.BY_RECIPROCAL`` fake quant (HALF_EVEN) of a float32 tensor in one C pass.
+
+``reciprocal(x, rf, sf, lo, hi, out)`` gives, bit for bit, what ``fake_quant_plan._reciprocal``
+computes by four torch passes: ``q = fl32(x * rf)``, rounded half to even, clamped to the
+integer code bounds [lo, hi], then ``fl32(q * sf) + 0`` (code -0 -> +0); NaN stays NaN. The C
+loop (``quantlab.numerics.native``) does the same float32 product, a clamp to the integer
+bounds before rounding (the bounds are integers and rounding is monotone, so clamping first or
+last gives the same code, and NaN passes both), the half-to-even rounding of |q| <= 2**16 by
+adding and subtracting 1.5 * 2**23 (exact: the sum lies where floats are the integers, and the
+subtraction is exact), and the same product and sum. Its loop is compiled for AVX-512 and for
+the baseline on x86-64 and chosen at load; the tests check both against the torch passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics import native
+
+MIN_ELEMENTS = 1 << 12  # below this the torch passes cost about as much as a C call
+
+SOURCE = r"""
+#include <stdint.h>
+#define MAGIC 12582912.0f /* 1.5 * 2**23 */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define CLONES
+#endif
+
+/* y may be x (in place): each element is read before it is written, no other dependence */
+CLONES void fq_block(const float *x, float *y, int64_t n, float rf, float sf, float lo,
+                     float hi) {
+  #pragma omp simd
+  for (int64_t j = 0; j < n; ++j) {
+    float q = x[j] * rf;
+    q = q < lo ? lo : q;
+    q = q > hi ? hi : q;
+    q = (q + MAGIC) - MAGIC;
+    y[j] = q * sf + 0.0f;
+  }
+}
+
+void fq_reciprocal(const float *x, float *y, int64_t n, float rf, float sf, float lo, float hi,
+                   int threads) {
+  const int64_t block = 16384;
+  const int64_t blocks = (n + block - 1) / block;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t start = i * block;
+    const int64_t len = n - start < block ? n - start : block;
+    fq_block(x + start, y + start, len, rf, sf, lo, hi);
+  }
+}
+"""
+
+
+class _State:
+    lib: ctypes.CDLL | None = None
+    failed: str | None = None
+
+
+STATE = _State()
+
+
+def configure(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """``lib`` with the kernel's argument types set."""
+    f32 = ctypes.c_float
+    lib.fq_reciprocal.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.fq_reciprocal.argtypes += [f32, f32, f32, f32, ctypes.c_int]
+    lib.fq_reciprocal.restype = None
+    return lib
+
+
+def _lib() -> ctypes.CDLL | None:
+    if STATE.lib is None and STATE.failed is None:
+        try:
+            STATE.lib = configure(native.load("fake_quant", SOURCE))
+        except Exception as err:  # no C compiler, unsupported platform, ...
+            STATE.failed = f"{type(err).__name__}: {err}".splitlines()[0]
+            warnings.warn(
+                f"quantlab: the native fake quant failed ({STATE.failed}); fake quants stay "
+                "on torch ops (same bits)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return STATE.lib
+
+
+def reciprocal(
+    x: Tensor, rf: float, sf: float, lo: int, hi: int, out: Tensor | None = None
+) -> Tensor | None:
+    """The BY_RECIPROCAL HALF_EVEN fake quant of ``x`` (module docstring) into ``out`` (may be
+    ``x``; else a new tensor), or None where the C pass does not apply (not a contiguous
+    float32 CPU tensor of at least MIN_ELEMENTS values, code bounds beyond 2**16, no kernel)."""
+    if (
+        x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or x.numel() < MIN_ELEMENTS
+        or not x.is_contiguous()
+        or max(abs(lo), abs(hi)) > 1 << 16
+    ):
+        return None
+    lib = _lib()
+    if lib is None:
+        return None
+    with torch._C.DisableTorchFunction():
+        y = torch.empty_like(x) if out is None else out
+        n = x.numel()
+        threads = max(1, min(torch.get_num_threads(), n >> 14))
+        lib.fq_reciprocal(x.data_ptr(), y.data_ptr(), n, rf, sf, lo, hi, threads)
+        return y
