@@ -14,7 +14,6 @@ the baseline on x86-64 and chosen at load; the tests check both against the torc
 from __future__ import annotations
 
 import ctypes
-import warnings
 
 import torch
 from torch import Tensor
@@ -59,36 +58,15 @@ void fq_reciprocal(const float *x, float *y, int64_t n, float rf, float sf, floa
 """
 
 
-class _State:
-    lib: ctypes.CDLL | None = None
-    failed: str | None = None
-
-
-STATE = _State()
-
-
-def configure(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """``lib`` with the kernel's argument types set."""
+def configure(lib: ctypes.CDLL) -> None:
+    """Set the argument types of the kernels in ``lib``."""
     f32 = ctypes.c_float
     lib.fq_reciprocal.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.fq_reciprocal.argtypes += [f32, f32, f32, f32, ctypes.c_int]
     lib.fq_reciprocal.restype = None
-    return lib
 
 
-def _lib() -> ctypes.CDLL | None:
-    if STATE.lib is None and STATE.failed is None:
-        try:
-            STATE.lib = configure(native.load("fake_quant", SOURCE))
-        except Exception as err:  # no C compiler, unsupported platform, ...
-            STATE.failed = f"{type(err).__name__}: {err}".splitlines()[0]
-            warnings.warn(
-                f"quantlab: the native fake quant failed ({STATE.failed}); fake quants stay "
-                "on torch ops (same bits)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    return STATE.lib
+KERNELS = native.Kernels("fake_quant", SOURCE, configure, "fake quant")
 
 
 def reciprocal(
@@ -105,7 +83,7 @@ def reciprocal(
         or max(abs(lo), abs(hi)) > 1 << 16
     ):
         return None
-    lib = _lib()
+    lib = KERNELS.lib()
     if lib is None:
         return None
     with torch._C.DisableTorchFunction():

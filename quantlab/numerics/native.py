@@ -8,6 +8,8 @@ a product and a sum into one rounding). OpenMP's runtime is the one torch has lo
 (``QUANTLAB_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantlab`` or ``~/.cache/quantlab``; a temporary
 folder when that cannot be written), keyed by source, compiler, flags and platform and written
 atomically, so later processes only load it. Raises RuntimeError when nothing can be built.
+``Kernels`` holds one such library for its callers: loaded on first use, or None after a failed
+build, reported once as a warning (the callers then compute by torch ops, with the same bits).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 FLAGS = (
@@ -59,6 +63,35 @@ def load(name: str, source: str) -> ctypes.CDLL:
 def forget() -> None:
     """Drop the libraries loaded so far (the next ``load`` finds or builds them again)."""
     _LOADED.clear()
+
+
+class Kernels:
+    """The library of ``source`` loaded on first use: ``lib()`` gives it with its argument
+    types set by ``configure``, or None once building it failed (warned once; the caller's
+    torch ops serve instead, with the same bits)."""
+
+    def __init__(
+        self, name: str, source: str, configure: Callable[[ctypes.CDLL], None], what: str
+    ) -> None:
+        self.name, self.source, self.configure, self.what = name, source, configure, what
+        self.loaded: ctypes.CDLL | None = None
+        self.failed: str | None = None
+
+    def lib(self) -> ctypes.CDLL | None:
+        if self.loaded is None and self.failed is None:
+            try:
+                lib = load(self.name, self.source)
+                self.configure(lib)
+                self.loaded = lib
+            except Exception as err:  # no C compiler, unsupported platform, ...
+                self.failed = f"{type(err).__name__}: {err}".splitlines()[0]
+                warnings.warn(
+                    f"quantlab: the native {self.what} failed ({self.failed}); it stays on "
+                    "torch ops (same bits)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return self.loaded
 
 
 def _build(name: str, source: str) -> ctypes.CDLL:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 
 import torch
 from torch import Tensor
@@ -109,36 +108,15 @@ void norm_k2(const float *d, const float *v0, int64_t rows, int64_t n, float eps
 """
 
 
-class _State:
-    lib: ctypes.CDLL | None = None
-    failed: str | None = None
-
-
-STATE = _State()
-
-
-def configure(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """``lib`` with the kernels' argument types set."""
+def configure(lib: ctypes.CDLL) -> None:
+    """Set the argument types of the kernels in ``lib``."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.norm_k1.argtypes = [p, p, i64, i64, p, p, p, i32]
     lib.norm_k2.argtypes = [p, p, i64, i64, f32, p, p, p, p, i32]
     lib.norm_k1.restype = lib.norm_k2.restype = None
-    return lib
 
 
-def _lib() -> ctypes.CDLL | None:
-    if STATE.lib is None and STATE.failed is None:
-        try:
-            STATE.lib = configure(native.load("norm_fake", _SOURCE))
-        except Exception as err:  # no C compiler, unsupported platform, ...
-            STATE.failed = f"{type(err).__name__}: {err}".splitlines()[0]
-            warnings.warn(
-                f"quantlab: the native LayerNorm kernel failed ({STATE.failed}); the "
-                "composite's QAT form stays on torch ops (same bits)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    return STATE.lib
+KERNELS = native.Kernels("norm_fake", _SOURCE, configure, "LayerNorm kernel")
 
 
 def _step(scale: float, dtype: DType) -> tuple[float, float, float]:
@@ -193,7 +171,7 @@ def norm_fake_rows(
         or any(t is not None and t.requires_grad for t in (gamma, beta))
     ):
         return None
-    lib = _lib()
+    lib = KERNELS.lib()
     if lib is None:
         return None
     with torch._C.DisableTorchFunction():

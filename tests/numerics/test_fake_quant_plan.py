@@ -145,10 +145,9 @@ def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, bui
     from quantlab.numerics import native
 
     if build == "baseline":
-        lib = FQN.configure(
-            native.load("fake_quant_baseline", "#define QL_NO_CLONES\n" + FQN.SOURCE)
-        )
-        monkeypatch.setattr(FQN.STATE, "lib", lib)
+        lib = native.load("fake_quant_baseline", "#define QL_NO_CLONES\n" + FQN.SOURCE)
+        FQN.configure(lib)
+        monkeypatch.setattr(FQN.KERNELS, "loaded", lib)
     s = torch.tensor(0.0371, dtype=torch.float32)
     lo_code = (dtype.qmin if rng[0] is None else rng[0]) - zp
     hi_code = (dtype.qmax if rng[1] is None else rng[1]) - zp

@@ -162,8 +162,9 @@ def test_the_native_rows_equal_the_torch_steps_on_random_and_tied_values(seed, b
 
     if build == "baseline":
         source = "#define QL_NO_CLONES\n" + norm_native._SOURCE
-        lib = norm_native.configure(native.load("norm_fake_baseline", source))
-        monkeypatch.setattr(norm_native.STATE, "lib", lib)
+        lib = native.load("norm_fake_baseline", source)
+        norm_native.configure(lib)
+        monkeypatch.setattr(norm_native.KERNELS, "loaded", lib)
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(1, 700, (1,), generator=g))
     shape = (int(torch.randint(1, 9, (1,), generator=g)), 3, n)
@@ -208,7 +209,10 @@ def test_without_a_compiler_the_torch_steps_run_with_one_warning(monkeypatch):
 
     monkeypatch.setattr(native, "compiler", lambda: None)
     monkeypatch.setattr(native, "_LOADED", {})
-    monkeypatch.setattr(norm_native, "STATE", norm_native._State())
+    fresh = native.Kernels(
+        "norm_fake", norm_native._SOURCE, norm_native.configure, "LayerNorm kernel"
+    )
+    monkeypatch.setattr(norm_native, "KERNELS", fresh)
     x, layout, w, b, sc, so = _case("layer_norm", (True, True), DType.INT8, 10)
     with pytest.warns(RuntimeWarning, match="no C compiler found"):
         _check(x, layout, w, b, sc, so, DType.INT8)
