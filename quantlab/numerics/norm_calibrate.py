@@ -146,10 +146,12 @@ def norm_fake(
     ``affine``: ``fake_affine`` of the same weight, bias, scales, contract and rounding, kept
     by a caller that runs the norm again (else computed here).
 
-    Computed first with every step's NaN kept (one pass fewer per step): a NaN made by any
-    step reaches an output of its row (every step propagates NaN, and mean, var and rsqrt
-    cover the row), so an output free of NaN shows no step made one, and then turning NaN
-    into code 0 changed nothing. Otherwise the steps run again with it."""
+    LayerNorm rows (HALF_EVEN, a contiguous float32 input without gradient) run their
+    elementwise steps in C (``norm_native``, the same bits). Otherwise the torch steps run,
+    first with every step's NaN kept (one pass fewer per step): a NaN made by any step reaches
+    an output of its row (every step propagates NaN, and mean, var and rsqrt cover the row), so
+    an output free of NaN shows no step made one, and then turning NaN into code 0 changed
+    nothing. Otherwise the steps run again with it."""
     eps = check_eps(eps)
     out_dtype = DType.parse(out_dtype)
     if out_dtype not in CODE_DTYPES:
