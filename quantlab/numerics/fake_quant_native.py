@@ -22,26 +22,14 @@ from quantlab.numerics import native
 
 MIN_ELEMENTS = 1 << 12  # below this the torch passes cost about as much as a C call
 
-SOURCE = r"""
-#include <stdint.h>
-#define MAGIC 12582912.0f /* 1.5 * 2**23 */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
-#else
-#define CLONES
-#endif
-
+SOURCE = (
+    native.PRELUDE
+    + r"""
 /* y may be x (in place): each element is read before it is written, no other dependence */
 CLONES void fq_block(const float *x, float *y, int64_t n, float rf, float sf, float lo,
                      float hi) {
   #pragma omp simd
-  for (int64_t j = 0; j < n; ++j) {
-    float q = x[j] * rf;
-    q = q < lo ? lo : q;
-    q = q > hi ? hi : q;
-    q = (q + MAGIC) - MAGIC;
-    y[j] = q * sf + 0.0f;
-  }
+  for (int64_t j = 0; j < n; ++j) y[j] = round_clamped(x[j] * rf, lo, hi) * sf + 0.0f;
 }
 
 void fq_reciprocal(const float *x, float *y, int64_t n, float rf, float sf, float lo, float hi,
@@ -56,6 +44,7 @@ void fq_reciprocal(const float *x, float *y, int64_t n, float rf, float sf, floa
   }
 }
 """
+)
 
 
 def configure(lib: ctypes.CDLL) -> None:

@@ -37,6 +37,29 @@ FLAGS = (
 
 _LOADED: dict[str, ctypes.CDLL] = {}
 
+# C shared by the float kernels: their rounding of a code and their per-CPU loops
+PRELUDE = r"""
+#include <stdint.h>
+#include <math.h>
+
+/* round half to even of q clamped to the integer bounds [lo, hi], |lo|, |hi| <= 2**22: the
+   clamp commutes with the monotone rounding and passes NaN; (q + 1.5 * 2**23) lies where
+   floats are the integers, so the sum rounds q to the nearest integer, ties to the even one,
+   and the subtraction is exact. Branch-free, so that loops vectorize. */
+static inline float round_clamped(float q, float lo, float hi) {
+  q = q < lo ? lo : q;
+  q = q > hi ? hi : q;
+  return (q + 12582912.0f) - 12582912.0f;
+}
+
+/* a row's loops are compiled for AVX-512 and for the baseline, chosen when loaded */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define CLONES
+#endif
+"""
+
 
 def compiler() -> str | None:
     """The C compiler: ``CC``, else cc, gcc or clang on PATH; None if there is none."""

@@ -36,28 +36,15 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import NormAxes, NormLayout, NormScales
 from quantlab.numerics.quantize import code_range
 
-_SOURCE = r"""
-#include <stdint.h>
-#include <math.h>
-#define MAGIC 12582912.0f /* 1.5 * 2**23 */
-
-/* one step's fake quant at scale s, codes [lo, hi]; branch-free so that loops vectorize */
+_SOURCE = (
+    native.PRELUDE
+    + r"""
+/* one step's fake quant at scale s, codes [lo, hi]; NaN -> +0 */
 static inline float fq(float x, float s, float lo, float hi) {
-  float q = x / s;
-  const int nan = q != q;
-  q = q < lo ? lo : q;
-  q = q > hi ? hi : q;
-  q = (q + MAGIC) - MAGIC;
-  q = q * s + 0.0f;
-  return nan ? 0.0f : q;
+  const float q = x / s;
+  const float y = round_clamped(q, lo, hi) * s + 0.0f;
+  return q != q ? 0.0f : y;
 }
-
-/* a row's loops are compiled for AVX-512 and for the baseline, chosen when loaded */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
-#else
-#define CLONES
-#endif
 
 CLONES void k1_row(const float *restrict x, float mu, int64_t n, const float *restrict st,
                    float *restrict d, float *restrict sq) {
@@ -106,6 +93,7 @@ void norm_k2(const float *d, const float *v0, int64_t rows, int64_t n, float eps
   }
 }
 """
+)
 
 
 def configure(lib: ctypes.CDLL) -> None:
