@@ -14,6 +14,7 @@ from pathlib import Path
 
 from quantlab.calibration.kinds import ActivationSymmetry, ObserverKind
 from quantlab.numerics.accumulator import Overflow
+from quantlab.numerics.code_bounds import BoundRule
 from quantlab.numerics.contract import (
     ACCUMULATORS,
     GemmContract,
@@ -28,7 +29,7 @@ from quantlab.numerics.lut.formats import LutFormat
 from quantlab.numerics.lut.functions import LutSpec, default_spec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
-from quantlab.numerics.quantize import BoundRule, ScaleRule
+from quantlab.numerics.quantize import ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine

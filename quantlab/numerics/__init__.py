@@ -13,6 +13,7 @@ nothing from the rest of quantlab.
 
 from quantlab.numerics.accumulator import Overflow, accumulate
 from quantlab.numerics.add_rules import add_left_shift, add_shared_shift
+from quantlab.numerics.code_bounds import BoundRule, bound_codes
 from quantlab.numerics.contract import (
     GemmContract,
     GemmFamily,
@@ -40,11 +41,9 @@ from quantlab.numerics.gemm import (
     quantize_bias,
 )
 from quantlab.numerics.quantize import (
-    BoundRule,
     Divide,
     QuantStats,
     ScaleRule,
-    bound_codes,
     check_zero_point,
     compute_scale,
     compute_zero_point_scale,

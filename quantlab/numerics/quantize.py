@@ -32,8 +32,6 @@ from quantlab.numerics.shapes import along_axis
 
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-CONSTANT_DTYPE = DType.INT16
-"""A scalar constant operand is an int16 code +-32767 at scale |c| / 32767 (assumed)."""
 _CACHE_LIMIT = 4096  # per-tensor reciprocal constants kept (a plan-time cache, keyed by value)
 
 
@@ -445,65 +443,3 @@ def _reciprocal_constants(
         _RECIPROCAL_CONSTANTS.clear()
     _RECIPROCAL_CONSTANTS[key] = value
     return value
-
-
-def constant_codes(c: float, dtype: DType = CONSTANT_DTYPE) -> tuple[Tensor, Tensor]:
-    """A nonzero scalar constant as (code, scale): code +-qmax (int64), scale fl32(|c| / qmax)
-    (the division in float64, rounded once). Assumed for every platform (``CONSTANT_DTYPE``)."""
-    c = float(c)
-    if c == 0 or not torch.isfinite(torch.tensor(c)):
-        raise ValueError(f"a constant operand must be finite and nonzero, got {c}")
-    s = check_scale(abs(c) / dtype.qmax, "constant scale")
-    code = torch.tensor(dtype.qmax if c > 0 else -dtype.qmax, dtype=torch.int64)
-    return code, s
-
-
-class BoundRule(enum.Enum):
-    """How a fused activation's real bound f (relu: 0, relu6: 6) becomes an output code.
-
-    FLOAT64_HALF_EVEN:          zp + round_half_even(f / s), the division in float64.
-    FLOAT32_HALF_AWAY:          zp + roundf(fl32(f / s)), ties away from zero (TFLite
-                                ``CalculateActivationRangeQuantized``).
-    FLOAT32_ZERO_POINT_HALF_EVEN: lrintf(fl32(fl32(f / s) + zp)), ties to even (XNNPACK
-                                ``xnn_qs8_quantize``).
-    FLOAT32_HALF_EVEN:          zp + round_half_even(fl32(fl32(f) / s)) (a float32 Clip between
-                                DequantizeLinear and QuantizeLinear, as ONNX Runtime runs it).
-    Every rule then intersects the bound with the dtype's code range.
-    """
-
-    FLOAT64_HALF_EVEN = "float64_half_even"
-    FLOAT32_HALF_AWAY = "float32_half_away"
-    FLOAT32_ZERO_POINT_HALF_EVEN = "float32_zero_point_half_even"
-    FLOAT32_HALF_EVEN = "float32_half_even"
-
-
-def _bound_code(f: float, s: float, zp: int, rule: BoundRule) -> int:
-    if rule is BoundRule.FLOAT64_HALF_EVEN:
-        return zp + round_scalar(float(f) / s)
-    q = torch.tensor(float(f), dtype=torch.float32) / torch.tensor(s, dtype=torch.float32)
-    big = float(1 << 31)  # beyond every code range: the clamp to the dtype decides
-    if rule is BoundRule.FLOAT32_HALF_AWAY:
-        return zp + int(round_float(q, Round.HALF_AWAY).clamp(-big, big))
-    if rule is BoundRule.FLOAT32_HALF_EVEN:
-        return zp + int(round_float(q, Round.HALF_EVEN).clamp(-big, big))
-    if rule is BoundRule.FLOAT32_ZERO_POINT_HALF_EVEN:
-        v = q + torch.tensor(float(zp), dtype=torch.float32)
-        return int(round_float(v, Round.HALF_EVEN).clamp(-big, big))
-    raise ValueError(f"unknown bound rule {rule!r}; allowed: {[r.name for r in BoundRule]}")
-
-
-def bound_codes(
-    lo: float | None,
-    hi: float | None,
-    scale: Tensor | float,
-    dtype: DType,
-    zero_point: int = 0,
-    rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN,
-) -> tuple[int, int]:
-    """The code range a clamp to [lo, hi] (None: open) becomes at ``scale`` and
-    ``zero_point``: each bound by ``rule``, intersected with ``dtype``'s range."""
-    s = float(check_scale(scale, "scale"))
-    zp = check_zero_point(zero_point, dtype)
-    lo_c = dtype.qmin if lo is None else max(dtype.qmin, _bound_code(lo, s, zp, rule))
-    hi_c = dtype.qmax if hi is None else min(dtype.qmax, _bound_code(hi, s, zp, rule))
-    return lo_c, hi_c

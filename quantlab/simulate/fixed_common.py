@@ -10,17 +10,12 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.add_rules import add_left_shift, add_shared_shift
+from quantlab.numerics.code_bounds import CONSTANT_DTYPE, BoundRule, bound_codes, constant_codes
 from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
 from quantlab.numerics.product_requant import product_form
-from quantlab.numerics.quantize import (
-    CONSTANT_DTYPE,
-    BoundRule,
-    bound_codes,
-    constant_codes,
-    dequantize,
-)
+from quantlab.numerics.quantize import dequantize
 from quantlab.numerics.requant import int32_requant, make_requant, requant_scale, rescale_multiplier
 from quantlab.numerics.scaled_add import add_constants, add_float_rescale, add_inter_scale
 from quantlab.platforms import AddRule
@@ -137,7 +132,7 @@ def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tens
 
 
 def const(c: float) -> tuple[Tensor, Tensor]:
-    """A scalar constant as (int64 code, float32 scale) (``numerics.quantize.constant_codes``)."""
+    """A scalar constant as (int64 code, float32 scale) (``code_bounds.constant_codes``)."""
     return constant_codes(c)
 
 

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics import gemm
+from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import bound_codes, dequantize, quantize
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.qtensor import QInfo

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory
+from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.product_requant import requantize_product
-from quantlab.numerics.quantize import bound_codes, dequantize, quantize
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
 from quantlab.platforms import ConcatRule, SoftmaxRule
 from quantlab.simulate import args as A

@@ -11,6 +11,7 @@ import torch
 
 from quantlab.numerics import gemm, periodic, split
 from quantlab.numerics import grid_sample as G
+from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     build_lut,
@@ -22,7 +23,7 @@ from quantlab.numerics.lut import (
     lut_softmax,
 )
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite
-from quantlab.numerics.quantize import bound_codes, compute_scale, dequantize, fake_quant, quantize
+from quantlab.numerics.quantize import compute_scale, dequantize, fake_quant, quantize
 from quantlab.numerics.requant import Requant, requant_scale, rescale_multiplier
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.scaled_add import add_float_rescale, add_inter_scale, inter_scale

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from quantlab.numerics.code_bounds import BoundRule, bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add as profile_qlinear_add
-from quantlab.numerics.quantize import BoundRule, bound_codes
 
 ort = pytest.importorskip("onnxruntime")
 from onnx import numpy_helper  # noqa: E402

@@ -11,7 +11,7 @@ from torch import nn
 
 from quantlab.numerics import DType
 from quantlab.numerics import reference as R
-from quantlab.numerics.quantize import constant_codes
+from quantlab.numerics.code_bounds import constant_codes
 from quantlab.numerics.requant import requant_scale
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
