@@ -1,8 +1,9 @@
 """Op capture while an unmodified eager model runs, with stable op names.
 
 A ``torch.overrides.TorchFunctionMode`` sees every torch function call (``F.conv2d``,
-``torch.sigmoid``, ``x + y``, ``x[..., :2]``, ...). The module path comes from global forward
-pre/post hooks (a stack), so nothing is traced and Python control flow works.
+``torch.sigmoid``, ``x + y``, ``x[..., :2]``, ...). The module path comes from a stack that every
+module call pushes and pops while a ``ModuleTracker`` is active, so nothing is traced and Python
+control flow works.
 
 Op names are ``<module path>:<op_type>#<k>`` where k counts the calls of that op type inside
 that module during one forward (module path "" for the top level), e.g.
@@ -176,10 +177,10 @@ class OpCall:
 
 
 class ModuleTracker:
-    """Module path stack from global forward pre/post hooks, installed only while active.
+    """Module path stack kept by every module call while the tracker is active.
 
     A module the model did not hold when the tracker was made is named by its type under its
-    caller's path, and runs in eval mode: its pre-hook clears its train flag and lists it in
+    caller's path, and runs in eval mode: its entry clears its train flag and lists it in
     ``switched`` (the caller restores the flag after the run)."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -188,9 +189,9 @@ class ModuleTracker:
         self._modules = [m for m, _ in self._names.values()]
         self.stack: list[str] = [""]
         self.switched: list[nn.Module] = []
-        self._handles: list = []
 
-    def _pre(self, module: nn.Module, _inputs) -> None:
+    def _enter(self, module: nn.Module) -> None:
+        """``module`` is called: push its path."""
         entry = self._names.get(id(module))
         if entry is not None and entry[0] is module:
             self.stack.append(entry[1])
@@ -201,7 +202,8 @@ class ModuleTracker:
         parent = self.stack[-1]
         self.stack.append(f"{parent}.{type(module).__name__}" if parent else type(module).__name__)
 
-    def _post(self, module: nn.Module, _inputs, _output) -> None:
+    def _exit(self) -> None:
+        """The innermost module call returned or raised: pop its path."""
         stack = self.stack
         if len(stack) > 1:
             stack.pop()
@@ -213,21 +215,59 @@ class ModuleTracker:
     def __enter__(self) -> ModuleTracker:
         self.stack = [""]
         self.switched = []
-        reg = nn.modules.module
-        self._handles = [
-            reg.register_module_forward_pre_hook(self._pre),
-            reg.register_module_forward_hook(self._post, always_call=True),
-        ]
+        _activate(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        _deactivate(self)
 
     @property
     def current(self) -> str:
         return self.stack[-1]
+
+
+# The active trackers, innermost last. While there is one, ``nn.Module._call_impl`` (what
+# ``module(...)`` runs) is ``_tracked_call_impl``: it tells each active tracker before and after
+# the call, also when the call raises, as global forward pre- and post-hooks would. Global hooks
+# would send every module call in the process down torch's hook path, about 5 us each; the
+# wrapper costs under 1 us (MobileNetV2: 213 module calls per forward).
+_ACTIVE: list[ModuleTracker] = []
+_PLAIN_CALL_IMPL: list = []  # the unwrapped nn.Module._call_impl while the wrapper is in place
+
+
+def _tracked_call_impl(module: nn.Module, *args, **kwargs):
+    call_impl = _PLAIN_CALL_IMPL[0]
+    if len(_ACTIVE) == 1:
+        tracker = _ACTIVE[0]
+        tracker._enter(module)
+        try:
+            return call_impl(module, *args, **kwargs)
+        finally:
+            tracker._exit()
+    trackers = tuple(_ACTIVE)
+    for t in trackers:
+        t._enter(module)
+    try:
+        return call_impl(module, *args, **kwargs)
+    finally:
+        for t in reversed(trackers):
+            t._exit()
+
+
+def _activate(tracker: ModuleTracker) -> None:
+    if not _ACTIVE:
+        _PLAIN_CALL_IMPL[:] = [nn.Module.__dict__["_call_impl"]]
+        nn.Module._call_impl = _tracked_call_impl
+    _ACTIVE.append(tracker)
+
+
+def _deactivate(tracker: ModuleTracker) -> None:
+    for i in range(len(_ACTIVE) - 1, -1, -1):
+        if _ACTIVE[i] is tracker:
+            del _ACTIVE[i]
+            break
+    if not _ACTIVE and _PLAIN_CALL_IMPL:
+        nn.Module._call_impl = _PLAIN_CALL_IMPL.pop()
 
 
 Handler = Callable[[OpCall], Any]

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quantlab.capture import CaptureMode, ModuleTracker, OpCategory, classify
+from quantlab.capture import CaptureMode, ModuleTracker, OpCategory, _tracked_call_impl, classify
 from quantlab.ops import inverse_sigmoid
 
 
@@ -150,3 +150,82 @@ def test_classify_remembers_kinds_by_function_but_reads_hardtanh_bounds_every_ca
         assert classify(F.hardtanh, (x, 0.0, 6.0), {}) == ("relu6", OpCategory.REQUANT)
         assert classify(F.hardtanh, (x, -1.0, 1.0), {}) == ("clamp", OpCategory.REQUANT)
         assert classify(F.hardtanh, (x,), {"min_val": 0.0, "max_val": 6.0})[0] == "relu6"
+
+
+class Hooked(nn.Module):
+    """A module whose own pre-hook computes (as weight parametrizations do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.lin.register_forward_pre_hook(lambda m, args: (torch.tanh(args[0]),))
+
+    def forward(self, x):
+        return self.lin(x) * 2
+
+
+class Raises(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.inner(x)
+        if y.sum() > -1e30:
+            raise RuntimeError("planted")
+        return y
+
+
+def test_module_paths_cover_own_hooks_and_are_popped_when_a_call_raises():
+    plain_call = nn.Module.__dict__["_call_impl"]
+    calls, out = capture(Hooked().eval(), torch.randn(2, 4))
+    # the module's own pre-hook runs inside its call: its op takes the module's path
+    assert [c.name for c in calls] == ["lin:tanh#0", "lin:linear#0", ":mul#0"]
+    assert nn.Module.__dict__["_call_impl"] is plain_call
+
+    net = Raises().eval()
+    tracker = ModuleTracker(net)
+    seen = []
+    try:
+        with torch.no_grad(), tracker, CaptureMode(tracker, lambda c: seen.append(c) or c.run()):
+            net(torch.randn(2, 4))
+    except RuntimeError as e:
+        assert "planted" in str(e)
+    else:
+        raise AssertionError("the planted error did not propagate")
+    assert [c.name for c in seen] == ["inner:linear#0", ":sum#0"]
+    assert tracker.stack == [""]  # the raising call's path was popped
+    assert nn.Module.__dict__["_call_impl"] is plain_call
+    assert torch.equal(net.inner(torch.ones(1, 4)), net.inner.forward(torch.ones(1, 4)))
+
+
+def test_nested_trackers_each_keep_their_model_paths():
+    outer_net = Net().eval()
+    inner_paths = []
+    outer = ModuleTracker(outer_net)
+    inner = ModuleTracker(outer_net.blocks[0])
+
+    def handler(call):
+        inner_paths.append(inner.current)
+        return call.result if call.result is not None else call.run()
+
+    with torch.no_grad(), outer, inner, CaptureMode(outer, handler) as mode:
+        outer_net(torch.randn(1, 3, 8, 8))
+    names = [k for k in mode.counts]
+    assert ("blocks.0.conv", "conv2d") in names and ("stem", "conv2d") in names
+    # the inner tracker names blocks.0 as its root ("") and its children by its own paths;
+    # modules it did not hold are named by type under its current path
+    assert inner_paths == [
+        "Net.Conv2d",
+        "conv",
+        "act",
+        "",
+        "Net.Block.Conv2d",
+        "Net.Block.ReLU6",
+        "Net.Block",
+        "Net",  # mean
+        "Net.Linear",
+        *["Net"] * 5,  # sigmoid, inverse_sigmoid, mul, abs, add
+    ]
+    assert outer.stack == [""] and inner.stack == [""]
+    assert nn.Module.__dict__["_call_impl"] is not _tracked_call_impl

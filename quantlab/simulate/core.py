@@ -306,7 +306,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         plain = self._plain(st)
         prev, self._state = self._state, st
         # modules added to the model after the tracker was made: a captured run in which no
-        # known module trains leaves them to the tracker's pre-hook; otherwise a walk finds them
+        # known module trains leaves them to the tracker (it switches them to eval); otherwise
+        # a walk finds them
         training = [] if plain else self._tracker.training_modules()
         if plain or training:
             training = _training_modules(self.model)

@@ -1,8 +1,8 @@
 """A steady FAKE run compiled to straight-line code: the per-op capture traced away.
 
 A steady FAKE run (``Simulator.run(..., mode=FAKE)`` with no per-op overrides, replay, trace
-or gradients) pays for seeing each op: the module hooks that name its path, the torch-function
-mode that hands the call over, and the checks of its prepared call (``steady``). A
+or gradients) pays for seeing each op: the module-call tracking that names its path, the
+torch-function mode that hands the call over, and the checks of its prepared call (``steady``). A
 ``FakeProgram`` traces the model once with torch.fx (every module inlined, in eval mode), names
 each traced call as the capture names it, and generates Python code in which
 
