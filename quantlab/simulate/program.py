@@ -179,7 +179,7 @@ class _Prepared:
         if prep is None:
             return self.full.dispatch(args, kwargs)
         st = self.run.st
-        x_info = steady.arrived_info(self.acts, args, kwargs, st.qt)
+        x_info = steady.arrived_info(self.acts, args, kwargs, st.qt, st.grid)
         if x_info is steady.MISMATCH:
             return self.full.dispatch(args, kwargs)
         if prep.bias is not None and (x_info is None or x_info.scale is not prep.x_scale):

@@ -16,6 +16,12 @@ A composite whose FAKE form is not one function and one fake quant (normalisatio
 keeps that form resolved (``composite.ResolvedComposite``: scales, contract and fake-quantized
 parameters found once) and checks, besides the above, the scale-cache entries it was resolved
 from and its other arguments (tensors by identity and version, plain values by equality).
+
+An activation input that came as a float tensor on the grid of the op's own input point (a
+float op that keeps values made it: zero padding, eval-mode dropout; ``same_grid``) was used
+as it came, since fake-quantizing it there changes no bit. The prepared call keeps that
+point's QInfo (``OnGrid``) and its scale-cache entry, and takes the input as it comes only
+while the entry is current and the input is on that grid again.
 """
 
 from __future__ import annotations
@@ -27,11 +33,21 @@ from typing import Any
 from torch import Tensor
 
 from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.rounding import Round
 from quantlab.simulate import args as A
-from quantlab.simulate import calls
+from quantlab.simulate import calls, same_grid
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.op_route import OpRoute
 from quantlab.simulate.qtensor import QInfo
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OnGrid:
+    """An activation input that came as a float tensor on the grid of the op's input point
+    ``info`` (``same_grid.codes_on_grid`` with ``rounding``) and was used unchanged."""
+
+    info: QInfo
+    rounding: Round
 
 
 @dataclass(slots=True, eq=False)
@@ -40,7 +56,8 @@ class PreparedCall:
 
     route: OpRoute
     fake_ops: Any
-    in_dtypes: tuple  # the dtype each activation input arrived with (None: not a float tensor)
+    # how each activation input arrived: its dtype, an OnGrid, or None (not a float tensor)
+    in_dtypes: tuple
     weight: Tensor | None
     weight_version: int
     weight_value: Tensor | None
@@ -71,7 +88,7 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
     args, kwargs = call.args, call.kwargs
     if kwargs and kwargs.get("inplace"):
         return None
-    x_info = arrived_info(zip(plan.acts, prep.in_dtypes), args, kwargs, st.qt)
+    x_info = arrived_info(zip(plan.acts, prep.in_dtypes), args, kwargs, st.qt, st.grid)
     if x_info is MISMATCH:
         return None
     if prep.weight is not None:
@@ -130,10 +147,11 @@ def statics_hold(statics: tuple, args: tuple, kwargs: dict) -> bool:
 MISMATCH = object()  # arrived_info: an input did not arrive as the prepared call wants
 
 
-def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any) -> Any:
+def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any, grid: Any) -> Any:
     """The first activation input's QInfo (None: not quantized) when every activation input
-    arrived as prepared, ``acts`` giving each one's (slot, dtype) (dtype None: not a float
-    tensor); else ``MISMATCH``."""
+    arrived as prepared, ``acts`` giving each one's (slot, how it arrived): a dtype, an
+    ``OnGrid`` (a float tensor with no QInfo of its own, on that grid in ``grid``), or None
+    (not a float tensor); else ``MISMATCH``."""
     x_info = None
     for i, (slot, want) in enumerate(acts):
         v = A.get(args, kwargs, slot)
@@ -141,9 +159,20 @@ def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any) -> Any:
             if isinstance(v, Tensor) and v.is_floating_point():
                 return MISMATCH
             continue
-        info = qt.get(v)
-        if info is None or info.dtype is not want:
-            return MISMATCH
+        if type(want) is OnGrid:
+            p = want.info
+            if (
+                not isinstance(v, Tensor)
+                or qt.get(v) is not None
+                or same_grid.codes_on_grid(grid, v, p.dtype, p.scale, p.zero_point, want.rounding)
+                is None
+            ):
+                return MISMATCH
+            info = p
+        else:
+            info = qt.get(v)
+            if info is None or info.dtype is not want:
+                return MISMATCH
         if i == 0:
             x_info = info
     return x_info
@@ -205,9 +234,10 @@ def prepare(
         or sim._learned_scales is not None
     ):
         return None
-    dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
-    if dtypes is None:
+    arrival = _arrival(sim, call, plan, in_infos, arrived, (args, kwargs))
+    if arrival is None:
         return None
+    dtypes, grid_deps = arrival
     weight = weight_value = bias = bias_value = x_scale = None
     weight_version = bias_version = 0
     if plan.weight is not None:
@@ -243,6 +273,7 @@ def prepare(
         point[2],
         out_info,
         r.gemm,
+        deps=grid_deps,
     )
 
 
@@ -277,10 +308,11 @@ def prepare_composite(
         or sim._learned_scales is not None
     ):
         return None
-    dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
+    arrival = _arrival(sim, call, plan, in_infos, arrived)
     statics = _statics(call, plan)
-    if dtypes is None or statics is None:
+    if arrival is None or statics is None:
         return None
+    dtypes = arrival[0]
     return _without_weight(
         sim,
         r,
@@ -337,10 +369,10 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
         or len(out_info) != 1
     ):
         return None
-    dtypes = _arrival_dtypes(call, plan, in_infos, arrived)
-    if dtypes is None:
+    arrival = _arrival(sim, call, plan, in_infos, arrived)
+    if arrival is None:
         return None
-    return _without_weight(sim, r, dtypes, ("pass_through", call.name), None, passes=True)
+    return _without_weight(sim, r, arrival[0], ("pass_through", call.name), None, passes=True)
 
 
 def _without_weight(sim, r, dtypes, point_key, out_info, **kw) -> PreparedCall:
@@ -367,19 +399,44 @@ def _without_weight(sim, r, dtypes, point_key, out_info, **kw) -> PreparedCall:
     )
 
 
-def _arrival_dtypes(call: OpCall, plan: A.ArgPlan, in_infos: list, arrived: list) -> tuple | None:
-    """The dtype each activation input arrived with (None: not a quantized tensor, such as a
-    Python number), when every input was used as it came (none quantized or cast by the op)
-    and none arrived as an unquantized float tensor; else None (a call the prepared form does
-    not cover)."""
-    dtypes = []
-    for slot, used, came in zip(plan.acts, in_infos, arrived):
-        if used is not came:  # quantized or cast here
+def _arrival(
+    sim: Any,
+    call: OpCall,
+    plan: A.ArgPlan,
+    in_infos: list,
+    arrived: list,
+    used: tuple | None = None,
+) -> tuple | None:
+    """(how each activation input arrived, the scale-cache entries that rests on) when every
+    input was used as it came: its dtype, or None for what is not a quantized tensor (a Python
+    number). With ``used``, the (args, kwargs) the op computed with, an input that came as a
+    float tensor and was used unchanged at its integer input point (so it was on that point's
+    grid, ``QuantState.quantize_act``) is an ``OnGrid`` resting on the point's entry. None: a
+    call the prepared form does not cover (an input quantized or cast here, or a float tensor
+    left float, as a sensitivity run's float op feeds)."""
+    dtypes, deps = [], []
+    for i, (slot, u, came) in enumerate(zip(plan.acts, in_infos, arrived)):
+        v = A.get(call.args, call.kwargs, slot)
+        if u is came:
+            if u is None and A.is_float_tensor(v):
+                return None
+            dtypes.append(None if u is None else u.dtype)
+            continue
+        if (
+            used is None
+            or came is not None
+            or u is None
+            or not u.dtype.is_int
+            or A.get(used[0], used[1], slot) is not v
+        ):
             return None
-        if used is None and A.is_float_tensor(A.get(call.args, call.kwargs, slot)):
-            return None  # a float tensor left float (a sensitivity run's float op feeds it)
-        dtypes.append(None if used is None else used.dtype)
-    return tuple(dtypes)
+        key = ("fake_point", call.name, f"in{i}", u.dtype, None)
+        entry = sim._scale_cache.get(key)
+        if entry is None or entry[3] is not u:
+            return None
+        dtypes.append(OnGrid(u, sim.platform.fake_round))
+        deps.append((key, entry))
+    return tuple(dtypes), tuple(deps)
 
 
 def _plain_route(r: OpRoute) -> bool:

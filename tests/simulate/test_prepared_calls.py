@@ -536,3 +536,76 @@ def test_normalisation_composites_see_every_change(hit_names):
     hit_names.clear()
     sim.run(x, mode=Mode.FAKE)
     assert _NORMS <= set(hit_names)
+
+
+class GridNet(nn.Module):
+    """Convolutions behind zero pads (EfficientNet-Lite's 'same' padding) and a Linear and a
+    matmul behind eval dropouts: inputs that arrive as float tensors on their point's grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3)
+        self.c2 = nn.Conv2d(8, 8, 3, groups=8)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(8, 8)
+        self.pad_value = 0.0
+
+    def forward(self, x):
+        y = F.relu6(self.c1(x))
+        y = self.c2(F.pad(y, (1, 1, 1, 1), value=self.pad_value))
+        h = self.head(self.drop(y.mean((2, 3))))
+        scores = self.drop(h.unsqueeze(-1) * h.unsqueeze(-2))
+        return torch.sigmoid(scores @ self.drop(h.unsqueeze(-1)))  # both behind a dropout
+
+
+_ON_GRID = {"c2:conv2d#0", "head:linear#0", ":matmul#0"}
+
+
+def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
+    """A zero pad or an eval dropout in front of an op leaves its input on the op's input grid:
+    the op follows its prepared call (the input taken as it comes) with the full path's bits;
+    when the input comes off that grid (a pad value of 0.5), or the point's scales change, the
+    call takes the full path."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        m = GridNet().eval()
+    g = torch.Generator().manual_seed(5)
+    calib = [(torch.randn(2, 3, 10, 10, generator=g),) for _ in range(2)]
+    more = [(torch.randn(2, 3, 10, 10, generator=g) * 4,)]
+    xs = [torch.randn(2, 3, 10, 10, generator=g) * s for s in (1.0, 3.0)]
+    sim = _steady(m, calib, xs[0])
+    for x in xs:
+        hit_names.clear()
+        got = sim.run(x, mode=Mode.FAKE)
+        assert _ON_GRID <= set(hit_names), hit_names
+        assert_bits_equal(got, sim.trace(x, mode=Mode.FAKE).result)
+        assert_bits_equal(got, _fresh(m, calib, x))
+    program = sim.fake_program(xs[0])
+    for x in xs:
+        assert_bits_equal(program(x), sim.run(x, mode=Mode.FAKE))
+    assert program.fallbacks == 0
+
+    m.pad_value = 0.5  # the padded input is off the grid: c2 quantizes it again
+    x = xs[1]
+    hit_names.clear()
+    got = sim.run(x, mode=Mode.FAKE)
+    assert "c2:conv2d#0" not in hit_names
+    # the full path with the same calibration (a fresh one would observe the 0.5 borders)
+    assert_bits_equal(got, sim.trace(x, mode=Mode.FAKE).result)
+    m.pad_value = 0.0
+    sim.run(x, mode=Mode.FAKE)
+
+    # the input point's scale-cache entry is what the OnGrid input rests on: a replaced entry
+    # sends the call through the full path (which prepares it anew)
+    key = ("fake_point", "c2:conv2d#0", "in0", DType.INT8, None)
+    assert any(k == key for k, _ in sim._prepared["c2:conv2d#0"].deps)
+    sim._scale_cache[key] = tuple(list(sim._scale_cache[key]))  # equal, another object
+    hit_names.clear()
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), sim.trace(x, mode=Mode.FAKE).result)
+    assert "c2:conv2d#0" not in hit_names
+
+    sim.calibrate(more, progress=False)  # new scales at every point
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib + more, x))
+    hit_names.clear()
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib + more, x))
+    assert _ON_GRID <= set(hit_names), hit_names
