@@ -38,11 +38,20 @@ _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
 
 _SOURCE = r"""
 #include <stdint.h>
+/* Blocks of 8: the 8 table reads are issued before the 8 writes (a plain one-at-a-time loop
+   ran about 1.3x slower here, its reads waiting behind its writes); then the tail. */
 #define GATHER(C, T, CT, TT)                                                          \
   void gather_c##C##_t##T(const CT *restrict codes, const TT *restrict table,         \
                           TT *restrict out, int64_t n, int threads) {                 \
+    int64_t blocks = n / 8;                                                           \
     _Pragma("omp parallel for num_threads(threads) schedule(static)")                 \
-    for (int64_t i = 0; i < n; ++i) out[i] = table[codes[i]];                         \
+    for (int64_t b = 0; b < blocks; ++b) {                                            \
+      const CT *c = codes + 8 * b;                                                    \
+      TT v[8];                                                                        \
+      for (int k = 0; k < 8; ++k) v[k] = table[c[k]];                                 \
+      for (int k = 0; k < 8; ++k) out[8 * b + k] = v[k];                              \
+    }                                                                                 \
+    for (int64_t i = 8 * blocks; i < n; ++i) out[i] = table[codes[i]];               \
   }
 GATHER(1, 1, uint8_t, uint8_t)
 GATHER(1, 2, uint8_t, uint16_t)
