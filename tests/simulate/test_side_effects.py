@@ -2,7 +2,8 @@
 
 The model: same parameter and buffer objects with the same bits, the same hooks and attributes,
 each module's train flag as it was (runs happen in eval mode). Torch: the global RNG state,
-thread count, grad mode, global module hooks and the torch-function mode stack.
+thread count, grad mode, global module hooks, ``nn.Module._call_impl`` (which a capture wraps
+while it runs) and the torch-function mode stack.
 """
 
 from __future__ import annotations
