@@ -411,7 +411,7 @@ def _arrival(
     input was used as it came: its dtype, or None for what is not a quantized tensor (a Python
     number). With ``used``, the (args, kwargs) the op computed with, an input that came as a
     float tensor and was used unchanged at its integer input point (so it was on that point's
-    grid, ``QuantState.quantize_act``) is an ``OnGrid`` resting on the point's entry. None: a
+    grid, ``QuantizationState.quantize_act``) is an ``OnGrid`` resting on the point's entry. None: a
     call the prepared form does not cover (an input quantized or cast here, or a float tensor
     left float, as a sensitivity run's float op feeds)."""
     dtypes, deps = [], []

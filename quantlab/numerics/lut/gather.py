@@ -38,8 +38,8 @@ _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
 
 _SOURCE = r"""
 #include <stdint.h>
-/* Blocks of 8: the 8 table reads are issued before the 8 writes (a plain one-at-a-time loop
-   ran about 1.3x slower here, its reads waiting behind its writes); then the tail. */
+/* Blocks of 8: the 8 table reads are issued before the 8 writes, then the tail (a plain
+   one-at-a-time loop took 1.13x to 1.28x as long on 2**22 int16 codes, 2 threads). */
 #define GATHER(C, T, CT, TT)                                                          \
   void gather_c##C##_t##T(const CT *restrict codes, const TT *restrict table,         \
                           TT *restrict out, int64_t n, int threads) {                 \
