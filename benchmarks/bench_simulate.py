@@ -529,27 +529,94 @@ def main() -> None:
     atomic_write_text(args.out / "simulate.md", "\n".join(md))
     print("\n".join(md))
     if args.profile:
-        write_profile(args.out, args.threads)
+        write_profile(args.out, args.threads, rounds)
 
 
-def write_profile(out: Path, threads: int) -> None:
-    """simulate_profile.md: aten ops and quantlab stages of fake and fixed MobileNetV2 runs."""
-    from profile_stages import profile_run
+def write_profile(out: Path, threads: int, rounds: int) -> None:
+    """simulate_profile.md: where fake and fixed MobileNetV2 runs spend their time."""
+    from profile_stages import profile_run, python_table
 
-    fns = variants(CASES[0], threads)
+    case = CASES[0]
+    fns = variants(case, threads)
+    load_before = os.getloadavg()
+    timed = [v for v in (EAGER, CAPTURED, FQ_PASSES, FAKE, FAKE_PROGRAM) if v in fns]
+    med = time_interleaved({v: fns[v] for v in timed}, rounds).groupby("variant").wall_s.median()
+    ms = med * 1e3
+    eager, captured, passes, fake = ms[EAGER], ms[CAPTURED], ms[FQ_PASSES], ms[FAKE]
+    layers = [
+        ("the model's own run (eager torch, nothing captured)", eager),
+        (
+            "seeing every op: module-path wrapper, torch-function mode (captured - eager)",
+            captured - eager,
+        ),
+        ("the output fake quants' passes alone", passes),
+        (
+            "quantlab's per-op work: prepared-call checks, side table, op table "
+            "(fake - captured - passes)",
+            fake - captured - passes,
+        ),
+        ("fake run, captured per op (total)", fake),
+    ]
+    if FAKE_PROGRAM in ms:
+        layers.append(("fake run, traced program (total)", ms[FAKE_PROGRAM]))
+    layer_table = pd.DataFrame(
+        [{"part": k, "ms per run": v, "x eager": v / eager} for k, v in layers]
+    )
     md = [
-        f"# Where the time goes: {CASES[0].label}, j6m, {threads} threads",
+        f"# Where the time goes: {case.label}, j6m, {threads} threads",
         "",
-        f"Load average (1, 5, 15 min) {[round(v, 2) for v in os.getloadavg()]}. Eager torch "
-        "for scale: see simulate.md. Stages: cumulative time of the functions implementing "
-        "them (cProfile, which inflates Python-heavy stages); aten ops: torch.profiler self "
-        "CPU time. Reproduce: `python benchmarks/bench_simulate.py --profile`.",
+        f"Load average (1, 5, 15 min) {[round(v, 2) for v in load_before]} before and "
+        f"{[round(v, 2) for v in os.getloadavg()]} after the timed rounds, on "
+        f"{os.cpu_count()} cores. Reproduce: `python benchmarks/bench_simulate.py --profile` "
+        "(writes simulate.md too; this report is its own run).",
+        "",
+        f"## {FAKE}: wall time by part",
+        "",
+        f"Medians of {rounds} interleaved rounds of each variant (wall time, no profiler), "
+        "parts taken as differences: the captured run is the model with every op seen and "
+        "nothing quantized; the passes are the output fake quant of every prepared call on a "
+        "tensor of that op's output shape; what is left of the fake run is quantlab's own "
+        "per-op work (a fake run also skips the fused clamps the eager model computes, so this "
+        "part reads slightly low).",
+        "",
+        markdown_table(layer_table, floatfmt=".3g"),
         "",
     ]
-    for v in (FAKE, FIXED):
-        aten, stages = profile_run(fns[v])
-        md += [f"## {v}: stages", "", markdown_table(stages, floatfmt=".3g"), ""]
-        md += [f"## {v}: aten ops", "", markdown_table(aten, floatfmt=".3g"), ""]
+    aten, _ = profile_run(fns[FAKE])
+    md += [
+        f"## {FAKE}: own time per function",
+        "",
+        "cProfile over 5 runs: own time of each Python function or builtin (builtins such as "
+        "torch.conv2d hold the op's computation; a captured op's builtin counts twice per "
+        "call: the model's call, which the capture takes over, and the simulator's own). "
+        "cProfile adds a fixed cost to every Python call, so the Python functions read high "
+        "against the wall-time parts above; the list shows what the per-op work consists of.",
+        "",
+        markdown_table(python_table(fns[FAKE], 5), floatfmt=".3g"),
+        "",
+        f"## {FAKE}: aten ops",
+        "",
+        "torch.profiler self CPU time over 5 runs.",
+        "",
+        markdown_table(aten, floatfmt=".3g"),
+        "",
+    ]
+    aten, stages = profile_run(fns[FIXED])
+    md += [
+        f"## {FIXED}: stages",
+        "",
+        "Cumulative time of the functions implementing each stage (cProfile over 5 runs, which "
+        "inflates Python-heavy stages; the shares still rank them).",
+        "",
+        markdown_table(stages, floatfmt=".3g"),
+        "",
+        f"## {FIXED}: aten ops",
+        "",
+        "torch.profiler self CPU time over 5 runs.",
+        "",
+        markdown_table(aten, floatfmt=".3g"),
+        "",
+    ]
     atomic_write_text(out / "simulate_profile.md", "\n".join(md))
     print("\n".join(md))
 

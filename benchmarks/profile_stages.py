@@ -93,7 +93,44 @@ def stage_table(fn: Callable[[], object], runs: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def python_table(fn: Callable[[], object], runs: int, rows: int = 15) -> pd.DataFrame:
+    """Own time (cProfile tottime, calls below excluded) per Python function or builtin over
+    ``runs`` calls of ``fn``, the largest ``rows``: what a run's per-op work consists of."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(runs):
+        fn()
+    pr.disable()
+    stats = pstats.Stats(pr).stats
+    total = sum(v[2] for v in stats.values()) or 1.0
+    top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:rows]
+    return pd.DataFrame(
+        [
+            {
+                "function": _where(file, line, name),
+                "calls per run": v[1] / runs,
+                "own ms per run": v[2] * 1e3 / runs,
+                "share": v[2] / total,
+            }
+            for (file, line, name), v in top
+        ]
+    )
+
+
+def _where(file: str, line: int, name: str) -> str:
+    """``name (package/path.py:line)`` with the path from the package down (or the builtin)."""
+    if file == "~":
+        return name
+    parts = file.replace("\\", "/").split("/")
+    for root in ("quantlab", "torch"):
+        if root in parts:
+            file = "/".join(parts[len(parts) - 1 - parts[::-1].index(root) :])
+            break
+    return f"{name} ({file}:{line})"
+
+
 def profile_run(fn: Callable[[], object], runs: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(aten ops, quantlab stages) of ``runs`` calls of ``fn`` after one warm-up call."""
     fn()
     with torch.no_grad():
         return aten_table(fn, runs), stage_table(fn, runs)
