@@ -41,3 +41,27 @@ def test_fake_quant_passes_and_the_captured_run_cover_a_model_with_layout_ops():
     with torch.no_grad():
         want = m(*x)
     assert torch.equal(bench_simulate.captured_runner(m, x)(), want)
+
+
+def test_the_profile_names_functions_by_package_path_and_counts_calls_per_run():
+    import profile_stages
+
+    where = profile_stages._where
+    assert where("~", 0, "<built-in method torch.conv2d>") == "<built-in method torch.conv2d>"
+    lib = "/env/lib/python3.11/site-packages/torch/nn/modules/module.py"
+    assert where(lib, 1782, "_call_impl") == "_call_impl (torch/nn/modules/module.py:1782)"
+    own = "/home/u/quantlab/quantlab/simulate/steady.py"  # the package folder, not the checkout
+    assert where(own, 81, "prepared_value") == "prepared_value (quantlab/simulate/steady.py:81)"
+    assert where("/elsewhere/x.py", 3, "f") == "f (/elsewhere/x.py:3)"
+
+    m = _Net().eval()
+    x = (torch.randn(2, 3, 3, 3),)
+    sim = Simulator(m, "j6m")
+    sim.calibrate([x], progress=False)
+    sim.run(*x, mode=Mode.FAKE)
+    table = profile_stages.python_table(lambda: sim.run(*x, mode=Mode.FAKE), runs=3, rows=200)
+    assert list(table.columns) == ["function", "calls per run", "own ms per run", "share"]
+    by_name = table.set_index("function")["calls per run"]
+    dispatch = [f for f in by_name.index if f.startswith("_dispatch (quantlab/simulate/")]
+    assert len(dispatch) == 1 and by_name[dispatch[0]] == len(sim.ops)  # once per op per run
+    assert 0.0 < table["share"].sum() <= 1.0 + 1e-9
