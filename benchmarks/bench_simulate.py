@@ -570,55 +570,43 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         f"{os.cpu_count()} cores. Reproduce: `python benchmarks/bench_simulate.py --profile` "
         "(writes simulate.md too; this report is its own run).",
         "",
-        f"## {FAKE}: wall time by part",
-        "",
+    ]
+    md += _section(
+        f"{FAKE}: wall time by part",
         f"Medians of {rounds} interleaved rounds of each variant (wall time, no profiler), "
         "parts taken as differences: the captured run is the model with every op seen and "
         "nothing quantized; the passes are the output fake quant of every prepared call on a "
         "tensor of that op's output shape; what is left of the fake run is quantlab's own "
         "per-op work (a fake run also skips the fused clamps the eager model computes, so this "
         "part reads slightly low).",
-        "",
-        markdown_table(layer_table, floatfmt=".3g"),
-        "",
-    ]
+        layer_table,
+    )
     aten, _ = profile_run(fns[FAKE])
-    md += [
-        f"## {FAKE}: own time per function",
-        "",
+    md += _section(
+        f"{FAKE}: own time per function",
         "cProfile over 5 runs: own time of each Python function or builtin (builtins such as "
         "torch.conv2d hold the op's computation; a captured op's builtin counts twice per "
         "call: the model's call, which the capture takes over, and the simulator's own). "
         "cProfile adds a fixed cost to every Python call, so the Python functions read high "
         "against the wall-time parts above; the list shows what the per-op work consists of.",
-        "",
-        markdown_table(python_table(fns[FAKE], 5), floatfmt=".3g"),
-        "",
-        f"## {FAKE}: aten ops",
-        "",
-        "torch.profiler self CPU time over 5 runs.",
-        "",
-        markdown_table(aten, floatfmt=".3g"),
-        "",
-    ]
+        python_table(fns[FAKE], 5),
+    )
+    md += _section(f"{FAKE}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
     aten, stages = profile_run(fns[FIXED])
-    md += [
-        f"## {FIXED}: stages",
-        "",
+    md += _section(
+        f"{FIXED}: stages",
         "Cumulative time of the functions implementing each stage (cProfile over 5 runs, which "
         "inflates Python-heavy stages; the shares still rank them).",
-        "",
-        markdown_table(stages, floatfmt=".3g"),
-        "",
-        f"## {FIXED}: aten ops",
-        "",
-        "torch.profiler self CPU time over 5 runs.",
-        "",
-        markdown_table(aten, floatfmt=".3g"),
-        "",
-    ]
+        stages,
+    )
+    md += _section(f"{FIXED}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
     atomic_write_text(out / "simulate_profile.md", "\n".join(md))
     print("\n".join(md))
+
+
+def _section(title: str, text: str, table: pd.DataFrame) -> list[str]:
+    """Markdown lines of one report section: its heading, what it measured, its table."""
+    return [f"## {title}", "", text, "", markdown_table(table, floatfmt=".3g"), ""]
 
 
 if __name__ == "__main__":
