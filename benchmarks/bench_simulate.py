@@ -534,7 +534,7 @@ def main() -> None:
 
 def write_profile(out: Path, threads: int, rounds: int) -> None:
     """simulate_profile.md: where fake and fixed MobileNetV2 runs spend their time."""
-    from profile_stages import profile_run, python_table
+    from profile_stages import aten_table, profile_run, python_table
 
     case = CASES[0]
     fns = variants(case, threads)
@@ -581,7 +581,7 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         "part reads slightly low).",
         layer_table,
     )
-    aten, _ = profile_run(fns[FAKE])
+    aten = aten_table(fns[FAKE], 5)  # warm from the timed rounds; no stage table here
     md += _section(
         f"{FAKE}: own time per function",
         "cProfile over 5 runs: own time of each Python function or builtin (builtins such as "

@@ -65,14 +65,20 @@ def aten_table(fn: Callable[[], object], runs: int, rows: int = 15) -> pd.DataFr
     )
 
 
-def stage_table(fn: Callable[[], object], runs: int) -> pd.DataFrame:
-    """Cumulative seconds per quantlab stage over ``runs`` calls of ``fn`` (cProfile)."""
+def cprofile_stats(fn: Callable[[], object], runs: int) -> dict:
+    """cProfile's statistics of ``runs`` calls of ``fn``: (file, line, name) -> (primitive
+    calls, calls, own seconds, cumulative seconds, callers)."""
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(runs):
         fn()
     pr.disable()
-    stats = pstats.Stats(pr).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    return pstats.Stats(pr).stats
+
+
+def stage_table(fn: Callable[[], object], runs: int) -> pd.DataFrame:
+    """Cumulative seconds per quantlab stage over ``runs`` calls of ``fn`` (cProfile)."""
+    stats = cprofile_stats(fn, runs)
     total = sum(v[2] for v in stats.values()) or 1.0
     rows, covered = [], 0.0
     for stage, funcs in STAGES.items():
@@ -96,12 +102,7 @@ def stage_table(fn: Callable[[], object], runs: int) -> pd.DataFrame:
 def python_table(fn: Callable[[], object], runs: int, rows: int = 15) -> pd.DataFrame:
     """Own time (cProfile tottime, calls below excluded) per Python function or builtin over
     ``runs`` calls of ``fn``, the largest ``rows``: what a run's per-op work consists of."""
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(runs):
-        fn()
-    pr.disable()
-    stats = pstats.Stats(pr).stats
+    stats = cprofile_stats(fn, runs)
     total = sum(v[2] for v in stats.values()) or 1.0
     top = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:rows]
     return pd.DataFrame(
