@@ -21,12 +21,17 @@ such as a convolution's stride or a norm's eps; no module hooks) is checked once
 call; when any of it changed, the call runs ``Simulator.run`` instead (counted in
 ``fallbacks``; build a new program with ``Simulator.fake_program``).
 
+Every other Python value ``forward`` reads (a global, a closure variable, a list or dict
+attribute, a train flag) is checked per call too, by torch dynamo's guards over a trace of
+``forward`` taken when the program was built (``forward_guard.ForwardGuard``; ``guard``). Where
+dynamo cannot trace ``forward`` as one graph the program has no guard (``unguarded`` says why)
+and such a change is not detected; build the program again after one.
+
 Contract: for inputs with the example's signature, ``program(*inputs)`` returns the same bits as
 ``sim.run(*inputs, mode=Mode.FAKE)``. Building proves it on the example inputs: the traced
 graph's captured run must name the same ops in the same order and give the same output bits as
-the model's, and so must the program. Not detected after building: a change to a Python value
-``forward`` reads that is not a plain setting of a traced module (a global, a closure
-variable, a list or dict attribute); build the program again then.
+the model's, and so must the program. Afterwards the checks above keep it: while they hold,
+``forward`` runs the ops it ran when the program was built.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from torch.nn.modules import module as nn_module
 from quantlab.capture import OpCall, is_float_output, mutates
 from quantlab.simulate import args as A
 from quantlab.simulate import steady
+from quantlab.simulate.forward_guard import ForwardGuard, GuardError
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.traced_graph import (
@@ -234,6 +240,12 @@ class FakeProgram:
         out = self._execute(inputs)
         if not same_bits(out, ref):
             raise ProgramError("the compiled program's output differs from the FAKE run's")
+        self.guard: ForwardGuard | None = None
+        self.unguarded: str | None = None  # why there is no guard
+        try:
+            self.guard = ForwardGuard(sim.model, inputs)
+        except GuardError as err:
+            self.unguarded = str(err)
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: Any) -> Any:
@@ -268,8 +280,8 @@ class FakeProgram:
     def _holds(self, inputs: tuple) -> bool:
         """What the traced code itself assumed: the inputs' signature, the same model holding
         the same modules and tensors with the same plain settings, no module hooks, no learned
-        scales. (What each prepared call assumed about the simulator is checked by its step's
-        ``bind``.)"""
+        scales, and every guard of ``forward`` (when it has them). (What each prepared call
+        assumed about the simulator is checked by its step's ``bind``.)"""
         sim = self.sim
         if _signature(inputs) != self._signature or sim.model is not self._model:
             return False
@@ -284,7 +296,7 @@ class FakeProgram:
             now = d.get(key, _MISSING)
             if now is not value and now != value:
                 return False
-        return True
+        return self.guard is None or self.guard.holds(inputs)
 
 
 def _hooked(named_modules) -> str | None:

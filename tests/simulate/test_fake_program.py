@@ -518,3 +518,85 @@ def test_layout_ops_before_deployed_luts_keep_the_bits(fake_ops):
         assert_bits_equal(got[0], want[0])
         assert_bits_equal(got[1], want[1])
         assert prog.last_prepared == prog.counts["prepared"]
+
+
+OFFSET = 0.25  # a global ReadingNet's forward reads
+
+
+def _closure_gain():
+    box = [1.5]
+    return (lambda y: y * box[0]), box
+
+
+GAIN, GAIN_BOX = _closure_gain()
+
+
+class ReadingNet(LayoutNet):
+    """LayoutNet reading Python values no module setting holds: a global, a closure variable
+    and a list attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shifts = [0.5]
+
+    def forward(self, x):
+        y, t = super().forward(x)
+        return GAIN(y) + OFFSET + self.shifts[0], t
+
+
+@pytest.mark.parametrize("change", ["global", "closure", "list attribute", "train flag"])
+def test_a_changed_python_value_forward_reads_falls_back(change):
+    """torch dynamo's guards over forward see what the traced code took as constant and no
+    module setting holds; the call then gives the captured run's bits."""
+    g = torch.Generator().manual_seed(12)
+    m = _seeded(ReadingNet)
+    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    prog = sim.fake_program(x)
+    assert prog.guard is not None and prog.unguarded is None
+    assert_bits_equal(prog(x * 0.5)[0], sim.run(x * 0.5, mode=Mode.FAKE)[0])
+    assert prog.fallbacks == 0
+    glob = globals()
+    undo = {
+        "global": lambda: glob.update(OFFSET=0.25),
+        "closure": lambda: GAIN_BOX.__setitem__(0, 1.5),
+        "list attribute": lambda: m.shifts.__setitem__(0, 0.5),
+        "train flag": m.eval,
+    }[change]
+    {
+        "global": lambda: glob.update(OFFSET=-3.0),
+        "closure": lambda: GAIN_BOX.__setitem__(0, 4.0),
+        "list attribute": lambda: m.shifts.__setitem__(0, 2.0),
+        "train flag": m.train,
+    }[change]()
+    try:
+        got = prog(x * 0.5)
+        want = sim.run(x * 0.5, mode=Mode.FAKE)
+    finally:
+        undo()
+    assert prog.fallbacks == 1
+    assert_bits_equal(got[0], want[0])
+    assert_bits_equal(got[1], want[1])
+    if change != "train flag":  # the captured run evaluates in eval mode either way
+        assert not torch.equal(got[0], prog(x * 0.5)[0])
+    assert prog.fallbacks == 1  # undone: the program holds again
+
+
+class Unguardable(LayoutNet):
+    def forward(self, x):
+        torch._dynamo.graph_break()  # nothing in eager or for torch.fx; ends dynamo's graph
+        return super().forward(x)
+
+
+def test_a_model_dynamo_cannot_guard_runs_unguarded_with_the_reason():
+    g = torch.Generator().manual_seed(13)
+    m = _seeded(Unguardable)
+    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib)
+    prog = sim.fake_program(calib[0][0])
+    assert prog.guard is None
+    assert "one graph" in prog.unguarded
+    y = calib[1][0] * 2
+    assert_bits_equal(prog(y)[0], sim.run(y, mode=Mode.FAKE)[0])
+    assert prog.fallbacks == 0
