@@ -7,18 +7,19 @@ is divided by the median of the baseline: plain eager torch, ``model(*x)`` under
 ``torch.no_grad()`` with nothing captured. Process CPU time (all threads) is reported beside it,
 and the paired ratio: the median over rounds of each round's time over the same round's eager
 time (with quartiles), which a slow spell of the machine spanning a round moves less.
-Variants: quantlab float mode, fake mode on j6m (captured per op, and as a traced program
-where torch.fx traces the model), fixed mode on j6m, fixed mode on the onnxruntime
-profile, onnxruntime fp32 and int8 QOperator (static, per-channel; exported from the same
-module; ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads;
+Variants: quantlab float mode, fake mode on j6m (``Simulator.run`` in a loop's steady state,
+where its runs have switched to a traced program, and captured per op with
+``steady_programs=False``), fixed mode on j6m, fixed mode on the onnxruntime profile,
+onnxruntime fp32 and int8 QOperator (static, per-channel; exported from the same module;
+``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads;
 and fake mode's floor: the model with every op captured and nothing quantized, and the fake
 quant's passes alone (their sum estimates what any per-op fake run costs).
 Also: int16 segment-LUT evaluation against torch.sigmoid on as many elements (after the loop
 that switches the gather to its compiled tier, as any long run does), and the peak
 memory growth of one MobileNetV2 run per mode (fresh subprocess each).
 
-Targets (each printed as met or missed with its figure): float <= 1.1x eager, fake (j6m,
-captured and traced) <= 1.3x, fixed (j6m and onnxruntime) <= 2.5x eager and <= 1.5x
+Targets (each printed as met or missed with its figure): float <= 1.1x eager, fake (j6m)
+<= 1.3x, fixed (j6m and onnxruntime) <= 2.5x eager and <= 1.5x
 onnxruntime int8, LUT <= 1.5x torch.sigmoid. The load average (``os.getloadavg``) before and
 after is recorded: figures from
 a loaded machine are distorted. Writes reports/benchmarks/simulate.{md,json,png} atomically
@@ -52,7 +53,6 @@ from quantlab.report import markdown_table
 from quantlab.report.io import atomic_savefig, atomic_write_text
 from quantlab.report.plots import Plot, PlotKind, draw
 from quantlab.simulate import Mode, Simulator
-from quantlab.simulate.program import ProgramError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_info import cpu_description, shown_path  # noqa: E402
@@ -64,7 +64,7 @@ OUT = ROOT / "reports" / "benchmarks"
 EAGER = "eager torch float (baseline)"
 ORT8 = "onnxruntime int8 QOperator"
 FLOAT, FAKE = "quantlab float", "quantlab fake j6m"
-FAKE_PROGRAM = "quantlab fake j6m, traced program"
+FAKE_CAPTURED = "quantlab fake j6m, captured per op"
 FIXED, FIXED_ORT = "quantlab fixed j6m", "quantlab fixed onnxruntime profile"
 # what any per-op simulation of an eager model adds before quantizing anything, and the fake
 # quant's own arithmetic: together an estimate of a fake run's floor ("Fake mode's floor")
@@ -74,12 +74,11 @@ FQ_PASSES = "fake-quant passes alone"
 TARGETS = {
     FLOAT: (1.1, None),
     FAKE: (1.3, None),
-    FAKE_PROGRAM: (1.3, None),
     FIXED: (2.5, 1.5),
     FIXED_ORT: (2.5, 1.5),
 }
-# case label -> why torch.fx could not trace the model (no FAKE_PROGRAM variant there)
-NOT_TRACED: dict[str, str] = {}
+# case label -> how the FAKE variant's runs switched to a traced program (or why they did not)
+SWITCH: dict[str, dict] = {}
 LUT_TARGET = 1.5
 MEMORY_TARGET = 2.0
 
@@ -125,17 +124,16 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
 
     out[EAGER] = eager
     sims = {}
-    for prof in ("j6m", "onnxruntime"):
-        sim = Simulator(module, prof)
+    for key, prof, steady in (("j6m", "j6m", True), ("captured", "j6m", False)) + (
+        ("onnxruntime", "onnxruntime", True),
+    ):
+        sim = Simulator(module, prof, steady_programs=steady)
         sim.calibrate(calib, progress=False)
-        sims[prof] = sim
+        sims[key] = sim
     out[FLOAT] = lambda: sims["j6m"].run(*x, mode=Mode.FLOAT)
     out[FAKE] = lambda: sims["j6m"].run(*x, mode=Mode.FAKE)
-    try:
-        program = sims["j6m"].fake_program(*x)
-        out[FAKE_PROGRAM] = lambda: program(*x)
-    except ProgramError as e:
-        NOT_TRACED[case.label] = str(e)
+    SWITCH[case.label] = run_until_switched(out[FAKE], sims["j6m"], x)
+    out[FAKE_CAPTURED] = lambda: sims["captured"].run(*x, mode=Mode.FAKE)
     out[FIXED] = lambda: sims["j6m"].run(*x, mode=Mode.FIXED)
     out[FIXED_ORT] = lambda: sims["onnxruntime"].run(*x, mode=Mode.FIXED)
     out.update(ort_runners(module, x, calib, threads))
@@ -146,9 +144,29 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
         fn()
     if not torch.equal(out[CAPTURED](), eager()):
         raise RuntimeError(f"{case.label}: the captured run does not give the eager output")
-    if FAKE_PROGRAM in out and not torch.equal(out[FAKE_PROGRAM](), out[FAKE]()):
-        raise RuntimeError(f"{case.label}: the traced program does not give the FAKE run's output")
+    if not torch.equal(out[FAKE](), out[FAKE_CAPTURED]()):
+        raise RuntimeError(f"{case.label}: the steady FAKE run differs from the captured one")
     return out
+
+
+def run_until_switched(fake: Callable[[], object], sim: Simulator, x: tuple) -> dict:
+    """Run ``fake`` (a steady FAKE run of ``sim``) until its runs switch to a traced program or
+    the switch fails; how many captured runs and seconds that took, the build's seconds, and
+    the reason where there is no program."""
+    t0 = time.perf_counter()
+    while True:
+        fake()
+        state = sim.steady_programs.status(x)
+        if state.program is not None or state.failed is not None:
+            break
+    return {
+        "captured_runs": state.captured_runs,
+        "captured_s": round(state.captured_s, 2),
+        "build_s": round(state.build_s, 2),
+        "loop_s": round(time.perf_counter() - t0, 2),
+        "switched": state.program is not None,
+        "failed": state.failed,
+    }
 
 
 def captured_runner(module, x: tuple) -> Callable[[], object]:
@@ -202,14 +220,14 @@ def floor_rows(table: pd.DataFrame) -> pd.DataFrame:
                 "fq_passes_x": x[FQ_PASSES],
                 "floor_x": floor,
                 "floor_paired": paired[CAPTURED] + paired[FQ_PASSES],
-                "fake_x": x[FAKE],
-                "fake_paired": paired[FAKE],
-                "dispatch_x": x[FAKE] - floor,
+                "fake_x": x[FAKE_CAPTURED],
+                "fake_paired": paired[FAKE_CAPTURED],
+                "dispatch_x": x[FAKE_CAPTURED] - floor,
                 "target": TARGETS[FAKE][0],
                 "floor_above_target": bool(floor > TARGETS[FAKE][0]),
                 # the traced program sees no op: its floor is the model plus the fake quants
                 "program_floor_x": 1.0 + x[FQ_PASSES],
-                "program_x": x.get(FAKE_PROGRAM, float("nan")),
+                "program_x": x[FAKE] if SWITCH[case]["switched"] else float("nan"),
             }
         )
     return pd.DataFrame(rows)
@@ -413,7 +431,7 @@ def main() -> None:
         "cases": table.to_dict("records"),
         "batch8_per_item": batch.to_dict("records"),
         "fake_floor": floor.to_dict("records"),
-        "not_traced": NOT_TRACED,
+        "switch_to_program": SWITCH,
         "lut": lut,
         "peak_memory_growth_mib": mem,
     }
@@ -453,14 +471,21 @@ def main() -> None:
             )
         ),
         "",
-        f"`{FAKE_PROGRAM}`: `Simulator.fake_program(*x)`, the same FAKE run as generated code "
-        "(torch.fx trace, every module inlined): ops whose prepared call holds compute "
-        "directly, fused clamps return their input, the rest go through the dispatch; the same "
-        "bits as `Simulator.run(mode=FAKE)` (checked here before timing, and in "
-        "tests/simulate/test_fake_program.py). `"
-        + FAKE
-        + "` is the captured run per op."
-        + "".join(f" Not traced, {case}: {why}." for case, why in NOT_TRACED.items()),
+        f"`{FAKE}`: `Simulator.run(*x, mode=FAKE)` as a loop runs it: once steady runs of one "
+        "input signature have taken `PROGRAM_AFTER_S` seconds captured, they run as a traced "
+        "program (torch.fx trace, every module inlined, its Python state guarded by torch "
+        "dynamo; `quantlab.simulate.steady_programs`), with the same bits as the captured run "
+        "(checked here before timing, and in tests/simulate/test_steady_programs.py and "
+        f"test_fake_program.py). `{FAKE_CAPTURED}`: every run captured per op "
+        "(`steady_programs=False`). Before the timed rounds each case ran its fake loop until "
+        "the switch:",
+        "",
+        markdown_table(pd.DataFrame([{"case": k, **v} for k, v in SWITCH.items()])),
+        "",
+        "captured_runs and captured_s: the runs (and their seconds) before the switch; "
+        "build_s: building the program (two FAKE runs, the torch.fx trace and named run, torch "
+        "dynamo's trace for the guards); loop_s: the whole loop. A loop shorter than "
+        "captured_s + build_s runs captured throughout, at the captured figure.",
         "",
         "## Per case (x eager: median wall time over eager's; x ort int8: over onnxruntime int8)",
         "",
@@ -484,9 +509,9 @@ def main() -> None:
         "floor_paired and fake_paired: the same from the paired ratios). Where floor_x is "
         f"above the fake target ({TARGETS[FAKE][0]}x), a simulator that sees the model's ops "
         "one by one would miss the target in this run even with no per-op work of its own. "
-        f"The traced program (`{FAKE_PROGRAM}`) sees no op: its floor is the model itself "
-        "plus the fake quants (program_floor_x = 1 + fq_passes_x; program_x: its time over "
-        "eager, blank where torch.fx cannot trace the model).",
+        f"fake_x is `{FAKE_CAPTURED}`. The traced program (`{FAKE}` after the switch) sees "
+        "no op: its floor is the model itself plus the fake quants (program_floor_x = 1 + "
+        "fq_passes_x; program_x: its time over eager, blank where the runs did not switch).",
         "",
         markdown_table(floor, floatfmt=".3g"),
         "",
@@ -539,10 +564,10 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
     case = CASES[0]
     fns = variants(case, threads)
     load_before = os.getloadavg()
-    timed = [v for v in (EAGER, CAPTURED, FQ_PASSES, FAKE, FAKE_PROGRAM) if v in fns]
+    timed = [EAGER, CAPTURED, FQ_PASSES, FAKE_CAPTURED, FAKE]
     med = time_interleaved({v: fns[v] for v in timed}, rounds).groupby("variant").wall_s.median()
     ms = med * 1e3
-    eager, captured, passes, fake = ms[EAGER], ms[CAPTURED], ms[FQ_PASSES], ms[FAKE]
+    eager, captured, passes, fake = ms[EAGER], ms[CAPTURED], ms[FQ_PASSES], ms[FAKE_CAPTURED]
     layers = [
         ("the model's own run (eager torch, nothing captured)", eager),
         (
@@ -557,8 +582,7 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         ),
         ("fake run, captured per op (total)", fake),
     ]
-    if FAKE_PROGRAM in ms:
-        layers.append(("fake run, traced program (total)", ms[FAKE_PROGRAM]))
+    layers.append((f"{FAKE}: after the switch to a traced program (total)", ms[FAKE]))
     layer_table = pd.DataFrame(
         [{"part": k, "ms per run": v, "x eager": v / eager} for k, v in layers]
     )
@@ -572,7 +596,7 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         "",
     ]
     md += _section(
-        f"{FAKE}: wall time by part",
+        f"{FAKE_CAPTURED}: wall time by part",
         f"Medians of {rounds} interleaved rounds of each variant (wall time, no profiler), "
         "parts taken as differences: the captured run is the model with every op seen and "
         "nothing quantized; the passes are the output fake quant of every prepared call on a "
@@ -581,17 +605,22 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         "part reads slightly low).",
         layer_table,
     )
-    aten = aten_table(fns[FAKE], 5)  # warm from the timed rounds; no stage table here
+    aten = aten_table(fns[FAKE_CAPTURED], 5)  # warm from the timed rounds; no stage table here
     md += _section(
-        f"{FAKE}: own time per function",
+        f"{FAKE_CAPTURED}: own time per function",
         "cProfile over 5 runs: own time of each Python function or builtin (builtins such as "
         "torch.conv2d hold the op's computation; a captured op's builtin counts twice per "
         "call: the model's call, which the capture takes over, and the simulator's own). "
         "cProfile adds a fixed cost to every Python call, so the Python functions read high "
         "against the wall-time parts above; the list shows what the per-op work consists of.",
+        python_table(fns[FAKE_CAPTURED], 5),
+    )
+    md += _section(f"{FAKE_CAPTURED}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
+    md += _section(
+        f"{FAKE}, after the switch to a traced program: own time per function",
+        "cProfile over 5 runs, as above: what a steady run still does besides the ops.",
         python_table(fns[FAKE], 5),
     )
-    md += _section(f"{FAKE}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
     aten, stages = profile_run(fns[FIXED])
     md += _section(
         f"{FIXED}: stages",

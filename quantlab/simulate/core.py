@@ -47,6 +47,7 @@ from quantlab.simulate.modes import CallObserver, FakeOps, Mode, OpMode, Trace, 
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
+from quantlab.simulate.steady_programs import SteadyPrograms
 from quantlab.simulate.training import QatTraining
 
 
@@ -59,7 +60,11 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     in its ``input_quant`` attribute (nothing by default).
 
     ``fake_ops``: how FAKE mode computes segment-LUT ops (``FakeOps``: QAT's exact function, or
-    the DEPLOYED table). ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
+    the DEPLOYED table). ``steady_programs``: steady FAKE runs (no per-op overrides or replay)
+    switch to a traced program of the model (``FakeProgram``, guarded by torch dynamo) once
+    runs of one input signature have taken ``steady_programs.PROGRAM_AFTER_S`` seconds; the
+    same bits, without the per-op capture (``quantlab.simulate.steady_programs``); False keeps
+    every run captured. ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
     straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model
     in eval mode (BatchNorm running statistics, no Dropout) and
     then restores each module's own train flag; a run never changes the model's parameters,
@@ -74,6 +79,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         qconfig: QConfigSpec | None = None,
         input_quant: InputQuants | None = None,
         fake_ops: FakeOps = FakeOps.QAT,
+        steady_programs: bool = True,
     ) -> None:
         self.model = model
         # positional inputs that arrive as codes at a fixed scale (None: what the model declares)
@@ -108,6 +114,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._prepared: dict = {}  # op -> its steady.PreparedCall (steady FAKE runs)
         self._fast: dict[str, dict] = {}
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
+        # steady FAKE runs' traced programs, per input signature (None: always captured)
+        self.steady_programs = SteadyPrograms() if steady_programs else None
 
     # ------------------------------------------------------------------ public API
     def calibrate(
@@ -186,9 +194,17 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         With ``replay``, every op executed before the first op named in ``op_modes`` returns its
         recorded output instead of being recomputed. A FLOAT run without ``op_modes`` or
         ``replay`` (after the first run) is ``model(*inputs)`` in eval mode under no_grad,
-        nothing captured.
+        nothing captured. A FAKE run without them runs as a traced program once runs of the
+        same input signature have taken a few seconds (``steady_programs``), with the same bits.
         """
         st = self._new_state(mode, op_modes, replay)
+        if (
+            self.steady_programs is not None
+            and st.mode is Mode.FAKE
+            and not st.op_modes
+            and st.replay is None
+        ):
+            return self.steady_programs.run(self, inputs, lambda: self._forward(inputs, st))
         return self._forward(inputs, st)
 
     def fake_program(self, *inputs: Any, leaves: Iterable[Callable] = ()):

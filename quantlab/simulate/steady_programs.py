@@ -1,0 +1,113 @@
+"""When a steady FAKE run becomes a traced program: ``Simulator.run``'s switch, per input signature.
+
+A FAKE run with no per-op overrides or replay (a steady run) pays for seeing each op
+(``program`` module docstring). A ``FakeProgram`` computes the same bits without that, but
+building one takes seconds (two FAKE runs, a torch.fx trace, a named run, torch dynamo's trace
+for its guards). So ``Simulator.run`` rents before it buys, per input signature (each tensor's
+shape, strides, dtype and device; every other input's value): steady runs go captured until
+those of one signature have taken ``PROGRAM_AFTER_S`` seconds, about what a build of a
+MobileNetV2-sized model takes, and the next one builds the program from its inputs. That keeps
+a run's total within about twice that of the better choice made in hindsight, so a short
+session never pays a build and a loop (a sweep, an evaluation) runs at the program's speed.
+
+A program is kept only when torch dynamo guards its model's ``forward`` (``ForwardGuard``):
+then a call whose checks hold (``FakeProgram`` docstring) runs the program, and any other runs
+captured as before. A program whose checks fail is dropped and its signature starts renting
+again, up to ``MAX_DROPS`` times. A signature whose build failed (torch.fx or dynamo cannot trace
+the model, hooks, a forward that changes its own tensors) stays captured, with the reason in
+``status``. At most ``MAX_PROGRAMS`` programs are kept per simulator. Runs at learned scales
+stay captured (a program does not follow them).
+
+A build runs ``forward`` a few more times (two FAKE runs, the traces): a forward with Python
+side effects sees them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PROGRAM_AFTER_S = 2.0  # seconds of captured steady runs of one signature worth a build
+MAX_PROGRAMS = 4  # programs kept per simulator (each holds a generated module)
+MAX_DROPS = 2  # programs of one signature dropped before it stays captured
+
+
+@dataclass
+class SteadyProgram:
+    """One input signature's state: captured seconds so far, its program once built (or why
+    there is none), and how many runs and seconds the latest build took."""
+
+    captured_runs: int = 0
+    captured_s: float = 0.0
+    program: Any = None  # a guarded FakeProgram
+    failed: str | None = None  # why no program can be built for this signature
+    build_s: float = 0.0
+    program_runs: int = 0
+    drops: int = 0  # programs dropped because their checks failed
+
+
+class SteadyPrograms:
+    """``Simulator.run``'s programs for steady FAKE runs, per input signature."""
+
+    def __init__(self) -> None:
+        self.by_signature: dict[tuple, SteadyProgram] = {}
+        self.building = False  # a build's own runs stay captured
+
+    def run(self, sim: Any, inputs: tuple, captured: Callable[[], Any]) -> Any:
+        """The steady FAKE run of ``inputs``: its program when one holds, else ``captured()``
+        (timed towards a build)."""
+        from quantlab.simulate.program import FakeProgram, ProgramError, _signature
+
+        if self.building or sim._learned_scales is not None:
+            return captured()
+        sig = _signature(inputs)
+        try:
+            state = self.by_signature.get(sig)
+        except TypeError:  # an input that cannot be hashed: no program for it
+            return captured()
+        if state is None:
+            state = self.by_signature[sig] = SteadyProgram()
+        prog = state.program
+        if prog is not None:
+            if prog._holds(inputs):
+                state.program_runs += 1
+                return prog._execute(inputs)
+            state.program, state.captured_s = None, 0.0  # something changed: rent again
+            state.drops += 1
+            if state.drops >= MAX_DROPS:
+                state.failed = f"the model or simulator changed under each of {MAX_DROPS} programs"
+        t0 = time.perf_counter()
+        out = captured()
+        state.captured_runs += 1
+        state.captured_s += time.perf_counter() - t0
+        if (
+            state.failed is None
+            and state.captured_s >= PROGRAM_AFTER_S
+            and sum(s.program is not None for s in self.by_signature.values()) < MAX_PROGRAMS
+        ):
+            t0, self.building = time.perf_counter(), True
+            try:
+                prog = FakeProgram(sim, inputs)
+                if prog.guard is None:
+                    state.failed = prog.unguarded
+                else:
+                    state.program = prog
+            except ProgramError as err:
+                state.failed = str(err)
+            except Exception as err:  # a run that succeeded never fails because of a build
+                state.failed = f"building failed: {type(err).__name__}: {err}".splitlines()[0]
+            finally:
+                self.building = False
+                state.build_s = time.perf_counter() - t0
+        return out
+
+    def status(self, inputs: tuple) -> SteadyProgram | None:
+        """The state of ``inputs``' signature (None: no steady run of it yet)."""
+        from quantlab.simulate.program import _signature
+
+        try:
+            return self.by_signature.get(_signature(inputs))
+        except TypeError:
+            return None
