@@ -1,5 +1,7 @@
 """quantlab leaves torch's global state as it found it: importing it, and running the exact
-GEMM fast paths, float16 emulation, LUTs and a fixed-mode simulation, change no precision flag,
+GEMM fast paths, float16 emulation, LUTs, a fixed-mode simulation and steady fake runs that
+switch to a traced program (torch dynamo traces its guards), change no precision flag, grad mode
+or torch-function mode,
 no thread count and no random number generator state, and a large LUT evaluation starts no
 thread (a thread running torch ops gets an OpenMP pool of its own, which then slows the
 caller's torch calls) (checked in a fresh interpreter)."""
@@ -18,6 +20,7 @@ PROBE = r"""
 import hashlib, json, threading, warnings
 import numpy as np
 import torch
+import torch._dynamo
 
 warnings.simplefilter("ignore")
 PAIRS = [("generic", "all")] + [(b, o) for b in ("mkldnn", "cuda")
@@ -34,6 +37,9 @@ def snapshot():
     s["interop_threads"] = torch.get_num_interop_threads()
     s["torch_rng"] = hashlib.sha256(torch.random.get_rng_state().numpy().tobytes()).hexdigest()
     s["numpy_rng"] = hashlib.sha256(np.random.get_state()[1].tobytes()).hexdigest()
+    s["grad"] = torch.is_grad_enabled()
+    s["torch_function_modes"] = torch._C._len_torch_function_stack()
+    s["dynamo_stance"] = repr(torch._dynamo.eval_frame._stance)
     return s
 
 report = {}
@@ -82,6 +88,18 @@ sim = Simulator(model, "j6m")
 sim.calibrate([(calib,)])
 sim.run(x, mode=Mode.FAKE)
 sim.run(x, mode=Mode.FIXED)
+import quantlab.simulate.steady_programs as steady_programs
+steady_programs.PROGRAM_AFTER_S = 0.0  # the next steady FAKE run builds a traced program
+sim.run(x, mode=Mode.FAKE)
+sim.run(x, mode=Mode.FAKE)
+report["program_runs"] = sim.steady_programs.status((x,)).program_runs
+from torch._dynamo.utils import counters
+frames = dict(counters["frames"])
+with torch.no_grad():
+    model(x)  # the model itself runs eagerly: dynamo traced only the guard's own function
+report["frames_traced_by_a_plain_call"] = {k: v - frames.get(k, 0)
+                                           for k, v in counters["frames"].items()
+                                           if v != frames.get(k, 0)}
 report["use"] = [k for k, v in snapshot().items() if v != user[k]]
 report["set_num_threads_calls"] = thread_calls
 print(json.dumps(report))
@@ -99,5 +117,12 @@ def test_import_and_fast_paths_leave_torch_global_state_alone():
         check=True,
     )
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    want = {"import": [], "use": [], "set_num_threads_calls": [], "lut_threads_started": []}
+    want = {
+        "import": [],
+        "use": [],
+        "set_num_threads_calls": [],
+        "lut_threads_started": [],
+        "program_runs": 1,
+        "frames_traced_by_a_plain_call": {},
+    }
     assert report == want, out.stderr[-2000:]
