@@ -59,7 +59,7 @@ from quantlab.simulate.traced_graph import (
     trace_model,
 )
 
-__all__ = ["FakeProgram", "ProgramError"]
+__all__ = ["NOT_HELD", "FakeProgram", "ProgramError", "input_signature"]
 
 
 def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
@@ -80,6 +80,7 @@ def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
 
 
 _MISSING = object()
+NOT_HELD = object()  # try_call: a check failed, the program did not run
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -101,7 +102,7 @@ def _settings(modules) -> list[tuple[dict, str, Any]]:
     return found
 
 
-def _signature(inputs: tuple) -> tuple:
+def input_signature(inputs: tuple) -> tuple:
     """What the traced code may have taken as constant about the inputs: each tensor's shape,
     strides, dtype and device; every other input's value."""
     sig = []
@@ -225,7 +226,7 @@ class FakeProgram:
     def __init__(self, sim: Any, inputs: tuple, leaves: Iterable[Callable] = ()) -> None:
         self.sim, self._model = sim, sim.model
         self.fallbacks = 0
-        self._signature = _signature(inputs)
+        self._signature = input_signature(inputs)
         ref = _reference_run(sim, inputs)
         leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
         graph, tracer, gm = trace_model(sim.model, inputs, leaves)
@@ -249,10 +250,16 @@ class FakeProgram:
 
     # ------------------------------------------------------------------ running
     def __call__(self, *inputs: Any) -> Any:
-        if not self._holds(inputs):
+        out = self.try_call(inputs)
+        if out is NOT_HELD:
             self.fallbacks += 1
             return self.sim.run(*inputs, mode=Mode.FAKE)
-        return self._execute(inputs)
+        return out
+
+    def try_call(self, inputs: tuple) -> Any:
+        """The program's output for ``inputs`` when every check holds, else ``NOT_HELD`` (and
+        nothing ran)."""
+        return self._execute(inputs) if self._holds(inputs) else NOT_HELD
 
     @property
     def last_prepared(self) -> int:
@@ -283,7 +290,7 @@ class FakeProgram:
         scales, and every guard of ``forward`` (when it has them). (What each prepared call
         assumed about the simulator is checked by its step's ``bind``.)"""
         sim = self.sim
-        if _signature(inputs) != self._signature or sim.model is not self._model:
+        if input_signature(inputs) != self._signature or sim.model is not self._model:
             return False
         if sim._learned_scales is not None or not sim._calibrated:
             return False

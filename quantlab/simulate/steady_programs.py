@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from quantlab.simulate.program import NOT_HELD, FakeProgram, ProgramError, input_signature
+
 PROGRAM_AFTER_S = 2.0  # seconds of captured steady runs of one signature worth a build
 MAX_PROGRAMS = 4  # programs kept per simulator (each holds a generated module)
 MAX_DROPS = 2  # programs of one signature dropped before it stays captured
@@ -41,7 +43,7 @@ class SteadyProgram:
 
     captured_runs: int = 0
     captured_s: float = 0.0
-    program: Any = None  # a guarded FakeProgram
+    program: FakeProgram | None = None  # guarded (its guard is not None)
     failed: str | None = None  # why no program can be built for this signature
     build_s: float = 0.0
     program_runs: int = 0
@@ -58,11 +60,9 @@ class SteadyPrograms:
     def run(self, sim: Any, inputs: tuple, captured: Callable[[], Any]) -> Any:
         """The steady FAKE run of ``inputs``: its program when one holds, else ``captured()``
         (timed towards a build)."""
-        from quantlab.simulate.program import FakeProgram, ProgramError, _signature
-
         if self.building or sim._learned_scales is not None:
             return captured()
-        sig = _signature(inputs)
+        sig = input_signature(inputs)
         try:
             state = self.by_signature.get(sig)
         except TypeError:  # an input that cannot be hashed: no program for it
@@ -71,9 +71,10 @@ class SteadyPrograms:
             state = self.by_signature[sig] = SteadyProgram()
         prog = state.program
         if prog is not None:
-            if prog._holds(inputs):
+            out = prog.try_call(inputs)
+            if out is not NOT_HELD:
                 state.program_runs += 1
-                return prog._execute(inputs)
+                return out
             state.program, state.captured_s = None, 0.0  # something changed: rent again
             state.drops += 1
             if state.drops >= MAX_DROPS:
@@ -105,9 +106,7 @@ class SteadyPrograms:
 
     def status(self, inputs: tuple) -> SteadyProgram | None:
         """The state of ``inputs``' signature (None: no steady run of it yet)."""
-        from quantlab.simulate.program import _signature
-
         try:
-            return self.by_signature.get(_signature(inputs))
+            return self.by_signature.get(input_signature(inputs))
         except TypeError:
             return None
