@@ -53,6 +53,7 @@ from quantlab.simulate.modes import Mode
 from quantlab.simulate.traced_graph import (
     ProgramError,
     attr_paths,
+    fetch,
     holding_dict,
     named_run,
     same_bits,
@@ -349,12 +350,24 @@ def _reference_run(sim: Any, inputs: tuple) -> Any:
 
 def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run):
     """The traced graph with every captured node's call replaced by its step; the generated
-    module, its prepared steps and the count of each kind."""
+    module, its prepared steps and the count of each kind.
+
+    Each attribute the graph reads becomes one flat attribute of the generated module, bound to
+    the object the path led to when building: while the program's checks hold, every such
+    path of the model still leads to the same object (``_holders``), and the trace's own
+    constants belong to it. The generated code then reads one attribute where it walked the
+    module tree (four to six lookups per parameter)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     prepared: list[_Prepared] = []
     counts = {"prepared": 0, "fused": 0, "dispatched": 0}
+    attrs: dict[str, Any] = {}
     for i, node in enumerate(gm.graph.nodes):
+        if node.op == "get_attr":
+            name = f"ql_attr_{len(attrs)}"
+            attrs[name] = fetch(gm, node.target)
+            env[node] = graph.get_attr(name)
+            continue
         calls = calls_of.get(node)
         if calls is None:
             env[node] = graph.node_copy(node, env.__getitem__)
@@ -376,4 +389,4 @@ def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: se
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
         env[node] = graph.call_function(step, args, kwargs)  # a method's self is args[0]
-    return fx.GraphModule(gm, graph), prepared, counts
+    return fx.GraphModule(attrs, graph), prepared, counts
