@@ -132,6 +132,7 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
         sims[key] = sim
     out[FLOAT] = lambda: sims["j6m"].run(*x, mode=Mode.FLOAT)
     out[FAKE] = lambda: sims["j6m"].run(*x, mode=Mode.FAKE)
+    out[FAKE].program_of = lambda: sims["j6m"].steady_programs.status(x).program  # --profile
     SWITCH[case.label] = run_until_switched(out[FAKE], sims["j6m"], x)
     out[FAKE_CAPTURED] = lambda: sims["captured"].run(*x, mode=Mode.FAKE)
     out[FIXED] = lambda: sims["j6m"].run(*x, mode=Mode.FIXED)
@@ -618,7 +619,8 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
     md += _section(f"{FAKE_CAPTURED}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
     md += _section(
         f"{FAKE}, after the switch to a traced program: own time per function",
-        "cProfile over 5 runs, as above: what a steady run still does besides the ops.",
+        "cProfile over 5 runs, as above: what a steady run still does besides the ops. "
+        + checks_line(fns[FAKE], fns[FAKE].program_of(), case.inputs(0)),
         python_table(fns[FAKE], 5),
     )
     aten, stages = profile_run(fns[FIXED])
@@ -631,6 +633,30 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
     md += _section(f"{FIXED}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
     atomic_write_text(out / "simulate_profile.md", "\n".join(md))
     print("\n".join(md))
+
+
+def checks_line(fake: Callable[[], object], program, x: tuple, runs: int = 25) -> str:
+    """The wall time of the traced program's per-call checks, and of torch dynamo's guards among
+    them, each timed right after a steady run (as a loop meets them: their objects out of the
+    caches), with no profiler running."""
+
+    def after_a_run_us(check) -> float:
+        times = []
+        for _ in range(runs):
+            fake()
+            t = time.perf_counter()
+            check()
+            times.append((time.perf_counter() - t) * 1e6)
+        return float(pd.Series(times).median())
+
+    checks = after_a_run_us(lambda: program._holds(x))
+    guards = after_a_run_us(lambda: program.guard.holds(x))
+    return (
+        f"Without a profiler, right after a steady run, the program's checks take {checks:.0f} "
+        f"us, of which torch dynamo's guards over forward take {guards:.0f} us (medians of "
+        f"{runs}); in a tight loop of checks alone, with their objects in the caches, a "
+        "fraction of that."
+    )
 
 
 def _section(title: str, text: str, table: pd.DataFrame) -> list[str]:

@@ -65,3 +65,26 @@ def test_the_profile_names_functions_by_package_path_and_counts_calls_per_run():
     dispatch = [f for f in by_name.index if f.startswith("_dispatch (quantlab/simulate/")]
     assert len(dispatch) == 1 and by_name[dispatch[0]] == len(sim.ops)  # once per op per run
     assert 0.0 < table["share"].sum() <= 1.0 + 1e-9
+
+
+def test_the_switch_loop_and_the_checks_line_read_a_switched_program(monkeypatch):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.05)
+    torch.manual_seed(0)
+    m = _Net().eval()
+    x = (torch.randn(2, 3, 3, 3),)
+    sim = Simulator(m, "j6m")
+    sim.calibrate([x], progress=False)
+
+    def fake():
+        return sim.run(*x, mode=Mode.FAKE)
+
+    switch = bench_simulate.run_until_switched(fake, sim, x)
+    assert switch["switched"] and switch["failed"] is None
+    assert switch["captured_runs"] >= 1 and switch["captured_s"] >= 0.05
+    program = sim.steady_programs.status(x).program
+    line = bench_simulate.checks_line(fake, program, x, runs=3)
+    checks, guards = [float(w) for w in line.split() if w.isdigit()][:2]
+    assert checks > 0 and guards > 0
+    assert sim.steady_programs.status(x).program_runs >= 3
