@@ -141,6 +141,17 @@ def _built():
     return m, sim, x, sim.fake_program(x)
 
 
+def _program_of(cls, seed: int):
+    """``cls()`` (a LayoutNet) calibrated on j6m on two random batches drawn under ``seed``, and
+    its program built on the first: (model, simulator, that batch, program)."""
+    g = torch.Generator().manual_seed(seed)
+    m = _seeded(cls)
+    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib)
+    x = calib[0][0]
+    return m, sim, x, sim.fake_program(x)
+
+
 def _guarded(change, expect_fallback: bool):
     """Build a program, apply ``change(sim, model)``, and demand the captured run's bits (taken
     after the program's call, from the same simulator) and a counted fallback where the traced
@@ -329,12 +340,7 @@ def test_a_changed_module_setting_falls_back(setting):
             y, t = super().forward(x)
             return y * self.gain, t
 
-    g = torch.Generator().manual_seed(4)
-    m = _seeded(Scaled)
-    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
-    sim = _calibrated(m, calib)
-    x = calib[0][0]
-    prog = sim.fake_program(x)
+    m, sim, x, prog = _program_of(Scaled, 4)
     if setting == "stride":
         m.shared.stride = (1, 1)  # as before, but a new value: still the same program
         same = prog(x)
@@ -548,12 +554,7 @@ class ReadingNet(LayoutNet):
 def test_a_changed_python_value_forward_reads_falls_back(change):
     """torch dynamo's guards over forward see what the traced code took as constant and no
     module setting holds; the call then gives the captured run's bits."""
-    g = torch.Generator().manual_seed(12)
-    m = _seeded(ReadingNet)
-    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
-    sim = _calibrated(m, calib)
-    x = calib[0][0]
-    prog = sim.fake_program(x)
+    m, sim, x, prog = _program_of(ReadingNet, 12)
     assert prog.guard is not None and prog.unguarded is None
     assert_bits_equal(prog(x * 0.5)[0], sim.run(x * 0.5, mode=Mode.FAKE)[0])
     assert prog.fallbacks == 0
@@ -590,13 +591,9 @@ class Unguardable(LayoutNet):
 
 
 def test_a_model_dynamo_cannot_guard_runs_unguarded_with_the_reason():
-    g = torch.Generator().manual_seed(13)
-    m = _seeded(Unguardable)
-    calib = [(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)]
-    sim = _calibrated(m, calib)
-    prog = sim.fake_program(calib[0][0])
+    _, sim, x, prog = _program_of(Unguardable, 13)
     assert prog.guard is None
     assert "one graph" in prog.unguarded
-    y = calib[1][0] * 2
+    y = x * 2
     assert_bits_equal(prog(y)[0], sim.run(y, mode=Mode.FAKE)[0])
     assert prog.fallbacks == 0

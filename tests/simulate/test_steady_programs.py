@@ -47,6 +47,16 @@ def _inputs(g, n=6):
     return xs + [torch.zeros(2, 3, 8, 8), torch.full((2, 3, 8, 8), 0.5)]
 
 
+def _switched(monkeypatch):
+    """A pair (``_pair``) whose steady simulator built its program in its first FAKE run of an
+    input x: (simulator, captured simulator, generator, x, x's signature state)."""
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    _, sim, captured, g = _pair()
+    x = _inputs(g, 1)[0]
+    sim.run(x, mode=Mode.FAKE)
+    return sim, captured, g, x, sim.steady_programs.status((x,))
+
+
 def test_runs_switch_to_a_program_with_the_captured_bits(monkeypatch):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
     _, sim, captured, g = _pair()
@@ -72,11 +82,7 @@ def test_no_program_before_the_captured_runs_have_taken_their_time(monkeypatch):
 
 
 def test_other_signatures_overrides_and_other_modes_stay_captured(monkeypatch):
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    _, sim, captured, g = _pair()
-    x = _inputs(g, 1)[0]
-    sim.run(x, mode=Mode.FAKE)
-    state = sim.steady_programs.status((x,))
+    sim, captured, g, x, state = _switched(monkeypatch)
     name = sim.ops.set_index("op_type").loc["linear", "name"]
     for mode in (Mode.FIXED, Mode.FLOAT):
         assert_bits_equal(sim.run(x, mode=mode), captured.run(x, mode=mode))
@@ -90,11 +96,7 @@ def test_other_signatures_overrides_and_other_modes_stay_captured(monkeypatch):
 
 
 def test_a_changed_global_drops_the_program_and_runs_captured(monkeypatch):
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    _, sim, captured, g = _pair()
-    x = _inputs(g, 1)[0]
-    sim.run(x, mode=Mode.FAKE)
-    state = sim.steady_programs.status((x,))
+    sim, captured, _, x, state = _switched(monkeypatch)
     assert state.program is not None
     monkeypatch.setattr(__import__(__name__), "BIAS", 2.0)
     got = sim.run(x, mode=Mode.FAKE)
