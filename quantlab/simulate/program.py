@@ -338,14 +338,16 @@ def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
 
 # ---------------------------------------------------------------------- building
 def _reference_run(sim: Any, inputs: tuple) -> Any:
-    """Two steady FAKE runs (the first prepares the calls, the second follows them)."""
+    """Two steady FAKE runs (the first prepares the calls, the second follows them), both
+    captured: never a program of ``sim.steady_programs``."""
     if not sim._calibrated:
         raise ProgramError("fake_program needs calibrate(batches) first")
     hooked = _hooked(sim.model.named_modules())
     if hooked is not None:
         raise ProgramError(f"{hooked} has forward hooks; a traced program skips them")
-    sim.run(*inputs, mode=Mode.FAKE)
-    return sim.run(*inputs, mode=Mode.FAKE)
+    for _ in range(2):
+        out = sim._forward(inputs, sim._new_state(Mode.FAKE, None, None))
+    return out
 
 
 def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run):

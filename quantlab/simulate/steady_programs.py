@@ -55,12 +55,11 @@ class SteadyPrograms:
 
     def __init__(self) -> None:
         self.by_signature: dict[tuple, SteadyProgram] = {}
-        self.building = False  # a build's own runs stay captured
 
     def run(self, sim: Any, inputs: tuple, captured: Callable[[], Any]) -> Any:
         """The steady FAKE run of ``inputs``: its program when one holds, else ``captured()``
         (timed towards a build)."""
-        if self.building or sim._learned_scales is not None:
+        if sim._learned_scales is not None:
             return captured()
         sig = input_signature(inputs)
         try:
@@ -88,8 +87,8 @@ class SteadyPrograms:
             and state.captured_s >= PROGRAM_AFTER_S
             and sum(s.program is not None for s in self.by_signature.values()) < MAX_PROGRAMS
         ):
-            t0, self.building = time.perf_counter(), True
-            try:
+            t0 = time.perf_counter()
+            try:  # the build's own FAKE runs are captured runs (``program._reference_run``)
                 prog = FakeProgram(sim, inputs)
                 if prog.guard is None:
                     state.failed = prog.unguarded
@@ -100,7 +99,6 @@ class SteadyPrograms:
             except Exception as err:  # a run that succeeded never fails because of a build
                 state.failed = f"building failed: {type(err).__name__}: {err}".splitlines()[0]
             finally:
-                self.building = False
                 state.build_s = time.perf_counter() - t0
         return out
 

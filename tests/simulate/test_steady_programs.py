@@ -155,3 +155,14 @@ def test_programs_kept_per_simulator_are_bounded(monkeypatch, limit):
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
     built = [sim.steady_programs.status((x,)).program is not None for x in xs]
     assert built == [i < limit for i in range(3)]
+
+
+def test_an_explicit_program_build_is_no_steady_run(monkeypatch):
+    """``fake_program`` runs the model captured: it neither counts towards nor starts a switch."""
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    _, sim, captured, g = _pair()
+    x = _inputs(g, 1)[0]
+    prog = sim.fake_program(x)
+    assert sim.steady_programs.status((x,)) is None
+    assert_bits_equal(prog(x), captured.run(x, mode=Mode.FAKE))
+    assert sim.steady_programs.status((x,)) is None  # the program's call is no steady run either
