@@ -124,7 +124,9 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
 
     out[EAGER] = eager
     sims = {}
-    for key, prof, steady in (("j6m", "j6m", True), ("captured", "j6m", False)) + (
+    for key, prof, steady in (
+        ("j6m", "j6m", True),
+        ("captured", "j6m", False),  # every FAKE run captured per op
         ("onnxruntime", "onnxruntime", True),
     ):
         sim = Simulator(module, prof, steady_programs=steady)
