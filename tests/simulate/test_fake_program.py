@@ -559,18 +559,16 @@ def test_a_changed_python_value_forward_reads_falls_back(change):
     assert_bits_equal(prog(x * 0.5)[0], sim.run(x * 0.5, mode=Mode.FAKE)[0])
     assert prog.fallbacks == 0
     glob = globals()
-    undo = {
-        "global": lambda: glob.update(OFFSET=0.25),
-        "closure": lambda: GAIN_BOX.__setitem__(0, 1.5),
-        "list attribute": lambda: m.shifts.__setitem__(0, 0.5),
-        "train flag": m.eval,
+    apply, undo = {  # (change, undo)
+        "global": (lambda: glob.update(OFFSET=-3.0), lambda: glob.update(OFFSET=0.25)),
+        "closure": (lambda: GAIN_BOX.__setitem__(0, 4.0), lambda: GAIN_BOX.__setitem__(0, 1.5)),
+        "list attribute": (
+            lambda: m.shifts.__setitem__(0, 2.0),
+            lambda: m.shifts.__setitem__(0, 0.5),
+        ),
+        "train flag": (m.train, m.eval),
     }[change]
-    {
-        "global": lambda: glob.update(OFFSET=-3.0),
-        "closure": lambda: GAIN_BOX.__setitem__(0, 4.0),
-        "list attribute": lambda: m.shifts.__setitem__(0, 2.0),
-        "train flag": m.train,
-    }[change]()
+    apply()
     try:
         got = prog(x * 0.5)
         want = sim.run(x * 0.5, mode=Mode.FAKE)
