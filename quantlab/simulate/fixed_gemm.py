@@ -169,6 +169,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         (xs, ws, bias, version, out_scale, fin_dt, contract),
         lambda: gemm.finish_constants(xs, ws, bias, out_scale, fin_dt, contract),
     )
+    with_values = fin_dt is not DType.FLOAT32 and not zo  # the codes' values in the same pass
     res = gemm.finish_gemm(
         acc,
         xs,
@@ -183,6 +184,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         reuse_acc=True,
         out_zero_point=zo,
         constants=constants,
+        with_values=with_values,
     )
     if fin_dt is DType.FLOAT32:
         if clamp is not None:
@@ -190,6 +192,8 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         if out_dt is DType.FLOAT16:
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
+    if with_values:
+        return fc.emit(res[0], out_scale, out_dt, value=res[1])
     return fc.emit(res, out_scale, out_dt, zo)
 
 

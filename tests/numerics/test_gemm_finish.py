@@ -22,6 +22,20 @@ from quantlab.numerics.rounding import Round
 J6 = GemmContract()  # MUL_SHIFT, HALF_UP, int32 saturating accumulator
 
 
+@pytest.fixture
+def torch_passes(monkeypatch):
+    """The fast form by torch passes (float64 or int64), as where no C compiler is found: the
+    one C pass (``shift_native``, tested in test_shift_native.py) off."""
+    monkeypatch.setattr(finish_mod, "_finish_native", lambda *a, **kw: None)
+
+
+@pytest.fixture(params=["one C pass", "torch passes"])
+def fast_form(request, monkeypatch):
+    if request.param == "torch passes":
+        monkeypatch.setattr(finish_mod, "_finish_native", lambda *a, **kw: None)
+    return request.param
+
+
 def _accs(seed: int, n: int = 4000) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     rnd = torch.randint(-(1 << 31), 1 << 31, (n,), generator=g, dtype=torch.int64)
@@ -74,7 +88,9 @@ def _reference_finish(acc, xs, ws, bias, so, axis, clamp=None):
 
 @pytest.mark.parametrize("per_channel", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_finish_gemm_fast_form_matches_reference_over_many_chunks(per_channel, seed, monkeypatch):
+def test_finish_gemm_fast_form_matches_reference_over_many_chunks(
+    per_channel, seed, fast_form, monkeypatch
+):
     monkeypatch.setattr(finish_mod, "CHUNK_ELEMENTS", 700)  # several channel chunks
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-128, 128, (2, 40, 9, 9), generator=g, dtype=torch.int8)
@@ -122,6 +138,7 @@ def test_finish_gemm_constants_are_keyed_by_value_not_by_object():
 
 @pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
 @pytest.mark.parametrize("scales", [(0.5, 0.5, 1.0), (0.02, 0.0037, 0.05), (0.9, 0.7, 1e-3)])
+@pytest.mark.usefixtures("torch_passes")
 def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypatch):
     # the float64 passes run only while (max|acc| * max q + max|offset|) <= 2**53; at the limit,
     # on rounding ties (scales 0.5 * 0.5 / 1: every acc = 2 mod 4 is a tie) and past the limit
@@ -174,6 +191,7 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
 
 @pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
 @pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.usefixtures("torch_passes")
 def test_finish_gemm_float64_form_with_a_carry_for_wide_bias_codes(out, per_channel, monkeypatch):
     """Bias codes large enough that bias * q passes 2**53 (a folded BatchNorm's shift over a
     tiny weight scale): the offset splits into an integer carry added after the floor and a
@@ -250,6 +268,7 @@ def _boundary_sums(k, lo: int, hi: int, channels: int) -> torch.Tensor:
 @pytest.mark.parametrize("out", [DType.INT8, DType.INT16])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.usefixtures("torch_passes")
 def test_finish_gemm_float64_form_inside_its_output_window(out, per_channel, seed, monkeypatch):
     """Sums far past the max|acc| limit still take the float64 passes when the output window
     allows (``_float_window``): on sums across the whole int32 range, at the clamp bounds and
@@ -304,3 +323,37 @@ def test_finish_gemm_float64_form_inside_its_output_window(out, per_channel, see
     got = finish_gemm(small, xs, ws, bias, so, out, J6, 1, sum_bound=1 << 23)
     w_small = finish_gemm(small.to(torch.int64), xs, ws, bias, so, out, J6, 1, stats=GemmStats())
     assert_bits_equal(got, w_small)
+
+
+@pytest.mark.parametrize(
+    "contract",
+    [J6, GemmContract(requant=Requant.FLOAT_RESCALE, requant_round=Round.HALF_EVEN)],
+    ids=["fast form", "FLOAT_RESCALE"],
+)
+@pytest.mark.parametrize("out", [DType.INT8, DType.UINT8, DType.INT16])
+def test_with_values_gives_the_codes_and_their_float32_values(contract, out, fast_form):
+    """``with_values``: the same codes, and values fl32(code * fl32(out_scale)) as the fixed
+    kernels' ``emit`` computes them, on every path (the one C pass, the torch passes, the
+    general form with statistics)."""
+    from quantlab.simulate.fixed_common import emit
+
+    g = torch.Generator().manual_seed(9)
+    channels = 5
+    acc = torch.randint(-(1 << 20), 1 << 20, (4, channels, 6, 7), generator=g)
+    xs, so = torch.tensor(0.0123), torch.tensor(0.0771)
+    ws = torch.rand(channels, generator=g) * 0.01 + 1e-4
+    bias = torch.randn(channels, generator=g)
+    for stats in (None, GemmStats()):
+        for clamp in (None, (0, 100)):
+            kw = dict(stats=stats, clamp_codes=clamp, sum_bound=1 << 20)
+            codes = finish_gemm(acc, xs, ws, bias, so, out, contract, 1, **kw)
+            both = finish_gemm(acc, xs, ws, bias, so, out, contract, 1, with_values=True, **kw)
+            assert_bits_equal(both[0], codes)
+            value, info = emit(codes, so, out)
+            assert_bits_equal(both[1], value)
+            assert_bits_equal(emit(both[0], so, out, value=both[1])[0], value)
+            assert info.codes is codes
+    with pytest.raises(ValueError, match="zero point 0"):
+        finish_gemm(acc, xs, ws, bias, so, out, contract, 1, out_zero_point=3, with_values=True)
+    with pytest.raises(ValueError, match="one out_scale"):
+        finish_gemm(acc, xs, ws, bias, so.repeat(2), out, contract, 1, with_values=True)

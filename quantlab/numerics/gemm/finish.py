@@ -32,7 +32,7 @@ from torch import Tensor
 from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import rescale32
+from quantlab.numerics.gemm import rescale32, shift_native
 from quantlab.numerics.gemm.float64_form import (
     float64_codes,
     float64_values,
@@ -258,7 +258,8 @@ def finish_gemm(
     reuse_acc: bool = False,
     out_zero_point: int = 0,
     constants: _FinishConstants | None = None,
-) -> Tensor:
+    with_values: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Exact sums -> outputs: + bias, accumulator contract, then requant or wide output.
 
     acc: the exact sums (int64, or a float32/float64 tensor holding exact integers), already
@@ -278,14 +279,68 @@ def finish_gemm(
     (e.g. K * max|x| * max|w|; measured when None). ``reuse_acc``: acc may be overwritten.
     Scales: finite and > 0 (ValueError naming them). ``constants``: ``finish_constants`` of
     these same arguments, kept by the caller (else looked up by value).
+    ``with_values`` (INT8/UINT8/INT16 codes, zero point 0, one ``out_scale``): (codes, values)
+    with values = fl32(code * fl32(out_scale)) in float32, what the codes stand for; the one C
+    pass of the fast form writes both.
     """
+    s = _value_scale(out_scale, out_dtype, out_zero_point) if with_values else None
     k = constants
     if k is None:
         k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
     if k.fast and stats is None and not out_zero_point:
-        return _finish_fast(
-            acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc
+        out = _finish_fast(
+            acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, s
         )
+    else:
+        out = _finish_codes(
+            acc,
+            k,
+            x_scale,
+            w_scale,
+            bias,
+            out_dtype,
+            contract,
+            channel_axis,
+            stats,
+            clamp_codes,
+            sum_bound,
+            reuse_acc,
+            out_zero_point,
+        )
+    if s is None or isinstance(out, tuple):
+        return out
+    return out, out.to(torch.float32).mul_(s)  # emit's product (fixed_common.emit)
+
+
+def _value_scale(out_scale, out_dtype: DType, zero_point: int) -> Tensor:
+    """``finish_gemm(with_values=True)``'s float32 scale (0-d), after checking it applies."""
+    if out_dtype not in (DType.INT8, DType.UINT8, DType.INT16) or zero_point:
+        raise ValueError(
+            "with_values takes INT8, UINT8 or INT16 codes with zero point 0, got "
+            f"{out_dtype.name} with zero point {zero_point}"
+        )
+    s = torch.as_tensor(out_scale, dtype=torch.float32)
+    if s.numel() != 1:
+        raise ValueError(f"with_values takes one out_scale, got {s.numel()}")
+    return s.reshape(())
+
+
+def _finish_codes(
+    acc,
+    k,
+    x_scale,
+    w_scale,
+    bias,
+    out_dtype,
+    contract,
+    channel_axis,
+    stats,
+    clamp_codes,
+    sum_bound,
+    reuse_acc,
+    out_zero_point,
+) -> Tensor:
+    """``finish_gemm`` outside its fast form: FLOAT_RESCALE in float32, or the general form."""
     if k.rescale32 and stats is None:
         codes = _finish_rescale32(
             acc,
@@ -344,7 +399,10 @@ def _narrow(t: Tensor, ax: int, c0: int, cn: int) -> Tensor:
     return t.narrow(ax, c0, cn) if t.dim() > 0 and t.shape[ax] > 1 else t
 
 
-def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc):
+def _finish_fast(
+    acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, value_scale
+):
+    """The fast form's codes, or (codes, values) where the one C pass wrote values too."""
     lo, hi = out_dtype.qmin, out_dtype.qmax
     if clamp_codes is not None:  # the fused clamp: clamp_min(lo) then clamp_max(hi)
         lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
@@ -355,13 +413,18 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
             a_lo, a_hi = torch.aminmax(acc)
             sum_bound = int(max(-float(a_lo), float(a_hi)))
     offset = k.offset_with_bias
-    if sum_bound + k.bias_max >= INT32_LIMIT:  # the accumulator contract may act
+    wide = sum_bound + k.bias_max >= INT32_LIMIT
+    if wide:  # the accumulator contract may act
         acc = acc.to(torch.int64, copy=not reuse_acc)
         if k.bias is not None:
             acc.add_(_along(k.bias, acc, channel_axis, "bias"))
         acc, _ = accumulate(acc, contract.accumulator, contract.accumulator_overflow)
         offset, reuse_acc = k.offset, True
-    elif k.float_limit >= 0 and acc.numel():
+    if acc.numel() and acc.dim():
+        done = _finish_native(acc, k, wide, channel_axis, lo, hi, out_dtype, value_scale)
+        if done is not None:
+            return done
+    if not wide and k.float_limit >= 0 and acc.numel():
         if max(-lo, hi + 1) <= k.float_window:  # exact for any acc (float_window)
             return _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc)
         if sum_bound > k.float_limit:  # the stated bound is too loose: measure
@@ -384,6 +447,25 @@ def _finish_fast(acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bou
         rshift_round_half_up_(part, _narrow(n, ax, c0, cn), _narrow(off, ax, c0, cn))
         codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
     return codes
+
+
+def _finish_native(acc, k, wide: bool, channel_axis: int, lo, hi, out_dtype: DType, value_scale):
+    """The fast form in one C pass (``shift_native``; with ``value_scale``, (codes, values)),
+    or None where it does not apply. Its int64 sum is exact: |acc| + max|bias| < 2**31 with
+    the bias in the offset, or (``wide``) |acc| <= 2**31 after the accumulator contract with
+    the offset 2**(n-1); q < 2**31."""
+    ax = channel_axis % acc.dim()
+    key = ("shift", wide, acc.shape[ax])
+    if key not in k.shaped:
+        off = k.offset if wide else k.offset_with_bias
+        k.shaped[key] = shift_native.channel_constants(
+            k.params.multiplier, off, k.shift, acc.shape[ax]
+        )
+    constants = k.shaped[key]
+    if constants is None:
+        return None
+    s = None if value_scale is None else float(value_scale)  # a float32: exact as C's float
+    return shift_native.requantize_shift(acc, constants, ax, lo, hi, out_dtype.torch_dtype, s)
 
 
 def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):

@@ -1,0 +1,214 @@
+"""The fast form's requantization ``clamp(floor((acc * q + offset) / 2**n), lo, hi)`` in one C
+pass over the exact sums (``finish.finish_gemm``; gemmlowp's and the J6's multiply-and-shift).
+
+``requantize_shift`` reads the sums (int32, int64, or float32/float64 holding exact integers)
+and writes the output codes (int8, uint8 or int16), and, when asked, their float32 values
+``fl32(code * scale)`` (``fixed_common.emit``'s product) in the same pass. Per channel, ``q``
+(0 <= q < 2**31), ``n`` (1 <= n <= 62) and ``offset`` (int64) apply along the channel axis.
+
+Integer semantics, stated once: the product and the sum are int64 and exact because the caller
+guarantees ``|acc * q + offset| < 2**63`` (``finish_gemm`` has |acc| + |bias| < 2**31, or |acc|
+<= 2**31 after the accumulator contract, with q < 2**31 and |offset| <= |bias| * q + 2**61);
+the floor division by ``2**n`` is ``((v + 2**63) >> n) - 2**(63 - n)`` on the unsigned
+representation (C's shift of a negative signed value is implementation-defined; this one is
+not); a float sum converts to int64 exactly, being an integer below 2**31 in magnitude. The
+clamp is to integer bounds with lo <= hi, then the code is stored in its dtype. The loops are
+compiled for x86-64-v4 (AVX-512 with DQ, by GCC) or AVX-512F, and for the baseline, on x86-64 and
+chosen at load; tests check the loaded build and the baseline
+against the int64 torch form and the numpy reference on random and adversarial sums.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from quantlab.numerics import native
+
+_IN = {torch.int32: "i32", torch.int64: "i64", torch.float32: "f32", torch.float64: "f64"}
+_OUT = {torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16"}
+_C_IN = {"i32": "int32_t", "i64": "int64_t", "f32": "float", "f64": "double"}
+_C_OUT = {"i8": "int8_t", "u8": "uint8_t", "i16": "int16_t"}
+BLOCK = 16384  # elements per parallel task
+
+# x86-64-v4 (AVX-512 F, BW, DQ, VL) has the int64 products and the float-to-int64 conversions in
+# vector lanes (three to five times the AVX-512F clone's speed here); GCC 11 and later name it
+_CLONES_V4 = r"""
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 \
+    && !defined(QL_NO_CLONES)
+#define CLONES_V4 __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define CLONES_V4 CLONES
+#endif
+"""
+
+_TEMPLATE = r"""
+/* one row of a channel: its q, offset and shift fixed */
+CLONES_V4 static void rows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, int64_t q,
+                               int64_t off, int n, int64_t lo, int64_t hi, float s) {
+  const uint64_t sign = (uint64_t)1 << 63;
+  const int64_t back = (int64_t)1 << (63 - n);
+  if (y) {
+    #pragma omp simd
+    for (int64_t j = 0; j < len; ++j) {
+      int64_t v = (int64_t)WIDEN(a[j]) * q + off;
+      int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n) - back;
+      r = r < lo ? lo : r;
+      r = r > hi ? hi : r;
+      c[j] = (COUT)r;
+      y[j] = (float)r * s;
+    }
+  } else {
+    #pragma omp simd
+    for (int64_t j = 0; j < len; ++j) {
+      int64_t v = (int64_t)WIDEN(a[j]) * q + off;
+      int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n) - back;
+      r = r < lo ? lo : r;
+      r = r > hi ? hi : r;
+      c[j] = (COUT)r;
+    }
+  }
+}
+
+/* one outer index of a tensor whose last axis is the channel axis: q, offset, shift per value */
+CLONES_V4 static void cols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, const int64_t *q,
+                               const int64_t *off, const int64_t *n, int64_t lo, int64_t hi,
+                               float s) {
+  const uint64_t sign = (uint64_t)1 << 63;
+  #pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    int64_t v = (int64_t)WIDEN(a[j]) * q[j] + off[j];
+    int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n[j]) - ((int64_t)1 << (63 - n[j]));
+    r = r < lo ? lo : r;
+    r = r > hi ? hi : r;
+    c[j] = (COUT)r;
+    if (y) y[j] = (float)r * s;
+  }
+}
+
+void ql_requant_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t chans,
+                       int64_t inner, const int64_t *q, const int64_t *off, const int64_t *n,
+                       int64_t lo, int64_t hi, float s, int threads) {
+  if (inner == 1 && chans > 1) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      const int64_t at = o * chans;
+      cols_IN_OUT(a + at, c + at, y ? y + at : 0, chans, q, off, n, lo, hi, s);
+    }
+    return;
+  }
+  const int64_t per_row = (inner + BLOCK - 1) / BLOCK;
+  const int64_t tasks = outer * chans * per_row;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t row = t / per_row, part = t % per_row;
+    const int64_t ch = chans > 1 ? row % chans : 0;
+    const int64_t start = part * BLOCK;
+    const int64_t len = inner - start < BLOCK ? inner - start : BLOCK;
+    const int64_t at = row * inner + start;
+    rows_IN_OUT(a + at, c + at, y ? y + at : 0, len, q[ch], off[ch], (int)n[ch], lo, hi, s);
+  }
+}
+"""
+
+
+def _source() -> str:
+    parts = [native.PRELUDE, _CLONES_V4, f"#define BLOCK {BLOCK}\n"]
+    for i, cin in _C_IN.items():
+        for o, cout in _C_OUT.items():
+            # a float sum converts through int32 (it is an integer below 2**31 in magnitude):
+            # AVX-512F converts float to int32 in vector lanes, to int64 only with AVX-512DQ
+            widen = "(int32_t)" if i.startswith("f") else ""
+            body = _TEMPLATE.replace("IN_OUT", f"{i}_{o}").replace("CIN", cin)
+            body = body.replace("WIDEN", widen)
+            parts.append(body.replace("COUT", cout))
+    return "".join(parts)
+
+
+SOURCE = _source()
+
+
+def configure(lib: ctypes.CDLL) -> None:
+    """Set the argument types of the kernels in ``lib``."""
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for i in _C_IN:
+        for o in _C_OUT:
+            f = getattr(lib, f"ql_requant_{i}_{o}")
+            f.argtypes = [p, p, p, i64, i64, i64, p, p, p, i64, i64, ctypes.c_float, ctypes.c_int]
+            f.restype = None
+
+
+KERNELS = native.Kernels("requant_shift", SOURCE, configure, "requantization")
+
+
+def channel_constants(q: Tensor, offset: Tensor, n: Tensor, channels: int) -> tuple | None:
+    """(q, offset, n) as contiguous int64 arrays of ``channels`` values (1 when all three are
+    per tensor), or None when they do not fit the kernel (a length other than 1 or
+    ``channels``, q outside [0, 2**31), n outside [1, 62])."""
+    sizes = {t.numel() for t in (q, offset, n)}
+    if not sizes <= {1, channels}:
+        return None
+    if int(q.min()) < 0 or int(q.max()) >= 1 << 31 or int(n.min()) < 1 or int(n.max()) > 62:
+        return None
+    length = max(sizes)
+    return tuple(t.reshape(-1).to(torch.int64).expand(length).contiguous() for t in (q, offset, n))
+
+
+def requantize_shift(
+    acc: Tensor,
+    constants: tuple,
+    axis: int,
+    lo: int,
+    hi: int,
+    out_dtype: torch.dtype,
+    value_scale: float | None = None,
+) -> Tensor | tuple[Tensor, Tensor] | None:
+    """Codes ``clamp(floor((acc * q + offset) / 2**n), lo, hi)`` in ``out_dtype`` (module
+    docstring), with ``constants`` from ``channel_constants`` along ``axis`` of ``acc``; with
+    ``value_scale`` also their float32 values ``fl32(code * value_scale)``, as (codes,
+    values). None where the pass does not apply (no kernel, acc not a contiguous CPU tensor of
+    a supported dtype, an unsupported output dtype). The caller guarantees ``|acc * q +
+    offset| < 2**63``, ``lo <= hi`` and that a float ``acc`` holds integers."""
+    kind = _IN.get(acc.dtype), _OUT.get(out_dtype)
+    if None in kind or acc.device.type != "cpu" or not acc.is_contiguous() or acc.dim() == 0:
+        return None
+    q, off, n = constants
+    ax = axis % acc.dim()
+    chans = q.numel()
+    if chans > 1 and acc.shape[ax] != chans:
+        return None
+    lib = KERNELS.lib()
+    if lib is None:
+        return None
+    shape = acc.shape
+    outer = 1
+    for d in shape[:ax]:
+        outer *= d
+    inner = 1
+    for d in shape[ax + 1 :]:
+        inner *= d
+    if chans == 1:  # per tensor: one row of every value
+        outer, inner = 1, acc.numel()
+    with torch._C.DisableTorchFunction():
+        codes = torch.empty(shape, dtype=out_dtype)
+        values = torch.empty(shape, dtype=torch.float32) if value_scale is not None else None
+        numel = acc.numel()
+        threads = max(1, min(torch.get_num_threads(), numel >> 14))
+        getattr(lib, f"ql_requant_{kind[0]}_{kind[1]}")(
+            acc.data_ptr(),
+            codes.data_ptr(),
+            values.data_ptr() if values is not None else None,
+            outer,
+            chans,
+            inner,
+            q.data_ptr(),
+            off.data_ptr(),
+            n.data_ptr(),
+            lo,
+            hi,
+            0.0 if value_scale is None else value_scale,
+            threads,
+        )
+    return codes if values is None else (codes, values)
