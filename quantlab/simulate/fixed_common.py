@@ -49,18 +49,15 @@ def emit(
     codes: Tensor, scale: Tensor, dtype: DType, zero_point: int = 0, value: Tensor | None = None
 ) -> tuple[Tensor, QInfo]:
     """((codes - zero_point) * scale as float32, QInfo): one float32 product per element
-    (``dequantize``). ``value``: that product, already computed with the codes (zero point
-    0; ``finish_gemm(with_values=True)``)."""
+    (``dequantize``). ``value``: that product, already computed with the codes
+    (``finish_gemm(with_values=True)``)."""
     codes = codes.to(dtype.torch_dtype)
     s = torch.as_tensor(scale, dtype=torch.float32)
     if s.dim():  # a 0-d scale passes as the same object (plan-time caches key on it)
         s = s.reshape(())
-    if value is not None:
-        if zero_point:
-            raise ValueError("emit takes a computed value only for codes with zero point 0")
-    elif zero_point:
+    if value is None and zero_point:
         value = dequantize(codes, s, zero_point=zero_point)
-    else:  # the same float32 product; a vectorised cast then an in-place product
+    elif value is None:  # the same float32 product; a vectorised cast then an in-place product
         value = codes.to(torch.float32, copy=True).mul_(s)
     return value, QInfo(dtype, s, codes, zero_point)
 

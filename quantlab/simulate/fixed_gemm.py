@@ -169,7 +169,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         (xs, ws, bias, version, out_scale, fin_dt, contract),
         lambda: gemm.finish_constants(xs, ws, bias, out_scale, fin_dt, contract),
     )
-    with_values = fin_dt is not DType.FLOAT32 and not zo  # the codes' values in the same pass
+    with_values = fin_dt is not DType.FLOAT32  # the codes' values in the same pass
     res = gemm.finish_gemm(
         acc,
         xs,
@@ -192,9 +192,7 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         if out_dt is DType.FLOAT16:
             return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
         return res, None
-    if with_values:
-        return fc.emit(res[0], out_scale, out_dt, value=res[1])
-    return fc.emit(res, out_scale, out_dt, zo)
+    return fc.emit(res[0], out_scale, out_dt, zo, value=res[1])
 
 
 def _takes_int8_product(sim, call, xc: Tensor, wc: Tensor) -> bool:

@@ -5,6 +5,7 @@ offset or through the accumulator, many channel chunks, fused clamps, float32 su
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ J6 = GemmContract()  # MUL_SHIFT, HALF_UP, int32 saturating accumulator
 @pytest.fixture
 def torch_passes(monkeypatch):
     """The fast form by torch passes (float64 or int64), as where no C compiler is found: the
-    one C pass (``shift_native``, tested in test_shift_native.py) off."""
+    one C pass (``requant_native``, tested in test_requant_native.py) off."""
     monkeypatch.setattr(finish_mod, "_finish_native", lambda *a, **kw: None)
 
 
@@ -343,17 +344,17 @@ def test_with_values_gives_the_codes_and_their_float32_values(contract, out, fas
     xs, so = torch.tensor(0.0123), torch.tensor(0.0771)
     ws = torch.rand(channels, generator=g) * 0.01 + 1e-4
     bias = torch.randn(channels, generator=g)
-    for stats in (None, GemmStats()):
-        for clamp in (None, (0, 100)):
-            kw = dict(stats=stats, clamp_codes=clamp, sum_bound=1 << 20)
-            codes = finish_gemm(acc, xs, ws, bias, so, out, contract, 1, **kw)
-            both = finish_gemm(acc, xs, ws, bias, so, out, contract, 1, with_values=True, **kw)
-            assert_bits_equal(both[0], codes)
-            value, info = emit(codes, so, out)
-            assert_bits_equal(both[1], value)
-            assert_bits_equal(emit(both[0], so, out, value=both[1])[0], value)
-            assert info.codes is codes
-    with pytest.raises(ValueError, match="zero point 0"):
-        finish_gemm(acc, xs, ws, bias, so, out, contract, 1, out_zero_point=3, with_values=True)
+    zero_points = (0, 3) if contract.requant is Requant.FLOAT_RESCALE else (0,)
+    for stats, clamp, zp in itertools.product((None, GemmStats()), (None, (0, 100)), zero_points):
+        kw = dict(stats=stats, clamp_codes=clamp, sum_bound=1 << 20, out_zero_point=zp)
+        codes = finish_gemm(acc, xs, ws, bias, so, out, contract, 1, **kw)
+        both = finish_gemm(acc, xs, ws, bias, so, out, contract, 1, with_values=True, **kw)
+        assert_bits_equal(both[0], codes)
+        value, info = emit(codes, so, out, zp)
+        assert_bits_equal(both[1], value)
+        assert_bits_equal(emit(both[0], so, out, zp, value=both[1])[0], value)
+        assert info.codes is codes
+    with pytest.raises(ValueError, match="INT8, UINT8 or INT16"):
+        finish_gemm(acc, xs, ws, bias, None, DType.INT32, contract, 1, with_values=True)
     with pytest.raises(ValueError, match="one out_scale"):
         finish_gemm(acc, xs, ws, bias, so.repeat(2), out, contract, 1, with_values=True)

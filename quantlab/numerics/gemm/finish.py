@@ -32,14 +32,14 @@ from torch import Tensor
 from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import rescale32, shift_native
+from quantlab.numerics.gemm import requant_native, rescale32
 from quantlab.numerics.gemm.float64_form import (
     float64_codes,
     float64_values,
     float_form,
     float_window,
 )
-from quantlab.numerics.quantize import QuantStats
+from quantlab.numerics.quantize import QuantStats, dequantize
 from quantlab.numerics.requant import (
     Requant,
     RequantParams,
@@ -279,11 +279,11 @@ def finish_gemm(
     (e.g. K * max|x| * max|w|; measured when None). ``reuse_acc``: acc may be overwritten.
     Scales: finite and > 0 (ValueError naming them). ``constants``: ``finish_constants`` of
     these same arguments, kept by the caller (else looked up by value).
-    ``with_values`` (INT8/UINT8/INT16 codes, zero point 0, one ``out_scale``): (codes, values)
-    with values = fl32(code * fl32(out_scale)) in float32, what the codes stand for; the one C
-    pass of the fast form writes both.
+    ``with_values`` (INT8/UINT8/INT16 codes, one ``out_scale``): (codes, values) with values
+    = fl32((code - out_zero_point) * fl32(out_scale)) in float32, what the codes stand for;
+    the one C passes (``requant_native``) write both.
     """
-    s = _value_scale(out_scale, out_dtype, out_zero_point) if with_values else None
+    s = _value_scale(out_scale, out_dtype) if with_values else None
     k = constants
     if k is None:
         k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
@@ -306,19 +306,19 @@ def finish_gemm(
             sum_bound,
             reuse_acc,
             out_zero_point,
+            s,
         )
     if s is None or isinstance(out, tuple):
         return out
-    return out, out.to(torch.float32).mul_(s)  # emit's product (fixed_common.emit)
+    if out_zero_point:  # emit's product (fixed_common.emit)
+        return out, dequantize(out, s, zero_point=out_zero_point)
+    return out, out.to(torch.float32).mul_(s)
 
 
-def _value_scale(out_scale, out_dtype: DType, zero_point: int) -> Tensor:
+def _value_scale(out_scale, out_dtype: DType) -> Tensor:
     """``finish_gemm(with_values=True)``'s float32 scale (0-d), after checking it applies."""
-    if out_dtype not in (DType.INT8, DType.UINT8, DType.INT16) or zero_point:
-        raise ValueError(
-            "with_values takes INT8, UINT8 or INT16 codes with zero point 0, got "
-            f"{out_dtype.name} with zero point {zero_point}"
-        )
+    if out_dtype not in (DType.INT8, DType.UINT8, DType.INT16):
+        raise ValueError(f"with_values takes INT8, UINT8 or INT16 codes, got {out_dtype.name}")
     s = torch.as_tensor(out_scale, dtype=torch.float32)
     if s.numel() != 1:
         raise ValueError(f"with_values takes one out_scale, got {s.numel()}")
@@ -339,8 +339,10 @@ def _finish_codes(
     sum_bound,
     reuse_acc,
     out_zero_point,
+    value_scale,
 ) -> Tensor:
-    """``finish_gemm`` outside its fast form: FLOAT_RESCALE in float32, or the general form."""
+    """``finish_gemm`` outside its fast form: FLOAT_RESCALE in float32 (with ``value_scale``,
+    (codes, values) where its C pass ran), or the general form's codes."""
     if k.rescale32 and stats is None:
         codes = _finish_rescale32(
             acc,
@@ -352,6 +354,7 @@ def _finish_codes(
             sum_bound,
             reuse_acc,
             out_zero_point,
+            value_scale,
         )
         if codes is not None:
             return codes
@@ -450,7 +453,7 @@ def _finish_fast(
 
 
 def _finish_native(acc, k, wide: bool, channel_axis: int, lo, hi, out_dtype: DType, value_scale):
-    """The fast form in one C pass (``shift_native``; with ``value_scale``, (codes, values)),
+    """The fast form in one C pass (``requant_native``; with ``value_scale``, (codes, values)),
     or None where it does not apply. Its int64 sum is exact: |acc| + max|bias| < 2**31 with
     the bias in the offset, or (``wide``) |acc| <= 2**31 after the accumulator contract with
     the offset 2**(n-1); q < 2**31."""
@@ -458,14 +461,14 @@ def _finish_native(acc, k, wide: bool, channel_axis: int, lo, hi, out_dtype: DTy
     key = ("shift", wide, acc.shape[ax])
     if key not in k.shaped:
         off = k.offset if wide else k.offset_with_bias
-        k.shaped[key] = shift_native.channel_constants(
+        k.shaped[key] = requant_native.channel_constants(
             k.params.multiplier, off, k.shift, acc.shape[ax]
         )
     constants = k.shaped[key]
     if constants is None:
         return None
     s = None if value_scale is None else float(value_scale)  # a float32: exact as C's float
-    return shift_native.requantize_shift(acc, constants, ax, lo, hi, out_dtype.torch_dtype, s)
+    return requant_native.requantize_shift(acc, constants, ax, lo, hi, out_dtype.torch_dtype, s)
 
 
 def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
@@ -502,11 +505,21 @@ def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple:
 
 
 def _finish_rescale32(
-    acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, zero_point
+    acc,
+    k,
+    out_dtype,
+    contract,
+    channel_axis,
+    clamp_codes,
+    sum_bound,
+    reuse_acc,
+    zero_point,
+    value_scale=None,
 ):
-    """FLOAT_RESCALE requantization in float32 passes (``rescale32``), or None when the
-    bounds it relies on fail (then the general form runs). The fused ``clamp_codes`` joins
-    the saturation bounds as in ``_finish_fast``."""
+    """FLOAT_RESCALE requantization in float32 (``rescale32``): one C pass for HALF_EVEN
+    (``requant_native``; with ``value_scale``, (codes, values)), else float32 torch passes;
+    None when the bounds it relies on fail (then the general form runs). The fused
+    ``clamp_codes`` joins the saturation bounds as in ``_finish_fast``."""
     lo, hi = out_dtype.qmin, out_dtype.qmax
     if clamp_codes is not None:
         lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
@@ -515,6 +528,19 @@ def _finish_rescale32(
     if bound is None:
         return None
     ax = channel_axis % acc.dim() if acc.dim() else 0
+    if contract.requant_round is Round.HALF_EVEN and acc.dim():
+        key = ("rescale_native", ax, acc.shape[ax])
+        if key not in k.shaped:
+            k.shaped[key] = requant_native.rescale_constants(
+                k.params.real.to(torch.float32), k.bias_f32, acc.shape[ax]
+            )
+        if k.shaped[key] is not None:
+            s = None if value_scale is None else float(value_scale)  # a float32: exact in C
+            done = requant_native.requantize_rescale(
+                acc, k.shaped[key], ax, lo, hi, int(zero_point), out_dtype.torch_dtype, s
+            )
+            if done is not None:
+                return done
     m, b = _rescale32_constants(k, acc, ax)
     return rescale32.rescale_codes(
         acc, m, b, out_dtype, contract.requant_round, lo, hi, int(zero_point), reuse_acc

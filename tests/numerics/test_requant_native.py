@@ -1,4 +1,4 @@
-"""The one-pass C requantization (``gemm.shift_native``) against the int64 torch form and the
+"""The one-pass C requantization (``gemm.requant_native``) against the int64 torch form and the
 numpy reference, bit for bit, on random and adversarial sums; and ``finish_gemm`` taking it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from bits import assert_bits_equal, edge_values
 from quantlab.numerics import native
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import GemmContract, GemmStats, finish_gemm
-from quantlab.numerics.gemm import shift_native as SN
+from quantlab.numerics.gemm import GemmContract, GemmStats, finish_gemm, rescale32
+from quantlab.numerics.gemm import requant_native as SN
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round, half_up_offset
 
@@ -20,6 +20,7 @@ CC = native.compiler()
 needs_cc = pytest.mark.skipif(CC is None, reason="the native requantization needs a C compiler")
 J6 = GemmContract()  # MUL_SHIFT, HALF_UP, int32 saturating accumulator
 OUTS = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-32768, 32767)}
+_DT = {torch.int8: DType.INT8, torch.uint8: DType.UINT8, torch.int16: DType.INT16}
 
 
 @pytest.fixture(params=["as loaded", "baseline"])
@@ -179,3 +180,102 @@ def test_finish_gemm_takes_the_one_pass_with_the_general_forms_bits(out, build, 
             assert calls == [True]  # the C pass ran
             rows = expect if sums is not small else expect[300:600]
             assert_bits_equal(got.to(torch.int64), rows, inputs={"acc": sums})
+
+
+def _numpy_rescale(acc, m, b, axis, lo, hi, zp):
+    """clamp(round_half_even(fl32(fl32(acc + b) * m)) + zp, lo, hi) in numpy float32."""
+    shape = [1] * acc.dim()
+    shape[axis] = -1
+    a = acc.numpy().astype(np.float32)  # exact: |acc| <= 2**24
+    t = (a + b.numpy().reshape(shape)) * m.numpy().reshape(shape)
+    return torch.from_numpy(np.clip(np.rint(t).astype(np.int64) + zp, lo, hi))
+
+
+@needs_cc
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("layout", ["per channel, axis 1", "per channel, last axis", "per tensor"])
+def test_float_rescale_pass_matches_the_float32_passes_and_numpy(seed, layout, build):
+    """ONNX Runtime's float32 requantization in one pass: the codes of ``rescale32``'s torch
+    passes and of numpy float32, on random sums up to 2**24, the extremes, and ties (M a power
+    of two with sums that land on a half), with zero points, fused clamps and values."""
+    g = torch.Generator().manual_seed(40 + seed)
+    channels = 1 if layout == "per tensor" else 8
+    shape = (60, channels) if layout == "per channel, last axis" else (3, channels, 5, 9)
+    m = (torch.rand(channels, generator=g) * 0.02 + 1e-4).to(torch.float32)
+    b = torch.randint(-(1 << 16), 1 << 16, (channels,), generator=g).to(torch.float32)
+    ties_m = torch.tensor([0.5, 0.25, 2.0**-10, 1.0])
+    m[: min(4, channels)] = ties_m[: min(4, channels)]  # halves: round half to even decides
+    b[: min(2, channels)] = torch.tensor([0.0, 3.0])[: min(2, channels)]
+    limit = 1 << 24
+    acc = torch.randint(-limit, limit + 1, shape, generator=g)
+    flat = acc.view(-1)
+    flat[:64] = torch.cat([edge_values(DType.INT16), torch.tensor([limit, -limit])])[:64]
+    near = torch.arange(-300, 300)  # small sums: every tie of M = 1/2 and 1/4
+    flat[64 : 64 + near.numel()] = near[: max(0, min(near.numel(), flat.numel() - 64))]
+    constants = SN.rescale_constants(m, b, channels)
+    assert constants is not None
+    for dtype, (lo0, hi0) in OUTS.items():
+        zp = {torch.uint8: 128, torch.int8: -3, torch.int16: 0}[dtype]
+        for lo, hi in ((lo0, hi0), (zp, hi0), (max(lo0, zp - 40), min(hi0, zp + 90))):
+            want = _numpy_rescale(acc, m, b, 1, lo, hi, zp)
+            along = [1] * acc.dim()
+            along[1] = -1
+            passes = rescale32.rescale_codes(
+                acc, m.reshape(along), b.reshape(along), _DT[dtype], Round.HALF_EVEN, lo, hi, zp,
+                False,
+            )  # fmt: skip
+            assert_bits_equal(passes.to(torch.int64), want, inputs={"acc": acc})
+            for a in (acc.to(torch.int32), acc, acc.to(torch.float32), acc.to(torch.float64)):
+                got = SN.requantize_rescale(a, constants, 1, lo, hi, zp, dtype)
+                assert got is not None and got.dtype == dtype
+                assert_bits_equal(got.to(torch.int64), want, inputs={"acc": acc})
+                codes, values = SN.requantize_rescale(a, constants, 1, lo, hi, zp, dtype, 0.0371)
+                assert_bits_equal(codes, got)
+                s = torch.tensor(0.0371, dtype=torch.float32)
+                assert_bits_equal(values, (got.to(torch.float32) - zp) * s)
+    assert SN.rescale_constants(m, b[:3], channels) is None or channels == 1
+    assert SN.rescale_constants(m.double(), None, channels) is None
+
+
+@needs_cc
+def test_finish_gemm_float_rescale_takes_the_one_pass(monkeypatch, build):
+    """FLOAT_RESCALE with HALF_EVEN (the onnxruntime profile) runs as the one C pass, with the
+    general form's codes (``stats=``), zero points and fused clamps included."""
+    calls = []
+    real = SN.requantize_rescale
+    monkeypatch.setattr(
+        SN, "requantize_rescale", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    ort = GemmContract(requant=Requant.FLOAT_RESCALE, requant_round=Round.HALF_EVEN)
+    g = torch.Generator().manual_seed(12)
+    channels = 6
+    xs, ws, bias, so = _j6_case(g, channels)
+    acc = torch.randint(-(1 << 24), 1 << 24, (2, channels, 11, 13), generator=g)
+    for zp, out in ((128, DType.UINT8), (0, DType.INT8), (-7, DType.INT8)):
+        for clamp in (None, (zp, out.qmax)):
+            kw = dict(clamp_codes=clamp, out_zero_point=zp)
+            general = finish_gemm(acc, xs, ws, bias, so, out, ort, 1, stats=GemmStats(), **kw)
+            calls.clear()
+            got = finish_gemm(acc, xs, ws, bias, so, out, ort, 1, sum_bound=1 << 24, **kw)
+            assert calls
+            assert_bits_equal(got, general, inputs={"acc": acc})
+
+
+@needs_cc
+def test_float_rescale_pass_on_every_sum_of_a_range(build):
+    """Every sum in [-2**15, 2**15) on every channel, with multipliers that map the range
+    across the int8 codes: thousands of products land within a float32 step of a half, where
+    any other order of the two roundings (say acc * m + b * m) shows."""
+    g = torch.Generator().manual_seed(77)
+    channels = 6
+    m = torch.tensor([0.0037, 0.00391, 0.0021, 0.0111, 0.00777, 0.0049])
+    b = torch.randint(-300, 300, (channels,), generator=g).to(torch.float32)
+    acc = torch.arange(-(1 << 15), 1 << 15).repeat(channels, 1).t().contiguous()
+    constants = SN.rescale_constants(m, b, channels)
+    for zp in (0, 5):
+        want = _numpy_rescale(acc, m, b, 1, -128, 127, zp)
+        got = SN.requantize_rescale(acc.to(torch.int32), constants, 1, -128, 127, zp, torch.int8)
+        assert_bits_equal(got.to(torch.int64), want, inputs={"acc": acc})
+        accs = acc.t().contiguous()  # channels first: the per-row loop
+        got = SN.requantize_rescale(accs, constants, 0, -128, 127, zp, torch.int8)
+        assert_bits_equal(got.to(torch.int64).t(), want)

@@ -1,21 +1,29 @@
-"""The fast form's requantization ``clamp(floor((acc * q + offset) / 2**n), lo, hi)`` in one C
-pass over the exact sums (``finish.finish_gemm``; gemmlowp's and the J6's multiply-and-shift).
+"""The fast forms of requantization in one C pass over the exact GEMM sums
+(``finish.finish_gemm``): each reads the sums (int32, int64, or float32/float64 holding exact
+integers) and writes the output codes (int8, uint8 or int16) and, when asked, their float32
+values ``fl32((code - zero_point) * scale)`` (``fixed_common.emit``'s product) in the same pass.
 
-``requantize_shift`` reads the sums (int32, int64, or float32/float64 holding exact integers)
-and writes the output codes (int8, uint8 or int16), and, when asked, their float32 values
-``fl32(code * scale)`` (``fixed_common.emit``'s product) in the same pass. Per channel, ``q``
-(0 <= q < 2**31), ``n`` (1 <= n <= 62) and ``offset`` (int64) apply along the channel axis.
-
-Integer semantics, stated once: the product and the sum are int64 and exact because the caller
-guarantees ``|acc * q + offset| < 2**63`` (``finish_gemm`` has |acc| + |bias| < 2**31, or |acc|
-<= 2**31 after the accumulator contract, with q < 2**31 and |offset| <= |bias| * q + 2**61);
-the floor division by ``2**n`` is ``((v + 2**63) >> n) - 2**(63 - n)`` on the unsigned
+``requantize_shift``: the multiply-and-shift form (gemmlowp's, the J6's)
+``clamp(floor((acc * q + offset) / 2**n), lo, hi)``, per channel ``q`` (0 <= q < 2**31), ``n``
+(1 <= n <= 62) and ``offset`` (int64). The product and the sum are int64 and exact because the
+caller guarantees ``|acc * q + offset| < 2**63`` (``finish_gemm`` has |acc| + |bias| < 2**31,
+or |acc| <= 2**31 after the accumulator contract, with q < 2**31 and |offset| <= |bias| * q +
+2**61); the floor division by ``2**n`` is ``((v + 2**63) >> n) - 2**(63 - n)`` on the unsigned
 representation (C's shift of a negative signed value is implementation-defined; this one is
-not); a float sum converts to int64 exactly, being an integer below 2**31 in magnitude. The
-clamp is to integer bounds with lo <= hi, then the code is stored in its dtype. The loops are
-compiled for x86-64-v4 (AVX-512 with DQ, by GCC) or AVX-512F, and for the baseline, on x86-64 and
-chosen at load; tests check the loaded build and the baseline
-against the int64 torch form and the numpy reference on random and adversarial sums.
+not); a float sum converts exactly through int32, being an integer below 2**31 in magnitude.
+
+``requantize_rescale``: the float32 form (ONNX Runtime's QLinearConv, ``rescale32``)
+``clamp(round_half_even(fl32(fl32(acc + b) * m)) + z, lo, hi)``, per channel float32 ``m`` and
+``b``. The caller guarantees |acc| <= 2**24 (or a float32 acc) and float32 bias codes
+(``rescale32.exact_bound``), so ``fl32(acc)`` is exact and ``+ b`` and ``* m`` are the same two
+IEEE float32 operations (no contraction, no fast-math: ``native``); the clamp to the integer
+bounds ``[lo - z, hi - z]`` comes before the rounding (monotone: the same code) and the
+rounding adds and subtracts 1.5 * 2**23.
+
+Both clamp to integer bounds with lo <= hi before storing the code. The loops are compiled for
+x86-64-v4 (AVX-512 with DQ, by GCC) or AVX-512F, and for the baseline, on x86-64 and chosen at
+load; tests check the loaded build and the baseline against the torch forms and the numpy
+reference on random and adversarial sums.
 """
 
 from __future__ import annotations
@@ -113,6 +121,53 @@ void ql_requant_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t c
 }
 """
 
+_RESCALE = r"""
+/* one row of a channel: its b and m fixed; r = code - z in float */
+CLONES_V4 static void rrows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, float b,
+                                   float m, float lo, float hi, int32_t z, float s) {
+  #pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    const float r = round_clamped(((float)a[j] + b) * m, lo, hi);
+    c[j] = (COUT)((int32_t)r + z);
+    if (y) y[j] = r * s;
+  }
+}
+
+CLONES_V4 static void rcols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, const float *b,
+                                   const float *m, float lo, float hi, int32_t z, float s) {
+  #pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    const float r = round_clamped(((float)a[j] + b[j]) * m[j], lo, hi);
+    c[j] = (COUT)((int32_t)r + z);
+    if (y) y[j] = r * s;
+  }
+}
+
+void ql_rescale_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t chans,
+                       int64_t inner, const float *b, const float *m, float lo, float hi,
+                       int32_t z, float s, int threads) {
+  if (inner == 1 && chans > 1) {
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      const int64_t at = o * chans;
+      rcols_IN_OUT(a + at, c + at, y ? y + at : 0, chans, b, m, lo, hi, z, s);
+    }
+    return;
+  }
+  const int64_t per_row = (inner + BLOCK - 1) / BLOCK;
+  const int64_t tasks = outer * chans * per_row;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t row = t / per_row, part = t % per_row;
+    const int64_t ch = chans > 1 ? row % chans : 0;
+    const int64_t start = part * BLOCK;
+    const int64_t len = inner - start < BLOCK ? inner - start : BLOCK;
+    const int64_t at = row * inner + start;
+    rrows_IN_OUT(a + at, c + at, y ? y + at : 0, len, b[ch], m[ch], lo, hi, z, s);
+  }
+}
+"""
+
 
 def _source() -> str:
     parts = [native.PRELUDE, _CLONES_V4, f"#define BLOCK {BLOCK}\n"]
@@ -121,9 +176,9 @@ def _source() -> str:
             # a float sum converts through int32 (it is an integer below 2**31 in magnitude):
             # AVX-512F converts float to int32 in vector lanes, to int64 only with AVX-512DQ
             widen = "(int32_t)" if i.startswith("f") else ""
-            body = _TEMPLATE.replace("IN_OUT", f"{i}_{o}").replace("CIN", cin)
-            body = body.replace("WIDEN", widen)
-            parts.append(body.replace("COUT", cout))
+            for template in (_TEMPLATE, _RESCALE):
+                body = template.replace("IN_OUT", f"{i}_{o}").replace("CIN", cin)
+                parts.append(body.replace("WIDEN", widen).replace("COUT", cout))
     return "".join(parts)
 
 
@@ -132,15 +187,18 @@ SOURCE = _source()
 
 def configure(lib: ctypes.CDLL) -> None:
     """Set the argument types of the kernels in ``lib``."""
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    p, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     for i in _C_IN:
         for o in _C_OUT:
             f = getattr(lib, f"ql_requant_{i}_{o}")
-            f.argtypes = [p, p, p, i64, i64, i64, p, p, p, i64, i64, ctypes.c_float, ctypes.c_int]
+            f.argtypes = [p, p, p, i64, i64, i64, p, p, p, i64, i64, f32, i32]
+            f.restype = None
+            f = getattr(lib, f"ql_rescale_{i}_{o}")
+            f.argtypes = [p, p, p, i64, i64, i64, p, p, f32, f32, i32, f32, i32]
             f.restype = None
 
 
-KERNELS = native.Kernels("requant_shift", SOURCE, configure, "requantization")
+KERNELS = native.Kernels("requant", SOURCE, configure, "requantization")
 
 
 def channel_constants(q: Tensor, offset: Tensor, n: Tensor, channels: int) -> tuple | None:
@@ -171,43 +229,70 @@ def requantize_shift(
     values). None where the pass does not apply (no kernel, acc not a contiguous CPU tensor of
     a supported dtype, an unsupported output dtype). The caller guarantees ``|acc * q +
     offset| < 2**63``, ``lo <= hi`` and that a float ``acc`` holds integers."""
+    q, off, n = constants
+    args = (q.data_ptr(), off.data_ptr(), n.data_ptr(), lo, hi)
+    return _launch("requant", acc, q.numel(), axis, out_dtype, value_scale, args)
+
+
+def rescale_constants(m: Tensor, b: Tensor | None, channels: int) -> tuple | None:
+    """(m, b) as contiguous float32 arrays of ``channels`` values (1 when both are per
+    tensor; b zeros when None), or None for a length other than 1 or ``channels``."""
+    b = torch.zeros((), dtype=torch.float32) if b is None else b
+    sizes = {m.numel(), b.numel()}
+    if not sizes <= {1, channels} or m.dtype != torch.float32 or b.dtype != torch.float32:
+        return None
+    length = max(sizes)
+    return tuple(t.reshape(-1).expand(length).contiguous() for t in (m, b))
+
+
+def requantize_rescale(
+    acc: Tensor,
+    constants: tuple,
+    axis: int,
+    lo: int,
+    hi: int,
+    zero_point: int,
+    out_dtype: torch.dtype,
+    value_scale: float | None = None,
+) -> Tensor | tuple[Tensor, Tensor] | None:
+    """Codes ``clamp(round_half_even(fl32(fl32(acc + b) * m)) + zero_point, lo, hi)`` in
+    ``out_dtype`` (module docstring), with ``constants`` from ``rescale_constants`` along
+    ``axis``; with ``value_scale`` also their float32 values ``fl32((code - zero_point) *
+    value_scale)``, as (codes, values). None where the pass does not apply (as
+    ``requantize_shift``). The caller guarantees |acc| <= 2**24 or a float32 ``acc`` of
+    integers, bias codes that are float32 values, and integer bounds with lo <= hi."""
+    m, b = constants
+    args = (b.data_ptr(), m.data_ptr(), float(lo - zero_point), float(hi - zero_point), zero_point)
+    return _launch("rescale", acc, m.numel(), axis, out_dtype, value_scale, args)
+
+
+def _launch(kernel, acc, chans, axis, out_dtype, value_scale, args):
+    """Run ``ql_<kernel>_<in>_<out>`` over ``acc`` (outer, channels, inner) with ``args``."""
     kind = _IN.get(acc.dtype), _OUT.get(out_dtype)
     if None in kind or acc.device.type != "cpu" or not acc.is_contiguous() or acc.dim() == 0:
         return None
-    q, off, n = constants
     ax = axis % acc.dim()
-    chans = q.numel()
     if chans > 1 and acc.shape[ax] != chans:
         return None
     lib = KERNELS.lib()
     if lib is None:
         return None
     shape = acc.shape
-    outer = 1
-    for d in shape[:ax]:
-        outer *= d
-    inner = 1
-    for d in shape[ax + 1 :]:
-        inner *= d
+    outer, inner = shape[:ax].numel(), shape[ax + 1 :].numel()
     if chans == 1:  # per tensor: one row of every value
         outer, inner = 1, acc.numel()
     with torch._C.DisableTorchFunction():
         codes = torch.empty(shape, dtype=out_dtype)
         values = torch.empty(shape, dtype=torch.float32) if value_scale is not None else None
-        numel = acc.numel()
-        threads = max(1, min(torch.get_num_threads(), numel >> 14))
-        getattr(lib, f"ql_requant_{kind[0]}_{kind[1]}")(
+        threads = max(1, min(torch.get_num_threads(), acc.numel() >> 14))
+        getattr(lib, f"ql_{kernel}_{kind[0]}_{kind[1]}")(
             acc.data_ptr(),
             codes.data_ptr(),
             values.data_ptr() if values is not None else None,
             outer,
             chans,
             inner,
-            q.data_ptr(),
-            off.data_ptr(),
-            n.data_ptr(),
-            lo,
-            hi,
+            *args,
             0.0 if value_scale is None else value_scale,
             threads,
         )
