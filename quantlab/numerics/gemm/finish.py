@@ -19,7 +19,10 @@ integer carry, added after the floor, and a remainder below 2**(n-1). Without a 
 also run in float64 whatever max|acc| when the output clamp [lo, hi] is narrow enough: every
 value that lands inside it is computed exactly and every other one lands outside it, so no
 bound is measured (both proofs: ``float64_form``). Otherwise they run in int64
-(shift and add). All give the bits of the general form (tests).
+(shift and add). Where a C compiler is found, the fast form runs instead as one C pass in int64
+(``requant_native``), as does FLOAT_RESCALE with HALF_EVEN in float32 (``rescale32``'s form),
+both writing the codes' float32 values too on request (``with_values``). All give the bits of
+the general form (tests).
 """
 
 from __future__ import annotations
