@@ -54,36 +54,26 @@ _CLONES_V4 = r"""
 
 _TEMPLATE = r"""
 /* one row of a channel: its q, offset and shift fixed */
-CLONES_V4 static void rows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, int64_t q,
-                               int64_t off, int n, int64_t lo, int64_t hi, float s) {
+CLONES_V4 static void requant_rows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
+                                          int64_t q, int64_t off, int n, int64_t lo, int64_t hi,
+                                          float s) {
   const uint64_t sign = (uint64_t)1 << 63;
   const int64_t back = (int64_t)1 << (63 - n);
-  if (y) {
-    #pragma omp simd
-    for (int64_t j = 0; j < len; ++j) {
-      int64_t v = (int64_t)WIDEN(a[j]) * q + off;
-      int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n) - back;
-      r = r < lo ? lo : r;
-      r = r > hi ? hi : r;
-      c[j] = (COUT)r;
-      y[j] = (float)r * s;
-    }
-  } else {
-    #pragma omp simd
-    for (int64_t j = 0; j < len; ++j) {
-      int64_t v = (int64_t)WIDEN(a[j]) * q + off;
-      int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n) - back;
-      r = r < lo ? lo : r;
-      r = r > hi ? hi : r;
-      c[j] = (COUT)r;
-    }
+  #pragma omp simd
+  for (int64_t j = 0; j < len; ++j) {
+    int64_t v = (int64_t)WIDEN(a[j]) * q + off;
+    int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n) - back;
+    r = r < lo ? lo : r;
+    r = r > hi ? hi : r;
+    c[j] = (COUT)r;
+    if (y) y[j] = (float)r * s;
   }
 }
 
 /* one outer index of a tensor whose last axis is the channel axis: q, offset, shift per value */
-CLONES_V4 static void cols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, const int64_t *q,
-                               const int64_t *off, const int64_t *n, int64_t lo, int64_t hi,
-                               float s) {
+CLONES_V4 static void requant_cols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
+                                          const int64_t *q, const int64_t *off, const int64_t *n,
+                                          int64_t lo, int64_t hi, float s) {
   const uint64_t sign = (uint64_t)1 << 63;
   #pragma omp simd
   for (int64_t j = 0; j < len; ++j) {
@@ -95,36 +85,13 @@ CLONES_V4 static void cols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, 
     if (y) y[j] = (float)r * s;
   }
 }
-
-void ql_requant_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t chans,
-                       int64_t inner, const int64_t *q, const int64_t *off, const int64_t *n,
-                       int64_t lo, int64_t hi, float s, int threads) {
-  if (inner == 1 && chans > 1) {
-    #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t o = 0; o < outer; ++o) {
-      const int64_t at = o * chans;
-      cols_IN_OUT(a + at, c + at, y ? y + at : 0, chans, q, off, n, lo, hi, s);
-    }
-    return;
-  }
-  const int64_t per_row = (inner + BLOCK - 1) / BLOCK;
-  const int64_t tasks = outer * chans * per_row;
-  #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t row = t / per_row, part = t % per_row;
-    const int64_t ch = chans > 1 ? row % chans : 0;
-    const int64_t start = part * BLOCK;
-    const int64_t len = inner - start < BLOCK ? inner - start : BLOCK;
-    const int64_t at = row * inner + start;
-    rows_IN_OUT(a + at, c + at, y ? y + at : 0, len, q[ch], off[ch], (int)n[ch], lo, hi, s);
-  }
-}
 """
 
 _RESCALE = r"""
 /* one row of a channel: its b and m fixed; r = code - z in float */
-CLONES_V4 static void rrows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, float b,
-                                   float m, float lo, float hi, int32_t z, float s) {
+CLONES_V4 static void rescale_rows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
+                                          float b, float m, float lo, float hi, int32_t z,
+                                          float s) {
   #pragma omp simd
   for (int64_t j = 0; j < len; ++j) {
     const float r = round_clamped(((float)a[j] + b) * m, lo, hi);
@@ -133,8 +100,9 @@ CLONES_V4 static void rrows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
   }
 }
 
-CLONES_V4 static void rcols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len, const float *b,
-                                   const float *m, float lo, float hi, int32_t z, float s) {
+CLONES_V4 static void rescale_cols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
+                                          const float *b, const float *m, float lo, float hi,
+                                          int32_t z, float s) {
   #pragma omp simd
   for (int64_t j = 0; j < len; ++j) {
     const float r = round_clamped(((float)a[j] + b[j]) * m[j], lo, hi);
@@ -142,15 +110,18 @@ CLONES_V4 static void rcols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
     if (y) y[j] = r * s;
   }
 }
+"""
 
-void ql_rescale_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t chans,
-                       int64_t inner, const float *b, const float *m, float lo, float hi,
-                       int32_t z, float s, int threads) {
+# the entry point of each kernel: a tensor whose channel axis is last (inner 1) runs a row of
+# channels per outer index; any other runs rows of one channel in blocks of BLOCK values
+_DRIVER = r"""
+void ql_KIND_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t chans,
+                    int64_t inner, PARAMS, float s, int threads) {
   if (inner == 1 && chans > 1) {
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t o = 0; o < outer; ++o) {
       const int64_t at = o * chans;
-      rcols_IN_OUT(a + at, c + at, y ? y + at : 0, chans, b, m, lo, hi, z, s);
+      KIND_cols_IN_OUT(a + at, c + at, y ? y + at : 0, chans, COL_ARGS, s);
     }
     return;
   }
@@ -163,10 +134,26 @@ void ql_rescale_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t c
     const int64_t start = part * BLOCK;
     const int64_t len = inner - start < BLOCK ? inner - start : BLOCK;
     const int64_t at = row * inner + start;
-    rrows_IN_OUT(a + at, c + at, y ? y + at : 0, len, b[ch], m[ch], lo, hi, z, s);
+    KIND_rows_IN_OUT(a + at, c + at, y ? y + at : 0, len, ROW_ARGS, s);
   }
 }
 """
+
+# kernel -> (its rows and cols loops, the driver's parameters, its cols and rows arguments)
+_KERNELS = {
+    "requant": (
+        _TEMPLATE,
+        "const int64_t *q, const int64_t *off, const int64_t *n, int64_t lo, int64_t hi",
+        "q, off, n, lo, hi",
+        "q[ch], off[ch], (int)n[ch], lo, hi",
+    ),
+    "rescale": (
+        _RESCALE,
+        "const float *b, const float *m, float lo, float hi, int32_t z",
+        "b, m, lo, hi, z",
+        "b[ch], m[ch], lo, hi, z",
+    ),
+}
 
 
 def _source() -> str:
@@ -176,9 +163,12 @@ def _source() -> str:
             # a float sum converts through int32 (it is an integer below 2**31 in magnitude):
             # AVX-512F converts float to int32 in vector lanes, to int64 only with AVX-512DQ
             widen = "(int32_t)" if i.startswith("f") else ""
-            for template in (_TEMPLATE, _RESCALE):
-                body = template.replace("IN_OUT", f"{i}_{o}").replace("CIN", cin)
-                parts.append(body.replace("WIDEN", widen).replace("COUT", cout))
+            for kind, (loops, params, col_args, row_args) in _KERNELS.items():
+                body = loops + _DRIVER.replace("PARAMS", params)
+                body = body.replace("COL_ARGS", col_args).replace("ROW_ARGS", row_args)
+                body = body.replace("KIND", kind).replace("IN_OUT", f"{i}_{o}")
+                body = body.replace("CIN", cin).replace("COUT", cout)
+                parts.append(body.replace("WIDEN", widen))
     return "".join(parts)
 
 
