@@ -12,7 +12,7 @@ from quantlab.numerics import native
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import GemmContract, GemmStats, finish_gemm, rescale32
-from quantlab.numerics.gemm import requant_native as SN
+from quantlab.numerics.gemm import requant_native as RN
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round, half_up_offset
 
@@ -28,9 +28,9 @@ def build(request, monkeypatch):
     """The build the CPU loads, or the baseline build (no CPU-specific clones)."""
     if request.param == "baseline":
         kernels = native.Kernels(
-            "requant_shift_baseline", "#define QL_NO_CLONES\n" + SN.SOURCE, SN.configure, "test"
+            "requant_baseline", "#define QL_NO_CLONES\n" + RN.SOURCE, RN.configure, "test"
         )
-        monkeypatch.setattr(SN, "KERNELS", kernels)
+        monkeypatch.setattr(RN, "KERNELS", kernels)
     return request.param
 
 
@@ -95,25 +95,25 @@ def test_one_pass_matches_the_int64_form_and_the_reference(seed, layout, build):
     limit = (1 << 31) - 1 - bias_max  # |acc| + |b| < 2**31: the fast form's domain
     q, off, n = _constants(g, channels, bias_max)
     acc = _sums(g, shape, axis, q, off, n, limit)
-    constants = SN.channel_constants(q, off, n, channels)
+    constants = RN.channel_constants(q, off, n, channels)
     assert constants is not None
     for dtype, (lo0, hi0) in OUTS.items():
         for lo, hi in ((lo0, hi0), (0, min(hi0, 6)), (3, 3), (max(lo0, -5), 40)):
             want = _int64_form(acc, q, off, n, axis, lo, hi)
             for a in (acc.to(torch.int32), acc, acc.to(torch.float64)):
-                got = SN.requantize_shift(a, constants, axis, lo, hi, dtype)
+                got = RN.requantize_shift(a, constants, axis, lo, hi, dtype)
                 assert got is not None and got.dtype == dtype
                 assert_bits_equal(got.to(torch.int64), want, inputs={"acc": acc})
-                codes, values = SN.requantize_shift(a, constants, axis, lo, hi, dtype, 0.0371)
+                codes, values = RN.requantize_shift(a, constants, axis, lo, hi, dtype, 0.0371)
                 assert_bits_equal(codes, got)
                 s = torch.tensor(0.0371, dtype=torch.float32)
                 assert_bits_equal(values, got.to(torch.float32) * s)
             small = acc.clamp(-(1 << 24), 1 << 24)  # float32 sums hold integers to 2**24
-            got = SN.requantize_shift(small.to(torch.float32), constants, axis, lo, hi, dtype)
+            got = RN.requantize_shift(small.to(torch.float32), constants, axis, lo, hi, dtype)
             assert_bits_equal(got.to(torch.int64), _int64_form(small, q, off, n, axis, lo, hi))
     # the numpy reference's requantization (HALF_UP, multiplier and shift as encoded)
     some = acc.to(torch.int64)[:2] if axis == 1 and acc.dim() == 4 else acc.to(torch.int64)
-    got = SN.requantize_shift(some.contiguous(), constants, axis, -128, 127, torch.int8)
+    got = RN.requantize_shift(some.contiguous(), constants, axis, -128, 127, torch.int8)
     for c in range(channels):
         qc, oc, nc = (int(t[c if t.numel() > 1 else 0]) for t in (q, off, n))
         a = some.select(axis, c).numpy().astype(object)  # Python integers: exact
@@ -124,16 +124,16 @@ def test_one_pass_matches_the_int64_form_and_the_reference(seed, layout, build):
 @needs_cc
 def test_what_the_pass_does_not_take():
     q, off, n = torch.tensor([5, 6]), torch.tensor([1, 2]), torch.tensor([1, 1])
-    k = SN.channel_constants(q, off, n, 2)
+    k = RN.channel_constants(q, off, n, 2)
     acc = torch.zeros(4, 2, dtype=torch.int32)
-    assert SN.requantize_shift(acc.t(), k, 0, -128, 127, torch.int8) is None  # not contiguous
-    assert SN.requantize_shift(acc.to(torch.int16), k, 1, -128, 127, torch.int8) is None
-    assert SN.requantize_shift(acc, k, 1, -128, 127, torch.int32) is None
-    assert SN.requantize_shift(torch.zeros(4, 3, dtype=torch.int32), k, 1, 0, 1, torch.int8) is None
-    assert SN.channel_constants(q, off, n, 3) is None  # two channels' constants, three channels
-    assert SN.channel_constants(torch.tensor(1 << 31), off[:1], n[:1], 1) is None
-    assert SN.channel_constants(q[:1], off[:1], torch.tensor(63), 1) is None
-    assert SN.channel_constants(q[:1], off[:1], torch.tensor(0), 1) is None
+    assert RN.requantize_shift(acc.t(), k, 0, -128, 127, torch.int8) is None  # not contiguous
+    assert RN.requantize_shift(acc.to(torch.int16), k, 1, -128, 127, torch.int8) is None
+    assert RN.requantize_shift(acc, k, 1, -128, 127, torch.int32) is None
+    assert RN.requantize_shift(torch.zeros(4, 3, dtype=torch.int32), k, 1, 0, 1, torch.int8) is None
+    assert RN.channel_constants(q, off, n, 3) is None  # two channels' constants, three channels
+    assert RN.channel_constants(torch.tensor(1 << 31), off[:1], n[:1], 1) is None
+    assert RN.channel_constants(q[:1], off[:1], torch.tensor(63), 1) is None
+    assert RN.channel_constants(q[:1], off[:1], torch.tensor(0), 1) is None
 
 
 def _j6_case(g, channels):
@@ -150,14 +150,14 @@ def test_finish_gemm_takes_the_one_pass_with_the_general_forms_bits(out, build, 
     accumulator contract when the stated bound allows int32 overflow), with the bits of the
     general form (``stats=``) and of the numpy reference, fused clamps included."""
     calls = []
-    real = SN.requantize_shift
+    real = RN.requantize_shift
 
     def spy(*a, **kw):
         got = real(*a, **kw)
         calls.append(got is not None)
         return got
 
-    monkeypatch.setattr(SN, "requantize_shift", spy)
+    monkeypatch.setattr(RN, "requantize_shift", spy)
     g = torch.Generator().manual_seed(5)
     channels = 6
     xs, ws, bias, so = _j6_case(g, channels)
@@ -212,7 +212,7 @@ def test_float_rescale_pass_matches_the_float32_passes_and_numpy(seed, layout, b
     flat[:64] = torch.cat([edge_values(DType.INT16), torch.tensor([limit, -limit])])[:64]
     near = torch.arange(-300, 300)  # small sums: every tie of M = 1/2 and 1/4
     flat[64 : 64 + near.numel()] = near[: max(0, min(near.numel(), flat.numel() - 64))]
-    constants = SN.rescale_constants(m, b, channels)
+    constants = RN.rescale_constants(m, b, channels)
     assert constants is not None
     for dtype, (lo0, hi0) in OUTS.items():
         zp = {torch.uint8: 128, torch.int8: -3, torch.int16: 0}[dtype]
@@ -226,15 +226,15 @@ def test_float_rescale_pass_matches_the_float32_passes_and_numpy(seed, layout, b
             )  # fmt: skip
             assert_bits_equal(passes.to(torch.int64), want, inputs={"acc": acc})
             for a in (acc.to(torch.int32), acc, acc.to(torch.float32), acc.to(torch.float64)):
-                got = SN.requantize_rescale(a, constants, 1, lo, hi, zp, dtype)
+                got = RN.requantize_rescale(a, constants, 1, lo, hi, zp, dtype)
                 assert got is not None and got.dtype == dtype
                 assert_bits_equal(got.to(torch.int64), want, inputs={"acc": acc})
-                codes, values = SN.requantize_rescale(a, constants, 1, lo, hi, zp, dtype, 0.0371)
+                codes, values = RN.requantize_rescale(a, constants, 1, lo, hi, zp, dtype, 0.0371)
                 assert_bits_equal(codes, got)
                 s = torch.tensor(0.0371, dtype=torch.float32)
                 assert_bits_equal(values, (got.to(torch.float32) - zp) * s)
-    assert SN.rescale_constants(m, b[:3], channels) is None or channels == 1
-    assert SN.rescale_constants(m.double(), None, channels) is None
+    assert RN.rescale_constants(m, b[:3], channels) is None or channels == 1
+    assert RN.rescale_constants(m.double(), None, channels) is None
 
 
 @needs_cc
@@ -242,9 +242,9 @@ def test_finish_gemm_float_rescale_takes_the_one_pass(monkeypatch, build):
     """FLOAT_RESCALE with HALF_EVEN (the onnxruntime profile) runs as the one C pass, with the
     general form's codes (``stats=``), zero points and fused clamps included."""
     calls = []
-    real = SN.requantize_rescale
+    real = RN.requantize_rescale
     monkeypatch.setattr(
-        SN, "requantize_rescale", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+        RN, "requantize_rescale", lambda *a, **kw: calls.append(1) or real(*a, **kw)
     )
     ort = GemmContract(requant=Requant.FLOAT_RESCALE, requant_round=Round.HALF_EVEN)
     g = torch.Generator().manual_seed(12)
@@ -271,11 +271,11 @@ def test_float_rescale_pass_on_every_sum_of_a_range(build):
     m = torch.tensor([0.0037, 0.00391, 0.0021, 0.0111, 0.00777, 0.0049])
     b = torch.randint(-300, 300, (channels,), generator=g).to(torch.float32)
     acc = torch.arange(-(1 << 15), 1 << 15).repeat(channels, 1).t().contiguous()
-    constants = SN.rescale_constants(m, b, channels)
+    constants = RN.rescale_constants(m, b, channels)
     for zp in (0, 5):
         want = _numpy_rescale(acc, m, b, 1, -128, 127, zp)
-        got = SN.requantize_rescale(acc.to(torch.int32), constants, 1, -128, 127, zp, torch.int8)
+        got = RN.requantize_rescale(acc.to(torch.int32), constants, 1, -128, 127, zp, torch.int8)
         assert_bits_equal(got.to(torch.int64), want, inputs={"acc": acc})
         accs = acc.t().contiguous()  # channels first: the per-row loop
-        got = SN.requantize_rescale(accs, constants, 0, -128, 127, zp, torch.int8)
+        got = RN.requantize_rescale(accs, constants, 0, -128, 127, zp, torch.int8)
         assert_bits_equal(got.to(torch.int64).t(), want)
