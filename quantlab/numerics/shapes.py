@@ -19,3 +19,9 @@ def along_axis(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
     shape = [1] * like.dim()
     shape[ax] = -1
     return p.reshape(shape)
+
+
+def along_param(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
+    """``p`` as it is when 0-d (per tensor), else (per channel, any shape of as many values)
+    ``along_axis`` of its values."""
+    return p if p.dim() == 0 else along_axis(p.reshape(-1), like, axis, what)

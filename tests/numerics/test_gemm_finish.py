@@ -14,7 +14,14 @@ from bits import assert_bits_equal, edge_values
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.gemm import GemmContract, GemmPath, GemmStats, finish_gemm, int_conv2d
+from quantlab.numerics.gemm import (
+    GemmContract,
+    GemmPath,
+    GemmStats,
+    finish_gemm,
+    int_conv2d,
+    shift_form,
+)
 from quantlab.numerics.gemm import finish as finish_mod
 from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import Requant, make_requant, requantize
@@ -27,13 +34,13 @@ J6 = GemmContract()  # MUL_SHIFT, HALF_UP, int32 saturating accumulator
 def torch_passes(monkeypatch):
     """The fast form by torch passes (float64 or int64), as where no C compiler is found: the
     one C pass (``requant_native``, tested in test_requant_native.py) off."""
-    monkeypatch.setattr(finish_mod, "_finish_native", lambda *a, **kw: None)
+    monkeypatch.setattr(shift_form, "_finish_native", lambda *a, **kw: None)
 
 
 @pytest.fixture(params=["one C pass", "torch passes"])
 def fast_form(request, monkeypatch):
     if request.param == "torch passes":
-        monkeypatch.setattr(finish_mod, "_finish_native", lambda *a, **kw: None)
+        monkeypatch.setattr(shift_form, "_finish_native", lambda *a, **kw: None)
     return request.param
 
 
@@ -92,7 +99,7 @@ def _reference_finish(acc, xs, ws, bias, so, axis, clamp=None):
 def test_finish_gemm_fast_form_matches_reference_over_many_chunks(
     per_channel, seed, fast_form, monkeypatch
 ):
-    monkeypatch.setattr(finish_mod, "CHUNK_ELEMENTS", 700)  # several channel chunks
+    monkeypatch.setattr(shift_form, "CHUNK_ELEMENTS", 700)  # several channel chunks
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(-128, 128, (2, 40, 9, 9), generator=g, dtype=torch.int8)
     w = torch.randint(-128, 128, (16, 40, 3, 3), generator=g, dtype=torch.int8)
@@ -145,13 +152,13 @@ def test_finish_gemm_float64_form_is_exact_up_to_its_limit(out, scales, monkeypa
     # on rounding ties (scales 0.5 * 0.5 / 1: every acc = 2 mod 4 is a tie) and past the limit
     # (int64 passes) the codes are the general form's and the reference's
     calls = []
-    real_float64 = finish_mod._finish_float64
+    real_float64 = shift_form._finish_float64
 
     def spy(*a, **kw):
         calls.append(1)
         return real_float64(*a, **kw)
 
-    monkeypatch.setattr(finish_mod, "_finish_float64", spy)
+    monkeypatch.setattr(shift_form, "_finish_float64", spy)
     xs, ws, so = (torch.tensor(v) for v in scales)
     g = torch.Generator().manual_seed(7)
     bias = torch.tensor([0.37])
@@ -199,9 +206,9 @@ def test_finish_gemm_float64_form_with_a_carry_for_wide_bias_codes(out, per_chan
     remainder; the float64 passes then give the general form's and the reference's codes, on
     random sums, sums at the limit, and sums where the result crosses the saturation bounds."""
     calls = []
-    real_float64 = finish_mod._finish_float64
+    real_float64 = shift_form._finish_float64
     monkeypatch.setattr(
-        finish_mod, "_finish_float64", lambda *a, **k: calls.append(1) or real_float64(*a, **k)
+        shift_form, "_finish_float64", lambda *a, **k: calls.append(1) or real_float64(*a, **k)
     )
     g = torch.Generator().manual_seed(11)
     channels = 6
@@ -276,9 +283,9 @@ def test_finish_gemm_float64_form_inside_its_output_window(out, per_channel, see
     at the rounding ties next to them, with fused clamps, as int64, float32 and float64 sums,
     the codes are the general form's and the reference's."""
     calls = []
-    real_float64 = finish_mod._finish_float64
+    real_float64 = shift_form._finish_float64
     monkeypatch.setattr(
-        finish_mod, "_finish_float64", lambda *a, **kw: calls.append(1) or real_float64(*a, **kw)
+        shift_form, "_finish_float64", lambda *a, **kw: calls.append(1) or real_float64(*a, **kw)
     )
     g = torch.Generator().manual_seed(30 + seed)
     channels = 5

@@ -5,24 +5,11 @@ constants (the encoded multipliers, the int32 bias codes, the rounding offsets) 
 the scales, the bias, the contract and the output dtype; they are computed once per distinct
 value of those (a plan-time cache keyed by value, never by object identity).
 
-Fast form (MUL_SHIFT with HALF_UP, every right shift n >= 1, no statistics requested): when
-the exact sums and the bias cannot leave int32 (``sum_bound + max|bias| < 2**31``) the
-accumulator contract changes nothing and the bias joins the rounding offset,
-``(acc + b) * q + 2**(n-1) = acc * q + (b * q + 2**(n-1))`` (exact integers), so
-requantization is a few in-place passes over channel chunks of at most ``CHUNK_ELEMENTS``
-values. The passes run in float64 when every ``acc * q + offset`` is an integer below 2**53
-in magnitude (``(max|acc| + max|bias|) * max q + 2**(max n - 1) <= 2**53``, checked against
-``sum_bound`` and, if that is too loose, the measured ``max|acc|``): then ``acc * (q * 2**-n)``
-and ``offset * 2**-n`` are exact dyadic values whose sum is exact, and ``floor`` of it is
-``(acc * q + offset) >> n``. An offset wider than float64 (large bias codes) is split into an
-integer carry, added after the floor, and a remainder below 2**(n-1). Without a carry they
-also run in float64 whatever max|acc| when the output clamp [lo, hi] is narrow enough: every
-value that lands inside it is computed exactly and every other one lands outside it, so no
-bound is measured (both proofs: ``float64_form``). Otherwise they run in int64
-(shift and add). Where a C compiler is found, the fast form runs instead as one C pass in int64
-(``requant_native``), as does FLOAT_RESCALE with HALF_EVEN in float32 (``rescale32``'s form),
-both writing the codes' float32 values too on request (``with_values``). All give the bits of
-the general form (tests).
+Its forms, each giving the bits of the general one (tests): the fast form of MUL_SHIFT with
+HALF_UP (``shift_form``: one C pass, float64 or int64 passes); FLOAT_RESCALE in float32 where
+provably the same (``rescale32``; one C pass, ``requant_native``, for HALF_EVEN); and the
+general form, int64 sums through ``requantize``, which also counts what was forced (``stats``).
+Both C passes write the codes' float32 values too on request (``with_values``).
 """
 
 from __future__ import annotations
@@ -36,12 +23,8 @@ from quantlab.numerics.accumulator import accumulate
 from quantlab.numerics.contract import GemmContract
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import requant_native, rescale32
-from quantlab.numerics.gemm.float64_form import (
-    float64_codes,
-    float64_values,
-    float_form,
-    float_window,
-)
+from quantlab.numerics.gemm.float64_form import float_form, float_window
+from quantlab.numerics.gemm.shift_form import finish_shift
 from quantlab.numerics.quantize import QuantStats, dequantize
 from quantlab.numerics.requant import (
     Requant,
@@ -54,13 +37,10 @@ from quantlab.numerics.rounding import (
     Round,
     half_up_offset,
     round_float,
-    rshift_round_half_up_,
 )
 from quantlab.numerics.scales import check_scale
-from quantlab.numerics.shapes import along_axis
+from quantlab.numerics.shapes import along_param
 
-INT32_LIMIT = 1 << 31
-CHUNK_ELEMENTS = 1 << 18  # requantize this many accumulators at a time (bounds int64 memory)
 CACHE_LIMIT = 1024  # finish constants kept (one entry per distinct scales/bias/contract)
 
 
@@ -242,10 +222,6 @@ def _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract) -> _Finis
     return value
 
 
-def _along(p: Tensor, like: Tensor, axis: int, what: str) -> Tensor:
-    return p if p.dim() == 0 else along_axis(p.reshape(-1), like, axis, what)
-
-
 def finish_gemm(
     acc: Tensor,
     x_scale: Tensor | float,
@@ -286,68 +262,17 @@ def finish_gemm(
     = fl32((code - out_zero_point) * fl32(out_scale)) in float32, what the codes stand for;
     the one C passes (``requant_native``) write both.
     """
-    s = _value_scale(out_scale, out_dtype) if with_values else None
+    vs = _value_scale(out_scale, out_dtype) if with_values else None
     k = constants
     if k is None:
         k = _constants(x_scale, w_scale, bias, out_scale, out_dtype, contract)
     if k.fast and stats is None and not out_zero_point:
-        out = _finish_fast(
-            acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, s
+        out = finish_shift(
+            acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, vs
         )
-    else:
-        out = _finish_codes(
-            acc,
-            k,
-            x_scale,
-            w_scale,
-            bias,
-            out_dtype,
-            contract,
-            channel_axis,
-            stats,
-            clamp_codes,
-            sum_bound,
-            reuse_acc,
-            out_zero_point,
-            s,
-        )
-    if s is None or isinstance(out, tuple):
-        return out
-    if out_zero_point:  # emit's product (fixed_common.emit)
-        return out, dequantize(out, s, zero_point=out_zero_point)
-    return out, out.to(torch.float32).mul_(s)
-
-
-def _value_scale(out_scale, out_dtype: DType) -> Tensor:
-    """``finish_gemm(with_values=True)``'s float32 scale (0-d), after checking it applies."""
-    if out_dtype not in (DType.INT8, DType.UINT8, DType.INT16):
-        raise ValueError(f"with_values takes INT8, UINT8 or INT16 codes, got {out_dtype.name}")
-    s = torch.as_tensor(out_scale, dtype=torch.float32)
-    if s.numel() != 1:
-        raise ValueError(f"with_values takes one out_scale, got {s.numel()}")
-    return s.reshape(())
-
-
-def _finish_codes(
-    acc,
-    k,
-    x_scale,
-    w_scale,
-    bias,
-    out_dtype,
-    contract,
-    channel_axis,
-    stats,
-    clamp_codes,
-    sum_bound,
-    reuse_acc,
-    out_zero_point,
-    value_scale,
-) -> Tensor:
-    """``finish_gemm`` outside its fast form: FLOAT_RESCALE in float32 (with ``value_scale``,
-    (codes, values) where its C pass ran), or the general form's codes."""
+        return _with_values(out, vs, out_zero_point)
     if k.rescale32 and stats is None:
-        codes = _finish_rescale32(
+        out = _finish_rescale32(
             acc,
             k,
             out_dtype,
@@ -357,10 +282,10 @@ def _finish_codes(
             sum_bound,
             reuse_acc,
             out_zero_point,
-            value_scale,
+            vs,
         )
-        if codes is not None:
-            return codes
+        if out is not None:  # else its bounds failed: the general form
+            return _with_values(out, vs, out_zero_point)
     st = stats if stats is not None else GemmStats()
     st.outputs += acc.numel()
     a = acc.to(torch.int64)
@@ -368,14 +293,14 @@ def _finish_codes(
         b = k.bias
         if stats is not None:  # counted
             b = quantize_bias(bias, x_scale, w_scale, st, contract.bias_dtype)
-        a = a + _along(b, a, channel_axis, "bias")
+        a = a + along_param(b, a, channel_axis, "bias")
     acc32, over = accumulate(a, contract.accumulator, contract.accumulator_overflow)
     st.acc_overflow += over
     if out_dtype is DType.INT32:
         return acc32.to(torch.int32)
     if out_dtype is DType.FLOAT32:
         s = acc_scale(x_scale, w_scale)
-        return acc32.to(torch.float32) * _along(s, acc32, channel_axis, "w_scale")
+        return acc32.to(torch.float32) * along_param(s, acc32, channel_axis, "w_scale")
     q = QuantStats() if stats is not None else None  # counting costs passes: only on request
     codes = requantize(
         acc32,
@@ -390,121 +315,27 @@ def _finish_codes(
         st.saturated += q.saturated
     if clamp_codes is not None:
         codes = codes.clamp_min(clamp_codes[0]).clamp_max(clamp_codes[1])
-    return codes
+    return _with_values(codes, vs, out_zero_point)
 
 
-def _channel_chunks(acc: Tensor, ax: int):
-    """(first channel, channel count) of chunks of at most ~``CHUNK_ELEMENTS`` values."""
-    channels = acc.shape[ax]
-    step = max(1, CHUNK_ELEMENTS // max(1, acc.numel() // max(channels, 1)))
-    for c0 in range(0, channels, step):
-        yield c0, min(step, channels - c0)
+def _value_scale(out_scale, out_dtype: DType) -> Tensor:
+    """``finish_gemm(with_values=True)``'s float32 scale (0-d), after checking it applies."""
+    if out_dtype not in (DType.INT8, DType.UINT8, DType.INT16):
+        raise ValueError(f"with_values takes INT8, UINT8 or INT16 codes, got {out_dtype.name}")
+    s = torch.as_tensor(out_scale, dtype=torch.float32)
+    if s.numel() != 1:
+        raise ValueError(f"with_values takes one out_scale, got {s.numel()}")
+    return s.reshape(())
 
 
-def _narrow(t: Tensor, ax: int, c0: int, cn: int) -> Tensor:
-    return t.narrow(ax, c0, cn) if t.dim() > 0 and t.shape[ax] > 1 else t
-
-
-def _finish_fast(
-    acc, k, out_dtype, contract, channel_axis, clamp_codes, sum_bound, reuse_acc, value_scale
-):
-    """The fast form's codes, or (codes, values) where the one C pass wrote values too."""
-    lo, hi = out_dtype.qmin, out_dtype.qmax
-    if clamp_codes is not None:  # the fused clamp: clamp_min(lo) then clamp_max(hi)
-        lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
-        lo = min(lo, hi)
-    if sum_bound is None:
-        sum_bound = 0
-        if acc.numel():
-            a_lo, a_hi = torch.aminmax(acc)
-            sum_bound = int(max(-float(a_lo), float(a_hi)))
-    offset = k.offset_with_bias
-    wide = sum_bound + k.bias_max >= INT32_LIMIT
-    if wide:  # the accumulator contract may act
-        acc = acc.to(torch.int64, copy=not reuse_acc)
-        if k.bias is not None:
-            acc.add_(_along(k.bias, acc, channel_axis, "bias"))
-        acc, _ = accumulate(acc, contract.accumulator, contract.accumulator_overflow)
-        offset, reuse_acc = k.offset, True
-    if acc.numel() and acc.dim():
-        done = _finish_native(acc, k, wide, channel_axis, lo, hi, out_dtype, value_scale)
-        if done is not None:
-            return done
-    if not wide and k.float_limit >= 0 and acc.numel():
-        if max(-lo, hi + 1) <= k.float_window:  # exact for any acc (float_window)
-            return _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc)
-        if sum_bound > k.float_limit:  # the stated bound is too loose: measure
-            a_lo, a_hi = torch.aminmax(acc)
-            sum_bound = int(max(-float(a_lo), float(a_hi)))
-        if sum_bound <= k.float_limit:
-            return _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc)
-    ax = channel_axis % acc.dim()
-    q = _along(k.params.multiplier, acc, ax, "w_scale")
-    n = _along(k.shift, acc, ax, "w_scale")
-    off = _along(offset, acc, ax, "bias")
-    codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
-    for c0, cn in _channel_chunks(acc, ax):
-        part = acc.narrow(ax, c0, cn)
-        if part.dtype != torch.int64:
-            part = part.to(torch.int64)
-        elif not reuse_acc:
-            part = part.clone()
-        part.mul_(_narrow(q, ax, c0, cn))
-        rshift_round_half_up_(part, _narrow(n, ax, c0, cn), _narrow(off, ax, c0, cn))
-        codes.narrow(ax, c0, cn).copy_(part.clamp_(lo, hi))
-    return codes
-
-
-def _finish_native(acc, k, wide: bool, channel_axis: int, lo, hi, out_dtype: DType, value_scale):
-    """The fast form in one C pass (``requant_native``; with ``value_scale``, (codes, values)),
-    or None where it does not apply. Its int64 sum is exact: |acc| + max|bias| < 2**31 with
-    the bias in the offset, or (``wide``) |acc| <= 2**31 after the accumulator contract with
-    the offset 2**(n-1); q < 2**31."""
-    ax = channel_axis % acc.dim()
-    key = ("shift", wide, acc.shape[ax])
-    if key not in k.shaped:
-        off = k.offset if wide else k.offset_with_bias
-        k.shaped[key] = requant_native.channel_constants(
-            k.params.multiplier, off, k.shift, acc.shape[ax]
-        )
-    constants = k.shaped[key]
-    if constants is None:
-        return None
-    s = None if value_scale is None else float(value_scale)  # a float32: exact as C's float
-    return requant_native.requantize_shift(acc, constants, ax, lo, hi, out_dtype.torch_dtype, s)
-
-
-def _finish_float64(acc, k, out_dtype, channel_axis, lo, hi, reuse_acc):
-    """The fast form in float64 (``float_form`` or ``float_window`` proves it exact here): per
-    channel chunk, ``floor(acc * (q * 2**-n) + offset * 2**-n)`` clamped to [lo, hi] (for
-    lo >= 0, e.g. a fused relu, clamped then truncated to the integer dtype: the same codes).
-    A tensor of at most ``CHUNK_ELEMENTS`` values is one chunk (no views, no extra copy)."""
-    ax = channel_axis % acc.dim()
-    step, off, carry = _float_constants(k, acc, ax)
-    if acc.numel() <= CHUNK_ELEMENTS:
-        return float64_codes(acc, step, off, carry, out_dtype, lo, hi, reuse_acc)
-    codes = torch.empty(acc.shape, dtype=out_dtype.torch_dtype, device=acc.device)
-    for c0, cn in _channel_chunks(acc, ax):
-        part = acc.narrow(ax, c0, cn)
-        st, of = _narrow(step, ax, c0, cn), _narrow(off, ax, c0, cn)
-        ca = None if carry is None else _narrow(carry, ax, c0, cn)
-        codes.narrow(ax, c0, cn).copy_(float64_values(part, st, of, ca, lo, hi, reuse_acc))
-    return codes
-
-
-def _float_constants(k: _FinishConstants, acc: Tensor, ax: int) -> tuple:
-    """``k``'s float64 step, offset and carry (or None) shaped to broadcast along axis ``ax``
-    of ``acc`` (kept on ``k`` per (rank, axis, channels): no reshaping per call)."""
-    key = (acc.dim(), ax, acc.shape[ax] if acc.dim() else 0)
-    hit = k.shaped.get(key)
-    if hit is None:
-        hit = (
-            _along(k.float_step, acc, ax, "w_scale"),
-            _along(k.float_offset, acc, ax, "bias"),
-            None if k.float_carry is None else _along(k.float_carry, acc, ax, "bias"),
-        )
-        k.shaped[key] = hit
-    return hit
+def _with_values(out, s: Tensor | None, zero_point: int):
+    """``out`` as ``finish_gemm`` returns it: the codes, or with ``s`` (codes, values), the
+    values being emit's product (``fixed_common.emit``) unless a C pass wrote them already."""
+    if s is None or isinstance(out, tuple):
+        return out
+    if zero_point:
+        return out, dequantize(out, s, zero_point=zero_point)
+    return out, out.to(torch.float32).mul_(s)
 
 
 def _finish_rescale32(
@@ -522,7 +353,7 @@ def _finish_rescale32(
     """FLOAT_RESCALE requantization in float32 (``rescale32``): one C pass for HALF_EVEN
     (``requant_native``; with ``value_scale``, (codes, values)), else float32 torch passes;
     None when the bounds it relies on fail (then the general form runs). The fused
-    ``clamp_codes`` joins the saturation bounds as in ``_finish_fast``."""
+    ``clamp_codes`` joins the saturation bounds as in ``shift_form.finish_shift``."""
     lo, hi = out_dtype.qmin, out_dtype.qmax
     if clamp_codes is not None:
         lo, hi = max(lo, clamp_codes[0]), min(hi, clamp_codes[1])
@@ -557,8 +388,8 @@ def _rescale32_constants(k: _FinishConstants, acc: Tensor, ax: int):
     if hit is None:
         m = k.params.real.to(torch.float32)
         hit = (
-            _along(m, acc, ax, "w_scale"),
-            _along(k.bias_f32, acc, ax, "bias") if k.bias_f32 is not None else None,
+            along_param(m, acc, ax, "w_scale"),
+            along_param(k.bias_f32, acc, ax, "bias") if k.bias_f32 is not None else None,
         )
         k.shaped[key] = hit
     return hit

@@ -18,9 +18,8 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import FLOAT32_EXACT, DType
+from quantlab.numerics.gemm.shift_form import INT32_LIMIT
 from quantlab.numerics.rounding import Round, round_float_
-
-INT32_LIMIT = 1 << 31
 
 
 def exact_bound(acc: Tensor, bias_max: int, sum_bound: int | None) -> int | None:
