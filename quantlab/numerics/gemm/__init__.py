@@ -3,8 +3,9 @@
 ``plan`` (choosing a provably exact path), ``precision`` (torch's float precision pinned and
 restored around the float paths), ``kernels`` (the planned kernels), ``exact`` (int_conv1d,
 int_conv2d, int_linear, int_matmul; ``prepare_conv`` checks and plans a convolution once),
-``finish`` (bias, accumulator contract, requantization; ``rescale32``: its FLOAT_RESCALE
-form in float32 where provably the same; ``requant_native``: its fast forms in one C pass),
+``finish`` (bias, accumulator contract, requantization; ``shift_form``: its MUL_SHIFT fast
+form; ``rescale32``: its FLOAT_RESCALE form in float32 where provably the same;
+``requant_native``: both fast forms in one C pass),
 ``quantized`` (qconv1d, qconv2d, qlinear, qmatmul), ``int16_operands`` (the J6 int16 operand
 rules). The start-up self-test is
 ``quantlab.numerics.selftest``.
