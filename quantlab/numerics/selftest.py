@@ -64,15 +64,17 @@ def _matmul(a, b, path: GemmPath) -> torch.Tensor:
         return matmul_planned(a, b, a.shape[-1], plan)
 
 
-def _conv(x, w, path: GemmPath, padding: int = 1) -> torch.Tensor:
-    plan = plan_conv(x, w, 1, path, padding=padding)
-    kw = dict(stride=1, padding=padding, dilation=1, groups=1)
+def _conv(x, w, path: GemmPath, padding: int = 1, groups: int = 1, stride: int = 1):
+    plan = plan_conv(x, w, groups, path, stride=stride, padding=padding)
+    kw = dict(stride=stride, padding=padding, dilation=1, groups=groups)
+    cin_g = x.shape[1] // groups
     with exact_float_kernels():
-        return conv_planned(x, w, F.conv2d, kw, 1, x.shape[1], plan).to(torch.int64)
+        return conv_planned(x, w, F.conv2d, kw, groups, cin_g, plan).to(torch.int64)
 
 
 def run_selftest() -> list[SelfTestCase]:
-    """Adversarial matmul and conv2d (int8 with K > 1032, int16) on every fast path (~60 ms)."""
+    """Adversarial matmul and conv2d (int8 with K > 1032, int16; depthwise) on every fast path
+    (~60 ms)."""
     cases = []
     mm8 = (_adversarial((4, 2100), torch.int8, 1), _adversarial((2100, 3), torch.int8, 2))
     mm8x = (_extremes((5, 2100), 9), _extremes((2100, 4), 10))
@@ -83,6 +85,8 @@ def run_selftest() -> list[SelfTestCase]:
     pw8 = (_adversarial((2, 600, 3, 3), torch.int8, 11), _extremes((4, 600, 1, 1), 12))
     cv16 = (_adversarial((1, 64, 4, 4), torch.int16, 7), _adversarial((2, 64, 3, 3), torch.int8, 8))
     cv16h = (_halves((1, 64, 4, 4), 17), _extremes((2, 64, 3, 3), 18))
+    dw8 = (_extremes((2, 16, 9, 9), 19), _extremes((32, 1, 3, 3), 20))
+    dw16 = (_adversarial((1, 8, 9, 10), torch.int16, 21), _extremes((8, 1, 5, 5), 22))
     halves = [GemmPath.INT32_SPLIT, GemmPath.FLOAT64]
     fast = [GemmPath.INT32, GemmPath.FLOAT32, GemmPath.FLOAT64]
     for name, (a, b), paths in (
@@ -106,6 +110,16 @@ def run_selftest() -> list[SelfTestCase]:
         for p in paths:
             got = _conv(x, w, p, padding)
             cases.append(SelfTestCase(name, p, ref.numel(), int((got != ref).sum())))
+    # depthwise: stride 1 and 2, two outputs per channel; int16 sums beyond 2**24
+    for name, (x, w), stride in (
+        ("depthwise conv2d int8 extremes 3x3", dw8, 1),
+        ("depthwise conv2d int16 x int8 5x5 stride 2", dw16, 2),
+    ):
+        ref = _conv(x, w, GemmPath.INT64, 2, x.shape[1], stride)
+        got = _conv(x, w, GemmPath.INT32_DEPTHWISE, 2, x.shape[1], stride)
+        cases.append(
+            SelfTestCase(name, GemmPath.INT32_DEPTHWISE, ref.numel(), int((got != ref).sum()))
+        )
     return cases
 
 

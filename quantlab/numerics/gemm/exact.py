@@ -22,12 +22,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from quantlab.numerics.gemm import depthwise_native
 from quantlab.numerics.gemm.int8_speed import int8_product_pays
 from quantlab.numerics.gemm.kernels import conv_planned, matmul_planned
 from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
     GemmPath,
     GemmPlan,
+    depthwise_conv,
+    depthwise_pays,
     int_product_conv,
     operand_bound,
     plan_gemm,
@@ -42,10 +45,15 @@ INT8_PRODUCT_PATHS = frozenset({GemmPath.INT32, GemmPath.INT32_SPLIT})
 
 def auto_excluded() -> frozenset[GemmPath]:
     """The paths AUTO does not take in this process: those that failed the start-up self-test,
-    and INT32 / INT32_SPLIT where the int8 matrix product is slower than the float32 product
-    (``int8_speed``). A forced path is run as asked."""
-    failed = frozenset(ensure_selftest())
-    return failed if int8_product_pays() else failed | INT8_PRODUCT_PATHS
+    INT32 / INT32_SPLIT where the int8 matrix product is slower than the float32 product
+    (``int8_speed``), and INT32_DEPTHWISE where its C kernels cannot be built (a forced one
+    then runs torch's int64 convolution: the same bits). A forced path is run as asked."""
+    excluded = set(ensure_selftest())
+    if not int8_product_pays():
+        excluded |= INT8_PRODUCT_PATHS
+    if not depthwise_native.available():
+        excluded.add(GemmPath.INT32_DEPTHWISE)
+    return frozenset(excluded)
 
 
 def _check_operand(t: Tensor, name: str) -> None:
@@ -145,6 +153,7 @@ class PreparedConv:
     disabled: frozenset
     plan: GemmPlan | None  # None: int16 input codes, planned per call from their max|x|
     int_product: tuple | None = None  # the operand dtypes of an INT32 / INT32_SPLIT product
+    depthwise: bool = False  # a convolution the INT32_DEPTHWISE kernel runs
 
     def __call__(self, x: Tensor, as_int64: bool = True) -> Tensor:
         """Exact sums of ``x`` (codes of the prepared shape and dtype) with the weight: int64,
@@ -168,6 +177,7 @@ class PreparedConv:
                 split_a=self.split_a,
                 disabled=self.disabled,
                 int_product=self.int_product,
+                depthwise=self.depthwise,
             )
         with exact_float_kernels(x.device.type):
             w_max = self.w_bound if self.path is GemmPath.AUTO else None
@@ -226,6 +236,9 @@ def prepare_conv(
     w_bound = operand_bound(w)
     plan = None
     int_product = int_product_conv(batched, x_dtype, w, stride, padding, dilation, groups)
+    depthwise = depthwise_conv(batched, x_dtype, w, stride, padding, dilation, groups)
+    if depthwise and not depthwise_pays(batched, w, stride, padding, dilation):
+        disabled = disabled | {GemmPath.INT32_DEPTHWISE}
     if x_dtype == torch.int8:  # operand_bound of int8 codes is their dtype bound: no data
         plan = plan_gemm(
             128,
@@ -236,6 +249,7 @@ def prepare_conv(
             split_a=split_a,
             disabled=disabled,
             int_product=int_product,
+            depthwise=depthwise,
         )
     conv = F.conv2d if nsp == 2 else F.conv1d
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -256,6 +270,7 @@ def prepare_conv(
         disabled,
         plan,
         int_product,
+        depthwise,
     )
 
 

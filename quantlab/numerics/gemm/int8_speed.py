@@ -16,6 +16,7 @@ import torch
 
 PROBE_SHAPE = (64, 256, 256)  # (M, K, N): 4.2M multiply-adds, ~0.1 ms in float32
 PROBE_REPEATS = 9
+PROBE_RUNS = 3  # whole measurements; the smallest ratio counts
 PAYS_BELOW = 1.0  # AUTO takes the int8 product when it is faster than the float32 product
 
 _LOCK = threading.Lock()
@@ -26,8 +27,8 @@ def measure_int8_product(
     shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = PROBE_REPEATS
 ) -> float:
     """Fastest wall time of ``torch._int_mm`` on int8 (M, K) @ (K, N) over the fastest time of
-    ``torch.mm`` on the same operands in float32, each measured ``repeats`` times after one
-    warm-up call, alternating, on torch's current thread count; the fastest of several runs,
+    ``torch.mm`` on the same operands in float32, each measured ``repeats`` times after three
+    warm-up calls, alternating, on torch's current thread count; the fastest of several runs,
     as load from other processes only ever adds time."""
     m, k, n = shape
     gen = torch.Generator().manual_seed(0)
@@ -36,8 +37,9 @@ def measure_int8_product(
     af, bf = a.to(torch.float32), b.to(torch.float32)
     runs = {"int8": lambda: torch._int_mm(a, b), "float32": lambda: torch.mm(af, bf)}
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for fn in runs.values():
-        fn()
+    for _ in range(3):
+        for fn in runs.values():
+            fn()
     for _ in range(repeats):
         for name, fn in runs.items():
             t0 = time.perf_counter()
@@ -47,11 +49,13 @@ def measure_int8_product(
 
 
 def int8_product_ratio() -> float:
-    """``measure_int8_product()``, measured on the first call of the process and kept."""
+    """The smallest of ``PROBE_RUNS`` ``measure_int8_product()`` ratios, measured on the first
+    call of the process and kept (one measurement alone read above 1 at times on a busy VNNI
+    machine where the products' steady ratio is 0.2 to 0.5)."""
     if _STATE["ratio"] is None:
         with _LOCK:
             if _STATE["ratio"] is None:
-                _STATE["ratio"] = measure_int8_product()
+                _STATE["ratio"] = min(measure_int8_product() for _ in range(PROBE_RUNS))
     return _STATE["ratio"]
 
 

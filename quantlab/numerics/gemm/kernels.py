@@ -1,7 +1,8 @@
 """The exact GEMM kernels for a chosen ``GemmPlan``: int8 products summed in int32 (int16
-operands as their int8 halves), float32 K-chunks summed in float64, the FLOAT32_SPLIT high/low
-left operand, float64, int64. Callers validate the operands, choose the plan (``plan``) and pin
-the float precision (``precision.exact_float_kernels``)."""
+operands as their int8 halves), depthwise convolutions in C with int32 sums, float32 K-chunks
+summed in float64, the FLOAT32_SPLIT high/low left operand, float64, int64. Callers validate the
+operands, choose the plan (``plan``) and pin the float precision
+(``precision.exact_float_kernels``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.numerics.dtypes import FLOAT32_EXACT
+from quantlab.numerics.gemm.depthwise_native import depthwise_conv_int32
 from quantlab.numerics.gemm.plan import GemmPath, GemmPlan, per_axis
 from quantlab.numerics.rounding import Round, round_float
 
@@ -206,8 +208,9 @@ def conv_planned(
     w_max: int | None = None,
 ) -> Tensor:
     """Exact ``conv(x, w, **kw)`` (batched codes) on ``plan``'s path. A single-chunk FLOAT32
-    plan returns the float32 conv itself (exact integers; callers widen it), the INT32 path
-    int32 (a convolution with one group, as INT32_SPLIT), every other path int64.
+    plan returns the float32 conv itself (exact integers; callers widen it), the INT32 and
+    INT32_DEPTHWISE paths int32 (INT32_SPLIT: a convolution with one group), every other path
+    int64.
     ``w_float32``: w's codes already cast to float32 (used instead of casting w). ``w_max``: a
     bound on |w|; given, a 1x1 convolution without groups whose FLOAT32 plan needs chunks runs
     as one conv when ``x``'s measured channel sums allow it (``rows_fit_float32`` along the
@@ -217,6 +220,8 @@ def conv_planned(
         if plan.path is GemmPath.INT32:
             return int8_conv_int32(x, w, *args)
         return by_int8_halves(x, w, lambda xs, ws: int8_conv_int32(xs, ws, *args))
+    if plan.path is GemmPath.INT32_DEPTHWISE:
+        return _depthwise(x, w, kw)
     if plan.path is GemmPath.INT64:
         return conv(x.to(torch.int64), w.to(torch.int64), **kw)
     if plan.path is GemmPath.FLOAT64:
@@ -236,6 +241,17 @@ def conv_planned(
     if w_max is not None and pointwise and rows_fit_float32(xf, w_max, dim=1):
         return conv(xf, wf, **kw)
     return _conv_chunks_f32(xf, wf, conv, kw, groups, cin_g, plan.chunk).to(torch.int64)
+
+
+def _depthwise(x: Tensor, w: Tensor, kw: dict) -> Tensor:
+    """The INT32_DEPTHWISE kernel on a conv2d, or on a conv1d as a conv2d of height 1."""
+    nsp = x.dim() - 2
+    padding = 0 if kw["padding"] == "valid" else kw["padding"]
+    args = [per_axis(v, nsp) for v in (kw["stride"], padding, kw["dilation"])]
+    if nsp == 2:
+        return depthwise_conv_int32(x, w, *args)
+    args = [(1 if i != 1 else 0, *v) for i, v in enumerate(args)]  # height 1: no padding
+    return depthwise_conv_int32(x.unsqueeze(2), w.unsqueeze(2), *args).squeeze(2)
 
 
 def _conv_chunks_f32(xf: Tensor, wf: Tensor, conv, kw, groups: int, cin_g: int, chunk: int):
