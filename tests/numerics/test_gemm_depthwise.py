@@ -21,6 +21,7 @@ from quantlab.numerics.gemm import (
 )
 from quantlab.numerics.gemm import depthwise_native as DW
 from quantlab.numerics.gemm.plan import (
+    DEPTHWISE_MAX_TAPS,
     DEPTHWISE_MIN_POSITIONS_PER_TAP,
     INT32_MAX,
     depthwise_conv,
@@ -191,13 +192,25 @@ def test_auto_plan_keeps_small_planes_on_torch():
     assert got.dtype == torch.int32 and torch.equal(got.long(), _reference(x7, w3, 1, 1, 1))
 
 
-def test_empty_outputs_are_not_the_paths():
+def test_what_the_path_takes():
+    """Not an empty output, nor more than DEPTHWISE_MAX_TAPS taps or stride (the C loop's
+    tables), nor two input channels per group or a string padding other than "valid"."""
     w = torch.ones((4, 1, 5, 5), dtype=torch.int8)
     x = torch.ones((1, 4, 3, 3), dtype=torch.int8)
     assert not depthwise_conv(tuple(x.shape), x.dtype, w, 1, 0, 1, 4)
     assert depthwise_conv(tuple(x.shape), x.dtype, w, 1, 1, 1, 4)
     with pytest.raises(ValueError, match="is empty"):
         DW.depthwise_conv_int32(x, w, 1, 0, 1)
+    big = torch.ones((4, 1, 1, DEPTHWISE_MAX_TAPS + 1), dtype=torch.int8)
+    wide = (1, 4, 1, DEPTHWISE_MAX_TAPS + 1)
+    assert not depthwise_conv(wide, torch.int8, big, 1, 0, 1, 4)
+    assert depthwise_conv(wide, torch.int8, big[..., 1:], 1, 0, 1, 4)
+    assert not depthwise_conv(wide, torch.int8, w, DEPTHWISE_MAX_TAPS + 1, 0, 1, 4)
+    assert not depthwise_conv(
+        (1, 4, 8, 8), torch.int8, torch.ones((2, 2, 3, 3), dtype=torch.int8), 1, 0, 1, 2
+    )
+    assert not depthwise_conv((1, 4, 8, 8), torch.int8, w, 1, "same", 1, 4)
+    assert not depthwise_conv((1, 4, 8, 8), torch.uint8, w, 1, 0, 1, 4)
 
 
 def test_plan_bound_of_the_path():

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics import native
-from quantlab.numerics.gemm.plan import conv_output_size, per_axis
+from quantlab.numerics.gemm.plan import DEPTHWISE_MAX_TAPS, conv_output_size, per_axis
 
 _C_TYPE = {torch.int8: ("i8", "int8_t"), torch.int16: ("i16", "int16_t")}
 
@@ -179,7 +179,8 @@ def depthwise_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) 
     """The int32 sums of F.conv2d(x, w, groups=C) (module docstring) for batched int8/int16
     codes ``x`` (N, C, H, W) and ``w`` (C * m, 1, kh, kw), numeric zero ``padding``; by
     torch's int64 convolution, cast to int32, where the kernels are not built (the same
-    bits). The caller guarantees ``kh * kw * max|x| * max|w| <= 2**31 - 1``."""
+    bits; also beyond DEPTHWISE_MAX_TAPS taps or stride). The caller guarantees ``kh * kw *
+    max|x| * max|w| <= 2**31 - 1``."""
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     (sy, sx), (py, px), (dy, dx) = (per_axis(v, 2) for v in (stride, padding, dilation))
@@ -187,7 +188,8 @@ def depthwise_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) 
     if min(oh, ow) <= 0 or x.numel() == 0:
         raise ValueError(f"depthwise convolution of {tuple(x.shape)} by {tuple(w.shape)} is empty")
     lib = KERNELS.lib()
-    if lib is None or x.device.type != "cpu":
+    small = kh * kw <= DEPTHWISE_MAX_TAPS and max(sy, sx) <= DEPTHWISE_MAX_TAPS
+    if lib is None or x.device.type != "cpu" or not small:
         return torch.nn.functional.conv2d(
             x.to(torch.int64), w.to(torch.int64), None, stride, padding, dilation, c
         ).to(torch.int32)
@@ -196,10 +198,8 @@ def depthwise_conv_int32(x: Tensor, w: Tensor, stride=1, padding=0, dilation=1) 
         out = torch.empty((n, o, oh, ow), dtype=torch.int32)
         threads = max(1, min(torch.get_num_threads(), n * c, (out.numel() * kh * kw) >> 15))
         kernel = getattr(lib, f"ql_dw_{_C_TYPE[x.dtype][0]}_{_C_TYPE[w.dtype][0]}")
-        geo = torch.tensor(
-            [h, wd, o // c, kh, kw, sy, sx, py, px, dy, dx, oh, ow, 0, 0], dtype=torch.int64
-        )
-        failed = kernel(xc.data_ptr(), wc.data_ptr(), out.data_ptr(), n, c, geo.data_ptr(), threads)
+        geo = (ctypes.c_int64 * 15)(h, wd, o // c, kh, kw, sy, sx, py, px, dy, dx, oh, ow, 0, 0)
+        failed = kernel(xc.data_ptr(), wc.data_ptr(), out.data_ptr(), n, c, geo, threads)
     if failed:
         raise MemoryError("depthwise convolution: no memory for a channel buffer")
     return out

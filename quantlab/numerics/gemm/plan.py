@@ -50,6 +50,7 @@ SPLIT_MIN_GROUPS = 64
 INT32_MAX_TERMS = 1 << 16  # int8 x int8 terms an INT32 sum may hold (module docstring)
 INT32_MAX = (1 << 31) - 1  # the largest sum bound of an INT32_DEPTHWISE path
 DEPTHWISE_MIN_POSITIONS_PER_TAP = 8  # AUTO's INT32_DEPTHWISE from here on (``depthwise_pays``)
+DEPTHWISE_MAX_TAPS = 4096  # kernel taps (and strides) the C loop keeps tables of on its stack
 INT8_HALVES_MAX = 32639  # 256 * 127 + 127: the largest |int16 code| two int8 halves hold
 IM2COL_MIN_CHANNELS = 16  # a strided int8 convolution takes INT32 from this many channels on
 OPERAND_DTYPES = (torch.int8, torch.int16)
@@ -312,7 +313,8 @@ def depthwise_conv(
     """Whether a convolution of batched input codes of ``x_shape`` is one the INT32_DEPTHWISE
     kernel runs: int8/int16 operands, 1 or 2 spatial axes, one input channel per group
     (``groups`` = input channels, any number of output channels per group), zero padding given
-    as numbers (or "valid"), a non-empty input and output."""
+    as numbers (or "valid"), a non-empty input and output, at most DEPTHWISE_MAX_TAPS kernel
+    taps and stride."""
     if not (
         x_dtype in OPERAND_DTYPES
         and w.dtype in OPERAND_DTYPES
@@ -321,7 +323,8 @@ def depthwise_conv(
         and w.shape[1] == 1
         and (not isinstance(padding, str) or padding == "valid")
         and math.prod(x_shape) > 0
-        and w.numel() > 0
+        and 0 < w.numel() <= DEPTHWISE_MAX_TAPS * w.shape[0]
+        and max(per_axis(stride, len(x_shape) - 2)) <= DEPTHWISE_MAX_TAPS
     ):
         return False
     return min(conv_output_size(x_shape, w.shape[2:], stride, padding, dilation)) > 0
