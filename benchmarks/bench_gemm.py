@@ -8,6 +8,9 @@ them alike), and reports medians and ratios to float32 torch:
     which the INT32_SPLIT path takes as int8 halves);
   * the full quantized op (``qconv2d`` / ``qmatmul``: exact sum + bias + requantization);
   * onnxruntime QLinearConv / QLinearMatMul on the same int8 shapes;
+  * a depthwise conv2d (one input channel per group, MobileNetV2's 144 x 56 x 56 layer): float32
+    torch, exact int8 x int8 and J6-range int16 x int8 (the INT32_DEPTHWISE path), qconv2d and
+    onnxruntime's grouped QLinearConv;
   * the numpy int64 reference (``quantlab.numerics.reference``, the tests' oracle) and torch
     int64 kernels, timed on a reduced shape (1/16 of the MACs) and scaled linearly to the full shape
     (marked "scaled" in the table).
@@ -57,6 +60,8 @@ CONV_X_REDUCED = (1, 256, 14, 14)  # 1/16 of the MACs
 MM_A = (1024, 2048)
 MM_B = (2048, 1024)
 MM_A_REDUCED = (64, 2048)  # 1/16 of the MACs
+DW_X = (1, 144, 56, 56)
+DW_W = (144, 1, 3, 3)
 
 
 J6_16x8 = "int16 in +-32639 x int8"
@@ -75,7 +80,7 @@ def _codes(shape, dtype, seed):
     return torch.randint(lo, info.max + 1, shape, generator=g).to(dtype)
 
 
-def _ort_session(op: str, threads: int, x_shape, w: np.ndarray, sw: np.ndarray):
+def _ort_session(op: str, threads: int, x_shape, w: np.ndarray, sw: np.ndarray, group: int = 1):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -88,7 +93,7 @@ def _ort_session(op: str, threads: int, x_shape, w: np.ndarray, sw: np.ndarray):
     inits = [f32(0.02, "sx"), i8(0, "zx"), i8(w, "w"), f32(sw, "sw")]
     inits += [i8(np.zeros(sw.shape), "zw"), f32(2.0, "sy"), i8(0, "zy")]
     ins = ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"]
-    attrs = {"pads": [1, 1, 1, 1]} if op == "QLinearConv" else {}
+    attrs = {"pads": [1, 1, 1, 1], "group": group} if op == "QLinearConv" else {}
     node = helper.make_node(op, ins, ["y"], **attrs)
     graph = helper.make_graph(
         [node],
@@ -125,6 +130,34 @@ def _methods(threads: int):
     ort_conv = _ort_session("QLinearConv", threads, CONV_X, w8.numpy(), sw.numpy())
     ort_mm = _ort_session("QLinearMatMul", threads, MM_A, b8.numpy(), swm.numpy())
     x8n, a8n = x8.numpy(), a8.numpy()
+    c = DW_X[1]
+    xd8, wd8 = _codes(DW_X, torch.int8, 11), _codes(DW_W, torch.int8, 12)
+    xd16j = _j6_range(_codes(DW_X, torch.int16, 13))
+    xdf, wdf = xd8.float(), wd8.float()
+    swd = (torch.rand(c) * 0.01 + 1e-3).float()
+    dw_macs = int(np.prod(DW_X)) * 9
+    ort_dw = _ort_session("QLinearConv", threads, DW_X, wd8.numpy(), swd.numpy(), c)
+    xd8n = xd8.numpy()
+    depthwise = [
+        ("depthwise", "float32 torch", "float32", lambda: F.conv2d(xdf, wdf, None, 1, 1, 1, c)),
+        ("depthwise", "exact", "int8 x int8", lambda: int_conv2d(xd8, wd8, 1, 1, groups=c)),
+        ("depthwise", "exact", J6_16x8, lambda: int_conv2d(xd16j, wd8, 1, 1, groups=c)),
+        (
+            "depthwise",
+            "qconv2d (exact + requant)",
+            "int8 x int8",
+            lambda: qconv2d(
+                xd8, 0.02, wd8, swd, None, 2.0, DType.INT8, onnx_rt, padding=1, groups=c
+            ),
+        ),
+        (
+            "depthwise",
+            "onnxruntime QLinearConv",
+            "int8 x int8",
+            lambda: ort_dw.run(None, {"x": xd8n}),
+        ),
+    ]
+    dw_operands = (xd8, wd8, xd16j, swd, ort_dw)
     return [
         ("conv2d", "float32 torch", "float32", lambda: F.conv2d(xf, wf, padding=1), conv_macs, 1),
         ("conv2d", "exact", "int8 x int8", lambda: int_conv2d(x8, w8, padding=1), conv_macs, 1),
@@ -209,7 +242,8 @@ def _methods(threads: int):
             mm_macs,
             16,
         ),
-    ], ((x8, w8, x16, w16, a8, b8, a16, b16, sw, swm, onnx_rt), (ort_conv, ort_mm))
+        *[(*m, dw_macs, 1) for m in depthwise],
+    ], ((x8, w8, x16, w16, a8, b8, a16, b16, sw, swm, onnx_rt), (ort_conv, ort_mm), dw_operands)
 
 
 def _int64_conv_rows(x: torch.Tensor, w: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
@@ -218,12 +252,14 @@ def _int64_conv_rows(x: torch.Tensor, w: torch.Tensor, r0: int, r1: int) -> torc
     return F.conv2d(xp[:, :, r0 : r1 + 2], w.to(torch.int64))
 
 
-def _check_exact(ops, sessions) -> dict[str, bool]:
+def _check_exact(ops, sessions, depthwise) -> dict[str, bool]:
     """Every timed fast result against an independent exact computation: torch int64 kernels
-    on output strips (first, middle and last rows; the whole shape in int64 is too slow), and
-    the quantized ops against onnxruntime's QLinear ops on the whole output."""
+    on output strips (first, middle and last rows; the whole shape in int64 is too slow; the
+    depthwise convolution whole), and the quantized ops against onnxruntime's QLinear ops on
+    the whole output."""
     x8, w8, x16, w16, a8, b8, a16, b16, sw, swm, onnx_rt = ops
     ort_conv, ort_mm = sessions
+    xd8, wd8, xd16j, swd, ort_dw = depthwise
     h = CONV_X[2]
     strips = [(0, 4), (h // 2 - 2, h // 2 + 2), (h - 4, h)]
     checks = {}
@@ -260,6 +296,19 @@ def _check_exact(ops, sessions) -> dict[str, bool]:
     yq, _ = qmatmul(a8, 0.02, b8, swm, None, 2.0, DType.INT8, onnx_rt)
     (y_ort,) = ort_mm.run(None, {"x": a8.numpy()})
     checks["qmatmul == onnxruntime QLinearMatMul (whole output)"] = bool(
+        np.array_equal(yq.numpy(), y_ort)
+    )
+    c = DW_X[1]
+    for name, x in {"int8 x int8": xd8, J6_16x8: xd16j}.items():
+        path = plan_conv(x, wd8, c, padding=1).path.name
+        fast = int_conv2d(x, wd8, 1, 1, groups=c)
+        int64 = F.conv2d(x.to(torch.int64), wd8.to(torch.int64), None, 1, 1, 1, c)
+        checks[f"depthwise {name} ({path}) == torch int64 (whole output)"] = torch.equal(
+            fast, int64
+        )
+    yq, _ = qconv2d(xd8, 0.02, wd8, swd, None, 2.0, DType.INT8, onnx_rt, padding=1, groups=c)
+    (y_ort,) = ort_dw.run(None, {"x": xd8.numpy()})
+    checks["depthwise qconv2d == onnxruntime QLinearConv group 144 (whole output)"] = bool(
         np.array_equal(yq.numpy(), y_ort)
     )
     return checks
@@ -355,6 +404,7 @@ def main(argv=None) -> int:
         "shapes": {
             "conv2d": f"x {CONV_X} * w {CONV_W}, pad 1 (K = 2304)",
             "matmul": f"{MM_A} @ {MM_B} (K = 2048)",
+            "depthwise": f"x {DW_X} * w {DW_W}, pad 1, groups {DW_X[1]} (K = 9)",
             "reduced (reference)": f"conv x {CONV_X_REDUCED}; matmul a {MM_A_REDUCED}",
         },
         "repeats": args.repeats,
@@ -381,7 +431,8 @@ def _markdown(res: dict) -> str:
     lines = [
         "# Exact integer GEMM: speed against float32 torch",
         "",
-        f"Shapes: conv2d {res['shapes']['conv2d']}; matmul {res['shapes']['matmul']}. "
+        f"Shapes: conv2d {res['shapes']['conv2d']}; matmul {res['shapes']['matmul']}; "
+        f"depthwise {res['shapes']['depthwise']}. "
         f"Median of {res['repeats']} interleaved runs (3 for the int64 paths), torch "
         f"{res['torch']}, {res['cpu_count']} CPUs, 1-minute load average "
         f"{res['load_average_1min'][0]} before / {res['load_average_1min'][1]} after. "
