@@ -177,19 +177,21 @@ def test_auto_plan_keeps_small_planes_on_torch():
     float32 convolution (measured faster there); a forced path still runs the kernel."""
     g = torch.Generator().manual_seed(26)
     w3, w5 = _codes(g, (8, 1, 3, 3), torch.int8), _codes(g, (8, 1, 5, 5), torch.int8)
-    x7, x14 = _codes(g, (1, 8, 7, 7), torch.int8), _codes(g, (1, 8, 14, 14), torch.int8)
+    x5, x7 = _codes(g, (1, 8, 5, 5), torch.int8), _codes(g, (1, 8, 7, 7), torch.int8)
+    x14 = _codes(g, (1, 8, 14, 14), torch.int8)
     per_tap = DEPTHWISE_MIN_POSITIONS_PER_TAP
-    assert 49 < per_tap * 9 <= 196 < per_tap * 25
-    assert not depthwise_pays(tuple(x7.shape), w3, 1, 1) and depthwise_pays(
-        tuple(x14.shape), w3, 1, 1
+    assert 25 < per_tap * 9 <= 49 < per_tap * 25 <= 196
+    assert not depthwise_pays(tuple(x5.shape), w3, 1, 1) and depthwise_pays(
+        tuple(x7.shape), w3, 1, 1
     )
-    assert plan_conv(x7, w3, groups=8, padding=1).path is GemmPath.FLOAT32
-    assert plan_conv(x14, w3, groups=8, padding=1).path is GemmPath.INT32_DEPTHWISE
-    assert plan_conv(x14, w5, groups=8, padding=2).path is GemmPath.FLOAT32
-    forced = plan_conv(x7, w3, groups=8, path=GemmPath.INT32_DEPTHWISE, padding=1)
+    assert plan_conv(x5, w3, groups=8, padding=1).path is GemmPath.FLOAT32
+    assert plan_conv(x7, w3, groups=8, padding=1).path is GemmPath.INT32_DEPTHWISE
+    assert plan_conv(x7, w5, groups=8, padding=2).path is GemmPath.FLOAT32
+    assert plan_conv(x14, w5, groups=8, padding=2).path is GemmPath.INT32_DEPTHWISE
+    forced = plan_conv(x5, w3, groups=8, path=GemmPath.INT32_DEPTHWISE, padding=1)
     assert forced.path is GemmPath.INT32_DEPTHWISE
-    got = int_conv2d(x7, w3, 1, 1, groups=8, path=GemmPath.INT32_DEPTHWISE, as_int64=False)
-    assert got.dtype == torch.int32 and torch.equal(got.long(), _reference(x7, w3, 1, 1, 1))
+    got = int_conv2d(x5, w3, 1, 1, groups=8, path=GemmPath.INT32_DEPTHWISE, as_int64=False)
+    assert got.dtype == torch.int32 and torch.equal(got.long(), _reference(x5, w3, 1, 1, 1))
 
 
 def test_what_the_path_takes():

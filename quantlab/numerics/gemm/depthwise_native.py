@@ -87,7 +87,7 @@ CLONES static void dw_plane_XS_WS(const XT *src, const WT *w, int32_t *out, int3
     }
     int32_t *plane = out + k * oh * ow;
     for (int64_t i = 0; i < oh; ++i)
-      for (int64_t j = 0; j < ow; ++j) plane[i * ow + j] = acc[i * pwc + j];
+      memcpy(plane + i * ow, acc + i * pwc, (size_t)ow * sizeof(int32_t));
   }
 }
 """
@@ -146,7 +146,11 @@ def _source() -> str:
     operands = " ".join(f"const int32_t *a{g} = in[{g}], c{g} = c[{g}];" for g in range(GROUP))
     plane = _PLANE.replace("GROUP_OPERANDS", operands)
     plane = plane.replace("GROUP_SUM", " + ".join(f"c{g} * a{g}[j]" for g in range(GROUP)))
-    parts = [native.PRELUDE, "#include <stdlib.h>\n", f"#define GROUP {GROUP}\n"]
+    parts = [
+        native.PRELUDE,
+        "#include <stdlib.h>\n#include <string.h>\n",
+        f"#define GROUP {GROUP}\n",
+    ]
     for xs, xt in _C_TYPE.values():
         for ws, wt in _C_TYPE.values():
             parts.append(plane.replace("XS_WS", f"{xs}_{ws}").replace("XT", xt).replace("WT", wt))

@@ -49,7 +49,7 @@ SPLIT_MIN_MACS = 1 << 25  # FLOAT32_SPLIT pays its extra element-wise passes onl
 SPLIT_MIN_GROUPS = 64
 INT32_MAX_TERMS = 1 << 16  # int8 x int8 terms an INT32 sum may hold (module docstring)
 INT32_MAX = (1 << 31) - 1  # the largest sum bound of an INT32_DEPTHWISE path
-DEPTHWISE_MIN_POSITIONS_PER_TAP = 8  # AUTO's INT32_DEPTHWISE from here on (``depthwise_pays``)
+DEPTHWISE_MIN_POSITIONS_PER_TAP = 4  # AUTO's INT32_DEPTHWISE from here on (``depthwise_pays``)
 DEPTHWISE_MAX_TAPS = 4096  # kernel taps (and strides) the C loop keeps tables of on its stack
 INT8_HALVES_MAX = 32639  # 256 * 127 + 127: the largest |int16 code| two int8 halves hold
 IM2COL_MIN_CHANNELS = 16  # a strided int8 convolution takes INT32 from this many channels on
@@ -333,10 +333,10 @@ def depthwise_conv(
 def depthwise_pays(x_shape: tuple[int, ...], w: Tensor, stride=1, padding=0, dilation=1) -> bool:
     """Whether AUTO may take INT32_DEPTHWISE for a ``depthwise_conv``: each output plane has
     at least DEPTHWISE_MIN_POSITIONS_PER_TAP positions per kernel tap. Below that the C loop's
-    per-row work outweighs its sums and torch's float32 convolution is faster (measured at
-    2 threads on MobileNetV2's and EfficientNet-Lite0's depthwise layers: 3x3 on 7x7 planes
-    and 5x5 on 14x14 and 7x7 ones ran 1.0 to 1.8x torch's time; 3x3 from 14x14 and 5x5 from
-    28x28 on, 0.4 to 0.9x)."""
+    per-row work outweighs its sums and torch's float32 convolution is as fast or faster
+    (measured at 2 threads on MobileNetV2's and EfficientNet-Lite0's depthwise layers: 5x5 on
+    7x7 output planes ran 0.9x to 1.3x torch's time; 3x3 from 7x7 and 5x5 from 14x14 on, 0.4x
+    to 1.0x)."""
     positions = math.prod(conv_output_size(x_shape, w.shape[2:], stride, padding, dilation))
     return positions >= DEPTHWISE_MIN_POSITIONS_PER_TAP * math.prod(w.shape[2:])
 
