@@ -140,12 +140,13 @@ def user_flags():
 
 
 def _conv_model() -> nn.Module:
-    """int8 dense convolutions and a linear (the INT32 path) and a depthwise one (float32)."""
+    """int8 dense convolutions and a linear (the INT32 path) and a depthwise one (float32: 36
+    output positions for 25 taps are below ``DEPTHWISE_MIN_POSITIONS_PER_TAP``)."""
     torch.manual_seed(3)
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1),
         nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1, groups=16),
+        nn.Conv2d(16, 16, 5, padding=2, groups=16),
         nn.Conv2d(16, 8, 1),
         nn.Flatten(),
         nn.Linear(8 * 6 * 6, 10),
@@ -276,6 +277,33 @@ def test_int8_weights_on_the_int8_product_keep_no_float32_copy():
         assert int8_product == (conv.groups == 1)
         assert (conv.w_float32 is None) == int8_product
     assert not any("w_float32" in memo for memo in sim._fast.values())  # the linear
+
+
+def test_depthwise_convs_on_the_c_loop_give_the_float_paths_bits(monkeypatch):
+    """A depthwise convolution large enough for INT32_DEPTHWISE runs on it with no float32
+    copy of its weight, and the model's fixed-mode output has the same bits as with the path
+    unavailable (torch's float32 convolution)."""
+    from quantlab.numerics.gemm import GemmPath, depthwise_native
+
+    torch.manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 1), nn.ReLU6(), nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=8)
+    )
+    calib, x = [(torch.randn(2, 3, 14, 14),)], torch.randn(2, 3, 14, 14)
+    outs, paths = [], []
+    for available in (True, False):
+        if not available:
+            monkeypatch.setattr(depthwise_native, "available", lambda: False)
+        sim = Simulator(model, "j6m")
+        sim.calibrate(calib, progress=False)
+        outs.append(sim.run(x, mode=Mode.FIXED))
+        convs = [memo["conv"][1] for memo in sim._fast.values() if "conv" in memo]
+        depthwise = [c for c in convs if c.groups == 8]
+        assert len(depthwise) == 1
+        paths.append(depthwise[0].plan.path)
+        assert (depthwise[0].w_float32 is None) == available
+    assert paths == [GemmPath.INT32_DEPTHWISE, GemmPath.FLOAT32]
+    assert_bits_equal(outs[0], outs[1])
 
 
 def test_a_slow_int8_product_gets_float32_weight_copies_made_once(monkeypatch):
