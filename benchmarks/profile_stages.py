@@ -28,9 +28,9 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("simulate/quant_state.py", "bias_value"),
         ("simulate/dispatch.py", "_fold"),
     ),
-    "exact GEMM sums": (
-        ("numerics/gemm/exact.py", "_conv_exact"),
-        ("numerics/gemm/exact.py", "int_matmul"),
+    "exact GEMM sums": (  # the planned kernels, whichever entry point (a prepared conv too)
+        ("numerics/gemm/kernels.py", "conv_planned"),
+        ("numerics/gemm/kernels.py", "matmul_planned"),
     ),
     "GEMM requantization": (("numerics/gemm/finish.py", "finish_gemm"),),
     "elementwise fixed kernels": (
@@ -78,7 +78,11 @@ def cprofile_stats(fn: Callable[[], object], runs: int) -> dict:
 
 def stage_table(fn: Callable[[], object], runs: int) -> pd.DataFrame:
     """Cumulative seconds per quantlab stage over ``runs`` calls of ``fn`` (cProfile)."""
-    stats = cprofile_stats(fn, runs)
+    return stage_rows(cprofile_stats(fn, runs), runs)
+
+
+def stage_rows(stats: dict, runs: int) -> pd.DataFrame:
+    """The stage table of ``cprofile_stats`` taken over ``runs`` calls."""
     total = sum(v[2] for v in stats.values()) or 1.0
     rows, covered = [], 0.0
     for stage, funcs in STAGES.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -65,6 +66,27 @@ def test_the_profile_names_functions_by_package_path_and_counts_calls_per_run():
     dispatch = [f for f in by_name.index if f.startswith("_dispatch (quantlab/simulate/")]
     assert len(dispatch) == 1 and by_name[dispatch[0]] == len(sim.ops)  # once per op per run
     assert 0.0 < table["share"].sum() <= 1.0 + 1e-9
+
+
+def test_the_fixed_stages_count_every_exact_gemm():
+    """A fixed run's convolutions (prepared convs) and linear (int_linear) both count in the
+    stage "exact GEMM sums", which is the planned kernels' time."""
+    import profile_stages
+
+    from quantlab.numerics.gemm import kernels
+
+    torch.manual_seed(0)
+    m = _Net().eval()
+    x = (torch.randn(2, 3, 3, 3),)
+    sim = Simulator(m, "j6m")
+    sim.calibrate([x], progress=False)
+    sim.run(*x, mode=Mode.FIXED)
+    stats = profile_stages.cprofile_stats(lambda: sim.run(*x, mode=Mode.FIXED), runs=2)
+    planned = {name: v for (file, _, name), v in stats.items() if file == kernels.__file__}
+    assert planned["conv_planned"][1] == 4 and planned["matmul_planned"][1] == 2
+    kernels_ms = (planned["conv_planned"][3] + planned["matmul_planned"][3]) * 1e3 / 2
+    table = profile_stages.stage_rows(stats, 2).set_index("stage")
+    assert table.loc["exact GEMM sums", "ms per run"] == pytest.approx(kernels_ms)
 
 
 def test_the_switch_loop_and_the_checks_line_read_a_switched_program(monkeypatch):
