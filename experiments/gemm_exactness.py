@@ -362,7 +362,9 @@ def gemm_exactness(exp: GemmExactnessExp, ctx: RunContext) -> ExperimentResult:
         "Fast path (quantlab.numerics.gemm): int8 x int8 matmuls and convolutions with one "
         "group by torch's int8 matrix product with int32 sums, K <= 2^16 (INT32), the same "
         "products with int16 operands within +-32639 as their exact int8 halves "
-        "(INT32_SPLIT); else float32 BLAS on K-chunks with K*max|a|*max|b| <= 2^24 summed in "
+        "(INT32_SPLIT); depthwise convolutions by a C loop with int32 sums when "
+        "kh*kw*max|a|*max|b| <= 2^31 - 1 (INT32_DEPTHWISE); else float32 BLAS on K-chunks "
+        "with K*max|a|*max|b| <= 2^24 summed in "
         "float64; for convolutions with int16 inputs and int8 weights the input split exactly "
         "into two int8-range halves (FLOAT32_SPLIT); else float64 when the bound 2^53 holds. "
         "The chosen path and the number of float32 chunks are columns of results.csv.",
