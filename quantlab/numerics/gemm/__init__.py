@@ -1,7 +1,8 @@
 """Exact integer GEMM and quantized GEMM ops, by concept:
 
 ``plan`` (choosing a provably exact path), ``precision`` (torch's float precision pinned and
-restored around the float paths), ``kernels`` (the planned kernels), ``exact`` (int_conv1d,
+restored around the float paths), ``kernels`` (the planned kernels; ``depthwise_native``: the
+depthwise convolutions' C loop), ``exact`` (int_conv1d,
 int_conv2d, int_linear, int_matmul; ``prepare_conv`` checks and plans a convolution once),
 ``finish`` (bias, accumulator contract, requantization; ``shift_form``: its MUL_SHIFT fast
 form; ``rescale32``: its FLOAT_RESCALE form in float32 where provably the same;
