@@ -8,11 +8,15 @@ u * dy - py, j * sx + v * dx - px]`` (zero outside x), F.conv2d with ``groups = 
 Exact under the caller's bound ``kh * kw * max|x| * max|w| <= 2**31 - 1`` (``plan``): every
 product has magnitude at most 2**30 (codes within 2**15), so each is an exact int32, and every
 partial sum is a sum of some of the terms, so it stays within the bound: no int32 operation
-wraps. Each channel plane is copied once, widened to int32 and zero-padded, into a per-thread
-buffer whose columns are stored by phase (column ``sx * j + p`` at phase ``p``, index ``j``), so
-that every tap's inner loop over an output row reads contiguous values for any stride. The loops
-are compiled for AVX-512 and for the baseline (``native.PRELUDE``), chosen at load; tests check
-both builds against torch's int64 convolution on random and extreme codes.
+wraps. Each channel plane is copied once, widened to int32, into a per-thread buffer zeroed
+once (the padding), its rows and columns stored by stride phase (padded row ``sy * a + q`` and
+column ``sx * j + p`` at phase plane ``(q, p)``, row ``a``, index ``j``), so that each kernel tap
+reads one phase plane at a fixed offset for every output. The sums then run over the flattened
+output plane (oh rows of the phase planes' width, the columns past ow unused: they too sum
+kh * kw products of codes or zeros, within the same bound), GROUP taps per pass, in long
+contiguous loops, and the rows are copied out. The loops are compiled for AVX-512 and for the
+baseline (``native.PRELUDE``), chosen at load; tests check both builds against torch's int64
+convolution on random and extreme codes.
 """
 
 from __future__ import annotations
