@@ -279,30 +279,66 @@ def test_int8_weights_on_the_int8_product_keep_no_float32_copy():
     assert not any("w_float32" in memo for memo in sim._fast.values())  # the linear
 
 
-def test_depthwise_convs_on_the_c_loop_give_the_float_paths_bits(monkeypatch):
+class _PathSpy:
+    """Records the plan path, the convolution and the input codes' dtype of every exact
+    convolution a run makes."""
+
+    def __init__(self, monkeypatch) -> None:
+        from quantlab.numerics.gemm import exact
+
+        self.paths: list = []
+        self.ops: list = []
+        real = exact.conv_planned
+
+        def spy(x, w, conv, kw, groups, cin_g, plan, *args, **kwargs):
+            self.paths.append(plan.path)
+            self.ops.append(("conv1d" if conv is F.conv1d else "conv2d", x.dtype))
+            return real(x, w, conv, kw, groups, cin_g, plan, *args, **kwargs)
+
+        monkeypatch.setattr(exact, "conv_planned", spy)
+
+
+@pytest.mark.parametrize("case", ["int8", "int16", "conv1d"])
+def test_depthwise_convs_on_the_c_loop_give_the_float_paths_bits(monkeypatch, case):
     """A depthwise convolution large enough for INT32_DEPTHWISE runs on it with no float32
-    copy of its weight, and the model's fixed-mode output has the same bits as with the path
-    unavailable (torch's float32 convolution)."""
+    copy of its weight (int8 inputs, planned once), and the model's fixed-mode output has the
+    same bits as with the path unavailable (torch's float32 or float64 convolution): int8 and
+    int16 activations (int16: planned per call from the measured codes), and a conv1d."""
     from quantlab.numerics.gemm import GemmPath, depthwise_native
+    from quantlab.qconfig import OpQConfig, QConfigSpec
 
     torch.manual_seed(5)
+    conv = nn.Conv1d if case == "conv1d" else nn.Conv2d
     model = nn.Sequential(
-        nn.Conv2d(3, 8, 1), nn.ReLU6(), nn.Conv2d(8, 16, 3, stride=2, padding=1, groups=8)
+        conv(3, 8, 1), nn.ReLU6(), conv(8, 16, 3, stride=2, padding=1, groups=8), nn.ReLU()
     )
-    calib, x = [(torch.randn(2, 3, 14, 14),)], torch.randn(2, 3, 14, 14)
+    shape = (2, 3, 40) if case == "conv1d" else (2, 3, 14, 14)
+    calib, x = [(torch.randn(shape),)], torch.randn(shape)
+    spec = None
+    if case == "int16":
+        i16 = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
+        spec = QConfigSpec(by_type={"conv2d": i16})
+    op_type = "conv1d" if case == "conv1d" else "conv2d"
     outs, paths = [], []
+    spy = _PathSpy(monkeypatch)
     for available in (True, False):
         if not available:
             monkeypatch.setattr(depthwise_native, "available", lambda: False)
-        sim = Simulator(model, "j6m")
+        sim = Simulator(model, "j6m", qconfig=spec)
         sim.calibrate(calib, progress=False)
+        spy.paths.clear()
+        spy.ops.clear()
         outs.append(sim.run(x, mode=Mode.FIXED))
+        codes = torch.int16 if case == "int16" else torch.int8
+        assert spy.ops == [(op_type, codes), (op_type, codes)]
+        paths.append(spy.paths[1])  # the depthwise one
         convs = [memo["conv"][1] for memo in sim._fast.values() if "conv" in memo]
         depthwise = [c for c in convs if c.groups == 8]
         assert len(depthwise) == 1
-        paths.append(depthwise[0].plan.path)
-        assert (depthwise[0].w_float32 is None) == available
-    assert paths == [GemmPath.INT32_DEPTHWISE, GemmPath.FLOAT32]
+        if case != "int16":
+            assert (depthwise[0].w_float32 is None) == available
+    assert paths[0] is GemmPath.INT32_DEPTHWISE
+    assert paths[1] is not GemmPath.INT32_DEPTHWISE
     assert_bits_equal(outs[0], outs[1])
 
 
