@@ -1,7 +1,8 @@
 """The INT32_DEPTHWISE path (``gemm.depthwise_native``): its C kernel against torch's int64
 convolution, bit for bit, on random and extreme codes over strides, paddings, dilations, kernel
 shapes and output channels per group, in the loaded and the baseline build; the plan's choice
-and bound; and the exact conv entry points taking it."""
+and bound; the exact conv entry points taking it; and the integer paths leaving torch's float
+precision alone."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from quantlab.numerics.gemm import (
     auto_excluded,
     int_conv1d,
     int_conv2d,
+    int_matmul,
     plan_conv,
     plan_gemm,
     prepare_conv,
@@ -253,3 +255,28 @@ def test_exact_conv_entry_points_take_the_path():
 def test_selftest_covers_the_path():
     cases = [c for c in run_selftest() if c.path is GemmPath.INT32_DEPTHWISE]
     assert len(cases) == 2 and all(c.ok and c.outputs > 0 for c in cases)
+
+
+def test_integer_paths_leave_torch_float_precision_alone(monkeypatch):
+    """The integer paths run no float kernel, so they do not pin (and restore) torch's float
+    precision; a float path still does."""
+    from quantlab.numerics.gemm import exact
+
+    entered = []
+
+    class Counting(exact.exact_float_kernels):
+        def __enter__(self):
+            entered.append(True)
+            return super().__enter__()
+
+    monkeypatch.setattr(exact, "exact_float_kernels", Counting)
+    g = torch.Generator().manual_seed(27)
+    x, w = _codes(g, (1, 8, 9, 9), torch.int8), _codes(g, (8, 1, 3, 3), torch.int8)
+    ref = _reference(x, w, 1, 1, 1)
+    for path in (GemmPath.INT32_DEPTHWISE, GemmPath.INT64):
+        assert torch.equal(int_conv2d(x, w, 1, 1, groups=8, path=path), ref)
+    a, b = _codes(g, (4, 16), torch.int8), _codes(g, (16, 3), torch.int8)
+    assert torch.equal(int_matmul(a, b, GemmPath.INT32), a.long() @ b.long())
+    assert entered == []
+    assert torch.equal(int_conv2d(x, w, 1, 1, groups=8, path=GemmPath.FLOAT32), ref)
+    assert entered == [True]

@@ -2,10 +2,11 @@
 
 Every function returns the exact sum of products (int64; optionally the int32 or float32 tensor
 a fast path computed them in). The fast paths run torch's int8 matrix product with int32 sums
-(int8 matmuls and convolutions with one group; int16 operands as their int8 halves) or float
-BLAS on integer-valued tensors, and are exact by a bound, not by luck (``plan``;
-bit-exact-emulation s.2.1). Each call pins torch's float precision for the kernels it runs and
-restores the caller's (``precision``), and runs ``quantlab.numerics.selftest`` once per process
+(int8 matmuls and convolutions with one group; int16 operands as their int8 halves), a C loop
+with int32 sums (depthwise convolutions) or float BLAS on integer-valued tensors, and are exact
+by a bound, not by luck (``plan``; bit-exact-emulation s.2.1). Each call on a float path pins
+torch's float precision for the kernels it runs and restores the caller's (``precision``;
+the integer paths run no float kernel), and runs ``quantlab.numerics.selftest`` once per process
 before its first product: AUTO stops using a path that fails it (with a warning). AUTO takes
 the int8 matrix product only where it is faster than the float32 one on this machine
 (``int8_speed``, measured once per process; the bits are the same either way). Thread counts
@@ -41,6 +42,8 @@ from quantlab.numerics.gemm.precision import exact_float_kernels
 from quantlab.numerics.selftest import ensure_selftest
 
 INT8_PRODUCT_PATHS = frozenset({GemmPath.INT32, GemmPath.INT32_SPLIT})
+# paths that run no float kernel, so torch's float precision needs no pinning around them
+INTEGER_PATHS = INT8_PRODUCT_PATHS | {GemmPath.INT32_DEPTHWISE, GemmPath.INT64}
 
 
 def auto_excluded() -> frozenset[GemmPath]:
@@ -94,6 +97,8 @@ def int_matmul(
     disabled = auto_excluded()
     plan = plan_matmul(a, b, path, disabled)
     measured = operand_bound(b) if path is GemmPath.AUTO else None  # a forced path keeps chunks
+    if plan.path in INTEGER_PATHS:  # no float kernel: nothing to pin
+        return matmul_planned(a, b, k, plan, as_int64, b_float32, measured)
     with exact_float_kernels(a.device.type):
         return matmul_planned(a, b, k, plan, as_int64, b_float32, measured)
 
@@ -179,11 +184,13 @@ class PreparedConv:
                 int_product=self.int_product,
                 depthwise=self.depthwise,
             )
-        with exact_float_kernels(x.device.type):
-            w_max = self.w_bound if self.path is GemmPath.AUTO else None
-            out = conv_planned(
-                x, self.w, self.conv, self.kw, self.groups, self.cin_g, plan, self.w_float32, w_max
-            )
+        w_max = self.w_bound if self.path is GemmPath.AUTO else None
+        args = (x, self.w, self.conv, self.kw, self.groups, self.cin_g, plan, self.w_float32, w_max)
+        if plan.path in INTEGER_PATHS:  # no float kernel: nothing to pin
+            out = conv_planned(*args)
+        else:
+            with exact_float_kernels(x.device.type):
+                out = conv_planned(*args)
         if as_int64:
             out = out.to(torch.int64)
         return out.squeeze(0) if self.unbatched else out
