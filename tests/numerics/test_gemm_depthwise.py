@@ -37,13 +37,19 @@ needs_cc = pytest.mark.skipif(
 RANGES = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 
 
-@pytest.fixture(params=["as loaded", "baseline"])
+BUILDS = {"baseline": "#define QL_NO_CLONES\n", "avx2": "#define QL_ONLY_AVX2\n"}
+HAS_AVX2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@pytest.fixture(params=["as loaded", "baseline", "avx2"])
 def build(request, monkeypatch):
-    """The build the CPU loads, or the baseline build (no CPU-specific clones)."""
-    if request.param == "baseline":
-        kernels = native.Kernels(
-            "depthwise_baseline", "#define QL_NO_CLONES\n" + DW.SOURCE, DW.configure, "test"
-        )
+    """The build the CPU loads, the baseline build (no CPU-specific clones), or the AVX2 code
+    alone (the clone a CPU without AVX-512 loads; where the CPU has AVX2)."""
+    if request.param == "avx2" and not HAS_AVX2:
+        pytest.skip("this CPU has no AVX2 to run the AVX2 clone on")
+    if request.param in BUILDS:
+        source = BUILDS[request.param] + DW.SOURCE
+        kernels = native.Kernels(f"depthwise_{request.param}", source, DW.configure, "test")
         monkeypatch.setattr(DW, "KERNELS", kernels)
     return request.param
 
