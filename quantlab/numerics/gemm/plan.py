@@ -279,12 +279,9 @@ def int_product_conv(
         if not (pointwise and padding in ("valid", "same")):
             return None
         padding = 0
-    stride, padding = per_axis(stride, nsp), per_axis(padding, nsp)
-    dilation = per_axis(dilation, nsp)
-    for i in range(nsp):
-        if (x_shape[2 + i] + 2 * padding[i] - dilation[i] * (ksize[i] - 1) - 1) // stride[i] < 0:
-            return None
-    if all(s == 1 for s in stride) or x_shape[1] >= IM2COL_MIN_CHANNELS:
+    if min(conv_output_size(x_shape, ksize, stride, padding, dilation)) <= 0:
+        return None
+    if all(s == 1 for s in per_axis(stride, nsp)) or x_shape[1] >= IM2COL_MIN_CHANNELS:
         return (x_dtype, w.dtype)
     return None
 
