@@ -52,9 +52,12 @@ static inline float round_clamped(float q, float lo, float hi) {
   return (q + 12582912.0f) - 12582912.0f;
 }
 
-/* a row's loops are compiled for AVX-512 and for the baseline, chosen when loaded */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
-#define CLONES __attribute__((target_clones("avx512f", "default")))
+/* a row's loops are compiled for AVX-512, for AVX2 and for the baseline, chosen when loaded
+   (QL_ONLY_AVX2: the AVX2 code alone, QL_NO_CLONES: the baseline alone; for tests) */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(QL_ONLY_AVX2)
+#define CLONES __attribute__((target("avx2")))
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define CLONES
 #endif

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal
+from native_builds import BUILDS, variant_source
 from toolchain import CC
 
 from quantlab.numerics import reference as ref
@@ -135,17 +136,18 @@ def test_by_reciprocal_matches_exact_reference(rounding, dtype, zp, rng):
 
 
 @pytest.mark.skipif(CC is None, reason="the native fake quant needs a C compiler")
-@pytest.mark.parametrize("build", ["as loaded", "baseline"])
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("dtype,zp,rng", CASES)
 def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, build, monkeypatch):
     """Tensors of at least ``MIN_ELEMENTS`` values take the one-pass C kernel (HALF_EVEN):
     the exact reference's bits, NaN, infinities, ties and saturation included, out of place
-    and in place, by the build the CPU loads and by the baseline build."""
+    and in place, by the build the CPU loads, by the baseline build and by the AVX2 code alone."""
     from quantlab.numerics import fake_quant_native as FQN
     from quantlab.numerics import native
 
-    if build == "baseline":
-        lib = native.load("fake_quant_baseline", "#define QL_NO_CLONES\n" + FQN.SOURCE)
+    source = variant_source(build, FQN.SOURCE)
+    if source is not None:
+        lib = native.load(f"fake_quant_{build}", source)
         FQN.configure(lib)
         monkeypatch.setattr(FQN.KERNELS, "loaded", lib)
     s = torch.tensor(0.0371, dtype=torch.float32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from native_builds import BUILDS, variant_kernels
 
 from quantlab.numerics import native
 from quantlab.numerics.gemm import (
@@ -37,19 +38,11 @@ needs_cc = pytest.mark.skipif(
 RANGES = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 
 
-BUILDS = {"baseline": "#define QL_NO_CLONES\n", "avx2": "#define QL_ONLY_AVX2\n"}
-HAS_AVX2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-
-
-@pytest.fixture(params=["as loaded", "baseline", "avx2"])
+@pytest.fixture(params=BUILDS)
 def build(request, monkeypatch):
-    """The build the CPU loads, the baseline build (no CPU-specific clones), or the AVX2 code
-    alone (the clone a CPU without AVX-512 loads; where the CPU has AVX2)."""
-    if request.param == "avx2" and not HAS_AVX2:
-        pytest.skip("this CPU has no AVX2 to run the AVX2 clone on")
-    if request.param in BUILDS:
-        source = BUILDS[request.param] + DW.SOURCE
-        kernels = native.Kernels(f"depthwise_{request.param}", source, DW.configure, "test")
+    """The kernels as the CPU loads them, the baseline build, or the AVX2 code alone."""
+    kernels = variant_kernels(request.param, DW.KERNELS)
+    if kernels is not None:
         monkeypatch.setattr(DW, "KERNELS", kernels)
     return request.param
 

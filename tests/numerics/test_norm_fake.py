@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
+from native_builds import BUILDS, variant_source
 from toolchain import CC
 
 from quantlab.numerics.dtypes import DType
@@ -151,18 +152,19 @@ def _torch_steps(x, layout, sc, so, out, gamma, beta, eps=1e-5):
 
 
 @needs_cc
-@pytest.mark.parametrize("build", ["as loaded", "baseline"])
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("seed", range(12))
 def test_the_native_rows_equal_the_torch_steps_on_random_and_tied_values(seed, build, monkeypatch):
     """The C elementwise steps against the torch steps: random sizes, scales from tiny to
     huge, inputs on and beyond the calibrated ranges, values whose quotients fall exactly on
     half codes (ties), NaN and infinities; identical bits every time, by the build the CPU
-    loads (its AVX-512 loops here) and by the baseline build (no per-CPU loops)."""
+    loads (its AVX-512 loops here), by the baseline build (no per-CPU loops) and by the AVX2
+    code alone."""
     from quantlab.numerics import native, norm_native
 
-    if build == "baseline":
-        source = "#define QL_NO_CLONES\n" + norm_native._SOURCE
-        lib = native.load("norm_fake_baseline", source)
+    source = variant_source(build, norm_native._SOURCE)
+    if source is not None:
+        lib = native.load(f"norm_fake_{build}", source)
         norm_native.configure(lib)
         monkeypatch.setattr(norm_native.KERNELS, "loaded", lib)
     g = torch.Generator().manual_seed(seed)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal, edge_values
+from native_builds import BUILDS, variant_kernels
 
 from quantlab.numerics import native
 from quantlab.numerics import reference as ref
@@ -23,13 +24,12 @@ OUTS = {torch.int8: (-128, 127), torch.uint8: (0, 255), torch.int16: (-32768, 32
 _DT = {torch.int8: DType.INT8, torch.uint8: DType.UINT8, torch.int16: DType.INT16}
 
 
-@pytest.fixture(params=["as loaded", "baseline"])
+@pytest.fixture(params=BUILDS)
 def build(request, monkeypatch):
-    """The build the CPU loads, or the baseline build (no CPU-specific clones)."""
-    if request.param == "baseline":
-        kernels = native.Kernels(
-            "requant_baseline", "#define QL_NO_CLONES\n" + RN.SOURCE, RN.configure, "test"
-        )
+    """The kernels as the CPU loads them, the baseline build (no CPU-specific clones), or the
+    code a CPU with AVX2 and no AVX-512 runs."""
+    kernels = variant_kernels(request.param, RN.KERNELS)
+    if kernels is not None:
         monkeypatch.setattr(RN, "KERNELS", kernels)
     return request.param
 

@@ -31,23 +31,11 @@ from quantlab.numerics.gemm.plan import DEPTHWISE_MAX_TAPS, conv_output_size, pe
 
 _C_TYPE = {torch.int8: ("i8", "int8_t"), torch.int16: ("i16", "int16_t")}
 
-# the plane loops also get an AVX2 clone (a machine without AVX-512 would run the baseline's
-# emulated 32-bit products otherwise); QL_ONLY_AVX2 builds the AVX2 code alone, for tests
-_CLONES_DW = r"""
-#if defined(__x86_64__) && defined(__GNUC__) && defined(QL_ONLY_AVX2)
-#define CLONES_DW __attribute__((target("avx2")))
-#elif defined(__x86_64__) && defined(__GNUC__) && !defined(QL_NO_CLONES)
-#define CLONES_DW __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CLONES_DW
-#endif
-"""
-
 _PLANE = r"""
 /* one channel plane: fill its phase planes, then each of its m output planes
    tap by tap over the flattened (oh, pwc) grid (columns ow.. of a row are not used), then copy
    the rows out as int32 */
-CLONES_DW static void dw_plane_XS_WS(const XT *src, const WT *w, int32_t *out, int32_t *buf,
+CLONES static void dw_plane_XS_WS(const XT *src, const WT *w, int32_t *out, int32_t *buf,
                                      int32_t *acc, const int64_t *geo, const int64_t *spans,
                                      const int64_t *offsets) {
   const int64_t h = geo[0], wd = geo[1], m = geo[2], kh = geo[3], kw = geo[4], sy = geo[5],
@@ -164,7 +152,6 @@ def _source() -> str:
     plane = plane.replace("GROUP_SUM", " + ".join(f"c{g} * a{g}[j]" for g in range(GROUP)))
     parts = [
         native.PRELUDE,
-        _CLONES_DW,
         "#include <stdlib.h>\n#include <string.h>\n",
         f"#define GROUP {GROUP}\n",
     ]

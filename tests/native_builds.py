@@ -1,0 +1,29 @@
+"""The builds of a native kernel module that tests check: the one the CPU loads, the baseline
+(no per-CPU clones) and the AVX2 code alone (what a CPU with AVX2 and no AVX-512 runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantlab.numerics import native
+
+BUILDS = ("as loaded", "baseline", "avx2")
+DEFINES = {"baseline": "#define QL_NO_CLONES\n", "avx2": "#define QL_ONLY_AVX2\n"}
+HAS_AVX2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def variant_source(build: str, source: str) -> str | None:
+    """``source`` as ``build`` compiles it (None: the build the CPU loads); skips the test for
+    the AVX2 build on a CPU without AVX2."""
+    if build == "avx2" and not HAS_AVX2:
+        pytest.skip("this CPU has no AVX2 to run the AVX2 code on")
+    return DEFINES[build] + source if build in DEFINES else None
+
+
+def variant_kernels(build: str, kernels: native.Kernels) -> native.Kernels | None:
+    """A ``native.Kernels`` of ``kernels``' source as ``build`` compiles it (None: as loaded)."""
+    source = variant_source(build, kernels.source)
+    if source is None:
+        return None
+    return native.Kernels(f"{kernels.name}_{build}", source, kernels.configure, "test")
