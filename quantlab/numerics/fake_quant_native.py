@@ -7,8 +7,9 @@ loop (``quantlab.numerics.native``) does the same float32 product, a clamp to th
 bounds before rounding (the bounds are integers and rounding is monotone, so clamping first or
 last gives the same code, and NaN passes both), the half-to-even rounding of |q| <= 2**16 by
 adding and subtracting 1.5 * 2**23 (exact: the sum lies where floats are the integers, and the
-subtraction is exact), and the same product and sum. Its loop is compiled for AVX-512 and for
-the baseline on x86-64 and chosen at load; the tests check both against the torch passes.
+subtraction is exact), and the same product and sum. Its loop is compiled for AVX-512, for
+AVX2 and for the baseline on x86-64 and chosen at load; the tests check all three against the
+torch passes.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ no fast-math, no contraction), the same float32 operations in the same order as
 - ``rsqrt(v + eps)`` as ``1 / sqrt(v + fl32(eps))``: torch computes ``v + eps`` in float32
   (eps cast to float32) and its rsqrt as one division by one square root, both rounded once.
 
-A row's loops are compiled twice on x86-64, for AVX-512 and for the baseline instruction set,
-and the loader picks the one the CPU runs (GCC's ``target_clones``); vector and scalar forms
-of these operations round alike, and the tests check both builds.
+A row's loops are compiled three times on x86-64, for AVX-512, for AVX2 and for the baseline
+instruction set, and the loader picks the one the CPU runs (GCC's ``target_clones``); vector
+and scalar forms of these operations round alike, and the tests check all three builds.
 
 Only HALF_EVEN rounding and float32 inputs without gradient take it; the caller computes
 anything else by torch. The tests demand identical bits against the torch steps.
