@@ -1,8 +1,8 @@
 """The INT32_DEPTHWISE path (``gemm.depthwise_native``): its C kernel against torch's int64
 convolution, bit for bit, on random and extreme codes over strides, paddings, dilations, kernel
-shapes and output channels per group, in the loaded and the baseline build; the plan's choice
-and bound; the exact conv entry points taking it; and the integer paths leaving torch's float
-precision alone."""
+shapes and output channels per group, in the loaded, the baseline and the AVX2 build; the
+plan's choice and bound; the exact conv entry points taking it; and the integer paths leaving
+torch's float precision alone."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def _random_case(g):
     xd = torch.int8 if pick(0, 1) else torch.int16
     wdt = torch.int8 if pick(0, 1) else torch.int16
     x = _codes(g, (n, c, h, wd), xd)
-    limit = INT32_MAX // (kh * kw * max(1, int(x.abs().max())))
+    limit = INT32_MAX // (kh * kw * max(1, int(x.to(torch.int64).abs().max())))
     w = _codes(g, (c * m, 1, kh, kw), wdt, limit)
     return x, w, (sy, sx), (py, px), (dy, dx)
 
