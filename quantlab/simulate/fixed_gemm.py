@@ -11,6 +11,7 @@ from torch import Tensor
 from quantlab.numerics import gemm
 from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm.exact import INTEGER_PATHS
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -208,21 +209,18 @@ def _takes_int8_product(sim, call, xc: Tensor, wc: Tensor) -> bool:
     return sim.op_memo(call.name, "int8_product", (tuple(xc.shape), wc), plan_path)
 
 
-_READS_CODES = (gemm.GemmPath.INT32, gemm.GemmPath.INT32_DEPTHWISE)  # no float32 weight cast
-
-
 def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.PreparedConv:
     """The op's exact convolution, checked and planned once per input shape and dtype, weight
     codes and parameters (``gemm.prepare_conv``); a weight's codes (``weight``) get their
     float32 cast made once with it, kept while the codes are the same tensor, unless the plan
-    is the int8 matrix product (INT32) or the depthwise C loop (INT32_DEPTHWISE), which read
-    the codes themselves."""
+    is an integer path (``exact.INTEGER_PATHS``: int8 products, the depthwise C loop, int64),
+    which reads the codes themselves."""
     params = _gemm_params(call)
     nsp = 2 if call.op_type == "conv2d" else 1
 
     def make():
         conv = gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params)
-        if weight and (conv.plan is None or conv.plan.path not in _READS_CODES):
+        if weight and (conv.plan is None or conv.plan.path not in INTEGER_PATHS):
             # the float paths' cast of the weight, made once (the same checks and plan)
             conv = dataclasses.replace(conv, w_float32=wc.to(torch.float32))
         return conv

@@ -15,6 +15,7 @@ are left to the caller.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +31,7 @@ from quantlab.numerics.gemm.plan import (
     OPERAND_DTYPES,
     GemmPath,
     GemmPlan,
-    depthwise_conv,
-    depthwise_pays,
+    depthwise_choice,
     int_product_conv,
     operand_bound,
     plan_gemm,
@@ -57,6 +57,14 @@ def auto_excluded() -> frozenset[GemmPath]:
     if not depthwise_native.available():
         excluded.add(GemmPath.INT32_DEPTHWISE)
     return frozenset(excluded)
+
+
+def _precision_for(plan: GemmPlan, device_type: str):
+    """The context a planned GEMM runs in: torch's float precision pinned for a float path
+    (``exact_float_kernels``), nothing for an integer path (it runs no float kernel)."""
+    if plan.path in INTEGER_PATHS:
+        return contextlib.nullcontext()
+    return exact_float_kernels(device_type)
 
 
 def _check_operand(t: Tensor, name: str) -> None:
@@ -97,9 +105,7 @@ def int_matmul(
     disabled = auto_excluded()
     plan = plan_matmul(a, b, path, disabled)
     measured = operand_bound(b) if path is GemmPath.AUTO else None  # a forced path keeps chunks
-    if plan.path in INTEGER_PATHS:  # no float kernel: nothing to pin
-        return matmul_planned(a, b, k, plan, as_int64, b_float32, measured)
-    with exact_float_kernels(a.device.type):
+    with _precision_for(plan, a.device.type):
         return matmul_planned(a, b, k, plan, as_int64, b_float32, measured)
 
 
@@ -186,11 +192,8 @@ class PreparedConv:
             )
         w_max = self.w_bound if self.path is GemmPath.AUTO else None
         args = (x, self.w, self.conv, self.kw, self.groups, self.cin_g, plan, self.w_float32, w_max)
-        if plan.path in INTEGER_PATHS:  # no float kernel: nothing to pin
+        with _precision_for(plan, x.device.type):
             out = conv_planned(*args)
-        else:
-            with exact_float_kernels(x.device.type):
-                out = conv_planned(*args)
         if as_int64:
             out = out.to(torch.int64)
         return out.squeeze(0) if self.unbatched else out
@@ -243,9 +246,9 @@ def prepare_conv(
     w_bound = operand_bound(w)
     plan = None
     int_product = int_product_conv(batched, x_dtype, w, stride, padding, dilation, groups)
-    depthwise = depthwise_conv(batched, x_dtype, w, stride, padding, dilation, groups)
-    if depthwise and not depthwise_pays(batched, w, stride, padding, dilation):
-        disabled = disabled | {GemmPath.INT32_DEPTHWISE}
+    depthwise, disabled = depthwise_choice(
+        batched, x_dtype, w, stride, padding, dilation, groups, disabled
+    )
     if x_dtype == torch.int8:  # operand_bound of int8 codes is their dtype bound: no data
         plan = plan_gemm(
             128,

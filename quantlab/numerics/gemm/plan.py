@@ -338,6 +338,25 @@ def depthwise_pays(x_shape: tuple[int, ...], w: Tensor, stride=1, padding=0, dil
     return positions >= DEPTHWISE_MIN_POSITIONS_PER_TAP * math.prod(w.shape[2:])
 
 
+def depthwise_choice(
+    x_shape: tuple[int, ...],
+    x_dtype: torch.dtype,
+    w: Tensor,
+    stride,
+    padding,
+    dilation,
+    groups: int,
+    disabled: Collection[GemmPath],
+) -> tuple[bool, Collection[GemmPath]]:
+    """(``depthwise_conv``, ``disabled`` with INT32_DEPTHWISE added where the convolution is
+    one but AUTO's ``depthwise_pays`` does not hold): ``plan_gemm``'s ``depthwise`` and
+    ``disabled`` arguments for a convolution."""
+    depthwise = depthwise_conv(x_shape, x_dtype, w, stride, padding, dilation, groups)
+    if depthwise and not depthwise_pays(x_shape, w, stride, padding, dilation):
+        disabled = {*disabled, GemmPath.INT32_DEPTHWISE}
+    return depthwise, disabled
+
+
 def plan_conv(
     x: Tensor,
     w: Tensor,
@@ -355,9 +374,9 @@ def plan_conv(
     big = split_pays(conv_macs(x, w, groups), groups) or path is GemmPath.FLOAT32_SPLIT
     cin_g = x.shape[-w.dim() + 1] // groups
     unit = math.prod(w.shape[2:])
-    depthwise = depthwise_conv(tuple(x.shape), x.dtype, w, stride, padding, dilation, groups)
-    if depthwise and not depthwise_pays(tuple(x.shape), w, stride, padding, dilation):
-        disabled = {*disabled, GemmPath.INT32_DEPTHWISE}
+    depthwise, disabled = depthwise_choice(
+        tuple(x.shape), x.dtype, w, stride, padding, dilation, groups, disabled
+    )
     return plan_gemm(
         operand_bound(x),
         operand_bound(w),
