@@ -393,13 +393,22 @@ def test_qmatmul_double_rounding_equals_the_gemmlowp_reference():
 
 
 def test_selftest_passes_and_its_data_breaks_plain_float32():
+    """The self-test's adversarial data defeats a float32 sum taken term by term (one float32
+    accumulator, as a kernel without blocking computes it). torch's own float32 product may
+    split K into blocks whose partial sums stay exact, and then it depends on the CPU's BLAS
+    whether the data breaks it, so the sum is taken here in a fixed order."""
     from quantlab.numerics.selftest import _adversarial, run_selftest
 
     cases = run_selftest()
     assert cases and all(c.ok for c in cases)
     a, b = _adversarial((4, 2100), torch.int8, 1), _adversarial((2100, 3), torch.int8, 2)
-    plain = (a.float() @ b.float()).to(torch.int64)
-    assert not torch.equal(plain, int_matmul(a, b, GemmPath.INT64))
+    af, bf = a.float(), b.float()
+    acc = torch.zeros(4, 3)
+    for k in range(a.shape[1]):
+        acc += af[:, k : k + 1] * bf[k : k + 1, :]  # each sum rounded to float32
+    exact = int_matmul(a, b, GemmPath.INT64)
+    assert int(exact.abs().max()) > 2**24  # beyond float32's exact integers
+    assert not torch.equal(acc.to(torch.int64), exact)
 
 
 def test_auto_avoids_a_path_that_failed_selftest():
