@@ -66,6 +66,7 @@ ORT8 = "onnxruntime int8 QOperator"
 FLOAT, FAKE = "quantlab float", "quantlab fake j6m"
 FAKE_CAPTURED = "quantlab fake j6m, captured per op"
 FIXED, FIXED_ORT = "quantlab fixed j6m", "quantlab fixed onnxruntime profile"
+FIXED_CAPTURED = "quantlab fixed j6m, captured per op"
 # what any per-op simulation of an eager model adds before quantizing anything, and the fake
 # quant's own arithmetic: together an estimate of a fake run's floor ("Fake mode's floor")
 CAPTURED = "eager, every op captured, nothing quantized"
@@ -77,8 +78,13 @@ TARGETS = {
     FIXED: (2.5, 1.5),
     FIXED_ORT: (2.5, 1.5),
 }
-# case label -> how the FAKE variant's runs switched to a traced program (or why they did not)
-SWITCH: dict[str, dict] = {}
+# case label -> variant -> how its steady runs switched to a traced program (or why they did not)
+SWITCH: dict[str, dict[str, dict]] = {}
+SWITCHING = {
+    FAKE: ("j6m", Mode.FAKE),
+    FIXED: ("j6m", Mode.FIXED),
+    FIXED_ORT: ("onnxruntime", Mode.FIXED),
+}
 LUT_TARGET = 1.5
 MEMORY_TARGET = 2.0
 
@@ -134,11 +140,14 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
         sims[key] = sim
     out[FLOAT] = lambda: sims["j6m"].run(*x, mode=Mode.FLOAT)
     out[FAKE] = lambda: sims["j6m"].run(*x, mode=Mode.FAKE)
-    out[FAKE].program_of = lambda: sims["j6m"].steady_programs.status(x).program  # --profile
-    SWITCH[case.label] = run_until_switched(out[FAKE], sims["j6m"], x)
+    out[FAKE].program_of = lambda: sims["j6m"].steady_programs.status(x, Mode.FAKE).program
     out[FAKE_CAPTURED] = lambda: sims["captured"].run(*x, mode=Mode.FAKE)
     out[FIXED] = lambda: sims["j6m"].run(*x, mode=Mode.FIXED)
     out[FIXED_ORT] = lambda: sims["onnxruntime"].run(*x, mode=Mode.FIXED)
+    out[FIXED_CAPTURED] = lambda: sims["captured"].run(*x, mode=Mode.FIXED)
+    SWITCH[case.label] = {
+        v: run_until_switched(out[v], sims[key], x, mode) for v, (key, mode) in SWITCHING.items()
+    }
     out.update(ort_runners(module, x, calib, threads))
     out[CAPTURED] = captured_runner(module, x)
     sims["j6m"].run(*x, mode=Mode.FAKE)
@@ -149,17 +158,19 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
         raise RuntimeError(f"{case.label}: the captured run does not give the eager output")
     if not torch.equal(out[FAKE](), out[FAKE_CAPTURED]()):
         raise RuntimeError(f"{case.label}: the steady FAKE run differs from the captured one")
+    if not torch.equal(out[FIXED](), out[FIXED_CAPTURED]()):
+        raise RuntimeError(f"{case.label}: the steady FIXED run differs from the captured one")
     return out
 
 
-def run_until_switched(fake: Callable[[], object], sim: Simulator, x: tuple) -> dict:
-    """Run ``fake`` (a steady FAKE run of ``sim``) until its runs switch to a traced program or
-    the switch fails; how many captured runs and seconds that took, the build's seconds, and
-    the reason where there is no program."""
+def run_until_switched(steady: Callable[[], object], sim: Simulator, x: tuple, mode: Mode) -> dict:
+    """Run ``steady`` (a steady run of ``sim`` in ``mode``) until its runs switch to a traced
+    program or the switch fails; how many captured runs and seconds that took, the build's
+    seconds, and the reason where there is no program."""
     t0 = time.perf_counter()
     while True:
-        fake()
-        state = sim.steady_programs.status(x)
+        steady()
+        state = sim.steady_programs.status(x, mode)
         if state.program is not None or state.failed is not None:
             break
     return {
@@ -197,8 +208,9 @@ def fake_quant_passes(sim: Simulator) -> Callable[[], object]:
     gen = torch.Generator().manual_seed(0)
     work = [
         (prep.fq, torch.randn(sim._info[name].output_shape, generator=gen) * 3, prep.owned)
-        for name, prep in sim._prepared.items()
-        if prep.fq is not None  # a pass-through op or a composite has no output fake quant
+        for (name, mode), prep in sim._prepared.items()
+        # a pass-through op or a composite has no output fake quant
+        if mode is Mode.FAKE and prep.fq is not None
     ]
 
     def run():
@@ -230,7 +242,7 @@ def floor_rows(table: pd.DataFrame) -> pd.DataFrame:
                 "floor_above_target": bool(floor > TARGETS[FAKE][0]),
                 # the traced program sees no op: its floor is the model plus the fake quants
                 "program_floor_x": 1.0 + x[FQ_PASSES],
-                "program_x": x[FAKE] if SWITCH[case]["switched"] else float("nan"),
+                "program_x": x[FAKE] if SWITCH[case][FAKE]["switched"] else float("nan"),
             }
         )
     return pd.DataFrame(rows)
@@ -474,20 +486,29 @@ def main() -> None:
             )
         ),
         "",
-        f"`{FAKE}`: `Simulator.run(*x, mode=FAKE)` as a loop runs it: once steady runs of one "
-        "input signature have taken `PROGRAM_AFTER_S` seconds captured, they run as a traced "
-        "program (torch.fx trace, every module inlined, its Python state guarded by torch "
-        "dynamo; `quantlab.simulate.steady_programs`), with the same bits as the captured run "
-        "(checked here before timing, and in tests/simulate/test_steady_programs.py and "
-        f"test_fake_program.py). `{FAKE_CAPTURED}`: every run captured per op "
-        "(`steady_programs=False`). Before the timed rounds each case ran its fake loop until "
-        "the switch:",
+        f"`{FAKE}`, `{FIXED}`, `{FIXED_ORT}`: `Simulator.run(*x, mode=...)` as a loop runs "
+        "it: once steady runs of one mode and input signature have taken `PROGRAM_AFTER_S` "
+        "seconds captured, they run as a traced program (torch.fx trace, every module inlined, "
+        "its Python state guarded by torch dynamo; `quantlab.simulate.steady_programs`), with "
+        "the same bits as the captured run (checked here before timing, and in "
+        "tests/simulate/test_steady_programs.py, test_program.py and test_pinned_codes.py). "
+        f"`{FAKE_CAPTURED}`, `{FIXED_CAPTURED}`: every run captured per op "
+        "(`steady_programs=False`). Before the timed rounds each of these loops ran until the "
+        "switch:",
         "",
-        markdown_table(pd.DataFrame([{"case": k, **v} for k, v in SWITCH.items()])),
+        markdown_table(
+            pd.DataFrame(
+                [
+                    {"case": c, "variant": v, **info}
+                    for c, by in SWITCH.items()
+                    for v, info in by.items()
+                ]
+            )
+        ),
         "",
         "captured_runs and captured_s: the runs (and their seconds) before the switch; "
-        "build_s: building the program (two FAKE runs, the torch.fx trace and named run, torch "
-        "dynamo's trace for the guards); loop_s: the whole loop. A loop shorter than "
+        "build_s: building the program (two runs in its mode, the torch.fx trace and named run, "
+        "torch dynamo's trace for the guards); loop_s: the whole loop. A loop shorter than "
         "captured_s + build_s runs captured throughout, at the captured figure.",
         "",
         "## Per case (x eager: median wall time over eager's; x ort int8: over onnxruntime int8)",
@@ -567,7 +588,7 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
     case = CASES[0]
     fns = variants(case, threads)
     load_before = os.getloadavg()
-    timed = [EAGER, CAPTURED, FQ_PASSES, FAKE_CAPTURED, FAKE]
+    timed = [EAGER, CAPTURED, FQ_PASSES, FAKE_CAPTURED, FAKE, FIXED_CAPTURED, FIXED]
     med = time_interleaved({v: fns[v] for v in timed}, rounds).groupby("variant").wall_s.median()
     ms = med * 1e3
     eager, captured, passes, fake = ms[EAGER], ms[CAPTURED], ms[FQ_PASSES], ms[FAKE_CAPTURED]
@@ -588,6 +609,21 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
     ]
     layer_table = pd.DataFrame(
         [{"part": k, "ms per run": v, "x eager": v / eager} for k, v in layers]
+    )
+    fixed_layers = [
+        ("the model's own run (eager torch, nothing captured)", eager),
+        ("seeing every op (captured - eager)", captured - eager),
+        (
+            "fixed run's own work besides seeing the ops: dispatch, kernels, bookkeeping "
+            "(fixed captured - captured)",
+            ms[FIXED_CAPTURED] - captured,
+        ),
+        ("fixed run, captured per op (total)", ms[FIXED_CAPTURED]),
+        (f"{FIXED}: after the switch to a traced program (total)", ms[FIXED]),
+        ("saved by the program (fixed captured - program)", ms[FIXED_CAPTURED] - ms[FIXED]),
+    ]
+    fixed_table = pd.DataFrame(
+        [{"part": k, "ms per run": v, "x eager": v / eager} for k, v in fixed_layers]
     )
     md = [
         f"# Where the time goes: {case.label}, j6m, {threads} threads",
@@ -625,11 +661,19 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         + checks_line(fns[FAKE], fns[FAKE].program_of(), case.inputs(0)),
         python_table(fns[FAKE], 5),
     )
+    md += _section(
+        f"{FIXED}: wall time by part",
+        f"Medians of the same {rounds} interleaved rounds. A fixed run replaces the model's "
+        "float GEMMs by exact integer ones, so its own work is what it adds to, and saves from, "
+        "the model's run.",
+        fixed_table,
+    )
     aten, stages = profile_run(fns[FIXED])
     md += _section(
-        f"{FIXED}: stages",
+        f"{FIXED}, after the switch to a traced program: stages",
         "Cumulative time of the functions implementing each stage (cProfile over 5 runs, which "
-        "inflates Python-heavy stages; the shares still rank them).",
+        "inflates Python-heavy stages; the shares still rank them). The program sees no op, so "
+        "the rest is dispatch, bookkeeping and the model's float ops.",
         stages,
     )
     md += _section(f"{FIXED}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)

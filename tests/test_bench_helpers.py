@@ -102,11 +102,11 @@ def test_the_switch_loop_and_the_checks_line_read_a_switched_program(monkeypatch
     def fake():
         return sim.run(*x, mode=Mode.FAKE)
 
-    switch = bench_simulate.run_until_switched(fake, sim, x)
+    switch = bench_simulate.run_until_switched(fake, sim, x, Mode.FAKE)
     assert switch["switched"] and switch["failed"] is None
     assert switch["captured_runs"] >= 1 and switch["captured_s"] >= 0.05
-    program = sim.steady_programs.status(x).program
+    program = sim.steady_programs.status(x, Mode.FAKE).program
     line = bench_simulate.checks_line(fake, program, x, runs=3)
     checks, guards = [float(w) for w in line.split() if w.isdigit()][:2]
     assert checks > 0 and guards > 0
-    assert sim.steady_programs.status(x).program_runs >= 3
+    assert sim.steady_programs.status(x, Mode.FAKE).program_runs >= 3

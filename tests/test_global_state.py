@@ -92,7 +92,10 @@ import quantlab.simulate.steady_programs as steady_programs
 steady_programs.PROGRAM_AFTER_S = 0.0  # the next steady FAKE run builds a traced program
 sim.run(x, mode=Mode.FAKE)
 sim.run(x, mode=Mode.FAKE)
-report["program_runs"] = sim.steady_programs.status((x,)).program_runs
+sim.run(x, mode=Mode.FIXED)  # and the next steady FIXED run builds one too
+sim.run(x, mode=Mode.FIXED)
+report["program_runs"] = [sim.steady_programs.status((x,), m).program_runs
+                          for m in (Mode.FAKE, Mode.FIXED)]
 from torch._dynamo.utils import counters
 frames = dict(counters["frames"])
 with torch.no_grad():
@@ -122,7 +125,7 @@ def test_import_and_fast_paths_leave_torch_global_state_alone():
         "use": [],
         "set_num_threads_calls": [],
         "lut_threads_started": [],
-        "program_runs": 1,
+        "program_runs": [1, 1],
         "frames_traced_by_a_plain_call": {},
     }
     assert report == want, out.stderr[-2000:]

@@ -18,9 +18,9 @@ never changed by later runs.
 (``discovery``: op records, fusions, output feeds, grid chains, validation, the op table),
 quantization state (``quant_state``: observers, scales, weight codes, kernel caches) and op
 dispatch (``dispatch``: what each captured call becomes in a run). What a call resolved is kept
-per op (argument plans, routes: ``op_route``) and, for FAKE runs that record nothing beyond the
-op table, as a prepared call (``steady``) that later calls follow after checking everything it
-was made from.
+per op (argument plans, routes: ``op_route``) and, for FAKE and FIXED runs that record nothing
+beyond the op table, as a prepared call (``steady``; in FIXED mode, of a GEMM with a weight)
+that later calls follow after checking everything it was made from.
 """
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     in its ``input_quant`` attribute (nothing by default).
 
     ``fake_ops``: how FAKE mode computes segment-LUT ops (``FakeOps``: QAT's exact function, or
-    the DEPLOYED table). ``steady_programs``: steady FAKE runs (no per-op overrides or replay)
-    switch to a traced program of the model (``FakeProgram``, guarded by torch dynamo) once
-    runs of one input signature have taken ``steady_programs.PROGRAM_AFTER_S`` seconds; the
+    the DEPLOYED table). ``steady_programs``: steady FAKE, HYBRID and FIXED runs (no per-op
+    overrides or replay) switch to a traced program of the model (``Program``, guarded by torch
+    dynamo) once runs of one mode and input signature have taken
+    ``steady_programs.PROGRAM_AFTER_S`` seconds; the
     same bits, without the per-op capture (``quantlab.simulate.steady_programs``); False keeps
     every run captured. ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
     straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model
@@ -111,10 +112,11 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._plans: dict[str, tuple] = {}  # op -> (argument layout, its ArgPlan)
         # (op, mode) -> its OpRoute in the latest configuration it ran in, in that mode
         self._routes: dict = {}
-        self._prepared: dict = {}  # op -> its steady.PreparedCall (steady FAKE runs)
+        # (op, mode) -> its steady.PreparedCall (steady FAKE and FIXED runs)
+        self._prepared: dict = {}
         self._fast: dict[str, dict] = {}
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
-        # steady FAKE runs' traced programs, per input signature (None: always captured)
+        # steady runs' traced programs, per mode and input signature (None: always captured)
         self.steady_programs = SteadyPrograms() if steady_programs else None
 
     # ------------------------------------------------------------------ public API
@@ -194,33 +196,36 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         With ``replay``, every op executed before the first op named in ``op_modes`` returns its
         recorded output instead of being recomputed. A FLOAT run without ``op_modes`` or
         ``replay`` (after the first run) is ``model(*inputs)`` in eval mode under no_grad,
-        nothing captured. A FAKE run without them runs as a traced program once runs of the
-        same input signature have taken a few seconds (``steady_programs``), with the same bits.
+        nothing captured. Any other run without them runs as a traced program once runs of the
+        same mode and input signature have taken a few seconds (``steady_programs``), with the
+        same bits.
         """
         st = self._new_state(mode, op_modes, replay)
         if (
             self.steady_programs is not None
-            and st.mode is Mode.FAKE
+            and st.mode is not Mode.FLOAT
             and not st.op_modes
             and st.replay is None
         ):
-            return self.steady_programs.run(self, inputs, lambda: self._forward(inputs, st))
+            run = self.steady_programs.run
+            return run(self, inputs, st.mode, lambda: self._forward(inputs, st))
         return self._forward(inputs, st)
 
-    def fake_program(self, *inputs: Any, leaves: Iterable[Callable] = ()):
-        """``sim.run(..., mode=FAKE)`` for inputs shaped like ``inputs`` as generated code with
-        the per-op capture traced away (``quantlab.simulate.program.FakeProgram``): the same
-        bits, proven on ``inputs`` while building (two FAKE runs, a torch.fx trace and a named
-        run of it). ProgramError (a ValueError) when torch.fx cannot trace the model or the
-        traced graph does not run the model's ops as the model does.
+    def program(self, *inputs: Any, mode: Mode | str = Mode.FIXED, leaves: Iterable[Callable] = ()):
+        """``sim.run(..., mode=mode)`` (FAKE, HYBRID or FIXED) for inputs shaped like ``inputs``
+        as generated code with the per-op capture traced away
+        (``quantlab.simulate.program.Program``): the same bits, proven on ``inputs`` while
+        building (two runs in ``mode``, a torch.fx trace and a named run of it). ProgramError (a
+        ValueError) when torch.fx cannot trace the model or the traced graph does not run the
+        model's ops as the model does.
 
         ``leaves``: functions the trace calls as they are instead of tracing into (library
         code that tests ``isinstance(x, torch.Tensor)``), besides the model's own
         ``trace_leaves`` attribute; torch.fx finds a leaf where the calling code names it by a
         global name not starting with ``_``. A leaf must not compute modelled ops."""
-        from quantlab.simulate.program import FakeProgram
+        from quantlab.simulate.program import Program
 
-        return FakeProgram(self, inputs, leaves)
+        return Program(self, inputs, Mode.parse(mode), leaves)
 
     def trace(
         self,

@@ -5,8 +5,9 @@ modelled), run in float (FLOAT mode, unsupported ops; calibration observes it), 
 quantized: activation inputs quantized, weights fake-quantized or coded, batch_norm folded into
 its GEMM, then the fixed-point kernel (FIXED) or the float function with a quantized output.
 In-place ops keep the model's aliasing; the side tables carry codes and producers. A steady FAKE
-run (no per-op overrides, replay, trace, observer, calibration or gradients) follows an op's
-prepared call (``steady``) when every check of it holds, with the same bits.
+or FIXED run (no per-op overrides, replay, trace, observer, calibration or gradients) follows an
+op's prepared call (``steady``, kept per op and mode) when every check of it holds, with the same
+bits.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import (
     calls,
     fixed_embedding,
+    fixed_gemm,
     fixed_lut,
     fixed_norm,
     fixed_ops,
@@ -85,7 +87,7 @@ class OpDispatch:
         return out
 
     def _dispatch(self, call: OpCall, st: _RunState) -> Any:
-        prep = self._prepared.get(call.name) if st.mode is Mode.FAKE else None
+        prep = self._prepared.get((call.name, st.mode)) if self._prepared else None
         if prep is not None and _steady(st):
             hit = steady.prepared_value(self, prep, call, st)
             if hit is not None:
@@ -327,12 +329,23 @@ class OpDispatch:
                         self, call, r, plan, in_infos, arrived, made, *res
                     )
                     if prep is not None:
-                        self._prepared[name] = prep
+                        self._prepared[name, Mode.FAKE] = prep
                 return res
         if mode is Mode.FIXED:
-            res = fixed_ops.run_fixed(
-                self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
-            )
+            if quant_out and call.category is OpCategory.GEMM:
+                res, run = fixed_gemm.run_gemm(
+                    self, call, plan, args, kwargs, in_infos, wq, rq, clamp
+                )
+                if run is not None and wq is not None and om is None and _steady(st):
+                    prep = steady.prepare_fixed_gemm(
+                        self, call, r, plan, in_infos, arrived, wq, run, *res
+                    )
+                    if prep is not None:
+                        self._prepared[name, Mode.FIXED] = prep
+            else:
+                res = fixed_ops.run_fixed(
+                    self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
+                )
             if res is not None:
                 return res
         out = r.fn(*args, **kwargs)
@@ -356,7 +369,7 @@ class OpDispatch:
                 self, call, r, plan, in_infos, arrived, wq, args, kwargs, bounds, *res
             )
             if prep is not None:
-                self._prepared[name] = prep
+                self._prepared[name, Mode.FAKE] = prep
         return res
 
     def _fused_clamp(self, name: str) -> tuple | None:

@@ -4,6 +4,8 @@ requantization, int16 operand rules, the high/low weight split, fused clamps).""
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,14 +34,29 @@ def _gemm_params(call) -> dict:
 def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matmul: bool):
     """J6 int16 GEMM operands: coarsen a matmul operand's scale by max(32767/32639, sqrt(K/2))
     (requantizing its codes once, half to even) and clamp to the usable int16 range (s.6)."""
+    coarse = _int16_scale(sim.platform, scale, dtype, k, matmul)
+    return _int16_codes(sim.platform, codes, scale, coarse, dtype), (
+        scale if coarse is None else coarse
+    )
+
+
+def _int16_scale(p, scale: Tensor, dtype: DType, k: int, matmul: bool) -> Tensor | None:
+    """The coarsened scale of an int16 matmul operand (``_prepare_int16``), or None where the
+    operand keeps its scale. A function of the scale object, K and the platform alone."""
+    if dtype is DType.INT16 and matmul and p.int16_matmul_coarsen:
+        return gemm.coarsen_int16_matmul_scale(scale, k, p.int16_operand_max)
+    return None
+
+
+def _int16_codes(p, codes: Tensor, scale: Tensor, coarse: Tensor | None, dtype: DType) -> Tensor:
+    """An operand's GEMM codes (``_prepare_int16``): int8 codes (or centred int8 codes, int16)
+    as they are; int16 codes requantized to ``coarse`` (when not None, half to even) and
+    clamped to the usable int16 range."""
     if dtype is not DType.INT16:  # int8, or int8 centred on its zero point (int16)
-        return (codes if codes.dtype == torch.int16 else codes.to(dtype.torch_dtype)), scale
-    p = sim.platform
-    if matmul and p.int16_matmul_coarsen:
-        new = gemm.coarsen_int16_matmul_scale(scale, k, p.int16_operand_max)
-        codes = quantize(dequantize(codes, scale), new, DType.INT16, p.fake_round)
-        scale = new
-    return gemm.clamp_int16_operand(codes.to(torch.int16), p.int16_operand_max), scale
+        return codes if codes.dtype == torch.int16 else codes.to(dtype.torch_dtype)
+    if coarse is not None:
+        codes = quantize(dequantize(codes, scale), coarse, DType.INT16, p.fake_round)
+    return gemm.clamp_int16_operand(codes.to(torch.int16), p.int16_operand_max)
 
 
 def _conv_channel_axis(op_type: str, acc) -> int:
@@ -47,7 +64,147 @@ def _conv_channel_axis(op_type: str, acc) -> int:
     return 1 if acc.dim() == (4 if op_type == "conv2d" else 3) else 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class GemmRun:
+    """One GEMM's fixed-point run with every decision that does not read the operands' values
+    made: the operands' dtypes, zero points and scales, the input shape, the kernel (planned
+    convolution, int8 product, u8s8 pair saturation), the weight's GEMM codes, the bias and
+    output scale, the fused clamp's codes and the requantization constants (``plan_gemm``).
+
+    ``run(x_codes, b_codes)`` takes the first operand's codes (its QInfo's ``codes_native``)
+    and, for a matmul of two activations, the second's, and returns (value, QInfo) as the
+    platform computes it: exact integer sums, then ``finish_gemm``. ``gemm_op`` computes every
+    fixed GEMM through it, so a run kept by a prepared call (``steady``) gives the same bits
+    while its ``takes`` holds."""
+
+    name: str
+    op_type: str
+    platform: Any
+    x_shape: tuple
+    x_dtype: DType
+    x_zero_point: int
+    x_scale: Tensor  # the first operand's scale as it arrived
+    x_coarse: Tensor | None  # its coarsened int16 matmul scale (None: kept)
+    w_codes: Tensor | None  # the weight's GEMM codes (None: a second activation operand)
+    b_dtype: DType | None  # a second activation operand's dtype, zero point, scales
+    b_zero_point: int
+    b_scale: Tensor | None
+    b_coarse: Tensor | None
+    kind: str  # "pairs", "conv", "linear" or "matmul"
+    conv: Any  # gemm.PreparedConv of a weight's convolution (None: planned per call)
+    params: dict  # stride, padding, dilation, groups (convolutions)
+    w_float32: Tensor | None  # a linear weight's float32 cast for the float paths
+    zx_u8: int  # "pairs": the uint8 input's zero point
+    xs: Tensor  # the scales the sums are finished with
+    ws: Tensor
+    bias: Tensor | None
+    out_scale: Tensor | None
+    out_dtype: DType
+    fin_dtype: DType
+    zero_point: int
+    contract: Any
+    clamp: tuple | None
+    clamp_codes: Any
+    bound: int
+    constants: Any
+    cast_float: Any  # sim.cast_float (float16 outputs count their overflow in the run)
+    memo: Any  # sim.op_memo (a convolution of two activations plans per call)
+
+    def takes(self, x: Any, info: Any) -> bool:
+        """Whether ``x``, arriving with QInfo ``info``, is an input this run was planned for:
+        the same shape, dtype, zero point and scale object."""
+        return (
+            info is not None
+            and info.scale is self.x_scale
+            and info.dtype is self.x_dtype
+            and info.zero_point == self.x_zero_point
+            and isinstance(x, Tensor)
+            and tuple(x.shape) == self.x_shape
+        )
+
+    def __call__(self, x_codes: Tensor, b_codes: Tensor | None = None) -> tuple:
+        p = self.platform
+        xc = gemm.centre_codes(x_codes, self.x_zero_point) if self.x_zero_point else x_codes
+        xc = _int16_codes(p, xc, self.x_scale, self.x_coarse, self.x_dtype)
+        wc = self.w_codes
+        if wc is None:
+            bc = gemm.centre_codes(b_codes, self.b_zero_point) if self.b_zero_point else b_codes
+            wc = _int16_codes(p, bc, self.b_scale, self.b_coarse, self.b_dtype)
+        kind = self.kind
+        if kind == "pairs":  # the runtime's uint8 codes: x + 128 with zero point zx + 128
+            raw = xc.to(torch.int16) + self.zx_u8
+            if self.op_type == "linear":
+                acc, axis = gemm.pair_saturated_matmul(raw, wc.t(), self.zx_u8), -1
+            else:
+                acc = gemm.pair_saturated_conv(raw, wc, self.zx_u8, **self.params)
+                axis = _conv_channel_axis(self.op_type, acc)
+        elif kind == "conv":
+            conv = self.conv
+            if conv is None:  # a convolution of two activations: planned per call
+                conv = _prepared_conv(
+                    self.memo,
+                    self.name,
+                    self.op_type,
+                    self.params,
+                    tuple(xc.shape),
+                    xc.dtype,
+                    wc,
+                    False,
+                )
+            acc = conv(xc, as_int64=False)
+            axis = _conv_channel_axis(self.op_type, acc)
+        elif kind == "linear":
+            acc, axis = gemm.int_linear(xc, wc, as_int64=False, w_float32=self.w_float32), -1
+        else:
+            acc, axis = gemm.int_matmul(xc, wc, as_int64=False), -1
+        fin_dt = self.fin_dtype
+        res = gemm.finish_gemm(
+            acc,
+            self.xs,
+            self.ws,
+            self.bias,
+            self.out_scale,
+            fin_dt,
+            self.contract,
+            axis,
+            clamp_codes=self.clamp_codes,
+            sum_bound=self.bound,
+            reuse_acc=True,
+            out_zero_point=self.zero_point,
+            constants=self.constants,
+            with_values=fin_dt is not DType.FLOAT32,  # the codes' values in the same pass
+        )
+        if fin_dt is DType.FLOAT32:
+            if self.clamp is not None:
+                res = torch.clamp(res, self.clamp[0], self.clamp[1])
+            if self.out_dtype is DType.FLOAT16:
+                return self.cast_float(self.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
+            return res, None
+        return fc.emit(res[0], self.out_scale, self.out_dtype, self.zero_point, value=res[1])
+
+
 def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
+    """(value, QInfo) of a fixed-mode GEMM, or None for the float fallback (``run_gemm``)."""
+    return run_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp)[0]
+
+
+def run_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None) -> tuple:
+    """((value, QInfo) or None for the float fallback, the ``GemmRun`` that computed it or
+    None) of a fixed-mode GEMM: ``plan_gemm``, then its run on the operands' codes."""
+    made = plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp)
+    if not isinstance(made, GemmRun):
+        return made, None  # None (the float fallback) or the result of a split GEMM
+    x = fc.codes(args, kwargs, plan.acts[0], in_infos[0])
+    b = None if wq is not None else fc.codes(args, kwargs, plan.acts[1], in_infos[1])
+    return made(x, b), made
+
+
+def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
+    """The ``GemmRun`` of a fixed-mode GEMM call (``in_infos``: its activation inputs'
+    QInfos; ``wq``: its weight's (codes, scale, float weight), None for a matmul of two
+    activations; ``clamp``: the bounds of a fused relu6/clamp); None where the integer kernel
+    does not apply (the float fallback); a split GEMM (``rq.weight_split``) is computed here
+    and its (value, QInfo) returned."""
     p = sim.platform
     xi = in_infos[0]
     if not fc.zp_info(xi):
@@ -57,9 +214,10 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             call, f"an integer GEMM takes zero points on int8 operands only, not {xi.dtype.name}"
         )
         return None
-    xc = _operand_codes(args, kwargs, plan.acts[0], xi)
     xs = xi.scale
+    x = A.get(args, kwargs, plan.acts[0])
     matmul = call.op_type == "matmul"
+    wi = None
     if wq is not None:
         wc, ws, w_float = wq
         wdt = rq.weight_dtype
@@ -67,7 +225,9 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             if xi.zero_point:
                 fc.warn_float(call, "the high/low weight split takes an input without a zero point")
                 return None
+            xc = _operand_codes(args, kwargs, plan.acts[0], xi)
             return _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp)
+        w_shape = tuple(wc.shape)
     else:
         wi = in_infos[1] if len(in_infos) > 1 else None
         if not fc.zp_info(wi):
@@ -79,19 +239,22 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             )
             return None
         if rq.weight_split and matmul:
+            xc = _operand_codes(args, kwargs, plan.acts[0], xi)
             b = fc.codes(args, kwargs, plan.acts[1], in_infos[1])
             return _split_matmul(sim, call, xi, xc, b, in_infos[1].scale, rq, clamp)
-        wc, ws, wdt = (
-            _operand_codes(args, kwargs, plan.acts[1], wi),
-            in_infos[1].scale,
-            (in_infos[1].dtype),
-        )
+        wc, ws, wdt = None, wi.scale, wi.dtype
+        w_shape = tuple(A.get(args, kwargs, plan.acts[1]).shape)
     if call.op_type == "linear" and wq is None:
         wq_axis_ok = ws.numel() == 1
         if not wq_axis_ok:
             return None
-    k = xc.shape[-1] if call.op_type in ("linear", "matmul") else int(wc[0].numel())
-    xc, xs = _prepare_int16(sim, xc, xs, xi.dtype, k, matmul)
+    k = x.shape[-1] if call.op_type in ("linear", "matmul") else math.prod(w_shape[1:])
+    # the first operand's GEMM codes: in its own dtype, or centred on its zero point (int16)
+    x_gemm = torch.int16 if xi.zero_point else xi.dtype.torch_dtype
+    x_coarse = _int16_scale(p, xs, xi.dtype, k, matmul)
+    if x_coarse is not None:
+        xs = x_coarse
+    b_coarse = None
     if wq is not None and wdt is DType.INT16:  # a weight's int16 operand codes, made once
         w_in = (wc, ws)
         wc, ws = sim.op_memo(
@@ -100,8 +263,12 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             (*w_in, p, k, matmul),
             lambda: _prepare_int16(sim, *w_in, wdt, k, matmul),
         )
+    elif wq is not None:
+        wc = _int16_codes(p, wc, ws, None, wdt)
     else:
-        wc, ws = _prepare_int16(sim, wc, ws, wdt, k, matmul)
+        b_coarse = _int16_scale(p, ws, wdt, k, matmul)
+        if b_coarse is not None:
+            ws = b_coarse
     zo = 0
     hp = rq.high_precision_output
     out_dt = p.high_precision_output if hp else rq.output_dtype
@@ -136,33 +303,32 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         and wc.dtype == torch.int8
         and call.op_type in ("conv1d", "conv2d", "linear")
     )
-    if pairs:  # the runtime's uint8 codes: x + 128 with zero point zx + 128
+    params = _gemm_params(call)
+    conv = w32 = None
+    zx_u8 = 0
+    if pairs:
         zx_u8 = int(xi.zero_point or 0) + 128
-        raw = xc.to(torch.int16) + zx_u8
-        if call.op_type == "linear":
-            acc, axis = gemm.pair_saturated_matmul(raw, wc.t(), zx_u8), -1
-        else:
-            params = _gemm_params(call)
-            if isinstance(params.get("padding", 0), str):
-                fc.warn_float(call, "u8s8_pair_saturation takes numeric convolution padding")
-                return None
-            acc = gemm.pair_saturated_conv(raw, wc, zx_u8, **params)
-            axis = _conv_channel_axis(call.op_type, acc)
+        if call.op_type != "linear" and isinstance(params.get("padding", 0), str):
+            fc.warn_float(call, "u8s8_pair_saturation takes numeric convolution padding")
+            return None
+        kind = "pairs"
     elif call.op_type in ("conv1d", "conv2d"):
-        acc = _prepared_conv(sim, call, xc, wc, wq is not None)(xc, as_int64=False)
-        axis = _conv_channel_axis(call.op_type, acc)
+        kind = "conv"
+        if wq is not None:
+            conv = _prepared_conv(
+                sim.op_memo, call.name, call.op_type, params, tuple(x.shape), x_gemm, wc, True
+            )
     elif call.op_type == "linear":
-        w32 = None
-        if wq is not None and not _takes_int8_product(sim, call, xc, wc):
+        kind = "linear"
+        if wq is not None and not _takes_int8_product(sim, call, tuple(x.shape), x_gemm, wc):
             # a weight's float32 cast for the float paths, made once while its codes are the
             # same (the int8 matrix product reads the codes: no cast)
             w32 = sim.op_memo(call.name, "w_float32", (wc,), lambda: wc.to(torch.float32))
-        acc, axis = gemm.int_linear(xc, wc, as_int64=False, w_float32=w32), -1
     else:
         if call.func.__name__ == "__rmatmul__":
             return None
-        acc, axis = gemm.int_matmul(xc, wc, as_int64=False), -1
-    bound = k * _magnitude(xi) * _magnitude(in_infos[1] if wq is None else None, wdt)
+        kind = "matmul"
+    bound = k * _magnitude(xi) * _magnitude(wi, wdt)
     version = bias._version if bias is not None else None
     constants = sim.op_memo(  # scales and weight codes are cached objects, new when they change
         call.name,
@@ -170,63 +336,78 @@ def gemm_op(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         (xs, ws, bias, version, out_scale, fin_dt, contract),
         lambda: gemm.finish_constants(xs, ws, bias, out_scale, fin_dt, contract),
     )
-    with_values = fin_dt is not DType.FLOAT32  # the codes' values in the same pass
-    res = gemm.finish_gemm(
-        acc,
-        xs,
-        ws,
-        bias,
-        out_scale,
-        fin_dt,
-        contract,
-        axis,
+    return GemmRun(
+        name=call.name,
+        op_type=call.op_type,
+        platform=p,
+        x_shape=tuple(x.shape),
+        x_dtype=xi.dtype,
+        x_zero_point=xi.zero_point,
+        x_scale=xi.scale,
+        x_coarse=x_coarse,
+        w_codes=wc,
+        b_dtype=None if wi is None else wi.dtype,
+        b_zero_point=0 if wi is None else wi.zero_point,
+        b_scale=None if wi is None else wi.scale,
+        b_coarse=b_coarse,
+        kind=kind,
+        conv=conv,
+        params=params,
+        w_float32=w32,
+        zx_u8=zx_u8,
+        xs=xs,
+        ws=ws,
+        bias=bias,
+        out_scale=out_scale,
+        out_dtype=out_dt,
+        fin_dtype=fin_dt,
+        zero_point=zo,
+        contract=contract,
+        clamp=clamp,
         clamp_codes=ccodes,
-        sum_bound=bound,
-        reuse_acc=True,
-        out_zero_point=zo,
+        bound=bound,
         constants=constants,
-        with_values=with_values,
+        cast_float=sim.cast_float,
+        memo=sim.op_memo,
     )
-    if fin_dt is DType.FLOAT32:
-        if clamp is not None:
-            res = torch.clamp(res, clamp[0], clamp[1])
-        if out_dt is DType.FLOAT16:
-            return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
-        return res, None
-    return fc.emit(res[0], out_scale, out_dt, zo, value=res[1])
 
 
-def _takes_int8_product(sim, call, xc: Tensor, wc: Tensor) -> bool:
-    """Whether the linear ``xc @ wc.T`` runs on the int8 matrix product (plan INT32). Its plan
-    reads no data for int8 x int8 codes, so it is made once per input shape and weight."""
-    if not (xc.dtype == wc.dtype == torch.int8):
+def _takes_int8_product(sim, call, x_shape: tuple, x_dtype: torch.dtype, wc: Tensor) -> bool:
+    """Whether the linear ``x @ wc.T`` (x: codes of ``x_shape`` and ``x_dtype``) runs on the
+    int8 matrix product (plan INT32). Its plan reads no data for int8 x int8 codes (shapes and
+    dtypes alone, here of a stand-in without data), so it is made once per input shape and
+    weight."""
+    if not (x_dtype == wc.dtype == torch.int8):
         return False
 
     def plan_path() -> bool:
-        plan = gemm.plan_matmul(xc, wc.t(), disabled=gemm.auto_excluded())
+        stand_in = torch.empty((), dtype=x_dtype).expand(x_shape)
+        plan = gemm.plan_matmul(stand_in, wc.t(), disabled=gemm.auto_excluded())
         return plan.path is gemm.GemmPath.INT32
 
-    return sim.op_memo(call.name, "int8_product", (tuple(xc.shape), wc), plan_path)
+    return sim.op_memo(call.name, "int8_product", (x_shape, wc), plan_path)
 
 
-def _prepared_conv(sim, call, xc: Tensor, wc: Tensor, weight: bool) -> gemm.PreparedConv:
-    """The op's exact convolution, checked and planned once per input shape and dtype, weight
-    codes and parameters (``gemm.prepare_conv``); a weight's codes (``weight``) get their
-    float32 cast made once with it, kept while the codes are the same tensor, unless the plan
-    is an integer path (``exact.INTEGER_PATHS``: int8 products, the depthwise C loop, int64),
-    which reads the codes themselves."""
-    params = _gemm_params(call)
-    nsp = 2 if call.op_type == "conv2d" else 1
+def _prepared_conv(
+    memo, name: str, op_type: str, params: dict, x_shape: tuple, x_dtype, wc: Tensor, weight: bool
+) -> gemm.PreparedConv:
+    """Op ``name``'s exact convolution of codes of ``x_shape`` and ``x_dtype`` by ``wc``,
+    checked and planned once per input shape and dtype, weight codes and parameters
+    (``gemm.prepare_conv``; ``memo``: the simulator's ``op_memo``); a weight's codes
+    (``weight``) get their float32 cast made once with it, kept while the codes are the same
+    tensor, unless the plan is an integer path (``exact.INTEGER_PATHS``: int8 products, the
+    depthwise C loop, int64), which reads the codes themselves."""
+    nsp = 2 if op_type == "conv2d" else 1
 
     def make():
-        conv = gemm.prepare_conv(tuple(xc.shape), xc.dtype, wc, nsp, **params)
+        conv = gemm.prepare_conv(x_shape, x_dtype, wc, nsp, **params)
         if weight and (conv.plan is None or conv.plan.path not in INTEGER_PATHS):
             # the float paths' cast of the weight, made once (the same checks and plan)
             conv = dataclasses.replace(conv, w_float32=wc.to(torch.float32))
         return conv
 
-    key = (tuple(xc.shape), xc.dtype, wc, tuple(params.items()))
-    return sim.op_memo(call.name, "conv", key, make)
+    key = (x_shape, x_dtype, wc, tuple(params.items()))
+    return memo(name, "conv", key, make)
 
 
 def _checked_contract(p, op_type: str, out_dt: DType, x_dt: DType, w_dt: DType):

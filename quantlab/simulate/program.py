@@ -1,25 +1,31 @@
-"""A steady FAKE run compiled to straight-line code: the per-op capture traced away.
+"""A steady run compiled to straight-line code: the per-op capture traced away.
 
-A steady FAKE run (``Simulator.run(..., mode=FAKE)`` with no per-op overrides, replay, trace
-or gradients) pays for seeing each op: the module-call tracking that names its path, the
-torch-function mode that hands the call over, and the checks of its prepared call (``steady``). A
-``FakeProgram`` traces the model once with torch.fx (every module inlined, in eval mode), names
-each traced call as the capture names it, and generates Python code in which
+A steady run (``Simulator.run(..., mode=m)`` in FAKE, HYBRID or FIXED mode with no per-op
+overrides, replay, trace or gradients) pays for seeing each op: the module-call tracking that
+names its path and the torch-function mode that hands the call over, and the checks of its
+prepared call (``steady``). A ``Program`` traces the model once with torch.fx
+(every module inlined, in eval mode), names each traced call as the capture names it, and
+generates Python code in which
 
-- an op that followed its prepared call in the build run computes as the simulator's current
-  prepared call of it does (its fake-quantized weight and bias, its function, its output fake
-  quant) when that call's checks hold: those about the simulator (routes, resolved qconfig,
-  scales, platform, weight and bias versions) once per program call, the quantization its
-  activation inputs arrived with per call; otherwise, as after a change of qconfig, scales or
-  mode, it goes through the dispatch, which prepares it anew for the next call;
+- an op that followed its prepared call in the build run (FAKE: ops with a fake-quantized
+  output; FIXED: GEMMs with a weight and integer output codes) computes as the simulator's
+  current prepared call of it does (FAKE: its fake-quantized weight and bias, its function,
+  its output fake quant; FIXED: its planned ``fixed_gemm.GemmRun``) when that call's checks
+  hold: those about the simulator (routes, resolved qconfig, scales, platform, weight and bias
+  versions) once per program call, the quantization its activation inputs arrived with per
+  call; otherwise, as after a change of qconfig, scales or mode, it goes through the dispatch,
+  which prepares it anew for the next call;
 - an op fused into its GEMM (a clamp after a Conv) returns its input when the GEMM ran fused;
-- every other captured op goes through the simulator's dispatch as in a captured run.
+- every other captured op (in HYBRID mode, every op not fused) goes through the simulator's
+  dispatch as in a captured run: the same call, with the same arguments, under the same op
+  name, so the same bits, and every change of qconfig, scales or platform is followed as the
+  captured run follows it.
 
 What the traced code itself assumes (the inputs' shapes, strides, dtypes and devices; the
 model holding the same modules, parameters and buffers; the plain settings of those modules,
 such as a convolution's stride or a norm's eps; no module hooks) is checked once per program
 call; when any of it changed, the call runs ``Simulator.run`` instead (counted in
-``fallbacks``; build a new program with ``Simulator.fake_program``).
+``fallbacks``; build a new program with ``Simulator.program``).
 
 Every other Python value ``forward`` reads (a global, a closure variable, a list or dict
 attribute, a train flag) is checked per call too, by torch dynamo's guards over a trace of
@@ -28,7 +34,7 @@ dynamo cannot trace ``forward`` as one graph the program has no guard (``unguard
 and such a change is not detected; build the program again after one.
 
 Contract: for inputs with the example's signature, ``program(*inputs)`` returns the same bits as
-``sim.run(*inputs, mode=Mode.FAKE)``. Building proves it on the example inputs: the traced
+``sim.run(*inputs, mode=program.mode)``. Building proves it on the example inputs: the traced
 graph's captured run must name the same ops in the same order and give the same output bits as
 the model's, and so must the program. Afterwards the checks above keep it: while they hold,
 ``forward`` runs the ops it ran when the program was built.
@@ -60,7 +66,7 @@ from quantlab.simulate.traced_graph import (
     trace_model,
 )
 
-__all__ = ["NOT_HELD", "FakeProgram", "ProgramError", "input_signature"]
+__all__ = ["NOT_HELD", "Program", "ProgramError", "input_signature"]
 
 
 def _holders(root: nn.Module, paths: list[str]) -> list[tuple[dict, str, Any]]:
@@ -165,14 +171,14 @@ class _Prepared:
     about the simulator once per program call, in ``bind``; the quantization its activation
     inputs arrived with per call), else the dispatch, as a captured run would."""
 
-    def __init__(self, full: _Full, index: int) -> None:
-        self.full, self.run, self.name = full, full.run, full.name
+    def __init__(self, full: _Full, index: int, mode: Mode) -> None:
+        self.full, self.run, self.name, self.key = full, full.run, full.name, (full.name, mode)
         self.prep: steady.PreparedCall | None = None
         self.__name__ = f"ql_prepared_{index}"
 
     def bind(self, sim: Any) -> None:
         """Follow the simulator's prepared call of the op when it holds (None: dispatch)."""
-        prep = sim._prepared.get(self.name)
+        prep = sim._prepared.get(self.key)
         if prep is not None and not _prepared_holds(sim, self.name, prep):
             prep = None
         if prep is not self.prep:
@@ -190,9 +196,7 @@ class _Prepared:
         x_info = steady.arrived_info(self.acts, args, kwargs, st.qt, st.grid)
         if x_info is steady.MISMATCH:
             return self.full.dispatch(args, kwargs)
-        if prep.bias is not None and (x_info is None or x_info.scale is not prep.x_scale):
-            return self.full.dispatch(args, kwargs)
-        if prep.statics and not steady.statics_hold(prep.statics, args, kwargs):
+        if not steady.arguments_hold(prep, args, kwargs, x_info):
             return self.full.dispatch(args, kwargs)
         out, info = steady.compute(prep, self.name, args, kwargs, x_info, st)
         st.qt.set(out, info)
@@ -217,23 +221,33 @@ class _Fused:
         return self.full.dispatch(args, kwargs)
 
 
-class FakeProgram:
-    """``sim``'s steady FAKE run of its model as generated code (see the module docstring).
+class Program:
+    """``sim``'s steady run of its model in ``mode`` as generated code (see the module
+    docstring).
 
-    ``program(*inputs)`` returns the bits of ``sim.run(*inputs, mode=Mode.FAKE)``; ``fallbacks``
+    ``program(*inputs)`` returns the bits of ``sim.run(*inputs, mode=mode)``; ``fallbacks``
     counts the calls that ran ``Simulator.run`` because the inputs or the model changed;
     ``counts``: how many captured ops the code has as prepared, fused and dispatched steps."""
 
-    def __init__(self, sim: Any, inputs: tuple, leaves: Iterable[Callable] = ()) -> None:
-        self.sim, self._model = sim, sim.model
+    def __init__(
+        self, sim: Any, inputs: tuple, mode: Mode, leaves: Iterable[Callable] = ()
+    ) -> None:
+        if mode is Mode.FLOAT:
+            raise ValueError(
+                "mode must be FAKE, HYBRID or FIXED, got FLOAT (a steady FLOAT run is already "
+                "the model's own call)"
+            )
+        self.sim, self._model, self.mode = sim, sim.model, mode
         self.fallbacks = 0
         self._signature = input_signature(inputs)
-        ref = _reference_run(sim, inputs)
+        ref = _reference_run(sim, inputs, mode)
         leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
         graph, tracer, gm = trace_model(sim.model, inputs, leaves)
-        calls_of, swaps, hits = named_run(sim, gm, inputs, ref, leaves)
+        calls_of, swaps, hits = named_run(sim, gm, inputs, ref, mode, leaves)
         self._run = _Run()
-        self._code, self._steps, self.counts = _compile(sim, gm, calls_of, swaps, hits, self._run)
+        self._code, self._steps, self.counts = _compile(
+            sim, gm, calls_of, swaps, hits, self._run, mode
+        )
         # where the model holds the modules the trace went through and the tensors it read
         paths = attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
         self._holders = _holders(sim.model, paths)
@@ -241,7 +255,7 @@ class FakeProgram:
         self._settings = _settings([sim.model, *tracer.modules.values()])
         out = self._execute(inputs)
         if not same_bits(out, ref):
-            raise ProgramError("the compiled program's output differs from the FAKE run's")
+            raise ProgramError(f"the compiled program's output differs from the {mode.name} run's")
         self.guard: ForwardGuard | None = None
         self.unguarded: str | None = None  # why there is no guard
         try:
@@ -254,7 +268,7 @@ class FakeProgram:
         out = self.try_call(inputs)
         if out is NOT_HELD:
             self.fallbacks += 1
-            return self.sim.run(*inputs, mode=Mode.FAKE)
+            return self.sim.run(*inputs, mode=self.mode)
         return out
 
     def try_call(self, inputs: tuple) -> Any:
@@ -272,7 +286,7 @@ class FakeProgram:
         sim = self.sim
         for step in self._steps:
             step.bind(sim)
-        st = sim._new_state(Mode.FAKE, None, None)
+        st = sim._new_state(self.mode, None, None)
         mark_quantized_inputs(st.qt, inputs, sim.input_quant)
         prev, sim._state = sim._state, st
         self._run.st, self._run.prepared = st, 0
@@ -323,7 +337,7 @@ def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
     the call's arguments): the prepared call is current and everything it was made from holds."""
     cached = sim._plans.get(name)
     if (
-        sim._prepared.get(name) is not prep
+        sim._prepared.get((name, prep.route.mode)) is not prep
         or cached is None
         or cached[1] is not prep.route.plan
         or not steady.holds(sim, name, prep)
@@ -337,20 +351,22 @@ def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
 
 
 # ---------------------------------------------------------------------- building
-def _reference_run(sim: Any, inputs: tuple) -> Any:
-    """Two steady FAKE runs (the first prepares the calls, the second follows them), both
-    captured: never a program of ``sim.steady_programs``."""
+def _reference_run(sim: Any, inputs: tuple, mode: Mode) -> Any:
+    """Two steady runs in ``mode`` (in FAKE and FIXED mode the first prepares the calls, the
+    second follows them), both captured: never a program of ``sim.steady_programs``."""
     if not sim._calibrated:
-        raise ProgramError("fake_program needs calibrate(batches) first")
+        raise ProgramError("a program needs calibrate(batches) first")
     hooked = _hooked(sim.model.named_modules())
     if hooked is not None:
         raise ProgramError(f"{hooked} has forward hooks; a traced program skips them")
     for _ in range(2):
-        out = sim._forward(inputs, sim._new_state(Mode.FAKE, None, None))
+        out = sim._forward(inputs, sim._new_state(mode, None, None))
     return out
 
 
-def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run):
+def _compile(
+    sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run, mode: Mode
+):
     """The traced graph with every captured node's call replaced by its step; the generated
     module, its prepared steps and the count of each kind.
 
@@ -379,7 +395,7 @@ def _compile(sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: se
         step: Callable = full
         head = sim._fused_into.get(call.name)
         if call.name in hits:
-            step = _Prepared(full, i)
+            step = _Prepared(full, i, mode)
             prepared.append(step)
             counts["prepared"] += 1
         elif head is not None and call.category is not None:

@@ -78,6 +78,13 @@ class QuantizationState:
         calibrated scale)."""
         return (name, key, dtype, observer_key(rq))
 
+    @staticmethod
+    def act_zero_point_key(name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> tuple:
+        """The scale-cache key of an asymmetric activation point's (scale, zero point) entry
+        (``act_zero_point``; present once an ASYMMETRIC point's scale or zero point was
+        asked for)."""
+        return ("asymmetric", name, key, dtype, observer_key(rq))
+
     def _calibrated_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig):
         if rq.activation_symmetry is ActivationSymmetry.ASYMMETRIC and dtype.bits <= 16:
             s = self._asymmetric(name, key, dtype, rq)[0]
@@ -118,7 +125,7 @@ class QuantizationState:
     def _asymmetric(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig):
         """(scale, zero point) of an asymmetric activation point from its observed min / max
         (``numerics.quantize.compute_zero_point_scale``, zero point rounded by fake_round)."""
-        ck = ("asymmetric", name, key, dtype, observer_key(rq))
+        ck = self.act_zero_point_key(name, key, dtype, rq)
         hit = self._scale_cache.get(ck)
         if hit is None:
             obs = self._obs.get(f"{name}/{key}")

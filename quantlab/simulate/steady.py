@@ -17,6 +17,13 @@ keeps that form resolved (``composite.ResolvedComposite``: scales, contract and 
 parameters found once) and checks, besides the above, the scale-cache entries it was resolved
 from and its other arguments (tensors by identity and version, plain values by equality).
 
+A steady FIXED run keeps the same form for a GEMM with a weight (a convolution or linear
+with integer output codes): its ``fixed_gemm.GemmRun`` (``fixed``), every decision of the
+kernel that does not read the operands' values, made once; the prepared call checks what the
+run was planned from besides the above (the input's shape, scale object and zero point, the
+output's scale-cache entries, the weight and bias versions, the other arguments) and computes
+the op by the same run, so the same bits.
+
 An activation input that came as a float tensor on the grid of the op's own input point (a
 float op that keeps values made it: zero padding, eval-mode dropout; ``same_grid``) was used
 as it came, since fake-quantizing it there changes no bit. The prepared call keeps that
@@ -36,7 +43,6 @@ from quantlab.capture import OpCall, OpCategory
 from quantlab.numerics.rounding import Round
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, same_grid
-from quantlab.simulate.modes import Mode
 from quantlab.simulate.op_route import OpRoute
 from quantlab.simulate.qtensor import QInfo
 
@@ -76,6 +82,7 @@ class PreparedCall:
     kernel: Callable | None = None
     deps: tuple = ()  # (scale-cache key, entry) pairs the composite was resolved from
     statics: tuple = ()  # its other arguments as (slot, value, tensor version or None)
+    fixed: Any = None  # a FIXED GEMM's fixed_gemm.GemmRun: it computes the op
 
 
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
@@ -97,20 +104,28 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
             return None
     if prep.bias is not None:
         b = A.get(args, kwargs, plan.bias)
-        if (
-            b is not prep.bias
-            or b._version != prep.bias_version
-            or x_info is None
-            or x_info.scale is not prep.x_scale
-        ):
+        if b is not prep.bias or b._version != prep.bias_version:
             return None
     elif plan.bias is not None and A.get(args, kwargs, plan.bias) is not None:
         return None
-    if prep.statics and not statics_hold(prep.statics, args, kwargs):
+    if not arguments_hold(prep, args, kwargs, x_info):
         return None
     value, info = compute(prep, name, args, kwargs, x_info, st)
     # the full path's _quant_output gives a pass-through op's output quantization as a list
     return plan, value, [info] if prep.passes else info
+
+
+def arguments_hold(prep: PreparedCall, args: tuple, kwargs: dict, x_info: Any) -> bool:
+    """What ``prep`` assumed about a call's arguments besides how its activation inputs arrived
+    (``arrived_info``, which gave ``x_info``) and the identity of its weight and bias: the first
+    input's scale object where a bias value or a FIXED GEMM's run was made with it, that run's
+    input shape and zero point, and the call's other arguments (``statics``)."""
+    if prep.x_scale is not None and (x_info is None or x_info.scale is not prep.x_scale):
+        return False
+    run = prep.fixed
+    if run is not None and not run.takes(A.get(args, kwargs, prep.route.plan.acts[0]), x_info):
+        return False
+    return not prep.statics or statics_hold(prep.statics, args, kwargs)
 
 
 def holds(sim: Any, name: str, prep: PreparedCall) -> bool:
@@ -119,7 +134,7 @@ def holds(sim: Any, name: str, prep: PreparedCall) -> bool:
     clamp and output scale-cache entry are current, and no scales are being learned."""
     r = prep.route
     return not (
-        sim._routes.get((name, Mode.FAKE)) is not r
+        sim._routes.get((name, r.mode)) is not r
         or sim._resolved.get(name) is not r.rq
         or sim.platform is not r.platform
         or sim.fake_ops is not prep.fake_ops
@@ -191,6 +206,8 @@ def compute(
         return r.fn(*args, **kwargs), info
     if r.chain:
         st.fused_done.add(name)
+    if prep.fixed is not None:  # a FIXED GEMM: its run on the input's codes
+        return prep.fixed(x_info.codes_native(A.get(args, kwargs, r.plan.acts[0])))
     a = list(args)
     kw = dict(kwargs) if kwargs else {}
     if prep.weight is not None:
@@ -274,6 +291,77 @@ def prepare(
         out_info,
         r.gemm,
         deps=grid_deps,
+    )
+
+
+def prepare_fixed_gemm(
+    sim: Any,
+    call: OpCall,
+    r: OpRoute,
+    plan: A.ArgPlan,
+    in_infos: list,
+    arrived: list,
+    wq: tuple,
+    run: Any,
+    out: Any,
+    out_info: Any,
+) -> PreparedCall | None:
+    """The PreparedCall of a FIXED GEMM call with a weight that just ran by ``run`` (its
+    ``fixed_gemm.GemmRun``; ``wq``: the weight's (codes, scale, float weight)) and gave ``out``
+    / ``out_info``: that run while the route, the output's scale-cache entries, the weight and
+    bias versions, the input's shape and scale and the call's other arguments hold; None for a
+    call this form does not cover (an input quantized here, a batch_norm fold, a float or
+    high-precision output)."""
+    rq = r.rq
+    if (
+        not _plain_route(r)
+        or not r.quant_out
+        or not rq.output_dtype.is_int
+        or rq.high_precision_output
+        or run.out_dtype is not rq.output_dtype
+        or plan.weight is None
+        or any(sim._info[c].op_type == "batch_norm" for c in r.chain or ())
+        or calls.is_inplace(call)
+        or call.name in sim._fused_into
+        or not isinstance(out, Tensor)
+        or not isinstance(out_info, QInfo)
+        or sim._learned_scales is not None
+    ):
+        return None
+    arrival = _arrival(sim, call, plan, in_infos, arrived)
+    statics = _statics(call, plan)
+    if arrival is None or statics is None or in_infos[0] is None:
+        return None
+    weight = wq[2]
+    bias = A.get(call.args, call.kwargs, plan.bias) if plan.bias is not None else None
+    cache = sim._scale_cache
+    keys = (  # the output's scale and, for an asymmetric point, its zero point's entry
+        sim.act_scale_key(call.name, "out", rq.output_dtype, rq),
+        sim.act_zero_point_key(call.name, "out", rq.output_dtype, rq),
+    )
+    deps = tuple((k, cache[k]) for k in keys if k in cache)
+    if not deps or deps[0][0] != keys[0]:
+        return None
+    return PreparedCall(
+        route=r,
+        fake_ops=sim.fake_ops,
+        in_dtypes=arrival[0],
+        weight=weight,
+        weight_version=weight._version,
+        weight_value=None,
+        bias=bias,
+        bias_version=0 if bias is None else bias._version,
+        x_scale=in_infos[0].scale,
+        bias_value=None,
+        bounds=run.clamp,
+        point_key=("fixed", call.name),  # no entry: its scale entries are ``deps``
+        point=None,
+        fq=None,
+        out_info=None,
+        owned=False,
+        deps=deps,
+        statics=statics,
+        fixed=run,
     )
 
 

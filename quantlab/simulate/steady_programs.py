@@ -1,25 +1,27 @@
-"""When a steady FAKE run becomes a traced program: ``Simulator.run``'s switch, per input signature.
+"""When a steady run becomes a traced program: ``Simulator.run``'s switch, per mode and input
+signature.
 
-A FAKE run with no per-op overrides or replay (a steady run) pays for seeing each op
-(``program`` module docstring). A ``FakeProgram`` computes the same bits without that, but
-building one takes seconds (two FAKE runs, a torch.fx trace, a named run, torch dynamo's trace
-for its guards). So ``Simulator.run`` rents before it buys, per input signature (each tensor's
-shape, strides, dtype and device; every other input's value): steady runs go captured until
-those of one signature have taken ``PROGRAM_AFTER_S`` seconds, about what a build of a
-MobileNetV2-sized model takes, and the next one builds the program from its inputs. That keeps
-a run's total within about twice that of the better choice made in hindsight, so a short
-session never pays a build and a loop (a sweep, an evaluation) runs at the program's speed.
+A FAKE, HYBRID or FIXED run with no per-op overrides or replay (a steady run) pays for seeing
+each op (``program`` module docstring). A ``Program`` computes the same bits without that, but
+building one takes seconds (two runs in its mode, a torch.fx trace, a named run, torch dynamo's
+trace for its guards). So ``Simulator.run`` rents before it buys, per mode and input signature
+(each tensor's shape, strides, dtype and device; every other input's value): steady runs go
+captured until those of one mode and signature have taken ``PROGRAM_AFTER_S`` seconds, about
+what a build of a MobileNetV2-sized model takes, and the next one builds the program from its
+inputs. That keeps a run's total within about twice that of the better choice made in
+hindsight, so a short session never pays a build and a loop (a sweep, an evaluation) runs at
+the program's speed.
 
 A program is kept only when torch dynamo guards its model's ``forward`` (``ForwardGuard``):
-then a call whose checks hold (``FakeProgram`` docstring) runs the program, and any other runs
+then a call whose checks hold (``Program`` docstring) runs the program, and any other runs
 captured as before. A program whose checks fail is dropped and its signature starts renting
 again, up to ``MAX_DROPS`` times. A signature whose build failed (torch.fx or dynamo cannot trace
 the model, hooks, a forward that changes its own tensors) stays captured, with the reason in
 ``status``. At most ``MAX_PROGRAMS`` programs are kept per simulator. Runs at learned scales
 stay captured (a program does not follow them).
 
-A build runs ``forward`` a few more times (two FAKE runs, the traces): a forward with Python
-side effects sees them.
+A build runs ``forward`` a few more times (two runs, the traces): a forward with Python side
+effects sees them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quantlab.simulate.program import NOT_HELD, FakeProgram, ProgramError, input_signature
+from quantlab.simulate.modes import Mode
+from quantlab.simulate.program import NOT_HELD, Program, ProgramError, input_signature
 
 PROGRAM_AFTER_S = 2.0  # seconds of captured steady runs of one signature worth a build
 MAX_PROGRAMS = 4  # programs kept per simulator (each holds a generated module)
@@ -38,12 +41,12 @@ MAX_DROPS = 2  # programs of one signature dropped before it stays captured
 
 @dataclass
 class SteadyProgram:
-    """One input signature's state: captured seconds so far, its program once built (or why
+    """One mode and input signature's state: captured seconds so far, its program once built (or why
     there is none), and how many runs and seconds the latest build took."""
 
     captured_runs: int = 0
     captured_s: float = 0.0
-    program: FakeProgram | None = None  # guarded (its guard is not None)
+    program: Program | None = None  # guarded (its guard is not None)
     failed: str | None = None  # why no program can be built for this signature
     build_s: float = 0.0
     program_runs: int = 0
@@ -51,17 +54,17 @@ class SteadyProgram:
 
 
 class SteadyPrograms:
-    """``Simulator.run``'s programs for steady FAKE runs, per input signature."""
+    """``Simulator.run``'s programs for steady runs, per mode and input signature."""
 
     def __init__(self) -> None:
         self.by_signature: dict[tuple, SteadyProgram] = {}
 
-    def run(self, sim: Any, inputs: tuple, captured: Callable[[], Any]) -> Any:
-        """The steady FAKE run of ``inputs``: its program when one holds, else ``captured()``
-        (timed towards a build)."""
+    def run(self, sim: Any, inputs: tuple, mode: Mode, captured: Callable[[], Any]) -> Any:
+        """The steady run of ``inputs`` in ``mode`` (FAKE, HYBRID or FIXED): its program when
+        one holds, else ``captured()`` (timed towards a build)."""
         if sim._learned_scales is not None:
             return captured()
-        sig = input_signature(inputs)
+        sig = (mode, input_signature(inputs))
         try:
             state = self.by_signature.get(sig)
         except TypeError:  # an input that cannot be hashed: no program for it
@@ -88,8 +91,8 @@ class SteadyPrograms:
             and sum(s.program is not None for s in self.by_signature.values()) < MAX_PROGRAMS
         ):
             t0 = time.perf_counter()
-            try:  # the build's own FAKE runs are captured runs (``program._reference_run``)
-                prog = FakeProgram(sim, inputs)
+            try:  # the build's own runs are captured runs (``program._reference_run``)
+                prog = Program(sim, inputs, mode)
                 if prog.guard is None:
                     state.failed = prog.unguarded
                 else:
@@ -102,9 +105,9 @@ class SteadyPrograms:
                 state.build_s = time.perf_counter() - t0
         return out
 
-    def status(self, inputs: tuple) -> SteadyProgram | None:
-        """The state of ``inputs``' signature (None: no steady run of it yet)."""
+    def status(self, inputs: tuple, mode: Mode) -> SteadyProgram | None:
+        """The state of ``inputs``' signature in ``mode`` (None: no steady run of it yet)."""
         try:
-            return self.by_signature.get(input_signature(inputs))
+            return self.by_signature.get((mode, input_signature(inputs)))
         except TypeError:
             return None

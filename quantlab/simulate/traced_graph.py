@@ -1,4 +1,4 @@
-"""Tracing a model for a ``FakeProgram``: a torch.fx graph whose calls the capture can name.
+"""Tracing a model for a ``Program``: a torch.fx graph whose calls the capture can name.
 
 ``trace_model`` traces the model once with torch.fx, every module inlined, in eval mode, each
 node tagged with the module path the capture names its call under. Layout questions (``shape``,
@@ -25,7 +25,7 @@ from quantlab.simulate.modes import Mode
 
 
 class ProgramError(ValueError):
-    """The model cannot run as a traced FAKE program (the reason is in the message)."""
+    """The model cannot run as a traced program (the reason is in the message)."""
 
 
 # what a traced tensor answers from the example's value (fixed by the input signature)
@@ -225,12 +225,15 @@ def attr_paths(graph: fx.Graph, model: nn.Module) -> list[str]:
     return found
 
 
-def named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any, leaves: tuple = ()):
+def named_run(
+    sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any, mode: Mode, leaves: tuple = ()
+):
     """Run the traced graph node by node under the simulator's capture (each node under its
-    module path) as a steady FAKE run. Returns each node's captured calls, whether each call's
-    two operands are the node's swapped (``_swapped``) and the ops whose prepared call held;
-    ProgramError unless the op order and the output are those of the model's own run."""
-    st = sim._new_state(Mode.FAKE, None, None)
+    module path) as a steady run in ``mode``. Returns each node's captured calls, whether each
+    call's two operands are the node's swapped (``_swapped``) and the ops whose prepared call
+    held (FAKE); ProgramError unless the op order and the output are those of the model's own
+    run."""
+    st = sim._new_state(mode, None, None)
     st.prepared_hits = set()
     mark_quantized_inputs(st.qt, inputs, sim.input_quant)
     paths = _PathStack()
@@ -273,7 +276,7 @@ def named_run(sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any, leaves: tup
             f"({len(st.order)} ops traced, {len(sim._order)} in the model's run)"
         )
     if not same_bits(out, ref):
-        raise ProgramError("the traced graph's FAKE run differs from the model's")
+        raise ProgramError(f"the traced graph's {mode.name} run differs from the model's")
     for node, calls in calls_of.items():
         if len(calls) != 1 or node is None or node.op not in ("call_function", "call_method"):
             raise ProgramError(f"traced node {node} made {len(calls)} captured calls")

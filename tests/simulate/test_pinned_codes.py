@@ -36,16 +36,19 @@ def _digest(t) -> str:
     return hashlib.sha256(t.numpy().tobytes() + str(t.dtype).encode()).hexdigest()[:16]
 
 
-def fixed_mode_digests() -> dict:
+def fixed_mode_digests(program: bool = False) -> dict:
+    """The digests (and with ``program``, ``program_output``: the digest of the same batch's
+    output from a traced FIXED program of the simulator, ``Simulator.program``, built on the
+    same items in reverse order)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        return _digests()
+        return _digests(program)
     finally:
         torch.set_num_threads(threads)
 
 
-def _digests() -> dict:
+def _digests(program: bool) -> dict:
     from quantlab.calibration.kinds import ObserverKind
     from quantlab.data import load_data
     from quantlab.models import build_model
@@ -67,16 +70,21 @@ def _digests() -> dict:
         out = trace.outputs[name]
         if isinstance(out, torch.Tensor):
             ops[name] = _digest(out)
-    return {"output": _digest(trace.result), "ops": ops}
+    found = {"output": _digest(trace.result), "ops": ops}
+    if program:
+        other = torch.cat([b[0] for b in items[::-1]])  # the same items in reverse order
+        found["program_output"] = _digest(sim.program(other, mode=Mode.FIXED)(batch))
+    return found
 
 
 def test_mobilenet_v2_j6m_fixed_codes_are_pinned():
     want = json.loads(pinned_path(GOLDEN).read_text())
-    got = fixed_mode_digests()
+    got = fixed_mode_digests(program=True)
     changed = [n for n in want["ops"] if got["ops"].get(n) != want["ops"][n]]
     assert set(got["ops"]) == set(want["ops"]), "the captured op names changed"
     assert not changed, f"{len(changed)} ops changed codes; first: {changed[:5]}"
     assert got["output"] == want["output"]
+    assert got["program_output"] == want["output"]  # the traced program: the same bits
 
 
 if __name__ == "__main__":

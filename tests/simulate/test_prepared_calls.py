@@ -493,7 +493,7 @@ def test_normalisation_composites_follow_their_prepared_call(hit_names):
     assert_bits_equal(got, sim.trace(x, mode=Mode.FAKE).result)
     for y in (x * 0.1, x * 5.0):  # other inputs: saturating steps
         assert_bits_equal(sim.run(y, mode=Mode.FAKE), sim.trace(y, mode=Mode.FAKE).result)
-    program = sim.fake_program(x)
+    program = sim.program(x, mode=Mode.FAKE)
     assert _NORMS <= {step.name for step in program._steps}  # its prepared steps
     for y in (x, x * 5.0):
         assert_bits_equal(program(y), sim.trace(y, mode=Mode.FAKE).result)
@@ -507,7 +507,7 @@ def test_normalisation_composites_see_every_change(hit_names):
     captured run and in the traced program."""
     m, calib, more, x = _norm_setup()
     sim = _steady(m, calib, x)
-    program = sim.fake_program(x)
+    program = sim.program(x, mode=Mode.FAKE)
 
     def check():
         other = Simulator(m, sim.platform, sim.spec)
@@ -580,7 +580,7 @@ def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
         assert _ON_GRID <= set(hit_names), hit_names
         assert_bits_equal(got, sim.trace(x, mode=Mode.FAKE).result)
         assert_bits_equal(got, _fresh(m, calib, x))
-    program = sim.fake_program(xs[0])
+    program = sim.program(xs[0], mode=Mode.FAKE)
     for x in xs:
         assert_bits_equal(program(x), sim.run(x, mode=Mode.FAKE))
     assert program.fallbacks == 0
@@ -598,7 +598,7 @@ def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
     # the input point's scale-cache entry is what the OnGrid input rests on: a replaced entry
     # sends the call through the full path (which prepares it anew)
     key = ("fake_point", "c2:conv2d#0", "in0", DType.INT8, None)
-    assert any(k == key for k, _ in sim._prepared["c2:conv2d#0"].deps)
+    assert any(k == key for k, _ in sim._prepared["c2:conv2d#0", Mode.FAKE].deps)
     sim._scale_cache[key] = tuple(list(sim._scale_cache[key]))  # equal, another object
     hit_names.clear()
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), sim.trace(x, mode=Mode.FAKE).result)

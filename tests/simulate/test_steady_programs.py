@@ -1,6 +1,6 @@
-"""Steady FAKE runs switching to a traced program (quantlab.simulate.steady_programs): the
-captured run's bits before, during and after the switch, a changed model sending runs back
-to the capture, and the runs that never switch."""
+"""Steady FAKE, HYBRID and FIXED runs switching to a traced program
+(quantlab.simulate.steady_programs): the captured run's bits before, during and after the
+switch, a changed model sending runs back to the capture, and the runs that never switch."""
 
 from __future__ import annotations
 
@@ -47,23 +47,28 @@ def _inputs(g, n=6):
     return xs + [torch.zeros(2, 3, 8, 8), torch.full((2, 3, 8, 8), 0.5)]
 
 
-def _switched(monkeypatch):
-    """A pair (``_pair``) whose steady simulator built its program in its first FAKE run of an
-    input x: (simulator, captured simulator, generator, x, x's signature state)."""
+MODES = [Mode.FAKE, Mode.HYBRID, Mode.FIXED]
+
+
+def _switched(monkeypatch, mode: Mode = Mode.FAKE):
+    """A pair (``_pair``) whose steady simulator built its program in its first run of an
+    input x in ``mode``: (simulator, captured simulator, generator, x, x's signature state)."""
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
     _, sim, captured, g = _pair()
     x = _inputs(g, 1)[0]
-    sim.run(x, mode=Mode.FAKE)
-    return sim, captured, g, x, sim.steady_programs.status((x,))
+    sim.run(x, mode=mode)
+    return sim, captured, g, x, sim.steady_programs.status((x,), mode)
 
 
-def test_runs_switch_to_a_program_with_the_captured_bits(monkeypatch):
+@pytest.mark.parametrize("mode", MODES)
+def test_runs_switch_to_a_program_with_the_captured_bits(monkeypatch, mode):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
     _, sim, captured, g = _pair()
     xs = _inputs(g)
     for x in xs:
-        assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
-    state = sim.steady_programs.status((xs[0],))
+        assert_bits_equal(sim.run(x, mode=mode), captured.run(x, mode=mode))
+    state = sim.steady_programs.status((xs[0],), mode)
+    assert state.program.mode is mode
     assert state.program is not None and state.failed is None
     assert state.captured_runs == 1  # the first run built it; every later one ran it
     assert state.program_runs == len(xs) - 1
@@ -77,39 +82,44 @@ def test_no_program_before_the_captured_runs_have_taken_their_time(monkeypatch):
     x = _inputs(g, 1)[0]
     for _ in range(3):
         sim.run(x, mode=Mode.FAKE)
-    state = sim.steady_programs.status((x,))
+    state = sim.steady_programs.status((x,), Mode.FAKE)
     assert state.program is None and state.captured_runs == 3 and state.captured_s > 0
 
 
-def test_other_signatures_overrides_and_other_modes_stay_captured(monkeypatch):
+def test_other_signatures_modes_and_overrides_keep_their_own_state(monkeypatch):
     sim, captured, g, x, state = _switched(monkeypatch)
     name = sim.ops.set_index("op_type").loc["linear", "name"]
     for mode in (Mode.FIXED, Mode.FLOAT):
         assert_bits_equal(sim.run(x, mode=mode), captured.run(x, mode=mode))
-    overrides = {name: OpMode(Mode.FLOAT)}
-    got = sim.run(x, mode=Mode.FAKE, op_modes=overrides)
-    assert_bits_equal(got, captured.run(x, mode=Mode.FAKE, op_modes=overrides))
-    assert state.program_runs == 0
+    fixed = sim.steady_programs.status((x,), Mode.FIXED)  # its own program, built in that run
+    assert fixed is not state and fixed.program.mode is Mode.FIXED
+    assert sim.steady_programs.status((x,), Mode.FLOAT) is None  # plain: nothing to trace
+    for mode in (Mode.FAKE, Mode.FIXED):
+        overrides = {name: OpMode(Mode.FLOAT)}
+        got = sim.run(x, mode=mode, op_modes=overrides)
+        assert_bits_equal(got, captured.run(x, mode=mode, op_modes=overrides))
+    assert state.program_runs == 0 and fixed.program_runs == 0
     y = torch.randn(3, 3, 8, 8, generator=g)  # another shape: its own signature
     assert_bits_equal(sim.run(y, mode=Mode.FAKE), captured.run(y, mode=Mode.FAKE))
-    assert sim.steady_programs.status((y,)) is not state
+    assert sim.steady_programs.status((y,), Mode.FAKE) is not state
 
 
-def test_a_changed_global_drops_the_program_and_runs_captured(monkeypatch):
-    sim, captured, _, x, state = _switched(monkeypatch)
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_a_changed_global_drops_the_program_and_runs_captured(monkeypatch, mode):
+    sim, captured, _, x, state = _switched(monkeypatch, mode)
     assert state.program is not None
     monkeypatch.setattr(__import__(__name__), "BIAS", 2.0)
-    got = sim.run(x, mode=Mode.FAKE)
-    assert_bits_equal(got, captured.run(x, mode=Mode.FAKE))
+    got = sim.run(x, mode=mode)
+    assert_bits_equal(got, captured.run(x, mode=mode))
     assert state.drops == 1 and state.program_runs == 0
     # that captured run rented past the (zero) threshold: a program of the new state
     assert state.program is not None
-    assert_bits_equal(sim.run(x, mode=Mode.FAKE), got)
+    assert_bits_equal(sim.run(x, mode=mode), got)
     assert state.program_runs == 1
     monkeypatch.setattr(__import__(__name__), "BIAS", 0.125)
-    assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
+    assert_bits_equal(sim.run(x, mode=mode), captured.run(x, mode=mode))
     assert state.drops == 2 and state.program is None and "changed" in state.failed
-    sim.run(x, mode=Mode.FAKE)
+    sim.run(x, mode=mode)
     assert state.program is None  # stays captured from here on
 
 
@@ -124,12 +134,13 @@ def test_a_model_dynamo_cannot_guard_stays_captured_with_the_reason(monkeypatch)
     _, sim, captured, g = _pair(model=Unguardable())
     for x in _inputs(g, 2):
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
-    state = sim.steady_programs.status((x,))
+    state = sim.steady_programs.status((x,), Mode.FAKE)
     assert state.program is None and "one graph" in state.failed
     assert state.captured_runs == 4
 
 
-def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch):
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch, mode):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
     m, sim, _, g = _pair()
     seen = []
@@ -137,10 +148,10 @@ def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch):
     try:
         x = _inputs(g, 1)[0]
         for _ in range(3):
-            sim.run(x, mode=Mode.FAKE)
+            sim.run(x, mode=mode)
     finally:
         h.remove()
-    state = sim.steady_programs.status((x,))
+    state = sim.steady_programs.status((x,), mode)
     assert state.program is None and "hooks" in state.failed
     assert len(seen) == 3  # every run called the module
 
@@ -153,16 +164,17 @@ def test_programs_kept_per_simulator_are_bounded(monkeypatch, limit):
     xs = [torch.randn(b, 3, 8, 8, generator=g) for b in (1, 2, 3)]
     for x in xs:
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
-    built = [sim.steady_programs.status((x,)).program is not None for x in xs]
+    built = [sim.steady_programs.status((x,), Mode.FAKE).program is not None for x in xs]
     assert built == [i < limit for i in range(3)]
 
 
 def test_an_explicit_program_build_is_no_steady_run(monkeypatch):
-    """``fake_program`` runs the model captured: it neither counts towards nor starts a switch."""
+    """``program`` runs the model captured: it neither counts towards nor starts a switch."""
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
     _, sim, captured, g = _pair()
     x = _inputs(g, 1)[0]
-    prog = sim.fake_program(x)
-    assert sim.steady_programs.status((x,)) is None
+    prog = sim.program(x, mode=Mode.FAKE)
+    assert sim.steady_programs.status((x,), Mode.FAKE) is None
     assert_bits_equal(prog(x), captured.run(x, mode=Mode.FAKE))
-    assert sim.steady_programs.status((x,)) is None  # the program's call is no steady run either
+    # the program's call is no steady run either
+    assert sim.steady_programs.status((x,), Mode.FAKE) is None
