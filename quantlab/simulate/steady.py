@@ -245,10 +245,7 @@ def prepare(
         or (r.gemm and rq.high_precision_output)
         or (r.chain and bounds is None)  # a batch_norm fold or an unfused clamp
         or any(sim._info[c].op_type == "batch_norm" for c in r.chain or ())
-        or calls.is_inplace(call)
-        or call.name in sim._fused_into
-        or not isinstance(out, Tensor)
-        or sim._learned_scales is not None
+        or not _replaceable(sim, call, out)
     ):
         return None
     arrival = _arrival(sim, call, plan, in_infos, arrived, (args, kwargs))
@@ -321,11 +318,8 @@ def prepare_fixed_gemm(
         or run.out_dtype is not rq.output_dtype
         or plan.weight is None
         or any(sim._info[c].op_type == "batch_norm" for c in r.chain or ())
-        or calls.is_inplace(call)
-        or call.name in sim._fused_into
-        or not isinstance(out, Tensor)
+        or not _replaceable(sim, call, out)
         or not isinstance(out_info, QInfo)
-        or sim._learned_scales is not None
     ):
         return None
     arrival = _arrival(sim, call, plan, in_infos, arrived)
@@ -389,11 +383,8 @@ def prepare_composite(
         or r.single_period
         or plan.weight is not None
         or plan.bias is not None
-        or calls.is_inplace(call)
-        or call.name in sim._fused_into
-        or not isinstance(out, Tensor)
+        or not _replaceable(sim, call, out)
         or not isinstance(out_info, QInfo)
-        or sim._learned_scales is not None
     ):
         return None
     arrival = _arrival(sim, call, plan, in_infos, arrived)
@@ -446,10 +437,7 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
         not _plain_route(r)
         or plan.weight is not None
         or plan.bias is not None
-        or calls.is_inplace(call)
-        or call.name in sim._fused_into
-        or not isinstance(out, Tensor)
-        or sim._learned_scales is not None
+        or not _replaceable(sim, call, out)
         or not in_infos
         or in_infos[0] is None
         or not in_infos[0].dtype.is_int
@@ -525,6 +513,17 @@ def _arrival(
         dtypes.append(OnGrid(u, sim.platform.fake_round))
         deps.append((key, entry))
     return tuple(dtypes), tuple(deps)
+
+
+def _replaceable(sim: Any, call: OpCall, out: Any) -> bool:
+    """A call a prepared form may stand in for: not in place, not fused into a GEMM, one tensor
+    out, no scales being learned."""
+    return not (
+        calls.is_inplace(call)
+        or call.name in sim._fused_into
+        or not isinstance(out, Tensor)
+        or sim._learned_scales is not None
+    )
 
 
 def _plain_route(r: OpRoute) -> bool:

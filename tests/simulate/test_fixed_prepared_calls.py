@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from quantlab.calibration.kinds import ObserverKind
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import ActivationSymmetry, OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, steady
+from quantlab.simulate import Mode, Simulator
 from quantlab.simulate.profiles import platform_config
 
 PLATFORMS = ["j6e", "j6m", "j6h", "j6p", "onnxruntime", "tflite", "litert_xnnpack"]
@@ -69,22 +69,6 @@ def _inputs(g, shape=(2, 3, 10, 10)) -> list[torch.Tensor]:
     xs.append(torch.randn(shape, generator=g) * 1e4)
     xs.append(torch.round(torch.randn(shape, generator=g) * 64) / 128)
     return xs
-
-
-@pytest.fixture
-def hit_names(monkeypatch):
-    """The names of the calls that followed their prepared form, in order."""
-    names = []
-    real = steady.prepared_value
-
-    def named(sim, prep, call, st):
-        got = real(sim, prep, call, st)
-        if got is not None:
-            names.append(call.name)
-        return got
-
-    monkeypatch.setattr(steady, "prepared_value", named)
-    return names
 
 
 GEMMS = ["b:conv2d#0", "dw:conv2d#0", "c:conv2d#0", "fc:linear#0"]

@@ -61,22 +61,6 @@ def _steady(m, calib, x, platform="j6m"):
 
 
 @pytest.fixture
-def hit_names(monkeypatch):
-    """The names of the calls that followed their prepared form, in order."""
-    names = []
-    real = steady.prepared_value
-
-    def named(sim, prep, call, st):
-        got = real(sim, prep, call, st)
-        if got is not None:
-            names.append(call.name)
-        return got
-
-    monkeypatch.setattr(steady, "prepared_value", named)
-    return names
-
-
-@pytest.fixture
 def hits(monkeypatch):
     """How many calls followed their prepared form (a list of one count)."""
     n = [0]
