@@ -7,7 +7,9 @@ Two forms give the same integers. The general form runs each step as the module 
 rule). When every element-wise requantization is MUL_SHIFT rounded HALF_UP with a right shift
 1 <= n <= 62 (J6's contract), ``NormShifts`` folds each step's product, the add rule's
 multipliers and its per-row or per-channel term into one exact int64 ``acc * q + offset``,
-then one shift and one clamp (``norm_shifts`` states the bounds).
+then one shift and one clamp (``norm_shifts`` states the bounds); for a LayerNorm (rows over
+the trailing dims) its element-wise passes run in C (``norm_integer_native``, the same
+integers).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from quantlab.numerics.norm import (
     real_multiplier,
     rsqrt_lut,
 )
+from quantlab.numerics.norm_integer_native import norm_shifted_rows
 from quantlab.numerics.quantize import quantize
 from quantlab.numerics.requant import (
     INT32_MAX,
@@ -277,6 +280,9 @@ def norm_fixed(
         raise ValueError(f"norm constants are for rows of {constants.n} elements, got {n}")
     k, dt = constants, c.inter_dtype
     if k.shifts is not None:
+        native = norm_shifted_rows(codes, layout, k, c, out_dtype)  # the same codes, in C
+        if native is not None:
+            return native
         return _norm_shifted(codes, layout, k, c).to(out_dtype.torch_dtype)
     x = codes.to(torch.int64)
     rows = layout.rows(x)
