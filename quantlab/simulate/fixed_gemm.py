@@ -71,11 +71,11 @@ class GemmRun:
     convolution, int8 product, u8s8 pair saturation), the weight's GEMM codes, the bias and
     output scale, the fused clamp's codes and the requantization constants (``plan_gemm``).
 
-    ``run(x_codes, b_codes)`` takes the first operand's codes (its QInfo's ``codes_native``)
-    and, for a matmul of two activations, the second's, and returns (value, QInfo) as the
-    platform computes it: exact integer sums, then ``finish_gemm``. ``gemm_op`` computes every
-    fixed GEMM through it, so a run kept by a prepared call (``steady``) gives the same bits
-    while its ``takes`` holds."""
+    ``run(x_codes, b_codes)`` (a call of the run) takes the first operand's codes (its QInfo's
+    ``codes_native``) and, for a matmul of two activations, the second's, and returns (value,
+    QInfo) as the platform computes it: exact integer sums, then ``finish_gemm``. ``gemm_op``
+    computes every fixed GEMM through it, so a run kept by a prepared call (``steady``) gives
+    the same bits while its ``takes`` holds."""
 
     name: str
     op_type: str
