@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut import softmax_native
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
 from quantlab.numerics.lut.strategies import Strategy
@@ -90,12 +91,17 @@ def lut_softmax(
     exp_lut = build_lut(
         "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(), fmt
     )
-    # d - qmin = x - max(x) + 32768, at least 0 (d saturates at -32768): the index of d in
-    # the exp table's signed code map, formed in int32 with no int16 round trip
-    top = codes.amax(dim=dim, keepdim=True).to(torch.int32) + DType.INT16.qmin
-    index = codes.to(torch.int32, copy=True).sub_(top).clamp_min_(0)
-    e = exp_lut.signed_code_map().index_select(0, index.reshape(-1)).reshape(codes.shape)
-    total = e.sum(dim=dim, keepdim=True, dtype=torch.int64)
+    last = dim in (-1, codes.dim() - 1)  # over the last axis: the C passes (softmax_native)
+    made = softmax_native.exp_rows(codes, exp_lut.signed_code_map()) if last else None
+    if made is not None:
+        e, total = made
+    else:
+        # d - qmin = x - max(x) + 32768, at least 0 (d saturates at -32768): the index of d in
+        # the exp table's signed code map, formed in int32 with no int16 round trip
+        top = codes.amax(dim=dim, keepdim=True).to(torch.int32) + DType.INT16.qmin
+        index = codes.to(torch.int32, copy=True).sub_(top).clamp_min_(0)
+        e = exp_lut.signed_code_map().index_select(0, index.reshape(-1)).reshape(codes.shape)
+        total = e.sum(dim=dim, keepdim=True, dtype=torch.int64)
     s = requant_half_up(total, exp_scale / sum_scale, DType.INT16)
     recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
     r = recip.evaluate(s.to(torch.int16))
@@ -103,6 +109,11 @@ def lut_softmax(
     # so r >= 0 when the reciprocal's outputs on codes >= 0 are
     nonnegative = exp_lut.min_output() >= 0 and recip.min_output(0) >= 0
     ratio = exp_scale * recip_scale / out_scale
+    if last:
+        lo, hi, dt = out_dtype.qmin, out_dtype.qmax, out_dtype.torch_dtype
+        out = softmax_native.product_rows(e, r, ratio, lo, hi, dt, nonnegative)
+        if out is not None:
+            return out
     return _product_half_up_codes(e, r, ratio, out_dtype, nonnegative)
 
 
