@@ -75,7 +75,8 @@ def lut_softmax(
     5. out = requant(e * r, exp_scale * recip_scale / out_scale) (default out_scale 1/qmax).
     Requantizations: float64 ratio, HALF_UP, saturation (assumed, module docstring).
     Widths: x - max(x) and e * r (|e|, |r| <= 2**15, so |e * r| <= 2**30) are exact in int32,
-    the sum in int64.
+    the sum in int64. Over the last axis of contiguous codes, steps 1-2 with the sum and step 5
+    run in C (``softmax_native``: the same operations, so the same codes).
     """
     in_dtype = DType.parse(in_dtype)
     out_dtype = DType.parse(out_dtype)
