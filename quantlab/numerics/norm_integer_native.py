@@ -21,8 +21,8 @@ exact integer operations does not change a value. ``>>`` of a negative int64 is 
 (arithmetic shift: GCC and Clang define it so, as torch's ``bitwise_right_shift`` does), and
 the clamps are the same comparisons. The last step's bounds lie within the output dtype, whose
 codes are written directly (int8 or int16). So the codes are ``_norm_shifted``'s, bit for bit;
-the tests check that on random and adversarial rows in all three builds (AVX-512 clone, AVX2
-clone, baseline).
+the tests check that on random and adversarial rows in all three builds (as the CPU loads it,
+which on a CPU with AVX-512 DQ is the DQ copy below; the AVX2 code alone; the baseline).
 """
 
 from __future__ import annotations
