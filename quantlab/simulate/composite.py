@@ -3,8 +3,8 @@ for one call: everything it looks up (scales, contract, fake-quantized parameter
 once, and ``compute(args, kwargs)`` gives the (value, QInfo) of the call's arguments (its
 activation as the dispatch quantized it). With ``deps`` (the scale-cache entries it was made
 from, as (key, entry) pairs), a steady FAKE run keeps it as the op's prepared call
-(``steady.prepare_composite``) and computes the next calls by it while those entries, the op's
-route and its other arguments stay the same."""
+(``steady_prepare.prepare_composite``) and computes the next calls by it while those entries,
+the op's route and its other arguments stay the same."""
 
 from __future__ import annotations
 

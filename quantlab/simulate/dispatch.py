@@ -34,6 +34,7 @@ from quantlab.simulate import (
     fixed_ops,
     same_grid,
     steady,
+    steady_prepare,
 )
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
@@ -325,7 +326,7 @@ class OpDispatch:
             res = None if made is None else made.compute(args, kwargs)
             if res is not None:
                 if made.deps is not None and st.mode is Mode.FAKE and om is None and _steady(st):
-                    prep = steady.prepare_composite(
+                    prep = steady_prepare.prepare_composite(
                         self, call, r, plan, in_infos, arrived, made, *res
                     )
                     if prep is not None:
@@ -337,7 +338,7 @@ class OpDispatch:
                     self, call, plan, args, kwargs, in_infos, wq, rq, clamp
                 )
                 if run is not None and wq is not None and om is None and _steady(st):
-                    prep = steady.prepare_fixed_gemm(
+                    prep = steady_prepare.prepare_fixed_gemm(
                         self, call, r, plan, in_infos, arrived, wq, run, *res
                     )
                     if prep is not None:
@@ -365,7 +366,7 @@ class OpDispatch:
             )
             res = (res[0], infos)
         if st.mode is Mode.FAKE and om is None and _steady(st):
-            prep = steady.prepare(
+            prep = steady_prepare.prepare(
                 self, call, r, plan, in_infos, arrived, wq, args, kwargs, bounds, *res
             )
             if prep is not None:

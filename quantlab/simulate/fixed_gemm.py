@@ -1,5 +1,7 @@
 """Fixed-point GEMM kernels: conv1d/conv2d, linear, matmul (exact integer sums, the platform's
-requantization, int16 operand rules, the high/low weight split, fused clamps)."""
+requantization, fused clamps), planned once per call's value-independent decisions
+(``GemmRun``). The operands' codes and int16 rules are ``fixed_gemm_operands``; the high/low
+weight split and the int15 matmul split are ``fixed_gemm_split``."""
 
 from __future__ import annotations
 
@@ -14,49 +16,18 @@ from quantlab.numerics import gemm
 from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm.exact import INTEGER_PATHS
-from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.fixed_gemm_operands import (
+    gemm_params,
+    int16_codes,
+    int16_scale,
+    magnitude,
+    operand_codes,
+    prepare_int16,
+)
+from quantlab.simulate.fixed_gemm_split import split_gemm, split_matmul
 from quantlab.simulate.qtensor import QInfo
-
-
-def _gemm_params(call) -> dict:
-    names = ("stride", "padding", "dilation", "groups")
-    out = {}
-    for i, n in enumerate(names):
-        if len(call.args) > 3 + i:
-            out[n] = call.args[3 + i]
-        elif n in call.kwargs:
-            out[n] = call.kwargs[n]
-    return out
-
-
-def _prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matmul: bool):
-    """J6 int16 GEMM operands: coarsen a matmul operand's scale by max(32767/32639, sqrt(K/2))
-    (requantizing its codes once, half to even) and clamp to the usable int16 range (s.6)."""
-    coarse = _int16_scale(sim.platform, scale, dtype, k, matmul)
-    return _int16_codes(sim.platform, codes, scale, coarse, dtype), (
-        scale if coarse is None else coarse
-    )
-
-
-def _int16_scale(p, scale: Tensor, dtype: DType, k: int, matmul: bool) -> Tensor | None:
-    """The coarsened scale of an int16 matmul operand (``_prepare_int16``), or None where the
-    operand keeps its scale. A function of the scale object, K and the platform alone."""
-    if dtype is DType.INT16 and matmul and p.int16_matmul_coarsen:
-        return gemm.coarsen_int16_matmul_scale(scale, k, p.int16_operand_max)
-    return None
-
-
-def _int16_codes(p, codes: Tensor, scale: Tensor, coarse: Tensor | None, dtype: DType) -> Tensor:
-    """An operand's GEMM codes (``_prepare_int16``): int8 codes (or centred int8 codes, int16)
-    as they are; int16 codes requantized to ``coarse`` (when not None, half to even) and
-    clamped to the usable int16 range."""
-    if dtype is not DType.INT16:  # int8, or int8 centred on its zero point (int16)
-        return codes if codes.dtype == torch.int16 else codes.to(dtype.torch_dtype)
-    if coarse is not None:
-        codes = quantize(dequantize(codes, scale), coarse, DType.INT16, p.fake_round)
-    return gemm.clamp_int16_operand(codes.to(torch.int16), p.int16_operand_max)
 
 
 def _conv_channel_axis(op_type: str, acc) -> int:
@@ -125,11 +96,11 @@ class GemmRun:
     def __call__(self, x_codes: Tensor, b_codes: Tensor | None = None) -> tuple:
         p = self.platform
         xc = gemm.centre_codes(x_codes, self.x_zero_point) if self.x_zero_point else x_codes
-        xc = _int16_codes(p, xc, self.x_scale, self.x_coarse, self.x_dtype)
+        xc = int16_codes(p, xc, self.x_scale, self.x_coarse, self.x_dtype)
         wc = self.w_codes
         if wc is None:
             bc = gemm.centre_codes(b_codes, self.b_zero_point) if self.b_zero_point else b_codes
-            wc = _int16_codes(p, bc, self.b_scale, self.b_coarse, self.b_dtype)
+            wc = int16_codes(p, bc, self.b_scale, self.b_coarse, self.b_dtype)
         kind = self.kind
         if kind == "pairs":  # the runtime's uint8 codes: x + 128 with zero point zx + 128
             raw = xc.to(torch.int16) + self.zx_u8
@@ -225,8 +196,8 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             if xi.zero_point:
                 fc.warn_float(call, "the high/low weight split takes an input without a zero point")
                 return None
-            xc = _operand_codes(args, kwargs, plan.acts[0], xi)
-            return _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp)
+            xc = operand_codes(args, kwargs, plan.acts[0], xi)
+            return split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp)
         w_shape = tuple(wc.shape)
     else:
         wi = in_infos[1] if len(in_infos) > 1 else None
@@ -239,9 +210,9 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             )
             return None
         if rq.weight_split and matmul:
-            xc = _operand_codes(args, kwargs, plan.acts[0], xi)
+            xc = operand_codes(args, kwargs, plan.acts[0], xi)
             b = fc.codes(args, kwargs, plan.acts[1], in_infos[1])
-            return _split_matmul(sim, call, xi, xc, b, in_infos[1].scale, rq, clamp)
+            return split_matmul(sim, call, xi, xc, b, in_infos[1].scale, rq, clamp)
         wc, ws, wdt = None, wi.scale, wi.dtype
         w_shape = tuple(A.get(args, kwargs, plan.acts[1]).shape)
     if call.op_type == "linear" and wq is None:
@@ -251,7 +222,7 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     k = x.shape[-1] if call.op_type in ("linear", "matmul") else math.prod(w_shape[1:])
     # the first operand's GEMM codes: in its own dtype, or centred on its zero point (int16)
     x_gemm = torch.int16 if xi.zero_point else xi.dtype.torch_dtype
-    x_coarse = _int16_scale(p, xs, xi.dtype, k, matmul)
+    x_coarse = int16_scale(p, xs, xi.dtype, k, matmul)
     if x_coarse is not None:
         xs = x_coarse
     b_coarse = None
@@ -261,12 +232,12 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             call.name,
             "int16_weight",
             (*w_in, p, k, matmul),
-            lambda: _prepare_int16(sim, *w_in, wdt, k, matmul),
+            lambda: prepare_int16(sim, *w_in, wdt, k, matmul),
         )
     elif wq is not None:
-        wc = _int16_codes(p, wc, ws, None, wdt)
+        wc = int16_codes(p, wc, ws, None, wdt)
     else:
-        b_coarse = _int16_scale(p, ws, wdt, k, matmul)
+        b_coarse = int16_scale(p, ws, wdt, k, matmul)
         if b_coarse is not None:
             ws = b_coarse
     zo = 0
@@ -303,7 +274,7 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         and wc.dtype == torch.int8
         and call.op_type in ("conv1d", "conv2d", "linear")
     )
-    params = _gemm_params(call)
+    params = gemm_params(call)
     conv = w32 = None
     zx_u8 = 0
     if pairs:
@@ -328,7 +299,7 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         if call.func.__name__ == "__rmatmul__":
             return None
         kind = "matmul"
-    bound = k * _magnitude(xi) * _magnitude(wi, wdt)
+    bound = k * magnitude(xi) * magnitude(wi, wdt)
     version = bias._version if bias is not None else None
     constants = sim.op_memo(  # scales and weight codes are cached objects, new when they change
         call.name,
@@ -417,117 +388,3 @@ def _checked_contract(p, op_type: str, out_dt: DType, x_dt: DType, w_dt: DType):
     as_coded = [torch.empty(0, dtype=d.torch_dtype) for d in (x_dt, w_dt)]
     gemm.check_gemm_operands(*as_coded, contract)
     return contract
-
-
-def _operand_codes(args, kwargs, slot, info) -> Tensor:
-    """GEMM operand codes: int8/int16 codes as they are; int8 codes with a zero point centred
-    on it, as int16 (|x - zx| <= 255; ``numerics.gemm.centre_codes``)."""
-    codes = fc.codes(args, kwargs, slot, info)
-    return gemm.centre_codes(codes, info.zero_point) if info.zero_point else codes
-
-
-def _magnitude(info, dtype: DType | None = None) -> int:
-    """The largest |operand code| + 1 the exact-sum bound assumes (256 for centred int8)."""
-    if info is not None and info.zero_point:
-        return 256
-    return (info.dtype if info is not None else dtype).qmax + 1
-
-
-def _split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
-    """Conv/Linear with the high/low int8 weight split (numerics.split.split_conv2d; a linear
-    runs as a 1x1 conv). Partials combine by ``platform.weight_split_combine``."""
-    from quantlab.numerics.split import split_conv2d
-
-    p = sim.platform
-    if call.op_type not in ("conv2d", "linear") or xi.dtype.bits > 16:
-        return None
-    hp = rq.high_precision_output
-    out_dt = p.high_precision_output if hp else rq.output_dtype
-    float_out = hp or out_dt.is_float
-    so = 1.0 if float_out else float(fc.out_scale(sim, call, rq))
-    fin = DType.FLOAT32 if float_out else out_dt
-    bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
-    opts = dict(
-        rounding=p.requant_round,
-        weight_rounding=p.fake_round,
-        scheme=p.requant,
-        overflow=p.accumulator_overflow,
-    )
-    if call.op_type == "conv2d":
-        res = split_conv2d(
-            xc,
-            float(xi.scale),
-            w_float.detach(),
-            ws,
-            rq.weight_split,
-            so,
-            fin,
-            p.weight_split_combine,
-            bias,
-            **_gemm_params(call),
-            **opts,
-        )
-    else:
-        lead = xc.shape[:-1]
-        x4 = xc.reshape(-1, xc.shape[-1], 1, 1)
-        w4 = w_float.detach().reshape(*w_float.shape, 1, 1)
-        res = split_conv2d(
-            x4,
-            float(xi.scale),
-            w4,
-            ws,
-            rq.weight_split,
-            so,
-            fin,
-            p.weight_split_combine,
-            bias,
-            **opts,
-        )
-        res = res.reshape(*lead, -1)
-    return _split_output(sim, call, res, float_out, out_dt, so, clamp)
-
-
-def _split_matmul(sim, call, xi, xc, b_codes, b_scale, rq, clamp):
-    """MatMul with its second operand split into int8 halves, the int15 ``A (B_hi + B_lo)``
-    (numerics.split_matmul.split_int15_matmul). Partials combine by
-    ``platform.weight_split_combine``."""
-    from quantlab.numerics.split_matmul import split_int15_matmul
-
-    p = sim.platform
-    if call.func.__name__ == "__rmatmul__" or xi.dtype.bits > 16:
-        return None
-    hp = rq.high_precision_output
-    out_dt = p.high_precision_output if hp else rq.output_dtype
-    float_out = hp or out_dt.is_float
-    so = 1.0 if float_out else float(fc.out_scale(sim, call, rq))
-    xc, xs = _prepare_int16(sim, xc, xi.scale, xi.dtype, xc.shape[-1], True)
-    res = split_int15_matmul(
-        xc,
-        b_codes,
-        float(xs),
-        float(b_scale),
-        rq.weight_split,
-        so,
-        DType.FLOAT32 if float_out else out_dt,
-        p.weight_split_combine,
-        rounding=p.requant_round,
-        operand_rounding=p.fake_round,
-        scheme=p.requant,
-        overflow=p.accumulator_overflow,
-    )
-    return _split_output(sim, call, res, float_out, out_dt, so, clamp)
-
-
-def _split_output(sim, call, res, float_out: bool, out_dt: DType, so: float, clamp):
-    """(value, QInfo) of a split GEMM's result: a float output (float32, or cast to float16)
-    with the fused clamp applied to values, or ``out_dt`` codes at scale ``so`` with the fused
-    clamp applied to codes by the platform's bound rule."""
-    if float_out:
-        res = res.to(torch.float32)
-        if clamp is not None:
-            res = torch.clamp(res, clamp[0], clamp[1])
-        if out_dt is DType.FLOAT16:
-            return sim.cast_float(call.name, res, DType.FLOAT16), QInfo(DType.FLOAT16)
-        return res, None
-    out = fc.emit(res, torch.tensor(so, dtype=torch.float32), out_dt)
-    return fc.clamp_output(out, clamp, sim.platform.bound_rule) if clamp is not None else out

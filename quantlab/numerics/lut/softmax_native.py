@@ -108,7 +108,7 @@ _PRODUCT = {torch.int8: "sm_product_i8", torch.int16: "sm_product_i16"}
 _EXP = {torch.int8: "sm_exp_i8", torch.int16: "sm_exp_i16"}
 
 
-def exp_rows(codes: Tensor, exp_map: Tensor, kernels: native.Kernels = KERNELS) -> tuple | None:
+def exp_rows(codes: Tensor, exp_map: Tensor) -> tuple | None:
     """(e as int16, the row sums of e as int64 of shape ``codes.shape[:-1] + (1,)``) of int8 or
     int16 ``codes`` over their last axis through ``exp_map`` (the exp table's signed code map,
     int16), or None where the C loop does not apply (not contiguous int8/int16 CPU codes, an
@@ -124,7 +124,7 @@ def exp_rows(codes: Tensor, exp_map: Tensor, kernels: native.Kernels = KERNELS) 
         or not exp_map.is_contiguous()
     ):
         return None
-    lib = kernels.lib()
+    lib = KERNELS.lib()
     if lib is None:
         return None
     with torch._C.DisableTorchFunction():
@@ -147,7 +147,6 @@ def product_rows(
     qmax: int,
     out_dtype: torch.dtype,
     nonnegative: bool,
-    kernels: native.Kernels = KERNELS,
 ) -> Tensor | None:
     """``composite._product_half_up_codes(e, r, ratio, ...)`` for contiguous int16 ``e`` and
     one int16 ``r`` per row (shape ``e.shape[:-1] + (1,)``), or None where the C loop does not
@@ -162,7 +161,7 @@ def product_rows(
         or out_dtype not in _PRODUCT
     ):
         return None
-    lib = kernels.lib()
+    lib = KERNELS.lib()
     if lib is None:
         return None
     with torch._C.DisableTorchFunction():
