@@ -84,9 +84,32 @@ def index_rows(
         raise ValueError(
             f"embedding ids must be in [0, {rows}), got [{int(i.min())}, {int(i.max())}]"
         )
-    codes = quantize(i.to(torch.float32), s, c.index_dtype, c.index_round)
+    if s == 1.0:  # the fixed scale: the same rows without the float passes
+        return _unit_scale_rows(i, c.index_dtype)
+    return _scaled_rows(i, rows, s, c)
+
+
+def _scaled_rows(ids: Tensor, rows: int, s: float, c: EmbeddingContract) -> Tensor:
+    """``index_rows`` by its float passes (int64 ``ids`` in [0, rows))."""
+    codes = quantize(ids.to(torch.float32), s, c.index_dtype, c.index_round)
     back = round_float(codes.to(torch.float64) * float(np.float32(s)), c.index_round)
     return back.clamp(0, rows - 1).to(torch.int64)
+
+
+def _unit_scale_rows(ids: Tensor, index_dtype: DType) -> Tensor:
+    """``index_rows`` at index scale 1 for ids in [0, rows), rows <= 32768: min(id, qmax).
+
+    Each id is an integer below 2**15, exact in float32, and id / 1 is exact, so every
+    rounding gives code = clamp(id, qmin, qmax) = min(id, qmax) (qmin < 0 <= id); then code * 1
+    is exact in float64, rounds to itself, and lies in [0, id] within [0, rows - 1], so the
+    final clamp keeps it."""
+    return ids.clamp(max=index_dtype.qmax)
+
+
+def gather_rows(table: Tensor, rows: Tensor) -> Tensor:
+    """``table[rows]`` (rows: int64 row numbers in range): the same values by one
+    ``index_select`` along the first dim (a copy, exact), shape rows.shape + table.shape[1:]."""
+    return table.index_select(0, rows.reshape(-1)).reshape(*rows.shape, *table.shape[1:])
 
 
 def embedding_fixed(
@@ -101,4 +124,4 @@ def embedding_fixed(
     if table_codes.dim() != 2:
         raise ValueError(f"table_codes must be (rows, D), got {tuple(table_codes.shape)}")
     rows = index_rows(ids, table_codes.shape[0], index_scale, contract)
-    return table_codes[rows]
+    return gather_rows(table_codes, rows)

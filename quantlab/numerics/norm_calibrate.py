@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ from quantlab.numerics.norm import (
     NormScales,
     check_eps,
 )
-from quantlab.numerics.norm_native import norm_fake_rows
+from quantlab.numerics.norm_native import rows_kernel
 from quantlab.numerics.quantize import ScaleRule, code_range, compute_scale, fake_quant_by_scale
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.scales import check_scale
@@ -152,23 +153,52 @@ def norm_fake(
     an output of its row (every step propagates NaN, and mean, var and rsqrt cover the row), so
     an output free of NaN shows no step made one, and then turning NaN into code 0 changed
     nothing. Otherwise the steps run again with it."""
+    f = norm_fake_fn(
+        layout, weight, bias, eps, scales, out_scale, out_dtype, contract, rounding, affine
+    )
+    return f(x)
+
+
+def norm_fake_fn(
+    layout: NormLayout,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    scales: NormScales,
+    out_scale: float,
+    out_dtype: DType,
+    contract: NormContract = J6_NORM,
+    rounding: Round = Round.HALF_EVEN,
+    affine: tuple[Tensor | None, Tensor | None] | None = None,
+) -> Callable[[Tensor], Tensor]:
+    """``x -> norm_fake(x, layout, weight, bias, eps, ...)``, the same bits, with its constants
+    (checked arguments, the fake-quantized affine, the C kernels' steps) worked out here, for a
+    caller that runs the norm again on new inputs with the same parameters; bad arguments
+    raise here, as ``norm_fake`` would on a call."""
     eps = check_eps(eps)
     out_dtype = DType.parse(out_dtype)
     if out_dtype not in CODE_DTYPES:
         raise ValueError(f"out_dtype must be INT8 or INT16, got {out_dtype.name}")
     scales.require(weight is not None, bias is not None)
     gamma, beta = affine or fake_affine(weight, bias, scales, contract, rounding)
+    kernel = None
     if rounding is Round.HALF_EVEN:  # the elementwise steps in C, where they apply
-        y = norm_fake_rows(
-            x, layout, eps, scales, out_scale, out_dtype, contract.inter_dtype, gamma, beta
+        kernel = rows_kernel(
+            layout, eps, scales, out_scale, out_dtype, contract.inter_dtype, gamma, beta
         )
-        if y is not None:
-            return y
-    run = (x, layout, eps, scales, out_scale, out_dtype, contract, rounding, gamma, beta)
-    y = _norm_fake_steps(*run, keep_nan=True)
-    if math.isnan(y.sum()):  # a NaN anywhere makes the sum NaN
-        y = _norm_fake_steps(*run, keep_nan=False)
-    return y
+    run = (layout, eps, scales, out_scale, out_dtype, contract, rounding, gamma, beta)
+
+    def f(x: Tensor) -> Tensor:
+        if kernel is not None:
+            y = kernel(x)
+            if y is not None:
+                return y
+        y = _norm_fake_steps(x, *run, keep_nan=True)
+        if math.isnan(y.sum()):  # a NaN anywhere makes the sum NaN
+            y = _norm_fake_steps(x, *run, keep_nan=False)
+        return y
+
+    return f
 
 
 def _norm_fake_steps(

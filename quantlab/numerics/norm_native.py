@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -136,6 +139,77 @@ def _flat(t: Tensor | None) -> Tensor | None:
     return t if t.dtype == torch.float32 and t.is_contiguous() else t.to(torch.float32).contiguous()
 
 
+@dataclass(frozen=True, eq=False)
+class RowsKernel:
+    """``norm_fake_rows`` for one LAST layout and its constants (eps, the eight steps' scales and
+    code bounds, flat float32 gamma and beta) worked out once: ``kernel(x)`` gives its value
+    for ``x``, or None where the C kernels do not apply to ``x``."""
+
+    lib: Any
+    layout: NormLayout  # a LAST layout
+    n: int  # values per row: the product of normalized_shape
+    eps: float
+    steps: Tensor  # _steps: 24 float32 values
+    gamma: Tensor | None  # fake-quantized, flat float32, contiguous
+    beta: Tensor | None
+
+    def __call__(self, x: Tensor) -> Tensor | None:
+        if (
+            x.dtype != torch.float32
+            or not x.is_contiguous()  # torch's row means of other strides may sum in another order
+            or x.device.type != "cpu"
+            or x.requires_grad
+        ):
+            return None
+        shape = self.layout.normalized_shape
+        if x.shape[x.dim() - len(shape) :] != shape:
+            self.layout.rows(x)  # raises its ValueError
+        with torch._C.DisableTorchFunction():
+            rows = x.view(-1, self.n)
+            n_rows, n = rows.shape
+            g, b, st = self.gamma, self.beta, self.steps.data_ptr()
+            d = torch.empty_like(rows)
+            sq = torch.empty_like(rows)
+            out = torch.empty_like(rows)
+            threads = max(1, min(torch.get_num_threads(), n_rows))
+            m = rows.mean(1)
+            self.lib.norm_k1(
+                rows.data_ptr(), m.data_ptr(), n_rows, n, st, d.data_ptr(), sq.data_ptr(),
+                threads,
+            )  # fmt: skip
+            v0 = sq.mean(1)
+            self.lib.norm_k2(
+                d.data_ptr(), v0.data_ptr(), n_rows, n, self.eps, st,
+                None if g is None else g.data_ptr(), None if b is None else b.data_ptr(),
+                out.data_ptr(), threads,
+            )  # fmt: skip
+            return out.view(x.shape)
+
+
+def rows_kernel(
+    layout: NormLayout,
+    eps: float,
+    scales: NormScales,
+    out_scale: float,
+    out_dtype: DType,
+    inter: DType,
+    gamma: Tensor | None,
+    beta: Tensor | None,
+) -> RowsKernel | None:
+    """The ``RowsKernel`` of these constants, or None where the C kernels do not apply to any
+    input (another layout, a gradient on gamma or beta, no kernel)."""
+    if layout.axes is not NormAxes.LAST or any(
+        t is not None and t.requires_grad for t in (gamma, beta)
+    ):
+        return None
+    lib = KERNELS.lib()
+    if lib is None:
+        return None
+    st = _steps(scales, out_scale, out_dtype, inter, gamma is not None, beta is not None)
+    n = math.prod(layout.normalized_shape)
+    return RowsKernel(lib, layout, n, eps, st, _flat(gamma), _flat(beta))
+
+
 def norm_fake_rows(
     x: Tensor,
     layout: NormLayout,
@@ -150,36 +224,5 @@ def norm_fake_rows(
     """``norm_fake``'s value (HALF_EVEN) for a LAST layout by the C kernels, or None where
     they do not apply (another layout, not a contiguous float32 CPU tensor, a gradient, no
     kernel)."""
-    if (
-        layout.axes is not NormAxes.LAST
-        or x.dtype != torch.float32
-        or not x.is_contiguous()  # torch's row means of other strides may sum in another order
-        or x.device.type != "cpu"
-        or x.requires_grad
-        or any(t is not None and t.requires_grad for t in (gamma, beta))
-    ):
-        return None
-    lib = KERNELS.lib()
-    if lib is None:
-        return None
-    with torch._C.DisableTorchFunction():
-        rows = layout.rows(x)
-        n_rows, n = rows.shape
-        st = _steps(scales, out_scale, out_dtype, inter, gamma is not None, beta is not None)
-        g, b = _flat(gamma), _flat(beta)
-        d = torch.empty_like(rows)
-        sq = torch.empty_like(rows)
-        out = torch.empty_like(rows)
-        threads = max(1, min(torch.get_num_threads(), n_rows))
-        m = rows.mean(1)
-        lib.norm_k1(
-            rows.data_ptr(), m.data_ptr(), n_rows, n, st.data_ptr(), d.data_ptr(),
-            sq.data_ptr(), threads,
-        )  # fmt: skip
-        v0 = sq.mean(1)
-        lib.norm_k2(
-            d.data_ptr(), v0.data_ptr(), n_rows, n, eps, st.data_ptr(),
-            None if g is None else g.data_ptr(), None if b is None else b.data_ptr(),
-            out.data_ptr(), threads,
-        )  # fmt: skip
-        return out.reshape(x.shape)
+    kernel = rows_kernel(layout, eps, scales, out_scale, out_dtype, inter, gamma, beta)
+    return None if kernel is None else kernel(x)

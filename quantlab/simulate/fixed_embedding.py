@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from quantlab.numerics.embedding import embedding_fixed, index_rows
+from quantlab.numerics.embedding import embedding_fixed, gather_rows, index_rows
+from quantlab.numerics.fake_quant_plan import fake_quant_fn
 from quantlab.qconfig import ActivationSymmetry, EmbeddingIndex
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.composite import ResolvedComposite
-from quantlab.simulate.qat import qat_fake_quant
+from quantlab.simulate.qat import qat_divide
 from quantlab.simulate.qtensor import QInfo
 
 _NAMES = ("input", "weight", "padding_idx", "max_norm")
@@ -87,12 +88,15 @@ def embedding_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None
     # the cached 0-d scale itself (not a new view each run): a prepared consumer checks identity
     info = QInfo(out, s if s.dim() == 0 else s.reshape(()))
     ids_slot, table, n = plan.acts[0], w.detach(), w.shape[0]
+    # qat_fake_quant(x, s, out, fr, qmin=lo) per tensor, its constants worked out once
+    fq = fake_quant_fn(s, out, fr, qat_divide(fr), qmin=lo)
 
     def compute(args, kwargs):
         rows = index_rows(A.get(args, kwargs, ids_slot), n, scale, contract)
         # per-tensor fake quant is elementwise: the gathered rows of the fake-quantized table
-        # are the fake-quantized gathered rows (only the rows read are computed)
-        return qat_fake_quant(table[rows], s, out, fr, None, lo), info
+        # are the fake-quantized gathered rows (only the rows read are computed), in place on
+        # the fresh gathered copy
+        return fq(gather_rows(table, rows), inplace=True), info
 
     deps = () if index_key is None else ((index_key, sim._scale_cache.get(index_key)),)
     return ResolvedComposite(compute, deps=deps)

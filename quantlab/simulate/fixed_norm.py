@@ -23,7 +23,7 @@ from quantlab.numerics.norm import NormContract, NormLayout, NormScales
 from quantlab.numerics.norm_calibrate import (
     NormSteps,
     fake_affine,
-    norm_fake,
+    norm_fake_fn,
     norm_steps,
     scales_from_steps,
 )
@@ -258,11 +258,11 @@ def norm_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
     )
     # the cached 0-d scale itself (not a new view each run): a prepared consumer checks identity
     info = QInfo(out, so if so.dim() == 0 else so.reshape(()))
-    layout, eps, so_f, x_slot = nc.layout, nc.eps, float(so), plan.acts[0]
+    fn = norm_fake_fn(nc.layout, w, b, nc.eps, scales, float(so), out, contract, fr, affine)
+    x_slot = plan.acts[0]
 
     def compute(args, kwargs):
-        x = A.get(args, kwargs, x_slot)
-        return norm_fake(x, layout, w, b, eps, scales, so_f, out, contract, fr, affine), info
+        return fn(A.get(args, kwargs, x_slot)), info
 
     out_key = sim.act_scale_key(call.name, "out", out, rq)
     return ResolvedComposite(compute, deps=((out_key, so), (scales_key, scales)))

@@ -6,7 +6,13 @@ import torch
 
 from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.embedding import EmbeddingContract, embedding_fixed, index_rows
+from quantlab.numerics.embedding import (
+    EmbeddingContract,
+    _scaled_rows,
+    embedding_fixed,
+    gather_rows,
+    index_rows,
+)
 from quantlab.numerics.rounding import Round
 from tests.bits import assert_bits_equal
 
@@ -41,6 +47,32 @@ def test_index_path_keeps_ids_at_fixed_scale_one_and_finer_scales():
     assert torch.equal(rows8, ids[:1000].clamp_max(127))
     coarse = index_rows(ids[:1000], 1000, 2.0)
     assert torch.equal(coarse[::2], ids[:1000:2]) and not torch.equal(coarse, ids[:1000])
+
+
+@pytest.mark.parametrize("index_dtype", [DType.INT8, DType.INT16])
+@pytest.mark.parametrize("rounding", list(Round))
+def test_unit_scale_rows_are_the_float_passes_for_every_id(index_dtype, rounding):
+    """At index scale 1 index_rows skips its float passes; every id a table of the most rows
+    the gather takes can hold gives the rows those passes give, under every rounding."""
+    c = EmbeddingContract(index_dtype=index_dtype, index_round=rounding)
+    ids = torch.arange(0, c.max_rows)
+    got = index_rows(ids, c.max_rows, 1.0, c)
+    assert_bits_equal(got, _scaled_rows(ids, c.max_rows, 1.0, c))
+    assert got.dtype == torch.int64
+    small = torch.tensor([[0, 1], [5, 6]])  # a small table: the last row is 6
+    assert_bits_equal(index_rows(small, 7, 1.0, c), _scaled_rows(small, 7, 1.0, c))
+
+
+def test_gather_rows_is_indexing():
+    g = torch.Generator().manual_seed(1)
+    table = torch.randn(50, 7, generator=g)
+    strided = torch.randn(7, 50, generator=g).t()  # not contiguous
+    for t in (table, strided, table.to(torch.int16)):
+        for rows in (torch.tensor(3), torch.randint(0, 50, (9,), generator=g),
+                     torch.randint(0, 50, (2, 3, 4), generator=g)):  # fmt: skip
+            got = gather_rows(t, rows)
+            assert got.shape == t[rows].shape and got.is_contiguous()
+            assert_bits_equal(got, t[rows])
 
 
 def test_int8_table_and_every_int8_code():

@@ -17,7 +17,12 @@ from toolchain import CC
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import J6_NORM, NormContract, NormLayout
-from quantlab.numerics.norm_calibrate import _norm_fake_steps, fake_affine, norm_fake
+from quantlab.numerics.norm_calibrate import (
+    _norm_fake_steps,
+    fake_affine,
+    norm_fake,
+    norm_fake_fn,
+)
 from quantlab.numerics.norm_native import norm_fake_rows
 from quantlab.numerics.quantize import fake_quant
 from quantlab.numerics.rounding import Round
@@ -204,6 +209,29 @@ def test_where_the_native_rows_do_not_apply_the_torch_steps_run():
     assert norm_fake_rows(x, NormLayout.group(4), *args) is None
     _check(wide.contiguous(), layout, w, b, sc, so, DType.INT16)
     _check(wide, layout, w, b, sc, so, DType.INT16)
+
+
+@pytest.mark.parametrize("kind", list(LAYOUTS))
+def test_the_prepared_form_gives_norm_fake_on_every_input(kind):
+    """``norm_fake_fn`` made once, run on new inputs (random, beyond the calibrated range,
+    NaN, not contiguous, float64, with a gradient): the written-out bits every time; bad
+    arguments raise when it is made; an input whose trailing dims are not normalized_shape
+    raises on the call, even where its size would fit the rows."""
+    x, layout, w, b, sc, so = _case(kind, (True, True), DType.INT8, 11)
+    f = norm_fake_fn(layout, w, b, 1e-5, sc, so, DType.INT8)
+    nan = x.clone()
+    nan.view(-1)[::7] = float("nan")
+    wide = torch.cat([x, x], dim=-1)[..., ::2]
+    for v in (x, x * 5, nan, wide, x.double(), x.clone().requires_grad_()):
+        want = written_out(v.detach(), layout, w, b, 1e-5, sc, so, DType.INT8)
+        assert_bits_equal(f(v).detach(), want)
+    with pytest.raises(ValueError, match="out_dtype must be INT8 or INT16"):
+        norm_fake_fn(layout, w, b, 1e-5, sc, so, DType.INT32)
+    with pytest.raises(ValueError, match="eps"):
+        norm_fake_fn(layout, w, b, -1.0, sc, so, DType.INT8)
+    if kind == "layer_norm":  # (3, 7, 48): the same values as (3, 48, 7) do not fit
+        with pytest.raises(ValueError, match="does not end in normalized_shape"):
+            f(x.reshape(3, 48, 7))
 
 
 def test_without_a_compiler_the_torch_steps_run_with_one_warning(monkeypatch):
