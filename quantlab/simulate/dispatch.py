@@ -131,8 +131,7 @@ class OpDispatch:
                 st.float_ops.add(call.name)
         elif call.result is not None:  # not modelled: ran in float already
             out, info = call.result, None
-            if mode is not Mode.FLOAT and not st.grad:
-                grid = same_grid.grid_of(call, out, st.qt, mode is Mode.FIXED)
+            grid = self._float_grid(call, out, st, mode)
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
             out, info = call.run(), None
             if mode is Mode.FLOAT:
@@ -156,6 +155,26 @@ class OpDispatch:
             out = calls.substitute(call, st.isolate.outputs[call.name])
             info, grid = st.isolate.qinfo.get(call.name), None
         self._set_out_info(out, info, st, call.name)
+        if grid is not None:
+            st.grid.set(out, grid)
+        return out
+
+    def _float_grid(self, call: OpCall, out: Any, st: _RunState, mode: Mode) -> Any:
+        """The grid the output of ``call``, an op not modelled that ran in float, stays on in a
+        run of ``mode`` (``same_grid.grid_of``), or None."""
+        if mode is Mode.FLOAT or st.grad:
+            return None
+        return same_grid.grid_of(call, out, st.qt, mode is Mode.FIXED)
+
+    def _kept_float(self, call: OpCall, st: _RunState) -> Any:
+        """``_dispatch`` of ``call``, an op not modelled that ran in float (``call.result``, a
+        tensor) and is not fused into a GEMM, in a run that records nothing per op (a traced
+        program's: no per-op modes, replay, trace, isolation or observer): its output booked
+        as the dispatch books it (no QInfo; the grid it stays on) without the op table entry
+        the run would drop."""
+        out = call.result
+        grid = self._float_grid(call, out, st, Mode.FAKE if st.mode is Mode.HYBRID else st.mode)
+        self._set_out_info(out, None, st, call.name)
         if grid is not None:
             st.grid.set(out, grid)
         return out

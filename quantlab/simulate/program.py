@@ -162,6 +162,8 @@ class _Full:
             kwargs,
             result,
         )
+        if type(result) is Tensor and self.name not in self.sim._fused_into:
+            return self.sim._kept_float(call, self.run.st)
         return self.sim._dispatch(call, self.run.st)
 
 

@@ -31,7 +31,12 @@ An activation input that came as a float tensor on the grid of the op's own inpu
 float op that keeps values made it: zero padding, eval-mode dropout; ``same_grid``) was used
 as it came, since fake-quantizing it there changes no bit. The prepared call keeps that
 point's QInfo (``OnGrid``) and its scale-cache entry, and takes the input as it comes only
-while the entry is current and the input is on that grid again.
+while the entry is current and the input is on that grid again. One that came as a float tensor
+with no quantization of its own (made by an op the simulator does not model: an integer mask
+cast to float) was fake-quantized at that point: the prepared call keeps the point's function
+and QInfo (``QuantizeHere``) on the same entry and applies the function to each such input
+that again has no QInfo (on that point's grid, where the full path takes it as it comes, the
+function changes no bit).
 """
 
 from __future__ import annotations
@@ -59,13 +64,24 @@ class OnGrid:
     rounding: Round
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class QuantizeHere:
+    """An activation input that came as a float tensor with no QInfo and was fake-quantized at
+    the op's input point ``info`` by that point's function ``fq``
+    (``QuantizationState.quantize_act``); the prepared call does the same to it."""
+
+    info: QInfo
+    fq: Callable
+
+
 @dataclass(slots=True, eq=False)
 class PreparedCall:
     """What one op's quantized FAKE run resolved (see the module docstring)."""
 
     route: OpRoute
     fake_ops: Any
-    # how each activation input arrived: its dtype, an OnGrid, or None (not a float tensor)
+    # how each activation input arrived: its dtype, an OnGrid, a QuantizeHere, or None (not a
+    # float tensor)
     in_dtypes: tuple
     weight: Tensor | None
     weight_version: int
@@ -168,8 +184,9 @@ MISMATCH = object()  # arrived_info: an input did not arrive as the prepared cal
 def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any, grid: Any) -> Any:
     """The first activation input's QInfo (None: not quantized) when every activation input
     arrived as prepared, ``acts`` giving each one's (slot, how it arrived): a dtype, an
-    ``OnGrid`` (a float tensor with no QInfo of its own, on that grid in ``grid``), or None
-    (not a float tensor); else ``MISMATCH``."""
+    ``OnGrid`` (a float tensor with no QInfo of its own, on that grid in ``grid``), a
+    ``QuantizeHere`` (a float tensor with no QInfo of its own), or None (not a float tensor);
+    else ``MISMATCH``."""
     x_info = None
     for i, (slot, want) in enumerate(acts):
         v = A.get(args, kwargs, slot)
@@ -177,7 +194,11 @@ def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any, grid: Any) 
             if isinstance(v, Tensor) and v.is_floating_point():
                 return MISMATCH
             continue
-        if type(want) is OnGrid:
+        if type(want) is QuantizeHere:
+            if not isinstance(v, Tensor) or not v.is_floating_point() or qt.get(v) is not None:
+                return MISMATCH
+            info = want.info
+        elif type(want) is OnGrid:
             p = want.info
             if (
                 not isinstance(v, Tensor)
@@ -213,6 +234,9 @@ def compute(
         return prep.fixed(x_info.codes_native(A.get(args, kwargs, r.plan.acts[0])))
     a = list(args)
     kw = dict(kwargs) if kwargs else {}
+    for slot, want in zip(r.plan.acts, prep.in_dtypes):
+        if type(want) is QuantizeHere:
+            A.put(a, kw, slot, want.fq(A.get(args, kwargs, slot)))
     if prep.weight is not None:
         A.put(a, kw, r.plan.weight, prep.weight_value)
     if prep.bias is not None:

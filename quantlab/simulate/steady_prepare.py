@@ -14,7 +14,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import calls
 from quantlab.simulate.op_route import OpRoute
 from quantlab.simulate.qtensor import QInfo
-from quantlab.simulate.steady import OnGrid, PreparedCall
+from quantlab.simulate.steady import OnGrid, PreparedCall, QuantizeHere
 
 
 def prepare(
@@ -286,10 +286,11 @@ def _arrival(
     """(how each activation input arrived, the scale-cache entries that rests on) when every
     input was used as it came: its dtype, or None for what is not a quantized tensor (a Python
     number). With ``used``, the (args, kwargs) the op computed with, an input that came as a
-    float tensor and was used unchanged at its integer input point (so it was on that point's
-    grid, ``QuantizationState.quantize_act``) is an ``OnGrid`` resting on the point's entry. None: a
-    call the prepared form does not cover (an input quantized or cast here, or a float tensor
-    left float, as a sensitivity run's float op feeds)."""
+    float tensor with no QInfo and went to its integer input point
+    (``QuantizationState.quantize_act``) rests on that point's entry: an ``OnGrid`` when it was
+    used unchanged (it was on the point's grid), else a ``QuantizeHere``. None: a call the
+    prepared form does not cover (an input requantized or cast here, or a float tensor left
+    float, as a sensitivity run's float op feeds)."""
     dtypes, deps = [], []
     for i, (slot, u, came) in enumerate(zip(plan.acts, in_infos, arrived)):
         v = A.get(call.args, call.kwargs, slot)
@@ -298,19 +299,16 @@ def _arrival(
                 return None
             dtypes.append(None if u is None else u.dtype)
             continue
-        if (
-            used is None
-            or came is not None
-            or u is None
-            or not u.dtype.is_int
-            or A.get(used[0], used[1], slot) is not v
-        ):
+        if used is None or came is not None or u is None or not u.dtype.is_int:
             return None
         key = ("fake_point", call.name, f"in{i}", u.dtype, None)
         entry = sim._scale_cache.get(key)
         if entry is None or entry[3] is not u:
             return None
-        dtypes.append(OnGrid(u, sim.platform.fake_round))
+        if A.get(used[0], used[1], slot) is v:  # on the point's grid: used as it came
+            dtypes.append(OnGrid(u, sim.platform.fake_round))
+        else:  # fake-quantized here by the point's function
+            dtypes.append(QuantizeHere(u, entry[2]))
         deps.append((key, entry))
     return tuple(dtypes), tuple(deps)
 

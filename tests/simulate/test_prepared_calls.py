@@ -593,3 +593,88 @@ def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
     hit_names.clear()
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib + more, x))
     assert _ON_GRID <= set(hit_names), hit_names
+
+
+class SideNet(nn.Module):
+    """Ops whose second operand is a float tensor no modelled op made (integer ids cast to
+    float, as a sentence model casts its attention mask): the dispatch fake-quantizes it at the
+    op's input point on every call. ``quantized``: that operand is ``relu(x)`` instead, which
+    arrives quantized at the relu's output point."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.quantized = False
+
+    def forward(self, x, ids):
+        r, cast = torch.relu(x), ids.to(torch.float32)
+        side = r if self.quantized else cast
+        h = self.a(x)
+        shifted = (1.0 - side) * 0.25
+        return (h * side + shifted).sum(1) / side.sum(1) + r.sum()
+
+
+_SIDE = {":sub#0", ":mul#1", ":sum#1"}
+
+
+def test_inputs_quantized_at_their_point_follow_the_prepared_call(hit_names):
+    """A float operand with no quantization of its own is fake-quantized at the op's input
+    point: the op follows its prepared call (``QuantizeHere``: that point's function applied
+    to the operand) with the full path's and a fresh simulator's bits, in captured runs and in
+    a program, on new values each run; when the operand arrives quantized (by a modelled op,
+    so the full path takes it as it comes), or the point's scale-cache entry is replaced, the
+    call takes the full path."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(6)
+        m = SideNet().eval()
+    g = torch.Generator().manual_seed(6)
+
+    def batch(scale):
+        return torch.randn(4, 8, generator=g) * scale, torch.randint(-40, 40, (4, 8), generator=g)
+
+    calib = [batch(1.0) for _ in range(2)]
+    xs = [batch(s) for s in (1.0, 2.0, 0.5)]
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    for _ in range(2):
+        sim.run(*xs[0], mode=Mode.FAKE)
+    names = {n for n in sim._order if ":" + n.split(":")[1] in _SIDE}
+    assert {":" + n.split(":")[1] for n in names} == _SIDE, sim._order
+    for n in names:
+        kinds = [type(d) for d in sim._prepared[n, Mode.FAKE].in_dtypes]
+        assert steady.QuantizeHere in kinds, (n, kinds)
+    for x in xs:
+        hit_names.clear()
+        got = sim.run(*x, mode=Mode.FAKE)
+        assert names <= set(hit_names), hit_names
+        assert_bits_equal(got, sim.trace(*x, mode=Mode.FAKE).result)
+        assert_bits_equal(got, _fresh_two(m, calib, x))
+    program = sim.program(*xs[0], mode=Mode.FAKE)
+    for x in xs:
+        assert_bits_equal(program(*x), sim.run(*x, mode=Mode.FAKE))
+    assert program.fallbacks == 0 and program.last_prepared >= len(names)
+
+    # the point's scale-cache entry is what QuantizeHere rests on: a replaced entry (equal,
+    # another object) sends the call through the full path
+    name = next(n for n in names if n.endswith("mul#1"))
+    key = ("fake_point", name, "in1", DType.INT8, None)
+    assert any(k == key for k, _ in sim._prepared[name, Mode.FAKE].deps)
+    sim._scale_cache[key] = tuple(list(sim._scale_cache[key]))
+    hit_names.clear()
+    assert_bits_equal(sim.run(*xs[1], mode=Mode.FAKE), sim.trace(*xs[1], mode=Mode.FAKE).result)
+    assert name not in hit_names
+
+    m.quantized = True  # the operand now arrives quantized at the relu's point: used as is
+    x = xs[1]
+    hit_names.clear()
+    got = sim.run(*x, mode=Mode.FAKE)
+    assert not names & set(hit_names), hit_names
+    assert_bits_equal(got, sim.trace(*x, mode=Mode.FAKE).result)
+    m.quantized = False
+    assert_bits_equal(sim.run(*x, mode=Mode.FAKE), _fresh_two(m, calib, x))
+
+
+def _fresh_two(m, calib, x):
+    sim = Simulator(m, "j6m")
+    sim.calibrate(calib, progress=False)
+    return sim.run(*x, mode=Mode.FAKE)
