@@ -390,6 +390,10 @@ class OpDispatch:
             )
             if prep is not None:
                 self._prepared[name, Mode.FAKE] = prep
+        elif st.mode is Mode.FIXED and om is None and _steady(st):
+            prep = steady_prepare.prepare_fixed_layout(self, call, r, plan, in_infos, arrived, *res)
+            if prep is not None:
+                self._prepared[name, Mode.FIXED] = prep
         return res
 
     def _fused_clamp(self, name: str) -> tuple | None:

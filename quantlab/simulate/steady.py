@@ -17,12 +17,14 @@ keeps that form resolved (``composite.ResolvedComposite``: scales, contract and 
 parameters found once) and checks, besides the above, the scale-cache entries it was resolved
 from and its other arguments (tensors by identity and version, plain values by equality).
 
-A steady FIXED run keeps the same form for a GEMM with a weight (a convolution or linear
-with integer output codes): its ``fixed_gemm.GemmRun`` (``fixed``), every decision of the
-kernel that does not read the operands' values, made once; the prepared call checks what the
-run was planned from besides the above (the input's shape, scale object and zero point, the
-output's scale-cache entries, the weight and bias versions, the other arguments) and computes
-the op by the same run, so the same bits.
+A steady FIXED run keeps the same form for a layout op (a view, transpose, reshape, ...: a
+pass-through op whose output codes are its function of the input's codes,
+``same_grid.layout_codes``, as the full path moves them) and for a GEMM with a weight (a
+convolution or linear with integer output codes): its ``fixed_gemm.GemmRun`` (``fixed``), every
+decision of the kernel that does not read the operands' values, made once; the prepared call
+checks what the run was planned from besides the above (the input's shape, scale object and zero
+point, the output's scale-cache entries, the weight and bias versions, the other arguments) and
+computes the op by the same run, so the same bits.
 
 This module holds the prepared form, its checks and its computation; ``steady_prepare`` makes
 a prepared call from a call that just ran through the full path.
@@ -102,6 +104,7 @@ class PreparedCall:
     deps: tuple = ()  # (scale-cache key, entry) pairs the composite was resolved from
     statics: tuple = ()  # its other arguments as (slot, value, tensor version or None)
     fixed: Any = None  # a FIXED GEMM's fixed_gemm.GemmRun: it computes the op
+    layout: bool = False  # a FIXED layout op: its output codes move as its values do
 
 
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
@@ -227,7 +230,11 @@ def compute(
         return prep.kernel(args, kwargs)
     if prep.passes:  # the full path's _quant_output of a pass-through op, for one tensor
         info = QInfo(x_info.dtype, x_info.scale, zero_point=x_info.zero_point)
-        return r.fn(*args, **kwargs), info
+        out = r.fn(*args, **kwargs)
+        if prep.layout:  # and, in FIXED mode, its codes moved by the same function
+            slot = r.plan.acts[0]
+            info = same_grid.layout_codes(r.fn, args, kwargs, slot, x_info, out, [info])[0]
+        return out, info
     if r.chain:
         st.fused_done.add(name)
     if prep.fixed is not None:  # a FIXED GEMM: its run on the input's codes

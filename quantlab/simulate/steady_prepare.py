@@ -11,7 +11,7 @@ from torch import Tensor
 
 from quantlab.capture import OpCall, OpCategory
 from quantlab.simulate import args as A
-from quantlab.simulate import calls
+from quantlab.simulate import calls, same_grid
 from quantlab.simulate.op_route import OpRoute
 from quantlab.simulate.qtensor import QInfo
 from quantlab.simulate.steady import OnGrid, PreparedCall, QuantizeHere
@@ -227,6 +227,27 @@ def _statics(call: OpCall, plan: A.ArgPlan) -> tuple | None:
         else:
             return None
     return tuple(out)
+
+
+def prepare_fixed_layout(
+    sim: Any,
+    call: OpCall,
+    r: OpRoute,
+    plan: A.ArgPlan,
+    in_infos: list,
+    arrived: list,
+    out: Any,
+    out_info: Any,
+) -> PreparedCall | None:
+    """The PreparedCall of a FIXED layout op (``same_grid.LAYOUT_OPS``) that just ran through
+    the full path: the pass-through form, its output's codes moved by the same function
+    (``layout``); None for a call this form does not cover."""
+    if call.category is not OpCategory.PASS_THROUGH or call.op_type not in same_grid.LAYOUT_OPS:
+        return None
+    prep = _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info)
+    if prep is not None:
+        prep.layout = True
+    return prep
 
 
 def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):

@@ -272,3 +272,78 @@ def test_fixed_and_fake_prepared_calls_are_kept_apart(hit_names):
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), fake)
     assert {mode for (_, mode) in sim._prepared} == {Mode.FAKE, Mode.FIXED}
     assert hit_names.count("b:conv2d#0") == 4  # twice per mode after its first run
+
+
+class LayoutNet(nn.Module):
+    """Attention-shaped layout ops between quantized ops: view, transpose, contiguous,
+    permute, reshape, flatten and unsqueeze around two Linears and a matmul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(16, 16)
+        self.k = nn.Linear(16, 16)
+        self.o = nn.Linear(16, 8)
+
+    def forward(self, x):  # x: (B, T, 16)
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, 4, 4).transpose(1, 2)
+        k = self.k(x).view(b, t, 4, 4).permute(0, 2, 3, 1)
+        ctx = (q @ k).softmax(-1) @ q  # (B, 4, T, 4)
+        h = ctx.transpose(1, 2).contiguous().reshape(b, t, 16)
+        return self.o(h.flatten(0, 1).unsqueeze(0))  # the last Linear's output stays float
+
+
+_LAYOUT_OPS = {"view", "transpose", "permute", "contiguous", "reshape", "flatten", "unsqueeze"}
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("asymmetric", [False, True], ids=["symmetric", "zero points"])
+def test_layout_ops_follow_prepared_calls_and_move_their_codes(
+    platform, asymmetric, hit_names, monkeypatch
+):
+    """In a steady FIXED run every layout op follows its prepared call: the function on the
+    values and the same function on the codes (as the full path moves them), so its output
+    carries codes; the bits of the full path and of a fresh Simulator on random and
+    adversarial inputs, in captured runs and in a program."""
+    from quantlab.simulate import steady
+
+    g = torch.Generator().manual_seed(4)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        m = LayoutNet().eval()
+    calib = [(torch.randn(2, 6, 16, generator=g),) for _ in range(2)]
+    spec = None
+    if asymmetric:
+        sym = OpQConfig(
+            activation_symmetry=ActivationSymmetry.ASYMMETRIC, observer=ObserverKind.MINMAX
+        )
+        spec = QConfigSpec(global_=sym)
+    kw = {} if spec is None else {"qconfig": spec}
+    sim = _sim(m, calib, platform, **kw)
+    coded = {}
+    real = steady.compute
+
+    def compute(prep, name, *a):
+        out, info = real(prep, name, *a)
+        if prep.layout:
+            coded[name] = info.codes is not None and info.codes.shape == out.shape
+        return out, info
+
+    monkeypatch.setattr(steady, "compute", compute)
+    sim.run(calib[0][0], mode=Mode.FIXED)  # prepares
+    for x in _inputs(g, (2, 6, 16)):
+        hit_names.clear()
+        got = sim.run(x, mode=Mode.FIXED)
+        assert_bits_equal(got, sim.trace(x, mode=Mode.FIXED).result)
+        assert_bits_equal(got, _fresh(m, calib, x, platform, **kw))
+        layout = {n for n in hit_names if n.split(":")[1].split("#")[0] in _LAYOUT_OPS}
+        assert {n.split(":")[1].split("#")[0] for n in layout} == _LAYOUT_OPS, hit_names
+        assert coded and all(coded.values()), coded
+    program = Simulator(m, platform, **kw)
+    program.calibrate(calib, progress=False)
+    x = _inputs(g, (2, 6, 16))[1]
+    prog = program.program(x, mode=Mode.FIXED)
+    assert prog.counts["prepared"] >= len(layout)
+    for x in _inputs(g, (2, 6, 16)):
+        assert_bits_equal(prog(x), sim.run(x, mode=Mode.FIXED))
+    assert prog.fallbacks == 0
