@@ -12,6 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from quantlab.numerics import pair_table_native
+
 EIGHT_BIT = (torch.int8, torch.uint8)
 TABLE_LIMIT = 64  # tables kept per cache (128 KiB or less each)
 
@@ -25,7 +27,11 @@ def every_pair(x_dtype: torch.dtype, y_dtype: torch.dtype) -> tuple[Tensor, Tens
 
 def lookup(table: Tensor, x: Tensor, y: Tensor) -> Tensor:
     """``table``'s entry of each pair of codes of ``x`` and ``y`` (8-bit, broadcasting), in the
-    layout of ``every_pair``."""
+    layout of ``every_pair``. Contiguous CPU codes whose broadcast is a repeat take one C pass
+    (``pair_table_native``, the same entries); the rest an int32 index pass and a gather."""
+    out = pair_table_native.lookup_native(table, x, y)
+    if out is not None:
+        return out
     index = x.view(torch.uint8).to(torch.int32).mul_(256)
     index = index + y.view(torch.uint8)
     return table.index_select(0, index.reshape(-1)).reshape(index.shape)
