@@ -141,9 +141,10 @@ def _flat(t: Tensor | None) -> Tensor | None:
 
 @dataclass(frozen=True, eq=False)
 class RowsKernel:
-    """``norm_fake_rows`` for one LAST layout and its constants (eps, the eight steps' scales and
-    code bounds, flat float32 gamma and beta) worked out once: ``kernel(x)`` gives its value
-    for ``x``, or None where the C kernels do not apply to ``x``."""
+    """``norm_fake``'s value (HALF_EVEN) for one LAST layout by the C kernels, its constants (eps,
+    the eight steps' scales and code bounds, flat float32 gamma and beta) worked out once:
+    ``kernel(x)`` gives the value for ``x``, or None where the kernels do not apply to ``x``
+    (not a contiguous float32 CPU tensor, a gradient)."""
 
     lib: Any
     layout: NormLayout  # a LAST layout
@@ -208,21 +209,3 @@ def rows_kernel(
     st = _steps(scales, out_scale, out_dtype, inter, gamma is not None, beta is not None)
     n = math.prod(layout.normalized_shape)
     return RowsKernel(lib, layout, n, eps, st, _flat(gamma), _flat(beta))
-
-
-def norm_fake_rows(
-    x: Tensor,
-    layout: NormLayout,
-    eps: float,
-    scales: NormScales,
-    out_scale: float,
-    out_dtype: DType,
-    inter: DType,
-    gamma: Tensor | None,
-    beta: Tensor | None,
-) -> Tensor | None:
-    """``norm_fake``'s value (HALF_EVEN) for a LAST layout by the C kernels, or None where
-    they do not apply (another layout, not a contiguous float32 CPU tensor, a gradient, no
-    kernel)."""
-    kernel = rows_kernel(layout, eps, scales, out_scale, out_dtype, inter, gamma, beta)
-    return None if kernel is None else kernel(x)

@@ -33,36 +33,17 @@ def split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
         scheme=p.requant,
         overflow=p.accumulator_overflow,
     )
+    x, w, lead = xc, w_float.detach(), None
     if call.op_type == "conv2d":
-        res = split_conv2d(
-            xc,
-            float(xi.scale),
-            w_float.detach(),
-            ws,
-            rq.weight_split,
-            so,
-            fin,
-            p.weight_split_combine,
-            bias,
-            **gemm_params(call),
-            **opts,
-        )
-    else:
-        lead = xc.shape[:-1]
-        x4 = xc.reshape(-1, xc.shape[-1], 1, 1)
-        w4 = w_float.detach().reshape(*w_float.shape, 1, 1)
-        res = split_conv2d(
-            x4,
-            float(xi.scale),
-            w4,
-            ws,
-            rq.weight_split,
-            so,
-            fin,
-            p.weight_split_combine,
-            bias,
-            **opts,
-        )
+        params = gemm_params(call)
+    else:  # a linear: a 1x1 convolution over the rows
+        lead, params = xc.shape[:-1], {}
+        x, w = xc.reshape(-1, xc.shape[-1], 1, 1), w.reshape(*w.shape, 1, 1)
+    res = split_conv2d(
+        x, float(xi.scale), w, ws, rq.weight_split, so, fin, p.weight_split_combine, bias,
+        **params, **opts,
+    )  # fmt: skip
+    if lead is not None:
         res = res.reshape(*lead, -1)
     return split_output(sim, call, res, float_out, out_dt, so, clamp)
 

@@ -23,7 +23,7 @@ from quantlab.numerics.norm_calibrate import (
     norm_fake,
     norm_fake_fn,
 )
-from quantlab.numerics.norm_native import norm_fake_rows
+from quantlab.numerics.norm_native import rows_kernel
 from quantlab.numerics.quantize import fake_quant
 from quantlab.numerics.rounding import Round
 from tests.numerics.test_norm import calibrated, params, rows_data
@@ -191,13 +191,15 @@ def test_the_native_rows_equal_the_torch_steps_on_random_and_tied_values(seed, b
         flat[1] = float("inf")
     gamma, beta = fake_affine(w, b, sc)
     for gb in ((gamma, beta), (gamma, None), (None, beta), (None, None)):
-        got = norm_fake_rows(x, layout, 1e-5, sc, so, out, DType.INT16, *gb)
+        kernel = rows_kernel(layout, 1e-5, sc, so, out, DType.INT16, *gb)
+        assert kernel is not None
+        got = kernel(x)
         assert got is not None
         assert_bits_equal(got, _torch_steps(x, layout, sc, so, out, *gb), {"x": x})
 
 
 def test_where_the_native_rows_do_not_apply_the_torch_steps_run():
-    """Other layouts, a non-contiguous input, float64, a gradient: norm_fake_rows declines
+    """Other layouts, a non-contiguous input, float64, a gradient: the C kernels decline
     (None) and norm_fake computes by torch, with the written-out bits."""
     x, layout, w, b, sc, so = _case("layer_norm", (True, True), DType.INT16, 9)
     gamma, beta = fake_affine(w, b, sc)
@@ -205,8 +207,8 @@ def test_where_the_native_rows_do_not_apply_the_torch_steps_run():
     wide = torch.cat([x, x], dim=-1)[..., ::2]  # the same values, not contiguous
     assert not wide.is_contiguous()
     for declined in (wide, x.double(), x.clone().requires_grad_()):
-        assert norm_fake_rows(declined, layout, *args) is None
-    assert norm_fake_rows(x, NormLayout.group(4), *args) is None
+        assert rows_kernel(layout, *args)(declined) is None
+    assert rows_kernel(NormLayout.group(4), *args) is None
     _check(wide.contiguous(), layout, w, b, sc, so, DType.INT16)
     _check(wide, layout, w, b, sc, so, DType.INT16)
 
