@@ -163,10 +163,13 @@ def test_runs_and_sweeps_write_into_their_default_folders(tmp_path):
     """Without hydra.run.dir / hydra.sweep.dir (as the README's commands run): a run writes
     outputs/<experiment>/<time>/, a sweep (basic and joblib launchers) multirun/<experiment>/
     <time>/ with its summary, under the working folder."""
-    _finish(_quantlab(["+exp=sweep_probe_schema", "exp.value=2"], cwd=tmp_path))
+    # the run and the first sweep at once: they write into different folders
+    single = _quantlab(["+exp=sweep_probe_schema", "exp.value=2"], cwd=tmp_path)
+    basic = _quantlab(["-m", "+exp=sweep_probe_schema", "exp.value=1,2"], cwd=tmp_path)
+    _finish(single)
+    _finish(basic)
     (run,) = (tmp_path / "outputs" / "sweep_probe_schema").iterdir()
     assert (run / "results.csv").exists() and (run / "config.yaml").exists()
-    _finish(_quantlab(["-m", "+exp=sweep_probe_schema", "exp.value=1,2"], cwd=tmp_path))
     time.sleep(1.1)  # the next sweep's folder is named by a later second
     args = ["+exp=sweep_probe_schema", "exp.value=3,4", "sweep=joblib"]
     _finish(_quantlab(args, cwd=tmp_path))
