@@ -66,7 +66,7 @@ def configure(lib: ctypes.CDLL) -> None:
 KERNELS = native.Kernels("pair_lookup", _SOURCE, configure, "pair-table look-up")
 
 
-def _out_shape(x: Tensor, y: Tensor) -> tuple | None:
+def repeat_shape(x: Tensor, y: Tensor) -> tuple | None:
     """The broadcast shape of ``x`` and ``y`` when one of them has it (as many values as the
     output) and the other repeats along its leading dims (its shape, leading 1s dropped, is a
     suffix of the first's), else None."""
@@ -93,7 +93,7 @@ def lookup_native(table: Tensor, x: Tensor, y: Tensor) -> Tensor | None:
         or table.element_size() not in ELEMENT_SIZES
     ):
         return None
-    shape = _out_shape(x, y)
+    shape = repeat_shape(x, y)
     if shape is None or not x.is_contiguous() or not y.is_contiguous():
         return None
     n = max(x.numel(), y.numel())

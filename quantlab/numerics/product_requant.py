@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from quantlab.numerics import product_requant_native
 from quantlab.numerics.dtypes import FLOAT32_EXACT, FLOAT64_EXACT, DType
 from quantlab.numerics.requant import INT32_MAX, Requant, RequantParams
 from quantlab.numerics.rounding import Round, round_float_
@@ -65,7 +66,24 @@ def requantize_product(
 ) -> Tensor:
     """``out`` codes (its torch dtype) of requantize((x - zx) * (y - zy)) + ``zero_point`` by
     ``form`` (which the caller proved for a bound on |(x - zx) * (y - zy)|). x: integer codes;
-    y: integer codes broadcastable with x, or one integer (a constant's code)."""
+    y: integer codes broadcastable with x, or one integer (a constant's code). Contiguous int8 /
+    int16 codes take one C pass (``product_requant_native``, the same codes)."""
+    fast = product_requant_native.requantize_product_native(x, zx, y, zy, form, out, zero_point)
+    if fast is not None:
+        return fast
+    return requantize_product_torch(x, zx, y, zy, form, out, zero_point)
+
+
+def requantize_product_torch(
+    x: Tensor,
+    zx: int,
+    y: Tensor | int,
+    zy: int,
+    form: ProductForm,
+    out: DType,
+    zero_point: int = 0,
+) -> Tensor:
+    """``requantize_product`` by torch passes, one IEEE operation each (every input)."""
     t = x.to(form.dtype)  # exact: codes
     if zx:
         t.sub_(zx)
