@@ -356,7 +356,7 @@ class OpDispatch:
                 res, run = fixed_gemm.run_gemm(
                     self, call, plan, args, kwargs, in_infos, wq, rq, clamp
                 )
-                if run is not None and wq is not None and om is None and _steady(st):
+                if run is not None and om is None and _steady(st):
                     prep = steady_prepare.prepare_fixed_gemm(
                         self, call, r, plan, in_infos, arrived, wq, run, *res
                     )

@@ -61,6 +61,7 @@ class GemmRun:
     b_zero_point: int
     b_scale: Tensor | None
     b_coarse: Tensor | None
+    b_shape: tuple | None  # a second activation operand's shape
     kind: str  # "pairs", "conv", "linear" or "matmul"
     conv: Any  # gemm.PreparedConv of a weight's convolution (None: planned per call)
     params: dict  # stride, padding, dilation, groups (convolutions)
@@ -91,6 +92,17 @@ class GemmRun:
             and info.zero_point == self.x_zero_point
             and isinstance(x, Tensor)
             and tuple(x.shape) == self.x_shape
+        )
+
+    def takes_second(self, b: Any, info: Any) -> bool:
+        """``takes`` for a second activation operand ``b`` (a run planned with one)."""
+        return (
+            info is not None
+            and info.scale is self.b_scale
+            and info.dtype is self.b_dtype
+            and info.zero_point == self.b_zero_point
+            and isinstance(b, Tensor)
+            and tuple(b.shape) == self.b_shape
         )
 
     def __call__(self, x_codes: Tensor, b_codes: Tensor | None = None) -> tuple:
@@ -321,6 +333,7 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         b_zero_point=0 if wi is None else wi.zero_point,
         b_scale=None if wi is None else wi.scale,
         b_coarse=b_coarse,
+        b_shape=None if wi is None else w_shape,
         kind=kind,
         conv=conv,
         params=params,

@@ -198,7 +198,7 @@ class _Prepared:
         x_info = steady.arrived_info(self.acts, args, kwargs, st.qt, st.grid)
         if x_info is steady.MISMATCH:
             return self.full.dispatch(args, kwargs)
-        if not steady.arguments_hold(prep, args, kwargs, x_info):
+        if not steady.arguments_hold(prep, args, kwargs, x_info, st.qt):
             return self.full.dispatch(args, kwargs)
         out, info = steady.compute(prep, self.name, args, kwargs, x_info, st)
         st.qt.set(out, info)

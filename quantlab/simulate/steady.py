@@ -20,11 +20,12 @@ from and its other arguments (tensors by identity and version, plain values by e
 A steady FIXED run keeps the same form for a layout op (a view, transpose, reshape, ...: a
 pass-through op whose output codes are its function of the input's codes,
 ``same_grid.layout_codes``, as the full path moves them) and for a GEMM with a weight (a
-convolution or linear with integer output codes): its ``fixed_gemm.GemmRun`` (``fixed``), every
-decision of the kernel that does not read the operands' values, made once; the prepared call
-checks what the run was planned from besides the above (the input's shape, scale object and zero
-point, the output's scale-cache entries, the weight and bias versions, the other arguments) and
-computes the op by the same run, so the same bits.
+convolution or linear with integer output codes) or a matmul of two activations: its
+``fixed_gemm.GemmRun`` (``fixed``), every decision of the kernel that does not read the
+operands' values, made once; the prepared call checks what the run was planned from besides the
+above (the inputs' shapes, scale objects and zero points, the output's scale-cache entries, the
+weight and bias versions, the other arguments) and computes the op by the same run, so the same
+bits.
 
 This module holds the prepared form, its checks and its computation; ``steady_prepare`` makes
 a prepared call from a call that just ran through the full path.
@@ -130,23 +131,30 @@ def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple
             return None
     elif plan.bias is not None and A.get(args, kwargs, plan.bias) is not None:
         return None
-    if not arguments_hold(prep, args, kwargs, x_info):
+    if not arguments_hold(prep, args, kwargs, x_info, st.qt):
         return None
     value, info = compute(prep, name, args, kwargs, x_info, st)
     # the full path's _quant_output gives a pass-through op's output quantization as a list
     return plan, value, [info] if prep.passes else info
 
 
-def arguments_hold(prep: PreparedCall, args: tuple, kwargs: dict, x_info: Any) -> bool:
+def arguments_hold(prep: PreparedCall, args: tuple, kwargs: dict, x_info: Any, qt: Any) -> bool:
     """What ``prep`` assumed about a call's arguments besides how its activation inputs arrived
     (``arrived_info``, which gave ``x_info``) and the identity of its weight and bias: the first
     input's scale object where a bias value or a FIXED GEMM's run was made with it, that run's
-    input shape and zero point, and the call's other arguments (``statics``)."""
+    input shapes, scales and zero points (a second activation operand's QInfo from ``qt``),
+    and the call's other arguments (``statics``)."""
     if prep.x_scale is not None and (x_info is None or x_info.scale is not prep.x_scale):
         return False
     run = prep.fixed
-    if run is not None and not run.takes(A.get(args, kwargs, prep.route.plan.acts[0]), x_info):
-        return False
+    if run is not None:
+        acts = prep.route.plan.acts
+        if not run.takes(A.get(args, kwargs, acts[0]), x_info):
+            return False
+        if run.w_codes is None:  # a matmul of two activations: the second as planned too
+            b = A.get(args, kwargs, acts[1])
+            if not run.takes_second(b, qt.get(b)):
+                return False
     return not prep.statics or statics_hold(prep.statics, args, kwargs)
 
 
@@ -237,8 +245,13 @@ def compute(
         return out, info
     if r.chain:
         st.fused_done.add(name)
-    if prep.fixed is not None:  # a FIXED GEMM: its run on the input's codes
-        return prep.fixed(x_info.codes_native(A.get(args, kwargs, r.plan.acts[0])))
+    run = prep.fixed
+    if run is not None:  # a FIXED GEMM: its run on the inputs' codes
+        x = A.get(args, kwargs, r.plan.acts[0])
+        if run.w_codes is not None:
+            return run(x_info.codes_native(x))
+        b = A.get(args, kwargs, r.plan.acts[1])
+        return run(x_info.codes_native(x), st.qt.get(b).codes_native(b))
     a = list(args)
     kw = dict(kwargs) if kwargs else {}
     for slot, want in zip(r.plan.acts, prep.in_dtypes):

@@ -103,12 +103,12 @@ def prepare_fixed_gemm(
     out: Any,
     out_info: Any,
 ) -> PreparedCall | None:
-    """The PreparedCall of a FIXED GEMM call with a weight that just ran by ``run`` (its
-    ``fixed_gemm.GemmRun``; ``wq``: the weight's (codes, scale, float weight)) and gave ``out``
-    / ``out_info``: that run while the route, the output's scale-cache entries, the weight and
-    bias versions, the input's shape and scale and the call's other arguments hold; None for a
-    call this form does not cover (an input quantized here, a batch_norm fold, a float or
-    high-precision output)."""
+    """The PreparedCall of a FIXED GEMM call that just ran by ``run`` (its
+    ``fixed_gemm.GemmRun``) and gave ``out`` / ``out_info``, either with a weight (``wq``: its
+    (codes, scale, float weight)) or a matmul of two activations (``wq`` None): that run while
+    the route, the output's scale-cache entries, the weight and bias versions, the inputs'
+    shapes and scales and the call's other arguments hold; None for a call this form does not
+    cover (an input quantized here, a batch_norm fold, a float or high-precision output)."""
     rq = r.rq
     if (
         not _plain_route(r)
@@ -116,7 +116,8 @@ def prepare_fixed_gemm(
         or not rq.output_dtype.is_int
         or rq.high_precision_output
         or run.out_dtype is not rq.output_dtype
-        or plan.weight is None
+        or (plan.weight is None) != (wq is None)
+        or (wq is None and (run.kind != "matmul" or len(plan.acts) != 2 or in_infos[1] is None))
         or any(sim._info[c].op_type == "batch_norm" for c in r.chain or ())
         or not _replaceable(sim, call, out)
         or not isinstance(out_info, QInfo)
@@ -126,7 +127,7 @@ def prepare_fixed_gemm(
     statics = _statics(call, plan)
     if arrival is None or statics is None or in_infos[0] is None:
         return None
-    weight = wq[2]
+    weight = None if wq is None else wq[2]
     bias = A.get(call.args, call.kwargs, plan.bias) if plan.bias is not None else None
     cache = sim._scale_cache
     keys = (  # the output's scale and, for an asymmetric point, its zero point's entry
@@ -141,7 +142,7 @@ def prepare_fixed_gemm(
         fake_ops=sim.fake_ops,
         in_dtypes=arrival[0],
         weight=weight,
-        weight_version=weight._version,
+        weight_version=0 if weight is None else weight._version,
         weight_value=None,
         bias=bias,
         bias_version=0 if bias is None else bias._version,

@@ -347,3 +347,103 @@ def test_layout_ops_follow_prepared_calls_and_move_their_codes(
     for x in _inputs(g, (2, 6, 16)):
         assert_bits_equal(prog(x), sim.run(x, mode=Mode.FIXED))
     assert prog.fallbacks == 0
+
+
+class CrossNet(nn.Module):
+    """Cross attention: x (B, T, 8) attends over y (B, S, 8); both matmuls take two
+    activations, and the first one's second operand changes shape with S alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Linear(8, 8)
+        self.r = nn.Linear(8, 8)
+        self.o = nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        a, b = self.p(x), self.r(y)
+        s = a @ b.transpose(1, 2)  # (B, T, S)
+        return self.o(s.softmax(-1) @ b)
+
+
+_MATMULS = ["matmul#0", "matmul#1"]
+
+
+def _cross(platform, spec=None):
+    g = torch.Generator().manual_seed(6)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(6)
+        m = CrossNet().eval()
+    calib = [(torch.randn(2, 5, 8, generator=g), torch.randn(2, 7, 8, generator=g)) for _ in "ab"]
+    kw = {} if spec is None else {"qconfig": spec}
+    return m, calib, g, kw
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        QConfigSpec(global_=OpQConfig(output_dtype=DType.INT16)),
+        QConfigSpec(
+            global_=OpQConfig(
+                activation_symmetry=ActivationSymmetry.ASYMMETRIC, observer=ObserverKind.MINMAX
+            )
+        ),
+    ],
+    ids=["int8", "int16 activations", "zero points"],
+)
+def test_matmuls_of_two_activations_follow_prepared_runs(platform, spec, hit_names):
+    """A matmul of two activations follows its prepared GemmRun in a steady FIXED run: the bits
+    of the full path and of a fresh Simulator on random and adversarial inputs, in captured runs
+    and in a program."""
+    m, calib, g, kw = _cross(platform, spec)
+    sim = _sim(m, calib, platform, **kw)
+    sim.run(*calib[0], mode=Mode.FIXED)  # prepares
+    xs, ys = _inputs(g, (2, 5, 8)), _inputs(g, (2, 7, 8))
+    for x, y in zip(xs, ys[::-1]):
+        hit_names.clear()
+        got = sim.run(x, y, mode=Mode.FIXED)
+        assert_bits_equal(got, sim.trace(x, y, mode=Mode.FIXED).result)
+        assert_bits_equal(got, _fresh_two(m, calib, x, y, platform, **kw))
+        assert {n.split(":")[1] for n in hit_names} >= set(_MATMULS), hit_names
+    program = Simulator(m, platform, **kw)
+    program.calibrate(calib, progress=False)
+    prog = program.program(xs[1], ys[1], mode=Mode.FIXED)
+    for x, y in zip(xs, ys):
+        assert_bits_equal(prog(x, y), sim.run(x, y, mode=Mode.FIXED))
+    assert prog.fallbacks == 0
+
+
+def _fresh_two(m, calib, x, y, platform, **kw):
+    return _sim(m, calib, platform, **kw).run(x, y, mode=Mode.FIXED)
+
+
+def test_a_second_operand_of_another_shape_or_scale_is_followed(hit_names):
+    """The prepared run of ``a @ b.T`` was planned for b's shape and scale object: b of another
+    length (x unchanged), then b's producer's output scale replaced alone, each send the call
+    through the full path, with its bits."""
+    m, calib, g, kw = _cross("j6m")
+    sim = _sim(m, calib)
+    x, y = _inputs(g, (2, 5, 8))[1], _inputs(g, (2, 7, 8))[1]
+    for _ in range(2):
+        sim.run(x, y, mode=Mode.FIXED)
+    assert "matmul#0" in {n.split(":")[1] for n in hit_names}
+    longer = torch.randn(2, 9, 8, generator=g)
+    hit_names.clear()
+    got = sim.run(x, longer, mode=Mode.FIXED)
+    assert "matmul#0" not in {n.split(":")[1] for n in hit_names}  # b's shape: not as planned
+    assert_bits_equal(got, sim.trace(x, longer, mode=Mode.FIXED).result)
+    assert_bits_equal(got, _fresh_two(m, calib, x, longer, "j6m"))
+    for _ in range(2):
+        sim.run(x, y, mode=Mode.FIXED)
+    name = "r:linear#0"  # b's producer: only its output scale changes
+    rq = sim.qconfig_of(name)
+    key = sim.act_scale_key(name, "out", rq.output_dtype, rq)
+    old = sim.trace(x, y, mode=Mode.FIXED)
+    sim._scale_cache[key] = sim._scale_cache[key] * 16
+    hit_names.clear()
+    got = sim.run(x, y, mode=Mode.FIXED)
+    assert "matmul#0" not in {n.split(":")[1] for n in hit_names}
+    new = sim.trace(x, y, mode=Mode.FIXED)
+    assert_bits_equal(got, new.result)
+    assert not torch.equal(got, old.result)  # the new scale moved the output
