@@ -366,6 +366,12 @@ class OpDispatch:
                 res = fixed_ops.run_fixed(
                     self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
                 )
+                if res is not None and wq is None and clamp is None and om is None and _steady(st):
+                    prep = steady_prepare.prepare_fixed_op(
+                        self, call, r, plan, in_infos, arrived, *res
+                    )
+                    if prep is not None:
+                        self._prepared[name, Mode.FIXED] = prep
             if res is not None:
                 return res
         out = r.fn(*args, **kwargs)

@@ -25,7 +25,10 @@ convolution or linear with integer output codes) or a matmul of two activations:
 operands' values, made once; the prepared call checks what the run was planned from besides the
 above (the inputs' shapes, scale objects and zero points, the output's scale-cache entries, the
 weight and bias versions, the other arguments) and computes the op by the same run, so the same
-bits.
+bits. Any other op that its fixed kernel computed on inputs used as they came (an add, multiply,
+LUT, softmax, norm, reduction: ``steady_prepare.prepare_fixed_op``) keeps that kernel as a
+composite: called again on the call's arguments and its inputs' QInfos, as the full path calls
+it once the route and each input's dtype hold, it looks its scales and constants up itself.
 
 This module holds the prepared form, its checks and its computation; ``steady_prepare`` makes
 a prepared call from a call that just ran through the full path.

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from quantlab.capture import OpCall, OpCategory
 from quantlab.simulate import args as A
-from quantlab.simulate import calls, same_grid
+from quantlab.simulate import calls, fixed_ops, same_grid
+from quantlab.simulate.modes import Mode
 from quantlab.simulate.op_route import OpRoute
 from quantlab.simulate.qtensor import QInfo
 from quantlab.simulate.steady import OnGrid, PreparedCall, QuantizeHere
@@ -203,6 +204,66 @@ def prepare_composite(
         deps=made.deps,
         statics=statics,
     )
+
+
+def prepare_fixed_op(
+    sim: Any,
+    call: OpCall,
+    r: OpRoute,
+    plan: A.ArgPlan,
+    in_infos: list,
+    arrived: list,
+    out: Any,
+    out_info: Any,
+) -> PreparedCall | None:
+    """The PreparedCall of a FIXED op other than a GEMM or a layout op (an add, multiply,
+    LUT, softmax, norm, reduction, ...) that just ran by its fixed kernel
+    (``fixed_ops.run_fixed``) on inputs used as they came and gave ``out`` / ``out_info``: the
+    same kernel on the call's arguments and its inputs' QInfos, as the full path calls it once
+    the route holds and no input needs quantizing (each arrived at its dtype); the kernel looks
+    its scales and constants up itself, as on the full path. None for a call this form does not
+    cover (an input quantized here, a weight, more than one tensor out)."""
+    if (
+        not _plain_route(r)
+        or call.category in (OpCategory.GEMM, OpCategory.PASS_THROUGH)
+        or plan.weight is not None
+        or plan.bias is not None
+        or not _replaceable(sim, call, out)
+        or not isinstance(out_info, QInfo)
+    ):
+        return None
+    arrival = _arrival(sim, call, plan, in_infos, arrived)
+    statics = _statics(call, plan)
+    if arrival is None or statics is None:
+        return None
+    kernel = _fixed_kernel(sim, call, plan, r)
+    return _without_weight(
+        sim, r, arrival[0], ("fixed_op", call.name), None, kernel=kernel, statics=statics
+    )
+
+
+def _fixed_kernel(sim: Any, call: OpCall, plan: A.ArgPlan, r: OpRoute):
+    """``compute(args, kwargs)`` of ``prepare_fixed_op``: (value, QInfo) of the call with these
+    arguments, as ``OpDispatch._run_quantized_value`` gives it for inputs that arrived at their
+    dtypes (the fixed kernel, else the float function and its output's quantization)."""
+    name, op_type, category = call.name, call.op_type, call.category
+    module, call_index, func = call.module, call.call_index, call.func
+    acts, rq, quant_out = tuple(plan.acts), r.rq, r.quant_out
+
+    def compute(args: tuple, kwargs: dict) -> tuple:
+        qt = sim._state.qt
+        infos = []
+        for slot in acts:
+            v = A.get(args, kwargs, slot)
+            infos.append(qt.get(v) if isinstance(v, Tensor) and v.is_floating_point() else None)
+        now = OpCall(name, op_type, category, module, call_index, func, args, kwargs, None)
+        a, kw = list(args), dict(kwargs)
+        res = fixed_ops.run_fixed(sim, now, plan, a, kw, infos, None, rq, quant_out)
+        if res is None:  # the full path's float fallback
+            res = sim._quant_output(now, r.fn(*a, **kw), infos, rq, quant_out, Mode.FIXED, None)
+        return res
+
+    return compute
 
 
 _PLAIN = (bool, int, float, str, type(None))
