@@ -35,6 +35,19 @@ def _conv_channel_axis(op_type: str, acc) -> int:
     return 1 if acc.dim() == (4 if op_type == "conv2d" else 3) else 0
 
 
+def _arrived_as(v: Any, info: Any, scale: Any, dtype: DType, zero_point: int, shape) -> bool:
+    """Whether operand ``v`` with QInfo ``info`` has the scale object, dtype, zero point and
+    shape a run was planned for."""
+    return (
+        info is not None
+        and info.scale is scale
+        and info.dtype is dtype
+        and info.zero_point == zero_point
+        and isinstance(v, Tensor)
+        and tuple(v.shape) == shape
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class GemmRun:
     """One GEMM's fixed-point run with every decision that does not read the operands' values
@@ -85,25 +98,11 @@ class GemmRun:
     def takes(self, x: Any, info: Any) -> bool:
         """Whether ``x``, arriving with QInfo ``info``, is an input this run was planned for:
         the same shape, dtype, zero point and scale object."""
-        return (
-            info is not None
-            and info.scale is self.x_scale
-            and info.dtype is self.x_dtype
-            and info.zero_point == self.x_zero_point
-            and isinstance(x, Tensor)
-            and tuple(x.shape) == self.x_shape
-        )
+        return _arrived_as(x, info, self.x_scale, self.x_dtype, self.x_zero_point, self.x_shape)
 
     def takes_second(self, b: Any, info: Any) -> bool:
         """``takes`` for a second activation operand ``b`` (a run planned with one)."""
-        return (
-            info is not None
-            and info.scale is self.b_scale
-            and info.dtype is self.b_dtype
-            and info.zero_point == self.b_zero_point
-            and isinstance(b, Tensor)
-            and tuple(b.shape) == self.b_shape
-        )
+        return _arrived_as(b, info, self.b_scale, self.b_dtype, self.b_zero_point, self.b_shape)
 
     def __call__(self, x_codes: Tensor, b_codes: Tensor | None = None) -> tuple:
         p = self.platform

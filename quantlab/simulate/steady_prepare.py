@@ -177,23 +177,12 @@ def prepare_composite(
     compute while the route, its scale-cache entries and the call's other arguments hold; None
     for a call this form does not cover (an input quantized here, an argument that is neither
     a tensor nor a plain value)."""
-    if (
-        r.om is not None
-        or r.split_b
-        or r.grid
-        or r.deployed_kernel
-        or r.single_period
-        or plan.weight is not None
-        or plan.bias is not None
-        or not _replaceable(sim, call, out)
-        or not isinstance(out_info, QInfo)
-    ):
+    if r.om is not None or r.split_b or r.grid or r.deployed_kernel or r.single_period:
         return None
-    arrival = _arrival(sim, call, plan, in_infos, arrived)
-    statics = _statics(call, plan)
-    if arrival is None or statics is None:
+    held = _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info)
+    if held is None:
         return None
-    dtypes = arrival[0]
+    dtypes, statics = held
     return _without_weight(
         sim,
         r,
@@ -204,6 +193,24 @@ def prepare_composite(
         deps=made.deps,
         statics=statics,
     )
+
+
+def _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info) -> tuple | None:
+    """(how each activation input arrived, the other arguments as ``_statics``) of a call
+    whose kernel a prepared call keeps (a FAKE composite, a FIXED op): no weight or bias, one
+    tensor out, every input used as it came; None otherwise."""
+    if (
+        plan.weight is not None
+        or plan.bias is not None
+        or not _replaceable(sim, call, out)
+        or not isinstance(out_info, QInfo)
+    ):
+        return None
+    arrival = _arrival(sim, call, plan, in_infos, arrived)
+    statics = _statics(call, plan)
+    if arrival is None or statics is None:
+        return None
+    return arrival[0], statics
 
 
 def prepare_fixed_op(
@@ -223,22 +230,15 @@ def prepare_fixed_op(
     the route holds and no input needs quantizing (each arrived at its dtype); the kernel looks
     its scales and constants up itself, as on the full path. None for a call this form does not
     cover (an input quantized here, a weight, more than one tensor out)."""
-    if (
-        not _plain_route(r)
-        or call.category in (OpCategory.GEMM, OpCategory.PASS_THROUGH)
-        or plan.weight is not None
-        or plan.bias is not None
-        or not _replaceable(sim, call, out)
-        or not isinstance(out_info, QInfo)
-    ):
+    if not _plain_route(r) or call.category in (OpCategory.GEMM, OpCategory.PASS_THROUGH):
         return None
-    arrival = _arrival(sim, call, plan, in_infos, arrived)
-    statics = _statics(call, plan)
-    if arrival is None or statics is None:
+    held = _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info)
+    if held is None:
         return None
+    dtypes, statics = held
     kernel = _fixed_kernel(sim, call, plan, r)
     return _without_weight(
-        sim, r, arrival[0], ("fixed_op", call.name), None, kernel=kernel, statics=statics
+        sim, r, dtypes, ("fixed_op", call.name), None, kernel=kernel, statics=statics
     )
 
 
