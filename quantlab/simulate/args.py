@@ -94,3 +94,18 @@ _WEIGHTED = frozenset(("conv1d", "conv2d", "linear"))
 
 def is_float_tensor(v) -> bool:
     return isinstance(v, Tensor) and v.is_floating_point()
+
+
+def fresh_result(out, call_args, kwargs: dict) -> bool:
+    """True when ``out`` is a tensor a call on ``call_args`` / ``kwargs`` has just made, which a
+    fake quant may overwrite in place: not a view, no gradient, and sharing no storage with an
+    argument tensor (or one in a list argument), so an in-place op, ``out=`` and ``detach``
+    results are not fresh. Only the caller that received ``out`` may hold it."""
+    if not isinstance(out, Tensor) or out._base is not None or out.requires_grad:
+        return False
+    p = out.untyped_storage().data_ptr()
+    for v in (*call_args, *kwargs.values()) if kwargs else call_args:
+        for t in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(t, Tensor) and (t is out or t.untyped_storage().data_ptr() == p):
+                return False
+    return True

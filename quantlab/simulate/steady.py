@@ -101,7 +101,7 @@ class PreparedCall:
     point: tuple  # that entry (scale-cache entries are replaced when scales change)
     fq: Callable | None  # the output fake quant (None for a pass-through op)
     out_info: Any  # the output's QInfo (None for a pass-through op: its input's quantization)
-    owned: bool  # the function's result is a fresh tensor the fake quant may overwrite
+    owned: bool  # a GEMM: its result is always fresh (other results: args.fresh_result)
     passes: bool = False  # a pass-through op: the output keeps the first input's quantization
     # a composite (composite.ResolvedComposite): its compute replaces function and fake quant
     kernel: Callable | None = None
@@ -264,4 +264,5 @@ def compute(
         A.put(a, kw, r.plan.weight, prep.weight_value)
     if prep.bias is not None:
         A.put(a, kw, r.plan.bias, prep.bias_value)
-    return prep.fq(r.fn(*a, **kw), inplace=prep.owned), prep.out_info
+    out = r.fn(*a, **kw)
+    return prep.fq(out, inplace=prep.owned or A.fresh_result(out, a, kw)), prep.out_info
