@@ -1,8 +1,12 @@
 """``norm_fake`` for rows over the trailing dims (LayerNorm) with its elementwise steps in C.
 
-The composite's two row reductions stay torch's ``mean`` (so their bits are torch's); every
-elementwise step between them runs in one C loop per row (``quantlab.numerics.native``: C99,
-no fast-math, no contraction), the same float32 operations in the same order as
+The composite's two row reductions have torch's ``mean`` bits. Where they can, they are
+summed in C in torch's own order (``torch_row_sum``: its cascade of vector accumulators, then
+one division by n), and the whole composite runs as one pass per row (``norm_rows``). That
+order is the process's torch's only if random probe rows say so (``_lanes``); otherwise, and
+for rows torch sums otherwise (``torch_sum_lanes``), torch's ``mean`` runs between two C
+passes. Every elementwise step runs in C (``quantlab.numerics.native``: C99, no fast-math, no
+contraction), the same float32 operations in the same order as
 ``norm_calibrate._norm_fake_steps`` with NaN made code 0 at each step:
 
 - a step's fake quant ``fq(x) = round(clamp(fl(x / s), lo, hi)) * s + 0`` with NaN -> +0: the
@@ -42,6 +46,10 @@ from quantlab.numerics.quantize import code_range
 _SOURCE = (
     native.PRELUDE
     + r"""
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* one step's fake quant at scale s, codes [lo, hi]; NaN -> +0 */
 static inline float fq(float x, float s, float lo, float hi) {
   const float q = x / s;
@@ -85,6 +93,85 @@ CLONES void k2_row(const float *restrict d, float rr, int64_t n, const float *re
   }
 }
 
+/* torch's float32 sum of one contiguous row of n >= V values (SumKernel.cpp's
+   vectorized_inner_sum with V-lane vectors, float accumulators): row_sum's four interleaved
+   vector accumulators over n / V vectors, summed in multi_row_sum's cascade of four levels
+   (level step 2**max(4, ceil(log2(n / 4V)) / 4)), the remaining vectors into the first,
+   the other three into it in order; then 0 + the scalar tail in order + the V lanes in
+   order, and the zero-filled output's += (0 + s). Each addition is one float32 rounding, in
+   this order; the lanes are independent, so vector and scalar code round alike. */
+#define QL_LANES 16
+static int64_t ceil_log2(int64_t x) {
+  if (x <= 2) return 1;
+  int64_t bits = 0;
+  for (uint64_t v = (uint64_t)x - 1; v; v >>= 1) ++bits;
+  return bits;
+}
+
+CLONES float torch_row_sum(const float *restrict x, int64_t n, int V) {
+  const int64_t vecs = n / V, size = vecs / 4;
+  const int64_t lp = ceil_log2(size) / 4 > 4 ? ceil_log2(size) / 4 : 4;
+  const int64_t step = (int64_t)1 << lp, mask = step - 1;
+  float acc[4][4][QL_LANES] = {{{0}}};
+  int64_t i = 0;
+  while (i + step <= size) {
+    for (int64_t j = 0; j < step; ++j, ++i)
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < V; ++l) acc[0][k][l] += x[(i * 4 + k) * V + l];
+    for (int j = 1; j < 4; ++j) {
+      for (int k = 0; k < 4; ++k)
+        for (int l = 0; l < V; ++l) {
+          acc[j][k][l] += acc[j - 1][k][l];
+          acc[j - 1][k][l] = 0.0f;
+        }
+      if ((i & (mask << (j * lp))) != 0) break;
+    }
+  }
+  for (; i < size; ++i)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < V; ++l) acc[0][k][l] += x[(i * 4 + k) * V + l];
+  for (int j = 1; j < 4; ++j)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < V; ++l) acc[0][k][l] += acc[j][k][l];
+  for (int64_t v = size * 4; v < vecs; ++v)
+    for (int l = 0; l < V; ++l) acc[0][0][l] += x[v * V + l];
+  for (int k = 1; k < 4; ++k)
+    for (int l = 0; l < V; ++l) acc[0][0][l] += acc[0][k][l];
+  float s = 0.0f;
+  for (int64_t j = vecs * V; j < n; ++j) s += x[j];
+  for (int l = 0; l < V; ++l) s += acc[0][0][l];
+  return 0.0f + s;
+}
+
+/* torch's mean of each of ``rows`` contiguous rows (its sum / n, one float32 division) */
+void torch_row_means(const float *x, int64_t rows, int64_t n, int V, float *out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = torch_row_sum(x + r * n, n, V) / (float)n;
+}
+
+/* the whole composite row by row, its two means by torch_row_sum (V lanes); scratch holds
+   2n floats per thread (d and the squares) */
+void norm_rows(const float *x, int64_t rows, int64_t n, int V, float eps, const float *st,
+               const float *g, const float *b, float *out, float *scratch, int threads) {
+  #pragma omp parallel num_threads(threads)
+  {
+#ifdef _OPENMP
+    float *d = scratch + 2 * n * (int64_t)omp_get_thread_num();
+#else
+    float *d = scratch;
+#endif
+    float *sq = d + n;
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *xr = x + r * n;
+      const float mu = fq(torch_row_sum(xr, n, V) / (float)n, st[0], st[1], st[2]);
+      k1_row(xr, mu, n, st, d, sq);
+      const float v = fq(torch_row_sum(sq, n, V) / (float)n, st[9], st[10], st[11]);
+      const float rr = fq(1.0f / sqrtf(v + eps), st[12], st[13], st[14]);
+      k2_row(d, rr, n, st, g, b, out + r * n);
+    }
+  }
+}
+
 /* v = fq(v0); rr = fq(1 / sqrt(v + eps)); y = fq(d * rr), then the gamma and beta steps */
 void norm_k2(const float *d, const float *v0, int64_t rows, int64_t n, float eps,
              const float *st, const float *g, const float *b, float *out, int threads) {
@@ -105,6 +192,9 @@ def configure(lib: ctypes.CDLL) -> None:
     lib.norm_k1.argtypes = [p, p, i64, i64, p, p, p, i32]
     lib.norm_k2.argtypes = [p, p, i64, i64, f32, p, p, p, p, i32]
     lib.norm_k1.restype = lib.norm_k2.restype = None
+    lib.torch_row_means.argtypes = [p, i64, i64, i32, p]
+    lib.norm_rows.argtypes = [p, i64, i64, i32, f32, p, p, p, p, p, i32]
+    lib.torch_row_means.restype = lib.norm_rows.restype = None
 
 
 KERNELS = native.Kernels("norm_fake", _SOURCE, configure, "LayerNorm kernel")
@@ -169,6 +259,17 @@ class RowsKernel:
             rows = x.view(-1, self.n)
             n_rows, n = rows.shape
             g, b, st = self.gamma, self.beta, self.steps.data_ptr()
+            lanes = torch_sum_lanes(n_rows, n)
+            if lanes:  # the whole composite in one pass over the rows
+                threads = max(1, min(torch.get_num_threads(), n_rows))
+                out = torch.empty_like(rows)
+                scratch = torch.empty(threads, 2, n)
+                self.lib.norm_rows(
+                    rows.data_ptr(), n_rows, n, lanes, self.eps, st,
+                    None if g is None else g.data_ptr(), None if b is None else b.data_ptr(),
+                    out.data_ptr(), scratch.data_ptr(), threads,
+                )  # fmt: skip
+                return out.view(x.shape)
             d = torch.empty_like(rows)
             sq = torch.empty_like(rows)
             out = torch.empty_like(rows)
@@ -185,6 +286,61 @@ class RowsKernel:
                 out.data_ptr(), threads,
             )  # fmt: skip
             return out.view(x.shape)
+
+
+_GRAIN_SIZE = 32768  # at::internal::GRAIN_SIZE: a single row this long is summed by threads
+# rows on which torch's sum and torch_row_sum must agree before the C loop stands in for it:
+# one vector up to the cascade's second level, with and without a scalar tail
+_PROBE_LENGTHS = (16, 23, 64, 100, 384, 513, 1000, 2100, 9001, 40000)
+
+
+@functools.lru_cache(maxsize=1)
+def _lanes() -> int:
+    """The lane count (8 or 16) with which ``torch_row_sum`` gives the bits of this process's
+    torch sum on every probe row (random values at several magnitudes), else 0. Measured, not
+    assumed: torch 2.13's AVX-512 and AVX2 dispatches both sum with 8 lanes here."""
+    lib = KERNELS.lib()
+    if lib is None:
+        return 0
+    g = torch.Generator().manual_seed(0)
+    probes = [
+        torch.randn(2, n, generator=g) * 10.0 ** float(k % 5 * 6 - 12)
+        for k, n in enumerate(_PROBE_LENGTHS)
+    ]
+    with torch._C.DisableTorchFunction():
+        for lanes in (8, 16):
+            for rows in probes:
+                got = torch.empty(2)
+                lib.torch_row_means(rows.data_ptr(), 2, rows.shape[1], lanes, got.data_ptr())
+                if not torch.equal(got.view(torch.int32), rows.mean(1).view(torch.int32)):
+                    break
+            else:
+                return lanes
+    return 0
+
+
+def torch_sum_lanes(rows: int, n: int) -> int:
+    """The lane count V with which ``torch_row_sum`` gives torch's ``sum`` (so its ``mean``) of
+    a contiguous float32 (rows, n) tensor over dim 1, bit for bit; 0 where it does not: a
+    torch whose sum the probes do not reproduce (``_lanes``), rows shorter than 16 values
+    (torch's scalar loop at 16 lanes), or one row torch sums in parallel pieces (at least
+    GRAIN_SIZE values with several threads)."""
+    lanes = _lanes()
+    if n < 16 or (rows == 1 and n >= _GRAIN_SIZE and torch.get_num_threads() > 1):
+        return 0
+    return lanes
+
+
+def torch_row_means(rows: Tensor) -> Tensor | None:
+    """``rows.mean(1)`` of a contiguous float32 (rows, n) CPU tensor by the C loop, the same
+    bits; None where ``torch_sum_lanes`` gives 0 or there is no kernel."""
+    lanes = torch_sum_lanes(*rows.shape)
+    lib = KERNELS.lib()
+    if not lanes or lib is None:
+        return None
+    out = torch.empty(rows.shape[0])
+    lib.torch_row_means(rows.data_ptr(), rows.shape[0], rows.shape[1], lanes, out.data_ptr())
+    return out
 
 
 def rows_kernel(
