@@ -108,7 +108,12 @@ static int64_t ceil_log2(int64_t x) {
   return bits;
 }
 
-CLONES float torch_row_sum(const float *restrict x, int64_t n, int V) {
+#if defined(__GNUC__)
+#define QL_INLINE static inline __attribute__((always_inline))
+#else
+#define QL_INLINE static inline
+#endif
+QL_INLINE float row_sum_lanes(const float *restrict x, int64_t n, const int V) {
   const int64_t vecs = n / V, size = vecs / 4;
   const int64_t lp = ceil_log2(size) / 4 > 4 ? ceil_log2(size) / 4 : 4;
   const int64_t step = (int64_t)1 << lp, mask = step - 1;
@@ -141,6 +146,14 @@ CLONES float torch_row_sum(const float *restrict x, int64_t n, int V) {
   for (int64_t j = vecs * V; j < n; ++j) s += x[j];
   for (int l = 0; l < V; ++l) s += acc[0][0][l];
   return 0.0f + s;
+}
+
+/* V a constant in each, so that the lane loops vectorize */
+CLONES float row_sum8(const float *restrict x, int64_t n) { return row_sum_lanes(x, n, 8); }
+CLONES float row_sum16(const float *restrict x, int64_t n) { return row_sum_lanes(x, n, 16); }
+
+static inline float torch_row_sum(const float *x, int64_t n, int V) {
+  return V == 16 ? row_sum16(x, n) : row_sum8(x, n);
 }
 
 /* torch's mean of each of ``rows`` contiguous rows (its sum / n, one float32 division) */
