@@ -33,14 +33,15 @@ CLONES void fq_block(const float *x, float *y, int64_t n, float rf, float sf, fl
   for (int64_t j = 0; j < n; ++j) y[j] = round_clamped(x[j] * rf, lo, hi) * sf + 0.0f;
 }
 
+/* one equal run per thread (a multiple of 16 values), as torch splits an elementwise op's
+   output, so that each thread reads what its core just wrote */
 void fq_reciprocal(const float *x, float *y, int64_t n, float rf, float sf, float lo, float hi,
                    int threads) {
-  const int64_t block = 16384;
-  const int64_t blocks = (n + block - 1) / block;
+  const int64_t run = ((n + threads - 1) / threads + 15) / 16 * 16;
   #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < blocks; ++i) {
-    const int64_t start = i * block;
-    const int64_t len = n - start < block ? n - start : block;
+  for (int i = 0; i < threads; ++i) {
+    const int64_t start = i * run < n ? i * run : n;
+    const int64_t len = n - start < run ? n - start : run;
     fq_block(x + start, y + start, len, rf, sf, lo, hi);
   }
 }

@@ -191,3 +191,26 @@ def test_bad_arguments_raise_when_made():
         fake_quant_fn(torch.tensor(0.1), DType.INT8, zero_point=300)
     with pytest.raises(TypeError, match="float tensor"):
         fake_quant_fn(torch.tensor(0.1), DType.INT8)(torch.ones(3, dtype=torch.int32))
+
+
+@pytest.mark.skipif(CC is None, reason="the native fake quant needs a C compiler")
+@pytest.mark.parametrize("n", [32768, 32769, 40007, 49152, 100003, 196608 + 5])
+def test_the_c_pass_split_between_threads_writes_every_value(n):
+    """Long tensors are split into one equal run per thread (a multiple of 16 values): every
+    value is written, with the torch passes' bits, whatever the remainder."""
+    from quantlab.numerics import fake_quant_native as FQN
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g) * 4
+    s = 0.0371
+    rf, sf = float(torch.tensor(1 / s, dtype=torch.float32)), s
+    want = torch.clamp(torch.round(x * torch.tensor(rf)), -128, 127) * torch.tensor(sf) + 0.0
+    threads = torch.get_num_threads()
+    try:
+        for t in (2, 3):
+            torch.set_num_threads(t)
+            out = torch.full((n,), 1e30)
+            assert FQN.reciprocal(x, rf, sf, -128, 127, out) is out
+            assert_bits_equal(out, want)
+    finally:
+        torch.set_num_threads(threads)
