@@ -27,3 +27,13 @@ def variant_kernels(build: str, kernels: native.Kernels) -> native.Kernels | Non
     if source is None:
         return None
     return native.Kernels(f"{kernels.name}_{build}", source, kernels.configure, "test")
+
+
+def use_build(build: str, kernels: native.Kernels, monkeypatch) -> None:
+    """For the rest of the test, ``kernels`` hands out its library as ``build`` compiles it
+    (unchanged for the build the CPU loads)."""
+    source = variant_source(build, kernels.source)
+    if source is not None:
+        lib = native.load(f"{kernels.name}_{build}", source)
+        kernels.configure(lib)
+        monkeypatch.setattr(kernels, "loaded", lib)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal
-from native_builds import BUILDS, variant_source
+from native_builds import BUILDS, use_build
 from toolchain import CC
 
 from quantlab.numerics import reference as ref
@@ -143,13 +143,8 @@ def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, bui
     the exact reference's bits, NaN, infinities, ties and saturation included, out of place
     and in place, by the build the CPU loads, by the baseline build and by the AVX2 code alone."""
     from quantlab.numerics import fake_quant_native as FQN
-    from quantlab.numerics import native
 
-    source = variant_source(build, FQN.SOURCE)
-    if source is not None:
-        lib = native.load(f"fake_quant_{build}", source)
-        FQN.configure(lib)
-        monkeypatch.setattr(FQN.KERNELS, "loaded", lib)
+    use_build(build, FQN.KERNELS, monkeypatch)
     s = torch.tensor(0.0371, dtype=torch.float32)
     lo_code = (dtype.qmin if rng[0] is None else rng[0]) - zp
     hi_code = (dtype.qmax if rng[1] is None else rng[1]) - zp

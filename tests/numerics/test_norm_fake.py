@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
-from native_builds import BUILDS, variant_source
+from native_builds import BUILDS, use_build
 from toolchain import CC
 
 from quantlab.numerics.dtypes import DType
@@ -165,13 +165,9 @@ def test_the_native_rows_equal_the_torch_steps_on_random_and_tied_values(seed, b
     half codes (ties), NaN and infinities; identical bits every time, by the build the CPU
     loads (its AVX-512 loops here), by the baseline build (no per-CPU loops) and by the AVX2
     code alone."""
-    from quantlab.numerics import native, norm_native
+    from quantlab.numerics import norm_native
 
-    source = variant_source(build, norm_native._SOURCE)
-    if source is not None:
-        lib = native.load(f"norm_fake_{build}", source)
-        norm_native.configure(lib)
-        monkeypatch.setattr(norm_native.KERNELS, "loaded", lib)
+    use_build(build, norm_native.KERNELS, monkeypatch)
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(1, 700, (1,), generator=g))
     shape = (int(torch.randint(1, 9, (1,), generator=g)), 3, n)

@@ -15,10 +15,10 @@ import textwrap
 import pytest
 import torch
 from bits import assert_bits_equal
-from native_builds import BUILDS, variant_source
+from native_builds import BUILDS, use_build
 from toolchain import CC
 
-from quantlab.numerics import native, norm_native
+from quantlab.numerics import norm_native
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import NormLayout
 from quantlab.numerics.norm_calibrate import fake_affine
@@ -52,11 +52,7 @@ def _rows(n: int, kind: int, g: torch.Generator, rows: int = 3) -> torch.Tensor:
 @pytest.fixture(params=BUILDS)
 def kernels(request, monkeypatch):
     """The norm_fake library as ``request.param`` builds it, in place of the loaded one."""
-    source = variant_source(request.param, norm_native._SOURCE)
-    if source is not None:
-        lib = native.load(f"norm_fake_{request.param}", source)
-        norm_native.configure(lib)
-        monkeypatch.setattr(norm_native.KERNELS, "loaded", lib)
+    use_build(request.param, norm_native.KERNELS, monkeypatch)
     return norm_native.KERNELS.lib()
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_builds import BUILDS, variant_source
+from native_builds import BUILDS, use_build
 
-from quantlab.numerics import native
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import composite, lut_softmax, softmax_native
 from tests.bits import assert_bits_equal
@@ -21,11 +20,7 @@ needs_cc = pytest.mark.skipif(
 
 
 def _use_build(build: str, monkeypatch) -> None:
-    source = variant_source(build, softmax_native._SOURCE)
-    if source is not None:
-        lib = native.load(f"softmax_{build}", source)
-        softmax_native.configure(lib)
-        monkeypatch.setattr(softmax_native.KERNELS, "loaded", lib)
+    use_build(build, softmax_native.KERNELS, monkeypatch)
 
 
 def _torch_passes(monkeypatch, *args, **kw) -> torch.Tensor:
