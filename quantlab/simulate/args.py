@@ -100,12 +100,16 @@ def fresh_result(out, call_args, kwargs: dict) -> bool:
     """True when ``out`` is a tensor a call on ``call_args`` / ``kwargs`` has just made, which a
     fake quant may overwrite in place: not a view, no gradient, and sharing no storage with an
     argument tensor (or one in a list argument), so an in-place op, ``out=`` and ``detach``
-    results are not fresh. Only the caller that received ``out`` may hold it."""
-    if not isinstance(out, Tensor) or out._base is not None or out.requires_grad:
+    results are not fresh; neither is a tensor subclass's result, nor one whose storage cannot
+    be read (a nested or sparse argument). Only the caller that received ``out`` may hold it."""
+    if type(out) is not Tensor or out._base is not None or out.requires_grad:
         return False
-    p = out.untyped_storage().data_ptr()
-    for v in (*call_args, *kwargs.values()) if kwargs else call_args:
-        for t in v if isinstance(v, (list, tuple)) else (v,):
-            if isinstance(t, Tensor) and (t is out or t.untyped_storage().data_ptr() == p):
-                return False
+    try:
+        p = out.untyped_storage().data_ptr()
+        for v in (*call_args, *kwargs.values()) if kwargs else call_args:
+            for t in v if isinstance(v, (list, tuple)) else (v,):
+                if isinstance(t, Tensor) and (t is out or t.untyped_storage().data_ptr() == p):
+                    return False
+    except (RuntimeError, NotImplementedError):
+        return False
     return True

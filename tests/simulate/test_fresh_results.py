@@ -1,7 +1,8 @@
 """A FAKE run fake-quantizes an op's result in place only when the op has just made it
 (``args.fresh_result``): a view, an argument returned by an in-place op or ``out=``, a
-``detach`` alias and a result with a gradient are quantized into a new tensor, so no other
-tensor changes, and every run gives the bits of a run that never writes in place."""
+``detach`` alias, a result with a gradient, a tensor subclass and the result of a call whose
+arguments' storage cannot be read are quantized into a new tensor, so no other tensor
+changes, and every run gives the bits of a run that never writes in place."""
 
 from __future__ import annotations
 
@@ -37,12 +38,18 @@ def test_a_new_result_is_fresh():
         pytest.param(lambda x, y: (x.float(), (x,), {}), id="cast to its own dtype"),
         pytest.param(lambda x, y: (torch.add(x, y).requires_grad_(), (x, y), {}), id="gradient"),
         pytest.param(lambda x, y: ((x + y, x - y), (x, y), {}), id="not a tensor"),
+        pytest.param(lambda x, y: (_Sub(x + y), (x, y), {}), id="a tensor subclass"),
+        pytest.param(lambda x, y: (x + 1, (x.to_sparse(),), {}), id="storage unreadable"),
     ],
 )
 def test_an_alias_of_an_argument_a_view_or_a_gradient_is_not_fresh(made):
     x, y = torch.randn(8), torch.randn(8)
     out, call_args, kwargs = made(x, y)
     assert not A.fresh_result(out, call_args, kwargs)
+
+
+class _Sub(torch.Tensor):
+    pass
 
 
 class AliasNet(nn.Module):
