@@ -166,7 +166,7 @@ def holds(sim: Any, name: str, prep: PreparedCall) -> bool:
     about a call's arguments): its route, resolved qconfig, platform, fake ops, fused chain and
     clamp and output scale-cache entry are current, and no scales are being learned."""
     r = prep.route
-    return not (
+    if (
         sim._routes.get((name, r.mode)) is not r
         or sim._resolved.get(name) is not r.rq
         or sim.platform is not r.platform
@@ -174,9 +174,15 @@ def holds(sim: Any, name: str, prep: PreparedCall) -> bool:
         or sim._learned_scales is not None
         or (r.chain is not None and sim._chain.get(name) is not r.chain)
         or (r.chain and sim._fused_clamp(name) != prep.bounds)
-        or (not prep.passes and sim._scale_cache.get(prep.point_key) is not prep.point)
-        or any(sim._scale_cache.get(k) is not v for k, v in prep.deps)
-    )
+    ):
+        return False
+    cache = sim._scale_cache
+    if not prep.passes and cache.get(prep.point_key) is not prep.point:
+        return False
+    for k, v in prep.deps:
+        if cache.get(k) is not v:
+            return False
+    return True
 
 
 def statics_hold(statics: tuple, args: tuple, kwargs: dict) -> bool:
