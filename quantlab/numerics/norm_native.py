@@ -336,8 +336,8 @@ def torch_sum_lanes(rows: int, n: int) -> int:
     """The lane count V with which ``torch_row_sum`` gives torch's ``sum`` (so its ``mean``) of
     a contiguous float32 (rows, n) tensor over dim 1, bit for bit; 0 where it does not: a
     torch whose sum the probes do not reproduce (``_lanes``), rows shorter than 16 values
-    (torch's scalar loop at 16 lanes), or one row torch sums in parallel pieces (at least
-    GRAIN_SIZE values with several threads)."""
+    (shorter than one vector, torch sums them in its scalar loop), or one row torch sums in
+    parallel pieces (at least GRAIN_SIZE values with several threads)."""
     lanes = _lanes()
     if n < 16 or (rows == 1 and n >= _GRAIN_SIZE and torch.get_num_threads() > 1):
         return 0

@@ -379,7 +379,9 @@ class OpDispatch:
         if clamp and not fuse:
             out = torch.clamp(out, clamp[0], clamp[1])
         bounds = clamp if fuse else None
-        owned = call.category is OpCategory.GEMM or A.fresh_result(out, args, kwargs)
+        owned = call.category is OpCategory.GEMM or (  # only a fake quant writes in place
+            mode is not Mode.FIXED and A.fresh_result(out, args, kwargs)
+        )
         res = self._quant_output(call, out, in_infos, rq, quant_out, mode, bounds, owned)
         if (
             mode is Mode.FIXED
