@@ -72,6 +72,9 @@ def test_the_c_row_means_are_torchs_bits(kernels, kind):
         got = torch.empty(3)
         kernels.torch_row_means(x.data_ptr(), 3, n, lanes, got.data_ptr())
         assert_bits_equal(got, x.mean(1), {"mean": x.mean(1)})
+        one = x[2:].contiguous()  # a single row: torch sums it alone (fewer than GRAIN_SIZE)
+        kernels.torch_row_means(one.data_ptr(), 1, n, lanes, got.data_ptr())
+        assert_bits_equal(got[:1], one.mean(1))
 
 
 @needs_cc
