@@ -627,3 +627,44 @@ def test_a_model_dynamo_cannot_guard_runs_unguarded_with_the_reason():
     y = x * 2
     assert_bits_equal(prog(y)[0], sim.run(y, mode=Mode.FAKE)[0])
     assert prog.fallbacks == 0
+
+
+class ViewFirst(nn.Module):
+    """A pass-through op on a model input that arrives as integer codes (``InputQuant``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(12, 6)
+
+    def forward(self, x):
+        h = x.view(x.shape[0], -1)
+        return self.lin(h.t().t())
+
+
+def test_a_pass_through_whose_input_arrives_otherwise_takes_the_dispatch():
+    """A prepared pass-through step checks only that its input arrives at the dtype it was
+    prepared for (its simulator-side checks are made once per call): an input quantized at
+    another dtype now (the declared input changed from int8 to int16 codes) sends it through
+    the dispatch, with a fresh simulator's bits, and the next call follows the new call."""
+    from quantlab.simulate.model_inputs import InputQuant
+
+    g = torch.Generator().manual_seed(4)
+    m = _seeded(ViewFirst)
+    xs = [torch.randint(-100, 100, (2, 3, 4), generator=g).float() * 0.5 for _ in range(3)]
+    sim = Simulator(m, "j6m", input_quant=(InputQuant(DType.INT8, 0.5),))
+    sim.calibrate([(x,) for x in xs[:2]], progress=False)
+    prog = sim.program(xs[0], mode=Mode.FAKE)
+    full = prog.counts["prepared"]
+    assert_bits_equal(prog(xs[2]), sim.run(xs[2], mode=Mode.FAKE))
+    assert prog.last_prepared == full
+    # view and both transposes follow their calls by the inline pass-through check
+    assert sum(getattr(s, "passes", None) is not None for s in prog._steps) == 3
+    sim.input_quant = (InputQuant(DType.INT16, 0.5),)
+    got = prog(xs[2])
+    assert prog.last_prepared < full  # the view's input came as int16: dispatched
+    fresh = Simulator(m, "j6m", input_quant=(InputQuant(DType.INT16, 0.5),))
+    fresh.calibrate([(x,) for x in xs[:2]], progress=False)
+    assert_bits_equal(got, fresh.run(xs[2], mode=Mode.FAKE))
+    assert_bits_equal(prog(xs[2]), got)
+    assert prog.last_prepared == full
+    assert prog.fallbacks == 0
