@@ -358,7 +358,7 @@ class OpDispatch:
                 )
                 if run is not None and om is None and _steady(st):
                     prep = steady_prepare.prepare_fixed_gemm(
-                        self, call, r, plan, in_infos, arrived, wq, run, *res
+                        self, call, r, plan, in_infos, arrived, wq, run, (args, kwargs), *res
                     )
                     if prep is not None:
                         self._prepared[name, Mode.FIXED] = prep

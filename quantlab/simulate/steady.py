@@ -220,14 +220,11 @@ def arrived_info(acts: Iterable, args: tuple, kwargs: dict, qt: Any, grid: Any) 
             info = want.info
         elif type(want) is OnGrid:
             p = want.info
-            if (
-                not isinstance(v, Tensor)
-                or qt.get(v) is not None
-                or same_grid.codes_on_grid(grid, v, p.dtype, p.scale, p.zero_point, want.rounding)
-                is None
-            ):
+            if not isinstance(v, Tensor) or qt.get(v) is not None:
                 return MISMATCH
-            info = p
+            info = same_grid.codes_on_grid(grid, v, p.dtype, p.scale, p.zero_point, want.rounding)
+            if info is None:  # else p with the grid's codes (FIXED), as quantize_act finds them
+                return MISMATCH
         else:
             info = qt.get(v)
             if info is None or info.dtype is not want:

@@ -101,15 +101,18 @@ def prepare_fixed_gemm(
     arrived: list,
     wq: tuple,
     run: Any,
+    used: tuple,
     out: Any,
     out_info: Any,
 ) -> PreparedCall | None:
     """The PreparedCall of a FIXED GEMM call that just ran by ``run`` (its
-    ``fixed_gemm.GemmRun``) and gave ``out`` / ``out_info``, either with a weight (``wq``: its
-    (codes, scale, float weight)) or a matmul of two activations (``wq`` None): that run while
-    the route, the output's scale-cache entries, the weight and bias versions, the inputs'
-    shapes and scales and the call's other arguments hold; None for a call this form does not
-    cover (an input quantized here, a batch_norm fold, a float or high-precision output)."""
+    ``fixed_gemm.GemmRun``) on ``used`` (the (args, kwargs) it ran with) and gave ``out`` /
+    ``out_info``, either with a weight (``wq``: its (codes, scale, float weight)) or a matmul
+    of two activations (``wq`` None): that run while the route, the output's scale-cache
+    entries, the weight and bias versions, the inputs' shapes and scales (an input that came
+    as a float tensor on its input point's grid: that point's entries) and the call's other
+    arguments hold; None for a call this form does not cover (an input quantized here, a
+    batch_norm fold, a float or high-precision output)."""
     rq = r.rq
     if (
         not _plain_route(r)
@@ -124,7 +127,7 @@ def prepare_fixed_gemm(
         or not isinstance(out_info, QInfo)
     ):
         return None
-    arrival = _arrival(sim, call, plan, in_infos, arrived)
+    arrival = _arrival(sim, call, plan, in_infos, arrived, used, rq)
     statics = _statics(call, plan)
     if arrival is None or statics is None or in_infos[0] is None:
         return None
@@ -155,7 +158,7 @@ def prepare_fixed_gemm(
         fq=None,
         out_info=None,
         owned=False,
-        deps=deps,
+        deps=deps + arrival[1],
         statics=statics,
         fixed=run,
     )
@@ -365,13 +368,16 @@ def _arrival(
     in_infos: list,
     arrived: list,
     used: tuple | None = None,
+    fixed_rq: Any = None,
 ) -> tuple | None:
     """(how each activation input arrived, the scale-cache entries that rests on) when every
     input was used as it came: its dtype, or None for what is not a quantized tensor (a Python
     number). With ``used``, the (args, kwargs) the op computed with, an input that came as a
     float tensor with no QInfo and went to its integer input point
     (``QuantizationState.quantize_act``) rests on that point's entry: an ``OnGrid`` when it was
-    used unchanged (it was on the point's grid), else a ``QuantizeHere``. None: a call the
+    used unchanged (it was on the point's grid), else a ``QuantizeHere``. In a FIXED run
+    (``fixed_rq``: the op's resolved qconfig) only the ``OnGrid`` form is covered, resting on
+    the point's scale entry (and zero-point entry, for an asymmetric point). None: a call the
     prepared form does not cover (an input requantized or cast here, or a float tensor left
     float, as a sensitivity run's float op feeds)."""
     dtypes, deps = [], []
@@ -384,6 +390,18 @@ def _arrival(
             continue
         if used is None or came is not None or u is None or not u.dtype.is_int:
             return None
+        if fixed_rq is not None:  # FIXED: the codes the input's grid holds, as they came
+            keys = (
+                sim.act_scale_key(call.name, f"in{i}", u.dtype, fixed_rq),
+                sim.act_zero_point_key(call.name, f"in{i}", u.dtype, fixed_rq),
+            )
+            cache = sim._scale_cache
+            if A.get(used[0], used[1], slot) is not v or cache.get(keys[0]) is not u.scale:
+                return None
+            p = QInfo(u.dtype, u.scale, zero_point=u.zero_point)
+            dtypes.append(OnGrid(p, sim.platform.fake_round))
+            deps.extend((k, cache[k]) for k in keys if k in cache)
+            continue
         key = ("fake_point", call.name, f"in{i}", u.dtype, None)
         entry = sim._scale_cache.get(key)
         if entry is None or entry[3] is not u:

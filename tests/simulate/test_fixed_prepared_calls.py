@@ -448,3 +448,90 @@ def test_a_second_operand_of_another_shape_or_scale_is_followed(hit_names):
     new = sim.trace(x, y, mode=Mode.FIXED)
     assert_bits_equal(got, new.result)
     assert not torch.equal(got, old.result)  # the new scale moved the output
+
+
+class DropNet(CrossNet):
+    """CrossNet with an eval-mode dropout between the softmax and the second matmul (as in
+    attention): that matmul's first operand comes as a float tensor on its input's grid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x, y):
+        a, b = self.p(x), self.r(y)
+        s = a @ b.transpose(1, 2)
+        return self.o(self.drop(s.softmax(-1)) @ b)
+
+
+def _drop_net(platform, spec=None):
+    m, calib, g, kw = _cross(platform, spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(6)
+        m = DropNet().eval()
+    return m, calib, g, kw
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        QConfigSpec(global_=OpQConfig(output_dtype=DType.INT16)),
+        QConfigSpec(
+            global_=OpQConfig(
+                activation_symmetry=ActivationSymmetry.ASYMMETRIC, observer=ObserverKind.MINMAX
+            )
+        ),
+    ],
+    ids=["int8", "int16 activations", "zero points"],
+)
+def test_a_matmul_whose_input_comes_on_its_grid_follows_its_prepared_run(platform, spec, hit_names):
+    """The second matmul's first operand comes through an eval dropout as a float tensor on
+    the matmul's input grid: a steady FIXED run follows its prepared GemmRun on the grid's
+    codes, with the bits of the full path and of a fresh Simulator, in captured runs and in a
+    program that dispatches only the dropout."""
+    m, calib, g, kw = _drop_net(platform, spec)
+    sim = _sim(m, calib, platform, **kw)
+    sim.run(*calib[0], mode=Mode.FIXED)  # prepares
+    xs, ys = _inputs(g, (2, 5, 8)), _inputs(g, (2, 7, 8))
+    for x, y in zip(xs, ys[::-1]):
+        hit_names.clear()
+        got = sim.run(x, y, mode=Mode.FIXED)
+        assert_bits_equal(got, sim.trace(x, y, mode=Mode.FIXED).result)
+        assert_bits_equal(got, _fresh_two(m, calib, x, y, platform, **kw))
+        assert {n.split(":")[1] for n in hit_names} >= set(_MATMULS), hit_names
+    program = Simulator(m, platform, **kw)
+    program.calibrate(calib, progress=False)
+    prog = program.program(xs[1], ys[1], mode=Mode.FIXED)
+    cross, *_ = _cross(platform, spec)
+    without = Simulator(cross, platform, **kw)
+    without.calibrate(calib, progress=False)
+    # the dropout (a float op quantlab does not model) is the one more dispatched step
+    dispatched = without.program(xs[1], ys[1], mode=Mode.FIXED).counts["dispatched"]
+    assert prog.counts["dispatched"] == dispatched + 1
+    for x, y in zip(xs, ys):
+        assert_bits_equal(prog(x, y), sim.run(x, y, mode=Mode.FIXED))
+    assert prog.fallbacks == 0
+
+
+def test_a_changed_input_point_scale_sends_the_on_grid_matmul_through_the_full_path(hit_names):
+    """The on-grid matmul's prepared run rests on its input point's scale entry: replacing
+    that entry alone (its input is no longer on the point's grid) sends the call through the
+    full path, which quantizes the input there, with its bits."""
+    m, calib, g, kw = _drop_net("j6m")
+    sim = _sim(m, calib)
+    x, y = _inputs(g, (2, 5, 8))[1], _inputs(g, (2, 7, 8))[1]
+    for _ in range(2):
+        sim.run(x, y, mode=Mode.FIXED)
+    assert "matmul#1" in {n.split(":")[1] for n in hit_names}
+    name = ":matmul#1"
+    rq = sim.qconfig_of(name)
+    key = sim.act_scale_key(name, "in0", DType.INT8, rq)
+    old = sim.trace(x, y, mode=Mode.FIXED)
+    sim._scale_cache[key] = sim._scale_cache[key] * 4
+    hit_names.clear()
+    got = sim.run(x, y, mode=Mode.FIXED)
+    assert "matmul#1" not in {n.split(":")[1] for n in hit_names}
+    assert_bits_equal(got, sim.trace(x, y, mode=Mode.FIXED).result)
+    assert not torch.equal(got, old.result)  # the input quantized at the coarser scale
