@@ -37,3 +37,12 @@ def use_build(build: str, kernels: native.Kernels, monkeypatch) -> None:
         lib = native.load(f"{kernels.name}_{build}", source)
         kernels.configure(lib)
         monkeypatch.setattr(kernels, "loaded", lib)
+
+
+def without_compiler(module, monkeypatch) -> None:
+    """For the rest of the test, no C compiler is found and ``module.KERNELS`` is a fresh
+    ``native.Kernels`` of the same source, so its first use tries to build and warns."""
+    k = module.KERNELS
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    monkeypatch.setattr(native, "_LOADED", {})
+    monkeypatch.setattr(module, "KERNELS", native.Kernels(k.name, k.source, k.configure, k.what))

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
-from native_builds import BUILDS, use_build
+from native_builds import BUILDS, use_build, without_compiler
 from toolchain import CC
 
 from quantlab.numerics.dtypes import DType
@@ -233,14 +233,9 @@ def test_the_prepared_form_gives_norm_fake_on_every_input(kind):
 
 
 def test_without_a_compiler_the_torch_steps_run_with_one_warning(monkeypatch):
-    from quantlab.numerics import native, norm_native
+    from quantlab.numerics import norm_native
 
-    monkeypatch.setattr(native, "compiler", lambda: None)
-    monkeypatch.setattr(native, "_LOADED", {})
-    fresh = native.Kernels(
-        "norm_fake", norm_native._SOURCE, norm_native.configure, "LayerNorm kernel"
-    )
-    monkeypatch.setattr(norm_native, "KERNELS", fresh)
+    without_compiler(norm_native, monkeypatch)
     x, layout, w, b, sc, so = _case("layer_norm", (True, True), DType.INT8, 10)
     with pytest.warns(RuntimeWarning, match="no C compiler found"):
         _check(x, layout, w, b, sc, so, DType.INT8)

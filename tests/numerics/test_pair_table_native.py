@@ -11,8 +11,9 @@ import warnings
 
 import pytest
 import torch
+from native_builds import without_compiler
 
-from quantlab.numerics import native, pair_table, pair_table_native
+from quantlab.numerics import pair_table, pair_table_native
 from quantlab.numerics.pair_table_native import lookup_native
 from tests.bits import assert_bits_equal
 
@@ -103,15 +104,7 @@ def test_where_the_c_pass_declines_torch_gives_the_entries():
 
 
 def test_without_a_compiler_lookup_uses_torch_with_one_warning(monkeypatch):
-    monkeypatch.setattr(native, "compiler", lambda: None)
-    monkeypatch.setattr(native, "_LOADED", {})
-    fresh = native.Kernels(
-        "pair_lookup",
-        pair_table_native._SOURCE,
-        pair_table_native.configure,
-        "pair-table look-up",
-    )
-    monkeypatch.setattr(pair_table_native, "KERNELS", fresh)
+    without_compiler(pair_table_native, monkeypatch)
     g = torch.Generator().manual_seed(8)
     table = _table(g, torch.int8)
     x, y = _codes(g, (64, 128), torch.int8), _codes(g, (128,), torch.int8)

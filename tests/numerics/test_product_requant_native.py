@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
-from native_builds import BUILDS, variant_kernels
+from native_builds import BUILDS, variant_kernels, without_compiler
 
 from quantlab.numerics import native, product_requant_native
 from quantlab.numerics.dtypes import DType
@@ -143,15 +143,7 @@ def test_where_the_c_pass_declines_the_torch_passes_give_the_codes():
 
 
 def test_without_a_compiler_the_torch_passes_serve_with_one_warning(monkeypatch):
-    monkeypatch.setattr(native, "compiler", lambda: None)
-    monkeypatch.setattr(native, "_LOADED", {})
-    fresh = native.Kernels(
-        "product_requant",
-        product_requant_native._SOURCE,
-        product_requant_native.configure,
-        "product requantization",
-    )
-    monkeypatch.setattr(product_requant_native, "KERNELS", fresh)
+    without_compiler(product_requant_native, monkeypatch)
     g = torch.Generator().manual_seed(10)
     params = make_requant(0.37, Requant.MUL_SHIFT)
     form = product_form(params, Round.HALF_UP, 128 * 128)
