@@ -21,14 +21,6 @@ def variant_source(build: str, source: str) -> str | None:
     return DEFINES[build] + source if build in DEFINES else None
 
 
-def variant_kernels(build: str, kernels: native.Kernels) -> native.Kernels | None:
-    """A ``native.Kernels`` of ``kernels``' source as ``build`` compiles it (None: as loaded)."""
-    source = variant_source(build, kernels.source)
-    if source is None:
-        return None
-    return native.Kernels(f"{kernels.name}_{build}", source, kernels.configure, "test")
-
-
 def use_build(build: str, kernels: native.Kernels, monkeypatch) -> None:
     """For the rest of the test, ``kernels`` hands out its library as ``build`` compiles it
     (unchanged for the build the CPU loads)."""

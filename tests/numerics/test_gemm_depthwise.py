@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from native_builds import BUILDS, variant_kernels
+from native_builds import BUILDS, use_build
 
 from quantlab.numerics import native
 from quantlab.numerics.gemm import (
@@ -41,9 +41,7 @@ RANGES = {torch.int8: (-128, 127), torch.int16: (-32768, 32767)}
 @pytest.fixture(params=BUILDS)
 def build(request, monkeypatch):
     """The kernels as the CPU loads them, the baseline build, or the AVX2 code alone."""
-    kernels = variant_kernels(request.param, DW.KERNELS)
-    if kernels is not None:
-        monkeypatch.setattr(DW, "KERNELS", kernels)
+    use_build(request.param, DW.KERNELS, monkeypatch)
     return request.param
 
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from native_builds import BUILDS, variant_kernels
+from native_builds import BUILDS, use_build
 
 from quantlab.numerics import norm_integer, norm_integer_native
 from quantlab.numerics.dtypes import DType
@@ -53,8 +53,9 @@ def _rows(g, shape, in_dtype) -> list[torch.Tensor]:
 @needs_cc
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("in_dtype,out_dtype", [(I8, I8), (I16, I16), (I8, I16), (I16, I8)])
-def test_the_native_rows_equal_the_int64_torch_form(build, in_dtype, out_dtype):
-    kernels = variant_kernels(build, norm_integer_native.KERNELS) or norm_integer_native.KERNELS
+def test_the_native_rows_equal_the_int64_torch_form(build, in_dtype, out_dtype, monkeypatch):
+    use_build(build, norm_integer_native.KERNELS, monkeypatch)
+    kernels = norm_integer_native.KERNELS
     g = torch.Generator().manual_seed(hash((build, in_dtype.name, out_dtype.name)) % 1000)
     checked = 0
     for n_rows, n in ((1, 1), (3, 7), (17, 64), (5, 384)):

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
-from native_builds import BUILDS, variant_kernels, without_compiler
+from native_builds import BUILDS, use_build, without_compiler
 
 from quantlab.numerics import native, product_requant_native
 from quantlab.numerics.dtypes import DType
@@ -53,9 +53,7 @@ SHAPES = [
 @pytest.fixture(params=BUILDS)
 def build(request, monkeypatch):
     """The kernels as the CPU loads them, the baseline build, or the AVX2 code alone."""
-    kernels = variant_kernels(request.param, product_requant_native.KERNELS)
-    if kernels is not None:
-        monkeypatch.setattr(product_requant_native, "KERNELS", kernels)
+    use_build(request.param, product_requant_native.KERNELS, monkeypatch)
     return request.param
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal, edge_values
-from native_builds import BUILDS, variant_kernels
+from native_builds import BUILDS, use_build
 
 from quantlab.numerics import native
 from quantlab.numerics import reference as ref
@@ -28,9 +28,7 @@ _DT = {torch.int8: DType.INT8, torch.uint8: DType.UINT8, torch.int16: DType.INT1
 def build(request, monkeypatch):
     """The kernels as the CPU loads them, the baseline build (no CPU-specific clones), or the
     code a CPU with AVX2 and no AVX-512 runs."""
-    kernels = variant_kernels(request.param, RN.KERNELS)
-    if kernels is not None:
-        monkeypatch.setattr(RN, "KERNELS", kernels)
+    use_build(request.param, RN.KERNELS, monkeypatch)
     return request.param
 
 
