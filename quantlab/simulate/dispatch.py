@@ -379,10 +379,7 @@ class OpDispatch:
         if clamp and not fuse:
             out = torch.clamp(out, clamp[0], clamp[1])
         bounds = clamp if fuse else None
-        owned = call.category is OpCategory.GEMM or (  # only a fake quant writes in place
-            mode is not Mode.FIXED and A.fresh_result(out, args, kwargs)
-        )
-        res = self._quant_output(call, out, in_infos, rq, quant_out, mode, bounds, owned)
+        res = self._quant_output(call, out, in_infos, rq, quant_out, mode, bounds, (args, kwargs))
         if (
             mode is Mode.FIXED
             and call.op_type in same_grid.LAYOUT_OPS
@@ -444,9 +441,10 @@ class OpDispatch:
             return inf.post
         return m.running_mean, m.running_var, m.weight, m.bias, float(m.eps)
 
-    def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None, owned=False):
-        """(value, QInfo) of the op's result ``out`` quantized at its output (``owned``: ``out``
-        is a fresh tensor the FAKE fake quant may overwrite, ``args.fresh_result``)."""
+    def _quant_output(self, call, out, in_infos, rq, quant_out, mode, bounds=None, used=None):
+        """(value, QInfo) of the op's result ``out`` quantized at its output (``used``: the
+        (args, kwargs) the op ran with; where ``out`` is a fresh tensor of theirs,
+        ``args.fresh_result``, a FAKE fake quant may overwrite it)."""
         if call.category is OpCategory.PASS_THROUGH:
             src = in_infos[0] if in_infos else None
             if src is None or src.dtype.is_float:
@@ -464,6 +462,9 @@ class OpDispatch:
             )
         if call.category is OpCategory.GEMM and rq.high_precision_output:
             return out, None
+        owned = call.category is OpCategory.GEMM or (  # only a fake quant writes in place
+            mode is not Mode.FIXED and used is not None and A.fresh_result(out, *used)
+        )
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds, owned)
 
 
