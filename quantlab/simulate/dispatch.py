@@ -179,6 +179,16 @@ class OpDispatch:
             st.grid.set(out, grid)
         return out
 
+    def _kept_input(self, x: Tensor, st: _RunState, name: str) -> None:
+        """``_kept_float``'s booking of an op not modelled that returned its input ``x`` itself,
+        unchanged, and is not fused into a GEMM (an eval-mode dropout), in a run of ``st``."""
+        grid = None
+        if st.mode is not Mode.FLOAT and not st.grad:
+            grid = same_grid.kept_grid(st.qt.get(x), x, st.mode is Mode.FIXED)
+        self._set_out_info(x, None, st, name)
+        if grid is not None:
+            st.grid.set(x, grid)
+
     def _set_out_info(self, out: Any, info: Any, st: _RunState, name: str) -> None:
         if isinstance(out, Tensor) and not isinstance(info, list):  # the common case
             st.producers.set(out, name)

@@ -16,6 +16,8 @@ generates Python code in which
   call; otherwise, as after a change of qconfig, scales or mode, it goes through the dispatch,
   which prepares it anew for the next call;
 - an op fused into its GEMM (a clamp after a Conv) returns its input when the GEMM ran fused;
+- an eval-mode ``F.dropout`` returns its input, booked as the dispatch books it (the grid it
+  stays on), without the call;
 - every other captured op (in HYBRID mode, every op not fused) goes through the simulator's
   dispatch as in a captured run: the same call, with the same arguments, under the same op
   name, so the same bits, and every change of qconfig, scales or platform is followed as the
@@ -47,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as nn_module
 
@@ -222,6 +225,50 @@ class _Prepared:
         return out
 
 
+def _dropout_arguments(input: Any, p: Any = 0.5, training: Any = True, inplace: Any = False):
+    """``F.dropout``'s arguments by name, with its defaults."""
+    return input, p, training, inplace
+
+
+def _eval_dropout_input(args: tuple, kwargs: dict) -> Tensor | None:
+    """The input of ``F.dropout(*args, **kwargs)`` when that call returns it itself, unchanged:
+    a plain tensor, not training, not in place, p a number in [0, 1]; else None."""
+    try:
+        x, p, training, inplace = _dropout_arguments(*args, **kwargs)
+    except TypeError:
+        return None
+    if type(x) is not Tensor or training or inplace or type(p) not in (float, int):
+        return None
+    return x if 0 <= p <= 1 else None
+
+
+class _EvalDropout:
+    """An eval-mode ``F.dropout`` (not modelled), which returns its input itself, unchanged:
+    that input, booked as the dispatch books it (``OpDispatch._kept_input``), without calling
+    the function; any other call (``_eval_dropout_input`` says None, or the op is fused into a
+    GEMM) goes to the dispatch."""
+
+    def __init__(self, full: _Full, index: int) -> None:
+        self.full, self.run = full, full.run
+        self.__name__ = f"ql_dropout_{index}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        full = self.full
+        x = _eval_dropout_input(args, kwargs)
+        if x is None or full.name in full.sim._fused_into:
+            return full.dispatch(args, kwargs)
+        full.sim._kept_input(x, self.run.st, full.name)
+        return x
+
+
+def _eval_dropout(call: OpCall) -> bool:
+    """Whether the captured ``call`` is an ``F.dropout`` not modelled that returned its input."""
+    if call.category is not None or call.func is not F.dropout:
+        return False
+    x = _eval_dropout_input(call.args, call.kwargs)
+    return x is not None and call.result is x
+
+
 class _Fused:
     """An op fused into a GEMM when the program was built: its input when it is still fused
     into a GEMM that ran with its chain in this call (the dispatch's test), else the dispatch."""
@@ -245,7 +292,8 @@ class Program:
 
     ``program(*inputs)`` returns the bits of ``sim.run(*inputs, mode=mode)``; ``fallbacks``
     counts the calls that ran ``Simulator.run`` because the inputs or the model changed;
-    ``counts``: how many captured ops the code has as prepared, fused and dispatched steps."""
+    ``counts``: how many captured ops the code has as prepared, fused, kept (eval-mode
+    dropouts) and dispatched steps."""
 
     def __init__(
         self, sim: Any, inputs: tuple, mode: Mode, leaves: Iterable[Callable] = ()
@@ -410,7 +458,7 @@ def _compile(
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     prepared: list[_Prepared] = []
-    counts = {"prepared": 0, "fused": 0, "dispatched": 0}
+    counts = {"prepared": 0, "fused": 0, "kept": 0, "dispatched": 0}
     attrs: dict[str, Any] = {}
     for i, node in enumerate(gm.graph.nodes):
         if node.op == "get_attr":
@@ -434,6 +482,9 @@ def _compile(
             plan = A.plan_of(call, sim._plans)
             step = _Fused(plan.acts[0], full, i)
             counts["fused"] += 1
+        elif _eval_dropout(call) and not swaps[node]:
+            step = _EvalDropout(full, i)
+            counts["kept"] += 1
         else:
             counts["dispatched"] += 1
         args = fx.node.map_arg(node.args, env.__getitem__)

@@ -53,10 +53,10 @@ def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
     ):
         return None  # written through out=, in place, or by a training dropout: new values
     info = qt.get(x)
+    if out is x:
+        return kept_grid(info, x, fixed)
     if info is None or not info.dtype.is_int or info.scale is None:
         return None
-    if out is x:
-        return info if not fixed or _codes_of(info, x) is not None else None
     if call.op_type != "pad" or not _zero_constant_pad(call):
         return None
     if not fixed:
@@ -71,6 +71,15 @@ def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
         if padded.shape == out.shape
         else None
     )
+
+
+def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:
+    """The grid of an op's output that is its input ``x`` itself, unchanged (``info``: x's
+    ``QInfo`` before the op): ``info`` when it is an integer quantization (in FIXED mode, with
+    codes of x's shape), else None."""
+    if info is None or not info.dtype.is_int or info.scale is None:
+        return None
+    return info if not fixed or _codes_of(info, x) is not None else None
 
 
 def codes_on_grid(

@@ -146,9 +146,9 @@ def test_mobilenet_v2_runs_as_a_program_with_the_same_bits(mode):
     # adds, pooling and flatten; FIXED the same but the first conv (its input is quantized
     # there)
     if mode is Mode.FAKE:
-        assert prog.counts == {"prepared": 63, "fused": 35, "dispatched": 1}
+        assert prog.counts == {"prepared": 63, "fused": 35, "kept": 0, "dispatched": 1}
     else:
-        assert prog.counts == {"prepared": 62, "fused": 35, "dispatched": 2}
+        assert prog.counts == {"prepared": 62, "fused": 35, "kept": 0, "dispatched": 2}
     for seed in (2, 3):
         x = example_inputs("mobilenet_v2", 1, seed)
         assert_bits_equal(prog(*x), sim.run(*x, mode=mode))
@@ -668,3 +668,86 @@ def test_a_pass_through_whose_input_arrives_otherwise_takes_the_dispatch():
     assert_bits_equal(prog(xs[2]), got)
     assert prog.last_prepared == full
     assert prog.fallbacks == 0
+
+
+class Dropouts(nn.Module):
+    """Eval-mode dropouts in front of modelled ops: functional (train flag from the module)
+    before a matmul of two activations, an ``nn.Dropout`` before a Linear, and an in-place one
+    (which the program leaves to the dispatch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.25)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x):
+        w = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
+        h = F.dropout(w, p=0.1, training=self.training) @ self.v(x)
+        h = self.out(self.drop(h))
+        return F.dropout(h, 0.5, False, True) + 1.0
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.HYBRID, Mode.FIXED])
+def test_eval_dropouts_are_kept_with_the_bits_and_grids_of_the_dispatch(platform, mode):
+    """An eval-mode dropout step returns its input without calling dropout and books it as the
+    dispatch does: the matmul and the Linear after them still follow their prepared calls (their
+    inputs arrive on their grids), and the bits are a fresh simulator's on many inputs."""
+    g = torch.Generator().manual_seed(12)
+    m = _seeded(Dropouts)
+    calib = [(torch.randn(2, 5, 8, generator=g),) for _ in range(2)]
+    sim = _calibrated(m, calib, platform)
+    prog = sim.program(*calib[0], mode=mode)
+    assert prog.counts["kept"] == 2  # the in-place dropout goes to the dispatch
+    for x in _inputs((2, 5, 8), 4, 13):
+        got = prog(x)
+        if mode is not Mode.HYBRID:
+            assert prog.last_prepared == prog.counts["prepared"]
+        assert_bits_equal(got, sim.run(x, mode=mode))
+        assert_bits_equal(got, _calibrated(m, calib, platform).run(x, mode=mode))
+    assert prog.fallbacks == 0
+
+
+def test_an_eval_dropout_step_leaves_every_other_call_to_the_dispatch():
+    """The kept step answers only ``F.dropout(x, p, training=False)`` with 0 <= p <= 1 on a
+    plain tensor, not fused into a GEMM; training, in place, p out of range or not a number,
+    a tensor subclass, unknown arguments and a fused op go to the dispatch."""
+    from quantlab.simulate import program as P
+
+    class Full:
+        name, run = "d", P._Run()
+
+        def __init__(self):
+            self.seen, self.kept = [], []
+            self.sim = self
+            self._fused_into = {}
+
+        def dispatch(self, args, kwargs):
+            self.seen.append((args, kwargs))
+            return "dispatched"
+
+        def _kept_input(self, x, st, name):
+            self.kept.append((x, name))
+
+    full = Full()
+    step = P._EvalDropout(full, 0)
+    x = torch.randn(3)
+    assert step(x, 0.1, False) is x and step(x, p=1, training=False, inplace=False) is x
+    assert step(input=x, p=0.0, training=0) is x
+    assert full.kept == [(x, "d")] * 3 and not full.seen
+    others = [
+        ((x,), {}),  # F.dropout's training default is True
+        ((x, 0.1, True), {}),
+        ((x, 0.1, False, True), {}),
+        ((x,), {"p": 1.5, "training": False}),
+        ((x,), {"p": -0.1, "training": False}),
+        ((x,), {"p": torch.tensor(0.1), "training": False}),
+        ((nn.Parameter(x),), {"training": False}),
+        ((x,), {"training": False, "generator": None}),
+    ]
+    for args, kwargs in others:
+        assert step(*args, **kwargs) == "dispatched"
+    full._fused_into = {"d": "conv"}
+    assert step(x, 0.1, False) == "dispatched"
+    assert len(full.seen) == len(others) + 1 and len(full.kept) == 3
