@@ -106,12 +106,12 @@ def _run_simulator(kind: str, model, x) -> None:
         sim.calibrate([(big,)], progress=False)
         # a long loop's state: run until the LUT gather has switched to its compiled kernel
         t0 = time.perf_counter()
-        while not gather.TIERS.compiled and gather.TIERS.failed is None:
+        while gather.KERNELS.loaded is None and gather.KERNELS.failed is None:
             sim.run(big, mode=Mode.FIXED)
             if time.perf_counter() - t0 > 600:
                 raise RuntimeError("the LUT gather did not switch to its compiled kernel in 600 s")
-        if gather.TIERS.failed is not None:
-            raise RuntimeError(f"the compiled LUT gather failed: {gather.TIERS.failed}")
+        if gather.KERNELS.failed is not None:
+            raise RuntimeError(f"the compiled LUT gather failed: {gather.KERNELS.failed}")
 
 
 def worker(kind: str, threads: int) -> None:

@@ -32,21 +32,21 @@ def run_until_compiled(lut, codes, limit_s: float = 300.0) -> dict:
     the wall seconds of the whole loop, those of the call that compiled, and whether it did."""
     t0 = time.perf_counter()
     calls, switch_s = 0, 0.0
-    while not gather.TIERS.compiled and gather.TIERS.failed is None:
+    while gather.KERNELS.loaded is None and gather.KERNELS.failed is None:
         if time.perf_counter() - t0 > limit_s:
             break
         before = time.perf_counter()
         lut.evaluate(codes)
         calls += 1
-        if gather.TIERS.compiled or gather.TIERS.failed is not None:
+        if gather.KERNELS.loaded is not None or gather.KERNELS.failed is not None:
             switch_s = time.perf_counter() - before
     return {
         "calls": calls,
         "serial_codes": gather.TIERS.serial_codes,
         "loop_s": time.perf_counter() - t0,
         "compile_call_s": switch_s,
-        "compiled": bool(gather.TIERS.compiled),
-        "failed": gather.TIERS.failed,
+        "compiled": gather.KERNELS.loaded is not None,
+        "failed": gather.KERNELS.failed,
     }
 
 

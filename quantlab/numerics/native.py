@@ -110,14 +110,19 @@ class Kernels:
                 self.configure(lib)
                 self.loaded = lib
             except Exception as err:  # no C compiler, unsupported platform, ...
-                self.failed = f"{type(err).__name__}: {err}".splitlines()[0]
-                warnings.warn(
-                    f"quantlab: the native {self.what} failed ({self.failed}); it stays on "
-                    "torch ops (same bits)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
+                self.give_up(err, stacklevel=4)
         return self.loaded
+
+    def give_up(self, err: Exception, stacklevel: int = 3) -> None:
+        """Use the library no more in this process (its build, or a call of it, raised
+        ``err``), with one warning; ``lib()`` gives None from now on."""
+        self.loaded, self.failed = None, f"{type(err).__name__}: {err}".splitlines()[0]
+        warnings.warn(
+            f"quantlab: the native {self.what} failed ({self.failed}); it stays on torch ops "
+            "(same bits)",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
 
 
 def _build(name: str, source: str) -> ctypes.CDLL:

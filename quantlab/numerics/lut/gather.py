@@ -16,14 +16,15 @@ shape and the table's dtype. A gather copies entries, so both kernels give ident
 until the process has gathered ``COMPILE_AFTER`` codes that way, about as long as a build
 takes, and compiled after that: the ski-rental rule, which keeps the total within about twice
 that of the better choice made in hindsight. So short runs never pay a build and loops
-(sensitivity, sweeps) run at the compiled speed. A build or compiled call that fails is
-reported once as a warning, and the serial kernel serves the rest of the process.
+(sensitivity, sweeps) run at the compiled speed. The compiled kernels are ``KERNELS`` (a
+``native.Kernels``, as every C kernel's): a build or compiled call that fails is reported once
+as a warning, and the serial kernel serves the rest of the process.
 """
 
 from __future__ import annotations
 
 import ctypes
-import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -82,42 +83,23 @@ def gather_serial(table: Tensor, codes: Tensor) -> Tensor:
     return table.to(codes.device).index_select(0, index).reshape(codes.shape)
 
 
+def _configure(lib: ctypes.CDLL) -> None:
+    for c in (1, 2):
+        for t in ELEMENT_SIZES:
+            fn = getattr(lib, f"gather_c{c}_t{t}")
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+            fn.restype = None
+
+
+KERNELS = native.Kernels("lut_gather", _SOURCE, _configure, "LUT gather")
+
+
+@dataclass
 class _Tiers:
-    """Process-wide state of ``gather``'s choice (see the module docstring)."""
+    """Process-wide state of ``gather``'s choice (see the module docstring) besides the
+    compiled kernels (``KERNELS``)."""
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.serial_codes = 0  # codes gathered serially by calls the compiled kernel would take
-        # (code bytes, table entry bytes) -> the compiled C function, once built
-        self.compiled: dict = {}
-        self.failed: str | None = None  # why building failed, once it has
-
-    def build(self) -> bool:
-        """Build (or load) the kernels once; False if that failed (warned once)."""
-        if not self.compiled and self.failed is None:
-            try:
-                lib = native.load("lut_gather", _SOURCE)
-                for c in (1, 2):
-                    for t in ELEMENT_SIZES:
-                        fn = getattr(lib, f"gather_c{c}_t{t}")
-                        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
-                        fn.restype = None
-                        self.compiled[c, t] = fn
-            except Exception as err:  # no C compiler, unsupported platform, ...
-                self.fail(err)
-        return bool(self.compiled)
-
-    def fail(self, err: Exception) -> None:
-        """Give the compiled kernel up for this process, with one warning."""
-        self.compiled, self.failed = {}, f"{type(err).__name__}: {err}".splitlines()[0]
-        warnings.warn(
-            f"quantlab: the compiled LUT gather failed ({self.failed}); LUT look-ups stay on "
-            "torch.index_select (same bits, one thread)",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    serial_codes: int = 0  # codes gathered serially by calls the compiled kernel would take
 
 
 TIERS = _Tiers()
@@ -129,15 +111,16 @@ def gather_compiled(table: Tensor, codes: Tensor) -> Tensor:
     _check(table, codes)
     if table.element_size() not in ELEMENT_SIZES:
         raise ValueError(f"the compiled gather copies 1, 2, 4 or 8-byte entries, not {table.dtype}")
-    if not TIERS.build():
-        raise RuntimeError(f"the compiled LUT gather is unavailable: {TIERS.failed}")
-    return _run_compiled(table, codes)
+    lib = KERNELS.lib()
+    if lib is None:
+        raise RuntimeError(f"the compiled LUT gather is unavailable: {KERNELS.failed}")
+    return _run_compiled(lib, table, codes)
 
 
-def _run_compiled(table: Tensor, codes: Tensor) -> Tensor:
+def _run_compiled(lib: ctypes.CDLL, table: Tensor, codes: Tensor) -> Tensor:
     # torch-function modes (the simulator's capture) off: these are not the model's ops
     with torch._C.DisableTorchFunction():
-        fn = TIERS.compiled[codes.element_size(), table.element_size()]
+        fn = getattr(lib, f"gather_c{codes.element_size()}_t{table.element_size()}")
         flat = codes.detach().reshape(-1).contiguous()
         tab = table.detach().to("cpu").contiguous()
         out = torch.empty(flat.shape, dtype=table.dtype)
@@ -153,17 +136,18 @@ def gather(table: Tensor, codes: Tensor) -> Tensor:
     if (
         codes.device.type != "cpu"
         or codes.numel() < COMPILED_MIN_CODES
-        or TIERS.failed
+        or KERNELS.failed
         or table.element_size() not in ELEMENT_SIZES
     ):
         return gather_serial(table, codes)
-    if not TIERS.compiled and TIERS.serial_codes < COMPILE_AFTER:
+    if KERNELS.loaded is None and TIERS.serial_codes < COMPILE_AFTER:
         TIERS.serial_codes += codes.numel()
         return gather_serial(table, codes)
     _check(table, codes)
-    if TIERS.build():
+    lib = KERNELS.lib()
+    if lib is not None:
         try:
-            return _run_compiled(table, codes)
+            return _run_compiled(lib, table, codes)
         except Exception as err:  # the serial kernel still holds
-            TIERS.fail(err)
+            KERNELS.give_up(err)
     return gather_serial(table, codes)

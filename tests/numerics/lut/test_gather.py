@@ -22,12 +22,18 @@ needs_cc = pytest.mark.skipif(CC is None, reason="the compiled kernel needs a C 
 
 @pytest.fixture
 def tiers():
-    """The process-wide tier state, restored after the test. Tests without this fixture leave
-    their builds in place, so later tests in the process gather with the compiled kernel where
-    a call is large enough: the same bits, which their own references check."""
-    saved = (G.TIERS.serial_codes, dict(G.TIERS.compiled), G.TIERS.failed)
+    """The process-wide tier state (the serial count and the compiled kernels), restored after
+    the test. Tests without this fixture leave their builds in place, so later tests in the
+    process gather with the compiled kernel where a call is large enough: the same bits, which
+    their own references check."""
+    saved = (G.TIERS.serial_codes, G.KERNELS.loaded, G.KERNELS.failed)
     yield G.TIERS
-    G.TIERS.serial_codes, G.TIERS.compiled, G.TIERS.failed = saved
+    G.TIERS.serial_codes, G.KERNELS.loaded, G.KERNELS.failed = saved
+
+
+def _fresh(tiers) -> None:
+    """Nothing gathered serially yet, no compiled kernel built or failed."""
+    tiers.serial_codes, G.KERNELS.loaded, G.KERNELS.failed = 0, None, None
 
 
 def _table(dtype: torch.dtype, bits: int, seed: int) -> torch.Tensor:
@@ -83,32 +89,32 @@ def test_segment_lut_evaluate_is_exact_on_both_tiers(tiers, monkeypatch):
     codes = all_codes(DType.INT16).to(torch.int16).repeat(2)  # 2**17 codes: a compiled-size call
     want = lut.evaluate_reference(codes)
     monkeypatch.setattr(G, "COMPILE_AFTER", 3 * codes.numel())
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    _fresh(tiers)
     for call in range(5):
         assert_bits_equal(lut.evaluate(codes), want)
-        assert (not tiers.compiled) == (call < 3), call  # serial for 3 calls, then compiled
+        assert (G.KERNELS.loaded is None) == (call < 3), call  # serial for 3 calls, then compiled
     assert tiers.serial_codes == 3 * codes.numel()
 
 
 def test_small_and_non_cpu_calls_stay_serial_and_are_not_counted(tiers, monkeypatch):
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    _fresh(tiers)
     table = _table(torch.int16, 16, seed=1)
     small = torch.arange(-100, 100, dtype=torch.int16)
     assert_bits_equal(G.gather(table, small), G.gather_serial(table, small))
-    assert not tiers.compiled and tiers.serial_codes == 0
+    assert G.KERNELS.loaded is None and tiers.serial_codes == 0
 
 
 def test_a_failed_build_warns_once_and_stays_serial(tiers, monkeypatch):
     monkeypatch.setattr(G.native, "compiler", lambda: None)
     monkeypatch.setattr(G.native, "_LOADED", {})
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    _fresh(tiers)
     table = _table(torch.int16, 16, seed=2)
     codes = all_codes(DType.INT16).to(torch.int16)
     with pytest.warns(RuntimeWarning, match="no C compiler found"):
         assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
-    assert "no C compiler found" in tiers.failed
+    assert "no C compiler found" in G.KERNELS.failed
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
@@ -125,9 +131,9 @@ def test_a_compiler_that_fails_is_reported(tiers, monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(G.native, "_LOADED", {})
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    _fresh(tiers)
     with pytest.warns(RuntimeWarning, match="fake-cc: cannot compile"):
-        assert not tiers.build()
+        assert G.KERNELS.lib() is None
 
 
 @needs_cc
@@ -137,8 +143,8 @@ def test_the_build_is_kept_and_loaded_by_the_next_process(tiers, monkeypatch, tm
     one."""
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(G.native, "_LOADED", {})
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
-    assert tiers.build()
+    _fresh(tiers)
+    assert G.KERNELS.lib() is not None
     assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".so"]
     table = _table(torch.int16, 16, seed=8)
     codes = all_codes(DType.INT16).to(torch.int16)
@@ -150,16 +156,16 @@ def test_the_build_is_kept_and_loaded_by_the_next_process(tiers, monkeypatch, tm
 
     monkeypatch.setattr(G.native.subprocess, "run", no_compiler)
     G.native.forget()
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
-    assert tiers.build()  # loaded, not compiled
+    _fresh(tiers)
+    assert G.KERNELS.lib() is not None  # loaded, not compiled
     assert_bits_equal(G.gather_compiled(table, codes), want)
     monkeypatch.undo()
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the folder should be: not writable as a folder
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(blocked / "cache"))
     monkeypatch.setattr(G.native, "_LOADED", {})
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
-    assert tiers.build() and tiers.failed is None
+    _fresh(tiers)
+    assert G.KERNELS.lib() is not None and G.KERNELS.failed is None
     assert_bits_equal(G.gather_compiled(table, codes), want)
 
 
@@ -204,25 +210,34 @@ def test_a_compiled_call_that_fails_falls_back_for_good(tiers, monkeypatch):
     def broken(*args):
         raise RuntimeError("kernel exploded")
 
+    class Broken:  # the built library with its int16-code, 1-byte-entry gather broken
+        def __init__(self, lib):
+            self.lib = lib
+
+        def __getattr__(self, name):
+            return broken if name == "gather_c2_t1" else getattr(self.lib, name)
+
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
-    assert tiers.build()
-    tiers.compiled = {**tiers.compiled, (2, 1): broken}
+    G.KERNELS.loaded = Broken(G.KERNELS.lib())
     table = _table(torch.int8, 16, seed=4)
     codes = all_codes(DType.INT16).to(torch.int16)
     with pytest.warns(RuntimeWarning, match="kernel exploded"):
         assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
-    assert not tiers.compiled and "kernel exploded" in tiers.failed
+    assert G.KERNELS.loaded is None and "kernel exploded" in G.KERNELS.failed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # serial for good, no second warning
+        assert_bits_equal(G.gather(table, codes), G.gather_serial(table, codes))
 
 
 def test_tables_of_other_entry_sizes_stay_serial(tiers, monkeypatch):
     """A 16-byte entry (complex128) has no compiled copy: ``gather`` takes the serial kernel
     without building, ``gather_compiled`` refuses it."""
     monkeypatch.setattr(G, "COMPILE_AFTER", 0)
-    tiers.serial_codes, tiers.compiled, tiers.failed = 0, {}, None
+    _fresh(tiers)
     table = torch.randn(256, dtype=torch.complex128)
     codes = torch.arange(-128, 128, dtype=torch.int8).repeat(1024)
     assert_bits_equal(G.gather(table, codes).real, table[codes.to(torch.int64) % 256].real)
-    assert not tiers.compiled and tiers.serial_codes == 0
+    assert G.KERNELS.loaded is None and tiers.serial_codes == 0
     with pytest.raises(ValueError, match="8-byte entries"):
         G.gather_compiled(table, codes)
 
@@ -238,7 +253,7 @@ def test_the_compiled_call_runs_on_torchs_thread_count(tiers):
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             got[threads] = G.gather_compiled(table, codes)
-            builds.add(id(tiers.compiled[2, 2]))
+            builds.add(id(G.KERNELS.loaded))
     finally:
         torch.set_num_threads(before)
     assert len(builds) == 1
@@ -257,7 +272,7 @@ def test_compiled_gather_under_inference_mode_and_no_grad(tiers):
             assert_bits_equal(G.gather_compiled(table.clone(), codes.clone()), want)
         with torch.no_grad():
             assert_bits_equal(G.gather_compiled(table, codes), want)
-    assert tiers.failed is None
+    assert G.KERNELS.failed is None
 
 
 @needs_cc
@@ -283,4 +298,4 @@ def test_every_dtype_pair_grad_mode_and_thread_count_in_one_process(tiers, monke
                         assert_bits_equal(got, G.gather_serial(table, codes.t()))
     finally:
         torch.set_num_threads(before)
-    assert tiers.failed is None and len(tiers.compiled) == 8  # 2 code x 4 entry sizes
+    assert G.KERNELS.failed is None and G.KERNELS.loaded is not None
