@@ -1,10 +1,8 @@
 """``norm_fixed``'s folded steps (``NormShifts``) for rows over the trailing dims (LayerNorm)
-with their element-wise passes in C.
+in C.
 
-The per-row terms stay torch's, on one value per row: the mean's and the variance's
-requantization, the eps add and the rsqrt table. Every element-wise step between them runs in
-two C loops per row (``quantlab.numerics.native``: C99, no fast-math), the same int64
-operations as ``norm_integer._norm_shifted``:
+Every element-wise step runs in two C loops per row (``quantlab.numerics.native``: C99, no
+fast-math), the same int64 operations as ``norm_integer._norm_shifted``:
 
 - diff: ``d = clamp((mu * A + off + x * B) >> n, lo, hi)`` with ``A = -my * q``, ``B = mx * q``
   (the add rule's multipliers folded into the step's multiplier q);
@@ -14,6 +12,15 @@ operations as ``norm_integer._norm_shifted``:
   channel;
 - out add (beta): ``y = clamp((b[j] + y * M) >> n, lo, hi)`` with ``M = mx * q`` and
   ``b = beta * my * q + off`` per channel.
+
+The per-row terms between them, one value per row, run in C as well (``ni_rows``, one pass
+per row) where the mean's and the variance's requantizations have the half-up multiply-and-
+shift form (``Int32Requant.fast``: ``clamp(floor((acc * m + 2**(n-1)) / 2**n), lo, hi)``,
+exact in int64 as ``requantize_int32`` computes it): the row's int64 sum, both
+requantizations, the eps codes' add clamped at the intermediate dtype's maximum, and the rsqrt
+table as its code map (``SegmentLut.code_map``: its output for every intermediate code read as
+unsigned, which is what ``evaluate`` gathers), times normed's q. Elsewhere they stay torch's,
+between the two loops.
 
 Exactness: every value is an exact int64; ``norm_shifts`` admits these steps only when every
 partial value stays below 2**62 in magnitude, so no sum or product wraps, and the order of
@@ -127,6 +134,49 @@ void ni_k2_T(const int32_t *d, const int64_t *rq, int64_t rows, int64_t n, const
 }
 """
 
+_ROWS = r"""
+/* one row's integer sum */
+CLONES static int64_t row_sum_NAME(const X *restrict x, int64_t n) {
+  int64_t s = 0;
+  for (int64_t j = 0; j < n; ++j) s += x[j];
+  return s;
+}
+"""
+
+_FUSED = r"""
+/* floor((acc * m + off) / 2**sh) clamped to [lo, hi] (p: m, off, sh, lo, hi) */
+static inline int64_t rq_half_up(int64_t acc, const int64_t *p) {
+  int64_t v = (acc * p[0] + p[1]) >> (int)p[2];
+  v = v < p[3] ? p[3] : v;
+  return v > p[4] ? p[4] : v;
+}
+
+/* the whole composite per row: p holds the mean's requantization (5), the variance's (5),
+   eps (add, codes, the intermediate dtype's qmax), the table's code bits and normed's q;
+   rmap: the rsqrt table's outputs by the intermediate code read as unsigned */
+void ni_rows_TI_TO(const XI *x, int64_t rows, int64_t n, const int64_t *p, const int64_t *c1,
+                   const int64_t *c2, const int64_t *g, const int64_t *b, const int64_t *rmap,
+                   int32_t *d, YO *out, int threads) {
+  const int dq = has_dq();
+  const int64_t mask = p[13] == 16 ? 0xffff : 0xff;
+  #pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const XI *xr = x + r * n;
+    int32_t *dr = d + r * n;
+    const int64_t mu = rq_half_up(row_sum_TI(xr, n), p);
+    const int64_t sq = dq ? k1_row_dq_TI(xr, mu, n, c1, dr) : k1_row_TI(xr, mu, n, c1, dr);
+    int64_t v = rq_half_up(sq, p + 5);
+    if (p[10]) {
+      v += p[11];
+      v = v > p[12] ? p[12] : v;
+    }
+    const int64_t rq = rmap[v & mask] * p[14];
+    if (dq) k2_row_dq_TO(dr, rq, n, c2, g, b, out + r * n);
+    else k2_row_TO(dr, rq, n, c2, g, b, out + r * n);
+  }
+}
+"""
+
 _TYPES = {"i8": "int8_t", "i16": "int16_t"}
 
 
@@ -143,6 +193,13 @@ def _source() -> str:
             parts.append(one.replace("ATTR", "DQ").replace("_NAME(", f"_dq_{t}("))
             parts.append(f"#else\n#define {loop}_dq_{t} {loop}_{t}\n#endif\n")
         parts.append(_CALLS.replace("_T(", f"_{t}(").replace("X", ctype).replace("Y", ctype))
+        parts.append(_ROWS.replace("X", ctype).replace("_NAME(", f"_{t}("))
+    parts.append(_FUSED.split("void ni_rows")[0])
+    fused = "void ni_rows" + _FUSED.split("void ni_rows")[1]
+    for ti, ci in _TYPES.items():
+        for to, co in _TYPES.items():
+            one = fused.replace("TI_TO(", f"{ti}_{to}(").replace("XI", ci).replace("YO", co)
+            parts.append(one.replace("_TI(", f"_{ti}(").replace("_TO(", f"_{to}("))
     return "".join(parts)
 
 
@@ -159,6 +216,10 @@ def configure(lib: ctypes.CDLL) -> None:
         k1.argtypes = [p, p, i64, i64, p, p, p, i32]
         k2.argtypes = [p, p, i64, i64, p, p, p, p, i32]
         k1.restype = k2.restype = None
+        for to in _TYPES:
+            fused = getattr(lib, f"ni_rows_{t}_{to}")
+            fused.argtypes = [p, i64, i64, p, p, p, p, p, p, p, p, i32]
+            fused.restype = None
 
 
 KERNELS = native.Kernels("norm_integer", SOURCE, configure, "integer LayerNorm kernel")
@@ -198,10 +259,21 @@ def norm_shifted_rows(
         rows = layout.rows(codes)
         n_rows, n = rows.shape
         c1, c2, g, b = _constants(k, layout, codes)
+        threads = max(1, min(torch.get_num_threads(), n_rows))
+        per_row = _per_row(k, c)
+        if per_row is not None:  # every step in C, the per-row terms too
+            p, rmap = per_row
+            d = torch.empty((n_rows, n), dtype=torch.int32)
+            out = torch.empty((n_rows, n), dtype=out_dtype.torch_dtype)
+            getattr(lib, f"ni_rows_{_SUFFIX[codes.dtype]}_{_SUFFIX[out.dtype]}")(
+                rows.data_ptr(), n_rows, n, p.data_ptr(), c1.data_ptr(), c2.data_ptr(),
+                None if g is None else g.data_ptr(), None if b is None else b.data_ptr(),
+                rmap.data_ptr(), d.data_ptr(), out.data_ptr(), threads,
+            )  # fmt: skip
+            return out.reshape(codes.shape)
         mu = requantize_int32(rows.sum(1, dtype=torch.int64), k.mean).contiguous()
         d = torch.empty((n_rows, n), dtype=torch.int32)
         sqsum = torch.empty(n_rows, dtype=torch.int64)
-        threads = max(1, min(torch.get_num_threads(), n_rows))
         getattr(lib, f"ni_k1_{_SUFFIX[codes.dtype]}")(
             rows.data_ptr(), mu.data_ptr(), n_rows, n, c1.data_ptr(), d.data_ptr(),
             sqsum.data_ptr(), threads,
@@ -222,6 +294,32 @@ def norm_shifted_rows(
 
 # id(NormConstants) -> (a weak reference to it, its kernel constants)
 _PREPARED: dict[int, tuple] = {}
+# id(NormConstants) -> (a weak reference to it, its per-row constants or None)
+_PER_ROW: dict[int, tuple] = {}
+
+
+def _per_row(k, c) -> tuple | None:
+    """(p, rmap) of ``ni_rows`` (module docstring) for ``k`` and contract ``c``, made once
+    per ``NormConstants`` object, or None where the per-row terms stay torch's: a mean or
+    variance requantization without the half-up multiply-and-shift form (``Int32Requant.fast``),
+    or an rsqrt table that does not read the intermediate dtype's codes."""
+    hit = _PER_ROW.get(id(k))
+    if hit is not None and hit[0]() is k:
+        return hit[1]
+    dt, lut = c.inter_dtype, k.rsqrt
+    made = None
+    if k.mean.fast and k.var.fast and lut.in_dtype is dt and dt.bits in (8, 16):
+        rq = [
+            [int(r.params.multiplier), int(r.offset), int(r.shift), r.out.qmin, r.out.qmax]
+            for r in (k.mean, k.var)
+        ]
+        eps = [int(c.eps_mode is EpsMode.ADD_CODES), int(k.eps_codes), dt.qmax]
+        p = _i64(rq[0] + rq[1] + eps + [dt.bits, int(k.shifts.normed.q)])
+        rmap = lut.code_map().to(torch.int64).contiguous()
+        made = (p, rmap) if rmap.numel() == 1 << dt.bits else None
+    key = id(k)
+    _PER_ROW[key] = (weakref.ref(k, lambda _, key=key: _PER_ROW.pop(key, None)), made)
+    return made
 
 
 def _constants(k, layout: NormLayout, codes: Tensor) -> tuple:

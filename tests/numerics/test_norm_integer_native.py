@@ -14,7 +14,7 @@ from native_builds import BUILDS, use_build
 
 from quantlab.numerics import norm_integer, norm_integer_native
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.norm import J6_NORM, NormLayout
+from quantlab.numerics.norm import J6_NORM, EpsMode, NormLayout
 from quantlab.numerics.norm_calibrate import norm_steps, output_scale, scales_from_steps
 from quantlab.numerics.norm_integer import norm_constants, norm_fixed
 from quantlab.numerics.norm_integer_native import norm_shifted_rows
@@ -135,3 +135,50 @@ def test_where_the_native_rows_do_not_apply_norm_fixed_runs_the_torch_form(monke
     monkeypatch.setattr(norm_integer_native.KERNELS, "lib", lambda: None)
     assert norm_shifted_rows(codes, layer, k, J6_NORM, I8) is None
     assert_bits_equal(norm_fixed(codes, s_in, layer, None, None, 1e-5, sc, so, I8), want)
+
+
+ADD_CODES = dataclasses.replace(J6_NORM, eps_mode=EpsMode.ADD_CODES)
+CONTRACTS = [
+    (J6_NORM, 1e-5, True),  # eps in the table
+    (ADD_CODES, 1e-5, True),  # eps added to the variance's codes
+    (ADD_CODES, 3.0, True),  # eps codes large enough to reach the clamp at qmax
+    (dataclasses.replace(J6_NORM, requant_mult_bits=15), 1e-5, True),
+    (J6_NORM, 1e-5, False),  # the per-row terms in torch, between the two C loops
+    (ADD_CODES, 3.0, False),
+]
+
+
+@needs_cc
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("contract,eps,per_row", CONTRACTS)
+def test_the_per_row_terms_in_c_equal_the_torch_form(build, contract, eps, per_row, monkeypatch):
+    """The per-row terms (the row sum, the mean's and the variance's requantizations, the eps
+    add and its clamp, the rsqrt table read through its code map) run in C (``ni_rows``) where
+    ``_per_row`` gives their constants, else (forced here) in torch between the two C loops;
+    either way the codes are the torch form's, for every pair of code dtypes and affine
+    combination, on random and adversarial rows."""
+    use_build(build, norm_integer_native.KERNELS, monkeypatch)
+    if not per_row:
+        monkeypatch.setattr(norm_integer_native, "_per_row", lambda k, c: None)
+    kernels = norm_integer_native.KERNELS
+    g = torch.Generator().manual_seed(hash((build, str(contract), eps)) % 1000)
+    for in_dtype, out_dtype in ((I8, I8), (I16, I16), (I8, I16), (I16, I8)):
+        for n_rows, n in ((1, 1), (6, 33), (9, 384)):
+            layout = NormLayout.layer(n)
+            x = torch.randn(n_rows, n, generator=g) * 2 + 0.5
+            w = torch.rand(n, generator=g) + 0.5
+            b = torch.randn(n, generator=g) * 0.3
+            for wb in ((w, b), (None, None)):
+                s_in = float(compute_scale(x.abs().max(), in_dtype))
+                steps = norm_steps(x.to(torch.float64), layout, *wb, eps)
+                sc, so = scales_from_steps(steps, contract), output_scale(steps, out_dtype)
+                k = norm_constants(s_in, n, *wb, eps, sc, so, out_dtype, contract)
+                assert k.shifts is not None
+                assert (norm_integer_native._per_row(k, contract) is not None) == per_row
+                if eps > 1:
+                    assert k.eps_codes > 0
+                for codes in _rows(g, (n_rows, n), in_dtype):
+                    got = norm_shifted_rows(codes, layout, k, contract, out_dtype, kernels)
+                    assert got is not None
+                    want = norm_integer._norm_shifted(codes, layout, k, contract)
+                    assert_bits_equal(got, want.to(out_dtype.torch_dtype), {"codes": codes})
