@@ -41,16 +41,21 @@ def _product_half_up_codes(
 ) -> Tensor:
     """``requant_half_up(e * r, ratio, dtype)`` in ``dtype``'s torch dtype, for int16 codes
     ``e`` and ``r`` (broadcastable). |e * r| <= 2**30 is exact in float64 (no integer pass);
-    p = fl64(e * r * ratio) is the same one rounding. floor(p + 1/2) is round_half_up(p)
-    wherever |p| < 2**52 (p + 1/2 is exact there); beyond, both have p's sign and a magnitude
-    far outside ``dtype``, so they saturate to the same bound. ``nonnegative``: the caller
-    knows every e and r is >= 0 (ratio > 0), so p + 1/2 > 0; its floor is then the integer
-    conversion's truncation, taken after clamping at qmax (the same codes, one pass fewer)."""
+    p = fl64(e * r * ratio) is the same one rounding. Half up as ``round_float`` takes it:
+    floor(p), plus 1 where p - floor(p) >= 1/2 (that difference is exact; floor(p + 1/2) is
+    not: p = 0.5 - 2**-54 gives p + 1/2 = 1 in float64). ``nonnegative``: the caller knows
+    every e and r is >= 0 (ratio > 0), so p >= 0; clamping p at qmax (an integer) first keeps
+    the rounded code within qmax, and no lower clamp is needed (the same codes)."""
     p = e.to(torch.float64).mul_(r.to(torch.float64))
-    p.mul_(float(ratio)).add_(0.5)
-    if nonnegative and ratio > 0:
-        return p.clamp_max_(dtype.qmax).to(dtype.torch_dtype)
-    return p.floor_().clamp_(dtype.qmin, dtype.qmax).to(dtype.torch_dtype)
+    p.mul_(float(ratio))
+    low = not (nonnegative and ratio > 0)
+    if not low:
+        p.clamp_max_(dtype.qmax)
+    f = torch.floor(p)
+    p = f.add_(p.sub_(f).ge_(0.5))
+    if low:
+        p.clamp_(dtype.qmin, dtype.qmax)
+    return p.to(dtype.torch_dtype)
 
 
 def lut_softmax(

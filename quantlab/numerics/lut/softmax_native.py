@@ -7,10 +7,11 @@ no contraction), the same operations as ``composite.lut_softmax``:
 
 - exp: ``index = max(x - max(x) + 32768, 0)`` in int32, ``e = map[index]`` through the exp
   table's signed code map (int16), and the row's sum of e in int64;
-- product: ``p = fl64(fl64(fl64(e * r) * ratio) + 0.5)``, each a single IEEE double operation
-  as torch's float64 kernels compute it (e * r is exact: |e * r| <= 2**30); then, where every
-  e and r is known nonnegative, ``min(p, qmax)`` truncated toward zero, else ``floor(p)``
-  clamped to [qmin, qmax] (``composite._product_half_up_codes``, the same two forms).
+- product: ``p = fl64(fl64(e * r) * ratio)``, each a single IEEE double operation as torch's
+  float64 kernels compute it (e * r is exact: |e * r| <= 2**30), rounded half up as
+  ``floor(p)`` plus 1 where ``p - floor(p) >= 0.5`` (the difference is exact), clamped to
+  [qmin, qmax]; where every e and r is known nonnegative, p is clamped at qmax before rounding
+  and no lower clamp is needed (``composite._product_half_up_codes``, the same two forms).
 
 So the codes are ``lut_softmax``'s, bit for bit; the tests check that against the torch passes on
 random and adversarial rows in all three builds.
@@ -52,8 +53,9 @@ _SOURCE = (
 EXP_ROW(exp_row_i8, sm_exp_i8, int8_t)
 EXP_ROW(exp_row_i16, sm_exp_i16, int16_t)
 
-/* codes of fl64(fl64(e * r) * ratio) + 0.5 for one row (nonneg: min(p, hi), truncated;
-   else floor(p) clamped to [lo, hi]) */
+/* codes of round_half_up(p), p = fl64(fl64(e * r) * ratio), for one row: f = floor(p), plus
+   1 where p - f >= 0.5 (exact), clamped to [lo, hi] (nonneg: p clamped at hi first, no lower
+   clamp) */
 #define PRODUCT_ROW(NAME, Y)                                                               \
   CLONES static void NAME(const int16_t *restrict e, double r, int64_t n, double ratio,   \
                           int nonneg, double lo, double hi, Y *restrict o) {             \
@@ -61,14 +63,16 @@ EXP_ROW(exp_row_i16, sm_exp_i16, int16_t)
       for (int64_t j = 0; j < n; ++j) {                                                    \
         double p = (double)e[j] * r;                                                       \
         p = p * ratio;                                                                     \
-        p = p + 0.5;                                                                       \
-        o[j] = (Y)(p > hi ? hi : p);                                                       \
+        p = p > hi ? hi : p;                                                               \
+        const double f = floor(p);                                                         \
+        o[j] = (Y)(p - f >= 0.5 ? f + 1.0 : f);                                            \
       }                                                                                    \
     } else {                                                                               \
       for (int64_t j = 0; j < n; ++j) {                                                    \
         double p = (double)e[j] * r;                                                       \
         p = p * ratio;                                                                     \
-        p = floor(p + 0.5);                                                                \
+        const double f = floor(p);                                                         \
+        p = p - f >= 0.5 ? f + 1.0 : f;                                                    \
         p = p < lo ? lo : p;                                                               \
         o[j] = (Y)(p > hi ? hi : p);                                                       \
       }                                                                                    \

@@ -106,12 +106,17 @@ def test_the_softmax_tail_equals_requant_half_up_of_the_int64_product():
     e[0, :6] = torch.tensor([-32768, 32767, 0, 1, -1, 3], dtype=torch.int16)
     r = torch.randint(-32768, 32768, (5, 1), generator=g, dtype=torch.int32).to(torch.int16)
     r[0, 0] = -32768  # |e * r| = 2**30 at the corner
+    e[1, :3], r[1, 0] = torch.tensor([1, -1, 2], dtype=torch.int16), 1  # e * r = 1, -1, 2
     v = e.to(torch.int64) * r.to(torch.int64)
-    for ratio in (0.5, 0.25, 2.0**-15, 1 / 3, 1e-9, 2.0**21, 2.0**22 * 1.5, 3e9):
+    below_half = 0.5 - 2.0**-54  # e * r = 1: p one ulp below 1/2, floor(p + 1/2) would give 1
+    for ratio in (0.5, 0.25, 2.0**-15, 1 / 3, 1e-9, 2.0**21, 2.0**22 * 1.5, 3e9, below_half):
         for dt in (I16, I8):
             got = _product_half_up_codes(e, r, ratio, dt)
             want = requant_half_up(v, ratio, dt).to(dt.torch_dtype)
             assert_bits_equal(got, want)
+    one = torch.tensor([[1, -1, 2]], dtype=torch.int16)
+    got = _product_half_up_codes(one, torch.ones(1, 1, dtype=torch.int16), below_half, I16)
+    assert got.tolist() == [[0, 0, 1]]
     # ties: odd products times 1/2 land on .5 exactly; HALF_UP takes the larger neighbour
     odd = torch.tensor([[1, 3, -1, -3, 5]], dtype=torch.int16)
     got = _product_half_up_codes(odd, torch.ones(1, 1, dtype=torch.int16), 0.5, I16)
@@ -126,7 +131,7 @@ def test_the_softmax_tail_for_nonnegative_codes_skips_the_floor_with_the_same_co
     e[0, :5] = torch.tensor([0, 1, 2, 3, 32767], dtype=torch.int16)
     r = torch.randint(0, 32768, (6, 1), generator=g, dtype=torch.int32).to(torch.int16)
     r[0, 0], r[1, 0] = 32767, 0
-    for ratio in (0.5, 0.25, 2.0**-15, 1 / 3, 1e-9, 2.0**21, 3e9, 2.0**-30 / 3):
+    for ratio in (0.5, 0.25, 2.0**-15, 1 / 3, 1e-9, 2.0**21, 3e9, 2.0**-30 / 3, 0.5 - 2.0**-54):
         for dt in (I16, I8):
             got = _product_half_up_codes(e, r, ratio, dt, nonnegative=True)
             assert_bits_equal(got, _product_half_up_codes(e, r, ratio, dt))

@@ -79,14 +79,17 @@ def test_the_native_passes_give_the_torch_passes_codes(build, in_dtype, out_dtyp
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("out_dtype", [I8, I16])
 def test_both_product_forms_give_the_torch_codes(build, out_dtype, monkeypatch):
-    """The general form (floor, clamp at both bounds) on signed e, r and ratios of either sign,
-    and the nonnegative form (clamp at qmax, truncation) on nonnegative ones, against
-    composite._product_half_up_codes, with ties p = k + 1/2 and saturating products."""
+    """The general form (clamp at both bounds) on signed e, r and ratios of either sign, and
+    the nonnegative form (clamp at qmax first) on nonnegative ones, against
+    composite._product_half_up_codes and against requant_half_up of the int64 product (the
+    contract), with ties p = k + 1/2, p one ulp below 1/2 (where floor(p + 1/2) would give 1)
+    and saturating products."""
     _use_build(build, monkeypatch)
     g = torch.Generator().manual_seed(8)
     shape = (6, 40)
+    below_half = 0.5 - 2.0**-54  # the largest double below 1/2
     for nonnegative in (False, True):
-        for ratio in (1e-6, 3.0517578125e-05, 0.5, 7.3, -0.01, -1.0):
+        for ratio in (1e-6, 3.0517578125e-05, 0.5, below_half, 7.3, -0.01, -below_half, -1.0):
             if nonnegative and ratio <= 0:
                 continue
             lo = 0 if nonnegative else I16.qmin
@@ -99,6 +102,10 @@ def test_both_product_forms_give_the_torch_codes(build, out_dtype, monkeypatch):
             want = composite._product_half_up_codes(e, r, ratio, out_dtype, nonnegative)
             assert got is not None
             assert_bits_equal(got, want, {"e": e, "r": r})
+            exact = composite.requant_half_up(e.long() * r.long(), ratio, out_dtype)
+            assert_bits_equal(got, exact.to(dt), {"e": e, "r": r})
+            if abs(ratio) == below_half:
+                assert got[0, 1] == 0  # p = +-(1/2 - 2**-54) rounds half up to 0
 
 
 def test_other_axes_and_layouts_take_the_torch_passes(monkeypatch):
