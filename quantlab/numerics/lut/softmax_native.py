@@ -8,10 +8,21 @@ no contraction), the same operations as ``composite.lut_softmax``:
 - exp: ``index = max(x - max(x) + 32768, 0)`` in int32, ``e = map[index]`` through the exp
   table's signed code map (int16), and the row's sum of e in int64;
 - product: ``p = fl64(fl64(e * r) * ratio)``, each a single IEEE double operation as torch's
-  float64 kernels compute it (e * r is exact: |e * r| <= 2**30), rounded half up as
-  ``floor(p)`` plus 1 where ``p - floor(p) >= 0.5`` (the difference is exact), clamped to
-  [qmin, qmax]; where every e and r is known nonnegative, p is clamped at qmax before rounding
-  and no lower clamp is needed (``composite._product_half_up_codes``, the same two forms).
+  float64 kernels compute it (e * r is exact: |e * r| <= 2**30), rounded half up and clamped
+  to [qmin, qmax] (``composite._product_half_up_codes``, the same codes). The loop rounds by
+  ``floor(fl64(p + 0.5))`` (where every e and r is known nonnegative, the truncation of
+  ``min(fl64(p + 0.5), qmax)``), which is round_half_up(p) for every double |p| < 2**52 but
+  one (beyond, both saturate):
+  p + 0.5 is exact unless its value needs a finer step than the doubles around it have, and
+  rounding it can only change the floor when it carries p + 0.5 up to an integer n. For
+  n = 2**m with m >= 1, p >= 2**(m-1) has a step no finer than that of [2**(m-1), 2**m), where
+  p + 0.5 lies, so the sum is exact; for other n >= 1, p and n lie in one binade and the sum is
+  exact; for n <= 0 the sum's magnitude is below p's and it is exact. Only n = 1 with p in
+  [0.25, 0.5) remains, where the step of p is 2**-54 and of [0.5, 1) 2**-53: p = 0.5 - 2**-54
+  gives p + 0.5 = 1 - 2**-54, a tie that rounds to 1, where round_half_up(p) is 0. The loop
+  gives that p the code 0. The tests check both forms against ``requant_half_up`` of the int64
+  product there and on the doubles within 8 steps of k + 1/2 for small k and around powers of
+  two.
 
 So the codes are ``lut_softmax``'s, bit for bit; the tests check that against the torch passes on
 random and adversarial rows in all three builds.
@@ -53,28 +64,28 @@ _SOURCE = (
 EXP_ROW(exp_row_i8, sm_exp_i8, int8_t)
 EXP_ROW(exp_row_i16, sm_exp_i16, int16_t)
 
-/* codes of round_half_up(p), p = fl64(fl64(e * r) * ratio), for one row: f = floor(p), plus
-   1 where p - f >= 0.5 (exact), clamped to [lo, hi] (nonneg: p clamped at hi first, no lower
-   clamp) */
+/* codes of round_half_up(p), p = fl64(fl64(e * r) * ratio), for one row, as floor(p + 0.5)
+   (nonneg: every p >= 0, so the conversion's truncation) except at the one double where
+   p + 0.5 rounds up to an integer, p = 0.5 - 2**-54 (module docstring), whose code is 0;
+   clamped to [lo, hi] */
 #define PRODUCT_ROW(NAME, Y)                                                               \
   CLONES static void NAME(const int16_t *restrict e, double r, int64_t n, double ratio,   \
                           int nonneg, double lo, double hi, Y *restrict o) {             \
+    const double below_half = 0x1.fffffffffffffp-2;                                        \
     if (nonneg) {                                                                          \
       for (int64_t j = 0; j < n; ++j) {                                                    \
         double p = (double)e[j] * r;                                                       \
         p = p * ratio;                                                                     \
-        p = p > hi ? hi : p;                                                               \
-        const double f = floor(p);                                                         \
-        o[j] = (Y)(p - f >= 0.5 ? f + 1.0 : f);                                            \
+        double s = p == below_half ? 0.0 : p + 0.5;                                        \
+        o[j] = (Y)(s > hi ? hi : s);                                                       \
       }                                                                                    \
     } else {                                                                               \
       for (int64_t j = 0; j < n; ++j) {                                                    \
         double p = (double)e[j] * r;                                                       \
         p = p * ratio;                                                                     \
-        const double f = floor(p);                                                         \
-        p = p - f >= 0.5 ? f + 1.0 : f;                                                    \
-        p = p < lo ? lo : p;                                                               \
-        o[j] = (Y)(p > hi ? hi : p);                                                       \
+        double s = p == below_half ? 0.0 : floor(p + 0.5);                                 \
+        s = s < lo ? lo : s;                                                               \
+        o[j] = (Y)(s > hi ? hi : s);                                                       \
       }                                                                                    \
     }                                                                                      \
   }

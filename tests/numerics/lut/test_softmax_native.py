@@ -139,3 +139,38 @@ def test_the_exp_pass_gathers_and_sums_through_any_map(build, monkeypatch):
         want = exp_map.index_select(0, index.reshape(-1)).reshape(x.shape)
         assert_bits_equal(e, want, {"codes": x})
         assert_bits_equal(sums, want.sum(dim=-1, keepdim=True, dtype=torch.int64))
+
+
+@needs_cc
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_product_rounds_half_up_near_every_kind_of_tie(build, monkeypatch):
+    """p = e * ratio on the doubles within 8 steps of k + 1/2 (ratio itself stepped, e from -3
+    to 3), for k from -4 to 4 and around powers of two up to 2**15, where floor(p + 1/2) could
+    round: both product forms against requant_half_up of the int64 product."""
+    import numpy as np
+
+    _use_build(build, monkeypatch)
+    e = torch.arange(-3, 4, dtype=torch.int16).repeat(2, 1)
+    r = torch.ones(2, 1, dtype=torch.int16)
+    edges = {k + 0.5 for k in range(-5, 5)}
+    edges |= {s * (2.0**m + d) for m in range(16) for d in (-0.5, 0.5) for s in (1, -1)}
+    checked = 0
+    for edge in sorted(edges):
+        ratio = edge
+        for _ in range(8):
+            ratio = float(np.nextafter(ratio, -np.inf))
+        for _ in range(17):
+            for nonnegative in (False, True):
+                ee, rr = (e.abs(), r) if nonnegative else (e, r)
+                if nonnegative and ratio <= 0:
+                    continue
+                exact = composite.requant_half_up(ee.long() * rr.long(), ratio, I16).to(torch.int16)
+                got = softmax_native.product_rows(
+                    ee.contiguous(), rr, ratio, I16.qmin, I16.qmax, torch.int16, nonnegative
+                )
+                assert_bits_equal(got, exact, {"ratio": ratio})
+                torch_form = composite._product_half_up_codes(ee, rr, ratio, I16, nonnegative)
+                assert_bits_equal(torch_form, exact, {"ratio": ratio})
+                checked += 1
+            ratio = float(np.nextafter(ratio, np.inf))
+    assert checked > 1000
