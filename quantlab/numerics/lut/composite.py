@@ -80,8 +80,8 @@ def lut_softmax(
     5. out = requant(e * r, exp_scale * recip_scale / out_scale) (default out_scale 1/qmax).
     Requantizations: float64 ratio, HALF_UP, saturation (assumed, module docstring).
     Widths: x - max(x) and e * r (|e|, |r| <= 2**15, so |e * r| <= 2**30) are exact in int32,
-    the sum in int64. Over the last axis of contiguous codes, steps 1-2 with the sum and step 5
-    run in C (``softmax_native``: the same operations, so the same codes).
+    the sum in int64. Over the last axis of contiguous codes, every step runs in one C pass
+    per row (``softmax_native``: the same operations, so the same codes).
     """
     in_dtype = DType.parse(in_dtype)
     out_dtype = DType.parse(out_dtype)
@@ -98,6 +98,19 @@ def lut_softmax(
         "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(), fmt
     )
     last = dim in (-1, codes.dim() - 1)  # over the last axis: the C passes (softmax_native)
+    recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
+    # e >= 0 when the exp table's outputs are; s >= 0 (a sum of those, ratio > 0, HALF_UP),
+    # so r >= 0 when the reciprocal's outputs on codes >= 0 are
+    nonnegative = exp_lut.min_output() >= 0 and recip.min_output(0) >= 0
+    ratio = exp_scale * recip_scale / out_scale
+    if last:  # every step in one C pass per row
+        lo, hi, dt = out_dtype.qmin, out_dtype.qmax, out_dtype.torch_dtype
+        emap, rmap = exp_lut.signed_code_map(), recip.code_map()
+        out = softmax_native.softmax_rows(
+            codes, emap, exp_scale / sum_scale, rmap, ratio, lo, hi, dt, nonnegative
+        )
+        if out is not None:
+            return out
     made = softmax_native.exp_rows(codes, exp_lut.signed_code_map()) if last else None
     if made is not None:
         e, total = made
@@ -109,12 +122,7 @@ def lut_softmax(
         e = exp_lut.signed_code_map().index_select(0, index.reshape(-1)).reshape(codes.shape)
         total = e.sum(dim=dim, keepdim=True, dtype=torch.int64)
     s = requant_half_up(total, exp_scale / sum_scale, DType.INT16)
-    recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)
     r = recip.evaluate(s.to(torch.int16))
-    # e >= 0 when the exp table's outputs are; s >= 0 (a sum of those, ratio > 0, HALF_UP),
-    # so r >= 0 when the reciprocal's outputs on codes >= 0 are
-    nonnegative = exp_lut.min_output() >= 0 and recip.min_output(0) >= 0
-    ratio = exp_scale * recip_scale / out_scale
     if last:
         lo, hi, dt = out_dtype.qmin, out_dtype.qmax, out_dtype.torch_dtype
         out = softmax_native.product_rows(e, r, ratio, lo, hi, dt, nonnegative)

@@ -1,9 +1,9 @@
 """``lut_softmax``'s element-wise passes in C, for a softmax over the last axis of contiguous
 int8 or int16 codes.
 
-The per-row terms stay torch's (the sum's requantization and the reciprocal table, one value
-per row). The rest runs in two C loops per row (``quantlab.numerics.native``: C99, no fast-math,
-no contraction), the same operations as ``composite.lut_softmax``:
+Every step runs in one C pass per row (``softmax_rows``; ``quantlab.numerics.native``: C99, no
+fast-math, no contraction), the same operations as ``composite.lut_softmax``; ``exp_rows`` and
+``product_rows`` are its first and last steps alone, with the two per-row terms in torch:
 
 - exp: ``index = max(x - max(x) + 32768, 0)`` in int32, ``e = map[index]`` through the exp
   table's signed code map (int16), and the row's sum of e in int64;
@@ -23,6 +23,11 @@ no contraction), the same operations as ``composite.lut_softmax``:
   gives that p the code 0. The tests check both forms against ``requant_half_up`` of the int64
   product there and on the doubles within 8 steps of k + 1/2 for small k and around powers of
   two.
+
+- per row, between them: ``s = clamp(round_half_up(fl64(sum * sum_ratio)), -32768, 32767)``
+  (``requant_half_up``: the sum is an exact double, below 2**53; half up as floor plus 1 where
+  the fraction is >= 0.5, exact), and ``r`` the reciprocal table's output at s, read from its
+  code map by the code as unsigned (what ``SegmentLut.evaluate`` gathers).
 
 So the codes are ``lut_softmax``'s, bit for bit; the tests check that against the torch passes on
 random and adversarial rows in all three builds.
@@ -101,6 +106,29 @@ PRODUCT_ROW(product_row_i16, int16_t)
   }
 PRODUCT(sm_product_i8, product_row_i8, int8_t)
 PRODUCT(sm_product_i16, product_row_i16, int16_t)
+
+/* the whole softmax per row: exp and its sum, the sum's code s = clamp(round_half_up(
+   fl64(sum * sratio)), -32768, 32767) (floor plus 1 where the fraction is >= 0.5, exact), the
+   reciprocal table's output at s (rmap: by the code read as unsigned), the product */
+#define SOFTMAX(NAME, EXP, PROD, X, Y)                                                     \
+  void NAME(const X *x, int64_t rows, int64_t n, const int16_t *emap, double sratio,       \
+            const int16_t *rmap, double ratio, int nonneg, double lo, double hi,           \
+            int16_t *e, Y *out, int threads) {                                             \
+    _Pragma("omp parallel for num_threads(threads) schedule(static)")                      \
+    for (int64_t i = 0; i < rows; ++i) {                                                   \
+      double p = (double)EXP(x + i * n, n, emap, e + i * n) * sratio;                      \
+      const double f = floor(p);                                                           \
+      p = p - f >= 0.5 ? f + 1.0 : f;                                                      \
+      p = p < -32768.0 ? -32768.0 : p;                                                     \
+      p = p > 32767.0 ? 32767.0 : p;                                                       \
+      const double r = (double)rmap[(uint16_t)(int16_t)p];                                 \
+      PROD(e + i * n, r, n, ratio, nonneg, lo, hi, out + i * n);                           \
+    }                                                                                      \
+  }
+SOFTMAX(sm_rows_i8_i8, exp_row_i8, product_row_i8, int8_t, int8_t)
+SOFTMAX(sm_rows_i8_i16, exp_row_i8, product_row_i16, int8_t, int16_t)
+SOFTMAX(sm_rows_i16_i8, exp_row_i16, product_row_i8, int16_t, int8_t)
+SOFTMAX(sm_rows_i16_i16, exp_row_i16, product_row_i16, int16_t, int16_t)
 """
 )
 
@@ -116,11 +144,72 @@ def configure(lib: ctypes.CDLL) -> None:
         f = getattr(lib, name)
         f.argtypes = [p, p, i64, i64, f64, i32, f64, f64, p, i32]
         f.restype = None
+    for name in _ROWS.values():
+        f = getattr(lib, name)
+        f.argtypes = [p, i64, i64, p, f64, p, f64, i32, f64, f64, p, p, i32]
+        f.restype = None
 
 
-KERNELS = native.Kernels("softmax", _SOURCE, configure, "softmax kernel")
 _PRODUCT = {torch.int8: "sm_product_i8", torch.int16: "sm_product_i16"}
 _EXP = {torch.int8: "sm_exp_i8", torch.int16: "sm_exp_i16"}
+_SUFFIX = {torch.int8: "i8", torch.int16: "i16"}
+_ROWS = {(a, b): f"sm_rows_{_SUFFIX[a]}_{_SUFFIX[b]}" for a in _SUFFIX for b in _SUFFIX}
+KERNELS = native.Kernels("softmax", _SOURCE, configure, "softmax kernel")
+
+
+def _maps_apply(codes: Tensor, exp_map: Tensor) -> bool:
+    """Whether the exp pass takes ``codes`` (contiguous int8/int16 CPU codes, non-empty rows)
+    with ``exp_map`` (the exp table's signed code map: 65536 contiguous int16 entries)."""
+    return (
+        codes.dtype in _EXP
+        and codes.device.type == "cpu"
+        and codes.is_contiguous()
+        and codes.dim() > 0
+        and codes.shape[-1] > 0
+        and exp_map.dtype == torch.int16
+        and exp_map.numel() == 65536
+        and exp_map.is_contiguous()
+    )
+
+
+def softmax_rows(
+    codes: Tensor,
+    exp_map: Tensor,
+    sum_ratio: float,
+    recip_map: Tensor,
+    ratio: float,
+    qmin: int,
+    qmax: int,
+    out_dtype: torch.dtype,
+    nonnegative: bool,
+) -> Tensor | None:
+    """``lut_softmax``'s codes over the last axis in one C pass per row: ``exp_rows``, then per
+    row ``s = requant_half_up(sum, sum_ratio, INT16)`` and ``r = recip_map[s]`` (the reciprocal
+    table's code map, indexed by the code read as unsigned: what ``evaluate`` gathers), then
+    ``product_rows``; or None where the C loops do not apply."""
+    if (
+        not _maps_apply(codes, exp_map)
+        or out_dtype not in _PRODUCT
+        or recip_map.dtype != torch.int16
+        or recip_map.numel() != 65536
+        or not recip_map.is_contiguous()
+    ):
+        return None
+    lib = KERNELS.lib()
+    if lib is None:
+        return None
+    with torch._C.DisableTorchFunction():
+        n = codes.shape[-1]
+        rows = codes.numel() // n
+        e = torch.empty(codes.shape, dtype=torch.int16)
+        out = torch.empty(codes.shape, dtype=out_dtype)
+        threads = max(1, min(torch.get_num_threads(), rows))
+        getattr(lib, _ROWS[codes.dtype, out_dtype])(
+            codes.data_ptr(), rows, n, exp_map.data_ptr(), float(sum_ratio),
+            recip_map.data_ptr(), float(ratio), int(bool(nonnegative and ratio > 0)),
+            float(qmin), float(qmax), e.data_ptr(), out.data_ptr(), threads,
+        )  # fmt: skip
+        return out
 
 
 def exp_rows(codes: Tensor, exp_map: Tensor) -> tuple | None:
@@ -128,16 +217,7 @@ def exp_rows(codes: Tensor, exp_map: Tensor) -> tuple | None:
     int16 ``codes`` over their last axis through ``exp_map`` (the exp table's signed code map,
     int16), or None where the C loop does not apply (not contiguous int8/int16 CPU codes, an
     empty row, no kernel)."""
-    if (
-        codes.dtype not in _EXP
-        or codes.device.type != "cpu"
-        or not codes.is_contiguous()
-        or codes.dim() == 0
-        or codes.shape[-1] == 0
-        or exp_map.dtype != torch.int16
-        or exp_map.numel() != 65536
-        or not exp_map.is_contiguous()
-    ):
+    if not _maps_apply(codes, exp_map):
         return None
     lib = KERNELS.lib()
     if lib is None:

@@ -26,6 +26,7 @@ def _use_build(build: str, monkeypatch) -> None:
 def _torch_passes(monkeypatch, *args, **kw) -> torch.Tensor:
     """lut_softmax with the C passes declined: its torch passes."""
     with monkeypatch.context() as m:
+        m.setattr(softmax_native, "softmax_rows", lambda *a, **k: None)
         m.setattr(softmax_native, "exp_rows", lambda *a, **k: None)
         m.setattr(softmax_native, "product_rows", lambda *a, **k: None)
         return lut_softmax(*args, **kw)
@@ -53,8 +54,16 @@ def _codes(g, shape, dtype: DType = I16) -> list[torch.Tensor]:
 @needs_cc
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("in_dtype,out_dtype", [(I16, I8), (I16, I16), (I8, I8), (I8, I16)])
-def test_the_native_passes_give_the_torch_passes_codes(build, in_dtype, out_dtype, monkeypatch):
+@pytest.mark.parametrize("form", ["one pass per row", "exp and product passes"])
+def test_the_native_passes_give_the_torch_passes_codes(
+    build, in_dtype, out_dtype, form, monkeypatch
+):
+    """Every step per row in C (``softmax_rows``: the sum's requantization and the reciprocal
+    table too), or the exp and product passes with those two in torch between them: the torch
+    passes' codes."""
     _use_build(build, monkeypatch)
+    if form == "exp and product passes":
+        monkeypatch.setattr(softmax_native, "softmax_rows", lambda *a, **k: None)
     g = torch.Generator().manual_seed(3 if out_dtype is I8 else 4)
     checked = 0
     for shape in ((2, 2), (3, 7), (2, 5, 33), (4, 128)):
