@@ -86,6 +86,17 @@ def load(name: str, source: str) -> ctypes.CDLL:
     return lib
 
 
+def built(name: str, source: str) -> bool:
+    """Whether ``load(name, source)`` would only load, not compile: the library is loaded in
+    this process or its file is in a cache folder (for the compiler found now)."""
+    if name in _LOADED:
+        return True
+    cc = compiler()
+    return cc is not None and any(
+        (folder / file).exists() for file in _files(name, source, cc) for folder in _folders()
+    )
+
+
 def forget() -> None:
     """Drop the libraries loaded so far (the next ``load`` finds or builds them again)."""
     _LOADED.clear()
@@ -113,6 +124,11 @@ class Kernels:
                 self.give_up(err, stacklevel=4)
         return self.loaded
 
+    def built(self) -> bool:
+        """Whether ``lib()`` would cost no compile: loaded, or its file in a cache folder
+        (``native.built``); False once building failed."""
+        return self.loaded is not None or (self.failed is None and built(self.name, self.source))
+
     def give_up(self, err: Exception, stacklevel: int = 3) -> None:
         """Use the library no more in this process (its build, or a call of it, raised
         ``err``), with one warning; ``lib()`` gives None from now on."""
@@ -125,16 +141,30 @@ class Kernels:
         )
 
 
+_FLAG_SETS = ((*FLAGS, "-fopenmp"), FLAGS)  # with OpenMP first, then without
+
+
+def _files(name: str, source: str, cc: str) -> list[str]:
+    """The library's file name for each flag set: keyed by source, compiler, flags, platform."""
+    out = []
+    for flags in _FLAG_SETS:
+        key = "\0".join((source, cc, *flags, platform.machine(), platform.system()))
+        out.append(f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so")
+    return out
+
+
+def _folders() -> tuple[Path, Path]:
+    """Where libraries are kept: the cache folder, else a temporary one of this user's."""
+    return cache_dir(), Path(tempfile.gettempdir()) / f"quantlab-{os.getuid()}"
+
+
 def _build(name: str, source: str) -> ctypes.CDLL:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC)")
     errors = []
-    for extra in (("-fopenmp",), ()):
-        flags = (*FLAGS, *extra)
-        key = "\0".join((source, cc, *flags, platform.machine(), platform.system()))
-        file = f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
-        for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"quantlab-{os.getuid()}"):
+    for flags, file in zip(_FLAG_SETS, _files(name, source, cc)):
+        for folder in _folders():
             lib = folder / file
             if lib.exists():
                 try:

@@ -16,9 +16,11 @@ shape and the table's dtype. A gather copies entries, so both kernels give ident
 until the process has gathered ``COMPILE_AFTER`` codes that way, about as long as a build
 takes, and compiled after that: the ski-rental rule, which keeps the total within about twice
 that of the better choice made in hindsight. So short runs never pay a build and loops
-(sensitivity, sweeps) run at the compiled speed. The compiled kernels are ``KERNELS`` (a
-``native.Kernels``, as every C kernel's): a build or compiled call that fails is reported once
-as a warning, and the serial kernel serves the rest of the process.
+(sensitivity, sweeps) run at the compiled speed. Where nothing needs building (the library is
+loaded, or an earlier process left it in the cache folder: ``native.built``) there is nothing
+to rent against, and the first such call takes the compiled kernel. The compiled kernels are
+``KERNELS`` (a ``native.Kernels``, as every C kernel's): a build or compiled call that fails is
+reported once as a warning, and the serial kernel serves the rest of the process.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class _Tiers:
     compiled kernels (``KERNELS``)."""
 
     serial_codes: int = 0  # codes gathered serially by calls the compiled kernel would take
+    cached: bool | None = None  # whether the library needed no build when first asked
 
 
 TIERS = _Tiers()
@@ -141,8 +144,11 @@ def gather(table: Tensor, codes: Tensor) -> Tensor:
     ):
         return gather_serial(table, codes)
     if KERNELS.loaded is None and TIERS.serial_codes < COMPILE_AFTER:
-        TIERS.serial_codes += codes.numel()
-        return gather_serial(table, codes)
+        if TIERS.cached is None:  # looked up once per process
+            TIERS.cached = KERNELS.built()
+        if not TIERS.cached:
+            TIERS.serial_codes += codes.numel()
+            return gather_serial(table, codes)
     _check(table, codes)
     lib = KERNELS.lib()
     if lib is not None:

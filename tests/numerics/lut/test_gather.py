@@ -26,14 +26,15 @@ def tiers():
     the test. Tests without this fixture leave their builds in place, so later tests in the
     process gather with the compiled kernel where a call is large enough: the same bits, which
     their own references check."""
-    saved = (G.TIERS.serial_codes, G.KERNELS.loaded, G.KERNELS.failed)
+    saved = (G.TIERS.serial_codes, G.TIERS.cached, G.KERNELS.loaded, G.KERNELS.failed)
     yield G.TIERS
-    G.TIERS.serial_codes, G.KERNELS.loaded, G.KERNELS.failed = saved
+    G.TIERS.serial_codes, G.TIERS.cached, G.KERNELS.loaded, G.KERNELS.failed = saved
 
 
 def _fresh(tiers) -> None:
-    """Nothing gathered serially yet, no compiled kernel built or failed."""
-    tiers.serial_codes, G.KERNELS.loaded, G.KERNELS.failed = 0, None, None
+    """Nothing gathered serially yet, no compiled kernel loaded or failed, and none built on
+    disk (a first process on the machine: the ski-rental rule applies)."""
+    tiers.serial_codes, tiers.cached, G.KERNELS.loaded, G.KERNELS.failed = 0, False, None, None
 
 
 def _table(dtype: torch.dtype, bits: int, seed: int) -> torch.Tensor:
@@ -299,3 +300,27 @@ def test_every_dtype_pair_grad_mode_and_thread_count_in_one_process(tiers, monke
     finally:
         torch.set_num_threads(before)
     assert G.KERNELS.failed is None and G.KERNELS.loaded is not None
+
+
+@needs_cc
+def test_a_library_an_earlier_process_built_is_used_at_once(tiers, monkeypatch, tmp_path):
+    """With the library already in the cache folder, loading it costs no build, so the first
+    call large enough for the compiled kernel takes it (nothing gathered serially first);
+    without it, the ski-rental rule holds."""
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(G.native.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(G.native, "_LOADED", {})
+    monkeypatch.setattr(G, "COMPILE_AFTER", 1 << 40)
+    table = _table(torch.int16, 16, seed=9)
+    codes = all_codes(DType.INT16).to(torch.int16).repeat(2)
+    want = G.gather_serial(table, codes)
+    tiers.serial_codes, tiers.cached, G.KERNELS.loaded, G.KERNELS.failed = 0, None, None, None
+    assert not G.KERNELS.built()
+    assert_bits_equal(G.gather(table, codes), want)
+    assert G.KERNELS.loaded is None and tiers.serial_codes == codes.numel()  # no build yet
+    assert G.KERNELS.lib() is not None  # an earlier process's build, kept in the cache folder
+    G.native.forget()
+    tiers.serial_codes, tiers.cached, G.KERNELS.loaded, G.KERNELS.failed = 0, None, None, None
+    assert G.KERNELS.built() and G.native.built("lut_gather", G.KERNELS.source)
+    assert_bits_equal(G.gather(table, codes), want)
+    assert G.KERNELS.loaded is not None and tiers.serial_codes == 0
