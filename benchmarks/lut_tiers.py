@@ -55,6 +55,17 @@ def describe(run: dict) -> str:
     if not run["compiled"]:
         why = run["failed"] or "not within the time limit"
         return f"The compiled gather did not take over ({why}); the figures are the serial tier."
+    if run["serial_codes"] == 0:  # no build to rent against (gather's module docstring)
+        how = (
+            "it was loaded already in this process"
+            if run["calls"] == 0
+            else "loading it from the cache folder, where an earlier process built it, took "
+            f"{run['compile_call_s'] * 1e3:.1f} ms of the first call"
+        )
+        return (
+            f"The compiled gather served from the first call, as its library needed no build "
+            f"({how}). Timed after the switch."
+        )
     return (
         f"The compiled gather took over after {run['calls']} calls "
         f"({run['serial_codes']:,} codes gathered serially, the switch threshold "
