@@ -72,12 +72,13 @@ class OnGrid:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class QuantizeHere:
-    """An activation input that came as a float tensor with no QInfo and was fake-quantized at
-    the op's input point ``info`` by that point's function ``fq``
-    (``QuantizationState.quantize_act``); the prepared call does the same to it."""
+    """An activation input that came as a float tensor with no QInfo and was quantized at the
+    op's input point ``info`` (``QuantizationState.quantize_act``): in FAKE runs by that
+    point's function ``fq``, which the prepared call applies too; ``fq`` None for a FIXED op,
+    whose prepared kernel calls ``quantize_act`` itself."""
 
     info: QInfo
-    fq: Callable
+    fq: Callable | None
 
 
 @dataclass(slots=True, eq=False)

@@ -198,10 +198,13 @@ def prepare_composite(
     )
 
 
-def _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info) -> tuple | None:
+def _kernel_arguments(
+    sim, call, plan, in_infos, arrived, out, out_info, quantize_here: bool = False
+) -> tuple | None:
     """(how each activation input arrived, the other arguments as ``_statics``) of a call
     whose kernel a prepared call keeps (a FAKE composite, a FIXED op): no weight or bias, one
-    tensor out, every input used as it came; None otherwise."""
+    tensor out, every input used as it came (``quantize_here``: or a float tensor quantized at
+    the op's input point, ``_arrival``); None otherwise."""
     if (
         plan.weight is not None
         or plan.bias is not None
@@ -209,7 +212,7 @@ def _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info) -> tupl
         or not isinstance(out_info, QInfo)
     ):
         return None
-    arrival = _arrival(sim, call, plan, in_infos, arrived)
+    arrival = _arrival(sim, call, plan, in_infos, arrived, quantize_here=quantize_here)
     statics = _statics(call, plan)
     if arrival is None or statics is None:
         return None
@@ -228,39 +231,49 @@ def prepare_fixed_op(
 ) -> PreparedCall | None:
     """The PreparedCall of a FIXED op other than a GEMM or a layout op (an add, multiply,
     LUT, softmax, norm, reduction, ...) that just ran by its fixed kernel
-    (``fixed_ops.run_fixed``) on inputs used as they came and gave ``out`` / ``out_info``: the
-    same kernel on the call's arguments and its inputs' QInfos, as the full path calls it once
-    the route holds and no input needs quantizing (each arrived at its dtype); the kernel looks
-    its scales and constants up itself, as on the full path. None for a call this form does not
-    cover (an input quantized here, a weight, more than one tensor out)."""
+    (``fixed_ops.run_fixed``) on inputs that each arrived at its dtype or came as a float
+    tensor with no QInfo and was quantized at the op's input point, and gave ``out`` /
+    ``out_info``: the same kernel on the call's arguments and its inputs' QInfos, as the full
+    path calls it once the route holds, such an input quantized by the same
+    ``quantize_act`` first; the kernel and ``quantize_act`` look their scales and constants up
+    themselves, as on the full path. None for a call this form does not cover (an input cast
+    or requantized here, a weight, more than one tensor out)."""
     if not _plain_route(r) or call.category in (OpCategory.GEMM, OpCategory.PASS_THROUGH):
         return None
-    held = _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info)
+    held = _kernel_arguments(sim, call, plan, in_infos, arrived, out, out_info, True)
     if held is None:
         return None
     dtypes, statics = held
-    kernel = _fixed_kernel(sim, call, plan, r)
+    here = {i: d.info.dtype for i, d in enumerate(dtypes) if type(d) is QuantizeHere}
+    kernel = _fixed_kernel(sim, call, plan, r, here)
     return _without_weight(
         sim, r, dtypes, ("fixed_op", call.name), None, kernel=kernel, statics=statics
     )
 
 
-def _fixed_kernel(sim: Any, call: OpCall, plan: A.ArgPlan, r: OpRoute):
+def _fixed_kernel(sim: Any, call: OpCall, plan: A.ArgPlan, r: OpRoute, here: dict):
     """``compute(args, kwargs)`` of ``prepare_fixed_op``: (value, QInfo) of the call with these
     arguments, as ``OpDispatch._run_quantized_value`` gives it for inputs that arrived at their
-    dtypes (the fixed kernel, else the float function and its output's quantization)."""
+    dtypes or (``here``: input index -> dtype) came as float tensors with no QInfo, which it
+    quantizes at the op's input point (the fixed kernel, else the float function and its
+    output's quantization)."""
     name, op_type, category = call.name, call.op_type, call.category
     module, call_index, func = call.module, call.call_index, call.func
     acts, rq, quant_out = tuple(plan.acts), r.rq, r.quant_out
 
     def compute(args: tuple, kwargs: dict) -> tuple:
         qt = sim._state.qt
+        a, kw = list(args), dict(kwargs)
         infos = []
-        for slot in acts:
+        for i, slot in enumerate(acts):
             v = A.get(args, kwargs, slot)
+            if i in here:  # the full path's quantize_act of a float input
+                v, info = sim.quantize_act(name, f"in{i}", v, here[i], rq, Mode.FIXED)
+                A.put(a, kw, slot, v)
+                infos.append(info)
+                continue
             infos.append(qt.get(v) if isinstance(v, Tensor) and v.is_floating_point() else None)
         now = OpCall(name, op_type, category, module, call_index, func, args, kwargs, None)
-        a, kw = list(args), dict(kwargs)
         res = fixed_ops.run_fixed(sim, now, plan, a, kw, infos, None, rq, quant_out)
         if res is None:  # the full path's float fallback
             res = sim._quant_output(now, r.fn(*a, **kw), infos, rq, quant_out, Mode.FIXED, None)
@@ -369,6 +382,7 @@ def _arrival(
     arrived: list,
     used: tuple | None = None,
     fixed_rq: Any = None,
+    quantize_here: bool = False,
 ) -> tuple | None:
     """(how each activation input arrived, the scale-cache entries that rests on) when every
     input was used as it came: its dtype, or None for what is not a quantized tensor (a Python
@@ -377,9 +391,12 @@ def _arrival(
     (``QuantizationState.quantize_act``) rests on that point's entry: an ``OnGrid`` when it was
     used unchanged (it was on the point's grid), else a ``QuantizeHere``. In a FIXED run
     (``fixed_rq``: the op's resolved qconfig) only the ``OnGrid`` form is covered, resting on
-    the point's scale entry (and zero-point entry, for an asymmetric point). None: a call the
-    prepared form does not cover (an input requantized or cast here, or a float tensor left
-    float, as a sensitivity run's float op feeds)."""
+    the point's scale entry (and zero-point entry, for an asymmetric point). With
+    ``quantize_here`` (a FIXED op whose kernel the prepared call runs), such an input becomes a
+    ``QuantizeHere`` with no function: the prepared call quantizes it by ``quantize_act`` as
+    the full path does, which reads the point's entries itself. None: a call the prepared form
+    does not cover (an input requantized or cast here, or a float tensor left float, as a
+    sensitivity run's float op feeds)."""
     dtypes, deps = [], []
     for i, (slot, u, came) in enumerate(zip(plan.acts, in_infos, arrived)):
         v = A.get(call.args, call.kwargs, slot)
@@ -388,7 +405,12 @@ def _arrival(
                 return None
             dtypes.append(None if u is None else u.dtype)
             continue
-        if used is None or came is not None or u is None or not u.dtype.is_int:
+        if came is not None or u is None or not u.dtype.is_int:
+            return None
+        if quantize_here and A.is_float_tensor(v):
+            dtypes.append(QuantizeHere(QInfo(u.dtype, u.scale, zero_point=u.zero_point), None))
+            continue
+        if used is None:
             return None
         if fixed_rq is not None:  # FIXED: the codes the input's grid holds, as they came
             keys = (

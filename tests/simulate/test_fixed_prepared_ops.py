@@ -195,3 +195,69 @@ def test_a_kernel_that_declines_a_later_call_gives_the_float_fallback(hit_names,
     assert "layer_norm" in _kinds(hit_names)
     assert_bits_equal(got, sim.trace(x, mode=Mode.FIXED).result)  # the full path, declining
     assert not torch.equal(got, kernel)  # the float LayerNorm's codes are not the kernel's
+
+
+class MaskNet(nn.Module):
+    """Ops whose input ``k`` comes as a float tensor with no quantization (a mask passed in as
+    floats), quantized at each op's input point: a subtraction from a constant, a product with
+    a Linear's output, a sum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x, k):
+        h = self.lin(x) + (1.0 - k) * -4.0
+        return (h * k).sum(1) * k.sum(1)
+
+
+def _masks(g, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, k) pairs: random inputs with 0/1 masks, an all-ones and an all-zeros mask, and a
+    mask of fractions (not on any grid)."""
+    out = []
+    for i, x in enumerate(_inputs(g, (2, 6, 16))[:n]):
+        k = (torch.rand(2, 6, 1, generator=g) > 0.3).float().expand(2, 6, 16).contiguous()
+        out.append((x, [k, torch.ones_like(k), torch.zeros_like(k), k * 0.37][i % 4]))
+    return out
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("spec", [None, ZERO_POINTS], ids=["symmetric", "zero points"])
+def test_inputs_quantized_at_the_ops_point_follow_prepared_calls(platform, spec, hit_names):
+    """A fixed op whose float input is quantized at its own input point follows its prepared
+    call, which quantizes that input as the full path does (``quantize_act``): the bits of the
+    captured run and of a fresh Simulator, in captured runs and in a program that dispatches
+    only the first Linear; after recalibration (new input scales) the calls follow with the
+    new scales' bits."""
+    g = torch.Generator().manual_seed(15)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(15)
+        m = MaskNet().eval()
+    calib = [pair for pair in _masks(g, 2)]
+    kw = {} if spec is None else {"qconfig": spec}
+    sim = _sim(m, calib, platform, **kw)
+    sim.run(*calib[0], mode=Mode.FIXED)  # prepares
+    fresh = _sim(m, calib, platform, **kw)
+    for x, k in _masks(g, 7):
+        hit_names.clear()
+        got = sim.run(x, k, mode=Mode.FIXED)
+        assert {"sub", "mul", "sum"} <= _kinds(hit_names), hit_names
+        assert_bits_equal(got, sim.trace(x, k, mode=Mode.FIXED).result)
+        assert_bits_equal(got, fresh.run(x, k, mode=Mode.FIXED))
+    program = Simulator(m, platform, **kw)
+    program.calibrate(calib, progress=False)
+    prog = program.program(*calib[1], mode=Mode.FIXED)
+    assert prog.counts["dispatched"] == 1  # the Linear: a GEMM quantizes its input there
+    for x, k in _masks(g, 7):
+        assert_bits_equal(prog(x, k), sim.run(x, k, mode=Mode.FIXED))
+        assert prog.last_prepared == prog.counts["prepared"]
+    wider = [(x * 3, k * 2) for x, k in calib]  # new input scales for every point
+    for s in (sim, fresh):
+        s.calibrate(wider, progress=False)
+    for x, k in _masks(g, 4):
+        for _ in range(2):
+            hit_names.clear()
+            got = sim.run(x, k, mode=Mode.FIXED)
+        assert {"sub", "mul", "sum"} <= _kinds(hit_names), hit_names
+        assert_bits_equal(got, fresh.run(x, k, mode=Mode.FIXED))
+    assert prog.fallbacks == 0
