@@ -172,6 +172,14 @@ def _maps_apply(codes: Tensor, exp_map: Tensor) -> bool:
     )
 
 
+def _rows_of(codes: Tensor) -> tuple:
+    """(row length, rows, threads, an int16 buffer for e) of codes over their last axis."""
+    n = codes.shape[-1]
+    rows = codes.numel() // n
+    threads = max(1, min(torch.get_num_threads(), rows))
+    return n, rows, threads, torch.empty(codes.shape, dtype=torch.int16)
+
+
 def softmax_rows(
     codes: Tensor,
     exp_map: Tensor,
@@ -199,11 +207,8 @@ def softmax_rows(
     if lib is None:
         return None
     with torch._C.DisableTorchFunction():
-        n = codes.shape[-1]
-        rows = codes.numel() // n
-        e = torch.empty(codes.shape, dtype=torch.int16)
+        n, rows, threads, e = _rows_of(codes)
         out = torch.empty(codes.shape, dtype=out_dtype)
-        threads = max(1, min(torch.get_num_threads(), rows))
         getattr(lib, _ROWS[codes.dtype, out_dtype])(
             codes.data_ptr(), rows, n, exp_map.data_ptr(), float(sum_ratio),
             recip_map.data_ptr(), float(ratio), int(bool(nonnegative and ratio > 0)),
@@ -223,11 +228,8 @@ def exp_rows(codes: Tensor, exp_map: Tensor) -> tuple | None:
     if lib is None:
         return None
     with torch._C.DisableTorchFunction():
-        n = codes.shape[-1]
-        rows = codes.numel() // n
-        e = torch.empty(codes.shape, dtype=torch.int16)
+        n, rows, threads, e = _rows_of(codes)
         sums = torch.empty(codes.shape[:-1] + (1,), dtype=torch.int64)
-        threads = max(1, min(torch.get_num_threads(), rows))
         getattr(lib, _EXP[codes.dtype])(
             codes.data_ptr(), rows, n, exp_map.data_ptr(), e.data_ptr(), sums.data_ptr(), threads
         )
