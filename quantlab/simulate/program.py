@@ -8,9 +8,11 @@ prepared call (``steady``). A ``Program`` traces the model once with torch.fx
 generates Python code in which
 
 - an op that followed its prepared call in the build run (FAKE: ops with a fake-quantized
-  output; FIXED: GEMMs with a weight and integer output codes) computes as the simulator's
-  current prepared call of it does (FAKE: its fake-quantized weight and bias, its function,
-  its output fake quant; FIXED: its planned ``fixed_gemm.GemmRun``) when that call's checks
+  output; FIXED: GEMMs with integer output codes, layout ops and ops with a fixed kernel)
+  computes as the simulator's current prepared call of it does (FAKE: its fake-quantized
+  weight and bias, its function, its output fake quant; FIXED: its planned
+  ``fixed_gemm.GemmRun``, the codes moved with the values, or its fixed kernel on the inputs'
+  codes; ``steady_prepare``) when that call's checks
   hold: those about the simulator (routes, resolved qconfig, scales, platform, weight and bias
   versions) once per program call, the quantization its activation inputs arrived with per
   call; otherwise, as after a change of qconfig, scales or mode, it goes through the dispatch,
