@@ -294,18 +294,22 @@ def norm_shifted_rows(
 
 # id(NormConstants) -> (a weak reference to it, its kernel constants)
 _PREPARED: dict[int, tuple] = {}
-# id(NormConstants) -> (a weak reference to it, its per-row constants or None)
+# id(NormConstants) -> (a weak reference to it, {(inter dtype, eps mode): per-row constants})
 _PER_ROW: dict[int, tuple] = {}
 
 
 def _per_row(k, c) -> tuple | None:
-    """(p, rmap) of ``ni_rows`` (module docstring) for ``k`` and contract ``c``, made once
-    per ``NormConstants`` object, or None where the per-row terms stay torch's: a mean or
-    variance requantization without the half-up multiply-and-shift form (``Int32Requant.fast``),
-    or an rsqrt table that does not read the intermediate dtype's codes."""
-    hit = _PER_ROW.get(id(k))
-    if hit is not None and hit[0]() is k:
-        return hit[1]
+    """(p, rmap) of ``ni_rows`` (module docstring) for ``k`` and contract ``c`` (of which they
+    read the intermediate dtype and the eps mode), made once per ``NormConstants`` object and
+    those two, or None where the per-row terms stay torch's: a mean or variance requantization
+    without the half-up multiply-and-shift form (``Int32Requant.fast``), or an rsqrt table that
+    does not read the intermediate dtype's codes."""
+    key, form = id(k), (c.inter_dtype, c.eps_mode)
+    hit = _PER_ROW.get(key)
+    if hit is None or hit[0]() is not k:
+        hit = _PER_ROW[key] = (weakref.ref(k, lambda _, key=key: _PER_ROW.pop(key, None)), {})
+    if form in hit[1]:
+        return hit[1][form]
     dt, lut = c.inter_dtype, k.rsqrt
     made = None
     if k.mean.fast and k.var.fast and lut.in_dtype is dt and dt.bits in (8, 16):
@@ -317,8 +321,7 @@ def _per_row(k, c) -> tuple | None:
         p = _i64(rq[0] + rq[1] + eps + [dt.bits, int(k.shifts.normed.q)])
         rmap = lut.code_map().to(torch.int64).contiguous()
         made = (p, rmap) if rmap.numel() == 1 << dt.bits else None
-    key = id(k)
-    _PER_ROW[key] = (weakref.ref(k, lambda _, key=key: _PER_ROW.pop(key, None)), made)
+    hit[1][form] = made
     return made
 
 

@@ -182,3 +182,33 @@ def test_the_per_row_terms_in_c_equal_the_torch_form(build, contract, eps, per_r
                     assert got is not None
                     want = norm_integer._norm_shifted(codes, layout, k, contract)
                     assert_bits_equal(got, want.to(out_dtype.torch_dtype), {"codes": codes})
+
+
+@needs_cc
+def test_per_row_constants_follow_the_contracts_eps_mode():
+    """One NormConstants used with two contracts that differ in where eps enters: each gets
+    its own per-row constants (the eps add in C or not), each the torch form's codes; the
+    constants go when the NormConstants object does."""
+    g = torch.Generator().manual_seed(9)
+    layout = NormLayout.layer(48)
+    x = torch.randn(5, 48, generator=g) * 2
+    steps = norm_steps(x.to(torch.float64), layout, None, None, 0.5)
+    sc, so = scales_from_steps(steps, ADD_CODES), output_scale(steps, I16)
+    s_in = float(compute_scale(x.abs().max(), I16))
+    k = norm_constants(s_in, 48, None, None, 0.5, sc, so, I16, ADD_CODES)
+    assert k.eps_codes > 0
+    codes = torch.round(x / s_in).clamp(I16.qmin, I16.qmax).to(torch.int16)  # x's own codes
+    got = {}
+    for contract in (ADD_CODES, J6_NORM, ADD_CODES):
+        out = norm_shifted_rows(codes, layout, k, contract, I16)
+        want = norm_integer._norm_shifted(codes, layout, k, contract).to(torch.int16)
+        assert_bits_equal(out, want)
+        got[contract.eps_mode] = out
+    assert not torch.equal(got[EpsMode.ADD_CODES], got[EpsMode.IN_TABLE])
+    key = id(k)
+    assert len(norm_integer_native._PER_ROW[key][1]) == 2
+    del k
+    import gc
+
+    gc.collect()
+    assert key not in norm_integer_native._PER_ROW
