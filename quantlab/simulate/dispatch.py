@@ -408,6 +408,8 @@ class OpDispatch:
                 self._prepared[name, Mode.FAKE] = prep
         elif st.mode is Mode.FIXED and om is None and _steady(st):
             prep = steady_prepare.prepare_fixed_layout(self, call, r, plan, in_infos, arrived, *res)
+            if prep is None and wq is None and clamp is None:  # no fixed kernel: float, quantized
+                prep = steady_prepare.prepare_fixed_op(self, call, r, plan, in_infos, arrived, *res)
             if prep is not None:
                 self._prepared[name, Mode.FIXED] = prep
         return res
