@@ -452,14 +452,20 @@ def test_a_second_operand_of_another_shape_or_scale_is_followed(hit_names):
     name = "r:linear#0"  # b's producer: only its output scale changes
     rq = sim.qconfig_of(name)
     key = sim.act_scale_key(name, "out", rq.output_dtype, rq)
-    old = sim.trace(x, y, mode=Mode.FIXED)
-    sim._scale_cache[key] = sim._scale_cache[key] * 16
+    _scaled_entry_takes_the_full_path(sim, (x, y), key, 16, "matmul#0", hit_names)
+
+
+def _scaled_entry_takes_the_full_path(sim, inputs, key, factor, op, hit_names) -> None:
+    """Multiply the scale-cache entry ``key`` by ``factor``: the next FIXED run of ``inputs``
+    does not follow ``op``'s prepared call, gives the full path's (a trace's) bits, and they
+    differ from the bits before the change."""
+    old = sim.trace(*inputs, mode=Mode.FIXED)
+    sim._scale_cache[key] = sim._scale_cache[key] * factor
     hit_names.clear()
-    got = sim.run(x, y, mode=Mode.FIXED)
-    assert "matmul#0" not in {n.split(":")[1] for n in hit_names}
-    new = sim.trace(x, y, mode=Mode.FIXED)
-    assert_bits_equal(got, new.result)
-    assert not torch.equal(got, old.result)  # the new scale moved the output
+    got = sim.run(*inputs, mode=Mode.FIXED)
+    assert op not in {n.split(":")[1] for n in hit_names}
+    assert_bits_equal(got, sim.trace(*inputs, mode=Mode.FIXED).result)
+    assert not torch.equal(got, old.result)
 
 
 class DropNet(CrossNet):
@@ -497,10 +503,5 @@ def test_a_changed_input_point_scale_sends_the_on_grid_matmul_through_the_full_p
     name = ":matmul#1"
     rq = sim.qconfig_of(name)
     key = sim.act_scale_key(name, "in0", DType.INT8, rq)
-    old = sim.trace(x, y, mode=Mode.FIXED)
-    sim._scale_cache[key] = sim._scale_cache[key] * 4
-    hit_names.clear()
-    got = sim.run(x, y, mode=Mode.FIXED)
-    assert "matmul#1" not in {n.split(":")[1] for n in hit_names}
-    assert_bits_equal(got, sim.trace(x, y, mode=Mode.FIXED).result)
-    assert not torch.equal(got, old.result)  # the input quantized at the coarser scale
+    # the input quantized at the coarser scale
+    _scaled_entry_takes_the_full_path(sim, (x, y), key, 4, "matmul#1", hit_names)

@@ -69,6 +69,24 @@ def _inputs(g, shape=(2, 6, 16)) -> list[torch.Tensor]:
     return xs
 
 
+def _preparing_run(sim, inputs: tuple, monkeypatch) -> set:
+    """One FIXED run of ``sim`` on ``inputs`` (it prepares the calls); the op types whose
+    fixed kernel computed them in it (the others ran in float)."""
+    kernel_ran = set()
+    real = fixed_ops.run_fixed
+
+    def recorded(sim_, call, *a, **k):
+        res = real(sim_, call, *a, **k)
+        if res is not None:
+            kernel_ran.add(call.op_type)
+        return res
+
+    with monkeypatch.context() as m:
+        m.setattr(fixed_ops, "run_fixed", recorded)
+        sim.run(*inputs, mode=Mode.FIXED)
+    return kernel_ran
+
+
 def _kinds(names) -> set:
     return {n.split(":")[1].split("#")[0] for n in names}
 
@@ -88,18 +106,7 @@ def test_fixed_ops_follow_prepared_calls_with_the_same_bits(platform, spec, hit_
     calib = [(torch.randn(2, 6, 16, generator=g),) for _ in range(2)]
     kw = {} if spec is None else {"qconfig": spec}
     sim = _sim(m, calib, platform, **kw)
-    kernel_ran = set()  # the ops the full path computed by their fixed kernel
-    real = fixed_ops.run_fixed
-
-    def recorded(sim_, call, *a, **k):
-        res = real(sim_, call, *a, **k)
-        if res is not None:
-            kernel_ran.add(call.op_type)
-        return res
-
-    monkeypatch.setattr(fixed_ops, "run_fixed", recorded)
-    sim.run(*calib[0], mode=Mode.FIXED)  # prepares
-    monkeypatch.setattr(fixed_ops, "run_fixed", real)
+    kernel_ran = _preparing_run(sim, calib[0], monkeypatch)
     # (a profile may compute some in float: onnxruntime's normalisations, for one)
     assert kernel_ran >= KINDS - {"layer_norm"}, kernel_ran
     fresh = _sim(m, calib, platform, **kw)
@@ -286,20 +293,8 @@ def test_an_op_computed_in_float_follows_its_prepared_call(platform, hit_names, 
         torch.manual_seed(16)
         m = DivNet().eval()
     calib = [(torch.randn(2, 6, 16, generator=g),) for _ in range(2)]
-    kernel_ran = set()
-    real = fixed_ops.run_fixed
-
-    def recorded(sim_, call, *a, **k):
-        res = real(sim_, call, *a, **k)
-        if res is not None:
-            kernel_ran.add(call.op_type)
-        return res
-
-    monkeypatch.setattr(fixed_ops, "run_fixed", recorded)
     sim = _sim(m, calib, platform)
-    sim.run(*calib[0], mode=Mode.FIXED)  # prepares
-    monkeypatch.setattr(fixed_ops, "run_fixed", real)
-    assert "div" not in kernel_ran
+    assert "div" not in _preparing_run(sim, calib[0], monkeypatch)
     fresh = _sim(m, calib, platform)
     for x in _inputs(g):
         hit_names.clear()
