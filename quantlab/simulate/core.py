@@ -37,7 +37,7 @@ from quantlab.capture import CaptureMode, ModuleTracker, OpCategory
 from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
-from quantlab.simulate.dispatch import OpDispatch, _RunState
+from quantlab.simulate.dispatch import OpDispatch
 from quantlab.simulate.model_inputs import (
     InputQuants,
     declared_input_quant,
@@ -47,6 +47,7 @@ from quantlab.simulate.modes import CallObserver, FakeOps, Mode, OpMode, Trace, 
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
+from quantlab.simulate.run_state import RunState
 from quantlab.simulate.steady_programs import SteadyPrograms
 from quantlab.simulate.training import QatTraining
 
@@ -105,7 +106,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._resolved: dict[str, ResolvedQConfig] = {}
         self._discovered = False
         self._calibrated = False
-        self._state: _RunState | None = None
+        self._state: RunState | None = None
         self._chain: dict[str, list[str]] = {}  # GEMM -> fused batch_norm / clamp ops after it
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
         self._fold_cache: dict[str, tuple] = {}
@@ -136,9 +137,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         for batch in tqdm(batches, desc="calibrate") if progress else batches:
             batch = batch if isinstance(batch, (tuple, list)) else (batch,)
             if not self._discovered:  # find ops and fusions before observing anything
-                self._forward(tuple(batch), _RunState(Mode.FLOAT, {}))
+                self._forward(tuple(batch), RunState(Mode.FLOAT, {}))
             self._obs.start_batch(rules)
-            st = _RunState(Mode.FLOAT, {}, calibrating=True)
+            st = RunState(Mode.FLOAT, {}, calibrating=True)
             self._forward(tuple(batch), st)
             n += 1
         if n == 0:
@@ -295,7 +296,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         return rq
 
     # ------------------------------------------------------------------ running
-    def _new_state(self, mode, op_modes, replay) -> _RunState:
+    def _new_state(self, mode, op_modes, replay) -> RunState:
         mode = Mode.parse(mode)
         op_modes = dict(op_modes or {})
         if mode is not Mode.FLOAT or any(m.mode is not Mode.FLOAT for m in op_modes.values()):
@@ -306,9 +307,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             if unknown:
                 listing = "\n  ".join(self._order)
                 raise ValueError(f"op_modes names unknown op(s) {unknown}; ops:\n  {listing}")
-        return _RunState(mode, op_modes, replay=replay, replay_active=replay is not None)
+        return RunState(mode, op_modes, replay=replay, replay_active=replay is not None)
 
-    def _plain(self, st: _RunState) -> bool:
+    def _plain(self, st: RunState) -> bool:
         """A FLOAT run that needs nothing recorded (ops discovered, no overrides, replay,
         trace or calibration): the model runs as written, with nothing captured."""
         return (
@@ -321,9 +322,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             and not st.calibrating
         )
 
-    def _forward(self, inputs: tuple, st: _RunState) -> Any:
+    def _forward(self, inputs: tuple, st: RunState) -> Any:
         if not self._discovered and (st.mode is not Mode.FLOAT or st.op_modes):
-            self._forward(inputs, _RunState(Mode.FLOAT, {}))
+            self._forward(inputs, RunState(Mode.FLOAT, {}))
         plain = self._plain(st)
         prev, self._state = self._state, st
         # modules added to the model after the tracker was made: a captured run in which no

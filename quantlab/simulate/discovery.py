@@ -23,8 +23,8 @@ from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE
 from quantlab.qconfig import GEMM_TYPES, OpContext, validate_names
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops
-from quantlab.simulate.dispatch import _RunState
 from quantlab.simulate.fusion import find_fusions
+from quantlab.simulate.run_state import RunState
 
 
 @dataclass(slots=True)
@@ -89,7 +89,7 @@ class OpDiscovery:
         st = self._state
         return len(st.order) if st is not None else len(self._order)
 
-    def _discover(self, out: Any, st: _RunState) -> None:
+    def _discover(self, out: Any, st: RunState) -> None:
         self._find_fusions(st)
         feeds = set()
         for leaf in tree_flatten(out)[0]:
@@ -124,7 +124,7 @@ class OpDiscovery:
         self._discovered = True
         self._validate()
 
-    def _find_fusions(self, st: _RunState) -> None:
+    def _find_fusions(self, st: RunState) -> None:
         find_fusions(st.order, st.infos, self._chain, self._fused_into)
         self._routes.clear()  # a route holds its op's fused chain
 
@@ -248,7 +248,7 @@ class OpDiscovery:
                 "(platform.grid_max_area)"
             )
 
-    def _record(self, call: OpCall, plan: A.ArgPlan, st: _RunState) -> _OpInfo:
+    def _record(self, call: OpCall, plan: A.ArgPlan, st: RunState) -> _OpInfo:
         shapes, producers = [], []
         args, kwargs, prod = call.args, call.kwargs, st.producers
         for slot in plan.acts:

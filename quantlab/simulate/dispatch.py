@@ -12,8 +12,6 @@ bits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,38 +35,12 @@ from quantlab.simulate import (
     steady_prepare,
 )
 from quantlab.simulate.fusion import fold_batch_norm
-from quantlab.simulate.modes import CallObserver, FakeOps, Mode, ObservedCall, OpMode, Trace
+from quantlab.simulate.modes import FakeOps, Mode, ObservedCall
 from quantlab.simulate.op_route import OpRoute, make_route, route_matches
 from quantlab.simulate.qat import fake_grid, fake_single_period
-from quantlab.simulate.qtensor import QInfo, QTable
+from quantlab.simulate.qtensor import QInfo
+from quantlab.simulate.run_state import RunState
 from quantlab.simulate.straight_through import through
-
-
-@dataclass
-class _RunState:
-    mode: Mode
-    op_modes: Mapping[str, OpMode]
-    replay: Trace | None = None
-    replay_active: bool = False
-    calibrating: bool = False
-    trace: Trace | None = None
-    isolate: Trace | None = None
-    qt: QTable = field(default_factory=QTable)
-    producers: QTable = field(default_factory=QTable)
-    grid: QTable = field(default_factory=QTable)  # float ops' outputs on their input's grid
-    order: list = field(default_factory=list)
-    infos: dict = field(default_factory=dict)
-    float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
-    fused_done: set = field(default_factory=set)  # GEMMs that ran with their fused chain
-    on_call: CallObserver | None = None  # told of every call after it ran (trace(on_call=))
-    float16_overflow: dict = field(default_factory=dict)  # op -> values beyond +-65504 cast
-    grad: bool = False  # record gradients (training runs: straight-through estimators)
-    prepared_hits: set | None = None  # when a set: the ops that followed their prepared call
-
-    def forget(self, t: Tensor) -> None:
-        """A float op changed ``t`` in place: its codes and its grid no longer hold."""
-        self.qt.drop(t)
-        self.grid.drop(t)
 
 
 class OpDispatch:
@@ -87,9 +59,9 @@ class OpDispatch:
         st.on_call(ObservedCall(call, plan, incoming, out, bounds))
         return out
 
-    def _dispatch(self, call: OpCall, st: _RunState) -> Any:
+    def _dispatch(self, call: OpCall, st: RunState) -> Any:
         prep = self._prepared.get((call.name, st.mode)) if self._prepared else None
-        if prep is not None and _steady(st):
+        if prep is not None and st.steady():
             hit = steady.prepared_value(self, prep, call, st)
             if hit is not None:
                 plan, out, info = hit
@@ -159,14 +131,14 @@ class OpDispatch:
             st.grid.set(out, grid)
         return out
 
-    def _float_grid(self, call: OpCall, out: Any, st: _RunState, mode: Mode) -> Any:
+    def _float_grid(self, call: OpCall, out: Any, st: RunState, mode: Mode) -> Any:
         """The grid the output of ``call``, an op not modelled that ran in float, stays on in a
         run of ``mode`` (``same_grid.grid_of``), or None."""
         if mode is Mode.FLOAT or st.grad:
             return None
         return same_grid.grid_of(call, out, st.qt, mode is Mode.FIXED)
 
-    def _kept_float(self, call: OpCall, st: _RunState) -> Any:
+    def _kept_float(self, call: OpCall, st: RunState) -> Any:
         """``_dispatch`` of ``call``, an op not modelled that ran in float (``call.result``, a
         tensor) and is not fused into a GEMM, in a run that records nothing per op (a traced
         program's: no per-op modes, replay, trace, isolation or observer): its output booked
@@ -179,7 +151,7 @@ class OpDispatch:
             st.grid.set(out, grid)
         return out
 
-    def _kept_input(self, x: Tensor, st: _RunState, name: str) -> None:
+    def _kept_input(self, x: Tensor, st: RunState, name: str) -> None:
         """``_kept_float``'s booking of an op not modelled that returned its input ``x`` itself,
         unchanged, and is not fused into a GEMM (an eval-mode dropout), in a run of ``st``."""
         grid = None
@@ -189,7 +161,7 @@ class OpDispatch:
         if grid is not None:
             st.grid.set(x, grid)
 
-    def _set_out_info(self, out: Any, info: Any, st: _RunState, name: str) -> None:
+    def _set_out_info(self, out: Any, info: Any, st: RunState, name: str) -> None:
         if isinstance(out, Tensor) and not isinstance(info, list):  # the common case
             st.producers.set(out, name)
             st.grid.drop(out)  # an op's output is new values (a float op's grid comes after)
@@ -209,7 +181,7 @@ class OpDispatch:
                 else:
                     st.qt.drop(leaf)
 
-    def _guard_inplace(self, st: _RunState, target: Tensor) -> None:
+    def _guard_inplace(self, st: RunState, target: Tensor) -> None:
         """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""
         if st.trace is not None:
             p = st.producers.get(target)
@@ -354,7 +326,7 @@ class OpDispatch:
             made = r.fake_kernel(self, call, plan, in_infos, rq)
             res = None if made is None else made.compute(args, kwargs)
             if res is not None:
-                if made.deps is not None and st.mode is Mode.FAKE and om is None and _steady(st):
+                if made.deps is not None and st.mode is Mode.FAKE and om is None and st.steady():
                     prep = steady_prepare.prepare_composite(
                         self, call, r, plan, in_infos, arrived, made, *res
                     )
@@ -366,7 +338,7 @@ class OpDispatch:
                 res, run = fixed_gemm.run_gemm(
                     self, call, plan, args, kwargs, in_infos, wq, rq, clamp
                 )
-                if run is not None and om is None and _steady(st):
+                if run is not None and om is None and st.steady():
                     prep = steady_prepare.prepare_fixed_gemm(
                         self, call, r, plan, in_infos, arrived, wq, run, (args, kwargs), *res
                     )
@@ -376,7 +348,7 @@ class OpDispatch:
                 res = fixed_ops.run_fixed(
                     self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
                 )
-                if res is not None and wq is None and clamp is None and om is None and _steady(st):
+                if res is not None and wq is None and clamp is None and om is None and st.steady():
                     prep = steady_prepare.prepare_fixed_op(
                         self, call, r, plan, in_infos, arrived, *res
                     )
@@ -400,13 +372,13 @@ class OpDispatch:
                 r.fn, args, kwargs, plan.acts[0], in_infos[0], out, res[1]
             )
             res = (res[0], infos)
-        if st.mode is Mode.FAKE and om is None and _steady(st):
+        if st.mode is Mode.FAKE and om is None and st.steady():
             prep = steady_prepare.prepare(
                 self, call, r, plan, in_infos, arrived, wq, args, kwargs, bounds, *res
             )
             if prep is not None:
                 self._prepared[name, Mode.FAKE] = prep
-        elif st.mode is Mode.FIXED and om is None and _steady(st):
+        elif st.mode is Mode.FIXED and om is None and st.steady():
             prep = steady_prepare.prepare_fixed_layout(self, call, r, plan, in_infos, arrived, *res)
             if prep is None and wq is None and clamp is None:  # no fixed kernel: float, quantized
                 prep = steady_prepare.prepare_fixed_op(self, call, r, plan, in_infos, arrived, *res)
@@ -478,19 +450,6 @@ class OpDispatch:
             mode is not Mode.FIXED and used is not None and A.fresh_result(out, *used)
         )
         return self.quantize_act(call.name, "out", out, rq.output_dtype, rq, mode, bounds, owned)
-
-
-def _steady(st: _RunState) -> bool:
-    """A run that needs nothing per op beyond the op table (``steady``: prepared calls)."""
-    return not (
-        st.op_modes
-        or st.replay is not None
-        or st.trace is not None
-        or st.isolate is not None
-        or st.on_call is not None
-        or st.calibrating
-        or st.grad
-    )
 
 
 def _int16_operands(in_infos: list, rq, wq) -> bool:

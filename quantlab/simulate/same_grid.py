@@ -44,7 +44,7 @@ def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
     """The grid ``out`` of the float op ``call`` stays on when it is one of the two kinds
     (module doc) and its input carries an integer ``QInfo`` in ``qt`` (in FIXED mode, with
     codes), or None. Read before ``out``'s own entries are replaced; every other output of an
-    op loses any grid it had (``_RunState.forget`` and the dispatch's output bookkeeping)."""
+    op loses any grid it had (``RunState.forget`` and the dispatch's output bookkeeping)."""
     if type(out) is not Tensor or not call.args or not isinstance(call.args[0], Tensor):
         return None
     x = call.args[0]

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from quantlab.simulate.modes import Mode
+from quantlab.simulate.run_state import RunState
 
 
 class QatTraining:
@@ -33,16 +34,14 @@ class QatTraining:
     def train_forward(self, *inputs: Any, mode: Mode | str = Mode.FAKE) -> Any:
         """What ``run(*inputs, mode=mode)`` returns (the same bits), with gradients recorded
         to the model's parameters (and learned scales). ``mode``: FAKE or HYBRID."""
-        from quantlab.simulate.dispatch import _RunState
-
         mode = Mode.parse(mode)
         if mode not in (Mode.FAKE, Mode.HYBRID):
             raise ValueError(f"train_forward mode must be FAKE or HYBRID, got {mode.name}")
         if not self._calibrated:
             raise ValueError("train_forward needs calibrate(batches) first")
         if not self._discovered:
-            self._forward(inputs, _RunState(Mode.FLOAT, {}))
-        return self._forward(inputs, _RunState(mode, {}, grad=True))
+            self._forward(inputs, RunState(Mode.FLOAT, {}))
+        return self._forward(inputs, RunState(mode, {}, grad=True))
 
     def train_step(
         self,
