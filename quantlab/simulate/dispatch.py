@@ -126,9 +126,7 @@ class OpDispatch:
         if st.isolate is not None and call.name in st.isolate.outputs:
             out = calls.substitute(call, st.isolate.outputs[call.name])
             info, grid = st.isolate.qinfo.get(call.name), None
-        self._set_out_info(out, info, st, call.name)
-        if grid is not None:
-            st.grid.set(out, grid)
+        self._set_out_info(out, info, st, call.name, grid)
         return out
 
     def _float_grid(self, call: OpCall, out: Any, st: RunState, mode: Mode) -> Any:
@@ -146,9 +144,7 @@ class OpDispatch:
         the run would drop."""
         out = call.result
         grid = self._float_grid(call, out, st, Mode.FAKE if st.mode is Mode.HYBRID else st.mode)
-        self._set_out_info(out, None, st, call.name)
-        if grid is not None:
-            st.grid.set(out, grid)
+        self._set_out_info(out, None, st, call.name, grid)
         return out
 
     def _kept_input(self, x: Tensor, st: RunState, name: str) -> None:
@@ -157,14 +153,20 @@ class OpDispatch:
         grid = None
         if st.mode is not Mode.FLOAT and not st.grad:
             grid = same_grid.kept_grid(st.qt.get(x), x, st.mode is Mode.FIXED)
-        self._set_out_info(x, None, st, name)
-        if grid is not None:
-            st.grid.set(x, grid)
+        self._set_out_info(x, None, st, name, grid)
 
-    def _set_out_info(self, out: Any, info: Any, st: RunState, name: str) -> None:
+    def _set_out_info(
+        self, out: Any, info: Any, st: RunState, name: str, grid: QInfo | None = None
+    ) -> None:
+        """Book ``out`` as op ``name``'s output in ``st``: its producer, its QInfo ``info`` (a
+        list: one per tensor leaf; None: not quantized) and the grid a float op's output stays
+        on (``grid``; an op's output is otherwise new values, off any grid)."""
         if isinstance(out, Tensor) and not isinstance(info, list):  # the common case
             st.producers.set(out, name)
-            st.grid.drop(out)  # an op's output is new values (a float op's grid comes after)
+            if grid is None:
+                st.grid.drop(out)
+            else:
+                st.grid.set(out, grid)
             if info is not None:
                 st.qt.set(out, info)
             else:
@@ -180,6 +182,8 @@ class OpDispatch:
                     st.qt.set(leaf, li)
                 else:
                     st.qt.drop(leaf)
+        if grid is not None:
+            st.grid.set(out, grid)
 
     def _guard_inplace(self, st: RunState, target: Tensor) -> None:
         """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""
@@ -348,12 +352,8 @@ class OpDispatch:
                 res = fixed_ops.run_fixed(
                     self, call, plan, args, kwargs, in_infos, wq, rq, quant_out, clamp
                 )
-                if res is not None and wq is None and clamp is None and om is None and st.steady():
-                    prep = steady_prepare.prepare_fixed_op(
-                        self, call, r, plan, in_infos, arrived, *res
-                    )
-                    if prep is not None:
-                        self._prepared[name, Mode.FIXED] = prep
+                if res is not None and om is None and st.steady():
+                    self._prepare_fixed_op(call, r, plan, in_infos, arrived, wq, clamp, res)
             if res is not None:
                 return res
         out = r.fn(*args, **kwargs)
@@ -380,11 +380,19 @@ class OpDispatch:
                 self._prepared[name, Mode.FAKE] = prep
         elif st.mode is Mode.FIXED and om is None and st.steady():
             prep = steady_prepare.prepare_fixed_layout(self, call, r, plan, in_infos, arrived, *res)
-            if prep is None and wq is None and clamp is None:  # no fixed kernel: float, quantized
-                prep = steady_prepare.prepare_fixed_op(self, call, r, plan, in_infos, arrived, *res)
             if prep is not None:
                 self._prepared[name, Mode.FIXED] = prep
+            else:  # no fixed kernel: computed in float, its output quantized
+                self._prepare_fixed_op(call, r, plan, in_infos, arrived, wq, clamp, res)
         return res
+
+    def _prepare_fixed_op(self, call, r, plan, in_infos, arrived, wq, clamp, res) -> None:
+        """Keep ``steady_prepare.prepare_fixed_op`` of a steady FIXED call that gave ``res``
+        with no weight and no fused clamp (by its fixed kernel, or in float and quantized)."""
+        if wq is None and clamp is None:
+            prep = steady_prepare.prepare_fixed_op(self, call, r, plan, in_infos, arrived, *res)
+            if prep is not None:
+                self._prepared[call.name, Mode.FIXED] = prep
 
     def _fused_clamp(self, name: str) -> tuple | None:
         for c in self._chain.get(name, []):
