@@ -292,10 +292,19 @@ def norm_shifted_rows(
         return out.reshape(codes.shape)
 
 
-# id(NormConstants) -> (a weak reference to it, its kernel constants)
-_PREPARED: dict[int, tuple] = {}
-# id(NormConstants) -> (a weak reference to it, {(inter dtype, eps mode): per-row constants})
-_PER_ROW: dict[int, tuple] = {}
+# id(NormConstants) -> (a weak reference to it, {what: the constants made from it})
+_KEPT: dict[int, tuple] = {}
+
+
+def _kept(k, what, make):
+    """``make()`` once per ``NormConstants`` object ``k`` and ``what``, kept while k lives."""
+    key = id(k)
+    hit = _KEPT.get(key)
+    if hit is None or hit[0]() is not k:
+        hit = _KEPT[key] = (weakref.ref(k, lambda _, key=key: _KEPT.pop(key, None)), {})
+    if what not in hit[1]:
+        hit[1][what] = make()
+    return hit[1][what]
 
 
 def _per_row(k, c) -> tuple | None:
@@ -304,34 +313,31 @@ def _per_row(k, c) -> tuple | None:
     those two, or None where the per-row terms stay torch's: a mean or variance requantization
     without the half-up multiply-and-shift form (``Int32Requant.fast``), or an rsqrt table that
     does not read the intermediate dtype's codes."""
-    key, form = id(k), (c.inter_dtype, c.eps_mode)
-    hit = _PER_ROW.get(key)
-    if hit is None or hit[0]() is not k:
-        hit = _PER_ROW[key] = (weakref.ref(k, lambda _, key=key: _PER_ROW.pop(key, None)), {})
-    if form in hit[1]:
-        return hit[1][form]
+    return _kept(k, ("per row", c.inter_dtype, c.eps_mode), lambda: _make_per_row(k, c))
+
+
+def _make_per_row(k, c) -> tuple | None:
     dt, lut = c.inter_dtype, k.rsqrt
-    made = None
-    if k.mean.fast and k.var.fast and lut.in_dtype is dt and dt.bits in (8, 16):
-        rq = [
-            [int(r.params.multiplier), int(r.offset), int(r.shift), r.out.qmin, r.out.qmax]
-            for r in (k.mean, k.var)
-        ]
-        eps = [int(c.eps_mode is EpsMode.ADD_CODES), int(k.eps_codes), dt.qmax]
-        p = _i64(rq[0] + rq[1] + eps + [dt.bits, int(k.shifts.normed.q)])
-        rmap = lut.code_map().to(torch.int64).contiguous()
-        made = (p, rmap) if rmap.numel() == 1 << dt.bits else None
-    hit[1][form] = made
-    return made
+    if not (k.mean.fast and k.var.fast and lut.in_dtype is dt and dt.bits in (8, 16)):
+        return None
+    rq = [
+        [int(r.params.multiplier), int(r.offset), int(r.shift), r.out.qmin, r.out.qmax]
+        for r in (k.mean, k.var)
+    ]
+    eps = [int(c.eps_mode is EpsMode.ADD_CODES), int(k.eps_codes), dt.qmax]
+    p = _i64(rq[0] + rq[1] + eps + [dt.bits, int(k.shifts.normed.q)])
+    rmap = lut.code_map().to(torch.int64).contiguous()
+    return (p, rmap) if rmap.numel() == 1 << dt.bits else None
 
 
 def _constants(k, layout: NormLayout, codes: Tensor) -> tuple:
     """(diff and square constants, normed / scaled / out-add constants, gamma * q per channel
     or None, the out add's per-channel term or None) as the kernels read them (int64,
     contiguous), made once per ``NormConstants`` object (kept while it lives)."""
-    hit = _PREPARED.get(id(k))
-    if hit is not None and hit[0]() is k:
-        return hit[1]
+    return _kept(k, "kernels", lambda: _make_constants(k, layout, codes))
+
+
+def _make_constants(k, layout: NormLayout, codes: Tensor) -> tuple:
     f = k.shifts
     mx, my = f.diff_m
     d_, s_, sc, oa = f.diff, f.square, f.scaled, f.out_add
@@ -349,7 +355,4 @@ def _constants(k, layout: NormLayout, codes: Tensor) -> tuple:
         g = layout.affine(f.gamma_q, codes, "weight").reshape(-1).to(torch.int64).contiguous()
     if oa is not None:
         b = layout.affine(f.beta_term, codes, "bias").reshape(-1).to(torch.int64).contiguous()
-    made = (c1, c2, g, b)
-    key = id(k)
-    _PREPARED[key] = (weakref.ref(k, lambda _, key=key: _PREPARED.pop(key, None)), made)
-    return made
+    return c1, c2, g, b

@@ -206,9 +206,10 @@ def test_per_row_constants_follow_the_contracts_eps_mode():
         got[contract.eps_mode] = out
     assert not torch.equal(got[EpsMode.ADD_CODES], got[EpsMode.IN_TABLE])
     key = id(k)
-    assert len(norm_integer_native._PER_ROW[key][1]) == 2
+    kept = norm_integer_native._KEPT[key][1]
+    assert sum(isinstance(w, tuple) and w[0] == "per row" for w in kept) == 2
     del k
     import gc
 
     gc.collect()
-    assert key not in norm_integer_native._PER_ROW
+    assert key not in norm_integer_native._KEPT
