@@ -58,8 +58,9 @@ def fake_quant_fn(
     if divide is Divide.BY_RECIPROCAL:
         if not (isinstance(scale, Tensor) and scale.dtype == torch.float32):
             return generic
-        lo, hi, rf, sf = _reciprocal_constants(s.item(), lo - zp, hi - zp, bounds, rounding)
-        return functools.partial(_reciprocal, lo=lo, hi=hi, rf=rf, sf=sf, rounding=rounding)
+        return _Reciprocal(
+            *_reciprocal_constants(s.item(), lo - zp, hi - zp, bounds, rounding), rounding
+        )
     if divide is not Divide.BY_SCALE:
         return generic
     return functools.partial(
@@ -71,22 +72,29 @@ def _generic(x: Tensor, inplace: bool = False, **kw) -> Tensor:
     return fake_quant(x, **kw)
 
 
-def _reciprocal(
-    x: Tensor, inplace: bool = False, *, lo: int, hi: int, rf: float, sf: float, rounding: Round
-) -> Tensor:
-    """``fake_quant`` BY_RECIPROCAL per tensor: round(fl32(x * rf)) clamped to [lo, hi], then
-    ``times_scale_`` (code -0 -> +0, as torch; one float32 product)."""
-    xf = x.detach() if x.requires_grad else x  # the same values and storage
-    if rounding is Round.HALF_EVEN:  # one C pass where it applies (same bits)
+class _Reciprocal:
+    """``fake_quant`` BY_RECIPROCAL per tensor, its constants bound: round(fl32(x * rf))
+    clamped to [lo, hi], then ``times_scale_`` (code -0 -> +0, as torch; one float32 product).
+    HALF_EVEN takes the one C pass where it applies (the same bits); a call is a few checks
+    and that pass, as it runs on every op's output of a fake run."""
+
+    __slots__ = ("lo", "hi", "rf", "sf", "rounding", "native")
+
+    def __init__(self, lo: int, hi: int, rf: float, sf: float, rounding: Round) -> None:
+        self.lo, self.hi, self.rf, self.sf, self.rounding = lo, hi, rf, sf, rounding
+        self.native = rounding is Round.HALF_EVEN
+
+    def __call__(self, x: Tensor, inplace: bool = False) -> Tensor:
+        xf = x.detach() if x.requires_grad else x  # the same values and storage
         own = inplace and xf.dtype == torch.float32
-        y = fake_quant_native.reciprocal(xf, rf, sf, lo, hi, out=xf if own else None)
-        if y is not None:
-            return y
-    if inplace and xf.dtype == torch.float32:
-        q = xf.mul_(rf)
-    else:
-        q = torch.mul(xf.to(torch.float32), rf)
-    return times_scale_(round_float_(q, rounding).clamp_(lo, hi), sf)
+        if self.native:
+            y = fake_quant_native.reciprocal(
+                xf, self.rf, self.sf, self.lo, self.hi, out=xf if own else None
+            )
+            if y is not None:
+                return y
+        q = xf.mul_(self.rf) if own else torch.mul(xf.to(torch.float32), self.rf)
+        return times_scale_(round_float_(q, self.rounding).clamp_(self.lo, self.hi), self.sf)
 
 
 def _by_scale(

@@ -128,6 +128,8 @@ def test_by_reciprocal_matches_exact_reference(rounding, dtype, zp, rng):
         kw = dict(qmin=rng[0], qmax=rng[1], bounds=bounds, zero_point=zp)
         fn = fake_quant_fn(s, dtype, rounding, Divide.BY_RECIPROCAL, **kw)
         assert_bits_equal(fn(x), want, inputs={"x": x})
+        strided = torch.stack([x, x], 1)[:, 0]  # the same values; the torch passes (HALF_EVEN too)
+        assert_bits_equal(fn(strided), want, inputs={"x": x})
         owned = x.clone()
         assert_bits_equal(fn(owned, inplace=True), want, inputs={"x": x})
         assert owned.data_ptr() == fn(owned, inplace=True).data_ptr()  # written in place
@@ -139,7 +141,7 @@ def test_by_reciprocal_matches_exact_reference(rounding, dtype, zp, rng):
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("dtype,zp,rng", CASES)
 def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, build, monkeypatch):
-    """Tensors of at least ``MIN_ELEMENTS`` values take the one-pass C kernel (HALF_EVEN):
+    """Contiguous float32 tensors of any size take the one-pass C kernel (HALF_EVEN):
     the exact reference's bits, NaN, infinities, ties and saturation included, out of place
     and in place, by the build the CPU loads, by the baseline build and by the AVX2 code alone."""
     from quantlab.numerics import fake_quant_native as FQN
@@ -151,7 +153,7 @@ def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, bui
     steps = torch.arange(-3, 3, 0.05, dtype=torch.float64)  # dense around both code bounds
     edges = torch.cat([(lo_code + steps) * float(s), (hi_code + steps) * float(s)]).float()
     base = torch.cat([_inputs(float(s), dtype), edges])
-    k = FQN.MIN_ELEMENTS // base.numel() + 2
+    k = (1 << 15) // base.numel() + 2  # on two threads where torch has two
     x = base.repeat(k)
     for bounds in BOUNDS:
         want = _reciprocal_reference(base, bounds, float(s), dtype, zp, *rng, Round.HALF_EVEN)
@@ -163,9 +165,12 @@ def test_by_reciprocal_in_one_c_pass_matches_exact_reference(dtype, zp, rng, bui
         got = fn(owned, inplace=True)
         assert got.data_ptr() == owned.data_ptr()
         assert_bits_equal(got, want, inputs={"x": x})
+        for m in (1, 15, 17, 1000):  # short tensors: one thread, a scalar tail
+            assert_bits_equal(fn(x[:m]), want[:m], inputs={"x": x[:m]})
     lo, hi, rf, sf = -8, 7, float(1 / s), float(s)
     assert FQN.reciprocal(x, rf, sf, lo, hi) is not None  # the C pass ran
-    assert FQN.reciprocal(x[:100], rf, sf, lo, hi) is None  # too small: torch passes
+    assert FQN.reciprocal(x[:1], rf, sf, lo, hi) is not None  # on one value too
+    assert FQN.reciprocal(x, rf, sf, lo, 1 + (1 << 16)) is None  # beyond the rounding's bound
     assert FQN.reciprocal(x[::2].clone().t() if x.dim() > 1 else x[::2], rf, sf, lo, hi) is None
 
 

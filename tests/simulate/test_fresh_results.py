@@ -108,13 +108,12 @@ def test_in_place_fake_quants_give_the_bits_of_a_run_that_never_writes_in_place(
 
 
 def test_new_results_of_elementwise_ops_are_fake_quantized_in_place(monkeypatch):
-    """The gain the rule is for: on a steady run every new result of at least
-    ``fake_quant_native.MIN_ELEMENTS`` values is fake-quantized in place (the GEMMs', which
-    are always new, and every other op's that ``fresh_result`` finds new), the ``out=`` add's
-    into a new tensor."""
+    """The gain the rule is for: on a steady run every new result is fake-quantized in place
+    (the GEMMs', which are always new, and every other op's that ``fresh_result`` finds new),
+    the ``out=`` add's into a new tensor."""
     torch.manual_seed(0)
     m = AliasNet().eval()
-    n = fake_quant_native.MIN_ELEMENTS // 16 + 1
+    n = 257
     calib = [(torch.randn(n, 16),) for _ in range(2)]
     sim = _sims(m, calib, steady_programs=False)
     x = torch.randn(n, 16)
