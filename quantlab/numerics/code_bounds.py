@@ -8,6 +8,8 @@ and zero point, by one of the runtimes' rounding rules (``BoundRule``).
 from __future__ import annotations
 
 import enum
+import functools
+import math
 
 import torch
 from torch import Tensor
@@ -23,13 +25,19 @@ CONSTANT_DTYPE = DType.INT16
 
 def constant_codes(c: float, dtype: DType = CONSTANT_DTYPE) -> tuple[Tensor, Tensor]:
     """A nonzero scalar constant as (code, scale): code +-qmax (int64), scale fl32(|c| / qmax)
-    (the division in float64, rounded once). Assumed for every platform (``CONSTANT_DTYPE``)."""
+    (the division in float64, rounded once). Assumed for every platform (``CONSTANT_DTYPE``).
+    The scale is one shared 0-d tensor per value, as cached scales are (never written); the
+    code is a new tensor."""
     c = float(c)
-    if c == 0 or not torch.isfinite(torch.tensor(c)):
+    if c == 0 or not math.isfinite(c):
         raise ValueError(f"a constant operand must be finite and nonzero, got {c}")
-    s = check_scale(abs(c) / dtype.qmax, "constant scale")
     code = torch.tensor(dtype.qmax if c > 0 else -dtype.qmax, dtype=torch.int64)
-    return code, s
+    return code, _constant_scale(abs(c), dtype)
+
+
+@functools.lru_cache(maxsize=1024)
+def _constant_scale(magnitude: float, dtype: DType) -> Tensor:
+    return check_scale(magnitude / dtype.qmax, "constant scale")
 
 
 class BoundRule(enum.Enum):

@@ -134,6 +134,19 @@ def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tens
     return rescale_multiplier(num, den, sim.platform.requant, count)
 
 
+def rescale(
+    sim, name: str, acc: Tensor, num, den, out: DType, count: int = 1, zero_point: int = 0, part=0
+) -> Tensor:
+    """``requant(sim, acc, ratio(sim, num, den, count), out, zero_point)``: codes at scale
+    ``num`` (summed over ``count`` values where it is a mean) to ``out`` codes at scale ``den``,
+    the ratio kept for op ``name`` (its ``part``-th operand) while the scale objects stay."""
+    rule = sim.platform.requant
+    real = sim.op_memo(
+        name, f"ratio/{part}", (num, den, count, rule), lambda: ratio(sim, num, den, count)
+    )
+    return requant(sim, acc, real, out, zero_point=zero_point)
+
+
 def const(c: float) -> tuple[Tensor, Tensor]:
     """A scalar constant as (int64 code, float32 scale) (``code_bounds.constant_codes``)."""
     return constant_codes(c)

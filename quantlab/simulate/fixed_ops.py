@@ -160,13 +160,13 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     zo = fc.out_zero_point(sim, call, rq)
     if call.op_type in ("cat", "stack"):
         parts = []
-        for slot, info in zip(plan.acts, in_infos):
+        for i, (slot, info) in enumerate(zip(plan.acts, in_infos)):
             codes = fc.centred(args, kwargs, slot, info)
             if sim.platform.concat_rule is ConcatRule.DEQUANTIZE_QUANTIZE:
                 v = dequantize(codes, info.scale)
                 parts.append(quantize(v, so, out, sim.platform.fake_round, zero_point=zo))
                 continue
-            parts.append(fc.requant(sim, codes, fc.ratio(sim, info.scale, so), out, zero_point=zo))
+            parts.append(fc.rescale(sim, call.name, codes, info.scale, so, out, 1, zo, i))
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
         fn = torch.cat if call.op_type == "cat" else torch.stack
         return fc.emit(fn(parts, dim), so, out, zo)
@@ -191,8 +191,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         lo, hi, info.scale, info.dtype, zero_point=zx, rule=sim.platform.bound_rule
     )
     xc = xc.clamp_min(lo_c).clamp_max(hi_c) - zx
-    codes = fc.requant(sim, xc, fc.ratio(sim, info.scale, so), out, zero_point=zo)
-    return fc.emit(codes, so, out, zo)
+    return fc.emit(fc.rescale(sim, call.name, xc, info.scale, so, out, zero_point=zo), so, out, zo)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -213,9 +212,9 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
         acc = xc.sum(dim=dim, keepdim=keepdim)
         n = xc.numel() // max(acc.numel(), 1) if not keepdim else xc.numel() // acc.numel()
     so = fc.out_scale(sim, call, rq)
-    real = fc.ratio(sim, info.scale, so, 1 if call.op_type == "sum" else n)
     zo = fc.out_zero_point(sim, call, rq)
-    return fc.emit(fc.requant(sim, acc, real, out, zero_point=zo), so, out, zo)
+    count = 1 if call.op_type == "sum" else n
+    return fc.emit(fc.rescale(sim, call.name, acc, info.scale, so, out, count, zo), so, out, zo)
 
 
 def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
@@ -248,8 +247,7 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     n = k[0] * k[1]
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
-    real = fc.ratio(sim, info.scale, so, n)
-    codes = fc.requant(sim, acc.to(torch.int64), real, out, zero_point=zo)
+    codes = fc.rescale(sim, call.name, acc.to(torch.int64), info.scale, so, out, n, zo)
     return fc.emit(codes, so, out, zo)
 
 
@@ -265,8 +263,7 @@ def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
     sel = call.func(*a2, **kwargs).to(torch.int64)
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
-    codes = fc.requant(sim, sel, fc.ratio(sim, info.scale, so), out, zero_point=zo)
-    return fc.emit(codes, so, out, zo)
+    return fc.emit(fc.rescale(sim, call.name, sel, info.scale, so, out, zero_point=zo), so, out, zo)
 
 
 # --------------------------------------------------------------------------- grid_sample

@@ -11,7 +11,7 @@ import torch
 
 from quantlab.numerics import gemm, periodic, split
 from quantlab.numerics import grid_sample as G
-from quantlab.numerics.code_bounds import bound_codes
+from quantlab.numerics.code_bounds import bound_codes, constant_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import (
     build_lut,
@@ -222,3 +222,21 @@ def test_a_real_multiplier_may_be_zero_but_not_negative_or_nonfinite(bad):
         make_requant(bad, Requant.MUL_SHIFT)
     with pytest.raises(ValueError, match=rf"real_scale.*{re.escape(str(bad))}"):
         requantize_accumulator(ACC, bad, DType.INT8, GemmContract())
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-45], ids=str)
+def test_a_constant_operand_must_be_finite_nonzero_with_a_float32_scale(bad):
+    with pytest.raises(ValueError, match=r"constant"):
+        constant_codes(bad)
+
+
+@pytest.mark.parametrize("c", [1.0, -1.0, 0.125, -3.7, 1e30])
+def test_constant_codes_are_qmax_at_the_rounded_scale_shared_per_value(c):
+    """+-qmax at fl32(|c| / qmax) (one float64 division, one rounding); the scale is one 0-d
+    tensor per value (cached scales are never written), the code a new tensor each call."""
+    code, s = constant_codes(c)
+    code2, s2 = constant_codes(c)
+    assert code.dtype == torch.int64 and int(code) == (32767 if c > 0 else -32767)
+    assert s.dtype == torch.float32 and s.dim() == 0
+    assert float(s) == float(torch.tensor(abs(c) / 32767, dtype=torch.float64).float())
+    assert s2 is s and code2 is not code
