@@ -143,8 +143,11 @@ def layout_codes(fn, args, kwargs, slot, src: QInfo | None, out, infos: list) ->
         return infos
     a2, k2 = list(args), dict(kwargs)
     A.put(a2, k2, slot, src.codes)
-    coded = tree_flatten(fn(*a2, **k2))[0]
-    leaves = tree_flatten(out)[0]
+    res = fn(*a2, **k2)
+    if isinstance(out, Tensor) and isinstance(res, Tensor):  # one leaf each (most layout ops)
+        coded, leaves = [res], [out]
+    else:
+        coded, leaves = tree_flatten(res)[0], tree_flatten(out)[0]
     if len(coded) != len(leaves):
         return infos
     return [
