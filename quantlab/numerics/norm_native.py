@@ -261,7 +261,7 @@ class RowsKernel:
         if (
             x.dtype != torch.float32
             or not x.is_contiguous()  # torch's row means of other strides may sum in another order
-            or x.device.type != "cpu"
+            or not x.is_cpu
             or x.requires_grad
         ):
             return None
@@ -269,20 +269,21 @@ class RowsKernel:
         if x.shape[x.dim() - len(shape) :] != shape:
             self.layout.rows(x)  # raises its ValueError
         with torch._C.DisableTorchFunction():
-            rows = x.view(-1, self.n)
-            n_rows, n = rows.shape
+            n = self.n
+            n_rows = x.numel() // n
             g, b, st = self.gamma, self.beta, self.steps.data_ptr()
             lanes = torch_sum_lanes(n_rows, n)
-            if lanes:  # the whole composite in one pass over the rows
+            if lanes:  # the whole composite in one pass over the rows (x is contiguous)
                 threads = max(1, min(torch.get_num_threads(), n_rows))
-                out = torch.empty_like(rows)
+                out = torch.empty_like(x)
                 scratch = torch.empty(threads, 2, n)
                 self.lib.norm_rows(
-                    rows.data_ptr(), n_rows, n, lanes, self.eps, st,
+                    x.data_ptr(), n_rows, n, lanes, self.eps, st,
                     None if g is None else g.data_ptr(), None if b is None else b.data_ptr(),
                     out.data_ptr(), scratch.data_ptr(), threads,
                 )  # fmt: skip
-                return out.view(x.shape)
+                return out
+            rows = x.view(n_rows, n)
             d = torch.empty_like(rows)
             sq = torch.empty_like(rows)
             out = torch.empty_like(rows)
@@ -375,6 +376,8 @@ def rows_kernel(
     lib = KERNELS.lib()
     if lib is None:
         return None
-    st = _steps(scales, out_scale, out_dtype, inter, gamma is not None, beta is not None)
     n = math.prod(layout.normalized_shape)
+    if n == 0:  # rows of no values: the torch steps
+        return None
+    st = _steps(scales, out_scale, out_dtype, inter, gamma is not None, beta is not None)
     return RowsKernel(lib, layout, n, eps, st, _flat(gamma), _flat(beta))
