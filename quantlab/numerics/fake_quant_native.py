@@ -66,8 +66,8 @@ def reciprocal(
     """The BY_RECIPROCAL HALF_EVEN fake quant of ``x`` (module docstring) into ``out`` (may be
     ``x``; else a new tensor), or None where the C pass does not apply (not a contiguous
     float32 CPU tensor, code bounds beyond 2**16, no kernel). A pass of any size: a C call
-    costs less than the four torch passes even on one value (threads only from 2**14 values
-    on)."""
+    costs less than the four torch passes even on one value (a second thread from 2**15
+    values on, where torch runs more than one)."""
     if (
         x.dtype != torch.float32
         or not x.is_cpu

@@ -135,7 +135,15 @@ def ratio(sim, num: float | Tensor, den: float | Tensor, count: int = 1) -> Tens
 
 
 def rescale(
-    sim, name: str, acc: Tensor, num, den, out: DType, count: int = 1, zero_point: int = 0, part=0
+    sim,
+    name: str,
+    acc: Tensor,
+    num: Tensor,
+    den: Tensor,
+    out: DType,
+    count: int = 1,
+    zero_point: int = 0,
+    part: int = 0,
 ) -> Tensor:
     """``requant(sim, acc, ratio(sim, num, den, count), out, zero_point)``: codes at scale
     ``num`` (summed over ``count`` values where it is a mean) to ``out`` codes at scale ``den``,
