@@ -277,6 +277,9 @@ class CaptureMode(TorchFunctionMode):
     """Name every op call and hand it to ``handler`` (which must return the op's result).
 
     Calls made by the handler itself are not captured (torch pops the mode while a handler runs).
+    ``before``: told of every torch call first, ``before(func, args, kwargs, kind)`` with
+    ``classify``'s kind, whether or not the call is captured (a call not handed to ``handler``
+    runs right after it, as does a captured call of no category, before ``handler`` sees it).
     """
 
     def __init__(
@@ -284,17 +287,21 @@ class CaptureMode(TorchFunctionMode):
         tracker: ModuleTracker,
         handler: Handler,
         on_mutation: Callable[[torch.Tensor], None] | None = None,
+        before: Callable[[Callable, tuple, dict, tuple | None], None] | None = None,
     ) -> None:
         super().__init__()
         self.tracker = tracker
         self.handler = handler
         self.on_mutation = on_mutation
+        self.before = before
         self.counts: dict[tuple[str, str], int] = defaultdict(int)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
         kind = classify(func, args, kwargs)
+        if self.before is not None:
+            self.before(func, args, kwargs, kind)
         if kind is None or not _has_float_tensor(args, kwargs):
             return func(*args, **kwargs)
         op_type, category = kind

@@ -343,10 +343,16 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             with (
                 torch.enable_grad() if st.grad else torch.no_grad(),
                 self._tracker,
-                CaptureMode(self._tracker, self._handle, st.forget),
+                CaptureMode(
+                    self._tracker,
+                    self._handle,
+                    st.forget,
+                    st.before_call if st.defers_copies() else None,
+                ),
             ):
                 out = self.model(*inputs)
         finally:
+            st.materialize()  # a replayed output the model still holds gets its values
             for m in training:
                 m.training = True
             for m in self._tracker.switched:  # modules added to the model after the tracker

@@ -79,11 +79,13 @@ class OpDispatch:
         else:
             plan = A.ArgPlan(calls.float_slots(call))
         inf = self._record(call, plan, st)
+        if st.pending is not None:  # a modelled in-place op on it (RunState.before_call)
+            self._settle_pending(call, om, st)
         if st.replay_active:
             if om is not None:
                 st.replay_active = False
             elif call.name in st.replay.outputs:
-                out = calls.substitute(call, st.replay.outputs[call.name])
+                out = self._replayed(call, st)
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
                 if st.mode is Mode.FLOAT:
                     st.float_ops.add(call.name)
@@ -184,6 +186,40 @@ class OpDispatch:
                     st.qt.drop(leaf)
         if grid is not None:
             st.grid.set(out, grid)
+
+    def _replayed(self, call, st: RunState) -> Any:
+        """A replayed op's output: its recorded value (``calls.substitute``), or, in a run that
+        defers copies (``RunState.defers_copies``), for one tensor written by no in-place op, a
+        new tensor like the record (the same shape, strides and dtype) whose values are copied
+        in when the next call needs them (``RunState.before_call``). A replayed ReLU6 after a
+        replayed convolution then writes its record into that tensor, and the convolution's
+        record is never copied; the values any call reads are the same as the copy's."""
+        recorded = st.replay.outputs[call.name]
+        if (
+            isinstance(recorded, Tensor)
+            and st.defers_copies()
+            and calls.inplace_target(call) is None
+        ):
+            out = torch.empty_like(recorded)
+            st.pending = (out, recorded)
+            return out
+        return calls.substitute(call, recorded)
+
+    def _settle_pending(self, call, om, st: RunState) -> None:
+        """``call`` is a modelled in-place op on the pending replayed output: its replay overwrites
+        all of it with a record of its shape (nothing to copy first), anything else needs the
+        pending values first."""
+        out = st.pending[0]
+        recorded = st.replay.outputs.get(call.name) if st.replay_active else None
+        if (
+            om is None
+            and isinstance(recorded, Tensor)
+            and recorded.shape == out.shape
+            and calls.inplace_target(call) is out
+        ):
+            st.pending = None
+        else:
+            st.materialize()
 
     def _guard_inplace(self, st: RunState, target: Tensor) -> None:
         """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""

@@ -1,0 +1,143 @@
+"""A replay run hands each replayed op a new tensor and copies the record into it only when the
+next call needs it (``RunState.before_call``): a replayed in-place op that overwrites it then
+costs one copy instead of two. Every replayed run must give the naive run's bits, whatever reads
+a replayed output next, and the trace must never change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from torch import nn
+
+from quantlab.analysis.sensitivity import fused_members
+from quantlab.simulate import Mode, OpMode, Simulator
+from quantlab.simulate.run_state import RunState
+
+
+class InplaceChain(nn.Module):
+    """conv -> in-place ReLU6 -> conv -> in-place ReLU6 -> residual add -> in-place scaling ->
+    conv: the pattern the deferral is for (MobileNetV2's blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        a = F.relu6(self.c1(x), inplace=True)
+        b = F.relu6(self.c2(a), inplace=True)
+        h = a + b
+        h.mul_(0.5)  # an in-place op of its own (studied, it reads what the add left)
+        return self.c3(h)
+
+
+class Readers(nn.Module):
+    """Replayed outputs read next by ops that are not modelled or not captured by name: a
+    comparison steering Python control flow, ``.item()``, ``__setitem__``, a view, a reduction
+    kept in a module attribute, and a replayed output returned as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.c2 = nn.Conv2d(6, 6, 1)
+        self.fc = nn.Linear(6, 5)
+        self.kept = None
+
+    def forward(self, x):
+        a = self.c1(x)
+        if bool((a > 0).any()):  # a comparison: not a modelled op, its result drives Python
+            a = a * 1.5
+        s = self.c2(a)
+        scale = float(s.abs().amax().item())  # .item() of a replayed reduction
+        t = self.c2(s)
+        t[:, 0] = 0.0  # __setitem__ on a replayed output
+        self.kept = t.mean()
+        u = t.view(t.shape[0], t.shape[1], -1).mean(-1)
+        return self.fc(u) / scale, a
+
+
+def _sim(model: nn.Module, shape, seed: int = 0) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = model.eval()
+    g = torch.Generator().manual_seed(seed)
+    calib = [(torch.randn(shape, generator=g),) for _ in range(2)]
+    sim = Simulator(model, "j6m")
+    sim.calibrate(calib, progress=False)
+    return sim, torch.randn(shape, generator=g)
+
+
+def _snapshot(trace) -> dict:
+    return {k: v.clone() for k, v in trace.outputs.items() if isinstance(v, torch.Tensor)}
+
+
+def _leaves(out):
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+@pytest.mark.parametrize(
+    "model,shape", [(InplaceChain, (2, 3, 8, 8)), (Readers, (2, 3, 6, 6))], ids=["chain", "readers"]
+)
+@pytest.mark.parametrize("mode", [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
+def test_every_studied_op_replays_to_the_naive_bits_and_the_trace_stays(model, shape, mode):
+    sim, x = _sim(model(), shape)
+    sim.run(x, mode=Mode.FAKE)
+    trace = sim.trace(x, mode=mode)
+    before = _snapshot(trace)
+    fused = fused_members(sim)  # an activation fused into its GEMM is studied with it
+    names = [n for n in sim.ops["name"] if n not in fused]
+    assert len(names) >= 4
+    compared = 0
+    for name in names:
+        for om in (OpMode(Mode.FAKE), OpMode(Mode.FIXED), OpMode(Mode.FLOAT)):
+            try:  # an op fused into its GEMM has no output point of its own to quantize
+                naive = sim.run(x, mode=mode, op_modes={name: om})
+            except ValueError as err:
+                with pytest.raises(ValueError, match=str(err)[:40]):
+                    sim.run(x, mode=mode, op_modes={name: om}, replay=trace)
+                continue
+            fast = sim.run(x, mode=mode, op_modes={name: om}, replay=trace)
+            for a, b in zip(_leaves(fast), _leaves(naive), strict=True):
+                assert_bits_equal(a, b)
+            compared += 1
+    assert compared >= 2 * len(names)
+    after = _snapshot(trace)
+    assert before.keys() == after.keys()
+    for k in before:
+        assert_bits_equal(after[k], before[k])
+
+
+def test_the_model_state_and_output_hold_the_replayed_values():
+    """A replay with no studied op replays every op: the outputs it returns and the tensor the
+    model kept take their recorded values by the end of the run."""
+    sim, x = _sim(Readers(), (2, 3, 6, 6))
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    kept = sim.model.kept.clone()
+    out = sim.run(x, mode=Mode.FLOAT, replay=trace)  # no studied op: every op replayed
+    for a, b in zip(_leaves(out), _leaves(trace.result), strict=True):
+        assert_bits_equal(a, b)
+    assert_bits_equal(sim.model.kept, kept)
+
+
+def test_an_overwritten_replayed_output_is_never_copied(monkeypatch):
+    """In the chain, each convolution's replayed output is overwritten by the replayed ReLU6:
+    no copy of the convolution's record (the gain), and the ReLU6's record copied once."""
+    sim, x = _sim(InplaceChain(), (2, 3, 8, 8))
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    copied = []
+    real = RunState.materialize
+
+    def spy(self):
+        if self.pending is not None:
+            copied.append(self.pending[1])
+        real(self)
+
+    monkeypatch.setattr(RunState, "materialize", spy)
+    last = list(sim.ops["name"])[-1]
+    fast = sim.run(x, mode=Mode.FLOAT, op_modes={last: OpMode(Mode.FAKE)}, replay=trace)
+    naive = sim.run(x, mode=Mode.FLOAT, op_modes={last: OpMode(Mode.FAKE)})
+    assert_bits_equal(fast, naive)
+    conv_records = [trace.outputs[n] for n in trace.outputs if ":conv2d#" in n]
+    assert conv_records and not any(any(r is c for c in copied) for r in conv_records)
