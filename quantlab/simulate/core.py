@@ -352,7 +352,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             ):
                 out = self.model(*inputs)
         finally:
-            st.materialize()  # a replayed output the model still holds gets its values
+            st.materialize_all()  # replayed outputs the model still holds get their values
             for m in training:
                 m.training = True
             for m in self._tracker.switched:  # modules added to the model after the tracker

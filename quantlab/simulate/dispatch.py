@@ -79,8 +79,6 @@ class OpDispatch:
         else:
             plan = A.ArgPlan(calls.float_slots(call))
         inf = self._record(call, plan, st)
-        if st.pending is not None:  # a modelled in-place op on it (RunState.before_call)
-            self._settle_pending(call, om, st)
         if st.replay_active:
             if om is not None:
                 st.replay_active = False
@@ -90,6 +88,8 @@ class OpDispatch:
                 if st.mode is Mode.FLOAT:
                     st.float_ops.add(call.name)
                 return out
+        if st.pending:  # computed from here: replayed outputs it reads take their values
+            st.materialize_read(call.args, call.kwargs)
         mode = om.mode if om is not None else st.mode
         deployed = mode is Mode.HYBRID or (mode is Mode.FAKE and self.fake_ops is FakeOps.DEPLOYED)
         if mode is Mode.HYBRID:
@@ -188,38 +188,27 @@ class OpDispatch:
             st.grid.set(out, grid)
 
     def _replayed(self, call, st: RunState) -> Any:
-        """A replayed op's output: its recorded value (``calls.substitute``), or, in a run that
-        defers copies (``RunState.defers_copies``), for one tensor written by no in-place op, a
-        new tensor like the record (the same shape, strides and dtype) whose values are copied
-        in when the next call needs them (``RunState.before_call``). A replayed ReLU6 after a
-        replayed convolution then writes its record into that tensor, and the convolution's
-        record is never copied; the values any call reads are the same as the copy's."""
+        """A replayed op's output, its arguments not read: its recorded value
+        (``calls.substitute``), or, in a run that defers copies (``RunState.defers_copies``),
+        for one tensor, a new tensor like the record (the same shape, strides and dtype) whose
+        values are copied in when a call reads it (``RunState.pending``); an in-place op whose
+        target is pending and whose record has the target's shape leaves the target pending
+        with its own record (a full overwrite; a record of another shape, which
+        ``calls.substitute`` does not write into the target, leaves it pending as it was). A
+        replayed block's tensors that only other replayed ops take are then never copied; the
+        values any call reads are the copy's."""
         recorded = st.replay.outputs[call.name]
-        if (
-            isinstance(recorded, Tensor)
-            and st.defers_copies()
-            and calls.inplace_target(call) is None
-        ):
+        if not (isinstance(recorded, Tensor) and st.defers_copies()):
+            return calls.substitute(call, recorded)
+        target = calls.inplace_target(call)
+        if target is None:
             out = torch.empty_like(recorded)
-            st.pending = (out, recorded)
+            st.pending.set(out, recorded)
             return out
-        return calls.substitute(call, recorded)
-
-    def _settle_pending(self, call, om, st: RunState) -> None:
-        """``call`` is a modelled in-place op on the pending replayed output: its replay overwrites
-        all of it with a record of its shape (nothing to copy first), anything else needs the
-        pending values first."""
-        out = st.pending[0]
-        recorded = st.replay.outputs.get(call.name) if st.replay_active else None
-        if (
-            om is None
-            and isinstance(recorded, Tensor)
-            and recorded.shape == out.shape
-            and calls.inplace_target(call) is out
-        ):
-            st.pending = None
-        else:
-            st.materialize()
+        if st.pending.get(target) is not None and recorded.shape == target.shape:
+            st.pending.set(target, recorded)
+            return target
+        return calls.substitute(call, recorded)  # writes a target that is not pending
 
     def _guard_inplace(self, st: RunState, target: Tensor) -> None:
         """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""

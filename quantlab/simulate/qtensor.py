@@ -89,5 +89,17 @@ class QTable:
     def drop(self, t: Tensor) -> None:
         self._d.pop(id(t), None)
 
+    def __bool__(self) -> bool:
+        return bool(self._d)
+
+    def live(self) -> list[tuple[Tensor, object]]:
+        """(tensor, value) of every entry whose tensor is still alive."""
+        out = []
+        for ref, value in list(self._d.values()):
+            t = ref()
+            if t is not None:
+                out.append((t, value))
+        return out
+
     def clear(self) -> None:
         self._d.clear()

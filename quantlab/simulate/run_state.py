@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
 
-from quantlab.capture import mutates
 from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace
 from quantlab.simulate.qtensor import QTable
 
@@ -33,12 +33,12 @@ class RunState:
     float16_overflow: dict = field(default_factory=dict)  # op -> values beyond +-65504 cast
     grad: bool = False  # record gradients (training runs: straight-through estimators)
     prepared_hits: set | None = None  # when a set: the ops that followed their prepared call
-    # a replayed op's output whose recorded values are not copied in yet (``before_call``)
-    pending: tuple[Tensor, Tensor] | None = None
+    # replayed outputs whose recorded values are not copied in yet: tensor -> its record
+    pending: QTable = field(default_factory=QTable)
 
     def defers_copies(self) -> bool:
         """A replay run that only computes (nothing recorded, observed, isolated or trained):
-        a replayed output may take its recorded values when the next call needs them."""
+        a replayed output may take its recorded values when a call reads it."""
         return self.replay is not None and not (
             self.trace is not None
             or self.isolate is not None
@@ -47,32 +47,39 @@ class RunState:
             or self.grad
         )
 
-    def materialize(self) -> None:
-        """Copy the recorded values into the pending replayed output (``pending``), if any."""
-        if self.pending is not None:
-            out, recorded = self.pending
-            self.pending = None
-            out.copy_(recorded)
+    def materialize(self, t: object) -> None:
+        """If ``t`` is a pending replayed output, copy its record into it."""
+        recorded = self.pending.get(t)
+        if recorded is not None:
+            self.pending.drop(t)
+            t.copy_(recorded)
+
+    def materialize_read(self, args: tuple, kwargs: dict) -> None:
+        """Every pending replayed output among a call's arguments (at any depth) takes its
+        values: the call is about to read them."""
+        if self.pending:
+            for leaf in tree_flatten((args, kwargs))[0]:
+                if isinstance(leaf, Tensor):
+                    self.materialize(leaf)
+
+    def materialize_all(self) -> None:
+        """Every pending replayed output still alive takes its values (the end of a run: the
+        model's output or state may hold one)."""
+        for t, recorded in self.pending.live():
+            self.pending.drop(t)
+            t.copy_(recorded)
 
     def before_call(self, func, args: tuple, kwargs: dict, kind) -> None:
-        """Told of every torch call of the run first (``CaptureMode``'s ``before``): the
-        pending replayed output takes its recorded values now, unless this call is a modelled
-        in-place op on it, which the dispatch hands to the op's own replay (a full overwrite
-        leaves nothing to copy). No other call can read it before: every torch function and
-        tensor method the model calls comes here first, while the run lasts, and a pending
-        output left at the end takes its values then (``Simulator._forward``)."""
-        p = self.pending
-        if p is None:
-            return
-        if (
-            kind is not None
-            and kind[1] is not None
-            and args
-            and args[0] is p[0]
-            and (kwargs.get("inplace") or mutates(func))
-        ):
-            return
-        self.materialize()
+        """Told of every torch call of the run first (``CaptureMode``'s ``before``). A call
+        that is not a modelled op runs before the dispatch sees it, or without it: the pending
+        replayed outputs among its arguments take their values now. A modelled op's call goes
+        to the dispatch first, which replays it without reading its arguments or gives them
+        their values before computing (``OpDispatch._replayed``). No call reads a pending
+        output otherwise: every torch function and tensor method the model calls comes here
+        first while the run lasts (unless the model turns torch's function handling off
+        itself), and the end of the run gives the rest their values (``Simulator._forward``)."""
+        if self.pending and (kind is None or kind[1] is None):
+            self.materialize_read(args, kwargs)
 
     def forget(self, t: Tensor) -> None:
         """A float op changed ``t`` in place: its codes and its grid no longer hold."""

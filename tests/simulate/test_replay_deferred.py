@@ -13,7 +13,6 @@ from torch import nn
 
 from quantlab.analysis.sensitivity import fused_members
 from quantlab.simulate import Mode, OpMode, Simulator
-from quantlab.simulate.run_state import RunState
 
 
 class InplaceChain(nn.Module):
@@ -121,23 +120,27 @@ def test_the_model_state_and_output_hold_the_replayed_values():
     assert_bits_equal(sim.model.kept, kept)
 
 
-def test_an_overwritten_replayed_output_is_never_copied(monkeypatch):
-    """In the chain, each convolution's replayed output is overwritten by the replayed ReLU6:
-    no copy of the convolution's record (the gain), and the ReLU6's record copied once."""
+def test_replayed_outputs_only_replayed_ops_take_are_never_copied(monkeypatch):
+    """Studying the chain's last convolution, every op before it is replayed: the convolutions'
+    and ReLU6s' records are never copied (only replayed ops take them, and each ReLU6 overwrites
+    its convolution's output), and the one copy is the in-place scaling's record, which the
+    studied convolution reads."""
     sim, x = _sim(InplaceChain(), (2, 3, 8, 8))
     trace = sim.trace(x, mode=Mode.FLOAT)
     copied = []
-    real = RunState.materialize
+    real_copy = torch.Tensor.copy_
 
-    def spy(self):
-        if self.pending is not None:
-            copied.append(self.pending[1])
-        real(self)
+    def spy(self, src, *a, **k):
+        copied.append(src)
+        return real_copy(self, src, *a, **k)
 
-    monkeypatch.setattr(RunState, "materialize", spy)
-    last = list(sim.ops["name"])[-1]
-    fast = sim.run(x, mode=Mode.FLOAT, op_modes={last: OpMode(Mode.FAKE)}, replay=trace)
+    names = list(sim.ops["name"])
+    last = names[-1]
     naive = sim.run(x, mode=Mode.FLOAT, op_modes={last: OpMode(Mode.FAKE)})
+    monkeypatch.setattr(torch.Tensor, "copy_", spy)
+    fast = sim.run(x, mode=Mode.FLOAT, op_modes={last: OpMode(Mode.FAKE)}, replay=trace)
+    monkeypatch.undo()
     assert_bits_equal(fast, naive)
-    conv_records = [trace.outputs[n] for n in trace.outputs if ":conv2d#" in n]
-    assert conv_records and not any(any(r is c for c in copied) for r in conv_records)
+    records = {n: trace.outputs[n] for n in names[:-1]}
+    hit = [n for n, r in records.items() if any(c is r for c in copied)]
+    assert hit == [names[-2]] and names[-2].endswith(":mul#0"), (hit, names)
