@@ -247,6 +247,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         st.isolate = _isolate
         st.trace.result = self._forward(inputs, st)
         st.trace.float16_overflow = dict(st.float16_overflow)
+        st.trace.float_ops = set(st.float_ops)
         return st.trace
 
     def compare(

@@ -85,7 +85,10 @@ class OpDispatch:
             elif call.name in st.replay.outputs:
                 out = self._replayed(call, st)
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
-                if st.mode is Mode.FLOAT:
+                if st.replay.mode is st.mode:  # booked as the recorded run, in this mode, did
+                    if call.name in st.replay.float_ops:
+                        st.float_ops.add(call.name)
+                elif st.mode is Mode.FLOAT:
                     st.float_ops.add(call.name)
                 return out
         if st.pending:  # computed from here: replayed outputs it reads take their values

@@ -96,6 +96,7 @@ class Trace:
     qinfo: dict[str, Any] = field(default_factory=dict)  # name -> QInfo, list of them, or None
     float16_overflow: dict[str, int] = field(default_factory=dict)  # op -> values beyond 65504
     result: Any = None  # what the model returned
+    float_ops: set[str] = field(default_factory=set)  # ops the run kept in float by its mode
 
 
 @dataclass(frozen=True)

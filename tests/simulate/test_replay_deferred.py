@@ -1,7 +1,6 @@
-"""A replay run hands each replayed op a new tensor and copies the record into it only when the
-next call needs it (``RunState.before_call``): a replayed in-place op that overwrites it then
-costs one copy instead of two. Every replayed run must give the naive run's bits, whatever reads
-a replayed output next, and the trace must never change."""
+"""A replayed run must give the naive run's bits: each replayed op is booked as the recorded run
+booked it (kept in float or not), and hands the model a new tensor whose record is copied in
+only when a call reads it (``RunState.pending``), whatever reads it; the trace never changes."""
 
 from __future__ import annotations
 
@@ -58,6 +57,22 @@ class Readers(nn.Module):
         return self.fc(u) / scale, a
 
 
+class AttentionTail(nn.Module):
+    """Attention's last steps with an eval-mode dropout between the softmax and the matmul: the
+    dropout returns its input, which a naive run does not book as an op kept in float, so the
+    matmul quantizes it; a replay must book it the same way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.v = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        scores = torch.softmax(self.q(x) @ x.transpose(-1, -2), dim=-1)
+        return self.drop(scores) @ self.v(x)
+
+
 def _sim(model: nn.Module, shape, seed: int = 0) -> tuple[Simulator, torch.Tensor]:
     torch.manual_seed(seed)
     model = model.eval()
@@ -77,7 +92,9 @@ def _leaves(out):
 
 
 @pytest.mark.parametrize(
-    "model,shape", [(InplaceChain, (2, 3, 8, 8)), (Readers, (2, 3, 6, 6))], ids=["chain", "readers"]
+    "model,shape",
+    [(InplaceChain, (2, 3, 8, 8)), (Readers, (2, 3, 6, 6)), (AttentionTail, (2, 5, 8))],
+    ids=["chain", "readers", "attention"],
 )
 @pytest.mark.parametrize("mode", [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
 def test_every_studied_op_replays_to_the_naive_bits_and_the_trace_stays(model, shape, mode):
