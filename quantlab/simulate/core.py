@@ -308,7 +308,10 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             if unknown:
                 listing = "\n  ".join(self._order)
                 raise ValueError(f"op_modes names unknown op(s) {unknown}; ops:\n  {listing}")
-        return RunState(mode, op_modes, replay=replay, replay_active=replay is not None)
+        st = RunState(mode, op_modes, replay=replay, replay_active=replay is not None)
+        if replay is not None:  # a studied op fused into a GEMM is computed with its chain
+            st.replay_stops = frozenset(self._fused_into.get(n, n) for n in op_modes)
+        return st
 
     def _plain(self, st: RunState) -> bool:
         """A FLOAT run that needs nothing recorded (ops discovered, no overrides, replay,

@@ -80,7 +80,7 @@ class OpDispatch:
             plan = A.ArgPlan(calls.float_slots(call))
         inf = self._record(call, plan, st)
         if st.replay_active:
-            if om is not None:
+            if om is not None or call.name in st.replay_stops:
                 st.replay_active = False
             elif call.name in st.replay.outputs:
                 out = self._replayed(call, st)

@@ -19,6 +19,8 @@ class RunState:
     op_modes: Mapping[str, OpMode]
     replay: Trace | None = None
     replay_active: bool = False
+    # the ops a replay stops before: the ops in op_modes, or the GEMM a fused one belongs to
+    replay_stops: frozenset = frozenset()
     calibrating: bool = False
     trace: Trace | None = None
     isolate: Trace | None = None
