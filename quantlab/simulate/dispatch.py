@@ -211,7 +211,7 @@ class OpDispatch:
         if st.pending.get(target) is not None and recorded.shape == target.shape:
             st.pending.set(target, recorded)
             return target
-        return calls.substitute(call, recorded)  # writes a target that is not pending
+        return calls.substitute(call, recorded)  # a target not pending: written as before
 
     def _guard_inplace(self, st: RunState, target: Tensor) -> None:
         """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""
