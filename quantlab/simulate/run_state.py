@@ -38,16 +38,20 @@ class RunState:
     # replayed outputs whose recorded values are not copied in yet: tensor -> its record
     pending: QTable = field(default_factory=QTable)
 
-    def defers_copies(self) -> bool:
-        """A replay run that only computes (nothing recorded, observed, isolated or trained):
-        a replayed output may take its recorded values when a call reads it."""
-        return self.replay is not None and not (
+    def only_computes(self) -> bool:
+        """A run that records, observes, isolates and trains nothing: it only computes."""
+        return not (
             self.trace is not None
             or self.isolate is not None
             or self.on_call is not None
             or self.calibrating
             or self.grad
         )
+
+    def defers_copies(self) -> bool:
+        """A replay run that only computes: a replayed output may take its recorded values
+        when a call reads it."""
+        return self.replay is not None and self.only_computes()
 
     def materialize(self, t: object) -> None:
         """If ``t`` is a pending replayed output, copy its record into it."""
@@ -67,9 +71,8 @@ class RunState:
     def materialize_all(self) -> None:
         """Every pending replayed output still alive takes its values (the end of a run: the
         model's output or state may hold one)."""
-        for t, recorded in self.pending.live():
-            self.pending.drop(t)
-            t.copy_(recorded)
+        for t, _ in self.pending.live():
+            self.materialize(t)
 
     def before_call(self, func, args: tuple, kwargs: dict, kind) -> None:
         """Told of every torch call of the run first (``CaptureMode``'s ``before``). A call
@@ -90,12 +93,4 @@ class RunState:
 
     def steady(self) -> bool:
         """A run that needs nothing per op beyond the op table (``steady``: prepared calls)."""
-        return not (
-            self.op_modes
-            or self.replay is not None
-            or self.trace is not None
-            or self.isolate is not None
-            or self.on_call is not None
-            or self.calibrating
-            or self.grad
-        )
+        return not self.op_modes and self.replay is None and self.only_computes()
