@@ -30,6 +30,7 @@ from quantlab.simulate import (
     fixed_lut,
     fixed_norm,
     fixed_ops,
+    replay,
     same_grid,
     steady,
     steady_prepare,
@@ -83,12 +84,9 @@ class OpDispatch:
             if om is not None or call.name in st.replay_stops:
                 st.replay_active = False
             elif call.name in st.replay.outputs:
-                out = self._replayed(call, st)
+                out = replay.replayed_output(call, st)
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
-                if st.replay.mode is st.mode:  # booked as the recorded run, in this mode, did
-                    if call.name in st.replay.float_ops:
-                        st.float_ops.add(call.name)
-                elif st.mode is Mode.FLOAT:
+                if replay.kept_float(call.name, st):
                     st.float_ops.add(call.name)
                 return out
         if st.pending:  # computed from here: replayed outputs it reads take their values
@@ -189,29 +187,6 @@ class OpDispatch:
                     st.qt.drop(leaf)
         if grid is not None:
             st.grid.set(out, grid)
-
-    def _replayed(self, call, st: RunState) -> Any:
-        """A replayed op's output, its arguments not read: its recorded value
-        (``calls.substitute``), or, in a run that defers copies (``RunState.defers_copies``),
-        for one tensor, a new tensor like the record (the same shape, strides and dtype) whose
-        values are copied in when a call reads it (``RunState.pending``); an in-place op whose
-        target is pending and whose record has the target's shape leaves the target pending
-        with its own record (a full overwrite; a record of another shape, which
-        ``calls.substitute`` does not write into the target, leaves it pending as it was). A
-        replayed block's tensors that only other replayed ops take are then never copied; the
-        values any call reads are the copy's."""
-        recorded = st.replay.outputs[call.name]
-        if not (isinstance(recorded, Tensor) and st.defers_copies()):
-            return calls.substitute(call, recorded)
-        target = calls.inplace_target(call)
-        if target is None:
-            out = torch.empty_like(recorded)
-            st.pending.set(out, recorded)
-            return out
-        if st.pending.get(target) is not None and recorded.shape == target.shape:
-            st.pending.set(target, recorded)
-            return target
-        return calls.substitute(call, recorded)  # a target not pending: written as before
 
     def _guard_inplace(self, st: RunState, target: Tensor) -> None:
         """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""

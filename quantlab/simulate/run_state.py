@@ -79,7 +79,7 @@ class RunState:
         that is not a modelled op runs before the dispatch sees it, or without it: the pending
         replayed outputs among its arguments take their values now. A modelled op's call goes
         to the dispatch first, which replays it without reading its arguments or gives them
-        their values before computing (``OpDispatch._replayed``). No call reads a pending
+        their values before computing (``replay.replayed_output``). No call reads a pending
         output otherwise: every torch function and tensor method the model calls comes here
         first while the run lasts (unless the model turns torch's function handling off
         itself), and the end of the run gives the rest their values (``Simulator._forward``)."""
