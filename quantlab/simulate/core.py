@@ -351,7 +351,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
                     self._tracker,
                     self._handle,
                     st.forget,
-                    st.before_call if st.defers_copies() else None,
+                    st.before_call if st.watches_calls() else None,
                 ),
             ):
                 out = self.model(*inputs)

@@ -34,6 +34,7 @@ from quantlab.simulate import (
     same_grid,
     steady,
     steady_prepare,
+    trace_record,
 )
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import FakeOps, Mode, ObservedCall
@@ -96,8 +97,6 @@ class OpDispatch:
         if mode is Mode.HYBRID:
             mode = Mode.FAKE
         target = calls.inplace_target(call)
-        if target is not None and st.trace is not None:
-            self._guard_inplace(st, target)
         head = self._fused_into.get(call.name)
         if head is not None and head in st.fused_done:  # computed by its GEMM already
             out = A.get(call.args, call.kwargs, plan.acts[0])
@@ -120,11 +119,7 @@ class OpDispatch:
         inf.output_shape = tuple(out.shape) if type(out) is Tensor else calls.shape_of(out)
         inf.flops = calls.flops(call, plan, out)
         if st.trace is not None:
-            st.trace.order.append(call.name)
-            # an in-place op's output may change again later: record a copy
-            st.trace.outputs[call.name] = (
-                out.clone() if isinstance(out, Tensor) and calls.is_inplace(call) else out
-            )
+            trace_record.record(call, out, st)
             st.trace.qinfo[call.name] = info
         if st.isolate is not None and call.name in st.isolate.outputs:
             out = calls.substitute(call, st.isolate.outputs[call.name])
@@ -187,13 +182,6 @@ class OpDispatch:
                     st.qt.drop(leaf)
         if grid is not None:
             st.grid.set(out, grid)
-
-    def _guard_inplace(self, st: RunState, target: Tensor) -> None:
-        """Before an in-place op changes ``target``: this run's trace keeps a copy of it."""
-        if st.trace is not None:
-            p = st.producers.get(target)
-            if p is not None and st.trace.outputs.get(p) is target:
-                st.trace.outputs[p] = target.clone()
 
     def _run_quantized(self, call, plan, mode, om, st, deployed=False, target=None):
         """Quantized result of one op; an in-place op writes it into its target tensor

@@ -97,6 +97,7 @@ class Trace:
     float16_overflow: dict[str, int] = field(default_factory=dict)  # op -> values beyond 65504
     result: Any = None  # what the model returned
     float_ops: set[str] = field(default_factory=set)  # ops the run kept in float by its mode
+    views: set[str] = field(default_factory=set)  # ops whose output shared an input's memory
 
 
 @dataclass(frozen=True)

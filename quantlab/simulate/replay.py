@@ -20,7 +20,9 @@ from quantlab.simulate.run_state import RunState
 
 
 def replayed_output(call, st: RunState) -> Any:
-    """A replayed op's output, its arguments not read: its recorded value
+    """A replayed op's output, its arguments not read. An op whose recorded output shared an
+    input's memory (a view, or its input itself: ``Trace.views``) is computed again, so the
+    model's aliases hold as in the recorded run. Any other: its recorded value
     (``calls.substitute``), or, in a run that defers copies (``RunState.defers_copies``), for
     one tensor, a new tensor like the record (the same shape, strides and dtype) whose values
     are copied in when a call reads it (``RunState.pending``); an in-place op whose target is
@@ -28,6 +30,8 @@ def replayed_output(call, st: RunState) -> Any:
     record (a full overwrite; a record of another shape, which ``calls.substitute`` does not
     write into the target, leaves it pending as it was). A replayed block's tensors that only
     other replayed ops take are then never copied; the values any call reads are the copy's."""
+    if call.name in st.replay.views:  # computed, nothing read: the model's aliases hold
+        return call.result if call.result is not None else call.run()
     recorded = st.replay.outputs[call.name]
     if not (isinstance(recorded, Tensor) and st.defers_copies()):
         return calls.substitute(call, recorded)
@@ -39,6 +43,7 @@ def replayed_output(call, st: RunState) -> Any:
     if st.pending.get(target) is not None and recorded.shape == target.shape:
         st.pending.set(target, recorded)
         return target
+    st.materialize(target)  # a view of a pending output: its base takes its values first
     return calls.substitute(call, recorded)  # a target not pending: written as before
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
+from quantlab.simulate import trace_record
 from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace
 from quantlab.simulate.qtensor import QTable
 
@@ -37,6 +38,8 @@ class RunState:
     prepared_hits: set | None = None  # when a set: the ops that followed their prepared call
     # replayed outputs whose recorded values are not copied in yet: tensor -> its record
     pending: QTable = field(default_factory=QTable)
+    # while recording a trace: storage address -> the ops whose record holds that storage
+    record_storages: dict = field(default_factory=dict)
 
     def only_computes(self) -> bool:
         """A run that records, observes, isolates and trains nothing: it only computes."""
@@ -53,12 +56,21 @@ class RunState:
         when a call reads it."""
         return self.replay is not None and self.only_computes()
 
+    def watches_calls(self) -> bool:
+        """Whether the run is told of every torch call first (``before_call``): it records a
+        trace, or defers replayed outputs' copies."""
+        return self.trace is not None or self.defers_copies()
+
     def materialize(self, t: object) -> None:
-        """If ``t`` is a pending replayed output, copy its record into it."""
-        recorded = self.pending.get(t)
-        if recorded is not None:
-            self.pending.drop(t)
-            t.copy_(recorded)
+        """If ``t`` is a pending replayed output, or a view of one, copy its record into it."""
+        if not isinstance(t, Tensor):
+            return
+        base = t._base
+        for x in (t,) if base is None else (t, base):
+            recorded = self.pending.get(x)
+            if recorded is not None:
+                self.pending.drop(x)
+                x.copy_(recorded)
 
     def materialize_read(self, args: tuple, kwargs: dict) -> None:
         """Every pending replayed output among a call's arguments (at any depth) takes its
@@ -82,7 +94,13 @@ class RunState:
         their values before computing (``replay.replayed_output``). No call reads a pending
         output otherwise: every torch function and tensor method the model calls comes here
         first while the run lasts (unless the model turns torch's function handling off
-        itself), and the end of the run gives the rest their values (``Simulator._forward``)."""
+        itself), and the end of the run gives the rest their values (``Simulator._forward``).
+        While recording a trace, a call about to write into a tensor first makes every record
+        sharing its memory a copy (``trace_record.before_write``)."""
+        if self.trace is not None:
+            target = trace_record.written_tensor(func, args, kwargs)
+            if target is not None:
+                trace_record.before_write(target, self)
         if self.pending and (kind is None or kind[1] is None):
             self.materialize_read(args, kwargs)
 

@@ -73,6 +73,42 @@ class AttentionTail(nn.Module):
         return self.drop(scores) @ self.v(x)
 
 
+class Writes(nn.Module):
+    """Writes into an op's output after the op returned: through views (an in-place add and an
+    in-place multiply on slices), and by a call that is not a modelled op (``index_add_``),
+    with a view taken before the writes and read after them (it sees them, as an alias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.c2 = nn.Conv2d(6, 4, 1)
+        self.c3 = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        t = self.c1(x)
+        v = t[:, 3:]
+        t[:, :2] += 1.0
+        t[:, 2:4].mul_(2.0)
+        t.index_add_(1, torch.tensor([3, 4]), torch.ones_like(t[:, :2]))
+        return self.c2(t), self.c3(v)
+
+
+class Accumulates(nn.Module):
+    """Model state changed in place on every run (a running sum kept in a plain attribute, not
+    a buffer: a run restores buffers): a trace keeps the value its run left, whatever later runs
+    do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 1)
+        self.acc = torch.zeros(1, 4, 1, 1)
+
+    def forward(self, x):
+        y = self.c1(x)
+        self.acc.add_(y.mean((0, 2, 3), keepdim=True))
+        return y * self.acc
+
+
 def _sim(model: nn.Module, shape, seed: int = 0) -> tuple[Simulator, torch.Tensor]:
     torch.manual_seed(seed)
     model = model.eval()
@@ -93,8 +129,13 @@ def _leaves(out):
 
 @pytest.mark.parametrize(
     "model,shape",
-    [(InplaceChain, (2, 3, 8, 8)), (Readers, (2, 3, 6, 6)), (AttentionTail, (2, 5, 8))],
-    ids=["chain", "readers", "attention"],
+    [
+        (InplaceChain, (2, 3, 8, 8)),
+        (Readers, (2, 3, 6, 6)),
+        (AttentionTail, (2, 5, 8)),
+        (Writes, (2, 3, 6, 6)),
+    ],
+    ids=["chain", "readers", "attention", "writes"],
 )
 @pytest.mark.parametrize("mode", [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
 def test_every_studied_op_replays_to_the_naive_bits_and_the_trace_stays(model, shape, mode):
@@ -160,3 +201,26 @@ def test_replayed_outputs_only_replayed_ops_take_are_never_copied(monkeypatch):
     records = {n: trace.outputs[n] for n in names[:-1]}
     hit = [n for n, r in records.items() if any(c is r for c in copied)]
     assert hit == [names[-2]] and names[-2].endswith(":mul#0"), (hit, names)
+
+
+def test_a_trace_keeps_each_output_as_its_op_returned_it():
+    """Writes after an op returned (through a view, by a call that is not a modelled op) leave
+    its record as the op returned it."""
+    sim, x = _sim(Writes(), (2, 3, 6, 6))
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    c1 = sim.model.c1
+    assert_bits_equal(trace.outputs["c1:conv2d#0"], c1(x))  # before the writes
+    assert ":getitem#0" in trace.views  # v: a view of the convolution's output
+    assert_bits_equal(trace.outputs[":getitem#0"], c1(x)[:, 3:])
+
+
+def test_a_trace_of_model_state_is_not_changed_by_later_runs():
+    sim, x = _sim(Accumulates(), (2, 3, 4, 4))
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    before = _snapshot(trace)
+    state = sim.model.acc.clone()
+    sim.run(x, mode=Mode.FLOAT)
+    assert not torch.equal(sim.model.acc, state)  # the later run did change it
+    sim.run(x, mode=Mode.FLOAT, op_modes={"c1:conv2d#0": OpMode(Mode.FAKE)}, replay=trace)
+    for k, v in before.items():
+        assert_bits_equal(trace.outputs[k], v)
