@@ -110,3 +110,42 @@ def test_the_switch_loop_and_the_checks_line_read_a_switched_program(monkeypatch
     checks, guards = [float(w) for w in line.split() if w.isdigit()][:2]
     assert checks > 0 and guards > 0
     assert sim.steady_programs.status(x, Mode.FAKE).program_runs >= 3
+
+
+class _Chain(nn.Module):
+    """conv -> functional relu (an op of the root module) -> conv -> functional add -> linear,
+    then a functional op after the last leaf module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = self.b(h) + h
+        return self.head(h.mean((2, 3))) * 2.0
+
+
+def test_the_sensitivity_floor_reads_each_ops_share_from_the_next_whole_leaf_module():
+    import bench_sensitivity
+
+    model = _Chain().eval()
+    x = torch.randn(2, 3, 5, 5)
+    sim = Simulator(model, "j6m")
+    sim.run(x, mode=Mode.FLOAT)
+    order = list(sim.ops["name"])
+    leaf = bench_sensitivity._leaf_op_modules(model, order)
+    assert sorted(leaf.values()) == ["a", "b", "head"]  # the root's functional ops are not
+    assert all(order[i].split(":")[0] == p for i, p in leaf.items())
+    eager_s, shares = bench_sensitivity.eager_suffix_shares(model, (x,), order, order, rounds=5)
+    assert eager_s > 0
+    values = [shares[n] for n in order]
+    assert all(0 <= v <= 1 for v in values)
+    # later ops have smaller shares; an op reads the share of the next leaf op at or after it
+    assert values == sorted(values, reverse=True)
+    i_relu = next(i for i, n in enumerate(order) if ":relu" in n)
+    assert shares[order[i_relu]] == shares[order[i_relu + 1]]  # relu reads b's start
+    assert shares[order[-1]] == 0.0  # no leaf module after the last op
+    assert shares[order[0]] > shares[order[-2]] > 0  # a starts before head does
