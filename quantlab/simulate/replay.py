@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_flatten
 
 from quantlab.simulate import calls
 from quantlab.simulate.modes import Mode
@@ -21,8 +22,9 @@ from quantlab.simulate.run_state import RunState
 
 def replayed_output(call, st: RunState) -> Any:
     """A replayed op's output, its arguments not read. An op whose recorded output shared an
-    input's memory (a view, or its input itself: ``Trace.views``) is computed again, so the
-    model's aliases hold as in the recorded run. Any other: its recorded value
+    input's memory (``Trace.aliases``) returns that input itself again, or recomputes its torch
+    view of it, so the model's aliases hold as in the recorded run. Any other: its recorded
+    value
     (``calls.substitute``), or, in a run that defers copies (``RunState.defers_copies``), for
     one tensor, a new tensor like the record (the same shape, strides and dtype) whose values
     are copied in when a call reads it (``RunState.pending``); an in-place op whose target is
@@ -30,7 +32,11 @@ def replayed_output(call, st: RunState) -> Any:
     record (a full overwrite; a record of another shape, which ``calls.substitute`` does not
     write into the target, leaves it pending as it was). A replayed block's tensors that only
     other replayed ops take are then never copied; the values any call reads are the copy's."""
-    if call.name in st.replay.views:  # computed, nothing read: the model's aliases hold
+    aliases = st.replay.aliases
+    if call.name in aliases:  # the model's aliases hold; nothing is read
+        i = aliases[call.name]
+        if i is not None:
+            return tree_flatten((call.args, call.kwargs))[0][i]
         return call.result if call.result is not None else call.run()
     recorded = st.replay.outputs[call.name]
     if not (isinstance(recorded, Tensor) and st.defers_copies()):

@@ -7,8 +7,11 @@ every record sharing that tensor's storage is replaced by a copy (``before_write
 through a view reaches the records of its base, and a call that is not a modelled op (it runs
 before the dispatch sees it) is caught as well. An in-place op on a tensor no op of the run
 produced (the model's input or state, which a later run may change again) records a copy at
-once. A replay recomputes the ops in ``Trace.views`` instead of replaying them, so the model's
-aliases hold in the replayed run as in the recorded one (``replay.replayed_output``).
+once. ``Trace.aliases`` notes the ops whose output shared an input's memory: the op returned
+that input itself (an eval dropout, an activation fused into its GEMM), or a torch view of it
+(a pass-through op, or a call that is not a modelled op). A replay hands on that input, or
+recomputes the view, so the model's aliases hold in the replayed run as in the recorded one
+(``replay.replayed_output``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCall
+from quantlab.capture import OpCall, OpCategory
 from quantlab.simulate import calls
 
 if TYPE_CHECKING:
@@ -92,10 +95,11 @@ def record(call: OpCall, out, st: RunState) -> None:
     for key in keys:
         st.record_storages.setdefault(key, []).append(call.name)
     if keys and target is None:
-        inputs = {
-            storage_key(a)
-            for a in tree_flatten((call.args, call.kwargs))[0]
-            if isinstance(a, Tensor) and a.numel()
-        }
+        args = tree_flatten((call.args, call.kwargs))[0]
+        inputs = {storage_key(a) for a in args if isinstance(a, Tensor) and a.numel()}
         if not inputs.isdisjoint(keys):
-            tr.views.add(call.name)
+            same = next((i for i, a in enumerate(args) if a is out), None)
+            if same is not None:
+                tr.aliases[call.name] = same
+            elif call.result is not None or call.category is OpCategory.PASS_THROUGH:
+                tr.aliases[call.name] = None  # a torch view: recomputing it reads nothing
