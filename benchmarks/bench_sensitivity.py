@@ -263,9 +263,9 @@ def report(r: dict) -> str:
         "op's share of a forward from its start to the end, the start read at the next whole "
         "leaf module (a lower bound). "
         + (
-            "The target lies below this floor: no method that computes the studied op and "
-            "every op after it as the plain model does can meet it here."
-            if r["floor_ratio"] > r["limit"]
+            "The floor is at or above the target: no method that computes the studied op "
+            "and every op after it as the plain model does can meet it here."
+            if r["floor_ratio"] >= r["limit"]
             else f"The target lies {r['limit'] - r['floor_ratio']:.3f} above this floor: that "
             "margin is all the replayed run's own work may take (the capture, the replayed "
             "ops, the studied op's quantization)."
