@@ -32,7 +32,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.pair_table_native import repeat_shape
 from quantlab.numerics.rounding import Round
 
-MIN_ELEMENTS = 1 << 12  # below this the torch passes cost about as much as a C call
+MIN_ELEMENTS = 1  # one C call beats the torch passes at every size (empty: torch)
 
 _CODES = {torch.int8: "i8", torch.int16: "i16"}
 _C_TYPES = {"i8": "int8_t", "i16": "int16_t"}
@@ -144,7 +144,7 @@ def requantize_product_native(
 ) -> Tensor | None:
     """``requantize_product(x, zx, y, zy, form, out, zero_point)`` by the C pass (the same
     codes; ``form``: a ``product_requant.ProductForm``), or None where it does not apply
-    (module docstring; fewer than MIN_ELEMENTS outputs, another dtype or rounding, strided
+    (module docstring; no outputs, another dtype or rounding, strided
     codes, no kernel)."""
     f = _FLOATS.get(form.dtype)
     to = _CODES.get(out.torch_dtype)

@@ -48,7 +48,9 @@ SHAPES = [
     ((128, 384), (1, 1, 128, 384)),  # extra leading 1s on one side
     ((4, 33, 77), (77,)),  # odd sizes: the thread shares do not fall on a row
     ((5000,), (1,)),  # one code repeated
-    ((4096,), (4096,)),  # the smallest size taken
+    ((4096,), (4096,)),
+    ((1,), (1,)),  # one value
+    ((3, 17), (17,)),  # a few values, repeated
     ((3, 100003), (100003,)),  # many values per thread
 ]
 
@@ -84,8 +86,8 @@ def test_every_pair_of_codes_reads_its_own_entry():
 
 
 def test_where_the_c_pass_declines_torch_gives_the_entries():
-    """Strided codes, a broadcast that is not a repeat along leading dims, fewer than
-    MIN_ELEMENTS values, a table of another size or shape: None, and lookup's torch passes."""
+    """Strided codes, a broadcast that is not a repeat along leading dims, no values, a table
+    of another size or shape: None, and lookup's torch passes."""
     g = torch.Generator().manual_seed(7)
     table = _table(g, torch.int16)
     x = _codes(g, (64, 130), torch.int8)
@@ -93,7 +95,7 @@ def test_where_the_c_pass_declines_torch_gives_the_entries():
         (x[:, ::2], _codes(g, (64, 65), torch.int8)),  # strided
         (_codes(g, (4, 64, 32), torch.int8), _codes(g, (4, 1, 32), torch.int8)),  # a middle 1
         (_codes(g, (8, 500), torch.int8), _codes(g, (8, 1), torch.uint8)),  # a trailing 1
-        (_codes(g, (10, 10), torch.int8), _codes(g, (10, 10), torch.int8)),  # small
+        (_codes(g, (0, 10), torch.int8), _codes(g, (0, 10), torch.int8)),  # no values
     ]
     for a, b in cases:
         assert lookup_native(table, a, b) is None

@@ -46,7 +46,10 @@ SHAPES = [
     ((1, 1, 1, 128), (1, 12, 128, 128)),  # the same, the other way round
     ((128, 384), (1, 1, 128, 384)),  # extra leading 1s on one side
     ((4, 33, 77), (77,)),  # odd sizes: the thread shares do not fall on a row
-    ((4096,), (4096,)),  # the smallest size taken
+    ((4096,), (4096,)),
+    ((1,), (1,)),  # one value
+    ((3, 17), (17,)),  # a few values, repeated
+    ((15,), (15,)),  # fewer than one vector
 ]
 
 
@@ -127,7 +130,7 @@ def test_where_the_c_pass_declines_the_torch_passes_give_the_codes():
     declined = [
         (x[:, ::2], y[:, ::2]),  # strided codes
         (x[:, :1], y),  # a middle broadcast, not a repeat
-        (x[:8, :100], y[:8, :100]),  # fewer than MIN_ELEMENTS outputs
+        (x[:0], y[:0]),  # no outputs
         (x.to(torch.uint8), y.to(torch.uint8)),  # another code dtype
         (x.to(torch.int32), y),
     ]
