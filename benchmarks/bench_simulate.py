@@ -463,9 +463,11 @@ def main() -> None:
         f"Load average (1, 5, 15 min) {meta['load_average_1_5_15_before']} before and "
         f"{meta['load_average_1_5_15_after']} after, on {meta['cpu_count']} cores: "
         + (
-            "the machine was busy; timings are distorted (ratios measured interleaved less so)."
-            if max(load_before[0], load_after[0]) > 0.5
-            else "the machine was idle."
+            "the machine was busy when it started; timings are distorted (ratios measured "
+            "interleaved less so)."
+            if load_before[0] > 0.5
+            else "the machine was idle when it started (the figure after counts the "
+            "benchmark's own threads)."
         ),
         "",
         f"Baseline: plain eager torch, `model(*x)` under `torch.no_grad()`, nothing captured, in "
