@@ -97,8 +97,8 @@ class Trace:
     float16_overflow: dict[str, int] = field(default_factory=dict)  # op -> values beyond 65504
     result: Any = None  # what the model returned
     float_ops: set[str] = field(default_factory=set)  # ops the run kept in float by its mode
-    # ops whose output shared an input's memory: the index of the argument it was, among the
-    # call's tensor-or-not leaves (the op returned that input itself), or None (a torch view)
+    # ops whose output shared an input's memory: the op returned an argument itself (its index
+    # among the leaves of tree_flatten((args, kwargs))), or a torch view of one (None)
     aliases: dict[str, int | None] = field(default_factory=dict)
 
 
