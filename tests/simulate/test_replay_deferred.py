@@ -1,7 +1,10 @@
 """A replayed run must give the naive run's bits: it stops before the studied op, or before the
 GEMM a studied activation is fused into; each replayed op is booked as the recorded run booked
 it (kept in float or not), and hands the model a new tensor whose record is copied in only when
-a call reads it (``RunState.pending``), whatever reads it; the trace never changes."""
+a call reads it (``RunState.pending``), whatever reads it; the trace never changes. A trace
+keeps each output as its op returned it, whatever later writes into that memory (through views,
+by calls that are not modelled ops), and a replay keeps the model's aliases (views, an op that
+returns its input)."""
 
 from __future__ import annotations
 
@@ -110,6 +113,46 @@ class FusedChain(nn.Module):
         return self.fc(h)
 
 
+class Chunks(nn.Module):
+    """Writes through the views of a tuple (``chunk``: an in-place multiply and an in-place
+    ReLU on its parts), item assignment into a contiguous copy, and an in-place clamp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.c2 = nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        t = self.c1(x)
+        a, b = t.chunk(2, dim=1)
+        a.mul_(0.5)
+        F.relu(b, inplace=True)
+        u = t.permute(0, 2, 3, 1).contiguous()
+        u[..., 0] = u[..., 1] * 2
+        s = torch.sigmoid(t)
+        s.clamp_(0.1, 0.9)
+        return self.c2(t) + self.c2(s), u.sum(-1), a
+
+
+class Cache(nn.Module):
+    """A cache filled by item assignment from an op's output, then read by matmuls, and an
+    in-place ``masked_fill_`` on the scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 8)
+
+    def forward(self, x):
+        cache = torch.zeros(x.shape[0], 6, 8)
+        k = self.k(x)
+        cache[:, :5] = k
+        cache[:, 5] = k.mean(1)
+        att = self.q(x) @ cache.transpose(1, 2)
+        att.masked_fill_(att > 1.0, 1.0)
+        return torch.softmax(att, -1) @ cache
+
+
 class Accumulates(nn.Module):
     """Model state changed in place on every run (a running sum kept in a plain attribute, not
     a buffer: a run restores buffers): a trace keeps the value its run left, whatever later runs
@@ -152,8 +195,10 @@ def _leaves(out):
         (AttentionTail, (2, 5, 8)),
         (Writes, (2, 3, 6, 6)),
         (FusedChain, (2, 3, 6, 6)),
+        (Chunks, (2, 3, 6, 6)),
+        (Cache, (2, 5, 8)),
     ],
-    ids=["chain", "readers", "attention", "writes", "fused"],
+    ids=["chain", "readers", "attention", "writes", "fused", "chunks", "cache"],
 )
 @pytest.mark.parametrize("mode", [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
 def test_every_studied_op_replays_to_the_naive_bits_and_the_trace_stays(model, shape, mode):
