@@ -239,9 +239,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     ):
         """Run once in ``mode`` (per-op overrides and replay as in ``run``) and record every
         captured op's output, each as the op returned it, whatever the run wrote into that
-        memory later (``trace_record``); ``on_call``, when given, is told of every captured call after it
-        ran (an ``ObservedCall``: the call, the quantization its activation inputs arrived
-        with, its output), in execution order."""
+        memory later (``trace_record``); ``on_call``, when given, is told of every captured
+        call after it ran (an ``ObservedCall``: the call, the quantization its activation
+        inputs arrived with, its output), in execution order."""
         st = self._new_state(mode, op_modes, replay)
         st.on_call = on_call
         st.trace = Trace(Mode.parse(mode))
