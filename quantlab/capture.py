@@ -323,7 +323,14 @@ class CaptureMode(TorchFunctionMode):
         return self.handler(call)
 
 
-_MUTATING = frozenset({"__setitem__", "__iand__", "__ior__", "__itruediv__", "__ipow__"})
+# item assignment and every in-place operator (in-place methods' names end with "_")
+_MUTATING = frozenset(
+    {"__setitem__"}
+    | {
+        f"__i{op}__"
+        for op in "add sub mul matmul truediv floordiv mod pow lshift rshift and or xor".split()
+    }
+)
 
 
 def mutates(func: Callable) -> bool:

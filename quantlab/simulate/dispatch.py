@@ -119,7 +119,7 @@ class OpDispatch:
         inf.output_shape = tuple(out.shape) if type(out) is Tensor else calls.shape_of(out)
         inf.flops = calls.flops(call, plan, out)
         if st.trace is not None:
-            trace_record.record(call, out, st)
+            trace_record.record(call, out, st, target)
             st.trace.qinfo[call.name] = info
         if st.isolate is not None and call.name in st.isolate.outputs:
             out = calls.substitute(call, st.isolate.outputs[call.name])

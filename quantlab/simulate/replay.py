@@ -2,7 +2,8 @@
 
 Until the first op named in its ``op_modes`` (or the GEMM a named op is fused into,
 ``RunState.replay_stops``), every op the trace recorded returns its recorded output instead of
-being computed (``replayed_output``), booked as kept in float where the recorded run booked it
+being computed (``replayed_output``; an op that returned its input, or a view of it, returns
+that input or the view again), booked as kept in float where the recorded run booked it
 (``kept_float``). In a run that only computes, a replayed output is a new tensor whose record is
 copied in when a call reads it (``RunState.pending``).
 """
@@ -24,9 +25,8 @@ def replayed_output(call, st: RunState) -> Any:
     """A replayed op's output, its arguments not read. An op whose recorded output shared an
     input's memory (``Trace.aliases``) returns that input itself again, or recomputes its torch
     view of it, so the model's aliases hold as in the recorded run. Any other: its recorded
-    value
-    (``calls.substitute``), or, in a run that defers copies (``RunState.defers_copies``), for
-    one tensor, a new tensor like the record (the same shape, strides and dtype) whose values
+    value (``calls.substitute``), or, in a run that defers copies (``RunState.defers_copies``),
+    for one tensor, a new tensor like the record (the same shape, strides and dtype) whose values
     are copied in when a call reads it (``RunState.pending``); an in-place op whose target is
     pending and whose record has the target's shape leaves the target pending with its own
     record (a full overwrite; a record of another shape, which ``calls.substitute`` does not

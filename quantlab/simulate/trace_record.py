@@ -21,28 +21,10 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCall, OpCategory
-from quantlab.simulate import calls
+from quantlab.capture import OpCall, OpCategory, mutates
 
 if TYPE_CHECKING:
     from quantlab.simulate.run_state import RunState
-
-# in-place operators and item assignment (every other in-place method's name ends with "_")
-_WRITING_DUNDERS = frozenset(
-    f"__i{op}__"
-    for op in ("add sub mul matmul truediv floordiv mod pow lshift rshift and or xor".split())
-) | {"__setitem__"}
-_WRITES_FIRST: dict = {}
-
-
-def _writes_first(func) -> bool:
-    """Whether ``func`` changes its first argument by its name (``add_``, ``__iadd__``)."""
-    hit = _WRITES_FIRST.get(func)
-    if hit is None:
-        name = getattr(func, "__name__", "")
-        hit = name in _WRITING_DUNDERS or (name.endswith("_") and not name.startswith("_"))
-        _WRITES_FIRST[func] = hit
-    return hit
 
 
 def written_tensor(func, args: tuple, kwargs: dict) -> Tensor | None:
@@ -51,7 +33,7 @@ def written_tensor(func, args: tuple, kwargs: dict) -> Tensor | None:
     out = kwargs.get("out")
     if isinstance(out, Tensor):
         return out
-    if args and isinstance(args[0], Tensor) and (kwargs.get("inplace") or _writes_first(func)):
+    if args and isinstance(args[0], Tensor) and (kwargs.get("inplace") or mutates(func)):
         return args[0]
     return None
 
@@ -82,11 +64,11 @@ def before_write(target: Tensor, st: RunState) -> None:
         outputs[name] = keep(rec) if isinstance(rec, Tensor) else tree_map(keep, rec)
 
 
-def record(call: OpCall, out, st: RunState) -> None:
-    """Record ``out``, what ``call`` returned, in ``st.trace`` (module docstring)."""
+def record(call: OpCall, out, st: RunState, target: Tensor | None) -> None:
+    """Record ``out``, what ``call`` returned, in ``st.trace`` (module docstring); ``target``:
+    the tensor an in-place call changed (``calls.inplace_target``), else None."""
     tr = st.trace
     tr.order.append(call.name)
-    target = calls.inplace_target(call)
     if target is not None and isinstance(out, Tensor) and st.producers.get(target) is None:
         out = out.clone()  # the model's input or state: a later run may change it again
     tr.outputs[call.name] = out
