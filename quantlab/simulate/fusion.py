@@ -2,9 +2,10 @@
 
 Found from one run's op graph: a batch_norm (eval) or constant clamp whose only input is the
 output of a GEMM with a weight (or of a batch_norm already fused into one), and whose input has
-no other consumer. In FAKE/FIXED mode the batch_norm is folded into the GEMM's weight and bias
-and the clamp is applied to the GEMM's output (its codes in fixed mode); the fused ops then pass
-their input through. FLOAT mode runs the model as written.
+no other consumer; a batch_norm only where it normalizes the GEMM's output channels (dim 1: a
+convolution's, or a 2-D linear output's). In FAKE/FIXED mode the batch_norm is folded into the
+GEMM's weight and bias and the clamp is applied to the GEMM's output (its codes in fixed mode);
+the fused ops then pass their input through. FLOAT mode runs the model as written.
 """
 
 from __future__ import annotations
@@ -40,10 +41,19 @@ def find_fusions(order: list, infos: dict, chain: dict, fused_into: dict) -> Non
         is_bn = inf.op_type == "batch_norm"
         if (is_bn and links) or (not is_bn and any(k != "batch_norm" for k in kinds)):
             continue
+        if is_bn and not _channels_at_dim_1(hinf):
+            continue  # the batch_norm normalizes another axis than the GEMM's output channels
         if (links[-1] if links else head) != p:
             continue
         links.append(name)
         fused_into[name] = head
+
+
+def _channels_at_dim_1(gemm) -> bool:
+    """Whether a GEMM's output channels lie on dim 1, the axis a batch_norm normalizes: a
+    convolution's always, a linear's only for a 2-D output (its features are the last dim)."""
+    shape = gemm.output_shape
+    return gemm.op_type != "linear" or (shape is not None and len(shape) == 2)
 
 
 def fold_batch_norm(

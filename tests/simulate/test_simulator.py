@@ -395,6 +395,41 @@ def test_functional_relu6_after_conv_bn_is_fused_like_the_module():
     assert float(fixed.min()) >= 0 and float(fixed.max()) <= 6.0
 
 
+def test_batch_norm_fuses_into_a_linear_only_where_it_normalizes_the_linear_features():
+    """A batch_norm normalizes dim 1. A 2-D linear output has its features there, and the
+    batch_norm folds into the linear; a 3-D one has them last, and folding would scale the
+    weight's rows by another axis's statistics: the batch_norm then runs as an op of its own."""
+
+    class Net(nn.Module):
+        def __init__(self, seq: bool) -> None:
+            super().__init__()
+            self.seq = seq
+            self.fc = nn.Linear(6, 5)
+            self.bn = nn.BatchNorm1d(4 if seq else 5)
+
+        def forward(self, x):
+            return self.bn(self.fc(x))
+
+    torch.manual_seed(0)
+    for seq, shape in ((False, (8, 6)), (True, (8, 4, 6))):
+        model = Net(seq).eval()
+        with torch.no_grad():
+            model.bn.running_mean.uniform_(-0.5, 0.5)
+            model.bn.running_var.uniform_(0.5, 2.0)
+        x = torch.randn(shape)
+        sim = Simulator(model, "j6m")
+        sim.calibrate([(x,)], progress=False)
+        fused_into = sim.ops.set_index("name").loc["bn:batch_norm#0", "fused_into"]
+        assert fused_into == ("" if seq else "fc:linear#0")
+        with torch.no_grad():
+            ref = model(x)
+        fake = sim.run(x, mode=Mode.FAKE)
+        fixed = sim.run(x, mode=Mode.FIXED)
+        spread = float(ref.abs().max())
+        assert float((fake - ref).abs().max()) < 0.05 * spread
+        assert float((fixed - fake).abs().max()) < 0.05 * spread
+
+
 def _one_op_sim(fn, x, platform, spec):
     class One(nn.Module):
         def forward(self, *a):
