@@ -249,6 +249,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         st.trace.result = self._forward(inputs, st)
         st.trace.float16_overflow = dict(st.float16_overflow)
         st.trace.float_ops = set(st.float_ops)
+        st.trace.fused = set(st.fused_done)
         return st.trace
 
     def compare(

@@ -89,6 +89,8 @@ class OpDispatch:
                 self._set_out_info(out, st.replay.qinfo.get(call.name), st, call.name)
                 if replay.kept_float(call.name, st):
                     st.float_ops.add(call.name)
+                if call.name in st.replay.fused:  # its chain's ops after the stop pass through
+                    st.fused_done.add(call.name)
                 return out
         if st.pending:  # computed from here: replayed outputs it reads take their values
             st.materialize_read(call.args, call.kwargs)

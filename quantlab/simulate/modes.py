@@ -97,6 +97,7 @@ class Trace:
     float16_overflow: dict[str, int] = field(default_factory=dict)  # op -> values beyond 65504
     result: Any = None  # what the model returned
     float_ops: set[str] = field(default_factory=set)  # ops the run kept in float by its mode
+    fused: set[str] = field(default_factory=set)  # GEMMs that ran with their fused chain
     # ops whose output shared an input's memory: the op returned an argument itself (its index
     # among the leaves of tree_flatten((args, kwargs))), or a torch view of one (None)
     aliases: dict[str, int | None] = field(default_factory=dict)

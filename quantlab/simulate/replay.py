@@ -4,8 +4,10 @@ Until the first op named in its ``op_modes`` (or the GEMM a named op is fused in
 ``RunState.replay_stops``), every op the trace recorded returns its recorded output instead of
 being computed (``replayed_output``; an op that returned its input, or a view of it, returns
 that input or the view again), booked as kept in float where the recorded run booked it
-(``kept_float``). In a run that only computes, a replayed output is a new tensor whose record is
-copied in when a call reads it (``RunState.pending``).
+(``kept_float``); a replayed GEMM that ran with its fused chain (``Trace.fused``) leaves the
+chain's ops reached after the stop passing its output through, as in the naive run. In a run
+that only computes, a replayed output is a new tensor whose record is copied in when a call
+reads it (``RunState.pending``).
 """
 
 from __future__ import annotations

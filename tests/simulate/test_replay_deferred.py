@@ -153,6 +153,28 @@ class Cache(nn.Module):
         return torch.softmax(att, -1) @ cache
 
 
+class Interleaved(nn.Module):
+    """A convolution's fused chain (batch_norm, in-place ReLU6) reached only after other ops: a
+    replay that stops between them replays the convolution, whose record is the chain's output,
+    and must pass the chain's ops through as the naive run does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.c2 = nn.Conv2d(3, 6, 1)
+        self.c3 = nn.Conv2d(6, 4, 1)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        a = self.c1(x)
+        b = torch.sigmoid(self.c2(x))
+        a = F.relu6(self.bn(a), inplace=True)
+        return self.c3(a * b)
+
+
 class Accumulates(nn.Module):
     """Model state changed in place on every run (a running sum kept in a plain attribute, not
     a buffer: a run restores buffers): a trace keeps the value its run left, whatever later runs
@@ -197,8 +219,9 @@ def _leaves(out):
         (FusedChain, (2, 3, 6, 6)),
         (Chunks, (2, 3, 6, 6)),
         (Cache, (2, 5, 8)),
+        (Interleaved, (2, 3, 6, 6)),
     ],
-    ids=["chain", "readers", "attention", "writes", "fused", "chunks", "cache"],
+    ids=["chain", "readers", "attention", "writes", "fused", "chunks", "cache", "interleaved"],
 )
 @pytest.mark.parametrize("mode", [Mode.FLOAT, Mode.FAKE, Mode.FIXED])
 def test_every_studied_op_replays_to_the_naive_bits_and_the_trace_stays(model, shape, mode):
