@@ -139,15 +139,18 @@ class _Run:
 class _Full:
     """A captured op run through the simulator's dispatch, as the capture would hand it over."""
 
-    def __init__(self, sim: Any, run: _Run, call: OpCall, swap: bool, index: int) -> None:
-        self.sim, self.run, self.swap = sim, run, swap
+    def __init__(self, sim: Any, run: _Run, call: OpCall, form: Callable | None, index: int):
+        self.sim, self.run = sim, run
+        self.form = form  # the node's arguments -> the captured call's (None: as they are)
         self.name, self.op_type, self.category = call.name, call.op_type, call.category
         self.module, self.call_index, self.func = call.module, call.call_index, call.func
         self.mutates = call.category is None and mutates(call.func)
         self.__name__ = f"ql_full_{index}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.dispatch((args[1], args[0]) if self.swap else args, kwargs)
+        if self.form is not None:
+            args, kwargs = self.form(args, kwargs)
+        return self.dispatch(args, kwargs)
 
     def dispatch(self, args: tuple, kwargs: dict) -> Any:
         """The call as the capture hands it over (``args`` in the captured order)."""
@@ -199,8 +202,8 @@ class _Prepared:
                 self.passes = _plain_pass_through(prep, self.acts)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.full.swap:  # the operator's reflected form: the captured order
-            args = (args[1], args[0])
+        if self.full.form is not None:  # the arguments as the capture saw them
+            args, kwargs = self.full.form(args, kwargs)
         prep = self.prep
         if prep is None:
             return self.full.dispatch(args, kwargs)
@@ -280,8 +283,8 @@ class _Fused:
         self.__name__ = f"ql_fused_{index}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.full.swap:
-            args = (args[1], args[0])
+        if self.full.form is not None:
+            args, kwargs = self.full.form(args, kwargs)
         head = self.full.sim._fused_into.get(self.full.name)
         if head is not None and head in self.run.st.fused_done:
             return A.get(args, kwargs, self.slot)
@@ -311,10 +314,10 @@ class Program:
         ref = _reference_run(sim, inputs, mode)
         leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
         graph, tracer, gm = trace_model(sim.model, inputs, leaves)
-        calls_of, swaps, hits = named_run(sim, gm, inputs, ref, mode, leaves)
+        calls_of, forms, hits = named_run(sim, gm, inputs, ref, mode, leaves)
         self._run = _Run()
         self._code, self._steps, self.counts = _compile(
-            sim, gm, calls_of, swaps, hits, self._run, mode
+            sim, gm, calls_of, forms, hits, self._run, mode
         )
         # where the model holds the modules the trace went through and the tensors it read
         paths = attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
@@ -447,7 +450,7 @@ def _reference_run(sim: Any, inputs: tuple, mode: Mode) -> Any:
 
 
 def _compile(
-    sim: Any, gm: fx.GraphModule, calls_of: dict, swaps: dict, hits: set, run: _Run, mode: Mode
+    sim: Any, gm: fx.GraphModule, calls_of: dict, forms: dict, hits: set, run: _Run, mode: Mode
 ):
     """The traced graph with every captured node's call replaced by its step; the generated
     module, its prepared steps and the count of each kind.
@@ -473,7 +476,7 @@ def _compile(
             env[node] = graph.node_copy(node, env.__getitem__)
             continue
         call = calls[0]
-        full = _Full(sim, run, call, swaps[node], i)
+        full = _Full(sim, run, call, forms[node], i)
         step: Callable = full
         head = sim._fused_into.get(call.name)
         if call.name in hits:
@@ -484,7 +487,7 @@ def _compile(
             plan = A.plan_of(call, sim._plans)
             step = _Fused(plan.acts[0], full, i)
             counts["fused"] += 1
-        elif _eval_dropout(call) and not swaps[node]:
+        elif _eval_dropout(call) and forms[node] is None:
             step = _EvalDropout(full, i)
             counts["kept"] += 1
         else:

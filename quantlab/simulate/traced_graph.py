@@ -12,6 +12,7 @@ are not the model's own.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -229,8 +230,8 @@ def named_run(
     sim: Any, gm: fx.GraphModule, inputs: tuple, ref: Any, mode: Mode, leaves: tuple = ()
 ):
     """Run the traced graph node by node under the simulator's capture (each node under its
-    module path) as a steady run in ``mode``. Returns each node's captured calls, whether each
-    call's two operands are the node's swapped (``_swapped``) and the ops whose prepared call
+    module path) as a steady run in ``mode``. Returns each node's captured calls, how each
+    call's arguments come from the node's (``_captured_form``) and the ops whose prepared call
     held (FAKE); ProgramError unless the op order and the output are those of the model's own
     run."""
     st = sim._new_state(mode, None, None)
@@ -280,7 +281,7 @@ def named_run(
     for node, calls in calls_of.items():
         if len(calls) != 1 or node is None or node.op not in ("call_function", "call_method"):
             raise ProgramError(f"traced node {node} made {len(calls)} captured calls")
-    swaps = {}
+    forms = {}
     leaf_ids = {id(f) for f in leaves}
     for node, calls in calls_of.items():
         if node.op == "call_function" and id(node.target) in leaf_ids:
@@ -289,8 +290,8 @@ def named_run(
                 f"({', '.join(c.name for c in calls)}); a leaf is called as it is, so its "
                 "ops would not be quantized"
             )
-        swaps[node] = _swapped(node, node_args[node], calls[0])
-    return calls_of, swaps, st.prepared_hits
+        forms[node] = _captured_form(node, node_args[node], calls[0])
+    return calls_of, forms, st.prepared_hits
 
 
 def _same_arg(a: Any, b: Any) -> bool:
@@ -301,17 +302,64 @@ def _same_arg(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _swapped(node: fx.Node, node_args: tuple, call: OpCall) -> bool:
-    """How the captured call's arguments come from the node's: as they are (False), or the two
-    operands of an operator swapped (True: ``2 * x`` is captured as ``x.mul(2)``).
+def _swap_operands(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An operator's reflected form: ``2 * x`` is captured as ``x.mul(2)``."""
+    return (args[1], args[0]), kwargs
+
+
+def _captured_form(node: fx.Node, node_args: tuple, call: OpCall) -> Callable | None:
+    """How the captured call's arguments come from the node's: as they are (None), the two
+    operands of an operator swapped (``_swap_operands``), or the node's arguments bound to the
+    captured function's Python signature and handed over as the capture saw them (``_Rebind``:
+    ``t.split([1, 3], 1)`` reaches the capture as ``Tensor.split(t, [1, 3], dim=1)``).
     ProgramError for any other relation (a step replaces the node by the captured function)."""
     args, kwargs = node_args
-    if kwargs.keys() != call.kwargs.keys() or not all(
+    same_kwargs = kwargs.keys() == call.kwargs.keys() and all(
         _same_arg(v, call.kwargs[k]) for k, v in kwargs.items()
-    ):
-        raise ProgramError(f"traced node {node} was captured with other keyword arguments")
-    if len(args) == len(call.args) and all(map(_same_arg, args, call.args)):
-        return False
-    if len(args) == 2 == len(call.args) and _same_arg(args, call.args[::-1]):
-        return True
-    raise ProgramError(f"traced node {node} ({node.target}) was captured with other arguments")
+    )
+    if same_kwargs and len(args) == len(call.args) and all(map(_same_arg, args, call.args)):
+        return None
+    if same_kwargs and len(args) == 2 == len(call.args) and _same_arg(args, call.args[::-1]):
+        return _swap_operands
+    rebind = _Rebind.of(call.func, len(call.args), tuple(call.kwargs))
+    if rebind is not None:
+        got_args, got_kwargs = rebind(args, kwargs)
+        if (
+            len(got_args) == len(call.args)
+            and all(map(_same_arg, got_args, call.args))
+            and got_kwargs.keys() == call.kwargs.keys()
+            and all(_same_arg(v, call.kwargs[k]) for k, v in got_kwargs.items())
+        ):
+            return rebind
+    what = "keyword arguments" if not same_kwargs else "arguments"
+    raise ProgramError(f"traced node {node} ({node.target}) was captured with other {what}")
+
+
+class _Rebind:
+    """A call's arguments rearranged as the capture saw them: bound to ``signature`` with its
+    defaults, the first ``n_args`` parameters positional and ``kw_names`` by keyword."""
+
+    def __init__(self, signature: inspect.Signature, n_args: int, kw_names: tuple) -> None:
+        self.signature, self.kw_names = signature, kw_names
+        self.positional = tuple(signature.parameters)[:n_args]
+
+    @classmethod
+    def of(cls, func: Callable, n_args: int, kw_names: tuple) -> _Rebind | None:
+        """The rebinding for ``func``, or None where it has no Python signature that names
+        every parameter (C functions, ``*args``)."""
+        try:
+            sig = inspect.signature(func)
+        except (TypeError, ValueError):
+            return None
+        params = sig.parameters.values()
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            return None
+        if n_args > len(sig.parameters) or not set(kw_names) <= set(sig.parameters):
+            return None
+        return cls(sig, n_args, kw_names)
+
+    def __call__(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        given = bound.arguments
+        return tuple(given[p] for p in self.positional), {k: given[k] for k in self.kw_names}

@@ -301,6 +301,34 @@ def test_building_leaves_the_model_and_train_flags_as_they_were():
         assert_bits_equal(v, state[k])
 
 
+class PythonMethods(nn.Module):
+    """Tensor methods written in Python hand their arguments on in another form than the call
+    wrote them (``t.split([2, 6], 1)`` reaches the capture as ``Tensor.split(t, [2, 6],
+    dim=1)``; ``t.norm(dim=1)`` with its defaults), and a reflected operator (``2 * t``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        a, b = y.split([2, 6], 1)
+        c, d = torch.split(y, 4, 1)
+        return a.sum(1) + 2 * b.mean(1) + y.norm(dim=1) - (c * d).mean(1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_arguments_handed_on_in_another_form_are_rebound_to_the_captured_form(mode):
+    m = _seeded(PythonMethods)
+    g = torch.Generator().manual_seed(4)
+    sim = _calibrated(m, [(torch.randn(2, 3, 6, 6, generator=g),)], steady_programs=False)
+    x0 = torch.randn(2, 3, 6, 6, generator=g)
+    prog = sim.program(x0, mode=mode)
+    for x in _inputs(x0.shape, 4, 5):
+        assert_bits_equal(prog(x), sim.run(x, mode=mode))
+    assert prog.fallbacks == 0
+
+
 class DataDependent(nn.Module):
     def __init__(self) -> None:
         super().__init__()
