@@ -20,6 +20,8 @@ generates Python code in which
 - an op fused into its GEMM (a clamp after a Conv) returns its input when the GEMM ran fused;
 - an eval-mode ``F.dropout`` returns its input, booked as the dispatch books it (the grid it
   stays on), without the call;
+- item assignment (``t[:, 0] = u``, no captured op) writes, and the run forgets the
+  quantization ``t`` carried, as the capture does (``_Writes``);
 - every other captured op (in HYBRID mode, every op not fused) goes through the simulator's
   dispatch as in a captured run: the same call, with the same arguments, under the same op
   name, so the same bits, and every change of qconfig, scales or platform is followed as the
@@ -274,6 +276,24 @@ def _eval_dropout(call: OpCall) -> bool:
     return x is not None and call.result is x
 
 
+class _Writes:
+    """A call that writes into its first argument and is no captured op (item assignment):
+    it runs, then the run forgets the quantization that argument carried, as the capture
+    does."""
+
+    def __init__(self, node: fx.Node, run: _Run, index: int) -> None:
+        self.target, self.method, self.run = node.target, node.op == "call_method", run
+        self.__name__ = f"ql_writes_{index}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.method:
+            out = getattr(args[0], self.target)(*args[1:], **kwargs)
+        else:
+            out = self.target(*args, **kwargs)
+        self.run.st.forget(args[0])
+        return out
+
+
 class _Fused:
     """An op fused into a GEMM when the program was built: its input when it is still fused
     into a GEMM that ran with its chain in this call (the dispatch's test), else the dispatch."""
@@ -314,10 +334,10 @@ class Program:
         ref = _reference_run(sim, inputs, mode)
         leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
         graph, tracer, gm = trace_model(sim.model, inputs, leaves)
-        calls_of, forms, hits = named_run(sim, gm, inputs, ref, mode, leaves)
+        calls_of, forms, writes, hits = named_run(sim, gm, inputs, ref, mode, leaves)
         self._run = _Run()
         self._code, self._steps, self.counts = _compile(
-            sim, gm, calls_of, forms, hits, self._run, mode
+            sim, gm, calls_of, forms, writes, hits, self._run, mode
         )
         # where the model holds the modules the trace went through and the tensors it read
         paths = attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
@@ -450,7 +470,14 @@ def _reference_run(sim: Any, inputs: tuple, mode: Mode) -> Any:
 
 
 def _compile(
-    sim: Any, gm: fx.GraphModule, calls_of: dict, forms: dict, hits: set, run: _Run, mode: Mode
+    sim: Any,
+    gm: fx.GraphModule,
+    calls_of: dict,
+    forms: dict,
+    writes: set,
+    hits: set,
+    run: _Run,
+    mode: Mode,
 ):
     """The traced graph with every captured node's call replaced by its step; the generated
     module, its prepared steps and the count of each kind.
@@ -472,6 +499,11 @@ def _compile(
             env[node] = graph.get_attr(name)
             continue
         calls = calls_of.get(node)
+        if calls is None and node in writes:
+            args = fx.node.map_arg(node.args, env.__getitem__)
+            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            env[node] = graph.call_function(_Writes(node, run, i), args, kwargs)
+            continue
         if calls is None:
             env[node] = graph.node_copy(node, env.__getitem__)
             continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,11 @@ class _ConcreteProxy(fx.Proxy):
 
     def __iter__(self):
         return iter([self[i] for i in range(len(self))])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """Item assignment (``t[:, 0] = u``) becomes an ``operator.setitem`` node; it writes
+        the example's value as the model's own run does."""
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
 
 def _value_of(a: Any, values: dict) -> Any:
@@ -231,9 +237,10 @@ def named_run(
 ):
     """Run the traced graph node by node under the simulator's capture (each node under its
     module path) as a steady run in ``mode``. Returns each node's captured calls, how each
-    call's arguments come from the node's (``_captured_form``) and the ops whose prepared call
-    held (FAKE); ProgramError unless the op order and the output are those of the model's own
-    run."""
+    call's arguments come from the node's (``_captured_form``), the nodes that write into their
+    first argument by a call the capture runs without a captured op (item assignment), and the
+    ops whose prepared call held (FAKE); ProgramError unless the op order and the output are
+    those of the model's own run."""
     st = sim._new_state(mode, None, None)
     st.prepared_hits = set()
     mark_quantized_inputs(st.qt, inputs, sim.input_quant)
@@ -245,12 +252,18 @@ def named_run(
         calls_of.setdefault(current[0], []).append(call)
         return sim._handle(call)
 
+    written: dict[fx.Node, list[Tensor]] = {}  # tensors written by calls the capture ran itself
+
+    def on_mutation(t: Tensor) -> None:
+        written.setdefault(current[0], []).append(t)
+        st.forget(t)
+
     env: dict[fx.Node, Any] = {}
     node_args: dict[fx.Node, tuple] = {}  # the values each node was called with
     it = iter(inputs)
     prev, sim._state = sim._state, st
     try:
-        with torch.no_grad(), CaptureMode(paths, handler, st.forget):
+        with torch.no_grad(), CaptureMode(paths, handler, on_mutation):
             for node in gm.graph.nodes:
                 current[0] = node
                 paths.stack = ["", node.meta.get("ql_path", "")]
@@ -291,7 +304,17 @@ def named_run(
                 "ops would not be quantized"
             )
         forms[node] = _captured_form(node, node_args[node], calls[0])
-    return calls_of, forms, st.prepared_hits
+    writes = set()
+    for node, targets in written.items():
+        if node in calls_of:  # a captured call's step forgets what it writes (``_Full``)
+            continue
+        args = node_args[node][0]
+        if node.op not in ("call_function", "call_method") or any(
+            not args or t is not args[0] for t in targets
+        ):
+            raise ProgramError(f"traced node {node} writes into a tensor it was not called on")
+        writes.add(node)
+    return calls_of, forms, writes, st.prepared_hits
 
 
 def _same_arg(a: Any, b: Any) -> bool:

@@ -329,6 +329,38 @@ def test_arguments_handed_on_in_another_form_are_rebound_to_the_captured_form(mo
     assert prog.fallbacks == 0
 
 
+class ItemAssignment(nn.Module):
+    """Item assignment into an op's output, into a slice of a sigmoid's output (a detection
+    head's box decoding) and into a tensor the forward creates: each write changes values that
+    carried their quantization, which the run must then forget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.head = nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        t = self.conv(x)
+        t[:, 0] = t[:, 1] * 2
+        y = torch.sigmoid(t)
+        y[..., 0:2] = y[..., 0:2] * 2 - 0.5
+        cache = torch.zeros(x.shape[0], 4, x.shape[2], x.shape[3])
+        cache[:, 1:3] = t[:, :2]
+        return self.head(y) + cache
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_item_assignment_runs_in_a_program_with_the_captured_runs_bits(mode):
+    m = _seeded(ItemAssignment)
+    g = torch.Generator().manual_seed(6)
+    sim = _calibrated(m, [(torch.randn(2, 3, 6, 6, generator=g),)], steady_programs=False)
+    x0 = torch.randn(2, 3, 6, 6, generator=g)
+    prog = sim.program(x0, mode=mode)
+    for x in _inputs(x0.shape, 4, 7):
+        assert_bits_equal(prog(x), sim.run(x, mode=mode))
+    assert prog.fallbacks == 0
+
+
 class DataDependent(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1,8 +1,12 @@
-"""Replay against the naive run on random nets: every studied op, in FAKE, FIXED and FLOAT op
-modes, over FLOAT, FAKE and FIXED traces, must give the naive run's bits, and the trace must not
-change. Each net is a random program of steps drawn from ``STEPS``, each reading earlier tensors:
-GEMMs with fused chains (batch_norm, clamps) reached late, in-place writes through views and
-chunks, item assignment, calls that are not modelled ops, views kept and read after writes."""
+"""Random nets against the captured run. Each net is a random program of steps drawn from
+``STEPS``, each reading earlier tensors: GEMMs with fused chains (batch_norm, clamps) reached
+late, in-place writes through views and chunks, item assignment, calls that are not modelled
+ops, views kept and read after writes.
+
+- Replay: every studied op, in FAKE, FIXED and FLOAT op modes, over FLOAT, FAKE and FIXED
+  traces, gives the naive run's bits, and the trace does not change.
+- Programs: a net's traced program gives ``Simulator.run``'s bits in FAKE, HYBRID and FIXED
+  mode, on inputs at several magnitudes."""
 
 from __future__ import annotations
 
@@ -197,3 +201,23 @@ def test_random_nets_replay_to_the_naive_bits(seed):
         for k, v in before.items():
             assert_bits_equal(trace.outputs[k], v)
     assert compared >= 3 * len(names)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("seed", range(100, 108))
+def test_random_nets_run_as_programs_with_the_captured_runs_bits(seed, platform):
+    torch.manual_seed(seed)
+    model = RandomNet(seed, 14).eval()
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, C, S, S)
+    sim = Simulator(model, platform, steady_programs=False)
+    sim.calibrate([(torch.randn(shape, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(shape, generator=g) * s for s in (0.1, 1.0, 3.0)] + [torch.zeros(shape)]
+    for mode in (Mode.FAKE, Mode.HYBRID, Mode.FIXED):
+        prog = sim.program(xs[1].clone(), mode=mode)  # every step of STEPS can be traced
+        for x in xs:
+            for p, q in zip(
+                _leaves(prog(x.clone())), _leaves(sim.run(x.clone(), mode=mode)), strict=True
+            ):
+                assert_bits_equal(p, q)
+        assert prog.fallbacks == 0
