@@ -109,11 +109,13 @@ class OpDispatch:
             out, info = call.result, None
             grid = self._float_grid(call, out, st, mode)
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
+            if st.calibrating:  # before the call: an in-place op writes its input
+                self._observe_inputs(call, plan)
             out, info = call.run(), None
             if mode is Mode.FLOAT:
                 st.float_ops.add(call.name)
             if st.calibrating:
-                self._observe(call, plan, out)
+                self._observe_output(call, out)
         else:
             out, info = self._run_quantized(call, plan, mode, om, st, deployed, target)
             if om is not None and not om.quantize_output and mode is Mode.FAKE:

@@ -39,7 +39,9 @@ from quantlab.simulate.straight_through import learned_scale, range_mask, throug
 class QuantizationState:
     """The Simulator's observers, activation scales, weight codes and kernel caches."""
 
-    def _observe(self, call: OpCall, plan: A.ArgPlan, out: Any) -> None:
+    def _observe_inputs(self, call: OpCall, plan: A.ArgPlan) -> None:
+        """Feed the observers of ``call``'s activation inputs (and a norm's or embedding's own
+        statistics), before the call runs: an in-place op writes its input."""
         if call.category is OpCategory.NORM:
             fixed_norm.observe(self, call)
         elif call.category is OpCategory.EMBEDDING:
@@ -48,6 +50,9 @@ class QuantizationState:
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):
                 self._obs.observe(f"{call.name}/in{i}", v)
+
+    def _observe_output(self, call: OpCall, out: Any) -> None:
+        """Feed the observer of ``call``'s output ``out`` (a fused chain's, at its last op)."""
         o = tree_flatten(out)[0]
         if not o or not A.is_float_tensor(o[0]) or call.category is OpCategory.PASS_THROUGH:
             return

@@ -244,3 +244,41 @@ def test_platform_default_observers_and_an_overridden_one():
     y = sim.run(_data()[0], mode=Mode.FAKE)
     assert torch.isfinite(y).all()
     assert compute_scale(1.0, DType.INT8) > 0
+
+
+class _InPlaceAfterFloat(nn.Module):
+    """An in-place multiply and add whose input arrives in float (from a flip, an op that is not
+    modelled), so the ops quantize it at their own input point; or the same out of place."""
+
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.in_place = in_place
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        g = self.conv(x).flip(1)
+        if self.in_place:
+            g.mul_(3.0).add_(1.0)
+        else:
+            g = g * 3.0 + 1.0
+        return g
+
+
+def test_an_in_place_op_observes_its_input_before_it_writes_it():
+    """Calibration observes an op's inputs before the op runs: an in-place op's input point
+    sees its input, not its own output, and so takes the scale its out-of-place twin takes."""
+    g = torch.Generator().manual_seed(2)
+    calib = [(torch.randn(2, 3, 5, 5, generator=g),) for _ in range(2)]
+    x = torch.randn(2, 3, 5, 5, generator=g)
+    sims = []
+    for in_place in (True, False):
+        torch.manual_seed(0)
+        sim = Simulator(_InPlaceAfterFloat(in_place).eval(), "j6m")
+        sim.calibrate(calib, progress=False)
+        sims.append(sim)
+    for op in (":mul#0", ":add#0"):
+        edges, counts = sims[0].histogram(op, 0)
+        twin_edges, twin_counts = sims[1].histogram(op, 0)
+        assert torch.equal(edges, twin_edges) and torch.equal(counts, twin_counts)
+    for mode in (Mode.FAKE, Mode.FIXED):
+        assert torch.equal(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode))
