@@ -25,6 +25,7 @@ that later calls follow after checking everything it was made from.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -40,7 +41,9 @@ from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch
 from quantlab.simulate.model_inputs import (
     InputQuants,
+    copy_inputs,
     declared_input_quant,
+    input_versions,
     mark_quantized_inputs,
 )
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, OpMode, Trace, View
@@ -106,6 +109,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._resolved: dict[str, ResolvedQConfig] = {}
         self._discovered = False
         self._calibrated = False
+        # the model's forward writes into its inputs: every run gets a copy (``_forward``)
+        self.writes_inputs = False
         self._state: RunState | None = None
         self._chain: dict[str, list[str]] = {}  # GEMM -> fused batch_norm / clamp ops after it
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
@@ -208,6 +213,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             and not st.op_modes
             and st.replay is None
         ):
+            if self.writes_inputs:
+                inputs = copy_inputs(inputs)
             run = self.steady_programs.run
             return run(self, inputs, st.mode, lambda: self._forward(inputs, st))
         return self._forward(inputs, st)
@@ -329,6 +336,27 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         )
 
     def _forward(self, inputs: tuple, st: RunState) -> Any:
+        """One run of the model on ``inputs`` as ``st`` says. A model found to write into its
+        inputs (``writes_inputs``; checked by their version counters on every run until found,
+        the first run on a copy) runs on a copy of them: a loop that reuses a batch (calibration,
+        sensitivity, comparisons) hands every run the batch as given."""
+        copied = self.writes_inputs or not self._discovered
+        if copied:
+            inputs = copy_inputs(inputs)
+        versions = None if self.writes_inputs else input_versions(inputs)
+        out = self._run_model(inputs, st)
+        if versions is not None and not self.writes_inputs and input_versions(inputs) != versions:
+            self.writes_inputs = True
+            warnings.warn(
+                f"{type(self.model).__name__}.forward writes into its input in place"
+                + ("" if copied else " (this run wrote into the tensors it was given)")
+                + "; every later run gets a copy of its inputs, so runs that reuse a batch see "
+                "it as given",
+                stacklevel=3,
+            )
+        return out
+
+    def _run_model(self, inputs: tuple, st: RunState) -> Any:
         if not self._discovered and (st.mode is not Mode.FLOAT or st.op_modes):
             self._forward(inputs, RunState(Mode.FLOAT, {}))
         plain = self._plain(st)

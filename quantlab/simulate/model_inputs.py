@@ -1,4 +1,5 @@
-"""Model inputs that arrive already quantized (an image source delivering pixel codes).
+"""Model inputs: those that arrive already quantized (an image source delivering pixel codes),
+and the copies a run hands a model that writes into its inputs.
 
 A deployed image model takes integer codes at a fixed scale, not floats it calibrates a scale
 for. ``InputQuant`` declares that for one positional input; the Simulator then marks that input
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map
 
 from quantlab.numerics.dtypes import DType
 from quantlab.simulate.qtensor import QInfo, QTable
@@ -65,3 +67,14 @@ def mark_quantized_inputs(qt: QTable, inputs: tuple, specs: InputQuants) -> None
                 f"[{x.min().item():g}, {x.max().item():g}] or non-integer codes"
             )
         qt.set(x, QInfo(dt, scale, codes.to(dt.torch_dtype)))
+
+
+def input_versions(inputs: tuple) -> list[int]:
+    """The version counter of every tensor in ``inputs`` (nested tuples, lists, dicts): an
+    in-place write into a tensor, or into a view of it, advances its counter."""
+    return [t._version for t in tree_flatten(inputs)[0] if isinstance(t, Tensor)]
+
+
+def copy_inputs(inputs: tuple) -> tuple:
+    """``inputs`` with every tensor (in nested tuples, lists, dicts) replaced by a copy."""
+    return tree_map(lambda t: t.clone() if isinstance(t, Tensor) else t, inputs)
