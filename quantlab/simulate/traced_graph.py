@@ -61,6 +61,24 @@ class _ConcreteProxy(fx.Proxy):
         self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
 
+def _in_place_operator(name: str) -> Callable:
+    """``t op= u`` as an ``operator.i<op>`` node: it writes ``t`` in place, as the model's own
+    run does, so every other name bound to ``t`` sees the result (torch.fx's own proxy would
+    rebind ``t`` to an out-of-place result)."""
+    fn = getattr(operator, name)
+
+    def method(self: _ConcreteProxy, other: Any) -> fx.Proxy:
+        return self.tracer.create_proxy("call_function", fn, (self, other), {})
+
+    method.__name__ = f"__{name}__"
+    return method
+
+
+_IN_PLACE = "iadd isub imul itruediv ifloordiv imod ipow imatmul iand ior ixor ilshift irshift"
+for _name in _IN_PLACE.split():
+    setattr(_ConcreteProxy, f"__{_name}__", _in_place_operator(_name))
+
+
 def _value_of(a: Any, values: dict) -> Any:
     return (
         values[a.node]
