@@ -213,9 +213,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             and not st.op_modes
             and st.replay is None
         ):
-            if self.writes_inputs:
-                inputs = copy_inputs(inputs)
-            run = self.steady_programs.run
+            run = self.steady_programs.run  # a program, or _forward: both copy the inputs
             return run(self, inputs, st.mode, lambda: self._forward(inputs, st))
         return self._forward(inputs, st)
 

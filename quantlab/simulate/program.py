@@ -21,7 +21,8 @@ generates Python code in which
 - an eval-mode ``F.dropout`` returns its input, booked as the dispatch books it (the grid it
   stays on), without the call;
 - item assignment (``t[:, 0] = u``, no captured op) writes, and the run forgets the
-  quantization ``t`` carried, as the capture does (``_Writes``);
+  quantization ``t`` carried, as the capture does (``_Writes``); an in-place operator
+  (``t += u``) is traced as one (``operator.iadd``), so every name bound to ``t`` sees it;
 - every other captured op (in HYBRID mode, every op not fused) goes through the simulator's
   dispatch as in a captured run: the same call, with the same arguments, under the same op
   name, so the same bits, and every change of qconfig, scales or platform is followed as the
@@ -62,7 +63,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.simulate import args as A
 from quantlab.simulate import steady
 from quantlab.simulate.forward_guard import ForwardGuard, GuardError
-from quantlab.simulate.model_inputs import mark_quantized_inputs
+from quantlab.simulate.model_inputs import copy_inputs, mark_quantized_inputs
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.qtensor import QInfo
 from quantlab.simulate.traced_graph import (
@@ -334,7 +335,8 @@ class Program:
         ref = _reference_run(sim, inputs, mode)
         leaves = (*getattr(sim.model, "trace_leaves", ()), *leaves)
         graph, tracer, gm = trace_model(sim.model, inputs, leaves)
-        calls_of, forms, writes, hits = named_run(sim, gm, inputs, ref, mode, leaves)
+        run_inputs = copy_inputs(inputs) if sim.writes_inputs else inputs
+        calls_of, forms, writes, hits = named_run(sim, gm, run_inputs, ref, mode, leaves)
         self._run = _Run()
         self._code, self._steps, self.counts = _compile(
             sim, gm, calls_of, forms, writes, hits, self._run, mode
@@ -375,6 +377,8 @@ class Program:
 
     def _execute(self, inputs: tuple) -> Any:
         sim = self.sim
+        if sim.writes_inputs:  # as ``Simulator.run`` does: the model writes into its inputs
+            inputs = copy_inputs(inputs)
         for step in self._steps:
             step.bind(sim)
         st = sim._new_state(self.mode, None, None)

@@ -102,3 +102,19 @@ def test_sensitivity_of_a_model_that_writes_its_input_matches_its_twin():
         assert naive[cols].equals(replayed[cols])
         tables.append(replayed[cols])
     assert tables[0].equals(tables[1])
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_a_program_of_a_model_that_writes_its_input_works_on_copies(mode):
+    writes, twin = _pair()
+    calib = _batches()
+    with pytest.warns(UserWarning, match="writes into its input"):
+        writes.calibrate(calib, progress=False)
+    twin.calibrate(calib, progress=False)
+    x = _batches(1)[0][0]
+    x_given = x.clone()
+    prog = writes.program(x, mode=mode)
+    for _ in range(2):
+        assert_bits_equal(prog(x), twin.run(x.clone(), mode=mode))
+    assert_bits_equal(x, x_given)
+    assert prog.fallbacks == 0
