@@ -1,7 +1,7 @@
 """Random nets against the captured run. Each net is a random program of steps drawn from
 ``STEPS``, each reading earlier tensors: GEMMs with fused chains (batch_norm, clamps) reached
-late, in-place writes through views and chunks, item assignment, calls that are not modelled
-ops, views kept and read after writes.
+late, in-place writes through views and chunks, in-place sums on a tensor other steps hold, item
+assignment, calls that are not modelled ops, views kept and read after writes.
 
 - Replay: every studied op, in FAKE, FIXED and FLOAT op modes, over FLOAT, FAKE and FIXED
   traces, gives the naive run's bits, and the trace does not change.
@@ -84,6 +84,22 @@ STEPS = {
     "transpose_copy": (None, lambda t, u, a, b, m, w: t.transpose(2, 3).contiguous()),
     "reshape": (None, lambda t, u, a, b, m, w: t.reshape(2, C, S * S).reshape(2, C, S, S)),
     "slice_view": (None, lambda t, u, a, b, m, w: _pad(t[:, a:b])),
+    "dw_conv": (
+        lambda: [nn.Conv2d(C, C, 3, padding=1, groups=C)],
+        lambda t, u, a, b, m, w: m[0](t),
+    ),
+    "group_norm": (lambda: [nn.GroupNorm(2, C)], lambda t, u, a, b, m, w: m[0](t)),
+    "squeeze_excite": (
+        None,
+        lambda t, u, a, b, m, w: t * torch.sigmoid(u.mean((2, 3), keepdim=True)),
+    ),
+    "where": (None, lambda t, u, a, b, m, w: torch.where(u > 0, t, u)),
+    "upsample": (
+        None,
+        lambda t, u, a, b, m, w: F.avg_pool2d(F.interpolate(t, scale_factor=2.0), 2),
+    ),
+    "max_pool": (None, lambda t, u, a, b, m, w: F.max_pool2d(t, 3, 1, 1)),
+    "silu": (None, lambda t, u, a, b, m, w: F.silu(t)),
 }
 
 
@@ -128,8 +144,16 @@ def _setitem(t, u, a, b, m, w):
     return t
 
 
+def _residual_relu_(t, u, a, b, m, w):
+    if not w:
+        return F.relu(t + u)
+    t += u  # a residual block's in-place sum: every name bound to t sees it
+    return F.relu(t, inplace=True)
+
+
 STEPS.update(
     {
+        "residual_relu_": (None, _residual_relu_),
         "slice_add_": (None, _slice_add_),
         "slice_mul_": (None, _slice_mul_),
         "chunk_mul_": (None, _chunk_mul_),
@@ -175,7 +199,8 @@ def _leaves(out):
     return list(out) if isinstance(out, tuple) else [out]
 
 
-@pytest.mark.parametrize("seed", range(24))
+# 49: a convolution's fused chain reached after a studied op (a replay passes it through)
+@pytest.mark.parametrize("seed", [*range(20), 49])
 def test_random_nets_replay_to_the_naive_bits(seed):
     torch.manual_seed(seed)
     model = RandomNet(seed, 14).eval()
@@ -208,7 +233,8 @@ def test_random_nets_replay_to_the_naive_bits(seed):
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
-@pytest.mark.parametrize("seed", range(100, 108))
+# 109, 111: an in-place sum on a tensor another step still holds (traced as a write)
+@pytest.mark.parametrize("seed", [*range(100, 106), 109, 111])
 def test_random_nets_run_as_programs_with_the_captured_runs_bits(seed, platform):
     torch.manual_seed(seed)
     model = RandomNet(seed, 14).eval()
