@@ -355,25 +355,28 @@ def _captured_form(node: fx.Node, node_args: tuple, call: OpCall) -> Callable | 
     ``t.split([1, 3], 1)`` reaches the capture as ``Tensor.split(t, [1, 3], dim=1)``).
     ProgramError for any other relation (a step replaces the node by the captured function)."""
     args, kwargs = node_args
-    same_kwargs = kwargs.keys() == call.kwargs.keys() and all(
-        _same_arg(v, call.kwargs[k]) for k, v in kwargs.items()
-    )
-    if same_kwargs and len(args) == len(call.args) and all(map(_same_arg, args, call.args)):
+    if _same_arguments(args, kwargs, call):
         return None
-    if same_kwargs and len(args) == 2 == len(call.args) and _same_arg(args, call.args[::-1]):
+    if len(args) == 2 and _same_arguments(args[::-1], kwargs, call):
         return _swap_operands
     rebind = _Rebind.of(call.func, len(call.args), tuple(call.kwargs))
     if rebind is not None:
-        got_args, got_kwargs = rebind(args, kwargs)
-        if (
-            len(got_args) == len(call.args)
-            and all(map(_same_arg, got_args, call.args))
-            and got_kwargs.keys() == call.kwargs.keys()
-            and all(_same_arg(v, call.kwargs[k]) for k, v in got_kwargs.items())
-        ):
-            return rebind
-    what = "keyword arguments" if not same_kwargs else "arguments"
-    raise ProgramError(f"traced node {node} ({node.target}) was captured with other {what}")
+        try:
+            if _same_arguments(*rebind(args, kwargs), call):
+                return rebind
+        except TypeError:  # the node's arguments do not bind to the captured function
+            pass
+    raise ProgramError(f"traced node {node} ({node.target}) was captured with other arguments")
+
+
+def _same_arguments(args: tuple, kwargs: dict, call: OpCall) -> bool:
+    """Whether ``call`` was captured with exactly these arguments (tensors by identity)."""
+    return (
+        len(args) == len(call.args)
+        and all(map(_same_arg, args, call.args))
+        and kwargs.keys() == call.kwargs.keys()
+        and all(_same_arg(v, call.kwargs[k]) for k, v in kwargs.items())
+    )
 
 
 class _Rebind:
