@@ -185,13 +185,12 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
             lo, hi = None, lo
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):
             return None
-    # bounds in input codes (round half to even of the bound / scale), then requantize
-    zx = info.zero_point
-    lo_c, hi_c = bound_codes(
-        lo, hi, info.scale, info.dtype, zero_point=zx, rule=sim.platform.bound_rule
-    )
-    xc = xc.clamp_min(lo_c).clamp_max(hi_c) - zx
-    return fc.emit(fc.rescale(sim, call.name, xc, info.scale, so, out, zero_point=zo), so, out, zo)
+    # requantize to the output scale, then clamp there at the bounds' output codes (the
+    # platform's bound rule, as a fused clamp): a clip of the dequantized values at the real
+    # bounds, then quantized (rounding is monotone, so the clip commutes with it)
+    yc = fc.rescale(sim, call.name, xc - info.zero_point, info.scale, so, out, zero_point=zo)
+    lo_c, hi_c = bound_codes(lo, hi, so, out, zero_point=zo, rule=sim.platform.bound_rule)
+    return fc.emit(yc.clamp_min(lo_c).clamp_max(hi_c), so, out, zo)
 
 
 # --------------------------------------------------------------------------- reductions

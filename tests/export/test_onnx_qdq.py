@@ -206,6 +206,34 @@ def test_int32_accumulator_wraps_as_onnxruntime_does(tmp_path):
     assert not np.array_equal(y, sim.run(x, mode=Mode.FIXED).numpy())
 
 
+class _Clips(nn.Module):
+    """Clamps that are no fused activation: on the model input (its scale calibrated on values
+    well beyond the bounds, so the clamp changes the scale), a relu6 after a multiply, and a
+    hardtanh whose bounds lie inside its input's range."""
+
+    def forward(self, x):
+        a = x.clamp(-1.0, 1.0)
+        b = F.relu6(x * 3.0)
+        c = F.hardtanh(torch.cos(x), -0.5, 0.5)
+        return a + torch.sigmoid(b) + c
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_clamps_that_change_the_scale_match_onnxruntime(tmp_path, encoding):
+    """onnxruntime runs DequantizeLinear -> Clip -> QuantizeLinear: the clip of the dequantized
+    values at the real bounds, quantized at the output scale; fixed mode requantizes, then
+    clamps at the bounds' output codes, which gives the same codes (rounding is monotone)."""
+    g = torch.Generator().manual_seed(3)
+    sim = Simulator(_Clips().eval(), ORT_PROFILE)
+    sim.calibrate([(torch.randn(2, 4, 5, 5, generator=g) * 2,) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 4, 5, 5, generator=g) * s for s in (0.5, 2.0, 8.0)]
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],), encoding=encoding)
+    sess = R.session(info.path)
+    for x in xs:
+        (y,) = R.run(sess, info.input_names, (x,))
+        assert np.array_equal(y, sim.run(x, mode=Mode.FIXED).numpy())
+
+
 class _Scores(nn.Module):
     """Attention-like scores: a linear layer, then softmax over the last axis."""
 
