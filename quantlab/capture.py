@@ -323,14 +323,12 @@ class CaptureMode(TorchFunctionMode):
         return self.handler(call)
 
 
-# item assignment and every in-place operator (in-place methods' names end with "_")
-_MUTATING = frozenset(
-    {"__setitem__"}
-    | {
-        f"__i{op}__"
-        for op in "add sub mul matmul truediv floordiv mod pow lshift rshift and or xor".split()
-    }
+# Python's in-place operators by their binary operator's name (add: ``__iadd__``, ``operator.iadd``)
+IN_PLACE_OPERATORS = tuple(
+    "add sub mul matmul truediv floordiv mod pow lshift rshift and or xor".split()
 )
+# item assignment and every in-place operator (in-place methods' names end with "_")
+_MUTATING = frozenset({"__setitem__"} | {f"__i{op}__" for op in IN_PLACE_OPERATORS})
 
 
 def mutates(func: Callable) -> bool:

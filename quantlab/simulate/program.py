@@ -5,7 +5,7 @@ overrides, replay, trace or gradients) pays for seeing each op: the module-call 
 names its path and the torch-function mode that hands the call over, and the checks of its
 prepared call (``steady``). A ``Program`` traces the model once with torch.fx
 (every module inlined, in eval mode), names each traced call as the capture names it, and
-generates Python code in which
+generates Python code (its steps: ``program_steps``) in which
 
 - an op that followed its prepared call in the build run (FAKE: ops with a fake-quantized
   output; FIXED: GEMMs with integer output codes, layout ops and ops with a fixed kernel)
@@ -21,7 +21,7 @@ generates Python code in which
 - an eval-mode ``F.dropout`` returns its input, booked as the dispatch books it (the grid it
   stays on), without the call;
 - item assignment (``t[:, 0] = u``, no captured op) writes, and the run forgets the
-  quantization ``t`` carried, as the capture does (``_Writes``); an in-place operator
+  quantization ``t`` carried, as the capture does; an in-place operator
   (``t += u``) is traced as one (``operator.iadd``), so every name bound to ``t`` sees it;
 - every other captured op (in HYBRID mode, every op not fused) goes through the simulator's
   dispatch as in a captured run: the same call, with the same arguments, under the same op
@@ -53,23 +53,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-import torch.fx as fx
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as nn_module
 
-from quantlab.capture import OpCall, is_float_output, mutates
-from quantlab.numerics.dtypes import DType
-from quantlab.simulate import args as A
-from quantlab.simulate import steady
 from quantlab.simulate.forward_guard import ForwardGuard, GuardError
 from quantlab.simulate.model_inputs import copy_inputs, mark_quantized_inputs
 from quantlab.simulate.modes import Mode
-from quantlab.simulate.qtensor import QInfo
+from quantlab.simulate.program_steps import ProgramRun, compile_steps
 from quantlab.simulate.traced_graph import (
     ProgramError,
     attr_paths,
-    fetch,
     holding_dict,
     named_run,
     same_bits,
@@ -131,187 +124,6 @@ def input_signature(inputs: tuple) -> tuple:
     return tuple(sig)
 
 
-class _Run:
-    """The run state the program's steps share (set per program call) and how many ops
-    computed by their prepared call in it."""
-
-    st: Any = None
-    prepared: int = 0
-
-
-class _Full:
-    """A captured op run through the simulator's dispatch, as the capture would hand it over."""
-
-    def __init__(self, sim: Any, run: _Run, call: OpCall, form: Callable | None, index: int):
-        self.sim, self.run = sim, run
-        self.form = form  # the node's arguments -> the captured call's (None: as they are)
-        self.name, self.op_type, self.category = call.name, call.op_type, call.category
-        self.module, self.call_index, self.func = call.module, call.call_index, call.func
-        self.mutates = call.category is None and mutates(call.func)
-        self.__name__ = f"ql_full_{index}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.form is not None:
-            args, kwargs = self.form(args, kwargs)
-        return self.dispatch(args, kwargs)
-
-    def dispatch(self, args: tuple, kwargs: dict) -> Any:
-        """The call as the capture hands it over (``args`` in the captured order)."""
-        result = None
-        if self.category is None:  # not modelled: runs before the handler, as in capture
-            result = self.func(*args, **kwargs)
-            if self.mutates and isinstance(args[0], Tensor):
-                self.run.st.forget(args[0])
-            if not is_float_output(result):
-                return result
-        call = OpCall(
-            self.name,
-            self.op_type,
-            self.category,
-            self.module,
-            self.call_index,
-            self.func,
-            args,
-            kwargs,
-            result,
-        )
-        if type(result) is Tensor and self.name not in self.sim._fused_into:
-            return self.sim._kept_float(call, self.run.st)
-        return self.sim._dispatch(call, self.run.st)
-
-
-class _Prepared:
-    """An op that followed its prepared call when the program was built: the simulator's
-    current prepared call of the op, computed directly when every check of it holds (those
-    about the simulator once per program call, in ``bind``; the quantization its activation
-    inputs arrived with per call), else the dispatch, as a captured run would."""
-
-    def __init__(self, full: _Full, index: int, mode: Mode) -> None:
-        self.full, self.run, self.name, self.key = full, full.run, full.name, (full.name, mode)
-        self.prep: steady.PreparedCall | None = None
-        self.passes: Any = None  # a plain pass-through's (function, input dtype), else None
-        self.__name__ = f"ql_prepared_{index}"
-
-    def bind(self, sim: Any) -> None:
-        """Follow the simulator's prepared call of the op when it holds (None: dispatch)."""
-        prep = sim._prepared.get(self.key)
-        if prep is not None and not _prepared_holds(sim, self.name, prep):
-            prep = None
-        if prep is not self.prep:
-            self.prep = prep
-            self.passes = None
-            if prep is not None:
-                self.acts = list(zip(prep.route.plan.acts, prep.in_dtypes))
-                self.passes = _plain_pass_through(prep, self.acts)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.full.form is not None:  # the arguments as the capture saw them
-            args, kwargs = self.full.form(args, kwargs)
-        prep = self.prep
-        if prep is None:
-            return self.full.dispatch(args, kwargs)
-        st = self.run.st
-        if self.passes is not None:  # steady.compute's pass-through, its one check inline
-            fn, want = self.passes
-            info = st.qt.get(args[0]) if args else None
-            if info is None or info.dtype is not want:
-                return self.full.dispatch(args, kwargs)
-            out = fn(*args, **kwargs)
-            if info.codes is not None:  # the output keeps the quantization, not the codes
-                info = QInfo(info.dtype, info.scale, zero_point=info.zero_point)
-            st.qt.set(out, info)
-            self.run.prepared += 1
-            return out
-        x_info = steady.arrived_info(self.acts, args, kwargs, st.qt, st.grid)
-        if x_info is steady.MISMATCH:
-            return self.full.dispatch(args, kwargs)
-        if not steady.arguments_hold(prep, args, kwargs, x_info, st.qt):
-            return self.full.dispatch(args, kwargs)
-        out, info = steady.compute(prep, self.name, args, kwargs, x_info, st)
-        st.qt.set(out, info)
-        self.run.prepared += 1
-        return out
-
-
-def _dropout_arguments(input: Any, p: Any = 0.5, training: Any = True, inplace: Any = False):
-    """``F.dropout``'s arguments by name, with its defaults."""
-    return input, p, training, inplace
-
-
-def _eval_dropout_input(args: tuple, kwargs: dict) -> Tensor | None:
-    """The input of ``F.dropout(*args, **kwargs)`` when that call returns it itself, unchanged:
-    a plain tensor, not training, not in place, p a number in [0, 1]; else None."""
-    try:
-        x, p, training, inplace = _dropout_arguments(*args, **kwargs)
-    except TypeError:
-        return None
-    if type(x) is not Tensor or training or inplace or type(p) not in (float, int):
-        return None
-    return x if 0 <= p <= 1 else None
-
-
-class _EvalDropout:
-    """An eval-mode ``F.dropout`` (not modelled), which returns its input itself, unchanged:
-    that input, booked as the dispatch books it (``OpDispatch._kept_input``), without calling
-    the function; any other call (``_eval_dropout_input`` says None, or the op is fused into a
-    GEMM) goes to the dispatch."""
-
-    def __init__(self, full: _Full, index: int) -> None:
-        self.full, self.run = full, full.run
-        self.__name__ = f"ql_dropout_{index}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        full = self.full
-        x = _eval_dropout_input(args, kwargs)
-        if x is None or full.name in full.sim._fused_into:
-            return full.dispatch(args, kwargs)
-        full.sim._kept_input(x, self.run.st, full.name)
-        return x
-
-
-def _eval_dropout(call: OpCall) -> bool:
-    """Whether the captured ``call`` is an ``F.dropout`` not modelled that returned its input."""
-    if call.category is not None or call.func is not F.dropout:
-        return False
-    x = _eval_dropout_input(call.args, call.kwargs)
-    return x is not None and call.result is x
-
-
-class _Writes:
-    """A call that writes into its first argument and is no captured op (item assignment):
-    it runs, then the run forgets the quantization that argument carried, as the capture
-    does."""
-
-    def __init__(self, node: fx.Node, run: _Run, index: int) -> None:
-        self.target, self.method, self.run = node.target, node.op == "call_method", run
-        self.__name__ = f"ql_writes_{index}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.method:
-            out = getattr(args[0], self.target)(*args[1:], **kwargs)
-        else:
-            out = self.target(*args, **kwargs)
-        self.run.st.forget(args[0])
-        return out
-
-
-class _Fused:
-    """An op fused into a GEMM when the program was built: its input when it is still fused
-    into a GEMM that ran with its chain in this call (the dispatch's test), else the dispatch."""
-
-    def __init__(self, slot: A.Slot, full: _Full, index: int) -> None:
-        self.slot, self.full, self.run = slot, full, full.run
-        self.__name__ = f"ql_fused_{index}"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.full.form is not None:
-            args, kwargs = self.full.form(args, kwargs)
-        head = self.full.sim._fused_into.get(self.full.name)
-        if head is not None and head in self.run.st.fused_done:
-            return A.get(args, kwargs, self.slot)
-        return self.full.dispatch(args, kwargs)
-
-
 class Program:
     """``sim``'s steady run of its model in ``mode`` as generated code (see the module
     docstring).
@@ -337,8 +149,8 @@ class Program:
         graph, tracer, gm = trace_model(sim.model, inputs, leaves)
         run_inputs = copy_inputs(inputs) if sim.writes_inputs else inputs
         calls_of, forms, writes, hits = named_run(sim, gm, run_inputs, ref, mode, leaves)
-        self._run = _Run()
-        self._code, self._steps, self.counts = _compile(
+        self._run = ProgramRun()
+        self._code, self._steps, self.counts = compile_steps(
             sim, gm, calls_of, forms, writes, hits, self._run, mode
         )
         # where the model holds the modules the trace went through and the tensors it read
@@ -427,38 +239,6 @@ def _hooked(named_modules) -> str | None:
     return None
 
 
-def _plain_pass_through(prep: steady.PreparedCall, acts: list) -> tuple | None:
-    """(function, dtype) of a prepared pass-through op whose only check per call is that its
-    one activation, the first positional argument, arrives quantized at that dtype (what
-    ``steady.arrived_info`` and ``steady.arguments_hold`` check of it), else None."""
-    if not prep.passes or prep.layout or prep.kernel is not None or prep.fixed is not None:
-        return None
-    if prep.statics or prep.x_scale is not None or len(acts) != 1:
-        return None
-    slot, want = acts[0]
-    if slot != ("a", 0) or not isinstance(want, DType):
-        return None
-    return prep.route.fn, want
-
-
-def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:
-    """What ``steady.prepared_value`` checks about the simulator for op ``name`` (not about
-    the call's arguments): the prepared call is current and everything it was made from holds."""
-    cached = sim._plans.get(name)
-    if (
-        sim._prepared.get((name, prep.route.mode)) is not prep
-        or cached is None
-        or cached[1] is not prep.route.plan
-        or not steady.holds(sim, name, prep)
-    ):
-        return False
-    if prep.weight is not None and prep.weight._version != prep.weight_version:
-        return False
-    if prep.bias is not None and prep.bias._version != prep.bias_version:
-        return False
-    return True
-
-
 # ---------------------------------------------------------------------- building
 def _reference_run(sim: Any, inputs: tuple, mode: Mode) -> Any:
     """Two steady runs in ``mode`` (in FAKE and FIXED mode the first prepares the calls, the
@@ -471,64 +251,3 @@ def _reference_run(sim: Any, inputs: tuple, mode: Mode) -> Any:
     for _ in range(2):
         out = sim._forward(inputs, sim._new_state(mode, None, None))
     return out
-
-
-def _compile(
-    sim: Any,
-    gm: fx.GraphModule,
-    calls_of: dict,
-    forms: dict,
-    writes: set,
-    hits: set,
-    run: _Run,
-    mode: Mode,
-):
-    """The traced graph with every captured node's call replaced by its step; the generated
-    module, its prepared steps and the count of each kind.
-
-    Each attribute the graph reads becomes one flat attribute of the generated module, bound to
-    the object the path led to when building: while the program's checks hold, every such
-    path of the model still leads to the same object (``_holders``), and the trace's own
-    constants belong to it. The generated code then reads one attribute where it walked the
-    module tree (four to six lookups per parameter)."""
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    prepared: list[_Prepared] = []
-    counts = {"prepared": 0, "fused": 0, "kept": 0, "dispatched": 0}
-    attrs: dict[str, Any] = {}
-    for i, node in enumerate(gm.graph.nodes):
-        if node.op == "get_attr":
-            name = f"ql_attr_{len(attrs)}"
-            attrs[name] = fetch(gm, node.target)
-            env[node] = graph.get_attr(name)
-            continue
-        calls = calls_of.get(node)
-        if calls is None and node in writes:
-            args = fx.node.map_arg(node.args, env.__getitem__)
-            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-            env[node] = graph.call_function(_Writes(node, run, i), args, kwargs)
-            continue
-        if calls is None:
-            env[node] = graph.node_copy(node, env.__getitem__)
-            continue
-        call = calls[0]
-        full = _Full(sim, run, call, forms[node], i)
-        step: Callable = full
-        head = sim._fused_into.get(call.name)
-        if call.name in hits:
-            step = _Prepared(full, i, mode)
-            prepared.append(step)
-            counts["prepared"] += 1
-        elif head is not None and call.category is not None:
-            plan = A.plan_of(call, sim._plans)
-            step = _Fused(plan.acts[0], full, i)
-            counts["fused"] += 1
-        elif _eval_dropout(call) and forms[node] is None:
-            step = _EvalDropout(full, i)
-            counts["kept"] += 1
-        else:
-            counts["dispatched"] += 1
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
-        env[node] = graph.call_function(step, args, kwargs)  # a method's self is args[0]
-    return fx.GraphModule(attrs, graph), prepared, counts

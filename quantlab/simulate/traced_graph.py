@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor, nn
 
-from quantlab.capture import CaptureMode, OpCall
+from quantlab.capture import IN_PLACE_OPERATORS, CaptureMode, OpCall
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
 
@@ -74,9 +74,16 @@ def _in_place_operator(name: str) -> Callable:
     return method
 
 
-_IN_PLACE = "iadd isub imul itruediv ifloordiv imod ipow imatmul iand ior ixor ilshift irshift"
-for _name in _IN_PLACE.split():
-    setattr(_ConcreteProxy, f"__{_name}__", _in_place_operator(_name))
+for _op in IN_PLACE_OPERATORS:
+    setattr(_ConcreteProxy, f"__i{_op}__", _in_place_operator(f"i{_op}"))
+
+
+def call_node(kind: str, target: Any, args: tuple, kwargs: dict) -> Any:
+    """What a ``call_function`` or ``call_method`` node (``kind``) computes on these argument
+    values (a method's object is ``args[0]``)."""
+    if kind == "call_function":
+        return target(*args, **kwargs)
+    return getattr(args[0], target)(*args[1:], **kwargs)
 
 
 def _value_of(a: Any, values: dict) -> Any:
@@ -145,10 +152,7 @@ class _NamingTracer(fx.Tracer):
             cargs = fx.node.map_aggregate(args, lambda a: _value_of(a, values))
             ckw = fx.node.map_aggregate(kwargs, lambda a: _value_of(a, values))
             try:
-                if kind == "call_function":
-                    values[node] = target(*cargs, **ckw)
-                else:
-                    values[node] = getattr(cargs[0], target)(*cargs[1:], **ckw)
+                values[node] = call_node(kind, target, cargs, ckw)
             except Exception as e:
                 what = getattr(target, "__name__", str(target))
                 raise ProgramError(
@@ -292,10 +296,8 @@ def named_run(
                     env[node] = next(it, node.args[0] if node.args else None)
                 elif node.op == "get_attr":
                     env[node] = fetch(gm, node.target)
-                elif node.op == "call_function":
-                    env[node] = node.target(*args, **kwargs)
-                elif node.op == "call_method":
-                    env[node] = getattr(args[0], node.target)(*args[1:], **kwargs)
+                elif node.op in ("call_function", "call_method"):
+                    env[node] = call_node(node.op, node.target, args, kwargs)
                 elif node.op == "output":
                     out = args[0]
                 else:

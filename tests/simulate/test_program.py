@@ -786,10 +786,10 @@ def test_an_eval_dropout_step_leaves_every_other_call_to_the_dispatch():
     """The kept step answers only ``F.dropout(x, p, training=False)`` with 0 <= p <= 1 on a
     plain tensor, not fused into a GEMM; training, in place, p out of range or not a number,
     a tensor subclass, unknown arguments and a fused op go to the dispatch."""
-    from quantlab.simulate import program as P
+    from quantlab.simulate import program_steps as P
 
     class Full:
-        name, run = "d", P._Run()
+        name, run = "d", P.ProgramRun()
 
         def __init__(self):
             self.seen, self.kept = [], []
