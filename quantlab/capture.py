@@ -71,15 +71,22 @@ _reg("conv2d", None, OpCategory.GEMM)
 _reg("linear", None, OpCategory.GEMM)
 _reg("matmul bmm mm __matmul__ __rmatmul__", "matmul", OpCategory.GEMM)
 _reg("add __add__ __radd__ __iadd__ add_", "add", OpCategory.ADD)
-_reg("sub __sub__ __rsub__ __isub__ sub_ subtract rsub", "sub", OpCategory.ADD)
-_reg("mul __mul__ __rmul__ __imul__ mul_ multiply", "mul", OpCategory.MUL)
-_reg("div __truediv__ __rtruediv__ __rdiv__ __div__ true_divide divide", "div", OpCategory.DIV)
-_reg("reciprocal", None, OpCategory.LUT)
+_reg("sub __sub__ __rsub__ __isub__ sub_ subtract subtract_ rsub", "sub", OpCategory.ADD)
+_reg("mul __mul__ __rmul__ __imul__ mul_ multiply multiply_", "mul", OpCategory.MUL)
+_reg(
+    "div __truediv__ __rtruediv__ __rdiv__ __div__ __itruediv__ div_ true_divide true_divide_ "
+    "divide divide_",
+    "div",
+    OpCategory.DIV,
+)
+_reg("reciprocal reciprocal_", None, OpCategory.LUT)
 _reg("sum", None, OpCategory.REDUCE)
 _reg("mean", None, OpCategory.REDUCE)
 _reg("cat concat concatenate", "cat", OpCategory.REQUANT)
 _reg("stack", None, OpCategory.REQUANT)
-_reg("clamp clip clamp_min clamp_max", "clamp", OpCategory.REQUANT)
+_reg(
+    "clamp clip clamp_min clamp_max clamp_ clip_ clamp_min_ clamp_max_", "clamp", OpCategory.REQUANT
+)
 _reg("relu6", None, OpCategory.REQUANT)  # F.relu6; nn.ReLU6 calls hardtanh(0, 6)
 _reg(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
@@ -93,6 +100,7 @@ _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCa
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg("sigmoid tanh exp log sqrt rsqrt sin cos gelu silu", None, OpCategory.LUT)
+_reg("sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_", None, OpCategory.LUT)  # in-place methods
 _reg("softmax", None, OpCategory.SOFTMAX)
 _reg("layer_norm group_norm instance_norm", None, OpCategory.NORM)
 _reg("embedding", None, OpCategory.EMBEDDING)
@@ -329,6 +337,17 @@ IN_PLACE_OPERATORS = tuple(
 )
 # item assignment and every in-place operator (in-place methods' names end with "_")
 _MUTATING = frozenset({"__setitem__"} | {f"__i{op}__" for op in IN_PLACE_OPERATORS})
+
+
+def out_of_place_name(func: Callable) -> str:
+    """``func``'s name without torch's in-place marking: ``clamp_min_`` -> ``clamp_min``,
+    ``__iadd__`` -> ``__add__``; other names as they are."""
+    name = getattr(func, "__name__", "")
+    if name in _MUTATING and name.startswith("__i"):
+        return "__" + name[3:]
+    if name.endswith("_") and not name.startswith("_"):
+        return name[:-1]
+    return name
 
 
 def mutates(func: Callable) -> bool:

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCategory, classify
+from quantlab.capture import OpCategory, classify, out_of_place_name
 from quantlab.simulate import args as sim_args
 from quantlab.simulate.modes import Mode, ObservedCall
 
@@ -183,7 +183,7 @@ class _Recorder:
             call.name,
             call.op_type,
             call.category,
-            getattr(call.func, "__name__", ""),
+            out_of_place_name(call.func),
             a,
             k,
             [],

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall, OpCategory, out_of_place_name
 from quantlab.numerics.dtypes import DType
 from quantlab.simulate import args as A
 
@@ -27,11 +27,12 @@ def post_params(call: OpCall) -> tuple | None:
         return v["running_mean"], v["running_var"], v["weight"], v["bias"], float(eps)
     if call.op_type == "relu6":
         return 0.0, 6.0
-    if call.op_type == "clamp" and getattr(call.func, "__name__", "") == "hardtanh":
+    name = out_of_place_name(call.func) if call.op_type == "clamp" else ""
+    if name == "hardtanh":
         lo = k.get("min_val", a[1] if len(a) > 1 else -1.0)
         hi = k.get("max_val", a[2] if len(a) > 2 else 1.0)
         return float(lo), float(hi)
-    if call.op_type == "clamp" and getattr(call.func, "__name__", "") in ("clamp", "clip"):
+    if name in ("clamp", "clip"):
         lo = k.get("min", a[1] if len(a) > 1 else None)
         hi = k.get("max", a[2] if len(a) > 2 else None)
         if isinstance(lo, Tensor) or isinstance(hi, Tensor):
@@ -79,13 +80,12 @@ def inplace_target(call: OpCall) -> Tensor | None:
 
 def out_of_place(call: OpCall):
     """The function to evaluate a quantized op with: in-place arithmetic (``x += y``,
-    ``x.mul_(y)``, ``relu_``) becomes its out-of-place form, so a tensor that carries codes is
-    never changed behind its side-table entry (Python rebinds the name to the result)."""
+    ``x.mul_(y)``, ``t.clamp_(0, 6)``) becomes its out-of-place form, so a tensor that carries
+    codes is never changed behind its side-table entry (Python rebinds the name to the result)."""
     if _inplace_by_name(call.func):
         if call.op_type in OUT_OF_PLACE:
             return OUT_OF_PLACE[call.op_type]
-        if call.op_type == "relu":
-            return torch.relu
+        return getattr(torch, out_of_place_name(call.func))  # relu, clamp_min, sigmoid, ...
     return call.func
 
 

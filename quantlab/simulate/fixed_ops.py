@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from quantlab.capture import OpCategory
+from quantlab.capture import OpCategory, out_of_place_name
 from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.product_requant import requantize_product
@@ -178,7 +178,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         lo = kwargs.get("min_val", args[1] if len(args) > 1 else -1.0)
         hi = kwargs.get("max_val", args[2] if len(args) > 2 else 1.0)
     else:
-        name = getattr(call.func, "__name__", "")
+        name = out_of_place_name(call.func)
         lo = kwargs.get("min", args[1] if len(args) > 1 else None)
         hi = kwargs.get("max", args[2] if len(args) > 2 else None)
         if name == "clamp_max":
