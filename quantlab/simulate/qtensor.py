@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import quantize
+from quantlab.numerics.quantize import dequantize, quantize
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,33 @@ class _KeyedRef(weakref.ref):
     __slots__ = ("key",)
 
 
-class QTable:
-    """id(tensor) -> (weak reference, value); entries vanish with their tensors."""
+def values_hold(t: Tensor, info: object) -> bool:
+    """Whether ``t``'s values are still the ones its QInfo ``info`` describes: its codes'
+    values (``(codes - zero_point) * scale``, as ``fixed_common.emit`` made them) or, without
+    codes, values on its integer grid. False for anything else (float16, no scale)."""
+    if not isinstance(info, QInfo) or not info.dtype.is_int or info.scale is None:
+        return False
+    if info.codes is not None and info.codes.shape == t.shape:
+        held = dequantize(info.codes, info.scale, zero_point=info.zero_point)
+    else:
+        codes = quantize(t, info.scale, info.dtype, zero_point=info.zero_point)
+        held = dequantize(codes, info.scale, zero_point=info.zero_point)
+    return torch.equal(held, t)
 
-    def __init__(self) -> None:
-        self._d: dict[int, tuple[weakref.ref, object]] = {}
+
+class QTable:
+    """id(tensor) -> (weak reference, value, the tensor's version); entries vanish with their
+    tensors.
+
+    ``check``: a table whose values describe the tensor's values (QInfo) checks an entry whose
+    tensor was written since it was set (its ``_version`` moved: by itself, or through a view,
+    which shares the version counter, as ``t.permute(...).add_(1)`` writes ``t``):
+    ``check(tensor, value)`` true keeps it (a write elsewhere in the storage, as into another
+    chunk), false drops it. Without ``check`` entries hold whatever the tensor's version."""
+
+    def __init__(self, check=None) -> None:
+        self._check = check
+        self._d: dict[int, tuple[weakref.ref, object, int]] = {}
         d = self._d
 
         def _gone(ref: _KeyedRef, d=d) -> None:
@@ -72,11 +94,11 @@ class QTable:
         key = id(t)
         e = self._d.get(key)
         if e is not None and e[0]() is t:  # the same tensor: keep its reference
-            self._d[key] = (e[0], info)
+            self._d[key] = (e[0], info, t._version)
             return
         ref = _KeyedRef(t, self._gone)
         ref.key = key
-        self._d[key] = (ref, info)
+        self._d[key] = (ref, info, t._version)
 
     def get(self, t: object):
         if not isinstance(t, Tensor):
@@ -84,6 +106,11 @@ class QTable:
         e = self._d.get(id(t))
         if e is None or e[0]() is not t:
             return None
+        if e[2] != t._version and self._check is not None:
+            if not self._check(t, e[1]):
+                del self._d[id(t)]
+                return None
+            self._d[id(t)] = (e[0], e[1], t._version)
         return e[1]
 
     def drop(self, t: Tensor) -> None:
@@ -95,7 +122,7 @@ class QTable:
     def live(self) -> list[tuple[Tensor, object]]:
         """(tensor, value) of every entry whose tensor is still alive."""
         out = []
-        for ref, value in list(self._d.values()):
+        for ref, value, _ in list(self._d.values()):
             t = ref()
             if t is not None:
                 out.append((t, value))

@@ -11,7 +11,7 @@ from torch.utils._pytree import tree_flatten
 
 from quantlab.simulate import trace_record
 from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace
-from quantlab.simulate.qtensor import QTable
+from quantlab.simulate.qtensor import QTable, values_hold
 
 
 @dataclass
@@ -25,9 +25,11 @@ class RunState:
     calibrating: bool = False
     trace: Trace | None = None
     isolate: Trace | None = None
-    qt: QTable = field(default_factory=QTable)
+    # the codes a tensor carries, and the grid of float ops' outputs on their input's grid:
+    # checked again after a write into the tensor's memory (``QTable``)
+    qt: QTable = field(default_factory=lambda: QTable(values_hold))
     producers: QTable = field(default_factory=QTable)
-    grid: QTable = field(default_factory=QTable)  # float ops' outputs on their input's grid
+    grid: QTable = field(default_factory=lambda: QTable(values_hold))
     order: list = field(default_factory=list)
     infos: dict = field(default_factory=dict)
     float_ops: set = field(default_factory=set)  # ops run in float by choice of mode
@@ -70,7 +72,9 @@ class RunState:
             recorded = self.pending.get(x)
             if recorded is not None:
                 self.pending.drop(x)
-                x.copy_(recorded)
+                # through .data: no version bump, so the side-table entries of x and its views,
+                # which describe these values, still hold (``QTable``)
+                x.data.copy_(recorded)
 
     def materialize_read(self, args: tuple, kwargs: dict) -> None:
         """Every pending replayed output among a call's arguments (at any depth) takes its
