@@ -92,6 +92,22 @@ class SoftmaxRule(enum.Enum):
     FLOAT_EXP_TABLE = "float_exp_table"
 
 
+class ElementwiseRule(enum.Enum):
+    """Which add / sub / mul (and division by a constant) run on integer codes.
+
+    INTEGER:      every one: the add rule (``add_rule``), a product's requantization.
+    QLINEAR_8BIT: add and mul of two 8-bit tensors to an 8-bit output only (ONNX Runtime fuses
+                  DequantizeLinear -> Add / Mul -> QuantizeLinear into QLinearAdd / QLinearMul
+                  for those alone); every other one (sub, an int16 operand or output, a scalar
+                  constant held as int16 codes) as the runtime computes it: each operand
+                  dequantized, fl32(s * (c - z)), the float32 op, then QuantizeLinear,
+                  rne(fl32(v / s_out)) + z_out saturated (``fake_round``).
+    """
+
+    INTEGER = "integer"
+    QLINEAR_8BIT = "qlinear_8bit"
+
+
 class ConcatRule(enum.Enum):
     """How cat / stack bring inputs at other scales (or zero points) to the output's.
 
@@ -145,6 +161,7 @@ class PlatformConfig:
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
+    elementwise_rule: ElementwiseRule = ElementwiseRule.INTEGER  # which add / sub / mul are integer
     # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
     # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)
     qlinear_zero_point: int = 0

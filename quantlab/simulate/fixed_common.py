@@ -15,10 +15,10 @@ from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
 from quantlab.numerics.product_requant import product_form
-from quantlab.numerics.quantize import dequantize
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import int32_requant, make_requant, requant_scale, rescale_multiplier
 from quantlab.numerics.scaled_add import add_constants, add_float_rescale, add_inter_scale
-from quantlab.platforms import AddRule
+from quantlab.platforms import AddRule, ElementwiseRule
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo
 
@@ -175,6 +175,28 @@ def operand(args, kwargs, slot, info, zero_point: bool = False, native: bool = F
         res = const(float(v))
         return (*res, 0) if zero_point else res
     return None
+
+
+def operand_dtype(args, kwargs, slot, info) -> DType:
+    """The dtype an operand's codes are held in: its QInfo's, or CONSTANT_DTYPE (a scalar)."""
+    return info.dtype if isinstance(A.get(args, kwargs, slot), Tensor) else CONSTANT_DTYPE
+
+
+def runs_in_float(p, op_type: str, operand_dtypes, out: DType) -> bool:
+    """Whether the platform computes this add / sub / mul in float32 between dequantize and
+    quantize (``platform.elementwise_rule``, ``dequantize_quantize``)."""
+    if p.elementwise_rule is ElementwiseRule.INTEGER:
+        return False
+    return op_type == "sub" or out.bits != 8 or any(d.bits != 8 for d in operand_dtypes)
+
+
+def dequantize_quantize(fn, operands, so, out: DType, zero_point: int, rounding) -> Tensor:
+    """Codes of ``fn`` of the operands as a runtime computes it between DequantizeLinear and
+    QuantizeLinear: each operand (codes, scale, zero point) dequantized to float32,
+    fl32(s * (c - z)); ``fn`` in float32 (one IEEE operation); then quantized,
+    round(fl32(v / so)) by ``rounding`` + ``zero_point``, saturated to ``out``."""
+    values = [dequantize(c, s, zero_point=z) for c, s, z in operands]
+    return quantize(fn(*values), so, out, rounding, zero_point=zero_point)
 
 
 def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN) -> tuple:

@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory, out_of_place_name
-from quantlab.numerics.code_bounds import bound_codes
+from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
-from quantlab.platforms import ConcatRule, SoftmaxRule
+from quantlab.platforms import ConcatRule, ElementwiseRule, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -56,6 +56,11 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
         return "integer (mean, variance, rsqrt lut, affine)"
     if category is OpCategory.SOFTMAX and sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE:
         return "float32 exp table (8-bit); float_fallback (16-bit)"
+    elementwise = (OpCategory.ADD, OpCategory.MUL, OpCategory.DIV)
+    if category in elementwise and sim.platform.elementwise_rule is ElementwiseRule.QLINEAR_8BIT:
+        if op_type in ("add", "mul"):
+            return "integer (two 8-bit tensors); float between dequantize and quantize otherwise"
+        return "float between dequantize and quantize"
     return _KERNELS[category]
 
 
@@ -79,6 +84,10 @@ def _reversed(call) -> bool:
     return getattr(call.func, "__name__", "") in ("__rsub__", "rsub", "__rtruediv__", "__rdiv__")
 
 
+def _swapped(fn):
+    return lambda x, y: fn(y, x)
+
+
 def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     p = sim.platform
     if not rq.output_dtype.is_int or len(plan.acts) != 2 or kwargs.get("alpha", 1) != 1:
@@ -92,6 +101,13 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     so = fc.out_scale(sim, call, rq)
     out = rq.output_dtype
     zo = fc.out_zero_point(sim, call, rq)
+    dtypes = [fc.operand_dtype(args, kwargs, s, i) for s, i in zip(plan.acts, in_infos)]
+    if fc.runs_in_float(p, call.op_type, dtypes, out):
+        fn = torch.add if call.op_type != "sub" else torch.sub
+        if _reversed(call):  # c - x
+            fn = _swapped(fn)
+        codes = fc.dequantize_quantize(fn, (a, b), so, out, zo, p.fake_round)
+        return fc.emit(codes, so, out, zo)
     k = fc.inter_add_constants(sim, call.name, xs, ys, so, out)
     if call.op_type != "sub":
         codes = fc.add_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
@@ -121,6 +137,13 @@ def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = Fals
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
     out = rq.output_dtype
+    x_dtype = fc.operand_dtype(args, kwargs, plan.acts[0], in_infos[0])
+    y_dtype = (
+        CONSTANT_DTYPE if const_inv else fc.operand_dtype(args, kwargs, plan.acts[1], in_infos[1])
+    )
+    if fc.runs_in_float(sim.platform, "mul", (x_dtype, y_dtype), out):
+        codes = fc.dequantize_quantize(torch.mul, (a, b), so, out, zo, sim.platform.fake_round)
+        return fc.emit(codes, so, out, zo)
     # a scalar constant's code is +-CONSTANT_DTYPE.qmax (constant_codes); its scale is new
     # every call, so its constants are kept by the scalar's value
     x_const = not isinstance(A.get(args, kwargs, plan.acts[0]), Tensor)

@@ -1,0 +1,73 @@
+"""What onnxruntime does with the parts of an exported QDQ graph it does not fuse into a QLinear
+kernel, and fixed mode (onnxruntime profile) giving the same bits: sub, and add / mul with a
+scalar constant (held as int16 codes), run in float32 between DequantizeLinear and
+QuantizeLinear (``platform.elementwise_rule`` QLINEAR_8BIT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from quantlab.export import ActivationEncoding, to_onnx_qdq  # noqa: E402
+from quantlab.export import runtime as R  # noqa: E402
+from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
+from quantlab.platforms import ElementwiseRule  # noqa: E402
+from quantlab.simulate import Mode, Simulator  # noqa: E402
+
+ORT_PROFILE = onnxruntime_profile()
+
+
+class _Elementwise(nn.Module):
+    """sub of two tensors, of the input and itself (an all-zero output: its scale is the
+    smallest the observer gives), and add / sub / mul / div with scalar constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        z = torch.sigmoid(x[:, :1])
+        return y - z, x - x, 0.5 - y, (y + 0.25) * 1.5, z / 3.0
+
+
+def _calibrated(model: nn.Module, platform=ORT_PROFILE, seed: int = 0):
+    torch.manual_seed(seed)
+    sim = Simulator(model.eval(), platform)
+    g = torch.Generator().manual_seed(seed + 1)
+    sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
+    return sim, [torch.randn(2, 3, 6, 6, generator=g) * s for s in (0.5, 1.0, 4.0)]
+
+
+def _onnxruntime_outputs(sim, xs, tmp_path, encoding):
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],), encoding=encoding)
+    sess = R.session(info.path, tmp_path / "opt.onnx")
+    kinds = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+    return [R.run(sess, info.input_names, (x,)) for x in xs], kinds
+
+
+def _same(runtime: list, fixed) -> bool:
+    return all(np.array_equal(a, b.numpy()) for a, b in zip(runtime, fixed, strict=True))
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_sub_and_scalar_operands_run_in_float_between_dequantize_and_quantize(tmp_path, encoding):
+    sim, xs = _calibrated(_Elementwise())
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Sub" in kinds  # onnxruntime has no QLinearSub
+    for x, ys in zip(xs, outs, strict=True):
+        fixed = sim.run(x, mode=Mode.FIXED)
+        assert _same(ys, fixed)
+        assert not fixed[1].any()  # x - x is 0, whatever the output scale
+    # the integer forms (QLinearAdd's arithmetic for sub, the product requantization) do not
+    # give onnxruntime's bits for these
+    sim.platform = replace(sim.platform, elementwise_rule=ElementwiseRule.INTEGER)
+    assert not all(_same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs))
