@@ -66,7 +66,7 @@ def _compare_outputs(ort_out: list, ql_out: list, scales: list) -> dict:
         differing += int((a != b).sum())
         max_abs = max(max_abs, float(d.max(initial=0.0)))
         if s is not None:
-            lsb = d / np.asarray(s, np.float64).reshape([1] * (d.ndim - np.ndim(s)) + [-1])
+            lsb = d / np.asarray(s, np.float64)  # shaped to broadcast (QDQExport)
             max_lsb = max(max_lsb, float(lsb.max(initial=0.0)))
         else:
             max_lsb = float("nan")

@@ -73,6 +73,19 @@ class ExportContext:
         codes = self.graph.quantize(v.name, q, base=f"{op.name}/in{i}")
         return self.graph.dequantize(codes, q)
 
+    def act_codes(self, op: RecordedOp, i: int) -> tuple[str, QParams] | None:
+        """(integer codes tensor, its quantization) of activation ``i`` as the op computes with
+        it; None when the fixed run kept it float."""
+        want = op.in_quant[i] if i < len(op.in_quant) else None
+        ref = sim_args.get(op.args, op.kwargs, op.acts[i])
+        if want is None or not isinstance(ref, (InputRef, OpRef, ConstRef)):
+            return None
+        v = self.value(ref, f"{op.name}/in{i}/const")
+        q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
+        if q.same_as(v.quant) and v.codes is not None:
+            return v.codes, q
+        return self.graph.quantize(v.name, q, base=f"{op.name}/in{i}/codes"), q
+
     def act_quant(self, op: RecordedOp, i: int) -> QParams:
         """The integer quantization of activation ``i`` (UnsupportedOpError when float)."""
         want = op.in_quant[i] if i < len(op.in_quant) else None

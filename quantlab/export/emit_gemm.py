@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from onnx import TensorProto
 
 from quantlab.export.context import ExportContext
 from quantlab.export.graph import QParams, UnsupportedOpError
@@ -24,6 +25,12 @@ def _pair(v, n: int) -> list[int]:
 
 
 def _weight(ctx: ExportContext, op: RecordedOp) -> tuple[str, QParams]:
+    """The weight's DequantizeLinear (of its per-channel codes) and its quantization."""
+    codes, qw = _weight_codes(op)
+    return ctx.graph.const_dq(f"{op.name}/weight", codes, qw), qw
+
+
+def _weight_codes(op: RecordedOp) -> tuple[torch.Tensor, QParams]:
     if op.weight_codes is None:
         raise UnsupportedOpError(
             f"op {op.name} ({op.op_type}): its weight is not an integer-quantized parameter "
@@ -32,20 +39,14 @@ def _weight(ctx: ExportContext, op: RecordedOp) -> tuple[str, QParams]:
         )
     wdt = op.qconfig.weight_dtype
     qw = QParams.of(wdt, op.weight_scale.reshape(-1), axis=0)
-    codes = op.weight_codes.detach().to(wdt.torch_dtype)
-    return ctx.graph.const_dq(f"{op.name}/weight", codes, qw), qw
+    return op.weight_codes.detach().to(wdt.torch_dtype), qw
 
 
 def _bias(ctx: ExportContext, op: RecordedOp, xq: QParams, qw: QParams) -> str | None:
-    if op.bias is None:
+    codes = _bias_codes(op, xq, qw)
+    if codes is None:
         return None
-    b = sim_args.get(op.args, op.kwargs, op.bias)
-    if b is None:
-        return None
-    if not isinstance(b, ConstRef):
-        raise UnsupportedOpError(f"op {op.name}: the bias is computed by the model, not a constant")
     xs, ws = torch.from_numpy(xq.scale), torch.from_numpy(qw.scale)
-    codes = quantize_bias(b.value.detach().float(), xs, ws).to(torch.int32)
     qb = QParams.of(DType.INT32, acc_scale(xs, ws).reshape(-1), axis=0)
     return ctx.graph.const_dq(f"{op.name}/bias", codes, qb)
 
@@ -60,11 +61,13 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str) -> None:
                 "batch norms are folded (quantlab.models.fold.to_deployment_form)"
             )
     q = op.out_quant[0] if op.out_quant else None
-    if chain and q is not None:
+    if chain:
         lo, hi = fused_clamp_bounds(chain[-1])
-        qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
-        mid = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
-        ins = [mid, ctx.float_const(f"{op.name}/min", lo if lo is not None else -np.inf)]
+        if q is not None:  # the bounds at the output scale: clipped after quantizing
+            qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
+            y = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
+        # a wide float output (no output quantization) is clipped as it is
+        ins = [y, ctx.float_const(f"{op.name}/min", lo if lo is not None else -np.inf)]
         ins.append(ctx.float_const(f"{op.name}/max", hi if hi is not None else np.inf))
         y = ctx.graph.node("Clip", ins, f"{op.name}/clip")
     ctx.set_outputs(op, [y])
@@ -72,12 +75,57 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str) -> None:
         ctx.alias(f, ctx.env[OpRef(op.name, 0)])
 
 
+def _wide_integer(ctx: ExportContext, op: RecordedOp, operands: list, **attrs) -> str:
+    """A GEMM whose fixed run leaves a wide float output (no output quantization):
+    fl32(acc) * fl32(s_x * s_w), acc the exact int32 accumulator with the int32 bias codes
+    (``numerics.gemm.finish_gemm``, FLOAT32). Written as onnxruntime's integer kernel:
+    ConvInteger / MatMulInteger of the 8-bit codes (int32), + bias codes, Cast to float32, times
+    the accumulator scale. A float Conv / MatMul between DequantizeLinear and no
+    QuantizeLinear, which onnxruntime does not fuse, sums in float32 and rounds otherwise.
+    ``operands``: [(codes, QParams)] of the input and the weight (a constant; a matmul's second
+    input is an activation), every one 8-bit (``_integer_operands``)."""
+    names = [c for c, _ in operands]
+    weight = op.weight_codes is not None
+    zero_points = [
+        ctx.graph.zero_point_of(c, q, activation=not (weight and i == 1))
+        for i, (c, q) in enumerate(operands)
+    ]
+    kind = "ConvInteger" if op.op_type in ("conv1d", "conv2d") else "MatMulInteger"
+    acc = ctx.graph.node(kind, names + zero_points, f"{op.name}/acc", **attrs)
+    scale = acc_scale(*(torch.from_numpy(q.scale) for _, q in operands))
+    nd = op.outputs[0].dim()
+    if kind == "ConvInteger":  # per output channel: axis 1 of (N, C, ...)
+        shape = [-1, *[1] * (nd - 2)]
+        bias = _bias_codes(op, operands[0][1], operands[1][1])
+        if bias is not None:
+            b = ctx.graph.const(f"{op.name}/bias", bias.reshape(shape))
+            acc = ctx.graph.node("Add", [acc, b], f"{op.name}/acc_bias")
+        scale = scale.reshape(shape)
+    y = ctx.graph.node("Cast", [acc], f"{op.name}/acc_float", to=TensorProto.FLOAT)
+    s = ctx.graph.const(f"{op.name}/acc_scale", scale.numpy().astype(np.float32))
+    return ctx.graph.node("Mul", [y, s], f"{op.name}/float")
+
+
+def _integer_operands(*quants) -> bool:
+    """Whether every operand's quantization (None: float) holds 8-bit codes: what ConvInteger
+    / MatMulInteger take."""
+    return all(q is not None and q.dtype is DType.INT8 for q in quants)
+
+
+def _bias_codes(op: RecordedOp, xq: QParams, qw: QParams) -> np.ndarray | None:
+    """The int32 bias codes a GEMM adds to its accumulator (``quantize_bias``), or None."""
+    b = sim_args.get(op.args, op.kwargs, op.bias) if op.bias is not None else None
+    if b is None:
+        return None
+    if not isinstance(b, ConstRef):
+        raise UnsupportedOpError(f"op {op.name}: the bias is computed by the model, not a constant")
+    xs, ws = torch.from_numpy(xq.scale), torch.from_numpy(qw.scale)
+    return quantize_bias(b.value.detach().float(), xs, ws).to(torch.int32).numpy()
+
+
 def emit_conv(ctx: ExportContext, op: RecordedOp) -> None:
     nd = 2 if op.op_type == "conv2d" else 1
     xq = ctx.act_quant(op, 0)
-    x = ctx.act(op, 0)
-    w, qw = _weight(ctx, op)
-    b = _bias(ctx, op, xq, qw)
     stride = _pair(ctx.arg(op, 3, "stride", 1), nd)
     padding = ctx.arg(op, 4, "padding", 0)
     dilation = _pair(ctx.arg(op, 5, "dilation", 1), nd)
@@ -94,17 +142,16 @@ def emit_conv(ctx: ExportContext, op: RecordedOp) -> None:
     else:
         p = _pair(padding, nd)
         pads = p + p
+    attrs = dict(strides=stride, pads=pads, dilations=dilation, group=groups, kernel_shape=k)
+    codes, qw = _weight_codes(op)
+    if (not op.out_quant or op.out_quant[0] is None) and _integer_operands(xq, qw):
+        wc = ctx.graph.const(f"{op.name}/weight_codes", codes)
+        _finish(ctx, op, _wide_integer(ctx, op, [ctx.act_codes(op, 0), (wc, qw)], **attrs))
+        return
+    x, w = ctx.act(op, 0), ctx.graph.const_dq(f"{op.name}/weight", codes, qw)
+    b = _bias(ctx, op, xq, qw)
     ins = [x, w] + ([b] if b is not None else [])
-    y = ctx.graph.node(
-        "Conv",
-        ins,
-        f"{op.name}/float",
-        strides=stride,
-        pads=pads,
-        dilations=dilation,
-        group=groups,
-        kernel_shape=k,
-    )
+    y = ctx.graph.node("Conv", ins, f"{op.name}/float", **attrs)
     _finish(ctx, op, y)
 
 
@@ -151,8 +198,12 @@ def emit_linear(ctx: ExportContext, op: RecordedOp) -> None:
 def emit_matmul(ctx: ExportContext, op: RecordedOp) -> None:
     for i in range(2):
         ctx.act_quant(op, i)
-    a, b = ctx.act(op, 0), ctx.act(op, 1)
-    if op.func_name == "__rmatmul__":
-        a, b = b, a
+    order = [1, 0] if op.func_name == "__rmatmul__" else [0, 1]
+    if (not op.out_quant or op.out_quant[0] is None) and _integer_operands(
+        *(op.in_quant[i] for i in order)
+    ):
+        _finish(ctx, op, _wide_integer(ctx, op, [ctx.act_codes(op, i) for i in order]))
+        return
+    a, b = (ctx.act(op, i) for i in order)
     y = ctx.graph.node("MatMul", [a, b], f"{op.name}/float")
     _finish(ctx, op, y)

@@ -121,6 +121,15 @@ class GraphBuilder:
             and self.encoding is ActivationEncoding.UNSIGNED_OFFSET
         )
 
+    def zero_point_of(self, codes: str, q: QParams, activation: bool = True) -> str:
+        """A scalar zero point of codes tensor ``codes`` written with ``q`` (an integer
+        kernel's x_zero_point / w_zero_point input), in the dtype the codes are written in."""
+        if self.offset(q, activation):
+            zp = np.asarray(q.zero_point + 128, dtype=np.uint8)
+        else:
+            zp = np.asarray(q.zero_point, dtype=NUMPY_INT[q.dtype])
+        return self.const(f"{codes}/zero_point", zp)
+
     def _qparam_inputs(self, q: QParams, activation: bool = True) -> tuple[str, str]:
         unsigned = self.offset(q, activation)
         key = (q.dtype, q.zero_point, q.scale.shape, q.scale.tobytes(), unsigned)

@@ -97,17 +97,30 @@ class QDQExport:
     encoding: ActivationEncoding = ActivationEncoding.SIGNED
     offset_tensors: set = field(default_factory=set)  # codes tensors written as code + 128
     tensor_quant: dict = field(default_factory=dict)  # codes tensor -> its QParams
-    # one LSB of each output: its scale, or x_scale * w_scale per channel (last axis) for a
-    # GEMM's wide output; None for other float outputs
+    # one LSB of each output, shaped to broadcast against it: its scale, or a GEMM's wide
+    # output's accumulator scale (per channel for a weight); None for other float outputs
     output_scales: list = field(default_factory=list)
 
 
-def _output_scale(v: Value, op: RecordedOp | None):
+def _output_scale(v: Value, op: RecordedOp | None, by_name: dict):
+    """The scale of one model output's LSB, shaped to broadcast against it: its quantization's,
+    or a GEMM's accumulator scale (per output channel: axis 1 of a convolution's output, the
+    last axis of a linear's); None for a float output of any other op."""
     if v.quant is not None:
         return v.quant.scale
-    if op is None or op.weight_scale is None or not op.in_quant or op.in_quant[0] is None:
+    if op is not None and op.fused_into:  # a clamp fused into a GEMM: the GEMM's output
+        op = by_name.get(op.fused_into)
+    if op is None or not op.in_quant or op.in_quant[0] is None:
         return None
-    return acc_scale(op.in_quant[0].scale, op.weight_scale).numpy().astype(np.float32)
+    if op.weight_scale is not None:
+        s = acc_scale(op.in_quant[0].scale, op.weight_scale.reshape(-1))
+        if op.op_type in ("conv1d", "conv2d"):
+            s = s.reshape(-1, *[1] * (len(v.shape) - 2))
+    elif op.op_type == "matmul" and len(op.in_quant) == 2 and op.in_quant[1] is not None:
+        s = acc_scale(op.in_quant[0].scale, op.in_quant[1].scale)
+    else:
+        return None
+    return s.numpy().astype(np.float32)
 
 
 def _unsupported(op: RecordedOp) -> UnsupportedOpError:
@@ -159,7 +172,7 @@ def build_model(
     refs = [r for r in tree_flatten(run.output)[0] if isinstance(r, (OpRef, InputRef))]
     for k, ref in enumerate(refs):
         v = ctx.env[ref]
-        out_scales.append(_output_scale(v, by_name.get(getattr(ref, "name", None))))
+        out_scales.append(_output_scale(v, by_name.get(getattr(ref, "name", None)), by_name))
         name = g.node("Identity", [v.name], f"output{k}")
         out_names.append(name)
         outputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[v.dtype], list(v.shape)))
