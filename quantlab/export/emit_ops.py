@@ -235,12 +235,36 @@ def emit_layer_norm(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
-    dim = int(ctx.arg(op, 1, "dim", 0))
+    """cat as Concat. stack as the Concat of its inputs along an existing axis, reshaped (the
+    same elements in the same order; a new last axis: stacked before the last, then the two
+    swapped; scalars: each reshaped to [1]). The Unsqueeze of each dequantized input, the
+    direct form, makes onnxruntime's optimizer fail to load the model with int8 activations
+    (the Q/DQ it moves across the Unsqueeze get a uint8 zero point)."""
     xs = [ctx.act(op, i) for i in range(len(op.acts))]
-    if op.op_type == "stack":
-        axes = ctx.graph.int64s(f"{op.name}/axes", [dim])
-        xs = [ctx.graph.node("Unsqueeze", [x, axes], f"{op.name}/u{i}") for i, x in enumerate(xs)]
-    ctx.set_outputs(op, [ctx.graph.node("Concat", xs, f"{op.name}/float", axis=dim)])
+    out_shape = list(op.outputs[0].shape)
+    dim = int(ctx.arg(op, 1, "dim", 0)) % len(out_shape)
+    if op.op_type == "stack" and len(out_shape) == 1:  # scalars: each reshaped to [1]
+        one = ctx.graph.int64s(f"{op.name}/one", [1])
+        for i, x in enumerate(xs):
+            held = ctx.act_codes(op, i)  # the codes reshaped, then dequantized: no float
+            if held is None:  # node between DequantizeLinear and Concat
+                xs[i] = ctx.graph.node("Reshape", [x, one], f"{op.name}/r{i}")
+            else:
+                codes = ctx.graph.node("Reshape", [held[0], one], f"{op.name}/r{i}")
+                xs[i] = ctx.graph.dequantize(codes, held[1])
+    if op.op_type != "stack" or len(out_shape) == 1:
+        ctx.set_outputs(op, [ctx.graph.node("Concat", xs, f"{op.name}/float", axis=dim)])
+        return
+    last = dim == len(out_shape) - 1 and dim > 0
+    axis = dim - 1 if last else dim
+    y = ctx.graph.node("Concat", xs, f"{op.name}/cat", axis=axis)
+    shape = out_shape[:axis] + [out_shape[dim], out_shape[axis]] if last else out_shape
+    base = f"{op.name}/stacked" if last else f"{op.name}/float"
+    y = ctx.graph.node("Reshape", [y, ctx.graph.int64s(f"{op.name}/shape", shape)], base)
+    if last:
+        perm = [*range(len(out_shape) - 2), len(out_shape) - 1, len(out_shape) - 2]
+        y = ctx.graph.node("Transpose", [y], f"{op.name}/float", perm=perm)
+    ctx.set_outputs(op, [y])
 
 
 # ---------------------------------------------------------------------------- shapes

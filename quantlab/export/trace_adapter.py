@@ -19,7 +19,8 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCategory, classify, out_of_place_name
+from quantlab.capture import OpCategory, classify, mutates, out_of_place_name
+from quantlab.export.graph import UnsupportedOpError
 from quantlab.simulate import args as sim_args
 from quantlab.simulate.modes import Mode, ObservedCall
 
@@ -100,19 +101,47 @@ class RecordedRun:
 
 
 class _Refs:
-    """id(tensor) -> reference, holding every tensor so that no id is reused during the run."""
+    """id(tensor) -> reference, holding every tensor so that no id is reused during the run.
+
+    A graph's values never change, but a model's tensors can: an in-place op writes its target
+    and, through shared storage, every view of it (``t.view(...).sigmoid_()`` changes ``t``).
+    The target's reference moves to the op's output; the other tensors overlapping it in its
+    storage become stale. ``stale_reads``: reader -> what it read stale (a run the graph
+    cannot express if the reader's result reaches an output)."""
 
     def __init__(self, inputs: tuple) -> None:
         self._map: dict[int, Any] = {}
         self._keep: list = list(inputs)
+        self._stale: dict[int, str] = {}  # id(tensor) -> the op that wrote its storage
+        self.stale_reads: dict[str, str] = {}
         for i, t in enumerate(inputs):
             if isinstance(t, Tensor):
                 self._map[id(t)] = InputRef(i)
 
-    def ref(self, v):
+    def ref(self, v, reader: str = ""):
         if not isinstance(v, Tensor):
             return v
+        writer = self._stale.get(id(v))
+        if writer is not None:
+            self.stale_reads.setdefault(
+                reader,
+                f"op {writer} writes in place into a tensor that shares its storage with "
+                f"{self._map[id(v)]}, which {reader or 'the model output'} reads afterwards; an "
+                "ONNX graph cannot express a write through a view: compute that op out of "
+                "place to export the model",
+            )
         return self._map.get(id(v)) or ConstRef(v)
+
+    def wrote(self, target: Tensor, writer: str) -> None:
+        """``writer`` changed ``target`` in place: every other tracked tensor on its storage
+        is stale from now on."""
+        storage, span = _storage(target), _span(target)
+        for t in self._keep:
+            if t is target or id(t) not in self._map or _storage(t) != storage:
+                continue
+            lo, hi = _span(t)
+            if lo < span[1] and span[0] < hi:  # overlapping ranges of the storage
+                self._stale[id(t)] = writer
 
     def tracked(self, v) -> bool:
         return isinstance(v, Tensor) and id(v) in self._map
@@ -121,12 +150,13 @@ class _Refs:
         leaves = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
         for j, t in enumerate(leaves):
             self._map[id(t)] = OpRef(name, j)
+            self._stale.pop(id(t), None)
             self._keep.append(t)
         return leaves
 
-    def refs_of(self, args, kwargs):
+    def refs_of(self, args, kwargs, reader: str):
         def one(v):
-            return self.ref(v) if isinstance(v, Tensor) else v
+            return self.ref(v, reader) if isinstance(v, Tensor) else v
 
         return tree_map(one, tuple(args)), tree_map(one, dict(kwargs))
 
@@ -165,19 +195,22 @@ class _Recorder:
     def aux(self, func, args, kwargs, out) -> None:
         name = f"aux:{getattr(func, '__name__', 'call')}#{self._n_aux}"
         self._n_aux += 1
-        a, k = self.refs.refs_of(args, kwargs)
+        a, k = self.refs.refs_of(args, kwargs, name)
         kind = classify(func, args, kwargs)
         fname = getattr(func, "__name__", "")
         op = RecordedOp(name, kind[0] if kind else fname, None, fname, a, k, [], [None])
         op.captured = False
         op.outputs = self.refs.produce(name, out)
         self.ops.append(op)
+        target = _in_place_target(func, args, kwargs)
+        if target is not None:
+            self.refs.wrote(target, name)
 
     def observe(self, seen: ObservedCall) -> None:
         """Record one captured call the fixed run computed (``Simulator.trace(on_call=...)``)."""
         self.handled += 1
         call, plan = seen.call, seen.plan
-        a, k = self.refs.refs_of(call.args, call.kwargs)
+        a, k = self.refs.refs_of(call.args, call.kwargs, call.name)
         in_vals = [sim_args.get(call.args, call.kwargs, s) for s in plan.acts] if plan else []
         op = RecordedOp(
             call.name,
@@ -197,6 +230,28 @@ class _Recorder:
         op.in_float = [sim_args.is_float_tensor(v) for v in in_vals]
         op.outputs = self.refs.produce(call.name, seen.output)
         self.ops.append(op)
+        target = _in_place_target(call.func, call.args, call.kwargs)
+        if target is not None:
+            self.refs.wrote(target, call.name)
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """[first, last + 1) element offsets of ``t`` in its storage (empty for no elements)."""
+    if t.numel() == 0:
+        return t.storage_offset(), t.storage_offset()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.storage_offset(), t.storage_offset() + last + 1
+
+
+def _in_place_target(func, args: tuple, kwargs: dict) -> Tensor | None:
+    """The tensor an in-place call writes (``mutates``, or ``inplace=True``), or None."""
+    if (mutates(func) or kwargs.get("inplace")) and args and isinstance(args[0], Tensor):
+        return args[0]
+    return None
 
 
 def _quant_of(info) -> Quant | None:
@@ -232,7 +287,28 @@ def record_run(sim, inputs: tuple) -> RecordedRun:
         _complete(sim, op, trace, ops_table)
     out_leaves = [t for t in tree_flatten(trace.result)[0] if isinstance(t, Tensor)]
     output = tree_map(lambda v: rec.refs.ref(v) if isinstance(v, Tensor) else v, trace.result)
+    _check_stale_reads(rec.refs.stale_reads, rec.ops, output)
     return RecordedRun(rec.ops, tuple(inputs), output, out_leaves)
+
+
+def _check_stale_reads(stale_reads: dict, ops: list, output) -> None:
+    """Raise UnsupportedOpError when a read of a stale tensor (``_Refs``) reaches an output."""
+    if not stale_reads:
+        return
+    by_name = {op.name: op for op in ops}
+    todo = [r for r in tree_flatten(output)[0] if isinstance(r, OpRef)]
+    if "" in stale_reads:
+        raise UnsupportedOpError(stale_reads[""])
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop().name
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        if name in stale_reads:
+            raise UnsupportedOpError(stale_reads[name])
+        op = by_name[name]
+        todo += [r for r in tree_flatten((op.args, op.kwargs))[0] if isinstance(r, OpRef)]
 
 
 def _complete(sim, op: RecordedOp, trace, ops_table) -> None:

@@ -6,7 +6,9 @@ kernel, and fixed mode (onnxruntime profile) giving the same bits:
   accumulator fixed mode computes (a float Conv / MatMul would sum in float32), with a fused
   clamp on its values;
 - sub, and add / mul with a scalar constant (held as int16 codes), run in float32 between
-  DequantizeLinear and QuantizeLinear (``platform.elementwise_rule`` QLINEAR_8BIT).
+  DequantizeLinear and QuantizeLinear (``platform.elementwise_rule`` QLINEAR_8BIT);
+- a write through a view (``t.permute(...).add_(1)`` and then ``t`` read) has no ONNX form:
+  the export refuses it, unless what read the stale tensor reaches no output.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from quantlab.analysis.onnx_fidelity import measure  # noqa: E402
-from quantlab.export import ActivationEncoding, to_onnx_qdq  # noqa: E402
+from quantlab.export import ActivationEncoding, UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
 from quantlab.platforms import ElementwiseRule  # noqa: E402
@@ -105,6 +107,30 @@ def test_sub_and_scalar_operands_run_in_float_between_dequantize_and_quantize(tm
     assert not all(_same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs))
 
 
+class _WritesThroughAView(nn.Module):
+    def __init__(self, read_after: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.read_after = read_after
+
+    def forward(self, x):
+        y = self.conv(x)
+        y.permute(0, 1, 3, 2).add_(1.0)  # changes y
+        stale = torch.tanh(y)  # reads y as written
+        return stale if self.read_after else torch.sigmoid(x)
+
+
+def test_a_write_through_a_view_is_refused_where_it_is_read(tmp_path):
+    sim, xs = _calibrated(_WritesThroughAView(read_after=True))
+    with pytest.raises(UnsupportedOpError, match=r"writes in place .* through a view|view"):
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+    # what read it reaches no output: the graph computes the outputs
+    sim, xs = _calibrated(_WritesThroughAView(read_after=False))
+    outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
+
+
 def test_fidelity_measures_per_channel_wide_outputs(tmp_path):
     """A convolution's wide output has one LSB per channel (axis 1): the comparison reads it
     so (it divided along the last axis before, and failed on this shape)."""
@@ -113,3 +139,27 @@ def test_fidelity_measures_per_channel_wide_outputs(tmp_path):
     assert f.summary["outputs_differing"] == 0
     assert f.summary["max_diff_lsb"] == 0.0
     assert f.summary["first_diverging_op"] == ""
+
+
+class _Stacks(nn.Module):
+    """stack on a new first, middle and last axis, and of scalars."""
+
+    def forward(self, x):
+        a, b = torch.relu(x), torch.tanh(x)
+        return (
+            torch.stack([a, b]).sum(0),
+            torch.stack([a, b, x * 0.5], 2) * 1.5,
+            torch.stack([a, b], -1),
+            torch.stack([a.sum(), b.mean()]) * 2.0,
+        )
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_stacks_load_and_match_in_onnxruntime(tmp_path, encoding):
+    """Unsqueeze nodes between the dequantized inputs and the Concat made onnxruntime refuse
+    the model with int8 activations ("output_dtype INT8 does not match y_zero_point type
+    UINT8")."""
+    sim, xs = _calibrated(_Stacks())
+    outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
