@@ -108,6 +108,21 @@ class ElementwiseRule(enum.Enum):
     QLINEAR_8BIT = "qlinear_8bit"
 
 
+class AvgPoolRule(enum.Enum):
+    """How an average pool over windows (avg_pool2d, adaptive pooling to more than one value)
+    turns input codes into output codes.
+
+    INTEGER_SUM:      the window's codes summed exactly, requantized by the ratio of scales
+                      over the count (``requant``); padding falls back to float.
+    FLOAT_WINDOW_SUM: ONNX Runtime's QLinearAveragePool: codes dequantized in float32, each
+                      window summed in float32 row by row, divided by the count, quantized
+                      with the zero point added in float32 (``numerics.float_window_pool``).
+    """
+
+    INTEGER_SUM = "integer_sum"
+    FLOAT_WINDOW_SUM = "float_window_sum"
+
+
 class ConcatRule(enum.Enum):
     """How cat / stack bring inputs at other scales (or zero points) to the output's.
 
@@ -169,6 +184,7 @@ class PlatformConfig:
     # int16 (onnxruntime's MLAS kernels on x86 CPUs without VNNI; ``gemm.pair_saturation``)
     u8s8_pair_saturation: bool = False
     concat_rule: ConcatRule = ConcatRule.REQUANTIZE  # cat / stack of inputs at other scales
+    avg_pool_rule: AvgPoolRule = AvgPoolRule.INTEGER_SUM  # average pools over windows
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
     add_left_shift_int16: int = 15  # LEFT_SHIFT, int16 operands (TFLite: 15)

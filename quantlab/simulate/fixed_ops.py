@@ -19,10 +19,11 @@ from torch import Tensor
 from quantlab.capture import OpCategory, out_of_place_name
 from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.float_window_pool import float_window_avg_pool2d
 from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
-from quantlab.platforms import ConcatRule, ElementwiseRule, SoftmaxRule
+from quantlab.platforms import AvgPoolRule, ConcatRule, ElementwiseRule, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -56,6 +57,8 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
         return "integer (mean, variance, rsqrt lut, affine)"
     if category is OpCategory.SOFTMAX and sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE:
         return "float32 exp table (8-bit); float_fallback (16-bit)"
+    if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
+        return "float32 window sums; integer (a global mean)"
     elementwise = (OpCategory.ADD, OpCategory.MUL, OpCategory.DIV)
     if category in elementwise and sim.platform.elementwise_rule is ElementwiseRule.QLINEAR_8BIT:
         if op_type in ("add", "mul"):
@@ -252,25 +255,51 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if any(o is None for o in osz) or h % osz[0] or w % osz[1]:
             return None
         k = (h // osz[0], w // osz[1])
-        stride, padding = k, 0
+        stride, padding = k, (0, 0)
+        # pooling to one value is a GlobalAveragePool in ONNX (QLinearGlobalAveragePool: an
+        # integer sum), any other a windowed AveragePool
+        windows = osz != (1, 1)
     elif call.op_type == "avg_pool2d":
         names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor")
         vals = [args[i + 1] if len(args) > i + 1 else kwargs.get(n) for i, n in enumerate(names)]
-        k, stride, padding, ceil_mode, _, divisor = vals
-        if padding not in (None, 0, (0, 0)) or ceil_mode or divisor is not None:
+        k, stride, padding, ceil_mode, include_pad, divisor = vals
+        if ceil_mode or divisor is not None:
             return None
-        k = (k, k) if isinstance(k, int) else tuple(k)
-        stride = k if stride in (None, []) else stride
-        padding = 0
+        windows = True
+        k = _pair(k)
+        stride = k if stride in (None, []) else _pair(stride)
+        padding = _pair(padding or 0)
+        if padding != (0, 0) and (
+            include_pad is False or sim.platform.avg_pool_rule is not AvgPoolRule.FLOAT_WINDOW_SUM
+        ):
+            return None
     else:
         return None
-    xc = info.codes_of(x) - info.zero_point
-    acc = F.avg_pool2d(xc.to(torch.float64), k, stride, padding, divisor_override=1)
-    n = k[0] * k[1]
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
+    if sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM and windows:
+        codes = float_window_avg_pool2d(
+            info.codes_of(x),
+            info.scale,
+            info.zero_point,
+            k,
+            stride,
+            padding,
+            so,
+            zo,
+            out,
+            held_offset=sim.platform.qlinear_zero_point if out is DType.INT8 else 0,
+        )
+        return fc.emit(codes, so, out, zo)
+    xc = info.codes_of(x) - info.zero_point
+    acc = F.avg_pool2d(xc.to(torch.float64), k, stride, 0, divisor_override=1)
+    n = k[0] * k[1]
     codes = fc.rescale(sim, call.name, acc.to(torch.int64), info.scale, so, out, n, zo)
     return fc.emit(codes, so, out, zo)
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
 
 
 def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):

@@ -28,7 +28,7 @@ from quantlab.analysis.onnx_fidelity import measure  # noqa: E402
 from quantlab.export import ActivationEncoding, UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
-from quantlab.platforms import ElementwiseRule  # noqa: E402
+from quantlab.platforms import ElementwiseRule, load_platform  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 
 ORT_PROFILE = onnxruntime_profile()
@@ -163,3 +163,39 @@ def test_stacks_load_and_match_in_onnxruntime(tmp_path, encoding):
     outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _Pools(nn.Module):
+    """Average pools onnxruntime runs as QLinearAveragePool: padded (the padding counted),
+    strided, unpadded, wide, and adaptive pooling to 2 x 2 windows."""
+
+    def forward(self, x):
+        t = torch.tanh(x) * 2.0
+        return (
+            F.avg_pool2d(t, 3, 1, 1),
+            F.avg_pool2d(t, 3, 2, 1),
+            F.avg_pool2d(t, 2),
+            F.avg_pool2d(t, 5, 1, 2),
+            F.adaptive_avg_pool2d(t, 2),
+        )
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_average_pools_match_onnxruntime_qlinear_average_pool(tmp_path, encoding):
+    """Exported average pools run as QLinearAveragePool, whose bits the onnxruntime profile's
+    FLOAT_WINDOW_SUM rule gives (padded pools fell back to float before; the rule against the
+    kernel on ties: tests/runtime/test_ort_qlinear_ops.py)."""
+    platform = ORT_PROFILE
+    if encoding is ActivationEncoding.SIGNED:  # int8 codes held as they are
+        platform = replace(load_platform(ORT_PROFILE), qlinear_zero_point=0)
+    for seed in range(3):
+        sim, xs = _calibrated(_Pools(), platform, seed)
+        assert "float_fallback" not in " ".join(sim.ops["fixed_kernel"])
+        sub = tmp_path / str(seed)
+        sub.mkdir()
+        outs, kinds = _onnxruntime_outputs(sim, xs, sub, encoding)
+        # int8 activations: onnxruntime (x86) keeps a float AveragePool between DQ and Q
+        unsigned = encoding is ActivationEncoding.UNSIGNED_OFFSET
+        assert ("QLinearAveragePool" if unsigned else "AveragePool") in kinds
+        for x, ys in zip(xs, outs, strict=True):
+            assert _same(ys, sim.run(x, mode=Mode.FIXED))

@@ -1,6 +1,7 @@
 """onnxruntime's QLinearAdd and QLinearGlobalAveragePool (CPU, MLAS, x86) restated in numpy,
-and one-op ONNX models that run them (com.microsoft contrib ops, the kernels onnxruntime fuses
-DequantizeLinear -> Add / GlobalAveragePool -> QuantizeLinear into).
+and one-op ONNX models that run them and QLinearAveragePool (com.microsoft contrib ops, the
+kernels onnxruntime fuses DequantizeLinear -> Add / GlobalAveragePool / AveragePool ->
+QuantizeLinear into; quantlab's QLinearAveragePool is ``numerics.float_window_pool``).
 
 QLinearAdd (``core/mlas/lib/qladd.cpp``, ``intrinsics/avx2/qladd_avx2.cpp``):
 r_ac = fl32(sa / sc), r_bc = fl32(sb / sc),
@@ -115,3 +116,21 @@ def run_qlinear_global_average_pool(x, sx, zx, sy, zy) -> np.ndarray:
 def run_qlinear_softmax(x, sx, zx, sy, zy, axis: int = -1) -> np.ndarray:
     """onnxruntime's QLinearSoftmax (com.microsoft, opset-13 semantics: one axis) on codes x."""
     return _run_unary_qlinear("QLinearSoftmax", x, sx, zx, sy, zy, axis=axis, opset=13)
+
+
+def run_qlinear_average_pool(x, sx, zx, sy, zy, kernel, strides, pads) -> np.ndarray:
+    """onnxruntime's QLinearAveragePool (com.microsoft, NCHW, count_include_pad=1) on codes x;
+    ``pads``: (top, left), the same at the bottom and the right."""
+    return _run_unary_qlinear(
+        "QLinearAveragePool",
+        x,
+        sx,
+        zx,
+        sy,
+        zy,
+        kernel_shape=list(kernel),
+        strides=list(strides),
+        pads=[*pads, *pads],
+        count_include_pad=1,
+        channels_last=0,
+    )

@@ -11,6 +11,7 @@ import torch
 
 from quantlab.numerics.code_bounds import BoundRule, bound_codes
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.float_window_pool import float_window_avg_pool2d
 from quantlab.numerics.fma_add import qlinear_add as profile_qlinear_add
 
 ort = pytest.importorskip("onnxruntime")
@@ -20,6 +21,7 @@ from ort_qlinear_ops import (  # noqa: E402
     qlinear_add,
     qlinear_global_average_pool,
     run_qlinear_add,
+    run_qlinear_average_pool,
     run_qlinear_global_average_pool,
 )
 
@@ -174,3 +176,75 @@ def test_clip_bound_codes_in_float32_match_onnxruntime():
             assert np.array_equal(y.astype(np.int64), want), f"scale {s}, bound {lo}"
     assert bound_codes(1.0, None, float(scales[0]), DType.INT8, True)[0] == 26
     assert bound_codes(1.0, None, float(scales[0]), DType.INT8)[0] == 25
+
+
+N_POOL = 240
+
+
+def _pool_case(rng, seed: int):
+    """Codes, scales and window of one average pool: uint8 / zero point 128 or int8 / 0 (with
+    another output zero point on every fourth), arbitrary scales, power-of-two scales whose
+    window means land on ties, or scales in a simple ratio whose means land on real ties that
+    the float32 rounding of the products decides."""
+    dt = np.int8 if seed % 2 else np.uint8
+    info = np.iinfo(dt)
+    kernel = [(3, 3), (2, 2), (3, 2), (5, 5), (1, 3)][seed % 5]
+    strides = [(1, 1), (2, 2), (1, 2)][seed % 3]
+    pads = (min(kernel[0] // 2, seed % 2), min(kernel[1] // 2, (seed // 2) % 2))
+    shape = (int(rng.integers(1, 3)), int(rng.integers(1, 6)))
+    shape += (int(rng.integers(kernel[0], 10)), int(rng.integers(kernel[1], 10)))
+    x = rng.integers(info.min, info.max + 1, shape).astype(dt)
+    sx = F32(rng.uniform(1e-3, 0.1))
+    sy = F32(sx * rng.uniform(0.3, 2.0))
+    if seed % 3 == 0:  # power-of-two scales: the float32 sums are exact and halves are ties
+        sx, sy = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
+    elif seed % 3 == 1:  # a simple ratio (clamp bounds over 255): real ties float32 decides
+        sx, sy = F32(1.5 / 255), F32(1 / 255)
+    z, zy = _zero_points(rng, dt, seed)
+    return x, sx, z, sy, zy, kernel, strides, pads
+
+
+def _profile_pool(x, sx, z, sy, zy, kernel, strides, pads) -> np.ndarray:
+    """quantlab's FLOAT_WINDOW_SUM rule on the runtime's codes: int8 as they are; uint8 as
+    quantlab holds them (codes - 128, the runtime's 128 a held offset)."""
+    off = 128 if x.dtype == np.uint8 else 0
+    out = DType.INT8
+    codes = float_window_avg_pool2d(
+        torch.from_numpy(x.astype(np.int64) - off),
+        torch.tensor(sx),
+        int(z) - off,
+        kernel,
+        strides,
+        pads,
+        torch.tensor(sy),
+        int(zy) - off,
+        out,
+        held_offset=off,
+    )
+    return (codes.numpy() + off).astype(x.dtype)
+
+
+def test_float_window_average_pool_matches_onnxruntime_qlinear_average_pool():
+    """numerics.float_window_pool gives QLinearAveragePool's bits on every case (padded,
+    strided, rectangular windows; ties); the exact integer mean, requantized once, does not."""
+    rng = np.random.default_rng(11)
+    integer_differs = 0
+    for seed in range(N_POOL):
+        case = _pool_case(rng, seed)
+        got = run_qlinear_average_pool(*case)
+        want = _profile_pool(*case)
+        assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
+        x, sx, z, sy, zy, kernel, strides, pads = case
+        if pads == (0, 0):
+            window_sum = torch.nn.functional.avg_pool2d(
+                torch.from_numpy(x.astype(np.float64) - int(z)),
+                kernel,
+                strides,
+                0,
+                divisor_override=1,
+            )
+            n = kernel[0] * kernel[1]
+            exact = np.rint(window_sum.numpy() * float(sx) / (float(sy) * n)) + int(zy)
+            exact = np.clip(exact, np.iinfo(x.dtype).min, np.iinfo(x.dtype).max)
+            integer_differs += int((exact != got).sum())
+    assert integer_differs > 0
