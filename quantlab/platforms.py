@@ -92,20 +92,26 @@ class SoftmaxRule(enum.Enum):
     FLOAT_EXP_TABLE = "float_exp_table"
 
 
-class ElementwiseRule(enum.Enum):
-    """Which add / sub / mul (and division by a constant) run on integer codes.
+class FloatIslands(enum.Enum):
+    """Which ops the runtime leaves in float32 between dequantize and quantize ("float
+    islands") instead of running them on integer codes.
 
-    INTEGER:      every one: the add rule (``add_rule``), a product's requantization.
-    QLINEAR_8BIT: add and mul of two 8-bit tensors to an 8-bit output only (ONNX Runtime fuses
-                  DequantizeLinear -> Add / Mul -> QuantizeLinear into QLinearAdd / QLinearMul
-                  for those alone); every other one (sub, an int16 operand or output, a scalar
-                  constant held as int16 codes) as the runtime computes it: each operand
-                  dequantized, fl32(s * (c - z)), the float32 op, then QuantizeLinear,
-                  rne(fl32(v / s_out)) + z_out saturated (``fake_round``).
+    NONE:            none: every modelled op runs its integer kernel (the add rule, a
+                     product's requantization, an integer sum).
+    ONNXRUNTIME_QDQ: what ONNX Runtime has no QLinear kernel for in a QDQ graph: it fuses add
+                     and mul of two 8-bit tensors to an 8-bit output (QLinearAdd /
+                     QLinearMul) and a global mean (QLinearGlobalAveragePool), and leaves sub,
+                     add / mul with an int16 operand or output or a scalar constant (held as
+                     int16 codes), a clamp (Clip) and the other sums and means (ReduceSum /
+                     ReduceMean) between DequantizeLinear and QuantizeLinear. Those run as it
+                     runs them: each operand dequantized, fl32(s * (c - z)), the float32 op,
+                     then QuantizeLinear, rne(fl32(v / s_out)) + z_out saturated
+                     (``fake_round``). A sum of more than two values adds in torch's order,
+                     which may differ from onnxruntime's in the last bit.
     """
 
-    INTEGER = "integer"
-    QLINEAR_8BIT = "qlinear_8bit"
+    NONE = "none"
+    ONNXRUNTIME_QDQ = "onnxruntime_qdq"
 
 
 class AvgPoolRule(enum.Enum):
@@ -176,7 +182,7 @@ class PlatformConfig:
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
-    elementwise_rule: ElementwiseRule = ElementwiseRule.INTEGER  # which add / sub / mul are integer
+    float_islands: FloatIslands = FloatIslands.NONE  # ops run in float between DQ and Q
     # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
     # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)
     qlinear_zero_point: int = 0

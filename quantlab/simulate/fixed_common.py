@@ -18,7 +18,7 @@ from quantlab.numerics.product_requant import product_form
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import int32_requant, make_requant, requant_scale, rescale_multiplier
 from quantlab.numerics.scaled_add import add_constants, add_float_rescale, add_inter_scale
-from quantlab.platforms import AddRule, ElementwiseRule
+from quantlab.platforms import AddRule, FloatIslands
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo
 
@@ -184,8 +184,8 @@ def operand_dtype(args, kwargs, slot, info) -> DType:
 
 def runs_in_float(p, op_type: str, operand_dtypes, out: DType) -> bool:
     """Whether the platform computes this add / sub / mul in float32 between dequantize and
-    quantize (``platform.elementwise_rule``, ``dequantize_quantize``)."""
-    if p.elementwise_rule is ElementwiseRule.INTEGER:
+    quantize (``platform.float_islands``, ``dequantize_quantize``)."""
+    if p.float_islands is FloatIslands.NONE:
         return False
     return op_type == "sub" or out.bits != 8 or any(d.bits != 8 for d in operand_dtypes)
 

@@ -23,7 +23,7 @@ from quantlab.numerics.float_window_pool import float_window_avg_pool2d
 from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
-from quantlab.platforms import AvgPoolRule, ConcatRule, ElementwiseRule, SoftmaxRule
+from quantlab.platforms import AvgPoolRule, ConcatRule, FloatIslands, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -59,8 +59,10 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
         return "float32 exp table (8-bit); float_fallback (16-bit)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"
+    if category is OpCategory.REDUCE and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        return "float between dequantize and quantize; integer (a global mean)"
     elementwise = (OpCategory.ADD, OpCategory.MUL, OpCategory.DIV)
-    if category in elementwise and sim.platform.elementwise_rule is ElementwiseRule.QLINEAR_8BIT:
+    if category in elementwise and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         if op_type in ("add", "mul"):
             return "integer (two 8-bit tensors); float between dequantize and quantize otherwise"
         return "float between dequantize and quantize"
@@ -213,8 +215,13 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
             return None
     # requantize to the output scale, then clamp there at the bounds' output codes (the
     # platform's bound rule, as a fused clamp): a clip of the dequantized values at the real
-    # bounds, then quantized (rounding is monotone, so the clip commutes with it)
-    yc = fc.rescale(sim, call.name, xc - info.zero_point, info.scale, so, out, zero_point=zo)
+    # bounds, then quantized (rounding is monotone, so the clip commutes with it). A runtime
+    # that clips between dequantize and quantize (float_islands) requantizes so too.
+    if sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        v = dequantize(xc, info.scale, zero_point=info.zero_point)
+        yc = quantize(v, so, out, sim.platform.fake_round, zero_point=zo).to(torch.int64)
+    else:
+        yc = fc.rescale(sim, call.name, xc - info.zero_point, info.scale, so, out, zero_point=zo)
     lo_c, hi_c = bound_codes(lo, hi, so, out, zero_point=zo, rule=sim.platform.bound_rule)
     return fc.emit(yc.clamp_min(lo_c).clamp_max(hi_c), so, out, zo)
 
@@ -230,16 +237,33 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
     x = A.get(args, kwargs, plan.acts[0])
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
+    so = fc.out_scale(sim, call, rq)
+    zo = fc.out_zero_point(sim, call, rq)
+    if sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ and not _global_mean(
+        call, x, dim
+    ):
+        v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceSum /
+        fn = torch.sum if call.op_type == "sum" else torch.mean  # ReduceMean in float32
+        r = fn(v) if dim is None else fn(v, dim=dim, keepdim=keepdim)
+        codes = quantize(r, so, out, sim.platform.fake_round, zero_point=zo)
+        return fc.emit(codes, so, out, zo)
     xc = info.codes_of(x) - info.zero_point
     if dim is None:
         acc, n = xc.sum(), xc.numel()
     else:
         acc = xc.sum(dim=dim, keepdim=keepdim)
         n = xc.numel() // max(acc.numel(), 1) if not keepdim else xc.numel() // acc.numel()
-    so = fc.out_scale(sim, call, rq)
-    zo = fc.out_zero_point(sim, call, rq)
     count = 1 if call.op_type == "sum" else n
     return fc.emit(fc.rescale(sim, call.name, acc, info.scale, so, out, count, zo), so, out, zo)
+
+
+def _global_mean(call, x: Tensor, dim) -> bool:
+    """A mean over the two spatial axes of an (N, C, H, W) tensor: a GlobalAveragePool in ONNX
+    (QLinearGlobalAveragePool, an integer sum)."""
+    if call.op_type != "mean" or x.dim() != 4 or dim is None:
+        return False
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return sorted(d % 4 for d in dims) == [2, 3]
 
 
 def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):

@@ -5,8 +5,9 @@ kernel, and fixed mode (onnxruntime profile) giving the same bits:
   ConvInteger / MatMulInteger, + bias codes, Cast, times the accumulator scale: the integer
   accumulator fixed mode computes (a float Conv / MatMul would sum in float32), with a fused
   clamp on its values;
-- sub, and add / mul with a scalar constant (held as int16 codes), run in float32 between
-  DequantizeLinear and QuantizeLinear (``platform.elementwise_rule`` QLINEAR_8BIT);
+- sub, add / mul with a scalar constant (held as int16 codes), clamps, sums and means (but a
+  global mean) run in float32 between DequantizeLinear and QuantizeLinear
+  (``platform.float_islands`` ONNXRUNTIME_QDQ), average pools as QLinearAveragePool sums them;
 - a write through a view (``t.permute(...).add_(1)`` and then ``t`` read) has no ONNX form:
   the export refuses it, unless what read the stale tensor reaches no output.
 """
@@ -28,7 +29,7 @@ from quantlab.analysis.onnx_fidelity import measure  # noqa: E402
 from quantlab.export import ActivationEncoding, UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
-from quantlab.platforms import ElementwiseRule, load_platform  # noqa: E402
+from quantlab.platforms import FloatIslands, load_platform  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 
 ORT_PROFILE = onnxruntime_profile()
@@ -103,7 +104,7 @@ def test_sub_and_scalar_operands_run_in_float_between_dequantize_and_quantize(tm
         assert not fixed[1].any()  # x - x is 0, whatever the output scale
     # the integer forms (QLinearAdd's arithmetic for sub, the product requantization) do not
     # give onnxruntime's bits for these
-    sim.platform = replace(sim.platform, elementwise_rule=ElementwiseRule.INTEGER)
+    sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)
     assert not all(_same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs))
 
 
@@ -199,3 +200,30 @@ def test_average_pools_match_onnxruntime_qlinear_average_pool(tmp_path, encoding
         assert ("QLinearAveragePool" if unsigned else "AveragePool") in kinds
         for x, ys in zip(xs, outs, strict=True):
             assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _Reductions(nn.Module):
+    """Sums and means onnxruntime computes as ReduceSum / ReduceMean in float32 (two stacked
+    tensors summed, whose output scale is twice theirs: every odd code sum a real tie), and a
+    clamp that changes the scale (Clip)."""
+
+    def forward(self, x):
+        t = torch.tanh(x) + 0.5
+        return (
+            torch.stack([F.relu(t), t]).sum(0),
+            t.sum(-1),
+            t.mean(1),
+            torch.tanh(x).clamp(-0.3, 0.4),
+        )
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_sums_means_and_clamps_run_in_float_between_dequantize_and_quantize(tmp_path, encoding):
+    sim, xs = _calibrated(_Reductions())
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"ReduceSum", "ReduceMean", "Clip"} <= kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+    # the integer sums and requantizations tie differently
+    sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)
+    assert not all(_same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs))
