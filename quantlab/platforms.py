@@ -100,7 +100,8 @@ class FloatIslands(enum.Enum):
                      product's requantization, an integer sum).
     ONNXRUNTIME_QDQ: what ONNX Runtime has no QLinear kernel for in a QDQ graph: it fuses add
                      and mul of two 8-bit tensors to an 8-bit output (QLinearAdd /
-                     QLinearMul) and a global mean (QLinearGlobalAveragePool), and leaves sub,
+                     QLinearMul) and a global mean whose scales QLinearGlobalAveragePool takes
+                     (``float_window_pool.global_mean_in_range``), and leaves sub,
                      add / mul with an int16 operand or output or a scalar constant (held as
                      int16 codes), a clamp (Clip) and the other sums and means (ReduceSum /
                      ReduceMean) between DequantizeLinear and QuantizeLinear. Those run as it

@@ -24,13 +24,8 @@ def _pair(v, n: int) -> list[int]:
     return [int(t) for t in v]
 
 
-def _weight(ctx: ExportContext, op: RecordedOp) -> tuple[str, QParams]:
-    """The weight's DequantizeLinear (of its per-channel codes) and its quantization."""
-    codes, qw = _weight_codes(op)
-    return ctx.graph.const_dq(f"{op.name}/weight", codes, qw), qw
-
-
 def _weight_codes(op: RecordedOp) -> tuple[torch.Tensor, QParams]:
+    """A GEMM's integer weight codes (per output channel, axis 0) and their quantization."""
     if op.weight_codes is None:
         raise UnsupportedOpError(
             f"op {op.name} ({op.op_type}): its weight is not an integer-quantized parameter "
@@ -51,8 +46,9 @@ def _bias(ctx: ExportContext, op: RecordedOp, xq: QParams, qw: QParams) -> str |
     return ctx.graph.const_dq(f"{op.name}/bias", codes, qb)
 
 
-def _finish(ctx: ExportContext, op: RecordedOp, y: str) -> None:
-    """Output quantization of a GEMM, with the fused clamp of its chain."""
+def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
+    """Output quantization of a GEMM, with the fused clamp of its chain; ``shape``: the output
+    shape ``y`` (2-D, an N-d linear's rows) is reshaped to before its output quantization."""
     chain = ctx.fused.get(op.name, [])
     for f in chain:
         if f.op_type == "batch_norm":
@@ -61,15 +57,18 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str) -> None:
                 "batch norms are folded (quantlab.models.fold.to_deployment_form)"
             )
     q = op.out_quant[0] if op.out_quant else None
-    if chain:
+    qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point) if q is not None else None
+    if qp is not None and (chain or shape is not None):  # quantized where the GEMM computes
+        y = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
+    if chain:  # the bounds on the output codes' values (a wide float output: on its values)
         lo, hi = fused_clamp_bounds(chain[-1])
-        if q is not None:  # the bounds at the output scale: clipped after quantizing
-            qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
-            y = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
-        # a wide float output (no output quantization) is clipped as it is
         ins = [y, ctx.float_const(f"{op.name}/min", lo if lo is not None else -np.inf)]
         ins.append(ctx.float_const(f"{op.name}/max", hi if hi is not None else np.inf))
         y = ctx.graph.node("Clip", ins, f"{op.name}/clip")
+    if shape is not None:
+        y = ctx.graph.node(
+            "Reshape", [y, ctx.graph.int64s(f"{op.name}/shape", shape)], f"{op.name}/nd"
+        )
     ctx.set_outputs(op, [y])
     for f in chain:
         ctx.alias(f, ctx.env[OpRef(op.name, 0)])
@@ -93,9 +92,9 @@ def _wide_integer(ctx: ExportContext, op: RecordedOp, operands: list, **attrs) -
     kind = "ConvInteger" if op.op_type in ("conv1d", "conv2d") else "MatMulInteger"
     acc = ctx.graph.node(kind, names + zero_points, f"{op.name}/acc", **attrs)
     scale = acc_scale(*(torch.from_numpy(q.scale) for _, q in operands))
-    nd = op.outputs[0].dim()
-    if kind == "ConvInteger":  # per output channel: axis 1 of (N, C, ...)
-        shape = [-1, *[1] * (nd - 2)]
+    if weight:  # per output channel: axis 1 of a convolution's (N, C, ...), a linear's last
+        nd = op.outputs[0].dim()
+        shape = [-1, *[1] * (nd - 2)] if kind == "ConvInteger" else [-1]
         bias = _bias_codes(op, operands[0][1], operands[1][1])
         if bias is not None:
             b = ctx.graph.const(f"{op.name}/bias", bias.reshape(shape))
@@ -166,33 +165,24 @@ def _through(ctx: ExportContext, x: str, q: QParams | None, shape, base: str) ->
 
 def emit_linear(ctx: ExportContext, op: RecordedOp) -> None:
     xq = ctx.act_quant(op, 0)
-    x = ctx.act(op, 0)
-    w, qw = _weight(ctx, op)
-    b = _bias(ctx, op, xq, qw)
     shape = ctx.shape_of(op, 0)
+    wide = not op.out_quant or op.out_quant[0] is None
+    codes, qw = _weight_codes(op)
+    if wide and len(shape) != 2 and _integer_operands(xq, qw):
+        # onnxruntime fuses a 2-D Gemm with a float output into QGemm (exact) but runs an N-d
+        # one in float: MatMulInteger on the codes instead
+        wc = ctx.graph.const(f"{op.name}/weight_codes", codes.t().contiguous())
+        _finish(ctx, op, _wide_integer(ctx, op, [ctx.act_codes(op, 0), (wc, qw)]))
+        return
+    x = ctx.act(op, 0)
+    w = ctx.graph.const_dq(f"{op.name}/weight", codes, qw)
+    b = _bias(ctx, op, xq, qw)
     out_shape = tuple(op.outputs[0].shape)
     if len(shape) != 2:
         x = _through(ctx, x, xq, [-1, shape[-1]], f"{op.name}/2d")
     ins = [x, w] + ([b] if b is not None else [])
     y = ctx.graph.node("Gemm", ins, f"{op.name}/float", transB=1)
-    if len(shape) == 2:
-        _finish(ctx, op, y)
-        return
-    if ctx.fused.get(op.name):
-        raise UnsupportedOpError(f"op {op.name}: a fused clamp after an N-d linear")
-    q = op.out_quant[0] if op.out_quant else None
-    if q is None:
-        y = ctx.graph.node(
-            "Reshape", [y, ctx.graph.int64s(f"{op.name}/shape", out_shape)], f"{op.name}/nd"
-        )
-        ctx.set_outputs(op, [y])
-        return
-    qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point)
-    y2 = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/2d/out"), qp)
-    y = ctx.graph.node(
-        "Reshape", [y2, ctx.graph.int64s(f"{op.name}/shape", out_shape)], f"{op.name}/nd"
-    )
-    ctx.set_outputs(op, [y])
+    _finish(ctx, op, y, None if len(shape) == 2 else out_shape)
 
 
 def emit_matmul(ctx: ExportContext, op: RecordedOp) -> None:

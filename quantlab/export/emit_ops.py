@@ -11,6 +11,7 @@ from quantlab.export.context import ExportContext, as_tensor
 from quantlab.export.graph import TORCH_TO_ONNX, QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.float_window_pool import global_mean_in_range
 from quantlab.simulate import args as sim_args
 
 CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767
@@ -155,7 +156,9 @@ def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
         osz = ctx.arg(op, 1, "output_size")
         osz = _ints(osz, 2)
         if osz == [1, 1]:
-            ctx.set_outputs(op, [ctx.graph.node("GlobalAveragePool", [x], f"{op.name}/float")])
+            kind = "GlobalAveragePool" if _global_mean_runs(op, shape) else "ReduceMean"
+            axes = [ctx.graph.int64s(f"{op.name}/axes", [2, 3])] if kind == "ReduceMean" else []
+            ctx.set_outputs(op, [ctx.graph.node(kind, [x, *axes], f"{op.name}/float")])
             return
         h, w = shape[-2:]
         if h % osz[0] or w % osz[1]:
@@ -177,6 +180,16 @@ def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [ctx.graph.node("AveragePool", [x], f"{op.name}/float", **attrs)])
 
 
+def _global_mean_runs(op: RecordedOp, shape) -> bool:
+    """Whether onnxruntime's QLinearGlobalAveragePool takes this spatial mean's scales (it
+    refuses some; ``global_mean_in_range``): else it is written as a float ReduceMean."""
+    q_in = op.in_quant[0] if op.in_quant else None
+    q_out = op.out_quant[0] if op.out_quant else None
+    if q_in is None or q_out is None:
+        return True  # a float mean: onnxruntime fuses nothing
+    return global_mean_in_range(q_in.scale, q_out.scale, shape[-2] * shape[-1])
+
+
 def _dims(v, ndim: int) -> list[int] | None:
     if v is None:
         return None
@@ -192,7 +205,7 @@ def emit_reduce(ctx: ExportContext, op: RecordedOp) -> None:
     dims = _dims(ctx.arg(op, 1, "dim"), len(shape))
     keep = bool(ctx.arg(op, 2, "keepdim", False))
     out_shape = list(op.outputs[0].shape)
-    if op.op_type == "mean" and len(shape) == 4 and dims == [2, 3]:
+    if op.op_type == "mean" and len(shape) == 4 and dims == [2, 3] and _global_mean_runs(op, shape):
         y = ctx.graph.node("GlobalAveragePool", [x], f"{op.name}/float")  # NCHW spatial mean
         if not keep:
             y = ctx.graph.node(

@@ -6,6 +6,10 @@ nearbyint(fl32(fl32(y / s_y) + z_y)) (the zero point added in float32 before rou
 even), saturated to the code range. Codes are held as the runtime holds them: quantlab's codes
 plus ``held_offset`` (128 for int8 codes held as uint8), which changes the float32 rounding of
 the last step. Pure functions on integer tensors.
+
+``global_mean_in_range``: the scales QLinearGlobalAveragePool (an integer sum, requantized once)
+accepts: 2**-32 <= fl32(s_x / fl32(s_y * N)) < 256; it refuses to run others ("parameter out of
+computation range"), so such a mean stays a float ReduceMean.
 """
 
 from __future__ import annotations
@@ -50,3 +54,11 @@ def float_window_avg_pool2d(
     q = round_float(y / y_scale.to(torch.float32) + zy, Round.HALF_EVEN)
     lo, hi = out.qmin + held_offset, out.qmax + held_offset
     return q.clamp(lo, hi).to(torch.int64) - held_offset
+
+
+def global_mean_in_range(x_scale, y_scale, count: int) -> bool:
+    """Whether QLinearGlobalAveragePool runs a mean of ``count`` values from ``x_scale`` to
+    ``y_scale`` (float32 scales): 2**-32 <= fl32(x_scale / fl32(y_scale * count)) < 256."""
+    sx = torch.as_tensor(x_scale, dtype=torch.float32)
+    ratio = sx / (torch.as_tensor(y_scale, dtype=torch.float32) * float(count))
+    return bool(2.0**-32 <= float(ratio) < 256.0)

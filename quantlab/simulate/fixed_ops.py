@@ -19,7 +19,7 @@ from torch import Tensor
 from quantlab.capture import OpCategory, out_of_place_name
 from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.float_window_pool import float_window_avg_pool2d
+from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
@@ -240,7 +240,7 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
     if sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ and not _global_mean(
-        call, x, dim
+        call, x, dim, info.scale, so
     ):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceSum /
         fn = torch.sum if call.op_type == "sum" else torch.mean  # ReduceMean in float32
@@ -257,13 +257,14 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return fc.emit(fc.rescale(sim, call.name, acc, info.scale, so, out, count, zo), so, out, zo)
 
 
-def _global_mean(call, x: Tensor, dim) -> bool:
-    """A mean over the two spatial axes of an (N, C, H, W) tensor: a GlobalAveragePool in ONNX
-    (QLinearGlobalAveragePool, an integer sum)."""
+def _global_mean(call, x: Tensor, dim, x_scale, y_scale) -> bool:
+    """A mean over the two spatial axes of an (N, C, H, W) tensor whose scales
+    QLinearGlobalAveragePool (an integer sum) takes: a GlobalAveragePool in ONNX."""
     if call.op_type != "mean" or x.dim() != 4 or dim is None:
         return False
     dims = [dim] if isinstance(dim, int) else list(dim)
-    return sorted(d % 4 for d in dims) == [2, 3]
+    n = x.shape[-2] * x.shape[-1]
+    return sorted(d % 4 for d in dims) == [2, 3] and global_mean_in_range(x_scale, y_scale, n)
 
 
 def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
@@ -301,6 +302,11 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return None
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
+    islands = sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
+    if islands and not windows and not global_mean_in_range(info.scale, so, k[0] * k[1]):
+        v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceMean
+        r = v.mean(dim=(-2, -1), keepdim=True)  # in float32 (the runtime refuses its scales)
+        return fc.emit(quantize(r, so, out, sim.platform.fake_round, zero_point=zo), so, out, zo)
     if sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM and windows:
         codes = float_window_avg_pool2d(
             info.codes_of(x),

@@ -227,3 +227,47 @@ def test_sums_means_and_clamps_run_in_float_between_dequantize_and_quantize(tmp_
     # the integer sums and requantizations tie differently
     sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)
     assert not all(_same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs))
+
+
+class _CancellingMeans(nn.Module):
+    """Spatial means of a tensor whose spatial means are removed: their output scale is far
+    below the input's, outside what QLinearGlobalAveragePool takes."""
+
+    def forward(self, x):
+        t = torch.tanh(x)
+        t = t - t.mean((2, 3), keepdim=True)
+        return t.mean((2, 3)), F.adaptive_avg_pool2d(t, 1)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_spatial_means_onnxruntime_refuses_to_pool_are_float_reduce_means(tmp_path, encoding):
+    sim, xs = _calibrated(_CancellingMeans())
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "ReduceMean" in kinds
+    assert any("GlobalAveragePool" in k for k in kinds)  # the first mean is in range
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _TokenLinears(nn.Module):
+    """Linears over (batch, tokens, features) with a fused clamp: one quantized (read by tanh),
+    one a wide model output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 8)
+        self.head = nn.Linear(3, 4)
+
+    def forward(self, x):
+        t = x.flatten(2).transpose(1, 2)  # (2, 36, 3)
+        return torch.tanh(F.relu6(self.fc(t))), self.head(t).clamp(-0.5, 0.5)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_a_clamp_fused_after_an_nd_linear_is_exported(tmp_path, encoding):
+    """It was refused ("a fused clamp after an N-d linear")."""
+    sim, xs = _calibrated(_TokenLinears())
+    assert sim.ops["fused_into"].str.len().gt(0).sum() == 2
+    outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))

@@ -11,7 +11,7 @@ import torch
 
 from quantlab.numerics.code_bounds import BoundRule, bound_codes
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.float_window_pool import float_window_avg_pool2d
+from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.fma_add import qlinear_add as profile_qlinear_add
 
 ort = pytest.importorskip("onnxruntime")
@@ -248,3 +248,21 @@ def test_float_window_average_pool_matches_onnxruntime_qlinear_average_pool():
             exact = np.clip(exact, np.iinfo(x.dtype).min, np.iinfo(x.dtype).max)
             integer_differs += int((exact != got).sum())
     assert integer_differs > 0
+
+
+def test_global_mean_in_range_is_the_scales_qlinear_global_average_pool_runs():
+    """QLinearGlobalAveragePool refuses scales whose ratio fl32(sx / fl32(sy * N)) lies outside
+    [2**-32, 256) ("parameter out of computation range"): ``global_mean_in_range`` says which,
+    so that the exporter writes a float ReduceMean for the others."""
+    x = np.random.default_rng(3).integers(0, 256, (1, 2, 4, 4)).astype(np.uint8)
+    sx = F32(0.1)
+    for ratio in (255.9, 256.0, 300.0, 1.0, 2.0**-32, 2.0**-33):
+        sy = F32(sx / (16 * ratio))
+        runs = global_mean_in_range(torch.tensor(sx), torch.tensor(sy), 16)
+        try:
+            run_qlinear_global_average_pool(x, sx, 128, sy, 128)
+            ran = True
+        except Exception as err:  # onnxruntime's own error type
+            assert "out of computation range" in str(err)
+            ran = False
+        assert ran == runs, ratio
