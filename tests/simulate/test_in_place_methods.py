@@ -57,16 +57,22 @@ class Net(nn.Module):
         return self.head(y), y
 
 
-def _sims(name: str, platform: str):
+def _twins(models, platform: str):
+    """Simulators of the models (built with the same seed, so the same weights), calibrated on
+    the same batches, and an input."""
     sims = []
-    for form in PAIRS[name]:
+    for make in models:
         torch.manual_seed(0)
-        sims.append(Simulator(Net(form).eval(), platform))
+        sims.append(Simulator(make().eval(), platform))
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)]
     for sim in sims:
         sim.calibrate(batches, progress=False)
     return sims, torch.randn(2, 3, 8, 8, generator=g)
+
+
+def _sims(name: str, platform: str):
+    return _twins([lambda form=form: Net(form) for form in PAIRS[name]], platform)
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
@@ -122,15 +128,8 @@ def test_writes_through_views_reach_the_tensors_they_change(platform):
     retires the entry of the tensor it changed (``y``, whose reader takes the values as
     written) and keeps the others (``hi``): the out-of-place twin's bits. Before, ``tanh`` read
     ``y``'s codes from before the write (0.6 off on average)."""
-    sims = []
-    for in_place in (True, False):
-        torch.manual_seed(0)
-        sims.append(Simulator(WritesThroughViews(in_place).eval(), platform))
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)]
-    for sim in sims:
-        sim.calibrate(batches, progress=False)
-    x = torch.randn(2, 3, 8, 8, generator=g)
+    models = [lambda: WritesThroughViews(True), lambda: WritesThroughViews(False)]
+    sims, x = _twins(models, platform)
     for mode in (Mode.FAKE, Mode.FIXED):
         for p, q in zip(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode), strict=True):
             assert_bits_equal(p, q)
