@@ -111,12 +111,18 @@ class _Refs:
 
     def __init__(self, inputs: tuple) -> None:
         self._map: dict[int, Any] = {}
-        self._keep: list = list(inputs)
+        self._keep: list = []
         self._stale: dict[int, str] = {}  # id(tensor) -> the op that wrote its storage
         self.stale_reads: dict[str, str] = {}
+        self.bind_inputs(inputs)
+
+    def bind_inputs(self, inputs: tuple) -> None:
+        """The tensors the model is called with are graph inputs (the Simulator hands a model
+        that writes into its input a copy: the copy is the input then)."""
         for i, t in enumerate(inputs):
             if isinstance(t, Tensor):
                 self._map[id(t)] = InputRef(i)
+                self._keep.append(t)
 
     def ref(self, v, reader: str = ""):
         if not isinstance(v, Tensor):
@@ -267,7 +273,8 @@ def record_run(sim, inputs: tuple) -> RecordedRun:
     aux = _AuxMode(rec)
     root = sim.model
 
-    def pre(_m, _a):
+    def pre(_m, args):
+        rec.refs.bind_inputs(args)
         aux.__enter__()
 
     def post(_m, _a, _o):

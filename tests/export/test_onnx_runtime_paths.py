@@ -271,3 +271,28 @@ def test_a_clamp_fused_after_an_nd_linear_is_exported(tmp_path, encoding):
     outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _NormalizesInPlace(nn.Module):
+    """Writes into its input (``x.sub_(m).mul_(k)``): the Simulator runs it on a copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        x.sub_(0.5).mul_(2.0)
+        return torch.tanh(self.conv(x))
+
+
+@pytest.mark.filterwarnings("ignore:_NormalizesInPlace.forward writes into its input")
+def test_a_model_writing_its_input_exports_its_input_as_the_graph_input(tmp_path):
+    """The run the exporter records gets a copy of the input (``Simulator.writes_inputs``); the
+    copy was not known as the graph input, so the example input was baked in as a constant."""
+    sim, xs = _calibrated(_NormalizesInPlace())
+    assert sim.writes_inputs
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+    sess = R.session(info.path)
+    for x in xs[1:]:  # not the example input
+        (y,) = R.run(sess, info.input_names, (x.clone(),))
+        assert np.array_equal(y, sim.run(x.clone(), mode=Mode.FIXED).numpy())
