@@ -258,9 +258,9 @@ def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
     dim = int(ctx.arg(op, 1, "dim", 0)) % len(out_shape)
     if op.op_type == "stack" and len(out_shape) == 1:  # scalars: each reshaped to [1]
         one = ctx.graph.int64s(f"{op.name}/one", [1])
-        for i, x in enumerate(xs):
-            held = ctx.act_codes(op, i)  # the codes reshaped, then dequantized: no float
-            if held is None:  # node between DequantizeLinear and Concat
+        for i, x in enumerate(xs):  # the codes reshaped, then dequantized: no float node
+            held = ctx.act_codes(op, i)  # between DequantizeLinear and Concat
+            if held is None:
                 xs[i] = ctx.graph.node("Reshape", [x, one], f"{op.name}/r{i}")
             else:
                 codes = ctx.graph.node("Reshape", [held[0], one], f"{op.name}/r{i}")
