@@ -123,7 +123,7 @@ class _WritesThroughAView(nn.Module):
 
 def test_a_write_through_a_view_is_refused_where_it_is_read(tmp_path):
     sim, xs = _calibrated(_WritesThroughAView(read_after=True))
-    with pytest.raises(UnsupportedOpError, match=r"writes in place .* through a view|view"):
+    with pytest.raises(UnsupportedOpError, match="cannot express a write through a view"):
         to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
     # what read it reaches no output: the graph computes the outputs
     sim, xs = _calibrated(_WritesThroughAView(read_after=False))
