@@ -19,10 +19,11 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCategory, classify, mutates, out_of_place_name
+from quantlab.capture import OpCategory, classify, out_of_place_name
 from quantlab.export.graph import UnsupportedOpError
 from quantlab.simulate import args as sim_args
 from quantlab.simulate.modes import Mode, ObservedCall
+from quantlab.simulate.trace_record import storage_key, written_tensor
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,9 @@ class _Refs:
     def wrote(self, target: Tensor, writer: str) -> None:
         """``writer`` changed ``target`` in place: every other tracked tensor on its storage
         is stale from now on."""
-        storage, span = _storage(target), _span(target)
+        storage, span = storage_key(target), _span(target)
         for t in self._keep:
-            if t is target or id(t) not in self._map or _storage(t) != storage:
+            if t is target or id(t) not in self._map or storage_key(t) != storage:
                 continue
             lo, hi = _span(t)
             if lo < span[1] and span[0] < hi:  # overlapping ranges of the storage
@@ -208,7 +209,7 @@ class _Recorder:
         op.captured = False
         op.outputs = self.refs.produce(name, out)
         self.ops.append(op)
-        target = _in_place_target(func, args, kwargs)
+        target = written_tensor(func, args, kwargs)
         if target is not None:
             self.refs.wrote(target, name)
 
@@ -236,13 +237,9 @@ class _Recorder:
         op.in_float = [sim_args.is_float_tensor(v) for v in in_vals]
         op.outputs = self.refs.produce(call.name, seen.output)
         self.ops.append(op)
-        target = _in_place_target(call.func, call.args, call.kwargs)
+        target = written_tensor(call.func, call.args, call.kwargs)
         if target is not None:
             self.refs.wrote(target, call.name)
-
-
-def _storage(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr()
 
 
 def _span(t: Tensor) -> tuple[int, int]:
@@ -251,13 +248,6 @@ def _span(t: Tensor) -> tuple[int, int]:
         return t.storage_offset(), t.storage_offset()
     last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
     return t.storage_offset(), t.storage_offset() + last + 1
-
-
-def _in_place_target(func, args: tuple, kwargs: dict) -> Tensor | None:
-    """The tensor an in-place call writes (``mutates``, or ``inplace=True``), or None."""
-    if (mutates(func) or kwargs.get("inplace")) and args and isinstance(args[0], Tensor):
-        return args[0]
-    return None
 
 
 def _quant_of(info) -> Quant | None:
