@@ -57,18 +57,26 @@ class ExportContext:
             return op.args[pos]
         return op.kwargs.get(kw, default)
 
-    def act(self, op: RecordedOp, i: int) -> str | None:
-        """Float32 name of activation ``i`` as the op computes with it: requantized at the op's
-        input scale when the fixed run did (``in_quant``); None for a Python scalar."""
+    def _operand(self, op: RecordedOp, i: int) -> tuple[Value, QParams | None] | None:
+        """Activation ``i``'s Value and the quantization the fixed run applied to it as the
+        op's input (``in_quant``; None: float); None for a Python scalar."""
         ref = sim_args.get(op.args, op.kwargs, op.acts[i])
         if not isinstance(ref, (InputRef, OpRef, ConstRef)):
             return None
         v = self.value(ref, f"{op.name}/in{i}/const")
         want = op.in_quant[i] if i < len(op.in_quant) else None
         if want is None:
-            return v.name
-        q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
-        if q.same_as(v.quant):
+            return v, None
+        return v, QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
+
+    def act(self, op: RecordedOp, i: int) -> str | None:
+        """Float32 name of activation ``i`` as the op computes with it: requantized at the op's
+        input scale when the fixed run did (``in_quant``); None for a Python scalar."""
+        held = self._operand(op, i)
+        if held is None:
+            return None
+        v, q = held
+        if q is None or q.same_as(v.quant):
             return v.name
         codes = self.graph.quantize(v.name, q, base=f"{op.name}/in{i}")
         return self.graph.dequantize(codes, q)
@@ -76,12 +84,10 @@ class ExportContext:
     def act_codes(self, op: RecordedOp, i: int) -> tuple[str, QParams] | None:
         """(integer codes tensor, its quantization) of activation ``i`` as the op computes with
         it; None when the fixed run kept it float."""
-        want = op.in_quant[i] if i < len(op.in_quant) else None
-        ref = sim_args.get(op.args, op.kwargs, op.acts[i])
-        if want is None or not isinstance(ref, (InputRef, OpRef, ConstRef)):
+        held = self._operand(op, i)
+        if held is None or held[1] is None:
             return None
-        v = self.value(ref, f"{op.name}/in{i}/const")
-        q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
+        v, q = held
         if q.same_as(v.quant) and v.codes is not None:
             return v.codes, q
         return self.graph.quantize(v.name, q, base=f"{op.name}/in{i}/codes"), q
