@@ -15,6 +15,7 @@ from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, OpRef, RecordedOp, fused_clamp_bounds
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import acc_scale, quantize_bias
+from quantlab.numerics.shapes import along_axis
 from quantlab.simulate import args as sim_args
 
 
@@ -91,18 +92,41 @@ def _wide_integer(ctx: ExportContext, op: RecordedOp, operands: list, **attrs) -
     ]
     kind = "ConvInteger" if op.op_type in ("conv1d", "conv2d") else "MatMulInteger"
     acc = ctx.graph.node(kind, names + zero_points, f"{op.name}/acc", **attrs)
-    scale = acc_scale(*(torch.from_numpy(q.scale) for _, q in operands))
-    if weight:  # per output channel: axis 1 of a convolution's (N, C, ...), a linear's last
-        nd = op.outputs[0].dim()
-        shape = [-1, *[1] * (nd - 2)] if kind == "ConvInteger" else [-1]
-        bias = _bias_codes(op, operands[0][1], operands[1][1])
-        if bias is not None:
-            b = ctx.graph.const(f"{op.name}/bias", bias.reshape(shape))
-            acc = ctx.graph.node("Add", [acc, b], f"{op.name}/acc_bias")
-        scale = scale.reshape(shape)
+    bias = _bias_codes(op, operands[0][1], operands[1][1]) if weight else None
+    if bias is not None:
+        b = along_axis(torch.from_numpy(bias), op.outputs[0], _channel_axis(op), "bias")
+        acc = ctx.graph.node(
+            "Add", [acc, ctx.graph.const(f"{op.name}/bias", b)], f"{op.name}/acc_bias"
+        )
     y = ctx.graph.node("Cast", [acc], f"{op.name}/acc_float", to=TensorProto.FLOAT)
-    s = ctx.graph.const(f"{op.name}/acc_scale", scale.numpy().astype(np.float32))
-    return ctx.graph.node("Mul", [y, s], f"{op.name}/float")
+    scale = wide_output_scale(op).numpy().astype(np.float32)
+    return ctx.graph.node(
+        "Mul", [y, ctx.graph.const(f"{op.name}/acc_scale", scale)], f"{op.name}/float"
+    )
+
+
+def _leaves_wide(op: RecordedOp) -> bool:
+    """Whether the GEMM's output leaves unquantized (a wide output: a model output)."""
+    return not op.out_quant or op.out_quant[0] is None
+
+
+def _channel_axis(op: RecordedOp) -> int:
+    """The output axis of a GEMM's output channels: 1 for a convolution, the last otherwise."""
+    return 1 if op.op_type in ("conv1d", "conv2d") else -1
+
+
+def wide_output_scale(op: RecordedOp) -> torch.Tensor | None:
+    """One LSB of a GEMM's wide (unquantized) output, fl32(s_x * s_w), shaped to broadcast
+    against the output: per output channel (``_channel_axis``) for a weight, one value for a
+    matmul of two activations; None when the fixed run kept the GEMM's input float."""
+    if not op.in_quant or op.in_quant[0] is None:
+        return None
+    if op.weight_scale is not None:
+        s = acc_scale(op.in_quant[0].scale, op.weight_scale.reshape(-1))
+        return along_axis(s, op.outputs[0], _channel_axis(op), "accumulator scale")
+    if op.op_type == "matmul" and len(op.in_quant) == 2 and op.in_quant[1] is not None:
+        return acc_scale(op.in_quant[0].scale, op.in_quant[1].scale)
+    return None
 
 
 def _integer_operands(*quants) -> bool:
@@ -143,7 +167,7 @@ def emit_conv(ctx: ExportContext, op: RecordedOp) -> None:
         pads = p + p
     attrs = dict(strides=stride, pads=pads, dilations=dilation, group=groups, kernel_shape=k)
     codes, qw = _weight_codes(op)
-    if (not op.out_quant or op.out_quant[0] is None) and _integer_operands(xq, qw):
+    if _leaves_wide(op) and _integer_operands(xq, qw):
         wc = ctx.graph.const(f"{op.name}/weight_codes", codes)
         _finish(ctx, op, _wide_integer(ctx, op, [ctx.act_codes(op, 0), (wc, qw)], **attrs))
         return
@@ -166,9 +190,8 @@ def _through(ctx: ExportContext, x: str, q: QParams | None, shape, base: str) ->
 def emit_linear(ctx: ExportContext, op: RecordedOp) -> None:
     xq = ctx.act_quant(op, 0)
     shape = ctx.shape_of(op, 0)
-    wide = not op.out_quant or op.out_quant[0] is None
     codes, qw = _weight_codes(op)
-    if wide and len(shape) != 2 and _integer_operands(xq, qw):
+    if _leaves_wide(op) and len(shape) != 2 and _integer_operands(xq, qw):
         # onnxruntime fuses a 2-D Gemm with a float output into QGemm (exact) but runs an N-d
         # one in float: MatMulInteger on the codes instead
         wc = ctx.graph.const(f"{op.name}/weight_codes", codes.t().contiguous())
@@ -189,9 +212,7 @@ def emit_matmul(ctx: ExportContext, op: RecordedOp) -> None:
     for i in range(2):
         ctx.act_quant(op, i)
     order = [1, 0] if op.func_name == "__rmatmul__" else [0, 1]
-    if (not op.out_quant or op.out_quant[0] is None) and _integer_operands(
-        *(op.in_quant[i] for i in order)
-    ):
+    if _leaves_wide(op) and _integer_operands(*(op.in_quant[i] for i in order)):
         _finish(ctx, op, _wide_integer(ctx, op, [ctx.act_codes(op, i) for i in order]))
         return
     a, b = (ctx.act(op, i) for i in order)

@@ -20,6 +20,7 @@ from onnx import helper
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
+from quantlab.capture import OpCategory
 from quantlab.export import emit_gemm as G
 from quantlab.export import emit_ops as E
 from quantlab.export.context import ExportContext, Value
@@ -32,7 +33,6 @@ from quantlab.export.graph import (
     UnsupportedOpError,
 )
 from quantlab.export.trace_adapter import InputRef, OpRef, RecordedOp, record_run
-from quantlab.numerics.gemm import acc_scale
 from quantlab.report.io import atomic_write_bytes
 
 Emitter = Callable[[ExportContext, RecordedOp], None]
@@ -104,23 +104,16 @@ class QDQExport:
 
 def _output_scale(v: Value, op: RecordedOp | None, by_name: dict):
     """The scale of one model output's LSB, shaped to broadcast against it: its quantization's,
-    or a GEMM's accumulator scale (per output channel: axis 1 of a convolution's output, the
-    last axis of a linear's); None for a float output of any other op."""
+    or a GEMM's wide output's (``emit_gemm.wide_output_scale``); None for a float output of any
+    other op."""
     if v.quant is not None:
         return v.quant.scale
     if op is not None and op.fused_into:  # a clamp fused into a GEMM: the GEMM's output
         op = by_name.get(op.fused_into)
-    if op is None or not op.in_quant or op.in_quant[0] is None:
+    if op is None or op.category is not OpCategory.GEMM:
         return None
-    if op.weight_scale is not None:
-        s = acc_scale(op.in_quant[0].scale, op.weight_scale.reshape(-1))
-        if op.op_type in ("conv1d", "conv2d"):
-            s = s.reshape(-1, *[1] * (len(v.shape) - 2))
-    elif op.op_type == "matmul" and len(op.in_quant) == 2 and op.in_quant[1] is not None:
-        s = acc_scale(op.in_quant[0].scale, op.in_quant[1].scale)
-    else:
-        return None
-    return s.numpy().astype(np.float32)
+    s = G.wide_output_scale(op)
+    return None if s is None else s.numpy().astype(np.float32)
 
 
 def _unsupported(op: RecordedOp) -> UnsupportedOpError:
