@@ -140,5 +140,11 @@ class ExportContext:
             self.quant_of[source.codes] = source.quant
 
 
+def int_list(v, n: int) -> list[int]:
+    """An int or int sequence argument (kernel size, stride, padding) as a list of ints; an
+    int stands for ``n`` equal values."""
+    return [int(v)] * n if isinstance(v, int) else [int(t) for t in v]
+
+
 def as_tensor(v) -> Tensor:
     return v.value if isinstance(v, ConstRef) else v

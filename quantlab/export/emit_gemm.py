@@ -10,19 +10,13 @@ import numpy as np
 import torch
 from onnx import TensorProto
 
-from quantlab.export.context import ExportContext
+from quantlab.export.context import ExportContext, int_list
 from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, OpRef, RecordedOp, fused_clamp_bounds
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import acc_scale, quantize_bias
 from quantlab.numerics.shapes import along_axis
 from quantlab.simulate import args as sim_args
-
-
-def _pair(v, n: int) -> list[int]:
-    if isinstance(v, int):
-        return [v] * n
-    return [int(t) for t in v]
 
 
 def _weight_codes(op: RecordedOp) -> tuple[torch.Tensor, QParams]:
@@ -149,9 +143,9 @@ def _bias_codes(op: RecordedOp, xq: QParams, qw: QParams) -> np.ndarray | None:
 def emit_conv(ctx: ExportContext, op: RecordedOp) -> None:
     nd = 2 if op.op_type == "conv2d" else 1
     xq = ctx.act_quant(op, 0)
-    stride = _pair(ctx.arg(op, 3, "stride", 1), nd)
+    stride = int_list(ctx.arg(op, 3, "stride", 1), nd)
     padding = ctx.arg(op, 4, "padding", 0)
-    dilation = _pair(ctx.arg(op, 5, "dilation", 1), nd)
+    dilation = int_list(ctx.arg(op, 5, "dilation", 1), nd)
     groups = int(ctx.arg(op, 6, "groups", 1))
     k = list(op.weight_codes.shape[2:])
     if isinstance(padding, str):
@@ -163,7 +157,7 @@ def emit_conv(ctx: ExportContext, op: RecordedOp) -> None:
         else:
             raise UnsupportedOpError(f"op {op.name}: padding={padding!r}")
     else:
-        p = _pair(padding, nd)
+        p = int_list(padding, nd)
         pads = p + p
     attrs = dict(strides=stride, pads=pads, dilations=dilation, group=groups, kernel_shape=k)
     codes, qw = _weight_codes(op)

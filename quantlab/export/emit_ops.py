@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quantlab.export.context import ExportContext, as_tensor
+from quantlab.export.context import ExportContext, as_tensor, int_list
 from quantlab.export.graph import TORCH_TO_ONNX, QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 from quantlab.numerics.dtypes import DType
@@ -122,17 +122,13 @@ def emit_clip(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [ctx.graph.node("Clip", ins, f"{op.name}/float")])
 
 
-def _ints(v, n: int) -> list[int]:
-    return [int(v)] * n if isinstance(v, int) else [int(t) for t in v]
-
-
 def emit_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
     nd = 2 if op.op_type == "max_pool2d" else 1
-    k = _ints(ctx.arg(op, 1, "kernel_size"), nd)
+    k = int_list(ctx.arg(op, 1, "kernel_size"), nd)
     stride = ctx.arg(op, 2, "stride", None)
-    stride = k if stride in (None, []) else _ints(stride, nd)
-    pad = _ints(ctx.arg(op, 3, "padding", 0), nd)
-    dil = _ints(ctx.arg(op, 4, "dilation", 1), nd)
+    stride = k if stride in (None, []) else int_list(stride, nd)
+    pad = int_list(ctx.arg(op, 3, "padding", 0), nd)
+    dil = int_list(ctx.arg(op, 4, "dilation", 1), nd)
     ceil = int(bool(ctx.arg(op, 5, "ceil_mode", False)))
     if ctx.arg(op, 6, "return_indices", False):
         raise UnsupportedOpError(f"op {op.name}: max pooling with return_indices")
@@ -154,7 +150,7 @@ def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
     shape = ctx.shape_of(op, 0)
     if op.op_type == "adaptive_avg_pool2d":
         osz = ctx.arg(op, 1, "output_size")
-        osz = _ints(osz, 2)
+        osz = int_list(osz, 2)
         if osz == [1, 1]:
             kind = "GlobalAveragePool" if _global_mean_runs(op, shape) else "ReduceMean"
             axes = [ctx.graph.int64s(f"{op.name}/axes", [2, 3])] if kind == "ReduceMean" else []
@@ -166,10 +162,10 @@ def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
         k = [h // osz[0], w // osz[1]]
         attrs = dict(kernel_shape=k, strides=k)
     else:
-        k = _ints(ctx.arg(op, 1, "kernel_size"), 2)
+        k = int_list(ctx.arg(op, 1, "kernel_size"), 2)
         stride = ctx.arg(op, 2, "stride", None)
-        stride = k if stride in (None, []) else _ints(stride, 2)
-        pad = _ints(ctx.arg(op, 3, "padding", 0), 2)
+        stride = k if stride in (None, []) else int_list(stride, 2)
+        pad = int_list(ctx.arg(op, 3, "padding", 0), 2)
         ceil = int(bool(ctx.arg(op, 4, "ceil_mode", False)))
         cip = int(bool(ctx.arg(op, 5, "count_include_pad", True)))
         if ctx.arg(op, 6, "divisor_override", None) is not None:
