@@ -34,114 +34,16 @@ from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
 from quantlab.numerics.yuv import YuvMatrix, YuvRange
+from quantlab.platform_rules import (  # noqa: F401  (the profile's rules, imported from here too)
+    AddRule,
+    AvgPoolRule,
+    ConcatRule,
+    FloatIslands,
+    SoftmaxRule,
+    Toolchain,
+)
 
 PLATFORM_DIR = Path(__file__).resolve().parent.parent / "configs" / "platform"
-
-
-class Toolchain(enum.Enum):
-    """The vendor's OpenExplorer (OE) release a model is converted with. Facts the seeds gate on
-    a release (fmod on the VPU, TopK on the SPU) hold from that release on."""
-
-    OE_3_0_0 = "OE-v3.0.0"
-    OE_3_2_0 = "OE-v3.2.0"
-    OE_3_5_0 = "OE-v3.5.0"
-
-    def at_least(self, other: Toolchain) -> bool:
-        """True when this release is ``other`` or newer."""
-        return _release(self) >= _release(other)
-
-
-def _release(t: Toolchain) -> tuple[int, ...]:
-    return tuple(int(p) for p in t.value.removeprefix("OE-v").split("."))
-
-
-class AddRule(enum.Enum):
-    """How two quantized tensors with different scales are added.
-
-    RESCALE_FLOAT: dequantize both, add in float, requantize (ONNX Runtime QLinearAdd style).
-    RESCALE_FLOAT_FMA: ONNX Runtime's QLinearAdd (MLAS) as it runs: two fused multiply-adds,
-                   codes held with ``qlinear_zero_point`` (numerics.fma_add).
-    INTER_SCALE:   the J6 plugin rule: inter = max(sx, sy) / 2**add_inter_shift,
-                   x*round(sx/inter) + y*round(sy/inter) in int32, then requantize (s.7, assumed).
-    LEFT_SHIFT:    TFLite's reference ADD: operands scaled up by 2**add_left_shift (int8) or
-                   2**add_left_shift_int16, three double-rounding multipliers
-                   (``numerics.add_rules.add_left_shift``).
-    SHARED_SHIFT:  XNNPACK's add: two integer multipliers of add_multiplier_bits bits sharing
-                   one right shift, one rounding (``numerics.add_rules.add_shared_shift``).
-    """
-
-    RESCALE_FLOAT = "rescale_float"
-    RESCALE_FLOAT_FMA = "rescale_float_fma"
-    INTER_SCALE = "inter_scale"
-    LEFT_SHIFT = "left_shift"
-    SHARED_SHIFT = "shared_shift"
-
-
-class SoftmaxRule(enum.Enum):
-    """How an integer softmax turns input codes into output codes.
-
-    SEGMENT_LUT:     the J6 composite: exp LUT, integer row sum, reciprocal LUT, requantization
-                     (``numerics.lut.lut_softmax``).
-    FLOAT_EXP_TABLE: ONNX Runtime's QLinearSoftmax on 8-bit codes: a 256-entry float32 exp
-                     table, a float32 row sum, rne(fl32(T / sum) * floor(1 / sy))
-                     (``numerics.exp_table_softmax``); int16 codes run in float between
-                     dequantize and quantize, as ONNX Runtime runs them (it fuses 8-bit only).
-    """
-
-    SEGMENT_LUT = "segment_lut"
-    FLOAT_EXP_TABLE = "float_exp_table"
-
-
-class FloatIslands(enum.Enum):
-    """Which ops the runtime leaves in float32 between dequantize and quantize ("float
-    islands") instead of running them on integer codes.
-
-    NONE:            none: every modelled op runs its integer kernel (the add rule, a
-                     product's requantization, an integer sum).
-    ONNXRUNTIME_QDQ: what ONNX Runtime has no QLinear kernel for in a QDQ graph: it fuses add
-                     and mul of two 8-bit tensors to an 8-bit output (QLinearAdd /
-                     QLinearMul) and a global mean whose scales QLinearGlobalAveragePool takes
-                     (``float_window_pool.global_mean_in_range``), and leaves sub,
-                     add / mul with an int16 operand or output or a scalar constant (held as
-                     int16 codes), a clamp (Clip) and the other sums and means (ReduceSum /
-                     ReduceMean) between DequantizeLinear and QuantizeLinear. Those run as it
-                     runs them: each operand dequantized, fl32(s * (c - z)), the float32 op,
-                     then QuantizeLinear, rne(fl32(v / s_out)) + z_out saturated
-                     (``fake_round``). A sum of more than two values adds in torch's order,
-                     which may differ from onnxruntime's in the last bit.
-    """
-
-    NONE = "none"
-    ONNXRUNTIME_QDQ = "onnxruntime_qdq"
-
-
-class AvgPoolRule(enum.Enum):
-    """How an average pool over windows (avg_pool2d, adaptive pooling to more than one value)
-    turns input codes into output codes.
-
-    INTEGER_SUM:      the window's codes summed exactly, requantized by the ratio of scales
-                      over the count (``requant``); padding falls back to float.
-    FLOAT_WINDOW_SUM: ONNX Runtime's QLinearAveragePool: codes dequantized in float32, each
-                      window summed in float32 row by row, divided by the count, quantized
-                      with the zero point added in float32 (``numerics.float_window_pool``).
-    """
-
-    INTEGER_SUM = "integer_sum"
-    FLOAT_WINDOW_SUM = "float_window_sum"
-
-
-class ConcatRule(enum.Enum):
-    """How cat / stack bring inputs at other scales (or zero points) to the output's.
-
-    REQUANTIZE:          the input's codes times the ratio of scales, by the platform's
-                         requantization (``requant``, ``requant_round``).
-    DEQUANTIZE_QUANTIZE: QuantizeLinear(DequantizeLinear(x)) per input code: fl32(sx * (x - zx)),
-                         divided by the output scale, rounded by ``fake_round``, + zy (ONNX
-                         Runtime's QLinearConcat, a 256-entry table per input built that way).
-    """
-
-    REQUANTIZE = "requantize"
-    DEQUANTIZE_QUANTIZE = "dequantize_quantize"
 
 
 @dataclass

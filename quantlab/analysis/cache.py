@@ -87,6 +87,7 @@ CODE_PATHS = (
     "capture.py",
     "qconfig.py",
     "platforms.py",
+    "platform_rules.py",
     "ops.py",
     "analysis/sensitivity.py",
     "analysis/metrics.py",
