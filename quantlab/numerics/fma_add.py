@@ -26,36 +26,10 @@ from torch import Tensor
 
 from quantlab.numerics import pair_table
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fma import fma_float32
 from quantlab.numerics.quantize import centred_code_max
 from quantlab.numerics.rounding import Round, round_float
 from quantlab.numerics.scales import check_tensor_scale
-
-
-def fma_float32(a: Tensor, r: Tensor, c: Tensor) -> Tensor:
-    """fl32(a * r + c) with one rounding (IEEE fused multiply-add) for integer-valued float32
-    ``a`` with |a| < 2**16 and float32 ``r``, ``c`` (broadcasting).
-
-    Exactness: a * r has at most 16 + 24 significant bits, so it is exact in float64. The
-    float64 sum s = fl64(a * r + c) and its exact error t (TwoSum) give the exact value s + t;
-    rounding s to float32 equals rounding s + t unless s lies exactly halfway between two
-    float32 neighbours and t != 0 (a float32 midpoint has 25 significant bits, so it is a
-    float64; a midpoint strictly between s and s + t would be nearer to s + t than s is). In
-    that case the result is the neighbour on t's side.
-    """
-    p = a.to(torch.float64) * r.to(torch.float64)
-    c64 = c.to(torch.float64)
-    s = p + c64
-    bp = s - c64
-    t = (p - bp) + (c64 - (s - bp))  # TwoSum: s + t == p + c exactly
-    f = s.to(torch.float32)  # nearest float32 to s, ties to even
-    f64 = f.to(torch.float64)
-    toward = torch.where(s > f64, torch.inf, -torch.inf).to(torch.float32)
-    g = torch.nextafter(f, toward)  # the float32 neighbour on s's other side
-    g64 = g.to(torch.float64)
-    # differences of nearby floats are exact (Sterbenz), so the midpoint test is exact
-    mid = (s != f64) & ((s - f64) == (g64 - s))
-    to_g = mid & (t != 0) & ((t > 0) == (g64 > s))
-    return torch.where(to_g, g, f)
 
 
 def qlinear_add(

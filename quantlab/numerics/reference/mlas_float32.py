@@ -1,0 +1,92 @@
+"""Slow twin of ``quantlab.numerics.mlas_float32``: MLAS's tanh, logistic and exp one element at
+a time, every float32 operation and fused multiply-add an exact rational (Fraction) rounded
+once to float32. Finite inputs (exp may overflow to inf, as the kernel does)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from quantlab.numerics import mlas_float32 as M
+from quantlab.numerics.reference.arrays import as_numpy
+from quantlab.numerics.reference.fma_add import round_to_float32
+
+
+def _c(t) -> Fraction:
+    return Fraction(float(t))
+
+
+def _r(v: Fraction) -> Fraction:
+    """v rounded to float32, kept as a Fraction."""
+    return Fraction(round_to_float32(v))
+
+
+F32_MAX = Fraction(float(np.finfo(np.float32).max))
+F32_HALF_ULP_MAX = Fraction(2) ** 103  # half the spacing of float32 at its largest binade
+
+
+def to_float32(v: Fraction) -> float:
+    """v rounded to float32 as a Python float: +-inf beyond the largest float32 (by at least
+    half its spacing), as IEEE rounding overflows."""
+    if abs(v) >= F32_MAX + F32_HALF_ULP_MAX:
+        return math.copysign(math.inf, v)
+    return round_to_float32(v)
+
+
+def _fma(a: Fraction, b: Fraction, c: Fraction) -> Fraction:
+    return _r(a * b + c)
+
+
+def _odd_rational(x: Fraction, alpha, beta) -> Fraction:
+    x2 = _r(x * x)
+    p = _fma(x2, _c(alpha[0]), _c(alpha[1]))
+    for a in alpha[2:]:
+        p = _fma(p, x2, _c(a))
+    q = _fma(x2, _c(beta[0]), _c(beta[1]))
+    for b in beta[2:]:
+        q = _fma(q, x2, _c(b))
+    return _r(_r(x * p) / q)
+
+
+def _tanh(x: Fraction) -> Fraction:
+    x = min(max(x, Fraction(-M.TANH_RANGE)), Fraction(M.TANH_RANGE))
+    return _odd_rational(x, M.TANH_ALPHA, M.TANH_BETA)  # a float32 value: exact below
+
+
+def _logistic(x: Fraction) -> Fraction:
+    x = min(max(x, Fraction(-M.LOGISTIC_RANGE)), Fraction(M.LOGISTIC_RANGE))
+    return max(_r(_odd_rational(x, M.LOGISTIC_ALPHA, M.LOGISTIC_BETA) + Fraction(1, 2)), 0)
+
+
+def _exp(x: Fraction) -> Fraction:
+    x = max(x, _c(M.EXP_LOWER))
+    m = _r(_fma(x, _c(M.EXP_LOG2E), _c(M.EXP_BIAS)) - _c(M.EXP_BIAS))
+    r = _fma(m, _c(M.EXP_LN2_HI), x)
+    r = _fma(m, _c(M.EXP_LN2_LO), r)
+    p = _c(M.EXP_POLY[0])
+    for c in M.EXP_POLY[1:]:
+        p = _fma(p, r, _c(c))
+    p = _fma(_fma(p, r, Fraction(1)), r, Fraction(1))
+    assert m.denominator == 1
+    return p * Fraction(2) ** int(m)  # rounded once by the caller (vscalefps)
+
+
+_FUNCS = {"tanh": _tanh, "logistic": _logistic, "exp": _exp}
+
+
+def mlas_value(func: str, v: float) -> float:
+    """``func`` ("tanh", "logistic", "exp") of one finite float32 value ``v``."""
+    y = to_float32(_FUNCS[func](Fraction(v)))
+    if y == 0 and func == "tanh":  # x * p keeps x's sign (p > 0 near 0); a Fraction has none
+        y = math.copysign(0.0, v)
+    return y
+
+
+def mlas(func: str, x) -> np.ndarray:
+    """float32 values of ``func`` ("tanh", "logistic", "exp") on float32 ``x``, element by
+    element."""
+    xs = as_numpy(x).astype(np.float32)
+    out = [mlas_value(func, float(v)) for v in xs.ravel()]
+    return np.array(out, dtype=np.float32).reshape(xs.shape)

@@ -1,0 +1,40 @@
+"""Float32 inputs for the MLAS kernel tests: random values over and beyond each kernel's range,
+small and subnormal values, and the float32 neighbours of each kernel's edges."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantlab.numerics.mlas_float32 import mlas_exp, mlas_logistic, mlas_tanh
+
+F32 = np.float32
+
+
+def _around(values, n: int = 3) -> list[float]:
+    """Each value and its n float32 neighbours on both sides."""
+    out = []
+    for v in values:
+        a = b = F32(v)
+        out.append(a)
+        for _ in range(n):
+            a, b = np.nextafter(a, F32(np.inf)), np.nextafter(b, F32(-np.inf))
+            out += [a, b]
+    return out
+
+
+def float32_inputs(lo: float, hi: float, edges, seed: int) -> np.ndarray:
+    """600 uniform values in [lo, hi], 300 of magnitudes down to 1e-40, zeros and subnormals,
+    and each edge with its three float32 neighbours either side (float32)."""
+    rng = np.random.default_rng(seed)
+    wide = rng.uniform(lo, hi, 600)
+    small = rng.normal(0.0, 1.0, 300) * 10.0 ** rng.integers(-40, 1, 300)
+    tiny = [0.0, -0.0, 1e-45, -1e-45, 1.2e-38, -1.2e-38, 1e-20]
+    return np.array([*wide, *small, *tiny, *_around(edges)], dtype=np.float32)
+
+
+# kernel, random-input range, edges (clamp bounds, saturation, the ends of exp's range)
+CASES = {
+    "tanh": (mlas_tanh, (-12.0, 12.0), (9.0, -9.0, 8.0, 0.5, 1.0, 4.0)),
+    "logistic": (mlas_logistic, (-22.0, 22.0), (18.0, -18.0, 16.6, -16.6, 1.0, 9.0)),
+    "exp": (mlas_exp, (-110.0, 92.0), (-103.97208, -87.34, 88.72284, 0.0, 1.0, -1.0, 0.6931472)),
+}
