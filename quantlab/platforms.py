@@ -25,7 +25,7 @@ from quantlab.numerics.contract import (
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.embedding import EmbeddingContract
 from quantlab.numerics.grid_sample import GridCoord
-from quantlab.numerics.lut.formats import LutFormat
+from quantlab.numerics.lut.formats import LutFormat, TableValues
 from quantlab.numerics.lut.functions import LutSpec, default_spec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
@@ -118,6 +118,9 @@ class PlatformConfig:
     lut_index_frac_bits: int = 8  # fractional bits of the table index (interpolation weight)
     lut_interp_round: Round = Round.HALF_UP  # assumed (s.3)
     lut_direct_int8: bool = True  # int8 in / int8 out uses one 256-entry table
+    # how direct-table entries are computed: the exact function in float64, or as onnxruntime's
+    # float32 kernels compute each code between DequantizeLinear and QuantizeLinear
+    lut_table_values: TableValues = TableValues.EXACT_FLOAT64
     # every LUT op's default dividing-point strategy; None: the J6 vendor's per-op defaults (s.3,
     # ``numerics.lut.default_spec``), whose fixed gelu points fit only the J6 table count
     lut_default_strategy: Strategy | None = None
@@ -307,13 +310,15 @@ class PlatformConfig:
 
     def lut_format(self) -> LutFormat:
         """The segment LUT format of this profile (``lut_tables``, ``lut_entries``,
-        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``)."""
+        ``lut_index_frac_bits``, ``lut_interp_round``, ``lut_direct_int8``,
+        ``lut_table_values``)."""
         return LutFormat(
             tables=self.lut_tables,
             entries=self.lut_entries,
             index_frac_bits=self.lut_index_frac_bits,
             interp_round=self.lut_interp_round,
             direct_int8=self.lut_direct_int8,
+            values=self.lut_table_values,
         )
 
     def lut_spec(self, func: str) -> LutSpec:

@@ -77,9 +77,10 @@ def _period_reduced(sim, call, rq, xc: Tensor, xs: float, in_dt) -> tuple | None
 def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     """(table, input codes, input scale, output scale, output zero point) of a LUT op in fixed
     mode (the input period-reduced when it applies), or None when the integer table does not
-    apply. Codes with a zero point (or uint8) take a ``ZeroPointLut`` (numerics.lut.zero_point);
-    symmetric int8 / int16 codes the ``SegmentLut``."""
-    from quantlab.numerics.lut import build_lut
+    apply. Codes with a zero point (or uint8), and every table of a profile whose runtime
+    computes each code in float32 (``TableValues.RUNTIME_FLOAT32``), take a ``ZeroPointLut``
+    (numerics.lut.zero_point); other symmetric int8 / int16 codes the ``SegmentLut``."""
+    from quantlab.numerics.lut import TableValues, build_lut
     from quantlab.numerics.lut.zero_point import build_zero_point_lut
 
     p = sim.platform
@@ -103,15 +104,16 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     zo = fc.out_zero_point(sim, call, rq)
     spec = _lut_spec(call, rq, p)
     hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
-    if zx or zo or DType.UINT8 in (in_dt, out):
+    fmt = p.lut_format()
+    if zx or zo or DType.UINT8 in (in_dt, out) or fmt.values is TableValues.RUNTIME_FLOAT32:
         if (zx and in_dt.bits > 8) or (zo and out.bits > 8):
             fc.warn_float(call, "a LUT takes 16-bit codes without a zero point only")
             return None
         table = build_zero_point_lut(
-            call.op_type, in_dt, xs, zx, out, float(so), zo, spec, p.lut_format(), observed, hist
+            call.op_type, in_dt, xs, zx, out, float(so), zo, spec, fmt, observed, hist
         )
         return table, xc, xs, so, zo
-    lut = build_lut(call.op_type, in_dt, xs, out, float(so), spec, p.lut_format(), observed, hist)
+    lut = build_lut(call.op_type, in_dt, xs, out, float(so), spec, fmt, observed, hist)
     return lut, xc.to(in_dt.torch_dtype), xs, so, 0
 
 

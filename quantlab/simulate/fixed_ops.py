@@ -280,7 +280,7 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if any(o is None for o in osz) or h % osz[0] or w % osz[1]:
             return None
         k = (h // osz[0], w // osz[1])
-        stride, padding = k, (0, 0)
+        stride, padding, include_pad = k, (0, 0), True
         # pooling to one value is a GlobalAveragePool in ONNX (QLinearGlobalAveragePool: an
         # integer sum), any other a windowed AveragePool
         windows = osz != (1, 1)
@@ -294,9 +294,7 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
         k = _pair(k)
         stride = k if stride in (None, []) else _pair(stride)
         padding = _pair(padding or 0)
-        if padding != (0, 0) and (
-            include_pad is False or sim.platform.avg_pool_rule is not AvgPoolRule.FLOAT_WINDOW_SUM
-        ):
+        if padding != (0, 0) and sim.platform.avg_pool_rule is not AvgPoolRule.FLOAT_WINDOW_SUM:
             return None
     else:
         return None
@@ -319,6 +317,7 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
             zo,
             out,
             held_offset=sim.platform.qlinear_zero_point if out is DType.INT8 else 0,
+            count_include_pad=include_pad is not False,
         )
         return fc.emit(codes, so, out, zo)
     xc = info.codes_of(x) - info.zero_point

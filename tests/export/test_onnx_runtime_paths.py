@@ -29,7 +29,10 @@ from quantlab.analysis.onnx_fidelity import measure  # noqa: E402
 from quantlab.export import ActivationEncoding, UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
+from quantlab.numerics.dtypes import DType  # noqa: E402
+from quantlab.numerics.lut import TableValues  # noqa: E402
 from quantlab.platforms import FloatIslands, load_platform  # noqa: E402
+from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 
 ORT_PROFILE = onnxruntime_profile()
@@ -167,13 +170,15 @@ def test_stacks_load_and_match_in_onnxruntime(tmp_path, encoding):
 
 
 class _Pools(nn.Module):
-    """Average pools onnxruntime runs as QLinearAveragePool: padded (the padding counted),
-    strided, unpadded, wide, and adaptive pooling to 2 x 2 windows."""
+    """Average pools onnxruntime runs as QLinearAveragePool: padded (the padding counted or
+    not), strided, unpadded, wide, and adaptive pooling to 2 x 2 windows."""
 
     def forward(self, x):
         t = torch.tanh(x) * 2.0
         return (
             F.avg_pool2d(t, 3, 1, 1),
+            F.avg_pool2d(t, 3, 1, 1, count_include_pad=False),
+            F.avg_pool2d(t, (3, 5), (2, 1), (1, 2), count_include_pad=False),
             F.avg_pool2d(t, 3, 2, 1),
             F.avg_pool2d(t, 2),
             F.avg_pool2d(t, 5, 1, 2),
@@ -296,3 +301,65 @@ def test_a_model_writing_its_input_exports_its_input_as_the_graph_input(tmp_path
     for x in xs[1:]:  # not the example input
         (y,) = R.run(sess, info.input_names, (x.clone(),))
         assert np.array_equal(y, sim.run(x.clone(), mode=Mode.FIXED).numpy())
+
+
+class _Tables(nn.Module):
+    """Table ops on inputs wide enough to saturate tanh and sigmoid: the observer gives their
+    outputs the scale fl32(1 / 127.5), on which +-1 lands on a tie that the last bit of the
+    float32 kernel decides."""
+
+    def forward(self, x):
+        w = x * 6.0
+        e = torch.exp(x.clamp(-4.0, 2.0))
+        return torch.tanh(w), torch.sigmoid(w), e, F.silu(w), torch.sin(x), torch.sqrt(F.relu(x))
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_table_ops_give_onnxruntime_float32_kernels_bits(tmp_path, encoding):
+    """Table ops run in onnxruntime as Dequantize -> float32 op (MLAS's tanh / logistic / exp)
+    -> Quantize; the profile's direct tables (``lut_table_values`` RUNTIME_FLOAT32) give the
+    same bits, the exact float64 tables do not."""
+    exact_float64_differs = False
+    for seed in (3, 4):
+        sim, xs = _calibrated(_Tables(), seed=seed)
+        sub = tmp_path / str(seed)
+        sub.mkdir()
+        outs, kinds = _onnxruntime_outputs(sim, xs, sub, encoding)
+        assert {"Tanh", "Exp", "Sin", "Sqrt"} <= kinds
+        for x, ys in zip(xs, outs, strict=True):
+            assert _same(ys, sim.run(x, mode=Mode.FIXED))
+        sim.platform = replace(sim.platform, lut_table_values=TableValues.EXACT_FLOAT64)
+        exact_float64_differs |= not all(
+            _same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs)
+        )
+    assert exact_float64_differs
+
+
+class _Int16Tables(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.tanh(y * 3.0), torch.sigmoid(y), torch.exp(y.clamp(-6.0, 1.0))
+
+
+def test_int16_table_ops_give_onnxruntime_bits(tmp_path):
+    """With int16 activations onnxruntime still computes each code in float32 (DequantizeLinear
+    -> op -> QuantizeLinear on int16): the profile's table covers every int16 code; a segment
+    table (J6's 6 x 64 entries) differed in about half of the outputs."""
+    int16 = OpQConfig(output_dtype=DType.INT16)
+    names = ("conv:conv2d#0", ":mul#0", ":tanh#0", ":sigmoid#0", ":clamp#0", ":exp#0")
+    spec = QConfigSpec(by_name=dict.fromkeys(names, int16))
+    torch.manual_seed(0)
+    sim = Simulator(_Int16Tables().eval(), ORT_PROFILE, spec)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 3, 8, 8, generator=g) * s for s in (0.5, 2.0)]
+    tables = sim.ops["name"].isin([":tanh#0", ":sigmoid#0", ":exp#0"])
+    assert set(sim.ops.loc[tables, "fixed_kernel"]) == {"lut"}
+    outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+

@@ -1,9 +1,10 @@
-"""One-op ONNX graphs DequantizeLinear -> Sigmoid / Tanh / Exp -> QuantizeLinear on every 8-bit
-code, with nonzero zero points, and their cases.
+"""ONNX graphs DequantizeLinear -> float op(s) -> QuantizeLinear on every 8-bit code, the ops
+quantlab's exporter writes for a table op (silu: Sigmoid then Mul; rsqrt: Sqrt then
+Reciprocal), with nonzero zero points, and their cases.
 
 Sessions run single-threaded with onnxruntime's default graph optimizations, as users run
-them: the Sigmoid group becomes com.microsoft QLinearSigmoid (a 256-entry lookup table), Tanh
-and Exp stay float32 between DequantizeLinear and QuantizeLinear.
+them: the Sigmoid group becomes com.microsoft QLinearSigmoid (a 256-entry lookup table), the
+others stay float32 between DequantizeLinear and QuantizeLinear.
 """
 
 from __future__ import annotations
@@ -13,9 +14,36 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnxruntime as ort
+import scipy.special
 from onnx import TensorProto, helper, numpy_helper
 
-OPS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp"}
+OPS = {
+    "sigmoid": ("Sigmoid",),
+    "tanh": ("Tanh",),
+    "exp": ("Exp",),
+    "silu": ("Sigmoid", "Mul"),
+    "log": ("Log",),
+    "sqrt": ("Sqrt",),
+    "rsqrt": ("Sqrt", "Reciprocal"),
+    "reciprocal": ("Reciprocal",),
+    "sin": ("Sin",),
+    "cos": ("Cos",),
+    "gelu": ("Gelu",),
+}
+# float64 twins, only to choose output scales as an observer would (finite values' max |y|)
+_F64 = {
+    "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+    "tanh": np.tanh,
+    "exp": np.exp,
+    "silu": lambda v: v / (1 + np.exp(-v)),
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda v: 1 / np.sqrt(v),
+    "reciprocal": lambda v: 1 / v,
+    "sin": np.sin,
+    "cos": np.cos,
+    "gelu": lambda v: 0.5 * v * (1 + scipy.special.erf(v / np.sqrt(2.0))),
+}
 _ONNX_TYPE = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
 
 
@@ -32,17 +60,28 @@ class LutCase:
 
 
 def lut_case(seed: int, op: str, dtype) -> LutCase:
-    """Random scales (power-of-two ones every third seed: exact ties) and zero points."""
+    """Random zero points; by seed % 4: random scales (0, 1), power-of-two scales (2: exact
+    ties), or the output scale an observer sets, fl32(max |y| / 127.5), over inputs wide enough
+    to saturate tanh and sigmoid (3: their extreme outputs land on ties of +-127.5)."""
     rng = np.random.default_rng(seed)
     info = np.iinfo(dtype)
     x = np.arange(info.min, info.max + 1).astype(dtype)
     zx, zy = (int(rng.integers(info.min, info.max + 1)) for _ in range(2))
-    if seed % 3 == 2:
+    kind = seed % 4
+    if kind == 2:
         sx = np.float32(2.0 ** -int(rng.integers(3, 7)))
-        sy = np.float32(2.0 ** -int(rng.integers(2 if op == "exp" else 6, 9)))
     else:
-        sx = np.float32(rng.uniform(0.005, 0.08))
-        sy = np.float32(rng.uniform(0.02, 0.3) if op == "exp" else rng.uniform(0.002, 0.02))
+        sx = np.float32(rng.uniform(0.005, 0.08) if kind < 2 else rng.uniform(0.05, 0.15))
+    with np.errstate(all="ignore"):
+        y = _F64[op]((x.astype(np.float64) - zx) * float(sx))
+    finite = np.abs(y[np.isfinite(y)])
+    amax = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    if kind == 2:
+        sy = np.float32(2.0 ** np.floor(np.log2(amax / 127.0)))
+    elif kind == 3:
+        sy = np.float32(np.float32(amax) / np.float32(127.5))
+    else:
+        sy = np.float32(amax / rng.uniform(20.0, 127.0))
     return LutCase(op, x, sx, zx, sy, zy)
 
 
@@ -54,11 +93,11 @@ def _model(c: LutCase) -> onnx.ModelProto:
         numpy_helper.from_array(np.array(c.sy, np.float32), "sy"),
         numpy_helper.from_array(np.array(c.zy, c.x.dtype), "zy"),
     ]
-    nodes = [
-        helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
-        helper.make_node(OPS[c.op], ["xf"], ["yf"]),
-        helper.make_node("QuantizeLinear", ["yf", "sy", "zy"], ["y"]),
-    ]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["v0"])]
+    for i, op in enumerate(OPS[c.op]):
+        args = ["v0", f"v{i}"] if op == "Mul" else [f"v{i}"]
+        nodes.append(helper.make_node(op, args, [f"v{i + 1}"]))
+    nodes.append(helper.make_node("QuantizeLinear", [f"v{len(OPS[c.op])}", "sy", "zy"], ["y"]))
     graph = helper.make_graph(
         nodes,
         "g",
@@ -66,7 +105,7 @@ def _model(c: LutCase) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", t, list(c.x.shape))],
         inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
     model.ir_version = 9
     return model
 

@@ -118,9 +118,11 @@ def run_qlinear_softmax(x, sx, zx, sy, zy, axis: int = -1) -> np.ndarray:
     return _run_unary_qlinear("QLinearSoftmax", x, sx, zx, sy, zy, axis=axis, opset=13)
 
 
-def run_qlinear_average_pool(x, sx, zx, sy, zy, kernel, strides, pads) -> np.ndarray:
-    """onnxruntime's QLinearAveragePool (com.microsoft, NCHW, count_include_pad=1) on codes x;
-    ``pads``: (top, left), the same at the bottom and the right."""
+def run_qlinear_average_pool(
+    x, sx, zx, sy, zy, kernel, strides, pads, count_include_pad: bool = True
+) -> np.ndarray:
+    """onnxruntime's QLinearAveragePool (com.microsoft, NCHW) on codes x; ``pads``: (top,
+    left), the same at the bottom and the right."""
     return _run_unary_qlinear(
         "QLinearAveragePool",
         x,
@@ -131,6 +133,6 @@ def run_qlinear_average_pool(x, sx, zx, sy, zy, kernel, strides, pads) -> np.nda
         kernel_shape=list(kernel),
         strides=list(strides),
         pads=[*pads, *pads],
-        count_include_pad=1,
+        count_include_pad=int(count_include_pad),
         channels_last=0,
     )

@@ -172,7 +172,7 @@ def ort_qlinearmatmul(c, platform) -> np.ndarray:
 
 
 def ort_lut(c, platform) -> np.ndarray:
-    """A DequantizeLinear -> Sigmoid / Tanh / Exp -> QuantizeLinear case (``ort_lut_models``)
+    """A DequantizeLinear -> float op(s) -> QuantizeLinear case (``ort_lut_models``)
     under ``platform``: the simulator's LUT on codes with zero points (``ZeroPointLut``)."""
     dt = _DTYPE[c.x.dtype]
     table = build_zero_point_lut(

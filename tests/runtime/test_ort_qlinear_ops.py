@@ -204,7 +204,7 @@ def _pool_case(rng, seed: int):
     return x, sx, z, sy, zy, kernel, strides, pads
 
 
-def _profile_pool(x, sx, z, sy, zy, kernel, strides, pads) -> np.ndarray:
+def _profile_pool(x, sx, z, sy, zy, kernel, strides, pads, include_pad=True) -> np.ndarray:
     """quantlab's FLOAT_WINDOW_SUM rule on the runtime's codes: int8 as they are; uint8 as
     quantlab holds them (codes - 128, the runtime's 128 a held offset)."""
     off = 128 if x.dtype == np.uint8 else 0
@@ -220,19 +220,22 @@ def _profile_pool(x, sx, z, sy, zy, kernel, strides, pads) -> np.ndarray:
         int(zy) - off,
         out,
         held_offset=off,
+        count_include_pad=include_pad,
     )
     return (codes.numpy() + off).astype(x.dtype)
 
 
 def test_float_window_average_pool_matches_onnxruntime_qlinear_average_pool():
-    """numerics.float_window_pool gives QLinearAveragePool's bits on every case (padded,
-    strided, rectangular windows; ties); the exact integer mean, requantized once, does not."""
+    """numerics.float_window_pool gives QLinearAveragePool's bits on every case (padded, the
+    padding counted or not, strided, rectangular windows; ties); the exact integer mean,
+    requantized once, does not."""
     rng = np.random.default_rng(11)
     integer_differs = 0
     for seed in range(N_POOL):
         case = _pool_case(rng, seed)
-        got = run_qlinear_average_pool(*case)
-        want = _profile_pool(*case)
+        include_pad = seed % 4 != 3  # every fourth: only the positions inside count
+        got = run_qlinear_average_pool(*case, count_include_pad=include_pad)
+        want = _profile_pool(*case, include_pad)
         assert np.array_equal(got, want), f"case {seed}: {int((got != want).sum())} differ"
         x, sx, z, sy, zy, kernel, strides, pads = case
         if pads == (0, 0):

@@ -13,6 +13,7 @@ from float_fallbacks import record_float_fallbacks
 from torch import nn
 
 from quantlab.numerics import DType
+from quantlab.numerics.lut import TableValues
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
@@ -63,13 +64,16 @@ class _Luts(nn.Module):
 def test_lut_ops_run_fixed_with_zero_points(platform, out_dtype, monkeypatch):
     """int8 codes with zero points in; int8 out with a zero point: the direct table
     saturate(round_half_even(f((x - zx) sx) / so) + zo) on every element; int16 out (symmetric):
-    the segment LUT on the centred codes (its reference evaluation)."""
+    the segment LUT on the centred codes (its reference evaluation). onnxruntime computes each
+    code in float32 (``TableValues.RUNTIME_FLOAT32``): its direct table's reference, both
+    widths."""
     torch.manual_seed(0)
     sym = "ASYMMETRIC" if out_dtype == "INT8" else "SYMMETRIC"  # int16 codes take no zero point
     luts = {t: OpQConfig(output_dtype=out_dtype, activation_symmetry=sym) for t in LUT_MATH}
     sim = Simulator(_Luts().eval(), platform, _asymmetric(**luts))
     sim.calibrate([(torch.randn(2, 3, 6, 6) + 0.7,) for _ in range(3)], progress=False)
     trace, seen, fell_back = _observe(sim, torch.randn(2, 3, 6, 6) + 0.7, monkeypatch)
+    runtime = sim.platform.lut_table_values is TableValues.RUNTIME_FLOAT32  # onnxruntime
     checked = 0
     for name, (op_type, incoming) in seen.items():
         if op_type not in LUT_MATH:
@@ -78,20 +82,19 @@ def test_lut_ops_run_fixed_with_zero_points(platform, out_dtype, monkeypatch):
         xi, yi = incoming[0], trace.qinfo[name]
         assert xi.dtype is DType.INT8 and xi.zero_point != 0
         x = xi.codes.to(torch.int64)
-        if yi.dtype is DType.INT8:
-            assert yi.zero_point != 0
+        assert (yi.zero_point != 0) == (yi.dtype is DType.INT8)
+        if yi.dtype is DType.INT8 and not runtime:
             real = LUT_MATH[op_type]((x - xi.zero_point).double() * float(xi.scale))
             want = torch.round(real / float(yi.scale)) + yi.zero_point
             want = want.clamp(-128, 127).to(torch.int8)
         else:
-            assert yi.dtype is DType.INT16 and yi.zero_point == 0
             spec = sim.platform.lut_spec(op_type)
             table = build_zero_point_lut(
-                op_type, DType.INT8, float(xi.scale), xi.zero_point, DType.INT16,
-                float(yi.scale), 0, spec, sim.platform.lut_format(),
+                op_type, DType.INT8, float(xi.scale), xi.zero_point, yi.dtype,
+                float(yi.scale), yi.zero_point, spec, sim.platform.lut_format(),
                 sim.observed_range(name, "in0"),
             )  # fmt: skip
-            assert not table.direct
+            assert table.direct == (runtime or yi.dtype is DType.INT8)
             want = table.evaluate_reference(x.to(torch.int8))
         assert_bits_equal(yi.codes, want)
         checked += 1

@@ -17,7 +17,7 @@ from quantlab.numerics.lut.analysis import (
 from quantlab.numerics.lut.composite import inverse_sigmoid_composite, lut_softmax
 from quantlab.numerics.lut.data_weighted import InputHistogram
 from quantlab.numerics.lut.fake import lut_fake, lut_fake_codes
-from quantlab.numerics.lut.formats import J6_FORMAT, TOSA_LIKE_FORMAT, LutFormat
+from quantlab.numerics.lut.formats import J6_FORMAT, TOSA_LIKE_FORMAT, LutFormat, TableValues
 from quantlab.numerics.lut.functions import (
     FUNCTIONS,
     LutFunction,
@@ -42,6 +42,7 @@ __all__ = [
     "RangeRule",
     "SegmentLut",
     "Strategy",
+    "TableValues",
     "Tail",
     "analyze",
     "build_lut",

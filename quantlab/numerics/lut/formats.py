@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from quantlab.numerics.rounding import Round
+
+
+class TableValues(enum.Enum):
+    """How a direct table's entries are computed from the function.
+
+    EXACT_FLOAT64:   T[q] = round(f(q s_in) / s_out) in float64 (the exact function; J6, LiteRT).
+    RUNTIME_FLOAT32: each entry as an ONNX Runtime QDQ group computes it: fl32(s_in (q - z_in)),
+                     the float32 function as onnxruntime's kernel computes it, then
+                     QuantizeLinear, rne(fl32(y / s_out)) + z_out
+                     (``numerics.lut.runtime_values``).
+    """
+
+    EXACT_FLOAT64 = "exact_float64"
+    RUNTIME_FLOAT32 = "runtime_float32"
 
 
 @dataclass(frozen=True)
@@ -18,6 +33,7 @@ class LutFormat:
     direct_int8:     int8 in / int8 out uses one direct table of 256 entries.
     table_round:     rounding of table entries (HALF_EVEN, the fake-quant rounding, s.1).
     slope_bits:      signed mantissa bits of tail slopes, intercepts and index multipliers (16).
+    values:          how direct-table entries are computed (``TableValues``; EXACT_FLOAT64).
     """
 
     tables: int = 6
@@ -27,6 +43,7 @@ class LutFormat:
     direct_int8: bool = True
     table_round: Round = Round.HALF_EVEN
     slope_bits: int = 16
+    values: TableValues = TableValues.EXACT_FLOAT64
 
     def __post_init__(self) -> None:
         if self.tables < 1:
@@ -41,6 +58,9 @@ class LutFormat:
             )
         if not 2 <= self.slope_bits <= 24:
             raise ValueError(f"LutFormat.slope_bits must be in [2, 24], got {self.slope_bits}")
+        if not isinstance(self.values, TableValues):
+            allowed = ", ".join(v.name for v in TableValues)
+            raise ValueError(f"LutFormat.values must be a TableValues ({allowed})")
         for name in ("interp_round", "table_round"):
             if not isinstance(getattr(self, name), Round):
                 allowed = ", ".join(r.name for r in Round)

@@ -33,10 +33,11 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.analysis import _max_error_lsb, exact_lsb
 from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
-from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
+from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, TableValues
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
 from quantlab.numerics.lut.optimal import optimal_points
 from quantlab.numerics.lut.ranges import input_range
+from quantlab.numerics.lut.runtime_values import runtime_table
 from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
 from quantlab.numerics.lut.segment import SegmentLut, Tail, all_codes, evaluate_codes_int
 from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
@@ -241,9 +242,14 @@ def _assemble(
 def _direct(
     func: str, in_scale: float, out_scale: float, spec: LutSpec, fmt: LutFormat
 ) -> SegmentLut:
-    fn = get_function(func)
-    q = torch.arange(-128, 128, dtype=torch.float64)
-    table = _quantize_values(fn.target(q * in_scale, spec), out_scale, DType.INT8, fmt.table_round)
+    if fmt.values is TableValues.RUNTIME_FLOAT32:
+        i8 = DType.INT8
+        table = torch.from_numpy(runtime_table(func, spec, i8, in_scale, 0, i8, out_scale, 0))
+    else:
+        fn = get_function(func)
+        q = torch.arange(-128, 128, dtype=torch.float64)
+        table = fn.target(q * in_scale, spec)
+        table = _quantize_values(table, out_scale, DType.INT8, fmt.table_round)
     return SegmentLut(
         func=func,
         in_dtype=DType.INT8,

@@ -7,6 +7,8 @@ A ``ZeroPointLut`` maps input codes x (``in_dtype``, zero point zx, scale s_in) 
     float64, rounded by ``LutFormat.table_round``, the zero point added after rounding (as the
     8-bit lookup tables of TFLite and ONNX Runtime do); with zx = zo = 0 on int8 this is the
     symmetric direct table of ``build_lut``.
+  * ``LutFormat.values`` RUNTIME_FLOAT32: one direct table over every input code (8 or 16
+    bits), each entry as onnxruntime computes it (``runtime_values``).
   * otherwise: the segment LUT of ``build_lut`` indexed by the centred code x - zx (int16 codes
     when they leave int8) with output codes before the zero point (int16 when the output has
     one, so nothing saturates before it is added), its tables placed over the centred code range
@@ -27,8 +29,9 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.data_weighted import InputHistogram
-from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
+from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, TableValues
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
+from quantlab.numerics.lut.runtime_values import runtime_table
 from quantlab.numerics.lut.segment import SegmentLut, evaluate_codes_int
 from quantlab.numerics.lut.slope import segment_slope
 from quantlab.numerics.lut.table import build_lut
@@ -177,6 +180,9 @@ def _build(
     func, in_dtype, in_scale, zx, out_dtype, out_scale, zo, spec, fmt, observed, histogram
 ) -> ZeroPointLut:
     parts = (func, in_dtype, in_scale, zx, out_dtype, out_scale, zo, spec, fmt)
+    if fmt.values is TableValues.RUNTIME_FLOAT32:  # the runtime computes every code
+        table = runtime_table(func, spec, in_dtype, in_scale, zx, out_dtype, out_scale, zo)
+        return ZeroPointLut(*parts, direct_table=table, lut=None)
     if fmt.direct_int8 and in_dtype.bits == 8 and out_dtype.bits == 8:
         table = direct_table(
             func, spec, in_dtype, in_scale, zx, out_dtype, out_scale, zo, fmt.table_round

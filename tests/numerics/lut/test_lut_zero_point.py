@@ -1,7 +1,8 @@
 """Look-up tables on codes with zero points (``numerics.lut.zero_point``): every input code of
 random and adversarial cases (int8 / uint8 inputs and outputs, zero points at the ends of the
 code range, power-of-two scales that make exact rounding ties) gives the bits of the slow
-reference, in direct mode (both 8-bit) and through the segment LUT on centred codes."""
+reference, in direct mode (both 8-bit), through the segment LUT on centred codes, and as
+onnxruntime computes each code (``TableValues.RUNTIME_FLOAT32``: direct at every width)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import torch
 from bits import assert_bits_equal
 
 from quantlab.numerics import DType
-from quantlab.numerics.lut import J6_FORMAT, build_lut, default_spec
+from quantlab.numerics.lut import J6_FORMAT, TableValues, build_lut, default_spec
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 
 FUNCS = ("sigmoid", "tanh", "exp", "gelu", "silu", "log", "reciprocal", "sqrt", "sin")
 SEGMENT_FORMAT = dataclasses.replace(J6_FORMAT, direct_int8=False)
+RUNTIME_FORMAT = dataclasses.replace(J6_FORMAT, values=TableValues.RUNTIME_FLOAT32)
 OUT_DTYPES = (DType.INT8, DType.UINT8, DType.INT16)
 
 
@@ -42,12 +44,15 @@ def _case(seed: int):
     return func, in_dt, xs, zx, out_dt, so, zo
 
 
-@pytest.mark.parametrize("fmt", [J6_FORMAT, SEGMENT_FORMAT], ids=["direct", "segment"])
+@pytest.mark.parametrize(
+    "fmt", [J6_FORMAT, SEGMENT_FORMAT, RUNTIME_FORMAT], ids=["direct", "segment", "runtime"]
+)
 def test_every_code_matches_the_reference(fmt):
+    runtime = fmt.values is TableValues.RUNTIME_FLOAT32
     for seed in range(36):
         func, in_dt, xs, zx, out_dt, so, zo = _case(seed)
         t = build_zero_point_lut(func, in_dt, xs, zx, out_dt, so, zo, fmt=fmt)
-        assert t.direct == (fmt.direct_int8 and out_dt.bits == 8)
+        assert t.direct == (runtime or (fmt.direct_int8 and out_dt.bits == 8))
         codes = torch.arange(in_dt.qmin, in_dt.qmax + 1).to(in_dt.torch_dtype)
         got = t.evaluate(codes)
         assert got.dtype == out_dt.torch_dtype
@@ -90,3 +95,21 @@ def test_refuses_16_bit_codes_with_a_zero_point():
         build_zero_point_lut("sigmoid", DType.INT16, 1e-3, 5, DType.INT8, 0.01, 0, spec)
     with pytest.raises(ValueError, match="out_dtype's zero point 300 is outside"):
         build_zero_point_lut("sigmoid", DType.INT8, 1e-2, 0, DType.UINT8, 0.01, 300, spec)
+
+
+@pytest.mark.parametrize("func", ["tanh", "sigmoid", "exp", "silu", "rsqrt", "reciprocal"])
+def test_runtime_tables_on_int16_codes_match_the_reference(func):
+    """A RUNTIME_FLOAT32 table on int16 codes is direct over all 65536 codes (onnxruntime
+    computes each one); sampled codes, both ends and zero match the reference."""
+    xs = {"exp": 2.0**-11, "rsqrt": 2.0**-9, "reciprocal": 2.0**-9}.get(func, 3e-4)
+    so = {"exp": 2.0**-7, "rsqrt": 2.0**-8, "reciprocal": 2.0**-5}.get(func, 2.0**-15)
+    t = build_zero_point_lut(func, DType.INT16, xs, 0, DType.INT16, so, 0, fmt=RUNTIME_FORMAT)
+    assert t.direct and len(t.direct_table) == 65536
+    g = torch.Generator().manual_seed(len(func))
+    codes = torch.cat(
+        [
+            torch.randint(-32768, 32768, (1500,), generator=g),
+            torch.tensor([-32768, -1, 0, 1, 32767]),
+        ]
+    ).to(torch.int16)
+    assert_bits_equal(t.evaluate(codes), t.evaluate_reference(codes))

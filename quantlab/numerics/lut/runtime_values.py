@@ -1,0 +1,93 @@
+"""Direct-table entries as ONNX Runtime computes them (``TableValues.RUNTIME_FLOAT32``): the
+exporter writes a table op as DequantizeLinear -> float op(s) -> QuantizeLinear, which
+onnxruntime evaluates on each code in float32. For every input code q:
+
+    x = fl32(s_in * (q - z_in))                  DequantizeLinear
+    y = the float32 op(s) on x                   ``runtime_float32``
+    T[q] = sat(rne(fl32(y / s_out)) + z_out)     QuantizeLinear
+
+The float ops, as the exported graph computes them (no domain clamps, no LutSpec floors):
+  * tanh, sigmoid, exp: MLAS's float32 kernels (``numerics.mlas_float32``);
+  * silu: Sigmoid then Mul, fl32(x * logistic(x));
+  * sqrt, reciprocal, rsqrt (Sqrt then Reciprocal): IEEE float32 operations (each formed in
+    float64 and rounded once, which is correctly rounded for them): NaN below 0, 1/0 = inf;
+  * log, sin, cos, gelu: the float32 nearest the float64 function (log: NaN below 0, -inf at
+    0). onnxruntime computes its own approximations (Eigen's log, sin, cos; MLAS's gelu): on
+    2000 random 8-bit tables each (tests/runtime/ort_lut_models.py cases), sin and cos gave the
+    same entries, log differed in 10 entries and gelu in 4, by one code each;
+  * inverse_sigmoid (not exported): ``LutFunction.target`` rounded to float32.
+QuantizeLinear maps NaN to the lowest code (MLAS clamps with max(NaN, lo) = lo).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut.functions import LutSpec, get_function
+from quantlab.numerics.mlas_float32 import mlas_exp, mlas_logistic, mlas_tanh
+from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.rounding import Round
+
+
+def _silu(x: Tensor, spec: LutSpec) -> Tensor:
+    return x * mlas_logistic(x)
+
+
+def _rounded(op):
+    """``op`` formed in float64 and rounded once to float32: the IEEE float32 operation for
+    sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits), the float32 nearest
+    the float64 value for log, sin and cos."""
+    return lambda x, spec: op(x.to(torch.float64)).to(torch.float32)
+
+
+def _rsqrt(x: Tensor, spec: LutSpec) -> Tensor:
+    if spec.eps:
+        x = x + spec.eps
+    return _rounded(torch.reciprocal)(_rounded(torch.sqrt)(x, spec), spec)
+
+
+_KERNELS = {
+    "tanh": lambda x, spec: mlas_tanh(x),
+    "sigmoid": lambda x, spec: mlas_logistic(x),
+    "exp": lambda x, spec: mlas_exp(x),
+    "silu": _silu,
+    "sqrt": _rounded(torch.sqrt),
+    "reciprocal": _rounded(torch.reciprocal),
+    "rsqrt": _rsqrt,
+    "log": _rounded(torch.log),
+    "sin": _rounded(torch.sin),
+    "cos": _rounded(torch.cos),
+}
+
+
+def runtime_float32(func: str, x: Tensor, spec: LutSpec) -> Tensor:
+    """float32 ``func`` of float32 ``x`` as onnxruntime evaluates the exporter's ops for it
+    (module doc)."""
+    kernel = _KERNELS.get(func)
+    if kernel is not None:
+        return kernel(x, spec)
+    return get_function(func).target(x.to(torch.float64), spec).to(torch.float32)
+
+
+def runtime_table(
+    func: str,
+    spec: LutSpec,
+    in_dtype: DType,
+    in_scale: float,
+    in_zero_point: int,
+    out_dtype: DType,
+    out_scale: float,
+    out_zero_point: int,
+) -> np.ndarray:
+    """int64 output code for every input code of ``in_dtype`` from its qmin (module doc)."""
+    q = torch.arange(in_dtype.qmin, in_dtype.qmax + 1, dtype=torch.int64)
+    sx = torch.tensor(in_scale, dtype=torch.float32)
+    x = dequantize(q, sx, zero_point=in_zero_point)
+    y = runtime_float32(func, x, spec)
+    y = torch.where(torch.isnan(y), -torch.inf, y)  # QuantizeLinear: NaN -> the lowest code
+    so = torch.tensor(out_scale, dtype=torch.float32)
+    codes = quantize(y, so, out_dtype, Round.HALF_EVEN, zero_point=out_zero_point)
+    return codes.to(torch.int64).numpy()
