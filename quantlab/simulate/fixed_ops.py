@@ -20,6 +20,7 @@ from quantlab.capture import OpCategory, out_of_place_name
 from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
+from quantlab.numerics.ort_reduce import onnxruntime_reduce
 from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
@@ -243,8 +244,8 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
         call, x, dim, info.scale, so
     ):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceSum /
-        fn = torch.sum if call.op_type == "sum" else torch.mean  # ReduceMean in float32
-        r = fn(v) if dim is None else fn(v, dim=dim, keepdim=keepdim)
+        mean = call.op_type == "mean"  # ReduceMean in float32, in onnxruntime's order
+        r = onnxruntime_reduce(v, dim, mean=mean, keepdim=bool(keepdim))
         codes = quantize(r, so, out, sim.platform.fake_round, zero_point=zo)
         return fc.emit(codes, so, out, zo)
     xc = info.codes_of(x) - info.zero_point
@@ -303,7 +304,7 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     islands = sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
     if islands and not windows and not global_mean_in_range(info.scale, so, k[0] * k[1]):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceMean
-        r = v.mean(dim=(-2, -1), keepdim=True)  # in float32 (the runtime refuses its scales)
+        r = onnxruntime_reduce(v, (-2, -1), mean=True, keepdim=True)  # (QLinear refuses scales)
         return fc.emit(quantize(r, so, out, sim.platform.fake_round, zero_point=zo), so, out, zo)
     if sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM and windows:
         codes = float_window_avg_pool2d(

@@ -363,3 +363,35 @@ def test_int16_table_ops_give_onnxruntime_bits(tmp_path):
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 
+
+class _OrderedSums(nn.Module):
+    """Sums and means of every axis pattern onnxruntime reduces in its own order (rows, leading
+    rows, a middle axis with and without a batch of one, a kept axis between reduced ones), of
+    values whose sums are near 0 (fine output scales)."""
+
+    def forward(self, x):
+        t = torch.tanh(x) * 3.0
+        u = t - t.mean((0, 1, 2, 3), keepdim=True)
+        return (
+            u.sum(-1),
+            u.mean((2, 3)),
+            u.sum(0),
+            u.mean(1),
+            u[:1].sum(1),
+            u.sum((0, 2, 3), keepdim=True),
+            u.sum((0, 3)),
+        )
+
+
+def test_float_sums_of_every_axis_pattern_match_onnxruntime(tmp_path):
+    """ReduceSum / ReduceMean in onnxruntime's summation order (``numerics.ort_reduce``; the
+    order against onnxruntime and torch's: tests/runtime/test_ort_reduce.py, a net whose codes
+    torch's order missed: test_random_nets_in_onnxruntime.py)."""
+    g = torch.Generator().manual_seed(0)
+    sim = Simulator(_OrderedSums().eval(), ORT_PROFILE)
+    sim.calibrate([(torch.randn(4, 16, 12, 20, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(4, 16, 12, 20, generator=g) * s for s in (0.5, 1.0, 2.0)]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
+    assert {"ReduceSum", "ReduceMean"} <= kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
