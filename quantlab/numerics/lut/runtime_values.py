@@ -21,7 +21,6 @@ QuantizeLinear maps NaN to the lowest code (MLAS clamps with max(NaN, lo) = lo).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,22 +71,12 @@ def runtime_float32(func: str, x: Tensor, spec: LutSpec) -> Tensor:
     return get_function(func).target(x.to(torch.float64), spec).to(torch.float32)
 
 
-def runtime_table(
-    func: str,
-    spec: LutSpec,
-    in_dtype: DType,
-    in_scale: float,
-    in_zero_point: int,
-    out_dtype: DType,
-    out_scale: float,
-    out_zero_point: int,
-) -> np.ndarray:
-    """int64 output code for every input code of ``in_dtype`` from its qmin (module doc)."""
-    q = torch.arange(in_dtype.qmin, in_dtype.qmax + 1, dtype=torch.int64)
-    sx = torch.tensor(in_scale, dtype=torch.float32)
-    x = dequantize(q, sx, zero_point=in_zero_point)
+def runtime_codes(func: str, spec: LutSpec, codes: Tensor, in_scale, in_zero_point: int,
+                  out_dtype: DType, out_scale, out_zero_point: int) -> Tensor:  # fmt: skip
+    """int64 output codes of integer input ``codes`` as onnxruntime computes each (module
+    doc; scales as float32)."""
+    x = dequantize(codes, torch.tensor(in_scale, dtype=torch.float32), zero_point=in_zero_point)
     y = runtime_float32(func, x, spec)
     y = torch.where(torch.isnan(y), -torch.inf, y)  # QuantizeLinear: NaN -> the lowest code
     so = torch.tensor(out_scale, dtype=torch.float32)
-    codes = quantize(y, so, out_dtype, Round.HALF_EVEN, zero_point=out_zero_point)
-    return codes.to(torch.int64).numpy()
+    return quantize(y, so, out_dtype, Round.HALF_EVEN, zero_point=out_zero_point).to(torch.int64)

@@ -37,7 +37,7 @@ from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, TableValues
 from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
 from quantlab.numerics.lut.optimal import optimal_points
 from quantlab.numerics.lut.ranges import input_range
-from quantlab.numerics.lut.runtime_values import runtime_table
+from quantlab.numerics.lut.runtime_values import runtime_codes
 from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
 from quantlab.numerics.lut.segment import SegmentLut, Tail, all_codes, evaluate_codes_int
 from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
@@ -243,8 +243,8 @@ def _direct(
     func: str, in_scale: float, out_scale: float, spec: LutSpec, fmt: LutFormat
 ) -> SegmentLut:
     if fmt.values is TableValues.RUNTIME_FLOAT32:
-        i8 = DType.INT8
-        table = torch.from_numpy(runtime_table(func, spec, i8, in_scale, 0, i8, out_scale, 0))
+        q = torch.arange(-128, 128, dtype=torch.int64)
+        table = runtime_codes(func, spec, q, in_scale, 0, DType.INT8, out_scale, 0)
     else:
         fn = get_function(func)
         q = torch.arange(-128, 128, dtype=torch.float64)

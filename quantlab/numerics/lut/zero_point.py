@@ -31,7 +31,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.data_weighted import InputHistogram
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, TableValues
 from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
-from quantlab.numerics.lut.runtime_values import runtime_table
+from quantlab.numerics.lut.runtime_values import runtime_codes
 from quantlab.numerics.lut.segment import SegmentLut, evaluate_codes_int
 from quantlab.numerics.lut.slope import segment_slope
 from quantlab.numerics.lut.table import build_lut
@@ -133,16 +133,22 @@ def direct_table(
     out_dtype: DType,
     out_scale: float,
     out_zero_point: int,
-    table_round,
+    fmt: LutFormat,
 ) -> np.ndarray:
-    """``saturate(round(f((x - zx) s_in) / s_out) + zo)`` for every 8-bit input code x from
-    ``in_dtype.qmin`` (float64 function and quotient, ``table_round``; int64)."""
+    """The output code (int64) of every input code x from ``in_dtype.qmin``: by default
+    ``saturate(round(f((x - zx) s_in) / s_out) + zo)`` (float64 function and quotient,
+    ``fmt.table_round``); with ``fmt.values`` RUNTIME_FLOAT32, as onnxruntime computes each
+    (``runtime_values``)."""
+    if fmt.values is TableValues.RUNTIME_FLOAT32:
+        q = torch.arange(in_dtype.qmin, in_dtype.qmax + 1, dtype=torch.int64)
+        args = (in_scale, in_zero_point, out_dtype, out_scale, out_zero_point)
+        return runtime_codes(func, spec, q, *args).numpy()
     fn = get_function(func)
     q = torch.arange(in_dtype.qmin, in_dtype.qmax + 1, dtype=torch.float64)
     y = fn.target((q - in_zero_point) * in_scale, spec)
     if not bool(torch.isfinite(y).all()):
         raise ValueError(f"{func}: the table target produced a non-finite value")
-    codes = round_float(y / out_scale, table_round) + out_zero_point
+    codes = round_float(y / out_scale, fmt.table_round) + out_zero_point
     return codes.clamp(out_dtype.qmin, out_dtype.qmax).to(torch.int64).numpy()
 
 
@@ -180,13 +186,9 @@ def _build(
     func, in_dtype, in_scale, zx, out_dtype, out_scale, zo, spec, fmt, observed, histogram
 ) -> ZeroPointLut:
     parts = (func, in_dtype, in_scale, zx, out_dtype, out_scale, zo, spec, fmt)
-    if fmt.values is TableValues.RUNTIME_FLOAT32:  # the runtime computes every code
-        table = runtime_table(func, spec, in_dtype, in_scale, zx, out_dtype, out_scale, zo)
-        return ZeroPointLut(*parts, direct_table=table, lut=None)
-    if fmt.direct_int8 and in_dtype.bits == 8 and out_dtype.bits == 8:
-        table = direct_table(
-            func, spec, in_dtype, in_scale, zx, out_dtype, out_scale, zo, fmt.table_round
-        )
+    runtime = fmt.values is TableValues.RUNTIME_FLOAT32  # the runtime computes every code
+    if runtime or (fmt.direct_int8 and in_dtype.bits == 8 and out_dtype.bits == 8):
+        table = direct_table(func, spec, in_dtype, in_scale, zx, out_dtype, out_scale, zo, fmt)
         return ZeroPointLut(*parts, direct_table=table, lut=None)
     lo_c, hi_c = in_dtype.qmin - zx, in_dtype.qmax - zx
     centred = DType.INT8 if DType.INT8.qmin <= lo_c and hi_c <= DType.INT8.qmax else DType.INT16
