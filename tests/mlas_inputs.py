@@ -1,13 +1,28 @@
 """Float32 inputs for the MLAS kernel tests: random values over and beyond each kernel's range,
-small and subnormal values, and the float32 neighbours of each kernel's edges."""
+small and subnormal values, and the float32 neighbours of each kernel's edges; and whether this
+CPU has AVX-512F, on which onnxruntime runs MLAS's AVX-512F GELU kernel (others compute GELU
+another way)."""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from quantlab.numerics.mlas_float32 import mlas_exp, mlas_logistic, mlas_tanh
+import numpy as np
+import torch
+
+from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 
 F32 = np.float32
+
+
+def _has_avx512f() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        return " avx512f" in cpuinfo.read_text()
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
+HAS_AVX512F = _has_avx512f()
 
 
 def _around(values, n: int = 3) -> list[float]:
@@ -37,4 +52,6 @@ CASES = {
     "tanh": (mlas_tanh, (-12.0, 12.0), (9.0, -9.0, 8.0, 0.5, 1.0, 4.0)),
     "logistic": (mlas_logistic, (-22.0, 22.0), (18.0, -18.0, 16.6, -16.6, 1.0, 9.0)),
     "exp": (mlas_exp, (-110.0, 92.0), (-103.97208, -87.34, 88.72284, 0.0, 1.0, -1.0, 0.6931472)),
+    # erf's split (0.921875 sqrt 2) and cap (3.925 sqrt 2); large inputs (exp floored)
+    "gelu": (mlas_gelu, (-9.0, 9.0), (1.3037252, -1.3037252, 5.5507994, -5.5507994, 0.0, 40.0)),
 }

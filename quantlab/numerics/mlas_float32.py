@@ -1,7 +1,9 @@
-"""ONNX Runtime's float32 tanh, logistic (sigmoid) and exp as its MLAS kernels compute them on
-x86 CPUs with AVX2 / FMA3 (exp: the AVX-512F kernel), element by element. These are what a QDQ
-graph's DequantizeLinear -> Tanh / Sigmoid / Exp -> QuantizeLinear evaluates (the Sigmoid group
-is fused into QLinearSigmoid, whose 256-entry table the same logistic kernel fills).
+"""ONNX Runtime's float32 tanh, logistic (sigmoid), exp and GELU as its MLAS kernels compute
+them on x86 CPUs with AVX2 / FMA3 (exp and GELU: the AVX-512F kernels, which onnxruntime picks
+on CPUs that have it; others compute GELU another way), element by element. These are what a
+QDQ graph's DequantizeLinear -> Tanh / Sigmoid / Exp / Gelu -> QuantizeLinear evaluates (the
+Sigmoid group is fused into QLinearSigmoid, whose 256-entry table the same logistic kernel
+fills).
 
 Contract: float32 in, float32 out; every step one IEEE float32 operation (round to nearest
 even) or one fused multiply-add (``fma.fma_float32``), in the kernels' order; the constants are
@@ -16,6 +18,11 @@ of inputs (tests/numerics/test_mlas_float32.py); the Fraction twin is
 * exp: x = max(x, -103.972084); m = fl32(fma(x, log2(e), 1.5 * 2**23) - 1.5 * 2**23) (x / ln 2
   rounded to an integer); r = fma(m, -ln2_hi, x), r = fma(m, -ln2_lo, r); p = fma chain of
   p0 .. p4 and two of 1.0 in r; the result p * 2**m rounded once (vscalefps).
+* GELU (exact, erf form): 0.5 x (1 + erf(x / sqrt 2)) as fl32(fl32(0.5 x) * fl32(e + 1)) with
+  e = erf(fl32(x * 0.70710678)): a = min(|x|, 3.925); below 0.921875 an odd polynomial in
+  a, a + a * P(a^2) (fma chain); above, 1 - exp(-Q(a)) with Q an fma chain in a and exp by the
+  same steps as exp above with GELU's own constants (input floored at -88.376); the sign of x
+  restored.
 """
 
 from __future__ import annotations
@@ -106,3 +113,61 @@ def _as_float32(x: Tensor) -> Tensor:
     if x.dtype != torch.float32:
         raise TypeError(f"the MLAS kernels take float32 values, got {x.dtype}")
     return x
+
+
+# the AVX-512F GELU kernel's constants (gelu_avx512f.cpp), each the float32 nearest its decimal
+GELU_INV_SQRT2, GELU_HALF, GELU_ERF_CAP, GELU_ERF_SPLIT = _f32(  # 1/sqrt 2, 0.5, 3.925, 0.921875
+    "0x1.6a09e6p-1", "0x1p-1", "0x1.f66666p+1", "0x1.d8p-1"
+)
+# erf below the split: -5.99104969e-4, 4.99339588e-3, -2.67667342e-2, 1.12818025e-1,
+# -3.76124859e-1, 1.28379151e-1 (P5 - 1); above: 1.72948930e-5, -3.83208680e-4, 3.88393435e-3,
+# -2.42545605e-2, 1.06777847e-1, 6.34846687e-1, 1.28717512e-1 (P6 - 1)
+GELU_ERF_SMALL = _f32(
+    "-0x1.3a1a82p-11", "0x1.473f48p-8", "-0x1.b68bd2p-6", "0x1.ce1a46p-4", "-0x1.8126ep-2",
+    "0x1.06eba6p-3",
+)  # fmt: skip
+GELU_ERF_BIG = _f32(
+    "0x1.2229p-16", "-0x1.91d2ccp-12", "0x1.fd1336p-9", "-0x1.8d63p-6", "0x1.b55cbp-4",
+    "0x1.450aap-1", "0x1.079d0cp-3",
+)  # fmt: skip
+GELU_EXP_LOWER, GELU_EXP_BIAS = _f32("-0x1.61814ap+6", "0x1.8p+23")  # -88.3762626647949
+# exp: 1.38319808e-3, 8.37550033e-3, 4.16689515e-2, 1.66664466e-1, 4.99999851e-1, then 1, 1
+GELU_EXP_POLY = _f32(
+    "0x1.6a98dap-10", "0x1.1272cap-7", "0x1.555a2p-5", "0x1.55542ep-3", "0x1.fffff6p-2"
+)
+
+
+def _gelu_exp(v: Tensor) -> Tensor:
+    """exp as the GELU kernel computes it (no lower clamp of its own)."""
+    m = fma_float32(EXP_LOG2E, v, GELU_EXP_BIAS) - GELU_EXP_BIAS
+    r = fma_float32(m, EXP_LN2_HI, v)
+    r = fma_float32(m, EXP_LN2_LO, r)
+    p = GELU_EXP_POLY[0]
+    for c in GELU_EXP_POLY[1:]:
+        p = fma_float32(p, r, c)
+    p = fma_float32(fma_float32(p, r, ONE), r, ONE)
+    return (p.to(torch.float64) * torch.exp2(m.to(torch.float64))).to(torch.float32)
+
+
+def _gelu_erf(v: Tensor) -> Tensor:
+    a = torch.minimum(v.abs(), GELU_ERF_CAP)
+    small = GELU_ERF_SMALL[0]
+    for c in GELU_ERF_SMALL[1:]:
+        small = fma_float32(small, a * a, c)
+    small = fma_float32(small, a, a)
+    split = a > GELU_ERF_SPLIT
+    b_in = torch.where(split, a, torch.zeros_like(a))
+    big = GELU_ERF_BIG[0]
+    for c in GELU_ERF_BIG[1:]:
+        big = fma_float32(big, b_in, c)
+    big = torch.maximum(GELU_EXP_LOWER, -fma_float32(big, b_in, b_in))
+    big = ONE - _gelu_exp(big)
+    mag = torch.where(split, big, small)
+    return torch.where(torch.signbit(v), -mag, mag)
+
+
+def mlas_gelu(x: Tensor) -> Tensor:
+    """GELU (erf form) as ``MlasGeluErfKernelAvx512F`` computes it (float32; module doc)."""
+    x = _as_float32(x)
+    e = _gelu_erf(x * GELU_INV_SQRT2)
+    return (GELU_HALF * x) * (e + ONE)

@@ -1,5 +1,5 @@
-"""numerics.mlas_float32 gives onnxruntime's float32 Tanh, Sigmoid and Exp bit for bit (one-op
-float graphs) on random inputs over and beyond each kernel's range and on the adversarial
+"""numerics.mlas_float32 gives onnxruntime's float32 Tanh, Sigmoid, Exp and Gelu bit for bit
+(one-op float graphs) on random inputs over and beyond each kernel's range and on the adversarial
 inputs of the Fraction-twin test; torch's own functions do not."""
 
 from __future__ import annotations
@@ -12,12 +12,21 @@ pytest.importorskip("onnxruntime")
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from quantlab.numerics.mlas_float32 import mlas_exp, mlas_logistic, mlas_tanh  # noqa: E402
+from quantlab.numerics.mlas_float32 import (  # noqa: E402
+    mlas_exp,
+    mlas_gelu,
+    mlas_logistic,
+    mlas_tanh,
+)
 from tests.bits import assert_bits_equal  # noqa: E402
-from tests.mlas_inputs import CASES, float32_inputs  # noqa: E402
+from tests.mlas_inputs import CASES, HAS_AVX512F, float32_inputs  # noqa: E402
 
-ONNX_OP = {"tanh": ("Tanh", mlas_tanh, torch.tanh), "logistic": ("Sigmoid", mlas_logistic,
-           torch.sigmoid), "exp": ("Exp", mlas_exp, torch.exp)}  # fmt: skip
+ONNX_OP = {
+    "tanh": ("Tanh", mlas_tanh, torch.tanh),
+    "logistic": ("Sigmoid", mlas_logistic, torch.sigmoid),
+    "exp": ("Exp", mlas_exp, torch.exp),
+    "gelu": ("Gelu", mlas_gelu, torch.nn.functional.gelu),  # the AVX-512F kernel
+}
 
 
 def run_float_op(op: str, x: np.ndarray) -> np.ndarray:
@@ -25,7 +34,7 @@ def run_float_op(op: str, x: np.ndarray) -> np.ndarray:
     node = helper.make_node(op, ["x"], ["y"])
     vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [len(x)]) for n in ("x", "y")]
     model = helper.make_model(
-        helper.make_graph([node], "g", vi[:1], vi[1:]), opset_imports=[helper.make_opsetid("", 19)]
+        helper.make_graph([node], "g", vi[:1], vi[1:]), opset_imports=[helper.make_opsetid("", 20)]
     )
     model.ir_version = 9
     so = ort.SessionOptions()
@@ -36,6 +45,8 @@ def run_float_op(op: str, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("func", list(ONNX_OP))
 def test_mlas_kernels_match_onnxruntime(func):
+    if func == "gelu" and not HAS_AVX512F:
+        pytest.skip("onnxruntime runs MLAS's AVX-512F GELU kernel only on CPUs with AVX-512F")
     op, fast, torch_fn = ONNX_OP[func]
     _, (lo, hi), edges = CASES[func]
     rng = np.random.default_rng(5)

@@ -7,14 +7,16 @@ onnxruntime evaluates on each code in float32. For every input code q:
     T[q] = sat(rne(fl32(y / s_out)) + z_out)     QuantizeLinear
 
 The float ops, as the exported graph computes them (no domain clamps, no LutSpec floors):
-  * tanh, sigmoid, exp: MLAS's float32 kernels (``numerics.mlas_float32``);
+  * tanh, sigmoid, exp, gelu: MLAS's float32 kernels (``numerics.mlas_float32``; gelu: the
+    AVX-512F kernel, which onnxruntime runs on CPUs that have AVX-512F; on others it computes
+    gelu another way, within one code of this in the tables measured);
   * silu: Sigmoid then Mul, fl32(x * logistic(x));
   * sqrt, reciprocal, rsqrt (Sqrt then Reciprocal): IEEE float32 operations (each formed in
     float64 and rounded once, which is correctly rounded for them): NaN below 0, 1/0 = inf;
-  * log, sin, cos, gelu: the float32 nearest the float64 function (log: NaN below 0, -inf at
-    0). onnxruntime computes its own approximations (Eigen's log, sin, cos; MLAS's gelu): on
-    2000 random 8-bit tables each (tests/runtime/ort_lut_models.py cases), sin and cos gave the
-    same entries, log differed in 10 entries and gelu in 4, by one code each;
+  * log, sin, cos: the float32 nearest the float64 function (log: NaN below 0, -inf at 0).
+    onnxruntime computes its own approximations (Eigen's): on 2000 random 8-bit tables each
+    (tests/runtime/ort_lut_models.py cases), sin and cos gave the same entries, log differed in
+    10 entries, by one code each;
   * inverse_sigmoid (not exported): ``LutFunction.target`` rounded to float32.
 QuantizeLinear maps NaN to the lowest code (MLAS clamps with max(NaN, lo) = lo).
 """
@@ -26,7 +28,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.functions import LutSpec, get_function
-from quantlab.numerics.mlas_float32 import mlas_exp, mlas_logistic, mlas_tanh
+from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
 
@@ -52,6 +54,7 @@ _KERNELS = {
     "tanh": lambda x, spec: mlas_tanh(x),
     "sigmoid": lambda x, spec: mlas_logistic(x),
     "exp": lambda x, spec: mlas_exp(x),
+    "gelu": lambda x, spec: mlas_gelu(x),
     "silu": _silu,
     "sqrt": _rounded(torch.sqrt),
     "reciprocal": _rounded(torch.reciprocal),

@@ -7,7 +7,7 @@ plus zo, saturated. Segment mode: the segment reference (``evaluate_lut``) on x 
 saturated.
 
 RUNTIME_FLOAT32 tables: each entry from onnxruntime's float32 steps (float32 scales), every
-rounding on exact rationals: fl32(s_in (x - zx)); tanh / sigmoid / exp by MLAS's Fraction twin
+rounding on exact rationals: fl32(s_in (x - zx)); tanh / sigmoid / exp / gelu by MLAS's twin
 (``reference.mlas_float32``), silu as fl32(x * logistic(x)), reciprocal and the steps of rsqrt
 exactly rounded (sqrt from float64's correctly rounded root), the other functions torch's
 float64 function rounded to float32; fl32(y / s_out) rounded half to even, plus zo, saturated;
@@ -56,7 +56,7 @@ def evaluate_zero_point_lut(zlut, codes: Tensor) -> Tensor:
     return torch.from_numpy(y.reshape(tuple(codes.shape))).to(zlut.out_dtype.torch_dtype)
 
 
-_MLAS = {"tanh": "tanh", "sigmoid": "logistic", "exp": "exp"}
+_MLAS = {"tanh": "tanh", "sigmoid": "logistic", "exp": "exp", "gelu": "gelu"}
 
 
 def _runtime_value(func: str, spec, x: float) -> float:

@@ -1,6 +1,6 @@
-"""Slow twin of ``quantlab.numerics.mlas_float32``: MLAS's tanh, logistic and exp one element at
-a time, every float32 operation and fused multiply-add an exact rational (Fraction) rounded
-once to float32. Finite inputs (exp may overflow to inf, as the kernel does)."""
+"""Slow twin of ``quantlab.numerics.mlas_float32``: MLAS's tanh, logistic, exp and GELU one
+element at a time, every float32 operation and fused multiply-add an exact rational (Fraction)
+rounded once to float32. Finite inputs (exp may overflow to inf, as the kernel does)."""
 
 from __future__ import annotations
 
@@ -73,20 +73,52 @@ def _exp(x: Fraction) -> Fraction:
     return p * Fraction(2) ** int(m)  # rounded once by the caller (vscalefps)
 
 
-_FUNCS = {"tanh": _tanh, "logistic": _logistic, "exp": _exp}
+def _gelu_exp(v: Fraction) -> Fraction:
+    m = _r(_fma(_c(M.EXP_LOG2E), v, _c(M.GELU_EXP_BIAS)) - _c(M.GELU_EXP_BIAS))
+    r = _fma(m, _c(M.EXP_LN2_HI), v)
+    r = _fma(m, _c(M.EXP_LN2_LO), r)
+    p = _c(M.GELU_EXP_POLY[0])
+    for c in M.GELU_EXP_POLY[1:]:
+        p = _fma(p, r, _c(c))
+    p = _fma(_fma(p, r, Fraction(1)), r, Fraction(1))
+    assert m.denominator == 1
+    return _r(p * Fraction(2) ** int(m))
+
+
+def _gelu(x: Fraction) -> Fraction:
+    v = _r(x * _c(M.GELU_INV_SQRT2))
+    a = min(abs(v), _c(M.GELU_ERF_CAP))
+    sq = _r(a * a)
+    small = _c(M.GELU_ERF_SMALL[0])
+    for c in M.GELU_ERF_SMALL[1:]:
+        small = _fma(small, sq, _c(c))
+    small = _fma(small, a, a)
+    split = a > _c(M.GELU_ERF_SPLIT)
+    b_in = a if split else Fraction(0)
+    big = _c(M.GELU_ERF_BIG[0])
+    for c in M.GELU_ERF_BIG[1:]:
+        big = _fma(big, b_in, _c(c))
+    big = max(_c(M.GELU_EXP_LOWER), -_fma(big, b_in, b_in))
+    big = _r(1 - _gelu_exp(big))
+    mag = big if split else small
+    e = -mag if v < 0 else mag
+    return _r(_r(_c(M.GELU_HALF) * x) * _r(e + 1))
+
+
+_FUNCS = {"tanh": _tanh, "logistic": _logistic, "exp": _exp, "gelu": _gelu}
 
 
 def mlas_value(func: str, v: float) -> float:
-    """``func`` ("tanh", "logistic", "exp") of one finite float32 value ``v``."""
+    """``func`` ("tanh", "logistic", "exp", "gelu") of one finite float32 value ``v``."""
     y = to_float32(_FUNCS[func](Fraction(v)))
-    if y == 0 and func == "tanh":  # x * p keeps x's sign (p > 0 near 0); a Fraction has none
+    if y == 0 and func in ("tanh", "gelu"):  # x * p, 0.5 x keep x's sign; a Fraction has none
         y = math.copysign(0.0, v)
     return y
 
 
 def mlas(func: str, x) -> np.ndarray:
-    """float32 values of ``func`` ("tanh", "logistic", "exp") on float32 ``x``, element by
-    element."""
+    """float32 values of ``func`` ("tanh", "logistic", "exp", "gelu") on float32 ``x``, element
+    by element."""
     xs = as_numpy(x).astype(np.float32)
     out = [mlas_value(func, float(v)) for v in xs.ravel()]
     return np.array(out, dtype=np.float32).reshape(xs.shape)
