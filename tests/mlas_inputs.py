@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from quantlab.numerics.eigen_float32 import eigen_log
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 
 F32 = np.float32
@@ -54,4 +55,6 @@ CASES = {
     "exp": (mlas_exp, (-110.0, 92.0), (-103.97208, -87.34, 88.72284, 0.0, 1.0, -1.0, 0.6931472)),
     # erf's split (0.921875 sqrt 2) and cap (3.925 sqrt 2); large inputs (exp floored)
     "gelu": (mlas_gelu, (-9.0, 9.0), (1.3037252, -1.3037252, 5.5507994, -5.5507994, 0.0, 40.0)),
+    # Eigen's: the sqrt(1/2) split of the mantissa, powers of two, the smallest values
+    "log": (eigen_log, (0.0, 30.0), (0.70710677, 1.0, 2.0, 0.5, 1.4142135, 1.2e-38, 1e-44, 3e38)),
 }
