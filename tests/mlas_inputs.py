@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quantlab.numerics.eigen_float32 import eigen_log
+from quantlab.numerics.eigen_float32 import eigen_cos, eigen_log, eigen_sin
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 
 F32 = np.float32
@@ -57,4 +57,7 @@ CASES = {
     "gelu": (mlas_gelu, (-9.0, 9.0), (1.3037252, -1.3037252, 5.5507994, -5.5507994, 0.0, 40.0)),
     # Eigen's: the sqrt(1/2) split of the mantissa, powers of two, the smallest values
     "log": (eigen_log, (0.0, 30.0), (0.70710677, 1.0, 2.0, 0.5, 1.4142135, 1.2e-38, 1e-44, 3e38)),
+    # multiples of pi / 4 and the thresholds of the integer (Payne-Hanek) reduction
+    "sin": (eigen_sin, (-40000.0, 40000.0), (0.7853982, 1.5707964, 3.1415927, 25966.0, 1e6, 3e38)),
+    "cos": (eigen_cos, (-40000.0, 40000.0), (0.7853982, 1.5707964, 3.1415927, 18838.0, 1e6, 3e38)),
 }

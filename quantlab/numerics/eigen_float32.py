@@ -1,8 +1,8 @@
-"""Eigen's vectorized float32 log (the rational (3, 3) form ``plog_float``), as onnxruntime's
-Log computes each element of a tensor it processes four at a time (SSE packets, ``pmadd`` a
-product and a sum rounded apart: no FMA in that build). What a QDQ graph's
-DequantizeLinear -> Log -> QuantizeLinear evaluates on all but the last (n mod 4) elements of a
-tensor, which Eigen hands to the C library's logf.
+"""Eigen's vectorized float32 log (the rational (3, 3) form ``plog_float``) and sin / cos
+(``psincos_float``), as onnxruntime's Log / Sin / Cos compute each element of a tensor they
+process four at a time (SSE packets, ``pmadd`` a product and a sum rounded apart: no FMA in that
+build). What a QDQ graph's DequantizeLinear -> Log / Sin / Cos -> QuantizeLinear evaluates on
+all but the last (n mod 4) elements of a tensor, which Eigen hands to the C library.
 
 Contract: float32 in, float32 out, every step one IEEE float32 operation: x = m 2**e
 (0.5 <= m < 1, frexp; subnormals exact); below sqrt(1/2), m doubled and e - 1; t = m - 1;
@@ -11,6 +11,12 @@ log = fl32(fl32(e ln2) + fl32(p / q)); log(0) = -inf, log(inf) = inf, log(x < 0)
 a NaN with every bit set (Eigen ORs an all-ones mask into it). Checked
 against onnxruntime on 300k inputs (tests/runtime/test_ort_mlas_float32.py); the Fraction twin
 is ``quantlab.numerics.reference.eigen_float32``.
+
+sin / cos: a = |x|; k = the nearest integer to fl32(a * 2/pi) (added to and taken from
+1.5 * 2**23); a - k pi/2 by four product-and-sum steps with pi/2 split in four; from
+|x| >= 25966 (sin) / 18838 (cos) the Payne-Hanek reduction on integers instead (x's 24-bit
+significand times 96 bits of 2/pi); then the sin or the cos polynomial of the reduced r by k's
+parity, and the sign by k's second bit (and x's sign for sin).
 """
 
 from __future__ import annotations
@@ -47,3 +53,90 @@ def eigen_log(x: Tensor) -> Tensor:
     y = torch.where(x == 0, -torch.inf, y)
     y = torch.where(x == torch.inf, torch.inf, y)
     return torch.where((x < 0) | torch.isnan(x), INVALID, y)
+
+
+_TWO_OVER_PI, _ROUNDING = (torch.tensor(float.fromhex(h)) for h in ("0x1.45f306p-1", "0x1.8p+23"))
+_PIO2_PARTS = tuple(  # -1.5703125, -0.000483989715576171875, 1.62865035235881805e-07, 5.56e-11
+    torch.tensor(float.fromhex(h))
+    for h in ("-0x1.92p+0", "-0x1.fb8p-12", "0x1.5dcp-23", "0x1.e973dcp-35")
+)
+_COS_POLY = tuple(  # 2.4372266125e-05, -0.0013886520173, 0.041666619479, -0.5, 1
+    torch.tensor(float.fromhex(h))
+    for h in ("0x1.98e616p-16", "-0x1.6c06dcp-10", "0x1.55553cp-5", "-0x1p-1", "0x1p+0")
+)
+_SIN_POLY = tuple(  # -0.00019592341140837, 0.0083326873655617, -0.16666662039823
+    torch.tensor(float.fromhex(h)) for h in ("-0x1.9ae194p-13", "0x1.110ba6p-7", "-0x1.55555p-3")
+)
+HUGE_SIN, HUGE_COS = 25966.0, 18838.0
+# 2/pi's bits, eight at a time shifted for aligned reads (Eigen's trig_reduce_huge table)
+_TWO_OVER_PI_BITS = (
+    0x00000028, 0x000028BE, 0x0028BE60, 0x28BE60DB, 0xBE60DB93, 0x60DB9391, 0xDB939105,
+    0x9391054A, 0x91054A7F, 0x054A7F09, 0x4A7F09D5, 0x7F09D5F4, 0x09D5F47D, 0xD5F47D4D,
+    0xF47D4D37, 0x7D4D3770, 0x4D377036, 0x377036D8, 0x7036D8A5, 0x36D8A566, 0xD8A5664F,
+    0xA5664F10, 0x664F10E4, 0x4F10E410, 0x10E41000, 0xE4100000,
+)  # fmt: skip
+_M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+def trig_reduce_huge(v: float) -> tuple[float, int]:
+    """(r, k) with |v| = k pi/2 + r for a finite float32 ``v`` >= 2**14: Eigen's Payne-Hanek
+    reduction, x's significand times 2/pi in 2.62-bit fixed point (integers wrap as uint32 /
+    uint64 do), r = fl32(fl64(fraction * pi/2 * 2**-62))."""
+    bits = int(torch.tensor(v, dtype=torch.float32).view(torch.int32)) & _M32
+    e = (bits >> 23) - 118
+    xi = (((bits & 0x7FFFFF) | 0x800000) << (e & 7)) & _M32
+    i = e >> 3
+    t1, t2, t3 = (_TWO_OVER_PI_BITS[i + d] for d in (-1, 3, 7))
+    p = xi * t3
+    p = (xi * t2 + (p >> 32)) & _M64
+    p = ((((xi * t1) & _M32) << 32) + p) & _M64
+    q = ((p + (1 << 61)) & _M64) >> 62
+    p = (p - (q << 62)) & _M64
+    frac = p - (1 << 64) if p >> 63 else p  # as int64
+    r = float(torch.tensor(frac * 3.4061215800865545e-19, dtype=torch.float64).to(torch.float32))
+    return r, q
+
+
+def _sincos(x: Tensor, sine: bool) -> Tensor:
+    if x.dtype != torch.float32:
+        raise TypeError(f"eigen sin / cos take float32 values, got {x.dtype}")
+    a = x.abs()
+    y_round = a * _TWO_OVER_PI + _ROUNDING
+    k = y_round.view(torch.int32)  # bits 0 and 1: those of the nearest integer
+    y = y_round - _ROUNDING
+    r = a
+    for c in _PIO2_PARTS:
+        r = _madd(y, c, r)
+    huge = (a >= (HUGE_SIN if sine else HUGE_COS)) & torch.isfinite(a)
+    if bool(huge.any()):
+        r, k = r.clone(), k.clone()
+        for idx in huge.nonzero():
+            rr, kk = trig_reduce_huge(float(a[tuple(idx)]))
+            r[tuple(idx)], k[tuple(idx)] = rr, kk
+    r2 = r * r
+    cos_p = _COS_POLY[0]
+    for c in _COS_POLY[1:]:
+        cos_p = _madd(cos_p, r2, c)
+    sin_p = _madd(_madd(_SIN_POLY[0], r2, _SIN_POLY[1]), r2, _SIN_POLY[2])
+    sin_p = _madd(sin_p * r2, r, r)
+    even = (k & 1) == 0
+    if sine:
+        v = torch.where(even, sin_p, cos_p)
+        sign = x.view(torch.int32) ^ (k << 30)
+    else:
+        v = torch.where(even, cos_p, sin_p)
+        sign = (k + 1) << 30
+    return (v.view(torch.int32) ^ (sign & _SIGN_BIT)).view(torch.float32)
+
+
+_SIGN_BIT = torch.tensor(-(2**31), dtype=torch.int32)
+
+
+def eigen_sin(x: Tensor) -> Tensor:
+    """sin as Eigen's ``psin_float`` computes it (float32; module doc)."""
+    return _sincos(x, sine=True)
+
+
+def eigen_cos(x: Tensor) -> Tensor:
+    """cos as Eigen's ``pcos_float`` computes it (float32; module doc)."""
+    return _sincos(x, sine=False)

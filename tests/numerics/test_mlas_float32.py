@@ -1,7 +1,8 @@
-"""MLAS's float32 tanh / logistic / exp / GELU (numerics.mlas_float32) and Eigen's log
-(numerics.eigen_float32) equal their Fraction twins bit for bit on random and adversarial inputs
-(clamp edges, zero, tiny and subnormal values, the exp range's ends, overflow to inf); the
-general fused multiply-add equals an exactly rounded a * r + c."""
+"""MLAS's float32 tanh / logistic / exp / GELU (numerics.mlas_float32) and Eigen's log and
+sin / cos (numerics.eigen_float32) equal their Fraction twins bit for bit on random and
+adversarial inputs (clamp edges, zero, tiny and subnormal values, the exp range's ends,
+overflow to inf, the integer reduction of large sin / cos arguments); the general fused
+multiply-add equals an exactly rounded a * r + c."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from quantlab.numerics.fma import fma_float32
 from quantlab.numerics.mlas_float32 import mlas_tanh
 from quantlab.numerics.reference.eigen_float32 import eigen_log as eigen_log_reference
+from quantlab.numerics.reference.eigen_float32 import eigen_sincos
 from quantlab.numerics.reference.fma_add import round_to_float32
 from quantlab.numerics.reference.mlas_float32 import mlas as ref_mlas
 from tests.bits import assert_bits_equal
@@ -27,7 +29,10 @@ def test_mlas_kernels_equal_their_fraction_twin(func):
     fast, (lo, hi), edges = CASES[func]
     x = float32_inputs(lo, hi, edges, seed=len(func))
     got = fast(torch.from_numpy(x))
-    want = eigen_log_reference(x) if func == "log" else ref_mlas(func, x)
+    if func in ("sin", "cos"):
+        want = eigen_sincos(x, sine=func == "sin")
+    else:
+        want = eigen_log_reference(x) if func == "log" else ref_mlas(func, x)
     assert_bits_equal(got, torch.from_numpy(want), inputs={"x": torch.from_numpy(x)})
 
 

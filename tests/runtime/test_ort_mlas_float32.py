@@ -1,6 +1,7 @@
-"""numerics.mlas_float32 and eigen_float32 give onnxruntime's float32 Tanh, Sigmoid, Exp, Gelu
-and Log bit for bit (one-op float graphs) on random inputs over and beyond each kernel's range
-and on the adversarial inputs of the Fraction-twin test; torch's own functions do not."""
+"""numerics.mlas_float32 and eigen_float32 give onnxruntime's float32 Tanh, Sigmoid, Exp,
+Gelu, Log, Sin and Cos bit for bit (one-op float graphs) on random inputs over and beyond each
+kernel's range and on the adversarial inputs of the Fraction-twin test; torch's own functions
+do not."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ pytest.importorskip("onnxruntime")
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from quantlab.numerics.eigen_float32 import eigen_log  # noqa: E402
+from quantlab.numerics.eigen_float32 import eigen_cos, eigen_log, eigen_sin  # noqa: E402
 from quantlab.numerics.mlas_float32 import (  # noqa: E402
     mlas_exp,
     mlas_gelu,
@@ -28,6 +29,8 @@ ONNX_OP = {
     "exp": ("Exp", mlas_exp, torch.exp),
     "gelu": ("Gelu", mlas_gelu, torch.nn.functional.gelu),  # the AVX-512F kernel
     "log": ("Log", eigen_log, torch.log),
+    "sin": ("Sin", eigen_sin, torch.sin),
+    "cos": ("Cos", eigen_cos, torch.cos),
 }
 
 
@@ -54,7 +57,7 @@ def test_mlas_kernels_match_onnxruntime(func):
     rng = np.random.default_rng(5)
     edge_cases = float32_inputs(lo, hi, edges, 9)
     x = np.concatenate([rng.uniform(lo, hi, 100_000), rng.uniform(-2.0, 2.0, 50_000), edge_cases])
-    x = x[: len(x) // 16 * 16].astype(np.float32)  # Eigen's log: a tail of n % 4 takes logf
+    x = x[: len(x) // 16 * 16].astype(np.float32)  # Eigen: a tail of n % 4 takes libm
     want = torch.from_numpy(run_float_op(op, x))
     xt = torch.from_numpy(x)
     assert_bits_equal(fast(xt), want, inputs={"x": xt})

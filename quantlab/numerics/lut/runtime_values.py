@@ -9,16 +9,14 @@ onnxruntime evaluates on each code in float32. For every input code q:
 The float ops, as the exported graph computes them (no domain clamps, no LutSpec floors):
   * tanh, sigmoid, exp, gelu: MLAS's float32 kernels (``numerics.mlas_float32``; gelu: the
     AVX-512F kernel, which onnxruntime runs on CPUs that have AVX-512F; on others it computes
-    gelu another way, within one code of this in the tables measured);
+    gelu from MLAS's erf, which is not emulated: the tests hold it to one code there);
   * silu: Sigmoid then Mul, fl32(x * logistic(x));
   * sqrt, reciprocal, rsqrt (Sqrt then Reciprocal): IEEE float32 operations (each formed in
     float64 and rounded once, which is correctly rounded for them): NaN below 0, 1/0 = inf;
-  * log: Eigen's vectorized float32 log (``numerics.eigen_float32``; NaN below 0, -inf at 0),
-    which onnxruntime's Log computes on all but the last (n mod 4) elements of a tensor (those
-    take the C library's logf, which can differ in the last bit);
-  * sin, cos: the float32 nearest the float64 function; onnxruntime computes Eigen's own
-    approximations, which gave the same entries on 2000 random 8-bit tables each
-    (tests/runtime/ort_lut_models.py cases);
+  * log, sin, cos: Eigen's vectorized float32 forms (``numerics.eigen_float32``; log: NaN
+    below 0, -inf at 0), which onnxruntime's Log / Sin / Cos compute on all but the last
+    (n mod 4) elements of a tensor (those take the C library's, which can differ in the last
+    bit);
   * inverse_sigmoid (not exported): ``LutFunction.target`` rounded to float32.
 QuantizeLinear maps NaN to the lowest code (MLAS clamps with max(NaN, lo) = lo).
 """
@@ -29,7 +27,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.eigen_float32 import eigen_log
+from quantlab.numerics.eigen_float32 import eigen_cos, eigen_log, eigen_sin
 from quantlab.numerics.lut.functions import LutSpec, get_function
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
@@ -42,8 +40,7 @@ def _silu(x: Tensor, spec: LutSpec) -> Tensor:
 
 def _rounded(op):
     """``op`` formed in float64 and rounded once to float32: the IEEE float32 operation for
-    sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits), the float32 nearest
-    the float64 value for sin and cos."""
+    sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits)."""
     return lambda x, spec: op(x.to(torch.float64)).to(torch.float32)
 
 
@@ -63,8 +60,8 @@ _KERNELS = {
     "reciprocal": _rounded(torch.reciprocal),
     "rsqrt": _rsqrt,
     "log": lambda x, spec: eigen_log(x),
-    "sin": _rounded(torch.sin),
-    "cos": _rounded(torch.cos),
+    "sin": lambda x, spec: eigen_sin(x),
+    "cos": lambda x, spec: eigen_cos(x),
 }
 
 

@@ -48,3 +48,53 @@ def eigen_log(x) -> np.ndarray:
     xs = as_numpy(x).astype(np.float32)
     out = [eigen_log_value(float(v)) for v in xs.ravel()]
     return np.array(out, dtype=np.float32).reshape(xs.shape)
+
+
+def _huge(v: float) -> tuple[Fraction, int]:
+    """Eigen's Payne-Hanek reduction of |v| >= 2**14 on Python integers: the significand times
+    the 96 bits of 2/pi its exponent selects, kept modulo 2**64 (2.62-bit fixed point)."""
+    m, e2 = math.frexp(v)  # v = m 2**e2, the significand an integer of 24 bits
+    sig = int(m * (1 << 24))
+    e = (e2 - 1 + 127) - 118  # the biased exponent less 118, as the float's bits give it
+    xi = (sig << (e & 7)) % (1 << 32)
+    i = e >> 3
+    t1, t2, t3 = (E._TWO_OVER_PI_BITS[i + d] for d in (-1, 3, 7))
+    p = ((xi * t1) % (1 << 32) << 32) + xi * t2 + ((xi * t3) >> 32)
+    p %= 1 << 64
+    q = ((p + (1 << 61)) % (1 << 64)) >> 62
+    p = (p - (q << 62)) % (1 << 64)
+    frac = p - (1 << 64) if p >> 63 else p
+    r = Fraction(frac) * Fraction(3.4061215800865545e-19)  # a float64 product, then float32
+    return Fraction(to_float32(Fraction(float(r)))), q
+
+
+def eigen_sincos_value(v: float, sine: bool) -> float:
+    """sin (``sine``) or cos of one finite float32 value ``v`` as Eigen computes it."""
+    a = abs(Fraction(v))
+    y_round = _r(_r(a * _c(E._TWO_OVER_PI)) + _c(E._ROUNDING))
+    y = y_round - _c(E._ROUNDING)  # exact: an integer below 2**22
+    k = int(y)
+    r = a
+    for c in E._PIO2_PARTS:
+        r = _madd(y, _c(c), r)
+    if abs(v) >= (E.HUGE_SIN if sine else E.HUGE_COS):
+        r, k = _huge(abs(v))
+    r2 = _r(r * r)
+    cos_p = _c(E._COS_POLY[0])
+    for c in E._COS_POLY[1:]:
+        cos_p = _madd(cos_p, r2, _c(c))
+    sin_p = _madd(_madd(_c(E._SIN_POLY[0]), r2, _c(E._SIN_POLY[1])), r2, _c(E._SIN_POLY[2]))
+    sin_p = _madd(_r(sin_p * r2), r, r)
+    even = k % 2 == 0
+    val = float((sin_p if even else cos_p) if sine else (cos_p if even else sin_p))
+    negative = ((k >> 1) & 1) ^ (math.copysign(1.0, v) < 0) if sine else ((k + 1) >> 1) & 1
+    if val == 0:  # the sign bit flips a zero too
+        val = 0.0
+    return -val if negative else val
+
+
+def eigen_sincos(x, sine: bool) -> np.ndarray:
+    """float32 sin (``sine``) or cos of float32 ``x``, element by element."""
+    xs = as_numpy(x).astype(np.float32)
+    out = [eigen_sincos_value(float(v), sine) for v in xs.ravel()]
+    return np.array(out, dtype=np.float32).reshape(xs.shape)

@@ -8,7 +8,7 @@ saturated.
 
 RUNTIME_FLOAT32 tables: each entry from onnxruntime's float32 steps (float32 scales), every
 rounding on exact rationals: fl32(s_in (x - zx)); tanh / sigmoid / exp / gelu by MLAS's twin
-(``reference.mlas_float32``), log by Eigen's (``reference.eigen_float32``), silu as
+(``reference.mlas_float32``), log, sin, cos by Eigen's (``reference.eigen_float32``), silu as
 fl32(x * logistic(x)), reciprocal and the steps of rsqrt exactly rounded (sqrt from float64's
 correctly rounded root), the other functions torch's float64 function rounded to float32;
 fl32(y / s_out) rounded half to even, plus zo, saturated; NaN to the lowest code.
@@ -25,7 +25,7 @@ from torch import Tensor
 
 from quantlab.numerics.lut.formats import TableValues
 from quantlab.numerics.lut.functions import get_function
-from quantlab.numerics.reference.eigen_float32 import eigen_log_value
+from quantlab.numerics.reference.eigen_float32 import eigen_log_value, eigen_sincos_value
 from quantlab.numerics.reference.lut import evaluate_lut
 from quantlab.numerics.reference.mlas_float32 import mlas_value, to_float32
 from quantlab.numerics.reference.rounding import round_fraction
@@ -79,9 +79,9 @@ def _runtime_value(func: str, spec, x: float) -> float:
         return math.inf if r == 0 else to_float32(1 / Fraction(r))
     if func == "log":
         return eigen_log_value(x)
-    arg = torch.tensor([x], dtype=torch.float64)
     if func in ("sin", "cos"):
-        return to_float32(Fraction(float(getattr(torch, func)(arg)[0])))
+        return eigen_sincos_value(x, sine=func == "sin")
+    arg = torch.tensor([x], dtype=torch.float64)
     return to_float32(Fraction(float(get_function(func).target(arg, spec)[0])))
 
 
