@@ -97,12 +97,16 @@ def mlas_logistic(x: Tensor) -> Tensor:
 
 def mlas_exp(x: Tensor) -> Tensor:
     """exp as ``MlasComputeExpF32KernelAvx512F`` computes it (float32; module doc)."""
-    x = torch.maximum(_as_float32(x), EXP_LOWER)
+    return _exp_steps(torch.maximum(_as_float32(x), EXP_LOWER), EXP_POLY)
+
+
+def _exp_steps(x: Tensor, poly: tuple[Tensor, ...]) -> Tensor:
+    """exp of float32 ``x`` by the kernels' steps (module doc) with polynomial p0 .. p4."""
     m = fma_float32(x, EXP_LOG2E, EXP_BIAS) - EXP_BIAS  # exact: an integer-valued float32
     r = fma_float32(m, EXP_LN2_HI, x)
     r = fma_float32(m, EXP_LN2_LO, r)
-    p = EXP_POLY[0]
-    for c in EXP_POLY[1:]:
+    p = poly[0]
+    for c in poly[1:]:
         p = fma_float32(p, r, c)
     p = fma_float32(fma_float32(p, r, ONE), r, ONE)
     # p * 2**m is exact in float64 (|m| <= 150): one rounding to float32, as vscalefps rounds
@@ -130,23 +134,11 @@ GELU_ERF_BIG = _f32(
     "0x1.2229p-16", "-0x1.91d2ccp-12", "0x1.fd1336p-9", "-0x1.8d63p-6", "0x1.b55cbp-4",
     "0x1.450aap-1", "0x1.079d0cp-3",
 )  # fmt: skip
-GELU_EXP_LOWER, GELU_EXP_BIAS = _f32("-0x1.61814ap+6", "0x1.8p+23")  # -88.3762626647949
+(GELU_EXP_LOWER,) = _f32("-0x1.61814ap+6")  # -88.3762626647949
 # exp: 1.38319808e-3, 8.37550033e-3, 4.16689515e-2, 1.66664466e-1, 4.99999851e-1, then 1, 1
 GELU_EXP_POLY = _f32(
     "0x1.6a98dap-10", "0x1.1272cap-7", "0x1.555a2p-5", "0x1.55542ep-3", "0x1.fffff6p-2"
 )
-
-
-def _gelu_exp(v: Tensor) -> Tensor:
-    """exp as the GELU kernel computes it (no lower clamp of its own)."""
-    m = fma_float32(EXP_LOG2E, v, GELU_EXP_BIAS) - GELU_EXP_BIAS
-    r = fma_float32(m, EXP_LN2_HI, v)
-    r = fma_float32(m, EXP_LN2_LO, r)
-    p = GELU_EXP_POLY[0]
-    for c in GELU_EXP_POLY[1:]:
-        p = fma_float32(p, r, c)
-    p = fma_float32(fma_float32(p, r, ONE), r, ONE)
-    return (p.to(torch.float64) * torch.exp2(m.to(torch.float64))).to(torch.float32)
 
 
 def _gelu_erf(v: Tensor) -> Tensor:
@@ -161,7 +153,7 @@ def _gelu_erf(v: Tensor) -> Tensor:
     for c in GELU_ERF_BIG[1:]:
         big = fma_float32(big, b_in, c)
     big = torch.maximum(GELU_EXP_LOWER, -fma_float32(big, b_in, b_in))
-    big = ONE - _gelu_exp(big)
+    big = ONE - _exp_steps(big, GELU_EXP_POLY)
     mag = torch.where(split, big, small)
     return torch.where(torch.signbit(v), -mag, mag)
 

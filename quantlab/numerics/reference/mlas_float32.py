@@ -61,28 +61,20 @@ def _logistic(x: Fraction) -> Fraction:
 
 
 def _exp(x: Fraction) -> Fraction:
-    x = max(x, _c(M.EXP_LOWER))
+    return _exp_steps(max(x, _c(M.EXP_LOWER)), M.EXP_POLY)
+
+
+def _exp_steps(x: Fraction, poly) -> Fraction:
+    """exp by the kernels' steps with polynomial ``poly``, before vscalefps' one rounding."""
     m = _r(_fma(x, _c(M.EXP_LOG2E), _c(M.EXP_BIAS)) - _c(M.EXP_BIAS))
     r = _fma(m, _c(M.EXP_LN2_HI), x)
     r = _fma(m, _c(M.EXP_LN2_LO), r)
-    p = _c(M.EXP_POLY[0])
-    for c in M.EXP_POLY[1:]:
+    p = _c(poly[0])
+    for c in poly[1:]:
         p = _fma(p, r, _c(c))
     p = _fma(_fma(p, r, Fraction(1)), r, Fraction(1))
     assert m.denominator == 1
-    return p * Fraction(2) ** int(m)  # rounded once by the caller (vscalefps)
-
-
-def _gelu_exp(v: Fraction) -> Fraction:
-    m = _r(_fma(_c(M.EXP_LOG2E), v, _c(M.GELU_EXP_BIAS)) - _c(M.GELU_EXP_BIAS))
-    r = _fma(m, _c(M.EXP_LN2_HI), v)
-    r = _fma(m, _c(M.EXP_LN2_LO), r)
-    p = _c(M.GELU_EXP_POLY[0])
-    for c in M.GELU_EXP_POLY[1:]:
-        p = _fma(p, r, _c(c))
-    p = _fma(_fma(p, r, Fraction(1)), r, Fraction(1))
-    assert m.denominator == 1
-    return _r(p * Fraction(2) ** int(m))
+    return p * Fraction(2) ** int(m)
 
 
 def _gelu(x: Fraction) -> Fraction:
@@ -99,7 +91,7 @@ def _gelu(x: Fraction) -> Fraction:
     for c in M.GELU_ERF_BIG[1:]:
         big = _fma(big, b_in, _c(c))
     big = max(_c(M.GELU_EXP_LOWER), -_fma(big, b_in, b_in))
-    big = _r(1 - _gelu_exp(big))
+    big = _r(1 - _r(_exp_steps(big, M.GELU_EXP_POLY)))
     mag = big if split else small
     e = -mag if v < 0 else mag
     return _r(_r(_c(M.GELU_HALF) * x) * _r(e + 1))
