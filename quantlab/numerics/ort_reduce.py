@@ -51,10 +51,10 @@ def emulated(shape, dims) -> bool:
 
 
 def _reduced(shape, dims) -> set[int]:
+    """The reduced axes; None or no axes: all of them (torch's sum and onnxruntime's default)."""
     nd = len(shape)
-    if dims is None:
-        return set(range(nd))
-    return {d % nd for d in ((dims,) if isinstance(dims, int) else dims)}
+    dims = (dims,) if isinstance(dims, int) else tuple(dims or ())
+    return {d % nd for d in dims} if dims else set(range(nd))
 
 
 def _plan(shape, reduced) -> tuple[list[str], list[int], str | None]:
