@@ -185,8 +185,9 @@ def _ort_families() -> list[Family]:
         rows.append(
             ("QLinearMatMul", name, matmul_case(act), Q.run_qlinearmatmul, B.ort_qlinearmatmul)
         )
-    # DQ -> op -> Q: Sigmoid fused into QLinearSigmoid, Tanh and Exp in float32
-    for op, label in (("sigmoid", "QLinearSigmoid"), ("tanh", "Tanh"), ("exp", "Exp")):
+    # DQ -> op(s) -> Q: Sigmoid fused into QLinearSigmoid, the others in float32
+    for op, graph in LUT.OPS.items():
+        label = "QLinearSigmoid" if op == "sigmoid" else "+".join(graph)
         for act, name in ((np.uint8, "uint8"), (np.int8, "int8")):
             rows.append((label, name, lut_case(op, act), LUT.run_lut, B.ort_lut))
     return [Family(Runtime.ONNXRUNTIME, *r) for r in rows]
@@ -298,15 +299,20 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         )
     ]
     notes = [
-        "Cases: tests/runtime/litert_cases.py and onnx_qlinear_models.py (seeds 0..cases-1; "
-        "plain, tie-provoking power-of-two scales, RELU6 tie scales and, for 16x8, sums past "
+        "Cases: tests/runtime/litert_cases.py, onnx_qlinear_models.py and ort_lut_models.py "
+        "(seeds 0..cases-1; plain, tie-provoking power-of-two scales, RELU6 tie scales, "
+        "observer output scales whose saturated outputs land on ties and, for 16x8, sums past "
         "2^31). onnxruntime cases use symmetric int8 weights (weight zero point 0), as quantlab "
         "quantizes weights.",
         "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
         "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
         "by the profile's bound_rule, ADD by its add_rule and SUB as the add of a and -b "
-        "(fixed_common.sub_codes), LOGISTIC / TANH / Sigmoid / Exp by the zero-point LUT "
-        "(numerics.lut.zero_point; tests/runtime/quantlab_bridge.py).",
+        "(fixed_common.sub_codes), LOGISTIC / TANH and onnxruntime's table ops by the "
+        "zero-point LUT (numerics.lut.zero_point; tests/runtime/quantlab_bridge.py). "
+        "onnxruntime runs a table op as DequantizeLinear -> op(s) -> QuantizeLinear, the "
+        "Sigmoid group fused into QLinearSigmoid, the others in float32 (silu: Sigmoid+Mul, "
+        "rsqrt: Sqrt+Reciprocal); the onnxruntime profiles compute each entry as its float32 "
+        "kernels do (platform.lut_table_values RUNTIME_FLOAT32).",
         "onnxruntime's matching profile is chosen by asking onnxruntime on this machine "
         f"(quantlab.export.ort_host): here `{onnxruntime_profile()}`. On x86 CPUs without VNNI "
         "its uint8 x int8 kernels saturate each pair of adjacent products to int16 "

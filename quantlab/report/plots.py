@@ -57,6 +57,9 @@ class Plot:
     categories: tuple[str, ...] = ()  # SEQUENCE: the y rows in this order (default: first seen)
 
 
+BAR_INCHES = 0.16  # height of one horizontal bar and its label (7 pt)
+
+
 def draw(plot: Plot, df: pd.DataFrame):
     """Return a matplotlib Figure for ``plot`` drawn from ``df``."""
     for col in (
@@ -78,7 +81,11 @@ def draw(plot: Plot, df: pd.DataFrame):
     n = len(facets)
     ncol = min(n, 3)
     nrow = (n + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.8 * nrow), squeeze=False)
+    height = 3.8
+    if plot.kind is PlotKind.BAR:  # a readable line per bar: the tallest panel sets the rows
+        most = max(len(df) if fv is None else int((df[plot.facet] == fv).sum()) for fv in facets)
+        height = max(height, BAR_INCHES * most + 1.2)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, height * nrow), squeeze=False)
     for ax, fv in zip(axes.flat, facets, strict=False):
         sub = df if fv is None else df[df[plot.facet] == fv]
         _draw_panel(ax, plot, sub)
@@ -96,9 +103,11 @@ def draw(plot: Plot, df: pd.DataFrame):
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
+    top = 1.0
     if plot.title and plot.facet is not None:
         fig.suptitle(plot.title)
-    fig.tight_layout()
+        top = 1.0 - 0.45 / fig.get_figheight()  # the suptitle's line stays clear of the panels
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, top))
     return fig
 
 
