@@ -1,15 +1,17 @@
 """ONNX Runtime's float32 tanh, logistic (sigmoid), exp and GELU as its MLAS kernels compute
 them on x86 CPUs with AVX2 / FMA3 (exp and GELU: the AVX-512F kernels, which onnxruntime picks
-on CPUs that have it; others compute GELU another way), element by element. These are what a
-QDQ graph's DequantizeLinear -> Tanh / Sigmoid / Exp / Gelu -> QuantizeLinear evaluates (the
-Sigmoid group is fused into QLinearSigmoid, whose 256-entry table the same logistic kernel
-fills).
+on CPUs that have it), element by element. These are what a QDQ graph's DequantizeLinear ->
+Tanh / Sigmoid / Exp / Gelu -> QuantizeLinear evaluates (the Sigmoid group is fused into
+QLinearSigmoid, whose 256-entry table the same logistic kernel fills). On a CPU without
+AVX-512F onnxruntime computes GELU from its erf kernel (not emulated), and exp with the FMA3
+kernel, whose steps give the same bits but for results below 2**-126 (it scales by 2**m in two
+roundings there; read from its source, not measured on such a CPU).
 
 Contract: float32 in, float32 out; every step one IEEE float32 operation (round to nearest
 even) or one fused multiply-add (``fma.fma_float32``), in the kernels' order; the constants are
 the kernels' float32 values. Checked against onnxruntime bit for bit on hundreds of thousands
-of inputs (tests/numerics/test_mlas_float32.py); the Fraction twin is
-``quantlab.numerics.reference.mlas_float32``.
+of inputs (tests/runtime/test_ort_mlas_float32.py); the Fraction twin is
+``quantlab.numerics.reference.mlas_float32`` (tests/numerics/test_mlas_float32.py).
 
 * tanh: x clamped to [-9, 9]; x2 = fl32(x * x); p = x2 * a13 + a11, then p = p * x2 + a_k for
   a9 .. a1 (fma each); q = x2 * b6 + b4, then q * x2 + b2, q * x2 + b0 (fma); fl32(x * p) / q.
