@@ -73,11 +73,13 @@ class FloatIslands(enum.Enum):
                      QLinearMul) and a global mean whose scales QLinearGlobalAveragePool takes
                      (``float_window_pool.global_mean_in_range``), and leaves sub,
                      add / mul with an int16 operand or output or a scalar constant (held as
-                     int16 codes), a clamp (Clip) and the other sums and means (ReduceSum /
-                     ReduceMean) between DequantizeLinear and QuantizeLinear. Those run as it
+                     int16 codes), a clamp (Clip), the other sums and means (ReduceSum /
+                     ReduceMean), and a convolution / linear / matmul with an int16 operand
+                     or output between DequantizeLinear and QuantizeLinear. Those run as it
                      runs them: each operand dequantized, fl32(s * (c - z)), the float32 op,
                      then QuantizeLinear, rne(fl32(v / s_out)) + z_out saturated
-                     (``fake_round``). A sum of more than two values adds in torch's order,
+                     (``fake_round``). Sums in onnxruntime's order (``numerics.ort_reduce``,
+                     where emulated); a float GEMM in torch's order (``fixed_gemm_float``),
                      which may differ from onnxruntime's in the last bit.
     """
 

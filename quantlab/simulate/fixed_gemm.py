@@ -18,6 +18,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm.exact import INTEGER_PATHS
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.fixed_gemm_float import float_gemm, runs_in_float
 from quantlab.simulate.fixed_gemm_operands import (
     gemm_params,
     int16_codes,
@@ -230,6 +231,8 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         wq_axis_ok = ws.numel() == 1
         if not wq_axis_ok:
             return None
+    if runs_in_float(p, xi.dtype, wdt, rq.output_dtype, bool(rq.high_precision_output)):
+        return float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp)
     k = x.shape[-1] if call.op_type in ("linear", "matmul") else math.prod(w_shape[1:])
     # the first operand's GEMM codes: in its own dtype, or centred on its zero point (int16)
     x_gemm = torch.int16 if xi.zero_point else xi.dtype.torch_dtype

@@ -395,3 +395,46 @@ def test_float_sums_of_every_axis_pattern_match_onnxruntime(tmp_path):
     assert {"ReduceSum", "ReduceMean"} <= kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _Int16Gemms(nn.Module):
+    """A convolution, a linear and a matmul of two activations with int16 operands, whose
+    int32 accumulators overflow (32767 * 32767 * 64 > 2**31)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.lin = nn.Linear(8, 64)
+
+    def forward(self, x):
+        y = self.conv(x).flatten(2).transpose(1, 2)  # (N, 36, 8)
+        z = self.lin(y)  # (N, 36, 64)
+        return y, z, z @ z.transpose(1, 2)
+
+
+def test_int16_gemms_run_in_float_as_onnxruntime_runs_them(tmp_path):
+    """onnxruntime has no int16 QLinearConv / QLinearMatMul: a GEMM with an int16 operand runs
+    as the float op between DequantizeLinear and QuantizeLinear, which the profile computes
+    (``fixed_gemm_float``; torch's float32 sum order against MLAS's: a code at a rounding
+    boundary can move by one). The integer path, whose int32 accumulators wrap, was off by
+    over a hundred codes here."""
+    names = ("conv:conv2d#0", "lin:linear#0", ":matmul#0", ":flatten#0", ":transpose#0")
+    spec = QConfigSpec(by_name=dict.fromkeys(names, OpQConfig(output_dtype=DType.INT16)))
+    torch.manual_seed(0)
+    sim = Simulator(_Int16Gemms().eval(), ORT_PROFILE, spec)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 8, 6, 6, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 8, 6, 6, generator=g) * s for s in (0.5, 1.0)]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
+    assert {"Conv", "MatMul"} <= kinds and not {"QLinearConv", "QLinearMatMul"} & kinds
+    for x, ys in zip(xs, outs, strict=True):
+        for y, f in zip(ys, sim.run(x, mode=Mode.FIXED), strict=True):
+            lsb = float(f.abs().max()) / 32767
+            assert np.abs(y - f.numpy()).max() <= 1.01 * lsb
+    sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)
+    worst = max(
+        float(np.abs(y - f.numpy()).max() / (float(f.abs().max()) / 32767))
+        for x, ys in zip(xs, outs)
+        for y, f in zip(ys, sim.run(x, mode=Mode.FIXED))
+    )
+    assert worst > 10  # the integer path's int32 accumulators wrap: many codes off

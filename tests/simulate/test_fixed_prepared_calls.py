@@ -409,12 +409,17 @@ def test_matmuls_of_two_activations_follow_prepared_runs(platform, spec, net, hi
     sim = _sim(m, calib, platform, **kw)
     sim.run(*calib[0], mode=Mode.FIXED)  # prepares
     xs, ys = _inputs(g, (2, 5, 8)), _inputs(g, (2, 7, 8))
+    # onnxruntime has no int16 QLinearMatMul: those matmuls run in float (fixed_gemm_float),
+    # with no integer run to prepare
+    int16 = spec is not None and spec.global_.output_dtype is DType.INT16
+    integer = not (platform == "onnxruntime" and int16)
     for x, y in zip(xs, ys[::-1]):
         hit_names.clear()
         got = sim.run(x, y, mode=Mode.FIXED)
         assert_bits_equal(got, sim.trace(x, y, mode=Mode.FIXED).result)
         assert_bits_equal(got, _fresh_two(m, calib, x, y, platform, **kw))
-        assert {n.split(":")[1] for n in hit_names} >= set(_MATMULS), hit_names
+        hit = {n.split(":")[1] for n in hit_names}
+        assert hit >= set(_MATMULS) if integer else not hit & set(_MATMULS), hit_names
     program = Simulator(m, platform, **kw)
     program.calibrate(calib, progress=False)
     prog = program.program(xs[1], ys[1], mode=Mode.FIXED)

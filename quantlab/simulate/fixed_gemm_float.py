@@ -1,0 +1,64 @@
+"""A GEMM that onnxruntime leaves in float32 between DequantizeLinear and QuantizeLinear
+(``platform.float_islands`` ONNXRUNTIME_QDQ): its QLinearConv / QLinearMatMul / QGemm take
+8-bit operands and an 8-bit output only, so a convolution, linear or matmul with an int16
+operand or an int16 output runs as the float op on the dequantized operands. Computed here as
+the exported graph computes it: x = fl32(s_x (c - z_x)), w = fl32(s_w c_w) per output channel,
+the bias as its int32 codes times fl32(s_x s_w), the float32 op (torch's; onnxruntime's MLAS
+may sum in another order, which can move a code at a rounding boundary), then QuantizeLinear
+(fl32 quotient, rounded by ``fake_round``) and a fused clamp on the codes by ``bound_rule``.
+No integer accumulator: nothing wraps."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quantlab.numerics.code_bounds import bound_codes
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.gemm import acc_scale, quantize_bias
+from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.platform_rules import FloatIslands
+from quantlab.simulate import args as A
+from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.fixed_gemm_operands import gemm_params
+
+
+def runs_in_float(p, x_dtype: DType, w_dtype: DType, out_dtype: DType, wide: bool) -> bool:
+    """Whether onnxruntime runs this GEMM in float32: an operand, or a quantized output, wider
+    than 8 bits (a float output of 8-bit operands is exported as ConvInteger / MatMulInteger)."""
+    if p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ:
+        return False
+    return x_dtype.bits > 8 or w_dtype.bits > 8 or (not wide and out_dtype.bits > 8)
+
+
+def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
+    """(value, QInfo) of the GEMM as onnxruntime's float island computes it (module doc)."""
+    p = sim.platform
+    x = dequantize(fc.codes(args, kwargs, plan.acts[0], xi), xi.scale, zero_point=xi.zero_point)
+    if wq is not None:
+        wc, ws, _ = wq
+        w_scale = ws.reshape(-1)
+        w = dequantize(wc, w_scale if w_scale.numel() > 1 else w_scale[0], axis=0)
+    else:
+        b_codes = fc.codes(args, kwargs, plan.acts[1], wi)
+        w, w_scale = dequantize(b_codes, wi.scale, zero_point=wi.zero_point), wi.scale
+    bias = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
+    b = None
+    if bias is not None and call.op_type != "matmul":
+        s = acc_scale(xi.scale, w_scale).reshape(-1)
+        codes = quantize_bias(bias.detach().float(), xi.scale, w_scale).to(torch.float32)
+        b = codes * s  # DequantizeLinear of the int32 bias codes: one float32 product
+    if call.op_type == "linear":
+        y = F.linear(x, w, b)
+    elif call.op_type == "matmul":
+        y = torch.matmul(x, w) if call.func.__name__ != "__rmatmul__" else torch.matmul(w, x)
+    else:
+        conv = F.conv2d if call.op_type == "conv2d" else F.conv1d
+        y = conv(x, w, b, **gemm_params(call))
+    out = rq.output_dtype
+    so, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
+    codes = quantize(y, so, out, p.fake_round, zero_point=zo).to(torch.int64)
+    if clamp is not None:
+        lo, hi = bound_codes(clamp[0], clamp[1], so, out, zo, rule=p.bound_rule)
+        codes = codes.clamp(lo, hi)
+    return fc.emit(codes, so, out, zo)
