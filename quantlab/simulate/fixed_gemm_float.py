@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quantlab.numerics.code_bounds import bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import acc_scale, quantize_bias
 from quantlab.numerics.quantize import dequantize, quantize
@@ -57,8 +56,5 @@ def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
         y = conv(x, w, b, **gemm_params(call))
     out = rq.output_dtype
     so, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
-    codes = quantize(y, so, out, p.fake_round, zero_point=zo).to(torch.int64)
-    if clamp is not None:
-        lo, hi = bound_codes(clamp[0], clamp[1], so, out, zo, rule=p.bound_rule)
-        codes = codes.clamp(lo, hi)
-    return fc.emit(codes, so, out, zo)
+    res = fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
+    return res if clamp is None else fc.clamp_output(res, clamp, p.bound_rule)
