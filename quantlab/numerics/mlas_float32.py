@@ -73,16 +73,18 @@ EXP_POLY = _f32("0x1.694p-10", "0x1.125edcp-7", "0x1.555b5ap-5", "0x1.55545p-3",
 ONE = torch.tensor(1.0, dtype=torch.float32)
 
 
+def _horner(coeffs: tuple[Tensor, ...], x: Tensor) -> Tensor:
+    """c0 x^n + ... + cn by Horner's rule, each step one fused multiply-add: p = fma(p, x, c)."""
+    p = coeffs[0]
+    for c in coeffs[1:]:
+        p = fma_float32(p, x, c)
+    return p
+
+
 def _odd_rational(x: Tensor, alpha: tuple[Tensor, ...], beta: tuple[Tensor, ...]) -> Tensor:
     """fl32(fl32(x * P(x2)) / Q(x2)), P and Q by Horner's rule in fused multiply-adds."""
     x2 = x * x
-    p = fma_float32(x2, alpha[0], alpha[1])
-    for a in alpha[2:]:
-        p = fma_float32(p, x2, a)
-    q = fma_float32(x2, beta[0], beta[1])
-    for b in beta[2:]:
-        q = fma_float32(q, x2, b)
-    return (x * p) / q
+    return (x * _horner(alpha, x2)) / _horner(beta, x2)
 
 
 def mlas_tanh(x: Tensor) -> Tensor:
@@ -107,10 +109,7 @@ def _exp_steps(x: Tensor, poly: tuple[Tensor, ...]) -> Tensor:
     m = fma_float32(x, EXP_LOG2E, EXP_BIAS) - EXP_BIAS  # exact: an integer-valued float32
     r = fma_float32(m, EXP_LN2_HI, x)
     r = fma_float32(m, EXP_LN2_LO, r)
-    p = poly[0]
-    for c in poly[1:]:
-        p = fma_float32(p, r, c)
-    p = fma_float32(fma_float32(p, r, ONE), r, ONE)
+    p = _horner((*poly, ONE, ONE), r)
     # p * 2**m is exact in float64 (|m| <= 150): one rounding to float32, as vscalefps rounds
     return (p.to(torch.float64) * torch.exp2(m.to(torch.float64))).to(torch.float32)
 
@@ -145,16 +144,11 @@ GELU_EXP_POLY = _f32(
 
 def _gelu_erf(v: Tensor) -> Tensor:
     a = torch.minimum(v.abs(), GELU_ERF_CAP)
-    small = GELU_ERF_SMALL[0]
-    for c in GELU_ERF_SMALL[1:]:
-        small = fma_float32(small, a * a, c)
-    small = fma_float32(small, a, a)
+    small = fma_float32(_horner(GELU_ERF_SMALL, a * a), a, a)
     split = a > GELU_ERF_SPLIT
     b_in = torch.where(split, a, torch.zeros_like(a))
-    big = GELU_ERF_BIG[0]
-    for c in GELU_ERF_BIG[1:]:
-        big = fma_float32(big, b_in, c)
-    big = torch.maximum(GELU_EXP_LOWER, -fma_float32(big, b_in, b_in))
+    big = fma_float32(_horner(GELU_ERF_BIG, b_in), b_in, b_in)
+    big = torch.maximum(GELU_EXP_LOWER, -big)
     big = ONE - _exp_steps(big, GELU_EXP_POLY)
     mag = torch.where(split, big, small)
     return torch.where(torch.signbit(v), -mag, mag)

@@ -39,15 +39,16 @@ def _fma(a: Fraction, b: Fraction, c: Fraction) -> Fraction:
     return _r(a * b + c)
 
 
+def _horner(coeffs, x: Fraction) -> Fraction:
+    p = _c(coeffs[0])
+    for c in coeffs[1:]:
+        p = _fma(p, x, _c(c))
+    return p
+
+
 def _odd_rational(x: Fraction, alpha, beta) -> Fraction:
     x2 = _r(x * x)
-    p = _fma(x2, _c(alpha[0]), _c(alpha[1]))
-    for a in alpha[2:]:
-        p = _fma(p, x2, _c(a))
-    q = _fma(x2, _c(beta[0]), _c(beta[1]))
-    for b in beta[2:]:
-        q = _fma(q, x2, _c(b))
-    return _r(_r(x * p) / q)
+    return _r(_r(x * _horner(alpha, x2)) / _horner(beta, x2))
 
 
 def _tanh(x: Fraction) -> Fraction:
@@ -69,10 +70,7 @@ def _exp_steps(x: Fraction, poly) -> Fraction:
     m = _r(_fma(x, _c(M.EXP_LOG2E), _c(M.EXP_BIAS)) - _c(M.EXP_BIAS))
     r = _fma(m, _c(M.EXP_LN2_HI), x)
     r = _fma(m, _c(M.EXP_LN2_LO), r)
-    p = _c(poly[0])
-    for c in poly[1:]:
-        p = _fma(p, r, _c(c))
-    p = _fma(_fma(p, r, Fraction(1)), r, Fraction(1))
+    p = _horner((*poly, 1.0, 1.0), r)
     assert m.denominator == 1
     return p * Fraction(2) ** int(m)
 
@@ -80,17 +78,10 @@ def _exp_steps(x: Fraction, poly) -> Fraction:
 def _gelu(x: Fraction) -> Fraction:
     v = _r(x * _c(M.GELU_INV_SQRT2))
     a = min(abs(v), _c(M.GELU_ERF_CAP))
-    sq = _r(a * a)
-    small = _c(M.GELU_ERF_SMALL[0])
-    for c in M.GELU_ERF_SMALL[1:]:
-        small = _fma(small, sq, _c(c))
-    small = _fma(small, a, a)
+    small = _fma(_horner(M.GELU_ERF_SMALL, _r(a * a)), a, a)
     split = a > _c(M.GELU_ERF_SPLIT)
     b_in = a if split else Fraction(0)
-    big = _c(M.GELU_ERF_BIG[0])
-    for c in M.GELU_ERF_BIG[1:]:
-        big = _fma(big, b_in, _c(c))
-    big = max(_c(M.GELU_EXP_LOWER), -_fma(big, b_in, b_in))
+    big = max(_c(M.GELU_EXP_LOWER), -_fma(_horner(M.GELU_ERF_BIG, b_in), b_in, b_in))
     big = _r(1 - _r(_exp_steps(big, M.GELU_EXP_POLY)))
     mag = big if split else small
     e = -mag if v < 0 else mag
