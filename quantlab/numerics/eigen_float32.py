@@ -76,6 +76,7 @@ _TWO_OVER_PI_BITS = (
     0xA5664F10, 0x664F10E4, 0x4F10E410, 0x10E41000, 0xE4100000,
 )  # fmt: skip
 _M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
+_SIGN_BIT = torch.tensor(-(2**31), dtype=torch.int32)
 
 
 def trig_reduce_huge(v: float) -> tuple[float, int]:
@@ -127,9 +128,6 @@ def _sincos(x: Tensor, sine: bool) -> Tensor:
         v = torch.where(even, cos_p, sin_p)
         sign = (k + 1) << 30
     return (v.view(torch.int32) ^ (sign & _SIGN_BIT)).view(torch.float32)
-
-
-_SIGN_BIT = torch.tensor(-(2**31), dtype=torch.int32)
 
 
 def eigen_sin(x: Tensor) -> Tensor:

@@ -1,5 +1,6 @@
-"""Slow twin of ``quantlab.numerics.eigen_float32``: Eigen's float32 log one element at a time,
-every float32 operation an exact rational (Fraction) rounded once to float32."""
+"""Slow twin of ``quantlab.numerics.eigen_float32``: Eigen's float32 log, sin and cos one
+element at a time, every float32 operation an exact rational (Fraction) rounded once to float32;
+the large-argument sin / cos reduction on Python integers."""
 
 from __future__ import annotations
 
@@ -10,19 +11,11 @@ import numpy as np
 
 from quantlab.numerics import eigen_float32 as E
 from quantlab.numerics.reference.arrays import as_numpy
-from quantlab.numerics.reference.mlas_float32 import to_float32
-
-
-def _r(v: Fraction) -> Fraction:
-    return Fraction(to_float32(v))
-
-
-def _c(t) -> Fraction:
-    return Fraction(float(t))
+from quantlab.numerics.reference.mlas_float32 import exact, fl32, to_float32
 
 
 def _madd(a: Fraction, b: Fraction, c: Fraction) -> Fraction:
-    return _r(_r(a * b) + c)
+    return fl32(fl32(a * b) + c)
 
 
 def eigen_log_value(v: float) -> float:
@@ -35,12 +28,12 @@ def eigen_log_value(v: float) -> float:
         return math.inf
     m, e = math.frexp(v)  # exact: v = m 2**e, 0.5 <= m < 1
     mf, ef = Fraction(m), Fraction(e)
-    below = mf < _c(E.SQRT_HALF)
-    t = _r(_r(mf - 1) + (mf if below else 0))
+    below = mf < exact(E.SQRT_HALF)
+    t = fl32(fl32(mf - 1) + (mf if below else 0))
     ef = ef - (1 if below else 0)
-    p = _r(t * _madd(t, _madd(t, _c(E.LOG_P[2]), _c(E.LOG_P[1])), _c(E.LOG_P[0])))
-    q = _madd(t, _madd(t, _madd(t, _c(E.LOG_Q[2]), _c(E.LOG_Q[1])), _c(E.LOG_Q[0])), 1)
-    return to_float32(_madd(ef, _c(E.LN2), _r(p / q)))
+    p = fl32(t * _madd(t, _madd(t, exact(E.LOG_P[2]), exact(E.LOG_P[1])), exact(E.LOG_P[0])))
+    q = _madd(t, _madd(t, _madd(t, exact(E.LOG_Q[2]), exact(E.LOG_Q[1])), exact(E.LOG_Q[0])), 1)
+    return to_float32(_madd(ef, exact(E.LN2), fl32(p / q)))
 
 
 def eigen_log(x) -> np.ndarray:
@@ -71,20 +64,22 @@ def _huge(v: float) -> tuple[Fraction, int]:
 def eigen_sincos_value(v: float, sine: bool) -> float:
     """sin (``sine``) or cos of one finite float32 value ``v`` as Eigen computes it."""
     a = abs(Fraction(v))
-    y_round = _r(_r(a * _c(E._TWO_OVER_PI)) + _c(E._ROUNDING))
-    y = y_round - _c(E._ROUNDING)  # exact: an integer below 2**22
+    y_round = fl32(fl32(a * exact(E._TWO_OVER_PI)) + exact(E._ROUNDING))
+    y = y_round - exact(E._ROUNDING)  # exact: an integer below 2**22
     k = int(y)
     r = a
     for c in E._PIO2_PARTS:
-        r = _madd(y, _c(c), r)
+        r = _madd(y, exact(c), r)
     if abs(v) >= (E.HUGE_SIN if sine else E.HUGE_COS):
         r, k = _huge(abs(v))
-    r2 = _r(r * r)
-    cos_p = _c(E._COS_POLY[0])
+    r2 = fl32(r * r)
+    cos_p = exact(E._COS_POLY[0])
     for c in E._COS_POLY[1:]:
-        cos_p = _madd(cos_p, r2, _c(c))
-    sin_p = _madd(_madd(_c(E._SIN_POLY[0]), r2, _c(E._SIN_POLY[1])), r2, _c(E._SIN_POLY[2]))
-    sin_p = _madd(_r(sin_p * r2), r, r)
+        cos_p = _madd(cos_p, r2, exact(c))
+    sin_p = _madd(
+        _madd(exact(E._SIN_POLY[0]), r2, exact(E._SIN_POLY[1])), r2, exact(E._SIN_POLY[2])
+    )
+    sin_p = _madd(fl32(sin_p * r2), r, r)
     even = k % 2 == 0
     val = float((sin_p if even else cos_p) if sine else (cos_p if even else sin_p))
     negative = ((k >> 1) & 1) ^ (math.copysign(1.0, v) < 0) if sine else ((k + 1) >> 1) & 1

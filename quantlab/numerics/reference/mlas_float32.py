@@ -14,12 +14,13 @@ from quantlab.numerics.reference.arrays import as_numpy
 from quantlab.numerics.reference.fma_add import round_to_float32
 
 
-def _c(t) -> Fraction:
+def exact(t) -> Fraction:
+    """The exact value of a float (or 0-d tensor) as a Fraction."""
     return Fraction(float(t))
 
 
-def _r(v: Fraction) -> Fraction:
-    """v rounded to float32, kept as a Fraction."""
+def fl32(v: Fraction) -> Fraction:
+    """v rounded to float32, kept as a Fraction (finite results)."""
     return Fraction(round_to_float32(v))
 
 
@@ -36,19 +37,19 @@ def to_float32(v: Fraction) -> float:
 
 
 def _fma(a: Fraction, b: Fraction, c: Fraction) -> Fraction:
-    return _r(a * b + c)
+    return fl32(a * b + c)
 
 
 def _horner(coeffs, x: Fraction) -> Fraction:
-    p = _c(coeffs[0])
+    p = exact(coeffs[0])
     for c in coeffs[1:]:
-        p = _fma(p, x, _c(c))
+        p = _fma(p, x, exact(c))
     return p
 
 
 def _odd_rational(x: Fraction, alpha, beta) -> Fraction:
-    x2 = _r(x * x)
-    return _r(_r(x * _horner(alpha, x2)) / _horner(beta, x2))
+    x2 = fl32(x * x)
+    return fl32(fl32(x * _horner(alpha, x2)) / _horner(beta, x2))
 
 
 def _tanh(x: Fraction) -> Fraction:
@@ -58,34 +59,34 @@ def _tanh(x: Fraction) -> Fraction:
 
 def _logistic(x: Fraction) -> Fraction:
     x = min(max(x, Fraction(-M.LOGISTIC_RANGE)), Fraction(M.LOGISTIC_RANGE))
-    return max(_r(_odd_rational(x, M.LOGISTIC_ALPHA, M.LOGISTIC_BETA) + Fraction(1, 2)), 0)
+    return max(fl32(_odd_rational(x, M.LOGISTIC_ALPHA, M.LOGISTIC_BETA) + Fraction(1, 2)), 0)
 
 
 def _exp(x: Fraction) -> Fraction:
-    return _exp_steps(max(x, _c(M.EXP_LOWER)), M.EXP_POLY)
+    return _exp_steps(max(x, exact(M.EXP_LOWER)), M.EXP_POLY)
 
 
 def _exp_steps(x: Fraction, poly) -> Fraction:
     """exp by the kernels' steps with polynomial ``poly``, before vscalefps' one rounding."""
-    m = _r(_fma(x, _c(M.EXP_LOG2E), _c(M.EXP_BIAS)) - _c(M.EXP_BIAS))
-    r = _fma(m, _c(M.EXP_LN2_HI), x)
-    r = _fma(m, _c(M.EXP_LN2_LO), r)
+    m = fl32(_fma(x, exact(M.EXP_LOG2E), exact(M.EXP_BIAS)) - exact(M.EXP_BIAS))
+    r = _fma(m, exact(M.EXP_LN2_HI), x)
+    r = _fma(m, exact(M.EXP_LN2_LO), r)
     p = _horner((*poly, 1.0, 1.0), r)
     assert m.denominator == 1
     return p * Fraction(2) ** int(m)
 
 
 def _gelu(x: Fraction) -> Fraction:
-    v = _r(x * _c(M.GELU_INV_SQRT2))
-    a = min(abs(v), _c(M.GELU_ERF_CAP))
-    small = _fma(_horner(M.GELU_ERF_SMALL, _r(a * a)), a, a)
-    split = a > _c(M.GELU_ERF_SPLIT)
+    v = fl32(x * exact(M.GELU_INV_SQRT2))
+    a = min(abs(v), exact(M.GELU_ERF_CAP))
+    small = _fma(_horner(M.GELU_ERF_SMALL, fl32(a * a)), a, a)
+    split = a > exact(M.GELU_ERF_SPLIT)
     b_in = a if split else Fraction(0)
-    big = max(_c(M.GELU_EXP_LOWER), -_fma(_horner(M.GELU_ERF_BIG, b_in), b_in, b_in))
-    big = _r(1 - _r(_exp_steps(big, M.GELU_EXP_POLY)))
+    big = max(exact(M.GELU_EXP_LOWER), -_fma(_horner(M.GELU_ERF_BIG, b_in), b_in, b_in))
+    big = fl32(1 - fl32(_exp_steps(big, M.GELU_EXP_POLY)))
     mag = big if split else small
     e = -mag if v < 0 else mag
-    return _r(_r(_c(M.GELU_HALF) * x) * _r(e + 1))
+    return fl32(fl32(exact(M.GELU_HALF) * x) * fl32(e + 1))
 
 
 _FUNCS = {"tanh": _tanh, "logistic": _logistic, "exp": _exp, "gelu": _gelu}
