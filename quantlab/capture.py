@@ -8,6 +8,9 @@ control flow works.
 Op names are ``<module path>:<op_type>#<k>`` where k counts the calls of that op type inside
 that module during one forward (module path "" for the top level), e.g.
 ``features.0.0:conv2d#0`` or ``:add#1``.
+
+A torch call that composes other ops (attention: ``quantlab.decompositions``) is captured as
+those ops, each named and quantized on its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import quantlab.ops
+from quantlab.decompositions import decomposition
 
 
 class OpCategory(enum.Enum):
@@ -91,7 +95,7 @@ _reg("relu6", None, OpCategory.REQUANT)  # F.relu6; nn.ReLU6 calls hardtanh(0, 6
 _reg(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
     "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
-    "__getitem__",
+    "unflatten __getitem__",
     None,
     OpCategory.PASS_THROUGH,
 )
@@ -307,6 +311,10 @@ class CaptureMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        parts = decomposition(func, args, kwargs)
+        if parts is not None:
+            with self:  # the mode is popped while it handles a call: the parts' calls come back
+                return parts()
         kind = classify(func, args, kwargs)
         if self.before is not None:
             self.before(func, args, kwargs, kind)

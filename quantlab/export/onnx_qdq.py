@@ -61,6 +61,7 @@ EMITTERS: dict[str, Emitter] = {
     "reshape": E.emit_reshape,
     "view": E.emit_reshape,
     "flatten": E.emit_reshape,
+    "unflatten": E.emit_reshape,
     "squeeze": E.emit_reshape,
     "unsqueeze": E.emit_reshape,
     "view_as": E.emit_reshape,

@@ -1,0 +1,190 @@
+"""Attention calls captured as the ops they compose (quantlab.decompositions): the float bits
+of the call (nn.MultiheadAttention) or of torch's math backend (scaled_dot_product_attention),
+every part named and quantized, calls with masks kept whole, and the parts through the
+simulator's replay and ONNX export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from quantlab.capture import CaptureMode, ModuleTracker
+from quantlab.decompositions import attention_by_definition
+from quantlab.simulate import Mode, Simulator
+
+
+def _math_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """torch's math backend of scaled_dot_product_attention (no mask, no dropout here)."""
+    assert attn_mask is None and not dropout_p and not is_causal
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, scale=scale)[0]
+
+
+def _cases(n: int):
+    g = torch.Generator().manual_seed(11)
+    for i in range(n):
+        b, h, lq, lk, e = (int(torch.randint(1, hi, (), generator=g)) for hi in (4, 5, 40, 40, 70))
+        shape = (b, h) if i % 3 else (b,)  # 3-D operands too
+        q = torch.randn(*shape, lq, e, generator=g) * (0.1, 1.0, 8.0)[i % 3]
+        k = torch.randn(*shape, lk, e, generator=g) * 3
+        v = torch.randn(*shape, lk, e + i % 5, generator=g)
+        scale = (None, 0.0625, float(torch.rand((), generator=g)) + 0.01, -0.3, 2.5)[i % 5]
+        yield q, k, v, scale
+
+
+def test_attention_by_definition_gives_torch_math_backend_bits():
+    for q, k, v, scale in _cases(240):
+        assert_bits_equal(attention_by_definition(q, k, v, scale), _math_sdpa(q, k, v, scale=scale))
+
+
+def test_attention_by_definition_on_edge_sizes_and_saturated_scores():
+    q = torch.tensor([[[[1e4, -1e4]]]])  # one query, scores far apart: one-hot softmax
+    k = torch.tensor([[[[1.0, 0.0], [0.0, 1.0], [1e-30, 0.0]]]])
+    v = torch.arange(6.0).reshape(1, 1, 3, 2)
+    for scale in (None, 1.0, 1e-12, -1.0):
+        assert_bits_equal(attention_by_definition(q, k, v, scale), _math_sdpa(q, k, v, scale=scale))
+    one = torch.randn(1, 1, 1, 1)
+    assert_bits_equal(attention_by_definition(one, one, one), _math_sdpa(one, one, one))
+
+
+def _capture(model, *args, **kwargs):
+    calls = []
+
+    def handler(call):
+        calls.append(call)
+        return call.result if call.result is not None else call.run()
+
+    tracker = ModuleTracker(model)
+    with torch.no_grad(), tracker, CaptureMode(tracker, handler):
+        out = model(*args, **kwargs)
+    return calls, out
+
+
+class _NoFusedPath(TorchFunctionMode):
+    """Any torch function mode turns off nn.MultiheadAttention's fused inference path, as the
+    capture does; this one runs every call as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("kdim", [None, 12])
+def test_multihead_attention_is_captured_as_its_parts_with_its_own_bits(
+    batch_first, need_weights, kdim, monkeypatch
+):
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=batch_first, kdim=kdim, vdim=kdim).eval()
+    q = torch.randn(3, 7, 16) if batch_first else torch.randn(7, 3, 16)
+    kv = q if kdim is None else torch.randn(*q.shape[:2], kdim)
+    calls, (out, weights) = _capture(mha, q, kv, kv, need_weights=need_weights)
+    with monkeypatch.context() as m, torch.no_grad(), _NoFusedPath():
+        m.setattr(F, "scaled_dot_product_attention", _math_sdpa)  # what its body calls
+        ref, ref_weights = mha(q, kv, kv, need_weights=need_weights)
+    assert_bits_equal(out, ref)
+    if need_weights:
+        assert_bits_equal(weights, ref_weights)
+    types = [c.op_type for c in calls]
+    assert "multi_head_attention_forward" not in types
+    assert "scaled_dot_product_attention" not in types
+    assert types.count("linear") == (2 if kdim is None else 4)  # in-projection(s), output
+    assert types.count("matmul") == 2 and types.count("softmax") == 1
+    assert all(c.module == "" for c in calls)  # the module itself is the top level here
+    if need_weights:  # same code as the call: its own float bits, no reference needed
+        with torch.no_grad():
+            assert_bits_equal(out, mha(q, kv, kv, need_weights=True)[0])
+
+
+class _Sdpa(nn.Module):
+    def forward(self, q, k, v, **kwargs):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def test_attention_with_a_mask_keeps_the_masked_step_whole():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+    calls, (out, _) = _capture(mha, x, x, x, attn_mask=mask)
+    with torch.no_grad(), _NoFusedPath():
+        assert_bits_equal(out, mha(x, x, x, attn_mask=mask)[0])
+    types = [c.op_type for c in calls]
+    assert "baddbmm" in types and "linear" in types  # scores with the mask: one float op
+    q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
+    for kwargs in ({"attn_mask": mask}, {"is_causal": True}, {"dropout_p": 0.0, "scale": 0.5}):
+        calls, out = _capture(_Sdpa(), q, k, v, **kwargs)
+        whole = "attn_mask" in kwargs or "is_causal" in kwargs
+        parts = ["mul", "mul", "matmul", "softmax", "matmul"]
+        kept = [c.op_type for c in calls if c.op_type != "transpose"]
+        assert kept == (["scaled_dot_product_attention"] if whole else parts)
+        if whole:
+            assert_bits_equal(out, F.scaled_dot_product_attention(q, k, v, **kwargs))
+        else:
+            assert_bits_equal(out, _math_sdpa(q, k, v, scale=kwargs["scale"]))
+
+
+class _Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.q = nn.Linear(32, 32)
+
+    def forward(self, x):
+        y = self.layer(x)
+        z, _ = self.attn(y, y, y)
+        heads = z.view(2, 6, 4, 8).transpose(1, 2)
+        q = self.q(z).view(2, 6, 4, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, heads, heads).transpose(1, 2).reshape(2, 6, 32)
+
+
+def _calibrated(platform: str) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_Encoder().eval(), platform, steady_programs=False)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 6, 32, generator=g),) for _ in range(3)], progress=False)
+    return sim, torch.randn(2, 6, 32, generator=g)
+
+
+def test_simulator_quantizes_every_attention_matmul_and_softmax():
+    sim, x = _calibrated("j6m")
+    y_float = sim.run(x, mode=Mode.FLOAT)
+    ops = sim.ops.set_index("name")
+    gemms = ops[ops.op_type.isin(["matmul", "linear"])]
+    # per block: scores and weighted sum; the layer's projections and feed-forward, the
+    # module's projections, the model's own query projection
+    assert (gemms.op_type == "matmul").sum() == 6 and (gemms.op_type == "linear").sum() == 7
+    assert set(gemms.fixed_kernel) == {"integer"}
+    assert set(ops.loc[ops.op_type == "softmax", "fixed_kernel"]) == {"lut (exp, reciprocal)"}
+    y_fake, y_fixed = sim.run(x, mode=Mode.FAKE), sim.run(x, mode=Mode.FIXED)
+    assert not torch.equal(y_fake, y_float) and not torch.equal(y_fixed, y_fake)
+    sqnr = 10 * torch.log10(y_float.pow(2).mean() / (y_fixed - y_float).pow(2).mean())
+    assert sqnr > 15  # int8 attention on random weights: quantized, not broken
+
+
+def test_attention_parts_replay_as_the_naive_runs_do():
+    from quantlab.analysis.sensitivity import sensitivity
+
+    sim, x = _calibrated("j6m")
+    fast = sensitivity(sim, [(x,)], kinds=["activation", "weight"], progress=False).table
+    naive = sensitivity(sim, [(x,)], kinds=["activation", "weight"], replay=False, progress=False)
+    assert len(fast) == len(naive.table) > 20
+    assert_bits_equal(
+        torch.tensor(fast["value"].to_numpy()), torch.tensor(naive.table["value"].to_numpy())
+    )
+    assert {"matmul", "softmax"} <= set(fast.op_type)
+
+
+def test_attention_parts_export_to_onnx_with_fixed_mode_bits(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    from quantlab.export import to_onnx_qdq
+
+    sim, x = _calibrated("onnxruntime")
+    to_onnx_qdq(sim, tmp_path / "attention.onnx", (x,))
+    session = ort.InferenceSession(str(tmp_path / "attention.onnx"))
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert_bits_equal(torch.from_numpy(got), sim.run(x, mode=Mode.FIXED))
