@@ -38,7 +38,8 @@ class Net(nn.Module):
         return inverse_sigmoid(y) * 2 + torch.abs(y)
 
 
-def capture(model, *args):
+def capture(model, *args, **kwargs):
+    """(captured calls, output) of ``model(*args, **kwargs)``; each call runs as written."""
     calls = []
 
     def handler(call):
@@ -47,7 +48,7 @@ def capture(model, *args):
 
     tracker = ModuleTracker(model)
     with torch.no_grad(), tracker, CaptureMode(tracker, handler):
-        out = model(*args)
+        out = model(*args, **kwargs)
     return calls, out
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
+from test_capture import capture
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from quantlab.capture import CaptureMode, ModuleTracker
 from quantlab.decompositions import attention_by_definition
 from quantlab.simulate import Mode, Simulator
 
@@ -50,19 +50,6 @@ def test_attention_by_definition_on_edge_sizes_and_saturated_scores():
     assert_bits_equal(attention_by_definition(one, one, one), _math_sdpa(one, one, one))
 
 
-def _capture(model, *args, **kwargs):
-    calls = []
-
-    def handler(call):
-        calls.append(call)
-        return call.result if call.result is not None else call.run()
-
-    tracker = ModuleTracker(model)
-    with torch.no_grad(), tracker, CaptureMode(tracker, handler):
-        out = model(*args, **kwargs)
-    return calls, out
-
-
 class _NoFusedPath(TorchFunctionMode):
     """Any torch function mode turns off nn.MultiheadAttention's fused inference path, as the
     capture does; this one runs every call as it is."""
@@ -81,7 +68,7 @@ def test_multihead_attention_is_captured_as_its_parts_with_its_own_bits(
     mha = nn.MultiheadAttention(16, 4, batch_first=batch_first, kdim=kdim, vdim=kdim).eval()
     q = torch.randn(3, 7, 16) if batch_first else torch.randn(7, 3, 16)
     kv = q if kdim is None else torch.randn(*q.shape[:2], kdim)
-    calls, (out, weights) = _capture(mha, q, kv, kv, need_weights=need_weights)
+    calls, (out, weights) = capture(mha, q, kv, kv, need_weights=need_weights)
     with monkeypatch.context() as m, torch.no_grad(), _NoFusedPath():
         m.setattr(F, "scaled_dot_product_attention", _math_sdpa)  # what its body calls
         ref, ref_weights = mha(q, kv, kv, need_weights=need_weights)
@@ -109,14 +96,14 @@ def test_attention_with_a_mask_keeps_the_masked_step_whole():
     mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
     x = torch.randn(2, 5, 16)
     mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
-    calls, (out, _) = _capture(mha, x, x, x, attn_mask=mask)
+    calls, (out, _) = capture(mha, x, x, x, attn_mask=mask)
     with torch.no_grad(), _NoFusedPath():
         assert_bits_equal(out, mha(x, x, x, attn_mask=mask)[0])
     types = [c.op_type for c in calls]
     assert "baddbmm" in types and "linear" in types  # scores with the mask: one float op
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
     for kwargs in ({"attn_mask": mask}, {"is_causal": True}, {"dropout_p": 0.0, "scale": 0.5}):
-        calls, out = _capture(_Sdpa(), q, k, v, **kwargs)
+        calls, out = capture(_Sdpa(), q, k, v, **kwargs)
         whole = "attn_mask" in kwargs or "is_causal" in kwargs
         parts = ["mul", "mul", "matmul", "softmax", "matmul"]
         kept = [c.op_type for c in calls if c.op_type != "transpose"]
