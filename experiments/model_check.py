@@ -66,12 +66,10 @@ def _findings(table, counts, name: str, plat) -> list[str]:
 
 @experiment(ModelCheckExp, "model_check")
 def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data import load_data
-    from quantlab.models import build_model
     from quantlab.simulate import Simulator
+    from quantlab.workload import load_workload, qconfig_words, start_spec
 
-    bundle = build_model(ctx.model, seed=ctx.seed or 0)
-    data = load_data(ctx.data, bundle.name)
+    bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     if exp.batch >= len(data.calib):
         raise ValueError(
             f"exp.batch={exp.batch} but data={data.name} has {len(data.calib)} calibration "
@@ -79,8 +77,6 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
         )
     batch = data.calib[exp.batch]
     batch = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-    from quantlab.workload import qconfig_words, start_spec
-
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, batch)
     sim = Simulator(bundle.module, ctx.platform, spec)
     table = model_placement(sim, batch)

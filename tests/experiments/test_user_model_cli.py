@@ -1,7 +1,7 @@
 """End to end through the command line, as a user runs it: a small module in a temporary
-package and a folder of real scikit-image images through +exp=consistency, +exp=sensitivity and
-+exp=mixed_precision; a chosen qconfig passed back with qconfig=file; a real packaged ONNX model
-on real pages."""
+package and a folder of real scikit-image images through +exp=consistency, +exp=sensitivity,
++exp=mixed_precision and +exp=model_check; a chosen qconfig passed back with qconfig=file; a
+real packaged ONNX model on real pages."""
 
 from __future__ import annotations
 
@@ -49,18 +49,18 @@ def user_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(user_dir):
-    """The three experiments in one multirun: job folder per experiment."""
+    """The four experiments in one multirun: job folder per experiment."""
     sweep = user_dir / "sweep"
     quantlab(
         user_dir,
         "-m",
-        "+exp=consistency,sensitivity,mixed_precision",
+        "+exp=consistency,sensitivity,mixed_precision,model_check",
         *MODEL,
         *DATA,
         f"hydra.sweep.dir={sweep}",
     )
     jobs = {}
-    for exp in ("consistency", "sensitivity", "mixed_precision"):
+    for exp in ("consistency", "sensitivity", "mixed_precision", "model_check"):
         (job,) = sweep.glob(f"+exp={exp},*")
         assert (job / "DONE").exists() and (job / "report.md").exists()
         jobs[exp] = job
@@ -86,6 +86,13 @@ def test_sensitivity_ranks_ops_and_writes_its_choice(runs):
     spec = qconfig.load(chosen)
     ops = set(pd.read_csv(runs["consistency"] / "op_support.csv")["name"])
     assert spec.by_name and set(spec.by_name) <= ops
+
+
+def test_model_check_places_the_users_ops(runs):
+    table = pd.read_csv(runs["model_check"] / "results.csv")
+    assert set(table.model) == {f"custom:{PACKAGE}.nets:build"}
+    assert {"conv1:conv2d#0", "conv2:conv2d#0", "head:linear#0"} <= set(table.name)
+    assert (runs["model_check"] / "op_sequence.png").exists()
 
 
 def test_mixed_precision_qconfig_passed_back_reproduces_the_row(runs, user_dir):
