@@ -61,6 +61,8 @@ _FIXES = {
     "(seed 000 line 119)",
     "softmax": "softmax-free attention (SimA), keeping the last layer's softmax "
     "(seed 000 lines 125-127)",
+    "embedding": "keep the index path in fixed point, so the lookup runs on the BPU in one "
+    "segment: quantize the index tensor with fix_scale=1 (seed 000 lines 141-147)",
 }
 
 

@@ -151,3 +151,22 @@ def test_toolchain_is_a_typed_platform_field():
     assert "OE_3_0_0, OE_3_2_0, OE_3_5_0" in text and "platform.toolchain" in text
     assert isinstance(e.value.__cause__, ValidationError)
     assert compose(["platform.toolchain=OE_3_2_0"]).platform.toolchain is Toolchain.OE_3_2_0
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(50, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, ids):
+        return self.fc(self.table(ids))
+
+
+@pytest.mark.parametrize("platform", ["j6m", "j6p"])
+def test_an_embedding_carries_the_seeds_index_path_fix(platform):
+    torch.manual_seed(0)
+    sim = Simulator(Lookup().eval(), platform)
+    t = model_placement(sim, (torch.randint(0, 50, (2, 6)),)).set_index("name")
+    assert t.loc["table:embedding#0", "unit"] in (Unit.BPU_FIXED.value, Unit.BPU_FLOAT.value)
+    assert "fix_scale=1 (seed 000 lines 141-147)" in t.loc["table:embedding#0", "fix"]
