@@ -103,7 +103,9 @@ _reg("relu relu_", "relu", OpCategory.PASS_THROUGH)
 _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCategory.POOL)
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
-_reg("sigmoid tanh exp log sqrt rsqrt sin cos gelu silu", None, OpCategory.LUT)
+_reg(
+    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish", None, OpCategory.LUT
+)
 _reg("sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_", None, OpCategory.LUT)  # in-place methods
 _reg("softmax", None, OpCategory.SOFTMAX)
 _reg("layer_norm group_norm instance_norm", None, OpCategory.NORM)

@@ -11,9 +11,10 @@ Per op (one row of ``Simulator.ops``):
   ``MACs x bytes(input) x bytes(weight)``; a matmul's second operand counts as the weight.
   With the high/low weight split (``weight_split`` 7 or 8) the GEMM runs twice on int8 halves
   and the two outputs are combined: ``2 x MACs x bytes(input) x 1 + out_elements x split_combine``.
-- LUT ops (sigmoid, tanh, exp, log, sqrt, rsqrt, sin, cos, gelu, silu, reciprocal,
-  inverse_sigmoid): ``out_elements x lut_interp x bytes(output)``; an int8-in/int8-out op on a
-  platform with a direct 256-entry table (``platform.lut_direct_int8``) costs ``lut_direct``.
+- LUT ops (``simulate.fixed_lut.LUT_FUNCS``: sigmoid, tanh, exp, log, sqrt, rsqrt, sin, cos,
+  gelu, silu, hardsigmoid, hardswish, reciprocal, inverse_sigmoid):
+  ``out_elements x lut_interp x bytes(output)``; an int8-in/int8-out op on a platform with a
+  direct 256-entry table (``platform.lut_direct_int8``) costs ``lut_direct``.
 - view-only ops (reshape, permute, slicing, ...): 0.
 - every other op (add, mul, pooling, softmax, ...): ``out_elements x elementwise x bytes(output)``.
 
@@ -29,11 +30,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from quantlab.numerics.dtypes import DType
+from quantlab.simulate.fixed_lut import LUT_FUNCS
 
 GEMM_TYPES = frozenset({"conv1d", "conv2d", "linear", "matmul"})
-LUT_TYPES = frozenset(
-    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu reciprocal inverse_sigmoid".split()
-)
+LUT_TYPES = LUT_FUNCS
 VIEW_TYPES = frozenset(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
     "chunk split unbind narrow select view_as reshape_as movedim detach getitem".split()

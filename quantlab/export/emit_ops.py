@@ -103,6 +103,10 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
     elif op.op_type == "gelu":
         approx = op.kwargs.get("approximate", "none")
         y = ctx.graph.node("Gelu", [x], f"{op.name}/float", approximate=approx)
+    elif op.op_type == "hardsigmoid":  # torch's relu6(x + 3) / 6
+        y = ctx.graph.node("HardSigmoid", [x], f"{op.name}/float", alpha=1.0 / 6.0, beta=0.5)
+    elif op.op_type == "hardswish":
+        y = ctx.graph.node("HardSwish", [x], f"{op.name}/float")
     else:
         y = ctx.graph.node(_UNARY[op.op_type], [x], f"{op.name}/float")
     ctx.set_outputs(op, [y])

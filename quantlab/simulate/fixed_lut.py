@@ -21,7 +21,8 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 
 LUT_FUNCS = frozenset(
-    "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu inverse_sigmoid".split()
+    "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
+    "inverse_sigmoid".split()
 )
 
 

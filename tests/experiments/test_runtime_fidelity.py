@@ -30,14 +30,15 @@ def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     """Every family under its runtime's profile gives 0 differing outputs (onnxruntime's Gelu
     only on a CPU with AVX-512F, whose kernel the profile emulates)."""
     df = result.table
-    assert len(df) == (7 + 4 + 2 * 11) * 4  # families (LiteRT, onnxruntime GEMMs, tables) x 4
+    families = 7 + 4 + 2 * 13  # LiteRT, onnxruntime GEMMs, onnxruntime tables (uint8 / int8)
+    assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]
-    assert len(own) == 33 and (own.cases_with_zero_points > 0).all()
+    assert len(own) == families and (own.cases_with_zero_points > 0).all()
     exact = own if HAS_AVX512F else own[own.family != "Gelu"]
     assert int(exact.differing.sum()) == 0
     if HAS_AVX512F:
-        assert list(result.tables["matching_profiles"].differing) == [0] * 33
+        assert list(result.tables["matching_profiles"].differing) == [0] * families
         assert any("0 differing outputs" in f for f in result.findings)
 
 

@@ -311,7 +311,8 @@ class _Tables(nn.Module):
     def forward(self, x):
         w = x * 6.0
         e = torch.exp(x.clamp(-4.0, 2.0))
-        return torch.tanh(w), torch.sigmoid(w), e, F.silu(w), torch.sin(x), torch.sqrt(F.relu(x))
+        tables = torch.tanh(w), torch.sigmoid(w), e, F.silu(w), torch.sin(x), torch.sqrt(F.relu(x))
+        return *tables, F.hardsigmoid(w), F.hardswish(w)
 
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
@@ -325,7 +326,7 @@ def test_table_ops_give_onnxruntime_float32_kernels_bits(tmp_path, encoding):
         sub = tmp_path / str(seed)
         sub.mkdir()
         outs, kinds = _onnxruntime_outputs(sim, xs, sub, encoding)
-        assert {"Tanh", "Exp", "Sin", "Sqrt"} <= kinds
+        assert {"Tanh", "Exp", "Sin", "Sqrt", "HardSigmoid"} <= kinds  # HardSwish: HardSigmoid, Mul
         for x, ys in zip(xs, outs, strict=True):
             assert _same(ys, sim.run(x, mode=Mode.FIXED))
         sim.platform = replace(sim.platform, lut_table_values=TableValues.EXACT_FLOAT64)
@@ -342,7 +343,7 @@ class _Int16Tables(nn.Module):
 
     def forward(self, x):
         y = self.conv(x)
-        return torch.tanh(y * 3.0), torch.sigmoid(y), torch.exp(y.clamp(-6.0, 1.0))
+        return torch.tanh(y * 3.0), torch.sigmoid(y), torch.exp(y.clamp(-6.0, 1.0)), F.hardswish(y)
 
 
 def test_int16_table_ops_give_onnxruntime_bits(tmp_path):
@@ -351,13 +352,14 @@ def test_int16_table_ops_give_onnxruntime_bits(tmp_path):
     table (J6's 6 x 64 entries) differed in about half of the outputs."""
     int16 = OpQConfig(output_dtype=DType.INT16)
     names = ("conv:conv2d#0", ":mul#0", ":tanh#0", ":sigmoid#0", ":clamp#0", ":exp#0")
+    names += (":hardswish#0",)
     spec = QConfigSpec(by_name=dict.fromkeys(names, int16))
     torch.manual_seed(0)
     sim = Simulator(_Int16Tables().eval(), ORT_PROFILE, spec)
     g = torch.Generator().manual_seed(1)
     sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)], progress=False)
     xs = [torch.randn(2, 3, 8, 8, generator=g) * s for s in (0.5, 2.0)]
-    tables = sim.ops["name"].isin([":tanh#0", ":sigmoid#0", ":exp#0"])
+    tables = sim.ops["name"].isin([":tanh#0", ":sigmoid#0", ":exp#0", ":hardswish#0"])
     assert set(sim.ops.loc[tables, "fixed_kernel"]) == {"lut"}
     outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
     for x, ys in zip(xs, outs, strict=True):

@@ -29,7 +29,10 @@ OPS = {
     "sin": ("Sin",),
     "cos": ("Cos",),
     "gelu": ("Gelu",),
+    "hardsigmoid": ("HardSigmoid",),
+    "hardswish": ("HardSwish",),
 }
+ATTRS = {"HardSigmoid": {"alpha": 1.0 / 6.0, "beta": 0.5}}  # torch's, as the exporter writes
 # float64 twins, only to choose output scales as an observer would (finite values' max |y|)
 _F64 = {
     "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
@@ -43,6 +46,8 @@ _F64 = {
     "sin": np.sin,
     "cos": np.cos,
     "gelu": lambda v: 0.5 * v * (1 + scipy.special.erf(v / np.sqrt(2.0))),
+    "hardsigmoid": lambda v: np.clip(v + 3, 0, 6) / 6,
+    "hardswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
 }
 _ONNX_TYPE = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
 
@@ -96,7 +101,7 @@ def _model(c: LutCase) -> onnx.ModelProto:
     nodes = [helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["v0"])]
     for i, op in enumerate(OPS[c.op]):
         args = ["v0", f"v{i}"] if op == "Mul" else [f"v{i}"]
-        nodes.append(helper.make_node(op, args, [f"v{i + 1}"]))
+        nodes.append(helper.make_node(op, args, [f"v{i + 1}"], **ATTRS.get(op, {})))
     nodes.append(helper.make_node("QuantizeLinear", [f"v{len(OPS[c.op])}", "sy", "zy"], ["y"]))
     graph = helper.make_graph(
         nodes,

@@ -69,3 +69,28 @@ def test_sigmoid_is_fused_into_qlinear_sigmoid(tmp_path):
     M.run_lut(c, tmp_path / "opt.onnx")
     kinds = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
     assert kinds == {"QLinearSigmoid"}, kinds
+
+
+# (input scale, output scale) where onnxruntime's HardSigmoid, fl32(fl32(x / 6) + 0.5) with the
+# float32 1/6, rounds one int8 code across a quantization boundary the exact function does not
+HARDSIGMOID_EDGES = [
+    (float.fromhex("0x1.3a4fb2p-4"), float.fromhex("0x1.33ddfep-7")),
+    (float.fromhex("0x1.6bc2ecp-5"), float.fromhex("0x1.d5cc62p-6")),
+]
+
+
+@pytest.mark.parametrize("op", ["hardsigmoid", "hardswish"])
+def test_hardsigmoid_tables_take_onnxruntimes_float32_steps(op):
+    """The runtime table computes HardSigmoid's product and sum in float32 as onnxruntime does
+    (HardSwish multiplies by it); on these scales the exact function's table differs by a code."""
+    platform = load_platform("onnxruntime")
+    exact = dataclasses.replace(platform, lut_table_values=TableValues.EXACT_FLOAT64)
+    x = np.arange(-128, 128).astype(np.int8)
+    differ = 0
+    for sx, sy in HARDSIGMOID_EDGES:
+        c = M.LutCase(op, x, np.float32(sx), 0, np.float32(sy), 0)
+        want = M.run_lut(c)
+        assert_bits_equal(B.ort_lut(c, platform), want)
+        differ += not np.array_equal(B.ort_lut(c, exact), want)
+    if op == "hardsigmoid":
+        assert differ == len(HARDSIGMOID_EDGES)

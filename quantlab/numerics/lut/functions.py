@@ -135,6 +135,14 @@ def _gelu(x: Tensor, spec: LutSpec) -> Tensor:
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
+def _hardsigmoid(x: Tensor, spec: LutSpec) -> Tensor:
+    return (x + 3.0).clamp(0.0, 6.0) / 6.0
+
+
+def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
+    return x * _hardsigmoid(x, spec)
+
+
 @dataclass(frozen=True)
 class LutFunction:
     """One function of the registry.
@@ -230,6 +238,8 @@ FUNCTIONS: dict[str, LutFunction] = {
         LutFunction("cos", lambda x, s: torch.cos(x), "none needed", sample_range=(-8.0, 8.0)),
         LutFunction("silu", lambda x, s: torch.nn.functional.silu(x), "none needed"),
         LutFunction("gelu", _gelu, "none needed (exact erf form)", sample_range=(-8.0, 8.0)),
+        LutFunction("hardsigmoid", _hardsigmoid, "none needed (relu6(x + 3) / 6)"),
+        LutFunction("hardswish", _hardswish, "none needed (x relu6(x + 3) / 6)"),
         LutFunction(
             "inverse_sigmoid",
             _inverse_sigmoid,
@@ -243,6 +253,8 @@ FUNCTIONS: dict[str, LutFunction] = {
 }
 
 GELU_POINTS = (-5.0, -3.0, -2.0, -1.0, -0.75, 0.0, 5.5, math.inf)
+# hardsigmoid / hardswish: table edges on their kinks at -3 and 3 (assumed; see default_spec)
+HARD_POINTS = (-3.0, -1.5, 0.0, 1.5, 3.0, 6.0, math.inf)
 INVERSE_SIGMOID_EPS = 1e-5
 
 _DEFAULTS: dict[str, LutSpec] = {
@@ -257,6 +269,8 @@ _DEFAULTS: dict[str, LutSpec] = {
     "cos": LutSpec(Strategy.CURVATURE),
     "silu": LutSpec(Strategy.CURVATURE),
     "gelu": LutSpec(Strategy.MANUAL, dividing_points=GELU_POINTS),
+    "hardsigmoid": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
+    "hardswish": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
     "inverse_sigmoid": LutSpec(Strategy.EVENLY, eps=INVERSE_SIGMOID_EPS),
 }
 
@@ -276,6 +290,10 @@ def default_spec(func: str) -> LutSpec:
     curvature (+ cap); log symmetric curvature, floor -10; reciprocal/sqrt/rsqrt symmetric
     curvature (reciprocal's left tail flat); sin symmetric curvature, cos curvature; silu
     curvature; gelu the fixed points [-5, -3, -2, -1, -0.75, 0, 5.5, inf]; inverse_sigmoid evenly
-    (the plugin's SegmentLUT default) with eps = 1e-5."""
+    (the plugin's SegmentLUT default) with eps = 1e-5; hardsigmoid and hardswish the points
+    HARD_POINTS, table edges on their kinks at -3 and 3 (assumed: the seeds and the plugin's
+    defaults do not name them; the plugin makes its other plain unary functions, elu and
+    softplus among them, SegmentLUTs. On an int16 hardswish over +-8 the curvature rule's
+    edges miss the kinks and it errs by up to 29 output LSB, these points by 1.35)."""
     get_function(func)
     return _DEFAULTS[func]

@@ -11,6 +11,9 @@ The float ops, as the exported graph computes them (no domain clamps, no LutSpec
     AVX-512F kernel, which onnxruntime runs on CPUs that have AVX-512F; on others it computes
     gelu from MLAS's erf, which is not emulated: the tests hold it to one code there);
   * silu: Sigmoid then Mul, fl32(x * logistic(x));
+  * hardsigmoid: HardSigmoid(alpha = fl32(1/6), beta = 0.5), min(max(fl32(fl32(alpha x) +
+    beta), 0), 1) (a product and a sum, each rounded: no fused multiply-add); hardswish:
+    HardSwish, fl32(x * hardsigmoid(x));
   * sqrt, reciprocal, rsqrt (Sqrt then Reciprocal): IEEE float32 operations (each formed in
     float64 and rounded once, which is correctly rounded for them): NaN below 0, 1/0 = inf;
   * log, sin, cos: Eigen's vectorized float32 forms (``numerics.eigen_float32``; log: NaN
@@ -38,6 +41,17 @@ def _silu(x: Tensor, spec: LutSpec) -> Tensor:
     return x * mlas_logistic(x)
 
 
+HARDSIGMOID_ALPHA = torch.tensor(1.0 / 6.0, dtype=torch.float32)  # the exporter's attribute
+
+
+def _hardsigmoid(x: Tensor, spec: LutSpec) -> Tensor:
+    return (x * HARDSIGMOID_ALPHA + 0.5).clamp(0.0, 1.0)  # float32 tensor ops: IEEE, unfused
+
+
+def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
+    return x * _hardsigmoid(x, spec)
+
+
 def _rounded(op):
     """``op`` formed in float64 and rounded once to float32: the IEEE float32 operation for
     sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits)."""
@@ -56,6 +70,8 @@ _KERNELS = {
     "exp": lambda x, spec: mlas_exp(x),
     "gelu": lambda x, spec: mlas_gelu(x),
     "silu": _silu,
+    "hardsigmoid": _hardsigmoid,
+    "hardswish": _hardswish,
     "sqrt": _rounded(torch.sqrt),
     "reciprocal": _rounded(torch.reciprocal),
     "rsqrt": _rsqrt,

@@ -16,7 +16,19 @@ from quantlab.numerics import DType
 from quantlab.numerics.lut import J6_FORMAT, TableValues, build_lut, default_spec
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 
-FUNCS = ("sigmoid", "tanh", "exp", "gelu", "silu", "log", "reciprocal", "sqrt", "sin")
+FUNCS = (
+    "sigmoid",
+    "tanh",
+    "exp",
+    "gelu",
+    "silu",
+    "log",
+    "reciprocal",
+    "sqrt",
+    "sin",
+    "hardsigmoid",
+    "hardswish",
+)
 SEGMENT_FORMAT = dataclasses.replace(J6_FORMAT, direct_int8=False)
 RUNTIME_FORMAT = dataclasses.replace(J6_FORMAT, values=TableValues.RUNTIME_FLOAT32)
 OUT_DTYPES = (DType.INT8, DType.UINT8, DType.INT16)
@@ -49,7 +61,7 @@ def _case(seed: int):
 )
 def test_every_code_matches_the_reference(fmt):
     runtime = fmt.values is TableValues.RUNTIME_FLOAT32
-    for seed in range(36):
+    for seed in range(4 * len(FUNCS)):
         func, in_dt, xs, zx, out_dt, so, zo = _case(seed)
         t = build_zero_point_lut(func, in_dt, xs, zx, out_dt, so, zo, fmt=fmt)
         assert t.direct == (runtime or (fmt.direct_int8 and out_dt.bits == 8))
@@ -97,7 +109,9 @@ def test_refuses_16_bit_codes_with_a_zero_point():
         build_zero_point_lut("sigmoid", DType.INT8, 1e-2, 0, DType.UINT8, 0.01, 300, spec)
 
 
-@pytest.mark.parametrize("func", ["tanh", "sigmoid", "exp", "silu", "rsqrt", "reciprocal"])
+@pytest.mark.parametrize(
+    "func", ["tanh", "sigmoid", "exp", "silu", "rsqrt", "reciprocal", "hardswish"]
+)
 def test_runtime_tables_on_int16_codes_match_the_reference(func):
     """A RUNTIME_FLOAT32 table on int16 codes is direct over all 65536 codes (onnxruntime
     computes each one); sampled codes, both ends and zero match the reference."""
