@@ -4,8 +4,8 @@ The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHW
 FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH; int8 with nonzero zero points and 16x8;
 onnxruntime QLinearConv and QLinearMatMul with uint8 / int8 activations and nonzero zero
 points, and every table op the exporter writes (``ort_lut_models.OPS``: Sigmoid, Tanh, Exp,
-..., HardSigmoid, HardSwish) between DequantizeLinear and QuantizeLinear on every 8-bit code)
-run in the real runtime (LiteRT's reference kernels, LiteRT's default interpreter with
+..., HardSigmoid, HardSwish, LeakyRelu) between DequantizeLinear and QuantizeLinear on every
+8-bit code) run in the real runtime (LiteRT's reference kernels, LiteRT's default interpreter with
 XNNPACK, onnxruntime) and through quantlab's public numerics under each named profile
 (``tests/runtime/quantlab_bridge.py``); a row counts the outputs compared and those that
 differ. The case generators and model builders are the tests' own, so the report measures what

@@ -104,7 +104,9 @@ _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCa
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg(
-    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish", None, OpCategory.LUT
+    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish leaky_relu",
+    None,
+    OpCategory.LUT,
 )
 _reg("sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_", None, OpCategory.LUT)  # in-place methods
 _reg("softmax", None, OpCategory.SOFTMAX)

@@ -107,6 +107,9 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
         y = ctx.graph.node("HardSigmoid", [x], f"{op.name}/float", alpha=1.0 / 6.0, beta=0.5)
     elif op.op_type == "hardswish":
         y = ctx.graph.node("HardSwish", [x], f"{op.name}/float")
+    elif op.op_type == "leaky_relu":
+        slope = float(ctx.arg(op, 1, "negative_slope", 0.01))
+        y = ctx.graph.node("LeakyRelu", [x], f"{op.name}/float", alpha=slope)
     else:
         y = ctx.graph.node(_UNARY[op.op_type], [x], f"{op.name}/float")
     ctx.set_outputs(op, [y])

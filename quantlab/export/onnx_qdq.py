@@ -79,7 +79,10 @@ EMITTERS: dict[str, Emitter] = {
     "type": E.emit_cast,
     "embedding": E.emit_embedding,
     "pad": E.emit_pad,
-    **{t: E.emit_unary for t in (*E._UNARY, "rsqrt", "silu", "gelu", "hardsigmoid", "hardswish")},
+    **{
+        t: E.emit_unary
+        for t in (*E._UNARY, "rsqrt", "silu", "gelu", "hardsigmoid", "hardswish", "leaky_relu")
+    },
 }
 
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(EMITTERS))

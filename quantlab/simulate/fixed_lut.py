@@ -22,7 +22,7 @@ from quantlab.simulate import fixed_common as fc
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
-    "inverse_sigmoid".split()
+    "leaky_relu inverse_sigmoid".split()
 )
 
 
@@ -34,6 +34,10 @@ def _lut_spec(call, rq, platform):
         eps = call.kwargs.get("eps", call.args[1] if len(call.args) > 1 else None)
         if eps is not None:
             spec = dataclasses.replace(spec, eps=float(eps))
+    if call.op_type == "leaky_relu":
+        slope = call.kwargs.get("negative_slope", call.args[1] if len(call.args) > 1 else None)
+        if slope is not None:
+            spec = dataclasses.replace(spec, negative_slope=float(slope))
     if rq.lut_strategy is not None:
         st = rq.lut_strategy
         if not isinstance(st, Strategy):

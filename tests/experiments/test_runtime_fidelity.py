@@ -30,7 +30,7 @@ def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     """Every family under its runtime's profile gives 0 differing outputs (onnxruntime's Gelu
     only on a CPU with AVX-512F, whose kernel the profile emulates)."""
     df = result.table
-    families = 7 + 4 + 2 * 13  # LiteRT, onnxruntime GEMMs, onnxruntime tables (uint8 / int8)
+    families = 7 + 4 + 2 * 14  # LiteRT, onnxruntime GEMMs, onnxruntime tables (uint8 / int8)
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]

@@ -312,7 +312,7 @@ class _Tables(nn.Module):
         w = x * 6.0
         e = torch.exp(x.clamp(-4.0, 2.0))
         tables = torch.tanh(w), torch.sigmoid(w), e, F.silu(w), torch.sin(x), torch.sqrt(F.relu(x))
-        return *tables, F.hardsigmoid(w), F.hardswish(w)
+        return *tables, F.hardsigmoid(w), F.hardswish(w), F.leaky_relu(x, 0.2)
 
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
@@ -327,6 +327,7 @@ def test_table_ops_give_onnxruntime_float32_kernels_bits(tmp_path, encoding):
         sub.mkdir()
         outs, kinds = _onnxruntime_outputs(sim, xs, sub, encoding)
         assert {"Tanh", "Exp", "Sin", "Sqrt", "HardSigmoid"} <= kinds  # HardSwish: HardSigmoid, Mul
+        assert kinds & {"LeakyRelu", "QLinearLeakyRelu"}  # fused into a table on uint8 codes
         for x, ys in zip(xs, outs, strict=True):
             assert _same(ys, sim.run(x, mode=Mode.FIXED))
         sim.platform = replace(sim.platform, lut_table_values=TableValues.EXACT_FLOAT64)

@@ -31,8 +31,10 @@ OPS = {
     "gelu": ("Gelu",),
     "hardsigmoid": ("HardSigmoid",),
     "hardswish": ("HardSwish",),
+    "leaky_relu": ("LeakyRelu",),
 }
-ATTRS = {"HardSigmoid": {"alpha": 1.0 / 6.0, "beta": 0.5}}  # torch's, as the exporter writes
+# torch's, as the exporter writes them (leaky_relu: its default slope, LutSpec's default)
+ATTRS = {"HardSigmoid": {"alpha": 1.0 / 6.0, "beta": 0.5}, "LeakyRelu": {"alpha": 0.01}}
 # float64 twins, only to choose output scales as an observer would (finite values' max |y|)
 _F64 = {
     "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
@@ -48,6 +50,7 @@ _F64 = {
     "gelu": lambda v: 0.5 * v * (1 + scipy.special.erf(v / np.sqrt(2.0))),
     "hardsigmoid": lambda v: np.clip(v + 3, 0, 6) / 6,
     "hardswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
+    "leaky_relu": lambda v: np.where(v >= 0, v, 0.01 * v),
 }
 _ONNX_TYPE = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
 

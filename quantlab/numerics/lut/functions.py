@@ -52,6 +52,7 @@ class LutSpec:
                      between the table edge and the range end, or of the adjacent table step.
     eps:             inverse_sigmoid: clamp of x and 1 - x (must be > 0); rsqrt: added to x.
     log_floor:       log: outputs below this are clamped (the vendor's hard_log, -10).
+    negative_slope:  leaky_relu: the slope below 0.
     range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
     data_error_factor: DATA: the max error over every input code may be at most this many times
                      OPTIMAL's (>= 1).
@@ -64,6 +65,7 @@ class LutSpec:
     gradients: tuple[float | None, float | None] = (None, None)
     eps: float = 0.0
     log_floor: float = -10.0
+    negative_slope: float = 0.01
     range_rule: bool = True
     data_error_factor: float = 2.0
 
@@ -110,6 +112,8 @@ class LutSpec:
             )
         if not math.isfinite(self.log_floor):
             raise ValueError(f"LutSpec.log_floor must be finite, got {self.log_floor}")
+        if not math.isfinite(self.negative_slope):
+            raise ValueError(f"LutSpec.negative_slope must be finite, got {self.negative_slope}")
 
 
 def _log(x: Tensor, spec: LutSpec) -> Tensor:
@@ -141,6 +145,10 @@ def _hardsigmoid(x: Tensor, spec: LutSpec) -> Tensor:
 
 def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
     return x * _hardsigmoid(x, spec)
+
+
+def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.where(x >= 0, x, x * spec.negative_slope)
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,7 @@ FUNCTIONS: dict[str, LutFunction] = {
         LutFunction("gelu", _gelu, "none needed (exact erf form)", sample_range=(-8.0, 8.0)),
         LutFunction("hardsigmoid", _hardsigmoid, "none needed (relu6(x + 3) / 6)"),
         LutFunction("hardswish", _hardswish, "none needed (x relu6(x + 3) / 6)"),
+        LutFunction("leaky_relu", _leaky_relu, "none needed (LutSpec.negative_slope below 0)"),
         LutFunction(
             "inverse_sigmoid",
             _inverse_sigmoid,
@@ -255,6 +264,8 @@ FUNCTIONS: dict[str, LutFunction] = {
 GELU_POINTS = (-5.0, -3.0, -2.0, -1.0, -0.75, 0.0, 5.5, math.inf)
 # hardsigmoid / hardswish: table edges on their kinks at -3 and 3 (assumed; see default_spec)
 HARD_POINTS = (-3.0, -1.5, 0.0, 1.5, 3.0, 6.0, math.inf)
+# leaky_relu: two tables, below and above its kink at 0 (each a line: interpolation is exact)
+KINK_AT_ZERO = (-math.inf, -math.inf, -math.inf, 0.0, math.inf, math.inf, math.inf)
 INVERSE_SIGMOID_EPS = 1e-5
 
 _DEFAULTS: dict[str, LutSpec] = {
@@ -271,6 +282,7 @@ _DEFAULTS: dict[str, LutSpec] = {
     "gelu": LutSpec(Strategy.MANUAL, dividing_points=GELU_POINTS),
     "hardsigmoid": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
     "hardswish": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
+    "leaky_relu": LutSpec(Strategy.MANUAL, dividing_points=KINK_AT_ZERO),
     "inverse_sigmoid": LutSpec(Strategy.EVENLY, eps=INVERSE_SIGMOID_EPS),
 }
 
@@ -294,6 +306,7 @@ def default_spec(func: str) -> LutSpec:
     HARD_POINTS, table edges on their kinks at -3 and 3 (assumed: the seeds and the plugin's
     defaults do not name them; the plugin makes its other plain unary functions, elu and
     softplus among them, SegmentLUTs. On an int16 hardswish over +-8 the curvature rule's
-    edges miss the kinks and it errs by up to 29 output LSB, these points by 1.35)."""
+    edges miss the kinks and it errs by up to 29 output LSB, these points by 1.35); leaky_relu
+    two tables meeting at its kink at 0 (assumed likewise), its slope the call's."""
     get_function(func)
     return _DEFAULTS[func]

@@ -13,7 +13,8 @@ The float ops, as the exported graph computes them (no domain clamps, no LutSpec
   * silu: Sigmoid then Mul, fl32(x * logistic(x));
   * hardsigmoid: HardSigmoid(alpha = fl32(1/6), beta = 0.5), min(max(fl32(fl32(alpha x) +
     beta), 0), 1) (a product and a sum, each rounded: no fused multiply-add); hardswish:
-    HardSwish, fl32(x * hardsigmoid(x));
+    HardSwish, fl32(x * hardsigmoid(x)); leaky_relu: LeakyRelu, x >= 0 ? x : fl32(alpha x),
+    alpha = fl32(negative_slope);
   * sqrt, reciprocal, rsqrt (Sqrt then Reciprocal): IEEE float32 operations (each formed in
     float64 and rounded once, which is correctly rounded for them): NaN below 0, 1/0 = inf;
   * log, sin, cos: Eigen's vectorized float32 forms (``numerics.eigen_float32``; log: NaN
@@ -52,6 +53,11 @@ def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
     return x * _hardsigmoid(x, spec)
 
 
+def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
+    alpha = torch.tensor(spec.negative_slope, dtype=torch.float32)
+    return torch.where(x >= 0, x, x * alpha)
+
+
 def _rounded(op):
     """``op`` formed in float64 and rounded once to float32: the IEEE float32 operation for
     sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits)."""
@@ -72,6 +78,7 @@ _KERNELS = {
     "silu": _silu,
     "hardsigmoid": _hardsigmoid,
     "hardswish": _hardswish,
+    "leaky_relu": _leaky_relu,
     "sqrt": _rounded(torch.sqrt),
     "reciprocal": _rounded(torch.reciprocal),
     "rsqrt": _rsqrt,

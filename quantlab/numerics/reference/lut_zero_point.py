@@ -70,6 +70,8 @@ def _runtime_value(func: str, spec, x: float) -> float:
         alpha = Fraction(to_float32(Fraction(1, 6)))
         h = min(max(to_float32(Fraction(to_float32(alpha * Fraction(x))) + Fraction(1, 2)), 0), 1)
         return h if func == "hardsigmoid" else to_float32(Fraction(x) * Fraction(h))
+    if func == "leaky_relu":
+        return x if x >= 0 else to_float32(Fraction(to_float32(Fraction(spec.negative_slope))) * x)
     if func == "reciprocal":
         return math.copysign(math.inf, x) if x == 0 else to_float32(1 / Fraction(x))
     if func in ("sqrt", "rsqrt"):

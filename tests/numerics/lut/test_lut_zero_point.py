@@ -28,6 +28,7 @@ FUNCS = (
     "sin",
     "hardsigmoid",
     "hardswish",
+    "leaky_relu",
 )
 SEGMENT_FORMAT = dataclasses.replace(J6_FORMAT, direct_int8=False)
 RUNTIME_FORMAT = dataclasses.replace(J6_FORMAT, values=TableValues.RUNTIME_FLOAT32)
