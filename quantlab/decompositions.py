@@ -14,6 +14,9 @@ makes the same result through other torch calls), or None for a call captured as
   (``aten._scaled_dot_product_attention_math``), whose float32 bits it gives; torch's fused CPU
   kernel sums in other orders and differs from both in the last bits. With any of those, the
   call is captured as one op (not modelled: float).
+
+Op capture (``capture.CaptureMode``) and the torch.fx trace of a steady program
+(``simulate.traced_graph``) both take the parts, so a program's nodes are the captured ops.
 """
 
 from __future__ import annotations

@@ -175,3 +175,23 @@ def test_attention_parts_export_to_onnx_with_fixed_mode_bits(tmp_path):
     session = ort.InferenceSession(str(tmp_path / "attention.onnx"))
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     assert_bits_equal(torch.from_numpy(got), sim.run(x, mode=Mode.FIXED))
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_attention_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    """torch.fx traces attention as the same parts (and answers nn.MultiheadAttention's
+    is_nested question from the example), so steady runs switch to a program."""
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _calibrated("j6m")
+    torch.manual_seed(0)
+    steady = Simulator(_Encoder().eval(), "j6m")
+    steady.share_calibration(captured)
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    for x in xs:
+        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
+    state = steady.steady_programs.status((xs[0],), mode)
+    assert state.failed is None and state.program is not None
+    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0

@@ -22,6 +22,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 
 from quantlab.capture import IN_PLACE_OPERATORS, CaptureMode, OpCall
+from quantlab.decompositions import decomposition
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
 
@@ -31,7 +32,7 @@ class ProgramError(ValueError):
 
 
 # what a traced tensor answers from the example's value (fixed by the input signature)
-_LAYOUT_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda"})
+_LAYOUT_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_nested"})
 _LAYOUT_METHODS = frozenset(
     {"dim", "ndimension", "size", "numel", "nelement", "stride", "is_contiguous"}
     | {"is_floating_point", "is_complex", "element_size", "get_device"}
@@ -128,6 +129,15 @@ class _NamingTracer(fx.Tracer):
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _ConcreteProxy(node, self)
+
+    def create_proxy(self, kind, target, args, kwargs, *rest, **options) -> fx.Proxy:
+        """A call the capture sees as its parts (``quantlab.decompositions``) is traced as those
+        parts, so the program's nodes are the captured ops."""
+        if kind == "call_function":
+            parts = decomposition(target, args, kwargs)
+            if parts is not None:
+                return parts()
+        return super().create_proxy(kind, target, args, kwargs, *rest, **options)
 
     def create_arg(self, a: Any) -> Any:
         """A dataclass instance (a model's config handed to a leaf function) is passed as
