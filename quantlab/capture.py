@@ -104,7 +104,7 @@ _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCa
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg(
-    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish leaky_relu",
+    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish leaky_relu prelu",
     None,
     OpCategory.LUT,
 )

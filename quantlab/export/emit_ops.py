@@ -110,6 +110,11 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
     elif op.op_type == "leaky_relu":
         slope = float(ctx.arg(op, 1, "negative_slope", 0.01))
         y = ctx.graph.node("LeakyRelu", [x], f"{op.name}/float", alpha=slope)
+    elif op.op_type == "prelu":  # slopes along axis 1, shaped to broadcast from the right
+        w = as_tensor(ctx.arg(op, 1, "weight")).detach().to(torch.float32)
+        tail = [1] * max(op.outputs[0].dim() - 2, 0) if w.numel() > 1 else []
+        slope = ctx.graph.const(f"{op.name}/slope", w.reshape([-1, *tail]))
+        y = ctx.graph.node("PRelu", [x, slope], f"{op.name}/float")
     else:
         y = ctx.graph.node(_UNARY[op.op_type], [x], f"{op.name}/float")
     ctx.set_outputs(op, [y])

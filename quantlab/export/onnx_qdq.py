@@ -82,6 +82,7 @@ EMITTERS: dict[str, Emitter] = {
     **{
         t: E.emit_unary
         for t in (*E._UNARY, "rsqrt", "silu", "gelu", "hardsigmoid", "hardswish", "leaky_relu")
+        + ("prelu",)
     },
 }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,14 +23,46 @@ from quantlab.simulate import fixed_common as fc
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
-    "leaky_relu inverse_sigmoid".split()
+    "leaky_relu prelu inverse_sigmoid".split()
 )
+
+
+def _table_func(op_type: str) -> str:
+    """The LUT function an op's table holds: prelu's is leaky_relu at each channel's slope."""
+    return "leaky_relu" if op_type == "prelu" else op_type
+
+
+@dataclass(frozen=True)
+class ChannelTables:
+    """One table per channel along axis 1 (prelu's per-channel slopes), each evaluated on its
+    channel's codes."""
+
+    tables: tuple
+
+    def evaluate(self, xc: Tensor) -> Tensor:
+        return torch.stack([t.evaluate(x) for t, x in zip(self.tables, xc.unbind(1))], 1)
+
+    def slope(self, xc: Tensor) -> Tensor:
+        return torch.stack([_lut_slope(t, x) for t, x in zip(self.tables, xc.unbind(1))], 1)
+
+
+def _prelu_slopes(call, x: Tensor) -> list[float] | None:
+    """prelu's slopes, one per channel (a list of one for a single slope or an input without a
+    channel axis); None for a weight that is not a float tensor of 1 or C values."""
+    w = call.kwargs.get("weight", call.args[1] if len(call.args) > 1 else None)
+    if not (isinstance(w, Tensor) and w.is_floating_point() and w.dim() <= 1):
+        return None
+    if w.numel() == 1:
+        return [float(w.reshape(()))]
+    if x.dim() < 2 or w.numel() != x.shape[1]:
+        return None
+    return w.detach().to(torch.float64).tolist()
 
 
 def _lut_spec(call, rq, platform):
     from quantlab.numerics.lut import Strategy
 
-    spec = platform.lut_spec(call.op_type)
+    spec = platform.lut_spec(_table_func(call.op_type))
     if call.op_type == "inverse_sigmoid":
         eps = call.kwargs.get("eps", call.args[1] if len(call.args) > 1 else None)
         if eps is not None:
@@ -110,16 +143,27 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     spec = _lut_spec(call, rq, p)
     hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
     fmt = p.lut_format()
-    if zx or zo or DType.UINT8 in (in_dt, out) or fmt.values is TableValues.RUNTIME_FLOAT32:
+    func = _table_func(call.op_type)
+    slopes = [spec.negative_slope]
+    if call.op_type == "prelu":
+        slopes = _prelu_slopes(call, xc)
+        if slopes is None:
+            return None
+    specs = [dataclasses.replace(spec, negative_slope=s) for s in slopes]
+    with_zero_points = zx or zo or DType.UINT8 in (in_dt, out)
+    if with_zero_points or fmt.values is TableValues.RUNTIME_FLOAT32:
         if (zx and in_dt.bits > 8) or (zo and out.bits > 8):
             fc.warn_float(call, "a LUT takes 16-bit codes without a zero point only")
             return None
-        table = build_zero_point_lut(
-            call.op_type, in_dt, xs, zx, out, float(so), zo, spec, fmt, observed, hist
-        )
-        return table, xc, xs, so, zo
-    lut = build_lut(call.op_type, in_dt, xs, out, float(so), spec, fmt, observed, hist)
-    return lut, xc.to(in_dt.torch_dtype), xs, so, 0
+        tables = [
+            build_zero_point_lut(func, in_dt, xs, zx, out, float(so), zo, s, fmt, observed, hist)
+            for s in specs
+        ]
+    else:
+        xc, zo = xc.to(in_dt.torch_dtype), 0
+        tables = [build_lut(func, in_dt, xs, out, float(so), s, fmt, observed, hist) for s in specs]
+    table = tables[0] if len(tables) == 1 else ChannelTables(tuple(tables))
+    return table, xc, xs, so, zo
 
 
 def _lut_slope(table, xc: Tensor) -> Tensor:
@@ -127,7 +171,9 @@ def _lut_slope(table, xc: Tensor) -> Tensor:
     from quantlab.numerics.lut.slope import segment_slope
     from quantlab.numerics.lut.zero_point import ZeroPointLut
 
-    return table.slope(xc) if isinstance(table, ZeroPointLut) else segment_slope(table, xc)
+    if isinstance(table, (ZeroPointLut, ChannelTables)):
+        return table.slope(xc)
+    return segment_slope(table, xc)
 
 
 def lut_op(sim, call, plan, args, kwargs, in_infos, wq, rq):

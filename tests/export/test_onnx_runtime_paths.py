@@ -337,6 +337,39 @@ def test_table_ops_give_onnxruntime_float32_kernels_bits(tmp_path, encoding):
     assert exact_float64_differs
 
 
+class _PReLUs(nn.Module):
+    """PReLU with a slope per channel after a convolution and after a linear layer (negative
+    slopes too), and with one slope."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.per_channel = nn.PReLU(8)
+        self.fc = nn.Linear(8, 5)
+        self.after_fc = nn.PReLU(5)
+        self.single = nn.PReLU()
+        with torch.no_grad():
+            self.per_channel.weight.uniform_(0.05, 0.5)
+            self.after_fc.weight.uniform_(-0.3, 0.9)
+            self.single.weight.fill_(0.3)
+
+    def forward(self, x):
+        y = self.per_channel(self.conv(x))
+        return self.after_fc(self.fc(y.mean((2, 3)))), self.single(y)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_prelu_tables_give_onnxruntime_bits(tmp_path, encoding):
+    """PReLU runs in onnxruntime as Dequantize -> PRelu (fl32(slope x) below 0) -> Quantize; the
+    profile's tables, one per channel, give the same bits."""
+    sim, xs = _calibrated(_PReLUs())
+    assert set(sim.ops.loc[sim.ops.op_type == "prelu", "fixed_kernel"]) == {"lut"}
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "PRelu" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
 class _Int16Tables(nn.Module):
     def __init__(self):
         super().__init__()
