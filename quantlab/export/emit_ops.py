@@ -91,6 +91,10 @@ _UNARY = {
 }
 
 
+# table ops written as other ONNX ops, or with attributes or a slope tensor (emit_unary)
+COMPOSED_UNARY = ("rsqrt", "silu", "gelu", "hardsigmoid", "hardswish", "leaky_relu", "prelu")
+
+
 def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
     x = ctx.act(op, 0)
     if op.op_type == "rsqrt":

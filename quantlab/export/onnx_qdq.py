@@ -79,11 +79,7 @@ EMITTERS: dict[str, Emitter] = {
     "type": E.emit_cast,
     "embedding": E.emit_embedding,
     "pad": E.emit_pad,
-    **{
-        t: E.emit_unary
-        for t in (*E._UNARY, "rsqrt", "silu", "gelu", "hardsigmoid", "hardswish", "leaky_relu")
-        + ("prelu",)
-    },
+    **{t: E.emit_unary for t in (*E._UNARY, *E.COMPOSED_UNARY)},
 }
 
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(EMITTERS))

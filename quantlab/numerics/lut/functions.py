@@ -52,7 +52,7 @@ class LutSpec:
                      between the table edge and the range end, or of the adjacent table step.
     eps:             inverse_sigmoid: clamp of x and 1 - x (must be > 0); rsqrt: added to x.
     log_floor:       log: outputs below this are clamped (the vendor's hard_log, -10).
-    negative_slope:  leaky_relu: the slope below 0.
+    negative_slope:  leaky_relu: the slope below 0 (prelu: one table per channel's slope).
     range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
     data_error_factor: DATA: the max error over every input code may be at most this many times
                      OPTIMAL's (>= 1).
@@ -264,7 +264,7 @@ FUNCTIONS: dict[str, LutFunction] = {
 GELU_POINTS = (-5.0, -3.0, -2.0, -1.0, -0.75, 0.0, 5.5, math.inf)
 # hardsigmoid / hardswish: table edges on their kinks at -3 and 3 (assumed; see default_spec)
 HARD_POINTS = (-3.0, -1.5, 0.0, 1.5, 3.0, 6.0, math.inf)
-# leaky_relu: two tables, below and above its kink at 0 (each a line: interpolation is exact)
+# leaky_relu: two tables, below and above its kink at 0 (each holds a line)
 KINK_AT_ZERO = (-math.inf, -math.inf, -math.inf, 0.0, math.inf, math.inf, math.inf)
 INVERSE_SIGMOID_EPS = 1e-5
 
