@@ -27,7 +27,11 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import quantlab.ops
-from quantlab.decompositions import decomposition
+from quantlab.decompositions import (
+    MULTI_HEAD_ATTENTION,
+    SCALED_DOT_PRODUCT_ATTENTION,
+    decomposition,
+)
 
 
 class OpCategory(enum.Enum):
@@ -315,10 +319,11 @@ class CaptureMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        parts = decomposition(func, args, kwargs)
-        if parts is not None:
-            with self:  # the mode is popped while it handles a call: the parts' calls come back
-                return parts()
+        if func is MULTI_HEAD_ATTENTION or func is SCALED_DOT_PRODUCT_ATTENTION:
+            parts = decomposition(func, args, kwargs)
+            if parts is not None:
+                with self:  # the mode is popped while it handles a call: the parts come back
+                    return parts()
         kind = classify(func, args, kwargs)
         if self.before is not None:
             self.before(func, args, kwargs, kind)

@@ -81,6 +81,11 @@ def _sdpa_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return lambda: attention_by_definition(p["query"], p["key"], p["value"], p.get("scale"))
 
 
+# the functions ``decomposition`` may split (callers on a hot path test identity first)
+MULTI_HEAD_ATTENTION = F.multi_head_attention_forward
+SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
+
+
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """The parts of call ``func(*args, **kwargs)`` (module docstring), or None."""
     if func is F.multi_head_attention_forward and _MHA_BODY is not None:
