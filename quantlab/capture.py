@@ -296,10 +296,15 @@ Handler = Callable[[OpCall], Any]
 class CaptureMode(TorchFunctionMode):
     """Name every op call and hand it to ``handler`` (which must return the op's result).
 
+    A call on parameters alone (every positional tensor a parameter or a view of one) that
+    writes nothing is no op: it makes a constant of the model, which a deployment folds (the
+    rows nn.MultiheadAttention splits from its packed in-projection weight).
+
     Calls made by the handler itself are not captured (torch pops the mode while a handler runs).
     ``before``: told of every torch call first, ``before(func, args, kwargs, kind)`` with
     ``classify``'s kind, whether or not the call is captured (a call not handed to ``handler``
-    runs right after it, as does a captured call of no category, before ``handler`` sees it).
+    runs right after it, as does a captured call of no category, before ``handler`` sees it;
+    a decomposed call: each of its parts).
     """
 
     def __init__(
@@ -327,7 +332,7 @@ class CaptureMode(TorchFunctionMode):
         kind = classify(func, args, kwargs)
         if self.before is not None:
             self.before(func, args, kwargs, kind)
-        if kind is None or not _has_float_tensor(args, kwargs):
+        if kind is None or not _has_float_tensor(args, kwargs) or _model_constant(func, args):
             return func(*args, **kwargs)
         op_type, category = kind
         result = None
@@ -381,6 +386,18 @@ def is_float_output(out) -> bool:
     if isinstance(out, (list, tuple)):
         return any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in out)
     return False
+
+
+def _model_constant(func: Callable, args: tuple) -> bool:
+    """Whether the call makes a constant of the model (class docstring): every positional
+    tensor argument, and there is one, a parameter or a view of one, and nothing written."""
+    found = False
+    for a in args:  # an activation is usually the first argument: the loop ends there
+        if isinstance(a, torch.Tensor):
+            if not (isinstance(a, nn.Parameter) or isinstance(a._base, nn.Parameter)):
+                return False
+            found = True
+    return found and not mutates(func)
 
 
 def _has_float_tensor(args, kwargs) -> bool:

@@ -230,3 +230,28 @@ def test_nested_trackers_each_keep_their_model_paths():
     ]
     assert outer.stack == [""] and inner.stack == [""]
     assert nn.Module.__dict__["_call_impl"] is not _tracked_call_impl
+
+
+class _FromParameters(nn.Module):
+    """Rows split from a packed parameter feed two linears; a parameter-only sigmoid makes a
+    gate (a constant of the model); an activation op on the parameter's rows is still an op."""
+
+    def __init__(self):
+        super().__init__()
+        self.packed = nn.Parameter(torch.randn(8, 4))
+        self.gate = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        w_a, w_b = self.packed.split([4, 4])
+        y = F.linear(x, w_a) + F.linear(x, w_b) * torch.sigmoid(self.gate)
+        return y + w_a.sum(0)  # the sum reads a parameter view alone: a constant too
+
+
+def test_calls_on_parameters_alone_are_model_constants_not_ops():
+    from quantlab.simulate.args import is_weight, plan
+
+    torch.manual_seed(0)
+    calls, _ = capture(_FromParameters().eval(), torch.randn(2, 4))
+    assert [c.op_type for c in calls] == ["linear", "linear", "mul", "add", "add"]
+    for c in calls[:2]:  # the split rows are the linears' weights
+        assert is_weight(c.args[1]) and plan(c).weight == ("a", 1)

@@ -195,3 +195,44 @@ def test_attention_models_become_traced_programs_with_the_captured_bits(monkeypa
     state = steady.steady_programs.status((xs[0],), mode)
     assert state.failed is None and state.program is not None
     assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+
+
+class _CrossAttention(nn.Module):
+    """Cross attention whose key and value are one tensor (the in-projection splits its packed
+    weight in two) and two tensors (in three)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x, memory):
+        shared, _ = self.attn(x, memory, memory)
+        separate, _ = self.attn(x, memory, memory * 1.0)
+        return shared + separate
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_cross_attention_projections_quantize_their_weight_rows_as_weights(platform, tmp_path):
+    """The rows split from the packed in-projection weight are weights (per-channel codes), not
+    activations; the splits are weight preparation, not ops; onnxruntime gives fixed mode's
+    bits."""
+    torch.manual_seed(0)
+    sim = Simulator(_CrossAttention().eval(), platform, steady_programs=False)
+    g = torch.Generator().manual_seed(2)
+    calib = [(torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g))]
+    sim.calibrate(calib * 2, progress=False)
+    x = (torch.randn(2, 5, 16, generator=g), torch.randn(2, 7, 16, generator=g))
+    sim.run(*x, mode=Mode.FLOAT)
+    ops = sim.ops
+    linears = ops[ops.op_type == "linear"]
+    assert len(linears) == 7 and set(linears.weight_dtype) == {"INT8"}
+    assert not set(ops.op_type) & {"split", "chunk"}
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        info = to_onnx_qdq(sim, tmp_path / "cross.onnx", x)
+        session = ort.InferenceSession(str(info.path))
+        feeds = {n: t.numpy() for n, t in zip(info.input_names, x, strict=True)}
+        (got,) = session.run(None, feeds)
+        assert_bits_equal(torch.from_numpy(got), sim.run(*x, mode=Mode.FIXED))

@@ -47,6 +47,12 @@ def _slot(call: OpCall, pos: int, kw: str) -> Slot | None:
     return None
 
 
+def is_weight(v) -> bool:
+    """A parameter, or a view of one (the rows nn.MultiheadAttention's in-projection splits
+    from its packed weight)."""
+    return isinstance(v, nn.Parameter) or isinstance(getattr(v, "_base", None), nn.Parameter)
+
+
 def plan(call: OpCall) -> ArgPlan:
     """The ArgPlan of a modelled call (category not None)."""
     cat = call.category
@@ -55,7 +61,7 @@ def plan(call: OpCall) -> ArgPlan:
         w = _slot(call, 1, "weight")
         b = _slot(call, 2, "bias")
         wv = get(call.args, call.kwargs, w) if w else None
-        if isinstance(wv, nn.Parameter):
+        if is_weight(wv):
             return ArgPlan([a0], w, b)
         return ArgPlan([a0, w], None, b)
     if cat in (OpCategory.GEMM, OpCategory.ADD, OpCategory.MUL, OpCategory.DIV):
@@ -79,7 +85,7 @@ def plan_of(call: OpCall, cache: dict) -> ArgPlan:
     if n and isinstance(args[0], (list, tuple)):
         extra = len(args[0])
     elif call.op_type in _WEIGHTED:
-        extra = isinstance(args[1] if n > 1 else call.kwargs.get("weight"), nn.Parameter)
+        extra = is_weight(args[1] if n > 1 else call.kwargs.get("weight"))
     layout = (call.func, n, tuple(call.kwargs) if call.kwargs else (), extra)
     hit = cache.get(call.name)
     if hit is not None and hit[0] == layout:
