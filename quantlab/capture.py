@@ -390,14 +390,19 @@ def is_float_output(out) -> bool:
 
 def _model_constant(func: Callable, args: tuple) -> bool:
     """Whether the call makes a constant of the model (class docstring): every positional
-    tensor argument, and there is one, a parameter or a view of one, and nothing written."""
+    tensor argument, and there is one, an ``nn.Parameter`` (not a subclass) or a view of one,
+    and nothing written."""
     found = False
     for a in args:  # an activation is usually the first argument: the loop ends there
         if isinstance(a, torch.Tensor):
-            if not (isinstance(a, nn.Parameter) or isinstance(a._base, nn.Parameter)):
+            # type tests: isinstance on nn.Parameter runs its metaclass's hook (slow, per call)
+            if type(a) is not _PARAMETER and type(a._base) is not _PARAMETER:
                 return False
             found = True
     return found and not mutates(func)
+
+
+_PARAMETER = nn.Parameter
 
 
 def _has_float_tensor(args, kwargs) -> bool:

@@ -50,7 +50,7 @@ def _slot(call: OpCall, pos: int, kw: str) -> Slot | None:
 def is_weight(v) -> bool:
     """A parameter, or a view of one (the rows nn.MultiheadAttention's in-projection splits
     from its packed weight)."""
-    return isinstance(v, nn.Parameter) or isinstance(getattr(v, "_base", None), nn.Parameter)
+    return isinstance(v, nn.Parameter) or type(getattr(v, "_base", None)) is nn.Parameter
 
 
 def plan(call: OpCall) -> ArgPlan:
