@@ -320,6 +320,7 @@ class CaptureMode(TorchFunctionMode):
         self.on_mutation = on_mutation
         self.before = before
         self.counts: dict[tuple[str, str], int] = defaultdict(int)
+        self.decomposed = False  # whether a call ran as its parts (quantlab.decompositions)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -327,6 +328,7 @@ class CaptureMode(TorchFunctionMode):
         if func is MULTI_HEAD_ATTENTION or func is SCALED_DOT_PRODUCT_ATTENTION:
             parts = decomposition(func, args, kwargs)
             if parts is not None:
+                self.decomposed = True
                 with self:  # the mode is popped while it handles a call: the parts come back
                     return parts()
         kind = classify(func, args, kwargs)

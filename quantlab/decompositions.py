@@ -7,13 +7,19 @@ makes the same result through other torch calls), or None for a call captured as
   own ``has_torch_function`` check answered False, so its input projection (linear), scores
   (bmm), softmax, weighted sum (bmm), output projection (linear) and averaged weights (mean)
   are captured one by one. The same code runs: the same float bits as the call itself. With a
-  mask its scores are one ``baddbmm``, and with ``need_weights=False`` its scores, softmax and
-  weighted sum are one ``scaled_dot_product_attention`` (below).
-- ``F.scaled_dot_product_attention`` without mask, causal mask, dropout or grouped heads is
-  ``attention_by_definition``: matmul, softmax, matmul, in the order of torch's math backend
-  (``aten._scaled_dot_product_attention_math``), whose float32 bits it gives; torch's fused CPU
-  kernel sums in other orders and differs from both in the last bits. With any of those, the
-  call is captured as one op (not modelled: float).
+  mask its scores are one ``baddbmm`` (not modelled: float; adding the mask after a bmm would
+  round differently), and with ``need_weights=False`` its scores, softmax and weighted sum are
+  one ``scaled_dot_product_attention`` (below).
+- ``F.scaled_dot_product_attention`` without dropout or grouped heads is
+  ``attention_by_definition``: matmul, the mask added (an add), softmax, matmul, in the order of
+  torch's math backend (``SDPBackend.MATH``), whose float32 bits it gives; torch's fused CPU
+  kernel sums in other orders and differs from both in the last bits. With dropout or grouped
+  heads the call is captured as one op (not modelled: float).
+
+A model with a split call runs it by its parts in every FLOAT run, captured or not
+(``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
+in the last bits (fused attention kernels). A masked call decides on the mask's values whether
+a row is masked whole, so torch.fx cannot trace it: such a model's steady runs stay captured.
 
 Op capture (``capture.CaptureMode``) and the torch.fx trace of a steady program
 (``simulate.traced_graph``) both take the parts, so a program's nodes are the captured ops.
@@ -29,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 
 def _own_body(func: Callable) -> Callable:
@@ -52,15 +59,36 @@ _MHA_BODY = (
 
 
 def attention_by_definition(
-    query: Tensor, key: Tensor, value: Tensor, scale: float | None = None
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
 ) -> Tensor:
-    """softmax(q k^T * scale) v, scale 1 / sqrt(E) by default, as torch's math backend computes
-    it in float: q and k^T each times sqrt(|scale|) (q negated for a negative scale), then
-    matmul, softmax over the last axis, matmul."""
+    """softmax(q k^T * scale + mask) v, scale 1 / sqrt(E) by default, as torch's math backend
+    computes it in float: q and k^T each times sqrt(|scale|) (q negated for a negative scale),
+    matmul, the mask added (a bool mask, or ``is_causal``'s lower triangle, as 0 where True and
+    -inf where False), softmax over the last axis (a row the mask covers whole gives 0s, as the
+    backend's safe softmax), matmul."""
     factor = math.sqrt(1.0 / math.sqrt(query.shape[-1]) if scale is None else abs(scale))
     q = query * (-factor if scale is not None and scale < 0 else factor)
     scores = torch.matmul(q, key.transpose(-2, -1) * factor)
-    return torch.matmul(torch.softmax(scores, -1), value)
+    if is_causal:
+        attn_mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+    if attn_mask is None:
+        return torch.matmul(torch.softmax(scores, -1), value)
+    if attn_mask.dtype == torch.bool:  # no float operand: no op of the model
+        attn_mask = torch.where(attn_mask, 0.0, -math.inf)
+        if attn_mask.dtype != query.dtype:
+            with torch._C.DisableTorchFunction():
+                attn_mask = attn_mask.to(query.dtype)
+    probs = torch.softmax(scores + attn_mask, -1)
+    # rows the mask covers whole: read from the mask (an input), so every mode runs the same ops
+    covered = torch.isneginf(attn_mask).all(-1, keepdim=True).expand(probs.shape[:-1] + (1,))
+    if bool(covered.any()):
+        probs = probs.masked_fill(covered, 0.0)
+    return torch.matmul(probs, value)
 
 
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
@@ -70,15 +98,16 @@ def _sdpa_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     if len(args) > len(_SDPA_PARAMS):
         return None
     p = dict(zip(_SDPA_PARAMS, args)) | kwargs
+    mask, causal = p.get("attn_mask"), p.get("is_causal", False)
     if (
-        p.get("attn_mask") is not None
-        or p.get("dropout_p", 0.0)
-        or p.get("is_causal", False)
+        p.get("dropout_p", 0.0)
         or p.get("enable_gqa", False)
+        or (mask is not None and causal)  # torch refuses it: the call says so itself
         or not set(p) <= {*_SDPA_PARAMS, "enable_gqa"}
     ):
         return None
-    return lambda: attention_by_definition(p["query"], p["key"], p["value"], p.get("scale"))
+    q, k, v, scale = p["query"], p["key"], p["value"], p.get("scale")
+    return lambda: attention_by_definition(q, k, v, mask, bool(causal), scale)
 
 
 # the functions ``decomposition`` may split (callers on a hot path test identity first)
@@ -93,3 +122,18 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
     if func is F.scaled_dot_product_attention:
         return _sdpa_parts(args, kwargs)
     return None
+
+
+class DecomposingMode(TorchFunctionMode):
+    """Runs every torch call as it is, except a call ``decomposition`` splits, which runs by its
+    parts: a model run outside op capture then computes what a captured FLOAT run computes (and,
+    as any torch function mode does, keeps nn.MultiheadAttention off its fused path)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is MULTI_HEAD_ATTENTION or func is SCALED_DOT_PRODUCT_ATTENTION:
+            parts = decomposition(func, args, kwargs)
+            if parts is not None:
+                with self:
+                    return parts()
+        return func(*args, **kwargs)

@@ -5,15 +5,18 @@ simulator's replay and ONNX export."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
 from test_capture import capture
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
-from quantlab.decompositions import attention_by_definition
+from quantlab.decompositions import DecomposingMode, attention_by_definition
 from quantlab.simulate import Mode, Simulator
 
 
@@ -37,7 +40,9 @@ def _cases(n: int):
 
 def test_attention_by_definition_gives_torch_math_backend_bits():
     for q, k, v, scale in _cases(240):
-        assert_bits_equal(attention_by_definition(q, k, v, scale), _math_sdpa(q, k, v, scale=scale))
+        assert_bits_equal(
+            attention_by_definition(q, k, v, scale=scale), _math_sdpa(q, k, v, scale=scale)
+        )
 
 
 def test_attention_by_definition_on_edge_sizes_and_saturated_scores():
@@ -45,7 +50,9 @@ def test_attention_by_definition_on_edge_sizes_and_saturated_scores():
     k = torch.tensor([[[[1.0, 0.0], [0.0, 1.0], [1e-30, 0.0]]]])
     v = torch.arange(6.0).reshape(1, 1, 3, 2)
     for scale in (None, 1.0, 1e-12, -1.0):
-        assert_bits_equal(attention_by_definition(q, k, v, scale), _math_sdpa(q, k, v, scale=scale))
+        assert_bits_equal(
+            attention_by_definition(q, k, v, scale=scale), _math_sdpa(q, k, v, scale=scale)
+        )
     one = torch.randn(1, 1, 1, 1)
     assert_bits_equal(attention_by_definition(one, one, one), _math_sdpa(one, one, one))
 
@@ -91,27 +98,33 @@ class _Sdpa(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-def test_attention_with_a_mask_keeps_the_masked_step_whole():
+def test_masked_attention_is_parts_with_the_math_backends_bits():
+    """Masks (bool, float with a row masked whole, causal) are added to the scores as an add op;
+    nn.MultiheadAttention's masked scores stay one baddbmm; dropout keeps the call whole."""
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
     x = torch.randn(2, 5, 16)
-    mask = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
-    calls, (out, _) = capture(mha, x, x, x, attn_mask=mask)
+    causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+    calls, (out, _) = capture(mha, x, x, x, attn_mask=causal)
     with torch.no_grad(), _NoFusedPath():
-        assert_bits_equal(out, mha(x, x, x, attn_mask=mask)[0])
+        assert_bits_equal(out, mha(x, x, x, attn_mask=causal)[0])
     types = [c.op_type for c in calls]
     assert "baddbmm" in types and "linear" in types  # scores with the mask: one float op
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
-    for kwargs in ({"attn_mask": mask}, {"is_causal": True}, {"dropout_p": 0.0, "scale": 0.5}):
+    covered = torch.randn(2, 1, 5, 5)
+    covered[1, :, 2] = -math.inf  # one query row masked whole: 0s, as the safe softmax gives
+    parts = ["mul", "mul", "matmul", "add", "softmax", "matmul"]
+    for kwargs, want in (
+        ({"attn_mask": ~causal}, parts),
+        ({"attn_mask": covered}, parts[:5] + ["masked_fill", "matmul"]),
+        ({"is_causal": True}, parts),
+        ({"dropout_p": 0.5}, ["scaled_dot_product_attention"]),
+    ):
         calls, out = capture(_Sdpa(), q, k, v, **kwargs)
-        whole = "attn_mask" in kwargs or "is_causal" in kwargs
-        parts = ["mul", "mul", "matmul", "softmax", "matmul"]
-        kept = [c.op_type for c in calls if c.op_type != "transpose"]
-        assert kept == (["scaled_dot_product_attention"] if whole else parts)
-        if whole:
-            assert_bits_equal(out, F.scaled_dot_product_attention(q, k, v, **kwargs))
-        else:
-            assert_bits_equal(out, _math_sdpa(q, k, v, scale=kwargs["scale"]))
+        assert [c.op_type for c in calls if c.op_type != "transpose"] == want, kwargs
+        if "dropout_p" not in kwargs:
+            with sdpa_kernel(SDPBackend.MATH):
+                assert_bits_equal(out, F.scaled_dot_product_attention(q, k, v, **kwargs))
 
 
 class _Encoder(nn.Module):
@@ -236,3 +249,26 @@ def test_cross_attention_projections_quantize_their_weight_rows_as_weights(platf
         feeds = {n: t.numpy() for n, t in zip(info.input_names, x, strict=True)}
         (got,) = session.run(None, feeds)
         assert_bits_equal(torch.from_numpy(got), sim.run(*x, mode=Mode.FIXED))
+
+
+def test_every_float_run_computes_attention_by_its_parts(monkeypatch):
+    """A FLOAT run that captures nothing (after the ops are known) runs attention by the same
+    parts as a captured one: every FLOAT run of the model gives the same bits, torch's math
+    backend's (the model called plainly takes the fused kernels, which differ in the last bits)."""
+    import quantlab.simulate.core as core
+
+    plain_runs = set()
+
+    class Counted(DecomposingMode):
+        def __enter__(self):  # also entered again around each split call's parts
+            plain_runs.add(id(self))
+            return super().__enter__()
+
+    monkeypatch.setattr(core, "DecomposingMode", Counted)
+    sim, x = _calibrated("j6m")
+    captured = sim.trace(x, mode=Mode.FLOAT).result
+    plain = sim.run(x, mode=Mode.FLOAT)
+    assert len(plain_runs) == 1  # the run captured nothing: the model ran under the mode
+    assert_bits_equal(plain, captured)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), _NoFusedPath():
+        assert_bits_equal(plain, sim.model(x))

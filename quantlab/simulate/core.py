@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import pandas as pd
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from quantlab.capture import CaptureMode, ModuleTracker, OpCategory
+from quantlab.decompositions import DecomposingMode
 from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
@@ -108,6 +110,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._ctx: dict[str, OpContext] = {}
         self._resolved: dict[str, ResolvedQConfig] = {}
         self._discovered = False
+        self._decomposes = False  # a captured run split a call into parts (DecomposingMode)
         self._calibrated = False
         # the model's forward writes into its inputs: every run gets a copy (``_forward``)
         self.writes_inputs = False
@@ -322,7 +325,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
 
     def _plain(self, st: RunState) -> bool:
         """A FLOAT run that needs nothing recorded (ops discovered, no overrides, replay,
-        trace or calibration): the model runs as written, with nothing captured."""
+        trace or calibration): the model runs as written, with nothing captured (a call the
+        capture splits into parts, attention, runs by its parts: ``DecomposingMode``)."""
         return (
             self._discovered
             and st.mode is Mode.FLOAT
@@ -368,21 +372,19 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         try:
             if training:
                 self.model.eval()
-            if plain:
-                with torch.no_grad():
+            if plain:  # as a captured FLOAT run computes: a split call by its parts
+                with torch.no_grad(), DecomposingMode() if self._decomposes else nullcontext():
                     return self.model(*inputs)
             mark_quantized_inputs(st.qt, inputs, self.input_quant)
-            with (
-                torch.enable_grad() if st.grad else torch.no_grad(),
+            capture = CaptureMode(
                 self._tracker,
-                CaptureMode(
-                    self._tracker,
-                    self._handle,
-                    st.forget,
-                    st.before_call if st.watches_calls() else None,
-                ),
-            ):
+                self._handle,
+                st.forget,
+                st.before_call if st.watches_calls() else None,
+            )
+            with torch.enable_grad() if st.grad else torch.no_grad(), self._tracker, capture:
                 out = self.model(*inputs)
+            self._decomposes |= capture.decomposed
         finally:
             st.materialize_all()  # replayed outputs the model still holds get their values
             for m in training:
