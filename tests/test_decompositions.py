@@ -1,7 +1,7 @@
 """Attention calls captured as the ops they compose (quantlab.decompositions): the float bits
-of the call (nn.MultiheadAttention) or of torch's math backend (scaled_dot_product_attention),
-every part named and quantized, calls with masks kept whole, and the parts through the
-simulator's replay and ONNX export."""
+of the call (nn.MultiheadAttention) or of torch's math backend (scaled_dot_product_attention,
+masks included), every part named and quantized, every FLOAT run alike, the rows split from a
+packed weight as weights, and the parts through replay, traced programs and ONNX export."""
 
 from __future__ import annotations
 
@@ -43,6 +43,31 @@ def test_attention_by_definition_gives_torch_math_backend_bits():
         assert_bits_equal(
             attention_by_definition(q, k, v, scale=scale), _math_sdpa(q, k, v, scale=scale)
         )
+
+
+def test_masked_attention_by_definition_gives_torch_math_backend_bits():
+    """Bool masks (broadcast over heads), float masks, rows masked whole, causal masks, on
+    random shapes, against scaled_dot_product_attention on the math backend."""
+    g = torch.Generator().manual_seed(12)
+    kinds = 0
+    for i in range(160):
+        b, h, lq, lk, e = (int(torch.randint(1, hi, (), generator=g)) for hi in (3, 4, 12, 12, 20))
+        q, k, v = (torch.randn(b, h, n, e, generator=g) for n in (lq, lk, lk))
+        mask, causal = None, False
+        if i % 4 == 0:
+            mask = torch.rand(b, 1, lq, lk, generator=g) > 0.3
+        elif i % 4 == 1:
+            mask = torch.randn(lq, lk, generator=g) * 2
+        elif i % 4 == 2:
+            mask = torch.rand(b, h, lq, lk, generator=g) > 0.5
+            mask[..., 0, :] = False  # the first query sees nothing: its output is 0
+            kinds += 1
+        else:
+            causal = True
+        with sdpa_kernel(SDPBackend.MATH):
+            want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        assert_bits_equal(attention_by_definition(q, k, v, mask, causal), want)
+    assert kinds == 40
 
 
 def test_attention_by_definition_on_edge_sizes_and_saturated_scores():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -118,8 +119,7 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     apply. Codes with a zero point (or uint8), and every table of a profile whose runtime
     computes each code in float32 (``TableValues.RUNTIME_FLOAT32``), take a ``ZeroPointLut``
     (numerics.lut.zero_point); other symmetric int8 / int16 codes the ``SegmentLut``."""
-    from quantlab.numerics.lut import TableValues, build_lut
-    from quantlab.numerics.lut.zero_point import build_zero_point_lut
+    from quantlab.numerics.lut import TableValues
 
     p = sim.platform
     info = in_infos[0] if in_infos else None
@@ -143,27 +143,51 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     spec = _lut_spec(call, rq, p)
     hist = _calibrated_histogram(sim, call, spec, reduced=reduced is not None)
     fmt = p.lut_format()
-    func = _table_func(call.op_type)
-    slopes = [spec.negative_slope]
+    slopes = None
     if call.op_type == "prelu":
         slopes = _prelu_slopes(call, xc)
         if slopes is None:
             return None
-    specs = [dataclasses.replace(spec, negative_slope=s) for s in slopes]
-    with_zero_points = zx or zo or DType.UINT8 in (in_dt, out)
-    if with_zero_points or fmt.values is TableValues.RUNTIME_FLOAT32:
+    zero_point_table = zx or zo or DType.UINT8 in (in_dt, out)
+    if zero_point_table or fmt.values is TableValues.RUNTIME_FLOAT32:
         if (zx and in_dt.bits > 8) or (zo and out.bits > 8):
             fc.warn_float(call, "a LUT takes 16-bit codes without a zero point only")
             return None
-        tables = [
-            build_zero_point_lut(func, in_dt, xs, zx, out, float(so), zo, s, fmt, observed, hist)
-            for s in specs
-        ]
+        zero_point_table = True
     else:
         xc, zo = xc.to(in_dt.torch_dtype), 0
-        tables = [build_lut(func, in_dt, xs, out, float(so), s, fmt, observed, hist) for s in specs]
-    table = tables[0] if len(tables) == 1 else ChannelTables(tuple(tables))
+    key = (in_dt, xs, zx, out, float(so), zo, spec, fmt, observed, hist)
+    if slopes is None:
+        table = _build(call.op_type, zero_point_table, key)
+    elif len(slopes) == 1:
+        table = _build("leaky_relu", zero_point_table, _with_slope(key, slopes[0]))
+    else:
+        table = _channel_tables(zero_point_table, key, tuple(slopes))
     return table, xc, xs, so, zo
+
+
+def _build(func: str, zero_point_table: bool, key: tuple):
+    """``func``'s table for ``key`` (``_lut_table``): a ZeroPointLut or a SegmentLut."""
+    from quantlab.numerics.lut import build_lut
+    from quantlab.numerics.lut.zero_point import build_zero_point_lut
+
+    in_dt, xs, zx, out, so, zo, spec, fmt, observed, hist = key
+    if zero_point_table:
+        return build_zero_point_lut(func, in_dt, xs, zx, out, so, zo, spec, fmt, observed, hist)
+    return build_lut(func, in_dt, xs, out, so, spec, fmt, observed, hist)
+
+
+def _with_slope(key: tuple, slope: float) -> tuple:
+    spec = dataclasses.replace(key[6], negative_slope=slope)
+    return (*key[:6], spec, *key[7:])
+
+
+@lru_cache(maxsize=64)
+def _channel_tables(zero_point_table: bool, key: tuple, slopes: tuple) -> ChannelTables:
+    """prelu's tables, one leaky_relu table per channel's slope, built once per key."""
+    return ChannelTables(
+        tuple(_build("leaky_relu", zero_point_table, _with_slope(key, s)) for s in slopes)
+    )
 
 
 def _lut_slope(table, xc: Tensor) -> Tensor:
