@@ -17,6 +17,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 from quantlab.decompositions import DecomposingMode, attention_by_definition
+from quantlab.numerics.dtypes import DType
+from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 
 
@@ -297,3 +299,50 @@ def test_every_float_run_computes_attention_by_its_parts(monkeypatch):
     assert_bits_equal(plain, captured)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), _NoFusedPath():
         assert_bits_equal(plain, sim.model(x))
+
+
+class _MaskedAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+
+        def heads(t):
+            return t.view(b, n, 2, 8).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), attn_mask=mask
+        )
+        return out.transpose(1, 2).reshape(b, n, 16)
+
+
+def _masked_sqnr_db(mask: torch.Tensor, add_int16: bool) -> float:
+    """Fixed (j6m) against float output SQNR of _MaskedAttention over 4 batches."""
+    torch.manual_seed(0)
+    i16 = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
+    spec = QConfigSpec(by_name={":add#0": i16}) if add_int16 else None
+    sim = Simulator(_MaskedAttention().eval(), "j6m", spec, steady_programs=False)
+    g = torch.Generator().manual_seed(3)
+    sim.calibrate([(torch.randn(2, 5, 16, generator=g), mask) for _ in range(4)], progress=False)
+    signal = noise = 0.0
+    for _ in range(4):
+        x = torch.randn(2, 5, 16, generator=g)
+        ref, got = sim.run(x, mask, mode=Mode.FLOAT), sim.run(x, mask, mode=Mode.FIXED)
+        signal += float(ref.pow(2).sum())
+        noise += float((got - ref).pow(2).sum())
+    return 10 * math.log10(signal / noise)
+
+
+def test_a_minus_inf_mask_is_lost_at_any_add_width_and_a_finite_one_is_kept():
+    """The README's figures: a bool mask (0 / -inf) loses its masked keys at int8 and with the
+    mask add at int16 (their scores take the add's lowest code); -100 with the add at int16
+    keeps them, as far as with nothing masked."""
+    keep = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    keep[1, :, :, 3:] = False
+    bool_int8, bool_int16 = _masked_sqnr_db(keep, False), _masked_sqnr_db(keep, True)
+    finite_int16 = _masked_sqnr_db(torch.where(keep, 0.0, -100.0), True)
+    nothing = _masked_sqnr_db(torch.ones_like(keep), False)
+    assert bool_int8 < 8 and bool_int16 < 8
+    assert finite_int16 > bool_int16 + 10 and finite_int16 > nothing - 1
