@@ -346,3 +346,36 @@ def test_a_minus_inf_mask_is_lost_at_any_add_width_and_a_finite_one_is_kept():
     nothing = _masked_sqnr_db(torch.ones_like(keep), False)
     assert bool_int8 < 8 and bool_int16 < 8
     assert finite_int16 > bool_int16 + 10 and finite_int16 > nothing - 1
+
+
+def test_a_hugging_face_model_on_its_default_attention_quantizes_as_on_eager_attention():
+    """MiniLM loaded with transformers' default attention (scaled_dot_product_attention) is
+    captured with the matmuls and softmaxes of its eager attention, and fixed mode loses as
+    much against float."""
+    tf = pytest.importorskip("transformers")
+    from quantlab.models import example_inputs
+    from quantlab.models.minilm import MiniLMEmbedder, model_dir
+
+    level = tf.logging.get_verbosity()
+    tf.logging.set_verbosity_error()
+    try:
+        cosines, kinds = {}, {}
+        for impl in ("eager", "sdpa"):
+            bert = tf.BertModel.from_pretrained(
+                str(model_dir()),
+                local_files_only=True,
+                attn_implementation=impl,
+                add_pooling_layer=False,
+            )
+            sim = Simulator(MiniLMEmbedder(bert).eval(), "j6m", steady_programs=False)
+            sim.calibrate([example_inputs("minilm", 2, seed=k) for k in range(2)], progress=False)
+            x = example_inputs("minilm")
+            ref, got = sim.run(*x, mode=Mode.FLOAT), sim.run(*x, mode=Mode.FIXED)
+            cosines[impl] = float(F.cosine_similarity(ref.flatten(), got.flatten(), 0))
+            counts = sim.ops.op_type.value_counts()
+            kinds[impl] = (counts.get("matmul", 0), counts.get("softmax", 0))
+            assert "scaled_dot_product_attention" not in set(sim.ops.op_type)
+    finally:
+        tf.logging.set_verbosity(level)
+    assert kinds["sdpa"] == kinds["eager"] == (12, 6)
+    assert cosines["sdpa"] == pytest.approx(cosines["eager"], abs=0.01)
