@@ -397,11 +397,16 @@ def _model_constant(func: Callable, args: tuple) -> bool:
     found = False
     for a in args:  # an activation is usually the first argument: the loop ends there
         if isinstance(a, torch.Tensor):
-            # type tests: isinstance on nn.Parameter runs its metaclass's hook (slow, per call)
-            if type(a) is not _PARAMETER and type(a._base) is not _PARAMETER:
+            if type(a) is not _PARAMETER and not views_parameter(a):
                 return False
             found = True
     return found and not mutates(func)
+
+
+def views_parameter(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a view of an ``nn.Parameter`` (rows split from a packed weight).
+    Type tests, not isinstance: nn.Parameter's isinstance hook is slow for a per-call test."""
+    return type(t._base) is _PARAMETER
 
 
 _PARAMETER = nn.Parameter

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall, OpCategory, views_parameter
 
 Slot = tuple  # ("a", i) positional, ("a", i, j) element j of a list argument, ("k", name)
 
@@ -50,7 +50,7 @@ def _slot(call: OpCall, pos: int, kw: str) -> Slot | None:
 def is_weight(v) -> bool:
     """A parameter, or a view of one (the rows nn.MultiheadAttention's in-projection splits
     from its packed weight)."""
-    return isinstance(v, nn.Parameter) or type(getattr(v, "_base", None)) is nn.Parameter
+    return isinstance(v, nn.Parameter) or (isinstance(v, Tensor) and views_parameter(v))
 
 
 def plan(call: OpCall) -> ArgPlan:

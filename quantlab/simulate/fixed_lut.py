@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -156,7 +156,7 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
         zero_point_table = True
     else:
         xc, zo = xc.to(in_dt.torch_dtype), 0
-    key = (in_dt, xs, zx, out, float(so), zo, spec, fmt, observed, hist)
+    key = _TableKey(in_dt, xs, zx, out, float(so), zo, spec, fmt, observed, hist)
     if slopes is None:
         table = _build(call.op_type, zero_point_table, key)
     elif len(slopes) == 1:
@@ -166,24 +166,40 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     return table, xc, xs, so, zo
 
 
-def _build(func: str, zero_point_table: bool, key: tuple):
-    """``func``'s table for ``key`` (``_lut_table``): a ZeroPointLut or a SegmentLut."""
+class _TableKey(NamedTuple):
+    """What a LUT op's table is built from (``_lut_table``); hashable, so tables cache on it."""
+
+    in_dt: DType
+    xs: float
+    zx: int
+    out: DType
+    so: float
+    zo: int
+    spec: Any  # LutSpec
+    fmt: Any  # LutFormat
+    observed: Any
+    hist: Any
+
+
+def _build(func: str, zero_point_table: bool, key: _TableKey):
+    """``func``'s table for ``key``: a ZeroPointLut or a SegmentLut."""
     from quantlab.numerics.lut import build_lut
     from quantlab.numerics.lut.zero_point import build_zero_point_lut
 
-    in_dt, xs, zx, out, so, zo, spec, fmt, observed, hist = key
+    k = key
     if zero_point_table:
-        return build_zero_point_lut(func, in_dt, xs, zx, out, so, zo, spec, fmt, observed, hist)
-    return build_lut(func, in_dt, xs, out, so, spec, fmt, observed, hist)
+        return build_zero_point_lut(
+            func, k.in_dt, k.xs, k.zx, k.out, k.so, k.zo, k.spec, k.fmt, k.observed, k.hist
+        )
+    return build_lut(func, k.in_dt, k.xs, k.out, k.so, k.spec, k.fmt, k.observed, k.hist)
 
 
-def _with_slope(key: tuple, slope: float) -> tuple:
-    spec = dataclasses.replace(key[6], negative_slope=slope)
-    return (*key[:6], spec, *key[7:])
+def _with_slope(key: _TableKey, slope: float) -> _TableKey:
+    return key._replace(spec=dataclasses.replace(key.spec, negative_slope=slope))
 
 
 @lru_cache(maxsize=64)
-def _channel_tables(zero_point_table: bool, key: tuple, slopes: tuple) -> ChannelTables:
+def _channel_tables(zero_point_table: bool, key: _TableKey, slopes: tuple) -> ChannelTables:
     """prelu's tables, one leaky_relu table per channel's slope, built once per key."""
     return ChannelTables(
         tuple(_build("leaky_relu", zero_point_table, _with_slope(key, s)) for s in slopes)
