@@ -334,6 +334,8 @@ class PlatformConfig:
 GEMM_FAMILY_OF_OP = {
     "conv1d": GemmFamily.CONV,
     "conv2d": GemmFamily.CONV,
+    "conv_transpose1d": GemmFamily.CONV,
+    "conv_transpose2d": GemmFamily.CONV,
     "linear": GemmFamily.LINEAR,
     "matmul": GemmFamily.MATMUL,
 }  # which ``gemm_rules`` family a captured GEMM op type follows

@@ -7,7 +7,8 @@ int_conv2d, int_linear, int_matmul; ``prepare_conv`` checks and plans a convolut
 ``finish`` (bias, accumulator contract, requantization; ``shift_form``: its MUL_SHIFT fast
 form; ``rescale32``: its FLOAT_RESCALE form in float32 where provably the same;
 ``requant_native``: both fast forms in one C pass),
-``quantized`` (qconv1d, qconv2d, qlinear, qmatmul), ``int16_operands`` (the J6 int16 operand
+``transposed`` (int_conv_transpose), ``quantized`` (qconv1d, qconv2d, qconv_transpose,
+qlinear, qmatmul), ``int16_operands`` (the J6 int16 operand
 rules). The start-up self-test is
 ``quantlab.numerics.selftest``.
 """
@@ -54,9 +55,11 @@ from quantlab.numerics.gemm.quantized import (
     check_gemm_operands,
     qconv1d,
     qconv2d,
+    qconv_transpose,
     qlinear,
     qmatmul,
 )
+from quantlab.numerics.gemm.transposed import int_conv_transpose, transposed_terms
 
 __all__ = [
     "auto_excluded",
@@ -85,6 +88,7 @@ __all__ = [
     "int16_operand_range",
     "int_conv1d",
     "int_conv2d",
+    "int_conv_transpose",
     "int_linear",
     "int_matmul",
     "operand_bound",
@@ -94,7 +98,9 @@ __all__ = [
     "prepare_conv",
     "qconv1d",
     "qconv2d",
+    "qconv_transpose",
     "qlinear",
     "qmatmul",
     "quantize_bias",
+    "transposed_terms",
 ]

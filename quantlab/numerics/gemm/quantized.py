@@ -19,6 +19,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm.exact import int_conv1d, int_conv2d, int_linear, int_matmul
 from quantlab.numerics.gemm.finish import GemmStats, finish_gemm
 from quantlab.numerics.gemm.pair_saturation import pair_saturated_conv, pair_saturated_matmul
+from quantlab.numerics.gemm.transposed import int_conv_transpose
 from quantlab.numerics.quantize import check_zero_point
 
 
@@ -153,6 +154,34 @@ def qconv1d(
         x_codes, w_codes, zero_points[0], stride, padding, dilation, groups, contract, 1
     )
     axis = 1 if acc.dim() == 3 else 0
+    return _finish(
+        acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, zero_points[1]
+    )
+
+
+def qconv_transpose(
+    x_codes: Tensor,
+    x_scale: Tensor | float,
+    w_codes: Tensor,
+    w_scale: Tensor | float,
+    bias: Tensor | None,
+    out_scale: Tensor | float | None,
+    out_dtype: DType,
+    contract: GemmContract,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups: int = 1,
+    dilation=1,
+    zero_points: tuple[int, int] = (0, 0),
+) -> tuple[Tensor, GemmStats]:
+    """Quantized conv_transpose1d / conv_transpose2d (by ``w_codes``' rank, (C, O / groups,
+    *kernel)): exact ``int_conv_transpose`` then ``finish_gemm`` (output channels on dim 1).
+    w_scale: scalar or per output channel (O,); ``zero_points`` as qconv2d."""
+    check_gemm_operands(x_codes, w_codes, contract)
+    xc = centre_codes(x_codes, zero_points[0])
+    acc = int_conv_transpose(xc, w_codes, stride, padding, output_padding, groups, dilation)
+    axis = 1 if acc.dim() == w_codes.dim() else 0
     return _finish(
         acc, x_scale, w_scale, bias, out_scale, out_dtype, contract, axis, zero_points[1]
     )

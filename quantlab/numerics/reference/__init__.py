@@ -22,6 +22,8 @@ from quantlab.numerics.reference.gemm import (
     accumulate,
     int_conv1d,
     int_conv2d,
+    int_conv_transpose1d,
+    int_conv_transpose2d,
     int_linear,
     int_matmul,
 )
@@ -59,6 +61,8 @@ __all__ = [
     "grid_sample_reference",
     "int_conv1d",
     "int_conv2d",
+    "int_conv_transpose1d",
+    "int_conv_transpose2d",
     "int_linear",
     "int_matmul",
     "norm_fixed",

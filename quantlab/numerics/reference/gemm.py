@@ -98,3 +98,62 @@ def accumulate(acc, dtype: DType = DType.INT32, saturate: bool = True) -> tuple[
     else:
         out = [((v - lo) % (1 << dtype.bits)) + lo for v in vals]
     return np.array(out, dtype=np.int64).reshape(as_numpy(acc).shape), count
+
+
+def int_conv_transpose2d(
+    x, w, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1, zero_point: int = 0
+) -> np.ndarray:
+    """conv_transpose2d of (x - zero_point) in numpy int64, by its definition: input pixel
+    (i, j) of channel c adds x * w[c, o, u, v] to output (i * sh - ph + u * dh, j * sw - pw +
+    v * dw) of channel o of c's group (positions outside the output are dropped); a loop over
+    groups and kernel taps, each an int64 einsum scattered on a strided output slice."""
+    x = as_numpy(x).astype(np.int64) - zero_point
+    w = as_numpy(w).astype(np.int64)
+    squeeze = x.ndim == 3
+    if squeeze:
+        x = x[None]
+    sh, sw = as_tuple(stride, 2)
+    ph, pw = as_tuple(padding, 2)
+    oph, opw = as_tuple(output_padding, 2)
+    dh, dw = as_tuple(dilation, 2)
+    n, cin, h, wd = x.shape
+    _, cout_g, kh, kw = w.shape
+    cin_g = cin // groups
+    ho = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    wo = (wd - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    # the full (uncropped) output, then the crop by the padding
+    full = np.zeros((n, groups * cout_g, ho + 2 * ph, wo + 2 * pw), dtype=np.int64)
+    for g in range(groups):
+        xs = x[:, g * cin_g : (g + 1) * cin_g]
+        wg = w[g * cin_g : (g + 1) * cin_g]
+        for u in range(kh):
+            for v in range(kw):
+                part = np.einsum("nchw,co->nohw", xs, wg[:, :, u, v])
+                r0, c0 = u * dh, v * dw
+                rows = slice(r0, r0 + sh * (h - 1) + 1, sh)
+                cols = slice(c0, c0 + sw * (wd - 1) + 1, sw)
+                hh, ww = full[:, :, rows, cols].shape[2:]
+                full[:, g * cout_g : (g + 1) * cout_g, rows, cols] += part[:, :, :hh, :ww]
+    out = full[:, :, ph : ph + ho, pw : pw + wo]
+    return out[0] if squeeze else out
+
+
+def int_conv_transpose1d(
+    x, w, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1, zero_point: int = 0
+) -> np.ndarray:
+    """conv_transpose1d as conv_transpose2d over a height-1 image (numpy int64)."""
+    x = as_numpy(x)
+    squeeze = x.ndim == 2
+    if squeeze:
+        x = x[None]
+    out = int_conv_transpose2d(
+        x[:, :, None, :],
+        as_numpy(w)[:, :, None, :],
+        (1, as_tuple(stride, 1)[0]),
+        (0, as_tuple(padding, 1)[0]),
+        (0, as_tuple(output_padding, 1)[0]),
+        groups,
+        (1, as_tuple(dilation, 1)[0]),
+        zero_point,
+    )[:, :, 0, :]
+    return out[0] if squeeze else out
