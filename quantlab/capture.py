@@ -76,6 +76,8 @@ def _reg(names: str, op_type: str | None, cat: OpCategory) -> None:
 
 _reg("conv1d", None, OpCategory.GEMM)
 _reg("conv2d", None, OpCategory.GEMM)
+_reg("conv_transpose1d", None, OpCategory.GEMM)
+_reg("conv_transpose2d", None, OpCategory.GEMM)
 _reg("linear", None, OpCategory.GEMM)
 _reg("matmul bmm mm __matmul__ __rmatmul__", "matmul", OpCategory.GEMM)
 _reg("add __add__ __radd__ __iadd__ add_", "add", OpCategory.ADD)

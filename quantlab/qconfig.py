@@ -179,7 +179,9 @@ class QConfigSpec:
     use_platform_template: bool = True
 
 
-GEMM_TYPES = frozenset({"conv1d", "conv2d", "linear", "matmul"})
+GEMM_TYPES = frozenset(
+    {"conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "linear", "matmul"}
+)
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,31 @@ STEPS.update(
 )
 
 
+# transposed convolutions (upsampling decoders), kept apart from STEPS so that the nets of STEPS
+# stay as they are: a table of their own mixes them with convolutions, norms and table ops
+UPSAMPLING_STEPS = {
+    "conv_transpose": (
+        lambda: [nn.ConvTranspose2d(C, C, 3, padding=1)],
+        lambda t, u, a, b, m, w: m[0](t),
+    ),
+    "up_down": (  # stride 2 up, average pool back to S x S
+        lambda: [nn.ConvTranspose2d(C, C, 2, stride=2)],
+        lambda t, u, a, b, m, w: F.avg_pool2d(m[0](t), 2),
+    ),
+    "conv_transpose_bn": (
+        lambda: [nn.ConvTranspose2d(C, C, 3, padding=1, bias=False), _bn(C)],
+        lambda t, u, a, b, m, w: m[1](m[0](t)),
+    ),
+    "grouped_conv_transpose_relu6": (
+        lambda: [nn.ConvTranspose2d(C, C, 3, padding=1, groups=2)],
+        lambda t, u, a, b, m, w: F.relu6(m[0](t)),
+    ),
+} | {
+    name: STEPS[name]
+    for name in "conv3 conv_bn relu_ add_ sigmoid_ hardswish add mul cat_narrow".split()
+}
+
+
 class RandomNet(nn.Module):
     """``n_steps`` random steps (from ``steps``, default ``STEPS``) over the input and every
     tensor made so far; returns the last tensor plus the middle one, or the last two as a

@@ -7,7 +7,7 @@ choices of one model on one platform, not a latency prediction (all weights belo
 
 Per op (one row of ``Simulator.ops``):
 
-- GEMM (conv1d, conv2d, linear, matmul):
+- GEMM (conv1d, conv2d, conv_transpose1d/2d, linear, matmul):
   ``MACs x bytes(input) x bytes(weight)``; a matmul's second operand counts as the weight.
   With the high/low weight split (``weight_split`` 7 or 8) the GEMM runs twice on int8 halves
   and the two outputs are combined: ``2 x MACs x bytes(input) x 1 + out_elements x split_combine``.
@@ -32,7 +32,9 @@ import pandas as pd
 from quantlab.numerics.dtypes import DType
 from quantlab.simulate.fixed_lut import LUT_FUNCS
 
-GEMM_TYPES = frozenset({"conv1d", "conv2d", "linear", "matmul"})
+GEMM_TYPES = frozenset(
+    {"conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "linear", "matmul"}
+)
 LUT_TYPES = LUT_FUNCS
 VIEW_TYPES = frozenset(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "

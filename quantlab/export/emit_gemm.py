@@ -20,7 +20,8 @@ from quantlab.simulate import args as sim_args
 
 
 def _weight_codes(op: RecordedOp) -> tuple[torch.Tensor, QParams]:
-    """A GEMM's integer weight codes (per output channel, axis 0) and their quantization."""
+    """A GEMM's integer weight codes and their quantization: per output channel (axis 0; a
+    transposed convolution's axis 1), or one scale per tensor."""
     if op.weight_codes is None:
         raise UnsupportedOpError(
             f"op {op.name} ({op.op_type}): its weight is not an integer-quantized parameter "
@@ -28,7 +29,11 @@ def _weight_codes(op: RecordedOp) -> tuple[torch.Tensor, QParams]:
             "writes INT8/INT16 weights"
         )
     wdt = op.qconfig.weight_dtype
-    qw = QParams.of(wdt, op.weight_scale.reshape(-1), axis=0)
+    scale = op.weight_scale.reshape(-1)
+    if scale.numel() == 1:
+        qw = QParams.of(wdt, scale[0])
+    else:
+        qw = QParams.of(wdt, scale, axis=sim_args.weight_channel_axis(op))
     return op.weight_codes.detach().to(wdt.torch_dtype), qw
 
 
@@ -37,7 +42,8 @@ def _bias(ctx: ExportContext, op: RecordedOp, xq: QParams, qw: QParams) -> str |
     if codes is None:
         return None
     xs, ws = torch.from_numpy(xq.scale), torch.from_numpy(qw.scale)
-    qb = QParams.of(DType.INT32, acc_scale(xs, ws).reshape(-1), axis=0)
+    s = acc_scale(xs, ws).reshape(-1)
+    qb = QParams.of(DType.INT32, s, axis=0) if s.numel() > 1 else QParams.of(DType.INT32, s[0])
     return ctx.graph.const_dq(f"{op.name}/bias", codes, qb)
 
 
@@ -106,7 +112,7 @@ def _leaves_wide(op: RecordedOp) -> bool:
 
 def _channel_axis(op: RecordedOp) -> int:
     """The output axis of a GEMM's output channels: 1 for a convolution, the last otherwise."""
-    return 1 if op.op_type in ("conv1d", "conv2d") else -1
+    return 1 if op.op_type in ("conv1d", "conv2d") or op.op_type in sim_args.TRANSPOSED else -1
 
 
 def wide_output_scale(op: RecordedOp) -> torch.Tensor | None:
@@ -117,6 +123,8 @@ def wide_output_scale(op: RecordedOp) -> torch.Tensor | None:
         return None
     if op.weight_scale is not None:
         s = acc_scale(op.in_quant[0].scale, op.weight_scale.reshape(-1))
+        if s.numel() == 1:  # one weight scale per tensor
+            return s.reshape(())
         return along_axis(s, op.outputs[0], _channel_axis(op), "accumulator scale")
     if op.op_type == "matmul" and len(op.in_quant) == 2 and op.in_quant[1] is not None:
         return acc_scale(op.in_quant[0].scale, op.in_quant[1].scale)
@@ -170,6 +178,27 @@ def emit_conv(ctx: ExportContext, op: RecordedOp) -> None:
     ins = [x, w] + ([b] if b is not None else [])
     y = ctx.graph.node("Conv", ins, f"{op.name}/float", **attrs)
     _finish(ctx, op, y)
+
+
+def emit_conv_transpose(ctx: ExportContext, op: RecordedOp) -> None:
+    """ConvTranspose between DequantizeLinear and QuantizeLinear: onnxruntime has no integer
+    ConvTranspose kernel, so it runs the float op on the dequantized operands (the onnxruntime
+    profile's float island computes the same); a wide output stays float."""
+    nd = 2 if op.op_type == "conv_transpose2d" else 1
+    xq = ctx.act_quant(op, 0)
+    codes, qw = _weight_codes(op)
+    attrs = dict(
+        strides=int_list(ctx.arg(op, 3, "stride", 1), nd),
+        pads=int_list(ctx.arg(op, 4, "padding", 0), nd) * 2,
+        output_padding=int_list(ctx.arg(op, 5, "output_padding", 0), nd),
+        group=int(ctx.arg(op, 6, "groups", 1)),
+        dilations=int_list(ctx.arg(op, 7, "dilation", 1), nd),
+        kernel_shape=list(codes.shape[2:]),
+    )
+    x, w = ctx.act(op, 0), ctx.graph.const_dq(f"{op.name}/weight", codes, qw)
+    b = _bias(ctx, op, xq, qw)
+    ins = [x, w] + ([b] if b is not None else [])
+    _finish(ctx, op, ctx.graph.node("ConvTranspose", ins, f"{op.name}/float", **attrs))
 
 
 def _through(ctx: ExportContext, x: str, q: QParams | None, shape, base: str) -> str:

@@ -40,6 +40,8 @@ Emitter = Callable[[ExportContext, RecordedOp], None]
 EMITTERS: dict[str, Emitter] = {
     "conv1d": G.emit_conv,
     "conv2d": G.emit_conv,
+    "conv_transpose1d": G.emit_conv_transpose,
+    "conv_transpose2d": G.emit_conv_transpose,
     "linear": G.emit_linear,
     "matmul": G.emit_matmul,
     "add": E.emit_binary,

@@ -43,7 +43,8 @@ class _CountUses(TorchFunctionMode):
 
 def conv_bn_pairs(module: nn.Module, inputs: tuple[Tensor, ...]) -> list[tuple[str, str]]:
     """(conv name, batch_norm name) pairs where a BatchNorm2d's input is the tensor a Conv2d
-    returned and nothing else uses that tensor, found by one forward pass on ``inputs``."""
+    or ConvTranspose2d returned and nothing else uses that tensor, found by one forward pass
+    on ``inputs``."""
     return _pairs_and_output(module, inputs)[0]
 
 
@@ -54,7 +55,7 @@ def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
     alive: list[Tensor] = []  # every tensor seen stays referenced, so no id is reused
     handles = []
     for name, m in module.named_modules():
-        if isinstance(m, nn.Conv2d):
+        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d)):
 
             def conv_hook(mod, args, out, name=name):
                 produced[id(out)] = name
@@ -79,11 +80,19 @@ def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
 
 
 @torch.no_grad()
-def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> None:
-    """conv <- bn(conv(.)) for eval-mode BatchNorm: W' = W * g / sqrt(var + eps),
-    b' = (b - mean) * g / sqrt(var + eps) + beta; computed in float64, stored in float32."""
+def fold_conv_bn(conv: nn.Conv2d | nn.ConvTranspose2d, bn: nn.BatchNorm2d) -> None:
+    """conv <- bn(conv(.)) for eval-mode BatchNorm: W' = W * g / sqrt(var + eps) per output
+    channel (a transposed convolution's (C, O / groups, kh, kw) weight holds them along dim 1,
+    per group), b' = (b - mean) * g / sqrt(var + eps) + beta; computed in float64, stored in
+    float32."""
     scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
-    w = conv.weight.double() * scale.reshape(-1, 1, 1, 1)
+    w = conv.weight.double()
+    if isinstance(conv, nn.ConvTranspose2d):
+        g = conv.groups
+        w = w.reshape(g, w.shape[0] // g, *w.shape[1:]) * scale.reshape(g, 1, -1, 1, 1)
+        w = w.reshape(conv.weight.shape)
+    else:
+        w = w * scale.reshape(-1, 1, 1, 1)
     b = conv.bias.double() if conv.bias is not None else torch.zeros_like(scale)
     b = (b - bn.running_mean.double()) * scale + bn.bias.double()
     conv.weight.copy_(w.to(conv.weight.dtype))

@@ -57,7 +57,7 @@ def plan(call: OpCall) -> ArgPlan:
     """The ArgPlan of a modelled call (category not None)."""
     cat = call.category
     a0 = _slot(call, 0, "input")
-    if call.op_type in ("conv1d", "conv2d", "linear"):
+    if call.op_type in _WEIGHTED:
         w = _slot(call, 1, "weight")
         b = _slot(call, 2, "bias")
         wv = get(call.args, call.kwargs, w) if w else None
@@ -95,7 +95,37 @@ def plan_of(call: OpCall, cache: dict) -> ArgPlan:
     return p
 
 
-_WEIGHTED = frozenset(("conv1d", "conv2d", "linear"))
+_WEIGHTED = frozenset(
+    ("conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "linear")
+)  # GEMMs whose second argument is a weight (a parameter) or an activation
+TRANSPOSED = frozenset(("conv_transpose1d", "conv_transpose2d"))
+_CONV_PARAMS = ("stride", "padding", "dilation", "groups")
+_TRANSPOSED_PARAMS = ("stride", "padding", "output_padding", "groups", "dilation")
+
+
+def conv_params(call) -> dict:
+    """A convolution call's parameters as the call gives them (positions after input, weight,
+    bias): stride, padding, dilation, groups; a transposed one's stride, padding,
+    output_padding, groups, dilation (torch's order)."""
+    names = _TRANSPOSED_PARAMS if call.op_type in TRANSPOSED else _CONV_PARAMS
+    out = {}
+    for i, n in enumerate(names):
+        if len(call.args) > 3 + i:
+            out[n] = call.args[3 + i]
+        elif n in call.kwargs:
+            out[n] = call.kwargs[n]
+    return out
+
+
+def weight_channel_axis(call) -> int | None:
+    """The axis of a GEMM's weight that holds its output channels, for per-channel scales: 0
+    for conv1d / conv2d / linear ((O, ...)); 1 for a transposed convolution with one group
+    ((C, O, *kernel)); None (one scale per tensor) for a transposed convolution with groups,
+    whose output channels are (group, column) pairs along no single axis (ONNX's and torch.ao's
+    per-axis weights cannot hold them either)."""
+    if call.op_type not in TRANSPOSED:
+        return 0
+    return 1 if conv_params(call).get("groups", 1) == 1 else None
 
 
 def is_float_tensor(v) -> bool:

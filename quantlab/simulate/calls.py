@@ -108,6 +108,9 @@ def flops(call: OpCall, plan: A.ArgPlan, out) -> int:
         return n
     if plan.weight is not None:
         w = A.get(call.args, call.kwargs, plan.weight)
+        if call.op_type in A.TRANSPOSED:  # each input element meets O / groups x kernel taps
+            x = A.get(call.args, call.kwargs, plan.acts[0])
+            return 2 * x.numel() * (w.numel() // max(w.shape[0], 1))
         k = (w.numel() // max(w.shape[0], 1)) if call.op_type != "linear" else w.shape[-1]
     else:
         a = A.get(call.args, call.kwargs, plan.acts[0])

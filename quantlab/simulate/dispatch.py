@@ -281,12 +281,12 @@ class OpDispatch:
         chain = r.chain
         if chain:
             st.fused_done.add(name)
-            plan = self._fold(name, chain, plan, args, kwargs)
+            plan = self._fold(call, chain, plan, args, kwargs)
         if plan.weight is not None and r.quantize_weight:
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
                 wv, codes, w_scale = self.weight_coded(
-                    name, w, rq.weight_dtype, mode, rq.weight_split
+                    name, w, rq.weight_dtype, mode, rq.weight_split, A.weight_channel_axis(call)
                 )
                 wq = (codes, w_scale, w)
                 A.put(args, kwargs, plan.weight, wv)
@@ -396,9 +396,10 @@ class OpDispatch:
                 return inf.post
         return None
 
-    def _fold(self, name: str, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> A.ArgPlan:
-        """Put the batch_norm-folded weight and bias of GEMM ``name`` into its arguments; the
+    def _fold(self, call, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> A.ArgPlan:
+        """Put the batch_norm-folded weight and bias of GEMM ``call`` into its arguments; the
         plan of the folded arguments (a bias slot added when the call had none)."""
+        name = call.name
         info = self._info
         bn = [info[c] for c in chain if info[c].op_type == "batch_norm"]
         if not bn or plan.weight is None:
@@ -406,7 +407,10 @@ class OpDispatch:
         w = A.get(args, kwargs, plan.weight)
         b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
         post = self._batch_norm_params(bn[0])
-        wf, bf = fold_batch_norm(self._fold_cache, name, w, b, post, self._recording_grad())
+        groups = A.conv_params(call).get("groups", 1) if call.op_type in A.TRANSPOSED else 0
+        wf, bf = fold_batch_norm(
+            self._fold_cache, name, w, b, post, self._recording_grad(), transposed_groups=groups
+        )
         A.put(args, kwargs, plan.weight, wf)
         if plan.bias is None:
             plan = A.ArgPlan(plan.acts, plan.weight, ("k", "bias"))

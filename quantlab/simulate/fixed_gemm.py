@@ -1,7 +1,8 @@
-"""Fixed-point GEMM kernels: conv1d/conv2d, linear, matmul (exact integer sums, the platform's
-requantization, fused clamps), planned once per call's value-independent decisions
-(``GemmRun``). The operands' codes and int16 rules are ``fixed_gemm_operands``; the high/low
-weight split and the int15 matmul split are ``fixed_gemm_split``."""
+"""Fixed-point GEMM kernels: conv1d/conv2d, conv_transpose1d/2d, linear, matmul (exact
+integer sums, the platform's requantization, fused clamps), planned once per call's
+value-independent decisions (``GemmRun``). The operands' codes and int16 rules are
+``fixed_gemm_operands``; the high/low weight split and the int15 matmul split are
+``fixed_gemm_split``."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from quantlab.simulate.qtensor import QInfo
 
 def _conv_channel_axis(op_type: str, acc) -> int:
     """The output-channel axis of a convolution's sums: 1 when batched, 0 when not."""
-    return 1 if acc.dim() == (4 if op_type == "conv2d" else 3) else 0
+    return 1 if acc.dim() == (4 if op_type.endswith("2d") else 3) else 0
 
 
 def _arrived_as(v: Any, info: Any, scale: Any, dtype: DType, zero_point: int, shape) -> bool:
@@ -76,7 +77,7 @@ class GemmRun:
     b_scale: Tensor | None
     b_coarse: Tensor | None
     b_shape: tuple | None  # a second activation operand's shape
-    kind: str  # "pairs", "conv", "linear" or "matmul"
+    kind: str  # "pairs", "conv", "conv_transpose", "linear" or "matmul"
     conv: Any  # gemm.PreparedConv of a weight's convolution (None: planned per call)
     params: dict  # stride, padding, dilation, groups (convolutions)
     w_float32: Tensor | None  # a linear weight's float32 cast for the float paths
@@ -135,6 +136,9 @@ class GemmRun:
                     False,
                 )
             acc = conv(xc, as_int64=False)
+            axis = _conv_channel_axis(self.op_type, acc)
+        elif kind == "conv_transpose":
+            acc = gemm.int_conv_transpose(xc, wc, **self.params, as_int64=False)
             axis = _conv_channel_axis(self.op_type, acc)
         elif kind == "linear":
             acc, axis = gemm.int_linear(xc, wc, as_int64=False, w_float32=self.w_float32), -1
@@ -231,9 +235,17 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         wq_axis_ok = ws.numel() == 1
         if not wq_axis_ok:
             return None
-    if runs_in_float(p, xi.dtype, wdt, rq.output_dtype, bool(rq.high_precision_output)):
+    transposed = call.op_type in A.TRANSPOSED
+    hp_out = bool(rq.high_precision_output)
+    if runs_in_float(p, xi.dtype, wdt, rq.output_dtype, hp_out, transposed):
         return float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp)
-    k = x.shape[-1] if call.op_type in ("linear", "matmul") else math.prod(w_shape[1:])
+    params = gemm_params(call)
+    if call.op_type in ("linear", "matmul"):
+        k = x.shape[-1]
+    elif transposed:
+        k = (w_shape[0] // params.get("groups", 1)) * math.prod(w_shape[2:])
+    else:
+        k = math.prod(w_shape[1:])
     # the first operand's GEMM codes: in its own dtype, or centred on its zero point (int16)
     x_gemm = torch.int16 if xi.zero_point else xi.dtype.torch_dtype
     x_coarse = int16_scale(p, xs, xi.dtype, k, matmul)
@@ -288,7 +300,6 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
         and wc.dtype == torch.int8
         and call.op_type in ("conv1d", "conv2d", "linear")
     )
-    params = gemm_params(call)
     conv = w32 = None
     zx_u8 = 0
     if pairs:
@@ -297,6 +308,8 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
             fc.warn_float(call, "u8s8_pair_saturation takes numeric convolution padding")
             return None
         kind = "pairs"
+    elif transposed:
+        kind = "conv_transpose"
     elif call.op_type in ("conv1d", "conv2d"):
         kind = "conv"
         if wq is not None:

@@ -1,11 +1,13 @@
 """A GEMM that onnxruntime leaves in float32 between DequantizeLinear and QuantizeLinear
 (``platform.float_islands`` ONNXRUNTIME_QDQ): its QLinearConv / QLinearMatMul / QGemm take
 8-bit operands and an 8-bit output only, so a convolution, linear or matmul with an int16
-operand or an int16 output runs as the float op on the dequantized operands. Computed here as
+operand or an int16 output runs as the float op on the dequantized operands, and a transposed
+convolution always does (onnxruntime has no integer ConvTranspose kernel). Computed here as
 the exported graph computes it: x = fl32(s_x (c - z_x)), w = fl32(s_w c_w) per output channel,
 the bias as its int32 codes times fl32(s_x s_w), the float32 op (torch's; onnxruntime's MLAS
 may sum in another order, which can move a code at a rounding boundary), then QuantizeLinear
-(fl32 quotient, rounded by ``fake_round``) and a fused clamp on the codes by ``bound_rule``.
+(fl32 quotient, rounded by ``fake_round``) and a fused clamp on the codes by ``bound_rule``; a
+wide output (``high_precision_output``) is the float op's value, a fused clamp on its values.
 No integer accumulator: nothing wraps."""
 
 from __future__ import annotations
@@ -21,13 +23,23 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_gemm_operands import gemm_params
 
+_CONVS = {
+    "conv1d": F.conv1d,
+    "conv2d": F.conv2d,
+    "conv_transpose1d": F.conv_transpose1d,
+    "conv_transpose2d": F.conv_transpose2d,
+}
 
-def runs_in_float(p, x_dtype: DType, w_dtype: DType, out_dtype: DType, wide: bool) -> bool:
-    """Whether onnxruntime runs this GEMM in float32: an operand, or a quantized output, wider
-    than 8 bits (a float output of 8-bit operands is exported as ConvInteger / MatMulInteger)."""
+
+def runs_in_float(
+    p, x_dtype: DType, w_dtype: DType, out_dtype: DType, wide: bool, transposed: bool = False
+) -> bool:
+    """Whether onnxruntime runs this GEMM in float32: a transposed convolution always (it has
+    no integer ConvTranspose kernel), else an operand, or a quantized output, wider than 8 bits
+    (a float output of 8-bit operands is exported as ConvInteger / MatMulInteger)."""
     if p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ:
         return False
-    return x_dtype.bits > 8 or w_dtype.bits > 8 or (not wide and out_dtype.bits > 8)
+    return transposed or x_dtype.bits > 8 or w_dtype.bits > 8 or (not wide and out_dtype.bits > 8)
 
 
 def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
@@ -37,7 +49,10 @@ def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
     if wq is not None:
         wc, ws, _ = wq
         w_scale = ws.reshape(-1)
-        w = dequantize(wc, w_scale if w_scale.numel() > 1 else w_scale[0], axis=0)
+        if w_scale.numel() > 1:
+            w = dequantize(wc, w_scale, axis=A.weight_channel_axis(call))
+        else:
+            w = dequantize(wc, w_scale[0])
     else:
         b_codes = fc.codes(args, kwargs, plan.acts[1], wi)
         w, w_scale = dequantize(b_codes, wi.scale, zero_point=wi.zero_point), wi.scale
@@ -52,8 +67,9 @@ def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
     elif call.op_type == "matmul":
         y = torch.matmul(x, w) if call.func.__name__ != "__rmatmul__" else torch.matmul(w, x)
     else:
-        conv = F.conv2d if call.op_type == "conv2d" else F.conv1d
-        y = conv(x, w, b, **gemm_params(call))
+        y = _CONVS[call.op_type](x, w, b, **gemm_params(call))
+    if rq.high_precision_output:  # a wide output leaves as the float op's value (no Q)
+        return (y if clamp is None else torch.clamp(y, clamp[0], clamp[1])), None
     out = rq.output_dtype
     so, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
     res = fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)

@@ -10,19 +10,13 @@ from torch import Tensor
 from quantlab.numerics import gemm
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 
 
 def gemm_params(call) -> dict:
-    """A convolution call's stride, padding, dilation and groups, as the call gives them."""
-    names = ("stride", "padding", "dilation", "groups")
-    out = {}
-    for i, n in enumerate(names):
-        if len(call.args) > 3 + i:
-            out[n] = call.args[3 + i]
-        elif n in call.kwargs:
-            out[n] = call.kwargs[n]
-    return out
+    """A convolution call's parameters, as the call gives them (``args.conv_params``)."""
+    return A.conv_params(call)
 
 
 def prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matmul: bool):

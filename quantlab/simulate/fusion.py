@@ -56,11 +56,31 @@ def _channels_at_dim_1(gemm) -> bool:
     return gemm.op_type != "linear" or (shape is not None and len(shape) == 2)
 
 
+def scale_output_channels(w: Tensor, k: Tensor, transposed_groups: int = 0) -> Tensor:
+    """``w`` times ``k`` per output channel: along axis 0 of a conv / linear weight
+    ((O, ...); ``transposed_groups`` 0), or of a transposed convolution's weight (C, O / g,
+    *kernel) with g = ``transposed_groups`` groups, whose output channel g_i * (O / g) + j is
+    column j of the rows of group g_i."""
+    if not transposed_groups:
+        return w * k.reshape([-1] + [1] * (w.dim() - 1))
+    g = transposed_groups
+    rows = w.reshape(g, w.shape[0] // g, *w.shape[1:])
+    ks = k.reshape(g, 1, w.shape[1], *[1] * (w.dim() - 2))
+    return (rows * ks).reshape(w.shape)
+
+
 def fold_batch_norm(
-    cache: dict, name: str, w: Tensor, b: Tensor | None, bn: tuple, grad: bool = False
+    cache: dict,
+    name: str,
+    w: Tensor,
+    b: Tensor | None,
+    bn: tuple,
+    grad: bool = False,
+    transposed_groups: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """(w', b') with w' = w * g / sqrt(var + eps) per output channel and
-    b' = (b - mean) * g / sqrt(var + eps) + beta, float32 (the QAT fused conv-bn).
+    b' = (b - mean) * g / sqrt(var + eps) + beta, float32 (the QAT fused conv-bn); output
+    channels as ``scale_output_channels`` finds them.
 
     ``bn`` = (running_mean, running_var, weight g, bias beta, eps); cached in ``cache[name]``
     while the same tensors (held by the entry, compared by identity, never by ``id()``) keep
@@ -72,7 +92,7 @@ def fold_batch_norm(
         k = torch.rsqrt(var.float() + eps)
         if g is not None:
             k = k * g.float()
-        wf = w * k.reshape([-1] + [1] * (w.dim() - 1))
+        wf = scale_output_channels(w, k, transposed_groups)
         b0 = b if b is not None else torch.zeros_like(mean, dtype=torch.float32)
         bf = (b0 - mean) * k + (beta if beta is not None else 0.0)
         return wf, bf.float()
@@ -82,15 +102,21 @@ def fold_batch_norm(
     if (
         hit is None
         or hit[2] != versions
-        or hit[3] != eps
+        or hit[3] != (eps, transposed_groups)
         or not all(old is new for old, new in zip(hit[4], parts))
     ):
         k = torch.rsqrt(var.float() + eps)
         if g is not None:
             k = k * g.detach().float()
-        wf = w.detach() * k.reshape([-1] + [1] * (w.dim() - 1))
+        wf = scale_output_channels(w.detach(), k, transposed_groups)
         b0 = b.detach() if b is not None else torch.zeros_like(mean, dtype=torch.float32)
         bf = (b0 - mean) * k + (beta.detach() if beta is not None else 0.0)
-        hit = (nn.Parameter(wf, requires_grad=False), bf.float(), versions, eps, parts)
+        hit = (
+            nn.Parameter(wf, requires_grad=False),
+            bf.float(),
+            versions,
+            (eps, transposed_groups),
+            parts,
+        )
         cache[name] = hit
     return hit[0], hit[1]

@@ -318,11 +318,12 @@ def mse_amax(
     return float(cands[int(torch.argmin(err))])
 
 
-def weight_amax(w: Tensor, per_channel: bool) -> Tensor:
-    """Per-channel (axis 0) or per-tensor MinMax absolute maximum of a weight, float32."""
+def weight_amax(w: Tensor, per_channel: bool, axis: int = 0) -> Tensor:
+    """Per-channel (along ``axis``) or per-tensor MinMax absolute maximum of a weight,
+    float32."""
     w = w.detach().float()
     if per_channel and w.dim() > 1:
-        return w.abs().reshape(w.shape[0], -1).amax(dim=1)
+        return w.abs().movedim(axis, 0).reshape(w.shape[axis], -1).amax(dim=1)
     return w.abs().max().reshape(1) if per_channel else w.abs().max()
 
 

@@ -167,54 +167,57 @@ class QuantizationState:
             return None
         return obs.run_min, obs.run_max
 
-    def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool):
-        """(codes in ``dtype``'s torch dtype, float32 scale per output channel (axis 0) or one
-        0-d scale when not ``per_channel``) of a weight; cached until the weight changes (its
-        ``_version``)."""
-        entry = self._weight_entry(name, w, dtype, per_channel)
+    def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool, axis: int = 0):
+        """(codes in ``dtype``'s torch dtype, float32 scale per output channel (along ``axis``)
+        or one 0-d scale when not ``per_channel``) of a weight; cached until the weight changes
+        (its ``_version``)."""
+        entry = self._weight_entry(name, w, dtype, per_channel, axis)
         return entry[2], entry[3]
 
-    def _weight_entry(self, name: str, w: Tensor, dtype: DType, per_channel: bool) -> list:
-        ck = (name, dtype, per_channel)
+    def _weight_entry(
+        self, name: str, w: Tensor, dtype: DType, per_channel: bool, axis: int | None = 0
+    ) -> list:
+        per_channel = per_channel and axis is not None
+        ck = (name, dtype, per_channel, axis if per_channel else None)
         hit = self._wcache.get(ck)
         if hit is not None and hit[0] is w and hit[1] == w._version:
             return hit
-        amax = weight_amax(w, per_channel)
+        amax = weight_amax(w, per_channel, axis if per_channel else 0)
         s = compute_scale(
             amax, dtype, self.platform.scale_rule, narrow_range=self.platform.weight_narrow_range
         )
         lo = -dtype.qmax if self.platform.weight_narrow_range else None
-        axis = 0 if per_channel else None
-        codes = quantize(w.detach(), s, dtype, self.platform.fake_round, axis=axis, qmin=lo)
-        hit = [w, w._version, codes, s, {}]
+        q_axis = axis if per_channel else None
+        codes = quantize(w.detach(), s, dtype, self.platform.fake_round, axis=q_axis, qmin=lo)
+        hit = [w, w._version, codes, s, {}, q_axis]
         self._wcache[ck] = hit
         return hit
 
     def weight_coded(
-        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
+        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0, axis: int | None = 0
     ) -> tuple[Tensor, Tensor, Tensor]:
         """(``weight_value``, codes, scale) of a weight (``weight_q`` at
-        ``platform.weight_per_channel``), from one cache entry."""
-        entry = self._weight_entry(name, w, dtype, self.platform.weight_per_channel)
+        ``platform.weight_per_channel``, output channels along ``axis``; None: one scale per
+        tensor), from one cache entry."""
+        entry = self._weight_entry(name, w, dtype, self.platform.weight_per_channel, axis)
         value = entry[4].get((mode, split))
         if value is None or self._recording_grad():
-            value = self.weight_value(name, w, dtype, mode, split)
+            value = self.weight_value(name, w, dtype, mode, split, axis)
         return value, entry[2], entry[3]
 
     def weight_value(
-        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0
+        self, name: str, w: Tensor, dtype: DType, mode: Mode, split: int = 0, axis: int | None = 0
     ) -> Tensor:
         """The float weight an op computes with: QAT fake quant (FAKE) or codes * scale
-        (FIXED), per output channel or per tensor (``platform.weight_per_channel``); with
-        ``split`` = k the high/low weight s * (w_hi + w_lo / 2**k) (numerics.split); cached with
-        the codes."""
-        per_channel = self.platform.weight_per_channel
-        entry = self._weight_entry(name, w, dtype, per_channel)
+        (FIXED), per output channel (along ``axis``) or per tensor
+        (``platform.weight_per_channel`` false, or ``axis`` None); with ``split`` = k the
+        high/low weight s * (w_hi + w_lo / 2**k) (numerics.split); cached with the codes."""
+        entry = self._weight_entry(name, w, dtype, self.platform.weight_per_channel, axis)
         values = entry[4]
         key = (mode, split)
         if key not in values:
             codes, s = entry[2], entry[3]
-            axis = 0 if per_channel else None
+            axis = entry[5]
             if split:
                 values[key] = split_fake_weight(
                     w.detach(), s, split, axis, self.platform.fake_round

@@ -452,10 +452,15 @@ def test_int16_gemms_run_in_float_as_onnxruntime_runs_them(tmp_path):
     """onnxruntime has no int16 QLinearConv / QLinearMatMul: a GEMM with an int16 operand runs
     as the float op between DequantizeLinear and QuantizeLinear, which the profile computes
     (``fixed_gemm_float``; torch's float32 sum order against MLAS's: a code at a rounding
-    boundary can move by one). The integer path, whose int32 accumulators wrap, was off by
-    over a hundred codes here."""
-    names = ("conv:conv2d#0", "lin:linear#0", ":matmul#0", ":flatten#0", ":transpose#0")
+    boundary can move by one); a wide output (the convolution's, the matmul's) is the float
+    op's value, as the exported graph leaves it. The integer path, whose int32 accumulators
+    wrap, was off by over a hundred codes here."""
+    names = ("conv:conv2d#0", ":matmul#0", ":flatten#0", ":transpose#0")
     spec = QConfigSpec(by_name=dict.fromkeys(names, OpQConfig(output_dtype=DType.INT16)))
+    # the linear's output, a model output and the matmul's operands, leaves quantized (not
+    # wide): the matmul takes two int16 operands
+    narrow = OpQConfig(output_dtype=DType.INT16, high_precision_output=False)
+    spec.by_name["lin:linear#0"] = narrow
     torch.manual_seed(0)
     sim = Simulator(_Int16Gemms().eval(), ORT_PROFILE, spec)
     g = torch.Generator().manual_seed(1)
@@ -467,6 +472,9 @@ def test_int16_gemms_run_in_float_as_onnxruntime_runs_them(tmp_path):
         for y, f in zip(ys, sim.run(x, mode=Mode.FIXED), strict=True):
             lsb = float(f.abs().max()) / 32767
             assert np.abs(y - f.numpy()).max() <= 1.01 * lsb
+    qinfo = sim.trace(xs[0], mode=Mode.FIXED).qinfo
+    assert qinfo.get(":matmul#0") is None and qinfo.get("conv:conv2d#0") is None  # wide
+    assert qinfo["lin:linear#0"].dtype is DType.INT16
     sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)
     worst = max(
         float(np.abs(y - f.numpy()).max() / (float(f.abs().max()) / 32767))
@@ -474,3 +482,40 @@ def test_int16_gemms_run_in_float_as_onnxruntime_runs_them(tmp_path):
         for y, f in zip(ys, sim.run(x, mode=Mode.FIXED))
     )
     assert worst > 10  # the integer path's int32 accumulators wrap: many codes off
+
+
+class _Upsampling(nn.Module):
+    """Two transposed convolutions: one (3x3, stride 2, output padding) quantized before a
+    sigmoid, one with two groups (one weight scale) leaving as a wide model output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.up = nn.ConvTranspose2d(8, 6, 3, stride=2, padding=1, output_padding=1)
+        self.wide = nn.ConvTranspose2d(8, 4, 2, stride=2, groups=2)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return torch.sigmoid(self.up(y)), self.wide(y)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_transposed_convolutions_run_as_float_convtranspose_in_onnxruntime(tmp_path, encoding):
+    """onnxruntime has no integer ConvTranspose: it runs the float op between DequantizeLinear
+    and QuantizeLinear, as the onnxruntime profile does (``fixed_gemm_float``). MLAS may sum in
+    another order than torch, so a float32 sum can differ in its last bit and, at a rounding
+    boundary, move a code by one: the quantized path agrees on (nearly) every code, the wide
+    output to float32 rounding."""
+    sim, xs = _calibrated(_Upsampling())
+    assert (sim.ops["op_type"] == "conv_transpose2d").sum() == 2
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "ConvTranspose" in kinds
+    same = total = 0
+    for x, (y_sig, y_wide) in zip(xs, outs, strict=True):
+        f_sig, f_wide = (t.detach().numpy() for t in sim.run(x, mode=Mode.FIXED))
+        lsb = float(sim.trace(x, mode=Mode.FIXED).qinfo[":sigmoid#0"].scale)
+        assert np.abs(y_sig - f_sig).max() <= lsb * 1.0001
+        same += int((y_sig == f_sig).sum())
+        total += y_sig.size
+        assert np.abs(y_wide - f_wide).max() <= 2.0**-20 * np.abs(f_wide).max()
+    assert same >= 0.999 * total

@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 from bits import assert_bits_equal
-from random_nets import C, RandomNet, S
+from random_nets import UPSAMPLING_STEPS, C, RandomNet, S
 
 from quantlab.simulate import Mode, OpMode, Simulator
 
@@ -30,8 +30,18 @@ def _leaves(out):
 # 49: a convolution's fused chain reached after a studied op (a replay passes it through)
 @pytest.mark.parametrize("seed", [*range(20), 49])
 def test_random_nets_replay_to_the_naive_bits(seed):
+    _replay_to_the_naive_bits(seed, None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_upsampling_nets_replay_to_the_naive_bits(seed):
+    """Nets with transposed convolutions (a fused BatchNorm, a fused relu6, groups)."""
+    _replay_to_the_naive_bits(seed, UPSAMPLING_STEPS, n_steps=10)
+
+
+def _replay_to_the_naive_bits(seed: int, steps: dict | None, n_steps: int = 14):
     torch.manual_seed(seed)
-    model = RandomNet(seed, 14).eval()
+    model = RandomNet(seed, n_steps, steps).eval()
     g = torch.Generator().manual_seed(seed)
     shape = (2, C, S, S)
     sim = Simulator(model, "j6m")
@@ -64,8 +74,18 @@ def test_random_nets_replay_to_the_naive_bits(seed):
 # 109, 111: an in-place sum on a tensor another step still holds (traced as a write)
 @pytest.mark.parametrize("seed", [*range(100, 106), 109, 111])
 def test_random_nets_run_as_programs_with_the_captured_runs_bits(seed, platform):
+    _programs_give_the_captured_bits(seed, platform, None)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime", "tflite"])
+@pytest.mark.parametrize("seed", range(200, 203))
+def test_random_upsampling_nets_run_as_programs_with_the_captured_runs_bits(seed, platform):
+    _programs_give_the_captured_bits(seed, platform, UPSAMPLING_STEPS)
+
+
+def _programs_give_the_captured_bits(seed: int, platform: str, steps: dict | None):
     torch.manual_seed(seed)
-    model = RandomNet(seed, 14).eval()
+    model = RandomNet(seed, 14, steps).eval()
     g = torch.Generator().manual_seed(seed)
     shape = (2, C, S, S)
     sim = Simulator(model, platform, steady_programs=False)
