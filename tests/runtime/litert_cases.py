@@ -34,6 +34,7 @@ class Variant(enum.Enum):
     TIES = "ties"
     RELU6_TIE = "relu6_tie"
     WIDE = "wide"
+    EXTREME = "extreme"  # codes and zero points at the ends of their ranges (TRANSPOSE_CONV)
 
 
 def variant_of(seed: int, wide_allowed: bool) -> Variant:

@@ -1,18 +1,18 @@
 """One-op TFLite models built in memory from the LiteRT flatbuffer schema, and their runs.
 
-``conv2d_model``, ``depthwise_model``, ``fully_connected_model``, ``add_model`` and
-``sub_model`` return the bytes of a model with one quantized operator (int8 activations with
-any zero point, or 16x8: int16 activations with zero point 0, int8 weights, int32 or int64
-bias); ``ModelBuilder.finish_graph`` chains several operators; the ``*Case``
+``conv2d_model``, ``depthwise_model``, ``transpose_conv_model``, ``fully_connected_model``,
+``add_model`` and ``sub_model`` return the bytes of a model with one quantized operator (int8
+activations with any zero point, or 16x8: int16 activations with zero point 0, int8 weights,
+int32 or int64 bias); ``ModelBuilder.finish_graph`` chains several operators; the ``*Case``
 dataclasses hold every parameter so that a test can run the same case in LiteRT and in an
 oracle. ``run`` executes a model single-threaded with LiteRT's reference kernels
 (``Kernels.REFERENCE``, ``OpResolverType.BUILTIN_REF``) or with the default interpreter
 (``Kernels.DEFAULT``: builtin kernels plus the XNNPACK delegate, which takes int8 conv,
-depthwise, fully connected and add).
+depthwise, fully connected and add, and int8 TRANSPOSE_CONV when its padding allows).
 
-Layouts are TFLite's: activations NHWC, conv filters (O, KH, KW, I), depthwise filters
-(1, KH, KW, C * multiplier), fully connected weights (units, depth). The schema module is the
-one ``ai-edge-litert`` ships (``ai_edge_litert.schema_py_generated``).
+Layouts are TFLite's: activations NHWC, conv and transposed conv filters (O, KH, KW, I),
+depthwise filters (1, KH, KW, C * multiplier), fully connected weights (units, depth). The
+schema module is the one ``ai-edge-litert`` ships (``ai_edge_litert.schema_py_generated``).
 """
 
 from __future__ import annotations
@@ -82,6 +82,26 @@ class ConvCase:
     padding: Padding
     activation: Activation
     depth_multiplier: int = 0  # > 0: a depthwise conv
+
+
+@dataclass(frozen=True)
+class TransposeConvCase:
+    """TRANSPOSE_CONV: x (N, H, W, I) codes, w (O, KH, KW, I) int8 codes, per-tensor (1,) or
+    per-channel (O,) float32 weight scales, integer bias (O,) (int32, or int64 / int32 for
+    16x8) or None, the output's spatial size ``out_hw`` (the operator's output_shape input;
+    with ``padding`` and ``stride`` it must give back the input's size, see
+    ``transpose_conv_padding``)."""
+
+    x: np.ndarray
+    xq: QParams
+    w: np.ndarray
+    w_scale: np.ndarray
+    bias: np.ndarray | None
+    yq: QParams
+    stride: tuple[int, int]
+    padding: Padding
+    activation: Activation
+    out_hw: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -213,6 +233,41 @@ def conv2d_model(c: ConvCase) -> bytes:
     return m.finish(builtin, [xi, wi, bi], [yi], otype, o, [xi])
 
 
+def transpose_conv_model(c: TransposeConvCase, bias_type=None) -> bytes:
+    """TRANSPOSE_CONV model of a TransposeConvCase: inputs (output_shape, a constant int32
+    (4,) tensor; weights; x; bias, or -1 without one), options padding, strides and fused
+    activation. 16x8: the options' quantized_bias_type is ``bias_type`` (np.int32 / np.int64,
+    what the converter's option writes) or by default the bias's dtype, unset without a bias
+    (LiteRT then runs the int64 kernel)."""
+    m = ModelBuilder()
+    act = c.x.dtype
+    n, out_ch = c.x.shape[0], c.w.shape[0]
+    out_shape = np.array([n, *c.out_hw, out_ch], np.int32)
+    si = m.tensor("output_shape", np.int32, (4,), data=out_shape)
+    wi = m.tensor("w", np.int8, c.w.shape, c.w_scale, None, 0, c.w)
+    xi = m.tensor("x", act, c.x.shape, c.xq.scale, c.xq.zero_point)
+    bi = -1
+    if c.bias is not None:
+        bias_scale = (np.float64(c.xq.scale) * c.w_scale.astype(np.float64)).astype(np.float32)
+        bi = m.tensor("b", c.bias.dtype, c.bias.shape, bias_scale, None, 0, c.bias)
+    yi = m.tensor("y", act, out_shape, c.yq.scale, c.yq.zero_point)
+    o = S.TransposeConvOptionsT()
+    o.padding = c.padding.value
+    o.strideH, o.strideW = c.stride
+    o.fusedActivationFunction = c.activation.value
+    o.quantizedBiasType = _bias_type(c.bias, act)
+    if bias_type is not None and np.dtype(act) == np.int16:
+        o.quantizedBiasType = _TENSOR_TYPE[np.dtype(bias_type)]
+    return m.finish(
+        S.BuiltinOperator.TRANSPOSE_CONV,
+        [si, wi, xi, bi],
+        [yi],
+        S.BuiltinOptions.TransposeConvOptions,
+        o,
+        [xi],
+    )
+
+
 def fully_connected_model(c: FullyConnectedCase) -> bytes:
     """FULLY_CONNECTED model of a FullyConnectedCase (keep_num_dims false, output (B, units))."""
     m = ModelBuilder()
@@ -303,6 +358,50 @@ def same_padding_before(size, kernel, stride, dilation, padding: Padding) -> tup
         eff = (k - 1) * d + 1
         pads.append(max((o - 1) * s + eff - n, 0) // 2)
     return pads[0], pads[1]
+
+
+def transpose_conv_padding(in_hw, out_hw, kernel, stride, padding: Padding):
+    """TFLite's padding of a TRANSPOSE_CONV, as its kernel computes it (transpose_conv.cc Eval:
+    ComputePaddingHeightWidthChecked with the output as the convolution's input, dilation 1):
+    per spatial dim (before, after) with total = max((in - 1) * s + k - out, 0), before =
+    total // 2, after = total - before. Input (y, x) scatters to output (y * s - before + ky,
+    ...), taps outside the output dropped. ValueError unless ComputeOutSize(padding, out, k,
+    s) gives back ``in_hw`` (the kernel refuses such a model)."""
+    pads = []
+    for n, o, k, s in zip(in_hw, out_hw, kernel, stride):
+        v = o + s - 1 if padding is Padding.SAME else o + s - k
+        back = v // s if v >= 0 else -(-v // s)  # C division
+        if back != n:
+            raise ValueError(
+                f"output size {o} with kernel {k}, stride {s}, {padding.name} gives input "
+                f"size {back}, not {n}"
+            )
+        total = max((n - 1) * s + k - o, 0)
+        pads.append((total // 2, total - total // 2))
+    return tuple(pads)
+
+
+def transpose_conv_torch_args(in_hw, out_hw, kernel, stride, padding: Padding):
+    """torch's (padding, output_padding) for conv_transpose2d giving TFLite's TRANSPOSE_CONV
+    output (same size, same alignment), or None when torch cannot express it.
+
+    torch drops p rows before the full output of length (in - 1) * s + k and keeps
+    full - 2 * p + op rows (0 <= op < s; dilation 1), so p is TFLite's padding before and
+    op = out - full + 2 * p. With TFLite's total padding t = full - out > 0 that is
+    op = 2 * (t // 2) - t: 0 for an even t, -1 for an odd t, where TFLite pads one row more
+    after than before, which torch's symmetric padding cannot express (SAME with an odd t,
+    e.g. k = 3, s = 2, out = 2 * in): such cases are left out of the comparisons. VALID (t = 0,
+    op = (out - k) % s) and SAME with an even t or with t clipped to 0 are always
+    expressible."""
+    torch_pad, out_pad = [], []
+    pads = transpose_conv_padding(in_hw, out_hw, kernel, stride, padding)
+    for (before, _), n, o, k, s in zip(pads, in_hw, out_hw, kernel, stride):
+        op = o - ((n - 1) * s + k) + 2 * before
+        if not 0 <= op < s:
+            return None
+        torch_pad.append(before)
+        out_pad.append(op)
+    return tuple(torch_pad), tuple(out_pad)
 
 
 @dataclass(frozen=True)
