@@ -186,6 +186,66 @@ def test_text_detector_with_dynamic_sizes_matches_onnxruntime_on_a_page():
     assert [type(m) for m in b.metrics] == [OutputSQNR, OutputCosine]
 
 
+def test_text_detector_upsamples_with_integer_transposed_convolutions():
+    """PP-OCRv4's DBNet head upsamples the text map with two ConvTranspose2d. In fixed mode on
+    J6M both are integer GEMMs whose output codes equal the integer reference on the trained
+    weights (per-channel weight scales along dim 1, int32 bias codes, MUL_SHIFT), and the map
+    still finds the page's text (thresholded at DBNet's 0.3: IoU with float >= 0.7; 0.82
+    measured)."""
+    from bits import assert_bits_equal
+
+    from quantlab.models.formats import ChannelOrder, ImageFormat, Resize
+    from quantlab.numerics import reference
+    from quantlab.numerics.dtypes import DType
+    from quantlab.numerics.requant import requant_scale
+    from quantlab.simulate import Mode, Simulator
+
+    fmt = ImageFormat(192, 384, Resize.STRETCH, (0.5,) * 3, (0.5,) * 3, channels=ChannelOrder.BGR)
+    page = fmt.apply(read_image(packages.package_file(packages.SKIMAGE, "data/page.png", "t")))
+    b = build_model(ModelConfig(name="onnx", path=_onnx_file(*DET)), example=(page,))
+    sim = Simulator(b.module, "j6m")
+    sim.calibrate([(page.flip(-1),), (page.flip(-2),)], progress=False)
+    ops = sim.ops.set_index("name")
+    ups = list(ops.index[ops["op_type"] == "conv_transpose2d"])
+    assert len(ups) == 2 and ops.loc[ups, "supported"].all()
+    trace = sim.trace(page, mode=Mode.FIXED)
+    plat = sim.platform
+    biased = 0
+    for name in ups:
+        prev = trace.order[trace.order.index(name) - 1]  # the relu that feeds it
+        assert ops.loc[prev, "op_type"] == "relu"
+        xin = trace.qinfo[prev]
+        xin = xin[0] if isinstance(xin, list) else xin  # a pass-through op's leaves
+        rq = sim.qconfig_of(name)
+        so = sim.act_scale(name, "out", DType.INT8, rq)
+        m = b.module.get_submodule(ops.loc[name, "module"])
+        w = m.weight.detach()
+        sw = (w.abs().amax(dim=(0, 2, 3)) / 127.5).float()
+        wc = reference.quantize(w, sw, DType.INT8, axis=1)
+        xc = reference.quantize(trace.outputs[prev], xin.scale, DType.INT8)  # on its grid
+        acc = reference.int_conv_transpose2d(
+            xc, wc, m.stride, m.padding, m.output_padding, m.groups, m.dilation
+        )
+        if m.bias is not None:
+            bias = reference.quantize_bias(m.bias.detach(), xin.scale, sw)
+            acc = acc + bias.reshape(1, -1, 1, 1)
+            biased += 1
+        acc, _ = reference.accumulate(acc)
+        real = requant_scale(xin.scale, sw, so, plat.requant)
+        want = reference.requantize(
+            acc, real, plat.requant, DType.INT8, plat.requant_round, 1, plat.requant_mult_bits
+        )
+        assert_bits_equal(trace.qinfo[name].codes.to(torch.int64), torch.from_numpy(want))
+    # the graph adds each one's bias in an Add of its own; loading folds the first Add into its
+    # ConvTranspose (the module named after it), the second stays an add op
+    assert biased == 1
+    with torch.no_grad():
+        text = b.module(page) > 0.3
+    found = sim.run(page, mode=Mode.FIXED) > 0.3
+    assert int(text.sum()) > 1000
+    assert float((text & found).sum() / (text | found).sum()) >= 0.7
+
+
 def test_bad_onnx_inputs_name_the_file(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all")
     with pytest.raises(ValueError, match="model.path: file .*none.onnx does not exist"):
