@@ -170,3 +170,13 @@ def test_an_embedding_carries_the_seeds_index_path_fix(platform):
     t = model_placement(sim, (torch.randint(0, 50, (2, 6)),)).set_index("name")
     assert t.loc["table:embedding#0", "unit"] in (Unit.BPU_FIXED.value, Unit.BPU_FLOAT.value)
     assert "fix_scale=1 (seed 000 lines 141-147)" in t.loc["table:embedding#0", "fix"]
+
+
+def test_a_transposed_convolution_is_placed_as_conv_with_the_assumption_named():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ConvTranspose2d(4, 4, 2, stride=2), nn.ReLU())
+    torch.manual_seed(0)
+    t = model_placement(Simulator(model.eval(), "j6m"), (torch.randn(1, 3, 8, 8),))
+    row = t.set_index("name").loc["1:conv_transpose2d#0"]
+    assert row["unit"] == Unit.BPU_FIXED.value and row["engine"] == "TAE"
+    assert "computed as Conv (assumed)" in row["reason"]
+    assert "seed 002 line 17" in row["seed"]
