@@ -106,6 +106,7 @@ _reg(
     OpCategory.PASS_THROUGH,
 )
 _reg("relu relu_", "relu", OpCategory.PASS_THROUGH)
+_reg("amax amin", None, OpCategory.PASS_THROUGH)  # a maximum / minimum is one of its inputs
 _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCategory.POOL)
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)

@@ -307,6 +307,8 @@ def op_placement(row: pd.Series, plat: PlatformConfig) -> Placement:
             seed = "seed 004 line 109"
     if row["op_type"] in ("conv_transpose1d", "conv_transpose2d"):
         reason += "; a transposed convolution placed and computed as Conv (assumed)"
+    if row["op_type"] in ("amax", "amin"):
+        reason += "; a max / min reduction, which selects input codes, placed so (assumed)"
     is_float = out in ("FLOAT16", "FLOAT32")
     if "FLOAT32" in ins.split(",") and not is_float:
         reason += "; its float32 input (from a float op or the model input) is quantized on entry"

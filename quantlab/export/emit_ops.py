@@ -236,6 +236,21 @@ def emit_reduce(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_reduce_extreme(ctx: ExportContext, op: RecordedOp) -> None:
+    """amax / amin as ReduceMax / ReduceMin: each output is one of its inputs, so the codes
+    stay on the input's grid (a pass-through op)."""
+    shape = ctx.shape_of(op, 0)
+    dims = _dims(ctx.arg(op, 1, "dim", ()), len(shape))
+    axes = dims if dims else list(range(len(shape)))  # dim=() reduces every dimension
+    y = ctx.graph.node(
+        "ReduceMax" if op.op_type == "amax" else "ReduceMin",
+        [ctx.act(op, 0), ctx.graph.int64s(f"{op.name}/axes", axes)],
+        f"{op.name}/float",
+        keepdims=int(bool(ctx.arg(op, 2, "keepdim", False))),
+    )
+    ctx.set_outputs(op, [y])
+
+
 def emit_softmax(ctx: ExportContext, op: RecordedOp) -> None:
     if op.kwargs.get("dtype") is not None:
         raise UnsupportedOpError(f"op {op.name}: softmax with dtype")

@@ -52,6 +52,8 @@ EMITTERS: dict[str, Emitter] = {
     "clamp": E.emit_clip,
     "max_pool1d": E.emit_max_pool,
     "max_pool2d": E.emit_max_pool,
+    "amax": E.emit_reduce_extreme,
+    "amin": E.emit_reduce_extreme,
     "avg_pool2d": E.emit_avg_pool,
     "adaptive_avg_pool2d": E.emit_avg_pool,
     "mean": E.emit_reduce,

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from bits import assert_bits_equal
 from torch import nn
 
 onnx = pytest.importorskip("onnx")
@@ -519,3 +520,35 @@ def test_transposed_convolutions_run_as_float_convtranspose_in_onnxruntime(tmp_p
         total += y_sig.size
         assert np.abs(y_wide - f_wide).max() <= 2.0**-20 * np.abs(f_wide).max()
     assert same >= 0.999 * total
+
+
+class _Extremes(nn.Module):
+    """amax / amin over the spatial dims, every dim, and channels kept: pass-through ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(16, 5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        pooled = torch.cat([y.amax((2, 3)), torch.amin(y, dim=(2, 3))], 1)
+        return self.fc(pooled), torch.sigmoid(y.amax(1, keepdim=True)), torch.tanh(y.amin())
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_max_and_min_reductions_keep_their_input_codes(tmp_path, encoding):
+    """A maximum or minimum is one of its inputs: amax / amin are pass-through ops (their
+    input's scale and codes), ReduceMax / ReduceMin in onnxruntime with fixed mode's bits."""
+    sim, xs = _calibrated(_Extremes())
+    ops = sim.ops.set_index("name")
+    reductions = [":amax#0", ":amin#0", ":amax#1", ":amin#1"]
+    assert (ops.loc[reductions, "category"] == "PASS_THROUGH").all()
+    trace = sim.trace(xs[1], mode=Mode.FIXED)
+    conv = trace.outputs["conv:conv2d#0"]
+    assert_bits_equal(trace.outputs[":amax#0"], conv.amax((2, 3)))
+    assert trace.qinfo[":amax#0"][0].scale is trace.qinfo["conv:conv2d#0"].scale
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"ReduceMax", "ReduceMin"} <= kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
