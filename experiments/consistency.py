@@ -239,15 +239,28 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
             f"Accumulated along depth, the gap grows to {last.sqnr_db:.1f} dB SQNR at the last "
             f"op ({last['name']})."
         )
-    fallback = support[support.fixed_kernel.str.startswith("float")]
-    out.append(
-        f"{bundle.name} has {len(support)} captured op calls; "
-        f"{int((~support.supported).sum())} run in float because {ctx.platform.name} does not "
-        f"support them, {len(fallback)} have no integer kernel in quantlab (float evaluation, "
-        "quantized output)"
-        + (f": {', '.join(sorted(set(fallback.op_type)))}." if len(fallback) else ".")
-    )
+    out.append(_float_ops_finding(support, ctx.platform.name, bundle.name))
     return out
+
+
+def _float_ops_finding(ops, platform: str, model: str) -> str:
+    """How many captured op calls run in float, in three disjoint groups: ops quantlab does
+    not model, modelled ops the platform does not support, and supported ops whose fixed
+    kernel computes in float (``fixed_kernel`` starting "float"), each with its op types."""
+    not_modelled = ops.category == "NONE"
+    unsupported = ~not_modelled & ~ops.supported
+    in_float = ops.supported & ops.fixed_kernel.str.startswith("float")
+
+    def group(mask) -> str:
+        types = sorted(set(ops.op_type[mask]))
+        return f"{int(mask.sum())}" + (f" ({', '.join(types)})" if types else "")
+
+    return (
+        f"{model} has {len(ops)} captured op calls: {group(not_modelled)} are ops quantlab does "
+        f"not model (they run in float); {group(unsupported)} run in float because {platform} "
+        f"does not support them; {group(in_float)} compute in float in fixed mode and quantize "
+        "their output."
+    )
 
 
 @experiment(ConsistencyExp, "consistency")
@@ -269,6 +282,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             "name",
             "op_type",
             "supported",
+            "category",
             "fixed_kernel",
             "input_dtype",
             "weight_dtype",

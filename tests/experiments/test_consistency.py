@@ -77,3 +77,31 @@ def test_schema_rejects_same_modes():
 
     with pytest.raises(ValueError, match="must differ"):
         ConsistencyExp(mode_a=Mode.FIXED, mode_b=Mode.FIXED)
+
+
+def test_float_ops_finding_counts_three_disjoint_groups():
+    """An op quantlab does not model counts once (not also as lacking an integer kernel)."""
+    import pandas as pd
+
+    from experiments.consistency import _float_ops_finding
+
+    ops = pd.DataFrame(
+        {
+            "op_type": ["conv2d", "log_softmax", "gelu", "sub", "relu"],
+            "category": ["GEMM", "NONE", "LUT", "ADD", "PASS_THROUGH"],
+            "supported": [True, False, False, True, True],
+            "fixed_kernel": [
+                "integer",
+                "float (not supported on this platform)",
+                "float (not supported on this platform)",
+                "float between dequantize and quantize",
+                "pass_through",
+            ],
+        }
+    )
+    text = _float_ops_finding(ops, "p", "m")
+    assert text == (
+        "m has 5 captured op calls: 1 (log_softmax) are ops quantlab does not model (they run "
+        "in float); 1 (gelu) run in float because p does not support them; 1 (sub) compute in "
+        "float in fixed mode and quantize their output."
+    )
