@@ -251,6 +251,42 @@ def emit_reduce_extreme(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+_RESIZE_MODES = {"nearest": "nearest", "bilinear": "linear", "linear": "linear"}
+
+
+def emit_interpolate(ctx: ExportContext, op: RecordedOp) -> None:
+    """F.interpolate as Resize: by the call's scale factor (torch's coordinate mapping), or to
+    the output's size; nearest as torch's (floor of the asymmetric source coordinate), linear /
+    bilinear with torch's align_corners (half_pixel otherwise). Other modes and antialiasing
+    are refused."""
+    mode = ctx.arg(op, 3, "mode", "nearest")
+    if mode not in _RESIZE_MODES or ctx.arg(op, 6, "antialias", False):
+        raise UnsupportedOpError(
+            f"op {op.name}: interpolate mode={mode!r} (antialias="
+            f"{ctx.arg(op, 6, 'antialias', False)}); exported modes: nearest, linear, bilinear "
+            "without antialiasing"
+        )
+    attrs: dict = {"mode": _RESIZE_MODES[mode]}
+    if mode == "nearest":
+        attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    else:
+        align = bool(ctx.arg(op, 4, "align_corners", False))
+        attrs["coordinate_transformation_mode"] = "align_corners" if align else "half_pixel"
+    sf = ctx.arg(op, 2, "scale_factor", None)
+    shape = list(op.outputs[0].shape)
+    if sf is not None and not ctx.arg(op, 5, "recompute_scale_factor", None):
+        # torch maps coordinates with the given factor, not output / input size: so does
+        # Resize given ``scales`` (the output size is floor(input size x scale) in both)
+        nsp = len(shape) - 2
+        factors = [float(sf)] * nsp if isinstance(sf, (int, float)) else [float(f) for f in sf]
+        scales = ctx.float_const(f"{op.name}/scales", np.array([1.0, 1.0, *factors], np.float32))
+        ins = [ctx.act(op, 0), "", scales]
+    else:
+        ins = [ctx.act(op, 0), "", "", ctx.graph.int64s(f"{op.name}/sizes", shape)]
+    y = ctx.graph.node("Resize", ins, f"{op.name}/float", **attrs)
+    ctx.set_outputs(op, [y])
+
+
 def emit_softmax(ctx: ExportContext, op: RecordedOp) -> None:
     if op.kwargs.get("dtype") is not None:
         raise UnsupportedOpError(f"op {op.name}: softmax with dtype")

@@ -53,6 +53,7 @@ EMITTERS: dict[str, Emitter] = {
     "max_pool1d": E.emit_max_pool,
     "max_pool2d": E.emit_max_pool,
     "amax": E.emit_reduce_extreme,
+    "interpolate": E.emit_interpolate,
     "amin": E.emit_reduce_extreme,
     "avg_pool2d": E.emit_avg_pool,
     "adaptive_avg_pool2d": E.emit_avg_pool,

@@ -552,3 +552,51 @@ def test_max_and_min_reductions_keep_their_input_codes(tmp_path, encoding):
     assert {"ReduceMax", "ReduceMin"} <= kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _Resized(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.kw = kw
+
+    def forward(self, x):
+        return F.interpolate(torch.tanh(self.conv(x)), **self.kw) * 1.0
+
+
+RESIZES = [
+    dict(mode="nearest", scale_factor=2.0),
+    dict(mode="nearest", scale_factor=1.5),
+    dict(mode="nearest", size=(13, 11)),
+    dict(mode="nearest", scale_factor=(2.0, 1.0)),
+    dict(mode="bilinear", scale_factor=2.0, align_corners=False),
+    dict(mode="bilinear", scale_factor=3.0, align_corners=False),
+    dict(mode="bilinear", scale_factor=1.5, align_corners=False),
+    dict(mode="bilinear", scale_factor=0.5, align_corners=False),
+    dict(mode="bilinear", scale_factor=1.5, align_corners=True),
+    dict(mode="bilinear", size=(13, 11), align_corners=False),
+    dict(mode="bilinear", size=(5, 7), align_corners=True),
+]
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+@pytest.mark.parametrize("kw", RESIZES, ids=lambda kw: "-".join(map(str, kw.values())))
+def test_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_path, kw, encoding):
+    """F.interpolate exports as Resize: by the call's scale factor (torch maps coordinates with
+    it; with the output size instead a 1.5x bilinear moved 6543 of 7488 codes) or to its
+    size, nearest as torch's floor, bilinear with torch's align_corners."""
+    torch.manual_seed(0)
+    sim = Simulator(_Resized(**kw).eval(), ORT_PROFILE)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 8, 9, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 3, 8, 9, generator=g) * s for s in (0.5, 1.0, 4.0)]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Resize" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
+
+
+def test_interpolate_modes_without_a_resize_form_are_refused(tmp_path):
+    sim, xs = _calibrated(_Resized(mode="bicubic", scale_factor=2.0))
+    with pytest.raises(UnsupportedOpError, match="interpolate mode='bicubic'"):
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
