@@ -600,3 +600,27 @@ def test_interpolate_modes_without_a_resize_form_are_refused(tmp_path):
     sim, xs = _calibrated(_Resized(mode="bicubic", scale_factor=2.0))
     with pytest.raises(UnsupportedOpError, match="interpolate mode='bicubic'"):
         to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+
+
+class _Resized1d(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 8, 3, padding=1)
+        self.kw = kw
+
+    def forward(self, x):
+        return F.interpolate(torch.tanh(self.conv(x)), **self.kw) * 1.0
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(mode="linear", scale_factor=1.5, align_corners=True), dict(mode="linear", size=7)]
+)
+def test_one_dimensional_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_path, kw):
+    torch.manual_seed(0)
+    sim = Simulator(_Resized1d(**kw).eval(), ORT_PROFILE)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 9, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 3, 9, generator=g) * s for s in (0.5, 2.0)]
+    outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
