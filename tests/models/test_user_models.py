@@ -186,7 +186,18 @@ def test_text_detector_with_dynamic_sizes_matches_onnxruntime_on_a_page():
     assert [type(m) for m in b.metrics] == [OutputSQNR, OutputCosine]
 
 
-def test_text_detector_upsamples_with_integer_transposed_convolutions():
+@pytest.fixture(scope="module")
+def detector_on_a_page():
+    """PP-OCRv4's text detector converted for 192 x 384 inputs, and skimage's page.png in the
+    package's preprocessing (BGR, (x - 0.5) / 0.5)."""
+    from quantlab.models.formats import ChannelOrder, ImageFormat, Resize
+
+    fmt = ImageFormat(192, 384, Resize.STRETCH, (0.5,) * 3, (0.5,) * 3, channels=ChannelOrder.BGR)
+    page = fmt.apply(read_image(packages.package_file(packages.SKIMAGE, "data/page.png", "t")))
+    return build_model(ModelConfig(name="onnx", path=_onnx_file(*DET)), example=(page,)), page
+
+
+def test_text_detector_upsamples_with_integer_transposed_convolutions(detector_on_a_page):
     """PP-OCRv4's DBNet head upsamples the text map with two ConvTranspose2d. In fixed mode on
     J6M both are integer GEMMs whose output codes equal the integer reference on the trained
     weights (per-channel weight scales along dim 1, int32 bias codes, MUL_SHIFT), and the map
@@ -194,15 +205,12 @@ def test_text_detector_upsamples_with_integer_transposed_convolutions():
     measured)."""
     from bits import assert_bits_equal
 
-    from quantlab.models.formats import ChannelOrder, ImageFormat, Resize
     from quantlab.numerics import reference
     from quantlab.numerics.dtypes import DType
     from quantlab.numerics.requant import requant_scale
     from quantlab.simulate import Mode, Simulator
 
-    fmt = ImageFormat(192, 384, Resize.STRETCH, (0.5,) * 3, (0.5,) * 3, channels=ChannelOrder.BGR)
-    page = fmt.apply(read_image(packages.package_file(packages.SKIMAGE, "data/page.png", "t")))
-    b = build_model(ModelConfig(name="onnx", path=_onnx_file(*DET)), example=(page,))
+    b, page = detector_on_a_page
     sim = Simulator(b.module, "j6m")
     sim.calibrate([(page.flip(-1),), (page.flip(-2),)], progress=False)
     ops = sim.ops.set_index("name")
@@ -244,6 +252,27 @@ def test_text_detector_upsamples_with_integer_transposed_convolutions():
     found = sim.run(page, mode=Mode.FIXED) > 0.3
     assert int(text.sum()) > 1000
     assert float((text & found).sum() / (text | found).sum()) >= 0.7
+
+
+def test_text_detector_exported_as_qdq_gives_fixed_modes_bits(detector_on_a_page, tmp_path):
+    """The whole detector (convolutions, squeeze-excite with its HardSigmoid converted to
+    arithmetic and clamps, nearest upsampling, the ConvTranspose head, sigmoid) exported as
+    ONNX QDQ runs in onnxruntime with the onnxruntime profile's fixed-mode bits on every
+    output value."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.export import ActivationEncoding, to_onnx_qdq
+    from quantlab.export import runtime as R
+    from quantlab.export.ort_host import onnxruntime_profile
+    from quantlab.simulate import Mode, Simulator
+
+    b, page = detector_on_a_page
+    sim = Simulator(b.module, onnxruntime_profile())
+    sim.calibrate([(page.flip(-1),), (page.flip(-2),)], progress=False)
+    assert {"conv_transpose2d", "interpolate", "clamp", "div"} <= set(sim.ops["op_type"])
+    enc = ActivationEncoding.UNSIGNED_OFFSET
+    info = to_onnx_qdq(sim, tmp_path / "det.onnx", (page,), encoding=enc)
+    (got,) = R.run(R.session(info.path), info.input_names, (page,))
+    assert np.array_equal(got, sim.run(page, mode=Mode.FIXED).numpy())
 
 
 def test_bad_onnx_inputs_name_the_file(tmp_path):
