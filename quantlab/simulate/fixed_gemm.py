@@ -79,7 +79,7 @@ class GemmRun:
     b_shape: tuple | None  # a second activation operand's shape
     kind: str  # "pairs", "conv", "conv_transpose", "linear" or "matmul"
     conv: Any  # gemm.PreparedConv of a weight's convolution (None: planned per call)
-    params: dict  # stride, padding, dilation, groups (convolutions)
+    params: dict  # a convolution's parameters (``args.conv_params``)
     w_float32: Tensor | None  # a linear weight's float32 cast for the float paths
     zx_u8: int  # "pairs": the uint8 input's zero point
     xs: Tensor  # the scales the sums are finished with
