@@ -451,6 +451,105 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN = np.iinfo(np.int64).min
+
+
+def _slice(ctx: ExportContext, base: str, x: str, starts, ends, axes, steps, shape) -> str:
+    """Slice then Reshape to the output leaf's ``shape`` (a selected dim dropped)."""
+    g = ctx.graph
+    y = g.node(
+        "Slice",
+        [
+            x,
+            g.int64s(f"{base}/starts", starts),
+            g.int64s(f"{base}/ends", ends),
+            g.int64s(f"{base}/axes", axes),
+            g.int64s(f"{base}/steps", steps),
+        ],
+        f"{base}/slice",
+    )
+    return g.node("Reshape", [y, g.int64s(f"{base}/shape", list(shape))], f"{base}/float")
+
+
+def emit_pieces(ctx: ExportContext, op: RecordedOp) -> None:
+    """chunk, split, unbind, narrow, select: each output is a contiguous range of the input
+    along one dim (unbind / select drop it), a Slice of the codes' values."""
+    x = _source(ctx, op)
+    nd = len(ctx.shape_of(op, 0))
+    size_of = ctx.shape_of(op, 0)
+    if op.op_type in ("narrow", "select"):
+        dim = int(ctx.arg(op, 1, "dim")) % nd
+        start = int(ctx.arg(op, 2, "start" if op.op_type == "narrow" else "index"))
+        start %= size_of[dim]
+        length = int(ctx.arg(op, 3, "length")) if op.op_type == "narrow" else 1
+        spans = [(start, length)]
+    else:
+        dim = int(ctx.arg(op, 2 if op.op_type != "unbind" else 1, "dim", 0)) % nd
+        spans, at = [], 0
+        for t in op.outputs:
+            n = 1 if op.op_type == "unbind" else t.shape[dim]
+            spans.append((at, n))
+            at += n
+    names = []
+    for j, ((start, n), t) in enumerate(zip(spans, op.outputs, strict=True)):
+        base = f"{op.name}/{j}"
+        names.append(_slice(ctx, base, x, [start], [start + n], [dim], [1], t.shape))
+    ctx.set_outputs(op, names)
+
+
+def emit_flip(ctx: ExportContext, op: RecordedOp) -> None:
+    """flip as a Slice with step -1 on each flipped dim."""
+    nd = len(ctx.shape_of(op, 0))
+    dims = ctx.arg(op, 1, "dims")
+    dims = sorted({int(d) % nd for d in ([dims] if isinstance(dims, int) else dims)})
+    n = len(dims)
+    y = _slice(
+        ctx, op.name, _source(ctx, op), [-1] * n, [_INT64_MIN] * n, dims, [-1] * n,
+        op.outputs[0].shape,
+    )  # fmt: skip
+    ctx.set_outputs(op, [y])
+
+
+def emit_expand(ctx: ExportContext, op: RecordedOp) -> None:
+    """expand / expand_as / repeat: Expand to the output's shape (expand), or Tile after a
+    Reshape adding the leading dims the repeat counts add (repeat)."""
+    g = ctx.graph
+    x, out = _source(ctx, op), list(op.outputs[0].shape)
+    if op.op_type != "repeat":
+        y = g.node("Expand", [x, g.int64s(f"{op.name}/shape", out)], f"{op.name}/float")
+        ctx.set_outputs(op, [y])
+        return
+    reps = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "repeats")
+    reps = [int(r) for r in ([reps] if isinstance(reps, int) else reps)]
+    shape = list(ctx.shape_of(op, 0))
+    if len(reps) > len(shape):  # the leading dims the repeat counts add
+        shape = [1] * (len(reps) - len(shape)) + shape
+        x = g.node("Reshape", [x, g.int64s(f"{op.name}/lead_shape", shape)], f"{op.name}/lead")
+        want = op.in_quant[0] if op.in_quant else None
+        if want is not None:  # quantized again at its own scale (as the GEMMs' N-d reshapes)
+            q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
+            x = g.dequantize(g.quantize(x, q, base=f"{op.name}/lead_q"), q)
+    y = g.node("Tile", [x, g.int64s(f"{op.name}/repeats", reps)], f"{op.name}/float")
+    ctx.set_outputs(op, [y])
+
+
+def emit_movedim(ctx: ExportContext, op: RecordedOp) -> None:
+    """movedim as the Transpose that moves ``source`` dims to ``destination`` (the others keep
+    their order)."""
+    nd = len(ctx.shape_of(op, 0))
+    src, dst = ctx.arg(op, 1, "source"), ctx.arg(op, 2, "destination")
+    src = [int(d) % nd for d in ([src] if isinstance(src, int) else src)]
+    dst = [int(d) % nd for d in ([dst] if isinstance(dst, int) else dst)]
+    perm: list = [None] * nd
+    for s_, d_ in zip(src, dst, strict=True):
+        perm[d_] = s_
+    rest = iter(d for d in range(nd) if d not in src)
+    perm = [p if p is not None else next(rest) for p in perm]
+    y = ctx.graph.node("Transpose", [_source(ctx, op)], f"{op.name}/float", perm=perm)
+    ctx.set_outputs(op, [y])
+
+
 def emit_cast(ctx: ExportContext, op: RecordedOp) -> None:
     src = ctx.value(op.args[0], f"{op.name}/in")
     out = op.outputs[0].dtype

@@ -624,3 +624,42 @@ def test_one_dimensional_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_pa
     outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
+
+
+class _Pieces(nn.Module):
+    """chunk, split, unbind, narrow, select, flip, expand, repeat (with a leading dim) and
+    movedim: ops that move or select codes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))  # (N, 8, H, W)
+        a, b = y.chunk(2, 1)
+        p, q, r = torch.split(y, [2, 3, 3], dim=1)
+        u0, u1 = torch.unbind(y[:, :2], 1)
+        mixed = a * b + p.sum(1, keepdim=True) + q[:, :1] - r[:, 2:] + (u0 * u1).unsqueeze(1)
+        tiled = y[:, :1].expand(-1, 4, -1, -1) + y[:, :2].repeat(1, 2, 1, 1)
+        return (
+            mixed,
+            y.narrow(2, 1, 3) * 2.0,
+            y.select(3, -1) + 1.0,
+            torch.flip(y, dims=(1, -1)) * y,
+            tiled,
+            torch.movedim(y, 1, -1) * 0.5,
+            y.repeat(2, 1, 1, 1, 2) * 2.0,
+        )
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_codes_moving_ops_export_with_fixed_modes_bits(tmp_path, encoding):
+    sim, xs = _calibrated(_Pieces())
+    moved = "chunk split unbind narrow select flip expand repeat movedim".split()
+    kinds = set(sim.ops["op_type"])
+    assert set(moved) <= kinds
+    assert (sim.ops[sim.ops["op_type"].isin(moved)]["category"] == "PASS_THROUGH").all()
+    outs, onnx_kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"Slice", "Tile", "Expand", "Transpose"} <= onnx_kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
