@@ -101,7 +101,7 @@ _reg("relu6", None, OpCategory.REQUANT)  # F.relu6; nn.ReLU6 calls hardtanh(0, 6
 _reg(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
     "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
-    "unflatten __getitem__",
+    "unflatten __getitem__ pixel_shuffle pixel_unshuffle",
     None,
     OpCategory.PASS_THROUGH,
 )

@@ -38,7 +38,8 @@ GEMM_TYPES = frozenset(
 LUT_TYPES = LUT_FUNCS
 VIEW_TYPES = frozenset(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
-    "chunk split unbind narrow select view_as reshape_as movedim detach getitem".split()
+    "chunk split unbind narrow select view_as reshape_as movedim detach getitem pixel_shuffle "
+    "pixel_unshuffle".split()
 )
 
 

@@ -550,6 +550,30 @@ def emit_movedim(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_pixel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
+    """pixel_shuffle as DepthToSpace (CRD: channel c * r * r + i * r + j goes to pixel (i, j)
+    of channel c's block); pixel_unshuffle, its inverse, as Reshape, Transpose, Reshape (the
+    intermediate quantized again at the input's scale, as the codes are)."""
+    g = ctx.graph
+    x = _source(ctx, op)
+    if op.op_type == "pixel_shuffle":
+        r = int(ctx.arg(op, 1, "upscale_factor"))
+        y = g.node("DepthToSpace", [x], f"{op.name}/float", blocksize=r, mode="CRD")
+        ctx.set_outputs(op, [y])
+        return
+    r = int(ctx.arg(op, 1, "downscale_factor"))
+    n, c, h, w = ctx.shape_of(op, 0)
+    blocks = [n, c, h // r, r, w // r, r]
+    y = g.node("Reshape", [x, g.int64s(f"{op.name}/blocks", blocks)], f"{op.name}/blocks")
+    want = op.in_quant[0] if op.in_quant else None
+    if want is not None:
+        q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
+        y = g.dequantize(g.quantize(y, q, base=f"{op.name}/blocks_q"), q)
+    y = g.node("Transpose", [y], f"{op.name}/moved", perm=[0, 1, 3, 5, 2, 4])
+    out = g.int64s(f"{op.name}/shape", list(op.outputs[0].shape))
+    ctx.set_outputs(op, [g.node("Reshape", [y, out], f"{op.name}/float")])
+
+
 def emit_cast(ctx: ExportContext, op: RecordedOp) -> None:
     src = ctx.value(op.args[0], f"{op.name}/in")
     out = op.outputs[0].dtype

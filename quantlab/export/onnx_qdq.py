@@ -89,6 +89,8 @@ EMITTERS: dict[str, Emitter] = {
     "expand_as": E.emit_expand,
     "repeat": E.emit_expand,
     "movedim": E.emit_movedim,
+    "pixel_shuffle": E.emit_pixel_shuffle,
+    "pixel_unshuffle": E.emit_pixel_shuffle,
     "to": E.emit_cast,
     "float": E.emit_cast,
     "type": E.emit_cast,

@@ -123,7 +123,7 @@ def _zero_constant_pad(call) -> bool:
 LAYOUT_OPS = frozenset(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
     "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
-    "getitem".split()
+    "getitem pixel_shuffle pixel_unshuffle".split()
 )
 
 

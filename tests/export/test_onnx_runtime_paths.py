@@ -663,3 +663,25 @@ def test_codes_moving_ops_export_with_fixed_modes_bits(tmp_path, encoding):
     assert {"Slice", "Tile", "Expand", "Transpose"} <= onnx_kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _Shuffled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.down = nn.Conv2d(32, 4, 1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        return F.pixel_shuffle(y, 2) * 2.0, self.down(F.pixel_unshuffle(y, 2))
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_pixel_shuffle_and_unshuffle_move_codes_with_fixed_modes_bits(tmp_path, encoding):
+    sim, xs = _calibrated(_Shuffled())
+    ops = sim.ops.set_index("op_type")
+    assert (ops.loc[["pixel_shuffle", "pixel_unshuffle"], "category"] == "PASS_THROUGH").all()
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "DepthToSpace" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
