@@ -92,7 +92,16 @@ _UNARY = {
 
 
 # table ops written as other ONNX ops, or with attributes or a slope tensor (emit_unary)
-COMPOSED_UNARY = ("rsqrt", "silu", "gelu", "hardsigmoid", "hardswish", "leaky_relu", "prelu")
+COMPOSED_UNARY = (
+    "rsqrt",
+    "silu",
+    "gelu",
+    "hardsigmoid",
+    "hardswish",
+    "leaky_relu",
+    "prelu",
+    "inverse_sigmoid",
+)
 
 
 def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
@@ -119,6 +128,13 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
         tail = [1] * max(op.outputs[0].dim() - 2, 0) if w.numel() > 1 else []
         slope = ctx.graph.const(f"{op.name}/slope", w.reshape([-1, *tail]))
         y = ctx.graph.node("PRelu", [x, slope], f"{op.name}/float")
+    elif op.op_type == "inverse_sigmoid":  # log(clamp(x, eps) / clamp(1 - x, eps))
+        g = ctx.graph
+        eps = ctx.float_const(f"{op.name}/eps", float(ctx.arg(op, 1, "eps", 1e-5)))
+        x1 = g.node("Clip", [x, eps], f"{op.name}/x1")
+        one_minus = g.node("Sub", [ctx.float_const(f"{op.name}/one", 1.0), x], f"{op.name}/1-x")
+        x2 = g.node("Clip", [one_minus, eps], f"{op.name}/x2")
+        y = g.node("Log", [g.node("Div", [x1, x2], f"{op.name}/ratio")], f"{op.name}/float")
     else:
         y = ctx.graph.node(_UNARY[op.op_type], [x], f"{op.name}/float")
     ctx.set_outputs(op, [y])

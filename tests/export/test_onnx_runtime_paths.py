@@ -26,6 +26,7 @@ from torch import nn
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from quantlab import ops as quantlab_ops  # noqa: E402
 from quantlab.analysis.onnx_fidelity import measure  # noqa: E402
 from quantlab.export import ActivationEncoding, UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
@@ -685,3 +686,46 @@ def test_pixel_shuffle_and_unshuffle_move_codes_with_fixed_modes_bits(tmp_path, 
     assert "DepthToSpace" in kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _InverseSigmoid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return quantlab_ops.inverse_sigmoid(torch.sigmoid(self.conv(x) * 3.0)) * 1.0
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_inverse_sigmoid_exports_with_the_table_onnxruntime_computes(tmp_path, dtype, encoding):
+    """inverse_sigmoid is written as Clip, Sub, Clip, Div, Log; the profile's table holds each
+    code as those float32 ops and Eigen's log compute it (``runtime_values``); every tensor
+    here has a multiple of 4 elements, so no element takes the C library's log."""
+    both = OpQConfig(input_dtype=dtype, output_dtype=dtype)
+    spec = QConfigSpec(by_type={"inverse_sigmoid": both, "sigmoid": OpQConfig(output_dtype=dtype)})
+    torch.manual_seed(0)
+    sim = Simulator(_InverseSigmoid().eval(), ORT_PROFILE, spec)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 3, 8, 8, generator=g) * s for s in (0.5, 2.0)]
+    assert sim.qconfig_of(":inverse_sigmoid#0").output_dtype is dtype
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Log" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
+
+
+def test_the_detr_style_decoder_exports_with_fixed_modes_bits(tmp_path):
+    """The registry's DETR-style decoder (six refinements ref = sigmoid(delta +
+    inverse_sigmoid(ref))) runs in onnxruntime with fixed mode's bits in both encodings."""
+    from quantlab.models import build_model, example_inputs
+
+    sim = Simulator(build_model("detr_decoder").module, ORT_PROFILE)
+    sim.calibrate([example_inputs("detr_decoder", 2, seed=s) for s in range(2)], progress=False)
+    x = example_inputs("detr_decoder", 2, seed=7)
+    for encoding in ActivationEncoding:
+        info = to_onnx_qdq(sim, tmp_path / f"{encoding.name}.onnx", x, encoding=encoding)
+        got = R.run(R.session(info.path), info.input_names, x)
+        assert _same(got, [sim.run(*x, mode=Mode.FIXED)])

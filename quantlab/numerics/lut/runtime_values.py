@@ -21,7 +21,8 @@ The float ops, as the exported graph computes them (no domain clamps, no LutSpec
     below 0, -inf at 0), which onnxruntime's Log / Sin / Cos compute on all but the last
     (n mod 4) elements of a tensor (those take the C library's, which can differ in the last
     bit);
-  * inverse_sigmoid (not exported): ``LutFunction.target`` rounded to float32.
+  * inverse_sigmoid: the exporter's Clip(x, eps), Sub(1, x), Clip(eps), Div, Log: x1 =
+    max(x, e), x2 = max(fl32(1 - x), e), fl32(x1 / x2), then Eigen's log (e = fl32(eps)).
 QuantizeLinear maps NaN to the lowest code (MLAS clamps with max(NaN, lo) = lo).
 """
 
@@ -58,6 +59,13 @@ def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.where(x >= 0, x, x * alpha)
 
 
+def _inverse_sigmoid(x: Tensor, spec: LutSpec) -> Tensor:
+    eps = torch.tensor(spec.eps, dtype=torch.float32)
+    x1 = torch.maximum(x, eps)
+    x2 = torch.maximum(1.0 - x, eps)  # float32 tensor ops: each IEEE-rounded
+    return eigen_log(x1 / x2)
+
+
 def _rounded(op):
     """``op`` formed in float64 and rounded once to float32: the IEEE float32 operation for
     sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits)."""
@@ -85,6 +93,7 @@ _KERNELS = {
     "log": lambda x, spec: eigen_log(x),
     "sin": lambda x, spec: eigen_sin(x),
     "cos": lambda x, spec: eigen_cos(x),
+    "inverse_sigmoid": _inverse_sigmoid,
 }
 
 
