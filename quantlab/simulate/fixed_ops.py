@@ -60,6 +60,11 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
         return "float32 exp table (8-bit); float_fallback (16-bit)"
     if op_type in A.TRANSPOSED and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return "float between dequantize and quantize"
+    if (
+        category is OpCategory.RESAMPLE
+        and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
+    ):
+        return "integer (nearest); float between dequantize and quantize (linear, bilinear)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"
     if category is OpCategory.REDUCE and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
