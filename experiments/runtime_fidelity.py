@@ -1,8 +1,8 @@
 """Does each runtime profile give its runtime's bits? Profiles x runtimes on one-op models.
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
-FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH; int8 with nonzero zero points and 16x8;
-onnxruntime QLinearConv and QLinearMatMul with uint8 / int8 activations and nonzero zero
+TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH; int8 with nonzero zero points and
+16x8; onnxruntime QLinearConv and QLinearMatMul with uint8 / int8 activations and nonzero zero
 points, and every table op the exporter writes (``ort_lut_models.OPS``: Sigmoid, Tanh, Exp,
 ..., HardSigmoid, HardSwish, LeakyRelu) between DequantizeLinear and QuantizeLinear on every
 8-bit code) run in the real runtime (LiteRT's reference kernels, LiteRT's default interpreter with
@@ -10,6 +10,12 @@ XNNPACK, onnxruntime) and through quantlab's public numerics under each named pr
 (``tests/runtime/quantlab_bridge.py``); a row counts the outputs compared and those that
 differ. The case generators and model builders are the tests' own, so the report measures what
 the tests check.
+
+LiteRT's default interpreter runs an op that XNNPACK declines with its own builtin kernel:
+XNNPACK declines an int8 TRANSPOSE_CONV with SAME padding and a kernel smaller than the stride,
+and LiteRT's kernel requantizes those cases by the ``tflite`` rule, so the ``litert_xnnpack``
+profile misses some of their outputs. The run reports whether XNNPACK took the op; the findings
+count the declined cases and where the differing outputs are.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ RUNTIME_TESTS = Path(__file__).resolve().parent.parent / "tests" / "runtime"
 
 class Runtime(enum.Enum):
     """LITERT_REFERENCE: LiteRT single-threaded with OpResolverType.BUILTIN_REF.
-    LITERT_DEFAULT: a plain LiteRT Interpreter (XNNPACK takes the int8 ops).
+    LITERT_DEFAULT: a plain LiteRT Interpreter (XNNPACK takes the int8 ops it supports,
+    LiteRT's builtin kernels run the others).
     ONNXRUNTIME: onnxruntime CPU, one thread, graph optimizations off (QLinear ops) or on
     (the LUT ops, so that Sigmoid becomes QLinearSigmoid)."""
 
@@ -75,9 +82,10 @@ class Family:
     op: str
     dtype: str
     make: object  # seed -> case
-    run: object  # case -> runtime output codes
+    run: object  # case -> runtime output codes, or LiteRT's RunResult (codes, delegated)
     ours: object  # (case, platform) -> quantlab output codes
     platform_fields: tuple = ()  # (field, value) the model sets on every profile (bias dtype)
+    declined_when: str = ""  # LITERT_DEFAULT: the cases XNNPACK declines, for the findings
 
 
 def _modules():
@@ -96,23 +104,33 @@ def _litert_families(runtime: Runtime) -> list[Family]:
     i8, i16, i32, i64 = np.int8, np.int16, np.int32, np.int64
 
     def conv(c):
-        return L.run(L.conv2d_model(c), [c.x], kernels).y
+        return L.run(L.conv2d_model(c), [c.x], kernels)
+
+    def transpose_conv(bias_type=None):
+        return lambda c: L.run(L.transpose_conv_model(c, bias_type), [c.x], kernels)
 
     def fc(c):
-        return L.run(L.fully_connected_model(c), [c.x], kernels).y
+        return L.run(L.fully_connected_model(c), [c.x], kernels)
 
     def add(c):
-        return L.run(L.add_model(c), [c.a, c.b], kernels).y
+        return L.run(L.add_model(c), [c.a, c.b], kernels)
 
     def sub(c):
-        return L.run(L.sub_model(c), [c.a, c.b], kernels).y
+        return L.run(L.sub_model(c), [c.a, c.b], kernels)
 
     def lut(c):
-        return L.run(L.lut_model(c), [c.x], kernels).y
+        return L.run(L.lut_model(c), [c.x], kernels)
 
     rows = [
         ("CONV_2D", "int8", lambda s: C.conv_case(s, False, i8, i32), conv, B.litert_conv),
         ("DEPTHWISE_CONV_2D", "int8", lambda s: C.conv_case(s, True, i8, i32), conv, B.litert_conv),
+        (
+            "TRANSPOSE_CONV",
+            "int8",
+            lambda s: C.transpose_conv_case(s, i8, i32),
+            transpose_conv(),
+            B.litert_transpose_conv,
+        ),
         (
             "FULLY_CONNECTED",
             "int8",
@@ -133,6 +151,17 @@ def _litert_families(runtime: Runtime) -> list[Family]:
             ("CONV_2D", False, "int32 bias", i32),
         ):
             rows.append((op, f"16x8 {bias}", _conv_case(C, dw, bias_dt), conv, B.litert_conv))
+        # int32 bias: the options say quantized_bias_type=INT32 also on the cases without a bias
+        for bias, bias_dt, option in (("int64 bias", i64, None), ("int32 bias", i32, i32)):
+            rows.append(
+                (
+                    "TRANSPOSE_CONV",
+                    f"16x8 {bias}",
+                    lambda s, b=bias_dt: C.transpose_conv_case(s, i16, b),
+                    transpose_conv(option),
+                    B.litert_transpose_conv,
+                )
+            )
         for bias, bias_dt in (("int64 bias", i64), ("int32 bias", i32)):
             rows.append(
                 (
@@ -145,7 +174,16 @@ def _litert_families(runtime: Runtime) -> list[Family]:
             )
         rows.append(("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add))
         rows.append(("SUB", "int16", lambda s: C.add_case(s, i16), sub, B.litert_sub))
-    return [Family(runtime, *r, platform_fields=_bias_fields(r[1])) for r in rows]
+    declined = {"TRANSPOSE_CONV": "SAME padding with a kernel smaller than the stride"}
+    return [
+        Family(
+            runtime,
+            *r,
+            platform_fields=_bias_fields(r[1]),
+            declined_when=declined.get(r[0], "") if runtime is Runtime.LITERT_DEFAULT else "",
+        )
+        for r in rows
+    ]
 
 
 def _conv_case(C, depthwise: bool, bias_dtype):
@@ -205,23 +243,46 @@ def _zero_points(case) -> bool:
 
 def measure(exp: RuntimeFidelityExp, progress: bool = True) -> pd.DataFrame:
     """One row per (runtime, op family, dtype, profile): cases, outputs, differing outputs."""
+    return _measure(exp, progress)[0]
+
+
+def _measure(exp: RuntimeFidelityExp, progress: bool = True) -> tuple[pd.DataFrame, dict]:
+    """``measure``'s rows, and per LITERT_DEFAULT family with a ``declined_when``, by (runtime,
+    family label), the cases XNNPACK declined: {"when": declined_when, "cases", "outputs",
+    "differing": {profile: differing outputs in those cases}}."""
     families: list[Family] = []
     for rt in exp.runtimes:
         families += _ort_families() if rt is Runtime.ONNXRUNTIME else _litert_families(rt)
     platforms = {name: load_platform(name) for name in exp.profiles}
+    return _count(families, platforms, exp.cases, progress)
+
+
+def _count(families: list[Family], platforms: dict, cases: int, progress: bool):
+    """``_measure`` on given families and profiles (name -> PlatformConfig), seeds 0..cases-1."""
     rows = []
+    declined: dict[tuple[str, str], dict] = {}
     for fam in tqdm(families, desc="runtime_fidelity", disable=not progress):
         counts = {name: [0, 0] for name in platforms}
         with_zp = 0
-        for seed in range(exp.cases):
+        dec = dict(when=fam.declined_when, cases=0, outputs=0)
+        dec["differing"] = dict.fromkeys(platforms, 0)
+        for seed in range(cases):
             case = fam.make(seed)
-            theirs = fam.run(case)
+            result = fam.run(case)
+            theirs = getattr(result, "y", result)
+            was_declined = bool(fam.declined_when) and not result.delegated
             with_zp += _zero_points(case)
+            dec["cases"] += was_declined
+            dec["outputs"] += int(theirs.size) if was_declined else 0
             for name, platform in platforms.items():
                 platform = dataclasses.replace(platform, **dict(fam.platform_fields))
                 mine = fam.ours(case, platform)
+                differing = int((mine != theirs).sum())
                 counts[name][0] += int(theirs.size)
-                counts[name][1] += int((mine != theirs).sum())
+                counts[name][1] += differing
+                dec["differing"][name] += differing if was_declined else 0
+        if fam.declined_when:
+            declined[(fam.runtime.value, f"{fam.op} {fam.dtype}")] = dec
         for name, (outputs, differing) in counts.items():
             rows.append(
                 dict(
@@ -231,14 +292,14 @@ def measure(exp: RuntimeFidelityExp, progress: bool = True) -> pd.DataFrame:
                     family=f"{fam.op} {fam.dtype}",
                     profile=name,
                     label=f"{fam.op} {fam.dtype} | {name}",
-                    cases=exp.cases,
+                    cases=cases,
                     cases_with_zero_points=with_zp,
                     outputs=outputs,
                     differing=differing,
                     differing_pct=100.0 * differing / max(outputs, 1),
                 )
             )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), declined
 
 
 def matching_profiles() -> dict[str, str]:
@@ -251,7 +312,7 @@ def matching_profiles() -> dict[str, str]:
     }
 
 
-def _findings(df: pd.DataFrame) -> list[str]:
+def _findings(df: pd.DataFrame, declined: dict | None = None) -> list[str]:
     f = []
     matching = matching_profiles()
     own = df[df.profile == df.runtime.map(matching)]
@@ -262,6 +323,7 @@ def _findings(df: pd.DataFrame) -> list[str]:
             f"({int(g.cases.sum())} cases, {int(g.cases_with_zero_points.sum())} with nonzero "
             "activation zero points)."
         )
+    f += _declined_findings(own, declined or {}, matching)
     other = df[(df.profile != df.runtime.map(matching)) & (df.differing > 0)]
     for _, r in other.sort_values("differing_pct", ascending=False).head(3).iterrows():
         f.append(
@@ -272,9 +334,31 @@ def _findings(df: pd.DataFrame) -> list[str]:
     return f
 
 
+def _declined_findings(own: pd.DataFrame, declined: dict, matching: dict) -> list[str]:
+    """Why a LITERT_DEFAULT row differs from its profile: the cases XNNPACK declined, which
+    LiteRT's own kernel ran (compared with the reference kernels' profile when measured)."""
+    f = []
+    ref = matching[Runtime.LITERT_REFERENCE.value]
+    for _, r in own[own.differing > 0].iterrows():
+        dec = declined.get((r.runtime, r.family))
+        if dec is None or dec["cases"] == 0:
+            continue
+        kernel = "LiteRT's own kernel runs them"
+        if ref in dec["differing"]:
+            d = dec["differing"][ref]
+            rule = f" by the `{ref}` rule" if d == 0 else ""
+            kernel += f"{rule} ({d} of their {dec['outputs']} outputs differ from `{ref}`)"
+        f.append(
+            f"{r.runtime} {r.family}: XNNPACK declines {dec['when']} ({dec['cases']} of "
+            f"{int(r.cases)} cases) and {kernel}; they hold {dec['differing'][r.profile]} of "
+            f"the `{r.profile}` profile's {int(r.differing)} differing outputs."
+        )
+    return f
+
+
 @experiment(RuntimeFidelityExp, "runtime_fidelity")
 def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResult:
-    df = measure(exp, ctx.progress)
+    df, declined = _measure(exp, ctx.progress)
     own = df[df.profile == df.runtime.map(matching_profiles())][
         [
             "runtime",
@@ -305,11 +389,12 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "observer output scales whose saturated outputs land on ties and, for 16x8, sums past "
         "2^31). onnxruntime cases use symmetric int8 weights (weight zero point 0), as quantlab "
         "quantizes weights.",
-        "quantlab side: qconv2d / qlinear / qmatmul with the profile's per-family contract "
-        "(platform.gemm_contract(op type, activation=dtype)), the fused activation's code bounds "
-        "by the profile's bound_rule, ADD by its add_rule and SUB as the add of a and -b "
-        "(fixed_common.sub_codes), LOGISTIC / TANH and onnxruntime's table ops by the "
-        "zero-point LUT (numerics.lut.zero_point; tests/runtime/quantlab_bridge.py). "
+        "quantlab side: qconv2d / qconv_transpose / qlinear / qmatmul with the profile's "
+        "per-family contract (platform.gemm_contract(op type, activation=dtype)), the fused "
+        "activation's code bounds by the profile's bound_rule, ADD by its add_rule and SUB as "
+        "the add of a and -b (fixed_common.sub_codes), LOGISTIC / TANH and onnxruntime's "
+        "table ops by the zero-point LUT (numerics.lut.zero_point; "
+        "tests/runtime/quantlab_bridge.py). "
         "onnxruntime runs a table op as DequantizeLinear -> op(s) -> QuantizeLinear, the "
         "Sigmoid group fused into QLinearSigmoid, the others in float32 (silu: Sigmoid+Mul, "
         "rsqrt: Sqrt+Reciprocal); the onnxruntime profiles compute each entry as its float32 "
@@ -322,11 +407,17 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
         "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "
         "kernel (LiteRT refuses the model).",
+        "TRANSPOSE_CONV cases (strides 1-3, kernels 1-5, SAME and VALID, every 8th without a "
+        "bias, also codes and int8 zero points at the ends of their range) are drawn only "
+        "where torch's conv_transpose2d reproduces TFLite's padding (SAME with TFLite padding "
+        "one row more after than before is left out). LiteRT's default interpreter gives "
+        "XNNPACK the int8 ones except SAME with a kernel smaller than the stride, which its own "
+        "kernel runs; the findings count those cases from each run.",
     ]
     return ExperimentResult(
         table=df,
         title="Runtime fidelity: quantlab profiles against LiteRT and onnxruntime",
-        findings=_findings(df),
+        findings=_findings(df, declined),
         tables={"matching_profiles": own},
         plots=plots,
         notes=notes,

@@ -28,9 +28,10 @@ def result(tmp_path_factory):
 
 def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     """Every family under its runtime's profile gives 0 differing outputs (onnxruntime's Gelu
-    only on a CPU with AVX-512F, whose kernel the profile emulates)."""
+    only on a CPU with AVX-512F, whose kernel the profile emulates; XNNPACK takes the
+    TRANSPOSE_CONV cases of seeds 0..3)."""
     df = result.table
-    families = 7 + 4 + 2 * 14  # LiteRT, onnxruntime GEMMs, onnxruntime tables (uint8 / int8)
+    families = 8 + 4 + 2 * 14  # LiteRT, onnxruntime GEMMs, onnxruntime tables (uint8 / int8)
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]
@@ -58,6 +59,9 @@ def test_reference_rows_cover_16x8_with_both_bias_dtypes():
     df = measure(exp, progress=False)
     fams = set(df.family)
     for fam in (
+        "TRANSPOSE_CONV int8",
+        "TRANSPOSE_CONV 16x8 int64 bias",
+        "TRANSPOSE_CONV 16x8 int32 bias",
         "CONV_2D 16x8 int32 bias",
         "FULLY_CONNECTED 16x8 int32 bias",
         "CONV_2D 16x8 int64 bias",
@@ -67,3 +71,26 @@ def test_reference_rows_cover_16x8_with_both_bias_dtypes():
         assert fam in fams, fams
     assert "DEPTHWISE_CONV_2D 16x8 int32 bias" not in fams  # no such LiteRT kernel
     assert (df.outputs > 0).all() and int(df.differing.sum()) == 0
+
+
+def test_default_transpose_conv_differs_only_where_xnnpack_declines():
+    """LiteRT's default interpreter on int8 TRANSPOSE_CONV: the cases XNNPACK declines (SAME,
+    kernel smaller than the stride) run LiteRT's own kernel and give the ``tflite`` profile's
+    bits; they hold every output that differs from ``litert_xnnpack``, and a finding says so."""
+    from experiments.runtime_fidelity import _count, _findings, _litert_families
+    from quantlab.platforms import load_platform
+
+    (fam,) = [
+        f
+        for f in _litert_families(Runtime.LITERT_DEFAULT)
+        if (f.op, f.dtype) == ("TRANSPOSE_CONV", "int8")
+    ]
+    names = ("tflite", "litert_xnnpack")
+    df, declined = _count([fam], {n: load_platform(n) for n in names}, 60, False)
+    dec = declined[("litert_default", "TRANSPOSE_CONV int8")]
+    differing = dict(zip(df.profile, df.differing))
+    assert dec["cases"] >= 5 and dec["differing"]["tflite"] == 0
+    assert dec["differing"]["litert_xnnpack"] == differing["litert_xnnpack"] > 0
+    (finding,) = [f for f in _findings(df, declined) if "XNNPACK declines" in f]
+    assert "SAME padding with a kernel smaller than the stride" in finding
+    assert f"({dec['cases']} of 60 cases)" in finding and "by the `tflite` rule" in finding

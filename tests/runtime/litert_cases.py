@@ -1,16 +1,20 @@
-"""Seeded random one-op cases for LiteRT: conv, depthwise, fully connected and add.
+"""Seeded random one-op cases for LiteRT: conv, depthwise, transposed conv, fully connected,
+add and the LUT ops.
 
-Every case is drawn from ``np.random.default_rng(seed)``. Besides plain random cases a case
-can be a ``Variant``: TIES (power-of-two scales, so that the real multiplier is 2**-k and many
-accumulators sit exactly on a rounding tie), RELU6_TIE (an output scale for which 6.0f / scale
-is exactly k + 0.5 in float32, the fused RELU6 bound's tie), or WIDE (16x8: operands near
-their extremes with matching signs, so that the sums pass 2**31).
+Every case is drawn from ``np.random.default_rng(seed)`` (TRANSPOSE_CONV: ``10_000 + seed``).
+Besides plain random cases a case can be a ``Variant``: TIES (power-of-two scales, so that the
+real multiplier is 2**-k and many accumulators sit exactly on a rounding tie), RELU6_TIE (an
+output scale for which 6.0f / scale is exactly k + 0.5 in float32, the fused RELU6 bound's tie),
+WIDE (16x8: operands near their extremes with matching signs, so that the sums pass 2**31) or,
+for TRANSPOSE_CONV, EXTREME (activation codes and int8 zero points at the ends of their range,
+weights +-127 or 0).
 The output scale is fitted to the exact accumulators so that outputs span the output range
 and some saturate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import numpy as np
@@ -23,8 +27,11 @@ from litert_models import (
     LutCase,
     Padding,
     QParams,
+    TransposeConvCase,
     conv_output_size,
     same_padding_before,
+    transpose_conv_padding,
+    transpose_conv_torch_args,
 )
 from oracle_ops import conv_sums, depthwise_sums, fc_sums
 
@@ -79,6 +86,8 @@ def _weights(rng, shape, variant: Variant, out_axis: int = 0) -> np.ndarray:
         return (rng.choice([-1, 1], size=sign_shape) * np.full(shape, 127)).astype(np.int8)
     if variant is Variant.TIES:
         return rng.integers(-8, 9, shape).astype(np.int8)
+    if variant is Variant.EXTREME:
+        return rng.choice([-127, 127, 0], size=shape, p=[0.45, 0.45, 0.1]).astype(np.int8)
     return rng.integers(-127, 128, shape).astype(np.int8)
 
 
@@ -92,6 +101,10 @@ def _x(rng, shape, dtype, zx, variant: Variant) -> np.ndarray:
     if variant is Variant.TIES:  # small sums, so that a multiplier 2**-k with small k fits
         info = np.iinfo(dtype)
         return np.clip(zx + rng.integers(-6, 7, shape), info.min, info.max).astype(dtype)
+    if variant is Variant.EXTREME:
+        info = np.iinfo(dtype)
+        ends = [int(info.min), int(info.max), int(info.min) + 1, int(info.max) - 1]
+        return rng.choice(ends, shape).astype(dtype)
     return _act_codes(rng, shape, dtype)
 
 
@@ -105,10 +118,14 @@ def _scales(rng, variant: Variant, n_w: int, act_dtype) -> tuple[np.float32, np.
     return sx, np.array([_scale(rng, 1e-3, 2e-2) for _ in range(n_w)], np.float32)
 
 
-def _fit_output(rng, acc, sx, sw, dtype, variant: Variant, activation, asym) -> QParams:
+def _fit_output(
+    rng, acc, sx, sw, dtype, variant: Variant, activation, asym, zy: int | None = None
+) -> QParams:
     """Output quantization: sy = max|real output| / qmax / u, u uniform in [0.4, 1.3] (u < 1
-    saturates the largest outputs); TIES: M = 2**-k; RELU6_TIE: a RELU6 tie scale."""
-    zy = _zero_point(rng, dtype, asym)
+    saturates the largest outputs); TIES: M = 2**-k; RELU6_TIE: a RELU6 tie scale. The zero
+    point is ``zy``, or drawn by ``_zero_point`` when None."""
+    if zy is None:
+        zy = _zero_point(rng, dtype, asym)
     if variant is Variant.RELU6_TIE and activation is Activation.RELU6:
         return QParams(relu6_tie_scale(rng), zy)
     qmax = float(np.iinfo(dtype).max)
@@ -173,6 +190,111 @@ def conv_case(seed: int, depthwise: bool, act_dtype, bias_dtype, asymmetric=True
     return ConvCase(
         x, QParams(sx, zx), w, sw, bias, yq, stride, dilation, padding, activation, mult
     )
+
+
+def transpose_conv_variant(seed: int, wide_allowed: bool) -> Variant:
+    """TRANSPOSE_CONV's mix: every 9th case WIDE (16x8 only), every 7th RELU6_TIE, every 5th
+    TIES, every 6th EXTREME."""
+    if wide_allowed and seed % 9 == 4:
+        return Variant.WIDE
+    if seed % 7 == 2:
+        return Variant.RELU6_TIE
+    if seed % 5 == 1:
+        return Variant.TIES
+    if seed % 6 == 3:
+        return Variant.EXTREME
+    return Variant.PLAIN
+
+
+def transpose_conv_sums(c: TransposeConvCase) -> np.ndarray:
+    """Exact sums of TFLite's TRANSPOSE_CONV, no bias (int64 NHWC): input (y, x) of channel i
+    adds w[o, ky, kx, i] * (x - zx) to output (y * sh - top + ky, x * sw - left + kx) of
+    channel o; taps outside the output are dropped (reference transpose_conv.h)."""
+    x = c.x.astype(np.int64) - c.xq.zero_point
+    w = c.w.astype(np.int64)
+    n, h, wd, _ = x.shape
+    o, kh, kw, _ = w.shape
+    (sh, sw), (oh, ow) = c.stride, c.out_hw
+    (top, _), (left, _) = transpose_conv_padding((h, wd), c.out_hw, (kh, kw), c.stride, c.padding)
+    full = np.zeros(
+        (n, max((h - 1) * sh + kh, top + oh), max((wd - 1) * sw + kw, left + ow), o), np.int64
+    )
+    for ky in range(kh):
+        for kx in range(kw):
+            rows = slice(ky, ky + (h - 1) * sh + 1, sh)
+            cols = slice(kx, kx + (wd - 1) * sw + 1, sw)
+            full[:, rows, cols] += np.einsum("nhwi,oi->nhwo", x, w[:, ky, kx, :])
+    return full[:, top : top + oh, left : left + ow]
+
+
+def _transpose_conv_geometry(rng, variant: Variant):
+    """(in_hw, kernel, stride, padding, out_hw) that torch can express (SAME or VALID with
+    even odds; strides 1-3, kernels 1-5; WIDE: a 5x5 kernel at stride 1)."""
+    padding = Padding.SAME if rng.random() < 0.5 else Padding.VALID
+    while True:
+        if variant is Variant.WIDE:  # 25 taps on each interior output
+            k, s, hw = (5, 5), (1, 1), tuple(int(v) for v in rng.integers(5, 8, 2))
+        else:
+            k = tuple(int(v) for v in rng.integers(1, 6, 2))
+            s = tuple(int(v) for v in rng.integers(1, 4, 2))
+            hw = tuple(int(v) for v in rng.integers(1, 7, 2))
+        if padding is Padding.SAME:  # ComputeOutSize(SAME, out, k, s) = ceil(out / s) = in
+            out = [int(rng.integers((n - 1) * st + 1, n * st + 1)) for n, st in zip(hw, s)]
+        else:  # (out + s - k) // s = in
+            out = [(n - 1) * st + kk + int(rng.integers(0, st)) for n, kk, st in zip(hw, k, s)]
+        out = (out[0], out[1])
+        if transpose_conv_torch_args(hw, out, k, s, padding) is not None:
+            return hw, k, s, padding, out
+
+
+def _transpose_conv_zero_point(rng, dtype, variant: Variant) -> int:
+    """int8: in [-100, 100], EXTREME: -128, 127 or that; int16: 0 (no draw)."""
+    if np.dtype(dtype) != np.int8:
+        return 0
+    z = int(rng.integers(-100, 101))
+    return int(rng.choice([-128, 127, z])) if variant is Variant.EXTREME else z
+
+
+def transpose_conv_case(seed: int, act_dtype, bias_dtype) -> TransposeConvCase:
+    """A random TRANSPOSE_CONV case of ``transpose_conv_variant(seed)`` (int8 with zero points,
+    or 16x8 with a ``bias_dtype`` bias); every 8th case has no bias. Only geometries that
+    torch's conv_transpose2d can express are drawn (``transpose_conv_torch_args``)."""
+    rng = np.random.default_rng(10_000 + seed)
+    act_dtype = np.dtype(act_dtype)
+    variant = transpose_conv_variant(seed, act_dtype == np.int16)
+    activation = [Activation.NONE, Activation.RELU, Activation.RELU6][seed % 3]
+    if variant is Variant.RELU6_TIE:
+        activation = Activation.RELU6
+    hw, k, stride, padding, out_hw = _transpose_conv_geometry(rng, variant)
+    n = int(rng.integers(1, 3))
+    cin = int(rng.integers(24, 31)) if variant is Variant.WIDE else int(rng.integers(1, 7))
+    cout = int(rng.integers(1, 7))
+    zx = _transpose_conv_zero_point(rng, act_dtype, variant)
+    x = _x(rng, (n, *hw, cin), act_dtype, zx, variant)
+    w = _weights(rng, (cout, *k, cin), variant)
+    per_channel = rng.random() < 0.75
+    sx, sw = _scales(rng, variant, cout if per_channel else 1, act_dtype)
+    c = TransposeConvCase(
+        x,
+        QParams(sx, zx),
+        w,
+        sw,
+        None,
+        QParams(np.float32(1), 0),
+        stride,
+        padding,
+        activation,
+        out_hw,
+    )
+    acc = transpose_conv_sums(c)
+    bias = None
+    if seed % 8 != 5:
+        bias = _bias(rng, acc, bias_dtype, cout)
+        acc = acc + bias.astype(np.int64)
+    zy = _transpose_conv_zero_point(rng, act_dtype, variant)
+    swc = np.broadcast_to(sw, (cout,))
+    yq = _fit_output(rng, acc, sx, swc, act_dtype, variant, activation, True, zy)
+    return dataclasses.replace(c, bias=bias, yq=yq)
 
 
 def _bias(rng, acc, bias_dtype, n) -> np.ndarray:

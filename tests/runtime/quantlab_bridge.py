@@ -1,11 +1,12 @@
 """The runtime test cases computed by quantlab: a platform profile's public numerics on a case.
 
 LiteRT cases (NHWC, ``litert_models``) and onnxruntime cases (NCHW, ``onnx_qlinear_models``)
-go through ``qconv2d`` / ``qlinear`` / ``qmatmul`` with the profile's per-family contract
-(``platform.gemm_contract(op type, activation=dtype)``), the case's zero points and integer
-bias codes, then the fused activation's code bounds by the profile's ``bound_rule``; ADD goes
-through the simulator's ``add_codes`` (the profile's ``add_rule``), SUB through ``sub_codes``;
-the onnxruntime LUT ops through ``build_zero_point_lut`` with the profile's LUT format.
+go through ``qconv2d`` / ``qconv_transpose`` / ``qlinear`` / ``qmatmul`` with the profile's
+per-family contract (``platform.gemm_contract(op type, activation=dtype)``), the case's zero
+points and integer bias codes, then the fused activation's code bounds by the profile's
+``bound_rule``; ADD goes through the simulator's ``add_codes`` (the profile's ``add_rule``),
+SUB through ``sub_codes``; the onnxruntime LUT ops through ``build_zero_point_lut`` with the
+profile's LUT format.
 Nothing here restates a runtime rule: the rules are the profile's.
 """
 
@@ -19,11 +20,14 @@ from litert_models import (
     AddCase,
     ConvCase,
     FullyConnectedCase,
+    TransposeConvCase,
     conv_output_size,
     same_padding_before,
+    transpose_conv_torch_args,
 )
 
 from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
+from quantlab.numerics.gemm import qconv_transpose
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.simulate.fixed_common import add_codes, sub_codes
 
@@ -80,6 +84,32 @@ def litert_conv(c: ConvCase, platform) -> np.ndarray:
     )
     y = y[:, :, : out_hw[0], : out_hw[1]].permute(0, 2, 3, 1)
     return _activation(y, c.activation, c.yq, dt, platform)
+
+
+def litert_transpose_conv(c: TransposeConvCase, platform) -> np.ndarray:
+    """TRANSPOSE_CONV of a LiteRT case under ``platform``'s contract for ``conv_transpose2d``
+    (torch layout: x NCHW, weights (I, O, KH, KW); the padding / output_padding that give
+    TFLite's output, ``transpose_conv_torch_args``), output NHWC."""
+    dt = _DTYPE[c.x.dtype]
+    args = transpose_conv_torch_args(c.x.shape[1:3], c.out_hw, c.w.shape[1:3], c.stride, c.padding)
+    if args is None:
+        raise ValueError("TFLite pads this TRANSPOSE_CONV one row more after: no torch form")
+    pad, out_pad = args
+    y, _ = qconv_transpose(
+        torch.from_numpy(c.x).permute(0, 3, 1, 2).contiguous(),
+        float(c.xq.scale),
+        torch.from_numpy(c.w).permute(3, 0, 1, 2).contiguous(),  # (I, O, KH, KW)
+        _per_channel(c.w_scale, c.w.shape[0]),
+        None if c.bias is None else torch.from_numpy(c.bias.astype(np.int64)),
+        float(c.yq.scale),
+        dt,
+        platform.gemm_contract("conv_transpose2d", False, activation=dt),
+        stride=c.stride,
+        padding=pad,
+        output_padding=out_pad,
+        zero_points=(c.xq.zero_point, c.yq.zero_point),
+    )
+    return _activation(y.permute(0, 2, 3, 1), c.activation, c.yq, dt, platform)
 
 
 def litert_fully_connected(c: FullyConnectedCase, platform) -> np.ndarray:

@@ -1,13 +1,15 @@
 """LiteRT's TRANSPOSE_CONV gives the bits of quantlab's ``qconv_transpose`` under the profiles'
 contracts for ``conv_transpose2d``.
 
-Seeded one-op TRANSPOSE_CONV models (``litert_models.transpose_conv_model``: strides 1-3,
-kernels 1-5, SAME and VALID, int8 activations with zero points or 16x8 with an int64 bias (the
-converter's default) or an int32 one, per-tensor or per-channel weight scales, with and without
-bias, fused NONE / RELU / RELU6) run single-threaded in LiteRT, and every output code is
-compared with ``qconv_transpose`` (torch layout: x NCHW, weights (I, O, KH, KW)) whose
-padding / output_padding reproduce TFLite's (``transpose_conv_torch_args``; SAME cases where
-TFLite pads one row more after than before have no torch form and are not drawn).
+Seeded one-op TRANSPOSE_CONV cases (``litert_cases.transpose_conv_case``, models by
+``litert_models.transpose_conv_model``: strides 1-3, kernels 1-5, SAME and VALID, int8
+activations with zero points or 16x8 with an int64 bias (the converter's default) or an int32
+one, per-tensor or per-channel weight scales, with and without bias, fused NONE / RELU /
+RELU6) run single-threaded in LiteRT, and every output code is compared with
+``qconv_transpose`` (``quantlab_bridge.litert_transpose_conv``; torch layout: x NCHW, weights
+(I, O, KH, KW)) whose padding / output_padding reproduce TFLite's
+(``transpose_conv_torch_args``; SAME cases where TFLite pads one row more after than before
+have no torch form and are not drawn).
 
 - Reference kernels (``Kernels.REFERENCE``): the ``tflite`` profile's contract
   (``gemm_contract("conv_transpose2d", False, activation=...)``: the CONV rules).
@@ -37,11 +39,12 @@ pytest.importorskip("ai_edge_litert")
 import litert_models as L  # noqa: E402
 import torch  # noqa: E402
 from bits import assert_bits_equal  # noqa: E402
-from litert_cases import Variant, relu6_tie_scale  # noqa: E402
-from litert_models import Activation, Padding, QParams, TransposeConvCase  # noqa: E402
+from litert_cases import transpose_conv_case, transpose_conv_sums  # noqa: E402
+from litert_models import Activation, Padding, TransposeConvCase  # noqa: E402
+from quantlab_bridge import litert_transpose_conv  # noqa: E402
 
-from quantlab.numerics import DType, bound_codes  # noqa: E402
-from quantlab.numerics.gemm import int_conv_transpose, qconv_transpose  # noqa: E402
+from quantlab.numerics import DType  # noqa: E402
+from quantlab.numerics.gemm import int_conv_transpose  # noqa: E402
 from quantlab.simulate.profiles import platform_config  # noqa: E402
 
 i8, i16, i32, i64 = np.int8, np.int16, np.int32, np.int64
@@ -55,182 +58,6 @@ FAMILIES = {
     "16x8_int64_bias": (i16, i64, 150),
     "16x8_int32_bias": (i16, i32, 100),
 }
-_DTYPE = {np.dtype(i8): DType.INT8, np.dtype(i16): DType.INT16}
-_BOUNDS = {Activation.NONE: None, Activation.RELU: (0.0, None), Activation.RELU6: (0.0, 6.0)}
-
-
-def variant_of(seed: int, wide_allowed: bool) -> Variant:
-    """A fixed mix: WIDE (16x8 only), RELU6_TIE, TIES, EXTREME, else PLAIN."""
-    if wide_allowed and seed % 9 == 4:
-        return Variant.WIDE
-    if seed % 7 == 2:
-        return Variant.RELU6_TIE
-    if seed % 5 == 1:
-        return Variant.TIES
-    if seed % 6 == 3:
-        return Variant.EXTREME
-    return Variant.PLAIN
-
-
-# --------------------------------------------------------------------------- cases
-
-
-def tflite_sums(c: TransposeConvCase) -> np.ndarray:
-    """Exact sums of TFLite's TRANSPOSE_CONV, no bias (int64 NHWC): input (y, x) of channel i
-    adds w[o, ky, kx, i] * (x - zx) to output (y * sh - top + ky, x * sw - left + kx) of
-    channel o; taps outside the output are dropped (reference transpose_conv.h)."""
-    x = c.x.astype(np.int64) - c.xq.zero_point
-    w = c.w.astype(np.int64)
-    n, h, wd, _ = x.shape
-    o, kh, kw, _ = w.shape
-    (sh, sw), (oh, ow) = c.stride, c.out_hw
-    (top, _), (left, _) = L.transpose_conv_padding((h, wd), c.out_hw, (kh, kw), c.stride, c.padding)
-    full = np.zeros(
-        (n, max((h - 1) * sh + kh, top + oh), max((wd - 1) * sw + kw, left + ow), o), np.int64
-    )
-    for ky in range(kh):
-        for kx in range(kw):
-            rows = slice(ky, ky + (h - 1) * sh + 1, sh)
-            cols = slice(kx, kx + (wd - 1) * sw + 1, sw)
-            full[:, rows, cols] += np.einsum("nhwi,oi->nhwo", x, w[:, ky, kx, :])
-    return full[:, top : top + oh, left : left + ow]
-
-
-def _geometry(rng, variant: Variant):
-    """(in_hw, kernel, stride, padding, out_hw) that torch can express (SAME or VALID with
-    even odds)."""
-    padding = Padding.SAME if rng.random() < 0.5 else Padding.VALID
-    while True:
-        if variant is Variant.WIDE:  # 25 taps on each interior output
-            k, s, hw = (5, 5), (1, 1), tuple(int(v) for v in rng.integers(5, 8, 2))
-        else:
-            k = tuple(int(v) for v in rng.integers(1, 6, 2))
-            s = tuple(int(v) for v in rng.integers(1, 4, 2))
-            hw = tuple(int(v) for v in rng.integers(1, 7, 2))
-        if padding is Padding.SAME:  # ComputeOutSize(SAME, out, k, s) = ceil(out / s) = in
-            out = [int(rng.integers((n - 1) * st + 1, n * st + 1)) for n, st in zip(hw, s)]
-        else:  # (out + s - k) // s = in
-            out = [(n - 1) * st + kk + int(rng.integers(0, st)) for n, kk, st in zip(hw, k, s)]
-        out = (out[0], out[1])
-        if L.transpose_conv_torch_args(hw, out, k, s, padding) is not None:
-            return hw, k, s, padding, out
-
-
-def _scale(rng, lo, hi) -> np.float32:
-    return np.float32(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-
-
-def tc_case(seed: int, act_dtype, bias_dtype) -> TransposeConvCase:
-    """A random TRANSPOSE_CONV case of ``variant_of(seed)``; every 8th case has no bias."""
-    rng = np.random.default_rng(10_000 + seed)
-    act = np.dtype(act_dtype)
-    info = np.iinfo(act)
-    variant = variant_of(seed, act == np.int16)
-    activation = [Activation.NONE, Activation.RELU, Activation.RELU6][seed % 3]
-    if variant is Variant.RELU6_TIE:
-        activation = Activation.RELU6
-    hw, k, stride, padding, out_hw = _geometry(rng, variant)
-    n = int(rng.integers(1, 3))
-    cin = int(rng.integers(24, 31)) if variant is Variant.WIDE else int(rng.integers(1, 7))
-    cout = int(rng.integers(1, 7))
-    int8 = act == np.int8
-    zx = int(rng.integers(-100, 101)) if int8 else 0
-    if variant is Variant.EXTREME and int8:
-        zx = int(rng.choice([-128, 127, zx]))
-    shape = (n, *hw, cin)
-    if variant is Variant.WIDE:
-        top = [int(info.max), int(info.max) - 2, int(info.min)]
-        x = rng.choice(top, size=shape, p=[0.6, 0.3, 0.1])
-    elif variant is Variant.TIES:
-        x = np.clip(zx + rng.integers(-6, 7, shape), info.min, info.max)
-    elif variant is Variant.EXTREME:
-        x = rng.choice([int(info.min), int(info.max), int(info.min) + 1, int(info.max) - 1], shape)
-    else:
-        x = rng.integers(int(info.min), int(info.max) + 1, shape)
-    x = x.astype(act)
-    w_shape = (cout, *k, cin)
-    if variant is Variant.WIDE:  # one sign per output channel
-        w = rng.choice([-127, 127], size=(cout, 1, 1, 1)) * np.ones(w_shape, np.int64)
-    elif variant is Variant.TIES:
-        w = rng.integers(-8, 9, w_shape)
-    elif variant is Variant.EXTREME:
-        w = rng.choice([-127, 127, 0], size=w_shape, p=[0.45, 0.45, 0.1])
-    else:
-        w = rng.integers(-127, 128, w_shape)
-    w = w.astype(np.int8)
-    n_w = cout if rng.random() < 0.75 else 1
-    if variant is Variant.TIES:
-        sx = np.float32(2.0 ** -int(rng.integers(4, 9)))
-        sw = (2.0 ** -rng.integers(5, 9, n_w)).astype(np.float32)
-    else:
-        sx = _scale(rng, 2e-3, 5e-2) if int8 else _scale(rng, 1e-5, 1e-3)
-        sw = np.array([_scale(rng, 1e-3, 2e-2) for _ in range(n_w)], np.float32)
-    c = TransposeConvCase(
-        x,
-        QParams(sx, zx),
-        w,
-        sw,
-        None,
-        QParams(np.float32(1), 0),
-        stride,
-        padding,
-        activation,
-        out_hw,
-    )
-    acc = tflite_sums(c)
-    bias = None
-    if seed % 8 != 5:
-        spread = min(max(float(np.abs(acc).max()), 1.0), 2.0**23)
-        bias = np.round(rng.normal(size=cout) * spread * 0.3).astype(bias_dtype)
-        acc = acc + bias.astype(np.int64)
-    zy = int(rng.integers(-100, 101)) if int8 else 0
-    if variant is Variant.EXTREME and int8:
-        zy = int(rng.choice([-128, 127, zy]))
-    swc = np.broadcast_to(sw, (cout,)).astype(np.float64)
-    qmax = float(info.max)
-    if variant is Variant.RELU6_TIE:
-        sy = relu6_tie_scale(rng)
-    elif variant is Variant.TIES:  # M = 2**-e for the widest channel: ties every 2**e sums
-        e = max(1, int(np.ceil(np.log2(max(float(np.abs(acc).max()), 1.0) / qmax))))
-        e = max(1, e + int(rng.integers(-1, 2)))
-        sy = np.float32(float(sx) * float(sw.max()) * 2.0**e)
-    else:  # fitted to the sums; u < 1 saturates the largest outputs
-        top = max(float(np.abs(acc * np.float64(sx) * swc).max()), 1e-6)
-        sy = np.float32(top / qmax / rng.uniform(0.4, 1.3))
-    return replace(c, bias=bias, yq=QParams(sy, zy))
-
-
-# --------------------------------------------------------------------------- quantlab
-
-
-def quantlab_transpose_conv(c: TransposeConvCase, platform) -> np.ndarray:
-    """TRANSPOSE_CONV of a case by ``qconv_transpose`` under ``platform``'s contract for
-    ``conv_transpose2d``, then the fused activation's bounds by the profile's ``bound_rule``
-    (output NHWC codes)."""
-    dt = _DTYPE[c.x.dtype]
-    k = c.w.shape[1:3]
-    pad, out_pad = L.transpose_conv_torch_args(c.x.shape[1:3], c.out_hw, k, c.stride, c.padding)
-    cout = c.w.shape[0]
-    y, _ = qconv_transpose(
-        torch.from_numpy(c.x).permute(0, 3, 1, 2).contiguous(),
-        float(c.xq.scale),
-        torch.from_numpy(c.w).permute(3, 0, 1, 2).contiguous(),  # (I, O, KH, KW)
-        torch.from_numpy(np.broadcast_to(c.w_scale, (cout,)).astype(np.float32)),
-        None if c.bias is None else torch.from_numpy(c.bias.astype(np.int64)),
-        float(c.yq.scale),
-        dt,
-        platform.gemm_contract("conv_transpose2d", False, activation=dt),
-        stride=c.stride,
-        padding=pad,
-        output_padding=out_pad,
-        zero_points=(c.xq.zero_point, c.yq.zero_point),
-    )
-    y = y.permute(0, 2, 3, 1).to(torch.int64)
-    bounds = _BOUNDS[c.activation]
-    if bounds is not None:
-        lo, hi = bound_codes(*bounds, float(c.yq.scale), dt, c.yq.zero_point, platform.bound_rule)
-        y = y.clamp(lo, hi)
-    return y.to(dt.torch_dtype).numpy()
 
 
 def _profile(name: str, family: str):
@@ -253,7 +80,7 @@ def runs():
             act, bias, count = FAMILIES[family]
             out = []
             for seed in range(count):
-                c = tc_case(seed, act, bias)
+                c = transpose_conv_case(seed, act, bias)
                 model = L.transpose_conv_model(c, bias if family == "16x8_int32_bias" else None)
                 ref = L.run(model, [c.x], L.Kernels.REFERENCE).y
                 out.append((seed, c, ref, L.run(model, [c.x], L.Kernels.DEFAULT)))
@@ -274,7 +101,7 @@ def _check(expected, y, what: str) -> None:
 def test_tflite_profile_matches_reference_kernels(family, runs):
     platform = _profile("tflite", family)
     for seed, c, ref, _ in runs(family):
-        _check(quantlab_transpose_conv(c, platform), ref, f"tflite, {family} seed {seed}")
+        _check(litert_transpose_conv(c, platform), ref, f"tflite, {family} seed {seed}")
 
 
 def _xnnpack_takes(c: TransposeConvCase) -> bool:
@@ -291,7 +118,7 @@ def test_default_interpreter_matches_its_profile(family, runs):
     for seed, c, _, r in runs(family):
         assert r.delegated == _xnnpack_takes(c), f"{family} seed {seed}: delegation"
         platform, name = (xnn, "litert_xnnpack") if r.delegated else (ref, "tflite")
-        _check(quantlab_transpose_conv(c, platform), r.y, f"default, {name}, seed {seed}")
+        _check(litert_transpose_conv(c, platform), r.y, f"default, {name}, seed {seed}")
 
 
 def test_default_interpreter_delegates_some_int8_cases_and_not_others(runs):
@@ -301,7 +128,7 @@ def test_default_interpreter_delegates_some_int8_cases_and_not_others(runs):
 
 def test_sums_match_tflite_scatter(runs):
     """qconv_transpose's exact sums (torch padding / output_padding) are TFLite's scatter
-    sums (``tflite_sums``) on every case."""
+    sums (``transpose_conv_sums``) on every case."""
     for family in FAMILIES:
         for seed, c, _, _ in runs(family):
             pad, out_pad = L.transpose_conv_torch_args(
@@ -315,7 +142,7 @@ def test_sums_match_tflite_scatter(runs):
                 pad,
                 out_pad,
             )
-            _check(acc.permute(0, 2, 3, 1).numpy(), tflite_sums(c), f"{family} seed {seed}")
+            _check(acc.permute(0, 2, 3, 1).numpy(), transpose_conv_sums(c), f"{family} seed {seed}")
 
 
 def test_cases_cover_the_parameters(runs):
@@ -352,7 +179,7 @@ def _differing(family, runs, platform, default: bool = False, delegated=None) ->
         if delegated is not None and r.delegated != delegated:
             continue
         y = r.y if default else ref
-        total += int((quantlab_transpose_conv(c, platform) != y).sum())
+        total += int((litert_transpose_conv(c, platform) != y).sum())
     return total
 
 
@@ -373,21 +200,21 @@ def test_undelegated_default_runs_are_not_xnnpack_bits(runs):
 def test_16x8_sums_pass_int32_and_need_the_int64_accumulator(runs):
     """Some 16x8 int64-bias cases' exact sums pass 2**31; an int32 accumulator that wraps
     (the int32-bias rule) gives other bits on them."""
-    over = [tflite_sums(c) for _, c, _, _ in runs("16x8_int64_bias")]
+    over = [transpose_conv_sums(c) for _, c, _, _ in runs("16x8_int64_bias")]
     assert sum(int(np.abs(a).max() > INT32_MAX) for a in over) >= 5
     int32_rule = replace(platform_config("tflite"), int16_bias_dtype=DType.INT32)
     differ = 0
     for _, c, ref, _ in runs("16x8_int64_bias"):
         if c.bias is not None:
             c = replace(c, bias=c.bias.astype(np.int32))
-        differ += int((quantlab_transpose_conv(c, int32_rule) != ref).sum())
+        differ += int((litert_transpose_conv(c, int32_rule) != ref).sum())
     assert differ > 0
 
 
 def test_16x8_int32_bias_wraps(runs):
     """16x8 with an int32 bias: some sums pass 2**31 and the matches above hold through the
     int32 accumulator's wrap, in the reference and the builtin optimized kernel alike."""
-    over = [tflite_sums(c) for _, c, _, _ in runs("16x8_int32_bias")]
+    over = [transpose_conv_sums(c) for _, c, _, _ in runs("16x8_int32_bias")]
     assert sum(int(np.abs(a).max() > INT32_MAX) for a in over) >= 3
 
 
@@ -401,6 +228,6 @@ def test_16x8_without_bias_follows_the_bias_type_option(runs):
     assert len(no_bias) >= 10
     for seed, c, with_option in no_bias:
         y = L.run(L.transpose_conv_model(c), [c.x], L.Kernels.REFERENCE).y
-        _check(quantlab_transpose_conv(c, default), y, f"no option, seed {seed}")
+        _check(litert_transpose_conv(c, default), y, f"no option, seed {seed}")
         differ += int((y != with_option).sum())
     assert differ > 0
