@@ -406,6 +406,10 @@ def emit_identity(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.alias(op, v)
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MIN = np.iinfo(np.int64).min
+
+
 def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     """Basic indexing: slices (any step), integers, None and Ellipsis."""
     x = _source(ctx, op)
@@ -432,60 +436,39 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
             continue
         if isinstance(i, int):
             starts.append(i)
-            ends.append(i + 1 if i != -1 else np.iinfo(np.int64).max)
+            ends.append(i + 1 if i != -1 else _INT64_MAX)
             axes.append(dim)
             steps.append(1)
             squeeze.append(dim)
         elif isinstance(i, slice):
             if i != slice(None):
                 starts.append(0 if i.start is None else int(i.start))
-                ends.append(np.iinfo(np.int64).max if i.stop is None else int(i.stop))
+                ends.append(_INT64_MAX if i.stop is None else int(i.stop))
                 axes.append(dim)
                 steps.append(1 if i.step is None else int(i.step))
         else:
             raise UnsupportedOpError(f"op {op.name}: index {i!r}")
         dim += 1
-    y = x
-    if axes:
-        g = ctx.graph
-        y = g.node(
-            "Slice",
-            [
-                y,
-                g.int64s(f"{op.name}/starts", starts),
-                g.int64s(f"{op.name}/ends", ends),
-                g.int64s(f"{op.name}/axes", axes),
-                g.int64s(f"{op.name}/steps", steps),
-            ],
-            f"{op.name}/slice",
-        )
-    y = ctx.graph.node(
-        "Reshape",
-        [y, ctx.graph.int64s(f"{op.name}/shape", op.outputs[0].shape)],
-        f"{op.name}/float",
-    )
-    ctx.set_outputs(op, [y])
-
-
-_INT64_MAX = np.iinfo(np.int64).max
-_INT64_MIN = np.iinfo(np.int64).min
+    ctx.set_outputs(op, [_slice(ctx, op.name, x, starts, ends, axes, steps, op.outputs[0].shape)])
 
 
 def _slice(ctx: ExportContext, base: str, x: str, starts, ends, axes, steps, shape) -> str:
-    """Slice then Reshape to the output leaf's ``shape`` (a selected dim dropped)."""
+    """Slice (none without ``axes``) then Reshape to the output leaf's ``shape`` (selected dims
+    dropped, new ones added)."""
     g = ctx.graph
-    y = g.node(
-        "Slice",
-        [
-            x,
-            g.int64s(f"{base}/starts", starts),
-            g.int64s(f"{base}/ends", ends),
-            g.int64s(f"{base}/axes", axes),
-            g.int64s(f"{base}/steps", steps),
-        ],
-        f"{base}/slice",
-    )
-    return g.node("Reshape", [y, g.int64s(f"{base}/shape", list(shape))], f"{base}/float")
+    if axes:
+        x = g.node(
+            "Slice",
+            [
+                x,
+                g.int64s(f"{base}/starts", starts),
+                g.int64s(f"{base}/ends", ends),
+                g.int64s(f"{base}/axes", axes),
+                g.int64s(f"{base}/steps", steps),
+            ],
+            f"{base}/slice",
+        )
+    return g.node("Reshape", [x, g.int64s(f"{base}/shape", list(shape))], f"{base}/float")
 
 
 def emit_pieces(ctx: ExportContext, op: RecordedOp) -> None:
