@@ -326,6 +326,27 @@ def emit_layer_norm(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_batch_norm(ctx: ExportContext, op: RecordedOp) -> None:
+    """An eval-mode batch_norm not folded into a GEMM as BatchNormalization (the onnxruntime
+    profile computes its float32 steps); a training-mode one is refused."""
+    if ctx.arg(op, 5, "training", False):
+        raise UnsupportedOpError(f"op {op.name}: batch_norm in training mode")
+    c = ctx.shape_of(op, 0)[1]
+    ins = [ctx.act(op, 0)]
+    for i, name, fill in ((3, "weight", 1.0), (4, "bias", 0.0), (1, "running_mean", None),
+                          (2, "running_var", None)):  # fmt: skip
+        v = ctx.arg(op, i, name)
+        if v is None:
+            if fill is None:
+                raise UnsupportedOpError(f"op {op.name}: batch_norm without running statistics")
+            ins.append(ctx.graph.const(f"{op.name}/{name}", torch.full((c,), fill)))
+        else:
+            ins.append(ctx.value(v, f"{op.name}/{name}").name)
+    eps = float(ctx.arg(op, 7, "eps", 1e-5))
+    y = ctx.graph.node("BatchNormalization", ins, f"{op.name}/float", epsilon=eps)
+    ctx.set_outputs(op, [y])
+
+
 def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
     """cat as Concat. stack as the Concat of its inputs along an existing axis, reshaped (the
     same elements in the same order; a new last axis: stacked before the last, then the two

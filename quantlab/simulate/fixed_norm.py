@@ -199,6 +199,8 @@ def _applies(sim, call, in_infos, rq) -> NormCall | None:
 
 def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """FIXED: (value, QInfo) of the integer composite on the input codes, or None."""
+    if call.op_type == "batch_norm":
+        return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if running_affine(call) is not None:
         from quantlab.simulate.modes import Mode
 
@@ -226,6 +228,37 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         xc, info.scale, nc.layout, w, b, nc.eps, scales, so, out, contract, constants=constants
     )
     return fc.emit(codes, so, out)
+
+
+def _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
+    """(value, QInfo) of an eval-mode batch_norm on the onnxruntime profiles (float islands):
+    onnxruntime's BatchNormalization on the dequantized codes (``numerics.ort_batch_norm``),
+    then QuantizeLinear; None elsewhere (the float fallback)."""
+    from quantlab.numerics.ort_batch_norm import ort_batch_norm
+    from quantlab.numerics.quantize import dequantize, quantize
+    from quantlab.platform_rules import FloatIslands
+
+    def arg(i: int, name: str, default=None):
+        return args[i] if i < len(args) else kwargs.get(name, default)
+
+    p = sim.platform
+    info = in_infos[0] if in_infos else None
+    mean, var = arg(1, "running_mean"), arg(2, "running_var")
+    if (
+        p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ
+        or not fc.zp_info(info)
+        or not rq.output_dtype.is_int
+        or arg(5, "training", False)
+        or mean is None
+        or var is None
+    ):
+        return None
+    x = dequantize(
+        fc.codes(args, kwargs, plan.acts[0], info), info.scale, zero_point=info.zero_point
+    )
+    y = ort_batch_norm(x, mean, var, arg(3, "weight"), arg(4, "bias"), float(arg(7, "eps", 1e-5)))
+    out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
+    return fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
 
 
 def _version(t: Tensor | None) -> int | None:

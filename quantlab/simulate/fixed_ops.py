@@ -60,6 +60,8 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
         return "float32 exp table (8-bit); float_fallback (16-bit)"
     if op_type in A.TRANSPOSED and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return "float between dequantize and quantize"
+    if op_type == "batch_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        return "float between dequantize and quantize (BatchNormalization's float32 steps)"
     if (
         category is OpCategory.RESAMPLE
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
