@@ -177,6 +177,28 @@ def emit_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_adaptive_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
+    """adaptive_max_pool2d as GlobalMaxPool (output 1 x 1) or as a MaxPool whose kernel and
+    stride are input / output size (sizes that divide); other sizes, and indices, are
+    refused. A maximum is one of its inputs: the codes move."""
+    if ctx.arg(op, 2, "return_indices", False):
+        raise UnsupportedOpError(f"op {op.name}: adaptive max pooling with return_indices")
+    h, w = ctx.shape_of(op, 0)[-2:]
+    oh, ow = op.outputs[0].shape[-2:]
+    x = _source(ctx, op)
+    if (oh, ow) == (1, 1):
+        y = ctx.graph.node("GlobalMaxPool", [x], f"{op.name}/float")
+    elif h % oh == 0 and w % ow == 0:
+        k = [h // oh, w // ow]
+        y = ctx.graph.node("MaxPool", [x], f"{op.name}/float", kernel_shape=k, strides=k)
+    else:
+        raise UnsupportedOpError(
+            f"op {op.name}: adaptive max pooling from {h}x{w} to {oh}x{ow} (overlapping "
+            "windows); exported: output 1x1 or sizes dividing the input's"
+        )
+    ctx.set_outputs(op, [y])
+
+
 def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
     x = ctx.act(op, 0)
     shape = ctx.shape_of(op, 0)

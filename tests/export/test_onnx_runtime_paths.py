@@ -731,3 +731,36 @@ def test_the_detr_style_decoder_exports_with_fixed_modes_bits(tmp_path):
         info = to_onnx_qdq(sim, tmp_path / f"{encoding.name}.onnx", x, encoding=encoding)
         got = R.run(R.session(info.path), info.input_names, x)
         assert _same(got, [sim.run(*x, mode=Mode.FIXED)])
+
+
+class _AdaptiveMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))  # (N, 8, 6, 6)
+        return F.adaptive_max_pool2d(y, 1) * 2.0, F.adaptive_max_pool2d(y, (3, 2)) * 2.0
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_adaptive_max_pooling_exports_with_fixed_modes_bits(tmp_path, encoding):
+    sim, xs = _calibrated(_AdaptiveMax())
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "MaxPool" in kinds or "GlobalMaxPool" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+def test_adaptive_max_pooling_with_overlapping_windows_is_refused(tmp_path):
+    class Overlapping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            return F.adaptive_max_pool2d(self.conv(x), 4)  # 6 -> 4: windows overlap
+
+    sim, xs = _calibrated(Overlapping())
+    with pytest.raises(UnsupportedOpError, match="overlapping"):
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
