@@ -4,6 +4,8 @@ float op on the (dequantized) inputs; the exporter quantizes its output where qu
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -200,26 +202,31 @@ def emit_adaptive_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:
+    """avg_pool1d / 2d as AveragePool, adaptive ones to one value as GlobalAveragePool (or
+    ReduceMean where QLinearGlobalAveragePool refuses the scales), to sizes that divide the
+    input's as AveragePool with kernel = stride."""
     x = ctx.act(op, 0)
     shape = ctx.shape_of(op, 0)
-    if op.op_type == "adaptive_avg_pool2d":
+    nd = 1 if op.op_type.endswith("1d") else 2
+    if op.op_type.startswith("adaptive"):
         osz = ctx.arg(op, 1, "output_size")
-        osz = int_list(osz, 2)
-        if osz == [1, 1]:
+        osz = int_list(osz, nd)
+        if osz == [1] * nd:
             kind = "GlobalAveragePool" if _global_mean_runs(op, shape) else "ReduceMean"
-            axes = [ctx.graph.int64s(f"{op.name}/axes", [2, 3])] if kind == "ReduceMean" else []
+            axes = list(range(2, 2 + nd))
+            axes = [ctx.graph.int64s(f"{op.name}/axes", axes)] if kind == "ReduceMean" else []
             ctx.set_outputs(op, [ctx.graph.node(kind, [x, *axes], f"{op.name}/float")])
             return
-        h, w = shape[-2:]
-        if h % osz[0] or w % osz[1]:
-            raise UnsupportedOpError(f"op {op.name}: adaptive pooling to {osz} from {h}x{w}")
-        k = [h // osz[0], w // osz[1]]
+        sizes = shape[-nd:]
+        if any(s % o for s, o in zip(sizes, osz)):
+            raise UnsupportedOpError(f"op {op.name}: adaptive pooling to {osz} from {sizes}")
+        k = [s // o for s, o in zip(sizes, osz)]
         attrs = dict(kernel_shape=k, strides=k)
     else:
-        k = int_list(ctx.arg(op, 1, "kernel_size"), 2)
+        k = int_list(ctx.arg(op, 1, "kernel_size"), nd)
         stride = ctx.arg(op, 2, "stride", None)
-        stride = k if stride in (None, []) else int_list(stride, 2)
-        pad = int_list(ctx.arg(op, 3, "padding", 0), 2)
+        stride = k if stride in (None, []) else int_list(stride, nd)
+        pad = int_list(ctx.arg(op, 3, "padding", 0), nd)
         ceil = int(bool(ctx.arg(op, 4, "ceil_mode", False)))
         cip = int(bool(ctx.arg(op, 5, "count_include_pad", True)))
         if ctx.arg(op, 6, "divisor_override", None) is not None:
@@ -237,7 +244,7 @@ def _global_mean_runs(op: RecordedOp, shape) -> bool:
     q_out = op.out_quant[0] if op.out_quant else None
     if q_in is None or q_out is None:
         return True  # a float mean: onnxruntime fuses nothing
-    return global_mean_in_range(q_in.scale, q_out.scale, shape[-2] * shape[-1])
+    return global_mean_in_range(q_in.scale, q_out.scale, math.prod(shape[2:]))
 
 
 def _dims(v, ndim: int) -> list[int] | None:

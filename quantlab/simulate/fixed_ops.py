@@ -31,6 +31,7 @@ from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
 from quantlab.simulate.fixed_lut import lut_op, softmax_op
 from quantlab.simulate.fixed_norm import COMPOSITE_TYPES, norm_op
+from quantlab.simulate.qtensor import QInfo
 
 _KERNELS = {
     OpCategory.GEMM: "integer",
@@ -278,6 +279,8 @@ def _global_mean(call, x: Tensor, dim, x_scale, y_scale) -> bool:
 
 
 def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    if call.op_type in ("avg_pool1d", "adaptive_avg_pool1d"):
+        return _pool1d(sim, call, plan, args, kwargs, in_infos, rq)
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     if not fc.zp_info(info) or not out.is_int:
@@ -335,6 +338,45 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     n = k[0] * k[1]
     codes = fc.rescale(sim, call.name, acc.to(torch.int64), info.scale, so, out, n, zo)
     return fc.emit(codes, so, out, zo)
+
+
+def _pool1d(sim, call, plan, args, kwargs, in_infos, rq):
+    """A 1-d average pool as the 2-d one over a height-1 image (the same window sums; an
+    adaptive pool to 1 is a global mean): (value, QInfo) with the height dropped, or None."""
+    from quantlab.capture import OpCall
+
+    x = A.get(args, kwargs, plan.acts[0])
+    info = in_infos[0] if in_infos else None
+    if not isinstance(x, Tensor) or x.dim() != 3 or info is None:
+        return None
+
+    def one(v, fill):  # a 1-d size, stride or padding as the 2-d pair (fill, v)
+        v = v[0] if isinstance(v, (tuple, list)) else v
+        return (fill, int(v))
+
+    names = (
+        ("output_size",)
+        if call.op_type == "adaptive_avg_pool1d"
+        else ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
+    )
+    vals = [args[i + 1] if len(args) > i + 1 else kwargs.get(n) for i, n in enumerate(names)]
+    if call.op_type == "adaptive_avg_pool1d":
+        op_type, rest = "adaptive_avg_pool2d", [one(vals[0], 1)]
+    else:
+        k, stride, padding, ceil_mode, include_pad = vals
+        stride = k if stride in (None, []) else stride
+        op_type = "avg_pool2d"
+        rest = [one(k, 1), one(stride, 1), one(padding or 0, 0), bool(ceil_mode)]
+        rest.append(True if include_pad is None else bool(include_pad))
+    x2 = x.unsqueeze(2)  # its codes: info.codes_of(x2), exact from the values on the grid
+    call2 = OpCall(call.name, op_type, call.category, call.module, call.call_index,
+                   F.avg_pool2d, (x2, *rest), {})  # fmt: skip
+    res = _pool(sim, call2, A.ArgPlan([("a", 0)]), [x2, *rest], {}, [info], None, rq)
+    if res is None:
+        return None
+    value, q = res
+    codes = q.codes.squeeze(2) if q.codes is not None else None
+    return value.squeeze(2), QInfo(q.dtype, q.scale, codes, q.zero_point)
 
 
 def _pair(v) -> tuple[int, int]:

@@ -764,3 +764,57 @@ def test_adaptive_max_pooling_with_overlapping_windows_is_refused(tmp_path):
     sim, xs = _calibrated(Overlapping())
     with pytest.raises(UnsupportedOpError, match="overlapping"):
         to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+
+
+class _Pools1d(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))  # (N, 8, 12)
+        return (
+            F.avg_pool1d(y, 3) * 2.0,
+            F.avg_pool1d(y, 4, 2, 1) * 2.0,
+            F.avg_pool1d(y, 3, 1, 1, count_include_pad=False) * 2.0,
+            F.adaptive_avg_pool1d(y, 1) * 2.0,
+            F.adaptive_avg_pool1d(y, 4) * 2.0,
+        )
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_one_dimensional_average_pools_export_with_fixed_modes_bits(tmp_path, encoding):
+    """avg_pool1d / adaptive_avg_pool1d run as the 2-d pools over a height-1 image (on the
+    onnxruntime profile QLinearAveragePool's float32 window sums) and export as AveragePool /
+    GlobalAveragePool; they ran in float before."""
+    torch.manual_seed(0)
+    sim = Simulator(_Pools1d().eval(), ORT_PROFILE)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(2, 3, 12, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    sim.calibrate([(x,) for x in xs[:2]], progress=False)
+    trace = sim.trace(xs[0], mode=Mode.FIXED)
+    pools = [n for n in trace.order if "pool1d" in n]
+    assert len(pools) == 5 and all(trace.qinfo[n].codes is not None for n in pools)
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"AveragePool", "QLinearAveragePool"} & kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+def test_a_one_dimensional_pool_is_the_two_dimensional_one_over_a_row():
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.tanh(self.conv(x))
+            two = F.avg_pool2d(y.unsqueeze(2), (1, 3)).squeeze(2)
+            return F.avg_pool1d(y, 3) * 2.0, two * 2.0
+
+    torch.manual_seed(0)
+    sim = Simulator(Both().eval(), "j6m")
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 12, generator=g),) for _ in range(2)], progress=False)
+    one, two = sim.run(torch.randn(2, 3, 12, generator=g), mode=Mode.FIXED)
+    assert_bits_equal(one, two)
