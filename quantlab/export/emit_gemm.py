@@ -11,6 +11,7 @@ import torch
 from onnx import TensorProto
 
 from quantlab.export.context import ExportContext, int_list
+from quantlab.export.emit_layout import reshape_requantized
 from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, OpRef, RecordedOp, fused_clamp_bounds
 from quantlab.numerics.dtypes import DType
@@ -201,15 +202,6 @@ def emit_conv_transpose(ctx: ExportContext, op: RecordedOp) -> None:
     _finish(ctx, op, ctx.graph.node("ConvTranspose", ins, f"{op.name}/float", **attrs))
 
 
-def _through(ctx: ExportContext, x: str, q: QParams | None, shape, base: str) -> str:
-    """Reshape a (dequantized) tensor to ``shape``; a quantized one is quantized again at its
-    own scale after it (QDQ around a Reshape: onnxruntime moves the codes)."""
-    y = ctx.graph.node("Reshape", [x, ctx.graph.int64s(f"{base}/shape", shape)], base)
-    if q is None:
-        return y
-    return ctx.graph.dequantize(ctx.graph.quantize(y, q, base=f"{base}/q"), q)
-
-
 def emit_linear(ctx: ExportContext, op: RecordedOp) -> None:
     xq = ctx.act_quant(op, 0)
     shape = ctx.shape_of(op, 0)
@@ -225,7 +217,7 @@ def emit_linear(ctx: ExportContext, op: RecordedOp) -> None:
     b = _bias(ctx, op, xq, qw)
     out_shape = tuple(op.outputs[0].shape)
     if len(shape) != 2:
-        x = _through(ctx, x, xq, [-1, shape[-1]], f"{op.name}/2d")
+        x = reshape_requantized(ctx, x, xq, [-1, shape[-1]], f"{op.name}/2d")
     ins = [x, w] + ([b] if b is not None else [])
     y = ctx.graph.node("Gemm", ins, f"{op.name}/float", transB=1)
     _finish(ctx, op, y, None if len(shape) == 2 else out_shape)

@@ -1,6 +1,7 @@
-"""Every non-GEMM op as ONNX: elementwise arithmetic, activations, pooling, reductions,
-normalisation, shape ops and the float ops quantlab does not model. Each emitter writes the
-float op on the (dequantized) inputs; the exporter quantizes its output where quantlab does."""
+"""Every non-GEMM op that computes values as ONNX: elementwise arithmetic, activations,
+pooling, reductions, normalisation, concatenation, resampling and embedding lookups (ops that
+only move values: ``emit_layout``). Each emitter writes the float op on the (dequantized)
+inputs; the exporter quantizes its output where quantlab does."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from quantlab.export.context import ExportContext, as_tensor, int_list
-from quantlab.export.graph import TORCH_TO_ONNX, QParams, UnsupportedOpError
+from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
@@ -187,7 +188,7 @@ def emit_adaptive_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
         raise UnsupportedOpError(f"op {op.name}: adaptive max pooling with return_indices")
     h, w = ctx.shape_of(op, 0)[-2:]
     oh, ow = op.outputs[0].shape[-2:]
-    x = _source(ctx, op)
+    x = ctx.act(op, 0)
     if (oh, ow) == (1, 1):
         y = ctx.graph.node("GlobalMaxPool", [x], f"{op.name}/float")
     elif h % oh == 0 and w % ow == 0:
@@ -409,247 +410,7 @@ def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
-# ---------------------------------------------------------------------------- shapes
-
-
-def _source(ctx: ExportContext, op: RecordedOp) -> str:
-    """Input 0 of a shape op: the activation as quantized for the op, or a float argument."""
-    if op.acts:
-        return ctx.act(op, 0)
-    return ctx.value(op.args[0], f"{op.name}/in").name
-
-
-def emit_reshape(ctx: ExportContext, op: RecordedOp) -> None:
-    shape = ctx.graph.int64s(f"{op.name}/shape", op.outputs[0].shape)
-    ctx.set_outputs(op, [ctx.graph.node("Reshape", [_source(ctx, op), shape], f"{op.name}/float")])
-
-
-def emit_transpose(ctx: ExportContext, op: RecordedOp) -> None:
-    nd = op.outputs[0].dim()
-    if op.op_type == "permute":
-        dims = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "dims")
-        perm = [int(d) % nd for d in (dims if not isinstance(dims, int) else [dims])]
-    elif op.op_type == "t":
-        perm = [1, 0] if nd == 2 else [0]
-    else:
-        d0, d1 = int(ctx.arg(op, 1, "dim0")) % nd, int(ctx.arg(op, 2, "dim1")) % nd
-        perm = list(range(nd))
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-    ctx.set_outputs(
-        op, [ctx.graph.node("Transpose", [_source(ctx, op)], f"{op.name}/float", perm=perm)]
-    )
-
-
-def emit_identity(ctx: ExportContext, op: RecordedOp) -> None:
-    src = op.args[0] if op.args else op.kwargs.get("input")
-    v = ctx.value(src, f"{op.name}/in")
-    if (
-        op.acts
-        and op.in_quant
-        and op.in_quant[0] is not None
-        and not QParams.of(
-            op.in_quant[0].dtype, op.in_quant[0].scale, zero_point=op.in_quant[0].zero_point
-        ).same_as(v.quant)
-    ):
-        ctx.set_outputs(op, [ctx.act(op, 0)])  # quantized on the way in
-        return
-    ctx.alias(op, v)
-
-
-_INT64_MAX = np.iinfo(np.int64).max
-_INT64_MIN = np.iinfo(np.int64).min
-
-
-def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
-    """Basic indexing: slices (any step), integers, None and Ellipsis."""
-    x = _source(ctx, op)
-    index = op.args[1]
-    index = index if isinstance(index, tuple) else (index,)
-    shape = (
-        list(as_tensor(op.args[0]).shape)
-        if isinstance(op.args[0], ConstRef)
-        else list(ctx.value(op.args[0]).shape)
-    )
-    if any(isinstance(i, (InputRef, OpRef, ConstRef, list)) for i in index):
-        raise UnsupportedOpError(f"op {op.name}: indexing with tensors or lists")
-    n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
-    expanded: list = []
-    for i in index:
-        if i is Ellipsis:
-            expanded += [slice(None)] * (len(shape) - n_real)
-        else:
-            expanded.append(i)
-    starts, ends, axes, steps, squeeze = [], [], [], [], []
-    dim = 0
-    for i in expanded:
-        if i is None:
-            continue
-        if isinstance(i, int):
-            starts.append(i)
-            ends.append(i + 1 if i != -1 else _INT64_MAX)
-            axes.append(dim)
-            steps.append(1)
-            squeeze.append(dim)
-        elif isinstance(i, slice):
-            if i != slice(None):
-                starts.append(0 if i.start is None else int(i.start))
-                ends.append(_INT64_MAX if i.stop is None else int(i.stop))
-                axes.append(dim)
-                steps.append(1 if i.step is None else int(i.step))
-        else:
-            raise UnsupportedOpError(f"op {op.name}: index {i!r}")
-        dim += 1
-    ctx.set_outputs(op, [_slice(ctx, op.name, x, starts, ends, axes, steps, op.outputs[0].shape)])
-
-
-def _slice(ctx: ExportContext, base: str, x: str, starts, ends, axes, steps, shape) -> str:
-    """Slice (none without ``axes``) then Reshape to the output leaf's ``shape`` (selected dims
-    dropped, new ones added)."""
-    g = ctx.graph
-    if axes:
-        x = g.node(
-            "Slice",
-            [
-                x,
-                g.int64s(f"{base}/starts", starts),
-                g.int64s(f"{base}/ends", ends),
-                g.int64s(f"{base}/axes", axes),
-                g.int64s(f"{base}/steps", steps),
-            ],
-            f"{base}/slice",
-        )
-    return g.node("Reshape", [x, g.int64s(f"{base}/shape", list(shape))], f"{base}/float")
-
-
-def emit_pieces(ctx: ExportContext, op: RecordedOp) -> None:
-    """chunk, split, unbind, narrow, select: each output is a contiguous range of the input
-    along one dim (unbind / select drop it), a Slice of the codes' values."""
-    x = _source(ctx, op)
-    nd = len(ctx.shape_of(op, 0))
-    size_of = ctx.shape_of(op, 0)
-    if op.op_type in ("narrow", "select"):
-        dim = int(ctx.arg(op, 1, "dim")) % nd
-        start = int(ctx.arg(op, 2, "start" if op.op_type == "narrow" else "index"))
-        start %= size_of[dim]
-        length = int(ctx.arg(op, 3, "length")) if op.op_type == "narrow" else 1
-        spans = [(start, length)]
-    else:
-        dim = int(ctx.arg(op, 2 if op.op_type != "unbind" else 1, "dim", 0)) % nd
-        spans, at = [], 0
-        for t in op.outputs:
-            n = 1 if op.op_type == "unbind" else t.shape[dim]
-            spans.append((at, n))
-            at += n
-    names = []
-    for j, ((start, n), t) in enumerate(zip(spans, op.outputs, strict=True)):
-        base = f"{op.name}/{j}"
-        names.append(_slice(ctx, base, x, [start], [start + n], [dim], [1], t.shape))
-    ctx.set_outputs(op, names)
-
-
-def emit_flip(ctx: ExportContext, op: RecordedOp) -> None:
-    """flip as a Slice with step -1 on each flipped dim."""
-    nd = len(ctx.shape_of(op, 0))
-    dims = ctx.arg(op, 1, "dims")
-    dims = sorted({int(d) % nd for d in ([dims] if isinstance(dims, int) else dims)})
-    n = len(dims)
-    y = _slice(
-        ctx, op.name, _source(ctx, op), [-1] * n, [_INT64_MIN] * n, dims, [-1] * n,
-        op.outputs[0].shape,
-    )  # fmt: skip
-    ctx.set_outputs(op, [y])
-
-
-def emit_expand(ctx: ExportContext, op: RecordedOp) -> None:
-    """expand / expand_as / repeat: Expand to the output's shape (expand), or Tile after a
-    Reshape adding the leading dims the repeat counts add (repeat)."""
-    g = ctx.graph
-    x, out = _source(ctx, op), list(op.outputs[0].shape)
-    if op.op_type != "repeat":
-        y = g.node("Expand", [x, g.int64s(f"{op.name}/shape", out)], f"{op.name}/float")
-        ctx.set_outputs(op, [y])
-        return
-    reps = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "repeats")
-    reps = [int(r) for r in ([reps] if isinstance(reps, int) else reps)]
-    shape = list(ctx.shape_of(op, 0))
-    if len(reps) > len(shape):  # the leading dims the repeat counts add
-        shape = [1] * (len(reps) - len(shape)) + shape
-        x = g.node("Reshape", [x, g.int64s(f"{op.name}/lead_shape", shape)], f"{op.name}/lead")
-        want = op.in_quant[0] if op.in_quant else None
-        if want is not None:  # quantized again at its own scale (as the GEMMs' N-d reshapes)
-            q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
-            x = g.dequantize(g.quantize(x, q, base=f"{op.name}/lead_q"), q)
-    y = g.node("Tile", [x, g.int64s(f"{op.name}/repeats", reps)], f"{op.name}/float")
-    ctx.set_outputs(op, [y])
-
-
-def emit_movedim(ctx: ExportContext, op: RecordedOp) -> None:
-    """movedim as the Transpose that moves ``source`` dims to ``destination`` (the others keep
-    their order)."""
-    nd = len(ctx.shape_of(op, 0))
-    src, dst = ctx.arg(op, 1, "source"), ctx.arg(op, 2, "destination")
-    src = [int(d) % nd for d in ([src] if isinstance(src, int) else src)]
-    dst = [int(d) % nd for d in ([dst] if isinstance(dst, int) else dst)]
-    perm: list = [None] * nd
-    for s_, d_ in zip(src, dst, strict=True):
-        perm[d_] = s_
-    rest = iter(d for d in range(nd) if d not in src)
-    perm = [p if p is not None else next(rest) for p in perm]
-    y = ctx.graph.node("Transpose", [_source(ctx, op)], f"{op.name}/float", perm=perm)
-    ctx.set_outputs(op, [y])
-
-
-def emit_pixel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
-    """pixel_shuffle as DepthToSpace (CRD: channel c * r * r + i * r + j goes to pixel (i, j)
-    of channel c's block); pixel_unshuffle, its inverse, as Reshape, Transpose, Reshape (the
-    intermediate quantized again at the input's scale, as the codes are)."""
-    g = ctx.graph
-    x = _source(ctx, op)
-    if op.op_type == "pixel_shuffle":
-        r = int(ctx.arg(op, 1, "upscale_factor"))
-        y = g.node("DepthToSpace", [x], f"{op.name}/float", blocksize=r, mode="CRD")
-        ctx.set_outputs(op, [y])
-        return
-    r = int(ctx.arg(op, 1, "downscale_factor"))
-    n, c, h, w = ctx.shape_of(op, 0)
-    blocks = [n, c, h // r, r, w // r, r]
-    y = g.node("Reshape", [x, g.int64s(f"{op.name}/blocks", blocks)], f"{op.name}/blocks")
-    want = op.in_quant[0] if op.in_quant else None
-    if want is not None:
-        q = QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
-        y = g.dequantize(g.quantize(y, q, base=f"{op.name}/blocks_q"), q)
-    y = g.node("Transpose", [y], f"{op.name}/moved", perm=[0, 1, 3, 5, 2, 4])
-    out = g.int64s(f"{op.name}/shape", list(op.outputs[0].shape))
-    ctx.set_outputs(op, [g.node("Reshape", [y, out], f"{op.name}/float")])
-
-
-def emit_cast(ctx: ExportContext, op: RecordedOp) -> None:
-    src = ctx.value(op.args[0], f"{op.name}/in")
-    out = op.outputs[0].dtype
-    if out == src.dtype:
-        ctx.alias(op, src)
-        return
-    y = ctx.graph.node("Cast", [src.name], f"{op.name}/float", to=TORCH_TO_ONNX[out])
-    ctx.set_outputs(op, [y])
-
-
 def emit_embedding(ctx: ExportContext, op: RecordedOp) -> None:
     ids = ctx.value(op.args[0], f"{op.name}/ids")
     w = ctx.value(ctx.arg(op, 1, "weight"), f"{op.name}/weight")
     ctx.set_outputs(op, [ctx.graph.node("Gather", [w.name, ids.name], f"{op.name}/float", axis=0)])
-
-
-def emit_pad(ctx: ExportContext, op: RecordedOp) -> None:
-    src = ctx.value(op.args[0], f"{op.name}/in")
-    pad = list(ctx.arg(op, 1, "pad"))
-    mode = ctx.arg(op, 2, "mode", "constant")
-    value = ctx.arg(op, 3, "value", None)
-    if mode != "constant":
-        raise UnsupportedOpError(f"op {op.name}: pad mode {mode!r} (constant only)")
-    nd = len(src.shape)
-    begins, ends = [0] * nd, [0] * nd
-    for k in range(len(pad) // 2):
-        begins[nd - 1 - k], ends[nd - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
-    ins = [src.name, ctx.graph.int64s(f"{op.name}/pads", begins + ends)]
-    ins.append(ctx.float_const(f"{op.name}/value", float(value or 0.0)))
-    ctx.set_outputs(op, [ctx.graph.node("Pad", ins, f"{op.name}/float", mode="constant")])
