@@ -343,9 +343,8 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
     if op.weight is not None and rq.weight_dtype.is_int:
         w = sim_args.get(op.args, op.kwargs, op.weight)
         if isinstance(w, ConstRef):
-            axis = sim_args.weight_channel_axis(op)
             op.weight_codes, op.weight_scale = sim.weight_q(
-                op.name, w.value, rq.weight_dtype, axis is not None, 0 if axis is None else axis
+                op.name, w.value, rq.weight_dtype, True, sim_args.weight_channel_axis(op)
             )
 
 

@@ -21,7 +21,6 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_gemm_float import float_gemm, runs_in_float
 from quantlab.simulate.fixed_gemm_operands import (
-    gemm_params,
     int16_codes,
     int16_scale,
     magnitude,
@@ -239,7 +238,7 @@ def plan_gemm(sim, call, plan, args, kwargs, in_infos, wq, rq, clamp=None):
     hp_out = bool(rq.high_precision_output)
     if runs_in_float(p, xi.dtype, wdt, rq.output_dtype, hp_out, transposed):
         return float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp)
-    params = gemm_params(call)
+    params = A.conv_params(call)
     if call.op_type in ("linear", "matmul"):
         k = x.shape[-1]
     elif transposed:

@@ -21,7 +21,6 @@ from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.platform_rules import FloatIslands
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
-from quantlab.simulate.fixed_gemm_operands import gemm_params
 
 _CONVS = {
     "conv1d": F.conv1d,
@@ -67,7 +66,7 @@ def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
     elif call.op_type == "matmul":
         y = torch.matmul(x, w) if call.func.__name__ != "__rmatmul__" else torch.matmul(w, x)
     else:
-        y = _CONVS[call.op_type](x, w, b, **gemm_params(call))
+        y = _CONVS[call.op_type](x, w, b, **A.conv_params(call))
     if rq.high_precision_output:  # a wide output leaves as the float op's value (no Q)
         return (y if clamp is None else torch.clamp(y, clamp[0], clamp[1])), None
     out = rq.output_dtype

@@ -1,6 +1,6 @@
 """Fixed-mode GEMM operands: their codes as the integer GEMM takes them (centred on a zero
-point, J6's int16 operand rules), the magnitude the exact-sum bound assumes, and a
-convolution call's parameters."""
+point, J6's int16 operand rules) and the magnitude the exact-sum bound assumes. (A convolution
+call's parameters: ``args.conv_params``.)"""
 
 from __future__ import annotations
 
@@ -10,13 +10,7 @@ from torch import Tensor
 from quantlab.numerics import gemm
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
-from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
-
-
-def gemm_params(call) -> dict:
-    """A convolution call's parameters, as the call gives them (``args.conv_params``)."""
-    return A.conv_params(call)
 
 
 def prepare_int16(sim, codes: Tensor, scale: Tensor, dtype: DType, k: int, matmul: bool):

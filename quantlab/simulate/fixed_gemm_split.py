@@ -9,7 +9,7 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
-from quantlab.simulate.fixed_gemm_operands import gemm_params, prepare_int16
+from quantlab.simulate.fixed_gemm_operands import prepare_int16
 from quantlab.simulate.qtensor import QInfo
 
 
@@ -35,7 +35,7 @@ def split_gemm(sim, call, plan, args, kwargs, xi, xc, w_float, ws, rq, clamp):
     )
     x, w, lead = xc, w_float.detach(), None
     if call.op_type == "conv2d":
-        params = gemm_params(call)
+        params = A.conv_params(call)
     else:  # a linear: a 1x1 convolution over the rows
         lead, params = xc.shape[:-1], {}
         x, w = xc.reshape(-1, xc.shape[-1], 1, 1), w.reshape(*w.shape, 1, 1)

@@ -52,6 +52,25 @@ _ARG_NAMES = {
 }
 
 
+# eval-mode F.batch_norm, computed on the onnxruntime profiles (``_batch_norm_island``)
+_BATCH_NORM_ARGS = (
+    "input",
+    "running_mean",
+    "running_var",
+    "weight",
+    "bias",
+    "training",
+    "momentum",
+    "eps",
+)
+
+
+def _named_args(call, names: tuple) -> dict:
+    """The call's arguments by ``names`` (positional first, else keyword; None when absent)."""
+    a, k = call.args, call.kwargs
+    return {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+
+
 @dataclass(frozen=True)
 class NormCall:
     """What the composite needs from one call: row layout, gamma, beta (or None), eps."""
@@ -68,8 +87,7 @@ def norm_call(call) -> NormCall | None:
     names = _ARG_NAMES.get(call.op_type)
     if names is None:
         return None
-    a, k = call.args, call.kwargs
-    v = {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+    v = _named_args(call, names)
     eps = 1e-5 if v["eps"] is None else float(v["eps"])
     if call.op_type == "layer_norm":
         layout = NormLayout.layer(v["normalized_shape"])
@@ -88,9 +106,7 @@ def running_affine(call) -> tuple[Tensor, Tensor] | None:
     (bias 0 when absent); None for any other call."""
     if call.op_type != "instance_norm":
         return None
-    a_, k = call.args, call.kwargs
-    names = _ARG_NAMES["instance_norm"]
-    v = {n: (a_[i] if i < len(a_) else k.get(n)) for i, n in enumerate(names)}
+    v = _named_args(call, _ARG_NAMES["instance_norm"])
     if v["use_input_stats"] is not False or v["running_mean"] is None or v["running_var"] is None:
         return None
     eps = 1e-5 if v["eps"] is None else float(v["eps"])
@@ -238,17 +254,15 @@ def _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
     from quantlab.numerics.quantize import dequantize, quantize
     from quantlab.platform_rules import FloatIslands
 
-    def arg(i: int, name: str, default=None):
-        return args[i] if i < len(args) else kwargs.get(name, default)
-
     p = sim.platform
     info = in_infos[0] if in_infos else None
-    mean, var = arg(1, "running_mean"), arg(2, "running_var")
+    v = _named_args(call, _BATCH_NORM_ARGS)
+    mean, var = v["running_mean"], v["running_var"]
     if (
         p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ
         or not fc.zp_info(info)
         or not rq.output_dtype.is_int
-        or arg(5, "training", False)
+        or v["training"]
         or mean is None
         or var is None
     ):
@@ -256,7 +270,8 @@ def _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
     x = dequantize(
         fc.codes(args, kwargs, plan.acts[0], info), info.scale, zero_point=info.zero_point
     )
-    y = ort_batch_norm(x, mean, var, arg(3, "weight"), arg(4, "bias"), float(arg(7, "eps", 1e-5)))
+    eps = 1e-5 if v["eps"] is None else float(v["eps"])
+    y = ort_batch_norm(x, mean, var, v["weight"], v["bias"], eps)
     out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
     return fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
 

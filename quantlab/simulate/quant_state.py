@@ -167,10 +167,10 @@ class QuantizationState:
             return None
         return obs.run_min, obs.run_max
 
-    def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool, axis: int = 0):
+    def weight_q(self, name: str, w: Tensor, dtype: DType, per_channel: bool, axis: int | None = 0):
         """(codes in ``dtype``'s torch dtype, float32 scale per output channel (along ``axis``)
-        or one 0-d scale when not ``per_channel``) of a weight; cached until the weight changes
-        (its ``_version``)."""
+        or one 0-d scale when not ``per_channel`` or ``axis`` is None) of a weight; cached until
+        the weight changes (its ``_version``)."""
         entry = self._weight_entry(name, w, dtype, per_channel, axis)
         return entry[2], entry[3]
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.numerics.dtypes import FLOAT32_EXACT, FLOAT64_EXACT
-from quantlab.numerics.gemm.plan import OPERAND_DTYPES
+from quantlab.numerics.gemm.exact import _check_operand
 from quantlab.numerics.gemm.precision import exact_float_kernels
 
 
@@ -50,9 +50,8 @@ def int_conv_transpose(
 
     x: (N, C, *spatial) or (C, *spatial); w: (C, O / groups, *kernel); arguments as torch's.
     """
-    for t, name in ((x, "x"), (w, "w")):
-        if not isinstance(t, Tensor) or t.dtype not in OPERAND_DTYPES:
-            raise TypeError(f"{name} must hold int8 or int16 codes, got {getattr(t, 'dtype', t)}")
+    _check_operand(x, "x")
+    _check_operand(w, "w")
     nsp = w.dim() - 2
     if nsp not in (1, 2) or x.dim() not in (nsp + 1, nsp + 2):
         raise ValueError(
