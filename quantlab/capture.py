@@ -16,6 +16,7 @@ those ops, each named and quantized on its own.
 from __future__ import annotations
 
 import enum
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 import quantlab.ops
@@ -138,9 +139,37 @@ _IGNORED = frozenset(
     "device shape".split()
 )
 
+_POW_NAMES = frozenset("pow __pow__ pow_ __ipow__".split())  # tensor ** exponent
+
 KNOWN_OP_TYPES = frozenset(
-    {t for t, _ in _BY_NAME.values()} | {t for t, _ in _BY_IDENTITY.values()} | {"relu6"}
+    {t for t, _ in _BY_NAME.values()} | {t for t, _ in _BY_IDENTITY.values()} | {"relu6", "pow"}
 )
+
+
+def pow_exponent(args: tuple, kwargs: dict) -> float | None:
+    """The exponent of a ``tensor ** exponent`` call as a float: a Python number or a float
+    tensor of one value that is not a gradient leaf of the model; None for anything else (a
+    tensor of exponents, a scalar base)."""
+    base = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    e = args[1] if len(args) > 1 else kwargs.get("exponent")
+    if not isinstance(base, Tensor) or not base.is_floating_point():
+        return None
+    if isinstance(e, Tensor):
+        if e.numel() != 1 or e.requires_grad or e.dtype == torch.bool:
+            return None
+        e = e.item()
+    if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e):
+        return None
+    return float(e)
+
+
+def _pow_kind(args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
+    """pow as the vendor builds it: x * x for the exponent 2 (a MUL), a segment LUT of
+    x ** e for any other scalar exponent; not modelled otherwise."""
+    e = pow_exponent(args, kwargs)
+    if e is None:
+        return "pow", None
+    return "pow", OpCategory.MUL if e == 2.0 else OpCategory.LUT
 
 
 def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None] | None:
@@ -157,6 +186,8 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
         if lo == 0.0 and hi == 6.0:
             return "relu6", OpCategory.REQUANT
         return "clamp", OpCategory.REQUANT
+    if name in _POW_NAMES:
+        return _pow_kind(args, kwargs)
     kind = _classify_by_name(func, name)
     try:
         _KIND_OF[func] = kind  # a function's kind depends on the function alone (not hardtanh)

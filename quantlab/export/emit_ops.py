@@ -81,6 +81,26 @@ def emit_binary(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [ctx.graph.node(onnx_op, names, f"{op.name}/float")])
 
 
+def emit_pow(ctx: ExportContext, op: RecordedOp) -> None:
+    """pow with a scalar exponent: Mul(x, x) for the exponent 2 (the product the simulator
+    computes, an integer QLinearMul in onnxruntime), Pow(x, e) otherwise (float between
+    dequantize and quantize, the LUT op's table)."""
+    e = ctx.arg(op, 1, "exponent")
+    e = e.value if isinstance(e, ConstRef) else e
+    if isinstance(e, torch.Tensor) and e.numel() == 1:
+        e = e.item()
+    if isinstance(e, bool) or not isinstance(e, (int, float)):
+        raise UnsupportedOpError(f"op {op.name}: pow with a tensor of exponents")
+    x = ctx.act(op, 0)
+    if float(e) == 2.0:
+        y = ctx.graph.node("Mul", [x, x], f"{op.name}/float")
+    else:
+        y = ctx.graph.node(
+            "Pow", [x, ctx.float_const(f"{op.name}/e", float(e))], f"{op.name}/float"
+        )
+    ctx.set_outputs(op, [y])
+
+
 _UNARY = {
     "relu": "Relu",
     "sigmoid": "Sigmoid",

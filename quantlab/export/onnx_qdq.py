@@ -49,6 +49,7 @@ EMITTERS: dict[str, Emitter] = {
     "sub": E.emit_binary,
     "mul": E.emit_binary,
     "div": E.emit_binary,
+    "pow": E.emit_pow,
     "relu6": E.emit_clip,
     "clamp": E.emit_clip,
     "max_pool1d": E.emit_max_pool,

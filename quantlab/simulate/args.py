@@ -64,6 +64,8 @@ def plan(call: OpCall) -> ArgPlan:
         if is_weight(wv):
             return ArgPlan([a0], w, b)
         return ArgPlan([a0, w], None, b)
+    if call.op_type == "pow":  # its exponent is a constant (capture.pow_exponent)
+        return ArgPlan([a0])
     if cat in (OpCategory.GEMM, OpCategory.ADD, OpCategory.MUL, OpCategory.DIV):
         other = _slot(call, 1, "other")
         return ArgPlan([s for s in (a0, other) if s is not None])

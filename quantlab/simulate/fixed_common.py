@@ -14,9 +14,16 @@ from quantlab.numerics.code_bounds import CONSTANT_DTYPE, BoundRule, bound_codes
 from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
-from quantlab.numerics.product_requant import product_form
+from quantlab.numerics.product_requant import product_form, requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
-from quantlab.numerics.requant import int32_requant, make_requant, requant_scale, rescale_multiplier
+from quantlab.numerics.requant import (
+    INT32_MAX,
+    int32_requant,
+    make_requant,
+    requant_scale,
+    requantize_int32,
+    rescale_multiplier,
+)
 from quantlab.numerics.scaled_add import add_constants, add_float_rescale, add_inter_scale
 from quantlab.platforms import AddRule, FloatIslands
 from quantlab.simulate import args as A
@@ -242,3 +249,34 @@ def product_requant(p, xs, ys, so, out: DType, bound: int):
     )
     rounding = contract.requant_round
     return product_form(params, rounding, bound), int32_requant(params, out, rounding)
+
+
+def product(sim, call, rq, a, b, dtypes, bound: int, key: tuple):
+    """(value, QInfo) of the product of operands ``a`` and ``b`` ((codes, scale, zero point)
+    each; ``dtypes`` theirs) under the platform's mul rule; ``bound``: the largest |product of
+    centred codes|; ``key``: what the operands' constants are kept by."""
+    (xc, xs, zx), (yc, ys, zy) = a, b
+    so = out_scale(sim, call, rq)
+    zo = out_zero_point(sim, call, rq)
+    out = rq.output_dtype
+    if runs_in_float(sim.platform, "mul", dtypes, out):
+        codes = dequantize_quantize(torch.mul, (a, b), so, out, zo, sim.platform.fake_round)
+        return emit(codes, so, out, zo)
+    form, k = sim.op_memo(
+        call.name,
+        "mul",
+        (*key, so, out, zo, bound, sim.platform),
+        lambda: product_requant(sim.platform, xs, ys, so, out, bound),
+    )
+    if form is not None:  # one float dtype, exact by the bound (numerics.product_requant)
+        return emit(requantize_product(xc, zx, yc, zy, form, out, zo), so, out, zo)
+    acc = centred_int64(xc, zx) * centred_int64(yc, zy)
+    if zo or bound > INT32_MAX:  # the general path (its accumulator contract applies)
+        real = requant_scale(xs, ys, so, sim.platform.requant)
+        return emit(requant(sim, acc, real, out, zero_point=zo), so, out, zo)
+    return emit(requantize_int32(acc, k).to(out.torch_dtype), so, out)
+
+
+def centred_int64(codes: Tensor, zero_point: int) -> Tensor:
+    c = codes.to(torch.int64)
+    return c - zero_point if zero_point else c

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from quantlab.capture import OpCategory
+from quantlab.capture import OpCategory, pow_exponent
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.platforms import SoftmaxRule
@@ -24,7 +24,7 @@ from quantlab.simulate import fixed_common as fc
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
-    "leaky_relu prelu inverse_sigmoid".split()
+    "leaky_relu prelu inverse_sigmoid pow".split()
 )
 
 
@@ -68,6 +68,8 @@ def _lut_spec(call, rq, platform):
         eps = call.kwargs.get("eps", call.args[1] if len(call.args) > 1 else None)
         if eps is not None:
             spec = dataclasses.replace(spec, eps=float(eps))
+    if call.op_type == "pow":  # a scalar exponent other than 2 (capture.pow_exponent)
+        spec = dataclasses.replace(spec, exponent=pow_exponent(call.args, call.kwargs))
     if call.op_type == "leaky_relu":
         slope = call.kwargs.get("negative_slope", call.args[1] if len(call.args) > 1 else None)
         if slope is not None:

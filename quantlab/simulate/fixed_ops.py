@@ -21,9 +21,7 @@ from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
-from quantlab.numerics.product_requant import requantize_product
 from quantlab.numerics.quantize import dequantize, quantize
-from quantlab.numerics.requant import INT32_MAX, requant_scale, requantize_int32
 from quantlab.platforms import AvgPoolRule, ConcatRule, FloatIslands, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -55,6 +53,12 @@ def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
     """How the op runs in fixed mode on ``sim.platform`` (the op-support table's column)."""
     if not sim.supported(op_type, category):
         return "float (not supported on this platform)"
+    if op_type == "pow" and category is OpCategory.MUL:
+        return f"x * x (the exponent 2) as mul: {_supported_kernel('mul', category, sim)}"
+    return _supported_kernel(op_type, category, sim)
+
+
+def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
     if op_type in COMPOSITE_TYPES and sim.platform.norm_composite:
         return "integer (mean, variance, rsqrt lut, affine)"
     if category is OpCategory.SOFTMAX and sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE:
@@ -135,7 +139,11 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
 
 def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = False):
-    if not rq.output_dtype.is_int or len(plan.acts) != 2:
+    if not rq.output_dtype.is_int:
+        return None
+    if call.op_type == "pow":  # the exponent 2 (capture.pow_exponent): x * x
+        return _square(sim, call, plan, args, kwargs, in_infos, rq)
+    if len(plan.acts) != 2:
         return None
     a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True, native=True)
     bv = A.get(args, kwargs, plan.acts[1])
@@ -149,42 +157,32 @@ def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = Fals
         b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True, native=True)
     if a is None or b is None:
         return None
-    (xc, xs, zx), (yc, ys, zy) = a, b
-    so = fc.out_scale(sim, call, rq)
-    zo = fc.out_zero_point(sim, call, rq)
-    out = rq.output_dtype
     x_dtype = fc.operand_dtype(args, kwargs, plan.acts[0], in_infos[0])
     y_dtype = (
         CONSTANT_DTYPE if const_inv else fc.operand_dtype(args, kwargs, plan.acts[1], in_infos[1])
     )
-    if fc.runs_in_float(sim.platform, "mul", (x_dtype, y_dtype), out):
-        codes = fc.dequantize_quantize(torch.mul, (a, b), so, out, zo, sim.platform.fake_round)
-        return fc.emit(codes, so, out, zo)
     # a scalar constant's code is +-CONSTANT_DTYPE.qmax (constant_codes); its scale is new
     # every call, so its constants are kept by the scalar's value
     x_const = not isinstance(A.get(args, kwargs, plan.acts[0]), Tensor)
     y_const = const_inv or not isinstance(bv, Tensor)
-    bound = fc.centred_bound(in_infos, 0, zx, x_const) * fc.centred_bound(in_infos, 1, zy, y_const)
-    xk = ("const", float(A.get(args, kwargs, plan.acts[0]))) if x_const else xs
-    yk = ("const", const_inv, float(bv)) if y_const else ys
-    form, k = sim.op_memo(
-        call.name,
-        "mul",
-        (xk, yk, so, out, zo, bound, sim.platform),
-        lambda: fc.product_requant(sim.platform, xs, ys, so, out, bound),
-    )
-    if form is not None:  # one float dtype, exact by the bound (numerics.product_requant)
-        return fc.emit(requantize_product(xc, zx, yc, zy, form, out, zo), so, out, zo)
-    acc = _centred_int64(xc, zx) * _centred_int64(yc, zy)
-    if zo or bound > INT32_MAX:  # the general path (its accumulator contract applies)
-        real = requant_scale(xs, ys, so, sim.platform.requant)
-        return fc.emit(fc.requant(sim, acc, real, out, zero_point=zo), so, out, zo)
-    return fc.emit(requantize_int32(acc, k).to(out.torch_dtype), so, out)
+    bound = fc.centred_bound(in_infos, 0, a[2], x_const)
+    bound *= fc.centred_bound(in_infos, 1, b[2], y_const)
+    xk = ("const", float(A.get(args, kwargs, plan.acts[0]))) if x_const else a[1]
+    yk = ("const", const_inv, float(bv)) if y_const else b[1]
+    return fc.product(sim, call, rq, a, b, (x_dtype, y_dtype), bound, (xk, yk))
 
 
-def _centred_int64(codes: Tensor, zero_point: int) -> Tensor:
-    c = codes.to(torch.int64)
-    return c - zero_point if zero_point else c
+def _square(sim, call, plan, args, kwargs, in_infos, rq):
+    """pow(x, 2) as the platform's product of x with itself, the vendor's Pow for the
+    exponent 2 (horizon-plugin: a FloatFunctional mul)."""
+    if len(plan.acts) != 1:
+        return None
+    a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True, native=True)
+    if a is None:
+        return None
+    dt = fc.operand_dtype(args, kwargs, plan.acts[0], in_infos[0])
+    bound = fc.centred_bound(in_infos, 0, a[2], False) ** 2
+    return fc.product(sim, call, rq, a, a, (dt, dt), bound, (a[1], a[1]))
 
 
 def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):

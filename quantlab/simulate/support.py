@@ -22,10 +22,12 @@ class _PlatformView:
 
 
 def op_types() -> dict[str, OpCategory]:
-    """Every modelled op type and its category (relu6 is hardtanh(0, 6))."""
+    """Every modelled op type and its category (relu6 is hardtanh(0, 6); pow's category is
+    its exponent's, capture.pow_exponent)."""
     out = {t: c for t, c in _BY_NAME.values()}
     out.update({t: c for t, c in _BY_IDENTITY.values()})
     out["relu6"] = OpCategory.REQUANT
+    out["pow"] = OpCategory.MUL  # the exponent 2; other scalar exponents are LUT ops
     return dict(sorted(out.items()))
 
 
@@ -40,13 +42,17 @@ def op_support_table(platforms: list[PlatformConfig | str]) -> pd.DataFrame:
         plat = platform_config(p) if isinstance(p, str) else p
         view = _PlatformView(plat)
         for op_type, cat in op_types().items():
+            kernel = fixed_ops.kernel_name(op_type, cat, view)
+            if op_type == "pow":
+                lut = fixed_ops.kernel_name(op_type, OpCategory.LUT, view)
+                kernel = f"{kernel}; {lut} (other scalar exponents)"
             rows.append(
                 {
                     "op_type": op_type,
                     "category": cat.name,
                     "platform": plat.name,
                     "supported": view.supported(op_type, cat),
-                    "fixed_kernel": fixed_ops.kernel_name(op_type, cat, view),
+                    "fixed_kernel": kernel,
                 }
             )
     return pd.DataFrame(rows)

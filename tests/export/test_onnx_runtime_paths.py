@@ -555,6 +555,42 @@ def test_max_and_min_reductions_keep_their_input_codes(tmp_path, encoding):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 
 
+class _Powers(nn.Module):
+    """pow: the exponent 2 (a Python number and a one-value tensor, as ONNX converters write
+    it) and other exponents, of negative and non-negative inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.register_buffer("two", torch.tensor([2.0]))
+
+    def forward(self, x):
+        y = self.conv(x)
+        r = torch.relu(y)
+        return y**2, torch.pow(y, self.two), r**0.5, y.pow(3), r.pow(1.5), (y * y + 0.5) ** -0.5
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_pow_exports_as_mul_or_pow_with_fixed_modes_bits(tmp_path, encoding, dtype):
+    """pow(x, 2) is Mul(x, x) (QLinearMul on 8-bit codes where onnxruntime fuses it); other
+    exponents Pow between dequantize and quantize, the profile's table of powf's values."""
+    torch.manual_seed(0)
+    rule = OpQConfig(output_dtype=dtype)
+    sim = Simulator(_Powers().eval(), ORT_PROFILE, QConfigSpec(by_type={"pow": rule}))
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 3, 6, 6, generator=g) * s for s in (0.5, 1.0, 4.0)]
+    pows = sim.ops[sim.ops.op_type == "pow"]
+    assert list(pows["category"]) == ["MUL", "MUL", "LUT", "LUT", "LUT", "LUT"]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Pow" in kinds
+    if encoding is ActivationEncoding.UNSIGNED_OFFSET and dtype is DType.INT8:
+        assert "QLinearMul" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
 class _Resized(nn.Module):
     def __init__(self, **kw):
         super().__init__()

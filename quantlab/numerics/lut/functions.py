@@ -53,6 +53,7 @@ class LutSpec:
     eps:             inverse_sigmoid: clamp of x and 1 - x (must be > 0); rsqrt: added to x.
     log_floor:       log: outputs below this are clamped (the vendor's hard_log, -10).
     negative_slope:  leaky_relu: the slope below 0 (prelu: one table per channel's slope).
+    exponent:        pow: the exponent e of x ** e (the call's).
     range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
     data_error_factor: DATA: the max error over every input code may be at most this many times
                      OPTIMAL's (>= 1).
@@ -66,6 +67,7 @@ class LutSpec:
     eps: float = 0.0
     log_floor: float = -10.0
     negative_slope: float = 0.01
+    exponent: float = 2.0
     range_rule: bool = True
     data_error_factor: float = 2.0
 
@@ -114,6 +116,8 @@ class LutSpec:
             raise ValueError(f"LutSpec.log_floor must be finite, got {self.log_floor}")
         if not math.isfinite(self.negative_slope):
             raise ValueError(f"LutSpec.negative_slope must be finite, got {self.negative_slope}")
+        if not math.isfinite(self.exponent):
+            raise ValueError(f"LutSpec.exponent must be finite, got {self.exponent}")
 
 
 def _log(x: Tensor, spec: LutSpec) -> Tensor:
@@ -149,6 +153,19 @@ def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
 
 def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.where(x >= 0, x, x * spec.negative_slope)
+
+
+POW_MAX = 1e300  # |x ** e| clamp: finite in float64 (outputs saturate)
+
+
+def _pow(x: Tensor, spec: LutSpec) -> Tensor:
+    e = spec.exponent
+    if e != int(e):  # defined for x >= 0 only
+        x = x.clamp_min(TINY if e < 0 else 0.0)
+    elif e < 0:  # 1 / x ** |e|: |x| floored as in reciprocal, the sign kept
+        mag = x.abs().clamp_min(TINY)
+        x = torch.where(x < 0, -mag, mag)
+    return torch.pow(x, e).clamp(-POW_MAX, POW_MAX)
 
 
 @dataclass(frozen=True)
@@ -250,6 +267,13 @@ FUNCTIONS: dict[str, LutFunction] = {
         LutFunction("hardswish", _hardswish, "none needed (x relu6(x + 3) / 6)"),
         LutFunction("leaky_relu", _leaky_relu, "none needed (LutSpec.negative_slope below 0)"),
         LutFunction(
+            "pow",
+            _pow,
+            f"x ** e (e = LutSpec.exponent): x floored at 0 for a fractional e; |x| floored at "
+            f"{TINY} for e < 0 (the sign kept for an integer e); clamped at +-{POW_MAX:g}",
+            sample_range=(0.0, 4.0),
+        ),
+        LutFunction(
             "inverse_sigmoid",
             _inverse_sigmoid,
             "log(max(x, eps) / max(1 - x, eps)), eps = LutSpec.eps > 0 (bounded by "
@@ -284,6 +308,7 @@ _DEFAULTS: dict[str, LutSpec] = {
     "hardswish": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
     "leaky_relu": LutSpec(Strategy.MANUAL, dividing_points=KINK_AT_ZERO),
     "inverse_sigmoid": LutSpec(Strategy.EVENLY, eps=INVERSE_SIGMOID_EPS),
+    "pow": LutSpec(Strategy.CURVATURE),
 }
 
 
@@ -307,6 +332,8 @@ def default_spec(func: str) -> LutSpec:
     defaults do not name them; the plugin makes its other plain unary functions, elu and
     softplus among them, SegmentLUTs. On an int16 hardswish over +-8 the curvature rule's
     edges miss the kinks and it errs by up to 29 output LSB, these points by 1.35); leaky_relu
-    two tables meeting at its kink at 0 (assumed likewise), its slope the call's."""
+    two tables meeting at its kink at 0 (assumed likewise), its slope the call's; pow (an
+    exponent other than 2, which is a mul) curvature, its exponent the call's (assumed: the
+    plugin's Pow is a SegmentLUT of torch.pow whose strategy the documents do not give)."""
     get_function(func)
     return _DEFAULTS[func]
