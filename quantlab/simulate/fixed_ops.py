@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import OpCategory, out_of_place_name
-from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes
+from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes, constant_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
 from quantlab.numerics.quantize import dequantize, quantize
-from quantlab.platforms import AvgPoolRule, ConcatRule, FloatIslands, SoftmaxRule
+from quantlab.platforms import AddRule, AvgPoolRule, ConcatRule, FloatIslands, SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_embedding import embedding_op
@@ -117,9 +117,12 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True, native=True)
     if a is None or b is None:
         return None
+    out = rq.output_dtype
+    if p.add_rule is AddRule.LEFT_SHIFT and out.bits == 8:  # a LiteRT constant is 8-bit
+        a = _constant_at(args, kwargs, plan.acts[0], a, DType.INT8)
+        b = _constant_at(args, kwargs, plan.acts[1], b, DType.INT8)
     (xc, xs, zx), (yc, ys, zy) = a, b
     so = fc.out_scale(sim, call, rq)
-    out = rq.output_dtype
     zo = fc.out_zero_point(sim, call, rq)
     dtypes = [fc.operand_dtype(args, kwargs, s, i) for s, i in zip(plan.acts, in_infos)]
     if fc.runs_in_float(p, call.op_type, dtypes, out):
@@ -136,6 +139,16 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     else:
         codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
     return fc.emit(codes, so, out, zo)
+
+
+def _constant_at(args, kwargs, slot, operand, dtype: DType):
+    """``operand`` as is for a tensor; a scalar constant re-encoded as code +-qmax of ``dtype``.
+    A LiteRT model holds a constant as an 8-bit tensor (assumed symmetric here: the converter's
+    own encoding is not modelled); the int16 constant's 32767 << 20 would wrap int32."""
+    v = A.get(args, kwargs, slot)
+    if isinstance(v, Tensor):
+        return operand
+    return (*constant_codes(float(v), dtype), 0)
 
 
 def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = False):
