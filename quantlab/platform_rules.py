@@ -102,6 +102,21 @@ class AvgPoolRule(enum.Enum):
     FLOAT_WINDOW_SUM = "float_window_sum"
 
 
+class TensorDivRule(enum.Enum):
+    """How a division by a tensor (not a constant) turns codes into codes.
+
+    RECIPROCAL_TABLE: x times a segment-LUT reciprocal of the divisor, at
+                      ``div_reciprocal_dtype`` with its own calibrated scale, then the
+                      platform's product (the J6 plugin's Div: a reciprocal SegmentLUT, int16,
+                      and a mul).
+    FLOAT:            float between dequantize and quantize (a runtime's float Div: IEEE
+                      float32 division, then the output's quantization).
+    """
+
+    RECIPROCAL_TABLE = "reciprocal_table"
+    FLOAT = "float"
+
+
 class ConcatRule(enum.Enum):
     """How cat / stack bring inputs at other scales (or zero points) to the output's.
 

@@ -40,6 +40,7 @@ from quantlab.platform_rules import (  # noqa: F401  (the profile's rules, impor
     ConcatRule,
     FloatIslands,
     SoftmaxRule,
+    TensorDivRule,
     Toolchain,
 )
 
@@ -94,6 +95,8 @@ class PlatformConfig:
     u8s8_pair_saturation: bool = False
     concat_rule: ConcatRule = ConcatRule.REQUANTIZE  # cat / stack of inputs at other scales
     avg_pool_rule: AvgPoolRule = AvgPoolRule.INTEGER_SUM  # average pools over windows
+    tensor_div_rule: TensorDivRule = TensorDivRule.RECIPROCAL_TABLE  # x / (a tensor)
+    div_reciprocal_dtype: DType = DType.INT16  # the reciprocal table's output (plugin: int16)
     add_inter_shift: int = 14  # inter = max(sx, sy) / 2**14 (s.7)
     add_left_shift: int = 20  # LEFT_SHIFT, 8-bit operands (TFLite: 20)
     add_left_shift_int16: int = 15  # LEFT_SHIFT, int16 operands (TFLite: 15)

@@ -22,9 +22,17 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
 from quantlab.numerics.quantize import dequantize, quantize
-from quantlab.platforms import AddRule, AvgPoolRule, ConcatRule, FloatIslands, SoftmaxRule
+from quantlab.platforms import (
+    AddRule,
+    AvgPoolRule,
+    ConcatRule,
+    FloatIslands,
+    SoftmaxRule,
+    TensorDivRule,
+)
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.fixed_div import reciprocal_table_div
 from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
 from quantlab.simulate.fixed_lut import lut_op, softmax_op
@@ -81,6 +89,11 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
         if op_type in ("add", "mul"):
             return "integer (two 8-bit tensors); float between dequantize and quantize otherwise"
         return "float between dequantize and quantize"
+    if (
+        category is OpCategory.DIV
+        and sim.platform.tensor_div_rule is TensorDivRule.RECIPROCAL_TABLE
+    ):
+        return "integer (scalar divisor; tensor divisor: times its reciprocal lut)"
     return _KERNELS[category]
 
 
@@ -199,6 +212,10 @@ def _square(sim, call, plan, args, kwargs, in_infos, rq):
 
 
 def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    if len(plan.acts) == 2 and isinstance(A.get(args, kwargs, plan.acts[1]), Tensor):
+        if sim.platform.tensor_div_rule is TensorDivRule.RECIPROCAL_TABLE:
+            return reciprocal_table_div(sim, call, plan, args, kwargs, in_infos, rq)
+        return None
     return _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv=True)
 
 

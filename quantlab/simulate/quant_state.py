@@ -28,7 +28,7 @@ from quantlab.numerics.quantize import (
 from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ActivationSymmetry, ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
-from quantlab.simulate import fixed_embedding, fixed_norm, same_grid
+from quantlab.simulate import fixed_div, fixed_embedding, fixed_norm, same_grid
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_divide, qat_fake_quant
@@ -46,6 +46,8 @@ class QuantizationState:
             fixed_norm.observe(self, call)
         elif call.category is OpCategory.EMBEDDING:
             fixed_embedding.observe(self, call)
+        elif call.category is OpCategory.DIV:
+            fixed_div.observe_reciprocal(self, call, plan)
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):
