@@ -8,6 +8,8 @@ kernel that declines a later call each give the full path's bits."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from bits import assert_bits_equal
@@ -16,6 +18,7 @@ from torch.nn import functional as F
 
 from quantlab.calibration.kinds import ObserverKind
 from quantlab.numerics.dtypes import DType
+from quantlab.platforms import PlatformConfig, TensorDivRule, load_platform
 from quantlab.qconfig import ActivationSymmetry, OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator, fixed_ops
 
@@ -271,8 +274,9 @@ def test_inputs_quantized_at_the_ops_point_follow_prepared_calls(platform, spec,
 
 
 class DivNet(nn.Module):
-    """A division of two activations, which has no fixed kernel: computed in float, its output
-    quantized."""
+    """A division of two activations: where the platform divides in float
+    (``TensorDivRule.FLOAT``) it has no fixed kernel, computed in float and its output
+    quantized; on J6 (RECIPROCAL_TABLE) its fixed kernel multiplies by a reciprocal table."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -283,10 +287,24 @@ class DivNet(nn.Module):
         return self.a(x) / (self.b(x).abs() + 0.5)
 
 
-@pytest.mark.parametrize("platform", ["j6m", "j6h", "onnxruntime"])
-def test_an_op_computed_in_float_follows_its_prepared_call(platform, hit_names, monkeypatch):
+def _divides_in_float(name: str) -> PlatformConfig:
+    return dataclasses.replace(load_platform(name), tensor_div_rule=TensorDivRule.FLOAT)
+
+
+@pytest.mark.parametrize(
+    ("platform", "kernel"),
+    [
+        (_divides_in_float("j6m"), False),
+        ("j6h", False),  # float16 outputs
+        ("onnxruntime", False),
+        ("j6m", True),
+    ],
+    ids=["j6m-float", "j6h", "onnxruntime", "j6m-reciprocal"],
+)
+def test_a_division_follows_its_prepared_call(platform, kernel, hit_names, monkeypatch):
     """An op without a fixed kernel (the full path computes it in float and quantizes its
-    output) follows a prepared call that does the same: the bits of the captured run's full
+    output) follows a prepared call that does the same, and so does the reciprocal-table
+    division, a kernel with a calibrated scale of its own: the bits of the captured run's full
     path and of a fresh Simulator, and a program computes it by that prepared call."""
     g = torch.Generator().manual_seed(16)
     with torch.random.fork_rng(devices=[]):
@@ -294,7 +312,7 @@ def test_an_op_computed_in_float_follows_its_prepared_call(platform, hit_names, 
         m = DivNet().eval()
     calib = [(torch.randn(2, 6, 16, generator=g),) for _ in range(2)]
     sim = _sim(m, calib, platform)
-    assert "div" not in _preparing_run(sim, calib[0], monkeypatch)
+    assert ("div" in _preparing_run(sim, calib[0], monkeypatch)) is kernel
     fresh = _sim(m, calib, platform)
     for x in _inputs(g):
         hit_names.clear()
