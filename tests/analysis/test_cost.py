@@ -41,6 +41,9 @@ def test_lut_and_other_ops():
     assert op_cost(lut8, False) == 10 * CostModel().lut_interp
     assert op_cost(_row(op_type="sin", output_dtype=DType.INT16), True) == 10 * 4.0 * 2
     assert op_cost(_row(op_type="reshape"), True) == 0.0
+    # pow: a table for an exponent other than 2, the product x * x (elementwise) for 2
+    assert op_cost(_row(op_type="pow", category="LUT", output_dtype=DType.INT16), True) == 80.0
+    assert op_cost(_row(op_type="pow", category="MUL", output_dtype=DType.INT16), True) == 20.0
     assert op_cost(_row(op_type="add", output_dtype=DType.FLOAT16), True) == 20.0
     ops = pd.DataFrame([_row(), _row(op_type="add")])
     assert model_cost(ops, True) == 1010.0
