@@ -188,6 +188,9 @@ class PlatformConfig:
         _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
         _check_choice("platform.accumulator", self.accumulator, ACCUMULATORS)
         _check_choice("platform.qlinear_zero_point", self.qlinear_zero_point, (0, 128))
+        _check_choice(
+            "platform.div_reciprocal_dtype", self.div_reciprocal_dtype, (DType.INT8, DType.INT16)
+        )
         for name in ("add_inter_shift", "add_left_shift", "add_left_shift_int16"):
             if not 0 <= getattr(self, name) <= 30:
                 raise ValueError(f"platform.{name} must be in [0, 30], got {getattr(self, name)}")

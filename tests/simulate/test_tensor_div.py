@@ -16,7 +16,7 @@ from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import build_lut
 from quantlab.numerics.requant import requant_scale
-from quantlab.platforms import TensorDivRule
+from quantlab.platforms import TensorDivRule, load_platform
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 
@@ -145,3 +145,8 @@ def test_a_divisor_of_one_value_takes_a_table_without_the_inverse_rule():
     sim.platform = dataclasses.replace(sim.platform, tensor_div_rule=TensorDivRule.FLOAT)
     plain = sim.trace(x, mode=Mode.FIXED).qinfo[":div#0"].codes.to(torch.int64)
     assert int((table - plain).abs().max()) <= 1
+
+
+def test_the_reciprocal_dtype_must_be_an_integer_code():
+    with pytest.raises(ValueError, match="platform.div_reciprocal_dtype=FLOAT16 is not allowed"):
+        dataclasses.replace(load_platform("j6m"), div_reciprocal_dtype=DType.FLOAT16)
