@@ -73,10 +73,18 @@ _INT64_MAX = np.iinfo(np.int64).max
 _INT64_MIN = np.iinfo(np.int64).min
 
 
+def _basic(i) -> bool:
+    return i is None or i is Ellipsis or isinstance(i, (int, slice))
+
+
 def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
-    """Basic indexing: slices (any step), integers, None and Ellipsis."""
+    """Basic indexing: slices (any step; bounds may be 0-d integer tensors), integers, None and
+    Ellipsis, as a tuple or as a list of them (torch reads such a list as a tuple: onnx2torch's
+    Slice indexes so)."""
     x = _source(ctx, op)
     index = op.args[1]
+    if isinstance(index, list) and all(_basic(i) for i in index):
+        index = tuple(index)
     index = index if isinstance(index, tuple) else (index,)
     shape = (
         list(as_tensor(op.args[0]).shape)

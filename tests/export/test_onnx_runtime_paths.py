@@ -14,6 +14,7 @@ kernel, and fixed mode (onnxruntime profile) giving the same bits:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -702,6 +703,35 @@ def test_codes_moving_ops_export_with_fixed_modes_bits(tmp_path, encoding):
     assert {"Slice", "Tile", "Expand", "Transpose"} <= onnx_kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _ListIndexed(nn.Module):
+    """Indexing with a list of slices whose bounds are 0-d tensors and numpy integers, as
+    onnx2torch's Slice writes it (torch reads the list as a tuple)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))
+        starts, ends = torch.tensor([1, 2]), torch.tensor([5, 6])
+        index = [slice(None), slice(starts[0], ends[0], np.int64(1))]
+        index.append(slice(starts[1], ends[1], np.int64(2)))
+        with warnings.catch_warnings():  # torch: "a non-tuple sequence ... is deprecated"
+            warnings.simplefilter("ignore", UserWarning)
+            return y[index] * 1.0
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_a_list_of_slices_exports_as_slice(tmp_path, encoding):
+    sim, xs = _calibrated(_ListIndexed())
+    outs, onnx_kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Slice" in onnx_kinds
+    for x, ys in zip(xs, outs, strict=True):
+        fixed = sim.run(x, mode=Mode.FIXED)
+        assert fixed.shape == (2, 3, 2, 6)
+        assert _same(ys, [fixed])
 
 
 class _Shuffled(nn.Module):

@@ -332,6 +332,28 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
     assert sum(char_errors(f, r) for f, r in zip(fixed, read, strict=True)) <= 3
 
 
+def test_text_recognizer_exported_as_qdq_gives_fixed_modes_bits(recognizer_on_lines, tmp_path):
+    """The whole recognizer (onnx2torch's Slice indexing with a list of slices, pow(x, 2) as
+    Mul(x, x), the LayerNorm divisions as Div between dequantize and quantize, attention, the
+    6625-class softmax) exported as ONNX QDQ runs in onnxruntime with the onnxruntime
+    profile's fixed-mode bits on every output value of a line (UNSIGNED_OFFSET; SIGNED
+    differed on 105 of 795000, onnxruntime's re-encoding of int8 QDQ pairs)."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.export import ActivationEncoding, to_onnx_qdq
+    from quantlab.export import runtime as R
+    from quantlab.export.ort_host import onnxruntime_profile
+    from quantlab.simulate import Mode, Simulator
+
+    rec, lines, _ = recognizer_on_lines
+    sim = Simulator(rec.module, onnxruntime_profile())
+    sim.calibrate([(lines[i : i + 1].flip(-1),) for i in (1, 3)], progress=False)
+    assert {"pow", "div", "getitem", "softmax"} <= set(sim.ops["op_type"])
+    enc = ActivationEncoding.UNSIGNED_OFFSET
+    info = to_onnx_qdq(sim, tmp_path / "rec.onnx", (lines[:1],), encoding=enc)
+    (got,) = R.run(R.session(info.path), info.input_names, (lines[3:4],))
+    assert np.array_equal(got, sim.run(lines[3:4], mode=Mode.FIXED).numpy())
+
+
 def test_bad_onnx_inputs_name_the_file(tmp_path):
     (tmp_path / "junk.onnx").write_bytes(b"not a protobuf at all")
     with pytest.raises(ValueError, match="model.path: file .*none.onnx does not exist"):
