@@ -297,18 +297,20 @@ def recognizer_on_lines():
     return rec, lines, meta["character"].splitlines()
 
 
-def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_lines):
+def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_lines, monkeypatch):
     """PP-OCRv4's recognizer (SVTR-LCNet: convolutions, attention, and LayerNorm written out as
-    ReduceMean, Sub, Pow, Add, Sqrt, Div) on J6M with every op quantized: pow(x, 2) is the
-    integer product x * x, and the divisions by sqrt(var + eps) multiply by the divisor's int16
-    reciprocal table. Calibrated on two of the lines mirrored (MinMax observers: the default
-    MSE search takes most of a minute here and read the same but for one full-width comma),
-    fixed mode reads the six lines as float does, within 3 of 222 characters (0 measured);
-    float reads the page's text within 2 (0 measured; spaces not counted)."""
+    ReduceMean, Sub, Pow, Add, Sqrt, Div) on J6M with every op quantized and computed by its
+    fixed kernel (no float fallback): pow(x, 2) is the integer product x * x, and the
+    divisions by sqrt(var + eps) multiply by the divisor's int16 reciprocal table.
+    Calibrated on two of the lines mirrored (MinMax observers: the default MSE search takes
+    most of a minute here and read the same but for one full-width comma), fixed mode reads
+    the six lines as float does, within 3 of 222 characters (0 measured); float reads the
+    page's text within 2 (0 measured; spaces not counted)."""
     from ocr_page import TRUTH, char_errors, ctc_greedy
 
+    from quantlab.capture import OpCategory
     from quantlab.qconfig import OpQConfig, QConfigSpec
-    from quantlab.simulate import Mode, Simulator
+    from quantlab.simulate import Mode, Simulator, fixed_ops
 
     rec, lines, chars = recognizer_on_lines
     assert len(lines) == len(TRUTH)
@@ -326,8 +328,18 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
     assert set(divs["fixed_kernel"]) == {
         "integer (scalar divisor; tensor divisor: times its reciprocal lut)"
     }
+    fell_back, real = [], fixed_ops.run_fixed
+
+    def kernel(sim_, call, *args, **kwargs):  # None: the float fallback computed the op
+        res = real(sim_, call, *args, **kwargs)
+        if res is None and call.category is not OpCategory.PASS_THROUGH:
+            fell_back.append(call.name)
+        return res
+
+    monkeypatch.setattr(fixed_ops, "run_fixed", kernel)
     trace = sim.trace(lines, mode=Mode.FIXED)
     assert not trace.float_ops and all(trace.qinfo[n] is not None for n in trace.order)
+    assert fell_back == []  # every op that computes ran its fixed kernel
     fixed = ctc_greedy(trace.result, chars)
     assert sum(char_errors(f, r) for f, r in zip(fixed, read, strict=True)) <= 3
 
