@@ -146,14 +146,9 @@ KNOWN_OP_TYPES = frozenset(
 )
 
 
-def pow_exponent(args: tuple, kwargs: dict) -> float | None:
-    """The exponent of a ``tensor ** exponent`` call as a float: a Python number or a float
-    tensor of one value that is not a gradient leaf of the model; None for anything else (a
-    tensor of exponents, a scalar base)."""
-    base = args[0] if args else kwargs.get("input", kwargs.get("self"))
-    e = args[1] if len(args) > 1 else kwargs.get("exponent")
-    if not isinstance(base, Tensor) or not base.is_floating_point():
-        return None
+def scalar_exponent(e) -> float | None:
+    """``e`` as one finite float exponent: a Python number, or a tensor of one value that
+    needs no gradient; None for anything else (a tensor of exponents, a bool)."""
     if isinstance(e, Tensor):
         if e.numel() != 1 or e.requires_grad or e.dtype == torch.bool:
             return None
@@ -161,6 +156,15 @@ def pow_exponent(args: tuple, kwargs: dict) -> float | None:
     if isinstance(e, bool) or not isinstance(e, (int, float)) or not math.isfinite(e):
         return None
     return float(e)
+
+
+def pow_exponent(args: tuple, kwargs: dict) -> float | None:
+    """The exponent of a ``tensor ** exponent`` call (``scalar_exponent``); None for anything
+    else (a tensor of exponents, a scalar base)."""
+    base = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    if not isinstance(base, Tensor) or not base.is_floating_point():
+        return None
+    return scalar_exponent(args[1] if len(args) > 1 else kwargs.get("exponent"))
 
 
 def _pow_kind(args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:

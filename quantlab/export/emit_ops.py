@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 
+from quantlab.capture import scalar_exponent
 from quantlab.export.context import ExportContext, as_tensor, int_list
 from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
@@ -86,18 +87,14 @@ def emit_pow(ctx: ExportContext, op: RecordedOp) -> None:
     computes, an integer QLinearMul in onnxruntime), Pow(x, e) otherwise (float between
     dequantize and quantize, the LUT op's table)."""
     e = ctx.arg(op, 1, "exponent")
-    e = e.value if isinstance(e, ConstRef) else e
-    if isinstance(e, torch.Tensor) and e.numel() == 1:
-        e = e.item()
-    if isinstance(e, bool) or not isinstance(e, (int, float)):
-        raise UnsupportedOpError(f"op {op.name}: pow with a tensor of exponents")
+    e = scalar_exponent(e.value if isinstance(e, ConstRef) else e)
+    if e is None:
+        raise UnsupportedOpError(f"op {op.name}: pow with an exponent other than one number")
     x = ctx.act(op, 0)
-    if float(e) == 2.0:
+    if e == 2.0:
         y = ctx.graph.node("Mul", [x, x], f"{op.name}/float")
     else:
-        y = ctx.graph.node(
-            "Pow", [x, ctx.float_const(f"{op.name}/e", float(e))], f"{op.name}/float"
-        )
+        y = ctx.graph.node("Pow", [x, ctx.float_const(f"{op.name}/e", e)], f"{op.name}/float")
     ctx.set_outputs(op, [y])
 
 
