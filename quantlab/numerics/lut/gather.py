@@ -41,34 +41,44 @@ _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
 
 _SOURCE = r"""
 #include <stdint.h>
-/* Blocks of 32: the 32 table reads are issued before the 32 writes, then the tail. Each block
-   first asks for the codes and the output PREFETCH entries ahead (a prefetch never faults, so
-   asking past the end is harmless; the address is formed as an integer). On 2**22 int16 codes,
-   2 threads, after another op has left the caches full of its dirty output, the prefetch cuts
-   the gather's time by about a third; with codes and output already cached it adds about a
-   tenth (benchmarks/bench_lut.py). */
+/* Blocks of 32: the 32 table reads are issued before the 32 writes, then the tail. A call of
+   at least PREFETCH_MIN_BYTES of codes and output (more than a core's L2 cache holds, so they
+   are likely not all cached) first asks, in each block, for the codes and the output PREFETCH
+   entries ahead (a prefetch never faults, so asking past the end is harmless; the address is
+   formed as an integer). On 2**22 int16 codes, 2 threads, after another op has left the
+   caches full of its dirty output, that cuts the gather's time by about a third; with codes
+   and output already cached it adds about a tenth (benchmarks/bench_lut.py). */
 #define BLOCK 32
 #define PREFETCH 1024
+#define PREFETCH_MIN_BYTES (1 << 20)
 #define AHEAD(P, K) ((const void *)((uintptr_t)(P) + (uintptr_t)(K)))
 #if defined(__GNUC__)
 #define PREFETCH_AT(P, WRITE) __builtin_prefetch(P, WRITE, 0)
 #else
 #define PREFETCH_AT(P, WRITE) ((void)0)
 #endif
+#define GATHER_BLOCKS(CT, TT, AHEAD_TOO)                                              \
+  _Pragma("omp parallel for num_threads(threads) schedule(static)")                   \
+  for (int64_t b = 0; b < blocks; ++b) {                                              \
+    const CT *c = codes + BLOCK * b;                                                  \
+    TT *o = out + BLOCK * b;                                                          \
+    if (AHEAD_TOO) {                                                                  \
+      PREFETCH_AT(AHEAD(c, PREFETCH * sizeof(CT)), 0);                                \
+      for (int line = 0; line < BLOCK * (int)sizeof(TT); line += 64)                  \
+        PREFETCH_AT(AHEAD(o, PREFETCH * sizeof(TT) + line), 1);                       \
+    }                                                                                 \
+    TT v[BLOCK];                                                                      \
+    for (int k = 0; k < BLOCK; ++k) v[k] = table[c[k]];                               \
+    for (int k = 0; k < BLOCK; ++k) o[k] = v[k];                                      \
+  }
 #define GATHER(C, T, CT, TT)                                                          \
   void gather_c##C##_t##T(const CT *restrict codes, const TT *restrict table,         \
                           TT *restrict out, int64_t n, int threads) {                 \
     int64_t blocks = n / BLOCK;                                                       \
-    _Pragma("omp parallel for num_threads(threads) schedule(static)")                 \
-    for (int64_t b = 0; b < blocks; ++b) {                                            \
-      const CT *c = codes + BLOCK * b;                                                \
-      TT *o = out + BLOCK * b;                                                        \
-      PREFETCH_AT(AHEAD(c, PREFETCH * sizeof(CT)), 0);                               \
-      for (int line = 0; line < BLOCK * (int)sizeof(TT); line += 64)                  \
-        PREFETCH_AT(AHEAD(o, PREFETCH * sizeof(TT) + line), 1);                      \
-      TT v[BLOCK];                                                                    \
-      for (int k = 0; k < BLOCK; ++k) v[k] = table[c[k]];                             \
-      for (int k = 0; k < BLOCK; ++k) o[k] = v[k];                                    \
+    if (n * (int64_t)(sizeof(CT) + sizeof(TT)) >= PREFETCH_MIN_BYTES) {               \
+      GATHER_BLOCKS(CT, TT, 1)                                                        \
+    } else {                                                                          \
+      GATHER_BLOCKS(CT, TT, 0)                                                        \
     }                                                                                 \
     for (int64_t i = BLOCK * blocks; i < n; ++i) out[i] = table[codes[i]];           \
   }

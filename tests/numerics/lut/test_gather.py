@@ -76,6 +76,7 @@ def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, tabl
         torch.empty(0, dtype=code_dtype),
         *(every.flip(0)[:n] for n in (1, 7, 31, 32, 33, 65)),  # the kernel's blocks of 32, tail
         *(every[k : k + 4099] for k in (1, 3, 5)),  # codes not on an 8-byte boundary
+        every.repeat((1 << 20) // every.numel() + 1)[: (1 << 20) + 37],  # prefetching blocks
     ):
         got = G.gather_compiled(table, codes)
         assert got.shape == codes.shape and got.dtype == table_dtype
