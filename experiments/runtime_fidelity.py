@@ -4,12 +4,12 @@ The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHW
 TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH; int8 with nonzero zero points and
 16x8; onnxruntime QLinearConv and QLinearMatMul with uint8 / int8 activations and nonzero zero
 points, and every table op the exporter writes (``ort_lut_models.OPS``: Sigmoid, Tanh, Exp,
-..., HardSigmoid, HardSwish, LeakyRelu) between DequantizeLinear and QuantizeLinear on every
-8-bit code) run in the real runtime (LiteRT's reference kernels, LiteRT's default interpreter with
-XNNPACK, onnxruntime) and through quantlab's public numerics under each named profile
-(``tests/runtime/quantlab_bridge.py``); a row counts the outputs compared and those that
-differ. The case generators and model builders are the tests' own, so the report measures what
-the tests check.
+..., HardSigmoid, HardSwish, LeakyRelu, Elu, Softplus) between DequantizeLinear and
+QuantizeLinear on every 8-bit code) run in the real runtime (LiteRT's reference kernels,
+LiteRT's default interpreter with XNNPACK, onnxruntime) and through quantlab's public numerics
+under each named profile (``tests/runtime/quantlab_bridge.py``); a row counts the outputs
+compared and those that differ. The case generators and model builders are the tests' own, so
+the report measures what the tests check.
 
 LiteRT's default interpreter runs an op that XNNPACK declines with its own builtin kernel:
 XNNPACK declines an int8 TRANSPOSE_CONV with SAME padding and a kernel smaller than the stride,

@@ -112,7 +112,8 @@ _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCa
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg(
-    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish leaky_relu prelu",
+    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish leaky_relu prelu "
+    "elu softplus",
     None,
     OpCategory.LUT,
 )

@@ -121,7 +121,10 @@ COMPOSED_UNARY = (
     "leaky_relu",
     "prelu",
     "inverse_sigmoid",
+    "elu",
+    "softplus",
 )
+SOFTPLUS_MIN_THRESHOLD = 15.0  # above 15, x + log1p(exp(-x)) rounds to x in float32
 
 
 def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
@@ -143,6 +146,18 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
     elif op.op_type == "leaky_relu":
         slope = float(ctx.arg(op, 1, "negative_slope", 0.01))
         y = ctx.graph.node("LeakyRelu", [x], f"{op.name}/float", alpha=slope)
+    elif op.op_type == "elu":
+        alpha = float(ctx.arg(op, 1, "alpha", 1.0))
+        y = ctx.graph.node("Elu", [x], f"{op.name}/float", alpha=alpha)
+    elif op.op_type == "softplus":  # ONNX's has no beta and no threshold
+        beta, threshold = ctx.arg(op, 1, "beta", 1.0), ctx.arg(op, 2, "threshold", 20.0)
+        if beta != 1 or threshold < SOFTPLUS_MIN_THRESHOLD:
+            raise UnsupportedOpError(
+                f"op {op.name}: softplus with beta={beta}, threshold={threshold}; ONNX's "
+                f"Softplus is beta 1 with no threshold (threshold >= {SOFTPLUS_MIN_THRESHOLD:g} "
+                "gives the same float32 values)"
+            )
+        y = ctx.graph.node("Softplus", [x], f"{op.name}/float")
     elif op.op_type == "prelu":  # slopes along axis 1, shaped to broadcast from the right
         w = as_tensor(ctx.arg(op, 1, "weight")).detach().to(torch.float32)
         tail = [1] * max(op.outputs[0].dim() - 2, 0) if w.numel() > 1 else []

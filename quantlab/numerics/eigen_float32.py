@@ -1,8 +1,9 @@
-"""Eigen's vectorized float32 log (the rational (3, 3) form ``plog_float``) and sin / cos
-(``psincos_float``), as onnxruntime's Log / Sin / Cos compute each element of a tensor they
-process four at a time (SSE packets, ``pmadd`` a product and a sum rounded apart: no FMA in that
-build). What a QDQ graph's DequantizeLinear -> Log / Sin / Cos -> QuantizeLinear evaluates on
-all but the last (n mod 4) elements of a tensor, which Eigen hands to the C library.
+"""Eigen's vectorized float32 log (the rational (3, 3) form ``plog_float``), exp
+(``pexp_float``), log1p (``generic_plog1p``) and sin / cos (``psincos_float``), as onnxruntime's
+Log / Sin / Cos / Elu / Softplus compute each element of a tensor they process four at a time
+(SSE packets, ``pmadd`` a product and a sum rounded apart: no FMA in that build). What a QDQ
+graph's DequantizeLinear -> op -> QuantizeLinear evaluates on all but the last (n mod 4)
+elements of a tensor, which Eigen hands to the C library.
 
 Contract: float32 in, float32 out, every step one IEEE float32 operation: x = m 2**e
 (0.5 <= m < 1, frexp; subnormals exact); below sqrt(1/2), m doubled and e - 1; t = m - 1;
@@ -11,6 +12,13 @@ log = fl32(fl32(e ln2) + fl32(p / q)); log(0) = -inf, log(inf) = inf, log(x < 0)
 a NaN with every bit set (Eigen ORs an all-ones mask into it). Checked
 against onnxruntime on 300k inputs (tests/runtime/test_ort_mlas_float32.py); the Fraction twin
 is ``quantlab.numerics.reference.eigen_float32``.
+
+exp: below -104, 0; x clamped above at 88.723; m = floor(fl32(x log2(e)) + 0.5); r = x + m C1 +
+m C2 (C1 + C2 = -ln 2, each a product and a sum rounded apart); the degree-6 polynomial of r
+evaluated as two halves in r**2; then y 2**m, the power of two applied as four products by
+powers of two (``pldexp``), and max(that, x) (which passes +inf and NaN). log1p(v): u = fl32(v +
+1); v itself where u == 1 (or u is infinite); else fl32(v * fl32(log(u) / fl32(u - 1))) (Kahan's
+form).
 
 sin / cos: a = |x|; k = the nearest integer to fl32(a * 2/pi) (added to and taken from
 1.5 * 2**23); a - k pi/2 by four product-and-sum steps with pi/2 split in four; from
@@ -53,6 +61,59 @@ def eigen_log(x: Tensor) -> Tensor:
     y = torch.where(x == 0, -torch.inf, y)
     y = torch.where(x == torch.inf, torch.inf, y)
     return torch.where((x < 0) | torch.isnan(x), INVALID, y)
+
+
+EXP_HI, EXP_LO = torch.tensor(88.723), torch.tensor(-104.0)
+LOG2E = torch.tensor(1.44269504088896341)
+EXP_C1, EXP_C2 = torch.tensor(-0.693359375), torch.tensor(2.12194440e-4)
+# p2 .. p6 of exp(r) ~ 1 + r + p2 r**2 + ... + p6 r**6 on [-ln2 / 2, ln2 / 2]
+EXP_P = tuple(
+    torch.tensor(v)
+    for v in (
+        0.49999988079071044921875,
+        0.16666518151760101318359375,
+        4.166965186595916748046875e-2,
+        8.36894474923610687255859375e-3,
+        1.37449637986719608306884765625e-3,
+    )
+)
+HALF = torch.tensor(0.5)
+LDEXP_MAX = 277  # pldexp clamps the exponent to +-(255 + 22)
+
+
+def eigen_ldexp(y: Tensor, m: Tensor) -> Tensor:
+    """y * 2**m as Eigen's generic ``pldexp`` forms it (float32 y, integer-valued float32 m): m
+    clamped to +-277, b = floor(m / 4), then y 2**b 2**b 2**b 2**(m - 3b), four rounded
+    products (exact unless a partial product leaves the normal range)."""
+    e = m.clamp(-LDEXP_MAX, LDEXP_MAX).to(torch.int32)
+    b = torch.div(e, 4, rounding_mode="floor")
+    c = ((b + 127) << 23).view(torch.float32)
+    c_last = ((e - 3 * b + 127) << 23).view(torch.float32)
+    return y * c * c * c * c_last
+
+
+def eigen_exp(x: Tensor) -> Tensor:
+    """exp as Eigen's ``pexp_float`` computes it (float32; module doc)."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"eigen_exp takes float32 values, got {x.dtype}")
+    v = torch.minimum(x, EXP_HI)
+    m = torch.floor(_madd(v, LOG2E, HALF))
+    r = _madd(m, EXP_C2, _madd(m, EXP_C1, v))
+    r2 = r * r
+    p2, p3, p4, p5, p6 = EXP_P
+    p_even = _madd(r2, _madd(r2, p6, p4), p2)
+    p_odd = _madd(r2, p5, p3)
+    y = _madd(r2, _madd(r, p_odd, p_even), r + ONE)
+    y = torch.maximum(eigen_ldexp(y, m), x)
+    return torch.where(x < EXP_LO, torch.zeros_like(y), y)
+
+
+def eigen_log1p(v: Tensor) -> Tensor:
+    """log(1 + v) as Eigen's ``generic_plog1p`` computes it (float32; module doc)."""
+    u = v + ONE
+    log_u = eigen_log(u)
+    large = v * (log_u / (u - ONE))
+    return torch.where((u == ONE) | (u == log_u), v, large)
 
 
 _TWO_OVER_PI, _ROUNDING = (torch.tensor(float.fromhex(h)) for h in ("0x1.45f306p-1", "0x1.8p+23"))

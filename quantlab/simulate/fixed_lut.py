@@ -24,7 +24,7 @@ from quantlab.simulate import fixed_common as fc
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
-    "leaky_relu prelu inverse_sigmoid pow".split()
+    "leaky_relu prelu inverse_sigmoid pow elu softplus".split()
 )
 
 
@@ -60,6 +60,13 @@ def _prelu_slopes(call, x: Tensor) -> list[float] | None:
     return w.detach().to(torch.float64).tolist()
 
 
+def _arg(call, index: int, name: str, default):
+    """The call's argument at ``index`` or keyword ``name``, else ``default``."""
+    if name in call.kwargs:
+        return call.kwargs[name]
+    return call.args[index] if len(call.args) > index else default
+
+
 def _lut_spec(call, rq, platform):
     from quantlab.numerics.lut import Strategy
 
@@ -74,6 +81,11 @@ def _lut_spec(call, rq, platform):
         slope = call.kwargs.get("negative_slope", call.args[1] if len(call.args) > 1 else None)
         if slope is not None:
             spec = dataclasses.replace(spec, negative_slope=float(slope))
+    if call.op_type == "elu":
+        spec = dataclasses.replace(spec, alpha=float(_arg(call, 1, "alpha", 1.0)))
+    if call.op_type == "softplus":
+        beta, threshold = _arg(call, 1, "beta", 1.0), _arg(call, 2, "threshold", 20.0)
+        spec = dataclasses.replace(spec, beta=float(beta), threshold=float(threshold))
     if rq.lut_strategy is not None:
         st = rq.lut_strategy
         if not isinstance(st, Strategy):

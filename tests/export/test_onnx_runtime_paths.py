@@ -592,6 +592,41 @@ def test_pow_exports_as_mul_or_pow_with_fixed_modes_bits(tmp_path, encoding, dty
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 
 
+class _EluSoftplus(nn.Module):
+    def __init__(self, beta: float = 1.0):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.beta = beta
+
+    def forward(self, x):
+        y = self.conv(x)
+        return F.elu(y), F.elu(y, alpha=0.3), F.softplus(y, beta=self.beta)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_elu_and_softplus_export_with_fixed_modes_bits(tmp_path, encoding, dtype):
+    """Elu (its alpha) and Softplus between dequantize and quantize: the profile's tables hold
+    onnxruntime's float32 values of both."""
+    rule = OpQConfig(output_dtype=dtype)
+    spec = QConfigSpec(by_type={"elu": rule, "softplus": rule})
+    sim = Simulator(_EluSoftplus().eval(), ORT_PROFILE, spec)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
+    assert list(sim.ops["category"]) == ["GEMM", "LUT", "LUT", "LUT"]
+    xs = [torch.randn(2, 3, 6, 6, generator=g) * s for s in (0.5, 1.0, 4.0)]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"Elu", "Softplus"} <= kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+def test_softplus_with_a_beta_is_refused(tmp_path):
+    sim, xs = _calibrated(_EluSoftplus(beta=2.0))
+    with pytest.raises(UnsupportedOpError, match="softplus with beta=2.0"):
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+
+
 class _Resized(nn.Module):
     def __init__(self, **kw):
         super().__init__()

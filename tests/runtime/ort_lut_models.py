@@ -32,9 +32,16 @@ OPS = {
     "hardsigmoid": ("HardSigmoid",),
     "hardswish": ("HardSwish",),
     "leaky_relu": ("LeakyRelu",),
+    "elu": ("Elu",),
+    "softplus": ("Softplus",),
 }
-# torch's, as the exporter writes them (leaky_relu: its default slope, LutSpec's default)
-ATTRS = {"HardSigmoid": {"alpha": 1.0 / 6.0, "beta": 0.5}, "LeakyRelu": {"alpha": 0.01}}
+# torch's, as the exporter writes them (leaky_relu, elu: torch's default slope and alpha,
+# LutSpec's defaults)
+ATTRS = {
+    "HardSigmoid": {"alpha": 1.0 / 6.0, "beta": 0.5},
+    "LeakyRelu": {"alpha": 0.01},
+    "Elu": {"alpha": 1.0},
+}
 # float64 twins, only to choose output scales as an observer would (finite values' max |y|)
 _F64 = {
     "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
@@ -51,6 +58,8 @@ _F64 = {
     "hardsigmoid": lambda v: np.clip(v + 3, 0, 6) / 6,
     "hardswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
     "leaky_relu": lambda v: np.where(v >= 0, v, 0.01 * v),
+    "elu": lambda v: np.where(v >= 0, v, np.expm1(np.minimum(v, 0))),
+    "softplus": lambda v: np.logaddexp(0.0, v),
 }
 _ONNX_TYPE = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
 

@@ -54,6 +54,9 @@ class LutSpec:
     log_floor:       log: outputs below this are clamped (the vendor's hard_log, -10).
     negative_slope:  leaky_relu: the slope below 0 (prelu: one table per channel's slope).
     exponent:        pow: the exponent e of x ** e (the call's).
+    alpha:           elu: alpha * (exp(x) - 1) below 0 (the call's).
+    beta, threshold: softplus: log(1 + exp(beta x)) / beta, x itself where beta x > threshold
+                     (the call's).
     range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
     data_error_factor: DATA: the max error over every input code may be at most this many times
                      OPTIMAL's (>= 1).
@@ -68,6 +71,9 @@ class LutSpec:
     log_floor: float = -10.0
     negative_slope: float = 0.01
     exponent: float = 2.0
+    alpha: float = 1.0
+    beta: float = 1.0
+    threshold: float = 20.0
     range_rule: bool = True
     data_error_factor: float = 2.0
 
@@ -118,6 +124,12 @@ class LutSpec:
             raise ValueError(f"LutSpec.negative_slope must be finite, got {self.negative_slope}")
         if not math.isfinite(self.exponent):
             raise ValueError(f"LutSpec.exponent must be finite, got {self.exponent}")
+        if not math.isfinite(self.alpha):
+            raise ValueError(f"LutSpec.alpha must be finite, got {self.alpha}")
+        if not (math.isfinite(self.beta) and self.beta > 0):
+            raise ValueError(f"LutSpec.beta must be finite and > 0, got {self.beta}")
+        if not math.isfinite(self.threshold):
+            raise ValueError(f"LutSpec.threshold must be finite, got {self.threshold}")
 
 
 def _log(x: Tensor, spec: LutSpec) -> Tensor:
@@ -153,6 +165,14 @@ def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
 
 def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.where(x >= 0, x, x * spec.negative_slope)
+
+
+def _elu(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.nn.functional.elu(x, alpha=spec.alpha)
+
+
+def _softplus(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.nn.functional.softplus(x, beta=spec.beta, threshold=spec.threshold)
 
 
 POW_MAX = 1e300  # |x ** e| clamp: finite in float64 (outputs saturate)
@@ -266,6 +286,13 @@ FUNCTIONS: dict[str, LutFunction] = {
         LutFunction("hardsigmoid", _hardsigmoid, "none needed (relu6(x + 3) / 6)"),
         LutFunction("hardswish", _hardswish, "none needed (x relu6(x + 3) / 6)"),
         LutFunction("leaky_relu", _leaky_relu, "none needed (LutSpec.negative_slope below 0)"),
+        LutFunction("elu", _elu, "none needed (LutSpec.alpha * (exp(x) - 1) below 0)"),
+        LutFunction(
+            "softplus",
+            _softplus,
+            "none needed (log1p(exp(beta x)) / beta, x where beta x > threshold: LutSpec.beta, "
+            "LutSpec.threshold)",
+        ),
         LutFunction(
             "pow",
             _pow,
@@ -309,6 +336,8 @@ _DEFAULTS: dict[str, LutSpec] = {
     "leaky_relu": LutSpec(Strategy.MANUAL, dividing_points=KINK_AT_ZERO),
     "inverse_sigmoid": LutSpec(Strategy.EVENLY, eps=INVERSE_SIGMOID_EPS),
     "pow": LutSpec(Strategy.CURVATURE),
+    "elu": LutSpec(Strategy.CURVATURE),
+    "softplus": LutSpec(Strategy.CURVATURE),
 }
 
 
@@ -334,6 +363,8 @@ def default_spec(func: str) -> LutSpec:
     edges miss the kinks and it errs by up to 29 output LSB, these points by 1.35); leaky_relu
     two tables meeting at its kink at 0 (assumed likewise), its slope the call's; pow (an
     exponent other than 2, which is a mul) curvature, its exponent the call's (assumed: the
-    plugin's Pow is a SegmentLUT of torch.pow whose strategy the documents do not give)."""
+    plugin's Pow is a SegmentLUT of torch.pow whose strategy the documents do not give); elu and
+    softplus curvature, their alpha, beta and threshold the call's (assumed likewise: the
+    plugin makes both SegmentLUTs without a strategy the documents give)."""
     get_function(func)
     return _DEFAULTS[func]

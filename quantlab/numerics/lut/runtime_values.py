@@ -23,6 +23,11 @@ The float ops, as the exported graph computes them (no domain clamps, no LutSpec
     bit);
   * inverse_sigmoid: the exporter's Clip(x, eps), Sub(1, x), Clip(eps), Div, Log: x1 =
     max(x, e), x2 = max(fl32(1 - x), e), fl32(x1 / x2), then Eigen's log (e = fl32(eps));
+  * elu: Elu(alpha = fl32(alpha)), x >= 0 ? x : fl32(alpha fl32(exp(x) - 1)), and softplus:
+    Softplus (beta 1), x > 0 ? fl32(x + log1p(exp(-x))) : log1p(exp(x)), exp and log1p Eigen's
+    vectorized forms (``numerics.eigen_float32``), with the same caveat for the last (n mod 4)
+    elements as log; a softplus with another beta, which ONNX's Softplus cannot express (the
+    exporter refuses it), torch's float64 function rounded to float32;
   * pow: Pow with a scalar exponent e = fl32(exponent): fl32(x * x) for e = 2, fl32(fl32(x *
     x) * x) for e = 3, the C library's powf otherwise (onnxruntime calls std::pow; measured
     bit-identical on x86-64 Linux, where both use the system's libm).
@@ -39,7 +44,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.eigen_float32 import eigen_cos, eigen_log, eigen_sin
+from quantlab.numerics.eigen_float32 import eigen_cos, eigen_exp, eigen_log, eigen_log1p, eigen_sin
 from quantlab.numerics.lut.functions import LutSpec, get_function
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
@@ -64,6 +69,17 @@ def _hardswish(x: Tensor, spec: LutSpec) -> Tensor:
 def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
     alpha = torch.tensor(spec.negative_slope, dtype=torch.float32)
     return torch.where(x >= 0, x, x * alpha)
+
+
+def _elu(x: Tensor, spec: LutSpec) -> Tensor:
+    alpha = torch.tensor(spec.alpha, dtype=torch.float32)
+    return torch.where(x >= 0, x, alpha * (eigen_exp(x) - 1.0))
+
+
+def _softplus(x: Tensor, spec: LutSpec) -> Tensor:
+    if spec.beta != 1.0:  # no ONNX counterpart (the exporter refuses it): the function itself
+        return get_function("softplus").target(x.to(torch.float64), spec).to(torch.float32)
+    return torch.where(x > 0, x + eigen_log1p(eigen_exp(-x)), eigen_log1p(eigen_exp(x)))
 
 
 def _inverse_sigmoid(x: Tensor, spec: LutSpec) -> Tensor:
@@ -113,6 +129,8 @@ _KERNELS = {
     "hardsigmoid": _hardsigmoid,
     "hardswish": _hardswish,
     "leaky_relu": _leaky_relu,
+    "elu": _elu,
+    "softplus": _softplus,
     "sqrt": _rounded(torch.sqrt),
     "reciprocal": _rounded(torch.reciprocal),
     "rsqrt": _rsqrt,

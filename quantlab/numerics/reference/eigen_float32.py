@@ -93,3 +93,47 @@ def eigen_sincos(x, sine: bool) -> np.ndarray:
     xs = as_numpy(x).astype(np.float32)
     out = [eigen_sincos_value(float(v), sine) for v in xs.ravel()]
     return np.array(out, dtype=np.float32).reshape(xs.shape)
+
+
+def eigen_exp_value(v: float) -> float:
+    """exp of one finite float32 value ``v`` as Eigen's ``pexp_float`` computes it."""
+    if v < float(E.EXP_LO):
+        return 0.0
+    x = min(Fraction(v), exact(E.EXP_HI))
+    m = math.floor(_madd(x, exact(E.LOG2E), exact(E.HALF)))
+    r = _madd(Fraction(m), exact(E.EXP_C2), _madd(Fraction(m), exact(E.EXP_C1), x))
+    r2 = fl32(r * r)
+    p2, p3, p4, p5, p6 = (exact(c) for c in E.EXP_P)
+    p_even = _madd(r2, _madd(r2, p6, p4), p2)
+    p_odd = _madd(r2, p5, p3)
+    y = _madd(r2, _madd(r, p_odd, p_even), fl32(r + 1))
+    e = max(-E.LDEXP_MAX, min(E.LDEXP_MAX, m))  # pldexp: four products by powers of two
+    b = e // 4
+    out = float(y)
+    for k in (b, b, b, e - 3 * b):
+        out = to_float32(Fraction(out) * Fraction(2) ** k)
+        if math.isinf(out):
+            break
+    return max(out, v)
+
+
+def eigen_log1p_value(v: float) -> float:
+    """log(1 + v) of one finite float32 value ``v`` > -1 as Eigen's ``generic_plog1p``."""
+    u = to_float32(Fraction(v) + 1)
+    if u == 1.0 or math.isinf(u):
+        return v
+    log_u = eigen_log_value(u)
+    return to_float32(Fraction(v) * fl32(Fraction(log_u) / fl32(Fraction(u) - 1)))
+
+
+def eigen_exp(x) -> np.ndarray:
+    """float32 exp of float32 ``x``, element by element."""
+    xs = as_numpy(x).astype(np.float32)
+    return np.array([eigen_exp_value(float(v)) for v in xs.ravel()], np.float32).reshape(xs.shape)
+
+
+def eigen_log1p(x) -> np.ndarray:
+    """float32 log1p of float32 ``x`` > -1, element by element."""
+    xs = as_numpy(x).astype(np.float32)
+    out = [eigen_log1p_value(float(v)) for v in xs.ravel()]
+    return np.array(out, dtype=np.float32).reshape(xs.shape)

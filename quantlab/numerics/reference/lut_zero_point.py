@@ -8,7 +8,8 @@ saturated.
 
 RUNTIME_FLOAT32 tables: each entry from onnxruntime's float32 steps (float32 scales), every
 rounding on exact rationals: fl32(s_in (x - zx)); tanh / sigmoid / exp / gelu by MLAS's twin
-(``reference.mlas_float32``), log, sin, cos by Eigen's (``reference.eigen_float32``), silu as
+(``reference.mlas_float32``), log, sin, cos, and the exp and log1p of elu and softplus by
+Eigen's (``reference.eigen_float32``), silu as
 fl32(x * logistic(x)), reciprocal and the steps of rsqrt exactly rounded (sqrt from float64's
 correctly rounded root), the other functions torch's float64 function rounded to float32;
 fl32(y / s_out) rounded half to even, plus zo, saturated; NaN to the lowest code.
@@ -25,7 +26,12 @@ from torch import Tensor
 
 from quantlab.numerics.lut.formats import TableValues
 from quantlab.numerics.lut.functions import get_function
-from quantlab.numerics.reference.eigen_float32 import eigen_log_value, eigen_sincos_value
+from quantlab.numerics.reference.eigen_float32 import (
+    eigen_exp_value,
+    eigen_log1p_value,
+    eigen_log_value,
+    eigen_sincos_value,
+)
 from quantlab.numerics.reference.lut import evaluate_lut
 from quantlab.numerics.reference.mlas_float32 import mlas_value, to_float32
 from quantlab.numerics.reference.rounding import round_fraction
@@ -72,6 +78,15 @@ def _runtime_value(func: str, spec, x: float) -> float:
         return h if func == "hardsigmoid" else to_float32(Fraction(x) * Fraction(h))
     if func == "leaky_relu":
         return x if x >= 0 else to_float32(Fraction(to_float32(Fraction(spec.negative_slope))) * x)
+    if func == "elu":
+        if x >= 0:
+            return x
+        alpha = Fraction(to_float32(Fraction(spec.alpha)))
+        return to_float32(alpha * Fraction(to_float32(Fraction(eigen_exp_value(x)) - 1)))
+    if func == "softplus" and spec.beta == 1:
+        if x > 0:
+            return to_float32(Fraction(x) + Fraction(eigen_log1p_value(eigen_exp_value(-x))))
+        return eigen_log1p_value(eigen_exp_value(x))
     if func == "reciprocal":
         return math.copysign(math.inf, x) if x == 0 else to_float32(1 / Fraction(x))
     if func in ("sqrt", "rsqrt"):
