@@ -10,11 +10,13 @@ makes the same result through other torch calls), or None for a call captured as
   mask its scores are one ``baddbmm`` (not modelled: float; adding the mask after a bmm would
   round differently), and with ``need_weights=False`` its scores, softmax and weighted sum are
   one ``scaled_dot_product_attention`` (below).
-- ``F.scaled_dot_product_attention`` without dropout or grouped heads is
-  ``attention_by_definition``: matmul, the mask added (an add), softmax, matmul, in the order of
-  torch's math backend (``SDPBackend.MATH``), whose float32 bits it gives; torch's fused CPU
-  kernel sums in other orders and differs from both in the last bits. With dropout or grouped
-  heads the call is captured as one op (not modelled: float).
+- ``F.scaled_dot_product_attention`` without dropout is ``attention_by_definition``: matmul,
+  the mask added (an add), softmax, matmul, in the order of torch's math backend
+  (``SDPBackend.MATH``), whose float32 bits it gives; torch's fused CPU kernel sums in other
+  orders and differs from both in the last bits. Grouped heads (``enable_gqa``: fewer key and
+  value heads than query heads) first repeat each key and value head for its group of query
+  heads, as the backend does, by unsqueeze, expand and reshape (layout ops, so the repeated
+  heads keep their codes). With dropout the call is captured as one op (not modelled: float).
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -65,12 +67,16 @@ def attention_by_definition(
     attn_mask: Tensor | None = None,
     is_causal: bool = False,
     scale: float | None = None,
+    enable_gqa: bool = False,
 ) -> Tensor:
     """softmax(q k^T * scale + mask) v, scale 1 / sqrt(E) by default, as torch's math backend
-    computes it in float: q and k^T each times sqrt(|scale|) (q negated for a negative scale),
+    computes it in float: with ``enable_gqa`` each key and value head repeated for its group of
+    query heads (dim -3); q and k^T each times sqrt(|scale|) (q negated for a negative scale),
     matmul, the mask added (a bool mask, or ``is_causal``'s lower triangle, as 0 where True and
     -inf where False), softmax over the last axis (a row the mask covers whole gives 0s, as the
     backend's safe softmax), matmul."""
+    if enable_gqa:
+        key, value = _repeat_heads(key, query.shape[-3]), _repeat_heads(value, query.shape[-3])
     factor = math.sqrt(1.0 / math.sqrt(query.shape[-1]) if scale is None else abs(scale))
     q = query * (-factor if scale is not None and scale < 0 else factor)
     scores = torch.matmul(q, key.transpose(-2, -1) * factor)
@@ -91,6 +97,18 @@ def attention_by_definition(
     return torch.matmul(probs, value)
 
 
+def _repeat_heads(t: Tensor, heads: int) -> Tensor:
+    """``t`` (..., H, S, E) with each of its H heads repeated heads / H times in place
+    (``repeat_interleave`` along dim -3), by layout ops alone."""
+    h = t.shape[-3]
+    if h == heads:
+        return t
+    if heads % h:
+        raise ValueError(f"grouped-query attention: {heads} query heads over {h} key heads")
+    shape = t.shape[:-3] + (h, heads // h) + t.shape[-2:]
+    return t.unsqueeze(-3).expand(shape).reshape(t.shape[:-3] + (heads,) + t.shape[-2:])
+
+
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
 
@@ -99,15 +117,24 @@ def _sdpa_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
         return None
     p = dict(zip(_SDPA_PARAMS, args)) | kwargs
     mask, causal = p.get("attn_mask"), p.get("is_causal", False)
+    q, k, v, gqa = p.get("query"), p.get("key"), p.get("value"), bool(p.get("enable_gqa", False))
     if (
         p.get("dropout_p", 0.0)
-        or p.get("enable_gqa", False)
         or (mask is not None and causal)  # torch refuses it: the call says so itself
         or not set(p) <= {*_SDPA_PARAMS, "enable_gqa"}
+        or (gqa and not _groups_fit(q, k, v))  # torch refuses it: the call says so itself
     ):
         return None
-    q, k, v, scale = p["query"], p["key"], p["value"], p.get("scale")
-    return lambda: attention_by_definition(q, k, v, mask, bool(causal), scale)
+    scale = p.get("scale")
+    return lambda: attention_by_definition(q, k, v, mask, bool(causal), scale, gqa)
+
+
+def _groups_fit(q, k, v) -> bool:
+    """Whether grouped-query attention can repeat k's and v's heads to q's: tensors of at least
+    3 dims whose head counts divide q's."""
+    if not all(isinstance(t, Tensor) and t.dim() >= 3 for t in (q, k, v)):
+        return False
+    return all(q.shape[-3] % t.shape[-3] == 0 for t in (k, v))
 
 
 # the functions ``decomposition`` may split (callers on a hot path test identity first)

@@ -379,3 +379,71 @@ def test_a_hugging_face_model_on_its_default_attention_quantizes_as_on_eager_att
         tf.logging.set_verbosity(level)
     assert kinds["sdpa"] == kinds["eager"] == (12, 6)
     assert cosines["sdpa"] == pytest.approx(cosines["eager"], abs=0.01)
+
+
+class _GroupedQueries(nn.Module):
+    """Grouped-query attention: 8 query heads over 2 key / value heads (enable_gqa)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.kv = nn.Linear(32, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 8, 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, 8).transpose(1, 2).chunk(2, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return y.transpose(1, 2).reshape(b, s, 32)
+
+
+def test_grouped_query_attention_repeats_heads_by_layout_ops_with_the_backends_bits():
+    """Each key and value head repeated for its group of query heads (unsqueeze, expand,
+    reshape), then the parts: torch's math backend's bits, with masks, scales and 3-d heads."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(2, 6, 5, 8, generator=g), *torch.randn(2, 2, 3, 5, 8, generator=g)
+    for kwargs in ({}, {"is_causal": True}, {"scale": -0.4},
+                   {"attn_mask": torch.randn(2, 1, 5, 5, generator=g)}):  # fmt: skip
+        calls, out = capture(_Sdpa(), q, k, v, enable_gqa=True, **kwargs)
+        types = [c.op_type for c in calls if c.op_type != "transpose"]
+        assert types[:6] == ["unsqueeze", "expand", "reshape"] * 2, kwargs
+        assert "scaled_dot_product_attention" not in types and types.count("matmul") == 2
+        with sdpa_kernel(SDPBackend.MATH):
+            want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+        assert_bits_equal(out, want)
+    three_d = torch.randn(6, 5, 8, generator=g), torch.randn(3, 5, 8, generator=g)
+    with sdpa_kernel(SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(*three_d, three_d[1], enable_gqa=True)
+    assert_bits_equal(capture(_Sdpa(), *three_d, three_d[1], enable_gqa=True)[1], want)
+    # heads that do not divide: the call is left whole, and torch refuses it
+    with pytest.raises(RuntimeError):
+        capture(_Sdpa(), q[:, :5], k, v, enable_gqa=True)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_grouped_query_attention_is_quantized_and_exports_with_fixed_modes_bits(platform, tmp_path):
+    """Both attention matmuls and the softmax run their fixed kernels; the repeated heads are
+    layout ops on the key and value codes; exported, onnxruntime gives fixed mode's bits."""
+    torch.manual_seed(0)
+    sim = Simulator(_GroupedQueries().eval(), platform)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 6, 32, generator=g),) for _ in range(3)], progress=False)
+    x = torch.randn(2, 6, 32, generator=g)
+    ops = sim.ops.set_index("name")
+    assert (ops.op_type == "matmul").sum() == 2 and set(
+        ops.fixed_kernel[ops.op_type == "matmul"]
+    ) == {"integer"}
+    assert set(ops.loc[ops.op_type.isin(["expand", "unsqueeze", "reshape"]), "category"]) == {
+        "PASS_THROUGH"
+    }
+    assert ops.loc[ops.op_type == "softmax", "supported"].all()
+    y_float, y_fixed = sim.run(x, mode=Mode.FLOAT), sim.run(x, mode=Mode.FIXED)
+    sqnr = 10 * torch.log10(y_float.pow(2).mean() / (y_fixed - y_float).pow(2).mean())
+    assert sqnr > 15
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        to_onnx_qdq(sim, tmp_path / "gqa.onnx", (x,))
+        session = ort.InferenceSession(str(tmp_path / "gqa.onnx"))
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        assert_bits_equal(torch.from_numpy(got), y_fixed)
