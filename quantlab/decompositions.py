@@ -130,11 +130,15 @@ def _sdpa_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
 
 
 def _groups_fit(q, k, v) -> bool:
-    """Whether grouped-query attention can repeat k's and v's heads to q's: tensors of at least
-    3 dims whose head counts divide q's."""
-    if not all(isinstance(t, Tensor) and t.dim() >= 3 for t in (q, k, v)):
+    """Whether grouped-query attention can repeat k's and v's heads to q's: tensors (or traced
+    values that answer layout questions, ``traced_graph``) of at least 3 dims whose head counts
+    divide q's."""
+    try:
+        if min(t.dim() for t in (q, k, v)) < 3:
+            return False
+        return all(q.shape[-3] % t.shape[-3] == 0 for t in (k, v))
+    except (AttributeError, TypeError, ZeroDivisionError):  # not tensors, or no heads
         return False
-    return all(q.shape[-3] % t.shape[-3] == 0 for t in (k, v))
 
 
 # the functions ``decomposition`` may split (callers on a hot path test identity first)

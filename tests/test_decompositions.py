@@ -447,3 +447,26 @@ def test_grouped_query_attention_is_quantized_and_exports_with_fixed_modes_bits(
         session = ort.InferenceSession(str(tmp_path / "gqa.onnx"))
         (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
         assert_bits_equal(torch.from_numpy(got), y_fixed)
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits(
+    monkeypatch, mode
+):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(3)]
+    torch.manual_seed(0)
+    captured = Simulator(_GroupedQueries().eval(), "j6m", steady_programs=False)
+    captured.calibrate(batches, progress=False)
+    torch.manual_seed(0)
+    steady = Simulator(_GroupedQueries().eval(), "j6m")
+    steady.share_calibration(captured)
+    xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    for x in xs:
+        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
+    state = steady.steady_programs.status((xs[0],), mode)
+    assert state.failed is None and state.program is not None
+    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
