@@ -450,9 +450,7 @@ def test_grouped_query_attention_is_quantized_and_exports_with_fixed_modes_bits(
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits(
-    monkeypatch, mode
-):
+def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits(monkeypatch, mode):
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
