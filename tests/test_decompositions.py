@@ -468,3 +468,52 @@ def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits
     state = steady.steady_programs.status((xs[0],), mode)
     assert state.failed is None and state.program is not None
     assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+
+
+def test_a_grouped_query_hugging_face_model_runs_quantized_on_both_attentions():
+    """A small Llama (4 query heads over 2 key / value heads, random weights): on transformers'
+    sdpa attention (enable_gqa, is_causal) its attention is captured as parts, with as many
+    matmuls and softmaxes as its eager attention (key / value heads repeated, a mask of
+    float32's lowest value, a key cache that starts empty); both run in fake and fixed mode."""
+    tf = pytest.importorskip("transformers")
+    level = tf.logging.get_verbosity()
+    tf.logging.set_verbosity_error()
+    cfg = tf.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+
+    class Hidden(nn.Module):
+        def __init__(self, llama):
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids):
+            return self.llama(input_ids=ids).last_hidden_state
+
+    kinds = {}
+    try:
+        for impl in ("eager", "sdpa"):
+            torch.manual_seed(0)
+            llama = tf.LlamaModel._from_config(cfg, attn_implementation=impl)
+            sim = Simulator(Hidden(llama).eval(), "j6m", steady_programs=False)
+            g = torch.Generator().manual_seed(1)
+            batches = [(torch.randint(0, 64, (1, 12), generator=g),) for _ in range(2)]
+            sim.calibrate(batches, progress=False)
+            ids = torch.randint(0, 64, (1, 12), generator=g)
+            ref = sim.run(ids, mode=Mode.FLOAT)
+            for mode in (Mode.FAKE, Mode.FIXED):
+                got = sim.run(ids, mode=mode)
+                assert torch.isfinite(got).all()
+                assert float(F.cosine_similarity(ref.flatten(), got.flatten(), 0)) > 0.8
+            counts = sim.ops.op_type.value_counts()
+            kinds[impl] = (counts.get("matmul", 0), counts.get("softmax", 0))
+            assert "scaled_dot_product_attention" not in set(sim.ops.op_type)
+    finally:
+        tf.logging.set_verbosity(level)
+    assert kinds["sdpa"] == kinds["eager"] == (4, 2)

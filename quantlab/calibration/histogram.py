@@ -72,7 +72,7 @@ class SignedHistogram:
         while a > self.limit:
             self._double()
         lim = self.limit
-        counts = torch.histc(x, self.bins, -lim, lim).to(torch.float64)
+        counts = _histc(x, self.bins, -lim, lim)
         counts[self.bins // 2] -= zeros  # zeros (and -0.0) land in the bin [0, width)
         self.counts += counts
 
@@ -129,7 +129,21 @@ class AbsHistogram:
             grown = torch.zeros(n, dtype=torch.float64)
             grown[: self.counts.numel()] = self.counts
             self.counts = grown
-        self.counts += torch.histc(ax, n, 0.0, n * self.width).to(torch.float64)
+        self.counts += _histc(ax, n, 0.0, n * self.width)
+
+
+F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _histc(x: Tensor, bins: int, lo: float, hi: float) -> Tensor:
+    """``torch.histc`` counts (float64) of float32 ``x`` over [lo, hi]; in float64 where float32
+    could overflow: a bound without a float32 form (2**128 for values near float32's largest,
+    as an additive mask of its lowest value gives), where histc raises, or a range whose
+    scaling to bins, (x - lo) * bins, leaves float32 (it puts values in wrong bins). Ranges of
+    calibration values are far below that, and keep float32's bins."""
+    if (abs(lo) + abs(hi)) * bins > F32_MAX:
+        x = x.to(torch.float64)
+    return torch.histc(x, bins, lo, hi).to(torch.float64)
 
 
 def _pow2_at_least(a: float) -> float:

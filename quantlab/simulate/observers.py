@@ -118,11 +118,13 @@ class ActivationObserver:
         self.samples: list[Tensor] = []  # MSE_POOLED
         self.extremes: list[Tensor] = []
         self.batches = 0
+        self.values = 0  # values seen, non-finite ones included
         self._amax: dict[tuple, float] = {}
 
     def update(self, x: Tensor) -> None:
         """Add one batch of values (non-finite values are dropped)."""
         self._amax.clear()
+        self.values += x.numel()
         x = finite_values(x)
         if x.numel() == 0:
             return
@@ -168,7 +170,7 @@ class ActivationObserver:
         (MINMAX) or the extremes of every batch (GLOBAL_MINMAX); ValueError for any other
         observer (asymmetric ranges come from min and max only)."""
         if self.ema_min is None:
-            raise ValueError("observer saw no finite values")
+            return self._nothing_seen()
         if rq.observer is ObserverKind.MINMAX:
             return self.ema_min, self.ema_max
         if rq.observer is ObserverKind.GLOBAL_MINMAX:
@@ -187,9 +189,17 @@ class ActivationObserver:
             self._amax[key] = self._compute_amax(rq, dtype, rule, rounding)
         return self._amax[key]
 
+    def _nothing_seen(self) -> tuple[float, float]:
+        """The range of a point that only ever held empty tensors (a cache's first, empty
+        part of a cat): (0, 0), as for zeros; ValueError where it held only non-finite
+        values."""
+        if self.values:
+            raise ValueError("observer saw no finite values")
+        return 0.0, 0.0
+
     def _compute_amax(self, rq, dtype: DType, rule: ScaleRule, rounding: Round) -> float:
         if self.ema_min is None:
-            raise ValueError("observer saw no finite values")
+            return max(self._nothing_seen())
         kind = rq.observer
         if kind is ObserverKind.MINMAX:
             return max(-self.ema_min, self.ema_max, 0.0)

@@ -35,6 +35,27 @@ def test_signed_histogram_grows_by_exact_doubling_and_counts_zeros_apart():
     assert float(counts.sum()) == 7 and counts[4] == 2 + 3  # [0, 1) holds 0.3, 0.9 and 3 zeros
 
 
+def test_histograms_take_values_up_to_float32s_largest():
+    """An additive mask of float32's lowest value (a transformer's eager attention mask): the
+    signed range rounds up to 2**128, which float32 cannot hold, and float32's histc would
+    overflow scaling such values to bins; both histograms bin them in float64."""
+    lowest = torch.finfo(torch.float32).min
+    first, x = torch.tensor([1.5, -2.0]), torch.tensor([lowest, 0.0, 1.5, -2.0, lowest, 3.0e38])
+    h = SignedHistogram(8)
+    h.update(first)
+    h.update(x)
+    assert h.limit == 2.0**128
+    counts = h.counts_with_zeros().tolist()
+    # the small values land in the two bins around 0 (histc scales each value to its bin in
+    # the histogram's float dtype, so a small negative one may round into the bin from 0)
+    assert counts[0] == 2 and counts[-1] == 1 and counts[3] + counts[4] == 5 and sum(counts) == 8
+    k = AbsHistogram(4)
+    k.update(x)
+    n = k.counts.numel()
+    want, _ = np.histogram(x.abs().double().numpy(), bins=n, range=(0.0, n * k.width))
+    assert k.counts.tolist() == want.tolist() == [3, 0, 0, 3]
+
+
 def test_expected_error_is_the_integral_of_the_fake_quant_error_over_each_bin():
     counts = torch.tensor([0.0, 3.0, 5.0, 0.0, 2.0, 7.0, 1.0, 4.0], dtype=torch.float64)
     edges = torch.linspace(-4.0, 4.0, 9, dtype=torch.float64)

@@ -24,9 +24,15 @@ SOFTMAX_EXP_SCALE = 2.0 / 65535  # vendor comment: exp output scale 2/65535 (int
 RECIPROCAL_CLIP_CODES_INT16 = 32  # QAT clips |x| >= 32 s_in for int16 reciprocal inputs (s.1.5)
 
 
-def softmax_exp_spec() -> LutSpec:
-    """The exp table inside softmax: curvature on [-12, 0], flat left tail (gradient 0)."""
-    return LutSpec(Strategy.CURVATURE, input_range=SOFTMAX_EXP_RANGE, gradients=(0.0, None))
+def softmax_exp_spec(in_scale: float | None = None) -> LutSpec:
+    """The exp table inside softmax: curvature on [-12, 0], flat left tail (gradient 0). Where
+    one input code spans more than that range (``in_scale`` > 12: scores calibrated over an
+    additive mask of huge values), on [-in_scale, 0], the codes 0 and -1: exp(0) = 1 at the
+    row's maximum, exp(-in_scale) (0 at the exp scale) for every code below it."""
+    lo, hi = SOFTMAX_EXP_RANGE
+    if in_scale is not None and in_scale > hi - lo:
+        lo = -float(in_scale)
+    return LutSpec(Strategy.CURVATURE, input_range=(lo, hi), gradients=(0.0, None))
 
 
 def requant_half_up(v: Tensor, ratio: float, dtype: DType) -> Tensor:
@@ -95,7 +101,7 @@ def lut_softmax(
     sum_scale = n * exp_scale if sum_scale is None else float(sum_scale)
     recip_scale = 1.0 / DType.INT16.qmax if recip_scale is None else float(recip_scale)
     exp_lut = build_lut(
-        "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(), fmt
+        "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(in_scale), fmt
     )
     last = dim in (-1, codes.dim() - 1)  # over the last axis: the C passes (softmax_native)
     recip = build_lut("reciprocal", DType.INT16, sum_scale, DType.INT16, recip_scale, None, fmt)

@@ -34,7 +34,7 @@ def _softmax_reference(codes: torch.Tensor, s_in: float, out_scale: float) -> to
     """The same five steps, one row at a time, with each table's numpy reference."""
     n = codes.shape[-1]
     sum_scale = n * SOFTMAX_EXP_SCALE
-    exp_lut = build_lut("exp", I16, s_in, I16, SOFTMAX_EXP_SCALE, softmax_exp_spec())
+    exp_lut = build_lut("exp", I16, s_in, I16, SOFTMAX_EXP_SCALE, softmax_exp_spec(s_in))
     recip = build_lut("reciprocal", I16, sum_scale, I16, 1 / 32767)
     rows = []
     for row in codes.reshape(-1, n):
@@ -62,6 +62,18 @@ def test_lut_softmax_matches_reference_and_float():
     err = (y.double() * out_scale - ref).abs().max().item()
     assert err < 2e-3, err
     assert (y.double() * out_scale).sum(-1).sub(1).abs().max().item() < 0.05
+
+
+def test_a_code_wider_than_the_exp_range_gives_one_at_the_maximum_and_zero_elsewhere():
+    """Scores calibrated over an additive mask of float32's lowest value: one code spans more
+    than exp's [-12, 0], so each row's maximum takes all the weight (ties share it)."""
+    s_in = 2.0**128 / 32768
+    codes = torch.tensor([[0, 0, -32768, -1], [-5, -32768, -32768, -32768], [3, 3, 3, 3]])
+    codes = codes.to(torch.int16)
+    y = lut_softmax(codes, s_in, I16, -1, 1 / 32767, I16)
+    assert_bits_equal(y, _softmax_reference(codes, s_in, 1 / 32767))
+    want = torch.tensor([[0.5, 0.5, 0, 0], [1, 0, 0, 0], [0.25] * 4], dtype=torch.float64)
+    assert (y.double() / 32767 - want).abs().max().item() < 2e-3
 
 
 def test_lut_softmax_other_dim_and_int8():
