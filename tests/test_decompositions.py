@@ -228,7 +228,12 @@ def test_attention_models_become_traced_programs_with_the_captured_bits(monkeypa
     torch.manual_seed(0)
     steady = Simulator(_Encoder().eval(), "j6m")
     steady.share_calibration(captured)
-    g = torch.Generator().manual_seed(5)
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(5), mode)
+
+
+def _runs_as_a_program(steady: Simulator, captured: Simulator, g, mode) -> None:
+    """``steady`` (programs after no captured time) gives ``captured``'s bits on three inputs,
+    the last two through the program it built, with no fallback."""
     xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
     for x in xs:
         assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
@@ -462,12 +467,7 @@ def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits
     torch.manual_seed(0)
     steady = Simulator(_GroupedQueries().eval(), "j6m")
     steady.share_calibration(captured)
-    xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
-    for x in xs:
-        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
-    state = steady.steady_programs.status((xs[0],), mode)
-    assert state.failed is None and state.program is not None
-    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+    _runs_as_a_program(steady, captured, g, mode)
 
 
 def test_a_grouped_query_hugging_face_model_runs_quantized_on_both_attentions():

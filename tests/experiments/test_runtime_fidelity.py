@@ -31,7 +31,7 @@ def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     only on a CPU with AVX-512F, whose kernel the profile emulates; XNNPACK takes the
     TRANSPOSE_CONV cases of seeds 0..3)."""
     df = result.table
-    families = 8 + 4 + 2 * 14  # LiteRT, onnxruntime GEMMs, onnxruntime tables (uint8 / int8)
+    families = 8 + 4 + 2 * 16  # LiteRT, onnxruntime GEMMs, its 16 tables (uint8 / int8)
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]

@@ -15,6 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from ort_graphs import ONNX_TYPES, session  # noqa: E402
 
 from quantlab.numerics import eigen_float32 as E  # noqa: E402
 from quantlab.numerics.dtypes import DType  # noqa: E402
@@ -25,20 +26,7 @@ from quantlab.numerics.reference import eigen_float32 as R  # noqa: E402
 from quantlab.numerics.reference.lut_zero_point import evaluate_zero_point_lut  # noqa: E402
 from quantlab.platforms import load_platform  # noqa: E402
 
-_TYPES = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
-_TYPES[np.dtype(np.int16)] = TensorProto.INT16
 OPS = {"elu": "Elu", "softplus": "Softplus"}
-
-
-def _session(nodes, inputs, out_type, inits):
-    out = helper.make_tensor_value_info("y", out_type, None)
-    graph = helper.make_graph(nodes, "g", inputs, [out], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _attrs(func: str, alpha: float) -> dict:
@@ -48,7 +36,7 @@ def _attrs(func: str, alpha: float) -> dict:
 def _onnxruntime_float(func: str, x: np.ndarray, alpha: float) -> np.ndarray:
     node = helper.make_node(OPS[func], ["x"], ["y"], **_attrs(func, alpha))
     x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
-    return _session([node], [x_info], TensorProto.FLOAT, []).run(None, {"x": x})[0]
+    return session([node], [x_info], TensorProto.FLOAT, []).run(None, {"x": x})[0]
 
 
 def _values() -> np.ndarray:
@@ -96,7 +84,7 @@ def test_exp_and_log1p_equal_their_slow_twins():
 
 
 def _onnxruntime_table(func, codes, sx, zx, sy, zy, alpha) -> np.ndarray:
-    t = _TYPES[codes.dtype]
+    t = ONNX_TYPES[codes.dtype]
     inits = [
         numpy_helper.from_array(np.array(sx, np.float32), "sx"),
         numpy_helper.from_array(np.array(zx, codes.dtype), "zx"),
@@ -109,7 +97,7 @@ def _onnxruntime_table(func, codes, sx, zx, sy, zy, alpha) -> np.ndarray:
         helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"]),
     ]
     x_info = helper.make_tensor_value_info("x", t, list(codes.shape))
-    return _session(nodes, [x_info], t, inits).run(None, {"x": codes})[0]
+    return session(nodes, [x_info], t, inits).run(None, {"x": codes})[0]
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16], ids=["uint8", "int8", "int16"])

@@ -15,6 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from ort_graphs import ONNX_TYPES, session  # noqa: E402
 
 from quantlab.numerics.dtypes import DType  # noqa: E402
 from quantlab.numerics.lut import default_spec  # noqa: E402
@@ -23,26 +24,13 @@ from quantlab.numerics.lut.zero_point import build_zero_point_lut  # noqa: E402
 from quantlab.platforms import load_platform  # noqa: E402
 
 EXPONENTS = (2.0, 3.0, 0.5, -1.0, 1.5, -0.5, 1.0 / 3.0, 4.0, -2.0)
-_TYPES = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
-_TYPES[np.dtype(np.int16)] = TensorProto.INT16
-
-
-def _session(nodes, inputs, out_type, inits):
-    out = helper.make_tensor_value_info("y", out_type, None)
-    graph = helper.make_graph(nodes, "g", inputs, [out], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _onnxruntime_pow(x: np.ndarray, e: float) -> np.ndarray:
     node = helper.make_node("Pow", ["x", "e"], ["y"])
     x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
     e_init = numpy_helper.from_array(np.array(e, np.float32), "e")
-    return _session([node], [x_info], TensorProto.FLOAT, [e_init]).run(None, {"x": x})[0]
+    return session([node], [x_info], TensorProto.FLOAT, [e_init]).run(None, {"x": x})[0]
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -65,7 +53,7 @@ def test_pow_float32_values_are_onnxruntimes(e):
 
 
 def _onnxruntime_table(codes, sx, zx, sy, zy, e) -> np.ndarray:
-    t = _TYPES[codes.dtype]
+    t = ONNX_TYPES[codes.dtype]
     inits = [
         numpy_helper.from_array(np.array(sx, np.float32), "sx"),
         numpy_helper.from_array(np.array(zx, codes.dtype), "zx"),
@@ -79,7 +67,7 @@ def _onnxruntime_table(codes, sx, zx, sy, zy, e) -> np.ndarray:
         helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"]),
     ]
     x_info = helper.make_tensor_value_info("x", t, list(codes.shape))
-    return _session(nodes, [x_info], t, inits).run(None, {"x": codes})[0]
+    return session(nodes, [x_info], t, inits).run(None, {"x": codes})[0]
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16], ids=["uint8", "int8", "int16"])

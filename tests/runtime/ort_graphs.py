@@ -1,0 +1,27 @@
+"""One-graph onnxruntime sessions for the runtime tests: nodes built with onnx.helper, run on
+one CPU thread (so that Eigen's and MLAS's kernels see each tensor whole)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+ONNX_TYPES = {
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.int16): TensorProto.INT16,
+}
+
+
+def session(nodes, inputs, out_type, inits) -> ort.InferenceSession:
+    """A session of ``nodes`` (output ``y`` of ONNX type ``out_type``) over ``inputs`` and the
+    initializers ``inits``, opset 21."""
+    out = helper.make_tensor_value_info("y", out_type, None)
+    graph = helper.make_graph(nodes, "g", inputs, [out], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
