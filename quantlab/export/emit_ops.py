@@ -16,6 +16,7 @@ from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
+from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD
 from quantlab.simulate import args as sim_args
 
 CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767
@@ -124,7 +125,6 @@ COMPOSED_UNARY = (
     "elu",
     "softplus",
 )
-SOFTPLUS_MIN_THRESHOLD = 15.0  # above 15, x + log1p(exp(-x)) rounds to x in float32
 
 
 def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
@@ -151,11 +151,12 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
         y = ctx.graph.node("Elu", [x], f"{op.name}/float", alpha=alpha)
     elif op.op_type == "softplus":  # ONNX's has no beta and no threshold
         beta, threshold = ctx.arg(op, 1, "beta", 1.0), ctx.arg(op, 2, "threshold", 20.0)
-        if beta != 1 or threshold < SOFTPLUS_MIN_THRESHOLD:
+        least = SOFTPLUS_ONNX_MIN_THRESHOLD
+        if beta != 1 or threshold < least:
             raise UnsupportedOpError(
                 f"op {op.name}: softplus with beta={beta}, threshold={threshold}; ONNX's "
-                f"Softplus is beta 1 with no threshold (threshold >= {SOFTPLUS_MIN_THRESHOLD:g} "
-                "gives the same float32 values)"
+                f"Softplus is beta 1 with no threshold (a threshold >= {least:g} gives the same "
+                "float32 values)"
             )
         y = ctx.graph.node("Softplus", [x], f"{op.name}/float")
     elif op.op_type == "prelu":  # slopes along axis 1, shaped to broadcast from the right

@@ -167,6 +167,11 @@ def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.where(x >= 0, x, x * spec.negative_slope)
 
 
+# from beta x > 15, x + log1p(exp(-x)) rounds to x in float32 (ONNX's Softplus, which has no
+# threshold, then computes torch's softplus at any threshold of at least 15)
+SOFTPLUS_ONNX_MIN_THRESHOLD = 15.0
+
+
 def _elu(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.nn.functional.elu(x, alpha=spec.alpha)
 

@@ -26,8 +26,9 @@ The float ops, as the exported graph computes them (no domain clamps, no LutSpec
   * elu: Elu(alpha = fl32(alpha)), x >= 0 ? x : fl32(alpha fl32(exp(x) - 1)), and softplus:
     Softplus (beta 1), x > 0 ? fl32(x + log1p(exp(-x))) : log1p(exp(x)), exp and log1p Eigen's
     vectorized forms (``numerics.eigen_float32``), with the same caveat for the last (n mod 4)
-    elements as log; a softplus with another beta, which ONNX's Softplus cannot express (the
-    exporter refuses it), torch's float64 function rounded to float32;
+    elements as log; a softplus with another beta or a threshold below 15, which ONNX's
+    Softplus cannot express (the exporter refuses it), torch's float64 function rounded to
+    float32;
   * pow: Pow with a scalar exponent e = fl32(exponent): fl32(x * x) for e = 2, fl32(fl32(x *
     x) * x) for e = 3, the C library's powf otherwise (onnxruntime calls std::pow; measured
     bit-identical on x86-64 Linux, where both use the system's libm).
@@ -45,7 +46,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.eigen_float32 import eigen_cos, eigen_exp, eigen_log, eigen_log1p, eigen_sin
-from quantlab.numerics.lut.functions import LutSpec, get_function
+from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, LutSpec, get_function
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
@@ -77,7 +78,8 @@ def _elu(x: Tensor, spec: LutSpec) -> Tensor:
 
 
 def _softplus(x: Tensor, spec: LutSpec) -> Tensor:
-    if spec.beta != 1.0:  # no ONNX counterpart (the exporter refuses it): the function itself
+    if spec.beta != 1.0 or spec.threshold < SOFTPLUS_ONNX_MIN_THRESHOLD:
+        # no ONNX counterpart (the exporter refuses it): the function itself
         return get_function("softplus").target(x.to(torch.float64), spec).to(torch.float32)
     return torch.where(x > 0, x + eigen_log1p(eigen_exp(-x)), eigen_log1p(eigen_exp(x)))
 
