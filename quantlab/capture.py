@@ -29,8 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 import quantlab.ops
 from quantlab.decompositions import (
-    MULTI_HEAD_ATTENTION,
-    SCALED_DOT_PRODUCT_ATTENTION,
+    SPLIT,
     decomposition,
 )
 
@@ -364,7 +363,7 @@ class CaptureMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if func is MULTI_HEAD_ATTENTION or func is SCALED_DOT_PRODUCT_ATTENTION:
+        if func in SPLIT:
             parts = decomposition(func, args, kwargs)
             if parts is not None:
                 self.decomposed = True

@@ -18,6 +18,12 @@ makes the same result through other torch calls), or None for a call captured as
   heads, as the backend does, by unsqueeze, expand and reshape (layout ops, so the repeated
   heads keep their codes). With dropout the call is captured as one op (not modelled: float).
 
+- ``torch.addmm(bias, x, w)`` with a parameter ``w``, a 1-d bias, and beta and alpha 1 (the
+  Conv1D layers of Hugging Face's GPT-2 and its kin: a linear layer stored as (in, out)) is
+  ``F.linear(x, w.t(), bias)``: a GEMM with a weight and a bias (``w.t()`` of a parameter is a
+  constant of the model, not an op), with the float bits of the call (linear on a 2-d input is
+  that same addmm). Any other addmm stays whole (not modelled: float).
+
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
 in the last bits (fused attention kernels). A masked call decides on the mask's values whether
@@ -36,7 +42,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 
@@ -141,9 +147,37 @@ def _groups_fit(q, k, v) -> bool:
         return False
 
 
+_ADDMM_PARAMS = ("input", "mat1", "mat2")
+
+
+def _addmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    p = dict(zip(_ADDMM_PARAMS, args)) | kwargs
+    bias, x, w = p.get("input"), p.get("mat1"), p.get("mat2")
+    if (
+        len(args) > len(_ADDMM_PARAMS)
+        or not set(p) <= {*_ADDMM_PARAMS, "beta", "alpha"}
+        or p.get("beta", 1) != 1
+        or p.get("alpha", 1) != 1
+        or not _is_parameter(w)
+        or getattr(bias, "ndim", None) != 1
+    ):
+        return None
+    return lambda: F.linear(x, w.t(), bias)
+
+
+def _is_parameter(w) -> bool:
+    """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
+    torch.fx hands the parts a model attribute as a traced value)."""
+    return isinstance(w, nn.Parameter) or isinstance(
+        getattr(w, "example_value", None), nn.Parameter
+    )
+
+
 # the functions ``decomposition`` may split (callers on a hot path test identity first)
 MULTI_HEAD_ATTENTION = F.multi_head_attention_forward
 SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
+ADDMM = torch.addmm
+SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM)
 
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
@@ -152,6 +186,8 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return lambda: _MHA_BODY(*args, **kwargs)
     if func is F.scaled_dot_product_attention:
         return _sdpa_parts(args, kwargs)
+    if func is ADDMM:
+        return _addmm_parts(args, kwargs)
     return None
 
 
@@ -162,7 +198,7 @@ class DecomposingMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is MULTI_HEAD_ATTENTION or func is SCALED_DOT_PRODUCT_ATTENTION:
+        if func in SPLIT:
             parts = decomposition(func, args, kwargs)
             if parts is not None:
                 with self:

@@ -517,3 +517,90 @@ def test_a_grouped_query_hugging_face_model_runs_quantized_on_both_attentions():
     finally:
         tf.logging.set_verbosity(level)
     assert kinds["sdpa"] == kinds["eager"] == (4, 2)
+
+
+class _Conv1D(nn.Module):
+    """A linear layer stored as (in, out) and applied by torch.addmm, as Hugging Face's GPT-2
+    Conv1D does."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(weight), nn.Parameter(bias)
+
+    def forward(self, x):
+        y = torch.addmm(self.bias, x.view(-1, x.shape[-1]), self.weight)
+        return torch.tanh(y.view(*x.shape[:-1], -1))
+
+
+class _Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.fc = nn.Linear(*weight.shape)
+        with torch.no_grad():
+            self.fc.weight.copy_(weight.t())
+            self.fc.bias.copy_(bias)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_addmm_with_a_weight_is_a_linear_layer(platform, tmp_path):
+    """torch.addmm(bias, x, w) with a parameter w is captured as linear(x, w.t(), bias): a GEMM
+    with a weight and bias, whose float bits are the call's and whose fake and fixed bits are
+    those of the same nn.Linear; exported, onnxruntime gives fixed mode's bits."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(12, 8, generator=g) * 0.3, torch.randn(8, generator=g)
+    batches = [(torch.randn(2, 5, 12, generator=g),) for _ in range(2)]
+    x = torch.randn(2, 5, 12, generator=g)
+    sims = {}
+    for name, model in (("addmm", _Conv1D(w, b)), ("linear", _Linear(w, b))):
+        sims[name] = Simulator(model.eval(), platform, steady_programs=False)
+        sims[name].calibrate(batches, progress=False)
+    ops = sims["addmm"].ops
+    assert list(ops.op_type) == ["view", "linear", "view", "tanh"] and ops.has_weight[1]
+    with torch.no_grad():
+        assert_bits_equal(sims["addmm"].run(x, mode=Mode.FLOAT), _Conv1D(w, b)(x))
+    for mode in (Mode.FAKE, Mode.FIXED):
+        assert_bits_equal(sims["addmm"].run(x, mode=mode), sims["linear"].run(x, mode=mode))
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        to_onnx_qdq(sims["addmm"], tmp_path / "addmm.onnx", (x,))
+        session = ort.InferenceSession(str(tmp_path / "addmm.onnx"))
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        assert_bits_equal(torch.from_numpy(got), sims["addmm"].run(x, mode=Mode.FIXED))
+
+
+class _OtherAddmm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x, m):
+        return torch.addmm(x[:, :3], x, self.weight, beta=0.5), torch.addmm(x[0, :3], x, m)
+
+
+def test_other_addmm_calls_stay_whole():
+    """A beta other than 1, or a second factor that is not a parameter: one float call."""
+    x, m = torch.randn(5, 4), torch.randn(4, 3)
+    calls, out = capture(_OtherAddmm(), x, m)
+    assert "linear" not in [c.op_type for c in calls]
+    want = _OtherAddmm.forward(_OtherAddmm(), x, m)
+    assert [o.shape for o in out] == [t.shape for t in want]
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_addmm_layers_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(32, 32, generator=g) * 0.3, torch.randn(32, generator=g)
+    batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
+    captured = Simulator(_Conv1D(w, b).eval(), "j6m", steady_programs=False)
+    captured.calibrate(batches, progress=False)
+    steady = Simulator(_Conv1D(w, b).eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, g, mode)

@@ -50,6 +50,11 @@ class _ConcreteProxy(fx.Proxy):
             return getattr(self.tracer.values[self.node], k)
         return super().__getattr__(k)
 
+    @property
+    def example_value(self) -> Any:
+        """The example's value of this traced value (a module's parameter for its attribute)."""
+        return self.tracer.values[self.node]
+
     def __len__(self) -> int:
         return len(self.tracer.values[self.node])
 
