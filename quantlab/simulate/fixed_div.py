@@ -75,21 +75,16 @@ def reciprocal_table_div(sim, call, plan, args, kwargs, in_infos, rq):
 
 def _reciprocal_table(sim, name: str, y_info, sr: Tensor):
     """The reciprocal table of op ``name``, made once per divisor scale, reciprocal scale and
-    calibrated range. Where the inverse-function rule leaves less than one input code (a
+    calibrated range. Where the inverse-function rule would leave less than one input code (a
     divisor of nearly one value, whose reciprocal's calibrated scale saturates every code),
-    the table covers the divisor's range without it."""
+    ``build_lut`` covers the divisor's range without it."""
     from quantlab.numerics.lut import build_lut
 
     p = sim.platform
     seen = sim.observed_range(name, "in1")
 
     def make():
-        spec = p.lut_spec("reciprocal")
         args = (y_info.dtype, float(y_info.scale), p.div_reciprocal_dtype, float(sr))
-        try:
-            return build_lut("reciprocal", *args, spec, p.lut_format(), seen)
-        except ValueError:
-            spec = dataclasses.replace(spec, range_rule=False)
-            return build_lut("reciprocal", *args, spec, p.lut_format(), seen)
+        return build_lut("reciprocal", *args, p.lut_spec("reciprocal"), p.lut_format(), seen)
 
     return sim.op_memo(name, RECIPROCAL_KEY, (y_info.dtype, y_info.scale, sr, seen, p), make)

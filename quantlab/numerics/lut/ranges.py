@@ -24,14 +24,17 @@ def input_range(
     quantization range; the function's RangeRule (exp cap, inverse rule); ``spec.input_range``;
     ``observed_range``; symmetric mode then uses [0, max(|lo|, |hi|)]. Raises ValueError when a
     given range has zero width or the result (before the observed range) is empty or narrower
-    than one input code. An observed range (calibration data) that would leave less than one
-    code is ignored instead: it does not narrow the table."""
+    than one input code. A RangeRule that would leave less than one code (every input's output
+    saturates: a softmax over one value, whose sum's reciprocal saturates at every code) and an
+    observed range (calibration data) that would are skipped instead: they do not narrow the
+    table."""
     in_scale = check_scale_float(in_scale, "in_scale")
     out_scale = check_scale_float(out_scale, "out_scale")
     lo, hi = in_dtype.qmin * in_scale, in_dtype.qmax * in_scale
     out_lo, out_hi = out_dtype.qmin * out_scale, out_dtype.qmax * out_scale
+    rule_lo, rule_hi = lo, hi
     if spec.range_rule and fn.range_rule is RangeRule.EXP_CAP and fn.inverse is not None:
-        hi = min(hi, fn.inverse(out_hi, spec))
+        rule_hi = min(hi, fn.inverse(out_hi, spec))
     elif spec.range_rule and fn.range_rule is RangeRule.INVERSE and fn.inverse is not None:
         probe = hi if hi > 0 else 1.0
         a, b = (
@@ -39,7 +42,9 @@ def input_range(
         )
         bound = fn.inverse(out_hi, spec) if a > b else fn.inverse(out_lo, spec)
         if math.isfinite(bound):
-            lo = max(lo, bound)
+            rule_lo = max(lo, bound)
+    if rule_hi - rule_lo >= in_scale:
+        lo, hi = rule_lo, rule_hi
     lo, hi = _intersect(lo, hi, spec.input_range, "spec.input_range")
     base = _finish(fn, spec, in_dtype, in_scale, lo, hi, "spec.input_range or the input scale")
     if observed_range is None:

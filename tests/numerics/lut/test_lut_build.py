@@ -119,6 +119,19 @@ def test_undefined_regions_are_clamped_never_nan(func):
     assert torch.isfinite(get_function(func).target(x.double(), spec)).all()
 
 
+def test_an_inverse_rule_that_leaves_no_code_does_not_narrow_the_table():
+    """reciprocal of inputs in [0, 0.99998] at an output scale saturating at 1: 1 / x
+    saturates everywhere, so the rule (no entries where 1 / x saturates) would leave nothing;
+    the table covers the input range and gives the saturated code throughout."""
+    s_in = 1 / 32768
+    lut = build_lut("reciprocal", I16, s_in, I16, 1 / 32767)
+    codes = torch.arange(1, 32768, 97, dtype=torch.int16)
+    assert set(lut.evaluate(codes).tolist()) == {32767}
+    # with room for it, the rule narrows the table as before
+    wide = build_lut("reciprocal", I16, 4 / 32768, I16, 1 / 32767)
+    assert wide.points[0] > 0
+
+
 def test_impossible_requests_raise():
     s = 1 / 32767.5
     with pytest.raises(ValueError, match="zero or negative width"):

@@ -76,6 +76,15 @@ def test_a_code_wider_than_the_exp_range_gives_one_at_the_maximum_and_zero_elsew
     assert (y.double() / 32767 - want).abs().max().item() < 2e-3
 
 
+def test_a_softmax_over_one_value_is_one():
+    """An axis of length 1 (attention over a single key): the sum's reciprocal saturates at
+    every code of its table, whose inverse-function rule then steps aside; each output is 1."""
+    codes = torch.tensor([[-300], [0], [12000]], dtype=torch.int16)
+    y = lut_softmax(codes, 8 / 32767.5, I16, -1, 1 / 32767, I16)
+    assert_bits_equal(y, _softmax_reference(codes, 8 / 32767.5, 1 / 32767))
+    assert (y.double() / 32767 - 1).abs().max().item() < 2e-3
+
+
 def test_lut_softmax_other_dim_and_int8():
     g = torch.Generator().manual_seed(8)
     s_in = 8 / 127.5
