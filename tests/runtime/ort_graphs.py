@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 ONNX_TYPES = {
     np.dtype(np.uint8): TensorProto.UINT8,
@@ -25,3 +25,22 @@ def session(nodes, inputs, out_type, inits) -> ort.InferenceSession:
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def through_float_op(codes: np.ndarray, sx, zx, sy, zy, op_nodes, inits=()) -> np.ndarray:
+    """onnxruntime's codes of DequantizeLinear(x, sx, zx) -> ``op_nodes`` (float ``v`` in,
+    float ``p`` out) -> QuantizeLinear(p, sy, zy) on integer ``codes`` (all codes' dtype)."""
+    t = ONNX_TYPES[codes.dtype]
+    scales = [
+        numpy_helper.from_array(np.array(sx, np.float32), "sx"),
+        numpy_helper.from_array(np.array(zx, codes.dtype), "zx"),
+        numpy_helper.from_array(np.array(sy, np.float32), "sy"),
+        numpy_helper.from_array(np.array(zy, codes.dtype), "zy"),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["v"]),
+        *op_nodes,
+        helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"]),
+    ]
+    x_info = helper.make_tensor_value_info("x", t, list(codes.shape))
+    return session(nodes, [x_info], t, [*scales, *inits]).run(None, {"x": codes})[0]

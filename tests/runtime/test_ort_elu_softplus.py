@@ -14,8 +14,8 @@ import torch
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from ort_graphs import ONNX_TYPES, session  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+from ort_graphs import session, through_float_op  # noqa: E402
 
 from quantlab.numerics import eigen_float32 as E  # noqa: E402
 from quantlab.numerics.dtypes import DType  # noqa: E402
@@ -84,20 +84,8 @@ def test_exp_and_log1p_equal_their_slow_twins():
 
 
 def _onnxruntime_table(func, codes, sx, zx, sy, zy, alpha) -> np.ndarray:
-    t = ONNX_TYPES[codes.dtype]
-    inits = [
-        numpy_helper.from_array(np.array(sx, np.float32), "sx"),
-        numpy_helper.from_array(np.array(zx, codes.dtype), "zx"),
-        numpy_helper.from_array(np.array(sy, np.float32), "sy"),
-        numpy_helper.from_array(np.array(zy, codes.dtype), "zy"),
-    ]
-    nodes = [
-        helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["v"]),
-        helper.make_node(OPS[func], ["v"], ["p"], **_attrs(func, alpha)),
-        helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"]),
-    ]
-    x_info = helper.make_tensor_value_info("x", t, list(codes.shape))
-    return session(nodes, [x_info], t, inits).run(None, {"x": codes})[0]
+    node = helper.make_node(OPS[func], ["v"], ["p"], **_attrs(func, alpha))
+    return through_float_op(codes, sx, zx, sy, zy, [node])
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16], ids=["uint8", "int8", "int16"])

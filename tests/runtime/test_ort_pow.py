@@ -15,7 +15,7 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
-from ort_graphs import ONNX_TYPES, session  # noqa: E402
+from ort_graphs import session, through_float_op  # noqa: E402
 
 from quantlab.numerics.dtypes import DType  # noqa: E402
 from quantlab.numerics.lut import default_spec  # noqa: E402
@@ -53,21 +53,9 @@ def test_pow_float32_values_are_onnxruntimes(e):
 
 
 def _onnxruntime_table(codes, sx, zx, sy, zy, e) -> np.ndarray:
-    t = ONNX_TYPES[codes.dtype]
-    inits = [
-        numpy_helper.from_array(np.array(sx, np.float32), "sx"),
-        numpy_helper.from_array(np.array(zx, codes.dtype), "zx"),
-        numpy_helper.from_array(np.array(e, np.float32), "e"),
-        numpy_helper.from_array(np.array(sy, np.float32), "sy"),
-        numpy_helper.from_array(np.array(zy, codes.dtype), "zy"),
-    ]
-    nodes = [
-        helper.make_node("DequantizeLinear", ["x", "sx", "zx"], ["v"]),
-        helper.make_node("Pow", ["v", "e"], ["p"]),
-        helper.make_node("QuantizeLinear", ["p", "sy", "zy"], ["y"]),
-    ]
-    x_info = helper.make_tensor_value_info("x", t, list(codes.shape))
-    return session(nodes, [x_info], t, inits).run(None, {"x": codes})[0]
+    exponent = numpy_helper.from_array(np.array(e, np.float32), "e")
+    pow_node = helper.make_node("Pow", ["v", "e"], ["p"])
+    return through_float_op(codes, sx, zx, sy, zy, [pow_node], [exponent])
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16], ids=["uint8", "int8", "int16"])
