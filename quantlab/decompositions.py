@@ -17,7 +17,6 @@ makes the same result through other torch calls), or None for a call captured as
   value heads than query heads) first repeat each key and value head for its group of query
   heads, as the backend does, by unsqueeze, expand and reshape (layout ops, so the repeated
   heads keep their codes). With dropout the call is captured as one op (not modelled: float).
-
 - ``torch.addmm(bias, x, w)`` with a parameter ``w``, a 1-d bias, and beta and alpha 1 (the
   Conv1D layers of Hugging Face's GPT-2 and its kin: a linear layer stored as (in, out)) is
   ``F.linear(x, w.t(), bias)``: a GEMM with a weight and a bias (``w.t()`` of a parameter is a
@@ -106,11 +105,9 @@ def attention_by_definition(
 def _repeat_heads(t: Tensor, heads: int) -> Tensor:
     """``t`` (..., H, S, E) with each of its H heads repeated heads / H times in place
     (``repeat_interleave`` along dim -3), by layout ops alone."""
-    h = t.shape[-3]
+    h = t.shape[-3]  # divides heads (_groups_fit)
     if h == heads:
         return t
-    if heads % h:
-        raise ValueError(f"grouped-query attention: {heads} query heads over {h} key heads")
     shape = t.shape[:-3] + (h, heads // h) + t.shape[-2:]
     return t.unsqueeze(-3).expand(shape).reshape(t.shape[:-3] + (heads,) + t.shape[-2:])
 

@@ -16,7 +16,7 @@ from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
-from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD
+from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, softplus_in_onnx
 from quantlab.simulate import args as sim_args
 
 CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767
@@ -151,8 +151,8 @@ def emit_unary(ctx: ExportContext, op: RecordedOp) -> None:
         y = ctx.graph.node("Elu", [x], f"{op.name}/float", alpha=alpha)
     elif op.op_type == "softplus":  # ONNX's has no beta and no threshold
         beta, threshold = ctx.arg(op, 1, "beta", 1.0), ctx.arg(op, 2, "threshold", 20.0)
-        least = SOFTPLUS_ONNX_MIN_THRESHOLD
-        if beta != 1 or threshold < least:
+        if not softplus_in_onnx(beta, threshold):
+            least = SOFTPLUS_ONNX_MIN_THRESHOLD
             raise UnsupportedOpError(
                 f"op {op.name}: softplus with beta={beta}, threshold={threshold}; ONNX's "
                 f"Softplus is beta 1 with no threshold (a threshold >= {least:g} gives the same "

@@ -72,13 +72,13 @@ def _lut_spec(call, rq, platform):
 
     spec = platform.lut_spec(_table_func(call.op_type))
     if call.op_type == "inverse_sigmoid":
-        eps = call.kwargs.get("eps", call.args[1] if len(call.args) > 1 else None)
+        eps = _arg(call, 1, "eps", None)
         if eps is not None:
             spec = dataclasses.replace(spec, eps=float(eps))
     if call.op_type == "pow":  # a scalar exponent other than 2 (capture.pow_exponent)
         spec = dataclasses.replace(spec, exponent=pow_exponent(call.args, call.kwargs))
     if call.op_type == "leaky_relu":
-        slope = call.kwargs.get("negative_slope", call.args[1] if len(call.args) > 1 else None)
+        slope = _arg(call, 1, "negative_slope", None)
         if slope is not None:
             spec = dataclasses.replace(spec, negative_slope=float(slope))
     if call.op_type == "elu":

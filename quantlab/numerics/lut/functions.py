@@ -172,6 +172,12 @@ def _leaky_relu(x: Tensor, spec: LutSpec) -> Tensor:
 SOFTPLUS_ONNX_MIN_THRESHOLD = 15.0
 
 
+def softplus_in_onnx(beta: float, threshold: float) -> bool:
+    """Whether ONNX's Softplus (beta 1, no threshold) computes torch's softplus(beta,
+    threshold) in float32: beta 1 and a threshold of at least 15."""
+    return beta == 1 and threshold >= SOFTPLUS_ONNX_MIN_THRESHOLD
+
+
 def _elu(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.nn.functional.elu(x, alpha=spec.alpha)
 

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.eigen_float32 import eigen_cos, eigen_exp, eigen_log, eigen_log1p, eigen_sin
-from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, LutSpec, get_function
+from quantlab.numerics.lut.functions import LutSpec, get_function, softplus_in_onnx
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
@@ -78,7 +78,7 @@ def _elu(x: Tensor, spec: LutSpec) -> Tensor:
 
 
 def _softplus(x: Tensor, spec: LutSpec) -> Tensor:
-    if spec.beta != 1.0 or spec.threshold < SOFTPLUS_ONNX_MIN_THRESHOLD:
+    if not softplus_in_onnx(spec.beta, spec.threshold):
         # no ONNX counterpart (the exporter refuses it): the function itself
         return get_function("softplus").target(x.to(torch.float64), spec).to(torch.float32)
     return torch.where(x > 0, x + eigen_log1p(eigen_exp(-x)), eigen_log1p(eigen_exp(x)))

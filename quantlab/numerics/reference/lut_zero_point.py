@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.lut.formats import TableValues
-from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, get_function
+from quantlab.numerics.lut.functions import get_function, softplus_in_onnx
 from quantlab.numerics.reference.eigen_float32 import (
     eigen_exp_value,
     eigen_log1p_value,
@@ -83,7 +83,7 @@ def _runtime_value(func: str, spec, x: float) -> float:
             return x
         alpha = Fraction(to_float32(Fraction(spec.alpha)))
         return to_float32(alpha * Fraction(to_float32(Fraction(eigen_exp_value(x)) - 1)))
-    if func == "softplus" and spec.beta == 1 and spec.threshold >= SOFTPLUS_ONNX_MIN_THRESHOLD:
+    if func == "softplus" and softplus_in_onnx(spec.beta, spec.threshold):
         if x > 0:
             return to_float32(Fraction(x) + Fraction(eigen_log1p_value(eigen_exp_value(-x))))
         return eigen_log1p_value(eigen_exp_value(x))
