@@ -25,6 +25,7 @@ from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fa
 from quantlab.simulate import args as A
 from quantlab.simulate import (
     calls,
+    fixed_div,
     fixed_embedding,
     fixed_gemm,
     fixed_lut,
@@ -470,6 +471,7 @@ def _int16_operands(in_infos: list, rq, wq) -> bool:
 
 
 _FAKE_KERNELS = {
+    OpCategory.DIV: fixed_div.div_fake_op,
     OpCategory.NORM: fixed_norm.norm_fake_op,
     OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
 }

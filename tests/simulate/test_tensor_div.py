@@ -15,10 +15,11 @@ from torch import nn
 from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import build_lut
+from quantlab.numerics.lut.composite import qat_reciprocal, reciprocal_clip_codes
 from quantlab.numerics.requant import requant_scale
 from quantlab.platforms import TensorDivRule, load_platform
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator
+from quantlab.simulate import Mode, Simulator, steady_programs
 
 
 class _Ratio(nn.Module):
@@ -36,9 +37,9 @@ class _Ratio(nn.Module):
         return y / z, torch.div(y, z.sqrt())
 
 
-def _calibrated(platform, spec=None, seed=0):
+def _calibrated(platform, spec=None, seed=0, **kw):
     torch.manual_seed(seed)
-    sim = Simulator(_Ratio().eval(), platform, spec)
+    sim = Simulator(_Ratio().eval(), platform, spec, **kw)
     g = torch.Generator().manual_seed(seed + 1)
     sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(3)], progress=False)
     return sim, [torch.randn(2, 3, 8, 8, generator=g) * s for s in (0.5, 1.0, 2.0)]
@@ -150,3 +151,102 @@ def test_a_divisor_of_one_value_takes_a_table_without_the_inverse_rule():
 def test_the_reciprocal_dtype_must_be_an_integer_code():
     with pytest.raises(ValueError, match="platform.div_reciprocal_dtype=FLOAT16 is not allowed"):
         dataclasses.replace(load_platform("j6m"), div_reciprocal_dtype=DType.FLOAT16)
+
+
+class _Quotient(nn.Module):
+    """x / y of two model inputs (quantized at the division's input points)."""
+
+    def forward(self, x, y):
+        return x / y
+
+
+def _qat_quotient(sim, name, x, y, dtypes):
+    """The plugin's QAT Div by torch's own fake quant (HALF_EVEN, the scale's reciprocal):
+    fq_out(fq_x(x) * fq_r(1 / clip(fq_y(y)))), |y| clipped below at 1 code (int8) or 32 codes
+    (int16), its sign kept, 0 as +."""
+    rq = sim.qconfig_of(name)
+    xd, yd, od = dtypes
+
+    def fq(v, key, dt):
+        s = sim.act_scale(name, key, dt, rq)
+        return torch.fake_quantize_per_tensor_affine(v, float(s), 0, dt.qmin, dt.qmax), float(s)
+
+    xq, _ = fq(x, "in0", xd)
+    yq, sy = fq(y, "in1", yd)
+    floor = (32 if yd is DType.INT16 else 1) * sy
+    mag = torch.reciprocal(yq.abs().clamp_min(floor))
+    r, _ = fq(torch.where(yq < 0, -mag, mag), "recip", DType.INT16)
+    return fq(xq * r, "out", od)[0]
+
+
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_fake_mode_divides_as_the_plugins_qat_div(dtype):
+    """FAKE on J6: x times the int16-fake-quantized QAT reciprocal of y (clipped at 1 or 32
+    codes of y), then the output's fake quant, bit for bit with torch's fake quant; divisors
+    of both signs, exact zeros and codes inside the clip give finite quotients."""
+    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype)
+    sim = Simulator(_Quotient(), "j6m", QConfigSpec(global_=rule))
+    g = torch.Generator().manual_seed(3)
+    calib = [(torch.randn(4, 256, generator=g), torch.randn(4, 256, generator=g) * 0.5 + 1.0)]
+    sim.calibrate(calib, progress=False)
+    x = torch.randn(4, 256, generator=g) * 1.5
+    sy = float(sim.act_scale(":div#0", "in1", dtype, sim.qconfig_of(":div#0")))
+    y = torch.randn(4, 256, generator=g) * 0.5 + 1.0
+    y[0, :64] = torch.arange(-32, 32) * sy  # every code inside the int16 clip, and 0
+    y[1, :8] = torch.tensor([0.0, -0.0, sy, -sy, 0.4 * sy, -0.6 * sy, 31 * sy, -33 * sy])
+    got = sim.run(x, y, mode=Mode.FAKE)
+    assert torch.isfinite(got).all()
+    want = _qat_quotient(sim, ":div#0", x, y, (dtype, dtype, dtype))
+    assert_bits_equal(got, want)
+    assert not torch.isfinite(x / y).all()  # the float quotient, infinite at y = 0
+    # and the same through training's forward, with gradients to both operands
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    out = sim.train_forward(xg, yg)
+    assert_bits_equal(out.detach(), got)
+    out.square().sum().backward()
+    assert torch.isfinite(xg.grad).all() and torch.isfinite(yg.grad).all()
+    assert xg.grad.abs().sum() > 0 and yg.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.HYBRID])
+def test_fake_mode_division_keeps_its_bits_in_steady_runs(monkeypatch, mode):
+    """The QAT division kept as a prepared call (steady runs) and in a traced program gives
+    the bits of a simulator that captures every run."""
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    rule = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
+    spec = QConfigSpec(by_type={t: rule for t in ("conv2d", "add", "sqrt", "div", "sigmoid")})
+    fast, xs = _calibrated("j6m", spec, steady_programs=True)
+    captured, _ = _calibrated("j6m", spec, steady_programs=False)
+    for x in xs * 3:
+        for a, b in zip(fast.run(x, mode=mode), captured.run(x, mode=mode), strict=True):
+            assert_bits_equal(a, b)
+    state = fast.steady_programs.status((xs[0],), mode)
+    assert state.program is not None and state.program.fallbacks == 0
+
+
+def test_the_runtime_profiles_fake_division_is_the_float_quotient():
+    """Where FIXED divides in float (onnxruntime), so does FAKE: fq_out(fq_x(x) / fq_y(y))."""
+    sim = Simulator(_Quotient(), "onnxruntime")
+    g = torch.Generator().manual_seed(4)
+    sim.calibrate([(torch.randn(2, 64, generator=g), torch.rand(2, 64, generator=g) + 0.5)])
+    x, y = torch.randn(2, 64, generator=g), torch.rand(2, 64, generator=g) + 0.5
+    got = sim.run(x, y, mode=Mode.FAKE)
+    rq = sim.qconfig_of(":div#0")
+
+    def fq(v, key):
+        dt = rq.output_dtype if key == "out" else rq.input_dtype or rq.output_dtype
+        s = sim.act_scale(":div#0", key, dt, rq)
+        zp = sim.act_zero_point(":div#0", key, dt, rq)
+        return torch.fake_quantize_per_tensor_affine(v, float(s), zp, dt.qmin, dt.qmax)
+
+    assert_bits_equal(got, fq(fq(x, "in0") / fq(y, "in1"), "out"))
+
+
+def test_the_qat_reciprocal_clips_at_one_or_thirty_two_codes():
+    s = 0.01
+    y = torch.tensor([0.0, -0.0, 0.005, -0.005, 0.01, -0.2, 0.5, -1.0])  # 0.32: int16 floor
+    int8 = qat_reciprocal(y, s, DType.INT8)
+    int16 = qat_reciprocal(y, s, DType.INT16)
+    assert int8.tolist() == pytest.approx([100, 100, 100, -100, 100, -5, 2, -1])
+    assert int16.tolist() == pytest.approx([3.125] * 3 + [-3.125, 3.125, -3.125, 2, -1])
+    assert reciprocal_clip_codes(DType.INT8) == 1 and reciprocal_clip_codes(DType.INT16) == 32

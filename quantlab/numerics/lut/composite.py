@@ -24,6 +24,21 @@ SOFTMAX_EXP_SCALE = 2.0 / 65535  # vendor comment: exp output scale 2/65535 (int
 RECIPROCAL_CLIP_CODES_INT16 = 32  # QAT clips |x| >= 32 s_in for int16 reciprocal inputs (s.1.5)
 
 
+def reciprocal_clip_codes(in_dtype: DType) -> int:
+    """The vendor QAT reciprocal's input clip, in codes of its input: |x| >= 1 code (int8),
+    32 codes (int16) (horizon-plugin s.1.5)."""
+    return RECIPROCAL_CLIP_CODES_INT16 if DType.parse(in_dtype) is DType.INT16 else 1
+
+
+def qat_reciprocal(x: Tensor, in_scale: Tensor | float, in_dtype: DType) -> Tensor:
+    """1 / x as the vendor's QAT reciprocal computes it, in float32: |x| clipped below at
+    ``reciprocal_clip_codes(in_dtype) * in_scale``, the sign kept (x = 0 taken as positive,
+    as the reciprocal table's code 0 is). Differentiable (the clip passes no gradient)."""
+    floor = reciprocal_clip_codes(in_dtype) * float(in_scale)  # times 2**k: exact in float32
+    r = torch.reciprocal(x.abs().clamp_min(floor))
+    return torch.where(x < 0, -r, r)
+
+
 def softmax_exp_spec(in_scale: float | None = None) -> LutSpec:
     """The exp table inside softmax: curvature on [-12, 0], flat left tail (gradient 0). Where
     one input code spans more than that range (``in_scale`` > 12: scores calibrated over an
