@@ -323,7 +323,7 @@ class OpDispatch:
         if r.single_period:
             fake_single_period(self.platform, args, kwargs, plan, in_infos[0])
         if r.fake_kernel is not None:  # the QAT form of an op whose fixed kernel is a composite
-            made = r.fake_kernel(self, call, plan, in_infos, rq)
+            made = r.fake_kernel(self, call, plan, in_infos, rq, r.deployed)
             res = None if made is None else made.compute(args, kwargs)
             if res is not None:
                 if made.deps is not None and st.mode is Mode.FAKE and om is None and st.steady():

@@ -12,7 +12,8 @@ FAKE mode computes the plugin's QAT Div (``div_fake_op``): x times the fake-quan
 reciprocal of y (``numerics.lut.composite.qat_reciprocal``: |y| clipped below at 1 code of an
 int8 divisor, 32 codes of an int16 one) at the same reciprocal scale, the product
 fake-quantized at the op's output, wherever FIXED takes the table (elsewhere both divide in
-float). The reciprocal's table error is FIXED's alone, as every segment LUT's is in QAT."""
+float). The reciprocal's table error is FIXED's alone, as every segment LUT's is in QAT; a
+deployed FAKE run (HYBRID) takes FIXED's table for the reciprocal, as it does for LUT ops."""
 
 from __future__ import annotations
 
@@ -123,12 +124,14 @@ def _reciprocal_table(sim, name: str, y_info, sr: Tensor):
     return sim.op_memo(name, RECIPROCAL_KEY, (y_info.dtype, y_info.scale, sr, seen, p), make)
 
 
-def div_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
+def div_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
     """FAKE: the plugin's QAT Div of a call FIXED divides by the reciprocal table, resolved
     for this call: fq_out(x * fq_r(qat_reciprocal(y))), fq_r the reciprocal's symmetric
     fake quant (``div_reciprocal_dtype`` at its calibrated scale, the platform's rounding),
-    fq_out the op's output point; None for the float path (another rule, or
-    ``_table_applies`` fails). With a gradient, straight through both fake quants."""
+    fq_out the op's output point; ``deployed`` (HYBRID, ``FakeOps.DEPLOYED``): the reciprocal
+    is FIXED's table on y's codes, times its scale. None for the float path (another rule, or
+    ``_table_applies`` fails). With a gradient, straight through the QAT reciprocal's fake
+    quant (or the table) and the output's."""
     from quantlab.simulate.modes import Mode
 
     if sim.platform.tensor_div_rule is not TensorDivRule.RECIPROCAL_TABLE:
@@ -140,13 +143,18 @@ def div_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
     rdt, fr = sim.platform.div_reciprocal_dtype, sim.platform.fake_round
     x_slot, y_slot = plan.acts
     lo, hi = rdt.qmin, rdt.qmax
+    table = _reciprocal_table(sim, call.name, y_info, sr) if deployed else None
 
     def compute(args, kwargs):
-        r = qat_reciprocal(A.get(args, kwargs, y_slot), y_info.scale, y_info.dtype)
-        r_fq = qat_fake_quant(r.detach(), sr, rdt, fr)
+        y = A.get(args, kwargs, y_slot)
+        r = qat_reciprocal(y, y_info.scale, y_info.dtype)
+        if table is None:
+            r_q = qat_fake_quant(r.detach(), sr, rdt, fr)
+        else:  # y is on its grid: its codes are exact
+            r_q = fc.emit(table.evaluate(y_info.codes_native(y.detach())), sr, rdt)[0]
         if r.requires_grad:
-            r_fq = through(r, r_fq, range_mask(r, sr, lo, hi, None))
-        product = A.get(args, kwargs, x_slot) * r_fq
+            r_q = through(r, r_q, range_mask(r, sr, lo, hi, None))
+        product = A.get(args, kwargs, x_slot) * r_q
         return sim.quantize_act(call.name, "out", product, out, rq, Mode.FAKE, owned=True)
 
     so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``

@@ -73,9 +73,10 @@ def embedding_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return fc.emit(embedding_fixed(ids, codes, scale, sim.platform.embedding_contract()), s, out)
 
 
-def embedding_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
+def embedding_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
     """FAKE: the gather of the fake-quantized table's values (the same numbers as FIXED's
-    codes times their scale) resolved for this call, or None for the float path."""
+    codes times their scale; ``deployed`` changes nothing) resolved for this call, or None for
+    the float path."""
     got = _applies(call, call.args, call.kwargs, rq)
     if got is None:
         return None

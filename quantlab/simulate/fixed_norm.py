@@ -280,9 +280,10 @@ def _version(t: Tensor | None) -> int | None:
     return None if t is None else t._version
 
 
-def norm_fake_op(sim, call, plan, in_infos, rq) -> ResolvedComposite | None:
+def norm_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
     """FAKE: the composite's QAT form (every step fake-quantized at its calibrated scale,
-    exact rsqrt) resolved for this call, or None for the float path."""
+    exact rsqrt, also in a ``deployed`` run) resolved for this call, or None for the float
+    path."""
     if running_affine(call) is not None:
         from quantlab.simulate.modes import Mode
 

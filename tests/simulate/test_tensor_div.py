@@ -19,7 +19,7 @@ from quantlab.numerics.lut.composite import qat_reciprocal, reciprocal_clip_code
 from quantlab.numerics.requant import requant_scale
 from quantlab.platforms import TensorDivRule, load_platform
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import FakeOps, Mode, Simulator, steady_programs
 
 
 class _Ratio(nn.Module):
@@ -206,6 +206,43 @@ def test_fake_mode_divides_as_the_plugins_qat_div(dtype):
     out.square().sum().backward()
     assert torch.isfinite(xg.grad).all() and torch.isfinite(yg.grad).all()
     assert xg.grad.abs().sum() > 0 and yg.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_hybrid_mode_divides_by_the_deployed_reciprocal_table(dtype):
+    """HYBRID (fake mode with the deployed tables): x times FIXED's reciprocal table on y's
+    codes, dequantized at the reciprocal's scale, then the output's fake quant."""
+    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype)
+    sim = Simulator(_Quotient(), "j6m", QConfigSpec(global_=rule))
+    g = torch.Generator().manual_seed(5)
+    sim.calibrate([(torch.randn(4, 256, generator=g), torch.rand(4, 256, generator=g) + 0.2)])
+    x, y = torch.randn(4, 256, generator=g), torch.rand(4, 256, generator=g) * 1.2 + 0.1
+    name, rq, plat = ":div#0", sim.qconfig_of(":div#0"), sim.platform
+    sx, sy, so = (float(sim.act_scale(name, k, dtype, rq)) for k in ("in0", "in1", "out"))
+    sr = sim.act_scale(name, "recip", DType.INT16, rq)
+    table = build_lut(
+        "reciprocal",
+        dtype,
+        sy,
+        DType.INT16,
+        float(sr),
+        plat.lut_spec("reciprocal"),
+        plat.lut_format(),
+        sim.observed_range(name, "in1"),
+    )
+    yq = torch.fake_quantize_per_tensor_affine(y, sy, 0, dtype.qmin, dtype.qmax)
+    codes = torch.round(yq / sy).to(dtype.torch_dtype)  # yq is on its grid: exact
+    r = table.evaluate(codes).to(torch.float32) * sr
+    xq = torch.fake_quantize_per_tensor_affine(x, sx, 0, dtype.qmin, dtype.qmax)
+    want = torch.fake_quantize_per_tensor_affine(xq * r, so, 0, dtype.qmin, dtype.qmax)
+    assert_bits_equal(sim.run(x, y, mode=Mode.HYBRID), want)
+    assert not torch.equal(want, sim.run(x, y, mode=Mode.FAKE))  # the table is not 1 / y
+    sim.fake_ops = FakeOps.DEPLOYED  # deployment-aware training: the same bits, gradients
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    out = sim.train_forward(xg, yg)
+    assert_bits_equal(out.detach(), want)
+    out.sum().backward()
+    assert torch.isfinite(xg.grad).all() and yg.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.HYBRID])
