@@ -140,6 +140,24 @@ _IGNORED = frozenset(
 )
 
 _POW_NAMES = frozenset("pow __pow__ pow_ __ipow__".split())  # tensor ** exponent
+_CAST_NAMES = frozenset(("to", "float"))  # x.to(...), x.float()
+
+
+def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
+    """A cast that keeps a float tensor's dtype (``x.to(device)``, ``x.float()`` of a float32
+    tensor, ``x.to(y)`` of y's dtype) returns the same values: a pass-through op, as
+    ``contiguous`` is; any other cast is not modelled (a float16 cast runs in float)."""
+    x = args[0] if args else kwargs.get("self", kwargs.get("input"))
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return name, None
+    target = torch.float32 if name == "float" else kwargs.get("dtype")
+    for a in args[1:]:
+        if isinstance(a, torch.dtype):
+            target = a
+        elif isinstance(a, torch.Tensor):
+            target = a.dtype
+    return name, OpCategory.PASS_THROUGH if target in (None, x.dtype) else None
+
 
 KNOWN_OP_TYPES = frozenset(
     {t for t, _ in _BY_NAME.values()} | {t for t, _ in _BY_IDENTITY.values()} | {"relu6", "pow"}
@@ -192,6 +210,8 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
         return "clamp", OpCategory.REQUANT
     if name in _POW_NAMES:
         return _pow_kind(args, kwargs)
+    if name in _CAST_NAMES:  # by its arguments: never kept in _KIND_OF
+        return _cast_kind(name, args, kwargs)
     kind = _classify_by_name(func, name)
     try:
         _KIND_OF[func] = kind  # a function's kind depends on the function alone (not hardtanh)

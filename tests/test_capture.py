@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from bits import assert_bits_equal
 from torch import nn
 
 from quantlab.capture import CaptureMode, ModuleTracker, OpCategory, _tracked_call_impl, classify
 from quantlab.ops import inverse_sigmoid
+from quantlab.simulate import Mode, Simulator
 
 
 class Block(nn.Module):
@@ -255,3 +257,34 @@ def test_calls_on_parameters_alone_are_model_constants_not_ops():
     assert [c.op_type for c in calls] == ["linear", "linear", "mul", "add", "add"]
     for c in calls[:2]:  # the split rows are the linears' weights
         assert is_weight(c.args[1]) and plan(c).weight == ("a", 1)
+
+
+def test_a_cast_that_keeps_the_dtype_passes_codes_through():
+    """x.to(device), x.float() and x.to(torch.float32) of a float32 tensor are pass-through
+    ops (the codes follow, no requantization); a float16 cast is not modelled."""
+    x = torch.randn(3)
+    for call, args in (
+        (torch.Tensor.to, (x, "cpu")),
+        (torch.Tensor.to, (x, torch.float32)),
+        (torch.Tensor.to, (x, x)),
+        (torch.Tensor.float, (x,)),
+    ):
+        assert classify(call, args, {})[1] is OpCategory.PASS_THROUGH
+    assert classify(torch.Tensor.to, (x, torch.float16), {})[1] is None
+    assert classify(torch.Tensor.to, (x,), {"dtype": torch.float16})[1] is None
+
+    class Moved(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x).to(x.device) + x
+
+    sim = Simulator(Moved(), "j6m")
+    g = torch.Generator().manual_seed(3)
+    sim.calibrate([(torch.randn(2, 4, generator=g),)], progress=False)
+    trace = sim.trace(torch.randn(2, 4, generator=g), mode=Mode.FIXED)
+    linear, moved = trace.qinfo["a:linear#0"], trace.qinfo[":to#0"][0]
+    assert moved.scale is linear.scale or torch.equal(moved.scale, linear.scale)
+    assert_bits_equal(trace.outputs[":to#0"], trace.outputs["a:linear#0"])
