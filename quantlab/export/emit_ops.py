@@ -415,9 +415,14 @@ def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
     same elements in the same order; a new last axis: stacked before the last, then the two
     swapped; scalars: each reshaped to [1]). The Unsqueeze of each dequantized input, the
     direct form, makes onnxruntime's optimizer fail to load the model with int8 activations
-    (the Q/DQ it moves across the Unsqueeze get a uint8 zero point)."""
-    xs = [ctx.act(op, i) for i in range(len(op.acts))]
+    (the Q/DQ it moves across the Unsqueeze get a uint8 zero point). cat leaves out inputs
+    with no elements (torch also takes a 1-d empty tensor beside tensors of any rank: a key
+    cache's first, empty part), which Concat would refuse and which add nothing."""
     out_shape = list(op.outputs[0].shape)
+    parts = range(len(op.acts))
+    if op.op_type == "cat":
+        parts = [i for i in parts if math.prod(ctx.shape_of(op, i)) > 0] or list(parts)[:1]
+    xs = [ctx.act(op, i) for i in parts]
     dim = int(ctx.arg(op, 1, "dim", 0)) % len(out_shape)
     if op.op_type == "stack" and len(out_shape) == 1:  # scalars: each reshaped to [1]
         one = ctx.graph.int64s(f"{op.name}/one", [1])
@@ -429,6 +434,9 @@ def emit_cat(ctx: ExportContext, op: RecordedOp) -> None:
                 codes = ctx.graph.node("Reshape", [held[0], one], f"{op.name}/r{i}")
                 xs[i] = ctx.graph.dequantize(codes, held[1])
     if op.op_type != "stack" or len(out_shape) == 1:
+        if len(xs) == 1:  # one input with elements: the output is that input
+            ctx.set_outputs(op, [ctx.graph.node("Identity", xs, f"{op.name}/float")])
+            return
         ctx.set_outputs(op, [ctx.graph.node("Concat", xs, f"{op.name}/float", axis=dim)])
         return
     last = dim == len(out_shape) - 1 and dim > 0

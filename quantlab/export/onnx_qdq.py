@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.capture import OpCategory
 from quantlab.export import emit_gemm as G
 from quantlab.export import emit_layout as L
+from quantlab.export import emit_logic as B
 from quantlab.export import emit_ops as E
 from quantlab.export.context import ExportContext, Value
 from quantlab.export.graph import (
@@ -103,9 +104,35 @@ EMITTERS: dict[str, Emitter] = {
     "embedding": E.emit_embedding,
     "pad": L.emit_pad,
     **{t: E.emit_unary for t in (*E._UNARY, *E.COMPOSED_UNARY)},
+    **B.EMITTERS,
 }
 
 SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(EMITTERS))
+
+
+def emitter(op: RecordedOp) -> Emitter | None:
+    """The emitter of a recorded call: an uncaptured call's own (integer arithmetic and
+    sums: ``emit_logic.UNCAPTURED_EMITTERS``) before the op type's."""
+    if not op.captured and op.op_type in B.UNCAPTURED_EMITTERS:
+        return B.UNCAPTURED_EMITTERS[op.op_type]
+    return EMITTERS.get(op.op_type)
+
+
+def live_ops(ops: list[RecordedOp], output) -> list[RecordedOp]:
+    """``ops`` without the uncaptured calls no output depends on (a comparison feeding only
+    Python control flow); every captured op stays."""
+    by_name = {op.name: op for op in ops}
+    todo = [r.name for r in tree_flatten(output)[0] if isinstance(r, OpRef)]
+    todo += [op.name for op in ops if op.captured]
+    live: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in live or name not in by_name:
+            continue
+        live.add(name)
+        op = by_name[name]
+        todo += [r.name for r in tree_flatten((op.args, op.kwargs))[0] if isinstance(r, OpRef)]
+    return [op for op in ops if op.name in live]
 
 
 @dataclass
@@ -150,7 +177,7 @@ def _unsupported(op: RecordedOp) -> UnsupportedOpError:
 def check_supported(ops: list[RecordedOp]) -> None:
     """Raise UnsupportedOpError naming the first op without an emitter."""
     for op in ops:
-        if op.op_type not in EMITTERS:
+        if emitter(op) is None:
             raise _unsupported(op)
 
 
@@ -166,6 +193,7 @@ def build_model(
         raise ValueError("to_onnx_qdq needs a calibrated Simulator (call sim.calibrate first)")
     example_inputs = tuple(example_inputs)
     run = record_run(sim, example_inputs)
+    run.ops = live_ops(run.ops, run.output)
     check_supported(run.ops)
     g = GraphBuilder(encoding)
     ctx = ExportContext(g, run)
@@ -183,7 +211,7 @@ def build_model(
     for op in run.ops:
         if op.fused_into:
             continue  # written by its GEMM
-        EMITTERS[op.op_type](ctx, op)
+        emitter(op)(ctx, op)
     outputs, out_names, out_scales = [], [], []
     by_name = {op.name: op for op in run.ops}
     refs = [r for r in tree_flatten(run.output)[0] if isinstance(r, (OpRef, InputRef))]

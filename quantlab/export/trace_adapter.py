@@ -7,7 +7,11 @@ a constant), the Simulator's argument plan (which arguments are activations, wei
 resolved qconfig, and the quantization of each activation input as the fixed run applied it.
 Calls that quantlab does not capture because no float tensor enters them
 (``mask[:, None].to(float32)`` on an integer model input) are recorded too when they read a
-graph input, so the exported graph can recompute them.
+graph input or an op's output, so the exported graph can recompute them; so are comparisons
+(``mask == 0``), which capture passes over as no op at all. Any other call on such a tensor
+that returns a tensor (``isnan``, ``argmax``, ``x.max(dim)``'s pair) or writes into one
+without being recorded makes its result unexportable: a graph read of it is refused (it would
+otherwise be written as a constant holding the example input's values).
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class _Refs:
         self._map: dict[int, Any] = {}
         self._keep: list = []
         self._stale: dict[int, str] = {}  # id(tensor) -> the op that wrote its storage
+        self._unrecorded: dict[int, str] = {}  # id(tensor) -> why the graph cannot hold it
         self.stale_reads: dict[str, str] = {}
         self.bind_inputs(inputs)
 
@@ -137,7 +142,19 @@ class _Refs:
                 "ONNX graph cannot express a write through a view: compute that op out of "
                 "place to export the model",
             )
+        why = self._unrecorded.get(id(v))
+        if why is not None:
+            self.stale_reads.setdefault(reader, f"{reader or 'the model output'} reads {why}")
         return self._map.get(id(v)) or ConstRef(v)
+
+    def unrecorded(self, tensors: list, why: str) -> None:
+        """``tensors`` hold values computed from the graph's inputs by a call the exporter
+        does not record (``why`` says which): reading them is refused (``stale_reads``)."""
+        for t in tensors:
+            self._map.pop(id(t), None)
+            self._stale.pop(id(t), None)
+            self._unrecorded[id(t)] = why
+            self._keep.append(t)
 
     def wrote(self, target: Tensor, writer: str) -> None:
         """``writer`` changed ``target`` in place: every other tracked tensor on its storage
@@ -153,11 +170,16 @@ class _Refs:
     def tracked(self, v) -> bool:
         return isinstance(v, Tensor) and id(v) in self._map
 
+    def why_unrecorded(self, v) -> str | None:
+        """Why ``v`` cannot be read in the graph (``unrecorded``), or None."""
+        return self._unrecorded.get(id(v)) if isinstance(v, Tensor) else None
+
     def produce(self, name: str, out) -> list:
         leaves = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
         for j, t in enumerate(leaves):
             self._map[id(t)] = OpRef(name, j)
             self._stale.pop(id(t), None)
+            self._unrecorded.pop(id(t), None)
             self._keep.append(t)
         return leaves
 
@@ -179,16 +201,48 @@ class _AuxMode(TorchFunctionMode):
         kwargs = kwargs or {}
         before = self.rec.handled
         out = func(*args, **kwargs)
-        if self.rec.handled != before or not isinstance(out, Tensor):
+        if self.rec.handled != before:
             return out
         leaves = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
-        if (
-            not any(self.rec.refs.tracked(a) for a in leaves)
-            or classify(func, args, kwargs) is None
-        ):
+        refs = self.rec.refs
+        if not any(refs.tracked(a) for a in leaves):
+            why = next((refs.why_unrecorded(a) for a in leaves if refs.why_unrecorded(a)), None)
+            if why is not None:  # computed from an unrecorded result: unrecorded too
+                made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+                refs.unrecorded([t for t in made if not any(t is a for a in leaves)], why)
             return out
-        self.rec.aux(func, args, kwargs, out)
+        kind = aux_kind(func, args, kwargs)
+        if kind is not None and isinstance(out, Tensor):
+            self.rec.aux(func, args, kwargs, out, kind)
+            return out
+        fname = getattr(func, "__name__", type(func).__name__)
+        why = f"the result of `{fname}` on a traced tensor, which the exporter does not write"
+        target = written_tensor(func, args, kwargs)
+        if target is not None and self.rec.refs.tracked(target):
+            self.rec.refs.unrecorded([target], why)
+        made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+        self.rec.refs.unrecorded([t for t in made if not any(t is a for a in leaves)], why)
         return out
+
+
+# comparisons: capture passes over them (no op), the exporter records them on traced tensors
+_COMPARISONS = {
+    **dict.fromkeys(("eq", "__eq__"), "eq"),
+    **dict.fromkeys(("ne", "__ne__", "not_equal"), "ne"),
+    **dict.fromkeys(("lt", "__lt__", "less"), "lt"),
+    **dict.fromkeys(("le", "__le__", "less_equal"), "le"),
+    **dict.fromkeys(("gt", "__gt__", "greater"), "gt"),
+    **dict.fromkeys(("ge", "__ge__", "greater_equal"), "ge"),
+}
+
+
+def aux_kind(func, args: tuple, kwargs: dict) -> str | None:
+    """The op type the exporter records an uncaptured call as: capture's (``classify``), or a
+    comparison's; None for a call it does not record."""
+    kind = classify(func, args, kwargs)
+    if kind is not None:
+        return kind[0]
+    return _COMPARISONS.get(getattr(func, "__name__", ""))
 
 
 class _Recorder:
@@ -199,13 +253,12 @@ class _Recorder:
         self.handled = 0
         self._n_aux = 0
 
-    def aux(self, func, args, kwargs, out) -> None:
+    def aux(self, func, args, kwargs, out, op_type: str) -> None:
         name = f"aux:{getattr(func, '__name__', 'call')}#{self._n_aux}"
         self._n_aux += 1
         a, k = self.refs.refs_of(args, kwargs, name)
-        kind = classify(func, args, kwargs)
         fname = getattr(func, "__name__", "")
-        op = RecordedOp(name, kind[0] if kind else fname, None, fname, a, k, [], [None])
+        op = RecordedOp(name, op_type, None, fname, a, k, [], [None])
         op.captured = False
         op.outputs = self.refs.produce(name, out)
         self.ops.append(op)
@@ -289,7 +342,8 @@ def record_run(sim, inputs: tuple) -> RecordedRun:
 
 
 def _check_stale_reads(stale_reads: dict, ops: list, output) -> None:
-    """Raise UnsupportedOpError when a read of a stale tensor (``_Refs``) reaches an output."""
+    """Raise UnsupportedOpError when a read of a stale or unrecorded tensor (``_Refs``)
+    reaches an output."""
     if not stale_reads:
         return
     by_name = {op.name: op for op in ops}

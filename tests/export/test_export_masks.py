@@ -1,0 +1,175 @@
+"""Masks built from integer model inputs, exported: the calls a model makes on an integer or
+boolean tensor before any float tensor meets it (comparisons, logic, where, sums, cumulative
+sums, tensors made like another) are written as graph nodes, so the exported graph computes the
+mask of whatever input it is given. Checked against fixed mode (onnxruntime profile) on inputs
+other than the one the graph was exported with, on a toy and on small Hugging Face models
+(random weights from their configs). A result the exporter cannot write (``isnan``) is refused
+where the graph would read it, not written as the example input's constant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from torch import nn
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from quantlab.export import UnsupportedOpError, to_onnx_qdq  # noqa: E402
+from quantlab.export import runtime as R  # noqa: E402
+from quantlab.simulate import Mode, Simulator  # noqa: E402
+
+
+class _MaskedAttention(nn.Module):
+    """Attention whose masks come from an int64 padding mask (1 = token) by comparisons,
+    boolean logic, sums, cumulative sums, minimum, where and full_like / zeros_like on
+    integer tensors, then meet the float scores through masked_fill, where and an additive
+    bias (1 - mask) * -30 (float32 arithmetic on the integer mask); and a neg."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        keep = mask != 0
+        pad = mask == 0
+        count = mask.sum(-1, keepdim=True)
+        pos = mask.cumsum(-1) * mask - 1
+        inside = (pos >= 0) & (pos < count) | pad
+        pair = keep[:, None, :] & keep[:, :, None]
+        near = torch.minimum(pos, torch.full_like(pos, 3))
+        near = torch.where(keep, near, torch.zeros_like(near))
+        far = torch.logical_not(near > 1) ^ ~inside
+        cap = torch.maximum(pos, pos.max() - 4) + 1
+        scores = self.q(x) @ self.k(x).transpose(-1, -2)
+        scores = scores.masked_fill(~pair, -1e4) + (1.0 - mask[:, None, :]) * -30.0
+        scores = torch.where(far[:, None, :] & (cap > 2)[:, :, None], scores, scores * 0.5)
+        return torch.softmax(scores, -1) @ x + torch.neg(x)
+
+
+def _masks(g: torch.Generator, n: int = 4) -> list[tuple]:
+    """(x, mask) pairs with padding of several lengths (none, some, most)."""
+    out = []
+    for pad in (0, 2, 5, 1)[:n]:
+        mask = torch.ones(2, 7, dtype=torch.long)
+        if pad:
+            mask[1, 7 - pad :] = 0
+            mask[0, :1] = 0
+        out.append((torch.randn(2, 7, 8, generator=g), mask))
+    return out
+
+
+def _exported_matches_fixed(model, calib, example, inputs, tmp_path, name="m"):
+    sim = Simulator(model.eval(), "onnxruntime")
+    sim.calibrate(calib, progress=False)
+    info = to_onnx_qdq(sim, tmp_path / f"{name}.onnx", example)
+    sess = R.session(info.path)
+    for x in inputs:
+        (got,) = R.run(sess, info.input_names, x, info.output_names[:1])
+        assert_bits_equal(torch.from_numpy(got), sim.run(*x, mode=Mode.FIXED))
+    return sim, info
+
+
+def test_a_mask_built_from_an_integer_input_is_computed_by_the_graph(tmp_path):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    calib = _masks(g)
+    inputs = _masks(g)
+    example = inputs[1]
+    _exported_matches_fixed(_MaskedAttention(), calib, example, inputs, tmp_path)
+    import onnx
+
+    written = {n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node}
+    assert {"Equal", "Not", "GreaterOrEqual", "Less", "Greater", "And", "Or", "Xor"} <= written
+    assert {"ReduceSum", "CumSum", "Min", "Max", "ReduceMax", "Where", "Neg"} <= written
+    # the graph reads the mask: another mask gives another output (nothing was baked in)
+    a, b = (inputs[0][0], inputs[0][1]), (inputs[0][0], inputs[2][1])
+    sess = R.session(tmp_path / "m.onnx")
+    names = ["input0", "input1"]
+    assert not torch.equal(
+        torch.from_numpy(R.run(sess, names, a)[0]), torch.from_numpy(R.run(sess, names, b)[0])
+    )
+
+
+def _hf_text(name: str):
+    tf = pytest.importorskip("transformers")
+    tf.logging.set_verbosity_error()
+    small = dict(vocab_size=64, max_position_embeddings=32)
+    configs = {
+        "distilbert": lambda: tf.DistilBertModel(
+            tf.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **small)
+        ),
+        "gpt2": lambda: tf.GPT2Model(
+            tf.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+        ),
+        "qwen2": lambda: tf.Qwen2Model(
+            tf.Qwen2Config(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                **small,
+            )
+        ),
+    }
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = configs[name]().eval()
+
+    class Hidden(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask):
+            return self.m(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    return Hidden()
+
+
+def _text_inputs(g: torch.Generator, pads=(0, 3, 6, 1)) -> list[tuple]:
+    out = []
+    for pad in pads:
+        mask = torch.ones(2, 10, dtype=torch.long)
+        mask[1, 10 - pad :] = 0
+        out.append((torch.randint(0, 64, (2, 10), generator=g), mask))
+    return out
+
+
+@pytest.mark.parametrize("name", ["distilbert", "gpt2", "qwen2"])
+def test_hugging_face_text_models_export_with_their_masks(name, tmp_path):
+    """DistilBERT (padding mask), GPT-2 (causal and padding masks, Conv1D GEMMs, an empty
+    key cache concatenated) and Qwen2 (grouped-query attention, rotary embeddings with neg):
+    fixed mode's bits in onnxruntime on masks other than the example's."""
+    g = torch.Generator().manual_seed(2)
+    calib = _text_inputs(g)
+    inputs = _text_inputs(g)
+    _exported_matches_fixed(_hf_text(name), calib, inputs[1], inputs, tmp_path, name)
+
+
+class _ReadsIsnan(nn.Module):
+    """x zeroed where it is NaN: ``isnan`` is no op the exporter writes."""
+
+    def forward(self, x):
+        return torch.relu(x) * torch.isnan(x).logical_not().float()
+
+
+class _BranchesOnIsnan(nn.Module):
+    """``isnan`` only steers Python control flow: nothing in the graph reads it."""
+
+    def forward(self, x):
+        if bool(torch.isnan(x).any()):
+            x = x.nan_to_num()
+        return torch.relu(x)
+
+
+def test_a_result_the_exporter_cannot_write_is_refused_where_the_graph_reads_it(tmp_path):
+    x = torch.randn(2, 8)
+    sim = Simulator(_ReadsIsnan(), "onnxruntime")
+    sim.calibrate([(x,)], progress=False)
+    with pytest.raises(UnsupportedOpError, match="the result of `isnan`"):
+        to_onnx_qdq(sim, tmp_path / "isnan.onnx", (x,))
+    _exported_matches_fixed(_BranchesOnIsnan(), [(x,)], (x,), [(x,), (x * 3,)], tmp_path, "b")
