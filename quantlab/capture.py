@@ -140,13 +140,14 @@ _IGNORED = frozenset(
 )
 
 _POW_NAMES = frozenset("pow __pow__ pow_ __ipow__".split())  # tensor ** exponent
-_CAST_NAMES = frozenset(("to", "float"))  # x.to(...), x.float()
+_CAST_NAMES = frozenset(("to", "float", "type_as"))  # x.to(...), x.float(), x.type_as(y)
 
 
 def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
     """A cast that keeps a float tensor's dtype (``x.to(device)``, ``x.float()`` of a float32
-    tensor, ``x.to(y)`` of y's dtype) returns the same values: a pass-through op, as
-    ``contiguous`` is; any other cast is not modelled (a float16 cast runs in float)."""
+    tensor, ``x.to(y)`` or ``x.type_as(y)`` of y's dtype) returns the same values: a
+    pass-through op, as ``contiguous`` is; any other cast is not modelled (a float16 cast runs
+    in float)."""
     x = args[0] if args else kwargs.get("self", kwargs.get("input"))
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         return name, None

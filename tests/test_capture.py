@@ -260,18 +260,20 @@ def test_calls_on_parameters_alone_are_model_constants_not_ops():
 
 
 def test_a_cast_that_keeps_the_dtype_passes_codes_through():
-    """x.to(device), x.float() and x.to(torch.float32) of a float32 tensor are pass-through
-    ops (the codes follow, no requantization); a float16 cast is not modelled."""
+    """x.to(device), x.float(), x.to(torch.float32) and x.type_as(y) of float32 tensors are
+    pass-through ops (the codes follow, no requantization); a float16 cast is not modelled."""
     x = torch.randn(3)
     for call, args in (
         (torch.Tensor.to, (x, "cpu")),
         (torch.Tensor.to, (x, torch.float32)),
         (torch.Tensor.to, (x, x)),
         (torch.Tensor.float, (x,)),
+        (torch.Tensor.type_as, (x, x)),
     ):
         assert classify(call, args, {})[1] is OpCategory.PASS_THROUGH
     assert classify(torch.Tensor.to, (x, torch.float16), {})[1] is None
     assert classify(torch.Tensor.to, (x,), {"dtype": torch.float16})[1] is None
+    assert classify(torch.Tensor.type_as, (x, x.half()), {})[1] is None
 
     class Moved(nn.Module):
         def __init__(self) -> None:

@@ -236,6 +236,11 @@ def emit_pixel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [g.node("Reshape", [y, out], f"{op.name}/float")])
 
 
+# x.to(dtype), x.float(), x.long(), ..., x.type_as(y): a Cast to the recorded output's dtype
+CAST_TYPES = ("to", "type", "type_as", "float", "double", "half", "long", "int", "short")
+CAST_TYPES += ("char", "byte", "bool")
+
+
 def emit_cast(ctx: ExportContext, op: RecordedOp) -> None:
     src = ctx.value(op.args[0], f"{op.name}/in")
     out = op.outputs[0].dtype

@@ -104,6 +104,27 @@ def _hf_text(name: str):
         "gpt2": lambda: tf.GPT2Model(
             tf.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32)
         ),
+        "opt": lambda: tf.OPTModel(
+            tf.OPTConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                ffn_dim=64,
+                word_embed_proj_dim=32,
+                **small,
+            )
+        ),
+        "gemma": lambda: tf.GemmaModel(
+            tf.GemmaConfig(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=8,
+                **small,
+            )
+        ),
         "qwen2": lambda: tf.Qwen2Model(
             tf.Qwen2Config(
                 hidden_size=32,
@@ -139,11 +160,13 @@ def _text_inputs(g: torch.Generator, pads=(0, 3, 6, 1)) -> list[tuple]:
     return out
 
 
-@pytest.mark.parametrize("name", ["distilbert", "gpt2", "qwen2"])
+@pytest.mark.parametrize("name", ["distilbert", "gpt2", "opt", "gemma", "qwen2"])
 def test_hugging_face_text_models_export_with_their_masks(name, tmp_path):
     """DistilBERT (padding mask), GPT-2 (causal and padding masks, Conv1D GEMMs, an empty
-    key cache concatenated) and Qwen2 (grouped-query attention, rotary embeddings with neg):
-    fixed mode's bits in onnxruntime on masks other than the example's."""
+    key cache concatenated), OPT (positions from the mask's cumulative sum, cast to long),
+    Gemma (RMSNorm's type_as, one key / value head) and Qwen2 (grouped-query attention,
+    rotary embeddings with neg): fixed mode's bits in onnxruntime on masks other than the
+    example's."""
     g = torch.Generator().manual_seed(2)
     calib = _text_inputs(g)
     inputs = _text_inputs(g)
