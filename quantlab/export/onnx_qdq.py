@@ -34,7 +34,7 @@ from quantlab.export.graph import (
     GraphBuilder,
     UnsupportedOpError,
 )
-from quantlab.export.trace_adapter import InputRef, OpRef, RecordedOp, record_run
+from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp, record_run
 from quantlab.report.io import atomic_write_bytes
 
 Emitter = Callable[[ExportContext, RecordedOp], None]
@@ -110,10 +110,37 @@ SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(EMITTERS))
 
 def emitter(op: RecordedOp) -> Emitter | None:
     """The emitter of a recorded call: an uncaptured call's own (integer arithmetic and
-    sums: ``emit_logic.UNCAPTURED_EMITTERS``) before the op type's."""
+    sums: ``emit_logic.UNCAPTURED_EMITTERS``) before the op type's; ``emit_value`` for a call
+    on constants of the model alone that has no ONNX form (``_folded``)."""
+    if _folded(op):
+        return emit_value
     if not op.captured and op.op_type in B.UNCAPTURED_EMITTERS:
         return B.UNCAPTURED_EMITTERS[op.op_type]
     return EMITTERS.get(op.op_type)
+
+
+def _folded(op: RecordedOp) -> bool:
+    """A call whose tensor arguments are all constants of the model (parameters, buffers,
+    tensors it made) and which has no emitter, or is indexing by a tensor (Swin's relative
+    position bias: a parameter indexed by a buffer): its value is a constant too."""
+    leaves = tree_flatten((op.args, op.kwargs))[0]
+    if any(isinstance(v, (InputRef, OpRef)) for v in leaves):
+        return False
+    if op.op_type not in EMITTERS:
+        return True
+    index = op.args[1] if op.op_type == "getitem" and len(op.args) > 1 else None
+    return any(isinstance(v, (ConstRef, list)) for v in tree_flatten(index)[0]) or isinstance(
+        index, list
+    )
+
+
+def emit_value(ctx: ExportContext, op: RecordedOp) -> None:
+    """The call's output as fixed mode computed it, as a constant (then quantized where the
+    fixed run quantized it: its values lie on that grid, so the codes are the run's)."""
+    names = []
+    for j, t in enumerate(op.outputs):
+        names.append(ctx.graph.const(f"{op.name}/value{j}", t.detach().clone()))
+    ctx.set_outputs(op, names)
 
 
 def live_ops(ops: list[RecordedOp], output) -> list[RecordedOp]:

@@ -196,3 +196,27 @@ def test_a_result_the_exporter_cannot_write_is_refused_where_the_graph_reads_it(
     with pytest.raises(UnsupportedOpError, match="the result of `isnan`"):
         to_onnx_qdq(sim, tmp_path / "isnan.onnx", (x,))
     _exported_matches_fixed(_BranchesOnIsnan(), [(x,)], (x,), [(x,), (x * 3,)], tmp_path, "b")
+
+
+class _TableBias(nn.Module):
+    """Scores plus a bias gathered from a parameter table by a buffer of indices (Swin's
+    relative position bias): a call on constants of the model alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(9, 2))
+        self.register_buffer("index", torch.randint(0, 9, (16,)))
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x):
+        bias = self.table[self.index].reshape(2, 4, 4)
+        scores = self.q(x) @ x.transpose(-1, -2)
+        return torch.softmax(scores + bias, -1)
+
+
+def test_a_call_on_constants_alone_is_written_as_its_value(tmp_path):
+    torch.manual_seed(4)
+    g = torch.Generator().manual_seed(5)
+    calib = [(torch.randn(2, 4, 8, generator=g),) for _ in range(2)]
+    inputs = [(torch.randn(2, 4, 8, generator=g),) for _ in range(3)]
+    _exported_matches_fixed(_TableBias(), calib, inputs[0], inputs, tmp_path, "table")
