@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from quantlab.numerics.ort_layer_norm import sqrt32
+
 
 def ort_batch_norm(
     x: Tensor,
@@ -29,8 +31,9 @@ def ort_batch_norm(
     ``weight`` / ``bias`` None stand for 1 / 0."""
     f32, f64 = torch.float32, torch.float64
     var, mean = var.detach().to(f32), mean.detach().to(f32)
-    # sqrt and the quotient formed in float64 and rounded once: the IEEE float32 operations
-    root = torch.sqrt((var + torch.tensor(eps, dtype=f32)).to(f64)).to(f32)
+    # the correctly rounded square root (``ort_layer_norm.sqrt32``: torch's is not on every
+    # build), the quotient formed in float64 and rounded once: the IEEE float32 operations
+    root = sqrt32(var + torch.tensor(eps, dtype=f32))
     inv = torch.reciprocal(root.to(f64)).to(f32)
     s = inv * weight.detach().to(f32) if weight is not None else inv
     t = -(mean * s) if bias is None else bias.detach().to(f32) - mean * s

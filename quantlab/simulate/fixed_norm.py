@@ -217,6 +217,8 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """FIXED: (value, QInfo) of the integer composite on the input codes, or None."""
     if call.op_type == "batch_norm":
         return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
+    if call.op_type == "layer_norm" and not sim.platform.norm_composite:
+        return _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if running_affine(call) is not None:
         from quantlab.simulate.modes import Mode
 
@@ -272,6 +274,31 @@ def _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
     )
     eps = 1e-5 if v["eps"] is None else float(v["eps"])
     y = ort_batch_norm(x, mean, var, v["weight"], v["bias"], eps)
+    out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
+    return fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
+
+
+def _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
+    """(value, QInfo) of a layer_norm on the onnxruntime profiles (float islands):
+    onnxruntime's LayerNormalization on the dequantized codes (``numerics.ort_layer_norm``),
+    then QuantizeLinear; None elsewhere (the float fallback)."""
+    from quantlab.numerics.ort_layer_norm import ort_layer_norm
+    from quantlab.numerics.quantize import dequantize, quantize
+    from quantlab.platform_rules import FloatIslands
+
+    p = sim.platform
+    info = in_infos[0] if in_infos else None
+    if (
+        p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ
+        or not fc.zp_info(info)
+        or not rq.output_dtype.is_int
+    ):
+        return None
+    nc = norm_call(call)
+    x = dequantize(
+        fc.codes(args, kwargs, plan.acts[0], info), info.scale, zero_point=info.zero_point
+    )
+    y = ort_layer_norm(x, len(nc.layout.normalized_shape), nc.weight, nc.bias, nc.eps)
     out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
     return fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
 
