@@ -277,7 +277,10 @@ def test_op_support_table_per_platform():
             assert sub.loc[norm].fixed_kernel.startswith("integer"), norm
         assert sub.loc["embedding"].fixed_kernel == "integer (gather)"
     sub = op_support_table(["onnxruntime"]).set_index("op_type")
-    assert sub.loc["layer_norm"].fixed_kernel == "float_fallback"  # platform.norm_composite
+    assert sub.loc["layer_norm"].fixed_kernel == (  # LayerNormalization, not the composite
+        "float between dequantize and quantize (LayerNormalization's float32 steps)"
+    )
+    assert sub.loc["group_norm"].fixed_kernel == "float_fallback"  # platform.norm_composite
     limited = PlatformConfig(name="tiny", supported_ops=["conv2d"])
     sub = op_support_table([limited]).set_index("op_type")
     assert bool(sub.loc["conv2d"].supported) and not bool(sub.loc["sigmoid"].supported)
