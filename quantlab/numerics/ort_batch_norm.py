@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from quantlab.numerics.ort_layer_norm import sqrt32
+from quantlab.numerics.ieee32 import sqrt32
 
 
 def ort_batch_norm(
@@ -31,7 +31,7 @@ def ort_batch_norm(
     ``weight`` / ``bias`` None stand for 1 / 0."""
     f32, f64 = torch.float32, torch.float64
     var, mean = var.detach().to(f32), mean.detach().to(f32)
-    # the correctly rounded square root (``ort_layer_norm.sqrt32``: torch's is not on every
+    # the correctly rounded square root (``numerics.ieee32.sqrt32``: torch's is not on every
     # build), the quotient formed in float64 and rounded once: the IEEE float32 operations
     root = sqrt32(var + torch.tensor(eps, dtype=f32))
     inv = torch.reciprocal(root.to(f64)).to(f32)

@@ -18,48 +18,23 @@ A row x of n values (the trailing normalized dims), scale g, bias b:
   (mean += delta / k, m2 += delta * (x - mean)), var = m2 / n, then
   y = fl32(fl32(fl32(x - mean) / sqrt(var + eps)) * g) + b.
 
-fma is one rounding of the exact d * d + v: the product is exact in float64, the sum is formed
-exactly (TwoSum) and rounded to float64 by round-to-odd, from which the float32 rounding is the
-correct one. The rules were read from onnxruntime's source and are checked bit for bit against
-onnxruntime on random and adversarial rows (tests/runtime/test_ort_layer_norm.py). torch's
-``F.layer_norm`` sums in another order: its last bit differs now and then, which moves a
-quantized code.
+fma and the square root are the correctly rounded operations (``numerics.ieee32``). The rules
+were read from onnxruntime's source and its MLAS kernel (the tail's rounding from onnxruntime's
+outputs) and are checked bit for bit against onnxruntime on random and adversarial rows
+(tests/runtime/test_ort_layer_norm.py). torch's ``F.layer_norm`` sums in another order: its
+last bit differs now and then, which moves a quantized code.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from quantlab.numerics.ieee32 import fma32, sqrt32
+
 MLAS_MIN_SIZE = 8  # rows of fewer values take the scalar Welford kernel
-
-
-def _round_to_odd_sum(a: Tensor, b: Tensor) -> Tensor:
-    """float64 a + b rounded to odd (TwoSum gives the exact error; where it is not 0 and the
-    rounded sum's last bit is even, step one ulp toward the exact value)."""
-    s = a + b
-    bb = s - a
-    err = (a - (s - bb)) + (b - bb)
-    even = (s.view(torch.int64) & 1) == 0
-    inexact = err != 0
-    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
-    return torch.where(inexact & even, torch.nextafter(s, toward), s)
-
-
-def sqrt32(v: Tensor) -> Tensor:
-    """The correctly rounded square root of float32 ``v`` (numpy's, the CPU's IEEE square
-    root: torch's float32 ``sqrt`` is not correctly rounded on every build, e.g. off by one ulp
-    on about 15% of random values on an AVX-512 CPU)."""
-    return torch.from_numpy(np.sqrt(v.detach().contiguous().numpy()))
-
-
-def fma32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
-    """fl32(a * b + c) with one rounding, for float32 ``a``, ``b``, ``c`` (broadcast)."""
-    p = a.to(torch.float64) * b.to(torch.float64)  # exact: 24 + 24 significant bits
-    return _round_to_odd_sum(p, c.to(torch.float64).expand_as(p)).to(torch.float32)
 
 
 def ort_layer_norm(

@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 from ort_graphs import session
 from torch import nn
 
-from quantlab.numerics.ort_layer_norm import fma32, ort_layer_norm, sqrt32
+from quantlab.numerics.ieee32 import fma32, sqrt32
+from quantlab.numerics.ort_layer_norm import ort_layer_norm
 
 pytestmark = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),

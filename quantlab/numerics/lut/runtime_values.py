@@ -46,6 +46,7 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.eigen_float32 import eigen_cos, eigen_exp, eigen_log, eigen_log1p, eigen_sin
+from quantlab.numerics.ieee32 import sqrt32
 from quantlab.numerics.lut.functions import LutSpec, get_function, softplus_in_onnx
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
@@ -112,14 +113,20 @@ def _pow(x: Tensor, spec: LutSpec) -> Tensor:
 
 def _rounded(op):
     """``op`` formed in float64 and rounded once to float32: the IEEE float32 operation for
-    sqrt and reciprocal (float64 has more than 2 * 24 + 2 significand bits)."""
+    a reciprocal (float64 has more than 2 * 24 + 2 significand bits)."""
     return lambda x, spec: op(x.to(torch.float64)).to(torch.float32)
+
+
+def _sqrt(x: Tensor, spec: LutSpec) -> Tensor:
+    """The correctly rounded float32 square root (``numerics.ieee32.sqrt32``: torch's float64
+    sqrt is itself off by an ulp now and then on some builds)."""
+    return sqrt32(x.to(torch.float32))
 
 
 def _rsqrt(x: Tensor, spec: LutSpec) -> Tensor:
     if spec.eps:
         x = x + spec.eps
-    return _rounded(torch.reciprocal)(_rounded(torch.sqrt)(x, spec), spec)
+    return _rounded(torch.reciprocal)(_sqrt(x, spec), spec)
 
 
 _KERNELS = {
@@ -133,7 +140,7 @@ _KERNELS = {
     "leaky_relu": _leaky_relu,
     "elu": _elu,
     "softplus": _softplus,
-    "sqrt": _rounded(torch.sqrt),
+    "sqrt": _sqrt,
     "reciprocal": _rounded(torch.reciprocal),
     "rsqrt": _rsqrt,
     "log": lambda x, spec: eigen_log(x),
