@@ -31,8 +31,10 @@ def _round_to_odd_sum(a: Tensor, b: Tensor) -> Tensor:
 
 
 def sqrt32(v: Tensor) -> Tensor:
-    """The correctly rounded square root of float32 ``v`` (numpy's)."""
-    return torch.from_numpy(np.sqrt(v.detach().contiguous().numpy()))
+    """The correctly rounded square root of float32 ``v`` (numpy's); NaN below 0, as torch's,
+    without numpy's warning."""
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(np.sqrt(v.detach().contiguous().numpy()))
 
 
 def fma32(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
