@@ -80,7 +80,7 @@ def _basic(i) -> bool:
 def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     """Basic indexing: slices (any step; bounds may be 0-d integer tensors), integers, None and
     Ellipsis, as a tuple or as a list of them (torch reads such a list as a tuple: onnx2torch's
-    Slice indexes so)."""
+    Slice indexes so); and constant integer index tensors on the leading dims (GatherND)."""
     x = _source(ctx, op)
     index = op.args[1]
     if isinstance(index, list) and all(_basic(i) for i in index):
@@ -91,6 +91,9 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
         if isinstance(op.args[0], ConstRef)
         else list(ctx.value(op.args[0]).shape)
     )
+    if index and all(_int_constant(i) for i in index):
+        _gather_nd(ctx, op, x, [as_tensor(i) for i in index], shape)
+        return
     if any(isinstance(i, (InputRef, OpRef, ConstRef, list)) for i in index):
         raise UnsupportedOpError(f"op {op.name}: indexing with tensors or lists")
     n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
@@ -121,6 +124,23 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
             raise UnsupportedOpError(f"op {op.name}: index {i!r}")
         dim += 1
     ctx.set_outputs(op, [_slice(ctx, op.name, x, starts, ends, axes, steps, op.outputs[0].shape)])
+
+
+def _int_constant(i) -> bool:
+    return isinstance(i, ConstRef) and not i.value.is_floating_point() and i.value.dtype != bool
+
+
+def _gather_nd(ctx: ExportContext, op: RecordedOp, x: str, index: list, shape: list) -> None:
+    """x[i0, i1, ...] with constant integer index tensors on the leading dims (transformers'
+    ``padding_mask[batch_idx, kv_idx]``): GatherND on the broadcast indices, each taken
+    modulo its dim (torch's negative indices)."""
+    dims = shape[: len(index)]
+    parts = np.broadcast_arrays(*[i.detach().cpu().numpy().astype(np.int64) for i in index])
+    if any(((p < -d) | (p >= d)).any() for p, d in zip(parts, dims)):
+        raise UnsupportedOpError(f"op {op.name}: an index out of range")
+    idx = np.stack([p % d for p, d in zip(parts, dims)], axis=-1)
+    names = ctx.graph.const(f"{op.name}/indices", idx)
+    ctx.set_outputs(op, [ctx.graph.node("GatherND", [x, names], f"{op.name}/float")])
 
 
 def _slice(ctx: ExportContext, base: str, x: str, starts, ends, axes, steps, shape) -> str:

@@ -220,3 +220,31 @@ def test_a_call_on_constants_alone_is_written_as_its_value(tmp_path):
     calib = [(torch.randn(2, 4, 8, generator=g),) for _ in range(2)]
     inputs = [(torch.randn(2, 4, 8, generator=g),) for _ in range(3)]
     _exported_matches_fixed(_TableBias(), calib, inputs[0], inputs, tmp_path, "table")
+
+
+class _IndexedMask(nn.Module):
+    """transformers' padding mask function: ``mask[batch_idx, kv_idx]`` with constant index
+    tensors (negative ones too), then the scores masked by it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        b, t = mask.shape
+        batch_idx = torch.arange(b)[:, None, None]
+        kv_idx = torch.arange(t)[None, None, :] - t  # negative: counted from the end
+        keep = mask.bool()[batch_idx, kv_idx]  # (b, 1, t)
+        scores = self.q(x) @ x.transpose(-1, -2)
+        return torch.softmax(scores.masked_fill(~keep, -1e4), -1)
+
+
+def test_a_mask_indexed_by_constant_index_tensors_is_gathered(tmp_path):
+    torch.manual_seed(6)
+    g = torch.Generator().manual_seed(7)
+    calib = _masks(g)
+    inputs = _masks(g)
+    _exported_matches_fixed(_IndexedMask(), calib, inputs[1], inputs, tmp_path, "indexed")
+    import onnx
+
+    assert "GatherND" in {n.op_type for n in onnx.load(tmp_path / "indexed.onnx").graph.node}
