@@ -119,6 +119,8 @@ class _Refs:
         self._keep: list = []
         self._stale: dict[int, str] = {}  # id(tensor) -> the op that wrote its storage
         self._unrecorded: dict[int, str] = {}  # id(tensor) -> why the graph cannot hold it
+        self._constants: dict[int, tuple[Tensor, list]] = {}  # id -> (tensor, its ConstRefs)
+        self._before: dict[int, Tensor] = {}  # a constant the current call writes: its values
         self.stale_reads: dict[str, str] = {}
         self.bind_inputs(inputs)
 
@@ -145,7 +147,31 @@ class _Refs:
         why = self._unrecorded.get(id(v))
         if why is not None:
             self.stale_reads.setdefault(reader, f"{reader or 'the model output'} reads {why}")
-        return self._map.get(id(v)) or ConstRef(v)
+        hit = self._map.get(id(v))
+        if hit is not None:
+            return hit
+        if id(v) in self._before:  # read by the call that writes it: its values before
+            return ConstRef(self._before[id(v)])
+        c = ConstRef(v)
+        self._constants.setdefault(id(v), (v, []))[1].append(c)
+        return c
+
+    def before_write(self, target: Tensor) -> None:
+        """A call is about to write into ``target`` in place: every constant read so far that
+        shares its storage keeps the values it had when read (its ConstRefs get a copy), and a
+        constant target is read by the call itself with those values (``after_write``)."""
+        if id(target) not in self._map:
+            self._before[id(target)] = target.detach().clone()
+        key = storage_key(target)
+        for i, (t, refs) in list(self._constants.items()):
+            if storage_key(t) == key:
+                snapshot = t.detach().clone()
+                for c in refs:
+                    object.__setattr__(c, "value", snapshot)
+                del self._constants[i]
+
+    def after_write(self) -> None:
+        self._before.clear()
 
     def unrecorded(self, tensors: list, why: str) -> None:
         """``tensors`` hold values computed from the graph's inputs by a call the exporter
@@ -200,6 +226,15 @@ class _AuxMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         before = self.rec.handled
+        target = written_tensor(func, args, kwargs)
+        if target is not None:
+            self.rec.refs.before_write(target)
+        try:
+            return self._record(func, args, kwargs, before, target)
+        finally:
+            self.rec.refs.after_write()
+
+    def _record(self, func, args, kwargs, before: int, target):
         out = func(*args, **kwargs)
         if self.rec.handled != before:
             return out
@@ -217,7 +252,6 @@ class _AuxMode(TorchFunctionMode):
             return out
         fname = getattr(func, "__name__", type(func).__name__)
         why = f"the result of `{fname}` on a traced tensor, which the exporter does not write"
-        target = written_tensor(func, args, kwargs)
         if target is not None and self.rec.refs.tracked(target):
             self.rec.refs.unrecorded([target], why)
         made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]

@@ -125,6 +125,9 @@ def _hf_text(name: str):
                 **small,
             )
         ),
+        "t5": lambda: tf.T5EncoderModel(
+            tf.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+        ),
         "qwen2": lambda: tf.Qwen2Model(
             tf.Qwen2Config(
                 hidden_size=32,
@@ -160,12 +163,13 @@ def _text_inputs(g: torch.Generator, pads=(0, 3, 6, 1)) -> list[tuple]:
     return out
 
 
-@pytest.mark.parametrize("name", ["distilbert", "gpt2", "opt", "gemma", "qwen2"])
+@pytest.mark.parametrize("name", ["distilbert", "gpt2", "opt", "gemma", "t5", "qwen2"])
 def test_hugging_face_text_models_export_with_their_masks(name, tmp_path):
     """DistilBERT (padding mask), GPT-2 (causal and padding masks, Conv1D GEMMs, an empty
     key cache concatenated), OPT (positions from the mask's cumulative sum, cast to long),
-    Gemma (RMSNorm's type_as, one key / value head) and Qwen2 (grouped-query attention,
-    rotary embeddings with neg): fixed mode's bits in onnxruntime on masks other than the
+    Gemma (RMSNorm's type_as, one key / value head), T5's encoder (padding_mask[batch_idx,
+    kv_idx], relative position buckets added in place to a constant) and Qwen2 (grouped-query
+    attention, rotary embeddings with neg): fixed mode's bits in onnxruntime on masks other than the
     example's."""
     g = torch.Generator().manual_seed(2)
     calib = _text_inputs(g)
@@ -248,3 +252,26 @@ def test_a_mask_indexed_by_constant_index_tensors_is_gathered(tmp_path):
     import onnx
 
     assert "GatherND" in {n.op_type for n in onnx.load(tmp_path / "indexed.onnx").graph.node}
+
+
+class _WritesAConstant(nn.Module):
+    """A tensor the model makes (a constant), read, then changed in place from the input
+    (T5's relative_buckets += where(...)), then read again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 8)
+
+    def forward(self, x, mask):
+        pos = torch.ones(mask.shape, dtype=torch.long)
+        early = self.emb(pos)  # reads the constant as it is now
+        pos += mask * 2  # in place, from the input
+        return x + self.emb(pos) + early
+
+
+def test_a_constant_written_in_place_keeps_the_values_each_read_saw(tmp_path):
+    torch.manual_seed(8)
+    g = torch.Generator().manual_seed(9)
+    calib = _masks(g)
+    inputs = _masks(g)
+    _exported_matches_fixed(_WritesAConstant(), calib, inputs[1], inputs, tmp_path, "writes")
