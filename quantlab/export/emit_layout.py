@@ -7,6 +7,7 @@ does."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from quantlab.export.context import ExportContext, as_tensor
 from quantlab.export.graph import TORCH_TO_ONNX, QParams, UnsupportedOpError
@@ -127,7 +128,12 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def _int_constant(i) -> bool:
-    return isinstance(i, ConstRef) and not i.value.is_floating_point() and i.value.dtype != bool
+    """An integer index tensor held by the model (a bool mask selects instead: not this)."""
+    return (
+        isinstance(i, ConstRef)
+        and not i.value.is_floating_point()
+        and i.value.dtype is not torch.bool
+    )
 
 
 def _gather_nd(ctx: ExportContext, op: RecordedOp, x: str, index: list, shape: list) -> None:

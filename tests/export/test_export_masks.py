@@ -275,3 +275,22 @@ def test_a_constant_written_in_place_keeps_the_values_each_read_saw(tmp_path):
     calib = _masks(g)
     inputs = _masks(g)
     _exported_matches_fixed(_WritesAConstant(), calib, inputs[1], inputs, tmp_path, "writes")
+
+
+class _BoolSelected(nn.Module):
+    """Columns selected by a bool buffer: a mask selects, it does not gather."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([True, False, True, True]))
+
+    def forward(self, x, mask):
+        return x[:, self.keep] * 2 + mask.bool()[:, self.keep].float()
+
+
+def test_indexing_by_a_bool_constant_is_refused(tmp_path):
+    x, mask = torch.randn(2, 4), torch.ones(2, 4, dtype=torch.long)
+    sim = Simulator(_BoolSelected(), "onnxruntime")
+    sim.calibrate([(x, mask)], progress=False)
+    with pytest.raises(UnsupportedOpError, match="indexing with tensors"):
+        to_onnx_qdq(sim, tmp_path / "bool.onnx", (x, mask))
