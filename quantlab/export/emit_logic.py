@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from quantlab.export.context import ExportContext
+from quantlab.export.emit_ops import is_ref, reduced_dims
 from quantlab.export.graph import TORCH_TO_ONNX, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 
@@ -30,10 +31,6 @@ _NUMPY = {
 }
 
 
-def _is_ref(v) -> bool:
-    return isinstance(v, (InputRef, OpRef, ConstRef))
-
-
 def _arg(op: RecordedOp, pos: int, *names: str):
     if pos < len(op.args):
         return op.args[pos]
@@ -46,7 +43,7 @@ def _arg(op: RecordedOp, pos: int, *names: str):
 def _example(ctx: ExportContext, v):
     """A stand-in with ``v``'s dtype and rank for ``torch.result_type`` (a 0-d tensor keeps
     its lower priority there); a Python scalar as it is."""
-    if not _is_ref(v):
+    if not is_ref(v):
         if isinstance(v, (bool, int, float)):
             return v
         raise UnsupportedOpError(f"operand {v!r} of type {type(v).__name__}")
@@ -66,7 +63,7 @@ def compute_dtype(ctx: ExportContext, a, b) -> torch.dtype:
 
 def operand(ctx: ExportContext, op: RecordedOp, v, dtype: torch.dtype, i: int) -> str:
     """Operand ``v`` (a tensor reference or a Python scalar) as a graph tensor of ``dtype``."""
-    if not _is_ref(v):
+    if not is_ref(v):
         if dtype not in _NUMPY:
             raise UnsupportedOpError(f"op {op.name}: a scalar operand of dtype {dtype}")
         return ctx.graph.const(f"{op.name}/scalar{i}", np.asarray(v, dtype=_NUMPY[dtype]))
@@ -173,7 +170,7 @@ def emit_extreme(ctx: ExportContext, op: RecordedOp) -> None:
         y = ctx.graph.node("ReduceMin" if lo else "ReduceMax", [x.name], op.name, keepdims=0)
         _result(ctx, op, y, x.dtype)
         return
-    if not _is_ref(other):
+    if not is_ref(other):
         raise UnsupportedOpError(f"op {op.name}: {op.op_type} over a dimension")
     names, dtype = _promoted(ctx, op, [op.args[0], other])
     _result(ctx, op, ctx.graph.node("Min" if lo else "Max", names, f"{op.name}/float"), dtype)
@@ -212,25 +209,18 @@ def emit_integer_arithmetic(ctx: ExportContext, op: RecordedOp) -> None:
     _result(ctx, op, ctx.graph.node(_ARITHMETIC[op.op_type], names, f"{op.name}/int"), dtype)
 
 
-def _axes(dim, ndim: int) -> list[int]:
-    if dim is None:
-        return list(range(ndim))
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    return sorted(int(d) % ndim for d in dims)
-
-
 def emit_integer_sum(ctx: ExportContext, op: RecordedOp) -> None:
     """sum of a bool or integer tensor (an uncaptured call): ReduceSum in the output's dtype
     (torch sums them in int64)."""
     x = op.args[0]
     ndim = len(_shape(ctx, x))
-    dim = op.args[1] if len(op.args) > 1 else op.kwargs.get("dim")
-    keep = bool(op.args[2] if len(op.args) > 2 else op.kwargs.get("keepdim", False))
+    dims = reduced_dims(ctx.arg(op, 1, "dim"), ndim)
+    keep = bool(ctx.arg(op, 2, "keepdim", False))
     out = op.outputs[0].dtype
     if out.is_floating_point:
         raise UnsupportedOpError(f"op {op.name}: sum of a float tensor outside capture")
     xs = operand(ctx, op, x, out, 0)
-    axes = ctx.graph.int64s(f"{op.name}/axes", _axes(dim, ndim))
+    axes = ctx.graph.int64s(f"{op.name}/axes", list(range(ndim)) if dims is None else dims)
     _result(ctx, op, ctx.graph.node("ReduceSum", [xs, axes], op.name, keepdims=int(keep)), out)
 
 

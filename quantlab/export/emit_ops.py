@@ -22,7 +22,7 @@ from quantlab.simulate import args as sim_args
 CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767
 
 
-def _is_ref(v) -> bool:
+def is_ref(v) -> bool:
     return isinstance(v, (InputRef, OpRef, ConstRef))
 
 
@@ -43,7 +43,7 @@ def _int_kernel(op: RecordedOp) -> bool:
         return False
     for i, slot in enumerate(op.acts):
         v = sim_args.get(op.args, op.kwargs, slot)
-        if _is_ref(v) and (i >= len(op.in_quant) or op.in_quant[i] is None):
+        if is_ref(v) and (i >= len(op.in_quant) or op.in_quant[i] is None):
             return False
     return True
 
@@ -56,7 +56,7 @@ def emit_binary(ctx: ExportContext, op: RecordedOp) -> None:
     vals = [sim_args.get(op.args, op.kwargs, s) for s in op.acts]
     if (
         op.op_type == "div"
-        and not _is_ref(vals[1])
+        and not is_ref(vals[1])
         and integer
         and op.func_name
         not in (
@@ -71,7 +71,7 @@ def emit_binary(ctx: ExportContext, op: RecordedOp) -> None:
         ctx.set_outputs(op, [ctx.graph.node("Mul", [x, c], f"{op.name}/float")])
         return
     for i, v in enumerate(vals):
-        if _is_ref(v):
+        if is_ref(v):
             names.append(ctx.act(op, i))
         elif isinstance(v, (int, float)):
             names.append(_scalar_operand(ctx, op, float(v), integer and op.op_type != "div"))
@@ -281,7 +281,9 @@ def _global_mean_runs(op: RecordedOp, shape) -> bool:
     return global_mean_in_range(q_in.scale, q_out.scale, math.prod(shape[2:]))
 
 
-def _dims(v, ndim: int) -> list[int] | None:
+def reduced_dims(v, ndim: int) -> list[int] | None:
+    """A reduction's ``dim`` argument (an int or a sequence) as sorted dims in [0, ndim);
+    None for None."""
     if v is None:
         return None
     v = [v] if isinstance(v, int) else list(v)
@@ -293,7 +295,7 @@ def emit_reduce(ctx: ExportContext, op: RecordedOp) -> None:
         raise UnsupportedOpError(f"op {op.name}: {op.op_type} with dtype")
     x = ctx.act(op, 0)
     shape = ctx.shape_of(op, 0)
-    dims = _dims(ctx.arg(op, 1, "dim"), len(shape))
+    dims = reduced_dims(ctx.arg(op, 1, "dim"), len(shape))
     keep = bool(ctx.arg(op, 2, "keepdim", False))
     out_shape = list(op.outputs[0].shape)
     if op.op_type == "mean" and len(shape) == 4 and dims == [2, 3] and _global_mean_runs(op, shape):
@@ -319,7 +321,7 @@ def emit_reduce_extreme(ctx: ExportContext, op: RecordedOp) -> None:
     """amax / amin as ReduceMax / ReduceMin: each output is one of its inputs, so the codes
     stay on the input's grid (a pass-through op)."""
     shape = ctx.shape_of(op, 0)
-    dims = _dims(ctx.arg(op, 1, "dim", ()), len(shape))
+    dims = reduced_dims(ctx.arg(op, 1, "dim", ()), len(shape))
     axes = dims if dims else list(range(len(shape)))  # dim=() reduces every dimension
     y = ctx.graph.node(
         "ReduceMax" if op.op_type == "amax" else "ReduceMin",

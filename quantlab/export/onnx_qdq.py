@@ -129,9 +129,7 @@ def _folded(op: RecordedOp) -> bool:
     if op.op_type not in EMITTERS:
         return True
     index = op.args[1] if op.op_type == "getitem" and len(op.args) > 1 else None
-    return any(isinstance(v, (ConstRef, list)) for v in tree_flatten(index)[0]) or isinstance(
-        index, list
-    )
+    return isinstance(index, list) or any(isinstance(v, ConstRef) for v in tree_flatten(index)[0])
 
 
 def emit_value(ctx: ExportContext, op: RecordedOp) -> None:

@@ -241,7 +241,7 @@ class _AuxMode(TorchFunctionMode):
         leaves = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Tensor)]
         refs = self.rec.refs
         if not any(refs.tracked(a) for a in leaves):
-            why = next((refs.why_unrecorded(a) for a in leaves if refs.why_unrecorded(a)), None)
+            why = next(filter(None, map(refs.why_unrecorded, leaves)), None)
             if why is not None:  # computed from an unrecorded result: unrecorded too
                 made = [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
                 refs.unrecorded([t for t in made if not any(t is a for a in leaves)], why)
