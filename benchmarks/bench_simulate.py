@@ -9,7 +9,9 @@ and the paired ratio: the median over rounds of each round's time over the same 
 time (with quartiles), which a slow spell of the machine spanning a round moves less.
 Variants: quantlab float mode, fake mode on j6m (``Simulator.run`` in a loop's steady state,
 where its runs have switched to a traced program, and captured per op with
-``steady_programs=False``), fixed mode on j6m, fixed mode on the onnxruntime profile,
+``steady_programs=False``), fixed mode on j6m, fixed mode on the onnxruntime profile (a loop's
+steady runs in the onnxruntime session that gives their bits, ``simulate.runtime_program``; also
+timed on quantlab's own traced program, and with asymmetric activations, QOperator's numerics),
 onnxruntime fp32 and int8 QOperator (static, per-channel; exported from the same module;
 ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads;
 and fake mode's floor: the model with every op captured and nothing quantized, and the fake
@@ -49,10 +51,12 @@ import torch
 from quantlab.capture import CaptureMode, ModuleTracker
 from quantlab.models import build_model
 from quantlab.models.registry import example_inputs
+from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_savefig, atomic_write_text
 from quantlab.report.plots import Plot, PlotKind, draw
 from quantlab.simulate import Mode, Simulator
+from quantlab.simulate.traced_graph import same_bits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from host_info import cpu_description, shown_path  # noqa: E402
@@ -66,6 +70,11 @@ ORT8 = "onnxruntime int8 QOperator"
 FLOAT, FAKE = "quantlab float", "quantlab fake j6m"
 FAKE_CAPTURED = "quantlab fake j6m, captured per op"
 FIXED, FIXED_ORT = "quantlab fixed j6m", "quantlab fixed onnxruntime profile"
+# the onnxruntime profile's steady FIXED runs computed by quantlab's traced program instead of
+# the onnxruntime session that gives its bits (quantlab.simulate.runtime_program)
+FIXED_ORT_OWN = "quantlab fixed onnxruntime profile, quantlab's program"
+# the same profile with zero points (asymmetric uint8 activations), QOperator's numerics
+FIXED_ORT_ASYM = "quantlab fixed onnxruntime profile, asymmetric"
 FIXED_CAPTURED = "quantlab fixed j6m, captured per op"
 # what any per-op simulation of an eager model adds before quantizing anything, and the fake
 # quant's own arithmetic: together an estimate of a fake run's floor ("Fake mode's floor")
@@ -77,6 +86,7 @@ TARGETS = {
     FAKE: (1.3, None),
     FIXED: (2.5, 1.5),
     FIXED_ORT: (2.5, 1.5),
+    FIXED_ORT_ASYM: (2.5, 1.5),
 }
 # case label -> variant -> how its steady runs switched to a traced program (or why they did not)
 SWITCH: dict[str, dict[str, dict]] = {}
@@ -84,6 +94,8 @@ SWITCHING = {
     FAKE: ("j6m", Mode.FAKE),
     FIXED: ("j6m", Mode.FIXED),
     FIXED_ORT: ("onnxruntime", Mode.FIXED),
+    FIXED_ORT_OWN: ("onnxruntime own", Mode.FIXED),
+    FIXED_ORT_ASYM: ("onnxruntime asymmetric", Mode.FIXED),
 }
 LUT_TARGET = 1.5
 MEMORY_TARGET = 2.0
@@ -130,20 +142,28 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
 
     out[EAGER] = eager
     sims = {}
-    for key, prof, steady in (
-        ("j6m", "j6m", True),
-        ("captured", "j6m", False),  # every FAKE run captured per op
-        ("onnxruntime", "onnxruntime", True),
+    asymmetric = QConfigSpec(global_=OpQConfig(activation_symmetry="asymmetric"))
+    for key, prof, steady, spec in (
+        ("j6m", "j6m", True, None),
+        ("captured", "j6m", False, None),  # every FAKE run captured per op
+        ("onnxruntime", "onnxruntime", True, None),
+        ("onnxruntime own", "onnxruntime", True, None),
+        ("onnxruntime captured", "onnxruntime", False, None),
+        ("onnxruntime asymmetric", "onnxruntime", True, asymmetric),
+        ("onnxruntime asymmetric captured", "onnxruntime", False, asymmetric),
     ):
-        sim = Simulator(module, prof, steady_programs=steady)
+        sim = Simulator(module, prof, qconfig=spec, steady_programs=steady)
         sim.calibrate(calib, progress=False)
         sims[key] = sim
+    sims["onnxruntime own"].steady_programs.runtime_sessions = False
     out[FLOAT] = lambda: sims["j6m"].run(*x, mode=Mode.FLOAT)
     out[FAKE] = lambda: sims["j6m"].run(*x, mode=Mode.FAKE)
     out[FAKE].program_of = lambda: sims["j6m"].steady_programs.status(x, Mode.FAKE).program
     out[FAKE_CAPTURED] = lambda: sims["captured"].run(*x, mode=Mode.FAKE)
     out[FIXED] = lambda: sims["j6m"].run(*x, mode=Mode.FIXED)
     out[FIXED_ORT] = lambda: sims["onnxruntime"].run(*x, mode=Mode.FIXED)
+    out[FIXED_ORT_OWN] = lambda: sims["onnxruntime own"].run(*x, mode=Mode.FIXED)
+    out[FIXED_ORT_ASYM] = lambda: sims["onnxruntime asymmetric"].run(*x, mode=Mode.FIXED)
     out[FIXED_CAPTURED] = lambda: sims["captured"].run(*x, mode=Mode.FIXED)
     SWITCH[case.label] = {
         v: run_until_switched(out[v], sims[key], x, mode) for v, (key, mode) in SWITCHING.items()
@@ -160,6 +180,12 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
         raise RuntimeError(f"{case.label}: the steady FAKE run differs from the captured one")
     if not torch.equal(out[FIXED](), out[FIXED_CAPTURED]()):
         raise RuntimeError(f"{case.label}: the steady FIXED run differs from the captured one")
+    for v, key in ((FIXED_ORT, "onnxruntime"), (FIXED_ORT_ASYM, "onnxruntime asymmetric")):
+        captured = sims[f"{key} captured"].run(*x, mode=Mode.FIXED)
+        if not same_bits(out[v](), captured) or (
+            v == FIXED_ORT and not same_bits(out[FIXED_ORT_OWN](), captured)
+        ):
+            raise RuntimeError(f"{case.label}: {v} differs from the captured FIXED run")
     return out
 
 
@@ -179,7 +205,8 @@ def run_until_switched(steady: Callable[[], object], sim: Simulator, x: tuple, m
         "build_s": round(state.build_s, 2),
         "loop_s": round(time.perf_counter() - t0, 2),
         "switched": state.program is not None,
-        "failed": state.failed,
+        "runs_as": type(state.program).__name__ if state.program is not None else None,
+        "failed": state.failed or state.runtime_failed,
     }
 
 
@@ -512,6 +539,21 @@ def main() -> None:
         "build_s: building the program (two runs in its mode, the torch.fx trace and named run, "
         "torch dynamo's trace for the guards); loop_s: the whole loop. A loop shorter than "
         "captured_s + build_s runs captured throughout, at the captured figure.",
+        "",
+        f"`{FIXED_ORT}` and `{FIXED_ORT_ASYM}` switch to a `RuntimeProgram`: the onnxruntime "
+        "profile's fixed mode is what onnxruntime computes on its QDQ export, so the loop runs "
+        "that export in an onnxruntime session (torch's thread count, spinning off; "
+        "`quantlab.simulate.runtime_program`), proven on the build's inputs to give the "
+        "captured FIXED run's bits and used while nothing it was exported from changed "
+        "(checked here before timing against a captured run, and in "
+        f"tests/simulate/test_runtime_program.py). `{FIXED_ORT_OWN}`: the same runs on "
+        "quantlab's own traced program (`steady_programs.runtime_sessions = False`), what the "
+        "emulation itself costs. "
+        f"`{FIXED_ORT_ASYM}`: activations with zero points (`activation_symmetry: "
+        "asymmetric`, calibrated from min and max), the numerics of the QOperator baseline; "
+        "with the profile's default symmetric activations a ReLU6 keeps its lower bound as a "
+        "float Clip between DequantizeLinear and QuantizeLinear, which onnxruntime cannot fold "
+        "into the convolution's output range as it does for uint8 activations from zero.",
         "",
         "## Per case (x eager: median wall time over eager's; x ort int8: over onnxruntime int8)",
         "",

@@ -129,3 +129,16 @@ class ConcatRule(enum.Enum):
 
     REQUANTIZE = "requantize"
     DEQUANTIZE_QUANTIZE = "dequantize_quantize"
+
+
+class Runtime(enum.Enum):
+    """The runtime whose integer graph a profile's fixed mode computes, bit for bit.
+
+    NONE:        none on this host (a device: fixed mode is the only way to run it here).
+    ONNXRUNTIME: onnxruntime's CPU kernels: the profile's ONNX QDQ export, run there, gives
+                 fixed mode's bits (tests/export). A steady FIXED loop may run that export in
+                 an onnxruntime session (``simulate.runtime_program``).
+    """
+
+    NONE = "none"
+    ONNXRUNTIME = "onnxruntime"

@@ -39,6 +39,7 @@ from quantlab.platform_rules import (  # noqa: F401  (the profile's rules, impor
     AvgPoolRule,
     ConcatRule,
     FloatIslands,
+    Runtime,
     SoftmaxRule,
     TensorDivRule,
     Toolchain,
@@ -173,6 +174,9 @@ class PlatformConfig:
     ceiling_dtype: DType = DType.INT16
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
+    # the runtime whose integer graph fixed mode computes bit for bit (Runtime): a steady FIXED
+    # loop may run the QDQ export there (simulate.runtime_program); NONE for a device
+    runtime: Runtime = Runtime.NONE
 
     # --- deployment units and toolchain (seed 002 lines 8-23, seed 000 lines 63 and 83)
     toolchain: Toolchain = Toolchain.OE_3_5_0  # the OE release the model is converted with

@@ -49,14 +49,14 @@ _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _TOKEN = re.compile(r"_token_\d+$")
 
 
-def session(path: Path | str | bytes, optimized_path: Path | str | None = None):
-    """An onnxruntime CPU session with the default graph optimizations, one intra-op thread and
-    no spinning, of the model file at ``path`` (or a serialized model's bytes);
+def session(path: Path | str | bytes, optimized_path: Path | str | None = None, threads: int = 1):
+    """An onnxruntime CPU session with the default graph optimizations, ``threads`` intra-op
+    threads and no spinning, of the model file at ``path`` (or a serialized model's bytes);
     ``optimized_path``: also save the optimized graph there."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3

@@ -20,6 +20,12 @@ the model, hooks, a forward that changes its own tensors) stays captured, with t
 ``status``. At most ``MAX_PROGRAMS`` programs are kept per simulator. Runs at learned scales
 stay captured (a program does not follow them).
 
+A FIXED program of a platform whose fixed mode is a runtime's integer graph
+(``platform.runtime``, e.g. ONNXRUNTIME) runs in that runtime where it gives the program's bits
+(``runtime_program.RuntimeProgram``: the QDQ export in an onnxruntime session, proven on the
+build's inputs and kept while nothing it was exported from changed); ``runtime_failed`` says why
+not, and ``runtime_sessions = False`` keeps quantlab's own traced program.
+
 A build runs ``forward`` a few more times (two runs, the traces): a forward with Python side
 effects sees them.
 """
@@ -31,8 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from quantlab.platform_rules import Runtime
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.program import NOT_HELD, Program, ProgramError, input_signature
+from quantlab.simulate.runtime_program import RuntimeProgram
 
 PROGRAM_AFTER_S = 2.0  # seconds of captured steady runs of one signature worth a build
 MAX_PROGRAMS = 4  # programs kept per simulator (each holds a generated module)
@@ -46,8 +54,11 @@ class SteadyProgram:
 
     captured_runs: int = 0
     captured_s: float = 0.0
-    program: Program | None = None  # guarded (its guard is not None)
+    program: Program | RuntimeProgram | None = None  # guarded (its guard is not None)
     failed: str | None = None  # why no program can be built for this signature
+    # a FIXED program of a platform with a runtime: why the runtime does not run it (None: it
+    # does, or the platform has none)
+    runtime_failed: str | None = None
     build_s: float = 0.0
     program_runs: int = 0
     drops: int = 0  # programs dropped because their checks failed
@@ -58,6 +69,9 @@ class SteadyPrograms:
 
     def __init__(self) -> None:
         self.by_signature: dict[tuple, SteadyProgram] = {}
+        # FIXED programs of a platform with a runtime (platform.runtime) run there when it
+        # gives their bits (``runtime_program``); False: quantlab's own traced program
+        self.runtime_sessions = True
 
     def run(self, sim: Any, inputs: tuple, mode: Mode, captured: Callable[[], Any]) -> Any:
         """The steady run of ``inputs`` in ``mode`` (FAKE, HYBRID or FIXED): its program when
@@ -96,7 +110,7 @@ class SteadyPrograms:
                 if prog.guard is None:
                     state.failed = prog.unguarded
                 else:
-                    state.program = prog
+                    state.program = self._in_runtime(prog, inputs, out, state)
             except ProgramError as err:
                 state.failed = str(err)
             except Exception as err:  # a run that succeeded never fails because of a build
@@ -104,6 +118,20 @@ class SteadyPrograms:
             finally:
                 state.build_s = time.perf_counter() - t0
         return out
+
+    def _in_runtime(
+        self, prog: Program, inputs: tuple, out: Any, state: SteadyProgram
+    ) -> Program | RuntimeProgram:
+        """``prog``, run by the platform's runtime where that gives its bits on ``inputs``."""
+        if (
+            not self.runtime_sessions
+            or prog.mode is not Mode.FIXED
+            or prog.sim.platform.runtime is Runtime.NONE
+        ):
+            return prog
+        rp = RuntimeProgram(prog, inputs, out)
+        state.runtime_failed = rp.reason
+        return prog if rp.reason is not None else rp
 
     def status(self, inputs: tuple, mode: Mode) -> SteadyProgram | None:
         """The state of ``inputs``' signature in ``mode`` (None: no steady run of it yet)."""
