@@ -48,6 +48,19 @@ def _bias(ctx: ExportContext, op: RecordedOp, xq: QParams, qw: QParams) -> str |
     return ctx.graph.const_dq(f"{op.name}/bias", codes, qb)
 
 
+def clip_changes_codes(lo: float | None, hi: float | None, q: QParams) -> bool:
+    """Whether Clip(lo, hi) between DequantizeLinear and QuantizeLinear at ``q`` (per tensor)
+    can change a code: only where a bound lies strictly inside the dequantized code range,
+    fl32(fl32(c - z) * s) for c from qmin to qmax (a value below lo exists only if lo exceeds
+    the lowest one). An asymmetric ReLU6 output calibrated on [0, m], m <= 6, has neither."""
+    if q.axis is not None:
+        return True
+    s, z = np.float32(q.scale), np.float32(q.zero_point)
+    low = np.float32(np.float32(q.dtype.qmin) - z) * s
+    high = np.float32(np.float32(q.dtype.qmax) - z) * s
+    return (lo is not None and np.float32(lo) > low) or (hi is not None and np.float32(hi) < high)
+
+
 def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     """Output quantization of a GEMM, with the fused clamp of its chain; ``shape``: the output
     shape ``y`` (2-D, an N-d linear's rows) is reshaped to before its output quantization."""
@@ -60,10 +73,15 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
             )
     q = op.out_quant[0] if op.out_quant else None
     qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point) if q is not None else None
-    if qp is not None and (chain or shape is not None):  # quantized where the GEMM computes
+    bounds = fused_clamp_bounds(chain[-1]) if chain else None
+    if bounds is not None and qp is not None and not clip_changes_codes(*bounds, qp):
+        chain_clip = False  # every code is within the bounds: the Clip is left out
+    else:
+        chain_clip = bool(chain)
+    if qp is not None and (chain_clip or shape is not None):  # quantized where the GEMM computes
         y = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
-    if chain:  # the bounds on the output codes' values (a wide float output: on its values)
-        lo, hi = fused_clamp_bounds(chain[-1])
+    if chain_clip:  # the bounds on the output codes' values (a wide float output: on its values)
+        lo, hi = bounds
         ins = [y, ctx.float_const(f"{op.name}/min", lo if lo is not None else -np.inf)]
         ins.append(ctx.float_const(f"{op.name}/max", hi if hi is not None else np.inf))
         y = ctx.graph.node("Clip", ins, f"{op.name}/clip")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quantlab.export.context import ExportContext, as_tensor
+from quantlab.export.context import ExportContext, Value, as_tensor
 from quantlab.export.graph import TORCH_TO_ONNX, QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 
@@ -288,6 +288,32 @@ def emit_pad(ctx: ExportContext, op: RecordedOp) -> None:
     begins, ends = [0] * nd, [0] * nd
     for k in range(len(pad) // 2):
         begins[nd - 1 - k], ends[nd - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
-    ins = [src.name, ctx.graph.int64s(f"{op.name}/pads", begins + ends)]
-    ins.append(ctx.float_const(f"{op.name}/value", float(value or 0.0)))
+    pads = ctx.graph.int64s(f"{op.name}/pads", begins + ends)
+    if _pad_codes(ctx, op, src, pads, float(value or 0.0)):
+        return
+    ins = [src.name, pads, ctx.float_const(f"{op.name}/value", float(value or 0.0))]
     ctx.set_outputs(op, [ctx.graph.node("Pad", ins, f"{op.name}/float", mode="constant")])
+
+
+def _pad_codes(ctx: ExportContext, op: RecordedOp, src: Value, pads: str, fill: float) -> bool:
+    """Zero padding of a per-tensor quantized value as Pad of its codes with their zero point,
+    then DequantizeLinear: the same values as padding the dequantized tensor with 0.0, but a
+    node onnxruntime runs on the codes and can fuse into the next QLinearConv (a float Pad
+    between DequantizeLinear and QuantizeLinear runs in float). Only where the op's output
+    keeps the input's quantization or has none; False: not written."""
+    q = src.quant
+    if src.codes is None or q is None or q.axis is not None or fill != 0.0:
+        return False
+    out = op.out_quant[0] if op.out_quant else None
+    if out is not None and not q.same_as(
+        QParams.of(out.dtype, out.scale, zero_point=out.zero_point)
+    ):
+        return False
+    g = ctx.graph
+    zero = g.zero_point_of(src.codes, q)
+    codes = g.node("Pad", [src.codes, pads, zero], f"{op.name}/codes", mode="constant")
+    t = op.outputs[0]
+    ctx.env[OpRef(op.name, 0)] = Value(g.dequantize(codes, q), tuple(t.shape), t.dtype, q, codes)
+    ctx.op_tensors[op.name] = codes
+    ctx.quant_of[codes] = q
+    return True

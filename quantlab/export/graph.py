@@ -162,5 +162,17 @@ class GraphBuilder:
         """A constant integer tensor (weight, bias) and its DequantizeLinear."""
         return self.dequantize(self.const(base, codes), q, base=f"{base}/dq", activation=False)
 
+    def live(self, outputs: list[str]) -> tuple[list, list]:
+        """(nodes, initializers) that ``outputs`` depend on, in their order: an emitter may
+        leave a node whose output no other node reads (the DequantizeLinear of a value only
+        a Pad of its codes reads), which onnxruntime would still run."""
+        need, nodes = set(outputs), []
+        for n in reversed(self.nodes):
+            if any(o in need for o in n.output):
+                nodes.append(n)
+                need.update(i for i in n.input if i)
+        inits = [t for t in self.initializers if t.name in need]
+        return nodes[::-1], inits
+
     def int64s(self, base: str, values) -> str:
         return self.const(base, np.asarray(list(values), dtype=np.int64))

@@ -261,7 +261,8 @@ def build_model(
                 seen.add(tensor)
                 outputs.append(helper.make_tensor_value_info(tensor, 0, None))
                 info.probe_outputs.append(tensor)
-    graph = helper.make_graph(g.nodes, "quantlab_qdq", inputs, outputs, g.initializers)
+    nodes, initializers = g.live([o.name for o in outputs])
+    graph = helper.make_graph(nodes, "quantlab_qdq", inputs, outputs, initializers)
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="quantlab"
     )
