@@ -299,10 +299,12 @@ def _pad_codes(ctx: ExportContext, op: RecordedOp, src: Value, pads: str, fill: 
     """Zero padding of a per-tensor quantized value as Pad of its codes with their zero point,
     then DequantizeLinear: the same values as padding the dequantized tensor with 0.0, but a
     node onnxruntime runs on the codes and can fuse into the next QLinearConv (a float Pad
-    between DequantizeLinear and QuantizeLinear runs in float). Only where the op's output
-    keeps the input's quantization or has none; False: not written."""
+    between DequantizeLinear and QuantizeLinear runs in float). Only for codes written as
+    uint8 (``GraphBuilder.offset``: onnxruntime's x86 kernels take int8 activations by
+    rewriting Q/DQ pairs to uint8, which a Pad between them would stop) and where the op's
+    output keeps the input's quantization or has none; False: not written."""
     q = src.quant
-    if src.codes is None or q is None or q.axis is not None or fill != 0.0:
+    if src.codes is None or q is None or not ctx.graph.offset(q) or fill != 0.0:
         return False
     out = op.out_quant[0] if op.out_quant else None
     if out is not None and not q.same_as(

@@ -39,6 +39,7 @@ MOVING_KERNELS = frozenset(
         "Identity",
         "MaxPool",
         "NhwcMaxPool",
+        "Pad",
         "Gather",
         "Expand",
         "Concat",
@@ -77,7 +78,8 @@ def _op_of(node_name: str) -> tuple[str, str]:
     (a fused node carries its target's name and a ``_token_N`` suffix)."""
     base = _TOKEN.sub("", node_name)
     base = base[len("node:") :] if base.startswith("node:") else base
-    for role in ("/float", "/clip", "/unclamped", "/nd", "/flat", "/2d", "/sqrt", "/sigmoid"):
+    roles = ("/float", "/codes", "/clip", "/unclamped", "/nd", "/flat", "/2d", "/sqrt", "/sigmoid")
+    for role in roles:
         cut = base.find(role)
         if cut > 0:
             return base[:cut], role[1:]

@@ -13,8 +13,8 @@ from torch import nn
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from quantlab.export import ActivationEncoding, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
-from quantlab.export import to_onnx_qdq  # noqa: E402
 from quantlab.export.emit_gemm import clip_changes_codes  # noqa: E402
 from quantlab.export.graph import QParams  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
@@ -73,6 +73,18 @@ def test_padding_runs_on_codes_and_onnxruntime_fuses_it(tmp_path, spec):
     assert kernels["QLinearConv"] == 2 and kernels["Pad"] == 1 and kernels["ConvInteger"] == 1
     if spec is ASYMMETRIC:  # ReLU6 outputs from 0: nothing is left between DQ and Q
         assert "DequantizeLinear" not in kernels and "Clip" not in kernels
+
+
+def test_int8_codes_are_padded_as_values(tmp_path):
+    """Written as int8 (SIGNED), the Pad stays between DequantizeLinear and QuantizeLinear:
+    onnxruntime's x86 kernels move int8 activations to uint8 by rewriting Q/DQ pairs."""
+    sim, _, g = _export(tmp_path, None)
+    x = torch.randn(2, 3, 9, 9, generator=g)
+    info = to_onnx_qdq(sim, tmp_path / "s.onnx", (x,), encoding=ActivationEncoding.SIGNED)
+    model = onnx.load(info.path)
+    (pad,) = [n for n in model.graph.node if n.op_type == "Pad"]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert producers[pad.input[0]].op_type == "DequantizeLinear"
 
 
 def test_relu6_bounds_that_change_no_code_leave_no_clip(tmp_path):
