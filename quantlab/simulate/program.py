@@ -49,6 +49,7 @@ the model's, and so must the program. Afterwards the checks above keep it: while
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -155,9 +156,9 @@ class Program:
         )
         # where the model holds the modules the trace went through and the tensors it read
         paths = attr_paths(graph, sim.model) + [p for p in tracer.modules if p]  # not ""
-        self._holders = _holders(sim.model, paths)
+        self._holders = _Held(_holders(sim.model, paths))
         self._modules = list(sim.model.named_modules())
-        self._settings = _settings([sim.model, *tracer.modules.values()])
+        self._settings = _Held(_settings([sim.model, *tracer.modules.values()]))
         out = self._execute(inputs)
         if not same_bits(out, ref):
             raise ProgramError(f"the compiled program's output differs from the {mode.name} run's")
@@ -216,16 +217,34 @@ class Program:
             return False
         if sim._learned_scales is not None or not sim._calibrated:
             return False
-        for d, key, obj in self._holders:
-            if d.get(key) is not obj:
-                return False
-        if _hooked(self._modules) is not None:
+        if not self._holders.same_objects() or _hooked(self._modules) is not None:
             return False
-        for d, key, value in self._settings:
-            now = d.get(key, _MISSING)
-            if now is not value and now != value:
-                return False
+        if not self._settings.equal_values():
+            return False
         return self.guard is None or self.guard.holds(inputs)
+
+
+class _Held:
+    """(dictionary, key, value) triples checked per program call, with the loops in C: each
+    ``dictionary.get(key, _MISSING)`` is the same object as ``value`` (``same_objects``) or
+    equal to it (``equal_values``: list equality, identity first, then ``==``)."""
+
+    __slots__ = ("dicts", "keys", "values", "missing")
+
+    def __init__(self, triples: list[tuple[dict, str, Any]]) -> None:
+        self.dicts = [d for d, _, _ in triples]
+        self.keys = [k for _, k, _ in triples]
+        self.values = [v for _, _, v in triples]
+        self.missing = [_MISSING] * len(triples)
+
+    def _now(self) -> list:
+        return list(map(dict.get, self.dicts, self.keys, self.missing))
+
+    def same_objects(self) -> bool:
+        return all(map(operator.is_, self._now(), self.values))
+
+    def equal_values(self) -> bool:
+        return self._now() == self.values
 
 
 def _hooked(named_modules) -> str | None:
@@ -233,10 +252,18 @@ def _hooked(named_modules) -> str | None:
     else the first of ``named_modules`` ((name, module) pairs) with hooks of its own; None."""
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return "the process (global module hooks)"
+    named_modules = named_modules if isinstance(named_modules, list) else list(named_modules)
+    if not any(map(_has_hooks, named_modules)):
+        return None
     for name, m in named_modules:
         if m._forward_hooks or m._forward_pre_hooks:
             return f"module {name or type(m).__name__}"
     return None
+
+
+def _has_hooks(named: tuple[str, nn.Module]) -> bool:
+    m = named[1]
+    return bool(m._forward_hooks or m._forward_pre_hooks)
 
 
 # ---------------------------------------------------------------------- building

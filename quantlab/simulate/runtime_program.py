@@ -27,6 +27,7 @@ equal a captured FIXED run's in every bit, else there is no session and the trac
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import Any
 
@@ -121,8 +122,11 @@ class RuntimeProgram:
                 f"{len(slots)} tensors"
             )
             return
-        self._state, self._entries = state, list(sim._scale_cache.items())
-        self._tensors = [(t, t._version) for t in (*sim.model.parameters(), *sim.model.buffers())]
+        self._state = state
+        self._entries = list(sim._scale_cache.items())
+        self._scales = list(sim._scale_cache.values())
+        self._tensors = [*sim.model.parameters(), *sim.model.buffers()]
+        self._versions = [t._version for t in self._tensors]
         self._input_names, self._leaves, self._spec, self._slots = (
             info.input_names,
             leaves,
@@ -157,16 +161,19 @@ class RuntimeProgram:
         sim = self.sim
         if sim._learned_scales is not None or not sim._calibrated:
             return False
-        for now, then in zip(_export_state(sim), self._state):
-            if now is not then:
-                return False
+        if not all(map(operator.is_, _export_state(sim), self._state)):
+            return False
+        if [t._version for t in self._tensors] != self._versions:
+            return False
         cache = sim._scale_cache
+        if len(cache) == len(self._scales) and all(map(operator.is_, cache.values(), self._scales)):
+            return True  # every entry as exported (the cache keeps its order)
+        # entries added since (another mode's scales) or replaced: look each one up
         for key, value in self._entries:
             if cache.get(key) is not value:
                 return False
-        for t, version in self._tensors:
-            if t._version != version:
-                return False
+        self._scales = list(cache.values())
+        self._entries = list(cache.items())
         return True
 
     def _run_session(self, inputs: tuple) -> Any:
