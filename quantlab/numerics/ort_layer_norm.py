@@ -33,15 +33,23 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.ieee32 import fma32, sqrt32
+from quantlab.numerics.ort_layer_norm_native import mlas_rows
 
 MLAS_MIN_SIZE = 8  # rows of fewer values take the scalar Welford kernel
 
 
 def ort_layer_norm(
-    x: Tensor, normalized_ndim: int, weight: Tensor | None, bias: Tensor | None, eps: float
+    x: Tensor,
+    normalized_ndim: int,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    native: bool = True,
 ) -> Tensor:
     """float32 layer norm of float32 ``x`` over its last ``normalized_ndim`` dims, as above;
-    ``weight`` None stands for ones (the exporter writes ones), ``bias`` None for no bias."""
+    ``weight`` None stands for ones (the exporter writes ones), ``bias`` None for no bias.
+    ``native``: rows of 8 or more values by the C kernel (``ort_layer_norm_native``, the same
+    bits) when it is built; False: by the torch operations below."""
     if x.dtype != torch.float32:
         raise TypeError(f"ort_layer_norm takes float32 values, got {x.dtype}")
     if not 1 <= normalized_ndim <= x.dim():
@@ -55,7 +63,9 @@ def ort_layer_norm(
     if n < MLAS_MIN_SIZE:
         y = _welford_rows(rows, g, b, eps32)
     else:
-        y = _mlas_rows(rows, g, b, eps32, count)
+        y = mlas_rows(rows, g, b, eps32) if native else None
+        if y is None:
+            y = _mlas_rows(rows, g, b, eps32, count)
     return y.reshape(x.shape)
 
 
