@@ -22,7 +22,8 @@ When the second check fails (a new calibration or qconfig, weights changed in pl
 runs the wrapped traced program, which follows such changes, and once such calls have taken
 ``REBUILD_AFTER_S`` seconds the export is written again from the current state (at most
 ``MAX_BUILDS`` times). Building proves the session on its inputs: onnxruntime's outputs must
-equal a captured FIXED run's in every bit, else there is no session and the traced program runs.
+equal the FIXED run's in every bit (the captured run at the switch, the traced program's at a
+rewrite), else there is no session and the traced program runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import operator
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -177,7 +179,9 @@ class RuntimeProgram:
         return True
 
     def _run_session(self, inputs: tuple) -> Any:
-        feeds = {n: t.detach().numpy() for n, t in zip(self._input_names, inputs)}
+        feeds = {
+            n: np.ascontiguousarray(t.detach().numpy()) for n, t in zip(self._input_names, inputs)
+        }
         outs = self._session.run(None, feeds)
         leaves = list(self._leaves)
         for i, value in zip(self._slots, outs):

@@ -92,6 +92,16 @@ def test_onnxruntime_runs_give_the_captured_bits(monkeypatch, spec):
     assert prog.runtime_runs == len(xs) and prog.program_runs == 0
 
 
+def test_inputs_in_another_memory_layout(monkeypatch):
+    sim, captured, g, _ = _pair(monkeypatch)
+    for _ in range(3):  # channels last: its own signature, program and session
+        x = torch.randn(2, 8, 8, 3, generator=g).permute(0, 3, 1, 2)
+        assert not x.is_contiguous()
+        assert_bits_equal(sim.run(x, mode=Mode.FIXED), captured.run(x, mode=Mode.FIXED))
+    prog = sim.steady_programs.status((x,), Mode.FIXED).program
+    assert isinstance(prog, RuntimeProgram) and prog.runtime_runs == 2
+
+
 def test_a_new_calibration_runs_on_quantlabs_program_then_a_new_session(monkeypatch):
     sim, captured, g, x = _pair(monkeypatch)
     prog = sim.steady_programs.status((x,), Mode.FIXED).program
