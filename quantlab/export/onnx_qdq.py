@@ -161,7 +161,9 @@ def live_ops(ops: list[RecordedOp], output) -> list[RecordedOp]:
 @dataclass
 class QDQExport:
     """What ``to_onnx_qdq`` wrote: the file, the graph's input and output names, and for every
-    captured op the graph tensor holding its output (integer codes when quantized)."""
+    captured op the graph tensor holding its output (integer codes when quantized; without
+    ``probe``, the graph keeps only the nodes its outputs depend on, so an op whose value no
+    output needs names a tensor the graph does not hold)."""
 
     path: Path
     input_names: list[str]

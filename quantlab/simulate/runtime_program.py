@@ -51,11 +51,13 @@ def runtime_unavailable(sim: Any) -> str | None:
     platform = sim.platform
     if platform.runtime is not Runtime.ONNXRUNTIME:
         return f"platform {platform.name} names no runtime (platform.runtime NONE)"
+    from quantlab.export.ort_host import onnxruntime_saturates_u8s8
+
     try:
-        from quantlab.export.ort_host import onnxruntime_saturates_u8s8
-    except ImportError as err:
+        saturates = onnxruntime_saturates_u8s8()
+    except ImportError as err:  # onnx or onnxruntime is not installed
         return f"onnxruntime is not importable: {err}"
-    if onnxruntime_saturates_u8s8() != platform.u8s8_pair_saturation:
+    if saturates != platform.u8s8_pair_saturation:
         return (
             f"this host's onnxruntime sums uint8 x int8 products otherwise than platform "
             f"{platform.name} (u8s8_pair_saturation {platform.u8s8_pair_saturation})"
