@@ -21,11 +21,11 @@ that switches the gather to its compiled tier, as any long run does), and the pe
 memory growth of one MobileNetV2 run per mode (fresh subprocess each).
 
 Targets (each printed as met or missed with its figure): float <= 1.1x eager, fake (j6m)
-<= 1.3x, fixed (j6m and onnxruntime) <= 2.5x eager and <= 1.5x
-onnxruntime int8, LUT <= 1.5x torch.sigmoid. The load average (``os.getloadavg``) before and
-after is recorded: figures from
-a loaded machine are distorted. Writes reports/benchmarks/simulate.{md,json,png} atomically
-(``--profile``: also simulate_profile.md, where a fake and a fixed run spend their time).
+<= 1.3x, fixed (j6m and onnxruntime, the latter also with asymmetric activations) <= 2.5x
+eager and <= 1.5x onnxruntime int8, LUT <= 1.5x torch.sigmoid. The load average
+(``os.getloadavg``) before and after is recorded: figures from a loaded machine are distorted.
+Writes reports/benchmarks/simulate.{md,json,png} atomically (``--profile``: also
+simulate_profile.md, where a fake and a fixed run spend their time).
 
     .venv/bin/python benchmarks/bench_simulate.py [--rounds 15] [--threads 2] [--quick]
         [--out DIR] [--profile]
