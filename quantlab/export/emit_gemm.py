@@ -74,10 +74,8 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     q = op.out_quant[0] if op.out_quant else None
     qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point) if q is not None else None
     bounds = fused_clamp_bounds(chain[-1]) if chain else None
-    if bounds is not None and qp is not None and not clip_changes_codes(*bounds, qp):
-        chain_clip = False  # every code is within the bounds: the Clip is left out
-    else:
-        chain_clip = bool(chain)
+    # left out where every code of the output's range is within the bounds
+    chain_clip = bool(chain) and (qp is None or clip_changes_codes(*bounds, qp))
     if qp is not None and (chain_clip or shape is not None):  # quantized where the GEMM computes
         y = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
     if chain_clip:  # the bounds on the output codes' values (a wide float output: on its values)

@@ -68,8 +68,8 @@ def session(path: Path | str | bytes, optimized_path: Path | str | None = None, 
 
 
 def run(sess, input_names: list[str], inputs: tuple, output_names: list[str] | None = None):
-    """Outputs (numpy) of ``sess`` on torch ``inputs``."""
-    feeds = {n: t.detach().cpu().numpy() for n, t in zip(input_names, inputs)}
+    """Outputs (numpy) of ``sess`` on torch ``inputs`` (handed over as contiguous arrays)."""
+    feeds = {n: np.ascontiguousarray(t.detach().cpu().numpy()) for n, t in zip(input_names, inputs)}
     return sess.run(output_names, feeds)
 
 

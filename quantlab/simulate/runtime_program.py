@@ -32,7 +32,6 @@ import operator
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -102,7 +101,7 @@ class RuntimeProgram:
         against ``reference`` (a FIXED run's output on them)."""
         from quantlab.export.encoding import ActivationEncoding
         from quantlab.export.onnx_qdq import build_model
-        from quantlab.export.runtime import session
+        from quantlab.export.runtime import run, session
 
         self.builds += 1
         self._session, self._stale_s = None, 0.0
@@ -131,13 +130,10 @@ class RuntimeProgram:
         self._scales = list(sim._scale_cache.values())
         self._tensors = [*sim.model.parameters(), *sim.model.buffers()]
         self._versions = [t._version for t in self._tensors]
-        self._input_names, self._leaves, self._spec, self._slots = (
-            info.input_names,
-            leaves,
-            spec,
-            slots,
-        )
-        self._session = sess
+        self._input_names, self._spec, self._slots = info.input_names, spec, slots
+        # the reference's other leaves (not tensors: the session gives those)
+        self._leaves = [None if isinstance(v, Tensor) else v for v in leaves]
+        self._session, self._run = sess, run
         out = self._run_session(inputs)
         if not same_bits(out, reference):
             self._session = None
@@ -181,10 +177,7 @@ class RuntimeProgram:
         return True
 
     def _run_session(self, inputs: tuple) -> Any:
-        feeds = {
-            n: np.ascontiguousarray(t.detach().numpy()) for n, t in zip(self._input_names, inputs)
-        }
-        outs = self._session.run(None, feeds)
+        outs = self._run(self._session, self._input_names, inputs)
         leaves = list(self._leaves)
         for i, value in zip(self._slots, outs):
             leaves[i] = torch.from_numpy(value)
