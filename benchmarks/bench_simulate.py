@@ -551,9 +551,10 @@ def main() -> None:
         "emulation itself costs. "
         f"`{FIXED_ORT_ASYM}`: activations with zero points (`activation_symmetry: "
         "asymmetric`, calibrated from min and max), the numerics of the QOperator baseline; "
-        "with the profile's default symmetric activations a ReLU6 keeps its lower bound as a "
-        "float Clip between DequantizeLinear and QuantizeLinear, which onnxruntime cannot fold "
-        "into the convolution's output range as it does for uint8 activations from zero.",
+        "with the profile's default symmetric activations a ReLU6's int8 codes reach below its "
+        "0, so the export clips the convolution's uint8 codes (a Clip node per ReLU6, "
+        "`emit_gemm.code_clip`) where the QOperator model folds the bound into the output's "
+        "uint8 range.",
         "",
         "## Per case (x eager: median wall time over eager's; x ort int8: over onnxruntime int8)",
         "",

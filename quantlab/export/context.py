@@ -129,6 +129,15 @@ class ExportContext:
             self.op_tensors[label] = codes
             self.quant_of[codes] = qp
 
+    def set_codes(self, op: RecordedOp, codes: str, q: QParams) -> None:
+        """Bind the op's one output to integer ``codes`` at ``q`` (already its output
+        quantization) and their DequantizeLinear for the consumers."""
+        t = op.outputs[0]
+        dq = self.graph.dequantize(codes, q)
+        self.env[OpRef(op.name, 0)] = Value(dq, tuple(t.shape), t.dtype, q, codes)
+        self.op_tensors[op.name] = codes
+        self.quant_of[codes] = q
+
     def alias(self, op: RecordedOp, source: Value) -> None:
         """The op's output is its input as it is (no node)."""
         t = op.outputs[0]

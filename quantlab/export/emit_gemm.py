@@ -1,8 +1,9 @@
 """Conv / Linear / MatMul as ONNX QDQ: DequantizeLinear on the activation (per tensor), the
 weight (per output channel, axis 0) and the int32 bias (scale x_scale * w_scale per channel,
 quantlab's ``quantize_bias``), the float op, then the output QuantizeLinear. A relu6 / clamp
-fused into the GEMM becomes a Clip on the dequantized output, quantized again at the same scale
-(the bounds quantlab applies to the output codes)."""
+fused into the GEMM becomes a Clip of the output codes written as uint8 (``code_clip``), else a
+Clip on the dequantized output, quantized again at the same scale (the bounds quantlab applies
+to the output codes)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from quantlab.export.context import ExportContext, int_list
 from quantlab.export.emit_layout import reshape_requantized
 from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, OpRef, RecordedOp, fused_clamp_bounds
+from quantlab.numerics.code_bounds import BoundRule, bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import acc_scale, quantize_bias
 from quantlab.numerics.shapes import along_axis
@@ -61,6 +63,31 @@ def clip_changes_codes(lo: float | None, hi: float | None, q: QParams) -> bool:
     return (lo is not None and np.float32(lo) > low) or (hi is not None and np.float32(hi) < high)
 
 
+END = ("min_code", "max_code")
+
+
+def code_clip(lo: float | None, hi: float | None, q: QParams) -> tuple[int, int] | None:
+    """The code bounds (lo_c, hi_c) with clip(c, lo_c, hi_c) == QuantizeLinear(Clip(
+    DequantizeLinear(c), lo, hi)) for every code c at ``q`` (per tensor; float32 products and
+    quotients, ties to even), or None where one code breaks it. The bounds are
+    ``BoundRule.FLOAT32_HALF_EVEN``'s; the equality follows from quantizing being monotone and
+    undoing dequantizing, and is checked here on every code of the dtype rather than assumed
+    (a product that overflows float32 breaks the second)."""
+    if q.axis is not None:
+        return None
+    s, z = np.float32(q.scale), int(q.zero_point)
+    lo_c, hi_c = bound_codes(lo, hi, float(s), q.dtype, z, rule=BoundRule.FLOAT32_HALF_EVEN)
+    lo_c, hi_c = min(lo_c, q.dtype.qmax), max(hi_c, q.dtype.qmin)  # a bound beyond the far end
+    codes = np.arange(q.dtype.qmin, q.dtype.qmax + 1, dtype=np.int64)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        v = (codes - z).astype(np.float32) * s
+        v = np.clip(
+            v, np.float32(-np.inf if lo is None else lo), np.float32(np.inf if hi is None else hi)
+        )
+        back = np.clip(np.rint(v / s), q.dtype.qmin - z, q.dtype.qmax - z).astype(np.int64) + z
+    return (lo_c, hi_c) if np.array_equal(back, np.clip(codes, lo_c, hi_c)) else None
+
+
 def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     """Output quantization of a GEMM, with the fused clamp of its chain; ``shape``: the output
     shape ``y`` (2-D, an N-d linear's rows) is reshaped to before its output quantization."""
@@ -76,6 +103,14 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     bounds = fused_clamp_bounds(chain[-1]) if chain else None
     # left out where every code of the output's range is within the bounds
     chain_clip = bool(chain) and (qp is None or clip_changes_codes(*bounds, qp))
+    held = code_clip(*bounds, qp) if chain_clip and qp is not None and shape is None else None
+    if held is not None and ctx.graph.offset(qp):  # uint8 codes: onnxruntime's kernels take them
+        codes = ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped")
+        lo_c, hi_c = (ctx.graph.code_const(f"{op.name}/{e}", c, qp) for e, c in zip(END, held))
+        ctx.set_codes(op, ctx.graph.node("Clip", [codes, lo_c, hi_c], f"{op.name}/codes"), qp)
+        for f in chain:
+            ctx.alias(f, ctx.env[OpRef(op.name, 0)])
+        return
     if qp is not None and (chain_clip or shape is not None):  # quantized where the GEMM computes
         y = ctx.graph.dequantize(ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped"), qp)
     if chain_clip:  # the bounds on the output codes' values (a wide float output: on its values)

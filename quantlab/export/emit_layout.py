@@ -314,8 +314,5 @@ def _pad_codes(ctx: ExportContext, op: RecordedOp, src: Value, pads: str, fill: 
     g = ctx.graph
     zero = g.zero_point_of(src.codes, q)
     codes = g.node("Pad", [src.codes, pads, zero], f"{op.name}/codes", mode="constant")
-    t = op.outputs[0]
-    ctx.env[OpRef(op.name, 0)] = Value(g.dequantize(codes, q), tuple(t.shape), t.dtype, q, codes)
-    ctx.op_tensors[op.name] = codes
-    ctx.quant_of[codes] = q
+    ctx.set_codes(op, codes, q)
     return True

@@ -121,14 +121,17 @@ class GraphBuilder:
             and self.encoding is ActivationEncoding.UNSIGNED_OFFSET
         )
 
+    def code_const(self, base: str, code: int, q: QParams, activation: bool = True) -> str:
+        """A scalar code of quantlab's at ``q`` as the graph writes it: its dtype, moved by 128
+        where ``offset``."""
+        if self.offset(q, activation):
+            return self.const(base, np.asarray(code + 128, dtype=np.uint8))
+        return self.const(base, np.asarray(code, dtype=NUMPY_INT[q.dtype]))
+
     def zero_point_of(self, codes: str, q: QParams, activation: bool = True) -> str:
         """A scalar zero point of codes tensor ``codes`` written with ``q`` (an integer
         kernel's x_zero_point / w_zero_point input), in the dtype the codes are written in."""
-        if self.offset(q, activation):
-            zp = np.asarray(q.zero_point + 128, dtype=np.uint8)
-        else:
-            zp = np.asarray(q.zero_point, dtype=NUMPY_INT[q.dtype])
-        return self.const(f"{codes}/zero_point", zp)
+        return self.code_const(f"{codes}/zero_point", q.zero_point, q, activation)
 
     def _qparam_inputs(self, q: QParams, activation: bool = True) -> tuple[str, str]:
         unsigned = self.offset(q, activation)

@@ -79,6 +79,7 @@ def _op_of(node_name: str) -> tuple[str, str]:
     base = _TOKEN.sub("", node_name)
     base = base[len("node:") :] if base.startswith("node:") else base
     roles = ("/float", "/codes", "/clip", "/unclamped", "/nd", "/flat", "/2d", "/sqrt", "/sigmoid")
+    roles += ("/acc",)  # a wide GEMM's ConvInteger / MatMulInteger, its bias Add and Cast
     for role in roles:
         cut = base.find(role)
         if cut > 0:
@@ -86,18 +87,22 @@ def _op_of(node_name: str) -> tuple[str, str]:
     return base, ""
 
 
+ON_CODES = "(codes)"  # suffix of a kernel the exporter wrote on integer codes (a Pad, a Clip)
+
+
 def kernels_by_op(optimized: Path | str, op_names: list[str]) -> dict[str, list[str]]:
     """For each op, the onnxruntime kernels (op types, domain-qualified when not ONNX) that
-    compute it in the optimized graph, in graph order, Q/DQ nodes left out."""
+    compute it in the optimized graph, in graph order, Q/DQ nodes left out; a node the
+    exporter wrote on the op's integer codes (role ``codes``) is named ``<type>(codes)``."""
     model = onnx.load(str(optimized), load_external_data=False)
     wanted = set(op_names)
     out: dict[str, list[str]] = {n: [] for n in op_names}
     for node in model.graph.node:
         if node.op_type in _QDQ:
             continue
-        op, _ = _op_of(node.name)
+        op, role = _op_of(node.name)
         if op in wanted:
-            out[op].append(node.op_type)
+            out[op].append(node.op_type + (ON_CODES if role == "codes" else ""))
     return out
 
 
@@ -112,7 +117,10 @@ def kernel_counts(optimized: Path | str) -> dict[str, int]:
 
 def computes_in_float(kernels: list[str]) -> bool:
     """Whether onnxruntime evaluates the op in float32 between Dequantize and Quantize."""
-    return any(k not in INTEGER_KERNELS and k not in MOVING_KERNELS for k in kernels)
+    return any(
+        k not in INTEGER_KERNELS and k not in MOVING_KERNELS and not k.endswith(ON_CODES)
+        for k in kernels
+    )
 
 
 def codes_from_runtime(values: np.ndarray, offset: bool) -> np.ndarray:

@@ -1,6 +1,7 @@
 """QDQ graphs onnxruntime can fuse completely, with fixed mode's bits: zero padding written as a
 Pad of the codes (with their zero point), a fused ReLU6 whose bounds change no code left out,
-and no node whose output nothing reads."""
+one that changes codes written as a Clip of the uint8 codes, and no node whose output nothing
+reads."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ pytest.importorskip("onnxruntime")
 
 from quantlab.export import ActivationEncoding, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
-from quantlab.export.emit_gemm import clip_changes_codes  # noqa: E402
+from quantlab.export.emit_gemm import clip_changes_codes, code_clip  # noqa: E402
 from quantlab.export.graph import QParams  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
 from quantlab.numerics import DType  # noqa: E402
 from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 
+SIGNED = ActivationEncoding.SIGNED
 ASYMMETRIC = QConfigSpec(global_=OpQConfig(activation_symmetry="asymmetric"))
 
 
@@ -64,15 +66,25 @@ def test_padding_runs_on_codes_and_onnxruntime_fuses_it(tmp_path, spec):
     model = onnx.load(info.path)
     (pad,) = [n for n in model.graph.node if n.op_type == "Pad"]
     producers = {o: n for n in model.graph.node for o in n.output}
-    assert producers[pad.input[0]].op_type == "QuantizeLinear"  # the codes, not their values
+    # the codes (symmetric: ReLU6's Clip of them), not their values
+    assert producers[pad.input[0]].op_type == ("QuantizeLinear" if spec else "Clip")
     xs = [torch.randn(2, 3, 9, 9, generator=g) * s for s in (0.1, 1.0, 5.0)]
     _check_bits(sim, info, xs + [torch.zeros(2, 3, 9, 9)])
     R.session(info.path, tmp_path / "opt.onnx")
     kernels = R.kernel_counts(tmp_path / "opt.onnx")
-    # the padded codes feed the depthwise QLinearConv; c2's wide output is a ConvInteger
+    # the padded codes feed the depthwise QLinearConv; c2's wide output is a ConvInteger;
+    # nothing runs between a DequantizeLinear and a QuantizeLinear
     assert kernels["QLinearConv"] == 2 and kernels["Pad"] == 1 and kernels["ConvInteger"] == 1
-    if spec is ASYMMETRIC:  # ReLU6 outputs from 0: nothing is left between DQ and Q
-        assert "DequantizeLinear" not in kernels and "Clip" not in kernels
+    assert "DequantizeLinear" not in kernels
+    # asymmetric ReLU6 outputs from 0 need no Clip; symmetric ones clip their uint8 codes
+    assert kernels.get("Clip", 0) == (0 if spec else 2)
+    by_op = R.kernels_by_op(tmp_path / "opt.onnx", list(info.op_tensors))
+    clip = ["Clip(codes)"] if spec is None else []
+    assert by_op["c1:conv2d#0"] == by_op["dw:conv2d#0"] == ["QLinearConv", *clip]
+    assert by_op[":pad#0"] == ["Pad(codes)"]
+    assert by_op["c2:conv2d#0"] == ["ConvInteger", "Add", "Cast", "Mul"]
+    floats = [op for op, k in by_op.items() if R.computes_in_float(k)]
+    assert floats == ["c2:conv2d#0"]  # the wide output's Mul by the accumulator scale
 
 
 def test_int8_codes_are_padded_as_values(tmp_path):
@@ -92,9 +104,22 @@ def test_relu6_bounds_that_change_no_code_leave_no_clip(tmp_path):
     sim, info, g = _export(tmp_path, ASYMMETRIC)
     assert not [n for n in onnx.load(info.path).graph.node if n.op_type == "Clip"]
     _check_bits(sim, info, [torch.randn(2, 3, 9, 9, generator=g) * s for s in (1.0, 40.0)])
-    # symmetric int8 codes reach below ReLU6's 0: both Clips stay
+    # symmetric int8 codes reach below ReLU6's 0: both Clips stay, on the uint8 codes
     sim, info, g = _export(tmp_path, None)
-    assert len([n for n in onnx.load(info.path).graph.node if n.op_type == "Clip"]) == 2
+    model = onnx.load(info.path)
+    clips = [n for n in model.graph.node if n.op_type == "Clip"]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    assert len(clips) == 2 and all(producers[c.input[0]].op_type == "QuantizeLinear" for c in clips)
+    bounds = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert all(bounds[c.input[k]].dtype == np.uint8 for c in clips for k in (1, 2))
+    _check_bits(sim, info, [torch.randn(2, 3, 9, 9, generator=g) * s for s in (1.0, 40.0)])
+    # written as int8 (SIGNED) they stay on the dequantized values
+    info = to_onnx_qdq(sim, tmp_path / "s.onnx", (torch.zeros(2, 3, 9, 9),), encoding=SIGNED)
+    model = onnx.load(info.path)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    clips = [n for n in model.graph.node if n.op_type == "Clip"]
+    assert len(clips) == 2
+    assert all(producers[c.input[0]].op_type == "DequantizeLinear" for c in clips)
     _check_bits(sim, info, [torch.randn(2, 3, 9, 9, generator=g) * s for s in (1.0, 40.0)])
 
 
@@ -149,3 +174,62 @@ def test_clip_changes_codes_against_every_code():
                 else:
                     kept += 1
     assert left_out > 300 and kept > 300
+
+
+def _dq_clip_q_model():
+    """uint8 codes -> DequantizeLinear -> Clip -> QuantizeLinear, every parameter an input."""
+    from onnx import TensorProto, helper
+
+    def value(name, t, shape):
+        return helper.make_tensor_value_info(name, t, shape)
+
+    nodes = [
+        helper.make_node("DequantizeLinear", ["c", "s", "z"], ["v"]),
+        helper.make_node("Clip", ["v", "lo", "hi"], ["w"]),
+        helper.make_node("QuantizeLinear", ["w", "s", "z"], ["y"]),
+    ]
+    ins = [value("c", TensorProto.UINT8, [256]), value("s", TensorProto.FLOAT, [])]
+    ins += [value("z", TensorProto.UINT8, []), value("lo", TensorProto.FLOAT, [])]
+    ins.append(value("hi", TensorProto.FLOAT, []))
+    graph = helper.make_graph(nodes, "dq_clip_q", ins, [value("y", TensorProto.UINT8, [256])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_code_clip_equals_onnxruntimes_float_clip_on_every_code(tmp_path):
+    """clip(c, code_clip(lo, hi)) against onnxruntime's DequantizeLinear, float Clip and
+    QuantizeLinear of all 256 int8 codes (written as uint8 + 128), over random scales, zero
+    points and bounds: on the dequantized range's ends, half an LSB off them, ReLU6's, ties."""
+    path = tmp_path / "dq_clip_q.onnx"
+    onnx.save(_dq_clip_q_model(), path)
+    sess = R.session(path)
+    rng = np.random.default_rng(1)
+    codes = np.arange(256, dtype=np.uint8)
+    cases = 0
+    for _ in range(200):
+        s = np.float32(10 ** rng.uniform(-5, 1))
+        z = int(rng.integers(-128, 128)) if rng.random() < 0.6 else 0
+        q = QParams.of(DType.INT8, s, zero_point=z)
+        lo_end, hi_end = np.float32(-128 - z) * s, np.float32(127 - z) * s
+        k = np.float32(rng.integers(-128 - z, 128 - z))
+        candidates = [0.0, 6.0, lo_end, hi_end, lo_end + s / 2, hi_end - s / 2]
+        candidates += [(k + np.float32(0.5)) * s, k * s, float(rng.uniform(lo_end, hi_end))]
+        for lo in candidates:
+            for hi in candidates:
+                if lo > hi:
+                    continue
+                held = code_clip(float(lo), float(hi), q)
+                assert held is not None, (s, z, lo, hi)
+                feed = {"c": codes, "s": np.asarray(s), "z": np.asarray(z + 128, np.uint8)}
+                feed |= {"lo": np.asarray(lo, np.float32), "hi": np.asarray(hi, np.float32)}
+                (y,) = sess.run(None, feed)
+                want = np.clip(codes.astype(np.int64), held[0] + 128, held[1] + 128)
+                assert np.array_equal(y.astype(np.int64), want), (s, z, lo, hi)
+                cases += 1
+    assert cases > 5000
+
+
+def test_code_clip_declines_where_dequantizing_does_not_round_trip():
+    # fl32((c - z) * s) overflows to inf for most codes, so no code bounds stand for the Clip
+    q = QParams.of(DType.INT8, np.float32(1e37))
+    assert code_clip(0.0, None, q) is None
+    assert code_clip(0.0, 6.0, QParams.of(DType.INT8, np.float32(6 / 127))) == (0, 127)
