@@ -63,7 +63,7 @@ def clip_changes_codes(lo: float | None, hi: float | None, q: QParams) -> bool:
     return (lo is not None and np.float32(lo) > low) or (hi is not None and np.float32(hi) < high)
 
 
-END = ("min_code", "max_code")
+_CLIP_CODE_NAMES = ("min_code", "max_code")
 
 
 def code_clip(lo: float | None, hi: float | None, q: QParams) -> tuple[int, int] | None:
@@ -106,7 +106,9 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     held = code_clip(*bounds, qp) if chain_clip and qp is not None and shape is None else None
     if held is not None and ctx.graph.offset(qp):  # uint8 codes: onnxruntime's kernels take them
         codes = ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped")
-        lo_c, hi_c = (ctx.graph.code_const(f"{op.name}/{e}", c, qp) for e, c in zip(END, held))
+        lo_c, hi_c = (
+            ctx.graph.code_const(f"{op.name}/{e}", c, qp) for e, c in zip(_CLIP_CODE_NAMES, held)
+        )
         ctx.set_codes(op, ctx.graph.node("Clip", [codes, lo_c, hi_c], f"{op.name}/codes"), qp)
         for f in chain:
             ctx.alias(f, ctx.env[OpRef(op.name, 0)])
