@@ -248,59 +248,56 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return fc.emit(codes, so, out)
 
 
-def _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
-    """(value, QInfo) of an eval-mode batch_norm on the onnxruntime profiles (float islands):
-    onnxruntime's BatchNormalization on the dequantized codes (``numerics.ort_batch_norm``),
-    then QuantizeLinear; None elsewhere (the float fallback)."""
-    from quantlab.numerics.ort_batch_norm import ort_batch_norm
-    from quantlab.numerics.quantize import dequantize, quantize
+def _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn):
+    """(value, QInfo) of ``fn`` on the dequantized input codes, quantized at the op's output
+    (``fc.dequantize_quantize``): a norm as the onnxruntime profiles run it between
+    DequantizeLinear and QuantizeLinear; None on other platforms, for an input without codes
+    or a float output (the float fallback)."""
     from quantlab.platform_rules import FloatIslands
 
     p = sim.platform
     info = in_infos[0] if in_infos else None
-    v = _named_args(call, _BATCH_NORM_ARGS)
-    mean, var = v["running_mean"], v["running_var"]
     if (
         p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ
         or not fc.zp_info(info)
         or not rq.output_dtype.is_int
-        or v["training"]
-        or mean is None
-        or var is None
     ):
         return None
-    x = dequantize(
-        fc.codes(args, kwargs, plan.acts[0], info), info.scale, zero_point=info.zero_point
-    )
-    eps = 1e-5 if v["eps"] is None else float(v["eps"])
-    y = ort_batch_norm(x, mean, var, v["weight"], v["bias"], eps)
+    xc = fc.codes(args, kwargs, plan.acts[0], info)
     out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
-    return fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
+    codes = fc.dequantize_quantize(
+        fn, [(xc, info.scale, info.zero_point)], so, out, zo, p.fake_round
+    )
+    return fc.emit(codes, so, out, zo)
+
+
+def _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
+    """An eval-mode batch_norm as onnxruntime's BatchNormalization computes it
+    (``numerics.ort_batch_norm``) in a float island (``_float_island``); None otherwise."""
+    from quantlab.numerics.ort_batch_norm import ort_batch_norm
+
+    v = _named_args(call, _BATCH_NORM_ARGS)
+    mean, var = v["running_mean"], v["running_var"]
+    if v["training"] or mean is None or var is None:
+        return None
+    eps = 1e-5 if v["eps"] is None else float(v["eps"])
+
+    def fn(x):
+        return ort_batch_norm(x, mean, var, v["weight"], v["bias"], eps)
+
+    return _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn)
 
 
 def _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
-    """(value, QInfo) of a layer_norm on the onnxruntime profiles (float islands):
-    onnxruntime's LayerNormalization on the dequantized codes (``numerics.ort_layer_norm``),
-    then QuantizeLinear; None elsewhere (the float fallback)."""
+    """A layer_norm as onnxruntime's LayerNormalization computes it
+    (``numerics.ort_layer_norm``) in a float island (``_float_island``); None otherwise."""
     from quantlab.numerics.ort_layer_norm import ort_layer_norm
-    from quantlab.numerics.quantize import dequantize, quantize
-    from quantlab.platform_rules import FloatIslands
 
-    p = sim.platform
-    info = in_infos[0] if in_infos else None
-    if (
-        p.float_islands is not FloatIslands.ONNXRUNTIME_QDQ
-        or not fc.zp_info(info)
-        or not rq.output_dtype.is_int
-    ):
-        return None
-    nc = norm_call(call)
-    x = dequantize(
-        fc.codes(args, kwargs, plan.acts[0], info), info.scale, zero_point=info.zero_point
-    )
-    y = ort_layer_norm(x, len(nc.layout.normalized_shape), nc.weight, nc.bias, nc.eps)
-    out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
-    return fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
+    def fn(x):
+        nc = norm_call(call)
+        return ort_layer_norm(x, len(nc.layout.normalized_shape), nc.weight, nc.bias, nc.eps)
+
+    return _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn)
 
 
 def _version(t: Tensor | None) -> int | None:
