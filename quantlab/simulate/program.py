@@ -252,13 +252,11 @@ def _hooked(named_modules) -> str | None:
     else the first of ``named_modules`` ((name, module) pairs) with hooks of its own; None."""
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return "the process (global module hooks)"
-    named_modules = named_modules if isinstance(named_modules, list) else list(named_modules)
-    if not any(map(_has_hooks, named_modules)):
+    hooked = next(filter(_has_hooks, named_modules), None)
+    if hooked is None:
         return None
-    for name, m in named_modules:
-        if m._forward_hooks or m._forward_pre_hooks:
-            return f"module {name or type(m).__name__}"
-    return None
+    name, m = hooked
+    return f"module {name or type(m).__name__}"
 
 
 def _has_hooks(named: tuple[str, nn.Module]) -> bool:
