@@ -103,8 +103,10 @@ def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     bounds = fused_clamp_bounds(chain[-1]) if chain else None
     # left out where every code of the output's range is within the bounds
     chain_clip = bool(chain) and (qp is None or clip_changes_codes(*bounds, qp))
-    held = code_clip(*bounds, qp) if chain_clip and qp is not None and shape is None else None
-    if held is not None and ctx.graph.offset(qp):  # uint8 codes: onnxruntime's kernels take them
+    # on the codes where they are written as uint8 (onnxruntime's kernels take them)
+    on_codes = chain_clip and qp is not None and shape is None and ctx.graph.offset(qp)
+    held = code_clip(*bounds, qp) if on_codes else None
+    if held is not None:
         codes = ctx.graph.quantize(y, qp, base=f"{op.name}/unclamped")
         lo_c, hi_c = (
             ctx.graph.code_const(f"{op.name}/{e}", c, qp) for e, c in zip(_CLIP_CODE_NAMES, held)
