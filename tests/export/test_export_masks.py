@@ -72,13 +72,19 @@ def _exported_matches_fixed(model, calib, example, inputs, tmp_path, name="m"):
     return sim, info
 
 
-def test_a_mask_built_from_an_integer_input_is_computed_by_the_graph(tmp_path):
-    torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
+def _masked_model_matches(make_model, seed: int, tmp_path, name: str) -> list[tuple]:
+    """``_exported_matches_fixed`` on (x, mask) pairs (``_masks``) from ``seed``, the model
+    made after torch's seed is set; returns the inputs."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
     calib = _masks(g)
     inputs = _masks(g)
-    example = inputs[1]
-    _exported_matches_fixed(_MaskedAttention(), calib, example, inputs, tmp_path)
+    _exported_matches_fixed(make_model(), calib, inputs[1], inputs, tmp_path, name)
+    return inputs
+
+
+def test_a_mask_built_from_an_integer_input_is_computed_by_the_graph(tmp_path):
+    inputs = _masked_model_matches(_MaskedAttention, 0, tmp_path, "m")
     import onnx
 
     written = {n.op_type for n in onnx.load(tmp_path / "m.onnx").graph.node}
@@ -244,11 +250,7 @@ class _IndexedMask(nn.Module):
 
 
 def test_a_mask_indexed_by_constant_index_tensors_is_gathered(tmp_path):
-    torch.manual_seed(6)
-    g = torch.Generator().manual_seed(7)
-    calib = _masks(g)
-    inputs = _masks(g)
-    _exported_matches_fixed(_IndexedMask(), calib, inputs[1], inputs, tmp_path, "indexed")
+    _masked_model_matches(_IndexedMask, 6, tmp_path, "indexed")
     import onnx
 
     assert "GatherND" in {n.op_type for n in onnx.load(tmp_path / "indexed.onnx").graph.node}
@@ -270,11 +272,7 @@ class _WritesAConstant(nn.Module):
 
 
 def test_a_constant_written_in_place_keeps_the_values_each_read_saw(tmp_path):
-    torch.manual_seed(8)
-    g = torch.Generator().manual_seed(9)
-    calib = _masks(g)
-    inputs = _masks(g)
-    _exported_matches_fixed(_WritesAConstant(), calib, inputs[1], inputs, tmp_path, "writes")
+    _masked_model_matches(_WritesAConstant, 8, tmp_path, "writes")
 
 
 class _BoolSelected(nn.Module):
