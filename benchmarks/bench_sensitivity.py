@@ -6,8 +6,9 @@ naive method, one full forward per studied op, measured in the same run, and und
 The load average (``os.getloadavg``) before and after is recorded with the figures.
 
 Both methods make exactly the same per-op runs (the same ``Simulator.run`` calls, with and
-without ``replay=``); they are timed op by op and *paired* (for each op the naive and the fast
-run follow each other, in alternating order), so load from other processes hits both alike.
+without ``replay=``); they are timed op by op and *grouped* (for each op the naive and the
+replayed runs follow each other, the order reversed every other op), so load from other
+processes hits them alike.
 (mobilenet_v2 has no index op, so the frozen-indices mode of the library is inactive, as here.)
 The fast total includes recording the all-float baseline trace (shared by both passes). The
 activation scales and weight codes are computed once before timing (both methods need the same
@@ -15,7 +16,11 @@ ones). Every fast output is checked equal, bit for bit, to its naive twin. Also 
 work ratio in flops (the fast method recomputes the studied op and everything after it), which
 does not depend on the machine. And the floor of the replayed method on this machine: the
 time the plain eager model spends from each studied op's start to the end of its forward,
-plus one forward for the baseline trace, over the naive time (``eager_suffix_shares``).
+plus one forward for the baseline trace, over the naive time (``eager_suffix_shares``). The
+replayed runs keep their convolutions in oneDNN's blocked layout (``Simulator.blocked_replay``,
+``quantlab.simulate.blocked_layout``), which the plain model reorders into and out of around
+every convolution, so they can run below that floor; the same replayed runs with the dense
+layout (``blocked_replay = False``) are timed too, in the same pairs, to show each part's share.
 
 The process keeps freed memory (``quantlab.host_memory.keep_freed_memory``), as
 ``python -m quantlab`` does; ``--system-malloc`` leaves the C library's default, under which
@@ -142,7 +147,7 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
     user = sim.spec
     sim.set_qconfig(float_inputs_spec(user, set(ops.loc[ops["supported"], "op_type"])))
     result: dict = {"passes": {}}
-    t_fast = t_naive = t_floor = 0.0
+    t_fast = t_dense = t_naive = t_floor = 0.0
     w_fast = w_naive = 0.0
     mismatches = 0
     # warm the activation scales and weight codes once (untimed): both methods need them
@@ -164,6 +169,7 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
             * (sum(shares.values()) + (1 if kind is SensitiveType.ACTIVATION else 0))
         )
         k_fast = t_trace if kind is SensitiveType.ACTIVATION else 0.0
+        k_dense = k_fast
         k_naive = 0.0
         for i, name in enumerate(tqdm(names, desc=f"bench {kind.value}")):
             mode, op_modes = pass_modes(kind, name)
@@ -175,14 +181,25 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
                 def fast(b=b, tr=tr, mode=mode, op_modes=op_modes):
                     return sim.run(*b, mode=mode, op_modes=op_modes, replay=tr)
 
+                def dense(b=b, tr=tr, mode=mode, op_modes=op_modes):
+                    sim.blocked_replay = False
+                    try:
+                        return sim.run(*b, mode=mode, op_modes=op_modes, replay=tr)
+                    finally:
+                        sim.blocked_replay = True
+
                 if i % 2 == 0:
                     y_naive, dn = _timed(naive)
                     y_fast, df = _timed(fast)
+                    y_dense, dd = _timed(dense)
                 else:
+                    y_dense, dd = _timed(dense)
                     y_fast, df = _timed(fast)
                     y_naive, dn = _timed(naive)
                 mismatches += not _same(y_naive, y_fast)
+                mismatches += not _same(y_naive, y_dense)
                 k_fast += df
+                k_dense += dd
                 k_naive += dn
             start = order.index(name)
             w_fast += sum(flops[n] for n in order[start:]) * len(batches)
@@ -191,13 +208,16 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
             "ops": len(names),
             "naive_s": k_naive,
             "fast_s": k_fast,
+            "dense_s": k_dense,
             "trace_s": t_trace if kind is SensitiveType.ACTIVATION else 0.0,
             "ratio": k_fast / k_naive,
+            "dense_ratio": k_dense / k_naive,
             "eager_forward_s": eager_s,
             "floor_s": k_floor,
             "floor_ratio": k_floor / k_naive,
         }
         t_fast += k_fast
+        t_dense += k_dense
         t_naive += k_naive
         t_floor += k_floor
     sim.set_qconfig(user)
@@ -210,6 +230,8 @@ def bench(model: str, data: str, photos: int, calib: int, platform: str) -> dict
             "naive_s": t_naive,
             "fast_s": t_fast,
             "ratio": t_fast / t_naive,
+            "dense_s": t_dense,
+            "dense_ratio": t_dense / t_naive,
             "floor_s": t_floor,
             "floor_ratio": t_floor / t_naive,
             "work_ratio_flops": w_fast / w_naive,
@@ -235,17 +257,19 @@ def report(r: dict) -> str:
         "",
         f"CPU: {r['cpu']}. Memory: {r['malloc']}.",
         "",
-        "| pass | ops studied | naive (s) | replayed (s, incl. trace) | ratio | floor (s) | "
-        "floor ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| pass | ops studied | naive (s) | replayed (s, incl. trace) | ratio | "
+        "replayed, dense layout (s) | ratio | dense floor (s) | floor ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, p in r["passes"].items():
         lines.append(
             f"| {kind} | {p['ops']} | {p['naive_s']:.2f} | {p['fast_s']:.2f} | {p['ratio']:.3f} "
+            f"| {p['dense_s']:.2f} | {p['dense_ratio']:.3f} "
             f"| {p['floor_s']:.2f} | {p['floor_ratio']:.3f} |"
         )
     lines += [
         f"| **total** | | {r['naive_s']:.2f} | {r['fast_s']:.2f} | **{r['ratio']:.3f}** "
+        f"| {r['dense_s']:.2f} | {r['dense_ratio']:.3f} "
         f"| {r['floor_s']:.2f} | **{r['floor_ratio']:.3f}** |",
         "",
         f"- Time ratio replayed / naive: **{r['ratio']:.3f}** (target <= {r['limit']}, "
@@ -254,29 +278,28 @@ def report(r: dict) -> str:
         f"{r['time_limit_s']:.0f} s): " + ("met" if r["time_pass"] else "MISSED") + ".",
         f"- Load average (1, 5, 15 min) {r['load_before']} before, {r['load_after']} after, "
         f"on {r['cpu_count']} cores (a busy machine distorts seconds more than the ratio).",
-        f"- Floor: **{r['floor_ratio']:.3f}** of the naive time. The replayed method computes "
-        "the studied op and every op after it, and records the baseline trace (at least one "
-        "forward). The floor is that work timed in the plain eager model (`model(x)` under "
-        "`no_grad`, median of 9 forwards, "
+        f"- Dense floor: **{r['floor_ratio']:.3f}** of the naive time. The replayed method "
+        "computes the studied op and every op after it, and records the baseline trace (at "
+        "least one forward). The floor is that work timed in the plain eager model (`model(x)` "
+        "under `no_grad`, median of 9 forwards, "
         f"{1e3 * r['passes']['activation']['eager_forward_s']:.0f} ms and "
         f"{1e3 * r['passes']['weight']['eager_forward_s']:.0f} ms for the two passes): each "
         "op's share of a forward from its start to the end, the start read at the next whole "
-        "leaf module (a lower bound). "
-        + (
-            "The floor is at or above the target: no method that computes the studied op "
-            "and every op after it as the plain model does can meet it here."
-            if r["floor_ratio"] >= r["limit"]
-            else f"The target lies {r['limit'] - r['floor_ratio']:.3f} above this floor: that "
-            "margin is all the replayed run's own work may take (the capture, the replayed "
-            "ops, the studied op's quantization)."
-        ),
+        "leaf module (a lower bound). It holds for any method that computes those ops as the "
+        "plain model does, in the dense layout: the replayed runs with `blocked_replay = "
+        f"False` take {r['dense_ratio']:.3f}. The replayed runs keep their convolutions' "
+        "outputs in oneDNN's blocked layout (`quantlab.simulate.blocked_layout`): the same "
+        "convolution primitive torch runs for the dense model, without the reorders into and "
+        "out of that layout around every convolution, and only where the first call of each "
+        "convolution and input shape gave the dense call's bits.",
         f"- Work ratio in flops (machine independent): {r['work_ratio_flops']:.3f}.",
-        f"- Outputs of the two methods differing in any bit: {r['output_mismatches']}.",
+        f"- Replayed outputs (blocked and dense layout) differing from the naive one in any bit: "
+        f"{r['output_mismatches']}.",
         f"- Process CPU time: {r['user_cpu_s']:.1f} s user, {r['system_cpu_s']:.1f} s system "
         f"(the kernel's share: page faults and zero fill of new mappings); peak resident size "
         f"{r['peak_rss_mib']:.0f} MiB.",
-        "- Per-op runs are paired (naive and replayed back to back, alternating order), so "
-        "load from other processes hits both alike.",
+        "- Per-op runs are grouped (naive and both replayed runs back to back, the order "
+        "reversed every other op), so load from other processes hits them alike.",
         "",
         "Reproduce: `.venv/bin/python benchmarks/bench_sensitivity.py"
         + (" --system-malloc" if not r["freed_memory_kept"] else "")

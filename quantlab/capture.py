@@ -363,7 +363,8 @@ class CaptureMode(TorchFunctionMode):
     ``before``: told of every torch call first, ``before(func, args, kwargs, kind)`` with
     ``classify``'s kind, whether or not the call is captured (a call not handed to ``handler``
     runs right after it, as does a captured call of no category, before ``handler`` sees it;
-    a decomposed call: each of its parts).
+    a decomposed call: each of its parts); it returns None, or the (args, kwargs) the call
+    runs with instead.
     """
 
     def __init__(
@@ -371,7 +372,7 @@ class CaptureMode(TorchFunctionMode):
         tracker: ModuleTracker,
         handler: Handler,
         on_mutation: Callable[[torch.Tensor], None] | None = None,
-        before: Callable[[Callable, tuple, dict, tuple | None], None] | None = None,
+        before: Callable[[Callable, tuple, dict, tuple | None], tuple | None] | None = None,
     ) -> None:
         super().__init__()
         self.tracker = tracker
@@ -392,7 +393,9 @@ class CaptureMode(TorchFunctionMode):
                     return parts()
         kind = classify(func, args, kwargs)
         if self.before is not None:
-            self.before(func, args, kwargs, kind)
+            swapped = self.before(func, args, kwargs, kind)
+            if swapped is not None:
+                args, kwargs = swapped
         if kind is None or not _has_float_tensor(args, kwargs) or _model_constant(func, args):
             return func(*args, **kwargs)
         op_type, category = kind

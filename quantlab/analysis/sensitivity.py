@@ -20,7 +20,9 @@ max pooling, ...), which keep their input's scale, and ops fused into a precedin
 (batch_norm, relu6 after a conv), whose GEMM stands for the fused chain.
 
 Speed: the baseline of each batch is recorded once (``Simulator.trace``) and every per-op run
-replays it, so the ops upstream of the studied op are not recomputed. Discontinuous index ops
+replays it, so the ops upstream of the studied op are not recomputed; in the all-float passes
+the convolutions downstream of it keep their outputs in oneDNN's blocked layout where that gives
+the dense run's bits (``quantlab.simulate.blocked_layout``). Discontinuous index ops
 (topk, sort, argsort, argmax, argmin, max/min along a dim) reuse the baseline's indices
 (``FrozenIndices``), so a tiny perturbation that flips an index does not dominate the ranking;
 grid_sample and interpolate downstream of the studied op already run in float (baseline mode).

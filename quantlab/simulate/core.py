@@ -39,6 +39,8 @@ from quantlab.capture import CaptureMode, ModuleTracker, OpCategory
 from quantlab.decompositions import DecomposingMode
 from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
+from quantlab.simulate import blocked_layout
+from quantlab.simulate.blocked_layout import BlockedConvs
 from quantlab.simulate.discovery import OpDiscovery, _OpInfo
 from quantlab.simulate.dispatch import OpDispatch
 from quantlab.simulate.model_inputs import (
@@ -71,7 +73,10 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     dynamo) once runs of one mode and input signature have taken
     ``steady_programs.PROGRAM_AFTER_S`` seconds; the
     same bits, without the per-op capture (``quantlab.simulate.steady_programs``); False keeps
-    every run captured. ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
+    every run captured. ``blocked_replay``: a FLOAT replay run keeps the float convolutions
+    after its studied op in oneDNN's blocked layout where that gives the same bits
+    (``quantlab.simulate.blocked_layout``); False computes them as the model does.
+    ``train_step`` fine-tunes the model through FAKE (or HYBRID) mode with
     straight-through gradients (``quantlab.simulate.training``). Every run evaluates the model
     in eval mode (BatchNorm running statistics, no Dropout) and
     then restores each module's own train flag; a run never changes the model's parameters,
@@ -87,6 +92,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         input_quant: InputQuants | None = None,
         fake_ops: FakeOps = FakeOps.QAT,
         steady_programs: bool = True,
+        blocked_replay: bool = True,
     ) -> None:
         self.model = model
         # positional inputs that arrive as codes at a fixed scale (None: what the model declares)
@@ -127,6 +133,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
         # steady runs' traced programs, per mode and input signature (None: always captured)
         self.steady_programs = SteadyPrograms() if steady_programs else None
+        self.blocked_replay = blocked_replay
+        self._blocked_convs = BlockedConvs()
+        self._blocked_plan: tuple[tuple, dict] = ((), {})  # (op order, blocked_layout.plan)
 
     # ------------------------------------------------------------------ public API
     def calibrate(
@@ -323,6 +332,16 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             st.replay_stops = frozenset(self._fused_into.get(n, n) for n in op_modes)
         return st
 
+    def _blocked_convs_of_graph(self) -> dict | None:
+        """``blocked_layout.plan`` of the discovered op graph (kept while the op order stays);
+        None where torch has no oneDNN."""
+        if not blocked_layout.available():
+            return None
+        order = tuple(self._order)
+        if self._blocked_plan[0] != order:
+            self._blocked_plan = (order, blocked_layout.plan(self._order, self._info, self._chain))
+        return self._blocked_plan[1] or None
+
     def _plain(self, st: RunState) -> bool:
         """A FLOAT run that needs nothing recorded (ops discovered, no overrides, replay,
         trace or calibration): the model runs as written, with nothing captured (a call the
@@ -376,6 +395,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
                 with torch.no_grad(), DecomposingMode() if self._decomposes else nullcontext():
                     return self.model(*inputs)
             mark_quantized_inputs(st.qt, inputs, self.input_quant)
+            if self.blocked_replay and st.defers_copies() and st.mode is Mode.FLOAT:
+                st.blocked = self._blocked_convs_of_graph()
             capture = CaptureMode(
                 self._tracker,
                 self._handle,
@@ -384,6 +405,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             )
             with torch.enable_grad() if st.grad else torch.no_grad(), self._tracker, capture:
                 out = self.model(*inputs)
+                if st.blocked_used:
+                    out = blocked_layout.dense_leaves(out)
             self._decomposes |= capture.decomposed
         finally:
             st.materialize_all()  # replayed outputs the model still holds get their values

@@ -41,6 +41,7 @@ class _OpInfo:
     producers: list  # producer op name (or None) of each activation input
     input_dtypes: list = field(default_factory=list)
     post: tuple | None = None  # batch_norm: (mean, var, weight, bias, eps); clamp: (lo, hi)
+    inplace: bool = False  # the call writes into its first argument
 
 
 class OpDiscovery:
@@ -276,6 +277,7 @@ class OpDiscovery:
         if old is not None:
             inf.input_dtypes = old.input_dtypes
         inf.post = calls.post_params(call)
+        inf.inplace = calls.is_inplace(call)
         st.infos[name] = inf
         st.order.append(name)
         return inf

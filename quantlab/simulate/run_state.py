@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from quantlab.simulate import trace_record
+from quantlab.simulate import blocked_layout, trace_record
 from quantlab.simulate.modes import CallObserver, Mode, OpMode, Trace
 from quantlab.simulate.qtensor import QTable, values_hold
 
@@ -42,6 +42,11 @@ class RunState:
     pending: QTable = field(default_factory=QTable)
     # while recording a trace: storage address -> the ops whose record holds that storage
     record_storages: dict = field(default_factory=dict)
+    # a replay run's convolutions whose output may stay blocked (``blocked_layout.plan``)
+    blocked: dict | None = None
+    blocked_used: bool = False  # a blocked tensor was made in this run
+    # blocked tensor -> the bound shown on its magnitude (``blocked_layout.BlockedConvs``)
+    blocked_bounds: QTable = field(default_factory=QTable)
 
     def only_computes(self) -> bool:
         """A run that records, observes, isolates and trains nothing: it only computes."""
@@ -90,7 +95,7 @@ class RunState:
         for t, _ in self.pending.live():
             self.materialize(t)
 
-    def before_call(self, func, args: tuple, kwargs: dict, kind) -> None:
+    def before_call(self, func, args: tuple, kwargs: dict, kind) -> tuple[tuple, dict] | None:
         """Told of every torch call of the run first (``CaptureMode``'s ``before``). A call
         that is not a modelled op runs before the dispatch sees it, or without it: the pending
         replayed outputs among its arguments take their values now. A modelled op's call goes
@@ -100,13 +105,18 @@ class RunState:
         first while the run lasts (unless the model turns torch's function handling off
         itself), and the end of the run gives the rest their values (``Simulator._forward``).
         While recording a trace, a call about to write into a tensor first makes every record
-        sharing its memory a copy (``trace_record.before_write``)."""
+        sharing its memory a copy (``trace_record.before_write``). A call that is not a
+        modelled op and reads a blocked convolution output (``blocked_layout``) gets its
+        arguments back made dense (returned: the call runs on them); None: run as given."""
         if self.trace is not None:
             target = trace_record.written_tensor(func, args, kwargs)
             if target is not None:
                 trace_record.before_write(target, self)
         if self.pending and (kind is None or kind[1] is None):
             self.materialize_read(args, kwargs)
+        if self.blocked_used and (kind is None or kind[1] is None):
+            return blocked_layout.dense_args(func, args, kwargs)
+        return None
 
     def forget(self, t: Tensor) -> None:
         """A float op changed ``t`` in place: its codes and its grid no longer hold."""

@@ -1,0 +1,215 @@
+"""A FLOAT replay run keeps its convolutions' outputs in oneDNN's blocked layout where the op
+graph allows it (``blocked_layout.plan``) and gives the dense run's bits: the naive run's for
+every studied op of the activation and weight passes. A blocked form that gave other bits on
+its first call, a convolution whose partial sums could overflow float32 or whose input holds a
+NaN, stays dense; a run that departs from the discovered graph makes its blocked tensors dense
+before anything else reads them, and refuses an in-place write into one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from torch import nn
+
+from quantlab.analysis.sensitivity import SensitiveType, pass_modes, studied_ops
+from quantlab.simulate import Mode, Simulator, blocked_layout
+
+
+class Inverted(nn.Module):
+    """MobileNetV2's pattern and its neighbours: conv + ReLU6 chains, a depthwise conv, a
+    projection without a clamp, a residual add, a conv + ReLU, a conv + batch_norm (a chain
+    oneDNN's post-op does not take), and a conv read by a mean (its output is made dense)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.expand = nn.Conv2d(16, 48, 1)
+        self.dw = nn.Conv2d(48, 48, 3, padding=1, groups=48)
+        self.project = nn.Conv2d(48, 16, 1)
+        self.plain = nn.Conv2d(16, 16, 3, padding=1)
+        self.normed = nn.Conv2d(16, 16, 1)
+        self.bn = nn.BatchNorm2d(16)
+        self.head = nn.Conv2d(16, 32, 1)
+        self.fc = nn.Linear(32, 5)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-0.5, 0.5)
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        h = F.relu6(self.stem(x))
+        y = F.relu6(self.dw(F.relu6(self.expand(h))))
+        h = h + self.project(y)
+        h = F.relu(self.plain(h))
+        h = self.bn(self.normed(h))
+        h = F.relu6(self.head(h))
+        return self.fc(h.mean((2, 3)))
+
+
+def _sim(model: nn.Module, batch: int = 4) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    sim = Simulator(model, "j6m")
+    sim.calibrate([(torch.randn(batch, 3, 16, 16, generator=g),) for _ in range(2)], progress=False)
+    x = torch.randn(batch, 3, 16, 16, generator=g)
+    sim.run(x, mode=Mode.FAKE)
+    return sim, x
+
+
+def _conv(sim: Simulator, module: str) -> str:
+    return next(n for n in sim.ops["name"] if n.startswith(f"{module}:conv2d"))
+
+
+def test_plan_keeps_blocked_only_outputs_that_convolutions_adds_and_relus_read():
+    sim, _ = _sim(Inverted())
+    plan = sim._blocked_convs_of_graph()
+    got = {n.split(":")[0]: v for n, v in plan.items()}
+    assert got == {
+        "stem": ("hardtanh", [0.0, 6.0], True),  # read by expand and the residual add
+        "expand": ("hardtanh", [0.0, 6.0], True),
+        "dw": ("hardtanh", [0.0, 6.0], True),
+        "project": ("none", [], True),  # read by the add, whose reader is a convolution
+        "plain": ("none", [], False),  # its ReLU is read by a conv with a batch_norm chain
+        "head": ("hardtanh", [0.0, 6.0], False),  # read by a mean: made dense
+    }  # normed: its batch_norm is no oneDNN post-op
+
+
+@pytest.mark.parametrize("kind", [SensitiveType.ACTIVATION, SensitiveType.WEIGHT])
+def test_replayed_passes_give_the_naive_bits_with_blocked_convolutions(kind):
+    sim, x = _sim(Inverted())
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    names = studied_ops(sim, kind)
+    assert len(names) >= 6
+    for name in names:
+        mode, op_modes = pass_modes(kind, name)
+        naive = sim.run(x, mode=mode, op_modes=op_modes)
+        fast = sim.run(x, mode=mode, op_modes=op_modes, replay=trace)
+        assert fast.layout is torch.strided
+        assert_bits_equal(fast, naive)
+        sim.blocked_replay = False
+        assert_bits_equal(sim.run(x, mode=mode, op_modes=op_modes, replay=trace), naive)
+        sim.blocked_replay = True
+    checked = sim._blocked_convs.checked
+    # the convolutions that run after a studied op ran blocked and gave the dense bits: the
+    # head's input is dense (the batch_norm's output), the stem is never after a studied op
+    assert {k[0].split(":")[0] for k in checked} == {"expand", "dw", "project", "plain"}
+    assert all(checked.values())
+
+
+def _spy(monkeypatch, perturb: bool = False) -> list:
+    """Count blocked convolutions; ``perturb``: each gives other bits (one LSB more)."""
+    calls = []
+    real = blocked_layout.pointwise_conv
+
+    def spy(*args):
+        calls.append(args[1].shape)
+        out = real(*args)
+        if perturb:
+            d = out.to_dense()
+            out = torch.nextafter(d, torch.full_like(d, float("inf"))).to_mkldnn()
+        return out
+
+    monkeypatch.setattr(blocked_layout, "pointwise_conv", spy)
+    return calls
+
+
+def _replay_matches_naive(sim, x, name) -> None:
+    mode, op_modes = pass_modes(SensitiveType.ACTIVATION, name)
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    assert_bits_equal(
+        sim.run(x, mode=mode, op_modes=op_modes, replay=trace),
+        sim.run(x, mode=mode, op_modes=op_modes),
+    )
+
+
+def test_a_blocked_form_with_other_bits_on_its_first_call_stays_dense(monkeypatch):
+    sim, x = _sim(Inverted())
+    calls = _spy(monkeypatch, perturb=True)
+    first = _conv(sim, "stem")
+    _replay_matches_naive(sim, x, first)
+    n = len(calls)
+    # expand, dw and project refused (each input dense then); plain's input never blocked
+    assert n == 3 and len(sim._blocked_convs.checked) == n
+    assert not any(sim._blocked_convs.checked.values())
+    _replay_matches_naive(sim, x, first)
+    assert len(calls) == n  # refused keys are not tried again
+
+
+def test_a_convolution_that_could_overflow_float32_stays_dense(monkeypatch):
+    sim, x = _sim(Inverted())
+    with torch.no_grad():
+        sim.model.expand.weight.mul_(1e38)  # |partial sums| could pass float32's range / 4
+    calls = _spy(monkeypatch)
+    _replay_matches_naive(sim, x, _conv(sim, "stem"))
+    assert [k[0].split(":")[0] for k in sim._blocked_convs.checked] == ["dw", "project", "plain"]
+    assert tuple(sim.model.expand.weight.shape) not in calls
+
+
+def test_an_input_holding_nan_keeps_the_convolutions_dense(monkeypatch):
+    # a fused clamp (oneDNN's clip) maps NaN to its lower bound where torch's keeps NaN
+    sim, x = _sim(Inverted())
+    x = x.clone()
+    x[0, 0, 3, 3] = float("nan")
+    calls = _spy(monkeypatch)
+    _replay_matches_naive(sim, x, _conv(sim, "stem"))
+    assert calls == []
+    a = torch.tensor([1.0, -3.0, 2.0])
+    assert blocked_layout.magnitude(a) == 3.0
+    assert blocked_layout.magnitude(torch.tensor([1.0, float("nan")])) != 0.0  # NaN
+
+
+class Departs(nn.Module):
+    """conv (studied) -> conv + ReLU6 -> conv in the discovered run; ``read`` set later puts
+    another reader of the ReLU6 between: a view (not a modelled op), a mean (a modelled op) or
+    an in-place fill."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Conv2d(3, 3, 1)
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.read = None
+
+    def forward(self, x):
+        h = F.relu6(self.a(self.pre(x)))
+        extra = 0.0
+        if self.read == "view":
+            extra = h.reshape(h.shape[0], -1)[:, :5].sum()
+        elif self.read == "mean":
+            extra = h.mean()
+        elif self.read == "fill":
+            h.masked_fill_(h > 5.0, 5.0)
+        return self.b(h) + extra
+
+
+@pytest.mark.parametrize("read", ["view", "mean"])
+def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
+    sim, x = _sim(Departs())
+    first = _conv(sim, "pre")
+    assert sim._blocked_convs_of_graph()[_conv(sim, "a")][2]  # discovered: conv b reads it
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    sim.model.read = read
+    mode, op_modes = pass_modes(SensitiveType.WEIGHT, first)
+    naive = sim.run(x, mode=mode, op_modes=op_modes)
+    sim.model.read = None
+    sim.run(x)  # the discovered graph again
+    sim.model.read = read
+    assert_bits_equal(sim.run(x, mode=mode, op_modes=op_modes, replay=trace), naive)
+
+
+def test_an_in_place_write_into_a_blocked_tensor_is_refused():
+    sim, x = _sim(Departs())
+    first = _conv(sim, "pre")
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    sim.model.read = "fill"
+    mode, op_modes = pass_modes(SensitiveType.WEIGHT, first)
+    with pytest.raises(RuntimeError, match="blocked layout.*blocked_replay = False"):
+        sim.run(x, mode=mode, op_modes=op_modes, replay=trace)
+    sim.blocked_replay = False
+    naive = sim.run(x, mode=mode, op_modes=op_modes)
+    sim.model.read = None
+    sim.run(x)
+    sim.model.read = "fill"
+    assert_bits_equal(sim.run(x, mode=mode, op_modes=op_modes, replay=trace), naive)
