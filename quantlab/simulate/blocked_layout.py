@@ -163,20 +163,19 @@ class BlockedConvs:
 
     def __init__(self) -> None:
         self.checked: dict[tuple, bool] = {}
-        self.weight_bounds: dict[str, tuple[tuple, float]] = {}
+        self.weight_bounds: dict[str, tuple[tuple, tuple[float, float]]] = {}
 
-    def _weight_bound(self, name: str, w: Tensor, b: Tensor | None) -> float:
-        """max_o sum |w_o| + max |b| of a convolution (float64; inf or NaN for a weight that
+    def _weight_bound(self, name: str, w: Tensor, b: Tensor | None) -> tuple[float, float]:
+        """(max_o sum |w_o|, max |b|) of a convolution (float64; inf or NaN for a weight that
         is not finite), kept while the weight and bias tensors and their versions stay."""
         stamp = (id(w), w._version, id(b), None if b is None else b._version)
         hit = self.weight_bounds.get(name)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        bound = float(w.detach().abs().flatten(1).sum(1, dtype=torch.float64).max())
-        if b is not None:
-            bound += float(b.detach().abs().max())
-        self.weight_bounds[name] = (stamp, bound)
-        return bound
+        w_sum = float(w.detach().abs().flatten(1).sum(1, dtype=torch.float64).max())
+        b_max = 0.0 if b is None else float(b.detach().abs().max())
+        self.weight_bounds[name] = (stamp, (w_sum, b_max))
+        return w_sum, b_max
 
     def run(self, call, post: tuple[str, list, bool], bounds) -> Tensor | None:
         """``call`` (a float32 ``conv2d`` of ``plan``) and its fused post-op, computed blocked:
@@ -216,7 +215,8 @@ class BlockedConvs:
         x_bound = bounds.get(x) if x.is_mkldnn else magnitude(x)
         if x_bound is None:
             return None
-        acc_bound = x_bound * self._weight_bound(call.name, w, b)
+        w_sum, b_max = self._weight_bound(call.name, w, b)
+        acc_bound = x_bound * w_sum + b_max
         if not acc_bound < FINITE_LIMIT:  # NaN or inf fail too
             return None
         xb = x if x.is_mkldnn else x.to_mkldnn()

@@ -213,3 +213,21 @@ def test_an_in_place_write_into_a_blocked_tensor_is_refused():
     sim.run(x)
     sim.model.read = "fill"
     assert_bits_equal(sim.run(x, mode=mode, op_modes=op_modes, replay=trace), naive)
+
+
+def test_the_bound_of_a_convolution_counts_its_bias_whatever_its_input():
+    from quantlab.capture import OpCall, OpCategory
+    from quantlab.simulate.qtensor import QTable
+
+    x = torch.full((2, 16, 8, 8), 0.5)
+    w = torch.full((8, 16, 3, 3), 0.25)  # 3x3, batch 2: torch's dense call is oneDNN's too
+    for b_max, runs in ((1.0, True), (float(blocked_layout.FINITE_LIMIT), False)):
+        b = torch.zeros(8)
+        b[3] = -b_max
+        call = OpCall("c:conv2d#0", "conv2d", OpCategory.GEMM, "c", 0, F.conv2d, (x, w, b), {})
+        bounds = QTable()
+        out = blocked_layout.BlockedConvs().run(call, ("none", [], True), bounds)
+        assert (out is not None) is runs
+        if runs:  # 0.5 x (16 x 9 x 0.25) + 1
+            assert bounds.get(out) == 19.0
+            assert_bits_equal(out.to_dense(), F.conv2d(x, w, b))
