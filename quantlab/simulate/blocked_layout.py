@@ -16,8 +16,10 @@ consumer of the output a convolution's input, or an out-of-place add / ReLU whos
 consumers qualify in turn; none an in-place op), and ``BlockedConvs`` keeps a convolution's
 output blocked only after its first call of each input shape and thread count gave the dense
 call's bits exactly (torch picks another kernel than oneDNN's for some shapes and hosts: then
-that convolution stays dense). A blocked tensor that reaches any other call, or the model's
-output, is made dense first (``dense_args``, ``dense_leaves``): a run that departs from the
+that convolution stays dense), and only where its partial sums are proven inside float32's
+range (``BlockedConvs``: oneDNN's fused clamp maps NaN to its lower bound, torch's keeps it, so
+no NaN may arise). A blocked tensor that reaches any other call, or the model's output, is made
+dense first (``dense_args``, ``dense_leaves``): a run that departs from the
 discovered graph still computes the dense run's values; an in-place op on a blocked tensor is
 refused (a ``RuntimeError``), since the model would keep the blocked tensor.
 """
@@ -81,10 +83,9 @@ def plan(order: list, infos: Mapping, chain: Mapping) -> dict[str, tuple[str, li
     record; ``chain``: GEMM -> fused ops) with a fused chain oneDNN computes (none, or one
     clamp). An output may stay blocked where every op that reads it (the output of its fused
     chain's last op) reads it as the input of a convolution of the plan, or is an out-of-place
-    add / ReLU all
-    of whose inputs may stay blocked and whose own readers qualify in turn; an output nothing
-    reads (the model's) is made dense. A convolution whose output is made dense runs blocked
-    only when its input arrives blocked (it then saves the reorder of its input)."""
+    add / ReLU all of whose inputs may stay blocked and whose own readers qualify in turn; an
+    output nothing reads (the model's) is made dense. A convolution whose output is made dense
+    runs blocked only when its input arrives blocked (it then saves the reorder of its input)."""
     readers: dict[str, list[tuple[str, int]]] = {}
     for name in order:
         for i, p in enumerate(infos[name].producers):
@@ -282,11 +283,12 @@ def dense_leaves(tree: Any) -> Any:
 
 def dense_args(func, args: tuple, kwargs: Mapping) -> tuple[tuple, dict] | None:
     """The arguments of a call that is about to read a blocked tensor, made dense; None when
-    it holds none or reads only metadata. RuntimeError for an in-place call on one: the model
-    would go on holding the blocked tensor."""
+    it holds none or reads only metadata. RuntimeError for an in-place call into one (its
+    first argument): the model would go on holding the blocked tensor."""
     if func in _METADATA or not has_blocked(args, kwargs):
         return None
-    if calls.inplace_by_name(func) or kwargs.get("inplace"):
+    into_blocked = bool(args) and isinstance(args[0], Tensor) and args[0].is_mkldnn
+    if into_blocked and (calls.inplace_by_name(func) or kwargs.get("inplace")):
         raise RuntimeError(
             f"{getattr(func, '__name__', func)} would write in place into a convolution output "
             "that a replay run keeps in oneDNN's blocked layout: this run's op graph departs "

@@ -231,3 +231,17 @@ def test_the_bound_of_a_convolution_counts_its_bias_whatever_its_input():
         if runs:  # 0.5 x (16 x 9 x 0.25) + 1
             assert bounds.get(out) == 19.0
             assert_bits_equal(out.to_dense(), F.conv2d(x, w, b))
+
+
+def test_a_call_reading_a_blocked_tensor_gets_it_dense_unless_it_writes_into_it():
+    a, b = torch.randn(2, 16, 4, 4), torch.randn(2, 16, 4, 4)
+    blocked = b.to_mkldnn()
+    assert blocked_layout.dense_args(torch.Tensor.shape.__get__, (blocked,), {}) is None
+    assert blocked_layout.dense_args(torch.Tensor.add_, (a, b), {}) is None  # nothing blocked
+    args, kwargs = blocked_layout.dense_args(torch.Tensor.add_, (a, [blocked]), {"alpha": 2})
+    assert args[0] is a and not args[1][0].is_mkldnn and kwargs == {"alpha": 2}
+    assert_bits_equal(args[1][0], b)
+    with pytest.raises(RuntimeError, match="add_ would write in place"):
+        blocked_layout.dense_args(torch.Tensor.add_, (blocked, a), {})
+    with pytest.raises(RuntimeError, match="would write in place"):
+        blocked_layout.dense_args(F.relu, (blocked,), {"inplace": True})
