@@ -405,8 +405,8 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             )
             with torch.enable_grad() if st.grad else torch.no_grad(), self._tracker, capture:
                 out = self.model(*inputs)
-                if st.blocked_used:
-                    out = blocked_layout.dense_leaves(out)
+            if st.blocked_used:  # a run departing from the discovered graph returned one
+                out = blocked_layout.dense_leaves(out)
             self._decomposes |= capture.decomposed
         finally:
             st.materialize_all()  # replayed outputs the model still holds get their values

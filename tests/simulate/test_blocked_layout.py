@@ -163,7 +163,7 @@ def test_an_input_holding_nan_keeps_the_convolutions_dense(monkeypatch):
 class Departs(nn.Module):
     """conv (studied) -> conv + ReLU6 -> conv in the discovered run; ``read`` set later puts
     another reader of the ReLU6 between: a view (not a modelled op), a mean (a modelled op) or
-    an in-place fill."""
+    an in-place fill; or the model returns the ReLU6's output too."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,10 +181,12 @@ class Departs(nn.Module):
             extra = h.mean()
         elif self.read == "fill":
             h.masked_fill_(h > 5.0, 5.0)
+        elif self.read == "return":
+            return h, self.b(h)
         return self.b(h) + extra
 
 
-@pytest.mark.parametrize("read", ["view", "mean"])
+@pytest.mark.parametrize("read", ["view", "mean", "return"])
 def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
     sim, x = _sim(Departs())
     first = _conv(sim, "pre")
@@ -196,7 +198,11 @@ def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
     sim.model.read = None
     sim.run(x)  # the discovered graph again
     sim.model.read = read
-    assert_bits_equal(sim.run(x, mode=mode, op_modes=op_modes, replay=trace), naive)
+    fast = sim.run(x, mode=mode, op_modes=op_modes, replay=trace)
+    for p, q in zip(fast if read == "return" else [fast], naive if read == "return" else [naive]):
+        assert p.layout is torch.strided
+        assert_bits_equal(p, q)
+    assert all(sim._blocked_convs.checked.values()) and sim._blocked_convs.checked
 
 
 def test_an_in_place_write_into_a_blocked_tensor_is_refused():
