@@ -56,8 +56,15 @@ _METADATA = frozenset(
 
 
 def available() -> bool:
-    """Whether this torch build computes convolutions with oneDNN (``torch.backends.mkldnn``)."""
-    return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    """Whether this torch build computes convolutions with oneDNN (``torch.backends.mkldnn``)
+    and has its fused convolution kernel."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
+    try:
+        torch.ops.mkldnn._convolution_pointwise  # noqa: B018 (resolving it is the check)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def _post_op(links: list, infos: Mapping) -> tuple[str, list] | None:
@@ -221,7 +228,13 @@ class BlockedConvs:
         if not acc_bound < FINITE_LIMIT:  # NaN or inf fail too
             return None
         xb = x if x.is_mkldnn else x.to_mkldnn()
-        out = pointwise_conv(xb, w, b, padding, stride, dilation, groups, attr, scalars)
+        try:
+            out = pointwise_conv(xb, w, b, padding, stride, dilation, groups, attr, scalars)
+        except (RuntimeError, NotImplementedError):
+            if ok:  # it ran for this key before: not a kernel this build lacks
+                raise
+            self.checked[key] = False  # this torch build has no such kernel for the shape
+            return None
         if ok is None:
             dense = call.run((x.to_dense() if x.is_mkldnn else x, *call.args[1:]), call.kwargs)
             if attr == "hardtanh":

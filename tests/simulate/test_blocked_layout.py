@@ -251,3 +251,15 @@ def test_a_call_reading_a_blocked_tensor_gets_it_dense_unless_it_writes_into_it(
         blocked_layout.dense_args(torch.Tensor.add_, (blocked, a), {})
     with pytest.raises(RuntimeError, match="would write in place"):
         blocked_layout.dense_args(F.relu, (blocked,), {"inplace": True})
+
+
+def test_a_kernel_this_torch_build_lacks_leaves_the_convolution_dense(monkeypatch):
+    sim, x = _sim(Inverted())
+
+    def missing(*args):
+        raise NotImplementedError("no oneDNN kernel for this build")
+
+    monkeypatch.setattr(blocked_layout, "pointwise_conv", missing)
+    _replay_matches_naive(sim, x, _conv(sim, "stem"))
+    checked = sim._blocked_convs.checked
+    assert checked and not any(checked.values())
