@@ -47,9 +47,9 @@ class Inverted(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
-def _sim(model: nn.Module, batch: int = 4) -> tuple[Simulator, torch.Tensor]:
-    torch.manual_seed(0)
-    model.eval()
+def _sim(make_model, batch: int = 4) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)  # the model's weights do not depend on the tests run before
+    model = make_model().eval()
     g = torch.Generator().manual_seed(1)
     sim = Simulator(model, "j6m")
     sim.calibrate([(torch.randn(batch, 3, 16, 16, generator=g),) for _ in range(2)], progress=False)
@@ -63,7 +63,7 @@ def _conv(sim: Simulator, module: str) -> str:
 
 
 def test_plan_keeps_blocked_only_outputs_that_convolutions_adds_and_relus_read():
-    sim, _ = _sim(Inverted())
+    sim, _ = _sim(Inverted)
     plan = sim._blocked_convs_of_graph()
     got = {n.split(":")[0]: v for n, v in plan.items()}
     assert got == {
@@ -78,7 +78,7 @@ def test_plan_keeps_blocked_only_outputs_that_convolutions_adds_and_relus_read()
 
 @pytest.mark.parametrize("kind", [SensitiveType.ACTIVATION, SensitiveType.WEIGHT])
 def test_replayed_passes_give_the_naive_bits_with_blocked_convolutions(kind):
-    sim, x = _sim(Inverted())
+    sim, x = _sim(Inverted)
     trace = sim.trace(x, mode=Mode.FLOAT)
     names = studied_ops(sim, kind)
     assert len(names) >= 6
@@ -125,7 +125,7 @@ def _replay_matches_naive(sim, x, name) -> None:
 
 
 def test_a_blocked_form_with_other_bits_on_its_first_call_stays_dense(monkeypatch):
-    sim, x = _sim(Inverted())
+    sim, x = _sim(Inverted)
     calls = _spy(monkeypatch, perturb=True)
     first = _conv(sim, "stem")
     _replay_matches_naive(sim, x, first)
@@ -138,7 +138,7 @@ def test_a_blocked_form_with_other_bits_on_its_first_call_stays_dense(monkeypatc
 
 
 def test_a_convolution_that_could_overflow_float32_stays_dense(monkeypatch):
-    sim, x = _sim(Inverted())
+    sim, x = _sim(Inverted)
     with torch.no_grad():
         sim.model.expand.weight.mul_(1e38)  # |partial sums| could pass float32's range / 4
     calls = _spy(monkeypatch)
@@ -149,7 +149,7 @@ def test_a_convolution_that_could_overflow_float32_stays_dense(monkeypatch):
 
 def test_an_input_holding_nan_keeps_the_convolutions_dense(monkeypatch):
     # a fused clamp (oneDNN's clip) maps NaN to its lower bound where torch's keeps NaN
-    sim, x = _sim(Inverted())
+    sim, x = _sim(Inverted)
     x = x.clone()
     x[0, 0, 3, 3] = float("nan")
     calls = _spy(monkeypatch)
@@ -188,7 +188,7 @@ class Departs(nn.Module):
 
 @pytest.mark.parametrize("read", ["view", "mean", "return"])
 def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
-    sim, x = _sim(Departs())
+    sim, x = _sim(Departs)
     first = _conv(sim, "pre")
     assert sim._blocked_convs_of_graph()[_conv(sim, "a")][2]  # discovered: conv b reads it
     trace = sim.trace(x, mode=Mode.FLOAT)
@@ -206,7 +206,7 @@ def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
 
 
 def test_an_in_place_write_into_a_blocked_tensor_is_refused():
-    sim, x = _sim(Departs())
+    sim, x = _sim(Departs)
     first = _conv(sim, "pre")
     trace = sim.trace(x, mode=Mode.FLOAT)
     sim.model.read = "fill"
@@ -254,7 +254,7 @@ def test_a_call_reading_a_blocked_tensor_gets_it_dense_unless_it_writes_into_it(
 
 
 def test_a_kernel_this_torch_build_lacks_leaves_the_convolution_dense(monkeypatch):
-    sim, x = _sim(Inverted())
+    sim, x = _sim(Inverted)
 
     def missing(*args):
         raise NotImplementedError("no oneDNN kernel for this build")
