@@ -20,7 +20,7 @@ plus one forward for the baseline trace, over the naive time (``eager_suffix_sha
 replayed runs keep their convolutions in oneDNN's blocked layout (``Simulator.blocked_replay``,
 ``quantlab.simulate.blocked_layout``), which the plain model reorders into and out of around
 every convolution, so they can run below that floor; the same replayed runs with the dense
-layout (``blocked_replay = False``) are timed too, in the same pairs, to show each part's share.
+layout (``blocked_replay = False``) are timed too, in the same groups, to show each part's share.
 
 The process keeps freed memory (``quantlab.host_memory.keep_freed_memory``), as
 ``python -m quantlab`` does; ``--system-malloc`` leaves the C library's default, under which
