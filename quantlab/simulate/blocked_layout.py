@@ -12,16 +12,18 @@ an out-of-place add or ReLU of blocked tensors runs on them as they are (exact e
 operations).
 
 Nothing is assumed: ``plan`` picks the convolutions from the discovered op graph (every
-consumer of the output a convolution's input, or an out-of-place add / ReLU whose inputs and
-consumers qualify in turn; none an in-place op), and ``BlockedConvs`` keeps a convolution's
+consumer of the output a convolution's input, or an add / ReLU, in place or not, whose inputs
+and consumers qualify in turn), and ``BlockedConvs`` keeps a convolution's
 output blocked only after its first call of each input shape and thread count gave the dense
 call's bits exactly (torch picks another kernel than oneDNN's for some shapes and hosts: then
 that convolution stays dense), and only where its partial sums are proven inside float32's
 range (``BlockedConvs``: oneDNN's fused clamp maps NaN to its lower bound, torch's keeps it, so
 no NaN may arise). A blocked tensor that reaches any other call, or the model's output, is made
 dense first (``dense_args``, ``dense_leaves``): a run that departs from the
-discovered graph still computes the dense run's values; an in-place op on a blocked tensor is
-refused (a ``RuntimeError``), since the model would keep the blocked tensor.
+discovered graph still computes the dense run's values. A modelled op writing in place into a
+blocked tensor runs on it as it is (an add or ReLU) or writes the dense call's result into it
+(``write_into``); any other call that would is refused (a ``RuntimeError``), since the model
+would keep the blocked tensor.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from quantlab.simulate import args as A
 from quantlab.simulate import calls
 
-# ops that compute on blocked tensors as they are, out of place, with the dense op's values
+# ops that compute on blocked tensors as they are (out of place or in place), with the dense
+# op's values
 NATIVE_OPS = frozenset(("add", "relu"))
 # calls that read only a tensor's metadata: a blocked tensor answers them as the dense one would
 _METADATA = frozenset(
@@ -89,10 +92,11 @@ def plan(order: list, infos: Mapping, chain: Mapping) -> dict[str, tuple[str, li
     the float32 ``conv2d`` calls of one run's op graph (``order``, ``infos``: name -> op
     record; ``chain``: GEMM -> fused ops) with a fused chain oneDNN computes (none, or one
     clamp). An output may stay blocked where every op that reads it (the output of its fused
-    chain's last op) reads it as the input of a convolution of the plan, or is an out-of-place
-    add / ReLU all of whose inputs may stay blocked and whose own readers qualify in turn; an
-    output nothing reads (the model's) is made dense. A convolution whose output is made dense
-    runs blocked only when its input arrives blocked (it then saves the reorder of its input)."""
+    chain's last op) reads it as the input of a convolution of the plan, or is an add / ReLU
+    (out of place or in place) all of whose inputs may stay blocked and whose own readers
+    qualify in turn; an output nothing reads (the model's) is made dense. A convolution whose
+    output is made dense runs blocked only when its input arrives blocked (it then saves the
+    reorder of its input)."""
     readers: dict[str, list[tuple[str, int]]] = {}
     for name in order:
         for i, p in enumerate(infos[name].producers):
@@ -115,7 +119,6 @@ def plan(order: list, infos: Mapping, chain: Mapping) -> dict[str, tuple[str, li
         n
         for n in order
         if infos[n].op_type in NATIVE_OPS
-        and not infos[n].inplace
         and len(infos[n].producers) == (2 if infos[n].op_type == "add" else 1)
     }
     blocked = set(end_of) | native
@@ -264,14 +267,17 @@ def pointwise_conv(x, w, b, padding, stride, dilation, groups, attr, scalars) ->
 
 
 def native_operands(call, bounds) -> tuple[tuple, float] | None:
-    """The arguments a ``NATIVE_OPS`` call (FLOAT, out of place, no keyword) computes on in
+    """The arguments a ``NATIVE_OPS`` call (FLOAT; no keyword but ``inplace``) computes on in
     blocked form, and its output's bound (a sum's: its operands' sum; a ReLU keeps its
-    input's); None where it is computed as the model does. An add of a blocked and a dense
-    tensor of the same shape takes the dense one blocked (one reorder, as making the other
-    dense would take); the bounds must be known and the output's below ``FINITE_LIMIT``."""
-    if call.kwargs or calls.is_inplace(call):
+    input's); None where it cannot. An add of a blocked and a dense tensor of the same shape
+    takes the dense one blocked (one reorder, as making the other dense would take); an
+    in-place call's target must be blocked already; the bounds must be known and the output's
+    below ``FINITE_LIMIT``."""
+    if any(k != "inplace" for k in call.kwargs):
         return None
     args = call.args
+    if calls.is_inplace(call) and not (args and isinstance(args[0], Tensor) and args[0].is_mkldnn):
+        return None
     if len(args) != (2 if call.op_type == "add" else 1):
         return None
     if not all(isinstance(v, Tensor) and v.dtype == torch.float32 for v in args):
@@ -282,6 +288,28 @@ def native_operands(call, bounds) -> tuple[tuple, float] | None:
     if any(v is None for v in bs) or not sum(bs) < FINITE_LIMIT:
         return None
     return tuple(v if v.is_mkldnn else v.to_mkldnn() for v in args), sum(bs)
+
+
+def write_into(target: Tensor, call, bounds) -> Tensor:
+    """An in-place ``call`` into blocked ``target`` that does not run on blocked tensors:
+    computed on dense copies of its arguments, its result copied into ``target`` (so the model
+    holds the values the dense call writes), the bound of ``target`` set to the result's
+    largest magnitude (dropped when not below ``FINITE_LIMIT``). RuntimeError where the result
+    is no tensor of the target's shape and dtype."""
+    res = call.run(dense_leaves(tuple(call.args)), dense_leaves(dict(call.kwargs)))
+    if not (isinstance(res, Tensor) and res.shape == target.shape and res.dtype == target.dtype):
+        raise RuntimeError(
+            f"{call.name} writes in place into a convolution output kept in oneDNN's blocked "
+            "layout and returns no tensor like it; set Simulator.blocked_replay = False for "
+            "this model"
+        )
+    bound = magnitude(res)
+    target.copy_(res.to_mkldnn())
+    if bound < FINITE_LIMIT:
+        bounds.set(target, bound)
+    else:
+        bounds.drop(target)
+    return target
 
 
 def has_blocked(args: tuple, kwargs: Mapping) -> bool:

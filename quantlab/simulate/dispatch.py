@@ -141,9 +141,10 @@ class OpDispatch:
     def _blocked_value(self, call: OpCall, plan, inf, om, st: RunState) -> Tensor | None:
         """A FLOAT call computed on the blocked layout (``blocked_layout``), booked as the
         dense call would be: a convolution of the plan with its fused chain (whose ops then
-        pass its output through, as after a fused GEMM), or an add / ReLU of blocked tensors;
-        None where it is computed as the model does (another op, a chain op studied in this
-        run, a blocked form not shown to give its bits)."""
+        pass its output through, as after a fused GEMM), an add / ReLU of blocked tensors, or
+        another op writing in place into a blocked tensor (``blocked_layout.write_into``); None
+        where it is computed as the model does (another op, a chain op studied in this run, a
+        blocked form not shown to give its bits)."""
         if om is not None:
             return None
         post = st.blocked.get(call.name)
@@ -155,12 +156,18 @@ class OpDispatch:
                 return None
             st.blocked_used = True
             st.fused_done.add(call.name)
-        elif st.blocked_used and call.op_type in blocked_layout.NATIVE_OPS:
-            operands = blocked_layout.native_operands(call, st.blocked_bounds)
-            if operands is None:
-                return None
-            out = call.run(operands[0])
-            st.blocked_bounds.set(out, operands[1])
+        elif st.blocked_used:
+            operands = None
+            if call.op_type in blocked_layout.NATIVE_OPS:
+                operands = blocked_layout.native_operands(call, st.blocked_bounds)
+            if operands is not None:
+                out = call.run(operands[0])
+                st.blocked_bounds.set(out, operands[1])
+            else:
+                target = calls.inplace_target(call)
+                if target is None or not target.is_mkldnn:
+                    return None
+                out = blocked_layout.write_into(target, call, st.blocked_bounds)
         else:
             return None
         st.float_ops.add(call.name)

@@ -3,7 +3,8 @@ graph allows it (``blocked_layout.plan``) and gives the dense run's bits: the na
 every studied op of the activation and weight passes. A blocked form that gave other bits on
 its first call, a convolution whose partial sums could overflow float32 or whose input holds a
 NaN, stays dense; a run that departs from the discovered graph makes its blocked tensors dense
-before anything else reads them, and refuses an in-place write into one."""
+before anything else reads them; a modelled op writing in place into one writes the dense
+call's values into it, and any other call that would is refused."""
 
 from __future__ import annotations
 
@@ -45,6 +46,28 @@ class Inverted(nn.Module):
         h = self.bn(self.normed(h))
         h = F.relu6(self.head(h))
         return self.fc(h.mean((2, 3)))
+
+
+class Residual(nn.Module):
+    """ResNet's and UVDoc's pattern: in-place ReLUs and an in-place residual add (``out +=``)
+    between convolutions, then a convolution read by a mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1)
+        self.c2 = nn.Conv2d(16, 16, 3, padding=2, dilation=2)
+        self.relu = nn.ReLU(inplace=True)
+        self.head = nn.Conv2d(16, 8, 1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        identity = self.relu(self.stem(x))
+        out = self.relu(self.c1(identity))
+        out = self.c2(out)
+        out += identity
+        out = self.relu(out)
+        return self.fc(self.head(out).mean((2, 3)))
 
 
 def _sim(make_model, batch: int = 16) -> tuple[Simulator, torch.Tensor]:
@@ -97,6 +120,23 @@ def test_replayed_passes_give_the_naive_bits_with_blocked_convolutions(kind):
     # the convolutions that run after a studied op ran blocked and gave the dense bits: the
     # head's input is dense (the batch_norm's output), the stem is never after a studied op
     assert {k[0].split(":")[0] for k in checked} == {"expand", "dw", "project", "plain"}
+    assert all(checked.values())
+
+
+@pytest.mark.parametrize("kind", [SensitiveType.ACTIVATION, SensitiveType.WEIGHT])
+def test_in_place_relus_and_residual_adds_run_on_blocked_tensors(kind):
+    sim, x = _sim(Residual)
+    plan = {n.split(":")[0]: v[2] for n, v in sim._blocked_convs_of_graph().items()}
+    assert plan == {"stem": True, "c1": True, "c2": True, "head": False}
+    trace = sim.trace(x, mode=Mode.FLOAT)
+    for name in studied_ops(sim, kind):
+        mode, op_modes = pass_modes(kind, name)
+        assert_bits_equal(
+            sim.run(x, mode=mode, op_modes=op_modes, replay=trace),
+            sim.run(x, mode=mode, op_modes=op_modes),
+        )
+    checked = sim._blocked_convs.checked
+    assert {k[0].split(":")[0] for k in checked} == {"c1", "c2", "head"}
     assert all(checked.values())
 
 
@@ -164,8 +204,9 @@ def test_an_input_holding_nan_keeps_the_convolutions_dense(monkeypatch):
 
 class Departs(nn.Module):
     """conv (studied) -> conv + ReLU6 -> conv in the discovered run; ``read`` set later puts
-    another reader of the ReLU6 between: a view (not a modelled op), a mean (a modelled op) or
-    an in-place fill; or the model returns the ReLU6's output too."""
+    another reader of the ReLU6 between: a view (not a modelled op), a mean (a modelled op),
+    an in-place scaling (a modelled op) or an in-place fill (not one); or the model returns the
+    ReLU6's output too."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -183,13 +224,20 @@ class Departs(nn.Module):
             extra = h.mean()
         elif self.read == "fill":
             h.masked_fill_(h > 5.0, 5.0)
+        elif self.read == "scale":
+            h.mul_(0.5)  # a modelled op that does not run on blocked tensors
         elif self.read == "return":
             return h, self.b(h)
         return self.b(h) + extra
 
 
-@pytest.mark.parametrize("read", ["view", "mean", "return"])
-def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
+@pytest.mark.parametrize("read", ["view", "mean", "return", "scale"])
+def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read, monkeypatch):
+    written = []
+    real = blocked_layout.write_into
+    monkeypatch.setattr(
+        blocked_layout, "write_into", lambda t, c, b: written.append(c.op_type) or real(t, c, b)
+    )
     sim, x = _sim(Departs)
     first = _conv(sim, "pre")
     assert sim._blocked_convs_of_graph()[_conv(sim, "a")][2]  # discovered: conv b reads it
@@ -205,9 +253,10 @@ def test_a_run_that_departs_from_the_discovered_graph_reads_dense_values(read):
         assert p.layout is torch.strided
         assert_bits_equal(p, q)
     assert all(sim._blocked_convs.checked.values()) and sim._blocked_convs.checked
+    assert written == (["mul"] if read == "scale" else [])
 
 
-def test_an_in_place_write_into_a_blocked_tensor_is_refused():
+def test_an_in_place_write_into_a_blocked_tensor_by_a_call_not_modelled_is_refused():
     sim, x = _sim(Departs)
     first = _conv(sim, "pre")
     trace = sim.trace(x, mode=Mode.FLOAT)
