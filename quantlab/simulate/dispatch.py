@@ -157,6 +157,8 @@ class OpDispatch:
             st.blocked_used = True
             st.fused_done.add(call.name)
         elif st.blocked_used:
+            if self._fused_into.get(call.name) in st.fused_done:
+                return None  # passes its blocked convolution's output through
             operands = None
             if call.op_type in blocked_layout.NATIVE_OPS:
                 operands = blocked_layout.native_operands(call, st.blocked_bounds)
