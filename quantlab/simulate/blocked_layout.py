@@ -8,21 +8,20 @@ that only other convolutions, residual adds and ReLUs read can stay blocked inst
 ``torch._mkldnn`` tensor): the same primitive computes it, so the same float32 values, without
 the two reorders around every convolution. A ReLU6 / constant clamp fused into the convolution
 (``fusion``) becomes the primitive's ``hardtanh`` post-op (a clamp is exact: the same values);
-an out-of-place add or ReLU of blocked tensors runs on them as they are (exact element-wise
+an add or ReLU of blocked tensors, in place or not, runs on them as they are (exact element-wise
 operations).
 
-Nothing is assumed: ``plan`` picks the convolutions from the discovered op graph (every
-consumer of the output a convolution's input, or an add / ReLU, in place or not, whose inputs
-and consumers qualify in turn), and ``BlockedConvs`` keeps a convolution's
-output blocked only after its first call of each input shape and thread count gave the dense
-call's bits exactly (torch picks another kernel than oneDNN's for some shapes and hosts: then
-that convolution stays dense), and only where its partial sums are proven inside float32's
-range (``BlockedConvs``: oneDNN's fused clamp maps NaN to its lower bound, torch's keeps it, so
-no NaN may arise). A blocked tensor that reaches any other call, or the model's output, is made
-dense first (``dense_args``, ``dense_leaves``): a run that departs from the
-discovered graph still computes the dense run's values. A modelled op writing in place into a
-blocked tensor runs on it as it is (an add or ReLU) or writes the dense call's result into it
-(``write_into``); any other call that would is refused (a ``RuntimeError``), since the model
+Nothing is assumed: ``plan`` picks the convolutions from the discovered op graph (every consumer of
+the output a convolution's input, or an add / ReLU, in place or not, whose inputs and consumers
+qualify in turn), and ``BlockedConvs`` keeps a convolution's output blocked only after its first
+call of each input shape and thread count gave the dense call's bits exactly (torch picks another
+kernel than oneDNN's for some shapes and hosts: then that convolution stays dense), and only where
+its partial sums are proven inside float32's range (``BlockedConvs``: oneDNN's fused clamp maps NaN
+to its lower bound, torch's keeps it, so no NaN may arise). A blocked tensor that reaches any other
+call, or the model's output, is made dense first (``dense_args``, ``dense_leaves``): a run that
+departs from the discovered graph still computes the dense run's values. A modelled op writing in
+place into a blocked tensor runs on it as it is (an add or ReLU) or writes the dense call's result
+into it (``write_into``); any other call that would is refused (a ``RuntimeError``), since the model
 would keep the blocked tensor.
 """
 
