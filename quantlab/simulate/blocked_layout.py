@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from quantlab.simulate import args as A
-from quantlab.simulate import calls
+from quantlab.simulate import calls, trace_record
 
 # ops that compute on blocked tensors as they are (out of place or in place), with the dense
 # op's values
@@ -252,8 +252,10 @@ class BlockedConvs:
 
 
 def magnitude(x: Tensor) -> float:
-    """The largest magnitude in a dense float tensor (NaN when it holds a NaN); one pass, no
-    temporary (``aminmax``)."""
+    """The largest magnitude in a dense float tensor (NaN when it holds a NaN, 0 when empty);
+    one pass, no temporary (``aminmax``)."""
+    if x.numel() == 0:
+        return 0.0
     lo, hi = x.aminmax()
     return float(torch.maximum(-lo, hi))  # torch.maximum propagates NaN
 
@@ -323,12 +325,13 @@ def dense_leaves(tree: Any) -> Any:
 
 def dense_args(func, args: tuple, kwargs: Mapping) -> tuple[tuple, dict] | None:
     """The arguments of a call that is about to read a blocked tensor, made dense; None when
-    it holds none or reads only metadata. RuntimeError for an in-place call into one (its
-    first argument): the model would go on holding the blocked tensor."""
+    it holds none or reads only metadata. RuntimeError for a call that writes into one
+    (``trace_record.written_tensor``: in place, ``__setitem__``, ``out=``): the model would go
+    on holding the blocked tensor."""
     if func in _METADATA or not has_blocked(args, kwargs):
         return None
-    into_blocked = bool(args) and isinstance(args[0], Tensor) and args[0].is_mkldnn
-    if into_blocked and (calls.inplace_by_name(func) or kwargs.get("inplace")):
+    written = trace_record.written_tensor(func, args, kwargs)
+    if written is not None and written.is_mkldnn:
         raise RuntimeError(
             f"{getattr(func, '__name__', func)} would write in place into a convolution output "
             "that a replay run keeps in oneDNN's blocked layout: this run's op graph departs "

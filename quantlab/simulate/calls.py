@@ -55,10 +55,10 @@ def substitute(call: OpCall, recorded: Any) -> Any:
 
 
 def is_inplace(call: OpCall) -> bool:
-    return bool(call.kwargs.get("inplace")) or inplace_by_name(call.func)
+    return bool(call.kwargs.get("inplace")) or _inplace_by_name(call.func)
 
 
-def inplace_by_name(func) -> bool:
+def _inplace_by_name(func) -> bool:
     """Whether ``func``'s name says it changes its first argument (``__iadd__``, ``mul_``)."""
     hit = _INPLACE_NAME.get(func)
     if hit is None:
@@ -82,7 +82,7 @@ def out_of_place(call: OpCall):
     """The function to evaluate a quantized op with: in-place arithmetic (``x += y``,
     ``x.mul_(y)``, ``t.clamp_(0, 6)``) becomes its out-of-place form, so a tensor that carries
     codes is never changed behind its side-table entry (Python rebinds the name to the result)."""
-    if inplace_by_name(call.func):
+    if _inplace_by_name(call.func):
         if call.op_type in OUT_OF_PLACE:
             return OUT_OF_PLACE[call.op_type]
         return getattr(torch, out_of_place_name(call.func))  # relu, clamp_min, sigmoid, ...

@@ -306,6 +306,11 @@ def test_a_call_reading_a_blocked_tensor_gets_it_dense_unless_it_writes_into_it(
         blocked_layout.dense_args(torch.Tensor.add_, (blocked, a), {})
     with pytest.raises(RuntimeError, match="would write in place"):
         blocked_layout.dense_args(F.relu, (blocked,), {"inplace": True})
+    with pytest.raises(RuntimeError, match="__setitem__ would write in place"):
+        blocked_layout.dense_args(torch.Tensor.__setitem__, (blocked, 0, 0.0), {})
+    with pytest.raises(RuntimeError, match="would write in place"):
+        blocked_layout.dense_args(torch.add, (a, a), {"out": blocked})
+    assert blocked_layout.magnitude(torch.empty(0, 16)) == 0.0
 
 
 def test_a_kernel_this_torch_build_lacks_leaves_the_convolution_dense(monkeypatch):
