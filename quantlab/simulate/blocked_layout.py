@@ -149,8 +149,9 @@ def _pair(v: Any) -> list[int] | None:
     return None
 
 
-def same_bits(a: Tensor, b: Tensor) -> bool:
-    """Whether two float32 tensors hold identical bits (NaN payloads and zero signs count)."""
+def identical_bits(a: Tensor, b: Tensor) -> bool:
+    """Whether two float32 tensors hold identical bits: stricter than
+    ``traced_graph.same_bits``, NaN payloads count as well as zero signs."""
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
@@ -241,7 +242,7 @@ class BlockedConvs:
             dense = call.run((x.to_dense() if x.is_mkldnn else x, *call.args[1:]), call.kwargs)
             if attr == "hardtanh":
                 dense = torch.nn.functional.hardtanh(dense, *scalars)
-            ok = same_bits(out.to_dense(), dense)
+            ok = identical_bits(out.to_dense(), dense)
             self.checked[key] = ok
             if not ok:
                 return None

@@ -24,7 +24,7 @@ from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fake
 from quantlab.simulate import args as A
 from quantlab.simulate import (
-    blocked_layout,
+    blocked_dispatch,
     calls,
     fixed_div,
     fixed_embedding,
@@ -97,10 +97,10 @@ class OpDispatch:
         if st.pending:  # computed from here: replayed outputs it reads take their values
             st.materialize_read(call.args, call.kwargs)
         if st.blocked is not None:
-            out = self._blocked_value(call, plan, inf, om, st)
+            out = blocked_dispatch.blocked_value(self, call, plan, inf, om, st)
             if out is not None:
                 return out
-            call = self._blocked_args_read(call, st)
+            call = blocked_dispatch.dense_read(self, call, st)
         mode = om.mode if om is not None else st.mode
         deployed = mode is Mode.HYBRID or (mode is Mode.FAKE and self.fake_ops is FakeOps.DEPLOYED)
         if mode is Mode.HYBRID:
@@ -137,67 +137,6 @@ class OpDispatch:
             info, grid = st.isolate.qinfo.get(call.name), None
         self._set_out_info(out, info, st, call.name, grid)
         return out
-
-    def _blocked_value(self, call: OpCall, plan, inf, om, st: RunState) -> Tensor | None:
-        """A FLOAT call computed on the blocked layout (``blocked_layout``), booked as the
-        dense call would be: a convolution of the plan with its fused chain (whose ops then
-        pass its output through, as after a fused GEMM), an add / ReLU of blocked tensors, or
-        another op writing in place into a blocked tensor (``blocked_layout.write_into``); None
-        where it is computed as the model does (another op, a chain op studied in this run, a
-        blocked form not shown to give its bits)."""
-        if om is not None:
-            return None
-        post = st.blocked.get(call.name)
-        if post is not None:
-            if any(n in st.op_modes for n in self._chain.get(call.name, ())):
-                return None
-            out = self._blocked_convs.run(call, post, st.blocked_bounds)
-            if out is None:
-                return None
-            st.blocked_used = True
-            st.fused_done.add(call.name)
-        elif st.blocked_used:
-            if self._fused_into.get(call.name) in st.fused_done:
-                return None  # passes its blocked convolution's output through
-            operands = None
-            if call.op_type in blocked_layout.NATIVE_OPS:
-                operands = blocked_layout.native_operands(call, st.blocked_bounds)
-            if operands is not None:
-                out = call.run(operands[0])
-                st.blocked_bounds.set(out, operands[1])
-            else:
-                target = calls.inplace_target(call)
-                if target is None or not target.is_mkldnn:
-                    return None
-                out = blocked_layout.write_into(target, call, st.blocked_bounds)
-        else:
-            return None
-        st.float_ops.add(call.name)
-        inf.output_shape = tuple(out.shape)
-        inf.flops = calls.flops(call, plan, out)
-        self._set_out_info(out, None, st, call.name)
-        return out
-
-    def _blocked_args_read(self, call: OpCall, st: RunState) -> OpCall:
-        """``call`` as it reads the run's blocked tensors: as they are by an op fused into a
-        blocked convolution (it passes the output through), else with its arguments made
-        dense."""
-        if not st.blocked_used or self._fused_into.get(call.name) in st.fused_done:
-            return call
-        swapped = blocked_layout.dense_args(call.func, call.args, call.kwargs)
-        if swapped is None:
-            return call
-        return OpCall(
-            call.name,
-            call.op_type,
-            call.category,
-            call.module,
-            call.call_index,
-            call.func,
-            swapped[0],
-            swapped[1],
-            call.result,
-        )
 
     def _float_grid(self, call: OpCall, out: Any, st: RunState, mode: Mode) -> Any:
         """The grid the output of ``call``, an op not modelled that ran in float, stays on in a
