@@ -6,8 +6,10 @@ Evaluation (``--part eval``). Claim checked (acceptance): one evaluation of a bu
 starts serial and switches to its compiled kernel once the process has gathered enough codes,
 or at once where the kernel needs no build (``quantlab.numerics.lut.gather``); the benchmark
 runs that loop first and reports how the switch went. Also timed for context: the serial tier
-alone, the exact vectorised integer path without the map (numpy int64), and the fake
-counterpart ``lut_fake``.
+alone, the compiled gather without its prefetching, the exact vectorised integer path without
+the map (numpy int64), the fake counterpart ``lut_fake``, and torch.sigmoid, the LUT and the
+gather without prefetching each right after an untimed 32 MiB write (the caches full of
+another op's dirty output, as in a model).
 Medians of ``--repeats`` runs, interleaved so that load from other processes hits every variant
 alike. Writes reports/benchmarks/lut.csv and lut.md.
 
@@ -41,19 +43,24 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import FUNCTIONS, Strategy, build_lut, default_spec, lut_fake
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.gather import gather_serial
+from quantlab.numerics.lut.gather import gather_compiled, gather_serial
 from quantlab.numerics.lut.segment import evaluate_codes_int
 from quantlab.numerics.lut.table import clear_build_cache
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_write_csv, atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_info import cpu_description  # noqa: E402
 from lut_tiers import S_OUT, describe, run_until_compiled, sigmoid_case  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
 LIMIT = 1.5  # target: LUT evaluation <= 1.5x torch.sigmoid
 SIGMOID_OUT = "torch.sigmoid into a preallocated output (out=)"
+LUT = "SegmentLut.evaluate (int16 gather)"
+NO_PREFETCH = "compiled gather without prefetching"
+AFTER = "after another op's output: "  # each timed call follows an untimed DIRTY_BYTES write
+DIRTY_BYTES = 32 << 20  # more than this host's caches hold: they are left full of dirty lines
 BUILD_LIMIT_S = 2.0  # acceptance: every strategy builds a J6 table in under 2 s
 BUILD_STRATEGIES = (
     Strategy.EVENLY,
@@ -179,12 +186,14 @@ def bench_eval(args) -> None:
     assert torch.equal(lut.evaluate(codes), gather_serial(table, codes))
 
     preallocated = torch.empty_like(x)
+    sigmoid = "torch.sigmoid (float32, baseline)"
     variants = {
-        "torch.sigmoid (float32, baseline)": lambda: torch.sigmoid(x),
+        sigmoid: lambda: torch.sigmoid(x),
         # the same without an allocation: its time does not depend on whether the allocator
         # hands out memory that must be faulted in
         SIGMOID_OUT: lambda: torch.sigmoid(x, out=preallocated),
-        "SegmentLut.evaluate (int16 gather)": lambda: lut.evaluate(codes),
+        LUT: lambda: lut.evaluate(codes),
+        NO_PREFETCH: lambda: gather_compiled(table, codes, prefetch=False),
         "serial tier: torch.index_select (one thread)": lambda: gather_serial(table, codes),
         "lut_fake (float64 f + fake quant)": lambda: lut_fake(x, "sigmoid", DType.INT16, S_OUT),
         "integer path without the map (numpy int64)": lambda: evaluate_codes_int(lut, codes),
@@ -197,6 +206,13 @@ def bench_eval(args) -> None:
     }
     for name in list(variants)[-2:]:
         assert torch.equal(torch.as_tensor(variants[name]()[:4096]), lut.evaluate(codes[:4096]))
+    assert torch.equal(variants[NO_PREFETCH](), variants[LUT]())
+    # the same calls where a model makes them: right after another op wrote its output, so
+    # the caches hold that op's dirty lines instead of these codes and this table
+    junk = torch.empty(DIRTY_BYTES // 4)
+    for name in (sigmoid, LUT, NO_PREFETCH):
+        variants[AFTER + name] = variants[name]
+    before = {name: junk.fill_ for name in variants if name.startswith(AFTER)}
     rows = []
     default_threads = torch.get_num_threads()  # restored after: the build part runs on it
     for threads in args.threads:
@@ -207,10 +223,12 @@ def bench_eval(args) -> None:
             fn()
         for _ in range(args.repeats):
             for name, fn in variants.items():
-                before = _faults()
+                if name in before:
+                    before[name](1.0)
+                faults0 = _faults()
                 times[name].append(_time(fn))
-                faults[name] += _faults() - before
-        base = statistics.median(times["torch.sigmoid (float32, baseline)"])
+                faults[name] += _faults() - faults0
+        base = statistics.median(times[sigmoid])
         base_out = statistics.median(times[SIGMOID_OUT])
         rows += [
             {
@@ -230,7 +248,7 @@ def bench_eval(args) -> None:
     df = pd.DataFrame(rows)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(df, out / "lut.csv")
-    lut_rows = df[df.variant.str.startswith("SegmentLut")]
+    lut_rows = df[df.variant == LUT]
     claims = [
         f"- {int(r.threads)} thread(s): evaluating a built int16 sigmoid table on "
         f"2^{args.log2n} = {n} codes takes {r.ratio_to_sigmoid:.2f}x the median time of "
@@ -241,8 +259,21 @@ def bench_eval(args) -> None:
         f"{'meets' if r.ratio_to_sigmoid_out <= LIMIT else 'misses'} it."
         for r in lut_rows.itertuples()
     ]
+    for threads, t in df.groupby("threads", sort=False):
+        ms = t.set_index("variant").median_s * 1e3
+        lut_ms, sig_ms = ms[AFTER + LUT], ms[AFTER + sigmoid]
+        claims.append(
+            f"- {threads} thread(s), each call right after an untimed {DIRTY_BYTES >> 20} MiB "
+            f"write (as in a model, where another op's output fills the caches): the LUT "
+            f"{lut_ms:.3f} ms, torch.sigmoid {sig_ms:.3f} ms, {lut_ms / sig_ms:.2f}x. The "
+            f"compiled gather's prefetching (calls of at least 1 MiB of codes and output): "
+            f"{ms[LUT]:.3f} ms with it, {ms[NO_PREFETCH]:.3f} ms without, with clean caches; "
+            f"{lut_ms:.3f} and {ms[AFTER + NO_PREFETCH]:.3f} ms after the write."
+        )
     md = [
         "# LUT evaluation speed",
+        "",
+        f"CPU: {cpu_description()}.",
         "",
         *claims,
         f"- Building the table and expanding its 65536-entry code map took {t_build:.3f} s "

@@ -9,8 +9,9 @@ shape and the table's dtype. A gather copies entries, so both kernels give ident
 - ``gather_compiled``: the C loop ``out[i] = table[(unsigned) codes[i]]``
   (``quantlab.numerics.native``: built once by the system C compiler, kept in the user's cache
   folder, OpenMP on torch's intra-op thread count), for entries of 1, 2, 4 and 8 bytes. It is
-  about 3x faster than the serial kernel on 2 cores at 2**22 codes
-  (``reports/benchmarks/lut.md``); a build takes a fraction of a second.
+  about 4x faster than the serial kernel on 2 cores at 2**22 codes, and faster than
+  ``torch.sigmoid`` on as many float32 values (``reports/benchmarks/lut.md``); a build takes a
+  fraction of a second.
 
 ``gather`` chooses between them. Calls of at least ``COMPILED_MIN_CODES`` CPU codes go serial
 until the process has gathered ``COMPILE_AFTER`` codes that way, about as long as a build
@@ -41,19 +42,20 @@ _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
 
 _SOURCE = r"""
 #include <stdint.h>
-/* Blocks of 32: the 32 table reads are issued before the 32 writes, then the tail. A call of
-   at least PREFETCH_MIN_BYTES of codes and output (more than a core's L2 cache holds, so they
-   are likely not all cached) first asks, in each block, for the codes and the output PREFETCH
-   entries ahead (a prefetch never faults, so asking past the end is harmless; the address is
-   formed as an integer). On 2**22 int16 codes, 2 threads, after another op has left the
-   caches full of its dirty output, that cuts the gather's time by about a third; with codes
-   and output already cached it adds about a tenth (benchmarks/bench_lut.py). */
+/* Blocks of 32: the 32 table reads are issued before the 32 writes, then the tail. With
+   `prefetch` set, a call of at least PREFETCH_MIN_BYTES of codes and output (more than a core's
+   L2 cache holds, so they are likely not all cached) first asks, in each block, for the codes
+   and the output PREFETCH entries ahead (a prefetch never faults, so asking past the end is
+   harmless; the address is formed as an integer) into every cache level (locality 3). The
+   non-temporal hint (locality 0) made the gather 1.5 to 3.5 times slower on an Intel Xeon
+   (benchmarks/bench_lut.py times the kernel with and without prefetching, with the caches
+   clean and after another op has left them full of its dirty output). */
 #define BLOCK 32
 #define PREFETCH 1024
 #define PREFETCH_MIN_BYTES (1 << 20)
 #define AHEAD(P, K) ((const void *)((uintptr_t)(P) + (uintptr_t)(K)))
 #if defined(__GNUC__)
-#define PREFETCH_AT(P, WRITE) __builtin_prefetch(P, WRITE, 0)
+#define PREFETCH_AT(P, WRITE) __builtin_prefetch(P, WRITE, 3)
 #else
 #define PREFETCH_AT(P, WRITE) ((void)0)
 #endif
@@ -73,9 +75,9 @@ _SOURCE = r"""
   }
 #define GATHER(C, T, CT, TT)                                                          \
   void gather_c##C##_t##T(const CT *restrict codes, const TT *restrict table,         \
-                          TT *restrict out, int64_t n, int threads) {                 \
+                          TT *restrict out, int64_t n, int threads, int prefetch) {   \
     int64_t blocks = n / BLOCK;                                                       \
-    if (n * (int64_t)(sizeof(CT) + sizeof(TT)) >= PREFETCH_MIN_BYTES) {               \
+    if (prefetch && n * (int64_t)(sizeof(CT) + sizeof(TT)) >= PREFETCH_MIN_BYTES) {   \
       GATHER_BLOCKS(CT, TT, 1)                                                        \
     } else {                                                                          \
       GATHER_BLOCKS(CT, TT, 0)                                                        \
@@ -115,7 +117,7 @@ def _configure(lib: ctypes.CDLL) -> None:
     for c in (1, 2):
         for t in ELEMENT_SIZES:
             fn = getattr(lib, f"gather_c{c}_t{t}")
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int]
             fn.restype = None
 
 
@@ -134,19 +136,20 @@ class _Tiers:
 TIERS = _Tiers()
 
 
-def gather_compiled(table: Tensor, codes: Tensor) -> Tensor:
+def gather_compiled(table: Tensor, codes: Tensor, prefetch: bool = True) -> Tensor:
     """``table[codes mod 2**bits]`` by the compiled kernel (CPU tensors, table entries of 1, 2,
-    4 or 8 bytes); raises RuntimeError if it cannot be built. Same bits as ``gather_serial``."""
+    4 or 8 bytes); raises RuntimeError if it cannot be built. Same bits as ``gather_serial``.
+    ``prefetch=False`` turns its prefetching of large calls off (for benchmarks)."""
     _check(table, codes)
     if table.element_size() not in ELEMENT_SIZES:
         raise ValueError(f"the compiled gather copies 1, 2, 4 or 8-byte entries, not {table.dtype}")
     lib = KERNELS.lib()
     if lib is None:
         raise RuntimeError(f"the compiled LUT gather is unavailable: {KERNELS.failed}")
-    return _run_compiled(lib, table, codes)
+    return _run_compiled(lib, table, codes, prefetch)
 
 
-def _run_compiled(lib: ctypes.CDLL, table: Tensor, codes: Tensor) -> Tensor:
+def _run_compiled(lib: ctypes.CDLL, table: Tensor, codes: Tensor, prefetch: bool = True) -> Tensor:
     # torch-function modes (the simulator's capture) off: these are not the model's ops
     with torch._C.DisableTorchFunction():
         fn = getattr(lib, f"gather_c{codes.element_size()}_t{table.element_size()}")
@@ -155,7 +158,7 @@ def _run_compiled(lib: ctypes.CDLL, table: Tensor, codes: Tensor) -> Tensor:
         out = torch.empty(flat.shape, dtype=table.dtype)
         n = flat.numel()
         threads = max(1, min(torch.get_num_threads(), n >> 15))  # >= 32K codes per thread
-        fn(flat.data_ptr(), tab.data_ptr(), out.data_ptr(), n, threads)
+        fn(flat.data_ptr(), tab.data_ptr(), out.data_ptr(), n, threads, int(prefetch))
         return out.reshape(codes.shape)
 
 
