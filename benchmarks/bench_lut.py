@@ -159,7 +159,8 @@ def bench_build(functions: list[str], out: Path = OUT) -> None:
         "",
         *claims,
         f"- {len(functions)} functions x {len(BUILD_PAIRS)} dtype pairs per strategy; baseline "
-        f"EVENLY (the vendor rule) in the same run; torch {torch.__version__}, "
+        f"EVENLY (the vendor rule) in the same run; CPU: {cpu_description()}; "
+        f"torch {torch.__version__}, "
         f"{platform.machine()}, Python {platform.python_version()}; {os.cpu_count()} cores "
         f"(torch intra-op threads {torch.get_num_threads()}), load {load}.",
         "",
