@@ -6,10 +6,10 @@ Evaluation (``--part eval``). Claim checked (acceptance): one evaluation of a bu
 starts serial and switches to its compiled kernel once the process has gathered enough codes,
 or at once where the kernel needs no build (``quantlab.numerics.lut.gather``); the benchmark
 runs that loop first and reports how the switch went. Also timed for context: the serial tier
-alone, the compiled gather without its prefetching, the exact vectorised integer path without
-the map (numpy int64), the fake counterpart ``lut_fake``, and torch.sigmoid, the LUT and the
-gather without prefetching each right after an untimed 32 MiB write (the caches full of
-another op's dirty output, as in a model).
+alone, the compiled gather without prefetching and with the non-temporal hint (``Prefetch``),
+the exact vectorised integer path without the map (numpy int64), the fake counterpart
+``lut_fake``, and torch.sigmoid and the three gathers each right after an untimed 32 MiB write
+(the caches full of another op's dirty output, as in a model).
 Medians of ``--repeats`` runs, interleaved so that load from other processes hits every variant
 alike. Writes reports/benchmarks/lut.csv and lut.md.
 
@@ -43,7 +43,7 @@ import torch
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import FUNCTIONS, Strategy, build_lut, default_spec, lut_fake
 from quantlab.numerics.lut.analysis import sample_scales
-from quantlab.numerics.lut.gather import gather_compiled, gather_serial
+from quantlab.numerics.lut.gather import Prefetch, gather_compiled, gather_serial
 from quantlab.numerics.lut.segment import evaluate_codes_int
 from quantlab.numerics.lut.table import clear_build_cache
 from quantlab.report import markdown_table
@@ -59,6 +59,7 @@ LIMIT = 1.5  # target: LUT evaluation <= 1.5x torch.sigmoid
 SIGMOID_OUT = "torch.sigmoid into a preallocated output (out=)"
 LUT = "SegmentLut.evaluate (int16 gather)"
 NO_PREFETCH = "compiled gather without prefetching"
+NON_TEMPORAL = "compiled gather, non-temporal prefetching (prefetchnta)"
 AFTER = "after another op's output: "  # each timed call follows an untimed DIRTY_BYTES write
 DIRTY_BYTES = 32 << 20  # more than this host's caches hold: they are left full of dirty lines
 BUILD_LIMIT_S = 2.0  # acceptance: every strategy builds a J6 table in under 2 s
@@ -194,7 +195,8 @@ def bench_eval(args) -> None:
         # hands out memory that must be faulted in
         SIGMOID_OUT: lambda: torch.sigmoid(x, out=preallocated),
         LUT: lambda: lut.evaluate(codes),
-        NO_PREFETCH: lambda: gather_compiled(table, codes, prefetch=False),
+        NO_PREFETCH: lambda: gather_compiled(table, codes, Prefetch.NONE),
+        NON_TEMPORAL: lambda: gather_compiled(table, codes, Prefetch.NON_TEMPORAL),
         "serial tier: torch.index_select (one thread)": lambda: gather_serial(table, codes),
         "lut_fake (float64 f + fake quant)": lambda: lut_fake(x, "sigmoid", DType.INT16, S_OUT),
         "integer path without the map (numpy int64)": lambda: evaluate_codes_int(lut, codes),
@@ -207,11 +209,12 @@ def bench_eval(args) -> None:
     }
     for name in list(variants)[-2:]:
         assert torch.equal(torch.as_tensor(variants[name]()[:4096]), lut.evaluate(codes[:4096]))
-    assert torch.equal(variants[NO_PREFETCH](), variants[LUT]())
+    for name in (NO_PREFETCH, NON_TEMPORAL):
+        assert torch.equal(variants[name](), variants[LUT]())
     # the same calls where a model makes them: right after another op wrote its output, so
     # the caches hold that op's dirty lines instead of these codes and this table
     junk = torch.empty(DIRTY_BYTES // 4)
-    for name in (sigmoid, LUT, NO_PREFETCH):
+    for name in (sigmoid, LUT, NO_PREFETCH, NON_TEMPORAL):
         variants[AFTER + name] = variants[name]
     before = {name: junk.fill_ for name in variants if name.startswith(AFTER)}
     rows = []
@@ -267,9 +270,11 @@ def bench_eval(args) -> None:
             f"- {threads} thread(s), each call right after an untimed {DIRTY_BYTES >> 20} MiB "
             f"write (as in a model, where another op's output fills the caches): the LUT "
             f"{lut_ms:.3f} ms, torch.sigmoid {sig_ms:.3f} ms, {lut_ms / sig_ms:.2f}x. The "
-            f"compiled gather's prefetching (calls of at least 1 MiB of codes and output): "
-            f"{ms[LUT]:.3f} ms with it, {ms[NO_PREFETCH]:.3f} ms without, with clean caches; "
-            f"{lut_ms:.3f} and {ms[AFTER + NO_PREFETCH]:.3f} ms after the write."
+            f"compiled gather's prefetching (calls of at least 1 MiB of codes and output), "
+            f"into every cache level (the default), none, non-temporal: {ms[LUT]:.3f}, "
+            f"{ms[NO_PREFETCH]:.3f} and {ms[NON_TEMPORAL]:.3f} ms in the interleaved rounds; "
+            f"{lut_ms:.3f}, {ms[AFTER + NO_PREFETCH]:.3f} and {ms[AFTER + NON_TEMPORAL]:.3f} ms "
+            "right after the write."
         )
     md = [
         "# LUT evaluation speed",

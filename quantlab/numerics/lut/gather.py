@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 from torch import Tensor
@@ -40,34 +41,45 @@ ELEMENT_SIZES = (1, 2, 4, 8)  # table entry sizes the compiled kernel copies
 
 _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
 
+
+class Prefetch(IntEnum):
+    """How the compiled gather prefetches codes and output in calls of at least 1 MiB of them:
+    not at all, into every cache level (``gather``'s choice), or with the non-temporal hint,
+    which made it 1.5 to 3.5 times slower on an Intel Xeon (``reports/benchmarks/lut.md``)."""
+
+    NONE = 0
+    ALL_LEVELS = 1
+    NON_TEMPORAL = 2
+
+
 _SOURCE = r"""
 #include <stdint.h>
 /* Blocks of 32: the 32 table reads are issued before the 32 writes, then the tail. With
-   `prefetch` set, a call of at least PREFETCH_MIN_BYTES of codes and output (more than a core's
-   L2 cache holds, so they are likely not all cached) first asks, in each block, for the codes
-   and the output PREFETCH entries ahead (a prefetch never faults, so asking past the end is
-   harmless; the address is formed as an integer) into every cache level (locality 3). The
-   non-temporal hint (locality 0) made the gather 1.5 to 3.5 times slower on an Intel Xeon
-   (benchmarks/bench_lut.py times the kernel with and without prefetching, with the caches
-   clean and after another op has left them full of its dirty output). */
+   `prefetch` ALL_LEVELS (1) or NON_TEMPORAL (2), a call of at least PREFETCH_MIN_BYTES of
+   codes and output (more than a core's L2 cache holds, so they are likely not all cached)
+   first asks, in each block, for the codes and the output PREFETCH entries ahead (a prefetch
+   never faults, so asking past the end is harmless; the address is formed as an integer),
+   with locality 3 (every cache level) or 0 (the non-temporal hint). `gather` takes
+   ALL_LEVELS; benchmarks/bench_lut.py times all three. */
 #define BLOCK 32
 #define PREFETCH 1024
 #define PREFETCH_MIN_BYTES (1 << 20)
 #define AHEAD(P, K) ((const void *)((uintptr_t)(P) + (uintptr_t)(K)))
 #if defined(__GNUC__)
-#define PREFETCH_AT(P, WRITE) __builtin_prefetch(P, WRITE, 3)
+#define PREFETCH_AT(P, WRITE, LOCALITY) __builtin_prefetch(P, WRITE, LOCALITY)
 #else
-#define PREFETCH_AT(P, WRITE) ((void)0)
+#define PREFETCH_AT(P, WRITE, LOCALITY) ((void)0)
 #endif
-#define GATHER_BLOCKS(CT, TT, AHEAD_TOO)                                              \
+/* LOCALITY -1: no prefetching */
+#define GATHER_BLOCKS(CT, TT, LOCALITY)                                               \
   _Pragma("omp parallel for num_threads(threads) schedule(static)")                   \
   for (int64_t b = 0; b < blocks; ++b) {                                              \
     const CT *c = codes + BLOCK * b;                                                  \
     TT *o = out + BLOCK * b;                                                          \
-    if (AHEAD_TOO) {                                                                  \
-      PREFETCH_AT(AHEAD(c, PREFETCH * sizeof(CT)), 0);                                \
+    if (LOCALITY >= 0) {                                                              \
+      PREFETCH_AT(AHEAD(c, PREFETCH * sizeof(CT)), 0, (LOCALITY > 0 ? 3 : 0));        \
       for (int line = 0; line < BLOCK * (int)sizeof(TT); line += 64)                  \
-        PREFETCH_AT(AHEAD(o, PREFETCH * sizeof(TT) + line), 1);                       \
+        PREFETCH_AT(AHEAD(o, PREFETCH * sizeof(TT) + line), 1, (LOCALITY > 0 ? 3 : 0)); \
     }                                                                                 \
     TT v[BLOCK];                                                                      \
     for (int k = 0; k < BLOCK; ++k) v[k] = table[c[k]];                               \
@@ -77,10 +89,13 @@ _SOURCE = r"""
   void gather_c##C##_t##T(const CT *restrict codes, const TT *restrict table,         \
                           TT *restrict out, int64_t n, int threads, int prefetch) {   \
     int64_t blocks = n / BLOCK;                                                       \
-    if (prefetch && n * (int64_t)(sizeof(CT) + sizeof(TT)) >= PREFETCH_MIN_BYTES) {   \
-      GATHER_BLOCKS(CT, TT, 1)                                                        \
-    } else {                                                                          \
+    if (n * (int64_t)(sizeof(CT) + sizeof(TT)) < PREFETCH_MIN_BYTES) prefetch = 0;    \
+    if (prefetch == 1) {                                                              \
+      GATHER_BLOCKS(CT, TT, 3)                                                        \
+    } else if (prefetch == 2) {                                                       \
       GATHER_BLOCKS(CT, TT, 0)                                                        \
+    } else {                                                                          \
+      GATHER_BLOCKS(CT, TT, -1)                                                       \
     }                                                                                 \
     for (int64_t i = BLOCK * blocks; i < n; ++i) out[i] = table[codes[i]];           \
   }
@@ -136,10 +151,12 @@ class _Tiers:
 TIERS = _Tiers()
 
 
-def gather_compiled(table: Tensor, codes: Tensor, prefetch: bool = True) -> Tensor:
+def gather_compiled(
+    table: Tensor, codes: Tensor, prefetch: Prefetch = Prefetch.ALL_LEVELS
+) -> Tensor:
     """``table[codes mod 2**bits]`` by the compiled kernel (CPU tensors, table entries of 1, 2,
     4 or 8 bytes); raises RuntimeError if it cannot be built. Same bits as ``gather_serial``.
-    ``prefetch=False`` turns its prefetching of large calls off (for benchmarks)."""
+    ``prefetch``: how large calls prefetch (``Prefetch``; the bits do not depend on it)."""
     _check(table, codes)
     if table.element_size() not in ELEMENT_SIZES:
         raise ValueError(f"the compiled gather copies 1, 2, 4 or 8-byte entries, not {table.dtype}")
@@ -158,7 +175,7 @@ def _run_compiled(lib: ctypes.CDLL, table: Tensor, codes: Tensor, prefetch: bool
         out = torch.empty(flat.shape, dtype=table.dtype)
         n = flat.numel()
         threads = max(1, min(torch.get_num_threads(), n >> 15))  # >= 32K codes per thread
-        fn(flat.data_ptr(), tab.data_ptr(), out.data_ptr(), n, threads, int(prefetch))
+        fn(flat.data_ptr(), tab.data_ptr(), out.data_ptr(), n, threads, int(Prefetch(prefetch)))
         return out.reshape(codes.shape)
 
 

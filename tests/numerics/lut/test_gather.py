@@ -83,7 +83,8 @@ def test_compiled_equals_serial_on_every_code_and_random_shapes(code_dtype, tabl
         assert_bits_equal(got, G.gather_serial(table, codes))
         index = codes.reshape(-1).to(torch.int64) % (1 << bits)  # the contract, spelled out
         assert_bits_equal(got.reshape(-1), table[index])
-        assert_bits_equal(G.gather_compiled(table, codes, prefetch=False), got)
+        for prefetch in G.Prefetch:
+            assert_bits_equal(G.gather_compiled(table, codes, prefetch), got)
 
 
 @needs_cc
