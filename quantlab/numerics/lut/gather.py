@@ -45,7 +45,7 @@ _UNSIGNED = {torch.int8: torch.uint8, torch.int16: torch.uint16}
 class Prefetch(IntEnum):
     """How the compiled gather prefetches codes and output in calls of at least 1 MiB of them:
     not at all, into every cache level (``gather``'s choice), or with the non-temporal hint,
-    which made it 1.5 to 3.5 times slower on an Intel Xeon (``reports/benchmarks/lut.md``)."""
+    which made it 1.6 to 2.0 times slower on an Intel Xeon (``reports/benchmarks/lut.md``)."""
 
     NONE = 0
     ALL_LEVELS = 1
