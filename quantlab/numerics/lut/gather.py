@@ -166,7 +166,9 @@ def gather_compiled(
     return _run_compiled(lib, table, codes, prefetch)
 
 
-def _run_compiled(lib: ctypes.CDLL, table: Tensor, codes: Tensor, prefetch: bool = True) -> Tensor:
+def _run_compiled(
+    lib: ctypes.CDLL, table: Tensor, codes: Tensor, prefetch: Prefetch = Prefetch.ALL_LEVELS
+) -> Tensor:
     # torch-function modes (the simulator's capture) off: these are not the model's ops
     with torch._C.DisableTorchFunction():
         fn = getattr(lib, f"gather_c{codes.element_size()}_t{table.element_size()}")
