@@ -303,14 +303,19 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
     fixed kernel (no float fallback): pow(x, 2) is the integer product x * x, and the
     divisions by sqrt(var + eps) multiply by the divisor's int16 reciprocal table.
     Calibrated on two of the lines mirrored (MinMax observers: the default MSE search takes
-    most of a minute here and read the same but for one full-width comma), fixed mode reads
-    the six lines as float does, within 3 of 222 characters (0 measured); float reads the
-    page's text within 2 (0 measured; spaces not counted)."""
+    most of a minute here and read the same but for one full-width comma; the platform's
+    default observer is MinMax too, as calibration also gathers the default's statistics for
+    a later qconfig), fixed mode reads the six lines as float does, within 3 of 222 characters
+    (0 measured); float reads the page's text within 2 (0 measured; spaces not counted)."""
+    import dataclasses
+
     from ocr_page import TRUTH, char_errors, ctc_greedy
 
+    from quantlab.calibration import ObserverKind
     from quantlab.capture import OpCategory
     from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator, fixed_ops
+    from quantlab.simulate.profiles import platform_config
 
     rec, lines, chars = recognizer_on_lines
     assert len(lines) == len(TRUTH)
@@ -318,7 +323,8 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
         read = ctc_greedy(rec.module(lines), chars)
     assert sum(char_errors(r, t) for r, t in zip(read, TRUTH, strict=True)) <= 2
     minmax = QConfigSpec(global_=OpQConfig(observer="MINMAX"))
-    sim = Simulator(rec.module, "j6m", minmax)
+    j6m = dataclasses.replace(platform_config("j6m"), default_observer=ObserverKind.MINMAX)
+    sim = Simulator(rec.module, j6m, minmax)
     sim.calibrate([(lines[i : i + 1].flip(-1),) for i in (1, 3)], progress=False)
     ops = sim.ops
     assert bool(ops["supported"].all())
