@@ -201,17 +201,24 @@ def test_text_detector_upsamples_with_integer_transposed_convolutions(detector_o
     """PP-OCRv4's DBNet head upsamples the text map with two ConvTranspose2d. In fixed mode on
     J6M both are integer GEMMs whose output codes equal the integer reference on the trained
     weights (per-channel weight scales along dim 1, int32 bias codes, MUL_SHIFT), and the map
-    still finds the page's text (thresholded at DBNet's 0.3: IoU with float >= 0.7; 0.82
-    measured)."""
+    still finds the page's text (thresholded at DBNet's 0.3: IoU with float >= 0.7; 0.83
+    measured). Calibrated with MinMax observers, the platform's default too (the bits are
+    checked against the reference at whatever scales calibration chose; J6M's default MSE
+    search took 8.4 s of this test and gave an IoU of 0.82)."""
+    import dataclasses
+
     from bits import assert_bits_equal
 
+    from quantlab.calibration import ObserverKind
     from quantlab.numerics import reference
     from quantlab.numerics.dtypes import DType
     from quantlab.numerics.requant import requant_scale
     from quantlab.simulate import Mode, Simulator
+    from quantlab.simulate.profiles import platform_config
 
     b, page = detector_on_a_page
-    sim = Simulator(b.module, "j6m")
+    j6m = dataclasses.replace(platform_config("j6m"), default_observer=ObserverKind.MINMAX)
+    sim = Simulator(b.module, j6m)
     sim.calibrate([(page.flip(-1),), (page.flip(-2),)], progress=False)
     ops = sim.ops.set_index("name")
     ups = list(ops.index[ops["op_type"] == "conv_transpose2d"])
