@@ -216,7 +216,6 @@ def bench_eval(args) -> None:
     junk = torch.empty(DIRTY_BYTES // 4)
     for name in (sigmoid, LUT, NO_PREFETCH, NON_TEMPORAL):
         variants[AFTER + name] = variants[name]
-    before = {name: junk.fill_ for name in variants if name.startswith(AFTER)}
     rows = []
     default_threads = torch.get_num_threads()  # restored after: the build part runs on it
     for threads in args.threads:
@@ -227,8 +226,8 @@ def bench_eval(args) -> None:
             fn()
         for _ in range(args.repeats):
             for name, fn in variants.items():
-                if name in before:
-                    before[name](1.0)
+                if name.startswith(AFTER):
+                    junk.fill_(1.0)
                 faults0 = _faults()
                 times[name].append(_time(fn))
                 faults[name] += _faults() - faults0

@@ -70,7 +70,8 @@ _SOURCE = r"""
 #else
 #define PREFETCH_AT(P, WRITE, LOCALITY) ((void)0)
 #endif
-/* LOCALITY -1: no prefetching */
+/* LOCALITY 3, 0, or -1 for no prefetching (the builtin's locality must be a constant in 0..3,
+   even in the branch -1 leaves dead: hence the conditional) */
 #define GATHER_BLOCKS(CT, TT, LOCALITY)                                               \
   _Pragma("omp parallel for num_threads(threads) schedule(static)")                   \
   for (int64_t b = 0; b < blocks; ++b) {                                              \
