@@ -57,10 +57,18 @@ _KERNELS = {
 }
 
 
+NOT_MODELLED = "float (not modelled by quantlab)"
+NOT_SUPPORTED = "float (not supported on this platform)"
+
+
 def kernel_name(op_type: str, category: OpCategory | None, sim) -> str:
-    """How the op runs in fixed mode on ``sim.platform`` (the op-support table's column)."""
+    """How the op runs in fixed mode on ``sim.platform`` (the op-support table's column): an op
+    quantlab does not model (``category`` None) and an op the platform does not support both
+    run in float, and the column says which of the two it is."""
+    if category is None:
+        return NOT_MODELLED
     if not sim.supported(op_type, category):
-        return "float (not supported on this platform)"
+        return NOT_SUPPORTED
     if op_type == "pow" and category is OpCategory.MUL:
         return f"x * x (the exponent 2) as mul: {_supported_kernel('mul', category, sim)}"
     return _supported_kernel(op_type, category, sim)

@@ -92,7 +92,7 @@ def test_float_ops_finding_counts_three_disjoint_groups():
             "supported": [True, False, False, True, True],
             "fixed_kernel": [
                 "integer",
-                "float (not supported on this platform)",
+                "float (not modelled by quantlab)",
                 "float (not supported on this platform)",
                 "float between dequantize and quantize",
                 "pass_through",

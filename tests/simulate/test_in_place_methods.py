@@ -83,7 +83,7 @@ def test_in_place_method_runs_as_its_out_of_place_op(name, platform):
     assert table.to_dict("records") == twin.ops.drop(columns=["name", "call_index"]).to_dict(
         "records"
     )
-    assert "float (not supported on this platform)" not in set(in_place.ops["fixed_kernel"])
+    assert not in_place.ops["fixed_kernel"].str.startswith("float (not").any()
     for mode in (Mode.FAKE, Mode.FIXED):
         for p, q in zip(in_place.run(x, mode=mode), twin.run(x, mode=mode), strict=True):
             assert_bits_equal(p, q)
