@@ -391,6 +391,41 @@ def emit_layer_norm(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_group_norm(ctx: ExportContext, op: RecordedOp) -> None:
+    """group_norm as Reshape to (N, groups, the rest), LayerNormalization over that last axis
+    (a scale of ones, no bias), Reshape back, then Mul by the weight and Add the bias per
+    channel (each left out when absent): onnxruntime's steps that the onnxruntime profile
+    computes (``numerics.ort_layer_norm.ort_group_norm``). The steps before the last are named
+    ``<op>/group_...`` (``runtime``'s role ``group``)."""
+    shape = list(ctx.shape_of(op, 0))
+    groups = int(ctx.arg(op, 1, "num_groups"))
+    w, b = ctx.arg(op, 2, "weight"), ctx.arg(op, 3, "bias")
+    eps = float(ctx.arg(op, 4, "eps", 1e-5))
+    rest = math.prod(shape[1:]) // groups
+    grouped = ctx.graph.int64s(f"{op.name}/group_shape", [shape[0], groups, rest])
+    y = ctx.graph.node("Reshape", [ctx.act(op, 0), grouped], f"{op.name}/group_rows")
+    ones = ctx.graph.const(f"{op.name}/ones", torch.ones(rest))
+    y = ctx.graph.node(
+        "LayerNormalization", [y, ones], f"{op.name}/group_normed", axis=-1, epsilon=eps
+    )
+    back = ctx.graph.int64s(f"{op.name}/shape", shape)
+    per_channel = [shape[1]] + [1] * (len(shape) - 2)
+    steps = [(t, kind) for t, kind in ((w, "weight"), (b, "bias")) if t is not None]
+    y = ctx.graph.node(
+        "Reshape", [y, back], f"{op.name}/float" if not steps else f"{op.name}/group_back"
+    )
+    for i, (t, kind) in enumerate(steps):
+        if isinstance(t, ConstRef):
+            c = t.value.detach().to(torch.float32).reshape(per_channel)
+            c = ctx.graph.const(f"{op.name}/{kind}", c)
+        else:  # a weight or bias another op computed: its values, shaped per channel
+            dims = ctx.graph.int64s(f"{op.name}/group_{kind}_shape", per_channel)
+            c = ctx.graph.node("Reshape", [ctx.value(t).name, dims], f"{op.name}/group_{kind}")
+        base = f"{op.name}/float" if i == len(steps) - 1 else f"{op.name}/group_scaled"
+        y = ctx.graph.node("Mul" if kind == "weight" else "Add", [y, c], base)
+    ctx.set_outputs(op, [y])
+
+
 def emit_batch_norm(ctx: ExportContext, op: RecordedOp) -> None:
     """An eval-mode batch_norm not folded into a GEMM as BatchNormalization (the onnxruntime
     profile computes its float32 steps); a training-mode one is refused."""

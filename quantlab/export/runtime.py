@@ -80,6 +80,7 @@ def _op_of(node_name: str) -> tuple[str, str]:
     base = base[len("node:") :] if base.startswith("node:") else base
     roles = ("/float", "/codes", "/clip", "/unclamped", "/nd", "/flat", "/2d", "/sqrt", "/sigmoid")
     roles += ("/acc",)  # a wide GEMM's ConvInteger / MatMulInteger, its bias Add and Cast
+    roles += ("/group",)  # a group norm's Reshapes, LayerNormalization and Mul before its last
     for role in roles:
         cut = base.find(role)
         if cut > 0:

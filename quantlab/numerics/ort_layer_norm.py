@@ -110,3 +110,28 @@ def _mlas_rows(rows: Tensor, g: Tensor, b: Tensor | None, eps32: Tensor, count: 
     if b is None:
         return t * g
     return fma32(t, g.expand_as(t), b.expand_as(t))
+
+
+def ort_group_norm(
+    x: Tensor,
+    groups: int,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    native: bool = True,
+) -> Tensor:
+    """float32 group norm of float32 ``x`` (N, C, *) as its ONNX form (``export``'s group_norm)
+    runs in onnxruntime: Reshape to (N, groups, C / groups x the rest), LayerNormalization over
+    that last axis with a scale of ones and no bias (``ort_layer_norm``: y = its normalized
+    value, times 1 exactly), Reshape back, then Mul by ``weight`` and Add ``bias`` per channel,
+    each one rounded float32 operation (None: that node is left out)."""
+    if x.dim() < 2 or groups < 1 or x.shape[1] % groups:
+        raise ValueError(f"group norm of {groups} groups needs (N, C, ...) with C a multiple")
+    y = ort_layer_norm(x.reshape(x.shape[0], groups, -1), 1, None, None, eps, native)
+    y = y.reshape(x.shape)
+    per_channel = (1, x.shape[1]) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y * weight.detach().to(torch.float32).reshape(per_channel)
+    if bias is not None:
+        y = y + bias.detach().to(torch.float32).reshape(per_channel)
+    return y

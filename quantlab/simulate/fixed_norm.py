@@ -219,6 +219,8 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if call.op_type == "layer_norm" and not sim.platform.norm_composite:
         return _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
+    if call.op_type == "group_norm" and not sim.platform.norm_composite:
+        return _group_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if running_affine(call) is not None:
         from quantlab.simulate.modes import Mode
 
@@ -296,6 +298,21 @@ def _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
     def fn(x):
         nc = norm_call(call)
         return ort_layer_norm(x, len(nc.layout.normalized_shape), nc.weight, nc.bias, nc.eps)
+
+    return _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn)
+
+
+def _group_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
+    """A group_norm as onnxruntime computes its ONNX form (``numerics.ort_layer_norm.
+    ort_group_norm``: LayerNormalization per group, then Mul and Add per channel) in a float
+    island (``_float_island``); None otherwise."""
+    from quantlab.numerics.ort_layer_norm import ort_group_norm
+
+    v = _named_args(call, _ARG_NAMES["group_norm"])
+    eps = 1e-5 if v["eps"] is None else float(v["eps"])
+
+    def fn(x):
+        return ort_group_norm(x, int(v["num_groups"]), v["weight"], v["bias"], eps)
 
     return _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn)
 

@@ -85,6 +85,11 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
         return "float between dequantize and quantize (BatchNormalization's float32 steps)"
     if op_type == "layer_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return "float between dequantize and quantize (LayerNormalization's float32 steps)"
+    if op_type == "group_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        return (
+            "float between dequantize and quantize (LayerNormalization's float32 steps per "
+            "group, then Mul and Add per channel)"
+        )
     if (
         category is OpCategory.RESAMPLE
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ

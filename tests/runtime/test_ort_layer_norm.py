@@ -2,8 +2,10 @@
 its bits on random and adversarial rows of every length class (below 8 values: the scalar
 Welford kernel; 8 and more: MLAS's AVX2 kernel with each tail length), with and without bias,
 over one and two trailing dims; its fused multiply-add and square root are the correctly
-rounded operations; and fixed mode on the onnxruntime profile computes a LayerNorm between
-DequantizeLinear and QuantizeLinear with onnxruntime's codes."""
+rounded operations; ``ort_group_norm`` gives the bits of a group norm's ONNX form (Reshape,
+LayerNormalization per group, Reshape, Mul, Add); and fixed mode on the onnxruntime profile
+computes a LayerNorm and a GroupNorm between DequantizeLinear and QuantizeLinear with
+onnxruntime's codes."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ort_graphs import session
 from torch import nn
 
 from quantlab.numerics.ieee32 import fma32, sqrt32
-from quantlab.numerics.ort_layer_norm import ort_layer_norm
+from quantlab.numerics.ort_layer_norm import ort_group_norm, ort_layer_norm
 
 pytestmark = pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
@@ -139,3 +141,107 @@ def test_fixed_mode_layer_norm_has_onnxruntimes_codes(tmp_path):
         want = sim.trace(*x, mode=Mode.FIXED).qinfo["1:layer_norm#0"].codes
         codes = R.codes_from_runtime(got, norm in info.offset_tensors)
         assert_bits_equal(torch.from_numpy(codes), want.to(torch.int64))
+
+
+def _ort_group_norm(x: np.ndarray, groups: int, w, b, eps: float) -> np.ndarray:
+    """onnxruntime's output of a group norm's ONNX form, built here node by node."""
+    n, c = x.shape[:2]
+    rest = x.size // (n * groups)
+    per_channel = [c] + [1] * (x.ndim - 2)
+    inits = [
+        numpy_helper.from_array(np.array([n, groups, rest], np.int64), "grouped"),
+        numpy_helper.from_array(np.ones(rest, np.float32), "ones"),
+        numpy_helper.from_array(np.array(x.shape, np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "grouped"], ["g"]),
+        helper.make_node("LayerNormalization", ["g", "ones"], ["l"], axis=-1, epsilon=eps),
+        helper.make_node("Reshape", ["l", "shape"], ["y" if w is None and b is None else "r"]),
+    ]
+    last = "r"
+    for t, kind, op in ((w, "w", "Mul"), (b, "b", "Add")):
+        if t is None:
+            continue
+        inits.append(numpy_helper.from_array(t.reshape(per_channel), kind))
+        out = "y" if kind == "b" or b is None else f"{kind}_out"
+        nodes.append(helper.make_node(op, [last, kind], [out]))
+        last = out
+    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
+    return session(nodes, [xi], TensorProto.FLOAT, inits).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_ort_group_norm_equals_onnxruntime_on_its_onnx_form(native):
+    """Groups of fewer than 8 values (the Welford kernel) and of 8 and more (MLAS's, every
+    tail), 1-d and 2-d layouts, with and without weight and bias, rows of every kind."""
+    rng = np.random.default_rng(11)
+    kinds = ["random", "offset", "constant", "zeros"]
+    cases = [(4, 2, (3,)), (6, 3, (1,)), (8, 8, (2, 2)), (8, 2, (5, 5)), (6, 1, (7,)),
+             (16, 4, (3, 3)), (12, 3, (9, 9)), (4, 4, (11,)), (32, 8, (6, 6))]  # fmt: skip
+    for i, (c, groups, spatial) in enumerate(cases):
+        x = _rows(rng, (int(rng.integers(1, 4)), c, *spatial), kinds[i % 4])
+        w = rng.uniform(0.25, 4.0, c).astype(np.float32) if i % 3 else None
+        b = rng.standard_normal(c).astype(np.float32) if i % 2 else None
+        eps = float(rng.choice([1e-5, 1e-6, 0.1]))
+        got = torch.from_numpy(_ort_group_norm(x, groups, w, b, eps))
+        wt, bt = (None if t is None else torch.from_numpy(t) for t in (w, b))
+        want = ort_group_norm(torch.from_numpy(x), groups, wt, bt, eps, native=native)
+        assert_bits_equal(want, got)
+
+
+def test_torch_group_norm_differs_from_onnxruntime():
+    """Why quantlab computes the ONNX form's steps: torch's float32 group norm rounds
+    otherwise."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((8, 32, 12, 12)).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 32).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    got = _ort_group_norm(x, 4, w, b, 1e-5)
+    plain = torch.nn.functional.group_norm(
+        torch.from_numpy(x), 4, torch.from_numpy(w), torch.from_numpy(b), 1e-5
+    ).numpy()
+    assert (plain != got).sum() > 0
+
+
+@pytest.mark.parametrize("dtype", ["INT8", "INT16"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_fixed_mode_group_norm_has_onnxruntimes_codes(affine, dtype, tmp_path):
+    """A GroupNorm between two convolutions, exported as QDQ: onnxruntime's codes of it are
+    fixed mode's on several inputs (int16 codes: a last-bit difference of the float group norm
+    would move one often), and so is the model's output where the GroupNorm's codes are int8
+    (a convolution of int16 codes sums in float32 between DequantizeLinear and QuantizeLinear,
+    in an order torch does not promise); onnxruntime runs every exported step as its own
+    kernel (nothing fused), and the op table says how it runs."""
+    from quantlab.export import runtime as R
+    from quantlab.export import to_onnx_qdq
+    from quantlab.numerics.dtypes import DType
+    from quantlab.qconfig import OpQConfig, QConfigSpec
+    from quantlab.simulate import Mode, Simulator
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16, affine=affine),
+                          nn.ReLU(), nn.Conv2d(16, 4, 1)).eval()  # fmt: skip
+    if affine:
+        with torch.no_grad():
+            model[1].weight.uniform_(0.5, 2.0)
+            model[1].bias.uniform_(-1.0, 1.0)
+    g = torch.Generator().manual_seed(1)
+    spec = QConfigSpec(by_type={"group_norm": OpQConfig(output_dtype=DType.parse(dtype))})
+    sim = Simulator(model, "onnxruntime", spec)
+    sim.calibrate([(torch.randn(4, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
+    xs = [(torch.randn(4, 3, 6, 6, generator=g) * s,) for s in (0.5, 1.0, 2.0, 4.0)]
+    info = to_onnx_qdq(sim, tmp_path / "gn.onnx", xs[0], probe=True)
+    sess = R.session(info.path, tmp_path / "opt.onnx")
+    kernels = R.kernels_by_op(tmp_path / "opt.onnx", ["1:group_norm#0"])["1:group_norm#0"]
+    steps = ["Mul", "Add"] if affine else []
+    assert kernels == ["Reshape", "LayerNormalization", "Reshape", *steps]  # every step its own
+    norm = info.op_tensors["1:group_norm#0"]
+    for x in xs:
+        got, out = R.run(sess, info.input_names, x, [norm, info.output_names[0]])
+        trace = sim.trace(*x, mode=Mode.FIXED)
+        codes = R.codes_from_runtime(got, norm in info.offset_tensors)
+        assert_bits_equal(torch.from_numpy(codes), trace.qinfo["1:group_norm#0"].codes.long())
+        if dtype == "INT8":
+            assert_bits_equal(torch.from_numpy(out), sim.run(*x, mode=Mode.FIXED))
+    kernel = sim.ops.set_index("op_type").loc["group_norm", "fixed_kernel"]
+    assert kernel.startswith("float between dequantize and quantize (LayerNormalization")

@@ -280,6 +280,11 @@ def test_op_support_table_per_platform():
     assert sub.loc["layer_norm"].fixed_kernel == (  # LayerNormalization, not the composite
         "float between dequantize and quantize (LayerNormalization's float32 steps)"
     )
+    assert sub.loc["group_norm"].fixed_kernel == (  # its ONNX form's steps
+        "float between dequantize and quantize (LayerNormalization's float32 steps per group, "
+        "then Mul and Add per channel)"
+    )
+    sub = op_support_table(["tflite"]).set_index("op_type")
     assert sub.loc["group_norm"].fixed_kernel == "float_fallback"  # platform.norm_composite
     limited = PlatformConfig(name="tiny", supported_ops=["conv2d"])
     sub = op_support_table([limited]).set_index("op_type")
