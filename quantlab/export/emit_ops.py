@@ -392,15 +392,31 @@ def emit_layer_norm(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def emit_group_norm(ctx: ExportContext, op: RecordedOp) -> None:
-    """group_norm as Reshape to (N, groups, the rest), LayerNormalization over that last axis
-    (a scale of ones, no bias), Reshape back, then Mul by the weight and Add the bias per
-    channel (each left out when absent): onnxruntime's steps that the onnxruntime profile
-    computes (``numerics.ort_layer_norm.ort_group_norm``). The steps before the last are named
+    """group_norm as ``_grouped_norm``'s steps."""
+    _grouped_norm(ctx, op, int(ctx.arg(op, 1, "num_groups")), 2, 3, 4)
+
+
+def emit_instance_norm(ctx: ExportContext, op: RecordedOp) -> None:
+    """instance_norm of its input's statistics as ``_grouped_norm``'s steps, one group per
+    channel; one of running statistics (an eval-mode ``track_running_stats``) is refused."""
+    if not ctx.arg(op, 5, "use_input_stats", True):
+        raise UnsupportedOpError(
+            f"op {op.name}: instance_norm with running statistics (track_running_stats in "
+            "eval mode); exported: instance_norm of its input's statistics"
+        )
+    _grouped_norm(ctx, op, ctx.shape_of(op, 0)[1], 3, 4, 7)
+
+
+def _grouped_norm(ctx: ExportContext, op: RecordedOp, groups: int, w_at, b_at, eps_at) -> None:
+    """A group norm (``groups`` groups; weight, bias and eps at those argument positions) as
+    Reshape to (N, groups, the rest), LayerNormalization over that last axis (a scale of ones,
+    no bias), Reshape back, then Mul by the weight and Add the bias per channel (each left out
+    when absent): onnxruntime's steps that the onnxruntime profile computes
+    (``numerics.ort_layer_norm.ort_group_norm``). The steps before the last are named
     ``<op>/group_...`` (``runtime``'s role ``group``)."""
     shape = list(ctx.shape_of(op, 0))
-    groups = int(ctx.arg(op, 1, "num_groups"))
-    w, b = ctx.arg(op, 2, "weight"), ctx.arg(op, 3, "bias")
-    eps = float(ctx.arg(op, 4, "eps", 1e-5))
+    w, b = ctx.arg(op, w_at, "weight"), ctx.arg(op, b_at, "bias")
+    eps = float(ctx.arg(op, eps_at, "eps", 1e-5))
     rest = math.prod(shape[1:]) // groups
     grouped = ctx.graph.int64s(f"{op.name}/group_shape", [shape[0], groups, rest])
     y = ctx.graph.node("Reshape", [ctx.act(op, 0), grouped], f"{op.name}/group_rows")

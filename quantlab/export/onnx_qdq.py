@@ -68,6 +68,7 @@ EMITTERS: dict[str, Emitter] = {
     "softmax": E.emit_softmax,
     "layer_norm": E.emit_layer_norm,
     "group_norm": E.emit_group_norm,
+    "instance_norm": E.emit_instance_norm,
     "batch_norm": E.emit_batch_norm,
     "cat": E.emit_cat,
     "stack": E.emit_cat,

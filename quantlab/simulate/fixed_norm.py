@@ -219,12 +219,12 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if call.op_type == "layer_norm" and not sim.platform.norm_composite:
         return _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
-    if call.op_type == "group_norm" and not sim.platform.norm_composite:
-        return _group_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if running_affine(call) is not None:
         from quantlab.simulate.modes import Mode
 
         return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FIXED)
+    if call.op_type in ("group_norm", "instance_norm") and not sim.platform.norm_composite:
+        return _grouped_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     nc = _applies(sim, call, in_infos, rq)
     if nc is None:
         return None
@@ -302,17 +302,20 @@ def _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
     return _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn)
 
 
-def _group_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
-    """A group_norm as onnxruntime computes its ONNX form (``numerics.ort_layer_norm.
-    ort_group_norm``: LayerNormalization per group, then Mul and Add per channel) in a float
-    island (``_float_island``); None otherwise."""
+def _grouped_norm_island(sim, call, plan, args, kwargs, in_infos, rq):
+    """A group_norm, or an instance_norm of its input's statistics (one group per channel), as
+    onnxruntime computes its ONNX form (``numerics.ort_layer_norm.ort_group_norm``:
+    LayerNormalization per group, then Mul and Add per channel) in a float island
+    (``_float_island``); None otherwise."""
     from quantlab.numerics.ort_layer_norm import ort_group_norm
 
-    v = _named_args(call, _ARG_NAMES["group_norm"])
+    v = _named_args(call, _ARG_NAMES[call.op_type])
     eps = 1e-5 if v["eps"] is None else float(v["eps"])
+    groups = v.get("num_groups")
 
     def fn(x):
-        return ort_group_norm(x, int(v["num_groups"]), v["weight"], v["bias"], eps)
+        g = x.shape[1] if groups is None else int(groups)
+        return ort_group_norm(x, g, v["weight"], v["bias"], eps)
 
     return _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn)
 

@@ -90,6 +90,11 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
             "float between dequantize and quantize (LayerNormalization's float32 steps per "
             "group, then Mul and Add per channel)"
         )
+    if op_type == "instance_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        return (
+            "float between dequantize and quantize (LayerNormalization's float32 steps per "
+            "channel, then Mul and Add); integer per-channel affine (running statistics)"
+        )
     if (
         category is OpCategory.RESAMPLE
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ

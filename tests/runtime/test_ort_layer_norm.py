@@ -4,8 +4,8 @@ Welford kernel; 8 and more: MLAS's AVX2 kernel with each tail length), with and 
 over one and two trailing dims; its fused multiply-add and square root are the correctly
 rounded operations; ``ort_group_norm`` gives the bits of a group norm's ONNX form (Reshape,
 LayerNormalization per group, Reshape, Mul, Add); and fixed mode on the onnxruntime profile
-computes a LayerNorm and a GroupNorm between DequantizeLinear and QuantizeLinear with
-onnxruntime's codes."""
+computes a LayerNorm, a GroupNorm and an InstanceNorm between DequantizeLinear and
+QuantizeLinear with onnxruntime's codes."""
 
 from __future__ import annotations
 
@@ -203,45 +203,66 @@ def test_torch_group_norm_differs_from_onnxruntime():
     assert (plain != got).sum() > 0
 
 
+_GROUPED = {  # a normalisation of 16 channels (affine or not) and its op name
+    "group": (lambda affine: nn.GroupNorm(4, 16, affine=affine), "1:group_norm#0"),
+    "instance": (lambda affine: nn.InstanceNorm2d(16, affine=affine), "1:instance_norm#0"),
+}
+
+
 @pytest.mark.parametrize("dtype", ["INT8", "INT16"])
 @pytest.mark.parametrize("affine", [True, False])
-def test_fixed_mode_group_norm_has_onnxruntimes_codes(affine, dtype, tmp_path):
-    """A GroupNorm between two convolutions, exported as QDQ: onnxruntime's codes of it are
-    fixed mode's on several inputs (int16 codes: a last-bit difference of the float group norm
-    would move one often), and so is the model's output where the GroupNorm's codes are int8
-    (a convolution of int16 codes sums in float32 between DequantizeLinear and QuantizeLinear,
-    in an order torch does not promise); onnxruntime runs every exported step as its own
-    kernel (nothing fused), and the op table says how it runs."""
+@pytest.mark.parametrize("norm", sorted(_GROUPED))
+def test_fixed_mode_grouped_norms_have_onnxruntimes_codes(norm, affine, dtype, tmp_path):
+    """A GroupNorm or an InstanceNorm between two convolutions, exported as QDQ:
+    onnxruntime's codes of it are fixed mode's on several inputs (int16 codes: a last-bit
+    difference of the float norm would move one often), and so is the model's output where
+    the norm's codes are int8 (a convolution of int16 codes sums in float32 between
+    DequantizeLinear and QuantizeLinear, in an order torch does not promise); onnxruntime runs
+    every exported step as its own kernel (nothing fused), and the op table says how it runs."""
     from quantlab.export import runtime as R
     from quantlab.export import to_onnx_qdq
     from quantlab.numerics.dtypes import DType
     from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator
 
+    make, name = _GROUPED[norm]
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16, affine=affine),
-                          nn.ReLU(), nn.Conv2d(16, 4, 1)).eval()  # fmt: skip
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), make(affine), nn.ReLU(),
+                          nn.Conv2d(16, 4, 1)).eval()  # fmt: skip
     if affine:
         with torch.no_grad():
             model[1].weight.uniform_(0.5, 2.0)
             model[1].bias.uniform_(-1.0, 1.0)
     g = torch.Generator().manual_seed(1)
-    spec = QConfigSpec(by_type={"group_norm": OpQConfig(output_dtype=DType.parse(dtype))})
+    op_type = name.split(":")[1].split("#")[0]
+    spec = QConfigSpec(by_type={op_type: OpQConfig(output_dtype=DType.parse(dtype))})
     sim = Simulator(model, "onnxruntime", spec)
     sim.calibrate([(torch.randn(4, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
     xs = [(torch.randn(4, 3, 6, 6, generator=g) * s,) for s in (0.5, 1.0, 2.0, 4.0)]
     info = to_onnx_qdq(sim, tmp_path / "gn.onnx", xs[0], probe=True)
     sess = R.session(info.path, tmp_path / "opt.onnx")
-    kernels = R.kernels_by_op(tmp_path / "opt.onnx", ["1:group_norm#0"])["1:group_norm#0"]
+    kernels = R.kernels_by_op(tmp_path / "opt.onnx", [name])[name]
     steps = ["Mul", "Add"] if affine else []
     assert kernels == ["Reshape", "LayerNormalization", "Reshape", *steps]  # every step its own
-    norm = info.op_tensors["1:group_norm#0"]
+    out_tensor = info.op_tensors[name]
     for x in xs:
-        got, out = R.run(sess, info.input_names, x, [norm, info.output_names[0]])
+        got, out = R.run(sess, info.input_names, x, [out_tensor, info.output_names[0]])
         trace = sim.trace(*x, mode=Mode.FIXED)
-        codes = R.codes_from_runtime(got, norm in info.offset_tensors)
-        assert_bits_equal(torch.from_numpy(codes), trace.qinfo["1:group_norm#0"].codes.long())
+        codes = R.codes_from_runtime(got, out_tensor in info.offset_tensors)
+        assert_bits_equal(torch.from_numpy(codes), trace.qinfo[name].codes.long())
         if dtype == "INT8":
             assert_bits_equal(torch.from_numpy(out), sim.run(*x, mode=Mode.FIXED))
-    kernel = sim.ops.set_index("op_type").loc["group_norm", "fixed_kernel"]
+    kernel = sim.ops.set_index("op_type").loc[op_type, "fixed_kernel"]
     assert kernel.startswith("float between dequantize and quantize (LayerNormalization")
+
+
+def test_an_instance_norm_of_running_statistics_is_refused_at_export(tmp_path):
+    from quantlab.export import UnsupportedOpError, to_onnx_qdq
+    from quantlab.simulate import Simulator
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.InstanceNorm2d(8, track_running_stats=True))
+    model.eval()
+    sim = Simulator(model, "onnxruntime")
+    sim.calibrate([(torch.randn(2, 3, 4, 4),)], progress=False)
+    with pytest.raises(UnsupportedOpError, match="instance_norm with running statistics"):
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (torch.randn(2, 3, 4, 4),))

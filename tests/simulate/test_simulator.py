@@ -284,6 +284,9 @@ def test_op_support_table_per_platform():
         "float between dequantize and quantize (LayerNormalization's float32 steps per group, "
         "then Mul and Add per channel)"
     )
+    assert sub.loc["instance_norm"].fixed_kernel.startswith(
+        "float between dequantize and quantize (LayerNormalization's float32 steps per channel"
+    )
     sub = op_support_table(["tflite"]).set_index("op_type")
     assert sub.loc["group_norm"].fixed_kernel == "float_fallback"  # platform.norm_composite
     limited = PlatformConfig(name="tiny", supported_ops=["conv2d"])
