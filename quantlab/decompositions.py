@@ -7,9 +7,13 @@ makes the same result through other torch calls), or None for a call captured as
   own ``has_torch_function`` check answered False, so its input projection (linear), scores
   (bmm), softmax, weighted sum (bmm), output projection (linear) and averaged weights (mean)
   are captured one by one. The same code runs: the same float bits as the call itself. With a
-  mask its scores are one ``baddbmm`` (not modelled: float; adding the mask after a bmm would
-  round differently), and with ``need_weights=False`` its scores, softmax and weighted sum are
-  one ``scaled_dot_product_attention`` (below).
+  mask its scores are one ``baddbmm`` (below), and with ``need_weights=False`` its scores,
+  softmax and weighted sum are one ``scaled_dot_product_attention`` (below).
+- ``torch.baddbmm(m, a, b, beta=beta, alpha=alpha)`` (and the method ``m.baddbmm(a, b)``) is
+  ``torch.bmm(a, b) * alpha + m * beta``: a matmul of two activations, then a product by each
+  factor other than 1 and the add of ``m`` (an attention mask; left out for beta 0, as torch
+  ignores ``m`` then), as a chip computes it; torch's baddbmm starts its sums from ``m`` and
+  may differ in the last bits.
 - ``F.scaled_dot_product_attention`` without dropout is ``attention_by_definition``: matmul,
   the mask added (an add), softmax, matmul, in the order of torch's math backend
   (``SDPBackend.MATH``), whose float32 bits it gives; torch's fused CPU kernel sums in other
@@ -162,6 +166,31 @@ def _addmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return lambda: F.linear(x, w.t(), bias)
 
 
+_BADDBMM_PARAMS = ("input", "batch1", "batch2")
+
+
+def _baddbmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    p = dict(zip(_BADDBMM_PARAMS, args)) | kwargs
+    beta, alpha = p.get("beta", 1), p.get("alpha", 1)
+    if (
+        len(args) > len(_BADDBMM_PARAMS)
+        or not set(p) <= {*_BADDBMM_PARAMS, "beta", "alpha"}
+        or not all(isinstance(f, (int, float)) and math.isfinite(f) for f in (beta, alpha))
+    ):
+        return None
+    m, a, b = p.get("input"), p.get("batch1"), p.get("batch2")
+
+    def parts():
+        scores = torch.bmm(a, b)
+        if alpha != 1:
+            scores = scores * alpha
+        if beta == 0:
+            return scores
+        return scores + (m if beta == 1 else m * beta)
+
+    return parts
+
+
 def _is_parameter(w) -> bool:
     """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
     torch.fx hands the parts a model attribute as a traced value)."""
@@ -174,7 +203,8 @@ def _is_parameter(w) -> bool:
 MULTI_HEAD_ATTENTION = F.multi_head_attention_forward
 SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
 ADDMM = torch.addmm
-SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM)
+BADDBMM = (torch.baddbmm, Tensor.baddbmm)
+SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM)
 
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
@@ -185,6 +215,8 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _sdpa_parts(args, kwargs)
     if func is ADDMM:
         return _addmm_parts(args, kwargs)
+    if func in BADDBMM:
+        return _baddbmm_parts(args, kwargs)
     return None
 
 

@@ -127,16 +127,19 @@ class _Sdpa(nn.Module):
 
 def test_masked_attention_is_parts_with_the_math_backends_bits():
     """Masks (bool, float with a row masked whole, causal) are added to the scores as an add op;
-    nn.MultiheadAttention's masked scores stay one baddbmm; dropout keeps the call whole."""
+    nn.MultiheadAttention's masked scores, one baddbmm, are a matmul and the mask's add, with
+    the bits of the module run under DecomposingMode; dropout keeps the call whole."""
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
     x = torch.randn(2, 5, 16)
     causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
     calls, (out, _) = capture(mha, x, x, x, attn_mask=causal)
-    with torch.no_grad(), _NoFusedPath():
+    with torch.no_grad(), DecomposingMode():
         assert_bits_equal(out, mha(x, x, x, attn_mask=causal)[0])
     types = [c.op_type for c in calls]
-    assert "baddbmm" in types and "linear" in types  # scores with the mask: one float op
+    assert "baddbmm" not in types and "linear" in types
+    at = types.index("softmax")  # scores: matmul, then the mask added, then the softmax
+    assert types[at - 2 : at] == ["matmul", "add"] and types.count("matmul") == 2
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
     covered = torch.randn(2, 1, 5, 5)
     covered[1, :, 2] = -math.inf  # one query row masked whole: 0s, as the safe softmax gives
@@ -604,3 +607,103 @@ def test_addmm_layers_become_a_traced_program_with_the_captured_bits(monkeypatch
     steady = Simulator(_Conv1D(w, b).eval(), "j6m")
     steady.share_calibration(captured)
     _runs_as_a_program(steady, captured, g, mode)
+
+
+class _Baddbmm(nn.Module):
+    def forward(self, m, a, b):
+        return (
+            torch.baddbmm(m, a, b),
+            m.baddbmm(a, b, beta=0.5),
+            torch.baddbmm(m, a, b, alpha=2.0),
+            torch.baddbmm(torch.full_like(m, math.nan), a, b, beta=0, alpha=0.125),
+        )
+
+
+def test_baddbmm_is_a_matmul_then_its_factors_and_an_add():
+    """torch.baddbmm(m, a, b, beta, alpha) and the method are bmm(a, b), times alpha, plus m
+    times beta: those float bits and those ops (a factor of 1 and beta 0's m left out, as
+    torch ignores m then, NaN or not)."""
+    g = torch.Generator().manual_seed(8)
+    m, a = torch.randn(3, 4, 6, generator=g), torch.randn(3, 4, 5, generator=g) * 4
+    b = torch.randn(3, 5, 6, generator=g)
+    calls, out = capture(_Baddbmm(), m, a, b)
+    types = [c.op_type for c in calls if c.op_type != "full_like"]
+    assert types == ["matmul", "add", "matmul", "mul", "add", "matmul", "mul", "add"] + [
+        "matmul",
+        "mul",
+    ]
+    ab = torch.bmm(a, b)
+    for got, want in zip(out, (ab + m, ab + m * 0.5, ab * 2.0 + m, ab * 0.125), strict=True):
+        assert_bits_equal(got, want)
+
+
+class _Scores(nn.Module):
+    """Attention scores by torch.baddbmm and by the method, each adding a term of the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(32, 32)
+
+    def forward(self, x):
+        q, m = self.q(x), x[:, :, :6] * 0.5
+        s = torch.baddbmm(m, q, x.transpose(1, 2)) + m.baddbmm(x, q.transpose(1, 2), alpha=0.5)
+        return torch.softmax(s, -1)
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_baddbmm_scores_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    g = torch.Generator().manual_seed(4)
+    torch.manual_seed(0)
+    model = _Scores().eval()
+    batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
+    captured = Simulator(model, "j6m", steady_programs=False)
+    captured.calibrate(batches, progress=False)
+    assert "baddbmm" not in set(captured.ops.op_type)
+    steady = Simulator(model, "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, g, mode)
+
+
+class _MaskedMha(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x, mask):
+        a, w = self.att(x, x, x, attn_mask=mask)
+        return self.out(a), w
+
+
+def test_masked_multihead_attention_quantizes_its_scores_and_exports(tmp_path):
+    """nn.MultiheadAttention with a float mask and its weights: its scores are an integer
+    matmul and add in fixed mode (they were one float baddbmm), and the exported model gives
+    fixed mode's bits in onnxruntime (onnxruntime profile)."""
+    ort = pytest.importorskip("onnxruntime")
+    from quantlab.export import to_onnx_qdq
+
+    torch.manual_seed(0)
+    model = _MaskedMha().eval()
+    g = torch.Generator().manual_seed(2)
+    mask = torch.randn(6, 6, generator=g).clamp(-2, 0)  # a finite additive mask
+
+    def batch():
+        return torch.randn(2, 6, 16, generator=g), mask
+
+    sim = Simulator(model, "onnxruntime", steady_programs=False)
+    sim.calibrate([batch() for _ in range(2)], progress=False)
+    kernels = dict(zip(sim.ops.op_type, sim.ops.fixed_kernel, strict=True))
+    assert kernels["matmul"] == "integer" and "baddbmm" not in kernels
+    x = batch()
+    with torch.no_grad(), DecomposingMode():
+        want = model(*x)
+    for a, b in zip(sim.run(*x, mode=Mode.FLOAT), want, strict=True):
+        assert_bits_equal(a, b)
+    info = to_onnx_qdq(sim, tmp_path / "mha.onnx", x)
+    session = ort.InferenceSession(str(info.path))
+    got = session.run(None, {n: t.numpy() for n, t in zip(info.input_names, x, strict=True)})
+    for a, b in zip(got, sim.run(*x, mode=Mode.FIXED), strict=True):
+        assert_bits_equal(torch.from_numpy(a), b)

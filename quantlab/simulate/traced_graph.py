@@ -137,9 +137,11 @@ class _NamingTracer(fx.Tracer):
 
     def create_proxy(self, kind, target, args, kwargs, *rest, **options) -> fx.Proxy:
         """A call the capture sees as its parts (``quantlab.decompositions``) is traced as those
-        parts, so the program's nodes are the captured ops."""
-        if kind == "call_function":
-            parts = decomposition(target, args, kwargs)
+        parts, so the program's nodes are the captured ops (a method call as the Tensor method
+        the capture sees)."""
+        func = getattr(Tensor, target, None) if kind == "call_method" else target
+        if kind in ("call_function", "call_method") and func is not None:
+            parts = decomposition(func, args, kwargs)
             if parts is not None:
                 return parts()
         return super().create_proxy(kind, target, args, kwargs, *rest, **options)
