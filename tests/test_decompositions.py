@@ -6,6 +6,7 @@ packed weight as weights, and the parts through replay, traced programs and ONNX
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -354,6 +355,24 @@ def test_a_minus_inf_mask_is_lost_at_any_add_width_and_a_finite_one_is_kept():
     nothing = _masked_sqnr_db(torch.ones_like(keep), False)
     assert bool_int8 < 8 and bool_int16 < 8
     assert finite_int16 > bool_int16 + 10 and finite_int16 > nothing - 1
+
+
+def test_calibration_names_the_points_a_minus_inf_mask_reaches():
+    """A bool mask (0 / -inf) warns once, at calibration, naming the mask add's input and how
+    many of its values were infinite; a finite mask does not warn."""
+    keep = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+    keep[1, :, :, 3:] = False
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(2, 5, 16, generator=g),) for _ in range(2)]
+    sim = Simulator(_MaskedAttention().eval(), "j6m", steady_programs=False)
+    with pytest.warns(UserWarning, match="NaN or infinite values") as seen:
+        sim.calibrate([(x, keep) for (x,) in batches], progress=False)
+    text = str(seen[0].message)
+    assert len(seen) == 1 and ":add#0/in1 (20 of 100)" in text and "stops masking" in text
+    finite = Simulator(_MaskedAttention().eval(), "j6m", steady_programs=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        finite.calibrate([(x, torch.where(keep, 0.0, -100.0)) for (x,) in batches], progress=False)
 
 
 def test_a_hugging_face_model_on_its_default_attention_quantizes_as_on_eager_attention():

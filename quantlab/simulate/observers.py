@@ -119,13 +119,16 @@ class ActivationObserver:
         self.extremes: list[Tensor] = []
         self.batches = 0
         self.values = 0  # values seen, non-finite ones included
+        self.non_finite = 0  # of those, NaN and +-inf (dropped from every statistic)
         self._amax: dict[tuple, float] = {}
 
     def update(self, x: Tensor) -> None:
         """Add one batch of values (non-finite values are dropped)."""
         self._amax.clear()
         self.values += x.numel()
+        seen = x.numel()
         x = finite_values(x)
+        self.non_finite += seen - x.numel()
         if x.numel() == 0:
             return
         mn, mx = torch.aminmax(x)
@@ -278,6 +281,11 @@ class ObserverBank:
 
     def get(self, key: str) -> ActivationObserver | None:
         return self._points.get(key)
+
+    def non_finite(self) -> dict[str, tuple[int, int]]:
+        """point -> (NaN and +-inf values, all values) seen there, for every point that saw
+        any NaN or infinity."""
+        return {k: (o.non_finite, o.values) for k, o in self._points.items() if o.non_finite}
 
     def __len__(self) -> int:
         return len(self._points)
