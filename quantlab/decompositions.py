@@ -29,8 +29,9 @@ makes the same result through other torch calls), or None for a call captured as
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
-in the last bits (fused attention kernels). A masked call decides on the mask's values whether
-a row is masked whole, so torch.fx cannot trace it: such a model's steady runs stay captured.
+in the last bits (fused attention kernels). A masked call sets the rows its mask covers whole
+to 0 by a ``masked_fill`` whether there are any or not (no branch on the mask's values, so
+torch.fx traces it), which keeps the softmax's codes (``simulate.same_grid``).
 
 Op capture (``capture.CaptureMode``) and the torch.fx trace of a steady program
 (``simulate.traced_graph``) both take the parts, so a program's nodes are the captured ops.
@@ -99,11 +100,10 @@ def attention_by_definition(
             with torch._C.DisableTorchFunction():
                 attn_mask = attn_mask.to(query.dtype)
     probs = torch.softmax(scores + attn_mask, -1)
-    # rows the mask covers whole: read from the mask (an input), so every mode runs the same ops
+    # rows the mask covers whole, read from the mask (an input), set to 0 whether there are any
+    # or not (no branch on values: torch.fx traces it); the codes keep their grid (same_grid)
     covered = torch.isneginf(attn_mask).all(-1, keepdim=True).expand(probs.shape[:-1] + (1,))
-    if bool(covered.any()):
-        probs = probs.masked_fill(covered, 0.0)
-    return torch.matmul(probs, value)
+    return torch.matmul(probs.masked_fill(covered, 0.0), value)
 
 
 def _repeat_heads(t: Tensor, heads: int) -> Tensor:

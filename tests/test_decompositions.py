@@ -144,10 +144,10 @@ def test_masked_attention_is_parts_with_the_math_backends_bits():
     q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
     covered = torch.randn(2, 1, 5, 5)
     covered[1, :, 2] = -math.inf  # one query row masked whole: 0s, as the safe softmax gives
-    parts = ["mul", "mul", "matmul", "add", "softmax", "matmul"]
+    parts = ["mul", "mul", "matmul", "add", "softmax", "masked_fill", "matmul"]
     for kwargs, want in (
         ({"attn_mask": ~causal}, parts),
-        ({"attn_mask": covered}, parts[:5] + ["masked_fill", "matmul"]),
+        ({"attn_mask": covered}, parts),
         ({"is_causal": True}, parts),
         ({"dropout_p": 0.5}, ["scaled_dot_product_attention"]),
     ):
@@ -355,6 +355,97 @@ def test_a_minus_inf_mask_is_lost_at_any_add_width_and_a_finite_one_is_kept():
     nothing = _masked_sqnr_db(torch.ones_like(keep), False)
     assert bool_int8 < 8 and bool_int16 < 8
     assert finite_int16 > bool_int16 + 10 and finite_int16 > nothing - 1
+
+
+class _InputMasked(nn.Module):
+    """Attention under two bool masks built from the input: most keys kept, and for the second
+    batch item every key masked (rows the safe softmax sets to 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 48)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        some = (x[:, :, 0] > -1.0)[:, None, None, :]
+        none = torch.cat([some[:1], torch.zeros_like(some[1:])])
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=some)
+        y = y + F.scaled_dot_product_attention(q, k, v, attn_mask=none)
+        return y.transpose(1, 2).reshape(b, n, 16)
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_masked_attention_becomes_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    """No branch on the mask's values: a masked call traces, and its masked_fill keeps the
+    softmax's codes (same_grid), so the next matmul takes them as they are."""
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    g = torch.Generator().manual_seed(6)
+    torch.manual_seed(0)
+    model = _InputMasked().eval()
+    batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the masks' -inf (calibration says so)
+        captured = Simulator(model, "j6m", steady_programs=False)
+        captured.calibrate(batches, progress=False)
+    assert list(captured.ops.op_type).count("masked_fill") == 2
+    steady = Simulator(model, "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, g, mode)
+
+
+class _ByHand(nn.Module):
+    """_InputMasked's first attention written out: no masked_fill after the softmax."""
+
+    def __init__(self, qkv: nn.Linear) -> None:
+        super().__init__()
+        self.qkv = qkv
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        some = (x[:, :, 0] > -1.0)[:, None, None, :]
+        bias = torch.where(some, 0.0, -math.inf)
+        factor = math.sqrt(1.0 / math.sqrt(8))
+        scores = torch.matmul(q * factor, k.transpose(-2, -1) * factor)
+        y = torch.matmul(torch.softmax(scores + bias, -1), v)
+        return y.transpose(1, 2).reshape(b, n, 16)
+
+
+class _Masked(nn.Module):
+    def __init__(self, qkv: nn.Linear) -> None:
+        super().__init__()
+        self.qkv = qkv
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        some = (x[:, :, 0] > -1.0)[:, None, None, :]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=some)
+        return y.transpose(1, 2).reshape(b, n, 16)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_the_safe_softmaxs_masked_fill_changes_no_bit_where_no_row_is_covered(platform):
+    """A masked call's masked_fill, with no row masked whole, gives the bits of the same
+    attention written without it, in every mode (its output is on the softmax's grid)."""
+    torch.manual_seed(0)
+    qkv = nn.Linear(32, 48)
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
+    sims = []
+    for model in (_Masked(qkv), _ByHand(qkv)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the mask's -inf (calibration says so)
+            sim = Simulator(model.eval(), platform, steady_programs=False)
+            sim.calibrate(batches, progress=False)
+        sims.append(sim)
+    assert "masked_fill" in set(sims[0].ops.op_type)
+    x = torch.randn(2, 6, 32, generator=g)
+    for mode in (Mode.FLOAT, Mode.FAKE, Mode.FIXED):
+        assert_bits_equal(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode))
 
 
 def test_calibration_names_the_points_a_minus_inf_mask_reaches():

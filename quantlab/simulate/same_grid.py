@@ -7,8 +7,9 @@ Two kinds of op are recognised (both run in float, not modelled):
 
 * an op that returns its input tensor itself, unchanged: eval-mode dropout (removed at
   export), a cast to the dtype the tensor already has;
-* ``pad`` with mode "constant" and value 0: every value is an input value or 0, and 0 is the
-  code ``zero_point`` at any scale.
+* ``pad`` with mode "constant" and value 0, and ``masked_fill`` of a bool mask with the value
+  0 (the safe softmax's rows in ``decompositions.attention_by_definition``): every value is an
+  input value or 0, and 0 is the code ``zero_point`` at any scale.
 
 Their outputs are recorded (``grid_of``) with the input's ``QInfo`` (in FIXED mode with the
 padded codes). ``codes_on_grid`` then answers for a quantization at activation point
@@ -24,6 +25,7 @@ codes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -57,20 +59,33 @@ def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
         return kept_grid(info, x, fixed)
     if info is None or not info.dtype.is_int or info.scale is None:
         return None
-    if call.op_type != "pad" or not _zero_constant_pad(call):
+    fill = _zero_fill(call)
+    if fill is None:
         return None
     if not fixed:
         return QInfo(info.dtype, info.scale, zero_point=info.zero_point)
     codes = _codes_of(info, x)
     if codes is None:
         return None
-    pad = call.args[1] if len(call.args) > 1 else call.kwargs["pad"]
-    padded = F.pad(codes, pad, mode="constant", value=info.zero_point)
+    filled = fill(codes, info.zero_point)
     return (
-        QInfo(info.dtype, info.scale, padded, info.zero_point)
-        if padded.shape == out.shape
+        QInfo(info.dtype, info.scale, filled, info.zero_point)
+        if filled.shape == out.shape
         else None
     )
+
+
+def _zero_fill(call) -> Callable[[Tensor, int], Tensor] | None:
+    """For a zero-constant ``pad`` or a zero ``masked_fill`` of a bool mask, the same op on
+    codes, filling with the zero point: ``fill(codes, zero_point)``; None for any other call."""
+    if call.op_type == "pad" and _zero_constant_pad(call):
+        pad = call.args[1] if len(call.args) > 1 else call.kwargs["pad"]
+        return lambda codes, zp: F.pad(codes, pad, mode="constant", value=zp)
+    if call.op_type == "masked_fill" and not call.kwargs and len(call.args) == 3:
+        mask, value = call.args[1], call.args[2]
+        if isinstance(mask, Tensor) and mask.dtype == torch.bool and _positive_zero(value):
+            return lambda codes, zp: codes.masked_fill(mask, zp)
+    return None
 
 
 def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:
@@ -114,8 +129,19 @@ def _zero_constant_pad(call) -> bool:
     vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
     if vals.get("mode", "constant") != "constant":
         return False
-    v = vals.get("value")  # -0.0 is not the +0.0 that dequantizing the zero point gives
-    return v is None or (isinstance(v, (int, float)) and v == 0 and math.copysign(1, v) > 0)
+    v = vals.get("value")
+    return v is None or _positive_zero(v)
+
+
+def _positive_zero(v) -> bool:
+    """Whether ``v`` is the Python number 0 (-0.0 is not the +0.0 that dequantizing the zero
+    point gives)."""
+    return (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and v == 0
+        and (math.copysign(1, v) > 0)
+    )
 
 
 # pass-through ops that only move, select or copy elements (not relu / max pooling, which

@@ -1,4 +1,5 @@
-"""Float ops that keep their input's grid (eval dropout, zero constant pad): quantizing their
+"""Float ops that keep their input's grid (eval dropout, zero constant pad, zero masked_fill):
+quantizing their
 output again at the same grid returns the recorded codes instead of recomputing them, and every
 op's output is bit for bit what the full quantization gives, in FIXED and FAKE mode, with and
 without zero points, under observers whose scales differ between producer and consumer."""
@@ -131,6 +132,18 @@ def test_pads_with_other_values_or_modes_and_training_dropout_are_not_recorded()
     out = F.pad(x, (1, 2))
     got = same_grid.grid_of(OpCall("p", "pad", None, "", 0, F.pad, (x, (1, 2)), {}), out, qt, True)
     assert got.codes.tolist() == [[0, 2, -4, 0, 0]]
+    # masked_fill of a bool mask with the value 0: the codes filled with the zero point
+    fill = torch.Tensor.masked_fill
+    rows = torch.tensor([[False, True]])
+    for value, kept in ((0.0, True), (0, True), (-0.0, False), (0.5, False), (False, False)):
+        assert recorded("masked_fill", fill, (x, rows, value), {}, x.masked_fill(rows, value)) is (
+            kept
+        ), value
+    assert not recorded("masked_fill", fill, (x, rows.float(), 0.0), {}, x.clone())
+    qt.set(x, QInfo(DType.INT8, torch.tensor(0.25), codes, zero_point=3))
+    call = OpCall("m", "masked_fill", None, "", 0, fill, (x, rows, 0.0), {})
+    got = same_grid.grid_of(call, x.masked_fill(rows, 0.0), qt, True)
+    assert got.codes.tolist() == [[2, 3]] and got.zero_point == 3
 
 
 class HeadsNet(nn.Module):
