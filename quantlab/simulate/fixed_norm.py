@@ -32,6 +32,7 @@ from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.composite import ResolvedComposite
 from quantlab.simulate.qtensor import QInfo
+from quantlab.simulate.straight_through import through
 
 COMPOSITE_TYPES = frozenset({"layer_norm", "group_norm", "instance_norm"})
 
@@ -100,29 +101,53 @@ def norm_call(call) -> NormCall | None:
     return NormCall(layout, v["weight"], v["bias"], eps)
 
 
-def running_affine(call) -> tuple[Tensor, Tensor] | None:
-    """(a, b) float32 per channel of an instance_norm that uses running statistics:
-    a = weight / sqrt(running_var + eps) (weight 1 when absent), b = bias - running_mean * a
-    (bias 0 when absent); None for any other call."""
-    if call.op_type != "instance_norm":
+def running_affine(call, detach: bool = True) -> tuple[Tensor, Tensor] | None:
+    """(a, b) float32 per channel of an instance_norm that uses running statistics or an
+    eval-mode batch_norm (one no GEMM absorbs): a = weight / sqrt(running_var + eps) (weight 1
+    when absent), b = bias - running_mean * a (bias 0 when absent); None for any other call.
+    ``detach`` False: a and b carry the gradient of weight and bias (the same values)."""
+    if call.op_type == "instance_norm":
+        v = _named_args(call, _ARG_NAMES["instance_norm"])
+        if v["use_input_stats"] is not False:
+            return None
+    elif call.op_type == "batch_norm":
+        v = _named_args(call, _BATCH_NORM_ARGS)
+        if v["training"]:
+            return None
+    else:
         return None
-    v = _named_args(call, _ARG_NAMES["instance_norm"])
-    if v["use_input_stats"] is not False or v["running_mean"] is None or v["running_var"] is None:
+    if v["running_mean"] is None or v["running_var"] is None:
         return None
     eps = 1e-5 if v["eps"] is None else float(v["eps"])
     rm = v["running_mean"].detach().to(torch.float32)
     rv = v["running_var"].detach().to(torch.float32)
     a = torch.rsqrt(rv + eps)
+
+    def param(t: Tensor) -> Tensor:
+        return (t.detach() if detach else t).to(torch.float32)
+
     if v["weight"] is not None:
-        a = a * v["weight"].detach().to(torch.float32)
+        a = a * param(v["weight"])
     b = -rm * a
     if v["bias"] is not None:
-        b = b + v["bias"].detach().to(torch.float32)
+        b = b + param(v["bias"])
     return a, b
 
 
+def _integer_affine(sim, call) -> bool:
+    """Whether ``call`` runs as the per-channel affine of ``running_affine``: an instance_norm
+    of running statistics, or an eval-mode batch_norm where the platform has no float island
+    for it (the onnxruntime profiles compute BatchNormalization's float32 steps)."""
+    from quantlab.platform_rules import FloatIslands
+
+    if call.op_type == "batch_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        return False
+    return running_affine(call) is not None
+
+
 def _running_op(sim, call, plan, args, kwargs, in_infos, rq, mode):
-    """(value, QInfo) of an instance_norm with running statistics as ``x * a_c + b_c``: FIXED
+    """(value, QInfo) of an instance_norm with running statistics or a standalone eval-mode
+    batch_norm as ``x * a_c + b_c``: FIXED
     the exact per-channel products of the codes, bias and requantization by
     ``finish_gemm``; FAKE the QAT form (weight fake-quantized, output quantized)."""
     from quantlab.numerics import gemm
@@ -142,7 +167,11 @@ def _running_op(sim, call, plan, args, kwargs, in_infos, rq, mode):
     x = A.get(args, kwargs, plan.acts[0])
     shape = [1, -1] + [1] * (x.dim() - 2)
     if mode is Mode.FAKE:
-        y = x * dequantize(wc, ws, axis=0).reshape(shape) + b.reshape(shape)
+        w = dequantize(wc, ws, axis=0)
+        if torch.is_grad_enabled():  # a training run: the same values with the gradients of
+            a, b = running_affine(call, detach=False)  # weight and bias, straight through
+            w = through(a, w)  # the weight's fake quant
+        y = x * w.reshape(shape) + b.reshape(shape)
         return sim.quantize_act(call.name, "out", y, out, rq, mode)
     xc = fc.codes(args, kwargs, plan.acts[0], info)
     acc = xc.to(torch.int64) * wc.to(torch.int64).reshape(shape)
@@ -215,11 +244,11 @@ def _applies(sim, call, in_infos, rq) -> NormCall | None:
 
 def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """FIXED: (value, QInfo) of the integer composite on the input codes, or None."""
-    if call.op_type == "batch_norm":
-        return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
     if call.op_type == "layer_norm" and not sim.platform.norm_composite:
         return _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
-    if running_affine(call) is not None:
+    if call.op_type == "batch_norm" and not _integer_affine(sim, call):
+        return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
+    if _integer_affine(sim, call):
         from quantlab.simulate.modes import Mode
 
         return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FIXED)
@@ -328,7 +357,7 @@ def norm_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompo
     """FAKE: the composite's QAT form (every step fake-quantized at its calibrated scale,
     exact rsqrt, also in a ``deployed`` run) resolved for this call, or None for the float
     path."""
-    if running_affine(call) is not None:
+    if _integer_affine(sim, call):
         from quantlab.simulate.modes import Mode
 
         def running(args, kwargs):

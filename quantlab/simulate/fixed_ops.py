@@ -83,6 +83,8 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
         return "float between dequantize and quantize"
     if op_type == "batch_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return "float between dequantize and quantize (BatchNormalization's float32 steps)"
+    if op_type == "batch_norm":  # one no GEMM absorbs (a fused one is "fused into" its GEMM)
+        return "integer per-channel affine (x * a_c + b_c, as a depthwise 1x1 convolution)"
     if op_type == "layer_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return "float between dequantize and quantize (LayerNormalization's float32 steps)"
     if op_type == "group_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:

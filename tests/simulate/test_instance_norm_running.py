@@ -1,6 +1,8 @@
-"""InstanceNorm with running statistics (eval, track_running_stats=True) in fixed point: a
-per-channel affine op x * a_c + b_c whose codes equal those of the depthwise 1x1 convolution
-holding a and b (the GEMM path, proven against the integer reference elsewhere)."""
+"""InstanceNorm with running statistics (eval, track_running_stats=True) and a BatchNorm no
+convolution absorbs, in fixed point: a per-channel affine op x * a_c + b_c whose codes equal
+those of the depthwise 1x1 convolution holding a and b (the GEMM path, proven against the
+integer reference elsewhere); on the onnxruntime profiles the BatchNorm stays
+BatchNormalization's float32 steps."""
 
 import torch
 from torch import nn
@@ -85,3 +87,74 @@ def running_affine_of(norm, x):
         norm(x)
     a, b = running_affine(calls[0])
     return a.reshape(1, -1, 1, 1), b.reshape(1, -1, 1, 1)
+
+
+def _batch_norm(c: int = 4) -> nn.BatchNorm2d:
+    g = torch.Generator().manual_seed(5)
+    m = nn.BatchNorm2d(c)
+    with torch.no_grad():
+        m.running_mean.copy_(torch.randn(c, generator=g))
+        m.running_var.copy_(torch.rand(c, generator=g) * 3 + 0.1)
+        m.weight.copy_(torch.randn(c, generator=g))
+        m.bias.copy_(torch.randn(c, generator=g) * 0.5)
+    return m.eval()
+
+
+class _AfterRelu(nn.Module):
+    """A batch norm after a ReLU (no GEMM to fold it into), then a convolution."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.conv = nn.Conv2d(4, 3, 1)
+
+    def forward(self, x):
+        return self.conv(self.norm(torch.relu(x)))
+
+
+def test_a_standalone_batch_norm_is_the_depthwise_conv_bit_for_bit():
+    norm = _batch_norm()
+    x = torch.randn(3, 4, 6, 5, generator=torch.Generator().manual_seed(6)) * 2
+    fixed_scales = OpQConfig(
+        observer=ObserverKind.FIXED,
+        fixed_scale=0.06,
+        output_dtype=DType.INT8,
+        high_precision_output=False,
+    )
+    outs = {}
+    for label, model, op in (("norm", norm, "batch_norm"), ("conv", _as_conv(norm), "conv2d")):
+        sim = Simulator(model, "j6m", QConfigSpec(by_type={op: fixed_scales}))
+        sim.calibrate([(x,)], progress=False)
+        assert sim.ops.fixed_kernel.iloc[0].startswith("integer")
+        outs[label] = sim.run(x, mode=Mode.FIXED)
+        outs[label + "_fake"] = sim.run(x, mode=Mode.FAKE)
+    assert torch.equal(outs["norm"], outs["conv"])
+    # fake: the same affine, rounded as x * w then + b, where the convolution's kernel may fuse
+    # the two: at most one output step apart
+    assert float((outs["norm_fake"] - outs["conv_fake"]).abs().max()) <= 0.06 * (1 + 1e-6)
+
+
+def test_a_standalone_batch_norm_in_a_model_and_on_onnxruntime():
+    """Calibrated in a model: integer on J6M, close to float, and not a fallback; on the
+    onnxruntime profile BatchNormalization's float32 steps, as before; trained through the
+    simulator, fake mode gives run's bits and the gradient reaches its weight and bias."""
+    torch.manual_seed(0)
+    model = _AfterRelu(_batch_norm()).eval()
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 4, 8, 8, generator=g)
+    sim = Simulator(model, "j6m")
+    sim.calibrate([(x,)], progress=False)
+    kernels = sim.ops.set_index("op_type").fixed_kernel
+    assert kernels["batch_norm"].startswith("integer per-channel affine")
+    with torch.no_grad():
+        ref = model(x)
+        y = sim.run(x, mode=Mode.FIXED)
+    assert 10 * torch.log10(ref.pow(2).sum() / (y - ref).pow(2).sum()) > 25
+    ort = Simulator(model, "onnxruntime")
+    ort.calibrate([(x,)], progress=False)
+    assert ort.ops.set_index("op_type").fixed_kernel["batch_norm"].startswith("float between")
+    trained = sim.train_forward(x, mode=Mode.FAKE)
+    assert torch.equal(trained.detach(), sim.run(x, mode=Mode.FAKE))
+    trained.pow(2).sum().backward()
+    for p in (model.norm.weight, model.norm.bias):
+        assert p.grad is not None and p.grad.abs().sum() > 0
