@@ -147,9 +147,9 @@ def _integer_affine(sim, call) -> bool:
 
 def _running_op(sim, call, plan, args, kwargs, in_infos, rq, mode):
     """(value, QInfo) of an instance_norm with running statistics or a standalone eval-mode
-    batch_norm as ``x * a_c + b_c``: FIXED
-    the exact per-channel products of the codes, bias and requantization by
-    ``finish_gemm``; FAKE the QAT form (weight fake-quantized, output quantized)."""
+    batch_norm as ``x * a_c + b_c``: FIXED the exact per-channel products of the codes, bias
+    and requantization by ``finish_gemm``; FAKE the QAT form (weight fake-quantized, output
+    quantized)."""
     from quantlab.numerics import gemm
     from quantlab.numerics.quantize import dequantize
     from quantlab.simulate.modes import Mode
