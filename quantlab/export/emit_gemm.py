@@ -91,18 +91,13 @@ def code_clip(lo: float | None, hi: float | None, q: QParams) -> tuple[int, int]
 def _finish(ctx: ExportContext, op: RecordedOp, y: str, shape=None) -> None:
     """Output quantization of a GEMM, with the fused clamp of its chain; ``shape``: the output
     shape ``y`` (2-D, an N-d linear's rows) is reshaped to before its output quantization."""
-    chain = ctx.fused.get(op.name, [])
-    for f in chain:
-        if f.op_type == "batch_norm":
-            raise UnsupportedOpError(
-                f"op {f.name} (batch_norm) is fused into {op.name}; export a model whose "
-                "batch norms are folded (quantlab.models.fold.to_deployment_form)"
-            )
+    chain = ctx.fused.get(op.name, [])  # a fused batch_norm is in the weight and bias
+    clamps = [f for f in chain if f.op_type != "batch_norm"]
     q = op.out_quant[0] if op.out_quant else None
     qp = QParams.of(q.dtype, q.scale, zero_point=q.zero_point) if q is not None else None
-    bounds = fused_clamp_bounds(chain[-1]) if chain else None
+    bounds = fused_clamp_bounds(clamps[-1]) if clamps else None
     # left out where every code of the output's range is within the bounds
-    chain_clip = bool(chain) and (qp is None or clip_changes_codes(*bounds, qp))
+    chain_clip = bool(clamps) and (qp is None or clip_changes_codes(*bounds, qp))
     # on the codes where they are written as uint8 (onnxruntime's kernels take them)
     on_codes = chain_clip and qp is not None and shape is None and ctx.graph.offset(qp)
     held = code_clip(*bounds, qp) if on_codes else None
@@ -194,8 +189,11 @@ def _integer_operands(*quants) -> bool:
 
 
 def _bias_codes(op: RecordedOp, xq: QParams, qw: QParams) -> np.ndarray | None:
-    """The int32 bias codes a GEMM adds to its accumulator (``quantize_bias``), or None."""
+    """The int32 bias codes a GEMM adds to its accumulator (``quantize_bias``; a fused
+    batch_norm folded in), or None."""
     b = sim_args.get(op.args, op.kwargs, op.bias) if op.bias is not None else None
+    if op.folded_bias is not None:
+        b = ConstRef(op.folded_bias)
     if b is None:
         return None
     if not isinstance(b, ConstRef):

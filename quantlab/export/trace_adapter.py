@@ -70,7 +70,8 @@ class RecordedOp:
     ``acts``/``weight``/``bias``: argument slots (quantlab.simulate.args), None for auxiliary
     calls. ``in_quant[i]``: the quantization activation ``acts[i]`` enters the op's arithmetic
     with (None: float). ``out_quant[j]``: the quantization of output leaf j (None: float).
-    ``weight_codes``/``weight_scale``: per-output-channel integer weight of a GEMM.
+    ``weight_codes``/``weight_scale``: per-output-channel integer weight of a GEMM (a fused
+    batch_norm folded in, as fixed mode computes with it, and then ``folded_bias``).
     """
 
     name: str
@@ -92,6 +93,7 @@ class RecordedOp:
     weight_codes: Tensor | None = None
     weight_scale: Tensor | None = None
     bounds: tuple | None = None  # (lo, hi) of a relu6 / clamp with constant bounds
+    folded_bias: Tensor | None = None  # a GEMM's bias with a fused batch_norm folded in
 
 
 @dataclass
@@ -431,9 +433,23 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
     if op.weight is not None and rq.weight_dtype.is_int:
         w = sim_args.get(op.args, op.kwargs, op.weight)
         if isinstance(w, ConstRef):
+            value = w.value
+            folded = _batch_norm_folded(sim, op, value)
+            if folded is not None:
+                value, op.folded_bias = folded
             op.weight_codes, op.weight_scale = sim.weight_q(
-                op.name, w.value, rq.weight_dtype, True, sim_args.weight_channel_axis(op)
+                op.name, value, rq.weight_dtype, True, sim_args.weight_channel_axis(op)
             )
+
+
+def _batch_norm_folded(sim, op: RecordedOp, w: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(weight, bias) of GEMM ``op`` with the batch_norm fused into it folded in, the tensors
+    its fixed run computed with (``Simulator.batch_norm_folded``); None when none is fused."""
+    b = sim_args.get(op.args, op.kwargs, op.bias) if op.bias is not None else None
+    if b is not None and not isinstance(b, ConstRef):
+        return None  # a computed bias: the exporter refuses it (emit_gemm)
+    groups = sim_args.conv_params(op).get("groups", 1) if op.op_type in sim_args.TRANSPOSED else 0
+    return sim.batch_norm_folded(op.name, w, None if b is None else b.value, int(groups))
 
 
 def fused_clamp_bounds(op: RecordedOp) -> tuple | None:

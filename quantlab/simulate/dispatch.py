@@ -288,7 +288,7 @@ class OpDispatch:
         chain = r.chain
         if chain:
             st.fused_done.add(name)
-            plan = self._fold(call, chain, plan, args, kwargs)
+            plan = self._fold(call, plan, args, kwargs)
         if plan.weight is not None and r.quantize_weight:
             w = A.get(args, kwargs, plan.weight)
             if rq.weight_dtype.is_int:
@@ -403,26 +403,39 @@ class OpDispatch:
                 return inf.post
         return None
 
-    def _fold(self, call, chain: list, plan: A.ArgPlan, args: list, kwargs: dict) -> A.ArgPlan:
+    def _fold(self, call, plan: A.ArgPlan, args: list, kwargs: dict) -> A.ArgPlan:
         """Put the batch_norm-folded weight and bias of GEMM ``call`` into its arguments; the
         plan of the folded arguments (a bias slot added when the call had none)."""
-        name = call.name
-        info = self._info
-        bn = [info[c] for c in chain if info[c].op_type == "batch_norm"]
-        if not bn or plan.weight is None:
+        if plan.weight is None:
             return plan
         w = A.get(args, kwargs, plan.weight)
         b = A.get(args, kwargs, plan.bias) if plan.bias is not None else None
-        post = self._batch_norm_params(bn[0])
         groups = A.conv_params(call).get("groups", 1) if call.op_type in A.TRANSPOSED else 0
-        wf, bf = fold_batch_norm(
-            self._fold_cache, name, w, b, post, self._recording_grad(), transposed_groups=groups
-        )
+        folded = self.batch_norm_folded(call.name, w, b, groups, self._recording_grad())
+        if folded is None:
+            return plan
+        wf, bf = folded
         A.put(args, kwargs, plan.weight, wf)
         if plan.bias is None:
             plan = A.ArgPlan(plan.acts, plan.weight, ("k", "bias"))
         A.put(args, kwargs, plan.bias, bf)
         return plan
+
+    def batch_norm_folded(
+        self, name: str, w: Tensor, b: Tensor | None, transposed_groups: int = 0, grad=False
+    ) -> tuple[Tensor, Tensor] | None:
+        """(w', b') of GEMM ``name`` (weight ``w``, bias ``b``) with the batch_norm fused into
+        it folded in (``fusion.fold_batch_norm``: the tensors its runs compute with, cached
+        while nothing changes); None when no batch_norm is fused into it.
+        ``transposed_groups``: a transposed convolution's groups (0 otherwise)."""
+        info = self._info
+        bn = [info[c] for c in self._chain.get(name, []) if info[c].op_type == "batch_norm"]
+        if not bn:
+            return None
+        post = self._batch_norm_params(bn[0])
+        return fold_batch_norm(
+            self._fold_cache, name, w, b, post, grad, transposed_groups=transposed_groups
+        )
 
     def _batch_norm_params(self, inf) -> tuple:
         """(running_mean, running_var, weight, bias, eps) of a fused batch_norm op: the BatchNorm
