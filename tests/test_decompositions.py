@@ -396,8 +396,8 @@ def test_masked_attention_becomes_a_traced_program_with_the_captured_bits(monkey
     _runs_as_a_program(steady, captured, g, mode)
 
 
-class _ByHand(nn.Module):
-    """_InputMasked's first attention written out: no masked_fill after the softmax."""
+class _Masked(nn.Module):
+    """Attention under a bool mask built from the input, by scaled_dot_product_attention."""
 
     def __init__(self, qkv: nn.Linear) -> None:
         super().__init__()
@@ -407,24 +407,20 @@ class _ByHand(nn.Module):
         b, n, _ = x.shape
         q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         some = (x[:, :, 0] > -1.0)[:, None, None, :]
+        return self.attend(q, k, v, some).transpose(1, 2).reshape(b, n, 16)
+
+    def attend(self, q, k, v, some):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=some)
+
+
+class _ByHand(_Masked):
+    """The same attention written out: no masked_fill after the softmax."""
+
+    def attend(self, q, k, v, some):
         bias = torch.where(some, 0.0, -math.inf)
         factor = math.sqrt(1.0 / math.sqrt(8))
         scores = torch.matmul(q * factor, k.transpose(-2, -1) * factor)
-        y = torch.matmul(torch.softmax(scores + bias, -1), v)
-        return y.transpose(1, 2).reshape(b, n, 16)
-
-
-class _Masked(nn.Module):
-    def __init__(self, qkv: nn.Linear) -> None:
-        super().__init__()
-        self.qkv = qkv
-
-    def forward(self, x):
-        b, n, _ = x.shape
-        q, k, v = (t.view(b, n, 2, 8).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
-        some = (x[:, :, 0] > -1.0)[:, None, None, :]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=some)
-        return y.transpose(1, 2).reshape(b, n, 16)
+        return torch.matmul(torch.softmax(scores + bias, -1), v)
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])

@@ -14,15 +14,20 @@ from quantlab.simulate import Mode, Simulator
 from quantlab.simulate.fixed_norm import running_affine
 
 
-def _norm(c: int = 4) -> nn.InstanceNorm2d:
-    g = torch.Generator().manual_seed(2)
-    m = nn.InstanceNorm2d(c, affine=True, track_running_stats=True)
+def _statistics(m: nn.Module, seed: int) -> nn.Module:
+    """``m`` with random running statistics, weight and bias, in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    c = m.num_features
     with torch.no_grad():
         m.running_mean.copy_(torch.randn(c, generator=g))
         m.running_var.copy_(torch.rand(c, generator=g) * 3 + 0.1)
         m.weight.copy_(torch.randn(c, generator=g))
         m.bias.copy_(torch.randn(c, generator=g) * 0.5)
     return m.eval()
+
+
+def _norm(c: int = 4) -> nn.InstanceNorm2d:
+    return _statistics(nn.InstanceNorm2d(c, affine=True, track_running_stats=True), 2)
 
 
 def _as_conv(norm: nn.InstanceNorm2d) -> nn.Conv2d:
@@ -35,9 +40,9 @@ def _as_conv(norm: nn.InstanceNorm2d) -> nn.Conv2d:
     return conv.eval()
 
 
-def test_running_instance_norm_is_the_depthwise_conv_bit_for_bit():
-    norm = _norm()
-    x = torch.randn(3, 4, 6, 5, generator=torch.Generator().manual_seed(3)) * 2
+def _beside_its_conv(norm: nn.Module, op: str, x: torch.Tensor) -> dict:
+    """FIXED and FAKE outputs of ``norm`` (op type ``op``) and of its depthwise 1x1 twin on
+    j6m, int8 output at the fixed scale 0.06; both kernels integer."""
     fixed_scales = OpQConfig(
         observer=ObserverKind.FIXED,
         fixed_scale=0.06,
@@ -45,12 +50,19 @@ def test_running_instance_norm_is_the_depthwise_conv_bit_for_bit():
         high_precision_output=False,
     )
     outs = {}
-    for label, model, op in (("norm", norm, "instance_norm"), ("conv", _as_conv(norm), "conv2d")):
-        sim = Simulator(model, "j6m", QConfigSpec(by_type={op: fixed_scales}))
+    for label, model, kind in (("norm", norm, op), ("conv", _as_conv(norm), "conv2d")):
+        sim = Simulator(model, "j6m", QConfigSpec(by_type={kind: fixed_scales}))
         sim.calibrate([(x,)], progress=False)
         assert sim.ops.fixed_kernel.iloc[0].startswith("integer")
         outs[label] = sim.run(x, mode=Mode.FIXED)
         outs[label + "_fake"] = sim.run(x, mode=Mode.FAKE)
+    return outs
+
+
+def test_running_instance_norm_is_the_depthwise_conv_bit_for_bit():
+    norm = _norm()
+    x = torch.randn(3, 4, 6, 5, generator=torch.Generator().manual_seed(3)) * 2
+    outs = _beside_its_conv(norm, "instance_norm", x)
     assert torch.equal(outs["norm"], outs["conv"])
     assert torch.equal(outs["norm_fake"], outs["conv_fake"])
     with torch.no_grad():
@@ -90,14 +102,7 @@ def running_affine_of(norm, x):
 
 
 def _batch_norm(c: int = 4) -> nn.BatchNorm2d:
-    g = torch.Generator().manual_seed(5)
-    m = nn.BatchNorm2d(c)
-    with torch.no_grad():
-        m.running_mean.copy_(torch.randn(c, generator=g))
-        m.running_var.copy_(torch.rand(c, generator=g) * 3 + 0.1)
-        m.weight.copy_(torch.randn(c, generator=g))
-        m.bias.copy_(torch.randn(c, generator=g) * 0.5)
-    return m.eval()
+    return _statistics(nn.BatchNorm2d(c), 5)
 
 
 class _AfterRelu(nn.Module):
@@ -115,19 +120,7 @@ class _AfterRelu(nn.Module):
 def test_a_standalone_batch_norm_is_the_depthwise_conv_bit_for_bit():
     norm = _batch_norm()
     x = torch.randn(3, 4, 6, 5, generator=torch.Generator().manual_seed(6)) * 2
-    fixed_scales = OpQConfig(
-        observer=ObserverKind.FIXED,
-        fixed_scale=0.06,
-        output_dtype=DType.INT8,
-        high_precision_output=False,
-    )
-    outs = {}
-    for label, model, op in (("norm", norm, "batch_norm"), ("conv", _as_conv(norm), "conv2d")):
-        sim = Simulator(model, "j6m", QConfigSpec(by_type={op: fixed_scales}))
-        sim.calibrate([(x,)], progress=False)
-        assert sim.ops.fixed_kernel.iloc[0].startswith("integer")
-        outs[label] = sim.run(x, mode=Mode.FIXED)
-        outs[label + "_fake"] = sim.run(x, mode=Mode.FAKE)
+    outs = _beside_its_conv(norm, "batch_norm", x)
     assert torch.equal(outs["norm"], outs["conv"])
     # fake: the same affine, rounded as x * w then + b, where the convolution's kernel may fuse
     # the two: at most one output step apart
