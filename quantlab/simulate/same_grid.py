@@ -12,7 +12,7 @@ Two kinds of op are recognised (both run in float, not modelled):
   input value or 0, and 0 is the code ``zero_point`` at any scale.
 
 Their outputs are recorded (``grid_of``) with the input's ``QInfo`` (in FIXED mode with the
-padded codes). ``codes_on_grid`` then answers for a quantization at activation point
+padded or filled codes). ``codes_on_grid`` then answers for a quantization at activation point
 (``dtype``, ``scale``, ``zero_point``, rounding): when the record has the same dtype and zero
 point and the same float32 scale value, and the rounding is to nearest, the codes are the
 recorded ones. Proof: a value on the grid is ``fl32((c - zp) * s)`` with |c - zp| <= 2**16;
