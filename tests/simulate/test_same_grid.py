@@ -1,8 +1,8 @@
 """Float ops that keep their input's grid (eval dropout, zero constant pad, zero masked_fill):
-quantizing their
-output again at the same grid returns the recorded codes instead of recomputing them, and every
-op's output is bit for bit what the full quantization gives, in FIXED and FAKE mode, with and
-without zero points, under observers whose scales differ between producer and consumer."""
+quantizing their output again at the same grid returns the recorded codes instead of
+recomputing them, and every op's output is bit for bit what the full quantization gives, in
+FIXED and FAKE mode, with and without zero points, under observers whose scales differ between
+producer and consumer."""
 
 from __future__ import annotations
 
@@ -136,9 +136,8 @@ def test_pads_with_other_values_or_modes_and_training_dropout_are_not_recorded()
     fill = torch.Tensor.masked_fill
     rows = torch.tensor([[False, True]])
     for value, kept in ((0.0, True), (0, True), (-0.0, False), (0.5, False), (False, False)):
-        assert recorded("masked_fill", fill, (x, rows, value), {}, x.masked_fill(rows, value)) is (
-            kept
-        ), value
+        out = x.masked_fill(rows, value)
+        assert recorded("masked_fill", fill, (x, rows, value), {}, out) is kept, value
     assert not recorded("masked_fill", fill, (x, rows.float(), 0.0), {}, x.clone())
     qt.set(x, QInfo(DType.INT8, torch.tensor(0.25), codes, zero_point=3))
     call = OpCall("m", "masked_fill", None, "", 0, fill, (x, rows, 0.0), {})
