@@ -10,6 +10,7 @@ op's float function on the exact dequantized inputs and quantizes the output onc
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ _KERNELS = {
     OpCategory.SOFTMAX: "lut (exp, reciprocal)",
     OpCategory.NORM: "float_fallback",
     OpCategory.EMBEDDING: "integer (gather)",
-    OpCategory.RESAMPLE: "integer (nearest); float_fallback (bilinear, ...)",
+    OpCategory.RESAMPLE: "integer (nearest, bilinear); float_fallback (other modes)",
     OpCategory.GRID_SAMPLE: "integer",
 }
 
@@ -102,6 +103,8 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
     ):
         return "integer (nearest); float between dequantize and quantize (linear, bilinear)"
+    if category is OpCategory.RESAMPLE and not sim.platform.resize_bilinear_fixed:
+        return "integer (nearest); float_fallback (bilinear, ...)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"
     if category is OpCategory.REDUCE and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
@@ -433,19 +436,65 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
+_INTERPOLATE_ARGS = ("input", "size", "scale_factor", "mode", "align_corners")
+_INTERPOLATE_ARGS += ("recompute_scale_factor", "antialias")
+
+
 def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    """F.interpolate on the input's centred codes (nearest: the codes it selects; bilinear,
+    where ``platform.resize_bilinear_fixed``: ``numerics.resize``), then rescaled to the op's
+    output scale; None (the float fallback) for other modes."""
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
-    if not fc.zp_info(info) or not out.is_int or mode != "nearest":
+    v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
+    mode = v["mode"] or "nearest"
+    if not fc.zp_info(info) or not out.is_int:
         return None
     xc = fc.centred(args, kwargs, plan.acts[0], info)
-    a2 = list(args)
-    a2[0] = xc.to(torch.float64)
-    sel = call.func(*a2, **kwargs).to(torch.int64)
+    if mode == "nearest":
+        a2 = list(args)
+        a2[0] = xc.to(torch.float64)
+        sel = call.func(*a2, **kwargs).to(torch.int64)
+    elif mode == "bilinear" and sim.platform.resize_bilinear_fixed:
+        sel = _bilinear_codes(sim, xc, v)
+        if sel is None:
+            return None
+    else:
+        return None
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
     return fc.emit(fc.rescale(sim, call.name, sel, info.scale, so, out, zero_point=zo), so, out, zo)
+
+
+def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
+    """int64 codes of the bilinear resize of centred codes ``xc`` [N, C, H, W] as
+    ``F.interpolate`` is called (``v``: its arguments by name), at the input's scale; None
+    for what the sampler does not model (antialiasing, another rank)."""
+    from quantlab.numerics.resize import resize_bilinear_fixed
+
+    if xc.dim() != 4 or v["antialias"]:
+        return None
+    h, w = xc.shape[2:]
+    size, factor = v["size"], v["scale_factor"]
+    if size is not None:
+        ho, wo = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
+        scales = (None, None)
+    else:
+        fh, fw = (factor, factor) if isinstance(factor, (int, float)) else tuple(factor)
+        ho, wo = math.floor(float(h * fh)), math.floor(float(w * fw))
+        mapped = not v["recompute_scale_factor"]  # torch maps by the factor itself
+        scales = (float(fh), float(fw)) if mapped else (None, None)
+    p = sim.platform
+    return resize_bilinear_fixed(
+        xc,
+        DType.INT32,
+        (ho, wo),
+        bool(v["align_corners"]),
+        scales,
+        weight_frac_bits=p.grid_weight_frac_bits,
+        coord_round=p.grid_round,
+        out_rounding=p.grid_round,
+    ).to(torch.int64)
 
 
 # --------------------------------------------------------------------------- grid_sample

@@ -7,8 +7,8 @@ are done with numpy float32 scalars. Every function takes tensors or arrays and 
 array (int64 for integers) or a tensor, so tests compare it with ``assert_bits_equal``.
 The references round with their own code (``reference.rounding``, exact rationals), never with
 ``quantlab.numerics.rounding``. Modules by concept: ``rounding``, ``gemm``, ``requant``
-(also quantize and the add rules), ``float16``, ``grid_sample``, ``lut``, ``norm``,
-``embedding``.
+(also quantize and the add rules), ``float16``, ``grid_sample``, ``resize``, ``lut``,
+``norm``, ``embedding``.
 """
 
 from quantlab.numerics.reference.embedding import embedding_fixed
@@ -44,6 +44,7 @@ from quantlab.numerics.reference.requant import (
     rounding_divide_by_pot,
     srdhm,
 )
+from quantlab.numerics.reference.resize import resize_bilinear_reference
 from quantlab.numerics.reference.rounding import round_fraction
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "quantize_multiplier",
     "requantize",
     "requantize_value",
+    "resize_bilinear_reference",
     "round_fraction",
     "round_to_float16",
     "rounding_divide_by_pot",

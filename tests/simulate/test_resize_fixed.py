@@ -1,0 +1,79 @@
+"""Bilinear F.interpolate in fixed mode on J6 (``platform.resize_bilinear_fixed``): the codes
+of the fixed-point sampler (numerics.resize) on the input's centred codes, requantized to the
+op's output by the platform's rule (the slow references), for a size, scale factors mapped by
+torch, a recomputed factor, align_corners and zero points; no fallback to float; the profiles
+of runtimes keep computing it in float, and the op table says which."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from test_zero_point_ops import _observe, _requant_reference
+from torch import nn
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.resize import resize_bilinear_fixed
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Simulator
+
+CALLS = {  # op name -> (interpolate's keyword arguments, the sampler's size and scales)
+    ":interpolate#0": ({"scale_factor": 2.0}, (14, 10), (2.0, 2.0)),
+    ":interpolate#1": ({"size": (5, 9), "align_corners": True}, (5, 9), (None, None)),
+    ":interpolate#2": ({"scale_factor": (0.6, 1.5)}, (4, 7), (0.6, 1.5)),
+    ":interpolate#3": (
+        {"scale_factor": 1.7, "recompute_scale_factor": True},
+        (11, 8),
+        (None, None),
+    ),
+}
+
+
+class _Resized(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        outs = [F.interpolate(y, mode="bilinear", **kw) for kw, _, _ in CALLS.values()]
+        return [o.mean((2, 3)) for o in outs]
+
+
+@pytest.mark.parametrize("symmetry", ["SYMMETRIC", "ASYMMETRIC"])
+def test_bilinear_interpolate_is_the_fixed_point_sampler_then_requantized(symmetry, monkeypatch):
+    torch.manual_seed(0)
+    spec = QConfigSpec(global_=OpQConfig(activation_symmetry=symmetry, observer="MINMAX"))
+    sim = Simulator(_Resized().eval(), "j6m", spec)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 7, 5, generator=g),) for _ in range(2)], progress=False)
+    seen_args = {}
+
+    def record(oc):
+        seen_args[oc.call.name] = oc.call.args
+
+    trace, seen, fell_back = _observe(
+        sim, torch.randn(2, 3, 7, 5, generator=g), monkeypatch, record
+    )
+    assert fell_back == [], fell_back
+    p = sim.platform
+    for name, (_, size, scales) in CALLS.items():
+        xi = seen[name][1][0]
+        xc = xi.codes_of(seen_args[name][0]).to(torch.int64) - xi.zero_point
+        align = bool(CALLS[name][0].get("align_corners"))
+        acc = resize_bilinear_fixed(xc, DType.INT32, size, align, scales, p.grid_weight_frac_bits,
+                                    p.grid_round, p.grid_round).to(torch.int64)  # fmt: skip
+        got = trace.qinfo[name]
+        assert tuple(got.codes.shape[2:]) == size
+        assert_bits_equal(got.codes, _requant_reference(p, acc, xi.scale, got))
+    kernels = set(sim.ops.fixed_kernel[sim.ops.op_type == "interpolate"])
+    assert kernels == {"integer (nearest, bilinear); float_fallback (other modes)"}
+
+
+@pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])
+def test_runtime_profiles_keep_bilinear_resize_in_float(platform):
+    sim = Simulator(_Resized().eval(), platform)
+    sim.calibrate([(torch.randn(2, 3, 7, 5),)], progress=False)
+    kernel = sim.ops.fixed_kernel[sim.ops.op_type == "interpolate"].iloc[0]
+    assert "bilinear" in kernel and "float" in kernel.split(";")[1]
