@@ -53,7 +53,7 @@ _KERNELS = {
     OpCategory.SOFTMAX: "lut (exp, reciprocal)",
     OpCategory.NORM: "float_fallback",
     OpCategory.EMBEDDING: "integer (gather)",
-    OpCategory.RESAMPLE: "integer (nearest, bilinear); float_fallback (other modes)",
+    OpCategory.RESAMPLE: "integer (nearest, linear, bilinear); float_fallback (other modes)",
     OpCategory.GRID_SAMPLE: "integer",
 }
 
@@ -104,7 +104,7 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
     ):
         return "integer (nearest); float between dequantize and quantize (linear, bilinear)"
     if category is OpCategory.RESAMPLE and not sim.platform.resize_bilinear_fixed:
-        return "integer (nearest); float_fallback (bilinear, ...)"
+        return "integer (nearest); float_fallback (linear, bilinear, ...)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"
     if category is OpCategory.REDUCE and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
@@ -441,9 +441,9 @@ _INTERPOLATE_ARGS += ("recompute_scale_factor", "antialias")
 
 
 def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    """F.interpolate on the input's centred codes (nearest: the codes it selects; bilinear,
-    where ``platform.resize_bilinear_fixed``: ``numerics.resize``), then rescaled to the op's
-    output scale; None (the float fallback) for other modes."""
+    """F.interpolate on the input's centred codes (nearest: the codes it selects; linear and
+    bilinear, where ``platform.resize_bilinear_fixed``: ``numerics.resize``), then rescaled to
+    the op's output scale; None (the float fallback) for other modes."""
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
@@ -455,7 +455,7 @@ def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
         a2 = list(args)
         a2[0] = xc.to(torch.float64)
         sel = call.func(*a2, **kwargs).to(torch.int64)
-    elif mode == "bilinear" and sim.platform.resize_bilinear_fixed:
+    elif mode in ("linear", "bilinear") and sim.platform.resize_bilinear_fixed:
         sel = _bilinear_codes(sim, xc, v)
         if sel is None:
             return None
@@ -467,34 +467,39 @@ def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
 
 def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
-    """int64 codes of the bilinear resize of centred codes ``xc`` [N, C, H, W] as
-    ``F.interpolate`` is called (``v``: its arguments by name), at the input's scale; None
-    for what the sampler does not model (antialiasing, another rank)."""
+    """int64 codes of the bilinear (``xc`` [N, C, H, W]) or linear (``xc`` [N, C, L], taken as
+    one row) resize of centred codes ``xc`` as ``F.interpolate`` is called (``v``: its
+    arguments by name), at the input's scale; None for what the sampler does not model
+    (antialiasing, another rank)."""
     from quantlab.numerics.resize import resize_bilinear_fixed
 
-    if xc.dim() != 4 or v["antialias"]:
+    nd = xc.dim() - 2
+    if nd not in (1, 2) or v["antialias"]:
         return None
-    h, w = xc.shape[2:]
+    sizes = tuple(xc.shape[2:])
     size, factor = v["size"], v["scale_factor"]
     if size is not None:
-        ho, wo = (size, size) if isinstance(size, int) else tuple(int(s) for s in size)
-        scales = (None, None)
+        outs = (size,) * nd if isinstance(size, int) else tuple(int(s) for s in size)
+        scales = (None,) * nd
     else:
-        fh, fw = (factor, factor) if isinstance(factor, (int, float)) else tuple(factor)
-        ho, wo = math.floor(float(h * fh)), math.floor(float(w * fw))
+        fs = (factor,) * nd if isinstance(factor, (int, float)) else tuple(factor)
+        outs = tuple(math.floor(float(n * f)) for n, f in zip(sizes, fs, strict=True))
         mapped = not v["recompute_scale_factor"]  # torch maps by the factor itself
-        scales = (float(fh), float(fw)) if mapped else (None, None)
+        scales = tuple(float(f) for f in fs) if mapped else (None,) * nd
+    if nd == 1:  # one row: the height maps 1 -> 1, position 0 in every mapping
+        xc, outs, scales = xc.unsqueeze(2), (1, *outs), (None, *scales)
     p = sim.platform
-    return resize_bilinear_fixed(
+    codes = resize_bilinear_fixed(
         xc,
         DType.INT32,
-        (ho, wo),
+        outs,
         bool(v["align_corners"]),
         scales,
         weight_frac_bits=p.grid_weight_frac_bits,
         coord_round=p.grid_round,
         out_rounding=p.grid_round,
     ).to(torch.int64)
+    return codes.squeeze(2) if nd == 1 else codes
 
 
 # --------------------------------------------------------------------------- grid_sample

@@ -1,8 +1,9 @@
-"""Bilinear F.interpolate in fixed mode on J6 (``platform.resize_bilinear_fixed``): the codes
-of the fixed-point sampler (numerics.resize) on the input's centred codes, requantized to the
-op's output by the platform's rule (the slow references), for a size, scale factors mapped by
-torch, a recomputed factor, align_corners and zero points; no fallback to float; the profiles
-of runtimes keep computing it in float, and the op table says which."""
+"""Bilinear and linear F.interpolate in fixed mode on J6 (``platform.resize_bilinear_fixed``):
+the codes of the fixed-point sampler (numerics.resize; a 1-d input as one row) on the input's
+centred codes, requantized to the op's output by the platform's rule (the slow references),
+for a size, scale factors mapped by torch, a recomputed factor, align_corners and zero
+points; no fallback to float; the profiles of runtimes keep computing it in float, and the op
+table says which."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ CALLS = {  # op name -> (interpolate's keyword arguments, the sampler's size and
 }
 
 
+LINEAR = {  # the same for a row: (keyword arguments, output length, scale)
+    ":interpolate#4": ({"scale_factor": 2.5}, 12, 2.5),
+    ":interpolate#5": ({"size": 3, "align_corners": True}, 3, None),
+}
+
+
 class _Resized(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -38,7 +45,9 @@ class _Resized(nn.Module):
     def forward(self, x):
         y = torch.relu(self.conv(x))
         outs = [F.interpolate(y, mode="bilinear", **kw) for kw, _, _ in CALLS.values()]
-        return [o.mean((2, 3)) for o in outs]
+        row = y[:, :, 0, :]  # (N, C, 5)
+        outs += [F.interpolate(row, mode="linear", **kw) for kw, _, _ in LINEAR.values()]
+        return [o.mean(-1) for o in outs]
 
 
 @pytest.mark.parametrize("symmetry", ["SYMMETRIC", "ASYMMETRIC"])
@@ -67,8 +76,18 @@ def test_bilinear_interpolate_is_the_fixed_point_sampler_then_requantized(symmet
         got = trace.qinfo[name]
         assert tuple(got.codes.shape[2:]) == size
         assert_bits_equal(got.codes, _requant_reference(p, acc, xi.scale, got))
+    for name, (kw, length, scale) in LINEAR.items():
+        xi = seen[name][1][0]
+        xc = xi.codes_of(seen_args[name][0]).to(torch.int64) - xi.zero_point
+        align = bool(kw.get("align_corners"))
+        bits = (p.grid_weight_frac_bits, p.grid_round, p.grid_round)
+        row = xc.unsqueeze(2)  # one row of height 1
+        acc = resize_bilinear_fixed(row, DType.INT32, (1, length), align, (None, scale), *bits)
+        got = trace.qinfo[name]
+        assert tuple(got.codes.shape[2:]) == (length,)
+        assert_bits_equal(got.codes, _requant_reference(p, acc.squeeze(2).long(), xi.scale, got))
     kernels = set(sim.ops.fixed_kernel[sim.ops.op_type == "interpolate"])
-    assert kernels == {"integer (nearest, bilinear); float_fallback (other modes)"}
+    assert kernels == {"integer (nearest, linear, bilinear); float_fallback (other modes)"}
 
 
 @pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])
