@@ -106,17 +106,8 @@ def running_affine(call, detach: bool = True) -> tuple[Tensor, Tensor] | None:
     eval-mode batch_norm (one no GEMM absorbs): a = weight / sqrt(running_var + eps) (weight 1
     when absent), b = bias - running_mean * a (bias 0 when absent); None for any other call.
     ``detach`` False: a and b carry the gradient of weight and bias (the same values)."""
-    if call.op_type == "instance_norm":
-        v = _named_args(call, _ARG_NAMES["instance_norm"])
-        if v["use_input_stats"] is not False:
-            return None
-    elif call.op_type == "batch_norm":
-        v = _named_args(call, _BATCH_NORM_ARGS)
-        if v["training"]:
-            return None
-    else:
-        return None
-    if v["running_mean"] is None or v["running_var"] is None:
+    v = _running_args(call)
+    if v is None:
         return None
     eps = 1e-5 if v["eps"] is None else float(v["eps"])
     rm = v["running_mean"].detach().to(torch.float32)
@@ -134,6 +125,22 @@ def running_affine(call, detach: bool = True) -> tuple[Tensor, Tensor] | None:
     return a, b
 
 
+def _running_args(call) -> dict | None:
+    """The named arguments of a call ``running_affine`` computes (an instance_norm of running
+    statistics, an eval-mode batch_norm with them), or None for any other call."""
+    if call.op_type == "instance_norm":
+        v = _named_args(call, _ARG_NAMES["instance_norm"])
+        if v["use_input_stats"] is not False:
+            return None
+    elif call.op_type == "batch_norm":
+        v = _named_args(call, _BATCH_NORM_ARGS)
+        if v["training"]:
+            return None
+    else:
+        return None
+    return None if v["running_mean"] is None or v["running_var"] is None else v
+
+
 def _integer_affine(sim, call) -> bool:
     """Whether ``call`` runs as the per-channel affine of ``running_affine``: an instance_norm
     of running statistics, or an eval-mode batch_norm where the platform has no float island
@@ -142,7 +149,7 @@ def _integer_affine(sim, call) -> bool:
 
     if call.op_type == "batch_norm" and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return False
-    return running_affine(call) is not None
+    return _running_args(call) is not None
 
 
 def _running_op(sim, call, plan, args, kwargs, in_infos, rq, mode):
@@ -246,9 +253,10 @@ def norm_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """FIXED: (value, QInfo) of the integer composite on the input codes, or None."""
     if call.op_type == "layer_norm" and not sim.platform.norm_composite:
         return _layer_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
-    if call.op_type == "batch_norm" and not _integer_affine(sim, call):
+    affine = _integer_affine(sim, call)
+    if call.op_type == "batch_norm" and not affine:
         return _batch_norm_island(sim, call, plan, args, kwargs, in_infos, rq)
-    if _integer_affine(sim, call):
+    if affine:
         from quantlab.simulate.modes import Mode
 
         return _running_op(sim, call, plan, args, kwargs, in_infos, rq, Mode.FIXED)
