@@ -10,7 +10,6 @@ op's float function on the exact dequantized inputs and quantizes the output onc
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -38,6 +37,7 @@ from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
 from quantlab.simulate.fixed_lut import lut_op, softmax_op
 from quantlab.simulate.fixed_norm import COMPOSITE_TYPES, norm_op
+from quantlab.simulate.fixed_sampling import grid_sample_op, resample_op
 from quantlab.simulate.qtensor import QInfo
 
 _KERNELS = {
@@ -436,122 +436,6 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-_INTERPOLATE_ARGS = ("input", "size", "scale_factor", "mode", "align_corners")
-_INTERPOLATE_ARGS += ("recompute_scale_factor", "antialias")
-
-
-def _resample(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    """F.interpolate on the input's centred codes (nearest: the codes it selects; linear and
-    bilinear, where ``platform.resize_bilinear_fixed``: ``numerics.resize``), then rescaled to
-    the op's output scale; None (the float fallback) for other modes."""
-    info = in_infos[0] if in_infos else None
-    out = rq.output_dtype
-    v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
-    mode = v["mode"] or "nearest"
-    if not fc.zp_info(info) or not out.is_int:
-        return None
-    xc = fc.centred(args, kwargs, plan.acts[0], info)
-    if mode == "nearest":
-        a2 = list(args)
-        a2[0] = xc.to(torch.float64)
-        sel = call.func(*a2, **kwargs).to(torch.int64)
-    elif mode in ("linear", "bilinear") and sim.platform.resize_bilinear_fixed:
-        sel = _bilinear_codes(sim, xc, v)
-        if sel is None:
-            return None
-    else:
-        return None
-    so = fc.out_scale(sim, call, rq)
-    zo = fc.out_zero_point(sim, call, rq)
-    return fc.emit(fc.rescale(sim, call.name, sel, info.scale, so, out, zero_point=zo), so, out, zo)
-
-
-def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
-    """int64 codes of the bilinear (``xc`` [N, C, H, W]) or linear (``xc`` [N, C, L], taken as
-    one row) resize of centred codes ``xc`` as ``F.interpolate`` is called (``v``: its
-    arguments by name), at the input's scale; None for what the sampler does not model
-    (antialiasing, another rank)."""
-    from quantlab.numerics.resize import resize_bilinear_fixed
-
-    nd = xc.dim() - 2
-    if nd not in (1, 2) or v["antialias"]:
-        return None
-    sizes = tuple(xc.shape[2:])
-    size, factor = v["size"], v["scale_factor"]
-    if size is not None:
-        outs = (size,) * nd if isinstance(size, int) else tuple(int(s) for s in size)
-        scales = (None,) * nd
-    else:
-        fs = (factor,) * nd if isinstance(factor, (int, float)) else tuple(factor)
-        outs = tuple(math.floor(float(n * f)) for n, f in zip(sizes, fs, strict=True))
-        mapped = not v["recompute_scale_factor"]  # torch maps by the factor itself
-        scales = tuple(float(f) for f in fs) if mapped else (None,) * nd
-    if nd == 1:  # one row: the height maps 1 -> 1, position 0 in every mapping
-        xc, outs, scales = xc.unsqueeze(2), (1, *outs), (None, *scales)
-    p = sim.platform
-    codes = resize_bilinear_fixed(
-        xc,
-        DType.INT32,
-        outs,
-        bool(v["align_corners"]),
-        scales,
-        weight_frac_bits=p.grid_weight_frac_bits,
-        coord_round=p.grid_round,
-        out_rounding=p.grid_round,
-    ).to(torch.int64)
-    return codes.squeeze(2) if nd == 1 else codes
-
-
-# --------------------------------------------------------------------------- grid_sample
-
-
-def _grid_sample(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    from quantlab.numerics import grid_sample as G
-
-    p = sim.platform
-    info = in_infos[0]
-    ginfo = in_infos[1] if len(in_infos) > 1 else None
-    if (
-        not fc.zp_info(info)
-        or not p.grid_dtype.is_int
-        or (ginfo is not None and ginfo.dtype.is_float)
-    ):
-        return None
-    x = A.get(args, kwargs, plan.acts[0])
-    grid = A.get(args, kwargs, plan.acts[1])
-    mode = kwargs.get("mode", args[2] if len(args) > 2 else "bilinear")
-    padding = kwargs.get("padding_mode", args[3] if len(args) > 3 else "zeros")
-    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
-    if mode not in ("bilinear", "nearest") or padding != "zeros" or x.dim() != 4:
-        return None
-    qg = G.quantize_grid(
-        grid,
-        x.shape[2],
-        x.shape[3],
-        align,
-        p.grid_coord,
-        p.grid_dtype,
-        p.fake_round,
-        G.NanRule.ZERO_CODE,  # a NaN coordinate becomes code 0, as quantize does
-    )
-    zx = info.zero_point  # sampled on the centred codes: padding "zeros" is the value 0
-    codes = G.grid_sample_fixed(
-        info.codes_of(x) - zx,
-        info.scale,
-        DType.INT32 if zx else info.dtype,
-        qg,
-        G.SampleMode[mode.upper()],
-        G.Padding.ZEROS,
-        align,
-        out_rounding=p.grid_round,
-        weight_frac_bits=p.grid_weight_frac_bits,
-        coord_round=p.grid_round,
-    )
-    if zx:
-        codes = (codes.to(torch.int64) + zx).clamp(info.dtype.qmin, info.dtype.qmax)
-    return fc.emit(codes, info.scale, info.dtype, zx)
-
-
 _DISPATCH = {
     OpCategory.ADD: _add,
     OpCategory.MUL: _mul,
@@ -561,8 +445,8 @@ _DISPATCH = {
     OpCategory.SOFTMAX: softmax_op,
     OpCategory.REDUCE: _reduce,
     OpCategory.POOL: _pool,
-    OpCategory.RESAMPLE: _resample,
-    OpCategory.GRID_SAMPLE: _grid_sample,
+    OpCategory.RESAMPLE: resample_op,
+    OpCategory.GRID_SAMPLE: grid_sample_op,
     OpCategory.NORM: norm_op,
     OpCategory.EMBEDDING: embedding_op,
 }
