@@ -24,6 +24,7 @@ from quantlab.capture import OpCategory
 from quantlab.export import emit_gemm as G
 from quantlab.export import emit_layout as L
 from quantlab.export import emit_logic as B
+from quantlab.export import emit_norm as N
 from quantlab.export import emit_ops as E
 from quantlab.export.context import ExportContext, Value
 from quantlab.export.graph import (
@@ -66,10 +67,10 @@ EMITTERS: dict[str, Emitter] = {
     "mean": E.emit_reduce,
     "sum": E.emit_reduce,
     "softmax": E.emit_softmax,
-    "layer_norm": E.emit_layer_norm,
-    "group_norm": E.emit_group_norm,
-    "instance_norm": E.emit_instance_norm,
-    "batch_norm": E.emit_batch_norm,
+    "layer_norm": N.emit_layer_norm,
+    "group_norm": N.emit_group_norm,
+    "instance_norm": N.emit_instance_norm,
+    "batch_norm": N.emit_batch_norm,
     "cat": E.emit_cat,
     "stack": E.emit_cat,
     "reshape": L.emit_reshape,
