@@ -74,8 +74,10 @@ class FloatIslands(enum.Enum):
                      (``float_window_pool.global_mean_in_range``), and leaves sub,
                      add / mul with an int16 operand or output or a scalar constant (held as
                      int16 codes), a clamp (Clip), the other sums and means (ReduceSum /
-                     ReduceMean), and a convolution / linear / matmul with an int16 operand
-                     or output between DequantizeLinear and QuantizeLinear. Those run as it
+                     ReduceMean), a convolution / linear / matmul with an int16 operand
+                     or output, and GridSample (at its input's scale, reading the grid's
+                     dequantized value: ``numerics.ort_grid_sample``) between
+                     DequantizeLinear and QuantizeLinear. Those run as it
                      runs them: each operand dequantized, fl32(s * (c - z)), the float32 op,
                      then QuantizeLinear, rne(fl32(v / s_out)) + z_out saturated
                      (``fake_round``). Sums in onnxruntime's order (``numerics.ort_reduce``,

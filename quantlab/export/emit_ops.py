@@ -368,6 +368,34 @@ def emit_interpolate(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_grid_sample(ctx: ExportContext, op: RecordedOp) -> None:
+    """F.grid_sample as GridSample on the dequantized input and grid (4-d; bilinear as
+    "linear", nearest; zeros or border padding; torch's align_corners), quantized at the input's
+    scale: what the onnxruntime profiles compute (``numerics.ort_grid_sample``). Bicubic and
+    reflection padding (which GridSample applies to integer indices, torch to positions) are
+    refused."""
+    from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS
+
+    mode = ctx.arg(op, 2, "mode", "bilinear")
+    padding = ctx.arg(op, 3, "padding_mode", "zeros")
+    if mode not in TORCH_MODES or padding not in TORCH_PADDINGS or len(ctx.shape_of(op, 0)) != 4:
+        raise UnsupportedOpError(
+            f"op {op.name}: grid_sample mode={mode!r}, padding_mode={padding!r} on a "
+            f"{len(ctx.shape_of(op, 0))}-d input; exported: a 4-d input, modes "
+            f"{', '.join(TORCH_MODES)}, padding {', '.join(TORCH_PADDINGS)}"
+        )
+    align = bool(ctx.arg(op, 4, "align_corners", False))
+    y = ctx.graph.node(
+        "GridSample",
+        [ctx.act(op, 0), ctx.act(op, 1)],
+        f"{op.name}/float",
+        mode="linear" if mode == "bilinear" else mode,
+        padding_mode=padding,
+        align_corners=int(align),
+    )
+    ctx.set_outputs(op, [y])
+
+
 def emit_softmax(ctx: ExportContext, op: RecordedOp) -> None:
     if op.kwargs.get("dtype") is not None:
         raise UnsupportedOpError(f"op {op.name}: softmax with dtype")

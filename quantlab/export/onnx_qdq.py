@@ -60,6 +60,7 @@ EMITTERS: dict[str, Emitter] = {
     "amax": E.emit_reduce_extreme,
     "amin": E.emit_reduce_extreme,
     "interpolate": E.emit_interpolate,
+    "grid_sample": E.emit_grid_sample,
     "avg_pool1d": E.emit_avg_pool,
     "avg_pool2d": E.emit_avg_pool,
     "adaptive_avg_pool1d": E.emit_avg_pool,

@@ -103,6 +103,14 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
     ):
         return "integer (nearest); float between dequantize and quantize (linear, bilinear)"
+    if (
+        category is OpCategory.GRID_SAMPLE
+        and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
+    ):
+        return (
+            "float between dequantize and quantize (GridSample's float32 steps; bilinear, "
+            "nearest; zeros, border)"
+        )
     if category is OpCategory.RESAMPLE and not sim.platform.resize_bilinear_fixed:
         return "integer (nearest); float_fallback (linear, bilinear, ...)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:

@@ -12,7 +12,10 @@ from torch import Tensor
 
 from quantlab.numerics import grid_sample as G
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_grid_sample
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
+from quantlab.platform_rules import FloatIslands
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 
@@ -80,10 +83,25 @@ def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
     return codes.squeeze(2) if nd == 1 else codes
 
 
+def _grid_sample_args(args, kwargs) -> tuple[str, str, bool]:
+    """(mode, padding_mode, align_corners) of an ``F.grid_sample`` call, defaults filled."""
+    mode = kwargs.get("mode", args[2] if len(args) > 2 else "bilinear")
+    padding = kwargs.get("padding_mode", args[3] if len(args) > 3 else "zeros")
+    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
+    return mode, padding, bool(align)
+
+
 def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    """F.grid_sample at the input's scale and zero point: on J6, the fixed-point sampler of
+    ``numerics.grid_sample`` on the input's centred codes and the grid quantized to the
+    platform's grid format; where the platform leaves it in float
+    (``FloatIslands.ONNXRUNTIME_QDQ``), ``_runtime_grid_sample``. None (the float fallback)
+    for what neither models."""
     p = sim.platform
     info = in_infos[0]
     ginfo = in_infos[1] if len(in_infos) > 1 else None
+    if p.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
+        return _runtime_grid_sample(args, kwargs, plan, info, ginfo, p.fake_round)
     if (
         not fc.zp_info(info)
         or not p.grid_dtype.is_int
@@ -92,9 +110,7 @@ def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return None
     x = A.get(args, kwargs, plan.acts[0])
     grid = A.get(args, kwargs, plan.acts[1])
-    mode = kwargs.get("mode", args[2] if len(args) > 2 else "bilinear")
-    padding = kwargs.get("padding_mode", args[3] if len(args) > 3 else "zeros")
-    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
+    mode, padding, align = _grid_sample_args(args, kwargs)
     if mode not in ("bilinear", "nearest") or padding != "zeros" or x.dim() != 4:
         return None
     qg = G.quantize_grid(
@@ -123,3 +139,33 @@ def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if zx:
         codes = (codes.to(torch.int64) + zx).clamp(info.dtype.qmin, info.dtype.qmax)
     return fc.emit(codes, info.scale, info.dtype, zx)
+
+
+def _runtime_grid_sample(args, kwargs, plan, info, ginfo, rounding):
+    """F.grid_sample as onnxruntime runs GridSample in a QDQ graph: the input's codes
+    dequantized, fl32(s * (c - z)), and the grid's (its float32 value where it has no codes),
+    sampled by ``numerics.ort_grid_sample``, then quantized back to the input's scale, zero
+    point and dtype, rne(fl32(v / s)) + z saturated. None (the float fallback) for an input
+    without codes, a grid of another rank, bicubic sampling and reflection padding (which
+    onnxruntime applies to integer indices, unlike torch)."""
+    x = A.get(args, kwargs, plan.acts[0])
+    grid = A.get(args, kwargs, plan.acts[1])
+    mode, padding, align = _grid_sample_args(args, kwargs)
+    if (
+        not fc.zp_info(info)
+        or x.dim() != 4
+        or mode not in TORCH_MODES
+        or padding not in TORCH_PADDINGS
+    ):
+        return None
+    xc = fc.codes(args, kwargs, plan.acts[0], info)
+    xv = dequantize(xc, info.scale, zero_point=info.zero_point)
+    if fc.zp_info(ginfo):
+        gc = fc.codes(args, kwargs, plan.acts[1], ginfo)
+        gv = dequantize(gc, ginfo.scale, zero_point=ginfo.zero_point)
+    else:
+        gv = grid.detach().to(torch.float32)
+    y = ort_grid_sample(xv, gv, G.SampleMode[mode.upper()], G.Padding[padding.upper()], align)
+    zx = info.zero_point
+    return fc.emit(quantize(y, info.scale, info.dtype, rounding, zero_point=zx), info.scale,
+                   info.dtype, zx)  # fmt: skip

@@ -17,6 +17,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.grid_sample import NanRule, fake_quant_grid
 from quantlab.numerics.quantize import Divide, fake_quant
 from quantlab.numerics.rounding import Round
+from quantlab.platform_rules import FloatIslands
 from quantlab.simulate import args as A
 
 
@@ -54,8 +55,10 @@ def qat_fake_quant(
 
 
 def fake_grid(platform, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
-    """QAT numerics of a grid_sample grid: fake quant per axis at the fixed grid scale (s.4)."""
-    if not platform.grid_dtype.is_int:
+    """QAT numerics of a grid_sample grid: fake quant per axis at the fixed grid scale (s.4);
+    nothing where the platform samples in float (``FloatIslands.ONNXRUNTIME_QDQ``: GridSample
+    reads the grid's dequantized value)."""
+    if not platform.grid_dtype.is_int or platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         return
     x = A.get(args, kwargs, plan.acts[0])
     grid = A.get(args, kwargs, plan.acts[1])

@@ -146,9 +146,12 @@ def test_pool_resample_grid_sample_sub_mul_run_fixed_with_zero_points(platform, 
     tests/runtime/test_litert_graph.py); avg_pool2d: requantize(sum of centred codes) + zo;
     nearest interpolate: requantize(selected centred codes) + zo; grid_sample: the reference
     sampler on the centred codes (padding "zeros" is the value 0), + zx (the input's scale and
-    zero point); each by the slow references of quantlab.numerics.reference."""
+    zero point), or on onnxruntime its GridSample between dequantize and quantize at the
+    input's scale and zero point; each by the slow references of quantlab.numerics.reference."""
     from quantlab.numerics import grid_sample as G
     from quantlab.numerics import reference as R
+    from quantlab.numerics.ort_grid_sample import ort_grid_sample
+    from quantlab.numerics.quantize import dequantize, quantize
 
     torch.manual_seed(3)
     spec = _asymmetric(tanh=OpQConfig(activation_symmetry="SYMMETRIC"))
@@ -188,11 +191,17 @@ def test_pool_resample_grid_sample_sub_mul_run_fixed_with_zero_points(platform, 
     name = by_type["grid_sample"]
     xc, xi = centred(name, 0)
     grid = seen_args[name][1]
-    qg = G.quantize_grid(grid, 8, 8, False, p.grid_coord, p.grid_dtype, p.fake_round,
-                         G.NanRule.ZERO_CODE)  # fmt: skip
-    ref = R.grid_sample_reference(xc, DType.INT32, qg, G.SampleMode.BILINEAR, G.Padding.ZEROS,
-                                  p.grid_round, p.grid_weight_frac_bits, p.grid_round)  # fmt: skip
-    want = (ref.to(torch.int64) + xi.zero_point).clamp(xi.dtype.qmin, xi.dtype.qmax)
+    if platform == "onnxruntime":  # GridSample between DequantizeLinear and QuantizeLinear
+        xv = dequantize(xc + xi.zero_point, xi.scale, zero_point=xi.zero_point)
+        y = ort_grid_sample(xv, grid, G.SampleMode.BILINEAR, G.Padding.ZEROS, False)
+        want = quantize(y, xi.scale, xi.dtype, p.fake_round, zero_point=xi.zero_point).long()
+    else:
+        qg = G.quantize_grid(grid, 8, 8, False, p.grid_coord, p.grid_dtype, p.fake_round,
+                             G.NanRule.ZERO_CODE)  # fmt: skip
+        ref = R.grid_sample_reference(xc, DType.INT32, qg, G.SampleMode.BILINEAR,
+                                      G.Padding.ZEROS, p.grid_round, p.grid_weight_frac_bits,
+                                      p.grid_round)  # fmt: skip
+        want = (ref.to(torch.int64) + xi.zero_point).clamp(xi.dtype.qmin, xi.dtype.qmax)
     got = trace.qinfo[name]
     assert got.zero_point == xi.zero_point and float(got.scale) == float(xi.scale)
     assert_bits_equal(got.codes.to(torch.int64), want)
