@@ -104,6 +104,30 @@ class AvgPoolRule(enum.Enum):
     FLOAT_WINDOW_SUM = "float_window_sum"
 
 
+class ResizeRule(enum.Enum):
+    """How a linear or bilinear ``F.interpolate`` turns codes into codes (nearest selects
+    codes on every platform).
+
+    GRID_SAMPLER: grid_sample's fixed-point sampler (``numerics.resize``): torch's source
+                  positions rounded to ``grid_weight_frac_bits`` bits, weights (2^P - f, f),
+                  one rounding to the input's codes, then requantized to the op's output
+                  (assumed for J6: the AAE runs resize as it runs warping).
+    TFLITE_10BIT: LiteRT's own integer RESIZE_BILINEAR (``numerics.litert_resize``): 10-bit
+                  positions from the size ratio, the stored codes weighted and summed exactly,
+                  rounded half away from zero, at the input's scale and zero point (int8 and
+                  int16 codes; torch's align_corners=False is half_pixel_centers).
+    XNNPACK_11BIT: LiteRT's default interpreter: int8 resizes go to XNNPACK (float32
+                  positions, weights rounded to 11 bits, the exact sum rounded half up;
+                  ``numerics.litert_resize``), int16 ones to LiteRT's own kernel (TFLITE_10BIT).
+    FLOAT:        float between dequantize and quantize (a runtime's float Resize).
+    """
+
+    GRID_SAMPLER = "grid_sampler"
+    TFLITE_10BIT = "tflite_10bit"
+    XNNPACK_11BIT = "xnnpack_11bit"
+    FLOAT = "float"
+
+
 class TensorDivRule(enum.Enum):
     """How a division by a tensor (not a constant) turns codes into codes.
 

@@ -38,6 +38,7 @@ from quantlab.simulate import (
     steady_prepare,
     trace_record,
 )
+from quantlab.simulate.fixed_sampling import keeps_input_quantization
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import FakeOps, Mode, ObservedCall
 from quantlab.simulate.op_route import OpRoute, make_route, route_matches
@@ -465,7 +466,10 @@ class OpDispatch:
         if not quant_out or not A.is_float_tensor(out):
             return out, None
         src = in_infos[0] if in_infos else None
-        if call.category is OpCategory.GRID_SAMPLE and src is not None and src.dtype.is_int:
+        held = call.category is OpCategory.GRID_SAMPLE or (
+            call.category is OpCategory.RESAMPLE and keeps_input_quantization(call, self.platform)
+        )
+        if held and src is not None and src.dtype.is_int:
             zp = src.zero_point
             codes = quantize(out, src.scale, src.dtype, self.platform.fake_round, zero_point=zp)
             return dequantize(codes, src.scale, zero_point=zp), QInfo(

@@ -27,6 +27,7 @@ from quantlab.platforms import (
     AvgPoolRule,
     ConcatRule,
     FloatIslands,
+    ResizeRule,
     SoftmaxRule,
     TensorDivRule,
 )
@@ -57,6 +58,11 @@ _KERNELS = {
     OpCategory.GRID_SAMPLE: "integer",
 }
 
+
+_LITERT_RESIZE = {
+    ResizeRule.TFLITE_10BIT: "LiteRT's RESIZE_BILINEAR, 10-bit positions",
+    ResizeRule.XNNPACK_11BIT: "XNNPACK's 11-bit weights (int8), LiteRT's 10-bit positions (int16)",
+}
 
 NOT_MODELLED = "float (not modelled by quantlab)"
 NOT_SUPPORTED = "float (not supported on this platform)"
@@ -111,7 +117,12 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
             "float between dequantize and quantize (GridSample's float32 steps; bilinear, "
             "nearest; zeros, border)"
         )
-    if category is OpCategory.RESAMPLE and not sim.platform.resize_bilinear_fixed:
+    if category is OpCategory.RESAMPLE and sim.platform.resize_bilinear in _LITERT_RESIZE:
+        return (
+            f"integer (nearest; linear, bilinear: {_LITERT_RESIZE[sim.platform.resize_bilinear]}"
+            ", at the input's scale); float_fallback (other modes)"
+        )
+    if category is OpCategory.RESAMPLE and sim.platform.resize_bilinear is ResizeRule.FLOAT:
         return "integer (nearest); float_fallback (linear, bilinear, ...)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"

@@ -1,7 +1,8 @@
 """The fixed kernels of the ops that sample their input at positions: ``F.interpolate``
-(nearest, and linear / bilinear on the sampler of ``numerics.resize`` where the platform says
-so) and ``F.grid_sample`` (``numerics.grid_sample``). Each returns ``(value, QInfo)``, or None
-for the float fallback (``fixed_ops``)."""
+(nearest, and linear / bilinear by ``platform.resize_bilinear``: the sampler of
+``numerics.resize`` or LiteRT's ``numerics.litert_resize``) and ``F.grid_sample``
+(``numerics.grid_sample``, or onnxruntime's ``numerics.ort_grid_sample``). Each returns
+``(value, QInfo)``, or None for the float fallback (``fixed_ops``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from torch import Tensor
 
 from quantlab.numerics import grid_sample as G
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.litert_resize import tflite_resize_bilinear, xnnpack_resize_bilinear
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_grid_sample
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
-from quantlab.platform_rules import FloatIslands
+from quantlab.platform_rules import FloatIslands, ResizeRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 
@@ -24,21 +26,27 @@ _INTERPOLATE_ARGS += ("recompute_scale_factor", "antialias")
 
 
 def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    """F.interpolate on the input's centred codes (nearest: the codes it selects; linear and
-    bilinear, where ``platform.resize_bilinear_fixed``: ``numerics.resize``), then rescaled to
-    the op's output scale; None (the float fallback) for other modes."""
+    """F.interpolate on the input's codes by ``platform.resize_bilinear`` (``ResizeRule``):
+    nearest selects centred codes; linear and bilinear take grid_sample's sampler
+    (``numerics.resize``) on centred codes; either is then rescaled to the op's output scale.
+    LiteRT's RESIZE_BILINEAR kernels (``numerics.litert_resize``) work on the stored codes and
+    keep the input's quantization. None (the float fallback) for other modes and rules."""
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
     mode = v["mode"] or "nearest"
+    rule = sim.platform.resize_bilinear
     if not fc.zp_info(info) or not out.is_int:
         return None
+    linear = mode in ("linear", "bilinear")
+    if linear and rule in (ResizeRule.TFLITE_10BIT, ResizeRule.XNNPACK_11BIT):
+        return _litert_bilinear(A.get(args, kwargs, plan.acts[0]), info, v, rule)
     xc = fc.centred(args, kwargs, plan.acts[0], info)
     if mode == "nearest":
         a2 = list(args)
         a2[0] = xc.to(torch.float64)
         sel = call.func(*a2, **kwargs).to(torch.int64)
-    elif mode in ("linear", "bilinear") and sim.platform.resize_bilinear_fixed:
+    elif linear and rule is ResizeRule.GRID_SAMPLER:
         sel = _bilinear_codes(sim, xc, v)
         if sel is None:
             return None
@@ -49,6 +57,32 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return fc.emit(fc.rescale(sim, call.name, sel, info.scale, so, out, zero_point=zo), so, out, zo)
 
 
+def keeps_input_quantization(call, platform) -> bool:
+    """Whether ``call`` is an ``F.interpolate`` the platform runs as LiteRT's RESIZE_BILINEAR
+    (linear or bilinear under a LiteRT ``resize_bilinear`` rule), whose output holds its
+    input's scale and zero point (the converter gives the two the same quantization): fake
+    mode quantizes it there too."""
+    if platform.resize_bilinear not in (ResizeRule.TFLITE_10BIT, ResizeRule.XNNPACK_11BIT):
+        return False
+    mode = call.args[3] if len(call.args) > 3 else call.kwargs.get("mode", "nearest")
+    return call.op_type == "interpolate" and mode in ("linear", "bilinear")
+
+
+def _output_sizes(sizes: tuple, v: dict) -> tuple[tuple, tuple]:
+    """(output sizes, the scale factors torch maps positions by, None where it maps by the
+    sizes) of ``F.interpolate`` called with ``v`` (its arguments by name) on spatial
+    ``sizes``."""
+    nd = len(sizes)
+    size, factor = v["size"], v["scale_factor"]
+    if size is not None:
+        outs = (size,) * nd if isinstance(size, int) else tuple(int(s) for s in size)
+        return outs, (None,) * nd
+    fs = (factor,) * nd if isinstance(factor, (int, float)) else tuple(factor)
+    outs = tuple(math.floor(float(n * f)) for n, f in zip(sizes, fs, strict=True))
+    mapped = not v["recompute_scale_factor"]  # torch maps by the factor itself
+    return outs, (tuple(float(f) for f in fs) if mapped else (None,) * nd)
+
+
 def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
     """int64 codes of the bilinear (``xc`` [N, C, H, W]) or linear (``xc`` [N, C, L], taken as
     one row) resize of centred codes ``xc`` as ``F.interpolate`` is called (``v``: its
@@ -57,16 +91,7 @@ def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
     nd = xc.dim() - 2
     if nd not in (1, 2) or v["antialias"]:
         return None
-    sizes = tuple(xc.shape[2:])
-    size, factor = v["size"], v["scale_factor"]
-    if size is not None:
-        outs = (size,) * nd if isinstance(size, int) else tuple(int(s) for s in size)
-        scales = (None,) * nd
-    else:
-        fs = (factor,) * nd if isinstance(factor, (int, float)) else tuple(factor)
-        outs = tuple(math.floor(float(n * f)) for n, f in zip(sizes, fs, strict=True))
-        mapped = not v["recompute_scale_factor"]  # torch maps by the factor itself
-        scales = tuple(float(f) for f in fs) if mapped else (None,) * nd
+    outs, scales = _output_sizes(tuple(xc.shape[2:]), v)
     if nd == 1:  # one row: the height maps 1 -> 1, position 0 in every mapping
         xc, outs, scales = xc.unsqueeze(2), (1, *outs), (None, *scales)
     p = sim.platform
@@ -81,6 +106,29 @@ def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
         out_rounding=p.grid_round,
     ).to(torch.int64)
     return codes.squeeze(2) if nd == 1 else codes
+
+
+def _litert_bilinear(x: Tensor, info, v: dict, rule: ResizeRule):
+    """(value, QInfo) of LiteRT's RESIZE_BILINEAR of ``x``'s stored codes (int8 or int16, zero
+    point included) to the output size ``F.interpolate`` gives (LiteRT maps positions by the
+    size ratio, whatever factor the call names), at the input's scale, zero point and dtype,
+    as the converter requires; a 1-d input is one row. Its own kernel, or XNNPACK's for int8
+    codes where ``rule`` is XNNPACK_11BIT. None for antialiasing, another rank or other
+    codes."""
+    nd = x.dim() - 2
+    if nd not in (1, 2) or v["antialias"] or info.dtype not in (DType.INT8, DType.INT16):
+        return None
+    outs, _ = _output_sizes(tuple(x.shape[2:]), v)
+    codes = info.codes_of(x)
+    if nd == 1:
+        codes, outs = codes.unsqueeze(2), (1, *outs)
+    align = bool(v["align_corners"])
+    if rule is ResizeRule.XNNPACK_11BIT and info.dtype is DType.INT8:
+        y = xnnpack_resize_bilinear(codes, outs, align, half_pixel_centers=not align)
+    else:
+        y = tflite_resize_bilinear(codes, info.dtype, outs, align, half_pixel_centers=not align)
+    y = y.squeeze(2) if nd == 1 else y
+    return fc.emit(y, info.scale, info.dtype, info.zero_point)
 
 
 def _grid_sample_args(args, kwargs) -> tuple[str, str, bool]:

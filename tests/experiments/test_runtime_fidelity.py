@@ -29,13 +29,15 @@ def result(tmp_path_factory):
 def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     """Every family under its runtime's profile gives 0 differing outputs (onnxruntime's Gelu
     only on a CPU with AVX-512F, whose kernel the profile emulates; XNNPACK takes the
-    TRANSPOSE_CONV cases of seeds 0..3)."""
+    TRANSPOSE_CONV cases of seeds 0..3; RESIZE_BILINEAR int8 under XNNPACK, int16 under LiteRT's
+    own kernel)."""
     df = result.table
-    families = 8 + 4 + 2 * 16  # LiteRT, onnxruntime GEMMs, its 16 tables (uint8 / int8)
+    families = 10 + 4 + 2 * 16  # LiteRT, onnxruntime GEMMs, its 16 tables (uint8 / int8)
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]
-    assert len(own) == families and (own.cases_with_zero_points > 0).all()
+    int8 = own[own.dtype != "int16"]  # int16 activations are symmetric
+    assert len(own) == families and (int8.cases_with_zero_points > 0).all()
     exact = own if HAS_AVX512F else own[own.family != "Gelu"]
     assert int(exact.differing.sum()) == 0
     if HAS_AVX512F:
@@ -52,7 +54,8 @@ def test_bad_options_name_the_field():
 
 def test_reference_rows_cover_16x8_with_both_bias_dtypes():
     """LiteRT's reference kernels: 16x8 models with the converter's int64 bias and with an int32
-    bias (the profile told by int16_bias_dtype) give 0 differing outputs under ``tflite``."""
+    bias (the profile told by int16_bias_dtype), and RESIZE_BILINEAR on int8 and int16 codes,
+    give 0 differing outputs under ``tflite``."""
     from experiments.runtime_fidelity import measure
 
     exp = RuntimeFidelityExp(runtimes=[Runtime.LITERT_REFERENCE], profiles=["tflite"], cases=3)
@@ -67,6 +70,8 @@ def test_reference_rows_cover_16x8_with_both_bias_dtypes():
         "CONV_2D 16x8 int64 bias",
         "DEPTHWISE_CONV_2D 16x8 int64 bias",
         "FULLY_CONNECTED 16x8 int64 bias",
+        "RESIZE_BILINEAR int8",
+        "RESIZE_BILINEAR int16",
     ):
         assert fam in fams, fams
     assert "DEPTHWISE_CONV_2D 16x8 int32 bias" not in fams  # no such LiteRT kernel

@@ -1,5 +1,5 @@
 """Seeded random one-op cases for LiteRT: conv, depthwise, transposed conv, fully connected,
-add and the LUT ops.
+add, the LUT ops and bilinear resize.
 
 Every case is drawn from ``np.random.default_rng(seed)`` (TRANSPOSE_CONV: ``10_000 + seed``).
 Besides plain random cases a case can be a ``Variant``: TIES (power-of-two scales, so that the
@@ -27,6 +27,7 @@ from litert_models import (
     LutCase,
     Padding,
     QParams,
+    ResizeCase,
     TransposeConvCase,
     conv_output_size,
     same_padding_before,
@@ -366,3 +367,20 @@ def lut_case(seed: int, op: str) -> LutCase:
     x = np.arange(-128, 128).astype(np.int8)
     sx = np.float32(2.0 ** -int(rng.integers(3, 7))) if seed % 3 == 2 else _scale(rng, 5e-3, 0.1)
     return LutCase(op, x, QParams(sx, int(rng.integers(-128, 128))), LUT_OUTPUT[op])
+
+
+def resize_case(seed: int, act_dtype) -> ResizeCase:
+    """A random RESIZE_BILINEAR case: input 1-9 x 1-9 pixels, 1-4 channels, output 1-20 x 1-20
+    (up- and downsampling, odd ratios), codes over the whole range (the extremes included)
+    with a zero point for int8, half-pixel centres or align_corners (the mappings torch's
+    align_corners gives, in turn)."""
+    rng = np.random.default_rng(seed)
+    h, w, ch = (int(v) for v in rng.integers(1, 10, 3))
+    ch = 1 + ch % 4
+    out_hw = tuple(int(v) for v in rng.integers(1, 21, 2))
+    x = _act_codes(rng, (int(rng.integers(1, 3)), h, w, ch), act_dtype)
+    info = np.iinfo(act_dtype)
+    x.flat[0], x.flat[-1] = info.min, info.max
+    xq = QParams(_scale(rng, 5e-3, 1e-1), _zero_point(rng, act_dtype))
+    align = seed % 2 == 1
+    return ResizeCase(x, xq, out_hw, align, not align)

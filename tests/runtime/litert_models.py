@@ -1,19 +1,19 @@
 """One-op TFLite models built in memory from the LiteRT flatbuffer schema, and their runs.
 
 ``conv2d_model``, ``depthwise_model``, ``transpose_conv_model``, ``fully_connected_model``,
-``add_model`` and ``sub_model`` return the bytes of a model with one quantized operator (int8
-activations with any zero point, or 16x8: int16 activations with zero point 0, int8 weights,
-int32 or int64 bias); ``ModelBuilder.finish_graph`` chains several operators; the ``*Case``
-dataclasses hold every parameter so that a test can run the same case in LiteRT and in an
-oracle. ``run`` executes a model single-threaded with LiteRT's reference kernels
-(``Kernels.REFERENCE``, ``OpResolverType.BUILTIN_REF``) or with the default interpreter
-(``Kernels.DEFAULT``: builtin kernels plus the XNNPACK delegate, which takes int8 conv,
-depthwise, fully connected and add, and int8 TRANSPOSE_CONV when its padding allows).
+``add_model``, ``sub_model``, ``lut_model`` and ``resize_bilinear_model`` return the bytes of a
+model with one quantized operator (int8 activations with any zero point, or 16x8: int16
+activations with zero point 0, int8 weights, int32 or int64 bias); ``ModelBuilder.finish_graph``
+chains several operators; the ``*Case`` dataclasses hold every parameter so that a test can run
+the same case in LiteRT and in an oracle. ``run`` executes a model single-threaded with LiteRT's
+reference kernels (``Kernels.REFERENCE``, ``OpResolverType.BUILTIN_REF``) or with the default
+interpreter (``Kernels.DEFAULT``: builtin kernels plus the XNNPACK delegate, which takes int8
+conv, depthwise, fully connected, add and RESIZE_BILINEAR, and int8 TRANSPOSE_CONV when its
+padding allows).
 
 Layouts are TFLite's: activations NHWC, conv and transposed conv filters (O, KH, KW, I),
 depthwise filters (1, KH, KW, C * multiplier), fully connected weights (units, depth). The
-schema module is the one ``ai-edge-litert`` ships (``ai_edge_litert.schema_py_generated``).
-"""
+schema module is the one ``ai-edge-litert`` ships (``ai_edge_litert.schema_py_generated``)."""
 
 from __future__ import annotations
 
@@ -337,6 +337,32 @@ def lut_model(c: LutCase) -> bytes:
     xi = m.tensor("x", np.int8, c.x.shape, c.xq.scale, c.xq.zero_point)
     yi = m.tensor("y", np.int8, c.x.shape, c.yq.scale, c.yq.zero_point)
     return m.finish(_LUT_BUILTIN[c.op], [xi], [yi], S.BuiltinOptions.NONE, None, [xi])
+
+
+@dataclass(frozen=True)
+class ResizeCase:
+    """RESIZE_BILINEAR of x (N, H, W, C) int8 or int16 codes to ``out_hw``; the output keeps
+    the input's quantization (the kernel works on the stored codes)."""
+
+    x: np.ndarray
+    xq: QParams
+    out_hw: tuple[int, int]
+    align_corners: bool
+    half_pixel_centers: bool
+
+
+def resize_bilinear_model(c: ResizeCase) -> bytes:
+    """RESIZE_BILINEAR model of a ResizeCase (the size a constant input)."""
+    m = ModelBuilder()
+    n, _, _, ch = c.x.shape
+    xi = m.tensor("x", c.x.dtype, c.x.shape, c.xq.scale, c.xq.zero_point)
+    si = m.tensor("size", np.int32, [2], data=np.array(c.out_hw, np.int32))
+    yi = m.tensor("y", c.x.dtype, [n, *c.out_hw, ch], c.xq.scale, c.xq.zero_point)
+    o = S.ResizeBilinearOptionsT()
+    o.alignCorners = c.align_corners
+    o.halfPixelCenters = c.half_pixel_centers
+    return m.finish(S.BuiltinOperator.RESIZE_BILINEAR, [xi, si], [yi],
+                    S.BuiltinOptions.ResizeBilinearOptions, o, [xi])  # fmt: skip
 
 
 def conv_output_size(size, kernel, stride, dilation, padding: Padding) -> tuple[int, int]:

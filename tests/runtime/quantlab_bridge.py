@@ -5,8 +5,8 @@ go through ``qconv2d`` / ``qconv_transpose`` / ``qlinear`` / ``qmatmul`` with th
 per-family contract (``platform.gemm_contract(op type, activation=dtype)``), the case's zero
 points and integer bias codes, then the fused activation's code bounds by the profile's
 ``bound_rule``; ADD goes through the simulator's ``add_codes`` (the profile's ``add_rule``),
-SUB through ``sub_codes``; the onnxruntime LUT ops through ``build_zero_point_lut`` with the
-profile's LUT format.
+SUB through ``sub_codes``; the LUT ops through ``build_zero_point_lut`` with the profile's LUT
+format; RESIZE_BILINEAR by the profile's ``resize_bilinear`` rule.
 Nothing here restates a runtime rule: the rules are the profile's.
 """
 
@@ -20,6 +20,7 @@ from litert_models import (
     AddCase,
     ConvCase,
     FullyConnectedCase,
+    ResizeCase,
     TransposeConvCase,
     conv_output_size,
     same_padding_before,
@@ -28,7 +29,11 @@ from litert_models import (
 
 from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
 from quantlab.numerics.gemm import qconv_transpose
+from quantlab.numerics.litert_resize import tflite_resize_bilinear, xnnpack_resize_bilinear
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
+from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.resize import resize_bilinear_fixed
+from quantlab.platform_rules import ResizeRule
 from quantlab.simulate.fixed_common import add_codes, sub_codes
 
 _DTYPE = {
@@ -224,3 +229,30 @@ def litert_lut(c, platform) -> np.ndarray:
         fmt=platform.lut_format(),
     )
     return table.evaluate(torch.from_numpy(c.x)).numpy()
+
+
+def litert_resize_bilinear(c: ResizeCase, platform) -> np.ndarray:
+    """RESIZE_BILINEAR of a LiteRT case (half-pixel centres or align_corners: torch's
+    align_corners false or true) under ``platform.resize_bilinear``, at the input's
+    quantization: LiteRT's own integer kernel (TFLITE_10BIT), grid_sample's sampler on the centred
+    codes (GRID_SAMPLER), XNNPACK's for int8 codes (XNNPACK_11BIT), or float between
+    dequantize and quantize (FLOAT)."""
+    dt = _DTYPE[c.x.dtype]
+    x = torch.from_numpy(c.x).permute(0, 3, 1, 2)
+    rule, zp = platform.resize_bilinear, c.xq.zero_point
+    if rule is ResizeRule.XNNPACK_11BIT and dt is DType.INT8:
+        y = xnnpack_resize_bilinear(x, c.out_hw, c.align_corners, c.half_pixel_centers)
+    elif rule in (ResizeRule.TFLITE_10BIT, ResizeRule.XNNPACK_11BIT):
+        y = tflite_resize_bilinear(x, dt, c.out_hw, c.align_corners, c.half_pixel_centers)
+    elif rule is ResizeRule.GRID_SAMPLER:
+        xc = x.to(torch.int64) - zp
+        acc = resize_bilinear_fixed(xc, DType.INT32, c.out_hw, c.align_corners,
+                                    weight_frac_bits=platform.grid_weight_frac_bits,
+                                    coord_round=platform.grid_round,
+                                    out_rounding=platform.grid_round)  # fmt: skip
+        y = (acc.to(torch.int64) + zp).clamp(dt.qmin, dt.qmax).to(dt.torch_dtype)
+    else:
+        v = dequantize(x, float(c.xq.scale), zero_point=zp)
+        r = F.interpolate(v, size=c.out_hw, mode="bilinear", align_corners=c.align_corners)
+        y = quantize(r, float(c.xq.scale), dt, platform.fake_round, zero_point=zp)
+    return y.permute(0, 2, 3, 1).numpy()

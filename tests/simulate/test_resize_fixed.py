@@ -1,9 +1,9 @@
-"""Bilinear and linear F.interpolate in fixed mode on J6 (``platform.resize_bilinear_fixed``):
-the codes of the fixed-point sampler (numerics.resize; a 1-d input as one row) on the input's
-centred codes, requantized to the op's output by the platform's rule (the slow references),
-for a size, scale factors mapped by torch, a recomputed factor, align_corners and zero
-points; no fallback to float; the profiles of runtimes keep computing it in float, and the op
-table says which."""
+"""Bilinear and linear F.interpolate in fixed mode on J6 (``platform.resize_bilinear``
+GRID_SAMPLER): the codes of the fixed-point sampler (numerics.resize; a 1-d input as one row) on
+the input's centred codes, requantized to the op's output by the platform's rule (the slow
+references), for a size, scale factors mapped by torch, a recomputed factor, align_corners and
+zero points; no fallback to float; the onnxruntime profiles keep computing it in float, and the
+op table says which."""
 
 from __future__ import annotations
 
@@ -90,8 +90,10 @@ def test_bilinear_interpolate_is_the_fixed_point_sampler_then_requantized(symmet
     assert kernels == {"integer (nearest, linear, bilinear); float_fallback (other modes)"}
 
 
-@pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])
+@pytest.mark.parametrize("platform", ["onnxruntime", "onnxruntime_no_vnni"])
 def test_runtime_profiles_keep_bilinear_resize_in_float(platform):
+    """onnxruntime runs Resize in float (the LiteRT profiles' integer kernels:
+    tests/runtime/test_litert_resize.py)."""
     sim = Simulator(_Resized().eval(), platform)
     sim.calibrate([(torch.randn(2, 3, 7, 5),)], progress=False)
     kernel = sim.ops.fixed_kernel[sim.ops.op_type == "interpolate"].iloc[0]
