@@ -1,7 +1,8 @@
 """Does each runtime profile give its runtime's bits? Profiles x runtimes on one-op models.
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
-TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH, RESIZE_BILINEAR; int8 with nonzero
+TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH, RESIZE_BILINEAR,
+RESIZE_NEAREST_NEIGHBOR; int8 with nonzero
 zero points and 16x8 or int16; onnxruntime QLinearConv and QLinearMatMul with uint8 / int8
 activations and nonzero zero points, and every table op the exporter writes
 (``ort_lut_models.OPS``: Sigmoid, Tanh, Exp, ..., HardSigmoid, HardSwish, LeakyRelu, Elu,
@@ -123,7 +124,7 @@ def _litert_families(runtime: Runtime) -> list[Family]:
         return L.run(L.lut_model(c), [c.x], kernels)
 
     def resize(c):
-        return L.run(L.resize_bilinear_model(c), [c.x], kernels)
+        return L.run(L.resize_model(c), [c.x], kernels)
 
     rows = [
         ("CONV_2D", "int8", lambda s: C.conv_case(s, False, i8, i32), conv, B.litert_conv),
@@ -178,10 +179,12 @@ def _litert_families(runtime: Runtime) -> list[Family]:
             )
         rows.append(("ADD", "int16", lambda s: C.add_case(s, i16), add, B.litert_add))
         rows.append(("SUB", "int16", lambda s: C.add_case(s, i16), sub, B.litert_sub))
-    # the default interpreter: XNNPACK resizes int8 codes, LiteRT's own kernel int16 ones
-    for act, dt in (("int8", i8), ("int16", i16)):
-        rows.append(("RESIZE_BILINEAR", act, lambda s, d=dt: C.resize_case(s, d), resize,
-                     B.litert_resize_bilinear))  # fmt: skip
+    # the default interpreter: XNNPACK resizes int8 codes bilinearly, LiteRT's own kernels do
+    # the rest (XNNPACK takes no nearest resize)
+    for op, nearest in (("RESIZE_BILINEAR", False), ("RESIZE_NEAREST_NEIGHBOR", True)):
+        for act, dt in (("int8", i8), ("int16", i16)):
+            rows.append((op, act, lambda s, d=dt, n=nearest: C.resize_case(s, d, n), resize,
+                         B.litert_resize))  # fmt: skip
     declined = {"TRANSPOSE_CONV": "SAME padding with a kernel smaller than the stride"}
     return [
         Family(
@@ -401,9 +404,9 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "per-family contract (platform.gemm_contract(op type, activation=dtype)), the fused "
         "activation's code bounds by the profile's bound_rule, ADD by its add_rule and SUB as "
         "the add of a and -b (fixed_common.sub_codes), LOGISTIC / TANH and onnxruntime's "
-        "table ops by the zero-point LUT (numerics.lut.zero_point), RESIZE_BILINEAR by its "
-        "resize_bilinear rule (numerics.litert_resize: LiteRT's own kernel, or XNNPACK's for "
-        "int8 codes under litert_xnnpack; tests/runtime/quantlab_bridge.py). "
+        "table ops by the zero-point LUT (numerics.lut.zero_point), the resizes by its resize "
+        "rule (numerics.litert_resize: LiteRT's own kernels, or XNNPACK's for int8 bilinear "
+        "resizes under litert_xnnpack; tests/runtime/quantlab_bridge.py). "
         "onnxruntime runs a table op as DequantizeLinear -> op(s) -> QuantizeLinear, the "
         "Sigmoid group fused into QLinearSigmoid, the others in float32 (silu: Sigmoid+Mul, "
         "rsqrt: Sqrt+Reciprocal); the onnxruntime profiles compute each entry as its float32 "
@@ -416,9 +419,10 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "(quantized_bias_type=INT32: other kernels, an int32 accumulator), which every profile "
         "is told by platform.int16_bias_dtype=INT32; DEPTHWISE_CONV_2D 16x8 has no int32-bias "
         "kernel (LiteRT refuses the model).",
-        "RESIZE_BILINEAR cases: inputs of 1-9 x 1-9 pixels to outputs of 1-20 x 1-20, the "
-        "extreme codes included, half-pixel centres and align_corners in turn (what torch's "
-        "align_corners gives); LiteRT's default interpreter gives XNNPACK the int8 ones.",
+        "Resize cases: inputs of 1-9 x 1-9 pixels to outputs of 1-20 x 1-20, the extreme codes "
+        "included, the mappings torch's calls give in turn (bilinear: half-pixel centres or "
+        "align_corners; nearest: neither, or half-pixel centres for nearest-exact); LiteRT's "
+        "default interpreter gives XNNPACK the int8 bilinear ones.",
         "TRANSPOSE_CONV cases (strides 1-3, kernels 1-5, SAME and VALID, every 8th without a "
         "bias, also codes and int8 zero points at the ends of their range) are drawn only "
         "where torch's conv_transpose2d reproduces TFLite's padding (SAME with TFLite padding "

@@ -105,27 +105,31 @@ class AvgPoolRule(enum.Enum):
 
 
 class ResizeRule(enum.Enum):
-    """How a linear or bilinear ``F.interpolate`` turns codes into codes (nearest selects
-    codes on every platform).
+    """How ``F.interpolate`` turns codes into codes.
 
-    GRID_SAMPLER: grid_sample's fixed-point sampler (``numerics.resize``): torch's source
-                  positions rounded to ``grid_weight_frac_bits`` bits, weights (2^P - f, f),
-                  one rounding to the input's codes, then requantized to the op's output
-                  (assumed for J6: the AAE runs resize as it runs warping).
-    TFLITE_10BIT: LiteRT's own integer RESIZE_BILINEAR (``numerics.litert_resize``): 10-bit
-                  positions from the size ratio, the stored codes weighted and summed exactly,
-                  rounded half away from zero, at the input's scale and zero point (int8 and
-                  int16 codes; torch's align_corners=False is half_pixel_centers).
-    XNNPACK_11BIT: LiteRT's default interpreter: int8 resizes go to XNNPACK (float32
-                  positions, weights rounded to 11 bits, the exact sum rounded half up;
-                  ``numerics.litert_resize``), int16 ones to LiteRT's own kernel (TFLITE_10BIT).
-    FLOAT:        float between dequantize and quantize (a runtime's float Resize).
+    GRID_SAMPLER:   nearest (and nearest-exact) selects the input's codes as torch maps
+                    positions; linear and bilinear run grid_sample's fixed-point sampler
+                    (``numerics.resize``): torch's source positions rounded to
+                    ``grid_weight_frac_bits`` bits, weights (2^P - f, f), one rounding to the
+                    input's codes; both then requantized to the op's output (assumed for J6:
+                    the AAE runs resize as it runs warping).
+    FLOAT:          nearest as GRID_SAMPLER; linear and bilinear in float between dequantize
+                    and quantize (a runtime's float Resize).
+    LITERT:         LiteRT's own kernels, on the stored codes, the output at the input's scale
+                    and zero point (``numerics.litert_resize``): RESIZE_NEAREST_NEIGHBOR maps
+                    positions by the float32 size ratio (nearest: floor; nearest-exact: half-pixel
+                    centres); RESIZE_BILINEAR takes 10-bit positions from the size ratio, sums the
+                    weighted codes exactly and rounds half away from zero (int8 and int16 codes;
+                    torch's align_corners=False is half_pixel_centers).
+    LITERT_XNNPACK: LiteRT's default interpreter: as LITERT, but int8 bilinear resizes go to
+                    XNNPACK (float32 positions, weights rounded to 11 bits, the exact sum rounded
+                    half up).
     """
 
     GRID_SAMPLER = "grid_sampler"
-    TFLITE_10BIT = "tflite_10bit"
-    XNNPACK_11BIT = "xnnpack_11bit"
     FLOAT = "float"
+    LITERT = "litert"
+    LITERT_XNNPACK = "litert_xnnpack"
 
 
 class TensorDivRule(enum.Enum):

@@ -138,9 +138,9 @@ class PlatformConfig:
     grid_max_area: int = 720 * 1024  # H * W <= this (0 = no limit)
     grid_weight_frac_bits: int = 8  # fraction bits of sample positions / bilinear weights (assumed)
     grid_round: Round = Round.HALF_UP  # rounding of positions and of the output (assumed)
-    # linear / bilinear F.interpolate (ResizeRule); assumed on J6: the same fixed-point sampler,
-    # with the grid's weight bits and rounding (numerics.resize)
-    resize_bilinear: ResizeRule = ResizeRule.GRID_SAMPLER
+    # F.interpolate (ResizeRule); assumed on J6: linear / bilinear on the same fixed-point
+    # sampler, with the grid's weight bits and rounding (numerics.resize)
+    resize: ResizeRule = ResizeRule.GRID_SAMPLER
 
     # --- sin / cos (s.5)
     # assumed: the exporter reduces a plain sin/cos input wider than one period to one period

@@ -1,8 +1,15 @@
-"""LiteRT's integer RESIZE_BILINEAR kernels, bit for bit: its own (int8 and int16 codes) and
-XNNPACK's (int8), which its default interpreter delegates int8 resizes to.
+"""LiteRT's integer resize kernels, bit for bit: its own RESIZE_NEAREST_NEIGHBOR and
+RESIZE_BILINEAR (int8 and int16 codes), and XNNPACK's bilinear one (int8), which its default
+interpreter delegates int8 bilinear resizes to (XNNPACK takes no nearest resize).
 
-Both work on the stored codes, zero point included, and keep the input's scale and zero
-point.
+All work on the stored codes, zero point included, and keep the input's scale and zero point.
+
+``tflite_nearest_indices``, per axis: ``r = fl32(n_in) / fl32(n_out)`` (align_corners:
+``fl32(n_in - 1) / fl32(n_out - 1)``), output index ``i`` reads
+``min(floor(fl32(fl32(i + o) r)), n_in - 1)`` with ``o`` 0.5 for half-pixel centres, else 0
+(align_corners: rounded half away from zero instead of floored), at least 0 with half-pixel
+centres. torch's "nearest" maps by its scale factor where the call names one, and its
+"nearest-exact" differs from half-pixel centres on some sizes: LiteRT's mapping is by size.
 
 ``tflite_resize_bilinear``, per axis of ``n_in`` input and ``n_out`` output pixels, in
 integers:
@@ -29,7 +36,7 @@ also runs for int8 and int16. torch's ``align_corners=False`` is ``half_pixel_ce
 ``S = t_lo (2048 - a_x)(2048 - a_y) + ...``, and ``floor((S + 2^21) / 2^22)`` is the output
 (half up).
 
-``tests/runtime/test_litert_resize.py`` matches LiteRT on every code, both kernels.
+``tests/runtime/test_litert_resize.py`` matches LiteRT with all three, on every code.
 """
 
 from __future__ import annotations
@@ -138,3 +145,40 @@ def xnnpack_resize_bilinear(
     s = rows[..., x0] * (_Q11 - ax) + rows[..., x1] * ax
     out = torch.div(s + (1 << 21), 1 << 22, rounding_mode="floor")
     return out.to(torch.int8)
+
+
+def tflite_nearest_indices(
+    n_in: int, n_out: int, align_corners: bool = False, half_pixel_centers: bool = False
+) -> Tensor:
+    """int64 [n_out]: the input index each output index reads along one axis, as LiteRT's
+    RESIZE_NEAREST_NEIGHBOR computes it (module docstring)."""
+    if n_in < 1 or n_out < 1:
+        raise ValueError(f"sizes must be positive, got n_in={n_in}, n_out={n_out}")
+    f32 = torch.float32
+    if align_corners and n_out > 1:
+        ratio = torch.tensor(float(n_in - 1), dtype=f32) / torch.tensor(float(n_out - 1))
+    else:
+        ratio = torch.tensor(float(n_in), dtype=f32) / torch.tensor(float(n_out))
+    i = torch.arange(n_out, dtype=f32) + (0.5 if half_pixel_centers else 0.0)
+    v = i * ratio
+    idx = torch.floor(v)
+    if align_corners:  # TfLiteRound: half away from zero (v >= 0; v - floor(v) is exact)
+        idx = torch.where(v - idx == 0.5, idx + 1, torch.round(v))
+    idx = idx.to(torch.int64).clamp_max(n_in - 1)
+    return idx.clamp_min(0) if half_pixel_centers else idx
+
+
+def tflite_resize_nearest(
+    codes: Tensor,
+    out_hw: tuple[int, int],
+    align_corners: bool = False,
+    half_pixel_centers: bool = False,
+) -> Tensor:
+    """Codes [N, C, Ho, Wo] (``codes``' dtype) of LiteRT's RESIZE_NEAREST_NEIGHBOR of the codes
+    [N, C, H, W]: a selection, at the input's scale and zero point."""
+    if codes.dim() != 4:
+        raise ValueError(f"codes must be [N, C, H, W], got shape {tuple(codes.shape)}")
+    h, w = codes.shape[2:]
+    iy = tflite_nearest_indices(h, out_hw[0], align_corners, half_pixel_centers)
+    ix = tflite_nearest_indices(w, out_hw[1], align_corners, half_pixel_centers)
+    return codes[:, :, iy, :][:, :, :, ix]

@@ -54,14 +54,19 @@ _KERNELS = {
     OpCategory.SOFTMAX: "lut (exp, reciprocal)",
     OpCategory.NORM: "float_fallback",
     OpCategory.EMBEDDING: "integer (gather)",
-    OpCategory.RESAMPLE: "integer (nearest, linear, bilinear); float_fallback (other modes)",
+    OpCategory.RESAMPLE: (
+        "integer (nearest, nearest-exact, linear, bilinear); float_fallback (other modes)"
+    ),
     OpCategory.GRID_SAMPLE: "integer",
 }
 
 
 _LITERT_RESIZE = {
-    ResizeRule.TFLITE_10BIT: "LiteRT's RESIZE_BILINEAR, 10-bit positions",
-    ResizeRule.XNNPACK_11BIT: "XNNPACK's 11-bit weights (int8), LiteRT's 10-bit positions (int16)",
+    ResizeRule.LITERT: "LiteRT's RESIZE_NEAREST_NEIGHBOR and RESIZE_BILINEAR (10-bit positions)",
+    ResizeRule.LITERT_XNNPACK: (
+        "LiteRT's RESIZE_NEAREST_NEIGHBOR and RESIZE_BILINEAR (int8: XNNPACK's 11-bit weights; "
+        "int16: 10-bit positions)"
+    ),
 }
 
 NOT_MODELLED = "float (not modelled by quantlab)"
@@ -108,7 +113,10 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
         category is OpCategory.RESAMPLE
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
     ):
-        return "integer (nearest); float between dequantize and quantize (linear, bilinear)"
+        return (
+            "integer (nearest, nearest-exact); float between dequantize and quantize (linear, "
+            "bilinear)"
+        )
     if (
         category is OpCategory.GRID_SAMPLE
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
@@ -117,13 +125,14 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
             "float between dequantize and quantize (GridSample's float32 steps; bilinear, "
             "nearest; zeros, border)"
         )
-    if category is OpCategory.RESAMPLE and sim.platform.resize_bilinear in _LITERT_RESIZE:
+    if category is OpCategory.RESAMPLE and sim.platform.resize in _LITERT_RESIZE:
         return (
-            f"integer (nearest; linear, bilinear: {_LITERT_RESIZE[sim.platform.resize_bilinear]}"
-            ", at the input's scale); float_fallback (other modes)"
+            f"integer (nearest, nearest-exact, linear, bilinear: "
+            f"{_LITERT_RESIZE[sim.platform.resize]}, at the input's scale); float_fallback "
+            "(other modes)"
         )
-    if category is OpCategory.RESAMPLE and sim.platform.resize_bilinear is ResizeRule.FLOAT:
-        return "integer (nearest); float_fallback (linear, bilinear, ...)"
+    if category is OpCategory.RESAMPLE and sim.platform.resize is ResizeRule.FLOAT:
+        return "integer (nearest, nearest-exact); float_fallback (linear, bilinear, ...)"
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"
     if category is OpCategory.REDUCE and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:

@@ -1,6 +1,6 @@
-"""The fixed kernels of the ops that sample their input at positions: ``F.interpolate``
-(nearest, and linear / bilinear by ``platform.resize_bilinear``: the sampler of
-``numerics.resize`` or LiteRT's ``numerics.litert_resize``) and ``F.grid_sample``
+"""The fixed kernels of the ops that sample their input at positions: ``F.interpolate`` (by
+``platform.resize``: nearest selection and the sampler of ``numerics.resize``, or LiteRT's
+kernels, ``numerics.litert_resize``) and ``F.grid_sample``
 (``numerics.grid_sample``, or onnxruntime's ``numerics.ort_grid_sample``). Each returns
 ``(value, QInfo)``, or None for the float fallback (``fixed_ops``)."""
 
@@ -13,7 +13,11 @@ from torch import Tensor
 
 from quantlab.numerics import grid_sample as G
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.litert_resize import tflite_resize_bilinear, xnnpack_resize_bilinear
+from quantlab.numerics.litert_resize import (
+    tflite_resize_bilinear,
+    tflite_resize_nearest,
+    xnnpack_resize_bilinear,
+)
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_grid_sample
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
@@ -25,28 +29,32 @@ _INTERPOLATE_ARGS = ("input", "size", "scale_factor", "mode", "align_corners")
 _INTERPOLATE_ARGS += ("recompute_scale_factor", "antialias")
 
 
+_NEAREST = ("nearest", "nearest-exact")
+_LINEAR = ("linear", "bilinear")
+_LITERT = (ResizeRule.LITERT, ResizeRule.LITERT_XNNPACK)
+
+
 def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    """F.interpolate on the input's codes by ``platform.resize_bilinear`` (``ResizeRule``):
-    nearest selects centred codes; linear and bilinear take grid_sample's sampler
-    (``numerics.resize``) on centred codes; either is then rescaled to the op's output scale.
-    LiteRT's RESIZE_BILINEAR kernels (``numerics.litert_resize``) work on the stored codes and
-    keep the input's quantization. None (the float fallback) for other modes and rules."""
+    """F.interpolate on the input's codes by ``platform.resize`` (``ResizeRule``): nearest
+    selects centred codes where torch maps them; linear and bilinear take grid_sample's
+    sampler (``numerics.resize``) on centred codes; either is then rescaled to the op's output
+    scale. LiteRT's kernels (``numerics.litert_resize``) work on the stored codes and keep the
+    input's quantization. None (the float fallback) for other modes and rules."""
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
     mode = v["mode"] or "nearest"
-    rule = sim.platform.resize_bilinear
+    rule = sim.platform.resize
     if not fc.zp_info(info) or not out.is_int:
         return None
-    linear = mode in ("linear", "bilinear")
-    if linear and rule in (ResizeRule.TFLITE_10BIT, ResizeRule.XNNPACK_11BIT):
-        return _litert_bilinear(A.get(args, kwargs, plan.acts[0]), info, v, rule)
+    if rule in _LITERT and mode in _NEAREST + _LINEAR:
+        return _litert_resize(A.get(args, kwargs, plan.acts[0]), info, v, mode, rule)
     xc = fc.centred(args, kwargs, plan.acts[0], info)
-    if mode == "nearest":
+    if mode in _NEAREST:
         a2 = list(args)
         a2[0] = xc.to(torch.float64)
         sel = call.func(*a2, **kwargs).to(torch.int64)
-    elif linear and rule is ResizeRule.GRID_SAMPLER:
+    elif mode in _LINEAR and rule is ResizeRule.GRID_SAMPLER:
         sel = _bilinear_codes(sim, xc, v)
         if sel is None:
             return None
@@ -58,14 +66,14 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
 
 def keeps_input_quantization(call, platform) -> bool:
-    """Whether ``call`` is an ``F.interpolate`` the platform runs as LiteRT's RESIZE_BILINEAR
-    (linear or bilinear under a LiteRT ``resize_bilinear`` rule), whose output holds its
-    input's scale and zero point (the converter gives the two the same quantization): fake
-    mode quantizes it there too."""
-    if platform.resize_bilinear not in (ResizeRule.TFLITE_10BIT, ResizeRule.XNNPACK_11BIT):
+    """Whether ``call`` is an ``F.interpolate`` the platform runs as one of LiteRT's resize
+    kernels (``ResizeRule`` LITERT or LITERT_XNNPACK), whose output holds its input's scale and
+    zero point (the converter gives the two the same quantization): fake mode quantizes it
+    there too."""
+    if platform.resize not in _LITERT or call.op_type != "interpolate":
         return False
     mode = call.args[3] if len(call.args) > 3 else call.kwargs.get("mode", "nearest")
-    return call.op_type == "interpolate" and mode in ("linear", "bilinear")
+    return (mode or "nearest") in _NEAREST + _LINEAR
 
 
 def _output_sizes(sizes: tuple, v: dict) -> tuple[tuple, tuple]:
@@ -108,13 +116,14 @@ def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:
     return codes.squeeze(2) if nd == 1 else codes
 
 
-def _litert_bilinear(x: Tensor, info, v: dict, rule: ResizeRule):
-    """(value, QInfo) of LiteRT's RESIZE_BILINEAR of ``x``'s stored codes (int8 or int16, zero
-    point included) to the output size ``F.interpolate`` gives (LiteRT maps positions by the
-    size ratio, whatever factor the call names), at the input's scale, zero point and dtype,
-    as the converter requires; a 1-d input is one row. Its own kernel, or XNNPACK's for int8
-    codes where ``rule`` is XNNPACK_11BIT. None for antialiasing, another rank or other
-    codes."""
+def _litert_resize(x: Tensor, info, v: dict, mode: str, rule: ResizeRule):
+    """(value, QInfo) of LiteRT's RESIZE_NEAREST_NEIGHBOR (nearest; nearest-exact with
+    half-pixel centres) or RESIZE_BILINEAR (linear, bilinear) of ``x``'s stored codes (int8 or
+    int16, zero point included) to the output size ``F.interpolate`` gives (LiteRT maps
+    positions by the size ratio, whatever factor the call names), at the input's scale, zero
+    point and dtype, as the converter requires; a 1-d input is one row. Bilinear: LiteRT's own
+    kernel, or XNNPACK's for int8 codes under LITERT_XNNPACK. None for antialiasing, another
+    rank or other codes."""
     nd = x.dim() - 2
     if nd not in (1, 2) or v["antialias"] or info.dtype not in (DType.INT8, DType.INT16):
         return None
@@ -123,7 +132,9 @@ def _litert_bilinear(x: Tensor, info, v: dict, rule: ResizeRule):
     if nd == 1:
         codes, outs = codes.unsqueeze(2), (1, *outs)
     align = bool(v["align_corners"])
-    if rule is ResizeRule.XNNPACK_11BIT and info.dtype is DType.INT8:
+    if mode in _NEAREST:
+        y = tflite_resize_nearest(codes, outs, half_pixel_centers=mode == "nearest-exact")
+    elif rule is ResizeRule.LITERT_XNNPACK and info.dtype is DType.INT8:
         y = xnnpack_resize_bilinear(codes, outs, align, half_pixel_centers=not align)
     else:
         y = tflite_resize_bilinear(codes, info.dtype, outs, align, half_pixel_centers=not align)

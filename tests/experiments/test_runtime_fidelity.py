@@ -32,7 +32,7 @@ def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     TRANSPOSE_CONV cases of seeds 0..3; RESIZE_BILINEAR int8 under XNNPACK, int16 under LiteRT's
     own kernel)."""
     df = result.table
-    families = 10 + 4 + 2 * 16  # LiteRT, onnxruntime GEMMs, its 16 tables (uint8 / int8)
+    families = 12 + 4 + 2 * 16  # LiteRT, onnxruntime GEMMs, its 16 tables (uint8 / int8)
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]
@@ -54,7 +54,7 @@ def test_bad_options_name_the_field():
 
 def test_reference_rows_cover_16x8_with_both_bias_dtypes():
     """LiteRT's reference kernels: 16x8 models with the converter's int64 bias and with an int32
-    bias (the profile told by int16_bias_dtype), and RESIZE_BILINEAR on int8 and int16 codes,
+    bias (the profile told by int16_bias_dtype), and both resizes on int8 and int16 codes,
     give 0 differing outputs under ``tflite``."""
     from experiments.runtime_fidelity import measure
 
@@ -72,6 +72,8 @@ def test_reference_rows_cover_16x8_with_both_bias_dtypes():
         "FULLY_CONNECTED 16x8 int64 bias",
         "RESIZE_BILINEAR int8",
         "RESIZE_BILINEAR int16",
+        "RESIZE_NEAREST_NEIGHBOR int8",
+        "RESIZE_NEAREST_NEIGHBOR int16",
     ):
         assert fam in fams, fams
     assert "DEPTHWISE_CONV_2D 16x8 int32 bias" not in fams  # no such LiteRT kernel

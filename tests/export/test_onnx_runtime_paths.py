@@ -664,7 +664,9 @@ def test_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_path, kw, encoding
     sim.calibrate([(torch.randn(2, 3, 8, 9, generator=g),) for _ in range(2)], progress=False)
     xs = [torch.randn(2, 3, 8, 9, generator=g) * s for s in (0.5, 1.0, 4.0)]
     kernel = sim.ops.set_index("op_type").loc["interpolate", "fixed_kernel"]
-    assert kernel == "integer (nearest); float between dequantize and quantize (linear, bilinear)"
+    assert kernel == (
+        "integer (nearest, nearest-exact); float between dequantize and quantize (linear, bilinear)"
+    )
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
     assert "Resize" in kinds
     for x, ys in zip(xs, outs, strict=True):

@@ -1,5 +1,5 @@
 """Seeded random one-op cases for LiteRT: conv, depthwise, transposed conv, fully connected,
-add, the LUT ops and bilinear resize.
+add, the LUT ops and resizes.
 
 Every case is drawn from ``np.random.default_rng(seed)`` (TRANSPOSE_CONV: ``10_000 + seed``).
 Besides plain random cases a case can be a ``Variant``: TIES (power-of-two scales, so that the
@@ -369,11 +369,12 @@ def lut_case(seed: int, op: str) -> LutCase:
     return LutCase(op, x, QParams(sx, int(rng.integers(-128, 128))), LUT_OUTPUT[op])
 
 
-def resize_case(seed: int, act_dtype) -> ResizeCase:
-    """A random RESIZE_BILINEAR case: input 1-9 x 1-9 pixels, 1-4 channels, output 1-20 x 1-20
-    (up- and downsampling, odd ratios), codes over the whole range (the extremes included)
-    with a zero point for int8, half-pixel centres or align_corners (the mappings torch's
-    align_corners gives, in turn)."""
+def resize_case(seed: int, act_dtype, nearest: bool = False) -> ResizeCase:
+    """A random RESIZE_BILINEAR (or RESIZE_NEAREST_NEIGHBOR) case: input 1-9 x 1-9 pixels, 1-4
+    channels, output 1-20 x 1-20 (up- and downsampling, odd ratios), codes over the whole range
+    (the extremes included) with a zero point for int8, and the mappings torch's calls give, in
+    turn: bilinear with half-pixel centres or align_corners, nearest as torch's "nearest"
+    (neither) or "nearest-exact" (half-pixel centres)."""
     rng = np.random.default_rng(seed)
     h, w, ch = (int(v) for v in rng.integers(1, 10, 3))
     ch = 1 + ch % 4
@@ -382,5 +383,7 @@ def resize_case(seed: int, act_dtype) -> ResizeCase:
     info = np.iinfo(act_dtype)
     x.flat[0], x.flat[-1] = info.min, info.max
     xq = QParams(_scale(rng, 5e-3, 1e-1), _zero_point(rng, act_dtype))
-    align = seed % 2 == 1
-    return ResizeCase(x, xq, out_hw, align, not align)
+    odd = seed % 2 == 1
+    if nearest:
+        return ResizeCase(x, xq, out_hw, False, odd, nearest=True)
+    return ResizeCase(x, xq, out_hw, odd, not odd)

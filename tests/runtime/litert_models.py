@@ -1,7 +1,7 @@
 """One-op TFLite models built in memory from the LiteRT flatbuffer schema, and their runs.
 
 ``conv2d_model``, ``depthwise_model``, ``transpose_conv_model``, ``fully_connected_model``,
-``add_model``, ``sub_model``, ``lut_model`` and ``resize_bilinear_model`` return the bytes of a
+``add_model``, ``sub_model``, ``lut_model`` and ``resize_model`` return the bytes of a
 model with one quantized operator (int8 activations with any zero point, or 16x8: int16
 activations with zero point 0, int8 weights, int32 or int64 bias); ``ModelBuilder.finish_graph``
 chains several operators; the ``*Case`` dataclasses hold every parameter so that a test can run
@@ -341,28 +341,38 @@ def lut_model(c: LutCase) -> bytes:
 
 @dataclass(frozen=True)
 class ResizeCase:
-    """RESIZE_BILINEAR of x (N, H, W, C) int8 or int16 codes to ``out_hw``; the output keeps
-    the input's quantization (the kernel works on the stored codes)."""
+    """RESIZE_BILINEAR (or RESIZE_NEAREST_NEIGHBOR, ``nearest``) of x (N, H, W, C) int8 or int16
+    codes to ``out_hw``; the output keeps the input's quantization (the kernels work on the
+    stored codes)."""
 
     x: np.ndarray
     xq: QParams
     out_hw: tuple[int, int]
     align_corners: bool
     half_pixel_centers: bool
+    nearest: bool = False
 
 
-def resize_bilinear_model(c: ResizeCase) -> bytes:
-    """RESIZE_BILINEAR model of a ResizeCase (the size a constant input)."""
+def resize_model(c: ResizeCase) -> bytes:
+    """RESIZE_BILINEAR or RESIZE_NEAREST_NEIGHBOR model of a ResizeCase (the size a constant
+    input)."""
     m = ModelBuilder()
     n, _, _, ch = c.x.shape
     xi = m.tensor("x", c.x.dtype, c.x.shape, c.xq.scale, c.xq.zero_point)
     si = m.tensor("size", np.int32, [2], data=np.array(c.out_hw, np.int32))
     yi = m.tensor("y", c.x.dtype, [n, *c.out_hw, ch], c.xq.scale, c.xq.zero_point)
-    o = S.ResizeBilinearOptionsT()
+    if c.nearest:
+        o = S.ResizeNearestNeighborOptionsT()
+        op, kind = (
+            S.BuiltinOperator.RESIZE_NEAREST_NEIGHBOR,
+            S.BuiltinOptions.ResizeNearestNeighborOptions,
+        )
+    else:
+        o = S.ResizeBilinearOptionsT()
+        op, kind = S.BuiltinOperator.RESIZE_BILINEAR, S.BuiltinOptions.ResizeBilinearOptions
     o.alignCorners = c.align_corners
     o.halfPixelCenters = c.half_pixel_centers
-    return m.finish(S.BuiltinOperator.RESIZE_BILINEAR, [xi, si], [yi],
-                    S.BuiltinOptions.ResizeBilinearOptions, o, [xi])  # fmt: skip
+    return m.finish(op, [xi, si], [yi], kind, o, [xi])
 
 
 def conv_output_size(size, kernel, stride, dilation, padding: Padding) -> tuple[int, int]:

@@ -6,7 +6,7 @@ per-family contract (``platform.gemm_contract(op type, activation=dtype)``), the
 points and integer bias codes, then the fused activation's code bounds by the profile's
 ``bound_rule``; ADD goes through the simulator's ``add_codes`` (the profile's ``add_rule``),
 SUB through ``sub_codes``; the LUT ops through ``build_zero_point_lut`` with the profile's LUT
-format; RESIZE_BILINEAR by the profile's ``resize_bilinear`` rule.
+format; the resizes by the profile's ``resize`` rule.
 Nothing here restates a runtime rule: the rules are the profile's.
 """
 
@@ -29,7 +29,11 @@ from litert_models import (
 
 from quantlab.numerics import DType, bound_codes, qconv2d, qlinear, qmatmul
 from quantlab.numerics.gemm import qconv_transpose
-from quantlab.numerics.litert_resize import tflite_resize_bilinear, xnnpack_resize_bilinear
+from quantlab.numerics.litert_resize import (
+    tflite_resize_bilinear,
+    tflite_resize_nearest,
+    xnnpack_resize_bilinear,
+)
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
@@ -231,18 +235,25 @@ def litert_lut(c, platform) -> np.ndarray:
     return table.evaluate(torch.from_numpy(c.x)).numpy()
 
 
-def litert_resize_bilinear(c: ResizeCase, platform) -> np.ndarray:
-    """RESIZE_BILINEAR of a LiteRT case (half-pixel centres or align_corners: torch's
-    align_corners false or true) under ``platform.resize_bilinear``, at the input's
-    quantization: LiteRT's own integer kernel (TFLITE_10BIT), grid_sample's sampler on the centred
-    codes (GRID_SAMPLER), XNNPACK's for int8 codes (XNNPACK_11BIT), or float between
-    dequantize and quantize (FLOAT)."""
+def litert_resize(c: ResizeCase, platform) -> np.ndarray:
+    """RESIZE_BILINEAR or RESIZE_NEAREST_NEIGHBOR of a LiteRT case (the mappings torch's calls
+    give: bilinear with half-pixel centres or align_corners, nearest with neither or with
+    half-pixel centres, torch's "nearest-exact") under ``platform.resize``, at the input's
+    quantization: LiteRT's own kernels (LITERT, and LITERT_XNNPACK but for int8 bilinear:
+    XNNPACK's), or torch's nearest selection and, for bilinear, grid_sample's sampler on the
+    centred codes (GRID_SAMPLER) or float between dequantize and quantize (FLOAT)."""
     dt = _DTYPE[c.x.dtype]
     x = torch.from_numpy(c.x).permute(0, 3, 1, 2)
-    rule, zp = platform.resize_bilinear, c.xq.zero_point
-    if rule is ResizeRule.XNNPACK_11BIT and dt is DType.INT8:
+    rule, zp = platform.resize, c.xq.zero_point
+    litert = rule in (ResizeRule.LITERT, ResizeRule.LITERT_XNNPACK)
+    if c.nearest and litert:
+        y = tflite_resize_nearest(x, c.out_hw, c.align_corners, c.half_pixel_centers)
+    elif c.nearest:
+        mode = "nearest-exact" if c.half_pixel_centers else "nearest"
+        y = F.interpolate(x.double(), size=c.out_hw, mode=mode).to(x.dtype)
+    elif rule is ResizeRule.LITERT_XNNPACK and dt is DType.INT8:
         y = xnnpack_resize_bilinear(x, c.out_hw, c.align_corners, c.half_pixel_centers)
-    elif rule in (ResizeRule.TFLITE_10BIT, ResizeRule.XNNPACK_11BIT):
+    elif litert:
         y = tflite_resize_bilinear(x, dt, c.out_hw, c.align_corners, c.half_pixel_centers)
     elif rule is ResizeRule.GRID_SAMPLER:
         xc = x.to(torch.int64) - zp

@@ -1,4 +1,4 @@
-"""Bilinear and linear F.interpolate in fixed mode on J6 (``platform.resize_bilinear``
+"""Bilinear and linear F.interpolate in fixed mode on J6 (``platform.resize``
 GRID_SAMPLER): the codes of the fixed-point sampler (numerics.resize; a 1-d input as one row) on
 the input's centred codes, requantized to the op's output by the platform's rule (the slow
 references), for a size, scale factors mapped by torch, a recomputed factor, align_corners and
@@ -87,7 +87,8 @@ def test_bilinear_interpolate_is_the_fixed_point_sampler_then_requantized(symmet
         assert tuple(got.codes.shape[2:]) == (length,)
         assert_bits_equal(got.codes, _requant_reference(p, acc.squeeze(2).long(), xi.scale, got))
     kernels = set(sim.ops.fixed_kernel[sim.ops.op_type == "interpolate"])
-    assert kernels == {"integer (nearest, linear, bilinear); float_fallback (other modes)"}
+    want = "integer (nearest, nearest-exact, linear, bilinear); float_fallback (other modes)"
+    assert kernels == {want}
 
 
 @pytest.mark.parametrize("platform", ["onnxruntime", "onnxruntime_no_vnni"])
