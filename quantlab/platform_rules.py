@@ -113,8 +113,10 @@ class ResizeRule(enum.Enum):
                     ``grid_weight_frac_bits`` bits, weights (2^P - f, f), one rounding to the
                     input's codes; both then requantized to the op's output (assumed for J6:
                     the AAE runs resize as it runs warping).
-    FLOAT:          nearest as GRID_SAMPLER; linear and bilinear in float between dequantize
-                    and quantize (a runtime's float Resize).
+    ONNXRUNTIME:    onnxruntime's Resize: nearest selects codes by its float32 index
+                    arithmetic (``numerics.ort_resize``; nearest-exact, which is not exported,
+                    as torch maps it), then requantized to the op's output; linear and bilinear
+                    in float between dequantize and quantize.
     LITERT:         LiteRT's own kernels, on the stored codes, the output at the input's scale
                     and zero point (``numerics.litert_resize``): RESIZE_NEAREST_NEIGHBOR maps
                     positions by the float32 size ratio (nearest: floor; nearest-exact: half-pixel
@@ -127,7 +129,7 @@ class ResizeRule(enum.Enum):
     """
 
     GRID_SAMPLER = "grid_sampler"
-    FLOAT = "float"
+    ONNXRUNTIME = "onnxruntime"
     LITERT = "litert"
     LITERT_XNNPACK = "litert_xnnpack"
 

@@ -337,7 +337,8 @@ _RESIZE_MODES = {"nearest": "nearest", "bilinear": "linear", "linear": "linear"}
 
 def emit_interpolate(ctx: ExportContext, op: RecordedOp) -> None:
     """F.interpolate as Resize: by the call's scale factor (torch's coordinate mapping), or to
-    the output's size; nearest as torch's (floor of the asymmetric source coordinate), linear /
+    the output's size; nearest as torch's (floor of the asymmetric source coordinate, which
+    onnxruntime computes in float32 by its own steps: ``numerics.ort_resize``), linear /
     bilinear with torch's align_corners (half_pixel otherwise). Other modes and antialiasing
     are refused."""
     mode = ctx.arg(op, 3, "mode", "nearest")

@@ -110,14 +110,6 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
             "channel, then Mul and Add); integer per-channel affine (running statistics)"
         )
     if (
-        category is OpCategory.RESAMPLE
-        and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
-    ):
-        return (
-            "integer (nearest, nearest-exact); float between dequantize and quantize (linear, "
-            "bilinear)"
-        )
-    if (
         category is OpCategory.GRID_SAMPLE
         and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ
     ):
@@ -131,8 +123,11 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
             f"{_LITERT_RESIZE[sim.platform.resize]}, at the input's scale); float_fallback "
             "(other modes)"
         )
-    if category is OpCategory.RESAMPLE and sim.platform.resize is ResizeRule.FLOAT:
-        return "integer (nearest, nearest-exact); float_fallback (linear, bilinear, ...)"
+    if category is OpCategory.RESAMPLE and sim.platform.resize is ResizeRule.ONNXRUNTIME:
+        return (
+            "integer (nearest by onnxruntime's Resize indices, nearest-exact); float between "
+            "dequantize and quantize (linear, bilinear)"
+        )
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"
     if category is OpCategory.REDUCE and sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:

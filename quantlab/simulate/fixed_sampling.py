@@ -19,6 +19,7 @@ from quantlab.numerics.litert_resize import (
     xnnpack_resize_bilinear,
 )
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_grid_sample
+from quantlab.numerics.ort_resize import ort_nearest_indices
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
 from quantlab.platform_rules import FloatIslands, ResizeRule
@@ -50,7 +51,11 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if rule in _LITERT and mode in _NEAREST + _LINEAR:
         return _litert_resize(A.get(args, kwargs, plan.acts[0]), info, v, mode, rule)
     xc = fc.centred(args, kwargs, plan.acts[0], info)
-    if mode in _NEAREST:
+    if mode == "nearest" and rule is ResizeRule.ONNXRUNTIME:
+        sel = _ort_nearest(xc, v)
+        if sel is None:
+            return None
+    elif mode in _NEAREST:
         a2 = list(args)
         a2[0] = xc.to(torch.float64)
         sel = call.func(*a2, **kwargs).to(torch.int64)
@@ -89,6 +94,19 @@ def _output_sizes(sizes: tuple, v: dict) -> tuple[tuple, tuple]:
     outs = tuple(math.floor(float(n * f)) for n, f in zip(sizes, fs, strict=True))
     mapped = not v["recompute_scale_factor"]  # torch maps by the factor itself
     return outs, (tuple(float(f) for f in fs) if mapped else (None,) * nd)
+
+
+def _ort_nearest(xc: Tensor, v: dict) -> Tensor | None:
+    """``xc`` [N, C, *spatial] selected as onnxruntime's nearest Resize of the exported node
+    selects (``numerics.ort_resize``: by the call's scale factor where the export writes it,
+    else by the sizes); None for more than 2 spatial dims or antialiasing."""
+    sizes = tuple(xc.shape[2:])
+    if len(sizes) not in (1, 2) or v["antialias"]:
+        return None
+    outs, scales = _output_sizes(sizes, v)
+    for axis, (n_in, n_out, f) in enumerate(zip(sizes, outs, scales, strict=True)):
+        xc = xc.index_select(2 + axis, ort_nearest_indices(n_in, n_out, f))
+    return xc
 
 
 def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:

@@ -665,7 +665,8 @@ def test_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_path, kw, encoding
     xs = [torch.randn(2, 3, 8, 9, generator=g) * s for s in (0.5, 1.0, 4.0)]
     kernel = sim.ops.set_index("op_type").loc["interpolate", "fixed_kernel"]
     assert kernel == (
-        "integer (nearest, nearest-exact); float between dequantize and quantize (linear, bilinear)"
+        "integer (nearest by onnxruntime's Resize indices, nearest-exact); float between "
+        "dequantize and quantize (linear, bilinear)"
     )
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
     assert "Resize" in kinds

@@ -35,6 +35,7 @@ from quantlab.numerics.litert_resize import (
     xnnpack_resize_bilinear,
 )
 from quantlab.numerics.lut.zero_point import build_zero_point_lut
+from quantlab.numerics.ort_resize import ort_nearest_indices
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
 from quantlab.platform_rules import ResizeRule
@@ -240,14 +241,18 @@ def litert_resize(c: ResizeCase, platform) -> np.ndarray:
     give: bilinear with half-pixel centres or align_corners, nearest with neither or with
     half-pixel centres, torch's "nearest-exact") under ``platform.resize``, at the input's
     quantization: LiteRT's own kernels (LITERT, and LITERT_XNNPACK but for int8 bilinear:
-    XNNPACK's), or torch's nearest selection and, for bilinear, grid_sample's sampler on the
-    centred codes (GRID_SAMPLER) or float between dequantize and quantize (FLOAT)."""
+    XNNPACK's), or a nearest selection (onnxruntime's indices under ONNXRUNTIME, torch's
+    otherwise) and, for bilinear, grid_sample's sampler on the centred codes (GRID_SAMPLER) or
+    float between dequantize and quantize (ONNXRUNTIME)."""
     dt = _DTYPE[c.x.dtype]
     x = torch.from_numpy(c.x).permute(0, 3, 1, 2)
     rule, zp = platform.resize, c.xq.zero_point
     litert = rule in (ResizeRule.LITERT, ResizeRule.LITERT_XNNPACK)
     if c.nearest and litert:
         y = tflite_resize_nearest(x, c.out_hw, c.align_corners, c.half_pixel_centers)
+    elif c.nearest and rule is ResizeRule.ONNXRUNTIME and not c.half_pixel_centers:
+        iy, ix = (ort_nearest_indices(n, m) for n, m in zip(x.shape[2:], c.out_hw, strict=True))
+        y = x[:, :, iy][:, :, :, ix]
     elif c.nearest:
         mode = "nearest-exact" if c.half_pixel_centers else "nearest"
         y = F.interpolate(x.double(), size=c.out_hw, mode=mode).to(x.dtype)
