@@ -1,6 +1,8 @@
-"""onnxruntime's nearest Resize (CPU) as quantlab exports ``F.interpolate(mode="nearest")``
-(coordinate_transformation_mode "asymmetric", nearest_mode "floor"), index for index: which
-input pixel each output pixel reads along one axis.
+"""onnxruntime's Resize (CPU) as quantlab exports ``F.interpolate``: nearest index for index,
+bilinear bit for bit.
+
+Nearest (coordinate_transformation_mode "asymmetric", nearest_mode "floor"), which input pixel
+each output pixel reads along one axis:
 
 - the scale ``s``: the node's ``scales`` value where it has one (torch's scale factor, which
   the exporter writes), else ``fl32(n_out) / fl32(n_in)`` from the sizes;
@@ -9,9 +11,20 @@ input pixel each output pixel reads along one axis.
   pixels gives 2 pixels, the second reading the second, where ``floor(1 / 1.3)`` is 0).
 
 torch maps by ``i * fl32(n_in / n_out)`` (or ``i * (1 / factor)``), which reads another pixel
-for some sizes (14 -> 4, 21 -> 6: 32 of 1711 size pairs up to 29 -> 59 pixels), so the
-onnxruntime profiles select codes by this module; ``tests/runtime/test_ort_resize.py``
-matches onnxruntime on every size pair up to 29 -> 59 and on ten scale factors.
+for some sizes (14 -> 4, 21 -> 6: 32 of 1711 size pairs up to 29 -> 59 pixels).
+
+Bilinear of a 4-d input (its UpsampleBilinear), every step one float32 operation: per axis,
+the position ``p = fl32(fl32(i + 0.5) / s) - 0.5`` (half_pixel; align_corners:
+``fl32(i * fl32(n_in - 1)) / fl32(n_out - 1)``, 0 for one output; ``i`` itself where
+``s == 1``) clamped to [0, n_in - 1]; ``lo = trunc(p)``, ``hi = min(lo + 1, n_in - 1)``,
+``d_lo = |p - lo|``, ``d_hi = |p - hi|`` (both 0.5 where lo = hi); then
+``dx_hi dy_hi x11 + dx_lo dy_hi x21 + dx_hi dy_lo x12 + dx_lo dy_lo x22``, each product formed
+left to right and the sum left to right. torch's float bilinear sums in another order: half of
+the values of one probe differed in the last bit.
+
+The onnxruntime profiles select and interpolate by this module; ``tests/runtime/
+test_ort_resize.py`` matches onnxruntime on every nearest size pair up to 29 -> 59, on ten
+scale factors, and on random bilinear sizes and factors, both coordinate modes.
 """
 
 from __future__ import annotations
@@ -35,3 +48,51 @@ def ort_nearest_indices(n_in: int, n_out: int, scale: float | None = None) -> Te
         s = torch.tensor(scale, dtype=f32)
     idx = torch.floor(torch.arange(n_out, dtype=f32) / s)
     return idx.to(torch.int64).clamp(0, n_in - 1)
+
+
+def _bilinear_axis(n_in: int, n_out: int, align_corners: bool, scale: float | None):
+    """(lo, hi, d_lo, d_hi) along one axis as onnxruntime's UpsampleBilinear sets them up
+    (module docstring): int64 and float32 [n_out]."""
+    f32 = torch.float32
+    if scale is None:
+        s = torch.tensor(float(n_out), dtype=f32) / torch.tensor(float(n_in), dtype=f32)
+    else:
+        s = torch.tensor(scale, dtype=f32)
+    i = torch.arange(n_out, dtype=f32)
+    if float(s) == 1.0:
+        p = i
+    elif align_corners:
+        top = torch.tensor(float(n_in - 1), dtype=f32)
+        p = torch.zeros(n_out) if n_out == 1 else i * top / torch.tensor(float(n_out - 1))
+    else:
+        p = (i + 0.5) / s - 0.5
+    p = p.clamp(0.0, float(n_in - 1))
+    lo = p.to(torch.int64).clamp_max(n_in - 1)
+    hi = (lo + 1).clamp_max(n_in - 1)
+    same = lo == hi
+    half = torch.tensor(0.5, dtype=f32)
+    d_lo = torch.where(same, half, (p - lo.to(f32)).abs())
+    d_hi = torch.where(same, half, (p - hi.to(f32)).abs())
+    return lo, hi, d_lo, d_hi
+
+
+def ort_resize_bilinear(
+    x: Tensor,
+    out_hw: tuple[int, int],
+    align_corners: bool = False,
+    scales: tuple[float | None, float | None] = (None, None),
+) -> Tensor:
+    """float32 [N, C, Ho, Wo]: onnxruntime's linear Resize of float32 ``x`` [N, C, H, W]
+    (half_pixel, or align_corners), by the node's ``scales`` per axis where it has them (None:
+    from the sizes), every step one float32 operation in its kernel's order (module
+    docstring)."""
+    if x.dim() != 4:
+        raise ValueError(f"x must be [N, C, H, W], got shape {tuple(x.shape)}")
+    x = x.to(torch.float32)
+    h, w = x.shape[2:]
+    y1, y2, dy1, dy2 = _bilinear_axis(h, out_hw[0], align_corners, scales[0])
+    x1, x2, dx1, dx2 = _bilinear_axis(w, out_hw[1], align_corners, scales[1])
+    top, bottom = x[:, :, y1], x[:, :, y2]
+    x11, x21, x12, x22 = top[..., x1], top[..., x2], bottom[..., x1], bottom[..., x2]
+    dy1, dy2 = dy1[:, None], dy2[:, None]
+    return dx2 * dy2 * x11 + dx1 * dy2 * x21 + dx2 * dy1 * x12 + dx1 * dy1 * x22

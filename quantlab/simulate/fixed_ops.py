@@ -126,7 +126,7 @@ def _supported_kernel(op_type: str, category: OpCategory, sim) -> str:
     if category is OpCategory.RESAMPLE and sim.platform.resize is ResizeRule.ONNXRUNTIME:
         return (
             "integer (nearest by onnxruntime's Resize indices, nearest-exact); float between "
-            "dequantize and quantize (linear, bilinear)"
+            "dequantize and quantize (linear, bilinear: onnxruntime's float32 Resize steps)"
         )
     if category is OpCategory.POOL and sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM:
         return "float32 window sums; integer (a global mean)"

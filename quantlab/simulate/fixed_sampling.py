@@ -19,7 +19,7 @@ from quantlab.numerics.litert_resize import (
     xnnpack_resize_bilinear,
 )
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_grid_sample
-from quantlab.numerics.ort_resize import ort_nearest_indices
+from quantlab.numerics.ort_resize import ort_nearest_indices, ort_resize_bilinear
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.resize import resize_bilinear_fixed
 from quantlab.platform_rules import FloatIslands, ResizeRule
@@ -50,6 +50,8 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return None
     if rule in _LITERT and mode in _NEAREST + _LINEAR:
         return _litert_resize(A.get(args, kwargs, plan.acts[0]), info, v, mode, rule)
+    if mode in _LINEAR and rule is ResizeRule.ONNXRUNTIME:
+        return _ort_bilinear(sim, call, args, kwargs, plan, info, v, rq)
     xc = fc.centred(args, kwargs, plan.acts[0], info)
     if mode == "nearest" and rule is ResizeRule.ONNXRUNTIME:
         sel = _ort_nearest(xc, v)
@@ -107,6 +109,29 @@ def _ort_nearest(xc: Tensor, v: dict) -> Tensor | None:
     for axis, (n_in, n_out, f) in enumerate(zip(sizes, outs, scales, strict=True)):
         xc = xc.index_select(2 + axis, ort_nearest_indices(n_in, n_out, f))
     return xc
+
+
+def _ort_bilinear(sim, call, args, kwargs, plan, info, v: dict, rq):
+    """(value, QInfo) of a bilinear interpolate of a 4-d input as onnxruntime runs its exported
+    Resize between DequantizeLinear and QuantizeLinear: the input's codes dequantized, the
+    linear Resize of ``numerics.ort_resize`` (by the call's factor where the export writes it,
+    else by the sizes), quantized at the op's output; None (the float fallback) for other
+    ranks and antialiasing."""
+    x = A.get(args, kwargs, plan.acts[0])
+    if x.dim() != 4 or v["antialias"]:
+        return None
+    outs, scales = _output_sizes(tuple(x.shape[2:]), v)
+    align = bool(v["align_corners"])
+
+    def fn(value):
+        return ort_resize_bilinear(value, outs, align, scales)
+
+    out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
+    xc = fc.codes(args, kwargs, plan.acts[0], info)
+    codes = fc.dequantize_quantize(
+        fn, [(xc, info.scale, info.zero_point)], so, out, zo, sim.platform.fake_round
+    )
+    return fc.emit(codes, so, out, zo)
 
 
 def _bilinear_codes(sim, xc: Tensor, v: dict) -> Tensor | None:

@@ -666,7 +666,7 @@ def test_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_path, kw, encoding
     kernel = sim.ops.set_index("op_type").loc["interpolate", "fixed_kernel"]
     assert kernel == (
         "integer (nearest by onnxruntime's Resize indices, nearest-exact); float between "
-        "dequantize and quantize (linear, bilinear)"
+        "dequantize and quantize (linear, bilinear: onnxruntime's float32 Resize steps)"
     )
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
     assert "Resize" in kinds
