@@ -37,10 +37,12 @@ _LITERT = (ResizeRule.LITERT, ResizeRule.LITERT_XNNPACK)
 
 def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """F.interpolate on the input's codes by ``platform.resize`` (``ResizeRule``): nearest
-    selects centred codes where torch maps them; linear and bilinear take grid_sample's
-    sampler (``numerics.resize``) on centred codes; either is then rescaled to the op's output
-    scale. LiteRT's kernels (``numerics.litert_resize``) work on the stored codes and keep the
-    input's quantization. None (the float fallback) for other modes and rules."""
+    selects centred codes (where torch maps them; by onnxruntime's indices under ONNXRUNTIME),
+    linear and bilinear take grid_sample's sampler (``numerics.resize``) on centred codes
+    (GRID_SAMPLER), and either is then rescaled to the op's output scale; under ONNXRUNTIME
+    bilinear is its float32 kernel between dequantize and quantize; LiteRT's kernels
+    (``numerics.litert_resize``) work on the stored codes and keep the input's quantization.
+    None (the float fallback) for other modes and ranks."""
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
     v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
