@@ -17,6 +17,7 @@ from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
 from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, softplus_in_onnx
+from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS
 from quantlab.simulate import args as sim_args
 
 CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767
@@ -375,8 +376,6 @@ def emit_grid_sample(ctx: ExportContext, op: RecordedOp) -> None:
     scale: what the onnxruntime profiles compute (``numerics.ort_grid_sample``). Bicubic and
     reflection padding (which GridSample applies to integer indices, torch to positions) are
     refused."""
-    from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS
-
     mode = ctx.arg(op, 2, "mode", "bilinear")
     padding = ctx.arg(op, 3, "padding_mode", "zeros")
     if mode not in TORCH_MODES or padding not in TORCH_PADDINGS or len(ctx.shape_of(op, 0)) != 4:

@@ -104,14 +104,22 @@ def tflite_resize_bilinear(
 _Q11 = 1 << 11  # XNNPACK's weights: 11 fraction bits
 
 
+def _float32_ratio(n_in: int, n_out: int, align_corners: bool) -> Tensor:
+    """fl32(n_in) / fl32(n_out), or with align_corners (and more than one output)
+    fl32(n_in - 1) / fl32(n_out - 1): the float32 size ratio LiteRT's nearest kernel and
+    XNNPACK's bilinear one map positions by."""
+    if n_in < 1 or n_out < 1:
+        raise ValueError(f"sizes must be positive, got n_in={n_in}, n_out={n_out}")
+    adjust = int(align_corners and n_out > 1)
+    f32 = torch.float32
+    return torch.tensor(float(n_in - adjust), dtype=f32) / torch.tensor(float(n_out - adjust))
+
+
 def xnnpack_axis(n_in: int, n_out: int, align_corners: bool, half_pixel_centers: bool):
     """int64 [n_out] each: (lo, hi, weight of hi in 1/2048) along one axis, as XNNPACK's q11
     indirection computes them (module docstring)."""
-    if n_in < 1 or n_out < 1:
-        raise ValueError(f"sizes must be positive, got n_in={n_in}, n_out={n_out}")
-    adjust = int(align_corners and n_out != 1)
     f32 = torch.float32
-    ratio = torch.tensor(float(n_in - adjust), dtype=f32) / torch.tensor(float(n_out - adjust))
+    ratio = _float32_ratio(n_in, n_out, align_corners)
     i = torch.arange(n_out, dtype=f32)
     if half_pixel_centers and not align_corners:
         offset = ratio * 0.5 - 0.5
@@ -152,14 +160,8 @@ def tflite_nearest_indices(
 ) -> Tensor:
     """int64 [n_out]: the input index each output index reads along one axis, as LiteRT's
     RESIZE_NEAREST_NEIGHBOR computes it (module docstring)."""
-    if n_in < 1 or n_out < 1:
-        raise ValueError(f"sizes must be positive, got n_in={n_in}, n_out={n_out}")
-    f32 = torch.float32
-    if align_corners and n_out > 1:
-        ratio = torch.tensor(float(n_in - 1), dtype=f32) / torch.tensor(float(n_out - 1))
-    else:
-        ratio = torch.tensor(float(n_in), dtype=f32) / torch.tensor(float(n_out))
-    i = torch.arange(n_out, dtype=f32) + (0.5 if half_pixel_centers else 0.0)
+    ratio = _float32_ratio(n_in, n_out, align_corners)
+    i = torch.arange(n_out, dtype=torch.float32) + (0.5 if half_pixel_centers else 0.0)
     v = i * ratio
     idx = torch.floor(v)
     if align_corners:  # TfLiteRound: half away from zero (v >= 0; v - floor(v) is exact)

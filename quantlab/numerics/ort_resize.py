@@ -33,6 +33,15 @@ import torch
 from torch import Tensor
 
 
+def _node_scale(n_in: int, n_out: int, scale: float | None) -> Tensor:
+    """The float32 scale onnxruntime maps an axis by: the node's ``scale``, or
+    fl32(n_out) / fl32(n_in) where the node gives sizes (None)."""
+    f32 = torch.float32
+    if scale is None:
+        return torch.tensor(float(n_out), dtype=f32) / torch.tensor(float(n_in), dtype=f32)
+    return torch.tensor(scale, dtype=f32)
+
+
 def ort_nearest_indices(n_in: int, n_out: int, scale: float | None = None) -> Tensor:
     """int64 [n_out]: the input index each output index reads along an axis of ``n_in``
     pixels resized to ``n_out`` (module docstring); ``scale``: the node's scale for the axis
@@ -41,12 +50,8 @@ def ort_nearest_indices(n_in: int, n_out: int, scale: float | None = None) -> Te
         raise ValueError(f"sizes must be positive, got n_in={n_in}, n_out={n_out}")
     if n_out == n_in:
         return torch.arange(n_in, dtype=torch.int64)
-    f32 = torch.float32
-    if scale is None:
-        s = torch.tensor(float(n_out), dtype=f32) / torch.tensor(float(n_in), dtype=f32)
-    else:
-        s = torch.tensor(scale, dtype=f32)
-    idx = torch.floor(torch.arange(n_out, dtype=f32) / s)
+    s = _node_scale(n_in, n_out, scale)
+    idx = torch.floor(torch.arange(n_out, dtype=torch.float32) / s)
     return idx.to(torch.int64).clamp(0, n_in - 1)
 
 
@@ -54,10 +59,7 @@ def _bilinear_axis(n_in: int, n_out: int, align_corners: bool, scale: float | No
     """(lo, hi, d_lo, d_hi) along one axis as onnxruntime's UpsampleBilinear sets them up
     (module docstring): int64 and float32 [n_out]."""
     f32 = torch.float32
-    if scale is None:
-        s = torch.tensor(float(n_out), dtype=f32) / torch.tensor(float(n_in), dtype=f32)
-    else:
-        s = torch.tensor(scale, dtype=f32)
+    s = _node_scale(n_in, n_out, scale)
     i = torch.arange(n_out, dtype=f32)
     if float(s) == 1.0:
         p = i
