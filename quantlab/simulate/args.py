@@ -47,6 +47,12 @@ def _slot(call: OpCall, pos: int, kw: str) -> Slot | None:
     return None
 
 
+def named(call_args: tuple, kwargs: dict, names: tuple) -> dict:
+    """A call's arguments by ``names`` in torch's positional order: the positional value where
+    the call gave one, else the keyword's, else None."""
+    return {n: (call_args[i] if i < len(call_args) else kwargs.get(n)) for i, n in enumerate(names)}
+
+
 def is_weight(v) -> bool:
     """A parameter, or a view of one (the rows nn.MultiheadAttention's in-projection splits
     from its packed weight)."""
@@ -117,6 +123,16 @@ def conv_params(call) -> dict:
         elif n in call.kwargs:
             out[n] = call.kwargs[n]
     return out
+
+
+_GRID_SAMPLE_ARGS = ("input", "grid", "mode", "padding_mode", "align_corners")
+
+
+def grid_sample_options(call_args: tuple, kwargs: dict) -> tuple[str, str, bool]:
+    """(mode, padding_mode, align_corners) of an ``F.grid_sample`` call, torch's defaults
+    filled in."""
+    v = named(call_args, kwargs, _GRID_SAMPLE_ARGS)
+    return v["mode"] or "bilinear", v["padding_mode"] or "zeros", bool(v["align_corners"])
 
 
 def weight_channel_axis(call) -> int | None:

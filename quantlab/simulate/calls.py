@@ -20,7 +20,7 @@ def post_params(call: OpCall) -> tuple | None:
     a, k = call.args, call.kwargs
     if call.op_type == "batch_norm":
         names = ("input", "running_mean", "running_var", "weight", "bias", "training", "m", "eps")
-        v = {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+        v = A.named(a, k, names)
         if v["training"] or v["running_mean"] is None or v["running_var"] is None:
             return None
         eps = v["eps"] if v["eps"] is not None else 1e-5

@@ -26,7 +26,7 @@ _NAMES = ("input", "weight", "padding_idx", "max_norm")
 
 
 def _args(call, args, kwargs):
-    v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_NAMES)}
+    v = A.named(args, kwargs, _NAMES)
     return v["input"], v["weight"], v["max_norm"]
 
 

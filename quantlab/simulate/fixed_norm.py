@@ -68,8 +68,7 @@ _BATCH_NORM_ARGS = (
 
 def _named_args(call, names: tuple) -> dict:
     """The call's arguments by ``names`` (positional first, else keyword; None when absent)."""
-    a, k = call.args, call.kwargs
-    return {n: (a[i] if i < len(a) else k.get(n)) for i, n in enumerate(names)}
+    return A.named(call.args, call.kwargs, names)
 
 
 @dataclass(frozen=True)

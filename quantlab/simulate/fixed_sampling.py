@@ -20,7 +20,7 @@ from quantlab.numerics.litert_resize import (
 )
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_grid_sample
 from quantlab.numerics.ort_resize import ort_nearest_indices, ort_resize_bilinear
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import dequantize
 from quantlab.numerics.resize import resize_bilinear_fixed
 from quantlab.platform_rules import FloatIslands, ResizeRule
 from quantlab.simulate import args as A
@@ -45,7 +45,7 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     None (the float fallback) for other modes and ranks."""
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    v = {n: (args[i] if i < len(args) else kwargs.get(n)) for i, n in enumerate(_INTERPOLATE_ARGS)}
+    v = A.named(args, kwargs, _INTERPOLATE_ARGS)
     mode = v["mode"] or "nearest"
     rule = sim.platform.resize
     if not fc.zp_info(info) or not out.is_int:
@@ -81,8 +81,8 @@ def keeps_input_quantization(call, platform) -> bool:
     there too."""
     if platform.resize not in _LITERT or call.op_type != "interpolate":
         return False
-    mode = call.args[3] if len(call.args) > 3 else call.kwargs.get("mode", "nearest")
-    return (mode or "nearest") in _NEAREST + _LINEAR
+    mode = A.named(call.args, call.kwargs, _INTERPOLATE_ARGS)["mode"] or "nearest"
+    return mode in _NEAREST + _LINEAR
 
 
 def _output_sizes(sizes: tuple, v: dict) -> tuple[tuple, tuple]:
@@ -187,14 +187,6 @@ def _litert_resize(x: Tensor, info, v: dict, mode: str, rule: ResizeRule):
     return fc.emit(y, info.scale, info.dtype, info.zero_point)
 
 
-def _grid_sample_args(args, kwargs) -> tuple[str, str, bool]:
-    """(mode, padding_mode, align_corners) of an ``F.grid_sample`` call, defaults filled."""
-    mode = kwargs.get("mode", args[2] if len(args) > 2 else "bilinear")
-    padding = kwargs.get("padding_mode", args[3] if len(args) > 3 else "zeros")
-    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
-    return mode, padding, bool(align)
-
-
 def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     """F.grid_sample at the input's scale and zero point: on J6, the fixed-point sampler of
     ``numerics.grid_sample`` on the input's centred codes and the grid quantized to the
@@ -214,7 +206,7 @@ def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return None
     x = A.get(args, kwargs, plan.acts[0])
     grid = A.get(args, kwargs, plan.acts[1])
-    mode, padding, align = _grid_sample_args(args, kwargs)
+    mode, padding, align = A.grid_sample_options(args, kwargs)
     if mode not in ("bilinear", "nearest") or padding != "zeros" or x.dim() != 4:
         return None
     qg = G.quantize_grid(
@@ -254,7 +246,7 @@ def _runtime_grid_sample(args, kwargs, plan, info, ginfo, rounding):
     onnxruntime applies to integer indices, unlike torch)."""
     x = A.get(args, kwargs, plan.acts[0])
     grid = A.get(args, kwargs, plan.acts[1])
-    mode, padding, align = _grid_sample_args(args, kwargs)
+    mode, padding, align = A.grid_sample_options(args, kwargs)
     if (
         not fc.zp_info(info)
         or x.dim() != 4
@@ -262,14 +254,16 @@ def _runtime_grid_sample(args, kwargs, plan, info, ginfo, rounding):
         or padding not in TORCH_PADDINGS
     ):
         return None
-    xc = fc.codes(args, kwargs, plan.acts[0], info)
-    xv = dequantize(xc, info.scale, zero_point=info.zero_point)
     if fc.zp_info(ginfo):
         gc = fc.codes(args, kwargs, plan.acts[1], ginfo)
         gv = dequantize(gc, ginfo.scale, zero_point=ginfo.zero_point)
     else:
         gv = grid.detach().to(torch.float32)
-    y = ort_grid_sample(xv, gv, G.SampleMode[mode.upper()], G.Padding[padding.upper()], align)
-    zx = info.zero_point
-    return fc.emit(quantize(y, info.scale, info.dtype, rounding, zero_point=zx), info.scale,
-                   info.dtype, zx)  # fmt: skip
+    sample, pad = G.SampleMode[mode.upper()], G.Padding[padding.upper()]
+
+    def fn(xv):
+        return ort_grid_sample(xv, gv, sample, pad, align)
+
+    xc, zx = fc.codes(args, kwargs, plan.acts[0], info), info.zero_point
+    codes = fc.dequantize_quantize(fn, [(xc, info.scale, zx)], info.scale, info.dtype, zx, rounding)
+    return fc.emit(codes, info.scale, info.dtype, zx)

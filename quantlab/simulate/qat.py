@@ -62,7 +62,7 @@ def fake_grid(platform, args: list, kwargs: dict, plan: A.ArgPlan) -> None:
         return
     x = A.get(args, kwargs, plan.acts[0])
     grid = A.get(args, kwargs, plan.acts[1])
-    align = kwargs.get("align_corners", args[4] if len(args) > 4 else None) or False
+    align = A.grid_sample_options(args, kwargs)[2]
     if x.dim() != 4 or not A.is_float_tensor(grid):
         return
     fq = fake_quant_grid(
