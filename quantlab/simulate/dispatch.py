@@ -497,4 +497,5 @@ _FAKE_KERNELS = {
     OpCategory.DIV: fixed_div.div_fake_op,
     OpCategory.NORM: fixed_norm.norm_fake_op,
     OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
+    OpCategory.SOFTMAX: fixed_lut.softmax_fake_op,
 }

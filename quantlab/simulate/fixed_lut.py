@@ -21,6 +21,7 @@ from quantlab.numerics.exp_table_softmax import exp_table_softmax
 from quantlab.platforms import SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
+from quantlab.simulate.composite import ResolvedComposite
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
@@ -268,6 +269,61 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     return through(x, value, slope.to(torch.float32)), info
 
 
+def _softmax_dim(args, kwargs) -> int | None:
+    """The dim of a softmax call; None for a call without one or with a dtype argument (the
+    LUT softmax and its QAT form run on the input's own codes)."""
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    if kwargs.get("dtype") is not None or any(isinstance(v, torch.dtype) for v in args):
+        return None
+    return dim
+
+
+def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
+    """FAKE: the vendor's QAT SegmentLUTSoftmax of a call FIXED computes by ``lut_softmax``,
+    resolved for this call: fq_out(``numerics.lut.composite.qat_softmax``(x)), its fake
+    quants the platform's QAT ones at FIXED's intermediate scales, fq_out the op's output
+    point. None (the plain FAKE path, fq_out(softmax(x))) for another softmax rule, a float or
+    zero-pointed input or output, a dtype argument, and where HYBRID's deployed softmax
+    (``run_deployed``) did not apply. With a gradient: the float softmax's, straight through
+    the output's fake quant (as the deployed softmax's)."""
+    from quantlab.numerics.lut.composite import QAT_SOFTMAX_MAX_ROW, qat_softmax
+    from quantlab.simulate.modes import Mode
+    from quantlab.simulate.qat import qat_divide
+    from quantlab.simulate.straight_through import through
+
+    info = in_infos[0] if in_infos else None
+    out = rq.output_dtype
+    if (
+        deployed
+        or sim.platform.softmax_rule is not SoftmaxRule.SEGMENT_LUT
+        or not fc.zp_info(info)
+        or info.zero_point
+        or not info.dtype.is_int
+        or not out.is_int
+        or _softmax_dim(call.args, call.kwargs) is None
+    ):
+        return None
+    x = A.get(call.args, call.kwargs, plan.acts[0])
+    if x.shape[_softmax_dim(call.args, call.kwargs)] > QAT_SOFTMAX_MAX_ROW:
+        return None
+    so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``
+    if fc.out_zero_point(sim, call, rq):
+        return None
+    x_slot, rounding = plan.acts[0], sim.platform.fake_round
+    divide, in_scale = qat_divide(rounding), float(info.scale)
+
+    def compute(args, kwargs):
+        x = A.get(args, kwargs, x_slot)
+        dim = _softmax_dim(args, kwargs)
+        value = qat_softmax(x, dim, in_scale, rounding, divide)
+        if torch.is_grad_enabled() and x.requires_grad:
+            value = through(torch.softmax(x, dim), value)
+        return sim.quantize_act(call.name, "out", value, out, rq, Mode.FAKE, owned=True)
+
+    out_key = sim.act_scale_key(call.name, "out", out, rq)
+    return ResolvedComposite(compute, deps=((out_key, so),))
+
+
 def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     from quantlab.numerics.lut import lut_softmax
 
@@ -276,8 +332,8 @@ def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     table_rule = sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE
     if not fc.zp_info(info) or not out.is_int:
         return None
-    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-    if dim is None or kwargs.get("dtype") is not None:
+    dim = _softmax_dim(args, kwargs)
+    if dim is None:
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
     so = fc.out_scale(sim, call, rq)

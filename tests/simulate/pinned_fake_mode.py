@@ -91,12 +91,18 @@ def _pinned_platform(case: str, platform: str):
     by a buffer; its digests (on every CPU kind) predate FAKE mode's QAT Div (the
     fake-quantized reciprocal, ``fixed_div.div_fake_op``, whose bits
     tests/simulate/test_tensor_div.py checks against torch's fake quant), so its division
-    keeps the float rule here."""
-    from quantlab.platforms import TensorDivRule, load_platform
+    keeps the float rule here. The softmax of posenc and of the DETR decoder's attention:
+    their digests predate FAKE mode's QAT softmax (``fixed_lut.softmax_fake_op``, checked
+    against torch's fake quant in tests/simulate/test_fake_softmax.py), so they keep the rule
+    whose FAKE softmax is the float softmax fake-quantized (FAKE mode reads it nowhere else)."""
+    from quantlab.platforms import SoftmaxRule, TensorDivRule, load_platform
 
-    if case != "posenc":
+    if case == "small_net":
         return platform
-    return dataclasses.replace(load_platform(platform), tensor_div_rule=TensorDivRule.FLOAT)
+    p = dataclasses.replace(load_platform(platform), softmax_rule=SoftmaxRule.FLOAT_EXP_TABLE)
+    if case == "posenc":
+        return dataclasses.replace(p, tensor_div_rule=TensorDivRule.FLOAT)
+    return p
 
 
 def fake_mode_digests(platform: str = "j6m", train: bool = False) -> dict:

@@ -7,6 +7,9 @@ requantization is not public (j6-numerics s.7); quantlab's requant kernels model
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
+
 import torch
 from torch import Tensor
 
@@ -16,11 +19,13 @@ from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.lut.table import build_lut
+from quantlab.numerics.quantize import Divide, fake_quant
 from quantlab.numerics.rounding import Round, round_float, round_scalar
 from quantlab.numerics.scales import check_scale_float
 
 SOFTMAX_EXP_RANGE = (-12.0, 0.0)  # vendor: exp(-12) already fake-quantizes to 0 (s.1.5)
 SOFTMAX_EXP_SCALE = 2.0 / 65535  # vendor comment: exp output scale 2/65535 (int16)
+SOFTMAX_RECIP_SCALE = 1.0 / 32767  # the reciprocal's int16 scale: 1 / S <= 1 (assumed)
 RECIPROCAL_CLIP_CODES_INT16 = 32  # QAT clips |x| >= 32 s_in for int16 reciprocal inputs (s.1.5)
 
 
@@ -114,7 +119,7 @@ def lut_softmax(
         1.0 / out_dtype.qmax if out_scale is None else check_scale_float(out_scale, "out_scale")
     )
     sum_scale = n * exp_scale if sum_scale is None else float(sum_scale)
-    recip_scale = 1.0 / DType.INT16.qmax if recip_scale is None else float(recip_scale)
+    recip_scale = SOFTMAX_RECIP_SCALE if recip_scale is None else float(recip_scale)
     exp_lut = build_lut(
         "exp", DType.INT16, in_scale, DType.INT16, exp_scale, softmax_exp_spec(in_scale), fmt
     )
@@ -150,6 +155,106 @@ def lut_softmax(
         if out is not None:
             return out
     return _product_half_up_codes(e, r, ratio, out_dtype, nonnegative)
+
+
+QAT_SOFTMAX_MAX_ROW = 16384  # rows up to this length sum exactly in double (qat_softmax)
+
+
+def qat_softmax(
+    x: Tensor,
+    dim: int,
+    in_scale: Tensor | float,
+    rounding: Round = Round.HALF_EVEN,
+    divide: Divide = Divide.BY_RECIPROCAL,
+    exp_scale: float = SOFTMAX_EXP_SCALE,
+    sum_scale: float | None = None,
+    recip_scale: float = SOFTMAX_RECIP_SCALE,
+) -> Tensor:
+    """Softmax as the vendor's QAT ``SegmentLUTSoftmax`` computes it, at ``lut_softmax``'s
+    scales; float32 ``x`` (the input's fake-quantized values); returns the float32 product
+    e * r, to which the caller applies the op's output fake quant. Every fake quant is
+    ``fake_quant(., scale, INT16, rounding, divide=divide)`` (scales taken as float32), every
+    function a float32 operation:
+
+    1. d = fq(x - max(x), in_scale): x - max(x) in codes, saturated at -32768;
+    2. e = fq(exp(d), exp_scale), exp as torch's vectorized kernel gives it on d's value
+       (``qat_softmax_exp_values``, one entry per code of d);
+    3. S = fq(sum(e), sum_scale) (default n * exp_scale): the float32 row sum, taken exactly
+       and rounded once (torch's float32 sum rounds along the way and may differ in its last
+       bit). Exact in double in any order: every e is a float32 multiple of the unit in the
+       last place of exp_scale's binade or 0, below 2, so rows of at most
+       ``QAT_SOFTMAX_MAX_ROW`` values sum to a multiple of it below 2**15;
+    4. r = fq(qat_reciprocal(S), recip_scale): S clipped below at 32 codes of ``sum_scale``;
+    5. e * r.
+
+    So FIXED (``lut_softmax``) differs from it by its two tables and its HALF_UP integer
+    requantizations only. Over the last axis of contiguous values with HALF_EVEN by the
+    reciprocal (torch's fake quant) every step runs in one C pass per row
+    (``softmax_native.qat_rows``, the same float32 operations). No gradient (the caller gives
+    one).
+    """
+    n = x.shape[dim]
+    if n > QAT_SOFTMAX_MAX_ROW:
+        raise ValueError(f"qat_softmax takes rows of at most {QAT_SOFTMAX_MAX_ROW}, got {n}")
+    total_scale = n * exp_scale if sum_scale is None else float(sum_scale)
+    f32, inv = _qat_softmax_constants(float(in_scale), exp_scale, total_scale, recip_scale)
+    s_in, s_exp, s_sum, s_recip = f32
+    values = qat_softmax_exp_values(s_in, s_exp, rounding, divide)
+    x = x.detach()
+    if rounding is Round.HALF_EVEN and divide is Divide.BY_RECIPROCAL and dim in (-1, x.dim() - 1):
+        floor = RECIPROCAL_CLIP_CODES_INT16 * s_sum  # times 2**5: exact in float32
+        out = softmax_native.qat_rows(x, values, inv[0], inv[2], s_sum, floor, inv[3], s_recip)
+        if out is not None:
+            return out
+    return _qat_softmax_torch(x, dim, values, f32, rounding, divide)
+
+
+@lru_cache(maxsize=256)
+def _qat_softmax_constants(*scales: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(each scale rounded to float32, as a scale tensor holds it; fl32(1 / that), what
+    torch's fake quant multiplies by)."""
+    f32 = torch.tensor(scales, dtype=torch.float32)
+    return tuple(f32.tolist()), tuple((torch.ones_like(f32) / f32).tolist())
+
+
+def _qat_softmax_torch(x, dim, values, f32, rounding, divide) -> Tensor:
+    """``qat_softmax`` in torch passes: any dim, rounding and divide (the C pass's
+    reference)."""
+    s_in, _, s_sum, s_recip = f32
+
+    def fq(v: Tensor, scale: float) -> Tensor:
+        return fake_quant(v, scale, DType.INT16, rounding, divide=divide)
+
+    with torch.no_grad():
+        d = fq(x - x.amax(dim=dim, keepdim=True), s_in)
+        nan = torch.isnan(d)
+        # d is a code times s_in, fl32(q s_in) with |q| <= 2**15: q is d / s_in rounded
+        q = torch.round(d.to(torch.float64) / s_in).masked_fill_(nan, 0)
+        e = values.index_select(0, q.neg_().to(torch.int64).reshape(-1)).reshape(d.shape)
+        e = e.masked_fill_(nan, float("nan"))
+        total = e.to(torch.float64).sum(dim=dim, keepdim=True).to(torch.float32)
+        r = fq(qat_reciprocal(fq(total, s_sum), s_sum, DType.INT16), s_recip)
+        return e.mul_(r)
+
+
+@lru_cache(maxsize=64)
+def qat_softmax_exp_values(
+    in_scale: float, exp_scale: float, rounding: Round, divide: Divide
+) -> Tensor:
+    """The QAT softmax's e = fq(exp(d), exp_scale) for every code of d = -k, k = 0 .. 32768,
+    at k (float32): d's value fl32(-k * in_scale) as its fake quant gives it, exp by torch's
+    vectorized kernel (the tensor is padded to a multiple of 64 values, so no value takes the
+    scalar tail loop), the fake quant INT16. Read-only."""
+    k = torch.arange(0, 32832, dtype=torch.float32)
+    d = fake_quant(-k * in_scale, in_scale, DType.INT16, rounding, divide=divide)
+    e = fake_quant(torch.exp(d), exp_scale, DType.INT16, rounding, divide=divide)[:32769]
+    # the premise of the exact row sum: every value a multiple of the unit in the last place
+    # of fl32(exp_scale)'s binade (they are fl32(q * exp_scale), q >= 0), and below 2
+    e64 = e.to(torch.float64)
+    unit = 2.0 ** (math.frexp(float(e64[e64 > 0].min()))[1] - 1 - 23)
+    if not (torch.equal(torch.round(e64 / unit) * unit, e64) and float(e64.max()) < 2.0):
+        raise AssertionError("the QAT softmax's exp values do not sum exactly in double")
+    return e.contiguous()
 
 
 def inverse_sigmoid_composite(
