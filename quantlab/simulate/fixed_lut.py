@@ -283,9 +283,10 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
     resolved for this call: fq_out(``numerics.lut.composite.qat_softmax``(x)), its fake
     quants the platform's QAT ones at FIXED's intermediate scales, fq_out the op's output
     point. None (the plain FAKE path, fq_out(softmax(x))) for another softmax rule, a float or
-    zero-pointed input or output, a dtype argument, and where HYBRID's deployed softmax
-    (``run_deployed``) did not apply. With a gradient: the float softmax's, straight through
-    the output's fake quant (as the deployed softmax's)."""
+    zero-pointed input or output, a dtype argument, rows longer than ``QAT_SOFTMAX_MAX_ROW``,
+    and where HYBRID's deployed softmax (``run_deployed``) did not apply. With a gradient:
+    the float softmax's, straight through the output's fake quant (as the deployed
+    softmax's)."""
     from quantlab.numerics.lut.composite import QAT_SOFTMAX_MAX_ROW, qat_softmax
     from quantlab.simulate.modes import Mode
     from quantlab.simulate.qat import qat_divide

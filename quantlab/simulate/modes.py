@@ -35,7 +35,9 @@ class Mode(enum.Enum):
 class FakeOps(enum.Enum):
     """How FAKE mode computes segment-LUT ops (a ``Simulator`` option).
 
-    QAT: the exact float function, then output fake quant (what QAT frameworks compute).
+    QAT: the exact float function, then output fake quant (what QAT frameworks compute); a
+    softmax the platform computes by segment LUTs is the vendor's QAT SegmentLUTSoftmax, whose
+    exp, row sum and reciprocal are fake-quantized too (``fixed_lut.softmax_fake_op``).
     DEPLOYED: the deployed segment table of the op's dividing strategy (integer table values,
     the platform's sin/cos period handling) and the deployed softmax: forward values equal FIXED
     mode's for the op's input. Gradients (deployment-aware QAT): a LUT op's is its table's own

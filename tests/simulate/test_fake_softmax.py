@@ -12,6 +12,7 @@ from torch import nn
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.composite import (
+    QAT_SOFTMAX_MAX_ROW,
     RECIPROCAL_CLIP_CODES_INT16,
     SOFTMAX_EXP_SCALE,
     SOFTMAX_RECIP_SCALE,
@@ -181,3 +182,14 @@ def test_the_runtime_profiles_fake_softmax_is_the_exact_softmax_fake_quantized()
         return torch.fake_quantize_per_tensor_affine(v, float(s), zp, -128, 127)
 
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), fq(torch.softmax(fq(x, "in0"), -1), "out"))
+
+
+def test_rows_longer_than_the_exact_sum_takes_keep_the_float_softmax():
+    """Past QAT_SOFTMAX_MAX_ROW values the row sum is no longer exact in double: FAKE falls
+    back to fq_out(softmax(fq_in(x)))."""
+    g = torch.Generator().manual_seed(15)
+    n = QAT_SOFTMAX_MAX_ROW + 1
+    sim = _simulator("j6m", -1, DType.INT16, [torch.randn(1, n, generator=g)])
+    s_in, s_out = _scales(sim, DType.INT16)
+    x = torch.randn(1, n, generator=g)
+    assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fq(torch.softmax(_fq(x, s_in), -1), s_out))

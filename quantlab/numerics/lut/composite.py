@@ -249,11 +249,16 @@ def qat_softmax_exp_values(
     d = fake_quant(-k * in_scale, in_scale, DType.INT16, rounding, divide=divide)
     e = fake_quant(torch.exp(d), exp_scale, DType.INT16, rounding, divide=divide)[:32769]
     # the premise of the exact row sum: every value a multiple of the unit in the last place
-    # of fl32(exp_scale)'s binade (they are fl32(q * exp_scale), q >= 0), and below 2
+    # of the smallest positive value's binade, and below 2, so that a row's sum (below
+    # 2 * QAT_SOFTMAX_MAX_ROW) is a multiple of the unit below 2**53 units
     e64 = e.to(torch.float64)
     unit = 2.0 ** (math.frexp(float(e64[e64 > 0].min()))[1] - 1 - 23)
-    if not (torch.equal(torch.round(e64 / unit) * unit, e64) and float(e64.max()) < 2.0):
-        raise AssertionError("the QAT softmax's exp values do not sum exactly in double")
+    exact = torch.equal(torch.round(e64 / unit) * unit, e64) and float(e64.max()) < 2.0
+    if not (exact and 2.0 * QAT_SOFTMAX_MAX_ROW <= 2.0**53 * unit):
+        raise ValueError(
+            f"exp_scale {exp_scale}: the QAT softmax's exp values would not sum exactly in "
+            "double (exp_scale must be at least about 2**-15)"
+        )
     return e.contiguous()
 
 

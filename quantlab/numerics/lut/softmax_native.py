@@ -130,48 +130,31 @@ SOFTMAX(sm_rows_i8_i16, exp_row_i8, product_row_i16, int8_t, int16_t)
 SOFTMAX(sm_rows_i16_i8, exp_row_i16, product_row_i8, int16_t, int8_t)
 SOFTMAX(sm_rows_i16_i16, exp_row_i16, product_row_i16, int16_t, int16_t)
 
-/* the QAT softmax (``qat_rows``) for one float32 row: float32 operations as torch's, no
-   contraction. max(x) in 8 lanes (a maximum does not depend on the order: d is the same for
-   either zero as the maximum), the codes k = -d into ``k``, e = evals[k] and its row sum in
-   8 double lanes (exact in any order: ``composite.qat_softmax``), rounded once to float32;
-   returns 1 where the row holds a NaN (its outputs are then NaN, as torch's) */
-CLONES static int qat_row(const float *restrict x, int64_t n, const float *restrict evals,
-                          float inv_in,
-                          float inv_sum, float sum_scale, float floor_, float inv_recip,
-                          float recip_scale, int32_t *restrict k, float *restrict o) {
-  float lanes[8];
-  int nan = 0;
-  for (int t = 0; t < 8; ++t) lanes[t] = x[0];
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    for (int t = 0; t < 8; ++t) {
-      const float v = x[j + t];
-      nan |= v != v;
-      lanes[t] = v > lanes[t] ? v : lanes[t];
-    }
-  }
-  for (; j < n; ++j) {
-    nan |= x[j] != x[j];
-    lanes[0] = x[j] > lanes[0] ? x[j] : lanes[0];
-  }
-  float m = lanes[0];
-  for (int t = 1; t < 8; ++t) m = lanes[t] > m ? lanes[t] : m;
-  if (nan) {
+#define QAT_CHUNK 512
+/* the QAT softmax (``qat_rows``) for one float32 row of maximum m (torch's amax: NaN where
+   the row holds one): float32 operations as torch's, no contraction. The codes k = -d of a
+   chunk of the row, e = evals[k] and the row sum of e in 8 double lanes (exact in any order:
+   ``composite.qat_softmax``), rounded once to float32; returns 1 for a NaN row (its outputs
+   NaN, as torch's) */
+CLONES static int qat_row(const float *restrict x, int64_t n, float m,
+                          const float *restrict evals, float inv_in, float inv_sum,
+                          float sum_scale, float floor_, float inv_recip, float recip_scale,
+                          float *restrict o) {
+  int64_t j;
+  if (m != m) {
     for (j = 0; j < n; ++j) o[j] = NAN;
     return 1;
   }
-  for (j = 0; j < n; ++j)
-    k[j] = (int32_t)(-round_clamped((x[j] - m) * inv_in, -32768.0f, 32767.0f));
   double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-  for (j = 0; j + 8 <= n; j += 8) {
-    for (int t = 0; t < 8; ++t) {
-      o[j + t] = evals[k[j + t]];
-      acc[t] += (double)o[j + t];
-    }
-  }
-  for (; j < n; ++j) {
-    o[j] = evals[k[j]];
-    acc[0] += (double)o[j];
+  for (int64_t c = 0; c < n; c += QAT_CHUNK) {
+    const int64_t len = n - c < QAT_CHUNK ? n - c : QAT_CHUNK;
+    int32_t k[QAT_CHUNK];
+    for (j = 0; j < len; ++j)
+      k[j] = (int32_t)(-round_clamped((x[c + j] - m) * inv_in, -32768.0f, 32767.0f));
+    for (j = 0; j < len; ++j) o[c + j] = evals[k[j]];
+    for (j = 0; j + 8 <= len; j += 8)
+      for (int t = 0; t < 8; ++t) acc[t] += (double)o[c + j + t];
+    for (; j < len; ++j) acc[0] += (double)o[c + j];
   }
   double total = 0.0;
   for (int t = 0; t < 8; ++t) total += acc[t];
@@ -183,15 +166,14 @@ CLONES static int qat_row(const float *restrict x, int64_t n, const float *restr
   return 0;
 }
 
-int64_t sm_qat_rows(const float *x, int64_t rows, int64_t n, const float *evals,
-                    float inv_in, float inv_sum,
-                    float sum_scale, float floor_, float inv_recip, float recip_scale,
-                    int32_t *k, float *out, int threads) {
+int64_t sm_qat_rows(const float *x, const float *top, int64_t rows, int64_t n,
+                    const float *evals, float inv_in, float inv_sum, float sum_scale,
+                    float floor_, float inv_recip, float recip_scale, float *out, int threads) {
   int64_t nan_rows = 0;
   _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(+ : nan_rows)")
   for (int64_t i = 0; i < rows; ++i)
-    nan_rows += qat_row(x + i * n, n, evals, inv_in, inv_sum, sum_scale, floor_,
-                        inv_recip, recip_scale, k + i * n, out + i * n);
+    nan_rows += qat_row(x + i * n, n, top[i], evals, inv_in, inv_sum, sum_scale, floor_,
+                        inv_recip, recip_scale, out + i * n);
   return nan_rows;
 }
 """
@@ -214,7 +196,7 @@ def configure(lib: ctypes.CDLL) -> None:
         f.argtypes = [p, i64, i64, p, f64, p, f64, i32, f64, f64, p, p, i32]
         f.restype = None
     f32 = ctypes.c_float
-    lib.sm_qat_rows.argtypes = [p, i64, i64, p, f32, f32, f32, f32, f32, f32, p, p, i32]
+    lib.sm_qat_rows.argtypes = [p, p, i64, i64, p, f32, f32, f32, f32, f32, f32, p, i32]
     lib.sm_qat_rows.restype = i64
 
 
@@ -357,10 +339,10 @@ def qat_rows(
     """``composite.qat_softmax``'s product e * r over the last axis of contiguous float32
     ``x`` in one C pass per row, for HALF_EVEN fake quants by the float32 reciprocal of the
     scale (torch's kernel: ``round_clamped(v * inv)`` times the scale, each a float32
-    operation): d = fq(x - max(x)), e = ``exp_values[-d code]``, the row sum of e in double
-    (exact in any order, as ``composite.qat_softmax`` proves), rounded once to float32, its
-    fake quant, the clipped reciprocal's fake quant r, e * r. Every other argument a float32
-    value. None where the loop does not apply."""
+    operation): d = fq(x - max(x)) (the maximum by torch's amax), e = ``exp_values[-d
+    code]``, the row sum of e in double (exact in any order, as ``composite.qat_softmax``
+    proves), rounded once to float32, its fake quant, the clipped reciprocal's fake quant r,
+    e * r. Every other argument a float32 value. None where the loop does not apply."""
     if (
         x.dtype != torch.float32
         or x.device.type != "cpu"
@@ -379,10 +361,10 @@ def qat_rows(
         n = x.shape[-1]
         rows = x.numel() // n
         threads = max(1, min(torch.get_num_threads(), rows))
+        top = torch.amax(x, -1)  # NaN for a row holding one
         out = torch.empty(x.shape, dtype=torch.float32)
-        k = torch.empty(x.shape, dtype=torch.int32)  # each row's codes -d
         lib.sm_qat_rows(
-            x.data_ptr(), rows, n, exp_values.data_ptr(), inv_in, inv_sum, sum_scale, floor,
-            inv_recip, recip_scale, k.data_ptr(), out.data_ptr(), threads,
+            x.data_ptr(), top.data_ptr(), rows, n, exp_values.data_ptr(), inv_in, inv_sum,
+            sum_scale, floor, inv_recip, recip_scale, out.data_ptr(), threads,
         )  # fmt: skip
         return out

@@ -99,3 +99,11 @@ def test_the_exp_values_are_torchs_exp_fake_quantized_per_code():
     want = torch.fake_quantize_per_tensor_affine(torch.exp(d), se, 0, -32768, 32767)
     assert_bits_equal(values[:1024], want)
     assert values.numel() == 32769 and float(values[0]) == pytest.approx(1.0, abs=se)
+
+
+def test_an_exp_scale_too_fine_for_an_exact_row_sum_is_refused():
+    """Below 2**-15 the exp values' unit is too fine for a row of 16384 to sum exactly."""
+    half_even, by_reciprocal = Round.HALF_EVEN, Divide.BY_RECIPROCAL
+    with pytest.raises(ValueError, match="exp_scale 1e-06"):
+        composite.qat_softmax_exp_values(0.01, 1e-6, half_even, by_reciprocal)
+    assert composite.qat_softmax_exp_values(0.01, 2.0**-15, half_even, by_reciprocal).numel()
