@@ -294,6 +294,7 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
 
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
+    dim = _softmax_dim(call.args, call.kwargs)
     if (
         deployed
         or sim.platform.softmax_rule is not SoftmaxRule.SEGMENT_LUT
@@ -301,11 +302,9 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
         or info.zero_point
         or not info.dtype.is_int
         or not out.is_int
-        or _softmax_dim(call.args, call.kwargs) is None
+        or dim is None
+        or A.get(call.args, call.kwargs, plan.acts[0]).shape[dim] > QAT_SOFTMAX_MAX_ROW
     ):
-        return None
-    x = A.get(call.args, call.kwargs, plan.acts[0])
-    if x.shape[_softmax_dim(call.args, call.kwargs)] > QAT_SOFTMAX_MAX_ROW:
         return None
     so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``
     if fc.out_zero_point(sim, call, rq):

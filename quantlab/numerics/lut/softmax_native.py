@@ -134,16 +134,16 @@ SOFTMAX(sm_rows_i16_i16, exp_row_i16, product_row_i16, int16_t, int16_t)
 /* the QAT softmax (``qat_rows``) for one float32 row of maximum m (torch's amax: NaN where
    the row holds one): float32 operations as torch's, no contraction. The codes k = -d of a
    chunk of the row, e = evals[k] and the row sum of e in 8 double lanes (exact in any order:
-   ``composite.qat_softmax``), rounded once to float32; returns 1 for a NaN row (its outputs
-   NaN, as torch's) */
-CLONES static int qat_row(const float *restrict x, int64_t n, float m,
+   ``composite.qat_softmax``), rounded once to float32; a NaN row gives NaN outputs, as
+   torch's */
+CLONES static void qat_row(const float *restrict x, int64_t n, float m,
                           const float *restrict evals, float inv_in, float inv_sum,
                           float sum_scale, float floor_, float inv_recip, float recip_scale,
                           float *restrict o) {
   int64_t j;
   if (m != m) {
     for (j = 0; j < n; ++j) o[j] = NAN;
-    return 1;
+    return;
   }
   double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
   for (int64_t c = 0; c < n; c += QAT_CHUNK) {
@@ -163,18 +163,15 @@ CLONES static int qat_row(const float *restrict x, int64_t n, float m,
   const float r = 1.0f / (s < floor_ ? floor_ : s);
   const float rq = round_clamped(r * inv_recip, -32768.0f, 32767.0f) * recip_scale;
   for (j = 0; j < n; ++j) o[j] = o[j] * rq;
-  return 0;
 }
 
-int64_t sm_qat_rows(const float *x, const float *top, int64_t rows, int64_t n,
+void sm_qat_rows(const float *x, const float *top, int64_t rows, int64_t n,
                     const float *evals, float inv_in, float inv_sum, float sum_scale,
                     float floor_, float inv_recip, float recip_scale, float *out, int threads) {
-  int64_t nan_rows = 0;
-  _Pragma("omp parallel for num_threads(threads) schedule(static) reduction(+ : nan_rows)")
+  _Pragma("omp parallel for num_threads(threads) schedule(static)")
   for (int64_t i = 0; i < rows; ++i)
-    nan_rows += qat_row(x + i * n, n, top[i], evals, inv_in, inv_sum, sum_scale, floor_,
-                        inv_recip, recip_scale, out + i * n);
-  return nan_rows;
+    qat_row(x + i * n, n, top[i], evals, inv_in, inv_sum, sum_scale, floor_, inv_recip,
+            recip_scale, out + i * n);
 }
 """
 )
@@ -197,7 +194,7 @@ def configure(lib: ctypes.CDLL) -> None:
         f.restype = None
     f32 = ctypes.c_float
     lib.sm_qat_rows.argtypes = [p, p, i64, i64, p, f32, f32, f32, f32, f32, f32, p, i32]
-    lib.sm_qat_rows.restype = i64
+    lib.sm_qat_rows.restype = None
 
 
 _PRODUCT = {torch.int8: "sm_product_i8", torch.int16: "sm_product_i16"}
