@@ -26,11 +26,8 @@ from quantlab.simulate import args as A
 from quantlab.simulate import (
     blocked_dispatch,
     calls,
-    fixed_div,
-    fixed_embedding,
     fixed_gemm,
     fixed_lut,
-    fixed_norm,
     fixed_ops,
     replay,
     same_grid,
@@ -38,6 +35,7 @@ from quantlab.simulate import (
     steady_prepare,
     trace_record,
 )
+from quantlab.simulate.fake_kernels import FAKE_KERNELS
 from quantlab.simulate.fixed_sampling import keeps_input_quantization
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import FakeOps, Mode, ObservedCall
@@ -241,7 +239,7 @@ class OpDispatch:
                 rq,
                 chain,
                 self.platform,
-                _FAKE_KERNELS,
+                FAKE_KERNELS,
                 fixed_lut.DEPLOYED_CATEGORIES,
             )
             self._routes[name, mode] = r
@@ -491,11 +489,3 @@ def _int16_operands(in_infos: list, rq, wq) -> bool:
         if info is not None and info.dtype is DType.INT16:
             n16 += 1
     return n16 >= 2
-
-
-_FAKE_KERNELS = {
-    OpCategory.DIV: fixed_div.div_fake_op,
-    OpCategory.NORM: fixed_norm.norm_fake_op,
-    OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
-    OpCategory.SOFTMAX: fixed_lut.softmax_fake_op,
-}
