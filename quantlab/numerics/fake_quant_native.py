@@ -21,7 +21,7 @@ from torch import Tensor
 
 from quantlab.numerics import native
 
-_MAX_CODE = 1 << 16  # the rounding's bound on |q| (module docstring)
+MAX_CODE = 1 << 16  # the rounding's bound on |q| (module docstring)
 
 SOURCE = (
     native.PRELUDE
@@ -72,8 +72,8 @@ def reciprocal(
         x.dtype != torch.float32
         or not x.is_cpu
         or not x.is_contiguous()
-        or abs(lo) > _MAX_CODE
-        or abs(hi) > _MAX_CODE
+        or abs(lo) > MAX_CODE
+        or abs(hi) > MAX_CODE
     ):
         return None
     lib = KERNELS.lib()

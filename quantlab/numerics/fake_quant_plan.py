@@ -68,6 +68,17 @@ def fake_quant_fn(
     )
 
 
+def native_constants(fq: Callable) -> tuple[float, float, int, int] | None:
+    """(rf, sf, lo, hi) of ``fq`` when it is ``fake_quant_fn``'s HALF_EVEN BY_RECIPROCAL form
+    that ``fake_quant_native.reciprocal`` computes (so a C loop may apply it, bit for bit, as
+    that pass does), else None."""
+    if type(fq) is not _Reciprocal or not fq.native:
+        return None
+    if max(abs(fq.lo), abs(fq.hi)) > fake_quant_native.MAX_CODE:
+        return None
+    return fq.rf, fq.sf, fq.lo, fq.hi
+
+
 def _generic(x: Tensor, inplace: bool = False, **kw) -> Tensor:
     return fake_quant(x, **kw)
 

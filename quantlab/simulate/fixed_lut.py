@@ -315,8 +315,12 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
     def compute(args, kwargs):
         x = A.get(args, kwargs, x_slot)
         dim = _softmax_dim(args, kwargs)
+        grad = torch.is_grad_enabled() and x.requires_grad
+        point = None if grad else sim.plain_fake_point(call.name, "out", out, rq)
+        if point is not None:  # the output's fake quant as quantize_act applies it, fused
+            return qat_softmax(x, dim, in_scale, rounding, divide, out_quant=point[0]), point[1]
         value = qat_softmax(x, dim, in_scale, rounding, divide)
-        if torch.is_grad_enabled() and x.requires_grad:
+        if grad:
             value = through(torch.softmax(x, dim), value)
         return sim.quantize_act(call.name, "out", value, out, rq, Mode.FAKE, owned=True)
 

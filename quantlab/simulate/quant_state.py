@@ -285,8 +285,9 @@ class QuantizationState:
         if dtype.is_float:
             return self.cast_float(name, x, dtype), QInfo(dtype)
         grid = self._state.grid if self._state is not None else None
-        if mode is not Mode.FIXED and self._learned_scales is None and not self._recording_grad():
-            fq, info = self._fake_point(name, key, dtype, rq, bounds)
+        point = None if mode is Mode.FIXED else self.plain_fake_point(name, key, dtype, rq, bounds)
+        if point is not None:
+            fq, info = point
             if bounds is None and grid is not None and self._on_grid(grid, x, info):
                 return x, info  # already on this grid: fq(x) would be x, bit for bit
             return fq(x, inplace=owned), info
@@ -319,6 +320,14 @@ class QuantizationState:
             same_grid.codes_on_grid(grid, x, info.dtype, info.scale, info.zero_point, fr)
             is not None
         )
+
+    def plain_fake_point(self, name: str, key: str, dtype: DType, rq, bounds=None):
+        """(fake-quant function, QInfo) that a FAKE or HYBRID ``quantize_act`` of integer
+        ``dtype`` at point ``name/key`` applies as it stands (no learned scales, no gradient
+        recorded: ``_fake_point``), else None (it takes another path)."""
+        if self._learned_scales is not None or self._recording_grad():
+            return None
+        return self._fake_point(name, key, dtype, rq, bounds)
 
     def _fake_point(self, name: str, key: str, dtype: DType, rq, bounds):
         """(fake-quant function, QInfo) of activation point ``name/key`` at integer ``dtype``

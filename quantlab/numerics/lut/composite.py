@@ -8,12 +8,14 @@ requantization is not public (j6-numerics s.7); quantlab's requant kernels model
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fake_quant_plan import native_constants
 from quantlab.numerics.lut import softmax_native
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
 from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
@@ -169,10 +171,12 @@ def qat_softmax(
     exp_scale: float = SOFTMAX_EXP_SCALE,
     sum_scale: float | None = None,
     recip_scale: float = SOFTMAX_RECIP_SCALE,
+    out_quant: Callable[..., Tensor] | None = None,
 ) -> Tensor:
     """Softmax as the vendor's QAT ``SegmentLUTSoftmax`` computes it, at ``lut_softmax``'s
     scales; float32 ``x`` (the input's fake-quantized values); returns the float32 product
-    e * r, to which the caller applies the op's output fake quant. Every fake quant is
+    e * r, or ``out_quant(e * r)`` (the op's output fake quant, a ``fake_quant_fn`` form
+    that takes ``inplace``). Every fake quant is
     ``fake_quant(., scale, INT16, rounding, divide=divide)`` (scales taken as float32), every
     function a float32 operation:
 
@@ -185,13 +189,14 @@ def qat_softmax(
        last place of exp_scale's binade or 0, below 2, so rows of at most
        ``QAT_SOFTMAX_MAX_ROW`` values sum to a multiple of it below 2**15;
     4. r = fq(qat_reciprocal(S), recip_scale): S clipped below at 32 codes of ``sum_scale``;
-    5. e * r.
+    5. e * r, then ``out_quant``.
 
     So FIXED (``lut_softmax``) differs from it by its two tables and its HALF_UP integer
     requantizations only. Over the last axis of contiguous values with HALF_EVEN by the
     reciprocal (torch's fake quant) every step runs in one C pass per row
-    (``softmax_native.qat_rows``, the same float32 operations). No gradient (the caller gives
-    one).
+    (``softmax_native.qat_rows``, the same float32 operations), ``out_quant`` in its last
+    loop where it is a per-tensor HALF_EVEN one by the reciprocal (``native_constants``).
+    No gradient (the caller gives one).
     """
     n = x.shape[dim]
     if n > QAT_SOFTMAX_MAX_ROW:
@@ -203,10 +208,14 @@ def qat_softmax(
     x = x.detach()
     if rounding is Round.HALF_EVEN and divide is Divide.BY_RECIPROCAL and dim in (-1, x.dim() - 1):
         floor = RECIPROCAL_CLIP_CODES_INT16 * s_sum  # times 2**5: exact in float32
-        out = softmax_native.qat_rows(x, values, inv[0], inv[2], s_sum, floor, inv[3], s_recip)
+        fused = None if out_quant is None else native_constants(out_quant)
+        out = softmax_native.qat_rows(
+            x, values, inv[0], inv[2], s_sum, floor, inv[3], s_recip, fused
+        )
         if out is not None:
-            return out
-    return _qat_softmax_torch(x, dim, values, f32, rounding, divide)
+            return out if out_quant is None or fused is not None else out_quant(out, inplace=True)
+    out = _qat_softmax_torch(x, dim, values, f32, rounding, divide)
+    return out if out_quant is None else out_quant(out, inplace=True)
 
 
 @lru_cache(maxsize=256)

@@ -131,47 +131,97 @@ SOFTMAX(sm_rows_i16_i8, exp_row_i16, product_row_i8, int16_t, int8_t)
 SOFTMAX(sm_rows_i16_i16, exp_row_i16, product_row_i16, int16_t, int16_t)
 
 #define QAT_CHUNK 512
-/* the QAT softmax (``qat_rows``) for one float32 row of maximum m (torch's amax: NaN where
-   the row holds one): float32 operations as torch's, no contraction. The codes k = -d of a
-   chunk of the row, e = evals[k] and the row sum of e in 8 double lanes (exact in any order:
-   ``composite.qat_softmax``), rounded once to float32; a NaN row gives NaN outputs, as
-   torch's */
-CLONES static void qat_row(const float *restrict x, int64_t n, float m,
-                          const float *restrict evals, float inv_in, float inv_sum,
-                          float sum_scale, float floor_, float inv_recip, float recip_scale,
-                          float *restrict o) {
+#define QAT_GROUP 8
+#define QAT_GROUP_VALUES 8192
+/* the QAT softmax (``qat_rows``) for g rows of n float32 values: float32 operations as
+   torch's, no contraction. Each step runs over the g rows before the next, so that one row's
+   serial chain (its maximum's reduction; its sum, reciprocal and fake quants) overlaps the
+   others' work. Per row:
+   - the maximum m (a reduction in any order: the largest value, whatever the order, where the
+     row holds no NaN; +0 and -0 give the same codes) and whether the row holds a NaN; a row
+     with a NaN, or whose m is infinite (x - m is then NaN somewhere), gives NaN outputs, as
+     torch's passes;
+   - per chunk of the row, the codes k = -d, e = evals[k] and the row sum of e in 8 double
+     lanes (exact in any order: ``composite.qat_softmax``), rounded once to float32;
+   - the sum's fake quant, the clipped reciprocal's fake quant rq;
+   - the product e * rq, and with ``fuse_out`` its fake quant (out_rf, out_sf, code bounds
+     [out_lo, out_hi]) in the same loop */
+CLONES static void qat_group(const float *restrict x, int64_t g, int64_t n,
+                            const float *restrict evals, float inv_in, float inv_sum,
+                            float sum_scale, float floor_, float inv_recip, float recip_scale,
+                            int fuse_out, float out_rf, float out_sf, float out_lo,
+                            float out_hi, float *restrict o) {
   int64_t j;
-  if (m != m) {
-    for (j = 0; j < n; ++j) o[j] = NAN;
-    return;
+  float top[QAT_GROUP], rq[QAT_GROUP];
+  int bad[QAT_GROUP];
+  double total[QAT_GROUP];
+  for (int64_t r = 0; r < g; ++r) {
+    const float *xr = x + r * n;
+    float m = -INFINITY;
+    int nan = 0;
+    _Pragma("omp simd reduction(max : m) reduction(| : nan)")
+    for (j = 0; j < n; ++j) {
+      m = xr[j] > m ? xr[j] : m;
+      nan |= xr[j] != xr[j];
+    }
+    top[r] = m;
+    bad[r] = nan || m == INFINITY || m == -INFINITY;
   }
-  double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-  for (int64_t c = 0; c < n; c += QAT_CHUNK) {
-    const int64_t len = n - c < QAT_CHUNK ? n - c : QAT_CHUNK;
-    int32_t k[QAT_CHUNK];
-    for (j = 0; j < len; ++j)
-      k[j] = (int32_t)(-round_clamped((x[c + j] - m) * inv_in, -32768.0f, 32767.0f));
-    for (j = 0; j < len; ++j) o[c + j] = evals[k[j]];
-    for (j = 0; j + 8 <= len; j += 8)
-      for (int t = 0; t < 8; ++t) acc[t] += (double)o[c + j + t];
-    for (; j < len; ++j) acc[0] += (double)o[c + j];
+  for (int64_t r = 0; r < g; ++r) {
+    const float *xr = x + r * n;
+    float *orow = o + r * n;
+    const float m = top[r];
+    double acc[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    for (int64_t c = 0; c < n && !bad[r]; c += QAT_CHUNK) {
+      const int64_t len = n - c < QAT_CHUNK ? n - c : QAT_CHUNK;
+      int32_t k[QAT_CHUNK];
+      for (j = 0; j < len; ++j)
+        k[j] = (int32_t)(-round_clamped((xr[c + j] - m) * inv_in, -32768.0f, 32767.0f));
+      for (j = 0; j < len; ++j) orow[c + j] = evals[k[j]];
+      for (j = 0; j + 8 <= len; j += 8)
+        for (int t = 0; t < 8; ++t) acc[t] += (double)orow[c + j + t];
+      for (; j < len; ++j) acc[0] += (double)orow[c + j];
+    }
+    double sum = 0.0;
+    for (int t = 0; t < 8; ++t) sum += acc[t];
+    total[r] = sum;
   }
-  double total = 0.0;
-  for (int t = 0; t < 8; ++t) total += acc[t];
-  const float sum = (float)total;
-  const float s = round_clamped(sum * inv_sum, -32768.0f, 32767.0f) * sum_scale;
-  const float r = 1.0f / (s < floor_ ? floor_ : s);
-  const float rq = round_clamped(r * inv_recip, -32768.0f, 32767.0f) * recip_scale;
-  for (j = 0; j < n; ++j) o[j] = o[j] * rq;
+  for (int64_t r = 0; r < g; ++r) {
+    const float sum = (float)total[r];
+    const float s = round_clamped(sum * inv_sum, -32768.0f, 32767.0f) * sum_scale;
+    const float recip = 1.0f / (s < floor_ ? floor_ : s);
+    rq[r] = round_clamped(recip * inv_recip, -32768.0f, 32767.0f) * recip_scale;
+  }
+  for (int64_t r = 0; r < g; ++r) {
+    float *orow = o + r * n;
+    const float q = rq[r];
+    if (bad[r])
+      for (j = 0; j < n; ++j) orow[j] = NAN;
+    else if (fuse_out)
+      for (j = 0; j < n; ++j) {
+        const float p = orow[j] * q;
+        orow[j] = round_clamped(p * out_rf, out_lo, out_hi) * out_sf + 0.0f;
+      }
+    else
+      for (j = 0; j < n; ++j) orow[j] = orow[j] * q;
+  }
 }
 
-void sm_qat_rows(const float *x, const float *top, int64_t rows, int64_t n,
-                    const float *evals, float inv_in, float inv_sum, float sum_scale,
-                    float floor_, float inv_recip, float recip_scale, float *out, int threads) {
+/* groups of up to QAT_GROUP rows and QAT_GROUP_VALUES values (a group's outputs stay in the
+   core's cache between its steps) */
+void sm_qat_rows(const float *x, int64_t rows, int64_t n, const float *evals, float inv_in,
+                 float inv_sum, float sum_scale, float floor_, float inv_recip,
+                 float recip_scale, int fuse_out, float out_rf, float out_sf, float out_lo,
+                 float out_hi, float *out, int threads) {
+  const int64_t fit = QAT_GROUP_VALUES / n;
+  const int64_t g = fit < 1 ? 1 : fit > QAT_GROUP ? QAT_GROUP : fit;
+  const int64_t groups = (rows + g - 1) / g;
   _Pragma("omp parallel for num_threads(threads) schedule(static)")
-  for (int64_t i = 0; i < rows; ++i)
-    qat_row(x + i * n, n, top[i], evals, inv_in, inv_sum, sum_scale, floor_, inv_recip,
-            recip_scale, out + i * n);
+  for (int64_t i = 0; i < groups; ++i) {
+    const int64_t len = rows - i * g < g ? rows - i * g : g;
+    qat_group(x + i * g * n, len, n, evals, inv_in, inv_sum, sum_scale, floor_, inv_recip,
+              recip_scale, fuse_out, out_rf, out_sf, out_lo, out_hi, out + i * g * n);
+  }
 }
 """
 )
@@ -193,7 +243,8 @@ def configure(lib: ctypes.CDLL) -> None:
         f.argtypes = [p, i64, i64, p, f64, p, f64, i32, f64, f64, p, p, i32]
         f.restype = None
     f32 = ctypes.c_float
-    lib.sm_qat_rows.argtypes = [p, p, i64, i64, p, f32, f32, f32, f32, f32, f32, p, i32]
+    lib.sm_qat_rows.argtypes = [p, i64, i64, p, f32, f32, f32, f32, f32, f32, i32]
+    lib.sm_qat_rows.argtypes += [f32, f32, f32, f32, p, i32]
     lib.sm_qat_rows.restype = None
 
 
@@ -332,14 +383,17 @@ def qat_rows(
     floor: float,
     inv_recip: float,
     recip_scale: float,
+    out_quant: tuple[float, float, int, int] | None = None,
 ) -> Tensor | None:
     """``composite.qat_softmax``'s product e * r over the last axis of contiguous float32
     ``x`` in one C pass per row, for HALF_EVEN fake quants by the float32 reciprocal of the
     scale (torch's kernel: ``round_clamped(v * inv)`` times the scale, each a float32
-    operation): d = fq(x - max(x)) (the maximum by torch's amax), e = ``exp_values[-d
-    code]``, the row sum of e in double (exact in any order, as ``composite.qat_softmax``
-    proves), rounded once to float32, its fake quant, the clipped reciprocal's fake quant r,
-    e * r. Every other argument a float32 value. None where the loop does not apply."""
+    operation): d = fq(x - max(x)), e = ``exp_values[-d code]``, the row sum of e in double
+    (exact in any order, as ``composite.qat_softmax`` proves), rounded once to float32, its
+    fake quant, the clipped reciprocal's fake quant r, e * r; with ``out_quant`` = (rf, sf,
+    lo, hi), e * r fake-quantized as ``fake_quant_native.reciprocal`` does, in the same loop.
+    A row holding a NaN, or whose maximum is infinite, gives NaN (as the torch passes). Every
+    other argument a float32 value. None where the loop does not apply."""
     if (
         x.dtype != torch.float32
         or x.device.type != "cpu"
@@ -354,14 +408,14 @@ def qat_rows(
     lib = KERNELS.lib()
     if lib is None:
         return None
+    fuse, (rf, sf, lo, hi) = out_quant is not None, out_quant or (1.0, 1.0, 0, 0)
     with torch._C.DisableTorchFunction():
         n = x.shape[-1]
         rows = x.numel() // n
         threads = max(1, min(torch.get_num_threads(), rows))
-        top = torch.amax(x, -1)  # NaN for a row holding one
         out = torch.empty(x.shape, dtype=torch.float32)
         lib.sm_qat_rows(
-            x.data_ptr(), top.data_ptr(), rows, n, exp_values.data_ptr(), inv_in, inv_sum,
-            sum_scale, floor, inv_recip, recip_scale, out.data_ptr(), threads,
+            x.data_ptr(), rows, n, exp_values.data_ptr(), inv_in, inv_sum, sum_scale, floor,
+            inv_recip, recip_scale, int(fuse), rf, sf, lo, hi, out.data_ptr(), threads,
         )  # fmt: skip
         return out

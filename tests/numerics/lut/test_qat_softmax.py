@@ -12,6 +12,7 @@ import torch
 from native_builds import BUILDS, use_build
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.fake_quant_plan import fake_quant_fn
 from quantlab.numerics.lut import composite, softmax_native
 from quantlab.numerics.quantize import Divide, fake_quant
 from quantlab.numerics.rounding import Round
@@ -59,6 +60,48 @@ def test_the_native_pass_gives_the_torch_passes_bits(build, dtype, n, monkeypatc
             fast = composite.qat_softmax(x, -1, s_in)
             assert_bits_equal(fast, _torch_passes(monkeypatch, x, -1, s_in))
             assert bool(torch.isnan(fast).any()) == bool(torch.isnan(x).any())
+
+
+@needs_cc
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("out_dtype", [DType.INT8, DType.INT16])
+def test_the_fused_output_fake_quant_gives_the_torch_passes_bits(build, out_dtype, monkeypatch):
+    """``out_quant`` applied in the C pass's last loop equals it applied to the torch passes'
+    product: output scales that resolve the values, that saturate them (1e-3 x 127 < 1) and
+    that round most to 0; the HALF_UP form by the scale runs after the pass."""
+    use_build(build, softmax_native.KERNELS, monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    s_in = 0.05
+    for s_out in (1.0 / out_dtype.qmax, 1e-3, 0.37):
+        for rounding, divide in (
+            (Round.HALF_EVEN, Divide.BY_RECIPROCAL),
+            (Round.HALF_UP, Divide.BY_SCALE),
+        ):
+            fq = fake_quant_fn(torch.tensor(s_out), out_dtype, rounding, divide)
+            for x in _rows(g, (4, 130), s_in):
+                fast = composite.qat_softmax(x, -1, s_in, out_quant=fq)
+                want = fq(_torch_passes(monkeypatch, x, -1, s_in))
+                assert_bits_equal(fast, want)
+                assert_bits_equal(_torch_passes(monkeypatch, x, -1, s_in, out_quant=fq), want)
+
+
+@needs_cc
+@pytest.mark.parametrize("build", BUILDS)
+def test_infinite_rows_give_the_torch_passes_bits(build, monkeypatch):
+    """A row whose maximum is +inf or -inf (x - max is NaN there) is NaN in both forms; a -inf
+    below a finite maximum saturates its difference as any value far below it."""
+    use_build(build, softmax_native.KERNELS, monkeypatch)
+    s_in, inf = 0.05, float("inf")
+    x = fake_quant(
+        torch.randn(5, 37, generator=torch.Generator().manual_seed(4)), s_in, DType.INT16
+    )
+    x[0, 3] = inf
+    x[1] = -inf
+    x[2, 5] = -inf
+    x[3, :] = inf
+    fast = composite.qat_softmax(x, -1, s_in)
+    assert_bits_equal(fast, _torch_passes(monkeypatch, x, -1, s_in))
+    assert torch.isnan(fast[[0, 1, 3]]).all() and torch.isfinite(fast[[2, 4]]).all()
 
 
 @needs_cc
