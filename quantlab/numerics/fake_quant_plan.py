@@ -79,6 +79,22 @@ def native_constants(fq: Callable) -> tuple[float, float, int, int] | None:
     return fq.rf, fq.sf, fq.lo, fq.hi
 
 
+def fused_binary_fn(op: str, fq: Callable) -> Callable | None:
+    """``(x, other) -> fq(x + other)`` (op "add") or ``fq(x * other)`` (op "mul") in one C
+    pass (``fake_quant_native.binary``: the same bits as torch's op then ``fq``, or None
+    where the pass does not take the operands) when ``fq`` is the form that pass computes
+    (``native_constants``), else None."""
+    constants = native_constants(fq)
+    if constants is None:
+        return None
+    rf, sf, lo, hi = constants
+
+    def fused(x: Tensor, other: Tensor | float) -> Tensor | None:
+        return fake_quant_native.binary(op, x, other, rf, sf, lo, hi)
+
+    return fused
+
+
 def _generic(x: Tensor, inplace: bool = False, **kw) -> Tensor:
     return fake_quant(x, **kw)
 

@@ -9,8 +9,11 @@ op such as a view or transpose: its function only, the output keeping the quanti
 input came with). The next such call
 checks that each of these still holds (identity of the tensors, scales, qconfig, platform and
 cache entries; weight and bias versions) and, if so, computes the op with them: the same
-functions on the same values as the full path, so the same bits. A failed check sends the
-call through the full path (``OpDispatch._run_quantized_value``), which prepares it anew.
+functions on the same values as the full path, so the same bits. An add or multiply whose
+output fake quant is the per-tensor HALF_EVEN one by the reciprocal computes the op and that
+fake quant in one pass where its operands allow (``fake_quant_native.binary``: the bits of the
+op followed by the fake quant). A failed check sends the call through the full path
+(``OpDispatch._run_quantized_value``), which prepares it anew.
 
 A composite whose FAKE form is not one function and one fake quant (normalisation, embedding)
 keeps that form resolved (``composite.ResolvedComposite``: scales, contract and fake-quantized
@@ -110,6 +113,9 @@ class PreparedCall:
     statics: tuple = ()  # its other arguments as (slot, value, tensor version or None)
     fixed: Any = None  # a FIXED GEMM's fixed_gemm.GemmRun: it computes the op
     layout: bool = False  # a FIXED layout op: its output codes move as its values do
+    # an add or multiply: (x, other) -> its value fake-quantized by ``fq`` in one pass, or
+    # None where that pass does not take the operands (``fake_quant_plan.fused_binary_fn``)
+    binary: Callable | None = None
 
 
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
@@ -268,5 +274,9 @@ def compute(
         A.put(a, kw, r.plan.weight, prep.weight_value)
     if prep.bias is not None:
         A.put(a, kw, r.plan.bias, prep.bias_value)
+    if prep.binary is not None and not kw and len(a) == 2:
+        out = prep.binary(a[0], a[1])
+        if out is not None:
+            return out, prep.out_info
     out = r.fn(*a, **kw)
     return prep.fq(out, inplace=prep.owned or A.fresh_result(out, a, kw)), prep.out_info

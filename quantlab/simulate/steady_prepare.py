@@ -5,11 +5,14 @@ form checks and computes)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from quantlab.capture import OpCall, OpCategory
+from quantlab.numerics.fake_quant_plan import fused_binary_fn
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops, same_grid
 from quantlab.simulate.modes import Mode
@@ -89,7 +92,32 @@ def prepare(
         out_info,
         r.gemm,
         deps=grid_deps,
+        binary=_fused_binary(r, weight, bias, point[2]),
     )
+
+
+# the functions of an add or multiply of two operands in their written order (``x + y`` and
+# ``torch.add(x, y)``: torch computes x + y; the reflected forms are left to torch)
+_BINARY = {
+    torch.add: "add",
+    Tensor.add: "add",
+    operator.add: "add",
+    Tensor.__add__: "add",
+    torch.mul: "mul",
+    torch.multiply: "mul",
+    Tensor.mul: "mul",
+    Tensor.multiply: "mul",
+    operator.mul: "mul",
+    Tensor.__mul__: "mul",
+}
+
+
+def _fused_binary(r: OpRoute, weight, bias, fq) -> Any:
+    """The add or multiply of a route whose function is one (``_BINARY``), with no weight or
+    bias, fused with its output fake quant ``fq`` (``fake_quant_plan.fused_binary_fn``), or
+    None."""
+    op = _BINARY.get(r.fn) if weight is None and bias is None else None
+    return None if op is None else fused_binary_fn(op, fq)
 
 
 def prepare_fixed_gemm(
