@@ -87,6 +87,7 @@ class _Prepared:
         self.full, self.run, self.name, self.key = full, full.run, full.name, (full.name, mode)
         self.prep: steady.PreparedCall | None = None
         self.passes: Any = None  # a plain pass-through's (function, input dtype), else None
+        self.one: DType | None = None  # the dtype of an op's one activation input (_one_input)
         self.__name__ = f"ql_prepared_{index}"
 
     def bind(self, sim: Any) -> None:
@@ -96,10 +97,11 @@ class _Prepared:
             prep = None
         if prep is not self.prep:
             self.prep = prep
-            self.passes = None
+            self.passes = self.one = None
             if prep is not None:
                 self.acts = list(zip(prep.route.plan.acts, prep.in_dtypes))
                 self.passes = _plain_pass_through(prep, self.acts)
+                self.one = _one_input(prep, self.acts)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.full.form is not None:  # the arguments as the capture saw them
@@ -119,11 +121,21 @@ class _Prepared:
             st.qt.set(out, info)
             self.run.prepared += 1
             return out
-        x_info = steady.arrived_info(self.acts, args, kwargs, st.qt, st.grid)
-        if x_info is steady.MISMATCH:
-            return self.full.dispatch(args, kwargs)
-        if not steady.arguments_hold(prep, args, kwargs, x_info, st.qt):
-            return self.full.dispatch(args, kwargs)
+        one = self.one
+        if one is not None:  # arrived_info and arguments_hold of one input, inline
+            x_info = st.qt.get(args[0]) if args else None
+            if (
+                x_info is None
+                or x_info.dtype is not one
+                or (prep.x_scale is not None and x_info.scale is not prep.x_scale)
+            ):
+                return self.full.dispatch(args, kwargs)
+        else:
+            x_info = steady.arrived_info(self.acts, args, kwargs, st.qt, st.grid)
+            if x_info is steady.MISMATCH:
+                return self.full.dispatch(args, kwargs)
+            if not steady.arguments_hold(prep, args, kwargs, x_info, st.qt):
+                return self.full.dispatch(args, kwargs)
         out, info = steady.compute(prep, self.name, args, kwargs, x_info, st)
         st.qt.set(out, info)
         self.run.prepared += 1
@@ -218,6 +230,20 @@ def _plain_pass_through(prep: steady.PreparedCall, acts: list) -> tuple | None:
     if slot != ("a", 0) or not isinstance(want, DType):
         return None
     return prep.route.fn, want
+
+
+def _one_input(prep: steady.PreparedCall, acts: list) -> DType | None:
+    """The dtype of a prepared op's one activation input, the first positional argument, when
+    what ``steady.arrived_info`` and ``steady.arguments_hold`` check of a call is that it
+    arrives quantized at that dtype (and, for a bias value, with the scale object the value
+    was made with), else None: not a pass-through, a FIXED GEMM's run or a composite with
+    other arguments to check."""
+    if prep.passes or prep.fixed is not None or prep.statics or len(acts) != 1:
+        return None
+    slot, want = acts[0]
+    if slot != ("a", 0) or not isinstance(want, DType):
+        return None
+    return want
 
 
 def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:

@@ -51,7 +51,7 @@ function changes no bit).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -116,6 +116,12 @@ class PreparedCall:
     # an add or multiply: (x, other) -> its value fake-quantized by ``fq`` in one pass, or
     # None where that pass does not take the operands (``fake_quant_plan.fused_binary_fn``)
     binary: Callable | None = None
+    # whether ``compute`` replaces an argument (an input quantized here, weight or bias)
+    replaces: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        here = any(type(want) is QuantizeHere for want in self.in_dtypes)
+        self.replaces = here or self.weight is not None or self.bias is not None
 
 
 def prepared_value(sim: Any, prep: PreparedCall, call: OpCall, st: Any) -> tuple | None:
@@ -265,15 +271,17 @@ def compute(
             return run(x_info.codes_native(x))
         b = A.get(args, kwargs, r.plan.acts[1])
         return run(x_info.codes_native(x), st.qt.get(b).codes_native(b))
-    a = list(args)
-    kw = dict(kwargs) if kwargs else {}
-    for slot, want in zip(r.plan.acts, prep.in_dtypes):
-        if type(want) is QuantizeHere:
-            A.put(a, kw, slot, want.fq(A.get(args, kwargs, slot)))
-    if prep.weight is not None:
-        A.put(a, kw, r.plan.weight, prep.weight_value)
-    if prep.bias is not None:
-        A.put(a, kw, r.plan.bias, prep.bias_value)
+    a, kw = args, kwargs
+    if prep.replaces:  # the arguments with inputs quantized here, the FAKE weight and bias
+        a = list(args)
+        kw = dict(kwargs) if kwargs else {}
+        for slot, want in zip(r.plan.acts, prep.in_dtypes):
+            if type(want) is QuantizeHere:
+                A.put(a, kw, slot, want.fq(A.get(args, kwargs, slot)))
+        if prep.weight is not None:
+            A.put(a, kw, r.plan.weight, prep.weight_value)
+        if prep.bias is not None:
+            A.put(a, kw, r.plan.bias, prep.bias_value)
     if prep.binary is not None and not kw and len(a) == 2:
         out = prep.binary(a[0], a[1])
         if out is not None:

@@ -743,6 +743,77 @@ def test_a_pass_through_whose_input_arrives_otherwise_takes_the_dispatch():
     assert prog.fallbacks == 0
 
 
+class LutAfterView(nn.Module):
+    """A one-input op (a LUT) on a view of a model input that arrives as integer codes."""
+
+    def forward(self, x):
+        return torch.sigmoid(x.view(x.shape[0], -1)) * 3.0
+
+
+@pytest.mark.parametrize("declared", [(DType.INT16, 0.5), (DType.INT8, 0.5 / 64)])
+def test_a_one_input_op_whose_input_arrives_otherwise_takes_the_dispatch(declared):
+    """A prepared one-input step checks inline what ``steady.arrived_info`` and
+    ``arguments_hold`` would: an input at another dtype sends it through the dispatch; one at
+    another scale (which the sigmoid's FAKE form does not read) keeps it; either way with a
+    fresh simulator's bits, and the next call follows the new call."""
+    from quantlab.simulate.model_inputs import InputQuant
+
+    g = torch.Generator().manual_seed(5)
+    m = LutAfterView()
+    # -0.5, 0 and 0.5: int8 codes at scale 0.5 and at 0.5 / 64 alike
+    xs = [torch.randint(-1, 2, (2, 3, 4), generator=g).float() * 0.5 for _ in range(3)]
+    sim = Simulator(m, "j6m", input_quant=(InputQuant(DType.INT8, 0.5),))
+    sim.calibrate([(x,) for x in xs[:2]], progress=False)
+    prog = sim.program(xs[0], mode=Mode.FAKE)
+    full = prog.counts["prepared"]
+    assert_bits_equal(prog(xs[2]), sim.run(xs[2], mode=Mode.FAKE))
+    assert prog.last_prepared == full
+    assert [s.full.op_type for s in prog._steps if s.one is not None] == ["sigmoid"]
+    sim.input_quant = (InputQuant(*declared),)
+    got = prog(xs[2])
+    # the sigmoid's input came as int16 codes: dispatched (the view's inline check too)
+    assert prog.last_prepared == (full - 2 if declared[0] is DType.INT16 else full)
+    fresh = Simulator(m, "j6m", input_quant=(InputQuant(*declared),))
+    fresh.calibrate([(x,) for x in xs[:2]], progress=False)
+    assert_bits_equal(got, fresh.run(xs[2], mode=Mode.FAKE))
+    assert_bits_equal(prog(xs[2]), got)
+    assert prog.last_prepared == full
+    assert prog.fallbacks == 0
+
+
+class TwoLinears(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 5)
+
+    def forward(self, x):
+        return torch.sigmoid(self.b(torch.sigmoid(self.a(x))))
+
+
+def test_a_one_input_linear_whose_input_scale_is_another_object_takes_the_dispatch():
+    """The second linear's FAKE bias was made with its input's scale object: an input whose
+    QInfo holds another scale tensor (here the sigmoid's prepared output info replaced by an
+    equal copy) sends it through the dispatch, which prepares it anew, with the same bits."""
+    from quantlab.simulate.qtensor import QInfo
+
+    m = _seeded(TwoLinears)
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(3, 6, generator=g) for _ in range(3)]
+    sim = _calibrated(m, [(x,) for x in xs[:2]])
+    prog = sim.program(xs[0], mode=Mode.FAKE)
+    want = prog(xs[2])
+    full = prog.last_prepared
+    step = {s.name: s for s in prog._steps}
+    assert step["b:linear#0"].one is not None and step["b:linear#0"].prep.x_scale is not None
+    sigmoid = step[":sigmoid#0"].prep
+    info = sigmoid.out_info
+    sigmoid.out_info = QInfo(info.dtype, info.scale.clone(), zero_point=info.zero_point)
+    assert_bits_equal(prog(xs[2]), want)
+    assert prog.last_prepared == full - 1  # the second linear went through the dispatch
+    assert_bits_equal(prog(xs[2]), want)
+    assert prog.last_prepared == full  # prepared anew with the new scale object
+
+
 class Dropouts(nn.Module):
     """Eval-mode dropouts in front of modelled ops: functional (train flag from the module)
     before a matmul of two activations, an ``nn.Dropout`` before a Linear, and an in-place one
