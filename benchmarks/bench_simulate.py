@@ -231,8 +231,10 @@ def fake_quant_passes(sim: Simulator) -> Callable[[], object]:
     """The output fake quant of every op a steady FAKE run of ``sim`` replays (its prepared
     calls), each on a float32 tensor of that op's output shape and in place where the run
     writes in place, with nothing else: the fake quant's own arithmetic (composites such as
-    LayerNorm, whose prepared call is their whole QAT form, are left out). A tensor quantized
-    in place is quantized again on the next call: the same passes."""
+    LayerNorm, whose prepared call is their whole QAT form, are left out; an add or multiply
+    whose run fuses the fake quant into its own pass, ``steady.compute``, counts as a separate
+    pass). A tensor quantized in place is quantized again on the next call: the same
+    passes."""
     gen = torch.Generator().manual_seed(0)
     work = [
         (prep.fq, torch.randn(sim._info[name].output_shape, generator=gen) * 3, prep.owned)
@@ -590,8 +592,9 @@ def main() -> None:
         f"captured_x: `{CAPTURED}` (module-path hooks and the torch-function mode that names "
         "each op, every op run as written), over eager. fq_passes_x: the output fake quant "
         "of every op a steady fake run replays, alone on tensors of their output shapes, in "
-        "place where the run writes in place (composites such as LayerNorm are left out), "
-        "over eager. floor_x = captured_x + fq_passes_x estimates what a fake run costs "
+        "place where the run writes in place (composites such as LayerNorm are left out; "
+        "an add or multiply the run computes with its fake quant in one pass counts as a "
+        "pass of its own), over eager. floor_x = captured_x + fq_passes_x estimates what a fake run costs "
         "before any of quantlab's own per-op work (dispatch_x = fake_x - floor_x; "
         "floor_paired and fake_paired: the same from the paired ratios). Where floor_x is "
         f"above the fake target ({TARGETS[FAKE][0]}x), a simulator that sees the model's ops "
