@@ -714,33 +714,52 @@ class ViewFirst(nn.Module):
         return self.lin(h.t().t())
 
 
-def test_a_pass_through_whose_input_arrives_otherwise_takes_the_dispatch():
-    """A prepared pass-through step checks only that its input arrives at the dtype it was
-    prepared for (its simulator-side checks are made once per call): an input quantized at
-    another dtype now (the declared input changed from int8 to int16 codes) sends it through
-    the dispatch, with a fresh simulator's bits, and the next call follows the new call."""
+def _int8_input_program(m: nn.Module, xs: list) -> tuple:
+    """(simulator, FAKE program, its prepared step count) of ``m`` whose input is declared as
+    int8 codes at scale 0.5, calibrated on ``xs[:2]``, built on ``xs[0]``; its first call on
+    ``xs[2]`` followed every prepared step with the captured run's bits."""
     from quantlab.simulate.model_inputs import InputQuant
 
-    g = torch.Generator().manual_seed(4)
-    m = _seeded(ViewFirst)
-    xs = [torch.randint(-100, 100, (2, 3, 4), generator=g).float() * 0.5 for _ in range(3)]
     sim = Simulator(m, "j6m", input_quant=(InputQuant(DType.INT8, 0.5),))
     sim.calibrate([(x,) for x in xs[:2]], progress=False)
     prog = sim.program(xs[0], mode=Mode.FAKE)
     full = prog.counts["prepared"]
     assert_bits_equal(prog(xs[2]), sim.run(xs[2], mode=Mode.FAKE))
     assert prog.last_prepared == full
-    # view and both transposes follow their calls by the inline pass-through check
-    assert sum(getattr(s, "passes", None) is not None for s in prog._steps) == 3
-    sim.input_quant = (InputQuant(DType.INT16, 0.5),)
+    return sim, prog, full
+
+
+def _redeclared(sim: Simulator, prog, m: nn.Module, xs: list, declared: tuple) -> int:
+    """The input redeclared as ``declared`` (dtype, scale): the program's next call gives a
+    fresh simulator's bits, the call after follows every prepared step with no fallback;
+    returns how many steps the first of them followed."""
+    from quantlab.simulate.model_inputs import InputQuant
+
+    sim.input_quant = (InputQuant(*declared),)
     got = prog(xs[2])
-    assert prog.last_prepared < full  # the view's input came as int16: dispatched
-    fresh = Simulator(m, "j6m", input_quant=(InputQuant(DType.INT16, 0.5),))
+    followed = prog.last_prepared
+    fresh = Simulator(m, "j6m", input_quant=(InputQuant(*declared),))
     fresh.calibrate([(x,) for x in xs[:2]], progress=False)
     assert_bits_equal(got, fresh.run(xs[2], mode=Mode.FAKE))
     assert_bits_equal(prog(xs[2]), got)
-    assert prog.last_prepared == full
+    assert prog.last_prepared == prog.counts["prepared"]
     assert prog.fallbacks == 0
+    return followed
+
+
+def test_a_pass_through_whose_input_arrives_otherwise_takes_the_dispatch():
+    """A prepared pass-through step checks only that its input arrives at the dtype it was
+    prepared for (its simulator-side checks are made once per call): an input quantized at
+    another dtype now (the declared input changed from int8 to int16 codes) sends it through
+    the dispatch, with a fresh simulator's bits, and the next call follows the new call."""
+    g = torch.Generator().manual_seed(4)
+    m = _seeded(ViewFirst)
+    xs = [torch.randint(-100, 100, (2, 3, 4), generator=g).float() * 0.5 for _ in range(3)]
+    sim, prog, full = _int8_input_program(m, xs)
+    # view and both transposes follow their calls by the inline pass-through check
+    assert sum(getattr(s, "passes", None) is not None for s in prog._steps) == 3
+    # the view's input came as int16: dispatched
+    assert _redeclared(sim, prog, m, xs, (DType.INT16, 0.5)) < full
 
 
 class LutAfterView(nn.Module):
@@ -756,29 +775,15 @@ def test_a_one_input_op_whose_input_arrives_otherwise_takes_the_dispatch(declare
     ``arguments_hold`` would: an input at another dtype sends it through the dispatch; one at
     another scale (which the sigmoid's FAKE form does not read) keeps it; either way with a
     fresh simulator's bits, and the next call follows the new call."""
-    from quantlab.simulate.model_inputs import InputQuant
-
     g = torch.Generator().manual_seed(5)
     m = LutAfterView()
     # -0.5, 0 and 0.5: int8 codes at scale 0.5 and at 0.5 / 64 alike
     xs = [torch.randint(-1, 2, (2, 3, 4), generator=g).float() * 0.5 for _ in range(3)]
-    sim = Simulator(m, "j6m", input_quant=(InputQuant(DType.INT8, 0.5),))
-    sim.calibrate([(x,) for x in xs[:2]], progress=False)
-    prog = sim.program(xs[0], mode=Mode.FAKE)
-    full = prog.counts["prepared"]
-    assert_bits_equal(prog(xs[2]), sim.run(xs[2], mode=Mode.FAKE))
-    assert prog.last_prepared == full
+    sim, prog, full = _int8_input_program(m, xs)
     assert [s.full.op_type for s in prog._steps if s.one is not None] == ["sigmoid"]
-    sim.input_quant = (InputQuant(*declared),)
-    got = prog(xs[2])
-    # the sigmoid's input came as int16 codes: dispatched (the view's inline check too)
-    assert prog.last_prepared == (full - 2 if declared[0] is DType.INT16 else full)
-    fresh = Simulator(m, "j6m", input_quant=(InputQuant(*declared),))
-    fresh.calibrate([(x,) for x in xs[:2]], progress=False)
-    assert_bits_equal(got, fresh.run(xs[2], mode=Mode.FAKE))
-    assert_bits_equal(prog(xs[2]), got)
-    assert prog.last_prepared == full
-    assert prog.fallbacks == 0
+    followed = _redeclared(sim, prog, m, xs, declared)
+    # int16 codes: the sigmoid and the view before it dispatched
+    assert followed == (full - 2 if declared[0] is DType.INT16 else full)
 
 
 class TwoLinears(nn.Module):
