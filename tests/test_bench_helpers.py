@@ -149,3 +149,25 @@ def test_the_sensitivity_floor_reads_each_ops_share_from_the_next_whole_leaf_mod
     assert shares[order[i_relu]] == shares[order[i_relu + 1]]  # relu reads b's start
     assert shares[order[-1]] == 0.0  # no leaf module after the last op
     assert shares[order[0]] > shares[order[-2]] > 0  # a starts before head does
+
+
+def test_the_requant_benchmark_times_the_forms_it_names():
+    """bench_ort_requant's integer form computes what its report says: ConvInteger's sums times
+    the per-channel multiplier, plus half, divided (truncating) by the unit, clipped to int8;
+    both forms run and give the layer's output shape."""
+    import bench_ort_requant as B
+    from onnx import numpy_helper
+
+    qlinear, integer = B._models(4, 6, 3, 2, 9, 1)
+    x = torch.randint(0, 256, (1, 4, 9, 9), generator=torch.Generator().manual_seed(0))
+    x = x.to(torch.uint8).numpy()
+    yq = B._session(qlinear, 1).run(None, {"x": x})[0]
+    yi = B._session(integer, 1).run(None, {"x": x})[0]
+    assert yq.shape == yi.shape == (1, 6, 5, 5)
+    init = {t.name: numpy_helper.to_array(t) for t in integer.graph.initializer}
+    xs = torch.from_numpy(x.astype("int64")) - int(init["xz"])
+    w = torch.from_numpy(init["w"].astype("int64"))
+    acc = torch.nn.functional.conv2d(xs.double(), w.double(), stride=2, padding=1).long()
+    p = acc * torch.tensor(init["m"]) + int(init["half"])
+    want = torch.div(p, int(init["unit"]), rounding_mode="trunc").clamp(-128, 127)
+    assert torch.equal(torch.from_numpy(yi.astype("int64")), want)
