@@ -271,7 +271,7 @@ def compute(
             return run(x_info.codes_native(x))
         b = A.get(args, kwargs, r.plan.acts[1])
         return run(x_info.codes_native(x), st.qt.get(b).codes_native(b))
-    a, kw = args, kwargs
+    a, kw = args, kwargs or {}
     if prep.replaces:  # the arguments with inputs quantized here, the FAKE weight and bias
         a = list(args)
         kw = dict(kwargs) if kwargs else {}
