@@ -39,16 +39,22 @@ CLONES void fq_block(const float *x, float *y, int64_t n, float rf, float sf, fl
   for (int64_t j = 0; j < n; ++j) y[j] = round_clamped(x[j] * rf, lo, hi) * sf + 0.0f;
 }
 
-/* one equal run per thread (a multiple of 16 values), as torch splits an elementwise op's
-   output, so that each thread reads what its core just wrote */
+/* thread i's run [*start, *end) of n values: one equal run per thread (a multiple of 16
+   values), as torch splits an elementwise op's output, so that each thread reads what its core
+   just wrote */
+static inline void thread_run(int i, int threads, int64_t n, int64_t *start, int64_t *end) {
+  const int64_t run = ((n + threads - 1) / threads + 15) / 16 * 16;
+  *start = i * run < n ? i * run : n;
+  *end = n - *start < run ? n : *start + run;
+}
+
 void fq_reciprocal(const float *x, float *y, int64_t n, float rf, float sf, float lo, float hi,
                    int threads) {
-  const int64_t run = ((n + threads - 1) / threads + 15) / 16 * 16;
   #pragma omp parallel for num_threads(threads) schedule(static)
   for (int i = 0; i < threads; ++i) {
-    const int64_t start = i * run < n ? i * run : n;
-    const int64_t len = n - start < run ? n - start : run;
-    fq_block(x + start, y + start, len, rf, sf, lo, hi);
+    int64_t start, end;
+    thread_run(i, threads, n, &start, &end);
+    fq_block(x + start, y + start, end - start, rf, sf, lo, hi);
   }
 }
 
@@ -77,14 +83,13 @@ CLONES static void fq_mul_scalar_run(const float *restrict x, float c, float *re
 }
 
 /* y[i] = fq(x[i] op b[i mod nb]) for i < n (nb divides n), or fq(x[i] op c) where b is NULL;
-   op 0 adds, 1 multiplies; each thread one equal run, as fq_reciprocal */
+   op 0 adds, 1 multiplies; each thread its thread_run */
 void fq_binary(const float *x, const float *b, int64_t nb, float c, int op, float *y,
                int64_t n, float rf, float sf, float lo, float hi, int threads) {
-  const int64_t run = ((n + threads - 1) / threads + 15) / 16 * 16;
   #pragma omp parallel for num_threads(threads) schedule(static)
   for (int i = 0; i < threads; ++i) {
-    int64_t at = i * run < n ? i * run : n;
-    const int64_t end = n - at < run ? n : at + run;
+    int64_t at, end;
+    thread_run(i, threads, n, &at, &end);
     if (b == 0) {
       if (op == 0)
         fq_add_scalar_run(x + at, c, y + at, end - at, rf, sf, lo, hi);
@@ -144,9 +149,15 @@ def reciprocal(
     with torch._C.DisableTorchFunction():
         y = torch.empty_like(x) if out is None else out
         n = x.numel()
-        threads = min(torch.get_num_threads(), n >> 14) or 1
+        threads = _threads(n)
         lib.fq_reciprocal(x.data_ptr(), y.data_ptr(), n, rf, sf, lo, hi, threads)
         return y
+
+
+def _threads(n: int) -> int:
+    """Threads for a pass over ``n`` values: torch's count, a second one from 2**15 values on
+    (where torch runs more than one)."""
+    return min(torch.get_num_threads(), n >> 14) or 1
 
 
 _OPS = {"add": 0, "mul": 1}
@@ -196,7 +207,7 @@ def binary(
         n = x.numel()
         if n == 0:
             return y
-        threads = min(torch.get_num_threads(), n >> 14) or 1
+        threads = _threads(n)
         nb = 1 if b is None else max(b.numel(), 1)
         lib.fq_binary(
             x.data_ptr(), None if b is None else b.data_ptr(), nb, c, _OPS[op], y.data_ptr(),

@@ -224,10 +224,8 @@ def _plain_pass_through(prep: steady.PreparedCall, acts: list) -> tuple | None:
     ``steady.arrived_info`` and ``steady.arguments_hold`` check of it), else None."""
     if not prep.passes or prep.layout or prep.kernel is not None or prep.fixed is not None:
         return None
-    if prep.statics or prep.x_scale is not None or len(acts) != 1:
-        return None
-    slot, want = acts[0]
-    if slot != ("a", 0) or not isinstance(want, DType):
+    want = _first_positional_dtype(acts)
+    if prep.statics or prep.x_scale is not None or want is None:
         return None
     return prep.route.fn, want
 
@@ -238,12 +236,18 @@ def _one_input(prep: steady.PreparedCall, acts: list) -> DType | None:
     arrives quantized at that dtype (and, for a bias value, with the scale object the value
     was made with), else None: not a pass-through, a FIXED GEMM's run or a composite with
     other arguments to check."""
-    if prep.passes or prep.fixed is not None or prep.statics or len(acts) != 1:
+    if prep.passes or prep.fixed is not None or prep.statics:
+        return None
+    return _first_positional_dtype(acts)
+
+
+def _first_positional_dtype(acts: list) -> DType | None:
+    """The dtype a prepared op's only activation input, the first positional argument,
+    arrived with (not an ``OnGrid`` or ``QuantizeHere`` input), else None."""
+    if len(acts) != 1:
         return None
     slot, want = acts[0]
-    if slot != ("a", 0) or not isinstance(want, DType):
-        return None
-    return want
+    return want if slot == ("a", 0) and isinstance(want, DType) else None
 
 
 def _prepared_holds(sim: Any, name: str, prep: steady.PreparedCall) -> bool:

@@ -206,15 +206,17 @@ def qat_softmax(
     s_in, s_exp, s_sum, s_recip = f32
     values = qat_softmax_exp_values(s_in, s_exp, rounding, divide)
     x = x.detach()
+    out = None
     if rounding is Round.HALF_EVEN and divide is Divide.BY_RECIPROCAL and dim in (-1, x.dim() - 1):
         floor = RECIPROCAL_CLIP_CODES_INT16 * s_sum  # times 2**5: exact in float32
         fused = None if out_quant is None else native_constants(out_quant)
         out = softmax_native.qat_rows(
             x, values, inv[0], inv[2], s_sum, floor, inv[3], s_recip, fused
         )
-        if out is not None:
-            return out if out_quant is None or fused is not None else out_quant(out, inplace=True)
-    out = _qat_softmax_torch(x, dim, values, f32, rounding, divide)
+        if out is not None and fused is not None:
+            return out  # out_quant ran in the pass
+    if out is None:
+        out = _qat_softmax_torch(x, dim, values, f32, rounding, divide)
     return out if out_quant is None else out_quant(out, inplace=True)
 
 
