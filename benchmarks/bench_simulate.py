@@ -16,7 +16,9 @@ timed on quantlab's own traced program, and with asymmetric activations, QOperat
 onnxruntime fp32 and int8 QOperator (static, per-channel; exported from the same module;
 ``session.intra_op.allow_spinning`` = "0"), all on ``--threads`` intra-op threads;
 and fake mode's floor: the model with every op captured and nothing quantized, and the fake
-quant's passes alone (their sum estimates what any per-op fake run costs).
+quant's passes alone (their sum estimates what any per-op fake run costs); and fixed mode's
+integer kernels alone (a steady fixed j6m run's calls of them, replayed in order), against
+onnxruntime int8.
 Also: int16 segment-LUT evaluation against torch.sigmoid on as many elements (after the loop
 that switches the gather to its compiled tier, as any long run does), and the peak
 memory growth of one MobileNetV2 run per mode (fresh subprocess each).
@@ -52,6 +54,7 @@ import torch
 from quantlab.capture import CaptureMode, ModuleTracker
 from quantlab.models import build_model
 from quantlab.models.registry import example_inputs
+from quantlab.numerics.gemm import kernels, requant_native
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.report import markdown_table
 from quantlab.report.io import atomic_savefig, atomic_write_text
@@ -81,6 +84,9 @@ FIXED_CAPTURED = "quantlab fixed j6m, captured per op"
 # quant's own arithmetic: together an estimate of a fake run's floor ("Fake mode's floor")
 CAPTURED = "eager, every op captured, nothing quantized"
 FQ_PASSES = "fake-quant passes alone"
+# the integer kernels a steady fixed j6m run calls, replayed in order with nothing else: what
+# quantlab's kernels cost before any of its own work ("Fixed mode's kernels")
+FIXED_KERNELS = "quantlab fixed j6m, its integer kernels alone"
 # variant -> (limit x eager, limit x onnxruntime int8 or None)
 TARGETS = {
     FLOAT: (1.1, None),
@@ -89,6 +95,8 @@ TARGETS = {
     FIXED_ORT: (2.5, 1.5),
     FIXED_ORT_ASYM: (2.5, 1.5),
 }
+# case label -> kernel -> calls per fixed j6m run (``integer_kernels``)
+KERNEL_CALLS: dict[str, dict[str, int]] = {}
 # case label -> variant -> how its steady runs switched to a traced program (or why they did not)
 SWITCH: dict[str, dict[str, dict]] = {}
 SWITCHING = {
@@ -173,6 +181,8 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
     out[CAPTURED] = captured_runner(module, x)
     sims["j6m"].run(*x, mode=Mode.FAKE)
     out[FQ_PASSES] = fake_quant_passes(sims["j6m"])
+    out[FIXED_KERNELS] = integer_kernels(out[FIXED])
+    KERNEL_CALLS[case.label] = out[FIXED_KERNELS].calls
     for fn in out.values():  # warm-up: plans, scales, weight codes and tables are built here
         fn()
     if not torch.equal(out[CAPTURED](), eager()):
@@ -248,6 +258,88 @@ def fake_quant_passes(sim: Simulator) -> Callable[[], object]:
             fq(t, inplace=owned)
 
     return run
+
+
+# where a fixed run calls its integer kernels: the int8 matrix product (1x1 and im2col
+# convolutions, matmuls), the depthwise sums, the multiply-and-shift requantization
+KERNEL_SITES = (
+    (kernels, "_int_mm"),
+    (kernels, "depthwise_conv_int32"),
+    (requant_native, "requantize_shift"),
+)
+
+
+def integer_kernels(run: Callable[[], object]) -> Callable[[], object]:
+    """The calls one ``run()`` makes to the integer kernels at ``KERNEL_SITES``, replayed in
+    the same order on copies of their arguments with nothing else around them. The replay is
+    checked once to give every recorded call's outputs bit for bit (the same work); it keeps
+    the count of calls per kernel in ``calls``."""
+    recorded: list[tuple[Callable, list, dict, object]] = []
+    originals = {(mod, name): getattr(mod, name) for mod, name in KERNEL_SITES}
+
+    def recorder(fn):
+        def record(*args, **kwargs):
+            copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            result = fn(*args, **kwargs)
+            recorded.append((fn, copies, kwargs, _snapshot(result)))
+            return result
+
+        return record
+
+    try:
+        for (mod, name), fn in originals.items():
+            setattr(mod, name, recorder(fn))
+        run()
+    finally:
+        for (mod, name), fn in originals.items():
+            setattr(mod, name, fn)
+
+    def replay():
+        for fn, args, kwargs, _ in recorded:
+            fn(*args, **kwargs)
+
+    for fn, args, kwargs, want in recorded:
+        if not _same_snapshot(_snapshot(fn(*args, **kwargs)), want):
+            raise RuntimeError(f"replaying {fn.__name__} did not give its recorded output")
+    replay.calls = {
+        name: sum(fn is originals[mod, name] for fn, *_ in recorded) for mod, name in KERNEL_SITES
+    }
+    return replay
+
+
+def _snapshot(result) -> list:
+    """The tensors of a kernel's result (a tensor or a tuple of them), copied."""
+    parts = result if isinstance(result, tuple) else (result,)
+    return [p.clone() if isinstance(p, torch.Tensor) else p for p in parts]
+
+
+def _same_snapshot(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(
+        same_bits(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b)
+    )
+
+
+def kernel_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Per case: fixed j6m and its integer kernels alone over onnxruntime int8 QOperator,
+    against the fixed target over QOperator."""
+    limit = TARGETS[FIXED][1]
+    rows = []
+    for case, sub in table.groupby("case", sort=False):
+        by = sub.set_index("variant")
+        rows.append(
+            {
+                "case": case,
+                "fixed_x_ort_int8": by.x_ort_int8[FIXED],
+                "kernels_x_ort_int8": by.x_ort_int8[FIXED_KERNELS],
+                "kernels_x_eager": by.x_eager[FIXED_KERNELS],
+                "kernels_share_of_fixed": by.median_wall_ms[FIXED_KERNELS]
+                / by.median_wall_ms[FIXED],
+                **{f"{name}_calls": n for name, n in KERNEL_CALLS[case].items()},
+                "target": limit,
+                "kernels_above_target": bool(by.x_ort_int8[FIXED_KERNELS] > limit),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def floor_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -468,6 +560,7 @@ def main() -> None:
     targets = pd.DataFrame(target_list)
     batch = batch_rows(table) if not args.quick else pd.DataFrame()
     floor = floor_rows(table)
+    kernel_floor = kernel_rows(table)
     meta = {
         "load_average_1_5_15_before": [round(v, 2) for v in load_before],
         "load_average_1_5_15_after": [round(v, 2) for v in load_after],
@@ -490,6 +583,7 @@ def main() -> None:
         "cases": table.to_dict("records"),
         "batch8_per_item": batch.to_dict("records"),
         "fake_floor": floor.to_dict("records"),
+        "fixed_kernels": kernel_floor.to_dict("records"),
         "switch_to_program": SWITCH,
         "lut": lut,
         "peak_memory_growth_mib": mem,
@@ -605,6 +699,25 @@ def main() -> None:
         "fq_passes_x; program_x: its time over eager, blank where the runs did not switch).",
         "",
         markdown_table(floor, floatfmt=".3g"),
+        "",
+    ]
+    md += [
+        "## Fixed mode's kernels against onnxruntime int8",
+        "",
+        f"`{FIXED_KERNELS}`: the calls a steady `{FIXED}` run makes to quantlab's integer "
+        "kernels (torch's int8 matrix product `torch._int_mm` for the 1x1 and im2col "
+        "convolutions and the matmuls, the depthwise convolution's C sums, the C pass of the "
+        "multiply-and-shift requantization that writes the codes and their float32 values), "
+        "recorded once and replayed in the same order on copies of their arguments with "
+        "nothing else (checked before timing to give every recorded output bit for bit; "
+        "`integer_kernels`). Left out: what the run does besides them (convolutions computed "
+        "exactly in float32, such as MobileNetV2's first one, the elementwise fixed kernels "
+        "and LUTs, layout copies, quantlab's per-op work). kernels_x_ort_int8: their time "
+        f"over `{ORT8}`; where it is above the fixed target ({TARGETS[FIXED][1]}x), a fixed "
+        "run built on these kernels misses the target in this run even with no other work. "
+        "kernels_share_of_fixed: their time over the fixed run's. *_calls: calls per run.",
+        "",
+        markdown_table(kernel_floor, floatfmt=".3g"),
         "",
     ]
     if not batch.empty:

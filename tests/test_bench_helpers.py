@@ -171,3 +171,53 @@ def test_the_requant_benchmark_times_the_forms_it_names():
     p = acc * torch.tensor(init["m"]) + int(init["half"])
     want = torch.div(p, int(init["unit"]), rounding_mode="trunc").clamp(-128, 127)
     assert torch.equal(torch.from_numpy(yi.astype("int64")), want)
+
+
+class _Separable(nn.Module):
+    """A depthwise 3x3 convolution then a 1x1 one: the fixed run's depthwise sums, int8
+    matrix product and multiply-and-shift requantization."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = nn.Conv2d(16, 32, 1)
+
+    def forward(self, x):
+        return self.pw(torch.relu(self.dw(x)))
+
+
+def test_the_integer_kernels_alone_replay_a_fixed_runs_kernel_calls():
+    from quantlab.numerics.gemm import depthwise_native, requant_native
+
+    if requant_native.KERNELS.lib() is None or not depthwise_native.available():
+        pytest.skip("no C compiler: the fixed run takes the torch forms")
+    torch.manual_seed(0)
+    m = _Separable().eval()
+    x = (torch.randn(1, 16, 8, 8),)
+    sim = Simulator(m, "j6m")
+    sim.calibrate([x], progress=False)
+    sim.run(*x, mode=Mode.FIXED)
+    counted = {name: 0 for _, name in bench_simulate.KERNEL_SITES}
+    with pytest.MonkeyPatch.context() as mp:  # an independent count of one run's calls
+        for mod, name in bench_simulate.KERNEL_SITES:
+            fn = getattr(mod, name)
+
+            def spy(*a, _fn=fn, _name=name, **k):
+                counted[_name] += 1
+                return _fn(*a, **k)
+
+            mp.setattr(mod, name, spy)
+        sim.run(*x, mode=Mode.FIXED)
+    assert all(n >= 1 for n in counted.values())
+    before = [getattr(mod, name) for mod, name in bench_simulate.KERNEL_SITES]
+    replay = bench_simulate.integer_kernels(lambda: sim.run(*x, mode=Mode.FIXED))
+    assert [getattr(mod, name) for mod, name in bench_simulate.KERNEL_SITES] == before
+    assert replay.calls == counted
+
+    def refuse(*a, **k):
+        raise AssertionError("the replay looked the kernel up again")
+
+    with pytest.MonkeyPatch.context() as mp:  # the replay calls the functions it recorded
+        for mod, name in bench_simulate.KERNEL_SITES:
+            mp.setattr(mod, name, refuse)
+        replay()
