@@ -294,15 +294,18 @@ def integer_kernels(run: Callable[[], object]) -> Callable[[], object]:
         for (mod, name), fn in originals.items():
             setattr(mod, name, fn)
 
-    def replay():
-        for fn, args, kwargs, _ in recorded:
-            fn(*args, **kwargs)
-
     for fn, args, kwargs, want in recorded:
         if not _same_snapshot(_snapshot(fn(*args, **kwargs)), want):
             raise RuntimeError(f"replaying {fn.__name__} did not give its recorded output")
+    calls = [(fn, args, kwargs) for fn, args, kwargs, _ in recorded]
+    recorded.clear()  # the outputs' copies go
+
+    def replay():
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+
     replay.calls = {
-        name: sum(fn is originals[mod, name] for fn, *_ in recorded) for mod, name in KERNEL_SITES
+        name: sum(fn is originals[mod, name] for fn, *_ in calls) for mod, name in KERNEL_SITES
     }
     return replay
 
