@@ -28,6 +28,16 @@ class _Net(nn.Module):
         return self.head(h.reshape(h.shape[0], -1).contiguous())  # layout ops: pass-through
 
 
+def _after_a_fixed_run(net: type[nn.Module], x: tuple) -> Simulator:
+    """A j6m Simulator of ``net()`` (seeded weights), calibrated on ``x``, after one FIXED run
+    of it."""
+    torch.manual_seed(0)
+    sim = Simulator(net().eval(), "j6m")
+    sim.calibrate([x], progress=False)
+    sim.run(*x, mode=Mode.FIXED)
+    return sim
+
+
 def test_fake_quant_passes_and_the_captured_run_cover_a_model_with_layout_ops():
     torch.manual_seed(0)
     m = _Net().eval()
@@ -75,12 +85,8 @@ def test_the_fixed_stages_count_every_exact_gemm():
 
     from quantlab.numerics.gemm import kernels
 
-    torch.manual_seed(0)
-    m = _Net().eval()
     x = (torch.randn(2, 3, 3, 3),)
-    sim = Simulator(m, "j6m")
-    sim.calibrate([x], progress=False)
-    sim.run(*x, mode=Mode.FIXED)
+    sim = _after_a_fixed_run(_Net, x)
     stats = profile_stages.cprofile_stats(lambda: sim.run(*x, mode=Mode.FIXED), runs=2)
     planned = {name: v for (file, _, name), v in stats.items() if file == kernels.__file__}
     assert planned["conv_planned"][1] == 4 and planned["matmul_planned"][1] == 2
@@ -191,12 +197,8 @@ def test_the_integer_kernels_alone_replay_a_fixed_runs_kernel_calls():
 
     if requant_native.KERNELS.lib() is None or not depthwise_native.available():
         pytest.skip("no C compiler: the fixed run takes the torch forms")
-    torch.manual_seed(0)
-    m = _Separable().eval()
     x = (torch.randn(1, 16, 8, 8),)
-    sim = Simulator(m, "j6m")
-    sim.calibrate([x], progress=False)
-    sim.run(*x, mode=Mode.FIXED)
+    sim = _after_a_fixed_run(_Separable, x)
     counted = {name: 0 for _, name in bench_simulate.KERNEL_SITES}
     with pytest.MonkeyPatch.context() as mp:  # an independent count of one run's calls
         for mod, name in bench_simulate.KERNEL_SITES:
