@@ -271,9 +271,10 @@ KERNEL_SITES = (
 
 def integer_kernels(run: Callable[[], object]) -> Callable[[], object]:
     """The calls one ``run()`` makes to the integer kernels at ``KERNEL_SITES``, replayed in
-    the same order on copies of their arguments with nothing else around them. The replay is
-    checked once to give every recorded call's outputs bit for bit (the same work); it keeps
-    the count of calls per kernel in ``calls``."""
+    the same order on copies of their positional tensor arguments (a keyword argument, such as
+    an ``out=`` buffer the run made, is the run's own) with nothing else around them. The
+    replay is checked once to give every recorded call's outputs bit for bit (the same work);
+    it keeps the count of calls per kernel in ``calls``."""
     recorded: list[tuple[Callable, list, dict, object]] = []
     originals = {(mod, name): getattr(mod, name) for mod, name in KERNEL_SITES}
 
