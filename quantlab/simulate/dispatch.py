@@ -35,7 +35,7 @@ from quantlab.simulate import (
     steady_prepare,
     trace_record,
 )
-from quantlab.simulate.fake_kernels import FAKE_KERNELS
+from quantlab.simulate.fake_kernels import fake_kernel
 from quantlab.simulate.fixed_sampling import keeps_input_quantization
 from quantlab.simulate.fusion import fold_batch_norm
 from quantlab.simulate.modes import FakeOps, Mode, ObservedCall
@@ -239,7 +239,7 @@ class OpDispatch:
                 rq,
                 chain,
                 self.platform,
-                FAKE_KERNELS,
+                fake_kernel(call, self.platform),
                 fixed_lut.DEPLOYED_CATEGORIES,
             )
             self._routes[name, mode] = r
@@ -327,7 +327,7 @@ class OpDispatch:
                 return res
         if r.single_period:
             fake_single_period(self.platform, args, kwargs, plan, in_infos[0])
-        if r.fake_kernel is not None:  # the QAT form of an op whose fixed kernel is a composite
+        if r.fake_kernel is not None:  # the QAT form of a composite, or of a clipped LUT input
             made = r.fake_kernel(self, call, plan, in_infos, rq, r.deployed)
             res = None if made is None else made.compute(args, kwargs)
             if res is not None:

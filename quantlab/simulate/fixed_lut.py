@@ -278,6 +278,50 @@ def _softmax_dim(args, kwargs) -> int | None:
     return dim
 
 
+QAT_CLIPPED_INPUTS = frozenset(("sqrt", "reciprocal"))  # ops whose QAT form clips its input
+
+
+def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
+    """FAKE: sqrt and reciprocal as the vendor's QAT modules compute them, their input clipped
+    (``platform.qat_lut_input_clip``): fq_out(sqrt(max(x, s_x))), and fq_out of
+    ``numerics.lut.composite.qat_reciprocal`` (|x| >= 1 code (int8) or 32 codes (int16) of x,
+    the sign kept), x the input as the dispatch fake-quantized it, fq_out the op's output
+    point. None (the plain FAKE path, fq_out(f(x))) for other ops, the clip off, HYBRID (the
+    deployed table), a float input or output. With a gradient: the clipped function's (0
+    below the clip, as in QAT), straight through the output's fake quant."""
+    from quantlab.numerics.lut.composite import qat_reciprocal
+    from quantlab.simulate.modes import Mode
+
+    info = in_infos[0] if in_infos else None
+    out = rq.output_dtype
+    if (
+        deployed
+        or call.op_type not in QAT_CLIPPED_INPUTS
+        or not sim.platform.qat_lut_input_clip
+        or not fc.zp_info(info)
+        or not out.is_int
+    ):
+        return None
+    so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``
+    x_slot, s, dtype = plan.acts[0], float(info.scale), info.dtype
+    if call.op_type == "sqrt":
+
+        def clipped(x: Tensor) -> Tensor:
+            return torch.sqrt(x.clamp_min(s))
+
+    else:
+
+        def clipped(x: Tensor) -> Tensor:
+            return qat_reciprocal(x, s, dtype)
+
+    def compute(args, kwargs):
+        value = clipped(A.get(args, kwargs, x_slot))
+        return sim.quantize_act(call.name, "out", value, out, rq, Mode.FAKE, owned=True)
+
+    out_key = sim.act_scale_key(call.name, "out", out, rq)
+    return ResolvedComposite(compute, deps=((out_key, so),))
+
+
 def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
     """FAKE: the vendor's QAT SegmentLUTSoftmax of a call FIXED computes by ``lut_softmax``,
     resolved for this call: fq_out(``numerics.lut.composite.qat_softmax``(x)), its fake

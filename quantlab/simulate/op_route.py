@@ -46,7 +46,7 @@ class OpRoute:
     grid: bool
     deployed_kernel: bool  # a segment-LUT op computed by its deployed table
     single_period: bool  # FAKE sin/cos with the platform's single-period reduction
-    fake_kernel: Callable | None  # the QAT form of an op whose fixed kernel is a composite
+    fake_kernel: Callable | None  # FAKE: the QAT form's resolver (``fake_kernels.fake_kernel``)
     fuse_clamp: bool  # the fused clamp goes into the output fake quantization (``bounds``)
 
 
@@ -59,7 +59,7 @@ def make_route(
     rq: ResolvedQConfig,
     chain: list | None,
     platform: Any,
-    fake_kernels: dict,
+    fake_kernel: Callable | None,
     deployed_categories: frozenset,
 ) -> OpRoute:
     cat = call.category
@@ -82,7 +82,7 @@ def make_route(
         cat is OpCategory.GRID_SAMPLE,
         deployed and quant_out and cat in deployed_categories,
         fake and bool(rq.single_period) and call.op_type in ("sin", "cos"),
-        fake_kernels.get(cat) if fake and quant_out else None,
+        fake_kernel if fake and quant_out else None,
         bool(chain)
         and fake
         and quant_out

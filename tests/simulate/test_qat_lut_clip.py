@@ -1,0 +1,106 @@
+"""FAKE sqrt and reciprocal on J6 clip their input as the vendor's QAT modules do (sqrt:
+x >= 1 code of x; reciprocal: |x| >= 1 code (int8) or 32 codes (int16), the sign kept), so
+inputs at and near 0 give finite values and gradients; the runtime profiles keep the float
+function. Checked bit for bit against torch's own fake quant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bits import assert_bits_equal
+from torch import nn
+
+from quantlab.numerics.dtypes import DType
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, Simulator, steady_programs
+
+
+class _SqrtReciprocal(nn.Module):
+    def forward(self, x):
+        return torch.sqrt(x), torch.reciprocal(x)
+
+
+def _calibrated(platform: str, dtype: DType | None, **kw) -> tuple[Simulator, torch.Generator]:
+    """Calibrated at ``dtype`` everywhere (None: the platform's own qconfig)."""
+    spec = (
+        None
+        if dtype is None
+        else QConfigSpec(global_=OpQConfig(input_dtype=dtype, output_dtype=dtype))
+    )
+    sim = Simulator(_SqrtReciprocal(), platform, spec, **kw)
+    g = torch.Generator().manual_seed(7)
+    sim.calibrate([(torch.rand(4, 256, generator=g) * 3 + 0.05,)], progress=False)
+    return sim, g
+
+
+def _fq(sim, name: str, key: str, v: torch.Tensor, dtype: DType) -> tuple[torch.Tensor, float]:
+    rq = sim.qconfig_of(name)
+    s = float(sim.act_scale(name, key, dtype, rq))
+    zp = sim.act_zero_point(name, key, dtype, rq)
+    return torch.fake_quantize_per_tensor_affine(v, s, zp, dtype.qmin, dtype.qmax), s
+
+
+def _near_zero(sim, dtype: DType, g: torch.Generator) -> torch.Tensor:
+    """Positive inputs with, in row 0, every code inside the int16 clip, 0, -0 and negatives."""
+    s = float(sim.act_scale(":sqrt#0", "in0", dtype, sim.qconfig_of(":sqrt#0")))
+    x = torch.rand(4, 256, generator=g) * 3 + 0.05
+    x[0, :64] = torch.arange(-32, 32) * s
+    x[0, 64:72] = torch.tensor([0.0, -0.0, 0.4 * s, -0.6 * s, 31 * s, -33 * s, -1.5, 1e-9])
+    return x
+
+
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_fake_sqrt_and_reciprocal_clip_their_input_as_the_vendors_qat(dtype):
+    sim, g = _calibrated("j6m", dtype)
+    x = _near_zero(sim, dtype, g)
+    got_sqrt, got_recip = sim.run(x, mode=Mode.FAKE)
+
+    xq, s = _fq(sim, ":sqrt#0", "in0", x, dtype)
+    want_sqrt, _ = _fq(sim, ":sqrt#0", "out", torch.sqrt(xq.clamp_min(s)), dtype)
+    xq, s = _fq(sim, ":reciprocal#0", "in0", x, dtype)
+    floor = (32 if dtype is DType.INT16 else 1) * s
+    mag = torch.reciprocal(xq.abs().clamp_min(floor))
+    want_recip, _ = _fq(sim, ":reciprocal#0", "out", torch.where(xq < 0, -mag, mag), dtype)
+    assert_bits_equal(got_sqrt, want_sqrt)
+    assert_bits_equal(got_recip, want_recip)
+    assert torch.isfinite(got_sqrt).all() and torch.isfinite(got_recip).all()
+    # the float functions differ there: NaN below 0, infinite at 0
+    assert torch.isnan(torch.sqrt(xq)).any() and torch.isinf(torch.reciprocal(xq)).any()
+    # training's forward: the same bits, finite gradients (sqrt's is infinite at 0 unclipped)
+    xg = x.clone().requires_grad_()
+    a, b = sim.train_forward(xg)
+    assert_bits_equal(a.detach(), got_sqrt)
+    assert_bits_equal(b.detach(), got_recip)
+    (a.sum() + b.sum()).backward()
+    assert torch.isfinite(xg.grad).all() and xg.grad.abs().sum() > 0
+
+
+def test_the_runtime_profiles_fake_sqrt_and_reciprocal_are_the_float_functions():
+    sim, g = _calibrated("onnxruntime", None)
+    rq = sim.qconfig_of(":sqrt#0")
+    dt = rq.input_dtype or rq.output_dtype
+    x = torch.rand(4, 256, generator=g) * 3 + 0.05
+    s = float(sim.act_scale(":sqrt#0", "in0", dt, rq))
+    x[0, :4] = torch.tensor([0.0, 0.4 * s, s, 2 * s])  # 0, 0, 1 and 2 steps of the scale
+    got_sqrt, got_recip = sim.run(x, mode=Mode.FAKE)
+    xq, _ = _fq(sim, ":sqrt#0", "in0", x, dt)
+    assert_bits_equal(got_sqrt, _fq(sim, ":sqrt#0", "out", torch.sqrt(xq), rq.output_dtype)[0])
+    xq, _ = _fq(sim, ":reciprocal#0", "in0", x, dt)
+    want = _fq(sim, ":reciprocal#0", "out", torch.reciprocal(xq), rq.output_dtype)[0]
+    assert_bits_equal(got_recip, want)
+    assert got_sqrt[0, 0] == 0  # sqrt(0), where J6's QAT gives sqrt(1 code)
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.HYBRID])
+def test_clipped_sqrt_and_reciprocal_keep_their_bits_in_steady_runs(monkeypatch, mode):
+    """Kept as prepared calls and in a traced program, the clipped forms (FAKE) and the
+    deployed tables (HYBRID) give the bits of a simulator that captures every run."""
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    fast, g = _calibrated("j6m", DType.INT16, steady_programs=True)
+    captured, _ = _calibrated("j6m", DType.INT16, steady_programs=False)
+    xs = [_near_zero(fast, DType.INT16, g) for _ in range(2)]
+    for x in xs * 3:
+        for a, b in zip(fast.run(x, mode=mode), captured.run(x, mode=mode), strict=True):
+            assert_bits_equal(a, b)
+    state = fast.steady_programs.status((xs[0],), mode)
+    assert state.program is not None and state.program.fallbacks == 0
