@@ -130,10 +130,11 @@ class PlatformConfig:
     # ``numerics.lut.default_spec``), whose fixed gelu points fit only the J6 table count
     lut_default_strategy: Strategy | None = None
     softmax_rule: SoftmaxRule = SoftmaxRule.SEGMENT_LUT  # integer softmax (SoftmaxRule)
-    # FAKE sqrt and reciprocal clip their input as the vendor's QAT modules do (sqrt: x >= 1
-    # code of x; reciprocal: |x| >= 1 code (int8) or 32 codes (int16), sign kept; horizon
-    # plugin nn/sqrt.py, nn/qat/reciprocal.py); false: the float function of the input
-    qat_lut_input_clip: bool = True
+    # FAKE sqrt, reciprocal and log as the vendor's QAT modules compute them (horizon plugin
+    # nn/sqrt.py, nn/qat/reciprocal.py, nn/log.py): sqrt's input >= 1 code of it; reciprocal's
+    # |input| >= 1 code (int8) or 32 codes (int16), sign kept; log's output >= the log spec's
+    # floor (hard_log, -10; calibration observes it so too); false: the float functions
+    qat_lut_clips: bool = True
 
     # --- grid_sample (s.4)
     grid_dtype: DType = DType.INT16

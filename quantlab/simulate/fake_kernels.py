@@ -1,9 +1,9 @@
 """The FAKE forms of ops whose QAT form is not the float function then the output fake quant
-(ops whose FIXED kernel is a composite, and sqrt and reciprocal, whose QAT modules clip their
-input): ``fake_kernel(call, platform)`` gives the function that resolves a call's QAT form
-(``composite.ResolvedComposite``, or None for the plain FAKE path: the float function, then
-the output fake quant), or None where the op has no such form. The dispatch hands it to
-``op_route.make_route``."""
+(ops whose FIXED kernel is a composite, and sqrt, reciprocal and log, whose QAT modules clip
+their input or output): ``fake_kernel(call, platform)`` gives the function that resolves a
+call's QAT form (``composite.ResolvedComposite``, or None for the plain FAKE path: the float
+function, then the output fake quant), or None where the op has no such form. The dispatch
+hands it to ``op_route.make_route``."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ FAKE_KERNELS = {
 
 def fake_kernel(call, platform) -> Callable | None:
     """The QAT form's resolver of ``call`` on ``platform`` (``FAKE_KERNELS`` by its category;
-    for a segment-LUT op, ``fixed_lut.lut_fake_op`` where the platform clips its input in
-    QAT), or None."""
+    for a segment-LUT op, ``fixed_lut.lut_fake_op`` where the platform's QAT clips it), or
+    None."""
     if call.category is OpCategory.LUT:
-        clipped = platform.qat_lut_input_clip and call.op_type in fixed_lut.QAT_CLIPPED_INPUTS
+        clipped = platform.qat_lut_clips and call.op_type in fixed_lut.QAT_CLIPPED
         return fixed_lut.lut_fake_op if clipped else None
     return FAKE_KERNELS.get(call.category)

@@ -278,17 +278,38 @@ def _softmax_dim(args, kwargs) -> int | None:
     return dim
 
 
-QAT_CLIPPED_INPUTS = frozenset(("sqrt", "reciprocal"))  # ops whose QAT form clips its input
+QAT_CLIPPED = frozenset(("sqrt", "reciprocal", "log"))  # ops whose QAT form clips (lut_fake_op)
+
+
+def qat_log(x: Tensor, floor: float) -> Tensor:
+    """The vendor's QAT log (hard_log): max(log(x), floor), NaN for x < 0; its gradient 1 / x
+    where log(x) > floor, else 0 (finite at x = 0)."""
+    from quantlab.simulate.straight_through import through
+
+    value = torch.log(x).clamp_min(floor)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return value
+    kept = value > floor
+    return through(torch.log(torch.where(kept, x, torch.ones_like(x))), value)
+
+
+def qat_observed(platform, call, out: Tensor) -> Tensor:
+    """What calibration observes at ``call``'s output: its float output, or where the
+    platform's QAT clips it (``qat_lut_clips``: log's hard_log), the clipped output."""
+    if call.op_type == "log" and platform.qat_lut_clips and call.category is OpCategory.LUT:
+        return out.clamp_min(platform.lut_spec("log").log_floor)
+    return out
 
 
 def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
-    """FAKE: sqrt and reciprocal as the vendor's QAT modules compute them, their input clipped
-    (``platform.qat_lut_input_clip``): fq_out(sqrt(max(x, s_x))), and fq_out of
+    """FAKE: sqrt, reciprocal and log as the vendor's QAT modules compute them
+    (``platform.qat_lut_clips``): fq_out(sqrt(max(x, s_x))); fq_out of
     ``numerics.lut.composite.qat_reciprocal`` (|x| >= 1 code (int8) or 32 codes (int16) of x,
-    the sign kept), x the input as the dispatch fake-quantized it, fq_out the op's output
-    point. None (the plain FAKE path, fq_out(f(x))) for other ops, the clip off, HYBRID (the
-    deployed table), a float input or output. With a gradient: the clipped function's (0
-    below the clip, as in QAT), straight through the output's fake quant."""
+    the sign kept); fq_out(``qat_log``(x)) (log floored at the log spec's ``log_floor``, -10),
+    x the input as the dispatch fake-quantized it, fq_out the op's output point. None (the
+    plain FAKE path, fq_out(f(x))) for other ops, the clips off, HYBRID (the deployed table),
+    a float input or output. With a gradient: the clipped function's (0 where it clips, as
+    in QAT), straight through the output's fake quant."""
     from quantlab.numerics.lut.composite import qat_reciprocal
     from quantlab.simulate.modes import Mode
 
@@ -296,8 +317,8 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
     out = rq.output_dtype
     if (
         deployed
-        or call.op_type not in QAT_CLIPPED_INPUTS
-        or not sim.platform.qat_lut_input_clip
+        or call.op_type not in QAT_CLIPPED
+        or not sim.platform.qat_lut_clips
         or not fc.zp_info(info)
         or not out.is_int
     ):
@@ -309,10 +330,16 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
         def clipped(x: Tensor) -> Tensor:
             return torch.sqrt(x.clamp_min(s))
 
-    else:
+    elif call.op_type == "reciprocal":
 
         def clipped(x: Tensor) -> Tensor:
             return qat_reciprocal(x, s, dtype)
+
+    else:
+        floor = sim.platform.lut_spec("log").log_floor
+
+        def clipped(x: Tensor) -> Tensor:
+            return qat_log(x, floor)
 
     def compute(args, kwargs):
         value = clipped(A.get(args, kwargs, x_slot))

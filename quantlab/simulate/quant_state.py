@@ -28,7 +28,7 @@ from quantlab.numerics.quantize import (
 from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ActivationSymmetry, ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
-from quantlab.simulate import fixed_div, fixed_embedding, fixed_norm, same_grid
+from quantlab.simulate import fixed_div, fixed_embedding, fixed_lut, fixed_norm, same_grid
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_divide, qat_fake_quant
@@ -66,7 +66,7 @@ class QuantizationState:
             if self._chain[head][-1] != call.name:
                 return
             key = head
-        self._obs.observe(f"{key}/out", o[0])
+        self._obs.observe(f"{key}/out", fixed_lut.qat_observed(self.platform, call, o[0]))
 
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
         """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype`` (its

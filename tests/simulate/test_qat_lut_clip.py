@@ -104,3 +104,54 @@ def test_clipped_sqrt_and_reciprocal_keep_their_bits_in_steady_runs(monkeypatch,
             assert_bits_equal(a, b)
     state = fast.steady_programs.status((xs[0],), mode)
     assert state.program is not None and state.program.fallbacks == 0
+
+
+class _Log(nn.Module):
+    def forward(self, x):
+        return torch.log(x)
+
+
+def _log_sim(platform: str, top: float = 2.0) -> Simulator:
+    """int16 log, MINMAX scales, calibrated on inputs from 1e-8 (log -18.4) to 10**top."""
+    rule = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16, observer="MINMAX")
+    sim = Simulator(_Log(), platform, QConfigSpec(global_=rule))
+    x = torch.logspace(-8, top, 512).reshape(4, 128)
+    sim.calibrate([(x,)], progress=False)
+    return sim
+
+
+def test_fake_log_is_the_vendors_hard_log_and_calibrates_on_it():
+    """J6's QAT log is hard_log, max(log(x), -10): calibration observes it (the output scale
+    covers 10, not the 18.4 of log(1e-8)) and FAKE computes it, with a finite gradient at 0;
+    the runtime profiles keep the float log."""
+    sim = _log_sim("j6m")
+    rq = sim.qconfig_of(":log#0")
+    s_out = float(sim.act_scale(":log#0", "out", DType.INT16, rq))
+    assert s_out * 32767.5 == pytest.approx(10.0, rel=1e-6)
+    g = torch.Generator().manual_seed(8)
+    x = torch.rand(4, 128, generator=g) * 50
+    x[0, :6] = torch.tensor([0.0, 1e-9, 1e-6, 4.5e-5, 4.6e-5, 1e-3])  # log -inf .. -6.9
+    xq, _ = _fq(sim, ":log#0", "in0", x, DType.INT16)
+    want, _ = _fq(sim, ":log#0", "out", torch.log(xq).clamp_min(-10.0), DType.INT16)
+    got = sim.run(x, mode=Mode.FAKE)
+    assert_bits_equal(got, want)
+    xg = x.clone().requires_grad_()
+    out = sim.train_forward(xg)
+    assert_bits_equal(out.detach(), got)
+    out.sum().backward()
+    assert torch.isfinite(xg.grad).all()
+    kept = torch.log(xq) > -10
+    assert (xg.grad[~kept] == 0).all() and (xg.grad[kept] != 0).all()
+    # an output scale wide enough to hold log values below -10 (calibrated up to log 12.7):
+    # hard_log's floor, not the float log, reaches the output
+    wide = _log_sim("j6m", top=5.5)
+    xq, _ = _fq(wide, ":log#0", "in0", x, DType.INT16)
+    want, s_wide = _fq(wide, ":log#0", "out", torch.log(xq).clamp_min(-10.0), DType.INT16)
+    got = wide.run(x, mode=Mode.FAKE)
+    assert_bits_equal(got, want)
+    assert s_wide * 32767.5 > 12 and got.min() >= -10 > torch.log(xq[0, 2])
+
+    ort = _log_sim("onnxruntime")
+    rq = ort.qconfig_of(":log#0")
+    s_ort = float(ort.act_scale(":log#0", "out", DType.INT16, rq))
+    assert s_ort * 32767.5 == pytest.approx(-torch.log(torch.tensor(1e-8)).item(), rel=1e-4)
