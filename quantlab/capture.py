@@ -59,6 +59,7 @@ class OpCategory(enum.Enum):
     REDUCE = "reduce"
     POOL = "pool"
     SOFTMAX = "softmax"
+    LOG_SOFTMAX = "log_softmax"
     NORM = "norm"
     RESAMPLE = "resample"
     GRID_SAMPLE = "grid_sample"
@@ -118,6 +119,7 @@ _reg(
 )
 _reg("sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_", None, OpCategory.LUT)  # in-place methods
 _reg("softmax", None, OpCategory.SOFTMAX)
+_reg("log_softmax", None, OpCategory.LOG_SOFTMAX)
 _reg("layer_norm group_norm instance_norm", None, OpCategory.NORM)
 _reg("embedding", None, OpCategory.EMBEDDING)
 _reg("batch_norm", None, OpCategory.NORM)

@@ -340,6 +340,16 @@ class PlatformConfig:
             values=self.lut_table_values,
         )
 
+    def runs_quantized(self, op_type: str, category) -> bool:
+        """Whether an op of ``op_type`` (capture category ``category``, None for an op quantlab
+        does not model) runs quantized on this profile, else in float: an op in
+        ``supported_ops`` (empty: every modelled op); log_softmax where softmax is the
+        segment-LUT composite only (the J6 plugin's LogSoftmax: that softmax, then its log
+        table), as the runtime profiles have no integer form of it."""
+        if category is None or (self.supported_ops and op_type not in self.supported_ops):
+            return False
+        return op_type != "log_softmax" or self.softmax_rule is SoftmaxRule.SEGMENT_LUT
+
     def lut_spec(self, func: str) -> LutSpec:
         """The default segment-LUT spec of op ``func`` on this profile: the vendor's per-op
         default (``numerics.lut.default_spec``) with its strategy replaced by

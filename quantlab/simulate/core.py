@@ -290,11 +290,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             self._validate()
 
     def supported(self, op_type: str, category: OpCategory | None) -> bool:
-        """Whether ``op_type`` runs quantized on this platform (else it falls back to float)."""
-        if category is None:
-            return False
-        sup = self.platform.supported_ops
-        return not sup or op_type in sup
+        """Whether ``op_type`` runs quantized on this platform (else it falls back to float;
+        ``PlatformConfig.runs_quantized``)."""
+        return self.platform.runs_quantized(op_type, category)
 
     @property
     def float16_overflow(self) -> dict[str, int]:

@@ -17,6 +17,7 @@ FAKE_KERNELS = {
     OpCategory.NORM: fixed_norm.norm_fake_op,
     OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
     OpCategory.SOFTMAX: fixed_lut.softmax_fake_op,
+    OpCategory.LOG_SOFTMAX: fixed_lut.log_softmax_fake_op,
 }
 
 

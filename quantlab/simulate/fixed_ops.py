@@ -36,7 +36,7 @@ from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.fixed_div import reciprocal_table_div
 from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
-from quantlab.simulate.fixed_lut import lut_op, softmax_op
+from quantlab.simulate.fixed_lut import log_softmax_op, lut_op, softmax_op
 from quantlab.simulate.fixed_norm import COMPOSITE_TYPES, norm_op
 from quantlab.simulate.fixed_sampling import grid_sample_op, resample_op
 from quantlab.simulate.qtensor import QInfo
@@ -52,6 +52,7 @@ _KERNELS = {
     OpCategory.REDUCE: "integer",
     OpCategory.POOL: "integer (even windows); float_fallback otherwise",
     OpCategory.SOFTMAX: "lut (exp, reciprocal)",
+    OpCategory.LOG_SOFTMAX: "lut (softmax's exp and reciprocal, then log)",
     OpCategory.NORM: "float_fallback",
     OpCategory.EMBEDDING: "integer (gather)",
     OpCategory.RESAMPLE: (
@@ -466,6 +467,7 @@ _DISPATCH = {
     OpCategory.REQUANT: _requant_op,
     OpCategory.LUT: lut_op,
     OpCategory.SOFTMAX: softmax_op,
+    OpCategory.LOG_SOFTMAX: log_softmax_op,
     OpCategory.REDUCE: _reduce,
     OpCategory.POOL: _pool,
     OpCategory.RESAMPLE: resample_op,

@@ -48,6 +48,8 @@ class QuantizationState:
             fixed_embedding.observe(self, call)
         elif call.category is OpCategory.DIV:
             fixed_div.observe_reciprocal(self, call, plan)
+        elif call.category is OpCategory.LOG_SOFTMAX:
+            fixed_lut.observe_log_softmax(self, call, plan)
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):

@@ -16,9 +16,7 @@ class _PlatformView:
         self.platform = platform
 
     def supported(self, op_type: str, category: OpCategory | None) -> bool:
-        if category is None:
-            return False
-        return not self.platform.supported_ops or op_type in self.platform.supported_ops
+        return self.platform.runs_quantized(op_type, category)
 
 
 def op_types() -> dict[str, OpCategory]:

@@ -1,11 +1,10 @@
 """elu and softplus as the vendor builds them: segment LUTs of the call's function (its alpha,
-beta and threshold), on every platform that runs tables; log_softmax is not modelled (float)."""
+beta and threshold), on every platform that runs tables (log_softmax: test_log_softmax.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,16 +106,3 @@ def test_inplace_elu_is_the_same_op():
     inplace, xs = _calibrated(_Activation(lambda y: F.elu(y, inplace=True)), "j6m")
     for x in xs:
         assert_bits_equal(inplace.run(x, mode=Mode.FIXED), plain.run(x, mode=Mode.FIXED))
-
-
-class _LogSoftmax(nn.Module):
-    def forward(self, x):
-        return F.log_softmax(x, dim=-1)
-
-
-def test_log_softmax_runs_in_float():
-    sim = Simulator(_LogSoftmax().eval(), "j6m")
-    sim.calibrate([(torch.randn(3, 5),)], progress=False)
-    assert set(sim.ops["category"]) == {"NONE"}
-    x = torch.randn(3, 5)
-    assert np.array_equal(sim.run(x, mode=Mode.FIXED).numpy(), _LogSoftmax()(x).numpy())

@@ -280,4 +280,4 @@ def test_deployed_softmax_gradient_is_the_float_softmax_gradient():
 
 
 def test_categories_cover_lut_and_softmax():
-    assert DEPLOYED_CATEGORIES == {OpCategory.LUT, OpCategory.SOFTMAX}
+    assert DEPLOYED_CATEGORIES == {OpCategory.LUT, OpCategory.SOFTMAX, OpCategory.LOG_SOFTMAX}
