@@ -69,8 +69,6 @@ def _arg(call, index: int, name: str, default):
 
 
 def _lut_spec(call, rq, platform):
-    from quantlab.numerics.lut import Strategy
-
     spec = platform.lut_spec(_table_func(call.op_type))
     if call.op_type == "inverse_sigmoid":
         eps = _arg(call, 1, "eps", None)
@@ -87,6 +85,14 @@ def _lut_spec(call, rq, platform):
     if call.op_type == "softplus":
         beta, threshold = _arg(call, 1, "beta", 1.0), _arg(call, 2, "threshold", 20.0)
         spec = dataclasses.replace(spec, beta=float(beta), threshold=float(threshold))
+    return _with_op_strategy(spec, rq)
+
+
+def _with_op_strategy(spec, rq):
+    """``spec`` with the op's ``lut_strategy`` (its qconfig's), where one is set and is not
+    MANUAL."""
+    from quantlab.numerics.lut import Strategy
+
     if rq.lut_strategy is not None:
         st = rq.lut_strategy
         if not isinstance(st, Strategy):
@@ -496,17 +502,9 @@ def _log_table(sim, call, rq, sm, so):
     """log_softmax's log table: the platform's log spec (hard_log, the op's ``lut_strategy``
     if set) from the inner softmax's codes (the op's output dtype, scale ``sm``) to the op's
     output (scale ``so``), its range from the inner softmax's calibrated one."""
-    from quantlab.numerics.lut import Strategy, build_lut
+    from quantlab.numerics.lut import build_lut
 
-    spec = sim.platform.lut_spec("log")
-    if rq.lut_strategy is not None:
-        st = (
-            rq.lut_strategy
-            if isinstance(rq.lut_strategy, Strategy)
-            else Strategy[str(rq.lut_strategy)]
-        )
-        if st is not Strategy.MANUAL:
-            spec = dataclasses.replace(spec, strategy=st, dividing_points=None)
+    spec = _with_op_strategy(sim.platform.lut_spec("log"), rq)
     out = rq.output_dtype
     observed = sim.observed_range(call.name, LOG_SOFTMAX_KEY)
     fmt = sim.platform.lut_format()
@@ -522,7 +520,7 @@ def log_softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     parts = _log_softmax_parts(sim, call, plan, in_infos, rq)
     if parts is None:
         return None
-    dim, info, sm, so = parts
+    _, info, sm, so = parts
     out = rq.output_dtype
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
     fmt = sim.platform.lut_format()
