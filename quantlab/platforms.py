@@ -135,6 +135,10 @@ class PlatformConfig:
     # |input| >= 1 code (int8) or 32 codes (int16), sign kept; log's output >= the log spec's
     # floor (hard_log, -10; calibration observes it so too); false: the float functions
     qat_lut_clips: bool = True
+    # log_softmax: true: the J6 plugin's LogSoftmax, the segment-LUT softmax then the log table
+    # (``fixed_lut.log_softmax_op``); false: not run quantized (float), as on runtimes whose
+    # own log_softmax kernel quantlab does not model
+    log_softmax_composite: bool = True
 
     # --- grid_sample (s.4)
     grid_dtype: DType = DType.INT16
@@ -343,12 +347,11 @@ class PlatformConfig:
     def runs_quantized(self, op_type: str, category) -> bool:
         """Whether an op of ``op_type`` (capture category ``category``, None for an op quantlab
         does not model) runs quantized on this profile, else in float: an op in
-        ``supported_ops`` (empty: every modelled op); log_softmax where softmax is the
-        segment-LUT composite only (the J6 plugin's LogSoftmax: that softmax, then its log
-        table), as the runtime profiles have no integer form of it."""
+        ``supported_ops`` (empty: every modelled op); log_softmax only where
+        ``log_softmax_composite`` (the J6 plugin's LogSoftmax)."""
         if category is None or (self.supported_ops and op_type not in self.supported_ops):
             return False
-        return op_type != "log_softmax" or self.softmax_rule is SoftmaxRule.SEGMENT_LUT
+        return op_type != "log_softmax" or self.log_softmax_composite
 
     def lut_spec(self, func: str) -> LutSpec:
         """The default segment-LUT spec of op ``func`` on this profile: the vendor's per-op

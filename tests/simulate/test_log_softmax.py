@@ -102,10 +102,11 @@ def test_fake_log_softmax_is_the_plugins_qat_logsoftmax(dtype):
     assert torch.isfinite(xg.grad).all() and xg.grad.abs().sum() > 0
 
 
-def test_the_runtime_profiles_keep_log_softmax_in_float():
-    """onnxruntime has no integer form of it: the op runs in float on its quantized input
-    (not supported there), as before it was modelled."""
-    sim = Simulator(_LogSoftmax(), "onnxruntime")
+@pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])
+def test_the_runtime_profiles_keep_log_softmax_in_float(platform):
+    """Their own log_softmax kernels are not modelled (``log_softmax_composite`` false): the
+    op runs in float (not supported there), as before it was modelled."""
+    sim = Simulator(_LogSoftmax(), platform)
     g = torch.Generator().manual_seed(12)
     sim.calibrate([(torch.randn(16, 12, generator=g) * 3,)], progress=False)
     ops = sim.ops.set_index("name")
