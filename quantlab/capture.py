@@ -112,12 +112,13 @@ _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCa
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg(
-    "sigmoid tanh exp log sqrt rsqrt sin cos gelu silu hardsigmoid hardswish leaky_relu prelu "
-    "elu softplus",
+    "sigmoid tanh exp log sqrt rsqrt sin cos erf gelu silu hardsigmoid hardswish leaky_relu "
+    "prelu elu softplus",
     None,
     OpCategory.LUT,
 )
-_reg("sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_", None, OpCategory.LUT)  # in-place methods
+# in-place methods
+_reg("sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_ erf_", None, OpCategory.LUT)
 _reg("softmax", None, OpCategory.SOFTMAX)
 _reg("log_softmax", None, OpCategory.LOG_SOFTMAX)
 _reg("layer_norm group_norm instance_norm", None, OpCategory.NORM)
@@ -143,6 +144,16 @@ _IGNORED = frozenset(
 
 _POW_NAMES = frozenset("pow __pow__ pow_ __ipow__".split())  # tensor ** exponent
 _CAST_NAMES = frozenset(("to", "float", "type_as"))  # x.to(...), x.float(), x.type_as(y)
+
+
+def modelled_op_types() -> dict[str, OpCategory]:
+    """Every op type quantlab models and its category, sorted (relu6 is hardtanh(0, 6); pow's
+    category is its exponent's, ``pow_exponent``: MUL for 2, listed here)."""
+    out = {t: c for t, c in _BY_NAME.values()}
+    out.update({t: c for t, c in _BY_IDENTITY.values()})
+    out["relu6"] = OpCategory.REQUANT
+    out["pow"] = OpCategory.MUL  # the exponent 2; other scalar exponents are LUT ops
+    return dict(sorted(out.items()))
 
 
 def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:

@@ -135,10 +135,6 @@ class PlatformConfig:
     # |input| >= 1 code (int8) or 32 codes (int16), sign kept; log's output >= the log spec's
     # floor (hard_log, -10; calibration observes it so too); false: the float functions
     qat_lut_clips: bool = True
-    # log_softmax: true: the J6 plugin's LogSoftmax, the segment-LUT softmax then the log table
-    # (``fixed_lut.log_softmax_op``); false: not run quantized (float), as on runtimes whose
-    # own log_softmax kernel quantlab does not model
-    log_softmax_composite: bool = True
 
     # --- grid_sample (s.4)
     grid_dtype: DType = DType.INT16
@@ -187,6 +183,9 @@ class PlatformConfig:
     ceiling_dtype: DType = DType.INT16
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
+    # ops quantlab models on J6 that this profile runs in float, as its runtime's own kernels
+    # for them are not modelled (the runtime profiles: log_softmax, erf)
+    float_fallback_ops: list[str] = field(default_factory=list)
     # the runtime whose integer graph fixed mode computes bit for bit (Runtime): a steady FIXED
     # loop may run the QDQ export there (simulate.runtime_program); NONE for a device
     runtime: Runtime = Runtime.NONE
@@ -216,6 +215,8 @@ class PlatformConfig:
                 f"platform.add_multiplier_bits must be in [1, 30], got {self.add_multiplier_bits}"
             )
         self.gemm_rules = [_gemm_rule(r, i) for i, r in enumerate(self.gemm_rules)]
+        for name in ("supported_ops", "float_fallback_ops"):
+            _check_op_types(f"platform.{name}", getattr(self, name))
         if self.lut_default_strategy is not None:
             # MANUAL names points, which only a per-op spec can give
             allowed = [s for s in Strategy if s is not Strategy.MANUAL]
@@ -347,11 +348,10 @@ class PlatformConfig:
     def runs_quantized(self, op_type: str, category) -> bool:
         """Whether an op of ``op_type`` (capture category ``category``, None for an op quantlab
         does not model) runs quantized on this profile, else in float: an op in
-        ``supported_ops`` (empty: every modelled op); log_softmax only where
-        ``log_softmax_composite`` (the J6 plugin's LogSoftmax)."""
+        ``supported_ops`` (empty: every modelled op) and not in ``float_fallback_ops``."""
         if category is None or (self.supported_ops and op_type not in self.supported_ops):
             return False
-        return op_type != "log_softmax" or self.log_softmax_composite
+        return op_type not in self.float_fallback_ops
 
     def lut_spec(self, func: str) -> LutSpec:
         """The default segment-LUT spec of op ``func`` on this profile: the vendor's per-op
@@ -416,6 +416,18 @@ def _gemm_rule(rule, index: int) -> GemmRule:
         return GemmRule(**{k: _rule_value(k, v) for k, v in dict(rule).items()})
     except (TypeError, ValueError) as e:
         raise ValueError(f"platform.gemm_rules[{index}]: {e}") from None
+
+
+def _check_op_types(field_name: str, ops) -> None:
+    """Every entry of ``ops`` an op type quantlab models (``capture.modelled_op_types``)."""
+    from quantlab.capture import modelled_op_types
+
+    known = modelled_op_types()
+    unknown = [o for o in ops if o not in known]
+    if unknown:
+        raise ValueError(
+            f"{field_name} has unknown op types {unknown}; allowed: {', '.join(known)}"
+        )
 
 
 def _check_choice(field_name: str, value, allowed) -> None:

@@ -286,7 +286,8 @@ def op_placement(row: pd.Series, plat: PlatformConfig) -> Placement:
             Unit.CPU,
             "CPU",
             "float32",
-            f"{row['op_type']!r} is not in platform.supported_ops (a listed float fallback)",
+            f"{row['op_type']!r} runs in float on this platform (platform.supported_ops, "
+            "float_fallback_ops)",
             "-",
         )
     engine, seed = _ENGINES.get(row["category"], _VAE)

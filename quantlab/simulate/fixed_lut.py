@@ -24,7 +24,7 @@ from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.composite import ResolvedComposite
 
 LUT_FUNCS = frozenset(
-    "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos gelu silu hardsigmoid hardswish "
+    "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos erf gelu silu hardsigmoid hardswish "
     "leaky_relu prelu inverse_sigmoid pow elu softplus".split()
 )
 

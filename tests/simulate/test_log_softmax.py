@@ -104,7 +104,7 @@ def test_fake_log_softmax_is_the_plugins_qat_logsoftmax(dtype):
 
 @pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])
 def test_the_runtime_profiles_keep_log_softmax_in_float(platform):
-    """Their own log_softmax kernels are not modelled (``log_softmax_composite`` false): the
+    """Their own log_softmax kernels are not modelled (``float_fallback_ops``): the
     op runs in float (not supported there), as before it was modelled."""
     sim = Simulator(_LogSoftmax(), platform)
     g = torch.Generator().manual_seed(12)

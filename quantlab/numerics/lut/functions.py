@@ -292,6 +292,9 @@ FUNCTIONS: dict[str, LutFunction] = {
             sample_range=(-8.0, 8.0),
         ),
         LutFunction("cos", lambda x, s: torch.cos(x), "none needed", sample_range=(-8.0, 8.0)),
+        LutFunction(
+            "erf", lambda x, s: torch.erf(x), "none needed", odd=True, sample_range=(-4.0, 4.0)
+        ),
         LutFunction("silu", lambda x, s: torch.nn.functional.silu(x), "none needed"),
         LutFunction("gelu", _gelu, "none needed (exact erf form)", sample_range=(-8.0, 8.0)),
         LutFunction("hardsigmoid", _hardsigmoid, "none needed (relu6(x + 3) / 6)"),
@@ -340,6 +343,7 @@ _DEFAULTS: dict[str, LutSpec] = {
     "rsqrt": LutSpec(Strategy.CURVATURE, symmetric=True),
     "sin": LutSpec(Strategy.CURVATURE, symmetric=True),
     "cos": LutSpec(Strategy.CURVATURE),
+    "erf": LutSpec(Strategy.EVENLY, symmetric=True),
     "silu": LutSpec(Strategy.CURVATURE),
     "gelu": LutSpec(Strategy.MANUAL, dividing_points=GELU_POINTS),
     "hardsigmoid": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
@@ -365,7 +369,8 @@ def get_function(func: str) -> LutFunction:
 def default_spec(func: str) -> LutSpec:
     """The vendor's per-op default (j6-numerics s.3): sigmoid evenly; tanh symmetric evenly; exp
     curvature (+ cap); log symmetric curvature, floor -10; reciprocal/sqrt/rsqrt symmetric
-    curvature (reciprocal's left tail flat); sin symmetric curvature, cos curvature; silu
+    curvature (reciprocal's left tail flat); sin symmetric curvature, cos curvature; erf
+    symmetric evenly (the plugin's Erf: a centrosymmetric SegmentLUT, its default strategy); silu
     curvature; gelu the fixed points [-5, -3, -2, -1, -0.75, 0, 5.5, inf]; inverse_sigmoid evenly
     (the plugin's SegmentLUT default) with eps = 1e-5; hardsigmoid and hardswish the points
     HARD_POINTS, table edges on their kinks at -3 and 3 (assumed: the seeds and the plugin's
