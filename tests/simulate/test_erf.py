@@ -12,9 +12,11 @@ import torch.nn.functional as F
 from bits import assert_bits_equal
 from torch import nn
 
+from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import Strategy, build_lut, default_spec
 from quantlab.numerics.quantize import quantize
+from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 
@@ -97,3 +99,12 @@ def test_a_gelu_written_with_erf_runs_quantized_on_j6():
     x = (torch.randn(4, 64, generator=torch.Generator().manual_seed(16)) * 1.5).clamp(-3, 3)
     got = sim.run(x, mode=Mode.FIXED)  # inside the calibrated range: nothing saturates
     assert (got - F.gelu(x)).abs().max() < 0.01
+
+
+@pytest.mark.parametrize("field", ["float_fallback_ops", "supported_ops"])
+def test_a_platforms_op_lists_name_modelled_op_types(field):
+    """A misspelt op type would leave its op quietly quantized or in float: refused, with the
+    field and the allowed names."""
+    with pytest.raises(ValueError, match=rf"platform.{field} has unknown op types \['erff'\]; "):
+        PlatformConfig(name="x", **{field: ["erf", "erff"]})
+    assert not PlatformConfig(name="x", float_fallback_ops=["erf"]).runs_quantized("erf", OpCategory.LUT)

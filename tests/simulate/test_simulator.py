@@ -304,7 +304,7 @@ def test_op_table_tells_an_op_quantlab_does_not_model_from_one_the_platform_lack
         def forward(self, x):
             return torch.sigmoid(-x).abs()
 
-    limited = PlatformConfig(name="tiny", supported_ops=["neg"])
+    limited = PlatformConfig(name="tiny", supported_ops=["relu"])
     for platform, sigmoid in (("j6m", "lut"), (limited, "float (not supported on this platform)")):
         sim = Simulator(Net(), platform)
         sim.run(torch.randn(2, 3), mode=Mode.FLOAT)
