@@ -107,4 +107,5 @@ def test_a_platforms_op_lists_name_modelled_op_types(field):
     field and the allowed names."""
     with pytest.raises(ValueError, match=rf"platform.{field} has unknown op types \['erff'\]; "):
         PlatformConfig(name="x", **{field: ["erf", "erff"]})
-    assert not PlatformConfig(name="x", float_fallback_ops=["erf"]).runs_quantized("erf", OpCategory.LUT)
+    tiny = PlatformConfig(name="x", float_fallback_ops=["erf"])
+    assert not tiny.runs_quantized("erf", OpCategory.LUT)
