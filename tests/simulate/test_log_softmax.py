@@ -2,7 +2,7 @@
 codes of the op's output dtype at a calibrated scale of its own (``<op>/softmax``), then the
 log table (hard_log, floored at -10). FIXED is checked against that composition built from
 the numerics functions, FAKE against torch's own fake quant of the QAT forms; the runtime
-profiles keep it in float (no integer form)."""
+profiles keep it in float (``platform.float_fallback_ops``)."""
 
 from __future__ import annotations
 

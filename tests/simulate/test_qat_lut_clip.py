@@ -1,7 +1,8 @@
-"""FAKE sqrt and reciprocal on J6 clip their input as the vendor's QAT modules do (sqrt:
-x >= 1 code of x; reciprocal: |x| >= 1 code (int8) or 32 codes (int16), the sign kept), so
-inputs at and near 0 give finite values and gradients; the runtime profiles keep the float
-function. Checked bit for bit against torch's own fake quant."""
+"""FAKE sqrt, reciprocal and log on J6 as the vendor's QAT modules compute them: sqrt and
+reciprocal clip their input (sqrt: x >= 1 code of x; reciprocal: |x| >= 1 code (int8) or 32
+codes (int16), the sign kept), log is hard_log (max(log x, -10), also what calibration
+observes), so inputs at and near 0 give finite values and gradients; the runtime profiles
+keep the float functions. Checked bit for bit against torch's own fake quant."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_the_runtime_profiles_fake_sqrt_and_reciprocal_are_the_float_functions()
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.HYBRID])
-def test_clipped_sqrt_and_reciprocal_keep_their_bits_in_steady_runs(monkeypatch, mode):
+def test_the_clipped_forms_keep_their_bits_in_steady_runs(monkeypatch, mode):
     """Kept as prepared calls and in a traced program, the clipped forms (FAKE) and the
     deployed tables (HYBRID) give the bits of a simulator that captures every run (log's NaN
     below 0 included)."""
