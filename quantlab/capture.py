@@ -146,16 +146,6 @@ _POW_NAMES = frozenset("pow __pow__ pow_ __ipow__".split())  # tensor ** exponen
 _CAST_NAMES = frozenset(("to", "float", "type_as"))  # x.to(...), x.float(), x.type_as(y)
 
 
-def modelled_op_types() -> dict[str, OpCategory]:
-    """Every op type quantlab models and its category, sorted (relu6 is hardtanh(0, 6); pow's
-    category is its exponent's, ``pow_exponent``: MUL for 2, listed here)."""
-    out = {t: c for t, c in _BY_NAME.values()}
-    out.update({t: c for t, c in _BY_IDENTITY.values()})
-    out["relu6"] = OpCategory.REQUANT
-    out["pow"] = OpCategory.MUL  # the exponent 2; other scalar exponents are LUT ops
-    return dict(sorted(out.items()))
-
-
 def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
     """A cast that keeps a float tensor's dtype (``x.to(device)``, ``x.float()`` of a float32
     tensor, ``x.to(y)`` or ``x.type_as(y)`` of y's dtype) returns the same values: a

@@ -419,15 +419,13 @@ def _gemm_rule(rule, index: int) -> GemmRule:
 
 
 def _check_op_types(field_name: str, ops) -> None:
-    """Every entry of ``ops`` an op type quantlab models (``capture.modelled_op_types``)."""
-    from quantlab.capture import modelled_op_types
+    """Every entry of ``ops`` an op type quantlab models (``capture.KNOWN_OP_TYPES``)."""
+    from quantlab.capture import KNOWN_OP_TYPES
 
-    known = modelled_op_types()
-    unknown = [o for o in ops if o not in known]
+    unknown = [o for o in ops if o not in KNOWN_OP_TYPES]
     if unknown:
-        raise ValueError(
-            f"{field_name} has unknown op types {unknown}; allowed: {', '.join(known)}"
-        )
+        allowed = ", ".join(sorted(KNOWN_OP_TYPES))
+        raise ValueError(f"{field_name} has unknown op types {unknown}; allowed: {allowed}")
 
 
 def _check_choice(field_name: str, value, allowed) -> None:
