@@ -10,14 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from quantlab.capture import OpCategory
-from quantlab.simulate import fixed_div, fixed_embedding, fixed_lut, fixed_norm
+from quantlab.simulate import (
+    fixed_div,
+    fixed_embedding,
+    fixed_log_softmax,
+    fixed_lut,
+    fixed_norm,
+)
 
 FAKE_KERNELS = {
     OpCategory.DIV: fixed_div.div_fake_op,
     OpCategory.NORM: fixed_norm.norm_fake_op,
     OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
     OpCategory.SOFTMAX: fixed_lut.softmax_fake_op,
-    OpCategory.LOG_SOFTMAX: fixed_lut.log_softmax_fake_op,
+    OpCategory.LOG_SOFTMAX: fixed_log_softmax.log_softmax_fake_op,
 }
 
 

@@ -1,7 +1,9 @@
 """Fixed-point kernels of the segment-LUT ops (sigmoid, tanh, exp, ..., sin/cos with period
 reduction) and of softmax: the table each op's codes go through, built from the platform's LUT
 format and the op's spec, and the deployed form FAKE and HYBRID runs use for these ops
-(``run_deployed``). Kernels return ``(value, QInfo)`` or None, as in ``fixed_ops``.
+(``run_deployed``); the QAT forms of softmax (``softmax_fake_op``) and of sqrt, reciprocal
+and log (``lut_fake_op``). Kernels return ``(value, QInfo)`` or None, as in ``fixed_ops``;
+log_softmax, built on softmax and the log table, is ``fixed_log_softmax``.
 """
 
 from __future__ import annotations
@@ -85,10 +87,10 @@ def _lut_spec(call, rq, platform):
     if call.op_type == "softplus":
         beta, threshold = _arg(call, 1, "beta", 1.0), _arg(call, 2, "threshold", 20.0)
         spec = dataclasses.replace(spec, beta=float(beta), threshold=float(threshold))
-    return _with_op_strategy(spec, rq)
+    return with_op_strategy(spec, rq)
 
 
-def _with_op_strategy(spec, rq):
+def with_op_strategy(spec, rq):
     """``spec`` with the op's ``lut_strategy`` (its qconfig's), where one is set and is not
     MANUAL."""
     from quantlab.numerics.lut import Strategy
@@ -260,6 +262,8 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     x = A.get(args, kwargs, plan.acts[0]) if plan.acts else None
     grad = torch.is_grad_enabled() and isinstance(x, Tensor) and x.requires_grad
     if call.category in (OpCategory.SOFTMAX, OpCategory.LOG_SOFTMAX):
+        from quantlab.simulate.fixed_log_softmax import log_softmax_op
+
         op = softmax_op if call.category is OpCategory.SOFTMAX else log_softmax_op
         res = op(sim, call, plan, args, kwargs, in_infos, None, rq)
         if res is None or not grad:
@@ -276,7 +280,7 @@ def run_deployed(sim, call, plan, args, kwargs, in_infos, rq) -> Any:
     return through(x, value, slope.to(torch.float32)), info
 
 
-def _softmax_dim(args, kwargs) -> int | None:
+def softmax_dim(args, kwargs) -> int | None:
     """The dim of a softmax call; None for a call without one or with a dtype argument (the
     LUT softmax and its QAT form run on the input's own codes)."""
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
@@ -303,7 +307,7 @@ def qat_log(x: Tensor, floor: float) -> Tensor:
 def qat_observed(platform, call, out: Tensor) -> Tensor:
     """What calibration observes at ``call``'s output: its float output, or where the
     platform's QAT clips it, the clipped output: log's hard_log (``qat_lut_clips``) and the
-    hard_log that ends a composed log_softmax (``log_softmax_op``)."""
+    hard_log that ends a composed log_softmax (``fixed_log_softmax``)."""
     log = call.op_type == "log" and platform.qat_lut_clips and call.category is OpCategory.LUT
     if log or (
         call.category is OpCategory.LOG_SOFTMAX
@@ -319,21 +323,16 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
     ``numerics.lut.composite.qat_reciprocal`` (|x| >= 1 code (int8) or 32 codes (int16) of x,
     the sign kept); fq_out(``qat_log``(x)) (log floored at the log spec's ``log_floor``, -10),
     x the input as the dispatch fake-quantized it, fq_out the op's output point. None (the
-    plain FAKE path, fq_out(f(x))) for other ops, the clips off, HYBRID (the deployed table),
-    a float input or output. With a gradient: the clipped function's (0 where it clips, as
-    in QAT), straight through the output's fake quant."""
+    plain FAKE path, fq_out(f(x))) for HYBRID (the deployed table) and a float input or
+    output; the route hands it these three ops where the platform clips them
+    (``fake_kernels.fake_kernel``). With a gradient: the clipped function's (0 where it clips,
+    as in QAT), straight through the output's fake quant."""
     from quantlab.numerics.lut.composite import qat_reciprocal
     from quantlab.simulate.modes import Mode
 
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    if (
-        deployed
-        or call.op_type not in QAT_CLIPPED
-        or not sim.platform.qat_lut_clips
-        or not fc.zp_info(info)
-        or not out.is_int
-    ):
+    if deployed or not fc.zp_info(info) or not out.is_int:
         return None
     so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``
     x_slot, s, dtype = plan.acts[0], float(info.scale), info.dtype
@@ -347,7 +346,7 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
         def clipped(x: Tensor) -> Tensor:
             return qat_reciprocal(x, s, dtype)
 
-    else:
+    else:  # log
         floor = sim.platform.lut_spec("log").log_floor
 
         def clipped(x: Tensor) -> Tensor:
@@ -377,7 +376,7 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
 
     info = in_infos[0] if in_infos else None
     out = rq.output_dtype
-    dim = _softmax_dim(call.args, call.kwargs)
+    dim = softmax_dim(call.args, call.kwargs)
     if (
         deployed
         or sim.platform.softmax_rule is not SoftmaxRule.SEGMENT_LUT
@@ -397,7 +396,7 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
 
     def compute(args, kwargs):
         x = A.get(args, kwargs, x_slot)
-        dim = _softmax_dim(args, kwargs)
+        dim = softmax_dim(args, kwargs)
         grad = torch.is_grad_enabled() and x.requires_grad
         point = None if grad else sim.plain_fake_point(call.name, "out", out, rq)
         if point is not None:  # the output's fake quant as quantize_act applies it, fused
@@ -419,7 +418,7 @@ def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     table_rule = sim.platform.softmax_rule is SoftmaxRule.FLOAT_EXP_TABLE
     if not fc.zp_info(info) or not out.is_int:
         return None
-    dim = _softmax_dim(args, kwargs)
+    dim = softmax_dim(args, kwargs)
     if dim is None:
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
@@ -447,122 +446,3 @@ def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     )
     codes = (codes.to(torch.int64) + zo).clamp(out.qmin, out.qmax)
     return fc.emit(codes, so, out, zo)
-
-
-LOG_SOFTMAX_KEY = "softmax"  # log_softmax's inner softmax output: activation point <op>/softmax
-
-
-def observe_log_softmax(sim, call, plan) -> None:
-    """Calibration: feed softmax(x) of a log_softmax call to ``<op>/softmax`` (the plugin's
-    LogSoftmax calibrates its inner softmax's output)."""
-    if not sim.platform.runs_quantized(call.op_type, call.category):
-        return
-    x = A.get(call.args, call.kwargs, plan.acts[0]) if plan.acts else None
-    dim = _softmax_dim(call.args, call.kwargs)
-    if A.is_float_tensor(x) and dim is not None:
-        sim._obs.observe(f"{call.name}/{LOG_SOFTMAX_KEY}", torch.softmax(x.detach().float(), dim))
-
-
-def log_softmax_inner_rq(rq):
-    """The resolved qconfig of log_softmax's inner softmax output: the op's (the plugin's
-    LogSoftmax passes its qconfig to its softmax), symmetric, MINMAX where the op's observer
-    is FIXED."""
-    from quantlab.calibration.kinds import ActivationSymmetry, ObserverKind
-
-    observer = rq.observer if rq.observer is not ObserverKind.FIXED else ObserverKind.MINMAX
-    return dataclasses.replace(
-        rq, observer=observer, activation_symmetry=ActivationSymmetry.SYMMETRIC
-    )
-
-
-def _log_softmax_parts(sim, call, plan, in_infos, rq):
-    """(dim, input info, inner softmax scale, output scale) of a log_softmax the platform
-    composes (``PlatformConfig.runs_quantized``) on int8/int16 codes without zero points, at
-    an int8/int16 output without one; None otherwise (float)."""
-    info = in_infos[0] if in_infos else None
-    out = rq.output_dtype
-    dim = _softmax_dim(call.args, call.kwargs)
-    if (
-        not sim.platform.runs_quantized(call.op_type, call.category)
-        or not fc.int_info(info)
-        or info.dtype not in (DType.INT8, DType.INT16)
-        or out not in (DType.INT8, DType.INT16)
-        or dim is None
-        or sim._obs.get(f"{call.name}/{LOG_SOFTMAX_KEY}") is None
-    ):
-        return None
-    so = fc.out_scale(sim, call, rq)
-    if fc.out_zero_point(sim, call, rq):
-        return None
-    sm = sim.act_scale(call.name, LOG_SOFTMAX_KEY, out, log_softmax_inner_rq(rq))
-    return dim, info, sm, so
-
-
-def _log_table(sim, call, rq, sm, so):
-    """log_softmax's log table: the platform's log spec (hard_log, the op's ``lut_strategy``
-    if set) from the inner softmax's codes (the op's output dtype, scale ``sm``) to the op's
-    output (scale ``so``), its range from the inner softmax's calibrated one."""
-    from quantlab.numerics.lut import build_lut
-
-    spec = _with_op_strategy(sim.platform.lut_spec("log"), rq)
-    out = rq.output_dtype
-    observed = sim.observed_range(call.name, LOG_SOFTMAX_KEY)
-    fmt = sim.platform.lut_format()
-    return build_lut("log", out, float(sm), out, float(so), spec, fmt, observed)
-
-
-def log_softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
-    """FIXED log_softmax as the J6 plugin's LogSoftmax: the segment-LUT softmax
-    (``lut_softmax``) to codes of the op's output dtype at the inner softmax's calibrated
-    scale, then the log table (hard_log) on those codes to the op's output."""
-    from quantlab.numerics.lut import lut_softmax
-
-    parts = _log_softmax_parts(sim, call, plan, in_infos, rq)
-    if parts is None:
-        return None
-    _, info, sm, so = parts
-    out = rq.output_dtype
-    xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
-    fmt = sim.platform.lut_format()
-    mid = lut_softmax(
-        xc, float(info.scale), info.dtype, _softmax_dim(args, kwargs), float(sm), out, fmt
-    )
-    return fc.emit(_log_table(sim, call, rq, sm, so).evaluate(mid), so, out)
-
-
-def log_softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
-    """FAKE: the J6 plugin's QAT LogSoftmax, resolved for this call: fq_out(hard_log(fq_s(
-    ``qat_softmax``(x)))), fq_s the inner softmax's fake quant (the op's output dtype at its
-    calibrated scale, the platform's rounding), hard_log ``qat_log`` at the log spec's floor,
-    fq_out the op's output point. None for HYBRID (its deployed form is FIXED's,
-    ``run_deployed``) and where ``log_softmax_op`` does not apply or rows are longer than
-    ``QAT_SOFTMAX_MAX_ROW``. With a gradient: the float log_softmax's, straight through."""
-    from quantlab.numerics.lut.composite import QAT_SOFTMAX_MAX_ROW, qat_softmax
-    from quantlab.simulate.modes import Mode
-    from quantlab.simulate.qat import qat_divide, qat_fake_quant
-    from quantlab.simulate.straight_through import through
-
-    parts = None if deployed else _log_softmax_parts(sim, call, plan, in_infos, rq)
-    if parts is None:
-        return None
-    dim, info, sm, so = parts
-    if A.get(call.args, call.kwargs, plan.acts[0]).shape[dim] > QAT_SOFTMAX_MAX_ROW:
-        return None
-    out, x_slot, rounding = rq.output_dtype, plan.acts[0], sim.platform.fake_round
-    divide, in_scale = qat_divide(rounding), float(info.scale)
-    floor = sim.platform.lut_spec("log").log_floor
-
-    def compute(args, kwargs):
-        x = A.get(args, kwargs, x_slot)
-        dim = _softmax_dim(args, kwargs)
-        p = qat_fake_quant(
-            qat_softmax(x.detach(), dim, in_scale, rounding, divide), sm, out, rounding
-        )
-        value = qat_log(p, floor)
-        if torch.is_grad_enabled() and x.requires_grad:
-            value = through(torch.log_softmax(x, dim), value)
-        return sim.quantize_act(call.name, "out", value, out, rq, Mode.FAKE, owned=True)
-
-    out_key = sim.act_scale_key(call.name, "out", out, rq)
-    inner_key = sim.act_scale_key(call.name, LOG_SOFTMAX_KEY, out, log_softmax_inner_rq(rq))
-    return ResolvedComposite(compute, deps=((out_key, so), (inner_key, sm)))

@@ -28,7 +28,14 @@ from quantlab.numerics.quantize import (
 from quantlab.numerics.split import split_fake_weight
 from quantlab.qconfig import ActivationSymmetry, ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
-from quantlab.simulate import fixed_div, fixed_embedding, fixed_lut, fixed_norm, same_grid
+from quantlab.simulate import (
+    fixed_div,
+    fixed_embedding,
+    fixed_log_softmax,
+    fixed_lut,
+    fixed_norm,
+    same_grid,
+)
 from quantlab.simulate.modes import Mode
 from quantlab.simulate.observers import observer_key, weight_amax
 from quantlab.simulate.qat import qat_divide, qat_fake_quant
@@ -49,7 +56,7 @@ class QuantizationState:
         elif call.category is OpCategory.DIV:
             fixed_div.observe_reciprocal(self, call, plan)
         elif call.category is OpCategory.LOG_SOFTMAX:
-            fixed_lut.observe_log_softmax(self, call, plan)
+            fixed_log_softmax.observe_log_softmax(self, call, plan)
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):

@@ -18,7 +18,7 @@ from quantlab.numerics.lut.composite import qat_softmax
 from quantlab.numerics.quantize import Divide, quantize
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator, steady_programs
-from quantlab.simulate.fixed_lut import LOG_SOFTMAX_KEY, log_softmax_inner_rq
+from quantlab.simulate.fixed_log_softmax import LOG_SOFTMAX_KEY, log_softmax_inner_rq
 
 NAME = ":log_softmax#0"
 
