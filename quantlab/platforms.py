@@ -419,8 +419,8 @@ def _gemm_rule(rule, index: int) -> GemmRule:
 
 
 def _check_op_types(field_name: str, ops) -> None:
-    """Every entry of ``ops`` an op type quantlab models (``capture.KNOWN_OP_TYPES``)."""
-    from quantlab.capture import KNOWN_OP_TYPES
+    """Every entry of ``ops`` an op type quantlab models (``op_kinds.KNOWN_OP_TYPES``)."""
+    from quantlab.op_kinds import KNOWN_OP_TYPES
 
     unknown = [o for o in ops if o not in KNOWN_OP_TYPES]
     if unknown:

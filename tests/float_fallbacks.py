@@ -3,7 +3,7 @@ they ran in float: a test that claims "every op ran its integer kernel" asserts 
 
 from __future__ import annotations
 
-from quantlab.capture import OpCategory
+from quantlab.op_kinds import OpCategory
 from quantlab.simulate import fixed_ops
 
 

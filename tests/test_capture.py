@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from bits import assert_bits_equal
 from torch import nn
 
-from quantlab.capture import CaptureMode, ModuleTracker, OpCategory, _tracked_call_impl, classify
+from quantlab.capture import CaptureMode, ModuleTracker, _tracked_call_impl
+from quantlab.op_kinds import OpCategory, classify
 from quantlab.ops import inverse_sigmoid
 from quantlab.simulate import Mode, Simulator
 

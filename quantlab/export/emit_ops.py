@@ -10,7 +10,6 @@ import math
 import numpy as np
 import torch
 
-from quantlab.capture import scalar_exponent
 from quantlab.export.context import ExportContext, as_tensor, int_list
 from quantlab.export.graph import QParams, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
@@ -18,6 +17,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
 from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, softplus_in_onnx
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS
+from quantlab.op_kinds import scalar_exponent
 from quantlab.simulate import args as sim_args
 
 CONST_DTYPE = DType.INT16  # scalar operands of integer kernels: code +-32767 at |c| / 32767

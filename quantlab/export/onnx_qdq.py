@@ -20,7 +20,6 @@ from onnx import helper
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from quantlab.capture import OpCategory
 from quantlab.export import emit_gemm as G
 from quantlab.export import emit_layout as L
 from quantlab.export import emit_logic as B
@@ -36,6 +35,7 @@ from quantlab.export.graph import (
     UnsupportedOpError,
 )
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp, record_run
+from quantlab.op_kinds import OpCategory
 from quantlab.report.io import atomic_write_bytes
 
 Emitter = Callable[[ExportContext, RecordedOp], None]

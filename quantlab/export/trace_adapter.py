@@ -23,8 +23,9 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCategory, classify, out_of_place_name
+from quantlab.capture import out_of_place_name
 from quantlab.export.graph import UnsupportedOpError
+from quantlab.op_kinds import OpCategory, classify
 from quantlab.simulate import args as sim_args
 from quantlab.simulate.modes import Mode, ObservedCall
 from quantlab.simulate.trace_record import storage_key, written_tensor

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from quantlab.capture import OpCall, OpCategory, views_parameter
+from quantlab.capture import OpCall, views_parameter
+from quantlab.op_kinds import OpCategory
 
 Slot = tuple  # ("a", i) positional, ("a", i, j) element j of a list argument, ("k", name)
 
@@ -70,7 +71,7 @@ def plan(call: OpCall) -> ArgPlan:
         if is_weight(wv):
             return ArgPlan([a0], w, b)
         return ArgPlan([a0, w], None, b)
-    if call.op_type == "pow":  # its exponent is a constant (capture.pow_exponent)
+    if call.op_type == "pow":  # its exponent is a constant (op_kinds.pow_exponent)
         return ArgPlan([a0])
     if cat in (OpCategory.GEMM, OpCategory.ADD, OpCategory.MUL, OpCategory.DIV):
         other = _slot(call, 1, "other")

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCall, OpCategory, out_of_place_name
+from quantlab.capture import OpCall, out_of_place_name
 from quantlab.numerics.dtypes import DType
+from quantlab.op_kinds import OpCategory
 from quantlab.simulate import args as A
 
 

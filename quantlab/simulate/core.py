@@ -35,8 +35,9 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from quantlab.capture import CaptureMode, ModuleTracker, OpCategory
+from quantlab.capture import CaptureMode, ModuleTracker
 from quantlab.decompositions import DecomposingMode
+from quantlab.op_kinds import OpCategory
 from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpContext, QConfigSpec, ResolvedQConfig, resolve
 from quantlab.simulate import blocked_layout

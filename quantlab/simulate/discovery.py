@@ -16,10 +16,11 @@ import pandas as pd
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.split import check_split_target
 from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE
+from quantlab.op_kinds import OpCategory
 from quantlab.qconfig import GEMM_TYPES, OpContext, validate_names
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops
@@ -130,7 +131,7 @@ class OpDiscovery:
         self._routes.clear()  # a route holds its op's fused chain
 
     def _validate(self) -> None:
-        from quantlab.capture import KNOWN_OP_TYPES
+        from quantlab.op_kinds import KNOWN_OP_TYPES
 
         validate_names(self.spec, self._order, set(KNOWN_OP_TYPES))
         out_dt: dict[str, DType] = {}

@@ -18,10 +18,11 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fake
+from quantlab.op_kinds import OpCategory
 from quantlab.simulate import args as A
 from quantlab.simulate import (
     blocked_dispatch,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from quantlab.capture import OpCategory
+from quantlab.op_kinds import OpCategory
 from quantlab.simulate import (
     fixed_div,
     fixed_embedding,

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from quantlab.capture import OpCategory, pow_exponent
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.exp_table_softmax import exp_table_softmax
+from quantlab.op_kinds import OpCategory, pow_exponent
 from quantlab.platforms import SoftmaxRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -76,7 +76,7 @@ def _lut_spec(call, rq, platform):
         eps = _arg(call, 1, "eps", None)
         if eps is not None:
             spec = dataclasses.replace(spec, eps=float(eps))
-    if call.op_type == "pow":  # a scalar exponent other than 2 (capture.pow_exponent)
+    if call.op_type == "pow":  # a scalar exponent other than 2 (op_kinds.pow_exponent)
         spec = dataclasses.replace(spec, exponent=pow_exponent(call.args, call.kwargs))
     if call.op_type == "leaky_relu":
         slope = _arg(call, 1, "negative_slope", None)

@@ -16,12 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from quantlab.capture import OpCategory, out_of_place_name
+from quantlab.capture import out_of_place_name
 from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes, constant_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
 from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.op_kinds import OpCategory
 from quantlab.platforms import (
     AddRule,
     AvgPoolRule,
@@ -217,7 +218,7 @@ def _constant_at(args, kwargs, slot, operand, dtype: DType):
 def _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv: bool = False):
     if not rq.output_dtype.is_int:
         return None
-    if call.op_type == "pow":  # the exponent 2 (capture.pow_exponent): x * x
+    if call.op_type == "pow":  # the exponent 2 (op_kinds.pow_exponent): x * x
         return _square(sim, call, plan, args, kwargs, in_infos, rq)
     if len(plan.acts) != 2:
         return None

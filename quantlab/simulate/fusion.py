@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from quantlab.capture import OpCategory
+from quantlab.op_kinds import OpCategory
 
 
 def find_fusions(order: list, infos: dict, chain: dict, fused_into: dict) -> None:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall
+from quantlab.op_kinds import OpCategory
 from quantlab.qconfig import ResolvedQConfig
 from quantlab.simulate import args as A
 from quantlab.simulate import calls

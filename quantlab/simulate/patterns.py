@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from quantlab.capture import ModuleTracker, classify
+from quantlab.capture import ModuleTracker
+from quantlab.op_kinds import classify
 
 _NAMES = {
     "__setitem__": "setitem",

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fake_quant_plan import fake_quant_fn
 from quantlab.numerics.gemm import acc_scale, quantize_bias
@@ -26,6 +26,7 @@ from quantlab.numerics.quantize import (
     quantize,
 )
 from quantlab.numerics.split import split_fake_weight
+from quantlab.op_kinds import OpCategory
 from quantlab.qconfig import ActivationSymmetry, ObserverKind, ResolvedQConfig
 from quantlab.simulate import args as A
 from quantlab.simulate import (

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from quantlab.capture import OpCall, OpCategory
+from quantlab.capture import OpCall
 from quantlab.numerics.fake_quant_plan import fused_binary_fn
+from quantlab.op_kinds import OpCategory
 from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops, same_grid
 from quantlab.simulate.modes import Mode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from quantlab.capture import _BY_IDENTITY, _BY_NAME, OpCategory
+from quantlab.op_kinds import _BY_IDENTITY, _BY_NAME, OpCategory
 from quantlab.platforms import PlatformConfig
 from quantlab.simulate import fixed_ops
 
@@ -21,7 +21,7 @@ class _PlatformView:
 
 def op_types() -> dict[str, OpCategory]:
     """Every modelled op type and its category (relu6 is hardtanh(0, 6); pow's category is
-    its exponent's, capture.pow_exponent)."""
+    its exponent's, op_kinds.pow_exponent)."""
     out = {t: c for t, c in _BY_NAME.values()}
     out.update({t: c for t, c in _BY_IDENTITY.values()})
     out["relu6"] = OpCategory.REQUANT

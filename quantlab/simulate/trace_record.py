@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map
 
-from quantlab.capture import OpCall, OpCategory, mutates
+from quantlab.capture import OpCall, mutates
+from quantlab.op_kinds import OpCategory
 
 if TYPE_CHECKING:
     from quantlab.simulate.run_state import RunState

@@ -322,7 +322,7 @@ def test_text_recognizer_reads_the_page_in_fixed_point_on_j6m(recognizer_on_line
     (0 measured); float reads the page's text within 2 (0 measured; spaces not counted)."""
     from ocr_page import TRUTH, char_errors, ctc_greedy
 
-    from quantlab.capture import OpCategory
+    from quantlab.op_kinds import OpCategory
     from quantlab.qconfig import OpQConfig, QConfigSpec
     from quantlab.simulate import Mode, Simulator, fixed_ops
 

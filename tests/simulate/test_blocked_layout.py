@@ -277,7 +277,8 @@ def test_an_in_place_write_into_a_blocked_tensor_by_a_call_not_modelled_is_refus
 
 
 def test_the_bound_of_a_convolution_counts_its_bias_whatever_its_input():
-    from quantlab.capture import OpCall, OpCategory
+    from quantlab.capture import OpCall
+    from quantlab.op_kinds import OpCategory
     from quantlab.simulate.qtensor import QTable
 
     x = torch.full((2, 16, 8, 8), 0.5)

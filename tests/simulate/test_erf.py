@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from bits import assert_bits_equal
 from torch import nn
 
-from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import Strategy, build_lut, default_spec
 from quantlab.numerics.quantize import quantize
+from quantlab.op_kinds import OpCategory
 from quantlab.platforms import PlatformConfig
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator

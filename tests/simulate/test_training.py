@@ -13,8 +13,8 @@ from cpu_pins import pinned_path
 from pinned_fake_mode import GOLDEN, fake_mode_digests, small_net
 from torch import nn
 
-from quantlab.capture import OpCategory
 from quantlab.numerics.dtypes import DType
+from quantlab.op_kinds import OpCategory
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import FakeOps, Mode, Simulator
 from quantlab.simulate.fixed_lut import DEPLOYED_CATEGORIES
