@@ -14,14 +14,15 @@ is exact (a certified DP, point_dp.py) over:
     ``grid_points`` equal quantiles of a density half uniform, half sqrt|second difference of
     f| at code resolution (de Boor's density for linear pieces), codes at
     ``end_points_per_octave`` geometric steps from both ends, and the points of EVENLY,
-    CURVATURE and SQRT_CURVATURE; and (b) the refinement boxes: each inner d_k within
-    ``window`` steps of the incumbent's, the step starting at G's local spacing / ``window``
-    and shrinking by 2 ``window`` per box (each box spans at least half the previous step each
-    side) down to one code, then one-code boxes re-centred on the incumbent until it stops
-    moving (at most ``polish_rounds`` moves). ``SearchResult.box_radius`` > 0 then certifies
-    that no point set with every inner point within that many codes of the result's is better.
-Hence OPTIMAL's max error is never above that of EVENLY, CURVATURE or SQRT_CURVATURE (their points
-lie in G), and equals the brute-force optimum on small ranges.
+    CURVATURE, SQRT_CURVATURE and MINIMAX's built table (its refined points); and (b) the
+    refinement boxes: each inner d_k within ``window`` steps of the incumbent's, the step
+    starting at G's local spacing / ``window`` and shrinking by 2 ``window`` per box (each box
+    spans at least half the previous step each side) down to one code, then one-code boxes
+    re-centred on the incumbent until it stops moving (at most ``polish_rounds`` moves).
+    ``SearchResult.box_radius`` > 0 then certifies that no point set with every inner point
+    within that many codes of the result's is better.
+Hence OPTIMAL's max error is never above that of EVENLY, CURVATURE, SQRT_CURVATURE or MINIMAX
+(their points lie in G), and equals the brute-force optimum on small ranges.
 """
 
 from __future__ import annotations

@@ -276,14 +276,18 @@ def _target_of(fn: LutFunction, spec: LutSpec):
 
 
 def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> SegmentLut:
-    """OPTIMAL and DATA: seeds from the vendor rules, then the certified search (optimal.py,
-    data_weighted.py); DATA first builds (or fetches) OPTIMAL's table for its error bound."""
+    """OPTIMAL and DATA: seeds from the vendor rules, SQRT_CURVATURE and MINIMAX's built table,
+    then the certified search (optimal.py, data_weighted.py); DATA first builds (or fetches)
+    OPTIMAL's table for its error bound."""
     func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng = args
     fn = get_function(func)
     seeds = [
         _assemble(*args, _strategy_points(fn, spec, st, *rng, fmt, in_scale), st).points
         for st in SEED_STRATEGIES
     ]
+    # MINIMAX's built table (its refined points) joins them: OPTIMAL is then never worse
+    minimax = replace(spec, strategy=Strategy.MINIMAX, dividing_points=None)
+    seeds.append(_build_cached(*args[:5], minimax, fmt, observed_range).points)
     problem = SegmentProblem(
         _target_of(fn, spec), in_dtype, in_scale, out_dtype, out_scale, fmt, spec.symmetric,
         seeds[0][0], seeds[0][-1],
