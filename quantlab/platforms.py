@@ -130,10 +130,13 @@ class PlatformConfig:
     # ``numerics.lut.default_spec``), whose fixed gelu points fit only the J6 table count
     lut_default_strategy: Strategy | None = None
     softmax_rule: SoftmaxRule = SoftmaxRule.SEGMENT_LUT  # integer softmax (SoftmaxRule)
-    # FAKE sqrt, reciprocal and log as the vendor's QAT modules compute them (horizon plugin
-    # nn/sqrt.py, nn/qat/reciprocal.py, nn/log.py): sqrt's input >= 1 code of it; reciprocal's
-    # |input| >= 1 code (int8) or 32 codes (int16), sign kept; log's output >= the log spec's
-    # floor (hard_log, -10; calibration observes it so too); false: the float functions
+    # FAKE sqrt, reciprocal, log, tan, atanh, asin and acos as the vendor's QAT modules compute
+    # them (horizon plugin nn/sqrt.py, nn/qat/reciprocal.py, nn/log.py, nn/_trigonometric.py):
+    # sqrt's input >= 1 code of it; reciprocal's |input| >= 1 code (int8) or 32 codes (int16),
+    # sign kept; log's output >= the log spec's floor (hard_log, -10; calibration observes it
+    # so too); tan's input in +-(pi - e), atanh's in +-(1 - e), e = 1 code (int8) or 32 codes
+    # (int16); asin's and acos's in +-floor(1 / s) * s (``fixed_lut.qat_domain_clip``); false:
+    # the float functions
     qat_lut_clips: bool = True
 
     # --- grid_sample (s.4)
@@ -184,7 +187,8 @@ class PlatformConfig:
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
     # ops quantlab models on J6 that this profile runs in float, as its runtime's own kernels
-    # for them are not modelled (the runtime profiles: log_softmax, erf)
+    # for them are not modelled (the runtime profiles: log_softmax, erf, the trigonometric and
+    # hyperbolic tables)
     float_fallback_ops: list[str] = field(default_factory=list)
     # the runtime whose integer graph fixed mode computes bit for bit (Runtime): a steady FIXED
     # loop may run the QDQ export there (simulate.runtime_program); NONE for a device

@@ -150,7 +150,7 @@ def test_classify_remembers_kinds_by_function_but_reads_hardtanh_bounds_every_ca
     for _ in range(2):  # the second round answers from the remembered kinds
         assert classify(torch.sigmoid, (x,), {}) == ("sigmoid", OpCategory.LUT)
         assert classify(torch.Tensor.size, (x,), {}) is None
-        assert classify(torch.atan, (x,), {}) == ("atan", None)
+        assert classify(torch.lgamma, (x,), {}) == ("lgamma", None)
         assert classify(F.hardtanh, (x, 0.0, 6.0), {}) == ("relu6", OpCategory.REQUANT)
         assert classify(F.hardtanh, (x, -1.0, 1.0), {}) == ("clamp", OpCategory.REQUANT)
         assert classify(F.hardtanh, (x,), {"min_val": 0.0, "max_val": 6.0})[0] == "relu6"

@@ -1,9 +1,10 @@
 """Fixed-point kernels of the segment-LUT ops (sigmoid, tanh, exp, ..., sin/cos with period
 reduction) and of softmax: the table each op's codes go through, built from the platform's LUT
 format and the op's spec, and the deployed form FAKE and HYBRID runs use for these ops
-(``run_deployed``); the QAT forms of softmax (``softmax_fake_op``) and of sqrt, reciprocal
-and log (``lut_fake_op``). Kernels return ``(value, QInfo)`` or None, as in ``fixed_ops``;
-log_softmax, built on softmax and the log table, is ``fixed_log_softmax``.
+(``run_deployed``); the QAT forms of softmax (``softmax_fake_op``) and of sqrt, reciprocal,
+log, tan, atanh, asin and acos (``lut_fake_op``). Kernels return ``(value, QInfo)`` or None,
+as in ``fixed_ops``; log_softmax, built on softmax and the log table, is
+``fixed_log_softmax``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from quantlab.simulate.composite import ResolvedComposite
 
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos erf gelu silu hardsigmoid hardswish "
-    "leaky_relu prelu inverse_sigmoid pow elu softplus".split()
+    "leaky_relu prelu inverse_sigmoid pow elu softplus tan atan sinh cosh atanh asinh asin acos "
+    "acosh".split()
 )
 
 
@@ -289,7 +291,24 @@ def softmax_dim(args, kwargs) -> int | None:
     return dim
 
 
-QAT_CLIPPED = frozenset(("sqrt", "reciprocal", "log"))  # ops whose QAT form clips (lut_fake_op)
+# ops whose QAT form clips (lut_fake_op)
+QAT_CLIPPED = frozenset(("sqrt", "reciprocal", "log", "tan", "atanh", "asin", "acos"))
+
+
+def qat_domain_clip(op_type: str, x: Tensor, scale: float, dtype: DType) -> Tensor:
+    """x clipped as the vendor's QAT tan, atanh, asin and acos clip their input before the
+    function, in float32 as the plugin computes the bounds from the input scale ``s``: tan to
+    [-pi + e, pi - e] and atanh to [-1 + e, 1 - e], e = 1 code (int8) or 32 codes (int16)
+    of s; asin and acos to +-floor(1 / s) * s. The clip passes no gradient."""
+    from quantlab.numerics.lut.composite import reciprocal_clip_codes
+
+    s = torch.tensor(scale, dtype=torch.float32)
+    if op_type in ("asin", "acos"):
+        bound = torch.floor(1.0 / s) * s
+        return torch.clamp(x, -bound, bound)
+    e = s * reciprocal_clip_codes(dtype)  # times 2**k: exact
+    edge = torch.tensor(math.pi if op_type == "tan" else 1.0, dtype=torch.float32)
+    return torch.clamp(x, -edge + e, edge - e)
 
 
 def qat_log(x: Tensor, floor: float) -> Tensor:
@@ -304,29 +323,45 @@ def qat_log(x: Tensor, floor: float) -> Tensor:
     return through(torch.log(torch.where(kept, x, torch.ones_like(x))), value)
 
 
-def qat_observed(platform, call, out: Tensor) -> Tensor:
+# the QAT input clips calibration observes (``qat_observed``)
+_OBSERVED_DOMAIN_CLIPS = frozenset(("atanh", "asin", "acos"))
+
+
+def qat_observed(platform, call, out: Tensor, in_dtype: DType | None = None) -> Tensor:
     """What calibration observes at ``call``'s output: its float output, or where the
     platform's QAT clips it, the clipped output: log's hard_log (``qat_lut_clips``) and the
-    hard_log that ends a composed log_softmax (``fixed_log_softmax``)."""
-    log = call.op_type == "log" and platform.qat_lut_clips and call.category is OpCategory.LUT
-    if log or (
+    hard_log that ends a composed log_softmax (``fixed_log_softmax``); asin and acos of the
+    input clipped to [-1, 1] and atanh of it clipped at +-(1 - e), the QAT clips
+    (``qat_domain_clip``) at the input scale 1 / qmax of ``in_dtype``, a [-1, 1] input's
+    (an assumption: the clip depends on the input scale, which the same calibration decides;
+    asin's and acos's bound floor(1 / s) * s is within one code of 1 at any scale). An
+    in-place call's input is its output: observed as it is."""
+    lut = platform.qat_lut_clips and call.category is OpCategory.LUT
+    if (lut and call.op_type == "log") or (
         call.category is OpCategory.LOG_SOFTMAX
         and platform.runs_quantized(call.op_type, call.category)
     ):
         return out.clamp_min(platform.lut_spec("log").log_floor)
-    return out
+    x = call.args[0] if call.args else None
+    if not (lut and call.op_type in _OBSERVED_DOMAIN_CLIPS and in_dtype and in_dtype.is_int):
+        return out
+    if not isinstance(x, Tensor) or x is out or x.shape != out.shape:
+        return out
+    if call.op_type == "atanh":
+        x = qat_domain_clip("atanh", x, 1.0 / in_dtype.qmax, in_dtype)
+    return getattr(torch, call.op_type)(x.clamp(-1.0, 1.0)).to(out.dtype)
 
 
 def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
-    """FAKE: sqrt, reciprocal and log as the vendor's QAT modules compute them
-    (``platform.qat_lut_clips``): fq_out(sqrt(max(x, s_x))); fq_out of
+    """FAKE: sqrt, reciprocal, log, tan, atanh, asin and acos as the vendor's QAT modules
+    compute them (``platform.qat_lut_clips``): fq_out(sqrt(max(x, s_x))); fq_out of
     ``numerics.lut.composite.qat_reciprocal`` (|x| >= 1 code (int8) or 32 codes (int16) of x,
-    the sign kept); fq_out(``qat_log``(x)) (log floored at the log spec's ``log_floor``, -10),
-    x the input as the dispatch fake-quantized it, fq_out the op's output point. None (the
-    plain FAKE path, fq_out(f(x))) for HYBRID (the deployed table) and a float input or
-    output; the route hands it these three ops where the platform clips them
-    (``fake_kernels.fake_kernel``). With a gradient: the clipped function's (0 where it clips,
-    as in QAT), straight through the output's fake quant."""
+    the sign kept); fq_out(``qat_log``(x)) (log floored at the log spec's ``log_floor``, -10);
+    fq_out(f(``qat_domain_clip``(x))) for the other four, x the input as the dispatch
+    fake-quantized it, fq_out the op's output point. None (the plain FAKE path, fq_out(f(x)))
+    for HYBRID (the deployed table) and a float input or output; the route hands it these ops
+    where the platform clips them (``fake_kernels.fake_kernel``). With a gradient: the clipped
+    function's (0 where it clips, as in QAT), straight through the output's fake quant."""
     from quantlab.numerics.lut.composite import qat_reciprocal
     from quantlab.simulate.modes import Mode
 
@@ -346,11 +381,17 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
         def clipped(x: Tensor) -> Tensor:
             return qat_reciprocal(x, s, dtype)
 
-    else:  # log
+    elif call.op_type == "log":
         floor = sim.platform.lut_spec("log").log_floor
 
         def clipped(x: Tensor) -> Tensor:
             return qat_log(x, floor)
+
+    else:  # tan, atanh, asin, acos: the function of the clipped input
+        fn = getattr(torch, call.op_type)
+
+        def clipped(x: Tensor) -> Tensor:
+            return fn(qat_domain_clip(call.op_type, x, s, dtype))
 
     def compute(args, kwargs):
         value = clipped(A.get(args, kwargs, x_slot))

@@ -76,7 +76,12 @@ class QuantizationState:
             if self._chain[head][-1] != call.name:
                 return
             key = head
-        self._obs.observe(f"{key}/out", fixed_lut.qat_observed(self.platform, call, o[0]))
+        in_dtype = None
+        if call.op_type in fixed_lut.QAT_CLIPPED and call.category is OpCategory.LUT:
+            rq = self.qconfig_of(call.name)
+            in_dtype = rq.input_dtype or rq.output_dtype
+        observed = fixed_lut.qat_observed(self.platform, call, o[0], in_dtype)
+        self._obs.observe(f"{key}/out", observed)
 
     def act_scale(self, name: str, key: str, dtype: DType, rq: ResolvedQConfig) -> Tensor:
         """Calibrated float32 scale of activation point ``name/key`` at integer ``dtype`` (its

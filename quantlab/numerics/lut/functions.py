@@ -20,6 +20,8 @@ from quantlab.numerics.lut.strategies import Strategy
 
 TINY = 1e-30  # smallest |x| fed to 1/x and 1/sqrt(x): keeps 1/x finite (1e30), saturated later
 EXP_INPUT_MAX = 700.0  # exp input clamp: exp(700) ~ 1e304 is finite in float64
+# atanh input clamp: the largest float64 below 1 (atanh ~ 18.7 there, finite; outputs saturate)
+ATANH_INPUT_MAX = 1.0 - 2.0**-53
 
 
 class RangeRule(enum.Enum):
@@ -186,6 +188,20 @@ def _softplus(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.nn.functional.softplus(x, beta=spec.beta, threshold=spec.threshold)
 
 
+def _atanh(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.atanh(x.clamp(-ATANH_INPUT_MAX, ATANH_INPUT_MAX))
+
+
+def _hyperbolic(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor, LutSpec], Tensor]:
+    """sinh or cosh of x clamped at +-EXP_INPUT_MAX (finite in float64)."""
+    return lambda x, s: fn(x.clamp(-EXP_INPUT_MAX, EXP_INPUT_MAX))
+
+
+def _unit_domain(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor, LutSpec], Tensor]:
+    """asin or acos of x clamped to [-1, 1], their domain."""
+    return lambda x, s: fn(x.clamp(-1.0, 1.0))
+
+
 POW_MAX = 1e300  # |x ** e| clamp: finite in float64 (outputs saturate)
 
 
@@ -295,6 +311,68 @@ FUNCTIONS: dict[str, LutFunction] = {
         LutFunction(
             "erf", lambda x, s: torch.erf(x), "none needed", odd=True, sample_range=(-4.0, 4.0)
         ),
+        LutFunction(
+            "tan",
+            lambda x, s: torch.tan(x),
+            "none needed (no float64 is a pole); outputs saturate",
+            odd=True,
+            sample_range=(-1.4, 1.4),
+        ),
+        LutFunction(
+            "atan", lambda x, s: torch.atan(x), "none needed", odd=True, sample_range=(-8.0, 8.0)
+        ),
+        LutFunction(
+            "sinh",
+            _hyperbolic(torch.sinh),
+            f"input clamped at +-{EXP_INPUT_MAX} (finite float64); outputs saturate",
+            odd=True,
+            sample_range=(-4.0, 4.0),
+        ),
+        LutFunction(
+            "cosh",
+            _hyperbolic(torch.cosh),
+            f"input clamped at +-{EXP_INPUT_MAX} (finite float64); outputs saturate",
+            sample_range=(-4.0, 4.0),
+        ),
+        LutFunction(
+            "atanh",
+            _atanh,
+            "input clamped to +-(1 - 2**-53) (finite float64); outputs saturate",
+            odd=True,
+            sample_range=(-0.99, 0.99),
+        ),
+        LutFunction(
+            "asinh",
+            lambda x, s: torch.asinh(x),
+            "none needed",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: math.sinh(max(min(y, EXP_INPUT_MAX), -EXP_INPUT_MAX)),
+            odd=True,
+            sample_range=(-8.0, 8.0),
+        ),
+        LutFunction(
+            "asin",
+            _unit_domain(torch.asin),
+            "input clamped to [-1, 1], its domain",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: math.sin(y),
+            odd=True,
+            sample_range=(-1.0, 1.0),
+        ),
+        LutFunction(
+            "acos",
+            _unit_domain(torch.acos),
+            "input clamped to [-1, 1], its domain",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: math.cos(y),
+            sample_range=(-1.0, 1.0),
+        ),
+        LutFunction(
+            "acosh",
+            lambda x, s: torch.acosh(x.clamp_min(1.0)),
+            "input floored at 1, its domain (acosh(x < 1) reads 0)",
+            sample_range=(1.0, 8.0),
+        ),
         LutFunction("silu", lambda x, s: torch.nn.functional.silu(x), "none needed"),
         LutFunction("gelu", _gelu, "none needed (exact erf form)", sample_range=(-8.0, 8.0)),
         LutFunction("hardsigmoid", _hardsigmoid, "none needed (relu6(x + 3) / 6)"),
@@ -344,6 +422,15 @@ _DEFAULTS: dict[str, LutSpec] = {
     "sin": LutSpec(Strategy.CURVATURE, symmetric=True),
     "cos": LutSpec(Strategy.CURVATURE),
     "erf": LutSpec(Strategy.EVENLY, symmetric=True),
+    "tan": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "atan": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "sinh": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "cosh": LutSpec(Strategy.EVENLY),
+    "atanh": LutSpec(Strategy.CURVATURE, symmetric=True, input_range=(-1.0, 1.0)),
+    "asinh": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "asin": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "acos": LutSpec(Strategy.CURVATURE),
+    "acosh": LutSpec(Strategy.CURVATURE, input_range=(1.0, None)),
     "silu": LutSpec(Strategy.CURVATURE),
     "gelu": LutSpec(Strategy.MANUAL, dividing_points=GELU_POINTS),
     "hardsigmoid": LutSpec(Strategy.MANUAL, dividing_points=HARD_POINTS),
@@ -370,7 +457,11 @@ def default_spec(func: str) -> LutSpec:
     """The vendor's per-op default (j6-numerics s.3): sigmoid evenly; tanh symmetric evenly; exp
     curvature (+ cap); log symmetric curvature, floor -10; reciprocal/sqrt/rsqrt symmetric
     curvature (reciprocal's left tail flat); sin symmetric curvature, cos curvature; erf
-    symmetric evenly (the plugin's Erf: a centrosymmetric SegmentLUT, its default strategy); silu
+    symmetric evenly (the plugin's Erf: a centrosymmetric SegmentLUT, its default strategy);
+    the plugin's other SegmentLUT modules as it builds them: tan, atan, sinh, atanh (input
+    range (-1, 1)), asinh and asin symmetric curvature, cosh evenly, acos curvature, acosh
+    curvature (input range [1, inf)), asinh, asin and acos with the inverse-function range
+    rule (their ``inverse_func``); silu
     curvature; gelu the fixed points [-5, -3, -2, -1, -0.75, 0, 5.5, inf]; inverse_sigmoid evenly
     (the plugin's SegmentLUT default) with eps = 1e-5; hardsigmoid and hardswish the points
     HARD_POINTS, table edges on their kinks at -3 and 3 (assumed: the seeds and the plugin's
