@@ -53,7 +53,8 @@ from quantlab.numerics.lut.table_store import TableStore
 from quantlab.numerics.rounding import Round, round_float, round_scalar
 from quantlab.numerics.scales import check_scale_float
 
-SEED_STRATEGIES = (Strategy.EVENLY, Strategy.CURVATURE, Strategy.SQRT_CURVATURE)  # OPTIMAL's seeds
+# OPTIMAL's and DATA's seeds: each strategy's built table (MINIMAX's with its refined points)
+SEED_STRATEGIES = (Strategy.EVENLY, Strategy.CURVATURE, Strategy.SQRT_CURVATURE, Strategy.MINIMAX)
 TAIL_VALUE_LIMIT = 1e30  # |target| in output LSBs used for tail secants (keeps slopes finite)
 
 
@@ -282,12 +283,11 @@ def _searched(args: tuple, histogram: InputHistogram | None, observed_range) -> 
     func, in_dtype, in_scale, out_dtype, out_scale, spec, fmt, rng = args
     fn = get_function(func)
     seeds = [
-        _assemble(*args, _strategy_points(fn, spec, st, *rng, fmt, in_scale), st).points
+        _build_cached(
+            *args[:5], replace(spec, strategy=st, dividing_points=None), fmt, observed_range
+        ).points
         for st in SEED_STRATEGIES
     ]
-    # MINIMAX's built table (its refined points) joins them: OPTIMAL is then never worse
-    minimax = replace(spec, strategy=Strategy.MINIMAX, dividing_points=None)
-    seeds.append(_build_cached(*args[:5], minimax, fmt, observed_range).points)
     problem = SegmentProblem(
         _target_of(fn, spec), in_dtype, in_scale, out_dtype, out_scale, fmt, spec.symmetric,
         seeds[0][0], seeds[0][-1],

@@ -35,14 +35,17 @@ def table_digest(lut: SegmentLut) -> str:
 # values in calls of 16384 elements), on the bench's scales (``sample_scales``) and DATA histogram
 # (lut_error's); the same 216 bench builds (12 functions x 3 dtype pairs x 6 strategies) were
 # compared in full and every one was equal. Non-symmetric and symmetric, int8 and int16 outputs.
+# OPTIMAL's and DATA's were pinned again when MINIMAX's built table joined their seeds
+# (``table.SEED_STRATEGIES``): their points moved, OPTIMAL's max error did not rise (sigmoid
+# 0.7414 -> 0.7298 LSB, reciprocal 1.0 -> 1.0; lut_error's results.csv before and after).
 PINNED = {
     ("sigmoid", "INT16", "INT8", "MINIMAX"): "67a18d9924950c5c",
     ("reciprocal", "INT8", "INT16", "MINIMAX"): "bee071b461580a9d",
     ("sqrt", "INT16", "INT8", "MINIMAX"): "39e52b986252a856",
     ("tanh", "INT16", "INT8", "MINIMAX"): "da25131e149dac49",
-    ("reciprocal", "INT16", "INT8", "OPTIMAL"): "81b3f87ee81072f7",
-    ("sigmoid", "INT16", "INT8", "OPTIMAL"): "9068306fa8d91955",
-    ("reciprocal", "INT16", "INT8", "DATA"): "1b4c06f396a773a3",
+    ("reciprocal", "INT16", "INT8", "OPTIMAL"): "a9adcb463288dff0",
+    ("sigmoid", "INT16", "INT8", "OPTIMAL"): "1bb9ad1b22a2a610",
+    ("reciprocal", "INT16", "INT8", "DATA"): "56a3d22344cce0ed",
 }
 
 
