@@ -324,7 +324,7 @@ def qat_log(x: Tensor, floor: float) -> Tensor:
 
 
 # the QAT input clips calibration observes (``qat_observed``)
-_OBSERVED_DOMAIN_CLIPS = frozenset(("atanh", "asin", "acos"))
+OBSERVED_DOMAIN_CLIPS = frozenset(("atanh", "asin", "acos"))
 
 
 def qat_observed(platform, call, out: Tensor, in_dtype: DType | None = None) -> Tensor:
@@ -343,7 +343,7 @@ def qat_observed(platform, call, out: Tensor, in_dtype: DType | None = None) -> 
     ):
         return out.clamp_min(platform.lut_spec("log").log_floor)
     x = call.args[0] if call.args else None
-    if not (lut and call.op_type in _OBSERVED_DOMAIN_CLIPS and in_dtype and in_dtype.is_int):
+    if not (lut and call.op_type in OBSERVED_DOMAIN_CLIPS and in_dtype and in_dtype.is_int):
         return out
     if not isinstance(x, Tensor) or x is out or x.shape != out.shape:
         return out

@@ -77,7 +77,9 @@ class QuantizationState:
                 return
             key = head
         in_dtype = None
-        if call.op_type in fixed_lut.QAT_CLIPPED and call.category is OpCategory.LUT:
+        if call.op_type in fixed_lut.OBSERVED_DOMAIN_CLIPS and call.category is OpCategory.LUT:
+            # the clip's dtype: the op's input dtype, else (an input that keeps its producer's
+            # dtype, not known while calibrating) its output dtype
             rq = self.qconfig_of(call.name)
             in_dtype = rq.input_dtype or rq.output_dtype
         observed = fixed_lut.qat_observed(self.platform, call, o[0], in_dtype)

@@ -1,9 +1,9 @@
 """tan, atan, sinh, cosh, atanh, asinh, asin, acos and acosh as the J6 plugin builds them
 (nn/_trigonometric.py, nn/atan.py: SegmentLUT modules with its strategies, input ranges and
 inverse functions): segment LUTs in fixed mode; in fake mode the float function, fake-quantized,
-with the input clips of the plugin's QAT tan, atanh, asin and acos; float on the runtime
-profiles. FIXED is checked bit for bit against ``build_lut``, FAKE against torch's own fake
-quant of the plugin's formulas."""
+with the input clips of the plugin's QAT tan, atanh, asin and acos (which calibration observes
+for atanh, asin and acos); float on the runtime profiles. FIXED is checked bit for bit against
+``build_lut``, FAKE against torch's own fake quant of the plugin's formulas."""
 
 from __future__ import annotations
 
