@@ -541,7 +541,12 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=OUT, help="report folder")
     ap.add_argument(
-        "--profile", action="store_true", help="also write simulate_profile.md (MobileNetV2)"
+        "--profile",
+        action="store_true",
+        help="also write simulate_profile.md (MobileNetV2; MiniLM's fixed program by op type)",
+    )
+    ap.add_argument(
+        "--profile-only", action="store_true", help="write simulate_profile.md and nothing else"
     )
     ap.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -552,6 +557,9 @@ def main() -> None:
     start, load_before = time.time(), os.getloadavg()
     cases = CASES[:1] if args.quick else CASES
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 15)
+    if args.profile_only:
+        write_profile(args.out, args.threads, rounds)
+        return
     parts = []
     for case in cases:
         print(f"timing {case.label} ...", flush=True)
@@ -814,8 +822,9 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         "",
         f"Load average (1, 5, 15 min) {[round(v, 2) for v in load_before]} before and "
         f"{[round(v, 2) for v in os.getloadavg()]} after the timed rounds, on "
-        f"{os.cpu_count()} cores. Reproduce: `python benchmarks/bench_simulate.py --profile` "
-        "(writes simulate.md too; this report is its own run).",
+        f"{os.cpu_count()} cores. Reproduce: `python benchmarks/bench_simulate.py "
+        "--profile-only` (`--profile` writes it after simulate.md's run; this report is its "
+        "own run).",
         "",
     ]
     md += _section(
@@ -861,8 +870,49 @@ def write_profile(out: Path, threads: int, rounds: int) -> None:
         stages,
     )
     md += _section(f"{FIXED}: aten ops", "torch.profiler self CPU time over 5 runs.", aten)
+    md += program_steps_section(CASES[2], threads, rounds)
     atomic_write_text(out / "simulate_profile.md", "\n".join(md))
     print("\n".join(md))
+
+
+def program_steps_section(case: Case, threads: int, rounds: int) -> list[str]:
+    """simulate_profile.md's section on ``case``'s steady fixed j6m run (a traced program):
+    its wall time against plain eager torch, onnxruntime int8 QOperator and its integer
+    kernels alone (interleaved medians), and the program's steps' wall time by op type."""
+    from profile_stages import step_table
+
+    module = build_model(case.model).module
+    x, calib = case.inputs(0), [case.inputs(1), case.inputs(2)]
+    sim = Simulator(module, "j6m")
+    sim.calibrate(calib, progress=False)
+
+    def fixed():
+        return sim.run(*x, mode=Mode.FIXED)
+
+    switch = run_until_switched(fixed, sim, x, Mode.FIXED)
+    if not switch["switched"]:
+        raise RuntimeError(f"{case.label}: the fixed runs did not switch: {switch['failed']}")
+
+    def eager():
+        with torch.no_grad():
+            return module(*x)
+
+    fns = {EAGER: eager, FIXED: fixed, ORT8: ort_runners(module, x, calib, threads)[ORT8]}
+    fns[FIXED_KERNELS] = integer_kernels(fixed)
+    for fn in fns.values():
+        fn()
+    ms = time_interleaved(fns, rounds).groupby("variant").wall_s.median() * 1e3
+    steps = step_table(sim, fixed, 10)
+    text = (
+        f"Medians of {rounds} interleaved rounds (wall time): eager torch {ms[EAGER]:.1f} ms, "
+        f"{FIXED} {ms[FIXED]:.1f} ms ({ms[FIXED] / ms[ORT8]:.2f}x {ORT8}, {ms[ORT8]:.1f} ms), "
+        f"its integer kernels alone {ms[FIXED_KERNELS]:.1f} ms (torch's int8 matrix product "
+        "and the multiply-and-shift pass, replayed in order as in simulate.md). Below, the "
+        "traced program's steps over 10 runs, each timed around its call with no profiler, by "
+        "the op type they compute (a step holds its op's kernels, its quantization and "
+        "quantlab's per-op work; the integer matrix products are in linear and matmul)."
+    )
+    return _section(f"{case.label}: {FIXED}, its program's steps by op type", text, steps)
 
 
 def checks_line(fake: Callable[[], object], program, x: tuple, runs: int = 25) -> str:

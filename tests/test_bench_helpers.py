@@ -118,6 +118,32 @@ def test_the_switch_loop_and_the_checks_line_read_a_switched_program(monkeypatch
     assert sim.steady_programs.status(x, Mode.FAKE).program_runs >= 3
 
 
+def test_the_step_table_times_a_programs_steps_by_op_type(monkeypatch):
+    """Every step of a switched FIXED program is counted once per run under its op type, the
+    rows and what is outside the steps add up to the runs' wall time, and the steps' classes
+    are left as they were."""
+    import profile_stages
+
+    from quantlab.simulate import program_steps, steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.05)
+    x = (torch.randn(2, 3, 3, 3, generator=torch.Generator().manual_seed(1)),)
+    sim = _after_a_fixed_run(_Net, x)
+
+    def fixed():
+        return sim.run(*x, mode=Mode.FIXED)
+
+    assert bench_simulate.run_until_switched(fixed, sim, x, Mode.FIXED)["switched"]
+    before = {c: c.__call__ for c in (program_steps._Prepared, program_steps._Full)}
+    table = profile_stages.step_table(sim, fixed, runs=3).set_index("op type")
+    assert {c: c.__call__ for c in before} == before
+    counts = sim.ops.op_type.value_counts()
+    for op in ("conv2d", "linear", "relu", "reshape", "contiguous"):
+        assert table.loc[op, "calls per run"] == counts[op], op
+    assert (table["ms per run"] >= 0).all()
+    assert table["share"].sum() == pytest.approx(1.0)
+
+
 class _Chain(nn.Module):
     """conv -> functional relu (an op of the root module) -> conv -> functional add -> linear,
     then a functional op after the last leaf module."""
