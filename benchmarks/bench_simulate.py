@@ -28,10 +28,11 @@ Targets (each printed as met or missed with its figure): float <= 1.1x eager, fa
 eager and <= 1.5x onnxruntime int8, LUT <= 1.5x torch.sigmoid. The load average
 (``os.getloadavg``) before and after is recorded: figures from a loaded machine are distorted.
 Writes reports/benchmarks/simulate.{md,json,png} atomically (``--profile``: also
-simulate_profile.md, where a fake and a fixed run spend their time).
+simulate_profile.md, where a fake and a fixed MobileNetV2 run spend their time and MiniLM's
+fixed program by op type; ``--profile-only``: that report alone).
 
     .venv/bin/python benchmarks/bench_simulate.py [--rounds 15] [--threads 2] [--quick]
-        [--out DIR] [--profile]
+        [--out DIR] [--profile | --profile-only]
 """
 
 from __future__ import annotations
@@ -774,7 +775,8 @@ def main() -> None:
 
 
 def write_profile(out: Path, threads: int, rounds: int) -> None:
-    """simulate_profile.md: where fake and fixed MobileNetV2 runs spend their time."""
+    """simulate_profile.md: where fake and fixed MobileNetV2 runs spend their time, and
+    MiniLM's steady fixed program by op type (``program_steps_section``)."""
     from profile_stages import aten_table, profile_run, python_table
 
     case = CASES[0]
