@@ -1,9 +1,9 @@
 """The FAKE forms of ops whose QAT form is not the float function then the output fake quant
-(ops whose FIXED kernel is a composite, and sqrt, reciprocal and log, whose QAT modules clip
-their input or output): ``fake_kernel(call, platform)`` gives the function that resolves a
-call's QAT form (``composite.ResolvedComposite``, or None for the plain FAKE path: the float
-function, then the output fake quant), or None where the op has no such form. The dispatch
-hands it to ``op_route.make_route``."""
+(ops whose FIXED kernel is a composite, and the segment-LUT ops whose QAT modules clip their
+input or output, ``fixed_lut.QAT_CLIPPED``): ``fake_kernel(call, platform)`` gives the
+function that resolves a call's QAT form (``composite.ResolvedComposite``, or None for the
+plain FAKE path: the float function, then the output fake quant), or None where the op has no
+such form. The dispatch hands it to ``op_route.make_route``."""
 
 from __future__ import annotations
 

@@ -39,8 +39,8 @@ class FakeOps(enum.Enum):
     softmax the platform computes by segment LUTs is the vendor's QAT SegmentLUTSoftmax, whose
     exp, row sum and reciprocal are fake-quantized too (``fixed_lut.softmax_fake_op``), and a
     log_softmax it composes the QAT LogSoftmax (``fixed_log_softmax.log_softmax_fake_op``);
-    sqrt and reciprocal clip their input, and log is hard_log, where the platform's QAT does
-    so (``fixed_lut.lut_fake_op``).
+    sqrt, reciprocal, tan, atanh, asin and acos clip their input, and log is hard_log, where
+    the platform's QAT does so (``fixed_lut.lut_fake_op``).
     DEPLOYED: the deployed segment table of the op's dividing strategy (integer table values,
     the platform's sin/cos period handling) and the deployed softmax: forward values equal FIXED
     mode's for the op's input. Gradients (deployment-aware QAT): a LUT op's is its table's own
