@@ -96,6 +96,9 @@ _reg(
 )
 _reg("relu relu_", "relu", OpCategory.PASS_THROUGH)
 _reg("amax amin", None, OpCategory.PASS_THROUGH)  # a maximum / minimum is one of its inputs
+# every value is an input value or the fill, which takes the input's quantization (the J6
+# plugin's QTensor masked_fill: the fill quantized at the input's scale, saturating)
+_reg("masked_fill masked_fill_", "masked_fill", OpCategory.PASS_THROUGH)
 _reg("avg_pool1d avg_pool2d adaptive_avg_pool1d adaptive_avg_pool2d", None, OpCategory.POOL)
 _reg("interpolate", None, OpCategory.RESAMPLE)
 _reg("grid_sample", None, OpCategory.GRID_SAMPLE)

@@ -121,6 +121,8 @@ class OpDispatch:
             out, info = call.run(), None
             if mode is Mode.FLOAT:
                 st.float_ops.add(call.name)
+            else:  # a float fallback: its output may stay on its input's grid, as a float op's
+                grid = self._float_grid(call, out, st, mode)
             if st.calibrating:
                 self._observe_output(call, out)
         else:
@@ -460,6 +462,8 @@ class OpDispatch:
             src = in_infos[0] if in_infos else None
             if src is None or src.dtype.is_float:
                 return out, src
+            if call.op_type == "masked_fill":
+                out = same_grid.snap_fill(call, out, src, self.platform.fake_round)
             leaves = tree_flatten(out)[0]
             return out, [QInfo(src.dtype, src.scale, zero_point=src.zero_point) for _ in leaves]
         if not quant_out or not A.is_float_tensor(out):

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
 from quantlab.simulate import args as A
 from quantlab.simulate import calls
@@ -86,6 +87,27 @@ def _zero_fill(call) -> Callable[[Tensor, int], Tensor] | None:
         if isinstance(mask, Tensor) and mask.dtype == torch.bool and _positive_zero(value):
             return lambda codes, zp: codes.masked_fill(mask, zp)
     return None
+
+
+def snap_fill(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
+    """``out``, the result of ``masked_fill(x, mask, value)`` on ``x`` quantized at ``src``
+    (an integer dtype, one scale), with its filled values replaced by ``value`` quantized on
+    that grid: ``dequantize(clamp(round(value / scale) + zero_point, qmin, qmax))``, the code
+    ``rounding`` and the dtype's saturation give (the J6 plugin's QTensor masked_fill: the
+    output keeps the input's scale and the fill saturates, so -1e4 or -inf read as the lowest
+    code); in place, as ``out`` is the op's fresh result or its in-place target. Raises
+    ValueError for a per-channel ``src``, which the plugin refuses too."""
+    if src.scale.numel() != 1:
+        raise ValueError(
+            f"op {call.name} (masked_fill): its input is quantized per channel; the fill "
+            "takes one scale (the input's per-tensor quantization)"
+        )
+    mask = call.args[1] if len(call.args) > 1 else call.kwargs["mask"]
+    value = call.args[2] if len(call.args) > 2 else call.kwargs["value"]
+    v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(())
+    code = quantize(v, src.scale.reshape(()), src.dtype, rounding, zero_point=src.zero_point)
+    filled = dequantize(code, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
+    return out.masked_fill_(mask, filled)
 
 
 def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:
