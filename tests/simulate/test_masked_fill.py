@@ -2,7 +2,8 @@
 ``_qtensor_masked_fill``): the output keeps the input's dtype and scale, and the fill value is
 quantized at that scale, saturating. So an attention score masked with -1e4 (or -inf) reads as
 the scores' lowest code before the softmax, and the softmax's input scale is the scores' own
-(not one stretched to -1e4). On the runtime profiles masked_fill runs in float, as before."""
+(not one stretched to -1e4). On the runtime profiles masked_fill runs in float, as before.
+An additive mask of huge values (-1e4, float32's lowest) runs in every mode."""
 
 from __future__ import annotations
 
@@ -184,3 +185,37 @@ def test_a_zero_fill_in_float_keeps_its_input_grid_on_a_runtime_profile(mode, mo
     sim.run(*_inputs(3), mode=mode)
     kept = [g for op, g in grids if op == "masked_fill"]
     assert kept and all(g is not None and g.dtype.is_int for g in kept)
+
+
+class _AddMasked(nn.Module):
+    """Scores plus an additive mask (1 - mask) * fill, then a softmax (BERT's form)."""
+
+    def __init__(self, fill: float) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.fill = fill
+
+    def forward(self, x, keep):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / 4
+        return (scores + (1.0 - keep[:, None, :]) * self.fill).softmax(-1)
+
+
+@pytest.mark.parametrize("fill", [-1e4, float(torch.finfo(torch.float32).min)])
+@pytest.mark.parametrize("platform", ["j6m", "tflite"])
+def test_an_additive_mask_of_huge_values_runs_in_every_mode(platform, fill):
+    """The add's output scale covers the mask, so one code of the softmax's input spans more
+    than exp's [-12, 0]: fixed mode's exp table covers that one code and fake mode's
+    lowest code overflows float32 at float32's lowest value; both run, NaN-free, and agree
+    where the platform's add keeps the mask (J6; TFLite's float32 output multiplier
+    overflows at that scale and drops it, as TFLite does)."""
+    torch.manual_seed(0)
+    sim = Simulator(_AddMasked(fill).eval(), platform)
+    x = torch.randn(2, 8, 16)
+    keep = torch.ones(2, 8)
+    keep[:, 6:] = 0
+    sim.calibrate([(x, keep)], progress=False)
+    fake, fixed = (sim.run(x, keep, mode=m) for m in (Mode.FAKE, Mode.FIXED))
+    assert not bool(torch.isnan(fake).any() or torch.isnan(fixed).any())
+    if platform == "j6m":
+        assert float((fake - fixed).abs().max()) < 0.01
+        assert float(fixed[..., 6:].abs().max()) == 0.0

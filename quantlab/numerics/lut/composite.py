@@ -239,8 +239,9 @@ def _qat_softmax_torch(x, dim, values, f32, rounding, divide) -> Tensor:
     with torch.no_grad():
         d = fq(x - x.amax(dim=dim, keepdim=True), s_in)
         nan = torch.isnan(d)
-        # d is a code times s_in, fl32(q s_in) with |q| <= 2**15: q is d / s_in rounded
-        q = torch.round(d.to(torch.float64) / s_in).masked_fill_(nan, 0)
+        # d is a code times s_in, fl32(q s_in) with |q| <= 2**15: q is d / s_in rounded (at a
+        # scale so large that -32768 s_in overflows to -inf in float32, clamped to that code)
+        q = torch.round(d.to(torch.float64) / s_in).masked_fill_(nan, 0).clamp_(min=-32768)
         e = values.index_select(0, q.neg_().to(torch.int64).reshape(-1)).reshape(d.shape)
         e = e.masked_fill_(nan, float("nan"))
         total = e.to(torch.float64).sum(dim=dim, keepdim=True).to(torch.float32)

@@ -24,8 +24,9 @@ def input_range(
     quantization range; the function's RangeRule (exp cap, inverse rule); ``spec.input_range``;
     ``observed_range``; symmetric mode then uses [0, max(|lo|, |hi|)]. Raises ValueError when a
     given range has zero width or the result (before the observed range) is empty or narrower
-    than one input code. A RangeRule that would leave less than one code (every input's output
-    saturates: a softmax over one value, whose sum's reciprocal saturates at every code) and an
+    than one input code. A RangeRule that would leave less than one code of that range (every
+    input's output saturates: a softmax over one value, whose sum's reciprocal saturates at
+    every code; softmax's exp table on the one code [-in_scale, 0] of a huge input scale) and an
     observed range (calibration data) that would are skipped instead: they do not narrow the
     table."""
     in_scale = check_scale_float(in_scale, "in_scale")
@@ -43,9 +44,11 @@ def input_range(
         bound = fn.inverse(out_hi, spec) if a > b else fn.inverse(out_lo, spec)
         if math.isfinite(bound):
             rule_lo = max(lo, bound)
-    if rule_hi - rule_lo >= in_scale:
-        lo, hi = rule_lo, rule_hi
-    lo, hi = _intersect(lo, hi, spec.input_range, "spec.input_range")
+    ruled = _intersect(rule_lo, rule_hi, spec.input_range, "spec.input_range")
+    if ruled[1] - ruled[0] >= in_scale:
+        lo, hi = ruled
+    else:  # the rule would leave less than one code of the spec's range: skipped
+        lo, hi = _intersect(lo, hi, spec.input_range, "spec.input_range")
     base = _finish(fn, spec, in_dtype, in_scale, lo, hi, "spec.input_range or the input scale")
     if observed_range is None:
         return base

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from bits import assert_bits_equal
 
@@ -64,10 +65,12 @@ def test_lut_softmax_matches_reference_and_float():
     assert (y.double() * out_scale).sum(-1).sub(1).abs().max().item() < 0.05
 
 
-def test_a_code_wider_than_the_exp_range_gives_one_at_the_maximum_and_zero_elsewhere():
-    """Scores calibrated over an additive mask of float32's lowest value: one code spans more
-    than exp's [-12, 0], so each row's maximum takes all the weight (ties share it)."""
-    s_in = 2.0**128 / 32768
+@pytest.mark.parametrize("s_in", [13.0, 10000 / 127.5, 1e4, 2.0**128 / 32768])
+def test_a_code_wider_than_the_exp_range_gives_one_at_the_maximum_and_zero_elsewhere(s_in):
+    """Scores calibrated over an additive mask of -1e4 or of float32's lowest value: one code
+    spans more than exp's [-12, 0], so each row's maximum takes all the weight (ties share
+    it). The exp table covers the one code [-s_in, 0]: its cap at the output's top (ln of
+    32767 exp-scale codes, just below 0) would leave less than that, so it steps aside."""
     codes = torch.tensor([[0, 0, -32768, -1], [-5, -32768, -32768, -32768], [3, 3, 3, 3]])
     codes = codes.to(torch.int16)
     y = lut_softmax(codes, s_in, I16, -1, 1 / 32767, I16)

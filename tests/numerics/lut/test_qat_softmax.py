@@ -150,3 +150,21 @@ def test_an_exp_scale_too_fine_for_an_exact_row_sum_is_refused():
     with pytest.raises(ValueError, match="exp_scale 1e-06"):
         composite.qat_softmax_exp_values(0.01, 1e-6, half_even, by_reciprocal)
     assert composite.qat_softmax_exp_values(0.01, 2.0**-15, half_even, by_reciprocal).numel()
+
+
+@needs_cc
+@pytest.mark.parametrize("s_in", [3.4028234663852886e38 / 32767.5, 3.4028234663852886e38 / 127.5])
+def test_a_scale_whose_lowest_code_overflows_float32(s_in, monkeypatch):
+    """Scores calibrated over an additive mask of float32's lowest value: -32768 codes of the
+    input scale overflow float32 to -inf, so the torch passes take that difference as the
+    lowest code (as the C pass does) and give its bits: each row's maximum takes the weight
+    and the masked values (float32's lowest, -inf) none."""
+    x = torch.randn(4, 9, generator=torch.Generator().manual_seed(5))
+    x[:, 5:] = torch.finfo(torch.float32).min
+    x[1, 2] = float("-inf")
+    x[2, :5] = 0.0
+    fast = composite.qat_softmax(x, -1, s_in)
+    slow = _torch_passes(monkeypatch, x, -1, s_in)
+    assert_bits_equal(fast, slow)
+    assert bool((slow[:, 5:] == 0).all()) and bool((slow[1, 2] == 0).all())
+    assert float((slow[2, :5] - slow[2, 0]).abs().max()) == 0.0 and float(slow[2, 0]) > 0.19
