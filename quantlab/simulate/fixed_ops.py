@@ -182,7 +182,8 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if a is None or b is None:
         return None
     out = rq.output_dtype
-    if p.add_rule is AddRule.LEFT_SHIFT and out.bits == 8:  # a LiteRT constant is 8-bit
+    # a LiteRT constant is 8-bit: under TFLite's reference ADD and XNNPACK's add alike
+    if p.add_rule in (AddRule.LEFT_SHIFT, AddRule.SHARED_SHIFT) and out.bits == 8:
         a = _constant_at(args, kwargs, plan.acts[0], a, DType.INT8)
         b = _constant_at(args, kwargs, plan.acts[1], b, DType.INT8)
     (xc, xs, zx), (yc, ys, zy) = a, b
@@ -208,7 +209,8 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
 def _constant_at(args, kwargs, slot, operand, dtype: DType):
     """``operand`` as is for a tensor; a scalar constant re-encoded as code +-qmax of ``dtype``.
     A LiteRT model holds a constant as an 8-bit tensor (assumed symmetric here: the converter's
-    own encoding is not modelled); the int16 constant's 32767 << 20 would wrap int32."""
+    own encoding is not modelled); the int16 constant's 32767 << 20 would wrap int32 (TFLite's
+    reference ADD), as would its product with XNNPACK's 20-bit multiplier."""
     v = A.get(args, kwargs, slot)
     if isinstance(v, Tensor):
         return operand
