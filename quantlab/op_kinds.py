@@ -94,6 +94,12 @@ _reg(
     None,
     OpCategory.PASS_THROUGH,
 )
+# select or repeat values: the J6 plugin's QTensor keeps the scale (its wrap-ret ops)
+_reg(
+    "roll tile index_select gather repeat_interleave tril tril_ triu triu_",
+    None,
+    OpCategory.PASS_THROUGH,
+)
 _reg("relu relu_", "relu", OpCategory.PASS_THROUGH)
 _reg("amax amin", None, OpCategory.PASS_THROUGH)  # a maximum / minimum is one of its inputs
 # every value is an input value or the fill, which takes the input's quantization (the J6

@@ -1,6 +1,7 @@
 """Ops that move, select or reshape values without computing new ones, as ONNX: reshapes,
-transposes, indexing and slicing (chunk, split, unbind, narrow, select, flip), expand and
-repeat, movedim, pixel (un)shuffle, casts and constant padding. A quantized input's codes pass
+transposes, indexing and slicing (chunk, split, unbind, narrow, select, flip), expand, repeat
+and tile, roll, index_select and gather, repeat_interleave, tril / triu, movedim, pixel
+(un)shuffle, casts and constant padding. A quantized input's codes pass
 through unchanged; the exporter quantizes the output at the input's scale where quantlab
 does."""
 
@@ -217,12 +218,108 @@ def emit_expand(ctx: ExportContext, op: RecordedOp) -> None:
         ctx.set_outputs(op, [y])
         return
     reps = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "repeats")
+    _tiled(ctx, op, [int(r) for r in ([reps] if isinstance(reps, int) else reps)])
+
+
+def emit_tile(ctx: ExportContext, op: RecordedOp) -> None:
+    """tile: the repeat counts padded with leading 1s to the input's rank, then as repeat
+    (Tile, after a Reshape adding the leading dims more counts add)."""
+    reps = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "dims")
     reps = [int(r) for r in ([reps] if isinstance(reps, int) else reps)]
-    shape = list(ctx.shape_of(op, 0))
+    nd = len(ctx.shape_of(op, 0))
+    _tiled(ctx, op, [1] * (nd - len(reps)) + reps)
+
+
+def _tiled(ctx: ExportContext, op: RecordedOp, reps: list[int]) -> None:
+    g = ctx.graph
+    x, shape = _source(ctx, op), list(ctx.shape_of(op, 0))
     if len(reps) > len(shape):  # the leading dims the repeat counts add
         shape = [1] * (len(reps) - len(shape)) + shape
         x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/lead")
     y = g.node("Tile", [x, g.int64s(f"{op.name}/repeats", reps)], f"{op.name}/float")
+    ctx.set_outputs(op, [y])
+
+
+def emit_roll(ctx: ExportContext, op: RecordedOp) -> None:
+    """roll: per rolled dim, a Gather of the constant indices (i - shift) mod n; with no dims,
+    on the flattened input (requantized after the Reshape, ``reshape_requantized``: without
+    it onnxruntime 1.32's Q/DQ propagation wrote a QuantizeLinear it then rejected, under the
+    SIGNED encoding), reshaped back."""
+    g = ctx.graph
+    x, shape = _source(ctx, op), list(ctx.shape_of(op, 0))
+    shifts = ctx.arg(op, 1, "shifts")
+    dims = ctx.arg(op, 2, "dims", None)
+    shifts = [int(s) for s in ([shifts] if isinstance(shifts, int) else shifts)]
+    flat = dims is None or (not isinstance(dims, int) and len(dims) == 0)
+    if flat:
+        shape = [int(np.prod(shape))]
+        x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/flat")
+        dims = [0]
+    dims = [int(d) % len(shape) for d in ([dims] if isinstance(dims, int) else dims)]
+    for k, (s, d) in enumerate(zip(shifts, dims, strict=True)):
+        idx = (np.arange(shape[d], dtype=np.int64) - s) % max(shape[d], 1)
+        x = g.node("Gather", [x, g.const(f"{op.name}/{k}/index", idx)], f"{op.name}/{k}", axis=d)
+    out = list(op.outputs[0].shape)
+    ctx.set_outputs(
+        op, [g.node("Reshape", [x, g.int64s(f"{op.name}/shape", out)], f"{op.name}/float")]
+    )
+
+
+def _index(ctx: ExportContext, op: RecordedOp, pos: int, kw: str) -> str:
+    """An index tensor argument's graph name (a model constant, an input, or an op's output)."""
+    ref = ctx.arg(op, pos, kw)
+    if not isinstance(ref, (ConstRef, InputRef, OpRef)):
+        raise UnsupportedOpError(f"op {op.name} ({op.op_type}): index {ref!r} is not a tensor")
+    return ctx.value(ref, f"{op.name}/index").name
+
+
+def emit_index_select(ctx: ExportContext, op: RecordedOp) -> None:
+    """index_select(x, dim, index): Gather along ``dim``."""
+    dim = int(ctx.arg(op, 1, "dim")) % len(ctx.shape_of(op, 0))
+    idx = _index(ctx, op, 2, "index")
+    y = ctx.graph.node("Gather", [_source(ctx, op), idx], f"{op.name}/float", axis=dim)
+    ctx.set_outputs(op, [y])
+
+
+def emit_gather(ctx: ExportContext, op: RecordedOp) -> None:
+    """gather(x, dim, index): GatherElements along ``dim``."""
+    dim = int(ctx.arg(op, 1, "dim")) % len(ctx.shape_of(op, 0))
+    idx = _index(ctx, op, 2, "index")
+    y = ctx.graph.node("GatherElements", [_source(ctx, op), idx], f"{op.name}/float", axis=dim)
+    ctx.set_outputs(op, [y])
+
+
+def emit_repeat_interleave(ctx: ExportContext, op: RecordedOp) -> None:
+    """repeat_interleave(x, repeats, dim): Gather along ``dim`` of the index each kept value
+    repeats to (arange(n).repeat_interleave(repeats), a constant: ``repeats`` an int or a
+    model constant); with no dim, on the flattened input."""
+    g = ctx.graph
+    x, shape = _source(ctx, op), list(ctx.shape_of(op, 0))
+    reps = ctx.arg(op, 1, "repeats")
+    dim = ctx.arg(op, 2, "dim", None)
+    if isinstance(reps, ConstRef):
+        reps = reps.value
+    elif not isinstance(reps, int):
+        raise UnsupportedOpError(f"op {op.name}: repeat_interleave's repeats come from inputs")
+    if dim is None:
+        shape = [int(np.prod(shape))]
+        x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/flat")
+        dim = 0
+    dim = int(dim) % len(shape)
+    idx = torch.arange(shape[dim]).repeat_interleave(reps)
+    y = g.node("Gather", [x, g.const(f"{op.name}/index", idx)], f"{op.name}/float", axis=dim)
+    ctx.set_outputs(op, [y])
+
+
+def emit_trilu(ctx: ExportContext, op: RecordedOp) -> None:
+    """tril / triu(x, diagonal): Trilu (its zeros are the zero point's value)."""
+    k = int(ctx.arg(op, 1, "diagonal", 0))
+    y = ctx.graph.node(
+        "Trilu",
+        [_source(ctx, op), ctx.graph.const(f"{op.name}/k", np.asarray(k, dtype=np.int64))],
+        f"{op.name}/float",
+        upper=int(op.op_type == "triu"),
+    )
     ctx.set_outputs(op, [y])
 
 

@@ -743,6 +743,46 @@ def test_codes_moving_ops_export_with_fixed_modes_bits(tmp_path, encoding):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 
 
+class _Selected(nn.Module):
+    """roll (on dims and flattened), tile, index_select, gather, repeat_interleave (an int and
+    a constant tensor of counts) and tril / triu: ops that select or repeat codes (the J6
+    plugin's QTensor keeps the scale through them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))  # (N, 8, H, W)
+        w = y.shape[-1]
+        order = torch.tensor([5, 0, 7, 7, 2])
+        turned = torch.arange(w - 1, -1, -1).expand(*y.shape[:-1], w)
+        return (
+            torch.roll(y, shifts=(2, -1), dims=(1, 3)) * y,
+            y.roll(5) + 1.0,
+            y[:, :2].tile((1, 2, 1, 1)) + torch.tile(y[:, :1], (4, 1, 1)),
+            y[0].tile((2, 1, 1, 2)) * 2.0,
+            y.index_select(1, order) * 2.0,
+            torch.gather(y, 3, turned) * y,
+            y.repeat_interleave(2, dim=1) * 0.5,
+            torch.repeat_interleave(y[:, :3], torch.tensor([1, 0, 2]), dim=1) + 0.25,
+            torch.tril(y, diagonal=-1) + y.triu(1) * 2.0,
+        )
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_selecting_ops_export_with_fixed_modes_bits(tmp_path, encoding):
+    sim, xs = _calibrated(_Selected())
+    moved = "roll tile index_select gather repeat_interleave tril triu".split()
+    kinds = set(sim.ops["op_type"])
+    assert set(moved) <= kinds
+    assert (sim.ops[sim.ops["op_type"].isin(moved)]["category"] == "PASS_THROUGH").all()
+    outs, onnx_kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"Tile", "Gather", "GatherElements", "Trilu"} <= onnx_kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
 class _ListIndexed(nn.Module):
     """Indexing with a list of slices whose bounds are 0-d tensors and numpy integers, as
     onnx2torch's Slice writes it (torch reads the list as a tuple)."""

@@ -221,12 +221,14 @@ class MutatedNet(nn.Module):
             h[:, 0] = 0.123
         elif self.how == "out":  # written through out=: new values in the same tensor
             torch.neg(h, out=h)
-        else:
+        elif self.how == "index_fill_":
+            h.index_fill_(1, torch.tensor([0, 2]), 0.37)
+        else:  # on J6 a modelled op (its fill snapped to the grid), in place
             h.masked_fill_(h > 0.2, 0.37)
         return self.b(h)
 
 
-@pytest.mark.parametrize("how", ["setitem", "masked_fill_", "out", "out_on_codes"])
+@pytest.mark.parametrize("how", ["setitem", "index_fill_", "masked_fill_", "out", "out_on_codes"])
 @pytest.mark.parametrize("mode", [Mode.FIXED, Mode.FAKE])
 def test_a_grid_is_forgotten_when_a_float_op_changes_the_tensor(how, mode, monkeypatch):
     g = torch.Generator().manual_seed(6)
