@@ -730,19 +730,6 @@ class _Pieces(nn.Module):
         )
 
 
-@pytest.mark.parametrize("encoding", list(ActivationEncoding))
-def test_codes_moving_ops_export_with_fixed_modes_bits(tmp_path, encoding):
-    sim, xs = _calibrated(_Pieces())
-    moved = "chunk split unbind narrow select flip expand repeat movedim".split()
-    kinds = set(sim.ops["op_type"])
-    assert set(moved) <= kinds
-    assert (sim.ops[sim.ops["op_type"].isin(moved)]["category"] == "PASS_THROUGH").all()
-    outs, onnx_kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
-    assert {"Slice", "Tile", "Expand", "Transpose"} <= onnx_kinds
-    for x, ys in zip(xs, outs, strict=True):
-        assert _same(ys, sim.run(x, mode=Mode.FIXED))
-
-
 class _Selected(nn.Module):
     """roll (on dims and flattened), tile, index_select, gather, repeat_interleave (an int and
     a constant tensor of counts) and tril / triu: ops that select or repeat codes (the J6
@@ -770,15 +757,29 @@ class _Selected(nn.Module):
         )
 
 
+# model -> (the ops it moves or selects codes with, ONNX node types its export must hold)
+MOVING = {
+    _Pieces: (
+        "chunk split unbind narrow select flip expand repeat movedim",
+        {"Slice", "Tile", "Expand", "Transpose"},
+    ),
+    _Selected: (
+        "roll tile index_select gather repeat_interleave tril triu",
+        {"Tile", "Gather", "GatherElements", "Trilu"},
+    ),
+}
+
+
+@pytest.mark.parametrize("model", list(MOVING), ids=lambda m: m.__name__)
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
-def test_selecting_ops_export_with_fixed_modes_bits(tmp_path, encoding):
-    sim, xs = _calibrated(_Selected())
-    moved = "roll tile index_select gather repeat_interleave tril triu".split()
-    kinds = set(sim.ops["op_type"])
-    assert set(moved) <= kinds
+def test_codes_moving_ops_export_with_fixed_modes_bits(tmp_path, encoding, model):
+    sim, xs = _calibrated(model())
+    moved, nodes = MOVING[model]
+    moved = moved.split()
+    assert set(moved) <= set(sim.ops["op_type"])
     assert (sim.ops[sim.ops["op_type"].isin(moved)]["category"] == "PASS_THROUGH").all()
     outs, onnx_kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
-    assert {"Tile", "Gather", "GatherElements", "Trilu"} <= onnx_kinds
+    assert nodes <= onnx_kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 
