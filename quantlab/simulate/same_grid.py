@@ -3,13 +3,18 @@ again: float ops whose output stays on their input's grid (below), and layout op
 transpose, indexing, ...) whose codes are the same op applied to the input's codes
 (``layout_codes``).
 
-Two kinds of op are recognised (both run in float, not modelled):
+Two kinds of op are recognised (both run in float: not modelled, or a platform's float
+fallback):
 
 * an op that returns its input tensor itself, unchanged: eval-mode dropout (removed at
   export), a cast to the dtype the tensor already has;
 * ``pad`` with mode "constant" and value 0, and ``masked_fill`` of a bool mask with the value
-  0 (the safe softmax's rows in ``decompositions.attention_by_definition``): every value is an
-  input value or 0, and 0 is the code ``zero_point`` at any scale.
+  0 where it runs in float (the runtime profiles; the safe softmax's rows in
+  ``decompositions.attention_by_definition``): every value is an input value or 0, and 0 is
+  the code ``zero_point`` at any scale.
+
+Where masked_fill is modelled (J6) it is a pass-through op whose fill is quantized on its
+input's grid (``snap_fill``).
 
 Their outputs are recorded (``grid_of``) with the input's ``QInfo`` (in FIXED mode with the
 padded or filled codes). ``codes_on_grid`` then answers for a quantization at activation point

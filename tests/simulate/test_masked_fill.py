@@ -14,6 +14,7 @@ from torch import nn
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.rounding import Round
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator, same_grid, steady_programs
@@ -219,3 +220,16 @@ def test_an_additive_mask_of_huge_values_runs_in_every_mode(platform, fill):
     if platform == "j6m":
         assert float((fake - fixed).abs().max()) < 0.01
         assert float(fixed[..., 6:].abs().max()) == 0.0
+
+
+def test_a_per_channel_input_is_refused_by_name():
+    """The plugin's masked_fill takes a per-tensor scale; a per-channel one is refused with
+    the op's name."""
+    from types import SimpleNamespace
+
+    from quantlab.simulate.qtensor import QInfo
+
+    call = SimpleNamespace(name="m:masked_fill#0", args=(None, None, -1e4), kwargs={})
+    src = QInfo(DType.INT8, torch.tensor([0.1, 0.2]), zero_point=0)
+    with pytest.raises(ValueError, match="m:masked_fill#0.*per channel"):
+        same_grid.snap_fill(call, torch.zeros(2), src, Round.HALF_EVEN)
