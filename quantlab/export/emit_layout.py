@@ -242,18 +242,14 @@ def _tiled(ctx: ExportContext, op: RecordedOp, reps: list[int]) -> None:
 
 def emit_roll(ctx: ExportContext, op: RecordedOp) -> None:
     """roll: per rolled dim, a Gather of the constant indices (i - shift) mod n; with no dims,
-    on the flattened input (requantized after the Reshape, ``reshape_requantized``: without
-    it onnxruntime 1.32's Q/DQ propagation wrote a QuantizeLinear it then rejected, under the
-    SIGNED encoding), reshaped back."""
+    on the flattened input (``_flattened``), reshaped back."""
     g = ctx.graph
-    x, shape = _source(ctx, op), list(ctx.shape_of(op, 0))
     shifts = ctx.arg(op, 1, "shifts")
     dims = ctx.arg(op, 2, "dims", None)
     shifts = [int(s) for s in ([shifts] if isinstance(shifts, int) else shifts)]
     flat = dims is None or (not isinstance(dims, int) and len(dims) == 0)
+    x, shape = _flattened(ctx, op) if flat else (_source(ctx, op), list(ctx.shape_of(op, 0)))
     if flat:
-        shape = [int(np.prod(shape))]
-        x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/flat")
         dims = [0]
     dims = [int(d) % len(shape) for d in ([dims] if isinstance(dims, int) else dims)]
     for k, (s, d) in enumerate(zip(shifts, dims, strict=True)):
@@ -265,6 +261,15 @@ def emit_roll(ctx: ExportContext, op: RecordedOp) -> None:
     )
 
 
+def _flattened(ctx: ExportContext, op: RecordedOp) -> tuple[str, list[int]]:
+    """The op's input reshaped to one dim, and that shape (requantized after the Reshape,
+    ``reshape_requantized``: without it onnxruntime 1.32's Q/DQ propagation wrote a
+    QuantizeLinear it then rejected, under the SIGNED encoding)."""
+    shape = [int(np.prod(ctx.shape_of(op, 0)))]
+    x = reshape_requantized(ctx, _source(ctx, op), _input_quant(op), shape, f"{op.name}/flat")
+    return x, shape
+
+
 def _index(ctx: ExportContext, op: RecordedOp, pos: int, kw: str) -> str:
     """An index tensor argument's graph name (a model constant, an input, or an op's output)."""
     ref = ctx.arg(op, pos, kw)
@@ -273,38 +278,32 @@ def _index(ctx: ExportContext, op: RecordedOp, pos: int, kw: str) -> str:
     return ctx.value(ref, f"{op.name}/index").name
 
 
-def emit_index_select(ctx: ExportContext, op: RecordedOp) -> None:
-    """index_select(x, dim, index): Gather along ``dim``."""
-    dim = int(ctx.arg(op, 1, "dim")) % len(ctx.shape_of(op, 0))
-    idx = _index(ctx, op, 2, "index")
-    y = ctx.graph.node("Gather", [_source(ctx, op), idx], f"{op.name}/float", axis=dim)
-    ctx.set_outputs(op, [y])
+_GATHERS = {"index_select": "Gather", "gather": "GatherElements"}
 
 
 def emit_gather(ctx: ExportContext, op: RecordedOp) -> None:
-    """gather(x, dim, index): GatherElements along ``dim``."""
+    """index_select(x, dim, index) as Gather, gather(x, dim, index) as GatherElements, along
+    ``dim``."""
     dim = int(ctx.arg(op, 1, "dim")) % len(ctx.shape_of(op, 0))
     idx = _index(ctx, op, 2, "index")
-    y = ctx.graph.node("GatherElements", [_source(ctx, op), idx], f"{op.name}/float", axis=dim)
+    kind = _GATHERS[op.op_type]
+    y = ctx.graph.node(kind, [_source(ctx, op), idx], f"{op.name}/float", axis=dim)
     ctx.set_outputs(op, [y])
 
 
 def emit_repeat_interleave(ctx: ExportContext, op: RecordedOp) -> None:
     """repeat_interleave(x, repeats, dim): Gather along ``dim`` of the index each kept value
     repeats to (arange(n).repeat_interleave(repeats), a constant: ``repeats`` an int or a
-    model constant); with no dim, on the flattened input."""
+    model constant); with no dim, on the flattened input (``_flattened``)."""
     g = ctx.graph
-    x, shape = _source(ctx, op), list(ctx.shape_of(op, 0))
     reps = ctx.arg(op, 1, "repeats")
     dim = ctx.arg(op, 2, "dim", None)
     if isinstance(reps, ConstRef):
         reps = reps.value
     elif not isinstance(reps, int):
         raise UnsupportedOpError(f"op {op.name}: repeat_interleave's repeats come from inputs")
-    if dim is None:
-        shape = [int(np.prod(shape))]
-        x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/flat")
-        dim = 0
+    x, shape = _flattened(ctx, op) if dim is None else (_source(ctx, op), list(ctx.shape_of(op, 0)))
+    dim = 0 if dim is None else dim
     dim = int(dim) % len(shape)
     idx = torch.arange(shape[dim]).repeat_interleave(reps)
     y = g.node("Gather", [x, g.const(f"{op.name}/index", idx)], f"{op.name}/float", axis=dim)

@@ -101,7 +101,7 @@ EMITTERS: dict[str, Emitter] = {
     "repeat": L.emit_expand,
     "tile": L.emit_tile,
     "roll": L.emit_roll,
-    "index_select": L.emit_index_select,
+    "index_select": L.emit_gather,
     "gather": L.emit_gather,
     "repeat_interleave": L.emit_repeat_interleave,
     "tril": L.emit_trilu,
