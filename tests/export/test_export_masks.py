@@ -18,7 +18,10 @@ pytest.importorskip("onnxruntime")
 
 from quantlab.export import UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
+from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
+
+ORT_PROFILE = onnxruntime_profile()
 
 
 class _MaskedAttention(nn.Module):
@@ -62,7 +65,7 @@ def _masks(g: torch.Generator, n: int = 4) -> list[tuple]:
 
 
 def _exported_matches_fixed(model, calib, example, inputs, tmp_path, name="m"):
-    sim = Simulator(model.eval(), "onnxruntime")
+    sim = Simulator(model.eval(), ORT_PROFILE)
     sim.calibrate(calib, progress=False)
     info = to_onnx_qdq(sim, tmp_path / f"{name}.onnx", example)
     sess = R.session(info.path)
@@ -201,7 +204,7 @@ class _BranchesOnIsnan(nn.Module):
 
 def test_a_result_the_exporter_cannot_write_is_refused_where_the_graph_reads_it(tmp_path):
     x = torch.randn(2, 8)
-    sim = Simulator(_ReadsIsnan(), "onnxruntime")
+    sim = Simulator(_ReadsIsnan(), ORT_PROFILE)
     sim.calibrate([(x,)], progress=False)
     with pytest.raises(UnsupportedOpError, match="the result of `isnan`"):
         to_onnx_qdq(sim, tmp_path / "isnan.onnx", (x,))
@@ -288,7 +291,7 @@ class _BoolSelected(nn.Module):
 
 def test_indexing_by_a_bool_constant_is_refused(tmp_path):
     x, mask = torch.randn(2, 4), torch.ones(2, 4, dtype=torch.long)
-    sim = Simulator(_BoolSelected(), "onnxruntime")
+    sim = Simulator(_BoolSelected(), ORT_PROFILE)
     sim.calibrate([(x, mask)], progress=False)
     with pytest.raises(UnsupportedOpError, match="indexing with tensors"):
         to_onnx_qdq(sim, tmp_path / "bool.onnx", (x, mask))

@@ -27,11 +27,13 @@ from torch import nn
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from ort_encodings import require_modelled  # noqa: E402
+
 from quantlab import ops as quantlab_ops  # noqa: E402
 from quantlab.analysis.onnx_fidelity import measure  # noqa: E402
 from quantlab.export import ActivationEncoding, UnsupportedOpError, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
-from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
+from quantlab.export.ort_host import onnxruntime_profile, onnxruntime_saturates_u8s8  # noqa: E402
 from quantlab.numerics.dtypes import DType  # noqa: E402
 from quantlab.numerics.lut import TableValues  # noqa: E402
 from quantlab.platforms import FloatIslands, load_platform  # noqa: E402
@@ -78,6 +80,7 @@ def _calibrated(model: nn.Module, platform=ORT_PROFILE, seed: int = 0):
 
 
 def _onnxruntime_outputs(sim, xs, tmp_path, encoding):
+    require_modelled(encoding)
     info = to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],), encoding=encoding)
     sess = R.session(info.path, tmp_path / "opt.onnx")
     kinds = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
@@ -97,6 +100,25 @@ def test_wide_gemm_outputs_run_as_integer_kernels_in_onnxruntime(tmp_path, encod
         fixed = sim.run(x, mode=Mode.FIXED)
         assert _same(ys, fixed)
         assert fixed[1].min() >= np.float32(-0.2) and fixed[1].max() <= np.float32(0.3)
+
+
+def test_signed_exports_fuse_only_where_products_sum_exactly(tmp_path):
+    """The premise of ``ort_encodings.require_modelled``: onnxruntime fuses a SIGNED export's
+    int8 convolution into QLinearConv where its uint8 x int8 products sum exactly, and runs it
+    as a float32 Conv where they saturate in pairs; an UNSIGNED_OFFSET export's is fused on
+    both."""
+    sim, xs = _calibrated(_Elementwise())
+    kinds = {}
+    for encoding in ActivationEncoding:
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],), encoding=encoding)
+        R.session(tmp_path / "m.onnx", tmp_path / "opt.onnx")
+        kinds[encoding] = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+    assert "QLinearConv" in kinds[ActivationEncoding.UNSIGNED_OFFSET]
+    signed = kinds[ActivationEncoding.SIGNED]
+    if onnxruntime_saturates_u8s8():
+        assert "Conv" in signed and "QLinearConv" not in signed
+    else:
+        assert "QLinearConv" in signed and "Conv" not in signed
 
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
@@ -471,11 +493,13 @@ def test_int16_gemms_run_in_float_as_onnxruntime_runs_them(tmp_path):
     xs = [torch.randn(2, 8, 6, 6, generator=g) * s for s in (0.5, 1.0)]
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
     assert {"Conv", "MatMul"} <= kinds and not {"QLinearConv", "QLinearMatMul"} & kinds
-    for x, ys in zip(xs, outs, strict=True):
-        for y, f in zip(ys, sim.run(x, mode=Mode.FIXED), strict=True):
-            lsb = float(f.abs().max()) / 32767
-            assert np.abs(y - f.numpy()).max() <= 1.01 * lsb
     qinfo = sim.trace(xs[0], mode=Mode.FIXED).qinfo
+    # one output code of the int16 outputs; the wide matmul's: 1 / 32767 of its largest value
+    codes = [float(qinfo[":transpose#0"][0].scale), float(qinfo["lin:linear#0"].scale), None]
+    for x, ys in zip(xs, outs, strict=True):
+        for y, f, code in zip(ys, sim.run(x, mode=Mode.FIXED), codes, strict=True):
+            lsb = code if code is not None else float(f.abs().max()) / 32767
+            assert np.abs(y - f.numpy()).max() <= 1.01 * lsb
     assert qinfo.get(":matmul#0") is None and qinfo.get("conv:conv2d#0") is None  # wide
     assert qinfo["lin:linear#0"].dtype is DType.INT16
     sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)

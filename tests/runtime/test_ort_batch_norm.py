@@ -14,6 +14,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from ort_encodings import require_modelled  # noqa: E402
 
 from quantlab.export import ActivationEncoding, to_onnx_qdq  # noqa: E402
 from quantlab.export import runtime as R  # noqa: E402
@@ -84,6 +85,7 @@ class _Unfolded(nn.Module):
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
 def test_unfolded_batch_norm_exports_with_fixed_modes_bits(tmp_path, encoding):
+    require_modelled(encoding)
     torch.manual_seed(0)
     sim = Simulator(_Unfolded().eval(), onnxruntime_profile())
     g = torch.Generator().manual_seed(1)

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ort_graphs import session
 from torch import nn
 
+from quantlab.export.ort_host import onnxruntime_profile
 from quantlab.numerics.ieee32 import fma32, sqrt32
 from quantlab.numerics.ort_layer_norm import ort_group_norm, ort_layer_norm
 
@@ -130,7 +131,7 @@ def test_fixed_mode_layer_norm_has_onnxruntimes_codes(tmp_path):
     g = torch.Generator().manual_seed(1)
     # int16 output codes: a last-bit difference of the float layer norm moves one often
     spec = QConfigSpec(by_type={"layer_norm": OpQConfig(output_dtype=DType.INT16)})
-    sim = Simulator(model, "onnxruntime", spec)
+    sim = Simulator(model, onnxruntime_profile(), spec)
     sim.calibrate([(torch.randn(64, 16, generator=g),) for _ in range(2)], progress=False)
     xs = [(torch.randn(64, 16, generator=g) * s,) for s in (0.5, 1.0, 2.0, 4.0)]
     info = to_onnx_qdq(sim, tmp_path / "ln.onnx", xs[0], probe=True)
@@ -236,7 +237,7 @@ def test_fixed_mode_grouped_norms_have_onnxruntimes_codes(norm, affine, dtype, t
     g = torch.Generator().manual_seed(1)
     op_type = name.split(":")[1].split("#")[0]
     spec = QConfigSpec(by_type={op_type: OpQConfig(output_dtype=DType.parse(dtype))})
-    sim = Simulator(model, "onnxruntime", spec)
+    sim = Simulator(model, onnxruntime_profile(), spec)
     sim.calibrate([(torch.randn(4, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
     xs = [(torch.randn(4, 3, 6, 6, generator=g) * s,) for s in (0.5, 1.0, 2.0, 4.0)]
     info = to_onnx_qdq(sim, tmp_path / "gn.onnx", xs[0], probe=True)

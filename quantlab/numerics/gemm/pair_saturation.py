@@ -10,7 +10,8 @@ sum over raw codes):
 * convolution: the same over K in (kernel row, kernel column, input channel) order, the input
   padded with its zero point ``zx`` (MLAS runs it on the NHWC im2col); per group; a depthwise
   convolution (groups = input channels = output channels) runs MLAS's depthwise kernel, which
-  is exact, so it has no pairs.
+  is exact, so it has no pairs; nor has a convolution whose output leaves unquantized (a wide
+  output, exported as ConvInteger, whose sums are exact on every CPU).
 
 Weights are symmetric (zero point 0). Result: int64, the centred sum ``Σ (x - zx) * w`` wherever
 no pair saturates. Checked bit for bit against onnxruntime's QLinearMatMul and QLinearConv on a
