@@ -53,6 +53,7 @@ import pandas as pd
 import torch
 
 from quantlab.capture import CaptureMode, ModuleTracker
+from quantlab.export.ort_host import onnxruntime_profile
 from quantlab.models import build_model
 from quantlab.models.registry import example_inputs
 from quantlab.numerics.gemm import kernels, requant_native
@@ -153,14 +154,15 @@ def variants(case: Case, threads: int) -> dict[str, Callable[[], object]]:
     out[EAGER] = eager
     sims = {}
     asymmetric = QConfigSpec(global_=OpQConfig(activation_symmetry="asymmetric"))
+    ort = onnxruntime_profile()  # the profile of this machine's onnxruntime
     for key, prof, steady, spec in (
         ("j6m", "j6m", True, None),
         ("captured", "j6m", False, None),  # every FAKE run captured per op
-        ("onnxruntime", "onnxruntime", True, None),
-        ("onnxruntime own", "onnxruntime", True, None),
-        ("onnxruntime captured", "onnxruntime", False, None),
-        ("onnxruntime asymmetric", "onnxruntime", True, asymmetric),
-        ("onnxruntime asymmetric captured", "onnxruntime", False, asymmetric),
+        ("onnxruntime", ort, True, None),
+        ("onnxruntime own", ort, True, None),
+        ("onnxruntime captured", ort, False, None),
+        ("onnxruntime asymmetric", ort, True, asymmetric),
+        ("onnxruntime asymmetric captured", ort, False, asymmetric),
     ):
         sim = Simulator(module, prof, qconfig=spec, steady_programs=steady)
         sim.calibrate(calib, progress=False)
@@ -667,6 +669,8 @@ def main() -> None:
         "torch dynamo's trace for the guards); loop_s: the whole loop. A loop shorter than "
         "captured_s + build_s runs captured throughout, at the captured figure.",
         "",
+        f"The onnxruntime profile is the one of this machine's onnxruntime "
+        f"(`quantlab.export.ort_host.onnxruntime_profile()`): here `{onnxruntime_profile()}`. "
         f"`{FIXED_ORT}` and `{FIXED_ORT_ASYM}` switch to a `RuntimeProgram`: the onnxruntime "
         "profile's fixed mode is what onnxruntime computes on its QDQ export, so the loop runs "
         "that export in an onnxruntime session (torch's thread count, spinning off; "
