@@ -8,6 +8,7 @@ import torch
 from bits import assert_bits_equal
 
 from quantlab.numerics import reference as ref
+from quantlab.numerics.gemm import pair_saturation
 from quantlab.numerics.gemm.pair_saturation import pair_saturated_conv, pair_saturated_matmul
 from quantlab.numerics.reference import pair_saturation as ref_pairs
 
@@ -86,6 +87,55 @@ def test_depthwise_is_exact_and_conv1d_is_a_one_row_conv2d():
     assert_bits_equal(one, two.squeeze(2))
     # unbatched input: the batched result's one item
     assert_bits_equal(pair_saturated_conv(x1[0], w1, 30, stride=2, padding=1), one[0])
+
+
+def _mixed(g, x_shape, w_shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes as a trained layer gives them: small weights with a few extreme ones (1 in 12),
+    rows of high codes beside rows of low ones, so that a pair which can saturate does so in
+    some rows and not in others."""
+    w = torch.randint(-30, 31, w_shape, generator=g)
+    big = torch.rand(w_shape, generator=g) < 1 / 12
+    w = torch.where(big, torch.where(torch.rand(w_shape, generator=g) < 0.5, 127, -128), w)
+    x = torch.randint(0, 256, x_shape, generator=g)
+    low = torch.rand(x_shape[:-1] + (1,), generator=g) < 0.5
+    return torch.where(low, x // 4, x).to(torch.uint8), w.to(torch.int8)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0], ids=["every_pair", "pairs_that_can_saturate"])
+@pytest.mark.parametrize("kind", ["random", "adversarial", "mixed"])
+def test_both_summations_equal_the_reference(monkeypatch, fraction, kind):
+    """Summing every pair and correcting only the pairs that can saturate give the reference's
+    sums, whichever the share of such pairs (``DENSE_PAIR_FRACTION`` forced each way)."""
+    monkeypatch.setattr(pair_saturation, "DENSE_PAIR_FRACTION", fraction)
+    g = torch.Generator().manual_seed(["random", "adversarial", "mixed"].index(kind))
+    for k in (1, 8, 33, 96):
+        if kind == "mixed":
+            x, w = _mixed(g, (40, k), (k, 7))
+        else:
+            x, w = _u8(g, (40, k), kind == "adversarial"), _s8(g, (k, 7), kind == "adversarial")
+        zx = int(torch.randint(0, 256, (1,), generator=g))
+        want = ref_pairs.pair_saturated_matmul(x.numpy(), w.numpy(), zx)
+        assert_bits_equal(pair_saturated_matmul(x, w, zx).numpy(), want)
+    xs, ws, stride, padding, dilation, groups = CONVS[1]
+    x, w = _mixed(g, xs, ws) if kind == "mixed" else (_u8(g, xs, True), _s8(g, ws, True))
+    got = pair_saturated_conv(x, w, 77, stride, padding, dilation, groups)
+    want = ref_pairs.pair_saturated_conv2d(
+        x.numpy(), w.numpy(), 77, stride, padding, dilation, groups
+    )
+    assert_bits_equal(got.numpy(), want)
+
+
+def test_mixed_codes_take_the_sparse_correction_and_saturate():
+    """On trained-like codes few pairs can saturate: no pair sum is formed for the others (the
+    dense summation is not called), and some of those that can do saturate."""
+    g = torch.Generator().manual_seed(5)
+    x, w = _mixed(g, (64, 96), (96, 8))
+    exact = ref.int_matmul(x.to(torch.int16).numpy(), w.numpy())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pair_saturation, "_dense_rows", None)  # calling it would raise
+        got = pair_saturated_matmul(x, w, 0)
+    assert_bits_equal(got.numpy(), ref_pairs.pair_saturated_matmul(x.numpy(), w.numpy(), 0))
+    assert (got.numpy() != exact).any()
 
 
 def test_bad_operands_are_refused():
