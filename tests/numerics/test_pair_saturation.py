@@ -116,18 +116,24 @@ def test_both_summations_equal_the_reference(monkeypatch, fraction, kind):
         zx = int(torch.randint(0, 256, (1,), generator=g))
         want = ref_pairs.pair_saturated_matmul(x.numpy(), w.numpy(), zx)
         assert_bits_equal(pair_saturated_matmul(x, w, zx).numpy(), want)
-    xs, ws, stride, padding, dilation, groups = CONVS[1]
-    x, w = _mixed(g, xs, ws) if kind == "mixed" else (_u8(g, xs, True), _s8(g, ws, True))
-    got = pair_saturated_conv(x, w, 77, stride, padding, dilation, groups)
-    want = ref_pairs.pair_saturated_conv2d(
-        x.numpy(), w.numpy(), 77, stride, padding, dilation, groups
-    )
-    assert_bits_equal(got.numpy(), want)
+    for xs, ws, stride, padding, dilation, groups in CONVS:
+        adversarial = kind == "adversarial"
+        x, w = (
+            _mixed(g, xs, ws)
+            if kind == "mixed"
+            else (_u8(g, xs, adversarial), _s8(g, ws, adversarial))
+        )
+        zx = int(torch.randint(0, 256, (1,), generator=g))
+        got = pair_saturated_conv(x, w, zx, stride, padding, dilation, groups)
+        want = ref_pairs.pair_saturated_conv2d(
+            x.numpy(), w.numpy(), zx, stride, padding, dilation, groups
+        )
+        assert_bits_equal(got.numpy(), want)
 
 
 def test_mixed_codes_take_the_sparse_correction_and_saturate():
     """On trained-like codes few pairs can saturate: no pair sum is formed for the others (the
-    dense summation is not called), and some of those that can do saturate."""
+    dense summation is not called), and some of those that can do saturate; matmul and conv."""
     g = torch.Generator().manual_seed(5)
     x, w = _mixed(g, (64, 96), (96, 8))
     exact = ref.int_matmul(x.to(torch.int16).numpy(), w.numpy())
@@ -135,6 +141,14 @@ def test_mixed_codes_take_the_sparse_correction_and_saturate():
         mp.setattr(pair_saturation, "_dense_rows", None)  # calling it would raise
         got = pair_saturated_matmul(x, w, 0)
     assert_bits_equal(got.numpy(), ref_pairs.pair_saturated_matmul(x.numpy(), w.numpy(), 0))
+    assert (got.numpy() != exact).any()
+    x, w = _mixed(g, (2, 16, 9, 9), (8, 16, 3, 3))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pair_saturation, "_dense_rows", None)
+        got = pair_saturated_conv(x, w, 3, padding=1)
+    want = ref_pairs.pair_saturated_conv2d(x.numpy(), w.numpy(), 3, (1, 1), (1, 1), (1, 1), 1)
+    assert_bits_equal(got.numpy(), want)
+    exact = ref.int_conv2d((x.to(torch.int16) - 3).numpy(), w.numpy(), 1, 1, 1, 1)
     assert (got.numpy() != exact).any()
 
 

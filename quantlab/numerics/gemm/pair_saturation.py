@@ -15,9 +15,10 @@ sum over raw codes):
 
 Weights are symmetric (zero point 0). Result: int64, the centred sum ``Σ (x - zx) * w`` wherever
 no pair saturates. Computed as the exact sum plus a correction on the pairs of weights that can
-saturate against the rows at hand (``pair_saturated_rows``): on trained weights a few percent,
-so the cost is near an exact GEMM's. Checked bit for bit against onnxruntime's QLinearMatMul and QLinearConv on a
-CPU whose kernels saturate, and against ``reference.pair_saturation`` everywhere (tests).
+saturate against the codes at hand (``_risky_pairs``; on trained weights a few percent), so the
+cost is near an exact GEMM's. Checked bit for bit against onnxruntime's QLinearMatMul and
+QLinearConv on a CPU whose kernels saturate, and against ``reference.pair_saturation``
+everywhere (tests).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from quantlab.numerics.gemm.exact import int_conv2d as exact_conv2d
 from quantlab.numerics.gemm.exact import int_matmul
 from quantlab.numerics.gemm.plan import per_axis
 
@@ -42,39 +44,70 @@ def _check(x: Tensor, w: Tensor) -> None:
         )
 
 
-def pair_saturated_rows(x: Tensor, w: Tensor) -> Tensor:
-    """``Σ'`` of rows x (R, K) of raw uint8 codes against w (K, N) int8: int64 (R, N).
+def pair_saturated_rows(x: Tensor, w: Tensor, zx: int = 0) -> Tensor:
+    """``Σ' x w - zx Σ w`` of rows x (R, K) of raw uint8 codes against w (K, N) int8: int64
+    (R, N).
 
-    Computed as the exact sum (``int_matmul``) plus, for each pair of weights that can saturate
-    against these rows, ``clamp(p) - p`` of its pair sums p. A pair (k, k + 1) of column n can
-    saturate only where ``X_k max(w_k, 0) + X_k+1 max(w_k+1, 0) > 32767`` or the same with min
-    below -32768, X the column maxima of x (codes are >= 0): every other pair sums exactly. Where
+    Computed as the exact centred sum ``Σ (x - zx) w`` (``int_matmul``) plus ``clamp(p) - p`` of
+    the pair sums p of each pair of weights that can saturate against these rows
+    (``_risky_pairs``, bounded by the column maxima of x); every other pair sums exactly. Where
     more than ``DENSE_PAIR_FRACTION`` of the pairs can saturate, every pair is summed
     (``_dense_rows``)."""
     k = x.shape[-1]
-    x16, w32 = x.to(torch.int16), w.to(torch.int32)
+    x16 = x.to(torch.int16)
     xmax = x16.amax(0).to(torch.int32) if x16.shape[0] else torch.zeros(k, dtype=torch.int32)
-    if k % 2:
+    pair, col, w_even, w_odd = _risky_pairs(xmax, w)
+    if pair.numel() > DENSE_PAIR_FRACTION * ((k + 1) // 2) * w.shape[1]:
+        return _dense_rows(x, w) - int(zx) * w.to(torch.int64).sum(0)
+    out = int_matmul(centred_codes(x16, zx), w.to(torch.int8))
+    if pair.numel() and x.shape[0]:
+        if k % 2:
+            x16 = F.pad(x16, (0, 1))
+        _add_corrections(out, x16, 2 * pair, 2 * pair + 1, col, w_even, w_odd)
+    return out
+
+
+def centred_codes(x: Tensor, zx: int) -> Tensor:
+    """``x - zx`` of raw uint8 codes: int8 when zx is 128 (every code then fits), else int16
+    (the exact GEMM's bounds are tighter for int8 operands)."""
+    c = x.to(torch.int16) - int(zx)
+    return c.to(torch.int8) if int(zx) == 128 else c
+
+
+def _risky_pairs(xmax: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The weight pairs (k = 2 pair, 2 pair + 1; column col) whose pair sum can leave int16
+    for codes in [0, xmax[k]]: ``xmax_k max(w_k, 0) + xmax_k+1 max(w_k+1, 0) > 32767`` or the
+    same with min below -32768 (an odd K pads a zero term); with their two weights (int32)."""
+    xmax, w32 = xmax.to(torch.int32), w.to(torch.int32)
+    if w32.shape[0] % 2:
         xmax, w32 = F.pad(xmax, (0, 1)), F.pad(w32, (0, 0, 0, 1))
     we, wo = w32[0::2], w32[1::2]
     xe, xo = xmax[0::2, None], xmax[1::2, None]
     hi = xe * we.clamp(min=0) + xo * wo.clamp(min=0)
     lo = xe * we.clamp(max=0) + xo * wo.clamp(max=0)
     pair, col = torch.nonzero((hi > INT16_MAX) | (lo < INT16_MIN), as_tuple=True)
-    if pair.numel() > DENSE_PAIR_FRACTION * we.numel():
-        return _dense_rows(x, w)
-    out = int_matmul(x16, w.to(torch.int8))
-    if pair.numel() == 0 or x.shape[0] == 0:
-        return out
-    if k % 2:
-        x16 = F.pad(x16, (0, 1))
-    w_even, w_odd = we[pair, col], wo[pair, col]
-    step = max(1, PAIR_CHUNK_ELEMENTS // pair.numel())
-    for r in range(0, x.shape[0], step):
-        rows = x16[r : r + step].to(torch.int32)
-        p = rows[:, 2 * pair] * w_even + rows[:, 2 * pair + 1] * w_odd  # (rows, risky pairs)
+    return pair, col, we[pair, col], wo[pair, col]
+
+
+def _add_corrections(out, codes, ie, io, col, w_even, w_odd) -> None:
+    """out[:, col] += clamp(p) - p for the pair sums p = codes[:, ie] w_even + codes[:, io]
+    w_odd (one per risky pair), in chunks of rows."""
+    step = max(1, PAIR_CHUNK_ELEMENTS // max(1, ie.numel()))
+    for r in range(0, codes.shape[0], step):
+        rows = codes[r : r + step].to(torch.int32)
+        p = rows[:, ie] * w_even + rows[:, io] * w_odd  # (rows, risky pairs)
         out[r : r + step].index_add_(1, col, (p.clamp(INT16_MIN, INT16_MAX) - p).to(torch.int64))
-    return out
+
+
+def _conv_by_rows(xp, wk, zx, n, oh, ow, tap, groups) -> Tensor:
+    """Every pair summed on the (row, column, channel) im2col of each group (``_dense_rows``)."""
+    og = wk[0].shape[1]
+    acc = torch.empty(n, og * groups, max(oh, 0), max(ow, 0), dtype=torch.int64)
+    for g, wg in enumerate(wk):
+        cols = torch.stack([tap(g, k) for k in range(wg.shape[0])], 1)
+        part = _dense_rows(cols, wg) - int(zx) * wg.to(torch.int64).sum(0)
+        acc[:, g * og : (g + 1) * og] = part.reshape(n, oh, ow, og).permute(0, 3, 1, 2)
+    return acc
 
 
 def _dense_rows(x: Tensor, w: Tensor) -> Tensor:
@@ -101,8 +134,7 @@ def pair_saturated_matmul(x: Tensor, w: Tensor, zx: int) -> Tensor:
     _check(x, w)
     if w.dim() != 2 or x.shape[-1] != w.shape[0]:
         raise ValueError(f"shapes {tuple(x.shape)} and {tuple(w.shape)} do not match")
-    rows = x.reshape(-1, x.shape[-1])
-    acc = pair_saturated_rows(rows, w) - int(zx) * w.to(torch.int64).sum(0)
+    acc = pair_saturated_rows(x.reshape(-1, x.shape[-1]), w, zx)
     return acc.reshape(*x.shape[:-1], w.shape[1])
 
 
@@ -147,30 +179,52 @@ def pair_saturated_conv(
         acc = acc.round().to(torch.int64)
     else:
         xp = F.pad(
-            x.to(torch.int32),
+            x.to(torch.int16),
             (padding[1], padding[1], padding[0], padding[0]),
             value=int(zx),
         )
         oh = (xp.shape[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
         ow = (xp.shape[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
         og = o // groups
-        acc = torch.empty(n, o, max(oh, 0), max(ow, 0), dtype=torch.int64)
-        for g in range(groups):
-            xg = xp[:, g * cg : (g + 1) * cg]
-            taps = [
-                xg[
-                    :,
-                    :,
-                    i * dilation[0] : i * dilation[0] + stride[0] * (oh - 1) + 1 : stride[0],
-                    j * dilation[1] : j * dilation[1] + stride[1] * (ow - 1) + 1 : stride[1],
-                ]
-                for i in range(kh)
-                for j in range(kw)
-            ]  # each (N, Cg, OH, OW); K order (row, column, channel)
-            cols = torch.stack(taps, 1).permute(0, 3, 4, 1, 2).reshape(n * oh * ow, -1)
-            wg = w[g * og : (g + 1) * og].permute(2, 3, 1, 0).reshape(-1, og)
-            part = pair_saturated_rows(cols, wg) - int(zx) * wg.to(torch.int64).sum(0)
-            acc[:, g * og : (g + 1) * og] = part.reshape(n, oh, ow, og).permute(0, 3, 1, 2)
+
+        def tap(g: int, k: int) -> Tensor:
+            """Input codes read by K position k of group g: (N * OH * OW,)."""
+            i, j, ch = k // (kw * cg), (k // cg) % kw, g * cg + k % cg
+            return xp[
+                :,
+                ch,
+                i * dilation[0] : i * dilation[0] + stride[0] * (oh - 1) + 1 : stride[0],
+                j * dilation[1] : j * dilation[1] + stride[1] * (ow - 1) + 1 : stride[1],
+            ].reshape(-1)
+
+        # the bound of every tap of a channel: its largest code, the padding's zx included
+        chan_max = xp.amax((0, 2, 3)).to(torch.int32)
+        wk = [w[g * og : (g + 1) * og].permute(2, 3, 1, 0).reshape(-1, og) for g in range(groups)]
+        xmax = [chan_max[g * cg : (g + 1) * cg].repeat(kh * kw) for g in range(groups)]
+        risky = [_risky_pairs(m, wg) for m, wg in zip(xmax, wk, strict=True)]
+        if (
+            sum(r[0].numel() for r in risky)
+            > DENSE_PAIR_FRACTION * groups * ((kh * kw * cg + 1) // 2) * og
+        ):
+            acc = _conv_by_rows(xp, wk, zx, n, oh, ow, tap, groups)
+        else:
+            # the centred codes: the padding's zx reads 0
+            acc = exact_conv2d(centred_codes(x, zx), w, stride, padding, dilation, groups)
+            for g, ((pair, col, w_even, w_odd), wg) in enumerate(zip(risky, wk, strict=True)):
+                if pair.numel() == 0:
+                    continue
+                ks = sorted(set((2 * pair).tolist()) | set((2 * pair + 1).tolist()))
+                k_n = wg.shape[0]
+                cols = torch.stack(
+                    [tap(g, k) if k < k_n else torch.zeros(n * oh * ow, dtype=torch.int16)
+                     for k in ks], 1
+                )  # fmt: skip
+                where = {k: i for i, k in enumerate(ks)}
+                ie = torch.tensor([where[int(k)] for k in (2 * pair).tolist()])
+                io = torch.tensor([where[int(k)] for k in (2 * pair + 1).tolist()])
+                corr = torch.zeros(n * oh * ow, og, dtype=torch.int64)
+                _add_corrections(corr, cols, ie, io, col, w_even, w_odd)
+                acc[:, g * og : (g + 1) * og] += corr.reshape(n, oh, ow, og).permute(0, 3, 1, 2)
     return acc.squeeze(2) if nsp == 1 else acc
 
 
