@@ -68,6 +68,11 @@ def test_conv_equals_the_reference(case, adversarial):
     xs, ws, stride, padding, dilation, groups = CONVS[case]
     g = torch.Generator().manual_seed(case + 10 * adversarial)
     x, w = _u8(g, xs, adversarial), _s8(g, ws, adversarial)
+    _equals_the_reference_conv(g, x, w, stride, padding, dilation, groups)
+
+
+def _equals_the_reference_conv(g, x, w, stride, padding, dilation, groups) -> None:
+    """pair_saturated_conv at a random zero point gives the slow reference's sums."""
     zx = int(torch.randint(0, 256, (1,), generator=g))
     got = pair_saturated_conv(x, w, zx, stride, padding, dilation, groups)
     want = ref_pairs.pair_saturated_conv2d(
@@ -123,12 +128,7 @@ def test_both_summations_equal_the_reference(monkeypatch, fraction, kind):
             if kind == "mixed"
             else (_u8(g, xs, adversarial), _s8(g, ws, adversarial))
         )
-        zx = int(torch.randint(0, 256, (1,), generator=g))
-        got = pair_saturated_conv(x, w, zx, stride, padding, dilation, groups)
-        want = ref_pairs.pair_saturated_conv2d(
-            x.numpy(), w.numpy(), zx, stride, padding, dilation, groups
-        )
-        assert_bits_equal(got.numpy(), want)
+        _equals_the_reference_conv(g, x, w, stride, padding, dilation, groups)
 
 
 def test_mixed_codes_take_the_sparse_correction_and_saturate():
