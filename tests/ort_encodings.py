@@ -6,7 +6,7 @@ profile gives its bits under both encodings. Where they saturate in pairs (x86 w
 UNSIGNED_OFFSET export; a SIGNED export's int8 Q/DQ pairs onnxruntime there partly turns into
 uint8 (whose GEMMs then saturate) and partly leaves unfused, running the op in float32 between
 Dequantize and Quantize, which no profile models (README;
-``test_signed_exports_fuse_only_where_products_sum_exactly`` checks the premise on every
+``test_signed_exports_are_modelled_only_where_products_sum_exactly`` checks the premise on every
 machine). A test of a SIGNED export's bits runs where products sum exactly.
 """
 
