@@ -1,7 +1,9 @@
 """Which activation encodings this machine's onnxruntime computes as a quantlab profile does.
 
-Where onnxruntime's uint8 x int8 products sum exactly (VNNI, AMX, Arm), the ``onnxruntime``
-profile gives its bits under both encodings. Where they saturate in pairs (x86 without VNNI,
+Where onnxruntime's uint8 x int8 products sum exactly (VNNI, AMX, Arm), the tests' small
+models give the ``onnxruntime`` profile's bits under both encodings (whole networks exported
+SIGNED run some int8 convolutions as float32 Conv there too: reports/onnx_fidelity's SIGNED
+rows). Where they saturate in pairs (x86 without VNNI,
 ``export.ort_host``), ``onnxruntime_no_vnni`` models the uint8 activations of an
 UNSIGNED_OFFSET export; a SIGNED export's int8 Q/DQ pairs onnxruntime there partly turns into
 uint8 (whose GEMMs then saturate) and partly leaves unfused, running the op in float32 between
