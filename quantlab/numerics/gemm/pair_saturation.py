@@ -99,10 +99,11 @@ def _add_corrections(out, codes, ie, io, col, w_even, w_odd) -> None:
         out[r : r + step].index_add_(1, col, (p.clamp(INT16_MIN, INT16_MAX) - p).to(torch.int64))
 
 
-def _conv_by_rows(xp, wk, zx, n, oh, ow, tap, groups) -> Tensor:
-    """Every pair summed on the (row, column, channel) im2col of each group (``_dense_rows``)."""
+def _conv_by_rows(wk, zx, n, oh, ow, tap) -> Tensor:
+    """Every pair summed on the (row, column, channel) im2col of each group's weights ``wk``
+    (``_dense_rows``); ``tap(g, k)``: the codes K position k of group g reads."""
     og = wk[0].shape[1]
-    acc = torch.empty(n, og * groups, max(oh, 0), max(ow, 0), dtype=torch.int64)
+    acc = torch.empty(n, og * len(wk), max(oh, 0), max(ow, 0), dtype=torch.int64)
     for g, wg in enumerate(wk):
         cols = torch.stack([tap(g, k) for k in range(wg.shape[0])], 1)
         part = _dense_rows(cols, wg) - int(zx) * wg.to(torch.int64).sum(0)
@@ -206,22 +207,17 @@ def pair_saturated_conv(
             sum(r[0].numel() for r in risky)
             > DENSE_PAIR_FRACTION * groups * ((kh * kw * cg + 1) // 2) * og
         ):
-            acc = _conv_by_rows(xp, wk, zx, n, oh, ow, tap, groups)
+            acc = _conv_by_rows(wk, zx, n, oh, ow, tap)
         else:
             # the centred codes: the padding's zx reads 0
             acc = exact_conv2d(centred_codes(x, zx), w, stride, padding, dilation, groups)
             for g, ((pair, col, w_even, w_odd), wg) in enumerate(zip(risky, wk, strict=True)):
                 if pair.numel() == 0:
                     continue
-                ks = sorted(set((2 * pair).tolist()) | set((2 * pair + 1).tolist()))
-                k_n = wg.shape[0]
-                cols = torch.stack(
-                    [tap(g, k) if k < k_n else torch.zeros(n * oh * ow, dtype=torch.int16)
-                     for k in ks], 1
-                )  # fmt: skip
-                where = {k: i for i, k in enumerate(ks)}
-                ie = torch.tensor([where[int(k)] for k in (2 * pair).tolist()])
-                io = torch.tensor([where[int(k)] for k in (2 * pair + 1).tolist()])
+                ks = torch.unique(torch.cat([2 * pair, 2 * pair + 1]))  # the taps read, sorted
+                zero = torch.zeros(n * oh * ow, dtype=torch.int16)  # an odd K's padded term
+                cols = torch.stack([tap(g, k) if k < wg.shape[0] else zero for k in ks.tolist()], 1)
+                ie, io = torch.searchsorted(ks, 2 * pair), torch.searchsorted(ks, 2 * pair + 1)
                 corr = torch.zeros(n * oh * ow, og, dtype=torch.int64)
                 _add_corrections(corr, cols, ie, io, col, w_even, w_odd)
                 acc[:, g * og : (g + 1) * og] += corr.reshape(n, oh, ow, og).permute(0, 3, 1, 2)
