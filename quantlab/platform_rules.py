@@ -107,17 +107,17 @@ class AvgPoolRule(enum.Enum):
 class ResizeRule(enum.Enum):
     """How ``F.interpolate`` turns codes into codes.
 
-    GRID_SAMPLER:   nearest (and nearest-exact) selects the input's codes as torch maps
-                    positions; linear and bilinear run grid_sample's fixed-point sampler
-                    (``numerics.resize``): torch's source positions rounded to
-                    ``grid_weight_frac_bits`` bits, weights (2^P - f, f), one rounding to the
-                    input's codes; both then requantized to the op's output (assumed for J6:
-                    the AAE runs resize as it runs warping).
+    GRID_SAMPLER:   nearest (and nearest-exact) selects the input's codes as torch's float32
+                    model maps positions (``numerics.torch_nearest``); linear and bilinear run
+                    grid_sample's fixed-point sampler (``numerics.resize``): torch's source
+                    positions rounded to ``grid_weight_frac_bits`` bits, weights
+                    (2^P - f, f), one rounding to the input's codes; both then requantized to
+                    the op's output (assumed for J6: the AAE runs resize as it runs warping).
     ONNXRUNTIME:    onnxruntime's Resize (``numerics.ort_resize``): nearest selects codes by
-                    its float32 indices (nearest-exact, which is not exported, as torch maps
-                    it), then requantized to the op's output; bilinear of a 4-d input is its
-                    float32 kernel between dequantize and quantize (linear of a 3-d input: torch's
-                    float interpolate there).
+                    its float32 indices (nearest-exact as torch's float32 model maps it,
+                    exported as a Gather per axis), then requantized to the op's output;
+                    bilinear of a 4-d input is its float32 kernel between dequantize and
+                    quantize (linear of a 3-d input: torch's float interpolate there).
     LITERT:         LiteRT's own kernels, on the stored codes, the output at the input's scale
                     and zero point (``numerics.litert_resize``): RESIZE_NEAREST_NEIGHBOR maps
                     positions by the float32 size ratio (nearest: floor; nearest-exact: half-pixel

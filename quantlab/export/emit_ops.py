@@ -17,6 +17,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
 from quantlab.numerics.lut.functions import SOFTPLUS_ONNX_MIN_THRESHOLD, softplus_in_onnx
 from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS
+from quantlab.numerics.torch_nearest import torch_nearest_indices
 from quantlab.op_kinds import scalar_exponent
 from quantlab.simulate import args as sim_args
 
@@ -340,14 +341,18 @@ def emit_interpolate(ctx: ExportContext, op: RecordedOp) -> None:
     """F.interpolate as Resize: by the call's scale factor (torch's coordinate mapping), or to
     the output's size; nearest as torch's (floor of the asymmetric source coordinate, which
     onnxruntime computes in float32 by its own steps: ``numerics.ort_resize``), linear /
-    bilinear with torch's align_corners (half_pixel otherwise). Other modes and antialiasing
-    are refused."""
+    bilinear with torch's align_corners (half_pixel otherwise); nearest-exact as one Gather
+    per spatial axis of the pixels torch reads (``numerics.torch_nearest``: no Resize node
+    reads them on every size). Other modes and antialiasing are refused."""
     mode = ctx.arg(op, 3, "mode", "nearest")
-    if mode not in _RESIZE_MODES or ctx.arg(op, 6, "antialias", False):
+    antialias = ctx.arg(op, 6, "antialias", False)
+    if mode == "nearest-exact" and not antialias:
+        _emit_nearest_by_gathers(ctx, op, mode)
+        return
+    if mode not in _RESIZE_MODES or antialias:
         raise UnsupportedOpError(
-            f"op {op.name}: interpolate mode={mode!r} (antialias="
-            f"{ctx.arg(op, 6, 'antialias', False)}); exported modes: nearest, linear, bilinear "
-            "without antialiasing"
+            f"op {op.name}: interpolate mode={mode!r} (antialias={antialias}); exported modes: "
+            "nearest, nearest-exact, linear, bilinear without antialiasing"
         )
     attrs: dict = {"mode": _RESIZE_MODES[mode]}
     if mode == "nearest":
@@ -368,6 +373,29 @@ def emit_interpolate(ctx: ExportContext, op: RecordedOp) -> None:
         ins = [ctx.act(op, 0), "", "", ctx.graph.int64s(f"{op.name}/sizes", shape)]
     y = ctx.graph.node("Resize", ins, f"{op.name}/float", **attrs)
     ctx.set_outputs(op, [y])
+
+
+def _emit_nearest_by_gathers(ctx: ExportContext, op: RecordedOp, mode: str) -> None:
+    """A nearest interpolate as a Gather per spatial axis of the constant indices torch reads
+    on a contiguous input (a channels-last input, whose kernel reads other pixels on some
+    sizes, is refused)."""
+    out = op.outputs[0]
+    if not out.is_contiguous():
+        raise UnsupportedOpError(
+            f"op {op.name}: interpolate mode={mode!r} on a tensor that is not contiguous "
+            "(channels-last): torch's kernel for it reads other pixels on some sizes; make the "
+            "input contiguous to export it"
+        )
+    shape = list(ctx.shape_of(op, 0))
+    indices = torch_nearest_indices(
+        tuple(shape[2:]), mode, ctx.arg(op, 1, "size", None), ctx.arg(op, 2, "scale_factor", None),
+        ctx.arg(op, 5, "recompute_scale_factor", None),
+    )  # fmt: skip
+    g, x = ctx.graph, ctx.act(op, 0)
+    for k, idx in enumerate(indices):
+        name = f"{op.name}/float" if k == len(indices) - 1 else f"{op.name}/{k}"
+        x = g.node("Gather", [x, g.const(f"{op.name}/{k}/index", idx)], name, axis=2 + k)
+    ctx.set_outputs(op, [x])
 
 
 def emit_grid_sample(ctx: ExportContext, op: RecordedOp) -> None:

@@ -13,7 +13,8 @@ each output pixel reads along one axis:
 torch maps by ``i * fl32(n_in / n_out)`` (or ``i * (1 / factor)``), which reads another pixel
 for some sizes (14 -> 4, 21 -> 6: 32 of 1711 size pairs up to 29 -> 59 pixels).
 
-torch's nearest-exact is not exported: its natural node (half_pixel, round_prefer_ceil) has no
+torch's nearest-exact is exported as a Gather per axis of the pixels torch reads
+(``numerics.torch_nearest``), not as Resize: its natural node (half_pixel, round_prefer_ceil) has no
 rule here that matches onnxruntime 1.32 on every size. Measured on one row, opsets 13 to 21,
 graph optimizations on or off: the float32 steps of its source, ``std::round(fl32(fl32(i +
 0.5) / s) - 0.5)``, read another pixel on 14 of the 1711 size pairs above (14 -> 1 reads

@@ -60,9 +60,9 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if sel is None:
             return None
     elif mode in _NEAREST:
-        a2 = list(args)
-        a2[0] = xc.to(torch.float64)
-        sel = call.func(*a2, **kwargs).to(torch.int64)
+        sel = _torch_nearest(call, args, kwargs, plan.acts[0], xc, info)
+        if sel is None:
+            return None
     elif mode in _LINEAR and rule is ResizeRule.GRID_SAMPLER:
         sel = _bilinear_codes(sim, xc, v)
         if sel is None:
@@ -72,6 +72,18 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
     return fc.emit(fc.rescale(sim, call.name, sel, info.scale, so, out, zero_point=zo), so, out, zo)
+
+
+def _torch_nearest(call, args, kwargs, slot, xc: Tensor, info) -> Tensor | None:
+    """int64 centred codes ``xc`` selected as the float model selects its values: torch's own
+    kernel on the codes as float32 (exact for codes of up to 24 bits), in the input's layout.
+    torch maps positions in its input's op-math type, so float64 codes would read other pixels
+    on some sizes (``numerics.torch_nearest``). None (the float fallback) for wider codes."""
+    if max(-info.dtype.qmin, info.dtype.qmax) + abs(info.zero_point) > 1 << 24:
+        return None
+    a2, kw2 = list(args), dict(kwargs)
+    A.put(a2, kw2, slot, xc.to(torch.float32))
+    return call.func(*a2, **kw2).to(torch.int64)
 
 
 def keeps_input_quantization(call, platform) -> bool:

@@ -695,6 +695,46 @@ def test_interpolate_runs_as_resize_with_fixed_modes_bits(tmp_path, kw, encoding
         assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
 
 
+NEAREST_EXACT = [  # on a 17 x 14 map
+    dict(scale_factor=2.0),
+    dict(scale_factor=0.3),
+    dict(scale_factor=(1.5, 0.7)),
+    dict(scale_factor=2.5, recompute_scale_factor=True),
+    dict(size=(1, 4)),
+    dict(size=(29, 59)),
+]
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+@pytest.mark.parametrize("kw", NEAREST_EXACT, ids=lambda kw: "-".join(map(str, kw.values())))
+def test_nearest_exact_runs_as_gathers_with_fixed_modes_bits(tmp_path, kw, encoding):
+    """nearest-exact exports as a Gather per axis of the pixels torch reads (no Resize node
+    reads them on every size: ``numerics.ort_resize``), with fixed mode's bits."""
+    torch.manual_seed(0)
+    sim = Simulator(_Resized(mode="nearest-exact", **kw).eval(), ORT_PROFILE)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 17, 14, generator=g),) for _ in range(2)], progress=False)
+    xs = [torch.randn(2, 3, 17, 14, generator=g) * s for s in (0.5, 4.0)]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Gather" in kinds and "Resize" not in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
+
+
+class _ChannelsLastResized(_Resized):
+    def forward(self, x):
+        y = torch.tanh(self.conv(x)).contiguous(memory_format=torch.channels_last)
+        return F.interpolate(y, **self.kw) * 1.0
+
+
+def test_nearest_exact_of_a_channels_last_tensor_is_refused(tmp_path):
+    """torch's channels-last kernel reads other pixels than its contiguous one on some sizes,
+    so the constant indices would not hold for it."""
+    sim, xs = _calibrated(_ChannelsLastResized(mode="nearest-exact", size=(20, 115)))
+    with pytest.raises(UnsupportedOpError, match="not contiguous"):
+        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+
+
 def test_interpolate_modes_without_a_resize_form_are_refused(tmp_path):
     sim, xs = _calibrated(_Resized(mode="bicubic", scale_factor=2.0))
     with pytest.raises(UnsupportedOpError, match="interpolate mode='bicubic'"):
