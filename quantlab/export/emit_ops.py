@@ -216,9 +216,10 @@ def emit_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def emit_adaptive_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
-    """adaptive_max_pool2d as GlobalMaxPool (output 1 x 1) or as a MaxPool whose kernel and
-    stride are input / output size (sizes that divide); other sizes, and indices, are
-    refused. A maximum is one of its inputs: the codes move."""
+    """adaptive_max_pool2d as GlobalMaxPool (output 1 x 1), as a MaxPool whose kernel and
+    stride are input / output size (sizes that divide), or else per axis as a Gather of each
+    window's rows (``adaptive_windows``) and a ReduceMax over them; indices are refused. A
+    maximum is one of its inputs: the codes move."""
     if ctx.arg(op, 2, "return_indices", False):
         raise UnsupportedOpError(f"op {op.name}: adaptive max pooling with return_indices")
     h, w = ctx.shape_of(op, 0)[-2:]
@@ -230,11 +231,25 @@ def emit_adaptive_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
         k = [h // oh, w // ow]
         y = ctx.graph.node("MaxPool", [x], f"{op.name}/float", kernel_shape=k, strides=k)
     else:
-        raise UnsupportedOpError(
-            f"op {op.name}: adaptive max pooling from {h}x{w} to {oh}x{ow} (overlapping "
-            "windows); exported: output 1x1 or sizes dividing the input's"
-        )
+        g, y, rank = ctx.graph, x, len(op.outputs[0].shape)
+        for k, (n_in, n_out) in enumerate(((h, oh), (w, ow))):
+            axis = rank - 2 + k
+            windows = g.const(f"{op.name}/{k}/windows", adaptive_windows(n_in, n_out))
+            rows = g.node("Gather", [y, windows], f"{op.name}/{k}/rows", axis=axis)
+            axes = g.int64s(f"{op.name}/{k}/axes", [axis + 1])
+            name = f"{op.name}/float" if k == 1 else f"{op.name}/{k}"
+            y = g.node("ReduceMax", [rows, axes], name, keepdims=0)
     ctx.set_outputs(op, [y])
+
+
+def adaptive_windows(n_in: int, n_out: int) -> np.ndarray:
+    """int64 [n_out, K]: the input indices of each adaptive pooling window along an axis, torch's
+    ``[floor(i n_in / n_out), ceil((i + 1) n_in / n_out))``, each row filled up to the widest
+    window K by repeating its last index (which leaves a maximum unchanged)."""
+    start = (np.arange(n_out) * n_in) // n_out
+    end = -((-(np.arange(n_out) + 1) * n_in) // n_out)
+    width = int((end - start).max())
+    return np.minimum(start[:, None] + np.arange(width)[None, :], end[:, None] - 1).astype(np.int64)
 
 
 def emit_avg_pool(ctx: ExportContext, op: RecordedOp) -> None:

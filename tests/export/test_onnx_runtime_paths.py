@@ -14,6 +14,7 @@ kernel, and fixed mode (onnxruntime profile) giving the same bits:
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import replace
 
@@ -946,30 +947,36 @@ class _AdaptiveMax(nn.Module):
 
     def forward(self, x):
         y = torch.tanh(self.conv(x))  # (N, 8, 6, 6)
-        return F.adaptive_max_pool2d(y, 1) * 2.0, F.adaptive_max_pool2d(y, (3, 2)) * 2.0
+        return (
+            F.adaptive_max_pool2d(y, 1) * 2.0,
+            F.adaptive_max_pool2d(y, (3, 2)) * 2.0,
+            F.adaptive_max_pool2d(y, 4) * 2.0,  # 6 -> 4: windows of 2 and 3 rows overlap
+            F.adaptive_max_pool2d(y, (5, 3)) * 2.0,  # overlapping rows, dividing columns
+            F.adaptive_max_pool2d(y[:, :, :5], (4, 7)) * 2.0,  # 5 -> 4; 6 -> 7: repeated
+        )
 
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
 def test_adaptive_max_pooling_exports_with_fixed_modes_bits(tmp_path, encoding):
+    """Output 1 x 1 as GlobalMaxPool, sizes that divide as MaxPool, overlapping (and
+    repeating) windows as a Gather of each window's rows and a ReduceMax per axis."""
     sim, xs = _calibrated(_AdaptiveMax())
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
-    assert "MaxPool" in kinds or "GlobalMaxPool" in kinds
+    assert {"MaxPool", "GlobalMaxPool", "Gather", "ReduceMax"} <= kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 
 
-def test_adaptive_max_pooling_with_overlapping_windows_is_refused(tmp_path):
-    class Overlapping(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+def test_adaptive_windows_are_torchs():
+    """Every window of ``adaptive_windows`` gives adaptive_max_pool1d's maximum, sizes 1 to 29
+    into 1 to 34 (outputs wider than the input repeat pixels)."""
+    from quantlab.export.emit_ops import adaptive_windows
 
-        def forward(self, x):
-            return F.adaptive_max_pool2d(self.conv(x), 4)  # 6 -> 4: windows overlap
-
-    sim, xs = _calibrated(Overlapping())
-    with pytest.raises(UnsupportedOpError, match="overlapping"):
-        to_onnx_qdq(sim, tmp_path / "m.onnx", (xs[0],))
+    g = torch.Generator().manual_seed(0)
+    for n_in, n_out in itertools.product(range(1, 30), range(1, 35)):
+        x = torch.randn(2, 3, n_in, generator=g)
+        idx = torch.from_numpy(adaptive_windows(n_in, n_out))
+        assert torch.equal(x[:, :, idx].amax(-1), F.adaptive_max_pool1d(x, n_out)), (n_in, n_out)
 
 
 class _Pools1d(nn.Module):
