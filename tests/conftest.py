@@ -2,8 +2,15 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist (the README's ``-n 2``) two workers share two cores: OpenMP threads that
+# spin while they wait would take the other worker's core, so they sleep instead. This changes
+# scheduling only (thread counts and results are the same); it must be set before torch loads
+# its OpenMP runtime.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
