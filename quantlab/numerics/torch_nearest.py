@@ -1,14 +1,15 @@
 """Which input pixel each output pixel of torch's nearest and nearest-exact ``F.interpolate``
 reads, per spatial axis, as the float model (float32, standard contiguous layout) reads it.
 
-torch maps positions in the input's op-math type: a float32 input by float32 steps, a float64
-input by float64 steps, and the two read different pixels on some sizes (2 -> 82 pixels
-nearest, 2 -> 61 nearest-exact: 126 of 7021 one-axis size pairs up to 59 -> 119 for
-nearest-exact). A channels-last input takes another kernel, whose nearest-exact reads other
-pixels again on a few sizes. So the indices here are taken from torch itself: each axis's
-index ramp (float32, exact below 2^24) interpolated by the call's own arguments on a
-contiguous tensor of the input's spatial shape. The result of a nearest interpolate of a
-contiguous float32 input ``x`` is ``x`` indexed by these lists axis by axis.
+torch's index arithmetic follows its input's dtype: the same call on float64 values reads
+other pixels than on float32 ones on some sizes (measured with torch 2.13 on one row: 2 -> 82
+pixels nearest, 2 -> 61 nearest-exact; 59 and 126 of the 7021 size pairs up to 59 -> 119). It
+also depends on the layout (a channels-last input's nearest-exact reads other pixels on a few
+sizes) and, in two dimensions, on the other axis (2 x 2 -> 82 x 82 nearest differs between
+the two dtypes where 2 x 2 -> 3 x 82 does not). So the indices here are taken from torch
+itself: each axis's index ramp (float32, exact below 2^24) interpolated by the call's own
+arguments on a contiguous tensor of the input's spatial shape. The result of a nearest
+interpolate of a contiguous float32 input ``x`` is ``x`` indexed by these lists axis by axis.
 """
 
 from __future__ import annotations

@@ -76,9 +76,9 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
 
 def _torch_nearest(call, args, kwargs, slot, xc: Tensor, info) -> Tensor | None:
     """int64 centred codes ``xc`` selected as the float model selects its values: torch's own
-    kernel on the codes as float32 (exact for codes of up to 24 bits), in the input's layout.
-    torch maps positions in its input's op-math type, so float64 codes would read other pixels
-    on some sizes (``numerics.torch_nearest``). None (the float fallback) for wider codes."""
+    kernel on the codes as float32 (exact for codes of up to 24 bits), in the input's layout
+    (float64 codes would read other pixels on some sizes: ``numerics.torch_nearest``). None
+    (the float fallback) for wider codes."""
     if max(-info.dtype.qmin, info.dtype.qmax) + abs(info.zero_point) > 1 << 24:
         return None
     a2, kw2 = list(args), dict(kwargs)
