@@ -2,10 +2,10 @@ import os
 import sys
 from pathlib import Path
 
-# Under pytest-xdist (the README's ``-n 2``) two workers share two cores: OpenMP threads that
-# spin while they wait would take the other worker's core, so they sleep instead. This changes
-# scheduling only (thread counts and results are the same); it must be set before torch loads
-# its OpenMP runtime.
+# Under pytest-xdist (the README's ``-n auto``, one worker per core) each worker's OpenMP
+# threads would spin while they wait and take another worker's core (one run on 2 cores took
+# 18 min instead of under 7), so they sleep instead. This changes scheduling only (thread counts
+# and results are the same); it must be set before torch loads its OpenMP runtime.
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
