@@ -14,13 +14,14 @@ torch maps by ``i * fl32(n_in / n_out)`` (or ``i * (1 / factor)``), which reads 
 for some sizes (14 -> 4, 21 -> 6: 32 of 1711 size pairs up to 29 -> 59 pixels).
 
 torch's nearest-exact is exported as a Gather per axis of the pixels torch reads
-(``numerics.torch_nearest``), not as Resize: its natural node (half_pixel, round_prefer_ceil) has no
-rule here that matches onnxruntime 1.32 on every size. Measured on one row, opsets 13 to 21,
-graph optimizations on or off: the float32 steps of its source, ``std::round(fl32(fl32(i +
-0.5) / s) - 0.5)``, read another pixel on 14 of the 1711 size pairs above (14 -> 1 reads
-pixel 7 where those steps give 6.4999995) and on 43 of 799 cases by a scale factor (0.3 on 17
-pixels reads 15 at 14.499999); by size its pixels equal the exact half-pixel rounding, by
-factor no form tried (float64, a reciprocal, a fused product) matches.
+(``numerics.torch_nearest``), not as Resize: its natural node (half_pixel,
+round_prefer_ceil) has no rule here that matches onnxruntime 1.32 on every size. Measured on
+one row, opsets 13 to 21, graph optimizations on or off: the float32 steps of its source,
+``std::round(fl32(fl32(i + 0.5) / s) - 0.5)``, read another pixel on 14 of the 1711 size pairs
+above (14 -> 1 reads pixel 7 where those steps give 6.4999995) and on 43 of 799 cases by a
+scale factor (0.3 on 17 pixels reads 15 at 14.499999); by size its pixels equal the exact
+half-pixel rounding, by factor no form tried (float64, a reciprocal, a fused product)
+matches.
 
 Bilinear of a 4-d input (its UpsampleBilinear), every step one float32 operation: per axis,
 the position ``p = fl32(fl32(i + 0.5) / s) - 0.5`` (half_pixel; align_corners:

@@ -2,8 +2,8 @@
 reads (torch's float32 mapping, ``numerics.torch_nearest``), then requantize to the op's
 output: on J6 both modes, on the onnxruntime profiles nearest-exact (their nearest follows
 onnxruntime's Resize: tests/runtime/test_ort_resize.py). The sizes are ones where torch's
-float64 mapping reads other pixels, and the
-reference is the float model's own interpolate of the op's input values."""
+float64 mapping reads other pixels, and the reference is the float model's own interpolate of
+the op's input values."""
 
 from __future__ import annotations
 
