@@ -26,6 +26,10 @@ makes the same result through other torch calls), or None for a call captured as
   ``F.linear(x, w.t(), bias)``: a GEMM with a weight and a bias (``w.t()`` of a parameter is a
   constant of the model, not an op), with the float bits of the call (linear on a 2-d input is
   that same addmm). Any other addmm stays whole (not modelled: float).
+- ``torch.einsum`` of two float operands that is one batched matrix product is the layout ops
+  and the ``bmm`` torch lowers it to (``einsum_parts``): a matmul of two activations, with the
+  call's float bits. Any other einsum (one or three operands, a diagonal, a label summed
+  within one operand, no contracted label) stays whole (not modelled: float).
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -48,6 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
+
+from quantlab.einsum_parts import contract, einsum_plan
 
 
 def _own_body(func: Callable) -> Callable:
@@ -191,6 +197,26 @@ def _baddbmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return parts
 
 
+def _einsum_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    if kwargs or len(args) < 2 or not isinstance(args[0], str):
+        return None
+    operands = args[1:]
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])  # einsum(equation, [a, b])
+    if len(operands) != 2:
+        return None
+    a, b = operands
+    try:
+        dtypes = (a.dtype, b.dtype)
+        shapes = (a.shape, b.shape)
+    except AttributeError:  # not tensors
+        return None
+    if dtypes[0] != dtypes[1] or not dtypes[0].is_floating_point:
+        return None
+    plan = einsum_plan(args[0], *shapes)
+    return None if plan is None else lambda: contract(a, b, plan)
+
+
 def _is_parameter(w) -> bool:
     """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
     torch.fx hands the parts a model attribute as a traced value)."""
@@ -204,7 +230,8 @@ MULTI_HEAD_ATTENTION = F.multi_head_attention_forward
 SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
 ADDMM = torch.addmm
 BADDBMM = (torch.baddbmm, Tensor.baddbmm)
-SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM)
+EINSUM = torch.functional.einsum  # torch.einsum
+SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM)
 
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
@@ -217,6 +244,8 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _addmm_parts(args, kwargs)
     if func in BADDBMM:
         return _baddbmm_parts(args, kwargs)
+    if func is EINSUM:
+        return _einsum_parts(args, kwargs)
     return None
 
 

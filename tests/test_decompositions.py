@@ -831,3 +831,82 @@ def test_masked_multihead_attention_quantizes_its_scores_and_exports(tmp_path):
     got = session.run(None, {n: t.numpy() for n, t in zip(info.input_names, x, strict=True)})
     for a, b in zip(got, sim.run(*x, mode=Mode.FIXED), strict=True):
         assert_bits_equal(torch.from_numpy(a), b)
+
+
+class _EinsumAttention(nn.Module):
+    """Attention written with torch.einsum (scores, the weighted sum with its operands in a list,
+    an output projection by a weight) and, with ``whole``, an einsum of three operands, which
+    stays one op."""
+
+    def __init__(self, whole: bool = True) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.proj = nn.Parameter(torch.randn(32, 16) * 0.2)
+        self.mix = nn.Parameter(torch.randn(16, 16) * 0.2)
+        self.whole = whole
+
+    def forward(self, x):
+        b, n = x.shape[:2]
+        qkv = self.qkv(x).view(b, n, 3, 4, 8).permute(2, 0, 1, 3, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * 8**-0.5
+        o = torch.einsum("bhqk,bkhd->bqhd", [torch.softmax(scores, -1), v])
+        y = torch.einsum("bld,de->ble", o.reshape(b, n, 32), self.proj)
+        return (y, torch.einsum("ble,ef,bmf->blm", y, self.mix, y)) if self.whole else y
+
+
+def _einsum_sim(platform: str, whole: bool = True, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_EinsumAttention(whole).eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(5)
+    sim.calibrate([(torch.randn(2, 6, 32, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 6, 32, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_einsum_of_two_operands_is_a_matmul_with_the_calls_bits(platform, tmp_path):
+    """Each two-operand einsum is captured as its layout ops and one integer matmul, its float
+    run gives the model's own bits (torch's einsum lowers to the same steps), and exported
+    (without the three-operand einsum, which stays one float op and has no ONNX form),
+    onnxruntime gives fixed mode's bits."""
+    sim, x = _einsum_sim(platform, steady_programs=False)
+    ops = sim.ops
+    gemms = ops[ops.op_type == "matmul"]
+    assert len(gemms) == 3 and set(gemms.fixed_kernel) == {"integer"}
+    whole = ops[ops.op_type == "einsum"]
+    assert len(whole) == 1 and not whole.supported.iloc[0]
+    with torch.no_grad():
+        want = sim.model(x)
+    for got, ref in zip(sim.run(x, mode=Mode.FLOAT), want, strict=True):
+        assert_bits_equal(got, ref)
+    fixed = sim.run(x, mode=Mode.FIXED)[0]  # quantized, and still the same attention
+    assert not torch.equal(fixed, want[0])
+    assert F.cosine_similarity(fixed.flatten(), want[0].flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        sim, x = _einsum_sim(platform, whole=False, steady_programs=False)
+        info = to_onnx_qdq(sim, tmp_path / "einsum.onnx", (x,))
+        session = ort.InferenceSession(str(info.path))
+        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        assert_bits_equal(torch.from_numpy(got), sim.run(x, mode=Mode.FIXED))
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_einsum_attention_becomes_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _einsum_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_EinsumAttention().eval(), "j6m")  # the three-operand einsum too
+    steady.share_calibration(captured)
+    g = torch.Generator().manual_seed(6)
+    xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    for x in xs:
+        for a, b in zip(steady.run(x, mode=mode), captured.run(x, mode=mode), strict=True):
+            assert_bits_equal(a, b)
+    state = steady.steady_programs.status((xs[0],), mode)
+    assert state.failed is None and state.program is not None
+    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
