@@ -3,7 +3,8 @@ None for a call that is not an op (metadata, comparisons).
 
 ``classify(func, args, kwargs)`` answers by the function's identity, then by its ``__name__``
 (the functional, tensor-method and in-place spellings of one op share one op type), by the
-arguments for hardtanh (relu6 or clamp), pow (its exponent) and casts. ``KNOWN_OP_TYPES``
+arguments for hardtanh (relu6 or clamp), pow (its exponent), casts, max / min (of one tensor
+or of two) and pad (its mode). ``KNOWN_OP_TYPES``
 lists every op type quantlab models. Op capture (``quantlab.capture``) names and records the
 calls this module classifies.
 """
@@ -149,6 +150,9 @@ _IGNORED = frozenset(
 
 _POW_NAMES = frozenset("pow __pow__ pow_ __ipow__".split())  # tensor ** exponent
 _CAST_NAMES = frozenset(("to", "float", "type_as"))  # x.to(...), x.float(), x.type_as(y)
+_EXTREME_NAMES = frozenset(("max", "min"))  # torch.max / Tensor.max, torch.min / Tensor.min
+# padding that copies input values (F.pad's reflect, replicate and circular modes)
+COPYING_PAD_MODES = frozenset(("reflect", "replicate", "circular"))
 
 
 def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
@@ -169,8 +173,35 @@ def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | 
 
 
 KNOWN_OP_TYPES = frozenset(
-    {t for t, _ in _BY_NAME.values()} | {t for t, _ in _BY_IDENTITY.values()} | {"relu6", "pow"}
+    {t for t, _ in _BY_NAME.values()}
+    | {t for t, _ in _BY_IDENTITY.values()}
+    | {"relu6", "pow", "max", "min", "pad"}
 )
+
+
+def _extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
+    """torch.max / torch.min of one float tensor, of all its elements or over a dimension (the
+    values and their indices): every value is one of its inputs, a pass-through op as amax
+    is; of two tensors (elementwise) or written through ``out=``: not modelled."""
+    x = args[0] if args else kwargs.get("input")
+    second = args[1] if len(args) > 1 else kwargs.get("dim")
+    one_tensor = second is None or (isinstance(second, int) and not isinstance(second, bool))
+    if (
+        isinstance(x, Tensor)
+        and x.is_floating_point()
+        and one_tensor
+        and not {"other", "out"} & kwargs.keys()
+    ):
+        return name, OpCategory.PASS_THROUGH
+    return name, None
+
+
+def _pad_kind(args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
+    """F.pad in a mode that copies input values (``COPYING_PAD_MODES``): a pass-through op,
+    which moves the codes as it moves the values; constant padding is not modelled (a zero
+    fill keeps the input's grid: ``simulate.same_grid``)."""
+    mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
+    return "pad", OpCategory.PASS_THROUGH if mode in COPYING_PAD_MODES else None
 
 
 def scalar_exponent(e) -> float | None:
@@ -221,6 +252,10 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
         return _pow_kind(args, kwargs)
     if name in _CAST_NAMES:  # by its arguments: never kept in _KIND_OF
         return _cast_kind(name, args, kwargs)
+    if name in _EXTREME_NAMES:
+        return _extreme_kind(name, args, kwargs)
+    if name == "pad":
+        return _pad_kind(args, kwargs)
     kind = _classify_by_name(func, name)
     try:
         _KIND_OF[func] = kind  # a function's kind depends on the function alone (not hardtanh)

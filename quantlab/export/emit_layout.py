@@ -373,18 +373,30 @@ def emit_cast(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+# F.pad's modes that copy input values, as ONNX Pad names them
+_COPYING_PAD_MODES = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
 def emit_pad(ctx: ExportContext, op: RecordedOp) -> None:
+    """F.pad as Pad: constant padding of the codes (``_pad_codes``) or of the float values;
+    reflect, replicate and circular padding (a pass-through op: every value an input value)
+    as Pad's reflect, edge and wrap modes."""
     src = ctx.value(op.args[0], f"{op.name}/in")
     pad = list(ctx.arg(op, 1, "pad"))
     mode = ctx.arg(op, 2, "mode", "constant")
     value = ctx.arg(op, 3, "value", None)
-    if mode != "constant":
-        raise UnsupportedOpError(f"op {op.name}: pad mode {mode!r} (constant only)")
+    if mode != "constant" and mode not in _COPYING_PAD_MODES:
+        raise UnsupportedOpError(f"op {op.name}: pad mode {mode!r}")
     nd = len(src.shape)
     begins, ends = [0] * nd, [0] * nd
     for k in range(len(pad) // 2):
         begins[nd - 1 - k], ends[nd - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
     pads = ctx.graph.int64s(f"{op.name}/pads", begins + ends)
+    if mode != "constant":
+        x = _source(ctx, op)
+        y = ctx.graph.node("Pad", [x, pads], f"{op.name}/float", mode=_COPYING_PAD_MODES[mode])
+        ctx.set_outputs(op, [y])
+        return
     if _pad_codes(ctx, op, src, pads, float(value or 0.0)):
         return
     ins = [src.name, pads, ctx.float_const(f"{op.name}/value", float(value or 0.0))]

@@ -162,18 +162,41 @@ def emit_masked_fill(ctx: ExportContext, op: RecordedOp) -> None:
 
 def emit_extreme(ctx: ExportContext, op: RecordedOp) -> None:
     """Elementwise minimum / maximum of two tensors (``torch.min(a, b)`` too): Min / Max; the
-    minimum / maximum of every element (``x.max()``): ReduceMin / ReduceMax."""
+    minimum / maximum of every element (``x.max()``): ReduceMin / ReduceMax; over a dimension
+    (``x.max(dim)``): ReduceMax / ReduceMin and ArgMax / ArgMin, whose first index among equal
+    values is torch's."""
     lo = op.op_type in ("min", "minimum")
-    other = op.args[1] if len(op.args) > 1 else op.kwargs.get("other")
+    other = op.args[1] if len(op.args) > 1 else op.kwargs.get("other", op.kwargs.get("dim"))
     if other is None and not op.kwargs and len(op.args) == 1:
         x = ctx.value(op.args[0])
         y = ctx.graph.node("ReduceMin" if lo else "ReduceMax", [x.name], op.name, keepdims=0)
         _result(ctx, op, y, x.dtype)
         return
+    if isinstance(other, int) and not isinstance(other, bool):
+        _emit_extreme_over(ctx, op, other, lo)
+        return
     if not is_ref(other):
-        raise UnsupportedOpError(f"op {op.name}: {op.op_type} over a dimension")
+        raise UnsupportedOpError(f"op {op.name}: {op.op_type} of {other!r}")
     names, dtype = _promoted(ctx, op, [op.args[0], other])
     _result(ctx, op, ctx.graph.node("Min" if lo else "Max", names, f"{op.name}/float"), dtype)
+
+
+def _emit_extreme_over(ctx: ExportContext, op: RecordedOp, dim: int, lo: bool) -> None:
+    """``torch.max(x, dim, keepdim)`` / min: the values (each one of its inputs: on the input's
+    grid, a pass-through op) and their indices (int64)."""
+    x = ctx.act(op, 0) if op.acts else ctx.value(op.args[0]).name
+    nd = len(ctx.shape_of(op, 0))
+    axis = dim % nd if nd else 0
+    keep = int(bool(op.args[2] if len(op.args) > 2 else op.kwargs.get("keepdim", False)))
+    g = ctx.graph
+    values = g.node(
+        "ReduceMin" if lo else "ReduceMax",
+        [x, g.int64s(f"{op.name}/axes", [axis])],
+        f"{op.name}/float",
+        keepdims=keep,
+    )
+    index = g.node("ArgMin" if lo else "ArgMax", [x], f"{op.name}/index", axis=axis, keepdims=keep)
+    ctx.set_outputs(op, [values, index])
 
 
 def emit_neg(ctx: ExportContext, op: RecordedOp) -> None:

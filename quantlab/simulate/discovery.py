@@ -95,6 +95,8 @@ class OpDiscovery:
         self._find_fusions(st)
         feeds = set()
         for leaf in tree_flatten(out)[0]:
+            if not isinstance(leaf, Tensor) or not leaf.is_floating_point():
+                continue  # no values of an op (the indices of a max over a dimension)
             p = st.producers.get(leaf)
             while p is not None:
                 inf = st.infos[p]

@@ -464,8 +464,13 @@ class OpDispatch:
                 return out, src
             if call.op_type == "masked_fill":
                 out = same_grid.snap_fill(call, out, src, self.platform.fake_round)
-            leaves = tree_flatten(out)[0]
-            return out, [QInfo(src.dtype, src.scale, zero_point=src.zero_point) for _ in leaves]
+            leaves = tree_flatten(out)[0]  # max over a dimension: its indices are no activation
+            return out, [
+                QInfo(src.dtype, src.scale, zero_point=src.zero_point)
+                if A.is_float_tensor(leaf)
+                else None
+                for leaf in leaves
+            ]
         if not quant_out or not A.is_float_tensor(out):
             return out, None
         src = in_infos[0] if in_infos else None

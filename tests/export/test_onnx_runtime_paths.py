@@ -819,6 +819,31 @@ class _Selected(nn.Module):
         )
 
 
+class _Copied(nn.Module):
+    """F.pad's reflect, replicate and circular modes (every value copied from the input, on
+    4-d and 3-d tensors) and torch.max / torch.min over a dimension (the values, and their int64
+    indices as outputs: the first index among equal codes, as torch takes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.tanh(self.conv(x))  # (N, 8, H, W)
+        hi, where = torch.max(y, dim=1)
+        lo = y.min(-1, keepdim=True)
+        return (
+            F.pad(y, (1, 2, 2, 1), mode="reflect") * 2.0,
+            F.pad(y, (0, 3, 1, 0), mode="replicate") + 0.5,
+            F.pad(y, (2, 1, 1, 2), mode="circular") * 0.5,
+            F.pad(y[:, 0], (2, 1), mode="reflect") * 2.0,
+            hi * 2.0,
+            where,
+            lo.values + 1.0,
+            lo.indices,
+        )
+
+
 # model -> (the ops it moves or selects codes with, ONNX node types its export must hold)
 MOVING = {
     _Pieces: (
@@ -829,6 +854,7 @@ MOVING = {
         "roll tile index_select gather repeat_interleave tril triu",
         {"Tile", "Gather", "GatherElements", "Trilu"},
     ),
+    _Copied: ("pad max min", {"Pad", "ReduceMax", "ReduceMin", "ArgMax", "ArgMin"}),
 }
 
 

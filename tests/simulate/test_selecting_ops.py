@@ -1,13 +1,16 @@
-"""roll, tile, index_select, gather, repeat_interleave, tril and triu select or repeat values:
-each keeps its input's quantization (the J6 plugin's QTensor keeps the scale through them, its
-wrap-ret ops), in FIXED mode with the codes moved by the same call (tril / triu fill the zero
-point's value), so the next op takes them as they arrive instead of requantizing at a scale of
-its own. Their ONNX forms are checked in tests/export/test_onnx_runtime_paths.py."""
+"""roll, tile, index_select, gather, repeat_interleave, tril, triu and F.pad's reflect,
+replicate and circular modes select, repeat or copy values: each keeps its input's quantization
+(the J6 plugin's QTensor keeps the scale through them, its wrap-ret ops), in FIXED mode with the
+codes moved by the same call (tril / triu fill the zero point's value), so the next op takes
+them as they arrive instead of requantizing at a scale of its own. torch.max / torch.min of
+one tensor (over a dimension: values and indices) keep it too; of two tensors they are not
+modelled. Their ONNX forms are checked in tests/export/test_onnx_runtime_paths.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from bits import assert_bits_equal
 from torch import nn
 
@@ -17,15 +20,18 @@ from quantlab.simulate import Mode, Simulator, steady_programs
 
 ORDER = torch.tensor([5, 0, 7, 7, 2])
 
-# op type -> its call on a (2, 8, 6) tensor
+# case -> (op type, its call on a (2, 8, 6) tensor)
 CALLS = {
-    "roll": lambda y: torch.roll(y, shifts=(2, -1), dims=(1, 2)),
-    "tile": lambda y: y.tile((1, 2, 1)),
-    "index_select": lambda y: y.index_select(1, ORDER),
-    "gather": lambda y: torch.gather(y, 2, torch.arange(5, -1, -1).expand(2, 8, 6)),
-    "repeat_interleave": lambda y: y.repeat_interleave(2, dim=1),
-    "tril": lambda y: torch.tril(y, diagonal=-1),
-    "triu": lambda y: y.triu(1),
+    "roll": ("roll", lambda y: torch.roll(y, shifts=(2, -1), dims=(1, 2))),
+    "tile": ("tile", lambda y: y.tile((1, 2, 1))),
+    "index_select": ("index_select", lambda y: y.index_select(1, ORDER)),
+    "gather": ("gather", lambda y: torch.gather(y, 2, torch.arange(5, -1, -1).expand(2, 8, 6))),
+    "repeat_interleave": ("repeat_interleave", lambda y: y.repeat_interleave(2, dim=1)),
+    "tril": ("tril", lambda y: torch.tril(y, diagonal=-1)),
+    "triu": ("triu", lambda y: y.triu(1)),
+    "pad_reflect": ("pad", lambda y: F.pad(y, (0, 0, 2, 1), mode="reflect")),
+    "pad_replicate": ("pad", lambda y: F.pad(y, (0, 0, 1, 3), mode="replicate")),
+    "pad_circular": ("pad", lambda y: F.pad(y, (0, 0, 3, 2), mode="circular")),
 }
 
 
@@ -42,7 +48,7 @@ class _Then(nn.Module):
 
 def _sim(op: str, platform: str, **kw) -> Simulator:
     torch.manual_seed(0)
-    sim = Simulator(_Then(CALLS[op]).eval(), platform, **kw)
+    sim = Simulator(_Then(CALLS[op][1]).eval(), platform, **kw)
     g = torch.Generator().manual_seed(1)
     sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
     return sim
@@ -62,10 +68,33 @@ class _Kinds(torch.overrides.TorchFunctionMode):
 
 def test_each_is_a_pass_through_op():
     x = torch.randn(2, 8, 6)
-    for op in CALLS:
+    for case, (op, fn) in CALLS.items():
         with _Kinds() as kinds:
-            CALLS[op](x)
-        assert (op, OpCategory.PASS_THROUGH) in kinds.seen, op
+            fn(x)
+        assert (op, OpCategory.PASS_THROUGH) in kinds.seen, case
+
+
+def test_max_min_and_pad_are_classified_by_their_arguments():
+    """One tensor's maximum or minimum (of all its elements, or over a dimension, with its
+    indices) is a pass-through op, two tensors' is not modelled; constant padding is not
+    modelled (a zero fill keeps the grid: simulate.same_grid)."""
+    x, y = torch.randn(2, 8, 6), torch.randn(2, 8, 6)
+    with _Kinds() as kinds:
+        torch.max(x), x.max(1), torch.min(x, dim=2, keepdim=True), x.min()
+    assert (
+        kinds.seen
+        == [("max", OpCategory.PASS_THROUGH), ("max", OpCategory.PASS_THROUGH)]
+        + [("min", OpCategory.PASS_THROUGH)] * 2
+    )
+    with _Kinds() as kinds:
+        (
+            torch.max(x, y),
+            x.min(y),
+            torch.max(x, other=y),
+            F.pad(x, (1, 1)),
+            F.pad(x, (1, 1), value=2),
+        )
+    assert kinds.seen == [("max", None), ("min", None), ("max", None), ("pad", None), ("pad", None)]
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
@@ -76,14 +105,15 @@ def test_the_output_keeps_the_input_quantization(op, mode, platform):
     (FIXED: with the codes the same function gives), and the next linear layer takes it as it
     arrives."""
     sim = _sim(op, platform)
+    op_type, fn = CALLS[op]
     x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(3))
     arrived = {}
     trace = sim.trace(x, mode=mode, on_call=lambda o: arrived.setdefault(o.call.name, o.incoming))
-    name = next(n for n in trace.order if n.split(":")[1].startswith(f"{op}#"))
+    name = next(n for n in trace.order if n.split(":")[1].startswith(f"{op_type}#"))
     src = trace.qinfo["a:linear#0"]
     (info,) = trace.qinfo[name]
     assert info.dtype is src.dtype and float(info.scale) == float(src.scale)
-    assert_bits_equal(trace.outputs[name], CALLS[op](trace.outputs["a:linear#0"]))
+    assert_bits_equal(trace.outputs[name], fn(trace.outputs["a:linear#0"]))
     if mode is Mode.FIXED:
         want = quantize(trace.outputs[name], info.scale, info.dtype, zero_point=info.zero_point)
         if op not in ("tril", "triu"):  # moved with the values (same_grid.LAYOUT_OPS)
@@ -95,7 +125,7 @@ def test_the_output_keeps_the_input_quantization(op, mode, platform):
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_steady_runs_keep_the_bits(monkeypatch, mode):
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    for op in ("roll", "gather", "tril"):
+    for op in ("roll", "gather", "tril", "pad_reflect"):
         fast, captured = _sim(op, "j6m"), _sim(op, "j6m", steady_programs=False)
         g = torch.Generator().manual_seed(4)
         xs = [torch.randn(2, 8, 6, generator=g) for _ in range(2)]
@@ -103,3 +133,54 @@ def test_steady_runs_keep_the_bits(monkeypatch, mode):
             assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
         state = fast.steady_programs.status((xs[0],), mode)
         assert state.program is not None and state.program.fallbacks == 0
+
+
+class _Extremes(nn.Module):
+    """linear -> the maximum over a dimension (values and indices) and the minimum of all
+    elements -> linear, and the indices as an output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = self.a(x)
+        hi, where = torch.max(y, dim=1)
+        return self.b(hi) * y.min(), where
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_max_over_a_dimension_keeps_the_grid_and_gives_torchs_indices(mode, platform):
+    """The values keep the input's quantization and the next linear layer takes them as they
+    arrive; the indices are torch's on the quantized values (the first among equal codes),
+    an int64 tensor with no quantization; steady runs and a program give the same bits."""
+    torch.manual_seed(0)
+    model = _Extremes().eval()
+    g = torch.Generator().manual_seed(1)
+    sim = Simulator(model, platform, steady_programs=False)
+    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
+    x = torch.randn(2, 8, 6, generator=g) * 0.05  # few codes: many equal values per column
+    arrived = {}
+    trace = sim.trace(x, mode=mode, on_call=lambda o: arrived.setdefault(o.call.name, o.incoming))
+    src = trace.qinfo["a:linear#0"]
+    values, indices = trace.qinfo[":max#0"]
+    assert values.dtype is src.dtype and float(values.scale) == float(src.scale)
+    assert indices is None
+    want = torch.max(trace.outputs["a:linear#0"], dim=1)
+    got = trace.outputs[":max#0"]
+    assert_bits_equal(got[0], want.values)
+    assert_bits_equal(got[1], want.indices)
+    ties = (trace.outputs["a:linear#0"] == want.values[:, None]).sum(1) > 1
+    assert ties.any()  # the first index among equal values is what is checked
+    (into_b,) = arrived["b:linear#0"]
+    assert into_b is not None and float(into_b.scale) == float(src.scale)
+    assert trace.qinfo[":min#0"][0].scale is src.scale
+    steady = Simulator(model, platform)
+    steady.share_calibration(sim)
+    prog = steady.program(x, mode=mode)
+    for scale in (0.05, 1.0, 3.0):
+        x2 = torch.randn(2, 8, 6, generator=g) * scale
+        for a, b in zip(prog(x2), sim.run(x2, mode=mode), strict=True):
+            assert_bits_equal(a, b)
+    assert prog.fallbacks == 0
