@@ -26,6 +26,11 @@ makes the same result through other torch calls), or None for a call captured as
   ``F.linear(x, w.t(), bias)``: a GEMM with a weight and a bias (``w.t()`` of a parameter is a
   constant of the model, not an op), with the float bits of the call (linear on a 2-d input is
   that same addmm). Any other addmm stays whole (not modelled: float).
+- ``nn.LSTMCell``, ``nn.GRUCell`` and ``nn.RNNCell`` (``torch.lstm_cell``, ``gru_cell``,
+  ``rnn_tanh_cell``, ``rnn_relu_cell``) are torch's own CPU steps for one cell (ATen's
+  ``LSTMCell``, ``GRUCell`` and ``SimpleCell``): the hidden and the input projections (linear
+  layers with their weights), their gates' adds, sigmoid / tanh / relu, products and sums, in
+  torch's order, with the call's float bits; the cell state is an activation like any other.
 - ``torch.einsum`` of two float operands that is one batched matrix product is the layout ops
   and the ``bmm`` torch lowers it to (``einsum_parts``): a matmul of two activations, with the
   call's float bits. Any other einsum (one or three operands, a diagonal, a label summed
@@ -217,6 +222,70 @@ def _einsum_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return None if plan is None else lambda: contract(a, b, plan)
 
 
+_CELL_PARAMS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
+
+
+def _cell_arguments(args: tuple, kwargs: dict) -> dict | None:
+    """A cell call's arguments by name, or None for a call torch itself would refuse (it then
+    runs whole and raises its own message): a batch of inputs (2-d) is what the modules pass."""
+    p = dict(zip(_CELL_PARAMS, args)) | kwargs
+    if len(args) > len(_CELL_PARAMS) or not set(p) <= set(_CELL_PARAMS) or len(p) < 4:
+        return None
+    if getattr(p.get("input"), "ndim", None) != 2:
+        return None
+    return {k: p.get(k) for k in _CELL_PARAMS}
+
+
+def _lstm_cell_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    p = _cell_arguments(args, kwargs)
+    if p is None or not isinstance(p["hx"], (list, tuple)) or len(p["hx"]) != 2:
+        return None
+
+    def parts():  # ATen's LSTMCell on CPU
+        (h, c), x = p["hx"], p["input"]
+        gates = F.linear(h, p["w_hh"], p["b_hh"]) + F.linear(x, p["w_ih"], p["b_ih"])
+        i, f, g, o = gates.chunk(4, 1)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+        cy = f * c + i * g
+        return o * torch.tanh(cy), cy
+
+    return parts
+
+
+def _gru_cell_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    p = _cell_arguments(args, kwargs)
+    if p is None:
+        return None
+
+    def parts():  # ATen's GRUCell on CPU
+        h, x = p["hx"], p["input"]
+        ig = F.linear(x, p["w_ih"], p["b_ih"])
+        hg = F.linear(h, p["w_hh"], p["b_hh"])
+        n = hg.shape[1] // 3
+        # torch adds the reset and update gates' parts in place into strided views of hg and
+        # takes their sigmoids there, row by row; one add of both gates and a sigmoid of each
+        # half (a strided view) takes the same rows, so the same float bits
+        gates = hg[:, : 2 * n] + ig[:, : 2 * n]
+        reset, update = torch.sigmoid(gates[:, :n]), torch.sigmoid(gates[:, n:])
+        new = torch.tanh(ig[:, 2 * n :] + hg[:, 2 * n :] * reset)
+        return (h - new) * update + new
+
+    return parts
+
+
+def _rnn_cell_parts(activation: Callable) -> Callable:
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        p = _cell_arguments(args, kwargs)
+        if p is None:
+            return None
+        # ATen's SimpleCell: the hidden projection plus the input projection, activated
+        return lambda: activation(
+            F.linear(p["hx"], p["w_hh"], p["b_hh"]) + F.linear(p["input"], p["w_ih"], p["b_ih"])
+        )
+
+    return split
+
+
 def _is_parameter(w) -> bool:
     """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
     torch.fx hands the parts a model attribute as a traced value)."""
@@ -231,7 +300,14 @@ SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
 ADDMM = torch.addmm
 BADDBMM = (torch.baddbmm, Tensor.baddbmm)
 EINSUM = torch.functional.einsum  # torch.einsum
-SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM)
+# the recurrent cells nn.LSTMCell, nn.GRUCell and nn.RNNCell call, and their parts
+CELLS = {
+    torch.lstm_cell: _lstm_cell_parts,
+    torch.gru_cell: _gru_cell_parts,
+    torch.rnn_tanh_cell: _rnn_cell_parts(torch.tanh),
+    torch.rnn_relu_cell: _rnn_cell_parts(torch.relu),
+}
+SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM, *CELLS)
 
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
@@ -246,7 +322,11 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _baddbmm_parts(args, kwargs)
     if func is EINSUM:
         return _einsum_parts(args, kwargs)
-    return None
+    try:
+        cell = CELLS.get(func)
+    except TypeError:  # not hashable: no cell
+        return None
+    return cell(args, kwargs) if cell is not None else None
 
 
 class DecomposingMode(TorchFunctionMode):

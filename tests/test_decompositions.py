@@ -910,3 +910,107 @@ def test_einsum_attention_becomes_a_traced_program_with_the_captured_bits(monkey
     state = steady.steady_programs.status((xs[0],), mode)
     assert state.failed is None and state.program is not None
     assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+
+
+def test_recurrent_cells_by_their_parts_give_the_cells_bits():
+    """nn.LSTMCell, nn.GRUCell and nn.RNNCell (tanh and relu), with and without biases, on
+    random sizes: their parts (every FLOAT run's) give the cell call's float bits."""
+    g = torch.Generator().manual_seed(9)
+    for t in range(60):
+        i, h, b = (int(torch.randint(1, 70, (), generator=g)) for _ in range(3))
+        bias = t % 3 != 0
+        cells = (
+            nn.LSTMCell(i, h, bias=bias),
+            nn.GRUCell(i, h, bias=bias),
+            nn.RNNCell(i, h, bias=bias),
+            nn.RNNCell(i, h, bias=bias, nonlinearity="relu"),
+        )
+        for cell in cells:
+            x = torch.randn(b, i, generator=g) * 3
+            hx = torch.randn(b, h, generator=g)
+            if isinstance(cell, nn.LSTMCell):
+                hx = (hx, torch.randn(b, h, generator=g))
+            with torch.no_grad():
+                want = cell(x, hx)
+                with DecomposingMode():
+                    got = cell(x, hx)
+            for a, w in zip(_tuple(got), _tuple(want), strict=True):
+                assert_bits_equal(a, w)
+
+
+def _tuple(v) -> tuple:
+    return v if isinstance(v, tuple) else (v,)
+
+
+class _Recurrent(nn.Module):
+    """A recurrent head over time steps: an LSTMCell (its state carried, started by the cell),
+    a GRUCell and a tanh RNNCell per step, then a linear layer on the last state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.gru = nn.LSTMCell(6, 8), nn.GRUCell(8, 8)
+        self.rnn, self.head = nn.RNNCell(8, 4), nn.Linear(4, 2)
+
+    def forward(self, x):  # (B, T, 6)
+        state, g, r = None, torch.zeros(x.shape[0], 8), None
+        for t in range(x.shape[1]):
+            state = self.lstm(x[:, t], state)
+            g = self.gru(state[0], g)
+            r = self.rnn(g, r)
+        return self.head(r)
+
+
+def _recurrent_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_Recurrent().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(7)
+    sim.calibrate([(torch.randn(2, 3, 6, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 3, 6, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_recurrent_cells_are_quantized_as_their_parts(platform, tmp_path):
+    """Each cell call is its projections (linear layers with their weights), gate tables,
+    products and sums: nothing left in float; the float run gives the model's own bits, and
+    exported, onnxruntime gives fixed mode's bits."""
+    sim, x = _recurrent_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert not {"lstm_cell", "gru_cell", "rnn_tanh_cell"} & set(ops.op_type)
+    assert ops.supported.all()
+    linears = ops[ops.op_type == "linear"]
+    assert len(linears) == 3 * 2 * 3 + 1 and linears.has_weight.all()
+    assert set(ops[ops.op_type.isin(["sigmoid", "tanh"])].category) == {"LUT"}
+    with torch.no_grad():
+        want = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert not torch.equal(fixed, want)
+    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        info = to_onnx_qdq(sim, tmp_path / "cells.onnx", (x,))
+        session = ort.InferenceSession(str(info.path))
+        for scale in (0.5, 1.0, 3.0):
+            xs = x * scale
+            (got,) = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
+            assert_bits_equal(torch.from_numpy(got), sim.run(xs, mode=Mode.FIXED))
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_recurrent_cells_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _recurrent_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_Recurrent().eval(), "j6m")
+    steady.share_calibration(captured)
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(2, 3, 6, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    for x in xs:
+        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
+    state = steady.steady_programs.status((xs[0],), mode)
+    assert state.failed is None and state.program is not None
+    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
