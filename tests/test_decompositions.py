@@ -1014,3 +1014,136 @@ def test_recurrent_cells_become_a_traced_program_with_the_captured_bits(monkeypa
     state = steady.steady_programs.status((xs[0],), mode)
     assert state.failed is None and state.program is not None
     assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+
+
+def _leaves(v) -> list:
+    return [v] if isinstance(v, torch.Tensor) else [u for w in v for u in _leaves(w)]
+
+
+def test_recurrent_sequences_by_their_parts_give_atens_bits():
+    """nn.GRU and nn.RNN (tanh, relu) on random sizes, layer counts, directions, batch-first
+    or not, with and without biases and initial states: their parts give the call's float
+    bits. nn.LSTM's call runs oneDNN's fused kernel on CPU, which differs in the last bits:
+    its parts give ATen's own CPU steps' bits (the call with oneDNN off)."""
+    g = torch.Generator().manual_seed(10)
+    for t in range(24):
+        i, h, b, steps = (int(torch.randint(1, hi, (), generator=g)) for hi in (20, 20, 5, 9))
+        layers, bidirectional, batch_first = 1 + t % 3, t % 2 == 1, t % 4 < 2
+        kinds = (
+            (nn.LSTM, {}),
+            (nn.GRU, {}),
+            (nn.RNN, {"nonlinearity": "tanh"}),
+            (nn.RNN, {"nonlinearity": "relu"}),
+        )
+        for cls, extra in kinds:
+            m = cls(
+                i, h, layers, bias=t % 5 != 0, batch_first=batch_first,
+                bidirectional=bidirectional, **extra,
+            ).eval()  # fmt: skip
+            shape = (b, steps, i) if batch_first else (steps, b, i)
+            x = torch.randn(*shape, generator=g) * 2
+            state = torch.randn(layers * (1 + bidirectional), b, h, generator=g)
+            args = (x,) if t % 3 else (x, (state, state * 0.5) if cls is nn.LSTM else state)
+            with torch.no_grad():
+                with torch.backends.mkldnn.flags(enabled=cls is not nn.LSTM):
+                    want = m(*args)
+                with DecomposingMode():
+                    got = m(*args)
+            for a, w in zip(_leaves(got), _leaves(want), strict=True):
+                assert_bits_equal(a, w)
+
+
+class _Sequences(nn.Module):
+    """An LSTM and a GRU that stay whole: a packed sequence, projections (proj_size), and
+    dropout between layers in training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 6, batch_first=True)
+        self.proj = nn.LSTM(4, 6, proj_size=3, batch_first=True)
+        self.gru = nn.GRU(4, 6, num_layers=2, dropout=0.5, batch_first=True)
+
+    def forward(self, x):
+        packed = nn.utils.rnn.pack_padded_sequence(x, [3, 2], batch_first=True)
+        return self.lstm(packed)[1][0], self.proj(x)[0], self.gru(x)[0]
+
+
+def test_packed_projected_and_training_dropout_sequences_stay_whole():
+    x = torch.randn(2, 3, 4)
+    for training in (False, True):
+        model = _Sequences().train(training)
+        calls, _ = capture(model, x)
+        types = [c.op_type for c in calls]
+        assert types.count("lstm") == 2 and types.count("gru") == int(training), types
+
+
+class _Crnn(nn.Module):
+    """A text-recognizer shape: convolution, columns as a sequence, a two-layer bidirectional
+    LSTM, a GRU, a linear layer per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.lstm = nn.LSTM(8 * 4, 8, num_layers=2, bidirectional=True, batch_first=True)
+        self.gru = nn.GRU(16, 6)
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x):  # (B, 1, 4, W)
+        f = torch.relu(self.conv(x)).flatten(1, 2).transpose(1, 2)  # (B, W, 32)
+        y, _ = self.lstm(f)
+        z, _ = self.gru(y.transpose(0, 1))
+        return self.head(z)
+
+
+def _crnn_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_Crnn().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(11)
+    sim.calibrate([(torch.randn(2, 1, 4, 5, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 1, 4, 5, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_recurrent_sequences_are_quantized_as_their_parts(platform, tmp_path):
+    """nn.LSTM (two layers, both directions) and nn.GRU run as their projections, gate tables,
+    products, sums, stacks and concatenation: nothing left in float; every FLOAT run gives the
+    parts' bits, and exported, onnxruntime gives fixed mode's bits."""
+    sim, x = _crnn_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert not {"lstm", "gru"} & set(ops.op_type) and ops.supported.all()
+    linears = ops[ops.op_type == "linear"]
+    # LSTM: per layer and direction one input projection and 5 steps; GRU: 1 + 5; the head
+    assert len(linears) == 2 * 2 * (1 + 5) + (1 + 5) + 1 and linears.has_weight.all()
+    with torch.no_grad(), DecomposingMode():
+        want = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        info = to_onnx_qdq(sim, tmp_path / "crnn.onnx", (x,))
+        session = ort.InferenceSession(str(info.path))
+        for scale in (0.5, 1.0, 3.0):
+            xs = x * scale
+            (got,) = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
+            assert_bits_equal(torch.from_numpy(got), sim.run(xs, mode=Mode.FIXED))
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_recurrent_sequences_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _crnn_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_Crnn().eval(), "j6m")
+    steady.share_calibration(captured)
+    g = torch.Generator().manual_seed(12)
+    xs = [torch.randn(2, 1, 4, 5, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    for x in xs:
+        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
+    state = steady.steady_programs.status((xs[0],), mode)
+    assert state.failed is None and state.program is not None
+    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0

@@ -61,7 +61,9 @@ class ForwardGuard:
 
         try:
             compiled = torch.compile(self._fn, backend=backend, fullgraph=True, dynamic=False)
-            with torch.no_grad():
+            # allow_rnn: trace nn.LSTM / nn.GRU / nn.RNN's forward (dynamo's default refuses
+            # them); only the guards are kept, the graph never runs
+            with torch.no_grad(), torch._dynamo.config.patch(allow_rnn=True):
                 compiled(model, tuple(inputs))
         except Exception as err:
             first = f"{type(err).__name__}: {err}".splitlines()[0]

@@ -230,9 +230,9 @@ def trace_model(
     model: nn.Module, inputs: tuple, leaves: tuple = ()
 ) -> tuple[fx.Graph, _NamingTracer, fx.GraphModule]:
     """The model traced in eval mode (every module inlined, layout answers from ``inputs``).
-    The model is left as it was: its train flags restored, and the constants torch.fx puts on
-    the root module moved to the generated module. ProgramError when tracing fails or changes
-    one of the model's tensors in place."""
+    The model is left as it was: its train flags restored, the constants torch.fx puts on
+    the root module moved to the generated module, recurrent modules' weight lists rebuilt.
+    ProgramError when tracing fails or changes one of the model's tensors in place."""
     names = {id(m): (m, n) for n, m in model.named_modules()}
     tracer = _NamingTracer(names, inputs, leaves)
     training = [m for m in model.modules() if m.training]
@@ -254,9 +254,19 @@ def trace_model(
             m.training = True
         for k in set(model.__dict__) - before:  # torch.fx's tensor constants
             del model.__dict__[k]
+        _rebuild_recurrent_weight_lists(model)
     if any(t._version != v for t, v in versions):
         raise ProgramError(f"{type(model).__name__}.forward changes its own tensors in place")
     return graph, tracer, gm
+
+
+def _rebuild_recurrent_weight_lists(model: nn.Module) -> None:
+    """nn.LSTM / nn.GRU / nn.RNN keep a list of their weights (and weak references to them)
+    that their forward rebuilds when it reads other weight objects, as it does under the trace
+    (the traced values): rebuild it from the modules' own parameters."""
+    for m in model.modules():
+        if isinstance(m, nn.RNNBase) and hasattr(m, "_init_flat_weights"):
+            m._init_flat_weights()
 
 
 def attr_paths(graph: fx.Graph, model: nn.Module) -> list[str]:
