@@ -24,10 +24,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from quantlab.decompositions import (
-    SPLIT,
-    decomposition,
-)
+from quantlab.decompositions import decomposition, splits
 from quantlab.op_kinds import OpCategory, classify
 
 
@@ -180,7 +177,7 @@ class CaptureMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if func in SPLIT:
+        if splits(func):
             parts = decomposition(func, args, kwargs)
             if parts is not None:
                 self.decomposed = True

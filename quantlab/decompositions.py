@@ -364,7 +364,7 @@ def _is_parameter(w) -> bool:
     )
 
 
-# the functions ``decomposition`` may split (callers on a hot path test identity first)
+# the functions ``decomposition`` may split (``splits``: callers on a hot path ask it first)
 MULTI_HEAD_ATTENTION = F.multi_head_attention_forward
 SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
 ADDMM = torch.addmm
@@ -381,7 +381,18 @@ CELLS = {
     torch.rnn_tanh: _sequence_parts(_simple_step(torch.tanh)),
     torch.rnn_relu: _sequence_parts(_simple_step(torch.relu)),
 }
-SPLIT = (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM, *CELLS)
+SPLIT = frozenset(
+    (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM, *CELLS)
+)
+
+
+def splits(func) -> bool:
+    """Whether ``decomposition`` may split calls of ``func`` (a set lookup: every torch call
+    asks)."""
+    try:
+        return func in SPLIT
+    except TypeError:  # not hashable: not one of them
+        return False
 
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
@@ -410,7 +421,7 @@ class DecomposingMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in SPLIT:
+        if splits(func):
             parts = decomposition(func, args, kwargs)
             if parts is not None:
                 with self:
