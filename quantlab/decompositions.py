@@ -299,9 +299,8 @@ def _initial_states(hx, lstm: bool) -> list:
     stacked = list(hx) if lstm else [hx]
     with torch._C.DisableTorchFunction():
         zeros = all(isinstance(t, Tensor) and not bool(t.any()) for t in stacked)
-        if zeros:
-            rows = [t.unbind(0) for t in stacked]
-    if not zeros:
+        rows = [t.unbind(0) for t in stacked] if zeros else None
+    if rows is None:  # states the model computed or was given: sliced as ops
         rows = [t.unbind(0) for t in stacked]
     return list(zip(*rows)) if lstm else list(rows[0])
 
@@ -371,7 +370,7 @@ ADDMM = torch.addmm
 BADDBMM = (torch.baddbmm, Tensor.baddbmm)
 EINSUM = torch.functional.einsum  # torch.einsum
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
-CELLS = {
+RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
     torch.gru_cell: _cell_parts(_gru_step),
     torch.rnn_tanh_cell: _cell_parts(_simple_step(torch.tanh)),
@@ -382,7 +381,7 @@ CELLS = {
     torch.rnn_relu: _sequence_parts(_simple_step(torch.relu)),
 }
 SPLIT = frozenset(
-    (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM, *CELLS)
+    (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM, *RECURRENT)
 )
 
 
@@ -408,10 +407,10 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
     if func is EINSUM:
         return _einsum_parts(args, kwargs)
     try:
-        cell = CELLS.get(func)
+        recurrent = RECURRENT.get(func)
     except TypeError:  # not hashable: no cell
         return None
-    return cell(args, kwargs) if cell is not None else None
+    return recurrent(args, kwargs) if recurrent is not None else None
 
 
 class DecomposingMode(TorchFunctionMode):

@@ -4,9 +4,8 @@ None for a call that is not an op (metadata, comparisons).
 ``classify(func, args, kwargs)`` answers by the function's identity, then by its ``__name__``
 (the functional, tensor-method and in-place spellings of one op share one op type), by the
 arguments for hardtanh (relu6 or clamp), pow (its exponent), casts, max / min (of one tensor
-or of two) and pad (its mode). ``KNOWN_OP_TYPES``
-lists every op type quantlab models. Op capture (``quantlab.capture``) names and records the
-calls this module classifies.
+or of two) and pad (its mode). ``KNOWN_OP_TYPES`` lists every op type quantlab models. Op
+capture (``quantlab.capture``) names and records the calls this module classifies.
 """
 
 from __future__ import annotations
