@@ -243,12 +243,14 @@ def test_attention_models_become_traced_programs_with_the_captured_bits(monkeypa
     _runs_as_a_program(steady, captured, torch.Generator().manual_seed(5), mode)
 
 
-def _runs_as_a_program(steady: Simulator, captured: Simulator, g, mode) -> None:
+def _runs_as_a_program(steady: Simulator, captured: Simulator, g, mode, shape=(2, 6, 32)) -> None:
     """``steady`` (programs after no captured time) gives ``captured``'s bits on three inputs,
     the last two through the program it built, with no fallback."""
-    xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
+    xs = [torch.randn(*shape, generator=g) * s for s in (0.5, 1.0, 3.0)]
     for x in xs:
-        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
+        got, want = steady.run(x, mode=mode), captured.run(x, mode=mode)
+        for a, b in zip(_leaves(got), _leaves(want), strict=True):
+            assert_bits_equal(a, b)
     state = steady.steady_programs.status((xs[0],), mode)
     assert state.failed is None and state.program is not None
     assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
@@ -883,14 +885,22 @@ def test_einsum_of_two_operands_is_a_matmul_with_the_calls_bits(platform, tmp_pa
     assert not torch.equal(fixed, want[0])
     assert F.cosine_similarity(fixed.flatten(), want[0].flatten(), dim=0) > 0.95
     if platform == "onnxruntime":
-        ort = pytest.importorskip("onnxruntime")
-        from quantlab.export import to_onnx_qdq
-
         sim, x = _einsum_sim(platform, whole=False, steady_programs=False)
-        info = to_onnx_qdq(sim, tmp_path / "einsum.onnx", (x,))
-        session = ort.InferenceSession(str(info.path))
-        (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-        assert_bits_equal(torch.from_numpy(got), sim.run(x, mode=Mode.FIXED))
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "einsum.onnx")
+
+
+def _onnxruntime_gives_fixed_modes_bits(sim: Simulator, x: torch.Tensor, path) -> None:
+    """``sim``'s model exported as QDQ runs in onnxruntime with fixed mode's bits on ``x`` at
+    three scales."""
+    ort = pytest.importorskip("onnxruntime")
+    from quantlab.export import to_onnx_qdq
+
+    info = to_onnx_qdq(sim, path, (x,))
+    session = ort.InferenceSession(str(info.path))
+    for scale in (0.5, 1.0, 3.0):
+        xs = x * scale
+        (got,) = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
+        assert_bits_equal(torch.from_numpy(got), sim.run(xs, mode=Mode.FIXED))
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
@@ -902,14 +912,7 @@ def test_einsum_attention_becomes_a_traced_program_with_the_captured_bits(monkey
     torch.manual_seed(0)
     steady = Simulator(_EinsumAttention().eval(), "j6m")  # the three-operand einsum too
     steady.share_calibration(captured)
-    g = torch.Generator().manual_seed(6)
-    xs = [torch.randn(2, 6, 32, generator=g) * s for s in (0.5, 1.0, 3.0)]
-    for x in xs:
-        for a, b in zip(steady.run(x, mode=mode), captured.run(x, mode=mode), strict=True):
-            assert_bits_equal(a, b)
-    state = steady.steady_programs.status((xs[0],), mode)
-    assert state.failed is None and state.program is not None
-    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(6), mode)
 
 
 def test_recurrent_cells_by_their_parts_give_the_cells_bits():
@@ -987,33 +990,7 @@ def test_recurrent_cells_are_quantized_as_their_parts(platform, tmp_path):
     assert not torch.equal(fixed, want)
     assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
     if platform == "onnxruntime":
-        ort = pytest.importorskip("onnxruntime")
-        from quantlab.export import to_onnx_qdq
-
-        info = to_onnx_qdq(sim, tmp_path / "cells.onnx", (x,))
-        session = ort.InferenceSession(str(info.path))
-        for scale in (0.5, 1.0, 3.0):
-            xs = x * scale
-            (got,) = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
-            assert_bits_equal(torch.from_numpy(got), sim.run(xs, mode=Mode.FIXED))
-
-
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_recurrent_cells_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _recurrent_sim("j6m", steady_programs=False)
-    torch.manual_seed(0)
-    steady = Simulator(_Recurrent().eval(), "j6m")
-    steady.share_calibration(captured)
-    g = torch.Generator().manual_seed(8)
-    xs = [torch.randn(2, 3, 6, generator=g) * s for s in (0.5, 1.0, 3.0)]
-    for x in xs:
-        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
-    state = steady.steady_programs.status((xs[0],), mode)
-    assert state.failed is None and state.program is not None
-    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "cells.onnx")
 
 
 def _leaves(v) -> list:
@@ -1120,30 +1097,25 @@ def test_recurrent_sequences_are_quantized_as_their_parts(platform, tmp_path):
     fixed = sim.run(x, mode=Mode.FIXED)
     assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
     if platform == "onnxruntime":
-        ort = pytest.importorskip("onnxruntime")
-        from quantlab.export import to_onnx_qdq
-
-        info = to_onnx_qdq(sim, tmp_path / "crnn.onnx", (x,))
-        session = ort.InferenceSession(str(info.path))
-        for scale in (0.5, 1.0, 3.0):
-            xs = x * scale
-            (got,) = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
-            assert_bits_equal(torch.from_numpy(got), sim.run(xs, mode=Mode.FIXED))
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "crnn.onnx")
 
 
+# model -> (its calibrated Simulator, the model, an input shape)
+RECURRENT_MODELS = {
+    "cells": (_recurrent_sim, _Recurrent, (2, 3, 6)),
+    "sequences": (_crnn_sim, _Crnn, (2, 1, 4, 5)),
+}
+
+
+@pytest.mark.parametrize("model", list(RECURRENT_MODELS))
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_recurrent_sequences_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+def test_recurrent_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode, model):
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _crnn_sim("j6m", steady_programs=False)
+    make_sim, cls, shape = RECURRENT_MODELS[model]
+    captured, _ = make_sim("j6m", steady_programs=False)
     torch.manual_seed(0)
-    steady = Simulator(_Crnn().eval(), "j6m")
+    steady = Simulator(cls().eval(), "j6m")
     steady.share_calibration(captured)
-    g = torch.Generator().manual_seed(12)
-    xs = [torch.randn(2, 1, 4, 5, generator=g) * s for s in (0.5, 1.0, 3.0)]
-    for x in xs:
-        assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
-    state = steady.steady_programs.status((xs[0],), mode)
-    assert state.failed is None and state.program is not None
-    assert state.program_runs == len(xs) - 1 and state.program.fallbacks == 0
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(8), mode, shape)
