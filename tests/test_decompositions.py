@@ -937,12 +937,8 @@ def test_recurrent_cells_by_their_parts_give_the_cells_bits():
                 want = cell(x, hx)
                 with DecomposingMode():
                     got = cell(x, hx)
-            for a, w in zip(_tuple(got), _tuple(want), strict=True):
+            for a, w in zip(_leaves(got), _leaves(want), strict=True):
                 assert_bits_equal(a, w)
-
-
-def _tuple(v) -> tuple:
-    return v if isinstance(v, tuple) else (v,)
 
 
 class _Recurrent(nn.Module):
