@@ -14,11 +14,11 @@ reshape to (batch, rows, contracted) or (batch, contracted, columns); ``torch.bm
 a permute and a view back to the output's shape. The result has torch's float bits
 (``tests/test_einsum_parts.py``, on random equations and sizes).
 
-The plan is None, and the call stays one op, where torch would compute more than one product:
-a number of operands other than 2, a label repeated within an operand (a diagonal), a label
-summed within one operand before the product, no contracted label (torch multiplies
-elementwise), operands of different or non-float dtypes, or an equation torch refuses (torch's
-own call then raises its own message).
+The plan is None, and the call stays one op, where torch computes something other than one
+batched matrix product: a number of operands other than 2, a label repeated within an operand
+(a diagonal), a label summed within one operand before the product, no contracted label (torch
+multiplies elementwise), or an equation torch refuses (torch's own call then raises its own
+message). ``decompositions`` also leaves operands of different or non-float dtypes whole.
 """
 
 from __future__ import annotations
