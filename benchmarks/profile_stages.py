@@ -26,7 +26,7 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("simulate/quant_state.py", "weight_q"),
         ("simulate/quant_state.py", "weight_value"),
         ("simulate/quant_state.py", "bias_value"),
-        ("simulate/dispatch.py", "_fold"),
+        ("simulate/batch_norm_folding.py", "_fold"),
     ),
     "exact GEMM sums": (  # the planned kernels, whichever entry point (a prepared conv too)
         ("numerics/gemm/kernels.py", "conv_planned"),
