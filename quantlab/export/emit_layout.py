@@ -33,8 +33,8 @@ def _input_quant(op: RecordedOp) -> QParams | None:
     return QParams.of(want.dtype, want.scale, zero_point=want.zero_point)
 
 
-def _source(ctx: ExportContext, op: RecordedOp) -> str:
-    """Input 0 of a shape op: the activation as quantized for the op, or a float argument."""
+def first_input(ctx: ExportContext, op: RecordedOp) -> str:
+    """Input 0 of an op: the activation as quantized for the op, or a float argument."""
     if op.acts:
         return ctx.act(op, 0)
     return ctx.value(op.args[0], f"{op.name}/in").name
@@ -42,7 +42,9 @@ def _source(ctx: ExportContext, op: RecordedOp) -> str:
 
 def emit_reshape(ctx: ExportContext, op: RecordedOp) -> None:
     shape = ctx.graph.int64s(f"{op.name}/shape", op.outputs[0].shape)
-    ctx.set_outputs(op, [ctx.graph.node("Reshape", [_source(ctx, op), shape], f"{op.name}/float")])
+    ctx.set_outputs(
+        op, [ctx.graph.node("Reshape", [first_input(ctx, op), shape], f"{op.name}/float")]
+    )
 
 
 def emit_transpose(ctx: ExportContext, op: RecordedOp) -> None:
@@ -57,7 +59,7 @@ def emit_transpose(ctx: ExportContext, op: RecordedOp) -> None:
         perm = list(range(nd))
         perm[d0], perm[d1] = perm[d1], perm[d0]
     ctx.set_outputs(
-        op, [ctx.graph.node("Transpose", [_source(ctx, op)], f"{op.name}/float", perm=perm)]
+        op, [ctx.graph.node("Transpose", [first_input(ctx, op)], f"{op.name}/float", perm=perm)]
     )
 
 
@@ -83,7 +85,7 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     """Basic indexing: slices (any step; bounds may be 0-d integer tensors), integers, None and
     Ellipsis, as a tuple or as a list of them (torch reads such a list as a tuple: onnx2torch's
     Slice indexes so); and constant integer index tensors on the leading dims (GatherND)."""
-    x = _source(ctx, op)
+    x = first_input(ctx, op)
     index = op.args[1]
     if isinstance(index, list) and all(_basic(i) for i in index):
         index = tuple(index)
@@ -172,7 +174,7 @@ def _slice(ctx: ExportContext, base: str, x: str, starts, ends, axes, steps, sha
 def emit_pieces(ctx: ExportContext, op: RecordedOp) -> None:
     """chunk, split, unbind, narrow, select: each output is a contiguous range of the input
     along one dim (unbind / select drop it), a Slice of the codes' values."""
-    x = _source(ctx, op)
+    x = first_input(ctx, op)
     nd = len(ctx.shape_of(op, 0))
     size_of = ctx.shape_of(op, 0)
     if op.op_type in ("narrow", "select"):
@@ -202,7 +204,7 @@ def emit_flip(ctx: ExportContext, op: RecordedOp) -> None:
     dims = sorted({int(d) % nd for d in ([dims] if isinstance(dims, int) else dims)})
     n = len(dims)
     y = _slice(
-        ctx, op.name, _source(ctx, op), [-1] * n, [_INT64_MIN] * n, dims, [-1] * n,
+        ctx, op.name, first_input(ctx, op), [-1] * n, [_INT64_MIN] * n, dims, [-1] * n,
         op.outputs[0].shape,
     )  # fmt: skip
     ctx.set_outputs(op, [y])
@@ -212,7 +214,7 @@ def emit_expand(ctx: ExportContext, op: RecordedOp) -> None:
     """expand / expand_as / repeat: Expand to the output's shape (expand), or Tile after a
     Reshape adding the leading dims the repeat counts add (repeat)."""
     g = ctx.graph
-    x, out = _source(ctx, op), list(op.outputs[0].shape)
+    x, out = first_input(ctx, op), list(op.outputs[0].shape)
     if op.op_type != "repeat":
         y = g.node("Expand", [x, g.int64s(f"{op.name}/shape", out)], f"{op.name}/float")
         ctx.set_outputs(op, [y])
@@ -232,7 +234,7 @@ def emit_tile(ctx: ExportContext, op: RecordedOp) -> None:
 
 def _tiled(ctx: ExportContext, op: RecordedOp, reps: list[int]) -> None:
     g = ctx.graph
-    x, shape = _source(ctx, op), list(ctx.shape_of(op, 0))
+    x, shape = first_input(ctx, op), list(ctx.shape_of(op, 0))
     if len(reps) > len(shape):  # the leading dims the repeat counts add
         shape = [1] * (len(reps) - len(shape)) + shape
         x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/lead")
@@ -248,7 +250,7 @@ def emit_roll(ctx: ExportContext, op: RecordedOp) -> None:
     dims = ctx.arg(op, 2, "dims", None)
     shifts = [int(s) for s in ([shifts] if isinstance(shifts, int) else shifts)]
     flat = dims is None or (not isinstance(dims, int) and len(dims) == 0)
-    x, shape = _flattened(ctx, op) if flat else (_source(ctx, op), list(ctx.shape_of(op, 0)))
+    x, shape = _flattened(ctx, op) if flat else (first_input(ctx, op), list(ctx.shape_of(op, 0)))
     if flat:
         dims = [0]
     dims = [int(d) % len(shape) for d in ([dims] if isinstance(dims, int) else dims)]
@@ -266,7 +268,7 @@ def _flattened(ctx: ExportContext, op: RecordedOp) -> tuple[str, list[int]]:
     ``reshape_requantized``: without it onnxruntime 1.32's Q/DQ propagation wrote a
     QuantizeLinear it then rejected, under the SIGNED encoding)."""
     shape = [int(np.prod(ctx.shape_of(op, 0)))]
-    x = reshape_requantized(ctx, _source(ctx, op), _input_quant(op), shape, f"{op.name}/flat")
+    x = reshape_requantized(ctx, first_input(ctx, op), _input_quant(op), shape, f"{op.name}/flat")
     return x, shape
 
 
@@ -287,7 +289,7 @@ def emit_gather(ctx: ExportContext, op: RecordedOp) -> None:
     dim = int(ctx.arg(op, 1, "dim")) % len(ctx.shape_of(op, 0))
     idx = _index(ctx, op, 2, "index")
     kind = _GATHERS[op.op_type]
-    y = ctx.graph.node(kind, [_source(ctx, op), idx], f"{op.name}/float", axis=dim)
+    y = ctx.graph.node(kind, [first_input(ctx, op), idx], f"{op.name}/float", axis=dim)
     ctx.set_outputs(op, [y])
 
 
@@ -302,7 +304,9 @@ def emit_repeat_interleave(ctx: ExportContext, op: RecordedOp) -> None:
         reps = reps.value
     elif not isinstance(reps, int):
         raise UnsupportedOpError(f"op {op.name}: repeat_interleave's repeats come from inputs")
-    x, shape = _flattened(ctx, op) if dim is None else (_source(ctx, op), list(ctx.shape_of(op, 0)))
+    x, shape = (
+        _flattened(ctx, op) if dim is None else (first_input(ctx, op), list(ctx.shape_of(op, 0)))
+    )
     dim = 0 if dim is None else dim
     dim = int(dim) % len(shape)
     idx = torch.arange(shape[dim]).repeat_interleave(reps)
@@ -315,7 +319,7 @@ def emit_trilu(ctx: ExportContext, op: RecordedOp) -> None:
     k = int(ctx.arg(op, 1, "diagonal", 0))
     y = ctx.graph.node(
         "Trilu",
-        [_source(ctx, op), ctx.graph.const(f"{op.name}/k", np.asarray(k, dtype=np.int64))],
+        [first_input(ctx, op), ctx.graph.const(f"{op.name}/k", np.asarray(k, dtype=np.int64))],
         f"{op.name}/float",
         upper=int(op.op_type == "triu"),
     )
@@ -334,7 +338,7 @@ def emit_movedim(ctx: ExportContext, op: RecordedOp) -> None:
         perm[d_] = s_
     rest = iter(d for d in range(nd) if d not in src)
     perm = [p if p is not None else next(rest) for p in perm]
-    y = ctx.graph.node("Transpose", [_source(ctx, op)], f"{op.name}/float", perm=perm)
+    y = ctx.graph.node("Transpose", [first_input(ctx, op)], f"{op.name}/float", perm=perm)
     ctx.set_outputs(op, [y])
 
 
@@ -343,7 +347,7 @@ def emit_pixel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
     of channel c's block); pixel_unshuffle, its inverse, as Reshape, Transpose, Reshape (the
     intermediate quantized again at the input's scale, as the codes are)."""
     g = ctx.graph
-    x = _source(ctx, op)
+    x = first_input(ctx, op)
     if op.op_type == "pixel_shuffle":
         r = int(ctx.arg(op, 1, "upscale_factor"))
         y = g.node("DepthToSpace", [x], f"{op.name}/float", blocksize=r, mode="CRD")
@@ -393,7 +397,7 @@ def emit_pad(ctx: ExportContext, op: RecordedOp) -> None:
         begins[nd - 1 - k], ends[nd - 1 - k] = int(pad[2 * k]), int(pad[2 * k + 1])
     pads = ctx.graph.int64s(f"{op.name}/pads", begins + ends)
     if mode != "constant":
-        x = _source(ctx, op)
+        x = first_input(ctx, op)
         y = ctx.graph.node("Pad", [x, pads], f"{op.name}/float", mode=_COPYING_PAD_MODES[mode])
         ctx.set_outputs(op, [y])
         return

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from quantlab.export.context import ExportContext
+from quantlab.export.emit_layout import first_input
 from quantlab.export.emit_ops import is_ref, reduced_dims
 from quantlab.export.graph import TORCH_TO_ONNX, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
@@ -184,7 +185,7 @@ def emit_extreme(ctx: ExportContext, op: RecordedOp) -> None:
 def _emit_extreme_over(ctx: ExportContext, op: RecordedOp, dim: int, lo: bool) -> None:
     """``torch.max(x, dim, keepdim)`` / min: the values (each one of its inputs: on the input's
     grid, a pass-through op) and their indices (int64)."""
-    x = ctx.act(op, 0) if op.acts else ctx.value(op.args[0]).name
+    x = first_input(ctx, op)
     nd = len(ctx.shape_of(op, 0))
     axis = dim % nd if nd else 0
     keep = int(bool(op.args[2] if len(op.args) > 2 else op.kwargs.get("keepdim", False)))
