@@ -8,6 +8,12 @@ import torch
 from quantlab.numerics.dtypes import DType
 
 
+def leaves(v) -> list:
+    """A model's output as a flat list: the values inside (nested) tuples and lists, in order;
+    anything else (a tensor) is one leaf."""
+    return [u for w in v for u in leaves(w)] if isinstance(v, (tuple, list)) else [v]
+
+
 def _as_tensor(a) -> torch.Tensor:
     if isinstance(a, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(a))

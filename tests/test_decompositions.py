@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from bits import assert_bits_equal
+from bits import assert_bits_equal, leaves
 from test_capture import capture
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -249,7 +249,7 @@ def _runs_as_a_program(steady: Simulator, captured: Simulator, g, mode, shape=(2
     xs = [torch.randn(*shape, generator=g) * s for s in (0.5, 1.0, 3.0)]
     for x in xs:
         got, want = steady.run(x, mode=mode), captured.run(x, mode=mode)
-        for a, b in zip(_leaves(got), _leaves(want), strict=True):
+        for a, b in zip(leaves(got), leaves(want), strict=True):
             assert_bits_equal(a, b)
     state = steady.steady_programs.status((xs[0],), mode)
     assert state.failed is None and state.program is not None
@@ -937,7 +937,7 @@ def test_recurrent_cells_by_their_parts_give_the_cells_bits():
                 want = cell(x, hx)
                 with DecomposingMode():
                     got = cell(x, hx)
-            for a, w in zip(_leaves(got), _leaves(want), strict=True):
+            for a, w in zip(leaves(got), leaves(want), strict=True):
                 assert_bits_equal(a, w)
 
 
@@ -989,10 +989,6 @@ def test_recurrent_cells_are_quantized_as_their_parts(platform, tmp_path):
         _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "cells.onnx")
 
 
-def _leaves(v) -> list:
-    return [v] if isinstance(v, torch.Tensor) else [u for w in v for u in _leaves(w)]
-
-
 def test_recurrent_sequences_by_their_parts_give_atens_bits():
     """nn.GRU and nn.RNN (tanh, relu) on random sizes, layer counts, directions, batch-first
     or not, with and without biases and initial states: their parts give the call's float
@@ -1022,7 +1018,7 @@ def test_recurrent_sequences_by_their_parts_give_atens_bits():
                     want = m(*args)
                 with DecomposingMode():
                     got = m(*args)
-            for a, w in zip(_leaves(got), _leaves(want), strict=True):
+            for a, w in zip(leaves(got), leaves(want), strict=True):
                 assert_bits_equal(a, w)
 
 

@@ -14,17 +14,13 @@ import re
 
 import pytest
 import torch
-from bits import assert_bits_equal
+from bits import assert_bits_equal, leaves
 from random_nets import UPSAMPLING_STEPS, C, RandomNet, S
 
 from quantlab.simulate import Mode, OpMode, Simulator
 
 # some nets write into their input (a step on a view of it): the simulator copies inputs then
 pytestmark = pytest.mark.filterwarnings("ignore:RandomNet.forward writes into its input")
-
-
-def _leaves(out):
-    return list(out) if isinstance(out, tuple) else [out]
 
 
 # 49: a convolution's fused chain reached after a studied op (a replay passes it through)
@@ -62,7 +58,7 @@ def _replay_to_the_naive_bits(seed: int, steps: dict | None, n_steps: int = 14):
                         sim.run(x.clone(), mode=mode, op_modes={name: om}, replay=trace)
                     continue
                 fast = sim.run(x.clone(), mode=mode, op_modes={name: om}, replay=trace)
-                for p, q in zip(_leaves(fast), _leaves(naive), strict=True):
+                for p, q in zip(leaves(fast), leaves(naive), strict=True):
                     assert_bits_equal(p, q)
                 compared += 1
         for k, v in before.items():
@@ -95,7 +91,7 @@ def _programs_give_the_captured_bits(seed: int, platform: str, steps: dict | Non
         prog = sim.program(xs[1].clone(), mode=mode)  # every step of STEPS can be traced
         for x in xs:
             for p, q in zip(
-                _leaves(prog(x.clone())), _leaves(sim.run(x.clone(), mode=mode)), strict=True
+                leaves(prog(x.clone())), leaves(sim.run(x.clone(), mode=mode)), strict=True
             ):
                 assert_bits_equal(p, q)
         assert prog.fallbacks == 0

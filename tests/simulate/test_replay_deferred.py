@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from bits import assert_bits_equal
+from bits import assert_bits_equal, leaves
 from torch import nn
 
 from quantlab.simulate import Mode, OpMode, Simulator
@@ -205,10 +205,6 @@ def _snapshot(trace) -> dict:
     return {k: v.clone() for k, v in trace.outputs.items() if isinstance(v, torch.Tensor)}
 
 
-def _leaves(out):
-    return list(out) if isinstance(out, tuple) else [out]
-
-
 @pytest.mark.parametrize(
     "model,shape",
     [
@@ -241,7 +237,7 @@ def test_every_studied_op_replays_to_the_naive_bits_and_the_trace_stays(model, s
                     sim.run(x, mode=mode, op_modes={name: om}, replay=trace)
                 continue
             fast = sim.run(x, mode=mode, op_modes={name: om}, replay=trace)
-            for a, b in zip(_leaves(fast), _leaves(naive), strict=True):
+            for a, b in zip(leaves(fast), leaves(naive), strict=True):
                 assert_bits_equal(a, b)
             compared += 1
     assert compared >= 2 * len(names)
@@ -258,7 +254,7 @@ def test_the_model_state_and_output_hold_the_replayed_values():
     trace = sim.trace(x, mode=Mode.FLOAT)
     kept = sim.model.kept.clone()
     out = sim.run(x, mode=Mode.FLOAT, replay=trace)  # no studied op: every op replayed
-    for a, b in zip(_leaves(out), _leaves(trace.result), strict=True):
+    for a, b in zip(leaves(out), leaves(trace.result), strict=True):
         assert_bits_equal(a, b)
     assert_bits_equal(sim.model.kept, kept)
 
