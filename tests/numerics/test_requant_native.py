@@ -82,13 +82,23 @@ def _sums(g, shape, axis, q, off, n, limit):
     return flat.reshape(acc.movedim(axis, -1).shape).movedim(-1, axis).contiguous()
 
 
+# "37 channels, last axis": rows longer than the vector loop's lanes, so its body and its
+# remainder both run on every kind of constant (7 channels barely fill one vector)
+LAYOUTS = {
+    "per channel, axis 1": (7, (3, 7, 5, 9)),
+    "per channel, last axis": (7, (60, 7)),
+    "37 channels, last axis": (37, (40, 37)),
+    "per tensor": (1, (3, 1, 5, 9)),
+}
+
+
 @needs_cc
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("layout", ["per channel, axis 1", "per channel, last axis", "per tensor"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_pass_matches_the_int64_form_and_the_reference(seed, layout, build):
     g = torch.Generator().manual_seed(seed)
-    channels = 1 if layout == "per tensor" else 7
-    shape, axis = ((3, channels, 5, 9), 1) if layout != "per channel, last axis" else ((60, 7), 1)
+    channels, shape = LAYOUTS[layout]
+    axis = 1
     bias_max = 1 << 20
     limit = (1 << 31) - 1 - bias_max  # |acc| + |b| < 2**31: the fast form's domain
     q, off, n = _constants(g, channels, bias_max)

@@ -46,8 +46,11 @@ BLOCK = 16384  # elements per parallel task
 # AVX2 has no int64 product, but a sum of at most 32 bits times q (< 2**31) is a product of
 # two int32 values, which it computes in vector lanes (vpmuldq): the shift loops' AVX2 clone
 # took 0.44 ms against the baseline's 1.66 ms on 1.2M int32 sums in rows of one channel
-# (2 threads, AMD EPYC; 1.67 ms against 1.95 ms with a channel per value). Under QL_ONLY_AVX2
-# (tests) each loop is built as a CPU with AVX2 and no AVX-512 would run it.
+# (2 threads, AMD EPYC). With a channel per value the loop reads back = 2**(63 - n) per
+# channel: GCC vectorizes no shift of a constant by a lane's count, and computing it there
+# kept the whole loop scalar (1.18 ms against 0.42 ms now on 1.2M sums in rows of 384
+# channels). Under QL_ONLY_AVX2 (tests) each loop is built as a CPU with AVX2 and no AVX-512
+# would run it.
 _CLONES = r"""
 #if defined(__x86_64__) && defined(__GNUC__) && (defined(QL_NO_CLONES) || defined(QL_ONLY_AVX2))
 #define CLONES_SHIFT CLONES
@@ -67,10 +70,9 @@ _CLONES = r"""
 _TEMPLATE = r"""
 /* one row of a channel: its q, offset and shift fixed */
 CLONES_SHIFT static void requant_rows_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
-                                          int64_t q, int64_t off, int n, int64_t lo, int64_t hi,
-                                          float s) {
+                                          int64_t q, int64_t off, uint64_t n, int64_t back,
+                                          int64_t lo, int64_t hi, float s) {
   const uint64_t sign = (uint64_t)1 << 63;
-  const int64_t back = (int64_t)1 << (63 - n);
   const FACTOR qq = (FACTOR)q;
   #pragma omp simd
   for (int64_t j = 0; j < len; ++j) {
@@ -84,15 +86,17 @@ CLONES_SHIFT static void requant_rows_IN_OUT(const CIN *a, COUT *c, float *y, in
   }
 }
 
-/* one outer index of a tensor whose last axis is the channel axis: q, offset, shift per value */
+/* one outer index of a tensor whose last axis is the channel axis: q, offset, shift and
+   back = 2**(63 - n) per value (given, not computed: GCC vectorizes no shift of a constant by
+   a lane's count, and with it the loop runs scalar) */
 CLONES_SHIFT static void requant_cols_IN_OUT(const CIN *a, COUT *c, float *y, int64_t len,
-                                          const int64_t *q, const int64_t *off, const int64_t *n,
-                                          int64_t lo, int64_t hi, float s) {
+                                          const int64_t *q, const int64_t *off, const uint64_t *n,
+                                          const int64_t *back, int64_t lo, int64_t hi, float s) {
   const uint64_t sign = (uint64_t)1 << 63;
   #pragma omp simd
   for (int64_t j = 0; j < len; ++j) {
     int64_t v = (int64_t)WIDEN(a[j]) * (int64_t)(FACTOR)q[j] + off[j];
-    int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n[j]) - ((int64_t)1 << (63 - n[j]));
+    int64_t r = (int64_t)(((uint64_t)v ^ sign) >> n[j]) - back[j];
     r = r < lo ? lo : r;
     r = r > hi ? hi : r;
     const int32_t code = (int32_t)r;
@@ -158,9 +162,10 @@ void ql_KIND_IN_OUT(const CIN *a, COUT *c, float *y, int64_t outer, int64_t chan
 _KERNELS = {
     "requant": (
         _TEMPLATE,
-        "const int64_t *q, const int64_t *off, const int64_t *n, int64_t lo, int64_t hi",
-        "q, off, n, lo, hi",
-        "q[ch], off[ch], (int)n[ch], lo, hi",
+        "const int64_t *q, const int64_t *off, const uint64_t *n, const int64_t *back, "
+        "int64_t lo, int64_t hi",
+        "q, off, n, back, lo, hi",
+        "q[ch], off[ch], n[ch], back[ch], lo, hi",
     ),
     "rescale": (
         _RESCALE,
@@ -199,7 +204,7 @@ def configure(lib: ctypes.CDLL) -> None:
     for i in _C_IN:
         for o in _C_OUT:
             f = getattr(lib, f"ql_requant_{i}_{o}")
-            f.argtypes = [p, p, p, i64, i64, i64, p, p, p, i64, i64, f32, i32]
+            f.argtypes = [p, p, p, i64, i64, i64, p, p, p, p, i64, i64, f32, i32]
             f.restype = None
             f = getattr(lib, f"ql_rescale_{i}_{o}")
             f.argtypes = [p, p, p, i64, i64, i64, p, p, f32, f32, i32, f32, i32]
@@ -210,16 +215,20 @@ KERNELS = native.Kernels("requant", SOURCE, configure, "requantization")
 
 
 def channel_constants(q: Tensor, offset: Tensor, n: Tensor, channels: int) -> tuple | None:
-    """(q, offset, n) as contiguous int64 arrays of ``channels`` values (1 when all three are
-    per tensor), or None when they do not fit the kernel (a length other than 1 or
-    ``channels``, q outside [0, 2**31), n outside [1, 62])."""
+    """(q, offset, n, back) as contiguous int64 arrays of ``channels`` values (1 when q, offset
+    and n are all per tensor), back = 2**(63 - n) (the kernel's unsigned-shift correction), or
+    None when they do not fit the kernel (a length other than 1 or ``channels``, q outside
+    [0, 2**31), n outside [1, 62])."""
     sizes = {t.numel() for t in (q, offset, n)}
     if not sizes <= {1, channels}:
         return None
     if int(q.min()) < 0 or int(q.max()) >= 1 << 31 or int(n.min()) < 1 or int(n.max()) > 62:
         return None
     length = max(sizes)
-    return tuple(t.reshape(-1).to(torch.int64).expand(length).contiguous() for t in (q, offset, n))
+    q, offset, n = (
+        t.reshape(-1).to(torch.int64).expand(length).contiguous() for t in (q, offset, n)
+    )
+    return q, offset, n, torch.bitwise_left_shift(torch.ones_like(n), 63 - n)
 
 
 def requantize_shift(
@@ -237,8 +246,8 @@ def requantize_shift(
     values). None where the pass does not apply (no kernel, acc not a contiguous CPU tensor of
     a supported dtype, an unsupported output dtype). The caller guarantees ``|acc * q +
     offset| < 2**63``, ``lo <= hi`` and that a float ``acc`` holds integers."""
-    q, off, n = constants
-    args = (q.data_ptr(), off.data_ptr(), n.data_ptr(), lo, hi)
+    q, off, n, back = constants
+    args = (q.data_ptr(), off.data_ptr(), n.data_ptr(), back.data_ptr(), lo, hi)
     return _launch("requant", acc, q.numel(), axis, out_dtype, value_scale, args)
 
 
