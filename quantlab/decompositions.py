@@ -41,6 +41,10 @@ makes the same result through other torch calls), or None for a call captured as
   and the ``bmm`` torch lowers it to (``einsum_parts``): a matmul of two activations, with the
   call's float bits. Any other einsum (one or three operands, a diagonal, a label summed
   within one operand, no contracted label) stays whole (not modelled: float).
+- ``F.rms_norm`` (``nn.RMSNorm``) and ``torch.rms_norm`` on float32 / float64 inputs are ATen's
+  CPU steps: the square (a product, as pow 2 is), the mean over the normalized dims, eps
+  added, rsqrt (a table), the product by the input and by the weight, each an op with its own
+  scales, with the call's float bits. Half-precision inputs stay whole (not modelled: float).
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -228,6 +232,38 @@ def _einsum_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return None if plan is None else lambda: contract(a, b, plan)
 
 
+_RMS_NORM_PARAMS = ("input", "normalized_shape", "weight", "eps")
+RMS_NORM_DTYPES = (torch.float32, torch.float64)  # computed in their own dtype (opmath)
+
+
+def _rms_norm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``F.rms_norm`` / ``torch.rms_norm`` as ATen's CPU steps (``rms_norm_symint``): the
+    squares, their mean over the normalized dims, eps added (its dtype's machine epsilon when
+    None), rsqrt, the product by the input, then by the weight. float32 / float64 inputs only
+    (ATen computes half types in float32 and casts back: whole)."""
+    p = dict(zip(_RMS_NORM_PARAMS, args)) | kwargs
+    if len(args) > len(_RMS_NORM_PARAMS) or not set(p) <= set(_RMS_NORM_PARAMS):
+        return None
+    x, shape, w, eps = (p.get(k) for k in _RMS_NORM_PARAMS)
+    try:
+        if x.dtype not in RMS_NORM_DTYPES or (w is not None and w.dtype != x.dtype):
+            return None
+    except AttributeError:  # not tensors
+        return None
+    if isinstance(shape, int):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list, torch.Size)) or not shape:
+        return None
+    dims = tuple(range(-len(shape), 0))
+    e = torch.finfo(x.dtype).eps if eps is None else eps
+
+    def parts():
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + e)
+        return y if w is None else y * w
+
+    return parts
+
+
 _CELL_PARAMS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
 
 
@@ -369,6 +405,7 @@ SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
 ADDMM = torch.addmm
 BADDBMM = (torch.baddbmm, Tensor.baddbmm)
 EINSUM = torch.functional.einsum  # torch.einsum
+RMS_NORM = (F.rms_norm, torch.rms_norm)
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
 RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
@@ -381,7 +418,15 @@ RECURRENT = {
     torch.rnn_relu: _sequence_parts(_simple_step(torch.relu)),
 }
 SPLIT = frozenset(
-    (MULTI_HEAD_ATTENTION, SCALED_DOT_PRODUCT_ATTENTION, ADDMM, *BADDBMM, EINSUM, *RECURRENT)
+    (
+        MULTI_HEAD_ATTENTION,
+        SCALED_DOT_PRODUCT_ATTENTION,
+        ADDMM,
+        *BADDBMM,
+        EINSUM,
+        *RMS_NORM,
+        *RECURRENT,
+    )
 )
 
 
@@ -406,6 +451,8 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _baddbmm_parts(args, kwargs)
     if func is EINSUM:
         return _einsum_parts(args, kwargs)
+    if func in RMS_NORM:
+        return _rms_norm_parts(args, kwargs)
     try:
         recurrent = RECURRENT.get(func)
     except TypeError:  # not hashable: no cell

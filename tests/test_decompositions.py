@@ -1111,3 +1111,100 @@ def test_recurrent_models_become_traced_programs_with_the_captured_bits(monkeypa
     steady = Simulator(cls().eval(), "j6m")
     steady.share_calibration(captured)
     _runs_as_a_program(steady, captured, torch.Generator().manual_seed(8), mode, shape)
+
+
+def test_rms_norm_by_its_parts_gives_the_calls_bits():
+    """nn.RMSNorm, F.rms_norm and torch.rms_norm (float32 and float64; one or two normalized
+    dims; with and without a weight; eps given or its dtype's epsilon) on random sizes and
+    magnitudes (rows of zeros too, where eps alone keeps rsqrt finite): their parts give the
+    call's float bits."""
+    g = torch.Generator().manual_seed(12)
+    for t in range(80):
+        dtype = torch.float64 if t % 4 == 3 else torch.float32
+        n, m = (int(torch.randint(1, 300, (), generator=g)) for _ in range(2))
+        shape = (n,) if t % 3 else (m % 7 + 1, n)
+        x = torch.randn(2, 5, *shape, generator=g, dtype=dtype) * 10 ** (t % 7 - 3)
+        x[0, 0] = 0
+        eps = (None, 1e-6, 1e-5, 0.0)[t % 4]
+        w = torch.randn(shape, generator=g, dtype=dtype) if t % 5 else None
+        module = nn.RMSNorm(shape, eps=eps, elementwise_affine=w is not None, dtype=dtype)
+        if w is not None:
+            module.weight.data.copy_(w)
+        calls = (
+            lambda: module(x),
+            lambda: F.rms_norm(x, list(shape), w, eps),
+            lambda: torch.rms_norm(x, shape, weight=w, eps=eps),
+        )
+        for call in calls:
+            with torch.no_grad():
+                want = call()
+                with DecomposingMode():
+                    got = call()
+            assert_bits_equal(got, want)
+
+
+class _RmsBlock(nn.Module):
+    """A pre-norm block of the LLaMA kind: RMSNorm, a gated SiLU feed-forward, the residual,
+    and a final RMSNorm without a weight before a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(32, eps=1e-6)
+        self.gate, self.up, self.down = nn.Linear(32, 48), nn.Linear(32, 48), nn.Linear(48, 32)
+        self.final = nn.RMSNorm(32, elementwise_affine=False)
+        self.head = nn.Linear(32, 8)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        h = self.norm(x)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return self.head(self.final(x))
+
+
+def _rms_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_RmsBlock().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(13)
+    sim.calibrate([(torch.randn(2, 6, 32, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 6, 32, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_rms_norm_is_quantized_as_its_parts(platform, tmp_path):
+    """Each nn.RMSNorm runs as its square, mean, eps add, rsqrt table and products (the
+    weight's too): nothing left in float; the FLOAT run gives the model's own bits, fixed mode
+    stays close to it, and exported, onnxruntime gives fixed mode's bits."""
+    sim, x = _rms_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert "rms_norm" not in set(ops.op_type) and ops.supported.all()
+    for op_type, count in (("pow", 2), ("mean", 2), ("rsqrt", 2), ("add", 3)):
+        assert (ops.op_type == op_type).sum() == count, op_type
+    # per norm: the input times its rsqrt; the weighted one also times its weight; the gate
+    assert (ops.op_type == "mul").sum() == 2 + 1 + 1
+    with torch.no_grad():
+        want = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert not torch.equal(fixed, want)
+    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "rms.onnx")
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_rms_norm_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _rms_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_RmsBlock().eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(14), mode)
+
+
+def test_half_precision_rms_norm_stays_whole():
+    for dtype in (torch.float16, torch.bfloat16):
+        calls, _ = capture(nn.RMSNorm(8, dtype=dtype), torch.randn(2, 8, dtype=dtype))
+        assert [c.op_type for c in calls] == ["rms_norm"]
