@@ -45,6 +45,11 @@ makes the same result through other torch calls), or None for a call captured as
   CPU steps: the square (a product, as pow 2 is), the mean over the normalized dims, eps
   added, rsqrt (a table), the product by the input and by the weight, each an op with its own
   scales, with the call's float bits. Half-precision inputs stay whole (not modelled: float).
+- ``-x`` of a float tensor (``neg``, ``negative``) is the product ``x * -1.0`` (the same bits
+  but a NaN's sign), ``torch.square(x)`` is ``x.pow(2)`` (the product x * x), ``F.glu`` /
+  ``nn.GLU`` is ``a * sigmoid(b)`` of its two halves and ``F.softmin`` / ``nn.Softmin`` runs
+  its own code, ``(-input).softmax(dim)``: each with the call's float bits. Integer and
+  in-place calls stay whole.
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -59,6 +64,7 @@ Op capture (``capture.CaptureMode``) and the torch.fx trace of a steady program
 from __future__ import annotations
 
 import math
+import operator
 import types
 from collections.abc import Callable
 from typing import Any
@@ -70,12 +76,17 @@ from torch.overrides import TorchFunctionMode
 
 from quantlab.einsum_parts import contract, einsum_plan
 
+_CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
 
-def _own_body(func: Callable) -> Callable:
-    """``func`` whose own ``has_torch_function`` check answers False: run under a torch function
-    mode, its code hands the mode each call it makes instead of itself as one call. The
-    functions it calls keep their checks (they read their own module's globals)."""
-    names = dict(func.__globals__, has_torch_function=lambda *_: False)
+
+def _own_body(func: Callable) -> Callable | None:
+    """``func`` whose own ``has_torch_function`` checks (any of ``_CHECKS``) answer False: run
+    under a torch function mode, its code hands the mode each call it makes instead of itself
+    as one call. The functions it calls keep their checks (they read their own module's
+    globals). None where torch's code no longer makes such a check (the call stays one op)."""
+    if not set(_CHECKS) & set(func.__code__.co_names):
+        return None
+    names = dict(func.__globals__, **dict.fromkeys(_CHECKS, lambda *_: False))
     body = types.FunctionType(
         func.__code__, names, func.__name__, func.__defaults__, func.__closure__
     )
@@ -83,12 +94,8 @@ def _own_body(func: Callable) -> Callable:
     return body
 
 
-# None where torch's code no longer makes that check by that name (the call stays one op)
-_MHA_BODY = (
-    _own_body(F.multi_head_attention_forward)
-    if "has_torch_function" in F.multi_head_attention_forward.__code__.co_names
-    else None
-)
+_MHA_BODY = _own_body(F.multi_head_attention_forward)
+_SOFTMIN_BODY = _own_body(F.softmin)  # (-input).softmax(dim): the negation, then a softmax
 
 
 def attention_by_definition(
@@ -264,6 +271,55 @@ def _rms_norm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return parts
 
 
+def _is_float(t) -> bool:
+    """Whether ``t`` is a floating-point tensor (or a traced value of one)."""
+    try:
+        return t.dtype.is_floating_point
+    except AttributeError:  # not a tensor
+        return False
+
+
+def _neg_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``-x`` of a float tensor as ``x * -1.0``, a product by a constant: the same bits (both
+    flip the sign bit alone) except a NaN's sign (the product returns the NaN as it is)."""
+    if len(args) != 1 or kwargs or not _is_float(args[0]):
+        return None
+    x = args[0]
+    return lambda: x * -1.0
+
+
+def _square_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``torch.square(x)`` of a float tensor as ``x.pow(2)`` (torch computes both as x * x)."""
+    if len(args) != 1 or kwargs or not _is_float(args[0]):
+        return None
+    x = args[0]
+    return lambda: x.pow(2)
+
+
+_GLU_PARAMS = ("input", "dim")
+
+
+def _glu_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``F.glu(x, dim)`` of a float tensor as ``a * sigmoid(b)``, a and b the halves of x along
+    dim (ATen's GLU computes the same two roundings); an odd size or a scalar stays whole (torch
+    raises its own message)."""
+    p = dict(zip(_GLU_PARAMS, args)) | kwargs
+    if len(args) > len(_GLU_PARAMS) or not set(p) <= set(_GLU_PARAMS):
+        return None
+    x, dim = p.get("input"), p.get("dim", -1)
+    try:
+        if not _is_float(x) or not isinstance(dim, int) or x.dim() == 0 or x.shape[dim] % 2:
+            return None
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+    def parts():
+        a, b = x.chunk(2, dim)
+        return a * torch.sigmoid(b)
+
+    return parts
+
+
 _CELL_PARAMS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
 
 
@@ -406,6 +462,11 @@ ADDMM = torch.addmm
 BADDBMM = (torch.baddbmm, Tensor.baddbmm)
 EINSUM = torch.functional.einsum  # torch.einsum
 RMS_NORM = (F.rms_norm, torch.rms_norm)
+# operator.neg: torch.fx's trace of ``-x``
+NEG = (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg)
+SQUARE = (torch.square, Tensor.square)
+GLU = F.glu
+SOFTMIN = F.softmin
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
 RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
@@ -425,6 +486,10 @@ SPLIT = frozenset(
         *BADDBMM,
         EINSUM,
         *RMS_NORM,
+        *NEG,
+        *SQUARE,
+        GLU,
+        SOFTMIN,
         *RECURRENT,
     )
 )
@@ -453,6 +518,14 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _einsum_parts(args, kwargs)
     if func in RMS_NORM:
         return _rms_norm_parts(args, kwargs)
+    if func in NEG:
+        return _neg_parts(args, kwargs)
+    if func in SQUARE:
+        return _square_parts(args, kwargs)
+    if func is GLU:
+        return _glu_parts(args, kwargs)
+    if func is SOFTMIN and _SOFTMIN_BODY is not None:
+        return lambda: _SOFTMIN_BODY(*args, **kwargs)
     try:
         recurrent = RECURRENT.get(func)
     except TypeError:  # not hashable: no cell

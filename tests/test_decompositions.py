@@ -17,7 +17,12 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
-from quantlab.decompositions import DecomposingMode, attention_by_definition
+from quantlab.decompositions import (
+    DecomposingMode,
+    attention_by_definition,
+    decomposition,
+    splits,
+)
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
@@ -1131,15 +1136,15 @@ def test_rms_norm_by_its_parts_gives_the_calls_bits():
         if w is not None:
             module.weight.data.copy_(w)
         calls = (
-            lambda: module(x),
-            lambda: F.rms_norm(x, list(shape), w, eps),
-            lambda: torch.rms_norm(x, shape, weight=w, eps=eps),
+            lambda x, shape, w, eps, module=module: module(x),
+            lambda x, shape, w, eps: F.rms_norm(x, list(shape), w, eps),
+            lambda x, shape, w, eps: torch.rms_norm(x, shape, weight=w, eps=eps),
         )
         for call in calls:
             with torch.no_grad():
-                want = call()
+                want = call(x, shape, w, eps)
                 with DecomposingMode():
-                    got = call()
+                    got = call(x, shape, w, eps)
             assert_bits_equal(got, want)
 
 
@@ -1208,3 +1213,102 @@ def test_half_precision_rms_norm_stays_whole():
     for dtype in (torch.float16, torch.bfloat16):
         calls, _ = capture(nn.RMSNorm(8, dtype=dtype), torch.randn(2, 8, dtype=dtype))
         assert [c.op_type for c in calls] == ["rms_norm"]
+
+
+def test_neg_square_glu_and_softmin_by_their_parts_give_the_calls_bits():
+    """``-x`` (every spelling), ``torch.square``, ``F.glu`` / ``nn.GLU`` and ``F.softmin`` /
+    ``nn.Softmin`` on random sizes and magnitudes (signed zeros, infinities and NaN among
+    them): their parts give the call's float bits (a NaN's sign aside: negation flips it, the
+    product by -1 keeps the NaN operand as it is); integer and in-place calls stay whole."""
+    g = torch.Generator().manual_seed(15)
+    for t in range(60):
+        dtype = torch.float64 if t % 5 == 4 else torch.float32
+        n = 2 * int(torch.randint(2, 200, (), generator=g))
+        x = torch.randn(3, n, 2, generator=g, dtype=dtype) * 10 ** (t % 9 - 4)
+        x[0, :4, 0] = torch.tensor([0.0, -0.0, float("inf"), float("nan")], dtype=dtype)
+        calls = (
+            lambda x: -x,
+            lambda x: x.neg(),
+            lambda x: torch.neg(x),
+            lambda x: torch.negative(x),
+            lambda x: torch.square(x),
+            lambda x: x.square(),
+            lambda x: F.glu(x, 1),
+            lambda x: nn.GLU(dim=1)(x),
+            lambda x: F.glu(x[..., :1].squeeze(-1)),
+            lambda x: F.softmin(x, 1),
+            lambda x: nn.Softmin(dim=-1)(x),
+            lambda x: F.softmin(x, 0, dtype=torch.float64),
+        )
+        for call in calls:
+            want = call(x)
+            with DecomposingMode():
+                got = call(x)
+            both = torch.isnan(got) & torch.isnan(want)
+            assert_bits_equal(got.masked_fill(both, 1.0), want.masked_fill(both, 1.0))
+            assert torch.equal(torch.isnan(got), torch.isnan(want))
+    n = torch.arange(4)
+    assert decomposition(torch.Tensor.__neg__, (n,), {}) is None
+    assert decomposition(torch.square, (n,), {}) is None
+    assert decomposition(F.glu, (torch.randn(3, 5),), {}) is None  # odd: torch raises
+    assert not splits(torch.Tensor.neg_) and not splits(torch.Tensor.square_)
+
+
+class _Gated(nn.Module):
+    """Rotary embeddings (rotate_half's negated half), a GLU feed-forward, a squared-ReLU
+    branch and a softmin over positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.glu = nn.Sequential(nn.Linear(16, 32), nn.GLU())
+        angle = torch.arange(6)[:, None] * 0.3 * torch.arange(1, 9)[None, :]
+        self.register_buffer("cos", torch.cat([angle.cos()] * 2, -1))
+        self.register_buffer("sin", torch.cat([angle.sin()] * 2, -1))
+
+    def forward(self, x):  # (B, 6, 16)
+        q = self.proj(x)
+        q1, q2 = q.chunk(2, -1)
+        q = q * self.cos + torch.cat((-q2, q1), -1) * self.sin
+        y = self.glu(q) + torch.square(torch.relu(q))
+        return y * F.softmin(y, dim=1)
+
+
+def _gated_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_Gated().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(16)
+    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 6, 16, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_neg_square_glu_and_softmin_are_quantized_as_their_parts(platform, tmp_path):
+    """The negated half is a product by -1, the square a product x * x (pow 2), the GLU a
+    sigmoid table and a product, the softmin a product by -1 and a softmax: nothing left in
+    float; the FLOAT run gives the model's own bits, and exported, onnxruntime gives fixed
+    mode's bits."""
+    sim, x = _gated_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert not {"neg", "square", "glu", "softmin"} & set(ops.op_type) and ops.supported.all()
+    assert (ops.op_type == "pow").sum() == 1 and (ops.op_type == "softmax").sum() == 1
+    assert (ops.op_type == "sigmoid").sum() == 1
+    with torch.no_grad():
+        want = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "gated.onnx")
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_gated_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _gated_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_Gated().eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(17), mode, (2, 6, 16))

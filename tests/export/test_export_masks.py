@@ -28,7 +28,8 @@ class _MaskedAttention(nn.Module):
     """Attention whose masks come from an int64 padding mask (1 = token) by comparisons,
     boolean logic, sums, cumulative sums, minimum, where and full_like / zeros_like on
     integer tensors, then meet the float scores through masked_fill, where and an additive
-    bias (1 - mask) * -30 (float32 arithmetic on the integer mask); and a neg."""
+    bias (1 - mask) * -30 (float32 arithmetic on the integer mask); a neg of an integer (a Neg
+    node) and of a float tensor (a product by -1, quantized)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -45,7 +46,7 @@ class _MaskedAttention(nn.Module):
         near = torch.minimum(pos, torch.full_like(pos, 3))
         near = torch.where(keep, near, torch.zeros_like(near))
         far = torch.logical_not(near > 1) ^ ~inside
-        cap = torch.maximum(pos, pos.max() - 4) + 1
+        cap = torch.maximum(pos, -(4 - pos.max())) + 1
         scores = self.q(x) @ self.k(x).transpose(-1, -2)
         scores = scores.masked_fill(~pair, -1e4) + (1.0 - mask[:, None, :]) * -30.0
         scores = torch.where(far[:, None, :] & (cap > 2)[:, :, None], scores, scores * 0.5)
