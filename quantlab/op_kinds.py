@@ -4,8 +4,9 @@ None for a call that is not an op (metadata, comparisons).
 ``classify(func, args, kwargs)`` answers by the function's identity, then by its ``__name__``
 (the functional, tensor-method and in-place spellings of one op share one op type), by the
 arguments for hardtanh (relu6 or clamp), pow (its exponent), casts, max / min (of one tensor
-or of two) and pad (its mode). ``KNOWN_OP_TYPES`` lists every op type quantlab models. Op
-capture (``quantlab.capture``) names and records the calls this module classifies.
+or of two), pad (its mode) and where (its operands). ``KNOWN_OP_TYPES`` lists every op type
+quantlab models. Op capture (``quantlab.capture``) names and records the calls this module
+classifies.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | 
 KNOWN_OP_TYPES = frozenset(
     {t for t, _ in _BY_NAME.values()}
     | {t for t, _ in _BY_IDENTITY.values()}
-    | {"relu6", "pow", "max", "min", "pad"}
+    | {"relu6", "pow", "max", "min", "pad", "where"}
 )
 
 
@@ -193,6 +194,40 @@ def _extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory
     ):
         return name, OpCategory.PASS_THROUGH
     return name, None
+
+
+WHERE_PARAMS = ("condition", "input", "other")
+
+
+def _values(v: Any) -> bool:
+    """Whether ``v`` is a float tensor of at least one dimension (an operand with values)."""
+    return isinstance(v, Tensor) and v.is_floating_point() and v.dim() > 0
+
+
+def _constant(v: Any) -> bool:
+    """Whether ``v`` is one number: a Python int or float, or a 0-d float tensor that needs no
+    gradient."""
+    if isinstance(v, Tensor):
+        return v.dim() == 0 and v.is_floating_point() and not v.requires_grad
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _where_kind(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
+    """torch.where(condition, input, other) with a bool condition: of two float tensors, a
+    select that requantizes both to its output scale (as cat does); of one float tensor and
+    one number, a pass-through op whose number is quantized on the tensor's grid (as
+    masked_fill's fill). Any other where (``Tensor.where``, ``out=``, integer operands, two
+    numbers) is not modelled."""
+    if func is not torch.where or len(args) > 3 or not set(kwargs) <= set(WHERE_PARAMS):
+        return "where", None
+    cond, x, y = (args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(WHERE_PARAMS))
+    if not isinstance(cond, Tensor) or cond.dtype != torch.bool:
+        return "where", None
+    if _values(x) and _values(y):
+        return "where", OpCategory.REQUANT
+    if (_values(x) and _constant(y)) or (_constant(x) and _values(y)):
+        return "where", OpCategory.PASS_THROUGH
+    return "where", None
 
 
 def _pad_kind(args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
@@ -255,6 +290,8 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
         return _extreme_kind(name, args, kwargs)
     if name == "pad":
         return _pad_kind(args, kwargs)
+    if name == "where":  # by its arguments: never kept in _KIND_OF
+        return _where_kind(func, args, kwargs)
     kind = _classify_by_name(func, name)
     try:
         _KIND_OF[func] = kind  # a function's kind depends on the function alone (not hardtanh)

@@ -76,12 +76,20 @@ def plan(call: OpCall) -> ArgPlan:
     if cat in (OpCategory.GEMM, OpCategory.ADD, OpCategory.MUL, OpCategory.DIV):
         other = _slot(call, 1, "other")
         return ArgPlan([s for s in (a0, other) if s is not None])
+    if call.op_type == "where":  # the condition is no activation; a number operand neither
+        slots = (_slot(call, 1, "input"), _slot(call, 2, "other"))
+        return ArgPlan([s for s in slots if s is not None and _has_values(call, s)])
     if cat is OpCategory.REQUANT and call.op_type in ("cat", "stack"):
         seq = call.args[0] if call.args else call.kwargs.get("tensors")
         return ArgPlan([("a", 0, j) for j in range(len(seq))]) if call.args else ArgPlan([])
     if cat is OpCategory.GRID_SAMPLE:
         return ArgPlan([a0, _slot(call, 1, "grid")])
     return ArgPlan([a0] if a0 is not None else [])
+
+
+def _has_values(call: OpCall, slot: Slot) -> bool:
+    v = get(call.args, call.kwargs, slot)
+    return isinstance(v, Tensor) and v.dim() > 0
 
 
 def plan_of(call: OpCall, cache: dict) -> ArgPlan:
@@ -95,6 +103,8 @@ def plan_of(call: OpCall, cache: dict) -> ArgPlan:
         extra = len(args[0])
     elif call.op_type in _WEIGHTED:
         extra = is_weight(args[1] if n > 1 else call.kwargs.get("weight"))
+    elif call.op_type == "where":  # which operands are tensors, which numbers
+        extra = tuple(isinstance(a, Tensor) and a.dim() > 0 for a in args[1:])
     layout = (call.func, n, tuple(call.kwargs) if call.kwargs else (), extra)
     hit = cache.get(call.name)
     if hit is not None and hit[0] == layout:

@@ -415,6 +415,8 @@ class OpDispatch(BatchNormFolding):
                 return out, src
             if call.op_type == "masked_fill":
                 out = same_grid.snap_fill(call, out, src, self.platform.fake_round)
+            elif call.op_type == "where":
+                out = same_grid.snap_where_number(call, out, src, self.platform.fake_round)
             leaves = tree_flatten(out)[0]  # max over a dimension: its indices are no activation
             return out, [
                 QInfo(src.dtype, src.scale, zero_point=src.zero_point)

@@ -22,7 +22,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
 from quantlab.numerics.quantize import dequantize, quantize
-from quantlab.op_kinds import OpCategory
+from quantlab.op_kinds import WHERE_PARAMS, OpCategory
 from quantlab.platforms import (
     AddRule,
     AvgPoolRule,
@@ -278,7 +278,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         return None
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
-    if call.op_type in ("cat", "stack"):
+    if call.op_type in ("cat", "stack", "where"):  # each input requantized to the output
         parts = []
         for i, (slot, info) in enumerate(zip(plan.acts, in_infos)):
             codes = fc.centred(args, kwargs, slot, info)
@@ -287,6 +287,9 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
                 parts.append(quantize(v, so, out, sim.platform.fake_round, zero_point=zo))
                 continue
             parts.append(fc.rescale(sim, call.name, codes, info.scale, so, out, 1, zo, i))
+        if call.op_type == "where":
+            cond = A.named(args, kwargs, WHERE_PARAMS)["condition"]
+            return fc.emit(torch.where(cond, *parts), so, out, zo)
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
         fn = torch.cat if call.op_type == "cat" else torch.stack
         return fc.emit(fn(parts, dim), so, out, zo)

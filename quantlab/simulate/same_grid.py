@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
+from quantlab.op_kinds import WHERE_PARAMS
 from quantlab.simulate import args as A
 from quantlab.simulate import calls
 from quantlab.simulate.qtensor import QInfo, QTable
@@ -113,6 +114,26 @@ def snap_fill(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     code = quantize(v, src.scale.reshape(()), src.dtype, rounding, zero_point=src.zero_point)
     filled = dequantize(code, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
     return out.masked_fill_(mask, filled)
+
+
+def snap_where_number(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
+    """``out``, the result of ``torch.where(condition, input, other)`` with one float tensor
+    quantized at ``src`` (an integer dtype, one scale) and one number, with the values taken
+    from the number replaced by the number quantized on that grid, as ``snap_fill`` does for
+    masked_fill (the output keeps the tensor's scale; the number saturates); in place. Raises
+    ValueError for a per-channel ``src``."""
+    cond, x, y = A.named(call.args, call.kwargs, WHERE_PARAMS).values()
+    number_is_input = not (isinstance(x, Tensor) and x.dim() > 0)
+    if src.scale.numel() != 1:
+        raise ValueError(
+            f"op {call.name} (where): its tensor operand is quantized per channel; the number "
+            "takes one scale (the tensor's per-tensor quantization)"
+        )
+    value = x if number_is_input else y
+    v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(())
+    code = quantize(v, src.scale.reshape(()), src.dtype, rounding, zero_point=src.zero_point)
+    filled = dequantize(code, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
+    return out.masked_fill_(cond if number_is_input else ~cond, filled)
 
 
 def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:

@@ -361,9 +361,10 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
     """The PreparedCall of a pass-through op (a view, transpose, reshape, ...) that took one
     tensor quantized at an integer dtype as it came and gave one tensor: the function on the
     same arguments, the output keeping that input's quantization (``passes``); else None
-    (masked_fill too: its fill is quantized on the input's grid, ``same_grid.snap_fill``)."""
+    (masked_fill and where too: their number is quantized on the input's grid,
+    ``same_grid.snap_fill``, ``snap_where_number``)."""
     if (
-        call.op_type == "masked_fill"
+        call.op_type in ("masked_fill", "where")
         or not _plain_route(r)
         or plan.weight is not None
         or plan.bias is not None

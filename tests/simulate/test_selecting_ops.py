@@ -4,7 +4,9 @@ replicate and circular modes select, repeat or copy values: each keeps its input
 codes moved by the same call (tril / triu fill the zero point's value), so the next op takes
 them as they arrive instead of requantizing at a scale of its own. torch.max / torch.min of
 one tensor (over a dimension: values and indices) keep it too; of two tensors they are not
-modelled. Their ONNX forms are checked in tests/export/test_onnx_runtime_paths.py."""
+modelled. Their ONNX forms are checked in tests/export/test_onnx_runtime_paths.py. On J6,
+torch.where of a tensor and a number keeps the tensor's quantization (the number on its grid)
+and of two tensors requantizes both to its own output scale."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
-from torch import nn
+from torch import Tensor, nn
 
-from quantlab.numerics.quantize import quantize
+from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.simulate import Mode, Simulator, steady_programs
 
@@ -184,3 +186,112 @@ def test_max_over_a_dimension_keeps_the_grid_and_gives_torchs_indices(mode, plat
         for a, b in zip(prog(x2), sim.run(x2, mode=mode), strict=True):
             assert_bits_equal(a, b)
     assert prog.fallbacks == 0
+
+
+def test_where_is_classified_by_its_operands():
+    """torch.where of two float tensors requantizes both to its output (as cat); of one float
+    tensor and one number it keeps the tensor's quantization (as masked_fill); any other
+    where is not modelled."""
+    x, y, m = torch.randn(2, 8, 6), torch.randn(2, 8, 6), torch.rand(2, 8, 6) > 0.5
+    with _Kinds() as kinds:
+        torch.where(m, x, y), torch.where(m[:1], x, y[:, :1]), torch.where(m, x, 0.0)
+        torch.where(m, -1e4, y), torch.where(m, x, torch.tensor(2.0))
+        torch.where(condition=m, input=x, other=y)
+    assert [k for k in kinds.seen if k[0] == "where"] == [("where", OpCategory.REQUANT)] * 2 + [
+        ("where", OpCategory.PASS_THROUGH)
+    ] * 3 + [("where", OpCategory.REQUANT)]
+    with _Kinds() as kinds:
+        x.where(m, y), torch.where(m, 1.0, 2.0), torch.where(m, x.long(), 3)
+        torch.where(m, x, y, out=torch.empty(2, 8, 6))
+        torch.where(m, x, torch.ones(1, requires_grad=True)[0]), torch.where(m)
+    assert [k for k in kinds.seen if k[0] == "where"] == [("where", None)] * 6
+
+
+class _Selects(nn.Module):
+    """Two linear layers, then torch.where of both (by their comparison), the result's
+    negative part replaced by a number, and a number where a mask from the input holds; a
+    linear layer after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        both = torch.where(a > b, a, b)
+        floor = torch.where(both > 0, both, -1e4)
+        return self.c(torch.where(x[..., :1] > 1.0, 0.25, floor))
+
+
+def _selects(platform: str, **kw) -> Simulator:
+    torch.manual_seed(0)
+    sim = Simulator(_Selects().eval(), platform, **kw)
+    g = torch.Generator().manual_seed(5)
+    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
+    return sim
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_where_selects_on_the_grids_it_keeps_or_requantizes_to(mode):
+    """On J6: where of two tensors takes each element from its operand requantized to the
+    where's own output scale (FAKE: the fake quant of the float select; FIXED: the operand's
+    codes requantized, within half an output step of its value); a number beside one tensor
+    is quantized on that tensor's grid (-1e4 saturates to the lowest code) and the output
+    keeps that grid; the next linear layer takes the result as it arrives."""
+    sim = _selects("j6m")
+    x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(6)) * 1.5
+    arrived = {}
+    trace = sim.trace(x, mode=mode, on_call=lambda o: arrived.setdefault(o.call.name, o.incoming))
+    out = trace.outputs
+    a, b = out["a:linear#0"], out["b:linear#0"]
+    grid = trace.qinfo[":where#0"]  # requantized: its own QInfo
+    s, dt = grid.scale, grid.dtype
+    selected = torch.where(a > b, a, b)
+    if mode is Mode.FAKE:
+        fq = dequantize(quantize(selected, s, dt, sim.platform.fake_round), s)
+        assert_bits_equal(out[":where#0"], fq)
+    else:
+        inside = selected.abs() <= float(s) * dt.qmax
+        assert inside.float().mean() > 0.9
+        err = (out[":where#0"] - selected).abs()[inside]
+        assert (err <= float(s) / 2 * (1 + 1e-6)).all()
+
+    def snapped(number: float) -> Tensor:
+        return dequantize(quantize(torch.tensor(number), s, dt, sim.platform.fake_round), s)
+
+    assert float(snapped(-1e4)) == dt.qmin * float(s)
+    both = out[":where#0"]
+    floor = torch.where(both > 0, both, snapped(-1e4))
+    for name, want in (
+        (":where#1", floor),
+        (":where#2", torch.where(x[..., :1] > 1.0, snapped(0.25), floor)),
+    ):
+        (info,) = trace.qinfo[name]
+        assert info.dtype is dt and float(info.scale) == float(s)  # kept, not requantized
+        assert_bits_equal(out[name], want)
+    (into_c,) = arrived["c:linear#0"]
+    assert float(into_c.scale) == float(s)
+    with torch.no_grad():
+        model_bits = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), model_bits)
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_where_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    fast, captured = _selects("j6m"), _selects("j6m", steady_programs=False)
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(2, 8, 6, generator=g) * 1.5 for _ in range(2)]
+    for x in xs * 3:
+        assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
+    state = fast.steady_programs.status((xs[0],), mode)
+    assert state.program is not None and state.program.fallbacks == 0
+
+
+def test_runtime_profiles_run_where_in_float():
+    """onnxruntime's Where between Dequantize and Quantize is not modelled: its profiles list
+    where among their float fallbacks, as masked_fill."""
+    sim = _selects("onnxruntime")
+    ops = sim.ops.set_index("name")
+    for name in (":where#0", ":where#1", ":where#2"):
+        assert ops.loc[name, "fixed_kernel"] == "float (not supported on this platform)"
