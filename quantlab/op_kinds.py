@@ -3,10 +3,10 @@ None for a call that is not an op (metadata, comparisons).
 
 ``classify(func, args, kwargs)`` answers by the function's identity, then by its ``__name__``
 (the functional, tensor-method and in-place spellings of one op share one op type), by the
-arguments for hardtanh (relu6 or clamp), pow (its exponent), casts, max / min (of one tensor
-or of two), pad (its mode) and where (its operands). ``KNOWN_OP_TYPES`` lists every op type
-quantlab models. Op capture (``quantlab.capture``) names and records the calls this module
-classifies.
+arguments for hardtanh (relu6 or clamp), pow (its exponent), casts, max / min (of one tensor,
+or of two: maximum / minimum), pad (its mode) and where (its operands). ``KNOWN_OP_TYPES``
+lists every op type quantlab models. Op capture (``quantlab.capture``) names and records the
+calls this module classifies.
 """
 
 from __future__ import annotations
@@ -175,14 +175,33 @@ def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | 
 KNOWN_OP_TYPES = frozenset(
     {t for t, _ in _BY_NAME.values()}
     | {t for t, _ in _BY_IDENTITY.values()}
-    | {"relu6", "pow", "max", "min", "pad", "where"}
+    | {"relu6", "pow", "max", "min", "maximum", "minimum", "pad", "where"}
 )
+
+
+_PAIR_NAMES = {"max": "maximum", "min": "minimum", "maximum": "maximum", "minimum": "minimum"}
+
+
+def _pair_extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
+    """The elementwise maximum / minimum of two tensors (``torch.maximum(x, y)``,
+    ``torch.max(x, y)``): of two float tensors a select that requantizes both to its output
+    scale (as cat does its inputs); through ``out=`` or of anything else, not modelled."""
+    kind = _PAIR_NAMES[name]
+    x = args[0] if args else kwargs.get("input")
+    y = args[1] if len(args) > 1 else kwargs.get("other")
+    if len(args) > 2 or not set(kwargs) <= {"input", "other"}:
+        return kind, None
+    return kind, OpCategory.REQUANT if _values(x) and _values(y) else None
 
 
 def _extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
     """torch.max / torch.min of one float tensor, of all its elements or over a dimension (the
     values and their indices): every value is one of its inputs, a pass-through op as amax
-    is; of two tensors (elementwise) or written through ``out=``: not modelled."""
+    is; of two tensors (elementwise), ``_pair_extreme_kind``; written through ``out=``: not
+    modelled."""
+    other = args[1] if len(args) > 1 else kwargs.get("other")
+    if isinstance(other, Tensor):
+        return _pair_extreme_kind(name, args, kwargs)
     x = args[0] if args else kwargs.get("input")
     second = args[1] if len(args) > 1 else kwargs.get("dim")
     one_tensor = second is None or (isinstance(second, int) and not isinstance(second, bool))
@@ -288,6 +307,8 @@ def classify(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCategory
         return _cast_kind(name, args, kwargs)
     if name in _EXTREME_NAMES:
         return _extreme_kind(name, args, kwargs)
+    if name in ("maximum", "minimum"):
+        return _pair_extreme_kind(name, args, kwargs)
     if name == "pad":
         return _pad_kind(args, kwargs)
     if name == "where":  # by its arguments: never kept in _KIND_OF

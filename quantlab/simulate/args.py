@@ -76,6 +76,8 @@ def plan(call: OpCall) -> ArgPlan:
     if cat in (OpCategory.GEMM, OpCategory.ADD, OpCategory.MUL, OpCategory.DIV):
         other = _slot(call, 1, "other")
         return ArgPlan([s for s in (a0, other) if s is not None])
+    if call.op_type in ("maximum", "minimum"):
+        return ArgPlan([s for s in (a0, _slot(call, 1, "other")) if s is not None])
     if call.op_type == "where":  # the condition is no activation; a number operand neither
         slots = (_slot(call, 1, "input"), _slot(call, 2, "other"))
         return ArgPlan([s for s in slots if s is not None and _has_values(call, s)])

@@ -272,13 +272,17 @@ def _div(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return _mul(sim, call, plan, args, kwargs, in_infos, wq, rq, const_inv=True)
 
 
+# ops of several inputs that requantize each to their output scale, then merge or select
+_SELECTS = frozenset(("cat", "stack", "where", "maximum", "minimum"))
+
+
 def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     out = rq.output_dtype
     if not out.is_int or not in_infos or not all(fc.zp_info(i) for i in in_infos):
         return None
     so = fc.out_scale(sim, call, rq)
     zo = fc.out_zero_point(sim, call, rq)
-    if call.op_type in ("cat", "stack", "where"):  # each input requantized to the output
+    if call.op_type in _SELECTS:  # each input requantized to the output
         parts = []
         for i, (slot, info) in enumerate(zip(plan.acts, in_infos)):
             codes = fc.centred(args, kwargs, slot, info)
@@ -290,6 +294,9 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         if call.op_type == "where":
             cond = A.named(args, kwargs, WHERE_PARAMS)["condition"]
             return fc.emit(torch.where(cond, *parts), so, out, zo)
+        if call.op_type in ("maximum", "minimum"):
+            fn = torch.maximum if call.op_type == "maximum" else torch.minimum
+            return fc.emit(fn(*parts), so, out, zo)
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
         fn = torch.cat if call.op_type == "cat" else torch.stack
         return fc.emit(fn(parts, dim), so, out, zo)

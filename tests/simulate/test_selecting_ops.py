@@ -3,10 +3,10 @@ replicate and circular modes select, repeat or copy values: each keeps its input
 (the J6 plugin's QTensor keeps the scale through them, its wrap-ret ops), in FIXED mode with the
 codes moved by the same call (tril / triu fill the zero point's value), so the next op takes
 them as they arrive instead of requantizing at a scale of its own. torch.max / torch.min of
-one tensor (over a dimension: values and indices) keep it too; of two tensors they are not
-modelled. Their ONNX forms are checked in tests/export/test_onnx_runtime_paths.py. On J6,
-torch.where of a tensor and a number keeps the tensor's quantization (the number on its grid)
-and of two tensors requantizes both to its own output scale."""
+one tensor (over a dimension: values and indices) keep it too. Their ONNX forms are checked in
+tests/export/test_onnx_runtime_paths.py. On J6, torch.where of a tensor and a number keeps the
+tensor's quantization (the number on its grid); torch.where of two tensors and the
+elementwise maximum / minimum of two tensors requantize both to their own output scale."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def test_each_is_a_pass_through_op():
 
 def test_max_min_and_pad_are_classified_by_their_arguments():
     """One tensor's maximum or minimum (of all its elements, or over a dimension, with its
-    indices) is a pass-through op, two tensors' is not modelled; constant padding is not
-    modelled (a zero fill keeps the grid: simulate.same_grid)."""
+    indices) is a pass-through op, two tensors' the elementwise maximum / minimum, which
+    requantizes both (through ``out=``: not modelled); constant padding is not modelled (a
+    zero fill keeps the grid: simulate.same_grid)."""
     x, y = torch.randn(2, 8, 6), torch.randn(2, 8, 6)
     with _Kinds() as kinds:
         torch.max(x), x.max(1), torch.min(x, dim=2, keepdim=True), x.min()
@@ -93,10 +94,16 @@ def test_max_min_and_pad_are_classified_by_their_arguments():
             torch.max(x, y),
             x.min(y),
             torch.max(x, other=y),
+            torch.maximum(x, y),
+            y.minimum(x),
+            torch.max(x, y, out=torch.empty(2, 8, 6)),
+            torch.maximum(x.long(), y.long()),
             F.pad(x, (1, 1)),
             F.pad(x, (1, 1), value=2),
         )
-    assert kinds.seen == [("max", None), ("min", None), ("max", None), ("pad", None), ("pad", None)]
+    pair = [("maximum", OpCategory.REQUANT), ("minimum", OpCategory.REQUANT)]
+    seen = [k for k in kinds.seen if k is not None and k[0] in ("maximum", "minimum", "pad")]
+    assert seen == [*pair, pair[0], *pair] + [("maximum", None)] * 2 + [("pad", None)] * 2
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
@@ -295,3 +302,68 @@ def test_runtime_profiles_run_where_in_float():
     ops = sim.ops.set_index("name")
     for name in (":where#0", ":where#1", ":where#2"):
         assert ops.loc[name, "fixed_kernel"] == "float (not supported on this platform)"
+
+
+class _Pairs(nn.Module):
+    """The elementwise maximum and minimum of two linear layers' outputs, then a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return self.c(torch.maximum(a, b) - torch.min(a, b * 0.5))
+
+
+def _pairs(platform: str, **kw) -> Simulator:
+    torch.manual_seed(0)
+    sim = Simulator(_Pairs().eval(), platform, **kw)
+    g = torch.Generator().manual_seed(8)
+    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
+    return sim
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_maximum_and_minimum_requantize_both_operands(mode):
+    """On J6 the elementwise maximum / minimum of two tensors takes each element from its
+    operand requantized to the op's own output scale (FAKE: the fake quant of the float
+    maximum; FIXED: within half an output step of it); FLOAT gives the model's bits. The
+    runtime profiles run both in float."""
+    sim = _pairs("j6m")
+    x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(9))
+    trace = sim.trace(x, mode=mode)
+    out = trace.outputs
+    a, b = out["a:linear#0"], out["b:linear#0"]
+    for name, want in (
+        (":maximum#0", torch.maximum(a, b)),
+        (":minimum#0", torch.min(a, out[":mul#0"])),
+    ):
+        info = trace.qinfo[name]
+        s, dt = info.scale, info.dtype
+        if mode is Mode.FAKE:
+            assert_bits_equal(
+                out[name], dequantize(quantize(want, s, dt, sim.platform.fake_round), s)
+            )
+        else:
+            inside = want.abs() <= float(s) * dt.qmax
+            assert inside.float().mean() > 0.9
+            assert ((out[name] - want).abs()[inside] <= float(s) / 2 * (1 + 1e-6)).all()
+    with torch.no_grad():
+        model_bits = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), model_bits)
+    ops = _pairs("onnxruntime").ops.set_index("name")
+    for name in (":maximum#0", ":minimum#0"):
+        assert ops.loc[name, "fixed_kernel"] == "float (not supported on this platform)"
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_maximum_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    fast, captured = _pairs("j6m"), _pairs("j6m", steady_programs=False)
+    g = torch.Generator().manual_seed(10)
+    xs = [torch.randn(2, 8, 6, generator=g) * 1.5 for _ in range(2)]
+    for x in xs * 3:
+        assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
+    state = fast.steady_programs.status((xs[0],), mode)
+    assert state.program is not None and state.program.fallbacks == 0
