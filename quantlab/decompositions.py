@@ -50,6 +50,12 @@ makes the same result through other torch calls), or None for a call captured as
   ``nn.GLU`` is ``a * sigmoid(b)`` of its two halves and ``F.softmin`` / ``nn.Softmin`` runs
   its own code, ``(-input).softmax(dim)``: each with the call's float bits. Integer and
   in-place calls stay whole.
+- The 2-norm (``x.norm(dim=...)``, ``torch.norm``, ``torch.linalg.vector_norm``; order 2 or
+  "fro", of float tensors) is ``sqrt(sum(x * x))``: a product, a sum and a square-root table.
+  torch's norm kernel sums the squares in another order, so the parts' float bits (which
+  every FLOAT run computes) differ from the call's in the last place or two. ``F.normalize``
+  runs its own code, ``input / input.norm(p, dim, keepdim=True).clamp_min(eps)``, so its
+  norm (of order 2) splits and its clamp and division are ops too.
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -96,6 +102,8 @@ def _own_body(func: Callable) -> Callable | None:
 
 _MHA_BODY = _own_body(F.multi_head_attention_forward)
 _SOFTMIN_BODY = _own_body(F.softmin)  # (-input).softmax(dim): the negation, then a softmax
+# input / input.norm(p, dim, keepdim=True).clamp_min(eps).expand_as(input)
+_NORMALIZE_BODY = _own_body(F.normalize)
 
 
 def attention_by_definition(
@@ -320,6 +328,40 @@ def _glu_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return parts
 
 
+def _norm_parts(names: tuple[str, str, str, str]) -> Callable:
+    """The parts of a 2-norm call whose positional parameters are ``names`` (input, the order,
+    dim, keepdim): ``sqrt(sum(x * x))`` over ``dim`` (all elements for None), a product, a
+    sum and a square-root table. torch's own norm kernel sums the squares in another order:
+    its float bits differ in the last place or two (README)."""
+    order_name = names[1]
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        p = dict(zip(names, args)) | kwargs
+        if len(args) > len(names) or not set(p) <= {*names, "dtype"} or p.get("dtype"):
+            return None
+        x, dim, keepdim = p.get(names[0]), p.get("dim"), p.get("keepdim", False)
+        order = p.get(order_name, "fro" if order_name == "p" else 2)
+        if isinstance(order, bool) or order not in (2, "fro") or not isinstance(keepdim, bool):
+            return None
+        if not _is_float(x) or x.dim() == 0:
+            return None
+        if isinstance(dim, int):
+            dim = (dim,)
+        if dim is None:
+            dim = tuple(range(x.dim())) if keepdim else None
+        elif not (isinstance(dim, (tuple, list)) and dim and all(type(d) is int for d in dim)):
+            return None
+
+        def parts():
+            squares = x * x
+            total = squares.sum() if dim is None else squares.sum(tuple(dim), keepdim=keepdim)
+            return torch.sqrt(total)
+
+        return parts
+
+    return split
+
+
 _CELL_PARAMS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
 
 
@@ -467,6 +509,12 @@ NEG = (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, o
 SQUARE = (torch.square, Tensor.square)
 GLU = F.glu
 SOFTMIN = F.softmin
+NORM = {
+    torch.norm: _norm_parts(("input", "p", "dim", "keepdim")),
+    Tensor.norm: _norm_parts(("input", "p", "dim", "keepdim")),
+    torch.linalg.vector_norm: _norm_parts(("input", "ord", "dim", "keepdim")),
+}
+NORMALIZE = F.normalize
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
 RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
@@ -490,6 +538,8 @@ SPLIT = frozenset(
         *SQUARE,
         GLU,
         SOFTMIN,
+        *NORM,
+        NORMALIZE,
         *RECURRENT,
     )
 )
@@ -526,6 +576,12 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _glu_parts(args, kwargs)
     if func is SOFTMIN and _SOFTMIN_BODY is not None:
         return lambda: _SOFTMIN_BODY(*args, **kwargs)
+    if func is NORMALIZE and _NORMALIZE_BODY is not None:
+        if kwargs.get("out") is not None or len(args) > 4:  # the out= form: whole
+            return None
+        return lambda: _NORMALIZE_BODY(*args, **kwargs)
+    if func in NORM:
+        return NORM[func](args, kwargs)
     try:
         recurrent = RECURRENT.get(func)
     except TypeError:  # not hashable: no cell

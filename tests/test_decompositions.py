@@ -1312,3 +1312,104 @@ def test_gated_models_become_traced_programs_with_the_captured_bits(monkeypatch,
     steady = Simulator(_Gated().eval(), "j6m")
     steady.share_calibration(captured)
     _runs_as_a_program(steady, captured, torch.Generator().manual_seed(17), mode, (2, 6, 16))
+
+
+def test_norms_by_their_parts_are_the_sum_of_squares_root():
+    """Order-2 norms (``x.norm``, ``torch.norm``, ``torch.linalg.vector_norm``, of all elements
+    or over dims, keepdim or not) and ``F.normalize`` are ``sqrt(sum(x * x))`` and its
+    division: within 4 float32 epsilons of the call (torch's kernel sums in another order);
+    other orders, a dtype, ``out=`` and integer inputs stay whole."""
+    g = torch.Generator().manual_seed(18)
+    for t in range(40):
+        x = torch.randn(3, int(torch.randint(1, 300, (), generator=g)), 4, generator=g)
+        x = x * 10 ** (t % 7 - 3)
+        calls = (
+            lambda x: x.norm(dim=-1),
+            lambda x: x.norm(),
+            lambda x: x.norm(2, 1, True),
+            lambda x: torch.norm(x, p="fro", dim=(1, 2), keepdim=True),
+            lambda x: torch.linalg.vector_norm(x, dim=(0, 2)),
+            lambda x: torch.linalg.vector_norm(x, 2, keepdim=True),
+            lambda x: F.normalize(x, dim=1),
+            lambda x: F.normalize(x, p=2.0, dim=-1, eps=1e-6),
+        )
+        for call in calls:
+            want = call(x)
+            with DecomposingMode():
+                got = call(x)
+            assert got.shape == want.shape
+            assert ((got - want).abs() <= 4 * torch.finfo().eps * want.abs()).all()
+    x = torch.randn(2, 5)
+    for func, args, kwargs in (
+        (torch.Tensor.norm, (x, 1, -1), {}),
+        (torch.Tensor.norm, (x,), {"p": float("inf")}),
+        (torch.linalg.vector_norm, (x,), {"dtype": torch.float64}),
+        (torch.norm, (x.long(),), {}),
+        (F.normalize, (x,), {"out": torch.empty(2, 5)}),
+    ):
+        assert decomposition(func, args, kwargs) is None
+
+
+class _Embedder(nn.Module):
+    """Two sentence-embedding heads: a masked mean over tokens then F.normalize, and a
+    projection divided by its own norm (``e / e.norm(dim=1, keepdim=True)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode = nn.Linear(16, 16)
+        self.project = nn.Linear(16, 8)
+
+    def forward(self, x):  # (B, T, 16)
+        h = torch.tanh(self.encode(x))
+        pooled = F.normalize(h.mean(1), dim=1)
+        e = torch.relu(self.project(h[:, -1])) + 0.1
+        return pooled, e / e.norm(dim=1, keepdim=True)
+
+
+def _embedder_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_Embedder().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(19)
+    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 6, 16, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_normalized_embeddings_are_quantized_as_their_parts(platform, tmp_path):
+    """Each norm is a product, a sum and a square root, F.normalize's clamp and division ops
+    too: nothing left in float on J6; every FLOAT run gives the parts' bits, fixed mode keeps
+    the unit vectors' directions, and exported, onnxruntime gives fixed mode's bits."""
+    sim, x = _embedder_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert not {"norm", "normalize", "linalg_vector_norm"} & set(ops.op_type)
+    assert (ops.op_type == "sqrt").sum() == 2 and (ops.op_type == "div").sum() == 2
+    if platform == "j6m":
+        assert ops.supported.all()
+    with torch.no_grad(), DecomposingMode():
+        want = sim.model(x)
+    for got, ref in zip(sim.run(x, mode=Mode.FLOAT), want, strict=True):
+        assert_bits_equal(got, ref)
+    for got, ref in zip(sim.run(x, mode=Mode.FIXED), want, strict=True):
+        assert (F.cosine_similarity(got, ref, dim=1) > 0.95).all()
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        info = to_onnx_qdq(sim, tmp_path / "embed.onnx", (x,))
+        session = ort.InferenceSession(str(info.path))
+        for scale in (0.5, 1.0, 3.0):
+            got = session.run(None, {session.get_inputs()[0].name: (x * scale).numpy()})
+            for a, b in zip(got, sim.run(x * scale, mode=Mode.FIXED), strict=True):
+                assert_bits_equal(torch.from_numpy(a), b)
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_normalized_embeddings_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _embedder_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_Embedder().eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(20), mode, (2, 6, 16))
