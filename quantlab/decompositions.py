@@ -56,6 +56,9 @@ makes the same result through other torch calls), or None for a call captured as
   every FLOAT run computes) differ from the call's in the last place or two. ``F.normalize``
   runs its own code, ``input / input.norm(p, dim, keepdim=True).clamp_min(eps)``, so its
   norm (of order 2) splits and its clamp and division are ops too.
+- ``torch.logsumexp`` of a float tensor over given dims is ATen's CPU steps: the maximum
+  (an infinite one taken as 0), exp of the difference (a table), the sum, log (a table) plus
+  the maximum, with the call's float bits.
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -362,6 +365,34 @@ def _norm_parts(names: tuple[str, str, str, str]) -> Callable:
     return split
 
 
+_LOGSUMEXP_PARAMS = ("input", "dim", "keepdim")
+
+
+def _logsumexp_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``torch.logsumexp(x, dim, keepdim)`` of a float tensor as ATen's CPU steps
+    (``logsumexp_out_impl``): the maximum over ``dim`` (an infinite one taken as 0), the
+    exp of x minus it (a table), their sum, its log (a table) plus the maximum; with the call's
+    float bits."""
+    p = dict(zip(_LOGSUMEXP_PARAMS, args)) | kwargs
+    if len(args) > 3 or not set(p) <= set(_LOGSUMEXP_PARAMS):
+        return None
+    x, dim, keepdim = p.get("input"), p.get("dim"), p.get("keepdim", False)
+    if not _is_float(x) or x.dim() == 0 or x.numel() == 0 or not isinstance(keepdim, bool):
+        return None
+    dims = (dim,) if type(dim) is int else dim
+    if not (isinstance(dims, (tuple, list)) and dims and all(type(d) is int for d in dims)):
+        return None
+    dims = tuple(dims)
+
+    def parts():
+        top = x.amax(dims, keepdim=True)
+        top = top.masked_fill(torch.isinf(top), 0.0)
+        total = torch.exp(x - top).sum(dims, keepdim=keepdim)
+        return torch.log(total) + (top if keepdim else top.squeeze(dims))
+
+    return parts
+
+
 _CELL_PARAMS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
 
 
@@ -515,6 +546,7 @@ NORM = {
     torch.linalg.vector_norm: _norm_parts(("input", "ord", "dim", "keepdim")),
 }
 NORMALIZE = F.normalize
+LOGSUMEXP = (torch.logsumexp, Tensor.logsumexp)
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
 RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
@@ -540,6 +572,7 @@ SPLIT = frozenset(
         SOFTMIN,
         *NORM,
         NORMALIZE,
+        *LOGSUMEXP,
         *RECURRENT,
     )
 )
@@ -582,6 +615,8 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return lambda: _NORMALIZE_BODY(*args, **kwargs)
     if func in NORM:
         return NORM[func](args, kwargs)
+    if func in LOGSUMEXP:
+        return _logsumexp_parts(args, kwargs)
     try:
         recurrent = RECURRENT.get(func)
     except TypeError:  # not hashable: no cell

@@ -1413,3 +1413,85 @@ def test_normalized_embeddings_become_traced_programs_with_the_captured_bits(mon
     steady = Simulator(_Embedder().eval(), "j6m")
     steady.share_calibration(captured)
     _runs_as_a_program(steady, captured, torch.Generator().manual_seed(20), mode, (2, 6, 16))
+
+
+def test_logsumexp_by_its_parts_gives_the_calls_bits():
+    """torch.logsumexp and the method, over one or two dims, keepdim or not, float32 and
+    float64, with infinite maxima (+inf in a row, a row of -inf): the parts give the call's
+    float bits; no dim, an empty or an integer input stay whole."""
+    g = torch.Generator().manual_seed(21)
+    for t in range(60):
+        dtype = torch.float64 if t % 5 == 4 else torch.float32
+        x = torch.randn(3, int(torch.randint(1, 300, (), generator=g)), 5, generator=g)
+        x = (x * 10 ** (t % 6 - 2)).to(dtype)
+        if t % 4 == 0:
+            x[0, 0, 0] = float("inf")
+            x[1] = float("-inf")
+        calls = (
+            lambda x: torch.logsumexp(x, 1),
+            lambda x: x.logsumexp(-1, keepdim=True),
+            lambda x: torch.logsumexp(x, dim=(0, 2)),
+            lambda x: torch.logsumexp(x, (2, 1), True),
+        )
+        for call in calls:
+            want = call(x)
+            with DecomposingMode():
+                got = call(x)
+            both = torch.isnan(got) & torch.isnan(want)
+            assert_bits_equal(got.masked_fill(both, 1.0), want.masked_fill(both, 1.0))
+            assert torch.equal(torch.isnan(got), torch.isnan(want))
+    for args in ((torch.randn(2, 0), 1), (torch.arange(6).reshape(2, 3), 1)):
+        assert decomposition(torch.logsumexp, args, {}) is None
+
+
+class _LogSumExpPool(nn.Module):
+    """A log-sum-exp pooling of per-class scores over positions (a CRF's forward score)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(16, 5)
+
+    def forward(self, x):  # (B, T, 16)
+        s = self.score(x)
+        return torch.logsumexp(s, dim=1) - s.mean(1)
+
+
+def _scores_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_LogSumExpPool().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(22)
+    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 6, 16, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_logsumexp_is_quantized_as_its_parts(platform, tmp_path):
+    """logsumexp runs as its maximum, exp and log tables, sum and adds: the FLOAT run gives
+    the model's own bits and fixed mode stays close to it; on J6 nothing is left in float
+    (the runtime profiles run the masked_fill of an infinite maximum in float), and exported,
+    onnxruntime gives fixed mode's bits."""
+    sim, x = _scores_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert "logsumexp" not in set(ops.op_type)
+    assert {"amax", "exp", "sum", "log"} <= set(ops.op_type)
+    if platform == "j6m":
+        assert ops.supported.all()
+    with torch.no_grad():
+        want = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert (fixed - want).abs().max() < 0.1 * want.abs().max()
+    if platform == "onnxruntime":
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "lse.onnx")
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_logsumexp_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _scores_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_LogSumExpPool().eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(23), mode, (2, 6, 16))
