@@ -13,8 +13,9 @@ Per op (one row of ``Simulator.ops``):
   and the two outputs are combined: ``2 x MACs x bytes(input) x 1 + out_elements x split_combine``.
 - LUT ops (``simulate.fixed_lut.LUT_FUNCS``: sigmoid, tanh, exp, log, sqrt, rsqrt, sin, cos,
   erf, tan, atan, sinh, cosh, atanh, asinh, asin, acos, acosh, gelu, silu, hardsigmoid,
-  hardswish, leaky_relu, prelu, elu, softplus, reciprocal, inverse_sigmoid, pow with an exponent
-  other than 2, whose category is LUT; pow(x, 2) is a mul):
+  hardswish, leaky_relu, prelu, elu, softplus, mish, log_sigmoid, softsign, selu, tanhshrink,
+  expm1, exp2, erfc, reciprocal, inverse_sigmoid, pow with an exponent other than 2, whose
+  category is LUT; pow(x, 2) is a mul):
   ``out_elements x lut_interp x bytes(output)``; an int8-in/int8-out op on a platform with a
   direct 256-entry table (``platform.lut_direct_int8``) costs ``lut_direct``.
 - view-only ops (reshape, permute, slicing, ...): 0.

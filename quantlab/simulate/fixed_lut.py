@@ -29,7 +29,7 @@ from quantlab.simulate.composite import ResolvedComposite
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos erf gelu silu hardsigmoid hardswish "
     "leaky_relu prelu inverse_sigmoid pow elu softplus tan atan sinh cosh atanh asinh asin acos "
-    "acosh".split()
+    "acosh mish log_sigmoid softsign selu tanhshrink expm1 exp2 erfc".split()
 )
 
 

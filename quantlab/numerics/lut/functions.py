@@ -203,6 +203,11 @@ def _unit_domain(fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor, LutSpec], 
 
 
 POW_MAX = 1e300  # |x ** e| clamp: finite in float64 (outputs saturate)
+EXP2_INPUT_MAX = 1000.0  # exp2 input clamp: 2 ** 1000 ~ 1e301 is finite in float64
+
+
+def _softsign(x: Tensor, spec: LutSpec) -> Tensor:
+    return x / (1.0 + x.abs())
 
 
 def _pow(x: Tensor, spec: LutSpec) -> Tensor:
@@ -385,6 +390,26 @@ FUNCTIONS: dict[str, LutFunction] = {
             "none needed (log1p(exp(beta x)) / beta, x where beta x > threshold: LutSpec.beta, "
             "LutSpec.threshold)",
         ),
+        LutFunction("mish", lambda x, s: torch.nn.functional.mish(x), "none needed"),
+        LutFunction("log_sigmoid", lambda x, s: torch.nn.functional.logsigmoid(x), "none needed"),
+        LutFunction("softsign", _softsign, "none needed (x / (1 + |x|))", odd=True),
+        LutFunction("selu", lambda x, s: torch.nn.functional.selu(x), "none needed"),
+        LutFunction(
+            "tanhshrink", lambda x, s: x - torch.tanh(x), "none needed (x - tanh x)", odd=True
+        ),
+        LutFunction(
+            "expm1",
+            lambda x, s: torch.expm1(x.clamp_max(EXP_INPUT_MAX)),
+            f"x clamped at {EXP_INPUT_MAX:g} (finite in float64); outputs saturate",
+            sample_range=(-10.0, 2.0),
+        ),
+        LutFunction(
+            "exp2",
+            lambda x, s: torch.exp2(x.clamp_max(EXP2_INPUT_MAX)),
+            f"x clamped at {EXP2_INPUT_MAX:g} (finite in float64); outputs saturate",
+            sample_range=(-10.0, 2.0),
+        ),
+        LutFunction("erfc", lambda x, s: torch.erfc(x), "none needed", sample_range=(-4.0, 4.0)),
         LutFunction(
             "pow",
             _pow,
@@ -440,6 +465,14 @@ _DEFAULTS: dict[str, LutSpec] = {
     "pow": LutSpec(Strategy.CURVATURE),
     "elu": LutSpec(Strategy.CURVATURE),
     "softplus": LutSpec(Strategy.CURVATURE),
+    "mish": LutSpec(Strategy.CURVATURE),
+    "log_sigmoid": LutSpec(Strategy.CURVATURE),
+    "softsign": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "selu": LutSpec(Strategy.CURVATURE),
+    "tanhshrink": LutSpec(Strategy.CURVATURE, symmetric=True),
+    "expm1": LutSpec(Strategy.CURVATURE),
+    "exp2": LutSpec(Strategy.CURVATURE),
+    "erfc": LutSpec(Strategy.EVENLY),
 }
 
 
@@ -472,6 +505,8 @@ def default_spec(func: str) -> LutSpec:
     exponent other than 2, which is a mul) curvature, its exponent the call's (assumed: the
     plugin's Pow is a SegmentLUT of torch.pow whose strategy the documents do not give); elu and
     softplus curvature, their alpha, beta and threshold the call's (assumed likewise: the
-    plugin makes both SegmentLUTs without a strategy the documents give)."""
+    plugin makes both SegmentLUTs without a strategy the documents give); mish, log_sigmoid,
+    selu, expm1 and exp2 curvature, softsign and tanhshrink symmetric curvature (odd
+    functions), erfc evenly as erf (assumed: the documents name none of them)."""
     get_function(func)
     return _DEFAULTS[func]

@@ -1,0 +1,118 @@
+"""mish, log_sigmoid, softsign, selu, tanhshrink, expm1, exp2 and erfc as segment LUTs of
+their functions on J6 (the vendor's way for a plain unary function; each strategy an
+assumption, ``lut.functions.default_spec``); the runtime profiles run them in float."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from torch import nn
+
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.lut import build_lut, default_spec
+from quantlab.op_kinds import OpCategory, classify
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, Simulator
+
+# op type -> its call (a module's, a function's or a method's spelling)
+CASES = {
+    "mish": nn.Mish(),
+    "log_sigmoid": nn.LogSigmoid(),
+    "softsign": nn.Softsign(),
+    "selu": nn.SELU(),
+    "tanhshrink": nn.Tanhshrink(),
+    "expm1": torch.expm1,
+    "exp2": lambda y: y.exp2(),
+    "erfc": torch.special.erfc,
+}
+
+
+class _Activation(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(self.conv(x))
+
+
+def _calibrated(op: str, platform: str, seed: int = 0):
+    torch.manual_seed(seed)
+    sim = Simulator(_Activation(CASES[op]).eval(), platform)
+    g = torch.Generator().manual_seed(seed + 1)
+    sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
+    return sim, [torch.randn(2, 3, 6, 6, generator=g) * s for s in (0.5, 1.0)]
+
+
+def test_each_is_a_table_op():
+    x = torch.randn(8)
+    for op, fn in (
+        ("mish", F.mish),
+        ("log_sigmoid", F.logsigmoid),
+        ("softsign", F.softsign),
+        ("selu", F.selu),
+        ("tanhshrink", F.tanhshrink),
+        ("expm1", torch.Tensor.expm1_),
+        ("exp2", torch.exp2),
+        ("erfc", torch.erfc),
+        ("erfc", torch.special.erfc),
+        ("expm1", torch.special.expm1),
+    ):
+        assert classify(fn, (x,), {}) == (op, OpCategory.LUT), op
+
+
+@pytest.mark.parametrize("op", list(CASES))
+@pytest.mark.parametrize(("dtype", "scale"), [(DType.INT8, 2.0**-4), (DType.INT16, 2.0**-11)])
+def test_the_op_is_the_table_of_its_function(op, dtype, scale):
+    """J6M: the op's output is the table of its function over the calibrated input range
+    (int8: the direct table, int16: segment tables) on the convolution's output codes, and
+    that table follows the function on the codes it covers."""
+    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype, observer="FIXED", fixed_scale=scale)
+    sim, xs = _calibrated(op, "j6m")
+    (name,) = sim.ops.loc[sim.ops.op_type == op, "name"]
+    sim.set_qconfig(QConfigSpec(by_name=dict.fromkeys(("conv:conv2d#0", name), rule)))
+    sim.calibrate([(xs[1],)], progress=False)
+    row = sim.ops.set_index("name").loc[name]
+    assert (row["category"], row["fixed_kernel"], row["supported"]) == ("LUT", "lut", True)
+    seen = sim.observed_range(name, "in0")
+    table = build_lut(op, dtype, scale, dtype, scale, default_spec(op), observed_range=seen)
+    for x in xs:
+        trace = sim.trace(x, mode=Mode.FIXED)
+        codes = (trace.outputs["conv:conv2d#0"] / scale).to(dtype.torch_dtype)  # powers of 2
+        assert_bits_equal(sim.run(x, mode=Mode.FIXED), table.evaluate(codes).float() * scale)
+    lo, hi = (float(v) for v in seen)
+    x = torch.linspace(max(lo, -3.0), min(hi, 3.0), 97)
+    codes = torch.round(x / scale).to(dtype.torch_dtype)
+    got = table.evaluate(codes).double() * scale
+    ideal = CASES[op](codes.double() * scale)
+    inside = ideal.abs() < dtype.qmax * scale
+    lsb = 1 if dtype is DType.INT8 else 40  # direct: rounding; segment tables: interpolation
+    assert float((got - ideal).abs()[inside].max()) <= lsb * scale
+
+
+@pytest.mark.parametrize("platform", ["j6m", "j6p"])
+@pytest.mark.parametrize("op", list(CASES))
+def test_fake_and_fixed_stay_near_the_function(platform, op):
+    """FAKE is the float function fake-quantized at the output; FIXED its table (J6P: its
+    float16 form): both within a few output steps of the function of the op's own input."""
+    sim, xs = _calibrated(op, platform)
+    (name,) = sim.ops.loc[sim.ops.op_type == op, "name"]
+    fn = CASES[op]
+    for x in xs:
+        for mode in (Mode.FAKE, Mode.FIXED):
+            trace = sim.trace(x, mode=mode)
+            got, arg = trace.outputs[name], trace.outputs["conv:conv2d#0"]
+            want = fn(arg)
+            scale = trace.qinfo[name].scale  # None: float16 (J6P)
+            step = 2.0**-9 * float(want.abs().max()) if scale is None else float(scale.max())
+            assert float((got - want).abs().max()) <= 4 * step, (mode, op)
+
+
+def test_runtime_profiles_run_them_in_float():
+    for op in CASES:
+        sim, _ = _calibrated(op, "onnxruntime")
+        row = sim.ops.set_index("op_type").loc[op]
+        assert row["fixed_kernel"] == "float (not supported on this platform)", op
