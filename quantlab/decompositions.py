@@ -56,6 +56,10 @@ makes the same result through other torch calls), or None for a call captured as
   every FLOAT run computes) differ from the call's in the last place or two. ``F.normalize``
   runs its own code, ``input / input.norm(p, dim, keepdim=True).clamp_min(eps)``, so its
   norm (of order 2) splits and its clamp and division are ops too.
+- ``var`` / ``std`` of a float tensor (a hand-written LayerNorm's ``x.std(-1, keepdim=True)``)
+  are the mean, the difference, its square, their sum over N - correction and, for std, the
+  square-root table. torch reduces by Welford's method instead, so the parts' float bits
+  (which every FLOAT run computes) differ from the call's in the last places.
 - ``torch.logsumexp`` of a float tensor over given dims is ATen's CPU steps: the maximum
   (an infinite one taken as 0), exp of the difference (a table), the sum, log (a table) plus
   the maximum, with the call's float bits.
@@ -365,6 +369,54 @@ def _norm_parts(names: tuple[str, str, str, str]) -> Callable:
     return split
 
 
+def _variance_parts(root: bool) -> Callable:
+    """The parts of ``var`` (``root``: ``std``) of a float tensor: the mean over ``dim`` (all
+    elements for None), the difference, its square, their sum divided by N - correction
+    (``unbiased``: correction 1, the default), and for std the square root (a table); the two
+    passes torch's Welford reduction replaces, so the parts' float bits differ from the call's
+    in the last places (README)."""
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        if not args or not _is_float(args[0]) or args[0].dim() == 0:
+            return None
+        x, rest = args[0], list(args[1:])
+        p: dict[str, Any] = {}
+        if rest and isinstance(rest[0], bool):  # var(x, unbiased)
+            p["unbiased"] = rest.pop(0)
+            if rest:
+                return None
+        for name, value in zip(("dim", "unbiased", "keepdim"), rest):
+            p[name] = value
+        if len(rest) > 3 or set(p) & set(kwargs):
+            return None
+        p |= kwargs
+        if not set(p) <= {"dim", "unbiased", "correction", "keepdim"}:
+            return None
+        if "unbiased" in p and "correction" in p:
+            return None
+        correction = p.get("correction", 1 if p.get("unbiased", True) else 0)
+        keepdim = p.get("keepdim", False)
+        if type(correction) not in (int, float) or not isinstance(keepdim, bool):
+            return None
+        dim = p.get("dim")
+        dims = tuple(range(x.dim())) if dim is None else (dim,) if type(dim) is int else dim
+        if not (isinstance(dims, (tuple, list)) and dims and all(type(d) is int for d in dims)):
+            return None
+        dims = tuple(dims)
+        n = math.prod(x.shape[d] for d in dims)
+        if n - correction <= 0:  # torch's inf / nan: whole
+            return None
+
+        def parts():
+            diff = x - x.mean(dims, keepdim=True)
+            var = (diff * diff).sum(dims, keepdim=keepdim) / (n - correction)
+            return torch.sqrt(var) if root else var
+
+        return parts
+
+    return split
+
+
 _LOGSUMEXP_PARAMS = ("input", "dim", "keepdim")
 
 
@@ -547,6 +599,12 @@ NORM = {
 }
 NORMALIZE = F.normalize
 LOGSUMEXP = (torch.logsumexp, Tensor.logsumexp)
+VARIANCE = {
+    torch.var: _variance_parts(root=False),
+    Tensor.var: _variance_parts(root=False),
+    torch.std: _variance_parts(root=True),
+    Tensor.std: _variance_parts(root=True),
+}
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
 RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
@@ -573,6 +631,7 @@ SPLIT = frozenset(
         *NORM,
         NORMALIZE,
         *LOGSUMEXP,
+        *VARIANCE,
         *RECURRENT,
     )
 )
@@ -617,6 +676,8 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return NORM[func](args, kwargs)
     if func in LOGSUMEXP:
         return _logsumexp_parts(args, kwargs)
+    if func in VARIANCE:
+        return VARIANCE[func](args, kwargs)
     try:
         recurrent = RECURRENT.get(func)
     except TypeError:  # not hashable: no cell

@@ -1495,3 +1495,94 @@ def test_logsumexp_models_become_traced_programs_with_the_captured_bits(monkeypa
     steady = Simulator(_LogSumExpPool().eval(), "j6m")
     steady.share_calibration(captured)
     _runs_as_a_program(steady, captured, torch.Generator().manual_seed(23), mode, (2, 6, 16))
+
+
+def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
+    """var / std (function and method; dims, unbiased, correction, keepdim; offset rows where
+    the mean cancels) are the two-pass mean, squared difference and sum: within 64 float32
+    epsilons of torch's Welford reduction, the same shape; calls torch refuses or that divide
+    by zero or less, integer inputs and ``out=`` stay whole."""
+    g = torch.Generator().manual_seed(24)
+    for t in range(40):
+        x = torch.randn(3, int(torch.randint(2, 300, (), generator=g)), 4, generator=g)
+        x = x * 10 ** (t % 5 - 2) + (t % 3) * 5
+        calls = (
+            lambda x: x.var(1),
+            lambda x: x.std(-1, keepdim=True),
+            lambda x: torch.var(x, (0, 2), unbiased=False),
+            lambda x: torch.std(x, dim=1, correction=0, keepdim=True),
+            lambda x: x.var(1, True, True),
+            lambda x: x.std(),
+            lambda x: x.var(False),
+            lambda x: x.var(dim=None, keepdim=True),
+        )
+        for call in calls:
+            want = call(x)
+            with DecomposingMode():
+                got = call(x)
+            assert got.shape == want.shape
+            assert ((got - want).abs() <= 64 * torch.finfo().eps * want.abs()).all()
+    x = torch.randn(2, 5)
+    for func, args, kwargs in (
+        (torch.var, (x, 1), {"unbiased": True, "correction": 1}),
+        (torch.var, (x.long(), 1), {}),
+        (torch.std, (x, 1), {"out": torch.empty(2)}),
+        (torch.Tensor.var, (x[:, :1], 1), {}),  # one value over N - 1 = 0: torch's nan
+        (torch.Tensor.std, (x, 0), {"correction": 2}),
+    ):
+        assert decomposition(func, args, kwargs) is None
+
+
+class _ClassicNorm(nn.Module):
+    """The Annotated Transformer's LayerNorm, ``a * (x - mean) / (std + eps) + b``, after a
+    linear layer, and a batch-variance scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.a, self.b = nn.Parameter(torch.rand(16) + 0.5), nn.Parameter(torch.randn(16) * 0.1)
+
+    def forward(self, x):
+        h = self.linear(x)
+        mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
+        y = self.a * (h - mean) / (std + 1e-6) + self.b
+        return y * torch.rsqrt(h.var(0, unbiased=False, keepdim=True) + 1.0)
+
+
+def _classic_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    torch.manual_seed(0)
+    sim = Simulator(_ClassicNorm().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(25)
+    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(2, 6, 16, generator=g)
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_a_hand_written_layer_norm_is_quantized_as_its_parts(platform, tmp_path):
+    """std and var run as means, differences, products, sums and a square-root table: nothing
+    left in float on J6; every FLOAT run gives the parts' bits, fixed mode stays close, and
+    exported, onnxruntime gives fixed mode's bits."""
+    sim, x = _classic_sim(platform, steady_programs=False)
+    ops = sim.ops
+    assert not {"std", "var"} & set(ops.op_type) and (ops.op_type == "sqrt").sum() == 1
+    if platform == "j6m":
+        assert ops.supported.all()
+    with torch.no_grad(), DecomposingMode():
+        want = sim.model(x)
+    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
+    fixed = sim.run(x, mode=Mode.FIXED)
+    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "classic.onnx")
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_hand_written_norms_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    captured, _ = _classic_sim("j6m", steady_programs=False)
+    torch.manual_seed(0)
+    steady = Simulator(_ClassicNorm().eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(26), mode, (2, 6, 16))
