@@ -102,6 +102,8 @@ _reg(
     OpCategory.PASS_THROUGH,
 )
 _reg("relu relu_", "relu", OpCategory.PASS_THROUGH)
+# |x| keeps the scale; only the lowest code's magnitude saturates (same_grid.snap_abs)
+_reg("abs abs_ absolute absolute_", "abs", OpCategory.PASS_THROUGH)
 _reg("amax amin", None, OpCategory.PASS_THROUGH)  # a maximum / minimum is one of its inputs
 # every value is an input value or the fill, which takes the input's quantization (the J6
 # plugin's QTensor masked_fill: the fill quantized at the input's scale, saturating)

@@ -187,7 +187,7 @@ class PlatformConfig:
 
     supported_ops: list[str] = field(default_factory=list)  # empty: every op quantlab models
     # ops quantlab models on J6 that this profile runs in float, as its runtime's own kernels
-    # for them are not modelled (the runtime profiles: log_softmax, erf, masked_fill, where,
+    # for them are not modelled (the runtime profiles: log_softmax, erf, masked_fill, where, abs,
     # maximum, minimum, the trigonometric and hyperbolic tables, mish, log_sigmoid, softsign,
     # selu, tanhshrink, expm1, exp2, erfc)
     float_fallback_ops: list[str] = field(default_factory=list)

@@ -38,7 +38,7 @@ class Net(nn.Module):
                 x = b(x)
         y = x.mean((2, 3))
         y = torch.sigmoid(self.head(y))
-        return inverse_sigmoid(y) * 2 + torch.abs(y)
+        return inverse_sigmoid(y) * 2 + torch.sign(y)
 
 
 def capture(model, *args, **kwargs):
@@ -74,14 +74,14 @@ def test_names_module_paths_and_call_indices():
         ":sigmoid#0",
         ":inverse_sigmoid#0",
         ":mul#0",
-        ":abs#0",
+        ":sign#0",
         ":add#0",
     ]
     # inverse_sigmoid is one op: no log/clamp/div from inside it
     assert not any(c.op_type in ("log", "clamp", "div") for c in calls)
     assert torch.equal(out, net(x))
     by_name = {c.name: c for c in calls}
-    assert by_name[":abs#0"].category is None  # not modelled: recorded, runs in float
+    assert by_name[":sign#0"].category is None  # not modelled: recorded, runs in float
     assert by_name["head:linear#0"].category is OpCategory.GEMM
 
 
@@ -229,7 +229,7 @@ def test_nested_trackers_each_keep_their_model_paths():
         "Net.Block",
         "Net",  # mean
         "Net.Linear",
-        *["Net"] * 5,  # sigmoid, inverse_sigmoid, mul, abs, add
+        *["Net"] * 5,  # sigmoid, inverse_sigmoid, mul, sign, add
     ]
     assert outer.stack == [""] and inner.stack == [""]
     assert nn.Module.__dict__["_call_impl"] is not _tracked_call_impl

@@ -417,6 +417,8 @@ class OpDispatch(BatchNormFolding):
                 out = same_grid.snap_fill(call, out, src, self.platform.fake_round)
             elif call.op_type == "where":
                 out = same_grid.snap_where_number(call, out, src, self.platform.fake_round)
+            elif call.op_type == "abs":
+                out = same_grid.snap_abs(call, out, src)
             leaves = tree_flatten(out)[0]  # max over a dimension: its indices are no activation
             return out, [
                 QInfo(src.dtype, src.scale, zero_point=src.zero_point)

@@ -136,6 +136,22 @@ def snap_where_number(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     return out.masked_fill_(cond if number_is_input else ~cond, filled)
 
 
+def snap_abs(call, out: Tensor, src: QInfo) -> Tensor:
+    """``out``, the result of ``abs(x)`` on ``x`` quantized at ``src`` (an integer dtype, one
+    scale, zero point z), kept on that grid: ``|code - z|`` of the lowest code exceeds
+    ``qmax - z`` (int8 symmetric: |-128| = 128), so values above the grid's largest,
+    ``dequantize(qmax)``, saturate to it; in place. Raises ValueError for a per-channel
+    ``src``."""
+    if src.scale.numel() != 1:
+        raise ValueError(
+            f"op {call.name} (abs): its input is quantized per channel; abs keeps one scale "
+            "(the input's per-tensor quantization)"
+        )
+    top = torch.tensor(src.dtype.qmax)
+    largest = dequantize(top, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
+    return out.clamp_max_(largest)
+
+
 def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:
     """The grid of an op's output that is its input ``x`` itself, unchanged (``info``: x's
     ``QInfo`` before the op): ``info`` when it is an integer quantization (in FIXED mode, with

@@ -361,10 +361,11 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
     """The PreparedCall of a pass-through op (a view, transpose, reshape, ...) that took one
     tensor quantized at an integer dtype as it came and gave one tensor: the function on the
     same arguments, the output keeping that input's quantization (``passes``); else None
-    (masked_fill and where too: their number is quantized on the input's grid,
-    ``same_grid.snap_fill``, ``snap_where_number``)."""
+    (masked_fill, where and abs too: their number is quantized on the input's grid, or the
+    largest magnitude saturates: ``same_grid.snap_fill``, ``snap_where_number``,
+    ``snap_abs``)."""
     if (
-        call.op_type in ("masked_fill", "where")
+        call.op_type in ("masked_fill", "where", "abs")
         or not _plain_route(r)
         or plan.weight is not None
         or plan.bias is not None

@@ -6,7 +6,8 @@ them as they arrive instead of requantizing at a scale of its own. torch.max / t
 one tensor (over a dimension: values and indices) keep it too. Their ONNX forms are checked in
 tests/export/test_onnx_runtime_paths.py. On J6, torch.where of a tensor and a number keeps the
 tensor's quantization (the number on its grid); torch.where of two tensors and the
-elementwise maximum / minimum of two tensors requantize both to their own output scale."""
+elementwise maximum / minimum of two tensors requantize both to their own output scale; abs
+keeps its input's quantization, the lowest code's magnitude saturating."""
 
 from __future__ import annotations
 
@@ -363,6 +364,61 @@ def test_maximum_models_become_traced_programs_with_the_captured_bits(monkeypatc
     fast, captured = _pairs("j6m"), _pairs("j6m", steady_programs=False)
     g = torch.Generator().manual_seed(10)
     xs = [torch.randn(2, 8, 6, generator=g) * 1.5 for _ in range(2)]
+    for x in xs * 3:
+        assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
+    state = fast.steady_programs.status((xs[0],), mode)
+    assert state.program is not None and state.program.fallbacks == 0
+
+
+class _Magnitude(nn.Module):
+    """A linear layer, |x| (a function and the method), a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = torch.abs(self.a(x))
+        return self.b(y + y.abs())
+
+
+def _magnitude(platform: str, **kw) -> Simulator:
+    torch.manual_seed(0)
+    sim = Simulator(_Magnitude().eval(), platform, **kw)
+    g = torch.Generator().manual_seed(11)
+    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
+    return sim
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_abs_keeps_the_grid_and_saturates_the_lowest_code(mode):
+    """On J6 |x| keeps its input's quantization: each value's magnitude, except the lowest
+    code's (-128 at int8: 128 is no code), which saturates to the highest; inputs scaled past
+    the calibrated range reach it. The runtime profiles run abs in float."""
+    sim = _magnitude("j6m")
+    x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(12)) * 4
+    arrived = {}
+    trace = sim.trace(x, mode=mode, on_call=lambda o: arrived.setdefault(o.call.name, o.incoming))
+    src = trace.qinfo["a:linear#0"]
+    (info,) = trace.qinfo[":abs#0"]
+    assert info.dtype is src.dtype and float(info.scale) == float(src.scale)
+    a = trace.outputs["a:linear#0"]
+    lowest = float(src.scale) * src.dtype.qmin
+    assert (a == lowest).any()  # saturated inputs: the lowest code
+    top = float(src.scale) * src.dtype.qmax
+    assert_bits_equal(trace.outputs[":abs#0"], a.abs().clamp_max(top))
+    (into_b,) = arrived["b:linear#0"]
+    assert into_b is not None
+    ops = _magnitude("onnxruntime").ops.set_index("name")
+    assert ops.loc[":abs#0", "fixed_kernel"] == "float (not supported on this platform)"
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_abs_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    fast, captured = _magnitude("j6m"), _magnitude("j6m", steady_programs=False)
+    g = torch.Generator().manual_seed(13)
+    xs = [torch.randn(2, 8, 6, generator=g) * 4 for _ in range(2)]
     for x in xs * 3:
         assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
     state = fast.steady_programs.status((xs[0],), mode)

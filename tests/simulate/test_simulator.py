@@ -217,20 +217,20 @@ def test_observers_and_set_qconfig_keep_statistics():
 
 
 def test_unsupported_op_runs_in_float_and_is_listed():
-    class WithAbs(nn.Module):
+    class WithFloor(nn.Module):
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(3, 4, 3)
 
         def forward(self, x):
-            return self.conv(torch.abs(x) - 0.5)
+            return self.conv(torch.floor(x) - 0.5)
 
-    sim = Simulator(WithAbs(), "j6m")
+    sim = Simulator(WithFloor(), "j6m")
     x = torch.randn(1, 3, 8, 8)
     sim.calibrate([(x,)])
     ops = sim.ops.set_index("name")
-    assert not ops.loc[":abs#0"].supported
-    assert ops.loc[":abs#0"].fixed_kernel.startswith("float")
+    assert not ops.loc[":floor#0"].supported
+    assert ops.loc[":floor#0"].fixed_kernel.startswith("float")
     assert bool(ops.loc["conv:conv2d#0"].supported)
     assert torch.isfinite(sim.run(x, mode=Mode.FIXED)).all()
 
@@ -296,20 +296,20 @@ def test_op_support_table_per_platform():
 
 
 def test_op_table_tells_an_op_quantlab_does_not_model_from_one_the_platform_lacks():
-    """Both run in float in fixed mode; the table says which: ``floor`` and ``abs`` are not
+    """Both run in float in fixed mode; the table says which: ``floor`` and ``round`` are not
     modelled by quantlab on any platform, a sigmoid left out of ``supported_ops`` is modelled
     but not supported there."""
 
     class Net(nn.Module):
         def forward(self, x):
-            return torch.sigmoid(torch.floor(x)).abs()
+            return torch.round(torch.sigmoid(torch.floor(x)))
 
     limited = PlatformConfig(name="tiny", supported_ops=["relu"])
     for platform, sigmoid in (("j6m", "lut"), (limited, "float (not supported on this platform)")):
         sim = Simulator(Net(), platform)
         sim.run(torch.randn(2, 3), mode=Mode.FLOAT)
         ops = sim.ops.set_index("op_type")
-        for op in ("floor", "abs"):
+        for op in ("floor", "round"):
             assert ops.loc[op, "category"] == "NONE"
             assert ops.loc[op, "fixed_kernel"] == "float (not modelled by quantlab)", op
         assert ops.loc["sigmoid", "fixed_kernel"] == sigmoid
