@@ -648,6 +648,8 @@ def splits(func) -> bool:
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """The parts of call ``func(*args, **kwargs)`` (module docstring), or None."""
+    if not splits(func):  # also keeps unhashable targets from the lookups below
+        return None
     if func is F.multi_head_attention_forward and _MHA_BODY is not None:
         return lambda: _MHA_BODY(*args, **kwargs)
     if func is F.scaled_dot_product_attention:
@@ -678,10 +680,7 @@ def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any
         return _logsumexp_parts(args, kwargs)
     if func in VARIANCE:
         return VARIANCE[func](args, kwargs)
-    try:
-        recurrent = RECURRENT.get(func)
-    except TypeError:  # not hashable: no cell
-        return None
+    recurrent = RECURRENT.get(func)
     return recurrent(args, kwargs) if recurrent is not None else None
 
 
