@@ -581,30 +581,22 @@ def _is_parameter(w) -> bool:
 
 
 # the functions ``decomposition`` may split (``splits``: callers on a hot path ask it first)
-MULTI_HEAD_ATTENTION = F.multi_head_attention_forward
-SCALED_DOT_PRODUCT_ATTENTION = F.scaled_dot_product_attention
-ADDMM = torch.addmm
-BADDBMM = (torch.baddbmm, Tensor.baddbmm)
-EINSUM = torch.functional.einsum  # torch.einsum
-RMS_NORM = (F.rms_norm, torch.rms_norm)
-# operator.neg: torch.fx's trace of ``-x``
-NEG = (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg)
-SQUARE = (torch.square, Tensor.square)
-GLU = F.glu
-SOFTMIN = F.softmin
-NORM = {
-    torch.norm: _norm_parts(("input", "p", "dim", "keepdim")),
-    Tensor.norm: _norm_parts(("input", "p", "dim", "keepdim")),
-    torch.linalg.vector_norm: _norm_parts(("input", "ord", "dim", "keepdim")),
-}
-NORMALIZE = F.normalize
-LOGSUMEXP = (torch.logsumexp, Tensor.logsumexp)
-VARIANCE = {
-    torch.var: _variance_parts(root=False),
-    Tensor.var: _variance_parts(root=False),
-    torch.std: _variance_parts(root=True),
-    Tensor.std: _variance_parts(root=True),
-}
+def _body_parts(body: Callable | None) -> Callable:
+    """The parts of a call that runs ``body``, the function's own code (``_own_body``), on the
+    call's arguments; None where torch's code makes no check to answer."""
+    return lambda args, kwargs: None if body is None else (lambda: body(*args, **kwargs))
+
+
+def _normalize_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    if kwargs.get("out") is not None or len(args) > 4:  # the out= form: whole
+        return None
+    return _body_parts(_NORMALIZE_BODY)(args, kwargs)
+
+
+def _two_norm(order: str) -> Callable:
+    return _norm_parts(("input", order, "dim", "keepdim"))
+
+
 # what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
 RECURRENT = {
     torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
@@ -616,25 +608,39 @@ RECURRENT = {
     torch.rnn_tanh: _sequence_parts(_simple_step(torch.tanh)),
     torch.rnn_relu: _sequence_parts(_simple_step(torch.relu)),
 }
-SPLIT = frozenset(
-    (
-        MULTI_HEAD_ATTENTION,
-        SCALED_DOT_PRODUCT_ATTENTION,
-        ADDMM,
-        *BADDBMM,
-        EINSUM,
-        *RMS_NORM,
-        *NEG,
-        *SQUARE,
-        GLU,
-        SOFTMIN,
-        *NORM,
-        NORMALIZE,
-        *LOGSUMEXP,
-        *VARIANCE,
-        *RECURRENT,
-    )
-)
+
+# every function whose calls may split -> its parts for a call's (args, kwargs), or None
+PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
+    F.multi_head_attention_forward: _body_parts(_MHA_BODY),
+    F.scaled_dot_product_attention: _sdpa_parts,
+    torch.addmm: _addmm_parts,
+    torch.baddbmm: _baddbmm_parts,
+    Tensor.baddbmm: _baddbmm_parts,
+    torch.functional.einsum: _einsum_parts,  # torch.einsum
+    F.rms_norm: _rms_norm_parts,
+    torch.rms_norm: _rms_norm_parts,
+    # operator.neg: torch.fx's trace of ``-x``
+    **dict.fromkeys(
+        (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg),
+        _neg_parts,
+    ),
+    torch.square: _square_parts,
+    Tensor.square: _square_parts,
+    F.glu: _glu_parts,
+    F.softmin: _body_parts(_SOFTMIN_BODY),
+    torch.norm: _two_norm("p"),
+    Tensor.norm: _two_norm("p"),
+    torch.linalg.vector_norm: _two_norm("ord"),
+    F.normalize: _normalize_parts,
+    torch.logsumexp: _logsumexp_parts,
+    Tensor.logsumexp: _logsumexp_parts,
+    torch.var: _variance_parts(root=False),
+    Tensor.var: _variance_parts(root=False),
+    torch.std: _variance_parts(root=True),
+    Tensor.std: _variance_parts(root=True),
+    **RECURRENT,
+}
+SPLIT = frozenset(PARTS)
 
 
 def splits(func) -> bool:
@@ -648,40 +654,8 @@ def splits(func) -> bool:
 
 def decomposition(func: Callable, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """The parts of call ``func(*args, **kwargs)`` (module docstring), or None."""
-    if not splits(func):  # also keeps unhashable targets from the lookups below
-        return None
-    if func is F.multi_head_attention_forward and _MHA_BODY is not None:
-        return lambda: _MHA_BODY(*args, **kwargs)
-    if func is F.scaled_dot_product_attention:
-        return _sdpa_parts(args, kwargs)
-    if func is ADDMM:
-        return _addmm_parts(args, kwargs)
-    if func in BADDBMM:
-        return _baddbmm_parts(args, kwargs)
-    if func is EINSUM:
-        return _einsum_parts(args, kwargs)
-    if func in RMS_NORM:
-        return _rms_norm_parts(args, kwargs)
-    if func in NEG:
-        return _neg_parts(args, kwargs)
-    if func in SQUARE:
-        return _square_parts(args, kwargs)
-    if func is GLU:
-        return _glu_parts(args, kwargs)
-    if func is SOFTMIN and _SOFTMIN_BODY is not None:
-        return lambda: _SOFTMIN_BODY(*args, **kwargs)
-    if func is NORMALIZE and _NORMALIZE_BODY is not None:
-        if kwargs.get("out") is not None or len(args) > 4:  # the out= form: whole
-            return None
-        return lambda: _NORMALIZE_BODY(*args, **kwargs)
-    if func in NORM:
-        return NORM[func](args, kwargs)
-    if func in LOGSUMEXP:
-        return _logsumexp_parts(args, kwargs)
-    if func in VARIANCE:
-        return VARIANCE[func](args, kwargs)
-    recurrent = RECURRENT.get(func)
-    return recurrent(args, kwargs) if recurrent is not None else None
+    split = PARTS.get(func) if splits(func) else None  # unhashable targets: none
+    return None if split is None else split(args, kwargs)
 
 
 class DecomposingMode(TorchFunctionMode):

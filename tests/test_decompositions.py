@@ -5,6 +5,7 @@ packed weight as weights, and the parts through replay, traced programs and ONNX
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -904,8 +905,26 @@ def _onnxruntime_gives_fixed_modes_bits(sim: Simulator, x: torch.Tensor, path) -
     session = ort.InferenceSession(str(info.path))
     for scale in (0.5, 1.0, 3.0):
         xs = x * scale
-        (got,) = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
-        assert_bits_equal(torch.from_numpy(got), sim.run(xs, mode=Mode.FIXED))
+        got = session.run(None, {session.get_inputs()[0].name: xs.numpy()})
+        for a, b in zip(got, leaves(sim.run(xs, mode=Mode.FIXED)), strict=True):
+            assert_bits_equal(torch.from_numpy(a), b)
+
+
+def _quantized_as_parts(sim: Simulator, x: torch.Tensor, platform: str, path, exact: bool):
+    """FLOAT gives the model's own bits (``exact``) or its parts' (the model under
+    DecomposingMode: parts that reduce in another order than torch's call); FIXED differs
+    from it yet keeps each output's direction (cosine above 0.95); on the onnxruntime profile
+    the export gives fixed mode's bits."""
+    with torch.no_grad(), contextlib.nullcontext() if exact else DecomposingMode():
+        want = leaves(sim.model(x))
+    for got, ref in zip(leaves(sim.run(x, mode=Mode.FLOAT)), want, strict=True):
+        assert_bits_equal(got, ref)
+    fixed = leaves(sim.run(x, mode=Mode.FIXED))
+    assert not all(torch.equal(a, b) for a, b in zip(fixed, want, strict=True))
+    for got, ref in zip(fixed, want, strict=True):
+        assert F.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > 0.95
+    if platform == "onnxruntime":
+        _onnxruntime_gives_fixed_modes_bits(sim, x, path)
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
@@ -1088,13 +1107,7 @@ def test_recurrent_sequences_are_quantized_as_their_parts(platform, tmp_path):
     linears = ops[ops.op_type == "linear"]
     # LSTM: per layer and direction one input projection and 5 steps; GRU: 1 + 5; the head
     assert len(linears) == 2 * 2 * (1 + 5) + (1 + 5) + 1 and linears.has_weight.all()
-    with torch.no_grad(), DecomposingMode():
-        want = sim.model(x)
-    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
-    fixed = sim.run(x, mode=Mode.FIXED)
-    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
-    if platform == "onnxruntime":
-        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "crnn.onnx")
+    _quantized_as_parts(sim, x, platform, tmp_path / "crnn.onnx", exact=False)
 
 
 # model -> (its calibrated Simulator, the model, an input shape)
@@ -1167,52 +1180,37 @@ class _RmsBlock(nn.Module):
         return self.head(self.final(x))
 
 
-def _rms_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
-    torch.manual_seed(0)
-    sim = Simulator(_RmsBlock().eval(), _host(platform), **options)
-    g = torch.Generator().manual_seed(13)
-    sim.calibrate([(torch.randn(2, 6, 32, generator=g),) for _ in range(2)], progress=False)
-    return sim, torch.randn(2, 6, 32, generator=g)
-
-
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_rms_norm_is_quantized_as_its_parts(platform, tmp_path):
     """Each nn.RMSNorm runs as its square, mean, eps add, rsqrt table and products (the
     weight's too): nothing left in float; the FLOAT run gives the model's own bits, fixed mode
     stays close to it, and exported, onnxruntime gives fixed mode's bits."""
-    sim, x = _rms_sim(platform, steady_programs=False)
+    sim, x = _parts_sim("rms_norm", platform, steady_programs=False)
     ops = sim.ops
     assert "rms_norm" not in set(ops.op_type) and ops.supported.all()
     for op_type, count in (("pow", 2), ("mean", 2), ("rsqrt", 2), ("add", 3)):
         assert (ops.op_type == op_type).sum() == count, op_type
     # per norm: the input times its rsqrt; the weighted one also times its weight; the gate
     assert (ops.op_type == "mul").sum() == 2 + 1 + 1
-    with torch.no_grad():
-        want = sim.model(x)
-    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
-    fixed = sim.run(x, mode=Mode.FIXED)
-    assert not torch.equal(fixed, want)
-    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
-    if platform == "onnxruntime":
-        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "rms.onnx")
-
-
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_rms_norm_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _rms_sim("j6m", steady_programs=False)
-    torch.manual_seed(0)
-    steady = Simulator(_RmsBlock().eval(), "j6m")
-    steady.share_calibration(captured)
-    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(14), mode)
+    _quantized_as_parts(sim, x, platform, tmp_path / "rms.onnx", exact=True)
 
 
 def test_half_precision_rms_norm_stays_whole():
     for dtype in (torch.float16, torch.bfloat16):
         calls, _ = capture(nn.RMSNorm(8, dtype=dtype), torch.randn(2, 8, dtype=dtype))
         assert [c.op_type for c in calls] == ["rms_norm"]
+
+
+def _parts_give_the_calls_bits(calls, x: torch.Tensor) -> None:
+    """Each call's parts (under DecomposingMode) give its float bits, NaN where it has NaN
+    (a NaN's sign aside)."""
+    for call in calls:
+        want = call(x)
+        with DecomposingMode():
+            got = call(x)
+        both = torch.isnan(got) & torch.isnan(want)
+        assert_bits_equal(got.masked_fill(both, 1.0), want.masked_fill(both, 1.0))
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
 
 
 def test_neg_square_glu_and_softmin_by_their_parts_give_the_calls_bits():
@@ -1240,13 +1238,7 @@ def test_neg_square_glu_and_softmin_by_their_parts_give_the_calls_bits():
             lambda x: nn.Softmin(dim=-1)(x),
             lambda x: F.softmin(x, 0, dtype=torch.float64),
         )
-        for call in calls:
-            want = call(x)
-            with DecomposingMode():
-                got = call(x)
-            both = torch.isnan(got) & torch.isnan(want)
-            assert_bits_equal(got.masked_fill(both, 1.0), want.masked_fill(both, 1.0))
-            assert torch.equal(torch.isnan(got), torch.isnan(want))
+        _parts_give_the_calls_bits(calls, x)
     n = torch.arange(4)
     assert decomposition(torch.Tensor.__neg__, (n,), {}) is None
     assert decomposition(torch.square, (n,), {}) is None
@@ -1274,44 +1266,29 @@ class _Gated(nn.Module):
         return y * F.softmin(y, dim=1)
 
 
-def _gated_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
-    torch.manual_seed(0)
-    sim = Simulator(_Gated().eval(), _host(platform), **options)
-    g = torch.Generator().manual_seed(16)
-    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
-    return sim, torch.randn(2, 6, 16, generator=g)
-
-
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_neg_square_glu_and_softmin_are_quantized_as_their_parts(platform, tmp_path):
     """The negated half is a product by -1, the square a product x * x (pow 2), the GLU a
     sigmoid table and a product, the softmin a product by -1 and a softmax: nothing left in
     float; the FLOAT run gives the model's own bits, and exported, onnxruntime gives fixed
     mode's bits."""
-    sim, x = _gated_sim(platform, steady_programs=False)
+    sim, x = _parts_sim("gated", platform, steady_programs=False)
     ops = sim.ops
     assert not {"neg", "square", "glu", "softmin"} & set(ops.op_type) and ops.supported.all()
     assert (ops.op_type == "pow").sum() == 1 and (ops.op_type == "softmax").sum() == 1
     assert (ops.op_type == "sigmoid").sum() == 1
-    with torch.no_grad():
-        want = sim.model(x)
-    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
-    fixed = sim.run(x, mode=Mode.FIXED)
-    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
-    if platform == "onnxruntime":
-        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "gated.onnx")
+    _quantized_as_parts(sim, x, platform, tmp_path / "gated.onnx", exact=True)
 
 
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_gated_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _gated_sim("j6m", steady_programs=False)
-    torch.manual_seed(0)
-    steady = Simulator(_Gated().eval(), "j6m")
-    steady.share_calibration(captured)
-    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(17), mode, (2, 6, 16))
+def _parts_near_the_calls(calls, x: torch.Tensor, epsilons: int) -> None:
+    """Each call's parts (under DecomposingMode) give its shape and its values within
+    ``epsilons`` float32 epsilons, relative."""
+    for call in calls:
+        want = call(x)
+        with DecomposingMode():
+            got = call(x)
+        assert got.shape == want.shape
+        assert ((got - want).abs() <= epsilons * torch.finfo().eps * want.abs()).all()
 
 
 def test_norms_by_their_parts_are_the_sum_of_squares_root():
@@ -1333,12 +1310,7 @@ def test_norms_by_their_parts_are_the_sum_of_squares_root():
             lambda x: F.normalize(x, dim=1),
             lambda x: F.normalize(x, p=2.0, dim=-1, eps=1e-6),
         )
-        for call in calls:
-            want = call(x)
-            with DecomposingMode():
-                got = call(x)
-            assert got.shape == want.shape
-            assert ((got - want).abs() <= 4 * torch.finfo().eps * want.abs()).all()
+        _parts_near_the_calls(calls, x, epsilons=4)
     x = torch.randn(2, 5)
     for func, args, kwargs in (
         (torch.Tensor.norm, (x, 1, -1), {}),
@@ -1366,53 +1338,18 @@ class _Embedder(nn.Module):
         return pooled, e / e.norm(dim=1, keepdim=True)
 
 
-def _embedder_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
-    torch.manual_seed(0)
-    sim = Simulator(_Embedder().eval(), _host(platform), **options)
-    g = torch.Generator().manual_seed(19)
-    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
-    return sim, torch.randn(2, 6, 16, generator=g)
-
-
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_normalized_embeddings_are_quantized_as_their_parts(platform, tmp_path):
     """Each norm is a product, a sum and a square root, F.normalize's clamp and division ops
     too: nothing left in float on J6; every FLOAT run gives the parts' bits, fixed mode keeps
     the unit vectors' directions, and exported, onnxruntime gives fixed mode's bits."""
-    sim, x = _embedder_sim(platform, steady_programs=False)
+    sim, x = _parts_sim("embedder", platform, steady_programs=False)
     ops = sim.ops
     assert not {"norm", "normalize", "linalg_vector_norm"} & set(ops.op_type)
     assert (ops.op_type == "sqrt").sum() == 2 and (ops.op_type == "div").sum() == 2
     if platform == "j6m":
         assert ops.supported.all()
-    with torch.no_grad(), DecomposingMode():
-        want = sim.model(x)
-    for got, ref in zip(sim.run(x, mode=Mode.FLOAT), want, strict=True):
-        assert_bits_equal(got, ref)
-    for got, ref in zip(sim.run(x, mode=Mode.FIXED), want, strict=True):
-        assert (F.cosine_similarity(got, ref, dim=1) > 0.95).all()
-    if platform == "onnxruntime":
-        ort = pytest.importorskip("onnxruntime")
-        from quantlab.export import to_onnx_qdq
-
-        info = to_onnx_qdq(sim, tmp_path / "embed.onnx", (x,))
-        session = ort.InferenceSession(str(info.path))
-        for scale in (0.5, 1.0, 3.0):
-            got = session.run(None, {session.get_inputs()[0].name: (x * scale).numpy()})
-            for a, b in zip(got, sim.run(x * scale, mode=Mode.FIXED), strict=True):
-                assert_bits_equal(torch.from_numpy(a), b)
-
-
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_normalized_embeddings_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _embedder_sim("j6m", steady_programs=False)
-    torch.manual_seed(0)
-    steady = Simulator(_Embedder().eval(), "j6m")
-    steady.share_calibration(captured)
-    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(20), mode, (2, 6, 16))
+    _quantized_as_parts(sim, x, platform, tmp_path / "embed.onnx", exact=False)
 
 
 def test_logsumexp_by_its_parts_gives_the_calls_bits():
@@ -1433,13 +1370,7 @@ def test_logsumexp_by_its_parts_gives_the_calls_bits():
             lambda x: torch.logsumexp(x, dim=(0, 2)),
             lambda x: torch.logsumexp(x, (2, 1), True),
         )
-        for call in calls:
-            want = call(x)
-            with DecomposingMode():
-                got = call(x)
-            both = torch.isnan(got) & torch.isnan(want)
-            assert_bits_equal(got.masked_fill(both, 1.0), want.masked_fill(both, 1.0))
-            assert torch.equal(torch.isnan(got), torch.isnan(want))
+        _parts_give_the_calls_bits(calls, x)
     for args in ((torch.randn(2, 0), 1), (torch.arange(6).reshape(2, 3), 1)):
         assert decomposition(torch.logsumexp, args, {}) is None
 
@@ -1456,45 +1387,19 @@ class _LogSumExpPool(nn.Module):
         return torch.logsumexp(s, dim=1) - s.mean(1)
 
 
-def _scores_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
-    torch.manual_seed(0)
-    sim = Simulator(_LogSumExpPool().eval(), _host(platform), **options)
-    g = torch.Generator().manual_seed(22)
-    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
-    return sim, torch.randn(2, 6, 16, generator=g)
-
-
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_logsumexp_is_quantized_as_its_parts(platform, tmp_path):
     """logsumexp runs as its maximum, exp and log tables, sum and adds: the FLOAT run gives
     the model's own bits and fixed mode stays close to it; on J6 nothing is left in float
     (the runtime profiles run the masked_fill of an infinite maximum in float), and exported,
     onnxruntime gives fixed mode's bits."""
-    sim, x = _scores_sim(platform, steady_programs=False)
+    sim, x = _parts_sim("logsumexp", platform, steady_programs=False)
     ops = sim.ops
     assert "logsumexp" not in set(ops.op_type)
     assert {"amax", "exp", "sum", "log"} <= set(ops.op_type)
     if platform == "j6m":
         assert ops.supported.all()
-    with torch.no_grad():
-        want = sim.model(x)
-    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
-    fixed = sim.run(x, mode=Mode.FIXED)
-    assert (fixed - want).abs().max() < 0.1 * want.abs().max()
-    if platform == "onnxruntime":
-        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "lse.onnx")
-
-
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_logsumexp_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _scores_sim("j6m", steady_programs=False)
-    torch.manual_seed(0)
-    steady = Simulator(_LogSumExpPool().eval(), "j6m")
-    steady.share_calibration(captured)
-    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(23), mode, (2, 6, 16))
+    _quantized_as_parts(sim, x, platform, tmp_path / "lse.onnx", exact=True)
 
 
 def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
@@ -1516,12 +1421,7 @@ def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
             lambda x: x.var(False),
             lambda x: x.var(dim=None, keepdim=True),
         )
-        for call in calls:
-            want = call(x)
-            with DecomposingMode():
-                got = call(x)
-            assert got.shape == want.shape
-            assert ((got - want).abs() <= 64 * torch.finfo().eps * want.abs()).all()
+        _parts_near_the_calls(calls, x, epsilons=64)
     x = torch.randn(2, 5)
     for func, args, kwargs in (
         (torch.var, (x, 1), {"unbiased": True, "correction": 1}),
@@ -1549,40 +1449,49 @@ class _ClassicNorm(nn.Module):
         return y * torch.rsqrt(h.var(0, unbiased=False, keepdim=True) + 1.0)
 
 
-def _classic_sim(platform: str, **options) -> tuple[Simulator, torch.Tensor]:
-    torch.manual_seed(0)
-    sim = Simulator(_ClassicNorm().eval(), _host(platform), **options)
-    g = torch.Generator().manual_seed(25)
-    sim.calibrate([(torch.randn(2, 6, 16, generator=g),) for _ in range(2)], progress=False)
-    return sim, torch.randn(2, 6, 16, generator=g)
-
-
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_a_hand_written_layer_norm_is_quantized_as_its_parts(platform, tmp_path):
     """std and var run as means, differences, products, sums and a square-root table: nothing
     left in float on J6; every FLOAT run gives the parts' bits, fixed mode stays close, and
     exported, onnxruntime gives fixed mode's bits."""
-    sim, x = _classic_sim(platform, steady_programs=False)
+    sim, x = _parts_sim("classic_norm", platform, steady_programs=False)
     ops = sim.ops
     assert not {"std", "var"} & set(ops.op_type) and (ops.op_type == "sqrt").sum() == 1
     if platform == "j6m":
         assert ops.supported.all()
-    with torch.no_grad(), DecomposingMode():
-        want = sim.model(x)
-    assert_bits_equal(sim.run(x, mode=Mode.FLOAT), want)
-    fixed = sim.run(x, mode=Mode.FIXED)
-    assert F.cosine_similarity(fixed.flatten(), want.flatten(), dim=0) > 0.95
-    if platform == "onnxruntime":
-        _onnxruntime_gives_fixed_modes_bits(sim, x, tmp_path / "classic.onnx")
+    _quantized_as_parts(sim, x, platform, tmp_path / "classic.onnx", exact=False)
 
 
+# model -> (its class, the calibration inputs' seed, an input shape): models whose calls split
+# into parts that quantize (RMSNorm, neg / square / GLU / softmin, norms, logsumexp, var / std)
+PARTS_MODELS = {
+    "rms_norm": (_RmsBlock, 13, (2, 6, 32)),
+    "gated": (_Gated, 16, (2, 6, 16)),
+    "embedder": (_Embedder, 19, (2, 6, 16)),
+    "logsumexp": (_LogSumExpPool, 22, (2, 6, 16)),
+    "classic_norm": (_ClassicNorm, 25, (2, 6, 16)),
+}
+
+
+def _parts_sim(model: str, platform: str, **options) -> tuple[Simulator, torch.Tensor]:
+    """``PARTS_MODELS[model]`` calibrated on ``platform`` (two random batches) and an input."""
+    cls, seed, shape = PARTS_MODELS[model]
+    torch.manual_seed(0)
+    sim = Simulator(cls().eval(), _host(platform), **options)
+    g = torch.Generator().manual_seed(seed)
+    sim.calibrate([(torch.randn(*shape, generator=g),) for _ in range(2)], progress=False)
+    return sim, torch.randn(*shape, generator=g)
+
+
+@pytest.mark.parametrize("model", list(PARTS_MODELS))
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_hand_written_norms_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+def test_models_of_parts_become_traced_programs_with_the_captured_bits(monkeypatch, mode, model):
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    captured, _ = _classic_sim("j6m", steady_programs=False)
+    captured, _ = _parts_sim(model, "j6m", steady_programs=False)
+    cls, seed, shape = PARTS_MODELS[model]
     torch.manual_seed(0)
-    steady = Simulator(_ClassicNorm().eval(), "j6m")
+    steady = Simulator(cls().eval(), "j6m")
     steady.share_calibration(captured)
-    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(26), mode, (2, 6, 16))
+    _runs_as_a_program(steady, captured, torch.Generator().manual_seed(seed + 1), mode, shape)

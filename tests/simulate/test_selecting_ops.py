@@ -49,12 +49,17 @@ class _Then(nn.Module):
         return self.b(self.fn(self.a(x)))
 
 
-def _sim(op: str, platform: str, **kw) -> Simulator:
-    torch.manual_seed(0)
-    sim = Simulator(_Then(CALLS[op][1]).eval(), platform, **kw)
-    g = torch.Generator().manual_seed(1)
+def _calibrated(model: nn.Module, platform: str, seed: int, **kw) -> Simulator:
+    """``model`` (made after torch's seed 0 is set) calibrated on two (2, 8, 6) batches."""
+    sim = Simulator(model.eval(), platform, **kw)
+    g = torch.Generator().manual_seed(seed)
     sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
     return sim
+
+
+def _sim(op: str, platform: str, **kw) -> Simulator:
+    torch.manual_seed(0)
+    return _calibrated(_Then(CALLS[op][1]), platform, 1, **kw)
 
 
 class _Kinds(torch.overrides.TorchFunctionMode):
@@ -233,10 +238,7 @@ class _Selects(nn.Module):
 
 def _selects(platform: str, **kw) -> Simulator:
     torch.manual_seed(0)
-    sim = Simulator(_Selects().eval(), platform, **kw)
-    g = torch.Generator().manual_seed(5)
-    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
-    return sim
+    return _calibrated(_Selects(), platform, 5, **kw)
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
@@ -284,18 +286,6 @@ def test_where_selects_on_the_grids_it_keeps_or_requantizes_to(mode):
     assert_bits_equal(sim.run(x, mode=Mode.FLOAT), model_bits)
 
 
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_where_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    fast, captured = _selects("j6m"), _selects("j6m", steady_programs=False)
-    g = torch.Generator().manual_seed(7)
-    xs = [torch.randn(2, 8, 6, generator=g) * 1.5 for _ in range(2)]
-    for x in xs * 3:
-        assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
-    state = fast.steady_programs.status((xs[0],), mode)
-    assert state.program is not None and state.program.fallbacks == 0
-
-
 def test_runtime_profiles_run_where_in_float():
     """onnxruntime's Where between Dequantize and Quantize is not modelled: its profiles list
     where among their float fallbacks, as masked_fill."""
@@ -319,10 +309,7 @@ class _Pairs(nn.Module):
 
 def _pairs(platform: str, **kw) -> Simulator:
     torch.manual_seed(0)
-    sim = Simulator(_Pairs().eval(), platform, **kw)
-    g = torch.Generator().manual_seed(8)
-    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
-    return sim
+    return _calibrated(_Pairs(), platform, 8, **kw)
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
@@ -358,18 +345,6 @@ def test_maximum_and_minimum_requantize_both_operands(mode):
         assert ops.loc[name, "fixed_kernel"] == "float (not supported on this platform)"
 
 
-@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_maximum_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    fast, captured = _pairs("j6m"), _pairs("j6m", steady_programs=False)
-    g = torch.Generator().manual_seed(10)
-    xs = [torch.randn(2, 8, 6, generator=g) * 1.5 for _ in range(2)]
-    for x in xs * 3:
-        assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
-    state = fast.steady_programs.status((xs[0],), mode)
-    assert state.program is not None and state.program.fallbacks == 0
-
-
 class _Magnitude(nn.Module):
     """A linear layer, |x| (a function and the method), a linear layer."""
 
@@ -384,10 +359,7 @@ class _Magnitude(nn.Module):
 
 def _magnitude(platform: str, **kw) -> Simulator:
     torch.manual_seed(0)
-    sim = Simulator(_Magnitude().eval(), platform, **kw)
-    g = torch.Generator().manual_seed(11)
-    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
-    return sim
+    return _calibrated(_Magnitude(), platform, 11, **kw)
 
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
@@ -413,12 +385,23 @@ def test_abs_keeps_the_grid_and_saturates_the_lowest_code(mode):
     assert ops.loc[":abs#0", "fixed_kernel"] == "float (not supported on this platform)"
 
 
+# model -> (its calibrated Simulator's maker, the test inputs' seed and scale): the selects
+# that snap a number or saturate (where, abs) or requantize two inputs (where, maximum)
+SELECT_MODELS = {
+    "where": (_selects, 7, 1.5),
+    "pairs": (_pairs, 10, 1.5),
+    "abs": (_magnitude, 13, 4),
+}
+
+
+@pytest.mark.parametrize("model", list(SELECT_MODELS))
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
-def test_abs_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
+def test_select_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode, model):
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    fast, captured = _magnitude("j6m"), _magnitude("j6m", steady_programs=False)
-    g = torch.Generator().manual_seed(13)
-    xs = [torch.randn(2, 8, 6, generator=g) * 4 for _ in range(2)]
+    make, seed, scale = SELECT_MODELS[model]
+    fast, captured = make("j6m"), make("j6m", steady_programs=False)
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(2, 8, 6, generator=g) * scale for _ in range(2)]
     for x in xs * 3:
         assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
     state = fast.steady_programs.status((xs[0],), mode)

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
+from test_elu_softplus import _Activation  # conv, then the op
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
@@ -27,16 +28,6 @@ CASES = {
     "exp2": lambda y: y.exp2(),
     "erfc": torch.special.erfc,
 }
-
-
-class _Activation(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(self.conv(x))
 
 
 def _calibrated(op: str, platform: str, seed: int = 0):
