@@ -56,6 +56,8 @@ _ENGINES = {
     "PASS_THROUGH": ("DTE", "seed 002 line 19 (DTE: layout transforms)"),
 }
 _VAE = ("VAE", "seed 002 line 20 (VAE: Add, Mul, table look-up)")
+# pass-through ops that compute each value rather than move it: the vector engine's
+_VAE_PASS_THROUGH = frozenset({"abs"})
 _FIXES = {
     "layer_norm": "Dynamic Tanh instead of LayerNorm: 4 ops instead of 8, no ReduceMean "
     "(seed 000 line 119)",
@@ -291,6 +293,8 @@ def op_placement(row: pd.Series, plat: PlatformConfig) -> Placement:
             "-",
         )
     engine, seed = _ENGINES.get(row["category"], _VAE)
+    if row["op_type"] in _VAE_PASS_THROUGH:
+        engine, seed = _VAE
     out = row["output_dtype"]
     ins = row["input_dtype"]
     prec = f"in {ins}" + (f", weight {row['weight_dtype']}" if row["weight_dtype"] else "")

@@ -180,3 +180,21 @@ def test_a_transposed_convolution_is_placed_as_conv_with_the_assumption_named():
     assert row["unit"] == Unit.BPU_FIXED.value and row["engine"] == "TAE"
     assert "computed as Conv (assumed)" in row["reason"]
     assert "seed 002 line 17" in row["seed"]
+
+
+class _Magnitude(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.abs(self.fc(x)).flatten()
+
+
+def test_abs_is_placed_on_the_vector_engine():
+    """abs keeps its input's grid as a layout op does, but computes each value: the VAE."""
+    torch.manual_seed(0)
+    sim = Simulator(_Magnitude().eval(), "j6m")
+    t = model_placement(sim, (torch.randn(2, 4),)).set_index("name")
+    assert t.loc[":abs#0", "unit"] == Unit.BPU_FIXED.value and t.loc[":abs#0", "engine"] == "VAE"
+    assert t.loc[":flatten#0", "engine"] == "DTE"
