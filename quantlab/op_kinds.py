@@ -197,7 +197,7 @@ def _pair_extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCat
     y = args[1] if len(args) > 1 else kwargs.get("other")
     if len(args) > 2 or not set(kwargs) <= {"input", "other"}:
         return kind, None
-    return kind, OpCategory.REQUANT if _values(x) and _values(y) else None
+    return kind, OpCategory.REQUANT if has_values(x) and has_values(y) else None
 
 
 def _extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
@@ -224,8 +224,9 @@ def _extreme_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory
 WHERE_PARAMS = ("condition", "input", "other")
 
 
-def _values(v: Any) -> bool:
-    """Whether ``v`` is a float tensor of at least one dimension (an operand with values)."""
+def has_values(v: Any) -> bool:
+    """Whether ``v`` is a float tensor of at least one dimension (an operand with values, not
+    a number)."""
     return isinstance(v, Tensor) and v.is_floating_point() and v.dim() > 0
 
 
@@ -248,9 +249,9 @@ def _where_kind(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCateg
     cond, x, y = (args[i] if i < len(args) else kwargs.get(n) for i, n in enumerate(WHERE_PARAMS))
     if not isinstance(cond, Tensor) or cond.dtype != torch.bool:
         return "where", None
-    if _values(x) and _values(y):
+    if has_values(x) and has_values(y):
         return "where", OpCategory.REQUANT
-    if (_values(x) and _constant(y)) or (_constant(x) and _values(y)):
+    if (has_values(x) and _constant(y)) or (_constant(x) and has_values(y)):
         return "where", OpCategory.PASS_THROUGH
     return "where", None
 

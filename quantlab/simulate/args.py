@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from quantlab.capture import OpCall, views_parameter
-from quantlab.op_kinds import OpCategory
+from quantlab.op_kinds import OpCategory, has_values
 
 Slot = tuple  # ("a", i) positional, ("a", i, j) element j of a list argument, ("k", name)
 
@@ -80,18 +80,15 @@ def plan(call: OpCall) -> ArgPlan:
         return ArgPlan([s for s in (a0, _slot(call, 1, "other")) if s is not None])
     if call.op_type == "where":  # the condition is no activation; a number operand neither
         slots = (_slot(call, 1, "input"), _slot(call, 2, "other"))
-        return ArgPlan([s for s in slots if s is not None and _has_values(call, s)])
+        return ArgPlan(
+            [s for s in slots if s is not None and has_values(get(call.args, call.kwargs, s))]
+        )
     if cat is OpCategory.REQUANT and call.op_type in ("cat", "stack"):
         seq = call.args[0] if call.args else call.kwargs.get("tensors")
         return ArgPlan([("a", 0, j) for j in range(len(seq))]) if call.args else ArgPlan([])
     if cat is OpCategory.GRID_SAMPLE:
         return ArgPlan([a0, _slot(call, 1, "grid")])
     return ArgPlan([a0] if a0 is not None else [])
-
-
-def _has_values(call: OpCall, slot: Slot) -> bool:
-    v = get(call.args, call.kwargs, slot)
-    return isinstance(v, Tensor) and v.dim() > 0
 
 
 def plan_of(call: OpCall, cache: dict) -> ArgPlan:
@@ -106,7 +103,7 @@ def plan_of(call: OpCall, cache: dict) -> ArgPlan:
     elif call.op_type in _WEIGHTED:
         extra = is_weight(args[1] if n > 1 else call.kwargs.get("weight"))
     elif call.op_type == "where":  # which operands are tensors, which numbers
-        extra = tuple(isinstance(a, Tensor) and a.dim() > 0 for a in args[1:])
+        extra = tuple(has_values(a) for a in args[1:])
     layout = (call.func, n, tuple(call.kwargs) if call.kwargs else (), extra)
     hit = cache.get(call.name)
     if hit is not None and hit[0] == layout:

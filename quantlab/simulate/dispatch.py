@@ -413,12 +413,9 @@ class OpDispatch(BatchNormFolding):
             src = in_infos[0] if in_infos else None
             if src is None or src.dtype.is_float:
                 return out, src
-            if call.op_type == "masked_fill":
-                out = same_grid.snap_fill(call, out, src, self.platform.fake_round)
-            elif call.op_type == "where":
-                out = same_grid.snap_where_number(call, out, src, self.platform.fake_round)
-            elif call.op_type == "abs":
-                out = same_grid.snap_abs(call, out, src)
+            snap = same_grid.SNAPS.get(call.op_type)
+            if snap is not None:  # masked_fill's fill, where's number, abs's largest value
+                out = snap(call, out, src, self.platform.fake_round)
             leaves = tree_flatten(out)[0]  # max over a dimension: its indices are no activation
             return out, [
                 QInfo(src.dtype, src.scale, zero_point=src.zero_point)

@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
-from quantlab.op_kinds import WHERE_PARAMS
+from quantlab.op_kinds import WHERE_PARAMS, has_values
 from quantlab.simulate import args as A
 from quantlab.simulate import calls
 from quantlab.simulate.qtensor import QInfo, QTable
@@ -95,25 +95,36 @@ def _zero_fill(call) -> Callable[[Tensor, int], Tensor] | None:
     return None
 
 
+def _one_scale(call, op_type: str, src: QInfo, what: str) -> None:
+    """ValueError unless ``src`` has one scale (``what``: the part of the op that needs it)."""
+    if src.scale.numel() != 1:
+        raise ValueError(
+            f"op {call.name} ({op_type}): its input is quantized per channel; {what} takes "
+            "one scale (the input's per-tensor quantization)"
+        )
+
+
+def _on_grid(value, src: QInfo, rounding: Round, dtype: torch.dtype) -> Tensor:
+    """The number ``value`` quantized on ``src``'s grid (one scale) and dequantized:
+    ``dequantize(clamp(round(value / scale) + zero_point, qmin, qmax))``, 0-d, in ``dtype``."""
+    scale = src.scale.reshape(())
+    v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(())
+    code = quantize(v, scale, src.dtype, rounding, zero_point=src.zero_point)
+    return dequantize(code, scale, zero_point=src.zero_point).to(dtype)
+
+
 def snap_fill(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     """``out``, the result of ``masked_fill(x, mask, value)`` on ``x`` quantized at ``src``
     (an integer dtype, one scale), with its filled values replaced by ``value`` quantized on
-    that grid: ``dequantize(clamp(round(value / scale) + zero_point, qmin, qmax))``, the code
-    ``rounding`` and the dtype's saturation give (the J6 plugin's QTensor masked_fill: the
-    output keeps the input's scale and the fill saturates, so -1e4 or -inf read as the lowest
-    code); in place, as ``out`` is the op's fresh result or its in-place target. Raises
-    ValueError for a per-channel ``src``, which the plugin refuses too."""
-    if src.scale.numel() != 1:
-        raise ValueError(
-            f"op {call.name} (masked_fill): its input is quantized per channel; the fill "
-            "takes one scale (the input's per-tensor quantization)"
-        )
+    that grid (``_on_grid``: the code ``rounding`` and the dtype's saturation give; the J6
+    plugin's QTensor masked_fill: the output keeps the input's scale and the fill saturates,
+    so -1e4 or -inf read as the lowest code); in place, as ``out`` is the op's fresh result or
+    its in-place target. Raises ValueError for a per-channel ``src``, which the plugin refuses
+    too."""
+    _one_scale(call, "masked_fill", src, "the fill")
     mask = call.args[1] if len(call.args) > 1 else call.kwargs["mask"]
     value = call.args[2] if len(call.args) > 2 else call.kwargs["value"]
-    v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(())
-    code = quantize(v, src.scale.reshape(()), src.dtype, rounding, zero_point=src.zero_point)
-    filled = dequantize(code, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
-    return out.masked_fill_(mask, filled)
+    return out.masked_fill_(mask, _on_grid(value, src, rounding, out.dtype))
 
 
 def snap_where_number(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
@@ -122,34 +133,28 @@ def snap_where_number(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     from the number replaced by the number quantized on that grid, as ``snap_fill`` does for
     masked_fill (the output keeps the tensor's scale; the number saturates); in place. Raises
     ValueError for a per-channel ``src``."""
+    _one_scale(call, "where", src, "the number")
     cond, x, y = A.named(call.args, call.kwargs, WHERE_PARAMS).values()
-    number_is_input = not (isinstance(x, Tensor) and x.dim() > 0)
-    if src.scale.numel() != 1:
-        raise ValueError(
-            f"op {call.name} (where): its tensor operand is quantized per channel; the number "
-            "takes one scale (the tensor's per-tensor quantization)"
-        )
-    value = x if number_is_input else y
-    v = torch.as_tensor(value, dtype=torch.float32).detach().reshape(())
-    code = quantize(v, src.scale.reshape(()), src.dtype, rounding, zero_point=src.zero_point)
-    filled = dequantize(code, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
+    number_is_input = not has_values(x)
+    filled = _on_grid(x if number_is_input else y, src, rounding, out.dtype)
     return out.masked_fill_(cond if number_is_input else ~cond, filled)
 
 
-def snap_abs(call, out: Tensor, src: QInfo) -> Tensor:
+def snap_abs(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     """``out``, the result of ``abs(x)`` on ``x`` quantized at ``src`` (an integer dtype, one
     scale, zero point z), kept on that grid: ``|code - z|`` of the lowest code exceeds
     ``qmax - z`` (int8 symmetric: |-128| = 128), so values above the grid's largest,
-    ``dequantize(qmax)``, saturate to it; in place. Raises ValueError for a per-channel
-    ``src``."""
-    if src.scale.numel() != 1:
-        raise ValueError(
-            f"op {call.name} (abs): its input is quantized per channel; abs keeps one scale "
-            "(the input's per-tensor quantization)"
-        )
+    ``dequantize(qmax)``, saturate to it; in place (``rounding`` unused: no value is rounded).
+    Raises ValueError for a per-channel ``src``."""
+    _one_scale(call, "abs", src, "its output")
     top = torch.tensor(src.dtype.qmax)
-    largest = dequantize(top, src.scale.reshape(()), zero_point=src.zero_point).to(out.dtype)
-    return out.clamp_max_(largest)
+    largest = dequantize(top, src.scale.reshape(()), zero_point=src.zero_point)
+    return out.clamp_max_(largest.to(out.dtype))
+
+
+# pass-through ops whose output keeps the input's grid only after a snap of some values:
+# op type -> its snap (call, out, src, rounding) -> out, in place
+SNAPS = {"masked_fill": snap_fill, "where": snap_where_number, "abs": snap_abs}
 
 
 def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:
