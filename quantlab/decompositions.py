@@ -64,6 +64,10 @@ makes the same result through other torch calls), or None for a call captured as
   (an infinite one taken as 0), exp of the difference (a table), the sum, log (a table) plus
   the maximum, with the call's float bits.
 
+The recurrent layers' parts are in ``recurrent_parts``, the normalizations' and reductions'
+(RMSNorm, norms, var / std, logsumexp) in ``norm_parts``, einsum's plan in ``einsum_parts``;
+``PARTS`` maps every function whose calls may split to its parts.
+
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
 in the last bits (fused attention kernels). A masked call sets the rows its mask covers whole
@@ -88,6 +92,14 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from quantlab.einsum_parts import contract, einsum_plan
+from quantlab.norm_parts import (
+    is_float,
+    logsumexp_parts,
+    rms_norm_parts,
+    two_norm_parts,
+    variance_parts,
+)
+from quantlab.recurrent_parts import RECURRENT
 
 _CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
 
@@ -254,50 +266,10 @@ def _einsum_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return None if plan is None else lambda: contract(a, b, plan)
 
 
-_RMS_NORM_PARAMS = ("input", "normalized_shape", "weight", "eps")
-RMS_NORM_DTYPES = (torch.float32, torch.float64)  # computed in their own dtype (opmath)
-
-
-def _rms_norm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """``F.rms_norm`` / ``torch.rms_norm`` as ATen's CPU steps (``rms_norm_symint``): the
-    squares, their mean over the normalized dims, eps added (its dtype's machine epsilon when
-    None), rsqrt, the product by the input, then by the weight. float32 / float64 inputs only
-    (ATen computes half types in float32 and casts back: whole)."""
-    p = dict(zip(_RMS_NORM_PARAMS, args)) | kwargs
-    if len(args) > len(_RMS_NORM_PARAMS) or not set(p) <= set(_RMS_NORM_PARAMS):
-        return None
-    x, shape, w, eps = (p.get(k) for k in _RMS_NORM_PARAMS)
-    try:
-        if x.dtype not in RMS_NORM_DTYPES or (w is not None and w.dtype != x.dtype):
-            return None
-    except AttributeError:  # not tensors
-        return None
-    if isinstance(shape, int):
-        shape = (shape,)
-    if not isinstance(shape, (tuple, list, torch.Size)) or not shape:
-        return None
-    dims = tuple(range(-len(shape), 0))
-    e = torch.finfo(x.dtype).eps if eps is None else eps
-
-    def parts():
-        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + e)
-        return y if w is None else y * w
-
-    return parts
-
-
-def _is_float(t) -> bool:
-    """Whether ``t`` is a floating-point tensor (or a traced value of one)."""
-    try:
-        return t.dtype.is_floating_point
-    except AttributeError:  # not a tensor
-        return False
-
-
 def _neg_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """``-x`` of a float tensor as ``x * -1.0``, a product by a constant: the same bits (both
     flip the sign bit alone) except a NaN's sign (the product returns the NaN as it is)."""
-    if len(args) != 1 or kwargs or not _is_float(args[0]):
+    if len(args) != 1 or kwargs or not is_float(args[0]):
         return None
     x = args[0]
     return lambda: x * -1.0
@@ -305,7 +277,7 @@ def _neg_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
 
 def _square_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """``torch.square(x)`` of a float tensor as ``x.pow(2)`` (torch computes both as x * x)."""
-    if len(args) != 1 or kwargs or not _is_float(args[0]):
+    if len(args) != 1 or kwargs or not is_float(args[0]):
         return None
     x = args[0]
     return lambda: x.pow(2)
@@ -323,7 +295,7 @@ def _glu_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
         return None
     x, dim = p.get("input"), p.get("dim", -1)
     try:
-        if not _is_float(x) or not isinstance(dim, int) or x.dim() == 0 or x.shape[dim] % 2:
+        if not is_float(x) or not isinstance(dim, int) or x.dim() == 0 or x.shape[dim] % 2:
             return None
     except (AttributeError, IndexError, TypeError):
         return None
@@ -335,243 +307,6 @@ def _glu_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return parts
 
 
-def _norm_parts(names: tuple[str, str, str, str]) -> Callable:
-    """The parts of a 2-norm call whose positional parameters are ``names`` (input, the order,
-    dim, keepdim): ``sqrt(sum(x * x))`` over ``dim`` (all elements for None), a product, a
-    sum and a square-root table. torch's own norm kernel sums the squares in another order:
-    its float bits differ in the last place or two (README)."""
-    order_name = names[1]
-
-    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        p = dict(zip(names, args)) | kwargs
-        if len(args) > len(names) or not set(p) <= {*names, "dtype"} or p.get("dtype"):
-            return None
-        x, dim, keepdim = p.get(names[0]), p.get("dim"), p.get("keepdim", False)
-        order = p.get(order_name, "fro" if order_name == "p" else 2)
-        if isinstance(order, bool) or order not in (2, "fro") or not isinstance(keepdim, bool):
-            return None
-        if not _is_float(x) or x.dim() == 0:
-            return None
-        if isinstance(dim, int):
-            dim = (dim,)
-        if dim is None:
-            dim = tuple(range(x.dim())) if keepdim else None
-        elif not (isinstance(dim, (tuple, list)) and dim and all(type(d) is int for d in dim)):
-            return None
-
-        def parts():
-            squares = x * x
-            total = squares.sum() if dim is None else squares.sum(tuple(dim), keepdim=keepdim)
-            return torch.sqrt(total)
-
-        return parts
-
-    return split
-
-
-def _variance_parts(root: bool) -> Callable:
-    """The parts of ``var`` (``root``: ``std``) of a float tensor: the mean over ``dim`` (all
-    elements for None), the difference, its square, their sum divided by N - correction
-    (``unbiased``: correction 1, the default), and for std the square root (a table); the two
-    passes torch's Welford reduction replaces, so the parts' float bits differ from the call's
-    in the last places (README)."""
-
-    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        if not args or not _is_float(args[0]) or args[0].dim() == 0:
-            return None
-        x, rest = args[0], list(args[1:])
-        p: dict[str, Any] = {}
-        if rest and isinstance(rest[0], bool):  # var(x, unbiased)
-            p["unbiased"] = rest.pop(0)
-            if rest:
-                return None
-        for name, value in zip(("dim", "unbiased", "keepdim"), rest):
-            p[name] = value
-        if len(rest) > 3 or set(p) & set(kwargs):
-            return None
-        p |= kwargs
-        if not set(p) <= {"dim", "unbiased", "correction", "keepdim"}:
-            return None
-        if "unbiased" in p and "correction" in p:
-            return None
-        correction = p.get("correction", 1 if p.get("unbiased", True) else 0)
-        keepdim = p.get("keepdim", False)
-        if type(correction) not in (int, float) or not isinstance(keepdim, bool):
-            return None
-        dim = p.get("dim")
-        dims = tuple(range(x.dim())) if dim is None else (dim,) if type(dim) is int else dim
-        if not (isinstance(dims, (tuple, list)) and dims and all(type(d) is int for d in dims)):
-            return None
-        dims = tuple(dims)
-        n = math.prod(x.shape[d] for d in dims)
-        if n - correction <= 0:  # torch's inf / nan: whole
-            return None
-
-        def parts():
-            diff = x - x.mean(dims, keepdim=True)
-            var = (diff * diff).sum(dims, keepdim=keepdim) / (n - correction)
-            return torch.sqrt(var) if root else var
-
-        return parts
-
-    return split
-
-
-_LOGSUMEXP_PARAMS = ("input", "dim", "keepdim")
-
-
-def _logsumexp_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """``torch.logsumexp(x, dim, keepdim)`` of a float tensor as ATen's CPU steps
-    (``logsumexp_out_impl``): the maximum over ``dim`` (an infinite one taken as 0), the
-    exp of x minus it (a table), their sum, its log (a table) plus the maximum; with the call's
-    float bits."""
-    p = dict(zip(_LOGSUMEXP_PARAMS, args)) | kwargs
-    if len(args) > 3 or not set(p) <= set(_LOGSUMEXP_PARAMS):
-        return None
-    x, dim, keepdim = p.get("input"), p.get("dim"), p.get("keepdim", False)
-    if not _is_float(x) or x.dim() == 0 or x.numel() == 0 or not isinstance(keepdim, bool):
-        return None
-    dims = (dim,) if type(dim) is int else dim
-    if not (isinstance(dims, (tuple, list)) and dims and all(type(d) is int for d in dims)):
-        return None
-    dims = tuple(dims)
-
-    def parts():
-        top = x.amax(dims, keepdim=True)
-        top = top.masked_fill(torch.isinf(top), 0.0)
-        total = torch.exp(x - top).sum(dims, keepdim=keepdim)
-        return torch.log(total) + (top if keepdim else top.squeeze(dims))
-
-    return parts
-
-
-_CELL_PARAMS = ("input", "hx", "w_ih", "w_hh", "b_ih", "b_hh")
-
-
-def _lstm_step(ig, hx, w_hh, b_hh):
-    """One LSTM step on its input projection ``ig`` (ATen's LSTMCell on CPU)."""
-    h, c = hx
-    gates = F.linear(h, w_hh, b_hh) + ig
-    i, f, g, o = gates.chunk(4, 1)
-    i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-    cy = f * c + i * g
-    return o * torch.tanh(cy), cy
-
-
-def _gru_step(ig, h, w_hh, b_hh):
-    """One GRU step on its input projection ``ig`` (ATen's GRUCell on CPU). torch adds the
-    reset and update gates' parts in place into strided views of the hidden projection and
-    takes their sigmoids there, row by row; one add of both gates and a sigmoid of each half
-    (a strided view) takes the same rows, so the same float bits."""
-    hg = F.linear(h, w_hh, b_hh)
-    n = hg.shape[1] // 3
-    gates = hg[:, : 2 * n] + ig[:, : 2 * n]
-    reset, update = torch.sigmoid(gates[:, :n]), torch.sigmoid(gates[:, n:])
-    new = torch.tanh(ig[:, 2 * n :] + hg[:, 2 * n :] * reset)
-    return (h - new) * update + new
-
-
-def _simple_step(activation: Callable) -> Callable:
-    """One tanh / relu RNN step on its input projection (ATen's SimpleCell)."""
-    return lambda ig, h, w_hh, b_hh: activation(F.linear(h, w_hh, b_hh) + ig)
-
-
-def _cell_arguments(args: tuple, kwargs: dict) -> dict | None:
-    """A cell call's arguments by name, or None for a call torch itself would refuse (it then
-    runs whole and raises its own message): a batch of inputs (2-d) is what the modules pass."""
-    p = dict(zip(_CELL_PARAMS, args)) | kwargs
-    if len(args) > len(_CELL_PARAMS) or not set(p) <= set(_CELL_PARAMS) or len(p) < 4:
-        return None
-    if getattr(p.get("input"), "ndim", None) != 2:
-        return None
-    return {k: p.get(k) for k in _CELL_PARAMS}
-
-
-def _cell_parts(step: Callable, lstm: bool = False) -> Callable:
-    """The parts of one cell call: its input projection, then ``step``."""
-
-    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        p = _cell_arguments(args, kwargs)
-        if p is None or (lstm and not _pair(p["hx"])):
-            return None
-
-        def parts():
-            ig = F.linear(p["input"], p["w_ih"], p["b_ih"])
-            return step(ig, p["hx"], p["w_hh"], p["b_hh"])
-
-        return parts
-
-    return split
-
-
-def _pair(hx) -> bool:
-    return isinstance(hx, (list, tuple)) and len(hx) == 2
-
-
-def _initial_states(hx, lstm: bool) -> list:
-    """Each layer's and direction's initial state (LSTM: (h, c) pairs) from the call's stacked
-    ones. All-zero states (what the modules make in their forward when given none: constants,
-    which the op capture would see sliced as ops and a torch.fx trace would not) are sliced
-    outside the capture, so a steady program's trace and the capture see the same ops."""
-    stacked = list(hx) if lstm else [hx]
-    with torch._C.DisableTorchFunction():
-        zeros = all(isinstance(t, Tensor) and not bool(t.any()) for t in stacked)
-        rows = [t.unbind(0) for t in stacked] if zeros else None
-    if rows is None:  # states the model computed or was given: sliced as ops
-        rows = [t.unbind(0) for t in stacked]
-    return list(zip(*rows)) if lstm else list(rows[0])
-
-
-def _sequence_parts(step: Callable, lstm: bool = False) -> Callable:
-    """The parts of an ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` call (``torch.lstm``, ``gru``,
-    ``rnn_tanh``, ``rnn_relu`` on a padded batch): ATen's CPU layers, layer by layer and
-    direction by direction, each the input projection of the whole sequence (one linear
-    layer), its steps (``step``, backwards for the reverse direction), their outputs stacked
-    (and the two directions' concatenated); the final states stacked. None for a packed
-    sequence, projections (``proj_size``), dropout between layers in training, or a call
-    torch would refuse."""
-
-    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        if kwargs or len(args) != 9 or not isinstance(args[2], (list, tuple)):
-            return None  # a packed sequence's overload, or not torch's call
-        x, hx, params, biases, layers, dropout, train, bidirectional, batch_first = args
-        dirs, per = 2 if bidirectional else 1, 4 if biases else 2
-        if (
-            getattr(x, "ndim", None) != 3
-            or len(params) != layers * dirs * per  # projections (w_hr) among them
-            or (train and dropout and layers > 1)
-            or (lstm and not _pair(hx))
-        ):
-            return None
-
-        def parts():
-            seq = x.transpose(0, 1) if batch_first else x
-            starts = _initial_states(hx, lstm)
-            finals = []
-            for layer in range(layers):
-                outs = []
-                for d in range(dirs):
-                    k = layer * dirs + d
-                    w_ih, w_hh, *b = params[k * per : (k + 1) * per]
-                    b_ih, b_hh = b if b else (None, None)
-                    steps = F.linear(seq, w_ih, b_ih).unbind(0)
-                    h, ys = starts[k], []
-                    for ig in steps if d == 0 else steps[::-1]:
-                        h = step(ig, h, w_hh, b_hh)
-                        ys.append(h[0] if lstm else h)
-                    outs.append(torch.stack(ys if d == 0 else ys[::-1], 0))
-                    finals.append(h)
-                seq = outs[0] if dirs == 1 else torch.cat(outs, outs[0].dim() - 1)
-            out = seq.transpose(0, 1) if batch_first else seq
-            if lstm:
-                return out, torch.stack([f[0] for f in finals]), torch.stack([f[1] for f in finals])
-            return out, torch.stack(finals)
-
-        return parts
-
-    return split
-
-
 def _is_parameter(w) -> bool:
     """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
     torch.fx hands the parts a model attribute as a traced value)."""
@@ -580,7 +315,6 @@ def _is_parameter(w) -> bool:
     )
 
 
-# the functions ``decomposition`` may split (``splits``: callers on a hot path ask it first)
 def _body_parts(body: Callable | None) -> Callable:
     """The parts of a call that runs ``body``, the function's own code (``_own_body``), on the
     call's arguments; None where torch's code makes no check to answer."""
@@ -594,20 +328,8 @@ def _normalize_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
 
 
 def _two_norm(order: str) -> Callable:
-    return _norm_parts(("input", order, "dim", "keepdim"))
+    return two_norm_parts(("input", order, "dim", "keepdim"))
 
-
-# what nn.LSTMCell, nn.GRUCell, nn.RNNCell and nn.LSTM, nn.GRU, nn.RNN call, and their parts
-RECURRENT = {
-    torch.lstm_cell: _cell_parts(_lstm_step, lstm=True),
-    torch.gru_cell: _cell_parts(_gru_step),
-    torch.rnn_tanh_cell: _cell_parts(_simple_step(torch.tanh)),
-    torch.rnn_relu_cell: _cell_parts(_simple_step(torch.relu)),
-    torch.lstm: _sequence_parts(_lstm_step, lstm=True),
-    torch.gru: _sequence_parts(_gru_step),
-    torch.rnn_tanh: _sequence_parts(_simple_step(torch.tanh)),
-    torch.rnn_relu: _sequence_parts(_simple_step(torch.relu)),
-}
 
 # every function whose calls may split -> its parts for a call's (args, kwargs), or None
 PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
@@ -617,8 +339,8 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     torch.baddbmm: _baddbmm_parts,
     Tensor.baddbmm: _baddbmm_parts,
     torch.functional.einsum: _einsum_parts,  # torch.einsum
-    F.rms_norm: _rms_norm_parts,
-    torch.rms_norm: _rms_norm_parts,
+    F.rms_norm: rms_norm_parts,
+    torch.rms_norm: rms_norm_parts,
     # operator.neg: torch.fx's trace of ``-x``
     **dict.fromkeys(
         (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg),
@@ -632,12 +354,12 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     Tensor.norm: _two_norm("p"),
     torch.linalg.vector_norm: _two_norm("ord"),
     F.normalize: _normalize_parts,
-    torch.logsumexp: _logsumexp_parts,
-    Tensor.logsumexp: _logsumexp_parts,
-    torch.var: _variance_parts(root=False),
-    Tensor.var: _variance_parts(root=False),
-    torch.std: _variance_parts(root=True),
-    Tensor.std: _variance_parts(root=True),
+    torch.logsumexp: logsumexp_parts,
+    Tensor.logsumexp: logsumexp_parts,
+    torch.var: variance_parts(root=False),
+    Tensor.var: variance_parts(root=False),
+    torch.std: variance_parts(root=True),
+    Tensor.std: variance_parts(root=True),
     **RECURRENT,
 }
 SPLIT = frozenset(PARTS)

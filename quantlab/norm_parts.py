@@ -1,0 +1,164 @@
+"""Normalizations and reductions as the ops they compose, the parts op capture sees instead of
+one call (``quantlab.decompositions``): ``F.rms_norm`` (ATen's CPU steps, the call's bits),
+order-2 norms as ``sqrt(sum(x * x))`` and ``var`` / ``std`` in two passes (the parts' bits:
+torch's kernels reduce in another order), ``torch.logsumexp`` (ATen's CPU steps, the call's
+bits). Each ``*_parts`` function takes a call's (args, kwargs) and gives its parts, or None for
+a call that stays whole."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def is_float(t) -> bool:
+    """Whether ``t`` is a floating-point tensor (or a traced value of one)."""
+    try:
+        return t.dtype.is_floating_point
+    except AttributeError:  # not a tensor
+        return False
+
+
+_RMS_NORM_PARAMS = ("input", "normalized_shape", "weight", "eps")
+RMS_NORM_DTYPES = (torch.float32, torch.float64)  # computed in their own dtype (opmath)
+
+
+def rms_norm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``F.rms_norm`` / ``torch.rms_norm`` as ATen's CPU steps (``rms_norm_symint``): the
+    squares, their mean over the normalized dims, eps added (its dtype's machine epsilon when
+    None), rsqrt, the product by the input, then by the weight. float32 / float64 inputs only
+    (ATen computes half types in float32 and casts back: whole)."""
+    p = dict(zip(_RMS_NORM_PARAMS, args)) | kwargs
+    if len(args) > len(_RMS_NORM_PARAMS) or not set(p) <= set(_RMS_NORM_PARAMS):
+        return None
+    x, shape, w, eps = (p.get(k) for k in _RMS_NORM_PARAMS)
+    try:
+        if x.dtype not in RMS_NORM_DTYPES or (w is not None and w.dtype != x.dtype):
+            return None
+    except AttributeError:  # not tensors
+        return None
+    if isinstance(shape, int):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list, torch.Size)) or not shape:
+        return None
+    dims = tuple(range(-len(shape), 0))
+    e = torch.finfo(x.dtype).eps if eps is None else eps
+
+    def parts():
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + e)
+        return y if w is None else y * w
+
+    return parts
+
+
+def two_norm_parts(names: tuple[str, str, str, str]) -> Callable:
+    """The parts of a 2-norm call whose positional parameters are ``names`` (input, the order,
+    dim, keepdim): ``sqrt(sum(x * x))`` over ``dim`` (all elements for None), a product, a
+    sum and a square-root table. torch's own norm kernel sums the squares in another order:
+    its float bits differ in the last place or two (README)."""
+    order_name = names[1]
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        p = dict(zip(names, args)) | kwargs
+        if len(args) > len(names) or not set(p) <= {*names, "dtype"} or p.get("dtype"):
+            return None
+        x, dim, keepdim = p.get(names[0]), p.get("dim"), p.get("keepdim", False)
+        order = p.get(order_name, "fro" if order_name == "p" else 2)
+        if isinstance(order, bool) or order not in (2, "fro") or not isinstance(keepdim, bool):
+            return None
+        if not is_float(x) or x.dim() == 0:
+            return None
+        if isinstance(dim, int):
+            dim = (dim,)
+        if dim is None:
+            dim = tuple(range(x.dim())) if keepdim else None
+        elif not (isinstance(dim, (tuple, list)) and dim and all(type(d) is int for d in dim)):
+            return None
+
+        def parts():
+            squares = x * x
+            total = squares.sum() if dim is None else squares.sum(tuple(dim), keepdim=keepdim)
+            return torch.sqrt(total)
+
+        return parts
+
+    return split
+
+
+def variance_parts(root: bool) -> Callable:
+    """The parts of ``var`` (``root``: ``std``) of a float tensor: the mean over ``dim`` (all
+    elements for None), the difference, its square, their sum divided by N - correction
+    (``unbiased``: correction 1, the default), and for std the square root (a table); the two
+    passes torch's Welford reduction replaces, so the parts' float bits differ from the call's
+    in the last places (README)."""
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        if not args or not is_float(args[0]) or args[0].dim() == 0:
+            return None
+        x, rest = args[0], list(args[1:])
+        p: dict[str, Any] = {}
+        if rest and isinstance(rest[0], bool):  # var(x, unbiased)
+            p["unbiased"] = rest.pop(0)
+            if rest:
+                return None
+        for name, value in zip(("dim", "unbiased", "keepdim"), rest):
+            p[name] = value
+        if len(rest) > 3 or set(p) & set(kwargs):
+            return None
+        p |= kwargs
+        if not set(p) <= {"dim", "unbiased", "correction", "keepdim"}:
+            return None
+        if "unbiased" in p and "correction" in p:
+            return None
+        correction = p.get("correction", 1 if p.get("unbiased", True) else 0)
+        keepdim = p.get("keepdim", False)
+        if type(correction) not in (int, float) or not isinstance(keepdim, bool):
+            return None
+        dim = p.get("dim")
+        dims = tuple(range(x.dim())) if dim is None else (dim,) if type(dim) is int else dim
+        if not (isinstance(dims, (tuple, list)) and dims and all(type(d) is int for d in dims)):
+            return None
+        dims = tuple(dims)
+        n = math.prod(x.shape[d] for d in dims)
+        if n - correction <= 0:  # torch's inf / nan: whole
+            return None
+
+        def parts():
+            diff = x - x.mean(dims, keepdim=True)
+            var = (diff * diff).sum(dims, keepdim=keepdim) / (n - correction)
+            return torch.sqrt(var) if root else var
+
+        return parts
+
+    return split
+
+
+_LOGSUMEXP_PARAMS = ("input", "dim", "keepdim")
+
+
+def logsumexp_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``torch.logsumexp(x, dim, keepdim)`` of a float tensor as ATen's CPU steps
+    (``logsumexp_out_impl``): the maximum over ``dim`` (an infinite one taken as 0), the
+    exp of x minus it (a table), their sum, its log (a table) plus the maximum; with the call's
+    float bits."""
+    p = dict(zip(_LOGSUMEXP_PARAMS, args)) | kwargs
+    if len(args) > 3 or not set(p) <= set(_LOGSUMEXP_PARAMS):
+        return None
+    x, dim, keepdim = p.get("input"), p.get("dim"), p.get("keepdim", False)
+    if not is_float(x) or x.dim() == 0 or x.numel() == 0 or not isinstance(keepdim, bool):
+        return None
+    dims = (dim,) if type(dim) is int else dim
+    if not (isinstance(dims, (tuple, list)) and dims and all(type(d) is int for d in dims)):
+        return None
+    dims = tuple(dims)
+
+    def parts():
+        top = x.amax(dims, keepdim=True)
+        top = top.masked_fill(torch.isinf(top), 0.0)
+        total = torch.exp(x - top).sum(dims, keepdim=keepdim)
+        return torch.log(total) + (top if keepdim else top.squeeze(dims))
+
+    return parts
