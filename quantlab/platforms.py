@@ -26,7 +26,8 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.embedding import EmbeddingContract
 from quantlab.numerics.grid_sample import GridCoord
 from quantlab.numerics.lut.formats import LutFormat, TableValues
-from quantlab.numerics.lut.functions import LutSpec, default_spec
+from quantlab.numerics.lut.functions import default_spec
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
 from quantlab.numerics.quantize import ScaleRule

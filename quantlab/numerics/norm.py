@@ -41,8 +41,9 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
-from quantlab.numerics.lut.functions import LutSpec, default_spec
+from quantlab.numerics.lut.functions import default_spec
 from quantlab.numerics.lut.segment import SegmentLut
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.requant import (
     Requant,

@@ -17,7 +17,7 @@ from torch import nn
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut import Strategy, build_lut, default_spec, get_function
-from quantlab.numerics.lut.functions import RangeRule
+from quantlab.numerics.lut.spec import RangeRule
 from quantlab.numerics.quantize import quantize
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.qconfig import OpQConfig, QConfigSpec

@@ -18,16 +18,10 @@ from quantlab.numerics.lut.composite import inverse_sigmoid_composite, lut_softm
 from quantlab.numerics.lut.data_weighted import InputHistogram
 from quantlab.numerics.lut.fake import lut_fake, lut_fake_codes
 from quantlab.numerics.lut.formats import J6_FORMAT, TOSA_LIKE_FORMAT, LutFormat, TableValues
-from quantlab.numerics.lut.functions import (
-    FUNCTIONS,
-    LutFunction,
-    LutSpec,
-    RangeRule,
-    default_spec,
-    get_function,
-)
+from quantlab.numerics.lut.functions import FUNCTIONS, LutFunction, default_spec, get_function
 from quantlab.numerics.lut.ranges import input_range
 from quantlab.numerics.lut.segment import SegmentLut, Tail
+from quantlab.numerics.lut.spec import LutSpec, RangeRule
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.lut.table import build_lut
 

@@ -22,9 +22,10 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.fake import lut_fake_codes
-from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
+from quantlab.numerics.lut.functions import default_spec, get_function
 from quantlab.numerics.lut.segment import SegmentLut, all_codes, evaluate_codes_int
 from quantlab.numerics.lut.segments import target_values
+from quantlab.numerics.lut.spec import LutSpec
 
 BOUND_PROBES_PER_STEP = 32  # grid density for max|f''| of a table (finite differences)
 

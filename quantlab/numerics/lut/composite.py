@@ -18,7 +18,8 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fake_quant_plan import native_constants
 from quantlab.numerics.lut import softmax_native
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat
-from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, LutSpec, default_spec
+from quantlab.numerics.lut.functions import INVERSE_SIGMOID_EPS, default_spec
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.quantize import Divide, fake_quant

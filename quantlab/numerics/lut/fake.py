@@ -6,7 +6,8 @@ import torch
 from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
+from quantlab.numerics.lut.functions import default_spec, get_function
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.rounding import Round, round_float
 from quantlab.numerics.scales import check_scale_float
 

@@ -7,7 +7,8 @@ import math
 import torch
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut.functions import LutFunction, LutSpec, RangeRule
+from quantlab.numerics.lut.functions import LutFunction
+from quantlab.numerics.lut.spec import LutSpec, RangeRule
 from quantlab.numerics.scales import check_scale_float
 
 

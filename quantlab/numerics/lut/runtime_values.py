@@ -47,7 +47,8 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.eigen_float32 import eigen_cos, eigen_exp, eigen_log, eigen_log1p, eigen_sin
 from quantlab.numerics.ieee32 import sqrt32
-from quantlab.numerics.lut.functions import LutSpec, get_function, softplus_in_onnx
+from quantlab.numerics.lut.functions import get_function, softplus_in_onnx
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round

@@ -22,8 +22,9 @@ from torch import Tensor
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.formats import LutFormat
-from quantlab.numerics.lut.functions import LutFunction, LutSpec, get_function
+from quantlab.numerics.lut.functions import LutFunction, get_function
 from quantlab.numerics.lut.gather import gather
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.rounding import rshift_round_np
 

@@ -34,7 +34,7 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.analysis import _max_error_lsb, exact_lsb
 from quantlab.numerics.lut.data_weighted import InputHistogram, data_points
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, TableValues
-from quantlab.numerics.lut.functions import LutFunction, LutSpec, default_spec, get_function
+from quantlab.numerics.lut.functions import LutFunction, default_spec, get_function
 from quantlab.numerics.lut.optimal import optimal_points
 from quantlab.numerics.lut.ranges import input_range
 from quantlab.numerics.lut.runtime_values import runtime_codes
@@ -42,6 +42,7 @@ from quantlab.numerics.lut.search import MINIMAX_CANDIDATES, refine
 from quantlab.numerics.lut.segment import SegmentLut, Tail, all_codes, evaluate_codes_int
 from quantlab.numerics.lut.segment_cost import SegmentCosts, SegmentProblem
 from quantlab.numerics.lut.segments import table_entries
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import (
     Strategy,
     curvature_points,

@@ -30,10 +30,11 @@ from torch import Tensor
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.lut.data_weighted import InputHistogram
 from quantlab.numerics.lut.formats import J6_FORMAT, LutFormat, TableValues
-from quantlab.numerics.lut.functions import LutSpec, default_spec, get_function
+from quantlab.numerics.lut.functions import default_spec, get_function
 from quantlab.numerics.lut.runtime_values import runtime_codes
 from quantlab.numerics.lut.segment import SegmentLut, evaluate_codes_int
 from quantlab.numerics.lut.slope import segment_slope
+from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.table import build_lut
 from quantlab.numerics.rounding import round_float
 from quantlab.numerics.scales import check_scale_float
