@@ -123,11 +123,19 @@ def to_deployment_form(module: nn.Module, inputs: tuple[Tensor, ...]) -> nn.Modu
         setattr(parent, attr, nn.Identity().eval())
     with torch.no_grad():
         after = module(*inputs)
-    err = float((after - before).abs().max())
-    bound = 1e-4 * max(1.0, float(before.abs().max()))
-    if not err <= bound:
-        raise RuntimeError(
-            f"folding BatchNorm changed the model output by {err:.3g} (> {bound:.3g}): a folded "
-            f"conv output must also feed something other than its BatchNorm"
-        )
+    for i, (a, b) in enumerate(zip(_float_leaves(after), _float_leaves(before))):
+        err = float((a - b).abs().max()) if a.numel() else 0.0
+        bound = 1e-4 * max(1.0, float(b.abs().max()) if b.numel() else 0.0)
+        if not err <= bound:
+            raise RuntimeError(
+                f"folding BatchNorm changed the model's float output {i} by {err:.3g} (> "
+                f"{bound:.3g}): a folded conv output must also feed something other than its "
+                "BatchNorm"
+            )
     return module
+
+
+def _float_leaves(out) -> list[Tensor]:
+    """The floating-point tensors of a model output (a tensor, or a tuple, list or dict of
+    them), in ``tree_flatten`` order; integer outputs such as top-k indices are left out."""
+    return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.is_floating_point()]

@@ -50,6 +50,54 @@ def test_pairs_fold_and_shared_outputs_stay():
         assert torch.allclose(m(x), ref, rtol=1e-5, atol=1e-5)
 
 
+class TwoHeads(nn.Module):
+    """A detector-style output: a dict of a tuple of float maps and integer top-k indices."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        h = self.bn(self.a(x))
+        score = h.mean((2, 3))
+        return {"maps": (h, h.sigmoid()), "top": score.topk(2, -1).indices, "score": score}
+
+
+def test_models_with_nested_and_integer_outputs_fold():
+    m = TwoHeads().eval()
+    _randomize_bn(m)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = m(x)
+    to_deployment_form(m, (x,))
+    assert isinstance(m.bn, nn.Identity)
+    with torch.no_grad():
+        out = m(x)
+    for a, b in zip((*out["maps"], out["score"]), (*ref["maps"], ref["score"])):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fold_that_changes_a_later_output_is_refused(monkeypatch):
+    """The check compares every float output, not only the first: a pair forced on a conv
+    whose output also feeds the second output is refused, naming that output."""
+    from quantlab.models import fold
+
+    class Shared(TwoHeads):
+        def forward(self, x):
+            y = self.a(x)
+            return self.bn(y).sum(), y.sum()
+
+    m = Shared().eval()
+    _randomize_bn(m)
+    x = torch.randn(2, 3, 8, 8)
+    assert conv_bn_pairs(m, (x,)) == []  # the search itself keeps this BatchNorm
+    found = fold._pairs_and_output
+    monkeypatch.setattr(fold, "_pairs_and_output", lambda *a: ([("a", "bn")], found(*a)[1]))
+    with pytest.raises(RuntimeError, match="float output 1"):
+        to_deployment_form(m, (x,))
+
+
 def test_fold_formula_matches_batchnorm_in_float64():
     conv, bn = nn.Conv2d(2, 3, 3).double(), nn.BatchNorm2d(3).double().eval()
     _randomize_bn(bn, 1)
