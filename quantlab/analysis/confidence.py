@@ -91,6 +91,20 @@ def _resampled_means(values: Tensor, indices: Tensor) -> np.ndarray:
     return np.concatenate([np.mean(v[idx[i : i + rows]], axis=1) for i in range(0, len(idx), rows)])
 
 
+def _resampled_sums(terms: Tensor, indices: Tensor, from_sums) -> np.ndarray:
+    """``from_sums`` of the per-item ``terms`` (N, k) summed over each row of ``indices``
+    (R, N): an ``ItemSumsMetric`` on every resample, from its terms computed once."""
+    t = terms.detach().to(torch.float64).numpy()
+    if t.ndim != 2 or t.shape[0] != indices.shape[1]:
+        raise ValueError(
+            f"item_terms gave shape {tuple(t.shape)}, expected ({indices.shape[1]}, k)"
+        )
+    idx = indices.numpy()
+    rows = max(1, _GATHER_ELEMENTS // max(1, idx.shape[1] * t.shape[1]))
+    sums = np.concatenate([t[idx[i : i + rows]].sum(axis=1) for i in range(0, len(idx), rows)])
+    return np.asarray(from_sums(sums), dtype=np.float64)
+
+
 def _resampled_metric(metric, ref: Any, test: Any, lab: Any, indices: Tensor) -> np.ndarray:
     """``metric`` recomputed on each resample (a row of ``indices``): the general path for a
     metric that is not a mean of per-item values."""
@@ -117,7 +131,8 @@ def bootstrap(
     concatenated batches) with a generator seeded by ``seed``, so it is reproducible. A metric
     that is a mean of per-item values (it has ``item_values``, quantlab.models.tasks.
     ItemMeanMetric) has them computed once and each resample's mean taken in one numpy gather;
-    any other metric is recomputed on every resample.
+    so has a function of sums over items (``item_terms``, ``ItemSumsMetric``: each resample
+    sums the terms it draws); any other metric is recomputed on every resample.
     """
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level}")
@@ -130,10 +145,12 @@ def bootstrap(
     gen = torch.Generator().manual_seed(seed)
     indices = torch.randint(0, n, (resamples, n), generator=gen)
     item_values = getattr(metric, "item_values", None)
+    item_terms = getattr(metric, "item_terms", None)
+    labs = None if lab is None else [lab]
     if item_values is not None:
-        draws = _resampled_means(
-            item_values([ref], [test], None if lab is None else [lab]), indices
-        )
+        draws = _resampled_means(item_values([ref], [test], labs), indices)
+    elif item_terms is not None:
+        draws = _resampled_sums(item_terms([ref], [test], labs), indices, metric.from_sums)
     else:
         draws = _resampled_metric(metric, ref, test, lab, indices)
     draws = draws[~np.isnan(draws)]

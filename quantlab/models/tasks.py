@@ -189,7 +189,27 @@ class BoxL1(ItemMeanMetric):
 
 
 @dataclass(frozen=True)
-class OutputSQNR(TaskMetric):
+class ItemSumsMetric(TaskMetric):
+    """A task metric that is a function of sums over items of a few per-item terms (a ratio of
+    sums, not a mean of ratios): ``item_terms`` gives them (float64, (N, k), each row from its
+    own item alone) and ``from_sums`` the metric from their sums over the items ((..., k) ->
+    (...)), so a bootstrap sums the rows a resample draws instead of recomputing the metric on
+    the resampled outputs. The sums go per item first, then over items: the same float64
+    terms, added in another order than ``__call__`` adds them (a difference of float64
+    rounding, ~1e-16 relative)."""
+
+    @abstractmethod
+    def item_terms(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        """The per-item terms, float64, shape (N, k)."""
+
+    @staticmethod
+    @abstractmethod
+    def from_sums(sums: np.ndarray) -> np.ndarray:
+        """The metric from the terms' sums over items, (..., k) -> (...)."""
+
+
+@dataclass(frozen=True)
+class OutputSQNR(ItemSumsMetric):
     """SQNR in dB of the tested outputs against the float outputs (any shape):
     10 log10(sum ref^2 / sum (ref - test)^2); +inf when identical."""
 
@@ -201,6 +221,21 @@ class OutputSQNR(TaskMetric):
         noise = sum(float(((r - t) ** 2).sum()) for r, t in pairs)
         signal = sum(float((r**2).sum()) for r, _ in pairs)
         return math.inf if noise == 0 else 10 * math.log10(signal / noise)
+
+    def item_terms(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        """(signal, noise) per item: the sums of ref^2 and of (ref - test)^2 over every float
+        output of the item."""
+        pairs = list(zip(_leaves(ref_outputs), _leaves(test_outputs), strict=True))
+        signal = sum((r**2).reshape(r.shape[0], -1).sum(1) for r, _ in pairs)
+        noise = sum(((r - t) ** 2).reshape(r.shape[0], -1).sum(1) for r, t in pairs)
+        return torch.stack([signal, noise], 1)
+
+    @staticmethod
+    def from_sums(sums: np.ndarray) -> np.ndarray:
+        signal, noise = sums[..., 0], sums[..., 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            db = 10 * np.log10(signal / noise)
+        return np.where(noise == 0, np.inf, db)
 
 
 @dataclass(frozen=True)

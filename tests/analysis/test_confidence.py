@@ -132,3 +132,34 @@ def test_per_item_means_resampled_at_once_equal_the_metric_recomputed_per_resamp
     loop = bootstrap(recomputed, ref, test, labels, resamples=100, seed=11)
     assert fast == loop
     assert fast.low < fast.high  # the items differ, so the resamples do
+
+
+def test_sqnr_from_item_sums_equals_the_metric_recomputed_per_resample():
+    """OutputSQNR's bootstrap sums per-item (signal, noise) terms: the same draws as
+    recomputing the metric on each resample, up to float64 rounding of the sums' order; on
+    tuple outputs (every float leaf counts) and with items whose outputs are identical."""
+    metric = OutputSQNR()
+    gen = torch.Generator().manual_seed(7)
+    ref = [
+        (torch.randn(9, 3, 4, generator=gen), torch.randn(9, 5, generator=gen)) for _ in range(3)
+    ]
+    test = []
+    for a, b in ref:
+        noisy = (a + 0.1 * torch.randn(a.shape, generator=gen), b.clone())
+        noisy[0][:4] = a[:4]  # four items of each batch identical in the first output too
+        test.append(noisy)
+
+    def recomputed(r, t, lab=None):  # no item_terms: the per-resample path
+        return metric(r, t, lab)
+
+    fast = bootstrap(metric, ref, test, resamples=200, seed=2)
+    loop = bootstrap(recomputed, ref, test, resamples=200, seed=2)
+    assert fast.value == loop.value and fast.n == loop.n == 27
+    assert fast.low == pytest.approx(loop.low, rel=1e-12)
+    assert fast.high == pytest.approx(loop.high, rel=1e-12)
+    assert fast.low < fast.value < fast.high
+    # a resample of identical items only has no noise: +inf, as the metric says
+    same = [(a[:4], b[:4]) for a, b in ref]
+    tests_same = [(t[0][:4], t[1][:4]) for t in test]
+    est = bootstrap(metric, same, tests_same, resamples=20)
+    assert (est.value, est.low, est.high) == (math.inf, math.inf, math.inf)
