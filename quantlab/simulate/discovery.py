@@ -43,6 +43,9 @@ class _OpInfo:
     input_dtypes: list = field(default_factory=list)
     post: tuple | None = None  # batch_norm: (mean, var, weight, bias, eps); clamp: (lo, hi)
     inplace: bool = False  # the call writes into its first argument
+    # an op not modelled that returned its first float input itself (an eval-mode dropout, a
+    # cast to the dtype it has): its output is that input, codes and all
+    returns_input: bool = False
 
 
 class OpDiscovery:
@@ -140,7 +143,9 @@ class OpDiscovery:
         for name in self._order:
             inf = self._info[name]
             if inf.category is None or not self.supported(inf.op_type, inf.category):
-                out_dt[name] = DType.FLOAT32
+                kept = out_dt.get(inf.producers[0]) if inf.returns_input else None
+                out_dt[name] = kept or DType.FLOAT32
+                inf.input_dtypes = [kept] if kept is not None else []
                 continue
             rq = self.qconfig_of(name)
             ins = [

@@ -115,6 +115,7 @@ class OpDispatch(BatchNormFolding):
         elif call.result is not None:  # not modelled: ran in float already
             out, info = call.result, None
             grid = self._float_grid(call, out, st, mode)
+            inf.returns_input = same_grid.returns_input(call, out)
         elif mode is Mode.FLOAT or not self.supported(call.op_type, call.category):
             if st.calibrating:  # before the call: an in-place op writes its input
                 self._observe_inputs(call, plan)

@@ -49,6 +49,18 @@ NEAREST = frozenset({Round.HALF_EVEN, Round.HALF_UP, Round.HALF_AWAY})
 _PAD_NAMES = ("input", "pad", "mode", "value")
 
 
+def returns_input(call, out) -> bool:
+    """Whether the float op ``call`` returned its first argument itself, unchanged (the first
+    kind in the module doc): not through ``out=``, in place or by a training dropout."""
+    if type(out) is not Tensor or not call.args or out is not call.args[0]:
+        return False
+    return "out" not in call.kwargs and not _writes_new_values(call)
+
+
+def _writes_new_values(call) -> bool:
+    return calls.is_inplace(call) or ("dropout" in call.op_type and _training(call))
+
+
 def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
     """The grid ``out`` of the float op ``call`` stays on when it is one of the two kinds
     (module doc) and its input carries an integer ``QInfo`` in ``qt`` (in FIXED mode, with
@@ -57,9 +69,7 @@ def grid_of(call, out, qt: QTable, fixed: bool) -> QInfo | None:
     if type(out) is not Tensor or not call.args or not isinstance(call.args[0], Tensor):
         return None
     x = call.args[0]
-    if "out" in call.kwargs or (
-        out is x and (calls.is_inplace(call) or ("dropout" in call.op_type and _training(call)))
-    ):
+    if "out" in call.kwargs or (out is x and _writes_new_values(call)):
         return None  # written through out=, in place, or by a training dropout: new values
     info = qt.get(x)
     if out is x:

@@ -13,6 +13,7 @@ from bits import assert_bits_equal
 from torch import nn
 
 import quantlab.simulate.same_grid as same_grid
+from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 
@@ -247,3 +248,37 @@ def test_a_grid_is_forgotten_when_a_float_op_changes_the_tensor(how, mode, monke
     fast = sim.run(x, mode=mode)
     monkeypatch.setattr(same_grid, "codes_on_grid", lambda *a: None)
     assert_bits_equal(fast, sim.run(x, mode=mode))
+
+
+class DropThenLinear(nn.Module):
+    """An eval dropout, a cast to the dtype the tensor has, and an in-place op quantlab does
+    not model (floor_: the input tensor itself, new values) before linear layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 6)
+        self.b = nn.Linear(6, 6)
+        self.c = nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = self.b(F.dropout(self.a(x), 0.2, self.training).float())
+        return self.c(y.mul(4.0).floor_())
+
+
+@pytest.mark.parametrize("raised", [False, True])
+def test_an_op_returning_its_input_passes_its_producers_dtype_to_the_ops_table(raised):
+    """The ops table (and so model check) gives an eval dropout and a same-dtype cast the dtype
+    of the tensor they return, and their consumer that input dtype (not FLOAT32, which would
+    claim a Quantize the deployed model does not have); an in-place op that writes new values
+    into its input stays float."""
+    spec = QConfigSpec(
+        by_name={"a:linear#0": OpQConfig(output_dtype=DType.INT16)} if raised else {}
+    )
+    sim = Simulator(DropThenLinear().eval(), "j6m", spec)
+    x = torch.randn(4, 6)
+    sim.calibrate([(x,)], progress=False)
+    sim.run(x, mode=Mode.FIXED)
+    dt = dict(zip(sim.ops["name"], sim.ops["input_dtype"]))
+    want = "INT16" if raised else "INT8"
+    assert dt[":dropout#0"] == want and dt[":float#0"] == want and dt["b:linear#0"] == want
+    assert dt["c:linear#0"] == "FLOAT32"  # floor_ wrote new values into its input
