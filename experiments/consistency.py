@@ -160,6 +160,26 @@ def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
     return table
 
 
+def _accumulated_finding(acc: pd.DataFrame) -> str:
+    """The accumulated view in one sentence: its lowest SQNR along depth and where, and the
+    last op's (a model's last op need not be its worst, or an output on the main path)."""
+
+    def db(v: float) -> str:
+        return "bit-identical (inf dB)" if math.isinf(v) and v > 0 else f"{v:.1f} dB SQNR"
+
+    last, known = acc.iloc[-1], acc.sqnr_db.dropna()
+    worst = acc.loc[known.idxmin()] if not known.empty else last
+    if worst["name"] == last["name"] or worst.sqnr_db == last.sqnr_db:
+        return (
+            f"Accumulated along depth, the gap reaches {db(last.sqnr_db)} at the last op "
+            f"({last['name']})."
+        )
+    return (
+        f"Accumulated along depth, the gap is widest at {worst['name']} ({db(worst.sqnr_db)}); "
+        f"at the last op ({last['name']}) it is {db(last.sqnr_db)}."
+    )
+
+
 def _gap_split_findings(outputs: pd.DataFrame) -> list[str]:
     parts = outputs[outputs.gap != ""].set_index("gap")
     if len(parts) < 3:
@@ -234,11 +254,7 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
         f"inputs; {int((iso.err_lsb.round() > 1).sum())} differ by more than one output LSB."
     )
     if not acc.empty:
-        last = acc.iloc[-1]
-        out.append(
-            f"Accumulated along depth, the gap grows to {last.sqnr_db:.1f} dB SQNR at the last "
-            f"op ({last['name']})."
-        )
+        out.append(_accumulated_finding(acc))
     out.append(_float_ops_finding(support, ctx.platform.name, bundle.name))
     return out
 

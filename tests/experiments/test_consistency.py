@@ -105,3 +105,18 @@ def test_float_ops_finding_counts_three_disjoint_groups():
         "in float); 1 (gelu) run in float because p does not support them; 1 (sub) compute in "
         "float in fixed mode and quantize their output."
     )
+
+
+def test_accumulated_finding_names_the_widest_gap_and_the_last_op():
+    import pandas as pd
+
+    from experiments.consistency import _accumulated_finding
+
+    def acc(values):
+        return pd.DataFrame({"name": [f"op{i}" for i in range(len(values))], "sqnr_db": values})
+
+    text = _accumulated_finding(acc([50.0, 31.5, math.inf]))
+    assert "widest at op1 (31.5 dB SQNR)" in text and "(op2) it is bit-identical (inf dB)" in text
+    assert "reaches 29.0 dB SQNR at the last op (op2)" in _accumulated_finding(acc([40, 35, 29.0]))
+    assert "op1" in _accumulated_finding(acc([math.nan, 20.0, 30.0]))  # NaN rows are skipped
+    assert "last op (op1)" in _accumulated_finding(acc([math.nan, math.nan]))
