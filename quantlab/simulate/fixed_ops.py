@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.capture import out_of_place_name
+from quantlab.numerics import pool_windows
 from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes, constant_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
@@ -377,28 +378,45 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if not fc.zp_info(info) or not out.is_int:
         return None
     x = A.get(args, kwargs, plan.acts[0])
+    integer_sum = sim.platform.avg_pool_rule is AvgPoolRule.INTEGER_SUM
     if call.op_type == "adaptive_avg_pool2d":
         osz = args[1] if len(args) > 1 else kwargs["output_size"]
         osz = (osz, osz) if isinstance(osz, int) else tuple(osz)
         h, w = x.shape[-2:]
-        if any(o is None for o in osz) or h % osz[0] or w % osz[1]:
-            return None
+        osz = tuple(n if o is None else o for o, n in zip(osz, (h, w)))
+        if h % osz[0] or w % osz[1]:
+            if not integer_sum:
+                return None
+            xc = info.codes_of(x) - info.zero_point
+            return _uneven_windows(sim, call, *pool_windows.adaptive_window_sums(xc, osz), info, rq)
         k = (h // osz[0], w // osz[1])
         stride, padding, include_pad = k, (0, 0), True
         # pooling to one value is a GlobalAveragePool in ONNX (QLinearGlobalAveragePool: an
         # integer sum), any other a windowed AveragePool
         windows = osz != (1, 1)
     elif call.op_type == "avg_pool2d":
-        names = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor")
+        names = (
+            "kernel_size",
+            "stride",
+            "padding",
+            "ceil_mode",
+            "count_include_pad",
+            "divisor_override",
+        )
         vals = [args[i + 1] if len(args) > i + 1 else kwargs.get(n) for i, n in enumerate(names)]
         k, stride, padding, ceil_mode, include_pad, divisor = vals
-        if ceil_mode or divisor is not None:
-            return None
         windows = True
         k = _pair(k)
         stride = k if stride in (None, []) else _pair(stride)
         padding = _pair(padding or 0)
-        if padding != (0, 0) and sim.platform.avg_pool_rule is not AvgPoolRule.FLOAT_WINDOW_SUM:
+        if integer_sum and (ceil_mode or divisor is not None or padding != (0, 0)):
+            xc = info.codes_of(x) - info.zero_point
+            include = include_pad is not False
+            sums = pool_windows.window_sums(
+                xc, k, stride, padding, bool(ceil_mode), include, divisor
+            )
+            return _uneven_windows(sim, call, *sums, info, rq)
+        if ceil_mode or divisor is not None:
             return None
     else:
         return None
@@ -428,6 +446,20 @@ def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
     acc = F.avg_pool2d(xc.to(torch.float64), k, stride, 0, divisor_override=1)
     n = k[0] * k[1]
     codes = fc.rescale(sim, call.name, acc.to(torch.int64), info.scale, so, out, n, zo)
+    return fc.emit(codes, so, out, zo)
+
+
+def _uneven_windows(sim, call, sums: Tensor, counts: Tensor, info, rq):
+    """(value, QInfo) of an integer average pool whose windows hold different numbers of
+    values: each window's exact sum (int64 (N, C, Ho, Wo)) requantized by the ratio of scales
+    over its own count (``counts`` (Ho, Wo)), one ``rescale`` per distinct count."""
+    out = rq.output_dtype
+    so, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
+    codes = torch.empty(sums.shape, dtype=out.torch_dtype)
+    for i, n in enumerate(torch.unique(counts).tolist()):
+        at = (counts == n).expand(sums.shape)
+        part = fc.rescale(sim, call.name, sums[at], info.scale, so, out, n, zo, part=i)
+        codes[at] = part.to(codes.dtype)
     return fc.emit(codes, so, out, zo)
 
 

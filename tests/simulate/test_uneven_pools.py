@@ -1,0 +1,160 @@
+"""Average pools whose windows hold different numbers of values (padding with or without
+count_include_pad, ceil_mode, divisor_override, adaptive sizes that do not divide, their 1-d
+forms) run their integer kernel on platforms that sum windows exactly (``INTEGER_SUM``): each
+window's sum of centred codes requantized by the ratio of scales over its own count, checked
+code for code against a slow loop over the windows and the requantization reference, with
+zero points (tflite) and without (j6m, int8 and int16 outputs)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from bits import assert_bits_equal
+from float_fallbacks import record_float_fallbacks
+from torch import nn
+
+from quantlab.numerics import reference as R
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.requant import rescale_multiplier
+from quantlab.qconfig import OpQConfig, QConfigSpec
+from quantlab.simulate import Mode, Simulator
+
+POOLS = {  # name: (the pool, the 2-d window parameters or ("adaptive", out))
+    "pad_no_count": (lambda y: F.avg_pool2d(y, 3, 1, 1, count_include_pad=False), None),
+    "pad_count": (lambda y: F.avg_pool2d(y, 3, 2, 1), None),
+    "ceil": (lambda y: F.avg_pool2d(y, 2, 2, ceil_mode=True), None),
+    "ceil_pad": (lambda y: F.avg_pool2d(y, 3, 2, 1, True, False), None),
+    "divisor": (lambda y: F.avg_pool2d(y, 3, 1, 1, divisor_override=5), None),
+    "adaptive": (lambda y: F.adaptive_avg_pool2d(y, (5, 4)), None),
+    "adaptive_module": (nn.AdaptiveAvgPool2d((None, 6)), None),
+    "pad_1d": (lambda y: F.avg_pool1d(y.flatten(2), 3, 2, 1, count_include_pad=False), None),
+    "adaptive_1d": (lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7), None),
+}
+
+
+class _Pool(nn.Module):
+    def __init__(self, pool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.pool = pool
+
+    def forward(self, x):
+        return self.pool(self.conv(x))
+
+
+def _reference(pool_name: str, xc: torch.Tensor, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sums, counts) of the pool over centred codes by a loop over its windows (torch's
+    window rule, Python integers); 1-d pools as height-1 images."""
+    squeeze = xc.dim() == 3
+    x = xc.unsqueeze(2) if squeeze else xc
+    n, c, h, w = x.shape
+    if "adaptive" in pool_name:
+        osz = args[1] if len(args) > 1 else None
+        if isinstance(osz, int):
+            osz = (1, osz) if squeeze else (osz, osz)
+        if osz is None:  # the module's (None, 6)
+            osz = (h, 6)
+        osz = tuple(h if o is None else o for o in osz)
+
+        def bounds(i, j):
+            r0, r1 = (i * h) // osz[0], -(-((i + 1) * h) // osz[0])
+            c0, c1 = (j * w) // osz[1], -(-((j + 1) * w) // osz[1])
+            return r0, r1, c0, c1, (r1 - r0) * (c1 - c0)
+
+        ho, wo = osz
+    else:
+        k, s, p, ceil, include, divisor = {
+            "pad_no_count": ((3, 3), (1, 1), (1, 1), False, False, None),
+            "pad_count": ((3, 3), (2, 2), (1, 1), False, True, None),
+            "ceil": ((2, 2), (2, 2), (0, 0), True, True, None),
+            "ceil_pad": ((3, 3), (2, 2), (1, 1), True, False, None),
+            "divisor": ((3, 3), (1, 1), (1, 1), False, True, 5),
+            "pad_1d": ((1, 3), (1, 2), (0, 1), False, False, None),
+        }[pool_name]
+
+        def size(n_, kk, ss, pp):
+            num = n_ + 2 * pp - kk
+            o = (-(-num // ss) if ceil else num // ss) + 1
+            return o - 1 if ceil and (o - 1) * ss >= n_ + pp else o
+
+        ho, wo = size(h, k[0], s[0], p[0]), size(w, k[1], s[1], p[1])
+
+        def bounds(i, j):
+            h0, w0 = i * s[0] - p[0], j * s[1] - p[1]
+            h1, w1 = min(h0 + k[0], h + p[0]), min(w0 + k[1], w + p[1])
+            r0, r1, c0, c1 = max(h0, 0), min(h1, h), max(w0, 0), min(w1, w)
+            count = (h1 - h0) * (w1 - w0) if include else (r1 - r0) * (c1 - c0)
+            return r0, r1, c0, c1, divisor or count
+
+    sums = torch.zeros(n, c, ho, wo, dtype=torch.int64)
+    counts = torch.zeros(n, c, ho, wo, dtype=torch.int64)
+    vals = x.tolist()
+    for i, j in itertools.product(range(ho), range(wo)):
+        r0, r1, c0, c1, count = bounds(i, j)
+        counts[:, :, i, j] = count
+        for b, ch in itertools.product(range(n), range(c)):
+            sums[b, ch, i, j] = sum(vals[b][ch][r][q] for r in range(r0, r1) for q in range(c0, c1))
+    if squeeze:
+        sums, counts = sums.squeeze(2), counts.squeeze(2)
+    return sums, counts
+
+
+@pytest.mark.parametrize("platform, out", [("j6m", "INT8"), ("j6m", "INT16"), ("tflite", "INT8")])
+@pytest.mark.parametrize("pool_name", list(POOLS))
+def test_uneven_pools_requantize_each_window_by_its_own_count(
+    pool_name, platform, out, monkeypatch
+):
+    pool = POOLS[pool_name][0]
+    spec = QConfigSpec(by_type={t: OpQConfig(output_dtype=DType[out]) for t in (
+        "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d")})  # fmt: skip
+    if platform == "tflite":
+        spec.global_ = OpQConfig(activation_symmetry="ASYMMETRIC")
+    sim = Simulator(_Pool(pool).eval(), platform, spec)
+    gen = torch.Generator().manual_seed(1)
+    sim.calibrate(
+        [(torch.randn(2, 3, 11, 12, generator=gen) + 0.3,) for _ in range(3)], progress=False
+    )
+    fell_back = record_float_fallbacks(monkeypatch)
+    seen = {}
+
+    def on_call(oc):
+        seen[oc.call.op_type] = (oc.call.args, oc.incoming)
+
+    trace = sim.trace(
+        torch.randn(2, 3, 11, 12, generator=gen) + 0.3, mode=Mode.FIXED, on_call=on_call
+    )
+    assert fell_back == []
+    name = next(n for n in trace.qinfo if "pool" in n)
+    op_type = next(t for t in seen if "pool" in t)
+    args, (xi, *_) = seen[op_type]
+    xc = xi.codes_of(args[0]) - xi.zero_point
+    yi = trace.qinfo[name]
+    if platform == "tflite" and out == "INT8":
+        assert xi.zero_point != 0 and yi.zero_point != 0
+    sums, counts = _reference(pool_name, xc, args)
+    p = sim.platform
+    want = torch.empty_like(sums)
+    for n in torch.unique(counts).tolist():
+        real = float(rescale_multiplier(xi.scale, yi.scale, p.requant, n))
+        at = counts == n
+        got = R.requantize(sums[at], real, p.requant, yi.dtype, p.requant_round,
+                           mult_bits=p.requant_mult_bits, zero_point=yi.zero_point)  # fmt: skip
+        want[at] = torch.from_numpy(got).to(torch.int64)
+    if pool_name not in ("divisor", "pad_count"):  # those divide every window alike
+        assert torch.unique(counts).numel() > 1  # the windows do differ
+    assert_bits_equal(yi.codes, want.to(yi.dtype.torch_dtype))
+
+
+def test_runtime_profiles_keep_their_own_pool_rules(monkeypatch):
+    """onnxruntime (FLOAT_WINDOW_SUM: QLinearAveragePool) takes padded pools its own way and
+    leaves ceil_mode and adaptive sizes that do not divide to float, as before."""
+    for pool_name, falls in (("pad_no_count", False), ("ceil", True), ("adaptive", True)):
+        sim = Simulator(_Pool(POOLS[pool_name][0]).eval(), "onnxruntime")
+        sim.calibrate([(torch.randn(2, 3, 11, 12),)], progress=False)
+        fell_back = record_float_fallbacks(monkeypatch)
+        sim.run(torch.randn(2, 3, 11, 12), mode=Mode.FIXED)
+        assert bool(fell_back) is falls, pool_name
