@@ -127,15 +127,16 @@ def task_table(outs: dict, bundle, labels) -> pd.DataFrame:
 
 
 def _task_findings(task: pd.DataFrame) -> list[str]:
-    from quantlab.analysis.confidence import Estimate
+    from quantlab.analysis.confidence import Estimate, distinct_digits
 
     out = []
     for metric, g in task.groupby("metric", sort=False):
         e = {
             r.compared: Estimate(r.value, r.ci_low, r.ci_high, int(r.items)) for r in g.itertuples()
         }
-        parts = "; ".join(f"{m.lower()} {est}" for m, est in e.items())
         fake, fixed = e.get("FAKE"), e.get("FIXED")
+        d = distinct_digits(fake, fixed) if fake is not None and fixed is not None else 4
+        parts = "; ".join(f"{m.lower()} {est.format(d)}" for m, est in e.items())
         verdict = ""
         if fake is not None and fixed is not None and fake.value != fixed.value:
             sep = fake.separated_from(fixed)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from quantlab.analysis.confidence import distinct_digits
 from quantlab.analysis.cost import CostModel
 from quantlab.analysis.mixed_precision import (
     SensitiveTemplate,
@@ -220,8 +221,10 @@ def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
         )
         if hi.task_n > 1 and lo.task != hi.task:
             a, b = _estimate(lo), _estimate(hi)
+            d = distinct_digits(a, b)
             text += (
-                f" On {a.n} items, {task_name} is {a} at ratio {lo.ratio:g} and {b} at ratio "
+                f" On {a.n} items, {task_name} is {a.format(d)} at ratio {lo.ratio:g} and "
+                f"{b.format(d)} at ratio "
                 f"{hi.ratio:g}: the intervals "
                 + (
                     "do not overlap (resolved)."

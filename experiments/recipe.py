@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from quantlab.analysis.confidence import distinct_digits
 from quantlab.analysis.recipe import Direction, RecipeResult, RecipeTarget, run_recipe
 from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
 from quantlab.config import register_schema
@@ -332,8 +333,10 @@ def _findings(res: RecipeResult, path, goal: str, platform, task) -> list[str]:
         )
         if c.task is not None and start.task is not None and c is not start:
             sep = c.task.separated_from(start.task)
+            d = distinct_digits(start.task, c.task)
             out.append(
-                f"Against the start, {name} moves {start.task.value:.4g} -> {c.task.value:.4g} "
+                f"Against the start, {name} moves {start.task.value:.{d}g} -> "
+                f"{c.task.value:.{d}g} "
                 f"on {c.task.n} items: the 95% intervals "
                 + ("do not overlap (resolved)." if sep else "overlap (not resolved).")
             )

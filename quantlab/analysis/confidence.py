@@ -47,8 +47,30 @@ class Estimate:
         }
 
     def __str__(self) -> str:
-        pct = round(100 * self.level)
-        return f"{self.value:.4g} ({pct}% CI {self.low:.4g} to {self.high:.4g}, n={self.n})"
+        return self.format()
+
+    def format(self, digits: int = 4) -> str:
+        """``value (95% CI low to high, n=N)`` at ``digits`` significant digits."""
+        pct, d = round(100 * self.level), digits
+        return f"{self.value:.{d}g} ({pct}% CI {self.low:.{d}g} to {self.high:.{d}g}, n={self.n})"
+
+
+def distinct_digits(a: Estimate, b: Estimate, least: int = 4, most: int = 12) -> int:
+    """The fewest significant digits (from ``least``, at most ``most``) at which two estimates
+    read as they compare: different values print differently, and intervals that do not
+    overlap print as not overlapping (0.9997 to 0.9997 against 0.9997 to 0.9997 would not)."""
+
+    def shown(v: float, d: int) -> float:
+        return float(f"{v:.{d}g}")
+
+    for d in range(least, most + 1):
+        values_ok = a.value == b.value or shown(a.value, d) != shown(b.value, d)
+        sep_ok = not a.separated_from(b) or (
+            shown(a.high, d) < shown(b.low, d) or shown(b.high, d) < shown(a.low, d)
+        )
+        if values_ok and sep_ok:
+            return d
+    return most
 
 
 def concat_items(batches: list) -> Any:

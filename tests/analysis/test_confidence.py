@@ -163,3 +163,19 @@ def test_sqnr_from_item_sums_equals_the_metric_recomputed_per_resample():
     tests_same = [(t[0][:4], t[1][:4]) for t in test]
     est = bootstrap(metric, same, tests_same, resamples=20)
     assert (est.value, est.low, est.high) == (math.inf, math.inf, math.inf)
+
+
+def test_distinct_digits_print_separated_intervals_as_separated():
+    from quantlab.analysis.confidence import distinct_digits
+
+    fake = Estimate(0.99971, 0.999701, 0.999719, 6)
+    fixed = Estimate(0.99968, 0.999671, 0.999689, 6)
+    assert fake.separated_from(fixed)
+    assert str(fake).startswith("0.9997 (95% CI 0.9997 to 0.9997")  # 4 digits hide it
+    d = distinct_digits(fake, fixed)
+    assert d == 5  # fixed's high 0.99969 < fake's low 0.9997
+    assert fake.format(d) == "0.99971 (95% CI 0.9997 to 0.99972, n=6)"
+    assert fixed.format(d).startswith("0.99968 (95% CI 0.99967 to 0.99969")
+    # overlapping intervals, or values 4 digits tell apart, keep 4 digits
+    assert distinct_digits(Estimate(0.91, 0.8, 0.95, 9), Estimate(0.9, 0.85, 0.97, 9)) == 4
+    assert distinct_digits(fake, fake) == 4
