@@ -263,10 +263,12 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
 def _float_ops_finding(ops, platform: str, model: str) -> str:
     """How many captured op calls run in float, in three disjoint groups: ops quantlab does
     not model, modelled ops the platform does not support, and supported ops whose fixed
-    kernel computes in float (``fixed_kernel`` starting "float"), each with its op types."""
+    kernel computes in float (``fixed_kernel`` starting "float", or a kernel that declined
+    the call in the fixed run: ``fixed_in_float``), each with its op types."""
     not_modelled = ops.category == "NONE"
     unsupported = ~not_modelled & ~ops.supported
-    in_float = ops.supported & ops.fixed_kernel.str.startswith("float")
+    declined = ops["fixed_in_float"] if "fixed_in_float" in ops else False
+    in_float = ops.supported & (ops.fixed_kernel.str.startswith("float") | declined)
 
     def group(mask) -> str:
         types = sorted(set(ops.op_type[mask]))
@@ -301,6 +303,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             "supported",
             "category",
             "fixed_kernel",
+            "fixed_in_float",
             "input_dtype",
             "weight_dtype",
             "output_dtype",

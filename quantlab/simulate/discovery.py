@@ -74,6 +74,8 @@ class OpDiscovery:
                         if name in self._fused_into
                         else fixed_ops.kernel_name(inf.op_type, inf.category, self)
                     ),
+                    # its fixed kernel declined the latest fixed-mode call: float, quantized
+                    "fixed_in_float": name in self._fixed_in_float,
                     "input_dtype": calls.dt_names(inf.input_dtypes),
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
                     "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",

@@ -360,7 +360,10 @@ class OpDispatch(BatchNormFolding):
                 if res is not None and om is None and st.steady():
                     self._prepare_fixed_op(call, r, plan, in_infos, arrived, wq, clamp, res)
             if res is not None:
+                self._fixed_in_float.discard(name)
                 return res
+            if call.category is not OpCategory.PASS_THROUGH:
+                self._fixed_in_float.add(name)  # no fixed kernel took it: computed in float
         out = r.fn(*args, **kwargs)
         fuse = clamp is not None and r.fuse_clamp  # fake quant applies the fused clamp
         if clamp and not fuse:

@@ -53,7 +53,7 @@ _KERNELS = {
     OpCategory.REQUANT: "integer",
     OpCategory.LUT: "lut",
     OpCategory.REDUCE: "integer",
-    OpCategory.POOL: "integer (even windows); float_fallback otherwise",
+    OpCategory.POOL: "integer (window sums over each window's count)",
     OpCategory.SOFTMAX: "lut (exp, reciprocal)",
     OpCategory.LOG_SOFTMAX: "lut (softmax's exp and reciprocal, then log)",
     OpCategory.NORM: "float_fallback",

@@ -105,6 +105,9 @@ def test_float_ops_finding_counts_three_disjoint_groups():
         "in float); 1 (gelu) run in float because p does not support them; 1 (sub) compute in "
         "float in fixed mode and quantize their output."
     )
+    # a kernel that declined its call in the fixed run (fixed_in_float) counts there too
+    ops["fixed_in_float"] = [True, False, False, False, False]
+    assert "2 (conv2d, sub) compute in float in fixed mode" in _float_ops_finding(ops, "p", "m")
 
 
 def test_accumulated_finding_names_the_widest_gap_and_the_last_op():

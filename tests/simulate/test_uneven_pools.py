@@ -149,12 +149,18 @@ def test_uneven_pools_requantize_each_window_by_its_own_count(
     assert_bits_equal(yi.codes, want.to(yi.dtype.torch_dtype))
 
 
-def test_runtime_profiles_keep_their_own_pool_rules(monkeypatch):
+@pytest.mark.parametrize("platform", ["onnxruntime", "j6m"])
+def test_runtime_profiles_keep_their_own_pool_rules(platform, monkeypatch):
     """onnxruntime (FLOAT_WINDOW_SUM: QLinearAveragePool) takes padded pools its own way and
-    leaves ceil_mode and adaptive sizes that do not divide to float, as before."""
+    leaves ceil_mode and adaptive sizes that do not divide to float, as before; the ops table
+    says which (``fixed_in_float``), through the steady runs that follow too."""
     for pool_name, falls in (("pad_no_count", False), ("ceil", True), ("adaptive", True)):
-        sim = Simulator(_Pool(POOLS[pool_name][0]).eval(), "onnxruntime")
+        falls = falls and platform == "onnxruntime"
+        sim = Simulator(_Pool(POOLS[pool_name][0]).eval(), platform)
         sim.calibrate([(torch.randn(2, 3, 11, 12),)], progress=False)
         fell_back = record_float_fallbacks(monkeypatch)
-        sim.run(torch.randn(2, 3, 11, 12), mode=Mode.FIXED)
+        for _ in range(4):  # past the switch to a steady program
+            sim.run(torch.randn(2, 3, 11, 12), mode=Mode.FIXED)
         assert bool(fell_back) is falls, pool_name
+        declined = dict(zip(sim.ops["name"], sim.ops["fixed_in_float"]))
+        assert [n for n, d in declined.items() if d] == (fell_back[:1] if falls else [])
