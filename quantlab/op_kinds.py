@@ -97,7 +97,7 @@ _reg(
 )
 # select or repeat values: the J6 plugin's QTensor keeps the scale (its wrap-ret ops)
 _reg(
-    "roll tile index_select gather repeat_interleave tril tril_ triu triu_",
+    "roll tile index_select gather repeat_interleave tril tril_ triu triu_ unfold",
     None,
     OpCategory.PASS_THROUGH,
 )
@@ -141,6 +141,7 @@ _reg("batch_norm", None, OpCategory.NORM)
 _BY_IDENTITY: dict[Any, tuple[str, OpCategory]] = {
     F.max_pool1d: ("max_pool1d", OpCategory.PASS_THROUGH),
     F.max_pool2d: ("max_pool2d", OpCategory.PASS_THROUGH),
+    F.adaptive_max_pool1d: ("adaptive_max_pool1d", OpCategory.PASS_THROUGH),
     F.adaptive_max_pool2d: ("adaptive_max_pool2d", OpCategory.PASS_THROUGH),
     quantlab.ops.inverse_sigmoid: ("inverse_sigmoid", OpCategory.LUT),
 }

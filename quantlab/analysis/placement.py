@@ -56,8 +56,12 @@ _ENGINES = {
     "PASS_THROUGH": ("DTE", "seed 002 line 19 (DTE: layout transforms)"),
 }
 _VAE = ("VAE", "seed 002 line 20 (VAE: Add, Mul, table look-up)")
-# pass-through ops that compute each value rather than move it: the vector engine's
-_VAE_PASS_THROUGH = frozenset({"abs"})
+# pass-through ops that compute each value rather than move it: the vector engine's; and
+# max pooling, which keeps its input's scale but is pooling: the AAE's
+_VAE_PASS_THROUGH = frozenset({"abs", "relu", "amax", "amin", "max", "min"})
+_AAE_PASS_THROUGH = frozenset(
+    {"max_pool1d", "max_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d"}
+)
 _FIXES = {
     "layer_norm": "Dynamic Tanh instead of LayerNorm: 4 ops instead of 8, no ReduceMean "
     "(seed 000 line 119)",
@@ -295,6 +299,8 @@ def op_placement(row: pd.Series, plat: PlatformConfig) -> Placement:
     engine, seed = _ENGINES.get(row["category"], _VAE)
     if row["op_type"] in _VAE_PASS_THROUGH:
         engine, seed = _VAE
+    elif row["op_type"] in _AAE_PASS_THROUGH:
+        engine, seed = _ENGINES["POOL"]
     out = row["output_dtype"]
     ins = row["input_dtype"]
     prec = f"in {ins}" + (f", weight {row['weight_dtype']}" if row["weight_dtype"] else "")

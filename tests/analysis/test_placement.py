@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from quantlab.analysis.placement import Unit, model_placement, unit_counts
@@ -188,13 +189,18 @@ class _Magnitude(nn.Module):
         self.fc = nn.Linear(4, 4)
 
     def forward(self, x):
-        return torch.abs(self.fc(x)).flatten()
+        y = self.fc(x)
+        pooled = F.adaptive_max_pool1d(y.unsqueeze(1), 2).flatten()
+        return torch.abs(y).flatten(), torch.relu(y + 1).amax(), pooled
 
 
-def test_abs_is_placed_on_the_vector_engine():
-    """abs keeps its input's grid as a layout op does, but computes each value: the VAE."""
+def test_pass_through_ops_that_compute_or_pool_are_placed_on_their_engines():
+    """abs, a relu no GEMM absorbs and amax keep their input's grid as a layout op does, but
+    compute each value: the VAE; max pooling is pooling: the AAE; a reshape stays the DTE's."""
     torch.manual_seed(0)
     sim = Simulator(_Magnitude().eval(), "j6m")
     t = model_placement(sim, (torch.randn(2, 4),)).set_index("name")
     assert t.loc[":abs#0", "unit"] == Unit.BPU_FIXED.value and t.loc[":abs#0", "engine"] == "VAE"
+    assert t.loc[":relu#0", "engine"] == "VAE" and t.loc[":amax#0", "engine"] == "VAE"
+    assert t.loc[":adaptive_max_pool1d#0", "engine"] == "AAE"
     assert t.loc[":flatten#0", "engine"] == "DTE"

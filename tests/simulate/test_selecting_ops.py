@@ -1,5 +1,6 @@
-"""roll, tile, index_select, gather, repeat_interleave, tril, triu and F.pad's reflect,
-replicate and circular modes select, repeat or copy values: each keeps its input's quantization
+"""roll, tile, index_select, gather, repeat_interleave, tril, triu, unfold (Tensor.unfold and
+F.unfold), adaptive_max_pool1d and F.pad's reflect, replicate and circular modes select, repeat
+or copy values: each keeps its input's quantization
 (the J6 plugin's QTensor keeps the scale through them, its wrap-ret ops), in FIXED mode with the
 codes moved by the same call (tril / triu fill the zero point's value), so the next op takes
 them as they arrive instead of requantizing at a scale of its own. torch.max / torch.min of
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.op_kinds import OpCategory, classify
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import Mode, Simulator, same_grid, steady_programs
 
 ORDER = torch.tensor([5, 0, 7, 7, 2])
 
@@ -35,6 +36,14 @@ CALLS = {
     "pad_reflect": ("pad", lambda y: F.pad(y, (0, 0, 2, 1), mode="reflect")),
     "pad_replicate": ("pad", lambda y: F.pad(y, (0, 0, 1, 3), mode="replicate")),
     "pad_circular": ("pad", lambda y: F.pad(y, (0, 0, 3, 2), mode="circular")),
+    # sliding windows; F.unfold's im2col zero-padded (the padding reads the zero point's value)
+    "unfold": ("unfold", lambda y: y.unfold(1, 6, 2)),
+    "unfold_im2col": ("unfold", lambda y: F.unfold(y.unsqueeze(1), (10, 1), padding=(1, 0))),
+    # max pooling picks input values (as max_pool2d and adaptive_max_pool2d)
+    "adaptive_max_pool1d": (
+        "adaptive_max_pool1d",
+        lambda y: F.adaptive_max_pool1d(y.transpose(1, 2), 6),
+    ),
 }
 
 
@@ -131,7 +140,9 @@ def test_the_output_keeps_the_input_quantization(op, mode, platform):
     assert_bits_equal(trace.outputs[name], fn(trace.outputs["a:linear#0"]))
     if mode is Mode.FIXED:
         want = quantize(trace.outputs[name], info.scale, info.dtype, zero_point=info.zero_point)
-        if op not in ("tril", "triu"):  # moved with the values (same_grid.LAYOUT_OPS)
+        on_grid = dequantize(want, info.scale, zero_point=info.zero_point)
+        assert_bits_equal(trace.outputs[name], on_grid)  # every value on the input's grid
+        if op_type in same_grid.LAYOUT_OPS:  # the codes moved with the values
             assert_bits_equal(info.codes, want)
     (into_b,) = arrived["b:linear#0"]
     assert into_b is not None and float(into_b.scale) == float(src.scale)
