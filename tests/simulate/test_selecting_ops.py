@@ -151,7 +151,7 @@ def test_the_output_keeps_the_input_quantization(op, mode, platform):
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_steady_runs_keep_the_bits(monkeypatch, mode):
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    for op in ("roll", "gather", "tril", "pad_reflect"):
+    for op in ("roll", "gather", "tril", "pad_reflect", "unfold_im2col", "adaptive_max_pool1d"):
         fast, captured = _sim(op, "j6m"), _sim(op, "j6m", steady_programs=False)
         g = torch.Generator().manual_seed(4)
         xs = [torch.randn(2, 8, 6, generator=g) for _ in range(2)]
