@@ -89,6 +89,8 @@ def _lut_spec(call, rq, platform):
     if call.op_type == "softplus":
         beta, threshold = _arg(call, 1, "beta", 1.0), _arg(call, 2, "threshold", 20.0)
         spec = dataclasses.replace(spec, beta=float(beta), threshold=float(threshold))
+    if call.op_type == "gelu":
+        spec = dataclasses.replace(spec, approximate=str(_arg(call, 1, "approximate", "none")))
     return with_op_strategy(spec, rq)
 
 
@@ -151,8 +153,9 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
     out = rq.output_dtype
     if call.op_type not in LUT_FUNCS or not fc.zp_info(info) or not out.is_int:
         return None
-    if call.op_type == "gelu" and kwargs.get("approximate", "none") != "none":
-        return None
+    approximate = kwargs.get("approximate", "none") if call.op_type == "gelu" else "none"
+    if approximate != "none" and p.lut_table_values is TableValues.RUNTIME_FLOAT32:
+        return None  # the runtime's kernel of this form is not emulated: float, quantized
     xc = fc.codes(args, kwargs, plan.acts[0], info)
     xs, in_dt, zx = float(info.scale), info.dtype, info.zero_point
     observed = sim.observed_range(call.name, "in0")

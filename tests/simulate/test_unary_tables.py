@@ -30,9 +30,9 @@ CASES = {
 }
 
 
-def _calibrated(op: str, platform: str, seed: int = 0):
+def _calibrated(op: str, platform: str, seed: int = 0, fn=None):
     torch.manual_seed(seed)
-    sim = Simulator(_Activation(CASES[op]).eval(), platform)
+    sim = Simulator(_Activation(fn or CASES[op]).eval(), platform)
     g = torch.Generator().manual_seed(seed + 1)
     sim.calibrate([(torch.randn(2, 3, 6, 6, generator=g),) for _ in range(2)], progress=False)
     return sim, [torch.randn(2, 3, 6, 6, generator=g) * s for s in (0.5, 1.0)]
@@ -107,3 +107,39 @@ def test_runtime_profiles_run_them_in_float():
         sim, _ = _calibrated(op, "onnxruntime")
         row = sim.ops.set_index("op_type").loc[op]
         assert row["fixed_kernel"] == "float (not supported on this platform)", op
+
+
+def _gelu_tanh(y):
+    return F.gelu(y, approximate="tanh")
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(DType.INT8, 2.0**-4), (DType.INT16, 2.0**-11)])
+def test_gelu_tanh_is_the_table_of_its_own_form(dtype, scale):
+    """gelu(approximate="tanh") (GPT-2's, and many a transformer's) is the table of the tanh
+    form on J6, not of the erf form and not a float fallback; the runtime profiles, whose
+    gelu kernel is the erf form's, compute it in float and say so (fixed_in_float)."""
+    import dataclasses
+
+    sim, xs = _calibrated("gelu", "j6m", fn=_gelu_tanh)
+    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype, observer="FIXED", fixed_scale=scale)
+    sim.set_qconfig(QConfigSpec(by_name=dict.fromkeys(("conv:conv2d#0", ":gelu#0"), rule)))
+    sim.calibrate([(xs[1],)], progress=False)
+    seen = sim.observed_range(":gelu#0", "in0")
+    spec = dataclasses.replace(default_spec("gelu"), approximate="tanh")
+    table = build_lut("gelu", dtype, scale, dtype, scale, spec, observed_range=seen)
+    erf = build_lut("gelu", dtype, scale, dtype, scale, default_spec("gelu"), observed_range=seen)
+    for x in xs:
+        trace = sim.trace(x, mode=Mode.FIXED)
+        codes = (trace.outputs["conv:conv2d#0"] / scale).to(dtype.torch_dtype)
+        assert_bits_equal(sim.run(x, mode=Mode.FIXED), table.evaluate(codes).float() * scale)
+    assert not sim.ops.set_index("name").loc[":gelu#0", "fixed_in_float"]
+    every = torch.arange(dtype.qmin, dtype.qmax + 1, dtype=torch.int64).to(dtype.torch_dtype)
+    assert not torch.equal(table.evaluate(every), erf.evaluate(every))  # the form matters
+    x = torch.linspace(-3.0, 3.0, 97)
+    codes = torch.round(x / scale).to(dtype.torch_dtype)
+    got = table.evaluate(codes).double() * scale
+    lsb = 1 if dtype is DType.INT8 else 40
+    assert float((got - _gelu_tanh(codes.double() * scale)).abs().max()) <= lsb * scale
+    ort, _ = _calibrated("gelu", "onnxruntime", fn=_gelu_tanh)
+    ort.run(xs[0], mode=Mode.FIXED)
+    assert ort.ops.set_index("name").loc[":gelu#0", "fixed_in_float"]

@@ -45,6 +45,9 @@ def _inverse_sigmoid(x: Tensor, spec: LutSpec) -> Tensor:
 
 
 def _gelu(x: Tensor, spec: LutSpec) -> Tensor:
+    if spec.approximate == "tanh":
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + torch.tanh(inner))
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
@@ -270,7 +273,12 @@ FUNCTIONS: dict[str, LutFunction] = {
             sample_range=(1.0, 8.0),
         ),
         LutFunction("silu", lambda x, s: torch.nn.functional.silu(x), "none needed"),
-        LutFunction("gelu", _gelu, "none needed (exact erf form)", sample_range=(-8.0, 8.0)),
+        LutFunction(
+            "gelu",
+            _gelu,
+            "none needed (the erf form, or LutSpec.approximate's tanh form)",
+            sample_range=(-8.0, 8.0),
+        ),
         LutFunction("hardsigmoid", _hardsigmoid, "none needed (relu6(x + 3) / 6)"),
         LutFunction("hardswish", _hardswish, "none needed (x relu6(x + 3) / 6)"),
         LutFunction("leaky_relu", _leaky_relu, "none needed (LutSpec.negative_slope below 0)"),

@@ -46,6 +46,8 @@ class LutSpec:
     alpha:           elu: alpha * (exp(x) - 1) below 0 (the call's).
     beta, threshold: softplus: log(1 + exp(beta x)) / beta, x itself where beta x > threshold
                      (the call's).
+    approximate:     gelu: "none" (the erf form) or "tanh" (0.5 x (1 + tanh(sqrt(2/pi)
+                     (x + 0.044715 x^3)))), the call's.
     range_rule:      apply the function's RangeRule (exp cap, inverse-function rule).
     data_error_factor: DATA: the max error over every input code may be at most this many times
                      OPTIMAL's (>= 1).
@@ -63,6 +65,7 @@ class LutSpec:
     alpha: float = 1.0
     beta: float = 1.0
     threshold: float = 20.0
+    approximate: str = "none"
     range_rule: bool = True
     data_error_factor: float = 2.0
 
@@ -119,3 +122,7 @@ class LutSpec:
             raise ValueError(f"LutSpec.beta must be finite and > 0, got {self.beta}")
         if not math.isfinite(self.threshold):
             raise ValueError(f"LutSpec.threshold must be finite, got {self.threshold}")
+        if self.approximate not in ("none", "tanh"):
+            raise ValueError(
+                f"LutSpec.approximate must be 'none' or 'tanh', got {self.approximate!r}"
+            )
