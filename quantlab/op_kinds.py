@@ -97,7 +97,8 @@ _reg(
 )
 # select or repeat values: the J6 plugin's QTensor keeps the scale (its wrap-ret ops)
 _reg(
-    "roll tile index_select gather repeat_interleave tril tril_ triu triu_ unfold",
+    "roll tile index_select gather repeat_interleave tril tril_ triu triu_ unfold "
+    "channel_shuffle native_channel_shuffle",
     None,
     OpCategory.PASS_THROUGH,
 )

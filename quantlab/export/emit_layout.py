@@ -362,6 +362,22 @@ def emit_pixel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [g.node("Reshape", [y, out], f"{op.name}/float")])
 
 
+def emit_channel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
+    """channel_shuffle as Reshape (N, g, C / g, rest), Transpose of the two channel axes,
+    Reshape back (the intermediate quantized again at the input's scale, as the codes are)."""
+    g = ctx.graph
+    groups = int(ctx.arg(op, 1, "groups"))
+    n, c, *rest = ctx.shape_of(op, 0)
+    y = reshape_requantized(
+        ctx, first_input(ctx, op), _input_quant(op), [n, groups, c // groups, *rest],
+        f"{op.name}/groups",
+    )  # fmt: skip
+    perm = [0, 2, 1, *range(3, 3 + len(rest))]
+    y = g.node("Transpose", [y], f"{op.name}/moved", perm=perm)
+    out = g.int64s(f"{op.name}/shape", list(op.outputs[0].shape))
+    ctx.set_outputs(op, [g.node("Reshape", [y, out], f"{op.name}/float")])
+
+
 # x.to(dtype), x.float(), x.long(), ..., x.type_as(y): a Cast to the recorded output's dtype
 CAST_TYPES = ("to", "type", "type_as", "float", "double", "half", "long", "int", "short")
 CAST_TYPES += ("char", "byte", "bool")

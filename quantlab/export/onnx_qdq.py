@@ -109,6 +109,8 @@ EMITTERS: dict[str, Emitter] = {
     "movedim": L.emit_movedim,
     "pixel_shuffle": L.emit_pixel_shuffle,
     "pixel_unshuffle": L.emit_pixel_shuffle,
+    "channel_shuffle": L.emit_channel_shuffle,
+    "native_channel_shuffle": L.emit_channel_shuffle,
     **dict.fromkeys(L.CAST_TYPES, L.emit_cast),
     "embedding": E.emit_embedding,
     "pad": L.emit_pad,

@@ -229,7 +229,8 @@ LAYOUT_OPS = frozenset(
     "reshape view permute transpose t flatten squeeze unsqueeze contiguous expand expand_as "
     "chunk split unbind flip narrow select repeat view_as reshape_as movedim clone detach "
     "getitem pixel_shuffle pixel_unshuffle roll tile index_select gather repeat_interleave "
-    "pad".split()  # pad: only its copying modes are pass-through ops (op_kinds)
+    # pad: only its copying modes are pass-through ops (op_kinds)
+    "channel_shuffle native_channel_shuffle pad".split()
 )
 
 

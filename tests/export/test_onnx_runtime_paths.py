@@ -909,16 +909,18 @@ class _Shuffled(nn.Module):
 
     def forward(self, x):
         y = torch.tanh(self.conv(x))
-        return F.pixel_shuffle(y, 2) * 2.0, self.down(F.pixel_unshuffle(y, 2))
+        shuffled = self.down(F.pixel_unshuffle(F.channel_shuffle(y, 4), 2))
+        return F.pixel_shuffle(y, 2) * 2.0, shuffled
 
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
-def test_pixel_shuffle_and_unshuffle_move_codes_with_fixed_modes_bits(tmp_path, encoding):
+def test_pixel_and_channel_shuffles_move_codes_with_fixed_modes_bits(tmp_path, encoding):
     sim, xs = _calibrated(_Shuffled())
     ops = sim.ops.set_index("op_type")
-    assert (ops.loc[["pixel_shuffle", "pixel_unshuffle"], "category"] == "PASS_THROUGH").all()
+    moved = ["pixel_shuffle", "pixel_unshuffle", "channel_shuffle"]
+    assert (ops.loc[moved, "category"] == "PASS_THROUGH").all()
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
-    assert "DepthToSpace" in kinds
+    assert "DepthToSpace" in kinds and "Transpose" in kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
 

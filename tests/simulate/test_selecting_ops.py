@@ -36,6 +36,7 @@ CALLS = {
     "pad_reflect": ("pad", lambda y: F.pad(y, (0, 0, 2, 1), mode="reflect")),
     "pad_replicate": ("pad", lambda y: F.pad(y, (0, 0, 1, 3), mode="replicate")),
     "pad_circular": ("pad", lambda y: F.pad(y, (0, 0, 3, 2), mode="circular")),
+    "channel_shuffle": ("channel_shuffle", lambda y: F.channel_shuffle(y, 4)),
     # sliding windows; F.unfold's im2col zero-padded (the padding reads the zero point's value)
     "unfold": ("unfold", lambda y: y.unfold(1, 6, 2)),
     "unfold_im2col": ("unfold", lambda y: F.unfold(y.unsqueeze(1), (10, 1), padding=(1, 0))),
