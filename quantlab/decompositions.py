@@ -50,6 +50,9 @@ makes the same result through other torch calls), or None for a call captured as
   ``nn.GLU`` is ``a * sigmoid(b)`` of its two halves and ``F.softmin`` / ``nn.Softmin`` runs
   its own code, ``(-input).softmax(dim)``: each with the call's float bits. Integer and
   in-place calls stay whole.
+- ``c / y`` of a nonzero Python number and a float tensor is torch's own code for it,
+  ``y.reciprocal() * c`` (a reciprocal table, then a product by a constant unless c is 1),
+  with the call's float bits.
 - The 2-norm (``x.norm(dim=...)``, ``torch.norm``, ``torch.linalg.vector_norm``; order 2 or
   "fro", of float tensors) is ``sqrt(sum(x * x))``: a product, a sum and a square-root table.
   torch's norm kernel sums the squares in another order, so the parts' float bits (which
@@ -275,6 +278,28 @@ def _neg_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return lambda: x * -1.0
 
 
+def _rdiv_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``c / y`` (``y.__rtruediv__(c)``) of a nonzero Python number c and a float tensor y as
+    torch's own code for it (``Tensor.__rdiv__``): ``y.reciprocal() * c``, the call's bits
+    (c = 1: the reciprocal alone, the same bits: a product by 1 changes none)."""
+    if len(args) != 2 or kwargs:
+        return None
+    y, c = args
+    if not is_float(y) or isinstance(c, bool) or not isinstance(c, (int, float)) or c == 0:
+        return None
+    if c == 1:
+        return lambda: y.reciprocal()
+    return lambda: y.reciprocal() * c
+
+
+def _truediv_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """torch.fx's trace of ``c / y`` (``operator.truediv(c, y)``): ``_rdiv_parts``; any other
+    division stays whole."""
+    if len(args) != 2 or kwargs or isinstance(args[0], Tensor) or not is_float(args[1]):
+        return None
+    return _rdiv_parts((args[1], args[0]), {})
+
+
 def _square_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """``torch.square(x)`` of a float tensor as ``x.pow(2)`` (torch computes both as x * x)."""
     if len(args) != 1 or kwargs or not is_float(args[0]):
@@ -346,6 +371,9 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
         (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg),
         _neg_parts,
     ),
+    Tensor.__rtruediv__: _rdiv_parts,
+    Tensor.__rdiv__: _rdiv_parts,
+    operator.truediv: _truediv_parts,
     torch.square: _square_parts,
     Tensor.square: _square_parts,
     F.glu: _glu_parts,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import warnings
 
 import pytest
@@ -1214,10 +1215,11 @@ def _parts_give_the_calls_bits(calls, x: torch.Tensor) -> None:
 
 
 def test_neg_square_glu_and_softmin_by_their_parts_give_the_calls_bits():
-    """``-x`` (every spelling), ``torch.square``, ``F.glu`` / ``nn.GLU`` and ``F.softmin`` /
-    ``nn.Softmin`` on random sizes and magnitudes (signed zeros, infinities and NaN among
-    them): their parts give the call's float bits (a NaN's sign aside: negation flips it, the
-    product by -1 keeps the NaN operand as it is); integer and in-place calls stay whole."""
+    """``-x`` (every spelling), ``torch.square``, ``F.glu`` / ``nn.GLU``, ``F.softmin`` /
+    ``nn.Softmin`` and ``c / x`` on random sizes and magnitudes (signed zeros, infinities and
+    NaN among them): their parts give the call's float bits (a NaN's sign aside: negation
+    flips it, the product by -1 keeps the NaN operand as it is); integer and in-place calls
+    stay whole."""
     g = torch.Generator().manual_seed(15)
     for t in range(60):
         dtype = torch.float64 if t % 5 == 4 else torch.float32
@@ -1237,12 +1239,20 @@ def test_neg_square_glu_and_softmin_by_their_parts_give_the_calls_bits():
             lambda x: F.softmin(x, 1),
             lambda x: nn.Softmin(dim=-1)(x),
             lambda x: F.softmin(x, 0, dtype=torch.float64),
+            lambda x: 1.0 / x,
+            lambda x: 1 / x,
+            lambda x: -3.5 / x,
+            lambda x: x.__rdiv__(7),
         )
         _parts_give_the_calls_bits(calls, x)
     n = torch.arange(4)
     assert decomposition(torch.Tensor.__neg__, (n,), {}) is None
     assert decomposition(torch.square, (n,), {}) is None
     assert decomposition(F.glu, (torch.randn(3, 5),), {}) is None  # odd: torch raises
+    assert decomposition(torch.Tensor.__rtruediv__, (n, 2.0), {}) is None
+    assert decomposition(torch.Tensor.__rtruediv__, (x, 0.0), {}) is None
+    assert decomposition(operator.truediv, (x, 2.0), {}) is None  # x / 2: a division op
+    assert decomposition(operator.truediv, (2.0, x), {}) is not None  # fx's trace of 2 / x
     assert not splits(torch.Tensor.neg_) and not splits(torch.Tensor.square_)
 
 
@@ -1435,7 +1445,7 @@ def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
 
 class _ClassicNorm(nn.Module):
     """The Annotated Transformer's LayerNorm, ``a * (x - mean) / (std + eps) + b``, after a
-    linear layer, and a batch-variance scale."""
+    linear layer, a batch-variance scale and a number over a tensor."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1446,7 +1456,7 @@ class _ClassicNorm(nn.Module):
         h = self.linear(x)
         mean, std = h.mean(-1, keepdim=True), h.std(-1, keepdim=True)
         y = self.a * (h - mean) / (std + 1e-6) + self.b
-        return y * torch.rsqrt(h.var(0, unbiased=False, keepdim=True) + 1.0)
+        return y * torch.rsqrt(h.var(0, unbiased=False, keepdim=True) + 1.0) + 0.5 / (h + 3.0)
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
@@ -1457,6 +1467,7 @@ def test_a_hand_written_layer_norm_is_quantized_as_its_parts(platform, tmp_path)
     sim, x = _parts_sim("classic_norm", platform, steady_programs=False)
     ops = sim.ops
     assert not {"std", "var"} & set(ops.op_type) and (ops.op_type == "sqrt").sum() == 1
+    assert (ops.op_type == "reciprocal").sum() == 1  # 0.5 / (h + 3): a table, then a product
     if platform == "j6m":
         assert ops.supported.all()
     _quantized_as_parts(sim, x, platform, tmp_path / "classic.onnx", exact=False)
