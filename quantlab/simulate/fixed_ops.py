@@ -370,7 +370,9 @@ def _global_mean(call, x: Tensor, dim, x_scale, y_scale) -> bool:
     return sorted(d % 4 for d in dims) == [2, 3] and global_mean_in_range(x_scale, y_scale, n)
 
 
-def _pool(sim, call, plan, args, kwargs, in_infos, wq, rq):
+def pool_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
+    """(value, QInfo) of an average pool in fixed mode by ``platform.avg_pool_rule``, or None
+    (the float fallback)."""
     if call.op_type in ("avg_pool1d", "adaptive_avg_pool1d"):
         return _pool1d(sim, call, plan, args, kwargs, in_infos, rq)
     info = in_infos[0] if in_infos else None
@@ -494,7 +496,7 @@ def _pool1d(sim, call, plan, args, kwargs, in_infos, rq):
     x2 = x.unsqueeze(2)  # its codes: info.codes_of(x2), exact from the values on the grid
     call2 = OpCall(call.name, op_type, call.category, call.module, call.call_index,
                    F.avg_pool2d, (x2, *rest), {})  # fmt: skip
-    res = _pool(sim, call2, A.ArgPlan([("a", 0)]), [x2, *rest], {}, [info], None, rq)
+    res = pool_op(sim, call2, A.ArgPlan([("a", 0)]), [x2, *rest], {}, [info], None, rq)
     if res is None:
         return None
     value, q = res
@@ -515,7 +517,7 @@ _DISPATCH = {
     OpCategory.SOFTMAX: softmax_op,
     OpCategory.LOG_SOFTMAX: log_softmax_op,
     OpCategory.REDUCE: _reduce,
-    OpCategory.POOL: _pool,
+    OpCategory.POOL: pool_op,
     OpCategory.RESAMPLE: resample_op,
     OpCategory.GRID_SAMPLE: grid_sample_op,
     OpCategory.NORM: norm_op,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from quantlab.numerics import grid_sample as G
@@ -22,7 +23,7 @@ from quantlab.numerics.ort_grid_sample import TORCH_MODES, TORCH_PADDINGS, ort_g
 from quantlab.numerics.ort_resize import ort_nearest_indices, ort_resize_bilinear
 from quantlab.numerics.quantize import dequantize
 from quantlab.numerics.resize import resize_bilinear_fixed
-from quantlab.platform_rules import FloatIslands, ResizeRule
+from quantlab.platform_rules import AvgPoolRule, FloatIslands, ResizeRule
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 
@@ -50,6 +51,8 @@ def resample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     rule = sim.platform.resize
     if not fc.zp_info(info) or not out.is_int:
         return None
+    if mode == "area":
+        return _area(sim, call, plan, args, kwargs, info, v, rq)
     if rule in _LITERT and mode in _NEAREST + _LINEAR:
         return _litert_resize(A.get(args, kwargs, plan.acts[0]), info, v, mode, rule)
     if mode in _LINEAR and rule is ResizeRule.ONNXRUNTIME:
@@ -84,6 +87,23 @@ def _torch_nearest(call, args, kwargs, slot, xc: Tensor, info) -> Tensor | None:
     a2, kw2 = list(args), dict(kwargs)
     A.put(a2, kw2, slot, xc.to(torch.float32))
     return call.func(*a2, **kw2).to(torch.int64)
+
+
+def _area(sim, call, plan, args, kwargs, info, v: dict, rq):
+    """``F.interpolate(mode="area")``: torch computes it as adaptive average pooling to the
+    output size, and so does fixed mode, by the pool's integer kernel on platforms that sum
+    windows exactly (``AvgPoolRule.INTEGER_SUM``); None (the float fallback) elsewhere."""
+    from quantlab.capture import OpCall
+    from quantlab.simulate import fixed_ops
+
+    x = A.get(args, kwargs, plan.acts[0])
+    if sim.platform.avg_pool_rule is not AvgPoolRule.INTEGER_SUM or x.dim() not in (3, 4):
+        return None
+    outs, _ = _output_sizes(tuple(x.shape[2:]), v)
+    pool = F.adaptive_avg_pool2d if x.dim() == 4 else F.adaptive_avg_pool1d
+    call2 = OpCall(call.name, pool.__name__, call.category, call.module, call.call_index,
+                   pool, (x, outs), {})  # fmt: skip
+    return fixed_ops.pool_op(sim, call2, A.ArgPlan([("a", 0)]), [x, outs], {}, [info], None, rq)
 
 
 def keeps_input_quantization(call, platform) -> bool:

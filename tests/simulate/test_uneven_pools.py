@@ -1,6 +1,7 @@
 """Average pools whose windows hold different numbers of values (padding with or without
 count_include_pad, ceil_mode, divisor_override, adaptive sizes that do not divide, their 1-d
-forms) run their integer kernel on platforms that sum windows exactly (``INTEGER_SUM``): each
+forms, and area interpolation, which torch computes as adaptive pooling) run their integer
+kernel on platforms that sum windows exactly (``INTEGER_SUM``): each
 window's sum of centred codes requantized by the ratio of scales over its own count, checked
 code for code against a slow loop over the windows and the requantization reference, with
 zero points (tflite) and without (j6m, int8 and int16 outputs)."""
@@ -32,6 +33,16 @@ POOLS = {  # name: (the pool, the 2-d window parameters or ("adaptive", out))
     "adaptive_module": (nn.AdaptiveAvgPool2d((None, 6)), None),
     "pad_1d": (lambda y: F.avg_pool1d(y.flatten(2), 3, 2, 1, count_include_pad=False), None),
     "adaptive_1d": (lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7), None),
+    # torch's area interpolation is adaptive average pooling to the output size
+    "area": (lambda y: F.interpolate(y, size=(5, 4), mode="area"), None),
+    "area_1d": (lambda y: F.interpolate(y.flatten(2), scale_factor=0.08, mode="area"), None),
+}
+ADAPTIVE_OUT = {  # the adaptive cases' output sizes (None: the input's)
+    "adaptive": (5, 4),
+    "adaptive_module": (None, 6),
+    "adaptive_1d": 7,
+    "area": (5, 4),
+    "area_1d": 7,  # floor(90 * 0.08)
 }
 
 
@@ -46,19 +57,16 @@ class _Pool(nn.Module):
         return self.pool(self.conv(x))
 
 
-def _reference(pool_name: str, xc: torch.Tensor, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(pool_name: str, xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sums, counts) of the pool over centred codes by a loop over its windows (torch's
     window rule, Python integers); 1-d pools as height-1 images."""
     squeeze = xc.dim() == 3
     x = xc.unsqueeze(2) if squeeze else xc
     n, c, h, w = x.shape
-    if "adaptive" in pool_name:
-        osz = args[1] if len(args) > 1 else None
-        if isinstance(osz, int):
-            osz = (1, osz) if squeeze else (osz, osz)
-        if osz is None:  # the module's (None, 6)
-            osz = (h, 6)
-        osz = tuple(h if o is None else o for o in osz)
+    if pool_name in ADAPTIVE_OUT:
+        osz = ADAPTIVE_OUT[pool_name]
+        osz = (1, osz) if squeeze else osz
+        osz = tuple(n if o is None else o for o, n in zip(osz, (h, w)))
 
         def bounds(i, j):
             r0, r1 = (i * h) // osz[0], -(-((i + 1) * h) // osz[0])
@@ -109,8 +117,9 @@ def test_uneven_pools_requantize_each_window_by_its_own_count(
     pool_name, platform, out, monkeypatch
 ):
     pool = POOLS[pool_name][0]
-    spec = QConfigSpec(by_type={t: OpQConfig(output_dtype=DType[out]) for t in (
-        "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d")})  # fmt: skip
+    pools = ("avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d")
+    wanted = ("interpolate",) if pool_name.startswith("area") else pools
+    spec = QConfigSpec(by_type={t: OpQConfig(output_dtype=DType[out]) for t in wanted})
     if platform == "tflite":
         spec.global_ = OpQConfig(activation_symmetry="ASYMMETRIC")
     sim = Simulator(_Pool(pool).eval(), platform, spec)
@@ -128,14 +137,15 @@ def test_uneven_pools_requantize_each_window_by_its_own_count(
         torch.randn(2, 3, 11, 12, generator=gen) + 0.3, mode=Mode.FIXED, on_call=on_call
     )
     assert fell_back == []
-    name = next(n for n in trace.qinfo if "pool" in n)
-    op_type = next(t for t in seen if "pool" in t)
+    name = next(n for n in trace.qinfo if "pool" in n or "interpolate" in n)
+    op_type = next(t for t in seen if "pool" in t or t == "interpolate")
     args, (xi, *_) = seen[op_type]
     xc = xi.codes_of(args[0]) - xi.zero_point
     yi = trace.qinfo[name]
+    assert yi.dtype is DType[out]
     if platform == "tflite" and out == "INT8":
         assert xi.zero_point != 0 and yi.zero_point != 0
-    sums, counts = _reference(pool_name, xc, args)
+    sums, counts = _reference(pool_name, xc)
     p = sim.platform
     want = torch.empty_like(sums)
     for n in torch.unique(counts).tolist():
