@@ -59,10 +59,11 @@ makes the same result through other torch calls), or None for a call captured as
   every FLOAT run computes) differ from the call's in the last place or two. ``F.normalize``
   runs its own code, ``input / input.norm(p, dim, keepdim=True).clamp_min(eps)``, so its
   norm (of order 2) splits and its clamp and division are ops too.
-- ``var`` / ``std`` of a float tensor (a hand-written LayerNorm's ``x.std(-1, keepdim=True)``)
-  are the mean, the difference, its square, their sum over N - correction and, for std, the
-  square-root table. torch reduces by Welford's method instead, so the parts' float bits
-  (which every FLOAT run computes) differ from the call's in the last places.
+- ``var`` / ``std`` of a float tensor (a hand-written LayerNorm's ``x.std(-1, keepdim=True)``),
+  and ``var_mean`` / ``std_mean`` (the pair with the mean), are the mean, the difference, its
+  square, their sum over N - correction and, for std, the square-root table. torch reduces by
+  Welford's method instead, so the parts' float bits (which every FLOAT run computes) differ
+  from the call's in the last places.
 - ``torch.logsumexp`` of a float tensor over given dims is ATen's CPU steps: the maximum
   (an infinite one taken as 0), exp of the difference (a table), the sum, log (a table) plus
   the maximum, with the call's float bits.
@@ -388,6 +389,8 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     Tensor.var: variance_parts(root=False),
     torch.std: variance_parts(root=True),
     Tensor.std: variance_parts(root=True),
+    torch.var_mean: variance_parts(root=False, with_mean=True),
+    torch.std_mean: variance_parts(root=True, with_mean=True),
     **RECURRENT,
 }
 SPLIT = frozenset(PARTS)

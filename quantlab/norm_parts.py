@@ -88,12 +88,13 @@ def two_norm_parts(names: tuple[str, str, str, str]) -> Callable:
     return split
 
 
-def variance_parts(root: bool) -> Callable:
+def variance_parts(root: bool, with_mean: bool = False) -> Callable:
     """The parts of ``var`` (``root``: ``std``) of a float tensor: the mean over ``dim`` (all
     elements for None), the difference, its square, their sum divided by N - correction
     (``unbiased``: correction 1, the default), and for std the square root (a table); the two
     passes torch's Welford reduction replaces, so the parts' float bits differ from the call's
-    in the last places (README)."""
+    in the last places (README). ``with_mean``: ``var_mean`` / ``std_mean``, the pair (var or
+    std, the mean), the mean kept over ``dim`` as ``keepdim`` says."""
 
     def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
         if not args or not is_float(args[0]) or args[0].dim() == 0:
@@ -127,9 +128,13 @@ def variance_parts(root: bool) -> Callable:
             return None
 
         def parts():
-            diff = x - x.mean(dims, keepdim=True)
+            mean = x.mean(dims, keepdim=True)
+            diff = x - mean
             var = (diff * diff).sum(dims, keepdim=keepdim) / (n - correction)
-            return torch.sqrt(var) if root else var
+            spread = torch.sqrt(var) if root else var
+            if not with_mean:
+                return spread
+            return spread, mean if keepdim else mean.squeeze(dims)
 
         return parts
 

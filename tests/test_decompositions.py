@@ -1414,9 +1414,9 @@ def test_logsumexp_is_quantized_as_its_parts(platform, tmp_path):
 
 def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
     """var / std (function and method; dims, unbiased, correction, keepdim; offset rows where
-    the mean cancels) are the two-pass mean, squared difference and sum: within 64 float32
-    epsilons of torch's Welford reduction, the same shape; calls torch refuses or that divide
-    by zero or less, integer inputs and ``out=`` stay whole."""
+    the mean cancels), and var_mean / std_mean, are the two-pass mean, squared difference and
+    sum: within 64 float32 epsilons of torch's Welford reduction, the same shape; calls torch
+    refuses or that divide by zero or less, integer inputs and ``out=`` stay whole."""
     g = torch.Generator().manual_seed(24)
     for t in range(40):
         x = torch.randn(3, int(torch.randint(2, 300, (), generator=g)), 4, generator=g)
@@ -1432,6 +1432,18 @@ def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
             lambda x: x.var(dim=None, keepdim=True),
         )
         _parts_near_the_calls(calls, x, epsilons=64)
+        for pair in (  # (var or std, mean): the spread as above, the mean within 64 epsilons
+            lambda x: torch.std_mean(x, 1),  # of the largest |x| (it may cancel to near 0)
+            lambda x: torch.var_mean(x, (0, 2), keepdim=True),
+            lambda x: torch.std_mean(x, dim=-1, correction=0),
+            lambda x: torch.var_mean(x),
+        ):
+            _parts_near_the_calls([lambda x, pair=pair: pair(x)[0]], x, epsilons=64)
+            want = pair(x)[1]
+            with DecomposingMode():
+                got = pair(x)[1]
+            assert got.shape == want.shape
+            assert float((got - want).abs().max()) <= 64 * torch.finfo().eps * float(x.abs().max())
     x = torch.randn(2, 5)
     for func, args, kwargs in (
         (torch.var, (x, 1), {"unbiased": True, "correction": 1}),
