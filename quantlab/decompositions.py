@@ -64,6 +64,9 @@ makes the same result through other torch calls), or None for a call captured as
   square, their sum over N - correction and, for std, the square-root table. torch reduces by
   Welford's method instead, so the parts' float bits (which every FLOAT run computes) differ
   from the call's in the last places.
+- ``F.cosine_similarity`` of float tensors is ATen's steps: each operand over its 2-norm
+  (the norm's parts above) clamped at eps, their product summed over dim; the norms' float
+  bits differ as above, so FLOAT runs compute the parts.
 - ``torch.logsumexp`` of a float tensor over given dims is ATen's CPU steps: the maximum
   (an infinite one taken as 0), exp of the difference (a table), the sum, log (a table) plus
   the maximum, with the call's float bits.
@@ -97,6 +100,7 @@ from torch.overrides import TorchFunctionMode
 
 from quantlab.einsum_parts import contract, einsum_plan
 from quantlab.norm_parts import (
+    cosine_similarity_parts,
     is_float,
     logsumexp_parts,
     rms_norm_parts,
@@ -389,6 +393,7 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     Tensor.var: variance_parts(root=False),
     torch.std: variance_parts(root=True),
     Tensor.std: variance_parts(root=True),
+    torch.cosine_similarity: cosine_similarity_parts,  # F.cosine_similarity
     torch.var_mean: variance_parts(root=False, with_mean=True),
     torch.std_mean: variance_parts(root=True, with_mean=True),
     **RECURRENT,

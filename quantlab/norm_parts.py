@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 
 def is_float(t) -> bool:
@@ -86,6 +87,40 @@ def two_norm_parts(names: tuple[str, str, str, str]) -> Callable:
         return parts
 
     return split
+
+
+_COSINE_PARAMS = ("x1", "x2", "dim", "eps")
+
+
+def cosine_similarity_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``F.cosine_similarity(x1, x2, dim, eps)`` of float tensors as ATen computes it
+    (``Distance.cpp``): the operands broadcast, each divided by its 2-norm over ``dim``
+    clamped below at eps, their product summed over ``dim``. The norms are ``sqrt(sum(x *
+    x))``, so the float bits differ from the call's in the last place or two (README)."""
+    p = dict(zip(_COSINE_PARAMS, args)) | kwargs
+    if len(args) > len(_COSINE_PARAMS) or not set(p) <= set(_COSINE_PARAMS):
+        return None
+    x1, x2, dim, eps = p.get("x1"), p.get("x2"), p.get("dim", 1), p.get("eps", 1e-8)
+    if not (is_float(x1) and is_float(x2)) or x1.dtype != x2.dtype or type(dim) is not int:
+        return None
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    try:
+        shape = torch.broadcast_shapes(x1.shape, x2.shape)
+    except RuntimeError:  # torch raises its own message
+        return None
+    if not shape or not -len(shape) <= dim < len(shape):
+        return None
+
+    def unit(x: Tensor) -> Tensor:
+        norm = torch.sqrt((x * x).sum(dim, keepdim=True))
+        return x / norm.clamp_min(eps)
+
+    def parts():
+        a, b = (x if x.shape == shape else x.expand(shape) for x in (x1, x2))
+        return (unit(a) * unit(b)).sum(dim)
+
+    return parts
 
 
 def variance_parts(root: bool, with_mean: bool = False) -> Callable:

@@ -1332,9 +1332,37 @@ def test_norms_by_their_parts_are_the_sum_of_squares_root():
         assert decomposition(func, args, kwargs) is None
 
 
+def test_cosine_similarity_by_its_parts_is_within_a_few_epsilons():
+    """F.cosine_similarity (same shapes, broadcast operands, any dim, eps, zero vectors) is
+    each operand over its clamped 2-norm, their product summed: within 8 float32 epsilons of
+    the call (a value in [-1, 1]) and of its shape; other calls stay whole."""
+    g = torch.Generator().manual_seed(27)
+    for t in range(30):
+        n = int(torch.randint(1, 200, (), generator=g))
+        a = torch.randn(3, n, 2, generator=g) * 10 ** (t % 5 - 2)
+        b = torch.randn(3, n, 2, generator=g)
+        a[0, :, 0] = 0.0  # a zero vector: its norm clamped to eps, a similarity of 0
+        calls = (
+            lambda a, b: F.cosine_similarity(a, b),
+            lambda a, b: F.cosine_similarity(a, b[:1], dim=-1),
+            lambda a, b: torch.cosine_similarity(a[:, :, :1], b, 0, 1e-4),
+            lambda a, b: F.cosine_similarity(a, b, dim=1, eps=0.5),
+        )
+        for call in calls:
+            want = call(a, b)
+            with DecomposingMode():
+                got = call(a, b)
+            assert got.shape == want.shape
+            assert float((got - want).abs().max()) <= 8 * torch.finfo().eps
+    x = torch.randn(2, 5)
+    for args, kwargs in (((x.long(), x.long()), {}), ((x, x.double()), {}), ((x, x, 2), {})):
+        assert decomposition(torch.cosine_similarity, args, kwargs) is None
+
+
 class _Embedder(nn.Module):
     """Two sentence-embedding heads: a masked mean over tokens then F.normalize, and a
-    projection divided by its own norm (``e / e.norm(dim=1, keepdim=True)``)."""
+    projection divided by its own norm (``e / e.norm(dim=1, keepdim=True)``); and their
+    cosine similarity."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1345,18 +1373,20 @@ class _Embedder(nn.Module):
         h = torch.tanh(self.encode(x))
         pooled = F.normalize(h.mean(1), dim=1)
         e = torch.relu(self.project(h[:, -1])) + 0.1
-        return pooled, e / e.norm(dim=1, keepdim=True)
+        head = pooled[:, :8]
+        return pooled, e / e.norm(dim=1, keepdim=True), F.cosine_similarity(head, head + 0.2 * e)
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_normalized_embeddings_are_quantized_as_their_parts(platform, tmp_path):
-    """Each norm is a product, a sum and a square root, F.normalize's clamp and division ops
-    too: nothing left in float on J6; every FLOAT run gives the parts' bits, fixed mode keeps
-    the unit vectors' directions, and exported, onnxruntime gives fixed mode's bits."""
+    """Each norm is a product, a sum and a square root, F.normalize's and cosine similarity's
+    clamps and divisions ops too: nothing left in float on J6; every FLOAT run gives the
+    parts' bits, fixed mode keeps the unit vectors' directions, and exported, onnxruntime
+    gives fixed mode's bits."""
     sim, x = _parts_sim("embedder", platform, steady_programs=False)
     ops = sim.ops
-    assert not {"norm", "normalize", "linalg_vector_norm"} & set(ops.op_type)
-    assert (ops.op_type == "sqrt").sum() == 2 and (ops.op_type == "div").sum() == 2
+    assert not {"norm", "normalize", "linalg_vector_norm", "cosine_similarity"} & set(ops.op_type)
+    assert (ops.op_type == "sqrt").sum() == 4 and (ops.op_type == "div").sum() == 4
     if platform == "j6m":
         assert ops.supported.all()
     _quantized_as_parts(sim, x, platform, tmp_path / "embed.onnx", exact=False)
