@@ -418,3 +418,64 @@ def test_select_models_become_traced_programs_with_the_captured_bits(monkeypatch
         assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
     state = fast.steady_programs.status((xs[0],), mode)
     assert state.program is not None and state.program.fallbacks == 0
+
+
+class _Ordered(nn.Module):
+    """linear -> top-k, sort, k-th value, median and running maximum over dim 1 -> linear on
+    each value output; the indices as outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = self.a(x)
+        top, where = y.topk(3, dim=1)
+        ordered = torch.sort(y, dim=1, descending=True).values
+        kth = y.kthvalue(2, dim=1).values
+        med = y.median(dim=1).values
+        run = torch.cummax(y, dim=1).values
+        summed = self.b(top).sum() + self.b(ordered).sum() + self.b(kth).sum()
+        return summed + self.b(med).sum() + self.b(run).sum() + torch.msort(y).amax(), where
+
+
+ORDERED = ("topk", "sort", "kthvalue", "median", "cummax", "msort")
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_orderings_keep_the_grid_and_give_torchs_values(mode):
+    """top-k, sort, msort, k-th value, median and cummax pick input values: their values keep
+    the input's quantization (the next linear takes them as they arrive), their int64 indices
+    none; they equal torch's op on the quantized input; steady programs give the same bits."""
+    torch.manual_seed(0)
+    model = _Ordered().eval()
+    g = torch.Generator().manual_seed(2)
+    sim = Simulator(model, "j6m", steady_programs=False)
+    sim.calibrate([(torch.randn(2, 8, 6, generator=g),) for _ in range(2)], progress=False)
+    x = torch.randn(2, 8, 6, generator=g)
+    arrived = {}
+    trace = sim.trace(x, mode=mode, on_call=lambda o: arrived.setdefault(o.call.name, o.incoming))
+    ops = sim.ops.set_index("op_type")
+    assert (ops.loc[list(ORDERED), "category"] == "PASS_THROUGH").all()
+    src, y = trace.qinfo["a:linear#0"], trace.outputs["a:linear#0"]
+    for op, fn in (
+        ("topk", lambda y: y.topk(3, dim=1)),
+        ("sort", lambda y: torch.sort(y, dim=1, descending=True)),
+        ("kthvalue", lambda y: y.kthvalue(2, dim=1)),
+        ("median", lambda y: y.median(dim=1)),
+        ("cummax", lambda y: torch.cummax(y, dim=1)),
+    ):
+        values, indices = trace.qinfo[f":{op}#0"]
+        assert values.scale is src.scale and values.dtype is src.dtype and indices is None
+        assert_bits_equal(trace.outputs[f":{op}#0"][0], fn(y)[0])
+    for name, incoming in arrived.items():
+        if name.startswith("b:linear"):
+            assert incoming[0] is not None and incoming[0].scale is src.scale
+    steady = Simulator(model, "j6m")
+    steady.share_calibration(sim)
+    prog = steady.program(x, mode=mode)
+    for scale in (0.5, 2.0):
+        x2 = torch.randn(2, 8, 6, generator=g) * scale
+        for a, b in zip(prog(x2), sim.run(x2, mode=mode), strict=True):
+            assert_bits_equal(a, b)
+    assert prog.fallbacks == 0
