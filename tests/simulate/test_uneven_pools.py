@@ -174,3 +174,22 @@ def test_runtime_profiles_keep_their_own_pool_rules(platform, monkeypatch):
         assert bool(fell_back) is falls, pool_name
         declined = dict(zip(sim.ops["name"], sim.ops["fixed_in_float"]))
         assert [n for n, d in declined.items() if d] == (fell_back[:1] if falls else [])
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_uneven_pools_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    gen = torch.Generator().manual_seed(5)
+    calib = [(torch.randn(2, 3, 11, 12, generator=gen),) for _ in range(2)]
+    xs = [torch.randn(2, 3, 11, 12, generator=gen) * s for s in (0.5, 2.0)]
+    for pool_name in ("ceil_pad", "adaptive", "area", "pad_1d"):
+        captured = Simulator(_Pool(POOLS[pool_name][0]).eval(), "j6m", steady_programs=False)
+        captured.calibrate(calib, progress=False)
+        steady = Simulator(_Pool(POOLS[pool_name][0]).eval(), "j6m")
+        steady.share_calibration(captured)
+        for x in xs * 3:
+            assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
+        state = steady.steady_programs.status((xs[0],), mode)
+        assert state.program is not None and state.program.fallbacks == 0, pool_name
