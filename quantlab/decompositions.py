@@ -53,6 +53,9 @@ makes the same result through other torch calls), or None for a call captured as
 - ``c / y`` of a nonzero Python number and a float tensor is torch's own code for it,
   ``y.reciprocal() * c`` (a reciprocal table, then a product by a constant unless c is 1),
   with the call's float bits.
+- ``clamp`` / ``clip`` / ``clamp_min`` / ``clamp_max`` of a float tensor with tensor bounds is
+  ``torch.maximum`` with the lower bound, then ``torch.minimum`` with the upper: the call's
+  bits (each picks one operand's value). Number bounds stay the clamp op.
 - The 2-norm (``x.norm(dim=...)``, ``torch.norm``, ``torch.linalg.vector_norm``; order 2 or
   "fro", of float tensors) is ``sqrt(sum(x * x))``: a product, a sum and a square-root table.
   torch's norm kernel sums the squares in another order, so the parts' float bits (which
@@ -305,6 +308,34 @@ def _truediv_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return _rdiv_parts((args[1], args[0]), {})
 
 
+def _clamp_parts(which: str) -> Callable:
+    """The parts of ``clamp`` / ``clip`` (``which`` "both"), ``clamp_min`` ("min") or
+    ``clamp_max`` ("max") of a float tensor with tensor bounds: ``torch.maximum`` with the
+    lower bound, then ``torch.minimum`` with the upper, each picking one operand's value: the
+    call's bits. Number bounds stay the clamp op."""
+    names = {"both": ("input", "min", "max"), "min": ("input", "min"), "max": ("input", "max")}
+    params = names[which]
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        p = dict(zip(params, args)) | kwargs
+        if len(args) > len(params) or not set(p) <= set(params):
+            return None
+        x, lo, hi = p.get("input"), p.get("min"), p.get("max")
+        bounds = [b for b in (lo, hi) if b is not None]
+        if not is_float(x) or not any(isinstance(b, Tensor) for b in bounds):
+            return None
+        if not all(isinstance(b, Tensor) and is_float(b) and b.dtype == x.dtype for b in bounds):
+            return None  # a number beside a tensor bound: torch raises its own message
+
+        def parts():
+            y = x if lo is None else torch.maximum(x, lo)
+            return y if hi is None else torch.minimum(y, hi)
+
+        return parts
+
+    return split
+
+
 def _square_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """``torch.square(x)`` of a float tensor as ``x.pow(2)`` (torch computes both as x * x)."""
     if len(args) != 1 or kwargs or not is_float(args[0]):
@@ -376,6 +407,9 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
         (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg),
         _neg_parts,
     ),
+    **dict.fromkeys((torch.clamp, torch.clip, Tensor.clamp, Tensor.clip), _clamp_parts("both")),
+    **dict.fromkeys((torch.clamp_min, Tensor.clamp_min), _clamp_parts("min")),
+    **dict.fromkeys((torch.clamp_max, Tensor.clamp_max), _clamp_parts("max")),
     Tensor.__rtruediv__: _rdiv_parts,
     Tensor.__rdiv__: _rdiv_parts,
     operator.truediv: _truediv_parts,

@@ -1548,3 +1548,48 @@ def test_models_of_parts_become_traced_programs_with_the_captured_bits(monkeypat
     steady = Simulator(cls().eval(), "j6m")
     steady.share_calibration(captured)
     _runs_as_a_program(steady, captured, torch.Generator().manual_seed(seed + 1), mode, shape)
+
+
+def test_clamps_with_tensor_bounds_are_maximum_and_minimum_with_the_calls_bits():
+    """clamp / clip / clamp_min / clamp_max with tensor bounds (broadcast, infinities and NaN
+    in the input) are torch.maximum then torch.minimum: the call's bits; number bounds, a
+    number beside a tensor bound (torch raises) and in-place calls stay whole. In a model
+    whose bounds are activations, they quantize as maximum / minimum ops."""
+    g = torch.Generator().manual_seed(31)
+    for _ in range(20):
+        x = torch.randn(3, 40, generator=g) * 4
+        x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        lo = torch.randn(40, generator=g) - 1
+        hi = lo + torch.rand(40, generator=g) * 3
+        for call in (
+            lambda x, lo, hi: torch.clamp(x, lo, hi),
+            lambda x, lo, hi: x.clamp(min=lo),
+            lambda x, lo, hi: x.clip(max=hi),
+            lambda x, lo, hi: torch.clamp_min(x, lo),
+            lambda x, lo, hi: x.clamp_max(hi[None]),
+        ):
+            want = call(x, lo, hi)
+            with DecomposingMode():
+                got = call(x, lo, hi)
+            assert_bits_equal(got, want)
+    x, t = torch.randn(2, 5), torch.randn(5)
+    assert decomposition(torch.clamp, (x, -1.0, 1.0), {}) is None
+    assert decomposition(torch.clamp, (x, t, 1.0), {}) is None
+    assert not splits(torch.Tensor.clamp_)
+
+    class Bounded(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+        def forward(self, x):
+            lo = self.b(x)
+            return torch.clamp(self.a(x), min=lo, max=lo + 1.0)
+
+    torch.manual_seed(0)
+    sim = Simulator(Bounded().eval(), "j6m")
+    sim.calibrate([(torch.randn(4, 6),)], progress=False)
+    sim.run(torch.randn(4, 6), mode=Mode.FIXED)
+    ops = sim.ops
+    assert {"maximum", "minimum"} <= set(ops.op_type) and "clamp" not in set(ops.op_type)
+    assert ops.supported.all() and not ops.fixed_in_float.any()
