@@ -145,7 +145,7 @@ class OpDiscovery:
         for name in self._order:
             inf = self._info[name]
             if inf.category is None or not self.supported(inf.op_type, inf.category):
-                kept = out_dt.get(inf.producers[0]) if inf.returns_input else None
+                kept = out_dt.get(inf.producers[0]) if inf.returns_input and inf.producers else None
                 out_dt[name] = kept or DType.FLOAT32
                 inf.input_dtypes = [kept] if kept is not None else []
                 continue
@@ -284,8 +284,9 @@ class OpDiscovery:
             producers,
         )
         old = self._info.get(name)
-        if old is not None:
+        if old is not None:  # a run that replays or skips the op keeps what was learnt
             inf.input_dtypes = old.input_dtypes
+            inf.returns_input = old.returns_input
         inf.post = calls.post_params(call)
         inf.inplace = calls.is_inplace(call)
         st.infos[name] = inf

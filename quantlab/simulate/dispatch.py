@@ -362,7 +362,7 @@ class OpDispatch(BatchNormFolding):
             if res is not None:
                 self._fixed_in_float.discard(name)
                 return res
-            if call.category is not OpCategory.PASS_THROUGH:
+            if quant_out and call.category is not OpCategory.PASS_THROUGH:
                 self._fixed_in_float.add(name)  # no fixed kernel took it: computed in float
         out = r.fn(*args, **kwargs)
         fuse = clamp is not None and r.fuse_clamp  # fake quant applies the fused clamp

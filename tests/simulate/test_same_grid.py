@@ -16,6 +16,7 @@ import quantlab.simulate.same_grid as same_grid
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
+from quantlab.simulate.modes import OpMode
 
 
 class PadDropNet(nn.Module):
@@ -282,3 +283,8 @@ def test_an_op_returning_its_input_passes_its_producers_dtype_to_the_ops_table(r
     want = "INT16" if raised else "INT8"
     assert dt[":dropout#0"] == want and dt[":float#0"] == want and dt["b:linear#0"] == want
     assert dt["c:linear#0"] == "FLOAT32"  # floor_ wrote new values into its input
+    # a run that replays the ops (sensitivity's) and a new qconfig keep what was learnt
+    trace = sim.trace(x, mode=Mode.FAKE)
+    sim.run(x, mode=Mode.FIXED, op_modes={"b:linear#0": OpMode(Mode.FIXED)}, replay=trace)
+    sim.set_qconfig(sim.spec)
+    assert dict(zip(sim.ops["name"], sim.ops["input_dtype"]))["b:linear#0"] == want
