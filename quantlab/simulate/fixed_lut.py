@@ -90,7 +90,7 @@ def _lut_spec(call, rq, platform):
         beta, threshold = _arg(call, 1, "beta", 1.0), _arg(call, 2, "threshold", 20.0)
         spec = dataclasses.replace(spec, beta=float(beta), threshold=float(threshold))
     if call.op_type == "gelu":
-        spec = dataclasses.replace(spec, approximate=str(_arg(call, 1, "approximate", "none")))
+        spec = dataclasses.replace(spec, approximate=call.kwargs.get("approximate", "none"))
     return with_op_strategy(spec, rq)
 
 

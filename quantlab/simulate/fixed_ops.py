@@ -385,6 +385,8 @@ def pool_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         osz = args[1] if len(args) > 1 else kwargs["output_size"]
         osz = (osz, osz) if isinstance(osz, int) else tuple(osz)
         h, w = x.shape[-2:]
+        if any(o is None for o in osz) and not integer_sum:
+            return None  # (a runtime profile's export names the sizes)
         osz = tuple(n if o is None else o for o, n in zip(osz, (h, w)))
         if h % osz[0] or w % osz[1]:
             if not integer_sum:
