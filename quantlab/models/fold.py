@@ -123,7 +123,7 @@ def to_deployment_form(module: nn.Module, inputs: tuple[Tensor, ...]) -> nn.Modu
         setattr(parent, attr, nn.Identity().eval())
     with torch.no_grad():
         after = module(*inputs)
-    for i, (a, b) in enumerate(zip(_float_leaves(after), _float_leaves(before))):
+    for i, (a, b) in enumerate(zip(_float_leaves(after), _float_leaves(before), strict=True)):
         err = float((a - b).abs().max()) if a.numel() else 0.0
         bound = 1e-4 * max(1.0, float(b.abs().max()) if b.numel() else 0.0)
         if not err <= bound:
