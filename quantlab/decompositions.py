@@ -53,6 +53,10 @@ makes the same result through other torch calls), or None for a call captured as
 - ``c / y`` of a nonzero Python number and a float tensor is torch's own code for it,
   ``y.reciprocal() * c`` (a reciprocal table, then a product by a constant unless c is 1),
   with the call's float bits.
+- ``F.threshold``, ``F.hardshrink`` and ``F.softshrink`` of a float tensor are selects
+  (``torch.where`` of the tensor and a number, and for softshrink of the shifted tensors) in
+  ATen's order of comparisons, with the call's bits, NaN included (softshrink's zeros may
+  differ in sign: ATen's own vector loop and scalar tail do).
 - ``clamp`` / ``clip`` / ``clamp_min`` / ``clamp_max`` of a float tensor with tensor bounds is
   ``torch.maximum`` with the lower bound, then ``torch.minimum`` with the upper: the call's
   bits (each picks one operand's value). Number bounds stay the clamp op.
@@ -336,6 +340,42 @@ def _clamp_parts(which: str) -> Callable:
     return split
 
 
+def _shrink_parts(kind: str) -> Callable:
+    """The parts of ``F.threshold`` (``kind`` "threshold": ``where(x <= th, value, x)``),
+    ``F.hardshrink`` ("hard": ``where(-l <= x <= l, 0, x)``) and ``F.softshrink`` ("soft":
+    ``where(-l <= x <= l, 0, where(x > 0, x - l, x + l))``) of a float tensor: ATen's
+    comparisons and arithmetic, the call's bits, NaN included (softshrink: a zero's sign
+    aside, which ATen's vector loop and scalar tail give differently); in-place calls stay
+    whole."""
+    names = {
+        "threshold": ("input", "threshold", "value", "inplace"),
+        "hard": ("input", "lambd"),
+        "soft": ("input", "lambd"),
+    }[kind]
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        p = dict(zip(names, args)) | kwargs
+        if len(args) > len(names) or not set(p) <= set(names) or p.get("inplace"):
+            return None
+        x = p.get("input")
+        numbers = [p.get(n, 0.5) for n in names[1:] if n != "inplace"]
+        if not is_float(x) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers
+        ):
+            return None
+        if kind == "threshold":
+            th, value = numbers
+            return lambda: torch.where(x <= th, value, x)
+        (lam,) = numbers
+        if kind == "hard":
+            return lambda: torch.where((x >= -lam) & (x <= lam), 0.0, x)
+        return lambda: torch.where(
+            (x >= -lam) & (x <= lam), 0.0, torch.where(x > 0, x - lam, x + lam)
+        )
+
+    return split
+
+
 def _square_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     """``torch.square(x)`` of a float tensor as ``x.pow(2)`` (torch computes both as x * x)."""
     if len(args) != 1 or kwargs or not is_float(args[0]):
@@ -410,6 +450,10 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     **dict.fromkeys((torch.clamp, torch.clip, Tensor.clamp, Tensor.clip), _clamp_parts("both")),
     **dict.fromkeys((torch.clamp_min, Tensor.clamp_min), _clamp_parts("min")),
     **dict.fromkeys((torch.clamp_max, Tensor.clamp_max), _clamp_parts("max")),
+    F.threshold: _shrink_parts("threshold"),
+    F.hardshrink: _shrink_parts("hard"),
+    Tensor.hardshrink: _shrink_parts("hard"),
+    F.softshrink: _shrink_parts("soft"),
     Tensor.__rtruediv__: _rdiv_parts,
     Tensor.__rdiv__: _rdiv_parts,
     operator.truediv: _truediv_parts,

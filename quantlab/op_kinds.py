@@ -108,6 +108,8 @@ _reg("abs abs_ absolute absolute_", "abs", OpCategory.PASS_THROUGH)
 _reg("amax amin", None, OpCategory.PASS_THROUGH)  # a maximum / minimum is one of its inputs
 # orderings and order statistics: every value is one of the input's (int64 indices aside)
 _reg("topk sort msort kthvalue median cummax cummin", None, OpCategory.PASS_THROUGH)
+# finite values pass unchanged (quantized values are finite): the identity there
+_reg("nan_to_num", None, OpCategory.PASS_THROUGH)
 # every value is an input value or the fill, which takes the input's quantization (the J6
 # plugin's QTensor masked_fill: the fill quantized at the input's scale, saturating)
 _reg("masked_fill masked_fill_", "masked_fill", OpCategory.PASS_THROUGH)

@@ -1593,3 +1593,49 @@ def test_clamps_with_tensor_bounds_are_maximum_and_minimum_with_the_calls_bits()
     ops = sim.ops
     assert {"maximum", "minimum"} <= set(ops.op_type) and "clamp" not in set(ops.op_type)
     assert ops.supported.all() and not ops.fixed_in_float.any()
+
+
+def test_threshold_and_shrinks_are_selects_with_the_calls_bits():
+    """F.threshold / nn.Threshold, hardshrink and softshrink (function, method, module) on
+    random magnitudes with NaN, infinities and signed zeros: their selects give the call's
+    bits (softshrink: its values, a zero's sign aside); in a model they quantize as where ops
+    (and nan_to_num as a pass-through op), nothing left in float on J6."""
+    g = torch.Generator().manual_seed(33)
+    for t in range(30):
+        x = torch.randn(300, generator=g) * 10 ** (t % 5 - 2)
+        x[:5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5, -0.0])
+        calls = (
+            lambda x: F.threshold(x, 0.1, -2.0),
+            lambda x: nn.Threshold(0.3, 0.7)(x),
+            lambda x: F.hardshrink(x),
+            lambda x: x.hardshrink(0.3),
+        )
+        _parts_give_the_calls_bits(calls, x)
+        # softshrink: the same values; a zero's sign aside (ATen's vector loop gives -0.0 for a
+        # negative input inside the band, its scalar tail +0.0)
+        for call in (lambda x: F.softshrink(x, 0.3), lambda x: nn.Softshrink()(x)):
+            want = call(x)
+            with DecomposingMode():
+                got = call(x)
+            assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+            assert torch.equal(got.isnan(), want.isnan())
+    assert decomposition(F.threshold, (x, 0.1, 0.0, True), {}) is None  # in place
+
+    class Shrunk(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.a(x)
+            z = F.softshrink(y, 0.2) + F.hardshrink(y, 0.3) + nn.Threshold(0.1, -0.5)(y)
+            return self.b(z + torch.nan_to_num(y))
+
+    torch.manual_seed(0)
+    sim = Simulator(Shrunk().eval(), "j6m")
+    sim.calibrate([(torch.randn(4, 6, 8),)], progress=False)
+    sim.run(torch.randn(4, 6, 8), mode=Mode.FIXED)
+    ops = sim.ops
+    assert not {"threshold", "hardshrink", "softshrink"} & set(ops.op_type)
+    assert (ops.op_type == "where").sum() == 4 and ops.supported.all()
+    assert not ops.fixed_in_float.any()
