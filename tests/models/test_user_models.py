@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+from bits import assert_bits_equal
+from torch import nn
 from user_package import PACKAGE, write_package
 
 from quantlab.data.images import read_image
@@ -378,6 +380,30 @@ def test_text_recognizer_exported_as_qdq_gives_fixed_modes_bits(recognizer_on_li
     info = to_onnx_qdq(sim, tmp_path / "rec.onnx", (lines[:1],), encoding=enc)
     (got,) = R.run(R.session(info.path), info.input_names, (lines[3:4],))
     assert np.array_equal(got, sim.run(lines[3:4], mode=Mode.FIXED).numpy())
+
+
+def test_a_graph_with_a_fixed_batch_runs_larger_batches_in_slices(tmp_path):
+    """An ONNX file exported with batch 1 (a static graph, two inputs, two outputs): its
+    onnxruntime reference takes a merged batch of 4 slice by slice, the outputs those of each
+    slice run alone, concatenated; inputs whose batches disagree stay onnxruntime's error."""
+    from quantlab.models.onnx_import import onnxruntime_runner
+
+    class Two(nn.Module):
+        def forward(self, a, b):
+            return a * 2 + b.mean(), (a - b).relu().sum(-1)
+
+    path = tmp_path / "fixed.onnx"
+    a, b = torch.randn(1, 3, 5), torch.randn(1, 3, 5)
+    torch.onnx.export(Two(), (a, b), str(path), input_names=["a", "b"], dynamo=False)
+    run = onnxruntime_runner(path, ["a", "b"])
+    xs, ys = torch.randn(4, 3, 5), torch.randn(4, 3, 5)
+    got = run(xs, ys)
+    for i in range(4):
+        one = run(xs[i : i + 1], ys[i : i + 1])
+        for g_, o in zip(got, one, strict=True):
+            assert_bits_equal(g_[i : i + 1], o)
+    with pytest.raises(Exception, match="dimensions"):
+        run(torch.randn(3, 3, 5), torch.randn(3, 3, 5)[:2])  # inputs disagree: not sliced
 
 
 def test_bad_onnx_inputs_name_the_file(tmp_path):
