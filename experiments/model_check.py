@@ -66,7 +66,7 @@ def _findings(table, counts, name: str, plat) -> list[str]:
 
 @experiment(ModelCheckExp, "model_check")
 def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.simulate import Simulator
+    from quantlab.simulate import Mode, Simulator
     from quantlab.workload import load_workload, qconfig_words, start_spec
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
@@ -79,6 +79,10 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
     batch = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, batch)
     sim = Simulator(bundle.module, ctx.platform, spec)
+    # one fixed-mode run (calibrated on this batch) tells the ops whose fixed kernel declines
+    # the call, so that quantlab computes it in float (the ops table's fixed_in_float)
+    sim.calibrate([batch], progress=False)
+    sim.run(*batch, mode=Mode.FIXED)
     table = model_placement(sim, batch)
     table.insert(0, "platform", ctx.platform.name)
     table.insert(1, "toolchain", ctx.platform.toolchain.value)
@@ -102,7 +106,9 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
         "Captured ops take their placement from their category (TAE: GEMM; VAE: elementwise, "
         "LUT, reductions, norms, softmax; AAE: pooling, resize, grid_sample; DTE: layout) and "
         "their precision from the platform's qconfig template; fixed_kernel in results.csv is "
-        "how quantlab simulates the op.",
+        "how quantlab simulates the op (one fixed-mode run on the input below, calibrated on "
+        "it, names the calls whose fixed kernel declines them: quantlab computes those in "
+        "float).",
         "Patterns (setitem, masked_fill, nonzero, argmax, ...) are calls the op capture does not "
         "keep or ops whose placement the seeds decide; 'not captured' in fixed_kernel marks "
         "them. An op quantlab does not model and no seed places is listed as 'not placed' (it "

@@ -12,7 +12,7 @@ optimisation), 002 (J6E/M deployment guide), 004 (platform differences).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -330,12 +330,22 @@ def op_placement(row: pd.Series, plat: PlatformConfig) -> Placement:
     return Placement(unit, engine, prec, reason, seed, _FIXES.get(row["op_type"], ""))
 
 
+def _relu_after_gemm(row, categories: dict) -> str | None:
+    """The GEMM a relu directly follows (its input's producer), whose output stage applies
+    it on the TAE as it does a fused clamp (an assumption: the documents name the fused
+    clamp), or None. ``categories``: op name -> category name."""
+    producers = row.get("producers") if row["op_type"] == "relu" else None
+    producer = producers[0] if producers else None
+    return producer if producer and categories.get(producer) == "GEMM" else None
+
+
 def model_placement(sim, inputs: tuple) -> pd.DataFrame:
     """One row per captured op and per pattern call of one float run of ``sim``'s model on
     ``inputs`` (module docstring), in execution order (``position``)."""
     plat = sim.platform
     pats = record_patterns(sim, inputs)
     ops = sim.ops
+    categories = dict(zip(ops["name"], ops["category"]))
     by_pos: dict[int, list[PatternCall]] = {}
     for p in pats:
         by_pos.setdefault(p.position, []).append(p)
@@ -377,8 +387,20 @@ def model_placement(sim, inputs: tuple) -> pd.DataFrame:
             place = _topk(None, plat)
         if place is None:
             place = op_placement(row, plat)
+            gemm = _relu_after_gemm(row, categories)
+            if gemm is not None and place.unit is Unit.BPU_FIXED:
+                engine, seed = _ENGINES["GEMM"]
+                place = replace(place, engine=engine, seed=seed, reason=f"applied by {gemm}")
         pattern = own.pattern if own is not None else ""
-        add(row["name"], row["op_type"], row["module"], pattern, place, row["fixed_kernel"])
+        kernel = row["fixed_kernel"]
+        if bool(row.get("fixed_in_float", False)):  # its kernel declined this call
+            kernel = "float_fallback (the fixed kernel declined this call)"
+            place = replace(
+                place,
+                reason=f"{place.reason}; quantlab's fixed kernel declines this call: quantlab "
+                "computes it in float and quantizes the output",
+            )
+        add(row["name"], row["op_type"], row["module"], pattern, place, kernel)
     return pd.DataFrame(rows)
 
 

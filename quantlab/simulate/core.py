@@ -132,9 +132,9 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._prepared: dict = {}
         self._fast: dict[str, dict] = {}
         self._float16_overflow: dict[str, int] = {}  # op -> values beyond +-65504, latest run
-        # modelled ops whose fixed kernel declined their latest fixed-mode call, so that it
-        # computed the float op and quantized its output (a padded pool on a profile without
-        # that kernel, 16-bit codes with a zero point into a GEMM, ...)
+        # modelled ops whose fixed kernel declined their latest fixed-mode call for an integer
+        # output, so that it computed the float op and quantized its output (a padded pool on
+        # a profile without that kernel, 16-bit codes with a zero point into a GEMM, ...)
         self._fixed_in_float: set[str] = set()
         # steady runs' traced programs, per mode and input signature (None: always captured)
         self.steady_programs = SteadyPrograms() if steady_programs else None

@@ -82,6 +82,8 @@ class OpDiscovery:
                     "has_weight": inf.has_weight,
                     "weight_split": rq.weight_split if rq else 0,
                     "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
+                    # the op producing each activation input (None: a model input or constant)
+                    "producers": list(inf.producers),
                     "flops": inf.flops,
                     # values beyond +-65504 this op cast to float16 (before saturation)
                     "float16_overflow": self._float16_overflow.get(name, 0),

@@ -362,8 +362,14 @@ class OpDispatch(BatchNormFolding):
             if res is not None:
                 self._fixed_in_float.discard(name)
                 return res
-            if quant_out and call.category is not OpCategory.PASS_THROUGH:
-                self._fixed_in_float.add(name)  # no fixed kernel took it: computed in float
+            if (
+                quant_out
+                and rq.output_dtype.is_int
+                and call.category is not OpCategory.PASS_THROUGH
+            ):
+                # an integer output no fixed kernel took: computed in float (a float16 output
+                # on J6H/P is computed in float by design)
+                self._fixed_in_float.add(name)
         out = r.fn(*args, **kwargs)
         fuse = clamp is not None and r.fuse_clamp  # fake quant applies the fused clamp
         if clamp and not fuse:

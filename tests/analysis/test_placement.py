@@ -13,7 +13,7 @@ from torch import nn
 
 from quantlab.analysis.placement import Unit, model_placement, unit_counts
 from quantlab.platforms import Toolchain
-from quantlab.simulate import Simulator
+from quantlab.simulate import Mode, Simulator
 from quantlab.simulate.profiles import platform_config
 
 
@@ -204,3 +204,52 @@ def test_pass_through_ops_that_compute_or_pool_are_placed_on_their_engines():
     assert t.loc[":relu#0", "engine"] == "VAE" and t.loc[":amax#0", "engine"] == "VAE"
     assert t.loc[":adaptive_max_pool1d#0", "engine"] == "AAE"
     assert t.loc[":flatten#0", "engine"] == "DTE"
+
+
+class _Bicubic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return F.interpolate(self.conv(x), scale_factor=2, mode="bicubic")
+
+
+def test_a_call_the_fixed_kernel_declines_is_named_after_a_fixed_run():
+    """After a fixed-mode run, an op whose fixed kernel declined its call (bicubic sampling:
+    quantlab computes it in float) says so in its reason and kernel; before, and for the ops
+    whose kernels ran, nothing is added."""
+    torch.manual_seed(0)
+    sim = Simulator(_Bicubic().eval(), "j6m")
+    x = torch.randn(1, 3, 8, 8)
+    before = model_placement(sim, (x,)).set_index("name")
+    assert "declines" not in before.loc[":interpolate#0", "reason"]
+    sim.calibrate([(x,)], progress=False)
+    sim.run(x, mode=Mode.FIXED)
+    t = model_placement(sim, (x,)).set_index("name")
+    row = t.loc[":interpolate#0"]
+    assert "fixed kernel declines this call" in row["reason"]
+    assert row["fixed_kernel"].startswith("float_fallback")
+    assert "declines" not in t.loc["conv:conv2d#0", "reason"]
+
+
+class _ConvRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return torch.relu(y + 1.0)
+
+
+def test_a_relu_right_after_a_gemm_is_applied_by_it_on_the_tae():
+    """A relu whose input a convolution produced runs in the convolution's output stage (the
+    TAE, as a fused clamp does); a relu after an add stays the VAE's."""
+    torch.manual_seed(0)
+    sim = Simulator(_ConvRelu().eval(), "j6m")
+    t = model_placement(sim, (torch.randn(1, 3, 8, 8),)).set_index("name")
+    first, second = t.loc[":relu#0"], t.loc[":relu#1"]
+    assert first["engine"] == "TAE" and first["reason"] == "applied by conv:conv2d#0"
+    assert second["engine"] == "VAE"
+    assert sim.ops.set_index("name").loc[":relu#0", "producers"] == ["conv:conv2d#0"]
