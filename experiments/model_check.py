@@ -80,9 +80,14 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, batch)
     sim = Simulator(bundle.module, ctx.platform, spec)
     # one fixed-mode run (calibrated on this batch) tells the ops whose fixed kernel declines
-    # the call, so that quantlab computes it in float (the ops table's fixed_in_float)
-    sim.calibrate([batch], progress=False)
-    sim.run(*batch, mode=Mode.FIXED)
+    # the call, so that quantlab computes it in float (the ops table's fixed_in_float); where
+    # it fails, the placement stands and the findings say why the declines are not named
+    fixed_failed = None
+    try:
+        sim.calibrate([batch], progress=False)
+        sim.run(*batch, mode=Mode.FIXED)
+    except (ValueError, RuntimeError) as err:
+        fixed_failed = f"{type(err).__name__}: {err}"
     table = model_placement(sim, batch)
     table.insert(0, "platform", ctx.platform.name)
     table.insert(1, "toolchain", ctx.platform.toolchain.value)
@@ -125,7 +130,15 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
     return ExperimentResult(
         table=table,
         title=f"Model check of {bundle.name} on {ctx.platform.name}",
-        findings=_findings(table, counts, bundle.name, ctx.platform),
+        findings=_findings(table, counts, bundle.name, ctx.platform)
+        + (
+            [
+                f"The fixed-mode run on the input failed ({fixed_failed}), so calls whose "
+                "fixed kernel declines them are not named."
+            ]
+            if fixed_failed
+            else []
+        ),
         tables={
             "cpu_fallback_and_unplaced": off,
             "unit_counts": counts,

@@ -47,3 +47,22 @@ def test_sequence_plot_rows_follow_the_given_categories():
     offsets = [c.get_offsets()[:, 1].tolist() for c in ax.collections]
     assert offsets == [[1.0, 1.0], [3.0], [0.0]]  # b, c, a on their rows
     assert ax.get_xlabel() == "op position" and ax.get_ylabel() == "unit"
+
+
+def test_a_failed_fixed_run_leaves_the_placement_and_says_so(tmp_path, monkeypatch):
+    from quantlab.simulate import Simulator
+
+    def refuse(self, *inputs, mode=None, **kwargs):
+        raise ValueError("op x: no kernel for this test")
+
+    monkeypatch.setattr(Simulator, "run", refuse)
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="small_cnn", pretrained=False),
+        DataConfig(name="synthetic", num_calib=1, num_eval=1),
+        0,
+        tmp_path,
+    )
+    res = model_check_exp(ModelCheckExp(), ctx)
+    assert len(res.table) > 0
+    assert any("fixed-mode run on the input failed (ValueError: op x" in f for f in res.findings)
