@@ -50,10 +50,14 @@ def test_sequence_plot_rows_follow_the_given_categories():
 
 
 def test_a_failed_fixed_run_leaves_the_placement_and_says_so(tmp_path, monkeypatch):
-    from quantlab.simulate import Simulator
+    from quantlab.simulate import Mode, Simulator
 
-    def refuse(self, *inputs, mode=None, **kwargs):
-        raise ValueError("op x: no kernel for this test")
+    run = Simulator.run
+
+    def refuse(self, *inputs, mode=Mode.FIXED, **kwargs):
+        if Mode.parse(mode) is Mode.FIXED:
+            raise ValueError("op x: no kernel for this test")
+        return run(self, *inputs, mode=mode, **kwargs)
 
     monkeypatch.setattr(Simulator, "run", refuse)
     ctx = RunContext(
