@@ -54,7 +54,10 @@ class OpDiscovery:
     @property
     def ops(self) -> pd.DataFrame:
         """One row per captured op call of the latest run, in execution order
-        (``float16_overflow``: finite values beyond +-65504 it cast to float16 in that run)."""
+        (``float16_overflow``: finite values beyond +-65504 it cast to float16 in that run;
+        ``fixed_in_float``: its fixed kernel declined its latest fixed-mode call for an integer
+        output, so it was computed in float and its output quantized; ``producers``: the op
+        producing each activation input, None for a model input or a constant)."""
         rows = []
         for name in self._order:
             inf = self._info[name]
