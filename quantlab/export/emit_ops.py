@@ -216,28 +216,29 @@ def emit_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def emit_adaptive_max_pool(ctx: ExportContext, op: RecordedOp) -> None:
-    """adaptive_max_pool2d as GlobalMaxPool (output 1 x 1), as a MaxPool whose kernel and
-    stride are input / output size (sizes that divide), or else per axis as a Gather of each
-    window's rows (``adaptive_windows``) and a ReduceMax over them; indices are refused. A
-    maximum is one of its inputs: the codes move."""
+    """adaptive_max_pool1d / 2d as GlobalMaxPool (output 1 per axis), as a MaxPool whose kernel
+    and stride are input / output size (sizes that divide), or else per axis as a Gather of
+    each window's entries (``adaptive_windows``) and a ReduceMax over them; indices are
+    refused. A maximum is one of its inputs: the codes move."""
     if ctx.arg(op, 2, "return_indices", False):
         raise UnsupportedOpError(f"op {op.name}: adaptive max pooling with return_indices")
-    h, w = ctx.shape_of(op, 0)[-2:]
-    oh, ow = op.outputs[0].shape[-2:]
+    nd = 1 if op.op_type == "adaptive_max_pool1d" else 2
+    sizes = tuple(ctx.shape_of(op, 0)[-nd:])
+    outs = tuple(op.outputs[0].shape[-nd:])
     x = ctx.act(op, 0)
-    if (oh, ow) == (1, 1):
+    if all(o == 1 for o in outs):
         y = ctx.graph.node("GlobalMaxPool", [x], f"{op.name}/float")
-    elif h % oh == 0 and w % ow == 0:
-        k = [h // oh, w // ow]
+    elif all(n % o == 0 for n, o in zip(sizes, outs)):
+        k = [n // o for n, o in zip(sizes, outs)]
         y = ctx.graph.node("MaxPool", [x], f"{op.name}/float", kernel_shape=k, strides=k)
     else:
         g, y, rank = ctx.graph, x, len(op.outputs[0].shape)
-        for k, (n_in, n_out) in enumerate(((h, oh), (w, ow))):
-            axis = rank - 2 + k
+        for k, (n_in, n_out) in enumerate(zip(sizes, outs)):
+            axis = rank - nd + k
             windows = g.const(f"{op.name}/{k}/windows", adaptive_windows(n_in, n_out))
             rows = g.node("Gather", [y, windows], f"{op.name}/{k}/rows", axis=axis)
             axes = g.int64s(f"{op.name}/{k}/axes", [axis + 1])
-            name = f"{op.name}/float" if k == 1 else f"{op.name}/{k}"
+            name = f"{op.name}/float" if k == nd - 1 else f"{op.name}/{k}"
             y = g.node("ReduceMax", [rows, axes], name, keepdims=0)
     ctx.set_outputs(op, [y])
 

@@ -56,6 +56,7 @@ EMITTERS: dict[str, Emitter] = {
     "clamp": E.emit_clip,
     "max_pool1d": E.emit_max_pool,
     "max_pool2d": E.emit_max_pool,
+    "adaptive_max_pool1d": E.emit_adaptive_max_pool,
     "adaptive_max_pool2d": E.emit_adaptive_max_pool,
     "amax": E.emit_reduce_extreme,
     "amin": E.emit_reduce_extreme,

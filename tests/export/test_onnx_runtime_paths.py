@@ -981,13 +981,17 @@ class _AdaptiveMax(nn.Module):
             F.adaptive_max_pool2d(y, 4) * 2.0,  # 6 -> 4: windows of 2 and 3 rows overlap
             F.adaptive_max_pool2d(y, (5, 3)) * 2.0,  # overlapping rows, dividing columns
             F.adaptive_max_pool2d(y[:, :, :5], (4, 7)) * 2.0,  # 5 -> 4; 6 -> 7: repeated
+            F.adaptive_max_pool1d(y.flatten(2), 1) * 2.0,  # the 1-d forms: global,
+            F.adaptive_max_pool1d(y.flatten(2), 9) * 2.0,  # 36 -> 9: dividing,
+            F.adaptive_max_pool1d(y.flatten(2), 10) * 2.0,  # 36 -> 10: overlapping
         )
 
 
 @pytest.mark.parametrize("encoding", list(ActivationEncoding))
 def test_adaptive_max_pooling_exports_with_fixed_modes_bits(tmp_path, encoding):
     """Output 1 x 1 as GlobalMaxPool, sizes that divide as MaxPool, overlapping (and
-    repeating) windows as a Gather of each window's rows and a ReduceMax per axis."""
+    repeating) windows as a Gather of each window's rows and a ReduceMax per axis; the 1-d
+    pools the same way along their one axis."""
     sim, xs = _calibrated(_AdaptiveMax())
     outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
     assert {"MaxPool", "GlobalMaxPool", "Gather", "ReduceMax"} <= kinds
