@@ -38,10 +38,10 @@ STAGES: dict[str, tuple[tuple[str, str], ...]] = {
         ("simulate/fixed_ops.py", "_mul"),
         ("simulate/fixed_ops.py", "_requant_op"),
         ("simulate/fixed_ops.py", "_reduce"),
-        ("simulate/fixed_ops.py", "_pool"),
-        ("simulate/fixed_ops.py", "_softmax"),
+        ("simulate/fixed_pool.py", "pool_op"),
+        ("simulate/fixed_lut.py", "softmax_op"),
     ),
-    "segment LUT": (("simulate/fixed_ops.py", "_lut"),),
+    "segment LUT": (("simulate/fixed_lut.py", "lut_op"),),
 }
 
 

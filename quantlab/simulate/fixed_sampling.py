@@ -94,7 +94,7 @@ def _area(sim, call, plan, args, kwargs, info, v: dict, rq):
     output size, and so does fixed mode, by the pool's integer kernel on platforms that sum
     windows exactly (``AvgPoolRule.INTEGER_SUM``); None (the float fallback) elsewhere."""
     from quantlab.capture import OpCall
-    from quantlab.simulate import fixed_ops
+    from quantlab.simulate.fixed_pool import pool_op
 
     x = A.get(args, kwargs, plan.acts[0])
     if sim.platform.avg_pool_rule is not AvgPoolRule.INTEGER_SUM or x.dim() not in (3, 4):
@@ -103,7 +103,7 @@ def _area(sim, call, plan, args, kwargs, info, v: dict, rq):
     pool = F.adaptive_avg_pool2d if x.dim() == 4 else F.adaptive_avg_pool1d
     call2 = OpCall(call.name, pool.__name__, call.category, call.module, call.call_index,
                    pool, (x, outs), {})  # fmt: skip
-    return fixed_ops.pool_op(sim, call2, A.ArgPlan([("a", 0)]), [x, outs], {}, [info], None, rq)
+    return pool_op(sim, call2, A.ArgPlan([("a", 0)]), [x, outs], {}, [info], None, rq)
 
 
 def keeps_input_quantization(call, platform) -> bool:
