@@ -79,8 +79,10 @@ makes the same result through other torch calls), or None for a call captured as
   the maximum, with the call's float bits.
 
 The recurrent layers' parts are in ``recurrent_parts``, the normalizations' and reductions'
-(RMSNorm, norms, var / std, logsumexp) in ``norm_parts``, einsum's plan in ``einsum_parts``;
-``PARTS`` maps every function whose calls may split to its parts.
+(RMSNorm, norms, var / std, logsumexp, cosine similarity) in ``norm_parts``, the elementwise
+calls' (neg, ``c / y``, clamps, threshold and shrinks, square, GLU) in ``elementwise_parts``,
+einsum's plan in ``einsum_parts``; ``PARTS`` maps every function whose calls may split to its
+parts.
 
 A model with a split call runs it by its parts in every FLOAT run, captured or not
 (``DecomposingMode``), so its FLOAT runs agree bit for bit; the model called plainly may differ
@@ -95,7 +97,6 @@ Op capture (``capture.CaptureMode``) and the torch.fx trace of a steady program
 from __future__ import annotations
 
 import math
-import operator
 import types
 from collections.abc import Callable
 from typing import Any
@@ -106,9 +107,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from quantlab.einsum_parts import contract, einsum_plan
+from quantlab.elementwise_parts import ELEMENTWISE
 from quantlab.norm_parts import (
     cosine_similarity_parts,
-    is_float,
     logsumexp_parts,
     rms_norm_parts,
     two_norm_parts,
@@ -281,133 +282,6 @@ def _einsum_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return None if plan is None else lambda: contract(a, b, plan)
 
 
-def _neg_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """``-x`` of a float tensor as ``x * -1.0``, a product by a constant: the same bits (both
-    flip the sign bit alone) except a NaN's sign (the product returns the NaN as it is)."""
-    if len(args) != 1 or kwargs or not is_float(args[0]):
-        return None
-    x = args[0]
-    return lambda: x * -1.0
-
-
-def _rdiv_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """``c / y`` (``y.__rtruediv__(c)``) of a nonzero Python number c and a float tensor y as
-    torch's own code for it (``Tensor.__rdiv__``): ``y.reciprocal() * c``, the call's bits
-    (c = 1: the reciprocal alone, the same bits: a product by 1 changes none)."""
-    if len(args) != 2 or kwargs:
-        return None
-    y, c = args
-    if not is_float(y) or isinstance(c, bool) or not isinstance(c, (int, float)) or c == 0:
-        return None
-    if c == 1:
-        return lambda: y.reciprocal()
-    return lambda: y.reciprocal() * c
-
-
-def _truediv_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """torch.fx's trace of ``c / y`` (``operator.truediv(c, y)``): ``_rdiv_parts``; any other
-    division stays whole."""
-    if len(args) != 2 or kwargs or isinstance(args[0], Tensor) or not is_float(args[1]):
-        return None
-    return _rdiv_parts((args[1], args[0]), {})
-
-
-def _clamp_parts(which: str) -> Callable:
-    """The parts of ``clamp`` / ``clip`` (``which`` "both"), ``clamp_min`` ("min") or
-    ``clamp_max`` ("max") of a float tensor with tensor bounds: ``torch.maximum`` with the
-    lower bound, then ``torch.minimum`` with the upper, each picking one operand's value: the
-    call's bits. Number bounds stay the clamp op."""
-    names = {"both": ("input", "min", "max"), "min": ("input", "min"), "max": ("input", "max")}
-    params = names[which]
-
-    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        p = dict(zip(params, args)) | kwargs
-        if len(args) > len(params) or not set(p) <= set(params):
-            return None
-        x, lo, hi = p.get("input"), p.get("min"), p.get("max")
-        bounds = [b for b in (lo, hi) if b is not None]
-        if not is_float(x) or not any(isinstance(b, Tensor) for b in bounds):
-            return None
-        if not all(isinstance(b, Tensor) and is_float(b) and b.dtype == x.dtype for b in bounds):
-            return None  # a number beside a tensor bound: torch raises its own message
-
-        def parts():
-            y = x if lo is None else torch.maximum(x, lo)
-            return y if hi is None else torch.minimum(y, hi)
-
-        return parts
-
-    return split
-
-
-def _shrink_parts(kind: str) -> Callable:
-    """The parts of ``F.threshold`` (``kind`` "threshold": ``where(x <= th, value, x)``),
-    ``F.hardshrink`` ("hard": ``where(-l <= x <= l, 0, x)``) and ``F.softshrink`` ("soft":
-    ``where(-l <= x <= l, 0, where(x > 0, x - l, x + l))``) of a float tensor: ATen's
-    comparisons and arithmetic, the call's bits, NaN included (softshrink: a zero's sign
-    aside, which ATen's vector loop and scalar tail give differently); in-place calls stay
-    whole."""
-    names = {
-        "threshold": ("input", "threshold", "value", "inplace"),
-        "hard": ("input", "lambd"),
-        "soft": ("input", "lambd"),
-    }[kind]
-
-    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-        p = dict(zip(names, args)) | kwargs
-        if len(args) > len(names) or not set(p) <= set(names) or p.get("inplace"):
-            return None
-        x = p.get("input")
-        numbers = [p.get(n, 0.5) for n in names[1:] if n != "inplace"]
-        if not is_float(x) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers
-        ):
-            return None
-        if kind == "threshold":
-            th, value = numbers
-            return lambda: torch.where(x <= th, value, x)
-        (lam,) = numbers
-        if kind == "hard":
-            return lambda: torch.where((x >= -lam) & (x <= lam), 0.0, x)
-        return lambda: torch.where(
-            (x >= -lam) & (x <= lam), 0.0, torch.where(x > 0, x - lam, x + lam)
-        )
-
-    return split
-
-
-def _square_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """``torch.square(x)`` of a float tensor as ``x.pow(2)`` (torch computes both as x * x)."""
-    if len(args) != 1 or kwargs or not is_float(args[0]):
-        return None
-    x = args[0]
-    return lambda: x.pow(2)
-
-
-_GLU_PARAMS = ("input", "dim")
-
-
-def _glu_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
-    """``F.glu(x, dim)`` of a float tensor as ``a * sigmoid(b)``, a and b the halves of x along
-    dim (ATen's GLU computes the same two roundings); an odd size or a scalar stays whole (torch
-    raises its own message)."""
-    p = dict(zip(_GLU_PARAMS, args)) | kwargs
-    if len(args) > len(_GLU_PARAMS) or not set(p) <= set(_GLU_PARAMS):
-        return None
-    x, dim = p.get("input"), p.get("dim", -1)
-    try:
-        if not is_float(x) or not isinstance(dim, int) or x.dim() == 0 or x.shape[dim] % 2:
-            return None
-    except (AttributeError, IndexError, TypeError):
-        return None
-
-    def parts():
-        a, b = x.chunk(2, dim)
-        return a * torch.sigmoid(b)
-
-    return parts
-
-
 def _is_parameter(w) -> bool:
     """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
     torch.fx hands the parts a model attribute as a traced value)."""
@@ -442,24 +316,7 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     torch.functional.einsum: _einsum_parts,  # torch.einsum
     F.rms_norm: rms_norm_parts,
     torch.rms_norm: rms_norm_parts,
-    # operator.neg: torch.fx's trace of ``-x``
-    **dict.fromkeys(
-        (Tensor.__neg__, Tensor.neg, Tensor.negative, torch.neg, torch.negative, operator.neg),
-        _neg_parts,
-    ),
-    **dict.fromkeys((torch.clamp, torch.clip, Tensor.clamp, Tensor.clip), _clamp_parts("both")),
-    **dict.fromkeys((torch.clamp_min, Tensor.clamp_min), _clamp_parts("min")),
-    **dict.fromkeys((torch.clamp_max, Tensor.clamp_max), _clamp_parts("max")),
-    F.threshold: _shrink_parts("threshold"),
-    F.hardshrink: _shrink_parts("hard"),
-    Tensor.hardshrink: _shrink_parts("hard"),
-    F.softshrink: _shrink_parts("soft"),
-    Tensor.__rtruediv__: _rdiv_parts,
-    Tensor.__rdiv__: _rdiv_parts,
-    operator.truediv: _truediv_parts,
-    torch.square: _square_parts,
-    Tensor.square: _square_parts,
-    F.glu: _glu_parts,
+    **ELEMENTWISE,
     F.softmin: _body_parts(_SOFTMIN_BODY),
     torch.norm: _two_norm("p"),
     Tensor.norm: _two_norm("p"),
