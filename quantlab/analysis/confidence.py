@@ -108,9 +108,17 @@ def _resampled_means(values: Tensor, indices: Tensor) -> np.ndarray:
     v = values.detach().to(torch.float64).numpy()
     if v.shape != (indices.shape[1],):
         raise ValueError(f"item_values gave shape {tuple(v.shape)}, expected ({indices.shape[1]},)")
+    return _per_resample(v, indices, lambda drawn: np.mean(drawn, axis=1))
+
+
+def _per_resample(v: np.ndarray, indices: Tensor, reduce) -> np.ndarray:
+    """``reduce`` of the rows of ``v`` each row of ``indices`` (R, N) draws ((r, N, ...) ->
+    (r, ...)), for every resample, gathered a block of resamples at a time (bounded memory:
+    at most ``_GATHER_ELEMENTS`` float64 values per gather)."""
     idx = indices.numpy()
-    rows = max(1, _GATHER_ELEMENTS // max(1, idx.shape[1]))  # bounded memory per gather
-    return np.concatenate([np.mean(v[idx[i : i + rows]], axis=1) for i in range(0, len(idx), rows)])
+    per_resample = max(1, idx.shape[1] * (v[0].size if v.ndim > 1 and len(v) else 1))
+    rows = max(1, _GATHER_ELEMENTS // per_resample)
+    return np.concatenate([reduce(v[idx[i : i + rows]]) for i in range(0, len(idx), rows)])
 
 
 def _resampled_sums(terms: Tensor, indices: Tensor, from_sums) -> np.ndarray:
@@ -121,9 +129,7 @@ def _resampled_sums(terms: Tensor, indices: Tensor, from_sums) -> np.ndarray:
         raise ValueError(
             f"item_terms gave shape {tuple(t.shape)}, expected ({indices.shape[1]}, k)"
         )
-    idx = indices.numpy()
-    rows = max(1, _GATHER_ELEMENTS // max(1, idx.shape[1] * t.shape[1]))
-    sums = np.concatenate([t[idx[i : i + rows]].sum(axis=1) for i in range(0, len(idx), rows)])
+    sums = _per_resample(t, indices, lambda drawn: drawn.sum(axis=1))
     return np.asarray(from_sums(sums), dtype=np.float64)
 
 
