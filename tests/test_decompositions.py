@@ -1202,13 +1202,27 @@ def test_half_precision_rms_norm_stays_whole():
         assert [c.op_type for c in calls] == ["rms_norm"]
 
 
+def _call_and_parts(call, *args) -> tuple:
+    """(the call's result, its parts' result under DecomposingMode) on ``args``."""
+    want = call(*args)
+    with DecomposingMode():
+        return want, call(*args)
+
+
+def _fixed_ops(model: nn.Module, shape: tuple):
+    """The ops table of ``model`` (made after torch's seed 0 is set) on J6M after one
+    calibration batch and one fixed-mode run on random inputs of ``shape``."""
+    sim = Simulator(model.eval(), "j6m")
+    sim.calibrate([(torch.randn(*shape),)], progress=False)
+    sim.run(torch.randn(*shape), mode=Mode.FIXED)
+    return sim.ops
+
+
 def _parts_give_the_calls_bits(calls, x: torch.Tensor) -> None:
     """Each call's parts (under DecomposingMode) give its float bits, NaN where it has NaN
     (a NaN's sign aside)."""
     for call in calls:
-        want = call(x)
-        with DecomposingMode():
-            got = call(x)
+        want, got = _call_and_parts(call, x)
         both = torch.isnan(got) & torch.isnan(want)
         assert_bits_equal(got.masked_fill(both, 1.0), want.masked_fill(both, 1.0))
         assert torch.equal(torch.isnan(got), torch.isnan(want))
@@ -1294,9 +1308,7 @@ def _parts_near_the_calls(calls, x: torch.Tensor, epsilons: int) -> None:
     """Each call's parts (under DecomposingMode) give its shape and its values within
     ``epsilons`` float32 epsilons, relative."""
     for call in calls:
-        want = call(x)
-        with DecomposingMode():
-            got = call(x)
+        want, got = _call_and_parts(call, x)
         assert got.shape == want.shape
         assert ((got - want).abs() <= epsilons * torch.finfo().eps * want.abs()).all()
 
@@ -1349,9 +1361,7 @@ def test_cosine_similarity_by_its_parts_is_within_a_few_epsilons():
             lambda a, b: F.cosine_similarity(a, b, dim=1, eps=0.5),
         )
         for call in calls:
-            want = call(a, b)
-            with DecomposingMode():
-                got = call(a, b)
+            want, got = _call_and_parts(call, a, b)
             assert got.shape == want.shape
             assert float((got - want).abs().max()) <= 8 * torch.finfo().eps
     x = torch.randn(2, 5)
@@ -1469,9 +1479,7 @@ def test_variance_and_std_by_their_parts_stay_within_a_few_epsilons():
             lambda x: torch.var_mean(x),
         ):
             _parts_near_the_calls([lambda x, pair=pair: pair(x)[0]], x, epsilons=64)
-            want = pair(x)[1]
-            with DecomposingMode():
-                got = pair(x)[1]
+            want, got = _call_and_parts(lambda x, pair=pair: pair(x)[1], x)
             assert got.shape == want.shape
             assert float((got - want).abs().max()) <= 64 * torch.finfo().eps * float(x.abs().max())
     x = torch.randn(2, 5)
@@ -1568,9 +1576,7 @@ def test_clamps_with_tensor_bounds_are_maximum_and_minimum_with_the_calls_bits()
             lambda x, lo, hi: torch.clamp_min(x, lo),
             lambda x, lo, hi: x.clamp_max(hi[None]),
         ):
-            want = call(x, lo, hi)
-            with DecomposingMode():
-                got = call(x, lo, hi)
+            want, got = _call_and_parts(call, x, lo, hi)
             assert_bits_equal(got, want)
     x, t = torch.randn(2, 5), torch.randn(5)
     assert decomposition(torch.clamp, (x, -1.0, 1.0), {}) is None
@@ -1587,10 +1593,7 @@ def test_clamps_with_tensor_bounds_are_maximum_and_minimum_with_the_calls_bits()
             return torch.clamp(self.a(x), min=lo, max=lo + 1.0)
 
     torch.manual_seed(0)
-    sim = Simulator(Bounded().eval(), "j6m")
-    sim.calibrate([(torch.randn(4, 6),)], progress=False)
-    sim.run(torch.randn(4, 6), mode=Mode.FIXED)
-    ops = sim.ops
+    ops = _fixed_ops(Bounded(), (4, 6))
     assert {"maximum", "minimum"} <= set(ops.op_type) and "clamp" not in set(ops.op_type)
     assert ops.supported.all() and not ops.fixed_in_float.any()
 
@@ -1614,9 +1617,7 @@ def test_threshold_and_shrinks_are_selects_with_the_calls_bits():
         # softshrink: the same values; a zero's sign aside (ATen's vector loop gives -0.0 for a
         # negative input inside the band, its scalar tail +0.0)
         for call in (lambda x: F.softshrink(x, 0.3), lambda x: nn.Softshrink()(x)):
-            want = call(x)
-            with DecomposingMode():
-                got = call(x)
+            want, got = _call_and_parts(call, x)
             assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
             assert torch.equal(got.isnan(), want.isnan())
     assert decomposition(F.threshold, (x, 0.1, 0.0, True), {}) is None  # in place
@@ -1632,10 +1633,7 @@ def test_threshold_and_shrinks_are_selects_with_the_calls_bits():
             return self.b(z + torch.nan_to_num(y))
 
     torch.manual_seed(0)
-    sim = Simulator(Shrunk().eval(), "j6m")
-    sim.calibrate([(torch.randn(4, 6, 8),)], progress=False)
-    sim.run(torch.randn(4, 6, 8), mode=Mode.FIXED)
-    ops = sim.ops
+    ops = _fixed_ops(Shrunk(), (4, 6, 8))
     assert not {"threshold", "hardshrink", "softshrink"} & set(ops.op_type)
     assert (ops.op_type == "where").sum() == 4 and ops.supported.all()
     assert not ops.fixed_in_float.any()

@@ -4,54 +4,14 @@ Python integers, and, divided as torch divides, to torch's float64 pools bit for
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from pool_reference import slow_adaptive, slow_avg_pool
 
 from quantlab.numerics.pool_windows import adaptive_bounds, adaptive_window_sums, window_sums
-
-
-def _slow_avg_pool(codes, k, s, p, ceil_mode, include_pad, divisor):
-    """(sums, counts) by a loop over output positions, Python integers (torch's rule)."""
-    n, c, h, w = codes.shape
-
-    def out_size(size, kk, ss, pp):
-        num = size + 2 * pp - kk
-        o = (-(-num // ss) if ceil_mode else num // ss) + 1
-        if ceil_mode and (o - 1) * ss >= size + pp:
-            o -= 1
-        return o
-
-    ho, wo = out_size(h, k[0], s[0], p[0]), out_size(w, k[1], s[1], p[1])
-    sums = torch.zeros(n, c, ho, wo, dtype=torch.int64)
-    counts = torch.zeros(ho, wo, dtype=torch.int64)
-    vals = codes.tolist()
-    for i, j in itertools.product(range(ho), range(wo)):
-        h0, w0 = i * s[0] - p[0], j * s[1] - p[1]
-        h1, w1 = min(h0 + k[0], h + p[0]), min(w0 + k[1], w + p[1])
-        padded = (h1 - h0) * (w1 - w0)
-        r0, r1, c0, c1 = max(h0, 0), min(h1, h), max(w0, 0), min(w1, w)
-        counts[i, j] = divisor or (padded if include_pad else (r1 - r0) * (c1 - c0))
-        for b, ch in itertools.product(range(n), range(c)):
-            sums[b, ch, i, j] = sum(vals[b][ch][r][q] for r in range(r0, r1) for q in range(c0, c1))
-    return sums, counts
-
-
-def _slow_adaptive(codes, oh, ow):
-    n, c, h, w = codes.shape
-    sums = torch.zeros(n, c, oh, ow, dtype=torch.int64)
-    counts = torch.zeros(oh, ow, dtype=torch.int64)
-    vals = codes.tolist()
-    for i, j in itertools.product(range(oh), range(ow)):
-        r0, r1 = (i * h) // oh, -(-((i + 1) * h) // oh)
-        c0, c1 = (j * w) // ow, -(-((j + 1) * w) // ow)
-        counts[i, j] = (r1 - r0) * (c1 - c0)
-        for b, ch in itertools.product(range(n), range(c)):
-            sums[b, ch, i, j] = sum(vals[b][ch][r][q] for r in range(r0, r1) for q in range(c0, c1))
-    return sums, counts
 
 
 def _codes(gen, shape, lo=-32768, hi=32767):
@@ -79,7 +39,7 @@ def _avg_cases():
 def test_avg_pool_window_sums_and_counts_equal_the_slow_loop_and_torch(case):
     codes, k, s, p, ceil_mode, include_pad, divisor = case
     sums, counts = window_sums(codes, k, s, p, ceil_mode, include_pad, divisor)
-    want_sums, want_counts = _slow_avg_pool(codes, k, s, p, ceil_mode, include_pad, divisor)
+    want_sums, want_counts = slow_avg_pool(codes, k, s, p, ceil_mode, include_pad, divisor)
     assert torch.equal(sums, want_sums) and torch.equal(counts, want_counts)
     mean = F.avg_pool2d(codes.double(), k, s, p, ceil_mode, include_pad, divisor)
     assert torch.equal(sums.double() / counts.double(), mean)  # torch's own division, bitwise
@@ -91,7 +51,7 @@ def test_adaptive_window_sums_and_counts_equal_the_slow_loop_and_torch(size, out
     gen = torch.Generator().manual_seed(size[0] * 31 + out[1])
     codes = _codes(gen, (2, 2, *size))
     sums, counts = adaptive_window_sums(codes, out)
-    want_sums, want_counts = _slow_adaptive(codes, *out)
+    want_sums, want_counts = slow_adaptive(codes, *out)
     assert torch.equal(sums, want_sums) and torch.equal(counts, want_counts)
     # torch divides the exact sum by the window's height, then by its width
     (h0, h1), (w0, w1) = adaptive_bounds(size[0], out[0]), adaptive_bounds(size[1], out[1])

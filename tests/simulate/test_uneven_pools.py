@@ -8,13 +8,12 @@ zero points (tflite) and without (j6m, int8 and int16 outputs)."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
 from float_fallbacks import record_float_fallbacks
+from pool_reference import slow_adaptive, slow_avg_pool
 from torch import nn
 
 from quantlab.numerics import reference as R
@@ -23,19 +22,19 @@ from quantlab.numerics.requant import rescale_multiplier
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 
-POOLS = {  # name: (the pool, the 2-d window parameters or ("adaptive", out))
-    "pad_no_count": (lambda y: F.avg_pool2d(y, 3, 1, 1, count_include_pad=False), None),
-    "pad_count": (lambda y: F.avg_pool2d(y, 3, 2, 1), None),
-    "ceil": (lambda y: F.avg_pool2d(y, 2, 2, ceil_mode=True), None),
-    "ceil_pad": (lambda y: F.avg_pool2d(y, 3, 2, 1, True, False), None),
-    "divisor": (lambda y: F.avg_pool2d(y, 3, 1, 1, divisor_override=5), None),
-    "adaptive": (lambda y: F.adaptive_avg_pool2d(y, (5, 4)), None),
-    "adaptive_module": (nn.AdaptiveAvgPool2d((None, 6)), None),
-    "pad_1d": (lambda y: F.avg_pool1d(y.flatten(2), 3, 2, 1, count_include_pad=False), None),
-    "adaptive_1d": (lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7), None),
+POOLS = {  # name -> the pool on the convolution's output (N, 4, 9, 10)
+    "pad_no_count": lambda y: F.avg_pool2d(y, 3, 1, 1, count_include_pad=False),
+    "pad_count": lambda y: F.avg_pool2d(y, 3, 2, 1),
+    "ceil": lambda y: F.avg_pool2d(y, 2, 2, ceil_mode=True),
+    "ceil_pad": lambda y: F.avg_pool2d(y, 3, 2, 1, True, False),
+    "divisor": lambda y: F.avg_pool2d(y, 3, 1, 1, divisor_override=5),
+    "adaptive": lambda y: F.adaptive_avg_pool2d(y, (5, 4)),
+    "adaptive_module": nn.AdaptiveAvgPool2d((None, 6)),
+    "pad_1d": lambda y: F.avg_pool1d(y.flatten(2), 3, 2, 1, count_include_pad=False),
+    "adaptive_1d": lambda y: F.adaptive_avg_pool1d(y.flatten(2), 7),
     # torch's area interpolation is adaptive average pooling to the output size
-    "area": (lambda y: F.interpolate(y, size=(5, 4), mode="area"), None),
-    "area_1d": (lambda y: F.interpolate(y.flatten(2), scale_factor=0.08, mode="area"), None),
+    "area": lambda y: F.interpolate(y, size=(5, 4), mode="area"),
+    "area_1d": lambda y: F.interpolate(y.flatten(2), scale_factor=0.08, mode="area"),
 }
 ADAPTIVE_OUT = {  # the adaptive cases' output sizes (None: the input's)
     "adaptive": (5, 4),
@@ -57,58 +56,29 @@ class _Pool(nn.Module):
         return self.pool(self.conv(x))
 
 
+WINDOWS = {  # the other cases' (kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    "pad_no_count": ((3, 3), (1, 1), (1, 1), False, False, None),
+    "pad_count": ((3, 3), (2, 2), (1, 1), False, True, None),
+    "ceil": ((2, 2), (2, 2), (0, 0), True, True, None),
+    "ceil_pad": ((3, 3), (2, 2), (1, 1), True, False, None),
+    "divisor": ((3, 3), (1, 1), (1, 1), False, True, 5),
+    "pad_1d": ((1, 3), (1, 2), (0, 1), False, False, None),
+}
+
+
 def _reference(pool_name: str, xc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sums, counts) of the pool over centred codes by a loop over its windows (torch's
-    window rule, Python integers); 1-d pools as height-1 images."""
+    """(sums, counts per output element) of the pool over centred codes by the slow loops of
+    ``pool_reference`` (torch's window rule, Python integers); 1-d pools as height-1 images."""
     squeeze = xc.dim() == 3
     x = xc.unsqueeze(2) if squeeze else xc
-    n, c, h, w = x.shape
     if pool_name in ADAPTIVE_OUT:
         osz = ADAPTIVE_OUT[pool_name]
         osz = (1, osz) if squeeze else osz
-        osz = tuple(n if o is None else o for o, n in zip(osz, (h, w)))
-
-        def bounds(i, j):
-            r0, r1 = (i * h) // osz[0], -(-((i + 1) * h) // osz[0])
-            c0, c1 = (j * w) // osz[1], -(-((j + 1) * w) // osz[1])
-            return r0, r1, c0, c1, (r1 - r0) * (c1 - c0)
-
-        ho, wo = osz
+        sums, counts = slow_adaptive(x, *(n if o is None else o for o, n in zip(osz, x.shape[2:])))
     else:
-        k, s, p, ceil, include, divisor = {
-            "pad_no_count": ((3, 3), (1, 1), (1, 1), False, False, None),
-            "pad_count": ((3, 3), (2, 2), (1, 1), False, True, None),
-            "ceil": ((2, 2), (2, 2), (0, 0), True, True, None),
-            "ceil_pad": ((3, 3), (2, 2), (1, 1), True, False, None),
-            "divisor": ((3, 3), (1, 1), (1, 1), False, True, 5),
-            "pad_1d": ((1, 3), (1, 2), (0, 1), False, False, None),
-        }[pool_name]
-
-        def size(n_, kk, ss, pp):
-            num = n_ + 2 * pp - kk
-            o = (-(-num // ss) if ceil else num // ss) + 1
-            return o - 1 if ceil and (o - 1) * ss >= n_ + pp else o
-
-        ho, wo = size(h, k[0], s[0], p[0]), size(w, k[1], s[1], p[1])
-
-        def bounds(i, j):
-            h0, w0 = i * s[0] - p[0], j * s[1] - p[1]
-            h1, w1 = min(h0 + k[0], h + p[0]), min(w0 + k[1], w + p[1])
-            r0, r1, c0, c1 = max(h0, 0), min(h1, h), max(w0, 0), min(w1, w)
-            count = (h1 - h0) * (w1 - w0) if include else (r1 - r0) * (c1 - c0)
-            return r0, r1, c0, c1, divisor or count
-
-    sums = torch.zeros(n, c, ho, wo, dtype=torch.int64)
-    counts = torch.zeros(n, c, ho, wo, dtype=torch.int64)
-    vals = x.tolist()
-    for i, j in itertools.product(range(ho), range(wo)):
-        r0, r1, c0, c1, count = bounds(i, j)
-        counts[:, :, i, j] = count
-        for b, ch in itertools.product(range(n), range(c)):
-            sums[b, ch, i, j] = sum(vals[b][ch][r][q] for r in range(r0, r1) for q in range(c0, c1))
-    if squeeze:
-        sums, counts = sums.squeeze(2), counts.squeeze(2)
-    return sums, counts
+        sums, counts = slow_avg_pool(x, *WINDOWS[pool_name])
+    counts = counts.expand(sums.shape)
+    return (sums.squeeze(2), counts.squeeze(2)) if squeeze else (sums, counts)
 
 
 @pytest.mark.parametrize("platform, out", [("j6m", "INT8"), ("j6m", "INT16"), ("tflite", "INT8")])
@@ -116,7 +86,7 @@ def _reference(pool_name: str, xc: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 def test_uneven_pools_requantize_each_window_by_its_own_count(
     pool_name, platform, out, monkeypatch
 ):
-    pool = POOLS[pool_name][0]
+    pool = POOLS[pool_name]
     pools = ("avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d")
     wanted = ("interpolate",) if pool_name.startswith("area") else pools
     spec = QConfigSpec(by_type={t: OpQConfig(output_dtype=DType[out]) for t in wanted})
@@ -166,7 +136,7 @@ def test_runtime_profiles_keep_their_own_pool_rules(platform, monkeypatch):
     says which (``fixed_in_float``), through the steady runs that follow too."""
     for pool_name, falls in (("pad_no_count", False), ("ceil", True), ("adaptive", True)):
         falls = falls and platform == "onnxruntime"
-        sim = Simulator(_Pool(POOLS[pool_name][0]).eval(), platform)
+        sim = Simulator(_Pool(POOLS[pool_name]).eval(), platform)
         sim.calibrate([(torch.randn(2, 3, 11, 12),)], progress=False)
         fell_back = record_float_fallbacks(monkeypatch)
         for _ in range(4):  # past the switch to a steady program
@@ -185,9 +155,9 @@ def test_uneven_pools_become_a_traced_program_with_the_captured_bits(monkeypatch
     calib = [(torch.randn(2, 3, 11, 12, generator=gen),) for _ in range(2)]
     xs = [torch.randn(2, 3, 11, 12, generator=gen) * s for s in (0.5, 2.0)]
     for pool_name in ("ceil_pad", "adaptive", "area", "pad_1d"):
-        captured = Simulator(_Pool(POOLS[pool_name][0]).eval(), "j6m", steady_programs=False)
+        captured = Simulator(_Pool(POOLS[pool_name]).eval(), "j6m", steady_programs=False)
         captured.calibrate(calib, progress=False)
-        steady = Simulator(_Pool(POOLS[pool_name][0]).eval(), "j6m")
+        steady = Simulator(_Pool(POOLS[pool_name]).eval(), "j6m")
         steady.share_calibration(captured)
         for x in xs * 3:
             assert_bits_equal(steady.run(x, mode=mode), captured.run(x, mode=mode))
