@@ -48,6 +48,13 @@ def conv_bn_pairs(module: nn.Module, inputs: tuple[Tensor, ...]) -> list[tuple[s
     return _pairs_and_output(module, inputs)[0]
 
 
+def _stock_batch_norm(m: nn.Module) -> bool:
+    """A BatchNorm2d whose forward is torch's own. A subclass that overrides it (timm's
+    BatchNormAct2d applies an activation after the norm) cannot become ``nn.Identity``; its
+    ``F.batch_norm`` call is left to the Simulator, which fuses it into the GEMM before it."""
+    return isinstance(m, nn.BatchNorm2d) and type(m).forward is nn.BatchNorm2d.forward
+
+
 def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
     produced: dict[int, str] = {}
     bn_input: dict[str, int] = {}
@@ -62,7 +69,7 @@ def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
                 alive.append(out)
 
             handles.append(m.register_forward_hook(conv_hook))
-        elif isinstance(m, nn.BatchNorm2d):
+        elif _stock_batch_norm(m):
 
             def bn_hook(mod, args, name=name):
                 bn_input[name] = id(args[0])
@@ -114,7 +121,7 @@ def to_deployment_form(module: nn.Module, inputs: tuple[Tensor, ...]) -> nn.Modu
         if isinstance(m, nn.Dropout):
             parent, attr = _parent_and_attr(module, name)
             setattr(parent, attr, nn.Identity().eval())
-    if not any(isinstance(m, nn.BatchNorm2d) for m in module.modules()):
+    if not any(_stock_batch_norm(m) for m in module.modules()):
         return module
     pairs, before = _pairs_and_output(module, inputs)
     for conv_name, bn_name in pairs:

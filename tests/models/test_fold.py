@@ -78,6 +78,38 @@ def test_models_with_nested_and_integer_outputs_fold():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+class BatchNormRelu(nn.BatchNorm2d):
+    """timm's BatchNormAct2d pattern: a BatchNorm2d subclass whose forward adds an activation."""
+
+    def forward(self, x):
+        return torch.relu(super().forward(x))
+
+
+def test_a_batchnorm_subclass_with_its_own_forward_stays_and_the_simulator_fuses_it():
+    """Replacing it by nn.Identity would drop its activation; it is kept, and the Simulator fuses
+    its batch_norm call into the conv before it, so fixed mode still sees one GEMM."""
+    import quantlab
+
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), BatchNormRelu(8), nn.Conv2d(8, 4, 1)
+    )
+    _randomize_bn(m)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        ref = m.eval()(x)
+    to_deployment_form(m, (x,))
+    assert isinstance(m[1], BatchNormRelu)
+    with torch.no_grad():
+        assert torch.equal(m(x), ref)
+    sim = quantlab.Simulator(m, platform="j6m")
+    sim.calibrate([(x,)], progress=False)
+    sim.run(x, mode="fixed")
+    ops = sim.ops.set_index("op_type")
+    assert ops.loc["batch_norm", "fused_into"] == ops.loc["conv2d", "name"].iloc[0]
+    assert ops.loc["relu", "output_dtype"] == "INT8"
+
+
 def test_a_fold_that_changes_a_later_output_is_refused(monkeypatch):
     """The check compares every float output, not only the first: a pair forced on a conv
     whose output also feeds the second output is refused, naming that output."""
