@@ -263,11 +263,12 @@ def _where_kind(func: Callable, args: tuple, kwargs: dict) -> tuple[str, OpCateg
 
 
 def _pad_kind(args: tuple, kwargs: dict) -> tuple[str, OpCategory | None]:
-    """F.pad in a mode that copies input values (``COPYING_PAD_MODES``): a pass-through op,
-    which moves the codes as it moves the values; constant padding is not modelled (a zero
-    fill keeps the input's grid: ``simulate.same_grid``)."""
+    """F.pad: a pass-through op in a mode that copies input values (``COPYING_PAD_MODES``),
+    which moves the codes as it moves the values, and in mode "constant", whose fill is
+    quantized on the input's grid (``simulate.same_grid.snap_pad``)."""
     mode = args[2] if len(args) > 2 else kwargs.get("mode", "constant")
-    return "pad", OpCategory.PASS_THROUGH if mode in COPYING_PAD_MODES else None
+    modelled = mode in COPYING_PAD_MODES or mode == "constant"
+    return "pad", OpCategory.PASS_THROUGH if modelled else None
 
 
 def scalar_exponent(e) -> float | None:

@@ -260,6 +260,7 @@ class OpDispatch(BatchNormFolding):
         split_b = r.split_b
         qt = st.qt
         fake = mode is Mode.FAKE
+        pass_through = call.category is OpCategory.PASS_THROUGH
         for i, slot in enumerate(plan.acts):
             v = A.get(args, kwargs, slot)
             if not (isinstance(v, Tensor) and v.is_floating_point()):
@@ -268,6 +269,9 @@ class OpDispatch(BatchNormFolding):
                 continue
             info = qt.get(v)
             arrived.append(info)
+            if info is None and pass_through and self.wide_gemm_output(st.producers.get(v)):
+                in_infos.append(None)  # a GEMM's int32 / float32 model output moves as it is
+                continue
             if (
                 info is None
                 and fake
@@ -381,6 +385,7 @@ class OpDispatch(BatchNormFolding):
             and call.op_type in same_grid.LAYOUT_OPS
             and isinstance(res[1], list)
             and not calls.is_inplace(call)
+            and not same_grid.constant_pad(call)  # its fill is no code of the input
         ):  # a layout op moves the codes as it moves the values
             infos = same_grid.layout_codes(
                 r.fn, args, kwargs, plan.acts[0], in_infos[0], out, res[1]

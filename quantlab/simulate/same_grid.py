@@ -9,12 +9,13 @@ fallback):
 * an op that returns its input tensor itself, unchanged: eval-mode dropout (removed at
   export), a cast to the dtype the tensor already has;
 * ``pad`` with mode "constant" and value 0, and ``masked_fill`` of a bool mask with the value
-  0 where it runs in float (the runtime profiles; the safe softmax's rows in
-  ``decompositions.attention_by_definition``): every value is an input value or 0, and 0 is
-  the code ``zero_point`` at any scale.
+  0 where it runs in float (masked_fill on the runtime profiles, the safe softmax's rows in
+  ``decompositions.attention_by_definition``; pad on a platform whose ``supported_ops`` leave it
+  out, or an op a sensitivity run keeps in float): every value is an input value or 0, and 0
+  is the code ``zero_point`` at any scale.
 
-Where masked_fill is modelled (J6) it is a pass-through op whose fill is quantized on its
-input's grid (``snap_fill``).
+Where they are modelled (masked_fill on J6, pad everywhere) they are pass-through ops whose
+fill is quantized on their input's grid (``snap_fill``, ``snap_pad``).
 
 Their outputs are recorded (``grid_of``) with the input's ``QInfo`` (in FIXED mode with the
 padded or filled codes). ``codes_on_grid`` then answers for a quantization at activation point
@@ -162,9 +163,40 @@ def snap_abs(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     return out.clamp_max_(largest.to(out.dtype))
 
 
+def constant_pad(call) -> bool:
+    """Whether ``call`` is F.pad in mode "constant" (whose fill is no input value)."""
+    if call.op_type != "pad":
+        return False
+    vals = dict(zip(_PAD_NAMES, call.args))
+    vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
+    return vals.get("mode", "constant") == "constant"
+
+
+def snap_pad(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
+    """``out``, the result of ``F.pad(x, pad, mode, value)`` on ``x`` quantized at ``src`` (an
+    integer dtype), with a constant fill quantized on that grid as ``snap_fill`` quantizes
+    masked_fill's (the output keeps the input's scale; the fill saturates); in place. The
+    copying modes and a +0.0 fill (the code ``zero_point`` at any scale, per channel too) are
+    on the grid already. Raises ValueError for another fill on a per-channel ``src``."""
+    if not constant_pad(call) or _zero_constant_pad(call):
+        return out
+    _one_scale(call, "pad", src, "the fill")
+    vals = dict(zip(_PAD_NAMES, call.args))
+    vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
+    inside = torch.zeros(call.args[0].shape, dtype=torch.bool, device=out.device)
+    filled = F.pad(inside, list(vals["pad"]), mode="constant", value=True)
+    return out.masked_fill_(filled, _on_grid(vals["value"], src, rounding, out.dtype))
+
+
 # pass-through ops whose output keeps the input's grid only after a snap of some values:
 # op type -> its snap (call, out, src, rounding) -> out, in place
-SNAPS = {"masked_fill": snap_fill, "where": snap_where_number, "abs": snap_abs}
+SNAPS = {"masked_fill": snap_fill, "where": snap_where_number, "abs": snap_abs, "pad": snap_pad}
+
+
+def snaps(call) -> bool:
+    """Whether ``call``'s output keeps its input's grid only after a snap (``SNAPS``; a pad
+    only in mode "constant": the copying modes move codes as any layout op does)."""
+    return call.op_type in SNAPS and (call.op_type != "pad" or constant_pad(call))
 
 
 def kept_grid(info: QInfo | None, x: Tensor, fixed: bool) -> QInfo | None:

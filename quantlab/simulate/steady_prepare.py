@@ -361,9 +361,9 @@ def _prepare_pass_through(sim, call, r, plan, in_infos, arrived, out, out_info):
     """The PreparedCall of a pass-through op (a view, transpose, reshape, ...) that took one
     tensor quantized at an integer dtype as it came and gave one tensor: the function on the
     same arguments, the output keeping that input's quantization (``passes``); else None
-    (an op ``same_grid.SNAPS`` names too: some of its values are snapped to the grid)."""
+    (an op ``same_grid.snaps``: some of its values are snapped to the grid)."""
     if (
-        call.op_type in same_grid.SNAPS
+        same_grid.snaps(call)
         or not _plain_route(r)
         or plan.weight is not None
         or plan.bias is not None

@@ -87,6 +87,31 @@ def test_padding_runs_on_codes_and_onnxruntime_fuses_it(tmp_path, spec):
     assert floats == ["c2:conv2d#0"]  # the wide output's Mul by the accumulator scale
 
 
+class FilledPadNet(PadNet):
+    """PadNet with a constant fill other than zero (snapped to the input's grid)."""
+
+    def __init__(self, fill: float) -> None:
+        super().__init__()
+        self.fill = fill
+
+    def forward(self, x):
+        h = torch.tanh(self.c1(x))
+        h = F.relu6(self.dw(F.pad(h, (0, 1, 1, 0), value=self.fill)))
+        return self.c2(h)
+
+
+@pytest.mark.parametrize("fill", [0.3, -0.55, 1e4])
+@pytest.mark.parametrize("spec", [None, ASYMMETRIC], ids=["symmetric", "asymmetric"])
+def test_a_constant_fill_is_padded_with_fixed_modes_bits(tmp_path, spec, fill):
+    torch.manual_seed(0)
+    sim = Simulator(FilledPadNet(fill).eval(), onnxruntime_profile(), spec)
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(2, 3, 9, 9, generator=g),) for _ in range(3)], False)
+    info = to_onnx_qdq(sim, tmp_path / "m.onnx", (torch.randn(2, 3, 9, 9, generator=g),))
+    xs = [torch.randn(2, 3, 9, 9, generator=g) * s for s in (0.1, 1.0, 5.0)]
+    _check_bits(sim, info, xs + [torch.zeros(2, 3, 9, 9)])
+
+
 def test_int8_codes_are_padded_as_values(tmp_path):
     """Written as int8 (SIGNED), the Pad stays between DequantizeLinear and QuantizeLinear:
     onnxruntime's x86 kernels move int8 activations to uint8 by rewriting Q/DQ pairs."""

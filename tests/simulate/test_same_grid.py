@@ -108,8 +108,8 @@ def test_same_grid_shortcut_gives_the_bits_of_full_quantization(platform, spec, 
                 assert_bits_equal(ia.codes, ib.codes)
     assert_bits_equal(fast.result, full.result)
     taken = sum(h is not None for h in hits)
-    if spec == "minmax":  # producer and consumer scales agree: the two zero pads and dropouts
-        assert taken >= 3
+    if spec == "minmax":  # producer and consumer scales agree: the eval dropout (the pads are
+        assert taken >= 1  # pass-through ops, which keep the grid themselves)
     if spec == "other_scales":
         assert taken == 0 and hits  # recorded, asked, refused: the scales differ
 

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.op_kinds import OpCategory, classify
+from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator, same_grid, steady_programs
 
 ORDER = torch.tensor([5, 0, 7, 7, 2])
@@ -95,8 +96,8 @@ def test_each_is_a_pass_through_op():
 def test_max_min_and_pad_are_classified_by_their_arguments():
     """One tensor's maximum or minimum (of all its elements, or over a dimension, with its
     indices) is a pass-through op, two tensors' the elementwise maximum / minimum, which
-    requantizes both (through ``out=``: not modelled); constant padding is not modelled (a
-    zero fill keeps the grid: simulate.same_grid)."""
+    requantizes both (through ``out=``: not modelled); F.pad is a pass-through op in every
+    mode torch has (a constant fill is snapped to the input's grid: test_constant_pad_*)."""
     x, y = torch.randn(2, 8, 6), torch.randn(2, 8, 6)
     with _Kinds() as kinds:
         torch.max(x), x.max(1), torch.min(x, dim=2, keepdim=True), x.min()
@@ -119,7 +120,8 @@ def test_max_min_and_pad_are_classified_by_their_arguments():
         )
     pair = [("maximum", OpCategory.REQUANT), ("minimum", OpCategory.REQUANT)]
     seen = [k for k in kinds.seen if k is not None and k[0] in ("maximum", "minimum", "pad")]
-    assert seen == [*pair, pair[0], *pair] + [("maximum", None)] * 2 + [("pad", None)] * 2
+    pads = [("pad", OpCategory.PASS_THROUGH)] * 2
+    assert seen == [*pair, pair[0], *pair] + [("maximum", None)] * 2 + pads
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
@@ -159,6 +161,64 @@ def test_steady_runs_keep_the_bits(monkeypatch, mode):
         for x in xs * 3:
             assert_bits_equal(fast.run(x, mode=mode), captured.run(x, mode=mode))
         state = fast.steady_programs.status((xs[0],), mode)
+        assert state.program is not None and state.program.fallbacks == 0
+
+
+class _Padded(nn.Module):
+    """linear -> tanh -> F.pad(value=fill) -> linear, and the padded tensor as an output."""
+
+    def __init__(self, fill: float) -> None:
+        super().__init__()
+        self.a, self.b, self.fill = nn.Linear(6, 6), nn.Linear(6, 3), fill
+
+    def forward(self, x):
+        y = F.pad(torch.tanh(self.a(x)), (0, 0, 2, 1), value=self.fill)
+        return self.b(y), y
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+@pytest.mark.parametrize("fill", [0.0, -0.37, 0.5, 1e4, -float("inf")])
+@pytest.mark.parametrize("symmetry", ["SYMMETRIC", "ASYMMETRIC"])
+def test_constant_pad_keeps_the_grid_with_its_fill_snapped(fill, mode, platform, symmetry):
+    """The padded tensor keeps its input's quantization; its fill is the fill quantized on that
+    grid (the rounding of the platform, saturating: 1e4 and -inf read as the extreme codes), as
+    masked_fill's fill is; the next linear layer takes it as it arrives."""
+    torch.manual_seed(0)
+    spec = QConfigSpec(global_=OpQConfig(observer="MINMAX", activation_symmetry=symmetry))
+    sim = _calibrated(_Padded(fill), platform, 1, qconfig=spec)
+    x = torch.randn(2, 8, 6, generator=torch.Generator().manual_seed(3))
+    arrived = {}
+    trace = sim.trace(x, mode=mode, on_call=lambda o: arrived.setdefault(o.call.name, o.incoming))
+    src, (info,) = trace.qinfo[":tanh#0"], trace.qinfo[":pad#0"]
+    assert info.dtype is src.dtype and float(info.scale) == float(src.scale)
+    assert info.zero_point == src.zero_point
+    zp = src.zero_point
+    rounding = sim.platform.fake_round
+    code = quantize(torch.tensor(fill), src.scale, src.dtype, rounding, zero_point=zp)
+    on_grid = float(dequantize(code, src.scale, zero_point=zp))
+    want = F.pad(trace.outputs[":tanh#0"], (0, 0, 2, 1), value=on_grid)
+    assert_bits_equal(trace.outputs[":pad#0"], want)
+    (into_b,) = arrived["b:linear#0"]
+    assert into_b is not None and float(into_b.scale) == float(src.scale)
+    ops = sim.ops.set_index("op_type")
+    assert ops.loc["pad", "category"] == "PASS_THROUGH" and not ops.loc["pad", "fixed_in_float"]
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_constant_pad_steady_runs_keep_the_bits(monkeypatch, mode):
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    for fill in (0.0, -0.37):
+        sims = []
+        for steady in (True, False):
+            torch.manual_seed(0)
+            sims.append(_calibrated(_Padded(fill), "j6m", 1, steady_programs=steady))
+        g = torch.Generator().manual_seed(4)
+        xs = [torch.randn(2, 8, 6, generator=g) for _ in range(2)]
+        for x in xs * 3:
+            for a, b in zip(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode), strict=True):
+                assert_bits_equal(a, b)
+        state = sims[0].steady_programs.status((xs[0],), mode)
         assert state.program is not None and state.program.fallbacks == 0
 
 
