@@ -188,6 +188,7 @@ KNOWN_OP_TYPES = frozenset(
     {t for t, _ in _BY_NAME.values()}
     | {t for t, _ in _BY_IDENTITY.values()}
     | {"relu6", "pow", "max", "min", "maximum", "minimum", "pad", "where"}
+    | _CAST_NAMES
 )
 
 

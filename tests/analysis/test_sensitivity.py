@@ -275,3 +275,27 @@ def test_input_pass_sees_the_int8_gemm_inputs_of_a_float16_platform():
     t = sensitivity(j6m, [x], kinds=kinds, metrics=["sqnr"], progress=False).table
     assert (t.sensitive_type == "input").sum() == 0
     assert sim.run(*x, mode=Mode.FLOAT).shape == (4, 4)
+
+
+class _CastBetween(nn.Module):
+    """Two linear layers with a cast to the tensor's own dtype between them (Hugging Face's
+    GPT-2, Llama and T5 cast hidden states so)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.b(self.a(x).to(torch.float32).float())
+
+
+@pytest.mark.parametrize("platform", ["j6m", "j6p"])
+def test_a_model_with_casts_is_ranked(platform):
+    """A cast is an op type a qconfig may name (the input pass names every op type by type)."""
+    torch.manual_seed(0)
+    xs = [(torch.randn(1, 8, 16),) for _ in range(3)]
+    sim = Simulator(_CastBetween().eval(), platform)
+    sim.calibrate(xs, progress=False)
+    assert {"to", "float"} <= set(sim.ops["op_type"])
+    run = sensitivity(sim, xs, progress=False)
+    assert set(run.table["op_name"]) >= {"a:linear#0", "b:linear#0"}
