@@ -21,6 +21,7 @@ import torch
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.op_kinds import EVAL_IDENTITY_TYPES
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
 
@@ -265,8 +266,9 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
     not model, modelled ops the platform does not support, and supported ops whose fixed
     kernel computes in float (``fixed_kernel`` starting "float", or a kernel that declined
     the call in the fixed run: ``fixed_in_float``), each with its op types."""
-    not_modelled = ops.category == "NONE"
-    unsupported = ~not_modelled & ~ops.supported
+    identity = (ops.category == "NONE") & ops.op_type.isin(EVAL_IDENTITY_TYPES)
+    not_modelled = (ops.category == "NONE") & ~identity
+    unsupported = ~not_modelled & ~identity & ~ops.supported
     declined = ops["fixed_in_float"] if "fixed_in_float" in ops else False
     in_float = ops.supported & (ops.fixed_kernel.str.startswith("float") | declined)
 
@@ -274,11 +276,16 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
         types = sorted(set(ops.op_type[mask]))
         return f"{int(mask.sum())}" + (f" ({', '.join(types)})" if types else "")
 
+    removed = (
+        f"{group(identity)} are the identity in eval mode (removed at export); "
+        if identity.any()
+        else ""
+    )
     return (
-        f"{model} has {len(ops)} captured op calls: {group(not_modelled)} are ops quantlab does "
-        f"not model (they run in float); {group(unsupported)} run in float because {platform} "
-        f"does not support them; {group(in_float)} compute in float in fixed mode and quantize "
-        "their output."
+        f"{model} has {len(ops)} captured op calls: {removed}{group(not_modelled)} are ops "
+        f"quantlab does not model (they run in float); {group(unsupported)} run in float because "
+        f"{platform} does not support them; {group(in_float)} compute in float in fixed mode and "
+        "quantize their output."
     )
 
 

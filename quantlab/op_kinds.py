@@ -184,6 +184,11 @@ def _cast_kind(name: str, args: tuple, kwargs: dict) -> tuple[str, OpCategory | 
     return name, OpCategory.PASS_THROUGH if target in (None, x.dtype) else None
 
 
+# ops that are the identity in eval mode: not modelled, and dropped by a deployment export
+EVAL_IDENTITY_TYPES = frozenset(
+    ("dropout", "dropout1d", "dropout2d", "alpha_dropout", "feature_alpha_dropout")
+)
+
 KNOWN_OP_TYPES = frozenset(
     {t for t, _ in _BY_NAME.values()}
     | {t for t, _ in _BY_IDENTITY.values()}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
+from quantlab.op_kinds import EVAL_IDENTITY_TYPES
 from quantlab.platforms import PlatformConfig, Toolchain
 from quantlab.simulate.patterns import PatternCall, record_patterns
 
@@ -261,7 +262,7 @@ def pattern_placement(p: PatternCall, plat: PlatformConfig) -> Placement | None:
 
 
 def _unmodelled(op_type: str) -> Placement:
-    if op_type in ("dropout", "dropout1d", "dropout2d", "alpha_dropout", "feature_alpha_dropout"):
+    if op_type in EVAL_IDENTITY_TYPES:
         return Placement(
             Unit.REMOVED, "-", "-", "an identity in eval mode, which the exported model drops", "-"
         )

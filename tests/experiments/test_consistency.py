@@ -123,3 +123,26 @@ def test_accumulated_finding_names_the_widest_gap_and_the_last_op():
     assert "reaches 29.0 dB SQNR at the last op (op2)" in _accumulated_finding(acc([40, 35, 29.0]))
     assert "op1" in _accumulated_finding(acc([math.nan, 20.0, 30.0]))  # NaN rows are skipped
     assert "last op (op1)" in _accumulated_finding(acc([math.nan, math.nan]))
+
+
+def test_float_ops_finding_names_eval_dropout_as_removed_at_export():
+    """An eval-mode dropout (the identity, which model_check places as removed at export) is
+    not counted among the ops quantlab does not model."""
+    import pandas as pd
+
+    from experiments.consistency import _float_ops_finding
+
+    ops = pd.DataFrame(
+        {
+            "op_type": ["linear", "dropout", "dropout", "erfinv"],
+            "category": ["GEMM", "NONE", "NONE", "NONE"],
+            "supported": [True, False, False, False],
+            "fixed_kernel": ["integer"] + ["float (not modelled by quantlab)"] * 3,
+        }
+    )
+    assert _float_ops_finding(ops, "p", "m") == (
+        "m has 4 captured op calls: 2 (dropout) are the identity in eval mode (removed at "
+        "export); 1 (erfinv) are ops quantlab does not model (they run in float); 0 run in "
+        "float because p does not support them; 0 compute in float in fixed mode and quantize "
+        "their output."
+    )
