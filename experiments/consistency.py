@@ -237,7 +237,7 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
         out.append(
             f"The first op whose own {b}-vs-{a} gap exceeds the {exp.threshold_db:g} dB threshold "
             f"is {first['name']} ({first.op_type}, depth {int(first.depth)} of {len(iso)}): "
-            f"SQNR {first.sqnr_db:.1f} dB, {first.err_lsb:.3g} output LSB max."
+            f"SQNR {first.sqnr_db:.1f} dB, {_lsb_words(first, 'output LSB max')}."
         )
     finite = iso[iso.sqnr_db < math.inf]
     if not finite.empty:
@@ -245,7 +245,7 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
         by_type = finite.groupby("op_type").sqnr_db.min().sort_values()
         out.append(
             f"The largest isolated gap is at {worst['name']} ({worst.op_type}): "
-            f"SQNR {worst.sqnr_db:.1f} dB, {worst.err_lsb:.3g} LSB; by op type, the lowest "
+            f"SQNR {worst.sqnr_db:.1f} dB, {_lsb_words(worst, 'LSB')}; by op type, the lowest "
             "isolated SQNR is "
             + ", ".join(f"{t} {v:.1f} dB" for t, v in by_type.head(4).items())
             + "."
@@ -259,6 +259,14 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
         out.append(_accumulated_finding(acc))
     out.append(_float_ops_finding(support, ctx.platform.name, bundle.name))
     return out
+
+
+def _lsb_words(row, unit: str) -> str:
+    """``row``'s largest error in output LSBs; an output with no integer grid (float16 or
+    float32 on J6H/P) has none, and says so."""
+    if pd.isna(row.err_lsb):
+        return f"a {row.out_dtype} output (no LSB)"
+    return f"{row.err_lsb:.3g} {unit}"
 
 
 def _float_ops_finding(ops, platform: str, model: str) -> str:

@@ -146,3 +146,14 @@ def test_float_ops_finding_names_eval_dropout_as_removed_at_export():
         "float because p does not support them; 0 compute in float in fixed mode and quantize "
         "their output."
     )
+
+
+def test_an_output_with_no_integer_grid_has_no_lsb_figure():
+    """A float16 output (J6H/P) has no LSB: its error is not printed as "nan LSB"."""
+    import pandas as pd
+
+    from experiments.consistency import _lsb_words
+
+    row = pd.Series({"err_lsb": float("nan"), "out_dtype": "FLOAT16"})
+    assert _lsb_words(row, "LSB") == "a FLOAT16 output (no LSB)"
+    assert _lsb_words(pd.Series({"err_lsb": 2.5, "out_dtype": "INT8"}), "LSB") == "2.5 LSB"
