@@ -24,6 +24,7 @@ from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.op_kinds import EVAL_IDENTITY_TYPES
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
+from quantlab.simulate.core import non_finite_words
 
 SQNR_PLOT_CAP = 100.0  # identical outputs (SQNR = +inf) are drawn at this height
 GAP_PARTS = {
@@ -400,7 +401,9 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     return ExperimentResult(
         table=table,
         title=f"Fake vs fixed consistency: {bundle.name} on {ctx.platform.name}",
-        findings=_findings(table, outputs, support, exp, ctx, bundle) + _task_findings(task),
+        findings=_findings(table, outputs, support, exp, ctx, bundle)
+        + _task_findings(task)
+        + [w for w in [non_finite_words(sim.non_finite_points())] if w],
         tables={
             "model_output": outputs,
             "export_gap_split": split[

@@ -17,6 +17,7 @@ from quantlab.analysis.placement import UNIT_ORDER, Unit, model_placement, unit_
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.report import Plot, PlotKind
+from quantlab.simulate.core import non_finite_words
 
 COLUMNS = ["position", "name", "op_type", "pattern", "unit", "engine", "precision", "reason",
            "seed", "fix"]  # fmt: skip
@@ -138,7 +139,8 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
             ]
             if fixed_failed
             else []
-        ),
+        )
+        + [w for w in [non_finite_words(sim.non_finite_points())] if w],
         tables={
             "cpu_fallback_and_unplaced": off,
             "unit_counts": counts,

@@ -46,8 +46,27 @@ class TwoInputs(nn.Module):
         return z, z.sum(1)
 
 
+class Masked(nn.Module):
+    """Causal self-attention by masked_fill of -inf (a mask quantization cannot hold)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        n = x.shape[1]
+        future = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(future, float("-inf"))
+        return torch.softmax(scores, -1) @ v
+
+
 def build(width=8, classes=5):
     return Tiny(width, classes)
+
+
+def masked():
+    return Masked()
 
 
 def two_inputs():

@@ -70,3 +70,34 @@ def test_a_failed_fixed_run_leaves_the_placement_and_says_so(tmp_path, monkeypat
     res = model_check_exp(ModelCheckExp(), ctx)
     assert len(res.table) > 0
     assert any("fixed-mode run on the input failed (ValueError: op x" in f for f in res.findings)
+
+
+def test_model_check_and_consistency_say_when_calibration_saw_infinities(tmp_path):
+    """A -inf attention mask: both reports name the point and what quantizing it does."""
+    import sys
+
+    import torch
+    from user_package import PACKAGE, write_package
+
+    from experiments.consistency import ConsistencyExp, consistency
+
+    write_package(tmp_path / "pkg")
+    sys.path.insert(0, str(tmp_path / "pkg"))
+    try:
+        g = torch.Generator().manual_seed(0)
+        items = [(torch.randn(1, 5, 8, generator=g),) for _ in range(4)]
+        torch.save({"calib": items[:2], "eval": items[2:]}, tmp_path / "x.pt")
+        ctx = RunContext(
+            PlatformConfig(name="j6m"),
+            ModelConfig(name="custom", target=f"{PACKAGE}.nets:masked"),
+            DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=2, num_eval=2),
+            0,
+            tmp_path,
+        )
+        for res in (model_check_exp(ModelCheckExp(), ctx), consistency(ConsistencyExp(), ctx)):
+            (said,) = [f for f in res.findings if f.startswith("Calibration saw NaN or infinite")]
+            assert ":softmax#0/in0 (" in said and "stops masking" in said
+    finally:
+        sys.path.remove(str(tmp_path / "pkg"))
+        for name in [m for m in sys.modules if m.startswith(PACKAGE)]:
+            del sys.modules[name]

@@ -271,5 +271,5 @@ def test_calibration_observes_the_clipped_input(op):
     assert scales[0] == scales[1]
     # the runtime profiles observe the float function (NaN and inf dropped, with a warning)
     sim = Simulator(_Op(CASES[op][0]), "onnxruntime", QConfigSpec(global_=rule))
-    with pytest.warns(UserWarning, match="calibration saw NaN or infinite values"):
+    with pytest.warns(UserWarning, match="Calibration saw NaN or infinite values"):
         sim.calibrate(wide, progress=False)
