@@ -81,7 +81,7 @@ class OpDiscovery:
                     "fixed_in_float": name in self._fixed_in_float,
                     "input_dtype": calls.dt_names(inf.input_dtypes),
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
-                    "output_dtype": self._table_out_dtype(name, inf, rq),
+                    "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
                     "has_weight": inf.has_weight,
                     "weight_split": rq.weight_split if rq else 0,
                     "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
@@ -183,26 +183,6 @@ class OpDiscovery:
                     )
             if inf.category is OpCategory.GRID_SAMPLE and inf.input_shapes:
                 self._check_grid(name, inf.input_shapes[0])
-
-    def _table_out_dtype(self, name: str, inf, rq) -> str:
-        """The ops table's output dtype: a pass-through op's is its input's (it moves codes)."""
-        if rq is None:
-            return "FLOAT32"
-        kept = inf.input_dtypes[0] if inf.input_dtypes else None
-        if inf.category is OpCategory.PASS_THROUGH and kept is not None:
-            return kept.name
-        return self._out_dtype(name).name
-
-    def wide_gemm_output(self, name: str | None) -> bool:
-        """Whether op ``name``'s output is, through pass-through ops, a GEMM's high-precision
-        output (int32 on J6E/M/B, float32 on J6H/P: the accumulator, not requantized)."""
-        inf = self._info.get(name) if name is not None else None
-        while inf is not None and inf.category is OpCategory.PASS_THROUGH and inf.producers:
-            name = inf.producers[0]
-            inf = self._info.get(name) if name is not None else None
-        if inf is None or inf.category is not OpCategory.GEMM:
-            return False
-        return bool(self.qconfig_of(self._fused_into.get(name, name)).high_precision_output)
 
     def _out_dtype(self, name: str) -> DType:
         rq = self.qconfig_of(name)

@@ -548,9 +548,9 @@ _ON_GRID = {"c2:conv2d#0", "head:linear#0", ":matmul#0"}
 
 def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
     """A zero pad or an eval dropout in front of an op leaves its input on the op's input grid:
-    the op follows its prepared call (the input taken as it comes) with the full path's bits;
-    when the input comes off that grid (a pad value of 0.5), or the point's scales change, the
-    call takes the full path."""
+    the op follows its prepared call (the input taken as it comes) with the full path's bits,
+    also behind a pad of 0.5 (a pass-through op, which snaps its fill onto the grid); when
+    the point's scales change, the call takes the full path."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(5)
         m = GridNet().eval()
@@ -570,11 +570,11 @@ def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
         assert_bits_equal(program(x), sim.run(x, mode=Mode.FAKE))
     assert program.fallbacks == 0
 
-    m.pad_value = 0.5  # the padded input is off the grid: c2 quantizes it again
+    m.pad_value = 0.5  # a pass-through pad snaps its fill onto the grid: still on it
     x = xs[1]
     hit_names.clear()
     got = sim.run(x, mode=Mode.FAKE)
-    assert "c2:conv2d#0" not in hit_names
+    assert "c2:conv2d#0" in hit_names
     # the full path with the same calibration (a fresh one would observe the 0.5 borders)
     assert_bits_equal(got, sim.trace(x, mode=Mode.FAKE).result)
     m.pad_value = 0.0
@@ -582,12 +582,13 @@ def test_inputs_on_their_point_grid_follow_the_prepared_call(hit_names):
 
     # the input point's scale-cache entry is what the OnGrid input rests on: a replaced entry
     # sends the call through the full path (which prepares it anew)
-    key = ("fake_point", "c2:conv2d#0", "in0", DType.INT8, None)
-    assert any(k == key for k, _ in sim._prepared["c2:conv2d#0", Mode.FAKE].deps)
+    # (the linear's, behind a dropout; the padded tensor arrives quantized, as it is)
+    key = ("fake_point", "head:linear#0", "in0", DType.INT8, None)
+    assert any(k == key for k, _ in sim._prepared["head:linear#0", Mode.FAKE].deps)
     sim._scale_cache[key] = tuple(list(sim._scale_cache[key]))  # equal, another object
     hit_names.clear()
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), sim.trace(x, mode=Mode.FAKE).result)
-    assert "c2:conv2d#0" not in hit_names
+    assert "head:linear#0" not in hit_names
 
     sim.calibrate(more, progress=False)  # new scales at every point
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fresh(m, calib + more, x))
