@@ -107,6 +107,80 @@ def _fixed(model, shapes: list[list[int]]):
     return onnxslim.slim(m)
 
 
+def _initializers_as_parameters(module: nn.Module) -> None:
+    """onnx2torch holds the graph's initializers as buffers of its ``initializers`` module;
+    each float one becomes an ``nn.Parameter`` (no gradient), as a PyTorch model holds its
+    weights: a MatMul or Gemm reads it as a weight (quantized per channel), and a call on
+    initializers alone makes a constant of the model."""
+    holder = getattr(module, "initializers", None)
+    if not isinstance(holder, nn.Module):
+        return
+    for name, buf in list(holder._buffers.items()):
+        if buf is not None and buf.is_floating_point():
+            del holder._buffers[name]
+            holder.register_parameter(name, nn.Parameter(buf, requires_grad=False))
+
+
+def _matmuls_as_linear(gm: nn.Module) -> None:
+    """``MatMul(x, W)`` with an initializer W (K, N), and ``MatMul(x, W) + b`` with a 1-d
+    initializer b (N,) (what torch exports for ``nn.Linear`` on an input of more than two
+    dims), become an ``nn.Linear`` under the MatMul's name: a GEMM with a per-channel weight
+    and its bias, as deployment toolchains fuse the pair (the add alone would quantize the
+    bias as an int8 activation and requantize once more). Float results change only in the
+    last bits (the bias added inside the product)."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_module" or type(gm.get_submodule(node.target)).__name__ != "OnnxMatMul":
+            continue
+        if len(node.args) != 2:
+            continue
+        w = _parameter_of(gm, node.args[1])
+        if w is None or w.dim() != 2 or _parameter_of(gm, node.args[0]) is not None:
+            continue
+        b = _bias_added(gm, node, w.shape[1])
+        linear = nn.Linear(w.shape[0], w.shape[1], bias=b is not None)  # the MatMul's name
+        linear.weight = nn.Parameter(w.detach().t().contiguous(), requires_grad=False)
+        if b is not None:
+            linear.bias = nn.Parameter(b[1].detach().clone(), requires_grad=False)
+            b[0].replace_all_uses_with(node)
+            graph.erase_node(b[0])
+        gm.add_submodule(node.target, linear)
+        node.args = (node.args[0],)
+        changed = True
+    if changed:
+        graph.eliminate_dead_code()
+        gm.recompile()
+
+
+def _bias_added(gm: nn.Module, node, width: int):
+    """(the add node, the bias) when ``node``'s only use adds a 1-d initializer of ``width``
+    values to it; else None."""
+    if len(node.users) != 1:
+        return None
+    (add,) = node.users
+    if add.op != "call_module" or len(add.args) != 2:
+        return None
+    adder = gm.get_submodule(add.target)
+    if getattr(adder, "math_op_function", None) is not torch.add or adder.broadcast:
+        return None
+    b = _parameter_of(gm, add.args[0] if add.args[1] is node else add.args[1])
+    return (add, b) if b is not None and b.dim() == 1 and b.shape[0] == width else None
+
+
+def _parameter_of(gm: nn.Module, arg) -> Tensor | None:
+    """The parameter a ``get_attr`` node reads, or None."""
+    if getattr(arg, "op", None) != "get_attr":
+        return None
+    try:
+        value = gm.get_parameter(arg.target)
+    except AttributeError:
+        return None
+    return value if value.is_floating_point() else None
+
+
 def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxModel:
     """Convert the ONNX file ``path``; ``shapes`` (without the batch dimension) fix the inputs'
     dynamic dimensions. Errors name the file, the graph's shapes and what to set."""
@@ -154,6 +228,8 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
             raise ValueError(
                 f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"
             ) from None
+    _initializers_as_parameters(module)
+    _matmuls_as_linear(module)
     metadata = {p.key: p.value for p in model.metadata_props}
     return OnnxModel(
         module.eval(), tuple(tuple(s) for s in shapes), metadata, onnxruntime_runner(path, names)

@@ -419,3 +419,42 @@ def test_bad_onnx_inputs_name_the_file(tmp_path):
         )
     with pytest.raises(ValueError, match="model.path is required with model=onnx"):
         ModelConfig(name="onnx")
+
+
+class _Projections(nn.Module):
+    """Linear layers on a 3-d input (torch exports each as MatMul with an initializer, then Add
+    of the bias), one without a bias (MatMul alone), and a product of two activations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k = nn.Linear(8, 8), nn.Linear(8, 8, bias=False)
+        with torch.no_grad():
+            self.q.weight[:2] *= 20  # two wide output channels: per-channel weights matter
+
+    def forward(self, x):
+        q, k = self.q(x), self.k(x)
+        return q @ k.transpose(-2, -1)
+
+
+def test_onnx_matmuls_of_initializers_are_linear_layers_with_weights(tmp_path):
+    """MatMul(x, W) + Add(b) with initializers is one linear layer with its bias, MatMul(x, W)
+    alone a linear layer without one: GEMMs with per-channel weights, as in the PyTorch
+    module; the product of two activations stays a matmul. The float run matches
+    onnxruntime (``build_model`` checks it)."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.simulate import Simulator
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 8)
+    path = tmp_path / "proj.onnx"
+    torch.onnx.export(_Projections().eval(), (x,), str(path), opset_version=17, dynamo=False)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    sim = Simulator(b.module, "j6m")
+    sim.calibrate([(torch.randn(1, 6, 8),) for _ in range(2)], progress=False)
+    sim.run(x, mode="fixed")
+    ops = sim.ops
+    gemms = ops[ops.category == "GEMM"]
+    assert gemms.op_type.tolist() == ["linear", "linear", "matmul"]
+    assert gemms.weight_dtype.tolist() == ["INT8", "INT8", ""]
+    assert "add" not in set(ops.op_type)  # the bias is the linear layer's
+    assert gemms.name.iloc[0].startswith("q/MatMul:")
