@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shlex
 import sys
 from pathlib import Path
 
@@ -69,12 +70,18 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
     return result
 
 
+def reproduce_command(overrides: list[str]) -> str:
+    """The shell command that reruns a run with ``overrides``, each quoted where the shell
+    would split or expand it (``model.kwargs={a: 1, b: 2}``)."""
+    return "python -m quantlab " + " ".join(shlex.quote(o) for o in overrides)
+
+
 @hydra.main(config_path="../configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
-    command = "python -m quantlab " + " ".join(hc.overrides.task)
+    command = reproduce_command(hc.overrides.task)
     run(cfg, Path(hc.runtime.output_dir), command)
 
 

@@ -159,3 +159,17 @@ def test_onnx_model_on_real_pages_matches_onnxruntime(tmp_path):
     task = pd.read_csv(out / "task_metrics.csv")
     assert (task["items"] == 2).all()
     assert "matches onnxruntime (fp32, the original graph)" in (out / "report.md").read_text()
+
+
+def test_the_reports_reproduce_line_survives_the_shell(runs):
+    """Each override comes back whole from the shell (``model.kwargs={width: 8}`` holds a
+    space); a plain one is written as it is."""
+    import shlex
+
+    from quantlab.__main__ import reproduce_command
+
+    md = (runs["model_check"] / "report.md").read_text()
+    (line,) = [x for x in md.splitlines() if x.startswith("python -m quantlab")]
+    args = shlex.split(line)[3:]
+    assert "model.kwargs={width: 8}" in args and "+exp=model_check" in args
+    assert reproduce_command(["+exp=a", "b.c=[1,2]"]) == "python -m quantlab +exp=a 'b.c=[1,2]'"
