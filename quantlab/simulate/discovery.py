@@ -110,7 +110,8 @@ class OpDiscovery:
             p = st.producers.get(leaf)
             while p is not None:
                 inf = st.infos[p]
-                if inf.category is not OpCategory.PASS_THROUGH:
+                # an op that returns its input itself (eval dropout) moves it on as it is
+                if inf.category is not OpCategory.PASS_THROUGH and not inf.returns_input:
                     feeds.add(self._fused_into.get(p, p))
                     break
                 p = inf.producers[0] if inf.producers else None

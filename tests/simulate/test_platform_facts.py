@@ -65,3 +65,26 @@ def test_float16_on_j6m_names_the_platforms_with_float16():
     spec = QConfigSpec(global_=OpQConfig(output_dtype="FLOAT16"))
     with pytest.raises(ValueError, match=r"j6m has no float16 in TAE/VAE.*j6b, j6h, j6p"):
         _run("j6m", spec)
+
+
+def _then_dropout(drop: bool) -> nn.Module:
+    torch.manual_seed(0)
+    tail = nn.Dropout(0.1) if drop else nn.Identity()
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16), tail).eval()
+
+
+def test_an_eval_dropout_after_the_output_gemm_keeps_its_high_precision_output():
+    """An eval-mode dropout returns its input itself: the GEMM before it still feeds the model
+    output (int32 on J6M), and every mode gives the bits of the model without it."""
+    g = torch.Generator().manual_seed(1)
+    calib = [(torch.randn(4, 16, generator=g),) for _ in range(2)]
+    x = torch.randn(4, 16, generator=g)
+    sims = []
+    for drop in (True, False):
+        sim = Simulator(_then_dropout(drop), "j6m")
+        sim.calibrate(calib, progress=False)
+        sims.append(sim)
+    assert sims[0].qconfig_of("2:linear#0").high_precision_output
+    assert sims[0].ops.set_index("name").loc["2:linear#0", "output_dtype"] == "INT32"
+    for mode in (Mode.FAKE, Mode.FIXED):
+        assert torch.equal(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode))
