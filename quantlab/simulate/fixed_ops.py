@@ -178,11 +178,15 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     # codes in their own dtype: every add rule widens them itself (and bounds them by it)
     a = fc.operand(args, kwargs, plan.acts[0], in_infos[0], zero_point=True, native=True)
     b = fc.operand(args, kwargs, plan.acts[1], in_infos[1], zero_point=True, native=True)
+    litert = p.add_rule in (AddRule.LEFT_SHIFT, AddRule.SHARED_SHIFT)
+    if not litert:  # x + 0 (a branch left empty): the add of a zero code at x's scale
+        a = _zero_operand(args, kwargs, plan.acts[0], a, b)
+        b = _zero_operand(args, kwargs, plan.acts[1], b, a)
     if a is None or b is None:
         return None
     out = rq.output_dtype
     # a LiteRT constant is 8-bit: under TFLite's reference ADD and XNNPACK's add alike
-    if p.add_rule in (AddRule.LEFT_SHIFT, AddRule.SHARED_SHIFT) and out.bits == 8:
+    if litert and out.bits == 8:
         a = _constant_at(args, kwargs, plan.acts[0], a, DType.INT8)
         b = _constant_at(args, kwargs, plan.acts[1], b, DType.INT8)
     (xc, xs, zx), (yc, ys, zy) = a, b
@@ -203,6 +207,16 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
     else:
         codes = fc.sub_codes(p, xc, xs, yc, ys, so, out, (zx, zy, zo), k)
     return fc.emit(codes, so, out, zo)
+
+
+def _zero_operand(args, kwargs, slot, operand, other):
+    """``operand`` as is, unless it is the number 0 and ``other`` a tensor operand: then code 0
+    at ``other``'s scale (any scale holds 0 exactly; sharing it keeps the add rule's
+    intermediate scale that of the tensor)."""
+    v = A.get(args, kwargs, slot)
+    if operand is not None or other is None or isinstance(v, (Tensor, bool)) or v != 0:
+        return operand
+    return torch.zeros((), dtype=torch.int64), other[1], 0
 
 
 def _constant_at(args, kwargs, slot, operand, dtype: DType):
