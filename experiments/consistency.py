@@ -25,6 +25,7 @@ from quantlab.op_kinds import EVAL_IDENTITY_TYPES
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
 from quantlab.simulate.core import non_finite_words
+from quantlab.simulate.fixed_ops import FLOAT_OUTPUT
 
 SQNR_PLOT_CAP = 100.0  # identical outputs (SQNR = +inf) are drawn at this height
 GAP_PARTS = {
@@ -279,7 +280,8 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
     not_modelled = (ops.category == "NONE") & ~identity
     unsupported = ~not_modelled & ~identity & ~ops.supported
     declined = ops["fixed_in_float"] if "fixed_in_float" in ops else False
-    in_float = ops.supported & (ops.fixed_kernel.str.startswith("float") | declined)
+    by_dtype = ops.fixed_kernel.str.endswith(f"({FLOAT_OUTPUT})")  # float16 by its qconfig
+    in_float = ops.supported & ((ops.fixed_kernel.str.startswith("float") & ~by_dtype) | declined)
 
     def group(mask) -> str:
         types = sorted(set(ops.op_type[mask]))

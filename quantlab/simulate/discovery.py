@@ -75,7 +75,7 @@ class OpDiscovery:
                     "fixed_kernel": (
                         f"fused into {self._fused_into[name]}"
                         if name in self._fused_into
-                        else fixed_ops.kernel_name(inf.op_type, inf.category, self)
+                        else self._table_kernel(name, inf, rq)
                     ),
                     # its fixed kernel declined the latest fixed-mode call: float, quantized
                     "fixed_in_float": name in self._fixed_in_float,
@@ -184,6 +184,18 @@ class OpDiscovery:
                     )
             if inf.category is OpCategory.GRID_SAMPLE and inf.input_shapes:
                 self._check_grid(name, inf.input_shapes[0])
+
+    def _table_kernel(self, name: str, inf, rq) -> str:
+        """The ops table's kernel (``fixed_ops.kernel_name``); an op other than a GEMM or a
+        pass-through op whose output dtype is a float one (float16 on J6H/P) computes in that
+        float, whatever integer kernel the platform has for its integer dtypes."""
+        kernel = fixed_ops.kernel_name(inf.op_type, inf.category, self)
+        if rq is None or inf.category in (None, OpCategory.GEMM, OpCategory.PASS_THROUGH):
+            return kernel
+        out = self._out_dtype(name)
+        if out.is_int or kernel.startswith("float"):
+            return kernel
+        return f"{out.name.lower()} ({fixed_ops.FLOAT_OUTPUT})"
 
     def _out_dtype(self, name: str) -> DType:
         rq = self.qconfig_of(name)

@@ -72,6 +72,8 @@ _LITERT_RESIZE = {
 }
 
 NOT_MODELLED = "float (not modelled by quantlab)"
+# an op whose output dtype is a float one (float16 on J6H/P) computes in it (the ops table)
+FLOAT_OUTPUT = "its output dtype: computed in float"
 NOT_SUPPORTED = "float (not supported on this platform)"
 
 

@@ -88,3 +88,28 @@ def test_an_eval_dropout_after_the_output_gemm_keeps_its_high_precision_output()
     assert sims[0].ops.set_index("name").loc["2:linear#0", "output_dtype"] == "INT32"
     for mode in (Mode.FAKE, Mode.FIXED):
         assert torch.equal(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode))
+
+
+class _Float16Ops(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        y = self.c(x)
+        return (y * torch.sigmoid(y) + y).mean((2, 3))
+
+
+def test_ops_with_a_float16_output_are_named_float16_in_the_ops_table():
+    """On J6P the template's float16 ops compute in float16, whatever the integer kernel of an
+    int8 qconfig would be; an op given an int8 output keeps its integer kernel's name."""
+    int8_add = QConfigSpec(by_name={":add#0": OpQConfig(input_dtype="INT8", output_dtype="INT8")})
+    for spec, add_kernel in ((QConfigSpec(), "float16"), (int8_add, "integer")):
+        torch.manual_seed(0)
+        sim = Simulator(_Float16Ops().eval(), "j6p", spec)
+        sim.calibrate([(torch.randn(1, 3, 8, 8),)], progress=False)
+        kernels = sim.ops.set_index("name").fixed_kernel
+        assert kernels["c:conv2d#0"] == "integer"
+        for op in (":sigmoid#0", ":mul#0", ":mean#0"):
+            assert kernels[op] == "float16 (its output dtype: computed in float)"
+        assert kernels[":add#0"].startswith(add_kernel)
