@@ -141,7 +141,9 @@ def _task_findings(task: pd.DataFrame) -> list[str]:
         d = distinct_digits(fake, fixed) if fake is not None and fixed is not None else 4
         parts = "; ".join(f"{m.lower()} {est.format(d)}" for m, est in e.items())
         verdict = ""
-        if fake is not None and fixed is not None and fake.value != fixed.value:
+        if fake is not None and fixed is not None and not fake.has_interval:
+            verdict = " With one item there is no interval: the difference is not resolved."
+        elif fake is not None and fixed is not None and fake.value != fixed.value:
             sep = fake.separated_from(fixed)
             verdict = " The fake and fixed intervals " + (
                 "do not overlap: the difference is resolved."

@@ -88,16 +88,24 @@ def _task_finding(table: pd.DataFrame, task) -> str | None:
     for kind, g in rows.groupby("sensitive_type", sort=False):
         n = int(g["items"].iloc[0])
         unmoved = g["value"].max() if task.higher_is_better else g["value"].min()
+        if g["value"].nunique() == 1:  # no op moves it: none is the most sensitive
+            parts.append(f"{kind}: every op gives {task.name} {unmoved:.4g} (n={n})")
+            continue
         moved = 0
         for r in g.itertuples():
             est = Estimate(r.value, r.ci_low, r.ci_high, n)
-            if not (est.low <= unmoved <= est.high):
+            if est.has_interval and not (est.low <= unmoved <= est.high):
                 moved += 1
         worst = g.iloc[0]
+        verdict = (
+            f"for {moved} of {len(g)} ops the interval excludes the least affected op's value "
+            f"{unmoved:.4g}"
+            if n > 1
+            else "with one item there are no intervals"
+        )
         parts.append(
             f"{kind}: {task.name} of the most sensitive op {worst.op_name} is "
-            f"{Estimate(worst.value, worst.ci_low, worst.ci_high, n)}; for {moved} of {len(g)} "
-            f"ops the interval excludes the least affected op's value {unmoved:.4g}"
+            f"{Estimate(worst.value, worst.ci_low, worst.ci_high, n)}; {verdict}"
         )
     return "Task metric over the evaluation items: " + "; ".join(parts) + "."
 

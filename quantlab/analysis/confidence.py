@@ -33,8 +33,14 @@ class Estimate:
     n: int
     level: float = DEFAULT_LEVEL
 
+    @property
+    def has_interval(self) -> bool:
+        """Whether there is an interval (one item has nothing to resample: NaN bounds)."""
+        return not (math.isnan(self.low) or math.isnan(self.high))
+
     def separated_from(self, other: Estimate) -> bool:
-        """True when the two intervals do not overlap (the difference is resolved)."""
+        """True when the two intervals do not overlap (the difference is resolved); False
+        when either has no interval."""
         return self.high < other.low or other.high < self.low
 
     def as_columns(self, prefix: str) -> dict[str, float | int]:
@@ -50,8 +56,11 @@ class Estimate:
         return self.format()
 
     def format(self, digits: int = 4) -> str:
-        """``value (95% CI low to high, n=N)`` at ``digits`` significant digits."""
+        """``value (95% CI low to high, n=N)`` at ``digits`` significant digits; without an
+        interval ``value (n=1, no interval)``."""
         pct, d = round(100 * self.level), digits
+        if not self.has_interval:
+            return f"{self.value:.{d}g} (n={self.n}, no interval)"
         return f"{self.value:.{d}g} ({pct}% CI {self.low:.{d}g} to {self.high:.{d}g}, n={self.n})"
 
 

@@ -179,3 +179,52 @@ def test_distinct_digits_print_separated_intervals_as_separated():
     # overlapping intervals, or values 4 digits tell apart, keep 4 digits
     assert distinct_digits(Estimate(0.91, 0.8, 0.95, 9), Estimate(0.9, 0.85, 0.97, 9)) == 4
     assert distinct_digits(fake, fake) == 4
+
+
+def test_one_item_has_no_interval_and_separates_from_nothing():
+    """n=1 has nothing to resample: printed as having no interval (not "CI nan to nan"), and no
+    comparison calls a difference resolved from it."""
+    one = Estimate(0.5, math.nan, math.nan, 1)
+    other = Estimate(0.9, 0.85, 0.95, 40)
+    assert not one.has_interval and other.has_interval
+    assert str(one) == "0.5 (n=1, no interval)"
+    assert not one.separated_from(other) and not other.separated_from(one)
+
+
+def test_task_findings_make_no_claim_from_one_item():
+    import pandas as pd
+
+    from experiments.consistency import _task_findings
+    from experiments.sensitivity import _task_finding
+
+    task = pd.DataFrame(
+        {
+            "metric": ["kl"] * 2,
+            "compared": ["FAKE", "FIXED"],
+            "value": [0.1, 0.3],
+            "ci_low": [math.nan] * 2,
+            "ci_high": [math.nan] * 2,
+            "items": [1, 1],
+        }
+    )
+    (said,) = _task_findings(task)
+    assert "no interval" in said and "not resolved" in said and "nan" not in said
+
+    class Task:
+        name, higher_is_better = "top1", True
+
+    rows = pd.DataFrame(
+        {
+            "metric": ["TASK"] * 3,
+            "sensitive_type": ["activation"] * 3,
+            "op_name": ["a", "b", "c"],
+            "value": [1.0, 1.0, 1.0],
+            "ci_low": [math.nan] * 3,
+            "ci_high": [math.nan] * 3,
+            "items": [1] * 3,
+        }
+    )
+    assert "every op gives top1 1 (n=1)" in _task_finding(rows, Task)
+    rows["value"] = [0.0, 1.0, 1.0]
+    said = _task_finding(rows, Task)
+    assert "with one item there are no intervals" in said and "excludes" not in said
