@@ -311,11 +311,15 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     sim = Simulator(bundle.module, ctx.platform, spec)
     sim.calibrate(data.calib, ctx.progress)
-    batch = _merge(data.eval, exp.max_eval_items)
+    merged, fixed_batch = exp.max_eval_items, bundle.fixed_batch
+    per_batch = int(data.eval[0][0].shape[0]) if data.eval[0][0].dim() else 1
+    if fixed_batch is not None:  # the converted graph runs its own batch size only
+        merged = min(merged, max(1, fixed_batch // per_batch))
+    batch = _merge(data.eval, merged)
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
     outputs = _output_rows(outs, bundle, batch)
-    task = task_table(outs, bundle, _merge_labels(data.labels, exp.max_eval_items))
+    task = task_table(outs, bundle, _merge_labels(data.labels, merged))
     support = sim.ops[
         [
             "name",
@@ -407,7 +411,16 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         title=f"Fake vs fixed consistency: {bundle.name} on {ctx.platform.name}",
         findings=_findings(table, outputs, support, exp, ctx, bundle)
         + _task_findings(task)
-        + [w for w in [non_finite_words(sim.non_finite_points())] if w],
+        + [w for w in [non_finite_words(sim.non_finite_points())] if w]
+        + (
+            [
+                f"The ONNX graph fixes its batch at {fixed_batch}: fake, fixed and onnxruntime "
+                f"are compared on {merged * per_batch} evaluation item(s), not "
+                f"exp.max_eval_items={exp.max_eval_items} batches merged into one."
+            ]
+            if merged < exp.max_eval_items
+            else []
+        ),
         tables={
             "model_output": outputs,
             "export_gap_split": split[

@@ -37,6 +37,7 @@ class OnnxModel:
     input_shapes: tuple[tuple[int, ...], ...]
     metadata: dict[str, str]
     reference: Callable[..., object]
+    fixed_batch: int | None = None  # the graph's batch size, where its first input fixes one
 
 
 def _graph_inputs(model) -> list:
@@ -181,6 +182,14 @@ def _parameter_of(gm: nn.Module, arg) -> Tensor | None:
     return value if value.is_floating_point() else None
 
 
+def _fixed_batch(model) -> int | None:
+    """The first input's batch dimension where the graph fixes it (an exported Reshape then
+    holds it as a constant: the converted module runs that batch size only); else None."""
+    inputs = _graph_inputs(model)
+    dims = list(inputs[0].type.tensor_type.shape.dim) if inputs else []
+    return int(dims[0].dim_value) if dims and dims[0].dim_value > 0 else None
+
+
 def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxModel:
     """Convert the ONNX file ``path``; ``shapes`` (without the batch dimension) fix the inputs'
     dynamic dimensions. Errors name the file, the graph's shapes and what to set."""
@@ -232,7 +241,11 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     _matmuls_as_linear(module)
     metadata = {p.key: p.value for p in model.metadata_props}
     return OnnxModel(
-        module.eval(), tuple(tuple(s) for s in shapes), metadata, onnxruntime_runner(path, names)
+        module.eval(),
+        tuple(tuple(s) for s in shapes),
+        metadata,
+        onnxruntime_runner(path, names),
+        _fixed_batch(model),
     )
 
 

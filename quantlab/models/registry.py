@@ -58,6 +58,8 @@ class ModelBundle:
     input_shapes: tuple[tuple[int, ...], ...] | None = None
     reference: Callable[..., object] | None = field(default=None, repr=False)
     reference_name: str = ""
+    # the batch size the model runs (an ONNX graph that fixes it); None: any
+    fixed_batch: int | None = None
 
     def inputs(self) -> ModelInputs:
         """What a dataset needs to know to feed this model."""

@@ -104,13 +104,13 @@ def build_user_model(
             f"model {name} does not declare its input shape: set model.input_shape=[C,H,W] "
             "(one input, without the batch dimension) or give data whose shape it takes"
         )
-    reference, reference_name = None, ""
+    reference, reference_name, fixed_batch = None, "", None
     if cfg.name == "onnx":
         from quantlab.models.onnx_import import load_onnx
 
         converted = load_onnx(cfg.path, None if shapes is None else [list(s) for s in shapes])
         module, reference, reference_name = converted.module, converted.reference, "onnxruntime"
-        shapes = converted.input_shapes
+        shapes, fixed_batch = converted.input_shapes, converted.fixed_batch
     else:
         from quantlab.models.custom import build_custom, load_checkpoint
 
@@ -141,4 +141,5 @@ def build_user_model(
         input_shapes=shapes,
         reference=reference,
         reference_name=reference_name,
+        fixed_batch=fixed_batch,
     )

@@ -458,3 +458,48 @@ def test_onnx_matmuls_of_initializers_are_linear_layers_with_weights(tmp_path):
     assert gemms.weight_dtype.tolist() == ["INT8", "INT8", ""]
     assert "add" not in set(ops.op_type)  # the bias is the linear layer's
     assert gemms.name.iloc[0].startswith("q/MatMul:")
+
+
+def test_consistency_of_a_graph_that_fixes_its_batch_compares_that_many_items(tmp_path):
+    """A Reshape that holds the batch as a constant (torch's export with batch 1): the converted
+    module runs batch 1 only, so consistency compares one item and says so (merging the
+    evaluation items into one batch failed in the Reshape); a graph with a dynamic batch has
+    no fixed batch."""
+    pytest.importorskip("onnxruntime")
+    from experiments.consistency import ConsistencyExp, consistency
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.platforms import PlatformConfig
+
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x):  # (1, 6, 8): the reshapes bake the batch in
+            h = torch.tanh(self.a(x)).reshape(x.shape[0] * 6, 8)
+            return (h * 2.0).reshape(x.shape[0], 6, 8)
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 8)
+    fixed, dynamic = tmp_path / "fixed.onnx", tmp_path / "dynamic.onnx"
+    torch.onnx.export(Heads().eval(), (x,), str(fixed), opset_version=17, dynamo=False)
+    torch.onnx.export(
+        Heads().eval(), (x,), str(dynamic), opset_version=17, dynamo=False, input_names=["x"],
+        dynamic_axes={"x": {0: "n"}},
+    )  # fmt: skip
+    assert build_model(ModelConfig(name="onnx", path=str(fixed))).fixed_batch == 1
+    assert build_model(ModelConfig(name="onnx", path=str(dynamic))).fixed_batch is None
+    g = torch.Generator().manual_seed(1)
+    items = [(torch.randn(1, 6, 8, generator=g),) for _ in range(6)]
+    torch.save({"calib": items[:3], "eval": items[3:]}, tmp_path / "x.pt")
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="onnx", path=str(fixed)),
+        DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=3, num_eval=3),
+        0,
+        tmp_path,
+    )
+    res = consistency(ConsistencyExp(), ctx)
+    assert any("fixes its batch at 1" in f for f in res.findings)
+    assert (res.tables["task_metrics"]["items"] == 1).all()
