@@ -105,6 +105,37 @@ def _output_rows(outs: dict, bundle, batch: tuple) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _each_output_rows(outs: dict) -> pd.DataFrame:
+    """Per float output of the model (more than one: a tuple or dict), fake and fixed against
+    float and fixed against fake; empty for one output (``model_output`` is its figure)."""
+    from quantlab.analysis.metrics import all_metrics, named_float_leaves
+
+    leaves = {m: named_float_leaves(o) for m, o in outs.items()}
+    if len(leaves[Mode.FLOAT]) < 2:
+        return pd.DataFrame()
+    rows = []
+    for a, b in ((Mode.FLOAT, Mode.FAKE), (Mode.FLOAT, Mode.FIXED), (Mode.FAKE, Mode.FIXED)):
+        for (name, x), (_, y) in zip(leaves[a], leaves[b], strict=True):
+            row = {"output": name, "reference": a.name, "compared": b.name}
+            row.update(
+                all_metrics(x.detach().double().reshape(-1), y.detach().double().reshape(-1))
+            )
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _each_output_finding(each: pd.DataFrame, a: Mode, b: Mode) -> list[str]:
+    if each.empty:
+        return []
+    g = each[(each.reference == a.name) & (each.compared == b.name)]
+    parts = ", ".join(f"{r.output} {r.sqnr_db:.1f} dB" for r in g.itertuples())
+    return [
+        f"The model has {len(g)} float outputs; {b.name.lower()} vs {a.name.lower()} SQNR per "
+        f"output: {parts} (the figure at the model output pools them, weighted by size; "
+        "table output_each)."
+    ]
+
+
 def task_table(outs: dict, bundle, labels) -> pd.DataFrame:
     """Each task metric of the FAKE and the FIXED run against FLOAT, with its item count and 95%
     bootstrap interval (quantlab.analysis.confidence)."""
@@ -319,6 +350,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
     outputs = _output_rows(outs, bundle, batch)
+    each = _each_output_rows(outs)
     task = task_table(outs, bundle, _merge_labels(data.labels, merged))
     support = sim.ops[
         [
@@ -411,6 +443,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         title=f"Fake vs fixed consistency: {bundle.name} on {ctx.platform.name}",
         findings=_findings(table, outputs, support, exp, ctx, bundle)
         + _task_findings(task)
+        + _each_output_finding(each, exp.mode_a, exp.mode_b)
         + [w for w in [non_finite_words(sim.non_finite_points())] if w]
         + (
             [
@@ -423,6 +456,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         ),
         tables={
             "model_output": outputs,
+            **({"output_each": each} if not each.empty else {}),
             "export_gap_split": split[
                 ["gap", "reference", "compared", "sqnr_db", "mse", "max_abs"]
             ].assign(sqnr_db_plot=split["sqnr_db_plot"]),

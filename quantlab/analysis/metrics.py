@@ -30,6 +30,19 @@ def float_leaves(out) -> list[Tensor]:
     return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor) and t.is_floating_point()]
 
 
+def named_float_leaves(out) -> list[tuple[str, Tensor]]:
+    """``float_leaves`` with each one's place in the output (``[0]``, ``['logits']``, ...;
+    ``output`` for a lone tensor)."""
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    pairs = tree_flatten_with_path(out)[0]
+    return [
+        (keystr(path) or "output", t)
+        for path, t in pairs
+        if isinstance(t, Tensor) and t.is_floating_point()
+    ]
+
+
 def flat(out) -> Tensor:
     """All float tensors of ``out`` flattened and concatenated, float64."""
     leaves = float_leaves(out)

@@ -157,3 +157,28 @@ def test_an_output_with_no_integer_grid_has_no_lsb_figure():
     row = pd.Series({"err_lsb": float("nan"), "out_dtype": "FLOAT16"})
     assert _lsb_words(row, "LSB") == "a FLOAT16 output (no LSB)"
     assert _lsb_words(pd.Series({"err_lsb": 2.5, "out_dtype": "INT8"}), "LSB") == "2.5 LSB"
+
+
+def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
+    """A dict output with a precise and a coarse head: the pooled figure hides the coarse one,
+    the per-output rows and the finding name both; one output has no such table."""
+    import torch
+
+    from experiments.consistency import _each_output_finding, _each_output_rows
+    from quantlab.simulate import Mode
+
+    g = torch.Generator().manual_seed(0)
+    big, small = torch.randn(1000, generator=g), torch.randn(10, generator=g)
+    ids = torch.arange(3)  # an integer output: no rows
+    outs = {
+        Mode.FLOAT: {"logits": big, "score": small, "ids": ids},
+        Mode.FAKE: {"logits": big + 1e-3, "score": small + 0.3, "ids": ids},
+        Mode.FIXED: {"logits": big + 2e-3, "score": small + 0.5, "ids": ids},
+    }
+    each = _each_output_rows(outs)
+    assert set(each.output) == {"['logits']", "['score']"} and len(each) == 6
+    (said,) = _each_output_finding(each, Mode.FLOAT, Mode.FIXED)
+    fixed = each[(each.reference == "FLOAT") & (each.compared == "FIXED")].set_index("output")
+    score = fixed.sqnr_db["['score']"]
+    assert f"['score'] {score:.1f} dB" in said and score < fixed.sqnr_db["['logits']"]
+    assert _each_output_rows({m: big for m in outs}).empty
