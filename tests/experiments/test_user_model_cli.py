@@ -162,8 +162,8 @@ def test_onnx_model_on_real_pages_matches_onnxruntime(tmp_path):
 
 
 def test_the_reports_reproduce_line_survives_the_shell(runs):
-    """Each override comes back whole from the shell (``model.kwargs={width: 8}`` holds a
-    space); a plain one is written as it is."""
+    """Each override comes back whole from the shell (a sweep job's ``model.kwargs={width:8}``
+    holds braces, a run's ``{width: 8}`` a space too); a plain one is written as it is."""
     import shlex
 
     from quantlab.__main__ import reproduce_command
@@ -171,5 +171,7 @@ def test_the_reports_reproduce_line_survives_the_shell(runs):
     md = (runs["model_check"] / "report.md").read_text()
     (line,) = [x for x in md.splitlines() if x.startswith("python -m quantlab")]
     args = shlex.split(line)[3:]
-    assert "model.kwargs={width: 8}" in args and "+exp=model_check" in args
+    assert "model.kwargs={width:8}" in args and "+exp=model_check" in args
     assert reproduce_command(["+exp=a", "b.c=[1,2]"]) == "python -m quantlab +exp=a 'b.c=[1,2]'"
+    line = reproduce_command(["+exp=a", "model.kwargs={a: 1, b: 2}"])
+    assert shlex.split(line)[3:] == ["+exp=a", "model.kwargs={a: 1, b: 2}"]
