@@ -308,7 +308,9 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
     """How many captured op calls run in float, in three disjoint groups: ops quantlab does
     not model, modelled ops the platform does not support, and supported ops whose fixed
     kernel computes in float (``fixed_kernel`` starting "float", or a kernel that declined
-    the call in the fixed run: ``fixed_in_float``), each with its op types."""
+    the call in the fixed run: ``fixed_in_float``; not an op whose float16 output dtype its
+    qconfig chose), each with its op types; eval-mode identities (dropout), which the export
+    removes, are counted apart when there are any."""
     identity = (ops.category == "NONE") & ops.op_type.isin(EVAL_IDENTITY_TYPES)
     not_modelled = (ops.category == "NONE") & ~identity
     unsupported = ~not_modelled & ~identity & ~ops.supported
