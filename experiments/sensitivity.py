@@ -166,6 +166,8 @@ def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
     )
     table = run.table
     top = top_table(table, exp.sort_metric, exp.top_k)
+    if top[["ci_low", "ci_high"]].isna().all().all():  # intervals: the task metric's alone
+        top = top.drop(columns=["ci_low", "ci_high"])
     unit = UNITS.get(exp.sort_metric, getattr(bundle.task, "name", "task metric"))
     plot = Plot(
         name="sensitivity_top",

@@ -184,6 +184,8 @@ def test_sensitivity_experiment_tiny_and_cached(tmp_path):
         "activation": 2,
         "fixed": 2,
     }
+    # ranked by an output metric, which has no interval: the top table leaves those columns
+    assert not {"ci_low", "ci_high"} & set(first.tables["top_ops"].columns)
     assert "median over the" in first.findings[0]
     assert "model runs" in first.findings[-1]
     again = sensitivity_exp(cfg.exp, ctx)
