@@ -286,9 +286,16 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
             + "."
         )
     exact = int((iso.max_abs == 0).sum())
+    gridded = int(iso.err_lsb.notna().sum())  # ops whose output has an integer grid
+    lsb = (
+        f"{int((iso.err_lsb.round() > 1).sum())} differ by more than one output LSB"
+        + (f" (of the {gridded} whose output has an integer grid)" if gridded < len(iso) else "")
+        if gridded
+        else "no op's output has an integer grid (float16), so none is counted in LSBs"
+    )
     out.append(
         f"{exact} of {len(iso)} ops give bit-identical outputs in both modes when fed the same "
-        f"inputs; {int((iso.err_lsb.round() > 1).sum())} differ by more than one output LSB."
+        f"inputs; {lsb}."
     )
     if not acc.empty:
         out.append(_accumulated_finding(acc))
@@ -400,17 +407,20 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             ylabel=f"SQNR of {b} vs {a} (dB; identical drawn at {SQNR_PLOT_CAP:g})",
             title=f"{bundle.name} on {ctx.platform.name}: {b} vs {a} along depth",
         ),
-        Plot(
-            name="error_lsb_along_depth",
-            x="compute_depth",
-            y="err_lsb",
-            hue="view",
-            table="along_depth",
-            xlabel="computing op in execution order (ops; pass-through and fused ops left out)",
-            ylabel="max |error| (output LSB)",
-            title=f"{bundle.name}: largest per-op error in output LSBs",
-        ),
     ]
+    if along.err_lsb.notna().any():  # float16 outputs (J6H/P) have no LSB to draw
+        plots.append(
+            Plot(
+                name="error_lsb_along_depth",
+                x="compute_depth",
+                y="err_lsb",
+                hue="view",
+                table="along_depth",
+                xlabel="computing op in execution order (ops; pass-through and fused ops left out)",
+                ylabel="max |error| (output LSB)",
+                title=f"{bundle.name}: largest per-op error in output LSBs",
+            )
+        )
     split = outputs[outputs.gap != ""].copy()
     split["sqnr_db_plot"] = split["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
     plots.append(

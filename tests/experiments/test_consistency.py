@@ -182,3 +182,20 @@ def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
     score = fixed.sqnr_db["['score']"]
     assert f"['score'] {score:.1f} dB" in said and score < fixed.sqnr_db["['logits']"]
     assert _each_output_rows({m: big for m in outs}).empty
+
+
+def test_lsb_counts_and_plot_only_where_outputs_have_an_integer_grid(tmp_path):
+    """On J6P every op's output is float16 (no LSB): no LSB count, no empty LSB plot."""
+    from quantlab.simulate.profiles import platform_config
+
+    ctx = RunContext(
+        platform_config("j6p"),
+        ModelConfig(name="transformer_block", pretrained=False),
+        DataConfig(name="synthetic", num_calib=2, num_eval=2),
+        0,
+        tmp_path,
+    )
+    res = consistency(ConsistencyExp(max_eval_items=2), ctx)
+    (said,) = [f for f in res.findings if "ops give bit-identical outputs" in f]
+    assert "no op's output has an integer grid" in said
+    assert "error_lsb_along_depth" not in {p.name for p in res.plots}
