@@ -97,7 +97,7 @@ def _zero_fill(call) -> Callable[[Tensor, int], Tensor] | None:
     """For a zero-constant ``pad`` or a zero ``masked_fill`` of a bool mask, the same op on
     codes, filling with the zero point: ``fill(codes, zero_point)``; None for any other call."""
     if call.op_type == "pad" and _zero_constant_pad(call):
-        pad = call.args[1] if len(call.args) > 1 else call.kwargs["pad"]
+        pad = _pad_arguments(call)["pad"]
         return lambda codes, zp: F.pad(codes, pad, mode="constant", value=zp)
     if call.op_type == "masked_fill" and not call.kwargs and len(call.args) == 3:
         mask, value = call.args[1], call.args[2]
@@ -163,13 +163,16 @@ def snap_abs(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     return out.clamp_max_(largest.to(out.dtype))
 
 
+def _pad_arguments(call) -> dict:
+    """F.pad's arguments by name (``_PAD_NAMES``; mode "constant" where the call gives none)."""
+    vals = A.named(call.args, call.kwargs, _PAD_NAMES)
+    vals["mode"] = vals["mode"] or "constant"
+    return vals
+
+
 def constant_pad(call) -> bool:
     """Whether ``call`` is F.pad in mode "constant" (whose fill is no input value)."""
-    if call.op_type != "pad":
-        return False
-    vals = dict(zip(_PAD_NAMES, call.args))
-    vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
-    return vals.get("mode", "constant") == "constant"
+    return call.op_type == "pad" and _pad_arguments(call)["mode"] == "constant"
 
 
 def snap_pad(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
@@ -178,11 +181,10 @@ def snap_pad(call, out: Tensor, src: QInfo, rounding: Round) -> Tensor:
     masked_fill's (the output keeps the input's scale; the fill saturates); in place. The
     copying modes and a +0.0 fill (the code ``zero_point`` at any scale, per channel too) are
     on the grid already. Raises ValueError for another fill on a per-channel ``src``."""
-    if not constant_pad(call) or _zero_constant_pad(call):
+    vals = _pad_arguments(call)
+    if vals["mode"] != "constant" or vals["value"] is None or _positive_zero(vals["value"]):
         return out
     _one_scale(call, "pad", src, "the fill")
-    vals = dict(zip(_PAD_NAMES, call.args))
-    vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
     inside = torch.zeros(call.args[0].shape, dtype=torch.bool, device=out.device)
     filled = F.pad(inside, list(vals["pad"]), mode="constant", value=True)
     return out.masked_fill_(filled, _on_grid(vals["value"], src, rounding, out.dtype))
@@ -236,12 +238,9 @@ def _training(call) -> bool:
 
 
 def _zero_constant_pad(call) -> bool:
-    vals = dict(zip(_PAD_NAMES, call.args))
-    vals.update({k: v for k, v in call.kwargs.items() if k in _PAD_NAMES})
-    if vals.get("mode", "constant") != "constant":
-        return False
-    v = vals.get("value")
-    return v is None or _positive_zero(v)
+    vals = _pad_arguments(call)
+    v = vals["value"]
+    return vals["mode"] == "constant" and (v is None or _positive_zero(v))
 
 
 def _positive_zero(v) -> bool:
