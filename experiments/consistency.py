@@ -125,9 +125,9 @@ def _each_output_rows(outs: dict) -> pd.DataFrame:
 
 
 def _each_output_finding(each: pd.DataFrame, a: Mode, b: Mode) -> list[str]:
-    if each.empty:
+    g = each[(each.reference == a.name) & (each.compared == b.name)] if not each.empty else each
+    if g.empty:  # one output, or a pair of modes the rows leave out (hybrid)
         return []
-    g = each[(each.reference == a.name) & (each.compared == b.name)]
     parts = ", ".join(f"{r.output} {r.sqnr_db:.1f} dB" for r in g.itertuples())
     return [
         f"The model has {len(g)} float outputs; {b.name.lower()} vs {a.name.lower()} SQNR per "

@@ -182,6 +182,7 @@ def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
     score = fixed.sqnr_db["['score']"]
     assert f"['score'] {score:.1f} dB" in said and score < fixed.sqnr_db["['logits']"]
     assert _each_output_rows({m: big for m in outs}).empty
+    assert _each_output_finding(each, Mode.FAKE, Mode.HYBRID) == []  # no rows for that pair
 
 
 def test_lsb_counts_and_plot_only_where_outputs_have_an_integer_grid(tmp_path):
