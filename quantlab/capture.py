@@ -144,12 +144,99 @@ def _deactivate(tracker: ModuleTracker) -> None:
 Handler = Callable[[OpCall], Any]
 
 
+# calls that draw random numbers: their results change from run to run, no export folds them
+RANDOM = frozenset(
+    "rand rand_like randn randn_like randint randint_like randperm normal normal_ uniform_ "
+    "bernoulli bernoulli_ multinomial poisson exponential_ geometric_ cauchy_ log_normal_ "
+    "random_".split()
+)
+
+
+class ModelConstants:
+    """The tensors of one run whose values do not depend on the model's inputs: parameters and
+    views of them, the ``seeds`` (the model's buffers), what a call with no tensor argument
+    makes (``torch.arange``, ``torch.ones``), and what a call on such tensors alone makes.
+    A deployment export folds them into constants (rotary sin/cos tables from ``arange`` and
+    an ``inv_freq`` buffer, position embeddings gathered by a ``position_ids`` buffer, a
+    window mask built from ``zeros`` and slicing). A tensor a call writes while reading
+    anything else (``buf[:, :n] = x``) is one no longer, nor is the tensor it views.
+
+    Holds every tensor it names until the run ends, so no id is reused meanwhile.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self, seeds=()) -> None:
+        self._held: dict[int, torch.Tensor] = {id(t): t for t in seeds}
+
+    def _is(self, t: torch.Tensor) -> bool:
+        if id(t) in self._held or type(t) is _PARAMETER:
+            return True
+        base = t._base
+        return base is not None and (type(base) is _PARAMETER or id(base) in self._held)
+
+    def all_constant(self, func: Callable, args: tuple, kwargs: dict) -> bool:
+        """Whether ``func`` makes a constant: it draws no random numbers (``RANDOM``) and every
+        tensor among ``args`` and ``kwargs`` (and in their lists and tuples) is a constant;
+        True for a call with no tensor argument."""
+        if getattr(func, "__name__", "") in RANDOM:
+            return False
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if not self._is(a):
+                    return False
+            elif isinstance(a, (list, tuple)) and not self._all_in(a):
+                return False
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                if not self._is(a):
+                    return False
+            elif isinstance(a, (list, tuple)) and not self._all_in(a):
+                return False
+        return True
+
+    def _all_in(self, seq) -> bool:
+        return all(self._is(b) for b in seq if isinstance(b, torch.Tensor))
+
+    def add(self, out: Any) -> None:
+        """Name the tensors of a constant call's result (a tensor, or a list or tuple of
+        them) constants."""
+        if isinstance(out, torch.Tensor):
+            self._held[id(out)] = out
+        elif isinstance(out, (list, tuple)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    self._held[id(o)] = o
+
+    def written(self, func: Callable, args: tuple, kwargs: dict) -> None:
+        """A call that reads something else writes: its target, and the tensor the target
+        views, are constants no longer."""
+        target = kwargs.get("out")
+        if not isinstance(target, torch.Tensor):
+            if not (args and isinstance(args[0], torch.Tensor)):
+                return
+            if not (mutates(func) or kwargs.get("inplace")):
+                return
+            target = args[0]
+        self._held.pop(id(target), None)
+        if target._base is not None:
+            self._held.pop(id(target._base), None)
+
+
+def model_constants(model: nn.Module) -> ModelConstants:
+    """A run's ``ModelConstants``, seeded with ``model``'s buffers."""
+    return ModelConstants(model.buffers())
+
+
 class CaptureMode(TorchFunctionMode):
     """Name every op call and hand it to ``handler`` (which must return the op's result).
 
-    A call on parameters alone (every positional tensor a parameter or a view of one) that
-    writes nothing is no op: it makes a constant of the model, which a deployment folds (the
-    rows nn.MultiheadAttention splits from its packed in-projection weight).
+    A call on constants alone (``ModelConstants``: parameters, the model's buffers, what calls
+    with no tensor argument make and what is made from those) that writes nothing is no op:
+    it makes a constant of the model, which a deployment folds (the rows
+    nn.MultiheadAttention splits from its packed in-projection weight, a rotary sin/cos table,
+    a position embedding gathered by a buffer of positions). It runs as called; its result
+    is a constant too. Without ``constants`` only parameters and views of them are constants.
 
     Calls made by the handler itself are not captured (torch pops the mode while a handler runs).
     ``before``: told of every torch call first, ``before(func, args, kwargs, kind)`` with
@@ -165,12 +252,14 @@ class CaptureMode(TorchFunctionMode):
         handler: Handler,
         on_mutation: Callable[[torch.Tensor], None] | None = None,
         before: Callable[[Callable, tuple, dict, tuple | None], tuple | None] | None = None,
+        constants: ModelConstants | None = None,
     ) -> None:
         super().__init__()
         self.tracker = tracker
         self.handler = handler
         self.on_mutation = on_mutation
         self.before = before
+        self.constants = constants if constants is not None else ModelConstants()
         self.counts: dict[tuple[str, str], int] = defaultdict(int)
         self.decomposed = False  # whether a call ran as its parts (quantlab.decompositions)
 
@@ -188,7 +277,13 @@ class CaptureMode(TorchFunctionMode):
             swapped = self.before(func, args, kwargs, kind)
             if swapped is not None:
                 args, kwargs = swapped
-        if kind is None or not _has_float_tensor(args, kwargs) or _model_constant(func, args):
+        constants = self.constants
+        if constants.all_constant(func, args, kwargs):
+            result = func(*args, **kwargs)
+            constants.add(result)
+            return result
+        constants.written(func, args, kwargs)
+        if kind is None or not _has_float_tensor(args, kwargs):
             return func(*args, **kwargs)
         op_type, category = kind
         result = None
@@ -242,19 +337,6 @@ def is_float_output(out) -> bool:
     if isinstance(out, (list, tuple)):
         return any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in out)
     return False
-
-
-def _model_constant(func: Callable, args: tuple) -> bool:
-    """Whether the call makes a constant of the model (class docstring): every positional
-    tensor argument, and there is one, an ``nn.Parameter`` (not a subclass) or a view of one,
-    and nothing written."""
-    found = False
-    for a in args:  # an activation is usually the first argument: the loop ends there
-        if isinstance(a, torch.Tensor):
-            if type(a) is not _PARAMETER and not views_parameter(a):
-                return False
-            found = True
-    return found and not mutates(func)
 
 
 def views_parameter(t: torch.Tensor) -> bool:

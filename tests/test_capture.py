@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from bits import assert_bits_equal
 from torch import nn
 
-from quantlab.capture import CaptureMode, ModuleTracker, _tracked_call_impl
+from quantlab.capture import CaptureMode, ModuleTracker, _tracked_call_impl, model_constants
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.ops import inverse_sigmoid
 from quantlab.simulate import Mode, Simulator
@@ -50,7 +50,7 @@ def capture(model, *args, **kwargs):
         return call.result if call.result is not None else call.run()
 
     tracker = ModuleTracker(model)
-    with torch.no_grad(), tracker, CaptureMode(tracker, handler):
+    with torch.no_grad(), tracker, CaptureMode(tracker, handler, constants=model_constants(model)):
         out = model(*args, **kwargs)
     return calls, out
 
@@ -190,9 +190,10 @@ def test_module_paths_cover_own_hooks_and_are_popped_when_a_call_raises():
     net = Raises().eval()
     tracker = ModuleTracker(net)
     seen = []
+    x = torch.randn(2, 4)  # made outside the run: a tensor made inside it is a constant
     try:
         with torch.no_grad(), tracker, CaptureMode(tracker, lambda c: seen.append(c) or c.run()):
-            net(torch.randn(2, 4))
+            net(x)
     except RuntimeError as e:
         assert "planted" in str(e)
     else:
@@ -213,8 +214,9 @@ def test_nested_trackers_each_keep_their_model_paths():
         inner_paths.append(inner.current)
         return call.result if call.result is not None else call.run()
 
+    x = torch.randn(1, 3, 8, 8)
     with torch.no_grad(), outer, inner, CaptureMode(outer, handler) as mode:
-        outer_net(torch.randn(1, 3, 8, 8))
+        outer_net(x)
     names = [k for k in mode.counts]
     assert ("blocks.0.conv", "conv2d") in names and ("stem", "conv2d") in names
     # the inner tracker names blocks.0 as its root ("") and its children by its own paths;
@@ -291,3 +293,69 @@ def test_a_cast_that_keeps_the_dtype_passes_codes_through():
     linear, moved = trace.qinfo["a:linear#0"], trace.qinfo[":to#0"][0]
     assert moved.scale is linear.scale or torch.equal(moved.scale, linear.scale)
     assert_bits_equal(trace.outputs[":to#0"], trace.outputs["a:linear#0"])
+
+
+class _Rotary(nn.Module):
+    """Rotary embedding (Llama's form): sin / cos tables from ``arange`` and an ``inv_freq``
+    buffer, a position embedding gathered by a ``position_ids`` buffer, and a buffer an
+    activation writes into before it is read."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, d, 2).float() / d))
+        self.register_buffer("position_ids", torch.arange(16).unsqueeze(0))
+        self.register_buffer("state", torch.zeros(1, 16, d))
+        self.pos = nn.Embedding(16, d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        n = x.shape[1]
+        f = torch.arange(n).float()[:, None] * self.inv_freq[None]
+        emb = torch.cat([f, f], -1)
+        x1, x2 = x.chunk(2, -1)
+        y = x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+        y = y + self.pos(self.position_ids[:, :n])
+        written = self.state.clone()
+        written[:, :n] = self.proj(y)  # an activation written into a constant
+        return written.sigmoid()
+
+
+def test_calls_on_input_independent_tensors_are_model_constants_not_ops():
+    """The tables, the gathered position embedding and the arithmetic on them make constants
+    (a deployment export folds them); the ops that read the input are captured, and so is the
+    op reading a constant an activation wrote into."""
+    torch.manual_seed(0)
+    m = _Rotary().eval()
+    x = torch.randn(1, 5, 8)
+    calls, out = capture(m, x)
+    types = [c.op_type for c in calls]
+    assert not {"cos", "sin", "embedding", "arange"} & set(types)
+    # x * cos, -x2 (x2 * -1), (-x2 | x1) * sin
+    assert types.count("mul") == 3 and types[-1] == "sigmoid"
+    assert "linear" in types and "add" in types
+    with torch.no_grad():
+        assert_bits_equal(out, m(x))
+
+
+def test_model_check_records_no_pattern_on_constants():
+    """A mask built by item assignment on ``zeros`` (Swin's shifted-window mask) is a constant:
+    no setitem or masked_fill pattern; the same assignment of an activation is recorded."""
+    from quantlab.simulate.patterns import record_patterns
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+        def forward(self, x):
+            mask = torch.zeros(x.shape[1], x.shape[1])
+            mask[:2, 2:] = 1.0
+            mask = mask.masked_fill(mask != 0, -100.0)
+            y = self.a(x)
+            y[:, 0] = 0.0
+            return torch.softmax(y @ y.transpose(-2, -1) + mask, -1)
+
+    torch.manual_seed(0)
+    sim = Simulator(Masked().eval(), "j6m")
+    records = record_patterns(sim, (torch.randn(1, 4, 4),))
+    assert [r.pattern for r in records] == ["setitem"]

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from quantlab.capture import CaptureMode, ModuleTracker
+from quantlab.capture import CaptureMode, ModuleTracker, model_constants
 from quantlab.decompositions import DecomposingMode
 from quantlab.op_kinds import OpCategory
 from quantlab.platforms import PlatformConfig
@@ -411,6 +411,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
                 self._handle,
                 st.forget,
                 st.before_call if st.watches_calls() else None,
+                model_constants(self.model),
             )
             with torch.enable_grad() if st.grad else torch.no_grad(), self._tracker, capture:
                 out = self.model(*inputs)

@@ -13,6 +13,9 @@ capture does not keep (they return no float tensor, or they mutate one in place)
 - ``fmod``/``remainder`` (``%``), and ``where`` whose operands broadcast;
 - ``multi_add``: a ``sum`` over a ``stack`` of three or more tensors (a many-input Add).
 
+A call on the model's constants alone (``capture.ModelConstants``: a window mask built from
+``zeros`` and slicing) is none of these: the export folds it into a constant.
+
 Each record carries the op name the Simulator gives the same call (``<module>:<op>#<k>``) when it
 captures it, else a name built the same way, and ``position``: how many captured ops ran before
 it (its place in ``Simulator.ops``).
@@ -27,7 +30,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from quantlab.capture import ModuleTracker
+from quantlab.capture import ModelConstants, ModuleTracker, model_constants
 from quantlab.op_kinds import classify
 
 _NAMES = {
@@ -98,10 +101,11 @@ def _largest_index(pattern: str, args: tuple, kwargs: dict) -> int:
 class PatternMode(TorchFunctionMode):
     """Record the calls of ``_NAMES`` (module docstring); ``position()`` counts captured ops."""
 
-    def __init__(self, tracker: ModuleTracker, position) -> None:
+    def __init__(self, tracker: ModuleTracker, position, constants: ModelConstants) -> None:
         super().__init__()
         self.tracker = tracker
         self.position = position
+        self.constants = constants  # calls on constants alone are folded at export: no pattern
         self.records: list[PatternCall] = []
         self.counts: dict[tuple[str, str], int] = {}
         self._indices: dict[int, tuple[Tensor, PatternCall]] = {}
@@ -109,6 +113,11 @@ class PatternMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.constants.all_constant(func, args, kwargs):
+            out = func(*args, **kwargs)
+            self.constants.add(out)
+            return out
+        self.constants.written(func, args, kwargs)
         fname = getattr(func, "__name__", "")
         if fname in _CASTS and args and isinstance(args[0], Tensor):
             hit = self._indices.get(id(args[0]))
@@ -174,7 +183,7 @@ def record_patterns(sim, inputs: tuple) -> list[PatternCall]:
 
     model = sim.model
     tracker = ModuleTracker(model)
-    mode = PatternMode(tracker, lambda: sim.recorded_ops)
+    mode = PatternMode(tracker, lambda: sim.recorded_ops, model_constants(model))
     entered: list[bool] = []
 
     def push(_module, _inputs):

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor, nn
 
-from quantlab.capture import IN_PLACE_OPERATORS, CaptureMode, OpCall
+from quantlab.capture import IN_PLACE_OPERATORS, CaptureMode, ModelConstants, OpCall
 from quantlab.decompositions import decomposition
 from quantlab.simulate.model_inputs import mark_quantized_inputs
 from quantlab.simulate.modes import Mode
@@ -312,7 +312,8 @@ def named_run(
     it = iter(inputs)
     prev, sim._state = sim._state, st
     try:
-        with torch.no_grad(), CaptureMode(paths, handler, on_mutation):
+        constants = ModelConstants([*sim.model.buffers(), *gm.buffers()])
+        with torch.no_grad(), CaptureMode(paths, handler, on_mutation, constants=constants):
             for node in gm.graph.nodes:
                 current[0] = node
                 paths.stack = ["", node.meta.get("ql_path", "")]
