@@ -169,6 +169,10 @@ class ModelConstants:
     def __init__(self, seeds=()) -> None:
         self._held: dict[int, torch.Tensor] = {id(t): t for t in seeds}
 
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is a constant of this run."""
+        return self._is(t)
+
     def _is(self, t: torch.Tensor) -> bool:
         if id(t) in self._held or type(t) is _PARAMETER:
             return True
@@ -223,6 +227,15 @@ class ModelConstants:
             self._held.pop(id(target._base), None)
 
 
+_RUN_CONSTANTS: list[ModelConstants] = []  # the constants of the captures in progress
+
+
+def is_run_constant(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a constant of the innermost capture in progress (``ModelConstants``):
+    a GEMM takes such a tensor as its weight, as a parameter."""
+    return bool(_RUN_CONSTANTS) and _RUN_CONSTANTS[-1].holds(t)
+
+
 def model_constants(model: nn.Module) -> ModelConstants:
     """A run's ``ModelConstants``, seeded with ``model``'s buffers."""
     return ModelConstants(model.buffers())
@@ -262,6 +275,14 @@ class CaptureMode(TorchFunctionMode):
         self.constants = constants if constants is not None else ModelConstants()
         self.counts: dict[tuple[str, str], int] = defaultdict(int)
         self.decomposed = False  # whether a call ran as its parts (quantlab.decompositions)
+
+    def __enter__(self):
+        _RUN_CONSTANTS.append(self.constants)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _RUN_CONSTANTS.pop()
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from quantlab.capture import OpCall, views_parameter
+from quantlab.capture import OpCall, is_run_constant, views_parameter
 from quantlab.op_kinds import OpCategory, has_values
 
 Slot = tuple  # ("a", i) positional, ("a", i, j) element j of a list argument, ("k", name)
@@ -55,9 +55,12 @@ def named(call_args: tuple, kwargs: dict, names: tuple) -> dict:
 
 
 def is_weight(v) -> bool:
-    """A parameter, or a view of one (the rows nn.MultiheadAttention's in-projection splits
-    from its packed weight)."""
-    return isinstance(v, nn.Parameter) or (isinstance(v, Tensor) and views_parameter(v))
+    """A parameter, a view of one (the rows nn.MultiheadAttention's in-projection splits from
+    its packed weight), or a constant of the run (``capture.ModelConstants``: a weight computed
+    from parameters alone, as weight normalization does)."""
+    return isinstance(v, nn.Parameter) or (
+        isinstance(v, Tensor) and (views_parameter(v) or is_run_constant(v))
+    )
 
 
 def plan(call: OpCall) -> ArgPlan:

@@ -15,8 +15,7 @@ from quantlab.numerics import reference
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.norm import NormLayout
 from quantlab.numerics.norm_calibrate import norm_fake
-from quantlab.numerics.quantize import compute_scale, fake_cast
-from quantlab.numerics.reference.requant import quantize as ref_quantize
+from quantlab.numerics.quantize import fake_cast
 from quantlab.qconfig import EmbeddingIndex, OpQConfig, QConfigSpec
 from quantlab.simulate import Simulator
 from quantlab.simulate.fixed_norm import norm_scales
@@ -95,20 +94,17 @@ def test_layer_norm_fake_is_the_composite_qat_form(digits_j6m):
         assert_bits_equal(tr.outputs[name], _composite_fake(sim, tr, name))
 
 
-def test_position_embedding_is_the_gather_of_the_table_codes(digits_j6m):
+def test_position_embedding_gathered_by_a_buffer_is_a_constant_operand(digits_j6m):
+    """``self.pos(self.positions)`` gathers by a buffer of the model: a constant, which the
+    export folds, so no embedding op; the add takes the table as its second operand, quantized
+    at the add's input point (as any constant tensor operand), by its integer kernel."""
     sim, x = digits_j6m
-    tr = sim.trace(x, mode="fixed")
-    (name,) = [n for n in tr.order if sim._info[n].op_type == "embedding"]
-    table = sim.model.pos.weight.detach()
-    s = compute_scale(table.abs().max(), DType.INT8)
-    codes = ref_quantize(table.numpy(), s.numpy(), DType.INT8)
-    ids = torch.arange(table.shape[0])
-    want = reference.embedding_fixed(ids, codes, 1.0, sim.platform.embedding_contract())
-    out = tr.qinfo[name]
-    assert float(out.scale) == float(s)
-    assert_bits_equal(out.codes.to(torch.int64), torch.from_numpy(want).expand(*out.codes.shape))
-    fake = sim.trace(x, mode="fake")
-    assert torch.equal(fake.outputs[name], tr.outputs[name])  # FAKE gathers the same values
+    sim.run(x, mode="fixed")
+    ops = sim.ops
+    assert "embedding" not in set(ops.op_type)
+    (add,) = [r for r in ops.itertuples() if r.op_type == "add" and r.producers[1] is None]
+    assert add.input_dtype == "INT8,INT8" and add.fixed_kernel.startswith("integer")
+    assert not add.fixed_in_float
 
 
 class _ConvNorms(nn.Module):

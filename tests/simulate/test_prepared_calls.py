@@ -175,8 +175,8 @@ def test_fake_ops_and_platform_changes_give_fresh_bits():
 
 class WeightForms(nn.Module):
     """The same op name with another argument layout in another run: ``F.linear`` with its
-    weight a Parameter (a per-channel weight) or a plain tensor, a copy (a second activation; a
-    view of the parameter would be a weight)."""
+    weight a Parameter (a per-channel weight) or a tensor made with the input (a second
+    activation; a copy of the parameter alone would be a constant of the model, a weight)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -185,7 +185,7 @@ class WeightForms(nn.Module):
         self.w = nn.Parameter(torch.randn(4, 4, generator=g) * torch.tensor([1.0, 0.1, 3.0, 0.01]))
 
     def forward(self, x):
-        return F.linear(x, self.w if self.as_parameter else self.w.detach().clone())
+        return F.linear(x, self.w if self.as_parameter else self.w.detach() + x.new_zeros(()))
 
 
 _INT16_OUT = QConfigSpec(by_type={"linear": OpQConfig(output_dtype=DType.INT16)})
