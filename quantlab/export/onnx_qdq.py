@@ -37,6 +37,7 @@ from quantlab.export.graph import (
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp, record_run
 from quantlab.op_kinds import OpCategory
 from quantlab.report.io import atomic_write_bytes
+from quantlab.simulate import args as sim_args
 
 Emitter = Callable[[ExportContext, RecordedOp], None]
 
@@ -194,16 +195,26 @@ class QDQExport:
 
 def _output_scale(v: Value, op: RecordedOp | None, by_name: dict):
     """The scale of one model output's LSB, shaped to broadcast against it: its quantization's,
-    or a GEMM's wide output's (``emit_gemm.wide_output_scale``); None for a float output of any
-    other op."""
+    or a GEMM's wide output's (``emit_gemm.wide_output_scale``), also moved by layout ops when
+    it is one value; None for a float output of any other op, and for a per-channel one moved
+    by layout ops (its channels no longer lie along one axis)."""
     if v.quant is not None:
         return v.quant.scale
-    if op is not None and op.fused_into:  # a clamp fused into a GEMM: the GEMM's output
-        op = by_name.get(op.fused_into)
+    moved = False  # through layout ops that move a wide output as it is
+    while op is not None:
+        if op.fused_into:  # a clamp fused into a GEMM: the GEMM's output
+            op = by_name.get(op.fused_into)
+        elif op.category is OpCategory.PASS_THROUGH and op.acts and op.in_quant[0] is None:
+            ref = sim_args.get(op.args, op.kwargs, op.acts[0])
+            op, moved = by_name.get(getattr(ref, "name", None)), True
+        else:
+            break
     if op is None or op.category is not OpCategory.GEMM:
         return None
     s = G.wide_output_scale(op)
-    return None if s is None else s.numpy().astype(np.float32)
+    if s is None or (moved and s.dim() > 0):  # one LSB per channel, laid out otherwise now
+        return None
+    return s.numpy().astype(np.float32)
 
 
 def _unsupported(op: RecordedOp) -> UnsupportedOpError:

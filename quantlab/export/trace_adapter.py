@@ -417,6 +417,9 @@ def _complete(sim, op: RecordedOp, trace, ops_table) -> None:
     op.qconfig = rq
     if op.fused_into:  # computed by its GEMM: the inputs are the GEMM's output as it is
         return
+    if sim.moves_wide_output(op.name):  # a GEMM's wide model output, moved as it is
+        op.in_quant = [None] * len(op.acts)
+        return
     applied = []
     for i, inc in enumerate(op.in_quant):
         if not op.in_float[i]:

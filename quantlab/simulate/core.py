@@ -124,6 +124,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._state: RunState | None = None
         self._chain: dict[str, list[str]] = {}  # GEMM -> fused batch_norm / clamp ops after it
         self._fused_into: dict[str, str] = {}  # fused op -> its GEMM
+        self._wide_moves: set[str] = set()  # layout ops moving a wide output (discovery)
         self._fold_cache: dict[str, tuple] = {}
         self._plans: dict[str, tuple] = {}  # op -> (argument layout, its ArgPlan)
         # (op, mode) -> its OpRoute in the latest configuration it ran in, in that mode

@@ -26,6 +26,11 @@ from quantlab.simulate import args as A
 from quantlab.simulate import calls, fixed_ops
 from quantlab.simulate.fusion import find_fusions
 from quantlab.simulate.run_state import RunState
+from quantlab.simulate.same_grid import LAYOUT_OPS
+
+# layout ops that move a GEMM's wide model output on as it is (a constant pad's fill would
+# need the grid the wide output does not have)
+WIDE_MOVERS = LAYOUT_OPS - {"pad"}
 
 
 @dataclass(slots=True)
@@ -81,7 +86,7 @@ class OpDiscovery:
                     "fixed_in_float": name in self._fixed_in_float,
                     "input_dtype": calls.dt_names(inf.input_dtypes),
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
-                    "output_dtype": self._out_dtype(name).name if rq else "FLOAT32",
+                    "output_dtype": self._table_out_dtype(name, inf, rq),
                     "has_weight": inf.has_weight,
                     "weight_split": rq.weight_split if rq else 0,
                     "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
@@ -115,6 +120,7 @@ class OpDiscovery:
                     feeds.add(self._fused_into.get(p, p))
                     break
                 p = inf.producers[0] if inf.producers else None
+        self._wide_moves |= _output_only_layout_ops(st, out)
         chain = set()
         for name in st.order:
             inf = st.infos[name]
@@ -167,7 +173,7 @@ class OpDiscovery:
             self._check_float_inputs(name, inf, out_dt)
             self._check_high_precision(name, inf, rq)
             if inf.category is OpCategory.PASS_THROUGH and ins:
-                out_dt[name] = ins[0]
+                out_dt[name] = self._moved_dtype(name, inf, ins[0])
             else:
                 out_dt[name] = self._out_dtype(name)
             if inf.category is OpCategory.GEMM:
@@ -196,6 +202,52 @@ class OpDiscovery:
         if out.is_int or kernel.startswith("float"):
             return kernel
         return f"{out.name.lower()} ({fixed_ops.FLOAT_OUTPUT})"
+
+    def _table_out_dtype(self, name: str, inf, rq) -> str:
+        """The ops table's output dtype: a pass-through op's is its input's (it moves codes)."""
+        if rq is None:
+            return "FLOAT32"
+        kept = inf.input_dtypes[0] if inf.input_dtypes else None
+        if inf.category is OpCategory.PASS_THROUGH and kept is not None:
+            return self._moved_dtype(name, inf, kept).name
+        return self._out_dtype(name).name
+
+    def _moved_dtype(self, name: str, inf, kept: DType) -> DType:
+        """A pass-through op's output dtype: ``kept``, its input's (it moves codes), except
+        for a GEMM's wide output that it does not pass on (``passes_wide_output``), which it
+        quantizes at its own point."""
+        producer = inf.producers[0] if inf.producers else None
+        if self._wide_gemm_output(producer) and not self.passes_wide_output(name, producer):
+            return self._out_dtype(name)
+        return kept
+
+    def moves_wide_output(self, name: str) -> bool:
+        """Whether op ``name`` moves a GEMM's high-precision output (int32 on J6E/M/B, float32
+        on J6H/P: the accumulator, not requantized) to a model output as it is: a layout op
+        (``WIDE_MOVERS``) between such a GEMM and model outputs that feeds nothing else
+        (``_output_only_layout_ops``). A layout op whose output another op also reads
+        quantizes its input, as every op does (with its own output dtype)."""
+        inf = self._info.get(name)
+        return (
+            inf is not None
+            and bool(inf.producers)
+            and (self.passes_wide_output(name, inf.producers[0]))
+        )
+
+    def passes_wide_output(self, name: str, producer: str | None) -> bool:
+        """``moves_wide_output`` with the producer of the op's input given."""
+        return name in self._wide_moves and self._wide_gemm_output(producer)
+
+    def _wide_gemm_output(self, name: str | None) -> bool:
+        """Whether op ``name``'s output is a high-precision GEMM output, directly or through
+        layout ops (``WIDE_MOVERS``)."""
+        inf = self._info.get(name) if name is not None else None
+        while inf is not None and inf.op_type in WIDE_MOVERS and inf.producers:
+            name = inf.producers[0]
+            inf = self._info.get(name) if name is not None else None
+        if inf is None or inf.category is not OpCategory.GEMM:
+            return False
+        return bool(self.qconfig_of(self._fused_into.get(name, name)).high_precision_output)
 
     def _out_dtype(self, name: str) -> DType:
         rq = self.qconfig_of(name)
@@ -310,3 +362,28 @@ class OpDiscovery:
         st.infos[name] = inf
         st.order.append(name)
         return inf
+
+
+def _output_only_layout_ops(st: RunState, out: Any) -> set[str]:
+    """The layout ops (``WIDE_MOVERS``) of a run whose output reaches model outputs only: it
+    is a model output, or read by such layout ops alone, and read by nothing else."""
+    outputs = {
+        st.producers.get(leaf)
+        for leaf in tree_flatten(out)[0]
+        if isinstance(leaf, Tensor) and leaf.is_floating_point()
+    }
+    readers: dict[str, list[str]] = {}
+    for name in st.order:
+        for p in st.infos[name].producers:
+            if p is not None:
+                readers.setdefault(p, []).append(name)
+    only: set[str] = set()
+    for name in reversed(st.order):  # readers come after the op they read
+        read_by = readers.get(name, [])
+        if (
+            st.infos[name].op_type in WIDE_MOVERS
+            and (name in outputs or read_by)
+            and all(r in only for r in read_by)
+        ):
+            only.add(name)
+    return only

@@ -58,6 +58,22 @@ class _WideOutputs(nn.Module):
         return y, F.hardtanh(self.clamped(x), -0.2, 0.3), torch.tanh(y) @ y.transpose(-1, -2)
 
 
+class _WideThroughLayout(nn.Module):
+    """A 1x1-conv head leaving through flatten and reshape (its int32 accumulator moves as it
+    is), a view of the same output that a tanh reads (quantized there), and a linear whose
+    output leaves through a transpose."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Conv2d(3, 8, 1)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x):
+        y = self.head(F.adaptive_avg_pool2d(x, 2))
+        z = self.fc(x.mean(1))
+        return y.flatten(1).reshape(-1, 4, 8), torch.tanh(y.flatten(2)), z.transpose(1, 2)
+
+
 class _Elementwise(nn.Module):
     """sub of two tensors, of the input and itself (an all-zero output: its scale is the
     smallest the observer gives), and add / sub / mul / div with scalar constants."""
@@ -101,6 +117,28 @@ def test_wide_gemm_outputs_run_as_integer_kernels_in_onnxruntime(tmp_path, encod
         fixed = sim.run(x, mode=Mode.FIXED)
         assert _same(ys, fixed)
         assert fixed[1].min() >= np.float32(-0.2) and fixed[1].max() <= np.float32(0.3)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_wide_gemm_outputs_pass_layout_ops_to_the_model_output(tmp_path, encoding):
+    """A layout op between a GEMM and a model output moves the wide output as it is, in fixed
+    mode and in onnxruntime (no QuantizeLinear on the way); the same output read by another
+    op is quantized for it."""
+    sim, xs = _calibrated(_WideThroughLayout())
+    ops = sim.ops.set_index("name")
+    assert (
+        ops.loc[[":flatten#0", ":reshape#0", ":transpose#0"], "output_dtype"].tolist()
+        == ["INT32"] * 3
+    )
+    assert ops.loc[":flatten#1", "output_dtype"] == "INT8"  # feeds the tanh only
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert {"ConvInteger", "MatMulInteger"} <= kinds
+    for x, ys in zip(xs, outs, strict=True):
+        fixed = sim.run(x, mode=Mode.FIXED)
+        assert _same(ys, fixed)
+    if encoding is ActivationEncoding.UNSIGNED_OFFSET:  # every op's tensor, probed
+        f = measure(sim, (xs[1],), tmp_path, "probed", encoding)
+        assert f.summary["outputs_differing"] == 0 and f.summary["first_diverging_op"] == ""
 
 
 def test_signed_exports_are_modelled_only_where_products_sum_exactly(tmp_path):

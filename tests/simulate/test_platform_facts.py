@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
@@ -41,6 +42,49 @@ def test_high_precision_output_only_on_a_gemm_feeding_a_model_output():
     not_gemm = QConfigSpec(by_name={":sigmoid#0": OpQConfig(output_dtype="INT32")})
     with pytest.raises(ValueError, match=r":sigmoid#0 \(sigmoid\): output_dtype=INT32.*not a GEMM"):
         _run("j6m", not_gemm)
+
+
+class _HeadThenFlatten(nn.Module):
+    """A 1x1-conv classifier leaving through flatten and a reshape (a "conv as fc" head)."""
+
+    def __init__(self, flatten: bool) -> None:
+        super().__init__()
+        self.flatten = flatten
+        self.a = nn.Conv2d(3, 8, 3)
+        self.head = nn.Conv2d(8, 64, 1)
+
+    def forward(self, x):
+        y = self.head(F.adaptive_avg_pool2d(torch.relu(self.a(x)), 1))
+        return y.flatten(1).reshape(-1, 8, 8) if self.flatten else y
+
+
+@pytest.mark.parametrize(("platform", "wide"), [("j6m", "INT32"), ("j6p", "FLOAT32")])
+def test_a_high_precision_output_passes_layout_ops_unquantized(monkeypatch, platform, wide):
+    """The head's int32 (J6E/M/B) or float32 (J6H/P) output reaches the model output through
+    flatten and reshape as it is: same bits as without them, in every mode and as a program."""
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(2, 3, 10, 10, generator=g) * s for s in (0.5, 1.0, 3.0, 1.0)]
+    sims = []
+    for flatten in (False, True):
+        torch.manual_seed(1)
+        sim = Simulator(_HeadThenFlatten(flatten).eval(), platform)
+        sim.calibrate([(x,) for x in xs[:3]], progress=False)
+        sims.append(sim)
+    plain, flat = sims
+    for mode in (Mode.FAKE, Mode.FIXED):
+        for x in xs:  # the first run of each mode builds the program, the rest run it
+            ref = plain.run(x, mode=mode).reshape(-1, 8, 8)
+            assert torch.equal(flat.run(x, mode=mode), ref)
+    ops = flat.ops.set_index("op_type")
+    assert ops.loc["conv2d", "output_dtype"].tolist() == [
+        "INT8" if wide == "INT32" else "FLOAT16",
+        wide,
+    ]
+    assert ops.loc["flatten", "input_dtype"] == wide
+    assert ops.loc[["flatten", "reshape"], "output_dtype"].tolist() == [wide, wide]
 
 
 def test_float32_input_to_a_fixed_point_op_is_an_error_on_j6m_only():
