@@ -1,7 +1,9 @@
 """Float32 inputs for the MLAS kernel tests: random values over and beyond each kernel's range,
-small and subnormal values, and the float32 neighbours of each kernel's edges; and whether this
-CPU has AVX-512F, on which onnxruntime runs MLAS's AVX-512F GELU kernel (others compute GELU
-another way)."""
+small and subnormal values, and the float32 neighbours of each kernel's edges; and whether
+onnxruntime's GELU on this CPU is the one ``mlas_gelu`` emulates: the AVX-512F kernel, and on
+CPUs with AVX2 / FMA3 but no AVX-512F, erf's FMA3 kernel inside the generic GELU, which gives
+the same bits (onnxruntime 1.32, measured on an AMD EPYC); other CPUs compute GELU another
+way."""
 
 from __future__ import annotations
 
@@ -11,19 +13,20 @@ import numpy as np
 import torch
 
 from quantlab.numerics.eigen_float32 import eigen_cos, eigen_log, eigen_sin
-from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
+from quantlab.numerics.mlas_float32 import mlas_erf, mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 
 F32 = np.float32
 
 
-def _has_avx512f() -> bool:
+def _gelu_kernel_emulated() -> bool:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        return " avx512f" in cpuinfo.read_text()
-    return torch.backends.cpu.get_cpu_capability() == "AVX512"
+        flags = set(cpuinfo.read_text().split())
+        return "avx512f" in flags or {"avx2", "fma"} <= flags
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
-HAS_AVX512F = _has_avx512f()
+GELU_EMULATED = _gelu_kernel_emulated()
 
 
 def _around(values, n: int = 3) -> list[float]:
@@ -53,6 +56,8 @@ CASES = {
     "tanh": (mlas_tanh, (-12.0, 12.0), (9.0, -9.0, 8.0, 0.5, 1.0, 4.0)),
     "logistic": (mlas_logistic, (-22.0, 22.0), (18.0, -18.0, 16.6, -16.6, 1.0, 9.0)),
     "exp": (mlas_exp, (-110.0, 92.0), (-103.97208, -87.34, 88.72284, 0.0, 1.0, -1.0, 0.6931472)),
+    # erf's split and cap, large inputs
+    "erf": (mlas_erf, (-6.0, 6.0), (0.921875, -0.921875, 3.925, -3.925, 0.0, 40.0)),
     # erf's split (0.921875 sqrt 2) and cap (3.925 sqrt 2); large inputs (exp floored)
     "gelu": (mlas_gelu, (-9.0, 9.0), (1.3037252, -1.3037252, 5.5507994, -5.5507994, 0.0, 40.0)),
     # Eigen's: the sqrt(1/2) split of the mantissa, powers of two, the smallest values

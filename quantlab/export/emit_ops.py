@@ -106,6 +106,7 @@ _UNARY = {
     "sigmoid": "Sigmoid",
     "tanh": "Tanh",
     "exp": "Exp",
+    "erf": "Erf",
     "log": "Log",
     "sqrt": "Sqrt",
     "reciprocal": "Reciprocal",

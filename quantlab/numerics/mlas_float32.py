@@ -1,11 +1,13 @@
-"""ONNX Runtime's float32 tanh, logistic (sigmoid), exp and GELU as its MLAS kernels compute
-them on x86 CPUs with AVX2 / FMA3 (exp and GELU: the AVX-512F kernels, which onnxruntime picks
-on CPUs that have it), element by element. These are what a QDQ graph's DequantizeLinear ->
-Tanh / Sigmoid / Exp / Gelu -> QuantizeLinear evaluates (the Sigmoid group is fused into
-QLinearSigmoid, whose 256-entry table the same logistic kernel fills). On a CPU without
-AVX-512F onnxruntime computes GELU from its erf kernel (not emulated), and exp with the FMA3
-kernel, whose steps give the same bits but for results below 2**-126 (it scales by 2**m in two
-roundings there; read from its source, not measured on such a CPU).
+"""ONNX Runtime's float32 tanh, logistic (sigmoid), exp, erf and GELU as its MLAS kernels
+compute them on x86 CPUs with AVX2 / FMA3 (exp and GELU: the AVX-512F kernels, which
+onnxruntime picks on CPUs that have it), element by element. These are what a QDQ graph's
+DequantizeLinear -> Tanh / Sigmoid / Exp / Erf / Gelu -> QuantizeLinear evaluates (the Sigmoid
+group is fused into QLinearSigmoid, whose 256-entry table the same logistic kernel fills). On a
+CPU with AVX2 / FMA3 and without AVX-512F onnxruntime 1.32 computes GELU as x / sqrt 2, its erf
+kernel, 0.5 x (e + 1), which gives the AVX-512F kernel's bits (its erf takes the same steps and
+constants; measured on an AMD EPYC without AVX-512), and exp with the FMA3 kernel, whose steps
+give the same bits but for results below 2**-126 (it scales by 2**m in two roundings there;
+read from its source, not measured on such a CPU).
 
 Contract: float32 in, float32 out; every step one IEEE float32 operation (round to nearest
 even) or one fused multiply-add (``fma.fma_float32``), in the kernels' order; the constants are
@@ -20,11 +22,12 @@ of inputs (tests/runtime/test_ort_mlas_float32.py); the Fraction twin is
 * exp: x = max(x, -103.972084); m = fl32(fma(x, log2(e), 1.5 * 2**23) - 1.5 * 2**23) (x / ln 2
   rounded to an integer); r = fma(m, -ln2_hi, x), r = fma(m, -ln2_lo, r); p = fma chain of
   p0 .. p4 and two of 1.0 in r; the result p * 2**m rounded once (vscalefps).
+* erf: a = min(|x|, 3.925); below 0.921875 an odd polynomial in a, a + a * P(a^2) (fma
+  chain); above, 1 - exp(-Q(a)) with Q an fma chain in a and exp by the same steps as exp
+  above with the erf kernel's own constants (input floored at -88.376); the sign of x restored.
+  (Older onnxruntime releases capped |x| at 3.725.)
 * GELU (exact, erf form): 0.5 x (1 + erf(x / sqrt 2)) as fl32(fl32(0.5 x) * fl32(e + 1)) with
-  e = erf(fl32(x * 0.70710678)): a = min(|x|, 3.925); below 0.921875 an odd polynomial in
-  a, a + a * P(a^2) (fma chain); above, 1 - exp(-Q(a)) with Q an fma chain in a and exp by the
-  same steps as exp above with GELU's own constants (input floored at -88.376); the sign of x
-  restored.
+  e = erf(fl32(x * 0.70710678)), erf as above.
 """
 
 from __future__ import annotations
@@ -120,7 +123,8 @@ def _as_float32(x: Tensor) -> Tensor:
     return x
 
 
-# the AVX-512F GELU kernel's constants (gelu_avx512f.cpp), each the float32 nearest its decimal
+# the AVX-512F GELU kernel's constants (gelu_avx512f.cpp), each the float32 nearest its decimal;
+# its erf's are MlasErfConstants' (erf.cpp) of onnxruntime 1.32
 GELU_INV_SQRT2, GELU_HALF, GELU_ERF_CAP, GELU_ERF_SPLIT = _f32(  # 1/sqrt 2, 0.5, 3.925, 0.921875
     "0x1.6a09e6p-1", "0x1p-1", "0x1.f66666p+1", "0x1.d8p-1"
 )
@@ -159,3 +163,8 @@ def mlas_gelu(x: Tensor) -> Tensor:
     x = _as_float32(x)
     e = _gelu_erf(x * GELU_INV_SQRT2)
     return (GELU_HALF * x) * (e + ONE)
+
+
+def mlas_erf(x: Tensor) -> Tensor:
+    """erf as onnxruntime's ``MlasComputeErf`` computes it (float32; module doc)."""
+    return _gelu_erf(_as_float32(x))

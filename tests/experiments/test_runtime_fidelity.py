@@ -3,7 +3,7 @@ import pytest
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("onnxruntime")
 
-from mlas_inputs import HAS_AVX512F  # noqa: E402
+from mlas_inputs import GELU_EMULATED  # noqa: E402
 
 from experiments.runtime_fidelity import (  # noqa: E402
     Runtime,
@@ -28,19 +28,19 @@ def result(tmp_path_factory):
 
 def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     """Every family under its runtime's profile gives 0 differing outputs (onnxruntime's Gelu
-    only on a CPU with AVX-512F, whose kernel the profile emulates; XNNPACK takes the
-    TRANSPOSE_CONV cases of seeds 0..3; RESIZE_BILINEAR int8 under XNNPACK, int16 under LiteRT's
+    only on a CPU whose GELU the profile emulates, ``mlas_inputs.GELU_EMULATED``; XNNPACK takes
+    the TRANSPOSE_CONV cases of seeds 0..3; RESIZE_BILINEAR int8 under XNNPACK, int16 under LiteRT's
     own kernel)."""
     df = result.table
-    families = 12 + 4 + 2 * 16  # LiteRT, onnxruntime GEMMs, its 16 tables (uint8 / int8)
+    families = 12 + 4 + 2 * 17  # LiteRT, onnxruntime GEMMs, its 17 tables (uint8 / int8)
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]
     int8 = own[own.dtype != "int16"]  # int16 activations are symmetric
     assert len(own) == families and (int8.cases_with_zero_points > 0).all()
-    exact = own if HAS_AVX512F else own[own.family != "Gelu"]
+    exact = own if GELU_EMULATED else own[own.family != "Gelu"]
     assert int(exact.differing.sum()) == 0
-    if HAS_AVX512F:
+    if GELU_EMULATED:
         assert list(result.tables["matching_profiles"].differing) == [0] * families
         assert any("0 differing outputs" in f for f in result.findings)
 

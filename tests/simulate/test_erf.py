@@ -1,6 +1,9 @@
 """erf as the J6 plugin builds it (its Erf: a centrosymmetric SegmentLUT of torch.erf, the
 default strategy, evenly): a segment LUT in fixed mode, the float function fake-quantized in
-fake mode; the runtime profiles run it in float (``platform.float_fallback_ops``)."""
+fake mode. The onnxruntime profiles hold onnxruntime's codes in its table (DequantizeLinear ->
+Erf -> QuantizeLinear, MLAS's erf: ``numerics.mlas_float32.mlas_erf``), and the export writes
+it so, with fixed mode's bits; the LiteRT profiles run it in float
+(``platform.float_fallback_ops``)."""
 
 from __future__ import annotations
 
@@ -83,13 +86,40 @@ def test_fixed_erf_is_its_segment_lut_and_fake_the_float_erf(dtype):
     assert ops.loc[NAME, "category"] == "LUT" and ops.loc[NAME, "fixed_kernel"] == "lut"
 
 
-@pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])
-def test_the_runtime_profiles_run_erf_in_float(platform):
+@pytest.mark.parametrize("platform", ["tflite", "litert_xnnpack"])
+def test_the_litert_profiles_run_erf_in_float(platform):
     sim = _calibrated(_Erf(), platform)
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(15))
     for mode in (Mode.FAKE, Mode.FIXED):
         assert_bits_equal(sim.run(x, mode=mode), torch.erf(x))
     assert not sim.ops.set_index("name").loc[NAME, "supported"]
+
+
+@pytest.mark.parametrize("dtype", [None, DType.INT16])
+def test_onnxruntime_runs_erf_as_its_table_and_the_export_gives_fixed_modes_bits(tmp_path, dtype):
+    """A GELU written with erf (BERT's) on this CPU's onnxruntime profile: the erf is a table
+    of onnxruntime's codes, and the exported QDQ graph (Erf between DequantizeLinear and
+    QuantizeLinear) gives fixed mode's bits, at int8 (with zero points) and int16."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.export import ActivationEncoding, to_onnx_qdq
+    from quantlab.export import runtime as R
+    from quantlab.export.ort_host import onnxruntime_profile
+
+    sim = _calibrated(_ErfGelu(), onnxruntime_profile(), dtype)
+    ops = sim.ops.set_index("name")
+    assert ops.loc[NAME, "supported"] and ops.loc[NAME, "fixed_kernel"] == "lut"
+    g = torch.Generator().manual_seed(17)
+    xs = [torch.randn(8, 64, generator=g) * s for s in (0.5, 1.5, 4.0)]
+    encoding = ActivationEncoding.UNSIGNED_OFFSET  # modelled on every CPU (ort_encodings)
+    info = to_onnx_qdq(sim, tmp_path / "erf.onnx", (xs[0],), encoding=encoding)
+    import onnx
+
+    assert "Erf" in {n.op_type for n in onnx.load(str(info.path)).graph.node}
+    sess = R.session(info.path)
+    for x in xs:
+        (got,) = R.run(sess, info.input_names, (x,))
+        assert_bits_equal(torch.from_numpy(got), sim.run(x, mode=Mode.FIXED))
+    assert not torch.equal(sim.run(xs[1], mode=Mode.FIXED), torch.erf(xs[1]))
 
 
 def test_a_gelu_written_with_erf_runs_quantized_on_j6():

@@ -7,9 +7,9 @@ onnxruntime evaluates on each code in float32. For every input code q:
     T[q] = sat(rne(fl32(y / s_out)) + z_out)     QuantizeLinear
 
 The float ops, as the exported graph computes them (no domain clamps, no LutSpec floors):
-  * tanh, sigmoid, exp, gelu: MLAS's float32 kernels (``numerics.mlas_float32``; gelu: the
-    AVX-512F kernel, which onnxruntime runs on CPUs that have AVX-512F; on others it computes
-    gelu from MLAS's erf, which is not emulated: the tests hold it to one code there);
+  * tanh, sigmoid, exp, erf, gelu: MLAS's float32 kernels (``numerics.mlas_float32``; gelu:
+    the AVX-512F kernel, whose bits onnxruntime 1.32 also gives on CPUs with AVX2 / FMA3 and
+    no AVX-512F; on others it computes gelu another way: the tests hold it to one code there);
   * silu: Sigmoid then Mul, fl32(x * logistic(x));
   * hardsigmoid: HardSigmoid(alpha = fl32(1/6), beta = 0.5), min(max(fl32(fl32(alpha x) +
     beta), 0), 1) (a product and a sum, each rounded: no fused multiply-add); hardswish:
@@ -49,7 +49,7 @@ from quantlab.numerics.eigen_float32 import eigen_cos, eigen_exp, eigen_log, eig
 from quantlab.numerics.ieee32 import sqrt32
 from quantlab.numerics.lut.functions import get_function, softplus_in_onnx
 from quantlab.numerics.lut.spec import LutSpec
-from quantlab.numerics.mlas_float32 import mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
+from quantlab.numerics.mlas_float32 import mlas_erf, mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
 
@@ -134,6 +134,7 @@ _KERNELS = {
     "tanh": lambda x, spec: mlas_tanh(x),
     "sigmoid": lambda x, spec: mlas_logistic(x),
     "exp": lambda x, spec: mlas_exp(x),
+    "erf": lambda x, spec: mlas_erf(x),
     "gelu": lambda x, spec: mlas_gelu(x),
     "silu": _silu,
     "hardsigmoid": _hardsigmoid,

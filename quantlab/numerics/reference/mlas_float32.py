@@ -1,4 +1,4 @@
-"""Slow twin of ``quantlab.numerics.mlas_float32``: MLAS's tanh, logistic, exp and GELU one
+"""Slow twin of ``quantlab.numerics.mlas_float32``: MLAS's tanh, logistic, exp, erf and GELU one
 element at a time, every float32 operation and fused multiply-add an exact rational (Fraction)
 rounded once to float32. Finite inputs (exp may overflow to inf, as the kernel does)."""
 
@@ -77,7 +77,11 @@ def _exp_steps(x: Fraction, poly) -> Fraction:
 
 
 def _gelu(x: Fraction) -> Fraction:
-    v = fl32(x * exact(M.GELU_INV_SQRT2))
+    e = _erf(fl32(x * exact(M.GELU_INV_SQRT2)))
+    return fl32(fl32(exact(M.GELU_HALF) * x) * fl32(e + 1))
+
+
+def _erf(v: Fraction) -> Fraction:
     a = min(abs(v), exact(M.GELU_ERF_CAP))
     small = _fma(_horner(M.GELU_ERF_SMALL, fl32(a * a)), a, a)
     split = a > exact(M.GELU_ERF_SPLIT)
@@ -85,24 +89,23 @@ def _gelu(x: Fraction) -> Fraction:
     big = max(exact(M.GELU_EXP_LOWER), -_fma(_horner(M.GELU_ERF_BIG, b_in), b_in, b_in))
     big = fl32(1 - fl32(_exp_steps(big, M.GELU_EXP_POLY)))
     mag = big if split else small
-    e = -mag if v < 0 else mag
-    return fl32(fl32(exact(M.GELU_HALF) * x) * fl32(e + 1))
+    return -mag if v < 0 else mag
 
 
-_FUNCS = {"tanh": _tanh, "logistic": _logistic, "exp": _exp, "gelu": _gelu}
+_FUNCS = {"tanh": _tanh, "logistic": _logistic, "exp": _exp, "erf": _erf, "gelu": _gelu}
 
 
 def mlas_value(func: str, v: float) -> float:
-    """``func`` ("tanh", "logistic", "exp", "gelu") of one finite float32 value ``v``."""
+    """``func`` ("tanh", "logistic", "exp", "erf", "gelu") of one finite float32 value ``v``."""
     y = to_float32(_FUNCS[func](Fraction(v)))
-    if y == 0 and func in ("tanh", "gelu"):  # x * p, 0.5 x keep x's sign; a Fraction has none
+    if y == 0 and func in ("tanh", "erf", "gelu"):  # they keep x's sign; a Fraction has none
         y = math.copysign(0.0, v)
     return y
 
 
 def mlas(func: str, x) -> np.ndarray:
-    """float32 values of ``func`` ("tanh", "logistic", "exp", "gelu") on float32 ``x``, element
-    by element."""
+    """float32 values of ``func`` ("tanh", "logistic", "exp", "erf", "gelu") on float32 ``x``,
+    element by element."""
     xs = as_numpy(x).astype(np.float32)
     out = [mlas_value(func, float(v)) for v in xs.ravel()]
     return np.array(out, dtype=np.float32).reshape(xs.shape)
