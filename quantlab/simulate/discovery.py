@@ -231,7 +231,7 @@ class OpDiscovery:
         return (
             inf is not None
             and bool(inf.producers)
-            and (self.passes_wide_output(name, inf.producers[0]))
+            and self.passes_wide_output(name, inf.producers[0])
         )
 
     def passes_wide_output(self, name: str, producer: str | None) -> bool:
