@@ -249,7 +249,7 @@ class CaptureMode(TorchFunctionMode):
     it makes a constant of the model, which a deployment folds (the rows
     nn.MultiheadAttention splits from its packed in-projection weight, a rotary sin/cos table,
     a position embedding gathered by a buffer of positions). It runs as called; its result
-    is a constant too. Without ``constants`` only parameters and views of them are constants.
+    is a constant too. Without ``constants`` the model's buffers are not among them.
 
     Calls made by the handler itself are not captured (torch pops the mode while a handler runs).
     ``before``: told of every torch call first, ``before(func, args, kwargs, kind)`` with
