@@ -11,6 +11,7 @@ import pytest
 import torch
 from bits import assert_bits_equal
 from torch import nn
+from torch.nn import functional as F
 from user_package import PACKAGE, write_package
 
 from quantlab.data.images import read_image
@@ -458,6 +459,45 @@ def test_onnx_matmuls_of_initializers_are_linear_layers_with_weights(tmp_path):
     assert gemms.weight_dtype.tolist() == ["INT8", "INT8", ""]
     assert "add" not in set(ops.op_type)  # the bias is the linear layer's
     assert gemms.name.iloc[0].startswith("q/MatMul:")
+
+
+class _ErfMlp(nn.Module):
+    """A ConvNeXt-style MLP: GELU, which torch exports below opset 20 as Div, Erf, Add, Mul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw, self.pw1 = nn.Conv2d(8, 8, 7, padding=3, groups=8), nn.Conv2d(8, 32, 1)
+        self.pw2, self.head = nn.Conv2d(32, 8, 1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = x + self.pw2(F.gelu(self.pw1(self.dw(x))))
+        return self.head(y.mean((2, 3)))
+
+
+def test_an_onnx_gelu_written_with_erf_exports_with_fixed_modes_bits(tmp_path):
+    """An ONNX file whose GELU is Erf arithmetic (opset 17) on this CPU's onnxruntime profile:
+    every op quantized, and its QDQ export gives fixed mode's bits in onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from quantlab.analysis.onnx_fidelity import measure
+    from quantlab.export import ActivationEncoding
+    from quantlab.export.ort_host import onnxruntime_profile
+    from quantlab.simulate import Simulator
+
+    torch.manual_seed(0)
+    path = tmp_path / "mlp.onnx"
+    x = torch.randn(1, 8, 16, 16)
+    torch.onnx.export(_ErfMlp().eval(), (x,), str(path), opset_version=17, dynamo=False)
+    assert "Erf" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    sim = Simulator(b.module, onnxruntime_profile())
+    g = torch.Generator().manual_seed(1)
+    sim.calibrate([(torch.randn(1, 8, 16, 16, generator=g),) for _ in range(3)], progress=False)
+    x = torch.randn(1, 8, 16, 16, generator=g)
+    f = measure(sim, (x,), tmp_path, "qdq", ActivationEncoding.UNSIGNED_OFFSET)
+    assert sim.ops.supported.all() and "erf" in set(sim.ops.op_type)
+    assert f.summary["outputs_differing"] == 0 and f.summary["first_diverging_op"] == ""
 
 
 def test_consistency_of_a_graph_that_fixes_its_batch_compares_that_many_items(tmp_path):
