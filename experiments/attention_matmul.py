@@ -221,7 +221,7 @@ def _est(r):
 
 
 def _sep(a, b) -> str:
-    return "intervals separate" if _est(a).separated_from(_est(b)) else "intervals overlap"
+    return f"intervals {_est(a).relation(_est(b))}"
 
 
 def _findings(t: pd.DataFrame, spread: float, clamped: float, base: float) -> list[str]:

@@ -175,11 +175,11 @@ def _task_findings(task: pd.DataFrame) -> list[str]:
         if fake is not None and fixed is not None and not fake.has_interval:
             verdict = " With one item there is no interval: the difference is not resolved."
         elif fake is not None and fixed is not None and fake.value != fixed.value:
-            sep = fake.separated_from(fixed)
+            relation = fake.relation(fixed)  # "overlap", or separate on too few items
             verdict = " The fake and fixed intervals " + (
                 "do not overlap: the difference is resolved."
-                if sep
-                else "overlap: the difference is not resolved on these items."
+                if fake.separated_from(fixed)
+                else f"{relation}: the difference is not resolved on these items."
             )
         out.append(f"Task metric {metric}: {parts}.{verdict}")
     return out

@@ -303,14 +303,18 @@ def _box_estimate(r) -> Estimate:
     )
 
 
+def _in_words(a, b) -> str:
+    """'separated', 'overlapping', or the intervals' relation when too few items resolve."""
+    rel = a.relation(b)
+    return {"separate": "separated", "overlap": "overlapping"}.get(rel, f"intervals {rel}")
+
+
 def _data_finding(fx: pd.DataFrame) -> str:
     """DATA's fixed-mode box L1 against every other strategy's, with interval separation."""
     est = {r.strategy: _box_estimate(r) for r in fx.itertuples()}
     d = est["DATA"]
     parts = [
-        f"{name} {e.value:.3e} ({'separated' if d.separated_from(e) else 'overlapping'})"
-        for name, e in est.items()
-        if name != "DATA"
+        f"{name} {e.value:.3e} ({_in_words(d, e)})" for name, e in est.items() if name != "DATA"
     ]
     return (
         f"Decoder, fixed mode, DATA (its table chosen under the calibrated input histogram): "

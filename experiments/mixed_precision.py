@@ -229,7 +229,7 @@ def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
                 + (
                     "do not overlap (resolved)."
                     if a.separated_from(b)
-                    else "overlap (not resolved)."
+                    else f"{a.relation(b)} (not resolved)."
                 )
             )
         out.append(text)

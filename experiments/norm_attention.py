@@ -154,7 +154,7 @@ def _findings(table: pd.DataFrame, depth: pd.DataFrame, exp: NormAttentionExp) -
                 if alt not in sub.index:
                     continue
                 a = _est(sub.loc[alt], "fixed_accuracy")
-                sep = "separate" if a.separated_from(ln) else "overlap"
+                sep = a.relation(ln)
                 out.append(
                     f"{plat}: {alt} vs digits_layernorm in fixed point: {a.value - ln.value:+.3f} "
                     f"accuracy; the {pct}% intervals {sep}."

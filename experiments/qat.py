@@ -345,7 +345,7 @@ def _decoder_verdict(table: pd.DataFrame) -> list[str]:
         verdict = (
             "Not shown: the gap is "
             + ("smaller" if smaller else "not smaller")
-            + " with deployment-aware QAT, but the intervals overlap."
+            + f" with deployment-aware QAT, but the intervals {own_q.relation(own_d)}."
         )
     like = ", ".join(
         f"fixed vs {m.lower()}: plain {_gap(dec, 'QAT', m).value:.1f} dB, deployment-aware "

@@ -333,11 +333,12 @@ def _findings(res: RecipeResult, path, goal: str, platform, task) -> list[str]:
         )
         if c.task is not None and start.task is not None and c is not start:
             sep = c.task.separated_from(start.task)
+            relation = c.task.relation(start.task)  # "overlap", or separate on too few items
             d = distinct_digits(start.task, c.task)
             out.append(
                 f"Against the start, {name} moves {start.task.value:.{d}g} -> "
                 f"{c.task.value:.{d}g} "
                 f"on {c.task.n} items: the 95% intervals "
-                + ("do not overlap (resolved)." if sep else "overlap (not resolved).")
+                + ("do not overlap (resolved)." if sep else f"{relation} (not resolved).")
             )
     return out

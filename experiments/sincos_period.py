@@ -263,8 +263,12 @@ def _strategy_findings(ms: pd.DataFrame, exp: SincosPeriodExp) -> list[str]:
         )
         base = exp.main_strategy.name
         if base in est and best != base:
-            sep = est[best].separated_from(est[base])
-            text += f" ({'separated from' if sep else 'overlapping'} {base}'s interval)"
+            rel = est[best].relation(est[base])
+            if rel in ("separate", "overlap"):
+                word = "separated from" if rel == "separate" else "overlapping"
+                text += f" ({word} {base}'s interval)"
+            else:
+                text += f" (its interval and {base}'s {rel})"
         out.append(text + ".")
     return out
 

@@ -39,8 +39,34 @@ class Estimate:
         return not (math.isnan(self.low) or math.isnan(self.high))
 
     def separated_from(self, other: Estimate) -> bool:
-        """True when the two intervals do not overlap (the difference is resolved); False
-        when either has no interval."""
+        """True when the difference is resolved: the two intervals do not overlap and their
+        item counts can resolve one (``too_few_to_resolve``); False when either has no
+        interval."""
+        return self._apart(other) and not self.too_few_to_resolve(other)
+
+    def too_few_to_resolve(self, other: Estimate) -> bool:
+        """Whether ``n`` and ``other.n`` items are too few for any difference to be resolved at
+        ``level``: even the most extreme split of the items (every one of one set beyond every
+        one of the other) has an exact permutation p-value, 2 / C(n_a + n_b, n_a), above
+        1 - level (3 items against 3, or 2 against 7 or fewer, at 95%). Percentile bootstrap
+        intervals of so few items can separate all the same."""
+        n_a, n_b = self.n, other.n
+        if n_a < 1 or n_b < 1:
+            return True
+        return 2 / math.comb(n_a + n_b, n_a) > 1 - self.level
+
+    def relation(self, other: Estimate) -> str:
+        """The two intervals in words: "separate", "overlap", "separate, but ... too few to
+        resolve a difference", or that one has no interval."""
+        if not (self.has_interval and other.has_interval):
+            return f"cannot be compared (n={min(self.n, other.n)}: no interval)"
+        if not self._apart(other):
+            return "overlap"
+        if self.too_few_to_resolve(other):
+            return f"separate, but {self.n} and {other.n} items are too few to resolve a difference"
+        return "separate"
+
+    def _apart(self, other: Estimate) -> bool:
         return self.high < other.low or other.high < self.low
 
     def as_columns(self, prefix: str) -> dict[str, float | int]:
@@ -74,7 +100,7 @@ def distinct_digits(a: Estimate, b: Estimate, least: int = 4, most: int = 12) ->
 
     for d in range(least, most + 1):
         values_ok = a.value == b.value or shown(a.value, d) != shown(b.value, d)
-        sep_ok = not a.separated_from(b) or (
+        sep_ok = not a._apart(b) or (
             shown(a.high, d) < shown(b.low, d) or shown(b.high, d) < shown(a.low, d)
         )
         if values_ok and sep_ok:

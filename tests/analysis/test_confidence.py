@@ -191,6 +191,24 @@ def test_one_item_has_no_interval_and_separates_from_nothing():
     assert not one.separated_from(other) and not other.separated_from(one)
 
 
+def test_too_few_items_resolve_no_difference_however_the_intervals_lie():
+    """Percentile bootstrap intervals of 2 or 3 items can lie apart, but no split of so few
+    items is unlikely enough to resolve a difference at 95% (an exact permutation test's
+    smallest p-value 2 / C(n_a + n_b, n_a): 0.1 for 3 against 3, 0.029 for 4 against 4, 0.044
+    for 2 against 8); the relation says so instead of calling them overlapping."""
+    lo = [Estimate(0.2, 0.1, 0.3, n) for n in (2, 3, 4, 8)]
+    hi = [Estimate(0.9, 0.8, 1.0, n) for n in (2, 3, 4, 8)]
+    assert not lo[0].separated_from(hi[0]) and not lo[1].separated_from(hi[1])
+    assert lo[1].relation(hi[1]).startswith("separate, but 3 and 3 items are too few")
+    assert lo[2].separated_from(hi[2]) and lo[2].relation(hi[2]) == "separate"
+    assert lo[0].too_few_to_resolve(hi[2]) and not lo[0].too_few_to_resolve(hi[3])
+    assert lo[0].separated_from(hi[3])  # 2 against 8
+    near = Estimate(0.25, 0.15, 0.35, 3)
+    assert lo[1].relation(near) == "overlap"
+    one = Estimate(0.5, math.nan, math.nan, 1)
+    assert one.relation(hi[3]) == "cannot be compared (n=1: no interval)"
+
+
 def test_task_findings_make_no_claim_from_one_item():
     import pandas as pd
 
