@@ -47,11 +47,20 @@ def _truediv_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return _rdiv_parts((args[1], args[0]), {})
 
 
+def _held_number(b: Tensor) -> bool:
+    """Whether tensor ``b`` is one number that needs no gradient (0-d: a buffer, a constant);
+    a parameter bound stays a tensor in every mode, so training and evaluation run the same
+    ops."""
+    return b.dim() == 0 and not b.requires_grad
+
+
 def _clamp_parts(which: str) -> Callable:
     """The parts of ``clamp`` / ``clip`` (``which`` "both"), ``clamp_min`` ("min") or
     ``clamp_max`` ("max") of a float tensor with tensor bounds: ``torch.maximum`` with the
     lower bound, then ``torch.minimum`` with the upper, each picking one operand's value: the
-    call's bits. Number bounds stay the clamp op."""
+    call's bits. Number bounds stay the clamp op, and so do bounds that are numbers held in
+    0-d tensors needing no gradient (buffers): the clamp with their values, the same bits
+    (torch compares in the tensor's dtype either way)."""
     names = {"both": ("input", "min", "max"), "min": ("input", "min"), "max": ("input", "max")}
     params = names[which]
 
@@ -65,6 +74,9 @@ def _clamp_parts(which: str) -> Callable:
             return None
         if not all(isinstance(b, Tensor) and is_float(b) and b.dtype == x.dtype for b in bounds):
             return None  # a number beside a tensor bound: torch raises its own message
+        if all(_held_number(b) for b in bounds):
+            lo_v, hi_v = (None if b is None else b.item() for b in (lo, hi))
+            return lambda: torch.clamp(x, min=lo_v, max=hi_v)
 
         def parts():
             y = x if lo is None else torch.maximum(x, lo)

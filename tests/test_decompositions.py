@@ -1602,6 +1602,47 @@ def test_clamps_with_tensor_bounds_are_maximum_and_minimum_with_the_calls_bits()
     assert ops.supported.all() and not ops.fixed_in_float.any()
 
 
+class _BufferClamp(nn.Module):
+    """A clamp after a convolution whose bounds are 0-d buffers, or the same numbers."""
+
+    def __init__(self, buffers: bool) -> None:
+        super().__init__()
+        self.buffers_ = buffers
+        self.c = nn.Conv2d(3, 4, 1)
+        self.register_buffer("lo", torch.tensor(-0.5))
+        self.register_buffer("hi", torch.tensor(0.7))
+
+    def forward(self, x):
+        if self.buffers_:
+            return torch.clamp(self.c(x), min=self.lo, max=self.hi) * 2
+        return torch.clamp(self.c(x), min=-0.5, max=0.7) * 2
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_a_clamp_with_0d_buffer_bounds_is_the_clamp_of_their_numbers(platform):
+    """Bounds held in 0-d buffers (numbers needing no gradient) leave the clamp whole with
+    their values: the same ops (J6: fused into the convolution) and bits, in every mode, as
+    the model with number bounds; it was a maximum and a minimum left in float."""
+    x0 = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    assert_bits_equal(
+        *_call_and_parts(
+            lambda x, lo, hi: torch.clamp(x, lo, hi), x0, torch.tensor(-0.5), torch.tensor(0.7)
+        )
+    )
+    sims = []
+    for buffers in (True, False):
+        torch.manual_seed(0)
+        sim = Simulator(_BufferClamp(buffers).eval(), platform)
+        g = torch.Generator().manual_seed(6)
+        sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)], progress=False)
+        sims.append(sim)
+    cols = ["name", "op_type", "category", "fixed_kernel", "supported"]
+    assert sims[0].ops[cols].equals(sims[1].ops[cols])
+    assert "clamp" in set(sims[0].ops.op_type)
+    for mode in (Mode.FLOAT, Mode.FAKE, Mode.FIXED):
+        assert_bits_equal(sims[0].run(x0, mode=mode), sims[1].run(x0, mode=mode))
+
+
 def test_threshold_and_shrinks_are_selects_with_the_calls_bits():
     """F.threshold / nn.Threshold, hardshrink and softshrink (function, method, module) on
     random magnitudes with NaN, infinities and signed zeros: their selects give the call's
