@@ -342,10 +342,12 @@ def _decoder_verdict(table: pd.DataFrame) -> list[str]:
     elif resolved:
         verdict = "No: deployment-aware QAT leaves a larger gap (the intervals separate)."
     else:
+        rel = own_q.relation(own_d)  # "overlap", or separate on too few items
         verdict = (
             "Not shown: the gap is "
             + ("smaller" if smaller else "not smaller")
-            + f" with deployment-aware QAT, but the intervals {own_q.relation(own_d)}."
+            + " with deployment-aware QAT, "
+            + ("but the intervals overlap." if rel == "overlap" else f"and the intervals {rel}.")
         )
     like = ", ".join(
         f"fixed vs {m.lower()}: plain {_gap(dec, 'QAT', m).value:.1f} dB, deployment-aware "
