@@ -15,6 +15,7 @@ those ops, each named and quantized on its own.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,13 +172,9 @@ class ModelConstants:
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether ``t`` is a constant of this run."""
-        return self._is(t)
-
-    def _is(self, t: torch.Tensor) -> bool:
-        if id(t) in self._held or type(t) is _PARAMETER:
+        if id(t) in self._held or type(t) is _PARAMETER or views_parameter(t):
             return True
-        base = t._base
-        return base is not None and (type(base) is _PARAMETER or id(base) in self._held)
+        return t._base is not None and id(t._base) in self._held
 
     def all_constant(self, func: Callable, args: tuple, kwargs: dict) -> bool:
         """Whether ``func`` makes a constant: it draws no random numbers (``RANDOM``) and every
@@ -185,22 +182,15 @@ class ModelConstants:
         True for a call with no tensor argument."""
         if getattr(func, "__name__", "") in RANDOM:
             return False
-        for a in args:
+        for a in itertools.chain(args, kwargs.values()):
             if isinstance(a, torch.Tensor):
-                if not self._is(a):
+                if not self.holds(a):
                     return False
-            elif isinstance(a, (list, tuple)) and not self._all_in(a):
-                return False
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor):
-                if not self._is(a):
-                    return False
-            elif isinstance(a, (list, tuple)) and not self._all_in(a):
+            elif isinstance(a, (list, tuple)) and not all(
+                self.holds(b) for b in a if isinstance(b, torch.Tensor)
+            ):
                 return False
         return True
-
-    def _all_in(self, seq) -> bool:
-        return all(self._is(b) for b in seq if isinstance(b, torch.Tensor))
 
     def add(self, out: Any) -> None:
         """Name the tensors of a constant call's result (a tensor, or a list or tuple of
