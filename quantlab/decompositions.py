@@ -26,6 +26,11 @@ makes the same result through other torch calls), or None for a call captured as
   ``F.linear(x, w.t(), bias)``: a GEMM with a weight and a bias (``w.t()`` of a parameter is a
   constant of the model, not an op), with the float bits of the call (linear on a 2-d input is
   that same addmm). Any other addmm stays whole (not modelled: float).
+- ``x @ w``, ``torch.matmul(x, w)`` and ``torch.mm(x, w)`` with a 2-d parameter ``w`` or a
+  view of one (a layer's weight applied by hand, ``x @ self.weight.t()``) are
+  ``F.linear(x, w.t())``: a GEMM with a weight, quantized as a layer's weight is, with the
+  call's float bits (linear without a bias is that matmul). ``w @ x`` and a product of two
+  activations stay the matmul.
 - ``nn.LSTMCell``, ``nn.GRUCell`` and ``nn.RNNCell`` (``torch.lstm_cell``, ``gru_cell``,
   ``rnn_tanh_cell``, ``rnn_relu_cell``) are torch's own CPU steps for one cell (ATen's
   ``LSTMCell``, ``GRUCell`` and ``SimpleCell``): the hidden and the input projections (linear
@@ -97,6 +102,7 @@ Op capture (``capture.CaptureMode``) and the torch.fx trace of a steady program
 from __future__ import annotations
 
 import math
+import operator
 import types
 from collections.abc import Callable
 from typing import Any
@@ -237,6 +243,19 @@ def _addmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return lambda: F.linear(x, w.t(), bias)
 
 
+def _matmul_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    if kwargs or len(args) != 2:  # the out= form: whole
+        return None
+    x, w = args
+    if not _views_parameter(w) or getattr(w, "ndim", None) != 2:
+        return None
+    try:
+        floats = x.dtype == w.dtype and x.dtype.is_floating_point and x.ndim >= 1
+    except AttributeError:  # not a tensor
+        return None
+    return (lambda: F.linear(x, w.t())) if floats else None
+
+
 _BADDBMM_PARAMS = ("input", "batch1", "batch2")
 
 
@@ -290,6 +309,13 @@ def _is_parameter(w) -> bool:
     )
 
 
+def _views_parameter(w) -> bool:
+    """Whether ``w`` is a parameter or a view of one (``w.t()``, ``w.T``), or a traced value
+    whose example is."""
+    v = getattr(w, "example_value", w)
+    return isinstance(v, nn.Parameter) or type(getattr(v, "_base", None)) is nn.Parameter
+
+
 def _body_parts(body: Callable | None) -> Callable:
     """The parts of a call that runs ``body``, the function's own code (``_own_body``), on the
     call's arguments; None where torch's code makes no check to answer."""
@@ -311,6 +337,11 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     F.multi_head_attention_forward: _body_parts(_MHA_BODY),
     F.scaled_dot_product_attention: _sdpa_parts,
     torch.addmm: _addmm_parts,
+    torch.matmul: _matmul_parts,
+    Tensor.matmul: _matmul_parts,  # x @ w
+    operator.matmul: _matmul_parts,  # x @ w traced by torch.fx
+    torch.mm: _matmul_parts,
+    Tensor.mm: _matmul_parts,
     torch.baddbmm: _baddbmm_parts,
     Tensor.baddbmm: _baddbmm_parts,
     torch.functional.einsum: _einsum_parts,  # torch.einsum

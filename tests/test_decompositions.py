@@ -739,6 +739,101 @@ def test_addmm_layers_become_a_traced_program_with_the_captured_bits(monkeypatch
     _runs_as_a_program(steady, captured, g, mode)
 
 
+class _MatmulByWeight(nn.Module):
+    """A layer's weight applied by hand: ``x @ w`` of a parameter stored as (in, out), and
+    ``torch.matmul(x, v.t())`` of one stored as (out, in)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.w = nn.Parameter(weight)
+        self.v = nn.Parameter(weight.t().contiguous())
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w), torch.tanh(torch.matmul(x, self.v.t()))
+
+
+class _LinearNoBias(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.fc = nn.Linear(*weight.shape, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(weight.t())
+
+    def forward(self, x):
+        y = torch.tanh(self.fc(x))
+        return y, y
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_a_matmul_by_a_parameter_is_a_linear_layer(platform, tmp_path):
+    """x @ w and x @ v.t() of parameters are linear layers: GEMMs with a weight, the call's
+    float bits, and the fake and fixed bits of the same nn.Linear; exported, onnxruntime gives
+    fixed mode's bits."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(12, 8, generator=g) * 0.3
+    batches = [(torch.randn(2, 5, 12, generator=g),) for _ in range(2)]
+    x = torch.randn(2, 5, 12, generator=g)
+    sims = {}
+    for name, model in (("matmul", _MatmulByWeight(w)), ("linear", _LinearNoBias(w))):
+        sims[name] = Simulator(model.eval(), _host(platform), steady_programs=False)
+        sims[name].calibrate(batches, progress=False)
+    ops = sims["matmul"].ops
+    assert list(ops.op_type) == ["linear", "tanh", "linear", "tanh"]
+    assert ops.has_weight[0] and ops.has_weight[2]
+    with torch.no_grad():
+        for a, b in zip(sims["matmul"].run(x, mode=Mode.FLOAT), _MatmulByWeight(w)(x)):
+            assert_bits_equal(a, b)
+    for mode in (Mode.FAKE, Mode.FIXED):
+        pairs = zip(sims["matmul"].run(x, mode=mode), sims["linear"].run(x, mode=mode))
+        for a, b in pairs:
+            assert_bits_equal(a, b)
+    if platform == "onnxruntime":
+        ort = pytest.importorskip("onnxruntime")
+        from quantlab.export import to_onnx_qdq
+
+        to_onnx_qdq(sims["matmul"], tmp_path / "matmul.onnx", (x,))
+        session = ort.InferenceSession(str(tmp_path / "matmul.onnx"))
+        got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        want = sims["matmul"].run(x, mode=Mode.FIXED)
+        for a, b in zip(got, want, strict=True):
+            assert_bits_equal(torch.from_numpy(a), b)
+
+
+class _OtherMatmuls(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.b = nn.Parameter(torch.randn(3, 4, 4))
+
+    def forward(self, x, m):
+        return self.w @ x, x @ m, x @ self.b, x @ (self.w * 2)
+
+
+def test_other_matmuls_stay_matmuls():
+    """The parameter first, two activations, a 3-d parameter, a weight computed by an op: each
+    stays a matmul."""
+    x, m = torch.randn(4, 4), torch.randn(4, 4)
+    calls, out = capture(_OtherMatmuls(), x, m)
+    assert [c.op_type for c in calls if c.op_type != "mul"] == ["matmul"] * 4
+    want = _OtherMatmuls.forward(_OtherMatmuls(), x, m)
+    assert [o.shape for o in out] == [t.shape for t in want]
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_matmuls_by_a_parameter_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
+    from quantlab.simulate import steady_programs
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(32, 32, generator=g) * 0.3
+    batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
+    captured = Simulator(_MatmulByWeight(w).eval(), "j6m", steady_programs=False)
+    captured.calibrate(batches, progress=False)
+    steady = Simulator(_MatmulByWeight(w).eval(), "j6m")
+    steady.share_calibration(captured)
+    _runs_as_a_program(steady, captured, g, mode)
+
+
 class _Baddbmm(nn.Module):
     def forward(self, m, a, b):
         return (
