@@ -361,8 +361,9 @@ def _notes(exp, ctx, counts) -> list[str]:
     return [
         f"Data: {data}. Scores compare each mode's model output with the float model's on the "
         "evaluation items (task metrics as agreement with float, labels unused); 95% "
-        "percentile-bootstrap intervals over those items "
-        f"({exp.resamples} resamples; quantlab.analysis.confidence).",
+        "intervals over those items (a share of items, such as top-1 agreement: Wilson score "
+        f"interval; any other metric: percentile bootstrap, {exp.resamples} resamples; "
+        "quantlab.analysis.confidence).",
         "Each observer: a Simulator whose qconfig sets that observer for every op "
         f"(OpQConfig(observer=...)) on {ctx.platform.name}'s template; weights per-channel "
         "MinMax as always; the scale is the platform's scale rule of the observer's amax.",

@@ -8,7 +8,7 @@ run (segment-LUT ops fixed, everything else fake: the vendor's ptq.onnx stage) s
 output's export gap into LUT error (fake -> hybrid) and requantization error (hybrid -> fixed:
 integer GEMMs, requantization and every other integer kernel). The
 model's task metrics of the fake and the fixed run against float come with their item count
-and 95% bootstrap interval; an ONNX model's float run is also checked against onnxruntime.
+and 95% interval; an ONNX model's float run is also checked against onnxruntime.
 """
 
 from __future__ import annotations
@@ -441,7 +441,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             x="compared",
             y="value",
             xlabel="run compared with float (mode)",
-            ylabel="task metric value (its own unit; bars: 95% bootstrap interval)",
+            ylabel="task metric value (its own unit; bars: 95% interval)",
             title=f"{bundle.name}: task metrics on {int(task['items'].iloc[0])} evaluation items",
             facet="metric",
             kind=PlotKind.BAR,
@@ -487,8 +487,9 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             f"{qconfig_words(ctx.qconfig)}.",
             "Task metrics compare the fake and the fixed run with the float run (a metric that "
             "reads labels, e.g. face accuracy, compares with the labels); each value is measured "
-            "on all evaluation items, its 95% interval resamples the items 1000 times "
-            "(percentile bootstrap, seed 0); n = item count.",
+            "on all evaluation items, with its 95% interval over them (a share of items, such "
+            "as top-1 agreement or face accuracy: Wilson score interval; any other metric: "
+            "percentile bootstrap, 1000 resamples, seed 0); n = item count.",
             "Isolated view: each op of the compared run is fed the reference run's inputs, so a "
             "row is that op's own gap; accumulated view: both runs end to end.",
             "err_lsb is the largest |error| in units of the compared run's output scale; "

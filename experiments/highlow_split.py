@@ -326,7 +326,7 @@ def _fixed_level(exp, ctx, name, bundle, sens) -> pd.DataFrame:
 
 
 def _top1(r) -> str:
-    """Top-1 agreement of a row with its 95% bootstrap interval and item count."""
+    """Top-1 agreement of a row with its 95% Wilson score interval and item count."""
     from quantlab.analysis.confidence import Estimate
 
     return str(

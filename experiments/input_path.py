@@ -8,7 +8,8 @@ the first conv, the conv's padding as a mean-pixel border), the same with a zero
 and NV12 (uint8 pixels through NV12 and the chip's conversion back, platform ``image_yuv_*``).
 Each variant is calibrated on the calibration photos and run in float, fake and fixed mode;
 rows hold the output SQNR against the float reference and the top-1 agreement with it, each
-with its 95% bootstrap interval over the evaluation photos.
+with its 95% interval over the evaluation photos (Wilson score for the agreement, percentile
+bootstrap for the SQNR).
 
 Sources: the toolchain inserts a preprocessing node for colour conversion (NV12 -> BGR) and
 (data - mean) / std (seed 002 s.6.3); pyramid models take NV12 (s.8.3); a fixed input scale in

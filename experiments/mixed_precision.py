@@ -3,7 +3,7 @@
 For each platform: rank the ops (quantlab.analysis.sensitivity, cached), then for each ratio of
 the sensitivity table raise those ops to int16 (activations on J6E/M/B; on J6H/P the int8
 Conv/MatMul inputs, vector ops staying in float16), run the model in fixed point and measure the
-task metric (with its 95% bootstrap interval over the evaluation items) and output SQNR against
+task metric (with its 95% interval over the evaluation items) and output SQNR against
 float and the cost model (MACs x operand bytes plus LUT and split overheads,
 quantlab.analysis.cost). Each evaluated configuration is written as a qconfig file
 (``qconfig/<platform>_ratio<r>.yaml``); passed back with ``qconfig=file`` it is the starting
@@ -158,7 +158,7 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             x="cost_rel",
             y="task" if task is not None else "sqnr_db",
             xlabel="cost relative to no raised op (int8-MAC equivalents ratio)",
-            ylabel=f"{task_name} vs float (bars: 95% bootstrap interval)"
+            ylabel=f"{task_name} vs float (bars: 95% interval)"
             if task is not None
             else "output SQNR vs float (dB)",
             title=f"{bundle.name}: accuracy vs cost as the raised share grows",
@@ -192,8 +192,8 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             f"{sum(len(b[0]) for b in batches)} items of data={data.name}; starting from "
             f"{qconfig_words(ctx.qconfig)}.",
             "task: measured on all evaluation items; task_ci_low / task_ci_high: its 95% "
-            "interval from resampling the items (percentile bootstrap, 1000 resamples), "
-            "task_n items.",
+            "interval over the items (a share of items, such as top-1 agreement: Wilson score "
+            "interval; any other metric: percentile bootstrap, 1000 resamples), task_n items.",
             f"Each row's configuration is in its qconfig_file ({QCONFIG_DIR}/ in the run "
             "folder); pass it back with qconfig=file qconfig.path=<that file>.",
             "Cost: int8-MAC equivalents (MACs x operand bytes, LUT and split overheads; "

@@ -6,7 +6,7 @@ composite) and drop softmax for SimA-style L1-normalised Q/K. The three digit tr
 trained in the lab (LayerNorm + softmax, DyT + softmax, LayerNorm + SimA) are quantized on each
 platform (platform templates: int8 on J6M, float16 vector ops with int8 GEMMs on J6P) and
 evaluated on the held-out digits in float, fake (QAT numerics) and fixed (deployed numerics)
-mode: top-1 accuracy with bootstrap intervals, top-1 agreement with float and with fake, and
+mode: top-1 accuracy with Wilson score intervals, top-1 agreement with float and with fake, and
 the accumulated error (SQNR against float) along the residual stream.
 """
 
@@ -319,9 +319,10 @@ def assemble(exp, data_cfg, table: pd.DataFrame, depth: pd.DataFrame, support: p
         plots=plots,
         notes=[
             f"Data: {data_cfg.name}, calibration {data_cfg.num_calib} training-pool images, "
-            f"evaluation {data_cfg.num_eval} held-out images; intervals: percentile bootstrap "
-            f"over items, {exp.resamples} resamples, {round(100 * exp.level)}% level, seed 0 "
-            "(quantlab.analysis.confidence.bootstrap).",
+            f"evaluation {data_cfg.num_eval} held-out images; {round(100 * exp.level)}% "
+            "intervals over items: Wilson score intervals for accuracy and agreement (shares of "
+            f"items), percentile bootstrap ({exp.resamples} resamples, seed 0) for any other "
+            "metric (quantlab.analysis.confidence.bootstrap).",
             "Agreement: share of digits whose arg-max class equals the reference mode's.",
             "Platform templates: every activation at platform.global_dtype (INT8 on j6m, "
             "FLOAT16 on j6p), GEMM inputs at platform.gemm_input_dtype (INT8), weights INT8 per "

@@ -375,7 +375,7 @@ def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, pla
             x="variant",
             y="value",
             xlabel="variant",
-            ylabel="task metric in fixed mode (its own unit; bars: 95% bootstrap interval)",
+            ylabel="task metric in fixed mode (its own unit; bars: 95% interval)",
             title=f"Deployed metric per variant on {platform}",
             facet="model_metric",
             kind=PlotKind.BAR,
@@ -428,8 +428,9 @@ def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, pla
             "Losses: decoder L1 to its target boxes (labels); posenc MSE and CNN KL to the float "
             "model's outputs (distillation, no labels). Metrics: decoder box L1 to the target "
             "boxes, posenc output SQNR and CNN top-1 agreement, KL and output SQNR against the "
-            "float model on float preprocessing, on held-out items; 95% percentile bootstrap "
-            "over items (1000 resamples, seed 0).",
+            "float model on float preprocessing, on held-out items; 95% intervals over items: "
+            "Wilson score interval for top-1 agreement (a share of items), percentile bootstrap "
+            "(1000 resamples, seed 0) for the others.",
             "Gap: output SQNR of the fixed run against the fake run (QAT's view) and against the "
             "hybrid run (segment-LUT ops as deployed, the rest fake: the deployment-aware view); "
             "before = PTQ, after = each trained variant. The fixed run takes the input the chip "

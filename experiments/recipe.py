@@ -210,8 +210,9 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             f"({platform.default_observer.name}).",
             f"Evaluation in {exp.mode.name} mode against float on {items} items of "
             f"data={data.name}; task: the task metric on all items, task_ci_low/task_ci_high "
-            "its 95% percentile-bootstrap interval over the items (1000 resamples); the target "
-            "is judged on the value.",
+            "its 95% interval over the items (a share of items, such as top-1 agreement: "
+            "Wilson score interval; any other metric: percentile bootstrap, 1000 resamples); "
+            "the target is judged on the value.",
             "Cost: int8-MAC equivalents (MACs x operand bytes, LUT and split overheads; "
             "quantlab.analysis.cost), relative to the start configuration.",
             "float16_overflow: values beyond +-65504 cast to float16 (before saturation), "
@@ -259,7 +260,7 @@ def _flow(platform) -> list[Direction]:
 
 def _score_axis(task, target: RecipeTarget) -> tuple[str, str]:
     if target.on_task:
-        return "task", f"{task.name} vs float (bars: 95% bootstrap interval)"
+        return "task", f"{task.name} vs float (bars: 95% interval)"
     return "sqnr_db", "output SQNR vs float (dB)"
 
 

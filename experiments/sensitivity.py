@@ -3,7 +3,7 @@
 From the all-float model, each op's output quantization (activation) and then its weight
 quantization (weight) is switched on alone; optionally each op alone goes from fake to fixed
 point (fixed). The model output is compared with the baseline by L1, signed cosine, MSE, KL,
-SQNR, max abs and the model's task metric (with its 95% bootstrap interval over the
+SQNR, max abs and the model's task metric (with its 95% interval over the
 evaluation items); ops are ranked per metric (quantlab.analysis.sensitivity). The vendor's
 sensitive-op template then raises the ``top_k`` rows (activation and weight rows together) and
 the run writes that choice as a qconfig file, ready for ``qconfig=file``.
@@ -191,8 +191,9 @@ def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
         "the others descending.",
         f"Inputs: {sum(len(b[0]) for b in batches)} evaluation items of data={data.name}; "
         f"{len(data.calib)} calibration batches; {qconfig_words(ctx.qconfig)}. Task metric: "
-        f"{getattr(bundle.task, 'name', 'none')}, with its 95% interval from resampling the "
-        "evaluation items (percentile bootstrap, 1000 resamples; ci_low, ci_high).",
+        f"{getattr(bundle.task, 'name', 'none')}, with its 95% interval over the evaluation "
+        "items (ci_low, ci_high; a share of items, such as top-1 agreement: Wilson score "
+        "interval; any other metric: percentile bootstrap, 1000 resamples).",
     ]
     findings = _findings(table, top, exp, run)
     task_line = _task_finding(table, bundle.task)

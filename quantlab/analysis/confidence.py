@@ -1,16 +1,22 @@
-"""Confidence intervals for task metrics over an evaluation set (percentile bootstrap).
+"""Confidence intervals for task metrics over an evaluation set.
 
 A task metric (quantlab.models.tasks) maps the float outputs, the tested outputs and the labels
 of N evaluation items to one number. Its 95% interval comes from resampling the N items with
 replacement ``resamples`` times, recomputing the metric on each resample, and taking the 2.5%
-and 97.5% order statistics (no interpolation, so +-inf values such as an identical run's SQNR
-stay well defined). Items are rows along dim 0 of every output and label tensor.
+and 97.5% order statistics (percentile bootstrap; no interpolation, so +-inf values such as an
+identical run's SQNR stay well defined). Items are rows along dim 0 of every output and label
+tensor.
+
+A metric that is a share of items (``proportion``: top-1 agreement, accuracy) takes the Wilson
+score interval of its k of N instead: a bootstrap of k = N never draws a failure and reports
+"1 to 1", where 8 of 8 items bound the share only to [0.68, 1] at 95%.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -108,6 +114,35 @@ def distinct_digits(a: Estimate, b: Estimate, least: int = 4, most: int = 12) ->
     return most
 
 
+def wilson_interval(successes: int, n: int, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
+    """The Wilson score interval [low, high] of a share ``successes`` / ``n`` at two-sided
+    ``level`` (float64; exactly 0 and 1 at the ends: 0 of n has low 0, n of n high 1)."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n and n >= 1, got {successes} of {n}")
+    z = NormalDist().inv_cdf(1.0 - (1.0 - level) / 2.0)
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
+
+
+def _share_estimate(metric, ref: Any, test: Any, lab: Any, n: int, level: float) -> Estimate:
+    """A proportion metric's value with its Wilson score interval (its item values are 0 or 1)."""
+    values = metric.item_values([ref], [test], None if lab is None else [lab])
+    values = values.detach().to(torch.float64)
+    if not bool(((values == 0) | (values == 1)).all()):
+        raise ValueError(f"{metric.name}: a proportion metric's item values must be 0 or 1")
+    k = int(values.sum())
+    return Estimate(
+        float(metric([ref], [test], None if lab is None else [lab])),
+        *wilson_interval(k, n, level),
+        n,
+        level,
+    )
+
+
 def concat_items(batches: list) -> Any:
     """Per-batch outputs or labels (tensors, or nests of tensors with items on dim 0) as one
     batch (tensors concatenated along dim 0)."""
@@ -188,7 +223,8 @@ def bootstrap(
     level: float = DEFAULT_LEVEL,
     seed: int = 0,
 ) -> Estimate:
-    """``metric(ref_outputs, test_outputs, labels)`` with its percentile-bootstrap interval.
+    """``metric(ref_outputs, test_outputs, labels)`` with its percentile-bootstrap interval, or
+    for a share of items (``metric.proportion``) its Wilson score interval (nothing resampled).
 
     The value is the metric on all items (unchanged); the interval resamples items (dim 0 of the
     concatenated batches) with a generator seeded by ``seed``, so it is reproducible. A metric
@@ -204,6 +240,8 @@ def bootstrap(
     ref, test = concat_items(ref_outputs), concat_items(test_outputs)
     lab = concat_items(labels) if labels is not None else None
     n = _count_items((ref, test) if lab is None else (ref, test, lab))
+    if getattr(metric, "proportion", False):
+        return _share_estimate(metric, ref, test, lab, n, level)
     value = float(metric([ref], [test], None if lab is None else [lab]))
     gen = torch.Generator().manual_seed(seed)
     indices = torch.randint(0, n, (resamples, n), generator=gen)
@@ -230,13 +268,14 @@ def estimate_metrics(
 ) -> dict[str, Estimate]:
     """``bootstrap`` of each task metric (``metric.name`` -> Estimate), at the default level
     and resamples; ``labels`` go to the metrics that read them (``uses_labels``). With a single
-    item there is nothing to resample: the value comes with a NaN interval (n=1)."""
+    item there is nothing to resample: the value comes with a NaN interval (n=1), but for a
+    share of items (its Wilson interval)."""
     ref = concat_items(ref_outputs)
     n = _count_items(ref)
     out = {}
     for metric in metrics:
         lab = labels if getattr(metric, "uses_labels", False) else None
-        if n < 2:
+        if n < 2 and not getattr(metric, "proportion", False):
             value = float(metric(ref_outputs, test_outputs, lab))
             out[metric.name] = Estimate(value, math.nan, math.nan, n)
         else:

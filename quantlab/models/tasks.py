@@ -68,7 +68,15 @@ class ItemMeanMetric(TaskMetric):
 
 
 @dataclass(frozen=True)
-class Top1Agreement(ItemMeanMetric):
+class ProportionMetric(ItemMeanMetric):
+    """A share of items: each item's value is 1 (it counts) or 0, the metric their mean; its
+    interval is the Wilson score interval of that k of N (quantlab.analysis.confidence)."""
+
+    proportion: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Top1Agreement(ProportionMetric):
     """Share of samples whose arg-max class equals the float model's (logits (B, C)); in [0, 1]."""
 
     name: str = "top1_agreement"
@@ -80,7 +88,7 @@ class Top1Agreement(ItemMeanMetric):
 
 
 @dataclass(frozen=True)
-class Top1Accuracy(ItemMeanMetric):
+class Top1Accuracy(ProportionMetric):
     """Share of samples whose arg-max class is the label (logits (B, C), labels one (B,) int64
     tensor per batch); in [0, 1]. Without labels, the float model's arg-max serves as the
     label (agreement)."""
@@ -114,7 +122,7 @@ class SoftmaxKL(ItemMeanMetric):
 
 
 @dataclass(frozen=True)
-class FaceAccuracy(ItemMeanMetric):
+class FaceAccuracy(ProportionMetric):
     """Face / non-face accuracy of the tested model: outputs are probabilities (B, 2) with
     column 1 = face, decided at ``threshold``; labels are one 0/1 tensor per batch (1 = face).
     Without labels, the float model's decisions serve as labels (agreement)."""

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from quantlab.analysis.confidence import Estimate, bootstrap
+from quantlab.analysis.confidence import Estimate, bootstrap, wilson_interval
 from quantlab.models.tasks import OutputSQNR, Top1Agreement
 
 
@@ -26,7 +26,7 @@ def test_value_is_the_metric_on_all_items_and_count_is_the_items():
 
 
 def test_interval_of_a_proportion_matches_the_normal_approximation():
-    # bootstrap of a mean of n Bernoulli items ~ p +- 1.96 sqrt(p (1 - p) / n) (Wald), for large n
+    # a share of n items ~ p +- 1.96 sqrt(p (1 - p) / n) (Wald), for large n
     n, agree = 400, 300
     ref, test = _logits_with_agreement(n, agree)
     est = bootstrap(Top1Agreement(), [ref], [test], resamples=2000, seed=1)
@@ -36,10 +36,60 @@ def test_interval_of_a_proportion_matches_the_normal_approximation():
     assert est.high == pytest.approx(p + half, abs=0.01)
 
 
+def test_wilson_interval_matches_scipy_and_is_exact_at_the_ends():
+    """The Wilson score interval against scipy's, for every k of n up to 40 at three levels;
+    0 of n starts at exactly 0 and n of n ends at exactly 1."""
+    binomtest = pytest.importorskip("scipy.stats").binomtest
+    for level in (0.8, 0.95, 0.99):
+        for n in range(1, 41):
+            for k in range(n + 1):
+                low, high = wilson_interval(k, n, level)
+                ci = binomtest(k, n).proportion_ci(level, method="wilson")
+                assert low == pytest.approx(float(ci.low), abs=1e-12)
+                assert high == pytest.approx(float(ci.high), abs=1e-12)
+                assert (low == 0.0) == (k == 0) and (high == 1.0) == (k == n)
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(9, 8)
+
+
+def test_a_share_of_items_takes_the_wilson_interval_and_never_a_point_interval():
+    """8 of 8 agreeing items bound the share to [0.68, 1], not the bootstrap's [1, 1]; the
+    interval is the Wilson interval of k of N, for every metric that is a share."""
+    from quantlab.models import tasks
+
+    ref, test = _logits_with_agreement(8, 8)
+    est = bootstrap(Top1Agreement(), [ref], [test])
+    assert (est.value, est.high, est.n) == (1.0, 1.0, 8)
+    assert est.low == pytest.approx(0.6756, abs=1e-4)
+    ref, test = _logits_with_agreement(30, 21)
+    labels = [ref.argmax(-1)]
+    for metric in (tasks.Top1Agreement(), tasks.Top1Accuracy()):
+        est = bootstrap(metric, [ref], [test], labels if metric.uses_labels else None)
+        assert (est.value, est.n) == (0.7, 30)
+        assert (est.low, est.high) == wilson_interval(21, 30)
+    probs = torch.stack([1 - test[:, 0], test[:, 0]], 1)  # column 1: 21 faces of 30
+    est = bootstrap(tasks.FaceAccuracy(), [probs], [probs], [torch.ones(30)])
+    assert (est.value, est.low, est.high) == (0.7, *wilson_interval(21, 30))
+
+
+def test_a_share_whose_items_are_not_0_or_1_is_an_error():
+    from quantlab.models.tasks import ProportionMetric
+
+    class HalfCounts(ProportionMetric):
+        name: str = "half_counts"
+        higher_is_better: bool = True
+
+        def item_values(self, ref_outputs, test_outputs, labels=None):
+            return torch.full((ref_outputs[0].shape[0],), 0.5, dtype=torch.float64)
+
+    with pytest.raises(ValueError, match="half_counts.*0 or 1"):
+        bootstrap(HalfCounts("half_counts", True), [torch.zeros(4, 2)], [torch.zeros(4, 2)])
+
+
 def test_identical_items_give_a_point_interval_and_inf_is_kept():
     ref = torch.ones(10, 4)
-    est = bootstrap(Top1Agreement(), [ref], [ref.clone()])
-    assert (est.value, est.low, est.high) == (1.0, 1.0, 1.0)
+    est = bootstrap(Top1Agreement(), [ref], [ref.clone()])  # a share: 10 of 10, Wilson
+    assert (est.value, est.low, est.high) == (1.0, wilson_interval(10, 10)[0], 1.0)
     sq = bootstrap(OutputSQNR(), [ref], [ref.clone()])
     assert sq.value == math.inf and sq.low == math.inf and sq.high == math.inf
 
@@ -88,16 +138,15 @@ def test_estimates_give_labels_only_to_metrics_that_read_them():
     acc = estimate_metrics([Top1Accuracy()], [ref], [test], labels)["top1_accuracy"]
     assert acc.value == 4 / 6 and acc.n == 6 and acc.low <= acc.value <= acc.high
     single = estimate_metrics([Top1Agreement()], [ref[:1]], [test[:1]])["top1_agreement"]
-    assert single.n == 1 and math.isnan(single.low) and math.isnan(single.high)
+    assert single.n == 1 and (single.low, single.high) == wilson_interval(1, 1)
+    one = estimate_metrics([EmbeddingCosine()], [ref[:1]], [test[:1]])["embedding_cosine"]
+    assert one.n == 1 and math.isnan(one.low) and math.isnan(one.high)
 
 
 @pytest.mark.parametrize(
     "metric_name",
     [
-        "top1_agreement",
-        "top1_accuracy",
         "kl_nats",
-        "face_accuracy",
         "embedding_cosine",
         "box_l1",
         "output_cosine",
@@ -109,10 +158,7 @@ def test_per_item_means_resampled_at_once_equal_the_metric_recomputed_per_resamp
     metric = {
         m.name: m
         for m in [
-            tasks.Top1Agreement(),
-            tasks.Top1Accuracy(),
             tasks.SoftmaxKL(),
-            tasks.FaceAccuracy(),
             tasks.EmbeddingCosine(),
             tasks.BoxL1(),
             tasks.OutputCosine(),
