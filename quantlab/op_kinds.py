@@ -119,14 +119,15 @@ _reg("grid_sample", None, OpCategory.GRID_SAMPLE)
 _reg(
     "sigmoid tanh exp log sqrt rsqrt sin cos erf gelu silu hardsigmoid hardswish leaky_relu "
     "prelu elu softplus tan atan sinh cosh atanh asinh asin acos acosh mish log_sigmoid "
-    "softsign selu tanhshrink expm1 exp2 erfc",
+    "softsign selu tanhshrink expm1 exp2 erfc log2 log10 log1p celu",
     None,
     OpCategory.LUT,
 )
+_reg("logit logit_", "logit", OpCategory.LUT)  # inverse_sigmoid's table at the call's eps
 # in-place methods
 _reg(
     "sigmoid_ tanh_ exp_ log_ sqrt_ rsqrt_ sin_ cos_ erf_ tan_ atan_ sinh_ cosh_ atanh_ asinh_ "
-    "asin_ acos_ acosh_ expm1_ exp2_ erfc_",
+    "asin_ acos_ acosh_ expm1_ exp2_ erfc_ log2_ log10_ log1p_ celu_",
     None,
     OpCategory.LUT,
 )
@@ -134,7 +135,7 @@ _reg(
 for _name in "arctan arcsinh arccosh arctanh arcsin arccos".split():
     _reg(f"{_name} {_name}_", _name.replace("arc", "a"), OpCategory.LUT)
 # torch.special's spellings
-for _name in "erfc expm1 exp2".split():
+for _name in "erfc expm1 exp2 log1p logit".split():
     _reg(f"special_{_name}", _name, OpCategory.LUT)
 _reg("softmax", None, OpCategory.SOFTMAX)
 _reg("log_softmax", None, OpCategory.LOG_SOFTMAX)

@@ -190,7 +190,7 @@ class PlatformConfig:
     # ops quantlab models on J6 that this profile runs in float, as its runtime's own kernels
     # for them are not modelled (the runtime profiles: log_softmax, erf, masked_fill, where, abs,
     # maximum, minimum, the trigonometric and hyperbolic tables, mish, log_sigmoid, softsign,
-    # selu, tanhshrink, expm1, exp2, erfc)
+    # selu, tanhshrink, expm1, exp2, erfc, log2, log10, log1p, celu, logit)
     float_fallback_ops: list[str] = field(default_factory=list)
     # the runtime whose integer graph fixed mode computes bit for bit (Runtime): a steady FIXED
     # loop may run the QDQ export there (simulate.runtime_program); NONE for a device

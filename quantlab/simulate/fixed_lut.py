@@ -29,13 +29,15 @@ from quantlab.simulate.composite import ResolvedComposite
 LUT_FUNCS = frozenset(
     "sigmoid tanh exp log sqrt rsqrt reciprocal sin cos erf gelu silu hardsigmoid hardswish "
     "leaky_relu prelu inverse_sigmoid pow elu softplus tan atan sinh cosh atanh asinh asin acos "
-    "acosh mish log_sigmoid softsign selu tanhshrink expm1 exp2 erfc".split()
+    "acosh mish log_sigmoid softsign selu tanhshrink expm1 exp2 erfc log2 log10 log1p celu "
+    "logit".split()
 )
 
 
 def _table_func(op_type: str) -> str:
-    """The LUT function an op's table holds: prelu's is leaky_relu at each channel's slope."""
-    return "leaky_relu" if op_type == "prelu" else op_type
+    """The LUT function an op's table holds: prelu's is leaky_relu at each channel's slope,
+    logit's inverse_sigmoid at the call's eps."""
+    return {"prelu": "leaky_relu", "logit": "inverse_sigmoid"}.get(op_type, op_type)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def _arg(call, index: int, name: str, default):
 
 def _lut_spec(call, rq, platform):
     spec = platform.lut_spec(_table_func(call.op_type))
-    if call.op_type == "inverse_sigmoid":
+    if call.op_type in ("inverse_sigmoid", "logit"):
         eps = _arg(call, 1, "eps", None)
         if eps is not None:
             spec = dataclasses.replace(spec, eps=float(eps))
@@ -84,7 +86,7 @@ def _lut_spec(call, rq, platform):
         slope = _arg(call, 1, "negative_slope", None)
         if slope is not None:
             spec = dataclasses.replace(spec, negative_slope=float(slope))
-    if call.op_type == "elu":
+    if call.op_type in ("elu", "celu"):
         spec = dataclasses.replace(spec, alpha=float(_arg(call, 1, "alpha", 1.0)))
     if call.op_type == "softplus":
         beta, threshold = _arg(call, 1, "beta", 1.0), _arg(call, 2, "threshold", 20.0)
@@ -186,7 +188,7 @@ def _lut_table(sim, call, plan, args, kwargs, in_infos, rq):
         xc, zo = xc.to(in_dt.torch_dtype), 0
     key = _TableKey(in_dt, xs, zx, out, float(so), zo, spec, fmt, observed, hist)
     if slopes is None:
-        table = _build(call.op_type, zero_point_table, key)
+        table = _build(_table_func(call.op_type), zero_point_table, key)
     elif len(slopes) == 1:
         table = _build("leaky_relu", zero_point_table, _with_slope(key, slopes[0]))
     else:

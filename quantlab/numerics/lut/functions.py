@@ -29,6 +29,20 @@ def _log(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.log(x.clamp_min(0.0)).clamp_min(spec.log_floor)
 
 
+def _log_base(base: float) -> Callable[[Tensor, LutSpec], Tensor]:
+    """log to ``base`` as ``_log``'s natural log over ln(base): its floor is log's, in the
+    base's units (x below e ** log_floor reads the floor)."""
+    return lambda x, spec: _log(x, spec) / math.log(base)
+
+
+def _log1p(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.log1p(x.clamp_min(-1.0)).clamp_min(spec.log_floor)
+
+
+def _celu(x: Tensor, spec: LutSpec) -> Tensor:
+    return torch.nn.functional.celu(x, alpha=spec.alpha)
+
+
 def _reciprocal(x: Tensor, spec: LutSpec) -> Tensor:
     mag = x.abs().clamp_min(TINY)
     return torch.where(x < 0, -1.0 / mag, 1.0 / mag)
@@ -175,6 +189,30 @@ FUNCTIONS: dict[str, LutFunction] = {
             sample_range=(0.0, 16.0),
         ),
         LutFunction(
+            "log2",
+            _log_base(2.0),
+            "log(max(x, 0)) / ln 2, log(...) clamped below at LutSpec.log_floor as log's",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: 2.0 ** max(y, s.log_floor / math.log(2.0)),
+            sample_range=(0.0, 16.0),
+        ),
+        LutFunction(
+            "log10",
+            _log_base(10.0),
+            "log(max(x, 0)) / ln 10, log(...) clamped below at LutSpec.log_floor as log's",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: 10.0 ** max(y, s.log_floor / math.log(10.0)),
+            sample_range=(0.0, 16.0),
+        ),
+        LutFunction(
+            "log1p",
+            _log1p,
+            "log1p(max(x, -1)) clamped below at LutSpec.log_floor; x <= -1 -> floor",
+            range_rule=RangeRule.INVERSE,
+            inverse=lambda y, s: math.expm1(max(y, s.log_floor)),
+            sample_range=(-0.9, 16.0),
+        ),
+        LutFunction(
             "reciprocal",
             _reciprocal,
             f"1/x with |x| floored at {TINY} (x = 0 gives +{1 / TINY:g}); outputs saturate",
@@ -283,6 +321,7 @@ FUNCTIONS: dict[str, LutFunction] = {
         LutFunction("hardswish", _hardswish, "none needed (x relu6(x + 3) / 6)"),
         LutFunction("leaky_relu", _leaky_relu, "none needed (LutSpec.negative_slope below 0)"),
         LutFunction("elu", _elu, "none needed (LutSpec.alpha * (exp(x) - 1) below 0)"),
+        LutFunction("celu", _celu, "none needed (LutSpec.alpha * (exp(x / alpha) - 1) below 0)"),
         LutFunction(
             "softplus",
             _softplus,
@@ -363,6 +402,10 @@ _DEFAULTS: dict[str, LutSpec] = {
     "inverse_sigmoid": LutSpec(Strategy.EVENLY, eps=INVERSE_SIGMOID_EPS),
     "pow": LutSpec(Strategy.CURVATURE),
     "elu": LutSpec(Strategy.CURVATURE),
+    "celu": LutSpec(Strategy.CURVATURE),
+    "log2": LutSpec(Strategy.CURVATURE, symmetric=True, log_floor=-10.0),
+    "log10": LutSpec(Strategy.CURVATURE, symmetric=True, log_floor=-10.0),
+    "log1p": LutSpec(Strategy.CURVATURE, log_floor=-10.0),
     "softplus": LutSpec(Strategy.CURVATURE),
     "mish": LutSpec(Strategy.CURVATURE),
     "log_sigmoid": LutSpec(Strategy.CURVATURE),
@@ -406,6 +449,9 @@ def default_spec(func: str) -> LutSpec:
     softplus curvature, their alpha, beta and threshold the call's (assumed likewise: the
     plugin makes both SegmentLUTs without a strategy the documents give); mish, log_sigmoid,
     selu, expm1 and exp2 curvature, softsign and tanhshrink symmetric curvature (odd
-    functions), erfc evenly as erf (assumed: the documents name none of them)."""
+    functions), erfc evenly as erf (assumed: the documents name none of them); log2 and log10
+    as log (symmetric curvature, log's floor of -10 in natural-log units), log1p curvature, celu
+    curvature as elu at the call's alpha, logit as inverse_sigmoid at the call's eps (assumed
+    likewise)."""
     get_function(func)
     return _DEFAULTS[func]
