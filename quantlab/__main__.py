@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from quantlab.config import register_all, to_config
 from quantlab.experiment import ExperimentResult, RunContext, lookup, registered
 from quantlab.host_memory import keep_freed_memory
-from quantlab.report import publish, write_report
+from quantlab.report import publish, run_environment, write_report
 from quantlab.report.io import atomic_write_text
 
 DONE_MARKER = "DONE"
@@ -63,7 +63,8 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         progress=conf.progress,
     )
     result = entry.fn(conf.exp, ctx)
-    write_report(result, output_dir, command, OmegaConf.to_yaml(cfg, resolve=True))
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    write_report(result, output_dir, command, config_yaml, environment=run_environment())
     if conf.publish_dir:
         publish(output_dir, Path(conf.publish_dir))
     atomic_write_text(output_dir / DONE_MARKER, "")

@@ -10,7 +10,7 @@ import pandas as pd
 from quantlab.report.io import atomic_savefig, atomic_write_csv, atomic_write_text
 from quantlab.report.plots import Plot, PlotKind, draw
 
-__all__ = ["Plot", "PlotKind", "write_report", "markdown_table", "QCONFIG_DIR"]
+__all__ = ["Plot", "PlotKind", "write_report", "run_environment", "markdown_table", "QCONFIG_DIR"]
 
 QCONFIG_DIR = "qconfig"
 """Subfolder of a run folder holding the qconfig YAML files the run chose."""
@@ -34,14 +34,32 @@ def markdown_table(df: pd.DataFrame, max_rows: int = 40, floatfmt: str = ".4g") 
     return "\n".join(lines)
 
 
+def run_environment() -> str:
+    """What a run's float figures depend on beyond its config: torch's version, its intra-op
+    thread count (a float convolution's sums follow it, and calibration and every mode after
+    it follow those bits) and the CPU kernels torch picks."""
+    import torch
+
+    return (
+        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}"
+    )
+
+
 def write_report(
-    result, out_dir: Path, command: str, config_yaml: str, summary_columns: list[str] | None = None
+    result,
+    out_dir: Path,
+    command: str,
+    config_yaml: str,
+    summary_columns: list[str] | None = None,
+    environment: str | None = None,
 ) -> Path:
     """Write ``result`` (an ExperimentResult) into ``out_dir``; return the report path.
 
     Files: results.csv (the tidy table), <name>.csv per extra table, <plot>.png per plot,
     config.yaml (the resolved config of this run), the qconfig YAML files the run chose
-    (``result.qconfigs``) and report.md (findings, tables, plots, the command that reproduces it).
+    (``result.qconfigs``) and report.md (findings, tables, plots, the command that reproduces it
+    and the ``environment`` it ran in, ``run_environment``).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +103,12 @@ def write_report(
         f"Raw results: `results.csv` ({len(result.table)} rows); resolved config: `config.yaml`.",
         "",
     ]
+    if environment:
+        md += [
+            f"Ran on {environment}: torch's float convolutions can sum in an order that follows "
+            "the thread count, so another count can move the figures in their last digits.",
+            "",
+        ]
     if result.qconfigs:
         files = ", ".join(f"`{QCONFIG_DIR}/{n}`" for n in result.qconfigs)
         md += [

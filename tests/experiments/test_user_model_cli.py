@@ -172,6 +172,10 @@ def test_the_reports_reproduce_line_survives_the_shell(runs):
     (line,) = [x for x in md.splitlines() if x.startswith("python -m quantlab")]
     args = shlex.split(line)[3:]
     assert "model.kwargs={width:8}" in args and "+exp=model_check" in args
+    import torch
+
+    (ran,) = [x for x in md.splitlines() if x.startswith("Ran on ")]  # what the figures follow
+    assert f"torch {torch.__version__}, " in ran and " intra-op threads, CPU capability " in ran
     assert reproduce_command(["+exp=a", "b.c=[1,2]"]) == "python -m quantlab +exp=a 'b.c=[1,2]'"
     line = reproduce_command(["+exp=a", "model.kwargs={a: 1, b: 2}"])
     assert shlex.split(line)[3:] == ["+exp=a", "model.kwargs={a: 1, b: 2}"]
