@@ -78,7 +78,8 @@ def top_table(table: pd.DataFrame, metric: Metric, k: int) -> pd.DataFrame:
 
 
 def _task_finding(table: pd.DataFrame, task) -> str | None:
-    """How many ops move the task metric so that its interval excludes the unquantized value."""
+    """How many ops move the task metric so that its interval separates from the least affected
+    op's (``Estimate.separated_from``: the two intervals apart, on items enough to resolve it)."""
     from quantlab.analysis.confidence import Estimate
 
     rows = table[table["metric"] == "TASK"]
@@ -91,17 +92,17 @@ def _task_finding(table: pd.DataFrame, task) -> str | None:
         if g["value"].nunique() == 1:  # no op moves it: none is the most sensitive
             parts.append(f"{kind}: every op gives {task.name} {unmoved:.4g} (n={n})")
             continue
-        moved = 0
-        for r in g.itertuples():
-            est = Estimate(r.value, r.ci_low, r.ci_high, n)
-            if est.has_interval and not (est.low <= unmoved <= est.high):
-                moved += 1
+        best = g.loc[g["value"] == unmoved].iloc[0]
+        least = Estimate(best.value, best.ci_low, best.ci_high, n)
+        moved = sum(
+            Estimate(r.value, r.ci_low, r.ci_high, n).separated_from(least) for r in g.itertuples()
+        )
         worst = g.iloc[0]
         verdict = (
-            f"for {moved} of {len(g)} ops the interval excludes the least affected op's value "
-            f"{unmoved:.4g}"
-            if n > 1
-            else "with one item there are no intervals"
+            f"for {moved} of {len(g)} ops the interval separates from the least affected op's "
+            f"({best.op_name}: {least})"
+            if least.has_interval
+            else f"with {n} item(s) there are no intervals"
         )
         parts.append(
             f"{kind}: {task.name} of the most sensitive op {worst.op_name} is "

@@ -291,4 +291,33 @@ def test_task_findings_make_no_claim_from_one_item():
     assert "every op gives top1 1 (n=1)" in _task_finding(rows, Task)
     rows["value"] = [0.0, 1.0, 1.0]
     said = _task_finding(rows, Task)
-    assert "with one item there are no intervals" in said and "excludes" not in said
+    assert "with 1 item(s) there are no intervals" in said and "separates" not in said
+
+
+def test_sensitivity_counts_ops_whose_interval_separates_from_the_least_affected_ops():
+    """7 of 8 agreeing items (Wilson 0.53 to 0.98) lie below the value 1 but overlap the least
+    affected op's 8 of 8 (0.68 to 1): no op is counted as moving the metric; 1 of 8 is."""
+    import pandas as pd
+
+    from experiments.sensitivity import _task_finding
+
+    class Task:
+        name, higher_is_better = "top1", True
+
+    shares = [1, 7, 8]
+    bounds = [wilson_interval(k, 8) for k in shares]
+    rows = pd.DataFrame(
+        {
+            "metric": ["TASK"] * 3,
+            "sensitive_type": ["weight"] * 3,
+            "op_name": ["a", "b", "c"],
+            "value": [k / 8 for k in shares],
+            "ci_low": [b[0] for b in bounds],
+            "ci_high": [b[1] for b in bounds],
+            "items": [8] * 3,
+        }
+    )
+    said = _task_finding(rows, Task)
+    assert "for 1 of 3 ops the interval separates from the least affected op's (c: 1 " in said
+    rows = rows.iloc[1:]
+    assert "for 0 of 2 ops" in _task_finding(rows, Task)
