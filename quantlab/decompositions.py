@@ -236,7 +236,7 @@ def _addmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
         or not set(p) <= {*_ADDMM_PARAMS, "beta", "alpha"}
         or p.get("beta", 1) != 1
         or p.get("alpha", 1) != 1
-        or not _is_parameter(w)
+        or not _views_parameter(w)
         or getattr(bias, "ndim", None) != 1
     ):
         return None
@@ -301,17 +301,10 @@ def _einsum_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return None if plan is None else lambda: contract(a, b, plan)
 
 
-def _is_parameter(w) -> bool:
-    """Whether ``w`` is a parameter, or a traced value whose example is one (``traced_graph``:
-    torch.fx hands the parts a model attribute as a traced value)."""
-    return isinstance(w, nn.Parameter) or isinstance(
-        getattr(w, "example_value", None), nn.Parameter
-    )
-
-
 def _views_parameter(w) -> bool:
     """Whether ``w`` is a parameter or a view of one (``w.t()``, ``w.T``), or a traced value
-    whose example is."""
+    whose example is (``traced_graph``: torch.fx hands the parts a model attribute as a traced
+    value)."""
     v = getattr(w, "example_value", w)
     return isinstance(v, nn.Parameter) or type(getattr(v, "_base", None)) is nn.Parameter
 

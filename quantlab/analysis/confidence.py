@@ -134,13 +134,8 @@ def _share_estimate(metric, ref: Any, test: Any, lab: Any, n: int, level: float)
     values = values.detach().to(torch.float64)
     if not bool(((values == 0) | (values == 1)).all()):
         raise ValueError(f"{metric.name}: a proportion metric's item values must be 0 or 1")
-    k = int(values.sum())
-    return Estimate(
-        float(metric([ref], [test], None if lab is None else [lab])),
-        *wilson_interval(k, n, level),
-        n,
-        level,
-    )
+    k = int(values.sum())  # the metric is their mean (ItemMeanMetric)
+    return Estimate(float(np.mean(values.numpy())), *wilson_interval(k, n, level), n, level)
 
 
 def concat_items(batches: list) -> Any:

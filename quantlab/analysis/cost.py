@@ -15,8 +15,7 @@ Per op (one row of ``Simulator.ops``):
   erf, tan, atan, sinh, cosh, atanh, asinh, asin, acos, acosh, gelu, silu, hardsigmoid,
   hardswish, leaky_relu, prelu, elu, softplus, mish, log_sigmoid, softsign, selu, tanhshrink,
   expm1, exp2, erfc, log2, log10, log1p, celu, logit, reciprocal, inverse_sigmoid, pow with an
-  exponent other than 2, whose
-  category is LUT; pow(x, 2) is a mul):
+  exponent other than 2, whose category is LUT; pow(x, 2) is a mul):
   ``out_elements x lut_interp x bytes(output)``; an int8-in/int8-out op on a platform with a
   direct 256-entry table (``platform.lut_direct_int8``) costs ``lut_direct``.
 - view-only ops (reshape, permute, slicing, ...): 0.
