@@ -309,6 +309,14 @@ def _in_words(a, b) -> str:
     return {"separate": "separated", "overlap": "overlapping"}.get(rel, f"intervals {rel}")
 
 
+def _advice_verdict(evenly: Estimate, curvature: Estimate) -> str:
+    """Whether the vendor advice (curvature -> evenly) holds on a lower-is-better metric:
+    "holds" or "does not hold" only where the two intervals separate."""
+    if not evenly.separated_from(curvature):
+        return f"is not resolved ({_in_words(evenly, curvature)} 95% intervals, n={evenly.n})"
+    return "holds" if evenly.value < curvature.value else "does not hold"
+
+
 def _data_finding(fx: pd.DataFrame) -> str:
     """DATA's fixed-mode box L1 against every other strategy's, with interval separation."""
     est = {r.strategy: _box_estimate(r) for r in fx.itertuples()}
@@ -432,9 +440,11 @@ def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> l
         if "CURVATURE" in by and "EVENLY" in by:
             c, e = by["CURVATURE"], by["EVENLY"]
             rel = 100 * abs(c - e) / c
+            ests = {r.strategy: _box_estimate(r) for r in fx.itertuples()}
+            verdict = _advice_verdict(ests["EVENLY"], ests["CURVATURE"])
             out.append(
-                f"At model level the vendor advice {'holds' if e < c else 'does not hold'} on box "
-                f"L1: evenly {e:.2e} vs curvature {c:.2e} (evenly {rel:.0f}% "
+                f"At model level the vendor advice {verdict} on box "
+                f"L1: evenly {e:.2e} vs curvature {c:.2e} (evenly {rel:.1f}% "
                 f"{'lower' if e < c else 'higher'}); IoU vs float evenly {iou['EVENLY']:.4f} vs "
                 f"curvature {iou['CURVATURE']:.4f}. {100 * mid_share:.0f}% of the box coordinates "
                 f"the decoder refines lie in the middle region [{exp.region_edge:g}, "

@@ -128,3 +128,14 @@ def test_data_beats_optimal_under_the_decoders_calibrated_histogram():
         assert np.isfinite(err[Strategy.DATA]) and err[Strategy.DATA] <= err[Strategy.OPTIMAL]
         gains.append(err[Strategy.OPTIMAL] - err[Strategy.DATA])
     assert max(gains) > 0.0  # on some layer the data changes the table for the better
+
+
+def test_the_vendor_advice_is_judged_only_where_the_intervals_separate():
+    from experiments.inverse_sigmoid import _advice_verdict
+    from quantlab.analysis.confidence import Estimate
+
+    curvature = Estimate(8.2e-4, 7.6e-4, 8.9e-4, 32)
+    assert _advice_verdict(Estimate(6.4e-4, 5.9e-4, 7.0e-4, 32), curvature) == "holds"
+    assert _advice_verdict(Estimate(9.9e-4, 9.2e-4, 1.1e-3, 32), curvature) == "does not hold"
+    said = _advice_verdict(Estimate(8.1e-4, 7.5e-4, 8.8e-4, 32), curvature)
+    assert said == "is not resolved (overlapping 95% intervals, n=32)"
