@@ -29,12 +29,6 @@ def _log(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.log(x.clamp_min(0.0)).clamp_min(spec.log_floor)
 
 
-def _log_base(base: float) -> Callable[[Tensor, LutSpec], Tensor]:
-    """log to ``base`` as ``_log``'s natural log over ln(base): its floor is log's, in the
-    base's units (x below e ** log_floor reads the floor)."""
-    return lambda x, spec: _log(x, spec) / math.log(base)
-
-
 def _log1p(x: Tensor, spec: LutSpec) -> Tensor:
     return torch.log1p(x.clamp_min(-1.0)).clamp_min(spec.log_floor)
 
@@ -161,6 +155,20 @@ class LutFunction:
         return torch.where(x < 0, -y, y)
 
 
+def _log_to(name: str, base: float) -> LutFunction:
+    """log to ``base`` as ``_log``'s natural log over ln(base): its floor is log's, in the
+    base's units (x below e ** log_floor reads the floor)."""
+    ln_base = math.log(base)
+    return LutFunction(
+        name,
+        lambda x, spec: _log(x, spec) / ln_base,
+        f"log(max(x, 0)) / ln {base:g}, log(...) clamped below at LutSpec.log_floor as log's",
+        range_rule=RangeRule.INVERSE,
+        inverse=lambda y, s: base ** max(y, s.log_floor / ln_base),
+        sample_range=(0.0, 16.0),
+    )
+
+
 def _safe_exp_inverse(y: float, spec: LutSpec) -> float:
     return math.log(y) if y > 0 else -math.inf
 
@@ -188,22 +196,8 @@ FUNCTIONS: dict[str, LutFunction] = {
             inverse=lambda y, s: math.exp(max(y, s.log_floor)),
             sample_range=(0.0, 16.0),
         ),
-        LutFunction(
-            "log2",
-            _log_base(2.0),
-            "log(max(x, 0)) / ln 2, log(...) clamped below at LutSpec.log_floor as log's",
-            range_rule=RangeRule.INVERSE,
-            inverse=lambda y, s: 2.0 ** max(y, s.log_floor / math.log(2.0)),
-            sample_range=(0.0, 16.0),
-        ),
-        LutFunction(
-            "log10",
-            _log_base(10.0),
-            "log(max(x, 0)) / ln 10, log(...) clamped below at LutSpec.log_floor as log's",
-            range_rule=RangeRule.INVERSE,
-            inverse=lambda y, s: 10.0 ** max(y, s.log_floor / math.log(10.0)),
-            sample_range=(0.0, 16.0),
-        ),
+        _log_to("log2", 2.0),
+        _log_to("log10", 10.0),
         LutFunction(
             "log1p",
             _log1p,
