@@ -62,9 +62,10 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         qconfig=conf.qconfig,
         progress=conf.progress,
     )
+    environment = run_environment()  # as the run starts (an experiment may time on fewer)
     result = entry.fn(conf.exp, ctx)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    write_report(result, output_dir, command, config_yaml, environment=run_environment())
+    write_report(result, output_dir, command, config_yaml, environment=environment)
     if conf.publish_dir:
         publish(output_dir, Path(conf.publish_dir))
     atomic_write_text(output_dir / DONE_MARKER, "")
