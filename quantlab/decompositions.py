@@ -243,17 +243,24 @@ def _addmm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
     return lambda: F.linear(x, w.t(), bias)
 
 
-def _matmul_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+def _matmul_parts(args: tuple, kwargs: dict, least_dims: int = 1) -> Callable[[], Any] | None:
     if kwargs or len(args) != 2:  # the out= form: whole
         return None
     x, w = args
     if not _views_parameter(w) or getattr(w, "ndim", None) != 2:
         return None
     try:
-        floats = x.dtype == w.dtype and x.dtype.is_floating_point and x.ndim >= 1
+        fits = x.dtype == w.dtype and x.dtype.is_floating_point and least_dims <= x.ndim
     except AttributeError:  # not a tensor
         return None
-    return (lambda: F.linear(x, w.t())) if floats else None
+    if not fits or (least_dims == 2 and x.ndim != 2):
+        return None  # torch's own call raises its own message
+    return lambda: F.linear(x, w.t())
+
+
+def _mm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """torch.mm takes 2-d operands only (linear would take more)."""
+    return _matmul_parts(args, kwargs, least_dims=2)
 
 
 _BADDBMM_PARAMS = ("input", "batch1", "batch2")
@@ -333,8 +340,8 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     torch.matmul: _matmul_parts,
     Tensor.matmul: _matmul_parts,  # x @ w
     operator.matmul: _matmul_parts,  # x @ w traced by torch.fx
-    torch.mm: _matmul_parts,
-    Tensor.mm: _matmul_parts,
+    torch.mm: _mm_parts,
+    Tensor.mm: _mm_parts,
     torch.baddbmm: _baddbmm_parts,
     Tensor.baddbmm: _baddbmm_parts,
     torch.functional.einsum: _einsum_parts,  # torch.einsum

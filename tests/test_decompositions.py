@@ -819,6 +819,23 @@ def test_other_matmuls_stay_matmuls():
     assert [o.shape for o in out] == [t.shape for t in want]
 
 
+def test_mm_by_a_parameter_of_a_3d_input_raises_as_torch_does():
+    """torch.mm takes 2-d operands: a 3-d input is torch's own error, not a linear layer."""
+
+    class _Mm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 3))
+
+        def forward(self, x):
+            return torch.mm(x, self.w)
+
+    calls, _ = capture(_Mm(), torch.randn(5, 4))
+    assert [c.op_type for c in calls] == ["linear"]
+    with pytest.raises(RuntimeError, match="must be a matrix"):
+        capture(_Mm(), torch.randn(2, 5, 4))
+
+
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_matmuls_by_a_parameter_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
     from quantlab.simulate import steady_programs
