@@ -9,13 +9,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from bits import assert_bits_equal
+from test_unary_tables import assert_near_function, assert_table_op
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.lut import build_lut, default_spec
+from quantlab.numerics.lut import default_spec
 from quantlab.op_kinds import OpCategory, classify
-from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
 
 # op type -> (its call, the table function and spec fields the call sets, the inputs' range)
@@ -80,30 +79,15 @@ def test_the_op_is_the_table_of_its_function(op, dtype, scale):
     calibrated input range on the convolution's output codes, and that table follows the
     function on the codes it covers."""
     fn, func, fields, _ = CASES[op]
-    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype, observer="FIXED", fixed_scale=scale)
     sim, xs = _calibrated(op, "j6m")
     (name,) = sim.ops.loc[sim.ops.op_type == op, "name"]
-    sim.set_qconfig(QConfigSpec(by_name=dict.fromkeys(("conv:conv2d#0", name), rule)))
-    sim.calibrate([(xs[1],)], progress=False)
-    row = sim.ops.set_index("name").loc[name]
-    assert (row["category"], row["fixed_kernel"], row["supported"]) == ("LUT", "lut", True)
-    seen = sim.observed_range(name, "in0")
     spec = dataclasses.replace(default_spec(func), **fields)
-    table = build_lut(func, dtype, scale, dtype, scale, spec, observed_range=seen)
-    for x in xs:
-        trace = sim.trace(x, mode=Mode.FIXED)
-        codes = (trace.outputs["conv:conv2d#0"] / scale).to(dtype.torch_dtype)  # powers of 2
-        assert_bits_equal(sim.run(x, mode=Mode.FIXED), table.evaluate(codes).float() * scale)
-    lo, hi = (float(v) for v in seen)
-    x = torch.linspace(max(lo, 0.06 if op.startswith("log") else -3.0), min(hi, 3.0), 97)
-    if op == "logit":
-        x = x.clamp(0.02, 0.98)
-    codes = torch.round(x / scale).to(dtype.torch_dtype)
-    got = table.evaluate(codes).double() * scale
-    ideal = fn(codes.double() * scale)
-    inside = ideal.abs() < dtype.qmax * scale
-    lsb = 1 if dtype is DType.INT8 else 40  # direct: rounding; segment tables: interpolation
-    assert float((got - ideal).abs()[inside].max()) <= lsb * scale
+
+    def grid(lo, hi):
+        x = torch.linspace(max(lo, 0.06 if op.startswith("log") else -3.0), min(hi, 3.0), 97)
+        return x.clamp(0.02, 0.98) if op == "logit" else x
+
+    assert_table_op(sim, name, func, spec, dtype, scale, xs, grid, fn)
 
 
 @pytest.mark.parametrize("platform", ["j6m", "j6p"])
@@ -113,21 +97,7 @@ def test_fake_and_fixed_stay_near_the_function(platform, op):
     float16 form): both within a few output steps of the function of the op's own input."""
     sim, xs = _calibrated(op, platform)
     (name,) = sim.ops.loc[sim.ops.op_type == op, "name"]
-    fn = CASES[op][0]
-    for x in xs:
-        for mode in (Mode.FAKE, Mode.FIXED):
-            trace = sim.trace(x, mode=mode)
-            got, arg = trace.outputs[name], trace.outputs["conv:conv2d#0"]
-            want = fn(arg)
-            info = trace.qinfo[name]
-            scale = info.scale  # None: float16 (J6P)
-            step = 2.0**-9 * float(want.abs().max()) if scale is None else float(scale.max())
-            # within the output's range (an MSE observer may clip a long tail such as log's)
-            inside = torch.ones_like(want, dtype=torch.bool)
-            if scale is not None:
-                inside = want.abs() <= info.dtype.qmax * step
-            assert inside.float().mean() > 0.9
-            assert float((got - want).abs()[inside].max()) <= 4 * step, (mode, op)
+    assert_near_function(sim, name, CASES[op][0], xs, clipped_tail=True)
 
 
 @pytest.mark.parametrize("platform", ["onnxruntime", "tflite"])

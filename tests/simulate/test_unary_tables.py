@@ -55,33 +55,64 @@ def test_each_is_a_table_op():
         assert classify(fn, (x,), {}) == (op, OpCategory.LUT), op
 
 
+def assert_table_op(sim, name, func, spec, dtype, scale, xs, grid, fn) -> None:
+    """With a FIXED ``dtype`` rule at ``scale`` on the convolution and op ``name``, the op's
+    output is ``func``'s table (at ``spec``) over the calibrated input range on the
+    convolution's output codes, and that table follows ``fn`` on the codes of ``grid(lo, hi)``
+    (the calibrated range's part to compare) within the output's range."""
+    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype, observer="FIXED", fixed_scale=scale)
+    sim.set_qconfig(QConfigSpec(by_name=dict.fromkeys(("conv:conv2d#0", name), rule)))
+    sim.calibrate([(xs[1],)], progress=False)
+    row = sim.ops.set_index("name").loc[name]
+    assert (row["category"], row["fixed_kernel"], row["supported"]) == ("LUT", "lut", True)
+    seen = sim.observed_range(name, "in0")
+    table = build_lut(func, dtype, scale, dtype, scale, spec, observed_range=seen)
+    for x in xs:
+        trace = sim.trace(x, mode=Mode.FIXED)
+        codes = (trace.outputs["conv:conv2d#0"] / scale).to(dtype.torch_dtype)  # powers of 2
+        assert_bits_equal(sim.run(x, mode=Mode.FIXED), table.evaluate(codes).float() * scale)
+    x = grid(*(float(v) for v in seen))
+    codes = torch.round(x / scale).to(dtype.torch_dtype)
+    got = table.evaluate(codes).double() * scale
+    ideal = fn(codes.double() * scale)
+    inside = ideal.abs() < dtype.qmax * scale
+    lsb = 1 if dtype is DType.INT8 else 40  # direct: rounding; segment tables: interpolation
+    assert float((got - ideal).abs()[inside].max()) <= lsb * scale
+
+
+def assert_near_function(sim, name, fn, xs, clipped_tail: bool = False) -> None:
+    """FAKE and FIXED outputs of op ``name`` within 4 output steps of ``fn`` of the op's own
+    input (J6P's float16: 2**-9 of the largest value); with ``clipped_tail``, where ``fn``
+    lies within the output's range only, which holds over 90% of the values (an MSE
+    observer may clip a long tail such as log's)."""
+    for x in xs:
+        for mode in (Mode.FAKE, Mode.FIXED):
+            trace = sim.trace(x, mode=mode)
+            got, arg = trace.outputs[name], trace.outputs["conv:conv2d#0"]
+            want = fn(arg)
+            info = trace.qinfo[name]
+            scale = info.scale  # None: float16 (J6P)
+            step = 2.0**-9 * float(want.abs().max()) if scale is None else float(scale.max())
+            inside = torch.ones_like(want, dtype=torch.bool)
+            if clipped_tail and scale is not None:
+                inside = want.abs() <= info.dtype.qmax * step
+                assert inside.float().mean() > 0.9
+            assert float((got - want).abs()[inside].max()) <= 4 * step, (mode, name)
+
+
 @pytest.mark.parametrize("op", list(CASES))
 @pytest.mark.parametrize(("dtype", "scale"), [(DType.INT8, 2.0**-4), (DType.INT16, 2.0**-11)])
 def test_the_op_is_the_table_of_its_function(op, dtype, scale):
     """J6M: the op's output is the table of its function over the calibrated input range
     (int8: the direct table, int16: segment tables) on the convolution's output codes, and
     that table follows the function on the codes it covers."""
-    rule = OpQConfig(input_dtype=dtype, output_dtype=dtype, observer="FIXED", fixed_scale=scale)
     sim, xs = _calibrated(op, "j6m")
     (name,) = sim.ops.loc[sim.ops.op_type == op, "name"]
-    sim.set_qconfig(QConfigSpec(by_name=dict.fromkeys(("conv:conv2d#0", name), rule)))
-    sim.calibrate([(xs[1],)], progress=False)
-    row = sim.ops.set_index("name").loc[name]
-    assert (row["category"], row["fixed_kernel"], row["supported"]) == ("LUT", "lut", True)
-    seen = sim.observed_range(name, "in0")
-    table = build_lut(op, dtype, scale, dtype, scale, default_spec(op), observed_range=seen)
-    for x in xs:
-        trace = sim.trace(x, mode=Mode.FIXED)
-        codes = (trace.outputs["conv:conv2d#0"] / scale).to(dtype.torch_dtype)  # powers of 2
-        assert_bits_equal(sim.run(x, mode=Mode.FIXED), table.evaluate(codes).float() * scale)
-    lo, hi = (float(v) for v in seen)
-    x = torch.linspace(max(lo, -3.0), min(hi, 3.0), 97)
-    codes = torch.round(x / scale).to(dtype.torch_dtype)
-    got = table.evaluate(codes).double() * scale
-    ideal = CASES[op](codes.double() * scale)
-    inside = ideal.abs() < dtype.qmax * scale
-    lsb = 1 if dtype is DType.INT8 else 40  # direct: rounding; segment tables: interpolation
-    assert float((got - ideal).abs()[inside].max()) <= lsb * scale
+
+    def grid(lo, hi):
+        return torch.linspace(max(lo, -3.0), min(hi, 3.0), 97)
+
+    assert_table_op(sim, name, op, default_spec(op), dtype, scale, xs, grid, CASES[op])
 
 
 @pytest.mark.parametrize("platform", ["j6m", "j6p"])
@@ -91,15 +122,7 @@ def test_fake_and_fixed_stay_near_the_function(platform, op):
     float16 form): both within a few output steps of the function of the op's own input."""
     sim, xs = _calibrated(op, platform)
     (name,) = sim.ops.loc[sim.ops.op_type == op, "name"]
-    fn = CASES[op]
-    for x in xs:
-        for mode in (Mode.FAKE, Mode.FIXED):
-            trace = sim.trace(x, mode=mode)
-            got, arg = trace.outputs[name], trace.outputs["conv:conv2d#0"]
-            want = fn(arg)
-            scale = trace.qinfo[name].scale  # None: float16 (J6P)
-            step = 2.0**-9 * float(want.abs().max()) if scale is None else float(scale.max())
-            assert float((got - want).abs().max()) <= 4 * step, (mode, op)
+    assert_near_function(sim, name, CASES[op], xs)
 
 
 def test_runtime_profiles_run_them_in_float():
