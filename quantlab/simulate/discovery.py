@@ -86,7 +86,7 @@ class OpDiscovery:
                     "fixed_in_float": name in self._fixed_in_float,
                     "input_dtype": calls.dt_names(inf.input_dtypes),
                     "weight_dtype": rq.weight_dtype.name if rq and inf.has_weight else "",
-                    "output_dtype": self._table_out_dtype(name, inf, rq),
+                    "output_dtype": self._op_out_dtype(name, inf).name if rq else "FLOAT32",
                     "has_weight": inf.has_weight,
                     "weight_split": rq.weight_split if rq else 0,
                     "fused_into": self._fused_into.get(name, ""),  # the GEMM computing this op
@@ -172,10 +172,7 @@ class OpDiscovery:
             inf.input_dtypes = ins
             self._check_float_inputs(name, inf, out_dt)
             self._check_high_precision(name, inf, rq)
-            if inf.category is OpCategory.PASS_THROUGH and ins:
-                out_dt[name] = self._moved_dtype(name, inf, ins[0])
-            else:
-                out_dt[name] = self._out_dtype(name)
+            out_dt[name] = self._op_out_dtype(name, inf)
             if inf.category is OpCategory.GEMM:
                 ops = ins + ([rq.weight_dtype] if inf.has_weight else [])
                 if split_operand:
@@ -203,14 +200,12 @@ class OpDiscovery:
             return kernel
         return f"{out.name.lower()} ({fixed_ops.FLOAT_OUTPUT})"
 
-    def _table_out_dtype(self, name: str, inf, rq) -> str:
-        """The ops table's output dtype: a pass-through op's is its input's (it moves codes)."""
-        if rq is None:
-            return "FLOAT32"
-        kept = inf.input_dtypes[0] if inf.input_dtypes else None
-        if inf.category is OpCategory.PASS_THROUGH and kept is not None:
-            return self._moved_dtype(name, inf, kept).name
-        return self._out_dtype(name).name
+    def _op_out_dtype(self, name: str, inf) -> DType:
+        """A modelled op's output dtype: a pass-through op's is its input's (it moves codes;
+        ``_moved_dtype``), any other op's its own."""
+        if inf.category is OpCategory.PASS_THROUGH and inf.input_dtypes:
+            return self._moved_dtype(name, inf, inf.input_dtypes[0])
+        return self._out_dtype(name)
 
     def _moved_dtype(self, name: str, inf, kept: DType) -> DType:
         """A pass-through op's output dtype: ``kept``, its input's (it moves codes), except
