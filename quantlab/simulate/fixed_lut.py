@@ -75,8 +75,9 @@ def _arg(call, index: int, name: str, default):
 
 
 def _lut_spec(call, rq, platform):
-    spec = platform.lut_spec(_table_func(call.op_type))
-    if call.op_type in ("inverse_sigmoid", "logit"):
+    func = _table_func(call.op_type)
+    spec = platform.lut_spec(func)
+    if func == "inverse_sigmoid":  # logit's too
         eps = _arg(call, 1, "eps", None)
         if eps is not None:
             spec = dataclasses.replace(spec, eps=float(eps))
