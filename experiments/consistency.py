@@ -21,7 +21,7 @@ import torch
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
-from quantlab.op_kinds import EVAL_IDENTITY_TYPES
+from quantlab.op_kinds import EVAL_IDENTITY_TYPES, OpCategory
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
 from quantlab.simulate.core import non_finite_words
@@ -190,8 +190,9 @@ def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
     parts = [sim.compare(*batch, a=exp.mode_a, b=exp.mode_b, view=v) for v in View]
     table = pd.concat(parts, ignore_index=True)
     table["depth"] = table.groupby("view").cumcount()
-    kernels = sim.ops.set_index("name")["fixed_kernel"]
-    table["fixed_kernel"] = [kernels.get(n, "") for n in table["name"]]
+    ops = sim.ops.set_index("name")
+    table["fixed_kernel"] = [ops.fixed_kernel.get(n, "") for n in table["name"]]
+    table["category"] = [ops.category.get(n, "") for n in table["name"]]
     capped = table["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
     table["sqnr_db_plot"] = capped.where(~table["sqnr_db"].isna(), float("nan"))
     return table
@@ -199,21 +200,34 @@ def consistency_table(sim, batch: tuple, exp: ConsistencyExp) -> pd.DataFrame:
 
 def _accumulated_finding(acc: pd.DataFrame) -> str:
     """The accumulated view in one sentence: its lowest SQNR along depth and where, and the
-    last op's (a model's last op need not be its worst, or an output on the main path)."""
+    last op's (a model's last op need not be its worst, or an output on the main path). Where
+    the lowest is at a pass-through op (a view, a slice, relu, max pooling: it moves or selects
+    values and adds no error of its own, but the values it keeps can carry less signal), the
+    sentence says so and names the lowest among the ops that compute."""
 
     def db(v: float) -> str:
         return "bit-identical (inf dB)" if math.isinf(v) and v > 0 else f"{v:.1f} dB SQNR"
 
     last, known = acc.iloc[-1], acc.sqnr_db.dropna()
-    worst = acc.loc[known.idxmin()] if not known.empty else last
+    at = known.idxmin() if not known.empty else acc.index[-1]
+    worst = acc.loc[at]
     if worst["name"] == last["name"] or worst.sqnr_db == last.sqnr_db:
         return (
             f"Accumulated along depth, the gap reaches {db(last.sqnr_db)} at the last op "
             f"({last['name']})."
         )
+    where = f"{worst['name']} ({db(worst.sqnr_db)})"
+    passes = acc.category == OpCategory.PASS_THROUGH.name if "category" in acc else None
+    if passes is not None and passes[at]:
+        computing = acc.sqnr_db[~passes].dropna()
+        why = "it only moves or selects values, so its gap was made before it"
+        if not computing.empty:
+            low = acc.loc[computing.idxmin()]
+            why += f"; the widest at an op that computes is at {low['name']}, {db(low.sqnr_db)}"
+        where += f", a pass-through op ({why})"
     return (
-        f"Accumulated along depth, the gap is widest at {worst['name']} ({db(worst.sqnr_db)}); "
-        f"at the last op ({last['name']}) it is {db(last.sqnr_db)}."
+        f"Accumulated along depth, the gap is widest at {where}; at the last op "
+        f"({last['name']}) it is {db(last.sqnr_db)}."
     )
 
 

@@ -123,6 +123,18 @@ def test_accumulated_finding_names_the_widest_gap_and_the_last_op():
     assert "reaches 29.0 dB SQNR at the last op (op2)" in _accumulated_finding(acc([40, 35, 29.0]))
     assert "op1" in _accumulated_finding(acc([math.nan, 20.0, 30.0]))  # NaN rows are skipped
     assert "last op (op1)" in _accumulated_finding(acc([math.nan, math.nan]))
+    # a pass-through op (a slice, relu) adds no error: the sentence says so and names the
+    # lowest among the ops that compute
+    ops = acc([50.0, 31.5, 40.0, 60.0])
+    ops["category"] = ["GEMM", "PASS_THROUGH", "LUT", "GEMM"]
+    text = _accumulated_finding(ops)
+    assert text == (
+        "Accumulated along depth, the gap is widest at op1 (31.5 dB SQNR), a pass-through op "
+        "(it only moves or selects values, so its gap was made before it; the widest at an op "
+        "that computes is at op2, 40.0 dB SQNR); at the last op (op3) it is 60.0 dB SQNR."
+    )
+    ops["category"] = ["GEMM", "GEMM", "PASS_THROUGH", "GEMM"]
+    assert "pass-through" not in _accumulated_finding(ops)
 
 
 def test_float_ops_finding_names_eval_dropout_as_removed_at_export():
