@@ -356,7 +356,7 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
     )
 
 
-@experiment(ConsistencyExp, "consistency")
+@experiment(ConsistencyExp, "consistency", takes_model=True)
 def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.simulate import Simulator
     from quantlab.workload import load_workload, qconfig_words, start_spec

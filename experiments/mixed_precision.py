@@ -79,7 +79,7 @@ def platform_profile(name: str, current: PlatformConfig) -> PlatformConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PlatformConfig), values))
 
 
-@experiment(MixedPrecisionExp, "mixed_precision")
+@experiment(MixedPrecisionExp, "mixed_precision", takes_model=True)
 def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.workload import load_workload, qconfig_words, start_spec
 

@@ -65,7 +65,7 @@ def _findings(table, counts, name: str, plat) -> list[str]:
     return out
 
 
-@experiment(ModelCheckExp, "model_check")
+@experiment(ModelCheckExp, "model_check", takes_model=True)
 def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.simulate import Mode, Simulator
     from quantlab.workload import load_workload, qconfig_words, start_spec

@@ -5,11 +5,14 @@ Per model: calibrate, export (``quantlab.export.to_onnx_qdq``), run the export i
 (CPU, default graph optimizations, which fuse QDQ patterns into QLinear kernels) and quantlab
 fixed mode on the same evaluation inputs; count differing output values, their size in output
 LSBs, and find the first op in execution order whose output differs, with onnxruntime's kernel
-for it. Rows of the main table: one per model.
+for it. Rows of the main table: one per model: each of ``exp.models`` on its own data, or the
+model the command chooses (``model=...``, your own included) alone, on ``data=...``. With an
+onnxruntime profile other than this machine's (``export.ort_host``), the first finding says so.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
@@ -23,7 +26,8 @@ from quantlab.report import Plot
 
 @dataclass
 class OnnxFidelityExp:
-    """Schema of ``+exp=onnx_fidelity``; the platform comes from its group (onnxruntime)."""
+    """Schema of ``+exp=onnx_fidelity``; the platform comes from its group (onnxruntime).
+    ``models`` is the list compared when the command chooses no model (``model=...``)."""
 
     models: list[str] = field(
         default_factory=lambda: ["small_cnn", "mobilenet_v2", "efficientnet_lite0", "minilm"]
@@ -117,6 +121,44 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
     return out
 
 
+def _workloads(exp: OnnxFidelityExp, ctx: RunContext):
+    """(name, bundle, dataset) of each model compared: the model the command chose
+    (``model=...``, your own included) on ``data=...``; otherwise each of ``exp.models`` on
+    its own data."""
+    from quantlab.data import load_data
+    from quantlab.models import build_model
+    from quantlab.workload import load_workload
+
+    if ctx.model_chosen:
+        bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
+        yield bundle.name, bundle, data
+        return
+    for name in exp.models:
+        bundle = build_model(name, seed=ctx.seed or 0)
+        yield name, bundle, load_data(bundle.default_data, bundle.name)
+
+
+def _host_profile_finding(platform: str) -> list[str]:
+    """A sentence when ``platform`` is an onnxruntime profile other than the one that gives
+    this machine's onnxruntime bits (``export.ort_host.onnxruntime_profile``), else none."""
+    from quantlab.export.ort_host import EXACT_PROFILE, SATURATING_PROFILE, onnxruntime_profile
+
+    host = onnxruntime_profile()
+    if platform not in (EXACT_PROFILE, SATURATING_PROFILE) or platform == host:
+        return []
+    why = (
+        "its uint8 x int8 GEMM kernels saturate each pair of products to int16, as on an x86 "
+        "CPU without VNNI"
+        if host == SATURATING_PROFILE
+        else "its uint8 x int8 products sum exactly (VNNI, AMX or Arm), which "
+        f"{SATURATING_PROFILE} does not model"
+    )
+    return [
+        f"This machine's onnxruntime is the {host} profile's, not {platform}'s: {why}. "
+        f"Differences below can come from that alone; rerun with platform={host}."
+    ]
+
+
 def _measure(sim, batch: tuple, ctx: RunContext, name: str, enc: ActivationEncoding):
     """``analysis.onnx_fidelity.measure`` with the profile's QLinear zero point set to the one
     the export holds int8 activations with (the profile's add arithmetic depends on it)."""
@@ -125,24 +167,25 @@ def _measure(sim, batch: tuple, ctx: RunContext, name: str, enc: ActivationEncod
     profile = sim.platform
     sim.platform = replace(profile, qlinear_zero_point=enc.int8_zero_point)
     try:
-        return measure(sim, batch, ctx.output_dir, f"{name}_{enc.value}", enc)
+        stem = re.sub(r"[^\w.-]+", "_", name)  # custom:pkg.mod:fn -> custom_pkg.mod_fn
+        return measure(sim, batch, ctx.output_dir, f"{stem}_{enc.value}", enc)
     finally:
         sim.platform = profile
 
 
-@experiment(OnnxFidelityExp, "onnx_fidelity")
+@experiment(OnnxFidelityExp, "onnx_fidelity", takes_model=True)
 def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
     from tqdm import tqdm
 
     from quantlab.analysis.onnx_fidelity import float_islands
-    from quantlab.data import load_data
-    from quantlab.models import build_model
     from quantlab.simulate import Simulator
 
     rows, other_rows, per_ops, islands = [], [], [], []
-    for name in tqdm(exp.models, desc="onnx fidelity", disable=not ctx.progress):
-        bundle = build_model(name, seed=ctx.seed or 0)
-        data = load_data(bundle.default_data, bundle.name)
+    workloads = _workloads(exp, ctx)
+    total = 1 if ctx.model_chosen else len(exp.models)
+    for name, bundle, data in tqdm(
+        workloads, desc="onnx fidelity", total=total, disable=not ctx.progress
+    ):
         sim = Simulator(bundle.module, ctx.platform)
         sim.calibrate(data.calib, ctx.progress)
         batch = merge_items(data.eval, exp.max_eval_items)
@@ -200,7 +243,7 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
     return ExperimentResult(
         table=main,
         title=f"ONNX QDQ fidelity: onnxruntime vs quantlab fixed mode ({ctx.platform.name})",
-        findings=_findings(main, others, isl, exp),
+        findings=[*_host_profile_finding(ctx.platform.name), *_findings(main, others, isl, exp)],
         tables={
             "other_encodings": others,
             "float_islands": isl,

@@ -451,7 +451,7 @@ def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, pla
     )
 
 
-@experiment(QatExp, "qat")
+@experiment(QatExp, "qat", takes_model=True)
 def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
     seed = 0 if ctx.seed is None else ctx.seed
     toy = FineTuning(exp.steps, exp.lr, exp.scales)

@@ -80,7 +80,7 @@ class RecipeExp:
 register_schema("exp", "recipe_schema", RecipeExp)
 
 
-@experiment(RecipeExp, "recipe")
+@experiment(RecipeExp, "recipe", takes_model=True)
 def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.qconfig import check_matches
     from quantlab.qconfig_presets import QConfigPreset

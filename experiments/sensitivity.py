@@ -143,7 +143,7 @@ def _findings(table: pd.DataFrame, top: pd.DataFrame, exp: SensitivityExp, run) 
     return out
 
 
-@experiment(SensitivityExp, "sensitivity")
+@experiment(SensitivityExp, "sensitivity", takes_model=True)
 def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.workload import load_workload, qconfig_words, start_spec
 

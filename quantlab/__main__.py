@@ -11,8 +11,15 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from quantlab.config import register_all, to_config
-from quantlab.experiment import ExperimentResult, RunContext, lookup, registered
+from quantlab.experiment import (
+    ExperimentResult,
+    RunContext,
+    check_model_choice,
+    lookup,
+    registered,
+)
 from quantlab.host_memory import keep_freed_memory
+from quantlab.models.schema import USER_MODELS
 from quantlab.report import publish, run_environment, write_report
 from quantlab.report.io import atomic_write_text
 
@@ -29,11 +36,15 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | None:
+def run(
+    cfg: DictConfig, output_dir: Path, command: str, model_chosen: bool = False
+) -> ExperimentResult | None:
     """Run the experiment chosen in ``cfg`` and write its report into ``output_dir``.
 
-    A folder that already holds a finished run (its DONE marker) is not run again: this is how
-    a sweep rerun in the same folder skips finished jobs.
+    ``model_chosen``: the command line set ``model=...`` (your own model, custom or onnx,
+    counts as chosen either way); an experiment that does not take a model refuses it. A folder
+    that already holds a finished run (its DONE marker) is not run again: this is how a sweep
+    rerun in the same folder skips finished jobs.
     """
     if cfg.get("exp") is None:
         print(_usage())
@@ -43,6 +54,9 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         print(f"quantlab: {output_dir} already holds a finished run; skipped", file=sys.stderr)
         return None
     conf = to_config(cfg)
+    entry = lookup(type(conf.exp))
+    model_chosen = model_chosen or conf.model.name in USER_MODELS
+    check_model_choice(entry, conf.exp, conf.model.name, model_chosen)
     if conf.keep_freed_memory:
         keep_freed_memory()
     if conf.seed is not None:
@@ -52,7 +66,6 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         random.seed(conf.seed)
         np.random.seed(conf.seed)  # noqa: NPY002 (legacy global RNG, seeded for user code)
         torch.manual_seed(conf.seed)
-    entry = lookup(type(conf.exp))
     ctx = RunContext(
         platform=conf.platform,
         model=conf.model,
@@ -61,6 +74,7 @@ def run(cfg: DictConfig, output_dir: Path, command: str) -> ExperimentResult | N
         output_dir=output_dir,
         qconfig=conf.qconfig,
         progress=conf.progress,
+        model_chosen=model_chosen,
     )
     environment = run_environment()  # as the run starts (an experiment may time on fewer)
     result = entry.fn(conf.exp, ctx)
@@ -84,7 +98,12 @@ def main(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     command = reproduce_command(hc.overrides.task)
-    run(cfg, Path(hc.runtime.output_dir), command)
+    run(cfg, Path(hc.runtime.output_dir), command, model_choice(hc.overrides.task))
+
+
+def model_choice(overrides: list[str]) -> bool:
+    """Whether the command line chooses the model (``model=...``, ``+model=...``)."""
+    return any(o.split("=", 1)[0].lstrip("+~") == "model" for o in overrides)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ class RunContext:
     sweep_value: dict[str, Any] = field(default_factory=dict)  # overrides of this job
     qconfig: Any = None  # quantlab.qconfig_presets.QConfigChoice (None: the platform template)
     progress: bool = True  # progress bars (tqdm) on stderr for long work
+    # the command chose the model (``model=...``, or the user's own: custom / onnx); an
+    # experiment with a list of its own (``exp.models``) then runs that model alone
+    model_chosen: bool = False
 
 
 @dataclass
@@ -54,19 +57,44 @@ class _Entry:
     name: str
     schema: type
     fn: ExperimentFn
+    takes_model: bool  # runs the model ``model=...`` chooses (RunContext.model)
 
 
 _REGISTRY: dict[type, _Entry] = {}
 
 
-def experiment(schema: type, name: str) -> Callable[[ExperimentFn], ExperimentFn]:
-    """Register ``fn`` as the experiment for configs of type ``schema`` (``+exp=<name>``)."""
+def experiment(
+    schema: type, name: str, *, takes_model: bool = False
+) -> Callable[[ExperimentFn], ExperimentFn]:
+    """Register ``fn`` as the experiment for configs of type ``schema`` (``+exp=<name>``).
+    ``takes_model``: it runs the model the command chooses (``model=...``, your own included);
+    an experiment without it refuses a chosen model (``check_model_choice``)."""
 
     def register(fn: ExperimentFn) -> ExperimentFn:
-        _REGISTRY[schema] = _Entry(name, schema, fn)
+        _REGISTRY[schema] = _Entry(name, schema, fn, takes_model)
         return fn
 
     return register
+
+
+def check_model_choice(entry: _Entry, exp: Any, model_name: str, chosen: bool) -> None:
+    """A model chosen on the command line (``model=...``; your own, custom or onnx, counts as
+    chosen) must be one the experiment runs: ValueError otherwise, naming the experiments that
+    take one and, where the experiment has a list of its own, the field that sets it."""
+    if not chosen or entry.takes_model:
+        return
+    takers = ", ".join(sorted(e.name for e in registered().values() if e.takes_model))
+    own = getattr(exp, "models", None)
+    where = (
+        f"it runs the models of exp.models (now {[getattr(m, 'name', m) for m in own]}); set "
+        "that list instead"
+        if own is not None
+        else "it builds the models it studies itself"
+    )
+    raise ValueError(
+        f"model={model_name}: +exp={entry.name} does not take a model ({where}). The "
+        f"experiments that run the model you choose: {takers}"
+    )
 
 
 def lookup(schema_type: type) -> _Entry:

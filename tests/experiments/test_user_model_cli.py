@@ -161,6 +161,49 @@ def test_onnx_model_on_real_pages_matches_onnxruntime(tmp_path):
     assert "matches onnxruntime (fp32, the original graph)" in (out / "report.md").read_text()
 
 
+def test_onnx_fidelity_compares_your_model_alone_on_your_data(user_dir):
+    """``+exp=onnx_fidelity`` with your model compares that model (not ``exp.models``) on your
+    data, and on this machine's onnxruntime profile onnxruntime gives fixed mode's bits."""
+    from quantlab.export.ort_host import onnxruntime_profile
+
+    out = user_dir / "onnx_fidelity"
+    platform = f"platform={onnxruntime_profile()}"
+    quantlab(
+        user_dir,
+        "+exp=onnx_fidelity",
+        *MODEL,
+        *DATA,
+        platform,
+        "exp.other_encodings=[]",
+        f"hydra.run.dir={out}",
+    )
+    main = pd.read_csv(out / "results.csv")
+    assert main.model.tolist() == [f"custom:{PACKAGE}.nets:build"]
+    assert main.data.tolist() == ["images"] and main["items"].tolist() == [4]
+    assert main.outputs_compared.tolist()[0] > 0 and main.outputs_differing.tolist() == [0]
+    assert (out / f"custom_{PACKAGE}.nets_build_unsigned_offset.onnx").exists()
+    assert "This machine's onnxruntime" not in (out / "report.md").read_text()
+
+
+def test_onnx_fidelity_says_when_the_profile_is_not_this_machines(monkeypatch):
+    from experiments.onnx_fidelity import _host_profile_finding
+    from quantlab.export import ort_host
+
+    monkeypatch.setattr(ort_host, "onnxruntime_profile", lambda: "onnxruntime_no_vnni")
+    (line,) = _host_profile_finding("onnxruntime")
+    assert line.startswith(
+        "This machine's onnxruntime is the onnxruntime_no_vnni profile's, not onnxruntime's: "
+        "its uint8 x int8 GEMM kernels saturate each pair of products to int16"
+    )
+    assert line.endswith("rerun with platform=onnxruntime_no_vnni.")
+    assert _host_profile_finding("onnxruntime_no_vnni") == []
+    assert _host_profile_finding("j6m") == []  # not an onnxruntime profile
+    monkeypatch.setattr(ort_host, "onnxruntime_profile", lambda: "onnxruntime")
+    (line,) = _host_profile_finding("onnxruntime_no_vnni")
+    assert "its uint8 x int8 products sum exactly" in line
+    assert _host_profile_finding("onnxruntime") == []
+
+
 def test_the_reports_reproduce_line_survives_the_shell(runs):
     """Each override comes back whole from the shell (a sweep job's ``model.kwargs={width:8}``
     holds braces, a run's ``{width: 8}`` a space too); a plain one is written as it is."""
