@@ -1,7 +1,8 @@
 """Which calibration rule gives the best scales: every observer (and the per-op choice) per
 model on one platform, scored against float on held-out items.
 
-Per model (on its own data: photos for the CNNs, sentence pairs for MiniLM): the model is
+Per model (``exp.models``, each on its own data: photos for the CNNs, sentence pairs for
+MiniLM; or the model the command chooses, your own included, alone on ``data=...``): it is
 calibrated once per observer (a Simulator whose qconfig selects it everywhere) and the
 evaluation items run in each mode; output SQNR against float and the model's task metric, each
 with a 95% bootstrap interval over the evaluation items; calibration time (calibrate() plus
@@ -32,11 +33,14 @@ from quantlab.simulate import Mode, Simulator
 
 DEFAULT_OBSERVERS = [c.label for c in VENDOR_CHOICES + PEER_CHOICES]
 PER_OP = "PER_OP"  # observer label prefix of the per-op choices
+PEER_LABELS = frozenset(c.label for c in PEER_CHOICES)  # TFLite / ONNX Runtime / AIMET rules
 
 
 @dataclass
 class CalibrationExp:
-    """Schema of ``+exp=calibration``; the platform comes from its group."""
+    """Schema of ``+exp=calibration``; the platform comes from its group. ``models`` (each on
+    its own data at ``num_calib`` / ``num_eval`` items) is the list run when the command chooses
+    no model; a chosen one (``model=...``, your own included) runs alone on ``data=...``."""
 
     models: list[str] = field(
         default_factory=lambda: ["mobilenet_v2", "efficientnet_lite0", "minilm"]
@@ -50,7 +54,8 @@ class CalibrationExp:
     num_calib: int = 16  # photos: 8 photos and their mirrors; sentences: all 8 pairs
     num_eval: int = 24  # photos: 12 photos and their mirrors; sentences: all 16 pairs
     resamples: int = 1000  # bootstrap resamples of the evaluation items
-    target_sqnr_db: float = 12.5  # a reference line in the findings (best peer on MobileNetV2)
+    # a reference line in the findings (None: the best peer rule of the run, per model and mode)
+    target_sqnr_db: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("models", "modes"):
@@ -106,17 +111,11 @@ def _score(sim, data, refs, bundle, exp, label, seconds, extra=None) -> list[dic
     return rows
 
 
-def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
+def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str, bundle, data, first: bool):
+    """Rows of model ``name`` (every rule, then the per-op choices); ``first``: the model whose
+    activation points the MSE diagnosis studies."""
     from quantlab.analysis.sensitivity import merge_batches
-    from quantlab.data import load_data
-    from quantlab.data.schema import DataConfig
-    from quantlab.models import build_model
 
-    bundle = build_model(name, seed=0 if ctx.seed is None else ctx.seed)
-    data = load_data(
-        DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval),
-        model=name,
-    )
     with torch.no_grad():
         refs = [bundle.module(*b) for b in data.eval]
     rows, diag, chosen, specs = [], None, [], {}
@@ -126,11 +125,11 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
         seconds = _timed_calibration(sim, data.calib, ctx.progress)
         vendor = choice.label == default
         rows += _score(sim, data, refs, bundle, exp, choice.label, seconds, {"default": vendor})
-    if exp.per_op_targets or name == exp.models[0]:
+    if exp.per_op_targets or first:
         sim = Simulator(bundle.module, ctx.platform)
-        extra = [ObserverChoice.parse(k) for k in MSE_STYLE] if name == exp.models[0] else []
+        extra = [ObserverChoice.parse(k) for k in MSE_STYLE] if first else []
         seconds = _timed_calibration(sim, data.calib, ctx.progress, [*exp.choices, *extra])
-        if name == exp.models[0]:
+        if first:
             diag = _diagnosis(sim, name)
         items = merge_batches(data.calib[: exp.per_op_items])
         for target in exp.per_op_targets:
@@ -152,7 +151,7 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str):
                 ]
             )
             sim.set_qconfig(QConfigSpec())
-    return rows, diag, chosen, specs, data, bundle
+    return rows, diag, chosen, specs
 
 
 MSE_STYLE = ("MSE_POOLED", "MSE", "HISTOGRAM/MSE", "GLOBAL_MINMAX")
@@ -207,11 +206,18 @@ def _diagnosis(sim: Simulator, model: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-@experiment(CalibrationExp, "calibration")
+@experiment(CalibrationExp, "calibration", takes_model=True)
 def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
+    from quantlab.data.schema import DataConfig
+    from quantlab.workload import listed_or_chosen
+
     rows, diags, chosen, counts, qconfigs = [], [], [], {}, {}
-    for name in exp.models:
-        r, d, c, q, data, bundle = _model_rows(exp, ctx, name)
+
+    def own_data(bundle) -> DataConfig:  # a listed model's data, at the experiment's counts
+        return DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval)
+
+    for i, (name, bundle, data) in enumerate(listed_or_chosen(ctx, exp.models, own_data)):
+        r, d, c, q = _model_rows(exp, ctx, name, bundle, data, first=i == 0)
         rows += r
         qconfigs.update(q)
         chosen += c
@@ -288,6 +294,44 @@ def _summary(table: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
+def _reference_finding(model: str, mode: str, g: pd.DataFrame, exp) -> list[str]:
+    """The rules (of one model and mode, ``g``) at or above ``exp.target_sqnr_db`` when it is
+    set; otherwise those above the best peer rule of this run, and which of them have 95%
+    intervals that separate from its."""
+    from quantlab.analysis.confidence import Estimate
+
+    if exp.target_sqnr_db is not None:
+        reach = g[g["output_sqnr_db"] >= exp.target_sqnr_db]["observer"].tolist()
+        return [
+            f"{model}, {mode.lower()}: rules reaching {exp.target_sqnr_db:g} dB "
+            "(exp.target_sqnr_db): " + (", ".join(reach) if reach else "none") + "."
+        ]
+    is_peer = g["observer"].isin(PEER_LABELS)
+    if not is_peer.any() or is_peer.all():
+        return []
+
+    def estimate(r) -> Estimate:
+        return Estimate(
+            r.output_sqnr_db, r.output_sqnr_db_ci_low, r.output_sqnr_db_ci_high, r.output_sqnr_db_n
+        )
+
+    peer = g[is_peer].loc[g[is_peer]["output_sqnr_db"].idxmax()]
+    above = g[~is_peer & (g["output_sqnr_db"] > peer.output_sqnr_db)]
+    apart = [r.observer for r in above.itertuples() if estimate(r).separated_from(estimate(peer))]
+    return [
+        f"{model}, {mode.lower()}: above the best peer rule, {peer.observer} "
+        f"({peer.output_sqnr_db:.2f} dB, 95% CI {peer.output_sqnr_db_ci_low:.2f} to "
+        f"{peer.output_sqnr_db_ci_high:.2f}): "
+        + (", ".join(above["observer"]) if len(above) else "no vendor rule or per-op choice")
+        + (
+            f"; of these, intervals that separate from its: {', '.join(apart) or 'none'}"
+            if len(above)
+            else ""
+        )
+        + "."
+    ]
+
+
 def _findings(table, exp, ctx, diag) -> list[str]:
     out = []
     for (model, mode), g in table.groupby(["model", "mode"], sort=False):
@@ -312,13 +356,7 @@ def _findings(table, exp, ctx, diag) -> list[str]:
             line += f"; {best.task_metric} {best.task:.3f} (CI {best.task_ci_low:.3f} to "
             line += f"{best.task_ci_high:.3f}, n={int(best.task_n)})"
         out.append(line + ".")
-        reach = g[g["output_sqnr_db"] >= exp.target_sqnr_db]["observer"].tolist()
-        out.append(
-            f"{model}, {mode.lower()}: rules reaching {exp.target_sqnr_db:g} dB (exp."
-            "target_sqnr_db, the best peer's MobileNetV2 figure): "
-            + (", ".join(reach) if reach else "none")
-            + "."
-        )
+        out += _reference_finding(model, mode, g, exp)
     if diag is not None and len(diag):
         n, model = len(diag), diag["model"].iloc[0]
         med = {k: diag[f"{k} scale/max"].median() for k in MSE_STYLE}

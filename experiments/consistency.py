@@ -359,16 +359,13 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
 @experiment(ConsistencyExp, "consistency", takes_model=True)
 def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.simulate import Simulator
-    from quantlab.workload import load_workload, qconfig_words, start_spec
+    from quantlab.workload import batches_per_run, load_workload, qconfig_words, start_spec
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     sim = Simulator(bundle.module, ctx.platform, spec)
     sim.calibrate(data.calib, ctx.progress)
-    merged, fixed_batch = exp.max_eval_items, bundle.fixed_batch
-    per_batch = int(data.eval[0][0].shape[0]) if data.eval[0][0].dim() else 1
-    if fixed_batch is not None:  # the converted graph runs its own batch size only
-        merged = min(merged, max(1, fixed_batch // per_batch))
+    merged, fixed_batch = batches_per_run(bundle, data, exp.max_eval_items), bundle.fixed_batch
     batch = _merge(data.eval, merged)
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
@@ -474,7 +471,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         + (
             [
                 f"The ONNX graph fixes its batch at {fixed_batch}: fake, fixed and onnxruntime "
-                f"are compared on {merged * per_batch} evaluation item(s), not "
+                f"are compared on {int(batch[0].shape[0])} evaluation item(s), not "
                 f"exp.max_eval_items={exp.max_eval_items} batches merged into one."
             ]
             if merged < exp.max_eval_items

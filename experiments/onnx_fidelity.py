@@ -121,23 +121,6 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
     return out
 
 
-def _workloads(exp: OnnxFidelityExp, ctx: RunContext):
-    """(name, bundle, dataset) of each model compared: the model the command chose
-    (``model=...``, your own included) on ``data=...``; otherwise each of ``exp.models`` on
-    its own data."""
-    from quantlab.data import load_data
-    from quantlab.models import build_model
-    from quantlab.workload import load_workload
-
-    if ctx.model_chosen:
-        bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
-        yield bundle.name, bundle, data
-        return
-    for name in exp.models:
-        bundle = build_model(name, seed=ctx.seed or 0)
-        yield name, bundle, load_data(bundle.default_data, bundle.name)
-
-
 def _host_profile_finding(platform: str) -> list[str]:
     """A sentence when ``platform`` is an onnxruntime profile other than the one that gives
     this machine's onnxruntime bits (``export.ort_host.onnxruntime_profile``), else none."""
@@ -178,17 +161,19 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
     from tqdm import tqdm
 
     from quantlab.analysis.onnx_fidelity import float_islands
+    from quantlab.data.schema import DataConfig
     from quantlab.simulate import Simulator
+    from quantlab.workload import batches_per_run, listed_or_chosen
 
     rows, other_rows, per_ops, islands = [], [], [], []
-    workloads = _workloads(exp, ctx)
+    workloads = listed_or_chosen(ctx, exp.models, lambda b: DataConfig(name=b.default_data))
     total = 1 if ctx.model_chosen else len(exp.models)
     for name, bundle, data in tqdm(
         workloads, desc="onnx fidelity", total=total, disable=not ctx.progress
     ):
         sim = Simulator(bundle.module, ctx.platform)
         sim.calibrate(data.calib, ctx.progress)
-        batch = merge_items(data.eval, exp.max_eval_items)
+        batch = merge_items(data.eval, batches_per_run(bundle, data, exp.max_eval_items))
         items = int(batch[0].shape[0])
         base = {"model": name, "data": data.name, "items": items}
         fid = _measure(sim, batch, ctx, name, exp.encoding)

@@ -7,10 +7,13 @@ declared input shape takes the shape of the first calibration batch, which also 
 BatchNorm folding; a model that cannot run on the data fails with the data named.
 ``start_spec(choice, platform, ...)`` turns the ``qconfig`` group into a ``QConfigSpec``; a
 file's rules must each match an op of the model (``quantlab.qconfig.check_matches``).
+``listed_or_chosen(ctx, names, data_for)``: the models of an experiment with a list of its own,
+or the one the command chose instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from quantlab.data import Dataset, load_data
@@ -73,6 +76,32 @@ def load_workload(
         raise ValueError(f"{err} (the first calibration batch of {_data_words(data)})") from None
     _probe(bundle, dataset, data)
     return bundle, dataset
+
+
+def listed_or_chosen(
+    ctx: Any, names: list[str], data_for: Callable[[ModelBundle], DataConfig]
+) -> Iterator[tuple[str, ModelBundle, Dataset]]:
+    """(name, bundle, dataset) of each model an experiment with a list of its own runs: the
+    model the command chose (``ctx.model_chosen``: ``model=...``, your own included) alone, on
+    ``ctx.data``; otherwise each registry model of ``names`` on ``data_for(bundle)``."""
+    seed = ctx.seed or 0
+    if ctx.model_chosen:
+        bundle, data = load_workload(ctx.model, ctx.data, seed, ctx.platform)
+        yield bundle.name, bundle, data
+        return
+    for name in names:
+        bundle = build_model(name, seed)
+        yield name, bundle, load_data(data_for(bundle), name)
+
+
+def batches_per_run(bundle: ModelBundle, data: Dataset, wanted: int) -> int:
+    """How many evaluation batches to merge into one run: ``wanted``, or fewer where the model
+    runs one batch size only (an ONNX graph that fixes its batch, ``bundle.fixed_batch``)."""
+    if bundle.fixed_batch is None:
+        return wanted
+    first = data.eval[0][0]
+    per_batch = int(first.shape[0]) if first.dim() else 1
+    return min(wanted, max(1, bundle.fixed_batch // per_batch))
 
 
 def model_ops(module: Any, platform: Any, batch: tuple) -> list[OpContext]:

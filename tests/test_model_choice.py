@@ -28,6 +28,7 @@ def test_model_choice_reads_the_command_lines_model_override():
 def test_experiments_that_take_a_model():
     takers = {name for name, e in registered().items() if e.takes_model}
     assert takers == {
+        "calibration",
         "consistency",
         "mixed_precision",
         "model_check",
@@ -41,7 +42,7 @@ def test_experiments_that_take_a_model():
 @pytest.mark.parametrize(
     "exp, words",
     [
-        ("calibration", "it runs the models of exp.models (now ['mobilenet_v2'"),
+        ("highlow_split", "it runs the models of exp.models (now ['mobilenet_v2'"),
         ("sincos_period", "it builds the models it studies itself"),
         ("lut_error", "it builds the models it studies itself"),
     ],
@@ -53,13 +54,13 @@ def test_an_experiment_without_a_model_refuses_your_model(exp, words, tmp_path):
     assert msg.startswith(f"model=custom: +exp={exp} does not take a model (")
     assert words in msg
     assert msg.endswith(
-        "The experiments that run the model you choose: consistency, mixed_precision, "
-        "model_check, onnx_fidelity, qat, recipe, sensitivity"
+        "The experiments that run the model you choose: calibration, consistency, "
+        "mixed_precision, model_check, onnx_fidelity, qat, recipe, sensitivity"
     )
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
 def test_a_registry_model_refused_only_when_the_command_chose_it(tmp_path):
-    cfg = _cfg(["+exp=calibration", "model=mobilenet_v2"])
-    with pytest.raises(ValueError, match="model=mobilenet_v2: \\+exp=calibration does not"):
+    cfg = _cfg(["+exp=highlow_split", "model=mobilenet_v2"])
+    with pytest.raises(ValueError, match="model=mobilenet_v2: \\+exp=highlow_split does not"):
         run(cfg, tmp_path, "cmd", model_chosen=True)

@@ -90,3 +90,34 @@ def test_per_op_choice_is_written_as_a_loadable_qconfig_file(result, tmp_path):
     for op, candidate in zip(effective["op"], effective["candidate"]):
         rule = spec.by_name[op]
         assert rule.observer is not None and candidate.split("/")[0] == rule.observer.name
+
+
+def test_the_reference_line_is_the_best_peer_rule_of_the_run():
+    """Without exp.target_sqnr_db the rules are compared with the run's best peer rule, and a
+    rule above it is called apart only where the 95% intervals separate."""
+    import pandas as pd
+
+    from experiments.calibration import _reference_finding
+
+    rows = [  # observer, SQNR, CI low, CI high
+        ("MINMAX", 10.0, 9.0, 11.0),  # a vendor rule below the best peer
+        ("HISTOGRAM/SQNR", 12.0, 11.0, 13.0),  # the best peer rule
+        ("MSE_POOLED", 11.0, 10.0, 12.0),
+        ("MSE", 12.5, 11.5, 13.5),  # above, intervals overlap
+        ("PER_OP/MODEL_OUTPUT", 15.0, 13.5, 16.0),  # above, intervals separate
+    ]
+    g = pd.DataFrame(rows, columns=["observer", "output_sqnr_db", "lo", "hi"])
+    g = g.rename(columns={"lo": "output_sqnr_db_ci_low", "hi": "output_sqnr_db_ci_high"})
+    g["output_sqnr_db_n"] = 24
+    (line,) = _reference_finding("m", "FIXED", g, CalibrationExp())
+    assert line == (
+        "m, fixed: above the best peer rule, HISTOGRAM/SQNR (12.00 dB, 95% CI 11.00 to 13.00): "
+        "MSE, PER_OP/MODEL_OUTPUT; of these, intervals that separate from its: "
+        "PER_OP/MODEL_OUTPUT."
+    )
+    (line,) = _reference_finding("m", "FIXED", g, CalibrationExp(target_sqnr_db=12.0))
+    assert (
+        line == "m, fixed: rules reaching 12 dB (exp.target_sqnr_db): HISTOGRAM/SQNR, MSE, "
+        "PER_OP/MODEL_OUTPUT."
+    )
+    assert _reference_finding("m", "FIXED", g[g.observer == "MSE"], CalibrationExp()) == []

@@ -93,3 +93,37 @@ def test_the_start_is_the_best_calibration_a_calibration_folder_found(tmp_path):
     assert spec.global_.observer is ObserverKind.KL and "observer KL" in words
     assert best_calibration(str(tmp_path), "absent", Mode.FIXED) is None
     assert best_calibration(str(tmp_path / "nowhere"), "toy", Mode.FIXED) is None
+
+
+def test_your_models_calibration_is_where_its_recipe_starts(tmp_path):
+    """+exp=calibration with your model (model=custom) calibrates that model alone on your
+    data; a recipe pointed at that run's folder starts from the best calibration it found."""
+    from experiments.calibration import calibration
+    from quantlab.config import compose
+    from quantlab.experiment import RunContext
+    from quantlab.report import write_report
+
+    write_inputs(tmp_path / "x.npz")
+    cfg = compose(
+        ["+exp=calibration", "model=custom", "model.target=recipe_toy:build", "data=tensors"]
+        + [f"data.path={tmp_path}/x.npz", "data.num_calib=64", "data.num_eval=64"]
+        + ["data.batch_size=64", "exp.observers=[MSE,MINMAX,HISTOGRAM/SQNR]"]
+        + ["exp.per_op_targets=[MODEL_OUTPUT]", "exp.modes=[FIXED]", "progress=false"]
+    )
+    folder = tmp_path / "calibration"
+    ctx = RunContext(cfg.platform, cfg.model, cfg.data, 0, folder, model_chosen=True)
+    ctx.progress = False
+    res = calibration(cfg.exp, ctx)
+    write_report(res, folder, "python -m quantlab +exp=calibration", "")
+    name = "custom:recipe_toy:build"
+    assert set(res.table.model) == {name} and len(res.table) == 4  # 3 rules + the per-op choice
+    assert (res.table.output_sqnr_db_n == 64).all()
+    assert (folder / "qconfig" / f"per_op_{name}_model_output.yaml").exists()
+    (peer_line,) = [f for f in res.findings if "above the best peer rule" in f]
+    assert peer_line.startswith(f"{name}, fixed: above the best peer rule, HISTOGRAM/SQNR")
+    best = res.table.loc[res.table.output_sqnr_db.idxmax()]
+    rec = _run(tmp_path, "recipe", "exp.max_drop=0.05", f"exp.start_calibration={folder}")
+    assert rec.findings[0].startswith(
+        f"Calibration: the best calibration {folder} found for {name} on j6m in FIXED mode, "
+        f"{best.observer} ("
+    )
