@@ -2,10 +2,11 @@
 recovers, at what cost, and what the way the halves are combined changes (j6-numerics s.6,
 bit-exact-emulation s.6).
 
-Per layer: every Conv/Linear (and attention MatMul) call of real models, captured on a real
-input, run in fixed point with int8 / split (k, combine mode) / int16 operands: output SQNR and
-error in output LSBs. Per model: int8, split of the top-k weight-sensitive layers, split of all,
-int16 weights; task metrics against float on real photos / sentences, and cost.
+Per layer: every Conv/Linear (and attention MatMul) call of real models (``exp.models``, or
+the model the command chooses, your own included), captured on a real input, run in fixed
+point with int8 / split (k, combine mode) / int16 operands: output SQNR and error in output
+LSBs. Per model: int8, split of the top-k weight-sensitive layers, split of all, int16 weights;
+task metrics against float on real photos / sentences (or your data), and cost.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ SCHEMES = ("int8", "split_topk", "split_all", "int16")
 
 @dataclass
 class HighlowSplitExp:
-    """Schema of ``+exp=highlow_split``."""
+    """Schema of ``+exp=highlow_split``. ``models`` (on their own data) and ``fixed_models`` are
+    the lists run when the command chooses no model; a chosen one (``model=...``, your own
+    included) runs alone, every study on ``data=...``."""
 
     models: list[str] = field(
         default_factory=lambda: ["mobilenet_v2", "efficientnet_lite0", "minilm"]
@@ -296,17 +299,17 @@ def _findings(exp, layers, models) -> list[str]:
     return out
 
 
-def _fixed_level(exp, ctx, name, bundle, sens) -> pd.DataFrame:
-    """The split schemes through the simulator in FIXED mode on the model's own data."""
+def _fixed_level(exp, ctx, name, bundle, sens, data=None) -> pd.DataFrame:
+    """The split schemes through the simulator in FIXED mode on ``data`` (None: the model's own
+    data at ``exp.fixed_num_calib`` / ``fixed_num_eval`` items)."""
     from quantlab.data import load_data
     from quantlab.data.schema import DataConfig
 
-    data = load_data(
-        DataConfig(
+    if data is None:
+        own = DataConfig(
             name=bundle.default_data, num_calib=exp.fixed_num_calib, num_eval=exp.fixed_num_eval
-        ),
-        model=name,
-    )
+        )
+        data = load_data(own, model=name)
     if sens is None:
         sens = weight_sensitivity(bundle.module, data.calib[: exp.sensitivity_batches])
     df = fixed_split_study(
@@ -380,30 +383,31 @@ def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:
     return out
 
 
-@experiment(HighlowSplitExp, "highlow_split")
+@experiment(HighlowSplitExp, "highlow_split", takes_model=True)
 def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data import load_data
     from quantlab.data.schema import DataConfig
-    from quantlab.models import build_model
+    from quantlab.workload import listed_or_chosen
 
     if exp.layer_out_dtype is None:  # int16 on J6E/M/B, float16 on J6H/P
         p = ctx.platform
         out = p.global_dtype if p.global_dtype.is_float else p.sensitive_dtype
         exp = dataclasses.replace(exp, layer_out_dtype=out)
     layers, models, sens, fixed = [], [], [], []
-    for name in exp.models:
-        bundle = build_model(name, seed=0 if ctx.seed is None else ctx.seed)
-        data = load_data(
-            DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval),
-            model=name,
-        )
+
+    def own_data(bundle) -> DataConfig:  # a listed model's data, at the experiment's counts
+        return DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval)
+
+    for name, bundle, data in listed_or_chosen(ctx, exp.models, own_data):
         layers.append(_per_layer(exp, name, bundle.module, data.eval[0], ctx.progress))
         if exp.schemes:
             m, s = _model_level(exp, ctx, name, bundle, data)
             models.append(m)
             sens.append(s)
-        if name in exp.fixed_models:
-            fixed.append(_fixed_level(exp, ctx, name, bundle, sens[-1] if sens else None))
+        if ctx.model_chosen or name in exp.fixed_models:
+            fixed_data = data if ctx.model_chosen else None  # a chosen model: its data alone
+            fixed.append(
+                _fixed_level(exp, ctx, name, bundle, sens[-1] if sens else None, fixed_data)
+            )
     layer_df = pd.concat(layers, ignore_index=True)
     model_df = pd.concat(models, ignore_index=True) if models else pd.DataFrame()
     fixed_df = pd.concat(fixed, ignore_index=True) if fixed else pd.DataFrame()

@@ -30,6 +30,7 @@ def test_experiments_that_take_a_model():
     assert takers == {
         "calibration",
         "consistency",
+        "highlow_split",
         "mixed_precision",
         "model_check",
         "onnx_fidelity",
@@ -42,7 +43,7 @@ def test_experiments_that_take_a_model():
 @pytest.mark.parametrize(
     "exp, words",
     [
-        ("highlow_split", "it runs the models of exp.models (now ['mobilenet_v2'"),
+        ("input_path", "it runs the models of exp.models (now ['mobilenet_v2'"),
         ("sincos_period", "it builds the models it studies itself"),
         ("lut_error", "it builds the models it studies itself"),
     ],
@@ -55,12 +56,12 @@ def test_an_experiment_without_a_model_refuses_your_model(exp, words, tmp_path):
     assert words in msg
     assert msg.endswith(
         "The experiments that run the model you choose: calibration, consistency, "
-        "mixed_precision, model_check, onnx_fidelity, qat, recipe, sensitivity"
+        "highlow_split, mixed_precision, model_check, onnx_fidelity, qat, recipe, sensitivity"
     )
     assert not any(tmp_path.iterdir())  # refused before any work
 
 
 def test_a_registry_model_refused_only_when_the_command_chose_it(tmp_path):
-    cfg = _cfg(["+exp=highlow_split", "model=mobilenet_v2"])
-    with pytest.raises(ValueError, match="model=mobilenet_v2: \\+exp=highlow_split does not"):
+    cfg = _cfg(["+exp=norm_attention", "model=mobilenet_v2"])
+    with pytest.raises(ValueError, match="model=mobilenet_v2: \\+exp=norm_attention does not"):
         run(cfg, tmp_path, "cmd", model_chosen=True)

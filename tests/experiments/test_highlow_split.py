@@ -95,3 +95,28 @@ def test_fixed_mode_table_columns_and_split_gain(tmp_path):
     assert sq["split_all", "SEPARATE_REQUANT"] > sq["int8", "-"]
     assert (f.loc[f["scheme"] != "int8", "cost_rel_int8"] > 1).all()
     assert any("through the simulator" in s for s in res.findings)
+
+
+def test_a_chosen_model_runs_alone_with_the_simulator_study_on_its_data(tmp_path):
+    """model=... (here the registry's small_cnn on data=synthetic at 1 calibration and 3
+    evaluation items) replaces exp.models and exp.fixed_models: every study runs that model on
+    that data."""
+    from quantlab.data.schema import DataConfig
+    from quantlab.models.schema import ModelConfig
+
+    exp = HighlowSplitExp(
+        models=["mobilenet_v2", "minilm"],  # not run: the command chose a model
+        ks=[7],
+        layer_in_dtypes=[DType.INT8],
+        schemes=["int8"],
+        top_k=1,
+        fixed_models=["mobilenet_v2"],
+    )
+    data = DataConfig(name="synthetic", num_calib=1, num_eval=3)
+    ctx = RunContext(PlatformConfig(), ModelConfig(name="small_cnn"), data, 0, tmp_path)
+    ctx.model_chosen = True
+    res = run(exp, ctx)
+    assert set(res.table.model) == {"small_cnn"}
+    f = res.tables["model_fixed"]
+    assert set(f.model) == {"small_cnn"} and len(f) == 5
+    assert (f.top1_agreement_n == 3).all()
