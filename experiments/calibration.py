@@ -208,15 +208,11 @@ def _diagnosis(sim: Simulator, model: str) -> pd.DataFrame:
 
 @experiment(CalibrationExp, "calibration", takes_model=True)
 def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data.schema import DataConfig
     from quantlab.workload import listed_or_chosen
 
     rows, diags, chosen, counts, qconfigs = [], [], [], {}, {}
-
-    def own_data(bundle) -> DataConfig:  # a listed model's data, at the experiment's counts
-        return DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval)
-
-    for i, (name, bundle, data) in enumerate(listed_or_chosen(ctx, exp.models, own_data)):
+    workloads = listed_or_chosen(ctx, exp.models, exp.num_calib, exp.num_eval)
+    for i, (name, bundle, data) in enumerate(workloads):
         r, d, c, q = _model_rows(exp, ctx, name, bundle, data, first=i == 0)
         rows += r
         qconfigs.update(q)

@@ -17,7 +17,6 @@ import math
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
@@ -56,15 +55,6 @@ class ConsistencyExp:
 
 
 register_schema("exp", "consistency_schema", ConsistencyExp)
-
-
-def _merge(batches: list[tuple], n: int) -> tuple:
-    """The first ``n`` items of ``batches`` as one batch (tensors concatenated on dim 0)."""
-    items = batches[: max(1, n)]
-    return tuple(
-        torch.cat([b[i] for b in items]) if isinstance(items[0][i], torch.Tensor) else items[0][i]
-        for i in range(len(items[0]))
-    )
 
 
 def _merge_labels(labels, n: int):
@@ -359,14 +349,20 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
 @experiment(ConsistencyExp, "consistency", takes_model=True)
 def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.simulate import Simulator
-    from quantlab.workload import batches_per_run, load_workload, qconfig_words, start_spec
+    from quantlab.workload import (
+        batches_per_run,
+        load_workload,
+        merge_items,
+        qconfig_words,
+        start_spec,
+    )
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     sim = Simulator(bundle.module, ctx.platform, spec)
     sim.calibrate(data.calib, ctx.progress)
     merged, fixed_batch = batches_per_run(bundle, data, exp.max_eval_items), bundle.fixed_batch
-    batch = _merge(data.eval, merged)
+    batch = merge_items(data.eval, merged)
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
     outputs = _output_rows(outs, bundle, batch)

@@ -385,7 +385,6 @@ def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:
 
 @experiment(HighlowSplitExp, "highlow_split", takes_model=True)
 def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.data.schema import DataConfig
     from quantlab.workload import listed_or_chosen
 
     if exp.layer_out_dtype is None:  # int16 on J6E/M/B, float16 on J6H/P
@@ -393,11 +392,7 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
         out = p.global_dtype if p.global_dtype.is_float else p.sensitive_dtype
         exp = dataclasses.replace(exp, layer_out_dtype=out)
     layers, models, sens, fixed = [], [], [], []
-
-    def own_data(bundle) -> DataConfig:  # a listed model's data, at the experiment's counts
-        return DataConfig(name=bundle.default_data, num_calib=exp.num_calib, num_eval=exp.num_eval)
-
-    for name, bundle, data in listed_or_chosen(ctx, exp.models, own_data):
+    for name, bundle, data in listed_or_chosen(ctx, exp.models, exp.num_calib, exp.num_eval):
         layers.append(_per_layer(exp, name, bundle.module, data.eval[0], ctx.progress))
         if exp.schemes:
             m, s = _model_level(exp, ctx, name, bundle, data)

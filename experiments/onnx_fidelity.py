@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
-import torch
 
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
@@ -64,23 +63,6 @@ def _enum_value(e):
 
 
 register_schema("exp", "onnx_fidelity_schema", OnnxFidelityExp)
-
-
-def merge_items(batches: list[tuple], n: int) -> tuple:
-    """The first ``n`` items as one batch: tensors concatenated on dim 0; integer tensors of
-    different lengths (token ids, attention masks) padded with 0 at the end of dim 1."""
-    items = batches[: max(1, n)]
-    out = []
-    for i in range(len(items[0])):
-        parts = [b[i] for b in items]
-        if not isinstance(parts[0], torch.Tensor):
-            out.append(parts[0])
-            continue
-        if not parts[0].is_floating_point() and parts[0].dim() == 2:
-            t = max(p.shape[1] for p in parts)
-            parts = [torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts]
-        out.append(torch.cat(parts))
-    return tuple(out)
 
 
 def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, exp) -> list[str]:
@@ -161,19 +143,19 @@ def onnx_fidelity(exp: OnnxFidelityExp, ctx: RunContext) -> ExperimentResult:
     from tqdm import tqdm
 
     from quantlab.analysis.onnx_fidelity import float_islands
-    from quantlab.data.schema import DataConfig
     from quantlab.simulate import Simulator
-    from quantlab.workload import batches_per_run, listed_or_chosen
+    from quantlab.workload import batches_per_run, listed_or_chosen, merge_items
 
     rows, other_rows, per_ops, islands = [], [], [], []
-    workloads = listed_or_chosen(ctx, exp.models, lambda b: DataConfig(name=b.default_data))
+    workloads = listed_or_chosen(ctx, exp.models)
     total = 1 if ctx.model_chosen else len(exp.models)
     for name, bundle, data in tqdm(
         workloads, desc="onnx fidelity", total=total, disable=not ctx.progress
     ):
         sim = Simulator(bundle.module, ctx.platform)
         sim.calibrate(data.calib, ctx.progress)
-        batch = merge_items(data.eval, batches_per_run(bundle, data, exp.max_eval_items))
+        n = batches_per_run(bundle, data, exp.max_eval_items)
+        batch = merge_items(data.eval, n, pad_token_rows=True)
         items = int(batch[0].shape[0])
         base = {"model": name, "data": data.name, "items": items}
         fid = _measure(sim, batch, ctx, name, exp.encoding)

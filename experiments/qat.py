@@ -175,9 +175,8 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
     ``model.input_format`` configures and is deployed on ``exp.deployed_input``."""
     import dataclasses
 
-    from experiments.consistency import _merge
     from quantlab.models.tasks import OutputSQNR
-    from quantlab.workload import load_workload, start_spec
+    from quantlab.workload import load_workload, merge_items, start_spec
 
     own, chip = InputFormat.parse(ctx.model.input_format), exp.deployed_input
     if own not in (InputFormat.FLOAT_NORMALIZED, chip):
@@ -192,7 +191,7 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
     k = exp.cnn_batch
 
     def merged(batches: list) -> list:
-        return [_merge(batches[i : i + k], k) for i in range(0, len(batches), k)]
+        return [merge_items(batches[i : i + k], k) for i in range(0, len(batches), k)]
 
     train = merged(data.calib)
     with torch.no_grad():

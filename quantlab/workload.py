@@ -7,14 +7,16 @@ declared input shape takes the shape of the first calibration batch, which also 
 BatchNorm folding; a model that cannot run on the data fails with the data named.
 ``start_spec(choice, platform, ...)`` turns the ``qconfig`` group into a ``QConfigSpec``; a
 file's rules must each match an op of the model (``quantlab.qconfig.check_matches``).
-``listed_or_chosen(ctx, names, data_for)``: the models of an experiment with a list of its own,
+``listed_or_chosen(ctx, names, ...)``: the models of an experiment with a list of its own,
 or the one the command chose instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+import torch
 
 from quantlab.data import Dataset, load_data
 from quantlab.data.schema import DataConfig
@@ -79,11 +81,14 @@ def load_workload(
 
 
 def listed_or_chosen(
-    ctx: Any, names: list[str], data_for: Callable[[ModelBundle], DataConfig]
+    ctx: Any,
+    names: list[str],
+    num_calib: int = DataConfig.num_calib,
+    num_eval: int = DataConfig.num_eval,
 ) -> Iterator[tuple[str, ModelBundle, Dataset]]:
     """(name, bundle, dataset) of each model an experiment with a list of its own runs: the
     model the command chose (``ctx.model_chosen``: ``model=...``, your own included) alone, on
-    ``ctx.data``; otherwise each registry model of ``names`` on ``data_for(bundle)``."""
+    ``ctx.data``; otherwise each registry model of ``names`` on its own data at these counts."""
     seed = ctx.seed or 0
     if ctx.model_chosen:
         bundle, data = load_workload(ctx.model, ctx.data, seed, ctx.platform)
@@ -91,7 +96,8 @@ def listed_or_chosen(
         return
     for name in names:
         bundle = build_model(name, seed)
-        yield name, bundle, load_data(data_for(bundle), name)
+        own = DataConfig(name=bundle.default_data, num_calib=num_calib, num_eval=num_eval)
+        yield name, bundle, load_data(own, name)
 
 
 def batches_per_run(bundle: ModelBundle, data: Dataset, wanted: int) -> int:
@@ -102,6 +108,24 @@ def batches_per_run(bundle: ModelBundle, data: Dataset, wanted: int) -> int:
     first = data.eval[0][0]
     per_batch = int(first.shape[0]) if first.dim() else 1
     return min(wanted, max(1, bundle.fixed_batch // per_batch))
+
+
+def merge_items(batches: list[tuple], n: int, pad_token_rows: bool = False) -> tuple:
+    """The first ``n`` batches (at least one) as one batch: tensors concatenated on dim 0, any
+    other argument taken from the first. ``pad_token_rows``: integer 2-d tensors of different
+    lengths (token ids, attention masks) are padded with 0 at the end of dim 1 first."""
+    items = batches[: max(1, n)]
+    out = []
+    for i in range(len(items[0])):
+        parts = [b[i] for b in items]
+        if not isinstance(parts[0], torch.Tensor):
+            out.append(parts[0])
+            continue
+        if pad_token_rows and not parts[0].is_floating_point() and parts[0].dim() == 2:
+            t = max(p.shape[1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts]
+        out.append(torch.cat(parts))
+    return tuple(out)
 
 
 def model_ops(module: Any, platform: Any, batch: tuple) -> list[OpContext]:
