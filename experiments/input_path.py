@@ -11,6 +11,12 @@ rows hold the output SQNR against the float reference and the top-1 agreement wi
 with its 95% interval over the evaluation photos (Wilson score for the agreement, percentile
 bootstrap for the SQNR).
 
+``model=...`` runs the chosen model alone on ``data=...`` instead of ``exp.models``: your own
+image model (one (3, H, W) input) takes the preprocessing its image data describes
+(``data.mean``, ``data.std``, ``data.channel_order``, ``data.resize``), and its rows carry
+output SQNR and its own first output metric (top-1 agreement for a classifier's logits, else
+output cosine).
+
 Sources: the toolchain inserts a preprocessing node for colour conversion (NV12 -> BGR) and
 (data - mean) / std (seed 002 s.6.3); pyramid models take NV12 (s.8.3); a fixed input scale in
 QAT must match the deployed input source (seed 004). The conversion's matrix, range and rounding
@@ -77,11 +83,11 @@ def _variants(exp: InputPathExp) -> list[tuple[str, InputFormat, Border]]:
     return out
 
 
-def _reference(model_cfg, data_cfg, seed: int):
+def _reference(model_cfg, data_cfg, seed: int, platform):
     """The float model and its outputs on float-preprocessed evaluation photos."""
     from quantlab.workload import load_workload
 
-    bundle, data = load_workload(model_cfg, data_cfg, seed)
+    bundle, data = load_workload(model_cfg, data_cfg, seed, platform)
     with torch.no_grad():
         outs = [bundle.module(*b) for b in data.eval]
     return bundle, data, outs
@@ -93,19 +99,42 @@ def _variant_runs(bundle, data, sim_factory, modes, progress: bool) -> dict:
     return {m: [sim.run(*b, mode=m) for b in data.eval] for m in modes}
 
 
+def _models(exp: InputPathExp, ctx: RunContext) -> list[ModelConfig]:
+    """The model the command chose (``model=...``, your own included), else ``exp.models``."""
+    if not ctx.model_chosen:
+        return [ModelConfig(name=name, pretrained=exp.pretrained) for name in exp.models]
+    if ctx.model.input_format is not InputFormat.FLOAT_NORMALIZED:
+        raise ValueError(
+            f"model.input_format={ctx.model.input_format.name}: +exp=input_path compares the "
+            "input formats of exp.formats against float preprocessing itself; leave "
+            "model.input_format unset"
+        )
+    return [ctx.model]
+
+
+def _metrics(bundle, chosen: bool) -> tuple:
+    """Output SQNR and a second task metric against the float reference: top-1 agreement for
+    the listed classifiers; for a chosen model the first of its own metrics that compares
+    outputs alone (top-1 agreement for a classifier-shaped output, else output cosine)."""
+    from quantlab.models.tasks import OutputSQNR, Top1Agreement
+
+    if not chosen:
+        return OutputSQNR(), Top1Agreement()
+    second = [m for m in bundle.metrics if m.name != "output_sqnr_db" and not m.uses_labels]
+    return (OutputSQNR(), *second[:1])
+
+
 def measure(exp: InputPathExp, ctx: RunContext) -> pd.DataFrame:
-    """One row per model, variant and mode: output SQNR and top-1 agreement against the float
-    reference, each with its interval and item count."""
+    """One row per model, variant and mode: output SQNR and a second metric (``_metrics``)
+    against the float reference, each with its interval and item count."""
     from quantlab.analysis.confidence import estimate_metrics
     from quantlab.models.input_path import deploy_workload
-    from quantlab.models.tasks import OutputSQNR, Top1Agreement
     from quantlab.simulate import Simulator
 
-    metrics = (OutputSQNR(), Top1Agreement())
     rows = []
-    for name in exp.models:
-        model_cfg = ModelConfig(name=name, pretrained=exp.pretrained)
-        bundle, float_data, ref = _reference(model_cfg, ctx.data, ctx.seed or 0)
+    for model_cfg in _models(exp, ctx):
+        bundle, float_data, ref = _reference(model_cfg, ctx.data, ctx.seed or 0, ctx.platform)
+        metrics = _metrics(bundle, ctx.model_chosen)
         for label, fmt, border in _variants(exp):
             if fmt is InputFormat.FLOAT_NORMALIZED:
                 b, data = bundle, float_data
@@ -116,11 +145,24 @@ def measure(exp: InputPathExp, ctx: RunContext) -> pd.DataFrame:
             )
             for mode, test in outs.items():
                 est = estimate_metrics(metrics, ref, test)
-                row = {"model": name, "variant": label, "mode": mode.name}
+                row = {"model": bundle.name, "variant": label, "mode": mode.name}
                 for m in metrics:
                     row.update(est[m.name].as_columns(m.name))
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+SECOND_WORDS = {"top1_agreement": "top-1", "output_cosine": "cosine"}  # findings
+SECOND_AXIS = {  # plot: (y axis, title)
+    "top1_agreement": ("top-1 agreement with float (fraction of images)", "Top-1 agreement"),
+    "output_cosine": ("output cosine with float (mean over images)", "Output cosine"),
+}
+
+
+def _second_metric(table: pd.DataFrame) -> str | None:
+    """The table's metric besides output SQNR (None: output SQNR alone)."""
+    names = [c[: -len("_n")] for c in table.columns if c.endswith("_n")]
+    return next((n for n in names if n != "output_sqnr_db"), None)
 
 
 def _findings(table: pd.DataFrame) -> list[str]:
@@ -129,12 +171,15 @@ def _findings(table: pd.DataFrame) -> list[str]:
     def est(r, key):
         return Estimate(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], int(r[f"{key}_n"]))
 
+    second = _second_metric(table)
+    words = SECOND_WORDS.get(second, second)
     out = []
     for (model, mode), g in table.groupby(["model", "mode"], sort=False):
         base = g[g.variant == InputFormat.FLOAT_NORMALIZED.name]
         parts = [
-            f"{r.variant} {r.output_sqnr_db:.2f} dB, top-1 {r.top1_agreement:.3f}"
-            for r in g.itertuples()
+            f"{r['variant']} {r['output_sqnr_db']:.2f} dB"
+            + (f", {words} {r[second]:.3f}" if second else "")
+            for _, r in g.iterrows()
         ]
         line = f"{model}, {mode.lower()} mode: " + "; ".join(parts) + "."
         if not base.empty:
@@ -154,7 +199,7 @@ def _findings(table: pd.DataFrame) -> list[str]:
     return out
 
 
-@experiment(InputPathExp, "input_path")
+@experiment(InputPathExp, "input_path", takes_model=True)
 def input_path(exp: InputPathExp, ctx: RunContext) -> ExperimentResult:
     table = measure(exp, ctx)
     table["path"] = table["variant"].map(SHORT)
@@ -174,22 +219,26 @@ def input_path(exp: InputPathExp, ctx: RunContext) -> ExperimentResult:
             ci_low="sqnr_plot_ci_low",
             ci_high="sqnr_plot_ci_high",
         ),
-        Plot(
-            "top1_agreement",
-            x="path",
-            y="top1_agreement",
-            xlabel="input path",
-            ylabel="top-1 agreement with float (fraction of photos)",
-            title="Top-1 agreement per input path (95% CI)",
-            hue="mode",
-            facet="model",
-            kind=PlotKind.SCATTER,
-            ci_low="top1_agreement_ci_low",
-            ci_high="top1_agreement_ci_high",
-        ),
     ]
+    second = _second_metric(table)
+    if second:
+        plots.append(
+            Plot(
+                second,
+                x="path",
+                y=second,
+                xlabel="input path",
+                ylabel=SECOND_AXIS.get(second, (f"{second} against float",))[0],
+                title=f"{SECOND_AXIS.get(second, ('', second))[1]} per input path (95% CI)",
+                hue="mode",
+                facet="model",
+                kind=PlotKind.SCATTER,
+                ci_low=f"{second}_ci_low",
+                ci_high=f"{second}_ci_high",
+            )
+        )
     notes = [
-        "Reference: the float model on float-preprocessed photos (no uint8 rounding).",
+        "Reference: the float model on float-preprocessed images (no uint8 rounding).",
         "UINT8_*: uint8 pixels round(255 x) (half to even) as int8 codes p - 128 at input "
         "scale 1, (x - mean) / std folded into the first conv (weights and bias rewritten), "
         "its zero padding moved to the input as a border of the mean pixel's code (or of "

@@ -52,7 +52,8 @@ def load_workload(
 
     With ``model.input_format`` other than FLOAT_NORMALIZED, the deployed image input path
     (``quantlab.models.input_path.deploy_workload``; the NV12 arithmetic from ``platform``, a
-    PlatformConfig, default: the profile defaults)."""
+    PlatformConfig, default: the profile defaults); a user's model is first built on the data
+    as ``data`` preprocesses it (its BatchNorm folded, its shape inferred there)."""
     if model.name not in USER_MODELS:
         bundle = build_model(model, seed)
         if model.input_format is not InputFormat.FLOAT_NORMALIZED:
@@ -77,6 +78,8 @@ def load_workload(
     except ModelInputError as err:
         raise ValueError(f"{err} (the first calibration batch of {_data_words(data)})") from None
     _probe(bundle, dataset, data)
+    if model.input_format is not InputFormat.FLOAT_NORMALIZED:
+        return deploy_workload(bundle, data, model.input_format, platform or PlatformConfig())
     return bundle, dataset
 
 

@@ -31,6 +31,7 @@ def test_experiments_that_take_a_model():
         "calibration",
         "consistency",
         "highlow_split",
+        "input_path",
         "mixed_precision",
         "model_check",
         "onnx_fidelity",
@@ -43,7 +44,7 @@ def test_experiments_that_take_a_model():
 @pytest.mark.parametrize(
     "exp, words",
     [
-        ("input_path", "it runs the models of exp.models (now ['mobilenet_v2'"),
+        ("norm_attention", "it runs the models of exp.models (now ['digits_layernorm'"),
         ("sincos_period", "it builds the models it studies itself"),
         ("lut_error", "it builds the models it studies itself"),
     ],
@@ -56,7 +57,8 @@ def test_an_experiment_without_a_model_refuses_your_model(exp, words, tmp_path):
     assert words in msg
     assert msg.endswith(
         "The experiments that run the model you choose: calibration, consistency, "
-        "highlow_split, mixed_precision, model_check, onnx_fidelity, qat, recipe, sensitivity"
+        "highlow_split, input_path, mixed_precision, model_check, onnx_fidelity, qat, recipe, "
+        "sensitivity"
     )
     assert not any(tmp_path.iterdir())  # refused before any work
 

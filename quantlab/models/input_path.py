@@ -285,8 +285,11 @@ def deploy_workload(
     """(bundle, dataset) of image model ``bundle`` under input format ``fmt``: the dataset
     ``data_cfg`` loaded as resized RGB pixels and turned into the deployed codes, the bundle's
     module the deployed model (``deploy_input_path``; NV12 arithmetic from ``platform``).
-    FLOAT_NORMALIZED loads the data as the model was trained. ValueError for a model without an
-    image input format."""
+    FLOAT_NORMALIZED loads the data as the model was trained. A registry model brings its own
+    image format; the user's own model (one (3, H, W) input) takes the one its image data
+    describes (``data.mean``, ``data.std``, ``data.channel_order``, ``data.resize``: what
+    FLOAT_NORMALIZED feeds it). ValueError for a model without an image input, or data that
+    holds no images."""
     from quantlab.data import load_data
     from quantlab.models.inputs import smooth_images
 
@@ -294,15 +297,20 @@ def deploy_workload(
     if fmt is InputFormat.FLOAT_NORMALIZED:
         return bundle, load_data(data_cfg, bundle)
     if bundle.input_format is None:
-        raise ValueError(
-            f"model.input_format={fmt.name} needs an image model with its own preprocessing; "
-            f"model '{bundle.name}' has none (use input_format=FLOAT_NORMALIZED)"
-        )
-    from quantlab.models.registry import example_inputs as registry_inputs
-
+        if bundle.registry:
+            raise ValueError(
+                f"model.input_format={fmt.name} needs an image model with its own preprocessing; "
+                f"model '{bundle.name}' has none (use input_format=FLOAT_NORMALIZED)"
+            )
+        bundle, data_cfg = _user_image_format(bundle, data_cfg, fmt)
     unit = unit_format(bundle.input_format)
 
     def unit_inputs(batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        if not bundle.registry:
+            return (smooth_images(gen, batch, unit.height, unit.width),)
+        from quantlab.models.registry import example_inputs as registry_inputs
+
         return registry_inputs(bundle.name, batch, seed, image_format=unit)
 
     # random data (data=synthetic): the same images as the float model's, unnormalised
@@ -327,3 +335,34 @@ def deploy_workload(
         bundle, module=module, input_shapes=(shape,), example_inputs=example_inputs
     )
     return deployed, data
+
+
+PIXEL_DATA = ("photos", "faces", "page", "images", "synthetic")
+"""Datasets a user's model can take through a deployed input path: images in [0, 1] (and
+synthetic smooth images), from which the uint8 pixels are made."""
+
+
+def _user_image_format(bundle, data_cfg, fmt: InputFormat):
+    """(bundle with the image format its data describes, data config without it): a user's
+    model has no preprocessing of its own, so ``data_cfg``'s size, mean, std, channel order and
+    resize are what it was trained on; the deployed path loads the same images unnormalised."""
+    from quantlab.data.formats import config_format
+    from quantlab.models.inputs import is_image_shape
+
+    shapes = bundle.input_shapes
+    if shapes is None or len(shapes) != 1 or not is_image_shape(tuple(shapes[0])):
+        shown = "unknown" if shapes is None else ", ".join(str(list(s)) for s in shapes)
+        raise ValueError(
+            f"model.input_format={fmt.name} needs a model with one (3, H, W) image input; "
+            f"model {bundle.name} takes inputs of shape {shown} (without the batch dimension)"
+        )
+    if data_cfg.name not in PIXEL_DATA:
+        raise ValueError(
+            f"model.input_format={fmt.name} makes the model's input from uint8 pixels, so it "
+            f"needs images; data={data_cfg.name} holds none (use data="
+            + " / ".join(PIXEL_DATA)
+            + ")"
+        )
+    image = config_format(data_cfg, shapes, data_cfg.name, bundle.name)
+    unset = dataclasses.replace(data_cfg, size=None, mean=None, std=None)
+    return dataclasses.replace(bundle, input_format=image), unset

@@ -34,16 +34,12 @@ class ModelConfig:
     metric_higher_is_better: bool = True
     # what an image model takes (quantlab.models.input_path.InputFormat): FLOAT_NORMALIZED (the
     # training preprocessing), or the deployed path UINT8_RGB / UINT8_BGR / NV12 (uint8 pixels as
-    # int8 codes p - 128 at input scale 1, mean/std folded into the first conv)
+    # int8 codes p - 128 at input scale 1, mean/std folded into the first conv); your own model's
+    # mean/std, size and channel order are the image data's (data.mean, data.std, ...)
     input_format: InputFormat = InputFormat.FLOAT_NORMALIZED
 
     def __post_init__(self) -> None:
         self.input_format = InputFormat.parse(self.input_format, "model.input_format")
-        if self.name in USER_MODELS and self.input_format is not InputFormat.FLOAT_NORMALIZED:
-            raise ValueError(
-                f"model.input_format={self.input_format.name} applies to the registry's image "
-                f"models (their own mean/std and size); model={self.name} takes FLOAT_NORMALIZED"
-            )
         if self.name == "custom" and not self.target:
             raise ValueError(
                 "model.target is required with model=custom: 'package.module:function' that "

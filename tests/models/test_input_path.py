@@ -215,5 +215,3 @@ def test_model_input_format_deploys_a_registry_image_model():
             "UINT8_RGB",
             PlatformConfig(),
         )
-    with pytest.raises(ValueError, match="applies to the registry's image models"):
-        ModelConfig(name="custom", target="pkg.mod:fn", input_format="UINT8_RGB")

@@ -117,6 +117,60 @@ def test_bad_custom_model_inputs_name_the_field(pkg, tmp_path, kw, message):
         b.task(y, y)
 
 
+def test_your_image_model_takes_a_deployed_input_path(pkg, tmp_path):
+    """model.input_format on your own model: its data's mean, std and channel order fold into
+    its first conv, the input is int8 pixel codes with the conv's border, and the deployed float
+    model gives the float model's outputs up to the pixels' uint8 rounding."""
+    from user_package import image_folder
+
+    from quantlab.data.schema import DataConfig
+    from quantlab.models.formats import ChannelOrder
+    from quantlab.models.input_path import PIXEL_INPUT
+    from quantlab.workload import load_workload
+
+    data = DataConfig(
+        name="images",
+        path=str(image_folder(tmp_path / "imgs")),
+        size=[24, 24],
+        mean=[0.45, 0.4, 0.35],
+        std=[0.22, 0.25, 0.3],
+        channel_order=ChannelOrder.BGR,
+        num_calib=1,
+        num_eval=3,
+    )
+    float_bundle, float_data = load_workload(_custom(pkg), data)
+    with torch.no_grad():
+        ref = torch.cat([float_bundle.module(*b) for b in float_data.eval])
+    outs = {}
+    for fmt in ("UINT8_RGB", "UINT8_BGR", "NV12"):
+        bundle, deployed = load_workload(_custom(pkg, input_format=fmt), data)
+        (x,) = deployed.eval[0]
+        assert bundle.module.input_quant == (PIXEL_INPUT,)
+        assert x.shape[1:] == bundle.input_shapes[0] == (3, 26, 26)  # the conv's border
+        assert torch.equal(x, x.round()) and x.min() >= -128 and x.max() <= 127
+        with torch.no_grad():
+            outs[fmt] = torch.cat([bundle.module(*b) for b in deployed.eval])
+        err = (outs[fmt] - ref).abs().max() / ref.abs().max()
+        # uint8 rounding; NV12 adds the chroma's 2x2 subsampling
+        assert 0 < err < (5e-2 if fmt == "NV12" else 2e-3), (fmt, err)
+    # the source's channel order moves into the conv's weights, not into the result
+    torch.testing.assert_close(outs["UINT8_RGB"], outs["UINT8_BGR"], rtol=0, atol=1e-5)
+
+
+def test_a_deployed_input_path_needs_an_image_model_and_images(pkg, tmp_path):
+    from quantlab.data.schema import DataConfig
+    from quantlab.workload import load_workload
+
+    masked = _custom(pkg, fn="masked", input_shape=[4, 8], input_format="NV12")
+    image_input = r"needs a model with one \(3, H, W\) image input; .*\[4, 8\]"
+    with pytest.raises(ValueError, match=image_input):
+        load_workload(masked, DataConfig(name="synthetic", num_calib=1, num_eval=1))
+    torch.save([torch.rand(1, 3, 8, 8) for _ in range(2)], tmp_path / "x.pt")
+    tensors = DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=1, num_eval=1)
+    with pytest.raises(ValueError, match="needs images; data=tensors holds none"):
+        load_workload(_custom(pkg, input_format="UINT8_RGB"), tensors)
+
+
 def test_model_that_cannot_run_on_its_example_names_the_shapes(pkg):
     with pytest.raises(ValueError, match=r"fails on inputs of shape \[1, 3, 8, 8\]"):
         build_model(_custom(pkg, "two_inputs", input_shape=[3, 8, 8]))
