@@ -338,8 +338,8 @@ def deploy_workload(
 
 
 PIXEL_DATA = ("photos", "faces", "page", "images", "synthetic")
-"""Datasets a user's model can take through a deployed input path: images in [0, 1] (and
-synthetic smooth images), from which the uint8 pixels are made."""
+"""Datasets a user's model can take through a deployed input path: images in [0, 1] (synthetic:
+smooth random images), from which the uint8 pixels are made."""
 
 
 def _user_image_format(bundle, data_cfg, fmt: InputFormat):
@@ -363,6 +363,9 @@ def _user_image_format(bundle, data_cfg, fmt: InputFormat):
             + " / ".join(PIXEL_DATA)
             + ")"
         )
-    image = config_format(data_cfg, shapes, data_cfg.name, bundle.name)
+    # synthetic data feeds a user's model its smooth images in [0, 1] as they are (it reads no
+    # data.mean / std / channel_order), so its deployed path folds nothing but the pixel scale
+    described = data_cfg if data_cfg.name != "synthetic" else type(data_cfg)(name="synthetic")
+    image = config_format(described, shapes, data_cfg.name, bundle.name)
     unset = dataclasses.replace(data_cfg, size=None, mean=None, std=None)
     return dataclasses.replace(bundle, input_format=image), unset

@@ -155,6 +155,16 @@ def test_your_image_model_takes_a_deployed_input_path(pkg, tmp_path):
         assert 0 < err < (5e-2 if fmt == "NV12" else 2e-3), (fmt, err)
     # the source's channel order moves into the conv's weights, not into the result
     torch.testing.assert_close(outs["UINT8_RGB"], outs["UINT8_BGR"], rtol=0, atol=1e-5)
+    # synthetic data feeds its images unnormalised (it reads no data.mean / std): so does the
+    # deployed path
+    synthetic = DataConfig(name="synthetic", mean=[0.5] * 3, std=[0.1] * 3, num_eval=2)
+    shaped = {"input_shape": [3, 16, 16]}
+    float_bundle, float_data = load_workload(_custom(pkg, **shaped), synthetic)
+    bundle, deployed = load_workload(_custom(pkg, input_format="UINT8_RGB", **shaped), synthetic)
+    with torch.no_grad():
+        ref = torch.cat([float_bundle.module(*b) for b in float_data.eval])
+        out = torch.cat([bundle.module(*b) for b in deployed.eval])
+    assert 0 < (out - ref).abs().max() / ref.abs().max() < 2e-3
 
 
 def test_a_deployed_input_path_needs_an_image_model_and_images(pkg, tmp_path):
