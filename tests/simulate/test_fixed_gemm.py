@@ -230,6 +230,7 @@ def test_fast_conv_path_runs_the_selftest_and_avoids_a_path_it_disabled():
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+@pytest.mark.usefixtures("int8_product_fast")
 def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, monkeypatch):
     """The INT32 path (int8 convolutions and linears by torch's int8 matrix product) and the
     float paths AUTO takes without it give a fixed run the same bits."""
@@ -262,6 +263,7 @@ def test_fixed_codes_are_the_same_with_and_without_the_int8_product(platform, mo
     assert_bits_equal(runs[0], runs[1])
 
 
+@pytest.mark.usefixtures("int8_product_fast")
 def test_int8_weights_on_the_int8_product_keep_no_float32_copy():
     """A weight whose GEMM takes the INT32 path is read as int8 codes: the simulator keeps no
     float32 cast of it; a depthwise conv (float32 path) keeps one."""

@@ -6,7 +6,10 @@ steps hold, item assignment, calls that are not modelled ops, views kept and rea
 - Replay: every studied op, in FAKE, FIXED and FLOAT op modes, over FLOAT, FAKE and FIXED
   traces, gives the naive run's bits, and the trace does not change.
 - Programs: a net's traced program gives ``Simulator.run``'s bits in FAKE, HYBRID and FIXED
-  mode, on inputs at several magnitudes."""
+  mode, on inputs at several magnitudes.
+
+Even seeds run their GEMMs on torch's int8 matrix product, odd seeds on the float32 and C
+paths (``_both_gemm_paths``)."""
 
 from __future__ import annotations
 
@@ -24,14 +27,23 @@ pytestmark = pytest.mark.filterwarnings("ignore:RandomNet.forward writes into it
 
 
 # 49: a convolution's fused chain reached after a studied op (a replay passes it through)
+def _both_gemm_paths(seed: int, request) -> None:
+    """Even seeds with AUTO on torch's int8 matrix product (the path of CPUs with VNNI), odd
+    ones on the float32 and C paths (conftest's default, the path of other CPUs)."""
+    if seed % 2 == 0:
+        request.getfixturevalue("int8_product_fast")
+
+
 @pytest.mark.parametrize("seed", [*range(20), 49])
-def test_random_nets_replay_to_the_naive_bits(seed):
+def test_random_nets_replay_to_the_naive_bits(seed, request):
+    _both_gemm_paths(seed, request)
     _replay_to_the_naive_bits(seed, None)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_random_upsampling_nets_replay_to_the_naive_bits(seed):
+def test_random_upsampling_nets_replay_to_the_naive_bits(seed, request):
     """Nets with transposed convolutions (a fused BatchNorm, a fused relu6, groups)."""
+    _both_gemm_paths(seed, request)
     _replay_to_the_naive_bits(seed, UPSAMPLING_STEPS, n_steps=10)
 
 
@@ -69,13 +81,17 @@ def _replay_to_the_naive_bits(seed: int, steps: dict | None, n_steps: int = 14):
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 # 109, 111: an in-place sum on a tensor another step still holds (traced as a write)
 @pytest.mark.parametrize("seed", [*range(100, 106), 109, 111])
-def test_random_nets_run_as_programs_with_the_captured_runs_bits(seed, platform):
+def test_random_nets_run_as_programs_with_the_captured_runs_bits(seed, platform, request):
+    _both_gemm_paths(seed, request)
     _programs_give_the_captured_bits(seed, platform, None)
 
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime", "tflite"])
 @pytest.mark.parametrize("seed", range(200, 203))
-def test_random_upsampling_nets_run_as_programs_with_the_captured_runs_bits(seed, platform):
+def test_random_upsampling_nets_run_as_programs_with_the_captured_runs_bits(
+    seed, platform, request
+):
+    _both_gemm_paths(seed, request)
     _programs_give_the_captured_bits(seed, platform, UPSAMPLING_STEPS)
 
 

