@@ -646,8 +646,9 @@ def main() -> None:
         "",
         f"`{FAKE}`, `{FIXED}`, `{FIXED_ORT}`: `Simulator.run(*x, mode=...)` as a loop runs "
         "it: once steady runs of one mode and input signature have taken `PROGRAM_AFTER_S` "
-        "seconds captured, they run as a traced program (torch.fx trace, every module inlined, "
-        "its Python state guarded by torch dynamo; `quantlab.simulate.steady_programs`), with "
+        "seconds captured (and `PROGRAM_AFTER_RUNS` runs), they run as a traced program "
+        "(torch.fx trace, every module inlined, its Python state guarded by torch dynamo; "
+        "`quantlab.simulate.steady_programs`), with "
         "the same bits as the captured run (checked here before timing, and in "
         "tests/simulate/test_steady_programs.py, test_program.py and test_pinned_codes.py). "
         f"`{FAKE_CAPTURED}`, `{FIXED_CAPTURED}`: every run captured per op "

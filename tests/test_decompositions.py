@@ -243,6 +243,8 @@ def test_attention_models_become_traced_programs_with_the_captured_bits(monkeypa
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     captured, _ = _calibrated("j6m")
     torch.manual_seed(0)
     steady = Simulator(_Encoder().eval(), "j6m")
@@ -399,6 +401,8 @@ def test_masked_attention_becomes_a_traced_program_with_the_captured_bits(monkey
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     g = torch.Generator().manual_seed(6)
     torch.manual_seed(0)
     model = _InputMasked().eval()
@@ -592,6 +596,8 @@ def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(3)]
     torch.manual_seed(0)
@@ -729,6 +735,8 @@ def test_addmm_layers_become_a_traced_program_with_the_captured_bits(monkeypatch
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(32, 32, generator=g) * 0.3, torch.randn(32, generator=g)
     batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
@@ -841,6 +849,8 @@ def test_matmuls_by_a_parameter_become_a_traced_program_with_the_captured_bits(m
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     g = torch.Generator().manual_seed(6)
     w = torch.randn(32, 32, generator=g) * 0.3
     batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
@@ -900,6 +910,8 @@ def test_baddbmm_scores_become_a_traced_program_with_the_captured_bits(monkeypat
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     g = torch.Generator().manual_seed(4)
     torch.manual_seed(0)
     model = _Scores().eval()
@@ -1045,6 +1057,8 @@ def test_einsum_attention_becomes_a_traced_program_with_the_captured_bits(monkey
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     captured, _ = _einsum_sim("j6m", steady_programs=False)
     torch.manual_seed(0)
     steady = Simulator(_EinsumAttention().eval(), "j6m")  # the three-operand einsum too
@@ -1240,6 +1254,8 @@ def test_recurrent_models_become_traced_programs_with_the_captured_bits(monkeypa
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     make_sim, cls, shape = RECURRENT_MODELS[model]
     captured, _ = make_sim("j6m", steady_programs=False)
     torch.manual_seed(0)
@@ -1666,6 +1682,8 @@ def test_models_of_parts_become_traced_programs_with_the_captured_bits(monkeypat
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     captured, _ = _parts_sim(model, "j6m", steady_programs=False)
     cls, seed, shape = PARTS_MODELS[model]
     torch.manual_seed(0)

@@ -72,7 +72,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     the DEPLOYED table). ``steady_programs``: steady FAKE, HYBRID and FIXED runs (no per-op
     overrides or replay) switch to a traced program of the model (``Program``, guarded by torch
     dynamo) once runs of one mode and input signature have taken
-    ``steady_programs.PROGRAM_AFTER_S`` seconds; the
+    ``steady_programs.PROGRAM_AFTER_S`` seconds and ``PROGRAM_AFTER_RUNS`` runs; the
     same bits, without the per-op capture (``quantlab.simulate.steady_programs``); False keeps
     every run captured. ``blocked_replay``: a FLOAT replay run keeps the float convolutions
     after its studied op in oneDNN's blocked layout where that gives the same bits

@@ -6,9 +6,11 @@ each op (``program`` module docstring). A ``Program`` computes the same bits wit
 building one takes seconds (two runs in its mode, a torch.fx trace, a named run, torch dynamo's
 trace for its guards). So ``Simulator.run`` rents before it buys, per mode and input signature
 (each tensor's shape, strides, dtype and device; every other input's value): steady runs go
-captured until those of one mode and signature have taken ``PROGRAM_AFTER_S`` seconds, about
-what a build of a MobileNetV2-sized model takes, and the next one builds the program from its
-inputs. That keeps a run's total within about twice that of the better choice made in
+captured until those of one mode and signature have cost what a build costs: at least
+``PROGRAM_AFTER_S`` seconds (about a build of a MobileNetV2-sized model) and at least
+``PROGRAM_AFTER_RUNS`` runs (a build runs the model twice, so a model whose one run takes
+seconds costs more to build than that run); the run that reaches both then builds the program
+from its inputs. That keeps a run's total within about twice that of the better choice made in
 hindsight, so a short session never pays a build and a loop (a sweep, an evaluation) runs at
 the program's speed.
 
@@ -43,6 +45,7 @@ from quantlab.simulate.program import NOT_HELD, Program, ProgramError, input_sig
 from quantlab.simulate.runtime_program import RuntimeProgram
 
 PROGRAM_AFTER_S = 2.0  # seconds of captured steady runs of one signature worth a build
+PROGRAM_AFTER_RUNS = 2  # and as many runs: a build runs the model twice (and traces it)
 MAX_PROGRAMS = 4  # programs kept per simulator (each holds a generated module)
 MAX_DROPS = 2  # programs of one signature dropped before it stays captured
 
@@ -102,6 +105,7 @@ class SteadyPrograms:
         if (
             state.failed is None
             and state.captured_s >= PROGRAM_AFTER_S
+            and state.captured_runs >= PROGRAM_AFTER_RUNS
             and sum(s.program is not None for s in self.by_signature.values()) < MAX_PROGRAMS
         ):
             t0 = time.perf_counter()

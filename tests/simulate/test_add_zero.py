@@ -41,6 +41,7 @@ def _sim(how: str, platform: str, **kw) -> Simulator:
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_adding_zero_is_an_integer_add_in_every_spelling(platform, monkeypatch):
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     xs = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(s)) for s in (2, 3)]
     ref = None
     for how in ("x+0", "0+x", "x+0.0", "x-0"):

@@ -148,6 +148,7 @@ def test_steady_runs_and_programs_keep_the_bits(monkeypatch, mode):
     """The QAT softmax kept as a prepared call (steady runs) and in a traced program gives
     the bits of a simulator that captures every run."""
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     rule = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
     spec = QConfigSpec(by_type={"softmax": rule})
     g = torch.Generator().manual_seed(13)

@@ -119,6 +119,7 @@ def test_the_runtime_profiles_keep_log_softmax_in_float(platform):
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED, Mode.HYBRID])
 def test_log_softmax_keeps_its_bits_in_steady_runs(monkeypatch, mode):
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     fast, g = _calibrated("j6m", DType.INT8, steady_programs=True)
     captured, _ = _calibrated("j6m", DType.INT8, steady_programs=False)
     xs = [_inputs(g) for _ in range(2)]

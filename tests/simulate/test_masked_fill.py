@@ -129,6 +129,7 @@ def test_in_place_and_out_of_place_agree(mode):
 def test_steady_runs_keep_the_bits(monkeypatch, mode):
     """As prepared calls and in a traced program, the fill stays snapped."""
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     fast = _sim(-1e4, steady_programs=True, both=True)
     captured = _sim(-1e4, steady_programs=False, both=True)
     xs = [_inputs(5), _inputs(6)]

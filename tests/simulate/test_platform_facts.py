@@ -65,6 +65,8 @@ def test_a_high_precision_output_passes_layout_ops_unquantized(monkeypatch, plat
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(2, 3, 10, 10, generator=g) * s for s in (0.5, 1.0, 3.0, 1.0)]
     sims = []

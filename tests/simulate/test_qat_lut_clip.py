@@ -106,6 +106,7 @@ def test_the_clipped_forms_keep_their_bits_in_steady_runs(monkeypatch, mode):
     deployed tables (HYBRID) give the bits of a simulator that captures every run (log's NaN
     below 0 included)."""
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     fast, g = _calibrated("j6m", DType.INT16, _Clipped(), steady_programs=True)
     captured, _ = _calibrated("j6m", DType.INT16, _Clipped(), steady_programs=False)
     xs = [_near_zero(fast, DType.INT16, g) for _ in range(2)]

@@ -58,6 +58,7 @@ def _pair(monkeypatch, model=None, spec=None, platform=None):
     """(steady simulator, captured simulator, generator, x): the steady one switched to its
     program in its first FIXED run of x."""
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     torch.manual_seed(0)
     m = (model or Net()).eval()
     g = torch.Generator().manual_seed(5)
@@ -164,6 +165,7 @@ def test_runs_stay_on_quantlabs_program(monkeypatch):
     assert type(state.program) is Program and state.runtime_failed is None
     # asked not to
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     torch.manual_seed(0)
     off = Simulator(Net().eval(), onnxruntime_profile())
     off.calibrate(_calib(torch.Generator().manual_seed(1)), progress=False)

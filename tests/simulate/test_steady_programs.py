@@ -54,6 +54,7 @@ def _switched(monkeypatch, mode: Mode = Mode.FAKE):
     """A pair (``_pair``) whose steady simulator built its program in its first run of an
     input x in ``mode``: (simulator, captured simulator, generator, x, x's signature state)."""
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     _, sim, captured, g = _pair()
     x = _inputs(g, 1)[0]
     sim.run(x, mode=mode)
@@ -63,6 +64,7 @@ def _switched(monkeypatch, mode: Mode = Mode.FAKE):
 @pytest.mark.parametrize("mode", MODES)
 def test_runs_switch_to_a_program_with_the_captured_bits(monkeypatch, mode):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     _, sim, captured, g = _pair()
     xs = _inputs(g)
     for x in xs:
@@ -84,6 +86,21 @@ def test_no_program_before_the_captured_runs_have_taken_their_time(monkeypatch):
         sim.run(x, mode=Mode.FAKE)
     state = sim.steady_programs.status((x,), Mode.FAKE)
     assert state.program is None and state.captured_runs == 3 and state.captured_s > 0
+
+
+def test_a_run_longer_than_a_builds_time_is_not_built_after_it_alone(monkeypatch):
+    """A model whose one run takes longer than ``PROGRAM_AFTER_S`` (here every run does) is not
+    built after that run: a build runs it twice, so the program is built by the second run."""
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    _, sim, captured, g = _pair()
+    x = _inputs(g, 1)[0]
+    sim.run(x, mode=Mode.FIXED)
+    state = sim.steady_programs.status((x,), Mode.FIXED)
+    assert state.program is None and state.captured_runs == 1 and state.build_s == 0.0
+    sim.run(x, mode=Mode.FIXED)
+    assert state.program is not None and state.captured_runs == 2
+    assert_bits_equal(sim.run(x, mode=Mode.FIXED), captured.run(x, mode=Mode.FIXED))
+    assert state.program_runs == 1
 
 
 def test_other_signatures_modes_and_overrides_keep_their_own_state(monkeypatch):
@@ -131,6 +148,7 @@ class Unguardable(Net):
 
 def test_a_model_dynamo_cannot_guard_stays_captured_with_the_reason(monkeypatch):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     _, sim, captured, g = _pair(model=Unguardable())
     for x in _inputs(g, 2):
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
@@ -142,6 +160,7 @@ def test_a_model_dynamo_cannot_guard_stays_captured_with_the_reason(monkeypatch)
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch, mode):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     m, sim, _, g = _pair()
     seen = []
     h = m.head.register_forward_hook(lambda mod, inp, out: seen.append(1))
@@ -159,6 +178,7 @@ def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch, mode):
 @pytest.mark.parametrize("limit", [1, 2])
 def test_programs_kept_per_simulator_are_bounded(monkeypatch, limit):
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     monkeypatch.setattr(sp, "MAX_PROGRAMS", limit)
     _, sim, captured, g = _pair()
     xs = [torch.randn(b, 3, 8, 8, generator=g) for b in (1, 2, 3)]
@@ -171,6 +191,7 @@ def test_programs_kept_per_simulator_are_bounded(monkeypatch, limit):
 def test_an_explicit_program_build_is_no_steady_run(monkeypatch):
     """``program`` runs the model captured: it neither counts towards nor starts a switch."""
     monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
     _, sim, captured, g = _pair()
     x = _inputs(g, 1)[0]
     prog = sim.program(x, mode=Mode.FAKE)

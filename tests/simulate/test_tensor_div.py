@@ -250,6 +250,7 @@ def test_fake_mode_division_keeps_its_bits_in_steady_runs(monkeypatch, mode):
     """The QAT division kept as a prepared call (steady runs) and in a traced program gives
     the bits of a simulator that captures every run."""
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     rule = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
     spec = QConfigSpec(by_type={t: rule for t in ("conv2d", "add", "sqrt", "div", "sigmoid")})
     fast, xs = _calibrated("j6m", spec, steady_programs=True)

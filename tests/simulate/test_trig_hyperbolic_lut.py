@@ -241,6 +241,7 @@ def test_steady_runs_keep_the_bits(monkeypatch, mode):
     """As prepared calls and in a traced program, a clipped QAT form (FAKE) and a table
     (FIXED) give the bits of a simulator that captures every run."""
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     fast = _calibrated("atanh", "j6m", DType.INT16, wide=True, steady_programs=True)
     captured = _calibrated("atanh", "j6m", DType.INT16, wide=True, steady_programs=False)
     g = torch.Generator().manual_seed(28)

@@ -151,6 +151,8 @@ def test_uneven_pools_become_a_traced_program_with_the_captured_bits(monkeypatch
     from quantlab.simulate import steady_programs
 
     monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
+
+    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
     gen = torch.Generator().manual_seed(5)
     calib = [(torch.randn(2, 3, 11, 12, generator=gen),) for _ in range(2)]
     xs = [torch.randn(2, 3, 11, 12, generator=gen) * s for s in (0.5, 2.0)]
