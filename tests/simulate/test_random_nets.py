@@ -26,7 +26,6 @@ from quantlab.simulate import Mode, OpMode, Simulator
 pytestmark = pytest.mark.filterwarnings("ignore:RandomNet.forward writes into its input")
 
 
-# 49: a convolution's fused chain reached after a studied op (a replay passes it through)
 def _both_gemm_paths(seed: int, request) -> None:
     """Even seeds with AUTO on torch's int8 matrix product (the path of CPUs with VNNI), odd
     ones on the float32 and C paths (conftest's default, the path of other CPUs)."""
@@ -34,6 +33,7 @@ def _both_gemm_paths(seed: int, request) -> None:
         request.getfixturevalue("int8_product_fast")
 
 
+# 49: a convolution's fused chain reached after a studied op (a replay passes it through)
 @pytest.mark.parametrize("seed", [*range(20), 49])
 def test_random_nets_replay_to_the_naive_bits(seed, request):
     _both_gemm_paths(seed, request)
