@@ -152,11 +152,19 @@ def measure(exp: InputPathExp, ctx: RunContext) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-SECOND_WORDS = {"top1_agreement": "top-1", "output_cosine": "cosine"}  # findings
-SECOND_AXIS = {  # plot: (y axis, title)
-    "top1_agreement": ("top-1 agreement with float (fraction of images)", "Top-1 agreement"),
-    "output_cosine": ("output cosine with float (mean over images)", "Output cosine"),
+SECOND_WORDS = {  # metric: (in the findings, the plot's y axis, the plot's title)
+    "top1_agreement": (
+        "top-1",
+        "top-1 agreement with float (fraction of images)",
+        "Top-1 agreement",
+    ),
+    "output_cosine": ("cosine", "output cosine with float (mean over images)", "Output cosine"),
 }
+
+
+def _second_words(metric: str) -> tuple[str, str, str]:
+    """``SECOND_WORDS`` of ``metric``; a metric of your own is named as it is."""
+    return SECOND_WORDS.get(metric, (metric, f"{metric} against float", metric))
 
 
 def _second_metric(table: pd.DataFrame) -> str | None:
@@ -172,7 +180,7 @@ def _findings(table: pd.DataFrame) -> list[str]:
         return Estimate(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], int(r[f"{key}_n"]))
 
     second = _second_metric(table)
-    words = SECOND_WORDS.get(second, second)
+    words = _second_words(second)[0] if second else ""
     out = []
     for (model, mode), g in table.groupby(["model", "mode"], sort=False):
         base = g[g.variant == InputFormat.FLOAT_NORMALIZED.name]
@@ -222,14 +230,15 @@ def input_path(exp: InputPathExp, ctx: RunContext) -> ExperimentResult:
     ]
     second = _second_metric(table)
     if second:
+        _, axis, title = _second_words(second)
         plots.append(
             Plot(
                 second,
                 x="path",
                 y=second,
                 xlabel="input path",
-                ylabel=SECOND_AXIS.get(second, (f"{second} against float",))[0],
-                title=f"{SECOND_AXIS.get(second, ('', second))[1]} per input path (95% CI)",
+                ylabel=axis,
+                title=f"{title} per input path (95% CI)",
                 hue="mode",
                 facet="model",
                 kind=PlotKind.SCATTER,
