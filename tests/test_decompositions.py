@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal, leaves
+from program_switch import build_in_first_run
 from test_capture import capture
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -240,11 +241,7 @@ def test_attention_parts_export_to_onnx_with_fixed_mode_bits(tmp_path):
 def test_attention_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode):
     """torch.fx traces attention as the same parts (and answers nn.MultiheadAttention's
     is_nested question from the example), so steady runs switch to a program."""
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     captured, _ = _calibrated("j6m")
     torch.manual_seed(0)
     steady = Simulator(_Encoder().eval(), "j6m")
@@ -398,11 +395,7 @@ class _InputMasked(nn.Module):
 def test_masked_attention_becomes_a_traced_program_with_the_captured_bits(monkeypatch, mode):
     """No branch on the mask's values: a masked call traces, and its masked_fill keeps the
     softmax's codes (same_grid), so the next matmul takes them as they are."""
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     g = torch.Generator().manual_seed(6)
     torch.manual_seed(0)
     model = _InputMasked().eval()
@@ -593,11 +586,8 @@ def _grouped_queries(platform: str) -> tuple[Simulator, torch.Tensor]:
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_grouped_query_attention_becomes_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(3)]
     torch.manual_seed(0)
@@ -732,11 +722,8 @@ def test_other_addmm_calls_stay_whole():
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_addmm_layers_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(32, 32, generator=g) * 0.3, torch.randn(32, generator=g)
     batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
@@ -846,11 +833,8 @@ def test_mm_by_a_parameter_of_a_3d_input_raises_as_torch_does():
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_matmuls_by_a_parameter_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     g = torch.Generator().manual_seed(6)
     w = torch.randn(32, 32, generator=g) * 0.3
     batches = [(torch.randn(2, 6, 32, generator=g),) for _ in range(2)]
@@ -907,11 +891,8 @@ class _Scores(nn.Module):
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_baddbmm_scores_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     g = torch.Generator().manual_seed(4)
     torch.manual_seed(0)
     model = _Scores().eval()
@@ -1054,11 +1035,8 @@ def _quantized_as_parts(sim: Simulator, x: torch.Tensor, platform: str, path, ex
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_einsum_attention_becomes_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     captured, _ = _einsum_sim("j6m", steady_programs=False)
     torch.manual_seed(0)
     steady = Simulator(_EinsumAttention().eval(), "j6m")  # the three-operand einsum too
@@ -1251,11 +1229,8 @@ RECURRENT_MODELS = {
 @pytest.mark.parametrize("model", list(RECURRENT_MODELS))
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_recurrent_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode, model):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     make_sim, cls, shape = RECURRENT_MODELS[model]
     captured, _ = make_sim("j6m", steady_programs=False)
     torch.manual_seed(0)
@@ -1679,11 +1654,8 @@ def _parts_sim(model: str, platform: str, **options) -> tuple[Simulator, torch.T
 @pytest.mark.parametrize("model", list(PARTS_MODELS))
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_models_of_parts_become_traced_programs_with_the_captured_bits(monkeypatch, mode, model):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     captured, _ = _parts_sim(model, "j6m", steady_programs=False)
     cls, seed, shape = PARTS_MODELS[model]
     torch.manual_seed(0)

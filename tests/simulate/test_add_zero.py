@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import Mode, Simulator
 
 
 class _AddsZero(nn.Module):
@@ -40,8 +41,7 @@ def _sim(how: str, platform: str, **kw) -> Simulator:
 
 @pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
 def test_adding_zero_is_an_integer_add_in_every_spelling(platform, monkeypatch):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     xs = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(s)) for s in (2, 3)]
     ref = None
     for how in ("x+0", "0+x", "x+0.0", "x-0"):

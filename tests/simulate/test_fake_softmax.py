@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
@@ -18,7 +19,7 @@ from quantlab.numerics.lut.composite import (
     SOFTMAX_RECIP_SCALE,
 )
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import Mode, Simulator
 
 NAME = ":softmax#0"
 
@@ -147,8 +148,7 @@ def test_gradients_flow_through_the_qat_softmax():
 def test_steady_runs_and_programs_keep_the_bits(monkeypatch, mode):
     """The QAT softmax kept as a prepared call (steady runs) and in a traced program gives
     the bits of a simulator that captures every run."""
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     rule = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
     spec = QConfigSpec(by_type={"softmax": rule})
     g = torch.Generator().manual_seed(13)

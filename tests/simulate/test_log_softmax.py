@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
@@ -17,7 +18,7 @@ from quantlab.numerics.lut import build_lut, lut_softmax
 from quantlab.numerics.lut.composite import qat_softmax
 from quantlab.numerics.quantize import Divide, quantize
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import Mode, Simulator
 from quantlab.simulate.fixed_log_softmax import LOG_SOFTMAX_KEY, log_softmax_inner_rq
 
 NAME = ":log_softmax#0"
@@ -118,8 +119,7 @@ def test_the_runtime_profiles_keep_log_softmax_in_float(platform):
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED, Mode.HYBRID])
 def test_log_softmax_keeps_its_bits_in_steady_runs(monkeypatch, mode):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     fast, g = _calibrated("j6m", DType.INT8, steady_programs=True)
     captured, _ = _calibrated("j6m", DType.INT8, steady_programs=False)
     xs = [_inputs(g) for _ in range(2)]

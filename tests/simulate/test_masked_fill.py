@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
@@ -17,7 +18,7 @@ from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.numerics.rounding import Round
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, same_grid, steady_programs
+from quantlab.simulate import Mode, Simulator, same_grid
 
 SCORES = "m:div#0"  # the scores, scaled
 FILL = "m:masked_fill#0"
@@ -128,8 +129,7 @@ def test_in_place_and_out_of_place_agree(mode):
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_steady_runs_keep_the_bits(monkeypatch, mode):
     """As prepared calls and in a traced program, the fill stays snapped."""
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     fast = _sim(-1e4, steady_programs=True, both=True)
     captured = _sim(-1e4, steady_programs=False, both=True)
     xs = [_inputs(5), _inputs(6)]

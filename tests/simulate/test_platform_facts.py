@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from program_switch import build_in_first_run
 from torch import nn
 from torch.nn import functional as F
 
@@ -62,11 +63,7 @@ class _HeadThenFlatten(nn.Module):
 def test_a_high_precision_output_passes_layout_ops_unquantized(monkeypatch, platform, wide):
     """The head's int32 (J6E/M/B) or float32 (J6H/P) output reaches the model output through
     flatten and reshape as it is: same bits as without them, in every mode and as a program."""
-    from quantlab.simulate import steady_programs
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(2, 3, 10, 10, generator=g) * s for s in (0.5, 1.0, 3.0, 1.0)]
     sims = []

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import Mode, Simulator
 
 
 class _SqrtReciprocal(nn.Module):
@@ -105,8 +106,7 @@ def test_the_clipped_forms_keep_their_bits_in_steady_runs(monkeypatch, mode):
     """Kept as prepared calls and in a traced program, the clipped forms (FAKE) and the
     deployed tables (HYBRID) give the bits of a simulator that captures every run (log's NaN
     below 0 included)."""
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     fast, g = _calibrated("j6m", DType.INT16, _Clipped(), steady_programs=True)
     captured, _ = _calibrated("j6m", DType.INT16, _Clipped(), steady_programs=False)
     xs = [_near_zero(fast, DType.INT16, g) for _ in range(2)]

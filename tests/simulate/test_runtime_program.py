@@ -12,11 +12,12 @@ from torch.nn import functional as F
 
 pytest.importorskip("onnxruntime")
 
+from program_switch import build_in_first_run
+
 from quantlab.export.ort_host import onnxruntime_profile  # noqa: E402
 from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 from quantlab.simulate import runtime_program as rp  # noqa: E402
-from quantlab.simulate import steady_programs as sp  # noqa: E402
 from quantlab.simulate.program import Program  # noqa: E402
 from quantlab.simulate.runtime_program import RuntimeProgram  # noqa: E402
 
@@ -57,8 +58,7 @@ def _calib(g, n=2):
 def _pair(monkeypatch, model=None, spec=None, platform=None):
     """(steady simulator, captured simulator, generator, x): the steady one switched to its
     program in its first FIXED run of x."""
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     torch.manual_seed(0)
     m = (model or Net()).eval()
     g = torch.Generator().manual_seed(5)
@@ -164,8 +164,7 @@ def test_runs_stay_on_quantlabs_program(monkeypatch):
     state = sim.steady_programs.status((x,), Mode.FIXED)
     assert type(state.program) is Program and state.runtime_failed is None
     # asked not to
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     torch.manual_seed(0)
     off = Simulator(Net().eval(), onnxruntime_profile())
     off.calibrate(_calib(torch.Generator().manual_seed(1)), progress=False)

@@ -16,12 +16,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import Tensor, nn
 
 from quantlab.numerics.quantize import dequantize, quantize
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, same_grid, steady_programs
+from quantlab.simulate import Mode, Simulator, same_grid
 
 ORDER = torch.tensor([5, 0, 7, 7, 2])
 
@@ -153,8 +154,7 @@ def test_the_output_keeps_the_input_quantization(op, mode, platform):
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_steady_runs_keep_the_bits(monkeypatch, mode):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     for op in ("roll", "gather", "tril", "pad_reflect", "unfold_im2col", "adaptive_max_pool1d"):
         fast, captured = _sim(op, "j6m"), _sim(op, "j6m", steady_programs=False)
         g = torch.Generator().manual_seed(4)
@@ -208,8 +208,7 @@ def test_constant_pad_keeps_the_grid_with_its_fill_snapped(fill, mode, platform,
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_constant_pad_steady_runs_keep_the_bits(monkeypatch, mode):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     for fill in (0.0, -0.37):
         sims = []
         for steady in (True, False):
@@ -471,8 +470,7 @@ SELECT_MODELS = {
 @pytest.mark.parametrize("model", list(SELECT_MODELS))
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_select_models_become_traced_programs_with_the_captured_bits(monkeypatch, mode, model):
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     make, seed, scale = SELECT_MODELS[model]
     fast, captured = make("j6m"), make("j6m", steady_programs=False)
     g = torch.Generator().manual_seed(seed)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 from torch.nn import functional as F
 
@@ -53,8 +54,7 @@ MODES = [Mode.FAKE, Mode.HYBRID, Mode.FIXED]
 def _switched(monkeypatch, mode: Mode = Mode.FAKE):
     """A pair (``_pair``) whose steady simulator built its program in its first run of an
     input x in ``mode``: (simulator, captured simulator, generator, x, x's signature state)."""
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     _, sim, captured, g = _pair()
     x = _inputs(g, 1)[0]
     sim.run(x, mode=mode)
@@ -63,8 +63,7 @@ def _switched(monkeypatch, mode: Mode = Mode.FAKE):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_runs_switch_to_a_program_with_the_captured_bits(monkeypatch, mode):
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     _, sim, captured, g = _pair()
     xs = _inputs(g)
     for x in xs:
@@ -147,8 +146,7 @@ class Unguardable(Net):
 
 
 def test_a_model_dynamo_cannot_guard_stays_captured_with_the_reason(monkeypatch):
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     _, sim, captured, g = _pair(model=Unguardable())
     for x in _inputs(g, 2):
         assert_bits_equal(sim.run(x, mode=Mode.FAKE), captured.run(x, mode=Mode.FAKE))
@@ -159,8 +157,7 @@ def test_a_model_dynamo_cannot_guard_stays_captured_with_the_reason(monkeypatch)
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch, mode):
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     m, sim, _, g = _pair()
     seen = []
     h = m.head.register_forward_hook(lambda mod, inp, out: seen.append(1))
@@ -177,8 +174,7 @@ def test_a_model_with_hooks_stays_captured_and_its_hooks_run(monkeypatch, mode):
 
 @pytest.mark.parametrize("limit", [1, 2])
 def test_programs_kept_per_simulator_are_bounded(monkeypatch, limit):
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     monkeypatch.setattr(sp, "MAX_PROGRAMS", limit)
     _, sim, captured, g = _pair()
     xs = [torch.randn(b, 3, 8, 8, generator=g) for b in (1, 2, 3)]
@@ -190,8 +186,7 @@ def test_programs_kept_per_simulator_are_bounded(monkeypatch, limit):
 
 def test_an_explicit_program_build_is_no_steady_run(monkeypatch):
     """``program`` runs the model captured: it neither counts towards nor starts a switch."""
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(sp, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     _, sim, captured, g = _pair()
     x = _inputs(g, 1)[0]
     prog = sim.program(x, mode=Mode.FAKE)

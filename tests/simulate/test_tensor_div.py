@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics import reference
@@ -19,7 +20,7 @@ from quantlab.numerics.lut.composite import qat_reciprocal, reciprocal_clip_code
 from quantlab.numerics.requant import requant_scale
 from quantlab.platforms import TensorDivRule, load_platform
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import FakeOps, Mode, Simulator, steady_programs
+from quantlab.simulate import FakeOps, Mode, Simulator
 
 
 class _Ratio(nn.Module):
@@ -249,8 +250,7 @@ def test_hybrid_mode_divides_by_the_deployed_reciprocal_table(dtype):
 def test_fake_mode_division_keeps_its_bits_in_steady_runs(monkeypatch, mode):
     """The QAT division kept as a prepared call (steady runs) and in a traced program gives
     the bits of a simulator that captures every run."""
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     rule = OpQConfig(input_dtype=DType.INT16, output_dtype=DType.INT16)
     spec = QConfigSpec(by_type={t: rule for t in ("conv2d", "add", "sqrt", "div", "sigmoid")})
     fast, xs = _calibrated("j6m", spec, steady_programs=True)

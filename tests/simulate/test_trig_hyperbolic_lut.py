@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 from bits import assert_bits_equal
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics.dtypes import DType
@@ -21,7 +22,7 @@ from quantlab.numerics.lut.spec import RangeRule
 from quantlab.numerics.quantize import quantize
 from quantlab.op_kinds import OpCategory, classify
 from quantlab.qconfig import OpQConfig, QConfigSpec
-from quantlab.simulate import Mode, Simulator, steady_programs
+from quantlab.simulate import Mode, Simulator
 
 # op type -> (torch function, a typical input batch from uniform u in [0, 1) and normal n)
 CASES = {
@@ -240,8 +241,7 @@ def test_the_numpy_names_and_in_place_methods_are_the_same_ops():
 def test_steady_runs_keep_the_bits(monkeypatch, mode):
     """As prepared calls and in a traced program, a clipped QAT form (FAKE) and a table
     (FIXED) give the bits of a simulator that captures every run."""
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     fast = _calibrated("atanh", "j6m", DType.INT16, wide=True, steady_programs=True)
     captured = _calibrated("atanh", "j6m", DType.INT16, wide=True, steady_programs=False)
     g = torch.Generator().manual_seed(28)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from bits import assert_bits_equal
 from float_fallbacks import record_float_fallbacks
 from pool_reference import slow_adaptive, slow_avg_pool
+from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.numerics import reference as R
@@ -148,11 +149,8 @@ def test_runtime_profiles_keep_their_own_pool_rules(platform, monkeypatch):
 
 @pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
 def test_uneven_pools_become_a_traced_program_with_the_captured_bits(monkeypatch, mode):
-    from quantlab.simulate import steady_programs
 
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_S", 0.0)
-
-    monkeypatch.setattr(steady_programs, "PROGRAM_AFTER_RUNS", 1)
+    build_in_first_run(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     calib = [(torch.randn(2, 3, 11, 12, generator=gen),) for _ in range(2)]
     xs = [torch.randn(2, 3, 11, 12, generator=gen) * s for s in (0.5, 2.0)]
