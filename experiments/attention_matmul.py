@@ -217,7 +217,7 @@ def _fmt(r, prefix: str, digits: int = 4) -> str:
 def _est(r):
     from quantlab.analysis.confidence import Estimate
 
-    return Estimate(r["cosine"], r["cosine_ci_low"], r["cosine_ci_high"], int(r["cosine_n"]))
+    return Estimate.from_columns(r, "cosine")
 
 
 def _sep(a, b) -> str:

@@ -306,14 +306,14 @@ def _reference_finding(model: str, mode: str, g: pd.DataFrame, exp) -> list[str]
     if not is_peer.any() or is_peer.all():
         return []
 
-    def estimate(r) -> Estimate:
-        return Estimate(
-            r.output_sqnr_db, r.output_sqnr_db_ci_low, r.output_sqnr_db_ci_high, r.output_sqnr_db_n
-        )
-
     peer = g[is_peer].loc[g[is_peer]["output_sqnr_db"].idxmax()]
     above = g[~is_peer & (g["output_sqnr_db"] > peer.output_sqnr_db)]
-    apart = [r.observer for r in above.itertuples() if estimate(r).separated_from(estimate(peer))]
+    peer_sqnr = Estimate.from_columns(peer, "output_sqnr_db")
+    apart = [
+        r.observer
+        for r in above.itertuples()
+        if Estimate.from_columns(r, "output_sqnr_db").separated_from(peer_sqnr)
+    ]
     return [
         f"{model}, {mode.lower()}: above the best peer rule, {peer.observer} "
         f"({peer.output_sqnr_db:.2f} dB, 95% CI {peer.output_sqnr_db_ci_low:.2f} to "

@@ -332,14 +332,7 @@ def _top1(r) -> str:
     """Top-1 agreement of a row with its 95% Wilson score interval and item count."""
     from quantlab.analysis.confidence import Estimate
 
-    return str(
-        Estimate(
-            r.top1_agreement,
-            r.top1_agreement_ci_low,
-            r.top1_agreement_ci_high,
-            int(r.top1_agreement_n),
-        )
-    )
+    return str(Estimate.from_columns(r, "top1_agreement"))
 
 
 def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:

@@ -176,8 +176,7 @@ def _second_metric(table: pd.DataFrame) -> str | None:
 def _findings(table: pd.DataFrame) -> list[str]:
     from quantlab.analysis.confidence import Estimate
 
-    def est(r, key):
-        return Estimate(r[key], r[f"{key}_ci_low"], r[f"{key}_ci_high"], int(r[f"{key}_n"]))
+    est = Estimate.from_columns
 
     second = _second_metric(table)
     words = _second_words(second)[0] if second else ""

@@ -298,9 +298,7 @@ def _model_level(exp: InverseSigmoidExp, ctx: RunContext) -> tuple[pd.DataFrame,
 
 
 def _box_estimate(r) -> Estimate:
-    return Estimate(
-        r.box_l1_vs_float, r.box_l1_vs_float_ci_low, r.box_l1_vs_float_ci_high, r.box_l1_vs_float_n
-    )
+    return Estimate.from_columns(r, "box_l1_vs_float")
 
 
 def _in_words(a, b) -> str:

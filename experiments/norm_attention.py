@@ -129,7 +129,7 @@ def _evaluate(exp, model: str, platform: str, bundle, data, progress: bool):
 def _est(r: pd.Series, prefix: str):
     from quantlab.analysis.confidence import Estimate
 
-    return Estimate(r[prefix], r[f"{prefix}_ci_low"], r[f"{prefix}_ci_high"], int(r[f"{prefix}_n"]))
+    return Estimate.from_columns(r, prefix)
 
 
 def _findings(table: pd.DataFrame, depth: pd.DataFrame, exp: NormAttentionExp) -> list[str]:

@@ -84,6 +84,15 @@ class Estimate:
             f"{prefix}_n": self.n,
         }
 
+    @classmethod
+    def from_columns(cls, row: Any, prefix: str) -> Estimate:
+        """The Estimate ``as_columns(prefix)`` wrote into a table row: a pandas Series or a
+        mapping, or a row of ``DataFrame.itertuples`` (read by attribute)."""
+        get = (lambda key: getattr(row, key)) if isinstance(row, tuple) else row.__getitem__
+        return cls(
+            get(prefix), get(f"{prefix}_ci_low"), get(f"{prefix}_ci_high"), int(get(f"{prefix}_n"))
+        )
+
     def __str__(self) -> str:
         return self.format()
 

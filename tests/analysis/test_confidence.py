@@ -321,3 +321,15 @@ def test_sensitivity_counts_ops_whose_interval_separates_from_the_least_affected
     assert "for 1 of 3 ops the interval separates from the least affected op's (c: 1 " in said
     rows = rows.iloc[1:]
     assert "for 0 of 2 ops" in _task_finding(rows, Task)
+
+
+def test_an_estimate_reads_back_from_the_columns_it_wrote():
+    """``Estimate.from_columns`` inverts ``as_columns`` on a pandas row, an itertuples row and
+    a plain mapping."""
+    import pandas as pd
+
+    est = Estimate(12.5, 11.0, 14.25, 24)
+    table = pd.DataFrame([{"model": "m", **est.as_columns("sqnr")}])
+    (row,) = table.itertuples()
+    for r in (table.iloc[0], row, est.as_columns("sqnr")):
+        assert Estimate.from_columns(r, "sqnr") == est
