@@ -89,7 +89,7 @@ def _output_rows(outs: dict, bundle, batch: tuple) -> pd.DataFrame:
         rows.append(row)
     if bundle.reference is not None:
         ref = flat(bundle.reference(*batch))
-        row = {"reference": bundle.reference_name.upper(), "compared": Mode.FLOAT.name}
+        row = {"reference": bundle.reference_name.upper(), "compared": Mode.FLOAT.name, "gap": ""}
         row.update(all_metrics(ref, flats[Mode.FLOAT]))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -221,8 +221,13 @@ def _accumulated_finding(acc: pd.DataFrame) -> str:
     )
 
 
+def _gap_parts(outputs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the model_output table that split the export gap (``GAP_PARTS``)."""
+    return outputs[outputs.gap != ""]
+
+
 def _gap_split_findings(outputs: pd.DataFrame) -> list[str]:
-    parts = outputs[outputs.gap != ""].set_index("gap")
+    parts = _gap_parts(outputs).set_index("gap")
     if len(parts) < 3:
         return []
     total, lut, req = (parts.loc[k] for k in GAP_PARTS.values())
@@ -428,7 +433,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
                 title=f"{bundle.name}: largest per-op error in output LSBs",
             )
         )
-    split = outputs[outputs.gap != ""].copy()
+    split = _gap_parts(outputs).copy()
     split["sqnr_db_plot"] = split["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
     plots.append(
         Plot(

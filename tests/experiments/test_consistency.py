@@ -197,6 +197,24 @@ def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
     assert _each_output_finding(each, Mode.FAKE, Mode.HYBRID) == []  # no rows for that pair
 
 
+def test_the_reference_runtimes_row_is_no_part_of_the_export_gap_split():
+    """An ONNX model's float run checked against onnxruntime gets its own model_output row,
+    outside the split of the export gap (its table and bar plot)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from experiments.consistency import GAP_PARTS, _gap_parts, _output_rows
+    from quantlab.simulate import Mode
+
+    y = torch.linspace(-1, 1, 50)
+    outs = {m: y + 1e-3 * i for i, m in enumerate(Mode)}
+    bundle = SimpleNamespace(reference=lambda x: x + 1e-6, reference_name="onnxruntime")
+    rows = _output_rows(outs, bundle, (y,))
+    assert list(rows[rows.reference == "ONNXRUNTIME"].gap) == [""]
+    assert list(_gap_parts(rows).gap) == list(GAP_PARTS.values())
+
+
 def test_lsb_counts_and_plot_only_where_outputs_have_an_integer_grid(tmp_path):
     """On J6P every op's output is float16 (no LSB): no LSB count, no empty LSB plot."""
     from quantlab.simulate.profiles import platform_config
