@@ -57,13 +57,25 @@ class ConsistencyExp:
 register_schema("exp", "consistency_schema", ConsistencyExp)
 
 
-def _merge_labels(labels, n: int):
-    """The labels of the first ``n`` evaluation batches as one batch (None without labels)."""
-    if labels is None:
-        return None
+def eval_runs(batches: list, labels, wanted: int, per_run: int) -> tuple[list, list | None]:
+    """(runs, their labels): the first ``wanted`` evaluation batches (at least one) merged into
+    runs of ``per_run`` batches, whole runs only (a graph that fixes its batch takes no other
+    size; with ``per_run`` >= ``wanted`` one run of them all), the labels merged alike (None
+    without labels)."""
     from quantlab.analysis.confidence import concat_items
+    from quantlab.workload import merge_items
 
-    return [concat_items(list(labels[: max(1, n)]))]
+    items = batches[: max(1, wanted)]
+    starts = range(0, max(1, len(items) // per_run) * per_run, per_run)
+    runs = [merge_items(items[i : i + per_run], per_run) for i in starts]
+    if labels is None:
+        return runs, None
+    return runs, [concat_items(list(labels[i : i + per_run])) for i in starts]
+
+
+def _items(batch: tuple) -> int:
+    first = batch[0]
+    return int(first.shape[0]) if first.dim() else 1
 
 
 def _run_outputs(sim, batch: tuple, modes: list[Mode]) -> dict:
@@ -126,14 +138,16 @@ def _each_output_finding(each: pd.DataFrame, a: Mode, b: Mode) -> list[str]:
     ]
 
 
-def task_table(outs: dict, bundle, labels) -> pd.DataFrame:
-    """Each task metric of the FAKE and the FIXED run against FLOAT, with its item count and 95%
-    bootstrap interval (quantlab.analysis.confidence)."""
+def task_table(runs: list[dict], bundle, labels) -> pd.DataFrame:
+    """Each task metric of the FAKE and the FIXED run against FLOAT over the items of every run
+    (``runs``: each run's outputs by mode; ``labels``: each run's labels, or None), with its
+    item count and 95% bootstrap interval (quantlab.analysis.confidence)."""
     from quantlab.analysis.confidence import estimate_metrics
 
     rows = []
+    ref = [outs[Mode.FLOAT] for outs in runs]
     for mode in (Mode.FAKE, Mode.FIXED):
-        est = estimate_metrics(bundle.metrics, [outs[Mode.FLOAT]], [outs[mode]], labels)
+        est = estimate_metrics(bundle.metrics, ref, [outs[mode] for outs in runs], labels)
         for metric in bundle.metrics:
             e = est[metric.name]
             rows.append(
@@ -357,7 +371,6 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.workload import (
         batches_per_run,
         load_workload,
-        merge_items,
         qconfig_words,
         start_spec,
     )
@@ -367,12 +380,14 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     sim = Simulator(bundle.module, ctx.platform, spec)
     sim.calibrate(data.calib, ctx.progress)
     merged, fixed_batch = batches_per_run(bundle, data, exp.max_eval_items), bundle.fixed_batch
-    batch = merge_items(data.eval, merged)
+    runs, run_labels = eval_runs(data.eval, data.labels, exp.max_eval_items, merged)
+    batch = runs[0]
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
     outputs = _output_rows(outs, bundle, batch)
     each = _each_output_rows(outs)
-    task = task_table(outs, bundle, _merge_labels(data.labels, merged))
+    more = [_run_outputs(sim, b, [Mode.FLOAT, Mode.FAKE, Mode.FIXED]) for b in runs[1:]]
+    task = task_table([outs, *more], bundle, run_labels)
     support = sim.ops[
         [
             "name",
@@ -471,9 +486,10 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         + [w for w in [non_finite_words(sim.non_finite_points())] if w]
         + (
             [
-                f"The ONNX graph fixes its batch at {fixed_batch}: fake, fixed and onnxruntime "
-                f"are compared on {int(batch[0].shape[0])} evaluation item(s), not "
-                f"exp.max_eval_items={exp.max_eval_items} batches merged into one."
+                f"The ONNX graph fixes its batch at {fixed_batch}: the per-op tables and the "
+                f"model output compare fake, fixed and onnxruntime on one run of "
+                f"{_items(batch)} evaluation item(s); the task metrics run "
+                f"{sum(_items(b) for b in runs)} items in {len(runs)} runs of that size."
             ]
             if merged < exp.max_eval_items
             else []
@@ -495,7 +511,8 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         plots=plots,
         notes=[
             f"Calibration: {len(data.calib)} {data.name} batches; comparison: the first "
-            f"{exp.max_eval_items} evaluation batches as one batch ({data.description}); "
+            f"{exp.max_eval_items} evaluation batches as one batch, or in runs of the batch a "
+            f"graph fixes ({data.description}); "
             f"{qconfig_words(ctx.qconfig)}.",
             "Task metrics compare the fake and the fixed run with the float run (a metric that "
             "reads labels, e.g. face accuracy, compares with the labels); each value is measured "

@@ -176,7 +176,7 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
     import dataclasses
 
     from quantlab.models.tasks import OutputSQNR
-    from quantlab.workload import load_workload, merge_items, start_spec
+    from quantlab.workload import batches_per_run, load_workload, merge_items, start_spec
 
     own, chip = InputFormat.parse(ctx.model.input_format), exp.deployed_input
     if own not in (InputFormat.FLOAT_NORMALIZED, chip):
@@ -188,7 +188,7 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
     float_cfg = dataclasses.replace(ctx.model, input_format=InputFormat.FLOAT_NORMALIZED)
     bundle, data = load_workload(float_cfg, ctx.data, ctx.seed or 0, ctx.platform)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
-    k = exp.cnn_batch
+    k = batches_per_run(bundle, data, exp.cnn_batch)  # fewer where a graph fixes its batch
 
     def merged(batches: list) -> list:
         return [merge_items(batches[i : i + k], k) for i in range(0, len(batches), k)]
@@ -361,8 +361,16 @@ def _decoder_verdict(table: pd.DataFrame) -> list[str]:
     ]
 
 
-def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, platform: str):
-    """The report of a qat run from its measured tables (results and training curve)."""
+def qat_result(
+    table: pd.DataFrame,
+    curve: pd.DataFrame | None,
+    exp: QatExp,
+    platform: str,
+    cnn_batch: int | None = None,
+):
+    """The report of a qat run from its measured tables (results and training curve);
+    ``cnn_batch``: the CNN's training batch in items where it differs from ``exp.cnn_batch``
+    (a graph that fixes its batch)."""
     deployed = table[(table["mode"] == "FIXED") & (table.metric != "gap_sqnr_db")].copy()
     deployed["model_metric"] = deployed.model + ": " + deployed.metric
     gaps = table[table.metric == "gap_sqnr_db"].copy()
@@ -420,10 +428,11 @@ def qat_result(table: pd.DataFrame, curve: pd.DataFrame | None, exp: QatExp, pla
         plots=plots,
         notes=[
             f"Fine-tuning: Adam, {exp.steps} steps at lr {exp.lr:g} (decoder, posenc) and "
-            f"{exp.cnn_steps} steps at lr {exp.cnn_lr:g} (CNN, batches of {exp.cnn_batch} "
-            f"calibration items); activation scales {exp.scales.name} (FIXED: the calibrated "
-            "scales frozen, the vendor's fixed-scale QAT; LEARNED: LSQ); straight-through "
-            "gradients; BatchNorm folded with frozen statistics.",
+            f"{exp.cnn_steps} steps at lr {exp.cnn_lr:g} (CNN, batches of "
+            f"{_batch_words(exp, cnn_batch)} calibration items); activation scales "
+            f"{exp.scales.name} (FIXED: the calibrated scales frozen, the vendor's "
+            "fixed-scale QAT; LEARNED: LSQ); straight-through gradients; BatchNorm folded with "
+            "frozen statistics.",
             "Losses: decoder L1 to its target boxes (labels); posenc MSE and CNN KL to the float "
             "model's outputs (distillation, no labels). Metrics: decoder box L1 to the target "
             "boxes, posenc output SQNR and CNN top-1 agreement, KL and output SQNR against the "
@@ -459,8 +468,11 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
         jobs.append((_decoder(exp, seed), toy))
     if QatModel.POSENC in exp.models:
         jobs.append((_posenc(exp), toy))
+    cnn_batch = None
     if QatModel.CNN in exp.models:
-        jobs.append((_cnn(exp, ctx), FineTuning(exp.cnn_steps, exp.cnn_lr, exp.scales)))
+        cnn = _cnn(exp, ctx)
+        jobs.append((cnn, FineTuning(exp.cnn_steps, exp.cnn_lr, exp.scales)))
+        cnn_batch = _items(cnn.train[0])
     parts, curves = [], []
     for task, ft in jobs:
         rows, curve = compare_variants(task, ctx.platform, ft, list(exp.variants), ctx.progress)
@@ -468,4 +480,14 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
         curves.append(curve)
     table = pd.concat(parts, ignore_index=True)
     curve = pd.concat(curves, ignore_index=True) if any(len(c) for c in curves) else None
-    return qat_result(table, curve, exp, ctx.platform.name)
+    return qat_result(table, curve, exp, ctx.platform.name, cnn_batch)
+
+
+def _items(batch: tuple) -> int:
+    return int(batch[0].shape[0])
+
+
+def _batch_words(exp: QatExp, cnn_batch: int | None) -> str:
+    if cnn_batch is None or cnn_batch >= exp.cnn_batch:
+        return f"{exp.cnn_batch}"
+    return f"{cnn_batch} (the model's graph fixes its batch; exp.cnn_batch={exp.cnn_batch})"

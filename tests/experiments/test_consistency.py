@@ -215,6 +215,24 @@ def test_the_reference_runtimes_row_is_no_part_of_the_export_gap_split():
     assert list(_gap_parts(rows).gap) == list(GAP_PARTS.values())
 
 
+def test_eval_runs_merge_whole_runs_of_the_size_a_graph_takes():
+    """Without a fixed batch, the first ``wanted`` batches are one run; a graph that takes 2
+    batches a run gets whole runs only, their labels grouped alike."""
+    import torch
+
+    from experiments.consistency import eval_runs
+
+    batches = [(torch.full((1, 3), float(i)),) for i in range(5)]
+    labels = [torch.tensor([i]) for i in range(5)]
+    (one,), (lab,) = eval_runs(batches, labels, wanted=4, per_run=4)
+    assert one[0][:, 0].tolist() == [0, 1, 2, 3] and lab.tolist() == [0, 1, 2, 3]
+    runs, labs = eval_runs(batches, labels, wanted=5, per_run=2)
+    assert [r[0][:, 0].tolist() for r in runs] == [[0, 1], [2, 3]]
+    assert [x.tolist() for x in labs] == [[0, 1], [2, 3]]
+    runs, labs = eval_runs(batches[:1], None, wanted=8, per_run=2)
+    assert len(runs) == 1 and labs is None  # fewer batches than a run: the one there is
+
+
 def test_lsb_counts_and_plot_only_where_outputs_have_an_integer_grid(tmp_path):
     """On J6P every op's output is float16 (no LSB): no LSB count, no empty LSB plot."""
     from quantlab.simulate.profiles import platform_config

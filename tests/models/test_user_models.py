@@ -564,11 +564,11 @@ def test_an_onnx_gelu_written_with_erf_exports_with_fixed_modes_bits(tmp_path):
     assert f.summary["outputs_differing"] == 0 and f.summary["first_diverging_op"] == ""
 
 
-def test_consistency_of_a_graph_that_fixes_its_batch_compares_that_many_items(tmp_path):
+def test_consistency_of_a_graph_that_fixes_its_batch_runs_batches_of_that_size(tmp_path):
     """A Reshape that holds the batch as a constant (torch's export with batch 1): the converted
-    module runs batch 1 only, so consistency compares one item and says so (merging the
-    evaluation items into one batch failed in the Reshape); a graph with a dynamic batch has
-    no fixed batch."""
+    module runs batch 1 only, so consistency's per-op tables compare one item, and its task
+    metrics run every evaluation item, one run each, and say so (merging the evaluation items
+    into one batch failed in the Reshape); a graph with a dynamic batch has no fixed batch."""
     pytest.importorskip("onnxruntime")
     from experiments.consistency import ConsistencyExp, consistency
     from quantlab.data.schema import DataConfig
@@ -605,5 +605,47 @@ def test_consistency_of_a_graph_that_fixes_its_batch_compares_that_many_items(tm
         tmp_path,
     )
     res = consistency(ConsistencyExp(), ctx)
-    assert any("fixes its batch at 1" in f for f in res.findings)
-    assert (res.tables["task_metrics"]["items"] == 1).all()
+    assert any("fixes its batch at 1" in f and "3 items in 3 runs" in f for f in res.findings)
+    assert (res.tables["task_metrics"]["items"] == 3).all()
+    assert res.tables["task_metrics"]["ci_low"].notna().all()
+
+
+def test_qat_trains_a_graph_that_fixes_its_batch_on_batches_of_that_size(tmp_path):
+    """+exp=qat merges calibration items into training batches of exp.cnn_batch; a graph
+    exported with batch 1 takes batches of 1 (merging failed in its Reshape), and the report's
+    note says why."""
+    pytest.importorskip("onnxruntime")
+    from experiments.qat import QatExp, _batch_words, _cnn
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.models.input_path import InputFormat
+    from quantlab.platforms import PlatformConfig
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c, self.a = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 5)
+
+        def forward(self, x):  # the reshape bakes the batch in
+            return self.a(torch.relu(self.c(x)).mean((2, 3)).reshape(1, 4))
+
+    torch.manual_seed(0)
+    path = tmp_path / "fixed.onnx"
+    torch.onnx.export(
+        Net().eval(), (torch.randn(1, 3, 8, 8),), str(path), opset_version=17, dynamo=False
+    )
+    g = torch.Generator().manual_seed(1)
+    items = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(6)]
+    torch.save({"calib": items[:4], "eval": items[4:]}, tmp_path / "x.pt")
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="onnx", path=str(path)),
+        DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=4, num_eval=2),
+        0,
+        tmp_path,
+    )
+    exp = QatExp(deployed_input=InputFormat.FLOAT_NORMALIZED)
+    task = _cnn(exp, ctx)
+    assert [b[0].shape[0] for b in task.train] == [1, 1, 1, 1] and len(task.targets) == 4
+    assert "1 (the model's graph fixes its batch; exp.cnn_batch=4)" == _batch_words(exp, 1)
+    assert _batch_words(exp, 4) == "4"
