@@ -114,7 +114,7 @@ def _score(sim, data, refs, bundle, exp, label, seconds, extra=None) -> list[dic
 def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str, bundle, data, first: bool):
     """Rows of model ``name`` (every rule, then the per-op choices); ``first``: the model whose
     activation points the MSE diagnosis studies."""
-    from quantlab.analysis.sensitivity import merge_batches
+    from quantlab.workload import model_runs
 
     with torch.no_grad():
         refs = [bundle.module(*b) for b in data.eval]
@@ -131,7 +131,7 @@ def _model_rows(exp: CalibrationExp, ctx: RunContext, name: str, bundle, data, f
         seconds = _timed_calibration(sim, data.calib, ctx.progress, [*exp.choices, *extra])
         if first:
             diag = _diagnosis(sim, name)
-        items = merge_batches(data.calib[: exp.per_op_items])
+        items = model_runs(bundle, data.calib[: exp.per_op_items])
         for target in exp.per_op_targets:
             t0 = time.perf_counter()
             result = choose_per_op(sim, items, exp.choices, target, Mode.FAKE, ctx.progress)

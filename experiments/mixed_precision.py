@@ -26,7 +26,7 @@ from quantlab.analysis.mixed_precision import (
     pareto_front,
     select_sensitive,
 )
-from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
+from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze
 from quantlab.config import CONFIG_DIR, register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.platforms import PlatformConfig
@@ -81,10 +81,10 @@ def platform_profile(name: str, current: PlatformConfig) -> PlatformConfig:
 
 @experiment(MixedPrecisionExp, "mixed_precision", takes_model=True)
 def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.workload import load_workload, qconfig_words, start_spec
+    from quantlab.workload import load_workload, model_runs, qconfig_words, start_spec
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
-    batches = merge_batches(data.eval) if exp.merge_batches else list(data.eval)
+    batches = model_runs(bundle, data.eval, exp.merge_batches)
     task = bundle.task
     out_metrics = [Metric.SQNR, Metric.L1] + ([Metric.TASK] if task is not None else [])
     names = exp.platforms or [ctx.platform.name]

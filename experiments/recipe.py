@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from quantlab.analysis.confidence import distinct_digits
 from quantlab.analysis.recipe import Direction, RecipeResult, RecipeTarget, run_recipe
-from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
+from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.qconfig import QConfigSpec
@@ -84,10 +84,16 @@ register_schema("exp", "recipe_schema", RecipeExp)
 def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.qconfig import check_matches
     from quantlab.qconfig_presets import QConfigPreset
-    from quantlab.workload import load_workload, model_ops, qconfig_words, start_spec
+    from quantlab.workload import (
+        load_workload,
+        model_ops,
+        model_runs,
+        qconfig_words,
+        start_spec,
+    )
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
-    batches = merge_batches(data.eval) if exp.merge_batches else list(data.eval)
+    batches = model_runs(bundle, data.eval, exp.merge_batches)
     task, platform = bundle.task, ctx.platform
     target = exp.target()
     if target.on_task and task is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze, merge_batches
+from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.report import Plot, PlotKind
@@ -145,12 +145,12 @@ def _findings(table: pd.DataFrame, top: pd.DataFrame, exp: SensitivityExp, run) 
 
 @experiment(SensitivityExp, "sensitivity", takes_model=True)
 def sensitivity_exp(exp: SensitivityExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.workload import load_workload, qconfig_words, start_spec
+    from quantlab.workload import load_workload, model_runs, qconfig_words, start_spec
 
     bundle, data = load_workload(ctx.model, ctx.data, ctx.seed or 0)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     metrics = [m for m in exp.metrics if m is not Metric.TASK or bundle.task is not None]
-    batches = merge_batches(data.eval) if exp.merge_batches else data.eval
+    batches = model_runs(bundle, data.eval, exp.merge_batches)
     run = analyze(
         bundle.module,
         ctx.platform,

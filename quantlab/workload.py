@@ -106,11 +106,28 @@ def listed_or_chosen(
 def batches_per_run(bundle: ModelBundle, data: Dataset, wanted: int) -> int:
     """How many evaluation batches to merge into one run: ``wanted``, or fewer where the model
     runs one batch size only (an ONNX graph that fixes its batch, ``bundle.fixed_batch``)."""
+    fixed = _fixed_per_run(bundle, data.eval[0])
+    return wanted if fixed is None else min(wanted, fixed)
+
+
+def _fixed_per_run(bundle: ModelBundle, batch: tuple) -> int | None:
+    """Batches like ``batch`` that make one run of a graph that fixes its batch (None: any)."""
     if bundle.fixed_batch is None:
-        return wanted
-    first = data.eval[0][0]
+        return None
+    first = batch[0]
     per_batch = int(first.shape[0]) if first.dim() else 1
-    return min(wanted, max(1, bundle.fixed_batch // per_batch))
+    return max(1, bundle.fixed_batch // per_batch)
+
+
+def model_runs(bundle: ModelBundle, batches: list[tuple], merge: bool = True) -> list[tuple]:
+    """``batches`` as the runs an analysis makes (``merge``: fewer, larger runs, by
+    ``sensitivity.merge_batches``): merged into one, or into runs of the batch the model's
+    graph fixes (``bundle.fixed_batch``); unchanged without ``merge``."""
+    from quantlab.analysis.sensitivity import merge_batches
+
+    if not merge:
+        return list(batches)
+    return merge_batches(batches, _fixed_per_run(bundle, batches[0]))
 
 
 def merge_items(batches: list[tuple], n: int, pad_token_rows: bool = False) -> tuple:

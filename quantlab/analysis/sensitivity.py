@@ -308,11 +308,14 @@ def top_ops(table: pd.DataFrame, metric: Metric | str, k: int) -> pd.DataFrame:
     return sub[sub["rank"] <= k].reset_index(drop=True)
 
 
-def merge_batches(batches: Sequence[tuple]) -> list[tuple]:
-    """One batch concatenating ``batches`` along dim 0 when every position holds tensors of
-    matching trailing shapes (fewer, larger runs); otherwise the batches unchanged."""
+def merge_batches(batches: Sequence[tuple], per_run: int | None = None) -> list[tuple]:
+    """``batches`` concatenated along dim 0 when every position holds tensors of matching
+    trailing shapes (fewer, larger runs): into one batch, or into runs of ``per_run`` batches
+    (a model that takes one batch size only, such as an ONNX graph that fixes its batch: whole
+    runs only, a remainder left out); otherwise the batches unchanged."""
     batches = check_batches(batches)
-    if len(batches) == 1:
+    per_run = len(batches) if per_run is None else max(1, per_run)
+    if len(batches) == 1 or per_run == 1:
         return batches
     arity = len(batches[0])
     ok = all(len(b) == arity for b in batches) and all(
@@ -322,7 +325,11 @@ def merge_batches(batches: Sequence[tuple]) -> list[tuple]:
     )
     if not ok:
         return batches
-    return [tuple(torch.cat([b[i] for b in batches], 0) for i in range(arity))]
+    whole = max(1, len(batches) // per_run) * per_run
+    return [
+        tuple(torch.cat([b[i] for b in batches[s : s + per_run]], 0) for i in range(arity))
+        for s in range(0, whole, per_run)
+    ]
 
 
 def analyze(

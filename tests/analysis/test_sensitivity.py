@@ -16,6 +16,7 @@ from quantlab.analysis.sensitivity import (
     Metric,
     SensitiveType,
     lower_is_worse,
+    merge_batches,
     output_metrics,
     rank_table,
     sensitivity,
@@ -301,3 +302,17 @@ def test_a_model_with_casts_is_ranked(platform):
     assert {"to", "float"} <= set(sim.ops["op_type"])
     run = sensitivity(sim, xs, progress=False)
     assert set(run.table["op_name"]) >= {"a:linear#0", "b:linear#0"}
+
+
+def test_merge_batches_into_runs_of_a_fixed_size():
+    """None: one run of every batch; per_run: whole runs of that many batches (a graph that
+    fixes its batch takes no other size), a remainder left out; 1, or batches that cannot be
+    concatenated: as they are."""
+    batches = [(torch.full((1, 2), float(i)),) for i in range(5)]
+    firsts = lambda runs: [r[0][:, 0].tolist() for r in runs]  # noqa: E731
+    assert firsts(merge_batches(batches)) == [[0, 1, 2, 3, 4]]
+    assert firsts(merge_batches(batches, 2)) == [[0, 1], [2, 3]]
+    assert firsts(merge_batches(batches, 8)) == [[0, 1, 2, 3, 4]]
+    assert all(a[0] is b[0] for a, b in zip(merge_batches(batches, 1), batches, strict=True))
+    ragged = [*batches[:2], (torch.zeros(1, 3),)]
+    assert all(a[0] is b[0] for a, b in zip(merge_batches(ragged, 2), ragged, strict=True))

@@ -610,42 +610,95 @@ def test_consistency_of_a_graph_that_fixes_its_batch_runs_batches_of_that_size(t
     assert res.tables["task_metrics"]["ci_low"].notna().all()
 
 
-def test_qat_trains_a_graph_that_fixes_its_batch_on_batches_of_that_size(tmp_path):
+class _BatchOneNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c, self.a = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 5)
+
+    def forward(self, x):  # the reshape bakes the batch in when exported
+        return self.a(torch.relu(self.c(x)).mean((2, 3)).reshape(1, 4))
+
+
+@pytest.fixture(scope="module")
+def batch_one_graph(tmp_path_factory):
+    """A run context of an ONNX classifier exported with batch 1 (its Reshape holds the
+    batch), on 4 calibration and 4 evaluation items of one image each."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.platforms import PlatformConfig
+
+    folder = tmp_path_factory.mktemp("batch_one")
+    torch.manual_seed(0)
+    path = folder / "fixed.onnx"
+    torch.onnx.export(
+        _BatchOneNet().eval(), (torch.randn(1, 3, 8, 8),), str(path), opset_version=17,
+        dynamo=False,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    items = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(8)]
+    torch.save({"calib": items[:4], "eval": items[4:]}, folder / "x.pt")
+    return RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="onnx", path=str(path)),
+        DataConfig(name="tensors", path=str(folder / "x.pt"), num_calib=4, num_eval=4),
+        0,
+        folder,
+        progress=False,
+        model_chosen=True,
+    )
+
+
+def test_qat_trains_a_graph_that_fixes_its_batch_on_batches_of_that_size(batch_one_graph):
     """+exp=qat merges calibration items into training batches of exp.cnn_batch; a graph
     exported with batch 1 takes batches of 1 (merging failed in its Reshape), and the report's
     note says why."""
-    pytest.importorskip("onnxruntime")
     from experiments.qat import QatExp, _batch_words, _cnn
-    from quantlab.data.schema import DataConfig
-    from quantlab.experiment import RunContext
     from quantlab.models.input_path import InputFormat
-    from quantlab.platforms import PlatformConfig
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.c, self.a = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 5)
-
-        def forward(self, x):  # the reshape bakes the batch in
-            return self.a(torch.relu(self.c(x)).mean((2, 3)).reshape(1, 4))
-
-    torch.manual_seed(0)
-    path = tmp_path / "fixed.onnx"
-    torch.onnx.export(
-        Net().eval(), (torch.randn(1, 3, 8, 8),), str(path), opset_version=17, dynamo=False
-    )
-    g = torch.Generator().manual_seed(1)
-    items = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(6)]
-    torch.save({"calib": items[:4], "eval": items[4:]}, tmp_path / "x.pt")
-    ctx = RunContext(
-        PlatformConfig(name="j6m"),
-        ModelConfig(name="onnx", path=str(path)),
-        DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=4, num_eval=2),
-        0,
-        tmp_path,
-    )
     exp = QatExp(deployed_input=InputFormat.FLOAT_NORMALIZED)
-    task = _cnn(exp, ctx)
+    task = _cnn(exp, batch_one_graph)
     assert [b[0].shape[0] for b in task.train] == [1, 1, 1, 1] and len(task.targets) == 4
     assert "1 (the model's graph fixes its batch; exp.cnn_batch=4)" == _batch_words(exp, 1)
     assert _batch_words(exp, 4) == "4"
+
+
+def _sensitivity(ctx):
+    from experiments.sensitivity import SensitivityExp, sensitivity_exp
+
+    return sensitivity_exp(SensitivityExp(cache_dir=None), ctx)
+
+
+def _mixed_precision(ctx):
+    from experiments.mixed_precision import MixedPrecisionExp, mixed_precision_exp
+
+    exp = MixedPrecisionExp(platforms=["j6m"], ratios=[0.0, 0.5], cache_dir=None)
+    return mixed_precision_exp(exp, ctx)
+
+
+def _recipe(ctx):
+    from experiments.recipe import RecipeExp, recipe_exp
+
+    exp = RecipeExp(min_sqnr_db=10.0, cache_dir=None, start_calibration=None)
+    return recipe_exp(exp, ctx)
+
+
+def _calibration(ctx):
+    from experiments.calibration import CalibrationExp, calibration
+    from quantlab.calibration.per_op import ChoiceTarget
+    from quantlab.simulate import Mode
+
+    exp = CalibrationExp(
+        observers=["MINMAX"], per_op_targets=[ChoiceTarget.OP_OUTPUT], per_op_items=4,
+        modes=[Mode.FIXED], resamples=50,
+    )  # fmt: skip
+    return calibration(exp, ctx)
+
+
+@pytest.mark.parametrize("run", [_sensitivity, _mixed_precision, _recipe, _calibration])
+def test_analyses_run_a_graph_that_fixes_its_batch_in_runs_of_that_size(batch_one_graph, run):
+    """Sensitivity, mixed precision, the recipe and the per-op calibration choice merge their
+    items into fewer, larger runs; a graph exported with batch 1 runs them one at a time
+    (merging failed in its Reshape)."""
+    result = run(batch_one_graph)
+    assert result.findings and len(result.table)
