@@ -4,7 +4,7 @@ config, decides it)."""
 from __future__ import annotations
 
 from quantlab.data.schema import DataConfig
-from quantlab.models.formats import ImageFormat
+from quantlab.models.formats import ChannelOrder, ImageFormat
 from quantlab.models.inputs import ModelInputs, is_image_shape
 
 
@@ -46,12 +46,22 @@ def config_format(
     """The ImageFormat ``cfg`` describes for a model taking inputs of ``shapes`` (None: unknown)."""
     from quantlab.models.formats import Resize
 
-    if shapes is not None and (len(shapes) != 1 or not is_image_shape(shapes[0])):
+    if shapes is not None and (len(shapes) != 1 or not _color_or_gray(shapes[0])):
         shown = ", ".join(str(list(s)) for s in shapes)
         raise ValueError(
-            f"data '{data_name}' gives one image input (3, H, W) per item, but model {model} "
-            f"takes inputs of shape {shown} (without the batch dimension); use data=tensors"
+            f"data '{data_name}' gives one image input (3, H, W), or (1, H, W) in grayscale, per "
+            f"item, but model {model} takes inputs of shape {shown} (without the batch "
+            f"dimension); use data=tensors"
         )
+    channels = _channels(cfg, shapes, model)
+    n = channels.count
+    for name in ("mean", "std"):
+        v = getattr(cfg, name)
+        if v is not None and len(v) != n:
+            raise ValueError(
+                f"data.{name}={list(v)}, but model {model} takes {n} channel(s) "
+                f"({channels.name}): give one value per channel"
+            )
     size = tuple(cfg.size) if cfg.size is not None else None
     if shapes is not None:
         want = tuple(shapes[0][1:])
@@ -72,7 +82,33 @@ def config_format(
         h,
         w,
         cfg.resize,
-        tuple(cfg.mean) if cfg.mean is not None else (0.0, 0.0, 0.0),
-        tuple(cfg.std) if cfg.std is not None else (1.0, 1.0, 1.0),
-        channels=cfg.channel_order,
+        tuple(cfg.mean) if cfg.mean is not None else (0.0,) * n,
+        tuple(cfg.std) if cfg.std is not None else (1.0,) * n,
+        channels=channels,
     )
+
+
+def _color_or_gray(shape: tuple[int, ...]) -> bool:
+    return is_image_shape(shape) or (len(shape) == 3 and shape[0] == 1)
+
+
+def _channels(cfg: DataConfig, shapes, model: str) -> ChannelOrder:
+    """``data.channel_order``, or GRAY for a model that takes one channel (the default RGB
+    then means the images' own colours, made luma); a colour order for a grayscale model, or
+    GRAY for a colour one, raises ValueError."""
+    order = cfg.channel_order
+    if shapes is None:
+        return order
+    if shapes[0][0] == 1:
+        if order is ChannelOrder.BGR:
+            raise ValueError(
+                f"data.channel_order=BGR, but model {model} takes one channel: use "
+                "data.channel_order=GRAY (or leave it unset)"
+            )
+        return ChannelOrder.GRAY
+    if order is ChannelOrder.GRAY:
+        raise ValueError(
+            f"data.channel_order=GRAY makes one luma channel, but model {model} takes 3 "
+            "(use RGB or BGR)"
+        )
+    return order

@@ -23,7 +23,8 @@ class DataConfig:
 
     Image preprocessing for a model without its own input format (the user's models): resize to
     ``size`` = [height, width] (default: the model's input shape) by ``resize``, put channels in
-    ``channel_order``, then (x - mean) / std of pixels x in [0, 1] (``mean``/``std`` in the
+    ``channel_order`` (GRAY: one luma channel; a model that takes (1, H, W) gets it), then
+    (x - mean) / std of pixels x in [0, 1] (``mean``/``std`` one value per channel, in the
     model's channel order; default 0 and 1). Registry image models use their own format.
     """
 
@@ -58,8 +59,11 @@ class DataConfig:
             )
         for field_name in ("mean", "std"):
             v = getattr(self, field_name)
-            if v is not None and len(v) != 3:
-                raise ValueError(f"data.{field_name} must hold 3 values (one per channel), got {v}")
+            if v is not None and len(v) not in (1, 3):
+                raise ValueError(
+                    f"data.{field_name} must hold one value per channel (3, or 1 for a "
+                    f"grayscale model), got {v}"
+                )
         if self.std is not None and min(self.std) <= 0:
             raise ValueError(f"data.std values must be > 0, got {list(self.std)}")
 

@@ -26,27 +26,47 @@ class Resize(enum.Enum):
 
 
 class ChannelOrder(enum.Enum):
-    """Channel order of the model input: RGB, or BGR (OpenCV-style models, e.g. PaddleOCR)."""
+    """Channels of the model input: RGB, BGR (OpenCV-style models, e.g. PaddleOCR), or GRAY:
+    one luma channel 0.299 R + 0.587 G + 0.114 B (ITU-R BT.601's weights, PIL's
+    ``convert("L")`` and OpenCV's ``COLOR_RGB2GRAY``; here on float pixels, unrounded)."""
 
     RGB = "rgb"
     BGR = "bgr"
+    GRAY = "gray"
+
+    @property
+    def count(self) -> int:
+        """Channels of an image in this order."""
+        return 1 if self is ChannelOrder.GRAY else 3
+
+
+LUMA_WEIGHTS = (0.299, 0.587, 0.114)
 
 
 @dataclass(frozen=True)
 class ImageFormat:
     """(x - mean) / std of pixels x in [0, 1] after resizing, channels in ``channels`` order
-    (``mean`` and ``std`` in that order too); float32 (B, 3, H, W)."""
+    (``mean`` and ``std`` in that order too, one value per channel); float32 (B, 3, H, W), or
+    (B, 1, H, W) for GRAY."""
 
     height: int
     width: int
     resize: Resize
-    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
     crop_ratio: float = 256 / 224
     channels: ChannelOrder = ChannelOrder.RGB
 
+    def __post_init__(self) -> None:
+        n = self.channels.count
+        if len(self.mean) != n or len(self.std) != n:
+            raise ValueError(
+                f"an image format with channels {self.channels.name} takes {n} mean and std "
+                f"value(s), one per channel; got mean {list(self.mean)}, std {list(self.std)}"
+            )
+
     def apply(self, image: Tensor) -> Tensor:
-        """``image``: RGB (3, H, W) or (B, 3, H, W) float in [0, 1] -> (B, 3, height, width)."""
+        """``image``: RGB (3, H, W) or (B, 3, H, W) float in [0, 1] -> (B, C, height, width)."""
         x = image if image.dim() == 4 else image.unsqueeze(0)
         x = x.to(torch.float32)
         if self.resize is Resize.SHORT_SIDE_CROP:
@@ -60,8 +80,12 @@ class ImageFormat:
             x = F.interpolate(x, size=(self.height, self.width), mode="bilinear", antialias=True)
         if self.channels is ChannelOrder.BGR:
             x = x.flip(1)
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(1, 3, 1, 1)
+        elif self.channels is ChannelOrder.GRAY:
+            luma = torch.tensor(LUMA_WEIGHTS, dtype=torch.float32).view(1, 3, 1, 1)
+            x = (x * luma).sum(1, keepdim=True)
+        n = self.channels.count
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, n, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(1, n, 1, 1)
         return ((x - mean) / std).contiguous()
 
 

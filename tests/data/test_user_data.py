@@ -198,3 +198,38 @@ def test_bad_tensor_files_name_the_file_and_item(tmp_path):
         with pytest.raises(ValueError, match=f"data.path: .*{message}") as e:
             load_data(cfg, USER_MODEL)
         assert name in str(e.value)
+
+
+GRAY_MODEL = ModelInputs("gray_net", None, ((1, 16, 24),), None, registry=False)
+
+
+def test_a_model_that_takes_one_channel_gets_luma_images(folder):
+    """(1, H, W): each image resized, then made luma 0.299 R + 0.587 G + 0.114 B (BT.601),
+    then (x - mean) / std with one value each; the default RGB order means the image's own
+    colours, and GRAY says the same."""
+    colour = load_data(_images(folder, num_calib=2, num_eval=1), USER_MODEL)
+    for order in (ChannelOrder.RGB, ChannelOrder.GRAY):
+        cfg = _images(folder, num_calib=2, num_eval=1, mean=[0.5], std=[0.25])
+        cfg.channel_order = order
+        gray = load_data(cfg, GRAY_MODEL)
+        (x,) = gray.calib[0]
+        assert x.shape == (1, 1, 16, 24)
+        rgb = colour.calib[0][0]
+        luma = 0.299 * rgb[:, 0:1] + 0.587 * rgb[:, 1:2] + 0.114 * rgb[:, 2:3]
+        torch.testing.assert_close(x, (luma - 0.5) / 0.25, rtol=0, atol=1e-5)
+        assert "GRAY" in gray.description
+
+
+def test_channel_counts_that_disagree_with_the_model_are_named(folder):
+    cases = [
+        (GRAY_MODEL, {"channel_order": ChannelOrder.BGR}, "takes one channel"),
+        (GRAY_MODEL, {"mean": [0.5, 0.5, 0.5]}, "give one value per channel"),
+        (USER_MODEL, {"channel_order": ChannelOrder.GRAY}, "takes 3"),
+        (USER_MODEL, {"std": [0.5]}, "give one value per channel"),
+        (ModelInputs("m", None, ((2, 8, 8),), None, registry=False), {}, "(1, H, W) in gray"),
+    ]
+    for model, kw, words in cases:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            load_data(_images(folder, num_calib=2, num_eval=1, **kw), model)
+    with pytest.raises(ValueError, match="one value per channel"):
+        DataConfig(name="synthetic", mean=[0.1, 0.2])

@@ -70,7 +70,7 @@ def _normalised(p: torch.Tensor, fmt: ImageFormat) -> torch.Tensor:
     ids=["symmetric", "tf_same"],
 )
 @pytest.mark.parametrize("source", [InputFormat.UINT8_RGB, InputFormat.UINT8_BGR])
-@pytest.mark.parametrize("model_order", list(ChannelOrder), ids=lambda c: c.name)
+@pytest.mark.parametrize("model_order", [ChannelOrder.RGB, ChannelOrder.BGR], ids=lambda c: c.name)
 def test_folded_conv_equals_float_preprocessing(stem, source, model_order):
     fmt = ImageFormat(16, 16, Resize.KEEP, MEAN, STD, channels=model_order)
     net = _net(stem())
