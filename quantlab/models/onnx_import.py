@@ -7,7 +7,8 @@ batch dimension free. onnx2torch imports torchvision only for its NMS and RoiAli
 torchvision does not load beside the CPU torch quantlab pins, so a stand-in that raises on use is
 put in place while onnx2torch is imported (graphs with those two ops do not convert). Its Slice
 module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
-that one warning is silenced once onnx2torch is imported.
+that one warning is silenced once onnx2torch is imported. LSTM and GRU nodes, which onnx2torch
+does not convert, become torch's layers (``onnx_recurrent``).
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
 reference for the converted module's float run.
@@ -88,6 +89,9 @@ def _onnx2torch_convert() -> Callable:
 
     from onnx2torch import convert
 
+    from quantlab.models import onnx_recurrent
+
+    onnx_recurrent.register()
     warnings.filterwarnings(
         "ignore", message="Using a non-tuple sequence for multidimensional indexing"
     )
@@ -106,6 +110,40 @@ def _fixed(model, shapes: list[list[int]]):
         for d, size in zip(dims[1:], shape):
             d.dim_value = int(size)
     return onnxslim.slim(m)
+
+
+def _outputs_by_name(gm, names: list[str]) -> None:
+    """Make the converted module return the graph's outputs ``names``, in order. onnx2torch
+    returns the whole result of a node with several outputs (an LSTM's Y and Y_h, a Split's
+    parts) where a graph output is one of them, and that once per node; here each output is the
+    value it names (``getitem`` of its node's result). Left as it is when an output is not
+    found among the converted nodes' outputs (``onnx_mapping``)."""
+    import operator
+
+    made: dict[str, tuple] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        mapping = getattr(gm.get_submodule(node.target), "onnx_mapping", None)
+        if mapping is None:
+            continue
+        several = len(mapping.outputs) > 1
+        for i, name in enumerate(mapping.outputs):
+            made[name] = (node, i if several else None)
+    if not names or any(n not in made for n in names):
+        return
+    if not any(made[n][1] is not None for n in names):
+        return  # every output is a node's only one: onnx2torch returned them as they are
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = []
+    with gm.graph.inserting_before(out):
+        for name in names:
+            node, index = made[name]
+            values.append(node if index is None else gm.graph.call_function(
+                operator.getitem, (node, index)))  # fmt: skip
+    out.args = (values[0] if len(values) == 1 else tuple(values),)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def _initializers_as_parameters(module: nn.Module) -> None:
@@ -227,16 +265,17 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     module = None
     if all(None not in g for g in graph):
         try:
-            module = convert(model)
+            module = convert(model, attach_onnx_mapping=True)
         except Exception:  # onnx2torch cannot resolve some shapes: fold them first
             module = None
     if module is None:
         try:
-            module = convert(_fixed(model, shapes))
+            module = convert(_fixed(model, shapes), attach_onnx_mapping=True)
         except Exception as err:
             raise ValueError(
                 f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"
             ) from None
+    _outputs_by_name(module, [o.name for o in model.graph.output])
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
     metadata = {p.key: p.value for p in model.metadata_props}

@@ -1,0 +1,148 @@
+"""onnx2torch converters for ONNX's LSTM and GRU nodes: torch's ``nn.LSTM`` / ``nn.GRU`` with the
+node's weights, so that an ONNX recurrent model (a CRNN text recognizer, a voice detector) is
+converted and simulated as one written in torch (``quantlab.recurrent_parts`` splits the layer
+into its linear layers, gates and products).
+
+ONNX keeps one direction's weights as W (4H or 3H, I) and R (.., H), biases B = [Wb, Rb] and its
+gates in the order i, o, f, c (LSTM) or z, r, h (GRU); torch orders them i, f, g, o and r, z, n.
+X is (T, B, I), the outputs Y (T, D, B, H) and Y_h, Y_c (D, B, H), D = 2 for a bidirectional
+node (``layout`` 0, the one onnxruntime runs and torch exports).
+
+Converted: directions forward and bidirectional, the default activations, no ``clip``, no
+``input_forget``, no peepholes, no ``sequence_lens`` (every sequence of the batch runs its full
+length), layout 0, and for GRU ``linear_before_reset`` = 1 (the reset gate applied after the hidden
+projection: torch's GRU, and what torch exports). Any other node raises NotImplementedError
+naming the attribute, which ``onnx_import`` reports as the model that cannot be converted.
+Float results match onnxruntime's to rounding, not bit for bit (each sums its products in its
+own order).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+# ONNX gate blocks in torch's order: LSTM i, f, c, o from i, o, f, c; GRU r, z, h from z, r, h
+_LSTM_ORDER = (0, 2, 3, 1)
+_GRU_ORDER = (1, 0, 2)
+_DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+VERSIONS = (7, 14, 22)
+
+
+class OnnxRecurrent(nn.Module):
+    """An ONNX LSTM / GRU node as torch's layer: ``forward(x, initial_h, initial_c)`` returns
+    the node's outputs (Y, Y_h[, Y_c]), as many as the node names."""
+
+    def __init__(self, layer: nn.LSTM | nn.GRU, outputs: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.outputs = outputs
+
+    def forward(self, x: Tensor, initial_h: Tensor | None = None, initial_c: Tensor | None = None):
+        lstm = isinstance(self.layer, nn.LSTM)
+        h0, c0 = initial_h, initial_c
+        states = h0
+        if lstm and (h0 is not None or c0 is not None):
+            like = h0 if h0 is not None else c0
+            states = tuple(torch.zeros_like(like) if t is None else t for t in (h0, c0))
+        y, last = self.layer(x, states)
+        h_n, c_n = last if lstm else (last, None)
+        d = 2 if self.layer.bidirectional else 1
+        y = y.reshape(*y.shape[:2], d, -1).permute(0, 2, 1, 3)  # (T, B, D * H) -> (T, D, B, H)
+        out = (y, h_n, c_n)[: self.outputs]
+        return out[0] if self.outputs == 1 else out
+
+
+def _refuse(node, what: str) -> None:
+    raise NotImplementedError(f"ONNX {node.operation_type} node with {what} is not converted")
+
+
+def _check(node, kind: str) -> None:
+    a = node.attributes
+    direction = a.get("direction", "forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    if direction not in ("forward", "bidirectional"):
+        _refuse(node, f"direction={direction} (torch has no reverse-only layer)")
+    acts = a.get("activations")
+    if acts is not None:  # one list per direction
+        names = [(v.decode() if isinstance(v, bytes) else v).lower() for v in acts]
+        default = [n.lower() for n in _DEFAULT_ACTIVATIONS[kind]]
+        per = len(names) // len(default)
+        if not names or len(names) % len(default) or names != default * per:
+            _refuse(node, f"activations={names}")
+    if a.get("clip") is not None:
+        _refuse(node, "clip")
+    if a.get("input_forget", 0):
+        _refuse(node, "input_forget=1")
+    if a.get("layout", 0):
+        _refuse(node, "layout=1 (onnxruntime, the reference, runs layout 0 only)")
+    if kind == "GRU" and not a.get("linear_before_reset", 0):
+        _refuse(node, "linear_before_reset=0 (torch's GRU resets after the hidden projection)")
+    inputs = node.input_values
+    if len(inputs) > 4 and inputs[4]:
+        _refuse(node, "sequence_lens")
+    if kind == "LSTM" and len(inputs) > 7 and inputs[7]:
+        _refuse(node, "peepholes")
+
+
+def _blocks(t: Tensor, order: tuple[int, ...]) -> Tensor:
+    """Rows of ``t`` (gates x H, ...) in torch's gate order."""
+    parts = t.chunk(len(order), 0)
+    return torch.cat([parts[i] for i in order], 0)
+
+
+def convert_recurrent(node, graph):
+    """onnx2torch converter of an LSTM or GRU node (see the module docstring)."""
+    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult
+
+    kind = node.operation_type
+    _check(node, kind)
+    inputs = node.input_values
+    for name, what in ((inputs[1], "W"), (inputs[2], "R")):
+        if name not in graph.initializers:
+            _refuse(node, f"a computed {what} (weights must be initializers)")
+    w = graph.initializers[inputs[1]].to_torch().float()
+    r = graph.initializers[inputs[2]].to_torch().float()
+    b = None
+    if len(inputs) > 3 and inputs[3]:
+        if inputs[3] not in graph.initializers:
+            _refuse(node, "a computed B")
+        b = graph.initializers[inputs[3]].to_torch().float()
+    dirs, gates_h, input_size = w.shape
+    hidden = int(node.attributes.get("hidden_size", r.shape[-1]))
+    order = _LSTM_ORDER if kind == "LSTM" else _GRU_ORDER
+    cls = nn.LSTM if kind == "LSTM" else nn.GRU
+    if gates_h != len(order) * hidden:
+        _refuse(node, f"W of {gates_h} rows for hidden_size={hidden}")
+    layer = cls(input_size, hidden, bias=b is not None, bidirectional=dirs == 2)
+    with torch.no_grad():
+        for d in range(dirs):
+            suffix = "_l0" + ("_reverse" if d else "")
+            getattr(layer, "weight_ih" + suffix).copy_(_blocks(w[d], order))
+            getattr(layer, "weight_hh" + suffix).copy_(_blocks(r[d], order))
+            if b is not None:
+                wb, rb = b[d].chunk(2)
+                getattr(layer, "bias_ih" + suffix).copy_(_blocks(wb, order))
+                getattr(layer, "bias_hh" + suffix).copy_(_blocks(rb, order))
+    state_inputs = list(inputs[5:7] if kind == "LSTM" else inputs[5:6])
+    mapping = OnnxMapping(inputs=(inputs[0], *state_inputs), outputs=node.output_values)
+    module = OnnxRecurrent(layer, len(node.output_values))
+    return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+
+
+def register() -> None:
+    """Add the LSTM and GRU converters to onnx2torch's registry (once; versions it does not
+    have a converter for)."""
+    from onnx2torch.node_converters.registry import (
+        _CONVERTER_REGISTRY,
+        OperationDescription,
+        add_converter,
+    )
+
+    for kind in ("LSTM", "GRU"):
+        for version in VERSIONS:
+            if OperationDescription(domain="", operation_type=kind, version=version) in (
+                _CONVERTER_REGISTRY
+            ):
+                continue
+            add_converter(operation_type=kind, version=version)(convert_recurrent)
