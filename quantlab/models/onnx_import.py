@@ -8,7 +8,8 @@ torchvision does not load beside the CPU torch quantlab pins, so a stand-in that
 put in place while onnx2torch is imported (graphs with those two ops do not convert). Its Slice
 module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
 that one warning is silenced once onnx2torch is imported. LSTM and GRU nodes, which onnx2torch
-does not convert, become torch's layers (``onnx_recurrent``).
+does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish and
+SpaceToDepth the torch calls they are (``onnx_functional``).
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
 reference for the converted module's float run.
@@ -89,9 +90,10 @@ def _onnx2torch_convert() -> Callable:
 
     from onnx2torch import convert
 
-    from quantlab.models import onnx_recurrent
+    from quantlab.models import onnx_functional, onnx_recurrent
 
     onnx_recurrent.register()
+    onnx_functional.register()
     warnings.filterwarnings(
         "ignore", message="Using a non-tuple sequence for multidimensional indexing"
     )

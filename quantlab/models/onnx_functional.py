@@ -1,0 +1,116 @@
+"""onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
+GridSample (opset 16, 20, 22), Gelu (20), Mish (18) and SpaceToDepth (1, 13). Each becomes
+the torch function a PyTorch model calls (``F.grid_sample``, ``F.gelu``, ``F.mish``) or the
+reshapes and permute the op is, so quantlab captures and simulates it as in a torch model (a
+grid_sample with its fixed-point kernel, a table for gelu and mish, layout ops for
+SpaceToDepth).
+
+GridSample's ``mode`` is bilinear / nearest / bicubic (opset 20 names them linear / nearest /
+cubic), ``padding_mode`` zeros / border / reflection, and ``align_corners`` 0 / 1, as
+``F.grid_sample`` takes them; opset 20's volumetric (5-D) form is torch's too. SpaceToDepth
+puts each ``blocksize`` x ``blocksize`` block's pixels in channels block row, block column,
+then input channel (ONNX's order; torch's ``pixel_unshuffle`` orders channel first). Float
+results match onnxruntime's to rounding.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest",
+               "bicubic": "bicubic", "cubic": "bicubic"}  # fmt: skip
+
+
+def _text(value, default: str) -> str:
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class OnnxGridSample(nn.Module):
+    def __init__(self, mode: str, padding_mode: str, align_corners: bool) -> None:
+        super().__init__()
+        self.mode, self.padding_mode, self.align_corners = mode, padding_mode, align_corners
+
+    def forward(self, x: Tensor, grid: Tensor) -> Tensor:
+        return F.grid_sample(
+            x, grid, self.mode, self.padding_mode, align_corners=self.align_corners
+        )
+
+
+class OnnxGelu(nn.Module):
+    def __init__(self, approximate: str) -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, approximate=self.approximate)
+
+
+class OnnxMish(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.mish(x)
+
+
+class OnnxSpaceToDepth(nn.Module):
+    def __init__(self, blocksize: int) -> None:
+        super().__init__()
+        self.blocksize = blocksize
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, c, h, w = x.shape
+        b = self.blocksize
+        blocks = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+        return blocks.reshape(n, c * b * b, h // b, w // b)
+
+
+def _grid_sample(node, graph):
+    a = node.attributes
+    mode = _text(a.get("mode"), "bilinear")
+    if mode not in _GRID_MODES:
+        raise NotImplementedError(f"ONNX GridSample with mode={mode} is not converted")
+    padding = _text(a.get("padding_mode"), "zeros")
+    return OnnxGridSample(_GRID_MODES[mode], padding, bool(a.get("align_corners", 0)))
+
+
+def _gelu(node, graph):
+    return OnnxGelu(_text(node.attributes.get("approximate"), "none"))
+
+
+def _mish(node, graph):
+    return OnnxMish()
+
+
+def _space_to_depth(node, graph):
+    return OnnxSpaceToDepth(int(node.attributes["blocksize"]))
+
+
+CONVERTERS = {
+    "GridSample": ((16, 20, 22), _grid_sample),
+    "Gelu": ((20,), _gelu),
+    "Mish": ((18, 22), _mish),
+    "SpaceToDepth": ((1, 13), _space_to_depth),
+}
+
+
+def register() -> None:
+    """Add these converters to onnx2torch's registry (versions it has no converter for)."""
+    from onnx2torch.node_converters.registry import (
+        _CONVERTER_REGISTRY,
+        OperationDescription,
+        add_converter,
+    )
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    for op, (versions, make) in CONVERTERS.items():
+
+        def convert(node, graph, make=make):
+            return OperationConverterResult(
+                torch_module=make(node, graph), onnx_mapping=onnx_mapping_from_node(node)
+            )
+
+        for version in versions:
+            key = OperationDescription(domain="", operation_type=op, version=version)
+            if key not in _CONVERTER_REGISTRY:
+                add_converter(operation_type=op, version=version)(convert)

@@ -1,0 +1,106 @@
+"""ONNX GridSample, Gelu, Mish and SpaceToDepth converted to the torch calls they are
+(``quantlab.models.onnx_functional``): the converted module gives onnxruntime's outputs to
+rounding, and a converted GridSample is simulated by quantlab's grid_sample kernel."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quantlab.models.registry import build_model
+from quantlab.models.schema import ModelConfig
+
+pytest.importorskip("onnxruntime")
+
+
+class _Warp(nn.Module):
+    def __init__(self, mode: str, padding: str, align: bool) -> None:
+        super().__init__()
+        self.mode, self.padding, self.align = mode, padding, align
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, grid):
+        y = self.conv(x)
+        return F.grid_sample(y, grid, self.mode, self.padding, align_corners=self.align)
+
+
+def _same_as_onnxruntime(b, *args, atol=1e-5) -> None:
+    with torch.no_grad():
+        got = b.module(*args)
+    want = b.reference(*args)
+    torch.testing.assert_close(got, torch.as_tensor(want).reshape(got.shape), rtol=0, atol=atol)
+
+
+def test_grid_sample_in_every_mode_matches_onnxruntime(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 3, 9, 11, generator=g)
+    grid = torch.rand(1, 5, 7, 2, generator=g) * 2.4 - 1.2  # some points outside
+    combos = itertools.product(
+        ["bilinear", "nearest", "bicubic"], ["zeros", "border", "reflection"], [False, True]
+    )
+    for mode, padding, align in combos:
+        path = tmp_path / f"warp_{mode}_{padding}_{int(align)}.onnx"
+        model = _Warp(mode, padding, align).eval()
+        torch.onnx.export(model, (x, grid), str(path), opset_version=16, dynamo=False)
+        b = build_model(ModelConfig(name="onnx", path=str(path)))
+        _same_as_onnxruntime(b, x, grid, atol=1e-4 if mode == "bicubic" else 1e-5)
+
+
+def test_a_converted_grid_sample_runs_on_quantlabs_kernel(tmp_path):
+    from quantlab.simulate import Mode, Simulator
+
+    g = torch.Generator().manual_seed(1)
+    x, grid = torch.randn(1, 3, 9, 11, generator=g), torch.rand(1, 5, 7, 2, generator=g) * 2 - 1
+    path = tmp_path / "warp.onnx"
+    torch.onnx.export(_Warp("bilinear", "zeros", False).eval(), (x, grid), str(path),
+                      opset_version=16, dynamo=False)  # fmt: skip
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    sim = Simulator(b.module, "j6m")
+    sim.calibrate([(x, grid)], progress=False)
+    sim.run(x, grid, mode=Mode.FIXED)
+    row = sim.ops[sim.ops.op_type == "grid_sample"].iloc[0]
+    assert row.supported and row.fixed_kernel == "integer"
+
+
+class _Gelus(nn.Module):
+    def forward(self, x):
+        return F.gelu(x), F.gelu(x, approximate="tanh")
+
+
+def _one_node(tmp_path, op: str, shape: list[int], out: list[int] | None, opset: int, **attrs):
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+    )  # fmt: skip
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return build_model(ModelConfig(name="onnx", path=str(path)))
+
+
+def test_gelu_and_mish_nodes_match_onnxruntime(tmp_path):
+    import onnx
+
+    x = torch.linspace(-6, 6, 120).reshape(1, 2, 60)
+    path = tmp_path / "gelu.onnx"
+    torch.onnx.export(_Gelus().eval(), (x,), str(path), opset_version=20, dynamo=False)
+    assert [n.op_type for n in onnx.load(str(path)).graph.node] == ["Gelu", "Gelu"]
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    with torch.no_grad():
+        got = b.module(x)
+    for g, w in zip(got, b.reference(x), strict=True):
+        torch.testing.assert_close(g, torch.as_tensor(w), rtol=0, atol=1e-6)
+    _same_as_onnxruntime(_one_node(tmp_path, "Mish", [1, 2, 60], [1, 2, 60], 18), x, atol=1e-6)
+
+
+def test_space_to_depth_orders_channels_as_onnx_does(tmp_path):
+    b = _one_node(tmp_path, "SpaceToDepth", [1, 3, 4, 6], [1, 12, 2, 3], 13, blocksize=2)
+    x = torch.arange(72, dtype=torch.float32).reshape(1, 3, 4, 6)
+    _same_as_onnxruntime(b, x, atol=0)
