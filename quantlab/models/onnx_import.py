@@ -9,7 +9,9 @@ put in place while onnx2torch is imported (graphs with those two ops do not conv
 module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
 that one warning is silenced once onnx2torch is imported. LSTM and GRU nodes, which onnx2torch
 does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish and
-SpaceToDepth the torch calls they are (``onnx_functional``).
+SpaceToDepth the torch calls they are (``onnx_functional``), and the operator versions of
+opsets 18 to 21 that torch's exporters write convert as the versions before them where they
+mean the same (``onnx_versions``).
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
 reference for the converted module's float run.
@@ -90,10 +92,11 @@ def _onnx2torch_convert() -> Callable:
 
     from onnx2torch import convert
 
-    from quantlab.models import onnx_functional, onnx_recurrent
+    from quantlab.models import onnx_functional, onnx_recurrent, onnx_versions
 
     onnx_recurrent.register()
     onnx_functional.register()
+    onnx_versions.register()
     warnings.filterwarnings(
         "ignore", message="Using a non-tuple sequence for multidimensional indexing"
     )
@@ -230,6 +233,23 @@ def _fixed_batch(model) -> int | None:
     return int(dims[0].dim_value) if dims and dims[0].dim_value > 0 else None
 
 
+def _run_on_zeros(module: nn.Module, model, shapes: list[list[int]]) -> None:
+    """Run ``module`` once on zeros of the graph's input shapes and dtypes: onnx2torch builds
+    some modules from the shapes ONNX's shape inference found, and a shape it could not find
+    (a Pad whose pads are computed, say) makes a module that fails at its first call (a
+    LayerNorm over no dims); the caller then converts the folded graph instead."""
+    import numpy as np
+    from onnx import helper
+
+    batch = _fixed_batch(model) or 1
+    xs = []
+    for inp, shape in zip(_graph_inputs(model), shapes):
+        dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+        xs.append(torch.from_numpy(np.zeros((batch, *shape), dtype=dtype)))
+    with torch.no_grad():
+        module.eval()(*xs)  # eval: a BatchNorm in training mode would take the zeros' statistics
+
+
 def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxModel:
     """Convert the ONNX file ``path``; ``shapes`` (without the batch dimension) fix the inputs'
     dynamic dimensions. Errors name the file, the graph's shapes and what to set."""
@@ -268,6 +288,7 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     if all(None not in g for g in graph):
         try:
             module = convert(model, attach_onnx_mapping=True)
+            _run_on_zeros(module, model, shapes)
         except Exception:  # onnx2torch cannot resolve some shapes: fold them first
             module = None
     if module is None:

@@ -1,0 +1,187 @@
+"""onnx2torch converters for the operator versions of opsets 18 to 21, which torch's exporters
+write today (opset 20 by default for ``torch.onnx.export(..., dynamo=False)``, 18 for the
+dynamo exporter) and onnx2torch 1.5 stops short of.
+
+Versions that only add tensor types (float8 in 19, int4 in 21, bool for ReduceMax / ReduceMin
+in 20) take the converter of the version before: Reshape, Shape, Cast, Constant,
+ConstantOfShape, Identity, Unsqueeze, Flatten, Transpose, Equal, IsInf, IsNaN. Versions that
+moved an attribute or added one are converted where the node means what the older version
+meant, and refused by name otherwise:
+
+- the reductions (ReduceMean, Max, Min, Prod, L1, L2, LogSumExp, SumSquare) 18: ``axes`` is an
+  input, read when it is a constant (``noop_with_empty_axes`` kept);
+- Pad 18, 19, 21: without the ``axes`` input (all axes padded), and not the ``wrap`` mode of 19;
+- Resize 18, 19: without ``antialias``, ``axes``, a ``keep_aspect_ratio_policy`` other than
+  stretch, or 19's ``half_pixel_symmetric`` coordinates;
+- Split 18: by its ``split`` input, or into ``num_outputs`` parts of ceil(length / parts)
+  values, the last one smaller (``OnnxSplit``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+TYPE_ONLY = {
+    "Reshape": (19, 21),
+    "Shape": (19, 21),
+    "Cast": (19, 21),
+    "Constant": (19, 21),
+    "ConstantOfShape": (20, 21),
+    "Identity": (19, 21),
+    "Unsqueeze": (21,),
+    "Flatten": (21,),
+    "Transpose": (21,),
+    "Equal": (19,),
+    "IsInf": (20,),
+    "IsNaN": (20,),
+}
+REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
+
+
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _refuse(node, what: str) -> None:
+    raise NotImplementedError(f"ONNX {node.operation_type} node with {what} is not converted")
+
+
+_REDUCE = {
+    "ReduceMean": lambda x, dims, keep: x.mean(dims, keepdim=keep),
+    "ReduceMax": lambda x, dims, keep: x.amax(dims, keepdim=keep),
+    "ReduceMin": lambda x, dims, keep: x.amin(dims, keepdim=keep),
+    "ReduceSumSquare": lambda x, dims, keep: (x * x).sum(dims, keepdim=keep),
+    "ReduceL1": lambda x, dims, keep: x.abs().sum(dims, keepdim=keep),
+    "ReduceL2": lambda x, dims, keep: (x * x).sum(dims, keepdim=keep).sqrt(),
+    "ReduceLogSumExp": lambda x, dims, keep: torch.logsumexp(x, dims, keepdim=keep),
+}
+
+
+class OnnxReduction(nn.Module):
+    """An ONNX reduction over ``axes`` (negative ones counted from the input's rank; none: all
+    axes, or the input itself with ``noop_with_empty_axes``)."""
+
+    def __init__(self, op: str, axes: list[int] | None, keepdims: bool, noop: bool) -> None:
+        super().__init__()
+        self.op, self.axes, self.keepdims, self.noop = op, axes, keepdims, noop
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.axes and self.noop:
+            return x
+        dims = sorted({a % x.dim() for a in self.axes} if self.axes else range(x.dim()))
+        if self.op != "ReduceProd":
+            return _REDUCE[self.op](x, dims, self.keepdims)
+        for d in reversed(dims):  # torch's prod takes one dim at a time
+            x = x.prod(d, keepdim=self.keepdims)
+        return x
+
+
+def _reduction(node, graph):
+    """A reduction of opset 18 or 20: its constant ``axes`` input as the older attribute."""
+    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
+
+    axes = None
+    if len(node.input_values) > 1 and node.input_values[1]:
+        try:
+            axes = [int(a) for a in get_const_value(node.input_values[1], graph).tolist()]
+        except KeyError:
+            _refuse(node, "computed axes")
+    keepdims = bool(node.attributes.get("keepdims", 1))
+    noop = bool(node.attributes.get("noop_with_empty_axes", 0))
+    module = OnnxReduction(node.operation_type, axes, keepdims, noop)
+    mapping = OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values)
+    return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+
+
+def _checked(check, older):
+    """A converter that refuses what ``check`` names, then converts as ``older`` does."""
+
+    def convert(node, graph):
+        check(node)
+        return older(node, graph)
+
+    return convert
+
+
+def _pad_check(node) -> None:
+    if len(node.input_values) > 3 and node.input_values[3]:
+        _refuse(node, "the axes input")
+    if _text(node.attributes.get("mode")) == "wrap":
+        _refuse(node, "mode=wrap")
+
+
+def _resize_check(node) -> None:
+    a = node.attributes
+    if a.get("antialias", 0):
+        _refuse(node, "antialias=1")
+    if a.get("axes") is not None:
+        _refuse(node, "axes")
+    policy = _text(a.get("keep_aspect_ratio_policy"))
+    if policy not in (None, "stretch"):
+        _refuse(node, f"keep_aspect_ratio_policy={policy}")
+    if _text(a.get("coordinate_transformation_mode")) == "half_pixel_symmetric":
+        _refuse(node, "coordinate_transformation_mode=half_pixel_symmetric")
+
+
+class OnnxSplit(nn.Module):
+    """ONNX Split 18 along ``axis``: by the ``split`` sizes when given, else into ``parts``
+    chunks of ceil(length / parts) values, the last one smaller where the length does not
+    divide (``torch.split`` by that size)."""
+
+    def __init__(self, axis: int, parts: int) -> None:
+        super().__init__()
+        self.axis, self.parts = axis, parts
+
+    def forward(self, x: Tensor, split: Tensor | None = None):
+        if split is not None:
+            return torch.split(x, split.tolist(), dim=self.axis)
+        return torch.split(x, -(-x.shape[self.axis] // self.parts), dim=self.axis)
+
+
+def _split(node, graph):
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    parts = int(node.attributes.get("num_outputs", len(node.output_values)))
+    if parts != len(node.output_values):
+        _refuse(node, f"num_outputs={parts} for {len(node.output_values)} outputs")
+    module = OnnxSplit(int(node.attributes.get("axis", 0)), parts)
+    return OperationConverterResult(torch_module=module, onnx_mapping=onnx_mapping_from_node(node))
+
+
+def register() -> None:
+    """Add these versions to onnx2torch's registry (those it has no converter for)."""
+    from onnx2torch.node_converters.registry import (
+        _CONVERTER_REGISTRY,
+        OperationDescription,
+        add_converter,
+    )
+
+    def key(op: str, version: int) -> OperationDescription:
+        return OperationDescription(domain="", operation_type=op, version=version)
+
+    def older(op: str, version: int):
+        have = [d.version for d in _CONVERTER_REGISTRY if d.operation_type == op and d.domain == ""]
+        below = [v for v in have if v < version]
+        return _CONVERTER_REGISTRY[key(op, max(below))] if below else None
+
+    def add(op: str, version: int, converter) -> None:
+        if converter is not None and key(op, version) not in _CONVERTER_REGISTRY:
+            add_converter(operation_type=op, version=version)(converter)
+
+    for op, versions in TYPE_ONLY.items():
+        for v in versions:
+            add(op, v, older(op, v))
+    for op in REDUCTIONS:
+        add(op, 18, _reduction)
+    add("ReduceMax", 20, _reduction)
+    add("ReduceMin", 20, _reduction)
+    add("Split", 18, _split)
+    for op, versions, check in (
+        ("Pad", (18, 19, 21), _pad_check),
+        ("Resize", (18, 19), _resize_check),
+    ):
+        base = older(op, versions[0])
+        for v in versions:
+            add(op, v, _checked(check, base) if base is not None else None)

@@ -1,0 +1,118 @@
+"""ONNX files from torch's exporter at opsets 18 and 20 (``quantlab.models.onnx_versions``): the
+reductions with their axes as an input, Pad, Resize and Split of opset 18, the versions that
+only add types, convert and give onnxruntime's outputs; the forms that mean something else are
+named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quantlab.models.registry import build_model
+from quantlab.models.schema import ModelConfig
+
+pytest.importorskip("onnxruntime")
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.gn = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8)
+        self.ln, self.head = nn.LayerNorm(8), nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = F.gelu(self.gn(self.conv(x)))
+        y = F.pad(F.interpolate(y, scale_factor=2, mode="bilinear"), (1, 1, 1, 1))
+        z = y.mean((2, 3))
+        a, b = z.split(4, dim=1)
+        peak = y.amax((-2, -1))
+        energy = y.square().sum((2, 3)).sqrt()
+        return self.head(self.ln(torch.cat([b, a], 1))).softmax(-1), peak, energy
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_a_model_exported_at_opset_18_or_20_converts_and_matches_onnxruntime(tmp_path, opset):
+    import onnx
+
+    torch.manual_seed(0)
+    model, x = _Block().eval(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / f"block{opset}.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=opset, dynamo=False)
+    types = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"ReduceMean", "ReduceMax", "Pad", "Resize", "Split", "Reshape"} <= types
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        got, want = b.module(x), model(x)
+    for g, w, r in zip(got, want, b.reference(x), strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-5)
+        torch.testing.assert_close(g, r, rtol=0, atol=2e-5)
+
+
+def _graph(tmp_path, nodes, inputs, initializers=(), opset: int = 18):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(initializers),
+    )  # fmt: skip
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    return path
+
+
+def test_opset_18_forms_with_another_meaning_are_named_and_folded_axes_convert(tmp_path):
+    from onnx import helper, numpy_helper
+
+    def ints(name, values):
+        return numpy_helper.from_array(torch.tensor(values, dtype=torch.int64).numpy(), name)
+
+    pads, axes = ints("pads", [1, 1]), ints("axes", [3])
+    cases = [
+        ([helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"])], [pads, axes], "axes input"),
+        ([helper.make_node("Resize", ["x", "", "scales"], ["y"], antialias=1, mode="linear")],
+         [numpy_helper.from_array(torch.tensor([1.0, 1.0, 2.0, 2.0]).numpy(), "scales")],
+         "antialias=1"),
+    ]  # fmt: skip
+    for nodes, inits, words in cases:
+        path = _graph(tmp_path, nodes, [("x", [1, 2, 4, 4])], inits)
+        with pytest.raises(ValueError, match=f"cannot convert.*{words}"):
+            build_model(ModelConfig(name="onnx", path=str(path)))
+    # axes computed from the input's shape fold to a constant (onnxslim): converted
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "two", "three"], ["h"]),  # [4]
+        helper.make_node("Sub", ["h", "one"], ["a"]),  # [3]: the last axis
+        helper.make_node("ReduceMean", ["x", "a"], ["y"]),
+    ]
+    consts = [ints("one", [1]), ints("two", [2]), ints("three", [3])]
+    path = _graph(tmp_path, nodes, [("x", [1, 2, 4, 4])], consts)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    x = torch.randn(1, 2, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(b.module(x), b.reference(x), rtol=0, atol=1e-6)
+
+
+def test_split_18_into_parts_that_do_not_divide_matches_onnxruntime(tmp_path):
+    """num_outputs=3 of 7 values: 3, 3 and 1, as onnxruntime splits them."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=1, num_outputs=3)
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"]
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 7])], outs
+    )
+    path = tmp_path / "split.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    x = torch.arange(7, dtype=torch.float32).reshape(1, 7)
+    with torch.no_grad():
+        got = b.module(x)
+    want = b.reference(x)
+    assert [g.shape[1] for g in got] == [3, 3, 1]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
