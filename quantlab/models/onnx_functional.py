@@ -18,14 +18,10 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from quantlab.models.onnx_nodes import attribute_text, refuse
+
 _GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest",
                "bicubic": "bicubic", "cubic": "bicubic"}  # fmt: skip
-
-
-def _text(value, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class OnnxGridSample(nn.Module):
@@ -67,15 +63,15 @@ class OnnxSpaceToDepth(nn.Module):
 
 def _grid_sample(node, graph):
     a = node.attributes
-    mode = _text(a.get("mode"), "bilinear")
+    mode = attribute_text(a.get("mode"), "bilinear")
     if mode not in _GRID_MODES:
-        raise NotImplementedError(f"ONNX GridSample with mode={mode} is not converted")
-    padding = _text(a.get("padding_mode"), "zeros")
+        refuse(node, f"mode={mode}")
+    padding = attribute_text(a.get("padding_mode"), "zeros")
     return OnnxGridSample(_GRID_MODES[mode], padding, bool(a.get("align_corners", 0)))
 
 
 def _gelu(node, graph):
-    return OnnxGelu(_text(node.attributes.get("approximate"), "none"))
+    return OnnxGelu(attribute_text(node.attributes.get("approximate"), "none"))
 
 
 def _mish(node, graph):

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from quantlab.models.onnx_nodes import attribute_text, refuse
+
 # ONNX gate blocks in torch's order: LSTM i, f, c, o from i, o, f, c; GRU r, z, h from z, r, h
 _LSTM_ORDER = (0, 2, 3, 1)
 _GRU_ORDER = (1, 0, 2)
@@ -53,36 +55,31 @@ class OnnxRecurrent(nn.Module):
         return out[0] if self.outputs == 1 else out
 
 
-def _refuse(node, what: str) -> None:
-    raise NotImplementedError(f"ONNX {node.operation_type} node with {what} is not converted")
-
-
 def _check(node, kind: str) -> None:
     a = node.attributes
-    direction = a.get("direction", "forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
+    direction = attribute_text(a.get("direction"), "forward")
     if direction not in ("forward", "bidirectional"):
-        _refuse(node, f"direction={direction} (torch has no reverse-only layer)")
+        refuse(node, f"direction={direction} (torch has no reverse-only layer)")
     acts = a.get("activations")
     if acts is not None:  # one list per direction
-        names = [(v.decode() if isinstance(v, bytes) else v).lower() for v in acts]
+        names = [attribute_text(v).lower() for v in acts]
         default = [n.lower() for n in _DEFAULT_ACTIVATIONS[kind]]
         per = len(names) // len(default)
         if not names or len(names) % len(default) or names != default * per:
-            _refuse(node, f"activations={names}")
+            refuse(node, f"activations={names}")
     if a.get("clip") is not None:
-        _refuse(node, "clip")
+        refuse(node, "clip")
     if a.get("input_forget", 0):
-        _refuse(node, "input_forget=1")
+        refuse(node, "input_forget=1")
     if a.get("layout", 0):
-        _refuse(node, "layout=1 (onnxruntime, the reference, runs layout 0 only)")
+        refuse(node, "layout=1 (onnxruntime, the reference, runs layout 0 only)")
     if kind == "GRU" and not a.get("linear_before_reset", 0):
-        _refuse(node, "linear_before_reset=0 (torch's GRU resets after the hidden projection)")
+        refuse(node, "linear_before_reset=0 (torch's GRU resets after the hidden projection)")
     inputs = node.input_values
     if len(inputs) > 4 and inputs[4]:
-        _refuse(node, "sequence_lens")
+        refuse(node, "sequence_lens")
     if kind == "LSTM" and len(inputs) > 7 and inputs[7]:
-        _refuse(node, "peepholes")
+        refuse(node, "peepholes")
 
 
 def _blocks(t: Tensor, order: tuple[int, ...]) -> Tensor:
@@ -100,20 +97,20 @@ def convert_recurrent(node, graph):
     inputs = node.input_values
     for name, what in ((inputs[1], "W"), (inputs[2], "R")):
         if name not in graph.initializers:
-            _refuse(node, f"a computed {what} (weights must be initializers)")
+            refuse(node, f"a computed {what} (weights must be initializers)")
     w = graph.initializers[inputs[1]].to_torch().float()
     r = graph.initializers[inputs[2]].to_torch().float()
     b = None
     if len(inputs) > 3 and inputs[3]:
         if inputs[3] not in graph.initializers:
-            _refuse(node, "a computed B")
+            refuse(node, "a computed B")
         b = graph.initializers[inputs[3]].to_torch().float()
     dirs, gates_h, input_size = w.shape
     hidden = int(node.attributes.get("hidden_size", r.shape[-1]))
     order = _LSTM_ORDER if kind == "LSTM" else _GRU_ORDER
     cls = nn.LSTM if kind == "LSTM" else nn.GRU
     if gates_h != len(order) * hidden:
-        _refuse(node, f"W of {gates_h} rows for hidden_size={hidden}")
+        refuse(node, f"W of {gates_h} rows for hidden_size={hidden}")
     layer = cls(input_size, hidden, bias=b is not None, bidirectional=dirs == 2)
     with torch.no_grad():
         for d in range(dirs):

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from quantlab.models.onnx_nodes import attribute_text, refuse
+
 TYPE_ONLY = {
     "Reshape": (19, 21),
     "Shape": (19, 21),
@@ -38,14 +40,6 @@ TYPE_ONLY = {
 }
 REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
-
-
-def _text(value) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _refuse(node, what: str) -> None:
-    raise NotImplementedError(f"ONNX {node.operation_type} node with {what} is not converted")
 
 
 _REDUCE = {
@@ -87,7 +81,7 @@ def _reduction(node, graph):
         try:
             axes = [int(a) for a in get_const_value(node.input_values[1], graph).tolist()]
         except KeyError:
-            _refuse(node, "computed axes")
+            refuse(node, "computed axes")
     keepdims = bool(node.attributes.get("keepdims", 1))
     noop = bool(node.attributes.get("noop_with_empty_axes", 0))
     module = OnnxReduction(node.operation_type, axes, keepdims, noop)
@@ -107,22 +101,22 @@ def _checked(check, older):
 
 def _pad_check(node) -> None:
     if len(node.input_values) > 3 and node.input_values[3]:
-        _refuse(node, "the axes input")
-    if _text(node.attributes.get("mode")) == "wrap":
-        _refuse(node, "mode=wrap")
+        refuse(node, "the axes input")
+    if attribute_text(node.attributes.get("mode")) == "wrap":
+        refuse(node, "mode=wrap")
 
 
 def _resize_check(node) -> None:
     a = node.attributes
     if a.get("antialias", 0):
-        _refuse(node, "antialias=1")
+        refuse(node, "antialias=1")
     if a.get("axes") is not None:
-        _refuse(node, "axes")
-    policy = _text(a.get("keep_aspect_ratio_policy"))
+        refuse(node, "axes")
+    policy = attribute_text(a.get("keep_aspect_ratio_policy"))
     if policy not in (None, "stretch"):
-        _refuse(node, f"keep_aspect_ratio_policy={policy}")
-    if _text(a.get("coordinate_transformation_mode")) == "half_pixel_symmetric":
-        _refuse(node, "coordinate_transformation_mode=half_pixel_symmetric")
+        refuse(node, f"keep_aspect_ratio_policy={policy}")
+    if attribute_text(a.get("coordinate_transformation_mode")) == "half_pixel_symmetric":
+        refuse(node, "coordinate_transformation_mode=half_pixel_symmetric")
 
 
 class OnnxSplit(nn.Module):
@@ -145,7 +139,7 @@ def _split(node, graph):
 
     parts = int(node.attributes.get("num_outputs", len(node.output_values)))
     if parts != len(node.output_values):
-        _refuse(node, f"num_outputs={parts} for {len(node.output_values)} outputs")
+        refuse(node, f"num_outputs={parts} for {len(node.output_values)} outputs")
     module = OnnxSplit(int(node.attributes.get("axis", 0)), parts)
     return OperationConverterResult(torch_module=module, onnx_mapping=onnx_mapping_from_node(node))
 
