@@ -78,6 +78,10 @@ def _items(batch: tuple) -> int:
     return int(first.shape[0]) if first.dim() else 1
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _run_outputs(sim, batch: tuple, modes: list[Mode]) -> dict:
     return {m: sim.run(*batch, mode=m) for m in modes}
 
@@ -489,7 +493,8 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
                 f"The ONNX graph fixes its batch at {fixed_batch}: the per-op tables and the "
                 f"model output compare fake, fixed and onnxruntime on one run of "
                 f"{_items(batch)} evaluation item(s); the task metrics run "
-                f"{sum(_items(b) for b in runs)} items in {len(runs)} runs of that size."
+                f"{_count(sum(_items(b) for b in runs), 'item')} in "
+                f"{_count(len(runs), 'run')} of that size."
             ]
             if merged < exp.max_eval_items
             else []
