@@ -1,9 +1,12 @@
 """onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
-GridSample (opset 16, 20, 22), Gelu (20), Mish (18) and SpaceToDepth (1, 13). Each becomes
-the torch function a PyTorch model calls (``F.grid_sample``, ``F.gelu``, ``F.mish``) or the
-reshapes and permute the op is, so quantlab captures and simulates it as in a torch model (a
-grid_sample with its fixed-point kernel, a table for gelu and mish, layout ops for
-SpaceToDepth).
+GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21) and
+SpaceToDepth (1, 13). Each becomes the torch function a PyTorch model calls
+(``F.grid_sample``, ``F.gelu``, ``F.mish``, ``F.group_norm``) or the reshapes and permute the
+op is, so quantlab captures and simulates it as in a torch model (a grid_sample with its
+fixed-point kernel, a table for gelu and mish, its group norm, layout ops for SpaceToDepth).
+GroupNormalization's scale and bias are per group in opset 18 (repeated over each group's
+channels) and per channel in 21; a computed scale or bias, or a ``stash_type`` other than
+float32, is refused.
 
 GridSample's ``mode`` is bilinear / nearest / bicubic (opset 20 names them linear / nearest /
 cubic), ``padding_mode`` zeros / border / reflection, and ``align_corners`` 0 / 1, as
@@ -49,6 +52,24 @@ class OnnxMish(nn.Module):
         return F.mish(x)
 
 
+class OnnxGroupNorm(nn.Module):
+    """ONNX GroupNormalization as ``F.group_norm``: ``scale`` and ``bias`` per channel (opset
+    21), or per group (opset 18: each repeated over its group's channels)."""
+
+    def __init__(self, groups: int, eps: float, scale: Tensor, bias: Tensor) -> None:
+        super().__init__()
+        self.groups, self.eps = groups, eps
+        self.weight = nn.Parameter(scale.float(), requires_grad=False)
+        self.bias = nn.Parameter(bias.float(), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self.weight, self.bias
+        if w.numel() != x.shape[1]:  # per group
+            per = x.shape[1] // self.groups
+            w, b = w.repeat_interleave(per), b.repeat_interleave(per)
+        return F.group_norm(x, self.groups, w, b, self.eps)
+
+
 class OnnxSpaceToDepth(nn.Module):
     def __init__(self, blocksize: int) -> None:
         super().__init__()
@@ -78,6 +99,21 @@ def _mish(node, graph):
     return OnnxMish()
 
 
+def _group_norm(node, graph):
+    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult
+
+    names = node.input_values
+    if any(n not in graph.initializers for n in names[1:3]):
+        refuse(node, "a computed scale or bias")
+    if int(node.attributes.get("stash_type", 1)) != 1:
+        refuse(node, "stash_type other than float32")
+    scale, bias = (graph.initializers[n].to_torch() for n in names[1:3])
+    groups = int(node.attributes["num_groups"])
+    module = OnnxGroupNorm(groups, float(node.attributes.get("epsilon", 1e-5)), scale, bias)
+    mapping = OnnxMapping(inputs=(names[0],), outputs=node.output_values)
+    return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+
+
 def _space_to_depth(node, graph):
     return OnnxSpaceToDepth(int(node.attributes["blocksize"]))
 
@@ -88,6 +124,8 @@ CONVERTERS = {
     "Mish": ((18, 22), _mish),
     "SpaceToDepth": ((1, 13), _space_to_depth),
 }
+# converters that map the node's inputs themselves (the weights are the module's)
+OWN_MAPPING = {"GroupNormalization": ((18, 21), _group_norm)}
 
 
 def register() -> None:
@@ -106,6 +144,11 @@ def register() -> None:
                 torch_module=make(node, graph), onnx_mapping=onnx_mapping_from_node(node)
             )
 
+        for version in versions:
+            key = OperationDescription(domain="", operation_type=op, version=version)
+            if key not in _CONVERTER_REGISTRY:
+                add_converter(operation_type=op, version=version)(convert)
+    for op, (versions, convert) in OWN_MAPPING.items():
         for version in versions:
             key = OperationDescription(domain="", operation_type=op, version=version)
             if key not in _CONVERTER_REGISTRY:

@@ -104,3 +104,30 @@ def test_space_to_depth_orders_channels_as_onnx_does(tmp_path):
     b = _one_node(tmp_path, "SpaceToDepth", [1, 3, 4, 6], [1, 12, 2, 3], 13, blocksize=2)
     x = torch.arange(72, dtype=torch.float32).reshape(1, 3, 4, 6)
     _same_as_onnxruntime(b, x, atol=0)
+
+
+@pytest.mark.parametrize("opset, per", [(18, 2), (21, 6)], ids=["per_group", "per_channel"])
+def test_group_normalization_matches_onnxruntime(tmp_path, opset, per):
+    """Opset 18 scales and shifts per group, 21 per channel; 6 channels in 2 groups."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = torch.Generator().manual_seed(2)
+    scale, bias = torch.rand(per, generator=g) + 0.5, torch.randn(per, generator=g)
+    node = helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)
+    graph = helper.make_graph(
+        [node], "gn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4, 5])],
+        [numpy_helper.from_array(scale.numpy(), "s"), numpy_helper.from_array(bias.numpy(), "b")],
+    )  # fmt: skip
+    path = tmp_path / "gn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    x = torch.randn(1, 6, 4, 5, generator=g) * 3 + 1
+    _same_as_onnxruntime(b, x, atol=1e-5)
+    from quantlab.simulate import Mode, Simulator
+
+    sim = Simulator(b.module, "j6m")
+    sim.calibrate([(x,)], progress=False)
+    sim.run(x, mode=Mode.FIXED)
+    assert "group_norm" in set(sim.ops.op_type)
