@@ -516,8 +516,9 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         plots=plots,
         notes=[
             f"Calibration: {len(data.calib)} {data.name} batches; comparison: the first "
-            f"{exp.max_eval_items} evaluation batches as one batch, or in runs of the batch a "
-            f"graph fixes ({data.description}); "
+            f"{exp.max_eval_items} evaluation batches "
+            + ("as one batch" if merged >= exp.max_eval_items else "in runs of the graph's batch")
+            + f" ({data.description}); "
             f"{qconfig_words(ctx.qconfig)}.",
             "Task metrics compare the fake and the fixed run with the float run (a metric that "
             "reads labels, e.g. face accuracy, compares with the labels); each value is measured "
