@@ -14,7 +14,9 @@ meant, and refused by name otherwise:
 - Resize 18, 19: without ``antialias``, ``axes``, a ``keep_aspect_ratio_policy`` other than
   stretch, or 19's ``half_pixel_symmetric`` coordinates;
 - Split 18: by its ``split`` input, or into ``num_outputs`` parts of ceil(length / parts)
-  values, the last one smaller (``OnnxSplit``).
+  values, the last one smaller (``OnnxSplit``);
+- Reshape 14 on with ``allowzero=1``, which the dynamo exporter writes and onnx2torch refuses:
+  ``torch.reshape``, whose reading of 0 and -1 it is (``OnnxReshapeAllowZero``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,29 @@ def _reduction(node, graph):
     module = OnnxReduction(node.operation_type, axes, keepdims, noop)
     mapping = OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values)
     return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+
+
+class OnnxReshapeAllowZero(nn.Module):
+    """ONNX Reshape with ``allowzero=1`` (the dynamo exporter writes it): a 0 in the shape is a
+    dimension of size 0 and -1 takes the rest, exactly ``torch.reshape``'s reading."""
+
+    def forward(self, x: Tensor, shape: Tensor) -> Tensor:
+        return torch.reshape(x, [int(s) for s in shape.tolist()])
+
+
+def _reshape(older):
+    """A Reshape converter: ``older`` for ``allowzero=0`` (a 0 copies the input's dimension),
+    ``OnnxReshapeAllowZero`` for 1 (onnx2torch refuses it)."""
+    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
+
+    def convert(node, graph):
+        if not node.attributes.get("allowzero", 0):
+            return older(node, graph)
+        mapping = onnx_mapping_from_node(node)
+        return OperationConverterResult(torch_module=OnnxReshapeAllowZero(), onnx_mapping=mapping)
+
+    convert.allowzero = True
+    return convert
 
 
 def _checked(check, older):
@@ -171,6 +196,10 @@ def register() -> None:
         add(op, 18, _reduction)
     add("ReduceMax", 20, _reduction)
     add("ReduceMin", 20, _reduction)
+    for v in (14, 19, 21):  # Reshape's allowzero (14 on)
+        held = _CONVERTER_REGISTRY.get(key("Reshape", v))
+        if held is not None and not getattr(held, "allowzero", False):
+            _CONVERTER_REGISTRY[key("Reshape", v)] = _reshape(held)
     add("Split", 18, _split)
     for op, versions, check in (
         ("Pad", (18, 19, 21), _pad_check),

@@ -116,3 +116,21 @@ def test_split_18_into_parts_that_do_not_divide_matches_onnxruntime(tmp_path):
     assert [g.shape[1] for g in got] == [3, 3, 1]
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize(
+    "allowzero, shape, want", [(0, [1, 0, -1], (1, 4, 5)), (1, [1, -1], (1, 20))]
+)
+def test_reshape_with_and_without_allowzero_matches_onnxruntime(tmp_path, allowzero, shape, want):
+    """The dynamo exporter writes Reshape with allowzero=1 (a 0 is a size, as torch reads it),
+    which onnx2torch refused; allowzero=0 keeps ONNX's copy-this-dimension 0."""
+    from onnx import helper, numpy_helper
+
+    init = numpy_helper.from_array(torch.tensor(shape, dtype=torch.int64).numpy(), "shape")
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], allowzero=allowzero)
+    path = _graph(tmp_path, [node], [("x", [1, 4, 5])], [init], opset=14)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    x = torch.randn(1, 4, 5)
+    with torch.no_grad():
+        got = b.module(x)
+    assert got.shape == want and torch.equal(got, b.reference(x))
