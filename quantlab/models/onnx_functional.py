@@ -1,9 +1,11 @@
 """onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
-GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21) and
-SpaceToDepth (1, 13). Each becomes the torch function a PyTorch model calls
-(``F.grid_sample``, ``F.gelu``, ``F.mish``, ``F.group_norm``) or the reshapes and permute the
-op is, so quantlab captures and simulates it as in a torch model (a grid_sample with its
-fixed-point kernel, a table for gelu and mish, its group norm, layout ops for SpaceToDepth).
+GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21),
+SpaceToDepth (1, 13) and Upsample (7, 9; nearest mode: its linear mode samples at asymmetric
+coordinates, which ``F.interpolate`` has not, and is refused). Each becomes the torch function
+a PyTorch model calls (``F.grid_sample``, ``F.gelu``, ``F.mish``, ``F.group_norm``,
+``F.interpolate``) or the reshapes and permute the op is, so quantlab captures and simulates it
+as in a torch model (a grid_sample with its fixed-point kernel, a table for gelu and mish, its
+group norm, nearest resampling, layout ops for SpaceToDepth).
 GroupNormalization's scale and bias are per group in opset 18 (repeated over each group's
 channels) and per channel in 21; a computed scale or bias, or a ``stash_type`` other than
 float32, is refused.
@@ -70,6 +72,18 @@ class OnnxGroupNorm(nn.Module):
         return F.group_norm(x, self.groups, w, b, self.eps)
 
 
+class OnnxUpsample(nn.Module):
+    """ONNX Upsample (opsets 7 and 9) in nearest mode: each output pixel takes the input pixel
+    at floor(i / scale), which is ``F.interpolate(mode="nearest")``'s index for a given scale."""
+
+    def __init__(self, scales: list[float]) -> None:
+        super().__init__()
+        self.scales = scales
+
+    def forward(self, x: Tensor, scales: Tensor | None = None) -> Tensor:
+        return F.interpolate(x, scale_factor=self.scales, mode="nearest")
+
+
 class OnnxSpaceToDepth(nn.Module):
     def __init__(self, blocksize: int) -> None:
         super().__init__()
@@ -114,6 +128,25 @@ def _group_norm(node, graph):
     return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
 
 
+def _upsample(node, graph):
+    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
+
+    mode = attribute_text(node.attributes.get("mode"), "nearest")
+    if mode != "nearest":
+        refuse(node, f"mode={mode} (its asymmetric coordinates are not F.interpolate's)")
+    if "scales" in node.attributes:  # opset 7
+        scales = [float(v) for v in node.attributes["scales"]]
+    else:
+        try:
+            scales = [float(v) for v in get_const_value(node.input_values[1], graph).tolist()]
+        except KeyError:
+            refuse(node, "computed scales")
+    if len(scales) < 3 or scales[0] != 1 or scales[1] != 1:
+        refuse(node, f"scales={scales} (batch and channels must keep their size)")
+    mapping = OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values)
+    return OperationConverterResult(torch_module=OnnxUpsample(scales[2:]), onnx_mapping=mapping)
+
+
 def _space_to_depth(node, graph):
     return OnnxSpaceToDepth(int(node.attributes["blocksize"]))
 
@@ -125,7 +158,7 @@ CONVERTERS = {
     "SpaceToDepth": ((1, 13), _space_to_depth),
 }
 # converters that map the node's inputs themselves (the weights are the module's)
-OWN_MAPPING = {"GroupNormalization": ((18, 21), _group_norm)}
+OWN_MAPPING = {"GroupNormalization": ((18, 21), _group_norm), "Upsample": ((7, 9), _upsample)}
 
 
 def register() -> None:

@@ -131,3 +131,32 @@ def test_group_normalization_matches_onnxruntime(tmp_path, opset, per):
     sim.calibrate([(x,)], progress=False)
     sim.run(x, mode=Mode.FIXED)
     assert "group_norm" in set(sim.ops.op_type)
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+def test_nearest_upsample_matches_onnxruntime_and_linear_is_refused(tmp_path, opset):
+    """Upsample of old exports (YOLOv3-era graphs): scales as an attribute (7) or an input (9)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def upsample(mode: str):
+        scales = [1.0, 1.0, 2.0, 3.0]
+        if opset == 7:
+            node, inits = helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=scales), []
+        else:
+            node = helper.make_node("Upsample", ["x", "s"], ["y"], mode=mode)
+            inits = [numpy_helper.from_array(torch.tensor(scales).numpy(), "s")]
+        graph = helper.make_graph(
+            [node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 12])], inits,
+        )  # fmt: skip
+        path = tmp_path / f"up_{mode}.onnx"
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = 8
+        onnx.save(model, path)
+        return ModelConfig(name="onnx", path=str(path))
+
+    b = build_model(upsample("nearest"))
+    _same_as_onnxruntime(b, torch.randn(1, 2, 3, 4), atol=0)
+    with pytest.raises(ValueError, match="Upsample node with mode=linear"):
+        build_model(upsample("linear"))
