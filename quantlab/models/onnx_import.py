@@ -9,7 +9,8 @@ put in place while onnx2torch is imported (graphs with those two ops do not conv
 module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
 that one warning is silenced once onnx2torch is imported. LSTM and GRU nodes, which onnx2torch
 does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
-GroupNormalization and SpaceToDepth the torch calls they are (``onnx_functional``); and the
+GroupNormalization, SpaceToDepth and nearest Upsample the torch calls they are
+(``onnx_functional``); and the
 operator versions of opsets 18 to 21 that torch's exporters write convert as the versions
 before them where they mean the same (``onnx_versions``).
 
