@@ -10,9 +10,8 @@ module indexes with a list, which torch 2.13 accepts with a deprecation warning 
 that one warning is silenced once onnx2torch is imported. LSTM and GRU nodes, which onnx2torch
 does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
 GroupNormalization, SpaceToDepth and nearest Upsample the torch calls they are
-(``onnx_functional``); and the
-operator versions of opsets 18 to 21 that torch's exporters write convert as the versions
-before them where they mean the same (``onnx_versions``).
+(``onnx_functional``); and the operator versions of opsets 18 to 21 that torch's exporters
+write convert as the versions before them where they mean the same (``onnx_versions``).
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
 reference for the converted module's float run.
