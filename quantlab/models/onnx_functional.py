@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from quantlab.models.onnx_nodes import attribute_text, refuse
+from quantlab.models.onnx_nodes import add_missing, attribute_text, converted, refuse
 
 _GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest",
                "bicubic": "bicubic", "cubic": "bicubic"}  # fmt: skip
@@ -102,20 +102,19 @@ def _grid_sample(node, graph):
     if mode not in _GRID_MODES:
         refuse(node, f"mode={mode}")
     padding = attribute_text(a.get("padding_mode"), "zeros")
-    return OnnxGridSample(_GRID_MODES[mode], padding, bool(a.get("align_corners", 0)))
+    module = OnnxGridSample(_GRID_MODES[mode], padding, bool(a.get("align_corners", 0)))
+    return converted(node, module)
 
 
 def _gelu(node, graph):
-    return OnnxGelu(attribute_text(node.attributes.get("approximate"), "none"))
+    return converted(node, OnnxGelu(attribute_text(node.attributes.get("approximate"), "none")))
 
 
 def _mish(node, graph):
-    return OnnxMish()
+    return converted(node, OnnxMish())
 
 
 def _group_norm(node, graph):
-    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult
-
     names = node.input_values
     if any(n not in graph.initializers for n in names[1:3]):
         refuse(node, "a computed scale or bias")
@@ -124,12 +123,11 @@ def _group_norm(node, graph):
     scale, bias = (graph.initializers[n].to_torch() for n in names[1:3])
     groups = int(node.attributes["num_groups"])
     module = OnnxGroupNorm(groups, float(node.attributes.get("epsilon", 1e-5)), scale, bias)
-    mapping = OnnxMapping(inputs=(names[0],), outputs=node.output_values)
-    return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+    return converted(node, module, first_input_only=True)
 
 
 def _upsample(node, graph):
-    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
+    from onnx2torch.utils.common import get_const_value
 
     mode = attribute_text(node.attributes.get("mode"), "nearest")
     if mode != "nearest":
@@ -143,46 +141,24 @@ def _upsample(node, graph):
             refuse(node, "computed scales")
     if len(scales) < 3 or scales[0] != 1 or scales[1] != 1:
         refuse(node, f"scales={scales} (batch and channels must keep their size)")
-    mapping = OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values)
-    return OperationConverterResult(torch_module=OnnxUpsample(scales[2:]), onnx_mapping=mapping)
+    return converted(node, OnnxUpsample(scales[2:]), first_input_only=True)
 
 
 def _space_to_depth(node, graph):
-    return OnnxSpaceToDepth(int(node.attributes["blocksize"]))
+    return converted(node, OnnxSpaceToDepth(int(node.attributes["blocksize"])))
 
 
 CONVERTERS = {
     "GridSample": ((16, 20, 22), _grid_sample),
     "Gelu": ((20,), _gelu),
     "Mish": ((18, 22), _mish),
+    "GroupNormalization": ((18, 21), _group_norm),
     "SpaceToDepth": ((1, 13), _space_to_depth),
+    "Upsample": ((7, 9), _upsample),
 }
-# converters that map the node's inputs themselves (the weights are the module's)
-OWN_MAPPING = {"GroupNormalization": ((18, 21), _group_norm), "Upsample": ((7, 9), _upsample)}
 
 
 def register() -> None:
-    """Add these converters to onnx2torch's registry (versions it has no converter for)."""
-    from onnx2torch.node_converters.registry import (
-        _CONVERTER_REGISTRY,
-        OperationDescription,
-        add_converter,
-    )
-    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
-
-    for op, (versions, make) in CONVERTERS.items():
-
-        def convert(node, graph, make=make):
-            return OperationConverterResult(
-                torch_module=make(node, graph), onnx_mapping=onnx_mapping_from_node(node)
-            )
-
-        for version in versions:
-            key = OperationDescription(domain="", operation_type=op, version=version)
-            if key not in _CONVERTER_REGISTRY:
-                add_converter(operation_type=op, version=version)(convert)
-    for op, (versions, convert) in OWN_MAPPING.items():
-        for version in versions:
-            key = OperationDescription(domain="", operation_type=op, version=version)
-            if key not in _CONVERTER_REGISTRY:
-                add_converter(operation_type=op, version=version)(convert)
+    """Add these converters to onnx2torch's registry (versions it has none for)."""
+    for op, (versions, convert) in CONVERTERS.items():
+        add_missing(op, versions, convert)

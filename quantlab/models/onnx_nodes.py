@@ -1,7 +1,10 @@
 """What the onnx2torch converters quantlab adds (``onnx_recurrent``, ``onnx_functional``,
-``onnx_versions``) read from a node, and how they refuse one."""
+``onnx_versions``) share: reading a node, refusing one, wrapping the module made for it, and
+adding a converter to onnx2torch's registry where it has none."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 
 def attribute_text(value, default: str | None = None) -> str | None:
@@ -14,3 +17,36 @@ def attribute_text(value, default: str | None = None) -> str | None:
 def refuse(node, what: str) -> None:
     """Stop the conversion of ``node``, naming what it holds (onnx_import reports the model)."""
     raise NotImplementedError(f"ONNX {node.operation_type} node with {what} is not converted")
+
+
+def converted(node, module, first_input_only: bool = False):
+    """onnx2torch's result for ``node``: ``module`` fed the node's inputs, or its first one only
+    (``first_input_only``: the module holds what the others were, weights or constants)."""
+    from onnx2torch.utils.common import (
+        OnnxMapping,
+        OperationConverterResult,
+        onnx_mapping_from_node,
+    )
+
+    if first_input_only:
+        mapping = OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values)
+    else:
+        mapping = onnx_mapping_from_node(node)
+    return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+
+
+def registry_key(op: str, version: int):
+    """The key of an ONNX-domain op version in onnx2torch's converter registry."""
+    from onnx2torch.node_converters.registry import OperationDescription
+
+    return OperationDescription(domain="", operation_type=op, version=version)
+
+
+def add_missing(op: str, versions: Iterable[int], converter: Callable) -> None:
+    """Register ``converter`` for each of ``versions`` of ``op`` that onnx2torch has no
+    converter for (so that adding twice, or over one of its own, changes nothing)."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY, add_converter
+
+    for version in versions:
+        if registry_key(op, version) not in _CONVERTER_REGISTRY:
+            add_converter(operation_type=op, version=version)(converter)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from quantlab.models.onnx_nodes import attribute_text, refuse
+from quantlab.models.onnx_nodes import add_missing, attribute_text, refuse
 
 # ONNX gate blocks in torch's order: LSTM i, f, c, o from i, o, f, c; GRU r, z, h from z, r, h
 _LSTM_ORDER = (0, 2, 3, 1)
@@ -128,18 +128,6 @@ def convert_recurrent(node, graph):
 
 
 def register() -> None:
-    """Add the LSTM and GRU converters to onnx2torch's registry (once; versions it does not
-    have a converter for)."""
-    from onnx2torch.node_converters.registry import (
-        _CONVERTER_REGISTRY,
-        OperationDescription,
-        add_converter,
-    )
-
+    """Add the LSTM and GRU converters to onnx2torch's registry (versions it has none for)."""
     for kind in ("LSTM", "GRU"):
-        for version in VERSIONS:
-            if OperationDescription(domain="", operation_type=kind, version=version) in (
-                _CONVERTER_REGISTRY
-            ):
-                continue
-            add_converter(operation_type=kind, version=version)(convert_recurrent)
+        add_missing(kind, VERSIONS, convert_recurrent)

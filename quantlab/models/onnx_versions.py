@@ -24,7 +24,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from quantlab.models.onnx_nodes import attribute_text, refuse
+from quantlab.models.onnx_nodes import (
+    add_missing,
+    attribute_text,
+    converted,
+    refuse,
+    registry_key,
+)
 
 TYPE_ONLY = {
     "Reshape": (19, 21),
@@ -76,7 +82,7 @@ class OnnxReduction(nn.Module):
 
 def _reduction(node, graph):
     """A reduction of opset 18 or 20: its constant ``axes`` input as the older attribute."""
-    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
+    from onnx2torch.utils.common import get_const_value
 
     axes = None
     if len(node.input_values) > 1 and node.input_values[1]:
@@ -87,8 +93,7 @@ def _reduction(node, graph):
     keepdims = bool(node.attributes.get("keepdims", 1))
     noop = bool(node.attributes.get("noop_with_empty_axes", 0))
     module = OnnxReduction(node.operation_type, axes, keepdims, noop)
-    mapping = OnnxMapping(inputs=(node.input_values[0],), outputs=node.output_values)
-    return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+    return converted(node, module, first_input_only=True)
 
 
 class OnnxReshapeAllowZero(nn.Module):
@@ -102,13 +107,11 @@ class OnnxReshapeAllowZero(nn.Module):
 def _reshape(older):
     """A Reshape converter: ``older`` for ``allowzero=0`` (a 0 copies the input's dimension),
     ``OnnxReshapeAllowZero`` for 1 (onnx2torch refuses it)."""
-    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
 
     def convert(node, graph):
         if not node.attributes.get("allowzero", 0):
             return older(node, graph)
-        mapping = onnx_mapping_from_node(node)
-        return OperationConverterResult(torch_module=OnnxReshapeAllowZero(), onnx_mapping=mapping)
+        return converted(node, OnnxReshapeAllowZero())
 
     convert.allowzero = True
     return convert
@@ -160,51 +163,39 @@ class OnnxSplit(nn.Module):
 
 
 def _split(node, graph):
-    from onnx2torch.utils.common import OperationConverterResult, onnx_mapping_from_node
-
     parts = int(node.attributes.get("num_outputs", len(node.output_values)))
     if parts != len(node.output_values):
         refuse(node, f"num_outputs={parts} for {len(node.output_values)} outputs")
-    module = OnnxSplit(int(node.attributes.get("axis", 0)), parts)
-    return OperationConverterResult(torch_module=module, onnx_mapping=onnx_mapping_from_node(node))
+    return converted(node, OnnxSplit(int(node.attributes.get("axis", 0)), parts))
 
 
 def register() -> None:
     """Add these versions to onnx2torch's registry (those it has no converter for)."""
-    from onnx2torch.node_converters.registry import (
-        _CONVERTER_REGISTRY,
-        OperationDescription,
-        add_converter,
-    )
-
-    def key(op: str, version: int) -> OperationDescription:
-        return OperationDescription(domain="", operation_type=op, version=version)
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
 
     def older(op: str, version: int):
         have = [d.version for d in _CONVERTER_REGISTRY if d.operation_type == op and d.domain == ""]
         below = [v for v in have if v < version]
-        return _CONVERTER_REGISTRY[key(op, max(below))] if below else None
-
-    def add(op: str, version: int, converter) -> None:
-        if converter is not None and key(op, version) not in _CONVERTER_REGISTRY:
-            add_converter(operation_type=op, version=version)(converter)
+        return _CONVERTER_REGISTRY[registry_key(op, max(below))] if below else None
 
     for op, versions in TYPE_ONLY.items():
         for v in versions:
-            add(op, v, older(op, v))
+            base = older(op, v)
+            if base is not None:
+                add_missing(op, (v,), base)
     for op in REDUCTIONS:
-        add(op, 18, _reduction)
-    add("ReduceMax", 20, _reduction)
-    add("ReduceMin", 20, _reduction)
+        add_missing(op, (18,), _reduction)
+    add_missing("ReduceMax", (20,), _reduction)
+    add_missing("ReduceMin", (20,), _reduction)
     for v in (14, 19, 21):  # Reshape's allowzero (14 on)
-        held = _CONVERTER_REGISTRY.get(key("Reshape", v))
+        held = _CONVERTER_REGISTRY.get(registry_key("Reshape", v))
         if held is not None and not getattr(held, "allowzero", False):
-            _CONVERTER_REGISTRY[key("Reshape", v)] = _reshape(held)
-    add("Split", 18, _split)
+            _CONVERTER_REGISTRY[registry_key("Reshape", v)] = _reshape(held)
+    add_missing("Split", (18,), _split)
     for op, versions, check in (
         ("Pad", (18, 19, 21), _pad_check),
         ("Resize", (18, 19), _resize_check),
     ):
         base = older(op, versions[0])
-        for v in versions:
-            add(op, v, _checked(check, base) if base is not None else None)
+        if base is not None:
+            add_missing(op, versions, _checked(check, base))
