@@ -208,7 +208,7 @@ def _diagnosis(sim: Simulator, model: str) -> pd.DataFrame:
 
 @experiment(CalibrationExp, "calibration", takes_model=True)
 def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
-    from quantlab.workload import listed_or_chosen
+    from quantlab.workload import batch_items, listed_or_chosen
 
     rows, diags, chosen, counts, qconfigs = [], [], [], {}, {}
     workloads = listed_or_chosen(ctx, exp.models, exp.num_calib, exp.num_eval)
@@ -219,7 +219,7 @@ def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
         chosen += c
         if d is not None:
             diags.append(d)
-        counts[name] = (len(data.calib), sum(_items(b) for b in data.eval), data.name)
+        counts[name] = (len(data.calib), sum(batch_items(b) for b in data.eval), data.name)
     table = pd.DataFrame(rows)
     table.insert(1, "platform", ctx.platform.name)
     tables = {"summary": _summary(table)}
@@ -273,10 +273,6 @@ def calibration(exp: CalibrationExp, ctx: RunContext) -> ExperimentResult:
         notes=_notes(exp, ctx, counts),
         qconfigs=qconfigs,
     )
-
-
-def _items(batch) -> int:
-    return int(batch[0].shape[0]) if isinstance(batch[0], torch.Tensor) else 1
 
 
 def _summary(table: pd.DataFrame) -> pd.DataFrame:

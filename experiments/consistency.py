@@ -73,11 +73,6 @@ def eval_runs(batches: list, labels, wanted: int, per_run: int) -> tuple[list, l
     return runs, [concat_items(list(labels[i : i + per_run])) for i in starts]
 
 
-def _items(batch: tuple) -> int:
-    first = batch[0]
-    return int(first.shape[0]) if first.dim() else 1
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -373,6 +368,7 @@ def _float_ops_finding(ops, platform: str, model: str) -> str:
 def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     from quantlab.simulate import Simulator
     from quantlab.workload import (
+        batch_items,
         batches_per_run,
         load_workload,
         qconfig_words,
@@ -492,8 +488,8 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             [
                 f"The ONNX graph fixes its batch at {fixed_batch}: the per-op tables and the "
                 f"model output compare fake, fixed and onnxruntime on one run of "
-                f"{_items(batch)} evaluation item(s); the task metrics run "
-                f"{_count(sum(_items(b) for b in runs), 'item')} in "
+                f"{batch_items(batch)} evaluation item(s); the task metrics run "
+                f"{_count(sum(batch_items(b) for b in runs), 'item')} in "
                 f"{_count(len(runs), 'run')} of that size."
             ]
             if merged < exp.max_eval_items

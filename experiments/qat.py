@@ -461,6 +461,8 @@ def qat_result(
 
 @experiment(QatExp, "qat", takes_model=True)
 def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
+    from quantlab.workload import batch_items
+
     seed = 0 if ctx.seed is None else ctx.seed
     toy = FineTuning(exp.steps, exp.lr, exp.scales)
     jobs = []
@@ -472,7 +474,7 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
     if QatModel.CNN in exp.models:
         cnn = _cnn(exp, ctx)
         jobs.append((cnn, FineTuning(exp.cnn_steps, exp.cnn_lr, exp.scales)))
-        cnn_batch = _items(cnn.train[0])
+        cnn_batch = batch_items(cnn.train[0])
     parts, curves = [], []
     for task, ft in jobs:
         rows, curve = compare_variants(task, ctx.platform, ft, list(exp.variants), ctx.progress)
@@ -481,10 +483,6 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
     table = pd.concat(parts, ignore_index=True)
     curve = pd.concat(curves, ignore_index=True) if any(len(c) for c in curves) else None
     return qat_result(table, curve, exp, ctx.platform.name, cnn_batch)
-
-
-def _items(batch: tuple) -> int:
-    return int(batch[0].shape[0])
 
 
 def _batch_words(exp: QatExp, cnn_batch: int | None) -> str:

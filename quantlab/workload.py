@@ -110,13 +110,18 @@ def batches_per_run(bundle: ModelBundle, data: Dataset, wanted: int) -> int:
     return wanted if fixed is None else min(wanted, fixed)
 
 
+def batch_items(batch: tuple) -> int:
+    """The items of a batch of model inputs: its first input's first dimension (1 for a
+    scalar or a non-tensor first input)."""
+    first = batch[0]
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+
+
 def _fixed_per_run(bundle: ModelBundle, batch: tuple) -> int | None:
     """Batches like ``batch`` that make one run of a graph that fixes its batch (None: any)."""
     if bundle.fixed_batch is None:
         return None
-    first = batch[0]
-    per_batch = int(first.shape[0]) if first.dim() else 1
-    return max(1, bundle.fixed_batch // per_batch)
+    return max(1, bundle.fixed_batch // batch_items(batch))
 
 
 def model_runs(bundle: ModelBundle, batches: list[tuple], merge: bool = True) -> list[tuple]:
