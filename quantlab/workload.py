@@ -35,7 +35,8 @@ def _data_words(cfg: DataConfig) -> str:
 
 def _probe(bundle: ModelBundle, data: Dataset, cfg: DataConfig) -> None:
     """Run the float model on the first calibration and evaluation batch; a failure names the
-    data."""
+    data. Where the batches hold the items of a graph that fixes its batch
+    (``bundle.fixed_batch``), a smaller last batch is refused here, naming the field."""
     from quantlab.models.user import ModelInputError, run_example
 
     for split, batch in (("calibration", data.calib[0]), ("evaluation", data.eval[0])):
@@ -43,6 +44,21 @@ def _probe(bundle: ModelBundle, data: Dataset, cfg: DataConfig) -> None:
             run_example(bundle.module, bundle.name, batch)
         except ModelInputError as err:
             raise ValueError(f"{err} (the first {split} batch of {_data_words(cfg)})") from None
+    size = batch_items(data.calib[0])
+    if bundle.fixed_batch != size:  # any batch size, or a converted graph that takes others
+        return
+    for split, field, group in (
+        ("calibration", "num_calib", data.calib),
+        ("evaluation", "num_eval", data.eval),
+    ):
+        for i, batch in enumerate(group):
+            if batch_items(batch) != size:
+                raise ValueError(
+                    f"data.{field}: {split} batch {i} of {_data_words(cfg)} holds "
+                    f"{batch_items(batch)} items, and the model's graph fixes its batch at "
+                    f"{size}: every batch must hold {size} (with image data, set "
+                    f"data.{field} to a multiple of data.batch_size={cfg.batch_size})"
+                )
 
 
 def load_workload(
@@ -104,10 +120,11 @@ def listed_or_chosen(
 
 
 def batches_per_run(bundle: ModelBundle, data: Dataset, wanted: int) -> int:
-    """How many evaluation batches to merge into one run: ``wanted``, or fewer where the model
-    runs one batch size only (an ONNX graph that fixes its batch, ``bundle.fixed_batch``)."""
+    """How many evaluation batches to merge into one run: ``wanted``, or exactly one run's worth
+    where the model runs one batch size only (an ONNX graph that fixes its batch,
+    ``bundle.fixed_batch``: it takes no other, smaller or larger)."""
     fixed = _fixed_per_run(bundle, data.eval[0])
-    return wanted if fixed is None else min(wanted, fixed)
+    return wanted if fixed is None else fixed
 
 
 def batch_items(batch: tuple) -> int:

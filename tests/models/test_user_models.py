@@ -4,6 +4,7 @@ with every bad input's message."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -610,43 +611,48 @@ def test_consistency_of_a_graph_that_fixes_its_batch_runs_batches_of_that_size(t
     assert res.tables["task_metrics"]["ci_low"].notna().all()
 
 
-class _BatchOneNet(nn.Module):
-    def __init__(self) -> None:
+class _FixedBatchNet(nn.Module):
+    def __init__(self, batch: int = 1) -> None:
         super().__init__()
+        self.batch = batch
         self.c, self.a = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 5)
 
     def forward(self, x):  # the reshape bakes the batch in when exported
-        return self.a(torch.relu(self.c(x)).mean((2, 3)).reshape(1, 4))
+        return self.a(torch.relu(self.c(x)).mean((2, 3)).reshape(self.batch, 4))
 
 
-@pytest.fixture(scope="module")
-def batch_one_graph(tmp_path_factory):
-    """A run context of an ONNX classifier exported with batch 1 (its Reshape holds the
-    batch), on 4 calibration and 4 evaluation items of one image each."""
-    pytest.importorskip("onnxruntime")
+def _fixed_batch_graph(folder, batch: int, calib: int, evals: int):
+    """A run context of an ONNX classifier exported with ``batch`` items (its Reshape holds
+    the batch), on ``calib`` calibration and ``evals`` evaluation items of one image each."""
     from quantlab.data.schema import DataConfig
     from quantlab.experiment import RunContext
     from quantlab.platforms import PlatformConfig
 
-    folder = tmp_path_factory.mktemp("batch_one")
     torch.manual_seed(0)
     path = folder / "fixed.onnx"
     torch.onnx.export(
-        _BatchOneNet().eval(), (torch.randn(1, 3, 8, 8),), str(path), opset_version=17,
-        dynamo=False,
+        _FixedBatchNet(batch).eval(), (torch.randn(batch, 3, 8, 8),), str(path),
+        opset_version=17, dynamo=False,
     )  # fmt: skip
     g = torch.Generator().manual_seed(1)
-    items = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(8)]
-    torch.save({"calib": items[:4], "eval": items[4:]}, folder / "x.pt")
+    items = [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(calib + evals)]
+    torch.save({"calib": items[:calib], "eval": items[calib:]}, folder / "x.pt")
     return RunContext(
         PlatformConfig(name="j6m"),
         ModelConfig(name="onnx", path=str(path)),
-        DataConfig(name="tensors", path=str(folder / "x.pt"), num_calib=4, num_eval=4),
+        DataConfig(name="tensors", path=str(folder / "x.pt"), num_calib=calib, num_eval=evals),
         0,
         folder,
         progress=False,
         model_chosen=True,
     )
+
+
+@pytest.fixture(scope="module")
+def batch_one_graph(tmp_path_factory):
+    """An ONNX classifier exported with batch 1, on 4 calibration and 4 evaluation items."""
+    pytest.importorskip("onnxruntime")
+    return _fixed_batch_graph(tmp_path_factory.mktemp("batch_one"), 1, 4, 4)
 
 
 def test_qat_trains_a_graph_that_fixes_its_batch_on_batches_of_that_size(batch_one_graph):
@@ -661,6 +667,28 @@ def test_qat_trains_a_graph_that_fixes_its_batch_on_batches_of_that_size(batch_o
     assert [b[0].shape[0] for b in task.train] == [1, 1, 1, 1] and len(task.targets) == 4
     assert "1 (the model's graph fixes its batch; exp.cnn_batch=4)" == _batch_words(exp, 1)
     assert _batch_words(exp, 4) == "4"
+
+
+def test_a_smaller_last_batch_for_a_graph_that_fixes_its_batch_is_refused_naming_the_field(
+    tmp_path,
+):
+    """A graph exported with batch 2, on photos in batches of 2: 4 calibration items load, 5
+    leave a last batch of 1 that the graph's Reshape cannot take (calibration failed in it
+    half-way), refused at loading naming data.num_calib and data.batch_size; likewise
+    num_eval."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.data.schema import DataConfig
+    from quantlab.workload import load_workload
+
+    ctx = _fixed_batch_graph(tmp_path, 2, 2, 2)
+    photos = DataConfig(name="photos", size=[8, 8], batch_size=2, num_calib=4, num_eval=2)
+    _, data = load_workload(ctx.model, photos)
+    assert [b[0].shape[0] for b in data.calib + data.eval] == [2, 2, 2]
+    for field in ("num_calib", "num_eval"):
+        bad = dataclasses.replace(photos, **{field: 5})
+        with pytest.raises(ValueError, match=rf"data.{field}: .* batch 2 .* holds 1 items.*"
+                           rf"multiple of data.batch_size=2"):  # fmt: skip
+            load_workload(ctx.model, bad)
 
 
 def _sensitivity(ctx):
