@@ -1,11 +1,10 @@
 """onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
 GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21),
-SpaceToDepth (1, 13) and Upsample (7, 9; nearest mode: its linear mode samples at asymmetric
-coordinates, which ``F.interpolate`` has not, and is refused). Each becomes the torch function
-a PyTorch model calls (``F.grid_sample``, ``F.gelu``, ``F.mish``, ``F.group_norm``,
-``F.interpolate``) or the reshapes and permute the op is, so quantlab captures and simulates it
-as in a torch model (a grid_sample with its fixed-point kernel, a table for gelu and mish, its
-group norm, nearest resampling, layout ops for SpaceToDepth).
+SpaceToDepth (1, 13) and Upsample (7, 9). Each becomes the torch function a PyTorch model
+calls (``F.grid_sample``, ``F.gelu``, ``F.mish``, ``F.group_norm``, ``F.interpolate``) or the
+reshapes and permute the op is, so quantlab captures and simulates it as in a torch model (a
+grid_sample with its fixed-point kernel, a table for gelu and mish, its group norm, resampling,
+layout ops for SpaceToDepth).
 GroupNormalization's scale and bias are per group in opset 18 (repeated over each group's
 channels) and per channel in 21; a computed scale or bias, or a ``stash_type`` other than
 float32, is refused.
@@ -73,15 +72,29 @@ class OnnxGroupNorm(nn.Module):
 
 
 class OnnxUpsample(nn.Module):
-    """ONNX Upsample (opsets 7 and 9) in nearest mode: each output pixel takes the input pixel
-    at floor(i / scale), which is ``F.interpolate(mode="nearest")``'s index for a given scale."""
+    """ONNX Upsample (opsets 7 and 9) over the spatial axes. nearest: output pixel i takes
+    input pixel floor(i / scale), ``F.interpolate(mode="nearest")``'s index for a given scale.
+    linear (integer scales): output pixel i samples the input at i / scale (ONNX's asymmetric
+    coordinates, which ``F.interpolate`` has not), between the pixel below and the next one, the
+    last pixel repeated past the end; that is the input padded with one repeated pixel at the
+    end of each axis, resized with ``align_corners=True`` to scale * size + 1 pixels (output i
+    at i * size / (scale * size) = i / scale), without its last output pixel."""
 
-    def __init__(self, scales: list[float]) -> None:
+    def __init__(self, scales: list[float], mode: str = "nearest") -> None:
         super().__init__()
-        self.scales = scales
+        self.scales, self.mode = scales, mode
 
     def forward(self, x: Tensor, scales: Tensor | None = None) -> Tensor:
-        return F.interpolate(x, scale_factor=self.scales, mode="nearest")
+        if self.mode == "nearest":
+            return F.interpolate(x, scale_factor=self.scales, mode="nearest")
+        axes = len(self.scales)
+        padded = F.pad(x, (0, 1) * axes, mode="replicate")
+        size = [int(s) * n + 1 for s, n in zip(self.scales, x.shape[2:])]
+        y = F.interpolate(padded, size=size, mode=_LINEAR_MODES[axes], align_corners=True)
+        return y[(..., *[slice(0, -1)] * axes)]
+
+
+_LINEAR_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}  # by spatial axes
 
 
 class OnnxSpaceToDepth(nn.Module):
@@ -130,8 +143,8 @@ def _upsample(node, graph):
     from onnx2torch.utils.common import get_const_value
 
     mode = attribute_text(node.attributes.get("mode"), "nearest")
-    if mode != "nearest":
-        refuse(node, f"mode={mode} (its asymmetric coordinates are not F.interpolate's)")
+    if mode not in ("nearest", "linear"):
+        refuse(node, f"mode={mode}")
     if "scales" in node.attributes:  # opset 7
         scales = [float(v) for v in node.attributes["scales"]]
     else:
@@ -141,7 +154,10 @@ def _upsample(node, graph):
             refuse(node, "computed scales")
     if len(scales) < 3 or scales[0] != 1 or scales[1] != 1:
         refuse(node, f"scales={scales} (batch and channels must keep their size)")
-    return converted(node, OnnxUpsample(scales[2:]), first_input_only=True)
+    spatial = scales[2:]
+    if mode == "linear" and (len(spatial) > 3 or any(s != int(s) or s < 1 for s in spatial)):
+        refuse(node, f"mode=linear and scales={scales} (integer scales over 1 to 3 axes)")
+    return converted(node, OnnxUpsample(spatial, mode), first_input_only=True)
 
 
 def _space_to_depth(node, graph):

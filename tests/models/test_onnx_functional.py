@@ -134,13 +134,19 @@ def test_group_normalization_matches_onnxruntime(tmp_path, opset, per):
 
 
 @pytest.mark.parametrize("opset", [7, 9])
-def test_nearest_upsample_matches_onnxruntime_and_linear_is_refused(tmp_path, opset):
-    """Upsample of old exports (YOLOv3-era graphs): scales as an attribute (7) or an input (9)."""
+def test_upsample_matches_onnxruntime_in_both_modes(tmp_path, opset):
+    """Upsample of old exports (YOLOv3-era graphs): scales as an attribute (7) or an input (9);
+    nearest exactly, linear (asymmetric coordinates, the last pixel repeated) to float rounding
+    and simulated as a replicate pad and an align_corners resize; a linear scale that is not an
+    integer is refused naming it."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    def upsample(mode: str):
-        scales = [1.0, 1.0, 2.0, 3.0]
+    from quantlab.simulate import Mode, Simulator
+
+    def upsample(mode: str, scales=(1.0, 1.0, 2.0, 3.0)):
+        scales = list(scales)
+        out = [1, 2, int(3 * scales[2]), int(4 * scales[3])]
         if opset == 7:
             node, inits = helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=scales), []
         else:
@@ -148,15 +154,21 @@ def test_nearest_upsample_matches_onnxruntime_and_linear_is_refused(tmp_path, op
             inits = [numpy_helper.from_array(torch.tensor(scales).numpy(), "s")]
         graph = helper.make_graph(
             [node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 12])], inits,
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits,
         )  # fmt: skip
-        path = tmp_path / f"up_{mode}.onnx"
+        path = tmp_path / f"up_{mode}_{scales[2]}.onnx"
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = 8
         onnx.save(model, path)
         return ModelConfig(name="onnx", path=str(path))
 
-    b = build_model(upsample("nearest"))
-    _same_as_onnxruntime(b, torch.randn(1, 2, 3, 4), atol=0)
-    with pytest.raises(ValueError, match="Upsample node with mode=linear"):
-        build_model(upsample("linear"))
+    x = torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(3))
+    _same_as_onnxruntime(build_model(upsample("nearest")), x, atol=0)
+    linear = build_model(upsample("linear"))
+    _same_as_onnxruntime(linear, x, atol=1e-6)
+    sim = Simulator(linear.module, "j6m")
+    sim.calibrate([(x,)], progress=False)
+    assert sim.run(x, mode=Mode.FIXED).shape == (1, 2, 6, 12)
+    assert {"pad", "interpolate"} <= set(sim.ops.op_type)
+    with pytest.raises(ValueError, match=r"Upsample node with mode=linear and scales=.*1\.5"):
+        build_model(upsample("linear", (1.0, 1.0, 1.5, 2.0)))
