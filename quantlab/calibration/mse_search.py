@@ -55,15 +55,37 @@ CHUNK = 16  # candidates evaluated at once over the occupied intervals
 DIRECT_ELEMENTS = 1 << 21  # candidates x values evaluated directly in one block
 
 
+class BatchValues:
+    """One batch's nonzero values as float64 in their order (``x64``: direct sums run in it)
+    and, sorted on first use and then kept, in ascending order (``ascending()``): a batch
+    searched at several dtypes selects and sorts its values once."""
+
+    def __init__(self, x: Tensor) -> None:
+        self.x64 = nonzero_float64(x)
+        self._ascending: Tensor | None = None
+
+    def ascending(self) -> Tensor:
+        if self._ascending is None:
+            self._ascending = sorted_values(self.x64)
+        return self._ascending
+
+
 def best_candidate(
-    x: Tensor, amaxes: Tensor, dtype: DType, rule: ScaleRule, rounding: Round
+    x: Tensor,
+    amaxes: Tensor,
+    dtype: DType,
+    rule: ScaleRule,
+    rounding: Round,
+    values: BatchValues | None = None,
 ) -> tuple[int, Tensor]:
     """(index of the candidate amax with the lowest exact error, ties to the larger index;
     the errors the choice was made from, float64, +inf where a candidate was pruned).
 
-    ``x``: the batch's finite values (any float dtype, flat); ``amaxes``: candidates (K,).
+    ``x``: the batch's finite values (any float dtype, flat); ``amaxes``: candidates (K,);
+    ``values``: ``BatchValues(x)`` where the caller keeps it for another search of ``x``.
     """
-    x64 = nonzero_float64(x)
+    values = values if values is not None else BatchValues(x)
+    x64 = values.x64
     scales = compute_scale(amaxes, dtype, rule).to(torch.float64)
     k = scales.numel()
     if x64.numel() == 0:
@@ -71,14 +93,14 @@ def best_candidate(
     if k * x64.numel() <= DIRECT_ELEMENTS:  # small batch: every candidate at once
         errs = direct_errors(x64, scales, list(range(k)), dtype, rounding)
     elif BUCKET_RATIO * k * (dtype.qmax - dtype.qmin) <= x64.numel():
-        errs, bound = bucket_errors(x64, scales, dtype, rounding)
+        errs, bound = bucket_errors(x64, scales, dtype, rounding, values.ascending())
         contenders = torch.nonzero(errs - bound <= (errs + bound).min()).reshape(-1)
         if contenders.numel() > 1:
             direct = direct_errors(x64, scales, contenders.tolist(), dtype, rounding)
             errs = torch.full_like(errs, float("inf"))
             errs[contenders] = direct
     else:
-        errs = pruned_errors(x64, scales, dtype, rounding)
+        errs = pruned_errors(x64, scales, dtype, rounding, values.ascending())
     best = int(torch.nonzero(errs == errs.min()).max())
     return best, errs
 
@@ -99,21 +121,23 @@ def direct_errors(
 
 
 def _intervals(scales: Tensor, dtype: DType) -> Tensor:
-    """Every candidate's inner cell edges (k - 0.5) s, k = qmin + 1 .. qmax, sorted, unique."""
+    """Every candidate's inner cell edges (k - 0.5) s, k = qmin + 1 .. qmax, sorted, unique
+    (``torch.unique``'s values, through numpy's faster sort)."""
     half = torch.arange(dtype.qmin + 1, dtype.qmax + 1, dtype=torch.float64) - 0.5
-    return torch.unique((scales.reshape(-1, 1) * half.reshape(1, -1)).reshape(-1))
+    edges = np.sort((scales.reshape(-1, 1) * half.reshape(1, -1)).reshape(-1).cpu().numpy())
+    return torch.from_numpy(edges[np.concatenate(([True], edges[1:] != edges[:-1]))])
 
 
 def bucket_errors(
-    x64: Tensor, scales: Tensor, dtype: DType, rounding: Round
+    x64: Tensor, scales: Tensor, dtype: DType, rounding: Round, ascending: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """(E_i of every candidate from the elementary intervals of all cell edges, a bound on the
-    rounding error of each), float64 (K,)."""
+    rounding error of each), float64 (K,). ``ascending``: ``x64`` sorted, where known."""
     edges = _intervals(scales, dtype)
     n_edges = edges.numel()
     # the values in ascending order split at the edges: bucket 2j is the open interval below
     # edges[j] (above edges[j - 1]), bucket 2j + 1 the edge itself, bucket 2 n_edges the rest
-    xs = sorted_values(x64.cpu()).numpy()
+    xs = (sorted_values(x64) if ascending is None else ascending).cpu().numpy()
     e = edges.numpy()
     cuts = np.empty(2 * n_edges + 2, dtype=np.int64)
     cuts[0], cuts[-1] = 0, xs.size
@@ -170,44 +194,33 @@ def sorted_values(x: Tensor) -> Tensor:
     return torch.from_numpy(np.sort(x.detach().numpy()))
 
 
-def pruned_errors(x64: Tensor, scales: Tensor, dtype: DType, rounding: Round) -> Tensor:
-    """E_i of the candidates that may be the best (direct evaluation), +inf for the others.
+def pruned_errors(
+    x64: Tensor, scales: Tensor, dtype: DType, rounding: Round, ascending: Tensor | None = None
+) -> Tensor:
+    """E_i of the candidates that may be the best (direct evaluation), +inf for the others
+    (``ascending``: ``x64`` sorted, where known).
 
     For candidate i, the clipping part C_i sums (x - qmax s)**2 over x > (qmax + 0.5) s and
     (x - qmin s)**2 over x < (qmin - 0.5) s; every other value costs at most s**2 / 4, so
     C_i <= E_i <= C_i + (rest) s**2 / 4. C_i does not decrease with i (smaller scales clip
     more, and further), so the scan stops at the first C_i above the best upper bound.
     """
-    xs = sorted_values(x64)
+    xs = sorted_values(x64) if ascending is None else ascending
     n_all = xs.numel()
     lo_cut = torch.searchsorted(xs, (dtype.qmin - 0.5) * scales)  # values below the lower edge
     hi_cut = torch.searchsorted(xs, (dtype.qmax + 0.5) * scales, right=True)
-    n_low, n_high = int(lo_cut.max()), int(hi_cut.min())
-    if (n_low + n_all - n_high) * scales.numel() <= DIRECT_ELEMENTS:  # every tail at once
-        s = scales.reshape(-1, 1)
-        below = xs[:n_low].reshape(1, -1) - dtype.qmin * s
-        above = xs[n_high:].reshape(1, -1) - dtype.qmax * s
-        in_low = torch.arange(n_low).reshape(1, -1) < lo_cut.reshape(-1, 1)
-        in_high = torch.arange(n_high, n_all).reshape(1, -1) >= hi_cut.reshape(-1, 1)
-        clip = (below.square() * in_low).sum(1) + (above.square() * in_high).sum(1)
-        rest = (hi_cut - lo_cut).to(torch.float64)
-        lower = (clip * (1.0 - (n_all + 1) * UNIT)).tolist()
-        upper = ((clip + rest * scales * scales / 4.0) * (1.0 + (n_all + 4) * UNIT)).tolist()
-        best_upper = min(upper)
-    else:
-        lower, upper = [], []
-        best_upper = float("inf")
-        for i in range(scales.numel()):
-            s, lo, hi = float(scales[i]), int(lo_cut[i]), int(hi_cut[i])
-            below, above = xs[:lo] - dtype.qmin * s, xs[hi:] - dtype.qmax * s
-            clip = float(torch.dot(below, below) + torch.dot(above, above))
-            clip_low = clip * (1.0 - (n_all + 1) * UNIT)  # its own rounding
-            if clip_low > best_upper:  # C_j >= C_i for every later j: none can be the best
-                break
-            lower.append(clip_low)
-            up = (clip + (hi - lo) * s * s / 4.0) * (1.0 + (n_all + 4) * UNIT)
-            upper.append(up)
-            best_upper = min(best_upper, up)
+    lower, upper = [], []
+    best_upper = float("inf")
+    for s, lo, hi in zip(scales.tolist(), lo_cut.tolist(), hi_cut.tolist()):
+        below, above = xs[:lo] - dtype.qmin * s, xs[hi:] - dtype.qmax * s
+        clip = float(torch.dot(below, below) + torch.dot(above, above))
+        clip_low = clip * (1.0 - (n_all + 1) * UNIT)  # its own rounding
+        if clip_low > best_upper:  # C_j >= C_i for every later j: none can be the best
+            break
+        lower.append(clip_low)
+        up = (clip + (hi - lo) * s * s / 4.0) * (1.0 + (n_all + 4) * UNIT)
+        upper.append(up)
+        best_upper = min(best_upper, up)
     keep = [i for i, low in enumerate(lower) if low <= best_upper]
     errs = torch.full((scales.numel(),), float("inf"), dtype=torch.float64)
     errs[keep] = direct_errors(x64, scales, keep, dtype, rounding)

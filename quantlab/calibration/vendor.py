@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from quantlab.calibration.mse_search import best_candidate
+from quantlab.calibration.mse_search import BatchValues, best_candidate
 from quantlab.numerics import DType, Round, ScaleRule, compute_scale, round_float
 
 EMA_CONSTANT = 0.01  # every observer's default averaging constant
@@ -62,16 +62,19 @@ def l2_errors(x: Tensor, amaxes: Tensor, dtype: DType, rule: ScaleRule, rounding
     return torch.cat(out) if out else x.new_zeros(0)
 
 
-def mse_batch(x: Tensor, dtype: DType, rule: ScaleRule, rounding: Round) -> Range:
+def mse_batch(
+    x: Tensor, dtype: DType, rule: ScaleRule, rounding: Round, values: BatchValues | None = None
+) -> Range:
     """MSEObserver on one batch: (min, max) * (1 - 0.01 i) for the i in 0..94 whose scale gives
     the lowest L2 error over the batch (ties: the larger i, as the plugin's serial search); the
-    error of every candidate in exact arithmetic (quantlab.calibration.mse_search)."""
+    error of every candidate in exact arithmetic (quantlab.calibration.mse_search).
+    ``values``: ``BatchValues(x)``, kept by a caller that searches ``x`` at several dtypes."""
     lo, hi = (float(v) for v in torch.aminmax(x))
     a = max(-lo, hi, 0.0)
     if a == 0.0:
         return lo, hi
     factors = 1.0 - MSE_STEP * torch.arange(MSE_STEPS, dtype=torch.float64)
-    best, _ = best_candidate(x, a * factors, dtype, rule, rounding)
+    best, _ = best_candidate(x, a * factors, dtype, rule, rounding, values)
     f = float(factors[best])
     return lo * f, hi * f
 

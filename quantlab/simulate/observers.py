@@ -23,6 +23,7 @@ from quantlab.calibration import vendor
 from quantlab.calibration.histogram import AbsHistogram, SignedHistogram, finite_values
 from quantlab.calibration.kinds import ObserverKind
 from quantlab.calibration.kl import kl_threshold
+from quantlab.calibration.mse_search import BatchValues
 from quantlab.calibration.search import histogram_amax
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import ScaleRule, compute_scale
@@ -146,8 +147,10 @@ class ActivationObserver:
         if r.kl:
             self.kl_hist.update(x)
         self._pool(x, lo, hi)
+        values = BatchValues(x) if r.mse_dtypes else None  # selected and sorted once
         for dt in r.mse_dtypes:
-            self._per_batch("mse", dt).append(vendor.mse_batch(x, dt, r.scale_rule, r.rounding))
+            rng = vendor.mse_batch(x, dt, r.scale_rule, r.rounding, values)
+            self._per_batch("mse", dt).append(rng)
         for dt in r.mix_dtypes:
             self._per_batch("mix", dt).append(vendor.mix_batch(x, dt, r.scale_rule, r.rounding))
         if r.percentiles:

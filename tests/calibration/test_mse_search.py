@@ -151,3 +151,31 @@ def test_the_interval_moments_hold_within_their_bound_on_values_at_cell_edges():
         x, amaxes, DType.INT8, ScaleRule.HALF_RANGE, Round.HALF_EVEN
     )
     assert best == int(torch.nonzero(direct == direct.min()).max())
+
+
+def test_a_batch_searched_at_int8_and_int16_selects_and_sorts_its_values_once(monkeypatch):
+    """The observer keeps one ``BatchValues`` per batch for its MSE searches at both dtypes
+    (the interval method at int8, the pruned one at int16, each on a sorted copy): the same
+    choices as two searches of their own, with one selection and one sort between them."""
+    from quantlab.calibration import vendor
+
+    g = torch.Generator().manual_seed(12)
+    x = torch.cat([torch.randn(120_000, generator=g), torch.zeros(500), torch.tensor([9.0])])
+    assert mse_search.BUCKET_RATIO * 95 * 255 <= x.numel()  # int8 takes the intervals
+    rule, rounding = ScaleRule.HALF_RANGE, Round.HALF_EVEN
+    alone = [vendor.mse_batch(x, dt, rule, rounding) for dt in (DType.INT8, DType.INT16)]
+    calls = {"select": 0, "sort": 0}
+    select, sort = mse_search.nonzero_float64, mse_search.sorted_values
+
+    def counted(name, f):
+        def wrapper(*args):
+            calls[name] += 1
+            return f(*args)
+
+        return wrapper
+
+    monkeypatch.setattr(mse_search, "nonzero_float64", counted("select", select))
+    monkeypatch.setattr(mse_search, "sorted_values", counted("sort", sort))
+    values = mse_search.BatchValues(x)
+    shared = [vendor.mse_batch(x, dt, rule, rounding, values) for dt in (DType.INT8, DType.INT16)]
+    assert shared == alone and calls == {"select": 1, "sort": 1}
