@@ -158,16 +158,20 @@ def bucket_errors(
     a_mom = torch.from_numpy(np.add.reduceat(dx * dx, starts))
     mask = torch.from_numpy(occupied)
     rep, ref = rep[mask].reshape(1, -1), ref[mask].reshape(1, -1)
-    sqrt_a, sqrt_n = a_mom.sqrt(), n.sqrt()
+    a_total, two_root_an = float(a_mom.sum()), 2.0 * (a_mom * n).sqrt()
     errs, sizes = [], []
     for i in range(0, scales.numel(), CHUNK):
         s = scales[i : i + CHUNK].reshape(-1, 1)
         cell = round_float(rep / s, rounding).clamp_(dtype.qmin, dtype.qmax)
         d = ref - cell * s
-        errs.append((a_mom + 2 * d * b_mom + n * d * d).sum(1))
-        sizes.append(((sqrt_a + d.abs() * sqrt_n) ** 2).sum(1))
+        dd = d * d
+        # sum_b A_b + 2 d_b B_b + n_b d_b**2 as three sums over the intervals (products of a
+        # matrix and a vector); its magnitude sum_b (sqrt(A_b) + |d_b| sqrt(n_b))**2 likewise
+        errs.append(a_total + 2.0 * (d @ b_mom) + dd @ n)
+        sizes.append(a_total + d.abs() @ two_root_an + dd @ n)
     # summation bounds: moments over at most max(n) values, terms of a few roundings each,
-    # then a sum over the occupied intervals; all relative to the magnitudes ``sizes``
+    # then three sums over the occupied intervals, each of magnitude at most ``sizes``
+    # (|B_b| <= sqrt(n_b A_b)); all relative to those magnitudes
     bound = 4.0 * (float(n.max()) + n.numel() + 8) * UNIT * torch.cat(sizes)
     return torch.cat(errs), bound
 
