@@ -1,14 +1,16 @@
-"""onnx2torch converters for ONNX's LSTM and GRU nodes: torch's ``nn.LSTM`` / ``nn.GRU`` with the
-node's weights, so that an ONNX recurrent model (a CRNN text recognizer, a voice detector) is
-converted and simulated as one written in torch (``quantlab.recurrent_parts`` splits the layer
-into its linear layers, gates and products).
+"""onnx2torch converters for ONNX's LSTM, GRU and RNN nodes: torch's ``nn.LSTM`` / ``nn.GRU`` /
+``nn.RNN`` with the node's weights, so that an ONNX recurrent model (a CRNN text recognizer, a
+voice detector) is converted and simulated as one written in torch
+(``quantlab.recurrent_parts`` splits the layer into its linear layers, gates and products).
 
-ONNX keeps one direction's weights as W (4H or 3H, I) and R (.., H), biases B = [Wb, Rb] and its
-gates in the order i, o, f, c (LSTM) or z, r, h (GRU); torch orders them i, f, g, o and r, z, n.
+ONNX keeps one direction's weights as W (4H, 3H or H, I) and R (.., H), biases B = [Wb, Rb] and
+its gates in the order i, o, f, c (LSTM) or z, r, h (GRU); torch orders them i, f, g, o and r, z,
+n (an RNN has one block).
 X is (T, B, I), the outputs Y (T, D, B, H) and Y_h, Y_c (D, B, H), D = 2 for a bidirectional
 node (``layout`` 0, the one onnxruntime runs and torch exports).
 
-Converted: directions forward and bidirectional, the default activations, no ``clip``, no
+Converted: directions forward and bidirectional, the default activations (an RNN's Tanh, or Relu
+in every direction: ``nn.RNN``'s ``nonlinearity``), no ``clip``, no
 ``input_forget``, no peepholes, no ``sequence_lens`` (every sequence of the batch runs its full
 length), layout 0, and for GRU ``linear_before_reset`` = 1 (the reset gate applied after the hidden
 projection: torch's GRU, and what torch exports). Any other node raises NotImplementedError
@@ -27,15 +29,18 @@ from quantlab.models.onnx_nodes import add_missing, attribute_text, refuse
 # ONNX gate blocks in torch's order: LSTM i, f, c, o from i, o, f, c; GRU r, z, h from z, r, h
 _LSTM_ORDER = (0, 2, 3, 1)
 _GRU_ORDER = (1, 0, 2)
+_ORDERS = {"LSTM": _LSTM_ORDER, "GRU": _GRU_ORDER, "RNN": (0,)}
+_LAYERS = {"LSTM": nn.LSTM, "GRU": nn.GRU, "RNN": nn.RNN}
 _DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+_RNN_ACTIVATIONS = ("tanh", "relu")  # nn.RNN's nonlinearity, the same in every direction
 VERSIONS = (7, 14, 22)
 
 
 class OnnxRecurrent(nn.Module):
-    """An ONNX LSTM / GRU node as torch's layer: ``forward(x, initial_h, initial_c)`` returns
+    """An ONNX LSTM / GRU / RNN node as torch's layer: ``forward(x, initial_h, initial_c)`` returns
     the node's outputs (Y, Y_h[, Y_c]), as many as the node names."""
 
-    def __init__(self, layer: nn.LSTM | nn.GRU, outputs: int) -> None:
+    def __init__(self, layer: nn.LSTM | nn.GRU | nn.RNN, outputs: int) -> None:
         super().__init__()
         self.layer = layer
         self.outputs = outputs
@@ -61,7 +66,11 @@ def _check(node, kind: str) -> None:
     if direction not in ("forward", "bidirectional"):
         refuse(node, f"direction={direction} (torch has no reverse-only layer)")
     acts = a.get("activations")
-    if acts is not None:  # one list per direction
+    if acts is not None and kind == "RNN":
+        names = [attribute_text(v).lower() for v in acts]
+        if not names or names[0] not in _RNN_ACTIVATIONS or len(set(names)) > 1:
+            refuse(node, f"activations={names}")
+    elif acts is not None:  # one list per direction
         names = [attribute_text(v).lower() for v in acts]
         default = [n.lower() for n in _DEFAULT_ACTIVATIONS[kind]]
         per = len(names) // len(default)
@@ -89,7 +98,7 @@ def _blocks(t: Tensor, order: tuple[int, ...]) -> Tensor:
 
 
 def convert_recurrent(node, graph):
-    """onnx2torch converter of an LSTM or GRU node (see the module docstring)."""
+    """onnx2torch converter of an LSTM, GRU or RNN node (see the module docstring)."""
     from onnx2torch.utils.common import OnnxMapping, OperationConverterResult
 
     kind = node.operation_type
@@ -107,11 +116,16 @@ def convert_recurrent(node, graph):
         b = graph.initializers[inputs[3]].to_torch().float()
     dirs, gates_h, input_size = w.shape
     hidden = int(node.attributes.get("hidden_size", r.shape[-1]))
-    order = _LSTM_ORDER if kind == "LSTM" else _GRU_ORDER
-    cls = nn.LSTM if kind == "LSTM" else nn.GRU
+    order = _ORDERS[kind]
     if gates_h != len(order) * hidden:
         refuse(node, f"W of {gates_h} rows for hidden_size={hidden}")
-    layer = cls(input_size, hidden, bias=b is not None, bidirectional=dirs == 2)
+    options = {}
+    if kind == "RNN":
+        acts = node.attributes.get("activations")
+        options["nonlinearity"] = attribute_text(acts[0]).lower() if acts else "tanh"
+    layer = _LAYERS[kind](
+        input_size, hidden, bias=b is not None, bidirectional=dirs == 2, **options
+    )
     with torch.no_grad():
         for d in range(dirs):
             suffix = "_l0" + ("_reverse" if d else "")
@@ -128,6 +142,7 @@ def convert_recurrent(node, graph):
 
 
 def register() -> None:
-    """Add the LSTM and GRU converters to onnx2torch's registry (versions it has none for)."""
-    for kind in ("LSTM", "GRU"):
+    """Add the LSTM, GRU and RNN converters to onnx2torch's registry (versions it has none
+    for)."""
+    for kind in _LAYERS:
         add_missing(kind, VERSIONS, convert_recurrent)

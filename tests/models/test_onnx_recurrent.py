@@ -1,4 +1,4 @@
-"""ONNX LSTM and GRU nodes converted to torch's layers (``quantlab.models.onnx_recurrent``): a
+"""ONNX LSTM, GRU and RNN nodes converted to torch's layers (``quantlab.models.onnx_recurrent``): a
 torch model exported to ONNX comes back with its own weights (ONNX's gate order undone), runs
 as onnxruntime runs the file, and is simulated through its linear layers and gates; the nodes
 it cannot convert are named."""
@@ -16,19 +16,26 @@ pytest.importorskip("onnxruntime")
 
 
 class _Recurrent(nn.Module):
-    """A CRNN-style head: a bidirectional LSTM over the time axis, then a GRU, then logits."""
+    """A CRNN-style head: a bidirectional LSTM over the time axis, a GRU, a bidirectional relu
+    RNN and a tanh RNN, then logits."""
 
     def __init__(self, batch_first: bool = False) -> None:
         super().__init__()
         self.batch_first = batch_first
         self.lstm = nn.LSTM(6, 5, bidirectional=True, batch_first=batch_first)
         self.gru = nn.GRU(10, 4, batch_first=batch_first)
-        self.head = nn.Linear(4, 3)
+        self.relu_rnn = nn.RNN(
+            4, 4, nonlinearity="relu", bidirectional=True, batch_first=batch_first
+        )
+        self.tanh_rnn = nn.RNN(8, 3, batch_first=batch_first)
+        self.head = nn.Linear(3, 3)
 
     def forward(self, x):  # (T, B, 6), or (B, T, 6) batch first
         y, _ = self.lstm(x)
         z, h = self.gru(y)
-        return self.head(z), h
+        r, _ = self.relu_rnn(z)
+        t, _ = self.tanh_rnn(r)
+        return self.head(t), h
 
 
 def _export(model: nn.Module, x, path) -> None:
@@ -43,10 +50,12 @@ def test_an_exported_lstm_and_gru_come_back_with_their_weights(tmp_path, batch_f
     path = tmp_path / "rnn.onnx"
     _export(model, x, path)
     b = build_model(ModelConfig(name="onnx", path=str(path)))  # checks against onnxruntime
-    layers = {type(m): m for m in b.module.modules() if isinstance(m, (nn.LSTM, nn.GRU))}
-    for kind, theirs in ((nn.LSTM, model.lstm), (nn.GRU, model.gru)):
-        ours = layers[kind]
+    layers = [m for m in b.module.modules() if isinstance(m, nn.RNNBase)]
+    theirs_all = [model.lstm, model.gru, model.relu_rnn, model.tanh_rnn]
+    assert [type(m) for m in layers] == [type(m) for m in theirs_all]
+    for ours, theirs in zip(layers, theirs_all, strict=True):
         assert ours.bidirectional == theirs.bidirectional  # torch exports layout 0
+        assert getattr(ours, "nonlinearity", None) == getattr(theirs, "nonlinearity", None)
         for name, p in theirs.named_parameters():
             assert torch.equal(getattr(ours, name), p), name  # gate order undone exactly
     with torch.no_grad():
@@ -55,7 +64,7 @@ def test_an_exported_lstm_and_gru_come_back_with_their_weights(tmp_path, batch_f
         torch.testing.assert_close(g.reshape(w.shape), w, rtol=0, atol=1e-6)
 
 
-def test_a_converted_lstm_is_simulated_through_its_gates(tmp_path):
+def test_converted_recurrent_layers_are_simulated_through_their_gates(tmp_path):
     from quantlab.simulate import Mode, Simulator
 
     torch.manual_seed(0)
@@ -67,7 +76,8 @@ def test_a_converted_lstm_is_simulated_through_its_gates(tmp_path):
     x = torch.randn(5, 1, 6)
     runs = {m: sim.run(x, mode=m)[0].flatten() for m in (Mode.FLOAT, Mode.FAKE, Mode.FIXED)}
     types = set(sim.ops.op_type)
-    assert {"linear", "sigmoid", "tanh", "mul"} <= types and "lstm" not in types
+    assert {"linear", "sigmoid", "tanh", "mul", "relu"} <= types
+    assert not {"lstm", "gru", "rnn_relu", "rnn_tanh"} & types
     cos = torch.nn.functional.cosine_similarity(runs[Mode.FIXED], runs[Mode.FLOAT], 0)
     assert 0.95 < cos < 1  # int8 through the steps: near, not equal
     gap = runs[Mode.FIXED] - runs[Mode.FAKE]
@@ -79,7 +89,7 @@ def _single_node(tmp_path, op: str, **attrs):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    gates = 4 if op == "LSTM" else 3
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
     dirs = 2 if attrs.get("direction") == "bidirectional" else 1
     g = torch.Generator().manual_seed(0)
     w = numpy_helper.from_array(torch.randn(dirs, gates * 3, 2, generator=g).numpy(), "W")
@@ -102,6 +112,8 @@ def _single_node(tmp_path, op: str, **attrs):
         ("LSTM", {"activations": ["Sigmoid", "Relu", "Tanh"]}, "activations"),
         ("LSTM", {"layout": 1}, "layout=1"),
         ("GRU", {}, "linear_before_reset=0"),
+        ("RNN", {"activations": ["Sigmoid"]}, "activations"),
+        ("RNN", {"direction": "bidirectional", "activations": ["Tanh", "Relu"]}, "activations"),
     ],
 )
 def test_recurrent_nodes_that_torch_layers_do_not_compute_are_named(tmp_path, op, attrs, words):
@@ -110,10 +122,18 @@ def test_recurrent_nodes_that_torch_layers_do_not_compute_are_named(tmp_path, op
         build_model(ModelConfig(name="onnx", path=str(path)))
 
 
-def test_a_single_gru_node_with_reset_after_the_projection_matches_onnxruntime(tmp_path):
-    """A hand-made GRU node (no bias, no initial state, one output): converted, and equal to
+@pytest.mark.parametrize(
+    "op, attrs",
+    [
+        ("GRU", {"linear_before_reset": 1}),
+        ("RNN", {"activations": ["Relu", "Relu"]}),
+    ],
+    ids=["gru_reset_after_projection", "relu_rnn"],
+)
+def test_a_single_bidirectional_node_matches_onnxruntime(tmp_path, op, attrs):
+    """A hand-made node (no bias, no initial state, one output): converted, and equal to
     onnxruntime's run to rounding (``build_model`` checks it)."""
-    path = _single_node(tmp_path, "GRU", linear_before_reset=1, direction="bidirectional")
+    path = _single_node(tmp_path, op, direction="bidirectional", **attrs)
     b = build_model(ModelConfig(name="onnx", path=str(path)))
     x = torch.randn(4, 1, 2)
     with torch.no_grad():
