@@ -1,10 +1,13 @@
 """onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
 GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21),
-SpaceToDepth (1, 13) and Upsample (7, 9). Each becomes the torch function a PyTorch model
-calls (``F.grid_sample``, ``F.gelu``, ``F.mish``, ``F.group_norm``, ``F.interpolate``) or the
-reshapes and permute the op is, so quantlab captures and simulates it as in a torch model (a
-grid_sample with its fixed-point kernel, a table for gelu and mish, its group norm, resampling,
-layout ops for SpaceToDepth).
+SpaceToDepth (1, 13) and Upsample (7, 9); and Pad (2, 11, 13, and through ``onnx_versions``
+18 on) in place of onnx2torch's, which pads in reflect or edge mode only a 3-d to 5-d input
+whose first two axes are not padded (a 2-d signal, as an STFT's framing pads it, failed).
+Each becomes the torch function a PyTorch model calls (``F.grid_sample``, ``F.gelu``,
+``F.mish``, ``F.group_norm``, ``F.interpolate``, ``F.pad``) or the reshapes and permute the op
+is, so quantlab captures and simulates it as in a torch model (a grid_sample with its
+fixed-point kernel, a table for gelu and mish, its group norm, resampling, padding, layout ops
+for SpaceToDepth). Pad's edge and wrap modes are ``F.pad``'s replicate and circular.
 GroupNormalization's scale and bias are per group in opset 18 (repeated over each group's
 channels) and per channel in 21; a computed scale or bias, or a ``stash_type`` other than
 float32, is refused.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from quantlab.models.onnx_nodes import add_missing, attribute_text, converted, refuse
+from quantlab.models.onnx_nodes import add_missing, attribute_text, converted, refuse, replace
 
 _GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest",
                "bicubic": "bicubic", "cubic": "bicubic"}  # fmt: skip
@@ -109,6 +112,47 @@ class OnnxSpaceToDepth(nn.Module):
         return blocks.reshape(n, c * b * b, h // b, w // b)
 
 
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+def torch_pads(onnx_pads: list[int], rank: int, mode: str) -> list[int]:
+    """ONNX's pads (every axis's begin, then every axis's end) as ``F.pad``'s (begin, end) per
+    axis from the innermost out. ``F.pad``'s constant mode takes any axes; its reflect,
+    replicate and circular modes take the 1 to 3 innermost axes of an input of 1 or 2 more
+    (batch and channel, or channel only), so the pairs are cut or filled with zeros to the
+    fewest such axes that hold every padded one (NotImplementedError where none does)."""
+    half = len(onnx_pads) // 2
+    pairs = [(onnx_pads[i], onnx_pads[i + half]) for i in reversed(range(half))]
+    if mode != "constant":
+        need = max((k + 1 for k, p in enumerate(pairs) if any(p)), default=0)
+        fits = [k for k in (rank - 2, rank - 1) if 1 <= k <= 3 and k >= need]
+        if not fits:
+            raise NotImplementedError(
+                f"ONNX Pad in {mode} mode of {need} innermost axes of a rank-{rank} input is "
+                "not converted (torch pads 1 to 3 innermost axes, of an input of 1 or 2 more)"
+            )
+        pairs = (pairs + [(0, 0)] * 3)[: fits[0]]
+    return [v for pair in pairs for v in pair]
+
+
+class OnnxPad(nn.Module):
+    """ONNX Pad as ``F.pad`` (``torch_pads``), its pads and fill value from the node's inputs
+    (opset 11 on) or attributes (2)."""
+
+    def __init__(self, mode: str, pads: list[int] | None = None, value: float = 0.0) -> None:
+        super().__init__()
+        self.mode, self.pads, self.value = mode, pads, value
+
+    def forward(self, x: Tensor, pads: Tensor | None = None, value: Tensor | None = None):
+        onnx_pads = self.pads if pads is None else [int(p) for p in pads.tolist()]
+        fill = self.value if value is None else float(value)
+        torch_mode = _PAD_MODES[self.mode]
+        padding = torch_pads(onnx_pads, x.dim(), torch_mode)
+        if torch_mode != "constant":
+            return F.pad(x, padding, mode=torch_mode)
+        return F.pad(x, padding, value=fill)
+
+
 def _grid_sample(node, graph):
     a = node.attributes
     mode = attribute_text(a.get("mode"), "bilinear")
@@ -160,6 +204,16 @@ def _upsample(node, graph):
     return converted(node, OnnxUpsample(spatial, mode), first_input_only=True)
 
 
+def _pad(node, graph):
+    a = node.attributes
+    mode = attribute_text(a.get("mode"), "constant")
+    if mode not in _PAD_MODES:
+        refuse(node, f"mode={mode}")
+    if "pads" in a:  # opset 2
+        return converted(node, OnnxPad(mode, list(a["pads"]), float(a.get("value", 0.0))))
+    return converted(node, OnnxPad(mode))
+
+
 def _space_to_depth(node, graph):
     return converted(node, OnnxSpaceToDepth(int(node.attributes["blocksize"])))
 
@@ -175,6 +229,8 @@ CONVERTERS = {
 
 
 def register() -> None:
-    """Add these converters to onnx2torch's registry (versions it has none for)."""
+    """Add these converters to onnx2torch's registry (versions it has none for), and Pad in
+    place of its own."""
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
+    replace("Pad", (2, 11, 13), _pad)

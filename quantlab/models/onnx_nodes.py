@@ -1,6 +1,6 @@
 """What the onnx2torch converters quantlab adds (``onnx_recurrent``, ``onnx_functional``,
 ``onnx_versions``) share: reading a node, refusing one, wrapping the module made for it, and
-adding a converter to onnx2torch's registry where it has none."""
+adding a converter to onnx2torch's registry where it has none or in place of its own."""
 
 from __future__ import annotations
 
@@ -50,3 +50,13 @@ def add_missing(op: str, versions: Iterable[int], converter: Callable) -> None:
     for version in versions:
         if registry_key(op, version) not in _CONVERTER_REGISTRY:
             add_converter(operation_type=op, version=version)(converter)
+
+
+def replace(op: str, versions: Iterable[int], converter: Callable) -> None:
+    """Register ``converter`` for each of ``versions`` of ``op``, in place of onnx2torch's own
+    where it has one (for ops whose onnx2torch converter fails on inputs the op takes)."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
+
+    for version in versions:
+        _CONVERTER_REGISTRY.pop(registry_key(op, version), None)
+    add_missing(op, versions, converter)

@@ -10,7 +10,8 @@ meant, and refused by name otherwise:
 
 - the reductions (ReduceMean, Max, Min, Prod, L1, L2, LogSumExp, SumSquare) 18: ``axes`` is an
   input, read when it is a constant (``noop_with_empty_axes`` kept);
-- Pad 18, 19, 21: without the ``axes`` input (all axes padded), and not the ``wrap`` mode of 19;
+- Pad 18, 19, 21: without the ``axes`` input (all axes padded); 19's ``wrap`` mode is
+  ``F.pad``'s circular one (``onnx_functional.OnnxPad``);
 - Resize 18, 19: without ``antialias``, ``axes``, a ``keep_aspect_ratio_policy`` other than
   stretch, or 19's ``half_pixel_symmetric`` coordinates;
 - Split 18: by its ``split`` input, or into ``num_outputs`` parts of ceil(length / parts)
@@ -130,8 +131,6 @@ def _checked(check, older):
 def _pad_check(node) -> None:
     if len(node.input_values) > 3 and node.input_values[3]:
         refuse(node, "the axes input")
-    if attribute_text(node.attributes.get("mode")) == "wrap":
-        refuse(node, "mode=wrap")
 
 
 def _resize_check(node) -> None:
