@@ -41,7 +41,7 @@ class OnnxModel:
     input_shapes: tuple[tuple[int, ...], ...]
     metadata: dict[str, str]
     reference: Callable[..., object]
-    fixed_batch: int | None = None  # the graph's batch size, where its first input fixes one
+    fixed_batch: int | None = None  # the batch it runs, where the graph fixes one (_fixed_batch)
 
 
 def _graph_inputs(model) -> list:
@@ -226,11 +226,18 @@ def _parameter_of(gm: nn.Module, arg) -> Tensor | None:
 
 
 def _fixed_batch(model) -> int | None:
-    """The first input's batch dimension where the graph fixes it (an exported Reshape then
-    holds it as a constant: the converted module runs that batch size only); else None."""
-    inputs = _graph_inputs(model)
-    dims = list(inputs[0].type.tensor_type.shape.dim) if inputs else []
-    return int(dims[0].dim_value) if dims and dims[0].dim_value > 0 else None
+    """The batch the converted module runs, where the graph fixes one: the first input's first
+    dimension where it is a number (an exported Reshape then holds it as a constant: the module
+    runs that batch size only); else 1 where another input's first dimension is a number (a
+    recurrent state, a constant operand: no batch axis, so batches are not merged along it);
+    else None (any batch)."""
+    firsts = []
+    for inp in _graph_inputs(model):
+        dims = list(inp.type.tensor_type.shape.dim)
+        firsts.append(int(dims[0].dim_value) if dims and dims[0].dim_value > 0 else None)
+    if firsts and firsts[0] is not None:
+        return firsts[0]
+    return 1 if any(d is not None for d in firsts[1:]) else None
 
 
 def _run_on_zeros(module: nn.Module, model, shapes: list[list[int]]) -> None:

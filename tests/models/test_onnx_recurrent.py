@@ -186,3 +186,28 @@ def test_an_lstm_takes_and_returns_its_states(tmp_path):
         got, want = b.module(*args), model(*args)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.reshape(w.shape), w, rtol=0, atol=1e-6)
+
+
+def test_a_graph_with_state_inputs_runs_its_items_unmerged(tmp_path):
+    """A streaming LSTM whose time axis is the dynamic first axis and whose states are (1, 1,
+    H): the states have no batch axis to merge along (silero-vad's graph; merged, the analyses
+    stopped at "Expected hidden[0] size (1, 1, 3), got [3, 1, 3]"), so the graph runs the
+    items as they come: one run each."""
+    from quantlab.workload import model_runs
+
+    model = _Stateful().eval()
+    args = (torch.randn(6, 1, 4), torch.randn(1, 1, 3), torch.randn(1, 1, 3))
+    path = tmp_path / "stream.onnx"
+    torch.onnx.export(model, args, str(path), opset_version=17, dynamo=False,
+                      input_names=["x", "h", "c"], dynamic_axes={"x": {0: "time"}})  # fmt: skip
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    assert b.fixed_batch == 1
+    g = torch.Generator().manual_seed(2)
+    batches = [tuple(torch.randn(a.shape, generator=g) for a in args) for _ in range(3)]
+    runs = model_runs(b, batches)
+    assert len(runs) == 3
+    with torch.no_grad():
+        for run in runs:
+            got, want = b.module(*run), model(*run)
+            for o, w in zip(got, want, strict=True):
+                torch.testing.assert_close(o.reshape(w.shape), w, rtol=0, atol=1e-6)
