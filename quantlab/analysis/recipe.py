@@ -279,6 +279,12 @@ def run_recipe(
     float_value = math.nan
     if target.on_task:
         float_value = float(task(refs, refs))
+    if target.max_drop is not None and not math.isfinite(float_value):
+        raise ValueError(
+            f"exp.max_drop: the task metric {task.name} of the float model is {float_value:g} "
+            "(it compares outputs with the float model's own), so no drop from it can be met; "
+            "use exp.min_sqnr_db (an output SQNR floor in dB) or exp.target_metric"
+        )
     ev.threshold = target.threshold(task, float_value)
     say = progress or (lambda line: None)
 

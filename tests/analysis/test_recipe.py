@@ -9,7 +9,7 @@ from test_sensitivity import FragileSin, _inputs
 
 from quantlab.analysis.recipe import Direction, RecipeTarget, platform_directions, run_recipe
 from quantlab.analysis.sensitivity import sensitivity
-from quantlab.models.tasks import Top1Agreement
+from quantlab.models.tasks import OutputSQNR, Top1Agreement
 from quantlab.platforms import load_platform
 from quantlab.simulate import Mode, Simulator
 
@@ -72,3 +72,7 @@ def test_targets_and_flows():
     sim.calibrate([x], progress=False)
     with pytest.raises(ValueError, match="has none; use exp.min_sqnr_db"):
         run_recipe(sim, [x], None, t, None)
+    # a user's model without a task metric of its own is judged by output SQNR against float,
+    # inf for the float model itself: no drop from it can be met, so it is refused by name
+    with pytest.raises(ValueError, match="exp.max_drop: the task metric output_sqnr_db of the"):
+        run_recipe(sim, [x], None, t, OutputSQNR())
