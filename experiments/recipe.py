@@ -17,10 +17,17 @@ import pandas as pd
 from tqdm import tqdm
 
 from quantlab.analysis.confidence import distinct_digits
-from quantlab.analysis.recipe import Direction, RecipeResult, RecipeTarget, run_recipe
+from quantlab.analysis.recipe import (
+    Direction,
+    RecipeResult,
+    RecipeTarget,
+    no_drop_from,
+    run_recipe,
+)
 from quantlab.analysis.sensitivity import Metric, SensitiveType, analyze
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
+from quantlab.models.tasks import OutputSQNR
 from quantlab.qconfig import QConfigSpec
 from quantlab.report import QCONFIG_DIR, Plot, PlotKind
 from quantlab.simulate import Mode, Simulator
@@ -101,6 +108,8 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             f"model {bundle.name} has no task metric, so exp.target_metric / exp.max_drop "
             "cannot be judged; use exp.min_sqnr_db"
         )
+    if target.max_drop is not None and task.name == OutputSQNR().name:
+        raise no_drop_from(task)  # before the sensitivity ranking, not after it
     base = start_spec(ctx.qconfig, platform, bundle.module, data.calib[0])
     start_words = qconfig_words(ctx.qconfig)
     own = ctx.qconfig is not None and ctx.qconfig.preset is not QConfigPreset.DEFAULT

@@ -235,6 +235,16 @@ def default_estimate(task: Any, refs: list, outs: list) -> Estimate:
     return estimate_metrics([task], refs, outs)[task.name]
 
 
+def no_drop_from(task: Any, float_value: float = math.inf) -> ValueError:
+    """The error for an ``exp.max_drop`` target on a task metric whose float value is not
+    finite (output SQNR against the float model: infinite for the float model itself)."""
+    return ValueError(
+        f"exp.max_drop: the task metric {task.name} of the float model is {float_value:g} (it "
+        "compares outputs with the float model's own), so no drop from it can be met; use "
+        "exp.min_sqnr_db (an output SQNR floor in dB) or exp.target_metric"
+    )
+
+
 def run_recipe(
     sim: Simulator,
     batches: Sequence[tuple],
@@ -280,11 +290,7 @@ def run_recipe(
     if target.on_task:
         float_value = float(task(refs, refs))
     if target.max_drop is not None and not math.isfinite(float_value):
-        raise ValueError(
-            f"exp.max_drop: the task metric {task.name} of the float model is {float_value:g} "
-            "(it compares outputs with the float model's own), so no drop from it can be met; "
-            "use exp.min_sqnr_db (an output SQNR floor in dB) or exp.target_metric"
-        )
+        raise no_drop_from(task, float_value)
     ev.threshold = target.threshold(task, float_value)
     say = progress or (lambda line: None)
 

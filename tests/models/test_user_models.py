@@ -730,3 +730,27 @@ def test_analyses_run_a_graph_that_fixes_its_batch_in_runs_of_that_size(batch_on
     (merging failed in its Reshape)."""
     result = run(batch_one_graph)
     assert result.findings and len(result.table)
+
+
+def test_recipe_refuses_a_drop_from_output_sqnr_before_it_ranks_anything(tmp_path, monkeypatch):
+    """A detector's output is judged by output SQNR against float, infinite for the float model
+    itself: exp.max_drop (the recipe's default target) is refused naming it, before the
+    sensitivity ranking rather than after a search no configuration could end."""
+    import experiments.recipe as recipe
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.platforms import PlatformConfig
+
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="onnx", path=_onnx_file(*DET), input_shape=[3, 32, 64]),
+        DataConfig(name="synthetic", num_calib=1, num_eval=1),
+        0,
+        tmp_path,
+        progress=False,
+        model_chosen=True,
+    )
+    monkeypatch.setattr(recipe, "analyze", lambda *a, **k: pytest.fail("ranked first"))
+    exp = recipe.RecipeExp(max_drop=0.05, cache_dir=None, start_calibration=None)
+    with pytest.raises(ValueError, match="exp.max_drop: the task metric output_sqnr_db"):
+        recipe.recipe_exp(exp, ctx)
