@@ -386,6 +386,11 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
         exp = dataclasses.replace(exp, layer_out_dtype=out)
     layers, models, sens, fixed = [], [], [], []
     for name, bundle, data in listed_or_chosen(ctx, exp.models, exp.num_calib, exp.num_eval):
+        if not _gemm_modules(bundle.module):
+            raise ValueError(
+                f"model {name} has no nn.Conv2d or nn.Linear module: the high/low weight split "
+                "studies conv2d and linear weights, and this model has none to split"
+            )
         layers.append(_per_layer(exp, name, bundle.module, data.eval[0], ctx.progress))
         if exp.schemes:
             m, s = _model_level(exp, ctx, name, bundle, data)

@@ -120,3 +120,18 @@ def test_a_chosen_model_runs_alone_with_the_simulator_study_on_its_data(tmp_path
     f = res.tables["model_fixed"]
     assert set(f.model) == {"small_cnn"} and len(f) == 5
     assert (f.top1_agreement_n == 3).all()
+
+
+def test_a_model_without_conv2d_or_linear_modules_is_refused_by_name(tmp_path, monkeypatch):
+    """A model whose GEMMs are Conv1d layers and recurrent cells (silero-vad's) has nothing the
+    split study covers: refused naming the model (it stopped at a KeyError of an empty table)."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    import quantlab.workload as workload
+
+    audio = SimpleNamespace(module=nn.Sequential(nn.Conv1d(1, 4, 3), nn.ReLU(), nn.LSTM(4, 4)))
+    monkeypatch.setattr(workload, "listed_or_chosen", lambda *a: iter([("audio", audio, None)]))
+    with pytest.raises(ValueError, match="model audio has no nn.Conv2d or nn.Linear module"):
+        run(HighlowSplitExp(), RunContext(PlatformConfig(), None, None, 0, tmp_path))
