@@ -170,12 +170,32 @@ def _kl(y, t):
     )
 
 
+def _output_mse(y, t):
+    """Mean squared error over every float tensor of the outputs together: the distillation loss
+    of a model that is no classifier (a detector's maps, a recurrent model's outputs and
+    states)."""
+    from quantlab.analysis.metrics import float_leaves
+
+    return F.mse_loss(
+        torch.cat([v.reshape(-1) for v in float_leaves(y)]),
+        torch.cat([v.reshape(-1) for v in float_leaves(t)]),
+    )
+
+
+def _loss_words(loss) -> str:
+    return "KL" if loss is _kl else "MSE"
+
+
+def _loss_unit(words: str) -> str:
+    return "KL, nats" if words == "KL" else "MSE of the outputs"
+
+
 def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
     """The CNN distilled from its float model on float preprocessing; it trains on the input
     ``model.input_format`` configures and is deployed on ``exp.deployed_input``."""
     import dataclasses
 
-    from quantlab.models.tasks import OutputSQNR
+    from quantlab.models.tasks import OutputSQNR, Top1Agreement
     from quantlab.workload import batches_per_run, load_workload, merge_items, start_spec
 
     own, chip = InputFormat.parse(ctx.model.input_format), exp.deployed_input
@@ -207,7 +227,7 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
         data.calib,
         train,
         targets,
-        _kl,
+        _kl if isinstance(bundle.task, Top1Agreement) else _output_mse,  # a classifier: KL
         data.eval,
         refs,
         metrics,
@@ -367,10 +387,12 @@ def qat_result(
     exp: QatExp,
     platform: str,
     cnn_batch: int | None = None,
+    cnn_loss: str = "KL",
 ):
     """The report of a qat run from its measured tables (results and training curve);
     ``cnn_batch``: the CNN's training batch in items where it differs from ``exp.cnn_batch``
-    (a graph that fixes its batch)."""
+    (a graph that fixes its batch); ``cnn_loss``: its distillation loss (KL for a classifier,
+    MSE otherwise)."""
     deployed = table[(table["mode"] == "FIXED") & (table.metric != "gap_sqnr_db")].copy()
     deployed["model_metric"] = deployed.model + ": " + deployed.metric
     gaps = table[table.metric == "gap_sqnr_db"].copy()
@@ -412,7 +434,7 @@ def qat_result(
                 x="step",
                 y="loss",
                 xlabel="fine-tuning step",
-                ylabel="training loss (decoder: box L1; posenc: MSE; CNN: KL, nats)",
+                ylabel=f"training loss (decoder: box L1; posenc: MSE; CNN: {_loss_unit(cnn_loss)})",
                 title="Training curves (loss of the variant's own fake-mode forward)",
                 hue="variant",
                 facet="model",
@@ -433,12 +455,13 @@ def qat_result(
             f"{exp.scales.name} (FIXED: the calibrated scales frozen, the vendor's "
             "fixed-scale QAT; LEARNED: LSQ); straight-through gradients; BatchNorm folded with "
             "frozen statistics.",
-            "Losses: decoder L1 to its target boxes (labels); posenc MSE and CNN KL to the float "
-            "model's outputs (distillation, no labels). Metrics: decoder box L1 to the target "
-            "boxes, posenc output SQNR and CNN top-1 agreement, KL and output SQNR against the "
-            "float model on float preprocessing, on held-out items; 95% intervals over items: "
-            "Wilson score interval for top-1 agreement (a share of items), percentile bootstrap "
-            "(1000 resamples, seed 0) for the others.",
+            f"Losses: decoder L1 to its target boxes (labels); posenc MSE and CNN {cnn_loss} to "
+            "the float model's outputs (distillation, no labels; the CNN's MSE, for a model that "
+            "is no classifier, over every float output tensor). Metrics: decoder box L1 to the "
+            "target boxes, posenc output SQNR and the CNN's task metrics (a classifier: top-1 "
+            "agreement, KL and output SQNR) against the float model on float preprocessing, on "
+            "held-out items; 95% intervals over items: Wilson score interval for top-1 agreement "
+            "(a share of items), percentile bootstrap (1000 resamples, seed 0) for the others.",
             "Gap: output SQNR of the fixed run against the fake run (QAT's view) and against the "
             "hybrid run (segment-LUT ops as deployed, the rest fake: the deployment-aware view); "
             "before = PTQ, after = each trained variant. The fixed run takes the input the chip "
@@ -470,11 +493,11 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
         jobs.append((_decoder(exp, seed), toy))
     if QatModel.POSENC in exp.models:
         jobs.append((_posenc(exp), toy))
-    cnn_batch = None
+    cnn_batch, cnn_loss = None, "KL"
     if QatModel.CNN in exp.models:
         cnn = _cnn(exp, ctx)
         jobs.append((cnn, FineTuning(exp.cnn_steps, exp.cnn_lr, exp.scales)))
-        cnn_batch = batch_items(cnn.train[0])
+        cnn_batch, cnn_loss = batch_items(cnn.train[0]), _loss_words(cnn.loss)
     parts, curves = [], []
     for task, ft in jobs:
         rows, curve = compare_variants(task, ctx.platform, ft, list(exp.variants), ctx.progress)
@@ -482,7 +505,7 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
         curves.append(curve)
     table = pd.concat(parts, ignore_index=True)
     curve = pd.concat(curves, ignore_index=True) if any(len(c) for c in curves) else None
-    return qat_result(table, curve, exp, ctx.platform.name, cnn_batch)
+    return qat_result(table, curve, exp, ctx.platform.name, cnn_batch, cnn_loss)
 
 
 def _batch_words(exp: QatExp, cnn_batch: int | None) -> str:

@@ -732,24 +732,49 @@ def test_analyses_run_a_graph_that_fixes_its_batch_in_runs_of_that_size(batch_on
     assert result.findings and len(result.table)
 
 
+def _detector_context(folder, items: int = 1):
+    """A run context of PP-OCRv4's text detector (a probability map, no classifier) at 32x64 on
+    synthetic data."""
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.platforms import PlatformConfig
+
+    return RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="onnx", path=_onnx_file(*DET), input_shape=[3, 32, 64]),
+        DataConfig(name="synthetic", num_calib=items, num_eval=items),
+        0,
+        folder,
+        progress=False,
+        model_chosen=True,
+    )
+
+
+def test_qat_distils_a_model_that_is_no_classifier_by_the_mse_of_its_outputs(tmp_path):
+    """+exp=qat distilled every model by KL of softmaxes, which a detector's map (or silero-vad's
+    tuple of outputs and states: 'tuple' object has no attribute 'log_softmax') is not; such a
+    model trains on the MSE of all its float outputs, a classifier still on KL."""
+    from experiments.qat import QatExp, _cnn, _kl, _output_mse
+    from quantlab.models.input_path import InputFormat
+
+    exp = QatExp(deployed_input=InputFormat.FLOAT_NORMALIZED)
+    task = _cnn(exp, _detector_context(tmp_path, 2))
+    assert task.loss is _output_mse
+    y = task.model(*task.train[0])
+    loss = task.loss((y, [y * 2]), (task.targets[0], [task.targets[0]]))
+    assert loss.requires_grad and float(loss) > 0
+    a, b = torch.arange(4.0), torch.zeros(4)
+    assert float(_output_mse((a, {"s": a}), (b, {"s": b}))) == float((a * a).mean())
+    assert _cnn(exp, _fixed_batch_graph(tmp_path, 1, 2, 2)).loss is _kl
+
+
 def test_recipe_refuses_a_drop_from_output_sqnr_before_it_ranks_anything(tmp_path, monkeypatch):
     """A detector's output is judged by output SQNR against float, infinite for the float model
     itself: exp.max_drop (the recipe's default target) is refused naming it, before the
     sensitivity ranking rather than after a search no configuration could end."""
     import experiments.recipe as recipe
-    from quantlab.data.schema import DataConfig
-    from quantlab.experiment import RunContext
-    from quantlab.platforms import PlatformConfig
 
-    ctx = RunContext(
-        PlatformConfig(name="j6m"),
-        ModelConfig(name="onnx", path=_onnx_file(*DET), input_shape=[3, 32, 64]),
-        DataConfig(name="synthetic", num_calib=1, num_eval=1),
-        0,
-        tmp_path,
-        progress=False,
-        model_chosen=True,
-    )
+    ctx = _detector_context(tmp_path)
     monkeypatch.setattr(recipe, "analyze", lambda *a, **k: pytest.fail("ranked first"))
     exp = recipe.RecipeExp(max_drop=0.05, cache_dir=None, start_calibration=None)
     with pytest.raises(ValueError, match="exp.max_drop: the task metric output_sqnr_db"):
