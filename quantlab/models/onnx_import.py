@@ -225,6 +225,27 @@ def _parameter_of(gm: nn.Module, arg) -> Tensor | None:
     return value if value.is_floating_point() else None
 
 
+_QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
+                  "MatMulInteger", "QGemm", "QAttention", "QOrderedMatMul"}  # fmt: skip
+
+
+def _refuse_quantized(model, path: Path) -> None:
+    """ValueError for a graph that is quantized already (Q/DQ pairs, QLinear or integer ops,
+    dynamic quantization): quantlab simulates the quantization of a float model."""
+    found = sorted(
+        {
+            n.op_type
+            for n in model.graph.node
+            if n.op_type in _QUANTIZED_OPS or n.op_type.startswith(("QLinear", "DynamicQuantize"))
+        }
+    )
+    if found:
+        raise ValueError(
+            f"model.path: {path} is quantized already ({', '.join(found)}): quantlab simulates "
+            "the quantization of a float model, so give the float ONNX file it was made from"
+        )
+
+
 def _fixed_batch(model) -> int | None:
     """The batch the converted module runs, where the graph fixes one: the first input's first
     dimension where it is a number (an exported Reshape then holds it as a constant: the module
@@ -262,6 +283,7 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     dynamic dimensions. Errors name the file, the graph's shapes and what to set."""
     path = Path(path)
     model = _read(path)
+    _refuse_quantized(model, path)
     graph = static_shapes(path)
     names = [i.name for i in _graph_inputs(model)]
     if shapes is not None:

@@ -779,3 +779,20 @@ def test_recipe_refuses_a_drop_from_output_sqnr_before_it_ranks_anything(tmp_pat
     exp = recipe.RecipeExp(max_drop=0.05, cache_dir=None, start_calibration=None)
     with pytest.raises(ValueError, match="exp.max_drop: the task metric output_sqnr_db"):
         recipe.recipe_exp(exp, ctx)
+
+
+def test_a_quantized_onnx_graph_is_refused_naming_its_quantized_ops(tmp_path):
+    """A graph quantized already (onnxruntime's dynamic quantization: DynamicQuantizeLinear and
+    MatMulInteger, as ddddocr's older recognizer ships) is refused as such, not as a converter
+    onnx2torch lacks; quantlab takes the float model it was made from."""
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import quantize_dynamic
+
+    float_path, int8_path = tmp_path / "float.onnx", tmp_path / "int8.onnx"
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    torch.onnx.export(model, (torch.randn(1, 16),), str(float_path), opset_version=17,
+                      dynamo=False)  # fmt: skip
+    quantize_dynamic(str(float_path), str(int8_path))
+    build_model(ModelConfig(name="onnx", path=str(float_path)))  # the float one converts
+    with pytest.raises(ValueError, match=r"is quantized already \(DynamicQuantizeLinear, "):
+        build_model(ModelConfig(name="onnx", path=str(int8_path)))
