@@ -7,11 +7,14 @@ batch dimension free. onnx2torch imports torchvision only for its NMS and RoiAli
 torchvision does not load beside the CPU torch quantlab pins, so a stand-in that raises on use is
 put in place while onnx2torch is imported (graphs with those two ops do not convert). Its Slice
 module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
-that one warning is silenced once onnx2torch is imported. LSTM and GRU nodes, which onnx2torch
-does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
-GroupNormalization, SpaceToDepth and nearest Upsample the torch calls they are
+that one warning is silenced once onnx2torch is imported. LSTM, GRU and RNN nodes, which
+onnx2torch does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
+GroupNormalization, SpaceToDepth, Upsample and Pad the torch calls they are
 (``onnx_functional``); and the operator versions of opsets 18 to 21 that torch's exporters
 write convert as the versions before them where they mean the same (``onnx_versions``).
+``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
+and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A graph quantized already is
+refused: quantlab takes the float model.
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
 reference for the converted module's float run.
@@ -115,6 +118,117 @@ def _fixed(model, shapes: list[list[int]]):
         for d, size in zip(dims[1:], shape):
             d.dim_value = int(size)
     return onnxslim.slim(m)
+
+
+_AUTO_PAD_OPS = ("Conv", "MaxPool", "AveragePool")
+
+
+def _explicit_auto_pads(model):
+    """``model`` with the pads ONNX defines for its Conv, MaxPool and AveragePool nodes of
+    ``auto_pad`` SAME_UPPER / SAME_LOWER written out (onnx2torch converts explicit pads, not
+    these): per spatial axis a total of max((ceil(n / s) - 1) s + (k - 1) d + 1 - n, 0), its
+    larger half at the end (SAME_UPPER) or the beginning (SAME_LOWER). The input size n comes
+    from shape inference; with stride 1 the total, (k - 1) d, needs none. A node whose sizes are
+    not known stays as it is (and is refused by onnx2torch, naming its auto_pad)."""
+    from onnx import helper, shape_inference
+
+    same = [
+        n
+        for n in model.graph.node
+        if n.op_type in _AUTO_PAD_OPS
+        and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in n.attribute)
+    ]
+    if not same:
+        return model
+    model = copy.deepcopy(model)
+    inferred = shape_inference.infer_shapes(model)
+    sizes = {}
+    for v in (*inferred.graph.input, *inferred.graph.value_info):
+        sizes[v.name] = [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+    weights = {i.name: list(i.dims) for i in model.graph.initializer}
+    for node in [n for n in model.graph.node if n.op_type in _AUTO_PAD_OPS]:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        mode = attrs.get("auto_pad", b"NOTSET")
+        if mode not in (b"SAME_UPPER", b"SAME_LOWER"):
+            continue
+        kernel = attrs.get("kernel_shape") or weights.get(node.input[1], [None, None])[2:]
+        rank = len(kernel)
+        if not rank:  # a computed weight: its kernel is not known here
+            continue
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        spatial = (sizes.get(node.input[0]) or [None] * (rank + 2))[2:]
+        heads, tails = [], []
+        for n, k, st, d in zip(spatial, kernel, strides, dilations, strict=True):
+            if st == 1:
+                total = (k - 1) * d
+            elif n is not None:
+                total = max((-(-n // st) - 1) * st + (k - 1) * d + 1 - n, 0)
+            else:
+                break
+            head = total // 2 if mode == b"SAME_UPPER" else total - total // 2
+            heads.append(head)
+            tails.append(total - head)
+        if len(heads) != rank:
+            continue
+        for a in list(node.attribute):
+            if a.name in ("auto_pad", "pads"):
+                node.attribute.remove(a)
+        node.attribute.extend([helper.make_attribute("pads", heads + tails)])
+    return model
+
+
+def _edge_padded_max_pools(model):
+    """``model`` with each MaxPool whose pads differ at the two ends (onnx2torch pads those
+    with -inf in a tensor, which calibration would then see as an activation) preceded by an
+    edge Pad of them instead: with unit dilations and floor rounding every window that reaches
+    into the padding also holds the edge pixel repeated there, so the maxima are the same and
+    no infinity enters the graph."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    def edge_pads(node) -> list[int] | None:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        pads = list(attrs.get("pads", []))
+        r = len(pads) // 2
+        plain = attrs.get("auto_pad", b"NOTSET") == b"NOTSET" and not attrs.get("ceil_mode", 0)
+        unit = all(d == 1 for d in attrs.get("dilations", [1] * r))
+        if node.op_type != "MaxPool" or not pads or pads[:r] == pads[r:] or not (plain and unit):
+            return None
+        return [0, 0, *pads[:r], 0, 0, *pads[r:]]
+
+    if not any(edge_pads(n) for n in model.graph.node):
+        return model
+    model = copy.deepcopy(model)
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
+    nodes = []
+    for i, node in enumerate(model.graph.node):
+        full = edge_pads(node)
+        if full is not None:
+            padded = f"{node.input[0]}/edge_pad{i}"
+            if opset >= 11:
+                pads = numpy_helper.from_array(np.array(full, dtype=np.int64), f"{padded}/pads")
+                model.graph.initializer.append(pads)
+                nodes.append(
+                    helper.make_node("Pad", [node.input[0], pads.name], [padded], mode="edge")
+                )
+            else:
+                nodes.append(
+                    helper.make_node("Pad", [node.input[0]], [padded], mode="edge", pads=full)
+                )
+            node.input[0] = padded
+            for attr in [a for a in node.attribute if a.name == "pads"]:
+                node.attribute.remove(attr)
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def _explicit_pads(model):
+    """``model`` with auto_pad SAME written as pads and uneven max-pool pads as edge Pads
+    (``_explicit_auto_pads``, ``_edge_padded_max_pools``)."""
+    return _edge_padded_max_pools(_explicit_auto_pads(model))
 
 
 def _outputs_by_name(gm, names: list[str]) -> None:
@@ -316,13 +430,13 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     module = None
     if all(None not in g for g in graph):
         try:
-            module = convert(model, attach_onnx_mapping=True)
+            module = convert(_explicit_pads(model), attach_onnx_mapping=True)
             _run_on_zeros(module, model, shapes)
         except Exception:  # onnx2torch cannot resolve some shapes: fold them first
             module = None
     if module is None:
         try:
-            module = convert(_fixed(model, shapes), attach_onnx_mapping=True)
+            module = convert(_explicit_pads(_fixed(model, shapes)), attach_onnx_mapping=True)
         except Exception as err:
             raise ValueError(
                 f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"

@@ -227,3 +227,51 @@ def test_a_reflect_pad_torch_cannot_make_is_named(tmp_path):
     refused naming the op and its mode, not a failure inside torch."""
     with pytest.raises(ValueError, match="Pad in reflect mode of 2 innermost axes of a rank-2"):
         build_model(_pad_node(tmp_path, [1, 10], [1, 3, 1, 2], "reflect", 13))
+
+
+def _same_padded(tmp_path, width: int | str, opset: int = 13):
+    """Conv (SAME_UPPER, 2x2, stride 1), MaxPool (SAME_UPPER, 2x2, stride 1: one pixel at the
+    end only) and Conv (SAME_LOWER, 3x3, stride 2) on a (1, 2, 8, ``width``) input, as Paddle
+    exports PP-OCRv6's recognizer; ``width`` a name leaves it dynamic."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = np.random.default_rng(5)
+    w1 = numpy_helper.from_array(g.standard_normal((3, 2, 2, 2)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(g.standard_normal((4, 3, 3, 3)).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], auto_pad="SAME_UPPER", kernel_shape=[2, 2]),
+        helper.make_node("MaxPool", ["a"], ["b"], auto_pad="SAME_UPPER", kernel_shape=[2, 2]),
+        helper.make_node("Conv", ["b", "w2"], ["y"], auto_pad="SAME_LOWER", strides=[2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes, "same", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, w2],
+    )  # fmt: skip
+    path = tmp_path / f"same_{width}_{opset}.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("opset", [9, 13])  # the edge Pad's pads an attribute (9) or an input
+def test_same_auto_padding_converts_and_matches_onnxruntime(tmp_path, opset):
+    """onnx2torch refuses auto_pad SAME_UPPER / SAME_LOWER; their pads are written out (from
+    the inferred input size where the stride is not 1) and the uneven max-pool pad is an edge
+    pad, so no -inf reaches calibration; static and dynamic widths (7: an odd width the
+    stride-2 conv pads at its start) match onnxruntime."""
+    from quantlab.simulate import Mode, Simulator
+
+    x = torch.randn(1, 2, 8, 7, generator=torch.Generator().manual_seed(6))
+    for width, shape in ((7, None), ("W", [2, 8, 7])):
+        b = build_model(
+            ModelConfig(name="onnx", path=_same_padded(tmp_path, width, opset), input_shape=shape)
+        )
+        _same_as_onnxruntime(b, x, atol=1e-5)
+    sim = Simulator(b.module, "j6m")
+    sim.calibrate([(x,)], progress=False)
+    assert sim.non_finite_points() == {}
+    assert sim.run(x, mode=Mode.FIXED).shape == (1, 4, 4, 4)
+    assert {"pad", "max_pool2d", "conv2d"} <= set(sim.ops.op_type)
