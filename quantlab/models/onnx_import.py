@@ -193,7 +193,11 @@ def _edge_padded_max_pools(model):
         r = len(pads) // 2
         plain = attrs.get("auto_pad", b"NOTSET") == b"NOTSET" and not attrs.get("ceil_mode", 0)
         unit = all(d == 1 for d in attrs.get("dilations", [1] * r))
-        if node.op_type != "MaxPool" or not pads or pads[:r] == pads[r:] or not (plain and unit):
+        kernel = list(attrs.get("kernel_shape", []))
+        # every pad narrower than the window: no window of padding alone
+        narrow = len(kernel) == r and all(p < k for p, k in zip(pads, kernel * 2))
+        uneven = node.op_type == "MaxPool" and pads and pads[:r] != pads[r:]
+        if not (uneven and plain and unit and narrow):
             return None
         return [0, 0, *pads[:r], 0, 0, *pads[r:]]
 
