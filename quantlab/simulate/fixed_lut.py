@@ -407,6 +407,26 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
     return ResolvedComposite(compute, deps=((out_key, so),))
 
 
+def warn_long_softmax_rows(call, n: int) -> None:
+    """Warn (once per op) where the J6 softmax's assumed row-sum scale, n * 2/65535 (the
+    plugin calibrates it; quantlab does not), can leave a row's sum below the 32 int16 codes
+    the QAT reciprocal clips at: rows of 1024 values or more (every sum is at least 1)."""
+    import warnings
+
+    from quantlab.numerics.lut.composite import RECIPROCAL_CLIP_CODES_INT16, SOFTMAX_EXP_SCALE
+
+    if RECIPROCAL_CLIP_CODES_INT16 * n * SOFTMAX_EXP_SCALE <= 1.0:
+        return
+    warnings.warn(
+        f"softmax {call.name} over rows of {n} values: at the row-sum scale quantlab assumes, "
+        f"n * 2/65535, a row whose sum is below {n / 1024:.3g} holds fewer than 32 int16 codes "
+        "there, which FAKE clips at 32 codes (the QAT reciprocal) and FIXED resolves on those "
+        "few codes (the deployed table), so the modes disagree and both lose precision at this "
+        "op; the vendor calibrates that scale (README, 'Softmax on J6')",
+        stacklevel=1,  # one place: shown once per op, whichever mode resolves it first
+    )
+
+
 def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
     """FAKE: the vendor's QAT SegmentLUTSoftmax of a call FIXED computes by ``lut_softmax``,
     resolved for this call: fq_out(``numerics.lut.composite.qat_softmax``(x)), its fake
@@ -438,6 +458,7 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
     so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``
     if fc.out_zero_point(sim, call, rq):
         return None
+    warn_long_softmax_rows(call, A.get(call.args, call.kwargs, plan.acts[0]).shape[dim])
     x_slot, rounding = plan.acts[0], sim.platform.fake_round
     divide, in_scale = qat_divide(rounding), float(info.scale)
 
@@ -477,6 +498,7 @@ def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         codes = exp_table_softmax(xc, float(info.scale), dim, float(so), out, zo)
         return fc.emit(codes, so, out, zo)
     zx = info.zero_point
+    warn_long_softmax_rows(call, xc.shape[dim])
     if not (zx or zo or DType.UINT8 in (info.dtype, out)):
         codes = lut_softmax(
             xc, float(info.scale), info.dtype, dim, float(so), out, sim.platform.lut_format()

@@ -194,3 +194,33 @@ def test_rows_longer_than_the_exact_sum_takes_keep_the_float_softmax():
     s_in, s_out = _scales(sim, DType.INT16)
     x = torch.randn(1, n, generator=g)
     assert_bits_equal(sim.run(x, mode=Mode.FAKE), _fq(torch.softmax(_fq(x, s_in), -1), s_out))
+
+
+def test_rows_whose_sum_can_fall_below_the_reciprocal_clip_are_warned_of():
+    """At the assumed row-sum scale n * 2/65535, rows of 1024 values or more can sum (at least
+    1) below the QAT reciprocal's 32-code clip: FAKE clips there and FIXED does not, so the modes
+    part; a long row with one dominant value (a recognizer's blank class) is warned of, naming
+    the op and the sum below which it happens, and a row of 1023 values is not."""
+    import warnings
+
+    g = torch.Generator().manual_seed(16)
+
+    def rows(n):
+        x = torch.randn(2, n, generator=g)
+        x[:, 0] += 12.0  # each row's sum near 1
+        return x
+
+    for n, warned in ((1023, False), (2048, True)):
+        sim = _simulator("j6m", -1, DType.INT16, [rows(n)])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            x = rows(n)
+            fake, fixed = sim.run(x, mode=Mode.FAKE), sim.run(x, mode=Mode.FIXED)
+        words = [str(w.message) for w in seen if "softmax :softmax#0 over rows" in str(w.message)]
+        assert bool(words) == warned, n
+        ratio = float(fake.sum() / fixed.sum())
+        if warned:  # sums of about 1 against a 32-code floor of 2048 / 1024 = 2: about half
+            assert "a row whose sum is below 2 holds fewer than 32 int16 codes" in words[0]
+            assert 0.4 < ratio < 0.7
+        else:
+            assert abs(ratio - 1) < 0.05
