@@ -113,10 +113,13 @@ def _per_layer(exp, name, module, batch, progress: bool) -> pd.DataFrame:
 
 
 def _gemm_modules(module) -> dict[str, str]:
-    """module path -> op name of its (first) GEMM call, for Conv2d and Linear modules."""
+    """module path -> op name of its (first) GEMM call, for Conv1d, Conv2d and Linear
+    modules."""
     out = {}
     for path, m in module.named_modules():
-        if isinstance(m, torch.nn.Conv2d):
+        if isinstance(m, torch.nn.Conv1d):
+            out[path] = f"{path}:conv1d#0"
+        elif isinstance(m, torch.nn.Conv2d):
             out[path] = f"{path}:conv2d#0"
         elif isinstance(m, torch.nn.Linear):
             out[path] = f"{path}:linear#0"
@@ -211,12 +214,16 @@ def _bytes_and_extra_macs(module, gemms, scheme, chosen, ops) -> tuple[int, floa
 
 
 def _task_error(df: pd.DataFrame) -> pd.Series:
-    """One lower-is-better task error per row: KL (nats) for classifiers, 1 - cosine else."""
+    """One lower-is-better task error per row: KL (nats) for classifiers, 1 - cosine else (an
+    embedding's, or the outputs' for a model judged against its float outputs)."""
     if "kl_nats" in df.columns:
         kl = df["kl_nats"]
     else:
         kl = pd.Series(np.nan, index=df.index)
-    cos = df["embedding_cosine"] if "embedding_cosine" in df.columns else np.nan
+    cos = pd.Series(np.nan, index=df.index)
+    for name in ("embedding_cosine", "output_cosine"):
+        if name in df.columns:
+            cos = cos.where(cos.notna(), df[name])
     return kl.where(kl.notna(), 1 - cos)
 
 
@@ -271,11 +278,11 @@ def _findings(exp, layers, models) -> list[str]:
         for model, g in models.groupby("model", sort=False):
             te = dict(zip(g["scheme"], _task_error(g)))
             cr = dict(zip(g["scheme"], g.get("cost_rel_int8", g["cost_int8_mac_eq"])))
-            metric = (
-                "KL vs float (nats)"
-                if "kl_nats" in g.columns and g["kl_nats"].notna().all()
-                else "1 - embedding cosine"
-            )
+            metric = "1 - output cosine"
+            if "kl_nats" in g.columns and g["kl_nats"].notna().all():
+                metric = "KL vs float (nats)"
+            elif "embedding_cosine" in g.columns and g["embedding_cosine"].notna().all():
+                metric = "1 - embedding cosine"
             parts = ", ".join(f"{s} {te[s]:.3g} at {cr[s]:.2f}x cost" for s in te)
             out.append(f"{model} (weights in each format, activations float; {metric}): {parts}.")
             if {"int8", "split_topk"} <= te.keys() and te["int8"] > 0:
@@ -388,8 +395,8 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
     for name, bundle, data in listed_or_chosen(ctx, exp.models, exp.num_calib, exp.num_eval):
         if not _gemm_modules(bundle.module):
             raise ValueError(
-                f"model {name} has no nn.Conv2d or nn.Linear module: the high/low weight split "
-                "studies conv2d and linear weights, and this model has none to split"
+                f"model {name} has no nn.Conv1d, nn.Conv2d or nn.Linear module: the high/low "
+                "weight split studies their weights, and this model has none to split"
             )
         layers.append(_per_layer(exp, name, bundle.module, data.eval[0], ctx.progress))
         if exp.schemes:
@@ -439,7 +446,8 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
                 x="cost_rel_int8",
                 y="task_error",
                 xlabel="cost relative to all-int8 (int8-MAC equivalents, cost model)",
-                ylabel="task error vs float (KL nats; 1 - cosine for MiniLM), log",
+                ylabel="task error vs float (KL nats; 1 - cosine for MiniLM and models without "
+                "a classifier output), log",
                 title="task error vs cost: int8, split top-k, split all, int16 weights",
                 hue="scheme",
                 facet="model",

@@ -38,7 +38,8 @@ from quantlab.numerics.split import (
     split_weight,
 )
 
-GEMM_KINDS = ("conv2d", "linear", "matmul")
+GEMM_KINDS = ("conv1d", "conv2d", "linear", "matmul")
+CONV_KINDS = ("conv1d", "conv2d")  # a conv1d call is held as the conv2d of a height-1 image
 
 
 class OperandFormat(enum.Enum):
@@ -86,18 +87,19 @@ class FormatChoice:
 
 @dataclass(frozen=True)
 class GemmCall:
-    """One captured GEMM: ``kind`` conv2d / linear / matmul, operands, conv arguments."""
+    """One captured GEMM: ``kind`` conv1d / conv2d / linear / matmul, operands, conv arguments
+    (a conv1d's operands and arguments in the conv2d form of a height-1 image: the same sums)."""
 
     name: str
     kind: str
-    x: Tensor  # input (conv2d/linear) or left operand (matmul), float
-    w: Tensor  # weight (conv2d: OIHW, linear: (out, in)) or right operand (matmul), float
-    conv_args: tuple = ()  # (stride, padding, dilation, groups) for conv2d
+    x: Tensor  # input (conv/linear) or left operand (matmul), float
+    w: Tensor  # weight (conv: OIHW, linear: (out, in)) or right operand (matmul), float
+    conv_args: tuple = ()  # (stride, padding, dilation, groups) of the conv2d form
 
     @property
     def macs(self) -> int:
         """Multiply-accumulates of this call."""
-        if self.kind == "conv2d":
+        if self.kind in CONV_KINDS:
             y = _conv_shape(self)
             return int(math.prod(y) * self.w[0].numel())
         if self.kind == "linear":
@@ -126,7 +128,7 @@ def _conv_shape(call: GemmCall) -> tuple[int, ...]:
 
 
 def _float_gemm(call: GemmCall, x: Tensor, w: Tensor) -> Tensor:
-    if call.kind == "conv2d":
+    if call.kind in CONV_KINDS:
         stride, padding, dilation, groups = call.conv_args
         return F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
     if call.kind == "linear":
@@ -135,7 +137,7 @@ def _float_gemm(call: GemmCall, x: Tensor, w: Tensor) -> Tensor:
 
 
 def _int_gemm(call: GemmCall, xc: Tensor, wc: Tensor) -> Tensor:
-    if call.kind == "conv2d":
+    if call.kind in CONV_KINDS:
         stride, padding, dilation, groups = call.conv_args
         return exact_conv2d(
             xc, wc, stride=stride, padding=padding, dilation=dilation, groups=groups
@@ -176,7 +178,7 @@ def evaluate_formats(
     ref = _float_gemm(call, xc.double() * float(sx), w.double())
     # integer out: requantize to amax/((qmax - qmin)/2); float out (J6H/P): s_x * s_w floats
     so = compute_scale(ref.abs().max(), out_dtype) if out_dtype.is_int else torch.tensor(1.0)
-    caxis = 1 if call.kind == "conv2d" else (-1 if call.kind == "linear" else None)
+    caxis = 1 if call.kind in CONV_KINDS else (-1 if call.kind == "linear" else None)
     rows = []
     seen = set()
     for f in formats:
@@ -264,16 +266,17 @@ def capture_gemm_calls(model: nn.Module, inputs: tuple, kinds=GEMM_KINDS) -> lis
         if call.op_type in kinds:
             args = list(call.args)
             kw = call.kwargs
-            if call.op_type == "conv2d":
+            if call.op_type in CONV_KINDS:
                 names = ("stride", "padding", "dilation", "groups")
                 defaults = (1, 0, 1, 1)
                 conv = tuple(
                     kw.get(n, args[3 + i] if len(args) > 3 + i else d)
                     for i, (n, d) in enumerate(zip(names, defaults))
                 )
-                calls.append(
-                    GemmCall(call.name, "conv2d", args[0].detach(), args[1].detach(), conv)
-                )
+                x, w = args[0].detach(), args[1].detach()
+                if call.op_type == "conv1d":  # the conv2d of a height-1 image
+                    x, w, conv = x.unsqueeze(-2), w.unsqueeze(-2), _conv1d_as_2d(*conv)
+                calls.append(GemmCall(call.name, call.op_type, x, w, conv))
             elif call.op_type == "linear":
                 w = kw.get("weight", args[1] if len(args) > 1 else None)
                 calls.append(GemmCall(call.name, "linear", args[0].detach(), w.detach()))
@@ -286,13 +289,28 @@ def capture_gemm_calls(model: nn.Module, inputs: tuple, kinds=GEMM_KINDS) -> lis
     return calls
 
 
+def _conv1d_as_2d(stride, padding, dilation, groups) -> tuple:
+    """A conv1d's (stride, padding, dilation, groups) as its conv2d form's over a height-1
+    image (a padding by name, "same" or "valid", stays the name)."""
+
+    def two(v, fill: int):
+        return v if isinstance(v, str) else (fill, v[0] if isinstance(v, list | tuple) else v)
+
+    return two(stride, 1), two(padding, 0), two(dilation, 1), groups
+
+
 def crop_conv_input(call: GemmCall, max_hw: int) -> GemmCall:
-    """The same call on the central window of at most max_hw x max_hw input pixels (conv2d
-    only; others unchanged). Per-element statistics keep their meaning; the cost drops."""
-    if call.kind != "conv2d" or max_hw < 1:
+    """The same call on the central window of at most max_hw x max_hw input pixels, or the
+    kernel's dilated extent where that is wider (convolutions only; others unchanged).
+    Per-element statistics keep their meaning; the cost drops."""
+    if call.kind not in CONV_KINDS or max_hw < 1:
         return call
     h, w = call.x.shape[-2:]
-    ch, cw = min(h, max_hw), min(w, max_hw)
+    dilation = call.conv_args[2] if len(call.conv_args) > 2 else 1
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    kh, kw = call.w.shape[-2:]
+    ch = min(h, max(max_hw, (kh - 1) * dh + 1))
+    cw = min(w, max(max_hw, (kw - 1) * dw + 1))
     top, left = (h - ch) // 2, (w - cw) // 2
     x = call.x[..., top : top + ch, left : left + cw]
     return GemmCall(call.name, call.kind, x, call.w, call.conv_args)
@@ -311,15 +329,16 @@ def fake_weight(w: Tensor, fmt: FormatChoice) -> Tensor:
 def weight_sensitivity(
     model: nn.Module, batches: list[tuple], fmt: FormatChoice | None = None
 ) -> pd.DataFrame:
-    """The vendor's "weight" sensitivity pass (j6-numerics s.9) for every Conv2d/Linear module:
-    only that module's weight in ``fmt`` (default int8), everything else float; output SQNR (dB)
-    against the float outputs. Sorted ascending (most sensitive first), ``rank`` from 1."""
+    """The vendor's "weight" sensitivity pass (j6-numerics s.9) for every Conv1d, Conv2d and
+    Linear module: only that module's weight in ``fmt`` (default int8), everything else float;
+    output SQNR (dB) against the float outputs. Sorted ascending (most sensitive first),
+    ``rank`` from 1."""
     fmt = fmt or FormatChoice(OperandFormat.INT8)
     with torch.no_grad():
         ref = [_first_tensor(model(*b)) for b in batches]
     rows = []
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.Conv2d | nn.Linear):
+        if not isinstance(mod, nn.Conv1d | nn.Conv2d | nn.Linear):
             continue
         orig = mod.weight.data
         mod.weight.data = fake_weight(orig, fmt)
@@ -361,11 +380,21 @@ def output_sqnr_db(ref: list, test: list) -> float:
     return math.inf if noise == 0 else 10 * math.log10(float((r**2).sum()) / noise)
 
 
+def _weight_values(module: nn.Module) -> int:
+    """A layer's stored weight values: its ``weight``, or every ``weight_*`` parameter of its
+    own (a recurrent layer's input and hidden projections)."""
+    w = getattr(module, "weight", None)
+    if isinstance(w, Tensor):
+        return int(w.numel())
+    own = module.named_parameters(recurse=False)
+    return sum(int(p.numel()) for n, p in own if n.startswith("weight"))
+
+
 def splittable_ops(ops: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``Simulator.ops`` the high/low split applies to: supported conv2d / linear calls
-    with an INT8 weight (the platform template's weight dtype)."""
+    """Rows of ``Simulator.ops`` the high/low split applies to: supported conv1d / conv2d /
+    linear calls with an INT8 weight (the platform template's weight dtype)."""
     keep = (
-        ops["op_type"].isin(["conv2d", "linear"])
+        ops["op_type"].isin(["conv1d", "conv2d", "linear"])
         & ops["has_weight"].astype(bool)
         & ops["supported"].astype(bool)
         & (ops["weight_dtype"] == DType.INT8.name)
@@ -416,8 +445,8 @@ def fixed_split_study(
         "split_all": list(cand["name"]),
     }
     mods = dict(module.named_modules())
-    gemm = ops[ops["op_type"].isin(["conv2d", "linear"]) & ops["has_weight"].astype(bool)]
-    wvals = {m: int(mods[m].weight.numel()) for m in dict.fromkeys(gemm["module"])}
+    gemm = ops[ops["op_type"].isin(["conv1d", "conv2d", "linear"]) & ops["has_weight"].astype(bool)]
+    wvals = {m: _weight_values(mods[m]) for m in dict.fromkeys(gemm["module"])}
     module_of = dict(zip(ops["name"], ops["module"]))
     macs = dict(zip(ops["name"], ops["flops"].astype(float) / 2))
     runs = [("int8", None)] + [(s, c) for c in combines for s in ("split_topk", "split_all")]

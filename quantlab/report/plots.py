@@ -96,9 +96,9 @@ def draw(plot: Plot, df: pd.DataFrame):
         else:
             ax.set_xlabel(plot.xlabel)
             ax.set_ylabel(plot.ylabel)
-        if plot.logx:
+        if plot.logx and _any_positive(sub[plot.x]):  # a log axis needs a value above 0
             ax.set_xscale("log")
-        if plot.logy:
+        if plot.logy and _any_positive(sub[plot.y]):
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[n:]:
@@ -109,6 +109,11 @@ def draw(plot: Plot, df: pd.DataFrame):
         top = 1.0 - 0.45 / fig.get_figheight()  # the suptitle's line stays clear of the panels
     fig.tight_layout(rect=(0.0, 0.0, 1.0, top))
     return fig
+
+
+def _any_positive(values: pd.Series) -> bool:
+    v = pd.to_numeric(values, errors="coerce")
+    return bool(((v > 0) & np.isfinite(v)).any())
 
 
 def _draw_panel(ax, plot: Plot, sub: pd.DataFrame) -> None:

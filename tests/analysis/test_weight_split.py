@@ -122,3 +122,44 @@ def test_fixed_split_study_toy_conv():
     wb = dict(zip(df["scheme"], df["weight_bytes"]))
     assert wb["split_all"] == 2 * wb["int8"]
     assert {"top1_agreement", "kl_nats", "cost_rel_int8", "extra_int8_macs"} <= set(df.columns)
+
+
+def test_conv1d_layers_are_split_like_conv2d_ones():
+    """A Conv1d call (an audio or sequence model's) is captured in the conv2d form of a height-1
+    image, with its own name and kind: the same float output as the call, its formats
+    evaluated (the split recovering precision), its weight ranked by the sensitivity pass and
+    split in fixed mode; padding by name passes through."""
+    from quantlab.analysis.weight_split import fixed_split_study
+    from quantlab.models.tasks import OutputSQNR
+    from quantlab.platforms import PlatformConfig
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv1d(4, 8, 5, stride=2, padding=2, dilation=1), nn.ReLU(),
+        nn.Conv1d(8, 6, 3, padding="same", dilation=2), nn.ReLU(), nn.Flatten(),
+        nn.Linear(6 * 16, 3),
+    ).eval()  # fmt: skip
+    x = torch.randn(2, 4, 32).relu()
+    calls = capture_gemm_calls(model, (x,))
+    assert [(c.name, c.kind) for c in calls] == [
+        ("0:conv1d#0", "conv1d"), ("2:conv1d#0", "conv1d"), ("5:linear#0", "linear"),
+    ]  # fmt: skip
+    assert calls[0].conv_args == ((1, 2), (0, 2), (1, 1), 1)
+    assert calls[1].conv_args == ((1, 1), "same", (1, 2), 1)
+    with torch.no_grad():
+        y = model[0](x)
+        h = model[2](model[1](y))
+    for call, conv, want in ((calls[0], model[0], y), (calls[1], model[2], h)):
+        got = torch.nn.functional.conv2d(call.x, call.w, conv.bias, *call.conv_args).squeeze(-2)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    rows = evaluate_formats(calls[1], FORMATS)
+    sq = {r["format"]: r["sqnr_db"] for r in rows}
+    assert {r["op_type"] for r in rows} == {"conv1d"} and sq["split_k7_wide"] > sq["int8"] + 20
+    assert calls[0].macs == 2 * 8 * 16 * 4 * 5
+    sens = weight_sensitivity(model, [(x,)])
+    assert set(sens["kind"]) == {"Conv1d", "Linear"} and len(sens) == 3
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(2, 4, 32, generator=g),) for _ in range(2)]
+    df = fixed_split_study(model, PlatformConfig(), batches[:1], batches, [OutputSQNR()],
+                           top_modules=["2"], progress=False)  # fmt: skip
+    assert list(df["layers_split"]) == [0, 1, 3, 1, 3]

@@ -122,16 +122,41 @@ def test_a_chosen_model_runs_alone_with_the_simulator_study_on_its_data(tmp_path
     assert (f.top1_agreement_n == 3).all()
 
 
-def test_a_model_without_conv2d_or_linear_modules_is_refused_by_name(tmp_path, monkeypatch):
-    """A model whose GEMMs are Conv1d layers and recurrent cells (silero-vad's) has nothing the
-    split study covers: refused naming the model (it stopped at a KeyError of an empty table)."""
+def test_a_model_without_conv_or_linear_modules_is_refused_by_name(tmp_path, monkeypatch):
+    """A model whose GEMMs are recurrent cells only has nothing the split study covers: refused
+    naming the model (it stopped at a KeyError of an empty table)."""
     from types import SimpleNamespace
 
     from torch import nn
 
     import quantlab.workload as workload
 
-    audio = SimpleNamespace(module=nn.Sequential(nn.Conv1d(1, 4, 3), nn.ReLU(), nn.LSTM(4, 4)))
+    audio = SimpleNamespace(module=nn.Sequential(nn.LSTM(4, 4), nn.GRU(4, 4)))
     monkeypatch.setattr(workload, "listed_or_chosen", lambda *a: iter([("audio", audio, None)]))
-    with pytest.raises(ValueError, match="model audio has no nn.Conv2d or nn.Linear module"):
+    with pytest.raises(
+        ValueError, match="model audio has no nn.Conv1d, nn.Conv2d or nn.Linear module"
+    ):
         run(HighlowSplitExp(), RunContext(PlatformConfig(), None, None, 0, tmp_path))
+
+
+def test_a_model_judged_by_its_outputs_gets_a_task_error_and_a_drawable_pareto_plot():
+    """A user's model without a classifier output (silero-vad's) has output cosine, not KL or
+    an embedding's cosine: its task error is 1 - output cosine (it was NaN, and the log-scaled
+    Pareto plot of NaN stopped the report); a panel with no positive value stays linear."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from experiments.highlow_split import _task_error
+    from quantlab.report import Plot, PlotKind
+    from quantlab.report.plots import draw
+
+    df = pd.DataFrame({"output_cosine": [0.99, 0.999], "scheme": ["int8", "int16"]})
+    assert list(_task_error(df).round(6)) == [0.01, 0.001]
+    rows = pd.DataFrame(
+        {"cost": [1.0, 2.0, 1.0, 2.0], "err": [0.01, 0.001, None, None], "m": ["a", "a", "b", "b"]}
+    )
+    plot = Plot("pareto", "cost", "err", "cost", "error", kind=PlotKind.SCATTER, facet="m",
+                logy=True)  # fmt: skip
+    fig = draw(plot, rows)
+    assert [ax.get_yscale() for ax in fig.axes[:2]] == ["log", "linear"]
+    plt.close(fig)
