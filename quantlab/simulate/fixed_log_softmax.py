@@ -15,7 +15,12 @@ from quantlab.numerics.dtypes import DType
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.composite import ResolvedComposite
-from quantlab.simulate.fixed_lut import qat_log, softmax_dim, with_op_strategy
+from quantlab.simulate.fixed_lut import (
+    qat_log,
+    softmax_dim,
+    softmax_sum_scale,
+    with_op_strategy,
+)
 
 LOG_SOFTMAX_KEY = "softmax"  # log_softmax's inner softmax output: activation point <op>/softmax
 
@@ -90,9 +95,10 @@ def log_softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     _, info, sm, so = parts
     out = rq.output_dtype
     xc = fc.codes(args, kwargs, plan.acts[0], info).to(info.dtype.torch_dtype)
-    fmt = sim.platform.lut_format()
+    fmt, dim = sim.platform.lut_format(), softmax_dim(args, kwargs)
+    _, sum_scale = softmax_sum_scale(sim, call, rq, xc.shape[dim])
     mid = lut_softmax(
-        xc, float(info.scale), info.dtype, softmax_dim(args, kwargs), float(sm), out, fmt
+        xc, float(info.scale), info.dtype, dim, float(sm), out, fmt, sum_scale=sum_scale
     )
     return fc.emit(_log_table(sim, call, rq, sm, so).evaluate(mid), so, out)
 
@@ -118,13 +124,14 @@ def log_softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> Resolv
     out, x_slot, rounding = rq.output_dtype, plan.acts[0], sim.platform.fake_round
     divide, in_scale = qat_divide(rounding), float(info.scale)
     floor = sim.platform.lut_spec("log").log_floor
+    n = A.get(call.args, call.kwargs, x_slot).shape[dim]
+    sum_key, sum_scale = softmax_sum_scale(sim, call, rq, n)
 
     def compute(args, kwargs):
         x = A.get(args, kwargs, x_slot)
         dim = softmax_dim(args, kwargs)
-        p = qat_fake_quant(
-            qat_softmax(x.detach(), dim, in_scale, rounding, divide), sm, out, rounding
-        )
+        qs = qat_softmax(x.detach(), dim, in_scale, rounding, divide, sum_scale=sum_scale)
+        p = qat_fake_quant(qs, sm, out, rounding)
         value = qat_log(p, floor)
         if torch.is_grad_enabled() and x.requires_grad:
             value = through(torch.log_softmax(x, dim), value)
@@ -132,4 +139,7 @@ def log_softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> Resolv
 
     out_key = sim.act_scale_key(call.name, "out", out, rq)
     inner_key = sim.act_scale_key(call.name, LOG_SOFTMAX_KEY, out, log_softmax_inner_rq(rq))
-    return ResolvedComposite(compute, deps=((out_key, so), (inner_key, sm)))
+    deps = ((out_key, so), (inner_key, sm))
+    return ResolvedComposite(
+        compute, deps=deps + (() if sum_key is None else ((sum_key, sum_scale),))
+    )

@@ -407,24 +407,50 @@ def lut_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCompos
     return ResolvedComposite(compute, deps=((out_key, so),))
 
 
-def warn_long_softmax_rows(call, n: int) -> None:
-    """Warn (once per op) where the J6 softmax's assumed row-sum scale, n * 2/65535 (the
-    plugin calibrates it; quantlab does not), can leave a row's sum below the 32 int16 codes
-    the QAT reciprocal clips at: rows of 1024 values or more (every sum is at least 1)."""
+SOFTMAX_SUM_KEY = "sum"  # a J6 softmax's row sum of exp: activation point <op>/sum
+
+
+def observe_softmax_sum(sim, call, plan) -> None:
+    """Calibration: feed the row sums of exp(x - max(x)) of a segment-LUT softmax or
+    log_softmax to ``<op>/sum``. The plugin's SegmentLUTSoftmax quantizes that sum with an int16
+    qconfig of its own (its ``sum`` FloatFunctional), calibrated like any activation."""
+    if sim.platform.softmax_rule is not SoftmaxRule.SEGMENT_LUT:
+        return
+    if not sim.platform.runs_quantized(call.op_type, call.category):
+        return
+    x = A.get(call.args, call.kwargs, plan.acts[0]) if plan.acts else None
+    dim = softmax_dim(call.args, call.kwargs)
+    if A.is_float_tensor(x) and dim is not None:
+        xf = x.detach().float()
+        rows = torch.exp(xf - xf.amax(dim, keepdim=True)).sum(dim, keepdim=True)
+        sim._obs.observe(f"{call.name}/{SOFTMAX_SUM_KEY}", rows)
+
+
+def softmax_sum_scale(sim, call, rq, n: int) -> tuple[tuple | None, float]:
+    """(scale cache key, float scale) of a J6 softmax's int16 row sum: calibrated at
+    ``<op>/sum`` with the op's observer, symmetric (``log_softmax_inner_rq``); where calibration
+    saw no sum (a simulator calibrated before this point existed), the scale that cannot
+    saturate, n * 2/65535, with no key. Warns where the QAT reciprocal's 32-code clip can bind:
+    a scale above 1/32 (every row sums to at least 1)."""
     import warnings
 
     from quantlab.numerics.lut.composite import RECIPROCAL_CLIP_CODES_INT16, SOFTMAX_EXP_SCALE
+    from quantlab.simulate.fixed_log_softmax import log_softmax_inner_rq
 
-    if RECIPROCAL_CLIP_CODES_INT16 * n * SOFTMAX_EXP_SCALE <= 1.0:
-        return
-    warnings.warn(
-        f"softmax {call.name} over rows of {n} values: at the row-sum scale quantlab assumes, "
-        f"n * 2/65535, a row whose sum is below {n / 1024:.3g} holds fewer than 32 int16 codes "
-        "there, which FAKE clips at 32 codes (the QAT reciprocal) and FIXED resolves on those "
-        "few codes (the deployed table), so the modes disagree and both lose precision at this "
-        "op; the vendor calibrates that scale (README, 'Softmax on J6')",
-        stacklevel=1,  # one place: shown once per op, whichever mode resolves it first
-    )
+    key, scale = None, n * SOFTMAX_EXP_SCALE
+    if sim._obs.get(f"{call.name}/{SOFTMAX_SUM_KEY}") is not None:
+        srq = log_softmax_inner_rq(rq)
+        key = sim.act_scale_key(call.name, SOFTMAX_SUM_KEY, DType.INT16, srq)
+        scale = float(sim.act_scale(call.name, SOFTMAX_SUM_KEY, DType.INT16, srq))
+    if RECIPROCAL_CLIP_CODES_INT16 * scale > 1.0:
+        warnings.warn(
+            f"softmax {call.name}: its row sum's int16 scale {scale:.3g} leaves a row whose sum "
+            f"is below {RECIPROCAL_CLIP_CODES_INT16 * scale:.3g} fewer than 32 codes, which "
+            "FAKE clips at 32 codes (the QAT reciprocal) and FIXED resolves on those few codes "
+            "(the deployed table), so the modes part there (README, 'Softmax on J6')",
+            stacklevel=1,  # one place: shown once per op, whichever mode resolves it first
+        )
+    return key, scale
 
 
 def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedComposite | None:
@@ -458,7 +484,8 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
     so = fc.out_scale(sim, call, rq)  # the output point's cache entry, for ``deps``
     if fc.out_zero_point(sim, call, rq):
         return None
-    warn_long_softmax_rows(call, A.get(call.args, call.kwargs, plan.acts[0]).shape[dim])
+    n = A.get(call.args, call.kwargs, plan.acts[0]).shape[dim]
+    sum_key, sum_scale = softmax_sum_scale(sim, call, rq, n)
     x_slot, rounding = plan.acts[0], sim.platform.fake_round
     divide, in_scale = qat_divide(rounding), float(info.scale)
 
@@ -468,14 +495,18 @@ def softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> ResolvedCo
         grad = torch.is_grad_enabled() and x.requires_grad
         point = None if grad else sim.plain_fake_point(call.name, "out", out, rq)
         if point is not None:  # the output's fake quant as quantize_act applies it, fused
-            return qat_softmax(x, dim, in_scale, rounding, divide, out_quant=point[0]), point[1]
-        value = qat_softmax(x, dim, in_scale, rounding, divide)
+            value = qat_softmax(
+                x, dim, in_scale, rounding, divide, sum_scale=sum_scale, out_quant=point[0]
+            )
+            return value, point[1]
+        value = qat_softmax(x, dim, in_scale, rounding, divide, sum_scale=sum_scale)
         if grad:
             value = through(torch.softmax(x, dim), value)
         return sim.quantize_act(call.name, "out", value, out, rq, Mode.FAKE, owned=True)
 
     out_key = sim.act_scale_key(call.name, "out", out, rq)
-    return ResolvedComposite(compute, deps=((out_key, so),))
+    deps = ((out_key, so),) + (() if sum_key is None else ((sum_key, sum_scale),))
+    return ResolvedComposite(compute, deps=deps)
 
 
 def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
@@ -498,10 +529,11 @@ def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
         codes = exp_table_softmax(xc, float(info.scale), dim, float(so), out, zo)
         return fc.emit(codes, so, out, zo)
     zx = info.zero_point
-    warn_long_softmax_rows(call, xc.shape[dim])
+    _, sum_scale = softmax_sum_scale(sim, call, rq, xc.shape[dim])
+    fmt = sim.platform.lut_format()
     if not (zx or zo or DType.UINT8 in (info.dtype, out)):
         codes = lut_softmax(
-            xc, float(info.scale), info.dtype, dim, float(so), out, sim.platform.lut_format()
+            xc, float(info.scale), info.dtype, dim, float(so), out, fmt, sum_scale=sum_scale
         )
         return fc.emit(codes, so, out)
     if (zx and info.dtype.bits > 8) or (zo and out.bits > 8):
@@ -511,7 +543,7 @@ def softmax_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     # the output codes are formed in int16 (nothing saturates before zo is added)
     x16 = xc.to(torch.int16)
     codes = lut_softmax(
-        x16, float(info.scale), DType.INT16, dim, float(so), DType.INT16, sim.platform.lut_format()
+        x16, float(info.scale), DType.INT16, dim, float(so), DType.INT16, fmt, sum_scale=sum_scale
     )
     codes = (codes.to(torch.int64) + zo).clamp(out.qmin, out.qmax)
     return fc.emit(codes, so, out, zo)

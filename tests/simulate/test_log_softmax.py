@@ -52,6 +52,12 @@ def _scales(sim, dtype):
     return s_in, s_mid, s_out
 
 
+def _sum_scale(sim) -> float:
+    """The inner softmax's row-sum scale: int16, calibrated at ``<op>/sum``."""
+    rq = log_softmax_inner_rq(sim.qconfig_of(NAME))
+    return float(sim.act_scale(NAME, "sum", DType.INT16, rq))
+
+
 @pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
 def test_fixed_log_softmax_is_the_lut_softmax_then_the_log_table(dtype):
     sim, g = _calibrated("j6m", dtype)
@@ -59,7 +65,8 @@ def test_fixed_log_softmax_is_the_lut_softmax_then_the_log_table(dtype):
     x = _inputs(g)
     s_in, s_mid, s_out = _scales(sim, dtype)
     xc = quantize(x, s_in, dtype, plat.fake_round).to(dtype.torch_dtype)
-    mid = lut_softmax(xc, s_in, dtype, -1, s_mid, dtype, plat.lut_format())
+    fmt = plat.lut_format()
+    mid = lut_softmax(xc, s_in, dtype, -1, s_mid, dtype, fmt, sum_scale=_sum_scale(sim))
     observed = sim.observed_range(NAME, LOG_SOFTMAX_KEY)
     table = build_lut(
         "log", dtype, s_mid, dtype, s_out, plat.lut_spec("log"), plat.lut_format(), observed
@@ -92,7 +99,8 @@ def test_fake_log_softmax_is_the_plugins_qat_logsoftmax(dtype):
     def fq(v, s):
         return torch.fake_quantize_per_tensor_affine(v, s, 0, dtype.qmin, dtype.qmax)
 
-    p = fq(qat_softmax(fq(x, s_in), -1, s_in, divide=Divide.BY_RECIPROCAL), s_mid)
+    divide, ss = Divide.BY_RECIPROCAL, _sum_scale(sim)
+    p = fq(qat_softmax(fq(x, s_in), -1, s_in, divide=divide, sum_scale=ss), s_mid)
     want = fq(torch.log(p).clamp_min(-10.0), s_out)
     got = sim.run(x, mode=Mode.FAKE)
     assert_bits_equal(got, want)

@@ -103,8 +103,9 @@ def lut_softmax(
 
     1. d = x - max(x) in int16 codes (scale in_scale), saturated at -32768;
     2. e = exp LUT (int16 -> int16, scale ``exp_scale``) on [-12, 0] with a flat left tail;
-    3. S = sum(e) exact in int64, requantized to int16 with ``sum_scale`` (default
-       n * exp_scale, so it cannot saturate);
+    3. S = sum(e) exact in int64, requantized to int16 with ``sum_scale``, saturating (the
+       Simulator passes the scale calibrated at ``<op>/sum``, as the plugin calibrates its
+       sum; default n * exp_scale, which cannot saturate);
     4. r = reciprocal LUT (int16 -> int16, default spec, scale ``recip_scale``, default 1/32767);
     5. out = requant(e * r, exp_scale * recip_scale / out_scale) (default out_scale 1/qmax).
     Requantizations: float64 ratio, HALF_UP, saturation (assumed, module docstring).
@@ -184,9 +185,9 @@ def qat_softmax(
     1. d = fq(x - max(x), in_scale): x - max(x) in codes, saturated at -32768;
     2. e = fq(exp(d), exp_scale), exp as torch's vectorized kernel gives it on d's value
        (``qat_softmax_exp_values``, one entry per code of d);
-    3. S = fq(sum(e), sum_scale) (default n * exp_scale): the float32 row sum, taken exactly
-       and rounded once (torch's float32 sum rounds along the way and may differ in its last
-       bit). Exact in double in any order: every e is a float32 multiple of the unit in the
+    3. S = fq(sum(e), sum_scale) (the Simulator's: calibrated at ``<op>/sum``; default
+       n * exp_scale): the float32 row sum, taken exactly and rounded once (torch's float32
+       sum rounds along the way and may differ in its last bit). Exact in double in any order: every e is a float32 multiple of the unit in the
        last place of exp_scale's binade or 0, below 2, so rows of at most
        ``QAT_SOFTMAX_MAX_ROW`` values sum to a multiple of it below 2**15;
     4. r = fq(qat_reciprocal(S), recip_scale): S clipped below at 32 codes of ``sum_scale``;
