@@ -429,7 +429,7 @@ def observe_softmax_sum(sim, call, plan) -> None:
 def softmax_sum_scale(sim, call, rq, n: int) -> tuple[tuple | None, float]:
     """(scale cache key, float scale) of a J6 softmax's int16 row sum: calibrated at
     ``<op>/sum`` with the op's observer, symmetric (``log_softmax_inner_rq``); where calibration
-    saw no sum (a simulator calibrated before this point existed), the scale that cannot
+    saw no finite sum (a simulator calibrated before this point existed), the scale that cannot
     saturate, n * 2/65535, with no key. Warns where the QAT reciprocal's 32-code clip can bind:
     a scale above 1/32 (every row sums to at least 1)."""
     import warnings
@@ -438,7 +438,8 @@ def softmax_sum_scale(sim, call, rq, n: int) -> tuple[tuple | None, float]:
     from quantlab.simulate.fixed_log_softmax import log_softmax_inner_rq
 
     key, scale = None, n * SOFTMAX_EXP_SCALE
-    if sim._obs.get(f"{call.name}/{SOFTMAX_SUM_KEY}") is not None:
+    seen = sim._obs.get(f"{call.name}/{SOFTMAX_SUM_KEY}")
+    if seen is not None and seen.batches:  # some finite sum (a fully masked row's is NaN)
         srq = log_softmax_inner_rq(rq)
         key = sim.act_scale_key(call.name, SOFTMAX_SUM_KEY, DType.INT16, srq)
         scale = float(sim.act_scale(call.name, SOFTMAX_SUM_KEY, DType.INT16, srq))
