@@ -187,9 +187,10 @@ def qat_softmax(
        (``qat_softmax_exp_values``, one entry per code of d);
     3. S = fq(sum(e), sum_scale) (the Simulator's: calibrated at ``<op>/sum``; default
        n * exp_scale): the float32 row sum, taken exactly and rounded once (torch's float32
-       sum rounds along the way and may differ in its last bit). Exact in double in any order: every e is a float32 multiple of the unit in the
-       last place of exp_scale's binade or 0, below 2, so rows of at most
-       ``QAT_SOFTMAX_MAX_ROW`` values sum to a multiple of it below 2**15;
+       sum rounds along the way and may differ in its last bit). Exact in double in any
+       order: every e is a float32 multiple of the unit in the last place of exp_scale's
+       binade or 0, below 2, so rows of at most ``QAT_SOFTMAX_MAX_ROW`` values sum to a
+       multiple of it below 2**15;
     4. r = fq(qat_reciprocal(S), recip_scale): S clipped below at 32 codes of ``sum_scale``;
     5. e * r, then ``out_quant``.
 
