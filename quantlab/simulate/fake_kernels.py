@@ -16,13 +16,14 @@ from quantlab.simulate import (
     fixed_log_softmax,
     fixed_lut,
     fixed_norm,
+    fixed_softmax,
 )
 
 FAKE_KERNELS = {
     OpCategory.DIV: fixed_div.div_fake_op,
     OpCategory.NORM: fixed_norm.norm_fake_op,
     OpCategory.EMBEDDING: fixed_embedding.embedding_fake_op,
-    OpCategory.SOFTMAX: fixed_lut.softmax_fake_op,
+    OpCategory.SOFTMAX: fixed_softmax.softmax_fake_op,
     OpCategory.LOG_SOFTMAX: fixed_log_softmax.log_softmax_fake_op,
 }
 

@@ -7,20 +7,14 @@ return ``(value, QInfo)`` or None, as in ``fixed_ops``; a profile that lists log
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from quantlab.numerics.dtypes import DType
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
 from quantlab.simulate.composite import ResolvedComposite
-from quantlab.simulate.fixed_lut import (
-    qat_log,
-    softmax_dim,
-    softmax_sum_scale,
-    with_op_strategy,
-)
+from quantlab.simulate.fixed_lut import qat_log, with_op_strategy
+from quantlab.simulate.fixed_softmax import inner_point_rq, softmax_dim, softmax_sum_scale
 
 LOG_SOFTMAX_KEY = "softmax"  # log_softmax's inner softmax output: activation point <op>/softmax
 
@@ -34,18 +28,6 @@ def observe_log_softmax(sim, call, plan) -> None:
     dim = softmax_dim(call.args, call.kwargs)
     if A.is_float_tensor(x) and dim is not None:
         sim._obs.observe(f"{call.name}/{LOG_SOFTMAX_KEY}", torch.softmax(x.detach().float(), dim))
-
-
-def log_softmax_inner_rq(rq):
-    """The resolved qconfig of log_softmax's inner softmax output: the op's (the plugin's
-    LogSoftmax passes its qconfig to its softmax), symmetric, MINMAX where the op's observer
-    is FIXED."""
-    from quantlab.calibration.kinds import ActivationSymmetry, ObserverKind
-
-    observer = rq.observer if rq.observer is not ObserverKind.FIXED else ObserverKind.MINMAX
-    return dataclasses.replace(
-        rq, observer=observer, activation_symmetry=ActivationSymmetry.SYMMETRIC
-    )
 
 
 def _log_softmax_parts(sim, call, plan, in_infos, rq):
@@ -66,7 +48,7 @@ def _log_softmax_parts(sim, call, plan, in_infos, rq):
     so = fc.out_scale(sim, call, rq)
     if fc.out_zero_point(sim, call, rq):
         return None
-    sm = sim.act_scale(call.name, LOG_SOFTMAX_KEY, out, log_softmax_inner_rq(rq))
+    sm = sim.act_scale(call.name, LOG_SOFTMAX_KEY, out, inner_point_rq(rq))
     return dim, info, sm, so
 
 
@@ -138,7 +120,7 @@ def log_softmax_fake_op(sim, call, plan, in_infos, rq, deployed=False) -> Resolv
         return sim.quantize_act(call.name, "out", value, out, rq, Mode.FAKE, owned=True)
 
     out_key = sim.act_scale_key(call.name, "out", out, rq)
-    inner_key = sim.act_scale_key(call.name, LOG_SOFTMAX_KEY, out, log_softmax_inner_rq(rq))
+    inner_key = sim.act_scale_key(call.name, LOG_SOFTMAX_KEY, out, inner_point_rq(rq))
     deps = ((out_key, so), (inner_key, sm))
     return ResolvedComposite(
         compute, deps=deps + (() if sum_key is None else ((sum_key, sum_scale),))

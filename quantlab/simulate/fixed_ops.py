@@ -37,10 +37,11 @@ from quantlab.simulate.fixed_div import reciprocal_table_div
 from quantlab.simulate.fixed_embedding import embedding_op
 from quantlab.simulate.fixed_gemm import gemm_op
 from quantlab.simulate.fixed_log_softmax import log_softmax_op
-from quantlab.simulate.fixed_lut import lut_op, softmax_op
+from quantlab.simulate.fixed_lut import lut_op
 from quantlab.simulate.fixed_norm import COMPOSITE_TYPES, norm_op
 from quantlab.simulate.fixed_pool import pool_op
 from quantlab.simulate.fixed_sampling import grid_sample_op, resample_op
+from quantlab.simulate.fixed_softmax import softmax_op
 
 _KERNELS = {
     OpCategory.GEMM: "integer",

@@ -37,7 +37,7 @@ class FakeOps(enum.Enum):
 
     QAT: the exact float function, then output fake quant (what QAT frameworks compute); a
     softmax the platform computes by segment LUTs is the vendor's QAT SegmentLUTSoftmax, whose
-    exp, row sum and reciprocal are fake-quantized too (``fixed_lut.softmax_fake_op``), and a
+    exp, row sum and reciprocal are fake-quantized too (``fixed_softmax.softmax_fake_op``), and a
     log_softmax it composes the QAT LogSoftmax (``fixed_log_softmax.log_softmax_fake_op``);
     sqrt, reciprocal, tan, atanh, asin and acos clip their input, and log is hard_log, where
     the platform's QAT does so (``fixed_lut.lut_fake_op``).

@@ -35,6 +35,7 @@ from quantlab.simulate import (
     fixed_log_softmax,
     fixed_lut,
     fixed_norm,
+    fixed_softmax,
     same_grid,
 )
 from quantlab.simulate.modes import Mode
@@ -58,9 +59,9 @@ class QuantizationState:
             fixed_div.observe_reciprocal(self, call, plan)
         elif call.category is OpCategory.LOG_SOFTMAX:
             fixed_log_softmax.observe_log_softmax(self, call, plan)
-            fixed_lut.observe_softmax_sum(self, call, plan)
+            fixed_softmax.observe_softmax_sum(self, call, plan)
         elif call.category is OpCategory.SOFTMAX:
-            fixed_lut.observe_softmax_sum(self, call, plan)
+            fixed_softmax.observe_softmax_sum(self, call, plan)
         for i, slot in enumerate(plan.acts):
             v = A.get(call.args, call.kwargs, slot)
             if A.is_float_tensor(v):

@@ -92,7 +92,7 @@ def _pinned_platform(case: str, platform: str):
     fake-quantized reciprocal, ``fixed_div.div_fake_op``, whose bits
     tests/simulate/test_tensor_div.py checks against torch's fake quant), so its division
     keeps the float rule here. The softmax of posenc and of the DETR decoder's attention:
-    their digests predate FAKE mode's QAT softmax (``fixed_lut.softmax_fake_op``, checked
+    their digests predate FAKE mode's QAT softmax (``fixed_softmax.softmax_fake_op``, checked
     against torch's fake quant in tests/simulate/test_fake_softmax.py), so they keep the rule
     whose FAKE softmax is the float softmax fake-quantized (FAKE mode reads it nowhere else)."""
     from quantlab.platforms import SoftmaxRule, TensorDivRule, load_platform

@@ -79,9 +79,9 @@ def _scales(sim, dtype):
 def _sum_scale(sim):
     """The row sum's int16 scale, calibrated at ``<op>/sum`` with the op's observer (the
     plugin's SegmentLUTSoftmax quantizes its sum with an int16 qconfig of its own)."""
-    from quantlab.simulate.fixed_log_softmax import log_softmax_inner_rq
+    from quantlab.simulate.fixed_softmax import inner_point_rq
 
-    rq = log_softmax_inner_rq(sim.qconfig_of(NAME))
+    rq = inner_point_rq(sim.qconfig_of(NAME))
     return float(sim.act_scale(NAME, "sum", DType.INT16, rq))
 
 

@@ -19,7 +19,8 @@ from quantlab.numerics.lut.composite import qat_softmax
 from quantlab.numerics.quantize import Divide, quantize
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
-from quantlab.simulate.fixed_log_softmax import LOG_SOFTMAX_KEY, log_softmax_inner_rq
+from quantlab.simulate.fixed_log_softmax import LOG_SOFTMAX_KEY
+from quantlab.simulate.fixed_softmax import inner_point_rq
 
 NAME = ":log_softmax#0"
 
@@ -47,14 +48,14 @@ def _inputs(g: torch.Generator) -> torch.Tensor:
 def _scales(sim, dtype):
     rq = sim.qconfig_of(NAME)
     s_in = float(sim.act_scale(NAME, "in0", dtype, rq))
-    s_mid = float(sim.act_scale(NAME, LOG_SOFTMAX_KEY, dtype, log_softmax_inner_rq(rq)))
+    s_mid = float(sim.act_scale(NAME, LOG_SOFTMAX_KEY, dtype, inner_point_rq(rq)))
     s_out = float(sim.act_scale(NAME, "out", dtype, rq))
     return s_in, s_mid, s_out
 
 
 def _sum_scale(sim) -> float:
     """The inner softmax's row-sum scale: int16, calibrated at ``<op>/sum``."""
-    rq = log_softmax_inner_rq(sim.qconfig_of(NAME))
+    rq = inner_point_rq(sim.qconfig_of(NAME))
     return float(sim.act_scale(NAME, "sum", DType.INT16, rq))
 
 
