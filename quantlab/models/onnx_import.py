@@ -123,6 +123,15 @@ def _fixed(model, shapes: list[list[int]]):
 _AUTO_PAD_OPS = ("Conv", "MaxPool", "AveragePool")
 
 
+def _same_auto_pad(node) -> bytes | None:
+    """A Conv, MaxPool or AveragePool node's ``auto_pad`` where it is SAME_UPPER or SAME_LOWER
+    (None for any other node or mode)."""
+    if node.op_type not in _AUTO_PAD_OPS:
+        return None
+    modes = [a.s for a in node.attribute if a.name == "auto_pad"]
+    return modes[0] if modes and modes[0] in (b"SAME_UPPER", b"SAME_LOWER") else None
+
+
 def _explicit_auto_pads(model):
     """``model`` with the pads ONNX defines for its Conv, MaxPool and AveragePool nodes of
     ``auto_pad`` SAME_UPPER / SAME_LOWER written out (onnx2torch converts explicit pads, not
@@ -132,13 +141,7 @@ def _explicit_auto_pads(model):
     not known stays as it is (and is refused by onnx2torch, naming its auto_pad)."""
     from onnx import helper, shape_inference
 
-    same = [
-        n
-        for n in model.graph.node
-        if n.op_type in _AUTO_PAD_OPS
-        and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in n.attribute)
-    ]
-    if not same:
+    if not any(_same_auto_pad(n) for n in model.graph.node):
         return model
     model = copy.deepcopy(model)
     inferred = shape_inference.infer_shapes(model)
@@ -146,11 +149,11 @@ def _explicit_auto_pads(model):
     for v in (*inferred.graph.input, *inferred.graph.value_info):
         sizes[v.name] = [d.dim_value or None for d in v.type.tensor_type.shape.dim]
     weights = {i.name: list(i.dims) for i in model.graph.initializer}
-    for node in [n for n in model.graph.node if n.op_type in _AUTO_PAD_OPS]:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        mode = attrs.get("auto_pad", b"NOTSET")
-        if mode not in (b"SAME_UPPER", b"SAME_LOWER"):
+    for node in model.graph.node:
+        mode = _same_auto_pad(node)
+        if mode is None:
             continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         kernel = attrs.get("kernel_shape") or weights.get(node.input[1], [None, None])[2:]
         rank = len(kernel)
         if not rank:  # a computed weight: its kernel is not known here
