@@ -31,6 +31,7 @@ from quantlab.models.onnx_nodes import (
     converted,
     refuse,
     registry_key,
+    replace,
 )
 
 TYPE_ONLY = {
@@ -189,7 +190,7 @@ def register() -> None:
     for v in (14, 19, 21):  # Reshape's allowzero (14 on)
         held = _CONVERTER_REGISTRY.get(registry_key("Reshape", v))
         if held is not None and not getattr(held, "allowzero", False):
-            _CONVERTER_REGISTRY[registry_key("Reshape", v)] = _reshape(held)
+            replace("Reshape", (v,), _reshape(held))
     add_missing("Split", (18,), _split)
     for op, versions, check in (
         ("Pad", (18, 19, 21), _pad_check),
