@@ -488,7 +488,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             [
                 f"The ONNX graph fixes its batch at {fixed_batch}: the per-op tables and the "
                 f"model output compare fake, fixed and onnxruntime on one run of "
-                f"{batch_items(batch)} evaluation item(s); the task metrics run "
+                f"{_count(batch_items(batch), 'evaluation item')}; the task metrics run "
                 f"{_count(sum(batch_items(b) for b in runs), 'item')} in "
                 f"{_count(len(runs), 'run')} of that size."
             ]
