@@ -13,8 +13,9 @@ GroupNormalization, SpaceToDepth, Upsample and Pad the torch calls they are
 (``onnx_functional``); and the operator versions of opsets 18 to 21 that torch's exporters
 write convert as the versions before them where they mean the same (``onnx_versions``).
 ``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
-and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A graph quantized already is
-refused: quantlab takes the float model.
+and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A Mul or Div by a one-value
+constant multiplies by the number, as the PyTorch code it was exported from (``onnx_constants``).
+A graph quantized already is refused: quantlab takes the float model.
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
 reference for the converted module's float run.
@@ -33,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from quantlab.models import packages
+from quantlab.models.onnx_constants import scalar_operands
 
 
 @dataclass
@@ -451,6 +453,7 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     _outputs_by_name(module, [o.name for o in model.graph.output])
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
+    scalar_operands(module)
     metadata = {p.key: p.value for p in model.metadata_props}
     return OnnxModel(
         module.eval(),
