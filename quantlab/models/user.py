@@ -7,8 +7,9 @@ put in eval mode and into deployment form (BatchNorm folded, Dropout removed) wi
 batch, as the registry models are.
 
 Task metrics: ``model.metric`` first when given; then, for an output that is one (B, C) tensor
-with C >= 2 (classifier-shaped), top-1 agreement with float and KL of the softmax; for every
-output, output SQNR and per-item output cosine against float.
+with C >= 2 (classifier-shaped) whose rows are not unit vectors (an embedding's, judged by
+cosine), top-1 agreement with float and KL of the softmax; for every output, output SQNR and
+per-item output cosine against float.
 """
 
 from __future__ import annotations
@@ -69,12 +70,30 @@ def custom_metric(cfg: ModelConfig) -> CustomMetric:
     )
 
 
+UNIT_ROW_TOLERANCE = 1e-3  # |norm - 1| of every row of an L2-normalized embedding
+
+
 def default_metrics(output: object) -> tuple[TaskMetric, ...]:
-    """Top-1 agreement and KL for a classifier-shaped output (one (B, C) tensor, C >= 2), then
-    output SQNR and output cosine for any output."""
-    classifier = isinstance(output, Tensor) and output.dim() == 2 and output.shape[1] >= 2
+    """Top-1 agreement and KL for a classifier-shaped output (one float (B, C) tensor, C >= 2,
+    not an embedding: not every row's L2 norm within UNIT_ROW_TOLERANCE of 1), then output
+    SQNR and output cosine for any output (first, for an embedding)."""
+    classifier = (
+        isinstance(output, Tensor)
+        and output.is_floating_point()
+        and output.dim() == 2
+        and output.shape[1] >= 2
+        and not _unit_rows(output)
+    )
     common = (OutputSQNR(), OutputCosine())
-    return (Top1Agreement(), SoftmaxKL(), *common) if classifier else common
+    if classifier:
+        return (Top1Agreement(), SoftmaxKL(), *common)
+    return common
+
+
+def _unit_rows(output: Tensor) -> bool:
+    """Whether every row of ``output`` (B, C) has an L2 norm within UNIT_ROW_TOLERANCE of 1."""
+    norms = torch.linalg.vector_norm(output.detach().to(torch.float64), dim=1)
+    return bool(((norms - 1).abs() <= UNIT_ROW_TOLERANCE).all())
 
 
 def run_example(module: nn.Module, name: str, example: tuple) -> object:

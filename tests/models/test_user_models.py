@@ -84,6 +84,20 @@ def test_non_classifier_output_gets_sqnr_and_cosine(pkg):
     assert b.metrics[1](ref, ref) == pytest.approx(1.0)
 
 
+def test_an_embedding_is_judged_by_sqnr_and_cosine_not_as_a_classifier():
+    """A (B, C) output whose rows are all unit vectors (a speaker's or sentence's embedding) has
+    no classes to agree on: output SQNR and cosine only; logits keep top-1 and KL."""
+    from quantlab.models.user import default_metrics
+
+    logits = torch.randn(4, 256)
+    embedding = F.normalize(logits, dim=1)
+    assert default_metrics(embedding) == (OutputSQNR(), OutputCosine())
+    assert [type(m) for m in default_metrics(logits)][:1] == [Top1Agreement]
+    near = embedding.clone()
+    near[0] *= 1.01  # one row off the unit sphere: not an embedding
+    assert [type(m) for m in default_metrics(near)][:1] == [Top1Agreement]
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
