@@ -17,6 +17,7 @@ after, and the training curves.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -70,8 +71,10 @@ class QatExp:
     cnn_lr: float = 1e-5
     cnn_batch: int = 4  # calibration items per training step
     # the CNN's input on the chip: FIXED mode of every variant, and DEPLOYED_QAT's training;
-    # FLOAT_NORMALIZED: the float input at its calibrated scale (a model without an input path)
-    deployed_input: InputFormat = InputFormat.UINT8_RGB
+    # FLOAT_NORMALIZED: the float input at its calibrated scale (a model without an input path);
+    # None: the model's own (model.input_format where set, UINT8_RGB for an image model with
+    # its preprocessing, FLOAT_NORMALIZED for any other: audio, tokens, tensors)
+    deployed_input: InputFormat | None = None
 
     def __post_init__(self) -> None:
         for name in ("models", "variants"):
@@ -92,7 +95,8 @@ class QatExp:
         for dt in (self.decoder_dtype, self.posenc_dtype):
             if dt not in (DType.INT8, DType.INT16):
                 raise ValueError(f"exp dtypes must be INT8 or INT16, got {dt.name}")
-        self.deployed_input = InputFormat.parse(self.deployed_input, "exp.deployed_input")
+        if self.deployed_input is not None:
+            self.deployed_input = InputFormat.parse(self.deployed_input, "exp.deployed_input")
         if not self.lr > 0 or not self.cnn_lr > 0:
             raise ValueError("exp.lr and exp.cnn_lr must be > 0")
 
@@ -190,16 +194,15 @@ def _loss_unit(words: str) -> str:
     return "KL, nats" if words == "KL" else "MSE of the outputs"
 
 
-def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
-    """The CNN distilled from its float model on float preprocessing; it trains on the input
-    ``model.input_format`` configures and is deployed on ``exp.deployed_input``."""
-    import dataclasses
-
+def _cnn(exp: QatExp, ctx: RunContext) -> tuple[QatTask, InputFormat]:
+    """(the CNN distilled from its float model on float preprocessing, the input it is deployed
+    on): it trains on the input ``model.input_format`` configures and is deployed on
+    ``exp.deployed_input`` (``_chip_input`` where that is None)."""
     from quantlab.models.tasks import OutputSQNR, Top1Agreement
     from quantlab.workload import batches_per_run, load_workload, merge_items, start_spec
 
     own, chip = InputFormat.parse(ctx.model.input_format), exp.deployed_input
-    if own not in (InputFormat.FLOAT_NORMALIZED, chip):
+    if chip is not None and own not in (InputFormat.FLOAT_NORMALIZED, chip):
         raise ValueError(
             f"exp.deployed_input={chip.name} differs from model.input_format={own.name}: a model "
             "trained on a deployed input is deployed with it (set them equal, or "
@@ -207,6 +210,7 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
         )
     float_cfg = dataclasses.replace(ctx.model, input_format=InputFormat.FLOAT_NORMALIZED)
     bundle, data = load_workload(float_cfg, ctx.data, ctx.seed or 0, ctx.platform)
+    chip = chip if chip is not None else _chip_input(own, bundle)
     spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
     k = batches_per_run(bundle, data, exp.cnn_batch)  # fewer where a graph fixes its batch
 
@@ -235,7 +239,7 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
         own.name,
     )
     if chip is InputFormat.FLOAT_NORMALIZED:
-        return task
+        return task, chip
     deployed, chip_calib = _deployed_input(bundle, data, chip, ctx)
     deployed = dataclasses.replace(deployed, train=merged(chip_calib))
     if own is chip:  # trained on the chip's input already
@@ -246,8 +250,19 @@ def _cnn(exp: QatExp, ctx: RunContext) -> QatTask:
             train=deployed.train,
             eval=deployed.eval,
             input=chip.name,
-        )
-    return dataclasses.replace(task, deployed=deployed)
+        ), chip
+    return dataclasses.replace(task, deployed=deployed), chip
+
+
+def _chip_input(own: InputFormat, bundle) -> InputFormat:
+    """The CNN's deployed input where ``exp.deployed_input`` is None: ``model.input_format``
+    where set, else uint8 pixels for an image model with its own preprocessing, else the float
+    input (a model that takes no image)."""
+    if own is not InputFormat.FLOAT_NORMALIZED:
+        return own
+    if bundle.input_format is None:
+        return InputFormat.FLOAT_NORMALIZED
+    return InputFormat.UINT8_RGB
 
 
 def _deployed_input(bundle, data, fmt: InputFormat, ctx: RunContext):
@@ -473,11 +488,9 @@ def qat_result(
             f"box chain and inverse_sigmoid at {exp.decoder_dtype.name}, inverse_sigmoid table "
             f"{exp.decoder_strategy.name}. Posenc: mul, sin, cos at {exp.posenc_dtype.name}. "
             "CNN: PTQ and QAT calibrate and train on the input model.input_format configures; "
-            f"on the chip it takes {exp.deployed_input.name} (exp.deployed_input: uint8 pixels "
-            "as int8 codes at scale 1, mean/std folded into the first conv, its padding moved "
-            "to the input; quantlab.models.input_path), where DEPLOYED_QAT trains and every "
-            "variant's fixed run is measured (a model trained on float preprocessing is folded "
-            "after training). One calibration on the configured input serves every variant.",
+            f"on the chip it takes {_chip_words(exp.deployed_input)}, where DEPLOYED_QAT trains "
+            "and every variant's fixed run is measured. One calibration on the configured input "
+            "serves every variant.",
         ],
     )
 
@@ -495,7 +508,8 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
         jobs.append((_posenc(exp), toy))
     cnn_batch, cnn_loss = None, "KL"
     if QatModel.CNN in exp.models:
-        cnn = _cnn(exp, ctx)
+        cnn, chip = _cnn(exp, ctx)
+        exp = dataclasses.replace(exp, deployed_input=chip)  # the report names the input used
         jobs.append((cnn, FineTuning(exp.cnn_steps, exp.cnn_lr, exp.scales)))
         cnn_batch, cnn_loss = batch_items(cnn.train[0]), _loss_words(cnn.loss)
     parts, curves = [], []
@@ -506,6 +520,21 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
     table = pd.concat(parts, ignore_index=True)
     curve = pd.concat(curves, ignore_index=True) if any(len(c) for c in curves) else None
     return qat_result(table, curve, exp, ctx.platform.name, cnn_batch, cnn_loss)
+
+
+def _chip_words(fmt: InputFormat | None) -> str:
+    """What the CNN's deployed input ``exp.deployed_input`` (resolved; None: no CNN ran) is."""
+    if fmt is None or fmt is InputFormat.FLOAT_NORMALIZED:
+        return (
+            "FLOAT_NORMALIZED (exp.deployed_input: the float input quantized at its calibrated "
+            "scale, the default for a model that takes no image)"
+        )
+    return (
+        f"{fmt.name} (exp.deployed_input: uint8 pixels as int8 codes at scale 1, mean/std "
+        "folded into the first conv, its padding moved to the input; "
+        "quantlab.models.input_path; a model trained on float preprocessing is folded after "
+        "training)"
+    )
 
 
 def _batch_words(exp: QatExp, cnn_batch: int | None) -> str:

@@ -92,7 +92,33 @@ def test_qat_cnn_names_a_deployed_input_it_cannot_use(tmp_path):
         return RunContext(PlatformConfig(), model, DataConfig(num_calib=1, num_eval=2), 0, tmp_path)
 
     nv12 = ModelConfig(name="small_cnn", pretrained=False, input_format="NV12")
+    uint8 = QatExp(deployed_input="UINT8_RGB")
     with pytest.raises(ValueError, match="deployed_input=UINT8_RGB differs from model.input_"):
-        _cnn(QatExp(), ctx(nv12))
+        _cnn(uint8, ctx(nv12))
     with pytest.raises(ValueError, match="needs an image model.*FLOAT_NORMALIZED"):
-        _cnn(QatExp(), ctx(ModelConfig(name="posenc", pretrained=False)))
+        _cnn(uint8, ctx(ModelConfig(name="posenc", pretrained=False)))
+
+
+def test_qat_cnn_takes_the_models_own_deployed_input_by_default(tmp_path):
+    """exp.deployed_input unset (null): uint8 pixels for an image model with its preprocessing,
+    model.input_format where set, the float input for a model that takes no image (the
+    positional-encoding toy), which the explicit UINT8_RGB refuses."""
+    from experiments.qat import QatExp, _chip_words, _cnn
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.models.input_path import InputFormat
+    from quantlab.models.schema import ModelConfig
+    from quantlab.platforms import PlatformConfig
+
+    def chip(model: ModelConfig) -> InputFormat:
+        data = DataConfig(num_calib=1, num_eval=2)
+        return _cnn(QatExp(), RunContext(PlatformConfig(), model, data, 0, tmp_path))[1]
+
+    assert QatExp().deployed_input is None
+    assert chip(ModelConfig(name="small_cnn", pretrained=False)) is InputFormat.UINT8_RGB
+    nv12 = ModelConfig(name="small_cnn", pretrained=False, input_format="NV12")
+    assert chip(nv12) is InputFormat.NV12
+    posenc = chip(ModelConfig(name="posenc", pretrained=False))
+    assert posenc is InputFormat.FLOAT_NORMALIZED
+    assert "the float input quantized at its calibrated scale" in _chip_words(posenc)
+    assert "uint8 pixels" in _chip_words(InputFormat.UINT8_RGB)

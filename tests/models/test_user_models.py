@@ -677,7 +677,7 @@ def test_qat_trains_a_graph_that_fixes_its_batch_on_batches_of_that_size(batch_o
     from quantlab.models.input_path import InputFormat
 
     exp = QatExp(deployed_input=InputFormat.FLOAT_NORMALIZED)
-    task = _cnn(exp, batch_one_graph)
+    task, _ = _cnn(exp, batch_one_graph)
     assert [b[0].shape[0] for b in task.train] == [1, 1, 1, 1] and len(task.targets) == 4
     assert "1 (the model's graph fixes its batch; exp.cnn_batch=4)" == _batch_words(exp, 1)
     assert _batch_words(exp, 4) == "4"
@@ -772,14 +772,14 @@ def test_qat_distils_a_model_that_is_no_classifier_by_the_mse_of_its_outputs(tmp
     from quantlab.models.input_path import InputFormat
 
     exp = QatExp(deployed_input=InputFormat.FLOAT_NORMALIZED)
-    task = _cnn(exp, _detector_context(tmp_path, 2))
-    assert task.loss is _output_mse
+    task, chip = _cnn(exp, _detector_context(tmp_path, 2))
+    assert task.loss is _output_mse and chip is InputFormat.FLOAT_NORMALIZED
     y = task.model(*task.train[0])
     loss = task.loss((y, [y * 2]), (task.targets[0], [task.targets[0]]))
     assert loss.requires_grad and float(loss) > 0
     a, b = torch.arange(4.0), torch.zeros(4)
     assert float(_output_mse((a, {"s": a}), (b, {"s": b}))) == float((a * a).mean())
-    assert _cnn(exp, _fixed_batch_graph(tmp_path, 1, 2, 2)).loss is _kl
+    assert _cnn(exp, _fixed_batch_graph(tmp_path, 1, 2, 2))[0].loss is _kl
 
 
 def test_recipe_refuses_a_drop_from_output_sqnr_before_it_ranks_anything(tmp_path, monkeypatch):
