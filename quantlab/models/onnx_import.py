@@ -15,6 +15,7 @@ write convert as the versions before them where they mean the same (``onnx_versi
 ``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
 and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A Mul or Div by a one-value
 constant multiplies by the number, as the PyTorch code it was exported from (``onnx_constants``).
+The outputs are the values the graph names, each with its batch axis (``onnx_outputs``).
 A graph quantized already is refused: quantlab takes the float model.
 
 The bundle also carries the original graph under onnxruntime (fp32, CPU) as an external
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 
 from quantlab.models import packages
 from quantlab.models.onnx_constants import scalar_operands
+from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
 
 
 @dataclass
@@ -240,40 +242,6 @@ def _explicit_pads(model):
     return _edge_padded_max_pools(_explicit_auto_pads(model))
 
 
-def _outputs_by_name(gm, names: list[str]) -> None:
-    """Make the converted module return the graph's outputs ``names``, in order. onnx2torch
-    returns the whole result of a node with several outputs (an LSTM's Y and Y_h, a Split's
-    parts) where a graph output is one of them, and that once per node; here each output is the
-    value it names (``getitem`` of its node's result). Left as it is when an output is not
-    found among the converted nodes' outputs (``onnx_mapping``)."""
-    import operator
-
-    made: dict[str, tuple] = {}
-    for node in gm.graph.nodes:
-        if node.op != "call_module":
-            continue
-        mapping = getattr(gm.get_submodule(node.target), "onnx_mapping", None)
-        if mapping is None:
-            continue
-        several = len(mapping.outputs) > 1
-        for i, name in enumerate(mapping.outputs):
-            made[name] = (node, i if several else None)
-    if not names or any(n not in made for n in names):
-        return
-    if not any(made[n][1] is not None for n in names):
-        return  # every output is a node's only one: onnx2torch returned them as they are
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    values = []
-    with gm.graph.inserting_before(out):
-        for name in names:
-            node, index = made[name]
-            values.append(node if index is None else gm.graph.call_function(
-                operator.getitem, (node, index)))  # fmt: skip
-    out.args = (values[0] if len(values) == 1 else tuple(values),)
-    gm.graph.lint()
-    gm.recompile()
-
-
 def _initializers_as_parameters(module: nn.Module) -> None:
     """onnx2torch holds the graph's initializers as buffers of its ``initializers`` module;
     each float one becomes an ``nn.Parameter`` (no gradient), as a PyTorch model holds its
@@ -384,11 +352,9 @@ def _fixed_batch(model) -> int | None:
     return 1 if any(d is not None for d in firsts[1:]) else None
 
 
-def _run_on_zeros(module: nn.Module, model, shapes: list[list[int]]) -> None:
-    """Run ``module`` once on zeros of the graph's input shapes and dtypes: onnx2torch builds
-    some modules from the shapes ONNX's shape inference found, and a shape it could not find
-    (a Pad whose pads are computed, say) makes a module that fails at its first call (a
-    LayerNorm over no dims); the caller then converts the folded graph instead."""
+def _zeros(model, shapes: list[list[int]]) -> list[Tensor]:
+    """Zeros of the graph's input shapes (``shapes`` without the batch) and dtypes, at the
+    batch the graph fixes (else 1)."""
     import numpy as np
     from onnx import helper
 
@@ -397,8 +363,16 @@ def _run_on_zeros(module: nn.Module, model, shapes: list[list[int]]) -> None:
     for inp, shape in zip(_graph_inputs(model), shapes):
         dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
         xs.append(torch.from_numpy(np.zeros((batch, *shape), dtype=dtype)))
+    return xs
+
+
+def _run_on_zeros(module: nn.Module, model, shapes: list[list[int]]) -> None:
+    """Run ``module`` once on ``_zeros``: onnx2torch builds some modules from the shapes ONNX's
+    shape inference found, and a shape it could not find (a Pad whose pads are computed, say)
+    makes a module that fails at its first call (a LayerNorm over no dims); the caller then
+    converts the folded graph instead."""
     with torch.no_grad():
-        module.eval()(*xs)  # eval: a BatchNorm in training mode would take the zeros' statistics
+        module.eval()(*_zeros(model, shapes))  # eval: a BatchNorm would take the zeros' statistics
 
 
 def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxModel:
@@ -450,30 +424,40 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
             raise ValueError(
                 f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"
             ) from None
-    _outputs_by_name(module, [o.name for o in model.graph.output])
+    outputs_by_name(module, [o.name for o in model.graph.output])
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
     scalar_operands(module)
+    fixed_batch = _fixed_batch(model)
+    try:
+        unbatched = restore_batch_axis(module.eval(), fixed_batch, _zeros(model, shapes))
+    except Exception:  # a module that cannot run: the first run on the data names why
+        unbatched = ()
     metadata = {p.key: p.value for p in model.metadata_props}
     return OnnxModel(
-        module.eval(),
+        module,
         tuple(tuple(s) for s in shapes),
         metadata,
-        onnxruntime_runner(path, names),
-        _fixed_batch(model),
+        onnxruntime_runner(path, names, unbatched),
+        fixed_batch,
     )
 
 
-def onnxruntime_runner(path: Path, names: list[str]) -> Callable[..., object]:
+def onnxruntime_runner(
+    path: Path, names: list[str], unbatched: tuple[int, ...] = ()
+) -> Callable[..., object]:
     """``run(*inputs)``: the ONNX file under onnxruntime (fp32, CPU); one output -> a tensor,
     several -> a tuple of tensors. A graph whose batch size is fixed (its first input's first
     dim) runs a larger batch (a multiple of it, every input alike) in slices along dim 0,
-    its outputs concatenated along dim 0 (an experiment that merges evaluation batches)."""
+    its outputs concatenated along dim 0 (an experiment that merges evaluation batches).
+    The outputs numbered in ``unbatched`` (of a batch-1 graph, without a batch axis) get one,
+    as the converted module's do (``onnx_outputs.restore_batch_axis``)."""
     session = None
 
     def run_once(inputs) -> list[Tensor]:
         feed = {n: t.detach().cpu().numpy() for n, t in zip(names, inputs)}
-        return [torch.from_numpy(o) for o in session.run(None, feed)]
+        outs = [torch.from_numpy(o) for o in session.run(None, feed)]
+        return [o.unsqueeze(0) if i in unbatched else o for i, o in enumerate(outs)]
 
     def run(*inputs: Tensor) -> object:
         nonlocal session
