@@ -78,7 +78,12 @@ def load_workload(
         if data.name == "tensors":
             _probe(bundle, dataset, data)
         return bundle, dataset
-    from quantlab.models.user import ModelInputError, declared_shapes, user_model_name
+    from quantlab.models.user import (
+        ModelInputError,
+        declared_shapes,
+        partial_shapes,
+        user_model_name,
+    )
 
     shapes = declared_shapes(model)
     inputs = ModelInputs(
@@ -87,6 +92,7 @@ def load_workload(
         shapes,
         random_inputs(shapes) if shapes is not None else None,
         registry=False,
+        partial_shapes=partial_shapes(model) if shapes is None else None,
     )
     dataset = load_data(data, inputs)
     try:

@@ -82,3 +82,36 @@ def test_qconfig_file_rules_must_match_the_models_ops(pkg, tmp_path):
     assert "by_name 'conv3:conv2d#0' is no op of the model; nearest op names: conv" in msg
     assert "by_type 'sigmoid' is no op type of the model (its op types: " in msg
     assert start_spec(None, j6m, bundle.module, ds.calib[0]) == QConfigSpec()
+
+
+def test_a_graph_of_one_channel_and_a_dynamic_width_takes_luma_images_at_data_size(tmp_path):
+    """An ONNX text-line model (1, 32, width) with a dynamic width (ddddocr's recognizer) took
+    the default 3 channels, so data.mean=[0.5] was refused as 'takes 3 channel(s)'; the graph's
+    static channels and height now count, the width comes from data.size, and a data.size
+    that contradicts the static height, or none at all, is named."""
+    pytest.importorskip("onnxruntime")
+
+    class Line(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x).mean((1, 2))
+
+    path = tmp_path / "line.onnx"
+    torch.onnx.export(Line().eval(), (torch.randn(1, 1, 32, 64),), str(path), dynamo=False,
+                      input_names=["x"], dynamic_axes={"x": {3: "width"}})  # fmt: skip
+    folder = image_folder(tmp_path / "imgs", ("coffee.png", "camera.png"))
+    model = ModelConfig(name="onnx", path=str(path))
+
+    def data(**kw) -> DataConfig:
+        return DataConfig(name="images", path=str(folder), num_calib=1, num_eval=1, **kw)
+
+    bundle, ds = load_workload(model, data(size=[32, 96], mean=[0.5], std=[0.5]))
+    assert ds.calib[0][0].shape == (1, 1, 32, 96) and bundle.input_shapes == ((1, 32, 96),)
+    with pytest.raises(ValueError, match=r"data.size is needed: .* 1 channel\(s\) with a dynamic "
+                       r"size \[1, 32, \?\]"):  # fmt: skip
+        load_workload(model, data(mean=[0.5], std=[0.5]))
+    with pytest.raises(ValueError, match=r"data.size=\[48, 96\] but model .* takes a height of 32"):
+        load_workload(model, data(size=[48, 96]))

@@ -21,14 +21,16 @@ InputsFn = Callable[[int, int], tuple[Tensor, ...]]  # (batch, seed) -> random m
 class ModelInputs:
     """``name`` (for messages), the model's own image preprocessing ``input_format`` (None: not
     an image model, or a user model whose format comes from the data config), each input's
-    ``shapes`` without the batch dimension (None: unknown), a maker of seeded random inputs and
-    whether it is a ``registry`` model (False: the user's own)."""
+    ``shapes`` without the batch dimension (None: unknown), a maker of seeded random inputs,
+    whether it is a ``registry`` model (False: the user's own) and, where ``shapes`` is unknown,
+    what is known of them (``partial_shapes``: an ONNX graph's, None for a dynamic dim)."""
 
     name: str
     input_format: ImageFormat | None = None
     shapes: tuple[tuple[int, ...], ...] | None = None
     example_inputs: InputsFn | None = None
     registry: bool = True
+    partial_shapes: tuple[tuple[int | None, ...], ...] | None = None
 
 
 def smooth_images(gen: torch.Generator, batch: int, height: int, width: int) -> Tensor:

@@ -55,6 +55,16 @@ def declared_shapes(cfg: ModelConfig) -> tuple[tuple[int, ...], ...] | None:
     return None
 
 
+def partial_shapes(cfg: ModelConfig) -> tuple[tuple[int | None, ...], ...] | None:
+    """An ONNX graph's input shapes without the batch dimension, None where a dim is dynamic
+    (the channels of a text-line model of any width: (1, 64, None)); None for other models."""
+    if cfg.name != "onnx" or cfg.input_shape is not None:
+        return None
+    from quantlab.models.onnx_import import static_shapes
+
+    return tuple(tuple(g) for g in static_shapes(cfg.path))
+
+
 def custom_metric(cfg: ModelConfig) -> CustomMetric:
     """The task metric ``model.metric`` names (direction: ``model.metric_higher_is_better``)."""
     from quantlab.models.custom import import_target
