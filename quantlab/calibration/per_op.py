@@ -89,7 +89,12 @@ def choose_per_op(
         desc = f"choose observers ({target.name.lower()})"
         for op in tqdm(decided, desc=desc) if progress else decided:
             later = {n: OpMode(Mode.FLOAT) for n in computing[computing.index(op) + 1 :]}
+            prefix_before = prefix
             modes = {op: OpMode(mode), **later}
+            # at the op's output, a candidate's run ends there; the chosen one then runs whole
+            # (the next op replays its trace), with the bits a whole run of it gave
+            at = _measured_at(op, ops)
+            stop = at if target is ChoiceTarget.OP_OUTPUT else None
             seen: dict[tuple, tuple] = {}
             scored = []
             for cand in candidates:
@@ -98,16 +103,23 @@ def choose_per_op(
                 key = _scales(sim, op, rows_by_name.loc[op])
                 if key not in seen:
                     traces = [
-                        sim.trace(*b, mode=mode, op_modes=modes, replay=p)
+                        sim.trace(*b, mode=mode, op_modes=modes, replay=p, stop_after=stop)
                         for b, p in zip(batches, prefix)
                     ]
-                    seen[key] = (_error(traces, refs, op, ops, target), traces)
+                    seen[key] = (_error(traces, refs, at, target), traces)
                 scored.append((cand, rule, *seen[key]))
             best = min(range(len(scored)), key=lambda i: scored[i][2])
             effective = len({err for _, _, err, _ in scored}) > 1
             if effective:  # else the op's scales change nothing measured: no rule written
                 by_name[op] = scored[best][1]
             prefix = scored[best][3]
+            if stop is not None:
+                chosen = {**by_name, op: scored[best][1]}
+                sim.set_qconfig(dataclasses.replace(base, by_name=chosen))
+                prefix = [
+                    sim.trace(*b, mode=mode, op_modes=modes, replay=p)
+                    for b, p in zip(batches, prefix_before)
+                ]
             for i, (cand, _, err, _) in enumerate(scored):
                 rows.append(
                     {
@@ -166,12 +178,18 @@ def _scales(sim, op: str, row) -> tuple:
     return tuple(key)
 
 
-def _error(traces, refs, op: str, ops: pd.DataFrame, target: ChoiceTarget) -> float:
+def _measured_at(op: str, ops: pd.DataFrame) -> str:
+    """The op whose output ``OP_OUTPUT`` measures: ``op``, or the last op fused into it."""
+    fused = ops[ops["fused_into"] == op]["name"]
+    return fused.iloc[-1] if len(fused) else op
+
+
+def _error(traces, refs, at: str, target: ChoiceTarget) -> float:
+    """The squared error of ``traces`` against the float ``refs``: at the model's output, or
+    at op ``at``'s (``_measured_at``)."""
     if target is ChoiceTarget.MODEL_OUTPUT:
         pairs = [(r.result, t.result) for r, t in zip(refs, traces)]
     else:
-        fused = ops[ops["fused_into"] == op]["name"]
-        at = fused.iloc[-1] if len(fused) else op
         pairs = [(r.outputs[at], t.outputs[at]) for r, t in zip(refs, traces)]
     total = 0.0
     for a, b in pairs:

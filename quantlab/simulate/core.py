@@ -264,18 +264,24 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         op_modes: Mapping[str, OpMode] | None = None,
         replay: Trace | None = None,
         on_call: CallObserver | None = None,
+        stop_after: str | None = None,
         _isolate: Trace | None = None,
     ):
         """Run once in ``mode`` (per-op overrides and replay as in ``run``) and record every
         captured op's output, each as the op returned it, whatever the run wrote into that
         memory later (``trace_record``); ``on_call``, when given, is told of every captured
         call after it ran (an ``ObservedCall``: the call, the quantization its activation
-        inputs arrived with, its output), in execution order."""
+        inputs arrived with, its output), in execution order. ``stop_after``: the run ends
+        once the op of that name has run (the trace holds it and every op before it,
+        ``result`` None; nothing the simulator learns from a whole run is taken from it)."""
         st = self._new_state(mode, op_modes, replay)
-        st.on_call = on_call
+        st.on_call = on_call if stop_after is None else _stopping(on_call, stop_after)
         st.trace = Trace(Mode.parse(mode))
         st.isolate = _isolate
-        st.trace.result = self._forward(inputs, st)
+        try:
+            st.trace.result = self._forward(inputs, st)
+        except _RunStopped:
+            st.trace.result = None
         st.trace.float16_overflow = dict(st.float16_overflow)
         st.trace.float_ops = set(st.float_ops)
         st.trace.fused = set(st.fused_done)
@@ -434,6 +440,23 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         if not self._ctx.keys() >= set(st.order):
             self._discover(out, st)
         return out
+
+
+class _RunStopped(BaseException):
+    """Ends a ``trace(stop_after=...)`` run (a BaseException: a model's own ``except
+    Exception`` does not take it)."""
+
+
+def _stopping(on_call: CallObserver | None, name: str) -> CallObserver:
+    """``on_call`` (where given), then the end of the run once the op ``name`` has run."""
+
+    def observe(observed) -> None:
+        if on_call is not None:
+            on_call(observed)
+        if observed.call.name == name:
+            raise _RunStopped
+
+    return observe
 
 
 def _training_modules(model: nn.Module) -> list[nn.Module]:

@@ -107,3 +107,40 @@ def test_fused_conv_chains_are_decided_at_their_heads():
         res = choose_per_op(sim, calib, CANDIDATES, target)
         assert heads <= set(res.table["op"])
         assert not set(ops[ops["fused_into"] != ""]["name"]) & set(res.table["op"])
+
+
+def test_a_candidates_run_ends_at_the_measured_op_with_the_whole_runs_choice():
+    """At OP_OUTPUT each candidate's run ends once its op (or its fused chain's last op) has
+    run, and the chosen one runs whole for the next op's replay: the same table, errors bit for
+    bit, and the same rules as whole runs of every candidate give."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU6(), nn.Conv2d(8, 8, 3), nn.Sigmoid(),
+        nn.Flatten(), nn.Linear(128, 4), nn.Tanh(),
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(2)
+    calib = [(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)]
+    sim = Simulator(model.eval(), "j6m")
+    sim.calibrate(calib, observers=CANDIDATES)
+    order = list(sim.ops["name"])
+    ends = []
+    trace = sim.trace
+
+    def whole(*args, stop_after=None, **kwargs):  # every candidate's run whole, as before
+        ends.append(stop_after)
+        return trace(*args, **kwargs)
+
+    sim.trace = whole
+    reference = choose_per_op(sim, calib, CANDIDATES, ChoiceTarget.OP_OUTPUT, progress=False)
+    del sim.trace
+    stops = {e for e in ends if e is not None}
+    assert order[-1] in stops and order[0] not in stops  # the conv is measured after its relu6
+    assert any(":relu6#" in e for e in stops)
+    got = choose_per_op(sim, calib, CANDIDATES, ChoiceTarget.OP_OUTPUT, progress=False)
+    assert got.table.equals(reference.table) and got.spec == reference.spec
+    assert list(sim.ops["name"]) == order  # a run that ended early changed nothing learnt
+    part = sim.trace(*calib[0], mode=Mode.FAKE, stop_after=order[1])
+    assert part.result is None and set(part.outputs) == set(order[:2])
+    full = sim.trace(*calib[0], mode=Mode.FAKE)
+    assert torch.equal(full.outputs[order[1]], part.outputs[order[1]])
+    assert full.result is not None and set(full.outputs) == set(order)
