@@ -25,6 +25,7 @@ that later calls follow after checking everything it was made from.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
@@ -296,9 +297,15 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         return compare_modes(self, inputs, Mode.parse(a), Mode.parse(b), view)
 
     def set_qconfig(self, spec: QConfigSpec) -> None:
-        """Replace the qconfig rules and re-resolve every op (calibration statistics are kept)."""
-        self.spec = spec
-        self._resolved.clear()
+        """Replace the qconfig rules and re-resolve every op (calibration statistics are kept;
+        where only ``by_name`` entries changed, only the ops they name: no other op's
+        resolution reads them, ``qconfig.resolve``)."""
+        old, self.spec = self.spec, spec
+        renamed = _by_name_changes(old, spec)
+        if renamed is None:
+            self._resolved.clear()
+        for name in renamed or ():
+            self._resolved.pop(name, None)
         # activation scales stay: their cache key holds every qconfig field a scale depends on
         self._fold_cache.clear()
         self._fast.clear()
@@ -440,6 +447,15 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         if not self._ctx.keys() >= set(st.order):
             self._discover(out, st)
         return out
+
+
+def _by_name_changes(old: QConfigSpec, new: QConfigSpec) -> set[str] | None:
+    """The op names whose ``by_name`` rule differs between ``old`` and ``new`` where nothing
+    else does; None where anything else differs."""
+    if dataclasses.replace(new, by_name=old.by_name) != old:
+        return None
+    names = old.by_name.keys() | new.by_name.keys()
+    return {n for n in names if old.by_name.get(n) != new.by_name.get(n)}
 
 
 class _RunStopped(BaseException):

@@ -53,6 +53,33 @@ def test_set_qconfig_keeps_calibrated_scales_and_changes_only_what_it_should():
     assert not torch.equal(before, changed)
 
 
+def test_a_by_name_change_re_resolves_the_ops_it_names_and_gives_a_fresh_simulators_bits():
+    """set_qconfig with only by_name entries changed re-resolves only the ops they name (the
+    others keep their resolved qconfig object); any other change re-resolves every op. Either
+    way runs give the bits of a simulator built with the new qconfig."""
+    from quantlab.numerics.dtypes import DType
+    from quantlab.qconfig import OpQConfig, QConfigSpec
+
+    model = build_model("conv_only").module
+    g = torch.Generator().manual_seed(6)
+    calib = [(torch.randn(2, 3, 16, 16, generator=g),) for _ in range(2)]
+    x = torch.randn(1, 3, 16, 16, generator=g)
+    sim = Simulator(model, platform="j6m")
+    sim.calibrate(calib)
+    names = list(sim.ops.name)
+    before = {n: sim.qconfig_of(n) for n in names}
+    wide = QConfigSpec(by_name={"conv2:conv2d#0": OpQConfig(output_dtype=DType.INT16)})
+    sim.set_qconfig(wide)
+    kept = [n for n in names if sim.qconfig_of(n) is before[n]]
+    assert kept == [n for n in names if n != "conv2:conv2d#0"]
+    assert sim.qconfig_of("conv2:conv2d#0").output_dtype is DType.INT16
+    fresh = Simulator(model, platform="j6m", qconfig=wide)
+    fresh.calibrate(calib)
+    assert torch.equal(sim.run(x, mode=Mode.FIXED), fresh.run(x, mode=Mode.FIXED))
+    sim.set_qconfig(QConfigSpec(global_=OpQConfig(output_dtype=DType.INT16)))
+    assert not any(sim.qconfig_of(n) is before[n] for n in names)
+
+
 def test_ops_table_names_the_gemm_a_fused_op_belongs_to():
     from torch import nn
 
