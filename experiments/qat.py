@@ -524,7 +524,9 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
 
 def _chip_words(fmt: InputFormat | None) -> str:
     """What the CNN's deployed input ``exp.deployed_input`` (resolved; None: no CNN ran) is."""
-    if fmt is None or fmt is InputFormat.FLOAT_NORMALIZED:
+    if fmt is None:
+        return "the input exp.deployed_input names (unset: the model's own; no CNN ran here)"
+    if fmt is InputFormat.FLOAT_NORMALIZED:
         return (
             "FLOAT_NORMALIZED (exp.deployed_input: the float input quantized at its calibrated "
             "scale, the default for a model that takes no image)"

@@ -25,6 +25,7 @@ that later calls follow after checking everything it was made from.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -108,6 +109,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
         self._learned_scales: dict | None = None  # ScaleTraining.LEARNED: point -> parameter
         self.platform = platform_config(platform) if isinstance(platform, str) else platform
         self.spec = qconfig if qconfig is not None else QConfigSpec()
+        self._applied_spec = copy.deepcopy(self.spec)  # as resolved (a spec may change in place)
         self._tracker = ModuleTracker(model)
         self._obs = ObserverBank()
         self._norm_obs: dict[str, list] = {}  # normalisation op -> its step statistics
@@ -299,9 +301,10 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
     def set_qconfig(self, spec: QConfigSpec) -> None:
         """Replace the qconfig rules and re-resolve every op (calibration statistics are kept;
         where only ``by_name`` entries changed, only the ops they name: no other op's
-        resolution reads them, ``qconfig.resolve``)."""
-        old, self.spec = self.spec, spec
-        renamed = _by_name_changes(old, spec)
+        resolution reads them, ``qconfig.resolve``; compared with a copy of the spec last
+        applied, as a caller may change one in place and apply it again)."""
+        renamed = _by_name_changes(self._applied_spec, spec)
+        self.spec, self._applied_spec = spec, copy.deepcopy(spec)
         if renamed is None:
             self._resolved.clear()
         for name in renamed or ():

@@ -55,8 +55,9 @@ def test_set_qconfig_keeps_calibrated_scales_and_changes_only_what_it_should():
 
 def test_a_by_name_change_re_resolves_the_ops_it_names_and_gives_a_fresh_simulators_bits():
     """set_qconfig with only by_name entries changed re-resolves only the ops they name (the
-    others keep their resolved qconfig object); any other change re-resolves every op. Either
-    way runs give the bits of a simulator built with the new qconfig."""
+    others keep their resolved qconfig object), also for a spec changed in place and applied
+    again; any other change re-resolves every op. Runs give the bits of a simulator built
+    with the new qconfig."""
     from quantlab.numerics.dtypes import DType
     from quantlab.qconfig import OpQConfig, QConfigSpec
 
@@ -76,6 +77,9 @@ def test_a_by_name_change_re_resolves_the_ops_it_names_and_gives_a_fresh_simulat
     fresh = Simulator(model, platform="j6m", qconfig=wide)
     fresh.calibrate(calib)
     assert torch.equal(sim.run(x, mode=Mode.FIXED), fresh.run(x, mode=Mode.FIXED))
+    wide.by_name["conv3:conv2d#0"] = OpQConfig(output_dtype=DType.INT16)  # changed in place
+    sim.set_qconfig(wide)  # the same object applied again (mixed_precision.apply_legal does)
+    assert sim.qconfig_of("conv3:conv2d#0").output_dtype is DType.INT16
     sim.set_qconfig(QConfigSpec(global_=OpQConfig(output_dtype=DType.INT16)))
     assert not any(sim.qconfig_of(n) is before[n] for n in names)
 
