@@ -25,7 +25,8 @@ import pandas as pd
 import torch
 from torch.nn import functional as F
 
-from quantlab.analysis.qat import DeployedInput, FineTuning, QatTask, Variant, compare_variants
+from quantlab.analysis.qat import FineTuning, QatTask, Variant, compare_variants
+from quantlab.analysis.qat_cnn import cnn_task, loss_words
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.models.input_path import InputFormat
@@ -168,129 +169,14 @@ def _posenc(exp: QatExp) -> QatTask:
     )
 
 
-def _kl(y, t):
-    return F.kl_div(
-        F.log_softmax(y, -1), F.log_softmax(t, -1), reduction="batchmean", log_target=True
-    )
-
-
-def _output_mse(y, t):
-    """Mean squared error over every float tensor of the outputs together: the distillation loss
-    of a model that is no classifier (a detector's maps, a recurrent model's outputs and
-    states)."""
-    from quantlab.analysis.metrics import float_leaves
-
-    return F.mse_loss(
-        torch.cat([v.reshape(-1) for v in float_leaves(y)]),
-        torch.cat([v.reshape(-1) for v in float_leaves(t)]),
-    )
-
-
-def _loss_words(loss) -> str:
-    return "KL" if loss is _kl else "MSE"
-
-
 def _loss_unit(words: str) -> str:
     return "KL, nats" if words == "KL" else "MSE of the outputs"
 
 
 def _cnn(exp: QatExp, ctx: RunContext) -> tuple[QatTask, InputFormat]:
-    """(the CNN distilled from its float model on float preprocessing, the input it is deployed
-    on): it trains on the input ``model.input_format`` configures and is deployed on
-    ``exp.deployed_input`` (``_chip_input`` where that is None)."""
-    from quantlab.models.tasks import OutputSQNR, Top1Agreement
-    from quantlab.workload import batches_per_run, load_workload, merge_items, start_spec
-
-    own, chip = InputFormat.parse(ctx.model.input_format), exp.deployed_input
-    if chip is not None and own not in (InputFormat.FLOAT_NORMALIZED, chip):
-        raise ValueError(
-            f"exp.deployed_input={chip.name} differs from model.input_format={own.name}: a model "
-            "trained on a deployed input is deployed with it (set them equal, or "
-            "model.input_format=FLOAT_NORMALIZED)"
-        )
-    float_cfg = dataclasses.replace(ctx.model, input_format=InputFormat.FLOAT_NORMALIZED)
-    bundle, data = load_workload(float_cfg, ctx.data, ctx.seed or 0, ctx.platform)
-    chip = chip if chip is not None else _chip_input(own, bundle)
-    spec = start_spec(ctx.qconfig, ctx.platform, bundle.module, data.calib[0])
-    k = batches_per_run(bundle, data, exp.cnn_batch)  # fewer where a graph fixes its batch
-
-    def merged(batches: list) -> list:
-        return [merge_items(batches[i : i + k], k) for i in range(0, len(batches), k)]
-
-    train = merged(data.calib)
-    with torch.no_grad():
-        targets = [bundle.module(*b) for b in train]
-        refs = [bundle.module(*b) for b in data.eval]
-    metrics = tuple(bundle.metrics)
-    if not any(m.name == OutputSQNR().name for m in metrics):
-        metrics += (OutputSQNR(),)
-    task = QatTask(
-        bundle.name,
-        bundle.module,
-        spec,
-        data.calib,
-        train,
-        targets,
-        _kl if isinstance(bundle.task, Top1Agreement) else _output_mse,  # a classifier: KL
-        data.eval,
-        refs,
-        metrics,
-        "float",
-        own.name,
-    )
-    if chip is InputFormat.FLOAT_NORMALIZED:
-        return task, chip
-    deployed, chip_calib = _deployed_input(bundle, data, chip, ctx)
-    deployed = dataclasses.replace(deployed, train=merged(chip_calib))
-    if own is chip:  # trained on the chip's input already
-        return dataclasses.replace(
-            task,
-            model=deployed.deploy(bundle.module),
-            calib=chip_calib,
-            train=deployed.train,
-            eval=deployed.eval,
-            input=chip.name,
-        ), chip
-    return dataclasses.replace(task, deployed=deployed), chip
-
-
-def _chip_input(own: InputFormat, bundle) -> InputFormat:
-    """The CNN's deployed input where ``exp.deployed_input`` is None: ``model.input_format``
-    where set, else uint8 pixels for an image model with its own preprocessing, else the float
-    input (a model that takes no image)."""
-    if own is not InputFormat.FLOAT_NORMALIZED:
-        return own
-    if bundle.input_format is None:
-        return InputFormat.FLOAT_NORMALIZED
-    return InputFormat.UINT8_RGB
-
-
-def _deployed_input(bundle, data, fmt: InputFormat, ctx: RunContext):
-    """(the CNN's input as the chip receives it in format ``fmt``, its calibration batches in
-    that form): uint8 pixels (or NV12) of the same photos, mean/std folded into the first conv
-    (``quantlab.models.input_path``, NV12 arithmetic from the platform)."""
-    from quantlab.models.input_path import (
-        Border,
-        YuvConversion,
-        deploy_input_path,
-        deploy_workload,
-    )
-
-    if bundle.input_format is None:
-        raise ValueError(
-            f"exp.deployed_input={fmt.name} needs an image model with its own preprocessing; "
-            f"model '{bundle.name}' has none (set exp.deployed_input=FLOAT_NORMALIZED)"
-        )
-    _, chip = deploy_workload(bundle, ctx.data, fmt, ctx.platform, Border.MEAN_PIXEL)
-    example = data.calib[0][0]  # a float-preprocessed batch: finds the first conv
-    yuv = YuvConversion.of(ctx.platform)
-
-    def deploy(model):
-        image = bundle.input_format
-        folded, _ = deploy_input_path(model, image, fmt, example, Border.MEAN_PIXEL, yuv)
-        return folded
-
-    return DeployedInput(fmt.name, deploy, [], chip.eval), chip.calib
+    """``quantlab.analysis.qat_cnn.cnn_task`` at this run's ``exp.cnn_batch`` and
+    ``exp.deployed_input``."""
+    return cnn_task(ctx, exp.cnn_batch, exp.deployed_input)
 
 
 def _gap_words(df: pd.DataFrame, variant: str, mode: str) -> str:
@@ -511,7 +397,7 @@ def qat(exp: QatExp, ctx: RunContext) -> ExperimentResult:
         cnn, chip = _cnn(exp, ctx)
         exp = dataclasses.replace(exp, deployed_input=chip)  # the report names the input used
         jobs.append((cnn, FineTuning(exp.cnn_steps, exp.cnn_lr, exp.scales)))
-        cnn_batch, cnn_loss = batch_items(cnn.train[0]), _loss_words(cnn.loss)
+        cnn_batch, cnn_loss = batch_items(cnn.train[0]), loss_words(cnn.loss)
     parts, curves = [], []
     for task, ft in jobs:
         rows, curve = compare_variants(task, ctx.platform, ft, list(exp.variants), ctx.progress)

@@ -768,18 +768,19 @@ def test_qat_distils_a_model_that_is_no_classifier_by_the_mse_of_its_outputs(tmp
     """+exp=qat distilled every model by KL of softmaxes, which a detector's map (or silero-vad's
     tuple of outputs and states: 'tuple' object has no attribute 'log_softmax') is not; such a
     model trains on the MSE of all its float outputs, a classifier still on KL."""
-    from experiments.qat import QatExp, _cnn, _kl, _output_mse
+    from experiments.qat import QatExp, _cnn
+    from quantlab.analysis.qat_cnn import kl_loss, output_mse_loss
     from quantlab.models.input_path import InputFormat
 
     exp = QatExp(deployed_input=InputFormat.FLOAT_NORMALIZED)
     task, chip = _cnn(exp, _detector_context(tmp_path, 2))
-    assert task.loss is _output_mse and chip is InputFormat.FLOAT_NORMALIZED
+    assert task.loss is output_mse_loss and chip is InputFormat.FLOAT_NORMALIZED
     y = task.model(*task.train[0])
     loss = task.loss((y, [y * 2]), (task.targets[0], [task.targets[0]]))
     assert loss.requires_grad and float(loss) > 0
     a, b = torch.arange(4.0), torch.zeros(4)
-    assert float(_output_mse((a, {"s": a}), (b, {"s": b}))) == float((a * a).mean())
-    assert _cnn(exp, _fixed_batch_graph(tmp_path, 1, 2, 2))[0].loss is _kl
+    assert float(output_mse_loss((a, {"s": a}), (b, {"s": b}))) == float((a * a).mean())
+    assert _cnn(exp, _fixed_batch_graph(tmp_path, 1, 2, 2))[0].loss is kl_loss
 
 
 def test_recipe_refuses_a_drop_from_output_sqnr_before_it_ranks_anything(tmp_path, monkeypatch):
