@@ -23,8 +23,8 @@ from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.op_kinds import EVAL_IDENTITY_TYPES, OpCategory
 from quantlab.report import Plot, PlotKind
 from quantlab.simulate import Mode, View
-from quantlab.simulate.core import non_finite_words
 from quantlab.simulate.fixed_ops import FLOAT_OUTPUT
+from quantlab.simulate.non_finite import non_finite_words
 
 SQNR_PLOT_CAP = 100.0  # identical outputs (SQNR = +inf) are drawn at this height
 GAP_PARTS = {

@@ -17,7 +17,7 @@ from quantlab.analysis.placement import UNIT_ORDER, Unit, model_placement, unit_
 from quantlab.config import register_schema
 from quantlab.experiment import ExperimentResult, RunContext, experiment
 from quantlab.report import Plot, PlotKind
-from quantlab.simulate.core import non_finite_words
+from quantlab.simulate.non_finite import non_finite_words
 
 COLUMNS = ["position", "name", "op_type", "pattern", "unit", "engine", "precision", "reason",
            "seed", "fix"]  # fmt: skip

@@ -54,6 +54,7 @@ from quantlab.simulate.model_inputs import (
     mark_quantized_inputs,
 )
 from quantlab.simulate.modes import CallObserver, FakeOps, Mode, OpMode, Trace, View
+from quantlab.simulate.non_finite import warn_non_finite
 from quantlab.simulate.observers import ObserverBank, batch_rules
 from quantlab.simulate.profiles import platform_config
 from quantlab.simulate.quant_state import QuantizationState
@@ -172,7 +173,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             raise ValueError("calibrate() needs at least one batch")
         self._calibrated = True
         self._scale_cache.clear()
-        _warn_non_finite(self.non_finite_points())
+        warn_non_finite(self.non_finite_points())
 
     def non_finite_points(self) -> dict[str, tuple[int, int]]:
         """Activation point -> (NaN and +-inf values, all values) calibration saw there, for
@@ -490,29 +491,3 @@ def _training_modules(model: nn.Module) -> list[nn.Module]:
                 seen.add(id(c))
                 todo.append(c)
     return found
-
-
-def non_finite_words(points: dict[str, tuple[int, int]]) -> str | None:
-    """What it means that calibration saw NaN or infinite values at ``points``
-    (``Simulator.non_finite_points``), naming them; None when it saw none."""
-    if not points:
-        return None
-    shown = ", ".join(f"{k} ({n} of {total})" for k, (n, total) in list(points.items())[:4])
-    more = f" and {len(points) - 4} more" if len(points) > 4 else ""
-    return (
-        f"Calibration saw NaN or infinite values at {len(points)} activation point(s): "
-        f"{shown}{more}. Their scales come from the finite values; quantized, -inf and +inf "
-        "take the lowest and highest code and NaN the zero point, so an additive attention "
-        "mask of -inf stops masking (its keys take the add's lowest code and keep weight; a "
-        "finite mask such as -100 with the mask add at int16 still masks; README, 'Any eager "
-        "model, unmodified')."
-    )
-
-
-def _warn_non_finite(points: dict[str, tuple[int, int]]) -> None:
-    """Warn once per calibration when activation points saw NaN or infinite values, naming
-    them: their scales come from the finite values, and their quantization sends -inf and +inf
-    to the lowest and highest code and NaN to the zero point."""
-    words = non_finite_words(points)
-    if words is not None:
-        warnings.warn(words, stacklevel=3)
