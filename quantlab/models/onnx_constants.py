@@ -62,22 +62,25 @@ def _op_of(module: nn.Module) -> str | None:
     return "div" if getattr(fn, "__name__", "") == "_onnx_div" else None
 
 
+def parameter_of(gm: nn.Module, arg) -> Tensor | None:
+    """The float parameter a ``get_attr`` node reads (an initializer, once
+    ``onnx_import._initializers_as_parameters`` has made it one), or None."""
+    if getattr(arg, "op", None) != "get_attr":
+        return None
+    try:
+        value = gm.get_parameter(arg.target)
+    except AttributeError:
+        return None
+    return value if value.is_floating_point() else None
+
+
 def _one_value(gm: nn.Module, arg) -> Tensor | None:
-    """The float constant of one value a node gives: a ``get_attr`` of a parameter or buffer
-    (an initializer), or onnx2torch's ``OnnxConstant`` module (a Constant node)."""
-    op = getattr(arg, "op", None)
-    value = None
-    if op == "get_attr":
-        try:
-            value = gm.get_parameter(arg.target)
-        except AttributeError:
-            try:
-                value = gm.get_buffer(arg.target)
-            except AttributeError:
-                return None
-    elif op == "call_module" and not arg.args and not arg.kwargs:
+    """The float constant of one value a node gives: an initializer (``parameter_of``), or
+    onnx2torch's ``OnnxConstant`` module (a Constant node)."""
+    value = parameter_of(gm, arg)
+    if value is None and getattr(arg, "op", None) == "call_module" and not arg.args:
         module = gm.get_submodule(arg.target)
-        if type(module).__name__ == "OnnxConstant":
+        if type(module).__name__ == "OnnxConstant" and not arg.kwargs:
             value = getattr(module, "value", None)
     if not isinstance(value, Tensor) or not value.is_floating_point() or value.numel() != 1:
         return None

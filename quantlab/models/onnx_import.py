@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from quantlab.models import packages
-from quantlab.models.onnx_constants import scalar_operands
+from quantlab.models.onnx_constants import parameter_of, scalar_operands
 from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
 
 
@@ -272,8 +272,8 @@ def _matmuls_as_linear(gm: nn.Module) -> None:
             continue
         if len(node.args) != 2:
             continue
-        w = _parameter_of(gm, node.args[1])
-        if w is None or w.dim() != 2 or _parameter_of(gm, node.args[0]) is not None:
+        w = parameter_of(gm, node.args[1])
+        if w is None or w.dim() != 2 or parameter_of(gm, node.args[0]) is not None:
             continue
         b = _bias_added(gm, node, w.shape[1])
         linear = nn.Linear(w.shape[0], w.shape[1], bias=b is not None)  # the MatMul's name
@@ -301,19 +301,8 @@ def _bias_added(gm: nn.Module, node, width: int):
     adder = gm.get_submodule(add.target)
     if getattr(adder, "math_op_function", None) is not torch.add or adder.broadcast:
         return None
-    b = _parameter_of(gm, add.args[0] if add.args[1] is node else add.args[1])
+    b = parameter_of(gm, add.args[0] if add.args[1] is node else add.args[1])
     return (add, b) if b is not None and b.dim() == 1 and b.shape[0] == width else None
-
-
-def _parameter_of(gm: nn.Module, arg) -> Tensor | None:
-    """The parameter a ``get_attr`` node reads, or None."""
-    if getattr(arg, "op", None) != "get_attr":
-        return None
-    try:
-        value = gm.get_parameter(arg.target)
-    except AttributeError:
-        return None
-    return value if value.is_floating_point() else None
 
 
 _QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
