@@ -66,12 +66,11 @@ def _check(node, kind: str) -> None:
     if direction not in ("forward", "bidirectional"):
         refuse(node, f"direction={direction} (torch has no reverse-only layer)")
     acts = a.get("activations")
-    if acts is not None and kind == "RNN":
-        names = [attribute_text(v).lower() for v in acts]
+    names = None if acts is None else [attribute_text(v).lower() for v in acts]
+    if names is not None and kind == "RNN":
         if not names or names[0] not in _RNN_ACTIVATIONS or len(set(names)) > 1:
             refuse(node, f"activations={names}")
-    elif acts is not None:  # one list per direction
-        names = [attribute_text(v).lower() for v in acts]
+    elif names is not None:  # one list per direction
         default = [n.lower() for n in _DEFAULT_ACTIVATIONS[kind]]
         per = len(names) // len(default)
         if not names or len(names) % len(default) or names != default * per:
