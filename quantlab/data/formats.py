@@ -37,26 +37,26 @@ def image_format(
             f"use data=synthetic (any model), data=tensors (your own tensors) or "
             f"data=sentences (minilm)"
         )
+    cfg = cfg or DataConfig()
     shapes = model.shapes
     if shapes is None and model.partial_shapes is not None:
-        shapes = _completed(model.partial_shapes, cfg or DataConfig(), model.name)
-    return config_format(cfg or DataConfig(), shapes, data_name, model.name)
+        shapes = _completed(model.partial_shapes, cfg, model.name)
+    return config_format(cfg, shapes, data_name, model.name)
 
 
 def _completed(partial, cfg: DataConfig, model: str):
-    """A graph's one image input (C, H, W) with its dynamic height / width from ``data.size``
-    (a static one must agree with it); None where that leaves a dim unknown or the graph's
-    inputs are not one such image (``config_format`` then says what is needed)."""
+    """A graph's one image input (C, H, W), C static and H or W dynamic (a fully static one
+    is the model's ``shapes``), with its dynamic height / width from ``data.size`` (a static
+    one must agree with it); None where the graph's inputs are not one such image
+    (``config_format`` then says what is needed)."""
     if len(partial) != 1 or len(partial[0]) != 3 or partial[0][0] not in (1, 3):
         return None
     c, h, w = partial[0]
     if cfg.size is None:
-        if h is None or w is None:
-            raise ValueError(
-                f"data.size is needed: model {model} takes images of {c} channel(s) with a "
-                f"dynamic size [{c}, {h or '?'}, {w or '?'}]; set data.size=[height,width]"
-            )
-        return partial
+        raise ValueError(
+            f"data.size is needed: model {model} takes images of {c} channel(s) with a "
+            f"dynamic size [{c}, {h or '?'}, {w or '?'}]; set data.size=[height,width]"
+        )
     for name, have, want in (("height", h, cfg.size[0]), ("width", w, cfg.size[1])):
         if have is not None and have != want:
             raise ValueError(
