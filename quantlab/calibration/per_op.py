@@ -89,7 +89,6 @@ def choose_per_op(
         desc = f"choose observers ({target.name.lower()})"
         for op in tqdm(decided, desc=desc) if progress else decided:
             later = {n: OpMode(Mode.FLOAT) for n in computing[computing.index(op) + 1 :]}
-            prefix_before = prefix
             modes = {op: OpMode(mode), **later}
             # at the op's output, a candidate's run ends there; the chosen one then runs whole
             # (the next op replays its trace), with the bits a whole run of it gave
@@ -112,13 +111,14 @@ def choose_per_op(
             effective = len({err for _, _, err, _ in scored}) > 1
             if effective:  # else the op's scales change nothing measured: no rule written
                 by_name[op] = scored[best][1]
-            prefix = scored[best][3]
-            if stop is not None:
+            if stop is None:
+                prefix = scored[best][3]
+            else:  # the chosen candidate's run whole
                 chosen = {**by_name, op: scored[best][1]}
                 sim.set_qconfig(dataclasses.replace(base, by_name=chosen))
                 prefix = [
                     sim.trace(*b, mode=mode, op_modes=modes, replay=p)
-                    for b, p in zip(batches, prefix_before)
+                    for b, p in zip(batches, prefix)
                 ]
             for i, (cand, _, err, _) in enumerate(scored):
                 rows.append(
