@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
 
 from quantlab.analysis.cost import model_cost
+from quantlab.analysis.highlow_words import fixed_findings, split_findings, task_error
 from quantlab.analysis.weight_split import (
     FormatChoice,
     OperandFormat,
@@ -213,99 +213,6 @@ def _bytes_and_extra_macs(module, gemms, scheme, chosen, ops) -> tuple[int, floa
     return wbytes, extra
 
 
-def _task_error(df: pd.DataFrame) -> pd.Series:
-    """One lower-is-better task error per row: KL (nats) for classifiers, 1 - cosine else (an
-    embedding's, or the outputs' for a model judged against its float outputs)."""
-    if "kl_nats" in df.columns:
-        kl = df["kl_nats"]
-    else:
-        kl = pd.Series(np.nan, index=df.index)
-    cos = pd.Series(np.nan, index=df.index)
-    for name in ("embedding_cosine", "output_cosine"):
-        if name in df.columns:
-            cos = cos.where(cos.notna(), df[name])
-    return kl.where(kl.notna(), 1 - cos)
-
-
-def _findings(exp, layers, models) -> list[str]:
-    out = []
-    summ = (
-        layers.groupby(["model", "in_dtype", "format"], sort=False)
-        .agg(median_sqnr_db=("sqnr_db", "median"), max_err_lsb=("max_err_lsb", "max"))
-        .reset_index()
-    )
-    for (model, dt), g in summ.groupby(["model", "in_dtype"], sort=False):
-        d = {r.format: r for r in g.itertuples()}
-        parts = ", ".join(f"{f} {r.median_sqnr_db:.1f} dB" for f, r in d.items())
-        out.append(
-            f"{model}, {dt} inputs, median per-layer output SQNR ({exp.layer_out_dtype.name} "
-            f"out): {parts}."
-        )
-    wide = layers[layers["format"].str.endswith("_wide")]
-    sep = layers[layers["format"].str.endswith("_separate")]
-    if len(wide) and len(sep):
-        key = ["model", "layer", "in_dtype"]
-        w = wide.assign(k=wide["format"].str.replace("_wide", ""))
-        s = sep.assign(k=sep["format"].str.replace("_separate", ""))
-        m = w.merge(s, on=key + ["k"], suffixes=("_w", "_s"))
-        d_mean = (m["mean_err_lsb_s"] - m["mean_err_lsb_w"]).mean()
-        d_max = (m["max_err_lsb_s"] - m["max_err_lsb_w"]).max()
-        worse = float((m["sqnr_db_s"] < m["sqnr_db_w"]).mean())
-        out.append(
-            f"Combine mode: requantizing the halves separately adds {d_mean:.3f} output LSB of "
-            f"mean error (up to {d_max:.2f} LSB more in the worst case) against one wide "
-            f"accumulator; separate is worse in {100 * worse:.0f}% of {len(m)} layer cases "
-            "(two roundings instead of one)."
-        )
-        bits = wide["acc_bits"]
-        out.append(
-            f"The wide accumulator needs up to {int(bits.max())} signed bits (median "
-            f"{bits.median():.0f}); {100 * float((bits > 32).mean()):.0f}% of {len(bits)} split "
-            "layer cases exceed int32, so the combined sum cannot live in one int32 register."
-        )
-    i16in = layers[layers["in_dtype"] == "INT16"]
-    i16 = i16in[i16in["format"] == "int16"]
-    if len(i16):
-        sat_layers = int((i16["acc_saturated"] > 0).sum())
-        spl = i16in[i16in["format"].str.startswith("split")]
-        out.append(
-            f"int16 x int16 (no split): {sat_layers} of {len(i16)} layer calls saturate the int32 "
-            f"accumulator ({int(i16['acc_saturated'].sum())} outputs in total); with int16 inputs "
-            f"and a split int8 weight, {int(spl['acc_saturated'].sum())} outputs saturate in "
-            f"{len(spl)} layer cases: each int16 x int8 pass fits int32."
-        )
-    if models is not None and len(models):
-        for model, g in models.groupby("model", sort=False):
-            te = dict(zip(g["scheme"], _task_error(g)))
-            cr = dict(zip(g["scheme"], g.get("cost_rel_int8", g["cost_int8_mac_eq"])))
-            metric = "1 - output cosine"
-            if "kl_nats" in g.columns and g["kl_nats"].notna().all():
-                metric = "KL vs float (nats)"
-            elif "embedding_cosine" in g.columns and g["embedding_cosine"].notna().all():
-                metric = "1 - embedding cosine"
-            parts = ", ".join(f"{s} {te[s]:.3g} at {cr[s]:.2f}x cost" for s in te)
-            out.append(f"{model} (weights in each format, activations float; {metric}): {parts}.")
-            if {"int8", "split_topk"} <= te.keys() and te["int8"] > 0:
-                out.append(
-                    f"{model}: splitting the {exp.top_k} most weight-sensitive layers removes "
-                    f"{100 * (1 - te['split_topk'] / te['int8']):.0f}% of the int8 task error for "
-                    f"{100 * (cr['split_topk'] - 1):.0f}% extra cost."
-                )
-            if {"split_all", "int16"} <= te.keys():
-                dom = te["int16"] <= te["split_all"] and cr["int16"] <= cr["split_all"]
-                out.append(
-                    f"{model}: int16 weights {'dominate' if dom else 'do not dominate'} split-all "
-                    f"(error {te['int16']:.3g} vs {te['split_all']:.3g} at {cr['int16']:.2f}x vs "
-                    f"{cr['split_all']:.2f}x cost) where the platform runs int16 x int8; the split "
-                    "is the way to precise weights when the activations are int16 and int16 x "
-                    "int16 is not available (platform.max_int16_gemm_operands < 2)."
-                )
-            if "top1_agreement" in g.columns and g["top1_agreement"].notna().all():
-                t1 = ", ".join(f"{r.scheme} {_top1(r)}" for r in g.itertuples())
-                out.append(f"{model} top-1 agreement with float: {t1}.")
-    return out
-
-
 def _fixed_level(exp, ctx, name, bundle, sens, data=None) -> pd.DataFrame:
     """The split schemes through the simulator in FIXED mode on ``data`` (None: the model's own
     data at ``exp.fixed_num_calib`` / ``fixed_num_eval`` items)."""
@@ -333,54 +240,6 @@ def _fixed_level(exp, ctx, name, bundle, sens, data=None) -> pd.DataFrame:
     )
     df.insert(0, "model", name)
     return df
-
-
-def _top1(r) -> str:
-    """Top-1 agreement of a row with its 95% Wilson score interval and item count."""
-    from quantlab.analysis.confidence import Estimate
-
-    return str(Estimate.from_columns(r, "top1_agreement"))
-
-
-def _fixed_findings(exp, df: pd.DataFrame) -> list[str]:
-    out = []
-    for model, g in df.groupby("model", sort=False):
-        label = [s if c == "-" else f"{s}/{c.lower()}" for s, c in zip(g["scheme"], g["combine"])]
-        parts = []
-        for lab, r in zip(label, g.itertuples()):
-            kl = f", KL {r.kl_nats:.3g}" if "kl_nats" in g.columns else ""
-            t1 = f", top-1 {_top1(r)}" if "top1_agreement" in g.columns else ""
-            parts.append(f"{lab} {r.sqnr_db:.1f} dB{kl}{t1} at {r.cost_rel_int8:.2f}x")
-        out.append(
-            f"{model} through the simulator (FIXED, template activations, "
-            f"{exp.fixed_num_eval} inputs), output SQNR vs float: " + "; ".join(parts) + "."
-        )
-        base = g[g["scheme"] == "int8"].iloc[0]
-        for combine, h in g[g["scheme"] != "int8"].groupby("combine", sort=False):
-            r = h.set_index("scheme")
-            if "split_all" not in r.index:
-                continue
-            d = r.loc["split_all", "sqnr_db"] - base["sqnr_db"]
-            dt = r.loc["split_topk", "sqnr_db"] - base["sqnr_db"] if "split_topk" in r.index else 0
-            out.append(
-                f"{model}, {combine}: splitting all {int(r.loc['split_all', 'layers_split'])} "
-                f"layers {'raises' if d > 0 else 'lowers'} the deployed output SQNR by "
-                f"{abs(d):.2f} dB ({'+' if dt >= 0 else '-'}{abs(dt):.2f} dB for the top "
-                f"{exp.top_k}) at {r.loc['split_all', 'cost_rel_int8']:.2f}x cost, from "
-                f"{base['sqnr_db']:.1f} dB with int8 weights."
-            )
-        wide = g[g["combine"] == SplitCombine.WIDE_ACCUMULATOR.name].set_index("scheme")
-        sep = g[g["combine"] == SplitCombine.SEPARATE_REQUANT.name].set_index("scheme")
-        both = [s for s in wide.index if s in sep.index]
-        if both:
-            diffs = ", ".join(
-                f"{s} {sep.loc[s, 'sqnr_db'] - wide.loc[s, 'sqnr_db']:+.2f} dB" for s in both
-            )
-            out.append(
-                f"{model}: separate requantization of the halves vs one wide accumulator "
-                f"(output SQNR, separate - wide): {diffs}."
-            )
-    return out
 
 
 @experiment(HighlowSplitExp, "highlow_split", takes_model=True)
@@ -437,7 +296,7 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
     ]
     tables["layer_int8_inputs"] = layer_df[layer_df["in_dtype"] == exp.layer_in_dtypes[0].name]
     if len(model_df):
-        model_df["task_error"] = _task_error(model_df)
+        model_df["task_error"] = task_error(model_df)
         tables["model_level"] = model_df
         tables["sensitivity"] = pd.concat(sens, ignore_index=True)
         plots.append(
@@ -456,10 +315,10 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
                 table="model_level",
             )
         )
-    findings = _findings(exp, layer_df, model_df if len(model_df) else None)
+    findings = split_findings(exp, layer_df, model_df if len(model_df) else None)
     if len(fixed_df):
         tables["model_fixed"] = fixed_df
-        findings += _fixed_findings(exp, fixed_df)
+        findings += fixed_findings(exp, fixed_df)
     return ExperimentResult(
         table=layer_df,
         title="High/low int8 splitting of Conv/Linear weights and MatMul operands",

@@ -258,8 +258,8 @@ def test_too_few_items_resolve_no_difference_however_the_intervals_lie():
 def test_task_findings_make_no_claim_from_one_item():
     import pandas as pd
 
-    from experiments.consistency import _task_findings
     from experiments.sensitivity import _task_finding
+    from quantlab.analysis.consistency_words import task_findings
 
     task = pd.DataFrame(
         {
@@ -271,7 +271,7 @@ def test_task_findings_make_no_claim_from_one_item():
             "items": [1, 1],
         }
     )
-    (said,) = _task_findings(task)
+    (said,) = task_findings(task)
     assert "no interval" in said and "not resolved" in said and "nan" not in said
 
     class Task:

@@ -86,7 +86,7 @@ def test_float_ops_finding_counts_three_disjoint_groups():
     """An op quantlab does not model counts once (not also as lacking an integer kernel)."""
     import pandas as pd
 
-    from experiments.consistency import _float_ops_finding
+    from quantlab.analysis.consistency_words import float_ops_finding
 
     ops = pd.DataFrame(
         {
@@ -102,7 +102,7 @@ def test_float_ops_finding_counts_three_disjoint_groups():
             ],
         }
     )
-    text = _float_ops_finding(ops, "p", "m")
+    text = float_ops_finding(ops, "p", "m")
     assert text == (
         "m has 5 captured op calls: 1 (log_softmax) are ops quantlab does not model (they run "
         "in float); 1 (gelu) run in float because p does not support them; 1 (sub) compute in "
@@ -110,34 +110,34 @@ def test_float_ops_finding_counts_three_disjoint_groups():
     )
     # a kernel that declined its call in the fixed run (fixed_in_float) counts there too
     ops["fixed_in_float"] = [True, False, False, False, False]
-    assert "2 (conv2d, sub) compute in float in fixed mode" in _float_ops_finding(ops, "p", "m")
+    assert "2 (conv2d, sub) compute in float in fixed mode" in float_ops_finding(ops, "p", "m")
 
 
 def test_accumulated_finding_names_the_widest_gap_and_the_last_op():
     import pandas as pd
 
-    from experiments.consistency import _accumulated_finding
+    from quantlab.analysis.consistency_words import accumulated_finding
 
     def acc(values):
         return pd.DataFrame({"name": [f"op{i}" for i in range(len(values))], "sqnr_db": values})
 
-    text = _accumulated_finding(acc([50.0, 31.5, math.inf]))
+    text = accumulated_finding(acc([50.0, 31.5, math.inf]))
     assert "widest at op1 (31.5 dB SQNR)" in text and "(op2) it is bit-identical (inf dB)" in text
-    assert "reaches 29.0 dB SQNR at the last op (op2)" in _accumulated_finding(acc([40, 35, 29.0]))
-    assert "op1" in _accumulated_finding(acc([math.nan, 20.0, 30.0]))  # NaN rows are skipped
-    assert "last op (op1)" in _accumulated_finding(acc([math.nan, math.nan]))
+    assert "reaches 29.0 dB SQNR at the last op (op2)" in accumulated_finding(acc([40, 35, 29.0]))
+    assert "op1" in accumulated_finding(acc([math.nan, 20.0, 30.0]))  # NaN rows are skipped
+    assert "last op (op1)" in accumulated_finding(acc([math.nan, math.nan]))
     # a pass-through op (a slice, relu) adds no error: the sentence says so and names the
     # lowest among the ops that compute
     ops = acc([50.0, 31.5, 40.0, 60.0])
     ops["category"] = ["GEMM", "PASS_THROUGH", "LUT", "GEMM"]
-    text = _accumulated_finding(ops)
+    text = accumulated_finding(ops)
     assert text == (
         "Accumulated along depth, the gap is widest at op1 (31.5 dB SQNR), a pass-through op "
         "(it only moves or selects values, so its gap was made before it; the widest at an op "
         "that computes is at op2, 40.0 dB SQNR); at the last op (op3) it is 60.0 dB SQNR."
     )
     ops["category"] = ["GEMM", "GEMM", "PASS_THROUGH", "GEMM"]
-    assert "pass-through" not in _accumulated_finding(ops)
+    assert "pass-through" not in accumulated_finding(ops)
 
 
 def test_float_ops_finding_names_eval_dropout_as_removed_at_export():
@@ -145,7 +145,7 @@ def test_float_ops_finding_names_eval_dropout_as_removed_at_export():
     not counted among the ops quantlab does not model."""
     import pandas as pd
 
-    from experiments.consistency import _float_ops_finding
+    from quantlab.analysis.consistency_words import float_ops_finding
 
     ops = pd.DataFrame(
         {
@@ -155,7 +155,7 @@ def test_float_ops_finding_names_eval_dropout_as_removed_at_export():
             "fixed_kernel": ["integer"] + ["float (not modelled by quantlab)"] * 3,
         }
     )
-    assert _float_ops_finding(ops, "p", "m") == (
+    assert float_ops_finding(ops, "p", "m") == (
         "m has 4 captured op calls: 2 (dropout) are the identity in eval mode (removed at "
         "export); 1 (erfinv) are ops quantlab does not model (they run in float); 0 run in "
         "float because p does not support them; 0 compute in float in fixed mode and quantize "
@@ -167,11 +167,11 @@ def test_an_output_with_no_integer_grid_has_no_lsb_figure():
     """A float16 output (J6H/P) has no LSB: its error is not printed as "nan LSB"."""
     import pandas as pd
 
-    from experiments.consistency import _lsb_words
+    from quantlab.analysis.consistency_words import lsb_words
 
     row = pd.Series({"err_lsb": float("nan"), "out_dtype": "FLOAT16"})
-    assert _lsb_words(row, "LSB") == "a FLOAT16 output (no LSB)"
-    assert _lsb_words(pd.Series({"err_lsb": 2.5, "out_dtype": "INT8"}), "LSB") == "2.5 LSB"
+    assert lsb_words(row, "LSB") == "a FLOAT16 output (no LSB)"
+    assert lsb_words(pd.Series({"err_lsb": 2.5, "out_dtype": "INT8"}), "LSB") == "2.5 LSB"
 
 
 def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
@@ -179,7 +179,8 @@ def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
     the per-output rows and the finding name both; one output has no such table."""
     import torch
 
-    from experiments.consistency import _each_output_finding, _each_output_rows
+    from experiments.consistency import _each_output_rows
+    from quantlab.analysis.consistency_words import each_output_finding
     from quantlab.simulate import Mode
 
     g = torch.Generator().manual_seed(0)
@@ -192,12 +193,12 @@ def test_each_float_output_of_a_model_gets_its_own_rows_and_finding():
     }
     each = _each_output_rows(outs)
     assert set(each.output) == {"['logits']", "['score']"} and len(each) == 6
-    (said,) = _each_output_finding(each, Mode.FLOAT, Mode.FIXED)
+    (said,) = each_output_finding(each, Mode.FLOAT, Mode.FIXED)
     fixed = each[(each.reference == "FLOAT") & (each.compared == "FIXED")].set_index("output")
     score = fixed.sqnr_db["['score']"]
     assert f"['score'] {score:.1f} dB" in said and score < fixed.sqnr_db["['logits']"]
     assert _each_output_rows({m: big for m in outs}).empty
-    assert _each_output_finding(each, Mode.FAKE, Mode.HYBRID) == []  # no rows for that pair
+    assert each_output_finding(each, Mode.FAKE, Mode.HYBRID) == []  # no rows for that pair
 
 
 def test_the_reference_runtimes_row_is_no_part_of_the_export_gap_split():

@@ -146,12 +146,12 @@ def test_a_model_judged_by_its_outputs_gets_a_task_error_and_a_drawable_pareto_p
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from experiments.highlow_split import _task_error
+    from quantlab.analysis.highlow_words import task_error
     from quantlab.report import Plot, PlotKind
     from quantlab.report.plots import draw
 
     df = pd.DataFrame({"output_cosine": [0.99, 0.999], "scheme": ["int8", "int16"]})
-    assert list(_task_error(df).round(6)) == [0.01, 0.001]
+    assert list(task_error(df).round(6)) == [0.01, 0.001]
     rows = pd.DataFrame(
         {"cost": [1.0, 2.0, 1.0, 2.0], "err": [0.01, 0.001, None, None], "m": ["a", "a", "b", "b"]}
     )
