@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import shlex
 import sys
@@ -24,6 +25,7 @@ from quantlab.report import publish, run_environment, write_report
 from quantlab.report.io import atomic_write_text
 
 DONE_MARKER = "DONE"
+log = logging.getLogger(__name__)
 
 register_all()
 
@@ -83,6 +85,9 @@ def run(
     if conf.publish_dir:
         publish(output_dir, Path(conf.publish_dir))
     atomic_write_text(output_dir / DONE_MARKER, "")
+    log.info("report: %s", output_dir / "report.md")
+    if conf.publish_dir:
+        log.info("published to %s", Path(conf.publish_dir) / "report.md")
     return result
 
 

@@ -51,7 +51,7 @@ def user_dir(tmp_path_factory):
 def runs(user_dir):
     """The four experiments in one multirun: job folder per experiment."""
     sweep = user_dir / "sweep"
-    quantlab(
+    out = quantlab(
         user_dir,
         "-m",
         "+exp=consistency,sensitivity,mixed_precision,model_check",
@@ -64,7 +64,15 @@ def runs(user_dir):
         (job,) = sweep.glob(f"+exp={exp},*")
         assert (job / "DONE").exists() and (job / "report.md").exists()
         jobs[exp] = job
+    (sweep / "console.txt").write_text(out.stdout + out.stderr)
     return jobs
+
+
+def test_each_run_says_where_its_report_is(runs):
+    """The console names each job's report.md, so a user need not search outputs/."""
+    console = (runs["consistency"].parent / "console.txt").read_text()
+    for job in runs.values():
+        assert f"report: {job / 'report.md'}" in console
 
 
 def test_consistency_reports_task_metrics_with_intervals(runs):
