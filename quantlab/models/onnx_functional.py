@@ -7,7 +7,11 @@ Each becomes the torch function a PyTorch model calls (``F.grid_sample``, ``F.ge
 ``F.mish``, ``F.group_norm``, ``F.interpolate``, ``F.pad``) or the reshapes and permute the op
 is, so quantlab captures and simulates it as in a torch model (a grid_sample with its
 fixed-point kernel, a table for gelu and mish, its group norm, resampling, padding, layout ops
-for SpaceToDepth). Pad's edge and wrap modes are ``F.pad``'s replicate and circular.
+for SpaceToDepth). Max, Min, Sum and Mean of any number of inputs (numpy broadcasting) are
+``torch.maximum`` / ``torch.minimum`` / ``+`` folded left to right, Mean that sum divided by the
+input count, in place of onnx2torch's, which broadcasts every input to the output's shape (an
+expanded copy of a constant operand), stacks them and reduces the stack. Pad's edge and wrap
+modes are ``F.pad``'s replicate and circular.
 GroupNormalization's scale and bias are per group in opset 18 (repeated over each group's
 channels) and per channel in 21; a computed scale or bias, or a ``stash_type`` other than
 float32, is refused.
@@ -22,6 +26,9 @@ results match onnxruntime's to rounding.
 
 from __future__ import annotations
 
+import operator
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -113,6 +120,27 @@ class OnnxSpaceToDepth(nn.Module):
 
 
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+class OnnxVariadic(nn.Module):
+    """ONNX Max / Min / Sum / Mean of one or more inputs: ``torch.maximum`` / ``torch.minimum`` /
+    ``+`` of each next input and the result so far, Mean then divided by the input count (one
+    input: that input); the values and rounding of torch's elementwise ops."""
+
+    _PAIRS = {"Max": torch.maximum, "Min": torch.minimum, "Sum": operator.add}
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, *xs: Tensor) -> Tensor:
+        out, pair = xs[0], self._PAIRS.get(self.op, operator.add)
+        for y in xs[1:]:
+            out = pair(out, y)
+        return out / len(xs) if self.op == "Mean" and len(xs) > 1 else out
+
+    def extra_repr(self) -> str:
+        return self.op
 
 
 def torch_pads(onnx_pads: list[int], rank: int, mode: str) -> list[int]:
@@ -214,6 +242,10 @@ def _pad(node, graph):
     return converted(node, OnnxPad(mode))
 
 
+def _variadic(node, graph):
+    return converted(node, OnnxVariadic(node.operation_type))
+
+
 def _space_to_depth(node, graph):
     return converted(node, OnnxSpaceToDepth(int(node.attributes["blocksize"])))
 
@@ -228,9 +260,15 @@ CONVERTERS = {
 }
 
 
+VARIADIC = {"Max": (8, 12, 13), "Min": (8, 12, 13), "Sum": (8, 13), "Mean": (8, 13)}
+"""The variadic elementwise ops and the versions onnx2torch converts (``OnnxVariadic``)."""
+
+
 def register() -> None:
-    """Add these converters to onnx2torch's registry (versions it has none for), and Pad in
-    place of its own."""
+    """Add these converters to onnx2torch's registry (versions it has none for), and Pad and
+    the variadic ops in place of its own."""
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
     replace("Pad", (2, 11, 13), _pad)
+    for op, versions in VARIADIC.items():
+        replace(op, versions, _variadic)

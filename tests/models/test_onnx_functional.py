@@ -275,3 +275,67 @@ def test_same_auto_padding_converts_and_matches_onnxruntime(tmp_path, opset):
     assert sim.non_finite_points() == {}
     assert sim.run(x, mode=Mode.FIXED).shape == (1, 4, 4, 4)
     assert {"pad", "max_pool2d", "conv2d"} <= set(sim.ops.op_type)
+
+
+class _Clamped(nn.Module):
+    """A TF-style floor (the maximum with a constant) and the minimum of two branches: torch
+    exports them as ONNX Max and Min."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.other = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1)
+        self.floor = nn.Parameter(torch.full((1, 1, 1, 1), -0.4), requires_grad=False)
+
+    def forward(self, x):
+        y = torch.maximum(F.leaky_relu(self.stem(x), 0.2), self.floor)
+        return torch.minimum(y, self.other(x))
+
+
+def test_max_and_min_of_an_export_are_simulated_as_the_model_itself(tmp_path):
+    """onnx2torch made Max / Min a broadcast copy of each input (run in float, not modelled),
+    a stack and its reduction: the export's codes differed from the model's in both modes."""
+    import onnx
+
+    from quantlab.simulate import Mode, Simulator
+
+    torch.manual_seed(0)
+    model = _Clamped().eval()
+    x = torch.randn(5, 3, 12, 12) * 2
+    path = tmp_path / "clamped.onnx"
+    torch.onnx.export(model, (x[:1],), str(path), opset_version=17, dynamo=False)
+    assert [n.op_type for n in onnx.load(str(path)).graph.node][-3:] == ["Max", "Conv", "Min"]
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    runs = {}
+    for name, module in (("torch", model), ("onnx", b.module)):
+        sim = Simulator(module, "j6m")
+        sim.calibrate([(x[i : i + 1],) for i in range(4)], progress=False)
+        ops = list(zip(sim.ops.op_type, sim.ops.fixed_kernel))
+        runs[name] = ops, [sim.run(x[4:], mode=m) for m in (Mode.FAKE, Mode.FIXED)]
+    (want_ops, want), (got_ops, got) = runs["torch"], runs["onnx"]
+    assert got_ops == want_ops and ("maximum", "integer") in got_ops
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min", "Sum", "Mean"])
+@pytest.mark.parametrize("inputs", [["x"], ["x", "y"], ["x", "y", "c"]], ids=["1", "2", "3"])
+def test_variadic_nodes_broadcast_and_match_onnxruntime(tmp_path, op, inputs):
+    """Max / Min / Sum / Mean of one to three inputs of broadcast shapes (a constant among
+    them) give onnxruntime's values: exactly for Max and Min, to rounding for the sums."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = numpy_helper.from_array(torch.linspace(-1, 1, 4).numpy(), "c")
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["z"])], op,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [c],
+    )  # fmt: skip
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1, 3, 4, generator=gen), torch.randn(1, 1, 4, generator=gen)
+    exact = op in ("Max", "Min")
+    _same_as_onnxruntime(b, x, y, atol=0 if exact else 1e-6)
