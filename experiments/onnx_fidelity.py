@@ -65,19 +65,34 @@ def _enum_value(e):
 register_schema("exp", "onnx_fidelity_schema", OnnxFidelityExp)
 
 
+def _largest_difference(r, unit: str) -> str:
+    """A row's largest output difference: in output LSBs, or in value where an output is float
+    (no LSB: ``max_diff_lsb`` NaN)."""
+    if pd.isna(r.max_diff_lsb):
+        return f"a float output: max |difference| {r.max_abs_diff:.3g}"
+    return f"max {r.max_diff_lsb:.3g} {unit}"
+
+
 def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, exp) -> list[str]:
     out = []
     for r in main.itertuples():
         line = (
             f"{r.model} ({r.items} {r.data} items, {exp.encoding.name} activations): "
             f"{r.outputs_differing} of {r.outputs_compared} output values differ between "
-            f"onnxruntime and quantlab fixed mode (max {r.max_diff_lsb:.3g} output LSB)"
+            f"onnxruntime and quantlab fixed mode ({_largest_difference(r, 'output LSB')})"
         )
         if r.first_diverging_op:
             line += (
                 f"; the first op whose output differs is {r.first_diverging_op} "
                 f"({r.first_diverging_type}, onnxruntime kernel {r.first_diverging_kernel}, "
-                f"op {r.first_diverging_order + 1} in execution order)."
+                f"op {r.first_diverging_order + 1} in execution order)"
+            )
+            line += (
+                "."
+                if r.probe_kernels_match
+                else ", in the export that exposes every op's "
+                "output, where onnxruntime ran other computing kernels than in this one "
+                "(probe_kernels_match False): the per-op rows need not show this export's ops."
             )
         else:
             line += "; no intermediate op output differs."
@@ -85,7 +100,7 @@ def _findings(main: pd.DataFrame, others: pd.DataFrame, islands: pd.DataFrame, e
     for r in others.itertuples():
         out.append(
             f"With {r.encoding} activations, {r.model}: {r.outputs_differing} of "
-            f"{r.outputs_compared} output values differ (max {r.max_diff_lsb:.3g} LSB); "
+            f"{r.outputs_compared} output values differ ({_largest_difference(r, 'LSB')}); "
             f"onnxruntime runs {r.float_conv} Conv and {r.float_add} Add nodes in float32."
         )
     fl = islands[islands.computes_float]
