@@ -326,6 +326,26 @@ def _refuse_quantized(model, path: Path) -> None:
         )
 
 
+_CONTROL_FLOW = ("If", "Loop", "Scan")
+
+
+def _refuse_control_flow(model, path: Path) -> None:
+    """ValueError naming the control-flow nodes left after folding (an If on a value computed
+    at run time, a Loop, a Scan): quantlab converts graphs without them. The message names the
+    inputs of the first one, where ``onnx.utils.extract_model`` can cut the graph."""
+    nodes = [n for n in model.graph.node if n.op_type in _CONTROL_FLOW]
+    if not nodes:
+        return
+    first = nodes[0]
+    found = ", ".join(f"{n.op_type} {n.name or n.output[0]!r}" for n in nodes)
+    raise ValueError(
+        f"model.path: {path} has control flow that stays after folding its constants ({found}):"
+        " quantlab converts graphs without If, Loop or Scan. Simulate the part before it, e.g. "
+        f"onnx.utils.extract_model({str(path)!r}, 'part.onnx', <input names>, <output names "
+        f"before it>); the first one takes {', '.join(repr(i) for i in first.input if i)}"
+    )
+
+
 def _fixed_batch(model) -> int | None:
     """The batch the converted module runs, where the graph fixes one: the first input's first
     dimension where it is a number (an exported Reshape then holds it as a constant: the module
@@ -407,9 +427,11 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
         except Exception:  # onnx2torch cannot resolve some shapes: fold them first
             module = None
     if module is None:
+        folded = _fixed(model, shapes)
         try:
-            module = convert(_explicit_pads(_fixed(model, shapes)), attach_onnx_mapping=True)
+            module = convert(_explicit_pads(folded), attach_onnx_mapping=True)
         except Exception as err:
+            _refuse_control_flow(folded, path)
             raise ValueError(
                 f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"
             ) from None

@@ -811,3 +811,31 @@ def test_a_quantized_onnx_graph_is_refused_naming_its_quantized_ops(tmp_path):
     build_model(ModelConfig(name="onnx", path=str(float_path)))  # the float one converts
     with pytest.raises(ValueError, match=r"is quantized already \(DynamicQuantizeLinear, "):
         build_model(ModelConfig(name="onnx", path=str(int8_path)))
+
+
+def test_control_flow_left_after_folding_is_refused_naming_the_node(tmp_path):
+    """An If on a value computed at run time (openwakeword's verifier branch) stays after
+    folding: the refusal names it and where to cut the graph, not onnx2torch's missing
+    converter."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [1, 4])
+        return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_y"])], name, [], [out])
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", 1, [], [0.0])),
+        helper.make_node("Greater", ["total", "zero"], ["positive"]),
+        helper.make_node("If", ["positive"], ["y"], name="gate",
+                         then_branch=branch("then", "Relu"), else_branch=branch("else", "Neg")),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "gated", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )  # fmt: skip
+    path = tmp_path / "gated.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with pytest.raises(ValueError, match=r"control flow .*\(If 'gate'\).*takes 'positive'"):
+        build_model(ModelConfig(name="onnx", path=str(path)))
