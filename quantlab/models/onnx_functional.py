@@ -1,6 +1,7 @@
 """onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
 GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21),
-SpaceToDepth (1, 13) and Upsample (7, 9); and Pad (2, 11, 13, and through ``onnx_versions``
+SpaceToDepth (1, 13), Upsample (7, 9) and GlobalMaxPool (1, 22: ``amax`` over the spatial axes);
+and Pad (2, 11, 13, and through ``onnx_versions``
 18 on) in place of onnx2torch's, which pads in reflect or edge mode only a 3-d to 5-d input
 whose first two axes are not padded (a 2-d signal, as an STFT's framing pads it, failed).
 Each becomes the torch function a PyTorch model calls (``F.grid_sample``, ``F.gelu``,
@@ -143,6 +144,11 @@ class OnnxVariadic(nn.Module):
         return self.op
 
 
+class OnnxGlobalMaxPool(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.amax(tuple(range(2, x.dim())), keepdim=True)
+
+
 def torch_pads(onnx_pads: list[int], rank: int, mode: str) -> list[int]:
     """ONNX's pads (every axis's begin, then every axis's end) as ``F.pad``'s (begin, end) per
     axis from the innermost out. ``F.pad``'s constant mode takes any axes; its reflect,
@@ -246,6 +252,10 @@ def _variadic(node, graph):
     return converted(node, OnnxVariadic(node.operation_type))
 
 
+def _global_max_pool(node, graph):
+    return converted(node, OnnxGlobalMaxPool())
+
+
 def _space_to_depth(node, graph):
     return converted(node, OnnxSpaceToDepth(int(node.attributes["blocksize"])))
 
@@ -257,6 +267,7 @@ CONVERTERS = {
     "GroupNormalization": ((18, 21), _group_norm),
     "SpaceToDepth": ((1, 13), _space_to_depth),
     "Upsample": ((7, 9), _upsample),
+    "GlobalMaxPool": ((1, 22), _global_max_pool),
 }
 
 

@@ -9,9 +9,9 @@ put in place while onnx2torch is imported (graphs with those two ops do not conv
 module indexes with a list, which torch 2.13 accepts with a deprecation warning on every call;
 that one warning is silenced once onnx2torch is imported. LSTM, GRU and RNN nodes, which
 onnx2torch does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
-GroupNormalization, SpaceToDepth, Upsample and Pad the torch calls they are
-(``onnx_functional``); and the operator versions of opsets 18 to 21 that torch's exporters
-write convert as the versions before them where they mean the same (``onnx_versions``).
+GroupNormalization, SpaceToDepth, Upsample, GlobalMaxPool, Pad, Max, Min, Sum and Mean the
+torch calls they are (``onnx_functional``); and the operator versions of opsets 16 to 24 that onnx2torch lacks
+convert as the versions before them where they mean the same (``onnx_versions``).
 ``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
 and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A Mul or Div by a one-value
 constant multiplies by the number, as the PyTorch code it was exported from (``onnx_constants``).

@@ -1,16 +1,18 @@
-"""onnx2torch converters for the operator versions of opsets 18 to 21, which torch's exporters
-write today (opset 20 by default for ``torch.onnx.export(..., dynamo=False)``, 18 for the
-dynamo exporter) and onnx2torch 1.5 stops short of.
+"""onnx2torch converters for the operator versions of opsets 16 to 24 it stops short of:
+torch's exporters write opset 20 by default (``torch.onnx.export(..., dynamo=False)``) and 18
+(the dynamo exporter), and ONNX's own version converter and newer toolchains write 22 to 24.
 
-Versions that only add tensor types (float8 in 19, int4 in 21, bool for ReduceMax / ReduceMin
-in 20) take the converter of the version before: Reshape, Shape, Cast, Constant,
-ConstantOfShape, Identity, Unsqueeze, Flatten, Transpose, Equal, IsInf, IsNaN. Versions that
-moved an attribute or added one are converted where the node means what the older version
-meant, and refused by name otherwise:
+Versions that only add tensor types take the converter of the version before (``TYPE_ONLY``;
+bfloat16 in 16 and 22, float8 in 19, int4 in 21, float4 and others in 23 and 24, bool for
+ReduceMax / ReduceMin in 20; ScatterND 18 also names max and min reductions, which the older
+converter refuses as it does every reduction). Versions that moved an attribute or added one
+are converted where the node means what the older version meant, and refused by name
+otherwise:
 
-- the reductions (ReduceMean, Max, Min, Prod, L1, L2, LogSumExp, SumSquare) 18: ``axes`` is an
-  input, read when it is a constant (``noop_with_empty_axes`` kept);
-- Pad 18, 19, 21: without the ``axes`` input (all axes padded); 19's ``wrap`` mode is
+- the reductions (ReduceMean, Max, Min, Prod, L1, L2, LogSum, LogSumExp, SumSquare) 18:
+  ``axes`` is an input, read when it is a constant (``noop_with_empty_axes`` kept);
+- AveragePool 19, 22: without ``dilations`` other than 1;
+- Pad 18, 19, 21, 23, 24: without the ``axes`` input (all axes padded); 19's ``wrap`` mode is
   ``F.pad``'s circular one (``onnx_functional.OnnxPad``);
 - Resize 18, 19: without ``antialias``, ``axes``, a ``keep_aspect_ratio_policy`` other than
   stretch, or 19's ``half_pixel_symmetric`` coordinates;
@@ -18,6 +20,8 @@ meant, and refused by name otherwise:
   values, the last one smaller (``OnnxSplit``);
 - Reshape 14 on with ``allowzero=1``, which the dynamo exporter writes and onnx2torch refuses:
   ``torch.reshape``, whose reading of 0 and -1 it is (``OnnxReshapeAllowZero``).
+
+Cast 24 (a rounding mode for float8) is not taken: no converter for it.
 """
 
 from __future__ import annotations
@@ -34,22 +38,33 @@ from quantlab.models.onnx_nodes import (
     replace,
 )
 
+_BFLOAT16_22 = ("Acos", "Asin", "Atan", "Conv", "ConvTranspose", "Cos", "Dropout", "Elu",
+                "EyeLike", "GlobalAveragePool", "HardSigmoid", "HardSwish",
+                "InstanceNormalization", "MaxPool", "Round", "Selu", "Sin", "Softplus",
+                "Softsign", "Tan")  # fmt: skip
 TYPE_ONLY = {
-    "Reshape": (19, 21),
-    "Shape": (19, 21),
-    "Cast": (19, 21),
-    "Constant": (19, 21),
-    "ConstantOfShape": (20, 21),
-    "Identity": (19, 21),
-    "Unsqueeze": (21,),
-    "Flatten": (21,),
-    "Transpose": (21,),
+    "Reshape": (19, 21, 23, 24),
+    "Shape": (19, 21, 23, 24),
+    "Cast": (19, 21, 23),
+    "Constant": (19, 21, 23, 24),
+    "ConstantOfShape": (20, 21, 23, 24),
+    "Identity": (19, 21, 23, 24),
+    "Squeeze": (23, 24),
+    "Unsqueeze": (21, 23, 24),
+    "Flatten": (21, 23, 24),
+    "Transpose": (21, 23, 24),
     "Equal": (19,),
     "IsInf": (20,),
     "IsNaN": (20,),
+    "GreaterOrEqual": (16,),
+    "LessOrEqual": (16,),
+    "ScatterND": (18,),
+    "TopK": (24,),
+    **{op: (22,) for op in _BFLOAT16_22},
 }
+"""Each op's versions that take the converter of the version before (module docstring)."""
 REDUCTIONS = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
-              "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
 
 
 _REDUCE = {
@@ -59,6 +74,7 @@ _REDUCE = {
     "ReduceSumSquare": lambda x, dims, keep: (x * x).sum(dims, keepdim=keep),
     "ReduceL1": lambda x, dims, keep: x.abs().sum(dims, keepdim=keep),
     "ReduceL2": lambda x, dims, keep: (x * x).sum(dims, keepdim=keep).sqrt(),
+    "ReduceLogSum": lambda x, dims, keep: x.sum(dims, keepdim=keep).log(),
     "ReduceLogSumExp": lambda x, dims, keep: torch.logsumexp(x, dims, keepdim=keep),
 }
 
@@ -134,6 +150,12 @@ def _pad_check(node) -> None:
         refuse(node, "the axes input")
 
 
+def _average_pool_check(node) -> None:
+    dilations = node.attributes.get("dilations")
+    if dilations is not None and any(int(d) != 1 for d in dilations):
+        refuse(node, f"dilations={list(dilations)}")
+
+
 def _resize_check(node) -> None:
     a = node.attributes
     if a.get("antialias", 0):
@@ -187,14 +209,15 @@ def register() -> None:
         add_missing(op, (18,), _reduction)
     add_missing("ReduceMax", (20,), _reduction)
     add_missing("ReduceMin", (20,), _reduction)
-    for v in (14, 19, 21):  # Reshape's allowzero (14 on)
+    for v in (14, 19, 21, 23, 24):  # Reshape's allowzero (14 on)
         held = _CONVERTER_REGISTRY.get(registry_key("Reshape", v))
         if held is not None and not getattr(held, "allowzero", False):
             replace("Reshape", (v,), _reshape(held))
     add_missing("Split", (18,), _split)
     for op, versions, check in (
-        ("Pad", (18, 19, 21), _pad_check),
+        ("Pad", (18, 19, 21, 23, 24), _pad_check),
         ("Resize", (18, 19), _resize_check),
+        ("AveragePool", (19, 22), _average_pool_check),
     ):
         base = older(op, versions[0])
         if base is not None:

@@ -134,3 +134,92 @@ def test_reshape_with_and_without_allowzero_matches_onnxruntime(tmp_path, allowz
     with torch.no_grad():
         got = b.module(x)
     assert got.shape == want and torch.equal(got, b.reference(x))
+
+
+def _signature(schema) -> tuple:
+    attrs = {k: (a.type, a.required, str(a.default_value)) for k, a in schema.attributes.items()}
+    return attrs, [(i.name, i.option) for i in schema.inputs], [o.name for o in schema.outputs]
+
+
+def test_every_type_only_version_adds_types_and_nothing_else():
+    """ONNX's own schemas: each version TYPE_ONLY converts as the one before has that version's
+    attributes (with their defaults), inputs and outputs, and admits every type it admitted."""
+    import onnx.defs
+
+    from quantlab.models.onnx_versions import TYPE_ONLY
+
+    for_new_types_only = {("Cast", 19): "saturate"}  # its float8 targets' overflow rule
+    for op, versions in TYPE_ONLY.items():
+        for v in versions:
+            new, old = onnx.defs.get_schema(op, v), onnx.defs.get_schema(op, v - 1)
+            assert new.since_version == v, (op, v)
+            attrs, ins, outs = _signature(new)
+            attrs.pop(for_new_types_only.get((op, v)), None)
+            assert (attrs, ins, outs) == _signature(old), (op, v)
+            before = {t.type_param_str: set(t.allowed_type_strs) for t in old.type_constraints}
+            after = {t.type_param_str: set(t.allowed_type_strs) for t in new.type_constraints}
+            assert before.keys() == after.keys(), (op, v)
+            assert all(before[k] <= after[k] for k in before), (op, v)
+
+
+@pytest.mark.parametrize("opset", [21, 22, 23, 24])
+def test_the_model_at_opsets_21_to_24_converts_and_matches_onnxruntime(tmp_path, opset):
+    """The opset-20 export carried to later opsets by ONNX's version converter (Conv 22,
+    Reshape, Shape and Constant 23 / 24, ...): Conv 22 stopped every such file before."""
+    import onnx
+    from onnx import version_converter
+
+    torch.manual_seed(0)
+    model, x = _Block().eval(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "block20.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=20, dynamo=False)
+    later = version_converter.convert_version(onnx.load(str(path)), opset)
+    path = tmp_path / f"block{opset}.onnx"
+    onnx.save(later, path)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    with torch.no_grad():
+        got = b.module(x)
+    for g, w, r in zip(got, model(x), b.reference(x), strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=2e-5)
+        torch.testing.assert_close(g, torch.as_tensor(r), rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("count_include_pad", [False, True])
+def test_average_pool_at_torchs_default_opset_matches_onnxruntime(
+    tmp_path, ceil_mode, count_include_pad
+):
+    """torch writes nn.AvgPool2d as AveragePool 19 at opset 20 (its default), which onnx2torch
+    lacked: every model with an average pool failed to convert."""
+    import onnx
+
+    pool = nn.AvgPool2d(3, 2, 1, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), pool).eval()
+    x = torch.randn(1, 3, 12, 12)
+    path = tmp_path / "pool.onnx"
+    torch.onnx.export(model, (x,), str(path), opset_version=20, dynamo=False)
+    assert "AveragePool" in [n.op_type for n in onnx.load(str(path)).graph.node]
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    with torch.no_grad():
+        got = b.module(x)
+    torch.testing.assert_close(got, model(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got, torch.as_tensor(b.reference(x)), rtol=0, atol=1e-6)
+
+
+def test_a_dilated_average_pool_is_named_and_pools_and_log_sums_match_onnxruntime(tmp_path):
+    from onnx import helper, numpy_helper
+
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], dilations=[2, 2])
+    path = _graph(tmp_path, [node], [("x", [1, 2, 6, 6])], opset=19)
+    with pytest.raises(ValueError, match=r"cannot convert.*dilations=\[2, 2\]"):
+        build_model(ModelConfig(name="onnx", path=str(path)))
+    axes = numpy_helper.from_array(torch.tensor([1], dtype=torch.int64).numpy(), "axes")
+    for nodes, inits, opset in (
+        ([helper.make_node("ReduceLogSum", ["x", "axes"], ["y"])], [axes], 18),
+        ([helper.make_node("GlobalMaxPool", ["x"], ["y"])], [], 22),
+    ):
+        path = _graph(tmp_path, nodes, [("x", [1, 2, 6, 6])], inits, opset=opset)
+        b = build_model(ModelConfig(name="onnx", path=str(path)))
+        x = torch.rand(1, 2, 6, 6) + 0.1
+        with torch.no_grad():
+            torch.testing.assert_close(b.module(x), b.reference(x), rtol=0, atol=1e-6)
