@@ -10,7 +10,9 @@ module indexes with a list, which torch 2.13 accepts with a deprecation warning 
 that one warning is silenced once onnx2torch is imported. LSTM, GRU and RNN nodes, which
 onnx2torch does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
 GroupNormalization, SpaceToDepth, Upsample, GlobalMaxPool, Pad, Max, Min, Sum and Mean the
-torch calls they are (``onnx_functional``); and the operator versions of opsets 16 to 24 that onnx2torch lacks
+torch calls they are (``onnx_functional``), and so are CastLike, Size, Trilu, Swish,
+ThresholdedRelu, Shrink, DepthToSpace in both modes and RMSNormalization (``onnx_added_ops``);
+and the operator versions of opsets 16 to 24 that onnx2torch lacks
 convert as the versions before them where they mean the same (``onnx_versions``).
 ``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
 and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A Mul or Div by a one-value
@@ -99,10 +101,11 @@ def _onnx2torch_convert() -> Callable:
 
     from onnx2torch import convert
 
-    from quantlab.models import onnx_functional, onnx_recurrent, onnx_versions
+    from quantlab.models import onnx_added_ops, onnx_functional, onnx_recurrent, onnx_versions
 
     onnx_recurrent.register()
     onnx_functional.register()
+    onnx_added_ops.register()
     onnx_versions.register()
     warnings.filterwarnings(
         "ignore", message="Using a non-tuple sequence for multidimensional indexing"
