@@ -39,6 +39,8 @@ from torch import Tensor, nn
 from quantlab.models import packages
 from quantlab.models.onnx_constants import parameter_of, scalar_operands
 from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
+from quantlab.models.onnx_reference import onnxruntime_runner
+from quantlab.models.onnx_refusals import refuse_control_flow, refuse_quantized
 
 
 @dataclass
@@ -51,6 +53,7 @@ class OnnxModel:
     metadata: dict[str, str]
     reference: Callable[..., object]
     fixed_batch: int | None = None  # the batch it runs, where the graph fixes one (_fixed_batch)
+    probe_inputs: tuple[Tensor, ...] = ()  # one input of the graph's own shapes (_declared)
 
 
 def _graph_inputs(model) -> list:
@@ -308,45 +311,73 @@ def _bias_added(gm: nn.Module, node, width: int):
     return (add, b) if b is not None and b.dim() == 1 and b.shape[0] == width else None
 
 
-_QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "ConvInteger",
-                  "MatMulInteger", "QGemm", "QAttention", "QOrderedMatMul"}  # fmt: skip
+UPGRADE_OPSET = 13
+"""A graph of an older opset that does not convert is tried again at this one (ONNX's version
+converter): exports of opset 6 to 10 name ops in forms onnx2torch does not take."""
 
 
-def _refuse_quantized(model, path: Path) -> None:
-    """ValueError for a graph that is quantized already (Q/DQ pairs, QLinear or integer ops,
-    dynamic quantization): quantlab simulates the quantization of a float model."""
-    found = sorted(
-        {
-            n.op_type
-            for n in model.graph.node
-            if n.op_type in _QUANTIZED_OPS or n.op_type.startswith(("QLinear", "DynamicQuantize"))
-        }
-    )
-    if found:
-        raise ValueError(
-            f"model.path: {path} is quantized already ({', '.join(found)}): quantlab simulates "
-            "the quantization of a float model, so give the float ONNX file it was made from"
-        )
+def _converted_folded(convert, model, shapes: list[list[int]], path: Path) -> nn.Module:
+    """The module of ``model`` folded by onnxslim (``_fixed``), or, where that fails and the
+    graph's opset is below UPGRADE_OPSET, of the graph carried to that opset and folded, kept
+    only where it computes what onnxruntime computes on the original graph (ONNX's version
+    converter can change a node's meaning: an Upsample's coordinates). A ValueError names the
+    first attempt's error, or the control flow left after folding."""
+    errors, folded = [], None
+    for attempt in (model, UPGRADE_OPSET):
+        try:
+            if attempt == UPGRADE_OPSET:
+                if _opset(model) >= UPGRADE_OPSET:
+                    break
+                from onnx import version_converter
 
-
-_CONTROL_FLOW = ("If", "Loop", "Scan")
-
-
-def _refuse_control_flow(model, path: Path) -> None:
-    """ValueError naming the control-flow nodes left after folding (an If on a value computed
-    at run time, a Loop, a Scan): quantlab converts graphs without them. The message names the
-    inputs of the first one, where ``onnx.utils.extract_model`` can cut the graph."""
-    nodes = [n for n in model.graph.node if n.op_type in _CONTROL_FLOW]
-    if not nodes:
-        return
-    first = nodes[0]
-    found = ", ".join(f"{n.op_type} {n.name or n.output[0]!r}" for n in nodes)
+                attempt = version_converter.convert_version(model, UPGRADE_OPSET)
+            folded = _fixed(attempt, shapes)
+            module = convert(_explicit_pads(folded), attach_onnx_mapping=True)
+            if attempt is not model:
+                _check_against_onnxruntime(module, model, path, shapes)
+            return module
+        except Exception as err:
+            errors.append(err)
+    refuse_control_flow(folded if folded is not None else model, path)
+    err = errors[0]
+    also = ""
+    if len(errors) > 1:
+        also = f" (carried to opset {UPGRADE_OPSET}: {str(errors[1]).splitlines()[0]})"
     raise ValueError(
-        f"model.path: {path} has control flow that stays after folding its constants ({found}):"
-        " quantlab converts graphs without If, Loop or Scan. Simulate the part before it, e.g. "
-        f"onnx.utils.extract_model({str(path)!r}, 'part.onnx', <input names>, <output names "
-        f"before it>); the first one takes {', '.join(repr(i) for i in first.input if i)}"
-    )
+        f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}{also}"
+    ) from None
+
+
+def _check_against_onnxruntime(module: nn.Module, model, path: Path, shapes) -> None:
+    """ValueError unless ``module`` gives onnxruntime's outputs of the graph at ``path`` on
+    seeded normal values of its float inputs (zeros of the others), each to 1e-3 of its
+    largest magnitude."""
+    xs = _declared(model, shapes)
+    with torch.no_grad():
+        got = module.eval()(*xs)
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    try:
+        want = onnxruntime_runner(path, [i.name for i in _graph_inputs(model)])(*xs)
+    except Exception as err:  # onnxruntime has no kernel for some op versions of old opsets
+        raise ValueError(
+            f"onnxruntime does not run the opset-{_opset(model)} graph to check it against "
+            f"({str(err).splitlines()[0]}); give the file carried to a newer opset "
+            "(onnx.version_converter.convert_version) once you have checked it"
+        ) from None
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    for g, w in zip(got, want, strict=True):
+        g, w = g.detach().double().reshape(w.shape), w.double()
+        largest = float(w.abs().max()) if w.numel() else 0.0
+        if not torch.allclose(g, w, rtol=0, atol=1e-3 * (1 + largest)):
+            raise ValueError(
+                "it computes otherwise than onnxruntime on the original graph: max |difference| "
+                f"{float((g - w).abs().max()):.3g}"
+            )
+
+
+def _opset(model) -> int:
+    """The graph's default-domain opset (1 where it names none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
 
 
 def _fixed_batch(model) -> int | None:
@@ -378,6 +409,20 @@ def _zeros(model, shapes: list[list[int]]) -> list[Tensor]:
     return xs
 
 
+def _declared(model, shapes: list[list[int]]) -> tuple[Tensor, ...]:
+    """Inputs of the shapes the graph declares: each input's own first dimension where it is a
+    number (a recurrent state's layer axis, a fixed batch), else the fixed batch or 1; seeded
+    normal values for float inputs, zeros for the others (indices, masks)."""
+    gen = torch.Generator().manual_seed(0)
+    xs = []
+    for inp, x in zip(_graph_inputs(model), _zeros(model, shapes)):
+        dims = list(inp.type.tensor_type.shape.dim)
+        first = dims[0].dim_value if dims and dims[0].dim_value > 0 else x.shape[0]
+        x = x.new_zeros((first, *x.shape[1:]))
+        xs.append(x.normal_(generator=gen) if x.is_floating_point() else x)
+    return tuple(xs)
+
+
 def _run_on_zeros(module: nn.Module, model, shapes: list[list[int]]) -> None:
     """Run ``module`` once on ``_zeros``: onnx2torch builds some modules from the shapes ONNX's
     shape inference found, and a shape it could not find (a Pad whose pads are computed, say)
@@ -392,7 +437,7 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     dynamic dimensions. Errors name the file, the graph's shapes and what to set."""
     path = Path(path)
     model = _read(path)
-    _refuse_quantized(model, path)
+    refuse_quantized(model, path)
     graph = static_shapes(path)
     names = [i.name for i in _graph_inputs(model)]
     if shapes is not None:
@@ -430,14 +475,7 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
         except Exception:  # onnx2torch cannot resolve some shapes: fold them first
             module = None
     if module is None:
-        folded = _fixed(model, shapes)
-        try:
-            module = convert(_explicit_pads(folded), attach_onnx_mapping=True)
-        except Exception as err:
-            _refuse_control_flow(folded, path)
-            raise ValueError(
-                f"model.path: onnx2torch cannot convert {path}: {type(err).__name__}: {err}"
-            ) from None
+        module = _converted_folded(convert, model, shapes, path)
     outputs_by_name(module, [o.name for o in model.graph.output])
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
@@ -454,47 +492,5 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
         metadata,
         onnxruntime_runner(path, names, unbatched),
         fixed_batch,
+        _declared(model, shapes),
     )
-
-
-def onnxruntime_runner(
-    path: Path, names: list[str], unbatched: tuple[int, ...] = ()
-) -> Callable[..., object]:
-    """``run(*inputs)``: the ONNX file under onnxruntime (fp32, CPU); one output -> a tensor,
-    several -> a tuple of tensors. A graph whose batch size is fixed (its first input's first
-    dim) runs a larger batch (a multiple of it, every input alike) in slices along dim 0,
-    its outputs concatenated along dim 0 (an experiment that merges evaluation batches).
-    The outputs numbered in ``unbatched`` (of a batch-1 graph, without a batch axis) get one,
-    as the converted module's do (``onnx_outputs.restore_batch_axis``)."""
-    session = None
-
-    def run_once(inputs) -> list[Tensor]:
-        feed = {n: t.detach().cpu().numpy() for n, t in zip(names, inputs)}
-        outs = [torch.from_numpy(o) for o in session.run(None, feed)]
-        return [o.unsqueeze(0) if i in unbatched else o for i, o in enumerate(outs)]
-
-    def run(*inputs: Tensor) -> object:
-        nonlocal session
-        if session is None:
-            packages.package_dir(packages.ONNXRUNTIME, "the onnxruntime reference of model=onnx")
-            import onnxruntime as ort
-
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        fixed = session.get_inputs()[0].shape[0] if session.get_inputs() else None
-        n = inputs[0].shape[0] if inputs and inputs[0].dim() else None
-        sliced = (
-            isinstance(fixed, int)
-            and fixed > 0
-            and n is not None
-            and n != fixed
-            and n % fixed == 0
-            and all(t.dim() and t.shape[0] == n for t in inputs)
-        )
-        if not sliced:
-            outs = run_once(inputs)
-        else:
-            parts = [run_once([t[i : i + fixed] for t in inputs]) for i in range(0, n, fixed)]
-            outs = [torch.cat(p, 0) for p in zip(*parts)]
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    return run

@@ -133,13 +133,14 @@ def build_user_model(
             f"model {name} does not declare its input shape: set model.input_shape=[C,H,W] "
             "(one input, without the batch dimension) or give data whose shape it takes"
         )
-    reference, reference_name, fixed_batch = None, "", None
+    reference, reference_name, fixed_batch, probe_inputs = None, "", None, ()
     if cfg.name == "onnx":
         from quantlab.models.onnx_import import load_onnx
 
         converted = load_onnx(cfg.path, None if shapes is None else [list(s) for s in shapes])
         module, reference, reference_name = converted.module, converted.reference, "onnxruntime"
         shapes, fixed_batch = converted.input_shapes, converted.fixed_batch
+        probe_inputs = converted.probe_inputs
     else:
         from quantlab.models.custom import build_custom, load_checkpoint
 
@@ -148,7 +149,7 @@ def build_user_model(
             load_checkpoint(module, cfg.checkpoint)
     module.eval()
     make = random_inputs(shapes)
-    probe = example if example is not None else make(1, 0)
+    probe = example if example is not None else (probe_inputs or make(1, 0))
     output = run_example(module, name, probe)
     if cfg.fold_batchnorm:
         to_deployment_form(module, probe)

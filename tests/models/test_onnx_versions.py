@@ -1,9 +1,12 @@
-"""ONNX files from torch's exporter at opsets 18 and 20 (``quantlab.models.onnx_versions``): the
-reductions with their axes as an input, Pad, Resize and Split of opset 18, the versions that
-only add types, convert and give onnxruntime's outputs; the forms that mean something else are
-named."""
+"""ONNX files of other opsets than onnx2torch's (``quantlab.models.onnx_versions``,
+``onnx_import``): torch's exports at opsets 18 and 20 (the reductions with their axes as an
+input, Pad, Resize, Split, AveragePool 19), the versions that only add types (checked against
+ONNX's schemas) up to opset 24, and opset-6 graphs carried to opset 13 convert and give
+onnxruntime's or their recorded outputs; the forms that mean something else are named."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +226,42 @@ def test_a_dilated_average_pool_is_named_and_pools_and_log_sums_match_onnxruntim
         x = torch.rand(1, 2, 6, 6) + 0.1
         with torch.no_grad():
             torch.testing.assert_close(b.module(x), b.reference(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["test_Conv2d_groups", "test_ConvTranspose2d", "test_MaxPool2d"])
+def test_an_opset_6_graph_converts_through_onnxs_version_converter(case):
+    """onnx's own backend tests of PyTorch layers, exported at opset 6 (onnx2torch took none of
+    them, and folding such a graph failed): carried to opset 13 and checked against onnxruntime
+    on the original graph, each gives its recorded output."""
+    folder = _backend_case(case)
+    x = _tensor(folder / "test_data_set_0/input_0.pb")
+    want = _tensor(folder / "test_data_set_0/output_0.pb")
+    b = build_model(ModelConfig(name="onnx", path=str(folder / "model.onnx")))
+    with torch.no_grad():
+        torch.testing.assert_close(b.module(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_old_graph_onnxruntime_cannot_check_is_refused_naming_the_converter():
+    """onnxruntime has no BatchNormalization-6 kernel, so the carried graph cannot be checked
+    against the original: refused, naming onnx's version converter as the way on."""
+    folder = _backend_case("test_BatchNorm2d_eval")
+    with pytest.raises(ValueError, match=r"does not run the opset-6 graph.*version_converter"):
+        build_model(ModelConfig(name="onnx", path=str(folder / "model.onnx")))
+
+
+def _backend_case(case: str) -> Path:
+    import onnx
+
+    folder = Path(onnx.__file__).parent / "backend/test/data/pytorch-converted" / case
+    model = onnx.load(str(folder / "model.onnx"))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 6
+    return folder
+
+
+def _tensor(path: Path) -> torch.Tensor:
+    import onnx
+    from onnx import numpy_helper
+
+    t = onnx.TensorProto()
+    t.ParseFromString(path.read_bytes())
+    return torch.from_numpy(numpy_helper.to_array(t).copy())

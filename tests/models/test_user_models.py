@@ -466,7 +466,7 @@ def test_a_graph_with_a_fixed_batch_runs_larger_batches_in_slices(tmp_path):
     """An ONNX file exported with batch 1 (a static graph, two inputs, two outputs): its
     onnxruntime reference takes a merged batch of 4 slice by slice, the outputs those of each
     slice run alone, concatenated; inputs whose batches disagree stay onnxruntime's error."""
-    from quantlab.models.onnx_import import onnxruntime_runner
+    from quantlab.models.onnx_reference import onnxruntime_runner
 
     class Two(nn.Module):
         def forward(self, a, b):
@@ -839,3 +839,20 @@ def test_control_flow_left_after_folding_is_refused_naming_the_node(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
     with pytest.raises(ValueError, match=r"control flow .*\(If 'gate'\).*takes 'positive'"):
         build_model(ModelConfig(name="onnx", path=str(path)))
+
+
+def test_a_graph_that_fixes_a_batch_above_one_loads_without_data(tmp_path):
+    """Its first run (the probe of its output's form) takes its batch: a graph exported with
+    batch 4 failed in its Reshape when probed with one item."""
+    pytest.importorskip("onnxruntime")
+    path = tmp_path / "batch4.onnx"
+    torch.onnx.export(
+        _FixedBatchNet(4).eval(), (torch.randn(4, 3, 8, 8),), str(path), opset_version=17,
+        dynamo=False,
+    )  # fmt: skip
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    assert b.fixed_batch == 4
+    x = b.example_inputs(4, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(b.module(*x), torch.as_tensor(b.reference(*x)), atol=1e-5,
+                                   rtol=0)  # fmt: skip
