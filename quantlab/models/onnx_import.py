@@ -12,8 +12,10 @@ onnx2torch does not convert, become torch's layers (``onnx_recurrent``); GridSam
 GroupNormalization, SpaceToDepth, Upsample, GlobalMaxPool, Pad, Max, Min, Sum and Mean the
 torch calls they are (``onnx_functional``), and so are CastLike, Size, Trilu, Swish,
 ThresholdedRelu, Shrink, DepthToSpace in both modes and RMSNormalization (``onnx_added_ops``);
-and the operator versions of opsets 16 to 24 that onnx2torch lacks
-convert as the versions before them where they mean the same (``onnx_versions``).
+and the operator versions of opsets 16 to 24 that onnx2torch lacks convert as the versions
+before them where they mean the same (``onnx_versions``); a graph below opset 13 that does not
+convert is carried to 13 by ONNX's version converter, and kept where it computes what
+onnxruntime computes on the original (``_converted_folded``).
 ``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
 and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A Mul or Div by a one-value
 constant multiplies by the number, as the PyTorch code it was exported from (``onnx_constants``).
@@ -313,7 +315,7 @@ def _bias_added(gm: nn.Module, node, width: int):
 
 UPGRADE_OPSET = 13
 """A graph of an older opset that does not convert is tried again at this one (ONNX's version
-converter): exports of opset 6 to 10 name ops in forms onnx2torch does not take."""
+converter): exports of opsets 6 to 12 name ops in versions onnx2torch does not take."""
 
 
 def _converted_folded(convert, model, shapes: list[list[int]], path: Path) -> nn.Module:
