@@ -80,6 +80,7 @@ def load_workload(
         return bundle, dataset
     from quantlab.models.user import (
         ModelInputError,
+        declared_integers,
         declared_shapes,
         partial_shapes,
         user_model_name,
@@ -90,7 +91,7 @@ def load_workload(
         user_model_name(model),
         None,
         shapes,
-        random_inputs(shapes) if shapes is not None else None,
+        random_inputs(shapes, declared_integers(model)) if shapes is not None else None,
         registry=False,
         partial_shapes=partial_shapes(model) if shapes is None else None,
     )

@@ -5,7 +5,8 @@ Calibration batch i uses seed ``1_000_003 * cfg.seed + i``; evaluation batch j u
 smooth random fields in the model's input format; token models get random token ids; other
 models get their own tensors (normal features, boxes in (0, 1), pixel coordinates); a user's
 model gets inputs of its input shape (smooth images in [0, 1] for (3, H, W), else standard
-normal). Without a model the inputs are those of ``small_cnn`` (3x32x32 images).
+normal; an ONNX graph's integer inputs integers, ``quantlab.models.onnx_inputs``). Without a
+model the inputs are those of ``small_cnn`` (3x32x32 images).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from quantlab.models.formats import ImageFormat
+from quantlab.models.onnx_inputs import IntegerInput
 
 InputsFn = Callable[[int, int], tuple[Tensor, ...]]  # (batch, seed) -> random model inputs
 
@@ -50,18 +51,25 @@ def is_image_shape(shape: tuple[int, ...]) -> bool:
     return len(shape) == 3 and shape[0] == 3
 
 
-def random_inputs(shapes: tuple[tuple[int, ...], ...]) -> InputsFn:
+def random_inputs(
+    shapes: tuple[tuple[int, ...], ...], integers: tuple[IntegerInput | None, ...] | None = None
+) -> InputsFn:
     """Seeded random inputs of ``shapes``: smooth images in [0, 1] for (3, H, W) inputs, standard
-    normal values otherwise; float32 with a leading batch dimension."""
+    normal values otherwise; float32 with a leading batch dimension. An input with an
+    ``IntegerInput`` in ``integers`` (an ONNX graph's token ids or mask) takes its values."""
 
     def make(batch: int = 1, seed: int = 0) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(seed)
-        return tuple(
-            smooth_images(gen, batch, s[1], s[2])
-            if is_image_shape(s)
-            else torch.randn(batch, *s, generator=gen)
-            for s in shapes
-        )
+        out = []
+        for i, s in enumerate(shapes):
+            integer = integers[i] if integers is not None and i < len(integers) else None
+            if integer is not None:
+                out.append(integer.make(gen, (batch, *s)))
+            elif is_image_shape(s):
+                out.append(smooth_images(gen, batch, s[1], s[2]))
+            else:
+                out.append(torch.randn(batch, *s, generator=gen))
+        return tuple(out)
 
     return make
 

@@ -1,9 +1,11 @@
 """onnx2torch converters for ONNX ops it lacks that are one torch call or a layout change:
 GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21),
 SpaceToDepth (1, 13), Upsample (7, 9) and GlobalMaxPool (1, 22: ``amax`` over the spatial axes);
-and Pad (2, 11, 13, and through ``onnx_versions``
-18 on) in place of onnx2torch's, which pads in reflect or edge mode only a 3-d to 5-d input
-whose first two axes are not padded (a 2-d signal, as an STFT's framing pads it, failed).
+Clip (11, 12, 13) in place of onnx2torch's, which took the empty name of a bound left out
+(``x.clamp(min=0.1)`` exports as ``Clip(x, min, '')``) for a computed bound and refused it;
+and Pad (2, 11, 13, and through ``onnx_versions`` 18 on) in place of onnx2torch's, which pads
+in reflect or edge mode only a 3-d to 5-d input whose first two axes are not padded (a 2-d
+signal, as an STFT's framing pads it, failed).
 Each becomes the torch function a PyTorch model calls (``F.grid_sample``, ``F.gelu``,
 ``F.mish``, ``F.group_norm``, ``F.interpolate``, ``F.pad``) or the reshapes and permute the op
 is, so quantlab captures and simulates it as in a torch model (a grid_sample with its
@@ -248,6 +250,22 @@ def _pad(node, graph):
     return converted(node, OnnxPad(mode))
 
 
+def _clip(node, graph):
+    """Clip 11 on: its constant bounds (an empty input name: no bound) as onnx2torch's module
+    for them (ReLU, Hardtanh or a clamp); a computed bound is refused."""
+    from onnx2torch.node_converters.clip import _create_torch_module
+    from onnx2torch.utils.common import get_const_value
+
+    bounds = []
+    for i in (1, 2):
+        name = node.input_values[i] if len(node.input_values) > i else ""
+        try:
+            bounds.append(float(get_const_value(name, graph)) if name else None)
+        except KeyError:
+            refuse(node, f"a computed {('min', 'max')[i - 1]} bound")
+    return converted(node, _create_torch_module(*bounds), first_input_only=True)
+
+
 def _variadic(node, graph):
     return converted(node, OnnxVariadic(node.operation_type))
 
@@ -276,10 +294,11 @@ VARIADIC = {"Max": (8, 12, 13), "Min": (8, 12, 13), "Sum": (8, 13), "Mean": (8, 
 
 
 def register() -> None:
-    """Add these converters to onnx2torch's registry (versions it has none for), and Pad and
-    the variadic ops in place of its own."""
+    """Add these converters to onnx2torch's registry (versions it has none for), and Pad, Clip
+    and the variadic ops in place of its own."""
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
     replace("Pad", (2, 11, 13), _pad)
+    replace("Clip", (11, 12, 13), _clip)
     for op, versions in VARIADIC.items():
         replace(op, versions, _variadic)

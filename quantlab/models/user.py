@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from quantlab.models.fold import to_deployment_form
 from quantlab.models.inputs import random_inputs
+from quantlab.models.onnx_inputs import IntegerInput
 from quantlab.models.registry import ModelBundle
 from quantlab.models.schema import ModelConfig
 from quantlab.models.tasks import (
@@ -53,6 +54,17 @@ def declared_shapes(cfg: ModelConfig) -> tuple[tuple[int, ...], ...] | None:
         if all(None not in g for g in graph):
             return tuple(tuple(g) for g in graph)
     return None
+
+
+def declared_integers(cfg: ModelConfig) -> tuple[IntegerInput | None, ...] | None:
+    """An ONNX graph's integer inputs (token ids, masks: ``onnx_inputs.integer_inputs``), None
+    where it has none or for another model."""
+    if cfg.name != "onnx":
+        return None
+    from quantlab.models.onnx_inputs import integer_inputs
+
+    found = integer_inputs(cfg.path)
+    return found if any(i is not None for i in found) else None
 
 
 def partial_shapes(cfg: ModelConfig) -> tuple[tuple[int | None, ...], ...] | None:
@@ -148,7 +160,7 @@ def build_user_model(
         if cfg.checkpoint:
             load_checkpoint(module, cfg.checkpoint)
     module.eval()
-    make = random_inputs(shapes)
+    make = random_inputs(shapes, declared_integers(cfg))
     probe = example if example is not None else (probe_inputs or make(1, 0))
     output = run_example(module, name, probe)
     if cfg.fold_batchnorm:

@@ -341,3 +341,42 @@ def test_variadic_nodes_broadcast_and_match_onnxruntime(tmp_path, op, inputs):
     x, y = torch.randn(1, 3, 4, generator=gen), torch.randn(1, 1, 4, generator=gen)
     exact = op in ("Max", "Min")
     _same_as_onnxruntime(b, x, y, atol=0 if exact else 1e-6)
+
+
+class _OneSidedClamps(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.clamp(min=0.1) * 2, y.clamp(max=0.5), F.relu6(y)  # Clip(0, 6): relu6
+
+
+def test_a_one_sided_clip_converts_and_is_simulated_as_the_models_clamp(tmp_path):
+    """``x.clamp(min=0.1)`` exports as Clip(x, min, ''): onnx2torch took the empty name for a
+    computed bound and refused every model with a one-sided clamp."""
+    import onnx
+
+    from quantlab.simulate import Mode, Simulator
+
+    torch.manual_seed(0)
+    model, x = _OneSidedClamps().eval(), torch.randn(3, 3, 8, 8)
+    path = tmp_path / "clamps.onnx"
+    torch.onnx.export(model, (x[:1],), str(path), opset_version=17, dynamo=False)
+    clips = [list(n.input) for n in onnx.load(str(path)).graph.node if n.op_type == "Clip"]
+    assert clips[0][2] == "" and clips[1][1] == ""
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    with torch.no_grad():
+        got = b.module(x[:1])
+    for g, w, r in zip(got, model(x[:1]), b.reference(x[:1]), strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+        torch.testing.assert_close(g, torch.as_tensor(r), rtol=0, atol=1e-6)
+    runs = {}
+    for name, module in (("torch", model), ("onnx", b.module)):
+        sim = Simulator(module, "j6m")
+        sim.calibrate([(x[:2],)], progress=False)
+        runs[name] = list(sim.ops.op_type), sim.run(x[2:], mode=Mode.FIXED)
+    assert runs["onnx"][0] == runs["torch"][0] and runs["onnx"][0].count("clamp") == 2
+    for w, g in zip(runs["torch"][1], runs["onnx"][1], strict=True):
+        assert torch.equal(w, g)

@@ -856,3 +856,57 @@ def test_a_graph_that_fixes_a_batch_above_one_loads_without_data(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(b.module(*x), torch.as_tensor(b.reference(*x)), atol=1e-5,
                                    rtol=0)  # fmt: skip
+
+
+class _TokenPool(nn.Module):
+    """Token ids and types through embedding tables, a 0/1 mask, a mean over tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.words, self.types, self.head = (
+            nn.Embedding(50, 16),
+            nn.Embedding(2, 16),
+            nn.Linear(16, 4),
+        )
+
+    def forward(self, ids, types, mask):
+        h = (self.words(ids) + self.types(types)) * mask.unsqueeze(-1).float()
+        return self.head(h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
+
+
+def test_an_onnx_graph_of_token_ids_runs_on_synthetic_data(tmp_path):
+    """Its int64 inputs take integers: ids and types below their embedding table's rows, the
+    mask ones (float values failed in the Gather at loading); the experiment then runs and the
+    float module matches onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from experiments.consistency import ConsistencyExp, consistency
+    from quantlab.data.schema import DataConfig
+    from quantlab.experiment import RunContext
+    from quantlab.models.onnx_inputs import IntegerInput, integer_inputs
+    from quantlab.platforms import PlatformConfig
+    from quantlab.workload import load_workload
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (1, 7))
+    path = tmp_path / "tokens.onnx"
+    torch.onnx.export(
+        _TokenPool().eval(), (ids, torch.zeros_like(ids), torch.ones_like(ids)), str(path),
+        opset_version=17, dynamo=False, input_names=["ids", "types", "mask"],
+    )  # fmt: skip
+    assert integer_inputs(path) == (
+        IntegerInput(torch.int64, 0, 49), IntegerInput(torch.int64, 0, 1),
+        IntegerInput(torch.int64, 1, 1),
+    )  # fmt: skip
+    model = ModelConfig(name="onnx", path=str(path))
+    data = DataConfig(name="synthetic", num_calib=4, num_eval=4)
+    bundle, dataset = load_workload(model, data)
+    ids, types, mask = (torch.cat([b[i] for b in dataset.calib]) for i in range(3))
+    assert ids.dtype == torch.int64 and 0 <= int(ids.min()) and int(ids.max()) < 50
+    assert len(set(ids.flatten().tolist())) > 5 and set(types.flatten().tolist()) == {0, 1}
+    assert bool((mask == 1).all())
+    with torch.no_grad():
+        got = bundle.module(*dataset.eval[0])
+    torch.testing.assert_close(got, bundle.reference(*dataset.eval[0]), rtol=0, atol=1e-5)
+    ctx = RunContext(PlatformConfig(name="j6m"), model, data, 0, tmp_path, progress=False)
+    res = consistency(ConsistencyExp(), ctx)
+    assert (res.tables["task_metrics"]["items"] == 4).all()
