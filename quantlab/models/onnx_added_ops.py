@@ -13,7 +13,11 @@ makes for it, so quantlab captures and simulates it as in that model:
   ``F.pixel_shuffle`` for CRD, the reshape, permute and reshape of DCR (depth, column, row: the
   TensorFlow order) otherwise;
 - RMSNormalization (23): ``F.rms_norm`` over the axes from ``axis`` on, with its scale held as a
-  parameter (a computed scale, or a ``stash_type`` other than float32, is refused).
+  parameter (a computed scale, or a ``stash_type`` other than float32, is refused);
+- CumSum (11, 14) in place of onnx2torch's, which reversed every CumSum whose ``reverse``
+  attribute was left out (its default is 0) and whose exclusive form wrote into the wrong
+  slices: ``torch.cumsum``, of the input shifted one place along the axis for ``exclusive``,
+  flipped before and after for ``reverse``.
 
 Float results match onnxruntime's to rounding (``tests/models/test_onnx_added_ops.py``).
 """
@@ -112,6 +116,27 @@ class OnnxRMSNorm(nn.Module):
         return F.rms_norm(x, tuple(shape), weight, self.eps)
 
 
+class OnnxCumSum(nn.Module):
+    def __init__(self, exclusive: bool, reverse: bool) -> None:
+        super().__init__()
+        self.exclusive, self.reverse = exclusive, reverse
+
+    def forward(self, x: Tensor, axis: Tensor) -> Tensor:
+        dim = int(axis) % x.dim()
+        if self.reverse:
+            x = x.flip(dim)
+        if self.exclusive:
+            first = torch.zeros_like(x.narrow(dim, 0, 1))
+            x = torch.cat([first, x.narrow(dim, 0, x.shape[dim] - 1)], dim)
+        y = torch.cumsum(x, dim)
+        return y.flip(dim) if self.reverse else y
+
+
+def _cumsum(node, graph):
+    a = node.attributes
+    return converted(node, OnnxCumSum(bool(a.get("exclusive", 0)), bool(a.get("reverse", 0))))
+
+
 def _cast_like(node, graph):
     return converted(node, OnnxCastLike())
 
@@ -168,7 +193,9 @@ CONVERTERS = {
 
 
 def register() -> None:
-    """Add these converters to onnx2torch's registry, and DepthToSpace in place of its own."""
+    """Add these converters to onnx2torch's registry, and DepthToSpace and CumSum in place of
+    its own."""
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
     replace("DepthToSpace", (1, 11, 13), _depth_to_space)
+    replace("CumSum", (11, 14), _cumsum)

@@ -2,7 +2,8 @@
 GridSample (opset 16, 20, 22), Gelu (20), Mish (18), GroupNormalization (18, 21),
 SpaceToDepth (1, 13), Upsample (7, 9) and GlobalMaxPool (1, 22: ``amax`` over the spatial axes);
 Clip (11, 12, 13) in place of onnx2torch's, which took the empty name of a bound left out
-(``x.clamp(min=0.1)`` exports as ``Clip(x, min, '')``) for a computed bound and refused it;
+(``x.clamp(min=0.1)`` exports as ``Clip(x, min, '')``) for a computed bound and refused both
+(a computed bound is a ``torch.clamp`` by tensors here);
 and Pad (2, 11, 13, and through ``onnx_versions`` 18 on) in place of onnx2torch's, which pads
 in reflect or edge mode only a 3-d to 5-d input whose first two axes are not padded (a 2-d
 signal, as an STFT's framing pads it, failed).
@@ -250,19 +251,36 @@ def _pad(node, graph):
     return converted(node, OnnxPad(mode))
 
 
-def _clip(node, graph):
-    """Clip 11 on: its constant bounds (an empty input name: no bound) as onnx2torch's module
-    for them (ReLU, Hardtanh or a clamp); a computed bound is refused."""
-    from onnx2torch.node_converters.clip import _create_torch_module
-    from onnx2torch.utils.common import get_const_value
+class OnnxClipComputed(nn.Module):
+    """Clip with a bound computed in the graph: ``torch.clamp`` of the input by tensor bounds
+    (an empty input name: no bound), as ``x.clamp(min=y.mean())`` is in the PyTorch code."""
 
-    bounds = []
-    for i in (1, 2):
-        name = node.input_values[i] if len(node.input_values) > i else ""
-        try:
-            bounds.append(float(get_const_value(name, graph)) if name else None)
-        except KeyError:
-            refuse(node, f"a computed {('min', 'max')[i - 1]} bound")
+    def __init__(self, has_min: bool, has_max: bool) -> None:
+        super().__init__()
+        self.has_min, self.has_max = has_min, has_max
+
+    def forward(self, x: Tensor, *bounds: Tensor) -> Tensor:
+        it = iter(bounds)
+        lo = next(it) if self.has_min else None
+        hi = next(it) if self.has_max else None
+        return torch.clamp(x, lo, hi)
+
+
+def _clip(node, graph):
+    """Clip 11 on: constant bounds (an empty input name: no bound) as onnx2torch's module for
+    them (ReLU, ReLU6 or a clamp by numbers); a bound computed in the graph as
+    ``OnnxClipComputed``."""
+    from onnx2torch.node_converters.clip import _create_torch_module
+    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
+
+    names = [node.input_values[i] if len(node.input_values) > i else "" for i in (1, 2)]
+    try:
+        bounds = [float(get_const_value(n, graph)) if n else None for n in names]
+    except KeyError:  # a computed bound
+        inputs = (node.input_values[0], *(n for n in names if n))
+        module = OnnxClipComputed(bool(names[0]), bool(names[1]))
+        mapping = OnnxMapping(inputs=inputs, outputs=node.output_values)
+        return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
     return converted(node, _create_torch_module(*bounds), first_input_only=True)
 
 

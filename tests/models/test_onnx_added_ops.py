@@ -88,3 +88,15 @@ def test_cast_like_and_size_give_onnxruntimes_dtype_and_value(tmp_path):
     like = {"t": np.zeros(1, np.float16)}
     _matches(_one_node(tmp_path, "CastLike", 21, [1, 3, 8], like, ["t"], out_type=10), _x(1, 3, 8))
     _matches(_one_node(tmp_path, "Size", 24, [1, 3, 8], out_type=7), _x(1, 3, 8))
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [None, 0, 1])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_cumsum_in_every_direction_matches_onnxruntime(tmp_path, exclusive, reverse, axis):
+    """onnx2torch summed every CumSum without a ``reverse`` attribute from the end (its default
+    is 0): ``x.cumsum(1)`` exported from torch gave other numbers, silently."""
+    attrs = {"exclusive": exclusive} | ({} if reverse is None else {"reverse": reverse})
+    inits = {"axis": np.array(axis, dtype=np.int64)}
+    b = _one_node(tmp_path, "CumSum", 14, [1, 3, 5], inits, ["axis"], **attrs)
+    _matches(b, torch.arange(15, dtype=torch.float32).reshape(1, 3, 5) + 1)

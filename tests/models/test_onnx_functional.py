@@ -380,3 +380,34 @@ def test_a_one_sided_clip_converts_and_is_simulated_as_the_models_clamp(tmp_path
     assert runs["onnx"][0] == runs["torch"][0] and runs["onnx"][0].count("clamp") == 2
     for w, g in zip(runs["torch"][1], runs["onnx"][1], strict=True):
         assert torch.equal(w, g)
+
+
+class _ComputedFloor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.clamp(min=y.mean())
+
+
+def test_a_clip_by_a_computed_bound_is_the_models_clamp_by_a_tensor(tmp_path):
+    """``x.clamp(min=y.mean())`` exports as a Clip whose bound a node computes: onnx2torch
+    refused it; it is the same clamp, with the same codes in fixed mode."""
+    from quantlab.simulate import Mode, Simulator
+
+    torch.manual_seed(0)
+    model, x = _ComputedFloor().eval(), torch.randn(3, 3, 8, 8)
+    path = tmp_path / "floor.onnx"
+    torch.onnx.export(model, (x[:1],), str(path), opset_version=17, dynamo=False)
+    b = build_model(ModelConfig(name="onnx", path=str(path)))
+    _same_as_onnxruntime(b, x[:1], atol=1e-6)
+    runs = {}
+    for name, module in (("torch", model), ("onnx", b.module)):
+        sim = Simulator(module, "j6m")
+        sim.calibrate([(x[:1],), (x[1:2],)], progress=False)
+        runs[name] = list(sim.ops.op_type), sim.run(x[2:], mode=Mode.FIXED)
+    computing = [t for t in runs["onnx"][0] if t != "to"]  # the export casts the bound to float
+    assert computing == runs["torch"][0] and "clamp" in computing
+    assert torch.equal(runs["onnx"][1], runs["torch"][1])
