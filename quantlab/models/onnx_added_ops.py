@@ -17,7 +17,11 @@ makes for it, so quantlab captures and simulates it as in that model:
 - CumSum (11, 14) in place of onnx2torch's, which reversed every CumSum whose ``reverse``
   attribute was left out (its default is 0) and whose exclusive form wrote into the wrong
   slices: ``torch.cumsum``, of the input shifted one place along the axis for ``exclusive``,
-  flipped before and after for ``reverse``.
+  flipped before and after for ``reverse``;
+- IsInf (10, 20) in place of onnx2torch's, which ignored ``detect_positive`` and
+  ``detect_negative``; NonZero (9, 13) in place of its (count, rank) layout: ONNX's (rank,
+  count); LayerNormalization (17) with its Mean or InvStdDev output used is refused (onnx2torch
+  returned the normalized rows in their place).
 
 Float results match onnxruntime's to rounding (``tests/models/test_onnx_added_ops.py``).
 """
@@ -28,7 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from quantlab.models.onnx_nodes import add_missing, attribute_text, converted, refuse, replace
+from quantlab.models.onnx_nodes import (
+    add_missing,
+    attribute_text,
+    converted,
+    refuse,
+    registry_key,
+    replace,
+)
 
 
 class OnnxCastLike(nn.Module):
@@ -132,6 +143,40 @@ class OnnxCumSum(nn.Module):
         return y.flip(dim) if self.reverse else y
 
 
+class OnnxIsInf(nn.Module):
+    def __init__(self, positive: bool, negative: bool) -> None:
+        super().__init__()
+        self.positive, self.negative = positive, negative
+
+    def forward(self, x: Tensor) -> Tensor:
+        pos = torch.isposinf(x) if self.positive else torch.zeros_like(x, dtype=torch.bool)
+        return pos | torch.isneginf(x) if self.negative else pos
+
+
+class OnnxNonZero(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nonzero(x).T
+
+
+def _is_inf(node, graph):
+    a = node.attributes
+    module = OnnxIsInf(bool(a.get("detect_positive", 1)), bool(a.get("detect_negative", 1)))
+    return converted(node, module)
+
+
+def _nonzero(node, graph):
+    return converted(node, OnnxNonZero())
+
+
+def _layer_norm(older):
+    def convert(node, graph):
+        if any(node.output_values[1:]):
+            refuse(node, "its Mean or InvStdDev output used")
+        return older(node, graph)
+
+    return convert
+
+
 def _cumsum(node, graph):
     a = node.attributes
     return converted(node, OnnxCumSum(bool(a.get("exclusive", 0)), bool(a.get("reverse", 0))))
@@ -193,9 +238,18 @@ CONVERTERS = {
 
 
 def register() -> None:
-    """Add these converters to onnx2torch's registry, and DepthToSpace and CumSum in place of
-    its own."""
+    """Add these converters to onnx2torch's registry, and DepthToSpace, CumSum, IsInf, NonZero
+    and LayerNormalization in place of its own."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
+
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
     replace("DepthToSpace", (1, 11, 13), _depth_to_space)
     replace("CumSum", (11, 14), _cumsum)
+    replace("IsInf", (10, 20), _is_inf)
+    replace("NonZero", (9, 13), _nonzero)
+    held = _CONVERTER_REGISTRY.get(registry_key("LayerNormalization", 17))
+    if held is not None and not getattr(held, "checked", False):
+        checked = _layer_norm(held)
+        checked.checked = True
+        replace("LayerNormalization", (17,), checked)

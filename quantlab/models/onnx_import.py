@@ -106,11 +106,18 @@ def _onnx2torch_convert() -> Callable:
 
     from onnx2torch import convert
 
-    from quantlab.models import onnx_added_ops, onnx_functional, onnx_recurrent, onnx_versions
+    from quantlab.models import (
+        onnx_added_ops,
+        onnx_functional,
+        onnx_recurrent,
+        onnx_resize,
+        onnx_versions,
+    )
 
     onnx_recurrent.register()
     onnx_functional.register()
     onnx_added_ops.register()
+    onnx_resize.register()
     onnx_versions.register()
     warnings.filterwarnings(
         "ignore", message="Using a non-tuple sequence for multidimensional indexing"

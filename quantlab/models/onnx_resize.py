@@ -1,0 +1,160 @@
+"""ONNX Resize (10, 11, 13; 18 and 19 through ``onnx_versions``) where onnx2torch's
+``F.interpolate`` computes something else, which it only warned about:
+
+- nearest: ``F.interpolate`` takes input pixel floor(i / scale) (ONNX's asymmetric coordinates
+  and floor rounding). For any other coordinate mode or ``nearest_mode`` the source pixel of
+  each output pixel is computed by ONNX's rule (``nearest_indices``); where it is torch's for
+  every pixel (an integer upscale in half-pixel coordinates, say) the resize stays
+  ``F.interpolate``, else it is an ``index_select`` per axis, the same selection of pixels;
+- linear and cubic: ``F.interpolate`` computes half-pixel (and, upscaling, align-corners)
+  coordinates with the cubic coefficient -0.75, so a node with asymmetric or
+  ``tf_half_pixel_for_nn`` coordinates, another ``cubic_coeff_a``, ``exclude_outside``, an
+  align-corners downscale or a pytorch-half-pixel output of one pixel is refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from quantlab.models.onnx_nodes import attribute_text, refuse
+
+_ROUNDING = {
+    "round_prefer_floor": lambda x: np.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+def source_coordinates(n_in: int, n_out: int, scale: float, mode: str) -> np.ndarray:
+    """ONNX Resize's input coordinate of each of ``n_out`` output pixels (float64)."""
+    x = np.arange(n_out, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
+    if mode == "align_corners":
+        return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    raise ValueError(f"coordinate_transformation_mode={mode}")
+
+
+def nearest_indices(n_in: int, n_out: int, scale: float, mode: str, rounding: str) -> np.ndarray:
+    """The input pixel ONNX's nearest Resize takes for each output pixel (int64)."""
+    src = _ROUNDING[rounding](source_coordinates(n_in, n_out, scale, mode))
+    return np.clip(src, 0, n_in - 1).astype(np.int64)
+
+
+def _spatial(x: Tensor, scales: Tensor | None, sizes: Tensor | None) -> list[tuple[int, float]]:
+    """(output size, scale) of each spatial axis: from ``sizes`` (scale out / in) or from
+    ``scales`` (size floor(in * scale)); batch and channels must keep their size."""
+    n_in = list(x.shape)
+    if sizes is not None and sizes.numel():
+        out = [int(s) for s in sizes.tolist()]
+        if out[:2] != n_in[:2]:
+            raise NotImplementedError("Resize of the batch or channel axis is not converted")
+        return [(o, o / i) for o, i in zip(out[2:], n_in[2:])]
+    s = [float(v) for v in scales.tolist()]
+    if s[:2] != [1.0, 1.0]:
+        raise NotImplementedError("Resize of the batch or channel axis is not converted")
+    return [(math.floor(i * v), v) for i, v in zip(n_in[2:], s[2:])]
+
+
+class OnnxNearestResize(nn.Module):
+    """Nearest Resize by ONNX's rule (module docstring); ``torch_resize``: onnx2torch's module,
+    used where it selects the same pixels."""
+
+    def __init__(self, mode: str, rounding: str, torch_resize: nn.Module) -> None:
+        super().__init__()
+        self.mode, self.rounding, self.torch_resize = mode, rounding, torch_resize
+
+    def forward(self, x, roi=None, scales: Tensor | None = None, sizes: Tensor | None = None):
+        axes = _spatial(x, scales, sizes)
+        picks = []
+        for (n_out, scale), n_in in zip(axes, x.shape[2:]):
+            onnx_idx = nearest_indices(n_in, n_out, scale, self.mode, self.rounding)
+            torch_idx = nearest_indices(n_in, n_out, scale, "asymmetric", "floor")
+            picks.append(None if np.array_equal(onnx_idx, torch_idx) else onnx_idx)
+        if all(p is None for p in picks):
+            return self.torch_resize(x, roi, scales, sizes)
+        for axis, (pick, (n_out, scale)) in enumerate(zip(picks, axes), start=2):
+            if pick is None:
+                pick = nearest_indices(x.shape[axis], n_out, scale, "asymmetric", "floor")
+            x = x.index_select(axis, torch.from_numpy(pick))
+        return x
+
+
+class OnnxCheckedResize(nn.Module):
+    """onnx2torch's linear or cubic Resize, refusing at its first run the sizes it resizes
+    otherwise than ONNX: an align-corners downscale, a pytorch-half-pixel output of one."""
+
+    def __init__(self, mode: str, torch_resize: nn.Module) -> None:
+        super().__init__()
+        self.mode, self.torch_resize = mode, torch_resize
+
+    def forward(self, x, roi=None, scales: Tensor | None = None, sizes: Tensor | None = None):
+        for n_out, n_in in zip((o for o, _ in _spatial(x, scales, sizes)), x.shape[2:]):
+            if self.mode == "align_corners" and n_out < n_in:
+                raise NotImplementedError(
+                    "ONNX Resize with align_corners coordinates that downscales is not converted"
+                )
+            if self.mode == "pytorch_half_pixel" and n_out == 1:
+                raise NotImplementedError(
+                    "ONNX Resize with pytorch_half_pixel coordinates to one pixel is not converted"
+                )
+        return self.torch_resize(x, roi, scales, sizes)
+
+
+def checked_resize(older):
+    """A Resize 11 on converter: ``older`` (onnx2torch's) where it computes ONNX's resize,
+    wrapped as the module docstring says otherwise."""
+
+    def convert(node, graph):
+        a = node.attributes
+        mode = attribute_text(a.get("mode"), "nearest")
+        coords = attribute_text(a.get("coordinate_transformation_mode"), "half_pixel")
+        if coords == "tf_crop_and_resize":
+            refuse(node, "coordinate_transformation_mode=tf_crop_and_resize")
+        result = older(node, graph)
+        if mode == "nearest":
+            rounding = attribute_text(a.get("nearest_mode"), "round_prefer_floor")
+            if coords == "asymmetric" and rounding == "floor":
+                return result
+            return _with_module(result, OnnxNearestResize(coords, rounding, result.torch_module))
+        if coords in ("asymmetric", "tf_half_pixel_for_nn"):
+            refuse(node, f"mode={mode} and coordinate_transformation_mode={coords}")
+        if mode == "cubic" and float(a.get("cubic_coeff_a", -0.75)) != -0.75:
+            refuse(node, f"cubic_coeff_a={float(a['cubic_coeff_a'])}")
+        if int(a.get("exclude_outside", 0)):
+            refuse(node, "exclude_outside=1")
+        return _with_module(result, OnnxCheckedResize(coords, result.torch_module))
+
+    return convert
+
+
+def _with_module(result, module: nn.Module):
+    """onnx2torch's conversion ``result`` with ``module`` in place of its own (same inputs)."""
+    from onnx2torch.utils.common import OperationConverterResult
+
+    return OperationConverterResult(torch_module=module, onnx_mapping=result.onnx_mapping)
+
+
+def register() -> None:
+    """Resize 11 and 13 in place of onnx2torch's, each wrapping it."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
+
+    from quantlab.models.onnx_nodes import registry_key, replace
+
+    for v in (11, 13):
+        held = _CONVERTER_REGISTRY.get(registry_key("Resize", v))
+        if held is not None and not getattr(held, "checked", False):
+            wrapped = checked_resize(held)
+            wrapped.checked = True
+            replace("Resize", (v,), wrapped)
