@@ -1,4 +1,4 @@
-"""ONNX Resize (10, 11, 13; 18 and 19 through ``onnx_versions``) where onnx2torch's
+"""ONNX Resize (11, 13; 18 and 19 through ``onnx_versions``) where onnx2torch's
 ``F.interpolate`` computes something else, which it only warned about:
 
 - nearest: ``F.interpolate`` takes input pixel floor(i / scale) (ONNX's asymmetric coordinates
