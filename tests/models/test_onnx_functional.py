@@ -358,8 +358,6 @@ def test_a_one_sided_clip_converts_and_is_simulated_as_the_models_clamp(tmp_path
     computed bound and refused every model with a one-sided clamp."""
     import onnx
 
-    from quantlab.simulate import Mode, Simulator
-
     torch.manual_seed(0)
     model, x = _OneSidedClamps().eval(), torch.randn(3, 3, 8, 8)
     path = tmp_path / "clamps.onnx"
@@ -372,11 +370,7 @@ def test_a_one_sided_clip_converts_and_is_simulated_as_the_models_clamp(tmp_path
     for g, w, r in zip(got, model(x[:1]), b.reference(x[:1]), strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
         torch.testing.assert_close(g, torch.as_tensor(r), rtol=0, atol=1e-6)
-    runs = {}
-    for name, module in (("torch", model), ("onnx", b.module)):
-        sim = Simulator(module, "j6m")
-        sim.calibrate([(x[:2],)], progress=False)
-        runs[name] = list(sim.ops.op_type), sim.run(x[2:], mode=Mode.FIXED)
+    runs = _fixed_runs({"torch": model, "onnx": b.module}, [(x[:2],)], x[2:])
     assert runs["onnx"][0] == runs["torch"][0] and runs["onnx"][0].count("clamp") == 2
     for w, g in zip(runs["torch"][1], runs["onnx"][1], strict=True):
         assert torch.equal(w, g)
@@ -395,7 +389,6 @@ class _ComputedFloor(nn.Module):
 def test_a_clip_by_a_computed_bound_is_the_models_clamp_by_a_tensor(tmp_path):
     """``x.clamp(min=y.mean())`` exports as a Clip whose bound a node computes: onnx2torch
     refused it; it is the same clamp, with the same codes in fixed mode."""
-    from quantlab.simulate import Mode, Simulator
 
     torch.manual_seed(0)
     model, x = _ComputedFloor().eval(), torch.randn(3, 3, 8, 8)
@@ -403,11 +396,20 @@ def test_a_clip_by_a_computed_bound_is_the_models_clamp_by_a_tensor(tmp_path):
     torch.onnx.export(model, (x[:1],), str(path), opset_version=17, dynamo=False)
     b = build_model(ModelConfig(name="onnx", path=str(path)))
     _same_as_onnxruntime(b, x[:1], atol=1e-6)
-    runs = {}
-    for name, module in (("torch", model), ("onnx", b.module)):
-        sim = Simulator(module, "j6m")
-        sim.calibrate([(x[:1],), (x[1:2],)], progress=False)
-        runs[name] = list(sim.ops.op_type), sim.run(x[2:], mode=Mode.FIXED)
+    runs = _fixed_runs({"torch": model, "onnx": b.module}, [(x[:1],), (x[1:2],)], x[2:])
     computing = [t for t in runs["onnx"][0] if t != "to"]  # the export casts the bound to float
     assert computing == runs["torch"][0] and "clamp" in computing
     assert torch.equal(runs["onnx"][1], runs["torch"][1])
+
+
+def _fixed_runs(modules: dict, calib: list, x) -> dict:
+    """Per named module: its captured op types and its FIXED run on ``x`` after calibrating
+    on ``calib`` (j6m)."""
+    from quantlab.simulate import Mode, Simulator
+
+    runs = {}
+    for name, module in modules.items():
+        sim = Simulator(module, "j6m")
+        sim.calibrate(calib, progress=False)
+        runs[name] = list(sim.ops.op_type), sim.run(x, mode=Mode.FIXED)
+    return runs
