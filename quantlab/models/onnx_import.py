@@ -17,7 +17,7 @@ before them where they mean the same (``onnx_versions``); a graph below opset 13
 convert is carried to 13 by ONNX's version converter, and kept where it computes what
 onnxruntime computes on the original (``_converted_folded``).
 ``auto_pad`` SAME_UPPER / SAME_LOWER, which onnx2torch refuses, is written out as pads first,
-and a max pool's uneven pads as an edge Pad (``_explicit_pads``). A Mul or Div by a one-value
+and a max pool's uneven pads as an edge Pad (``onnx_pads``). A Mul or Div by a one-value
 constant multiplies by the number, as the PyTorch code it was exported from (``onnx_constants``).
 The outputs are the values the graph names, each with its batch axis (``onnx_outputs``).
 A graph quantized already is refused: quantlab takes the float model.
@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from quantlab.models import packages
 from quantlab.models.onnx_constants import parameter_of, scalar_operands
 from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
+from quantlab.models.onnx_pads import explicit_pads
 from quantlab.models.onnx_reference import onnxruntime_runner
 from quantlab.models.onnx_refusals import refuse_control_flow, refuse_quantized
 
@@ -139,124 +140,6 @@ def _fixed(model, shapes: list[list[int]]):
     return onnxslim.slim(m)
 
 
-_AUTO_PAD_OPS = ("Conv", "MaxPool", "AveragePool")
-
-
-def _same_auto_pad(node) -> bytes | None:
-    """A Conv, MaxPool or AveragePool node's ``auto_pad`` where it is SAME_UPPER or SAME_LOWER
-    (None for any other node or mode)."""
-    if node.op_type not in _AUTO_PAD_OPS:
-        return None
-    modes = [a.s for a in node.attribute if a.name == "auto_pad"]
-    return modes[0] if modes and modes[0] in (b"SAME_UPPER", b"SAME_LOWER") else None
-
-
-def _explicit_auto_pads(model):
-    """``model`` with the pads ONNX defines for its Conv, MaxPool and AveragePool nodes of
-    ``auto_pad`` SAME_UPPER / SAME_LOWER written out (onnx2torch converts explicit pads, not
-    these): per spatial axis a total of max((ceil(n / s) - 1) s + (k - 1) d + 1 - n, 0), its
-    larger half at the end (SAME_UPPER) or the beginning (SAME_LOWER). The input size n comes
-    from shape inference; with stride 1 the total, (k - 1) d, needs none. A node whose sizes are
-    not known stays as it is (and is refused by onnx2torch, naming its auto_pad)."""
-    from onnx import helper, shape_inference
-
-    if not any(_same_auto_pad(n) for n in model.graph.node):
-        return model
-    model = copy.deepcopy(model)
-    inferred = shape_inference.infer_shapes(model)
-    sizes = {}
-    for v in (*inferred.graph.input, *inferred.graph.value_info):
-        sizes[v.name] = [d.dim_value or None for d in v.type.tensor_type.shape.dim]
-    weights = {i.name: list(i.dims) for i in model.graph.initializer}
-    for node in model.graph.node:
-        mode = _same_auto_pad(node)
-        if mode is None:
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        kernel = attrs.get("kernel_shape") or weights.get(node.input[1], [None, None])[2:]
-        rank = len(kernel)
-        if not rank:  # a computed weight: its kernel is not known here
-            continue
-        strides = attrs.get("strides") or [1] * rank
-        dilations = attrs.get("dilations") or [1] * rank
-        spatial = (sizes.get(node.input[0]) or [None] * (rank + 2))[2:]
-        heads, tails = [], []
-        for n, k, st, d in zip(spatial, kernel, strides, dilations, strict=True):
-            if st == 1:
-                total = (k - 1) * d
-            elif n is not None:
-                total = max((-(-n // st) - 1) * st + (k - 1) * d + 1 - n, 0)
-            else:
-                break
-            head = total // 2 if mode == b"SAME_UPPER" else total - total // 2
-            heads.append(head)
-            tails.append(total - head)
-        if len(heads) != rank:
-            continue
-        for a in list(node.attribute):
-            if a.name in ("auto_pad", "pads"):
-                node.attribute.remove(a)
-        node.attribute.extend([helper.make_attribute("pads", heads + tails)])
-    return model
-
-
-def _edge_padded_max_pools(model):
-    """``model`` with each MaxPool whose pads differ at the two ends (onnx2torch pads those
-    with -inf in a tensor, which calibration would then see as an activation) preceded by an
-    edge Pad of them instead: with unit dilations and floor rounding every window that reaches
-    into the padding also holds the edge pixel repeated there, so the maxima are the same and
-    no infinity enters the graph."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
-    def edge_pads(node) -> list[int] | None:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        pads = list(attrs.get("pads", []))
-        r = len(pads) // 2
-        plain = attrs.get("auto_pad", b"NOTSET") == b"NOTSET" and not attrs.get("ceil_mode", 0)
-        unit = all(d == 1 for d in attrs.get("dilations", [1] * r))
-        kernel = list(attrs.get("kernel_shape", []))
-        # every pad narrower than the window: no window of padding alone
-        narrow = len(kernel) == r and all(p < k for p, k in zip(pads, kernel * 2))
-        uneven = node.op_type == "MaxPool" and pads and pads[:r] != pads[r:]
-        if not (uneven and plain and unit and narrow):
-            return None
-        return [0, 0, *pads[:r], 0, 0, *pads[r:]]
-
-    if not any(edge_pads(n) for n in model.graph.node):
-        return model
-    model = copy.deepcopy(model)
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
-    nodes = []
-    for i, node in enumerate(model.graph.node):
-        full = edge_pads(node)
-        if full is not None:
-            padded = f"{node.input[0]}/edge_pad{i}"
-            if opset >= 11:
-                pads = numpy_helper.from_array(np.array(full, dtype=np.int64), f"{padded}/pads")
-                model.graph.initializer.append(pads)
-                nodes.append(
-                    helper.make_node("Pad", [node.input[0], pads.name], [padded], mode="edge")
-                )
-            else:
-                nodes.append(
-                    helper.make_node("Pad", [node.input[0]], [padded], mode="edge", pads=full)
-                )
-            node.input[0] = padded
-            for attr in [a for a in node.attribute if a.name == "pads"]:
-                node.attribute.remove(attr)
-        nodes.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    return model
-
-
-def _explicit_pads(model):
-    """``model`` with auto_pad SAME written as pads and uneven max-pool pads as edge Pads
-    (``_explicit_auto_pads``, ``_edge_padded_max_pools``)."""
-    return _edge_padded_max_pools(_explicit_auto_pads(model))
-
-
 def _initializers_as_parameters(module: nn.Module) -> None:
     """onnx2torch holds the graph's initializers as buffers of its ``initializers`` module;
     each float one becomes an ``nn.Parameter`` (no gradient), as a PyTorch model holds its
@@ -341,7 +224,7 @@ def _converted_folded(convert, model, shapes: list[list[int]], path: Path) -> nn
 
                 attempt = version_converter.convert_version(model, UPGRADE_OPSET)
             folded = _fixed(attempt, shapes)
-            module = convert(_explicit_pads(folded), attach_onnx_mapping=True)
+            module = convert(explicit_pads(folded), attach_onnx_mapping=True)
             if attempt is not model:
                 _check_against_onnxruntime(module, model, path, shapes)
             return module
@@ -479,7 +362,7 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     module = None
     if all(None not in g for g in graph):
         try:
-            module = convert(_explicit_pads(model), attach_onnx_mapping=True)
+            module = convert(explicit_pads(model), attach_onnx_mapping=True)
             _run_on_zeros(module, model, shapes)
         except Exception:  # onnx2torch cannot resolve some shapes: fold them first
             module = None

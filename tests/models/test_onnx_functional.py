@@ -413,3 +413,39 @@ def _fixed_runs(modules: dict, calib: list, x) -> dict:
         sim.calibrate(calib, progress=False)
         runs[name] = list(sim.ops.op_type), sim.run(x, mode=Mode.FIXED)
     return runs
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, size, count_pads, converts",
+    [
+        (3, 2, 8, 0, True),  # TensorFlow's SAME on an even size: torch's ceil mode
+        (2, 2, 7, 0, True),
+        (3, 2, 8, 1, True),  # the pads counted: a zero Pad before the pool
+        (2, 1, 7, 0, False),  # no torch pooling makes ONNX's last window: refused
+    ],
+)
+def test_an_average_pool_with_uneven_pads_pools_as_onnxruntime(
+    tmp_path, kernel, stride, size, count_pads, converts
+):
+    """onnx2torch refused every AveragePool whose pads differ at the two ends (tf2onnx writes
+    TensorFlow's SAME so); converted where torch can make ONNX's windows and divisors."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(
+        "AveragePool", ["x"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+        pads=[0, 0, 1, 1], count_include_pad=count_pads,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    config = ModelConfig(name="onnx", path=str(path))
+    if not converts:
+        with pytest.raises(ValueError, match="non symmetrical padding"):
+            build_model(config)
+        return
+    x = torch.rand(1, 2, size, size, generator=torch.Generator().manual_seed(0)) + 0.5
+    _same_as_onnxruntime(build_model(config), x, atol=1e-6)
