@@ -37,8 +37,8 @@ from quantlab.models.onnx_nodes import (
     attribute_text,
     converted,
     refuse,
-    registry_key,
     replace,
+    wrap_held,
 )
 
 
@@ -240,7 +240,6 @@ CONVERTERS = {
 def register() -> None:
     """Add these converters to onnx2torch's registry, and DepthToSpace, CumSum, IsInf, NonZero
     and LayerNormalization in place of its own."""
-    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
 
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
@@ -248,8 +247,4 @@ def register() -> None:
     replace("CumSum", (11, 14), _cumsum)
     replace("IsInf", (10, 20), _is_inf)
     replace("NonZero", (9, 13), _nonzero)
-    held = _CONVERTER_REGISTRY.get(registry_key("LayerNormalization", 17))
-    if held is not None and not getattr(held, "checked", False):
-        checked = _layer_norm(held)
-        checked.checked = True
-        replace("LayerNormalization", (17,), checked)
+    wrap_held("LayerNormalization", (17,), _layer_norm)

@@ -253,16 +253,9 @@ def _pad(node, graph):
 
 class OnnxClipComputed(nn.Module):
     """Clip with a bound computed in the graph: ``torch.clamp`` of the input by tensor bounds
-    (an empty input name: no bound), as ``x.clamp(min=y.mean())`` is in the PyTorch code."""
+    (a bound left out: None), as ``x.clamp(min=y.mean())`` is in the PyTorch code."""
 
-    def __init__(self, has_min: bool, has_max: bool) -> None:
-        super().__init__()
-        self.has_min, self.has_max = has_min, has_max
-
-    def forward(self, x: Tensor, *bounds: Tensor) -> Tensor:
-        it = iter(bounds)
-        lo = next(it) if self.has_min else None
-        hi = next(it) if self.has_max else None
+    def forward(self, x: Tensor, lo: Tensor | None = None, hi: Tensor | None = None) -> Tensor:
         return torch.clamp(x, lo, hi)
 
 
@@ -271,16 +264,13 @@ def _clip(node, graph):
     them (ReLU, ReLU6 or a clamp by numbers); a bound computed in the graph as
     ``OnnxClipComputed``."""
     from onnx2torch.node_converters.clip import _create_torch_module
-    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult, get_const_value
+    from onnx2torch.utils.common import get_const_value
 
     names = [node.input_values[i] if len(node.input_values) > i else "" for i in (1, 2)]
     try:
         bounds = [float(get_const_value(n, graph)) if n else None for n in names]
     except KeyError:  # a computed bound
-        inputs = (node.input_values[0], *(n for n in names if n))
-        module = OnnxClipComputed(bool(names[0]), bool(names[1]))
-        mapping = OnnxMapping(inputs=inputs, outputs=node.output_values)
-        return OperationConverterResult(torch_module=module, onnx_mapping=mapping)
+        return converted(node, OnnxClipComputed())
     return converted(node, _create_torch_module(*bounds), first_input_only=True)
 
 

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from quantlab.models import packages
 from quantlab.models.onnx_constants import parameter_of, scalar_operands
+from quantlab.models.onnx_nodes import graph_opset
 from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
 from quantlab.models.onnx_pads import explicit_pads
 from quantlab.models.onnx_reference import onnxruntime_runner
@@ -218,7 +219,7 @@ def _converted_folded(convert, model, shapes: list[list[int]], path: Path) -> nn
     for attempt in (model, UPGRADE_OPSET):
         try:
             if attempt == UPGRADE_OPSET:
-                if _opset(model) >= UPGRADE_OPSET:
+                if graph_opset(model) >= UPGRADE_OPSET:
                     break
                 from onnx import version_converter
 
@@ -252,7 +253,7 @@ def _check_against_onnxruntime(module: nn.Module, model, path: Path, shapes) -> 
         want = onnxruntime_runner(path, [i.name for i in _graph_inputs(model)])(*xs)
     except Exception as err:  # onnxruntime has no kernel for some op versions of old opsets
         raise ValueError(
-            f"onnxruntime does not run the opset-{_opset(model)} graph to check it against "
+            f"onnxruntime does not run the opset-{graph_opset(model)} graph to check it against "
             f"({str(err).splitlines()[0]}); give the file carried to a newer opset "
             "(onnx.version_converter.convert_version) once you have checked it"
         ) from None
@@ -265,11 +266,6 @@ def _check_against_onnxruntime(module: nn.Module, model, path: Path, shapes) -> 
                 "it computes otherwise than onnxruntime on the original graph: max |difference| "
                 f"{float((g - w).abs().max()):.3g}"
             )
-
-
-def _opset(model) -> int:
-    """The graph's default-domain opset (1 where it names none)."""
-    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
 
 
 def _fixed_batch(model) -> int | None:

@@ -1,6 +1,7 @@
 """What the onnx2torch converters quantlab adds (``onnx_recurrent``, ``onnx_functional``,
-``onnx_versions``) share: reading a node, refusing one, wrapping the module made for it, and
-adding a converter to onnx2torch's registry where it has none or in place of its own."""
+``onnx_versions``, ``onnx_added_ops``, ``onnx_resize``) share: reading a node and its graph's
+opset, refusing one, wrapping the module made for it, and adding a converter to onnx2torch's
+registry where it has none, in place of its own, or around the one held there."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ def replace(op: str, versions: Iterable[int], converter: Callable) -> None:
     for version in versions:
         _CONVERTER_REGISTRY.pop(registry_key(op, version), None)
     add_missing(op, versions, converter)
+
+
+def wrap_held(op: str, versions: Iterable[int], wrapper: Callable) -> None:
+    """Register ``wrapper(held)`` for each of ``versions`` of ``op`` where onnx2torch's registry
+    holds a converter, in place of it; once (a converter wrapped so is not wrapped again when
+    the converters are registered anew)."""
+    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
+
+    for version in versions:
+        held = _CONVERTER_REGISTRY.get(registry_key(op, version))
+        if held is not None and not getattr(held, "wrapped", False):
+            convert = wrapper(held)
+            convert.wrapped = True
+            replace(op, (version,), convert)
+
+
+def graph_opset(model) -> int:
+    """An ONNX model's default-domain opset (1 where it names none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)

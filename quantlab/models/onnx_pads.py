@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 
+from quantlab.models.onnx_nodes import graph_opset
+
 _AUTO_PAD_OPS = ("Conv", "MaxPool", "AveragePool")
 
 
@@ -26,15 +28,12 @@ def _explicit_auto_pads(model):
     larger half at the end (SAME_UPPER) or the beginning (SAME_LOWER). The input size n comes
     from shape inference; with stride 1 the total, (k - 1) d, needs none. A node whose sizes are
     not known stays as it is (and is refused by onnx2torch, naming its auto_pad)."""
-    from onnx import helper, shape_inference
+    from onnx import helper
 
     if not any(_same_auto_pad(n) for n in model.graph.node):
         return model
     model = copy.deepcopy(model)
-    inferred = shape_inference.infer_shapes(model)
-    sizes = {}
-    for v in (*inferred.graph.input, *inferred.graph.value_info):
-        sizes[v.name] = [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+    sizes = _inferred_sizes(model)
     weights = {i.name: list(i.dims) for i in model.graph.initializer}
     for node in model.graph.node:
         mode = _same_auto_pad(node)
@@ -66,6 +65,18 @@ def _explicit_auto_pads(model):
                 node.attribute.remove(a)
         node.attribute.extend([helper.make_attribute("pads", heads + tails)])
     return model
+
+
+def _inferred_sizes(model) -> dict[str, list[int | None]]:
+    """Each input's and inferred value's dimensions by name (ONNX shape inference; None where
+    a dimension is not known)."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(model).graph
+    return {
+        v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
+        for v in (*inferred.input, *inferred.value_info)
+    }
 
 
 def _uneven_pool_pads(node) -> tuple[str, list[int], dict] | None:
@@ -122,17 +133,13 @@ def _padded_pools(model):
     start's pads where that makes the same windows (``_ceil_mode_pads``; otherwise it stays
     and onnx2torch refuses it)."""
     import numpy as np
-    from onnx import helper, numpy_helper, shape_inference
+    from onnx import helper, numpy_helper
 
     if not any(_uneven_pool_pads(n) for n in model.graph.node):
         return model
     model = copy.deepcopy(model)
-    inferred = shape_inference.infer_shapes(model)
-    sizes = {
-        v.name: [d.dim_value or None for d in v.type.tensor_type.shape.dim]
-        for v in (*inferred.graph.input, *inferred.graph.value_info)
-    }
-    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
+    sizes = _inferred_sizes(model)
+    opset = graph_opset(model)
     nodes = []
     for i, node in enumerate(model.graph.node):
         found = _uneven_pool_pads(node)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from quantlab.models.onnx_nodes import attribute_text, refuse
+from quantlab.models.onnx_nodes import attribute_text, converted, refuse, wrap_held
 
 _ROUNDING = {
     "round_prefer_floor": lambda x: np.ceil(x - 0.5),
@@ -77,16 +77,17 @@ class OnnxNearestResize(nn.Module):
 
     def forward(self, x, roi=None, scales: Tensor | None = None, sizes: Tensor | None = None):
         axes = _spatial(x, scales, sizes)
-        picks = []
-        for (n_out, scale), n_in in zip(axes, x.shape[2:]):
-            onnx_idx = nearest_indices(n_in, n_out, scale, self.mode, self.rounding)
-            torch_idx = nearest_indices(n_in, n_out, scale, "asymmetric", "floor")
-            picks.append(None if np.array_equal(onnx_idx, torch_idx) else onnx_idx)
-        if all(p is None for p in picks):
+        picks = [
+            nearest_indices(n_in, n_out, scale, self.mode, self.rounding)
+            for (n_out, scale), n_in in zip(axes, x.shape[2:])
+        ]
+        torch_picks = [
+            nearest_indices(n_in, n_out, scale, "asymmetric", "floor")
+            for (n_out, scale), n_in in zip(axes, x.shape[2:])
+        ]
+        if all(map(np.array_equal, picks, torch_picks)):
             return self.torch_resize(x, roi, scales, sizes)
-        for axis, (pick, (n_out, scale)) in enumerate(zip(picks, axes), start=2):
-            if pick is None:
-                pick = nearest_indices(x.shape[axis], n_out, scale, "asymmetric", "floor")
+        for axis, pick in enumerate(picks, start=2):
             x = x.index_select(axis, torch.from_numpy(pick))
         return x
 
@@ -127,34 +128,18 @@ def checked_resize(older):
             rounding = attribute_text(a.get("nearest_mode"), "round_prefer_floor")
             if coords == "asymmetric" and rounding == "floor":
                 return result
-            return _with_module(result, OnnxNearestResize(coords, rounding, result.torch_module))
+            return converted(node, OnnxNearestResize(coords, rounding, result.torch_module))
         if coords in ("asymmetric", "tf_half_pixel_for_nn"):
             refuse(node, f"mode={mode} and coordinate_transformation_mode={coords}")
         if mode == "cubic" and float(a.get("cubic_coeff_a", -0.75)) != -0.75:
             refuse(node, f"cubic_coeff_a={float(a['cubic_coeff_a'])}")
         if int(a.get("exclude_outside", 0)):
             refuse(node, "exclude_outside=1")
-        return _with_module(result, OnnxCheckedResize(coords, result.torch_module))
+        return converted(node, OnnxCheckedResize(coords, result.torch_module))
 
     return convert
 
 
-def _with_module(result, module: nn.Module):
-    """onnx2torch's conversion ``result`` with ``module`` in place of its own (same inputs)."""
-    from onnx2torch.utils.common import OperationConverterResult
-
-    return OperationConverterResult(torch_module=module, onnx_mapping=result.onnx_mapping)
-
-
 def register() -> None:
     """Resize 11 and 13 in place of onnx2torch's, each wrapping it."""
-    from onnx2torch.node_converters.registry import _CONVERTER_REGISTRY
-
-    from quantlab.models.onnx_nodes import registry_key, replace
-
-    for v in (11, 13):
-        held = _CONVERTER_REGISTRY.get(registry_key("Resize", v))
-        if held is not None and not getattr(held, "checked", False):
-            wrapped = checked_resize(held)
-            wrapped.checked = True
-            replace("Resize", (v,), wrapped)
+    wrap_held("Resize", (11, 13), checked_resize)

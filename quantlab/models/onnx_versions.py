@@ -35,7 +35,7 @@ from quantlab.models.onnx_nodes import (
     converted,
     refuse,
     registry_key,
-    replace,
+    wrap_held,
 )
 
 _BFLOAT16_22 = ("Acos", "Asin", "Atan", "Conv", "ConvTranspose", "Cos", "Dropout", "Elu",
@@ -131,7 +131,6 @@ def _reshape(older):
             return older(node, graph)
         return converted(node, OnnxReshapeAllowZero())
 
-    convert.allowzero = True
     return convert
 
 
@@ -209,10 +208,7 @@ def register() -> None:
         add_missing(op, (18,), _reduction)
     add_missing("ReduceMax", (20,), _reduction)
     add_missing("ReduceMin", (20,), _reduction)
-    for v in (14, 19, 21, 23, 24):  # Reshape's allowzero (14 on)
-        held = _CONVERTER_REGISTRY.get(registry_key("Reshape", v))
-        if held is not None and not getattr(held, "allowzero", False):
-            replace("Reshape", (v,), _reshape(held))
+    wrap_held("Reshape", (14, 19, 21, 23, 24), _reshape)  # its allowzero (14 on)
     add_missing("Split", (18,), _split)
     for op, versions, check in (
         ("Pad", (18, 19, 21, 23, 24), _pad_check),
