@@ -85,6 +85,17 @@ def test_platform_templates_follow_the_vendor_recipes():
     assert load_platform("j6m").max_int16_gemm_operands == 1
 
 
+def test_input_shape_composes_for_one_input_or_per_input():
+    """``model.input_shape`` from the command line: one list is one input's shape, a list of
+    lists one shape per input; anything else names the field."""
+    one = compose(["model=custom", "model.target=pkg.nets:build", "model.input_shape=[3,8,8]"])
+    assert one.model.input_shapes() == ((3, 8, 8),)
+    two = compose(["model=onnx", "model.path=m.onnx", "model.input_shape=[[128],[128]]"])
+    assert two.model.input_shapes() == ((128,), (128,))
+    with pytest.raises(ValueError, match=r"model.input_shape must list .*got \[\[3, 8\], 2\]"):
+        compose(["model=onnx", "model.path=m.onnx", "model.input_shape=[[3,8],2]"])
+
+
 def test_misspelt_platform_lists_allowed_options():
     with pytest.raises(ConfigCompositionException) as e:
         compose(["platform=j6x"])

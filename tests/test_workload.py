@@ -51,6 +51,24 @@ def test_synthetic_data_needs_a_declared_shape(pkg):
     assert ds.calib[0][0].shape == (1, 3, 12, 12) and bundle.task.name == "top1_agreement"
 
 
+def test_a_model_of_two_inputs_declares_both_shapes_for_synthetic_data(pkg):
+    """``model.input_shape=[[6], [3]]``: one shape per input, so a model of two inputs runs on
+    data=synthetic (before, the field took one input's shape only)."""
+    from quantlab.simulate import Mode, Simulator
+
+    data = DataConfig(name="synthetic", num_calib=2, num_eval=1)
+    bundle, ds = load_workload(_model(pkg, "two_inputs", input_shape=[[6], [3]]), data)
+    assert bundle.input_shapes == ((6,), (3,))
+    assert [tuple(t.shape) for t in ds.calib[0]] == [(1, 6), (1, 3)]
+    sim = Simulator(bundle.module, "j6m")
+    sim.calibrate(ds.calib, progress=False)
+    z, total = sim.run(*ds.eval[0], mode=Mode.FIXED)
+    assert z.shape == (1, 4) and total.shape == (1,)
+    one_list = r"shape \[1, 6\]: TypeError: .*model.input_shape takes one list per input"
+    with pytest.raises(ValueError, match=one_list):
+        load_workload(_model(pkg, "two_inputs", input_shape=[6]), data)
+
+
 def test_model_that_cannot_run_on_the_tensors_names_the_file(pkg, tmp_path):
     torch.save([(torch.randn(1, 5),), (torch.randn(1, 5),)], tmp_path / "x.pt")
     data = DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=1, num_eval=1)

@@ -26,9 +26,7 @@ def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
     model = model or model_inputs("small_cnn")
     name = model.name
     if model.example_inputs is None:
-        raise ValueError(
-            f"data=synthetic needs the input shape of model {name}: set model.input_shape"
-        )
+        raise ValueError(f"data=synthetic needs the input shape of model {name}: {_ask(model)}")
     make = model.example_inputs
     base = SEED_STRIDE * cfg.seed
     nc, ne = math.ceil(cfg.num_calib / cfg.batch_size), math.ceil(cfg.num_eval / cfg.batch_size)
@@ -44,3 +42,17 @@ def load(cfg: DataConfig, model: ModelInputs | None = None) -> Dataset:
         calib_ids=[f"seed{base + i}" for i in range(nc)],
         eval_ids=[f"seed{base + EVAL_SEED_OFFSET + j}" for j in range(ne)],
     )
+
+
+def _ask(model: ModelInputs) -> str:
+    """What to set: ``model.input_shape``, one list per input where the model has several (an
+    ONNX graph's known sizes shown, ? for a dynamic one)."""
+    known = model.partial_shapes
+    if not known:
+        return "set model.input_shape (one list per input for several: [[6], [3]])"
+    shown = ", ".join(
+        "[N, " + ", ".join("?" if d is None else str(d) for d in s) + "]" for s in known
+    )
+    per_input = "[" + ", ".join("[" + ", ".join("..." for _ in s) + "]" for s in known) + "]"
+    form = per_input if len(known) > 1 else "[" + ", ".join("..." for _ in known[0]) + "]"
+    return f"its inputs are {shown}; set model.input_shape={form} (without the batch dimension)"

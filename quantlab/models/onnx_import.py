@@ -332,7 +332,8 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
         if len(shapes) != len(graph):
             raise ValueError(
                 f"model.path: {path} takes {len(graph)} inputs ({', '.join(names)}), "
-                f"but {len(shapes)} input shapes were given"
+                f"but {len(shapes)} input shapes were given; model.input_shape takes one list "
+                "per input, e.g. [[128], [128]]"
             )
         for name, want, have in zip(names, shapes, graph):
             fixed_ok = len(want) == len(have) and all(
@@ -351,7 +352,8 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
         )
         raise ValueError(
             f"model.path: {path} has dynamic input sizes ({shown}); give them with "
-            "model.input_shape=[C,H,W] (or data.size for image data)"
+            "model.input_shape=[C,H,W] (one list per input for several: [[128], [128]]), or "
+            "data.size for image data"
         )
     shapes = [list(s) for s in (shapes or graph)]
     convert = _onnx2torch_convert()

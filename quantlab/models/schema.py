@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +26,10 @@ class ModelConfig:
     kwargs: Any = None  # custom: a mapping of keyword arguments of target
     checkpoint: str | None = None  # custom: a state dict file, read with weights_only=True
     path: str | None = None  # onnx: the .onnx file
-    # one input's shape without the batch dimension, e.g. [3, 224, 224]; None: inferred (ONNX
-    # graph, image data's size, tensor file)
-    input_shape: list[int] | None = None
+    # each input's shape without the batch dimension: [3, 224, 224] for one input, one list per
+    # input for several ([[128], [128]]: token ids and their mask); None: inferred (ONNX graph,
+    # image data's size, tensor file). Read through input_shapes()
+    input_shape: Any = None
     # "package.module:function" with (ref_outputs, test_outputs, labels) -> float, the model's
     # main task metric (lists of per-batch outputs of the float and the tested run)
     metric: str | None = None
@@ -68,13 +70,38 @@ class ModelConfig:
                 raise ValueError(
                     f"model.{field_name}={value!r} must have the form 'package.module:function'"
                 )
-        if self.input_shape is not None and (
-            not self.input_shape or any(int(d) < 1 for d in self.input_shape)
-        ):
+        self.input_shapes()  # a malformed model.input_shape fails here, naming the field
+
+    def input_shapes(self) -> tuple[tuple[int, ...], ...] | None:
+        """``input_shape`` as one shape per input (None: not given). One list of sizes is one
+        input's shape; a list of lists, one shape per input."""
+        value = self.input_shape
+        if value is None:
+            return None
+        value = list(value)
+        nested = bool(value) and all(_is_sequence(v) for v in value)
+        shapes = [list(v) for v in value] if nested else [value]
+        if not all(s and all(_is_size(d) for d in s) for s in shapes):
             raise ValueError(
-                "model.input_shape must list positive sizes without the batch dimension, "
-                f"e.g. [3, 224, 224]; got {list(self.input_shape)}"
+                "model.input_shape must list positive sizes without the batch dimension, for "
+                "one input ([3, 224, 224]) or per input ([[3, 224, 224], [1, 224, 224]]); got "
+                f"{_plain(value)}"
             )
+        return tuple(tuple(int(d) for d in s) for s in shapes)
+
+
+def _is_sequence(value: Any) -> bool:
+    return not isinstance(value, (str, bytes)) and isinstance(value, Sequence)
+
+
+def _is_size(value: Any) -> bool:
+    """A positive int (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with OmegaConf lists as plain lists, for messages."""
+    return [_plain(v) for v in value] if _is_sequence(value) else value
 
 
 def _is_target(value: str) -> bool:

@@ -1,10 +1,10 @@
 """The user's own model as a ``ModelBundle``: ``model=custom`` (a Python factory) or
 ``model=onnx`` (an ONNX file).
 
-Input shape: ``model.input_shape`` when given, else the ONNX graph's static shape, else the shape
-of the example batch (in an experiment: the first calibration batch of the data). The module is
-put in eval mode and into deployment form (BatchNorm folded, Dropout removed) with the example
-batch, as the registry models are.
+Input shapes: ``model.input_shape`` when given (one shape, or one per input), else the ONNX
+graph's static shapes, else the shapes of the example batch (in an experiment: the first
+calibration batch of the data). The module is put in eval mode and into deployment form
+(BatchNorm folded, Dropout removed) with the example batch, as the registry models are.
 
 Task metrics: ``model.metric`` first when given; then, for an output that is one (B, C) tensor
 with C >= 2 (classifier-shaped) whose rows are not unit vectors (an embedding's, judged by
@@ -46,7 +46,7 @@ def user_model_name(cfg: ModelConfig) -> str:
 def declared_shapes(cfg: ModelConfig) -> tuple[tuple[int, ...], ...] | None:
     """``model.input_shape``, else the ONNX graph's shapes when fully static; else None."""
     if cfg.input_shape is not None:
-        return (tuple(int(d) for d in cfg.input_shape),)
+        return cfg.input_shapes()
     if cfg.name == "onnx":
         from quantlab.models.onnx_import import static_shapes
 
@@ -119,7 +119,8 @@ def _unit_rows(output: Tensor) -> bool:
 
 
 def run_example(module: nn.Module, name: str, example: tuple) -> object:
-    """``module(*example)`` without gradients; a failure names the input shapes."""
+    """``module(*example)`` without gradients; a failure names the input shapes, and how to
+    declare more than one where forward takes another number of inputs."""
     try:
         with torch.no_grad():
             return module(*example)
@@ -127,9 +128,29 @@ def run_example(module: nn.Module, name: str, example: tuple) -> object:
         shapes = ", ".join(
             str(list(t.shape)) if isinstance(t, Tensor) else type(t).__name__ for t in example
         )
+        hint = ""
+        if not _takes(module, len(example)):
+            hint = (
+                f"; forward does not take {len(example)} input(s): model.input_shape takes one "
+                "list per input, e.g. [[3, 224, 224], [1, 224, 224]]"
+            )
         raise ModelInputError(
-            f"model {name} fails on inputs of shape {shapes}: {type(err).__name__}: {err}"
+            f"model {name} fails on inputs of shape {shapes}: {type(err).__name__}: {err}{hint}"
         ) from None
+
+
+def _takes(module: nn.Module, count: int) -> bool:
+    """Whether ``module.forward`` accepts ``count`` positional inputs (True where its signature
+    cannot be read)."""
+    import inspect
+
+    try:
+        inspect.signature(module.forward).bind(*range(count))
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin forward)
+        return True
+    return True
 
 
 def build_user_model(
@@ -143,7 +164,8 @@ def build_user_model(
     if shapes is None and cfg.name == "custom":
         raise ValueError(
             f"model {name} does not declare its input shape: set model.input_shape=[C,H,W] "
-            "(one input, without the batch dimension) or give data whose shape it takes"
+            "(without the batch dimension; [[C,H,W], [N]] for two inputs) or give data whose "
+            "shape it takes"
         )
     reference, reference_name, fixed_batch, probe_inputs = None, "", None, ()
     if cfg.name == "onnx":

@@ -114,6 +114,10 @@ def test_an_embedding_is_judged_by_sqnr_and_cosine_not_as_a_classifier():
         ({"checkpoint": "{tmp}/shape.pt"}, "(?s)does not fit the module: .*size mismatch"),
         ({"metric": "{pkg}.nets:not_a_number"}, "returned str 'high'; it must return one num"),
         ({"input_shape": [3, 0, 8]}, "model.input_shape must list positive sizes"),
+        ({"input_shape": [[3, 8], []]}, r"must list positive sizes.*got \[\[3, 8\], \[\]\]"),
+        ({"input_shape": [3, 8.5]}, r"must list positive sizes.*got \[3, 8.5\]"),
+        ({"input_shape": [True, 8]}, "model.input_shape must list positive sizes"),
+        ({"input_shape": []}, "model.input_shape must list positive sizes"),
         ({"path": "m.onnx"}, "model.path is only read with model=onnx"),
     ],
 )
@@ -910,3 +914,38 @@ def test_an_onnx_graph_of_token_ids_runs_on_synthetic_data(tmp_path):
     ctx = RunContext(PlatformConfig(name="j6m"), model, data, 0, tmp_path, progress=False)
     res = consistency(ConsistencyExp(), ctx)
     assert (res.tables["task_metrics"]["items"] == 4).all()
+
+
+def test_an_onnx_graph_of_dynamic_sequence_length_takes_one_shape_per_input(tmp_path):
+    """Token ids, types and mask with a dynamic batch and sequence axis, as transformers are
+    exported: without shapes the load names the field, ``model.input_shape=[[9], [9], [9]]``
+    fixes all three (it took one input's shape only before) and synthetic data feeds them
+    integers; the float module matches onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    from quantlab.data.schema import DataConfig
+    from quantlab.workload import load_workload
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (1, 7))
+    path = tmp_path / "tokens.onnx"
+    names = ["ids", "types", "mask"]
+    torch.onnx.export(
+        _TokenPool().eval(), (ids, torch.zeros_like(ids), torch.ones_like(ids)), str(path),
+        opset_version=17, dynamo=False, input_names=names,
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
+    )  # fmt: skip
+    data = DataConfig(name="synthetic", num_calib=2, num_eval=2)
+    ask = r"inputs are \[N, \?\], \[N, \?\], \[N, \?\]; set model.input_shape=\[\[...\], "
+    with pytest.raises(ValueError, match=ask):
+        load_workload(ModelConfig(name="onnx", path=str(path)), data)
+    one = ModelConfig(name="onnx", path=str(path), input_shape=[9])
+    with pytest.raises(ValueError, match=r"takes 3 inputs \(ids, types, mask\), but 1 input"):
+        load_workload(one, data)
+    model = ModelConfig(name="onnx", path=str(path), input_shape=[[9], [9], [9]])
+    bundle, dataset = load_workload(model, data)
+    assert bundle.input_shapes == ((9,), (9,), (9,))
+    ids, types, mask = dataset.eval[0]
+    assert ids.shape == (1, 9) and ids.dtype == torch.int64 and int(ids.max()) < 50
+    with torch.no_grad():
+        got = bundle.module(*dataset.eval[0])
+    torch.testing.assert_close(got, bundle.reference(*dataset.eval[0]), rtol=0, atol=1e-5)
