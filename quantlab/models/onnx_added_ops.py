@@ -23,6 +23,9 @@ makes for it, so quantlab captures and simulates it as in that model:
   count); LayerNormalization (17) with its Mean or InvStdDev output used is refused (onnx2torch
   returned the normalized rows in their place).
 
+LpNormalization, LpPool, MeanVarianceNormalization, Hardmax and Col2Im are in
+``onnx_norm_pool_ops``, whose converters ``register`` adds too.
+
 Float results match onnxruntime's to rounding (``tests/models/test_onnx_added_ops.py``).
 """
 
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from quantlab.models import onnx_norm_pool_ops
 from quantlab.models.onnx_nodes import (
     add_missing,
     attribute_text,
@@ -238,11 +242,12 @@ CONVERTERS = {
 
 
 def register() -> None:
-    """Add these converters to onnx2torch's registry, and DepthToSpace, CumSum, IsInf, NonZero
-    and LayerNormalization in place of its own."""
+    """Add these converters and ``onnx_norm_pool_ops``' to onnx2torch's registry, and
+    DepthToSpace, CumSum, IsInf, NonZero and LayerNormalization in place of its own."""
 
     for op, (versions, convert) in CONVERTERS.items():
         add_missing(op, versions, convert)
+    onnx_norm_pool_ops.register()
     replace("DepthToSpace", (1, 11, 13), _depth_to_space)
     replace("CumSum", (11, 14), _cumsum)
     replace("IsInf", (10, 20), _is_inf)

@@ -11,7 +11,8 @@ that one warning is silenced once onnx2torch is imported. LSTM, GRU and RNN node
 onnx2torch does not convert, become torch's layers (``onnx_recurrent``); GridSample, Gelu, Mish,
 GroupNormalization, SpaceToDepth, Upsample, GlobalMaxPool, Pad, Max, Min, Sum and Mean the
 torch calls they are (``onnx_functional``), and so are CastLike, Size, Trilu, Swish,
-ThresholdedRelu, Shrink, DepthToSpace in both modes and RMSNormalization (``onnx_added_ops``);
+ThresholdedRelu, Shrink, DepthToSpace in both modes and RMSNormalization (``onnx_added_ops``),
+LpNormalization, LpPool, MeanVarianceNormalization, Hardmax and Col2Im (``onnx_norm_pool_ops``);
 and the operator versions of opsets 16 to 24 that onnx2torch lacks convert as the versions
 before them where they mean the same (``onnx_versions``); a graph below opset 13 that does not
 convert is carried to 13 by ONNX's version converter, and kept where it computes what

@@ -21,7 +21,7 @@ KNOWN_DIFFERENCES = {
     # float16 attention written out op by op: each op rounds to float16 in torch's order
     "test_attention_4d_causal_fp16_expanded": "float16 rounding",
 }
-MIN_CONVERTED = 600  # of the cases with numeric data; 623 convert exactly today
+MIN_CONVERTED = 640  # of the cases with numeric data; 644 convert exactly today
 
 
 def _numeric(arrays) -> bool:
@@ -99,3 +99,45 @@ def test_a_nearest_resize_torch_cannot_express_selects_onnxs_pixels(tmp_path):
         assert sim.run(x, mode=Mode.FIXED).shape == got.shape
         kinds[scale] = set(sim.ops.op_type)
     assert "index_select" in kinds[0.6] and "interpolate" in kinds[2.0]
+
+
+_NORM_POOL_NODES = [  # op, input shape, int64 constants, attributes, an op captured
+    ("LpNormalization", [1, 4, 6], {}, {"axis": 1}, "sqrt"),
+    ("LpPool", [1, 4, 6, 6], {}, {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 0, 1, 1]},
+     "lp_pool2d"),
+    ("MeanVarianceNormalization", [1, 4, 6, 6], {}, {}, "mean"),
+    ("Hardmax", [1, 4, 6], {}, {}, "movedim"),
+    ("Col2Im", [1, 8, 25], {"image": [6, 6], "block": [2, 2]}, {}, "fold"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("op, shape, inits, attrs, captured", _NORM_POOL_NODES)
+def test_the_added_normalizations_and_pools_run_in_fixed_point(
+    tmp_path, op, shape, inits, attrs, captured
+):
+    """LpNormalization, LpPool, MeanVarianceNormalization, Hardmax and Col2Im convert to torch
+    calls quantlab captures (the 2-norm's parts and a division, lp_pool2d, means and a
+    division, argmax's one-hot, fold) and simulates."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quantlab.models.onnx_import import load_onnx
+    from quantlab.simulate import Mode, Simulator
+
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in inits.items()]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", *inits], ["y"], **attrs)], op,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts,
+    )  # fmt: skip
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    converted = load_onnx(path)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = converted.module(x)
+    torch.testing.assert_close(got, torch.as_tensor(converted.reference(x)), rtol=0, atol=1e-5)
+    sim = Simulator(converted.module, "j6m")
+    sim.calibrate([(x,)], progress=False)
+    assert sim.run(x, mode=Mode.FIXED).shape == got.shape
+    assert captured in set(sim.ops.op_type)
