@@ -156,7 +156,8 @@ _BY_IDENTITY: dict[Any, tuple[str, OpCategory]] = {
 _IGNORED = frozenset(
     "size dim numel __get__ __len__ __format__ __repr__ __bool__ __index__ __int__ __float__ "
     "item tolist stride is_contiguous is_floating_point data_ptr element_size __eq__ __ne__ "
-    "__lt__ __le__ __gt__ __ge__ eq ne lt le gt ge isnan isinf isfinite any all argmax argmin "
+    "__lt__ __le__ __gt__ __ge__ eq ne lt le gt ge greater greater_equal less less_equal "
+    "not_equal isnan isinf isfinite any all argmax argmin "
     "__hash__ __iter__ __setstate__ __reduce_ex__ __deepcopy__ requires_grad_ type dtype "
     "device shape".split()
 )
