@@ -77,19 +77,14 @@ _INT64_MAX = np.iinfo(np.int64).max
 _INT64_MIN = np.iinfo(np.int64).min
 
 
-def _basic(i) -> bool:
-    return i is None or i is Ellipsis or isinstance(i, (int, slice))
-
-
 def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     """Basic indexing: slices (any step; bounds may be 0-d integer tensors), integers, None and
-    Ellipsis, as a tuple or as a list of them (torch reads such a list as a tuple: onnx2torch's
-    Slice indexes so); and constant integer index tensors on the leading dims (GatherND)."""
+    Ellipsis, as a tuple or as a list torch reads as one (``_torch_index``); constant integer
+    index tensors on the leading dims (GatherND); one integer index tensor, computed or an
+    input, at one axis with every other axis whole (Gather: ``table[ids]``, ``x[:, idx]``, as
+    onnx2torch's Gather indexes)."""
     x = first_input(ctx, op)
-    index = op.args[1]
-    if isinstance(index, list) and all(_basic(i) for i in index):
-        index = tuple(index)
-    index = index if isinstance(index, tuple) else (index,)
+    index = _torch_index(op, op.args[1])
     shape = (
         list(as_tensor(op.args[0]).shape)
         if isinstance(op.args[0], ConstRef)
@@ -98,8 +93,6 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     if index and all(_int_constant(i) for i in index):
         _gather_nd(ctx, op, x, [as_tensor(i) for i in index], shape)
         return
-    if any(isinstance(i, (InputRef, OpRef, ConstRef, list)) for i in index):
-        raise UnsupportedOpError(f"op {op.name}: indexing with tensors or lists")
     n_real = sum(1 for i in index if i is not None and i is not Ellipsis)
     expanded: list = []
     for i in index:
@@ -107,6 +100,17 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
             expanded += [slice(None)] * (len(shape) - n_real)
         else:
             expanded.append(i)
+    tensors = [k for k, i in enumerate(expanded) if isinstance(i, (InputRef, OpRef, ConstRef))]
+    whole = all(i == slice(None) for k, i in enumerate(expanded) if k not in tensors)
+    if len(tensors) == 1 and whole:
+        indices = ctx.value(expanded[tensors[0]], f"{op.name}/indices")
+        if indices.dtype in (torch.int32, torch.int64):
+            gathered = ctx.graph.node("Gather", [x, indices.name], f"{op.name}/float",
+                                      axis=tensors[0])  # fmt: skip
+            ctx.set_outputs(op, [gathered])
+            return
+    if any(isinstance(i, (InputRef, OpRef, ConstRef, list)) for i in index):
+        raise UnsupportedOpError(f"op {op.name}: indexing with tensors or lists")
     starts, ends, axes, steps, squeeze = [], [], [], [], []
     dim = 0
     for i in expanded:
@@ -128,6 +132,19 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
             raise UnsupportedOpError(f"op {op.name}: index {i!r}")
         dim += 1
     ctx.set_outputs(op, [_slice(ctx, op.name, x, starts, ends, axes, steps, op.outputs[0].shape)])
+
+
+def _torch_index(op: RecordedOp, index) -> tuple:
+    """``index`` as the tuple torch reads it: a list holding a slice, None, Ellipsis or a tensor
+    is read as a tuple of them (torch's legacy rule; onnx2torch's Slice and Gather index so), a
+    list of integers alone as one integer index tensor."""
+    if not isinstance(index, list):
+        return index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, bool) for i in index):
+        raise UnsupportedOpError(f"op {op.name}: indexing with a list of bools")
+    if all(isinstance(i, int) for i in index):
+        return (ConstRef(torch.tensor(index, dtype=torch.int64)),)
+    return tuple(index)
 
 
 def _int_constant(i) -> bool:

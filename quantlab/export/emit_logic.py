@@ -1,7 +1,7 @@
 """Calls on integer and boolean tensors, and the float ops quantlab does not model, as ONNX:
 comparisons, boolean and bitwise logic, where / masked_fill, elementwise minimum / maximum,
-negation, integer add / sub / mul, sums and cumulative sums of integer tensors, and tensors
-made like another (``zeros_like``, ``full_like``: constants, since shapes are static). An
+negation, integer add / sub / mul and clamp, sums and cumulative sums of integer tensors, and
+tensors made like another (``zeros_like``, ``full_like``: constants, since shapes are static). An
 attention mask is built from these before it meets a float tensor.
 
 Every operand is first cast to the dtype torch computes the call in (``torch.result_type`` of
@@ -10,6 +10,8 @@ exactly for comparisons, logic and integer arithmetic; float ops on the same flo
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -248,6 +250,31 @@ def emit_integer_sum(ctx: ExportContext, op: RecordedOp) -> None:
     _result(ctx, op, ctx.graph.node("ReduceSum", [xs, axes], op.name, keepdims=int(keep)), out)
 
 
+def emit_integer_clamp(ctx: ExportContext, op: RecordedOp) -> None:
+    """clamp / clamp_min / clamp_max outside capture (no float tensor enters it: relative
+    positions bounded, ids clipped to a table): Max by the lower bound then Min by the upper,
+    each a Python number or a tensor, in the dtype torch computes in (an integer tensor and a
+    float bound: float32, as torch promotes). Exact: Max and Min only select."""
+    x = _arg(op, 0, "input", "self")
+    if op.func_name in ("clamp_min", "clamp_min_"):
+        lo, hi = ctx.arg(op, 1, "min"), None
+    elif op.func_name in ("clamp_max", "clamp_max_"):
+        lo, hi = None, ctx.arg(op, 1, "max")
+    else:
+        lo, hi = ctx.arg(op, 1, "min"), ctx.arg(op, 2, "max")
+    bounds = [b for b in (lo, hi) if b is not None]
+    if not bounds or any(isinstance(b, bool) for b in bounds):
+        raise UnsupportedOpError(f"op {op.name}: clamp by {lo!r}, {hi!r}")
+    dtype = functools.reduce(torch.promote_types, [compute_dtype(ctx, x, b) for b in bounds])
+    names = [operand(ctx, op, v, dtype, i) for i, v in enumerate([x, *bounds])]
+    y, rest = names[0], iter(names[1:])
+    if lo is not None:
+        y = ctx.graph.node("Max", [y, next(rest)], f"{op.name}/min")
+    if hi is not None:
+        y = ctx.graph.node("Min", [y, next(rest)], f"{op.name}/max")
+    _result(ctx, op, y, dtype)
+
+
 def emit_cumsum(ctx: ExportContext, op: RecordedOp) -> None:
     """cumsum of a bool or integer tensor along ``dim`` in the output's dtype (int64 unless
     asked): exact. A float cumsum is refused (its order of additions is not checked)."""
@@ -289,4 +316,5 @@ EMITTERS = {
 UNCAPTURED_EMITTERS = {
     **dict.fromkeys(_ARITHMETIC, emit_integer_arithmetic),
     "sum": emit_integer_sum,
+    "clamp": emit_integer_clamp,
 }

@@ -295,6 +295,38 @@ def test_a_mask_indexed_by_constant_index_tensors_is_gathered(tmp_path):
     assert "GatherND" in {n.op_type for n in onnx.load(tmp_path / "indexed.onnx").graph.node}
 
 
+class _GatheredByIndexTensors(nn.Module):
+    """Indexing by one integer tensor at one axis, the rest whole: a parameter table's rows by
+    ids computed from the input, in the list form onnx2torch's Gather indexes with
+    (``table[[ids]]``, a tuple to torch); an activation's last axis by those ids and by a
+    constant; the batch by a list of ints (one index tensor to torch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(10, 8))
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (b, t), 0 to 6
+        h = self.q(x + self.table[[ids]])
+        picked = h[..., ids[0]]  # (b, t, t)
+        fixed = h[:, :, torch.tensor([3, 0, 7, 7])]
+        return torch.cat([picked, fixed], -1)[[1, 0]]
+
+
+@pytest.mark.filterwarnings("ignore:Using a non-tuple sequence")
+def test_one_index_tensor_at_one_axis_is_a_gather(tmp_path):
+    """Before, every index by a computed tensor was refused (an embedding table of an ONNX
+    graph, indexed by its token ids, failed onnx_fidelity), a list of ints was read as a tuple
+    of integers (x[[1, 0]] as x[1, 0]: a graph onnxruntime could not run) and a clamp of
+    integers (the ids here) had no ONNX form."""
+    _masked_model_matches(_GatheredByIndexTensors, 9, tmp_path, "gathered")
+    import onnx
+
+    written = [n.op_type for n in onnx.load(tmp_path / "gathered.onnx").graph.node]
+    assert written.count("Gather") >= 3 and "GatherND" in written
+
+
 class _WritesAConstant(nn.Module):
     """A tensor the model makes (a constant), read, then changed in place from the input
     (T5's relative_buckets += where(...)), then read again."""
