@@ -56,14 +56,23 @@ def _runtime_values(codes: np.ndarray, q, offset: bool) -> np.ndarray:
     return c.astype(np.float32) * np.asarray(q.scale, np.float32)
 
 
+def value_gap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| in float64, 0 where both hold the same value: equal infinities (a -inf attention
+    mask) and two NaNs; inf where only one is infinite or NaN."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(a - b)
+    return np.where(same, 0.0, np.where(np.isnan(gap), np.inf, gap))
+
+
 def _compare_outputs(ort_out: list, ql_out: list, scales: list) -> dict:
     compared = differing = 0
     max_lsb, max_abs = 0.0, 0.0
     for a, b, s in zip(ort_out, ql_out, scales):
-        b = b.detach().numpy()
-        d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+        d = value_gap(a, b.detach().numpy())
         compared += d.size
-        differing += int((a != b).sum())
+        differing += int((d != 0).sum())
         max_abs = max(max_abs, float(d.max(initial=0.0)))
         if s is not None:
             lsb = d / np.asarray(s, np.float64)  # shaped to broadcast (QDQExport)
@@ -112,7 +121,7 @@ def _per_op(sim, inputs, encoding, folder: Path, trace) -> tuple[pd.DataFrame, b
             if v.shape != ql.shape and v.size == ql.size:
                 v = v.reshape(ql.shape)
             if v.shape == ql.shape:
-                d = np.abs(v.astype(np.float64) - ql.astype(np.float64))
+                d = value_gap(v, ql)
                 row["elements"] = int(d.size)
                 row["differing"] = int((d != 0).sum())
                 row["differing_share"] = row["differing"] / max(d.size, 1)

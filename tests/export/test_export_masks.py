@@ -8,6 +8,7 @@ where the graph would read it, not written as the example input's constant."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from bits import assert_bits_equal
@@ -363,3 +364,32 @@ def test_indexing_by_a_bool_constant_is_refused(tmp_path):
     sim.calibrate([(x, mask)], progress=False)
     with pytest.raises(UnsupportedOpError, match="indexing with tensors"):
         to_onnx_qdq(sim, tmp_path / "bool.onnx", (x, mask))
+
+
+class _InfinityMask(nn.Module):
+    """-inf where the integer mask is 0, a where of an activation (as a converted ONNX graph's
+    Where writes its attention bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        return torch.where(mask.bool()[..., None], self.q(x), float("-inf"))
+
+
+def test_fidelity_counts_equal_infinities_as_equal(tmp_path):
+    """The mask's -inf in onnxruntime and in fixed mode is the same value: before, inf - inf
+    made it a differing element of NaN LSB, and the mask's where the first op to differ."""
+    from quantlab.analysis.onnx_fidelity import measure, value_gap
+    from quantlab.export import ActivationEncoding
+
+    gap = value_gap(np.array([-np.inf, np.inf, np.nan, 1.0, np.inf]),
+                    np.array([-np.inf, np.inf, np.nan, 1.5, 2.0]))  # fmt: skip
+    assert gap.tolist() == [0.0, 0.0, 0.0, 0.5, np.inf]
+    g = torch.Generator().manual_seed(3)
+    calib = _masks(g)
+    sim = Simulator(_InfinityMask().eval(), ORT_PROFILE)
+    sim.calibrate(calib, progress=False)
+    f = measure(sim, calib[1], tmp_path, "inf", ActivationEncoding.UNSIGNED_OFFSET)
+    assert f.per_op["differing"].sum() == 0 and f.summary["first_diverging_op"] == ""
