@@ -47,7 +47,9 @@ class ConsistencyExp:
     mode_a: Mode = Mode.FAKE  # the reference run
     mode_b: Mode = Mode.FIXED  # the run compared with it
     threshold_db: float = 30.0  # an op "diverges" when its SQNR against the reference is lower
-    max_eval_items: int = 8  # evaluation items merged into one batch
+    # evaluation items merged into one run: the first run is the one the per-op tables compare;
+    # the task metrics run every evaluation item, in runs of this size
+    max_eval_items: int = 8
     top_k: int = 10  # rows of the worst-ops table
 
     def __post_init__(self) -> None:
@@ -62,17 +64,17 @@ class ConsistencyExp:
 register_schema("exp", "consistency_schema", ConsistencyExp)
 
 
-def eval_runs(batches: list, labels, wanted: int, per_run: int) -> tuple[list, list | None]:
-    """(runs, their labels): the first ``wanted`` evaluation batches (at least one) merged into
-    runs of ``per_run`` batches, whole runs only (a graph that fixes its batch takes no other
-    size; with ``per_run`` >= ``wanted`` one run of them all), the labels merged alike (None
-    without labels)."""
+def eval_runs(batches: list, labels, per_run: int, whole_runs: bool) -> tuple[list, list | None]:
+    """(runs, their labels): every evaluation batch, merged into runs of ``per_run`` batches
+    (the first run is the one the per-op tables compare); ``whole_runs``: full runs only, the
+    rest left out (a graph that fixes its batch takes no other size), else a shorter last run;
+    the labels merged alike (None without labels)."""
     from quantlab.analysis.confidence import concat_items
     from quantlab.workload import merge_items
 
-    items = batches[: max(1, wanted)]
-    starts = range(0, max(1, len(items) // per_run) * per_run, per_run)
-    runs = [merge_items(items[i : i + per_run], per_run) for i in starts]
+    end = max(1, len(batches) // per_run) * per_run if whole_runs else len(batches)
+    starts = range(0, end, per_run)
+    runs = [merge_items(batches[i : i + per_run], per_run) for i in starts]
     if labels is None:
         return runs, None
     return runs, [concat_items(list(labels[i : i + per_run])) for i in starts]
@@ -276,7 +278,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
     sim = Simulator(bundle.module, ctx.platform, spec)
     sim.calibrate(data.calib, ctx.progress)
     merged, fixed_batch = batches_per_run(bundle, data, exp.max_eval_items), bundle.fixed_batch
-    runs, run_labels = eval_runs(data.eval, data.labels, exp.max_eval_items, merged)
+    runs, run_labels = eval_runs(data.eval, data.labels, merged, fixed_batch is not None)
     batch = runs[0]
     table = consistency_table(sim, batch, exp)
     outs = _run_outputs(sim, batch, [Mode.FLOAT, Mode.FAKE, Mode.FIXED, Mode.HYBRID])
@@ -407,16 +409,17 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         },
         plots=plots,
         notes=[
-            f"Calibration: {len(data.calib)} {data.name} batches; comparison: the first "
-            f"{exp.max_eval_items} evaluation batches "
-            + ("as one batch" if merged >= exp.max_eval_items else "in runs of the graph's batch")
-            + f" ({data.description}); "
+            f"Data: {data.description}. Calibration: {len(data.calib)} {data.name} batches; "
+            f"per-op comparison: the first run, {_count(batch_items(batch), 'evaluation item')}; "
+            "task metrics: "
+            f"{_count(sum(batch_items(b) for b in runs), 'evaluation item')} in "
+            f"{_count(len(runs), 'run')} of at most {merged} batches; "
             f"{qconfig_words(ctx.qconfig)}.",
             "Task metrics compare the fake and the fixed run with the float run (a metric that "
-            "reads labels, e.g. face accuracy, compares with the labels); each value is measured "
-            "on all evaluation items, with its 95% interval over them (a share of items, such "
-            "as top-1 agreement or face accuracy: Wilson score interval; any other metric: "
-            "percentile bootstrap, 1000 resamples, seed 0); n = item count.",
+            "reads labels, e.g. face accuracy, compares with the labels); each value is "
+            "measured on the evaluation items above, with its 95% interval over them (a share of "
+            "items, such as top-1 agreement or face accuracy: Wilson score interval; any other "
+            "metric: percentile bootstrap, 1000 resamples, seed 0); n = item count.",
             "Isolated view: each op of the compared run is fed the reference run's inputs, so a "
             "row is that op's own gap; accumulated view: both runs end to end.",
             "err_lsb is the largest |error| in units of the compared run's output scale; "

@@ -219,22 +219,41 @@ def test_the_reference_runtimes_row_is_no_part_of_the_export_gap_split():
     assert list(_gap_parts(rows).gap) == list(GAP_PARTS.values())
 
 
-def test_eval_runs_merge_whole_runs_of_the_size_a_graph_takes():
-    """Without a fixed batch, the first ``wanted`` batches are one run; a graph that takes 2
-    batches a run gets whole runs only, their labels grouped alike."""
+def test_eval_runs_take_every_evaluation_item_in_runs_a_graph_takes():
+    """Every evaluation batch, in runs of ``per_run`` (the first is the per-op comparison's),
+    a shorter last run where the model takes any size; a graph that takes 2 batches a run gets
+    whole runs only, their labels grouped alike. Before, the task metrics read the first
+    ``max_eval_items`` batches only, while the report said every evaluation item."""
     import torch
 
     from experiments.consistency import eval_runs
 
     batches = [(torch.full((1, 3), float(i)),) for i in range(5)]
     labels = [torch.tensor([i]) for i in range(5)]
-    (one,), (lab,) = eval_runs(batches, labels, wanted=4, per_run=4)
-    assert one[0][:, 0].tolist() == [0, 1, 2, 3] and lab.tolist() == [0, 1, 2, 3]
-    runs, labs = eval_runs(batches, labels, wanted=5, per_run=2)
+    runs, labs = eval_runs(batches, labels, per_run=4, whole_runs=False)
+    assert [r[0][:, 0].tolist() for r in runs] == [[0, 1, 2, 3], [4]]
+    assert [x.tolist() for x in labs] == [[0, 1, 2, 3], [4]]
+    runs, labs = eval_runs(batches, labels, per_run=2, whole_runs=True)
     assert [r[0][:, 0].tolist() for r in runs] == [[0, 1], [2, 3]]
     assert [x.tolist() for x in labs] == [[0, 1], [2, 3]]
-    runs, labs = eval_runs(batches[:1], None, wanted=8, per_run=2)
+    runs, labs = eval_runs(batches[:1], None, per_run=2, whole_runs=True)
     assert len(runs) == 1 and labs is None  # fewer batches than a run: the one there is
+
+
+def test_task_metrics_count_every_evaluation_item(tmp_path):
+    """5 evaluation items, runs of 2: the per-op tables compare the first 2 items, the task
+    metrics all 5 (n = 5), and the notes say both."""
+    ctx = RunContext(
+        PlatformConfig(name="j6m"),
+        ModelConfig(name="small_cnn", pretrained=False),
+        DataConfig(name="synthetic", num_calib=2, num_eval=5),
+        0,
+        tmp_path,
+    )
+    res = consistency(ConsistencyExp(max_eval_items=2), ctx)
+    assert (res.tables["task_metrics"]["items"] == 5).all()
+    assert any("per-op comparison: the first run, 2 evaluation items" in n for n in res.notes)
+    assert any("task metrics: 5 evaluation items in 3 runs" in n for n in res.notes)
 
 
 def test_lsb_counts_and_plot_only_where_outputs_have_an_integer_grid(tmp_path):
