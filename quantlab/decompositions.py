@@ -65,6 +65,10 @@ makes the same result through other torch calls), or None for a call captured as
 - ``clamp`` / ``clip`` / ``clamp_min`` / ``clamp_max`` of a float tensor with tensor bounds is
   ``torch.maximum`` with the lower bound, then ``torch.minimum`` with the upper: the call's
   bits (each picks one operand's value). Number bounds stay the clamp op.
+- ``torch.maximum`` / ``torch.minimum`` (and ``torch.max`` / ``torch.min`` of two tensors) of
+  a float tensor and a number held in a 0-d tensor needing no gradient (a TF or JAX export's
+  ``Max(x, 0.0)``) is the clamp with that number: the same values (the sign of a zero or a
+  NaN may differ). Two tensors with values stay the elementwise maximum / minimum.
 - The 2-norm (``x.norm(dim=...)``, ``torch.norm``, ``torch.linalg.vector_norm``; order 2 or
   "fro", of float tensors) is ``sqrt(sum(x * x))``: a product, a sum and a square-root table.
   torch's norm kernel sums the squares in another order, so the parts' float bits (which

@@ -1,7 +1,8 @@
 """The parts of elementwise calls that split into ops quantlab models (``decompositions``'
-module doc lists what each becomes): ``-x``, ``c / y``, clamps with tensor bounds, threshold
-and the shrinks, ``torch.square`` and ``F.glu``. Each ``*_parts(args, kwargs)`` returns a
-zero-argument function computing the call by its parts, or None where the call stays whole."""
+module doc lists what each becomes): ``-x``, ``c / y``, clamps with tensor bounds, the
+maximum / minimum with a held number, threshold and the shrinks, ``torch.square`` and
+``F.glu``. Each ``*_parts(args, kwargs)`` returns a zero-argument function computing the call
+by its parts, or None where the call stays whole."""
 
 from __future__ import annotations
 
@@ -87,6 +88,32 @@ def _clamp_parts(which: str) -> Callable:
     return split
 
 
+def _held_bound_parts(which: str) -> Callable:
+    """The parts of ``torch.maximum`` / ``torch.max`` (``which`` "max") or ``torch.minimum`` /
+    ``torch.min`` ("min") of a float tensor and a number held in a 0-d tensor of its dtype
+    needing no gradient (``Max(x, 0.0)`` of a TF or JAX export, ``torch.maximum(x,
+    torch.tensor(0.))``), either order: the clamp with that number, the same values (the sign
+    of a zero or a NaN aside: ``minimum(-0.0, 0.0)`` and the clamp may keep either zero). A NaN
+    bound, two tensors with values and any other form stay whole."""
+
+    def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+        if len(args) != 2 or kwargs:
+            return None
+        a, b = args
+        for x, c in ((a, b), (b, a)):
+            if not (is_float(x) and x.dim() > 0 and isinstance(c, Tensor) and is_float(c)):
+                continue
+            if c.dtype != x.dtype or not _held_number(c) or bool(c.isnan()):
+                continue
+            bound = c.item()
+            if which == "max":
+                return lambda: torch.clamp(x, min=bound)
+            return lambda: torch.clamp(x, max=bound)
+        return None
+
+    return split
+
+
 def _shrink_parts(kind: str) -> Callable:
     """The parts of ``F.threshold`` (``kind`` "threshold": ``where(x <= th, value, x)``),
     ``F.hardshrink`` ("hard": ``where(-l <= x <= l, 0, x)``) and ``F.softshrink`` ("soft":
@@ -165,6 +192,12 @@ ELEMENTWISE: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] =
     **dict.fromkeys((torch.clamp, torch.clip, Tensor.clamp, Tensor.clip), _clamp_parts("both")),
     **dict.fromkeys((torch.clamp_min, Tensor.clamp_min), _clamp_parts("min")),
     **dict.fromkeys((torch.clamp_max, Tensor.clamp_max), _clamp_parts("max")),
+    **dict.fromkeys(
+        (torch.maximum, Tensor.maximum, torch.max, Tensor.max), _held_bound_parts("max")
+    ),
+    **dict.fromkeys(
+        (torch.minimum, Tensor.minimum, torch.min, Tensor.min), _held_bound_parts("min")
+    ),
     F.threshold: _shrink_parts("threshold"),
     F.hardshrink: _shrink_parts("hard"),
     Tensor.hardshrink: _shrink_parts("hard"),

@@ -1745,6 +1745,57 @@ def test_a_clamp_with_0d_buffer_bounds_is_the_clamp_of_their_numbers(platform):
         assert_bits_equal(sims[0].run(x0, mode=mode), sims[1].run(x0, mode=mode))
 
 
+class _HeldBoundExtremes(nn.Module):
+    """A floor and a ceiling after a convolution, as torch.maximum / torch.minimum with 0-d
+    buffers (a TF or JAX export's ``Max(x, 0.0)`` converts so), or the clamp of the numbers."""
+
+    def __init__(self, extremes: bool) -> None:
+        super().__init__()
+        self.extremes = extremes
+        self.c = nn.Conv2d(3, 4, 1)
+        self.register_buffer("lo", torch.tensor(-0.5))
+        self.register_buffer("hi", torch.tensor(0.7))
+
+    def forward(self, x):
+        if self.extremes:
+            return torch.minimum(self.hi, torch.maximum(self.c(x), self.lo)) * 2
+        return torch.clamp(torch.clamp(self.c(x), min=-0.5), max=0.7) * 2
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_maximum_and_minimum_with_a_held_number_are_its_clamp(platform):
+    """torch.maximum / minimum / max / min of a float tensor and a 0-d buffer, either order,
+    are the clamp with its number: the same values on NaN, infinities and signed zeros (the
+    sign of a zero or a NaN aside), the same ops and bits in every mode as the
+    model written with clamps; before, each was an op left in float. A NaN bound and two
+    tensors with values stay whole."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(400, generator=g) * 3
+    x[:5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    for f in (torch.maximum, torch.minimum, torch.max, torch.min, torch.Tensor.maximum):
+        for c in (0.0, -0.4, float("inf"), -float("inf")):
+            for args in ((x, torch.tensor(c)), (torch.tensor(c), x)):
+                want, got = f(*args), decomposition(f, args, {})()
+                assert torch.equal(want.isnan(), got.isnan())
+                assert torch.equal(want.nan_to_num(), got.nan_to_num())
+    assert decomposition(torch.maximum, (x, torch.tensor(float("nan"))), {}) is None
+    assert decomposition(torch.maximum, (x, x), {}) is None
+    assert decomposition(torch.maximum, (x, nn.Parameter(torch.tensor(0.0))), {}) is None
+    sims = []
+    x0 = torch.randn(2, 3, 8, 8, generator=g)
+    for extremes in (True, False):
+        torch.manual_seed(0)
+        sim = Simulator(_HeldBoundExtremes(extremes).eval(), platform)
+        gen = torch.Generator().manual_seed(6)
+        sim.calibrate([(torch.randn(2, 3, 8, 8, generator=gen),) for _ in range(2)], False)
+        sims.append(sim)
+    cols = ["op_type", "category", "fixed_kernel", "supported"]
+    assert sims[0].ops[cols].equals(sims[1].ops[cols])
+    assert not {"maximum", "minimum"} & set(sims[0].ops.op_type)
+    for mode in (Mode.FLOAT, Mode.FAKE, Mode.FIXED):
+        assert_bits_equal(sims[0].run(x0, mode=mode), sims[1].run(x0, mode=mode))
+
+
 def test_threshold_and_shrinks_are_selects_with_the_calls_bits():
     """F.threshold / nn.Threshold, hardshrink and softshrink (function, method, module) on
     random magnitudes with NaN, infinities and signed zeros: their selects give the call's
