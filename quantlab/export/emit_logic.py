@@ -172,7 +172,9 @@ def emit_extreme(ctx: ExportContext, op: RecordedOp) -> None:
     other = op.args[1] if len(op.args) > 1 else op.kwargs.get("other", op.kwargs.get("dim"))
     if other is None and not op.kwargs and len(op.args) == 1:
         x = ctx.value(op.args[0])
-        y = ctx.graph.node("ReduceMin" if lo else "ReduceMax", [x.name], op.name, keepdims=0)
+        y = ctx.graph.node(
+            "ReduceMin" if lo else "ReduceMax", [x.name], f"{op.name}/float", keepdims=0
+        )
         _result(ctx, op, y, x.dtype)
         return
     if isinstance(other, int) and not isinstance(other, bool):
