@@ -1796,6 +1796,33 @@ def test_maximum_and_minimum_with_a_held_number_are_its_clamp(platform):
         assert_bits_equal(sims[0].run(x0, mode=mode), sims[1].run(x0, mode=mode))
 
 
+class _InfiniteFloor(nn.Module):
+    """magika's guard before its softmax: the maximum with -inf (an open bound)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+        self.register_buffer("floor", torch.tensor(float("-inf")))
+
+    def forward(self, x):
+        y = self.c(x).amax(1)  # a pass-through op: the clamp is an op of its own
+        return torch.maximum(self.floor, y), y.clamp(max=float("inf"))
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_an_infinite_clamp_bound_is_open_in_fixed_mode(platform):
+    """clamp(min=-inf) / clamp(max=inf): every code passes (the bound's code was the rounding of
+    an infinite quotient, which raised)."""
+    g = torch.Generator().manual_seed(4)
+    torch.manual_seed(0)
+    sim = Simulator(_InfiniteFloor().eval(), platform)
+    sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)], False)
+    x = torch.randn(2, 3, 8, 8, generator=g)
+    floored, capped = sim.run(x, mode=Mode.FIXED)
+    assert_bits_equal(floored, capped)
+    assert torch.isfinite(floored).all()
+
+
 def test_threshold_and_shrinks_are_selects_with_the_calls_bits():
     """F.threshold / nn.Threshold, hardshrink and softshrink (function, method, module) on
     random magnitudes with NaN, infinities and signed zeros: their selects give the call's

@@ -59,11 +59,18 @@ class BoundRule(enum.Enum):
     FLOAT32_HALF_EVEN = "float32_half_even"
 
 
+_BEYOND = 1 << 31  # a code beyond every dtype's range: the clamp to the dtype decides
+
+
 def _bound_code(f: float, s: float, zp: int, rule: BoundRule) -> int:
+    """Bound ``f`` as a code by ``rule``; an infinite bound (an open side written as
+    ``clamp(min=-inf)``, ``maximum(x, -inf)``) lies beyond every code."""
     if rule is BoundRule.FLOAT64_HALF_EVEN:
+        if math.isinf(f):
+            return _BEYOND if f > 0 else -_BEYOND
         return zp + round_scalar(float(f) / s)
     q = torch.tensor(float(f), dtype=torch.float32) / torch.tensor(s, dtype=torch.float32)
-    big = float(1 << 31)  # beyond every code range: the clamp to the dtype decides
+    big = float(_BEYOND)
     if rule is BoundRule.FLOAT32_HALF_AWAY:
         return zp + int(round_float(q, Round.HALF_AWAY).clamp(-big, big))
     if rule is BoundRule.FLOAT32_HALF_EVEN:

@@ -163,17 +163,17 @@ def test_clip_bound_codes_in_float32_match_onnxruntime():
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(5)
     scales = [F32(2.0 / 51.0)] + [F32(v) for v in rng.uniform(1e-3, 0.1, 40)]
-    bounds = [1.0, 0.25, 6.0, -0.5] + [float(v) for v in rng.uniform(-3, 3, 40)]
+    bounds = [1.0, 0.25, 6.0, -0.5, -np.inf, np.inf] + [float(v) for v in rng.uniform(-3, 3, 40)]
     x = np.arange(-128, 128, dtype=np.int8)
     for s in scales:
         for lo in bounds:
             feed = {"x": x, "s": np.asarray(s, F32), "lo": np.asarray(lo, F32)}
             (y,) = sess.run(None, feed)
-            lo_c, hi_c = bound_codes(
-                lo, None, float(s), DType.INT8, rule=BoundRule.FLOAT32_HALF_EVEN
-            )
-            want = np.clip(x.astype(np.int64), lo_c, hi_c)
-            assert np.array_equal(y.astype(np.int64), want), f"scale {s}, bound {lo}"
+            for rule in (BoundRule.FLOAT32_HALF_EVEN, BoundRule.FLOAT64_HALF_EVEN):
+                lo_c, hi_c = bound_codes(lo, None, float(s), DType.INT8, rule=rule)
+                want = np.clip(x.astype(np.int64), lo_c, hi_c)
+                if rule is BoundRule.FLOAT32_HALF_EVEN or not np.isfinite(lo):
+                    assert np.array_equal(y.astype(np.int64), want), f"scale {s}, bound {lo}"
     assert bound_codes(1.0, None, float(scales[0]), DType.INT8, True)[0] == 26
     assert bound_codes(1.0, None, float(scales[0]), DType.INT8)[0] == 25
 
