@@ -97,19 +97,27 @@ UNIT_ROW_TOLERANCE = 1e-3  # |norm - 1| of every row of an L2-normalized embeddi
 
 def default_metrics(output: object) -> tuple[TaskMetric, ...]:
     """Top-1 agreement and KL for a classifier-shaped output (one float (B, C) tensor, C >= 2,
-    not an embedding: not every row's L2 norm within UNIT_ROW_TOLERANCE of 1), then output
+    not an embedding: not every row's L2 norm within UNIT_ROW_TOLERANCE of 1, or the rows are
+    probabilities: a confident softmax's rows are near one-hot, of norm 1 too), then output
     SQNR and output cosine for any output (first, for an embedding)."""
     classifier = (
         isinstance(output, Tensor)
         and output.is_floating_point()
         and output.dim() == 2
         and output.shape[1] >= 2
-        and not _unit_rows(output)
+        and (not _unit_rows(output) or _probability_rows(output))
     )
     common = (OutputSQNR(), OutputCosine())
     if classifier:
         return (Top1Agreement(), SoftmaxKL(), *common)
     return common
+
+
+def _probability_rows(output: Tensor) -> bool:
+    """Whether every row of ``output`` (B, C) is a probability distribution: no negative value,
+    a sum within UNIT_ROW_TOLERANCE of 1."""
+    rows = output.detach().to(torch.float64)
+    return bool((rows >= 0).all() and ((rows.sum(1) - 1).abs() <= UNIT_ROW_TOLERANCE).all())
 
 
 def _unit_rows(output: Tensor) -> bool:

@@ -96,6 +96,10 @@ def test_an_embedding_is_judged_by_sqnr_and_cosine_not_as_a_classifier():
     near = embedding.clone()
     near[0] *= 1.01  # one row off the unit sphere: not an embedding
     assert [type(m) for m in default_metrics(near)][:1] == [Top1Agreement]
+    # a confident softmax (PESTO's pitch bins): near one-hot rows, of norm 1 but probabilities
+    confident = torch.softmax(logits * 1000, 1)
+    assert (torch.linalg.vector_norm(confident, dim=1) - 1).abs().max() < 1e-3
+    assert [type(m) for m in default_metrics(confident)][:1] == [Top1Agreement]
 
 
 @pytest.mark.parametrize(
