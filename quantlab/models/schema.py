@@ -78,10 +78,9 @@ class ModelConfig:
         value = self.input_shape
         if value is None:
             return None
-        value = list(value)
-        nested = bool(value) and all(_is_sequence(v) for v in value)
+        nested = _is_sequence(value) and bool(value) and all(_is_sequence(v) for v in value)
         shapes = [list(v) for v in value] if nested else [value]
-        if not all(s and all(_is_size(d) for d in s) for s in shapes):
+        if not all(_is_sequence(s) and s and all(_is_size(d) for d in s) for s in shapes):
             raise ValueError(
                 "model.input_shape must list positive sizes without the batch dimension, for "
                 "one input ([3, 224, 224]) or per input ([[3, 224, 224], [1, 224, 224]]); got "

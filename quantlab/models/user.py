@@ -8,8 +8,8 @@ calibration batch of the data). The module is put in eval mode and into deployme
 
 Task metrics: ``model.metric`` first when given; then, for an output that is one (B, C) tensor
 with C >= 2 (classifier-shaped) whose rows are not unit vectors (an embedding's, judged by
-cosine), top-1 agreement with float and KL of the softmax; for every output, output SQNR and
-per-item output cosine against float.
+cosine) or are probabilities (a softmax's, however confident), top-1 agreement with float and KL
+of the softmax; for every output, output SQNR and per-item output cosine against float.
 """
 
 from __future__ import annotations

@@ -122,6 +122,7 @@ def test_an_embedding_is_judged_by_sqnr_and_cosine_not_as_a_classifier():
         ({"input_shape": [3, 8.5]}, r"must list positive sizes.*got \[3, 8.5\]"),
         ({"input_shape": [True, 8]}, "model.input_shape must list positive sizes"),
         ({"input_shape": []}, "model.input_shape must list positive sizes"),
+        ({"input_shape": 8}, r"model.input_shape must list positive sizes.*got 8$"),
         ({"path": "m.onnx"}, "model.path is only read with model=onnx"),
     ],
 )
