@@ -87,19 +87,26 @@ def load_workload(
     )
 
     shapes = declared_shapes(model)
-    inputs = ModelInputs(
-        user_model_name(model),
-        None,
-        shapes,
-        random_inputs(shapes, declared_integers(model)) if shapes is not None else None,
-        registry=False,
-        partial_shapes=partial_shapes(model) if shapes is None else None,
-    )
-    dataset = load_data(data, inputs)
-    try:
-        bundle = build_model(model, seed, example=dataset.calib[0])
-    except ModelInputError as err:
-        raise ValueError(f"{err} (the first calibration batch of {_data_words(data)})") from None
+    if shapes is not None and model.declares_integers():
+        # a custom model's integer inputs take values below its tables' rows: built first
+        bundle = build_model(model, seed)
+        dataset = load_data(data, bundle)
+    else:
+        inputs = ModelInputs(
+            user_model_name(model),
+            None,
+            shapes,
+            random_inputs(shapes, declared_integers(model)) if shapes is not None else None,
+            registry=False,
+            partial_shapes=partial_shapes(model) if shapes is None else None,
+        )
+        dataset = load_data(data, inputs)
+        try:
+            bundle = build_model(model, seed, example=dataset.calib[0])
+        except ModelInputError as err:
+            raise ValueError(
+                f"{err} (the first calibration batch of {_data_words(data)})"
+            ) from None
     _probe(bundle, dataset, data)
     if model.input_format is not InputFormat.FLOAT_NORMALIZED:
         return deploy_workload(bundle, data, model.input_format, platform or PlatformConfig())

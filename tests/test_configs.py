@@ -87,13 +87,19 @@ def test_platform_templates_follow_the_vendor_recipes():
 
 def test_input_shape_composes_for_one_input_or_per_input():
     """``model.input_shape`` from the command line: one list is one input's shape, a list of
-    lists one shape per input; anything else names the field."""
+    lists one shape per input; anything else names the field. ``model.input_dtype`` names one
+    dtype per input, for a custom model only."""
     one = compose(["model=custom", "model.target=pkg.nets:build", "model.input_shape=[3,8,8]"])
     assert one.model.input_shapes() == ((3, 8, 8),)
     two = compose(["model=onnx", "model.path=m.onnx", "model.input_shape=[[128],[128]]"])
     assert two.model.input_shapes() == ((128,), (128,))
     with pytest.raises(ValueError, match=r"model.input_shape must list .*got \[\[3, 8\], 2\]"):
         compose(["model=onnx", "model.path=m.onnx", "model.input_shape=[[3,8],2]"])
+    ids = compose(["model=custom", "model.target=pkg.nets:build", "model.input_shape=[[8],[8]]",
+                   "model.input_dtype=[int64,int32]"])  # fmt: skip
+    assert ids.model.input_dtypes() == ("int64", "int32") and ids.model.declares_integers()
+    with pytest.raises(ValueError, match="model.input_dtype is only read with model=custom"):
+        compose(["model=onnx", "model.path=m.onnx", "model.input_dtype=int64"])
 
 
 def test_misspelt_platform_lists_allowed_options():

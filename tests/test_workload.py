@@ -69,6 +69,28 @@ def test_a_model_of_two_inputs_declares_both_shapes_for_synthetic_data(pkg):
         load_workload(_model(pkg, "two_inputs", input_shape=[6]), data)
 
 
+def test_a_custom_models_integer_inputs_take_ids_below_their_tables(pkg):
+    """``model.input_dtype=[int64, int64, int64]``: ids below the embedding's 50 rows, places
+    below the indexed table's 12, the mask (indexing nothing) ones; before, a custom model took
+    float inputs only, which an embedding refuses."""
+    from quantlab.simulate import Mode, Simulator
+
+    model = _model(pkg, "tokens", input_shape=[[7], [7], [7]], input_dtype=["int64"] * 3)
+    data = DataConfig(name="synthetic", num_calib=3, num_eval=2)
+    bundle, ds = load_workload(model, data)
+    ids, places, mask = (torch.cat([b[i] for b in ds.calib]) for i in range(3))
+    assert ids.dtype == places.dtype == mask.dtype == torch.int64
+    assert 0 <= int(ids.min()) and int(ids.max()) < 50 and len(set(ids.flatten().tolist())) > 5
+    assert 0 <= int(places.min()) and int(places.max()) < 12
+    assert bool((mask == 1).all()) and bundle.task.name == "top1_agreement"
+    sim = Simulator(bundle.module, "j6m")
+    sim.calibrate(ds.calib, progress=False)
+    assert sim.run(*ds.eval[0], mode=Mode.FIXED).shape == (1, 3)
+    floats = _model(pkg, "tokens", input_shape=[[7], [7], [7]])
+    with pytest.raises(ValueError, match="fails on inputs of shape .*indices"):
+        load_workload(floats, data)
+
+
 def test_model_that_cannot_run_on_the_tensors_names_the_file(pkg, tmp_path):
     torch.save([(torch.randn(1, 5),), (torch.randn(1, 5),)], tmp_path / "x.pt")
     data = DataConfig(name="tensors", path=str(tmp_path / "x.pt"), num_calib=1, num_eval=1)

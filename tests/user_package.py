@@ -73,6 +73,25 @@ def two_inputs():
     return TwoInputs()
 
 
+class Tokens(nn.Module):
+    """Token ids through an embedding table, then positions by indexing a table, a 0/1 mask
+    and a mean over tokens: a small text classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.words = nn.Embedding(50, 16)
+        self.places = nn.Parameter(torch.randn(12, 16))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, ids, places, mask):
+        h = (self.words(ids) + self.places[places]) * mask.unsqueeze(-1).float()
+        return self.head(h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1))
+
+
+def tokens():
+    return Tokens()
+
+
 def not_a_module():
     return {"weights": 1}
 

@@ -30,6 +30,10 @@ class ModelConfig:
     # input for several ([[128], [128]]: token ids and their mask); None: inferred (ONNX graph,
     # image data's size, tensor file). Read through input_shapes()
     input_shape: Any = None
+    # custom: each input's dtype, float32 (the default), int64 or int32 (token ids, a mask): one
+    # name for one input, one per input as input_shape lists them; an ONNX graph declares its
+    # own. Read through input_dtypes()
+    input_dtype: Any = None
     # "package.module:function" with (ref_outputs, test_outputs, labels) -> float, the model's
     # main task metric (lists of per-batch outputs of the float and the tested run)
     metric: str | None = None
@@ -70,7 +74,18 @@ class ModelConfig:
                 raise ValueError(
                     f"model.{field_name}={value!r} must have the form 'package.module:function'"
                 )
-        self.input_shapes()  # a malformed model.input_shape fails here, naming the field
+        shapes = self.input_shapes()  # a malformed model.input_shape fails here, naming it
+        if self.input_dtype is not None and self.name != "custom":
+            raise ValueError(
+                f"model.input_dtype is only read with model=custom, got model={self.name} (an "
+                "ONNX graph declares its inputs' types)"
+            )
+        dtypes = self.input_dtypes()
+        if shapes is not None and dtypes is not None and len(shapes) != len(dtypes):
+            raise ValueError(
+                f"model.input_dtype names {len(dtypes)} dtype(s) for the {len(shapes)} input "
+                "shape(s) of model.input_shape: give one per input"
+            )
 
     def input_shapes(self) -> tuple[tuple[int, ...], ...] | None:
         """``input_shape`` as one shape per input (None: not given). One list of sizes is one
@@ -87,6 +102,27 @@ class ModelConfig:
                 f"{_plain(value)}"
             )
         return tuple(tuple(int(d) for d in s) for s in shapes)
+
+    def input_dtypes(self) -> tuple[str, ...] | None:
+        """``input_dtype`` as one name per input (None: not given, every input float32)."""
+        value = self.input_dtype
+        if value is None:
+            return None
+        names = [value] if isinstance(value, str) else list(value) if _is_sequence(value) else []
+        if not names or not all(isinstance(n, str) and n in INPUT_DTYPES for n in names):
+            raise ValueError(
+                f"model.input_dtype must name one of {', '.join(INPUT_DTYPES)} for each input "
+                f"([int64, int64]: token ids and a mask); got {_plain(value)}"
+            )
+        return tuple(names)
+
+    def declares_integers(self) -> bool:
+        """Whether ``input_dtype`` makes any input an integer one."""
+        return any(n != "float32" for n in self.input_dtypes() or ())
+
+
+INPUT_DTYPES = ("float32", "int64", "int32")
+"""``model.input_dtype`` values: what a custom model's inputs hold."""
 
 
 def _is_sequence(value: Any) -> bool:

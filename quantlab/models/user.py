@@ -3,8 +3,10 @@
 
 Input shapes: ``model.input_shape`` when given (one shape, or one per input), else the ONNX
 graph's static shapes, else the shapes of the example batch (in an experiment: the first
-calibration batch of the data). The module is put in eval mode and into deployment form
-(BatchNorm folded, Dropout removed) with the example batch, as the registry models are.
+calibration batch of the data). Integer inputs: an ONNX graph's own (``onnx_inputs``), a custom
+model's from ``model.input_dtype`` (``custom_inputs``). The module is put in eval mode and into
+deployment form (BatchNorm folded, Dropout removed) with the example batch, as the registry
+models are.
 
 Task metrics: ``model.metric`` first when given; then, for an output that is one (B, C) tensor
 with C >= 2 (classifier-shaped) whose rows are not unit vectors (an embedding's, judged by
@@ -65,6 +67,24 @@ def declared_integers(cfg: ModelConfig) -> tuple[IntegerInput | None, ...] | Non
 
     found = integer_inputs(cfg.path)
     return found if any(i is not None for i in found) else None
+
+
+def _integer_inputs(
+    cfg: ModelConfig, module: nn.Module, shapes: tuple[tuple[int, ...], ...]
+) -> tuple[IntegerInput | None, ...] | None:
+    """The integer inputs an ONNX graph declares, or those ``model.input_dtype`` declares for a
+    custom model (their tables found in ``module``: ``custom_inputs``)."""
+    if cfg.name == "onnx":
+        return declared_integers(cfg)
+    dtypes = cfg.input_dtypes()
+    if dtypes is not None and len(dtypes) != len(shapes):
+        raise ValueError(
+            f"model.input_dtype names {len(dtypes)} dtype(s), but the model takes "
+            f"{len(shapes)} input(s) of shape {', '.join(str(list(s)) for s in shapes)}"
+        )
+    from quantlab.models.custom_inputs import custom_integers
+
+    return custom_integers(module, shapes, dtypes)
 
 
 def partial_shapes(cfg: ModelConfig) -> tuple[tuple[int | None, ...], ...] | None:
@@ -190,7 +210,7 @@ def build_user_model(
         if cfg.checkpoint:
             load_checkpoint(module, cfg.checkpoint)
     module.eval()
-    make = random_inputs(shapes, declared_integers(cfg))
+    make = random_inputs(shapes, _integer_inputs(cfg, module, shapes))
     probe = example if example is not None else (probe_inputs or make(1, 0))
     output = run_example(module, name, probe)
     if cfg.fold_batchnorm:

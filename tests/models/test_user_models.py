@@ -123,6 +123,9 @@ def test_an_embedding_is_judged_by_sqnr_and_cosine_not_as_a_classifier():
         ({"input_shape": [True, 8]}, "model.input_shape must list positive sizes"),
         ({"input_shape": []}, "model.input_shape must list positive sizes"),
         ({"input_shape": 8}, r"model.input_shape must list positive sizes.*got 8$"),
+        ({"input_dtype": "int8"}, r"model.input_dtype must name one of float32, int64, int32"),
+        ({"input_dtype": ["int64", 3]}, r"model.input_dtype must name one of .*got \['int64', 3\]"),
+        ({"input_dtype": ["int64", "int64"]}, "names 2 dtype\\(s\\) for the 1 input shape"),
         ({"path": "m.onnx"}, "model.path is only read with model=onnx"),
     ],
 )
