@@ -351,6 +351,26 @@ def emit_reduce_extreme(ctx: ExportContext, op: RecordedOp) -> None:
     ctx.set_outputs(op, [y])
 
 
+def emit_topk(ctx: ExportContext, op: RecordedOp) -> None:
+    """torch.topk as TopK: its values (each one of its inputs: on the input's grid, a
+    pass-through op) and int64 indices, sorted, equal values by the lower index first, the order
+    quantized runs take (``simulate.topk_order``)."""
+    nd = len(ctx.shape_of(op, 0))
+    k = int(ctx.arg(op, 1, "k"))
+    axis = int(ctx.arg(op, 2, "dim", -1)) % nd
+    largest = int(bool(ctx.arg(op, 3, "largest", True)))
+    values, indices = ctx.graph.node(
+        "TopK",
+        [ctx.act(op, 0), ctx.graph.int64s(f"{op.name}/k", [k])],
+        f"{op.name}/float",
+        n_out=2,
+        axis=axis,
+        largest=largest,
+        sorted=1,
+    )
+    ctx.set_outputs(op, [values, indices])
+
+
 _RESIZE_MODES = {"nearest": "nearest", "bilinear": "linear", "linear": "linear"}
 
 

@@ -60,6 +60,7 @@ EMITTERS: dict[str, Emitter] = {
     "adaptive_max_pool1d": E.emit_adaptive_max_pool,
     "adaptive_max_pool2d": E.emit_adaptive_max_pool,
     "amax": E.emit_reduce_extreme,
+    "topk": E.emit_topk,
     "amin": E.emit_reduce_extreme,
     "interpolate": E.emit_interpolate,
     "grid_sample": E.emit_grid_sample,

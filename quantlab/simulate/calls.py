@@ -90,6 +90,16 @@ def out_of_place(call: OpCall):
     return call.func
 
 
+def quantized_fn(call: OpCall):
+    """The function a FAKE or FIXED run evaluates the op with: ``out_of_place``, but torch.topk
+    with ONNX's order of equal values (``topk_order``: quantized values tie often)."""
+    if call.func in (torch.topk, Tensor.topk):
+        from quantlab.simulate.topk_order import topk_lower_index_first
+
+        return topk_lower_index_first
+    return out_of_place(call)
+
+
 def float_slots(call: OpCall) -> list:
     return [("a", i) for i, v in enumerate(call.args) if A.is_float_tensor(v)]
 

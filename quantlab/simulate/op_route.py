@@ -38,7 +38,7 @@ class OpRoute:
     rq: ResolvedQConfig
     chain: list | None  # the fused batch_norm / clamp ops of a GEMM (None: no chain)
     platform: Any
-    fn: Callable  # the out-of-place function that computes the op
+    fn: Callable  # the out-of-place function that computes the op (``calls.quantized_fn``)
     split_b: bool  # a matmul whose second operand takes the int15 split
     quantize_weight: bool
     keep_float_inputs: bool  # FAKE: a float op's output stays float (no quantize_float_inputs)
@@ -74,7 +74,7 @@ def make_route(
         rq,
         chain,
         platform,
-        calls.out_of_place(call),
+        calls.quantized_fn(call),
         bool(rq.weight_split) and call.op_type == "matmul" and len(plan.acts) > 1,
         om is None or om.quantize_weight,
         not (om is not None and om.quantize_float_inputs),

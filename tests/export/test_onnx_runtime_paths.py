@@ -14,6 +14,7 @@ kernel, and fixed mode (onnxruntime profile) giving the same bits:
 
 from __future__ import annotations
 
+import copy
 import itertools
 import warnings
 from dataclasses import replace
@@ -621,6 +622,69 @@ def test_max_and_min_reductions_keep_their_input_codes(tmp_path, encoding):
     assert {"ReduceMax", "ReduceMin"} <= kinds
     for x, ys in zip(xs, outs, strict=True):
         assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+class _TopScores(nn.Module):
+    """DETR's query selection: the top scores over many positions (int8 scores of a sigmoid tie
+    often), their boxes gathered by the indices, and the smallest values along the channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        scores = torch.sigmoid(y[:, 0].flatten(1) * 4)  # (B, 36) of 256 codes or fewer
+        top, idx = scores.topk(12, dim=1)
+        boxes = torch.gather(y[:, 1:].flatten(2), 2, idx[:, None].expand(-1, 3, -1))
+        low = torch.topk(y, 2, dim=1, largest=False)
+        return top, idx, boxes, low.values, low.indices
+
+
+def test_topk_takes_equal_values_in_onnxs_order_and_exports_as_topk(tmp_path):
+    """FAKE and FIXED runs take equal values lower index first (ONNX's rule; torch.topk's
+    order is its own kernel's), and the QDQ export writes TopK with the fixed run's bits:
+    values on the input's grid and the same indices (before, topk had no ONNX form and failed
+    the export of kornia's RT-DETR)."""
+    from quantlab.simulate.topk_order import topk_lower_index_first
+
+    g = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        x = torch.randint(-3, 4, (5, 17), generator=g).float()  # ties everywhere
+        for largest in (True, False):
+            got = topk_lower_index_first(x, 6, 1, largest)
+            key = (-x if largest else x) * 100 + torch.arange(17)  # value first, then index
+            want = key.argsort(1)[:, :6]
+            assert torch.equal(got.indices, want) and torch.equal(got.values, x.gather(1, want))
+    sim, xs = _calibrated(_TopScores())
+    trace = sim.trace(xs[1], mode=Mode.FIXED)
+    scores = trace.outputs[":sigmoid#0"]
+    top, idx = trace.outputs[":topk#0"]
+    assert len(scores[0].unique()) < scores.shape[1]  # the case has ties
+    assert torch.equal(idx, topk_lower_index_first(scores, 12, 1).indices)
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, ActivationEncoding.UNSIGNED_OFFSET)
+    assert "TopK" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_a_traced_program_takes_topks_order_too(monkeypatch, mode):
+    """A steady run's traced program (quantlab's own, on J6M) computes the same topk as the
+    captured run."""
+    from program_switch import build_in_first_run
+
+    build_in_first_run(monkeypatch)
+    model = _TopScores().eval()
+    steady = Simulator(copy.deepcopy(model), "j6m")
+    captured, xs = _calibrated(model, "j6m")
+    captured.steady_programs = None  # every run captured
+    steady.share_calibration(captured)
+    for x in xs:
+        for a, b in zip(steady.run(x, mode=mode), captured.run(x, mode=mode), strict=True):
+            assert torch.equal(a, b)
+    state = steady.steady_programs.status((xs[0],), mode)
+    assert state.failed is None and state.program is not None and state.program.fallbacks == 0
 
 
 class _Powers(nn.Module):
