@@ -245,13 +245,22 @@ def emit_tile(ctx: ExportContext, op: RecordedOp) -> None:
     (Tile, after a Reshape adding the leading dims more counts add)."""
     reps = op.args[1:] if len(op.args) > 2 else ctx.arg(op, 1, "dims")
     reps = [int(r) for r in ([reps] if isinstance(reps, int) else reps)]
-    nd = len(ctx.shape_of(op, 0))
+    nd = len(_first_shape(ctx, op))
     _tiled(ctx, op, [1] * (nd - len(reps)) + reps)
+
+
+def _first_shape(ctx: ExportContext, op: RecordedOp) -> tuple:
+    """The shape of input 0: the activation's, or a call's without one (an integer tensor's,
+    a constant's: a repeat outside capture)."""
+    if op.acts:
+        return ctx.shape_of(op, 0)
+    src = op.args[0]
+    return tuple(as_tensor(src).shape) if isinstance(src, ConstRef) else ctx.value(src).shape
 
 
 def _tiled(ctx: ExportContext, op: RecordedOp, reps: list[int]) -> None:
     g = ctx.graph
-    x, shape = first_input(ctx, op), list(ctx.shape_of(op, 0))
+    x, shape = first_input(ctx, op), list(_first_shape(ctx, op))
     if len(reps) > len(shape):  # the leading dims the repeat counts add
         shape = [1] * (len(reps) - len(shape)) + shape
         x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/lead")

@@ -328,6 +328,29 @@ def test_one_index_tensor_at_one_axis_is_a_gather(tmp_path):
     assert written.count("Gather") >= 3 and "GatherND" in written
 
 
+class _RepeatsOutsideCapture(nn.Module):
+    """repeat / tile of tensors no float activation enters: the integer mask (to more dims
+    too) and a buffer, as DETR-style decoders repeat their anchors and masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.register_buffer("pos", torch.randn(1, 1, 4))
+
+    def forward(self, x, mask):
+        wide = mask.repeat(2, 1, 2)[0, :, : mask.shape[1]]  # (b, t) again, through 3-d
+        tiled = mask.tile(1, 1)
+        pos = self.pos.repeat(1, 1, 2)  # (1, 1, 8)
+        keep = (wide * tiled).bool()
+        return self.q(x + pos).masked_fill(~keep[..., None], 0.0)
+
+
+def test_repeat_and_tile_outside_capture_export(tmp_path):
+    """repeat / tile of a tensor that is no activation read the shape of an activation that
+    was not there (IndexError; kornia's RT-DETR failed its export so)."""
+    _masked_model_matches(_RepeatsOutsideCapture, 10, tmp_path, "repeats")
+
+
 class _WritesAConstant(nn.Module):
     """A tensor the model makes (a constant), read, then changed in place from the input
     (T5's relative_buckets += where(...)), then read again."""
