@@ -52,7 +52,11 @@ def _stock_batch_norm(m: nn.Module) -> bool:
     """A BatchNorm2d whose forward is torch's own. A subclass that overrides it (timm's
     BatchNormAct2d applies an activation after the norm) cannot become ``nn.Identity``; its
     ``F.batch_norm`` call is left to the Simulator, which fuses it into the GEMM before it."""
-    return isinstance(m, nn.BatchNorm2d) and type(m).forward is nn.BatchNorm2d.forward
+    return (
+        isinstance(m, nn.BatchNorm2d)
+        and type(m).forward is nn.BatchNorm2d.forward
+        and m.running_mean is not None  # without running statistics it normalizes by the batch's
+    )
 
 
 def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
@@ -90,9 +94,10 @@ def _pairs_and_output(module: nn.Module, inputs: tuple[Tensor, ...]):
 def fold_conv_bn(conv: nn.Conv2d | nn.ConvTranspose2d, bn: nn.BatchNorm2d) -> None:
     """conv <- bn(conv(.)) for eval-mode BatchNorm: W' = W * g / sqrt(var + eps) per output
     channel (a transposed convolution's (C, O / groups, kh, kw) weight holds them along dim 1,
-    per group), b' = (b - mean) * g / sqrt(var + eps) + beta; computed in float64, stored in
-    float32."""
-    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    per group), b' = (b - mean) * g / sqrt(var + eps) + beta (g = 1, beta = 0 for a BatchNorm
+    without affine parameters); computed in float64, stored in float32."""
+    gamma = bn.weight.double() if bn.weight is not None else 1.0
+    scale = gamma / torch.sqrt(bn.running_var.double() + bn.eps)
     w = conv.weight.double()
     if isinstance(conv, nn.ConvTranspose2d):
         g = conv.groups
@@ -101,7 +106,9 @@ def fold_conv_bn(conv: nn.Conv2d | nn.ConvTranspose2d, bn: nn.BatchNorm2d) -> No
     else:
         w = w * scale.reshape(-1, 1, 1, 1)
     b = conv.bias.double() if conv.bias is not None else torch.zeros_like(scale)
-    b = (b - bn.running_mean.double()) * scale + bn.bias.double()
+    b = (b - bn.running_mean.double()) * scale
+    if bn.bias is not None:
+        b = b + bn.bias.double()
     conv.weight.copy_(w.to(conv.weight.dtype))
     if conv.bias is None:
         conv.bias = nn.Parameter(b.to(conv.weight.dtype))

@@ -140,6 +140,27 @@ def test_fold_formula_matches_batchnorm_in_float64():
         assert torch.allclose(conv(x), ref, rtol=1e-12, atol=1e-12)
 
 
+def test_a_batchnorm_without_affine_parameters_folds_and_one_without_statistics_stays():
+    """BatchNorm2d(affine=False) (kornia's HardNet) folds as g = 1, beta = 0 (its None weight
+    made the fold raise); one without running statistics normalizes by each batch's, so it is
+    no constant map and stays."""
+    torch.manual_seed(0)
+    m = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4, affine=False), nn.ReLU(),
+        nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4, track_running_stats=False),
+    ).eval()  # fmt: skip
+    g = torch.Generator().manual_seed(2)
+    m[1].running_mean.copy_(torch.randn(4, generator=g))
+    m[1].running_var.copy_(torch.rand(4, generator=g) + 0.5)
+    x = torch.randn(2, 1, 9, 9)
+    with torch.no_grad():
+        want = m(x)
+        to_deployment_form(m, (x,))
+        got = m(x)
+    assert isinstance(m[1], nn.Identity) and isinstance(m[4], nn.BatchNorm2d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_lite0"])
 def test_real_cnns_have_no_batchnorm_or_dropout_and_same_logits(bundles, name):
     folded = bundles(name).module
