@@ -102,6 +102,7 @@ def emit_pow(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 _UNARY = {
+    "abs": "Abs",
     "relu": "Relu",
     "sigmoid": "Sigmoid",
     "tanh": "Tanh",

@@ -687,6 +687,28 @@ def test_a_traced_program_takes_topks_order_too(monkeypatch, mode):
     assert state.failed is None and state.program is not None and state.program.fallbacks == 0
 
 
+class _Magnitudes(nn.Module):
+    """abs of a convolution's output, then another convolution (kornia's HardNet takes one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        return self.b(torch.abs(self.a(x)))
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_abs_exports_as_abs_with_fixed_modes_bits(tmp_path, encoding):
+    """abs (run in float between Dequantize and Quantize on the onnxruntime profile) exports as
+    Abs; the export refused it."""
+    sim, xs = _calibrated(_Magnitudes())
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    assert "Abs" in kinds
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
+
+
 class _Powers(nn.Module):
     """pow: the exponent 2 (a Python number and a one-value tensor, as ONNX converters write
     it) and other exponents, of negative and non-negative inputs."""
