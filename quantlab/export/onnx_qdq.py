@@ -283,7 +283,7 @@ def build_model(
         output_scales=out_scales,
     )
     if probe:
-        seen = set(out_names)
+        seen = set(out_names) | {i.name for i in g.initializers}  # a constant is no op's work
         for tensor in ctx.op_tensors.values():
             if tensor not in seen and not tensor.startswith("input"):
                 seen.add(tensor)

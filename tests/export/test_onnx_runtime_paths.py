@@ -709,6 +709,28 @@ def test_abs_exports_as_abs_with_fixed_modes_bits(tmp_path, encoding):
         assert _same(ys, [sim.run(x, mode=Mode.FIXED)])
 
 
+class _ConstantBranch(nn.Module):
+    """A where between a constant made like an activation (zeros_like) and a quotient, as
+    kornia's HardNet guards its patch normalization."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        y = self.c(x)
+        d = y.amax(1, keepdim=True)
+        return torch.where(d == 0, torch.zeros_like(y), y / d)
+
+
+def test_the_probe_export_leaves_constants_out(tmp_path):
+    """The probe export exposed a constant (zeros_like's value, an initializer) as an output,
+    which ONNX's shape inference does not type, and its full check failed."""
+    sim, xs = _calibrated(_ConstantBranch())
+    f = measure(sim, (xs[1],), tmp_path, "constant", ActivationEncoding.UNSIGNED_OFFSET)
+    assert f.summary["outputs_differing"] == 0
+
+
 class _Powers(nn.Module):
     """pow: the exponent 2 (a Python number and a one-value tensor, as ONNX converters write
     it) and other exponents, of negative and non-negative inputs."""
