@@ -114,6 +114,11 @@ def _per_op(sim, inputs, encoding, folder: Path, trace) -> tuple[pd.DataFrame, b
         }
         if tensor in values and ql is not None:
             v = values[tensor]
+            if is_codes and tensor not in info.tensor_quant and v.dtype.kind == "f":
+                # the export passes a float value on here (the op keeps no grid of its own in
+                # onnxruntime): compare the values
+                ql, is_codes = trace.outputs[name], False
+                ql = (ql[0] if isinstance(ql, (tuple, list)) else ql).detach().numpy()
             if is_codes:
                 v = R.codes_from_runtime(v, tensor in info.offset_tensors)
             elif tensor in info.tensor_quant and np.issubdtype(v.dtype, np.integer):
