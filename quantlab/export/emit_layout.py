@@ -25,7 +25,7 @@ def reshape_requantized(ctx: ExportContext, x: str, q: QParams | None, shape, ba
     return ctx.graph.dequantize(ctx.graph.quantize(y, q, base=f"{base}/q"), q)
 
 
-def _input_quant(op: RecordedOp) -> QParams | None:
+def input_quant(op: RecordedOp) -> QParams | None:
     """The quantization the op's first input enters with (None: float)."""
     want = op.in_quant[0] if op.in_quant else None
     if want is None:
@@ -66,7 +66,7 @@ def emit_transpose(ctx: ExportContext, op: RecordedOp) -> None:
 def emit_identity(ctx: ExportContext, op: RecordedOp) -> None:
     src = op.args[0] if op.args else op.kwargs.get("input")
     v = ctx.value(src, f"{op.name}/in")
-    q = _input_quant(op)
+    q = input_quant(op)
     if op.acts and q is not None and not q.same_as(v.quant):
         ctx.set_outputs(op, [ctx.act(op, 0)])  # quantized on the way in
         return
@@ -263,7 +263,7 @@ def _tiled(ctx: ExportContext, op: RecordedOp, reps: list[int]) -> None:
     x, shape = first_input(ctx, op), list(_first_shape(ctx, op))
     if len(reps) > len(shape):  # the leading dims the repeat counts add
         shape = [1] * (len(reps) - len(shape)) + shape
-        x = reshape_requantized(ctx, x, _input_quant(op), shape, f"{op.name}/lead")
+        x = reshape_requantized(ctx, x, input_quant(op), shape, f"{op.name}/lead")
     y = g.node("Tile", [x, g.int64s(f"{op.name}/repeats", reps)], f"{op.name}/float")
     ctx.set_outputs(op, [y])
 
@@ -294,7 +294,7 @@ def _flattened(ctx: ExportContext, op: RecordedOp) -> tuple[str, list[int]]:
     ``reshape_requantized``: without it onnxruntime 1.32's Q/DQ propagation wrote a
     QuantizeLinear it then rejected, under the SIGNED encoding)."""
     shape = [int(np.prod(ctx.shape_of(op, 0)))]
-    x = reshape_requantized(ctx, first_input(ctx, op), _input_quant(op), shape, f"{op.name}/flat")
+    x = reshape_requantized(ctx, first_input(ctx, op), input_quant(op), shape, f"{op.name}/flat")
     return x, shape
 
 
@@ -382,7 +382,7 @@ def emit_pixel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
     r = int(ctx.arg(op, 1, "downscale_factor"))
     n, c, h, w = ctx.shape_of(op, 0)
     blocks = [n, c, h // r, r, w // r, r]
-    y = reshape_requantized(ctx, x, _input_quant(op), blocks, f"{op.name}/blocks")
+    y = reshape_requantized(ctx, x, input_quant(op), blocks, f"{op.name}/blocks")
     y = g.node("Transpose", [y], f"{op.name}/moved", perm=[0, 1, 3, 5, 2, 4])
     out = g.int64s(f"{op.name}/shape", list(op.outputs[0].shape))
     ctx.set_outputs(op, [g.node("Reshape", [y, out], f"{op.name}/float")])
@@ -395,7 +395,7 @@ def emit_channel_shuffle(ctx: ExportContext, op: RecordedOp) -> None:
     groups = int(ctx.arg(op, 1, "groups"))
     n, c, *rest = ctx.shape_of(op, 0)
     y = reshape_requantized(
-        ctx, first_input(ctx, op), _input_quant(op), [n, groups, c // groups, *rest],
+        ctx, first_input(ctx, op), input_quant(op), [n, groups, c // groups, *rest],
         f"{op.name}/groups",
     )  # fmt: skip
     perm = [0, 2, 1, *range(3, 3 + len(rest))]

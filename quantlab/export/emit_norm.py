@@ -10,6 +10,7 @@ import math
 import torch
 
 from quantlab.export.context import ExportContext
+from quantlab.export.emit_layout import input_quant, reshape_requantized
 from quantlab.export.graph import UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, RecordedOp
 
@@ -56,8 +57,11 @@ def _grouped_norm(ctx: ExportContext, op: RecordedOp, groups: int, w_at, b_at, e
     w, b = ctx.arg(op, w_at, "weight"), ctx.arg(op, b_at, "bias")
     eps = float(ctx.arg(op, eps_at, "eps", 1e-5))
     rest = math.prod(shape[1:]) // groups
-    grouped = ctx.graph.int64s(f"{op.name}/group_shape", [shape[0], groups, rest])
-    y = ctx.graph.node("Reshape", [ctx.act(op, 0), grouped], f"{op.name}/group_rows")
+    # quantized again after the Reshape, at its own grid: onnxruntime's SIGNED Q/DQ propagation
+    # through a bare Reshape writes a QuantizeLinear of mismatched types and fails the session
+    y = reshape_requantized(
+        ctx, ctx.act(op, 0), input_quant(op), [shape[0], groups, rest], f"{op.name}/group_rows"
+    )
     ones = ctx.graph.const(f"{op.name}/ones", torch.ones(rest))
     y = ctx.graph.node(
         "LayerNormalization", [y, ones], f"{op.name}/group_normed", axis=-1, epsilon=eps
