@@ -1731,18 +1731,26 @@ def test_a_clamp_with_0d_buffer_bounds_is_the_clamp_of_their_numbers(platform):
             lambda x, lo, hi: torch.clamp(x, lo, hi), x0, torch.tensor(-0.5), torch.tensor(0.7)
         )
     )
+    sim = _same_ops_and_bits(_BufferClamp, platform, x0)
+    assert "clamp" in set(sim.ops.op_type)
+
+
+def _same_ops_and_bits(make, platform, x: torch.Tensor) -> Simulator:
+    """Simulators of ``make(True)`` and ``make(False)`` (a model and its form written with
+    clamps), seeded and calibrated alike on ``platform``: the same op table (names, types,
+    kernels) and the same bits on ``x`` in every mode. Returns the first."""
     sims = []
-    for buffers in (True, False):
+    for variant in (True, False):
         torch.manual_seed(0)
-        sim = Simulator(_BufferClamp(buffers).eval(), platform)
+        sim = Simulator(make(variant).eval(), platform)
         g = torch.Generator().manual_seed(6)
         sim.calibrate([(torch.randn(2, 3, 8, 8, generator=g),) for _ in range(2)], progress=False)
         sims.append(sim)
     cols = ["name", "op_type", "category", "fixed_kernel", "supported"]
     assert sims[0].ops[cols].equals(sims[1].ops[cols])
-    assert "clamp" in set(sims[0].ops.op_type)
     for mode in (Mode.FLOAT, Mode.FAKE, Mode.FIXED):
-        assert_bits_equal(sims[0].run(x0, mode=mode), sims[1].run(x0, mode=mode))
+        assert_bits_equal(sims[0].run(x, mode=mode), sims[1].run(x, mode=mode))
+    return sims[0]
 
 
 class _HeldBoundExtremes(nn.Module):
@@ -1781,19 +1789,9 @@ def test_maximum_and_minimum_with_a_held_number_are_its_clamp(platform):
     assert decomposition(torch.maximum, (x, torch.tensor(float("nan"))), {}) is None
     assert decomposition(torch.maximum, (x, x), {}) is None
     assert decomposition(torch.maximum, (x, nn.Parameter(torch.tensor(0.0))), {}) is None
-    sims = []
     x0 = torch.randn(2, 3, 8, 8, generator=g)
-    for extremes in (True, False):
-        torch.manual_seed(0)
-        sim = Simulator(_HeldBoundExtremes(extremes).eval(), platform)
-        gen = torch.Generator().manual_seed(6)
-        sim.calibrate([(torch.randn(2, 3, 8, 8, generator=gen),) for _ in range(2)], False)
-        sims.append(sim)
-    cols = ["op_type", "category", "fixed_kernel", "supported"]
-    assert sims[0].ops[cols].equals(sims[1].ops[cols])
-    assert not {"maximum", "minimum"} & set(sims[0].ops.op_type)
-    for mode in (Mode.FLOAT, Mode.FAKE, Mode.FIXED):
-        assert_bits_equal(sims[0].run(x0, mode=mode), sims[1].run(x0, mode=mode))
+    sim = _same_ops_and_bits(_HeldBoundExtremes, platform, x0)
+    assert not {"maximum", "minimum"} & set(sim.ops.op_type)
 
 
 class _InfiniteFloor(nn.Module):
