@@ -85,11 +85,7 @@ def emit_getitem(ctx: ExportContext, op: RecordedOp) -> None:
     onnx2torch's Gather indexes)."""
     x = first_input(ctx, op)
     index = _torch_index(op, op.args[1])
-    shape = (
-        list(as_tensor(op.args[0]).shape)
-        if isinstance(op.args[0], ConstRef)
-        else list(ctx.value(op.args[0]).shape)
-    )
+    shape = list(_first_shape(ctx, op))
     if index and all(_int_constant(i) for i in index):
         _gather_nd(ctx, op, x, [as_tensor(i) for i in index], shape)
         return
@@ -250,10 +246,8 @@ def emit_tile(ctx: ExportContext, op: RecordedOp) -> None:
 
 
 def _first_shape(ctx: ExportContext, op: RecordedOp) -> tuple:
-    """The shape of input 0: the activation's, or a call's without one (an integer tensor's,
-    a constant's: a repeat outside capture)."""
-    if op.acts:
-        return ctx.shape_of(op, 0)
+    """The shape of the call's first argument: an activation, a computed integer tensor or a
+    constant of the model (indexing, a repeat outside capture)."""
     src = op.args[0]
     return tuple(as_tensor(src).shape) if isinstance(src, ConstRef) else ctx.value(src).shape
 
