@@ -15,8 +15,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from quantlab.models.onnx_inputs import IntegerInput
+from quantlab.models.schema import INPUT_DTYPES
 
-TORCH_DTYPES = {"float32": torch.float32, "int64": torch.int64, "int32": torch.int32}
+TORCH_DTYPES = {name: getattr(torch, name) for name in INPUT_DTYPES}  # model.input_dtype's
 
 
 class _TableReads(TorchFunctionMode):
