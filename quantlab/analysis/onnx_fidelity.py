@@ -33,8 +33,9 @@ class Fidelity:
     kernels: dict  # onnxruntime node counts of the optimized plain graph
 
 
-def _quantlab_codes(trace, name: str):
-    """(codes int64 or float values, is_codes) of op ``name`` in a fixed-mode trace."""
+def _quantlab_output(trace, name: str):
+    """(value, QInfo of its integer grid or None) of op ``name``'s first output in a fixed-mode
+    trace; (None, None) where it is no tensor."""
     info = trace.qinfo.get(name)
     value = trace.outputs.get(name)
     if isinstance(info, list):
@@ -42,10 +43,10 @@ def _quantlab_codes(trace, name: str):
     if isinstance(value, (tuple, list)):
         value = value[0]
     if not isinstance(value, torch.Tensor):
-        return None, False
+        return None, None
     if info is not None and info.dtype.is_int and info.scale is not None:
-        return info.codes_of(value).numpy(), True
-    return value.detach().numpy(), False
+        return value, info
+    return value, None
 
 
 def _runtime_values(codes: np.ndarray, q, offset: bool) -> np.ndarray:
@@ -100,7 +101,7 @@ def _per_op(sim, inputs, encoding, folder: Path, trace) -> tuple[pd.DataFrame, b
     rows = []
     for k, name in enumerate(order):
         tensor = info.op_tensors.get(name)
-        ql, is_codes = _quantlab_codes(trace, name)
+        value, grid = _quantlab_output(trace, name)
         row = {
             "order": k,
             "name": name,
@@ -112,13 +113,12 @@ def _per_op(sim, inputs, encoding, folder: Path, trace) -> tuple[pd.DataFrame, b
             "differing_share": 0.0,
             "max_diff_lsb": 0.0,
         }
-        if tensor in values and ql is not None:
+        if tensor in values and value is not None:
             v = values[tensor]
-            if is_codes and tensor not in info.tensor_quant and v.dtype.kind == "f":
-                # the export passes a float value on here (the op keeps no grid of its own in
-                # onnxruntime): compare the values
-                ql, is_codes = trace.outputs[name], False
-                ql = (ql[0] if isinstance(ql, (tuple, list)) else ql).detach().numpy()
+            # codes where quantlab's output has a grid, unless the export passes a float value
+            # on here (the op keeps no grid of its own in onnxruntime): then the values
+            is_codes = grid is not None and (tensor in info.tensor_quant or v.dtype.kind != "f")
+            ql = grid.codes_of(value).numpy() if is_codes else value.detach().numpy()
             if is_codes:
                 v = R.codes_from_runtime(v, tensor in info.offset_tensors)
             elif tensor in info.tensor_quant and np.issubdtype(v.dtype, np.integer):
