@@ -18,7 +18,8 @@ import torch
 
 from quantlab.export.context import ExportContext
 from quantlab.export.emit_layout import first_input
-from quantlab.export.emit_ops import is_ref, reduced_dims
+from quantlab.export.emit_ops import is_ref
+from quantlab.export.emit_pool_reduce import reduced_dims
 from quantlab.export.graph import TORCH_TO_ONNX, UnsupportedOpError
 from quantlab.export.trace_adapter import ConstRef, InputRef, OpRef, RecordedOp
 

@@ -25,6 +25,7 @@ from quantlab.export import emit_layout as L
 from quantlab.export import emit_logic as B
 from quantlab.export import emit_norm as N
 from quantlab.export import emit_ops as E
+from quantlab.export import emit_pool_reduce as P
 from quantlab.export.context import ExportContext, Value
 from quantlab.export.graph import (
     IR_VERSION,
@@ -55,21 +56,21 @@ EMITTERS: dict[str, Emitter] = {
     "pow": E.emit_pow,
     "relu6": E.emit_clip,
     "clamp": E.emit_clip,
-    "max_pool1d": E.emit_max_pool,
-    "max_pool2d": E.emit_max_pool,
-    "adaptive_max_pool1d": E.emit_adaptive_max_pool,
-    "adaptive_max_pool2d": E.emit_adaptive_max_pool,
-    "amax": E.emit_reduce_extreme,
-    "topk": E.emit_topk,
-    "amin": E.emit_reduce_extreme,
+    "max_pool1d": P.emit_max_pool,
+    "max_pool2d": P.emit_max_pool,
+    "adaptive_max_pool1d": P.emit_adaptive_max_pool,
+    "adaptive_max_pool2d": P.emit_adaptive_max_pool,
+    "amax": P.emit_reduce_extreme,
+    "topk": P.emit_topk,
+    "amin": P.emit_reduce_extreme,
     "interpolate": E.emit_interpolate,
     "grid_sample": E.emit_grid_sample,
-    "avg_pool1d": E.emit_avg_pool,
-    "avg_pool2d": E.emit_avg_pool,
-    "adaptive_avg_pool1d": E.emit_avg_pool,
-    "adaptive_avg_pool2d": E.emit_avg_pool,
-    "mean": E.emit_reduce,
-    "sum": E.emit_reduce,
+    "avg_pool1d": P.emit_avg_pool,
+    "avg_pool2d": P.emit_avg_pool,
+    "adaptive_avg_pool1d": P.emit_avg_pool,
+    "adaptive_avg_pool2d": P.emit_avg_pool,
+    "mean": P.emit_reduce,
+    "sum": P.emit_reduce,
     "softmax": E.emit_softmax,
     "layer_norm": N.emit_layer_norm,
     "group_norm": N.emit_group_norm,

@@ -1159,7 +1159,7 @@ def test_adaptive_max_pooling_exports_with_fixed_modes_bits(tmp_path, encoding):
 def test_adaptive_windows_are_torchs():
     """Every window of ``adaptive_windows`` gives adaptive_max_pool1d's maximum, sizes 1 to 29
     into 1 to 34 (outputs wider than the input repeat pixels)."""
-    from quantlab.export.emit_ops import adaptive_windows
+    from quantlab.export.emit_pool_reduce import adaptive_windows
 
     g = torch.Generator().manual_seed(0)
     for n_in, n_out in itertools.product(range(1, 30), range(1, 35)):
