@@ -80,8 +80,10 @@ def operand(ctx: ExportContext, op: RecordedOp, v, dtype: torch.dtype, i: int) -
 
 
 def _promoted(ctx: ExportContext, op: RecordedOp, operands: list) -> tuple[list[str], torch.dtype]:
-    """Two operands as graph tensors of the dtype torch computes them in, and that dtype."""
-    dtype = compute_dtype(ctx, *operands)
+    """Operands (a tensor first, then one or more others) as graph tensors of the dtype torch
+    computes them in, and that dtype (the first's with each other's, promoted together)."""
+    first, *others = operands
+    dtype = functools.reduce(torch.promote_types, [compute_dtype(ctx, first, v) for v in others])
     return [operand(ctx, op, v, dtype, i) for i, v in enumerate(operands)], dtype
 
 
@@ -268,8 +270,7 @@ def emit_integer_clamp(ctx: ExportContext, op: RecordedOp) -> None:
     bounds = [b for b in (lo, hi) if b is not None]
     if not bounds or any(isinstance(b, bool) for b in bounds):
         raise UnsupportedOpError(f"op {op.name}: clamp by {lo!r}, {hi!r}")
-    dtype = functools.reduce(torch.promote_types, [compute_dtype(ctx, x, b) for b in bounds])
-    names = [operand(ctx, op, v, dtype, i) for i, v in enumerate([x, *bounds])]
+    names, dtype = _promoted(ctx, op, [x, *bounds])
     y, rest = names[0], iter(names[1:])
     if lo is not None:
         y = ctx.graph.node("Max", [y, next(rest)], f"{op.name}/min")
