@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from quantlab.models.onnx_nodes import add_missing, attribute_text, converted, refuse
+from quantlab.models.onnx_pads import same_pads
 
 _LP_POOLS = {1: F.lp_pool1d, 2: F.lp_pool2d, 3: F.lp_pool3d}
 
@@ -66,16 +67,6 @@ class OnnxLpNormalization(nn.Module):
         norm = x.norm(2, self.axis, keepdim=True)
         zero = norm == 0  # a row of zeros, or of values whose squares all underflow
         return torch.where(zero, 0.0, x / torch.where(zero, 1.0, norm))
-
-
-def same_pads(size: int, kernel: int, stride: int, upper: bool) -> tuple[int, int]:
-    """onnxruntime's ``auto_pad`` SAME pads of one axis of ``size``, as ONNX defines them: a
-    total of (ceil(size / stride) - 1) * stride + kernel - size, negative where the stride
-    exceeds the kernel (an end or both cut off), its half rounded toward zero at the
-    beginning (SAME_UPPER), or that of the total plus one (SAME_LOWER)."""
-    total = (-(-size // stride) - 1) * stride + kernel - size
-    head = math.trunc((total if upper else total + 1) / 2)
-    return head, total - head
 
 
 def ceil_end(size: int, begin: int, end: int, kernel: int, stride: int) -> int:
@@ -103,7 +94,9 @@ class OnnxLpPool(nn.Module):
         rank = len(self.kernel)
         if self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             upper = self.auto_pad == "SAME_UPPER"
-            pads = [same_pads(*a, upper) for a in zip(sizes, self.kernel, self.strides)]
+            pads = [
+                same_pads(n, k, s, 1, upper) for n, k, s in zip(sizes, self.kernel, self.strides)
+            ]
         elif self.auto_pad == "VALID":
             pads = [(0, 0)] * rank
         else:

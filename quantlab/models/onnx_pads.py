@@ -6,6 +6,7 @@ torch's ceil mode."""
 from __future__ import annotations
 
 import copy
+import math
 
 from quantlab.models.onnx_nodes import graph_opset
 
@@ -21,12 +22,30 @@ def _same_auto_pad(node) -> bytes | None:
     return modes[0] if modes and modes[0] in (b"SAME_UPPER", b"SAME_LOWER") else None
 
 
+def same_pads(
+    size: int | None, kernel: int, stride: int, dilation: int, upper: bool
+) -> tuple[int, int] | None:
+    """ONNX's ``auto_pad`` SAME pads (begin, end) of one axis of ``size``: a total of
+    (ceil(size / stride) - 1) stride + (kernel - 1) dilation + 1 - size, negative where the
+    stride exceeds the window (onnxruntime then cuts the input's ends), half of it rounded
+    toward zero at the beginning (SAME_UPPER), or half of the total plus one (SAME_LOWER). With
+    stride 1 the total, (kernel - 1) dilation, needs no size; None where it needs one and
+    ``size`` is None."""
+    if stride == 1:
+        total = (kernel - 1) * dilation
+    elif size is None:
+        return None
+    else:
+        total = (-(-size // stride) - 1) * stride + (kernel - 1) * dilation + 1 - size
+    head = math.trunc((total if upper else total + 1) / 2)
+    return head, total - head
+
+
 def _explicit_auto_pads(model):
     """``model`` with the pads ONNX defines for its Conv, MaxPool and AveragePool nodes of
     ``auto_pad`` SAME_UPPER / SAME_LOWER written out (onnx2torch converts explicit pads, not
-    these): per spatial axis a total of max((ceil(n / s) - 1) s + (k - 1) d + 1 - n, 0), its
-    larger half at the end (SAME_UPPER) or the beginning (SAME_LOWER). The input size n comes
-    from shape inference; with stride 1 the total, (k - 1) d, needs none. A node whose sizes are
+    these): per spatial axis ``same_pads``, none where their total is negative. The input size
+    comes from shape inference; with stride 1 the pads need none. A node whose sizes are
     not known stays as it is (and is refused by onnx2torch, naming its auto_pad)."""
     from onnx import helper
 
@@ -49,15 +68,12 @@ def _explicit_auto_pads(model):
         spatial = (sizes.get(node.input[0]) or [None] * (rank + 2))[2:]
         heads, tails = [], []
         for n, k, st, d in zip(spatial, kernel, strides, dilations, strict=True):
-            if st == 1:
-                total = (k - 1) * d
-            elif n is not None:
-                total = max((-(-n // st) - 1) * st + (k - 1) * d + 1 - n, 0)
-            else:
+            pads = same_pads(n, k, st, d, mode == b"SAME_UPPER")
+            if pads is None:
                 break
-            head = total // 2 if mode == b"SAME_UPPER" else total - total // 2
+            head, tail = pads if sum(pads) >= 0 else (0, 0)  # no negative pads here
             heads.append(head)
-            tails.append(total - head)
+            tails.append(tail)
         if len(heads) != rank:
             continue
         for a in list(node.attribute):
