@@ -30,7 +30,7 @@ from quantlab.numerics.lut.functions import default_spec
 from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
-from quantlab.numerics.quantize import ScaleRule
+from quantlab.numerics.quantize import QuantizeCast, ScaleRule
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
@@ -60,6 +60,9 @@ class PlatformConfig:
     # --- quantization of activations and weights (j6-numerics s.1)
     scale_rule: ScaleRule = ScaleRule.HALF_RANGE
     fake_round: Round = Round.HALF_EVEN  # fake_quant / QuantizeLinear rounding
+    # fixed mode's codes of NaN and of quotients beyond the code range (J6: assumed, NaN -> the
+    # zero point; the runtimes': measured against them)
+    quantize_cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
     # activation observer of every op unless a qconfig says otherwise

@@ -9,10 +9,10 @@ x / scale is formed one of two ways (``Divide``): deployed quantization divides 
 QuantizeLinear), QAT's fake-quant kernels multiply by the float32 reciprocal; the two differ
 only where x / s lies within an ulp of a rounding tie (part of the fake-vs-fixed gap).
 
-Non-finite inputs (one documented behaviour, counted in ``QuantStats``):
-  +inf -> qmax, -inf -> qmin (saturation, like any out-of-range value); NaN -> code 0
-  (``fake_quant`` with ``Divide.BY_RECIPROCAL`` keeps NaN, as torch's fake-quant kernels do not
-  define it).
+Non-finite inputs (counted in ``QuantStats``): +inf -> qmax, -inf -> qmin (saturation, like
+any out-of-range value); NaN -> the zero point. ``QuantizeCast`` names the other conversions
+runtimes make (onnxruntime's NaN -> qmin, TFLite's int32 cast); ``fake_quant`` with
+``Divide.BY_RECIPROCAL`` keeps NaN, as torch's fake-quant kernels do not define it.
 """
 
 from __future__ import annotations
@@ -58,6 +58,35 @@ class Divide(enum.Enum):
 
     BY_SCALE = "by_scale"
     BY_RECIPROCAL = "by_reciprocal"
+
+
+class QuantizeCast(enum.Enum):
+    """How a rounded quotient r = round(x / s) becomes a code when no code holds it (NaN, or
+    beyond [qmin, qmax]); every other r gives clamp(r + zero_point, qmin, qmax) under each.
+
+    NAN_TO_ZERO_POINT: saturate; NaN -> the zero point (the code of 0.0).
+    NAN_TO_LOWEST:     saturate; NaN -> qmin (onnxruntime's QuantizeLinear: MLAS clamps with
+                       max(r, qmin), which returns qmin for a NaN).
+    NAN_TO_HIGHEST:    8-bit codes: saturate, NaN -> qmax (XNNPACK's float -> 8-bit convert);
+                       wider codes: INT32_CAST (LiteRT runs them in its own kernels).
+    INT32_CAST:        the x86 float -> int32 conversion first (TFLite's kernels): NaN and any
+                       r outside [-2**31, 2**31) become -2**31, so +inf and huge values give
+                       qmin; then + zero_point in int32, wrapping; then clamp.
+    """
+
+    NAN_TO_ZERO_POINT = "nan_to_zero_point"
+    NAN_TO_LOWEST = "nan_to_lowest"
+    NAN_TO_HIGHEST = "nan_to_highest"
+    INT32_CAST = "int32_cast"
+
+    def for_bits(self, bits: int) -> QuantizeCast:
+        """The conversion codes of ``bits`` bits take (NAN_TO_HIGHEST is 8-bit only)."""
+        if self is QuantizeCast.NAN_TO_HIGHEST and bits > 8:
+            return QuantizeCast.INT32_CAST
+        return self
+
+
+INT32_LIMIT = 2**31
 
 
 @dataclass
@@ -167,6 +196,7 @@ def quantize(
     stats: QuantStats | None = None,
     divide: Divide = Divide.BY_SCALE,
     zero_point: int = 0,
+    cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT,
 ) -> Tensor:
     """codes = clamp(round(x / scale) + zero_point, qmin, qmax) in ``dtype``'s torch dtype.
 
@@ -174,8 +204,9 @@ def quantize(
     to float32 first; BY_SCALE is the IEEE division, like torch.ao and ONNX QuantizeLinear).
     Saturation: clamps to [qmin, qmax] (defaults: the full range of ``dtype``; a bound outside
     the dtype or qmin > qmax raises); INT32 clamps exactly (in float64).
-    Non-finite: +inf -> qmax, -inf -> qmin, NaN -> zero_point; counted into ``stats``.
-    Scale: finite and > 0 (per tensor, or 1-d along ``axis``), else ValueError.
+    Non-finite and beyond the code range: by ``cast`` (``QuantizeCast``; by default +inf ->
+    qmax, -inf -> qmin, NaN -> zero_point); NaN, infinities and saturations are counted into
+    ``stats``. Scale: finite and > 0 (per tensor, or 1-d along ``axis``), else ValueError.
     ``zero_point``: an integer inside the code range (``check_zero_point``), added exactly
     after rounding (per tensor).
     """
@@ -188,10 +219,18 @@ def quantize(
     lo, hi = lo - zp, hi - zp  # clamp(r + zp, lo, hi) - zp = clamp(r, lo - zp, hi - zp)
     xf = x.to(torch.float32)
     s = _broadcast_scale(scale, xf, axis, "scale")
-    if stats is None and dtype is not DType.INT32 and lo <= 0 <= hi:
+    cast = cast.for_bits(dtype.bits)
+    nan_code = {  # NaN's code, less the zero point (inside [lo, hi])
+        QuantizeCast.NAN_TO_ZERO_POINT: 0,
+        QuantizeCast.NAN_TO_LOWEST: lo,
+        QuantizeCast.NAN_TO_HIGHEST: hi,
+        QuantizeCast.INT32_CAST: None,
+    }[cast]
+    if stats is None and dtype is not DType.INT32 and lo <= 0 <= hi and nan_code is not None:
         # in place on the fresh quotient: clamp keeps NaN and maps +-inf to the bounds, and
-        # NaN's code 0 lies inside [lo, hi], so clamp-then-NaN equals NaN-then-clamp
-        r = round_float_(_scaled(xf, s, divide), rounding).clamp_(lo, hi).nan_to_num_(nan=0.0)
+        # NaN's code lies inside [lo, hi], so clamp-then-NaN equals NaN-then-clamp
+        r = round_float_(_scaled(xf, s, divide), rounding).clamp_(lo, hi)
+        r = r.nan_to_num_(nan=float(nan_code))
         if zp:
             r.add_(zp)  # exact: integers below 2**24
         return r.to(dtype.torch_dtype)
@@ -204,10 +243,22 @@ def quantize(
         stats.nan += int(nan.sum())
         stats.inf += int(torch.isinf(xf).sum())
         stats.saturated += int((((r < lo) | (r > hi)) & torch.isfinite(xf)).sum())
-    r = torch.where(nan, torch.zeros((), dtype=r.dtype), r).clamp(lo, hi)
+    if nan_code is None:
+        return _int32_cast(r, lo + zp, hi + zp, zp).to(dtype.torch_dtype)
+    r = torch.where(nan, torch.full((), nan_code, dtype=r.dtype), r).clamp(lo, hi)
     if zp:
         r = r + zp  # exact: integers below 2**24 (2**53 for INT32)
     return r.to(dtype.torch_dtype)
+
+
+def _int32_cast(r: Tensor, lo: int, hi: int, zp: int) -> Tensor:
+    """``QuantizeCast.INT32_CAST`` of rounded quotients ``r`` (float): int32(r), -2**31 for NaN
+    and r outside [-2**31, 2**31); + ``zp`` wrapping in int32; clamped to [lo, hi] (int64)."""
+    r = r.to(torch.float64)
+    inside = (r >= -INT32_LIMIT) & (r < INT32_LIMIT)  # False for NaN
+    i = torch.where(inside, r, torch.full((), -INT32_LIMIT, dtype=r.dtype)).to(torch.int64)
+    i = (i + zp + INT32_LIMIT).remainder(2 * INT32_LIMIT) - INT32_LIMIT  # int32 wraps
+    return i.clamp(lo, hi)
 
 
 def centred_code_max(codes: Tensor, zero_point: int = 0) -> int:

@@ -173,7 +173,7 @@ class Simulator(OpDiscovery, QuantizationState, OpDispatch, QatTraining):
             raise ValueError("calibrate() needs at least one batch")
         self._calibrated = True
         self._scale_cache.clear()
-        warn_non_finite(self.non_finite_points())
+        warn_non_finite(self.non_finite_points(), self.platform.quantize_cast)
 
     def non_finite_points(self) -> dict[str, tuple[int, int]]:
         """Activation point -> (NaN and +-inf values, all values) calibration saw there, for

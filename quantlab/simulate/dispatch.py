@@ -446,7 +446,14 @@ class OpDispatch(BatchNormFolding):
         )
         if held and src is not None and src.dtype.is_int:
             zp = src.zero_point
-            codes = quantize(out, src.scale, src.dtype, self.platform.fake_round, zero_point=zp)
+            codes = quantize(
+                out,
+                src.scale,
+                src.dtype,
+                self.platform.fake_round,
+                zero_point=zp,
+                cast=self.platform.quantize_cast,
+            )
             return dequantize(codes, src.scale, zero_point=zp), QInfo(
                 src.dtype, src.scale, zero_point=zp
             )

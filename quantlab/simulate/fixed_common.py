@@ -197,13 +197,20 @@ def runs_in_float(p, op_type: str, operand_dtypes, out: DType) -> bool:
     return op_type == "sub" or out.bits != 8 or any(d.bits != 8 for d in operand_dtypes)
 
 
-def dequantize_quantize(fn, operands, so, out: DType, zero_point: int, rounding) -> Tensor:
+def quantize_out(p, v: Tensor, so, out: DType, zero_point: int) -> Tensor:
+    """Codes of an op's float32 result ``v`` at its output (scale ``so``, ``out``, zero point)
+    as platform ``p`` quantizes one: round(fl32(v / so)) by ``p.fake_round`` + ``zero_point``,
+    saturated to ``out``; NaN and infinities by ``p.quantize_cast``."""
+    return quantize(v, so, out, p.fake_round, zero_point=zero_point, cast=p.quantize_cast)
+
+
+def dequantize_quantize(fn, operands, so, out: DType, zero_point: int, p) -> Tensor:
     """Codes of ``fn`` of the operands as a runtime computes it between DequantizeLinear and
     QuantizeLinear: each operand (codes, scale, zero point) dequantized to float32,
-    fl32(s * (c - z)); ``fn`` in float32 (one IEEE operation); then quantized,
-    round(fl32(v / so)) by ``rounding`` + ``zero_point``, saturated to ``out``."""
+    fl32(s * (c - z)); ``fn`` in float32 (one IEEE operation); then quantized as platform
+    ``p`` quantizes (``quantize_out``)."""
     values = [dequantize(c, s, zero_point=z) for c, s, z in operands]
-    return quantize(fn(*values), so, out, rounding, zero_point=zero_point)
+    return quantize_out(p, fn(*values), so, out, zero_point)
 
 
 def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN) -> tuple:
@@ -260,7 +267,7 @@ def product(sim, call, rq, a, b, dtypes, bound: int, key: tuple):
     zo = out_zero_point(sim, call, rq)
     out = rq.output_dtype
     if runs_in_float(sim.platform, "mul", dtypes, out):
-        codes = dequantize_quantize(torch.mul, (a, b), so, out, zo, sim.platform.fake_round)
+        codes = dequantize_quantize(torch.mul, (a, b), so, out, zo, sim.platform)
         return emit(codes, so, out, zo)
     form, k = sim.op_memo(
         call.name,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.gemm import acc_scale, quantize_bias
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import dequantize
 from quantlab.platform_rules import FloatIslands
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -71,5 +71,5 @@ def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
         return (y if clamp is None else torch.clamp(y, clamp[0], clamp[1])), None
     out = rq.output_dtype
     so, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
-    res = fc.emit(quantize(y, so, out, p.fake_round, zero_point=zo), so, out, zo)
+    res = fc.emit(fc.quantize_out(p, y, so, out, zo), so, out, zo)
     return res if clamp is None else fc.clamp_output(res, clamp, p.bound_rule)

@@ -303,9 +303,7 @@ def _float_island(sim, call, plan, args, kwargs, in_infos, rq, fn):
         return None
     xc = fc.codes(args, kwargs, plan.acts[0], info)
     out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
-    codes = fc.dequantize_quantize(
-        fn, [(xc, info.scale, info.zero_point)], so, out, zo, p.fake_round
-    )
+    codes = fc.dequantize_quantize(fn, [(xc, info.scale, info.zero_point)], so, out, zo, p)
     return fc.emit(codes, so, out, zo)
 
 

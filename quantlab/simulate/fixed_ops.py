@@ -20,7 +20,7 @@ from quantlab.numerics.code_bounds import CONSTANT_DTYPE, bound_codes, constant_
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import dequantize
 from quantlab.op_kinds import WHERE_PARAMS, OpCategory
 from quantlab.platforms import (
     AddRule,
@@ -200,7 +200,7 @@ def _add(sim, call, plan, args, kwargs, in_infos, wq, rq):
         fn = torch.add if call.op_type != "sub" else torch.sub
         if _reversed(call):  # c - x
             fn = _swapped(fn)
-        codes = fc.dequantize_quantize(fn, (a, b), so, out, zo, p.fake_round)
+        codes = fc.dequantize_quantize(fn, (a, b), so, out, zo, p)
         return fc.emit(codes, so, out, zo)
     k = fc.inter_add_constants(sim, call.name, xs, ys, so, out)
     if call.op_type != "sub":
@@ -304,7 +304,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
             codes = fc.centred(args, kwargs, slot, info)
             if sim.platform.concat_rule is ConcatRule.DEQUANTIZE_QUANTIZE:
                 v = dequantize(codes, info.scale)
-                parts.append(quantize(v, so, out, sim.platform.fake_round, zero_point=zo))
+                parts.append(fc.quantize_out(sim.platform, v, so, out, zo))
                 continue
             parts.append(fc.rescale(sim, call.name, codes, info.scale, so, out, 1, zo, i))
         if call.op_type == "where":
@@ -337,7 +337,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     # that clips between dequantize and quantize (float_islands) requantizes so too.
     if sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         v = dequantize(xc, info.scale, zero_point=info.zero_point)
-        yc = quantize(v, so, out, sim.platform.fake_round, zero_point=zo).to(torch.int64)
+        yc = fc.quantize_out(sim.platform, v, so, out, zo).to(torch.int64)
     else:
         yc = fc.rescale(sim, call.name, xc - info.zero_point, info.scale, so, out, zero_point=zo)
     lo_c, hi_c = bound_codes(lo, hi, so, out, zero_point=zo, rule=sim.platform.bound_rule)
@@ -363,7 +363,7 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceSum /
         mean = call.op_type == "mean"  # ReduceMean in float32, in onnxruntime's order
         r = onnxruntime_reduce(v, dim, mean=mean, keepdim=bool(keepdim))
-        codes = quantize(r, so, out, sim.platform.fake_round, zero_point=zo)
+        codes = fc.quantize_out(sim.platform, r, so, out, zo)
         return fc.emit(codes, so, out, zo)
     xc = info.codes_of(x) - info.zero_point
     if dim is None:

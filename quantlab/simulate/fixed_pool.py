@@ -15,7 +15,7 @@ from quantlab.numerics import pool_windows
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.ort_reduce import onnxruntime_reduce
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import dequantize
 from quantlab.platforms import AvgPoolRule, FloatIslands
 from quantlab.simulate import args as A
 from quantlab.simulate import fixed_common as fc
@@ -82,7 +82,7 @@ def pool_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if islands and not windows and not global_mean_in_range(info.scale, so, k[0] * k[1]):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceMean
         r = onnxruntime_reduce(v, (-2, -1), mean=True, keepdim=True)  # (QLinear refuses scales)
-        return fc.emit(quantize(r, so, out, sim.platform.fake_round, zero_point=zo), so, out, zo)
+        return fc.emit(fc.quantize_out(sim.platform, r, so, out, zo), so, out, zo)
     if sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM and windows:
         codes = float_window_avg_pool2d(
             info.codes_of(x),

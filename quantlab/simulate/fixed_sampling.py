@@ -163,7 +163,7 @@ def _ort_bilinear(sim, call, args, kwargs, plan, info, v: dict, rq):
     out, so, zo = rq.output_dtype, fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
     xc = fc.codes(args, kwargs, plan.acts[0], info)
     codes = fc.dequantize_quantize(
-        fn, [(xc, info.scale, info.zero_point)], so, out, zo, sim.platform.fake_round
+        fn, [(xc, info.scale, info.zero_point)], so, out, zo, sim.platform
     )
     return fc.emit(codes, so, out, zo)
 
@@ -229,7 +229,7 @@ def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     info = in_infos[0]
     ginfo = in_infos[1] if len(in_infos) > 1 else None
     if p.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
-        return _runtime_grid_sample(args, kwargs, plan, info, ginfo, p.fake_round)
+        return _runtime_grid_sample(args, kwargs, plan, info, ginfo, p)
     if (
         not fc.zp_info(info)
         or not p.grid_dtype.is_int
@@ -269,7 +269,7 @@ def grid_sample_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     return fc.emit(codes, info.scale, info.dtype, zx)
 
 
-def _runtime_grid_sample(args, kwargs, plan, info, ginfo, rounding):
+def _runtime_grid_sample(args, kwargs, plan, info, ginfo, p):
     """F.grid_sample as onnxruntime runs GridSample in a QDQ graph: the input's codes
     dequantized, fl32(s * (c - z)), and the grid's (its float32 value where it has no codes),
     sampled by ``numerics.ort_grid_sample``, then quantized back to the input's scale, zero
@@ -297,5 +297,5 @@ def _runtime_grid_sample(args, kwargs, plan, info, ginfo, rounding):
         return ort_grid_sample(xv, gv, sample, pad, align)
 
     xc, zx = fc.codes(args, kwargs, plan.acts[0], info), info.zero_point
-    codes = fc.dequantize_quantize(fn, [(xc, info.scale, zx)], info.scale, info.dtype, zx, rounding)
+    codes = fc.dequantize_quantize(fn, [(xc, info.scale, zx)], info.scale, info.dtype, zx, p)
     return fc.emit(codes, info.scale, info.dtype, zx)

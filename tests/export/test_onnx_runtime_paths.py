@@ -38,6 +38,7 @@ from quantlab.export import runtime as R  # noqa: E402
 from quantlab.export.ort_host import onnxruntime_profile, onnxruntime_saturates_u8s8  # noqa: E402
 from quantlab.numerics.dtypes import DType  # noqa: E402
 from quantlab.numerics.lut import TableValues  # noqa: E402
+from quantlab.numerics.quantize import QuantizeCast  # noqa: E402
 from quantlab.platforms import FloatIslands, load_platform  # noqa: E402
 from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
@@ -171,6 +172,37 @@ def test_sub_and_scalar_operands_run_in_float_between_dequantize_and_quantize(tm
     # give onnxruntime's bits for these
     sim.platform = replace(sim.platform, float_islands=FloatIslands.NONE)
     assert not all(_same(ys, sim.run(x, mode=Mode.FIXED)) for x, ys in zip(xs, outs))
+
+
+class _MakesNaN(nn.Module):
+    """NaN where a relu left 0 (0 / 0, a Div between DequantizeLinear and QuantizeLinear),
+    then a convolution of it; and whatever NaN the input holds, quantized at the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.mix = nn.Conv2d(4, 3, 1)
+
+    def forward(self, x):
+        r = torch.relu(self.conv(x))
+        return self.mix(r / r), torch.tanh(x)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_nan_takes_the_lowest_code_as_quantize_linear_gives_it(tmp_path, encoding):
+    """onnxruntime's QuantizeLinear writes NaN as the lowest code (not the zero point), at a
+    float op's output and at the model input: fixed mode (the profile's ``quantize_cast``)
+    gives the same bits."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # calibration saw NaN at the division: it is meant
+        sim, xs = _calibrated(_MakesNaN())
+    xs[1][0, 0, :2] = float("nan")
+    outs, _ = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+    # the zero point for NaN (the J6 profiles' assumption) gives other values there
+    sim.platform = replace(sim.platform, quantize_cast=QuantizeCast.NAN_TO_ZERO_POINT)
+    assert not _same(outs[1], sim.run(xs[1], mode=Mode.FIXED))
 
 
 class _WritesThroughAView(nn.Module):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import (
+    QuantizeCast,
     QuantStats,
     ScaleRule,
     compute_scale,
@@ -214,3 +215,38 @@ def test_quantize_in_place_form_equals_the_counted_form_and_reference(mode, dt):
                 if divide is Divide.BY_SCALE and qmin is None:
                     want = ref.quantize(x, 0.25, dt, mode, zero_point=zp)
                     assert_bits_equal(fast.to(torch.int64), torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("cast", list(QuantizeCast))
+@pytest.mark.parametrize("dt", [DType.INT8, DType.UINT8, DType.INT16, DType.INT32])
+def test_quantize_casts_in_place_counted_and_reference_agree(cast, dt):
+    """Every ``QuantizeCast``: the in-place form, the counted form and the reference give the
+    same codes on NaN, infinities, the int32 limits and beyond, ties and random values, with
+    zero points, in both roundings the runtimes use."""
+    g = torch.Generator().manual_seed(int(dt.bits) + len(cast.name))
+    limits = [2.0**31, -(2.0**31), 2147483520.0, -2147483520.0, -2147483904.0, 3.4e38]
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, *limits])
+    x = torch.cat([torch.randn(500, generator=g) * 300, tie_values().float(), special])
+    zps = {DType.INT8: [0, -5, 120], DType.UINT8: [128, 3, 255], DType.INT16: [0, -700]}
+    for zp in zps.get(dt, [0]):
+        for mode in (Round.HALF_EVEN, Round.HALF_AWAY):
+            fast = quantize(x, 1.0, dt, mode, zero_point=zp, cast=cast)
+            counted = quantize(x, 1.0, dt, mode, zero_point=zp, cast=cast, stats=QuantStats())
+            assert_bits_equal(fast, counted)
+            want = ref.quantize(x, 1.0, dt, mode, zero_point=zp, cast=cast)
+            assert_bits_equal(fast.to(torch.int64), torch.from_numpy(want))
+
+
+def test_quantize_cast_codes_of_nan_and_overflow():
+    x = torch.tensor([float("nan"), float("inf"), float("-inf"), 2.0**31, 2147483520.0, 5.0])
+    codes = {
+        c: quantize(x, 1.0, DType.UINT8, zero_point=128, cast=c).tolist() for c in QuantizeCast
+    }
+    assert codes[QuantizeCast.NAN_TO_ZERO_POINT] == [128, 255, 0, 255, 255, 133]
+    assert codes[QuantizeCast.NAN_TO_LOWEST] == [0, 255, 0, 255, 255, 133]
+    assert codes[QuantizeCast.NAN_TO_HIGHEST] == [255, 255, 0, 255, 255, 133]
+    # int32(r) is -2**31 for NaN, +inf and 2**31; 2147483520 + 128 wraps in int32
+    assert codes[QuantizeCast.INT32_CAST] == [0, 0, 0, 0, 0, 133]
+    # 16-bit codes: NAN_TO_HIGHEST is XNNPACK's 8-bit rule; LiteRT converts them by int32
+    wide = quantize(x, 1.0, DType.INT16, cast=QuantizeCast.NAN_TO_HIGHEST)
+    assert wide.tolist() == [-32768, -32768, -32768, -32768, 32767, 5]

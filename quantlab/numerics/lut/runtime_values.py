@@ -32,7 +32,7 @@ The float ops, as the exported graph computes them (no domain clamps, no LutSpec
   * pow: Pow with a scalar exponent e = fl32(exponent): fl32(x * x) for e = 2, fl32(fl32(x *
     x) * x) for e = 3, the C library's powf otherwise (onnxruntime calls std::pow; measured
     bit-identical on x86-64 Linux, where both use the system's libm).
-QuantizeLinear maps NaN to the lowest code (MLAS clamps with max(NaN, lo) = lo).
+QuantizeLinear maps NaN to the lowest code (``QuantizeCast.NAN_TO_LOWEST``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from quantlab.numerics.ieee32 import sqrt32
 from quantlab.numerics.lut.functions import get_function, softplus_in_onnx
 from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.mlas_float32 import mlas_erf, mlas_exp, mlas_gelu, mlas_logistic, mlas_tanh
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import QuantizeCast, dequantize, quantize
 from quantlab.numerics.rounding import Round
 
 
@@ -168,6 +168,13 @@ def runtime_codes(func: str, spec: LutSpec, codes: Tensor, in_scale, in_zero_poi
     doc; scales as float32)."""
     x = dequantize(codes, torch.tensor(in_scale, dtype=torch.float32), zero_point=in_zero_point)
     y = runtime_float32(func, x, spec)
-    y = torch.where(torch.isnan(y), -torch.inf, y)  # QuantizeLinear: NaN -> the lowest code
     so = torch.tensor(out_scale, dtype=torch.float32)
-    return quantize(y, so, out_dtype, Round.HALF_EVEN, zero_point=out_zero_point).to(torch.int64)
+    codes = quantize(
+        y,
+        so,
+        out_dtype,
+        Round.HALF_EVEN,
+        zero_point=out_zero_point,
+        cast=QuantizeCast.NAN_TO_LOWEST,
+    )
+    return codes.to(torch.int64)

@@ -10,6 +10,7 @@ from fractions import Fraction
 import numpy as np
 
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import QuantizeCast
 from quantlab.numerics.reference.arrays import as_numpy
 from quantlab.numerics.reference.rounding import round_fraction
 from quantlab.numerics.requant import Requant
@@ -155,10 +156,24 @@ def add_float_rescale(
 
 
 def quantize(
-    x, scale, dtype: DType, mode: Round = Round.HALF_EVEN, axis=None, zero_point: int = 0
+    x,
+    scale,
+    dtype: DType,
+    mode: Round = Round.HALF_EVEN,
+    axis=None,
+    zero_point: int = 0,
+    cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT,
 ) -> np.ndarray:
     """fl32(x / scale) rounded by ``mode``, + zero_point, then clamped; +inf -> qmax, -inf ->
-    qmin, NaN -> zero_point."""
+    qmin, NaN -> zero_point (NAN_TO_LOWEST: qmin; NAN_TO_HIGHEST, 8-bit: qmax; INT32_CAST:
+    int32(r) with -2**31 for NaN and r outside [-2**31, 2**31), + zero_point wrapping in
+    int32, clamped)."""
+    cast = cast.for_bits(dtype.bits)
+    nan_code = {
+        QuantizeCast.NAN_TO_ZERO_POINT: zero_point,
+        QuantizeCast.NAN_TO_LOWEST: dtype.qmin,
+        QuantizeCast.NAN_TO_HIGHEST: dtype.qmax,
+    }.get(cast)
     xa = as_numpy(x).astype(np.float32)
     s = as_numpy(scale).astype(np.float32)
     if axis is not None:
@@ -170,8 +185,12 @@ def quantize(
     out = []
     for t in v.ravel():
         t = float(t)
-        if math.isnan(t):
-            out.append(zero_point)
+        if cast is QuantizeCast.INT32_CAST:
+            r = round_fraction(Fraction(t), mode) if math.isfinite(t) else INT32_MIN
+            r = r if INT32_MIN <= r <= INT32_MAX else INT32_MIN  # the x86 conversion
+            out.append(min(max(_wrap32(r + zero_point), dtype.qmin), dtype.qmax))
+        elif math.isnan(t):
+            out.append(nan_code)
         elif math.isinf(t):
             out.append(dtype.qmax if t > 0 else dtype.qmin)
         else:

@@ -1,0 +1,175 @@
+"""Quantizing a float tensor where no code holds the quotient: NaN, infinities and values beyond
+the int32 range give the codes each runtime's quantize op gives (``QuantizeCast``, the profile's
+``quantize_cast``): onnxruntime's QuantizeLinear (NaN -> the lowest code), LiteRT's QUANTIZE
+under its reference kernels (an x86 int32 conversion first, so NaN, +inf and huge values give
+the lowest code, and the zero point is added in wrapping int32) and under its default
+interpreter (XNNPACK's 8-bit convert: NaN -> the highest code). Each case mixes these values
+with random ones and rounding ties, with and without zero points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from bits import assert_bits_equal
+
+from quantlab.numerics import reference as ref
+from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import QuantizeCast, quantize
+from quantlab.numerics.rounding import Round
+from quantlab.platforms import load_platform
+
+F32_BELOW_2_31 = 2147483520.0  # the largest float32 below 2**31
+SPECIAL = [
+    np.nan,
+    -np.nan,
+    np.inf,
+    -np.inf,
+    0.0,
+    -0.0,
+    1e30,
+    -1e30,
+    3.4e38,
+    -3.4e38,
+    F32_BELOW_2_31,
+    -F32_BELOW_2_31,
+    2.0**31,
+    -(2.0**31),
+    -2147483904.0,  # the float32 after -2**31, away from zero
+    F32_BELOW_2_31 - 128,
+]
+_DTYPES = {
+    np.dtype(np.int8): DType.INT8,
+    np.dtype(np.uint8): DType.UINT8,
+    np.dtype(np.int16): DType.INT16,
+}
+
+
+def _inputs(seed: int, scale: float, ties: bool = True) -> np.ndarray:
+    """Special values (at scale 1, so each quotient is the value itself: the int32 limits are
+    hit exactly; scaled up by ``scale`` where the case's scale is not 1), random values across
+    the code range and beyond, and rounding ties k + 0.5 (``ties``)."""
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):  # 3.4e38 * 3.5 is inf, as meant
+        special = np.array(SPECIAL, np.float32) * np.float32(scale)
+    rand = (rng.standard_normal(200) * 150 * scale).astype(np.float32)
+    parts = [special, rand]
+    if ties:
+        parts.append(((np.arange(-300, 300) + 0.5) * scale).astype(np.float32))
+    x = np.concatenate(parts)
+    return x[rng.permutation(x.size)].astype(np.float32)
+
+
+def _quantlab(x: np.ndarray, scale: float, dt, zp: int, rounding: Round, cast) -> np.ndarray:
+    out = _DTYPES[np.dtype(dt)]
+    codes = quantize(torch.from_numpy(x), scale, out, rounding, zero_point=zp, cast=cast)
+    want = ref.quantize(x, scale, out, rounding, zero_point=zp, cast=cast)
+    assert_bits_equal(codes.to(torch.int64), torch.from_numpy(want))  # fast form == reference
+    return codes.numpy()
+
+
+# --- onnxruntime ---------------------------------------------------------------------------
+
+
+def _ort_quantize_linear(x: np.ndarray, scale: float, zp: int, dt) -> np.ndarray:
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    kinds = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8, np.int16: TensorProto.INT16}
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", kinds[dt], None)],
+        [
+            numpy_helper.from_array(np.array(scale, np.float32), "s"),
+            numpy_helper.from_array(np.array(zp, dt), "z"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize(
+    "dt, zp", [(np.int8, 0), (np.int8, -7), (np.uint8, 128), (np.uint8, 3), (np.int16, 0)]
+)
+@pytest.mark.parametrize("profile", ["onnxruntime", "onnxruntime_no_vnni"])
+def test_quantize_linear_matches_onnxruntime(dt, zp, profile):
+    p = load_platform(profile)
+    assert p.quantize_cast is QuantizeCast.NAN_TO_LOWEST
+    for seed, scale in enumerate((1.0, 0.0371, 3.5)):
+        x = _inputs(seed, scale)
+        want = _ort_quantize_linear(x, scale, zp, dt)
+        got = _quantlab(x, scale, dt, zp, p.fake_round, p.quantize_cast)
+        assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
+        assert set(got[np.isnan(x)].tolist()) == {np.iinfo(dt).min}
+
+
+# --- LiteRT --------------------------------------------------------------------------------
+
+
+def _litert_quantize(x: np.ndarray, scale: float, zp: int, dt, kernels) -> tuple[np.ndarray, bool]:
+    pytest.importorskip("ai_edge_litert")
+    import litert_models as L
+
+    m = L.ModelBuilder()
+    xi = m.tensor("x", np.float32, [1, x.size])
+    yi = m.tensor("y", dt, [1, x.size], scale=scale, zero_point=[zp])
+    model = m.finish(
+        L.S.BuiltinOperator.QUANTIZE,
+        [xi],
+        [yi],
+        L.S.BuiltinOptions.QuantizeOptions,
+        L.S.QuantizeOptionsT(),
+        [xi],
+    )
+    res = L.run(model, [x.reshape(1, -1)], kernels)
+    return res.y.reshape(-1), res.delegated
+
+
+@pytest.mark.parametrize(
+    "dt, zp", [(np.int8, 0), (np.int8, 3), (np.uint8, 128), (np.uint8, 3), (np.int16, 0)]
+)
+def test_quantize_matches_litert_reference_kernels(dt, zp):
+    import litert_models as L
+
+    p = load_platform("tflite")
+    assert p.quantize_cast is QuantizeCast.INT32_CAST
+    for seed, scale in enumerate((1.0, 0.0371, 3.5)):
+        x = _inputs(seed, scale)
+        want, _ = _litert_quantize(x, scale, zp, dt, L.Kernels.REFERENCE)
+        got = _quantlab(x, scale, dt, zp, p.fake_round, p.quantize_cast)
+        assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
+    # +inf and 2**31 go to the lowest code; with zero point 128 the largest float32 below
+    # 2**31 does too (its int32 sum with the zero point wraps)
+    x = np.array([np.inf, 2.0**31, F32_BELOW_2_31], np.float32)
+    want, _ = _litert_quantize(x, 1.0, zp, dt, L.Kernels.REFERENCE)
+    lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+    assert want.tolist() == [lo, lo, lo if zp == 128 else hi]
+
+
+@pytest.mark.parametrize("dt, zp", [(np.int8, 0), (np.int8, 3), (np.uint8, 128), (np.uint8, 3)])
+def test_quantize_matches_xnnpack(dt, zp):
+    """XNNPACK's 8-bit convert: NaN -> the highest code, the rest saturates; it rounds half to
+    even (the profile's ``fake_round`` is the reference kernels' half away: ties are left out
+    of this case and shown apart below)."""
+    import litert_models as L
+
+    p = load_platform("litert_xnnpack")
+    assert p.quantize_cast is QuantizeCast.NAN_TO_HIGHEST
+    for seed, scale in enumerate((1.0, 0.0371, 3.5)):
+        x = _inputs(seed, scale, ties=False)
+        want, delegated = _litert_quantize(x, scale, zp, dt, L.Kernels.DEFAULT)
+        assert delegated
+        got = _quantlab(x, scale, dt, zp, p.fake_round, p.quantize_cast)
+        assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
+        assert set(got[np.isnan(x)].tolist()) == {np.iinfo(dt).max}
+    x = _inputs(7, 1.0)
+    want, _ = _litert_quantize(x, 1.0, zp, dt, L.Kernels.DEFAULT)
+    got = _quantlab(x, 1.0, dt, zp, Round.HALF_EVEN, p.quantize_cast)
+    assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
