@@ -53,7 +53,7 @@ class SoftmaxRule(enum.Enum):
     SEGMENT_LUT:     the J6 composite: exp LUT, integer row sum, reciprocal LUT, requantization
                      (``numerics.lut.lut_softmax``).
     FLOAT_EXP_TABLE: ONNX Runtime's QLinearSoftmax on 8-bit codes: a 256-entry float32 exp
-                     table, a float32 row sum, rne(fl32(T / sum) * floor(1 / sy))
+                     table, a float32 row sum, rne(T * floor(1 / sy) / sum) in double
                      (``numerics.exp_table_softmax``); int16 codes run in float between
                      dequantize and quantize, as ONNX Runtime runs them (it fuses 8-bit only).
     """

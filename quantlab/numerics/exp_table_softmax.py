@@ -3,16 +3,22 @@ DequantizeLinear -> Softmax -> QuantizeLinear is fused into when both ends are 8
 
 A 256-entry float32 table of exponentials, indexed by how far a code lies below its row's
 maximum: T[i] = fl32(exp((i - 255 + b) * sx)) in double precision, i = 255 - (max(x) - x),
-with b = max(0, ln(fl32(FLT_MAX / D)) - 5) / sx so that the sum of a row of D entries stays
-finite. Per row: a float32 sum of T over the row, in element order; per element
-q = rne(fl32(fl32(T / sum) * Y)) with Y = floor(fl32(1 / sy)); output code q + zy, saturated to
-the output dtype. The input's zero point and how the runtime stores codes (int8, or uint8 shifted
-by 128) cancel: only max(x) - x enters, and the shift moves q + zy and the saturation bounds
-alike. Y truncates 1 / sy, so the output is biased low by up to one part in Y.
+with b = max(0, logf(fl32(FLT_MAX / fl32(D))) - 5) / sx so that the sum of a row of D entries
+stays finite: logf is the C library's float32 logarithm, which onnxruntime calls (glibc's is one
+float32 ulp off the correctly rounded value for some D, the first at D = 60594), the rest double.
+Per row: a float32 sum of T over the row, in element order. Per element, in double:
+q = rne(fl64(T * Y) / sum) (T * Y exact for a float32 Y, the quotient rounded to double, then to
+an integer, ties to even), with Y = floor(fl32(1 / sy)), or floor(1 / sy) in double if that
+float32 quotient overflows; output code q + zy, saturated to the output dtype. The input's zero
+point and how the runtime stores codes (int8, or uint8 shifted by 128) cancel: only max(x) - x
+enters, and the shift moves q + zy and the saturation bounds alike. Y truncates 1 / sy, so the
+output is biased low by up to one part in Y.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import math
 
@@ -34,17 +40,43 @@ def exp_table(x_scale: float, reduce_len: int) -> np.ndarray:
     sx = float(np.float32(check_scale_float(x_scale, "x_scale")))
     if reduce_len < 1:
         raise ValueError(f"reduce_len must be >= 1, got {reduce_len}")
-    shift = math.log(float(np.float32(FLOAT32_MAX) / np.float32(reduce_len)))
+    shift = c_logf(float(np.float32(FLOAT32_MAX) / np.float32(reduce_len)))
     shift = max(0.0, shift - TABLE_HEADROOM) / sx
     return np.array(
         [math.exp((i - 255 + shift) * sx) for i in range(TABLE_ENTRIES)], dtype=np.float32
     )
 
 
+@functools.cache
+def _libc_logf():
+    """The C library's ``logf`` (the one onnxruntime calls), or None where ctypes finds none."""
+    for name in (None, "m"):  # the process's own symbols first, then libm by name
+        try:
+            f = ctypes.CDLL(name if name is None else ctypes.util.find_library(name)).logf
+        except (OSError, AttributeError, TypeError):
+            continue
+        f.restype, f.argtypes = ctypes.c_float, [ctypes.c_float]
+        return f
+    return None
+
+
+def c_logf(v: float) -> float:
+    """logf(fl32(v)) as the C library computes it (float32 result, as a Python float); the
+    correctly rounded fl32(log(v)) where no C library is reachable."""
+    f = _libc_logf()
+    v32 = float(np.float32(v))
+    return float(f(v32)) if f is not None else float(np.float32(math.log(v32)))
+
+
 def output_multiplier(y_scale: float) -> float:
-    """Y = floor(fl32(1 / sy)) as a float32 value (the runtime's integer output multiplier)."""
+    """Y = floor(fl32(1 / sy)) (the runtime's integer output multiplier, exact in float32), or
+    floor(1 / sy) in double where the float32 quotient overflows (a subnormal sy)."""
     sy = np.float32(check_scale_float(y_scale, "y_scale"))
-    return float(np.float32(math.floor(np.float32(1.0) / sy)))
+    with np.errstate(over="ignore"):
+        inv = np.float32(1.0) / sy
+    if np.isfinite(inv):
+        return float(np.floor(inv))
+    return float(math.floor(1.0 / float(sy)))
 
 
 def _check(x: Tensor, out: DType) -> None:
@@ -68,7 +100,7 @@ def exp_table_softmax(
 ) -> Tensor:
     """Output codes (``out``'s torch dtype, INT8 or UINT8) of ONNX Runtime's QLinearSoftmax on
     8-bit codes ``x`` along ``dim`` (module doc): float32 table, float32 row sum in element
-    order, rne(fl32(fl32(T / sum) * floor(1 / sy))) + ``y_zero_point``, saturated to ``out``."""
+    order, rne((T * Y) / sum) in double + ``y_zero_point``, saturated to ``out``."""
     _check(x, out)
     xm = torch.movedim(x, dim, -1)
     xm = xm.to(torch.int32 if x.dtype in _NARROW else torch.int64)  # wide codes stay wide
@@ -76,11 +108,11 @@ def exp_table_softmax(
     table = _table(float(np.float32(check_scale_float(x_scale, "x_scale"))), d)
     index = (xm - xm.amax(dim=-1, keepdim=True)).add_(255)  # 255 - (max(x) - x), in [0, 255]
     v = table.index_select(0, index.reshape(-1)).reshape(index.shape)
-    total = torch.from_numpy(row_sums_in_order(v.numpy()))
-    y = torch.tensor(output_multiplier(y_scale), dtype=torch.float32)
-    # in place on the gathered entries: fl32(fl32(T / sum) * Y), rounded half to even; the
-    # zero point and the bounds are small integers, exact in float32
-    q = v.div_(total.unsqueeze(-1)).mul_(y).round_()
+    total = torch.from_numpy(row_sums_in_order(v.numpy())).to(torch.float64)
+    y = output_multiplier(y_scale)
+    # in double: T * Y is exact (two 24-bit significands), one rounding for the quotient, then
+    # half to even; the zero point and the bounds are small integers, exact in double
+    q = v.to(torch.float64).mul_(y).div_(total.unsqueeze(-1)).round_()
     if y_zero_point:
         q.add_(int(y_zero_point))
     q = q.clamp_(out.qmin, out.qmax).to(out.torch_dtype)
@@ -124,11 +156,11 @@ def exp_table_softmax_reference(
     out: DType,
     y_zero_point: int = 0,
 ) -> np.ndarray:
-    """Slow twin of ``exp_table_softmax``: one numpy float32 scalar operation at a time, row by
-    row; int64 codes."""
+    """Slow twin of ``exp_table_softmax``: one scalar operation at a time (float32 sums, double
+    quotients, Python's half-to-even ``round``), row by row; int64 codes."""
     xm = np.moveaxis(np.asarray(x, dtype=np.int64), dim, -1)
     table = exp_table(x_scale, xm.shape[-1])
-    y = np.float32(output_multiplier(y_scale))
+    y = output_multiplier(y_scale)
     res = np.zeros(xm.shape, dtype=np.int64)
     for idx in np.ndindex(*xm.shape[:-1]):
         row = xm[idx]
@@ -138,6 +170,6 @@ def exp_table_softmax_reference(
         for v in vals:
             total = np.float32(total + v)
         for j, v in enumerate(vals):
-            q = int(np.rint(np.float32(np.float32(v / total) * y))) + int(y_zero_point)
+            q = round(float(v) * y / float(total)) + int(y_zero_point)  # Python floats: double
             res[idx + (j,)] = min(max(q, out.qmin), out.qmax)
     return np.moveaxis(res, -1, dim)

@@ -1,7 +1,7 @@
 """numerics.exp_table_softmax (ONNX Runtime's QLinearSoftmax rule) equals its slow scalar twin
 on random and adversarial rows: both 8-bit dtypes, output zero points, any axis, rows of one
-element (where the table's largest entry times Y exceeds FLOAT32_MAX unless the quotient is
-taken first), rows spanning the whole table, tiny and huge scales."""
+element (the table's largest entry times Y, beyond FLOAT32_MAX, is formed in double), rows
+spanning the whole table, tiny and huge scales."""
 
 from __future__ import annotations
 
