@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torch import Tensor
+
 from quantlab.calibration.kinds import ActivationSymmetry, ObserverKind
 from quantlab.numerics.accumulator import Overflow
 from quantlab.numerics.code_bounds import BoundRule
@@ -30,7 +32,7 @@ from quantlab.numerics.lut.functions import default_spec
 from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
-from quantlab.numerics.quantize import QuantizeCast, ScaleRule
+from quantlab.numerics.quantize import Divide, QuantizeCast, ScaleRule, quantize
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
@@ -63,6 +65,9 @@ class PlatformConfig:
     # fixed mode's codes of NaN and of quotients beyond the code range (J6: assumed, NaN -> the
     # zero point; the runtimes': measured against them)
     quantize_cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT
+    # how fixed mode's quantize forms x / s: a division (QuantizeLinear, TFLite) or a product by
+    # fl32(1 / s) (XNNPACK)
+    quantize_divide: Divide = Divide.BY_SCALE
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
     # activation observer of every op unless a qconfig says otherwise
@@ -285,6 +290,20 @@ class PlatformConfig:
         if op_type == "matmul" and not int32_output and self.dual_int16_matmul():
             return 2
         return self.max_int16_gemm_operands
+
+    def quantize_codes(self, x: Tensor, scale, dtype: DType, zero_point: int = 0) -> Tensor:
+        """Codes of float ``x`` as this platform's quantize op gives them in fixed mode
+        (``dtype``'s torch dtype): x / scale formed by ``quantize_divide``, rounded by
+        ``fake_round``, + ``zero_point``, saturated; NaN and overflow by ``quantize_cast``."""
+        return quantize(
+            x,
+            scale,
+            dtype,
+            self.fake_round,
+            zero_point=zero_point,
+            divide=self.quantize_divide,
+            cast=self.quantize_cast,
+        )
 
     def gemm_contract(
         self,

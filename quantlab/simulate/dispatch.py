@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from quantlab.capture import OpCall
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import dequantize
 from quantlab.numerics.split_matmul import SPLIT_OPERAND_DTYPE, split_operand_fake
 from quantlab.op_kinds import OpCategory
 from quantlab.simulate import args as A
@@ -446,14 +446,7 @@ class OpDispatch(BatchNormFolding):
         )
         if held and src is not None and src.dtype.is_int:
             zp = src.zero_point
-            codes = quantize(
-                out,
-                src.scale,
-                src.dtype,
-                self.platform.fake_round,
-                zero_point=zp,
-                cast=self.platform.quantize_cast,
-            )
+            codes = self.platform.quantize_codes(out, src.scale, src.dtype, zp)
             return dequantize(codes, src.scale, zero_point=zp), QInfo(
                 src.dtype, src.scale, zero_point=zp
             )

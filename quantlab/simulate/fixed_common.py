@@ -15,7 +15,7 @@ from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
 from quantlab.numerics.product_requant import product_form, requantize_product
-from quantlab.numerics.quantize import dequantize, quantize
+from quantlab.numerics.quantize import dequantize
 from quantlab.numerics.requant import (
     INT32_MAX,
     int32_requant,
@@ -197,20 +197,13 @@ def runs_in_float(p, op_type: str, operand_dtypes, out: DType) -> bool:
     return op_type == "sub" or out.bits != 8 or any(d.bits != 8 for d in operand_dtypes)
 
 
-def quantize_out(p, v: Tensor, so, out: DType, zero_point: int) -> Tensor:
-    """Codes of an op's float32 result ``v`` at its output (scale ``so``, ``out``, zero point)
-    as platform ``p`` quantizes one: round(fl32(v / so)) by ``p.fake_round`` + ``zero_point``,
-    saturated to ``out``; NaN and infinities by ``p.quantize_cast``."""
-    return quantize(v, so, out, p.fake_round, zero_point=zero_point, cast=p.quantize_cast)
-
-
 def dequantize_quantize(fn, operands, so, out: DType, zero_point: int, p) -> Tensor:
     """Codes of ``fn`` of the operands as a runtime computes it between DequantizeLinear and
     QuantizeLinear: each operand (codes, scale, zero point) dequantized to float32,
     fl32(s * (c - z)); ``fn`` in float32 (one IEEE operation); then quantized as platform
-    ``p`` quantizes (``quantize_out``)."""
+    ``p`` quantizes (``PlatformConfig.quantize_codes``)."""
     values = [dequantize(c, s, zero_point=z) for c, s, z in operands]
-    return quantize_out(p, fn(*values), so, out, zero_point)
+    return p.quantize_codes(fn(*values), so, out, zero_point)
 
 
 def clamp_output(res: tuple, bounds: tuple, rule: BoundRule = BoundRule.FLOAT64_HALF_EVEN) -> tuple:

@@ -71,5 +71,5 @@ def float_gemm(sim, call, plan, args, kwargs, xi, wq, wi, rq, clamp):
         return (y if clamp is None else torch.clamp(y, clamp[0], clamp[1])), None
     out = rq.output_dtype
     so, zo = fc.out_scale(sim, call, rq), fc.out_zero_point(sim, call, rq)
-    res = fc.emit(fc.quantize_out(p, y, so, out, zo), so, out, zo)
+    res = fc.emit(p.quantize_codes(y, so, out, zo), so, out, zo)
     return res if clamp is None else fc.clamp_output(res, clamp, p.bound_rule)

@@ -304,7 +304,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
             codes = fc.centred(args, kwargs, slot, info)
             if sim.platform.concat_rule is ConcatRule.DEQUANTIZE_QUANTIZE:
                 v = dequantize(codes, info.scale)
-                parts.append(fc.quantize_out(sim.platform, v, so, out, zo))
+                parts.append(sim.platform.quantize_codes(v, so, out, zo))
                 continue
             parts.append(fc.rescale(sim, call.name, codes, info.scale, so, out, 1, zo, i))
         if call.op_type == "where":
@@ -337,7 +337,7 @@ def _requant_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     # that clips between dequantize and quantize (float_islands) requantizes so too.
     if sim.platform.float_islands is FloatIslands.ONNXRUNTIME_QDQ:
         v = dequantize(xc, info.scale, zero_point=info.zero_point)
-        yc = fc.quantize_out(sim.platform, v, so, out, zo).to(torch.int64)
+        yc = sim.platform.quantize_codes(v, so, out, zo).to(torch.int64)
     else:
         yc = fc.rescale(sim, call.name, xc - info.zero_point, info.scale, so, out, zero_point=zo)
     lo_c, hi_c = bound_codes(lo, hi, so, out, zero_point=zo, rule=sim.platform.bound_rule)
@@ -363,7 +363,7 @@ def _reduce(sim, call, plan, args, kwargs, in_infos, wq, rq):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceSum /
         mean = call.op_type == "mean"  # ReduceMean in float32, in onnxruntime's order
         r = onnxruntime_reduce(v, dim, mean=mean, keepdim=bool(keepdim))
-        codes = fc.quantize_out(sim.platform, r, so, out, zo)
+        codes = sim.platform.quantize_codes(r, so, out, zo)
         return fc.emit(codes, so, out, zo)
     xc = info.codes_of(x) - info.zero_point
     if dim is None:

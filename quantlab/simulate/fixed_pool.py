@@ -82,7 +82,7 @@ def pool_op(sim, call, plan, args, kwargs, in_infos, wq, rq):
     if islands and not windows and not global_mean_in_range(info.scale, so, k[0] * k[1]):
         v = dequantize(info.codes_of(x), info.scale, zero_point=info.zero_point)  # ReduceMean
         r = onnxruntime_reduce(v, (-2, -1), mean=True, keepdim=True)  # (QLinear refuses scales)
-        return fc.emit(fc.quantize_out(sim.platform, r, so, out, zo), so, out, zo)
+        return fc.emit(sim.platform.quantize_codes(r, so, out, zo), so, out, zo)
     if sim.platform.avg_pool_rule is AvgPoolRule.FLOAT_WINDOW_SUM and windows:
         codes = float_window_avg_pool2d(
             info.codes_of(x),

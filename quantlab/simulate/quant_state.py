@@ -332,9 +332,7 @@ class QuantizationState:
         if mode is not Mode.FIXED:
             y = qat_fake_quant(x, s, dtype, self.platform.fake_round, bounds=bounds, zero_point=zp)
             return y, QInfo(dtype, s, zero_point=zp)
-        codes = quantize(
-            x, s, dtype, self.platform.fake_round, zero_point=zp, cast=self.platform.quantize_cast
-        )
+        codes = self.platform.quantize_codes(x, s, dtype, zp)
         return dequantize(codes, s, zero_point=zp), QInfo(dtype, s, codes, zp)
 
     def _on_grid(self, grid, x: Tensor, info: QInfo) -> bool:

@@ -222,8 +222,9 @@ def test_litert_profiles_resize_as_litert(platform, symmetry, dtype, monkeypatch
 @pytest.mark.parametrize("platform", list(_PROFILES))
 def test_fake_mode_holds_the_resize_at_its_inputs_quantization(platform):
     """Fake mode fake-quantizes each interpolate at its input's scale and zero point, where
-    fixed mode's codes are (not at a scale calibrated for its output)."""
-    from quantlab.numerics.quantize import dequantize, quantize
+    fixed mode's codes are (not at a scale calibrated for its output), as the platform
+    quantizes (``quantize_codes``)."""
+    from quantlab.numerics.quantize import dequantize
 
     torch.manual_seed(0)
     spec = QConfigSpec(global_=OpQConfig(activation_symmetry="ASYMMETRIC"))
@@ -238,9 +239,9 @@ def test_fake_mode_holds_the_resize_at_its_inputs_quantization(platform):
 
     x = torch.randn(2, 3, 7, 5, generator=g)
     sim.trace(x, mode=Mode.FAKE, on_call=record)
-    fr = sim.platform.fake_round
+    p = sim.platform
     for xi, v, kw, out in seen.values():
         y = F.interpolate(v, **kw)
-        want = dequantize(quantize(y, xi.scale, xi.dtype, fr, zero_point=xi.zero_point),
+        want = dequantize(p.quantize_codes(y, xi.scale, xi.dtype, xi.zero_point),
                           xi.scale, zero_point=xi.zero_point)  # fmt: skip
         assert_bits_equal(out, want)

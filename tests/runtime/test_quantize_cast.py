@@ -15,8 +15,7 @@ from bits import assert_bits_equal
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import QuantizeCast, quantize
-from quantlab.numerics.rounding import Round
+from quantlab.numerics.quantize import QuantizeCast
 from quantlab.platforms import load_platform
 
 F32_BELOW_2_31 = 2147483520.0  # the largest float32 below 2**31
@@ -60,10 +59,13 @@ def _inputs(seed: int, scale: float, ties: bool = True) -> np.ndarray:
     return x[rng.permutation(x.size)].astype(np.float32)
 
 
-def _quantlab(x: np.ndarray, scale: float, dt, zp: int, rounding: Round, cast) -> np.ndarray:
+def _quantlab(x: np.ndarray, scale: float, dt, zp: int, p) -> np.ndarray:
+    """Codes of ``x`` as platform ``p`` quantizes in fixed mode, checked against the
+    reference."""
     out = _DTYPES[np.dtype(dt)]
-    codes = quantize(torch.from_numpy(x), scale, out, rounding, zero_point=zp, cast=cast)
-    want = ref.quantize(x, scale, out, rounding, zero_point=zp, cast=cast)
+    codes = p.quantize_codes(torch.from_numpy(x), scale, out, zp)
+    rules = dict(zero_point=zp, cast=p.quantize_cast, divide=p.quantize_divide)
+    want = ref.quantize(x, scale, out, p.fake_round, **rules)
     assert_bits_equal(codes.to(torch.int64), torch.from_numpy(want))  # fast form == reference
     return codes.numpy()
 
@@ -105,7 +107,7 @@ def test_quantize_linear_matches_onnxruntime(dt, zp, profile):
     for seed, scale in enumerate((1.0, 0.0371, 3.5)):
         x = _inputs(seed, scale)
         want = _ort_quantize_linear(x, scale, zp, dt)
-        got = _quantlab(x, scale, dt, zp, p.fake_round, p.quantize_cast)
+        got = _quantlab(x, scale, dt, zp, p)
         assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
         assert set(got[np.isnan(x)].tolist()) == {np.iinfo(dt).min}
 
@@ -143,7 +145,7 @@ def test_quantize_matches_litert_reference_kernels(dt, zp):
     for seed, scale in enumerate((1.0, 0.0371, 3.5)):
         x = _inputs(seed, scale)
         want, _ = _litert_quantize(x, scale, zp, dt, L.Kernels.REFERENCE)
-        got = _quantlab(x, scale, dt, zp, p.fake_round, p.quantize_cast)
+        got = _quantlab(x, scale, dt, zp, p)
         assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
     # +inf and 2**31 go to the lowest code; with zero point 128 the largest float32 below
     # 2**31 does too (its int32 sum with the zero point wraps)
@@ -155,21 +157,21 @@ def test_quantize_matches_litert_reference_kernels(dt, zp):
 
 @pytest.mark.parametrize("dt, zp", [(np.int8, 0), (np.int8, 3), (np.uint8, 128), (np.uint8, 3)])
 def test_quantize_matches_xnnpack(dt, zp):
-    """XNNPACK's 8-bit convert: NaN -> the highest code, the rest saturates; it rounds half to
-    even (the profile's ``fake_round`` is the reference kernels' half away: ties are left out
-    of this case and shown apart below)."""
+    """XNNPACK's 8-bit convert: fl32(x * fl32(1 / s)) rounded half to even (LiteRT's reference
+    kernels divide and round ties away from zero), NaN -> the highest code, the rest
+    saturates."""
     import litert_models as L
 
     p = load_platform("litert_xnnpack")
     assert p.quantize_cast is QuantizeCast.NAN_TO_HIGHEST
     for seed, scale in enumerate((1.0, 0.0371, 3.5)):
-        x = _inputs(seed, scale, ties=False)
+        x = _inputs(seed, scale)
         want, delegated = _litert_quantize(x, scale, zp, dt, L.Kernels.DEFAULT)
         assert delegated
-        got = _quantlab(x, scale, dt, zp, p.fake_round, p.quantize_cast)
+        got = _quantlab(x, scale, dt, zp, p)
         assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
         assert set(got[np.isnan(x)].tolist()) == {np.iinfo(dt).max}
-    x = _inputs(7, 1.0)
-    want, _ = _litert_quantize(x, 1.0, zp, dt, L.Kernels.DEFAULT)
-    got = _quantlab(x, 1.0, dt, zp, Round.HALF_EVEN, p.quantize_cast)
-    assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
+    ties = np.arange(-40, 40, dtype=np.float32) + np.float32(0.5)
+    away, _ = _litert_quantize(ties, 1.0, zp, dt, L.Kernels.REFERENCE)
+    even, _ = _litert_quantize(ties, 1.0, zp, dt, L.Kernels.DEFAULT)
+    assert (away != even).any()  # the two kernels round ties apart

@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import QuantizeCast
+from quantlab.numerics.quantize import Divide, QuantizeCast
 from quantlab.numerics.reference.arrays import as_numpy
 from quantlab.numerics.reference.rounding import round_fraction
 from quantlab.numerics.requant import Requant
@@ -163,11 +163,12 @@ def quantize(
     axis=None,
     zero_point: int = 0,
     cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT,
+    divide: Divide = Divide.BY_SCALE,
 ) -> np.ndarray:
-    """fl32(x / scale) rounded by ``mode``, + zero_point, then clamped; +inf -> qmax, -inf ->
-    qmin, NaN -> zero_point (NAN_TO_LOWEST: qmin; NAN_TO_HIGHEST, 8-bit: qmax; INT32_CAST:
-    int32(r) with -2**31 for NaN and r outside [-2**31, 2**31), + zero_point wrapping in
-    int32, clamped)."""
+    """fl32(x / scale) (BY_RECIPROCAL: fl32(x * fl32(1 / scale))) rounded by ``mode``, +
+    zero_point, then clamped; +inf -> qmax, -inf -> qmin, NaN -> zero_point (NAN_TO_LOWEST:
+    qmin; NAN_TO_HIGHEST, 8-bit: qmax; INT32_CAST: int32(r) with -2**31 for NaN and r outside
+    [-2**31, 2**31), + zero_point wrapping in int32, clamped)."""
     cast = cast.for_bits(dtype.bits)
     nan_code = {
         QuantizeCast.NAN_TO_ZERO_POINT: zero_point,
@@ -181,7 +182,10 @@ def quantize(
         shape[axis] = -1
         s = s.reshape(shape)
     with np.errstate(all="ignore"):
-        v = (xa / s).astype(np.float32)
+        if divide is Divide.BY_RECIPROCAL:
+            v = (xa * (np.float32(1) / s).astype(np.float32)).astype(np.float32)
+        else:
+            v = (xa / s).astype(np.float32)
     out = []
     for t in v.ravel():
         t = float(t)
