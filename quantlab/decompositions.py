@@ -86,9 +86,14 @@ makes the same result through other torch calls), or None for a call captured as
 - ``torch.logsumexp`` of a float tensor over given dims is ATen's CPU steps: the maximum
   (an infinite one taken as 0), exp of the difference (a table), the sum, log (a table) plus
   the maximum, with the call's float bits.
+- ``F.local_response_norm`` (``nn.LocalResponseNorm``) of a float tensor is torch's own steps
+  on its channels: the square, a zero pad and an average pool over windows of channels, the
+  product by alpha, k added, the power beta (a table), and the division of the input by it,
+  with the call's float bits.
 
 The recurrent layers' parts are in ``recurrent_parts``, the normalizations' and reductions'
-(RMSNorm, norms, var / std, logsumexp, cosine similarity) in ``norm_parts``, the elementwise
+(RMSNorm, norms, var / std, logsumexp, cosine similarity, local response norm) in
+``norm_parts``, the elementwise
 calls' (neg, ``c / y``, clamps, threshold and shrinks, square, GLU) in ``elementwise_parts``,
 einsum's plan in ``einsum_parts``; ``PARTS`` maps every function whose calls may split to its
 parts.
@@ -120,6 +125,7 @@ from quantlab.einsum_parts import contract, einsum_plan
 from quantlab.elementwise_parts import ELEMENTWISE
 from quantlab.norm_parts import (
     cosine_similarity_parts,
+    local_response_norm_parts,
     logsumexp_parts,
     rms_norm_parts,
     two_norm_parts,
@@ -366,6 +372,7 @@ PARTS: dict[Callable, Callable[[tuple, dict], Callable[[], Any] | None]] = {
     torch.cosine_similarity: cosine_similarity_parts,  # F.cosine_similarity
     torch.var_mean: variance_parts(root=False, with_mean=True),
     torch.std_mean: variance_parts(root=True, with_mean=True),
+    F.local_response_norm: local_response_norm_parts,
     **RECURRENT,
 }
 SPLIT = frozenset(PARTS)

@@ -202,3 +202,33 @@ def logsumexp_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
         return torch.log(total) + (top if keepdim else top.squeeze(dims))
 
     return parts
+
+
+_LRN_PARAMS = ("input", "size", "alpha", "beta", "k")
+
+
+def local_response_norm_parts(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``F.local_response_norm`` (``nn.LocalResponseNorm``) of a float tensor of 3 or more
+    dims as torch's own steps on its channels, x seen as (N, C, L): the squares, zero-padded
+    along C (size // 2 before, (size - 1) // 2 after), their average over windows of ``size``
+    channels (an average pool of a (size, 1) window), times alpha, plus k, to the power beta
+    (a table); x divided by that. torch pools a tensor of 4 or more dims by avg_pool3d over
+    the same windows: the same float bits (checked on random shapes)."""
+    p = dict(zip(_LRN_PARAMS, args)) | kwargs
+    if len(args) > len(_LRN_PARAMS) or not set(p) <= set(_LRN_PARAMS):
+        return None
+    x, size = p.get("input"), p.get("size")
+    alpha, beta, k = p.get("alpha", 1e-4), p.get("beta", 0.75), p.get("k", 1.0)
+    if not is_float(x) or x.dim() < 3 or x.numel() == 0 or type(size) is not int or size < 1:
+        return None
+
+    def parts():
+        n, c = x.shape[:2]
+        flat = x.reshape(n, c, -1)
+        div = flat.mul(flat).unsqueeze(1)
+        div = torch.nn.functional.pad(div, (0, 0, size // 2, (size - 1) // 2))
+        div = torch.nn.functional.avg_pool2d(div, (size, 1), stride=1).squeeze(1)
+        div = div.mul(alpha).add(k).pow(beta)
+        return (flat / div).reshape(x.shape)
+
+    return parts

@@ -6,6 +6,7 @@ packed weight as weights, and the parts through replay, traced programs and ONNX
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import operator
 import warnings
@@ -1632,12 +1633,69 @@ def test_a_hand_written_layer_norm_is_quantized_as_its_parts(platform, tmp_path)
 
 # model -> (its class, the calibration inputs' seed, an input shape): models whose calls split
 # into parts that quantize (RMSNorm, neg / square / GLU / softmin, norms, logsumexp, var / std)
+def test_local_response_norm_by_its_parts_gives_the_calls_bits():
+    """F.local_response_norm and nn.LocalResponseNorm on 3-, 4- and 5-d inputs, windows of 1
+    to 7 channels (wider than the tensor's channels too), random alpha, beta and k: the parts
+    (an average pool of (size, 1) windows over the channels of x seen as (N, C, L)) give the
+    call's float bits, torch's avg_pool3d for 4 or more dims included; 2-d, empty and integer
+    inputs stay whole."""
+    g = torch.Generator().manual_seed(27)
+    for t in range(45):
+        dims = [int(torch.randint(1, 9, (), generator=g)) for _ in range(t % 3 + 1)]
+        x = torch.randn(2, int(torch.randint(1, 24, (), generator=g)), *dims, generator=g)
+        x = x * 10 ** (t % 5 - 2)
+        size = int(torch.randint(1, 8, (), generator=g))
+        alpha, beta, k = (float(v) for v in torch.rand(3, generator=g) * torch.tensor([2, 2, 3]))
+        calls = (
+            functools.partial(F.local_response_norm, size=size, alpha=alpha, beta=beta, k=k + 0.1),
+            nn.LocalResponseNorm(size),
+            functools.partial(F.local_response_norm, size=size, k=2.0),
+        )
+        _parts_give_the_calls_bits(calls, x)
+    for args in (
+        (torch.randn(2, 5), 3),
+        (torch.randn(2, 0, 4), 3),
+        (torch.ones(2, 3, 4).long(), 2),
+    ):
+        assert decomposition(F.local_response_norm, args, {}) is None
+
+
+class _ResponseNormed(nn.Module):
+    """AlexNet-style local response norms: over the channels of a 1-d convolution's output,
+    and of the same values seen as 4-d maps with other constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(6, 8, 3, padding=1)
+        self.lrn = nn.LocalResponseNorm(5)
+
+    def forward(self, x):  # (B, 6, 16)
+        h = torch.relu(self.conv(x))
+        maps = F.local_response_norm(h.reshape(2, 8, 4, 4), 3, alpha=0.5, beta=0.75, k=2.0)
+        return self.lrn(h), maps
+
+
+@pytest.mark.parametrize("platform", ["j6m", "onnxruntime"])
+def test_local_response_norm_is_quantized_as_its_parts(platform, tmp_path):
+    """A local response norm runs as its square, pad, average pool, product, add, power
+    table and division: nothing left in float on J6; the FLOAT run gives the model's own
+    bits, fixed mode stays close, and exported, onnxruntime gives fixed mode's bits."""
+    sim, x = _parts_sim("local_response_norm", platform, steady_programs=False)
+    ops = sim.ops
+    assert "local_response_norm" not in set(ops.op_type)
+    assert {"pad", "avg_pool2d", "pow", "div"} <= set(ops.op_type)
+    if platform == "j6m":
+        assert ops.supported.all()
+    _quantized_as_parts(sim, x, platform, tmp_path / "lrn.onnx", exact=True)
+
+
 PARTS_MODELS = {
     "rms_norm": (_RmsBlock, 13, (2, 6, 32)),
     "gated": (_Gated, 16, (2, 6, 16)),
     "embedder": (_Embedder, 19, (2, 6, 16)),
     "logsumexp": (_LogSumExpPool, 22, (2, 6, 16)),
     "classic_norm": (_ClassicNorm, 25, (2, 6, 16)),
+    "local_response_norm": (_ResponseNormed, 28, (2, 6, 16)),
 }
 
 
