@@ -47,6 +47,21 @@ class AddRule(enum.Enum):
     SHARED_SHIFT = "shared_shift"
 
 
+class MulRule(enum.Enum):
+    """How a product of two quantized tensors is requantized.
+
+    REQUANTIZE:  the product of the centred codes requantized as the GEMM contract requantizes
+                 an accumulator (``numerics.product_requant``), the output zero point added
+                 after the rounding.
+    QLINEAR_MUL: ONNX Runtime's QLinearMul (MLAS, x86) where the runtime holds the operands and
+                 the output in one 8-bit type: fl32(fl32(acc) * M) with the output's zero point
+                 added in float32 before the rounding (``numerics.qlinear_mul``).
+    """
+
+    REQUANTIZE = "requantize"
+    QLINEAR_MUL = "qlinear_mul"
+
+
 class SoftmaxRule(enum.Enum):
     """How an integer softmax turns input codes into output codes.
 

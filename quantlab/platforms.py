@@ -42,6 +42,7 @@ from quantlab.platform_rules import (  # noqa: F401  (the profile's rules, impor
     AvgPoolRule,
     ConcatRule,
     FloatIslands,
+    MulRule,
     ResizeRule,
     Runtime,
     SoftmaxRule,
@@ -97,6 +98,7 @@ class PlatformConfig:
     # FAKE adds their value. FIXED adds those int32 codes either way (for J6: assumed).
     bias_float: bool = True
     add_rule: AddRule = AddRule.INTER_SCALE
+    mul_rule: MulRule = MulRule.REQUANTIZE  # a product of two activations
     float_islands: FloatIslands = FloatIslands.NONE  # ops run in float between DQ and Q
     # zero point the runtime's QLinear kernels hold activation codes with (RESCALE_FLOAT_FMA):
     # 0 for int8, 128 for uint8 (ONNX QDQ exported with uint8 activations, zero point 128)

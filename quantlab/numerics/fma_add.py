@@ -2,7 +2,10 @@
 DequantizeLinear -> Add -> QuantizeLinear is fused into.
 
 MLAS (``qladd.cpp``, ``qladd_avx2.cpp``) forms r_a = fl32(sa/sc), r_b = fl32(sb/sc) and a
-constant fixed = fl32(zc - fl32(fl32(r_a * za) + fl32(r_b * zb))), then per element
+constant fixed = fl32(zc - fma(r_a, za, fl32(r_b * zb))) (the compiler fuses the scalar
+expression ``ScaleRatio_AC * ZeroPointA + ScaleRatio_BC * ZeroPointB`` into one fused
+multiply-add; with zero points 0 or 128 every product is exact and it makes no difference),
+then per element
 c = saturate(rne(fma(a, r_a, fma(b, r_b, fixed)))): two fused multiply-adds, each one rounding
 (with zero points 0 the inner one is fl32(b * r_b)). quantlab's codes are symmetric
 (zero point 0); a runtime holding them as uint8 with zero point z sees a + z, b + z and
@@ -54,7 +57,7 @@ def qlinear_add(
     ra = check_tensor_scale(x_scale, "x_scale") / sc
     rb = check_tensor_scale(y_scale, "y_scale") / sc
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
-    fixed = zc - (ra * za + rb * zb)
+    fixed = zc - fma_float32(ra, za, rb * zb)
     scalars = (float(ra), float(rb), float(fixed))
     if x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:  # one table
         key = (*scalars, zero_point, out)

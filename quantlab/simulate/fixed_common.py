@@ -15,6 +15,7 @@ from quantlab.numerics.contract import requantize_accumulator
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma_add import qlinear_add
 from quantlab.numerics.product_requant import product_form, requantize_product
+from quantlab.numerics.qlinear_mul import qlinear_mul
 from quantlab.numerics.quantize import dequantize
 from quantlab.numerics.requant import (
     INT32_MAX,
@@ -25,7 +26,7 @@ from quantlab.numerics.requant import (
     rescale_multiplier,
 )
 from quantlab.numerics.scaled_add import add_constants, add_float_rescale, add_inter_scale
-from quantlab.platforms import AddRule, FloatIslands
+from quantlab.platforms import AddRule, FloatIslands, MulRule
 from quantlab.simulate import args as A
 from quantlab.simulate.qtensor import QInfo
 
@@ -105,8 +106,9 @@ def add_codes(p, xc, xs, yc, ys, so, out: DType, zero_points=(0, 0, 0), constant
             zero_points=zero_points,
             constants=constants,
         )
-    if p.add_rule is AddRule.RESCALE_FLOAT_FMA:
-        return qlinear_add(xc, xs, yc, ys, so, out, p.qlinear_zero_point, zero_points)
+    if p.add_rule is AddRule.RESCALE_FLOAT_FMA:  # int8 codes held as uint8 + 128 (or not)
+        held = p.qlinear_zero_point if out is DType.INT8 else 0
+        return qlinear_add(xc, xs, yc, ys, so, out, held, zero_points)
     if p.add_rule is AddRule.LEFT_SHIFT:
         left = p.add_left_shift_int16 if out.bits > 8 else p.add_left_shift
         return add_left_shift(xc, xs, yc, ys, so, out, left, zero_points)
@@ -262,6 +264,10 @@ def product(sim, call, rq, a, b, dtypes, bound: int, key: tuple):
     if runs_in_float(sim.platform, "mul", dtypes, out):
         codes = dequantize_quantize(torch.mul, (a, b), so, out, zo, sim.platform)
         return emit(codes, so, out, zo)
+    held = qlinear_mul_offset(sim.platform, (*dtypes, out))
+    if held is not None:
+        y = yc if isinstance(yc, Tensor) else torch.tensor(int(yc), dtype=out.torch_dtype)
+        return emit(qlinear_mul(xc, xs, y, ys, so, out, held, (zx, zy, zo)), so, out, zo)
     form, k = sim.op_memo(
         call.name,
         "mul",
@@ -275,6 +281,18 @@ def product(sim, call, rq, a, b, dtypes, bound: int, key: tuple):
         real = requant_scale(xs, ys, so, sim.platform.requant)
         return emit(requant(sim, acc, real, out, zero_point=zo), so, out, zo)
     return emit(requantize_int32(acc, k).to(out.torch_dtype), so, out)
+
+
+def qlinear_mul_offset(p, dtypes) -> int | None:
+    """Under ``MulRule.QLINEAR_MUL``, the offset the runtime holds the output's codes with (128
+    for int8 codes written as uint8, else 0) when it holds the operands and the output
+    (``dtypes``) in one 8-bit type, so that it fuses them into QLinearMul; None otherwise."""
+    if p.mul_rule is not MulRule.QLINEAR_MUL:
+        return None
+    held = [DType.UINT8 if d is DType.INT8 and p.qlinear_zero_point else d for d in dtypes]
+    if len(set(held)) != 1 or held[0] not in (DType.INT8, DType.UINT8):
+        return None
+    return p.qlinear_zero_point if dtypes[-1] is DType.INT8 else 0
 
 
 def centred_int64(codes: Tensor, zero_point: int) -> Tensor:

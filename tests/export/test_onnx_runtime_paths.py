@@ -39,7 +39,7 @@ from quantlab.export.ort_host import onnxruntime_profile, onnxruntime_saturates_
 from quantlab.numerics.dtypes import DType  # noqa: E402
 from quantlab.numerics.lut import TableValues  # noqa: E402
 from quantlab.numerics.quantize import QuantizeCast  # noqa: E402
-from quantlab.platforms import FloatIslands, load_platform  # noqa: E402
+from quantlab.platforms import FloatIslands, MulRule, load_platform  # noqa: E402
 from quantlab.qconfig import OpQConfig, QConfigSpec  # noqa: E402
 from quantlab.simulate import Mode, Simulator  # noqa: E402
 
@@ -203,6 +203,37 @@ def test_nan_takes_the_lowest_code_as_quantize_linear_gives_it(tmp_path, encodin
     # the zero point for NaN (the J6 profiles' assumption) gives other values there
     sim.platform = replace(sim.platform, quantize_cast=QuantizeCast.NAN_TO_ZERO_POINT)
     assert not _same(outs[1], sim.run(xs[1], mode=Mode.FIXED))
+
+
+class _FilterResponseNorm(nn.Module):
+    """HyNet's filter response norm after a convolution: x * rsqrt(mean(x^2) + eps) over each
+    map, a product of two activations (QLinearMul in onnxruntime), then a gated product."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv(x)
+        y = h * torch.rsqrt(h.pow(2).mean((-2, -1), keepdim=True) + 1e-6)
+        return y, y * torch.sigmoid(h)
+
+
+@pytest.mark.parametrize("encoding", list(ActivationEncoding))
+def test_products_of_activations_give_qlinear_muls_bits(tmp_path, encoding):
+    """A product of two int8 activations fuses into QLinearMul, which adds the output's zero
+    point (128 for codes held as uint8) in float32 before the rounding: fixed mode
+    (``MulRule.QLINEAR_MUL``) gives its bits (where the GEMM's rule, the zero point after the
+    rounding, misses: ``tests/runtime/test_ort_qlinear_ops.py``)."""
+    sim, _ = _calibrated(_FilterResponseNorm())
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(2, 3, 32, 32, generator=g) * s for s in (0.5, 1.0, 2.0)]
+    outs, kinds = _onnxruntime_outputs(sim, xs, tmp_path, encoding)
+    # int8 codes (SIGNED) are not fused: the Mul runs in float, which these scales match too
+    assert ("QLinearMul" in kinds) == (encoding is ActivationEncoding.UNSIGNED_OFFSET)
+    for x, ys in zip(xs, outs, strict=True):
+        assert _same(ys, sim.run(x, mode=Mode.FIXED))
+    assert sim.platform.mul_rule is MulRule.QLINEAR_MUL
 
 
 class _WritesThroughAView(nn.Module):

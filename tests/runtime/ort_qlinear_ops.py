@@ -5,7 +5,8 @@ QuantizeLinear into; quantlab's QLinearAveragePool is ``numerics.float_window_po
 
 QLinearAdd (``core/mlas/lib/qladd.cpp``, ``intrinsics/avx2/qladd_avx2.cpp``):
 r_ac = fl32(sa / sc), r_bc = fl32(sb / sc),
-fixed = fl32(fl32(zc) - fl32(fl32(r_ac * za) + fl32(r_bc * zb))),
+fixed = fl32(fl32(zc) - fma(r_ac, za, fl32(r_bc * zb))) (the compiler fuses the sum of the two
+products into one fused multiply-add),
 c = clamp(rne(fma(a, r_ac, fma(b, r_bc, fixed))), qmin, qmax): two fused multiply-adds, one
 rounding each (fl32(fl32(b * r_bc) + fixed) for the inner one differs on about 1 in 400,000
 uint8 adds with zero point 128).
@@ -37,7 +38,7 @@ def _fma_f32(a, b, c) -> np.ndarray:
 def qlinear_add(a, sa, za, b, sb, zb, sc, zc) -> np.ndarray:
     """Output codes of onnxruntime's QLinearAdd (a, b: codes of one dtype, broadcasting)."""
     r_ac, r_bc = F32(F32(sa) / F32(sc)), F32(F32(sb) / F32(sc))
-    fixed = F32(F32(zc) - F32(F32(r_ac * F32(za)) + F32(r_bc * F32(zb))))
+    fixed = F32(F32(zc) - _fma_f32(r_ac, F32(za), F32(r_bc * F32(zb))))
     af, bf = np.broadcast_arrays(a.astype(F32), b.astype(F32))
     rest = _fma_f32(bf, r_bc, fixed)
     c = _fma_f32(af, r_ac, rest)
@@ -72,6 +73,15 @@ def _scalar(v, dtype, name):
 
 
 def run_qlinear_add(a, sa, za, b, sb, zb, sc, zc) -> np.ndarray:
+    return _run_binary_qlinear("QLinearAdd", a, sa, za, b, sb, zb, sc, zc)
+
+
+def run_qlinear_mul(a, sa, za, b, sb, zb, sc, zc) -> np.ndarray:
+    return _run_binary_qlinear("QLinearMul", a, sa, za, b, sb, zb, sc, zc)
+
+
+def _run_binary_qlinear(op: str, a, sa, za, b, sb, zb, sc, zc) -> np.ndarray:
+    """One com.microsoft QLinear op of two inputs (codes a, b of one dtype, broadcasting)."""
     dt = a.dtype
     inits = [
         _scalar(sa, F32, "sa"),
@@ -82,7 +92,7 @@ def run_qlinear_add(a, sa, za, b, sb, zb, sc, zc) -> np.ndarray:
         _scalar(zc, dt, "zc"),
     ]
     node = helper.make_node(
-        "QLinearAdd", ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["y"], domain="com.microsoft"
+        op, ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["y"], domain="com.microsoft"
     )
     inputs = [
         helper.make_tensor_value_info("a", _ONNX_TYPE[dt], list(a.shape)),

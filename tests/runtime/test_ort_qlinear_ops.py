@@ -13,16 +13,20 @@ from quantlab.numerics.code_bounds import BoundRule, bound_codes
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.float_window_pool import float_window_avg_pool2d, global_mean_in_range
 from quantlab.numerics.fma_add import qlinear_add as profile_qlinear_add
+from quantlab.numerics.pair_table import every_pair
+from quantlab.numerics.qlinear_mul import qlinear_mul, qlinear_mul_reference
 
 ort = pytest.importorskip("onnxruntime")
 from onnx import numpy_helper  # noqa: E402
 from ort_qlinear_ops import (  # noqa: E402
     F32,
+    _fma_f32,
     qlinear_add,
     qlinear_global_average_pool,
     run_qlinear_add,
     run_qlinear_average_pool,
     run_qlinear_global_average_pool,
+    run_qlinear_mul,
 )
 
 N_ADD = 300
@@ -269,3 +273,110 @@ def test_global_mean_in_range_is_the_scales_qlinear_global_average_pool_runs():
             assert "out of computation range" in str(err)
             ran = False
         assert ran == runs, ratio
+
+
+N_MUL = 240
+
+
+@pytest.mark.parametrize("chunk", range(2))
+def test_qlinear_mul_matches_onnxruntime(chunk):
+    """quantlab's QLinearMul (the output zero point added in float32 before the rounding)
+    gives onnxruntime's codes: int8 and uint8, zero points 0 / 128 and random, broadcasting
+    and one-element operands, output scales that saturate; its slow twin agrees."""
+    rng = np.random.default_rng(300 + chunk)
+    for seed in range(chunk * N_MUL // 2, (chunk + 1) * N_MUL // 2):
+        dt = np.int8 if seed % 2 else np.uint8
+        info = np.iinfo(dt)
+        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 70)))
+        a = rng.integers(info.min, info.max + 1, shape).astype(dt)
+        b_shape = (1,) if seed % 6 == 0 else shape[-1:] if seed % 5 == 0 else shape
+        b = rng.integers(info.min, info.max + 1, b_shape).astype(dt)
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        sc = F32(sa * sb * rng.uniform(5, 400))
+        z = 0 if dt == np.int8 else 128
+        za, zb, zc = (z, z, z) if seed % 3 else (int(v) for v in rng.integers(info.min, 128, 3))
+        ort_codes = run_qlinear_mul(a, sa, za, b, sb, zb, sc, zc)
+        out = DType.INT8 if dt == np.int8 else DType.UINT8
+        got = qlinear_mul(
+            torch.from_numpy(a), sa, torch.from_numpy(b), sb, sc, out, 0, (za, zb, zc)
+        )
+        assert np.array_equal(got.numpy(), ort_codes), f"case {seed}"
+        a_full, b_full = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
+        slow = qlinear_mul_reference(a_full, sa, b_full, sb, sc, out, 0, (za, zb, zc))
+        assert np.array_equal(np.array(slow), ort_codes), f"case {seed}"
+
+
+def test_qlinear_mul_of_int8_codes_held_as_uint8():
+    """Symmetric int8 codes that onnxruntime holds as uint8 + 128: the zero point 128 enters
+    the float32 sum, so with M a hair above 1/2 an odd product's k + 0.5 + e (e below half an
+    ulp of 128 + k) becomes an exact tie there and rounds to even; the output zero point added
+    after the rounding (a GEMM's rule) gives k + 1 for those."""
+    rng = np.random.default_rng(7)
+    a = rng.integers(-15, 16, (16, 64)).astype(np.int8)
+    b = rng.integers(-15, 16, (16, 64)).astype(np.int8)
+    sa, sb = F32(0.02), F32(0.03)
+    sc = F32(F32(sa * sb) / F32(0.50000006))
+    m = F32(F32(sa * sb) / sc)
+    assert 0.5 < m < 0.5 + 2.0**-20
+    held = [(v.astype(np.int16) + 128).astype(np.uint8) for v in (a, b)]
+    ort_codes = run_qlinear_mul(held[0], sa, 128, held[1], sb, 128, sc, 128).astype(np.int16)
+    ort_codes -= 128
+    got = qlinear_mul(torch.from_numpy(a), sa, torch.from_numpy(b), sb, sc, DType.INT8, 128)
+    assert np.array_equal(got.numpy(), ort_codes)
+    after = qlinear_mul(torch.from_numpy(a), sa, torch.from_numpy(b), sb, sc, DType.INT8, 0)
+    assert (after.numpy() != ort_codes).sum() > 50  # 98 of these 1,024
+
+
+def test_qlinear_add_fuses_its_zero_point_products_as_onnxruntime_does():
+    """onnxruntime's QLinearAdd forms its constant zc - (r_a * za + r_b * zb) with one fused
+    multiply-add (fma(r_a, za, fl32(r_b * zb))): over every pair of codes, the cases whose
+    codes that rounding moves (random zero points) give onnxruntime's codes, and separate
+    roundings of the two products would not."""
+    rng = np.random.default_rng(21)
+    moved = 0
+    for t in range(60):
+        dt = np.uint8 if t % 2 else np.int8
+        info = np.iinfo(dt)
+        out = DType.UINT8 if dt == np.uint8 else DType.INT8
+        a, b = every_pair(out.torch_dtype, out.torch_dtype)
+        za, zb, zc = (int(v) for v in rng.integers(info.min, info.max + 1, 3))
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        got = profile_qlinear_add(a, float(sa), b, float(sb), float(sc), out, 0, (za, zb, zc))
+        ra, rb = F32(sa / sc), F32(sb / sc)
+        apart = F32(F32(zc) - F32(F32(ra * F32(za)) + F32(rb * F32(zb))))
+        rest = _fma_f32(b.numpy().astype(F32), rb, apart)
+        old = np.rint(_fma_f32(a.numpy().astype(F32), ra, rest).astype(np.float64))
+        old = np.clip(old, info.min, info.max)
+        if (old != got.numpy()).any():
+            moved += 1
+            want = run_qlinear_add(a.numpy()[None], sa, za, b.numpy()[None], sb, zb, sc, zc)[0]
+            assert np.array_equal(got.numpy(), want), t
+            assert not np.array_equal(old, want), t
+    assert moved >= 3  # 4 of these 60
+
+
+def test_profile_add_of_uint8_codes_is_not_shifted():
+    """The onnxruntime profile's add (``add_codes``) holds int8 codes as uint8 + 128, and
+    uint8 codes (asymmetric activations) as they are: over every pair of uint8 codes, the
+    cases where a shift by 128 would move a code give onnxruntime's codes unshifted."""
+    from quantlab.platforms import load_platform
+    from quantlab.simulate.fixed_common import add_codes
+
+    p = load_platform("onnxruntime")
+    rng = np.random.default_rng(8)
+    a, b = every_pair(torch.uint8, torch.uint8)
+    checked = 0
+    for t in range(40):
+        za, zb, zc = (int(v) for v in rng.integers(0, 256, 3))
+        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        got = add_codes(p, a, sa, b, sb, sc, DType.UINT8, (za, zb, zc)).numpy()
+        shifted = profile_qlinear_add(
+            a, float(sa), b, float(sb), float(sc), DType.UINT8, 128, (za, zb, zc)
+        )
+        if (shifted.numpy() != got).any():
+            checked += 1
+            want = run_qlinear_add(a.numpy()[None], sa, za, b.numpy()[None], sb, zb, sc, zc)[0]
+            assert np.array_equal(got, want), t
+    assert checked >= 2
