@@ -27,7 +27,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from quantlab.numerics import pair_table
+from quantlab.numerics import fma, pair_table
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.fma import fma_float32
 from quantlab.numerics.quantize import centred_code_max
@@ -57,7 +57,7 @@ def qlinear_add(
     ra = check_tensor_scale(x_scale, "x_scale") / sc
     rb = check_tensor_scale(y_scale, "y_scale") / sc
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
-    fixed = zc - fma_float32(ra, za, rb * zb)
+    fixed = zc - fma.fma_float32(ra, za, rb * zb)  # a 0-d constant (the per-element fma below)
     scalars = (float(ra), float(rb), float(fixed))
     if x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:  # one table
         key = (*scalars, zero_point, out)

@@ -33,7 +33,9 @@ def qlinear_add(
     sc = F32(out_scale)
     ra, rb = F32(F32(x_scale) / sc), F32(F32(y_scale) / sc)
     za, zb, zc = (F32(v + zero_point) for v in zero_points)
-    fixed = F32(zc - F32(F32(ra * za) + F32(rb * zb)))
+    # the compiler's fused multiply-add: fl32(ra * za + fl32(rb * zb)), one rounding
+    fused = round_to_float32(Fraction(float(ra)) * Fraction(float(za)) + Fraction(float(rb * zb)))
+    fixed = F32(zc - F32(fused))
     xa, ya = np.broadcast_arrays(as_numpy(x).astype(np.int64), as_numpy(y).astype(np.int64))
     res = []
     for a, b in zip(xa.ravel(), ya.ravel()):
