@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 from quantlab.export import ActivationEncoding, to_onnx_qdq
 from quantlab.export import runtime as R
 from quantlab.simulate import Mode
+from quantlab.simulate.qtensor import values_hold
 
 
 @dataclass
@@ -116,10 +117,20 @@ def _per_op(sim, inputs, encoding, folder: Path, trace) -> tuple[pd.DataFrame, b
         if tensor in values and value is not None:
             v = values[tensor]
             # codes where quantlab's output has a grid, unless the export passes a float value
-            # on here (the op keeps no grid of its own in onnxruntime): then the values
-            is_codes = grid is not None and (tensor in info.tensor_quant or v.dtype.kind != "f")
+            # on here (the op keeps no grid of its own in onnxruntime): then the values, or,
+            # where quantlab's value already lies on its grid (the quantization onnxruntime
+            # applies to that float after it, as at a float op before an eval-mode dropout),
+            # the codes of onnxruntime's float on that grid
+            passed_float = tensor not in info.tensor_quant and v.dtype.kind == "f"
+            quantized_here = passed_float and grid is not None and values_hold(value, grid)
+            is_codes = grid is not None and (not passed_float or quantized_here)
             ql = grid.codes_of(value).numpy() if is_codes else value.detach().numpy()
-            if is_codes:
+            if quantized_here:  # as the profile quantizes (onnxruntime's QuantizeLinear)
+                q = sim.platform.quantize_codes(
+                    torch.from_numpy(v), grid.scale, grid.dtype, grid.zero_point
+                )
+                v = q.to(torch.int64).numpy()
+            elif is_codes:
                 v = R.codes_from_runtime(v, tensor in info.offset_tensors)
             elif tensor in info.tensor_quant and np.issubdtype(v.dtype, np.integer):
                 v = _runtime_values(v, info.tensor_quant[tensor], tensor in info.offset_tensors)

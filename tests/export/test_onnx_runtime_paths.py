@@ -798,6 +798,34 @@ def test_the_probe_export_leaves_constants_out(tmp_path):
     assert f.summary["first_diverging_op"] == "" and f.per_op["differing"].sum() == 0
 
 
+class _FloatThenDropout(nn.Module):
+    """HyNet's thresholded unit, max(x, tau) with a parameter tau (a float op on the
+    onnxruntime profiles), then an eval-mode dropout and a cast to its own dtype (no nodes)
+    and a convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+        self.tau = nn.Parameter(torch.full((1, 4, 1, 1), -0.3))
+        self.drop = nn.Dropout(0.3)
+        self.d = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        return self.d(self.drop(torch.maximum(self.c(x), self.tau)).to(x.dtype))
+
+
+def test_a_float_value_quantlab_holds_quantized_is_compared_on_its_grid(tmp_path):
+    """At the cast quantlab holds the maximum's value quantized (the convolution's input
+    grid), onnxruntime its float value, which its QuantizeLinear then quantizes: the per-op
+    rows compare onnxruntime's float on that grid (they compared it with the quantized value
+    and named the cast the first op to differ while no output did)."""
+    sim, xs = _calibrated(_FloatThenDropout())
+    f = measure(sim, (xs[1],), tmp_path, "tlu", ActivationEncoding.UNSIGNED_OFFSET)
+    assert f.summary["outputs_differing"] == 0
+    assert f.summary["first_diverging_op"] == "" and f.per_op["differing"].sum() == 0
+    assert f.per_op["elements"].sum() > 0
+
+
 class _Powers(nn.Module):
     """pow: the exponent 2 (a Python number and a one-value tensor, as ONNX converters write
     it) and other exponents, of negative and non-negative inputs."""
