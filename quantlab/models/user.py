@@ -41,8 +41,15 @@ class ModelInputError(ValueError):
 
 
 def user_model_name(cfg: ModelConfig) -> str:
-    """``custom:<target>`` or the ONNX file's stem."""
-    return f"custom:{cfg.target}" if cfg.name == "custom" else Path(cfg.path).stem
+    """``custom:<target>``, or the ONNX file's stem; a stem that names no model (``model``,
+    ``model_quantized``: most exporters' file names) after its folder's name
+    (``standard_v3_3/model``)."""
+    if cfg.name == "custom":
+        return f"custom:{cfg.target}"
+    path = Path(cfg.path)
+    if path.stem.lower().startswith("model") and path.parent.name:
+        return f"{path.parent.name}/{path.stem}"
+    return path.stem
 
 
 def declared_shapes(cfg: ModelConfig) -> tuple[tuple[int, ...], ...] | None:

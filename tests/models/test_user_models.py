@@ -957,3 +957,15 @@ def test_an_onnx_graph_of_dynamic_sequence_length_takes_one_shape_per_input(tmp_
     with torch.no_grad():
         got = bundle.module(*dataset.eval[0])
     torch.testing.assert_close(got, bundle.reference(*dataset.eval[0]), rtol=0, atol=1e-5)
+
+
+def test_an_onnx_file_named_model_is_named_after_its_folder():
+    from quantlab.models.user import user_model_name
+
+    def name(path):
+        return user_model_name(ModelConfig(name="onnx", path=path))
+
+    assert name("/m/standard_v3_3/model.onnx") == "standard_v3_3/model"
+    assert name("/m/minilm/model_quantized.onnx") == "minilm/model_quantized"
+    assert name("/m/minilm/ppocr_det.onnx") == "ppocr_det"
+    assert name("model.onnx") == "model"
