@@ -381,7 +381,7 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
         findings=_findings(table, outputs, support, exp, ctx, bundle)
         + task_findings(task)
         + each_output_finding(each, exp.mode_a, exp.mode_b)
-        + [w for w in [non_finite_words(sim.non_finite_points())] if w]
+        + [w for w in [non_finite_words(sim.non_finite_points(), sim.platform.quantize_cast)] if w]
         + (
             [
                 f"The ONNX graph fixes its batch at {fixed_batch}: the per-op tables and the "

@@ -140,7 +140,7 @@ def model_check_exp(exp: ModelCheckExp, ctx: RunContext) -> ExperimentResult:
             if fixed_failed
             else []
         )
-        + [w for w in [non_finite_words(sim.non_finite_points())] if w],
+        + [w for w in [non_finite_words(sim.non_finite_points(), sim.platform.quantize_cast)] if w],
         tables={
             "cpu_fallback_and_unplaced": off,
             "unit_counts": counts,

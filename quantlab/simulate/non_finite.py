@@ -18,9 +18,7 @@ _NAN_CODE = {
 }
 
 
-def non_finite_words(
-    points: dict[str, tuple[int, int]], cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT
-) -> str | None:
+def non_finite_words(points: dict[str, tuple[int, int]], cast: QuantizeCast) -> str | None:
     """What it means that calibration saw NaN or infinite values at ``points``
     (``Simulator.non_finite_points``) on a platform that quantizes them by ``cast``, naming
     them; None when it saw none."""
