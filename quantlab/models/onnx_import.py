@@ -68,14 +68,40 @@ def _graph_inputs(model) -> list:
 
 def static_shapes(path: str | Path) -> list[list[int | None]]:
     """Each graph input's dimensions after the batch one; None where the graph leaves a
-    dimension dynamic."""
+    dimension dynamic. ValueError naming the input where an input is not batch-first
+    (``_refuse_unbatched``)."""
 
     model = _read(Path(path))
+    _refuse_unbatched(model, Path(path))
     out = []
     for inp in _graph_inputs(model):
         dims = inp.type.tensor_type.shape.dim
         out.append([d.dim_value if d.dim_value > 0 else None for d in list(dims)[1:]])
     return out
+
+
+def _refuse_unbatched(model, path: Path) -> None:
+    """ValueError naming the input when a graph input cannot be fed batch-first, as quantlab
+    feeds every input (its first dimension the batch): a scalar, or an input whose batch
+    dimension (the name the first input's first dimension has) lies further in (a recurrent
+    state of shape [layers, batch, hidden])."""
+    inputs = _graph_inputs(model)
+    dims = [list(i.type.tensor_type.shape.dim) for i in inputs]
+    batch = dims[0][0].dim_param if dims and dims[0] else ""
+    for inp, d in zip(inputs, dims, strict=True):
+        shown = "[" + ", ".join(x.dim_param or str(x.dim_value) for x in d) + "]"
+        if not d and inp.type.tensor_type.HasField("shape"):
+            why = "is a scalar"
+        elif batch and d[0].dim_param != batch and any(x.dim_param == batch for x in d[1:]):
+            k = next(j for j, x in enumerate(d) if x.dim_param == batch)
+            why = f"has shape {shown}, its batch dimension {batch!r} at position {k}"
+        else:
+            continue
+        raise ValueError(
+            f"model.path: input {inp.name!r} of {path} {why}; quantlab feeds every input "
+            "batch-first (the batch as its first dimension): export the graph with that input "
+            "batch-first or as a constant, or wrap it in a model=custom module that supplies it"
+        )
 
 
 def _read(path: Path):

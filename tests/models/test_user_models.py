@@ -969,3 +969,37 @@ def test_an_onnx_file_named_model_is_named_after_its_folder():
     assert name("/m/minilm/model_quantized.onnx") == "minilm/model_quantized"
     assert name("/m/minilm/ppocr_det.onnx") == "ppocr_det"
     assert name("model.onnx") == "model"
+
+
+def _graph_of_inputs(path, inputs: list[tuple[str, list]]) -> str:
+    """An ONNX graph adding 1 to each input (dims: ints or names), one output per input."""
+    from onnx import TensorProto, helper, save
+
+    nodes, outs, values = [], [], []
+    for name, dims in inputs:
+        values.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+        nodes.append(helper.make_node("Add", [name, "one"], [f"{name}_out"]))
+        outs.append(helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None))
+    one = helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])
+    graph = helper.make_graph(nodes, "g", values, outs, [one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    save(model, str(path))
+    return str(path)
+
+
+def test_an_onnx_input_that_is_not_batch_first_is_refused_naming_it(tmp_path):
+    """A recurrent state of shape [layers, batch, hidden] and a scalar input (silero-vad's
+    state and sample rate) cannot be fed batch-first: the load names the input and its shape
+    (it showed them as [N, ...] shapes to fill in); a graph that fixes its batch loads."""
+    state = _graph_of_inputs(
+        tmp_path / "vad.onnx", [("input", ["batch", "sequence"]), ("state", [2, "batch", 128])]
+    )
+    with pytest.raises(ValueError, match=r"input 'state' .*has shape \[2, batch, 128\], its "
+                       r"batch dimension 'batch' at position 1; quantlab feeds every input "
+                       r"batch-first"):  # fmt: skip
+        build_model(ModelConfig(name="onnx", path=state, input_shape=[[512], [2, 128]]))
+    scalar = _graph_of_inputs(tmp_path / "sr.onnx", [("input", ["batch", 8]), ("sr", [])])
+    with pytest.raises(ValueError, match="input 'sr' .*is a scalar; quantlab feeds"):
+        build_model(ModelConfig(name="onnx", path=scalar))
+    fixed = _graph_of_inputs(tmp_path / "one.onnx", [("x", [1, 3, 4]), ("y", [1, 5])])
+    assert build_model(ModelConfig(name="onnx", path=fixed)) is not None
