@@ -68,11 +68,9 @@ def _graph_inputs(model) -> list:
 
 def static_shapes(path: str | Path) -> list[list[int | None]]:
     """Each graph input's dimensions after the batch one; None where the graph leaves a
-    dimension dynamic. ValueError naming the input where an input is not batch-first
-    (``_refuse_unbatched``)."""
+    dimension dynamic."""
 
     model = _read(Path(path))
-    _refuse_unbatched(model, Path(path))
     out = []
     for inp in _graph_inputs(model):
         dims = inp.type.tensor_type.shape.dim
@@ -80,12 +78,13 @@ def static_shapes(path: str | Path) -> list[list[int | None]]:
     return out
 
 
-def _refuse_unbatched(model, path: Path) -> None:
-    """ValueError naming the input when a graph input cannot be fed batch-first, as quantlab
-    feeds every input (its first dimension the batch): a scalar, or an input whose batch
-    dimension (the name the first input's first dimension has) lies further in (a recurrent
-    state of shape [layers, batch, hidden])."""
-    inputs = _graph_inputs(model)
+def refuse_unbatched(path: str | Path) -> None:
+    """ValueError naming the input when a graph input cannot be fed batch-first, as the
+    experiments feed every input (its first dimension the batch): a scalar, or an input whose
+    batch dimension (the name the first input's first dimension has) lies further in (a
+    recurrent state of shape [layers, batch, hidden]). ``load_onnx`` converts such graphs."""
+    path = Path(path)
+    inputs = _graph_inputs(_read(path))
     dims = [list(i.type.tensor_type.shape.dim) for i in inputs]
     batch = dims[0][0].dim_param if dims and dims[0] else ""
     for inp, d in zip(inputs, dims, strict=True):

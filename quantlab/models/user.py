@@ -53,7 +53,12 @@ def user_model_name(cfg: ModelConfig) -> str:
 
 
 def declared_shapes(cfg: ModelConfig) -> tuple[tuple[int, ...], ...] | None:
-    """``model.input_shape``, else the ONNX graph's shapes when fully static; else None."""
+    """``model.input_shape``, else the ONNX graph's shapes when fully static; else None.
+    ValueError naming the input where an ONNX graph's input is not batch-first."""
+    if cfg.name == "onnx":
+        from quantlab.models.onnx_import import refuse_unbatched
+
+        refuse_unbatched(cfg.path)
     if cfg.input_shape is not None:
         return cfg.input_shapes()
     if cfg.name == "onnx":
