@@ -64,6 +64,8 @@ def two_norm_parts(names: tuple[str, str, str, str]) -> Callable:
 
     def split(args: tuple, kwargs: dict) -> Callable[[], Any] | None:
         p = dict(zip(names, args)) | kwargs
+        if "out" in p and p["out"] is None:  # torch.norm hands its mode out=None
+            del p["out"]
         if len(args) > len(names) or not set(p) <= {*names, "dtype"} or p.get("dtype"):
             return None
         x, dim, keepdim = p.get(names[0]), p.get("dim"), p.get("keepdim", False)

@@ -1450,6 +1450,22 @@ def test_norms_by_their_parts_are_the_sum_of_squares_root():
         (F.normalize, (x,), {"out": torch.empty(2, 5)}),
     ):
         assert decomposition(func, args, kwargs) is None
+    # torch.norm hands a function mode its call with out=None and dtype=None (Resemblyzer's
+    # torch.norm(e, dim=1, keepdim=True) stayed one op, not modelled)
+    handed = {"p": "fro", "dim": 1, "keepdim": True, "out": None, "dtype": None}
+    assert decomposition(torch.norm, (x,), handed) is not None
+    ops = _fixed_ops(_NormedByTorchNorm(), (2, 8))
+    assert "norm" not in set(ops.op_type) and ops.supported.all()
+
+
+class _NormedByTorchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        e = torch.relu(self.linear(x))
+        return e / torch.norm(e, dim=1, keepdim=True)
 
 
 def test_cosine_similarity_by_its_parts_is_within_a_few_epsilons():
