@@ -121,6 +121,27 @@ class SoftmaxKL(ItemMeanMetric):
         return (lp.exp() * (lp - lq)).sum(-1)
 
 
+PROBABILITY_FLOOR = 1e-6  # a tested probability below this counts as this (an 8-bit code of 0)
+
+
+@dataclass(frozen=True)
+class ProbabilityKL(ItemMeanMetric):
+    """Mean KL(ref || test) in nats over samples whose outputs are probability rows (B, C) (a
+    softmax the model applies itself): the sum of p * (log max(p, f) - log max(q, f)), f =
+    PROBABILITY_FLOOR (a probability quantized to 0 counts as f; 0 for equal rows), float64. A
+    softmax of such rows (SoftmaxKL) would be near uniform and read near 0 whatever the rows
+    are."""
+
+    name: str = "kl_nats"
+    higher_is_better: bool = False
+
+    def item_values(self, ref_outputs: list, test_outputs: list, labels: Any = None) -> Tensor:
+        p = _cat(ref_outputs).to(torch.float64)
+        q = _cat(test_outputs).to(torch.float64)
+        floor = PROBABILITY_FLOOR
+        return (p * (p.clamp_min(floor).log() - q.clamp_min(floor).log())).sum(-1)
+
+
 @dataclass(frozen=True)
 class FaceAccuracy(ProportionMetric):
     """Face / non-face accuracy of the tested model: outputs are probabilities (B, 2) with

@@ -30,6 +30,7 @@ from quantlab.models.tasks import (
     CustomMetric,
     OutputCosine,
     OutputSQNR,
+    ProbabilityKL,
     SoftmaxKL,
     TaskMetric,
     Top1Agreement,
@@ -131,7 +132,10 @@ def default_metrics(output: object) -> tuple[TaskMetric, ...]:
     """Top-1 agreement and KL for a classifier-shaped output (one float (B, C) tensor, C >= 2,
     not an embedding: not every row's L2 norm within UNIT_ROW_TOLERANCE of 1, or the rows are
     probabilities: a confident softmax's rows are near one-hot, of norm 1 too), then output
-    SQNR and output cosine for any output (first, for an embedding)."""
+    SQNR and output cosine for any output (first, for an embedding). The KL is of the softmax
+    of logits, of the rows themselves where they are probabilities (``ProbabilityKL``), and
+    none where every value lies in [0, 1] but the rows are no distributions (independent
+    sigmoid scores: CREPE's pitch bins)."""
     classifier = (
         isinstance(output, Tensor)
         and output.is_floating_point()
@@ -140,9 +144,13 @@ def default_metrics(output: object) -> tuple[TaskMetric, ...]:
         and (not _unit_rows(output) or _probability_rows(output))
     )
     common = (OutputSQNR(), OutputCosine())
-    if classifier:
-        return (Top1Agreement(), SoftmaxKL(), *common)
-    return common
+    if not classifier:
+        return common
+    if _probability_rows(output):
+        return (Top1Agreement(), ProbabilityKL(), *common)
+    if bool(((output >= 0) & (output <= 1)).all()):
+        return (Top1Agreement(), *common)
+    return (Top1Agreement(), SoftmaxKL(), *common)
 
 
 def _probability_rows(output: Tensor) -> bool:

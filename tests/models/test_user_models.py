@@ -102,6 +102,32 @@ def test_an_embedding_is_judged_by_sqnr_and_cosine_not_as_a_classifier():
     assert [type(m) for m in default_metrics(confident)][:1] == [Top1Agreement]
 
 
+def test_the_kl_of_probabilities_and_of_sigmoid_scores():
+    """Logits get the KL of their softmax; probability rows (a softmax the model applies) the
+    KL of the rows themselves, which the softmax of the rows would all but hide; independent
+    sigmoid scores in [0, 1] (CREPE's pitch bins) no KL, but top-1 agreement."""
+    from quantlab.models.tasks import ProbabilityKL, SoftmaxKL
+    from quantlab.models.user import default_metrics
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 360, generator=g) * 4
+    probs, scores = torch.softmax(logits, 1), torch.sigmoid(logits)
+    kinds = [[type(m) for m in default_metrics(o)][:2] for o in (logits, probs, scores)]
+    assert kinds == [[Top1Agreement, SoftmaxKL], [Top1Agreement, ProbabilityKL]] + [
+        [Top1Agreement, OutputSQNR]
+    ]
+    other = torch.softmax(logits + torch.randn(8, 360, generator=g), 1)
+    kl = ProbabilityKL()([probs], [other])
+    p, q = probs.double(), other.double()
+    want = float((p * (p.clamp_min(1e-6).log() - q.clamp_min(1e-6).log())).sum(1).mean())
+    assert kl == pytest.approx(want, rel=1e-12) and kl > 0.1
+    assert SoftmaxKL()([probs], [other]) < kl / 100  # the softmax of probabilities hides it
+    zeroed = probs.clone()
+    zeroed[:, :180] = 0  # a probability quantized to 0 counts as the floor
+    assert ProbabilityKL()([probs], [zeroed]) < float("inf")
+    assert ProbabilityKL()([zeroed], [zeroed]) == 0
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
