@@ -8,7 +8,6 @@ YAML options live in ``configs/platform/*.yaml`` and select enum members by name
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
 from quantlab.numerics.yuv import YuvMatrix, YuvRange
+from quantlab.platform_fields import check_choice, check_op_types, gemm_rule, parse_toolchain
 from quantlab.platform_rules import (  # noqa: F401  (the profile's rules, imported from here too)
     AddRule,
     AvgPoolRule,
@@ -216,11 +216,11 @@ class PlatformConfig:
     assumptions: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
-        _check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
-        _check_choice("platform.accumulator", self.accumulator, ACCUMULATORS)
-        _check_choice("platform.qlinear_zero_point", self.qlinear_zero_point, (0, 128))
-        _check_choice(
+        check_choice("platform.requant_mult_bits", self.requant_mult_bits, (15, 31))
+        check_choice("platform.max_int16_gemm_operands", self.max_int16_gemm_operands, (0, 1, 2))
+        check_choice("platform.accumulator", self.accumulator, ACCUMULATORS)
+        check_choice("platform.qlinear_zero_point", self.qlinear_zero_point, (0, 128))
+        check_choice(
             "platform.div_reciprocal_dtype", self.div_reciprocal_dtype, (DType.INT8, DType.INT16)
         )
         for name in ("add_inter_shift", "add_left_shift", "add_left_shift_int16"):
@@ -230,13 +230,13 @@ class PlatformConfig:
             raise ValueError(
                 f"platform.add_multiplier_bits must be in [1, 30], got {self.add_multiplier_bits}"
             )
-        self.gemm_rules = [_gemm_rule(r, i) for i, r in enumerate(self.gemm_rules)]
+        self.gemm_rules = [gemm_rule(r, i) for i, r in enumerate(self.gemm_rules)]
         for name in ("supported_ops", "float_fallback_ops"):
-            _check_op_types(f"platform.{name}", getattr(self, name))
+            check_op_types(f"platform.{name}", getattr(self, name))
         if self.lut_default_strategy is not None:
             # MANUAL names points, which only a per-op spec can give
             allowed = [s for s in Strategy if s is not Strategy.MANUAL]
-            _check_choice("platform.lut_default_strategy", self.lut_default_strategy, allowed)
+            check_choice("platform.lut_default_strategy", self.lut_default_strategy, allowed)
         self.gemm_contract()  # validates the default rule
         if self.lut_tables < 1:
             raise ValueError(f"platform.lut_tables must be >= 1, got {self.lut_tables}")
@@ -260,12 +260,10 @@ class PlatformConfig:
             if dt.is_float and dt is DType.FLOAT16 and not self.float16_available:
                 raise ValueError(f"platform.{name}=FLOAT16: {no_float16_reason(self.name)}")
         for name in ("toolchain", "dual_int16_matmul_since"):
-            setattr(self, name, _parse_toolchain(getattr(self, name), f"platform.{name}"))
-        _check_choice(
-            "platform.int16_bias_dtype", self.int16_bias_dtype, (DType.INT32, DType.INT64)
-        )
+            setattr(self, name, parse_toolchain(getattr(self, name), f"platform.{name}"))
+        check_choice("platform.int16_bias_dtype", self.int16_bias_dtype, (DType.INT32, DType.INT64))
         for name in ("norm_inter_dtype", "norm_affine_dtype", "embedding_index_dtype"):
-            _check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
+            check_choice(f"platform.{name}", getattr(self, name), (DType.INT8, DType.INT16))
         if not 1 <= self.norm_max_reduce_elements <= 65535:
             raise ValueError(
                 "platform.norm_max_reduce_elements must be in [1, 65535], "
@@ -275,7 +273,7 @@ class PlatformConfig:
             raise ValueError(
                 f"platform.embedding_max_rows must be in [1, 32768], got {self.embedding_max_rows}"
             )
-        _check_choice(
+        check_choice(
             "platform.high_precision_output",
             self.high_precision_output,
             (DType.INT32, DType.FLOAT32),
@@ -401,68 +399,6 @@ GEMM_FAMILY_OF_OP = {
     "linear": GemmFamily.LINEAR,
     "matmul": GemmFamily.MATMUL,
 }  # which ``gemm_rules`` family a captured GEMM op type follows
-
-
-def _parse_toolchain(value, field_name: str) -> Toolchain:
-    """``value`` as a Toolchain: a member, its name (OE_3_5_0), its value (OE-v3.5.0) or the bare
-    version (3.5.0); ValueError naming ``field_name`` and the allowed names otherwise."""
-    if isinstance(value, Toolchain):
-        return value
-    text = str(value).strip()
-    for t in Toolchain:
-        if text in (t.name, t.value, t.value.removeprefix("OE-v")):
-            return t
-    allowed = ", ".join(t.name for t in Toolchain)
-    raise ValueError(f"{field_name}={value!r} is not allowed; allowed: {allowed}")
-
-
-_RULE_ENUMS = {
-    "family": GemmFamily,
-    "activation": DType,
-    "accumulator": DType,
-    "accumulator_overflow": Overflow,
-    "requant": Requant,
-    "requant_round": Round,
-    "bias_dtype": DType,
-}
-
-
-def _rule_value(key: str, value):
-    cls = _RULE_ENUMS.get(key)
-    if cls is None or isinstance(value, cls):
-        return value
-    if isinstance(value, str) and value in cls.__members__:
-        return cls[value]
-    allowed = ", ".join(cls.__members__)
-    raise ValueError(f"{key}={value!r} is not a {cls.__name__}; allowed: {allowed}")
-
-
-def _gemm_rule(rule, index: int) -> GemmRule:
-    """A ``gemm_rules`` entry (a GemmRule, or a mapping with enum members by name) as a frozen
-    GemmRule (OmegaConf hands over its own copy)."""
-    try:
-        if isinstance(rule, GemmRule):
-            return GemmRule(**{f: getattr(rule, f) for f in GemmRule.__dataclass_fields__})
-        return GemmRule(**{k: _rule_value(k, v) for k, v in dict(rule).items()})
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"platform.gemm_rules[{index}]: {e}") from None
-
-
-def _check_op_types(field_name: str, ops) -> None:
-    """Every entry of ``ops`` an op type quantlab models (``op_kinds.KNOWN_OP_TYPES``)."""
-    from quantlab.op_kinds import KNOWN_OP_TYPES
-
-    unknown = [o for o in ops if o not in KNOWN_OP_TYPES]
-    if unknown:
-        allowed = ", ".join(sorted(KNOWN_OP_TYPES))
-        raise ValueError(f"{field_name} has unknown op types {unknown}; allowed: {allowed}")
-
-
-def _check_choice(field_name: str, value, allowed) -> None:
-    if value not in allowed:
-        shown = ", ".join(a.name if isinstance(a, enum.Enum) else str(a) for a in allowed)
-        got = value.name if isinstance(value, enum.Enum) else value
-        raise ValueError(f"{field_name}={got} is not allowed; allowed: {shown}")
 
 
 PLATFORM_NAMES = (
