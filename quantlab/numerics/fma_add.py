@@ -59,13 +59,9 @@ def qlinear_add(
     za, zb, zc = (torch.tensor(float(v + zero_point), dtype=torch.float32) for v in zero_points)
     fixed = zc - fma.fma_float32(ra, za, rb * zb)  # a 0-d constant (the per-element fma below)
     scalars = (float(ra), float(rb), float(fixed))
-    if x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:  # one table
-        key = (*scalars, zero_point, out)
-        table = _PAIR_TABLES.get(
-            key, x.dtype, y.dtype, lambda a, b: _add_codes(a, b, *scalars, zero_point, out)
-        )
-        return pair_table.lookup(table, x, y)
-    return _add_codes(x, y, *scalars, zero_point, out)
+    return _PAIR_TABLES.apply(
+        (*scalars, zero_point, out), x, y, lambda a, b: _add_codes(a, b, *scalars, zero_point, out)
+    )
 
 
 def _add_codes(

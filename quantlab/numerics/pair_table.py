@@ -60,5 +60,15 @@ class PairTables:
             self._tables[full] = table
         return table
 
+    def apply(
+        self, key: tuple, x: Tensor, y: Tensor, fn: Callable[[Tensor, Tensor], Tensor]
+    ) -> Tensor:
+        """``fn(x, y)`` (an elementwise function of two code tensors, broadcasting): read from
+        the table of ``fn`` on every pair (built once per ``key`` and dtypes) where both are
+        8-bit codes, else computed."""
+        if x.dtype in EIGHT_BIT and y.dtype in EIGHT_BIT:
+            return lookup(self.get(key, x.dtype, y.dtype, fn), x, y)
+        return fn(x, y)
+
     def __len__(self) -> int:
         return len(self._tables)

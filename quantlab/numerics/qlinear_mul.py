@@ -49,14 +49,12 @@ def qlinear_mul(
     if x.is_floating_point() or y.is_floating_point():
         raise TypeError(f"x and y must hold integer codes, got {x.dtype} and {y.dtype}")
     m = ratio(x_scale, y_scale, out_scale)
-    zx, zy, zo = zero_points
-    if x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:  # one table
-        key = (m, zx, zy, zo, zero_point, out)
-        table = _PAIR_TABLES.get(
-            key, x.dtype, y.dtype, lambda a, b: _mul_codes(a, b, m, zero_points, zero_point, out)
-        )
-        return pair_table.lookup(table, x, y)
-    return _mul_codes(x, y, m, zero_points, zero_point, out)
+    return _PAIR_TABLES.apply(
+        (m, *zero_points, zero_point, out),
+        x,
+        y,
+        lambda a, b: _mul_codes(a, b, m, zero_points, zero_point, out),
+    )
 
 
 def _mul_codes(

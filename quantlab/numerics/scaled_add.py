@@ -91,14 +91,13 @@ def add_inter_scale(
         constants = add_constants(
             x_scale, y_scale, out_scale, out, scheme, rounding, inter_shift, mult_bits
         )
-    if stats is None and x.dtype in pair_table.EIGHT_BIT and y.dtype in pair_table.EIGHT_BIT:
-        table = _PAIR_TABLES.get(
+    if stats is None:  # 8-bit codes read a table of every pair
+        return _PAIR_TABLES.apply(
             _table_key(constants, out, rounding, zero_points),
-            x.dtype,
-            y.dtype,
+            x,
+            y,
             lambda a, b: _add_inter_scale_codes(a, b, constants, out, rounding, zero_points),
         )
-        return pair_table.lookup(table, x, y)
     return _add_inter_scale_codes(x, y, constants, out, rounding, zero_points, stats)
 
 
