@@ -31,6 +31,17 @@ from ort_qlinear_ops import (  # noqa: E402
 )
 
 N_ADD = 300
+
+
+def _add_scales(rng, exact_ties: bool = False) -> tuple:
+    """(sa, sb, sc) of an add case: operand scales in [1e-3, 0.1] (``exact_ties``: powers of
+    two, whose sums land on exact ties), the output's near their sum."""
+    sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
+    if exact_ties:
+        sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
+    return sa, sb, F32((sa + sb) * rng.uniform(0.5, 1.5))
+
+
 N_GAP = 200
 
 
@@ -51,10 +62,7 @@ def test_qlinear_add_oracle_matches_onnxruntime(chunk):
         a = rng.integers(info.min, info.max + 1, shape).astype(dt)
         b = rng.integers(info.min, info.max + 1, shape[-1:] if seed % 5 == 0 else shape)
         b = b.astype(dt)
-        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
-        if seed % 7 == 0:  # power-of-two scales: exact ties
-            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
-        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        sa, sb, sc = _add_scales(rng, exact_ties=seed % 7 == 0)
         z, zc = _zero_points(rng, dt, seed)
         got = run_qlinear_add(a, sa, z, b, sb, z, sc, zc)
         want = qlinear_add(a, sa, z, b, sb, z, sc, zc)
@@ -70,10 +78,7 @@ def test_profile_add_with_asymmetric_uint8_operands_matches_onnxruntime():
         a = rng.integers(0, 256, shape).astype(np.uint8)
         b = rng.integers(0, 256, shape).astype(np.uint8)
         za, zb, zc = (int(v) for v in rng.integers(0, 256, 3))
-        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
-        if seed % 7 == 0:  # power-of-two scales: exact ties
-            sa, sb = F32(2.0 ** -int(rng.integers(3, 8))), F32(2.0 ** -int(rng.integers(3, 8)))
-        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        sa, sb, sc = _add_scales(rng, exact_ties=seed % 7 == 0)
         ort = run_qlinear_add(a, sa, za, b, sb, zb, sc, zc)
         got = profile_qlinear_add(
             torch.from_numpy(a.astype(np.int64)),
@@ -341,8 +346,7 @@ def test_qlinear_add_fuses_its_zero_point_products_as_onnxruntime_does():
         out = DType.UINT8 if dt == np.uint8 else DType.INT8
         a, b = every_pair(out.torch_dtype, out.torch_dtype)
         za, zb, zc = (int(v) for v in rng.integers(info.min, info.max + 1, 3))
-        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
-        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        sa, sb, sc = _add_scales(rng)
         got = profile_qlinear_add(a, float(sa), b, float(sb), float(sc), out, 0, (za, zb, zc))
         ra, rb = F32(sa / sc), F32(sb / sc)
         apart = F32(F32(zc) - F32(F32(ra * F32(za)) + F32(rb * F32(zb))))
@@ -373,8 +377,7 @@ def test_profile_add_of_uint8_codes_is_not_shifted():
     checked = 0
     for t in range(40):
         za, zb, zc = (int(v) for v in rng.integers(0, 256, 3))
-        sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
-        sc = F32((sa + sb) * rng.uniform(0.5, 1.5))
+        sa, sb, sc = _add_scales(rng)
         got = add_codes(p, a, sa, b, sb, sc, DType.UINT8, (za, zb, zc)).numpy()
         shifted = profile_qlinear_add(
             a, float(sa), b, float(sb), float(sc), DType.UINT8, 128, (za, zb, zc)

@@ -74,27 +74,17 @@ def _quantlab(x: np.ndarray, scale: float, dt, zp: int, p) -> np.ndarray:
 
 
 def _ort_quantize_linear(x: np.ndarray, scale: float, zp: int, dt) -> np.ndarray:
-    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
+    from ort_graphs import ONNX_TYPES, session
 
-    kinds = {np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8, np.int16: TensorProto.INT16}
     node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
-    graph = helper.make_graph(
-        [node],
-        "q",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
-        [helper.make_tensor_value_info("y", kinds[dt], None)],
-        [
-            numpy_helper.from_array(np.array(scale, np.float32), "s"),
-            numpy_helper.from_array(np.array(zp, dt), "z"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})[0]
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "s"),
+        numpy_helper.from_array(np.array(zp, dt), "z"),
+    ]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
+    return session([node], [x_info], ONNX_TYPES[np.dtype(dt)], inits).run(None, {"x": x})[0]
 
 
 @pytest.mark.parametrize(
