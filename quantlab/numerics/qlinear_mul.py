@@ -14,14 +14,14 @@ Pure functions on integer tensors; 8-bit operands read a table of every pair of 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from quantlab.numerics import pair_table
 from quantlab.numerics.dtypes import DType
+from quantlab.numerics.quantize import INT32_LIMIT
 from quantlab.numerics.scales import check_tensor_scale
-
-INT32_LIMIT = 2.0**31
 
 
 def ratio(x_scale, y_scale, out_scale) -> float:
@@ -75,11 +75,9 @@ _PAIR_TABLES = pair_table.PairTables()
 
 def qlinear_mul_reference(
     x, x_scale, y, y_scale, out_scale, out: DType, zero_point: int = 0, zero_points=(0, 0, 0)
-) -> list:
+) -> np.ndarray:
     """Slow twin of ``qlinear_mul`` on equal-shaped codes: Python ints and numpy float32
-    scalars, one element at a time, as nested lists (int)."""
-    import numpy as np
-
+    scalars, one element at a time; int64 codes."""
     f32 = np.float32
     m = f32(f32(f32(x_scale) * f32(y_scale)) / f32(out_scale))
     zx, zy, zo = zero_points
@@ -89,7 +87,7 @@ def qlinear_mul_reference(
         acc = (a - zx) * (b - zy)
         v = f32(f32(f32(acc) * m) + f32(zo + zero_point))
         r = int(np.rint(float(v)))
-        r = r if -(2**31) <= r < 2**31 else -(2**31)
+        r = r if -INT32_LIMIT <= r < INT32_LIMIT else -INT32_LIMIT
         r = min(max(r, -32768), 32767)  # int16 pack
         res.append(min(max(r - zero_point, out.qmin), out.qmax))
-    return np.array(res, dtype=np.int64).reshape(np.asarray(x).shape).tolist()
+    return np.array(res, dtype=np.int64).reshape(np.asarray(x).shape)
