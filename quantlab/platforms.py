@@ -31,7 +31,14 @@ from quantlab.numerics.lut.functions import default_spec
 from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
-from quantlab.numerics.quantize import Divide, QuantizeCast, ScaleRule, quantize
+from quantlab.numerics.quantize import (
+    Divide,
+    QuantizeCast,
+    QuantizeTail,
+    ScaleRule,
+    quantize,
+    quantize_scalar_tail,
+)
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine
@@ -69,6 +76,9 @@ class PlatformConfig:
     # how fixed mode's quantize forms x / s: a division (QuantizeLinear, TFLite) or a product by
     # fl32(1 / s) (XNNPACK)
     quantize_divide: Divide = Divide.BY_SCALE
+    # elements fixed mode's quantize computes by another rule (LiteRT's own int16 QUANTIZE:
+    # its scalar loop after the blocks of 8 its vector loop takes)
+    quantize_tail: QuantizeTail = QuantizeTail.NONE
     weight_narrow_range: bool = False  # weights in [-qmax, qmax] (TFLite) instead of full range
     weight_per_channel: bool = True  # one weight scale per output channel; false: per tensor
     # activation observer of every op unless a qconfig says otherwise
@@ -294,8 +304,9 @@ class PlatformConfig:
     def quantize_codes(self, x: Tensor, scale, dtype: DType, zero_point: int = 0) -> Tensor:
         """Codes of float ``x`` as this platform's quantize op gives them in fixed mode
         (``dtype``'s torch dtype): x / scale formed by ``quantize_divide``, rounded by
-        ``fake_round``, + ``zero_point``, saturated; NaN and overflow by ``quantize_cast``."""
-        return quantize(
+        ``fake_round``, + ``zero_point``, saturated; NaN and overflow by ``quantize_cast``;
+        the elements ``quantize_tail`` names by its rule."""
+        codes = quantize(
             x,
             scale,
             dtype,
@@ -304,6 +315,9 @@ class PlatformConfig:
             divide=self.quantize_divide,
             cast=self.quantize_cast,
         )
+        if self.quantize_tail is QuantizeTail.SCALAR_FLOAT64_HALF_AWAY:
+            codes = quantize_scalar_tail(codes, x, scale, dtype, zero_point)
+        return codes
 
     def gemm_contract(
         self,

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import (
+    Divide,
     QuantizeCast,
+    QuantizeTail,
     QuantStats,
     ScaleRule,
     compute_scale,
@@ -18,6 +20,8 @@ from quantlab.numerics.quantize import (
     fake_cast,
     fake_quant,
     quantize,
+    quantize_scalar_tail,
+    tail_positions,
 )
 from quantlab.numerics.rounding import Round
 
@@ -250,3 +254,46 @@ def test_quantize_cast_codes_of_nan_and_overflow():
     # 16-bit codes: NAN_TO_HIGHEST is XNNPACK's 8-bit rule; LiteRT converts them by int32
     wide = quantize(x, 1.0, DType.INT16, cast=QuantizeCast.NAN_TO_HIGHEST)
     assert wide.tolist() == [-32768, -32768, -32768, -32768, 32767, 5]
+
+
+@pytest.mark.parametrize(
+    "shape", [(), (3,), (13,), (2, 7), (2, 3, 5), (1, 3, 5, 6), (2, 3, 2, 5), (1, 2, 3, 2, 5)]
+)
+def test_quantize_scalar_tail_agrees_with_reference(shape):
+    """``QuantizeTail.SCALAR_FLOAT64_HALF_AWAY``: the fast form (the product rule, then the last
+    n mod 8 elements recomputed in float64) gives the reference's codes for every rank (4-d:
+    the tail in NHWC order), with ties, NaN, infinities and zero points; 8-bit codes keep one
+    rule."""
+    g = torch.Generator().manual_seed(len(shape) + math.prod(shape))
+    n = math.prod(shape)
+    pool = torch.cat(
+        [tie_values().float() * 0.75, torch.tensor([float("nan"), float("inf"), -3e9])]
+    )
+    for zp in (0, -700):
+        x = pool[torch.randint(0, pool.numel(), (n,), generator=g)].reshape(shape)
+        for scale in (0.75, 0.0371):
+            body = quantize(
+                x, scale, DType.INT16, zero_point=zp, cast=QuantizeCast.INT32_CAST,
+                divide=Divide.BY_RECIPROCAL,
+            )  # fmt: skip
+            fast = quantize_scalar_tail(body.clone(), x, scale, DType.INT16, zp)
+            want = ref.quantize(
+                x, scale, DType.INT16, zero_point=zp, cast=QuantizeCast.INT32_CAST,
+                divide=Divide.BY_RECIPROCAL, tail=QuantizeTail.SCALAR_FLOAT64_HALF_AWAY,
+            )  # fmt: skip
+            assert_bits_equal(fast.to(torch.int64), torch.from_numpy(want))
+            changed = (fast != body).flatten().nonzero().flatten().tolist()
+            nhwc = len(shape) == 4
+            tail = set(map(tuple, tail_positions(shape, channels_last=nhwc)))
+            assert all(tuple(np.unravel_index(i, shape)) in tail for i in changed)
+    codes8 = quantize(x.clamp(-100, 100), 1.0, DType.INT8)
+    assert_bits_equal(quantize_scalar_tail(codes8.clone(), x, 1.0, DType.INT8), codes8)
+
+
+def test_tail_positions_in_memory_order():
+    assert tail_positions((11,), channels_last=False) == [(8,), (9,), (10,)]
+    assert tail_positions((2, 5), channels_last=False) == [(1, 3), (1, 4)]
+    # N, C, H, W = 1, 3, 2, 3 held as NHWC: the last two are (h=1, w=2, c=1) and (c=2)
+    assert tail_positions((1, 3, 2, 3), channels_last=True) == [(0, 1, 1, 2), (0, 2, 1, 2)]
+    assert tail_positions((1, 3, 2, 3), channels_last=False) == [(0, 2, 1, 1), (0, 2, 1, 2)]
+    assert tail_positions((16,), channels_last=False) == []

@@ -8,6 +8,8 @@ with random ones and rounding ties, with and without zero points."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from bits import assert_bits_equal
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import QuantizeCast
+from quantlab.numerics.quantize import QuantizeCast, QuantizeTail
 from quantlab.platforms import load_platform
 
 F32_BELOW_2_31 = 2147483520.0  # the largest float32 below 2**31
@@ -65,7 +67,7 @@ def _quantlab(x: np.ndarray, scale: float, dt, zp: int, p) -> np.ndarray:
     out = _DTYPES[np.dtype(dt)]
     codes = p.quantize_codes(torch.from_numpy(x), scale, out, zp)
     rules = dict(zero_point=zp, cast=p.quantize_cast, divide=p.quantize_divide)
-    want = ref.quantize(x, scale, out, p.fake_round, **rules)
+    want = ref.quantize(x, scale, out, p.fake_round, tail=p.quantize_tail, **rules)
     assert_bits_equal(codes.to(torch.int64), torch.from_numpy(want))  # fast form == reference
     return codes.numpy()
 
@@ -105,13 +107,17 @@ def test_quantize_linear_matches_onnxruntime(dt, zp, profile):
 # --- LiteRT --------------------------------------------------------------------------------
 
 
-def _litert_quantize(x: np.ndarray, scale: float, zp: int, dt, kernels) -> tuple[np.ndarray, bool]:
+def _litert_quantize(
+    x: np.ndarray, scale: float, zp: int, dt, kernels, shape=None
+) -> tuple[np.ndarray, bool]:
+    """LiteRT's QUANTIZE of ``x`` (as a [1, n] tensor, or of ``shape``), flattened."""
     pytest.importorskip("ai_edge_litert")
     import litert_models as L
 
+    shape = [1, x.size] if shape is None else list(shape)
     m = L.ModelBuilder()
-    xi = m.tensor("x", np.float32, [1, x.size])
-    yi = m.tensor("y", dt, [1, x.size], scale=scale, zero_point=[zp])
+    xi = m.tensor("x", np.float32, shape)
+    yi = m.tensor("y", dt, shape, scale=scale, zero_point=[zp])
     model = m.finish(
         L.S.BuiltinOperator.QUANTIZE,
         [xi],
@@ -120,7 +126,7 @@ def _litert_quantize(x: np.ndarray, scale: float, zp: int, dt, kernels) -> tuple
         L.S.QuantizeOptionsT(),
         [xi],
     )
-    res = L.run(model, [x.reshape(1, -1)], kernels)
+    res = L.run(model, [x.reshape(shape)], kernels)
     return res.y.reshape(-1), res.delegated
 
 
@@ -165,3 +171,70 @@ def test_quantize_matches_xnnpack(dt, zp):
     away, _ = _litert_quantize(ties, 1.0, zp, dt, L.Kernels.REFERENCE)
     even, _ = _litert_quantize(ties, 1.0, zp, dt, L.Kernels.DEFAULT)
     assert (away != even).any()  # the two kernels round ties apart
+
+
+def _near_ties(scale: float, lo: int, hi: int) -> np.ndarray:
+    """Float32 values within 3 ulps of (k + 0.5) * scale for k in [lo, hi): where fl32(x * fl32(1
+    / s)), fl32(x / s) and the double quotient x / s round apart."""
+    f32 = np.float32
+    base = ((np.arange(lo, hi) + 0.5) * scale).astype(f32)
+    steps = [base]
+    up, down = base, base
+    for _ in range(3):
+        up, down = np.nextafter(up, f32(np.inf)), np.nextafter(down, f32(-np.inf))
+        steps += [up, down]
+    return np.concatenate(steps).astype(f32)
+
+
+@pytest.mark.parametrize("zp", [0, 5])
+@pytest.mark.parametrize("tail", range(8))
+def test_int16_quantize_matches_litert_blocks_and_tail(tail, zp):
+    """LiteRT's own int16 QUANTIZE (not delegated): whole blocks of 8 elements by rne(fl32(x *
+    fl32(1 / s))), the last n mod 8 by the double quotient rounded half away from zero; NaN,
+    infinities and overflow to the lowest code in both loops. Near-ties, exact ties and the
+    special values land in the blocks and in the tail (the elements are shuffled)."""
+    import litert_models as L
+
+    p = load_platform("litert_xnnpack")
+    assert p.quantize_tail is QuantizeTail.SCALAR_FLOAT64_HALF_AWAY
+    missed = 0
+    for seed, scale in enumerate((1.0, 0.0371, 3.5)):
+        rng = np.random.default_rng(100 * tail + seed)
+        x = np.concatenate([_inputs(seed, scale), _near_ties(scale, -300, 300)])
+        x = x[rng.permutation(x.size)]
+        x = x[: (x.size // 8 - 1) * 8 + tail]  # n mod 8 == tail
+        assert x.size % 8 == tail
+        # the tail holds exact ties, near ties and a NaN where it has room
+        end = [np.float32(2.5 * scale), np.float32(-2.5 * scale), np.float32(np.nan)]
+        end += list(_near_ties(scale, 7, 9)[:4])
+        x[x.size - tail :] = np.array(end[:tail], np.float32)
+        want, delegated = _litert_quantize(x, scale, zp, np.int16, L.Kernels.DEFAULT)
+        assert not delegated
+        got = _quantlab(x, scale, np.int16, zp, p)
+        assert_bits_equal(torch.from_numpy(got), torch.from_numpy(want))
+        one_rule = replace(p, quantize_tail=QuantizeTail.NONE)
+        old = one_rule.quantize_codes(torch.from_numpy(x), scale, DType.INT16, zp).numpy()
+        assert (old[: x.size - tail] == want[: x.size - tail]).all()  # the blocks: one rule
+        missed += int((old != want).sum())
+    assert missed > 0 if tail else missed == 0
+
+
+def test_int16_quantize_tail_is_last_in_nhwc_order():
+    """A 4-d tensor: LiteRT holds it NHWC, so the tail is the last elements in that order;
+    quantlab's NCHW codes of the same values match LiteRT's element for element."""
+    import litert_models as L
+
+    p = load_platform("litert_xnnpack")
+    scale, nhwc = 0.25, (1, 3, 5, 6)  # 90 elements: a tail of 2; x / s exact
+    rng = np.random.default_rng(5)
+    x = (rng.integers(-400, 400, nhwc) * 0.125).astype(np.float32)  # ties and integers
+    # exact ties at the last but one element in NHWC order (in the tail) and in NCHW order
+    # (not in the tail)
+    x[0, -1, -1, -2] = np.float32(2.5 * scale)
+    x[0, -1, -2, -1] = np.float32(-4.5 * scale)
+    want, _ = _litert_quantize(x, scale, 0, np.int16, L.Kernels.DEFAULT, shape=nhwc)
+    nchw = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    got = _quantlab(nchw, scale, np.int16, 0, p)
+    assert_bits_equal(torch.from_numpy(got.transpose(0, 2, 3, 1).ravel()), torch.from_numpy(want))
+    # half away in the tail (3; the vector loop gives 2), half to even before it (-4)
+    assert want.reshape(nhwc)[0, -1, -1, -2] == 3 and want.reshape(nhwc)[0, -1, -2, -1] == -4

@@ -10,7 +10,7 @@ from fractions import Fraction
 import numpy as np
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import Divide, QuantizeCast
+from quantlab.numerics.quantize import Divide, QuantizeCast, QuantizeTail
 from quantlab.numerics.reference.arrays import as_numpy
 from quantlab.numerics.reference.rounding import round_fraction
 from quantlab.numerics.requant import Requant
@@ -164,11 +164,14 @@ def quantize(
     zero_point: int = 0,
     cast: QuantizeCast = QuantizeCast.NAN_TO_ZERO_POINT,
     divide: Divide = Divide.BY_SCALE,
+    tail: QuantizeTail = QuantizeTail.NONE,
 ) -> np.ndarray:
     """fl32(x / scale) (BY_RECIPROCAL: fl32(x * fl32(1 / scale))) rounded by ``mode``, +
     zero_point, then clamped; +inf -> qmax, -inf -> qmin, NaN -> zero_point (NAN_TO_LOWEST:
     qmin; NAN_TO_HIGHEST, 8-bit: qmax; INT32_CAST: int32(r) with -2**31 for NaN and r outside
-    [-2**31, 2**31), + zero_point wrapping in int32, clamped)."""
+    [-2**31, 2**31), + zero_point wrapping in int32, clamped). ``tail``
+    SCALAR_FLOAT64_HALF_AWAY, codes wider than 8 bits: the last (n mod 8) elements in memory
+    order (4-d: NHWC) by the double quotient rounded half away, then as INT32_CAST."""
     cast = cast.for_bits(dtype.bits)
     nan_code = {
         QuantizeCast.NAN_TO_ZERO_POINT: zero_point,
@@ -200,6 +203,17 @@ def quantize(
         else:
             r = round_fraction(Fraction(t), mode) + zero_point
             out.append(min(max(r, dtype.qmin), dtype.qmax))
+    if tail is QuantizeTail.SCALAR_FLOAT64_HALF_AWAY and dtype.bits > 8:
+        ids = np.arange(xa.size).reshape(xa.shape)
+        if xa.ndim == 4:
+            ids = np.moveaxis(ids, 1, -1)  # element ids in NHWC memory order
+        ids = ids.ravel()
+        for k in ids[ids.size - ids.size % 8 :]:
+            with np.errstate(all="ignore"):
+                t = float(np.float64(xa.flat[k]) / np.float64(s.ravel()[0]))  # one double division
+            r = round_fraction(Fraction(t), Round.HALF_AWAY) if math.isfinite(t) else INT32_MIN
+            r = r if INT32_MIN <= r <= INT32_MAX else INT32_MIN
+            out[k] = min(max(_wrap32(r + zero_point), dtype.qmin), dtype.qmax)
     return np.array(out, dtype=np.int64).reshape(v.shape)
 
 
