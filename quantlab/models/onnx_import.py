@@ -46,6 +46,7 @@ from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
 from quantlab.models.onnx_pads import explicit_pads
 from quantlab.models.onnx_reference import onnxruntime_runner
 from quantlab.models.onnx_refusals import refuse_control_flow, refuse_quantized
+from quantlab.models.onnx_resize import constant_resize_args
 
 
 @dataclass
@@ -396,6 +397,8 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
     scalar_operands(module)
+    static = all(None not in g for g in graph)  # no dim but the batch set at load
+    constant_resize_args(module, tuple(_zeros(model, shapes)) if static else None)
     fixed_batch = _fixed_batch(model)
     try:
         unbatched = restore_batch_axis(module.eval(), fixed_batch, _zeros(model, shapes))
