@@ -46,7 +46,7 @@ from quantlab.models.onnx_outputs import outputs_by_name, restore_batch_axis
 from quantlab.models.onnx_pads import explicit_pads
 from quantlab.models.onnx_reference import onnxruntime_runner
 from quantlab.models.onnx_refusals import refuse_control_flow, refuse_quantized
-from quantlab.models.onnx_resize import constant_resize_args
+from quantlab.models.onnx_shape_args import constant_shape_args
 
 
 @dataclass
@@ -310,13 +310,13 @@ def _fixed_batch(model) -> int | None:
     return 1 if any(d is not None for d in firsts[1:]) else None
 
 
-def _zeros(model, shapes: list[list[int]]) -> list[Tensor]:
-    """Zeros of the graph's input shapes (``shapes`` without the batch) and dtypes, at the
-    batch the graph fixes (else 1)."""
+def _zeros(model, shapes: list[list[int]], batch: int | None = None) -> list[Tensor]:
+    """Zeros of the graph's input shapes (``shapes`` without the batch) and dtypes, at
+    ``batch`` (None: the batch the graph fixes, else 1)."""
     import numpy as np
     from onnx import helper
 
-    batch = _fixed_batch(model) or 1
+    batch = batch or _fixed_batch(model) or 1
     xs = []
     for inp, shape in zip(_graph_inputs(model), shapes):
         dtype = helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
@@ -397,8 +397,11 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
     scalar_operands(module)
-    static = all(None not in g for g in graph)  # no dim but the batch set at load
-    constant_resize_args(module, tuple(_zeros(model, shapes)) if static else None)
+    if all(None not in g for g in graph):  # no dim but the batch set at load
+        batches = [_fixed_batch(model)] if _fixed_batch(model) else [1, 2]
+        constant_shape_args(module, [tuple(_zeros(model, shapes, b)) for b in batches])
+    else:
+        constant_shape_args(module)
     fixed_batch = _fixed_batch(model)
     try:
         unbatched = restore_batch_axis(module.eval(), fixed_batch, _zeros(model, shapes))

@@ -11,23 +11,19 @@
   ``tf_half_pixel_for_nn`` coordinates, another ``cubic_coeff_a``, ``exclude_outside``, an
   align-corners downscale or a pytorch-half-pixel output of one pixel is refused by name.
 
-A Resize whose scales or sizes are constants of the graph (onnxslim folds them for static input
-shapes) gets them as Python lists in the converted graph's code (``constant_resize_args``),
-and its ``F.interpolate`` call runs in ``OnnxListResize``, onnx2torch's call with those
-numbers: the same call, but ``forward`` reads no tensor's values, so torch dynamo traces it as
-one graph and a steady loop can run as a traced program (``Tensor.tolist`` of float scales
-stopped dynamo).
+A Resize whose scales or sizes are constants of the graph gets them as Python lists
+(``onnx_shape_args``), and its ``F.interpolate`` call runs in ``OnnxListResize``, onnx2torch's
+call taking those lists.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from quantlab.models.onnx_nodes import attribute_text, converted, refuse, wrap_held
 
@@ -127,122 +123,6 @@ class OnnxListResize(nn.Module):
         return F.interpolate(
             x, size=size, scale_factor=scale_factor, mode=mode, align_corners=self.align_corners
         )
-
-
-def constant_resize_args(gm: nn.Module, example: tuple | None = None) -> int:
-    """Give every Resize node of the converted graph ``gm`` whose roi, scales and sizes are
-    constants their values as Python lists, and its onnx2torch module (the node's own, or the
-    one its wrapper calls) ``OnnxListResize``'s call under the same name (module docstring).
-    Constants: a Constant node or an initializer; with ``example`` (inputs of the graph's only
-    shapes but the batch) also a value computed from tensors' shapes alone (``Shape`` nodes,
-    constants and arithmetic on them: ``F.interpolate(x, size=...)`` as torch exports it),
-    taken from a run on ``example`` with its batch entry None (the input's own). Returns how
-    many nodes changed."""
-    graph = getattr(gm, "graph", None)
-    if graph is None:
-        return 0
-    count = 0
-    from_shapes = _values_from_shapes(gm, example) if example is not None else {}
-    for node in list(graph.nodes):
-        if node.op != "call_module":
-            continue
-        module = gm.get_submodule(node.target)
-        kind = type(module).__name__
-        names = ("input_tensor", "roi", "scales", "sizes")
-        if kind == "OnnxResizeV10":
-            names = ("input_tensor", "scales")
-        elif kind != "OnnxResize" and not (
-            isinstance(module, (OnnxNearestResize, OnnxCheckedResize))
-            and type(module.torch_resize).__name__ == "OnnxResize"
-        ):
-            continue
-        bound = dict(zip(names, node.args)) | dict(node.kwargs)
-        values = {k: v for k, v in bound.items() if k != "input_tensor"}
-        constants = {k: _constant(gm, v) for k, v in values.items() if isinstance(v, fx.Node)}
-        for k, c in constants.items():
-            if c is None and values[k] in from_shapes:
-                constants[k] = from_shapes[values[k]]
-        if any(c is None for c in constants.values()):
-            continue  # a value computed from tensors' values
-        node.args = (bound["input_tensor"],)
-        node.kwargs = {
-            k: (constants[k] if k in constants else v) for k, v in values.items()
-        }  # fmt: skip
-        if kind == "OnnxResize":
-            gm.add_submodule(node.target, OnnxListResize.of(module))
-        elif kind == "OnnxResizeV10":
-            module._resize = OnnxListResize.of(module._resize)
-        else:
-            module.torch_resize = OnnxListResize.of(module.torch_resize)
-        count += 1
-    if count:
-        graph.eliminate_dead_code()
-        gm.recompile()
-    return count
-
-
-def _constant(gm: nn.Module, node: fx.Node) -> list | None:
-    """The values (``Tensor.tolist``) a graph node always gives: an initializer (``get_attr``)
-    or onnx2torch's ``OnnxConstant`` module (a Constant node); None for any other node."""
-    value = None
-    if node.op == "get_attr":
-        value = functools.reduce(getattr, node.target.split("."), gm)
-    elif node.op == "call_module" and not node.args and not node.kwargs:
-        module = gm.get_submodule(node.target)
-        if type(module).__name__ == "OnnxConstant":
-            value = getattr(module, "value", None)
-    return value.tolist() if isinstance(value, Tensor) else None
-
-
-def _values_from_shapes(gm: fx.GraphModule, example: tuple) -> dict[fx.Node, list]:
-    """The scales and sizes nodes of the Resize calls in ``gm`` that depend on the graph's
-    inputs only through ``Shape`` nodes, with their values in a run on ``example`` (the first,
-    batch, entry of a sizes value None)."""
-    wanted: dict[fx.Node, str] = {}
-    for node in gm.graph.nodes:
-        if node.op != "call_module" or "Resize" not in type(gm.get_submodule(node.target)).__name__:
-            continue
-        args = dict(zip(("input_tensor", "roi", "scales", "sizes"), node.args)) | node.kwargs
-        if type(gm.get_submodule(node.target)).__name__ == "OnnxResizeV10":
-            args = dict(zip(("input_tensor", "scales"), node.args)) | node.kwargs
-        for key in ("scales", "sizes"):
-            arg = args.get(key)
-            if isinstance(arg, fx.Node) and _shapes_only(gm, arg):
-                wanted[arg] = key
-    if not wanted:
-        return {}
-    seen: dict[fx.Node, list] = {}
-
-    class _Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node):
-            out = super().run_node(n)
-            if n in wanted and isinstance(out, Tensor):
-                seen[n] = out.tolist()
-            return out
-
-    with torch.no_grad():
-        _Recorder(gm).run(*example)
-    for n, key in wanted.items():
-        if key == "sizes" and n in seen and seen[n]:
-            seen[n][0] = None
-    return seen
-
-
-def _shapes_only(gm: nn.Module, node: fx.Node) -> bool:
-    """Whether ``node``'s value depends on the graph's inputs only through ``Shape`` nodes (its
-    ancestors reach no input but through one)."""
-    stack, visited = [node], set()
-    while stack:
-        n = stack.pop()
-        if n in visited:
-            continue
-        visited.add(n)
-        if n.op == "placeholder":
-            return False
-        if n.op == "call_module" and type(gm.get_submodule(n.target)).__name__ == "OnnxShape":
-            continue
-        stack.extend(n.all_input_nodes)
-    return True
 
 
 class OnnxNearestResize(nn.Module):

@@ -118,8 +118,9 @@ class OnnxReshapeAllowZero(nn.Module):
     """ONNX Reshape with ``allowzero=1`` (the dynamo exporter writes it): a 0 in the shape is a
     dimension of size 0 and -1 takes the rest, exactly ``torch.reshape``'s reading."""
 
-    def forward(self, x: Tensor, shape: Tensor) -> Tensor:
-        return torch.reshape(x, [int(s) for s in shape.tolist()])
+    def forward(self, x: Tensor, shape: Tensor | list) -> Tensor:
+        values = shape.tolist() if isinstance(shape, Tensor) else shape  # a list: onnx_shape_args
+        return torch.reshape(x, [int(s) for s in values])
 
 
 def _reshape(older):

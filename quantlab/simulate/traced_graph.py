@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import Tensor, nn
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from quantlab.capture import IN_PLACE_OPERATORS, CaptureMode, ModelConstants, OpCall
 from quantlab.decompositions import decomposition
@@ -181,6 +182,19 @@ class _NamingTracer(fx.Tracer):
         return node
 
 
+def _as_built(value: Any) -> Any:
+    """``value`` with torch.fx's immutable lists and dicts (what ``fx.node.map_arg`` makes of
+    a node's arguments) as the plain list and dict the model's code returns (a model returning
+    a list, as onnx2torch's graphs of several outputs do, would differ from its run by type)."""
+    if type(value) is immutable_list:
+        return [_as_built(v) for v in value]
+    if type(value) is immutable_dict:
+        return {k: _as_built(v) for k, v in value.items()}
+    if type(value) is tuple:
+        return tuple(_as_built(v) for v in value)
+    return value
+
+
 class _PathStack:
     """Stands in for the ModuleTracker while the traced graph runs node by node."""
 
@@ -327,7 +341,7 @@ def named_run(
                 elif node.op in ("call_function", "call_method"):
                     env[node] = call_node(node.op, node.target, args, kwargs)
                 elif node.op == "output":
-                    out = args[0]
+                    out = _as_built(args[0])
                 else:
                     raise ProgramError(f"unexpected traced node {node.op} {node.target}")
     finally:

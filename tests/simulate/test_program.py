@@ -395,6 +395,35 @@ def test_data_dependent_control_flow_is_refused_with_the_reason():
         sim.program(torch.randn(1, 3, 4, 4), mode=Mode.FAKE)
 
 
+class _ListOutputs(nn.Module):
+    """Returns a list and a dict (onnx2torch's graphs of several outputs return lists)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        a, b = torch.split(self.conv(x), [1, 3], dim=1)
+        return [torch.relu(a), {"b": torch.sigmoid(b), "pair": (a, b)}]
+
+
+@pytest.mark.parametrize("mode", [Mode.FAKE, Mode.FIXED])
+def test_a_model_returning_lists_and_dicts_runs_as_a_program(mode):
+    """The traced graph's run hands its output over as plain lists and dicts, as the model
+    returns them (torch.fx's immutable containers made every list-returning model's program
+    differ from its run by type)."""
+    m = _ListOutputs().eval()
+    xs = [torch.randn(1, 3, 5, 5, generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    sim = _calibrated(m, [(x,) for x in xs])
+    prog = sim.program(xs[0], mode=mode)
+    for x in xs:
+        got, want = prog(x), sim.run(x, mode=mode)
+        assert type(got) is list and type(got[1]) is dict and type(got[1]["pair"]) is tuple
+        assert_bits_equal(got[0], want[0])
+        assert_bits_equal(got[1]["b"], want[1]["b"])
+    assert prog.fallbacks == 0
+
+
 def test_hooks_and_a_missing_calibration_are_refused():
     m, calib = _small()
     with pytest.raises(ProgramError, match="calibrate"):
