@@ -85,7 +85,7 @@ def _spatial(x: Tensor, scales: Values, sizes: Values) -> list[tuple[int, float]
 
 def _check_batch_channels(sizes: list, shape: list) -> None:
     """A Resize's sizes keep the input's batch and channels (an entry None: the input's own,
-    as ``constant_resize_args`` writes the batch it folded from the graph's shapes)."""
+    as ``onnx_shape_args`` writes the batch it takes from runs on the graph's shapes)."""
     if any(s is not None and int(s) != d for s, d in zip(sizes[:2], shape[:2])):
         raise NotImplementedError("Resize of the batch or channel axis is not converted")
 
