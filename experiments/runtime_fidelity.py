@@ -2,9 +2,10 @@
 
 The seeded one-op cases of the runtime tests (``tests/runtime``: CONV_2D, DEPTHWISE_CONV_2D,
 TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, LOGISTIC, TANH, RESIZE_BILINEAR,
-RESIZE_NEAREST_NEIGHBOR; int8 with nonzero
+RESIZE_NEAREST_NEIGHBOR, QUANTIZE of float32 values; int8 with nonzero
 zero points and 16x8 or int16; onnxruntime QLinearConv and QLinearMatMul with uint8 / int8
-activations and nonzero zero points, and every table op the exporter writes
+activations and nonzero zero points, QuantizeLinear to uint8, int8 and int16 (near-ties, NaN,
+infinities, values beyond the int32 range), and every table op the exporter writes
 (``ort_lut_models.OPS``: Sigmoid, Tanh, Exp, ..., HardSigmoid, HardSwish, LeakyRelu, Elu,
 Softplus) between DequantizeLinear and QuantizeLinear on every 8-bit code) run in the real
 runtime (LiteRT's reference kernels, LiteRT's default interpreter with XNNPACK, onnxruntime) and
@@ -185,6 +186,15 @@ def _litert_families(runtime: Runtime) -> list[Family]:
         for act, dt in (("int8", i8), ("int16", i16)):
             rows.append((op, act, lambda s, d=dt, n=nearest: C.resize_case(s, d, n), resize,
                          B.litert_resize))  # fmt: skip
+
+    def quantize(c):
+        return L.run(L.quantize_model(c), [c.x], kernels)
+
+    # float32 -> codes: the model's input and every float island (XNNPACK takes 8-bit QUANTIZE,
+    # LiteRT's own kernel int16)
+    for name, dt in (("int8", i8), ("int16", i16)):
+        rows.append(("QUANTIZE", name, lambda s, d=dt: C.quantize_case(s, d), quantize,
+                     B.quantize_case_codes))  # fmt: skip
     declined = {"TRANSPOSE_CONV": "SAME padding with a kernel smaller than the stride"}
     return [
         Family(
@@ -235,6 +245,15 @@ def _ort_families() -> list[Family]:
         rows.append(
             ("QLinearMatMul", name, matmul_case(act), Q.run_qlinearmatmul, B.ort_qlinearmatmul)
         )
+    import litert_cases as C
+    from ort_graphs import quantize_linear
+
+    def run_quantize(c):
+        return quantize_linear(c.x, c.yq.scale, c.yq.zero_point, c.dtype)
+
+    for act, name in ((np.uint8, "uint8"), (np.int8, "int8"), (np.int16, "int16")):
+        rows.append(("QuantizeLinear", name, lambda s, d=act: C.quantize_case(s, d), run_quantize,
+                     B.quantize_case_codes))  # fmt: skip
     # DQ -> op(s) -> Q: Sigmoid fused into QLinearSigmoid, the others in float32
     for op, graph in LUT.OPS.items():
         label = "QLinearSigmoid" if op == "sigmoid" else "+".join(graph)
@@ -406,7 +425,9 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "the add of a and -b (fixed_common.sub_codes), LOGISTIC / TANH and onnxruntime's "
         "table ops by the zero-point LUT (numerics.lut.zero_point), the resizes by its resize "
         "rule (numerics.litert_resize: LiteRT's own kernels, or XNNPACK's for int8 bilinear "
-        "resizes under litert_xnnpack; tests/runtime/quantlab_bridge.py). "
+        "resizes under litert_xnnpack), QUANTIZE and QuantizeLinear by the profile's "
+        "quantize_codes (its divide, rounding, NaN and overflow rule and, for LiteRT's own "
+        "int16 kernel, the scalar tail after blocks of 8; tests/runtime/quantlab_bridge.py). "
         "onnxruntime runs a table op as DequantizeLinear -> op(s) -> QuantizeLinear, the "
         "Sigmoid group fused into QLinearSigmoid, the others in float32 (silu: Sigmoid+Mul, "
         "rsqrt: Sqrt+Reciprocal); the onnxruntime profiles compute each entry as its float32 "
@@ -423,6 +444,10 @@ def runtime_fidelity(exp: RuntimeFidelityExp, ctx: RunContext) -> ExperimentResu
         "included, the mappings torch's calls give in turn (bilinear: half-pixel centres or "
         "align_corners; nearest: neither, or half-pixel centres for nearest-exact); LiteRT's "
         "default interpreter gives XNNPACK the int8 bilinear ones.",
+        "QUANTIZE / QuantizeLinear cases: float32 tensors of 1 to 4 dims with 1 to 8 "
+        "elements per dim (every count mod 8), 70% of the values within 3 ulps of a rounding "
+        "tie, the rest across the code range and beyond, NaN, infinities and values beyond "
+        "the int32 range in every third case; a 4-d case is LiteRT's N, H, W, C tensor.",
         "TRANSPOSE_CONV cases (strides 1-3, kernels 1-5, SAME and VALID, every 8th without a "
         "bias, also codes and int8 zero points at the ends of their range) are drawn only "
         "where torch's conv_transpose2d reproduces TFLite's padding (SAME with TFLite padding "

@@ -32,7 +32,9 @@ def test_rows_count_outputs_and_the_matching_profile_is_exact(result):
     the TRANSPOSE_CONV cases of seeds 0..3; RESIZE_BILINEAR int8 under XNNPACK, int16 under LiteRT's
     own kernel)."""
     df = result.table
-    families = 12 + 4 + 2 * 17  # LiteRT, onnxruntime GEMMs, its 17 tables (uint8 / int8)
+    # LiteRT (12 and QUANTIZE int8 / int16), onnxruntime GEMMs, QuantizeLinear (uint8, int8,
+    # int16), its 17 tables (uint8 / int8)
+    families = 14 + 4 + 3 + 2 * 17
     assert len(df) == families * 4  # x 4 profiles
     assert (df.outputs > 0).all() and (df.cases == 4).all()
     own = df[df.profile == df.runtime.map(matching_profiles())]

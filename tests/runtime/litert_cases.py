@@ -27,6 +27,7 @@ from litert_models import (
     LutCase,
     Padding,
     QParams,
+    QuantizeCase,
     ResizeCase,
     TransposeConvCase,
     conv_output_size,
@@ -387,3 +388,36 @@ def resize_case(seed: int, act_dtype, nearest: bool = False) -> ResizeCase:
     if nearest:
         return ResizeCase(x, xq, out_hw, False, odd, nearest=True)
     return ResizeCase(x, xq, out_hw, odd, not odd)
+
+
+def quantize_case(seed: int, dtype) -> QuantizeCase:
+    """A QUANTIZE (or QuantizeLinear) case: float32 values of a random shape of 1 to 4 dims
+    (every count of elements mod 8, so LiteRT's int16 scalar tail holds 0 to 7 of them): values
+    within 3 ulps of rounding ties (k + 0.5) * s and random ones across the code range and
+    beyond; every third seed also NaN, infinities and values beyond the int32 range. A random
+    scale (a power of two every fourth seed, where ties are exact) and zero point (int8 and
+    uint8: any; int16: 0 or a small one)."""
+    rng = np.random.default_rng(seed)
+    rank = int(rng.integers(1, 5))
+    shape = tuple(int(v) for v in rng.integers(1, 9, rank))
+    n = int(np.prod(shape))
+    s = np.float32(2.0 ** -int(rng.integers(2, 8))) if seed % 4 == 3 else _scale(rng, 1e-3, 1.0)
+    info = np.iinfo(dtype)
+    if np.dtype(dtype) == np.int16:
+        zp = int(rng.integers(-50, 51)) if seed % 2 else 0
+    else:
+        zp = int(rng.integers(int(info.min), int(info.max) + 1))
+    k = rng.integers(int(info.min) - zp - 4, int(info.max) - zp + 4, n)
+    ties = ((k + 0.5) * s).astype(np.float32)
+    steps = rng.integers(-3, 4, n)
+    near = ties.copy()
+    for i in range(n):  # nextafter |step| times towards the step's sign
+        for _ in range(abs(int(steps[i]))):
+            near[i] = np.nextafter(near[i], np.float32(np.sign(steps[i]) * np.inf))
+    wide = (rng.standard_normal(n) * (info.max - info.min) * s).astype(np.float32)
+    x = np.where(rng.random(n) < 0.7, near, wide).astype(np.float32)
+    if seed % 3 == 0:
+        special = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9], np.float32)
+        picks = rng.integers(0, n, min(n, 3))
+        x[picks] = special[rng.integers(0, special.size, picks.size)]
+    return QuantizeCase(x.reshape(shape), QParams(s, zp), dtype)

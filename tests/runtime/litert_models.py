@@ -340,6 +340,26 @@ def lut_model(c: LutCase) -> bytes:
 
 
 @dataclass(frozen=True)
+class QuantizeCase:
+    """QUANTIZE of float32 ``x`` (any shape; 4-d read as N, H, W, C) to ``dtype`` codes with
+    output parameters ``yq``."""
+
+    x: np.ndarray
+    yq: QParams
+    dtype: type
+
+
+def quantize_model(c: QuantizeCase) -> bytes:
+    """QUANTIZE model (float32 in, ``c.dtype`` codes out) of a QuantizeCase."""
+    m = ModelBuilder()
+    xi = m.tensor("x", np.float32, list(c.x.shape))
+    yi = m.tensor("y", c.dtype, list(c.x.shape), scale=c.yq.scale, zero_point=[c.yq.zero_point])
+    options = S.QuantizeOptionsT()
+    return m.finish(S.BuiltinOperator.QUANTIZE, [xi], [yi], S.BuiltinOptions.QuantizeOptions,
+                    options, [xi])  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ResizeCase:
     """RESIZE_BILINEAR (or RESIZE_NEAREST_NEIGHBOR, ``nearest``) of x (N, H, W, C) int8 or int16
     codes to ``out_hw``; the output keeps the input's quantization (the kernels work on the

@@ -27,6 +27,17 @@ def session(nodes, inputs, out_type, inits) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def quantize_linear(x: np.ndarray, scale, zero_point: int, dtype) -> np.ndarray:
+    """onnxruntime's QuantizeLinear of float32 ``x`` to ``dtype`` codes (per tensor)."""
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+    inits = [
+        numpy_helper.from_array(np.array(scale, np.float32), "s"),
+        numpy_helper.from_array(np.array(zero_point, dtype), "z"),
+    ]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
+    return session([node], [x_info], ONNX_TYPES[np.dtype(dtype)], inits).run(None, {"x": x})[0]
+
+
 def through_float_op(codes: np.ndarray, sx, zx, sy, zy, op_nodes, inits=()) -> np.ndarray:
     """onnxruntime's codes of DequantizeLinear(x, sx, zx) -> ``op_nodes`` (float ``v`` in,
     float ``p`` out) -> QuantizeLinear(p, sy, zy) on integer ``codes`` (all codes' dtype)."""

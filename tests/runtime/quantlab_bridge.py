@@ -272,3 +272,18 @@ def litert_resize(c: ResizeCase, platform) -> np.ndarray:
         r = F.interpolate(v, size=c.out_hw, mode="bilinear", align_corners=c.align_corners)
         y = quantize(r, float(c.xq.scale), dt, platform.fake_round, zero_point=zp)
     return y.permute(0, 2, 3, 1).numpy()
+
+
+def quantize_case_codes(c, platform) -> np.ndarray:
+    """Fixed mode's codes of a QuantizeCase (``litert_models``) under ``platform``
+    (``PlatformConfig.quantize_codes``): a 4-d case is the runtime's N, H, W, C tensor, which
+    quantlab holds as N, C, H, W."""
+    out = {np.dtype(np.int8): DType.INT8, np.dtype(np.uint8): DType.UINT8,
+           np.dtype(np.int16): DType.INT16}[np.dtype(c.dtype)]  # fmt: skip
+    x = torch.from_numpy(c.x)
+    if x.dim() == 4:
+        x = x.permute(0, 3, 1, 2).contiguous()
+    codes = platform.quantize_codes(x, float(c.yq.scale), out, c.yq.zero_point)
+    if codes.dim() == 4:
+        codes = codes.permute(0, 2, 3, 1)
+    return codes.numpy()

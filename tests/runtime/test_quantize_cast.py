@@ -77,16 +77,9 @@ def _quantlab(x: np.ndarray, scale: float, dt, zp: int, p) -> np.ndarray:
 
 def _ort_quantize_linear(x: np.ndarray, scale: float, zp: int, dt) -> np.ndarray:
     pytest.importorskip("onnxruntime")
-    from onnx import TensorProto, helper, numpy_helper
-    from ort_graphs import ONNX_TYPES, session
+    from ort_graphs import quantize_linear
 
-    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
-    inits = [
-        numpy_helper.from_array(np.array(scale, np.float32), "s"),
-        numpy_helper.from_array(np.array(zp, dt), "z"),
-    ]
-    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))
-    return session([node], [x_info], ONNX_TYPES[np.dtype(dt)], inits).run(None, {"x": x})[0]
+    return quantize_linear(x, scale, zp, dt)
 
 
 @pytest.mark.parametrize(
@@ -115,18 +108,8 @@ def _litert_quantize(
     import litert_models as L
 
     shape = [1, x.size] if shape is None else list(shape)
-    m = L.ModelBuilder()
-    xi = m.tensor("x", np.float32, shape)
-    yi = m.tensor("y", dt, shape, scale=scale, zero_point=[zp])
-    model = m.finish(
-        L.S.BuiltinOperator.QUANTIZE,
-        [xi],
-        [yi],
-        L.S.BuiltinOptions.QuantizeOptions,
-        L.S.QuantizeOptionsT(),
-        [xi],
-    )
-    res = L.run(model, [x.reshape(shape)], kernels)
+    case = L.QuantizeCase(x.reshape(shape), L.QParams(np.float32(scale), zp), dt)
+    res = L.run(L.quantize_model(case), [case.x], kernels)
     return res.y.reshape(-1), res.delegated
 
 
