@@ -6,12 +6,17 @@ batch (``quantlab.calibration.mse_search``). Timed in interleaved rounds, wall t
 
 - ``eager forwards``: ``model(x)`` under ``torch.no_grad()`` for every calibration batch (the
   baseline: what the model itself costs on the same data);
-- ``quantlab calibrate``: ``Simulator.calibrate`` on a new Simulator;
-- ``quantlab calibrate, torch sort and selection``: the same with the MSE search's value
-  selection and sort done by torch (``x[x != 0]``, ``torch.sort``) instead of numpy's, the
-  forms numpy's replaced; the same values, so the same choice.
+- ``quantlab calibrate``: ``Simulator.calibrate`` on a new Simulator (the MSE search selects
+  a batch's values through numpy and sorts float32 ones by ``calibration.sort_native``'s radix
+  sort);
+- ``quantlab calibrate, numpy sort``: the same with numpy's sort of the float64 values, the
+  form the radix sort replaced;
+- ``quantlab calibrate, torch sort and selection``: the same with the value selection and sort
+  done by torch (``x[x != 0]``, ``torch.sort``), the forms numpy's replaced before.
+  The same values in the same order, so the same choices.
 
-Checked: both calibrations give the same fake-mode output on a photo, bit for bit. The process
+Checked: the three calibrations give the same fake-mode output on a photo, bit for bit. The
+process
 keeps freed memory (``quantlab.host_memory``), as ``python -m quantlab`` does, unless
 ``--system-malloc``.
 
@@ -49,6 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "benchmarks"
 EAGER = "eager forwards (baseline)"
 QUANTLAB = "quantlab calibrate"
+NUMPY_SORT = "quantlab calibrate, numpy sort"
 TORCH_FORMS = "quantlab calibrate, torch sort and selection"
 
 
@@ -61,11 +67,17 @@ def _torch_sorted_values(x):
     return torch.sort(x).values
 
 
-def _calibrated_output(module, batches, probe, torch_forms: bool):
+_FORMS = ("nonzero_float64", "sorted_values", "_nonzero_numpy", "sort_float64")
+
+
+def _calibrated_output(module, batches, probe, variant: str):
     """(seconds to calibrate a new Simulator on ``batches``, its fake-mode output on
-    ``probe``); ``torch_forms``: the MSE search selects and sorts with torch."""
-    saved = mse_search.nonzero_float64, mse_search.sorted_values
-    if torch_forms:
+    ``probe``) with the MSE search's selection and sort of ``variant``."""
+    saved = {name: getattr(mse_search, name) for name in _FORMS}
+    if variant in (NUMPY_SORT, TORCH_FORMS):
+        mse_search.sort_float64 = lambda x: None  # no radix sort: sorted_values sorts
+    if variant == TORCH_FORMS:
+        mse_search._nonzero_numpy = lambda x: None  # nonzero_float64 selects
         mse_search.nonzero_float64 = _torch_nonzero_float64
         mse_search.sorted_values = _torch_sorted_values
     try:
@@ -74,7 +86,8 @@ def _calibrated_output(module, batches, probe, torch_forms: bool):
         sim.calibrate(batches, progress=False)
         seconds = time.perf_counter() - t0
     finally:
-        mse_search.nonzero_float64, mse_search.sorted_values = saved
+        for name, fn in saved.items():
+            setattr(mse_search, name, fn)
     return seconds, sim.run(*probe, mode=Mode.FAKE)
 
 
@@ -90,14 +103,15 @@ def bench(photos: int, rounds: int) -> dict:
                 module(*b)
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {EAGER: [], QUANTLAB: [], TORCH_FORMS: []}
+    times: dict[str, list[float]] = {EAGER: [], QUANTLAB: [], NUMPY_SORT: [], TORCH_FORMS: []}
     outputs = {}
     eager()  # warm-up
     for r in range(rounds):
-        order = [QUANTLAB, TORCH_FORMS] if r % 2 == 0 else [TORCH_FORMS, QUANTLAB]
+        order = [QUANTLAB, NUMPY_SORT, TORCH_FORMS]
+        order = order if r % 2 == 0 else order[::-1]
         times[EAGER].append(eager())
         for name in order:
-            seconds, out = _calibrated_output(module, batches, probe, name == TORCH_FORMS)
+            seconds, out = _calibrated_output(module, batches, probe, name)
             times[name].append(seconds)
             outputs[name] = out
         print(f"round {r + 1}/{rounds}", file=sys.stderr)
@@ -117,8 +131,12 @@ def bench(photos: int, rounds: int) -> dict:
         "photos": len(batches),
         "rounds": rounds,
         "rows": rows,
-        "same_fake_output": bool(torch.equal(outputs[QUANTLAB], outputs[TORCH_FORMS])),
-        "numpy_over_torch_forms": statistics.median(times[QUANTLAB])
+        "same_fake_output": all(
+            torch.equal(outputs[QUANTLAB], outputs[v]) for v in (NUMPY_SORT, TORCH_FORMS)
+        ),
+        "over_numpy_sort": statistics.median(times[QUANTLAB])
+        / statistics.median(times[NUMPY_SORT]),
+        "numpy_over_torch_forms": statistics.median(times[NUMPY_SORT])
         / statistics.median(times[TORCH_FORMS]),
     }
 
@@ -147,9 +165,11 @@ def report(r: dict) -> str:
             "",
             markdown_table(pd.DataFrame(table)),
             "",
-            f"- quantlab's calibration over the same calibration with the MSE search's selection "
-            f"and sort done by torch: **{r['numpy_over_torch_forms']:.2f}x**.",
-            "- The two calibrations give the same fake-mode output on a photo, bit for bit: "
+            "- quantlab's calibration (the radix sort of float32 values) over the same "
+            f"calibration with numpy's sort of float64 values: **{r['over_numpy_sort']:.2f}x**.",
+            "- With numpy's sort, over the same with the selection and sort done by torch: "
+            f"**{r['numpy_over_torch_forms']:.2f}x**.",
+            "- The three calibrations give the same fake-mode output on a photo, bit for bit: "
             f"**{r['same_fake_output']}**.",
             "",
             "Reproduce: `.venv/bin/python benchmarks/bench_calibrate.py"

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from quantlab.calibration.sort_native import sort_float64
 from quantlab.numerics import DType, Round, ScaleRule, compute_scale, round_float
 from quantlab.numerics.rounding import round_float_
 
@@ -58,15 +59,22 @@ DIRECT_ELEMENTS = 1 << 21  # candidates x values evaluated directly in one block
 class BatchValues:
     """One batch's nonzero values as float64 in their order (``x64``: direct sums run in it)
     and, sorted on first use and then kept, in ascending order (``ascending()``): a batch
-    searched at several dtypes selects and sorts its values once."""
+    searched at several dtypes selects and sorts its values once. float32 values on the CPU
+    are sorted as they are, by ``sort_native``'s radix sort (the float64 conversion keeps
+    their order, so the array is ``sorted_values(x64)``)."""
 
     def __init__(self, x: Tensor) -> None:
-        self.x64 = nonzero_float64(x)
+        self._narrow = _nonzero_numpy(x)
+        if self._narrow is None:
+            self.x64 = nonzero_float64(x)
+        else:
+            self.x64 = torch.from_numpy(self._narrow.astype(np.float64))
         self._ascending: Tensor | None = None
 
     def ascending(self) -> Tensor:
         if self._ascending is None:
-            self._ascending = sorted_values(self.x64)
+            fast = None if self._narrow is None else sort_float64(self._narrow)
+            self._ascending = sorted_values(self.x64) if fast is None else torch.from_numpy(fast)
         return self._ascending
 
 
@@ -179,11 +187,21 @@ def bucket_errors(
 def nonzero_float64(x: Tensor) -> Tensor:
     """The nonzero values of ``x`` in order, flat, as float64 (on the CPU through numpy, whose
     boolean selection is several times faster than torch's)."""
+    a = _nonzero_numpy(x)
+    if a is None:
+        flat = x.detach().reshape(-1)
+        return flat[flat != 0].to(torch.float64)
+    return torch.from_numpy(a.astype(np.float64))
+
+
+def _nonzero_numpy(x: Tensor) -> np.ndarray | None:
+    """The nonzero values of a CPU float tensor in order, flat, as a numpy array of its dtype
+    (None for other tensors)."""
     flat = x.detach().reshape(-1)
     if flat.device.type != "cpu" or flat.dtype not in _NUMPY_FLOATS:
-        return flat[flat != 0].to(torch.float64)
+        return None
     a = flat.numpy()
-    return torch.from_numpy(a[a != 0].astype(np.float64))
+    return a[a != 0]
 
 
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)

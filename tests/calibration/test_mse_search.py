@@ -165,7 +165,6 @@ def test_a_batch_searched_at_int8_and_int16_selects_and_sorts_its_values_once(mo
     rule, rounding = ScaleRule.HALF_RANGE, Round.HALF_EVEN
     alone = [vendor.mse_batch(x, dt, rule, rounding) for dt in (DType.INT8, DType.INT16)]
     calls = {"select": 0, "sort": 0}
-    select, sort = mse_search.nonzero_float64, mse_search.sorted_values
 
     def counted(name, f):
         def wrapper(*args):
@@ -174,8 +173,10 @@ def test_a_batch_searched_at_int8_and_int16_selects_and_sorts_its_values_once(mo
 
         return wrapper
 
-    monkeypatch.setattr(mse_search, "nonzero_float64", counted("select", select))
-    monkeypatch.setattr(mse_search, "sorted_values", counted("sort", sort))
+    # selection: numpy's (float32 on the CPU); sorting: the radix sort, or torch's / numpy's
+    monkeypatch.setattr(mse_search, "_nonzero_numpy", counted("select", mse_search._nonzero_numpy))
+    for sort in ("sorted_values", "sort_float64"):
+        monkeypatch.setattr(mse_search, sort, counted("sort", getattr(mse_search, sort)))
     values = mse_search.BatchValues(x)
     shared = [vendor.mse_batch(x, dt, rule, rounding, values) for dt in (DType.INT8, DType.INT16)]
     assert shared == alone and calls == {"select": 1, "sort": 1}
