@@ -1,19 +1,22 @@
 """Constant shape arguments of a converted ONNX graph as Python numbers in its code.
 
 onnx2torch's modules take a Reshape's shape, a Slice's starts, ends, axes and steps, a Split's
-sizes and a Resize's scales and sizes as tensors, and read their values in Python
-(``Tensor.tolist``, ``if torch.any(shape == 0)``). torch dynamo cannot trace such a read as
-part of one graph, so a steady loop's program (``quantlab.simulate.program``), whose guards
-come from dynamo's trace of ``forward``, was never built for most exported graphs.
-``constant_shape_args`` gives each such node whose arguments are constants (a Constant node
-or an initializer) their values as Python lists, literals of the graph's code, and its module
-a twin taking them (``OnnxListReshape``, ``OnnxListSlice``, ``OnnxListSplit``,
+sizes, an Expand's and a ConstantOfShape's shape and a Resize's scales and sizes as tensors, and
+read their values in Python (``Tensor.tolist``, ``if torch.any(shape == 0)``, ``.item()``).
+torch dynamo cannot trace such a read as part of one graph, so a steady loop's program
+(``quantlab.simulate.program``), whose guards come from dynamo's trace of ``forward``, was
+never built for most exported graphs. ``constant_shape_args`` gives each such node whose
+arguments are constants (a Constant node or an initializer) their values as Python lists,
+literals of the graph's code, and its module a twin taking them (``OnnxListReshape``,
+``OnnxListSlice``, ``OnnxListSplit``, ``OnnxListExpand``, ``OnnxListConstantOfShape``,
 ``onnx_resize.OnnxListResize``) under the same name: the same torch call on the same numbers,
-so the same ops, names and bits. A Resize's scales or sizes and a Reshape's shape computed from
-tensors' shapes alone (``Shape`` nodes, constants and arithmetic on them:
-``F.interpolate(x, size=...)`` and ``x.flatten(1)`` as torch exports them) are taken from runs
-on the graph's own input shapes, where no dimension but the batch varies, at two batches
-(``_values_from_shapes``: the batch's entries are written as the input's own).
+so the same ops, names and bits. An argument computed from tensors' shapes alone (``Shape``
+nodes, constants and arithmetic on them: ``F.interpolate(x, size=...)``, ``x.reshape(n, -1)``,
+BERT's position and token-type ids as torch exports them) is taken from runs on the graph's own
+input shapes, where no dimension but the batch varies, at two batches
+(``_values_from_shapes``): an entry that follows the batch is written as the input's own
+dimension where ONNX has a word for it (a Resize's None, a Reshape's 0), else as the graph's
+batch read per call (``batch_size`` of its first input, a node of the code).
 """
 
 from __future__ import annotations
@@ -86,6 +89,34 @@ class OnnxListSplit(nn.Module):
         return torch.split(x, _ints(split), dim=self.axis)
 
 
+class OnnxListExpand(nn.Module):
+    """onnx2torch's ``OnnxExpand`` call (the product with ones of the target shape: ONNX's
+    two-way broadcast) on a shape given as a list as well as a tensor."""
+
+    def forward(self, x: Tensor, shape: Listed) -> Tensor:
+        return x * torch.ones(torch.Size(_ints(shape)), dtype=x.dtype, device=x.device)
+
+
+class OnnxListConstantOfShape(nn.Module):
+    """onnx2torch's ``OnnxConstantOfShape`` call on a shape given as a list as well as a
+    tensor, its fill value held as a Python number (read once, not per call)."""
+
+    def __init__(self, value: Tensor) -> None:
+        super().__init__()
+        fill = value.item()
+        self.fill, self.dtype = (int(fill) if isinstance(fill, bool) else fill), value.dtype
+
+    def forward(self, shape: Listed) -> Tensor:
+        return torch.full(torch.Size(_ints(shape)), self.fill, dtype=self.dtype)
+
+
+def batch_size(x: Tensor) -> int:
+    """The graph's batch: its first input's first dimension (``constant_shape_args``)."""
+    return x.shape[0]
+
+
+BATCH = "batch"  # an entry of a shape argument that is the graph's batch (``_values_from_shapes``)
+
 _ARGS = {  # onnx2torch module -> its forward's argument names
     "OnnxResize": ("input_tensor", "roi", "scales", "sizes"),
     "OnnxResizeV10": ("input_tensor", "scales"),
@@ -93,7 +124,10 @@ _ARGS = {  # onnx2torch module -> its forward's argument names
     "OnnxReshapeAllowZero": ("input_tensor", "shape"),  # quantlab's, taking lists itself
     "OnnxSlice": ("input_tensor", "starts", "ends", "axes", "steps"),
     "OnnxSplit13": ("input_tensor", "split"),
+    "OnnxExpand": ("input_tensor", "shape"),
+    "OnnxConstantOfShape": ("shape",),
 }
+_TAKES_BATCH = ("OnnxReshape", "OnnxExpand", "OnnxConstantOfShape")  # lists read per call
 
 
 def _kind(module: nn.Module) -> str | None:
@@ -134,8 +168,8 @@ def constant_shape_args(gm: nn.Module, examples: list[tuple] = ()) -> int:
         twin = _twin(module, kind, listed)
         if twin is None:
             continue
-        node.args = (bound["input_tensor"],)
-        node.kwargs = {} if kind == "OnnxSlice" else listed
+        node.args = (bound["input_tensor"],) if "input_tensor" in bound else ()
+        node.kwargs = {} if kind == "OnnxSlice" else _with_batch(graph, listed)
         if isinstance(module, (OnnxNearestResize, OnnxCheckedResize)):
             module.torch_resize = twin
         elif kind == "OnnxResizeV10":
@@ -148,6 +182,22 @@ def constant_shape_args(gm: nn.Module, examples: list[tuple] = ()) -> int:
         gm.delete_all_unused_submodules()
         gm.recompile()
     return count
+
+
+def _with_batch(graph: fx.Graph, listed: dict) -> dict:
+    """``listed`` with each ``BATCH`` entry the node of ``batch_size`` of the graph's first
+    input (added after it once)."""
+    if not any(isinstance(v, list) and BATCH in v for v in listed.values()):
+        return listed
+    first = next(n for n in graph.nodes if n.op == "placeholder")
+    batch = next((u for u in first.users if u.target is batch_size), None)
+    if batch is None:
+        with graph.inserting_after(first):
+            batch = graph.call_function(batch_size, (first,))
+    return {
+        k: [batch if e == BATCH else e for e in v] if isinstance(v, list) else v
+        for k, v in listed.items()
+    }
 
 
 def _twin(module: nn.Module, kind: str, listed: dict) -> nn.Module | None:
@@ -164,6 +214,10 @@ def _twin(module: nn.Module, kind: str, listed: dict) -> nn.Module | None:
         return module
     if kind == "OnnxSplit13":
         return OnnxListSplit(module.num_splits, module.axis)
+    if kind == "OnnxExpand":
+        return OnnxListExpand()
+    if kind == "OnnxConstantOfShape":
+        return OnnxListConstantOfShape(module.value)
     starts, ends = listed.get("starts"), listed.get("ends")
     if starts is None or ends is None:
         return None
@@ -184,32 +238,35 @@ def _constant(gm: nn.Module, node: fx.Node) -> list | None:
 
 
 def _values_from_shapes(gm: fx.GraphModule, examples: list[tuple]) -> dict[tuple, list]:
-    """(node, argument) -> values, for the Resize scales and sizes and the Reshape shapes of
-    ``gm`` that depend on the graph's inputs only through ``Shape`` nodes, from runs on each of
-    ``examples`` (the graph's own input shapes, at one batch or at two). An entry that differs
-    between the runs is the batch: a Resize's first size becomes None (the input's own), a
-    Reshape's entry 0 (ONNX: copy the input's dimension) where it equals that dimension in
-    every run; any other difference leaves the argument out."""
+    """(node, argument) -> values, for the shape arguments of ``gm``'s nodes (``_ARGS``; not
+    a Split's) that depend on the graph's inputs only through ``Shape`` nodes, from runs on
+    each of ``examples`` (the graph's own input shapes, at one batch or at two). An entry that
+    differs between the runs is the batch: a Resize's first size becomes None (the input's
+    own), a Reshape's entry 0 (ONNX: copy the input's dimension) where it equals that
+    dimension in every run, else, for a Reshape, Expand or ConstantOfShape, ``BATCH`` where it
+    equals the graph's batch in every run; any other difference leaves the argument out."""
     wanted: dict[tuple, fx.Node] = {}
     for node in gm.graph.nodes:
         if node.op != "call_module":
             continue
         kind = _kind(gm.get_submodule(node.target))
-        if kind not in ("OnnxResize", "OnnxResizeV10", "OnnxReshape"):
+        if kind is None or kind in ("OnnxSplit13", "OnnxReshapeAllowZero"):
             continue
         args = dict(zip(_ARGS[kind], node.args)) | dict(node.kwargs)
-        for key in ("scales", "sizes", "shape"):
+        for key in _ARGS[kind][1:] if _ARGS[kind][0] == "input_tensor" else _ARGS[kind]:
             arg = args.get(key)
             if isinstance(arg, fx.Node) and _constant(gm, arg) is None and _shapes_only(gm, arg):
                 wanted[node, key] = arg
     if not wanted:
         return {}
     users = {node for node, _ in wanted}
+    batches = [int(e[0].shape[0]) for e in examples]
+    kinds = {node: _kind(gm.get_submodule(node.target)) for node in users}
     runs: list[dict] = []
 
     class _Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node):
-            if n in users:
+            if n in users and n.args and isinstance(self.env.get(n.args[0]), Tensor):
                 seen[n, "input"] = list(self.env[n.args[0]].shape)
             out = super().run_node(n)
             for (user, key), arg in wanted.items():
@@ -237,8 +294,14 @@ def _values_from_shapes(gm: fx.GraphModule, examples: list[tuple]) -> dict[tuple
                 folded.append(entries[0])
             elif key == "sizes" and i == 0:
                 folded.append(None)
-            elif key == "shape" and all(i < len(s) and e == s[i] for e, s in zip(entries, shapes)):
+            elif (
+                kinds[user] == "OnnxReshape"
+                and None not in shapes
+                and all(i < len(s) and e == s[i] for e, s in zip(entries, shapes))
+            ):
                 folded.append(0)
+            elif kinds[user] in _TAKES_BATCH and list(entries) == batches:
+                folded.append(BATCH)
             else:
                 break
         else:

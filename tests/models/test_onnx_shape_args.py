@@ -15,7 +15,13 @@ from program_switch import build_in_first_run
 from torch import nn
 
 from quantlab.models.onnx_resize import OnnxListResize
-from quantlab.models.onnx_shape_args import OnnxListReshape, OnnxListSlice, OnnxListSplit
+from quantlab.models.onnx_shape_args import (
+    OnnxListConstantOfShape,
+    OnnxListExpand,
+    OnnxListReshape,
+    OnnxListSlice,
+    OnnxListSplit,
+)
 from quantlab.models.registry import build_model
 from quantlab.models.schema import ModelConfig
 from quantlab.simulate import Mode, Simulator
@@ -47,6 +53,40 @@ def _export_shapes(tmp_path, opset: int) -> str:
     x = torch.randn(1, 3, 16, 20)
     torch.onnx.export(_Shapes().eval(), (x,), str(path), opset_version=opset, dynamo=False,
                       dynamic_axes={"x": {0: "n"}}, input_names=["x"])  # fmt: skip
+    return str(path)
+
+
+class _Embeddings(nn.Module):
+    """BERT's embedding block as torch exports it with a dynamic batch: position ids sliced
+    from a buffer to the sequence length, token-type ids expanded to (batch, length), zeros of
+    the ids' shape (Shape, Gather, Slice, Expand, ConstantOfShape nodes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pos_ids", torch.arange(64).unsqueeze(0))
+        self.register_buffer("type_ids", torch.zeros(1, 64, dtype=torch.long))
+        self.tok, self.pos, self.kind = (
+            nn.Embedding(100, 8),
+            nn.Embedding(64, 8),
+            nn.Embedding(2, 8),
+        )
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, ids):
+        n, length = ids.shape
+        types = self.type_ids[:, :length].expand(n, length) + torch.zeros(
+            ids.shape, dtype=ids.dtype
+        )
+        e = self.tok(ids) + self.pos(self.pos_ids[:, :length]) + self.kind(types)
+        return self.out(e)
+
+
+def _export_embeddings(tmp_path) -> str:
+    torch.manual_seed(0)
+    path = tmp_path / "embeddings.onnx"
+    ids = torch.randint(0, 100, (2, 16))
+    torch.onnx.export(_Embeddings().eval(), (ids,), str(path), opset_version=17, dynamo=False,
+                      input_names=["ids"], dynamic_axes={"ids": {0: "n"}})  # fmt: skip
     return str(path)
 
 
@@ -116,11 +156,19 @@ CASES = {
     "reshape, slice (opset 13)": lambda t: _export_shapes(t, 13),
     "reshape, slice (opset 11)": lambda t: _export_shapes(t, 11),
     "split, initializer sizes": lambda t: _one_node(t, "Split", [1, 2], 13, 2, axis=1),
+    "embeddings: expand to the batch, constant of shape": _export_embeddings,
     "reshape allowzero=1, initializer shape": lambda t: _one_node(
         t, "Reshape", [-1, 60, 16], 14, 1, allowzero=1
     ),
 }
-LIST_MODULES = (OnnxListResize, OnnxListReshape, OnnxListSlice, OnnxListSplit)
+LIST_MODULES = (
+    OnnxListResize,
+    OnnxListReshape,
+    OnnxListSlice,
+    OnnxListSplit,
+    OnnxListExpand,
+    OnnxListConstantOfShape,
+)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -135,13 +183,22 @@ def test_constant_shape_args_run_as_a_traced_program(case, tmp_path, monkeypatch
         assert sum(isinstance(m, OnnxListReshape) for m in twins) == 3  # 2 from shapes
     elif "split" in case:
         assert [type(m) for m in twins] == [OnnxListSplit]
+    elif "embeddings" in case:  # the batch entry is the graph's batch, read per call
+        assert {OnnxListExpand, OnnxListSlice, OnnxListConstantOfShape} <= {type(m) for m in twins}
+        assert "_batch_size(input_1)" in b.module.code
     else:
         assert len(twins) == 1
     # the arguments are literals of the code: no Constant or Shape node is left
-    assert not any(k in b.module.code for k in ("Constant", "Shape"))
+    kinds = {type(m).__name__ for m in b.module.modules()}
+    assert not kinds & {"OnnxConstant", "OnnxShape"}, kinds
     shape = (1, 3, 6, 5) if "half-pixel" in case else (1, 3, 16, 20)
     xs = [torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
-    for x in (xs[0], torch.randn(3, *shape[1:])):  # the graph's batch is dynamic
+    other = torch.randn(3, *shape[1:])
+    if "embeddings" in case:
+        xs = [torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(s))
+              for s in (1, 2)]  # fmt: skip
+        other = torch.randint(0, 100, (3, 16))
+    for x in (xs[0], other):  # the graph's batch is dynamic
         with torch.no_grad():
             got = b.module(x)
         got = list(got) if isinstance(got, (tuple, list)) else [got]
