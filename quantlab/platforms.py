@@ -31,14 +31,8 @@ from quantlab.numerics.lut.functions import default_spec
 from quantlab.numerics.lut.spec import LutSpec
 from quantlab.numerics.lut.strategies import Strategy
 from quantlab.numerics.norm import EpsMode, NormContract
-from quantlab.numerics.quantize import (
-    Divide,
-    QuantizeCast,
-    QuantizeTail,
-    ScaleRule,
-    quantize,
-    quantize_scalar_tail,
-)
+from quantlab.numerics.quantize import Divide, QuantizeCast, ScaleRule, quantize
+from quantlab.numerics.quantize_tail import QuantizeTail, quantize_scalar_tail
 from quantlab.numerics.requant import Requant
 from quantlab.numerics.rounding import Round
 from quantlab.numerics.split import SplitCombine

@@ -86,23 +86,7 @@ class QuantizeCast(enum.Enum):
         return self
 
 
-class QuantizeTail(enum.Enum):
-    """Elements a runtime's quantize loop computes by another rule than the rest.
-
-    NONE:                      every element by the profile's quantize rule.
-    SCALAR_FLOAT64_HALF_AWAY:  codes wider than 8 bits: the last (n mod 8) elements in the
-                               runtime's memory order (4-d tensors channels last, NHWC; others
-                               as stored) by int32(round_half_away(fl64(x) / fl64(s))), then
-                               ``INT32_CAST``'s zero point and clamp (LiteRT's own QUANTIZE: a
-                               vector loop over blocks of 8 and a scalar loop for the rest).
-    """
-
-    NONE = "none"
-    SCALAR_FLOAT64_HALF_AWAY = "scalar_float64_half_away"
-
-
 INT32_LIMIT = 2**31
-VECTOR_BLOCK = 8  # elements per pass of the vector loop SCALAR_FLOAT64_HALF_AWAY follows
 
 
 @dataclass
@@ -260,14 +244,14 @@ def quantize(
         stats.inf += int(torch.isinf(xf).sum())
         stats.saturated += int((((r < lo) | (r > hi)) & torch.isfinite(xf)).sum())
     if nan_code is None:
-        return _int32_cast(r, lo + zp, hi + zp, zp).to(dtype.torch_dtype)
+        return int32_cast(r, lo + zp, hi + zp, zp).to(dtype.torch_dtype)
     r = torch.where(nan, torch.full((), nan_code, dtype=r.dtype), r).clamp(lo, hi)
     if zp:
         r = r + zp  # exact: integers below 2**24 (2**53 for INT32)
     return r.to(dtype.torch_dtype)
 
 
-def _int32_cast(r: Tensor, lo: int, hi: int, zp: int) -> Tensor:
+def int32_cast(r: Tensor, lo: int, hi: int, zp: int) -> Tensor:
     """``QuantizeCast.INT32_CAST`` of rounded quotients ``r`` (float): int32(r), -2**31 for NaN
     and r outside [-2**31, 2**31); + ``zp`` wrapping in int32; clamped to [lo, hi] (int64)."""
     r = r.to(torch.float64)
@@ -275,42 +259,6 @@ def _int32_cast(r: Tensor, lo: int, hi: int, zp: int) -> Tensor:
     i = torch.where(inside, r, torch.full((), -INT32_LIMIT, dtype=r.dtype)).to(torch.int64)
     i = (i + zp + INT32_LIMIT).remainder(2 * INT32_LIMIT) - INT32_LIMIT  # int32 wraps
     return i.clamp(lo, hi)
-
-
-def tail_positions(shape: tuple[int, ...], channels_last: bool) -> list[tuple[int, ...]]:
-    """Indices (into a tensor of ``shape``) of the last (n mod 8) elements in memory order, the
-    order of the runtime's copy: channels last (N, H, W, C) for a 4-d NCHW tensor when
-    ``channels_last``, else row-major; in that order."""
-    n = math.prod(shape)
-    order = (shape[0], shape[2], shape[3], shape[1]) if channels_last else tuple(shape)
-    out = []
-    for flat in range(n - n % VECTOR_BLOCK, n):
-        idx = []
-        for size in reversed(order):
-            idx.append(flat % size)
-            flat //= size
-        idx.reverse()
-        out.append((idx[0], idx[3], idx[1], idx[2]) if channels_last else tuple(idx))
-    return out
-
-
-def quantize_scalar_tail(
-    codes: Tensor, x: Tensor, scale: Tensor | float, dtype: DType, zero_point: int = 0
-) -> Tensor:
-    """``codes`` (per-tensor codes of float ``x``, modified in place and returned) with the
-    tail of ``QuantizeTail.SCALAR_FLOAT64_HALF_AWAY`` recomputed when ``dtype`` is wider than 8
-    bits: r = round_half_away(fl64(x) / fl64(scale)), x as float32, the quotient rounded once
-    to double (IEEE division) and its tie test exact; int32(r) with -2**31 for NaN and r outside
-    [-2**31, 2**31), + ``zero_point`` wrapping in int32, clamped to the code range."""
-    if dtype.bits <= 8 or codes.numel() % VECTOR_BLOCK == 0:
-        return codes
-    s = float(check_scale(scale, "scale").reshape(()))
-    positions = tail_positions(tuple(x.shape), channels_last=x.dim() == 4)
-    rows = tuple(torch.tensor(axis) for axis in zip(*positions))
-    q = x[rows].to(torch.float32).to(torch.float64) / s
-    r = round_float(q, Round.HALF_AWAY)
-    codes[rows] = _int32_cast(r, dtype.qmin, dtype.qmax, zero_point).to(codes.dtype)
-    return codes
 
 
 def centred_code_max(codes: Tensor, zero_point: int = 0) -> int:

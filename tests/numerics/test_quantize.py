@@ -12,7 +12,6 @@ from quantlab.numerics.dtypes import DType
 from quantlab.numerics.quantize import (
     Divide,
     QuantizeCast,
-    QuantizeTail,
     QuantStats,
     ScaleRule,
     compute_scale,
@@ -20,9 +19,8 @@ from quantlab.numerics.quantize import (
     fake_cast,
     fake_quant,
     quantize,
-    quantize_scalar_tail,
-    tail_positions,
 )
+from quantlab.numerics.quantize_tail import QuantizeTail, quantize_scalar_tail, tail_positions
 from quantlab.numerics.rounding import Round
 
 INTS = [DType.INT8, DType.INT16]

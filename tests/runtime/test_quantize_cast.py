@@ -17,7 +17,8 @@ from bits import assert_bits_equal
 
 from quantlab.numerics import reference as ref
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import QuantizeCast, QuantizeTail
+from quantlab.numerics.quantize import QuantizeCast
+from quantlab.numerics.quantize_tail import QuantizeTail
 from quantlab.platforms import load_platform
 
 F32_BELOW_2_31 = 2147483520.0  # the largest float32 below 2**31

@@ -10,7 +10,8 @@ from fractions import Fraction
 import numpy as np
 
 from quantlab.numerics.dtypes import DType
-from quantlab.numerics.quantize import Divide, QuantizeCast, QuantizeTail
+from quantlab.numerics.quantize import Divide, QuantizeCast
+from quantlab.numerics.quantize_tail import QuantizeTail
 from quantlab.numerics.reference.arrays import as_numpy
 from quantlab.numerics.reference.rounding import round_fraction
 from quantlab.numerics.requant import Requant
