@@ -74,14 +74,21 @@ def parameter_of(gm: nn.Module, arg) -> Tensor | None:
     return value if value.is_floating_point() else None
 
 
+def constant_node_value(gm: nn.Module, arg) -> object:
+    """The value of onnx2torch's ``OnnxConstant`` module a node calls (a Constant node), or
+    None for any other node or argument."""
+    if getattr(arg, "op", None) != "call_module" or arg.args or arg.kwargs:
+        return None
+    module = gm.get_submodule(arg.target)
+    return getattr(module, "value", None) if type(module).__name__ == "OnnxConstant" else None
+
+
 def _one_value(gm: nn.Module, arg) -> Tensor | None:
     """The float constant of one value a node gives: an initializer (``parameter_of``), or
     onnx2torch's ``OnnxConstant`` module (a Constant node)."""
     value = parameter_of(gm, arg)
-    if value is None and getattr(arg, "op", None) == "call_module" and not arg.args:
-        module = gm.get_submodule(arg.target)
-        if type(module).__name__ == "OnnxConstant" and not arg.kwargs:
-            value = getattr(module, "value", None)
+    if value is None:
+        value = constant_node_value(gm, arg)
     if not isinstance(value, Tensor) or not value.is_floating_point() or value.numel() != 1:
         return None
     return value

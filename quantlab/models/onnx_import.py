@@ -397,12 +397,12 @@ def load_onnx(path: str | Path, shapes: list[list[int]] | None = None) -> OnnxMo
     _initializers_as_parameters(module)
     _matmuls_as_linear(module)
     scalar_operands(module)
+    fixed_batch = _fixed_batch(model)
     if all(None not in g for g in graph):  # no dim but the batch set at load
-        batches = [_fixed_batch(model)] if _fixed_batch(model) else [1, 2]
+        batches = [fixed_batch] if fixed_batch else [1, 2]
         constant_shape_args(module, [tuple(_zeros(model, shapes, b)) for b in batches])
     else:
         constant_shape_args(module)
-    fixed_batch = _fixed_batch(model)
     try:
         unbatched = restore_batch_axis(module.eval(), fixed_batch, _zeros(model, shapes))
     except Exception:  # a module that cannot run: the first run on the data names why

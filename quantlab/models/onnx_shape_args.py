@@ -26,6 +26,7 @@ import functools
 import torch
 from torch import Tensor, fx, nn
 
+from quantlab.models.onnx_constants import constant_node_value
 from quantlab.models.onnx_resize import OnnxCheckedResize, OnnxListResize, OnnxNearestResize
 
 Listed = Tensor | list | None  # a shape argument: a tensor, or its values as a list
@@ -140,6 +141,11 @@ def _kind(module: nn.Module) -> str | None:
     return kind if kind in _ARGS else None
 
 
+def _bound(node: fx.Node, kind: str) -> dict:
+    """A node's arguments by the names of its module's forward (``_ARGS``)."""
+    return dict(zip(_ARGS[kind], node.args)) | dict(node.kwargs)
+
+
 def constant_shape_args(gm: nn.Module, examples: list[tuple] = ()) -> int:
     """Rewrite the converted graph ``gm`` as the module docstring says; ``examples``: inputs
     of the graph's own shapes, at one batch or two (none: take no value from a run). Returns
@@ -156,7 +162,7 @@ def constant_shape_args(gm: nn.Module, examples: list[tuple] = ()) -> int:
         kind = _kind(module)
         if kind is None:
             continue
-        bound = dict(zip(_ARGS[kind], node.args)) | dict(node.kwargs)
+        bound = _bound(node, kind)
         values = {k: v for k, v in bound.items() if k != "input_tensor"}
         listed = {}
         for k, v in values.items():
@@ -227,13 +233,10 @@ def _twin(module: nn.Module, kind: str, listed: dict) -> nn.Module | None:
 def _constant(gm: nn.Module, node: fx.Node) -> list | None:
     """The values (``Tensor.tolist``) a graph node always gives: an initializer (``get_attr``)
     or onnx2torch's ``OnnxConstant`` module (a Constant node); None for any other node."""
-    value = None
     if node.op == "get_attr":
         value = functools.reduce(getattr, node.target.split("."), gm)
-    elif node.op == "call_module" and not node.args and not node.kwargs:
-        module = gm.get_submodule(node.target)
-        if type(module).__name__ == "OnnxConstant":
-            value = getattr(module, "value", None)
+    else:
+        value = constant_node_value(gm, node)
     return value.tolist() if isinstance(value, Tensor) else None
 
 
@@ -252,7 +255,7 @@ def _values_from_shapes(gm: fx.GraphModule, examples: list[tuple]) -> dict[tuple
         kind = _kind(gm.get_submodule(node.target))
         if kind is None or kind in ("OnnxSplit13", "OnnxReshapeAllowZero"):
             continue
-        args = dict(zip(_ARGS[kind], node.args)) | dict(node.kwargs)
+        args = _bound(node, kind)
         for key in _ARGS[kind][1:] if _ARGS[kind][0] == "input_tensor" else _ARGS[kind]:
             arg = args.get(key)
             if isinstance(arg, fx.Node) and _constant(gm, arg) is None and _shapes_only(gm, arg):
