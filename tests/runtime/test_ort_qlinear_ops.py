@@ -52,16 +52,25 @@ def _zero_points(rng, dt, seed):
     return z, zc
 
 
+def _code_pair(rng, seed: int, one_element: bool = False):
+    """(dtype, a, b) of a seeded add / mul case: int8 codes (odd seeds) or uint8, a of shape
+    (1-3, 1-69), b of a's shape, of its last dim (every 5th seed) or, with ``one_element``, one
+    code (every 6th seed)."""
+    dt = np.int8 if seed % 2 else np.uint8
+    info = np.iinfo(dt)
+    shape = (int(rng.integers(1, 4)), int(rng.integers(1, 70)))
+    a = rng.integers(info.min, info.max + 1, shape).astype(dt)
+    b_shape = shape[-1:] if seed % 5 == 0 else shape
+    if one_element and seed % 6 == 0:
+        b_shape = (1,)
+    return dt, a, rng.integers(info.min, info.max + 1, b_shape).astype(dt)
+
+
 @pytest.mark.parametrize("chunk", range(3))
 def test_qlinear_add_oracle_matches_onnxruntime(chunk):
     rng = np.random.default_rng(100 + chunk)
     for seed in range(chunk * N_ADD // 3, (chunk + 1) * N_ADD // 3):
-        dt = np.int8 if seed % 2 else np.uint8
-        info = np.iinfo(dt)
-        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 70)))
-        a = rng.integers(info.min, info.max + 1, shape).astype(dt)
-        b = rng.integers(info.min, info.max + 1, shape[-1:] if seed % 5 == 0 else shape)
-        b = b.astype(dt)
+        dt, a, b = _code_pair(rng, seed)
         sa, sb, sc = _add_scales(rng, exact_ties=seed % 7 == 0)
         z, zc = _zero_points(rng, dt, seed)
         got = run_qlinear_add(a, sa, z, b, sb, z, sc, zc)
@@ -291,12 +300,8 @@ def test_qlinear_mul_matches_onnxruntime(chunk):
     and one-element operands, output scales that saturate; its slow twin agrees."""
     rng = np.random.default_rng(300 + chunk)
     for seed in range(chunk * N_MUL // 2, (chunk + 1) * N_MUL // 2):
-        dt = np.int8 if seed % 2 else np.uint8
+        dt, a, b = _code_pair(rng, seed, one_element=True)
         info = np.iinfo(dt)
-        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 70)))
-        a = rng.integers(info.min, info.max + 1, shape).astype(dt)
-        b_shape = (1,) if seed % 6 == 0 else shape[-1:] if seed % 5 == 0 else shape
-        b = rng.integers(info.min, info.max + 1, b_shape).astype(dt)
         sa, sb = F32(rng.uniform(1e-3, 0.1)), F32(rng.uniform(1e-3, 0.1))
         sc = F32(sa * sb * rng.uniform(5, 400))
         z = 0 if dt == np.int8 else 128
