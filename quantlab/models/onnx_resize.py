@@ -78,8 +78,7 @@ def _spatial(x: Tensor, scales: Values, sizes: Values) -> list[tuple[int, float]
         out = [int(s) for s in listed[2:]]
         return [(o, o / i) for o, i in zip(out, n_in[2:])]
     s = [float(v) for v in _listed(scales)]
-    if s[:2] != [1.0, 1.0]:
-        raise NotImplementedError("Resize of the batch or channel axis is not converted")
+    _check_unscaled_batch_channels(s)
     return [(math.floor(i * v), v) for i, v in zip(n_in[2:], s[2:])]
 
 
@@ -87,6 +86,12 @@ def _check_batch_channels(sizes: list, shape: list) -> None:
     """A Resize's sizes keep the input's batch and channels (an entry None: the input's own,
     as ``onnx_shape_args`` writes the batch it takes from runs on the graph's shapes)."""
     if any(s is not None and int(s) != d for s, d in zip(sizes[:2], shape[:2])):
+        raise NotImplementedError("Resize of the batch or channel axis is not converted")
+
+
+def _check_unscaled_batch_channels(scales: list) -> None:
+    """A Resize's scales keep the batch and channels (1 and 1)."""
+    if scales[:2] != [1, 1]:
         raise NotImplementedError("Resize of the batch or channel axis is not converted")
 
 
@@ -116,8 +121,7 @@ class OnnxListResize(nn.Module):
                 _check_batch_channels(size, list(x.shape))
             size = size[2:]
         if scale_factor is not None:
-            if scale_factor[:2] != [1, 1]:
-                raise NotImplementedError("Resize of the batch or channel axis is not converted")
+            _check_unscaled_batch_channels(scale_factor)
             scale_factor = scale_factor[2:]
         mode = _onnx_mode_to_torch_mode(self.onnx_mode, x.dim() - 2)
         return F.interpolate(
