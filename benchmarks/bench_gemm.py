@@ -38,6 +38,10 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from host_info import cpu_description  # noqa: E402
+from ort_baseline import session  # noqa: E402
 
 from quantlab.numerics import reference as ref  # noqa: E402
 from quantlab.numerics.dtypes import DType  # noqa: E402
@@ -81,7 +85,8 @@ def _codes(shape, dtype, seed):
 
 
 def _ort_session(op: str, threads: int, x_shape, w: np.ndarray, sw: np.ndarray, group: int = 1):
-    import onnxruntime as ort
+    """A one-node QLinearConv / QLinearMatMul model of int8 codes in an onnxruntime session
+    (``ort_baseline.session``: ``threads`` intra-op threads, spinning off)."""
     from onnx import TensorProto, helper, numpy_helper
 
     def f32(v, n):
@@ -104,10 +109,7 @@ def _ort_session(op: str, threads: int, x_shape, w: np.ndarray, sw: np.ndarray, 
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return session(model.SerializeToString(), threads)
 
 
 def _methods(threads: int):
@@ -410,6 +412,7 @@ def main(argv=None) -> int:
         "repeats": args.repeats,
         "load_average_1min": [round(load_before, 2), round(load_after, 2)],
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_description(),
         "torch": torch.__version__,
         "python": pyplatform.python_version(),
         "runs": runs,
@@ -434,8 +437,11 @@ def _markdown(res: dict) -> str:
         f"Shapes: conv2d {res['shapes']['conv2d']}; matmul {res['shapes']['matmul']}; "
         f"depthwise {res['shapes']['depthwise']}. "
         f"Median of {res['repeats']} interleaved runs (3 for the int64 paths), torch "
-        f"{res['torch']}, {res['cpu_count']} CPUs, 1-minute load average "
+        f"{res['torch']}, {res['cpu']}, {res['cpu_count']} CPUs, 1-minute load average "
         f"{res['load_average_1min'][0]} before / {res['load_average_1min'][1]} after. "
+        "onnxruntime runs each one-node model with the run's intra-op threads and "
+        "`session.intra_op.allow_spinning` = 0 (an idle worker sleeps instead of spinning "
+        "into the next timing). "
         "On a shared machine absolute times are noisy; ratios within one run less so, but "
         "extra parallel regions (chunks, conversions) pay for every thread wake-up when the "
         "machine is oversubscribed.",

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from host_info import cpu_description, shown_path  # noqa: E402
+from ort_baseline import session  # noqa: E402
 
 from quantlab.report.io import atomic_write_text  # noqa: E402
 
@@ -55,12 +56,7 @@ LAYERS = [
 
 
 def _session(model, threads: int) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return session(model.SerializeToString(), threads)
 
 
 def _models(cin: int, cout: int, k: int, stride: int, size: int, groups: int):

@@ -31,7 +31,10 @@ def export_onnx(module: nn.Module, inputs: tuple, path: Path) -> None:
         torch.onnx.export(module, inputs, str(path), **opts)
 
 
-def session(path: Path, threads: int):
+def session(model: Path | bytes, threads: int):
+    """An InferenceSession of ``model`` (an ONNX file, or a serialized model) on ``threads``
+    intra-op threads and one inter-op thread, ``session.intra_op.allow_spinning`` = "0": every
+    benchmark's onnxruntime baseline is built here."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -39,7 +42,8 @@ def session(path: Path, threads: int):
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 
 
 def ort_runners(

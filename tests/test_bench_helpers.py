@@ -250,3 +250,25 @@ def test_the_integer_kernels_alone_replay_a_fixed_runs_kernel_calls():
         for mod, name in bench_simulate.KERNEL_SITES:
             mp.setattr(mod, name, refuse)
         replay()
+
+
+def test_every_benchmark_onnxruntime_session_sleeps_when_idle():
+    """The onnxruntime baselines of the benchmarks (the GEMM one-node models, the requantization
+    layers, the exported networks) run with spinning off, on the threads asked for, so an idle
+    worker does not steal the next timing."""
+    import bench_gemm
+    import bench_ort_requant
+    import numpy as np
+    from ort_baseline import session
+
+    w = np.ones((4, 4, 3, 3), dtype=np.int8)
+    qlinear, _ = bench_ort_requant._models(4, 6, 3, 2, 9, 1)
+    sessions = [
+        bench_gemm._ort_session("QLinearConv", 2, (1, 4, 5, 5), w, np.ones(4, np.float32)),
+        bench_ort_requant._session(qlinear, 2),
+        session(qlinear.SerializeToString(), 2),
+    ]
+    for s in sessions:
+        opts = s.get_session_options()
+        assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert opts.intra_op_num_threads == 2
