@@ -182,6 +182,7 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
         table=table,
         title=f"Mixed precision of {bundle.name}: raising sensitive ops",
         findings=_findings(table, task_name),
+        tables={"per_ratio": _per_ratio(table)},
         plots=plots,
         qconfigs=qconfigs,
         notes=[
@@ -191,9 +192,10 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             + f"; evaluation in {exp.mode.name} mode against float on "
             f"{sum(len(b[0]) for b in batches)} items of data={data.name}; starting from "
             f"{qconfig_words(ctx.qconfig)}.",
-            "task: measured on all evaluation items; task_ci_low / task_ci_high: its 95% "
-            "interval over the items (a share of items, such as top-1 agreement: Wilson score "
-            "interval; any other metric: percentile bootstrap, 1000 resamples), task_n items.",
+            f"task: {task_name}, measured on all evaluation items; task_ci_low / "
+            "task_ci_high: its 95% interval over the items (a share of items, such as top-1 "
+            "agreement: Wilson score interval; any other metric: percentile bootstrap, 1000 "
+            "resamples), task_n items.",
             f"Each row's configuration is in its qconfig_file ({QCONFIG_DIR}/ in the run "
             "folder); pass it back with qconfig=file qconfig.path=<that file>.",
             "Cost: int8-MAC equivalents (MACs x operand bytes, LUT and split overheads; "
@@ -201,6 +203,16 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
             "pareto = no other ratio on that platform is at most as costly and better.",
         ],
     )
+
+
+def _per_ratio(table: pd.DataFrame) -> pd.DataFrame:
+    """The report's table: per platform and raised share, what was raised, its cost, output
+    SQNR and the task metric (``task``) with its 95% interval and item count (no task metric:
+    SQNR alone)."""
+    cols = ["platform", "ratio", "raised_ops", "sensitive_dtype", "cost_rel", "sqnr_db"]
+    if (table["task_n"] > 0).any():
+        cols += ["task", "task_ci_low", "task_ci_high", "task_n"]
+    return table[cols + ["pareto"]].copy()
 
 
 def _estimate(row):
@@ -216,22 +228,23 @@ def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
         text = (
             f"{pname}: raising {hi.raised_ops} ops (ratio {hi.ratio:g}, to "
             f"{hi.sensitive_dtype}) moves output SQNR from {lo.sqnr_db:.2f} dB to "
-            f"{hi.sqnr_db:.2f} dB and {task_name} from {lo.task:.4g} to {hi.task:.4g} "
-            f"at {hi.cost_rel:.3f}x the cost."
+            f"{hi.sqnr_db:.2f} dB"
         )
-        if hi.task_n > 1 and lo.task != hi.task:
+        if hi.task_n == 0:  # no task metric: output SQNR alone
+            text += f" at {hi.cost_rel:.3f}x the cost."
+        else:
             a, b = _estimate(lo), _estimate(hi)
             d = distinct_digits(a, b)
             text += (
-                f" On {a.n} items, {task_name} is {a.format(d)} at ratio {lo.ratio:g} and "
-                f"{b.format(d)} at ratio "
-                f"{hi.ratio:g}: the intervals "
-                + (
-                    "do not overlap (resolved)."
-                    if a.separated_from(b)
-                    else f"{a.relation(b)} (not resolved)."
-                )
+                f" and {task_name} from {a.format(d)} to {b.format(d)} at {hi.cost_rel:.3f}x "
+                "the cost: "
             )
+            if lo.task == hi.task:
+                text += f"the same {task_name} on these items."
+            elif a.separated_from(b):
+                text += "the intervals do not overlap (resolved)."
+            else:
+                text += f"the intervals {a.relation(b)} (not resolved)."
         out.append(text)
         best = g[g["pareto"]]
         top = g.loc[g["sqnr_db"].idxmax()]

@@ -185,6 +185,12 @@ def test_mixed_precision_experiment_tiny(tmp_path):
     assert j6m.cost.iloc[-1] > j6m.cost.iloc[0]
     assert {p.name for p in res.plots} == {"pareto_task", "pareto_sqnr"}
     assert res.findings[0].startswith("j6m: raising")
+    # the report's table, and every task figure in the findings with its interval and count
+    per_ratio = res.tables["per_ratio"]
+    assert list(per_ratio.platform) == list(t.platform) and list(per_ratio.ratio) == list(t.ratio)
+    assert {"sqnr_db", "task", "task_ci_low", "task_ci_high", "task_n"} <= set(per_ratio.columns)
+    for line in res.findings[::2]:  # the first finding of each platform names the task metric
+        assert line.count("n=2") == 2, line
 
 
 def test_mixed_precision_unknown_platform(tmp_path):
