@@ -174,6 +174,9 @@ def _second_metric(table: pd.DataFrame) -> str | None:
 
 
 def _findings(table: pd.DataFrame) -> list[str]:
+    """Per model and mode: each input path's output SQNR and second metric with their 95%
+    intervals and item counts, and the paths whose intervals separate from float
+    preprocessing's."""
     from quantlab.analysis.confidence import Estimate
 
     est = Estimate.from_columns
@@ -184,26 +187,41 @@ def _findings(table: pd.DataFrame) -> list[str]:
     for (model, mode), g in table.groupby(["model", "mode"], sort=False):
         base = g[g.variant == InputFormat.FLOAT_NORMALIZED.name]
         parts = [
-            f"{r['variant']} {r['output_sqnr_db']:.2f} dB"
-            + (f", {words} {r[second]:.3f}" if second else "")
+            f"{r['variant']} {_sqnr_words(est(r, 'output_sqnr_db'))}"
+            + (f", {words} {est(r, second)}" if second else "")
             for _, r in g.iterrows()
         ]
         line = f"{model}, {mode.lower()} mode: " + "; ".join(parts) + "."
         if not base.empty:
             b = base.iloc[0]
-            sep = [
-                r.variant
-                for _, r in g.iterrows()
-                if r.variant != b.variant
-                and est(r, "output_sqnr_db").separated_from(est(b, "output_sqnr_db"))
-            ]
-            line += (
-                " Output SQNR intervals separated from float preprocessing: "
-                + (", ".join(sep) if sep else "none")
-                + "."
-            )
+            for metric, name in [("output_sqnr_db", "Output SQNR"), (second, words)]:
+                if metric is None:
+                    continue
+                sep = [
+                    r.variant
+                    for _, r in g.iterrows()
+                    if r.variant != b.variant and est(r, metric).separated_from(est(b, metric))
+                ]
+                line += (
+                    f" {name[0].upper() + name[1:]} intervals separated from float "
+                    "preprocessing: " + (", ".join(sep) if sep else "none") + "."
+                )
         out.append(line)
     return out
+
+
+def _sqnr_words(e) -> str:
+    """An output SQNR estimate in dB with its interval; identical outputs read as such."""
+    if e.value == float("inf") and e.low == float("inf"):
+        return f"identical outputs (n={e.n})"
+    return f"{e.value:.2f} dB (95% CI {e.low:.2f} to {e.high:.2f}, n={e.n})"
+
+
+def _per_path(table: pd.DataFrame) -> pd.DataFrame:
+    """The report's table: model, mode and input path with each metric, its 95% interval and
+    item count, as results.csv holds them (without the plots' capped copies)."""
+    keep = [c for c in table.columns if not c.startswith("sqnr_plot") and c != "path"]
+    return table[keep].copy()
 
 
 @experiment(InputPathExp, "input_path", takes_model=True)
@@ -262,6 +280,7 @@ def input_path(exp: InputPathExp, ctx: RunContext) -> ExperimentResult:
         table=table,
         title="Deployed image input path vs float preprocessing",
         findings=_findings(table),
+        tables={"per_input_path": _per_path(table)},
         plots=plots,
         notes=notes,
     )

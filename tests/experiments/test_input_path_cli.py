@@ -35,6 +35,12 @@ def test_input_path_measures_every_variant(tmp_path):
     for f in ("report.md", "output_sqnr.png", "top1_agreement.png"):
         assert (tmp_path / f).exists(), f
     assert any("fixed mode" in f for f in res.findings)
+    # every figure of the findings carries its item count (and an interval unless identical)
+    for line in res.findings:
+        assert line.count("n=2") == 2 * 2, line  # two paths, two metrics each
+        assert "Top-1 intervals separated from float preprocessing" in line
+    table = (tmp_path / "report.md").read_text().split("## per input path", 1)[1]
+    assert "top1_agreement_ci_low" in table and "output_sqnr_db_n" in table
 
 
 def test_input_path_names_a_bad_input_format():
