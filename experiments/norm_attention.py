@@ -132,6 +132,11 @@ def _est(r: pd.Series, prefix: str):
     return Estimate.from_columns(r, prefix)
 
 
+def _bracketed(r: pd.Series, prefix: str) -> str:
+    """A share with its interval, ``value [low, high]``, three decimals."""
+    return f"{r[prefix]:.3f} [{r[prefix + '_ci_low']:.3f}, {r[prefix + '_ci_high']:.3f}]"
+
+
 def _findings(table: pd.DataFrame, depth: pd.DataFrame, exp: NormAttentionExp) -> list[str]:
     out = []
     pct = round(100 * exp.level)
@@ -161,8 +166,7 @@ def _findings(table: pd.DataFrame, depth: pd.DataFrame, exp: NormAttentionExp) -
                 )
         gaps = [
             f"{m} {r.fixed_accuracy - r.fake_accuracy:+.3f} accuracy, fixed agrees with fake on "
-            f"{r.fixed_vs_fake_agreement:.3f} [{r.fixed_vs_fake_agreement_ci_low:.3f}, "
-            f"{r.fixed_vs_fake_agreement_ci_high:.3f}] of the digits"
+            f"{_bracketed(r, 'fixed_vs_fake_agreement')} of the digits"
             for m, r in sub.iterrows()
         ]
         out.append(f"{plat}, fake -> fixed gap: " + "; ".join(gaps) + ".")
@@ -183,6 +187,7 @@ def _findings(table: pd.DataFrame, depth: pd.DataFrame, exp: NormAttentionExp) -
             return r.float_accuracy - r.fixed_accuracy
 
         ln_est = _est(ln, "fixed_accuracy")
+        agree = "fixed_vs_float_agreement"
         separated = [
             m
             for m, r in (("DyT", dyt), ("SimA", sima))
@@ -196,9 +201,9 @@ def _findings(table: pd.DataFrame, depth: pd.DataFrame, exp: NormAttentionExp) -
         out.append(
             "Does the advice pay in fixed point (j6m, accuracy lost float -> fixed)? "
             f"LayerNorm {drop(ln):+.3f}, DyT {drop(dyt):+.3f}, SimA {drop(sima):+.3f}; "
-            "fixed-vs-float agreement LayerNorm "
-            f"{ln.fixed_vs_float_agreement:.3f}, DyT {dyt.fixed_vs_float_agreement:.3f}, "
-            f"SimA {sima.fixed_vs_float_agreement:.3f}. In accuracy: {verdict}."
+            f"fixed-vs-float agreement ({pct}% CI) LayerNorm {_bracketed(ln, agree)}, "
+            f"DyT {_bracketed(dyt, agree)}, SimA {_bracketed(sima, agree)}. "
+            f"In accuracy: {verdict}."
         )
     return out
 
@@ -208,9 +213,6 @@ def _summary(table: pd.DataFrame, support: pd.DataFrame) -> pd.DataFrame:
     how LayerNorm ran (its fixed kernel at integer activations, float at float16 ones)."""
     ln = support[support.op_type == "layer_norm"].set_index(["model", "platform"])
 
-    def fmt(r, prefix):
-        return f"{r[prefix]:.3f} [{r[prefix + '_ci_low']:.3f}, {r[prefix + '_ci_high']:.3f}]"
-
     rows = []
     for _, r in table.iterrows():
         rows.append(
@@ -218,11 +220,11 @@ def _summary(table: pd.DataFrame, support: pd.DataFrame) -> pd.DataFrame:
                 "model": r.model,
                 "platform": r.platform,
                 "n": int(r.float_accuracy_n),
-                "float": fmt(r, "float_accuracy"),
-                "fake": fmt(r, "fake_accuracy"),
-                "fixed": fmt(r, "fixed_accuracy"),
-                "fixed_vs_float_agreement": fmt(r, "fixed_vs_float_agreement"),
-                "fixed_vs_fake_agreement": fmt(r, "fixed_vs_fake_agreement"),
+                "float": _bracketed(r, "float_accuracy"),
+                "fake": _bracketed(r, "fake_accuracy"),
+                "fixed": _bracketed(r, "fixed_accuracy"),
+                "fixed_vs_float_agreement": _bracketed(r, "fixed_vs_float_agreement"),
+                "fixed_vs_fake_agreement": _bracketed(r, "fixed_vs_fake_agreement"),
                 "layer_norm": _norm_how(ln, r),
             }
         )

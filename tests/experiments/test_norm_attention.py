@@ -52,6 +52,8 @@ def test_findings_and_report(result, tmp_path):
     text = " ".join(res.findings)
     assert "digits_dyt vs digits_layernorm" in text and "intervals" in text
     assert "Does the advice pay" in text
+    verdict = next(f for f in res.findings if f.startswith("Does the advice pay"))
+    assert "agreement (95% CI) LayerNorm " in verdict and verdict.count("[") == 3  # intervals
     write_report(res, tmp_path, "python -m quantlab +exp=norm_attention", "exp: {}\n")
     assert (tmp_path / "report.md").exists()
     assert (tmp_path / "sqnr_along_depth.png").exists()
