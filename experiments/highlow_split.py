@@ -354,7 +354,9 @@ def run(exp: HighlowSplitExp, ctx: RunContext) -> ExperimentResult:
             "split_all set OpQConfig(weight_split=model_k) by op name on the top-k modules of the "
             "sensitivity table / on every Conv/Linear with an int8 weight; each split scheme once "
             "per platform.weight_split_combine (dataclasses.replace on the platform). sqnr_db: "
-            "model output vs float. The cost model does not depend on the combine mode.",
+            "model output vs float over every output value, with its 95% percentile-bootstrap "
+            "interval over the inputs (sqnr_db_ci_low / _ci_high, sqnr_db_n). The cost model "
+            "does not depend on the combine mode.",
             "Attention MatMuls (MiniLM) appear in the per-layer table only; the model-level "
             "schemes change Conv/Linear weights.",
         ],

@@ -24,6 +24,20 @@ def task_error(df: pd.DataFrame) -> pd.Series:
     return kl.where(kl.notna(), 1 - cos)
 
 
+def task_error_estimate(row: pd.Series):
+    """``task_error`` of one row as an Estimate (its interval and item count): the KL's own, or
+    1 - the cosine's interval, reversed."""
+    from quantlab.analysis.confidence import Estimate
+
+    if "kl_nats" in row.index and pd.notna(row["kl_nats"]):
+        return Estimate.from_columns(row, "kl_nats")
+    for name in ("embedding_cosine", "output_cosine"):
+        if name in row.index and pd.notna(row[name]):
+            e = Estimate.from_columns(row, name)
+            return Estimate(1 - e.value, 1 - e.high, 1 - e.low, e.n, e.level)
+    raise ValueError("a model-level row holds no task metric (kl_nats or a cosine)")
+
+
 def split_findings(exp, layers, models) -> list[str]:
     """Per-layer medians by format, the combine modes' extra error and accumulator width, int16
     saturation, and per model the task error and cost of each scheme (``models`` None: none)."""
@@ -82,13 +96,16 @@ def split_findings(exp, layers, models) -> list[str]:
                 metric = "KL vs float (nats)"
             elif "embedding_cosine" in g.columns and g["embedding_cosine"].notna().all():
                 metric = "1 - embedding cosine"
-            parts = ", ".join(f"{s} {te[s]:.3g} at {cr[s]:.2f}x cost" for s in te)
+            est = {r["scheme"]: task_error_estimate(r) for _, r in g.iterrows()}
+            parts = ", ".join(f"{s} {est[s].format(3)} at {cr[s]:.2f}x cost" for s in te)
             out.append(f"{model} (weights in each format, activations float; {metric}): {parts}.")
             if {"int8", "split_topk"} <= te.keys() and te["int8"] > 0:
+                a, b = est["int8"], est["split_topk"]
                 out.append(
                     f"{model}: splitting the {exp.top_k} most weight-sensitive layers removes "
                     f"{100 * (1 - te['split_topk'] / te['int8']):.0f}% of the int8 task error for "
-                    f"{100 * (cr['split_topk'] - 1):.0f}% extra cost."
+                    f"{100 * (cr['split_topk'] - 1):.0f}% extra cost; the two intervals "
+                    f"{a.relation(b)}."
                 )
             if {"split_all", "int16"} <= te.keys():
                 dom = te["int16"] <= te["split_all"] and cr["int16"] <= cr["split_all"]
@@ -115,14 +132,17 @@ def top1_words(r) -> str:
 def fixed_findings(exp, df: pd.DataFrame) -> list[str]:
     """Per model, each scheme's deployed output SQNR against float with its task metrics and
     cost, the SQNR gained by splitting, and separate requantization against one wide sum."""
+    from quantlab.analysis.confidence import Estimate
+
     out = []
+    has_kl = "kl_nats" in df.columns
     for model, g in df.groupby("model", sort=False):
         label = [s if c == "-" else f"{s}/{c.lower()}" for s, c in zip(g["scheme"], g["combine"])]
         parts = []
         for lab, r in zip(label, g.itertuples()):
-            kl = f", KL {r.kl_nats:.3g}" if "kl_nats" in g.columns else ""
+            kl = f", KL {Estimate.from_columns(r, 'kl_nats').format(3)}" if has_kl else ""
             t1 = f", top-1 {top1_words(r)}" if "top1_agreement" in g.columns else ""
-            parts.append(f"{lab} {r.sqnr_db:.1f} dB{kl}{t1} at {r.cost_rel_int8:.2f}x")
+            parts.append(f"{lab} {_db(r)}{kl}{t1} at {r.cost_rel_int8:.2f}x")
         out.append(
             f"{model} through the simulator (FIXED, template activations, "
             f"{exp.fixed_num_eval} inputs), output SQNR vs float: " + "; ".join(parts) + "."
@@ -134,22 +154,39 @@ def fixed_findings(exp, df: pd.DataFrame) -> list[str]:
                 continue
             d = r.loc["split_all", "sqnr_db"] - base["sqnr_db"]
             dt = r.loc["split_topk", "sqnr_db"] - base["sqnr_db"] if "split_topk" in r.index else 0
+            rel = _sqnr(r.loc["split_all"]).relation(_sqnr(base))
             out.append(
                 f"{model}, {combine}: splitting all {int(r.loc['split_all', 'layers_split'])} "
                 f"layers {'raises' if d > 0 else 'lowers'} the deployed output SQNR by "
                 f"{abs(d):.2f} dB ({'+' if dt >= 0 else '-'}{abs(dt):.2f} dB for the top "
                 f"{exp.top_k}) at {r.loc['split_all', 'cost_rel_int8']:.2f}x cost, from "
-                f"{base['sqnr_db']:.1f} dB with int8 weights."
+                f"{base['sqnr_db']:.1f} dB with int8 weights; the split-all and int8 intervals "
+                f"{rel}."
             )
         wide = g[g["combine"] == SplitCombine.WIDE_ACCUMULATOR.name].set_index("scheme")
         sep = g[g["combine"] == SplitCombine.SEPARATE_REQUANT.name].set_index("scheme")
         both = [s for s in wide.index if s in sep.index]
         if both:
             diffs = ", ".join(
-                f"{s} {sep.loc[s, 'sqnr_db'] - wide.loc[s, 'sqnr_db']:+.2f} dB" for s in both
+                f"{s} {sep.loc[s, 'sqnr_db'] - wide.loc[s, 'sqnr_db']:+.2f} dB (intervals "
+                f"{_sqnr(sep.loc[s]).relation(_sqnr(wide.loc[s]))})"
+                for s in both
             )
             out.append(
                 f"{model}: separate requantization of the halves vs one wide accumulator "
                 f"(output SQNR, separate - wide): {diffs}."
             )
     return out
+
+
+def _sqnr(r):
+    """A fixed-mode row's output SQNR as an Estimate (its interval over the items)."""
+    from quantlab.analysis.confidence import Estimate
+
+    return Estimate.from_columns(r, "sqnr_db")
+
+
+def _db(r) -> str:
+    """A fixed-mode row's output SQNR in dB with its 95% interval and item count."""
+    e = _sqnr(r)
+    return f"{e.value:.1f} dB (95% CI {e.low:.1f} to {e.high:.1f}, n={e.n})"

@@ -357,6 +357,17 @@ def weight_sensitivity(
     return df
 
 
+def _sqnr_estimate(ref: list, test: list):
+    """``output_sqnr_db`` of the outputs' first tensors (float64) with its item count and 95%
+    percentile-bootstrap interval over the items (``analysis.confidence``)."""
+    from quantlab.analysis.confidence import estimate_metrics
+    from quantlab.models.tasks import OutputSQNR
+
+    r = [_first_tensor(o).double() for o in ref]
+    t = [_first_tensor(o).double() for o in test]
+    return estimate_metrics([OutputSQNR(name="sqnr_db")], r, t)["sqnr_db"]
+
+
 def _first_tensor(out) -> Tensor:
     if isinstance(out, Tensor):
         return out
@@ -421,7 +432,8 @@ def fixed_split_study(
     ``OpQConfig(weight_split=k)``) and ``split_all`` (every splittable op), the split ones once
     per combine mode (``platform.weight_split_combine``). One row per run: each task metric of
     ``metrics`` with its item count and 95% bootstrap interval (``<name>_n``, ``<name>_ci_low``,
-    ``<name>_ci_high``; quantlab.analysis.confidence), ``sqnr_db`` of the outputs vs float, the
+    ``<name>_ci_high``; quantlab.analysis.confidence), ``sqnr_db`` of the outputs vs float (its
+    first tensor, over every element; with its interval over the items likewise), the
     cost model's int8-MAC equivalents (``quantlab.analysis.cost``; it does not depend on the
     combine mode), weight bytes and the MACs of the second int8 pass."""
     import dataclasses
@@ -470,7 +482,7 @@ def fixed_split_study(
             }
             for name, est in estimate_metrics(metrics, ref, outs, labels).items():
                 row.update(est.as_columns(name))
-            row["sqnr_db"] = output_sqnr_db(ref, outs)
+            row.update(_sqnr_estimate(ref, outs).as_columns("sqnr_db"))
             row["cost_int8_mac_eq"] = model_cost(cost_ops, platform.lut_direct_int8)
             split_mods = {module_of[n] for n in split}
             row["weight_bytes"] = sum(v * (2 if m in split_mods else 1) for m, v in wvals.items())

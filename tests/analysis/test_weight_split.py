@@ -122,6 +122,16 @@ def test_fixed_split_study_toy_conv():
     wb = dict(zip(df["scheme"], df["weight_bytes"]))
     assert wb["split_all"] == 2 * wb["int8"]
     assert {"top1_agreement", "kl_nats", "cost_rel_int8", "extra_int8_macs"} <= set(df.columns)
+    # the output SQNR over the 4 inputs with its interval, and sentences that say what it allows
+    assert (df["sqnr_db_n"] == 4).all()
+    assert ((df.sqnr_db_ci_low <= df.sqnr_db) & (df.sqnr_db <= df.sqnr_db_ci_high)).all()
+    from types import SimpleNamespace
+
+    from quantlab.analysis.highlow_words import fixed_findings
+
+    lines = fixed_findings(SimpleNamespace(fixed_num_eval=4, top_k=1), df.assign(model="toy"))
+    assert lines[0].count("dB (95% CI") == len(df) and lines[0].count("n=4") == 3 * len(df)
+    assert len(lines) == 4 and all("intervals" in line for line in lines[1:])
 
 
 def test_conv1d_layers_are_split_like_conv2d_ones():

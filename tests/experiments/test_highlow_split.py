@@ -32,6 +32,12 @@ def test_tiny_run_columns_and_ordering(tmp_path):
     assert wb["split_all"] == wb["int16"] == 2 * wb["int8"]
     assert {"top1_agreement", "kl_nats", "task_error"} <= set(m.columns)
     assert res.findings
+    # the model-level task errors carry their intervals and counts; the split's claim says
+    # whether the int8 and split-top-k intervals separate
+    errors = next(f for f in res.findings if "weights in each format" in f)
+    assert errors.count("95% CI") == 4, errors
+    removes = next(f for f in res.findings if "most weight-sensitive layers removes" in f)
+    assert "the two intervals" in removes
 
 
 def test_bad_k_and_scheme():
