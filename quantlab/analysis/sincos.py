@@ -269,7 +269,8 @@ def posenc_study(
 
     NONE: ``platform.sincos_period_reduction`` off; EXPORTER: on; WRAP: ``WrappedPosEnc`` fed
     with ``wrapped_inputs``. Returns output SQNRs (dB) against the float PosEnc on the original
-    coordinates (fake, fixed) and fixed against fake (the QAT-to-deployed gap), plus the
+    coordinates (fake, fixed) and fixed against fake (the QAT-to-deployed gap), each with its
+    95% interval and item count (``<key>_ci_low``, ``<key>_ci_high``, ``<key>_n``), plus the
     sensitivity table (quantlab.analysis.sensitivity, ACTIVATION and FIXED passes, SQNR).
     """
     from quantlab.analysis.sensitivity import Metric, SensitiveType, sensitivity
@@ -289,9 +290,21 @@ def posenc_study(
         metrics=[Metric.SQNR],
         progress=progress,
     )
-    out = {
-        "fake_sqnr_db": _sqnr_db(ref, fake),
-        "fixed_sqnr_db": _sqnr_db(ref, fixed),
-        "gap_sqnr_db": _sqnr_db(fake, fixed),
-    }
+    out = {}
+    for key, (a, b) in {
+        "fake_sqnr_db": (ref, fake),
+        "fixed_sqnr_db": (ref, fixed),
+        "gap_sqnr_db": (fake, fixed),
+    }.items():
+        out.update(_sqnr_estimate(a, b).as_columns(key))
     return out, sens.table
+
+
+def _sqnr_estimate(ref: Tensor, test: Tensor):
+    """``_sqnr_db(ref, test)`` (float64, every element) with its item count and 95%
+    percentile-bootstrap interval over the items (dim 0; ``analysis.confidence``)."""
+    from quantlab.analysis.confidence import estimate_metrics
+    from quantlab.models.tasks import OutputSQNR
+
+    a, b = ref.detach().to(torch.float64), test.detach().to(torch.float64)
+    return estimate_metrics([OutputSQNR()], [a], [b])["output_sqnr_db"]

@@ -109,6 +109,11 @@ def test_toy_model_ranks(tmp_path):
     assert mt.loc["NONE", "fixed_sincos_best_rank"] == 1
     assert mt.loc["WRAP", "fixed_sqnr_db"] > mt.loc["NONE", "fixed_sqnr_db"] + 10
     assert mt.loc["EXPORTER", "gap_sqnr_db"] > mt.loc["NONE", "gap_sqnr_db"] + 10
+    for key in ("fake_sqnr_db", "fixed_sqnr_db", "gap_sqnr_db"):  # each with its interval
+        assert (mt[f"{key}_n"] == 2).all()
+        assert (mt[f"{key}_ci_low"] <= mt[key]).all() and (mt[key] <= mt[f"{key}_ci_high"]).all()
+    toy = next(f for f in res.findings if f.startswith("PosEnc toy model"))
+    assert "95% CI over n=2 items" in toy and toy.count(" to ") == 9
     # the model once per (treatment, strategy): SQNR with its interval over the 4 items
     ms = res.tables["model_strategies"]
     assert len(ms) == 3 * 2 * 2
