@@ -177,8 +177,8 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             hue="direction",
             kind=PlotKind.SCATTER,
             reference="target",
-            ci_low="task_ci_low" if target.on_task else None,
-            ci_high="task_ci_high" if target.on_task else None,
+            ci_low="task_ci_low" if target.on_task else "sqnr_db_ci_low",
+            ci_high="task_ci_high" if target.on_task else "sqnr_db_ci_high",
         ),
     ]
     if target.on_task:
@@ -188,10 +188,12 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
                 x="cost_rel",
                 y="sqnr_db",
                 xlabel="cost relative to the start configuration (int8-MAC equivalents ratio)",
-                ylabel="output SQNR vs float (dB)",
+                ylabel="output SQNR vs float (dB; bars: 95% interval)",
                 title=f"{bundle.name} on {platform.name}: output SQNR along the recipe",
                 hue="direction",
                 kind=PlotKind.SCATTER,
+                ci_low="sqnr_db_ci_low",
+                ci_high="sqnr_db_ci_high",
             )
         )
     product = res.chosen or res.best
@@ -276,7 +278,7 @@ def _flow(platform) -> list[Direction]:
 def _score_axis(task, target: RecipeTarget) -> tuple[str, str]:
     if target.on_task:
         return "task", f"{task.name} vs float (bars: 95% interval)"
-    return "sqnr_db", "output SQNR vs float (dB)"
+    return "sqnr_db", "output SQNR vs float (dB; bars: 95% interval)"
 
 
 def _path_view(path: pd.DataFrame) -> pd.DataFrame:
@@ -289,6 +291,9 @@ def _path_view(path: pd.DataFrame) -> pd.DataFrame:
         "task_ci_high",
         "task_n",
         "sqnr_db",
+        "sqnr_db_ci_low",
+        "sqnr_db_ci_high",
+        "sqnr_db_n",
         "cost_rel",
         "float16_overflow",
         "meets_target",
@@ -307,14 +312,21 @@ def _overflow_table(res: RecipeResult, sim) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _db_words(step) -> str:
+    """A step's output SQNR in dB with its 95% interval and item count."""
+    e = step.sqnr
+    if e is None or not e.has_interval:
+        return f"{step.sqnr_db:.2f} dB" + (f" (n={e.n}, no interval)" if e is not None else "")
+    return f"{e.value:.2f} dB (95% CI {e.low:.2f} to {e.high:.2f}, n={e.n})"
+
+
 def _findings(res: RecipeResult, path, goal: str, platform, task) -> list[str]:
     start, name = res.steps[0], getattr(task, "name", "output SQNR")
     out = [f"Target: {goal}."]
 
     def score(step) -> str:
-        if step.task is not None:
-            return f"{name} {step.task}, output SQNR {step.sqnr_db:.2f} dB"
-        return f"output SQNR {step.sqnr_db:.2f} dB"
+        sqnr = f"output SQNR {_db_words(step)}"
+        return f"{name} {step.task}, {sqnr}" if step.task is not None else sqnr
 
     out.append(
         f"Start ({platform.global_dtype.name} activations, {platform.gemm_input_dtype.name} "

@@ -23,7 +23,7 @@ output or input drops the calibration rule the start gives it by name (a per-op 
 made for int8) and is calibrated by the default observer.
 
 Every evaluated configuration is one ``RecipeStep``: the task metric with its 95% bootstrap
-interval (quantlab.analysis.confidence), output SQNR against float, cost
+interval (quantlab.analysis.confidence), output SQNR against float with its interval, cost
 (quantlab.analysis.cost, int8-MAC equivalents), the number of raised ops and whether it meets
 the target. The chosen configuration is the cheapest step that meets the target (the better
 metric breaks a tie); when none does, ``RecipeResult.chosen`` is None and the best-scoring
@@ -42,7 +42,7 @@ import pandas as pd
 
 from quantlab.analysis.confidence import Estimate
 from quantlab.analysis.cost import CostModel, op_costs
-from quantlab.analysis.metrics import Metric, output_metrics
+from quantlab.analysis.metrics import Metric
 from quantlab.analysis.mixed_precision import (
     SensitiveTemplate,
     apply_legal,
@@ -51,6 +51,7 @@ from quantlab.analysis.mixed_precision import (
     select_sensitive,
 )
 from quantlab.analysis.sensitivity import SensitiveType
+from quantlab.models.tasks import OutputSQNR
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
@@ -142,6 +143,7 @@ class RecipeStep:
     meets: bool = False
     pinned: list[str] = field(default_factory=list)
     float16_overflow: dict[str, int] = field(default_factory=dict)
+    sqnr: Estimate | None = None  # sqnr_db with its 95% interval over the items
 
 
 @dataclass
@@ -172,6 +174,9 @@ class RecipeResult:
                 "task_ci_high": s.task.high if s.task is not None else math.nan,
                 "task_n": s.task.n if s.task is not None else 0,
                 "sqnr_db": s.sqnr_db,
+                "sqnr_db_ci_low": s.sqnr.low if s.sqnr is not None else math.nan,
+                "sqnr_db_ci_high": s.sqnr.high if s.sqnr is not None else math.nan,
+                "sqnr_db_n": s.sqnr.n if s.sqnr is not None else 0,
                 "cost": s.cost,
                 "cost_rel": s.cost / start_cost,
                 "meets_target": s.meets,
@@ -214,13 +219,14 @@ class _Evaluator:
             outs.append(self.sim.run(*b, mode=self.mode))
             for name, n in self.sim.float16_overflow.items():
                 overflow[name] = overflow.get(name, 0) + n
-        sqnr = output_metrics(self.refs, outs, [Metric.SQNR])[Metric.SQNR]
+        sqnr_est = default_estimate(OutputSQNR(), self.refs, outs)
+        sqnr = sqnr_est.value
         est = self.estimate(self.task, self.refs, outs) if self.task is not None else None
         ops = ops_with_split(self.sim)
         cost = float(op_costs(ops, self.sim.platform.lut_direct_int8, self.cost_model).sum())
         score = est.value if self.target.on_task else sqnr
         step = RecipeStep(len(self.steps), direction, list(picked), spec, est, sqnr, cost, score)
-        step.pinned, step.float16_overflow = pinned, overflow
+        step.pinned, step.float16_overflow, step.sqnr = pinned, overflow, sqnr_est
         step.meets = self.target.met(score, self.threshold, self.higher)
         self.steps.append(step)
         self.seen[key] = step

@@ -58,6 +58,12 @@ def test_recipe_says_plainly_when_the_ceiling_misses(tmp_path):
     res = _run(tmp_path, "run", "exp.max_drop=null", "exp.min_sqnr_db=300")
     assert not res.table.meets_target.any()
     assert any("not even the ceiling" in f for f in res.findings)
+    # every step's output SQNR with its interval over the 64 items, in the table and the words
+    t = res.table
+    assert (t.sqnr_db_n == 64).all()
+    assert ((t.sqnr_db_ci_low <= t.sqnr_db) & (t.sqnr_db <= t.sqnr_db_ci_high)).all()
+    start = next(f for f in res.findings if f.startswith("Start ("))
+    assert "dB (95% CI" in start and "n=64" in start
 
 
 def test_recipe_needs_exactly_one_target():
