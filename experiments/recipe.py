@@ -229,7 +229,8 @@ def recipe_exp(exp: RecipeExp, ctx: RunContext) -> ExperimentResult:
             f"data={data.name}; task: the task metric on all items, task_ci_low/task_ci_high "
             "its 95% interval over the items (a share of items, such as top-1 agreement: "
             "Wilson score interval; any other metric: percentile bootstrap, 1000 resamples); "
-            "the target is judged on the value.",
+            "sqnr_db: output SQNR over every output value, sqnr_db_ci_low/sqnr_db_ci_high its "
+            "95% percentile-bootstrap interval over the items; the target is judged on the value.",
             "Cost: int8-MAC equivalents (MACs x operand bytes, LUT and split overheads; "
             "quantlab.analysis.cost), relative to the start configuration.",
             "float16_overflow: values beyond +-65504 cast to float16 (before saturation), "
