@@ -325,6 +325,8 @@ def _reference_finding(model: str, mode: str, g: pd.DataFrame, exp) -> list[str]
 
 
 def _findings(table, exp, ctx, diag) -> list[str]:
+    from quantlab.analysis.confidence import Estimate
+
     out = []
     for (model, mode), g in table.groupby(["model", "mode"], sort=False):
         best = g.loc[g["output_sqnr_db"].idxmax()]
@@ -374,12 +376,13 @@ def _findings(table, exp, ctx, diag) -> list[str]:
         h = hist[(hist["mode"] == mode) & (hist["model"] == model)]
         if len(h):
             best = g.loc[g["output_sqnr_db"].idxmax()]
+            a, b = (Estimate.from_columns(r, "output_sqnr_db") for r in (h.iloc[0], best))
             out.append(
                 f"The error a rule minimises matters more than its samples ({model}, "
                 f"{mode.lower()}): HISTOGRAM/MSE, the lowest error at every tensor, gives "
-                f"{h.iloc[0].output_sqnr_db:.2f} dB at the output; choosing each op's rule by "
-                f"the error it leaves downstream ({best.observer}, on calibration items only) "
-                f"gives {best.output_sqnr_db:.2f} dB."
+                f"{a.format_db(count=False)} at the output; choosing each op's rule by the "
+                f"error it leaves downstream ({best.observer}, on calibration items only) gives "
+                f"{b.format_db(count=False)}: the intervals {a.relation(b)}."
             )
     return out
 

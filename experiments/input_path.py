@@ -187,7 +187,7 @@ def _findings(table: pd.DataFrame) -> list[str]:
     for (model, mode), g in table.groupby(["model", "mode"], sort=False):
         base = g[g.variant == InputFormat.FLOAT_NORMALIZED.name]
         parts = [
-            f"{r['variant']} {_sqnr_words(est(r, 'output_sqnr_db'))}"
+            f"{r['variant']} {est(r, 'output_sqnr_db').format_db()}"
             + (f", {words} {est(r, second)}" if second else "")
             for _, r in g.iterrows()
         ]
@@ -208,13 +208,6 @@ def _findings(table: pd.DataFrame) -> list[str]:
                 )
         out.append(line)
     return out
-
-
-def _sqnr_words(e) -> str:
-    """An output SQNR estimate in dB with its interval; identical outputs read as such."""
-    if e.value == float("inf") and e.low == float("inf"):
-        return f"identical outputs (n={e.n})"
-    return f"{e.value:.2f} dB (95% CI {e.low:.2f} to {e.high:.2f}, n={e.n})"
 
 
 def _per_path(table: pd.DataFrame) -> pd.DataFrame:

@@ -313,20 +313,13 @@ def _overflow_table(res: RecipeResult, sim) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _db_words(step) -> str:
-    """A step's output SQNR in dB with its 95% interval and item count."""
-    e = step.sqnr
-    if e is None or not e.has_interval:
-        return f"{step.sqnr_db:.2f} dB" + (f" (n={e.n}, no interval)" if e is not None else "")
-    return f"{e.value:.2f} dB (95% CI {e.low:.2f} to {e.high:.2f}, n={e.n})"
-
-
 def _findings(res: RecipeResult, path, goal: str, platform, task) -> list[str]:
     start, name = res.steps[0], getattr(task, "name", "output SQNR")
     out = [f"Target: {goal}."]
 
     def score(step) -> str:
-        sqnr = f"output SQNR {_db_words(step)}"
+        db = step.sqnr.format_db() if step.sqnr is not None else f"{step.sqnr_db:.2f} dB"
+        sqnr = f"output SQNR {db}"
         return f"{name} {step.task}, {sqnr}" if step.task is not None else sqnr
 
     out.append(

@@ -277,12 +277,6 @@ def _fmt(v: float) -> str:
     return f"{v:.2g}" if v < 0.01 else f"{v:.3f}"
 
 
-def _db_interval(r, kind: str) -> str:
-    """A toy-model row's ``<kind>_sqnr_db`` as ``value (low to high)`` in dB."""
-    v, lo, hi = (getattr(r, f"{kind}_sqnr_db{s}") for s in ("", "_ci_low", "_ci_high"))
-    return f"{v:.1f} ({lo:.1f} to {hi:.1f})"
-
-
 def _span(v: pd.Series) -> str:
     lo, hi = _fmt(float(v.min())), _fmt(float(v.max()))
     return lo if lo == hi else f"{lo}-{hi}"
@@ -457,10 +451,14 @@ def sincos_period(exp: SincosPeriodExp, ctx: RunContext) -> ExperimentResult:
         tables["sensitivity_fixed_top"] = fixed_top[["treatment", "op_name", "value"]]
         findings.append(
             f"PosEnc toy model ({exp.model_dtype.name} angles and sin/cos), output SQNR vs float "
-            "(fake / fixed / fixed-vs-fake gap, dB, 95% CI over "
+            "(fake / fixed / fixed-vs-fake gap, 95% CIs over "
             f"n={int(mt.fake_sqnr_db_n.iloc[0])} items): "
             + "; ".join(
-                f"{r.treatment} " + " / ".join(_db_interval(r, k) for k in ("fake", "fixed", "gap"))
+                f"{r.treatment} "
+                + " / ".join(
+                    Estimate.from_columns(r, f"{k}_sqnr_db").format_db(1, count=False)
+                    for k in ("fake", "fixed", "gap")
+                )
                 for r in mt.itertuples()
             )
             + "."

@@ -96,6 +96,18 @@ class Estimate:
     def __str__(self) -> str:
         return self.format()
 
+    def format_db(self, decimals: int = 2, count: bool = True) -> str:
+        """A level in dB: ``value dB (95% CI low to high, n=N)`` at ``decimals`` decimals
+        (``count`` False: without ``n=N``); identical outputs (+inf, interval included) read
+        ``identical outputs``; without an interval ``value dB (n=N, no interval)``."""
+        d, pct = decimals, round(100 * self.level)
+        n = f", n={self.n}" if count else ""
+        if self.value == math.inf and self.low == math.inf:
+            return f"identical outputs (n={self.n})" if count else "identical outputs"
+        if not self.has_interval:
+            return f"{self.value:.{d}f} dB (n={self.n}, no interval)"
+        return f"{self.value:.{d}f} dB ({pct}% CI {self.low:.{d}f} to {self.high:.{d}f}{n})"
+
     def format(self, digits: int = 4) -> str:
         """``value (95% CI low to high, n=N)`` at ``digits`` significant digits; without an
         interval ``value (n=1, no interval)``."""
@@ -265,6 +277,16 @@ def bootstrap(
     low = float(np.quantile(draws, tail, method="inverted_cdf"))
     high = float(np.quantile(draws, 1.0 - tail, method="inverted_cdf"))
     return Estimate(value, low, high, n, level)
+
+
+def sqnr_estimate(ref_outputs: list, test_outputs: list, seed: int = 0) -> Estimate:
+    """Output SQNR in dB of ``test_outputs`` against ``ref_outputs`` (lists of per-batch outputs;
+    every float tensor, float64: ``tasks.OutputSQNR``) with its 95% percentile-bootstrap interval
+    over the items (``estimate_metrics``)."""
+    from quantlab.models.tasks import OutputSQNR
+
+    metric = OutputSQNR()
+    return estimate_metrics([metric], ref_outputs, test_outputs, seed=seed)[metric.name]
 
 
 def estimate_metrics(

@@ -142,7 +142,7 @@ def fixed_findings(exp, df: pd.DataFrame) -> list[str]:
         for lab, r in zip(label, g.itertuples()):
             kl = f", KL {Estimate.from_columns(r, 'kl_nats').format(3)}" if has_kl else ""
             t1 = f", top-1 {top1_words(r)}" if "top1_agreement" in g.columns else ""
-            parts.append(f"{lab} {_db(r)}{kl}{t1} at {r.cost_rel_int8:.2f}x")
+            parts.append(f"{lab} {_sqnr(r).format_db(1)}{kl}{t1} at {r.cost_rel_int8:.2f}x")
         out.append(
             f"{model} through the simulator (FIXED, template activations, "
             f"{exp.fixed_num_eval} inputs), output SQNR vs float: " + "; ".join(parts) + "."
@@ -184,9 +184,3 @@ def _sqnr(r):
     from quantlab.analysis.confidence import Estimate
 
     return Estimate.from_columns(r, "sqnr_db")
-
-
-def _db(r) -> str:
-    """A fixed-mode row's output SQNR in dB with its 95% interval and item count."""
-    e = _sqnr(r)
-    return f"{e.value:.1f} dB (95% CI {e.low:.1f} to {e.high:.1f}, n={e.n})"

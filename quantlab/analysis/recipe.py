@@ -40,7 +40,7 @@ from typing import Any
 
 import pandas as pd
 
-from quantlab.analysis.confidence import Estimate
+from quantlab.analysis.confidence import Estimate, sqnr_estimate
 from quantlab.analysis.cost import CostModel, op_costs
 from quantlab.analysis.metrics import Metric
 from quantlab.analysis.mixed_precision import (
@@ -51,7 +51,6 @@ from quantlab.analysis.mixed_precision import (
     select_sensitive,
 )
 from quantlab.analysis.sensitivity import SensitiveType
-from quantlab.models.tasks import OutputSQNR
 from quantlab.numerics.dtypes import DType
 from quantlab.qconfig import OpQConfig, QConfigSpec
 from quantlab.simulate import Mode, Simulator
@@ -219,7 +218,7 @@ class _Evaluator:
             outs.append(self.sim.run(*b, mode=self.mode))
             for name, n in self.sim.float16_overflow.items():
                 overflow[name] = overflow.get(name, 0) + n
-        sqnr_est = default_estimate(OutputSQNR(), self.refs, outs)
+        sqnr_est = sqnr_estimate(self.refs, outs)
         sqnr = sqnr_est.value
         est = self.estimate(self.task, self.refs, outs) if self.task is not None else None
         ops = ops_with_split(self.sim)

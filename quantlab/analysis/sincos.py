@@ -273,6 +273,7 @@ def posenc_study(
     95% interval and item count (``<key>_ci_low``, ``<key>_ci_high``, ``<key>_n``), plus the
     sensitivity table (quantlab.analysis.sensitivity, ACTIVATION and FIXED passes, SQNR).
     """
+    from quantlab.analysis.confidence import sqnr_estimate
     from quantlab.analysis.sensitivity import Metric, SensitiveType, sensitivity
     from quantlab.simulate import Mode
 
@@ -296,15 +297,5 @@ def posenc_study(
         "fixed_sqnr_db": (ref, fixed),
         "gap_sqnr_db": (fake, fixed),
     }.items():
-        out.update(_sqnr_estimate(a, b).as_columns(key))
+        out.update(sqnr_estimate([a], [b]).as_columns(key))
     return out, sens.table
-
-
-def _sqnr_estimate(ref: Tensor, test: Tensor):
-    """``_sqnr_db(ref, test)`` (float64, every element) with its item count and 95%
-    percentile-bootstrap interval over the items (dim 0; ``analysis.confidence``)."""
-    from quantlab.analysis.confidence import estimate_metrics
-    from quantlab.models.tasks import OutputSQNR
-
-    a, b = ref.detach().to(torch.float64), test.detach().to(torch.float64)
-    return estimate_metrics([OutputSQNR()], [a], [b])["output_sqnr_db"]

@@ -358,14 +358,11 @@ def weight_sensitivity(
 
 
 def _sqnr_estimate(ref: list, test: list):
-    """``output_sqnr_db`` of the outputs' first tensors (float64) with its item count and 95%
-    percentile-bootstrap interval over the items (``analysis.confidence``)."""
-    from quantlab.analysis.confidence import estimate_metrics
-    from quantlab.models.tasks import OutputSQNR
+    """``output_sqnr_db`` of the outputs' first tensors with its item count and 95% interval
+    over the items (``confidence.sqnr_estimate``)."""
+    from quantlab.analysis.confidence import sqnr_estimate
 
-    r = [_first_tensor(o).double() for o in ref]
-    t = [_first_tensor(o).double() for o in test]
-    return estimate_metrics([OutputSQNR(name="sqnr_db")], r, t)["sqnr_db"]
+    return sqnr_estimate([_first_tensor(o) for o in ref], [_first_tensor(o) for o in test])
 
 
 def _first_tensor(out) -> Tensor:

@@ -333,3 +333,27 @@ def test_an_estimate_reads_back_from_the_columns_it_wrote():
     (row,) = table.itertuples()
     for r in (table.iloc[0], row, est.as_columns("sqnr")):
         assert Estimate.from_columns(r, "sqnr") == est
+
+
+def test_a_level_in_db_reads_with_its_interval_and_count():
+    from quantlab.analysis.confidence import Estimate
+
+    e = Estimate(16.624, 14.931, 18.349, 8)
+    assert e.format_db() == "16.62 dB (95% CI 14.93 to 18.35, n=8)"
+    assert e.format_db(1, count=False) == "16.6 dB (95% CI 14.9 to 18.3)"
+    assert Estimate(math.inf, math.inf, math.inf, 12).format_db() == "identical outputs (n=12)"
+    assert Estimate(20.0, math.nan, math.nan, 1).format_db() == "20.00 dB (n=1, no interval)"
+
+
+def test_sqnr_estimate_is_the_output_sqnr_over_every_value_with_its_interval():
+    from quantlab.analysis.confidence import sqnr_estimate
+
+    g = torch.Generator().manual_seed(0)
+    ref = [torch.randn(3, 5, generator=g) for _ in range(2)]
+    test = [r + 0.1 * torch.randn(r.shape, generator=g) for r in ref]
+    e = sqnr_estimate(ref, test)
+    r, t = torch.cat(ref).double(), torch.cat(test).double()
+    want = 10 * math.log10(float((r**2).sum()) / float(((r - t) ** 2).sum()))
+    assert e.n == 6 and math.isclose(e.value, want, rel_tol=1e-12)
+    assert e.low <= e.value <= e.high
+    assert sqnr_estimate(ref, ref).format_db() == "identical outputs (n=6)"

@@ -19,7 +19,7 @@ from quantlab.simulate import Mode
 def result(tmp_path_factory):
     exp = CalibrationExp(
         models=["small_cnn"],
-        observers=["MINMAX", "MSE_POOLED", "MSE", "HISTOGRAM/SQNR"],
+        observers=["MINMAX", "MSE_POOLED", "MSE", "HISTOGRAM/SQNR", "HISTOGRAM/MSE"],
         per_op_targets=[ChoiceTarget.OP_OUTPUT],
         per_op_items=2,
         modes=[Mode.FAKE, Mode.FIXED],
@@ -44,9 +44,10 @@ def test_rows_per_observer_and_mode_with_intervals(result):
         "MSE_POOLED",
         "MSE",
         "HISTOGRAM/SQNR",
+        "HISTOGRAM/MSE",
         "PER_OP/OP_OUTPUT",
     }
-    assert len(t) == 5 * 2 and set(t["mode"]) == {"FAKE", "FIXED"}
+    assert len(t) == 6 * 2 and set(t["mode"]) == {"FAKE", "FIXED"}
     assert (t["output_sqnr_db_ci_low"] <= t["output_sqnr_db"]).all()
     assert (t["output_sqnr_db"] <= t["output_sqnr_db_ci_high"]).all()
     assert (t["output_sqnr_db_n"] == 4).all() and (t["calib_time_s"] > 0).all()
@@ -56,13 +57,17 @@ def test_rows_per_observer_and_mode_with_intervals(result):
 
 def test_per_op_choice_diagnosis_findings_and_report(result, tmp_path):
     chosen = result.tables["per_op_choice"]
-    assert set(chosen["candidate"]) <= {"MINMAX", "MSE_POOLED", "MSE", "HISTOGRAM/SQNR"}
+    rules = {"MINMAX", "MSE_POOLED", "MSE", "HISTOGRAM/SQNR", "HISTOGRAM/MSE"}
+    assert set(chosen["candidate"]) <= rules
     assert chosen["op"].is_unique and len(chosen) >= 3
     diag = result.tables["mse_diagnosis"]
     rules = diag[[f"{k} err/best" for k in ("MSE_POOLED", "MSE", "HISTOGRAM/MSE", "GLOBAL_MINMAX")]]
     assert (rules >= 1.0 - 1e-9).all().all() and (rules.min(axis=1) <= 1.0 + 1e-9).all()
     assert (diag["vendor grid err/best"] > 0.99).all()  # relative to the best of the four
     assert any("best calibration" in f for f in result.findings)
+    # the per-op choice against HISTOGRAM/MSE: both with their intervals, and what they allow
+    lines = [f for f in result.findings if f.startswith("The error a rule minimises")]
+    assert len(lines) == 2 and all(f.count("95% CI") == 2 and "the intervals" in f for f in lines)
     path = write_report(result, tmp_path, "python -m quantlab +exp=calibration", "exp: {}\n")
     text = path.read_text()
     assert "sqnr_fake.png" in text and (tmp_path / "sqnr_fixed.png").exists()

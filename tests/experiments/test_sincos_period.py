@@ -113,7 +113,7 @@ def test_toy_model_ranks(tmp_path):
         assert (mt[f"{key}_n"] == 2).all()
         assert (mt[f"{key}_ci_low"] <= mt[key]).all() and (mt[key] <= mt[f"{key}_ci_high"]).all()
     toy = next(f for f in res.findings if f.startswith("PosEnc toy model"))
-    assert "95% CI over n=2 items" in toy and toy.count(" to ") == 9
+    assert "95% CIs over n=2 items" in toy and toy.count(" dB (95% CI ") == 9
     # the model once per (treatment, strategy): SQNR with its interval over the 4 items
     ms = res.tables["model_strategies"]
     assert len(ms) == 3 * 2 * 2
