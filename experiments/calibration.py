@@ -377,12 +377,17 @@ def _findings(table, exp, ctx, diag) -> list[str]:
         if len(h):
             best = g.loc[g["output_sqnr_db"].idxmax()]
             a, b = (Estimate.from_columns(r, "output_sqnr_db") for r in (h.iloc[0], best))
+            verdict = (
+                "the error a rule minimises matters more than how it samples, on these items"
+                if a.separated_from(b) and b.value > a.value
+                else "not resolved on these items"
+            )
             out.append(
-                f"The error a rule minimises matters more than its samples ({model}, "
-                f"{mode.lower()}): HISTOGRAM/MSE, the lowest error at every tensor, gives "
-                f"{a.format_db(count=False)} at the output; choosing each op's rule by the "
-                f"error it leaves downstream ({best.observer}, on calibration items only) gives "
-                f"{b.format_db(count=False)}: the intervals {a.relation(b)}."
+                f"Which error a rule minimises ({model}, {mode.lower()}): HISTOGRAM/MSE, the "
+                f"lowest error at every tensor, gives {a.format_db(count=False)} at the output; "
+                "choosing each op's rule by the error it leaves downstream "
+                f"({best.observer}, on calibration items only) gives "
+                f"{b.format_db(count=False)}: the intervals {a.relation(b)} ({verdict})."
             )
     return out
 

@@ -66,7 +66,7 @@ def test_per_op_choice_diagnosis_findings_and_report(result, tmp_path):
     assert (diag["vendor grid err/best"] > 0.99).all()  # relative to the best of the four
     assert any("best calibration" in f for f in result.findings)
     # the per-op choice against HISTOGRAM/MSE: both with their intervals, and what they allow
-    lines = [f for f in result.findings if f.startswith("The error a rule minimises")]
+    lines = [f for f in result.findings if f.startswith("Which error a rule minimises")]
     assert len(lines) == 2 and all(f.count("95% CI") == 2 and "the intervals" in f for f in lines)
     path = write_report(result, tmp_path, "python -m quantlab +exp=calibration", "exp: {}\n")
     text = path.read_text()
