@@ -211,12 +211,6 @@ def wrapped_inputs(posenc: nn.Module, coords: Tensor) -> tuple[Tensor, Tensor, T
 # --------------------------------------------------------------------------- model study
 
 
-def _sqnr_db(ref: Tensor, test: Tensor) -> float:
-    ref, test = ref.detach().to(torch.float64), test.detach().to(torch.float64)
-    noise = float((ref - test).norm())
-    return math.inf if noise == 0 else 20 * math.log10(float(ref.norm()) / noise)
-
-
 def _posenc_simulator(posenc: nn.Module, platform, treatment: Treatment, qconfig=None):
     """(Simulator, batch preparation) of the PosEnc under ``treatment`` (``posenc_study``)."""
     from quantlab.simulate import Simulator
