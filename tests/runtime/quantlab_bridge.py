@@ -278,8 +278,7 @@ def quantize_case_codes(c, platform) -> np.ndarray:
     """Fixed mode's codes of a QuantizeCase (``litert_models``) under ``platform``
     (``PlatformConfig.quantize_codes``): a 4-d case is the runtime's N, H, W, C tensor, which
     quantlab holds as N, C, H, W."""
-    out = {np.dtype(np.int8): DType.INT8, np.dtype(np.uint8): DType.UINT8,
-           np.dtype(np.int16): DType.INT16}[np.dtype(c.dtype)]  # fmt: skip
+    out = _DTYPE[np.dtype(c.dtype)]
     x = torch.from_numpy(c.x)
     if x.dim() == 4:
         x = x.permute(0, 3, 1, 2).contiguous()
