@@ -249,6 +249,7 @@ def _values_from_shapes(gm: fx.GraphModule, examples: list[tuple]) -> dict[tuple
     dimension in every run, else, for a Reshape, Expand or ConstantOfShape, ``BATCH`` where it
     equals the graph's batch in every run; any other difference leaves the argument out."""
     wanted: dict[tuple, fx.Node] = {}
+    kinds: dict[fx.Node, str] = {}  # each node of ``wanted``: its ``_ARGS`` key
     for node in gm.graph.nodes:
         if node.op != "call_module":
             continue
@@ -260,11 +261,11 @@ def _values_from_shapes(gm: fx.GraphModule, examples: list[tuple]) -> dict[tuple
             arg = args.get(key)
             if isinstance(arg, fx.Node) and _constant(gm, arg) is None and _shapes_only(gm, arg):
                 wanted[node, key] = arg
+                kinds[node] = kind
     if not wanted:
         return {}
-    users = {node for node, _ in wanted}
+    users = set(kinds)
     batches = [int(e[0].shape[0]) for e in examples]
-    kinds = {node: _kind(gm.get_submodule(node.target)) for node in users}
     runs: list[dict] = []
 
     class _Recorder(fx.Interpreter):
