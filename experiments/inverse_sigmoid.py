@@ -315,6 +315,26 @@ def _advice_verdict(evenly: Estimate, curvature: Estimate) -> str:
     return "holds" if evenly.value < curvature.value else "does not hold"
 
 
+def _fix_verdict(fix: Estimate, table: Estimate) -> str:
+    """Whether the clamped-logit fix pays on box L1 (lower is better) against the best table:
+    "pays" or "does not pay" only where the two intervals separate."""
+    if not fix.separated_from(table):
+        return "is not resolved"
+    return "pays" if fix.value < table.value else "does not pay"
+
+
+def _lowest_words(fx: pd.DataFrame, best: pd.Series) -> str:
+    """The strategy of lowest fixed-mode box L1 with its interval, and how many of the other
+    strategies' intervals overlap it."""
+    b = _box_estimate(best)
+    others = [_box_estimate(r) for r in fx.itertuples() if r.strategy != best["strategy"]]
+    overlap = sum(not b.separated_from(e) for e in others)
+    return (
+        f"{best['strategy']} (95% CI {b.low:.2e} to {b.high:.2e}, n={b.n}; its interval "
+        f"overlaps {overlap} of the other {len(others)} strategies')"
+    )
+
+
 def _data_finding(fx: pd.DataFrame) -> str:
     """DATA's fixed-mode box L1 against every other strategy's, with interval separation."""
     est = {r.strategy: _box_estimate(r) for r in fx.itertuples()}
@@ -426,8 +446,8 @@ def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> l
         )
         best = fx.loc[fx["box_l1_vs_float"].idxmin()]
         out.append(
-            f"Decoder, fixed vs float ({exp.model_in_dtype.name} box chain): {parts}; best "
-            f"{best['strategy']}. Fake (QAT) mode gives box L1 "
+            f"Decoder, fixed vs float ({exp.model_in_dtype.name} box chain): {parts}; lowest "
+            f"box L1 {_lowest_words(fx, best)}. Fake (QAT) mode gives box L1 "
             f"{fk['box_l1_vs_float'].min():.2e} whatever the strategy: the table error "
             "appears only after export."
         )
@@ -454,13 +474,14 @@ def _findings(exp, ops, points, model, bound_table, mid_share=float("nan")) -> l
             fl_c = _pick(cl, mode="float")
             fx_c = _pick(cl, mode="fixed")
             fk_c = _pick(cl, mode="fake")
-            pays = fx_c["box_l1_vs_float"] < best["box_l1_vs_float"]
             out.append(
                 f"The clamped-logit fix (no inverse_sigmoid, fine-tuned) "
-                f"{'pays' if pays else 'does not pay'} here: fixed vs its float box "
-                f"L1 {fx_c['box_l1_vs_float']:.2e} / IoU {fx_c['iou_vs_float']:.4f} (fake "
-                f"{fk_c['box_l1_vs_float']:.2e}) against {best['box_l1_vs_float']:.2e} for the "
-                f"best inverse_sigmoid table; its float box L1 vs the targets is "
+                f"{_fix_verdict(_box_estimate(fx_c), _box_estimate(best))} here: fixed vs its "
+                f"float box L1 {fx_c['box_l1_vs_float']:.2e} / IoU {fx_c['iou_vs_float']:.4f} "
+                f"(fake {fk_c['box_l1_vs_float']:.2e}) against {best['box_l1_vs_float']:.2e} for "
+                f"the inverse_sigmoid table of lowest box L1 "
+                f"({_in_words(_box_estimate(fx_c), _box_estimate(best))} 95% intervals, "
+                f"n={int(fx_c['box_l1_vs_float_n'])}); its float box L1 vs the targets is "
                 f"{fl_c['box_l1_vs_target']:.4f} vs {fl_i['box_l1_vs_target']:.4f} "
                 f"(IoU {fl_c['iou_vs_target']:.4f} vs {fl_i['iou_vs_target']:.4f})."
             )

@@ -71,6 +71,13 @@ def test_model_level_rows_for_each_strategy_and_clamp_variant(tmp_path):
     assert (q["box_l1_vs_float_n"] == 4).all()
     assert set(m[m["variant"] == "inverse_sigmoid"]["strategy"]) == {"-", "EVENLY", "DATA"}
     assert any(f.startswith("Decoder, fixed mode, DATA") and "EVENLY" in f for f in res.findings)
+    # the lowest box L1 and the clamped-logit verdict say what the intervals allow
+    (lowest,) = [f for f in res.findings if f.startswith("Decoder, fixed vs float")]
+    assert "lowest box L1" in lowest and "95% CI" in lowest and "n=4" in lowest
+    assert "of the other 1 strategies'" in lowest
+    (fix,) = [f for f in res.findings if f.startswith("The clamped-logit fix")]
+    assert "95% intervals, n=4" in fix
+    assert any(w in fix for w in ("is not resolved here", "pays here", "does not pay here"))
 
 
 def test_bad_config_names_the_field():
@@ -139,3 +146,13 @@ def test_the_vendor_advice_is_judged_only_where_the_intervals_separate():
     assert _advice_verdict(Estimate(9.9e-4, 9.2e-4, 1.1e-3, 32), curvature) == "does not hold"
     said = _advice_verdict(Estimate(8.1e-4, 7.5e-4, 8.8e-4, 32), curvature)
     assert said == "is not resolved (overlapping 95% intervals, n=32)"
+
+
+def test_clamped_logit_verdict_follows_the_intervals():
+    from experiments.inverse_sigmoid import _fix_verdict
+    from quantlab.analysis.confidence import Estimate
+
+    low, high = Estimate(1.0, 0.9, 1.1, 32), Estimate(2.0, 1.9, 2.1, 32)
+    assert _fix_verdict(low, high) == "pays"  # lower box L1, intervals apart
+    assert _fix_verdict(high, low) == "does not pay"
+    assert _fix_verdict(Estimate(1.5, 1.0, 2.0, 32), high) == "is not resolved"
