@@ -3,12 +3,13 @@ additive attention mask under int8 and int16 activations, and float16 vs int16 v
 
 On one integer platform (j6m by default) MiniLM runs in fixed point with the platform template,
 then with one scheme applied either to the attention MatMuls (QK^T, AV) or to the Linear layers
-(``quantlab.analysis.attention``): embedding cosine against float with a 95% interval, output
-SQNR and the cost model's int8-MAC equivalents. The mask section measures the attention mass
-the fixed-point softmax gives to padded keys and the scores' quantization step at int8, at int16
-(the mask add and the scores at int16) and with the mask constant clamped to what the data
-needs. The vector section runs the model on a float16 platform (j6p) with its template (vector
-ops float16) and with every activation int16 (GEMM inputs int8 in both).
+(``quantlab.analysis.attention``): embedding cosine against float and output SQNR, each with a
+95% interval over the sentences, and the cost model's int8-MAC equivalents. The mask section
+measures the attention mass the fixed-point softmax gives to padded keys and the scores'
+quantization step at int8, at int16 (the mask add and the scores at int16) and with the mask
+constant clamped to what the data needs. The vector section runs the model on a float16
+platform (j6p) with its template (vector ops float16) and with every activation int16 (GEMM
+inputs int8 in both).
 """
 
 from __future__ import annotations
@@ -94,9 +95,8 @@ class _Runner:
         self.roles = attention_ops(self.sim.ops)
 
     def measure(self, spec, label: dict) -> dict:
-        from quantlab.analysis.confidence import bootstrap
+        from quantlab.analysis.confidence import bootstrap, sqnr_estimate
         from quantlab.analysis.cost import model_cost
-        from quantlab.analysis.weight_split import output_sqnr_db
         from quantlab.models.tasks import EmbeddingCosine
         from quantlab.simulate import Mode
 
@@ -109,7 +109,7 @@ class _Runner:
         r = self.exp.resamples
         row = label | {"status": "ran"}
         row |= bootstrap(EmbeddingCosine(), self.refs, outs, resamples=r).as_columns("cosine")
-        row["sqnr_db"] = output_sqnr_db(self.refs, outs)
+        row |= sqnr_estimate(self.refs, outs).as_columns("sqnr_db")
         row["cost_int8_mac_eq"] = model_cost(self.sim.ops, self.sim.platform.lut_direct_int8)
         mass = [
             padded_key_mass(t.outputs, self.roles.softmax, b[1])
@@ -214,10 +214,17 @@ def _fmt(r, prefix: str, digits: int = 4) -> str:
     )
 
 
-def _est(r):
+def _est(r, prefix: str = "cosine"):
     from quantlab.analysis.confidence import Estimate
 
-    return Estimate.from_columns(r, "cosine")
+    return Estimate.from_columns(r, prefix)
+
+
+def _sqnr(r) -> str:
+    """The row's output SQNR with its interval (``-`` where the scheme did not run)."""
+    if r.get("status") != "ran":
+        return "-"
+    return _est(r, "sqnr_db").format_db(count=False)
 
 
 def _sep(a, b) -> str:
@@ -236,9 +243,7 @@ def _findings(t: pd.DataFrame, spread: float, clamped: float, base: float) -> li
                 continue
             sep = f", {_sep(r, ref.iloc[0])} with int8" if len(ref) and r.scheme != "int8" else ""
             cost = f"{r.cost_rel_int8:.3f}x cost" if len(ref) else f"{r.cost_int8_mac_eq:.3g} cost"
-            parts.append(
-                f"{r.scheme} {_fmt(r, 'cosine')} ({r.sqnr_db:.2f} dB output SQNR) at {cost}{sep}"
-            )
+            parts.append(f"{r.scheme} {_fmt(r, 'cosine')} (output SQNR {_sqnr(r)}) at {cost}{sep}")
         n = int(sub.cosine_n.dropna().iloc[0]) if sub.cosine_n.notna().any() else 0
         out.append(
             f"{sub.platform.iloc[0]}, {target} with every other activation "
@@ -295,7 +300,7 @@ def assemble(exp, table, spread, clamped, base, batches, platform) -> Experiment
             "target": t.target,
             "scheme": t.scheme,
             "embedding_cosine (95% CI)": [_fmt(r, "cosine") for _, r in t.iterrows()],
-            "sqnr_db": t.sqnr_db.round(2),
+            "output SQNR (95% CI)": [_sqnr(r) for _, r in t.iterrows()],
             "cost_rel_int8": t.cost_rel_int8.round(3),
             "padded_mass": t.padded_mass,
             "score_step_logits": t.score_step,
@@ -346,7 +351,10 @@ def assemble(exp, table, spread, clamped, base, batches, platform) -> Experiment
             f"the lab's sentence pairs, {exp.num_calib} pairs calibrate, {exp.num_eval} pairs "
             f"({2 * exp.num_eval} sentences) evaluate in {batches} batch(es) of "
             f"{exp.batch_size} pairs. Metric: embedding cosine against the float model per "
-            f"sentence, percentile bootstrap over sentences ({exp.resamples} resamples, seed 0).",
+            f"sentence, percentile bootstrap over sentences ({exp.resamples} resamples, seed 0). "
+            "Output SQNR: 10 log10(sum ref^2 / sum (ref - test)^2) over every embedding value, "
+            "its interval a percentile bootstrap over the same sentences "
+            "(quantlab.analysis.confidence.sqnr_estimate).",
             "Schemes (quantlab.analysis.attention.scheme_spec, by op name over the platform "
             f"template): split = weight_split={exp.k}; on a MatMul its second operand (K^T, V) "
             "leaves the key/value Linear as int16 and is split into int8 halves at its int8 "

@@ -379,15 +379,6 @@ def _first_tensor(out) -> Tensor:
 FIXED_SCHEMES = ("int8", "split_topk", "split_all")
 
 
-def output_sqnr_db(ref: list, test: list) -> float:
-    """SQNR (dB) of the ``test`` outputs against the ``ref`` outputs (lists of model outputs, the
-    first tensor of each), over every element of every batch."""
-    r = torch.cat([_first_tensor(o).double().reshape(-1) for o in ref])
-    t = torch.cat([_first_tensor(o).double().reshape(-1) for o in test])
-    noise = float(((r - t) ** 2).sum())
-    return math.inf if noise == 0 else 10 * math.log10(float((r**2).sum()) / noise)
-
-
 def _weight_values(module: nn.Module) -> int:
     """A layer's stored weight values: its ``weight``, or every ``weight_*`` parameter of its
     own (a recurrent layer's input and hidden projections)."""

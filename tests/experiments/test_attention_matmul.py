@@ -39,6 +39,15 @@ def test_schemes_cost_and_refusal(result):
     assert att.loc["int8", "cost_rel_int8"] == 1.0
     assert 1.0 < att.loc["split", "cost_rel_int8"] < att.loc["dual_int16", "cost_rel_int8"]
     assert att.loc["dual_int16", "cosine"] > att.loc["int8", "cosine"]
+    # the output SQNR carries its interval over the same sentences
+    assert (att.sqnr_db_n == 4).all()
+    assert (att.sqnr_db_ci_low <= att.sqnr_db).all() and (att.sqnr_db <= att.sqnr_db_ci_high).all()
+    (words,) = [f for f in res.findings if "attention_matmul with" in f]
+    assert "output SQNR" in words and "dB (95% CI" in words
+    summary = res.tables["summary"]
+    ran = summary.status == "ran"
+    assert summary["output SQNR (95% CI)"][ran].str.contains("95% CI").all()
+    assert (summary["output SQNR (95% CI)"][~ran] == "-").all() and (~ran).any()
     lin = g.loc["linear"]
     assert (
         lin.loc["dual_int16", "status"].startswith("refused")
