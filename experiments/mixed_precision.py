@@ -134,7 +134,7 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
                     "sensitive_dtype": platform.sensitive_dtype.name,
                     "cost": res.cost,
                     "cost_rel": res.cost / base_cost if base_cost else float("nan"),
-                    "sqnr_db": res.metrics["SQNR"],
+                    **res.sqnr.as_columns("sqnr_db"),
                     "l1": res.metrics["L1"],
                     "task": res.metrics.get("TASK", float("nan")),
                     "task_ci_low": est.low if est is not None else float("nan"),
@@ -207,28 +207,39 @@ def mixed_precision_exp(exp: MixedPrecisionExp, ctx: RunContext) -> ExperimentRe
 
 def _per_ratio(table: pd.DataFrame) -> pd.DataFrame:
     """The report's table: per platform and raised share, what was raised, its cost, output
-    SQNR and the task metric (``task``) with its 95% interval and item count (no task metric:
-    SQNR alone)."""
-    cols = ["platform", "ratio", "raised_ops", "sensitive_dtype", "cost_rel", "sqnr_db"]
+    SQNR and the task metric (``task``), each with its 95% interval and item count (no task
+    metric: SQNR alone)."""
+    cols = ["platform", "ratio", "raised_ops", "sensitive_dtype", "cost_rel"]
+    cols += ["sqnr_db", "sqnr_db_ci_low", "sqnr_db_ci_high", "sqnr_db_n"]
     if (table["task_n"] > 0).any():
         cols += ["task", "task_ci_low", "task_ci_high", "task_n"]
     return table[cols + ["pareto"]].copy()
 
 
-def _estimate(row):
+def _estimate(row, prefix: str = "task"):
     from quantlab.analysis.confidence import Estimate
 
-    return Estimate(row.task, row.task_ci_low, row.task_ci_high, int(row.task_n))
+    return Estimate.from_columns(row, prefix)
+
+
+def _overlap_count(g: pd.DataFrame, top) -> str:
+    """How many of the platform's other ratios have an output SQNR interval that overlaps
+    ``top``'s, in words."""
+    s_top = _estimate(top, "sqnr_db")
+    others = [_estimate(r, "sqnr_db") for _, r in g.iterrows() if r.ratio != top.ratio]
+    overlap = sum(not s_top.separated_from(e) for e in others)
+    return f"overlaps {overlap} of the other {len(others)} ratios'"
 
 
 def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
     out = []
     for pname, g in table.groupby("platform", sort=False):
         lo, hi = g.iloc[0], g.iloc[-1]
+        s_lo, s_hi = _estimate(lo, "sqnr_db"), _estimate(hi, "sqnr_db")
         text = (
             f"{pname}: raising {hi.raised_ops} ops (ratio {hi.ratio:g}, to "
-            f"{hi.sensitive_dtype}) moves output SQNR from {lo.sqnr_db:.2f} dB to "
-            f"{hi.sqnr_db:.2f} dB"
+            f"{hi.sensitive_dtype}) moves output SQNR from {s_lo.format_db()} to "
+            f"{s_hi.format_db()} (the intervals {s_lo.relation(s_hi)})"
         )
         if hi.task_n == 0:  # no task metric: output SQNR alone
             text += f" at {hi.cost_rel:.3f}x the cost."
@@ -248,9 +259,11 @@ def _findings(table: pd.DataFrame, task_name: str) -> list[str]:
         out.append(text)
         best = g[g["pareto"]]
         top = g.loc[g["sqnr_db"].idxmax()]
+        s_top = _estimate(top, "sqnr_db")
         out.append(
-            f"{pname}: the best output SQNR, {top.sqnr_db:.2f} dB, comes at ratio {top.ratio:g} "
-            f"({top.raised_ops} ops raised, {top.cost_rel:.3f}x the cost); Pareto-optimal "
-            f"ratios ({task_name} vs cost): {', '.join(f'{r:g}' for r in best['ratio'])}."
+            f"{pname}: the highest output SQNR, {s_top.format_db(count=False)}, comes at ratio "
+            f"{top.ratio:g} ({top.raised_ops} ops raised, {top.cost_rel:.3f}x the cost; its "
+            f"interval {_overlap_count(g, top)}); Pareto-optimal ratios ({task_name} vs cost): "
+            f"{', '.join(f'{r:g}' for r in best['ratio'])}."
         )
     return out

@@ -138,6 +138,7 @@ class MixedResult:
     pinned: list[str] = field(default_factory=list)  # GEMMs whose inputs were pinned to int8
     spec: QConfigSpec | None = None  # the evaluated configuration (pins included)
     task: Any = None  # the task metric's Estimate (95% bootstrap interval), None without task
+    sqnr: Any = None  # the output SQNR's Estimate (the same interval), None without SQNR
 
 
 def ops_with_split(sim: Simulator) -> pd.DataFrame:
@@ -163,9 +164,10 @@ def evaluate_mixed(
     cost_model: CostModel | None = None,
 ) -> MixedResult:
     """Raise ``picked`` on a calibrated ``sim``, run ``batches`` in ``mode``, compare with
-    ``refs`` (the float outputs) and price the configuration; the task metric comes with its
-    95% bootstrap interval over the items (``MixedResult.task``)."""
-    from quantlab.analysis.confidence import estimate_metrics
+    ``refs`` (the float outputs) and price the configuration; the task metric and the output
+    SQNR come with their 95% bootstrap intervals over the items (``MixedResult.task``,
+    ``MixedResult.sqnr``)."""
+    from quantlab.analysis.confidence import estimate_metrics, sqnr_estimate
 
     spec = raise_spec(picked, sim.platform, base)
     pinned = apply_legal(sim, spec)
@@ -175,10 +177,11 @@ def evaluate_mixed(
     if Metric.TASK in metrics:
         est = estimate_metrics([task], refs, outs)[task.name]
         values[Metric.TASK] = est.value
+    sqnr = sqnr_estimate(refs, outs) if Metric.SQNR in metrics else None
     ops = ops_with_split(sim)
     cost = float(op_costs(ops, sim.platform.lut_direct_int8, cost_model or CostModel()).sum())
     return MixedResult(
-        list(picked), {m.name: v for m, v in values.items()}, cost, ops, pinned, spec, est
+        list(picked), {m.name: v for m, v in values.items()}, cost, ops, pinned, spec, est, sqnr
     )
 
 

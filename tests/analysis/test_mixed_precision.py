@@ -158,6 +158,9 @@ def test_raising_the_fragile_op_pays_on_the_toy_model():
     low = evaluate_mixed(sim, [x], refs, [], metrics, mode=Mode.FAKE)
     high = evaluate_mixed(sim, [x], refs, picked, metrics, mode=Mode.FAKE)
     assert high.metrics["SQNR"] > low.metrics["SQNR"] + 10
+    for r in (low, high):  # the output SQNR's estimate: the same figure, with its interval
+        assert r.sqnr.value == pytest.approx(r.metrics["SQNR"], rel=1e-9)
+        assert r.sqnr.low <= r.sqnr.value <= r.sqnr.high and r.sqnr.n == 16
     assert high.cost > low.cost
     ops = high.ops.set_index("name")
     assert ops.at["fc2:linear#0", "output_dtype"] == "INT16"
@@ -189,8 +192,13 @@ def test_mixed_precision_experiment_tiny(tmp_path):
     per_ratio = res.tables["per_ratio"]
     assert list(per_ratio.platform) == list(t.platform) and list(per_ratio.ratio) == list(t.ratio)
     assert {"sqnr_db", "task", "task_ci_low", "task_ci_high", "task_n"} <= set(per_ratio.columns)
-    for line in res.findings[::2]:  # the first finding of each platform names the task metric
-        assert line.count("n=2") == 2, line
+    assert {"sqnr_db_ci_low", "sqnr_db_ci_high", "sqnr_db_n"} <= set(per_ratio.columns)
+    assert (per_ratio.sqnr_db_n == 2).all()
+    for line in res.findings[::2]:  # output SQNR and the task metric at both ends, each with n
+        assert line.count("n=2") == 4, line
+        assert "dB (95% CI" in line and "the intervals" in line
+    for line in res.findings[1::2]:  # the highest output SQNR with its interval
+        assert "dB (95% CI" in line and "of the other 1 ratios'" in line
 
 
 def test_mixed_precision_unknown_platform(tmp_path):
