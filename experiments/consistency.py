@@ -89,8 +89,10 @@ def _run_outputs(sim, batch: tuple, modes: list[Mode]) -> dict:
 
 
 def _output_rows(outs: dict, bundle, batch: tuple) -> pd.DataFrame:
-    """Output metrics of each mode pair; with an external reference runtime (ONNX models), the
-    float run against that runtime too."""
+    """Output metrics of each mode pair, the SQNR with its 95% interval over the run's items
+    (``sqnr_db_ci_low``, ``sqnr_db_ci_high``, ``sqnr_db_n``); with an external reference runtime
+    (ONNX models), the float run against that runtime too."""
+    from quantlab.analysis.confidence import sqnr_estimate
     from quantlab.analysis.metrics import all_metrics, flat
 
     flats = {m: flat(o) for m, o in outs.items()}
@@ -104,11 +106,13 @@ def _output_rows(outs: dict, bundle, batch: tuple) -> pd.DataFrame:
     ):
         row = {"reference": a.name, "compared": b.name, "gap": GAP_PARTS.get((a, b), "")}
         row.update(all_metrics(flats[a], flats[b]))
+        row.update(sqnr_estimate([outs[a]], [outs[b]]).as_columns("sqnr_db"))
         rows.append(row)
     if bundle.reference is not None:
-        ref = flat(bundle.reference(*batch))
+        ref_out = bundle.reference(*batch)
         row = {"reference": bundle.reference_name.upper(), "compared": Mode.FLOAT.name, "gap": ""}
-        row.update(all_metrics(ref, flats[Mode.FLOAT]))
+        row.update(all_metrics(flat(ref_out), flats[Mode.FLOAT]))
+        row.update(sqnr_estimate([ref_out], [outs[Mode.FLOAT]]).as_columns("sqnr_db"))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -185,13 +189,20 @@ def _gap_split_findings(outputs: pd.DataFrame) -> list[str]:
     def words(r) -> str:
         if r.max_abs == 0:
             return "none (bit-identical outputs)"
-        return f"SQNR {r.sqnr_db:.1f} dB, MSE {r.mse:.4g}, max |error| {r.max_abs:.4g}"
+        return f"SQNR {_sqnr(r).format_db(1)}, MSE {r.mse:.4g}, max |error| {r.max_abs:.4g}"
 
     return [
         f"Split of the fake-vs-fixed export gap at the output (MSE {total.mse:.4g}) by a hybrid "
         f"run (LUT ops fixed, the rest fake): LUT error (fake vs hybrid) {words(lut)}; "
         f"requantization error (hybrid vs fixed) {words(req)}."
     ]
+
+
+def _sqnr(row):
+    """A model_output row's output SQNR as an Estimate (its value and 95% interval)."""
+    from quantlab.analysis.confidence import Estimate
+
+    return Estimate.from_columns(row, "sqnr_db")
 
 
 def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
@@ -209,15 +220,16 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
     if not row.empty:
         r = row.iloc[0]
         out.append(
-            f"At the model output, {b} vs {a} on {ctx.platform.name}: SQNR {r.sqnr_db:.1f} dB, "
-            f"cosine {r.cosine:.5f}, max |error| {r.max_abs:.4g}."
+            f"At the model output, {b} vs {a} on {ctx.platform.name}: SQNR "
+            f"{_sqnr(r).format_db(1)}, cosine {r.cosine:.5f}, max |error| {r.max_abs:.4g}."
         )
     out.extend(_gap_split_findings(outputs))
     fl = outputs[outputs.reference == "FLOAT"].set_index("compared")
     if {"FAKE", "FIXED"} <= set(fl.index):
+        fake, fixed = _sqnr(fl.loc["FAKE"]), _sqnr(fl.loc["FIXED"])
         out.append(
-            f"Against float, the output SQNR is {fl.loc['FAKE'].sqnr_db:.1f} dB in fake mode and "
-            f"{fl.loc['FIXED'].sqnr_db:.1f} dB in fixed mode."
+            f"Against float, the output SQNR is {fake.format_db(1)} in fake mode and "
+            f"{fixed.format_db(1)} in fixed mode: the intervals {fake.relation(fixed)}."
         )
     iso = table[table.view == "ISOLATED"]
     acc = table[table.view == "ACCUMULATED"]
@@ -347,16 +359,19 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             )
         )
     split = _gap_parts(outputs).copy()
-    split["sqnr_db_plot"] = split["sqnr_db"].clip(upper=SQNR_PLOT_CAP)
+    for col in ("sqnr_db", "sqnr_db_ci_low", "sqnr_db_ci_high"):
+        split[f"{col}_plot"] = split[col].clip(upper=SQNR_PLOT_CAP)
     plots.append(
         Plot(
             name="export_gap_split",
             x="gap",
             y="sqnr_db_plot",
             xlabel="part of the fake-vs-fixed gap at the model output",
-            ylabel=f"output SQNR (dB; identical drawn at {SQNR_PLOT_CAP:g})",
+            ylabel=f"output SQNR (dB, 95% CI bars; identical drawn at {SQNR_PLOT_CAP:g})",
             title=f"{bundle.name}: export gap split into LUT and requantization error",
             kind=PlotKind.BAR,
+            ci_low="sqnr_db_ci_low_plot",
+            ci_high="sqnr_db_ci_high_plot",
             table="export_gap_split",
         )
     )
@@ -397,8 +412,10 @@ def consistency(exp: ConsistencyExp, ctx: RunContext) -> ExperimentResult:
             "model_output": outputs,
             **({"output_each": each} if not each.empty else {}),
             "export_gap_split": split[
-                ["gap", "reference", "compared", "sqnr_db", "mse", "max_abs"]
-            ].assign(sqnr_db_plot=split["sqnr_db_plot"]),
+                ["gap", "reference", "compared", "sqnr_db", "sqnr_db_ci_low", "sqnr_db_ci_high"]
+                + ["sqnr_db_n", "mse", "max_abs"]
+                + ["sqnr_db_plot", "sqnr_db_ci_low_plot", "sqnr_db_ci_high_plot"]
+            ],
             "task_metrics": task,
             "by_op_type": by_type,
             "worst_ops": worst,

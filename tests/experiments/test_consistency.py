@@ -60,6 +60,15 @@ def test_findings_tables_and_report(result, tmp_path):
     assert res.tables["by_op_type"].ops.sum() == len(res.table) // 2
     out = res.tables["model_output"]
     assert list(out.compared) == ["FAKE", "FIXED", "FIXED", "HYBRID", "FIXED"]
+    # each output SQNR with its 95% interval over the run's items
+    differ = out[out.max_abs > 0]
+    assert len(differ) and (differ.sqnr_db_n >= 2).all()
+    assert (differ.sqnr_db_ci_low <= differ.sqnr_db).all()
+    assert (differ.sqnr_db <= differ.sqnr_db_ci_high).all()
+    (vs_float,) = [f for f in res.findings if f.startswith("Against float")]
+    assert vs_float.count("dB (95% CI") == 2 and "the intervals" in vs_float
+    (at_output,) = [f for f in res.findings if f.startswith("At the model output")]
+    assert "dB (95% CI" in at_output
     split = res.tables["export_gap_split"].set_index("gap")
     assert list(split.index) == ["export gap (all)", "LUT error", "requantization error"]
     assert list(split.reference) == ["FAKE", "FAKE", "HYBRID"]
