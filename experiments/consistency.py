@@ -219,9 +219,11 @@ def _findings(table, outputs, support, exp, ctx, bundle) -> list[str]:
     row = outputs[(outputs.reference == exp.mode_a.name) & (outputs.compared == exp.mode_b.name)]
     if not row.empty:
         r = row.iloc[0]
+        sqnr = _sqnr(r).format_db(1)  # "identical outputs (n=N)" where no value differs
         out.append(
-            f"At the model output, {b} vs {a} on {ctx.platform.name}: SQNR "
-            f"{_sqnr(r).format_db(1)}, cosine {r.cosine:.5f}, max |error| {r.max_abs:.4g}."
+            f"At the model output, {b} vs {a} on {ctx.platform.name}: "
+            f"{'SQNR ' if r.max_abs else ''}{sqnr}, cosine {r.cosine:.5f}, max |error| "
+            f"{r.max_abs:.4g}."
         )
     out.extend(_gap_split_findings(outputs))
     fl = outputs[outputs.reference == "FLOAT"].set_index("compared")
