@@ -318,8 +318,7 @@ def _findings(res: RecipeResult, path, goal: str, platform, task) -> list[str]:
     out = [f"Target: {goal}."]
 
     def score(step) -> str:
-        db = step.sqnr.format_db() if step.sqnr is not None else f"{step.sqnr_db:.2f} dB"
-        sqnr = f"output SQNR {db}"
+        sqnr = f"output SQNR {step.sqnr.format_db()}"
         return f"{name} {step.task}, {sqnr}" if step.task is not None else sqnr
 
     out.append(

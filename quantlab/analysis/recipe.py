@@ -136,13 +136,16 @@ class RecipeStep:
     raised: list[Raise]
     spec: QConfigSpec
     task: Estimate | None
-    sqnr_db: float
+    sqnr: Estimate  # output SQNR against float (dB) with its 95% interval over the items
     cost: float
     score: float = math.nan  # the value the target judges: the task metric or output SQNR
     meets: bool = False
     pinned: list[str] = field(default_factory=list)
     float16_overflow: dict[str, int] = field(default_factory=dict)
-    sqnr: Estimate | None = None  # sqnr_db with its 95% interval over the items
+
+    @property
+    def sqnr_db(self) -> float:
+        return self.sqnr.value
 
 
 @dataclass
@@ -172,10 +175,7 @@ class RecipeResult:
                 "task_ci_low": s.task.low if s.task is not None else math.nan,
                 "task_ci_high": s.task.high if s.task is not None else math.nan,
                 "task_n": s.task.n if s.task is not None else 0,
-                "sqnr_db": s.sqnr_db,
-                "sqnr_db_ci_low": s.sqnr.low if s.sqnr is not None else math.nan,
-                "sqnr_db_ci_high": s.sqnr.high if s.sqnr is not None else math.nan,
-                "sqnr_db_n": s.sqnr.n if s.sqnr is not None else 0,
+                **s.sqnr.as_columns("sqnr_db"),
                 "cost": s.cost,
                 "cost_rel": s.cost / start_cost,
                 "meets_target": s.meets,
@@ -218,14 +218,13 @@ class _Evaluator:
             outs.append(self.sim.run(*b, mode=self.mode))
             for name, n in self.sim.float16_overflow.items():
                 overflow[name] = overflow.get(name, 0) + n
-        sqnr_est = sqnr_estimate(self.refs, outs)
-        sqnr = sqnr_est.value
+        sqnr = sqnr_estimate(self.refs, outs)
         est = self.estimate(self.task, self.refs, outs) if self.task is not None else None
         ops = ops_with_split(self.sim)
         cost = float(op_costs(ops, self.sim.platform.lut_direct_int8, self.cost_model).sum())
-        score = est.value if self.target.on_task else sqnr
+        score = est.value if self.target.on_task else sqnr.value
         step = RecipeStep(len(self.steps), direction, list(picked), spec, est, sqnr, cost, score)
-        step.pinned, step.float16_overflow, step.sqnr = pinned, overflow, sqnr_est
+        step.pinned, step.float16_overflow = pinned, overflow
         step.meets = self.target.met(score, self.threshold, self.higher)
         self.steps.append(step)
         self.seen[key] = step

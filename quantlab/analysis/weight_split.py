@@ -358,8 +358,8 @@ def weight_sensitivity(
 
 
 def _sqnr_estimate(ref: list, test: list):
-    """``output_sqnr_db`` of the outputs' first tensors with its item count and 95% interval
-    over the items (``confidence.sqnr_estimate``)."""
+    """Output SQNR (dB) of the outputs' first tensors, over every element, with its item count
+    and 95% interval over the items (``confidence.sqnr_estimate``)."""
     from quantlab.analysis.confidence import sqnr_estimate
 
     return sqnr_estimate([_first_tensor(o) for o in ref], [_first_tensor(o) for o in test])
